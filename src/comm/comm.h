@@ -1,0 +1,111 @@
+/* comm/comm.h — one backend interface, a table of functions, and topology.
+ *
+ * A zpp_comm is a group of ranks on one backend (MPI for host memory, NCCL
+ * for device memory). The collectives and engine layers call only through
+ * comm->ops, so the same ZeRO++ code runs on either backend.
+ *
+ * Every operation has an asynchronous form: pass a req_p and the call only
+ * starts the operation; zpp_comm_wait(req) completes it. Pass req_p = NULL
+ * for the blocking form. Completion means "the result may be used by what
+ * runs next": on MPI the host has the data; on NCCL the compute stream is
+ * ordered after the collective (the host does not block).
+ *
+ * Sizes are per rank: an all-gather of `bytes` per rank reads `bytes` from
+ * each rank and writes size * bytes, rank-ordered; a reduce-scatter of
+ * `count` per rank reads size * count elements and writes count; an
+ * all-to-all of `bytes` per peer sends block j of the input to rank j and
+ * receives block i from rank i into block i of the output.
+ * Buffers must not overlap unless an op says otherwise. */
+#ifndef ZPP_COMM_COMM_H
+#define ZPP_COMM_COMM_H
+
+#include <stddef.h>
+
+#include "core/mem.h"
+#include "zeropp.h"
+
+typedef struct zpp_comm zpp_comm;
+typedef struct zpp_comm_req zpp_comm_req;
+
+typedef struct zpp_comm_ops {
+    const char *name;  /* "mpi" or "nccl" */
+    zpp_status (*allgather)(zpp_comm *c, const void *send, void *recv,
+                            size_t bytes_per_rank, zpp_comm_req **req_p);
+    /* Sum; dtype fp32, bf16 or fp16 (bf16/fp16 summed in fp32 per
+     * combination and rounded back, as NCCL does). */
+    zpp_status (*reduce_scatter)(zpp_comm *c, const void *send, void *recv,
+                                 size_t count_per_rank, zpp_dtype dtype,
+                                 zpp_comm_req **req_p);
+    zpp_status (*alltoall)(zpp_comm *c, const void *send, void *recv,
+                           size_t bytes_per_peer, zpp_comm_req **req_p);
+    /* Sum; send may equal recv (in place). */
+    zpp_status (*allreduce)(zpp_comm *c, const void *send, void *recv, size_t count,
+                            zpp_dtype dtype, zpp_comm_req **req_p);
+    /* Also a max-reduction over int flags, blocking, on the host: used to
+     * agree on errors so that every rank fails together instead of hanging. */
+    zpp_status (*allreduce_max_int)(zpp_comm *c, int *value);
+    zpp_status (*broadcast)(zpp_comm *c, void *buf, size_t bytes, int root,
+                            zpp_comm_req **req_p);
+    zpp_status (*barrier)(zpp_comm *c);
+    zpp_status (*wait)(zpp_comm_req *req); /* completes and frees req */
+    void (*destroy)(zpp_comm *c);
+} zpp_comm_ops;
+
+struct zpp_comm {
+    const zpp_comm_ops *ops;
+    zpp_mem_kind mem; /* where this backend's buffers live */
+    int rank;
+    int size;
+    void *impl;       /* backend state */
+};
+
+/* Completes an asynchronous operation; NULL is a no-op. */
+static inline zpp_status zpp_comm_wait(zpp_comm *c, zpp_comm_req *req) {
+    return req ? c->ops->wait(req) : ZPP_OK;
+}
+
+/* ---- Topology --------------------------------------------------------- */
+/*
+ * world_size = nodes * node_size. Rank r is on node r / node_size with local
+ * index r % node_size (consecutive ranks share a node, as launchers place
+ * them). `intra` spans the ranks of this node (size node_size, rank =
+ * local_rank); `inter` spans the ranks with this local index, one per node
+ * (size nodes, rank = node).
+ */
+typedef struct zpp_topo {
+    int world_size, world_rank;
+    int node_size, nodes;
+    int node, local_rank;
+    zpp_comm *world, *intra, *inter;
+} zpp_topo;
+
+typedef enum zpp_backend_kind { ZPP_BACKEND_MPI = 0, ZPP_BACKEND_NCCL = 1 } zpp_backend_kind;
+
+typedef struct zpp_topo_opts {
+    zpp_backend_kind backend;
+    /* Ranks per node; 0 = as the launcher placed them
+     * (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)). Must divide the world. */
+    int node_size;
+    /* NCCL only: the CUDA device, and the compute stream (a cudaStream_t;
+     * NULL = the default stream) that collectives are ordered against. */
+    int device;
+    void *compute_stream;
+    /* NCCL only: 1 sets a distinct NCCL_HOSTID per emulated node before NCCL
+     * initialises, so emulated nodes talk over NCCL's network transport. */
+    int emulate_nodes;
+} zpp_topo_opts;
+
+/* Builds the topology over MPI_COMM_WORLD (MPI must be initialised).
+ * Collective over all ranks. */
+zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
+void zpp_topo_destroy(zpp_topo *topo);
+
+/* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
+ * a pointer to keep mpi.h out of this header. */
+zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
+#ifdef ZPP_HAVE_CUDA
+/* Creates the world NCCL communicator and its intra/inter splits in one go. */
+zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts);
+#endif
+
+#endif

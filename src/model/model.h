@@ -1,0 +1,69 @@
+/* model/model.h — how the engine drives a model.
+ *
+ * The engine owns the parameters (sharded, gathered per unit); the model
+ * owns activations and the arithmetic. A model splits its parameters into
+ * units (flat buffers gathered together) and its computation into stages,
+ * each stage using exactly one unit's parameters. Forward runs stages
+ * 0..n_stages-1, backward runs them in reverse. A unit may serve several
+ * stages (GPT-2's token embedding is used by the first stage and, tied, by
+ * the LM head in the last).
+ *
+ * Parameters reach the model as a full unit buffer in the working dtype
+ * (bf16 or fp32) in the memory of the model's device; gradients are
+ * accumulated (+=) into a full unit buffer of fp32 in the same memory. */
+#ifndef ZPP_MODEL_MODEL_H
+#define ZPP_MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/mem.h"
+#include "zeropp.h"
+
+typedef struct zpp_model zpp_model;
+
+typedef struct zpp_model_ops {
+    /* Writes the initial values of elements [offset, offset + count) of
+     * `unit` as fp32. A pure function of (seed, unit, element index), so
+     * each rank can initialise only its own shard. */
+    zpp_status (*init_params)(zpp_model *m, int unit, size_t offset, size_t count,
+                              float *out, uint64_t seed);
+    /* Sets the micro-batch: tokens and targets are B*T int32 in host memory. */
+    zpp_status (*set_batch)(zpp_model *m, const int32_t *tokens, const int32_t *targets,
+                            int B);
+    /* Forward of stage s with its unit's full parameters. */
+    zpp_status (*forward)(zpp_model *m, int stage, const void *params);
+    /* Mean cross-entropy of the last forward (valid after the last stage). */
+    float (*loss)(zpp_model *m);
+    /* Backward of stage s: accumulates d(loss * loss_scale)/d(params) into
+     * grads (fp32, full unit). The last stage starts from the loss. */
+    zpp_status (*backward)(zpp_model *m, int stage, const void *params, float *grads,
+                           float loss_scale);
+    void (*destroy)(zpp_model *m);
+} zpp_model_ops;
+
+struct zpp_model {
+    const zpp_model_ops *ops;
+    zpp_mem_kind mem;         /* where params, grads and activations live */
+    zpp_dtype param_dtype;    /* working dtype of gathered params */
+    int n_units;
+    const size_t *unit_numel; /* elements per unit */
+    int n_stages;
+    const int *stage_unit;    /* unit used by each stage */
+    int seq_len;              /* T */
+    int vocab_size;
+    int max_batch;            /* B the activations were sized for */
+    void *impl;
+};
+
+/* GPT-2 shape, from the config's "model" section. */
+typedef struct zpp_gpt2_config {
+    int n_layer, n_head, n_embd, seq_len, vocab_size;
+} zpp_gpt2_config;
+
+/* The CPU reference GPT-2 (OpenBLAS). param_dtype is ZPP_FP32 or ZPP_BF16;
+ * max_batch is the largest micro-batch set_batch will get. */
+zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                               int max_batch, zpp_model **model_p);
+
+#endif

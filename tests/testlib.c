@@ -1,0 +1,99 @@
+/* testlib.c — the harness's main: runs the registered tests. */
+#include "testlib.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int zpp_test_rank = 0;
+static uint64_t zpp__seed;
+static const char *zpp__current = "";
+
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t zpp_test_seed(uint64_t stream) {
+    uint64_t x = zpp__seed ^ (stream * 0xd1342543de82ef95ull);
+    return splitmix64(&x);
+}
+
+zpp_rng zpp_rng_make(uint64_t seed) {
+    zpp_rng r = {seed};
+    return r;
+}
+uint64_t zpp_rng_u64(zpp_rng *r) { return splitmix64(&r->s); }
+double zpp_rng_uniform(zpp_rng *r) { return (double)(zpp_rng_u64(r) >> 11) * 0x1.0p-53; }
+double zpp_rng_normal(zpp_rng *r) {
+    double u1 = zpp_rng_uniform(r), u2 = zpp_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
+    const char *dir = getenv("ZPP_SHARED_DATA");
+    if (!dir) dir = "../shared/data";
+    snprintf(buf, cap, "%s/%s", dir, name);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+void zpp_test_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "[rank %d] FAIL %s (%s:%d, seed %llu): ", zpp_test_rank, zpp__current,
+            file, line, (unsigned long long)zpp__seed);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+    /* Under mpirun a non-zero exit of one rank makes mpirun end the job. */
+    _exit(1);
+}
+
+/* Hooks an MPI test file may define (tests/mpi_main.c). */
+__attribute__((weak)) void zpp_test_init(int *argc, char ***argv) { (void)argc; (void)argv; }
+__attribute__((weak)) void zpp_test_finalize(void) {}
+__attribute__((weak)) uint64_t zpp_test_agree_seed(uint64_t seed) { return seed; }
+
+int main(int argc, char **argv) {
+    zpp_test_init(&argc, &argv);
+    const char *env = getenv("ZPP_TEST_SEED");
+    if (env) {
+        zpp__seed = strtoull(env, NULL, 10);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        zpp__seed = (uint64_t)ts.tv_sec * 1000003ull ^ (uint64_t)ts.tv_nsec ^
+                    ((uint64_t)getpid() << 32);
+    }
+    zpp__seed = zpp_test_agree_seed(zpp__seed); /* same seed on every rank */
+    const char *only = argc > 1 ? argv[1] : NULL;
+    int ran = 0;
+    for (size_t i = 0; i < zpp_test_count; i++) {
+        if (only && strcmp(only, zpp_test_list[i].name) != 0) continue;
+        zpp__current = zpp_test_list[i].name;
+        if (zpp_test_rank == 0) {
+            printf("[ RUN  ] %s (seed %llu)\n", zpp__current, (unsigned long long)zpp__seed);
+            fflush(stdout);
+        }
+        zpp_test_list[i].fn();
+        if (zpp_test_rank == 0) {
+            printf("[  OK  ] %s\n", zpp__current);
+            fflush(stdout);
+        }
+        ran++;
+    }
+    if (ran == 0) {
+        fprintf(stderr, "no test named '%s'\n", only ? only : "");
+        return 1;
+    }
+    zpp_test_finalize();
+    return 0;
+}

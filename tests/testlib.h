@@ -1,0 +1,82 @@
+/* testlib.h — a small test harness.
+ *
+ * Each test is a named function; a test program lists them once:
+ *
+ *     static void test_roundtrip(void) { ... EXPECT(x == y, "x=%d", x); }
+ *     ZPP_TESTS(
+ *         ZPP_TEST(test_roundtrip),
+ *     )
+ *
+ * `prog` runs every test, `prog NAME` runs one. Random inputs come from a
+ * fresh seed each run (printed, so a failure can be replayed with
+ * ZPP_TEST_SEED=...). Under MPI, tests run on every rank and a failure on any
+ * rank fails the program with a non-zero exit (no hang: the failing rank
+ * aborts the job). */
+#ifndef ZPP_TESTLIB_H
+#define ZPP_TESTLIB_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "zeropp.h"
+
+typedef struct zpp_test_entry {
+    const char *name;
+    void (*fn)(void);
+} zpp_test_entry;
+
+#define ZPP_TEST(fn) {#fn, fn}
+#define ZPP_TESTS(...)                                                        \
+    const zpp_test_entry zpp_test_list[] = {__VA_ARGS__};                     \
+    const size_t zpp_test_count = sizeof zpp_test_list / sizeof zpp_test_list[0];
+
+extern const zpp_test_entry zpp_test_list[];
+extern const size_t zpp_test_count;
+
+/* Set by the test's main when it uses MPI; 0 otherwise. */
+extern int zpp_test_rank;
+
+void zpp_test_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+
+#define EXPECT(cond, ...)                                                     \
+    do {                                                                      \
+        if (!(cond)) zpp_test_fail(__FILE__, __LINE__, "EXPECT(" #cond ") " __VA_ARGS__); \
+    } while (0)
+
+/* Asserts a zpp call succeeds, printing zpp_last_error() otherwise. */
+#define EXPECT_OK(call)                                                       \
+    do {                                                                      \
+        zpp_status s_ = (call);                                               \
+        if (s_ != ZPP_OK)                                                     \
+            zpp_test_fail(__FILE__, __LINE__, "%s -> %s: %s", #call,          \
+                          zpp_status_str(s_), zpp_last_error());              \
+    } while (0)
+
+/* Asserts a zpp call fails with `want`. */
+#define EXPECT_STATUS(call, want)                                             \
+    do {                                                                      \
+        zpp_status s_ = (call);                                               \
+        if (s_ != (want))                                                     \
+            zpp_test_fail(__FILE__, __LINE__, "%s -> %s, expected %s (%s)",   \
+                          #call, zpp_status_str(s_), zpp_status_str(want),    \
+                          zpp_last_error());                                  \
+    } while (0)
+
+/* ---- Random inputs ---- */
+/* The run's seed (fresh unless ZPP_TEST_SEED is set), mixed with `stream`. */
+uint64_t zpp_test_seed(uint64_t stream);
+
+typedef struct zpp_rng {
+    uint64_t s;
+} zpp_rng;
+zpp_rng zpp_rng_make(uint64_t seed);
+uint64_t zpp_rng_u64(zpp_rng *r);
+double zpp_rng_uniform(zpp_rng *r);   /* [0, 1) */
+double zpp_rng_normal(zpp_rng *r);    /* N(0, 1) */
+
+/* Path of a file in ../shared/data, or NULL if the folder is not there. */
+const char *zpp_test_shared_data(const char *name, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,49 @@
+/* tools/main.c — `zeropp train | bench | plan`. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "zeropp.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "zeropp %s — ZeRO-3 training with the ZeRO++ communication optimizations\n"
+            "\n"
+            "usage:\n"
+            "  zeropp train [--config FILE] [--data FILE] [--steps N] ...   train GPT-2 "
+            "(under mpirun)\n"
+            "  zeropp bench quant [--dtype bf16] [--bits 8] [--block B] [--n N] [--json]\n"
+            "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
+            "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
+            "\n"
+            "Run `zeropp COMMAND --help` for a command's options.\n",
+            zpp_version());
+}
+
+int zpp_cli_fail(const char *context, int status) {
+    fprintf(stderr, "zeropp: %s: %s\n", context,
+            zpp_last_error()[0] ? zpp_last_error() : zpp_status_str((zpp_status)status));
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("zeropp %s\n", zpp_version());
+        return 0;
+    }
+    if (!strcmp(argv[1], "train")) return zpp_cli_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) {
+        if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], "comm")) return zpp_cli_bench_comm(argc - 2, argv + 2);
+        fprintf(stderr, "zeropp bench: name a benchmark: quant or comm\n");
+        return 2;
+    }
+    fprintf(stderr, "zeropp: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
