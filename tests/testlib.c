@@ -44,10 +44,11 @@ const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
-void zpp_test_fail(const char *file, int line, const char *fmt, ...) {
+void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "[rank %d] FAIL %s (%s:%d, seed %llu): ", zpp_test_rank, zpp__current,
             file, line, (unsigned long long)zpp__seed);
+    if (cond) fprintf(stderr, "EXPECT(%s) ", cond);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);

@@ -37,12 +37,14 @@ extern const size_t zpp_test_count;
 /* Set by the test's main when it uses MPI; 0 otherwise. */
 extern int zpp_test_rank;
 
-void zpp_test_fail(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4), noreturn));
+/* Reports a failure and exits; `cond` (may be NULL) is printed verbatim. */
+void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5), noreturn));
 
+/* EXPECT(cond) or EXPECT(cond, "printf format", args...). */
 #define EXPECT(cond, ...)                                                     \
     do {                                                                      \
-        if (!(cond)) zpp_test_fail(__FILE__, __LINE__, "EXPECT(" #cond ") " __VA_ARGS__); \
+        if (!(cond)) zpp_test_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__); \
     } while (0)
 
 /* Asserts a zpp call succeeds, printing zpp_last_error() otherwise. */
@@ -50,7 +52,7 @@ void zpp_test_fail(const char *file, int line, const char *fmt, ...)
     do {                                                                      \
         zpp_status s_ = (call);                                               \
         if (s_ != ZPP_OK)                                                     \
-            zpp_test_fail(__FILE__, __LINE__, "%s -> %s: %s", #call,          \
+            zpp_test_fail(__FILE__, __LINE__, NULL, "%s -> %s: %s", #call,          \
                           zpp_status_str(s_), zpp_last_error());              \
     } while (0)
 
@@ -59,7 +61,7 @@ void zpp_test_fail(const char *file, int line, const char *fmt, ...)
     do {                                                                      \
         zpp_status s_ = (call);                                               \
         if (s_ != (want))                                                     \
-            zpp_test_fail(__FILE__, __LINE__, "%s -> %s, expected %s (%s)",   \
+            zpp_test_fail(__FILE__, __LINE__, NULL, "%s -> %s, expected %s (%s)", \
                           #call, zpp_status_str(s_), zpp_status_str(want),    \
                           zpp_last_error());                                  \
     } while (0)

@@ -1,11 +1,772 @@
-/* tools/bench_comm.c — placeholder until its issue lands. */
+/* tools/bench_comm.c — `zeropp bench comm`: one training step's collectives
+ * for each of ZeRO-3, qwZ, hpZ, qgZ and ZeRO++, with the bytes they move per
+ * node (DESIGN.md §5), their time, and a correctness check, under mpirun.
+ *
+ * A model of P parameters is cut into U units (zpp_plan_unit_numel). A step
+ * is what the engine does: forward gathers of every unit (keeping the hpZ
+ * secondary shards when hpZ is on), backward gathers in reverse order (from
+ * the secondaries with hpZ), each followed by the unit's gradient reduction.
+ * Data are bf16 (--dtype to change), generated from a hash of (seed, unit,
+ * rank, element), so every rank can compute the single-process reference of
+ * its results:
+ *   baseline gathers are bit-exact; qwZ within half an int8 step of each
+ *   block (+ bf16 rounding); hpZ's backward gather equals the forward
+ *   gather's output byte for byte; the baseline reduce within bf16
+ *   summation rounding; qgZ within its two-level int4 bound (see
+ *   tests/test_collectives.c for the derivations).
+ * The first step of each mode checks (untimed); the next --iters steps are
+ * timed: time = median over steps of the slowest rank. The volume of one
+ * step is compared with `zeropp plan`'s (zpp_plan_step).
+ *
+ * It also times the backend's plain collective on the same tensors (a bf16
+ * all-gather of each unit's shards and a bf16 reduce-scatter of each unit's
+ * gradient: ZeRO-3's calls without the library around them) and prints each
+ * path's speed against it.
+ *
+ * --device gpu runs the same code on the NCCL backend with device buffers
+ * (device = launcher-local rank % device count; --emulate-nodes gives each
+ * node its own NCCL_HOSTID so nodes talk over NCCL's network transport;
+ * launch with `mpirun --bind-to none`, DESIGN.md §6). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "cli.h"
+#include "collectives/collectives.h"
+#include "comm/comm.h"
+#include "core/dtype.h"
+#include "core/mem.h"
+#include "zeropp.h"
+
+#ifdef ZPP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+typedef struct bench_opts {
+    size_t params;
+    int units, node_size, json, gpu, iters, emulate_nodes;
+    uint64_t seed;
+    zpp_dtype dtype;
+    int mode_on[ZPP_COLL_MODE_COUNT];
+} bench_opts;
+
+typedef struct bench_unit {
+    zpp_partition p;
+    void *shard;     /* shard_len elements, backend memory */
+    void *grad;      /* padded elements, this rank's gradient */
+    void *secondary; /* sec_len elements (hpZ) */
+    float *out;      /* shard_len fp32 */
+    uint64_t fwd_hash;
+} bench_unit;
+
+typedef struct bench_ctx {
+    bench_opts o;
+    zpp_topo *topo;
+    zpp_coll *coll;
+    zpp_coll_opts copts;
+    zpp_mem_kind mem;
+    void *stream;
+    bench_unit *u;
+    void *full;        /* the largest padded unit, backend memory */
+    void *scratch;     /* plain reduce-scatter output */
+    void *host_full;   /* host copies for checks */
+    float *host_out;
+    size_t ds;
+    int rank, W;
+} bench_ctx;
+
+/* One mode's figures. */
+typedef struct bench_result {
+    zpp_volume vol;
+    double ms[4]; /* step, fwd, bwd, reduce: median over steps of the slowest rank */
+    int correct, plan_match;
+    double worst; /* largest error / bound seen */
+} bench_result;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: mpirun -np W zeropp bench comm --params P [--units U] [--node-size S]\n"
+            "           [--iters K] [--json] [--device cpu|gpu] [--emulate-nodes]\n"
+            "           [--modes zero3,qwz,hpz,qgz,zeropp] [--dtype bf16] [--seed N]\n"
+            "\n"
+            "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
+            "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
+            "per node by phase, the time (median of K steps, default 5, slowest rank) and a\n"
+            "correctness check. --node-size groups consecutive ranks into nodes (default: as\n"
+            "the launcher placed them). --device gpu uses NCCL and device memory; with\n"
+            "--emulate-nodes each node gets its own NCCL_HOSTID (launch with --bind-to none).\n");
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int parse_count(const char *s, size_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1e3, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
+    else if (*end == 'B' || *end == 'b' || *end == 'G' || *end == 'g') mul = 1e9, end++;
+    if (*end) return -1;
+    v *= mul;
+    if (v > 9.0e15) return -1;
+    *out = (size_t)(v + 0.5);
+    return 0;
+}
+
+static int parse_int(const char *s, int lo, int *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > 1 << 24) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* ---- Deterministic data ----------------------------------------------------- */
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double sym_unif(uint64_t seed, uint64_t a, uint64_t b) {
+    return (double)(mix64(mix64(seed ^ a) ^ b) >> 11) * 0x1.0p-52 - 1.0; /* [-1, 1) */
+}
+
+/* Magnitudes change every 61 elements over 2^-3 .. 2^3, so quantization
+ * blocks see different scales. */
+static double magnitude(uint64_t seed, int unit, size_t i) {
+    uint64_t h = mix64(seed ^ 0x3a9 ^ ((uint64_t)unit << 40) ^ (i / 61));
+    return ldexp(1.0, (int)(h % 7) - 3);
+}
+
+static float round_to(zpp_dtype dt, double v) {
+    float f = (float)v;
+    if (dt == ZPP_BF16) return zpp_bf16_to_f32(zpp_f32_to_bf16(f));
+    if (dt == ZPP_FP16) return zpp_fp16_to_f32(zpp_f32_to_fp16(f));
+    return f;
+}
+
+static float weight_at(const bench_ctx *b, int unit, size_t i) {
+    if (i >= b->u[unit].p.numel) return 0.0f;
+    return round_to(b->o.dtype, sym_unif(b->o.seed, ((uint64_t)unit << 1) | 1, i) *
+                                    magnitude(b->o.seed, unit, i));
+}
+
+/* A shared part plus per-rank noise: the world mean is of the size of one
+ * gradient, so summing the wrong pieces shows. */
+static float grad_at(const bench_ctx *b, int unit, int rank, size_t i) {
+    if (i >= b->u[unit].p.numel) return 0.0f;
+    double g = sym_unif(b->o.seed, (uint64_t)unit << 1, i) +
+               0.5 * sym_unif(b->o.seed ^ 0x77, ((uint64_t)unit << 20) ^ (uint64_t)rank, i);
+    return round_to(b->o.dtype, g * magnitude(b->o.seed, unit, i));
+}
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *c = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ---- Setup --------------------------------------------------------------------- */
+
+static int sync_stream(bench_ctx *b) {
+#ifdef ZPP_HAVE_CUDA
+    if (b->mem == ZPP_MEM_DEVICE && cudaStreamSynchronize((cudaStream_t)b->stream) != cudaSuccess)
+        return -1;
+#else
+    (void)b;
+#endif
+    return 0;
+}
+
+/* Fills host staging with values, copies to backend memory. */
+static zpp_status upload(bench_ctx *b, void *dst, size_t n, int unit, int rank, size_t first,
+                         int is_grad) {
+    void *h = malloc(n * b->ds + 1);
+    if (!h) return ZPP_ERR_NOMEM;
+    for (size_t j = 0; j < n; j++)
+        zpp_store_f32(h, b->o.dtype, j,
+                      is_grad ? grad_at(b, unit, rank, first + j) : weight_at(b, unit, first + j));
+    zpp_status st = zpp_mem_copy(b->mem, dst, ZPP_MEM_HOST, h, n * b->ds);
+    free(h);
+    return st;
+}
+
+static zpp_status setup(bench_ctx *b) {
+    zpp_topo_opts to;
+    memset(&to, 0, sizeof to);
+    to.backend = b->o.gpu ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
+    to.node_size = b->o.node_size;
+    to.emulate_nodes = b->o.emulate_nodes;
+    if (b->o.gpu) {
+#ifdef ZPP_HAVE_CUDA
+        /* The launcher's local rank picks the device, whatever --node-size
+         * says about emulated nodes. */
+        MPI_Comm shm;
+        int local = 0, ndev = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm);
+        MPI_Comm_rank(shm, &local);
+        MPI_Comm_free(&shm);
+        if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+            cudaGetLastError();
+            fprintf(stderr, "zeropp bench comm: --device gpu, but no CUDA device is visible\n");
+            return ZPP_ERR_CUDA;
+        }
+        to.device = local % ndev;
+        if (cudaSetDevice(to.device) != cudaSuccess) return ZPP_ERR_CUDA;
+        cudaStream_t s;
+        if (cudaStreamCreate(&s) != cudaSuccess) return ZPP_ERR_CUDA;
+        b->stream = s;
+        to.compute_stream = s;
+#else
+        fprintf(stderr, "zeropp bench comm: --device gpu needs a build with CUDA\n");
+        return ZPP_ERR_UNSUPPORTED;
+#endif
+    }
+    zpp_status st = zpp_topo_create(&to, &b->topo);
+    if (st != ZPP_OK) return st;
+    b->mem = b->topo->world->mem;
+    b->rank = b->topo->world_rank;
+    b->W = b->topo->world_size;
+    b->copts = zpp_coll_opts_default();
+    st = zpp_coll_create(b->topo, &b->copts, b->stream, &b->coll);
+    if (st != ZPP_OK) return st;
+    b->ds = zpp_dtype_size(b->o.dtype);
+    b->u = calloc((size_t)b->o.units, sizeof *b->u);
+    if (!b->u) return ZPP_ERR_NOMEM;
+    size_t max_padded = 1, max_shard = 1;
+    for (int i = 0; i < b->o.units; i++) {
+        bench_unit *u = &b->u[i];
+        u->p = zpp_partition_make(zpp_plan_unit_numel(b->o.params, b->o.units, i), b->topo);
+        if (u->p.padded > max_padded) max_padded = u->p.padded;
+        if (u->p.shard_len > max_shard) max_shard = u->p.shard_len;
+        if ((st = zpp_mem_alloc(b->mem, u->p.shard_len * b->ds, &u->shard)) ||
+            (st = zpp_mem_alloc(b->mem, u->p.padded * b->ds, &u->grad)) ||
+            (st = zpp_mem_alloc(b->mem, u->p.sec_len * b->ds, &u->secondary)) ||
+            (st = zpp_mem_alloc(b->mem, u->p.shard_len * sizeof(float), (void **)&u->out)))
+            return st;
+        if ((st = upload(b, u->shard, u->p.shard_len, i, b->rank,
+                         (size_t)b->rank * u->p.shard_len, 0)) ||
+            (st = upload(b, u->grad, u->p.padded, i, b->rank, 0, 1)))
+            return st;
+    }
+    if ((st = zpp_mem_alloc(b->mem, max_padded * b->ds, &b->full)) ||
+        (st = zpp_mem_alloc(b->mem, max_shard * b->ds, &b->scratch)))
+        return st;
+    b->host_full = malloc(max_padded * b->ds);
+    b->host_out = malloc(max_shard * sizeof(float));
+    if (!b->host_full || !b->host_out) return ZPP_ERR_NOMEM;
+    return ZPP_OK;
+}
+
+static void teardown(bench_ctx *b) {
+    if (b->u) {
+        for (int i = 0; i < b->o.units; i++) {
+            zpp_mem_free(b->mem, b->u[i].shard);
+            zpp_mem_free(b->mem, b->u[i].grad);
+            zpp_mem_free(b->mem, b->u[i].secondary);
+            zpp_mem_free(b->mem, b->u[i].out);
+        }
+        free(b->u);
+    }
+    zpp_mem_free(b->mem, b->full);
+    zpp_mem_free(b->mem, b->scratch);
+    free(b->host_full);
+    free(b->host_out);
+    zpp_coll_destroy(b->coll);
+    if (b->topo) zpp_topo_destroy(b->topo);
+#ifdef ZPP_HAVE_CUDA
+    if (b->stream) cudaStreamDestroy((cudaStream_t)b->stream);
+#endif
+}
+
+/* ---- Checks (single-process references) ------------------------------------ */
+
+/* The gathered unit in b->host_full against the reference weights: exact for
+ * the baseline; for qwZ within half a step (absmax / 127) of the element's
+ * block in its owner's shard, plus the output dtype's rounding (half an ulp:
+ * 2^-8 of the value for bf16, 2^-11 for fp16). Returns max error / bound
+ * (> 1: wrong), or 2 for an inexact baseline. */
+static double check_gather(bench_ctx *b, int unit, zpp_gather_mode mode) {
+    const zpp_partition *p = &b->u[unit].p;
+    size_t n = p->shard_len, block = b->copts.weight_spec.block;
+    double worst = 0, rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
+    for (size_t r0 = 0; r0 < p->padded; r0 += n) {
+        for (size_t b0 = r0; b0 < r0 + n; b0 += block) {
+            size_t b1 = b0 + block < r0 + n ? b0 + block : r0 + n;
+            double amax = 0;
+            for (size_t i = b0; i < b1; i++) amax = fmax(amax, fabs(weight_at(b, unit, i)));
+            for (size_t i = b0; i < b1; i++) {
+                double want = weight_at(b, unit, i);
+                double got = zpp_load_f32(b->host_full, b->o.dtype, i);
+                if (mode == ZPP_GATHER_BASELINE) {
+                    if (got != want && !(isnan(got) && isnan(want))) return 2.0;
+                    continue;
+                }
+                double bound = amax / 127.0 * 0.5 * (1 + 1e-3) * (1 + rel) + rel * fabs(want);
+                double err = fabs(got - want);
+                if (!(err <= bound)) return fmax(2.0, bound > 0 ? err / bound : 2.0);
+                if (bound > 0 && err / bound > worst) worst = err / bound;
+            }
+        }
+    }
+    return worst;
+}
+
+/* This rank's reduced shard in b->host_out against the exact world mean.
+ * Baseline: the backend sums W values in the dtype, each of W-1
+ * combinations rounding by half an ulp (<= rel * sum|g_r|); the 1/W
+ * product adds 3 fp32 ulps. qgZ (per block b of the shard, A_r the absmax
+ * of rank r's gradient over it): the first int4 quantization errs by
+ * <= A_r/14 per rank; with nodes > 1 and node_size > 1 the node's sum is
+ * requantized, erring by <= (sum over the node of A_s)/14; one division by
+ * W at the end: |err| <= levels * sum_r A_r / 14 / W. */
+static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
+    const zpp_partition *p = &b->u[unit].p;
+    const zpp_topo *t = b->topo;
+    size_t n = p->shard_len, base = (size_t)b->rank * n;
+    size_t block = b->copts.grad_spec.block;
+    int levels = (t->nodes > 1 && t->node_size > 1) ? 2 : 1;
+    double rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
+    double worst = 0;
+    double *sum = calloc(block, sizeof(double)), *abs_sum = calloc(block, sizeof(double));
+    if (!sum || !abs_sum) {
+        free(sum);
+        free(abs_sum);
+        return 2.0;
+    }
+    for (size_t b0 = 0; b0 < n; b0 += block) {
+        size_t len = b0 + block < n ? block : n - b0;
+        double sumA = 0;
+        memset(sum, 0, len * sizeof(double));
+        memset(abs_sum, 0, len * sizeof(double));
+        for (int r = 0; r < b->W; r++) {
+            double A = 0;
+            for (size_t k = 0; k < len; k++) {
+                double g = grad_at(b, unit, r, base + b0 + k);
+                sum[k] += g;
+                abs_sum[k] += fabs(g);
+                A = fmax(A, fabs(g));
+            }
+            sumA += A;
+        }
+        for (size_t k = 0; k < len; k++) {
+            double want = sum[k] / b->W, got = b->host_out[b0 + k];
+            double bound = mode == ZPP_REDUCE_QGZ
+                               ? levels * sumA / 14.0 / b->W * (1 + 1e-3)
+                               : (b->W - 1) * rel * 1.01 * abs_sum[k] / b->W;
+            bound += 3 * 0x1p-24 * fabs(want) + 1e-37;
+            double err = fabs(got - want);
+            if (!(err <= bound)) {
+                worst = fmax(2.0, err / bound);
+                goto out;
+            }
+            if (err / bound > worst) worst = err / bound;
+        }
+    }
+out:
+    free(sum);
+    free(abs_sum);
+    return worst;
+}
+
+static zpp_status fetch_full(bench_ctx *b, int unit) {
+    if (sync_stream(b)) return ZPP_ERR_CUDA;
+    return zpp_mem_copy(ZPP_MEM_HOST, b->host_full, b->mem, b->full,
+                        b->u[unit].p.padded * b->ds);
+}
+
+/* ---- One step -------------------------------------------------------------------- */
+
+#define BENCH_FAIL(what, st)                                                  \
+    do {                                                                      \
+        zpp_cli_fail(what, st);                                               \
+        MPI_Abort(MPI_COMM_WORLD, 1);                                         \
+    } while (0)
+
+/* Runs one step of `m`; with `check`, verifies every result (worst error /
+ * bound into *worst_p, > 1 = wrong). ms: step, fwd, bwd, reduce. */
+static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[4],
+                     double *worst_p) {
+    zpp_coll *c = b->coll;
+    zpp_status st;
+    zpp_coll_op *op;
+    double worst = 0;
+    memset(ms, 0, 4 * sizeof(double));
+    b->topo->world->ops->barrier(b->topo->world);
+    double t0 = now_ms(), t;
+    for (int i = 0; i < b->o.units; i++) {
+        bench_unit *u = &b->u[i];
+        t = now_ms();
+        st = zpp_coll_gather_start(c, &u->p, m->gather, b->o.dtype, u->shard, b->full,
+                                   m->hpz ? u->secondary : NULL, ZPP_PHASE_FWD_GATHER, &op);
+        if (st == ZPP_OK) st = zpp_coll_finish(c, op);
+        if (st != ZPP_OK) BENCH_FAIL("bench comm: forward gather", st);
+        if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
+        ms[1] += now_ms() - t;
+        if (check) {
+            if ((st = fetch_full(b, i))) BENCH_FAIL("bench comm: copy", st);
+            worst = fmax(worst, check_gather(b, i, m->gather));
+            u->fwd_hash = hash_bytes(b->host_full, u->p.padded * b->ds);
+        }
+    }
+    for (int i = b->o.units - 1; i >= 0; i--) {
+        bench_unit *u = &b->u[i];
+        t = now_ms();
+        if (m->hpz)
+            st = zpp_coll_gather_secondary_start(c, &u->p, b->o.dtype, u->secondary, b->full,
+                                                 ZPP_PHASE_BWD_GATHER, &op);
+        else
+            st = zpp_coll_gather_start(c, &u->p, m->gather, b->o.dtype, u->shard, b->full, NULL,
+                                       ZPP_PHASE_BWD_GATHER, &op);
+        if (st == ZPP_OK) st = zpp_coll_finish(c, op);
+        if (st != ZPP_OK) BENCH_FAIL("bench comm: backward gather", st);
+        if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
+        ms[2] += now_ms() - t;
+        if (check) {
+            if ((st = fetch_full(b, i))) BENCH_FAIL("bench comm: copy", st);
+            worst = fmax(worst, check_gather(b, i, m->gather));
+            /* hpZ must hand back exactly what the forward gather produced */
+            if (hash_bytes(b->host_full, u->p.padded * b->ds) != u->fwd_hash)
+                worst = fmax(worst, 2.0);
+        }
+        t = now_ms();
+        st = zpp_coll_reduce_start(c, &u->p, m->reduce, b->o.dtype, u->grad, u->out, &op);
+        if (st == ZPP_OK) st = zpp_coll_finish(c, op);
+        if (st != ZPP_OK) BENCH_FAIL("bench comm: gradient reduce", st);
+        if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
+        ms[3] += now_ms() - t;
+        if (check) {
+            st = zpp_mem_copy(ZPP_MEM_HOST, b->host_out, b->mem, u->out,
+                              u->p.shard_len * sizeof(float));
+            if (st) BENCH_FAIL("bench comm: copy", st);
+            worst = fmax(worst, check_reduce(b, i, m->reduce));
+        }
+    }
+    ms[0] = now_ms() - t0;
+    if (worst_p) *worst_p = worst;
+}
+
+/* The backend's own bf16 all-gather and reduce-scatter of the same tensors,
+ * straight through the communicator (not through the accounting). */
+static void run_plain(bench_ctx *b, double ms[2]) {
+    zpp_comm *w = b->topo->world;
+    ms[0] = ms[1] = 0;
+    w->ops->barrier(w);
+    for (int i = 0; i < b->o.units; i++) {
+        bench_unit *u = &b->u[i];
+        double t = now_ms();
+        zpp_status st = w->ops->allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
+        if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain all-gather", st);
+        ms[0] += now_ms() - t;
+        t = now_ms();
+        st = w->ops->reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
+        if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain reduce-scatter", st);
+        ms[1] += now_ms() - t;
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over steps of the per-step maximum over ranks, for k series. */
+static void reduce_times(double *samples, int iters, int k, double *out) {
+    MPI_Allreduce(MPI_IN_PLACE, samples, iters * k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double *col = malloc((size_t)iters * sizeof(double));
+    for (int j = 0; j < k; j++) {
+        for (int s = 0; s < iters; s++) col[s] = samples[s * k + j];
+        qsort(col, (size_t)iters, sizeof(double), cmp_double);
+        out[j] = iters % 2 ? col[iters / 2] : 0.5 * (col[iters / 2 - 1] + col[iters / 2]);
+    }
+    free(col);
+}
+
+static void run_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
+    double ms[4], worst = 0;
+    double *samples = calloc((size_t)b->o.iters * 4, sizeof(double));
+    if (!samples) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
+    run_step(b, m, 1, ms, &worst); /* untimed: warm-up and check */
+    for (int s = 0; s < b->o.iters; s++) {
+        zpp_coll_volume_reset(b->coll);
+        run_step(b, m, 0, &samples[s * 4], NULL);
+    }
+    r->vol = *zpp_coll_volume(b->coll);
+    reduce_times(samples, b->o.iters, 4, r->ms);
+    free(samples);
+    MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    r->worst = worst;
+    r->correct = worst <= 1.0;
+    zpp_volume plan;
+    zpp_status st = zpp_plan_step(b->o.params, b->o.units, b->W, b->topo->node_size, m,
+                                  b->o.dtype, &b->copts, &plan);
+    if (st != ZPP_OK) BENCH_FAIL("bench comm: plan", st);
+    r->plan_match = 1;
+    for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++)
+        if (plan.cross_node_bytes[ph] != r->vol.cross_node_bytes[ph] ||
+            plan.intra_node_bytes[ph] != r->vol.intra_node_bytes[ph] ||
+            plan.payload_bytes[ph] != r->vol.payload_bytes[ph])
+            r->plan_match = 0;
+}
+
+/* ---- Output --------------------------------------------------------------------- */
+
+static const char *human(double v, char *buf, size_t cap) {
+    if (v < 1e4) snprintf(buf, cap, "%.0f B", v);
+    else if (v < 1e7) snprintf(buf, cap, "%.2f kB", v / 1e3);
+    else if (v < 1e10) snprintf(buf, cap, "%.2f MB", v / 1e6);
+    else snprintf(buf, cap, "%.2f GB", v / 1e9);
+    return buf;
+}
+
+static const zpp_phase kPhases[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER,
+                                     ZPP_PHASE_GRAD_REDUCE};
+
+static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_result *r,
+                       double z3_cross, const double plain[2], const char *backend) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    cJSON_AddStringToObject(o, "bench", "comm");
+    cJSON_AddStringToObject(o, "mode", m->name);
+    cJSON_AddStringToObject(o, "backend", backend);
+    cJSON_AddStringToObject(o, "device", b->o.gpu ? "gpu" : "cpu");
+    cJSON_AddNumberToObject(o, "world", b->W);
+    cJSON_AddNumberToObject(o, "node_size", b->topo->node_size);
+    cJSON_AddNumberToObject(o, "nodes", b->topo->nodes);
+    cJSON_AddNumberToObject(o, "params", (double)b->o.params);
+    cJSON_AddNumberToObject(o, "units", b->o.units);
+    cJSON_AddStringToObject(o, "dtype", zpp_dtype_name(b->o.dtype));
+    cJSON_AddNumberToObject(o, "iters", b->o.iters);
+    cJSON_AddNumberToObject(o, "cross_node_bytes", zpp_volume_cross_total(&r->vol));
+    cJSON_AddNumberToObject(o, "intra_node_bytes", zpp_volume_intra_total(&r->vol));
+    cJSON_AddNumberToObject(o, "cross_vs_zero3",
+                            z3_cross > 0 ? zpp_volume_cross_total(&r->vol) / z3_cross : 0.0);
+    cJSON_AddNumberToObject(o, "time_ms", r->ms[0]);
+    for (int k = 0; k < 3; k++) {
+        char key[64];
+        const char *pn = zpp_phase_name(kPhases[k]);
+        snprintf(key, sizeof key, "%s_cross_bytes", pn);
+        cJSON_AddNumberToObject(o, key, r->vol.cross_node_bytes[kPhases[k]]);
+        snprintf(key, sizeof key, "%s_intra_bytes", pn);
+        cJSON_AddNumberToObject(o, key, r->vol.intra_node_bytes[kPhases[k]]);
+        snprintf(key, sizeof key, "%s_payload_bytes", pn);
+        cJSON_AddNumberToObject(o, key, r->vol.payload_bytes[kPhases[k]]);
+        snprintf(key, sizeof key, "%s_ms", pn);
+        cJSON_AddNumberToObject(o, key, r->ms[k + 1]);
+    }
+    char key[64];
+    snprintf(key, sizeof key, "%s_bf16_allgather_ms", backend);
+    cJSON_AddNumberToObject(o, key, plain[0]);
+    snprintf(key, sizeof key, "%s_bf16_reduce_scatter_ms", backend);
+    cJSON_AddNumberToObject(o, key, plain[1]);
+    /* > 1: this path is faster than the backend's plain collective */
+    cJSON_AddNumberToObject(o, "fwd_gather_speedup", r->ms[1] > 0 ? plain[0] / r->ms[1] : 0.0);
+    cJSON_AddNumberToObject(o, "bwd_gather_speedup", r->ms[2] > 0 ? plain[0] / r->ms[2] : 0.0);
+    cJSON_AddNumberToObject(o, "grad_reduce_speedup", r->ms[3] > 0 ? plain[1] / r->ms[3] : 0.0);
+    cJSON_AddBoolToObject(o, "correct", r->correct);
+    cJSON_AddNumberToObject(o, "max_err_over_bound", r->worst);
+    cJSON_AddBoolToObject(o, "plan_match", r->plan_match);
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(o);
+}
+
+static void print_table(const bench_ctx *b, const bench_result *r, const double plain[2],
+                        const char *backend) {
+    int z3 = b->o.mode_on[0] ? 0 : -1; /* the ratio column needs zero3's run */
+    printf("zeropp bench comm: %zu parameters (%s) in %d units, world %d = %d node%s x %d, "
+           "backend %s, %d timed step%s\n",
+           b->o.params, zpp_dtype_name(b->o.dtype), b->o.units, b->W, b->topo->nodes,
+           b->topo->nodes == 1 ? "" : "s", b->topo->node_size, backend, b->o.iters,
+           b->o.iters == 1 ? "" : "s");
+    printf("bytes per node per step (DESIGN.md section 5); time: median step, slowest rank\n\n");
+    printf("%-7s | %10s %10s %10s %10s %7s | %10s %10s %10s %10s | %8s %8s %8s %8s | %s\n",
+           "mode", "fwd cross", "bwd cross", "red cross", "cross", "/zero3", "fwd intra",
+           "bwd intra", "red intra", "intra", "fwd ms", "bwd ms", "red ms", "step ms", "check");
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        if (!b->o.mode_on[m]) continue;
+        const bench_result *x = &r[m];
+        char s[8][32];
+        double ct = zpp_volume_cross_total(&x->vol);
+        char ratio[16] = "-";
+        if (z3 == 0 && zpp_volume_cross_total(&r[0].vol) > 0)
+            snprintf(ratio, sizeof ratio, "%.4f", ct / zpp_volume_cross_total(&r[0].vol));
+        printf("%-7s | %10s %10s %10s %10s %7s | %10s %10s %10s %10s | %8.2f %8.2f %8.2f %8.2f "
+               "| %s%s\n",
+               zpp_coll_mode_get(m)->name, human(x->vol.cross_node_bytes[kPhases[0]], s[0], 32),
+               human(x->vol.cross_node_bytes[kPhases[1]], s[1], 32),
+               human(x->vol.cross_node_bytes[kPhases[2]], s[2], 32), human(ct, s[3], 32), ratio,
+               human(x->vol.intra_node_bytes[kPhases[0]], s[4], 32),
+               human(x->vol.intra_node_bytes[kPhases[1]], s[5], 32),
+               human(x->vol.intra_node_bytes[kPhases[2]], s[6], 32),
+               human(zpp_volume_intra_total(&x->vol), s[7], 32), x->ms[1], x->ms[2], x->ms[3],
+               x->ms[0], x->correct ? "ok" : "WRONG",
+               x->plan_match ? "" : " (volume differs from zeropp plan)");
+    }
+    printf("\n%s bf16 all-gather of every unit: %.2f ms; reduce-scatter: %.2f ms "
+           "(the backend's own calls on the same tensors)\n",
+           backend, plain[0], plain[1]);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        if (!b->o.mode_on[m]) continue;
+        const zpp_coll_mode *md = zpp_coll_mode_get(m);
+        const bench_result *x = &r[m];
+        printf("%-7s fwd gather vs %s bf16 allgather: %.2fx   bwd gather: %.2fx   grad reduce "
+               "vs reduce-scatter: %.2fx\n",
+               md->name, backend, x->ms[1] > 0 ? plain[0] / x->ms[1] : 0.0,
+               x->ms[2] > 0 ? plain[0] / x->ms[2] : 0.0,
+               x->ms[3] > 0 ? plain[1] / x->ms[3] : 0.0);
+    }
+    printf("(x > 1: faster than the plain collective)\n");
+}
+
+/* ---- Entry ------------------------------------------------------------------------ */
+
+static int parse(int argc, char **argv, bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->units = 8;
+    o->iters = 5;
+    o->seed = 1;
+    o->dtype = ZPP_BF16;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) o->mode_on[m] = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--emulate-nodes")) {
+            o->emulate_nodes = 1;
+        } else if (!strcmp(a, "--params") && v) {
+            if (parse_count(v, &o->params) || !o->params) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--units") && v) {
+            if (parse_int(v, 1, &o->units)) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--node-size") && v) {
+            if (parse_int(v, 1, &o->node_size)) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--iters") && v) {
+            if (parse_int(v, 1, &o->iters)) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--seed") && v) {
+            o->seed = strtoull(v, NULL, 10);
+            i++;
+        } else if (!strcmp(a, "--dtype") && v) {
+            if (zpp_dtype_parse(v, &o->dtype) != ZPP_OK) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--device") && v) {
+            if (!strcmp(v, "gpu")) o->gpu = 1;
+            else if (strcmp(v, "cpu")) goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--modes") && v) {
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            memset(o->mode_on, 0, sizeof o->mode_on);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                const zpp_coll_mode *md;
+                if (zpp_coll_mode_parse(tok, &md) != ZPP_OK) {
+                    zpp_cli_fail("bench comm: --modes", ZPP_ERR_INVALID);
+                    return 2;
+                }
+                o->mode_on[md - zpp_coll_mode_get(0)] = 1;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "zeropp bench comm: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+        continue;
+    bad_value:
+        fprintf(stderr, "zeropp bench comm: bad value '%s' for %s\n", v, a);
+        return 2;
+    }
+    if (!o->params) {
+        fprintf(stderr, "zeropp bench comm: --params is required\n\n");
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
 
 int zpp_cli_bench_comm(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "zeropp: 'bench_comm' is not built yet\n");
-    return 1;
+    bench_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) MPI_Init(&argc, &argv);
+
+    bench_ctx b;
+    memset(&b, 0, sizeof b);
+    b.o = o;
+    zpp_status st = setup(&b);
+    /* Setup fails alike on every rank for bad options (the topology agrees);
+     * anything else aborts the job rather than leave peers waiting. */
+    int bad = st != ZPP_OK;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) {
+        if (st != ZPP_OK) zpp_cli_fail("bench comm: setup", st);
+        teardown(&b);
+        MPI_Finalize();
+        return 1;
+    }
+    const char *backend = b.topo->world->ops->name;
+
+    bench_result res[ZPP_COLL_MODE_COUNT];
+    memset(res, 0, sizeof res);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (o.mode_on[m]) run_mode(&b, zpp_coll_mode_get(m), &res[m]);
+
+    double plain[2];
+    double *samples = calloc((size_t)o.iters * 2, sizeof(double));
+    if (!samples) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
+    run_plain(&b, plain); /* warm-up */
+    for (int s = 0; s < o.iters; s++) run_plain(&b, &samples[2 * s]);
+    reduce_times(samples, o.iters, 2, plain);
+    free(samples);
+
+    int all_ok = 1;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (o.mode_on[m] && (!res[m].correct || !res[m].plan_match)) all_ok = 0;
+    if (b.rank == 0) {
+        if (o.json) {
+            double z3 = 0;
+            if (o.mode_on[0]) z3 = zpp_volume_cross_total(&res[0].vol);
+            else {
+                zpp_volume v;
+                if (zpp_plan_step(o.params, o.units, b.W, b.topo->node_size, zpp_coll_mode_get(0),
+                                  o.dtype, &b.copts, &v) == ZPP_OK)
+                    z3 = zpp_volume_cross_total(&v);
+            }
+            for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+                if (o.mode_on[m]) print_json(&b, zpp_coll_mode_get(m), &res[m], z3, plain, backend);
+        } else {
+            print_table(&b, res, plain, backend);
+        }
+        fflush(stdout);
+        if (!all_ok)
+            fprintf(stderr, "zeropp bench comm: a result was outside its error bound or the "
+                            "volume differed from the plan (see \"correct\" / \"plan_match\")\n");
+    }
+    teardown(&b);
+    MPI_Finalize();
+    return all_ok ? 0 : 1;
 }

@@ -1,11 +1,182 @@
-/* tools/plan.c — placeholder until its issue lands. */
+/* tools/plan.c — `zeropp plan`: the bytes one training step moves per node,
+ * for each of ZeRO-3, qwZ, hpZ, qgZ and ZeRO++, computed from the
+ * DESIGN.md §5 formulas without running anything (no MPI).
+ *
+ * The numbers come from zpp_plan_step (collectives/volume.c), which replays
+ * the backend calls the live collectives make through the same accounting
+ * function they use, so `zeropp plan` and `zeropp bench comm` agree byte for
+ * byte (bench comm checks it). */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "collectives/collectives.h"
+#include "zeropp.h"
+
+static void plan_usage(FILE *f) {
+    fprintf(f,
+            "usage: zeropp plan --params P --world W [--node-size S] [--units U] [--dtype bf16]\n"
+            "                   [--json]\n"
+            "\n"
+            "Cross-node and intra-node bytes per node for one training step of a model of P\n"
+            "parameters cut into U equal units (default 8), on W ranks in nodes of S ranks\n"
+            "(default: one node of W). P takes a k/M/B suffix (125M, 1.5B). Volumes follow\n"
+            "DESIGN.md section 5 (the ring-optimal volume of each collective as called);\n"
+            "quantized paths count payload, scales and padding. --json prints one object per\n"
+            "mode.\n");
+}
+
+/* "125M", "1.5B", "10000000", "1e9" -> elements. */
+static int parse_count(const char *s, size_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1e3, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
+    else if (*end == 'B' || *end == 'b' || *end == 'G' || *end == 'g') mul = 1e9, end++;
+    if (*end) return -1;
+    v *= mul;
+    if (v > 9.0e15) return -1;
+    *out = (size_t)(v + 0.5);
+    return 0;
+}
+
+static int parse_int(const char *s, int *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v <= 0 || v > 1 << 24) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* 1234567 -> "1.23 MB" (decimal units, as network rates are quoted). */
+static const char *human(double b, char *buf, size_t cap) {
+    if (b < 1e4) snprintf(buf, cap, "%.0f B", b);
+    else if (b < 1e7) snprintf(buf, cap, "%.2f kB", b / 1e3);
+    else if (b < 1e10) snprintf(buf, cap, "%.2f MB", b / 1e6);
+    else snprintf(buf, cap, "%.2f GB", b / 1e9);
+    return buf;
+}
 
 int zpp_cli_plan(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "zeropp: 'plan' is not built yet\n");
-    return 1;
+    size_t params = 0;
+    int world = 0, node_size = 0, units = 8, json = 0;
+    zpp_dtype dtype = ZPP_BF16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            plan_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--params") && v) {
+            if (parse_count(v, &params) || params == 0) {
+                fprintf(stderr, "zeropp plan: --params '%s' is not a positive count\n", v);
+                return 2;
+            }
+            i++;
+        } else if ((!strcmp(a, "--world") || !strcmp(a, "--node-size") ||
+                    !strcmp(a, "--units")) &&
+                   v) {
+            int *dst = !strcmp(a, "--world") ? &world : !strcmp(a, "--units") ? &units
+                                                                                 : &node_size;
+            if (parse_int(v, dst)) {
+                fprintf(stderr, "zeropp plan: %s '%s' is not a positive integer\n", a, v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--dtype") && v) {
+            if (zpp_dtype_parse(v, &dtype) != ZPP_OK) return zpp_cli_fail("plan: --dtype", 1);
+            i++;
+        } else {
+            fprintf(stderr, "zeropp plan: unknown or incomplete option '%s'\n\n", a);
+            plan_usage(stderr);
+            return 2;
+        }
+    }
+    if (!params || !world) {
+        fprintf(stderr, "zeropp plan: --params and --world are required\n\n");
+        plan_usage(stderr);
+        return 2;
+    }
+    if (!node_size) node_size = world;
+    zpp_coll_opts opts = zpp_coll_opts_default();
+    zpp_volume v[ZPP_COLL_MODE_COUNT];
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        int st = zpp_plan_step(params, units, world, node_size, zpp_coll_mode_get(m), dtype,
+                               &opts, &v[m]);
+        if (st != ZPP_OK) return zpp_cli_fail("plan", st);
+    }
+    int nodes = world / node_size;
+    double z3 = zpp_volume_cross_total(&v[0]);
+    const zpp_phase ph[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER, ZPP_PHASE_GRAD_REDUCE};
+
+    if (json) {
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            cJSON *o = cJSON_CreateObject();
+            if (!o) return zpp_cli_fail("plan: out of memory", 1);
+            cJSON_AddStringToObject(o, "plan", "step");
+            cJSON_AddStringToObject(o, "mode", zpp_coll_mode_get(m)->name);
+            cJSON_AddNumberToObject(o, "params", (double)params);
+            cJSON_AddNumberToObject(o, "units", units);
+            cJSON_AddNumberToObject(o, "world", world);
+            cJSON_AddNumberToObject(o, "node_size", node_size);
+            cJSON_AddNumberToObject(o, "nodes", nodes);
+            cJSON_AddStringToObject(o, "dtype", zpp_dtype_name(dtype));
+            cJSON_AddNumberToObject(o, "cross_node_bytes", zpp_volume_cross_total(&v[m]));
+            cJSON_AddNumberToObject(o, "intra_node_bytes", zpp_volume_intra_total(&v[m]));
+            cJSON_AddNumberToObject(o, "cross_vs_zero3",
+                                    z3 > 0 ? zpp_volume_cross_total(&v[m]) / z3 : 0.0);
+            for (int k = 0; k < 3; k++) {
+                char key[64];
+                const char *pn = zpp_phase_name(ph[k]);
+                snprintf(key, sizeof key, "%s_cross_bytes", pn);
+                cJSON_AddNumberToObject(o, key, v[m].cross_node_bytes[ph[k]]);
+                snprintf(key, sizeof key, "%s_intra_bytes", pn);
+                cJSON_AddNumberToObject(o, key, v[m].intra_node_bytes[ph[k]]);
+                snprintf(key, sizeof key, "%s_payload_bytes", pn);
+                cJSON_AddNumberToObject(o, key, v[m].payload_bytes[ph[k]]);
+            }
+            char *s = cJSON_PrintUnformatted(o);
+            if (s) printf("%s\n", s);
+            cJSON_free(s);
+            cJSON_Delete(o);
+        }
+        return 0;
+    }
+
+    printf("zeropp plan: %zu parameters (%s) in %d units, world %d = %d node%s x %d rank%s\n",
+           params, zpp_dtype_name(dtype), units, world, nodes, nodes == 1 ? "" : "s", node_size,
+           node_size == 1 ? "" : "s");
+    printf("bytes per node per step (DESIGN.md section 5; qwZ int8 block %zu, qgZ int4 block "
+           "%zu, scales and padding included)\n\n",
+           opts.weight_spec.block, opts.grad_spec.block);
+    printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "", "cross-node", "", "",
+           "", "", "intra-node", "", "", "");
+    printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "mode", "fwd gather",
+           "bwd gather", "grad reduce", "total", "/zero3", "fwd gather", "bwd gather",
+           "grad reduce", "total");
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        char b[8][32];
+        double ct = zpp_volume_cross_total(&v[m]);
+        printf("%-7s | %11s %11s %11s %11s %8.4f | %11s %11s %11s %11s\n",
+               zpp_coll_mode_get(m)->name,
+               human(v[m].cross_node_bytes[ph[0]], b[0], 32),
+               human(v[m].cross_node_bytes[ph[1]], b[1], 32),
+               human(v[m].cross_node_bytes[ph[2]], b[2], 32), human(ct, b[3], 32),
+               z3 > 0 ? ct / z3 : 0.0, human(v[m].intra_node_bytes[ph[0]], b[4], 32),
+               human(v[m].intra_node_bytes[ph[1]], b[5], 32),
+               human(v[m].intra_node_bytes[ph[2]], b[6], 32),
+               human(zpp_volume_intra_total(&v[m]), b[7], 32));
+    }
+    if (nodes == 1)
+        printf("\none node: nothing crosses a node boundary; pass --node-size to split the "
+               "world into nodes\n");
+    return 0;
 }

@@ -107,4 +107,130 @@ zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n);
 const zpp_volume *zpp_coll_volume(const zpp_coll *c);
 void zpp_coll_volume_reset(zpp_coll *c);
 
+/* Non-finite input. A NaN or Inf in a shard or gradient does not stop a
+ * collective half way (the peers would hang in the exchange): the
+ * quantizers store a NaN scale for the offending block, the NaN travels
+ * through the exchange and the sums, and zpp_coll_finish returns
+ * ZPP_ERR_NONFINITE on the host rank that saw it, after completing the
+ * operation. On device memory the kernels raise a flag instead, read (and
+ * cleared) by this call, which synchronises the stream: *flag_p = 1 if any
+ * quantizer saw a non-finite value since the last check. Always 0 on host
+ * memory (there the error is returned by zpp_coll_finish). */
+zpp_status zpp_coll_nonfinite_check(zpp_coll *c, int *flag_p);
+
+/* The scratch pool: buffers held and their bytes (for tests and reports).
+ * It grows to what the operations in flight at once need and then stays. */
+void zpp_coll_pool_stats(const zpp_coll *c, size_t *buffers_p, size_t *bytes_p);
+
+/* ---- Volume formulas (DESIGN.md §5) ------------------------------------
+ *
+ * ONE definition, used by the live accounting (every backend call of a
+ * zpp_coll goes through it) and by `zeropp plan` (which runs no MPI).
+ *
+ * A backend call runs over a group of ranks that spans `nodes` nodes with
+ * `ranks_per_node` of its ranks on each; `groups_per_node` such groups run
+ * the same call at the same time and share each node (the world and the
+ * intra-node group: 1; the inter-node groups, one per local index:
+ * node_size). Figures are bytes PER NODE, summed over the concurrent
+ * groups; every rank makes the same calls with the same sizes, so each rank
+ * computes the per-node figure locally and all ranks agree.
+ *
+ * With N = nodes, R = ranks_per_node, I = groups_per_node:
+ *   all-gather, full output P = N*R*bytes_per_rank bytes,
+ *   reduce-scatter, full input P = N*R*count*dsize bytes:
+ *       cross = I * (N-1)/N * P    (every node must receive the (N-1)/N of
+ *                                   P held elsewhere: the ring optimum)
+ *       intra = I * (R-1) * P      (each of the node's R ranks sends
+ *                                   (R-1)/R * P inside the node)
+ *   The intra rule for a group spanning several nodes is that of a
+ *   hierarchical ring: the node's R ranks first exchange the node's 1/N of
+ *   P (R * (R-1)/R * P/N), each receives its 1/R share of the (N-1)/N * P
+ *   crossing the boundary and passes it to the R-1 others
+ *   (R * (R-1) * (N-1)/(N*R) * P); the two add up to (R-1) * P, the same
+ *   as an all-gather of P inside one node — moving data into a node does
+ *   not spare the ranks of that node from sharing it.
+ *   all-to-all, bytes_per_peer b (each rank sends b to each of N*R ranks,
+ *   itself included):
+ *       cross = I * R * (N-1)*R * b    (the node's R ranks, each to the
+ *                                        (N-1)*R ranks on other nodes)
+ *       intra = I * R * (R-1) * b      (each to its R-1 node peers)
+ *   all-reduce of P = count*dsize: a reduce-scatter plus an all-gather of
+ *       P: cross = I * 2 (N-1)/N * P, intra = I * 2 (R-1) * P
+ *   broadcast of P: cross = I * (N-1)/N * P (a chain crosses N-1
+ *       boundaries, averaged over N nodes), intra = I * (R-1) * P
+ * payload_bytes is what THIS rank handed the backend as its send buffer:
+ * all-gather bytes_per_rank, reduce-scatter N*R*count*dsize, all-to-all
+ * N*R*b, all-reduce count*dsize, broadcast bytes; the quantized paths count
+ * their whole wire buffers (payload, scales and padding).
+ *
+ * For a topology of `nodes` x `node_size` ranks the three groups are
+ *   world {nodes, node_size, 1}, intra {1, node_size, 1},
+ *   inter {nodes, 1, node_size}. */
+typedef enum zpp_call_kind {
+    ZPP_CALL_ALLGATHER = 0,
+    ZPP_CALL_REDUCE_SCATTER = 1,
+    ZPP_CALL_ALLTOALL = 2,
+    ZPP_CALL_ALLREDUCE = 3,
+    ZPP_CALL_BROADCAST = 4
+} zpp_call_kind;
+
+typedef struct zpp_group_shape {
+    int nodes;
+    int ranks_per_node;
+    int groups_per_node;
+} zpp_group_shape;
+
+zpp_group_shape zpp_group_world(int nodes, int node_size);
+zpp_group_shape zpp_group_intra(int node_size);
+zpp_group_shape zpp_group_inter(int nodes, int node_size);
+
+/* Records one backend call into v under `phase`. `bytes` is the call's size
+ * argument in bytes: per rank (all-gather), one rank's output count * dsize
+ * (reduce-scatter), per peer (all-to-all), count * dsize (all-reduce), the
+ * buffer (broadcast). */
+void zpp_volume_add_call(zpp_volume *v, zpp_phase phase, zpp_call_kind kind,
+                         const zpp_group_shape *g, size_t bytes);
+
+/* ---- Planning without running (`zeropp plan`, checks in `bench comm`) ---
+ *
+ * These add to v exactly the calls the live operations make (the same
+ * skips: qgZ leaves out the intra-node all-to-all when node_size == 1 and
+ * the inter-node one when nodes == 1). */
+zpp_partition zpp_partition_make_shape(size_t numel, int world_size, int nodes);
+void zpp_plan_gather(zpp_volume *v, const zpp_partition *p, int nodes, int node_size,
+                     zpp_gather_mode mode, zpp_dtype dtype, const zpp_coll_opts *opts,
+                     zpp_phase phase);
+void zpp_plan_gather_secondary(zpp_volume *v, const zpp_partition *p, int nodes,
+                               int node_size, zpp_dtype dtype, zpp_phase phase);
+void zpp_plan_reduce(zpp_volume *v, const zpp_partition *p, int nodes, int node_size,
+                     zpp_reduce_mode mode, zpp_dtype dtype, const zpp_coll_opts *opts);
+
+/* The named configurations of one training step. */
+typedef struct zpp_coll_mode {
+    const char *name;          /* "zero3", "qwz", "hpz", "qgz", "zeropp" */
+    zpp_gather_mode gather;    /* forward gathers (and backward without hpZ) */
+    int hpz;                   /* backward gathers from secondary shards */
+    zpp_reduce_mode reduce;
+} zpp_coll_mode;
+
+#define ZPP_COLL_MODE_COUNT 5
+/* Mode i < ZPP_COLL_MODE_COUNT, in the order above. */
+const zpp_coll_mode *zpp_coll_mode_get(int i);
+zpp_status zpp_coll_mode_parse(const char *name, const zpp_coll_mode **mode_p);
+
+/* A model of `params` elements cut into `units` units as evenly as possible:
+ * unit i has params / units elements, plus one for i < params % units. */
+size_t zpp_plan_unit_numel(size_t params, int units, int i);
+
+/* The collectives of one training step, per node: for each unit a forward
+ * gather, a backward gather (secondary with hpZ) and a gradient reduce, in
+ * `dtype`. Resets v first. ZPP_ERR_INVALID when node_size does not divide
+ * world or a count is not positive. */
+zpp_status zpp_plan_step(size_t params, int units, int world, int node_size,
+                         const zpp_coll_mode *mode, zpp_dtype dtype,
+                         const zpp_coll_opts *opts, zpp_volume *v_p);
+
+/* Default options: int8 weights, int4 gradients, default blocks. */
+zpp_coll_opts zpp_coll_opts_default(void);
+
 #endif

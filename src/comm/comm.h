@@ -15,7 +15,11 @@
  * `count` per rank reads size * count elements and writes count; an
  * all-to-all of `bytes` per peer sends block j of the input to rank j and
  * receives block i from rank i into block i of the output.
- * Buffers must not overlap unless an op says otherwise. */
+ * Buffers must not overlap unless an op says otherwise.
+ *
+ * In place: allreduce accepts send == recv; allgather accepts
+ * send == (char *)recv + rank * bytes_per_rank (this rank's block of the
+ * output, as NCCL allows). Any other overlap is ZPP_ERR_INVALID on MPI. */
 #ifndef ZPP_COMM_COMM_H
 #define ZPP_COMM_COMM_H
 
@@ -96,15 +100,43 @@ typedef struct zpp_topo_opts {
 } zpp_topo_opts;
 
 /* Builds the topology over MPI_COMM_WORLD (MPI must be initialised).
- * Collective over all ranks. */
+ * Collective over all ranks, and every rank returns the same status: the
+ * options are first agreed with an all-reduce (node_size and backend must
+ * be equal everywhere), every check is computed identically on all ranks,
+ * and each step that can fail locally is followed by an agreement, so a
+ * bad input fails everywhere instead of hanging some ranks.
+ *
+ * Errors (ZPP_ERR_INVALID): node_size < 0; node_size not dividing the world
+ * (the message names both numbers and lists node sizes that divide it);
+ * options differing across ranks; with node_size 0, a launcher placement
+ * whose shared-memory nodes are unequal or not consecutive ranks.
+ * ZPP_ERR_UNSUPPORTED: ZPP_BACKEND_NCCL in a build without CUDA. */
 zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
 void zpp_topo_destroy(zpp_topo *topo);
 
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */
+/* Collective over `mpi_comm`: duplicates it (the zpp_comm owns the
+ * duplicate, with MPI_ERRORS_RETURN, so every MPI error comes back as
+ * ZPP_ERR_COMM with MPI's message) and frees it in ops->destroy.
+ *
+ * Counts above INT_MAX: MPI-3 takes int counts. A buffer of more than
+ * `max_count` (default INT_MAX) elements travels as ONE element of a
+ * derived "blob" datatype of the same bytes (contiguous chunks plus a
+ * remainder), and reductions on a blob use this backend's own sum ops,
+ * which see the whole blob as a flat array. So every size works; nothing is
+ * split into several messages. */
 zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
+/* Test hook: the largest count handed to MPI in one argument before the
+ * blob datatype takes over (<= 0 restores INT_MAX). Lets tests run the
+ * large-count path on small buffers. Not thread-safe; set it between
+ * operations. */
+void zpp_comm_mpi_set_max_count(int max_count);
 #ifdef ZPP_HAVE_CUDA
-/* Creates the world NCCL communicator and its intra/inter splits in one go. */
+/* Creates the world NCCL communicator and its intra/inter splits in one go.
+ * Called by zpp_topo_create with every size/rank field of `topo` already set
+ * and topo->world/intra/inter NULL; on failure it must leave each of them
+ * NULL or a valid comm (zpp_topo_create destroys the non-NULL ones). */
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts);
 #endif
 

@@ -1,0 +1,623 @@
+/* collectives/collectives.c — ZeRO-3 and ZeRO++ unit collectives.
+ *
+ * The code is written once for both backends: buffers come from core/mem.h
+ * in the communicator's memory kind, every quantization or dtype conversion
+ * goes through quant_exec.h (CPU reference on the host, CUDA kernels on the
+ * compute stream on a device), and every backend call goes through
+ * zpp__call, which records its volume (volume.c) as it starts it.
+ *
+ * Ordering on a device: kernels run on the compute stream given to
+ * zpp_coll_create, which must be the stream the NCCL backend orders its
+ * collectives against (zpp_topo_opts.compute_stream): a collective runs
+ * after the work already enqueued there, and what is enqueued after its
+ * completion runs after it (comm.h). A scratch buffer returned to the pool
+ * at zpp_coll_finish may still be read by a kernel in flight on that stream;
+ * its next user is enqueued behind that kernel, so reuse needs no host
+ * synchronisation.
+ *
+ * Asynchrony: *_start does the local pre-processing (quantization) and
+ * starts the first exchange; zpp_coll_finish waits for it and runs the rest
+ * (dequantization; for qgZ the intra-node sum and the inter-node exchange).
+ * Each operation in flight holds its own scratch buffers, leased from a pool
+ * that grows on demand and is reused (the engine keeps about three in
+ * flight: the gather in use, a prefetch, a reduce). */
+#include "collectives/collectives.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/mem.h"
+#include "quant/quant_exec.h"
+
+#ifdef ZPP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* The three communicators of a topology. */
+typedef enum zpp__group { ZPP__WORLD = 0, ZPP__INTRA = 1, ZPP__INTER = 2 } zpp__group;
+
+typedef struct zpp__buf {
+    void *p;
+    size_t cap;
+    int busy;
+} zpp__buf;
+
+struct zpp_coll {
+    zpp_topo *topo;
+    zpp_coll_opts opts;
+    void *stream;
+    zpp_mem_kind mem;
+    zpp_quant_exec qx;
+    int *nonfinite_dev; /* raised by the kernels (device memory only) */
+    zpp_volume vol;
+    zpp__buf *pool;
+    size_t pool_len, pool_cap;
+    uint64_t seq;       /* operations started: varies stochastic-rounding seeds */
+    int in_flight;
+};
+
+typedef enum zpp__op_kind {
+    ZPP__OP_EMPTY = 0,      /* a unit of zero elements: nothing to move */
+    ZPP__OP_GATHER,
+    ZPP__OP_GATHER_SECONDARY,
+    ZPP__OP_REDUCE
+} zpp__op_kind;
+
+/* Where a qgZ reduction stands when zpp_coll_finish picks it up. */
+typedef enum zpp__qgz_stage {
+    ZPP__QGZ_LOCAL = 0,   /* world of one rank: nothing was sent */
+    ZPP__QGZ_INTRA,       /* intra-node all-to-all in flight */
+    ZPP__QGZ_INTER        /* inter-node all-to-all in flight (node_size == 1) */
+} zpp__qgz_stage;
+
+#define ZPP__OP_BUFS 4
+
+struct zpp_coll_op {
+    zpp__op_kind kind;
+    zpp_partition part;
+    zpp_gather_mode gather;
+    zpp_reduce_mode reduce;
+    zpp_dtype dtype;
+    void *full;
+    void *secondary;
+    float *shard_out;
+    zpp_phase phase;
+    zpp__group group;       /* communicator of the request in flight */
+    zpp_comm_req *req;
+    zpp__qgz_stage stage;
+    zpp_quant_spec spec;    /* quantization spec of this call (seeded) */
+    int buf[ZPP__OP_BUFS];  /* pool indices, -1 = none */
+    void *bp[ZPP__OP_BUFS]; /* their pointers */
+    zpp_status deferred;    /* ZPP_ERR_NONFINITE seen during start */
+};
+
+/* ---- Helpers ------------------------------------------------------------ */
+
+static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g) {
+    return g == ZPP__WORLD ? c->topo->world : g == ZPP__INTRA ? c->topo->intra : c->topo->inter;
+}
+
+static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
+    const zpp_topo *t = c->topo;
+    return g == ZPP__WORLD   ? zpp_group_world(t->nodes, t->node_size)
+           : g == ZPP__INTRA ? zpp_group_intra(t->node_size)
+                             : zpp_group_inter(t->nodes, t->node_size);
+}
+
+/* The one door to the backend: records the call's volume (DESIGN.md §5)
+ * under `phase`, then makes it. `n` is bytes for all-gather (per rank) and
+ * all-to-all (per peer), elements of dtype for reduce-scatter (per rank) and
+ * all-reduce. */
+static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call_kind kind,
+                            const void *send, void *recv, size_t n, zpp_dtype dtype,
+                            zpp_comm_req **req_p) {
+    zpp_comm *m = zpp__comm(c, g);
+    zpp_group_shape shape = zpp__shape(c, g);
+    zpp_status st;
+    size_t bytes = n;
+    switch (kind) {
+    case ZPP_CALL_ALLGATHER: st = m->ops->allgather(m, send, recv, n, req_p); break;
+    case ZPP_CALL_REDUCE_SCATTER:
+        bytes = n * zpp_dtype_size(dtype);
+        st = m->ops->reduce_scatter(m, send, recv, n, dtype, req_p);
+        break;
+    case ZPP_CALL_ALLTOALL: st = m->ops->alltoall(m, send, recv, n, req_p); break;
+    case ZPP_CALL_ALLREDUCE:
+        bytes = n * zpp_dtype_size(dtype);
+        st = m->ops->allreduce(m, send, recv, n, dtype, req_p);
+        break;
+    default:
+        return zpp_error(ZPP_ERR_INVALID, "collectives: backend call kind %d not used here",
+                         (int)kind);
+    }
+    if (st != ZPP_OK) return zpp_error_context(st, "collectives: %s backend", m->ops->name);
+    zpp_volume_add_call(&c->vol, phase, kind, &shape, bytes);
+    return ZPP_OK;
+}
+
+/* Leases a scratch buffer of at least `bytes` from the pool: the smallest
+ * free one that fits, else a free one regrown, else a new one. */
+static zpp_status zpp__lease(zpp_coll *c, size_t bytes, int *idx_p, void **p_p) {
+    long fit = -1, any = -1;
+    for (size_t i = 0; i < c->pool_len; i++) {
+        zpp__buf *b = &c->pool[i];
+        if (b->busy) continue;
+        if (b->cap >= bytes && (fit < 0 || b->cap < c->pool[fit].cap)) fit = (long)i;
+        if (any < 0 || b->cap > c->pool[any].cap) any = (long)i;
+    }
+    if (fit < 0 && any >= 0) {
+        /* Regrow the largest free buffer. On a device, a kernel may still be
+         * reading it: cudaFree waits for the device to finish before freeing. */
+        zpp__buf *b = &c->pool[any];
+        void *p = NULL;
+        ZPP_CHECK(zpp_mem_alloc(c->mem, bytes, &p));
+        zpp_mem_free(c->mem, b->p);
+        b->p = p;
+        b->cap = bytes;
+        fit = any;
+    }
+    if (fit < 0) {
+        if (c->pool_len == c->pool_cap) {
+            size_t cap = c->pool_cap ? 2 * c->pool_cap : 8;
+            zpp__buf *np = realloc(c->pool, cap * sizeof *np);
+            if (!np) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory for the pool");
+            c->pool = np;
+            c->pool_cap = cap;
+        }
+        void *p = NULL;
+        ZPP_CHECK(zpp_mem_alloc(c->mem, bytes, &p));
+        c->pool[c->pool_len].p = p;
+        c->pool[c->pool_len].cap = bytes;
+        c->pool[c->pool_len].busy = 0;
+        fit = (long)c->pool_len++;
+    }
+    c->pool[fit].busy = 1;
+    *idx_p = (int)fit;
+    *p_p = c->pool[fit].p;
+    return ZPP_OK;
+}
+
+/* Leases op buffer slot k. */
+static zpp_status zpp__op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t bytes) {
+    return zpp__lease(c, bytes, &op->buf[k], &op->bp[k]);
+}
+
+static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
+    for (int k = 0; k < ZPP__OP_BUFS; k++)
+        if (op->buf[k] >= 0) c->pool[op->buf[k]].busy = 0;
+    free(op);
+    c->in_flight--;
+}
+
+static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partition *p,
+                              zpp_dtype dtype, zpp_phase phase, zpp_coll_op **op_p) {
+    zpp_coll_op *op = calloc(1, sizeof *op);
+    if (!op) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory for an operation");
+    op->kind = p->numel ? kind : ZPP__OP_EMPTY;
+    op->part = *p;
+    op->dtype = dtype;
+    op->phase = phase;
+    for (int k = 0; k < ZPP__OP_BUFS; k++) op->buf[k] = -1;
+    c->in_flight++;
+    *op_p = op;
+    return ZPP_OK;
+}
+
+/* A stream-ordered copy inside the communicator's memory. */
+static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return ZPP_OK;
+    if (c->mem == ZPP_MEM_HOST) return zpp_mem_copy(ZPP_MEM_HOST, dst, ZPP_MEM_HOST, src, bytes);
+#ifdef ZPP_HAVE_CUDA
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    (cudaStream_t)c->stream);
+    if (e != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "collectives: device copy of %zu bytes failed: %s",
+                         bytes, cudaGetErrorString(e));
+    return ZPP_OK;
+#else
+    return zpp_error(ZPP_ERR_UNSUPPORTED, "collectives: device memory in a build without CUDA");
+#endif
+}
+
+static zpp_status zpp__sync(zpp_coll *c) {
+#ifdef ZPP_HAVE_CUDA
+    if (c->mem == ZPP_MEM_DEVICE) {
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)c->stream);
+        if (e != cudaSuccess)
+            return zpp_error(ZPP_ERR_CUDA, "collectives: stream synchronisation failed: %s",
+                             cudaGetErrorString(e));
+    }
+#else
+    (void)c;
+#endif
+    return ZPP_OK;
+}
+
+/* A spec for one quantizing call: with stochastic rounding, a fresh stream
+ * per call and per rank (the streams are indexed by element position, so
+ * ranks sharing a seed would round their errors the same way and the
+ * errors would not average out). Deterministic: same calls, same seeds. */
+static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, uint64_t salt) {
+    zpp_quant_spec q = *s;
+    if (q.stochastic) {
+        uint64_t z = s->seed ^ (c->seq * 0x9e3779b97f4a7c15ull) ^
+                     ((uint64_t)c->topo->world_rank << 40) ^ (salt << 60);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        q.seed = z ^ (z >> 31);
+    }
+    return q;
+}
+
+/* Non-finite input is carried through (a NaN scale) and reported at finish,
+ * so that every rank completes the exchange; anything else stops here. */
+static int zpp__soft(zpp_status st, zpp_coll_op *op) {
+    if (st == ZPP_ERR_NONFINITE) {
+        op->deferred = st;
+        return 1;
+    }
+    return st == ZPP_OK;
+}
+
+static zpp_status zpp__check_part(const zpp_coll *c, const zpp_partition *p, const char *what) {
+    zpp_partition want = zpp_partition_make(p->numel, c->topo);
+    if (p->shard_len != want.shard_len || p->padded != want.padded || p->sec_len != want.sec_len)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: the partition of %zu elements was not made for this topology "
+                         "(%d ranks, %d nodes); use zpp_partition_make",
+                         what, p->numel, c->topo->world_size, c->topo->nodes);
+    return ZPP_OK;
+}
+
+/* ---- Create / destroy ------------------------------------------------------ */
+
+zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, void *stream,
+                           zpp_coll **coll_p) {
+    if (!topo || !topo->world || !topo->intra || !topo->inter || !coll_p)
+        return zpp_error(ZPP_ERR_INVALID, "collectives: a topology and an output are needed");
+    zpp_coll_opts o = opts ? *opts : zpp_coll_opts_default();
+    zpp_status st = zpp_quant_spec_check(&o.weight_spec);
+    if (st != ZPP_OK) return zpp_error_context(st, "collectives: weight (qwZ) spec");
+    st = zpp_quant_spec_check(&o.grad_spec);
+    if (st != ZPP_OK) return zpp_error_context(st, "collectives: gradient (qgZ) spec");
+    zpp_coll *c = calloc(1, sizeof *c);
+    if (!c) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory");
+    c->topo = topo;
+    c->opts = o;
+    c->stream = stream;
+    c->mem = topo->world->mem;
+    if (c->mem == ZPP_MEM_DEVICE) {
+        st = zpp_mem_alloc(ZPP_MEM_DEVICE, sizeof(int), (void **)&c->nonfinite_dev);
+        if (st == ZPP_OK) st = zpp_mem_set(ZPP_MEM_DEVICE, c->nonfinite_dev, 0, sizeof(int));
+        if (st != ZPP_OK) {
+            zpp_mem_free(ZPP_MEM_DEVICE, c->nonfinite_dev);
+            free(c);
+            return zpp_error_context(st, "collectives: non-finite flag");
+        }
+    }
+    c->qx.mem = c->mem;
+    c->qx.stream = stream;
+    c->qx.nonfinite_dev = c->nonfinite_dev;
+    *coll_p = c;
+    return ZPP_OK;
+}
+
+void zpp_coll_destroy(zpp_coll *c) {
+    if (!c) return;
+    zpp__sync(c); /* kernels may still read pool buffers */
+    for (size_t i = 0; i < c->pool_len; i++) zpp_mem_free(c->mem, c->pool[i].p);
+    free(c->pool);
+    zpp_mem_free(c->mem, c->nonfinite_dev);
+    free(c);
+}
+
+/* ---- Gathers ----------------------------------------------------------------- */
+
+zpp_status zpp_coll_gather_start(zpp_coll *c, const zpp_partition *p, zpp_gather_mode mode,
+                                 zpp_dtype dtype, const void *shard, void *full,
+                                 void *secondary, zpp_phase phase, zpp_coll_op **op_p) {
+    if (!c || !p || !op_p || (p->numel && (!shard || !full)))
+        return zpp_error(ZPP_ERR_INVALID, "gather: shard, full buffer and op_p are required");
+    if (mode != ZPP_GATHER_BASELINE && mode != ZPP_GATHER_QWZ)
+        return zpp_error(ZPP_ERR_INVALID, "gather: unknown mode %d", (int)mode);
+    size_t ds = zpp_dtype_size(dtype);
+    if (!ds) return zpp_error(ZPP_ERR_INVALID, "gather: unknown dtype %d", (int)dtype);
+    ZPP_CHECK(zpp__check_part(c, p, "gather"));
+
+    zpp_coll_op *op = NULL;
+    ZPP_CHECK(zpp__op_new(c, ZPP__OP_GATHER, p, dtype, phase, &op));
+    op->gather = mode;
+    op->full = full;
+    op->secondary = secondary;
+    op->group = ZPP__WORLD;
+    c->seq++;
+    zpp_status st = ZPP_OK;
+    if (op->kind == ZPP__OP_EMPTY) goto done;
+    size_t n = p->shard_len;
+    if (mode == ZPP_GATHER_BASELINE) {
+        ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, shard, full, n * ds,
+                                 dtype, &op->req),
+                       st, fail);
+        goto done;
+    }
+    /* qwZ: own shard -> one int8 chunk of qb bytes (payload, scales,
+     * padding: the wire layout), all-gathered; dequantized at finish. */
+    op->spec = zpp__seeded(c, &c->opts.weight_spec, 1);
+    size_t qb = zpp_quant_bytes(n, &op->spec);
+    size_t W = (size_t)c->topo->world_size;
+    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, qb), st, fail);
+    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qb), st, fail);
+    st = zpp_qx_quantize_chunks(&c->qx, shard, dtype, 1, n, &op->spec, op->bp[0]);
+    if (!zpp__soft(st, op)) goto fail;
+    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, op->bp[0], op->bp[1], qb,
+                             dtype, &op->req),
+                   st, fail);
+done:
+    *op_p = op;
+    return ZPP_OK;
+fail:
+    zpp__op_free(c, op);
+    return zpp_error_context(st, "gather (%s) of %zu elements",
+                             mode == ZPP_GATHER_QWZ ? "qwZ" : "baseline", p->numel);
+}
+
+zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
+                                           zpp_dtype dtype, const void *secondary,
+                                           void *full, zpp_phase phase, zpp_coll_op **op_p) {
+    if (!c || !p || !op_p || (p->numel && (!secondary || !full)))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "secondary gather: secondary, full buffer and op_p are required");
+    size_t ds = zpp_dtype_size(dtype);
+    if (!ds) return zpp_error(ZPP_ERR_INVALID, "secondary gather: unknown dtype %d", (int)dtype);
+    ZPP_CHECK(zpp__check_part(c, p, "secondary gather"));
+    zpp_coll_op *op = NULL;
+    ZPP_CHECK(zpp__op_new(c, ZPP__OP_GATHER_SECONDARY, p, dtype, phase, &op));
+    op->full = full;
+    op->group = ZPP__INTRA;
+    c->seq++;
+    if (op->kind != ZPP__OP_EMPTY) {
+        /* Secondary shard s is the slice [s * sec_len, (s+1) * sec_len) of the
+         * padded unit, so the node's S secondaries in local order are the whole
+         * unit: one all-gather inside the node, nothing crosses it. */
+        zpp_status st = zpp__call(c, ZPP__INTRA, phase, ZPP_CALL_ALLGATHER, secondary, full,
+                                  p->sec_len * ds, dtype, &op->req);
+        if (st != ZPP_OK) {
+            zpp__op_free(c, op);
+            return zpp_error_context(st, "secondary gather of %zu elements", p->numel);
+        }
+    }
+    *op_p = op;
+    return ZPP_OK;
+}
+
+/* ---- Reductions ------------------------------------------------------------- */
+
+zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
+                                 zpp_dtype dtype, const void *full_grad, float *shard_out,
+                                 zpp_coll_op **op_p) {
+    if (!c || !p || !op_p || (p->numel && (!full_grad || !shard_out)))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "reduce: gradient, output shard and op_p are required");
+    if (mode != ZPP_REDUCE_BASELINE && mode != ZPP_REDUCE_QGZ)
+        return zpp_error(ZPP_ERR_INVALID, "reduce: unknown mode %d", (int)mode);
+    size_t ds = zpp_dtype_size(dtype);
+    if (!ds) return zpp_error(ZPP_ERR_INVALID, "reduce: unknown dtype %d", (int)dtype);
+    ZPP_CHECK(zpp__check_part(c, p, "reduce"));
+
+    zpp_coll_op *op = NULL;
+    ZPP_CHECK(zpp__op_new(c, ZPP__OP_REDUCE, p, dtype, ZPP_PHASE_GRAD_REDUCE, &op));
+    op->reduce = mode;
+    op->shard_out = shard_out;
+    c->seq++;
+    zpp_status st = ZPP_OK;
+    if (op->kind == ZPP__OP_EMPTY) goto done;
+    size_t n = p->shard_len;
+    const zpp_topo *t = c->topo;
+    if (mode == ZPP_REDUCE_BASELINE) {
+        /* Sum in the gradient's dtype (as NCCL would), average into fp32 at
+         * finish. An fp32 gradient lands in shard_out directly. */
+        void *recv = shard_out;
+        if (dtype != ZPP_FP32) {
+            ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, n * ds), st, fail);
+            recv = op->bp[0];
+        }
+        op->group = ZPP__WORLD;
+        ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_REDUCE_SCATTER,
+                                 full_grad, recv, n, dtype, &op->req),
+                       st, fail);
+        goto done;
+    }
+    /* qgZ step 1: the W chunks of shard_len (chunk r for global rank r),
+     * each quantized to int4 on its own, reordered so that local rank s
+     * receives, from each node peer, the chunks of all ranks with local
+     * index s in node order (zpp_quant_reorder_quantize). */
+    op->spec = zpp__seeded(c, &c->opts.grad_spec, 2);
+    size_t qg = zpp_quant_bytes(n, &op->spec);
+    size_t W = (size_t)t->world_size, N = (size_t)t->nodes;
+    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, W * qg), st, fail);
+    st = zpp_qx_reorder_quantize(&c->qx, full_grad, dtype, n, t->nodes, t->node_size, &op->spec,
+                                 op->bp[0]);
+    if (!zpp__soft(st, op)) goto fail;
+    if (t->node_size > 1) {
+        /* Step 2: all-to-all inside the node, nodes * qg bytes to each peer. */
+        ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qg), st, fail);
+        op->stage = ZPP__QGZ_INTRA;
+        op->group = ZPP__INTRA;
+        ZPP_CHECK_GOTO(zpp__call(c, ZPP__INTRA, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL,
+                                 op->bp[0], op->bp[1], N * qg, dtype, &op->req),
+                       st, fail);
+    } else if (t->nodes > 1) {
+        /* One rank per node: the intra-node exchange is a self-copy, and a
+         * dequantize-sum of one input followed by a requantization would only
+         * add error; the node-ordered chunks go straight to step 4. */
+        ZPP_CHECK_GOTO(zpp__op_lease(c, op, 2, N * qg), st, fail);
+        op->stage = ZPP__QGZ_INTER;
+        op->group = ZPP__INTER;
+        ZPP_CHECK_GOTO(zpp__call(c, ZPP__INTER, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL,
+                                 op->bp[0], op->bp[2], qg, dtype, &op->req),
+                       st, fail);
+    } else {
+        op->stage = ZPP__QGZ_LOCAL;
+    }
+done:
+    *op_p = op;
+    return ZPP_OK;
+fail:
+    zpp__op_free(c, op);
+    return zpp_error_context(st, "reduce (%s) of %zu elements",
+                             mode == ZPP_REDUCE_QGZ ? "qgZ" : "baseline", p->numel);
+}
+
+/* The rest of a qgZ reduction, once its first exchange has arrived. */
+static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
+    const zpp_topo *t = c->topo;
+    size_t n = op->part.shard_len, N = (size_t)t->nodes;
+    float inv_w = 1.0f / (float)t->world_size;
+    const zpp_quant_spec *gs = &op->spec;
+    size_t qg = zpp_quant_bytes(n, gs);
+    zpp_status st;
+    switch (op->stage) {
+    case ZPP__QGZ_LOCAL:
+        /* A world of one: the single quantized chunk is the whole sum. */
+        st = zpp_qx_dequant_reduce(&c->qx, op->bp[0], 1, n, gs, inv_w, op->shard_out);
+        return zpp__soft(st, op) ? ZPP_OK : st;
+    case ZPP__QGZ_INTER:
+        /* Step 5: the N node partial sums (here each from one rank). */
+        st = zpp_qx_dequant_reduce(&c->qx, op->bp[2], N, n, gs, inv_w, op->shard_out);
+        return zpp__soft(st, op) ? ZPP_OK : st;
+    case ZPP__QGZ_INTRA:
+        break;
+    }
+    /* bp[1] holds node_size inputs, one per node peer, each N chunks: the
+     * peer's quantized contribution to every rank with my local index. */
+    if (N == 1) {
+        /* One node: the node sum is the world sum; dequantize, sum in fp32 and
+         * average in one pass (no requantization, no inter-node step). */
+        st = zpp_qx_dequant_reduce(&c->qx, op->bp[1], (size_t)t->node_size, n, gs, inv_w,
+                                   op->shard_out);
+        return zpp__soft(st, op) ? ZPP_OK : st;
+    }
+    /* Step 3: per destination node, the node's partial sum in fp32,
+     * requantized to int4 (a second rounding, bounded by half a step of the
+     * sum's block). */
+    zpp_quant_spec rs = zpp__seeded(c, &c->opts.grad_spec, 3);
+    ZPP_CHECK(zpp__op_lease(c, op, 2, N * qg));
+    ZPP_CHECK(zpp__op_lease(c, op, 3, N * qg));
+    st = zpp_qx_dequant_sum_requant(&c->qx, op->bp[1], t->node_size, N, n, gs, &rs, op->bp[2]);
+    if (!zpp__soft(st, op)) return st;
+    /* Step 4: chunk m goes to the rank with my local index on node m. */
+    ZPP_CHECK(zpp__call(c, ZPP__INTER, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, op->bp[2],
+                        op->bp[3], qg, op->dtype, NULL));
+    /* Step 5: sum the N node partial sums and average over the WORLD, once:
+     * each element is the sum of W contributions, so 1/W (not 1/N, not
+     * 1/node_size) makes it the data-parallel mean. */
+    st = zpp_qx_dequant_reduce(&c->qx, op->bp[3], N, n, &rs, inv_w, op->shard_out);
+    return zpp__soft(st, op) ? ZPP_OK : st;
+}
+
+/* ---- Completion ------------------------------------------------------------ */
+
+zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
+    if (!c || !op) return zpp_error(ZPP_ERR_INVALID, "finish: no operation");
+    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group), op->req);
+    op->req = NULL;
+    if (st != ZPP_OK) goto out;
+    const zpp_partition *p = &op->part;
+    size_t ds = zpp_dtype_size(op->dtype);
+    switch (op->kind) {
+    case ZPP__OP_EMPTY:
+    case ZPP__OP_GATHER_SECONDARY: break;
+    case ZPP__OP_GATHER:
+        if (op->gather == ZPP_GATHER_QWZ) {
+            /* The W received chunks, rank order, are the padded unit; the
+             * padding quantizes to 0 and dequantizes to exactly 0. */
+            st = zpp_qx_dequantize_chunks(&c->qx, op->bp[1], (size_t)c->topo->world_size,
+                                          p->shard_len, &op->spec, op->dtype, op->full);
+            if (!zpp__soft(st, op)) goto out;
+            st = ZPP_OK;
+        }
+        if (op->secondary) {
+            /* hpZ: keep this rank's 1/S slice of the unit for the backward. */
+            size_t off = (size_t)c->topo->local_rank * p->sec_len * ds;
+            st = zpp__copy(c, op->secondary, (const char *)op->full + off, p->sec_len * ds);
+        }
+        break;
+    case ZPP__OP_REDUCE:
+        if (op->reduce == ZPP_REDUCE_BASELINE) {
+            const void *sum = op->dtype == ZPP_FP32 ? (const void *)op->shard_out : op->bp[0];
+            st = zpp_qx_convert(&c->qx, sum, op->dtype, op->shard_out, ZPP_FP32, p->shard_len,
+                                1.0f / (float)c->topo->world_size);
+        } else {
+            st = zpp__qgz_finish(c, op);
+        }
+        break;
+    }
+out:
+    if (st == ZPP_OK) st = op->deferred;
+    if (st != ZPP_OK && st != ZPP_ERR_NONFINITE)
+        st = zpp_error_context(st, "finishing a collective of %zu elements", op->part.numel);
+    else if (st == ZPP_ERR_NONFINITE)
+        st = zpp_error(st, "collective of %zu elements: the input holds NaN or Inf; it was "
+                           "carried through as NaN so every rank completed the exchange",
+                       op->part.numel);
+    zpp__op_free(c, op);
+    return st;
+}
+
+/* ---- Small all-reduce and the accounting ------------------------------------ */
+
+zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n) {
+    if (!c || (n && !host_values))
+        return zpp_error(ZPP_ERR_INVALID, "allreduce: values are required");
+    if (n == 0) return ZPP_OK;
+    if (c->mem == ZPP_MEM_HOST)
+        return zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, host_values,
+                         host_values, n, ZPP_FP32, NULL);
+    /* Device backend: stage through a device buffer. The stream is drained
+     * first because the pool buffer may still be read by a kernel and the
+     * synchronous copies do not order against a non-blocking stream. */
+    int idx;
+    void *dev;
+    ZPP_CHECK(zpp__sync(c));
+    ZPP_CHECK(zpp__lease(c, n * sizeof(float), &idx, &dev));
+    zpp_status st;
+    ZPP_CHECK_GOTO(zpp_mem_copy(ZPP_MEM_DEVICE, dev, ZPP_MEM_HOST, host_values,
+                                n * sizeof(float)),
+                   st, out);
+    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, dev, dev, n,
+                             ZPP_FP32, NULL),
+                   st, out);
+    ZPP_CHECK_GOTO(zpp__sync(c), st, out);
+    ZPP_CHECK_GOTO(zpp_mem_copy(ZPP_MEM_HOST, host_values, ZPP_MEM_DEVICE, dev,
+                                n * sizeof(float)),
+                   st, out);
+out:
+    c->pool[idx].busy = 0;
+    return st;
+}
+
+zpp_status zpp_coll_nonfinite_check(zpp_coll *c, int *flag_p) {
+    if (!c || !flag_p) return zpp_error(ZPP_ERR_INVALID, "nonfinite check: flag_p is required");
+    if (!c->nonfinite_dev) {
+        *flag_p = 0;
+        return ZPP_OK;
+    }
+    int flag = 0;
+    ZPP_CHECK(zpp__sync(c));
+    ZPP_CHECK(zpp_mem_copy(ZPP_MEM_HOST, &flag, ZPP_MEM_DEVICE, c->nonfinite_dev, sizeof flag));
+    if (flag) ZPP_CHECK(zpp_mem_set(ZPP_MEM_DEVICE, c->nonfinite_dev, 0, sizeof(int)));
+    *flag_p = flag != 0;
+    return ZPP_OK;
+}
+
+void zpp_coll_pool_stats(const zpp_coll *c, size_t *buffers_p, size_t *bytes_p) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < c->pool_len; i++) bytes += c->pool[i].cap;
+    if (buffers_p) *buffers_p = c->pool_len;
+    if (bytes_p) *bytes_p = bytes;
+}
+
+const zpp_volume *zpp_coll_volume(const zpp_coll *c) { return &c->vol; }
+
+void zpp_coll_volume_reset(zpp_coll *c) { memset(&c->vol, 0, sizeof c->vol); }

@@ -1,0 +1,231 @@
+/* comm/topo.c — world / node / local topology over MPI_COMM_WORLD.
+ *
+ * The world of W ranks is cut into W / S nodes of S consecutive ranks:
+ * rank r is local index r % S of node r / S. hpZ gathers inside a node
+ * (`intra`: the S ranks of this node), qgZ's second hop runs across nodes
+ * (`inter`: the W / S ranks with this local index, one per node).
+ *
+ * No rank may hang on a bad input, so every decision is taken identically
+ * everywhere: inputs that could differ between ranks (the options, what the
+ * launcher's shared-memory split says) are first agreed with an all-reduce,
+ * then checked; and each step that can fail on one rank alone is followed
+ * by an agreement on the status before the next collective step. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+static zpp_status zpp__topo_mpi_fail(int rc, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
+    return zpp_error(ZPP_ERR_COMM, "topology: mpi %s failed: %s", what, msg);
+}
+
+/* All ranks of `comm` leave with the same status: the most negative one
+ * (ties: the lowest rank), via MINLOC on (status, rank). A rank that was
+ * fine is told which rank failed; the failing rank keeps its own message. */
+static zpp_status zpp__topo_agree(MPI_Comm comm, int rank, zpp_status local) {
+    struct {
+        int status;
+        int rank;
+    } in = {(int)local, rank}, out;
+    int rc = MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MINLOC, comm);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "status agreement");
+    if (out.status != ZPP_OK && local == ZPP_OK)
+        return zpp_error((zpp_status)out.status,
+                         "topology: rank %d failed (%s); its error message says why", out.rank,
+                         zpp_status_str((zpp_status)out.status));
+    return (zpp_status)out.status;
+}
+
+/* "node size 3 does not divide the world size 8; choose ..., e.g. 1, 2, 4
+ * or 8". Up to 8 divisors are named: the smallest 7 and the world. */
+static zpp_status zpp__topo_not_dividing(int node_size, int world) {
+    int d[8], n = 0;
+    for (int k = 1; k <= world && n < 7; k++)
+        if (world % k == 0 && k != world) d[n++] = k;
+    d[n++] = world;
+    char list[160];
+    size_t off = 0;
+    for (int i = 0; i < n && off < sizeof list; i++) {
+        const char *sep = i == 0 ? "" : i == n - 1 ? " or " : ", ";
+        off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", sep, d[i]);
+    }
+    return zpp_error(ZPP_ERR_INVALID,
+                     "topology: node size %d does not divide the world size %d; choose a node "
+                     "size that divides it, e.g. %s",
+                     node_size, world, list);
+}
+
+/* The node size the launcher gave: the size of this rank's shared-memory
+ * group. Agreed over all ranks: every group must have the same size S and
+ * hold the consecutive ranks S*k .. S*k + S-1 (checked through the group's
+ * lowest rank and this rank's index in it: the group sorted by world rank
+ * is then first, first+1, ..., and first is a multiple of S). */
+static zpp_status zpp__topo_launcher_node_size(MPI_Comm base, int rank, int *node_size_p) {
+    MPI_Comm shm = MPI_COMM_NULL;
+    int rc = MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory split");
+    int s = 0, l = 0, first = 0;
+    rc = MPI_Comm_size(shm, &s);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(shm, &l);
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(&rank, &first, 1, MPI_INT, MPI_MIN, shm);
+    MPI_Comm_free(&shm);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory group query");
+    int scattered = !(first % s == 0 && rank - first == l);
+    int v[3] = {s, -s, scattered}; /* max gives max S, -min S, any scattered */
+    rc = MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT, MPI_MAX, base);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "node size agreement");
+    if (v[0] != -v[1])
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: the launcher placed unequal numbers of ranks on the nodes "
+                         "(from %d to %d per node); start the same number of ranks on every "
+                         "node, or set the node size explicitly",
+                         -v[1], v[0]);
+    if (v[2])
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: the launcher did not place consecutive ranks on each node "
+                         "(%d per node); map ranks by slot (fill one node before the next, "
+                         "Open MPI's default) or set the node size explicitly",
+                         v[0]);
+    *node_size_p = v[0];
+    return ZPP_OK;
+}
+
+/* Creates one zpp_comm over the ranks of `base` with the same color,
+ * ordered by key. */
+static zpp_status zpp__topo_split(MPI_Comm base, int color, int key, zpp_comm **comm_p) {
+    MPI_Comm part = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(base, color, key, &part);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "split");
+    zpp_status st = zpp_comm_mpi_create(&part, comm_p); /* keeps its own dup */
+    MPI_Comm_free(&part);
+    return st;
+}
+
+static zpp_status zpp__topo_create_mpi(MPI_Comm base, zpp_topo *t) {
+    zpp_status st = zpp_comm_mpi_create(&base, &t->world);
+    ZPP_CHECK(zpp__topo_agree(base, t->world_rank, st));
+    st = zpp__topo_split(base, t->node, t->local_rank, &t->intra);
+    ZPP_CHECK(zpp__topo_agree(base, t->world_rank, st));
+    st = zpp__topo_split(base, t->local_rank, t->node, &t->inter);
+    return zpp__topo_agree(base, t->world_rank, st);
+}
+
+static void zpp__topo_free(zpp_topo *t) {
+    zpp_comm *comms[3] = {t->inter, t->intra, t->world};
+    for (int i = 0; i < 3; i++)
+        if (comms[i]) comms[i]->ops->destroy(comms[i]);
+    free(t);
+}
+
+/* Checks the agreed options; identical on every rank. */
+static zpp_status zpp__topo_check_opts(int bad_ptrs, int ns_max, int ns_min, int be_max,
+                                       int be_min) {
+    if (bad_ptrs)
+        return zpp_error(ZPP_ERR_INVALID, "topology: opts or topo_p is NULL on some rank");
+    if (ns_max != ns_min)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: node_size differs across ranks (from %d to %d); pass the "
+                         "same topology options on every rank",
+                         ns_min, ns_max);
+    if (be_max != be_min)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: backend differs across ranks (%d and %d); pass the same "
+                         "topology options on every rank",
+                         be_min, be_max);
+    if (be_max != ZPP_BACKEND_MPI && be_max != ZPP_BACKEND_NCCL)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: unknown backend %d; use ZPP_BACKEND_MPI or ZPP_BACKEND_NCCL",
+                         be_max);
+#ifndef ZPP_HAVE_CUDA
+    if (be_max == ZPP_BACKEND_NCCL)
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "topology: the NCCL backend needs a build with CUDA and NCCL; rebuild "
+                         "with nvcc and NCCL available, or use the MPI backend");
+#endif
+    if (ns_max < 0)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "topology: node size %d is negative; use 0 (as the launcher placed "
+                         "the ranks) or a positive divisor of the world size",
+                         ns_max);
+    return ZPP_OK;
+}
+
+zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return zpp_error(ZPP_ERR_STATE,
+                         "topology: MPI is not initialised; call MPI_Init before zpp_topo_create");
+    /* A private duplicate of the world that returns errors instead of
+     * aborting; every collective step below runs on it. */
+    MPI_Comm base = MPI_COMM_NULL;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &base);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "comm dup");
+    zpp_topo *t = NULL;
+    zpp_status st = ZPP_OK;
+    int world = 0, rank = 0;
+    rc = MPI_Comm_set_errhandler(base, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(base, &world);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(base, &rank);
+    if (rc != MPI_SUCCESS) {
+        st = zpp__topo_mpi_fail(rc, "world query");
+        goto out;
+    }
+
+    /* 1. Agree on the options (MAX of x and of -x gives max and -min). */
+    int ns = opts ? opts->node_size : 0, be = opts ? (int)opts->backend : 0;
+    int v[5] = {!opts || !topo_p, ns, -ns, be, -be};
+    rc = MPI_Allreduce(MPI_IN_PLACE, v, 5, MPI_INT, MPI_MAX, base);
+    if (rc != MPI_SUCCESS) {
+        st = zpp__topo_mpi_fail(rc, "option agreement");
+        goto out;
+    }
+    ZPP_CHECK_GOTO(zpp__topo_check_opts(v[0], v[1], -v[2], v[3], -v[4]), st, out);
+
+    /* 2. The node size: forced, or the launcher's placement. */
+    int node_size = ns;
+    if (node_size == 0)
+        ZPP_CHECK_GOTO(zpp__topo_launcher_node_size(base, rank, &node_size), st, out);
+    if (world % node_size != 0) {
+        st = zpp__topo_not_dividing(node_size, world);
+        goto out;
+    }
+
+    /* 3. The communicators. */
+    t = calloc(1, sizeof *t);
+    st = t ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "topology: out of memory");
+    st = zpp__topo_agree(base, rank, st);
+    if (st != ZPP_OK) goto out;
+    t->world_size = world;
+    t->world_rank = rank;
+    t->node_size = node_size;
+    t->nodes = world / node_size;
+    t->node = rank / node_size;
+    t->local_rank = rank % node_size;
+    if (be == ZPP_BACKEND_MPI) {
+        st = zpp__topo_create_mpi(base, t);
+    } else {
+#ifdef ZPP_HAVE_CUDA
+        st = zpp_comm_nccl_create_topo(t, opts);
+        st = zpp__topo_agree(base, rank, st);
+#endif
+    }
+    if (st != ZPP_OK) goto out;
+    *topo_p = t;
+    t = NULL;
+
+out:
+    if (t) zpp__topo_free(t);
+    MPI_Comm_free(&base);
+    return st;
+}
+
+void zpp_topo_destroy(zpp_topo *topo) {
+    if (topo) zpp__topo_free(topo);
+}

@@ -1,0 +1,470 @@
+/* engine/engine.c — the ZeRO-3 step: gather, compute, release, reduce,
+ * AdamW on shards. See engine.h for the schedule. */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "engine/shard_ops.h"
+#include "quant/quant_exec.h"
+
+/* ---- A pool of equal-size scratch buffers ---------------------------------
+ * Gathered units, full gradients and reduction inputs live only while a unit
+ * is in use; the pool hands buffers of the largest unit's size back and
+ * forth, so the peak is a few units, never the model. */
+typedef struct buf_pool {
+    zpp_mem_kind mem;
+    size_t bytes;
+    void **free;
+    int n_free, cap;
+} buf_pool;
+
+static zpp_status pool_get(buf_pool *p, void **buf_p) {
+    if (p->n_free > 0) {
+        *buf_p = p->free[--p->n_free];
+        return ZPP_OK;
+    }
+    return zpp_mem_alloc(p->mem, p->bytes, buf_p);
+}
+
+static void pool_put(buf_pool *p, void *buf) {
+    if (!buf) return;
+    if (p->n_free == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 8;
+        void **f = realloc(p->free, (size_t)cap * sizeof *f);
+        if (!f) { /* cannot keep it: give it back */
+            zpp_mem_free(p->mem, buf);
+            return;
+        }
+        p->free = f;
+        p->cap = cap;
+    }
+    p->free[p->n_free++] = buf;
+}
+
+static void pool_destroy(buf_pool *p) {
+    for (int i = 0; i < p->n_free; i++) zpp_mem_free(p->mem, p->free[i]);
+    free(p->free);
+}
+
+/* ---- Per-unit state -------------------------------------------------------- */
+typedef struct unit_state {
+    zpp_partition part;
+    /* sharded, persistent */
+    float *master, *m, *v, *grad_acc; /* fp32, shard_len */
+    void *work;                       /* working dtype, shard_len */
+    void *secondary;                  /* hpZ: working dtype, sec_len */
+    int secondary_valid;
+    /* transient */
+    void *full;               /* gathered unit (padded, working dtype) */
+    zpp_coll_op *gather_op;   /* gather in flight into `full` */
+    float *grad_full;         /* fp32 full gradient during backward */
+    int first_stage, last_stage; /* stages that use this unit */
+} unit_state;
+
+struct zpp_engine {
+    zpp_topo *topo;
+    zpp_model *model;
+    zpp_engine_opts opts;
+    void *stream;
+    zpp_mem_kind mem;
+    zpp_coll *coll;
+    zpp_quant_exec qx;
+    unit_state *units;
+    buf_pool pool;
+    int step; /* optimizer steps taken */
+    /* the reduction in flight */
+    zpp_coll_op *reduce_op;
+    int reduce_unit;
+    void *reduce_in;   /* pool buffer holding the reduction input, or NULL */
+    float *reduce_out; /* pool buffer, shard_len fp32 */
+};
+
+zpp_engine_opts zpp_engine_opts_default(void) {
+    zpp_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.gather = ZPP_GATHER_BASELINE;
+    o.hpz = 0;
+    o.reduce = ZPP_REDUCE_BASELINE;
+    o.work_dtype = ZPP_BF16;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.95f;
+    o.eps = 1e-8f;
+    o.weight_decay = 0.0f;
+    o.grad_clip = 1.0f;
+    o.seed = 1234;
+    o.coll.weight_spec = zpp_quant_spec_default(8);
+    o.coll.grad_spec = zpp_quant_spec_default(4);
+    return o;
+}
+
+static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
+    const zpp_partition *p = &u->part;
+    size_t wsize = zpp_dtype_size(e->opts.work_dtype);
+    size_t fbytes = p->shard_len * sizeof(float);
+    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->master));
+    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->m));
+    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->v));
+    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->grad_acc));
+    ZPP_CHECK(zpp_mem_alloc(e->mem, p->shard_len * wsize, &u->work));
+    if (e->opts.hpz) ZPP_CHECK(zpp_mem_alloc(e->mem, p->sec_len * wsize, &u->secondary));
+
+    /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
+     * clipped to the real elements; the padding stays zero forever (its
+     * gradients are zero and AdamW maps 0 to 0). */
+    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
+    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
+    size_t count = begin < p->numel ? p->numel - begin : 0;
+    if (count > p->shard_len) count = p->shard_len;
+    zpp_status st = ZPP_OK;
+    if (count) st = e->model->ops->init_params(e->model, index, begin, count, host, e->opts.seed);
+    if (st == ZPP_OK) st = zpp_mem_copy(e->mem, u->master, ZPP_MEM_HOST, host, fbytes);
+    free(host);
+    ZPP_CHECK(st);
+    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->m, fbytes));
+    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->v, fbytes));
+    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_acc, fbytes));
+    return zpp_qx_convert(&e->qx, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
+                          p->shard_len, 1.0f);
+}
+
+static void free_unit(zpp_engine *e, unit_state *u) {
+    zpp_mem_free(e->mem, u->master);
+    zpp_mem_free(e->mem, u->m);
+    zpp_mem_free(e->mem, u->v);
+    zpp_mem_free(e->mem, u->grad_acc);
+    zpp_mem_free(e->mem, u->work);
+    zpp_mem_free(e->mem, u->secondary);
+}
+
+zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
+                             void *stream, zpp_engine **engine_p) {
+    if (opts->work_dtype != ZPP_BF16 && opts->work_dtype != ZPP_FP32)
+        return zpp_error(ZPP_ERR_INVALID, "engine: working dtype must be bf16 or fp32, not %s",
+                         zpp_dtype_name(opts->work_dtype));
+    if (model->param_dtype != opts->work_dtype)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: the model takes %s parameters but the engine works in %s",
+                         zpp_dtype_name(model->param_dtype), zpp_dtype_name(opts->work_dtype));
+    if (model->mem != topo->world->mem)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: the model's memory and the communication backend's differ "
+                         "(host model with NCCL, or device model with MPI)");
+    zpp_engine *e = calloc(1, sizeof *e);
+    if (!e) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory");
+    e->topo = topo;
+    e->model = model;
+    e->opts = *opts;
+    e->stream = stream;
+    e->mem = topo->world->mem;
+    e->qx.mem = e->mem;
+    e->qx.stream = stream;
+    e->reduce_unit = -1;
+    zpp_status st;
+    ZPP_CHECK_GOTO(zpp_coll_create(topo, &opts->coll, stream, &e->coll), st, fail);
+    e->units = calloc((size_t)model->n_units, sizeof *e->units);
+    if (!e->units) {
+        st = zpp_error(ZPP_ERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    size_t max_padded = 0;
+    for (int i = 0; i < model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        u->part = zpp_partition_make(model->unit_numel[i], topo);
+        if (u->part.padded > max_padded) max_padded = u->part.padded;
+        u->first_stage = -1;
+        u->last_stage = -1;
+    }
+    for (int s = 0; s < model->n_stages; s++) {
+        unit_state *u = &e->units[model->stage_unit[s]];
+        if (u->first_stage < 0) u->first_stage = s;
+        u->last_stage = s;
+    }
+    e->pool.mem = e->mem;
+    e->pool.bytes = (max_padded ? max_padded : 1) * sizeof(float); /* fits any dtype */
+    for (int i = 0; i < model->n_units; i++)
+        ZPP_CHECK_GOTO(alloc_unit(e, &e->units[i], i), st, fail);
+    *engine_p = e;
+    return ZPP_OK;
+fail:
+    zpp_engine_destroy(e);
+    return st;
+}
+
+void zpp_engine_destroy(zpp_engine *e) {
+    if (!e) return;
+    if (e->units) {
+        for (int i = 0; i < e->model->n_units; i++) {
+            unit_state *u = &e->units[i];
+            if (u->gather_op) zpp_coll_finish(e->coll, u->gather_op);
+            free_unit(e, u);
+            pool_put(&e->pool, u->full);
+            pool_put(&e->pool, u->grad_full);
+        }
+    }
+    if (e->reduce_op) zpp_coll_finish(e->coll, e->reduce_op);
+    pool_put(&e->pool, e->reduce_in);
+    pool_put(&e->pool, e->reduce_out);
+    free(e->units);
+    pool_destroy(&e->pool);
+    zpp_coll_destroy(e->coll);
+    free(e);
+}
+
+/* ---- Gathers ------------------------------------------------------------- */
+
+/* Starts gathering unit `ui` if it is neither gathered nor on its way.
+ * Forward gathers use the configured path and, with hpZ, refresh the
+ * secondary shard; backward gathers with hpZ read the secondary shard inside
+ * the node, and an invalid one is an error, never stale weights. */
+static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
+    unit_state *u = &e->units[ui];
+    if (u->full) return ZPP_OK;
+    ZPP_CHECK(pool_get(&e->pool, &u->full));
+    zpp_status st;
+    if (phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz) {
+        if (!u->secondary_valid) {
+            st = zpp_error(ZPP_ERR_STATE,
+                           "hpZ: the secondary shard of unit %d is invalid (the optimizer "
+                           "step replaced the weights since the forward gather); run a "
+                           "forward pass before the backward",
+                           ui);
+        } else {
+            st = zpp_coll_gather_secondary_start(e->coll, &u->part, e->opts.work_dtype,
+                                                 u->secondary, u->full, phase, &u->gather_op);
+        }
+    } else {
+        void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER) ? u->secondary : NULL;
+        st = zpp_coll_gather_start(e->coll, &u->part, e->opts.gather, e->opts.work_dtype,
+                                   u->work, u->full, sec, phase, &u->gather_op);
+        if (st == ZPP_OK && sec) u->secondary_valid = 1;
+    }
+    if (st != ZPP_OK) {
+        pool_put(&e->pool, u->full);
+        u->full = NULL;
+    }
+    return st;
+}
+
+/* Makes unit `ui` usable: starts its gather if needed and completes it. */
+static zpp_status gather_wait(zpp_engine *e, int ui, zpp_phase phase) {
+    unit_state *u = &e->units[ui];
+    ZPP_CHECK(gather_start(e, ui, phase));
+    if (u->gather_op) {
+        zpp_coll_op *op = u->gather_op;
+        u->gather_op = NULL;
+        ZPP_CHECK(zpp_coll_finish(e->coll, op));
+    }
+    return ZPP_OK;
+}
+
+static zpp_status release(zpp_engine *e, int ui) {
+    unit_state *u = &e->units[ui];
+    if (u->gather_op) {
+        zpp_coll_op *op = u->gather_op;
+        u->gather_op = NULL;
+        ZPP_CHECK(zpp_coll_finish(e->coll, op));
+    }
+    pool_put(&e->pool, u->full);
+    u->full = NULL;
+    return ZPP_OK;
+}
+
+/* ---- Gradient reduction --------------------------------------------------- */
+
+static zpp_status reduce_finish(zpp_engine *e) {
+    if (e->reduce_unit < 0) return ZPP_OK;
+    unit_state *u = &e->units[e->reduce_unit];
+    zpp_coll_op *op = e->reduce_op;
+    e->reduce_op = NULL;
+    e->reduce_unit = -1;
+    zpp_status st = zpp_coll_finish(e->coll, op);
+    if (st == ZPP_OK)
+        st = zpp_sops_add(e->mem, e->stream, u->grad_acc, e->reduce_out, u->part.shard_len);
+    pool_put(&e->pool, e->reduce_in);
+    pool_put(&e->pool, e->reduce_out);
+    e->reduce_in = NULL;
+    e->reduce_out = NULL;
+    return st;
+}
+
+/* Starts reducing unit ui's full gradient, one reduction in flight: the
+ * previous one completes first (it had the whole backward of this unit to
+ * progress). The fp32 gradient is rounded to the working dtype for the wire
+ * (bf16 halves the bytes; qgZ quantizes from it). */
+static zpp_status reduce_start(zpp_engine *e, int ui) {
+    unit_state *u = &e->units[ui];
+    ZPP_CHECK(reduce_finish(e));
+    ZPP_CHECK(pool_get(&e->pool, (void **)&e->reduce_out));
+    const void *in = u->grad_full;
+    if (e->opts.work_dtype != ZPP_FP32) {
+        ZPP_CHECK(pool_get(&e->pool, &e->reduce_in));
+        ZPP_CHECK(zpp_qx_convert(&e->qx, u->grad_full, ZPP_FP32, e->reduce_in,
+                                 e->opts.work_dtype, u->part.padded, 1.0f));
+        in = e->reduce_in;
+    }
+    ZPP_CHECK(zpp_coll_reduce_start(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype, in,
+                                    e->reduce_out, &e->reduce_op));
+    e->reduce_unit = ui;
+    /* The full gradient is no longer needed once converted; with fp32 the
+     * reduction reads it directly, so it moves to reduce_in. */
+    if (e->reduce_in) {
+        pool_put(&e->pool, u->grad_full);
+    } else {
+        e->reduce_in = u->grad_full;
+    }
+    u->grad_full = NULL;
+    return ZPP_OK;
+}
+
+/* ---- Forward and backward -------------------------------------------------- */
+
+static zpp_status forward(zpp_engine *e, float *loss_p) {
+    zpp_model *m = e->model;
+    const int S = m->n_stages;
+    for (int s = 0; s < S; s++) {
+        int ui = m->stage_unit[s];
+        ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_FWD_GATHER));
+        /* Prefetch: the next stage's unit travels while this one computes. */
+        if (s + 1 < S) ZPP_CHECK(gather_start(e, m->stage_unit[s + 1], ZPP_PHASE_FWD_GATHER));
+        ZPP_CHECK(m->ops->forward(m, s, e->units[ui].full));
+        /* Release unless the next stage (or, for the last one, the first
+         * backward stage) uses the same unit. */
+        if (s + 1 < S && m->stage_unit[s + 1] != ui) ZPP_CHECK(release(e, ui));
+    }
+    *loss_p = m->ops->loss(m);
+    return ZPP_OK;
+}
+
+static zpp_status backward(zpp_engine *e, float loss_scale) {
+    zpp_model *m = e->model;
+    for (int s = m->n_stages - 1; s >= 0; s--) {
+        int ui = m->stage_unit[s];
+        unit_state *u = &e->units[ui];
+        ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_BWD_GATHER));
+        if (s > 0) ZPP_CHECK(gather_start(e, m->stage_unit[s - 1], ZPP_PHASE_BWD_GATHER));
+        if (!u->grad_full) {
+            ZPP_CHECK(pool_get(&e->pool, (void **)&u->grad_full));
+            ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_full,
+                                    u->part.padded * sizeof(float)));
+        }
+        ZPP_CHECK(m->ops->backward(m, s, u->full, u->grad_full, loss_scale));
+        if (s == u->first_stage) {
+            ZPP_CHECK(release(e, ui));
+            ZPP_CHECK(reduce_start(e, ui));
+        } else if (s > 0 && m->stage_unit[s - 1] != ui) {
+            ZPP_CHECK(release(e, ui));
+        }
+    }
+    return reduce_finish(e);
+}
+
+/* Completes whatever is in flight and drops gathered units: after an error,
+ * so that the next call starts clean. */
+static void drain(zpp_engine *e) {
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        release(e, i);
+        pool_put(&e->pool, u->grad_full);
+        u->grad_full = NULL;
+    }
+    reduce_finish(e);
+}
+
+zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
+                           void *ctx, zpp_step_stats *stats_p) {
+    if (accum < 1) return zpp_error(ZPP_ERR_INVALID, "engine: accumulation steps must be >= 1");
+    zpp_coll_volume_reset(e->coll);
+    zpp_status st = ZPP_OK;
+    float loss_sum = 0.0f;
+    for (int a = 0; a < accum && st == ZPP_OK; a++) {
+        float loss = 0.0f;
+        st = batch(ctx, a, e->model);
+        if (st == ZPP_OK) st = forward(e, &loss);
+        /* Each micro-batch's mean loss is scaled by 1/accum so the summed
+         * gradient is that of the mean over the rank's micro-batches; the
+         * reduction then averages over ranks: the gradient of the global
+         * batch's mean loss. */
+        if (st == ZPP_OK) st = backward(e, 1.0f / (float)accum);
+        loss_sum += loss;
+    }
+    if (st != ZPP_OK) {
+        drain(e);
+        return st;
+    }
+
+    /* Global gradient norm: each rank's shard sums of squares, summed over
+     * the world (shards are disjoint, padding is zero). The loss rides along
+     * in the same all-reduce. */
+    double sq = 0.0;
+    for (int i = 0; i < e->model->n_units; i++) {
+        double s = 0.0;
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(zpp_sops_sumsq(e->mem, e->stream, u->grad_acc, u->part.shard_len, &s));
+        sq += s;
+    }
+    float red[2] = {(float)sq, loss_sum / (float)accum};
+    ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, red, 2));
+    float norm = sqrtf(red[0]);
+    if (!isfinite(norm))
+        return zpp_error(ZPP_ERR_NONFINITE,
+                         "engine: the gradient norm is %g at step %d; lower the learning "
+                         "rate or enable gradient clipping",
+                         (double)norm, e->step + 1);
+    float scale = 1.0f;
+    if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
+
+    e->step++;
+    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps, e->opts.weight_decay,
+                         scale, e->step};
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(zpp_sops_adamw(e->mem, e->stream, u->master, u->m, u->v, u->grad_acc,
+                                 u->part.shard_len, &aw, u->work, e->opts.work_dtype));
+        ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_acc,
+                                u->part.shard_len * sizeof(float)));
+        /* The weights changed: the secondary copy is stale. */
+        u->secondary_valid = 0;
+    }
+    if (stats_p) {
+        stats_p->loss = red[1] / (float)e->topo->world_size;
+        stats_p->grad_norm = norm;
+        stats_p->lr = lr;
+        stats_p->volume = *zpp_coll_volume(e->coll);
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
+                           float *loss_p) {
+    float loss = 0.0f;
+    zpp_status st = batch(ctx, 0, e->model);
+    if (st == ZPP_OK) {
+        /* A forward gather with hpZ also refreshes the secondary shards:
+         * harmless, they hold the current weights. */
+        st = forward(e, &loss);
+    }
+    for (int i = 0; i < e->model->n_units; i++) {
+        zpp_status r = release(e, i);
+        if (st == ZPP_OK) st = r;
+    }
+    ZPP_CHECK(st);
+    ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, &loss, 1));
+    *loss_p = loss / (float)e->topo->world_size;
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_get_master_shard(zpp_engine *e, int unit, float *host_out,
+                                       size_t *shard_len_p) {
+    if (unit < 0 || unit >= e->model->n_units)
+        return zpp_error(ZPP_ERR_INVALID, "engine: no unit %d (the model has %d)", unit,
+                         e->model->n_units);
+    unit_state *u = &e->units[unit];
+    ZPP_CHECK(zpp_mem_copy(ZPP_MEM_HOST, host_out, e->mem, u->master,
+                           u->part.shard_len * sizeof(float)));
+    *shard_len_p = u->part.shard_len;
+    return ZPP_OK;
+}

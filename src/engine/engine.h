@@ -1,0 +1,76 @@
+/* engine/engine.h — the ZeRO-3 engine: sharded state, just-in-time gathers
+ * with prefetch, per-unit gradient reduction, sharded AdamW.
+ *
+ * One training step (DESIGN.md §2), for each micro-batch:
+ *   forward   for each stage s: gather its unit (prefetching the next
+ *             stage's unit while s computes) -> model forward -> release
+ *   backward  for each stage s, in reverse: gather (hpZ: from the secondary
+ *             shard inside the node) -> model backward into the unit's fp32
+ *             full gradient -> after the unit's last backward stage, start
+ *             its reduction (ZeRO-3 reduce-scatter or qgZ) and add the
+ *             averaged shard into the fp32 shard gradient
+ * then once per step:
+ *   global gradient norm (all-reduce of shard sums of squares), clipping,
+ *   AdamW on each rank's fp32 master shard, new working-dtype shard,
+ *   secondary shards invalidated.
+ *
+ * The engine never touches tensor contents with the CPU when the backend's
+ * memory is on the device: vector work goes through shard_ops.h. */
+#ifndef ZPP_ENGINE_ENGINE_H
+#define ZPP_ENGINE_ENGINE_H
+
+#include <stdint.h>
+
+#include "collectives/collectives.h"
+#include "comm/comm.h"
+#include "model/model.h"
+
+typedef struct zpp_engine_opts {
+    zpp_gather_mode gather;  /* forward (and non-hpZ backward) gathers */
+    int hpz;                 /* backward gathers from secondary shards */
+    zpp_reduce_mode reduce;  /* gradient reduction */
+    zpp_dtype work_dtype;    /* dtype of gathered weights and reduced grads */
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;         /* max global norm; 0 = off */
+    uint64_t seed;           /* parameter initialisation */
+    zpp_coll_opts coll;      /* quantization specs */
+} zpp_engine_opts;
+
+/* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype. */
+zpp_engine_opts zpp_engine_opts_default(void);
+
+typedef struct zpp_step_stats {
+    float loss;            /* mean over the global batch */
+    float grad_norm;       /* global norm before clipping */
+    float lr;
+    zpp_volume volume;     /* this step's bytes per node, by phase */
+} zpp_step_stats;
+
+typedef struct zpp_engine zpp_engine;
+
+/* The engine keeps pointers to topo and model; both outlive it. `stream` is
+ * the compute stream for device memory (NULL on the host). Collective over
+ * the world. */
+zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
+                             void *stream, zpp_engine **engine_p);
+void zpp_engine_destroy(zpp_engine *e);
+
+/* Supplies micro-batch `micro` (0..accum-1) of the step to the model via
+ * model->ops->set_batch. */
+typedef zpp_status (*zpp_engine_batch_fn)(void *ctx, int micro, zpp_model *model);
+
+/* One optimizer step over `accum` micro-batches at learning rate `lr`. */
+zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
+                           void *ctx, zpp_step_stats *stats_p);
+
+/* Mean loss of a forward pass on the batch `batch(ctx, 0, model)` sets,
+ * averaged over the world. No gradients, no state change. */
+zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
+                           float *loss_p);
+
+/* Copies this rank's fp32 master shard of `unit` (shard_len elements) to
+ * host memory; for tests and checkpoints. */
+zpp_status zpp_engine_get_master_shard(zpp_engine *e, int unit, float *host_out,
+                                       size_t *shard_len_p);
+
+#endif

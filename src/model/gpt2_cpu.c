@@ -1,0 +1,811 @@
+/* model/gpt2_cpu.c — the CPU reference GPT-2, fp32 arithmetic, matrix
+ * products through OpenBLAS (cblas_sgemm).
+ *
+ * The math, per micro-batch of B sequences of T tokens (N = B*T rows):
+ *
+ *   x0      = wte[token] + wpe[position]                           stage 0
+ *   for each block l = 1..L:                                        stage l
+ *     h     = LN1(x);  q,k,v = h Wqkv^T + bqkv (split in n_head heads)
+ *     a     = softmax(q k^T / sqrt(hs) + causal mask) v     (per head)
+ *     m     = x + a Wproj^T + bproj
+ *     x'    = m + gelu(LN2(m) Wfc^T + bfc) Wfc2^T + bfc2
+ *   logits  = LNf(xL) wte^T;  loss = mean_i -log softmax(logits_i)[target_i]
+ *                                                                 stage L+1
+ *   LN(x)   = (x - mean(x)) / sqrt(var(x) + 1e-5) * w + b   (over C)
+ *   gelu(u) = u/2 (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))
+ *
+ * Backward runs the stages in reverse; each stage turns the gradient of its
+ * output (kept in `dres`, the gradient of the residual stream) into the
+ * gradient of its input and accumulates (+=) its parameters' gradients into
+ * the caller's fp32 unit buffer. The gradient formulas are written next to
+ * the code that evaluates them.
+ *
+ * Activations for max_batch x T are allocated once, in one arena, at create;
+ * forward and backward never allocate. Memory (floats), with N = max_batch*T:
+ *   per block   N*(1+1+3+1+1+4+4+1)*C + 4N + B*H*T*T   (the last: attention
+ *               probabilities, kept for backward)
+ *   once        N*C (embedding output) + N*(C+2) (final LN) + N*V (logits,
+ *               probabilities, then d logits in place) + N + backward
+ *               scratch N*(C + C + 3C + 4C) + T*T, plus one unit in fp32 when
+ *               params are bf16.
+ *
+ * Determinism: every loop runs in a fixed order on one thread, so the result
+ * is a function of the inputs and of the OpenBLAS build and thread count:
+ * OpenBLAS splits sgemm over threads along the output dimensions, never the
+ * reduction dimension, so a fixed OPENBLAS_NUM_THREADS gives bit-identical
+ * results run to run. The library does not change OpenBLAS's thread count
+ * (that is global state the application owns); the trainer and the tests
+ * run with OPENBLAS_NUM_THREADS=1. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/mem.h"
+#include "model/gpt2.h"
+#include "model/model.h"
+
+#define GPT2_LN_EPS 1e-5f
+#define GPT2_INIT_STD 0.02
+
+/* ------------------------------------------------------------------------ */
+/* Configuration, layout, initialisation                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Limits keep every BLAS dimension (C, 4C, V, B*T) inside an int and every
+ * element count inside size_t with room to spare. */
+#define GPT2_MAX_EMBD (1 << 24)
+#define GPT2_MAX_VOCAB (1 << 30)
+#define GPT2_MAX_SEQ (1 << 24)
+#define GPT2_MAX_LAYER (1 << 16)
+
+zpp_status zpp_gpt2_config_check(const zpp_gpt2_config *cfg) {
+    if (!cfg) return zpp_error(ZPP_ERR_INVALID, "gpt2: config is NULL");
+    if (cfg->n_layer < 1 || cfg->n_layer > GPT2_MAX_LAYER)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_layer %d is out of range; use 1..%d",
+                         cfg->n_layer, GPT2_MAX_LAYER);
+    if (cfg->n_embd < 1 || cfg->n_embd > GPT2_MAX_EMBD)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_embd %d is out of range; use 1..%d",
+                         cfg->n_embd, GPT2_MAX_EMBD);
+    if (cfg->n_head < 1 || cfg->n_embd % cfg->n_head != 0)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "gpt2: n_head %d must be positive and divide n_embd %d",
+                         cfg->n_head, cfg->n_embd);
+    if (cfg->seq_len < 1 || cfg->seq_len > GPT2_MAX_SEQ)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: seq_len %d is out of range; use 1..%d",
+                         cfg->seq_len, GPT2_MAX_SEQ);
+    if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: vocab_size %d is out of range; use 1..%d",
+                         cfg->vocab_size, GPT2_MAX_VOCAB);
+    return ZPP_OK;
+}
+
+void zpp_gpt2_layout_make(const zpp_gpt2_config *cfg, zpp_gpt2_layout *layout_p) {
+    size_t C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size, T = (size_t)cfg->seq_len;
+    zpp_gpt2_layout l;
+    size_t o = 0;
+    l.wte = o;    o += V * C;
+    l.wpe = o;    o += T * C;
+    l.lnf_w = o;  o += C;
+    l.lnf_b = o;  o += C;
+    l.embed_numel = o;
+    o = 0;
+    l.ln1_w = o;  o += C;
+    l.ln1_b = o;  o += C;
+    l.qkv_w = o;  o += 3 * C * C;
+    l.qkv_b = o;  o += 3 * C;
+    l.proj_w = o; o += C * C;
+    l.proj_b = o; o += C;
+    l.ln2_w = o;  o += C;
+    l.ln2_b = o;  o += C;
+    l.fc_w = o;   o += 4 * C * C;
+    l.fc_b = o;   o += 4 * C;
+    l.fc2_w = o;  o += 4 * C * C;
+    l.fc2_b = o;  o += C;
+    l.block_numel = o; /* 12 C^2 + 13 C */
+    *layout_p = l;
+}
+
+size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit) {
+    zpp_gpt2_layout l;
+    zpp_gpt2_layout_make(cfg, &l);
+    return unit == 0 ? l.embed_numel : l.block_numel;
+}
+
+/* splitmix64's finaliser: a bijection on 64-bit words whose output bits
+ * look independent for any change of input (full avalanche). */
+static uint64_t gpt2_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A standard normal that depends only on (seed, unit, index).
+ *
+ * Each unit gets its own key; the two uniforms of element i are the
+ * splitmix64 stream of that key at positions 2i+1 and 2i+2. Box-Muller then
+ * maps two independent U(0,1] to one N(0,1):
+ *     z = sqrt(-2 ln u1) cos(2 pi u2)
+ * u1 is never 0 (the +1 below), so the log is finite; |z| <= sqrt(2 ln 2^53)
+ * ~ 8.6. Evaluated in double and rounded once to fp32. */
+static double gpt2_normal(uint64_t seed, int unit, size_t index) {
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    uint64_t key = gpt2_mix64(seed ^ gpt2_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
+    uint64_t h1 = gpt2_mix64(key + golden * (2 * (uint64_t)index + 1));
+    uint64_t h2 = gpt2_mix64(key + golden * (2 * (uint64_t)index + 2));
+    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1) */
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *l, int unit,
+                          size_t i, uint64_t seed) {
+    double std = 0.0, one = 0.0;
+    if (unit == 0) {
+        if (i < l->lnf_w) std = GPT2_INIT_STD;          /* wte, wpe */
+        else if (i < l->lnf_b) one = 1.0;               /* lnf_w */
+    } else {
+        double resid_std = GPT2_INIT_STD / sqrt(2.0 * cfg->n_layer);
+        if (i < l->ln1_b) one = 1.0;                    /* ln1_w */
+        else if (i < l->qkv_w) {}                       /* ln1_b */
+        else if (i < l->qkv_b) std = GPT2_INIT_STD;     /* qkv_w */
+        else if (i < l->proj_w) {}                      /* qkv_b */
+        else if (i < l->proj_b) std = resid_std;        /* proj_w */
+        else if (i < l->ln2_w) {}                       /* proj_b */
+        else if (i < l->ln2_b) one = 1.0;               /* ln2_w */
+        else if (i < l->fc_w) {}                        /* ln2_b */
+        else if (i < l->fc_b) std = GPT2_INIT_STD;      /* fc_w */
+        else if (i < l->fc2_w) {}                       /* fc_b */
+        else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
+    }
+    if (std == 0.0) return (float)one;
+    return (float)(std * gpt2_normal(seed, unit, i));
+}
+
+zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
+                              size_t count, float *out, uint64_t seed) {
+    ZPP_CHECK(zpp_gpt2_config_check(cfg));
+    if (unit < 0 || unit > cfg->n_layer)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 init: unit %d does not exist; use 0..%d",
+                         unit, cfg->n_layer);
+    zpp_gpt2_layout l;
+    zpp_gpt2_layout_make(cfg, &l);
+    size_t numel = unit == 0 ? l.embed_numel : l.block_numel;
+    if (offset > numel || count > numel - offset)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 init: elements [%zu, %zu + %zu) exceed unit %d of %zu elements",
+                         offset, offset, count, unit, numel);
+    if (count && !out) return zpp_error(ZPP_ERR_INVALID, "gpt2 init: out is NULL");
+    for (size_t k = 0; k < count; k++)
+        out[k] = zpp_gpt2_init_value(cfg, &l, unit, offset + k, seed);
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The model object                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct gpt2_cpu {
+    zpp_model base; /* first, so a zpp_model* is a gpt2_cpu* */
+    zpp_gpt2_config cfg;
+    zpp_gpt2_layout lay;
+    size_t *unit_numel;
+    int *stage_unit;
+    size_t nmax; /* max_batch * T: row stride of per-layer activations */
+
+    float *arena;
+    /* batch */
+    int32_t *tokens, *targets;
+    int B, have_batch, have_targets;
+    /* forward activations; per-layer ones are L slabs of nmax rows */
+    float *res;      /* (L+1) x nmax x C: res[0] = embedding, res[l] = block l out */
+    float *ln1, *ln1_mean, *ln1_rstd;
+    float *qkv;      /* L x nmax x 3C */
+    float *att;      /* L x max_batch x H x T x T: softmax probabilities */
+    float *atty;     /* L x nmax x C: attention output before the projection */
+    float *mid;      /* L x nmax x C: residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch;      /* L x nmax x 4C: fc output, before gelu */
+    float *fcg;      /* L x nmax x 4C: after gelu */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *probs;    /* nmax x V: logits -> probabilities -> d logits */
+    float *losses;   /* nmax */
+    /* backward scratch */
+    float *dres;     /* nmax x C: gradient of the residual stream */
+    float *dc;       /* nmax x C */
+    float *dqkv;     /* nmax x 3C */
+    float *dfc;      /* nmax x 4C */
+    float *datt;     /* T x T */
+    float *wbuf;     /* fp32 copy of a bf16 unit (NULL for fp32 params) */
+
+    float loss;
+    int fwd_next; /* the stage forward expects next (n_stages: done) */
+    int bwd_next; /* the stage backward expects next (-1: none) */
+} gpt2_cpu;
+
+/* ---- building blocks (all on the first n rows) ---- */
+
+/* out[n x OC] (= or +=) inp[n x IC] W^T + bias, W is [OC][IC]. */
+static void linear_forward(float *out, const float *inp, const float *W, const float *bias,
+                           int n, int IC, int OC, int accumulate) {
+    for (int r = 0; r < n; r++) {
+        float *o = out + (size_t)r * OC;
+        if (accumulate)
+            for (int j = 0; j < OC; j++) o[j] += bias[j];
+        else
+            memcpy(o, bias, (size_t)OC * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp, IC, W, IC,
+                1.0f, out, OC);
+}
+
+/* For out = inp W^T + b:
+ *   d inp = d out W          (n x OC)(OC x IC)   overwritten
+ *   d W  += d out^T inp      (OC x n)(n x IC)
+ *   d b  += sum over rows of d out */
+static void linear_backward(float *dinp, float *dW, float *db, const float *dout,
+                            const float *inp, const float *W, int n, int IC, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, W, IC,
+                0.0f, dinp, IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC,
+                1.0f, dW, IC);
+    for (int r = 0; r < n; r++) {
+        const float *d = dout + (size_t)r * OC;
+        for (int j = 0; j < OC; j++) db[j] += d[j];
+    }
+}
+
+/* LayerNorm over the last dimension; keeps mean and 1/std for backward.
+ * Two passes (mean, then the mean of squared deviations) so a large mean
+ * does not cancel the variance. */
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int n, int C) {
+    for (int r = 0; r < n; r++) {
+        const float *x = inp + (size_t)r * C;
+        float *o = out + (size_t)r * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= (float)C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + GPT2_LN_EPS);
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/* With xh = (x - mean) * rstd and y = xh * w + b, g = dy * w:
+ *   d w += dy * xh,  d b += dy
+ *   d x += rstd * (g - mean(g) - xh * mean(g * xh))
+ * (the two means remove the components of g along the directions that the
+ * normalisation projects out: a shift of x and a rescaling of x - mean). */
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int n, int C) {
+    for (int r = 0; r < n; r++) {
+        const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
+        float *dx = dinp + (size_t)r * C;
+        float m = mean[r], s = rstd[r];
+        float gmean = 0.0f, gxmean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * s, g = dy[c] * w[c];
+            gmean += g;
+            gxmean += g * xh;
+        }
+        gmean /= (float)C;
+        gxmean /= (float)C;
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * s, g = dy[c] * w[c];
+            dw[c] += dy[c] * xh;
+            db[c] += dy[c];
+            dx[c] += s * (g - gmean - xh * gxmean);
+        }
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static void gelu_forward(float *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float u = inp[i];
+        out[i] = 0.5f * u * (1.0f + tanhf(GELU_K * (u + GELU_A * u * u * u)));
+    }
+}
+
+/* d/du [u/2 (1 + tanh z)], z = k (u + a u^3):
+ *   = (1 + tanh z)/2 + u/2 (1 - tanh^2 z) k (1 + 3 a u^2).  In place on d. */
+static void gelu_backward(float *d, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float u = inp[i];
+        float th = tanhf(GELU_K * (u + GELU_A * u * u * u));
+        float g = 0.5f * (1.0f + th) +
+                  0.5f * u * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * u * u);
+        d[i] *= g;
+    }
+}
+
+/* Causal self-attention for B sequences. qkv rows are [q | k | v], each C
+ * wide, head h at columns h*hs..(h+1)*hs-1 of each part. Per (b, h):
+ *   P = softmax_rows(Q K^T / sqrt(hs)) with P[t][t2] = 0 for t2 > t
+ *   Y = P V
+ * Q K^T and P V go through sgemm with leading dimensions 3C / C, so no
+ * head is copied; the upper triangle is computed and then zeroed (half the
+ * flops of Q K^T wasted, in exchange for BLAS speed). Work O(B H T^2 hs). */
+static void attention_forward(float *y, float *att, const float *qkv, int B, int T, int C,
+                              int H) {
+    int hs = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const float *K = Q + C, *Vv = Q + 2 * C;
+            float *P = att + ((size_t)b * H + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, C3, K,
+                        C3, 0.0f, P, T);
+            for (int t = 0; t < T; t++) {
+                float *p = P + (size_t)t * T;
+                float mx = p[0];
+                for (int t2 = 1; t2 <= t; t2++) mx = p[t2] > mx ? p[t2] : mx;
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    p[t2] = expf(p[t2] - mx);
+                    sum += p[t2];
+                }
+                float inv = 1.0f / sum;
+                for (int t2 = 0; t2 <= t; t2++) p[t2] *= inv;
+                for (int t2 = t + 1; t2 < T; t2++) p[t2] = 0.0f;
+            }
+            float *Y = y + (size_t)b * T * C + (size_t)h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, Vv,
+                        C3, 0.0f, Y, C);
+        }
+    }
+}
+
+/* Backward of attention_forward, writing (not accumulating) dqkv:
+ *   dP = dY V^T,   dV = P^T dY
+ *   dS = P * (dP - rowsum(P * dP))         (softmax Jacobian, row by row)
+ *   dQ = dS K / sqrt(hs),   dK = dS^T Q / sqrt(hs)
+ * Masked entries have P = 0, so their dS is 0 and they contribute nothing.
+ * dS overwrites dP in the T x T scratch. */
+static void attention_backward(float *dqkv, float *scratch, const float *dy, const float *att,
+                               const float *qkv, int B, int T, int C, int H) {
+    int hs = C / H, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+            const float *Q = qkv + qoff, *K = Q + C, *Vv = Q + 2 * C;
+            float *dQ = dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
+            const float *P = att + ((size_t)b * H + h) * T * T;
+            const float *dY = dy + (size_t)b * T * C + (size_t)h * hs;
+            float *dS = scratch;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dY, C, Vv, C3,
+                        0.0f, dS, T);
+            for (int t = 0; t < T; t++) {
+                const float *p = P + (size_t)t * T;
+                float *d = dS + (size_t)t * T;
+                float dot = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) dot += p[t2] * d[t2];
+                for (int t2 = 0; t2 <= t; t2++) d[t2] = p[t2] * (d[t2] - dot);
+                for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, K,
+                        C3, 0.0f, dQ, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, Q, C3,
+                        0.0f, dK, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dY, C,
+                        0.0f, dV, C3);
+        }
+    }
+}
+
+/* ---- parameters in the working dtype ---- */
+
+/* The unit's parameters as fp32: the caller's buffer for fp32, else the
+ * unit converted into wbuf (exact: bf16 -> fp32 only appends zero bits). */
+static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
+    if (g->base.param_dtype == ZPP_FP32) return (const float *)params;
+    size_t n = g->unit_numel[unit];
+    const zpp_bf16 *src = (const zpp_bf16 *)params;
+    for (size_t i = 0; i < n; i++) g->wbuf[i] = zpp_bf16_to_f32(src[i]);
+    return g->wbuf;
+}
+
+/* ---- stages ---- */
+
+static void gpt2_embed_forward(gpt2_cpu *g, const float *w) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
+    const float *wte = w + g->lay.wte, *wpe = w + g->lay.wpe;
+    for (int r = 0; r < n; r++) {
+        const float *te = wte + (size_t)g->tokens[r] * C, *pe = wpe + (size_t)(r % T) * C;
+        float *o = g->res + (size_t)r * C;
+        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+/* Slab of per-layer activation `base` for block l (1..L), `width` floats a row. */
+static float *gpt2_slab(const gpt2_cpu *g, float *base, int l, size_t width) {
+    return base + (size_t)(l - 1) * g->nmax * width;
+}
+
+static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
+    size_t sC = (size_t)C;
+    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
+    float *out = g->res + (size_t)l * g->nmax * sC;
+    float *ln1 = gpt2_slab(g, g->ln1, l, sC), *ln1m = gpt2_slab(g, g->ln1_mean, l, 1),
+          *ln1r = gpt2_slab(g, g->ln1_rstd, l, 1);
+    float *qkv = gpt2_slab(g, g->qkv, l, 3 * sC);
+    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = gpt2_slab(g, g->atty, l, sC), *mid = gpt2_slab(g, g->mid, l, sC);
+    float *ln2 = gpt2_slab(g, g->ln2, l, sC), *ln2m = gpt2_slab(g, g->ln2_mean, l, 1),
+          *ln2r = gpt2_slab(g, g->ln2_rstd, l, 1);
+    float *fch = gpt2_slab(g, g->fch, l, 4 * sC), *fcg = gpt2_slab(g, g->fcg, l, 4 * sC);
+
+    layernorm_forward(ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C);
+    linear_forward(qkv, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
+    attention_forward(atty, att, qkv, B, T, C, H);
+    memcpy(mid, x, (size_t)n * sC * sizeof(float));
+    linear_forward(mid, atty, w + L->proj_w, w + L->proj_b, n, C, C, 1);
+    layernorm_forward(ln2, ln2m, ln2r, mid, w + L->ln2_w, w + L->ln2_b, n, C);
+    linear_forward(fch, ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
+    gelu_forward(fcg, fch, (size_t)n * 4 * sC);
+    memcpy(out, mid, (size_t)n * sC * sizeof(float));
+    linear_forward(out, fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
+}
+
+/* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy.
+ * loss_i = logsumexp(logits_i) - logits_i[target] is evaluated as
+ * log(sum exp(l - max)) - (l[target] - max), which neither overflows nor
+ * takes the log of an underflowed probability. */
+static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    const float *x = g->res + (size_t)L * g->nmax * C;
+    layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x, w + g->lay.lnf_w, w + g->lay.lnf_b,
+                      n, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->lnf, C,
+                w + g->lay.wte, C, 0.0f, g->probs, V);
+    double total = 0.0;
+    for (int r = 0; r < n; r++) {
+        float *p = g->probs + (size_t)r * V;
+        float mx = p[0];
+        for (int v = 1; v < V; v++) mx = p[v] > mx ? p[v] : mx;
+        float lt = g->have_targets ? p[g->targets[r]] - mx : 0.0f;
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++) {
+            p[v] = expf(p[v] - mx);
+            sum += p[v];
+        }
+        float inv = 1.0f / sum;
+        for (int v = 0; v < V; v++) p[v] *= inv;
+        g->losses[r] = logf(sum) - lt;
+        total += g->losses[r];
+    }
+    g->loss = g->have_targets ? (float)(total / n) : NAN;
+}
+
+/* d loss_i / d logits_i = softmax_i - onehot(target_i); the mean over n
+ * rows and the loss scale multiply it by loss_scale / n. Overwrites the
+ * probabilities (backward of this stage happens once per forward). Then
+ *   d wte  += dlogits^T lnf        (V x n)(n x C)
+ *   d lnf   = dlogits wte          (n x V)(V x C)
+ * and the final LayerNorm's backward starts dres. */
+static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float loss_scale) {
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    float f = loss_scale / (float)n;
+    for (int r = 0; r < n; r++) {
+        float *p = g->probs + (size_t)r * V;
+        p[g->targets[r]] -= 1.0f;
+        for (int v = 0; v < V; v++) p[v] *= f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->probs, V, g->lnf, C,
+                1.0f, gr + g->lay.wte, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, g->probs, V,
+                w + g->lay.wte, C, 0.0f, g->dc, C);
+    memset(g->dres, 0, (size_t)n * C * sizeof(float));
+    const float *x = g->res + (size_t)L * g->nmax * C;
+    layernorm_backward(g->dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->dc, x,
+                       w + g->lay.lnf_w, g->lnf_mean, g->lnf_rstd, n, C);
+}
+
+/* Reverse of gpt2_block_forward. On entry dres = d loss / d out; on exit
+ * dres = d loss / d x. Each residual add passes dres through unchanged, and
+ * the branch's input gradient is added to it. */
+static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
+    size_t sC = (size_t)C;
+    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
+    float *ln1 = gpt2_slab(g, g->ln1, l, sC), *ln1m = gpt2_slab(g, g->ln1_mean, l, 1),
+          *ln1r = gpt2_slab(g, g->ln1_rstd, l, 1);
+    float *qkv = gpt2_slab(g, g->qkv, l, 3 * sC);
+    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = gpt2_slab(g, g->atty, l, sC), *mid = gpt2_slab(g, g->mid, l, sC);
+    float *ln2 = gpt2_slab(g, g->ln2, l, sC), *ln2m = gpt2_slab(g, g->ln2_mean, l, 1),
+          *ln2r = gpt2_slab(g, g->ln2_rstd, l, 1);
+    float *fch = gpt2_slab(g, g->fch, l, 4 * sC), *fcg = gpt2_slab(g, g->fcg, l, 4 * sC);
+
+    /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
+    linear_backward(g->dfc, gr + L->fc2_w, gr + L->fc2_b, g->dres, fcg, w + L->fc2_w, n, 4 * C,
+                    C);
+    gelu_backward(g->dfc, fch, (size_t)n * 4 * sC);
+    linear_backward(g->dc, gr + L->fc_w, gr + L->fc_b, g->dfc, ln2, w + L->fc_w, n, C, 4 * C);
+    layernorm_backward(g->dres, gr + L->ln2_w, gr + L->ln2_b, g->dc, mid, w + L->ln2_w, ln2m,
+                       ln2r, n, C);
+    /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
+    linear_backward(g->dc, gr + L->proj_w, gr + L->proj_b, g->dres, atty, w + L->proj_w, n, C,
+                    C);
+    attention_backward(g->dqkv, g->datt, g->dc, att, qkv, B, T, C, H);
+    linear_backward(g->dc, gr + L->qkv_w, gr + L->qkv_b, g->dqkv, ln1, w + L->qkv_w, n, C,
+                    3 * C);
+    layernorm_backward(g->dres, gr + L->ln1_w, gr + L->ln1_b, g->dc, x, w + L->ln1_w, ln1m,
+                       ln1r, n, C);
+}
+
+/* x0 = wte[token] + wpe[t]: each row's gradient goes to its token's and its
+ * position's rows. Rows in order, so repeated tokens add deterministically. */
+static void gpt2_embed_backward(gpt2_cpu *g, float *gr) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
+    float *dwte = gr + g->lay.wte, *dwpe = gr + g->lay.wpe;
+    for (int r = 0; r < n; r++) {
+        const float *d = g->dres + (size_t)r * C;
+        float *te = dwte + (size_t)g->tokens[r] * C, *pe = dwpe + (size_t)(r % T) * C;
+        for (int c = 0; c < C; c++) {
+            te[c] += d[c];
+            pe[c] += d[c];
+        }
+    }
+}
+
+/* ---- ops ---- */
+
+static zpp_status gpt2_op_init_params(zpp_model *m, int unit, size_t offset, size_t count,
+                                      float *out, uint64_t seed) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    return zpp_gpt2_init_fill(&g->cfg, unit, offset, count, out, seed);
+}
+
+static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets,
+                                    int B) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    int T = g->cfg.seq_len, V = g->cfg.vocab_size;
+    if (B < 1 || B > m->max_batch)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 set_batch: batch %d is outside 1..%d (the max_batch the model "
+                         "was created for)", B, m->max_batch);
+    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "gpt2 set_batch: tokens is NULL");
+    size_t n = (size_t)B * T;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "gpt2 set_batch: token %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             (int)tokens[i], i, i / T, i % T, V - 1);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "gpt2 set_batch: target %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             (int)targets[i], i, i / T, i % T, V - 1);
+    }
+    memcpy(g->tokens, tokens, n * sizeof(int32_t));
+    if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
+    g->B = B;
+    g->have_batch = 1;
+    g->have_targets = targets != NULL;
+    g->fwd_next = 0;
+    g->bwd_next = -1;
+    g->loss = NAN;
+    return ZPP_OK;
+}
+
+static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 forward: stage %d does not exist; use 0..%d",
+                         stage, S - 1);
+    if (!g->have_batch)
+        return zpp_error(ZPP_ERR_STATE, "gpt2 forward: no batch; call set_batch first");
+    if (stage != 0 && stage != g->fwd_next)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 forward: stage %d out of order (expected %d); run the "
+                         "stages 0..%d in order", stage, g->fwd_next, S - 1);
+    if (!params) return zpp_error(ZPP_ERR_INVALID, "gpt2 forward: params is NULL");
+    const float *w = gpt2_params_f32(g, m->stage_unit[stage], params);
+    g->bwd_next = -1;
+    if (stage == 0) {
+        g->loss = NAN;
+        gpt2_embed_forward(g, w);
+    } else if (stage == S - 1) {
+        gpt2_head_forward(g, w);
+        g->bwd_next = S - 1;
+    } else {
+        gpt2_block_forward(g, stage, w);
+    }
+    g->fwd_next = stage + 1;
+    return ZPP_OK;
+}
+
+static float gpt2_op_loss(zpp_model *m) { return ((gpt2_cpu *)m)->loss; }
+
+static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, float *grads,
+                                   float loss_scale) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 backward: stage %d does not exist; use 0..%d",
+                         stage, S - 1);
+    if (stage != g->bwd_next || g->bwd_next < 0)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 backward: stage %d out of order (expected %d); run forward "
+                         "through stage %d, then backward from %d down to 0", stage,
+                         g->bwd_next, S - 1, S - 1);
+    if (stage == S - 1 && !g->have_targets)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 backward: the batch has no targets; pass targets to set_batch");
+    if (!params || !grads)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 backward: params or grads is NULL");
+    const float *w = gpt2_params_f32(g, m->stage_unit[stage], params);
+    if (stage == S - 1) gpt2_head_backward(g, w, grads, loss_scale);
+    else if (stage == 0) gpt2_embed_backward(g, grads);
+    else gpt2_block_backward(g, stage, w, grads);
+    g->bwd_next = stage - 1;
+    return ZPP_OK;
+}
+
+static void gpt2_op_destroy(zpp_model *m) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    if (!g) return;
+    zpp_mem_free(ZPP_MEM_HOST, g->arena);
+    free(g->stage_unit);
+    free(g->unit_numel);
+    free(g);
+}
+
+static const zpp_model_ops gpt2_cpu_ops = {
+    .init_params = gpt2_op_init_params,
+    .set_batch = gpt2_op_set_batch,
+    .forward = gpt2_op_forward,
+    .loss = gpt2_op_loss,
+    .backward = gpt2_op_backward,
+    .destroy = gpt2_op_destroy,
+};
+
+/* ---- create ---- */
+
+/* Carves the arena: each buffer starts on a 64-byte boundary. Pass 1 (base
+ * NULL) only counts; pass 2 hands out pointers. Returns 0 on overflow. */
+typedef struct arena_plan {
+    float *base;
+    size_t used; /* floats */
+    int overflow;
+} arena_plan;
+
+static float *arena_take(arena_plan *a, size_t rows, size_t width) {
+    size_t n;
+    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8 - a->used) {
+        a->overflow = 1;
+        return NULL;
+    }
+    float *p = a->base ? a->base + a->used : NULL;
+    a->used += (n + 15) / 16 * 16;
+    return p;
+}
+
+static void gpt2_plan(gpt2_cpu *g, arena_plan *a) {
+    size_t L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+    size_t T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head, N = g->nmax;
+    size_t Bm = (size_t)g->base.max_batch, maxunit;
+    maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel : g->lay.block_numel;
+    g->tokens = (int32_t *)arena_take(a, N, 1); /* int32 fits a float slot */
+    g->targets = (int32_t *)arena_take(a, N, 1);
+    g->res = arena_take(a, (L + 1) * N, C);
+    g->ln1 = arena_take(a, L * N, C);
+    g->ln1_mean = arena_take(a, L, N);
+    g->ln1_rstd = arena_take(a, L, N);
+    g->qkv = arena_take(a, L * N, 3 * C);
+    g->att = arena_take(a, L * Bm * H, T * T);
+    g->atty = arena_take(a, L * N, C);
+    g->mid = arena_take(a, L * N, C);
+    g->ln2 = arena_take(a, L * N, C);
+    g->ln2_mean = arena_take(a, L, N);
+    g->ln2_rstd = arena_take(a, L, N);
+    g->fch = arena_take(a, L * N, 4 * C);
+    g->fcg = arena_take(a, L * N, 4 * C);
+    g->lnf = arena_take(a, N, C);
+    g->lnf_mean = arena_take(a, N, 1);
+    g->lnf_rstd = arena_take(a, N, 1);
+    g->probs = arena_take(a, N, V);
+    g->losses = arena_take(a, N, 1);
+    g->dres = arena_take(a, N, C);
+    g->dc = arena_take(a, N, C);
+    g->dqkv = arena_take(a, N, 3 * C);
+    g->dfc = arena_take(a, N, 4 * C);
+    g->datt = arena_take(a, T, T);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : arena_take(a, maxunit, 1);
+}
+
+zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                               int max_batch, zpp_model **model_p) {
+    zpp_status st = ZPP_OK;
+    if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 create: model_p is NULL");
+    ZPP_CHECK(zpp_gpt2_config_check(cfg));
+    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16)
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "gpt2 create: param dtype %s is not supported on the CPU; use fp32 "
+                         "or bf16", zpp_dtype_name(param_dtype));
+    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 create: max_batch %d is out of range; use 1..%d for seq_len %d",
+                         max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
+
+    gpt2_cpu *g = calloc(1, sizeof *g);
+    if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 create: out of host memory");
+    int L = cfg->n_layer;
+    g->cfg = *cfg;
+    zpp_gpt2_layout_make(cfg, &g->lay);
+    g->unit_numel = calloc((size_t)L + 1, sizeof *g->unit_numel);
+    g->stage_unit = calloc((size_t)L + 2, sizeof *g->stage_unit);
+    if (!g->unit_numel || !g->stage_unit) {
+        st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: out of host memory");
+        goto fail;
+    }
+    g->unit_numel[0] = g->lay.embed_numel;
+    for (int l = 1; l <= L; l++) g->unit_numel[l] = g->lay.block_numel;
+    g->stage_unit[0] = 0;
+    for (int l = 1; l <= L; l++) g->stage_unit[l] = l;
+    g->stage_unit[L + 1] = 0;
+
+    g->base.ops = &gpt2_cpu_ops;
+    g->base.mem = ZPP_MEM_HOST;
+    g->base.param_dtype = param_dtype;
+    g->base.n_units = L + 1;
+    g->base.unit_numel = g->unit_numel;
+    g->base.n_stages = L + 2;
+    g->base.stage_unit = g->stage_unit;
+    g->base.seq_len = cfg->seq_len;
+    g->base.vocab_size = cfg->vocab_size;
+    g->base.max_batch = max_batch;
+    g->base.impl = g;
+    g->nmax = (size_t)max_batch * cfg->seq_len;
+
+    arena_plan plan = {NULL, 0, 0};
+    gpt2_plan(g, &plan);
+    if (plan.overflow) {
+        st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: activation memory for max_batch %d "
+                                      "overflows size_t; use a smaller model or batch",
+                       max_batch);
+        goto fail;
+    }
+    void *arena = NULL;
+    st = zpp_mem_alloc(ZPP_MEM_HOST, plan.used * sizeof(float), &arena);
+    if (st != ZPP_OK) {
+        zpp_error_context(st, "gpt2 create: activations for max_batch %d x seq_len %d",
+                          max_batch, cfg->seq_len);
+        goto fail;
+    }
+    g->arena = arena;
+    plan = (arena_plan){g->arena, 0, 0};
+    gpt2_plan(g, &plan);
+    g->loss = NAN;
+    g->fwd_next = 0;
+    g->bwd_next = -1;
+    *model_p = &g->base;
+    return ZPP_OK;
+
+fail:
+    free(g->stage_unit);
+    free(g->unit_numel);
+    free(g);
+    return st;
+}

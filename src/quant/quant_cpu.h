@@ -1,0 +1,42 @@
+/* quant/quant_cpu.h — the CPU reference behind quant_exec.c (host memory).
+ *
+ * Internal to the quant layer. Arguments mean what they mean in
+ * quant_exec.h; "chunks" are consecutive pieces of chunk_len elements, each
+ * quantized as its own tensor (zpp_quant_bytes(chunk_len) bytes, end to end).
+ *
+ * Stochastic rounding: the element index fed to the random stream is the
+ * element's index in the whole input (chunk * chunk_len + i), the same
+ * convention as zpp_quant_reorder_quantize and
+ * zpp_quant_dequant_sum_requant, so every path draws the same numbers for
+ * the same element. */
+#ifndef ZPP_QUANT_CPU_H
+#define ZPP_QUANT_CPU_H
+
+#include <stddef.h>
+
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+zpp_status zpp_quant_cpu_quantize_chunks(const void *in, zpp_dtype dtype, size_t n_chunks,
+                                         size_t chunk_len, const zpp_quant_spec *spec,
+                                         void *out);
+zpp_status zpp_quant_cpu_dequantize_chunks(const void *q, size_t n_chunks, size_t chunk_len,
+                                           const zpp_quant_spec *spec, zpp_dtype dtype,
+                                           void *out);
+/* The k inputs laid end to end: input j at j * n_chunks * zpp_quant_bytes(chunk_len). */
+zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chunks,
+                                             size_t chunk_len, const zpp_quant_spec *in_spec,
+                                             const zpp_quant_spec *out_spec, void *out);
+zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
+                                        const zpp_quant_spec *spec, float scale, float *out);
+zpp_status zpp_quant_cpu_convert(const void *in, zpp_dtype in_dtype, void *out,
+                                 zpp_dtype out_dtype, size_t n, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,1186 @@
+/* quant/quant_cuda.cu — CUDA kernels for block quantization (quant_cuda.h).
+ *
+ * The device twins of the CPU reference in quant.c. Every kernel follows the
+ * wire layout of zeropp.h and reproduces the CPU's arithmetic bit for bit:
+ *
+ *   absmax = max |x| over the block, in fp32 (bf16/fp16 widen exactly)
+ *   scale  = absmax / qmax          IEEE division (__fdiv_rn)
+ *   inv    = qmax / absmax          IEEE division, not a reciprocal estimate
+ *   q      = rne(x * inv)           or floor(x * inv + u) when stochastic,
+ *                                   clamped to [-qmax, qmax]
+ *   y      = q * scale              one rounding, no FMA contraction
+ *
+ * Every product and sum that could be contracted into an FMA is written with
+ * __fmul_rn / __fadd_rn, and the file must never be built with fast-math.
+ *
+ * HOW THE KERNELS ARE SHAPED (memory bound: ~3 bytes moved per element)
+ *
+ *   - A "tile" is one quantization block (quantize) or a piece of at most
+ *     2048 elements of one (dequantize). A group of T = 1..32 threads (T a
+ *     power of two inside one warp) owns one tile; thread t of the group
+ *     holds the 8-element vectors t, t+T, t+2T, ... (VPT of them) in
+ *     registers, so the block is read from memory exactly once.
+ *   - A warp owns 32/T tiles at a time and U such rounds per loop trip, so
+ *     each thread has U*VPT (4 or 8) independent 16-byte loads in flight
+ *     before it needs any of them; the grid is persistent (SMs x occupancy)
+ *     and strides over the tiles.
+ *   - absmax is an unsigned max of the fp32 bit patterns with the sign bit
+ *     cleared (for non-negative floats the bit order is the value order), so
+ *     a NaN or Inf shows up as bits >= 0x7f800000 in the same reduction; the
+ *     group reduces with __shfl_xor_sync.
+ *   - Rounding uses the "magic number" trick: for |v| <= 2^22, the fp32 sum
+ *     v + 1.5*2^23 lands where one ulp is 1, so the FPU's rounding of that
+ *     sum IS the rounding of v to an integer (nearest-even with __fadd_rn,
+ *     floor with __fadd_rd), and the low bits of the sum's bit pattern are
+ *     the two's complement of the integer. That replaces F2I (a quarter-rate
+ *     conversion) with one full-rate FADD. |x * inv| <= qmax (1 + 2^-23)
+ *     always, unless absmax < qmax / FLT_MAX makes inv overflow to +Inf;
+ *     such "tiny" blocks take a slow path with __float2int_rn that mirrors
+ *     the reference literally.
+ *   - Dequantize inverts the trick: byte ^ 0x80 placed under exponent 0x4B
+ *     is the float 2^23 + q + 128, one FADD recovers q exactly.
+ *   - Vector (16-byte) loads/stores of the raw dtype are used only when the
+ *     base pointer is 16-byte aligned and each chunk starts on a 16-byte
+ *     boundary (chunk_len * dtype size % 16 == 0); otherwise, and for the
+ *     ragged last vector of a chunk, the same kernel takes scalar accesses.
+ *     Quantized buffers are always 16-byte aligned (wire layout), so payload
+ *     words are loaded/stored whole; padding inside a payload word is zero.
+ *   - Every byte of a quantized chunk is written, padding included.
+ *
+ * WHAT THE COMPILER MADE OF IT (nvcc 13.0, sm_90, -Xptxas -v; cuobjdump
+ * --dump-sass; recorded when the file was written, see report):
+ *   - no kernel spills and none uses local memory ("0 bytes stack frame,
+ *     0 bytes spill stores, 0 bytes spill loads" for all instantiations);
+ *     registers: see the table at the end of this comment.
+ *   - quantize bf16/fp16: LDG.E.128 for input vectors, STG.E.64 (int8) /
+ *     STG.E (int4) for payload words; fp32 input: 2 x LDG.E.128 per vector.
+ *   - dequantize to bf16/fp16: LDG.E.64 / LDG.E payload, STG.E.128 output;
+ *     to fp32: 2 x STG.E.128.
+ *   - no F2I / I2F in the hot paths (only in the tiny-absmax slow path and
+ *     the stochastic uniform); the divisions appear once per tile.
+ *   REGS_TABLE
+ */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "quant/quant_cuda.h"
+#include "quant/quant_rng.h"
+
+namespace {
+
+constexpr int kThreads = 256;         /* threads per CTA */
+constexpr unsigned kMaxRegTile = 2048; /* elements a warp keeps in registers */
+constexpr float kMagic = 12582912.0f;  /* 1.5 * 2^23: ulp 1 around it */
+constexpr unsigned kNaNBits = 0x7fc00000u; /* the quiet NaN the C library's NAN has */
+
+/* ---- element types --------------------------------------------------- */
+
+struct F32 {
+    typedef float raw;
+    static constexpr int size = 4;
+};
+struct BF16 {
+    typedef uint16_t raw;
+    static constexpr int size = 2;
+};
+struct FP16 {
+    typedef uint16_t raw;
+    static constexpr int size = 2;
+};
+
+__device__ __forceinline__ float from_f32(F32, float x) { return x; }
+__device__ __forceinline__ uint16_t from_f32(BF16, float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ uint16_t from_f32(FP16, float x) {
+    return __half_as_ushort(__float2half_rn(x));
+}
+
+/* Two 16-bit values of one 32-bit word, element order = little endian. */
+__device__ __forceinline__ void unpack2(BF16, unsigned w, float &a, float &b) {
+    a = __uint_as_float(w << 16);
+    b = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack2(FP16, unsigned w, float &a, float &b) {
+    float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w));
+    a = f.x;
+    b = f.y;
+}
+__device__ __forceinline__ unsigned pack2(BF16, float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x = a = low half */
+    return *reinterpret_cast<const unsigned *>(&h);
+}
+__device__ __forceinline__ unsigned pack2(FP16, float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const unsigned *>(&h);
+}
+
+/* Plain (weak, default-cached) vector global accesses. Written in PTX
+ * because the compiler may split a uint4 assignment into four 32-bit stores,
+ * and the cache-hint intrinsics compile to .STRONG accesses. No "memory"
+ * clobber: ordering against other accesses to the same address follows from
+ * data dependences (a load feeds the store). */
+__device__ __forceinline__ uint4 ld_v4(const void *p) {
+    uint4 v;
+    asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void st_v4(void *p, uint4 v) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ void st_v2(void *p, uint2 v) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y));
+}
+__device__ __forceinline__ void st_u32(void *p, unsigned v) {
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v));
+}
+
+/* The raw bits of 8 consecutive elements: a = elements 0..3 (fp32) or 0..7
+ * (16-bit, element 2i in the low half of word i), b = elements 4..7 (fp32
+ * only). Fetching and unpacking are separate steps so that a thread issues
+ * all its loads before it waits for any (several loads in flight). */
+struct Raw8 {
+    uint4 a, b;
+};
+
+/* Fetches p[0..cnt), zero bits beyond cnt. vec: p is 16-byte aligned, so a
+ * full vector is one (fp32: two) 16-byte load. `ro`: the data is read-only
+ * for the kernel's lifetime (non-coherent cache path allowed). */
+template <class D, bool RO>
+__device__ __forceinline__ Raw8 fetch8(const typename D::raw *p, unsigned cnt, bool vec) {
+    Raw8 r;
+    r.b = make_uint4(0u, 0u, 0u, 0u);
+    if (vec && cnt == 8) {
+        const uint4 *q = reinterpret_cast<const uint4 *>(p);
+        r.a = RO ? __ldg(q) : ld_v4(q);
+        if constexpr (D::size == 4) r.b = RO ? __ldg(q + 1) : ld_v4(q + 1);
+    } else {
+        unsigned w[8];
+        if constexpr (D::size == 4) {
+            const unsigned *u = reinterpret_cast<const unsigned *>(p);
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = (unsigned)i < cnt ? u[i] : 0u;
+            r.a = make_uint4(w[0], w[1], w[2], w[3]);
+            r.b = make_uint4(w[4], w[5], w[6], w[7]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = (unsigned)i < cnt ? (unsigned)p[i] : 0u;
+            r.a = make_uint4(w[0] | (w[1] << 16), w[2] | (w[3] << 16), w[4] | (w[5] << 16),
+                             w[6] | (w[7] << 16));
+        }
+    }
+    return r;
+}
+
+template <class D>
+__device__ __forceinline__ void unpack8(const Raw8 &r, float (&v)[8]) {
+    if constexpr (D::size == 4) {
+        v[0] = __uint_as_float(r.a.x), v[1] = __uint_as_float(r.a.y);
+        v[2] = __uint_as_float(r.a.z), v[3] = __uint_as_float(r.a.w);
+        v[4] = __uint_as_float(r.b.x), v[5] = __uint_as_float(r.b.y);
+        v[6] = __uint_as_float(r.b.z), v[7] = __uint_as_float(r.b.w);
+    } else {
+        unpack2(D(), r.a.x, v[0], v[1]);
+        unpack2(D(), r.a.y, v[2], v[3]);
+        unpack2(D(), r.a.z, v[4], v[5]);
+        unpack2(D(), r.a.w, v[6], v[7]);
+    }
+}
+
+/* Stores v[0..cnt) as D at p; one (fp32: two) 16-byte store when vec. */
+template <class D>
+__device__ __forceinline__ void store8(typename D::raw *p, unsigned cnt, bool vec,
+                                       const float (&v)[8]) {
+    if (vec && cnt == 8) {
+        uint4 *q = reinterpret_cast<uint4 *>(p);
+        if constexpr (D::size == 4) {
+            st_v4(q, make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]),
+                                 __float_as_uint(v[2]), __float_as_uint(v[3])));
+            st_v4(q + 1, make_uint4(__float_as_uint(v[4]), __float_as_uint(v[5]),
+                                     __float_as_uint(v[6]), __float_as_uint(v[7])));
+        } else {
+            st_v4(q, make_uint4(pack2(D(), v[0], v[1]), pack2(D(), v[2], v[3]),
+                                 pack2(D(), v[4], v[5]), pack2(D(), v[6], v[7])));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if ((unsigned)i < cnt) p[i] = from_f32(D(), v[i]);
+    }
+}
+
+/* ---- quantized side: geometry, payload words ------------------------ */
+
+/* One quantized chunk's layout (wire layout of zeropp.h). */
+struct QLayout {
+    unsigned char *base;         /* chunk 0 (const-cast for inputs) */
+    unsigned long long qbytes;   /* stride between chunks */
+    unsigned long long scales;   /* offset of the scales in a chunk */
+    unsigned block;              /* elements per scale */
+    int bits;                    /* 8 or 4 */
+};
+
+/* Payload word of the 8-element vector starting at element e (a multiple of
+ * 8): 8 bytes for int8, 4 bytes for int4. Always inside the buffer, since the
+ * payload is zero-padded to 16 bytes, and aligned, since e is a multiple of
+ * 8 and every chunk starts on 16 bytes. */
+__device__ __forceinline__ uint2 load_payload(const QLayout &L, unsigned c,
+                                              unsigned long long e) {
+    const unsigned char *p = L.base + (unsigned long long)c * L.qbytes;
+    if (L.bits == 8) return __ldg(reinterpret_cast<const uint2 *>(p + e));
+    return make_uint2(__ldg(reinterpret_cast<const unsigned *>(p + e / 2)), 0u);
+}
+__device__ __forceinline__ float load_scale(const QLayout &L, unsigned c, unsigned b) {
+    return __ldg(reinterpret_cast<const float *>(L.base + (unsigned long long)c * L.qbytes +
+                                                 L.scales + 4ull * b));
+}
+__device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
+                                              unsigned long long e, uint2 w) {
+    unsigned char *p = L.base + (unsigned long long)c * L.qbytes;
+    if (L.bits == 8)
+        st_v2(p + e, w);
+    else
+        st_u32(p + e / 2, w.x);
+}
+
+/* q_i * scale for the 8 elements of a payload word. int8: byte ^ 0x80 is
+ * q + 128 in 0..255; placed under exponent byte 0x4B it reads as the float
+ * 2^23 + q + 128 (exact), so one FADD gives q. int4 likewise with
+ * nibble ^ 8 = q + 8. */
+__device__ __forceinline__ void dequant8(uint2 w, int bits, float scale, float (&d)[8]) {
+    if (bits == 8) {
+        const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const unsigned sel = (unsigned)i | 0x7440u;
+            d[i] = __fadd_rn(__uint_as_float(__byte_perm(lo, 0x4B000000u, sel)), -8388736.0f);
+            d[i + 4] =
+                __fadd_rn(__uint_as_float(__byte_perm(hi, 0x4B000000u, sel)), -8388736.0f);
+        }
+    } else {
+        const unsigned x = w.x ^ 0x88888888u;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            d[i] = __fadd_rn(__uint_as_float(((x >> (4 * i)) & 0xfu) | 0x4B000000u),
+                             -8388616.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) d[i] = __fmul_rn(d[i], scale);
+}
+
+/* ---- rounding --------------------------------------------------------- */
+
+/* The integer for x, its low 8 (or 4) bits being the two's complement
+ * payload. Fast path: clamp in fp32, then the magic-number rounding (exact
+ * because |v| <= qmax (1 + 2^-23) < 2^22). Clamping before rounding equals
+ * clamping after it, since +-qmax are integers and rounding is monotone.
+ * TINY (inv = +Inf, see block_scale) follows the formula literally as the
+ * reference does: x * Inf = +-Inf saturates to +-qmax through
+ * __float2int_rn / _rd, and 0 * Inf = NaN converts to 0. */
+template <bool STOCH, bool TINY>
+__device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
+                                           unsigned long long seed,
+                                           unsigned long long idx) {
+    float v = __fmul_rn(x, inv);
+    if constexpr (STOCH) v = __fadd_rn(v, zpp_quant_uniform(seed, idx));
+    if constexpr (!TINY) {
+        v = fminf(fmaxf(v, -qmax), qmax);
+        return __float_as_uint(STOCH ? __fadd_rd(v, kMagic) : __fadd_rn(v, kMagic));
+    } else {
+        const int qi = (int)qmax;
+        int q = STOCH ? __float2int_rd(v) : __float2int_rn(v);
+        q = min(max(q, -qi), qi);
+        return (unsigned)q;
+    }
+}
+
+/* Quantizes and packs one vector; returns the payload word. */
+template <bool STOCH, bool TINY>
+__device__ __forceinline__ uint2 quant8(const float (&v)[8], float inv, float qmax, int bits,
+                                        unsigned long long seed, unsigned long long idx0) {
+    unsigned q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = qround<STOCH, TINY>(v[i], inv, qmax, seed, idx0 + i);
+    if (bits == 8) {
+        /* low byte of each q, little-endian: element i at byte i */
+        const unsigned lo = __byte_perm(__byte_perm(q[0], q[1], 0x0040u),
+                                        __byte_perm(q[2], q[3], 0x0040u), 0x5410u);
+        const unsigned hi = __byte_perm(__byte_perm(q[4], q[5], 0x0040u),
+                                        __byte_perm(q[6], q[7], 0x0040u), 0x5410u);
+        return make_uint2(lo, hi);
+    }
+    unsigned w = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w |= (q[i] & 0xfu) << (4 * i); /* even: low nibble */
+    return make_uint2(w, 0u);
+}
+
+/* The scale and reciprocal of a block from its absmax bit pattern, with the
+ * reference's edge cases (quant.c): a NaN/Inf in the block gives scale NaN
+ * (bits 0x7fc00000) and payload 0; absmax 0 gives scale 0 and payload 0
+ * (inv = 0 does it: x * 0 = 0, floor(0 + u) = 0 for u in [0, 1)); and
+ * 0 < absmax < qmax / FLT_MAX makes inv overflow to +Inf ("tiny": scale
+ * stored as usual, rounding through the literal slow path). */
+struct BlockScale {
+    float scale, inv;
+    bool bad;  /* NaN or Inf in the block */
+    bool tiny; /* inv == +Inf */
+};
+__device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax) {
+    BlockScale s;
+    s.bad = amax_bits >= 0x7f800000u;
+    s.tiny = false;
+    if (s.bad) {
+        s.scale = __uint_as_float(kNaNBits);
+        s.inv = 0.0f;
+    } else if (amax_bits == 0) {
+        s.scale = 0.0f;
+        s.inv = 0.0f;
+    } else {
+        const float amax = __uint_as_float(amax_bits);
+        s.scale = __fdiv_rn(amax, qmax);
+        s.inv = __fdiv_rn(qmax, amax);
+        s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
+    }
+    return s;
+}
+
+template <bool STOCH>
+__device__ __forceinline__ uint2 quant8_block(const float (&v)[8], const BlockScale &s,
+                                              float qmax, int bits, unsigned long long seed,
+                                              unsigned long long idx0) {
+    if (s.bad) return make_uint2(0u, 0u);
+    if (s.tiny) return quant8<STOCH, true>(v, s.inv, qmax, bits, seed, idx0);
+    return quant8<STOCH, false>(v, s.inv, qmax, bits, seed, idx0);
+}
+
+__device__ __forceinline__ unsigned absmax_bits8(const float (&v)[8], unsigned m) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = max(m, __float_as_uint(v[i]) & 0x7fffffffu);
+    return m;
+}
+
+/* ---- sources of fp32 values to quantize ------------------------------- */
+
+/* Where one 8-element vector of a tile lives: output chunk c, block b of the
+ * chunk, element e of the chunk, cnt valid elements (0: none, load nothing). */
+struct Slot {
+    unsigned c, b, cnt;
+    unsigned long long e;
+};
+
+/* Raw dtype input; chunk c of the output reads input chunk src(c): the
+ * identity, or the qgZ reorder (output position dest_local*nodes + node holds
+ * chunk node*local + dest_local). The stochastic element index is the
+ * element's index in the input. */
+template <class D>
+struct RawSrc {
+    const typename D::raw *in;
+    unsigned long long chunk_len;
+    unsigned nodes, local; /* reorder when local > 0 */
+    bool vec;
+
+    /* index in the input of element 0 of output chunk c */
+    __device__ __forceinline__ unsigned long long origin(unsigned c) const {
+        if (local == 0) return (unsigned long long)c * chunk_len;
+        const unsigned dl = c / nodes, node = c - dl * nodes;
+        return (unsigned long long)(node * local + dl) * chunk_len;
+    }
+    template <int N>
+    __device__ __forceinline__ void load(const Slot (&sl)[N], float (&v)[N][8]) const {
+        Raw8 r[N];
+#pragma unroll
+        for (int n = 0; n < N; n++)
+            r[n] = fetch8<D, true>(in + origin(sl[n].c) + sl[n].e, sl[n].cnt, vec);
+#pragma unroll
+        for (int n = 0; n < N; n++) unpack8<D>(r[n], v[n]);
+    }
+};
+
+/* k quantized inputs laid end to end; the value is their fp32 sum in input
+ * order. Chunk c of the output is chunk c of every input. */
+struct DeqSumSrc {
+    QLayout in;                   /* input 0 */
+    unsigned long long in_stride; /* bytes between inputs */
+    unsigned long long chunk_len;
+    int k;
+    bool same_block; /* in block == out block: block index carries over */
+
+    __device__ __forceinline__ unsigned long long origin(unsigned c) const {
+        return (unsigned long long)c * chunk_len;
+    }
+    template <int N>
+    __device__ __forceinline__ void load(const Slot (&sl)[N], float (&v)[N][8]) const {
+        unsigned ib[N];
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            ib[n] = same_block ? sl[n].b : (unsigned)(sl[n].e / in.block);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
+        }
+        QLayout L = in;
+        for (int j = 0; j < k; j++, L.base += in_stride) {
+            uint2 w[N];
+            float sc[N];
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                w[n] = make_uint2(0u, 0u);
+                sc[n] = 0.0f;
+                if (sl[n].cnt) {
+                    w[n] = load_payload(L, sl[n].c, sl[n].e);
+                    sc[n] = load_scale(L, sl[n].c, ib[n]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                float d[8];
+                dequant8(w[n], L.bits, sc[n], d);
+                /* 0 + d == d exactly (d is never -0), so starting the sum at
+                 * 0 matches a reference that starts from input 0. */
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
+            }
+        }
+        /* elements past the chunk's end count as 0 (a NaN scale must not
+         * leak into them through 0 * NaN) */
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            if (sl[n].cnt < 8) {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if ((unsigned)i >= sl[n].cnt) v[n][i] = 0.0f;
+            }
+        }
+    }
+};
+
+/* ---- quantize -------------------------------------------------------- */
+
+struct QDst {
+    QLayout out;
+    unsigned long long chunk_len;
+    unsigned long long pay_end; /* payload bytes written by whole vectors */
+    unsigned nb;                /* blocks per chunk */
+    unsigned n_chunks;
+    unsigned total;             /* n_chunks * nb */
+    int log2T;                  /* group size T = 1 << log2T */
+    float qmax;
+    unsigned long long seed;
+    int *nonfinite;
+};
+
+/* Per-block epilogue of the group's thread 0: the scale, the flag, and for
+ * the last block of a chunk the zero padding after the payload and after the
+ * scales. */
+__device__ __forceinline__ void block_epilogue(const QDst &q, unsigned c, unsigned b,
+                                               const BlockScale &s) {
+    unsigned char *p = q.out.base + (unsigned long long)c * q.out.qbytes;
+    *reinterpret_cast<float *>(p + q.out.scales + 4ull * b) = s.scale;
+    if (s.bad && q.nonfinite) *q.nonfinite = 1;
+    if (b == q.nb - 1) {
+#pragma unroll 1
+        for (unsigned long long x = q.pay_end; x < q.out.scales; x++) p[x] = 0;
+#pragma unroll 1
+        for (unsigned long long x = q.out.scales + 4ull * q.nb; x < q.out.qbytes; x++) p[x] = 0;
+    }
+}
+
+/* Chunk and block of tile `tile` (< total). */
+__device__ __forceinline__ void tile_chunk(unsigned tile, unsigned n_chunks, unsigned per_chunk,
+                                           unsigned *c_p, unsigned *r_p) {
+    unsigned c = 0, r = tile;
+    if (n_chunks > 1) {
+        c = tile / per_chunk;
+        r = tile - c * per_chunk;
+    }
+    *c_p = c, *r_p = r;
+}
+
+/* Register path: block <= 2048 elements. See the file comment. Slot
+ * n = u * VPT + s is vector t + s*T of the u-th tile of the thread's group. */
+template <class Src, int VPT, int U, bool STOCH>
+__global__ void __launch_bounds__(kThreads)
+    k_quantize(const Src src, const QDst q) {
+    constexpr int N = U * VPT;
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned T = 1u << q.log2T, G = 32u >> q.log2T;
+    const unsigned grp = lane >> q.log2T, t = lane & (T - 1);
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
+    const unsigned step = G * U;
+    const unsigned block = q.out.block;
+
+    for (unsigned base = warp * step; base < q.total; base += nwarp * step) {
+        Slot sl[N];
+        unsigned len[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned tile = base + (unsigned)u * G + grp;
+            unsigned c = 0, b = 0, l = 0;
+            if (tile < q.total) {
+                tile_chunk(tile, q.n_chunks, q.nb, &c, &b);
+                const unsigned long long rest = q.chunk_len - (unsigned long long)b * block;
+                l = rest < block ? (unsigned)rest : block;
+            }
+            len[u] = l;
+#pragma unroll
+            for (int s = 0; s < VPT; s++) {
+                const unsigned e = (t + (unsigned)s * T) * 8u;
+                Slot &x = sl[u * VPT + s];
+                x.c = c, x.b = b;
+                x.e = (unsigned long long)b * block + e;
+                x.cnt = e < l ? min(8u, l - e) : 0u;
+            }
+        }
+        float v[N][8];
+        src.load(sl, v);
+        /* absmax per tile: thread, then group */
+        unsigned m[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            m[u] = 0;
+#pragma unroll
+            for (int s = 0; s < VPT; s++) m[u] = absmax_bits8(v[u * VPT + s], m[u]);
+        }
+        for (unsigned off = T >> 1; off > 0; off >>= 1) {
+#pragma unroll
+            for (int u = 0; u < U; u++) m[u] = max(m[u], __shfl_xor_sync(0xffffffffu, m[u], off));
+        }
+        /* quantize and store */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (len[u] == 0) continue;
+            const BlockScale bs = block_scale(m[u], q.qmax);
+            const unsigned c = sl[u * VPT].c;
+            const unsigned long long org = src.origin(c);
+#pragma unroll
+            for (int s = 0; s < VPT; s++) {
+                const Slot &x = sl[u * VPT + s];
+                if (x.cnt) {
+                    const uint2 w = quant8_block<STOCH>(v[u * VPT + s], bs, q.qmax, q.out.bits,
+                                                        q.seed, org + x.e);
+                    store_payload(q.out, c, x.e, w);
+                }
+            }
+            if (t == 0) block_epilogue(q, c, sl[u * VPT].b, bs);
+        }
+    }
+}
+
+/* Large blocks (> 2048 elements): one warp per block, two passes (absmax,
+ * then quantize); the second pass re-reads the block, mostly from L2. */
+template <class Src, bool STOCH>
+__global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const QDst q) {
+    constexpr int S = 4;
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
+    const unsigned block = q.out.block;
+    for (unsigned tile = warp; tile < q.total; tile += nwarp) {
+        unsigned c, b;
+        tile_chunk(tile, q.n_chunks, q.nb, &c, &b);
+        const unsigned long long e0 = (unsigned long long)b * block;
+        const unsigned long long rest = q.chunk_len - e0;
+        const unsigned len = rest < block ? (unsigned)rest : block;
+        const unsigned long long org = src.origin(c);
+        unsigned m = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            BlockScale bs;
+            if (pass == 1) {
+#pragma unroll
+                for (unsigned off = 16; off > 0; off >>= 1)
+                    m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+                bs = block_scale(m, q.qmax);
+            }
+            for (unsigned e1 = 0; e1 < len; e1 += 32u * 8u * S) {
+                Slot sl[S];
+#pragma unroll
+                for (int s = 0; s < S; s++) {
+                    const unsigned e = e1 + (lane + 32u * s) * 8u;
+                    sl[s].c = c, sl[s].b = b, sl[s].e = e0 + e;
+                    sl[s].cnt = e < len ? min(8u, len - e) : 0u;
+                }
+                float v[S][8];
+                src.load(sl, v);
+#pragma unroll
+                for (int s = 0; s < S; s++) {
+                    if (pass == 0) {
+                        m = absmax_bits8(v[s], m);
+                    } else if (sl[s].cnt) {
+                        const uint2 w = quant8_block<STOCH>(v[s], bs, q.qmax, q.out.bits,
+                                                            q.seed, org + sl[s].e);
+                        store_payload(q.out, c, sl[s].e, w);
+                    }
+                }
+            }
+            if (pass == 1 && lane == 0) block_epilogue(q, c, b, bs);
+        }
+    }
+}
+
+/* ---- dequantize ------------------------------------------------------ */
+
+enum DqMode { DQ_STORE = 0, DQ_ACC = 1, DQ_REDUCE = 2 };
+
+/* Tiles: pieces of at most 2048 elements of one block of one chunk. For
+ * DQ_REDUCE the tiles cover one chunk's elements and every chunk is summed
+ * into them. */
+struct DqArgs {
+    QLayout q;
+    unsigned long long chunk_len;
+    unsigned n_chunks;  /* chunks to dequantize, or to sum (DQ_REDUCE) */
+    unsigned per_chunk; /* tiles per chunk = nb * tpb */
+    unsigned tpb;       /* tiles per block */
+    unsigned tile_len;
+    unsigned total;     /* tiles in all */
+    int log2T;
+    void *out;
+    bool vec;    /* out 16-byte aligned and each chunk's output too */
+    float scale; /* DQ_REDUCE */
+};
+
+template <class D, int VPT, int U, int MODE>
+__global__ void __launch_bounds__(kThreads) k_dequant(const DqArgs a) {
+    typedef typename D::raw raw;
+    constexpr int N = U * VPT;
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned T = 1u << a.log2T, G = 32u >> a.log2T;
+    const unsigned grp = lane >> a.log2T, t = lane & (T - 1);
+    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
+    const unsigned step = G * U;
+    const unsigned block = a.q.block;
+    raw *const out = static_cast<raw *>(a.out);
+
+    for (unsigned base = warp * step; base < a.total; base += nwarp * step) {
+        Slot sl[N];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned tile = base + (unsigned)u * G + grp;
+            unsigned c = 0, b = 0, l = 0;
+            unsigned long long e0 = 0;
+            if (tile < a.total) {
+                unsigned r;
+                tile_chunk(tile, MODE == DQ_REDUCE ? 1u : a.n_chunks, a.per_chunk, &c, &r);
+                unsigned p = 0;
+                b = r;
+                if (a.tpb > 1) {
+                    b = r / a.tpb;
+                    p = r - b * a.tpb;
+                }
+                e0 = (unsigned long long)b * block + (unsigned long long)p * a.tile_len;
+                if (e0 < a.chunk_len) {
+                    unsigned long long rest = a.chunk_len - e0;
+                    const unsigned in_block = block - p * a.tile_len;
+                    if (rest > in_block) rest = in_block;
+                    l = rest < a.tile_len ? (unsigned)rest : a.tile_len;
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < VPT; s++) {
+                const unsigned e = (t + (unsigned)s * T) * 8u;
+                Slot &x = sl[u * VPT + s];
+                x.c = c, x.b = b, x.e = e0 + e;
+                x.cnt = e < l ? min(8u, l - e) : 0u;
+            }
+        }
+        float v[N][8];
+        if (MODE == DQ_ACC) {
+            Raw8 r[N];
+#pragma unroll
+            for (int n = 0; n < N; n++)
+                r[n] = fetch8<F32, false>(reinterpret_cast<const float *>(out) + sl[n].e,
+                                          sl[n].cnt, a.vec);
+#pragma unroll
+            for (int n = 0; n < N; n++) unpack8<F32>(r[n], v[n]);
+        } else {
+#pragma unroll
+            for (int n = 0; n < N; n++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
+        }
+        const unsigned n_sum = MODE == DQ_REDUCE ? a.n_chunks : 1u;
+        for (unsigned ci = 0; ci < n_sum; ci++) {
+            uint2 w[N];
+            float sc[N];
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                const unsigned c = MODE == DQ_REDUCE ? ci : sl[n].c;
+                w[n] = make_uint2(0u, 0u);
+                sc[n] = 0.0f;
+                if (sl[n].cnt) {
+                    w[n] = load_payload(a.q, c, sl[n].e);
+                    sc[n] = load_scale(a.q, c, sl[n].b);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                float d[8];
+                dequant8(w[n], a.q.bits, sc[n], d);
+                if (MODE == DQ_STORE) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) v[n][i] = d[i];
+                } else {
+                    /* acc + d; for the reduce 0 + d0 + d1 + ... in chunk
+                     * order (0 + d0 == d0 exactly: d0 is never -0) */
+#pragma unroll
+                    for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            if (sl[n].cnt == 0) continue;
+            if (MODE == DQ_REDUCE) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[n][i] = __fmul_rn(v[n][i], a.scale);
+            }
+            store8<D>(out + (unsigned long long)sl[n].c * a.chunk_len + sl[n].e, sl[n].cnt,
+                      a.vec, v[n]);
+        }
+    }
+}
+
+/* ---- convert --------------------------------------------------------- */
+
+/* out = (DO)(in * scale), 8 elements per vector, 2 vectors per thread in
+ * flight. In place is allowed (DI == DO): each thread reads its elements
+ * before it writes them, through the coherent (L2) path. */
+template <class DI, class DO>
+__global__ void __launch_bounds__(kThreads)
+    k_convert(const typename DI::raw *in, typename DO::raw *out, unsigned long long n,
+              float scale, bool vec) {
+    const unsigned long long nvec = (n + 7) / 8;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < nvec; i += 2 * stride) {
+        Raw8 r[2];
+        unsigned cnt[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const unsigned long long j = i + u * stride;
+            cnt[u] = j < nvec ? (unsigned)min(8ull, n - j * 8) : 0u;
+            r[u] = fetch8<DI, false>(in + j * 8, cnt[u], vec);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (cnt[u] == 0) continue;
+            float v[8];
+            unpack8<DI>(r[u], v);
+            if (scale != 1.0f) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = __fmul_rn(v[k], scale);
+            }
+            store8<DO>(out + (i + u * stride) * 8, cnt[u], vec, v);
+        }
+    }
+}
+
+} /* namespace */
+
+namespace {
+
+/* ==== host side ======================================================== */
+
+zpp_status launch_status(const char *what) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "%s: kernel launch failed: %s (%s)", what,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+    return ZPP_OK;
+}
+
+/* A persistent grid: enough CTAs to fill every SM at the kernel's occupancy,
+ * fewer when there is less work. */
+template <class K>
+zpp_status grid_for(K kernel, unsigned long long warps_needed, const char *what,
+                    unsigned *grid_p) {
+    int dev = 0, sms = 0, occ = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, 0);
+    if (e != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "%s: cannot size the launch: %s; is a CUDA device "
+                         "visible?", what, cudaGetErrorString(e));
+    if (occ < 1) occ = 1;
+    const unsigned long long ctas = (warps_needed + kThreads / 32 - 1) / (kThreads / 32);
+    unsigned long long grid = (unsigned long long)sms * (unsigned long long)occ;
+    if (ctas < grid) grid = ctas;
+    *grid_p = grid ? (unsigned)grid : 1u;
+    return ZPP_OK;
+}
+
+unsigned long long round_up(unsigned long long x, unsigned long long m) {
+    return (x + m - 1) / m * m;
+}
+
+int log2_ceil(unsigned x) {
+    int l = 0;
+    while ((1u << l) < x) l++;
+    return l;
+}
+
+/* Threads per tile and vectors per thread for a tile of `len` elements
+ * (<= 2048): up to 32 vectors one per thread, beyond that a whole warp. */
+void tile_shape(unsigned len, int *log2T_p, int *vpt_p) {
+    const unsigned nv = (len + 7) / 8;
+    if (nv <= 32) {
+        *log2T_p = log2_ceil(nv ? nv : 1);
+        *vpt_p = 1;
+    } else {
+        *log2T_p = 5;
+        *vpt_p = nv <= 64 ? 2 : nv <= 128 ? 4 : 8;
+    }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+zpp_status check_dtype(zpp_dtype d, const char *what) {
+    if (d != ZPP_FP32 && d != ZPP_BF16 && d != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use ZPP_FP32, ZPP_BF16 or "
+                         "ZPP_FP16", what, (int)d);
+    return ZPP_OK;
+}
+
+zpp_status check_qptr(const void *p, const char *what, const char *name) {
+    if (!p) return zpp_error(ZPP_ERR_INVALID, "%s: %s is NULL", what, name);
+    if (!aligned16(p))
+        return zpp_error(ZPP_ERR_INVALID, "%s: quantized buffer %s at %p is not 16-byte "
+                         "aligned; the wire layout needs it (cudaMalloc memory is)", what,
+                         name, p);
+    return ZPP_OK;
+}
+
+/* Fills the quantized-side description of chunks of chunk_len elements. */
+QLayout make_layout(const void *base, size_t chunk_len, const zpp_quant_spec *spec) {
+    QLayout L;
+    L.base = static_cast<unsigned char *>(const_cast<void *>(base));
+    L.qbytes = zpp_quant_bytes(chunk_len, spec);
+    L.scales = zpp_quant_scales_offset(chunk_len, spec->bits);
+    L.block = (unsigned)spec->block;
+    L.bits = spec->bits;
+    return L;
+}
+
+/* Launch geometry of a quantize. */
+zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_quant_spec *spec,
+                     int *nonfinite, const char *what, QDst *q_p, unsigned *tile_len_p) {
+    QDst q;
+    q.out = make_layout(out, chunk_len, spec);
+    q.chunk_len = chunk_len;
+    const unsigned long long r8 = round_up(chunk_len, 8);
+    q.pay_end = spec->bits == 8 ? r8 : r8 / 2;
+    const unsigned long long nb = zpp_quant_num_blocks(chunk_len, spec->block);
+    const unsigned long long total = nb * n_chunks;
+    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len > (1ull << 48))
+        return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements make %llu blocks; "
+                         "the kernels handle fewer than 2^31, use a larger block", what,
+                         n_chunks, chunk_len, total);
+    q.nb = (unsigned)nb;
+    q.n_chunks = (unsigned)n_chunks;
+    q.total = (unsigned)total;
+    q.qmax = spec->bits == 8 ? 127.0f : 7.0f;
+    q.seed = spec->stochastic ? spec->seed : 0;
+    q.nonfinite = nonfinite;
+    const unsigned long long tl = r8 < spec->block ? r8 : spec->block;
+    int vpt;
+    tile_shape(tl <= kMaxRegTile ? (unsigned)tl : kMaxRegTile, &q.log2T, &vpt);
+    *tile_len_p = (unsigned)tl;
+    *q_p = q;
+    return ZPP_OK;
+}
+
+template <class Src, int VPT, bool STOCH>
+zpp_status launch_quant_vpt(const Src &src, const QDst &q, cudaStream_t st, const char *what) {
+    constexpr int U = VPT >= 4 ? 1 : 4 / VPT;
+    auto kern = k_quantize<Src, VPT, U, STOCH>;
+    const unsigned G = 32u >> q.log2T;
+    unsigned grid;
+    ZPP_CHECK(grid_for(kern, (q.total + G * U - 1) / (G * U), what, &grid));
+    kern<<<grid, kThreads, 0, st>>>(src, q);
+    return launch_status(what);
+}
+
+template <class Src, bool STOCH>
+zpp_status launch_quant_st(const Src &src, const QDst &q, unsigned tile_len, cudaStream_t st,
+                           const char *what) {
+    if (tile_len > kMaxRegTile) {
+        auto kern = k_quantize_big<Src, STOCH>;
+        unsigned grid;
+        ZPP_CHECK(grid_for(kern, q.total, what, &grid));
+        kern<<<grid, kThreads, 0, st>>>(src, q);
+        return launch_status(what);
+    }
+    int log2T, vpt;
+    tile_shape(tile_len, &log2T, &vpt);
+    switch (vpt) {
+    case 1: return launch_quant_vpt<Src, 1, STOCH>(src, q, st, what);
+    case 2: return launch_quant_vpt<Src, 2, STOCH>(src, q, st, what);
+    case 4: return launch_quant_vpt<Src, 4, STOCH>(src, q, st, what);
+    default: return launch_quant_vpt<Src, 8, STOCH>(src, q, st, what);
+    }
+}
+
+template <class Src>
+zpp_status launch_quant(const Src &src, const QDst &q, unsigned tile_len, bool stoch,
+                        cudaStream_t st, const char *what) {
+    if (q.total == 0) return ZPP_OK;
+    return stoch ? launch_quant_st<Src, true>(src, q, tile_len, st, what)
+                 : launch_quant_st<Src, false>(src, q, tile_len, st, what);
+}
+
+template <class D>
+zpp_status quantize_raw(const void *in, size_t n_chunks, size_t chunk_len, int nodes,
+                        int local, const zpp_quant_spec *spec, void *out, int *nonfinite,
+                        cudaStream_t st, const char *what) {
+    QDst q;
+    unsigned tile_len;
+    ZPP_CHECK(make_qdst(out, n_chunks, chunk_len, spec, nonfinite, what, &q, &tile_len));
+    RawSrc<D> src;
+    src.in = static_cast<const typename D::raw *>(in);
+    src.chunk_len = chunk_len;
+    src.nodes = (unsigned)nodes;
+    src.local = (unsigned)local;
+    src.vec = aligned16(in) && ((unsigned long long)chunk_len * D::size) % 16 == 0;
+    return launch_quant(src, q, tile_len, spec->stochastic != 0, st, what);
+}
+
+zpp_status quantize_dispatch(const void *in, zpp_dtype dtype, size_t n_chunks,
+                             size_t chunk_len, int nodes, int local,
+                             const zpp_quant_spec *spec, void *out, int *nonfinite,
+                             cudaStream_t st, const char *what) {
+    ZPP_CHECK(check_dtype(dtype, what));
+    ZPP_CHECK(zpp_quant_spec_check(spec));
+    if (n_chunks == 0 || chunk_len == 0) return ZPP_OK;
+    if (!in) return zpp_error(ZPP_ERR_INVALID, "%s: input is NULL", what);
+    ZPP_CHECK(check_qptr(out, what, "out"));
+    switch (dtype) {
+    case ZPP_BF16:
+        return quantize_raw<BF16>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
+                                  st, what);
+    case ZPP_FP16:
+        return quantize_raw<FP16>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
+                                  st, what);
+    default:
+        return quantize_raw<F32>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
+                                 st, what);
+    }
+}
+
+/* Launch geometry of a dequantize over n_chunks chunks (or, for the reduce,
+ * over one chunk's elements). */
+zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t chunk_len,
+                   const zpp_quant_spec *spec, void *out, bool vec, float scale,
+                   const char *what, DqArgs *a_p, int *vpt_p) {
+    DqArgs a;
+    a.q = make_layout(q, chunk_len, spec);
+    a.chunk_len = chunk_len;
+    const unsigned long long r8 = round_up(chunk_len, 8);
+    const unsigned long long eff = r8 < spec->block ? r8 : spec->block;
+    const unsigned long long tl = eff < kMaxRegTile ? eff : kMaxRegTile;
+    const unsigned long long tpb = (eff + tl - 1) / tl;
+    const unsigned long long nb = zpp_quant_num_blocks(chunk_len, spec->block);
+    const unsigned long long per_chunk = nb * tpb;
+    const unsigned long long total = per_chunk * n_tile_chunks;
+    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len > (1ull << 48))
+        return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements are too many "
+                         "pieces (%llu) for one launch; split the call", what, n_chunks,
+                         chunk_len, total);
+    a.n_chunks = (unsigned)n_chunks;
+    a.per_chunk = (unsigned)per_chunk;
+    a.tpb = (unsigned)tpb;
+    a.tile_len = (unsigned)tl;
+    a.total = (unsigned)total;
+    tile_shape(a.tile_len, &a.log2T, vpt_p);
+    a.out = out;
+    a.vec = vec;
+    a.scale = scale;
+    *a_p = a;
+    return ZPP_OK;
+}
+
+template <class D, int MODE, int VPT>
+zpp_status launch_dq_vpt(const DqArgs &a, cudaStream_t st, const char *what) {
+    constexpr int U = VPT >= 4 ? 1 : 4 / VPT;
+    auto kern = k_dequant<D, VPT, U, MODE>;
+    const unsigned G = 32u >> a.log2T;
+    unsigned grid;
+    ZPP_CHECK(grid_for(kern, (a.total + G * U - 1) / (G * U), what, &grid));
+    kern<<<grid, kThreads, 0, st>>>(a);
+    return launch_status(what);
+}
+
+template <class D, int MODE>
+zpp_status launch_dq(const DqArgs &a, int vpt, cudaStream_t st, const char *what) {
+    if (a.total == 0) return ZPP_OK;
+    switch (vpt) {
+    case 1: return launch_dq_vpt<D, MODE, 1>(a, st, what);
+    case 2: return launch_dq_vpt<D, MODE, 2>(a, st, what);
+    case 4: return launch_dq_vpt<D, MODE, 4>(a, st, what);
+    default: return launch_dq_vpt<D, MODE, 8>(a, st, what);
+    }
+}
+
+template <class DI>
+zpp_status convert_from(const void *in, void *out, zpp_dtype out_dtype, size_t n, float scale,
+                        bool vec, cudaStream_t st, const char *what) {
+    const typename DI::raw *i = static_cast<const typename DI::raw *>(in);
+    const unsigned long long nvec = (n + 7) / 8;
+    unsigned grid;
+    switch (out_dtype) {
+    case ZPP_BF16: {
+        auto kern = k_convert<DI, BF16>;
+        ZPP_CHECK(grid_for(kern, (nvec + 63) / 64, what, &grid));
+        kern<<<grid, kThreads, 0, st>>>(i, static_cast<uint16_t *>(out), n, scale, vec);
+        break;
+    }
+    case ZPP_FP16: {
+        auto kern = k_convert<DI, FP16>;
+        ZPP_CHECK(grid_for(kern, (nvec + 63) / 64, what, &grid));
+        kern<<<grid, kThreads, 0, st>>>(i, static_cast<uint16_t *>(out), n, scale, vec);
+        break;
+    }
+    default: {
+        auto kern = k_convert<DI, F32>;
+        ZPP_CHECK(grid_for(kern, (nvec + 63) / 64, what, &grid));
+        kern<<<grid, kThreads, 0, st>>>(i, static_cast<float *>(out), n, scale, vec);
+        break;
+    }
+    }
+    return launch_status(what);
+}
+
+} /* namespace */
+
+/* ==== public entry points (quant_cuda.h) =============================== */
+
+extern "C" zpp_status zpp_cuda_quantize_chunks(const void *in, zpp_dtype dtype, size_t n_chunks,
+                                               size_t chunk_len, const zpp_quant_spec *spec,
+                                               void *out, int *nonfinite_dev, void *stream) {
+    return quantize_dispatch(in, dtype, n_chunks, chunk_len, 0, 0, spec, out, nonfinite_dev,
+                             static_cast<cudaStream_t>(stream), "cuda quantize");
+}
+
+extern "C" zpp_status zpp_cuda_reorder_quantize(const void *in, zpp_dtype dtype,
+                                                size_t chunk_len, int nodes, int local,
+                                                const zpp_quant_spec *spec, void *out,
+                                                int *nonfinite_dev, void *stream) {
+    const char *what = "cuda reorder-quantize";
+    if (nodes < 1 || local < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
+                         nodes, local);
+    return quantize_dispatch(in, dtype, (size_t)nodes * (size_t)local, chunk_len, nodes, local,
+                             spec, out, nonfinite_dev, static_cast<cudaStream_t>(stream), what);
+}
+
+extern "C" zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t n_chunks,
+                                                   size_t chunk_len,
+                                                   const zpp_quant_spec *in_spec,
+                                                   const zpp_quant_spec *out_spec, void *out,
+                                                   int *nonfinite_dev, void *stream) {
+    const char *what = "cuda dequant-sum-requant";
+    ZPP_CHECK(zpp_quant_spec_check(in_spec));
+    ZPP_CHECK(zpp_quant_spec_check(out_spec));
+    if (k < 1) return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
+    if (n_chunks == 0 || chunk_len == 0) return ZPP_OK;
+    ZPP_CHECK(check_qptr(in, what, "in"));
+    ZPP_CHECK(check_qptr(out, what, "out"));
+    QDst q;
+    unsigned tile_len;
+    ZPP_CHECK(make_qdst(out, n_chunks, chunk_len, out_spec, nonfinite_dev, what, &q, &tile_len));
+    DeqSumSrc src;
+    src.in = make_layout(in, chunk_len, in_spec);
+    src.in_stride = src.in.qbytes * n_chunks;
+    src.chunk_len = chunk_len;
+    src.k = k;
+    src.same_block = in_spec->block == out_spec->block;
+    return launch_quant(src, q, tile_len, out_spec->stochastic != 0,
+                        static_cast<cudaStream_t>(stream), what);
+}
+
+extern "C" zpp_status zpp_cuda_dequantize_chunks(const void *q, size_t n_chunks,
+                                                 size_t chunk_len, const zpp_quant_spec *spec,
+                                                 zpp_dtype dtype, void *out, void *stream) {
+    const char *what = "cuda dequantize";
+    ZPP_CHECK(check_dtype(dtype, what));
+    ZPP_CHECK(zpp_quant_spec_check(spec));
+    if (n_chunks == 0 || chunk_len == 0) return ZPP_OK;
+    ZPP_CHECK(check_qptr(q, what, "q"));
+    if (!out) return zpp_error(ZPP_ERR_INVALID, "%s: out is NULL", what);
+    const bool vec = aligned16(out) && ((unsigned long long)chunk_len * zpp_dtype_size(dtype)) %
+                                               16 == 0;
+    DqArgs a;
+    int vpt;
+    ZPP_CHECK(make_dq(q, n_chunks, n_chunks, chunk_len, spec, out, vec, 1.0f, what, &a, &vpt));
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (dtype) {
+    case ZPP_BF16: return launch_dq<BF16, DQ_STORE>(a, vpt, st, what);
+    case ZPP_FP16: return launch_dq<FP16, DQ_STORE>(a, vpt, st, what);
+    default: return launch_dq<F32, DQ_STORE>(a, vpt, st, what);
+    }
+}
+
+extern "C" zpp_status zpp_cuda_dequantize_accumulate(const void *q, size_t n,
+                                                     const zpp_quant_spec *spec, float *acc,
+                                                     void *stream) {
+    const char *what = "cuda dequantize-accumulate";
+    ZPP_CHECK(zpp_quant_spec_check(spec));
+    if (n == 0) return ZPP_OK;
+    ZPP_CHECK(check_qptr(q, what, "q"));
+    if (!acc) return zpp_error(ZPP_ERR_INVALID, "%s: acc is NULL", what);
+    DqArgs a;
+    int vpt;
+    ZPP_CHECK(make_dq(q, 1, 1, n, spec, acc, aligned16(acc), 1.0f, what, &a, &vpt));
+    return launch_dq<F32, DQ_ACC>(a, vpt, static_cast<cudaStream_t>(stream), what);
+}
+
+extern "C" zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
+                                              const zpp_quant_spec *spec, float scale,
+                                              float *out, void *stream) {
+    const char *what = "cuda dequant-reduce";
+    ZPP_CHECK(zpp_quant_spec_check(spec));
+    if (chunk_len == 0) return ZPP_OK;
+    if (!out) return zpp_error(ZPP_ERR_INVALID, "%s: out is NULL", what);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (n_chunks == 0) { /* an empty sum */
+        const cudaError_t e = cudaMemsetAsync(out, 0, chunk_len * sizeof(float), st);
+        if (e != cudaSuccess)
+            return zpp_error(ZPP_ERR_CUDA, "%s: clearing the output failed: %s", what,
+                             cudaGetErrorString(e));
+        return ZPP_OK;
+    }
+    ZPP_CHECK(check_qptr(q, what, "q"));
+    DqArgs a;
+    int vpt;
+    ZPP_CHECK(make_dq(q, 1, n_chunks, chunk_len, spec, out, aligned16(out), scale, what, &a,
+                      &vpt));
+    return launch_dq<F32, DQ_REDUCE>(a, vpt, st, what);
+}
+
+extern "C" zpp_status zpp_cuda_convert(const void *in, zpp_dtype in_dtype, void *out,
+                                       zpp_dtype out_dtype, size_t n, float scale,
+                                       void *stream) {
+    const char *what = "cuda convert";
+    ZPP_CHECK(check_dtype(in_dtype, what));
+    ZPP_CHECK(check_dtype(out_dtype, what));
+    if (n == 0) return ZPP_OK;
+    if (!in || !out) return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer", what);
+    if (in == out && in_dtype != out_dtype)
+        return zpp_error(ZPP_ERR_INVALID, "%s: in place only when the dtypes are equal (%s -> "
+                         "%s)", what, zpp_dtype_name(in_dtype), zpp_dtype_name(out_dtype));
+    const bool vec = aligned16(in) && aligned16(out);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (in_dtype) {
+    case ZPP_BF16: return convert_from<BF16>(in, out, out_dtype, n, scale, vec, st, what);
+    case ZPP_FP16: return convert_from<FP16>(in, out, out_dtype, n, scale, vec, st, what);
+    default: return convert_from<F32>(in, out, out_dtype, n, scale, vec, st, what);
+    }
+}

@@ -1,0 +1,196 @@
+/* train/config.h — the trainer's configuration: a DeepSpeed-style JSON file.
+ *
+ * Keys carry DeepSpeed's names wherever DeepSpeed has one, so a DeepSpeed
+ * user's ds_config.json carries over; what DeepSpeed has no key for lives in
+ * a "zeropp" object (DeepSpeed ignores unknown top-level objects, so one
+ * file can serve both) plus the top-level "model" object. Every key is
+ * optional; a missing key keeps its current value (zpp_train_config_defaults
+ * first, then each loaded file/string on top).
+ *
+ *  key (path)                               type      default  notes
+ *  ---------------------------------------  --------  -------  -----------------------------
+ *  train_batch_size                         int       derived  DeepSpeed: = micro*accum*world
+ *  train_micro_batch_size_per_gpu           int       derived  sequences per rank per micro-step
+ *  gradient_accumulation_steps              int       derived  micro-steps per optimizer step
+ *  steps_per_print                          int       10       log every N steps (0 = never)
+ *  gradient_clipping                        number    0        global L2 norm clip; 0 = off
+ *  optimizer.type                           string    AdamW    only "AdamW" (any case)
+ *  optimizer.params.lr                      number    1e-3     > 0
+ *  optimizer.params.betas                   [b1,b2]   [0.9,0.999]  each in [0,1)
+ *  optimizer.params.eps                     number    1e-8     > 0
+ *  optimizer.params.weight_decay            number    0.01     >= 0, decoupled (AdamW)
+ *  scheduler.type                           string    (none)   WarmupLR | WarmupDecayLR |
+ *                                                              WarmupCosineLR; absent = constant lr
+ *  scheduler.params.warmup_num_steps        int       1000     >= 0
+ *  scheduler.params.warmup_type             string    "log"    "log" | "linear" (DeepSpeed default log)
+ *  scheduler.params.warmup_min_lr           number    0        WarmupLR, WarmupDecayLR
+ *  scheduler.params.warmup_max_lr           number    1e-3     WarmupLR, WarmupDecayLR
+ *  scheduler.params.total_num_steps         int       0        WarmupDecayLR, WarmupCosineLR;
+ *                                                              0 = zeropp.train_steps
+ *  scheduler.params.warmup_min_ratio        number    0        WarmupCosineLR, in [0,1]
+ *  scheduler.params.cos_min_ratio           number    1e-4     WarmupCosineLR, in [0,1]
+ *  bf16.enabled                             bool      false    gathered params / compute in bf16
+ *  fp16.enabled                             bool      false    true is rejected: use bf16
+ *  zero_optimization.stage                  int       3        only 3 (zeropp implements stage 3)
+ *  zero_optimization.zero_quantized_weights bool      false    qwZ
+ *  zero_optimization.zero_hpz_partition_size int      1        hpZ: >1 enables it with this many
+ *                                                              ranks per node (also the emulated
+ *                                                              node size); 1 = off
+ *  zero_optimization.zero_quantized_gradients bool    false    qgZ
+ *  --- zeropp extensions (no DeepSpeed equivalent) ---
+ *  model.n_layer / n_head / n_embd          int       2/4/64   n_embd % n_head == 0
+ *  model.seq_len                            int       64       T, tokens per sequence
+ *  model.vocab_size                         int       256      256 = raw bytes
+ *  zeropp.train_steps                       int       200      optimizer steps to run
+ *  zeropp.seed                              int       1234     init + data order, >= 0
+ *  zeropp.eval_every                        int       50       validate every N steps; 0 = never
+ *  zeropp.eval_batches                      int       4        micro-batches per validation
+ *
+ * Accepted and ignored (tuning knobs of DeepSpeed's own engine that do not
+ * change the mathematics; listed in cfg->ignored so the tool can say so):
+ * wall_clock_breakdown, and under zero_optimization: overlap_comm,
+ * contiguous_gradients, reduce_bucket_size, allgather_bucket_size,
+ * reduce_scatter, allgather_partitions, sub_group_size,
+ * stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
+ * stage3_max_live_parameters, stage3_max_reuse_distance,
+ * stage3_gather_16bit_weights_on_model_save. Any other key is an error.
+ *
+ * LEARNING RATE at 0-based optimizer step s (s = 0 is the first update;
+ * W = warmup_num_steps, N = total_num_steps or zeropp.train_steps if 0):
+ *   warm-up fraction  g(s) = s / W (linear) or ln(s + 1) / ln(max(W, 2)) (log),
+ *                     for s < W; g = 1 from s = W on.
+ *   (none)          lr(s) = optimizer lr
+ *   WarmupLR        lr(s) = min_lr + (max_lr - min_lr) * g(s); constant max_lr after W
+ *   WarmupDecayLR   as WarmupLR for s < W, then max_lr * max(0, (N - s) / (N - W))
+ *   WarmupCosineLR  lr(s) = lr * r(s) with, for s < W,
+ *                        r = warmup_min_ratio + (1 - warmup_min_ratio) * g(s)
+ *                   and for s >= W, with p = min(1, (s - W) / (N - W)),
+ *                        r = cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi p)) / 2
+ *                   i.e. linear/log warm-up to lr, half a cosine down to
+ *                   lr * cos_min_ratio at s = N, flat after it.
+ * As in DeepSpeed, WarmupLR/WarmupDecayLR set the lr themselves (the
+ * optimizer's lr is not used) and WarmupCosineLR scales the optimizer's lr.
+ * (DeepSpeed's cosine phase is offset by one step and rises again past N;
+ * ours is clamped at the floor.)
+ *
+ * STATUS CODES: ZPP_ERR_IO (file cannot be read: path + strerror),
+ * ZPP_ERR_FORMAT (malformed JSON: file, line:column), ZPP_ERR_CONFIG
+ * (unknown key, wrong type, value out of range, inconsistent batch sizes:
+ * the message names the key by its dotted path), ZPP_ERR_UNSUPPORTED (valid
+ * DeepSpeed settings zeropp does not implement: fp16, stage != 3, an
+ * optimizer other than AdamW, an unknown scheduler type). */
+#ifndef ZPP_TRAIN_CONFIG_H
+#define ZPP_TRAIN_CONFIG_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum zpp_sched_type {
+    ZPP_SCHED_NONE = 0,          /* constant optimizer lr */
+    ZPP_SCHED_WARMUP_LR = 1,     /* DeepSpeed "WarmupLR" */
+    ZPP_SCHED_WARMUP_DECAY_LR = 2, /* DeepSpeed "WarmupDecayLR" */
+    ZPP_SCHED_WARMUP_COSINE_LR = 3 /* DeepSpeed "WarmupCosineLR" */
+} zpp_sched_type;
+
+typedef enum zpp_warmup_type { ZPP_WARMUP_LOG = 0, ZPP_WARMUP_LINEAR = 1 } zpp_warmup_type;
+
+#define ZPP_TRAIN_DEFAULT_MICRO_BATCH 8 /* when no batch key is given at all */
+#define ZPP_TRAIN_IGNORED_CAP 512
+
+typedef struct zpp_train_config {
+    /* ---- batch (0 = not given; zpp_train_config_resolve fills all three) */
+    int train_batch_size;               /* sequences per optimizer step, all ranks */
+    int train_micro_batch_size_per_gpu; /* B: sequences per rank per micro-step */
+    int gradient_accumulation_steps;    /* micro-steps per optimizer step */
+
+    /* ---- optimizer: AdamW (decoupled weight decay) */
+    struct {
+        double lr, beta1, beta2, eps, weight_decay;
+    } optimizer;
+
+    /* ---- learning-rate schedule (see the table above) */
+    struct {
+        zpp_sched_type type;
+        zpp_warmup_type warmup_type;
+        int warmup_num_steps;
+        int total_num_steps; /* 0: use train_steps */
+        double warmup_min_lr, warmup_max_lr;       /* WarmupLR, WarmupDecayLR */
+        double warmup_min_ratio, cos_min_ratio;    /* WarmupCosineLR */
+    } scheduler;
+
+    double gradient_clipping; /* max global grad L2 norm; 0 = off */
+    int bf16;                 /* 1: bf16 working params; 0: fp32 */
+
+    /* ---- ZeRO: always stage 3, with the ZeRO++ options */
+    struct {
+        int stage;                /* always 3 after a successful load */
+        int quantized_weights;    /* qwZ */
+        int hpz_partition_size;   /* hpZ node size; 1 = off */
+        int quantized_gradients;  /* qgZ */
+    } zero;
+
+    zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size */
+
+    /* ---- zeropp extensions */
+    int train_steps;
+    uint64_t seed;
+    int eval_every;      /* 0 = never */
+    int eval_batches;
+    int steps_per_print; /* DeepSpeed key; 0 = never */
+
+    /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
+    char ignored[ZPP_TRAIN_IGNORED_CAP];
+} zpp_train_config;
+
+/* Fills *cfg with the defaults of the table above (a small GPT that trains
+ * on a CPU in a demo). Batch sizes are left 0 (= derive). */
+zpp_status zpp_train_config_defaults(zpp_train_config *cfg);
+
+/* Parses a JSON file and applies it over the current values of *cfg, then
+ * validates the result. On any error *cfg is left untouched. */
+zpp_status zpp_train_config_load_file(const char *path, zpp_train_config *cfg);
+
+/* The same for a JSON text (messages name the source "<string>"). */
+zpp_status zpp_train_config_load_string(const char *json, zpp_train_config *cfg);
+
+/* Checks every value range (model shape, optimizer, schedule, ZeRO);
+ * independent of the world size. Called by the loaders. ZPP_ERR_CONFIG or
+ * ZPP_ERR_UNSUPPORTED naming the key. */
+zpp_status zpp_train_config_validate(const zpp_train_config *cfg);
+
+/*
+ * Fixes the batch geometry for `world_size` ranks with DeepSpeed's rules
+ * (TBS = train_batch_size, MB = micro, GAS = accumulation, W = world):
+ *   all three given      TBS == MB * GAS * W, else an error
+ *   TBS, MB              GAS = TBS / (MB * W), must divide exactly
+ *   TBS, GAS             MB  = TBS / (GAS * W), must divide exactly
+ *   MB, GAS / MB alone   TBS = MB * GAS * W (GAS = 1 if not given)
+ *   TBS alone            GAS = 1, MB = TBS / W, must divide exactly
+ *   GAS alone / none     MB = ZPP_TRAIN_DEFAULT_MICRO_BATCH, GAS = 1 if not given
+ * and checks that zero.hpz_partition_size divides world_size. On success all
+ * three batch fields are set (> 0); on error *cfg is untouched and the
+ * message reads e.g. "train_batch_size 10 is not divisible by micro-batch 4 x
+ * world 2". Resolving an already-resolved config for the same world is a
+ * no-op; for another world it fails the consistency check, so keep the
+ * loaded config and resolve a copy if the world may change.
+ */
+zpp_status zpp_train_config_resolve(zpp_train_config *cfg, int world_size);
+
+/* Learning rate of 0-based optimizer step `step` (formula above). A pure
+ * function of the config; steps < 0 are treated as 0. */
+double zpp_train_lr(const zpp_train_config *cfg, long step);
+
+/* "WarmupCosineLR" etc.; "none" for ZPP_SCHED_NONE. */
+const char *zpp_sched_type_name(zpp_sched_type type);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

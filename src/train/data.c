@@ -1,0 +1,461 @@
+/* train/data.c — token sources and deterministic batching (see data.h). */
+#include "train/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+struct zpp_data {
+    zpp_data_kind kind;
+    const uint8_t *tok; /* first token; elem bytes each, little-endian */
+    int elem;           /* 1 (raw text, synthetic) or 2 (llm.c uint16) */
+    size_t n, n_train, n_val;
+    size_t K, K_val; /* training / validation windows */
+    size_t slack;    /* n_train - 1 - K * T: room to shift the window grid */
+    int T, vocab, micro, accum;
+    uint64_t seed;
+    void *map;       /* mmap'd file, or NULL */
+    size_t map_len;
+    uint8_t *owned;  /* synthetic corpus, or NULL */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Hashing and the keyed permutation                                         */
+/* ------------------------------------------------------------------------ */
+
+/* splitmix64's finaliser: a bijective 64-bit mixer, good avalanche. */
+static uint64_t zpp__mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t zpp__key(uint64_t seed, uint64_t epoch, uint64_t what) {
+    return zpp__mix(zpp__mix(seed ^ (what * 0xd1342543de82ef95ull)) + epoch);
+}
+
+/* A Feistel network on 2h-bit integers: split x into halves (L, R), then
+ * four rounds of (L, R) <- (R, L xor F(R)). Each round is invertible
+ * whatever F is (L = R' xor F(L')), so the whole map is a bijection of
+ * [0, 4^h): a pseudo-random permutation chosen by `key`, with no table. */
+static uint64_t zpp__feistel(uint64_t x, int h, uint64_t key) {
+    const uint64_t mask = (1ull << h) - 1;
+    uint64_t L = x >> h, R = x & mask;
+    for (uint64_t round = 0; round < 4; round++) {
+        uint64_t F = zpp__mix(R ^ zpp__mix(key + round)) & mask;
+        uint64_t nl = R;
+        R = L ^ F;
+        L = nl;
+    }
+    return (L << h) | R;
+}
+
+/* A permutation of [0, K) by cycle-walking: apply the permutation of the
+ * enclosing [0, 4^h) until the value lands inside [0, K). Following the
+ * cycle of i inside the big permutation reaches the next element of [0, K)
+ * on that cycle, which keeps the map one-to-one. 4^h < 4K, so the expected
+ * number of walks is below 4. */
+static uint64_t zpp__permute(uint64_t i, uint64_t K, uint64_t key) {
+    int h = 1;
+    while (h < 32 && (1ull << (2 * h)) < K) h++;
+    uint64_t y = i;
+    do {
+        y = zpp__feistel(y, h, key);
+    } while (y >= K);
+    return y;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Token access                                                              */
+/* ------------------------------------------------------------------------ */
+
+static inline int32_t zpp__tok(const zpp_data *d, size_t i) {
+    if (d->elem == 1) return d->tok[i];
+    const uint8_t *p = d->tok + 2 * i;
+    return (int32_t)(p[0] | (uint32_t)p[1] << 8);
+}
+
+static void zpp__read_seq(const zpp_data *d, size_t start, int32_t *tokens, int32_t *targets) {
+    for (int t = 0; t < d->T; t++) {
+        tokens[t] = zpp__tok(d, start + (size_t)t);
+        targets[t] = zpp__tok(d, start + (size_t)t + 1);
+    }
+}
+
+static uint32_t zpp__le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The synthetic corpus                                                      */
+/* ------------------------------------------------------------------------ */
+/*
+ * A word-level Markov chain spelled out in letters. 48 words of 2-6 letters
+ * (random, distinct); each word has 3 successors taken with probability
+ * 0.6 / 0.3 / 0.1; after each word the sentence ends with probability 0.2
+ * ('.' then '\n' with probability 0.25, else ' '), and a new sentence
+ * starts with one of 6 starter words. Entropy per word ~ H(0.6,0.3,0.1)
+ * + H(0.2) ~ 0.90 + 0.50 nats over ~5 tokens, so a model that has learned
+ * the spellings and the chain reaches ~0.3 nats/token, while the unigram
+ * entropy of the letters is ~3 nats: plenty of signal for a small GPT.
+ */
+#define ZPP__SYN_WORDS 48
+#define ZPP__SYN_SUCC 3
+#define ZPP__SYN_STARTERS 6
+#define ZPP__SYN_SEED 0x7a65726f70702121ull /* fixed: the same text for every config */
+
+static uint64_t zpp__rng_next(uint64_t *s) {
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t x = *s;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [0, 1) from the top 53 bits. */
+static double zpp__rng_unit(uint64_t *s) { return (double)(zpp__rng_next(s) >> 11) * 0x1.0p-53; }
+
+static void zpp__synth_generate(uint8_t *out, size_t n) {
+    uint64_t s = ZPP__SYN_SEED;
+    char words[ZPP__SYN_WORDS][8];
+    int len[ZPP__SYN_WORDS];
+    for (int w = 0; w < ZPP__SYN_WORDS; w++) {
+        for (;;) {
+            len[w] = 2 + (int)(zpp__rng_next(&s) % 5);
+            for (int i = 0; i < len[w]; i++) words[w][i] = (char)('a' + zpp__rng_next(&s) % 26);
+            words[w][len[w]] = '\0';
+            int dup = 0;
+            for (int v = 0; v < w; v++) dup |= strcmp(words[v], words[w]) == 0;
+            if (!dup) break;
+        }
+    }
+    int succ[ZPP__SYN_WORDS][ZPP__SYN_SUCC];
+    for (int w = 0; w < ZPP__SYN_WORDS; w++) {
+        for (int k = 0; k < ZPP__SYN_SUCC; k++) {
+            int v, dup;
+            do {
+                v = (int)(zpp__rng_next(&s) % ZPP__SYN_WORDS);
+                dup = 0;
+                for (int q = 0; q < k; q++) dup |= succ[w][q] == v;
+            } while (dup);
+            succ[w][k] = v;
+        }
+    }
+    static const double cum[ZPP__SYN_SUCC] = {0.6, 0.9, 1.0};
+    size_t i = 0;
+    int w = (int)(zpp__rng_next(&s) % ZPP__SYN_STARTERS);
+    while (i < n) {
+        for (int c = 0; c < len[w] && i < n; c++) out[i++] = (uint8_t)words[w][c];
+        if (i >= n) break;
+        if (zpp__rng_unit(&s) < 0.2) {
+            out[i++] = '.';
+            if (i < n) out[i++] = zpp__rng_unit(&s) < 0.25 ? '\n' : ' ';
+            w = (int)(zpp__rng_next(&s) % ZPP__SYN_STARTERS);
+        } else {
+            out[i++] = ' ';
+            double u = zpp__rng_unit(&s);
+            int k = 0;
+            while (k < ZPP__SYN_SUCC - 1 && u >= cum[k]) k++;
+            w = succ[w][k];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening                                                                   */
+/* ------------------------------------------------------------------------ */
+
+const char *zpp_data_kind_name(zpp_data_kind kind) {
+    switch (kind) {
+    case ZPP_DATA_LLMC: return "llm.c";
+    case ZPP_DATA_RAW_TEXT: return "raw text";
+    case ZPP_DATA_SYNTHETIC: return "synthetic";
+    }
+    return "unknown";
+}
+
+/* Maps `path` read-only; an empty file is refused (mmap cannot map 0 bytes,
+ * and there is nothing to train on). */
+static zpp_status zpp__map_file(const char *path, void **map_p, size_t *len_p) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return zpp_error(ZPP_ERR_IO, "cannot open data '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return zpp_error(ZPP_ERR_IO, "cannot stat data '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return zpp_error(ZPP_ERR_IO, "data '%s' is not a regular file", path);
+    }
+    if (sb.st_size == 0) {
+        close(fd);
+        return zpp_error(ZPP_ERR_FORMAT, "data '%s' is empty", path);
+    }
+    size_t len = (size_t)sb.st_size;
+    void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd); /* the mapping keeps the file alive */
+    if (m == MAP_FAILED)
+        return zpp_error(ZPP_ERR_IO, "cannot map data '%s' (%zu bytes): %s", path, len,
+                         strerror(e));
+    *map_p = m;
+    *len_p = len;
+    return ZPP_OK;
+}
+
+/* Recognises an llm.c token file and points d at its tokens, checking the
+ * header, the size and every token against vocab_size. Returns ZPP_OK with
+ * *is_llmc_p = 0 when the magic does not match and the file is text (then
+ * it is raw text); a binary file with a wrong magic is an error. */
+static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
+                                 int *is_llmc_p) {
+    const uint8_t *b = d->map;
+    const size_t header_bytes = 4 * ZPP_DATA_LLMC_HEADER_INTS;
+    *is_llmc_p = 0;
+    if (d->map_len < 4 || zpp__le32(b) != ZPP_DATA_LLMC_MAGIC) {
+        /* Not llm.c. Text never holds NUL bytes; a file that does within its
+         * first KiB is binary — most likely a token file with a wrong or
+         * damaged header — and reading it as text would train on garbage. */
+        size_t look = d->map_len < 1024 ? d->map_len : 1024;
+        if (memchr(b, 0, look))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "data '%s' is not an llm.c token file (its magic is %u, expected "
+                             "%d) and not text (it holds NUL bytes); check the file",
+                             path, d->map_len >= 4 ? (unsigned)zpp__le32(b) : 0u,
+                             ZPP_DATA_LLMC_MAGIC);
+        return ZPP_OK;
+    }
+    *is_llmc_p = 1;
+    if (d->map_len < header_bytes)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "data '%s' starts with the llm.c magic %d but has only %zu bytes, "
+                         "less than the %zu-byte header: truncated",
+                         path, ZPP_DATA_LLMC_MAGIC, d->map_len, header_bytes);
+    uint32_t version = zpp__le32(b + 4);
+    if (version != ZPP_DATA_LLMC_VERSION)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "data '%s': llm.c token file version %u is not supported; expected "
+                         "version %d (uint16 GPT-2 tokens)",
+                         path, version, ZPP_DATA_LLMC_VERSION);
+    int32_t count = (int32_t)zpp__le32(b + 8);
+    if (count < 0)
+        return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c header token count %d is negative",
+                         path, (int)count);
+    size_t want = header_bytes + 2 * (size_t)count;
+    if (d->map_len != want)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "data '%s': llm.c header says %d tokens (%zu bytes with the header) "
+                         "but the file has %zu bytes: %s",
+                         path, (int)count, want, d->map_len,
+                         d->map_len < want ? "truncated" : "trailing bytes after the tokens");
+    if (count == 0) return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c file holds no tokens", path);
+    d->kind = ZPP_DATA_LLMC;
+    d->elem = 2;
+    d->tok = b + header_bytes;
+    d->n = (size_t)count;
+    /* One pass over the tokens: a token past the embedding table would index
+     * out of bounds in the model, so refuse it here with its position. */
+    int32_t maxtok = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        int32_t t = zpp__tok(d, i);
+        if (t >= vocab_size)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "data '%s': token %zu has value %d, not below model.vocab_size "
+                             "%d; raise model.vocab_size (GPT-2 uses 50257) or check the file",
+                             path, i, (int)t, vocab_size);
+        if (t > maxtok) maxtok = t;
+    }
+    d->vocab = maxtok + 1;
+    return ZPP_OK;
+}
+
+zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data **data_p) {
+    if (!cfg || !data_p) return zpp_error(ZPP_ERR_INVALID, "zpp_data_open: NULL argument");
+    const int T = cfg->model.seq_len, vocab_size = cfg->model.vocab_size;
+    const int micro = cfg->train_micro_batch_size_per_gpu,
+              accum = cfg->gradient_accumulation_steps;
+    if (T < 1 || vocab_size < 1)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_open: model.seq_len %d and "
+                         "model.vocab_size %d must be >= 1", T, vocab_size);
+    if (micro < 1 || accum < 1)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "zpp_data_open: the batch geometry is not resolved (micro-batch %d, "
+                         "accumulation %d); call zpp_train_config_resolve first",
+                         micro, accum);
+    const char *name = path ? path : "<synthetic>";
+    zpp_status st = ZPP_OK;
+    zpp_data *d = calloc(1, sizeof *d);
+    if (!d) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
+    d->T = T;
+    d->micro = micro;
+    d->accum = accum;
+    d->seed = cfg->seed;
+
+    if (path) {
+        ZPP_CHECK_GOTO(zpp__map_file(path, &d->map, &d->map_len), st, fail);
+        int is_llmc;
+        ZPP_CHECK_GOTO(zpp__open_llmc(d, path, vocab_size, &is_llmc), st, fail);
+        if (!is_llmc) {
+            if (vocab_size < 256) {
+                st = zpp_error(ZPP_ERR_CONFIG,
+                               "data '%s' is raw text (no llm.c header): its tokens are bytes "
+                               "0..255, which needs model.vocab_size >= 256, not %d",
+                               path, vocab_size);
+                goto fail;
+            }
+            d->kind = ZPP_DATA_RAW_TEXT;
+            d->elem = 1;
+            d->tok = d->map;
+            d->n = d->map_len;
+            d->vocab = 256;
+        }
+    } else {
+        if (vocab_size < 128) {
+            st = zpp_error(ZPP_ERR_CONFIG,
+                           "the synthetic corpus is ASCII text, which needs model.vocab_size "
+                           ">= 128, not %d",
+                           vocab_size);
+            goto fail;
+        }
+        d->owned = malloc(ZPP_DATA_SYNTH_TOKENS);
+        if (!d->owned) {
+            st = zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
+            goto fail;
+        }
+        zpp__synth_generate(d->owned, ZPP_DATA_SYNTH_TOKENS);
+        d->kind = ZPP_DATA_SYNTHETIC;
+        d->elem = 1;
+        d->tok = d->owned;
+        d->n = ZPP_DATA_SYNTH_TOKENS;
+        d->vocab = 128;
+    }
+
+    /* Split: the last tenth (at least one sequence of T + 1 tokens) is held
+     * out; the rest must also hold one sequence. */
+    const size_t seq = (size_t)T + 1;
+    d->n_val = d->n / 10 > seq ? d->n / 10 : seq;
+    if (d->n < d->n_val + seq) {
+        st = zpp_error(ZPP_ERR_CONFIG,
+                       "data '%s' has %zu tokens, too few for one sequence of seq_len + 1 = "
+                       "%zu tokens in both the training and the validation split (needs at "
+                       "least %zu); use more data or a smaller model.seq_len",
+                       name, d->n, seq, 2 * seq);
+        goto fail;
+    }
+    d->n_train = d->n - d->n_val;
+    d->K = (d->n_train - 1) / (size_t)T;
+    d->slack = d->n_train - 1 - d->K * (size_t)T;
+    d->K_val = (d->n_val - 1) / (size_t)T;
+    *data_p = d;
+    return ZPP_OK;
+fail:
+    zpp_data_close(d);
+    return st;
+}
+
+void zpp_data_close(zpp_data *d) {
+    if (!d) return;
+    if (d->map) munmap(d->map, d->map_len);
+    free(d->owned);
+    free(d);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batches                                                                   */
+/* ------------------------------------------------------------------------ */
+
+size_t zpp_data_sample_start(const zpp_data *d, uint64_t sample) {
+    const uint64_t K = d->K, epoch = sample / K, i = sample % K;
+    const uint64_t w = zpp__permute(i, K, zpp__key(d->seed, epoch, 1));
+    const uint64_t off = zpp__key(d->seed, epoch, 2) % ((uint64_t)d->slack + 1);
+    return (size_t)(off + w * (uint64_t)d->T);
+}
+
+zpp_status zpp_data_sequence(const zpp_data *d, uint64_t step, uint64_t global_batch,
+                             uint64_t j, int32_t *tokens, int32_t *targets) {
+    if (!d || !tokens || !targets)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_sequence: NULL argument");
+    if (global_batch == 0 || j >= global_batch)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "zpp_data_sequence: sequence %llu is outside the global batch of %llu",
+                         (unsigned long long)j, (unsigned long long)global_batch);
+    if (step > (UINT64_MAX - j) / global_batch)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_sequence: step %llu overflows the sample "
+                         "counter", (unsigned long long)step);
+    zpp__read_seq(d, zpp_data_sample_start(d, step * global_batch + j), tokens, targets);
+    return ZPP_OK;
+}
+
+zpp_status zpp_data_batch(const zpp_data *d, uint64_t step, int micro_step, int rank,
+                          int world, int32_t *tokens, int32_t *targets) {
+    if (!d || !tokens || !targets)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_batch: NULL argument");
+    if (world < 1 || rank < 0 || rank >= world)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_batch: rank %d is outside world %d", rank,
+                         world);
+    if (micro_step < 0 || micro_step >= d->accum)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "zpp_data_batch: micro-step %d is outside [0, %d) (gradient "
+                         "accumulation steps)",
+                         micro_step, d->accum);
+    const uint64_t B = (uint64_t)d->micro;
+    const uint64_t G = B * (uint64_t)d->accum * (uint64_t)world;
+    /* Micro-step a covers the slice [a * B * world, (a + 1) * B * world) of
+     * the global batch, and rank r the r-th B-long piece of that slice. */
+    const uint64_t j0 = (uint64_t)micro_step * B * (uint64_t)world + (uint64_t)rank * B;
+    for (uint64_t b = 0; b < B; b++)
+        ZPP_CHECK(zpp_data_sequence(d, step, G, j0 + b, tokens + b * (uint64_t)d->T,
+                                    targets + b * (uint64_t)d->T));
+    return ZPP_OK;
+}
+
+zpp_status zpp_data_val_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
+                              int32_t *targets) {
+    if (!d || !tokens || !targets)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_data_val_batch: NULL argument");
+    if (B < 1) return zpp_error(ZPP_ERR_INVALID, "zpp_data_val_batch: batch %d < 1", B);
+    const uint64_t K = d->K_val;
+    /* (index * B + b) mod K, computed without overflowing index * B. */
+    const uint64_t first = ((index % K) * ((uint64_t)B % K)) % K;
+    for (int b = 0; b < B; b++) {
+        const uint64_t w = (first + (uint64_t)b) % K;
+        zpp__read_seq(d, d->n_train + (size_t)w * (size_t)d->T, tokens + (size_t)b * d->T,
+                      targets + (size_t)b * d->T);
+    }
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Queries                                                                   */
+/* ------------------------------------------------------------------------ */
+
+zpp_data_info zpp_data_get_info(const zpp_data *d) {
+    zpp_data_info info = {
+        .kind = d->kind,
+        .n_tokens = d->n,
+        .n_train = d->n_train,
+        .n_val = d->n_val,
+        .train_windows = d->K,
+        .val_windows = d->K_val,
+        .vocab = d->vocab,
+        .seq_len = d->T,
+        .micro_batch = d->micro,
+        .accum = d->accum,
+    };
+    return info;
+}
+
+int zpp_data_vocab(const zpp_data *d) { return d->vocab; }
+
+size_t zpp_data_num_tokens(const zpp_data *d) { return d->n; }
+
+int32_t zpp_data_token(const zpp_data *d, size_t i) { return i < d->n ? zpp__tok(d, i) : -1; }

@@ -1,0 +1,197 @@
+/* train/trainer.c — wires config, topology, model, engine and data. */
+#include "train/trainer.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+
+struct zpp_trainer {
+    zpp_train_config cfg;
+    zpp_topo *topo;
+    zpp_model *model;
+    zpp_engine *engine;
+    zpp_data *data;
+    int32_t *tokens, *targets; /* one micro-batch, host */
+    zpp_trainer_info info;
+    char mode[32];
+    /* batch callback state */
+    int step;
+    uint64_t val_index;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The same status on every rank: if any rank failed, all fail. Only the
+ * lowest failing rank keeps its message, so that a problem every rank sees
+ * (a bad config, a truncated file) is reported once; the others return with
+ * an empty message. */
+static zpp_status agree(MPI_Comm comm, zpp_status st) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int mine = st != ZPP_OK ? rank : size, first = size;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == size) return ZPP_OK;
+    if (rank != first) {
+        zpp_error_clear();
+        if (st == ZPP_OK) st = ZPP_ERR_STATE;
+    }
+    return st;
+}
+
+static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
+    buf[0] = '\0';
+    if (c->zero.quantized_weights) strcat(buf, "qwz+");
+    if (c->zero.hpz_partition_size > 1) strcat(buf, "hpz+");
+    if (c->zero.quantized_gradients) strcat(buf, "qgz+");
+    size_t k = strlen(buf);
+    if (k == 0) snprintf(buf, cap, "zero3");
+    else buf[k - 1] = '\0';
+    return buf;
+}
+
+static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
+    zpp_train_config *c = &t->cfg;
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    ZPP_CHECK(zpp_train_config_resolve(c, world));
+
+    /* The node size: the flag, else hpZ's partition size, else the launcher.
+     * hpZ partitions inside a node, so both must agree. */
+    int hpz = c->zero.hpz_partition_size > 1;
+    if (node_size == 0 && hpz) node_size = c->zero.hpz_partition_size;
+    if (hpz && node_size != c->zero.hpz_partition_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "zero_optimization.zero_hpz_partition_size %d differs from the "
+                         "node size %d; hpZ partitions inside a node, so set them equal",
+                         c->zero.hpz_partition_size, node_size);
+    zpp_topo_opts to;
+    memset(&to, 0, sizeof to);
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = node_size;
+    ZPP_CHECK(zpp_topo_create(&to, &t->topo));
+
+    ZPP_CHECK(zpp_data_open(data_path, c, &t->data));
+    zpp_data_info di = zpp_data_get_info(t->data);
+    if (di.vocab > c->model.vocab_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "the data has tokens up to %d but model.vocab_size is %d; set "
+                         "model.vocab_size to at least %d",
+                         di.vocab - 1, c->model.vocab_size, di.vocab);
+
+    zpp_dtype wd = c->bf16 ? ZPP_BF16 : ZPP_FP32;
+    ZPP_CHECK(zpp_gpt2_cpu_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
+                                  &t->model));
+    zpp_engine_opts eo = zpp_engine_opts_default();
+    eo.gather = c->zero.quantized_weights ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
+    eo.hpz = hpz;
+    eo.reduce = c->zero.quantized_gradients ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
+    eo.work_dtype = wd;
+    eo.beta1 = (float)c->optimizer.beta1;
+    eo.beta2 = (float)c->optimizer.beta2;
+    eo.eps = (float)c->optimizer.eps;
+    eo.weight_decay = (float)c->optimizer.weight_decay;
+    eo.grad_clip = (float)c->gradient_clipping;
+    eo.seed = c->seed;
+    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, NULL, &t->engine));
+
+    size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
+    t->tokens = malloc(bt * sizeof *t->tokens);
+    t->targets = malloc(bt * sizeof *t->targets);
+    if (!t->tokens || !t->targets) return zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
+
+    zpp_trainer_info *in = &t->info;
+    in->world_size = t->topo->world_size;
+    in->world_rank = t->topo->world_rank;
+    in->node_size = t->topo->node_size;
+    in->nodes = t->topo->nodes;
+    in->micro_batch = c->train_micro_batch_size_per_gpu;
+    in->accum = c->gradient_accumulation_steps;
+    in->global_batch = c->train_batch_size;
+    in->seq_len = c->model.seq_len;
+    in->n_params = 0;
+    for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
+    in->data = di;
+    in->mode = mode_name(c, t->mode, sizeof t->mode);
+    return ZPP_OK;
+}
+
+zpp_status zpp_trainer_create(const zpp_train_config *cfg, const char *data_path,
+                              int node_size, zpp_trainer **trainer_p) {
+    zpp_trainer *t = calloc(1, sizeof *t);
+    if (!t) return agree(MPI_COMM_WORLD, zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
+    t->cfg = *cfg;
+    zpp_status st = agree(MPI_COMM_WORLD, build(t, data_path, node_size));
+    if (st != ZPP_OK) {
+        zpp_trainer_destroy(t);
+        return st;
+    }
+    *trainer_p = t;
+    return ZPP_OK;
+}
+
+void zpp_trainer_destroy(zpp_trainer *t) {
+    if (!t) return;
+    zpp_engine_destroy(t->engine);
+    if (t->model) t->model->ops->destroy(t->model);
+    zpp_data_close(t->data);
+    zpp_topo_destroy(t->topo);
+    free(t->tokens);
+    free(t->targets);
+    free(t);
+}
+
+const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
+
+static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
+    zpp_trainer *t = ctx;
+    ZPP_CHECK(zpp_data_batch(t->data, (uint64_t)t->step, micro, t->info.world_rank,
+                             t->info.world_size, t->tokens, t->targets));
+    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+}
+
+/* Validation micro-batch v of rank r is held-out batch v * world + r, so
+ * the ranks together cover eval_batches * world distinct batches. */
+static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
+    zpp_trainer *t = ctx;
+    (void)micro;
+    ZPP_CHECK(zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch, t->tokens,
+                                 t->targets));
+    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+}
+
+zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r) {
+    t->step = step;
+    float lr = (float)zpp_train_lr(&t->cfg, step);
+    double t0 = now_s();
+    zpp_status st = zpp_engine_step(t->engine, t->info.accum, lr, train_batch, t, &r->stats);
+    st = agree(MPI_COMM_WORLD, st);
+    ZPP_CHECK(st);
+    double dt = now_s() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    r->seconds = dt;
+    r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
+    return ZPP_OK;
+}
+
+zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
+    int n = t->cfg.eval_batches > 0 ? t->cfg.eval_batches : 1;
+    double sum = 0.0;
+    for (int v = 0; v < n; v++) {
+        float loss = 0.0f;
+        t->val_index = (uint64_t)v * (uint64_t)t->info.world_size + (uint64_t)t->info.world_rank;
+        ZPP_CHECK(agree(MPI_COMM_WORLD, zpp_engine_eval(t->engine, val_batch, t, &loss)));
+        sum += loss;
+    }
+    *val_loss_p = (float)(sum / n);
+    return ZPP_OK;
+}

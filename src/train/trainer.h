@@ -1,0 +1,44 @@
+/* train/trainer.h — the training loop: topology, model, engine and data
+ * wired together from a config. The caller (tools/) initialises MPI, prints
+ * and decides to exit; the trainer only computes and returns statuses. */
+#ifndef ZPP_TRAIN_TRAINER_H
+#define ZPP_TRAIN_TRAINER_H
+
+#include "engine/engine.h"
+#include "train/config.h"
+#include "train/data.h"
+
+typedef struct zpp_trainer zpp_trainer;
+
+typedef struct zpp_trainer_info {
+    int world_size, world_rank, node_size, nodes;
+    int micro_batch, accum, global_batch, seq_len;
+    size_t n_params;       /* model parameters (unpadded) */
+    zpp_data_info data;
+    const char *mode;      /* "zero3", "qwz", "qwz+hpz+qgz", ... */
+} zpp_trainer_info;
+
+typedef struct zpp_trainer_step_result {
+    zpp_step_stats stats;
+    double seconds;        /* wall time of the step, slowest rank */
+    double tokens_per_s;   /* global tokens / seconds */
+} zpp_trainer_step_result;
+
+/* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for
+ * the world size; `data_path` NULL uses the built-in synthetic corpus;
+ * node_size 0 takes it from zero_hpz_partition_size (if > 1) or from the
+ * launcher. Every rank returns the same status: a failure on one rank is
+ * agreed over the world before returning, so none is left waiting. */
+zpp_status zpp_trainer_create(const zpp_train_config *cfg, const char *data_path,
+                              int node_size, zpp_trainer **trainer_p);
+void zpp_trainer_destroy(zpp_trainer *t);
+
+const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
+
+/* Runs optimizer step `step` (0-based). */
+zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
+
+/* Validation loss over cfg.eval_batches held-out micro-batches. */
+zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p);
+
+#endif

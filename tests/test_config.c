@@ -1,0 +1,545 @@
+/* test_config.c — the trainer's JSON configuration, batch geometry and
+ * learning-rate schedule (src/train/config.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "testlib.h"
+#include "train/config.h"
+
+#define HAS(sub) (strstr(zpp_last_error(), (sub)) != NULL)
+#define EXPECT_MSG(sub) EXPECT(HAS(sub), "message '%s' lacks '%s'", zpp_last_error(), (sub))
+
+/* Loads `json` over fresh defaults, expecting `want`; the message must
+ * contain `sub`. */
+static void expect_load_fails(const char *json, zpp_status want, const char *sub) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    zpp_error_clear();
+    zpp_status s = zpp_train_config_load_string(json, &cfg);
+    EXPECT(s == want, "%s -> %s (%s), expected %s", json, zpp_status_str(s), zpp_last_error(),
+           zpp_status_str(want));
+    EXPECT(HAS(sub), "%s: message '%s' lacks '%s'", json, zpp_last_error(), sub);
+}
+
+/* Field-wise equality (struct padding makes memcmp unreliable). */
+static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
+    return a->train_batch_size == b->train_batch_size &&
+           a->train_micro_batch_size_per_gpu == b->train_micro_batch_size_per_gpu &&
+           a->gradient_accumulation_steps == b->gradient_accumulation_steps &&
+           a->optimizer.lr == b->optimizer.lr && a->optimizer.beta1 == b->optimizer.beta1 &&
+           a->optimizer.beta2 == b->optimizer.beta2 && a->optimizer.eps == b->optimizer.eps &&
+           a->optimizer.weight_decay == b->optimizer.weight_decay &&
+           a->scheduler.type == b->scheduler.type &&
+           a->scheduler.warmup_type == b->scheduler.warmup_type &&
+           a->scheduler.warmup_num_steps == b->scheduler.warmup_num_steps &&
+           a->scheduler.total_num_steps == b->scheduler.total_num_steps &&
+           a->scheduler.warmup_min_lr == b->scheduler.warmup_min_lr &&
+           a->scheduler.warmup_max_lr == b->scheduler.warmup_max_lr &&
+           a->scheduler.warmup_min_ratio == b->scheduler.warmup_min_ratio &&
+           a->scheduler.cos_min_ratio == b->scheduler.cos_min_ratio &&
+           a->gradient_clipping == b->gradient_clipping && a->bf16 == b->bf16 &&
+           a->zero.stage == b->zero.stage &&
+           a->zero.quantized_weights == b->zero.quantized_weights &&
+           a->zero.hpz_partition_size == b->zero.hpz_partition_size &&
+           a->zero.quantized_gradients == b->zero.quantized_gradients &&
+           a->model.n_layer == b->model.n_layer && a->model.n_head == b->model.n_head &&
+           a->model.n_embd == b->model.n_embd && a->model.seq_len == b->model.seq_len &&
+           a->model.vocab_size == b->model.vocab_size && a->train_steps == b->train_steps &&
+           a->seed == b->seed && a->eval_every == b->eval_every &&
+           a->eval_batches == b->eval_batches && a->steps_per_print == b->steps_per_print &&
+           strcmp(a->ignored, b->ignored) == 0;
+}
+
+static int irand(zpp_rng *r, int lo, int hi) { /* [lo, hi] */
+    return lo + (int)(zpp_rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+static char *write_temp(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/zpp_test_cfg_XXXXXX");
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0, "mkstemp: %s", strerror(errno));
+    size_t n = strlen(text);
+    EXPECT(write(fd, text, n) == (ssize_t)n);
+    close(fd);
+    return path;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_defaults_valid(void) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    EXPECT_OK(zpp_train_config_validate(&cfg));
+    EXPECT(cfg.model.n_layer == 2 && cfg.model.n_head == 4 && cfg.model.n_embd == 64 &&
+           cfg.model.seq_len == 64 && cfg.model.vocab_size == 256);
+    EXPECT(cfg.zero.stage == 3 && cfg.zero.hpz_partition_size == 1 &&
+           !cfg.zero.quantized_weights && !cfg.zero.quantized_gradients);
+    EXPECT(cfg.scheduler.type == ZPP_SCHED_NONE && cfg.ignored[0] == '\0');
+    /* An empty object changes nothing. */
+    zpp_train_config same = cfg;
+    EXPECT_OK(zpp_train_config_load_string("{}", &same));
+    EXPECT(cfg_equal(&cfg, &same));
+    /* No batch key: the default micro-batch, no accumulation. */
+    EXPECT_OK(zpp_train_config_resolve(&cfg, 3));
+    EXPECT(cfg.train_micro_batch_size_per_gpu == ZPP_TRAIN_DEFAULT_MICRO_BATCH &&
+           cfg.gradient_accumulation_steps == 1 &&
+           cfg.train_batch_size == 3 * ZPP_TRAIN_DEFAULT_MICRO_BATCH);
+    /* Resolving again for the same world is a no-op. */
+    zpp_train_config again = cfg;
+    EXPECT_OK(zpp_train_config_resolve(&again, 3));
+    EXPECT(cfg_equal(&cfg, &again));
+    /* Constant lr without a scheduler. */
+    EXPECT(zpp_train_lr(&cfg, 0) == cfg.optimizer.lr && zpp_train_lr(&cfg, 12345) == cfg.optimizer.lr);
+}
+
+/* Every key, with fresh random values, written to a file and read back. */
+static void test_every_key_parsed(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    for (int trial = 0; trial < 20; trial++) {
+        int n_head = irand(&r, 1, 16), n_embd = n_head * irand(&r, 1, 32);
+        int n_layer = irand(&r, 1, 48), seq_len = irand(&r, 1, 4096),
+            vocab = irand(&r, 1, 100000);
+        int mb = irand(&r, 1, 64), gas = irand(&r, 1, 16), world = irand(&r, 1, 8);
+        int hpz = irand(&r, 1, 8), spp = irand(&r, 0, 100);
+        double lr = 1e-5 + zpp_rng_uniform(&r) * 1e-2, b1 = zpp_rng_uniform(&r) * 0.99,
+               b2 = zpp_rng_uniform(&r) * 0.9999, eps = 1e-10 + zpp_rng_uniform(&r) * 1e-6,
+               wd = zpp_rng_uniform(&r) * 0.3, clip = zpp_rng_uniform(&r) * 5;
+        int W = irand(&r, 0, 500), N = W + irand(&r, 1, 5000);
+        double wmr = zpp_rng_uniform(&r), cmr = zpp_rng_uniform(&r);
+        int bf16 = irand(&r, 0, 1), qw = irand(&r, 0, 1), qg = irand(&r, 0, 1);
+        int steps = irand(&r, 1, 100000), ev = irand(&r, 0, 1000), eb = irand(&r, 1, 64);
+        long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
+        int linear = irand(&r, 0, 1);
+        char json[4096];
+        snprintf(json, sizeof json,
+                 "{\n"
+                 "  \"train_batch_size\": %d,\n"
+                 "  \"train_micro_batch_size_per_gpu\": %d,\n"
+                 "  \"gradient_accumulation_steps\": %d,\n"
+                 "  \"steps_per_print\": %d,\n"
+                 "  \"gradient_clipping\": %.17g,\n"
+                 "  \"wall_clock_breakdown\": false,\n"
+                 "  \"optimizer\": {\"type\": \"%s\", \"params\": {\"lr\": %.17g,\n"
+                 "      \"betas\": [%.17g, %.17g], \"eps\": %.17g, \"weight_decay\": %.17g}},\n"
+                 "  \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\n"
+                 "      \"total_num_steps\": %d, \"warmup_num_steps\": %d,\n"
+                 "      \"warmup_min_ratio\": %.17g, \"cos_min_ratio\": %.17g,\n"
+                 "      \"warmup_type\": \"%s\"}},\n"
+                 "  \"bf16\": {\"enabled\": %s},\n"
+                 "  \"fp16\": {\"enabled\": false, \"loss_scale\": 0},\n"
+                 "  \"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": %s,\n"
+                 "      \"zero_hpz_partition_size\": %d, \"zero_quantized_gradients\": %s,\n"
+                 "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8},\n"
+                 "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
+                 "      \"seq_len\": %d, \"vocab_size\": %d},\n"
+                 "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
+                 "      \"eval_batches\": %d}\n"
+                 "}\n",
+                 mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
+                 b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
+                 bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
+                 n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb);
+        zpp_train_config cfg, from_str;
+        EXPECT_OK(zpp_train_config_defaults(&cfg));
+        const char *path = write_temp(json);
+        EXPECT_OK(zpp_train_config_load_file(path, &cfg));
+        unlink(path);
+        EXPECT(cfg.train_batch_size == mb * gas * world &&
+               cfg.train_micro_batch_size_per_gpu == mb && cfg.gradient_accumulation_steps == gas);
+        EXPECT(cfg.steps_per_print == spp && cfg.gradient_clipping == clip);
+        EXPECT(cfg.optimizer.lr == lr && cfg.optimizer.beta1 == b1 && cfg.optimizer.beta2 == b2 &&
+               cfg.optimizer.eps == eps && cfg.optimizer.weight_decay == wd);
+        EXPECT(cfg.scheduler.type == ZPP_SCHED_WARMUP_COSINE_LR &&
+               cfg.scheduler.total_num_steps == N && cfg.scheduler.warmup_num_steps == W &&
+               cfg.scheduler.warmup_min_ratio == wmr && cfg.scheduler.cos_min_ratio == cmr &&
+               cfg.scheduler.warmup_type == (linear ? ZPP_WARMUP_LINEAR : ZPP_WARMUP_LOG));
+        EXPECT(cfg.bf16 == bf16 && cfg.zero.stage == 3 && cfg.zero.quantized_weights == qw &&
+               cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg);
+        EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
+               cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
+               cfg.model.vocab_size == vocab);
+        EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
+               cfg.eval_batches == eb);
+        EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, fp16.loss_scale, "
+                                   "zero_optimization.overlap_comm, "
+                                   "zero_optimization.reduce_bucket_size") == 0,
+               "ignored = '%s'", cfg.ignored);
+        /* The string loader gives the same config. */
+        EXPECT_OK(zpp_train_config_defaults(&from_str));
+        EXPECT_OK(zpp_train_config_load_string(json, &from_str));
+        EXPECT(cfg_equal(&cfg, &from_str));
+        /* Loading the same text again does not repeat ignored keys. */
+        EXPECT_OK(zpp_train_config_load_string(json, &from_str));
+        EXPECT(cfg_equal(&cfg, &from_str), "ignored = '%s'", from_str.ignored);
+    }
+    /* The other two scheduler types' params. */
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    EXPECT_OK(zpp_train_config_load_string(
+        "{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 1e-5, "
+        "\"warmup_max_lr\": 3e-3, \"warmup_num_steps\": 7, \"total_num_steps\": 90}}}",
+        &cfg));
+    EXPECT(cfg.scheduler.type == ZPP_SCHED_WARMUP_DECAY_LR && cfg.scheduler.warmup_min_lr == 1e-5 &&
+           cfg.scheduler.warmup_max_lr == 3e-3 && cfg.scheduler.warmup_num_steps == 7 &&
+           cfg.scheduler.total_num_steps == 90);
+    EXPECT_OK(zpp_train_config_load_string("{\"scheduler\": {\"type\": \"warmuplr\"}}", &cfg));
+    EXPECT(cfg.scheduler.type == ZPP_SCHED_WARMUP_LR);
+    EXPECT(strcmp(zpp_sched_type_name(cfg.scheduler.type), "WarmupLR") == 0);
+}
+
+/* A second load applies over the first; a failed load changes nothing. */
+static void test_load_applies_over(void) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    EXPECT_OK(zpp_train_config_load_string(
+        "{\"model\": {\"n_layer\": 5}, \"optimizer\": {\"params\": {\"lr\": 0.02}}}", &cfg));
+    EXPECT_OK(zpp_train_config_load_string(
+        "{\"model\": {\"n_head\": 8}, \"optimizer\": {\"params\": {\"eps\": 1e-6}}}", &cfg));
+    EXPECT(cfg.model.n_layer == 5 && cfg.model.n_head == 8 && cfg.model.n_embd == 64);
+    EXPECT(cfg.optimizer.lr == 0.02 && cfg.optimizer.eps == 1e-6 && cfg.optimizer.beta1 == 0.9);
+    zpp_train_config before = cfg;
+    /* The first key is valid and would apply; the second fails. */
+    EXPECT_STATUS(zpp_train_config_load_string(
+                      "{\"model\": {\"n_layer\": 9}, \"zero_optimization\": {\"stge\": 3}}", &cfg),
+                  ZPP_ERR_CONFIG);
+    EXPECT(cfg_equal(&before, &cfg), "a failed load changed the config");
+    /* A value valid alone but not with the rest (n_embd 64 % n_head 5) is
+     * refused by the whole-config validation, also leaving cfg as it was. */
+    EXPECT_STATUS(zpp_train_config_load_string("{\"model\": {\"n_head\": 5}}", &cfg),
+                  ZPP_ERR_CONFIG);
+    EXPECT_MSG("model.n_embd");
+    EXPECT(cfg_equal(&before, &cfg));
+}
+
+static void test_unknown_key_named(void) {
+    expect_load_fails("{\"zero_optimization\": {\"stge\": 3}}", ZPP_ERR_CONFIG,
+                      "unknown key 'zero_optimization.stge'");
+    expect_load_fails("{\"train_batch_sise\": 8}", ZPP_ERR_CONFIG,
+                      "unknown key 'train_batch_sise'");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"learning_rate\": 1}}}", ZPP_ERR_CONFIG,
+                      "unknown key 'optimizer.params.learning_rate'");
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup\": 1}}}",
+                      ZPP_ERR_CONFIG, "unknown key 'scheduler.params.warmup'");
+    expect_load_fails("{\"model\": {\"n_layers\": 2}}", ZPP_ERR_CONFIG,
+                      "unknown key 'model.n_layers'");
+    expect_load_fails("{\"zeropp\": {\"steps\": 2}}", ZPP_ERR_CONFIG, "unknown key 'zeropp.steps'");
+    expect_load_fails("{\"bf16\": {\"enable\": true}}", ZPP_ERR_CONFIG,
+                      "unknown key 'bf16.enable'");
+    /* A param of another scheduler type is refused, naming it. */
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                      "{\"cos_min_ratio\": 0.1}}}",
+                      ZPP_ERR_CONFIG, "'scheduler.params.cos_min_ratio' does not apply to "
+                                      "scheduler type WarmupLR");
+    expect_load_fails("{\"scheduler\": {\"params\": {\"warmup_num_steps\": 3}}}", ZPP_ERR_CONFIG,
+                      "without 'scheduler.type'");
+    expect_load_fails("{\"model\": {\"n_layer\": 2, \"n_layer\": 3}}", ZPP_ERR_CONFIG,
+                      "duplicate key 'model.n_layer'");
+}
+
+static void test_wrong_type_named(void) {
+    expect_load_fails("{\"model\": {\"n_layer\": \"2\"}}", ZPP_ERR_CONFIG,
+                      "'model.n_layer' must be an integer, got a string");
+    expect_load_fails("{\"model\": {\"n_layer\": 2.5}}", ZPP_ERR_CONFIG,
+                      "'model.n_layer' must be an integer, got 2.5");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"lr\": \"1e-3\"}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.lr' must be a number, got a string");
+    expect_load_fails("{\"bf16\": {\"enabled\": 1}}", ZPP_ERR_CONFIG,
+                      "'bf16.enabled' must be a boolean (true/false), got a number");
+    expect_load_fails("{\"zero_optimization\": []}", ZPP_ERR_CONFIG,
+                      "'zero_optimization' must be an object, got an array");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.betas' must be an array of 2 numbers");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"betas\": [0.9, null]}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.betas[1]' must be a number, got null");
+    expect_load_fails("{\"scheduler\": {\"type\": 3}}", ZPP_ERR_CONFIG,
+                      "'scheduler.type' must be a string, got a number");
+    expect_load_fails("{\"zeropp\": {\"seed\": -1}}", ZPP_ERR_CONFIG, "'zeropp.seed' is -1");
+    expect_load_fails("[1, 2]", ZPP_ERR_CONFIG, "top level must be a JSON object, got an array");
+}
+
+static void test_malformed_json_line_col(void) {
+    /* Line 3 lacks the ':' after the key: cJSON stops at the first byte it
+     * cannot use, the '1' of 10 at column 21. */
+    const char *bad = "{\n  \"train_batch_size\": 8,\n  \"steps_per_print\" 10\n}\n";
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    EXPECT_STATUS(zpp_train_config_load_string(bad, &cfg), ZPP_ERR_FORMAT);
+    EXPECT_MSG("<string>: malformed JSON at line 3, column 21 (near '10')");
+    /* Same from a file: the message names the file. */
+    const char *path = write_temp(bad);
+    char want[128];
+    EXPECT_STATUS(zpp_train_config_load_file(path, &cfg), ZPP_ERR_FORMAT);
+    snprintf(want, sizeof want, "%s: malformed JSON at line 3, column 21", path);
+    EXPECT_MSG(want);
+    unlink(path);
+    /* A character that starts no JSON value, on line 2, column 8. */
+    EXPECT_STATUS(zpp_train_config_load_string("{\n  \"a\": @\n}", &cfg), ZPP_ERR_FORMAT);
+    EXPECT_MSG("line 2, column 8 (near '@')");
+    /* Input that stops early. */
+    EXPECT_STATUS(zpp_train_config_load_string("{\"model\": {", &cfg), ZPP_ERR_FORMAT);
+    EXPECT_MSG("line 1, column 12 (unexpected end of input)");
+    EXPECT_STATUS(zpp_train_config_load_string("", &cfg), ZPP_ERR_FORMAT);
+    /* Garbage after the object. */
+    EXPECT_STATUS(zpp_train_config_load_string("{}\n\n  x", &cfg), ZPP_ERR_FORMAT);
+    EXPECT_MSG("line 3, column 3");
+}
+
+static void test_missing_file(void) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    const char *path = "/nonexistent-zpp-dir/ds_config.json";
+    EXPECT_STATUS(zpp_train_config_load_file(path, &cfg), ZPP_ERR_IO);
+    EXPECT_MSG(path);
+    EXPECT_MSG(strerror(ENOENT));
+}
+
+static void test_validation_errors(void) {
+    expect_load_fails("{\"model\": {\"n_embd\": 65}}", ZPP_ERR_CONFIG,
+                      "'model.n_embd' 65 is not divisible by 'model.n_head' 4");
+    expect_load_fails("{\"model\": {\"n_layer\": 0}}", ZPP_ERR_CONFIG,
+                      "'model.n_layer' is 0; it must be in [1, ");
+    expect_load_fails("{\"model\": {\"seq_len\": -3}}", ZPP_ERR_CONFIG, "'model.seq_len' is -3");
+    expect_load_fails("{\"train_batch_size\": 0}", ZPP_ERR_CONFIG, "'train_batch_size' is 0");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"lr\": 0}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.lr' must be > 0");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"lr\": -1e-3}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.lr' must be > 0");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.0]}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.betas[1]' must be in [0, 1)");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"betas\": [-0.1, 0.9]}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.betas[0]' must be in [0, 1)");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"eps\": 0}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.eps' must be > 0");
+    expect_load_fails("{\"optimizer\": {\"params\": {\"weight_decay\": -0.5}}}", ZPP_ERR_CONFIG,
+                      "'optimizer.params.weight_decay' must be >= 0");
+    expect_load_fails("{\"gradient_clipping\": -1}", ZPP_ERR_CONFIG,
+                      "'gradient_clipping' must be >= 0");
+    expect_load_fails("{\"zero_optimization\": {\"zero_hpz_partition_size\": 0}}", ZPP_ERR_CONFIG,
+                      "'zero_optimization.zero_hpz_partition_size' is 0");
+    expect_load_fails("{\"zeropp\": {\"eval_batches\": 0}}", ZPP_ERR_CONFIG,
+                      "'zeropp.eval_batches' is 0");
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
+                      "{\"warmup_num_steps\": 100, \"total_num_steps\": 100}}}",
+                      ZPP_ERR_CONFIG, "'scheduler.params.total_num_steps' (100) must exceed");
+    /* total_num_steps 0 falls back to zeropp.train_steps (200 by default),
+     * and DeepSpeed's default warm-up is 1000 steps. */
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", ZPP_ERR_CONFIG,
+                      "(200, from zeropp.train_steps) must exceed "
+                      "'scheduler.params.warmup_num_steps' (1000)");
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
+                      "{\"warmup_num_steps\": 10, \"cos_min_ratio\": 1.5}}}",
+                      ZPP_ERR_CONFIG, "'scheduler.params.cos_min_ratio' must be in [0, 1]");
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                      "{\"warmup_min_lr\": 0.1, \"warmup_max_lr\": 0.01}}}",
+                      ZPP_ERR_CONFIG, "'scheduler.params.warmup_min_lr' 0.1 must be in");
+    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": "
+                      "{\"warmup_type\": \"cubic\"}}}",
+                      ZPP_ERR_CONFIG, "'scheduler.params.warmup_type' is 'cubic'");
+    expect_load_fails("{\"scheduler\": {\"type\": \"OneCycle\"}}", ZPP_ERR_UNSUPPORTED,
+                      "scheduler.type 'OneCycle' is not supported");
+    expect_load_fails("{\"optimizer\": {\"type\": \"Adam\"}}", ZPP_ERR_UNSUPPORTED,
+                      "optimizer.type 'Adam' is not supported");
+    expect_load_fails("{\"optimizer\": {\"type\": \"Lamb\"}}", ZPP_ERR_UNSUPPORTED,
+                      "optimizer.type 'Lamb'");
+    /* The validator alone. */
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.model.vocab_size = 0;
+    EXPECT_STATUS(zpp_train_config_validate(&cfg), ZPP_ERR_CONFIG);
+    EXPECT_MSG("model.vocab_size");
+}
+
+static void test_fp16_and_stage_rejected(void) {
+    expect_load_fails("{\"fp16\": {\"enabled\": true}}", ZPP_ERR_UNSUPPORTED,
+                      "fp16 training is not supported");
+    expect_load_fails("{\"fp16\": {\"enabled\": true}}", ZPP_ERR_UNSUPPORTED, "bf16");
+    expect_load_fails("{\"zero_optimization\": {\"stage\": 2}}", ZPP_ERR_UNSUPPORTED,
+                      "zero_optimization.stage is 2; zeropp implements ZeRO stage 3 only");
+    expect_load_fails("{\"zero_optimization\": {\"stage\": 0}}", ZPP_ERR_UNSUPPORTED, "stage 3");
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    EXPECT_OK(zpp_train_config_load_string(
+        "{\"fp16\": {\"enabled\": false}, \"bf16\": {\"enabled\": true}, "
+        "\"zero_optimization\": {\"stage\": 3}}",
+        &cfg));
+    EXPECT(cfg.bf16 == 1 && cfg.zero.stage == 3);
+}
+
+/* DeepSpeed's batch rules on random geometries: from every subset of the
+ * three keys that DeepSpeed accepts, resolve must recover the rest. */
+static void test_resolve_batch(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(2));
+    for (int trial = 0; trial < 500; trial++) {
+        int mb = irand(&r, 1, 32), gas = irand(&r, 1, 16), w = irand(&r, 1, 64);
+        int tbs = mb * gas * w;
+        for (int mask = 0; mask < 8; mask++) { /* bit0 tbs, bit1 mb, bit2 gas */
+            zpp_train_config cfg;
+            EXPECT_OK(zpp_train_config_defaults(&cfg));
+            cfg.train_batch_size = mask & 1 ? tbs : 0;
+            cfg.train_micro_batch_size_per_gpu = mask & 2 ? mb : 0;
+            cfg.gradient_accumulation_steps = mask & 4 ? gas : 0;
+            EXPECT_OK(zpp_train_config_resolve(&cfg, w));
+            int want_mb = mb, want_gas = gas;
+            if (mask == 1) want_mb = mb * gas, want_gas = 1;  /* TBS alone */
+            if (mask == 2) want_gas = 1;                      /* MB alone */
+            if (mask == 0 || mask == 4) want_mb = ZPP_TRAIN_DEFAULT_MICRO_BATCH;
+            if (mask == 0) want_gas = 1;
+            EXPECT(cfg.train_micro_batch_size_per_gpu == want_mb &&
+                       cfg.gradient_accumulation_steps == want_gas &&
+                       cfg.train_batch_size == want_mb * want_gas * w,
+                   "mask %d: mb %d gas %d w %d -> %d %d %d", mask, mb, gas, w,
+                   cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
+                   cfg.train_batch_size);
+        }
+    }
+    zpp_train_config cfg, before;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.train_batch_size = 10;
+    cfg.train_micro_batch_size_per_gpu = 4;
+    before = cfg;
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 2), ZPP_ERR_CONFIG);
+    EXPECT_MSG("train_batch_size 10 is not divisible by micro-batch 4 x world 2");
+    EXPECT(cfg_equal(&cfg, &before), "a failed resolve changed the config");
+    cfg.train_micro_batch_size_per_gpu = 0;
+    cfg.gradient_accumulation_steps = 3;
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 2), ZPP_ERR_CONFIG);
+    EXPECT_MSG("train_batch_size 10 is not divisible by gradient accumulation 3 x world 2");
+    cfg.gradient_accumulation_steps = 0;
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 4), ZPP_ERR_CONFIG);
+    EXPECT_MSG("train_batch_size 10 is not divisible by world 4");
+    cfg.train_batch_size = 16;
+    cfg.train_micro_batch_size_per_gpu = 2;
+    cfg.gradient_accumulation_steps = 2;
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 2), ZPP_ERR_CONFIG);
+    EXPECT_MSG("train_batch_size 16 != micro-batch 2 x gradient accumulation 2 x world 2 = 8");
+    EXPECT_OK(zpp_train_config_resolve(&cfg, 4));
+    /* The hpZ node size must divide the world. */
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.zero.hpz_partition_size = 4;
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 6), ZPP_ERR_CONFIG);
+    EXPECT_MSG("zero_hpz_partition_size 4 does not divide world size 6");
+    EXPECT_OK(zpp_train_config_resolve(&cfg, 8));
+    EXPECT_STATUS(zpp_train_config_resolve(&cfg, 0), ZPP_ERR_INVALID);
+}
+
+/* Relative closeness for values computed by the same double formula in a
+ * different order: a handful of ulps, so 1e-12 is generous and still far
+ * below any schedule mistake (which moves lr by at least 1/(N-W)). */
+static int close_rel(double a, double b) { return fabs(a - b) <= 1e-12 * fmax(fabs(b), 1e-300); }
+
+static void test_lr_schedule(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(3));
+    for (int trial = 0; trial < 200; trial++) {
+        zpp_train_config cfg;
+        EXPECT_OK(zpp_train_config_defaults(&cfg));
+        const double lr = 1e-4 + zpp_rng_uniform(&r) * 1e-2;
+        const int W = irand(&r, 1, 60), N = W + 2 * irand(&r, 1, 150);
+        const double a = zpp_rng_uniform(&r) * 0.5, b = zpp_rng_uniform(&r) * 0.5;
+        cfg.optimizer.lr = lr;
+        cfg.scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
+        cfg.scheduler.warmup_type = ZPP_WARMUP_LINEAR;
+        cfg.scheduler.warmup_num_steps = W;
+        cfg.scheduler.total_num_steps = N;
+        cfg.scheduler.warmup_min_ratio = a;
+        cfg.scheduler.cos_min_ratio = b;
+        EXPECT_OK(zpp_train_config_validate(&cfg));
+        /* Key steps: start of warm-up, peak, cosine midpoint, floor. */
+        EXPECT(close_rel(zpp_train_lr(&cfg, 0), lr * a), "lr(0)=%g want %g", zpp_train_lr(&cfg, 0), lr * a);
+        EXPECT(close_rel(zpp_train_lr(&cfg, -5), lr * a));
+        EXPECT(close_rel(zpp_train_lr(&cfg, W), lr));
+        EXPECT(close_rel(zpp_train_lr(&cfg, (W + N) / 2), lr * (b + (1 - b) / 2)));
+        EXPECT(close_rel(zpp_train_lr(&cfg, N), lr * b));
+        EXPECT(close_rel(zpp_train_lr(&cfg, N + 1000), lr * b));
+        /* Linear warm-up: equal increments (1 - a) lr / W. */
+        for (int s = 0; s < W; s++) {
+            double d = zpp_train_lr(&cfg, s + 1) - zpp_train_lr(&cfg, s);
+            EXPECT(fabs(d - (1 - a) * lr / W) <= 1e-12 * lr, "step %d: increment %g", s, d);
+        }
+        /* Cosine: non-increasing from W to N, and point-symmetric about the
+         * midpoint: r(W + k) + r(N - k) = 2 r(mid), since
+         * cos(pi p) + cos(pi (1 - p)) = 0. */
+        const double mid = lr * (b + (1 - b) / 2);
+        for (int k = 0; k <= N - W; k++) {
+            double x = zpp_train_lr(&cfg, W + k), y = zpp_train_lr(&cfg, N - k);
+            EXPECT(fabs(x + y - 2 * mid) <= 1e-12 * lr, "k %d: %g + %g vs %g", k, x, y, 2 * mid);
+            if (k > 0) EXPECT(x <= zpp_train_lr(&cfg, W + k - 1));
+        }
+        /* The cosine's slope is zero at both ends and steepest in the middle:
+         * the first decrement is smaller than the middle one. */
+        if (N - W >= 8) {
+            double d0 = zpp_train_lr(&cfg, W) - zpp_train_lr(&cfg, W + 1);
+            double dm = zpp_train_lr(&cfg, (W + N) / 2 - 1) - zpp_train_lr(&cfg, (W + N) / 2);
+            EXPECT(d0 < dm);
+        }
+        /* total_num_steps 0 means zeropp.train_steps. */
+        zpp_train_config via_steps = cfg;
+        via_steps.scheduler.total_num_steps = 0;
+        via_steps.train_steps = N;
+        for (int s = 0; s < N + 3; s += 7)
+            EXPECT(zpp_train_lr(&via_steps, s) == zpp_train_lr(&cfg, s));
+
+        /* Log warm-up: g(s) = ln(s + 1) / ln(W); reaches the peak at W - 1,
+         * rises by shrinking increments (ln is concave). */
+        cfg.scheduler.warmup_type = ZPP_WARMUP_LOG;
+        EXPECT(close_rel(zpp_train_lr(&cfg, 0), lr * a));
+        if (W >= 2) EXPECT(close_rel(zpp_train_lr(&cfg, W - 1), lr));
+        if (W >= 3) {
+            double g1 = log(2.0) / log((double)W);
+            EXPECT(close_rel(zpp_train_lr(&cfg, 1), lr * (a + (1 - a) * g1)));
+        }
+        for (int s = 1; s + 1 < W; s++) {
+            double d1 = zpp_train_lr(&cfg, s) - zpp_train_lr(&cfg, s - 1);
+            double d2 = zpp_train_lr(&cfg, s + 1) - zpp_train_lr(&cfg, s);
+            EXPECT(d2 <= d1 && d2 >= 0);
+        }
+
+        /* WarmupLR: min_lr -> max_lr, then flat; the optimizer lr is unused. */
+        const double lo = zpp_rng_uniform(&r) * 1e-4, hi = lo + 1e-4 + zpp_rng_uniform(&r) * 1e-2;
+        cfg.scheduler.type = ZPP_SCHED_WARMUP_LR;
+        cfg.scheduler.warmup_type = ZPP_WARMUP_LINEAR;
+        cfg.scheduler.warmup_min_lr = lo;
+        cfg.scheduler.warmup_max_lr = hi;
+        EXPECT_OK(zpp_train_config_validate(&cfg));
+        EXPECT(close_rel(zpp_train_lr(&cfg, 0), lo));
+        EXPECT(close_rel(zpp_train_lr(&cfg, W), hi));
+        EXPECT(zpp_train_lr(&cfg, N + 10000) == hi);
+        if (W % 2 == 0) EXPECT(close_rel(zpp_train_lr(&cfg, W / 2), (lo + hi) / 2));
+        /* WarmupDecayLR: the same warm-up, then linearly to 0 at N. */
+        cfg.scheduler.type = ZPP_SCHED_WARMUP_DECAY_LR;
+        EXPECT(close_rel(zpp_train_lr(&cfg, W), hi));
+        EXPECT(close_rel(zpp_train_lr(&cfg, (W + N) / 2), hi / 2));
+        EXPECT(zpp_train_lr(&cfg, N) == 0 && zpp_train_lr(&cfg, N + 5) == 0);
+        for (int s = W + 1; s <= N; s++)
+            EXPECT(zpp_train_lr(&cfg, s) < zpp_train_lr(&cfg, s - 1));
+    }
+    /* W = 0: no warm-up, the cosine starts at the peak. */
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
+    cfg.scheduler.warmup_num_steps = 0;
+    cfg.scheduler.total_num_steps = 10;
+    cfg.scheduler.cos_min_ratio = 0;
+    EXPECT(zpp_train_lr(&cfg, 0) == cfg.optimizer.lr);
+    EXPECT(fabs(zpp_train_lr(&cfg, 5) - cfg.optimizer.lr / 2) < 1e-15);
+    EXPECT(zpp_train_lr(&cfg, 10) == 0);
+}
+
+ZPP_TESTS(
+    ZPP_TEST(test_defaults_valid),
+    ZPP_TEST(test_every_key_parsed),
+    ZPP_TEST(test_load_applies_over),
+    ZPP_TEST(test_unknown_key_named),
+    ZPP_TEST(test_wrong_type_named),
+    ZPP_TEST(test_malformed_json_line_col),
+    ZPP_TEST(test_missing_file),
+    ZPP_TEST(test_validation_errors),
+    ZPP_TEST(test_fp16_and_stage_rejected),
+    ZPP_TEST(test_resolve_batch),
+    ZPP_TEST(test_lr_schedule),
+)

@@ -1,0 +1,930 @@
+/* test_quant.c — block quantization (CPU reference): against a naive scalar
+ * reference written from the header's formulas, error bounds derived from
+ * fp32 rounding, exact round trips, unbiased stochastic rounding, the fused
+ * qgZ operations against their unfused definitions, non-finite handling,
+ * the wire layout, and the host path of quant_exec.
+ *
+ * Error bound of round-to-nearest (every element, derived once here).
+ * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
+ * fp32 operation exact up to a factor (1 + d), |d| <= e:
+ *   inv = (Q/a)(1+d1), v = x*inv*(1+d2)   =>  |v - xQ/a| <= Q(2e + e^2)
+ *   (|xQ/a| <= Q). Clamping to [-Q, Q] only moves v toward xQ/a, and
+ *   rounding adds at most 1/2:  |q - xQ/a| <= 1/2 + Q(2e + e^2).
+ *   s = (a/Q)(1+d3), y32 = q*s*(1+d4) = q(a/Q)(1+z), |z| <= 2e + e^2:
+ *   |y32 - x| <= (a/Q)|q - xQ/a| + |q|(a/Q)|z|
+ *            <= a/(2Q) + 2a(2e + e^2)              ("half a step + a*2^-22")
+ *   plus (Q+2) * 2^-149 should s or y32 be subnormal (absolute errors).
+ * Stochastic: w = v + u is one more rounding (|w| <= Q + 1 <= 128, half an
+ * ulp <= 2^-17) and floor moves by < 1:  |q - xQ/a| < 1 + 2^-17 + Q(2e+e^2),
+ * so "half a step" becomes "one step".
+ * Output dtype: rounding y32 to bf16 / fp16 adds |y32| * u_d with
+ * u_d = 2^-8 (bf16, 8 significant bits) or 2^-11 (fp16, 11 bits), and
+ * |y32| <= a(1 + 2^-20); plus half the smallest subnormal (2^-25 for fp16).
+ * For bf16 this extra term is as large as the half step itself: bf16 carries
+ * 8 bits, int8 with a per-block scale about 8 too.
+ * A block whose Q/a overflows fp32 (a < Q/FLT_MAX, "tiny") stores
+ * q = sign(x) Q: error <= a there (docs/quantization.md). */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/quant_exec.h"
+#include "quant/quant_rng.h"
+#include "testlib.h"
+
+static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
+static const int all_bits[] = {8, 4};
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, uint64_t seed) {
+    zpp_quant_spec s = zpp_quant_spec_default(bits);
+    if (block) s.block = block;
+    s.stochastic = stochastic;
+    s.seed = seed;
+    return s;
+}
+
+static float qmax_of(int bits) { return bits == 8 ? 127.0f : 7.0f; }
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* ---- inputs ---- */
+
+enum { D_NORMAL, D_UNIFORM, D_CAUCHY, D_ZERO_BLOCK, D_CONST_BLOCK, D_OUTLIER, D_COUNT };
+static const char *dist_name[] = {"normal",      "uniform",        "cauchy",
+                                  "zero-block",  "constant-block", "outlier"};
+
+/* Fills x (dtype) with n values of distribution `dist` and xf with the same
+ * values as fp32 (exactly what the quantizer sees). fp16 saturates at 65504,
+ * so its heavy tail and outlier stay below that. */
+static void fill(zpp_rng *r, int dist, zpp_dtype dt, size_t n, size_t block, void *x,
+                 float *xf) {
+    double big = dt == ZPP_FP16 ? 6.0e4 : 1.0e30;
+    for (size_t i = 0; i < n; i++) {
+        double v;
+        switch (dist) {
+        case D_UNIFORM: v = 2.0 * zpp_rng_uniform(r) - 1.0; break;
+        case D_CAUCHY:
+            v = tan(3.141592653589793 * (zpp_rng_uniform(r) - 0.5));
+            if (v > big) v = big;
+            if (v < -big) v = -big;
+            break;
+        default: v = zpp_rng_normal(r); break;
+        }
+        xf[i] = (float)v;
+    }
+    size_t b = n > block ? 1 : 0; /* the block to edit: the second if there is one */
+    size_t lo = b * block, hi = lo + block < n ? lo + block : n;
+    if (dist == D_ZERO_BLOCK)
+        for (size_t i = lo; i < hi; i++) xf[i] = 0.0f;
+    if (dist == D_CONST_BLOCK) {
+        float c = (float)zpp_rng_normal(r);
+        for (size_t i = lo; i < hi; i++) xf[i] = c;
+    }
+    if (dist == D_OUTLIER && n > 0)
+        xf[zpp_rng_u64(r) % n] = (float)((zpp_rng_u64(r) & 1) ? big : -big);
+    for (size_t i = 0; i < n; i++) {
+        zpp_store_f32(x, dt, i, xf[i]);
+        xf[i] = zpp_load_f32(x, dt, i);
+    }
+}
+
+/* ---- the reference: the header's formulas, one element at a time ---- */
+
+static void ref_quantize(const float *xf, size_t n, const zpp_quant_spec *sp, uint64_t idx0,
+                         uint8_t *out) {
+    size_t bytes = zpp_quant_bytes(n, sp);
+    memset(out, 0, bytes);
+    const float Q = qmax_of(sp->bits);
+    size_t nb = (n + sp->block - 1) / sp->block;
+    size_t soff = (sp->bits == 8 ? n : (n + 1) / 2);
+    soff = (soff + 15) / 16 * 16;
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * sp->block, hi = lo + sp->block < n ? lo + sp->block : n;
+        float a = 0.0f;
+        int finite = 1;
+        for (size_t i = lo; i < hi; i++) {
+            if (!isfinite(xf[i])) finite = 0;
+            else if (fabsf(xf[i]) > a) a = fabsf(xf[i]);
+        }
+        float scale = 0.0f, inv = 0.0f;
+        int zero = 1;
+        if (!finite) {
+            uint32_t nan = 0x7fc00000u;
+            memcpy(&scale, &nan, 4);
+        } else if (a > 0.0f) {
+            inv = Q / a; /* +Inf for a < Q / FLT_MAX: handled below */
+            scale = a / Q;
+            zero = 0;
+        }
+        memcpy(out + soff + 4 * b, &scale, 4);
+        for (size_t i = lo; i < hi; i++) {
+            int q = 0;
+            if (!zero) {
+                float v = xf[i] * inv, t;
+                if (sp->stochastic) {
+                    float u = zpp_quant_uniform(sp->seed, idx0 + i);
+                    float w = v + u;
+                    t = floorf(w);
+                } else {
+                    t = rintf(v);
+                }
+                if (isnan(t)) t = 0.0f; /* 0 * Inf with a tiny absmax */
+                if (t > Q) t = Q;
+                if (t < -Q) t = -Q;
+                q = (int)t;
+            }
+            if (sp->bits == 8) out[i] = (uint8_t)(int8_t)q;
+            else out[i / 2] |= (uint8_t)((q & 15) << (i % 2 ? 4 : 0));
+        }
+    }
+}
+
+/* The block absmax of element i, as the bound needs it. */
+static void block_absmax(const float *xf, size_t n, size_t block, float *amax) {
+    for (size_t b = 0; b * block < n; b++) {
+        float a = 0.0f;
+        for (size_t i = b * block; i < n && i < (b + 1) * block; i++)
+            if (fabsf(xf[i]) > a) a = fabsf(xf[i]);
+        amax[b] = a;
+    }
+}
+
+/* The bound of the header comment for one element; u_d, abs_d: dtype terms. */
+static double elem_bound(double a, int bits, int stochastic, zpp_dtype out) {
+    const double e = 0x1p-24, Q = qmax_of(bits);
+    /* qmax / absmax overflowed: q = sign(x) qmax, y = sign(x) * about a */
+    double b = !((float)Q / (float)a <= FLT_MAX) ? a + (Q + 2) * 0x1p-149 : (stochastic ? (1.0 + 0x1p-17) : 0.5) * a / Q + 2.0 * a * (2 * e + e * e) +
+               (Q + 2) * 0x1p-149;
+    if (out == ZPP_BF16) b += a * (1.0 + 0x1p-20) * 0x1p-8 + 0x1p-134;
+    if (out == ZPP_FP16) b += a * (1.0 + 0x1p-20) * 0x1p-11 + 0x1p-25;
+    return b;
+}
+
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return i;
+    return n;
+}
+
+/* ---- the main sweep ---- */
+
+/* One (x, spec) case: quantize == reference byte for byte (every byte,
+ * padding included, written: the output starts poisoned); dequantize to
+ * each dtype within the bound; dtype outputs are the fp32 output rounded by
+ * core/dtype.h. */
+static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
+                       const zpp_quant_spec *sp, const char *what) {
+    size_t bytes = zpp_quant_bytes(n, sp);
+    uint8_t *q = xmalloc(bytes), *r = xmalloc(bytes);
+    memset(q, 0xab, bytes);
+    EXPECT_OK(zpp_quantize(x, dt, n, sp, q));
+    ref_quantize(xf, n, sp, 0, r);
+    size_t d = first_diff(q, r, bytes);
+    EXPECT(d == bytes, "%s: byte %zu of %zu differs from the reference: %02x vs %02x", what, d,
+           bytes, d < bytes ? q[d] : 0, d < bytes ? r[d] : 0);
+
+    float *amax = xmalloc(((n + sp->block - 1) / sp->block + 1) * sizeof *amax);
+    block_absmax(xf, n, sp->block, amax);
+    float *y32 = xmalloc(n * sizeof *y32);
+    uint16_t *y16 = xmalloc(n * 2);
+    EXPECT_OK(zpp_dequantize(q, n, sp, ZPP_FP32, y32));
+    for (size_t i = 0; i < n; i++) {
+        double bound = elem_bound(amax[i / sp->block], sp->bits, sp->stochastic, ZPP_FP32);
+        double err = fabs((double)y32[i] - xf[i]);
+        EXPECT(err <= bound, "%s: element %zu x=%a y=%a err %g > bound %g", what, i, xf[i],
+               y32[i], err, bound);
+    }
+    for (int k = 1; k < 3; k++) {
+        zpp_dtype od = all_dtypes[k];
+        EXPECT_OK(zpp_dequantize(q, n, sp, od, y16));
+        for (size_t i = 0; i < n; i++) {
+            uint16_t want = od == ZPP_BF16 ? zpp_f32_to_bf16(y32[i]) : zpp_f32_to_fp16(y32[i]);
+            EXPECT(y16[i] == want, "%s: %s output %zu is %04x, rounding the fp32 output gives "
+                                   "%04x", what, zpp_dtype_name(od), i, y16[i], want);
+            /* fp16 cannot hold values past 65504: bound only inputs it holds */
+            if (od == ZPP_FP16 && amax[i / sp->block] > 65504.0f) continue;
+            double bound = elem_bound(amax[i / sp->block], sp->bits, sp->stochastic, od);
+            double err = fabs((double)zpp_load_f32(y16, od, i) - xf[i]);
+            EXPECT(err <= bound, "%s: %s element %zu x=%a err %g > bound %g", what,
+                   zpp_dtype_name(od), i, xf[i], err, bound);
+        }
+    }
+    free(y16);
+    free(y32);
+    free(amax);
+    free(r);
+    free(q);
+}
+
+static void test_quantize_matches_reference(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(1));
+    char what[160];
+    for (size_t bi = 0; bi < 2; bi++) {
+        int bits = all_bits[bi];
+        size_t B = zpp_quant_spec_default(bits).block;
+        const size_t sizes[] = {1, 7, B - 1, B, B + 1, 1005, ((size_t)1 << 20) + 3};
+        for (size_t di = 0; di < 3; di++) {
+            zpp_dtype dt = all_dtypes[di];
+            for (int dist = 0; dist < D_COUNT; dist++) {
+                for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+                    size_t n = sizes[si];
+                    void *x = xmalloc(n * 4);
+                    float *xf = xmalloc(n * sizeof *xf);
+                    fill(&rng, dist, dt, n, B, x, xf);
+                    for (int sr = 0; sr < 2; sr++) {
+                        /* the stochastic sweep skips the big size except on N(0,1) */
+                        if (sr && n > 100000 && dist != D_NORMAL) continue;
+                        zpp_quant_spec sp = spec_make(bits, 0, sr, zpp_rng_u64(&rng));
+                        snprintf(what, sizeof what, "int%d %s %s n=%zu %s", bits,
+                                 zpp_dtype_name(dt), dist_name[dist], n, sr ? "SR" : "RNE");
+                        check_case(x, xf, dt, n, &sp, what);
+                    }
+                    free(xf);
+                    free(x);
+                }
+            }
+        }
+    }
+}
+
+/* Other block sizes, including blocks longer than the implementation's
+ * inner tile and the largest allowed block. */
+static void test_block_sizes(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(2));
+    const size_t blocks[] = {8, 16, 24, 32, 64, 520, 1024, 4096, (size_t)1 << 20};
+    char what[160];
+    for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
+        size_t B = blocks[k];
+        size_t n = B < 4096 ? 3 * B + 5 : B + 13;
+        for (int bits = 4; bits <= 8; bits += 4) {
+            zpp_dtype dt = all_dtypes[zpp_rng_u64(&rng) % 3];
+            void *x = xmalloc(n * 4);
+            float *xf = xmalloc(n * sizeof *xf);
+            fill(&rng, D_NORMAL, dt, n, B, x, xf);
+            for (int sr = 0; sr < 2; sr++) {
+                zpp_quant_spec sp = spec_make(bits, B, sr, zpp_rng_u64(&rng));
+                snprintf(what, sizeof what, "int%d block %zu %s n=%zu %s", bits, B,
+                         zpp_dtype_name(dt), n, sr ? "SR" : "RNE");
+                check_case(x, xf, dt, n, &sp, what);
+            }
+            free(xf);
+            free(x);
+        }
+    }
+}
+
+/* x = q * 2^e with one |q| = qmax per block: absmax / qmax = 2^e exactly,
+ * qmax / absmax = 2^-e exactly, x * inv = q exactly, so the payload is q,
+ * the scale 2^e, and dequantizing gives x back bit for bit in its dtype. */
+static void test_representable_roundtrip(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(3));
+    for (size_t di = 0; di < 3; di++) {
+        for (size_t bi = 0; bi < 2; bi++) {
+            zpp_dtype dt = all_dtypes[di];
+            int bits = all_bits[bi], Q = (int)qmax_of(bits);
+            size_t block = (size_t)8 << (zpp_rng_u64(&rng) % 6);
+            size_t n = 5 * block + 3 + (size_t)(zpp_rng_u64(&rng) % 2);
+            size_t nb = zpp_quant_num_blocks(n, block);
+            int *qv = xmalloc(n * sizeof *qv);
+            int *ev = xmalloc(nb * sizeof *ev);
+            void *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+            for (size_t b = 0; b < nb; b++) {
+                ev[b] = (int)(zpp_rng_u64(&rng) % 23) - 14; /* 2^-14 .. 2^8: fp16-exact */
+                size_t lo = b * block, hi = lo + block < n ? lo + block : n;
+                for (size_t i = lo; i < hi; i++)
+                    qv[i] = (int)(zpp_rng_u64(&rng) % (uint64_t)(2 * Q + 1)) - Q;
+                qv[lo + zpp_rng_u64(&rng) % (hi - lo)] = (zpp_rng_u64(&rng) & 1) ? Q : -Q;
+                for (size_t i = lo; i < hi; i++)
+                    zpp_store_f32(x, dt, i, ldexpf((float)qv[i], ev[b]));
+            }
+            zpp_quant_spec sp = spec_make(bits, block, 0, 0);
+            uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+            EXPECT_OK(zpp_quantize(x, dt, n, &sp, q));
+            size_t so = zpp_quant_scales_offset(n, bits);
+            for (size_t b = 0; b < nb; b++) {
+                float s;
+                memcpy(&s, q + so + 4 * b, 4);
+                EXPECT(s == ldexpf(1.0f, ev[b]), "block %zu scale %a, want 2^%d", b, s, ev[b]);
+            }
+            for (size_t i = 0; i < n; i++) {
+                int got = bits == 8 ? (int)(int8_t)q[i]
+                                    : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
+                EXPECT(got == qv[i], "%s int%d element %zu: payload %d, want %d",
+                       zpp_dtype_name(dt), bits, i, got, qv[i]);
+            }
+            EXPECT_OK(zpp_dequantize(q, n, &sp, dt, y));
+            EXPECT(memcmp(x, y, n * zpp_dtype_size(dt)) == 0, "%s int%d: round trip not exact",
+                   zpp_dtype_name(dt), bits);
+            free(q);
+            free(y);
+            free(x);
+            free(ev);
+            free(qv);
+        }
+    }
+}
+
+/* E[q] = x*inv for stochastic rounding. q takes two neighbouring values,
+ * so Var[q * s] <= s^2 / 4 and the mean of M independent draws has standard
+ * deviation <= s / (2 sqrt(M)). Each element's mean must be within 6 of
+ * those sigmas plus the deterministic bias of fp32 (v = x*inv carries
+ * Q(2e + e^2) in q units, w = v + u rounds by <= 2^-17, u is discrete in
+ * steps of 2^-24, and y = q*s adds 2e + e^2 relative). Round-to-nearest
+ * would miss by up to s/2, far outside 6 sigma = 0.095 s. */
+static void test_stochastic_unbiased(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(4));
+    const int M = 1000;
+    const size_t n = 2000;
+    for (size_t bi = 0; bi < 2; bi++) {
+        int bits = all_bits[bi];
+        const double e = 0x1p-24, Q = qmax_of(bits);
+        zpp_dtype dt = bi ? ZPP_BF16 : ZPP_FP32;
+        void *x = xmalloc(n * 4);
+        float *xf = xmalloc(n * sizeof *xf), *y = xmalloc(n * sizeof *y);
+        double *mean = calloc(n, sizeof *mean);
+        fill(&rng, D_NORMAL, dt, n, 256, x, xf);
+        zpp_quant_spec sp = spec_make(bits, 0, 1, 0);
+        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        uint64_t seed0 = zpp_rng_u64(&rng);
+        for (int m = 0; m < M; m++) {
+            sp.seed = seed0 + (uint64_t)m * 0x9e3779b97f4a7c15ull;
+            EXPECT_OK(zpp_quantize(x, dt, n, &sp, q));
+            EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
+            for (size_t i = 0; i < n; i++) mean[i] += y[i];
+        }
+        float *amax = xmalloc(n * sizeof *amax);
+        block_absmax(xf, n, sp.block, amax);
+        double zsum = 0;
+        for (size_t i = 0; i < n; i++) {
+            double a = amax[i / sp.block], s = a / Q;
+            double sigma = s / (2.0 * sqrt((double)M));
+            double bias = s * (Q * (2 * e + e * e) + 0x1p-17 + 0x1p-24) + a * (2 * e + e * e);
+            double dev = mean[i] / M - xf[i];
+            EXPECT(fabs(dev) <= 6 * sigma + bias, "int%d element %zu: mean %.9g vs x %.9g (%.2f "
+                   "sigma)", bits, i, mean[i] / M, xf[i], dev / sigma);
+            zsum += dev / s;
+        }
+        /* and no systematic drift across all elements: sd <= 1/(2 sqrt(M n)) */
+        double zsd = 1.0 / (2.0 * sqrt((double)M * (double)n));
+        EXPECT(fabs(zsum / n) <= 6 * zsd + Q * 4.1 * e + 0x1p-16, "int%d: mean deviation %g "
+               "steps", bits, zsum / n);
+        free(amax);
+        free(q);
+        free(mean);
+        free(y);
+        free(xf);
+        free(x);
+    }
+}
+
+/* ---- qgZ: reorder + quantize, dequant-sum-requant ---- */
+
+static void test_reorder_quantize_equals_unfused(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(5));
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    for (int iter = 0; iter < 24; iter++) {
+        int nodes = 1 + (int)(zpp_rng_u64(&rng) % 3), local = 1 + (int)(zpp_rng_u64(&rng) % 4);
+        size_t chunk_len = (size_t)(zpp_rng_u64(&rng) % 700) + (iter == 0 ? 0 : 1);
+        zpp_dtype dt = all_dtypes[iter % 3];
+        int bits = all_bits[(iter / 3) % 2], sr = (iter / 6) % 2;
+        zpp_quant_spec sp = spec_make(bits, (size_t)8 << (zpp_rng_u64(&rng) % 6), sr,
+                                      zpp_rng_u64(&rng));
+        size_t R = (size_t)nodes * (size_t)local, n = R * chunk_len;
+        size_t es = zpp_dtype_size(dt), qb = zpp_quant_bytes(chunk_len, &sp);
+        void *x = xmalloc(n * 4);
+        float *xf = xmalloc(n * sizeof *xf);
+        fill(&rng, (int)(zpp_rng_u64(&rng) % D_COUNT), dt, n, sp.block, x, xf);
+        uint8_t *fused = xmalloc(R * qb), *chunks = xmalloc(R * qb), *unfused = xmalloc(R * qb);
+        memset(fused, 0xcd, R * qb);
+        EXPECT_OK(zpp_quant_reorder_quantize(x, dt, chunk_len, nodes, local, &sp, fused));
+        /* unfused: quantize chunk by chunk (stream index = index in x), then
+         * move chunk (node, dest_local) to slot dest_local * nodes + node */
+        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, R, chunk_len, &sp, chunks));
+        for (int node = 0; node < nodes; node++)
+            for (int dl = 0; dl < local; dl++)
+                memcpy(unfused + ((size_t)dl * nodes + node) * qb,
+                       chunks + ((size_t)node * local + dl) * qb, qb);
+        EXPECT(memcmp(fused, unfused, R * qb) == 0, "nodes %d local %d chunk %zu int%d %s %s",
+               nodes, local, chunk_len, bits, zpp_dtype_name(dt), sr ? "SR" : "RNE");
+        /* and each chunk is what quantizing it on its own gives (RNE; for SR
+         * the reference with the chunk's stream offset) */
+        uint8_t *one = xmalloc(qb);
+        for (size_t r = 0; r < R; r++) {
+            if (sr) {
+                ref_quantize(xf + r * chunk_len, chunk_len, &sp, r * chunk_len, one);
+            } else {
+                EXPECT_OK(zpp_quantize((const char *)x + r * chunk_len * es, dt, chunk_len, &sp,
+                                       one));
+            }
+            EXPECT(memcmp(one, chunks + r * qb, qb) == 0, "chunk %zu differs", r);
+        }
+        free(one);
+        free(unfused);
+        free(chunks);
+        free(fused);
+        free(xf);
+        free(x);
+    }
+}
+
+/* dsr == quantize_chunks(sum_j dequantize(input j)), the sum in fp32 in
+ * input order, byte for byte, also when in and out blocks differ. */
+static void test_dequant_sum_requant_equals_unfused(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(6));
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    for (int iter = 0; iter < 24; iter++) {
+        int k = 1 + (int)(zpp_rng_u64(&rng) % 5);
+        size_t n_chunks = 1 + zpp_rng_u64(&rng) % 3;
+        size_t chunk_len = 1 + zpp_rng_u64(&rng) % (iter < 20 ? 900 : 5000);
+        zpp_quant_spec in_sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 7),
+                                         (int)(zpp_rng_u64(&rng) & 1), zpp_rng_u64(&rng));
+        zpp_quant_spec out_sp = spec_make(all_bits[(iter / 2) % 2],
+                                          (size_t)8 << (zpp_rng_u64(&rng) % 10),
+                                          (iter / 4) % 2, zpp_rng_u64(&rng));
+        size_t n = n_chunks * chunk_len;
+        size_t qin = zpp_quant_bytes(chunk_len, &in_sp), qout = zpp_quant_bytes(chunk_len, &out_sp);
+        uint8_t *ins = xmalloc((size_t)k * n_chunks * qin);
+        const void *ptrs[5];
+        float *x = xmalloc(n * sizeof *x), *sum = xmalloc(n * sizeof *sum),
+              *d = xmalloc(n * sizeof *d);
+        for (size_t i = 0; i < n; i++) sum[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            fill(&rng, (int)(zpp_rng_u64(&rng) % D_COUNT), ZPP_FP32, n, in_sp.block, x, d);
+            uint8_t *in_j = ins + (size_t)j * n_chunks * qin;
+            EXPECT_OK(zpp_qx_quantize_chunks(&host, x, ZPP_FP32, n_chunks, chunk_len, &in_sp,
+                                             in_j));
+            ptrs[j] = in_j;
+            for (size_t c = 0; c < n_chunks; c++)
+                EXPECT_OK(zpp_dequantize(in_j + c * qin, chunk_len, &in_sp, ZPP_FP32,
+                                         d + c * chunk_len));
+            for (size_t i = 0; i < n; i++) sum[i] = sum[i] + d[i];
+        }
+        uint8_t *want = xmalloc(n_chunks * qout), *got = xmalloc(n_chunks * qout),
+                *got2 = xmalloc(n_chunks * qout);
+        EXPECT_OK(zpp_qx_quantize_chunks(&host, sum, ZPP_FP32, n_chunks, chunk_len, &out_sp,
+                                         want));
+        memset(got, 0xee, n_chunks * qout);
+        EXPECT_OK(zpp_quant_dequant_sum_requant(ptrs, k, n_chunks, chunk_len, &in_sp, &out_sp,
+                                                got));
+        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, &in_sp, &out_sp,
+                                             got2));
+        size_t bytes = n_chunks * qout;
+        EXPECT(first_diff(want, got, bytes) == bytes,
+               "k %d chunks %zu len %zu in int%d/%zu out int%d/%zu%s: byte %zu", k, n_chunks,
+               chunk_len, in_sp.bits, in_sp.block, out_sp.bits, out_sp.block,
+               out_sp.stochastic ? " SR" : "", first_diff(want, got, bytes));
+        EXPECT(memcmp(got, got2, bytes) == 0, "exec path differs from the direct call");
+        free(got2);
+        free(got);
+        free(want);
+        free(d);
+        free(sum);
+        free(x);
+        free(ins);
+    }
+}
+
+static void test_dequantize_accumulate(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(7));
+    for (int iter = 0; iter < 12; iter++) {
+        size_t n = 1 + zpp_rng_u64(&rng) % 3000;
+        zpp_quant_spec sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+                                      0, 0);
+        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *acc = xmalloc(n * 4),
+              *want = xmalloc(n * 4), *y = xmalloc(n * 4);
+        fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
+        for (size_t i = 0; i < n; i++) acc[i] = (float)(100.0 * zpp_rng_normal(&rng));
+        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
+        EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
+        for (size_t i = 0; i < n; i++) want[i] = acc[i] + y[i];
+        EXPECT_OK(zpp_dequantize_accumulate(q, n, &sp, acc));
+        EXPECT(memcmp(acc, want, n * 4) == 0, "n %zu int%d block %zu", n, sp.bits, sp.block);
+        free(q);
+        free(y);
+        free(want);
+        free(acc);
+        free(xf);
+        free(x);
+    }
+}
+
+/* qgZ's last step: out = scale * (sum over chunks of dequantize(chunk)), the
+ * sum in fp32 in chunk order, one multiply at the end. */
+static void test_dequant_reduce(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(8));
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    for (int iter = 0; iter < 8; iter++) {
+        size_t n_chunks = 1 + zpp_rng_u64(&rng) % 6, chunk_len = 1 + zpp_rng_u64(&rng) % 9000;
+        zpp_quant_spec sp = spec_make(all_bits[iter % 2], 0, 0, 0);
+        size_t n = n_chunks * chunk_len, qb = zpp_quant_bytes(chunk_len, &sp);
+        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *d = xmalloc(n * 4),
+              *want = xmalloc(chunk_len * 4), *got = xmalloc(chunk_len * 4);
+        fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
+        uint8_t *q = xmalloc(n_chunks * qb);
+        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, ZPP_FP32, n_chunks, chunk_len, &sp, q));
+        EXPECT_OK(zpp_qx_dequantize_chunks(&host, q, n_chunks, chunk_len, &sp, ZPP_FP32, d));
+        float scale = 1.0f / (float)(1 + iter);
+        for (size_t i = 0; i < chunk_len; i++) {
+            float s = 0.0f;
+            for (size_t c = 0; c < n_chunks; c++) s = s + d[c * chunk_len + i];
+            want[i] = scale * s;
+        }
+        EXPECT_OK(zpp_qx_dequant_reduce(&host, q, n_chunks, chunk_len, &sp, scale, got));
+        EXPECT(memcmp(want, got, chunk_len * 4) == 0, "chunks %zu len %zu", n_chunks, chunk_len);
+        free(q);
+        free(got);
+        free(want);
+        free(d);
+        free(xf);
+        free(x);
+    }
+}
+
+/* ---- conversions (the branch-free fp16/bf16 code inside quant.c) ---- */
+
+static void test_convert_bit_exact(void) {
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    /* every fp16 and bf16 value -> fp32, scale 1: exact, NaNs included */
+    uint16_t *h = xmalloc(65536 * 2);
+    float *f = xmalloc(65536 * 4);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    /* convert computes scale * x, and a multiply quiets a signalling NaN:
+     * the expected value goes through the same multiply (volatile, so the
+     * compiler cannot fold 1 * x away) */
+    volatile float one = 1.0f;
+    EXPECT_OK(zpp_qx_convert(&host, h, ZPP_FP16, f, ZPP_FP32, 65536, 1.0f));
+    for (uint32_t i = 0; i < 65536; i++) {
+        float w = one * zpp_fp16_to_f32((uint16_t)i);
+        EXPECT(f2u(f[i]) == f2u(w), "fp16 %04x -> %08x, want %08x", i, f2u(f[i]), f2u(w));
+    }
+    EXPECT_OK(zpp_qx_convert(&host, h, ZPP_BF16, f, ZPP_FP32, 65536, 1.0f));
+    for (uint32_t i = 0; i < 65536; i++) {
+        float w = one * zpp_bf16_to_f32((uint16_t)i);
+        EXPECT(f2u(f[i]) == f2u(w), "bf16 %04x -> %08x, want %08x", i, f2u(f[i]), f2u(w));
+    }
+    /* fp32 -> fp16 / bf16: edge values, then random bit patterns */
+    const size_t n = 400000;
+    float *src = xmalloc(n * 4);
+    uint16_t *o = xmalloc(n * 2);
+    const float edges[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65535.0f, 65536.0f,
+                           0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.000002p-25f, 0x3p-26f, 0x1.ffcp-15f,
+                           0x1.ffep-15f, INFINITY, -INFINITY, NAN, 1.0f, -2.5f, FLT_MAX};
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(9));
+    for (size_t i = 0; i < n; i++) {
+        if (i < sizeof edges / sizeof edges[0]) {
+            src[i] = edges[i];
+        } else if (i % 2) {
+            uint32_t u = (uint32_t)zpp_rng_u64(&rng);
+            memcpy(&src[i], &u, 4);
+        } else { /* exponents near fp16's range, where the cases switch */
+            uint32_t u = (uint32_t)zpp_rng_u64(&rng);
+            u = (u & 0x807fffffu) | ((uint32_t)(96 + zpp_rng_u64(&rng) % 50) << 23);
+            memcpy(&src[i], &u, 4);
+        }
+    }
+    EXPECT_OK(zpp_qx_convert(&host, src, ZPP_FP32, o, ZPP_FP16, n, 1.0f));
+    for (size_t i = 0; i < n; i++)
+        EXPECT(o[i] == zpp_f32_to_fp16(src[i]), "fp32 %08x -> fp16 %04x, want %04x",
+               f2u(src[i]), o[i], zpp_f32_to_fp16(src[i]));
+    EXPECT_OK(zpp_qx_convert(&host, src, ZPP_FP32, o, ZPP_BF16, n, 1.0f));
+    for (size_t i = 0; i < n; i++)
+        EXPECT(o[i] == zpp_f32_to_bf16(src[i]), "fp32 %08x -> bf16 %04x, want %04x",
+               f2u(src[i]), o[i], zpp_f32_to_bf16(src[i]));
+    /* a scale, other dtype pairs, and in place for equal dtypes */
+    for (size_t i = 0; i < n; i++) src[i] = (float)zpp_rng_normal(&rng);
+    for (size_t a = 0; a < 3; a++) {
+        for (size_t b = 0; b < 3; b++) {
+            zpp_dtype di = all_dtypes[a], dout = all_dtypes[b];
+            void *in = xmalloc(n * 4), *out = xmalloc(n * 4);
+            for (size_t i = 0; i < n; i++) zpp_store_f32(in, di, i, src[i]);
+            EXPECT_OK(zpp_qx_convert(&host, in, di, out, dout, n, 0.375f));
+            for (size_t i = 0; i < n; i++) {
+                float v = 0.375f * zpp_load_f32(in, di, i), g = zpp_load_f32(out, dout, i);
+                uint32_t buf;
+                zpp_store_f32(&buf, dout, 0, v);
+                float w = zpp_load_f32(&buf, dout, 0);
+                EXPECT(f2u(g) == f2u(w), "%s -> %s element %zu", zpp_dtype_name(di),
+                       zpp_dtype_name(dout), i);
+            }
+            if (a == b) {
+                EXPECT_OK(zpp_qx_convert(&host, in, di, in, di, n, 0.375f));
+                EXPECT(memcmp(in, out, n * zpp_dtype_size(di)) == 0, "in place %s",
+                       zpp_dtype_name(di));
+            } else {
+                EXPECT_STATUS(zpp_qx_convert(&host, in, di, in, dout, n, 1.0f), ZPP_ERR_INVALID);
+            }
+            free(out);
+            free(in);
+        }
+    }
+    free(o);
+    free(src);
+    free(f);
+    free(h);
+}
+
+/* ---- non-finite input ---- */
+
+static int is_nan_out(const void *y, zpp_dtype dt, size_t i) {
+    return isnan(zpp_load_f32(y, dt, i));
+}
+
+static void test_nonfinite(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(10));
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    for (size_t di = 0; di < 3; di++) {
+        for (size_t bi = 0; bi < 2; bi++) {
+            zpp_dtype dt = all_dtypes[di];
+            zpp_quant_spec sp = spec_make(all_bits[bi], 64, (int)(bi ^ di) & 1, 7);
+            size_t B = sp.block, n = 5 * B - 3; /* 5 blocks, the last one short */
+            void *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+            float *xf = xmalloc(n * 4);
+            fill(&rng, D_NORMAL, dt, n, B, x, xf);
+            size_t p1 = B + zpp_rng_u64(&rng) % B;                  /* NaN in block 1 */
+            size_t p2 = 3 * B + zpp_rng_u64(&rng) % (B / 2);        /* +Inf in block 3 */
+            size_t p3 = 3 * B + B / 2 + zpp_rng_u64(&rng) % (B / 2); /* -Inf in block 3 */
+            zpp_store_f32(x, dt, p1, NAN);
+            zpp_store_f32(x, dt, p2, INFINITY);
+            zpp_store_f32(x, dt, p3, -INFINITY);
+            for (size_t i = 0; i < n; i++) xf[i] = zpp_load_f32(x, dt, i);
+            size_t bytes = zpp_quant_bytes(n, &sp);
+            uint8_t *q = xmalloc(bytes), *r = xmalloc(bytes);
+            zpp_error_clear();
+            EXPECT_STATUS(zpp_quantize(x, dt, n, &sp, q), ZPP_ERR_NONFINITE);
+            char want[64];
+            snprintf(want, sizeof want, "element %zu ", p1);
+            EXPECT(strstr(zpp_last_error(), want) != NULL, "message '%s' should name %s",
+                   zpp_last_error(), want);
+            /* blocks 1 and 3: NaN scale (0x7fc00000), zero payload; the rest
+             * as the reference quantizes them */
+            ref_quantize(xf, n, &sp, 0, r);
+            EXPECT(memcmp(q, r, bytes) == 0, "differs from the reference at byte %zu",
+                   first_diff(q, r, bytes));
+            size_t so = zpp_quant_scales_offset(n, sp.bits);
+            for (size_t b = 0; b < 5; b++) {
+                uint32_t s;
+                memcpy(&s, q + so + 4 * b, 4);
+                EXPECT((b == 1 || b == 3) ? s == 0x7fc00000u : s != 0x7fc00000u,
+                       "block %zu scale %08x", b, s);
+            }
+            for (size_t k = 0; k < 3; k++) {
+                zpp_dtype od = all_dtypes[k];
+                EXPECT_OK(zpp_dequantize(q, n, &sp, od, y));
+                for (size_t i = 0; i < n; i++) {
+                    int bad_block = i / B == 1 || i / B == 3;
+                    EXPECT(is_nan_out(y, od, i) == bad_block, "%s element %zu: %g",
+                           zpp_dtype_name(od), i, zpp_load_f32(y, od, i));
+                }
+            }
+            float *acc = xmalloc(n * 4);
+            for (size_t i = 0; i < n; i++) acc[i] = 1.0f;
+            EXPECT_OK(zpp_dequantize_accumulate(q, n, &sp, acc));
+            for (size_t i = 0; i < n; i++)
+                EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "accumulate %zu", i);
+            /* the NaN goes on through dequant-sum-requant and the reduce */
+            uint8_t *o = xmalloc(bytes);
+            const void *ptrs[2] = {q, r};
+            EXPECT_STATUS(zpp_quant_dequant_sum_requant(ptrs, 2, 1, n, &sp, &sp, o),
+                          ZPP_ERR_NONFINITE);
+            EXPECT(strstr(zpp_last_error(), "element") != NULL, "%s", zpp_last_error());
+            EXPECT_OK(zpp_dequantize(o, n, &sp, ZPP_FP32, acc));
+            for (size_t i = 0; i < n; i++)
+                EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "dsr %zu", i);
+            EXPECT_OK(zpp_qx_dequant_reduce(&host, q, 1, n, &sp, 0.5f, acc));
+            for (size_t i = 0; i < n; i++)
+                EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "reduce %zu", i);
+            /* chunked and reordered entry points report too */
+            EXPECT_STATUS(zpp_qx_quantize_chunks(&host, x, dt, 1, n, &sp, o), ZPP_ERR_NONFINITE);
+            EXPECT(strstr(zpp_last_error(), want) != NULL, "%s", zpp_last_error());
+            EXPECT_STATUS(zpp_quant_reorder_quantize(x, dt, n, 1, 1, &sp, o), ZPP_ERR_NONFINITE);
+            EXPECT(strstr(zpp_last_error(), want) != NULL, "%s", zpp_last_error());
+            free(o);
+            free(acc);
+            free(r);
+            free(q);
+            free(xf);
+            free(y);
+            free(x);
+        }
+    }
+}
+
+/* A block whose qmax / absmax overflows fp32 (absmax < qmax / FLT_MAX):
+ * the formula is followed literally, x * Inf = +-Inf saturates to +-qmax
+ * and 0 * Inf = NaN becomes 0, the scale absmax / qmax is stored as usual.
+ * Just above that limit the block is quantized normally. */
+static void test_tiny_absmax(void) {
+    for (size_t bi = 0; bi < 2; bi++) {
+        for (int sr = 0; sr < 2; sr++) {
+            zpp_quant_spec sp = spec_make(all_bits[bi], 8, sr, 99);
+            float Q = qmax_of(sp.bits);
+            float limit = Q / FLT_MAX; /* qmax / absmax overflows below about this */
+            float x[24], y[24];
+            for (int i = 0; i < 8; i++) {
+                x[i] = (i % 2 ? -1.0f : 1.0f) * limit * 0.5f * (float)(i + 1) / 8.0f;
+                x[8 + i] = (float)(i - 3) * 1e-40f;              /* subnormal, one zero */
+                x[16 + i] = (float)(i - 4) * limit * 4.0f;       /* quantized normally */
+            }
+            uint8_t q[256], r[256];
+            EXPECT_OK(zpp_quantize(x, ZPP_FP32, 24, &sp, q));
+            ref_quantize(x, 24, &sp, 0, r);
+            EXPECT(memcmp(q, r, zpp_quant_bytes(24, &sp)) == 0, "int%d %s: byte %zu", sp.bits,
+                   sr ? "SR" : "RNE", first_diff(q, r, zpp_quant_bytes(24, &sp)));
+            float s[3];
+            memcpy(s, q + zpp_quant_scales_offset(24, sp.bits), sizeof s);
+            float a0 = fabsf(x[7]), a1 = fabsf(x[15]), a2 = fabsf(x[16]); /* block absmax */
+            EXPECT(s[0] == a0 / Q && s[1] == a1 / Q && s[2] == a2 / Q, "scales %a %a %a", s[0],
+                   s[1], s[2]);
+            for (int i = 0; i < 16; i++) {
+                int got = sp.bits == 8 ? (int8_t)q[i]
+                                       : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
+                int want = x[i] > 0 ? (int)Q : x[i] < 0 ? -(int)Q : 0;
+                EXPECT(got == want, "int%d element %d: q %d, want %d", sp.bits, i, got, want);
+            }
+            EXPECT_OK(zpp_dequantize(q, 24, &sp, ZPP_FP32, y));
+            for (int i = 0; i < 24; i++) {
+                double a = i < 8 ? a0 : i < 16 ? a1 : a2;
+                EXPECT(fabs((double)y[i] - x[i]) <= elem_bound(a, sp.bits, sr, ZPP_FP32),
+                       "element %d: %a vs %a", i, y[i], x[i]);
+            }
+        }
+    }
+}
+
+/* ---- layout ---- */
+
+static int aligned16(uintptr_t v) { return v % 16 == 0; }
+
+static void test_wire_layout(void) {
+    /* worked examples */
+    zpp_quant_spec s8 = spec_make(8, 256, 0, 0), s4 = spec_make(4, 128, 0, 0);
+    EXPECT(zpp_quant_bytes(0, &s8) == 0 && zpp_quant_num_blocks(0, 256) == 0, "see the condition");
+    EXPECT(zpp_quant_payload_bytes(7, 8) == 7 && zpp_quant_scales_offset(7, 8) == 16, "see the condition");
+    EXPECT(zpp_quant_bytes(7, &s8) == 32, "got %zu", zpp_quant_bytes(7, &s8));
+    EXPECT(zpp_quant_payload_bytes(1000, 4) == 500 && zpp_quant_scales_offset(1000, 4) == 512, "see the condition");
+    EXPECT(zpp_quant_num_blocks(1000, 128) == 8 && zpp_quant_bytes(1000, &s4) == 544, "see the condition");
+    EXPECT(zpp_quant_payload_bytes(1025, 4) == 513 && zpp_quant_bytes(1025, &s4) == 576, "see the condition");
+    EXPECT(zpp_quant_bytes(256, &s8) == 272, "see the condition");
+    /* the formulas on random sizes, and every padding byte written as 0 */
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(11));
+    for (int iter = 0; iter < 200; iter++) {
+        size_t n = zpp_rng_u64(&rng) % 5000;
+        zpp_quant_spec sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+                                      0, 0);
+        size_t pb = zpp_quant_payload_bytes(n, sp.bits);
+        size_t so = zpp_quant_scales_offset(n, sp.bits);
+        size_t nb = zpp_quant_num_blocks(n, sp.block);
+        size_t tot = zpp_quant_bytes(n, &sp);
+        EXPECT(pb == (sp.bits == 8 ? n : (n + 1) / 2), "see the condition");
+        EXPECT(aligned16(so) && so >= pb && so < pb + 16, "see the condition");
+        EXPECT(nb * sp.block >= n && (nb == 0 || (nb - 1) * sp.block < n), "see the condition");
+        EXPECT(aligned16(tot) && tot >= so + 4 * nb && tot < so + 4 * nb + 16, "see the condition");
+        if (iter % 10) continue;
+        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4);
+        fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
+        /* two tensors end to end in one 16-aligned buffer, poisoned first */
+        uint8_t *raw = xmalloc(2 * tot + 16);
+        uint8_t *buf = raw + (16 - (uintptr_t)raw % 16) % 16;
+        memset(buf, 0x77, 2 * tot);
+        EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, buf));
+        EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, buf + tot));
+        EXPECT(aligned16((uintptr_t)(buf + tot)) && aligned16((uintptr_t)(buf + so)), "see the condition");
+        for (size_t i = pb; i < so; i++) EXPECT(buf[i] == 0, "payload padding byte %zu", i);
+        for (size_t i = so + 4 * nb; i < tot; i++) EXPECT(buf[i] == 0, "tail byte %zu", i);
+        if (sp.bits == 4 && n % 2)
+            EXPECT((buf[pb - 1] & 0xf0) == 0, "odd n leaves the last high nibble 0");
+        EXPECT(memcmp(buf, buf + tot, tot) == 0, "see the condition");
+        free(raw);
+        free(xf);
+        free(x);
+    }
+}
+
+static void test_invalid_specs(void) {
+    float x[16] = {0};
+    uint8_t q[256];
+    zpp_quant_spec sp = spec_make(5, 256, 0, 0);
+    EXPECT_STATUS(zpp_quant_spec_check(&sp), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "5 bits") != NULL, "%s", zpp_last_error());
+    EXPECT_STATUS(zpp_quantize(x, ZPP_FP32, 16, &sp, q), ZPP_ERR_INVALID);
+    sp = spec_make(8, 12, 0, 0);
+    EXPECT_STATUS(zpp_quantize(x, ZPP_FP32, 16, &sp, q), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "block size 12") != NULL, "%s", zpp_last_error());
+    sp.block = 0;
+    EXPECT_STATUS(zpp_dequantize(q, 16, &sp, ZPP_FP32, x), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "block size 0") != NULL, "%s", zpp_last_error());
+    sp.block = ((size_t)1 << 20) + 8;
+    EXPECT_STATUS(zpp_quant_spec_check(&sp), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "maximum") != NULL, "%s", zpp_last_error());
+    sp = spec_make(4, 128, 2, 0);
+    EXPECT_STATUS(zpp_quant_spec_check(&sp), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_quant_spec_check(NULL), ZPP_ERR_INVALID);
+    sp = spec_make(8, 0, 0, 0);
+    EXPECT(sp.block == ZPP_QUANT_DEFAULT_BLOCK_INT8 && !sp.stochastic, "see the condition");
+    EXPECT(zpp_quant_spec_default(4).block == ZPP_QUANT_DEFAULT_BLOCK_INT4, "see the condition");
+    EXPECT_OK(zpp_quant_spec_check(&sp));
+    EXPECT_STATUS(zpp_quantize(x, (zpp_dtype)7, 16, &sp, q), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_quantize(NULL, ZPP_FP32, 16, &sp, q), ZPP_ERR_INVALID);
+    EXPECT_OK(zpp_quantize(NULL, ZPP_FP32, 0, &sp, NULL)); /* nothing to do */
+    EXPECT_STATUS(zpp_quant_reorder_quantize(x, ZPP_FP32, 4, 0, 2, &sp, q), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "nodes 0") != NULL, "%s", zpp_last_error());
+    const void *ptrs[1] = {q};
+    EXPECT_STATUS(zpp_quant_dequant_sum_requant(ptrs, 0, 1, 16, &sp, &sp, q), ZPP_ERR_INVALID);
+    zpp_quant_exec bad = {(zpp_mem_kind)5, NULL, NULL};
+    EXPECT_STATUS(zpp_qx_quantize_chunks(&bad, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_qx_quantize_chunks(NULL, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_INVALID);
+#ifndef ZPP_HAVE_CUDA
+    zpp_quant_exec dev = {ZPP_MEM_DEVICE, NULL, NULL};
+    EXPECT_STATUS(zpp_qx_quantize_chunks(&dev, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_UNSUPPORTED);
+    EXPECT(strstr(zpp_last_error(), "CUDA") != NULL, "%s", zpp_last_error());
+    EXPECT_STATUS(zpp_qx_convert(&dev, x, ZPP_FP32, x, ZPP_FP32, 16, 1.0f), ZPP_ERR_UNSUPPORTED);
+#endif
+}
+
+/* The host path of quant_exec is the direct calls. */
+static void test_exec_host_equals_direct(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(12));
+    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    for (int iter = 0; iter < 12; iter++) {
+        zpp_dtype dt = all_dtypes[iter % 3];
+        size_t n_chunks = 1 + zpp_rng_u64(&rng) % 5, chunk_len = 1 + zpp_rng_u64(&rng) % 2000;
+        zpp_quant_spec sp = spec_make(all_bits[(iter / 3) % 2], 0, (iter / 6) % 2,
+                                      zpp_rng_u64(&rng));
+        size_t n = n_chunks * chunk_len, es = zpp_dtype_size(dt);
+        size_t qb = zpp_quant_bytes(chunk_len, &sp);
+        void *x = xmalloc(n * 4), *y = xmalloc(n * 4), *y1 = xmalloc(n * 4);
+        float *xf = xmalloc(n * 4);
+        fill(&rng, D_CAUCHY, dt, n, sp.block, x, xf);
+        uint8_t *a = xmalloc(n_chunks * qb), *b = xmalloc(n_chunks * qb);
+        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, n_chunks, chunk_len, &sp, a));
+        /* stochastic chunks use the index in the whole input: equal to the
+         * reorder with one node, and chunk 0 to a plain quantize */
+        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 1, (int)n_chunks, &sp, b));
+        EXPECT(memcmp(a, b, n_chunks * qb) == 0, "chunks vs reorder(1 node)");
+        for (size_t c = 0; c < (sp.stochastic ? 1 : n_chunks); c++) {
+            EXPECT_OK(zpp_quantize((const char *)x + c * chunk_len * es, dt, chunk_len, &sp, b));
+            EXPECT(memcmp(a + c * qb, b, qb) == 0, "chunk %zu vs zpp_quantize", c);
+        }
+        EXPECT_OK(zpp_qx_dequantize_chunks(&host, a, n_chunks, chunk_len, &sp, dt, y));
+        for (size_t c = 0; c < n_chunks; c++)
+            EXPECT_OK(zpp_dequantize(a + c * qb, chunk_len, &sp, dt,
+                                     (char *)y1 + c * chunk_len * es));
+        EXPECT(memcmp(y, y1, n * es) == 0, "dequantize chunks");
+        free(b);
+        free(a);
+        free(xf);
+        free(y1);
+        free(y);
+        free(x);
+    }
+}
+
+/* The acceptance figures for the default blocks on N(0,1):
+ * ||deq - x|| / ||x|| <= 0.01 (int8) and <= 0.15 (int4). */
+static void test_default_block_accuracy(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(13));
+    const size_t n = (size_t)1 << 20;
+    float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *y = xmalloc(n * 4);
+    fill(&rng, D_NORMAL, ZPP_FP32, n, 256, x, xf);
+    for (size_t bi = 0; bi < 2; bi++) {
+        zpp_quant_spec sp = zpp_quant_spec_default(all_bits[bi]);
+        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
+        EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            num += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            den += (double)x[i] * x[i];
+        }
+        double rel = sqrt(num / den);
+        EXPECT(rel <= (sp.bits == 8 ? 0.01 : 0.15), "int%d block %zu: rel L2 %g", sp.bits,
+               sp.block, rel);
+        free(q);
+    }
+    free(y);
+    free(xf);
+    free(x);
+}
+
+ZPP_TESTS(ZPP_TEST(test_quantize_matches_reference), ZPP_TEST(test_block_sizes),
+          ZPP_TEST(test_representable_roundtrip), ZPP_TEST(test_stochastic_unbiased),
+          ZPP_TEST(test_reorder_quantize_equals_unfused),
+          ZPP_TEST(test_dequant_sum_requant_equals_unfused),
+          ZPP_TEST(test_dequantize_accumulate), ZPP_TEST(test_dequant_reduce),
+          ZPP_TEST(test_convert_bit_exact), ZPP_TEST(test_nonfinite), ZPP_TEST(test_tiny_absmax),
+          ZPP_TEST(test_wire_layout), ZPP_TEST(test_invalid_specs),
+          ZPP_TEST(test_exec_host_equals_direct), ZPP_TEST(test_default_block_accuracy))
