@@ -165,9 +165,10 @@ static void block_absmax(const float *xf, size_t n, size_t block, float *amax) {
 /* The bound of the header comment for one element; u_d, abs_d: dtype terms. */
 static double elem_bound(double a, int bits, int stochastic, zpp_dtype out) {
     const double e = 0x1p-24, Q = qmax_of(bits);
-    /* qmax / absmax overflowed: q = sign(x) qmax, y = sign(x) * about a */
-    double b = !((float)Q / (float)a <= FLT_MAX) ? a + (Q + 2) * 0x1p-149 : (stochastic ? (1.0 + 0x1p-17) : 0.5) * a / Q + 2.0 * a * (2 * e + e * e) +
+    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * a / Q + 2.0 * a * (2 * e + e * e) +
                (Q + 2) * 0x1p-149;
+    /* qmax / absmax overflowed: q = sign(x) qmax, y = sign(x) * about a */
+    if (!((float)Q / (float)a <= FLT_MAX)) b = a + (Q + 2) * 0x1p-149;
     if (out == ZPP_BF16) b += a * (1.0 + 0x1p-20) * 0x1p-8 + 0x1p-134;
     if (out == ZPP_FP16) b += a * (1.0 + 0x1p-20) * 0x1p-11 + 0x1p-25;
     return b;
@@ -637,6 +638,37 @@ static void test_convert_bit_exact(void) {
     free(h);
 }
 
+/* Dequantized values across fp16's whole range (subnormals below 2^-14,
+ * Inf above 65504) and bf16's: the dtype outputs are the fp32 output
+ * rounded by core/dtype.h, bit for bit. Block b has absmax near 10^(b-10). */
+static void test_dequantize_dtype_ranges(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(14));
+    for (size_t bi = 0; bi < 2; bi++) {
+        zpp_quant_spec sp = spec_make(all_bits[bi], 64, 0, 0);
+        const size_t nb = 17, n = nb * sp.block;
+        float *x = xmalloc(n * 4), *y32 = xmalloc(n * 4);
+        uint16_t *y16 = xmalloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)(zpp_rng_normal(&rng) * pow(10.0, (double)(i / sp.block) - 10.0));
+        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
+        EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y32));
+        for (int k = 1; k < 3; k++) {
+            zpp_dtype od = all_dtypes[k];
+            EXPECT_OK(zpp_dequantize(q, n, &sp, od, y16));
+            for (size_t i = 0; i < n; i++) {
+                uint16_t want = od == ZPP_BF16 ? zpp_f32_to_bf16(y32[i]) : zpp_f32_to_fp16(y32[i]);
+                EXPECT(y16[i] == want, "int%d %s element %zu (%a): %04x, want %04x", sp.bits,
+                       zpp_dtype_name(od), i, y32[i], y16[i], want);
+            }
+        }
+        free(q);
+        free(y16);
+        free(y32);
+        free(x);
+    }
+}
+
 /* ---- non-finite input ---- */
 
 static int is_nan_out(const void *y, zpp_dtype dt, size_t i) {
@@ -770,15 +802,20 @@ static void test_tiny_absmax(void) {
 static int aligned16(uintptr_t v) { return v % 16 == 0; }
 
 static void test_wire_layout(void) {
-    /* worked examples */
-    zpp_quant_spec s8 = spec_make(8, 256, 0, 0), s4 = spec_make(4, 128, 0, 0);
-    EXPECT(zpp_quant_bytes(0, &s8) == 0 && zpp_quant_num_blocks(0, 256) == 0, "see the condition");
-    EXPECT(zpp_quant_payload_bytes(7, 8) == 7 && zpp_quant_scales_offset(7, 8) == 16, "see the condition");
-    EXPECT(zpp_quant_bytes(7, &s8) == 32, "got %zu", zpp_quant_bytes(7, &s8));
-    EXPECT(zpp_quant_payload_bytes(1000, 4) == 500 && zpp_quant_scales_offset(1000, 4) == 512, "see the condition");
-    EXPECT(zpp_quant_num_blocks(1000, 128) == 8 && zpp_quant_bytes(1000, &s4) == 544, "see the condition");
-    EXPECT(zpp_quant_payload_bytes(1025, 4) == 513 && zpp_quant_bytes(1025, &s4) == 576, "see the condition");
-    EXPECT(zpp_quant_bytes(256, &s8) == 272, "see the condition");
+    /* worked examples: {n, bits, block, payload, scales offset, blocks, total} */
+    static const size_t ex[][7] = {
+        {0, 8, 256, 0, 0, 0, 0},          {7, 8, 256, 7, 16, 1, 32},
+        {256, 8, 256, 256, 256, 1, 272},  {1000, 4, 128, 500, 512, 8, 544},
+        {1025, 4, 128, 513, 528, 9, 576}, {1, 4, 8, 1, 16, 1, 32}};
+    for (size_t k = 0; k < sizeof ex / sizeof ex[0]; k++) {
+        zpp_quant_spec e = spec_make((int)ex[k][1], ex[k][2], 0, 0);
+        size_t got[4] = {zpp_quant_payload_bytes(ex[k][0], e.bits),
+                         zpp_quant_scales_offset(ex[k][0], e.bits),
+                         zpp_quant_num_blocks(ex[k][0], e.block), zpp_quant_bytes(ex[k][0], &e)};
+        for (int j = 0; j < 4; j++)
+            EXPECT(got[j] == ex[k][3 + j], "n %zu int%zu block %zu: quantity %d is %zu, want %zu",
+                   ex[k][0], ex[k][1], ex[k][2], j, got[j], ex[k][3 + j]);
+    }
     /* the formulas on random sizes, and every padding byte written as 0 */
     zpp_rng rng = zpp_rng_make(zpp_test_seed(11));
     for (int iter = 0; iter < 200; iter++) {
@@ -789,10 +826,12 @@ static void test_wire_layout(void) {
         size_t so = zpp_quant_scales_offset(n, sp.bits);
         size_t nb = zpp_quant_num_blocks(n, sp.block);
         size_t tot = zpp_quant_bytes(n, &sp);
-        EXPECT(pb == (sp.bits == 8 ? n : (n + 1) / 2), "see the condition");
-        EXPECT(aligned16(so) && so >= pb && so < pb + 16, "see the condition");
-        EXPECT(nb * sp.block >= n && (nb == 0 || (nb - 1) * sp.block < n), "see the condition");
-        EXPECT(aligned16(tot) && tot >= so + 4 * nb && tot < so + 4 * nb + 16, "see the condition");
+        EXPECT(pb == (sp.bits == 8 ? n : (n + 1) / 2), "n %zu: payload %zu", n, pb);
+        EXPECT(aligned16(so) && so >= pb && so < pb + 16, "n %zu: scales at %zu", n, so);
+        EXPECT(nb * sp.block >= n && (nb == 0 || (nb - 1) * sp.block < n), "n %zu: %zu blocks",
+               n, nb);
+        EXPECT(aligned16(tot) && tot >= so + 4 * nb && tot < so + 4 * nb + 16, "n %zu: %zu bytes",
+               n, tot);
         if (iter % 10) continue;
         float *x = xmalloc(n * 4), *xf = xmalloc(n * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
@@ -802,12 +841,13 @@ static void test_wire_layout(void) {
         memset(buf, 0x77, 2 * tot);
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, buf));
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, buf + tot));
-        EXPECT(aligned16((uintptr_t)(buf + tot)) && aligned16((uintptr_t)(buf + so)), "see the condition");
+        EXPECT(aligned16((uintptr_t)(buf + tot)) && aligned16((uintptr_t)(buf + so)),
+               "second tensor or scales not 16-byte aligned");
         for (size_t i = pb; i < so; i++) EXPECT(buf[i] == 0, "payload padding byte %zu", i);
         for (size_t i = so + 4 * nb; i < tot; i++) EXPECT(buf[i] == 0, "tail byte %zu", i);
         if (sp.bits == 4 && n % 2)
             EXPECT((buf[pb - 1] & 0xf0) == 0, "odd n leaves the last high nibble 0");
-        EXPECT(memcmp(buf, buf + tot, tot) == 0, "see the condition");
+        EXPECT(memcmp(buf, buf + tot, tot) == 0, "the two copies differ");
         free(raw);
         free(xf);
         free(x);
@@ -834,8 +874,8 @@ static void test_invalid_specs(void) {
     EXPECT_STATUS(zpp_quant_spec_check(&sp), ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_quant_spec_check(NULL), ZPP_ERR_INVALID);
     sp = spec_make(8, 0, 0, 0);
-    EXPECT(sp.block == ZPP_QUANT_DEFAULT_BLOCK_INT8 && !sp.stochastic, "see the condition");
-    EXPECT(zpp_quant_spec_default(4).block == ZPP_QUANT_DEFAULT_BLOCK_INT4, "see the condition");
+    EXPECT(sp.block == ZPP_QUANT_DEFAULT_BLOCK_INT8 && !sp.stochastic, "default int8 spec");
+    EXPECT(zpp_quant_spec_default(4).block == ZPP_QUANT_DEFAULT_BLOCK_INT4, "default int4 spec");
     EXPECT_OK(zpp_quant_spec_check(&sp));
     EXPECT_STATUS(zpp_quantize(x, (zpp_dtype)7, 16, &sp, q), ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_quantize(NULL, ZPP_FP32, 16, &sp, q), ZPP_ERR_INVALID);
@@ -925,6 +965,7 @@ ZPP_TESTS(ZPP_TEST(test_quantize_matches_reference), ZPP_TEST(test_block_sizes),
           ZPP_TEST(test_reorder_quantize_equals_unfused),
           ZPP_TEST(test_dequant_sum_requant_equals_unfused),
           ZPP_TEST(test_dequantize_accumulate), ZPP_TEST(test_dequant_reduce),
-          ZPP_TEST(test_convert_bit_exact), ZPP_TEST(test_nonfinite), ZPP_TEST(test_tiny_absmax),
+          ZPP_TEST(test_convert_bit_exact), ZPP_TEST(test_dequantize_dtype_ranges),
+          ZPP_TEST(test_nonfinite), ZPP_TEST(test_tiny_absmax),
           ZPP_TEST(test_wire_layout), ZPP_TEST(test_invalid_specs),
           ZPP_TEST(test_exec_host_equals_direct), ZPP_TEST(test_default_block_accuracy))

@@ -62,6 +62,12 @@ typedef struct bench_unit {
     void *secondary; /* sec_len elements (hpZ) */
     float *out;      /* shard_len fp32 */
     uint64_t fwd_hash;
+    /* Host references, computed once at setup and shared by every mode: */
+    float *ref;      /* padded: the unit's weights (values of the dtype) */
+    float *amax;     /* per int8 block of each rank's shard: its absmax */
+    double *mean;    /* shard_len: exact world mean of this rank's gradient shard */
+    double *abssum;  /* shard_len: sum over ranks of |g_r| */
+    double *sum_a;   /* per int4 block of this shard: sum over ranks of its absmax */
 } bench_unit;
 
 typedef struct bench_ctx {
@@ -206,6 +212,40 @@ static zpp_status upload(bench_ctx *b, void *dst, size_t n, int unit, int rank, 
     return st;
 }
 
+/* The single-process references of one unit (see check_gather and
+ * check_reduce): every rank's data is a pure function of its indices. */
+static zpp_status make_refs(bench_ctx *b, int unit) {
+    bench_unit *u = &b->u[unit];
+    size_t n = u->p.shard_len, W = (size_t)b->W, base = (size_t)b->rank * n;
+    size_t wb = b->copts.weight_spec.block, gb = b->copts.grad_spec.block;
+    size_t nwb = n ? (n + wb - 1) / wb : 0, ngb = n ? (n + gb - 1) / gb : 0;
+    u->ref = malloc((u->p.padded + 1) * sizeof(float));
+    u->amax = calloc(W * nwb + 1, sizeof(float));
+    u->mean = calloc(n + 1, sizeof(double));
+    u->abssum = calloc(n + 1, sizeof(double));
+    u->sum_a = calloc(ngb + 1, sizeof(double));
+    if (!u->ref || !u->amax || !u->mean || !u->abssum || !u->sum_a) return ZPP_ERR_NOMEM;
+    for (size_t i = 0; i < u->p.padded; i++) {
+        u->ref[i] = weight_at(b, unit, i);
+        size_t blk = (i / n) * nwb + (i % n) / wb;
+        u->amax[blk] = fmaxf(u->amax[blk], fabsf(u->ref[i]));
+    }
+    for (int r = 0; r < b->W; r++) {
+        for (size_t k0 = 0; k0 < n; k0 += gb) {
+            double A = 0;
+            for (size_t k = k0; k < n && k < k0 + gb; k++) {
+                double g = grad_at(b, unit, r, base + k);
+                u->mean[k] += g;
+                u->abssum[k] += fabs(g);
+                A = fmax(A, fabs(g));
+            }
+            u->sum_a[k0 / gb] += A;
+        }
+    }
+    for (size_t k = 0; k < n; k++) u->mean[k] /= b->W;
+    return ZPP_OK;
+}
+
 static zpp_status setup(bench_ctx *b) {
     zpp_topo_opts to;
     memset(&to, 0, sizeof to);
@@ -261,7 +301,8 @@ static zpp_status setup(bench_ctx *b) {
             return st;
         if ((st = upload(b, u->shard, u->p.shard_len, i, b->rank,
                          (size_t)b->rank * u->p.shard_len, 0)) ||
-            (st = upload(b, u->grad, u->p.padded, i, b->rank, 0, 1)))
+            (st = upload(b, u->grad, u->p.padded, i, b->rank, 0, 1)) ||
+            (st = make_refs(b, i)))
             return st;
     }
     if ((st = zpp_mem_alloc(b->mem, max_padded * b->ds, &b->full)) ||
@@ -280,6 +321,11 @@ static void teardown(bench_ctx *b) {
             zpp_mem_free(b->mem, b->u[i].grad);
             zpp_mem_free(b->mem, b->u[i].secondary);
             zpp_mem_free(b->mem, b->u[i].out);
+            free(b->u[i].ref);
+            free(b->u[i].amax);
+            free(b->u[i].mean);
+            free(b->u[i].abssum);
+            free(b->u[i].sum_a);
         }
         free(b->u);
     }
@@ -300,29 +346,25 @@ static void teardown(bench_ctx *b) {
  * the baseline; for qwZ within half a step (absmax / 127) of the element's
  * block in its owner's shard, plus the output dtype's rounding (half an ulp:
  * 2^-8 of the value for bf16, 2^-11 for fp16). Returns max error / bound
- * (> 1: wrong), or 2 for an inexact baseline. */
+ * (> 1: wrong; 2 for an inexact baseline). */
 static double check_gather(bench_ctx *b, int unit, zpp_gather_mode mode) {
-    const zpp_partition *p = &b->u[unit].p;
-    size_t n = p->shard_len, block = b->copts.weight_spec.block;
-    double worst = 0, rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
-    for (size_t r0 = 0; r0 < p->padded; r0 += n) {
-        for (size_t b0 = r0; b0 < r0 + n; b0 += block) {
-            size_t b1 = b0 + block < r0 + n ? b0 + block : r0 + n;
-            double amax = 0;
-            for (size_t i = b0; i < b1; i++) amax = fmax(amax, fabs(weight_at(b, unit, i)));
-            for (size_t i = b0; i < b1; i++) {
-                double want = weight_at(b, unit, i);
-                double got = zpp_load_f32(b->host_full, b->o.dtype, i);
-                if (mode == ZPP_GATHER_BASELINE) {
-                    if (got != want && !(isnan(got) && isnan(want))) return 2.0;
-                    continue;
-                }
-                double bound = amax / 127.0 * 0.5 * (1 + 1e-3) * (1 + rel) + rel * fabs(want);
-                double err = fabs(got - want);
-                if (!(err <= bound)) return fmax(2.0, bound > 0 ? err / bound : 2.0);
-                if (bound > 0 && err / bound > worst) worst = err / bound;
-            }
+    const bench_unit *u = &b->u[unit];
+    size_t n = u->p.shard_len, wb = b->copts.weight_spec.block;
+    size_t nwb = n ? (n + wb - 1) / wb : 0;
+    double worst = 0, rel = b->o.dtype == ZPP_BF16   ? 0x1p-8
+                            : b->o.dtype == ZPP_FP16 ? 0x1p-11
+                                                     : 0x1p-24;
+    for (size_t i = 0; i < u->p.padded; i++) {
+        double want = u->ref[i], got = zpp_load_f32(b->host_full, b->o.dtype, i);
+        if (mode == ZPP_GATHER_BASELINE) {
+            if (got != want) return 2.0;
+            continue;
         }
+        double amax = u->amax[(i / n) * nwb + (i % n) / wb];
+        double bound = amax / 127.0 * 0.5 * (1 + 1e-3) * (1 + rel) + rel * fabs(want);
+        double err = fabs(got - want);
+        if (!(err <= bound)) return fmax(2.0, bound > 0 ? err / bound : 2.0);
+        if (bound > 0 && err / bound > worst) worst = err / bound;
     }
     return worst;
 }
@@ -330,57 +372,27 @@ static double check_gather(bench_ctx *b, int unit, zpp_gather_mode mode) {
 /* This rank's reduced shard in b->host_out against the exact world mean.
  * Baseline: the backend sums W values in the dtype, each of W-1
  * combinations rounding by half an ulp (<= rel * sum|g_r|); the 1/W
- * product adds 3 fp32 ulps. qgZ (per block b of the shard, A_r the absmax
- * of rank r's gradient over it): the first int4 quantization errs by
- * <= A_r/14 per rank; with nodes > 1 and node_size > 1 the node's sum is
- * requantized, erring by <= (sum over the node of A_s)/14; one division by
- * W at the end: |err| <= levels * sum_r A_r / 14 / W. */
+ * product adds 3 fp32 ulps. qgZ (per block of the shard, A_r the absmax of
+ * rank r's gradient over it): the first int4 quantization errs by <= A_r/14
+ * per rank; with nodes > 1 and node_size > 1 the node's sum is requantized,
+ * erring by <= (sum over the node of A_s)/14; one division by W at the end:
+ * |err| <= levels * sum_r A_r / 14 / W. */
 static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
-    const zpp_partition *p = &b->u[unit].p;
+    const bench_unit *u = &b->u[unit];
     const zpp_topo *t = b->topo;
-    size_t n = p->shard_len, base = (size_t)b->rank * n;
-    size_t block = b->copts.grad_spec.block;
+    size_t gb = b->copts.grad_spec.block;
     int levels = (t->nodes > 1 && t->node_size > 1) ? 2 : 1;
     double rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
     double worst = 0;
-    double *sum = calloc(block, sizeof(double)), *abs_sum = calloc(block, sizeof(double));
-    if (!sum || !abs_sum) {
-        free(sum);
-        free(abs_sum);
-        return 2.0;
+    for (size_t k = 0; k < u->p.shard_len; k++) {
+        double want = u->mean[k], got = b->host_out[k];
+        double bound = mode == ZPP_REDUCE_QGZ ? levels * u->sum_a[k / gb] / 14.0 / b->W * (1 + 1e-3)
+                                              : (b->W - 1) * rel * 1.01 * u->abssum[k] / b->W;
+        bound += 3 * 0x1p-24 * fabs(want) + 1e-37;
+        double err = fabs(got - want);
+        if (!(err <= bound)) return fmax(2.0, err / bound);
+        if (err / bound > worst) worst = err / bound;
     }
-    for (size_t b0 = 0; b0 < n; b0 += block) {
-        size_t len = b0 + block < n ? block : n - b0;
-        double sumA = 0;
-        memset(sum, 0, len * sizeof(double));
-        memset(abs_sum, 0, len * sizeof(double));
-        for (int r = 0; r < b->W; r++) {
-            double A = 0;
-            for (size_t k = 0; k < len; k++) {
-                double g = grad_at(b, unit, r, base + b0 + k);
-                sum[k] += g;
-                abs_sum[k] += fabs(g);
-                A = fmax(A, fabs(g));
-            }
-            sumA += A;
-        }
-        for (size_t k = 0; k < len; k++) {
-            double want = sum[k] / b->W, got = b->host_out[b0 + k];
-            double bound = mode == ZPP_REDUCE_QGZ
-                               ? levels * sumA / 14.0 / b->W * (1 + 1e-3)
-                               : (b->W - 1) * rel * 1.01 * abs_sum[k] / b->W;
-            bound += 3 * 0x1p-24 * fabs(want) + 1e-37;
-            double err = fabs(got - want);
-            if (!(err <= bound)) {
-                worst = fmax(2.0, err / bound);
-                goto out;
-            }
-            if (err / bound > worst) worst = err / bound;
-        }
-    }
-out:
-    free(sum);
-    free(abs_sum);
     return worst;
 }
 
@@ -527,9 +539,9 @@ static void run_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
 /* ---- Output --------------------------------------------------------------------- */
 
 static const char *human(double v, char *buf, size_t cap) {
-    if (v < 1e4) snprintf(buf, cap, "%.0f B", v);
-    else if (v < 1e7) snprintf(buf, cap, "%.2f kB", v / 1e3);
-    else if (v < 1e10) snprintf(buf, cap, "%.2f MB", v / 1e6);
+    if (v < 1e3) snprintf(buf, cap, "%.0f B", v);
+    else if (v < 1e6) snprintf(buf, cap, "%.2f kB", v / 1e3);
+    else if (v < 1e9) snprintf(buf, cap, "%.2f MB", v / 1e6);
     else snprintf(buf, cap, "%.2f GB", v / 1e9);
     return buf;
 }

@@ -56,9 +56,9 @@ static int parse_int(const char *s, int *out) {
 
 /* 1234567 -> "1.23 MB" (decimal units, as network rates are quoted). */
 static const char *human(double b, char *buf, size_t cap) {
-    if (b < 1e4) snprintf(buf, cap, "%.0f B", b);
-    else if (b < 1e7) snprintf(buf, cap, "%.2f kB", b / 1e3);
-    else if (b < 1e10) snprintf(buf, cap, "%.2f MB", b / 1e6);
+    if (b < 1e3) snprintf(buf, cap, "%.0f B", b);
+    else if (b < 1e6) snprintf(buf, cap, "%.2f kB", b / 1e3);
+    else if (b < 1e9) snprintf(buf, cap, "%.2f MB", b / 1e6);
     else snprintf(buf, cap, "%.2f GB", b / 1e9);
     return buf;
 }
@@ -111,7 +111,10 @@ int zpp_cli_plan(int argc, char **argv) {
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
         int st = zpp_plan_step(params, units, world, node_size, zpp_coll_mode_get(m), dtype,
                                &opts, &v[m]);
-        if (st != ZPP_OK) return zpp_cli_fail("plan", st);
+        if (st != ZPP_OK) {
+            fprintf(stderr, "zeropp %s\n", zpp_last_error()); /* "plan: ..." */
+            return 2;
+        }
     }
     int nodes = world / node_size;
     double z3 = zpp_volume_cross_total(&v[0]);

@@ -54,7 +54,6 @@ struct zpp_coll {
     zpp__buf *pool;
     size_t pool_len, pool_cap;
     uint64_t seq;       /* operations started: varies stochastic-rounding seeds */
-    int in_flight;
 };
 
 typedef enum zpp__op_kind {
@@ -187,7 +186,6 @@ static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
     for (int k = 0; k < ZPP__OP_BUFS; k++)
         if (op->buf[k] >= 0) c->pool[op->buf[k]].busy = 0;
     free(op);
-    c->in_flight--;
 }
 
 static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partition *p,
@@ -199,7 +197,6 @@ static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partitio
     op->dtype = dtype;
     op->phase = phase;
     for (int k = 0; k < ZPP__OP_BUFS; k++) op->buf[k] = -1;
-    c->in_flight++;
     *op_p = op;
     return ZPP_OK;
 }

@@ -31,7 +31,9 @@
  * PyTorch's nn.Linear: y = x W^T + b.
  *
  * Stages: 0 = embedding (unit 0), 1..L = blocks (unit l), L+1 = final
- * LayerNorm + LM head + loss (unit 0 again).
+ * LayerNorm + LM head + loss (unit 0 again). The backward of stage 0 (the
+ * scatter of row gradients into wte / wpe) reads no parameters: the CPU
+ * model accepts params == NULL there, so an engine may skip that gather.
  *
  * Initialisation (GPT-2 / llm.c): weights N(0, 0.02^2), except proj_w and
  * fc2_w (the matrices that write into the residual stream) whose std is

@@ -12,7 +12,7 @@
  *   logits  = LNf(xL) wte^T;  loss = mean_i -log softmax(logits_i)[target_i]
  *                                                                 stage L+1
  *   LN(x)   = (x - mean(x)) / sqrt(var(x) + 1e-5) * w + b   (over C)
- *   gelu(u) = u/2 (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))
+ *   gelu(u) = u/2 (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3)))   ("tanh" gelu)
  *
  * Backward runs the stages in reverse; each stage turns the gradient of its
  * output (kept in `dres`, the gradient of the residual stream) into the
@@ -22,20 +22,22 @@
  *
  * Activations for max_batch x T are allocated once, in one arena, at create;
  * forward and backward never allocate. Memory (floats), with N = max_batch*T:
- *   per block   N*(1+1+3+1+1+4+4+1)*C + 4N + B*H*T*T   (the last: attention
- *               probabilities, kept for backward)
+ *   per block   16*N*C (residual out, ln1, qkv 3C, attention out, mid,
+ *               ln2, fc 4C, gelu 4C) + 4N (LayerNorm statistics)
+ *               + max_batch*H*T*T (attention probabilities, for backward)
  *   once        N*C (embedding output) + N*(C+2) (final LN) + N*V (logits,
  *               probabilities, then d logits in place) + N + backward
  *               scratch N*(C + C + 3C + 4C) + T*T, plus one unit in fp32 when
- *               params are bf16.
+ *               params are bf16 or fp16.
  *
  * Determinism: every loop runs in a fixed order on one thread, so the result
  * is a function of the inputs and of the OpenBLAS build and thread count:
  * OpenBLAS splits sgemm over threads along the output dimensions, never the
  * reduction dimension, so a fixed OPENBLAS_NUM_THREADS gives bit-identical
  * results run to run. The library does not change OpenBLAS's thread count
- * (that is global state the application owns); the trainer and the tests
- * run with OPENBLAS_NUM_THREADS=1. */
+ * (that is global state the application owns); the tests and
+ * scripts/demo.sh run with OPENBLAS_NUM_THREADS=1. Another thread count is
+ * reproducible too, but may round differently from one thread. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -218,7 +220,7 @@ typedef struct gpt2_cpu {
     float *dqkv;     /* nmax x 3C */
     float *dfc;      /* nmax x 4C */
     float *datt;     /* T x T */
-    float *wbuf;     /* fp32 copy of a bf16 unit (NULL for fp32 params) */
+    float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
 
     float loss;
     int fwd_next; /* the stage forward expects next (n_stages: done) */
@@ -313,22 +315,26 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-static void gelu_forward(float *out, const float *inp, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float u = inp[i];
-        out[i] = 0.5f * u * (1.0f + tanhf(GELU_K * (u + GELU_A * u * u * u)));
-    }
+/* (1 + tanh z)/2 = sigmoid(2z) = 1 / (1 + e^{-2z}): one expf instead of a
+ * tanhf (glibc's tanhf goes through expm1f and was a third of the run
+ * time). For very negative z, e^{-2z} overflows to +Inf and the result is
+ * exactly 0; for large z it is exactly 1: no NaN either way. */
+static inline float gelu_sigmoid(float u) {
+    float z = GELU_K * (u + GELU_A * u * u * u);
+    return 1.0f / (1.0f + expf(-2.0f * z));
 }
 
-/* d/du [u/2 (1 + tanh z)], z = k (u + a u^3):
- *   = (1 + tanh z)/2 + u/2 (1 - tanh^2 z) k (1 + 3 a u^2).  In place on d. */
+static void gelu_forward(float *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * gelu_sigmoid(inp[i]);
+}
+
+/* gelu(u) = u s with s = sigmoid(2z), z = k (u + a u^3); since
+ * ds/dz = 2 s (1 - s):
+ *   gelu'(u) = s + u * 2 s (1 - s) * k (1 + 3 a u^2).  In place on d. */
 static void gelu_backward(float *d, const float *inp, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float u = inp[i];
-        float th = tanhf(GELU_K * (u + GELU_A * u * u * u));
-        float g = 0.5f * (1.0f + th) +
-                  0.5f * u * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * GELU_A * u * u);
-        d[i] *= g;
+        float u = inp[i], s = gelu_sigmoid(u);
+        d[i] *= s + u * 2.0f * s * (1.0f - s) * GELU_K * (1.0f + 3.0f * GELU_A * u * u);
     }
 }
 
@@ -410,25 +416,41 @@ static void attention_backward(float *dqkv, float *scratch, const float *dy, con
 
 /* ---- parameters in the working dtype ---- */
 
+/* n elements of a parameter array in `dtype`, from element `off`, as fp32.
+ * Exact: bf16 and fp16 values are all representable in fp32. */
+static void gpt2_to_f32(float *dst, const void *src, zpp_dtype dtype, size_t off, size_t n) {
+    if (dtype == ZPP_BF16) {
+        const zpp_bf16 *h = (const zpp_bf16 *)src + off;
+        for (size_t i = 0; i < n; i++) dst[i] = zpp_bf16_to_f32(h[i]);
+    } else if (dtype == ZPP_FP16) {
+        const zpp_fp16 *h = (const zpp_fp16 *)src + off;
+        for (size_t i = 0; i < n; i++) dst[i] = zpp_fp16_to_f32(h[i]);
+    } else {
+        memcpy(dst, (const float *)src + off, n * sizeof(float));
+    }
+}
+
 /* The unit's parameters as fp32: the caller's buffer for fp32, else the
- * unit converted into wbuf (exact: bf16 -> fp32 only appends zero bits). */
+ * whole unit converted into wbuf. */
 static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
     if (g->base.param_dtype == ZPP_FP32) return (const float *)params;
-    size_t n = g->unit_numel[unit];
-    const zpp_bf16 *src = (const zpp_bf16 *)params;
-    for (size_t i = 0; i < n; i++) g->wbuf[i] = zpp_bf16_to_f32(src[i]);
+    gpt2_to_f32(g->wbuf, params, g->base.param_dtype, 0, g->unit_numel[unit]);
     return g->wbuf;
 }
 
 /* ---- stages ---- */
 
-static void gpt2_embed_forward(gpt2_cpu *g, const float *w) {
+/* Reads only the rows it needs (B*T token rows and T position rows) in the
+ * working dtype, so a bf16 wte of V x C is not converted for this stage. */
+static void gpt2_embed_forward(gpt2_cpu *g, const void *params) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
-    const float *wte = w + g->lay.wte, *wpe = w + g->lay.wpe;
+    zpp_dtype dt = g->base.param_dtype;
+    float *pe = g->dc; /* scratch: one position row */
     for (int r = 0; r < n; r++) {
-        const float *te = wte + (size_t)g->tokens[r] * C, *pe = wpe + (size_t)(r % T) * C;
         float *o = g->res + (size_t)r * C;
-        for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+        gpt2_to_f32(o, params, dt, g->lay.wte + (size_t)g->tokens[r] * C, (size_t)C);
+        gpt2_to_f32(pe, params, dt, g->lay.wpe + (size_t)(r % T) * C, (size_t)C);
+        for (int c = 0; c < C; c++) o[c] += pe[c];
     }
 }
 
@@ -621,16 +643,15 @@ static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
                          "gpt2 forward: stage %d out of order (expected %d); run the "
                          "stages 0..%d in order", stage, g->fwd_next, S - 1);
     if (!params) return zpp_error(ZPP_ERR_INVALID, "gpt2 forward: params is NULL");
-    const float *w = gpt2_params_f32(g, m->stage_unit[stage], params);
     g->bwd_next = -1;
     if (stage == 0) {
         g->loss = NAN;
-        gpt2_embed_forward(g, w);
+        gpt2_embed_forward(g, params);
     } else if (stage == S - 1) {
-        gpt2_head_forward(g, w);
+        gpt2_head_forward(g, gpt2_params_f32(g, 0, params));
         g->bwd_next = S - 1;
     } else {
-        gpt2_block_forward(g, stage, w);
+        gpt2_block_forward(g, stage, gpt2_params_f32(g, stage, params));
     }
     g->fwd_next = stage + 1;
     return ZPP_OK;
@@ -653,12 +674,13 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
     if (stage == S - 1 && !g->have_targets)
         return zpp_error(ZPP_ERR_STATE,
                          "gpt2 backward: the batch has no targets; pass targets to set_batch");
-    if (!params || !grads)
+    /* Stage 0's backward (the embedding scatter) reads no parameters, so
+     * params may be NULL there: an engine need not gather unit 0 for it. */
+    if ((!params && stage != 0) || !grads)
         return zpp_error(ZPP_ERR_INVALID, "gpt2 backward: params or grads is NULL");
-    const float *w = gpt2_params_f32(g, m->stage_unit[stage], params);
-    if (stage == S - 1) gpt2_head_backward(g, w, grads, loss_scale);
-    else if (stage == 0) gpt2_embed_backward(g, grads);
-    else gpt2_block_backward(g, stage, w, grads);
+    if (stage == S - 1) gpt2_head_backward(g, gpt2_params_f32(g, 0, params), grads, loss_scale);
+    else if (stage == 0) gpt2_embed_backward(g, grads); /* needs no parameters */
+    else gpt2_block_backward(g, stage, gpt2_params_f32(g, stage, params), grads);
     g->bwd_next = stage - 1;
     return ZPP_OK;
 }
@@ -740,10 +762,10 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     zpp_status st = ZPP_OK;
     if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 create: model_p is NULL");
     ZPP_CHECK(zpp_gpt2_config_check(cfg));
-    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16)
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "gpt2 create: param dtype %s is not supported on the CPU; use fp32 "
-                         "or bf16", zpp_dtype_name(param_dtype));
+    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 create: param dtype %d is not a dtype; use fp32, bf16 or fp16",
+                         (int)param_dtype);
     if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
         return zpp_error(ZPP_ERR_INVALID,
                          "gpt2 create: max_batch %d is out of range; use 1..%d for seq_len %d",

@@ -367,14 +367,56 @@ __device__ __forceinline__ unsigned absmax_bits8(const float (&v)[8], unsigned m
     return m;
 }
 
-/* ---- sources of fp32 values to quantize ------------------------------- */
+/* ---- tiles ------------------------------------------------------------ */
 
-/* Where one 8-element vector of a tile lives: output chunk c, block b of the
- * chunk, element e of the chunk, cnt valid elements (0: none, load nothing). */
-struct Slot {
-    unsigned c, b, cnt;
-    unsigned long long e;
+/* Compile-time knobs, kept as macros so that variants can be measured
+ * against each other (see the file comment):
+ *   ZPP_QCU_PIPELINE  1: a warp fetches its next tiles before it processes
+ *                     the current ones, so its loads stay in flight while
+ *                     it reduces, divides and stores.
+ *   ZPP_QCU_VPT_MIN   vectors (8 elements) each thread holds of one tile
+ *                     when the tile has that many; the rest of the tile
+ *                     goes to more threads (up to a warp). */
+#ifndef ZPP_QCU_PIPELINE
+#define ZPP_QCU_PIPELINE 1
+#endif
+#ifndef ZPP_QCU_VPT_MIN
+#define ZPP_QCU_VPT_MIN 4
+#endif
+/*   ZPP_QCU_SLOTS     vectors a thread holds per loop trip (U = SLOTS / VPT
+ *                     tiles when VPT < SLOTS). */
+#ifndef ZPP_QCU_SLOTS
+#define ZPP_QCU_SLOTS 4
+#endif
+
+/* One tile a thread group works on: chunk c, block b of the chunk, elements
+ * [e0, e0 + len) of the chunk; len 0: no tile (past the end). */
+struct Tile {
+    unsigned c, b, len;
+    unsigned long long e0;
 };
+
+/* Vector s of the calling thread in a tile: element offset in the tile and
+ * number of valid elements (0: nothing to do). */
+__device__ __forceinline__ unsigned vec_off(unsigned t, unsigned T, int s) {
+    return (t + (unsigned)s * T) * 8u;
+}
+__device__ __forceinline__ unsigned vec_cnt(const Tile &x, unsigned e) {
+    return e < x.len ? min(8u, x.len - e) : 0u;
+}
+
+/* Chunk and remainder of tile `tile` (< total). */
+__device__ __forceinline__ void tile_chunk(unsigned tile, unsigned n_chunks, unsigned per_chunk,
+                                           unsigned *c_p, unsigned *r_p) {
+    unsigned c = 0, r = tile;
+    if (n_chunks > 1) {
+        c = tile / per_chunk;
+        r = tile - c * per_chunk;
+    }
+    *c_p = c, *r_p = r;
+}
+
+/* ---- sources of fp32 values to quantize ------------------------------- */
 
 /* Raw dtype input; chunk c of the output reads input chunk src(c): the
  * identity, or the qgZ reorder (output position dest_local*nodes + node holds
@@ -387,25 +429,42 @@ struct RawSrc {
     unsigned nodes, local; /* reorder when local > 0 */
     bool vec;
 
+    template <int N>
+    struct Stage {
+        Raw8 r[N];
+    };
+
     /* index in the input of element 0 of output chunk c */
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
         if (local == 0) return (unsigned long long)c * chunk_len;
         const unsigned dl = c / nodes, node = c - dl * nodes;
         return (unsigned long long)(node * local + dl) * chunk_len;
     }
-    template <int N>
-    __device__ __forceinline__ void load(const Slot (&sl)[N], float (&v)[N][8]) const {
-        Raw8 r[N];
+    template <int U, int VPT>
+    __device__ __forceinline__ void fetch(const Tile (&tl)[U], unsigned t, unsigned T,
+                                          Stage<U * VPT> &st) const {
 #pragma unroll
-        for (int n = 0; n < N; n++)
-            r[n] = fetch8<D, true>(in + origin(sl[n].c) + sl[n].e, sl[n].cnt, vec);
+        for (int u = 0; u < U; u++) {
+            const typename D::raw *p = in + origin(tl[u].c) + tl[u].e0;
 #pragma unroll
-        for (int n = 0; n < N; n++) unpack8<D>(r[n], v[n]);
+            for (int s = 0; s < VPT; s++) {
+                const unsigned e = vec_off(t, T, s);
+                st.r[u * VPT + s] = fetch8<D, true>(p + e, vec_cnt(tl[u], e), vec);
+            }
+        }
+    }
+    template <int U, int VPT>
+    __device__ __forceinline__ void finish(const Tile (&)[U], unsigned, unsigned,
+                                           const Stage<U * VPT> &st,
+                                           float (&v)[U * VPT][8]) const {
+#pragma unroll
+        for (int n = 0; n < U * VPT; n++) unpack8<D>(st.r[n], v[n]);
     }
 };
 
 /* k quantized inputs laid end to end; the value is their fp32 sum in input
- * order. Chunk c of the output is chunk c of every input. */
+ * order. Chunk c of the output is chunk c of every input. The first two
+ * inputs are fetched ahead (Stage), the others when the sum is formed. */
 struct DeqSumSrc {
     QLayout in;                   /* input 0 */
     unsigned long long in_stride; /* bytes between inputs */
@@ -413,51 +472,89 @@ struct DeqSumSrc {
     int k;
     bool same_block; /* in block == out block: block index carries over */
 
+    template <int N>
+    struct Stage {
+        uint2 w[2][N];
+        float sc[2][N];
+    };
+
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
         return (unsigned long long)c * chunk_len;
     }
-    template <int N>
-    __device__ __forceinline__ void load(const Slot (&sl)[N], float (&v)[N][8]) const {
-        unsigned ib[N];
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            ib[n] = same_block ? sl[n].b : (unsigned)(sl[n].e / in.block);
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
-        }
+    __device__ __forceinline__ unsigned in_block(const Tile &x, unsigned long long e) const {
+        /* e and the block are multiples of 8, and e / 8 < 2^32 (host check) */
+        return same_block ? x.b : (unsigned)(e >> 3) / (in.block >> 3);
+    }
+    /* payload words and scales of input j for every slot */
+    template <int U, int VPT>
+    __device__ __forceinline__ void fetch_input(const Tile (&tl)[U], unsigned t, unsigned T,
+                                                int j, uint2 (&w)[U * VPT],
+                                                float (&sc)[U * VPT]) const {
         QLayout L = in;
-        for (int j = 0; j < k; j++, L.base += in_stride) {
-            uint2 w[N];
-            float sc[N];
+        L.base += in_stride * (unsigned long long)j;
 #pragma unroll
-            for (int n = 0; n < N; n++) {
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int s = 0; s < VPT; s++) {
+                const unsigned e = vec_off(t, T, s), n = u * VPT + s;
                 w[n] = make_uint2(0u, 0u);
                 sc[n] = 0.0f;
-                if (sl[n].cnt) {
-                    w[n] = load_payload(L, sl[n].c, sl[n].e);
-                    sc[n] = load_scale(L, sl[n].c, ib[n]);
+                if (j < k && vec_cnt(tl[u], e)) {
+                    const unsigned long long ee = tl[u].e0 + e;
+                    w[n] = load_payload(L, tl[u].c, ee);
+                    sc[n] = load_scale(L, tl[u].c, in_block(tl[u], ee));
                 }
             }
+    }
+    template <int U, int VPT>
+    __device__ __forceinline__ void fetch(const Tile (&tl)[U], unsigned t, unsigned T,
+                                          Stage<U * VPT> &st) const {
+        fetch_input<U, VPT>(tl, t, T, 0, st.w[0], st.sc[0]);
+        fetch_input<U, VPT>(tl, t, T, 1, st.w[1], st.sc[1]);
+    }
+    template <int N>
+    __device__ __forceinline__ void add(const uint2 (&w)[N], const float (&sc)[N],
+                                        float (&v)[N][8]) const {
 #pragma unroll
-            for (int n = 0; n < N; n++) {
-                float d[8];
-                dequant8(w[n], L.bits, sc[n], d);
-                /* 0 + d == d exactly (d is never -0), so starting the sum at
-                 * 0 matches a reference that starts from input 0. */
+        for (int n = 0; n < N; n++) {
+            float d[8];
+            dequant8(w[n], in.bits, sc[n], d);
+            /* 0 + d == d exactly (d is never -0), so starting the sum at 0
+             * matches a reference that starts from input 0. */
 #pragma unroll
-                for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
-            }
+            for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
+        }
+    }
+    template <int U, int VPT>
+    __device__ __forceinline__ void finish(const Tile (&tl)[U], unsigned t, unsigned T,
+                                           const Stage<U * VPT> &st,
+                                           float (&v)[U * VPT][8]) const {
+        constexpr int N = U * VPT;
+#pragma unroll
+        for (int n = 0; n < N; n++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
+        add<N>(st.w[0], st.sc[0], v);
+        if (k > 1) add<N>(st.w[1], st.sc[1], v);
+        for (int j = 2; j < k; j++) {
+            uint2 w[N];
+            float sc[N];
+            fetch_input<U, VPT>(tl, t, T, j, w, sc);
+            add<N>(w, sc, v);
         }
         /* elements past the chunk's end count as 0 (a NaN scale must not
          * leak into them through 0 * NaN) */
 #pragma unroll
-        for (int n = 0; n < N; n++) {
-            if (sl[n].cnt < 8) {
+        for (int u = 0; u < U; u++)
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if ((unsigned)i >= sl[n].cnt) v[n][i] = 0.0f;
+            for (int s = 0; s < VPT; s++) {
+                const unsigned cnt = vec_cnt(tl[u], vec_off(t, T, s));
+                if (cnt < 8) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        if ((unsigned)i >= cnt) v[u * VPT + s][i] = 0.0f;
+                }
             }
-        }
     }
 };
 
@@ -492,55 +589,54 @@ __device__ __forceinline__ void block_epilogue(const QDst &q, unsigned c, unsign
     }
 }
 
-/* Chunk and block of tile `tile` (< total). */
-__device__ __forceinline__ void tile_chunk(unsigned tile, unsigned n_chunks, unsigned per_chunk,
-                                           unsigned *c_p, unsigned *r_p) {
-    unsigned c = 0, r = tile;
-    if (n_chunks > 1) {
-        c = tile / per_chunk;
-        r = tile - c * per_chunk;
+__device__ __forceinline__ Tile quant_tile(const QDst &q, unsigned tile) {
+    Tile x;
+    x.c = 0, x.b = 0, x.len = 0, x.e0 = 0;
+    if (tile < q.total) {
+        tile_chunk(tile, q.n_chunks, q.nb, &x.c, &x.b);
+        x.e0 = (unsigned long long)x.b * q.out.block;
+        const unsigned long long rest = q.chunk_len - x.e0;
+        x.len = rest < q.out.block ? (unsigned)rest : q.out.block;
     }
-    *c_p = c, *r_p = r;
+    return x;
 }
 
-/* Register path: block <= 2048 elements. See the file comment. Slot
- * n = u * VPT + s is vector t + s*T of the u-th tile of the thread's group. */
+/* Register path: block <= 2048 elements. See the file comment. A group of
+ * T threads owns a block; a warp owns G = 32/T blocks per round and U
+ * rounds per loop trip; slot n = u * VPT + s of a thread is vector
+ * t + s*T of its group's u-th block. */
 template <class Src, int VPT, int U, bool STOCH>
 __global__ void __launch_bounds__(kThreads)
     k_quantize(const Src src, const QDst q) {
     constexpr int N = U * VPT;
+    typedef typename Src::template Stage<N> Stage;
     const unsigned lane = threadIdx.x & 31u;
     const unsigned T = 1u << q.log2T, G = 32u >> q.log2T;
     const unsigned grp = lane >> q.log2T, t = lane & (T - 1);
     const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
     const unsigned step = G * U;
-    const unsigned block = q.out.block;
+    /* with 8 slots a thread has enough loads in flight without it */
+    constexpr bool pipe = ZPP_QCU_PIPELINE && N <= 4;
 
-    for (unsigned base = warp * step; base < q.total; base += nwarp * step) {
-        Slot sl[N];
-        unsigned len[U];
+    unsigned base = warp * step;
+    if (base >= q.total) return; /* warp-uniform */
+    Tile cur[U];
+    Stage st;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const unsigned tile = base + (unsigned)u * G + grp;
-            unsigned c = 0, b = 0, l = 0;
-            if (tile < q.total) {
-                tile_chunk(tile, q.n_chunks, q.nb, &c, &b);
-                const unsigned long long rest = q.chunk_len - (unsigned long long)b * block;
-                l = rest < block ? (unsigned)rest : block;
-            }
-            len[u] = l;
+    for (int u = 0; u < U; u++) cur[u] = quant_tile(q, base + (unsigned)u * G + grp);
+    src.template fetch<U, VPT>(cur, t, T, st);
+    for (;;) {
+        const unsigned nbase = base + nwarp * step;
+        Tile nxt[U];
+        Stage nst;
+        if (pipe) {
 #pragma unroll
-            for (int s = 0; s < VPT; s++) {
-                const unsigned e = (t + (unsigned)s * T) * 8u;
-                Slot &x = sl[u * VPT + s];
-                x.c = c, x.b = b;
-                x.e = (unsigned long long)b * block + e;
-                x.cnt = e < l ? min(8u, l - e) : 0u;
-            }
+            for (int u = 0; u < U; u++) nxt[u] = quant_tile(q, nbase + (unsigned)u * G + grp);
+            src.template fetch<U, VPT>(nxt, t, T, nst);
         }
         float v[N][8];
-        src.load(sl, v);
+        src.template finish<U, VPT>(cur, t, T, st, v);
         /* absmax per tile: thread, then group */
         unsigned m[U];
 #pragma unroll
@@ -556,20 +652,31 @@ __global__ void __launch_bounds__(kThreads)
         /* quantize and store */
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (len[u] == 0) continue;
+            const Tile &x = cur[u];
+            if (x.len == 0) continue;
             const BlockScale bs = block_scale(m[u], q.qmax);
-            const unsigned c = sl[u * VPT].c;
-            const unsigned long long org = src.origin(c);
+            const unsigned long long idx = STOCH ? src.origin(x.c) + x.e0 : 0ull;
 #pragma unroll
             for (int s = 0; s < VPT; s++) {
-                const Slot &x = sl[u * VPT + s];
-                if (x.cnt) {
+                const unsigned e = vec_off(t, T, s);
+                if (e < x.len) {
                     const uint2 w = quant8_block<STOCH>(v[u * VPT + s], bs, q.qmax, q.out.bits,
-                                                        q.seed, org + x.e);
-                    store_payload(q.out, c, x.e, w);
+                                                        q.seed, idx + e);
+                    store_payload(q.out, x.c, x.e0 + e, w);
                 }
             }
-            if (t == 0) block_epilogue(q, c, sl[u * VPT].b, bs);
+            if (t == 0) block_epilogue(q, x.c, x.b, bs);
+        }
+        if (nbase >= q.total) break;
+        base = nbase;
+        if (pipe) {
+#pragma unroll
+            for (int u = 0; u < U; u++) cur[u] = nxt[u];
+            st = nst;
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; u++) cur[u] = quant_tile(q, base + (unsigned)u * G + grp);
+            src.template fetch<U, VPT>(cur, t, T, st);
         }
     }
 }
@@ -579,17 +686,12 @@ __global__ void __launch_bounds__(kThreads)
 template <class Src, bool STOCH>
 __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const QDst q) {
     constexpr int S = 4;
+    typedef typename Src::template Stage<S> Stage;
     const unsigned lane = threadIdx.x & 31u;
     const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
-    const unsigned block = q.out.block;
     for (unsigned tile = warp; tile < q.total; tile += nwarp) {
-        unsigned c, b;
-        tile_chunk(tile, q.n_chunks, q.nb, &c, &b);
-        const unsigned long long e0 = (unsigned long long)b * block;
-        const unsigned long long rest = q.chunk_len - e0;
-        const unsigned len = rest < block ? (unsigned)rest : block;
-        const unsigned long long org = src.origin(c);
+        const Tile x = quant_tile(q, tile);
         unsigned m = 0;
         for (int pass = 0; pass < 2; pass++) {
             BlockScale bs;
@@ -599,28 +701,29 @@ __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const 
                     m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
                 bs = block_scale(m, q.qmax);
             }
-            for (unsigned e1 = 0; e1 < len; e1 += 32u * 8u * S) {
-                Slot sl[S];
-#pragma unroll
-                for (int s = 0; s < S; s++) {
-                    const unsigned e = e1 + (lane + 32u * s) * 8u;
-                    sl[s].c = c, sl[s].b = b, sl[s].e = e0 + e;
-                    sl[s].cnt = e < len ? min(8u, len - e) : 0u;
-                }
+            /* S consecutive 256-element pieces of the block as 1 x S tiles */
+            for (unsigned e1 = 0; e1 < x.len; e1 += 32u * 8u * S) {
+                Tile pc[1] = {x};
+                pc[0].e0 = x.e0 + e1;
+                pc[0].len = x.len - e1;
+                Stage st;
                 float v[S][8];
-                src.load(sl, v);
+                src.template fetch<1, S>(pc, lane, 32u, st);
+                src.template finish<1, S>(pc, lane, 32u, st, v);
 #pragma unroll
                 for (int s = 0; s < S; s++) {
+                    const unsigned e = vec_off(lane, 32u, s);
                     if (pass == 0) {
                         m = absmax_bits8(v[s], m);
-                    } else if (sl[s].cnt) {
+                    } else if (e < pc[0].len) {
+                        const unsigned long long idx = STOCH ? src.origin(x.c) + pc[0].e0 : 0ull;
                         const uint2 w = quant8_block<STOCH>(v[s], bs, q.qmax, q.out.bits,
-                                                            q.seed, org + sl[s].e);
-                        store_payload(q.out, c, sl[s].e, w);
+                                                            q.seed, idx + e);
+                        store_payload(q.out, x.c, pc[0].e0 + e, w);
                     }
                 }
             }
-            if (pass == 1 && lane == 0) block_epilogue(q, c, b, bs);
+            if (pass == 1 && lane == 0) block_epilogue(q, x.c, x.b, bs);
         }
     }
 }
@@ -646,9 +749,85 @@ struct DqArgs {
     float scale; /* DQ_REDUCE */
 };
 
+template <int MODE>
+__device__ __forceinline__ Tile dq_tile(const DqArgs &a, unsigned tile) {
+    Tile x;
+    x.c = 0, x.b = 0, x.len = 0, x.e0 = 0;
+    if (tile < a.total) {
+        unsigned r, p = 0;
+        tile_chunk(tile, MODE == DQ_REDUCE ? 1u : a.n_chunks, a.per_chunk, &x.c, &r);
+        x.b = r;
+        if (a.tpb > 1) {
+            x.b = r / a.tpb;
+            p = r - x.b * a.tpb;
+        }
+        x.e0 = (unsigned long long)x.b * a.q.block + (unsigned long long)p * a.tile_len;
+        if (x.e0 < a.chunk_len) {
+            unsigned long long rest = a.chunk_len - x.e0;
+            const unsigned in_block = a.q.block - p * a.tile_len;
+            if (rest > in_block) rest = in_block;
+            x.len = rest < a.tile_len ? (unsigned)rest : a.tile_len;
+        }
+    }
+    return x;
+}
+
+/* What a thread fetches ahead for its tiles: payload words and scales of
+ * chunk `c` (DQ_REDUCE: chunk ci of the sum), and the accumulator (DQ_ACC). */
+template <int U, int VPT, int MODE>
+struct DqStage {
+    uint2 w[U * VPT];
+    float sc[U];
+    Raw8 acc[MODE == DQ_ACC ? U * VPT : 1];
+};
+
+template <int U, int VPT, int MODE>
+__device__ __forceinline__ void dq_fetch(const DqArgs &a, const Tile (&tl)[U], unsigned t,
+                                         unsigned T, unsigned ci, DqStage<U, VPT, MODE> &st) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const unsigned c = MODE == DQ_REDUCE ? ci : tl[u].c;
+        st.sc[u] = tl[u].len ? load_scale(a.q, c, tl[u].b) : 0.0f;
+#pragma unroll
+        for (int s = 0; s < VPT; s++) {
+            const unsigned e = vec_off(t, T, s), n = u * VPT + s;
+            const unsigned cnt = vec_cnt(tl[u], e);
+            st.w[n] = cnt ? load_payload(a.q, c, tl[u].e0 + e) : make_uint2(0u, 0u);
+            if (MODE == DQ_ACC)
+                st.acc[n] = fetch8<F32, false>(static_cast<const float *>(a.out) + tl[u].e0 + e,
+                                               cnt, a.vec);
+        }
+    }
+}
+
+/* v = dequantized stage (DQ_STORE), acc + it (DQ_ACC), v + it (DQ_REDUCE). */
+template <int U, int VPT, int MODE>
+__device__ __forceinline__ void dq_add(const DqArgs &a, const DqStage<U, VPT, MODE> &st,
+                                       float (&v)[U * VPT][8]) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int s = 0; s < VPT; s++) {
+            const int n = u * VPT + s;
+            float d[8];
+            dequant8(st.w[n], a.q.bits, st.sc[u], d);
+            if (MODE == DQ_STORE) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[n][i] = d[i];
+            } else {
+                if (MODE == DQ_ACC) unpack8<F32>(st.acc[n], v[n]);
+                /* acc + d; for the reduce 0 + d0 + d1 + ... in chunk order
+                 * (0 + d0 == d0 exactly: d0 is never -0) */
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
+            }
+        }
+}
+
 template <class D, int VPT, int U, int MODE>
 __global__ void __launch_bounds__(kThreads) k_dequant(const DqArgs a) {
     typedef typename D::raw raw;
+    typedef DqStage<U, VPT, MODE> Stage;
     constexpr int N = U * VPT;
     const unsigned lane = threadIdx.x & 31u;
     const unsigned T = 1u << a.log2T, G = 32u >> a.log2T;
@@ -656,94 +835,67 @@ __global__ void __launch_bounds__(kThreads) k_dequant(const DqArgs a) {
     const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const unsigned nwarp = (gridDim.x * blockDim.x) >> 5;
     const unsigned step = G * U;
-    const unsigned block = a.q.block;
     raw *const out = static_cast<raw *>(a.out);
+    /* with 8 slots a thread has enough loads in flight without it */
+    constexpr bool pipe = ZPP_QCU_PIPELINE && MODE != DQ_REDUCE && N <= 4;
 
-    for (unsigned base = warp * step; base < a.total; base += nwarp * step) {
-        Slot sl[N];
+    unsigned base = warp * step;
+    if (base >= a.total) return;
+    Tile cur[U];
+    Stage st;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const unsigned tile = base + (unsigned)u * G + grp;
-            unsigned c = 0, b = 0, l = 0;
-            unsigned long long e0 = 0;
-            if (tile < a.total) {
-                unsigned r;
-                tile_chunk(tile, MODE == DQ_REDUCE ? 1u : a.n_chunks, a.per_chunk, &c, &r);
-                unsigned p = 0;
-                b = r;
-                if (a.tpb > 1) {
-                    b = r / a.tpb;
-                    p = r - b * a.tpb;
-                }
-                e0 = (unsigned long long)b * block + (unsigned long long)p * a.tile_len;
-                if (e0 < a.chunk_len) {
-                    unsigned long long rest = a.chunk_len - e0;
-                    const unsigned in_block = block - p * a.tile_len;
-                    if (rest > in_block) rest = in_block;
-                    l = rest < a.tile_len ? (unsigned)rest : a.tile_len;
-                }
-            }
+    for (int u = 0; u < U; u++) cur[u] = dq_tile<MODE>(a, base + (unsigned)u * G + grp);
+    dq_fetch<U, VPT, MODE>(a, cur, t, T, 0, st);
+    for (;;) {
+        const unsigned nbase = base + nwarp * step;
+        Tile nxt[U];
+        Stage nst;
+        if (pipe) {
 #pragma unroll
-            for (int s = 0; s < VPT; s++) {
-                const unsigned e = (t + (unsigned)s * T) * 8u;
-                Slot &x = sl[u * VPT + s];
-                x.c = c, x.b = b, x.e = e0 + e;
-                x.cnt = e < l ? min(8u, l - e) : 0u;
-            }
+            for (int u = 0; u < U; u++) nxt[u] = dq_tile<MODE>(a, nbase + (unsigned)u * G + grp);
+            dq_fetch<U, VPT, MODE>(a, nxt, t, T, 0, nst);
         }
         float v[N][8];
-        if (MODE == DQ_ACC) {
-            Raw8 r[N];
 #pragma unroll
-            for (int n = 0; n < N; n++)
-                r[n] = fetch8<F32, false>(reinterpret_cast<const float *>(out) + sl[n].e,
-                                          sl[n].cnt, a.vec);
+        for (int n = 0; n < N; n++)
 #pragma unroll
-            for (int n = 0; n < N; n++) unpack8<F32>(r[n], v[n]);
+            for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
+        dq_add<U, VPT, MODE>(a, st, v);
+        if (MODE == DQ_REDUCE) {
+            /* the other chunks, summed in order */
+            for (unsigned ci = 1; ci < a.n_chunks; ci++) {
+                Stage s1;
+                dq_fetch<U, VPT, MODE>(a, cur, t, T, ci, s1);
+                dq_add<U, VPT, MODE>(a, s1, v);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const Tile &x = cur[u];
+            if (x.len == 0) continue;
+            raw *o = out + (unsigned long long)x.c * a.chunk_len + x.e0;
+#pragma unroll
+            for (int s = 0; s < VPT; s++) {
+                const unsigned e = vec_off(t, T, s), n = u * VPT + s;
+                if (e < x.len) {
+                    if (MODE == DQ_REDUCE) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) v[n][i] = __fmul_rn(v[n][i], a.scale);
+                    }
+                    store8<D>(o + e, min(8u, x.len - e), a.vec, v[n]);
+                }
+            }
+        }
+        if (nbase >= a.total) break;
+        base = nbase;
+        if (pipe) {
+#pragma unroll
+            for (int u = 0; u < U; u++) cur[u] = nxt[u];
+            st = nst;
         } else {
 #pragma unroll
-            for (int n = 0; n < N; n++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
-        }
-        const unsigned n_sum = MODE == DQ_REDUCE ? a.n_chunks : 1u;
-        for (unsigned ci = 0; ci < n_sum; ci++) {
-            uint2 w[N];
-            float sc[N];
-#pragma unroll
-            for (int n = 0; n < N; n++) {
-                const unsigned c = MODE == DQ_REDUCE ? ci : sl[n].c;
-                w[n] = make_uint2(0u, 0u);
-                sc[n] = 0.0f;
-                if (sl[n].cnt) {
-                    w[n] = load_payload(a.q, c, sl[n].e);
-                    sc[n] = load_scale(a.q, c, sl[n].b);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < N; n++) {
-                float d[8];
-                dequant8(w[n], a.q.bits, sc[n], d);
-                if (MODE == DQ_STORE) {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) v[n][i] = d[i];
-                } else {
-                    /* acc + d; for the reduce 0 + d0 + d1 + ... in chunk
-                     * order (0 + d0 == d0 exactly: d0 is never -0) */
-#pragma unroll
-                    for (int i = 0; i < 8; i++) v[n][i] = __fadd_rn(v[n][i], d[i]);
-                }
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            if (sl[n].cnt == 0) continue;
-            if (MODE == DQ_REDUCE) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[n][i] = __fmul_rn(v[n][i], a.scale);
-            }
-            store8<D>(out + (unsigned long long)sl[n].c * a.chunk_len + sl[n].e, sl[n].cnt,
-                      a.vec, v[n]);
+            for (int u = 0; u < U; u++) cur[u] = dq_tile<MODE>(a, base + (unsigned)u * G + grp);
+            dq_fetch<U, VPT, MODE>(a, cur, t, T, 0, st);
         }
     }
 }
@@ -828,17 +980,18 @@ int log2_ceil(unsigned x) {
     return l;
 }
 
-/* Threads per tile and vectors per thread for a tile of `len` elements
- * (<= 2048): up to 32 vectors one per thread, beyond that a whole warp. */
+/* Threads per tile T and vectors per thread VPT for a tile of `len`
+ * elements (<= 2048): each thread takes ZPP_QCU_VPT_MIN vectors when the
+ * tile has them (so a block's two divisions and its shuffle steps are shared
+ * by more elements), more when the tile would need more than a warp. */
 void tile_shape(unsigned len, int *log2T_p, int *vpt_p) {
-    const unsigned nv = (len + 7) / 8;
-    if (nv <= 32) {
-        *log2T_p = log2_ceil(nv ? nv : 1);
-        *vpt_p = 1;
-    } else {
-        *log2T_p = 5;
-        *vpt_p = nv <= 64 ? 2 : nv <= 128 ? 4 : 8;
-    }
+    unsigned nv = (len + 7) / 8;
+    if (nv == 0) nv = 1;
+    unsigned vpt = 1;
+    while (vpt < (unsigned)ZPP_QCU_VPT_MIN && vpt < nv) vpt *= 2;
+    while ((nv + vpt - 1) / vpt > 32) vpt *= 2;
+    *log2T_p = log2_ceil((nv + vpt - 1) / vpt);
+    *vpt_p = (int)vpt;
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -880,7 +1033,7 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
     q.pay_end = spec->bits == 8 ? r8 : r8 / 2;
     const unsigned long long nb = zpp_quant_num_blocks(chunk_len, spec->block);
     const unsigned long long total = nb * n_chunks;
-    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len > (1ull << 48))
+    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len >= (1ull << 35))
         return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements make %llu blocks; "
                          "the kernels handle fewer than 2^31, use a larger block", what,
                          n_chunks, chunk_len, total);
@@ -900,7 +1053,7 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
 
 template <class Src, int VPT, bool STOCH>
 zpp_status launch_quant_vpt(const Src &src, const QDst &q, cudaStream_t st, const char *what) {
-    constexpr int U = VPT >= 4 ? 1 : 4 / VPT;
+    constexpr int U = VPT >= ZPP_QCU_SLOTS ? 1 : ZPP_QCU_SLOTS / VPT;
     auto kern = k_quantize<Src, VPT, U, STOCH>;
     const unsigned G = 32u >> q.log2T;
     unsigned grid;
@@ -990,7 +1143,7 @@ zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t 
     const unsigned long long nb = zpp_quant_num_blocks(chunk_len, spec->block);
     const unsigned long long per_chunk = nb * tpb;
     const unsigned long long total = per_chunk * n_tile_chunks;
-    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len > (1ull << 48))
+    if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len >= (1ull << 35))
         return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements are too many "
                          "pieces (%llu) for one launch; split the call", what, n_chunks,
                          chunk_len, total);
@@ -1009,7 +1162,7 @@ zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t 
 
 template <class D, int MODE, int VPT>
 zpp_status launch_dq_vpt(const DqArgs &a, cudaStream_t st, const char *what) {
-    constexpr int U = VPT >= 4 ? 1 : 4 / VPT;
+    constexpr int U = VPT >= ZPP_QCU_SLOTS ? 1 : ZPP_QCU_SLOTS / VPT;
     auto kern = k_dequant<D, VPT, U, MODE>;
     const unsigned G = 32u >> a.log2T;
     unsigned grid;

@@ -1,0 +1,775 @@
+/* test_quant_cuda.c — the CUDA quantization kernels (quant_cuda.cu) against
+ * the CPU reference (quant.c), byte for byte.
+ *
+ * There is no error bound to derive here: the kernels promise the same
+ * IEEE fp32 operations in the same order as the reference (absmax, two
+ * correctly rounded divisions, one rounded product, one rounded sum for
+ * stochastic rounding, the same counter-based random stream), so payloads,
+ * scales and padding must be bit-identical, and so must every dequantized
+ * value except the bit pattern of a NaN (the GPU returns the canonical NaN,
+ * the CPU propagates the NaN it started from; both are NaN, which is what
+ * the wire contract promises).
+ *
+ * Every output buffer is poisoned with 0xAB before each launch and carries
+ * a poisoned guard zone after it, so an unwritten byte (padding included)
+ * or a write past the end is a mismatch. Inputs are fresh random data each
+ * run, mixed per block: normal, heavy-tailed, all-zero, constant, one
+ * outlier, tiny (absmax below qmax / FLT_MAX, where qmax / absmax
+ * overflows), subnormal-sized. Sizes cover 1, 7, block-1, block, block+1,
+ * several blocks with a ragged end, (1 << 22) + 5, and odd chunk lengths
+ * (chunks that start off the 16-byte grid, taking the scalar path).
+ *
+ * Needs an NVIDIA GPU (label "gpu"); without one it fails saying so. */
+#include <cuda_runtime_api.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/quant_cpu.h"
+#include "quant/quant_cuda.h"
+#include "testlib.h"
+
+#define GUARD 256 /* poisoned bytes after every device output */
+#define POISON 0xAB
+
+static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
+static const int all_bits[] = {8, 4};
+
+/* ---- CUDA plumbing -------------------------------------------------------- */
+
+#define CUDA_OK(call)                                                         \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess)                                                \
+            zpp_test_fail(__FILE__, __LINE__, #call, " -> %s: %s",            \
+                          cudaGetErrorName(e_), cudaGetErrorString(e_));       \
+    } while (0)
+
+static void require_device(void) {
+    static int checked = 0;
+    if (checked) return;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        zpp_test_fail(__FILE__, __LINE__, NULL,
+                      "no CUDA device is visible (%s): test_quant_cuda checks the GPU kernels "
+                      "and must run on a machine with an NVIDIA GPU (ctest -L gpu)",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+    struct cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("  device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
+    checked = 1;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu bytes)", n);
+    return p;
+}
+
+/* A device buffer with a guard zone after `bytes`; `off` shifts the user
+ * pointer to test misaligned inputs/outputs. */
+typedef struct dbuf {
+    unsigned char *base;
+    void *p;
+    size_t bytes, off;
+} dbuf;
+
+static dbuf dbuf_make(size_t bytes, size_t off) {
+    dbuf b;
+    b.bytes = bytes;
+    b.off = off;
+    CUDA_OK(cudaMalloc((void **)&b.base, off + bytes + GUARD));
+    b.p = b.base + off;
+    return b;
+}
+
+static void dbuf_free(dbuf *b) {
+    if (b->base) CUDA_OK(cudaFree(b->base));
+    b->base = NULL;
+}
+
+static void dbuf_poison(const dbuf *b) {
+    CUDA_OK(cudaMemset(b->base, POISON, b->off + b->bytes + GUARD));
+}
+
+static void dbuf_put(const dbuf *b, const void *h) {
+    dbuf_poison(b);
+    if (b->bytes) CUDA_OK(cudaMemcpy(b->p, h, b->bytes, cudaMemcpyHostToDevice));
+}
+
+/* Waits for the kernels, copies the buffer back and checks the guard zones
+ * (before the offset and after the end) are still poison. */
+static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
+    CUDA_OK(cudaDeviceSynchronize());
+    size_t all = b->off + b->bytes + GUARD;
+    unsigned char *tmp = xmalloc(all);
+    CUDA_OK(cudaMemcpy(tmp, b->base, all, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < b->off; i++)
+        EXPECT(tmp[i] == POISON, "%s: byte %zu before the buffer was written (0x%02x)", ctx,
+               b->off - i, tmp[i]);
+    for (size_t i = 0; i < GUARD; i++)
+        EXPECT(tmp[b->off + b->bytes + i] == POISON,
+               "%s: byte %zu past the end of the %zu-byte buffer was written (0x%02x)", ctx,
+               i, b->bytes, tmp[b->off + b->bytes + i]);
+    memcpy(h, tmp + b->off, b->bytes);
+    free(tmp);
+}
+
+static int *flag_make(void) {
+    int *f;
+    CUDA_OK(cudaMalloc((void **)&f, sizeof *f));
+    CUDA_OK(cudaMemset(f, 0, sizeof *f));
+    return f;
+}
+
+static int flag_get(int *f) {
+    int v;
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(&v, f, sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+}
+
+/* ---- random inputs ---------------------------------------------------- */
+
+enum { PAT_NORMAL, PAT_HEAVY, PAT_ZERO, PAT_CONST, PAT_OUTLIER, PAT_TINY, PAT_SUBNORMAL,
+       PAT_COUNT };
+
+/* n fp32 values, the pattern chosen afresh for every `block` of them. For
+ * fp16 the magnitudes stay below 65504 (no accidental Inf) and tiny blocks
+ * are not possible (the smallest fp16 is 6e-8), so they become subnormal
+ * fp16 values instead. */
+static void fill_values(float *x, size_t n, size_t block, zpp_dtype dtype, zpp_rng *r) {
+    for (size_t b0 = 0; b0 < n; b0 += block) {
+        size_t len = n - b0 < block ? n - b0 : block;
+        int pat = (int)(zpp_rng_u64(r) % PAT_COUNT);
+        double mag = pow(10.0, zpp_rng_uniform(r) * 6.0 - 3.0);
+        double c = zpp_rng_normal(r) * mag;
+        for (size_t i = 0; i < len; i++) {
+            double v;
+            switch (pat) {
+            case PAT_HEAVY: /* ratio of normals: Cauchy tails */
+                v = mag * zpp_rng_normal(r) / (fabs(zpp_rng_normal(r)) + 1e-3);
+                break;
+            case PAT_ZERO: v = (zpp_rng_u64(r) & 1) ? 0.0 : -0.0; break;
+            case PAT_CONST: v = c; break;
+            case PAT_OUTLIER: v = zpp_rng_normal(r) * mag * (i == len / 2 ? 1e4 : 1.0); break;
+            case PAT_TINY: /* absmax < 7 / FLT_MAX: qmax / absmax overflows */
+                v = zpp_rng_normal(r) * 1e-39 * ((zpp_rng_u64(r) % 4) == 0 ? 0.0 : 1.0);
+                break;
+            case PAT_SUBNORMAL: v = zpp_rng_normal(r) * 1e-5; break;
+            default: v = zpp_rng_normal(r) * mag; break;
+            }
+            if (dtype == ZPP_FP16) {
+                if (pat == PAT_TINY) v = zpp_rng_normal(r) * 1e-7;
+                if (v > 6.0e4) v = 6.0e4;
+                if (v < -6.0e4) v = -6.0e4;
+            }
+            x[b0 + i] = (float)v;
+        }
+    }
+}
+
+/* n elements of dtype at h from fp32 values. */
+static void to_dtype(const float *x, size_t n, zpp_dtype dtype, void *h) {
+    for (size_t i = 0; i < n; i++) zpp_store_f32(h, dtype, i, x[i]);
+}
+
+static void *random_input(size_t n, size_t block, zpp_dtype dtype, zpp_rng *r) {
+    float *x = xmalloc(n * sizeof *x);
+    fill_values(x, n, block, dtype, r);
+    void *h = xmalloc(n * zpp_dtype_size(dtype));
+    to_dtype(x, n, dtype, h);
+    free(x);
+    return h;
+}
+
+static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, zpp_rng *r) {
+    zpp_quant_spec s = zpp_quant_spec_default(bits);
+    s.block = block;
+    s.stochastic = stochastic;
+    s.seed = zpp_rng_u64(r);
+    return s;
+}
+
+/* ---- comparisons ------------------------------------------------------ */
+
+static float f32_of(const unsigned char *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* Byte-for-byte equality of n_chunks quantized chunks, naming the first
+ * difference by chunk, region and block. */
+static void expect_same_q(const unsigned char *gpu, const unsigned char *cpu, size_t n_chunks,
+                          size_t chunk_len, const zpp_quant_spec *s, const char *ctx) {
+    const size_t qb = zpp_quant_bytes(chunk_len, s);
+    const size_t total = qb * n_chunks;
+    size_t i = 0;
+    while (i < total && gpu[i] == cpu[i]) i++;
+    if (i == total) return;
+    const size_t c = i / qb, o = i % qb;
+    const size_t pb = zpp_quant_payload_bytes(chunk_len, s->bits);
+    const size_t so = zpp_quant_scales_offset(chunk_len, s->bits);
+    const size_t nb = zpp_quant_num_blocks(chunk_len, s->block);
+    char where[200];
+    if (o < pb) {
+        size_t e = s->bits == 8 ? o : 2 * o;
+        snprintf(where, sizeof where, "payload byte %zu (element %zu, block %zu)", o, e,
+                 e / s->block);
+    } else if (o < so) {
+        snprintf(where, sizeof where, "payload padding byte %zu (payload ends at %zu)", o, pb);
+    } else if (o < so + 4 * nb) {
+        size_t b = (o - so) / 4;
+        snprintf(where, sizeof where, "scale of block %zu (gpu %a, cpu %a)", b,
+                 (double)f32_of(gpu + c * qb + so + 4 * b),
+                 (double)f32_of(cpu + c * qb + so + 4 * b));
+    } else {
+        snprintf(where, sizeof where, "scale padding byte %zu", o);
+    }
+    zpp_test_fail(__FILE__, __LINE__, NULL,
+                  "%s: quantized bytes differ at offset %zu: chunk %zu, %s: gpu 0x%02x, cpu "
+                  "0x%02x (bits %d, block %zu, stochastic %d, chunk_len %zu, %zu chunks; 0xAB "
+                  "means the kernel never wrote it)",
+                  ctx, i, c, where, gpu[i], cpu[i], s->bits, s->block, s->stochastic,
+                  chunk_len, n_chunks);
+}
+
+static int bits_nan(zpp_dtype d, const void *p, size_t i) {
+    return isnan(zpp_load_f32(p, d, i));
+}
+
+/* Element-wise bit equality, NaN matching any NaN. */
+static void expect_same_values(const void *gpu, const void *cpu, size_t n, zpp_dtype d,
+                               const char *ctx) {
+    const size_t es = zpp_dtype_size(d);
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *g = (const unsigned char *)gpu + i * es;
+        const unsigned char *c = (const unsigned char *)cpu + i * es;
+        if (memcmp(g, c, es) == 0) continue;
+        if (bits_nan(d, gpu, i) && bits_nan(d, cpu, i)) continue;
+        zpp_test_fail(__FILE__, __LINE__, NULL,
+                      "%s: element %zu of %zu (%s) differs: gpu %a, cpu %a", ctx, i, n,
+                      zpp_dtype_name(d), (double)zpp_load_f32(gpu, d, i),
+                      (double)zpp_load_f32(cpu, d, i));
+    }
+}
+
+/* ---- the cases -------------------------------------------------------- */
+
+/* One quantize of n_chunks chunks of chunk_len: GPU against the CPU
+ * reference. `misalign` shifts the input by one element (scalar path). */
+static void check_quantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
+                           const zpp_quant_spec *s, int misalign, zpp_rng *r) {
+    const size_t n = n_chunks * chunk_len, es = zpp_dtype_size(d);
+    const size_t qb = zpp_quant_bytes(chunk_len, s) * n_chunks;
+    void *x = random_input(n, s->block, d, r);
+    unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+    EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, d, n_chunks, chunk_len, s, cpu));
+    dbuf dx = dbuf_make(n * es, misalign ? es : 0), dq = dbuf_make(qb, 0);
+    dbuf_put(&dx, x);
+    dbuf_poison(&dq);
+    int *flag = flag_make();
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, n_chunks, chunk_len, s, dq.p, flag, NULL));
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "quantize %s, %zu x %zu%s", zpp_dtype_name(d), n_chunks,
+             chunk_len, misalign ? ", misaligned input" : "");
+    dbuf_get(&dq, gpu, ctx);
+    expect_same_q(gpu, cpu, n_chunks, chunk_len, s, ctx);
+    EXPECT(flag_get(flag) == 0, "%s: non-finite flag set for finite input", ctx);
+    CUDA_OK(cudaFree(flag));
+    dbuf_free(&dx);
+    dbuf_free(&dq);
+    free(x), free(cpu), free(gpu);
+}
+
+/* Sizes around one block and a few blocks with a ragged end. */
+static size_t sizes_for(size_t block, size_t *out) {
+    size_t k = 0;
+    out[k++] = 1;
+    out[k++] = 7;
+    if (block > 8) out[k++] = block - 1;
+    out[k++] = block;
+    out[k++] = block + 1;
+    out[k++] = 3 * block + 5;
+    out[k++] = 2 * block + 8;
+    return k;
+}
+
+/* Every block shape the launcher distinguishes: 1 thread per block (8),
+ * partial groups (24), 16 threads (128), a warp (256), 2/4/8 vectors per
+ * thread (264, 1024, 2048), and the two-pass kernel (2056, 1 << 20). */
+static void test_quantize_single_tensor(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056};
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+        for (size_t di = 0; di < 3; di++)
+            for (size_t ki = 0; ki < 2; ki++)
+                for (int st = 0; st < 2; st++) {
+                    size_t sizes[8];
+                    size_t ns = sizes_for(blocks[bi], sizes);
+                    for (size_t si = 0; si < ns; si++) {
+                        zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], st, &r);
+                        check_quantize(all_dtypes[di], 1, sizes[si], &s, 0, &r);
+                    }
+                }
+    /* the largest block allowed, and a misaligned input on every path */
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            zpp_quant_spec s = spec_make(all_bits[ki], (size_t)1 << 20, (int)ki, &r);
+            check_quantize(all_dtypes[di], 1, ((size_t)1 << 20) + 77, &s, 0, &r);
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+                zpp_quant_spec t = spec_make(all_bits[ki], blocks[bi], (int)(bi & 1), &r);
+                check_quantize(all_dtypes[di], 1, 3 * blocks[bi] + 5, &t, 1, &r);
+            }
+        }
+}
+
+static void test_quantize_large(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(2));
+    const size_t n = ((size_t)1 << 22) + 5;
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            zpp_quant_spec s = spec_make(all_bits[ki], 0, (int)(di == 1 && ki == 1), &r);
+            s.block = zpp_quant_spec_default(all_bits[ki]).block;
+            check_quantize(all_dtypes[di], 1, n, &s, 0, &r);
+        }
+}
+
+/* Chunks laid end to end, odd lengths: chunk starts off the 16-byte grid. */
+static void test_quantize_chunks(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(3));
+    static const size_t lens[] = {1, 3, 77, 1001, 4099, 1024};
+    static const size_t nchunks[] = {1, 2, 5};
+    static const size_t blocks[] = {8, 128, 256, 4096};
+    for (size_t li = 0; li < 6; li++)
+        for (size_t ci = 0; ci < 3; ci++)
+            for (size_t di = 0; di < 3; di++)
+                for (size_t ki = 0; ki < 2; ki++) {
+                    zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci + di) % 4],
+                                                 (int)((li + ki) & 1), &r);
+                    check_quantize(all_dtypes[di], nchunks[ci], lens[li], &s, 0, &r);
+                }
+}
+
+/* Dequantize: of CPU-quantized random data, and of random bytes (every
+ * payload code, -8 and -128 included; padding garbage must be ignored). */
+static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
+                             const zpp_quant_spec *s, int garbage, int misalign, zpp_rng *r) {
+    const size_t n = n_chunks * chunk_len, es = zpp_dtype_size(d);
+    const size_t qbc = zpp_quant_bytes(chunk_len, s), qb = qbc * n_chunks;
+    unsigned char *q = xmalloc(qb);
+    if (garbage) {
+        for (size_t i = 0; i < qb; i++) q[i] = (unsigned char)zpp_rng_u64(r);
+        const size_t so = zpp_quant_scales_offset(chunk_len, s->bits);
+        const size_t nb = zpp_quant_num_blocks(chunk_len, s->block);
+        for (size_t c = 0; c < n_chunks; c++)
+            for (size_t b = 0; b < nb; b++) {
+                float sc = (float)(zpp_rng_uniform(r) * 0.1);
+                memcpy(q + c * qbc + so + 4 * b, &sc, 4);
+            }
+    } else {
+        void *x = random_input(n, s->block, d, r);
+        EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, d, n_chunks, chunk_len, s, q));
+        free(x);
+    }
+    void *cpu = xmalloc(n * es), *gpu = xmalloc(n * es);
+    EXPECT_OK(zpp_quant_cpu_dequantize_chunks(q, n_chunks, chunk_len, s, d, cpu));
+    dbuf dq = dbuf_make(qb, 0), dy = dbuf_make(n * es, misalign ? es : 0);
+    dbuf_put(&dq, q);
+    dbuf_poison(&dy);
+    EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, n_chunks, chunk_len, s, d, dy.p, NULL));
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "dequantize %s, bits %d, block %zu, %zu x %zu%s%s",
+             zpp_dtype_name(d), s->bits, s->block, n_chunks, chunk_len,
+             garbage ? ", random bytes" : "", misalign ? ", misaligned output" : "");
+    dbuf_get(&dy, gpu, ctx);
+    expect_same_values(gpu, cpu, n, d, ctx);
+    /* the input must be untouched */
+    unsigned char *q2 = xmalloc(qb);
+    dbuf_get(&dq, q2, ctx);
+    EXPECT(memcmp(q, q2, qb) == 0, "%s: the kernel wrote into its input", ctx);
+    dbuf_free(&dq);
+    dbuf_free(&dy);
+    free(q), free(q2), free(cpu), free(gpu);
+}
+
+static void test_dequantize(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(4));
+    static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056, 8192};
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+        for (size_t di = 0; di < 3; di++)
+            for (size_t ki = 0; ki < 2; ki++) {
+                size_t sizes[8];
+                size_t ns = sizes_for(blocks[bi], sizes);
+                for (size_t si = 0; si < ns; si++) {
+                    zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], 0, &r);
+                    check_dequantize(all_dtypes[di], 1, sizes[si], &s, (int)(si & 1), 0, &r);
+                }
+                zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], 0, &r);
+                check_dequantize(all_dtypes[di], 1, 2 * blocks[bi] + 3, &s, 0, 1, &r);
+            }
+    static const size_t lens[] = {1, 3, 77, 1001, 1024, 4099};
+    for (size_t li = 0; li < 6; li++)
+        for (size_t di = 0; di < 3; di++)
+            for (size_t ki = 0; ki < 2; ki++) {
+                zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + di) % 9], 0, &r);
+                check_dequantize(all_dtypes[di], 1 + (li % 3) * 2, lens[li], &s, (int)(ki & 1),
+                                 0, &r);
+            }
+    const size_t n = ((size_t)1 << 22) + 5;
+    for (size_t ki = 0; ki < 2; ki++) {
+        zpp_quant_spec s = zpp_quant_spec_default(all_bits[ki]);
+        check_dequantize(ZPP_BF16, 1, n, &s, 0, 0, &r);
+        check_dequantize(ZPP_FP32, 1, n, &s, 1, 0, &r);
+    }
+}
+
+static void test_dequantize_accumulate(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(5));
+    static const size_t blocks[] = {8, 128, 256, 2048, 4096};
+    static const size_t ns[] = {1, 7, 255, 256, 257, 4099, ((size_t)1 << 20) + 3};
+    for (size_t bi = 0; bi < 5; bi++)
+        for (size_t ni = 0; ni < 7; ni++)
+            for (size_t ki = 0; ki < 2; ki++)
+                for (int mis = 0; mis < 2; mis++) {
+                    const size_t n = ns[ni];
+                    zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], 0, &r);
+                    const size_t qb = zpp_quant_bytes(n, &s);
+                    void *x = random_input(n, s.block, ZPP_FP32, &r);
+                    unsigned char *q = xmalloc(qb);
+                    EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, ZPP_FP32, 1, n, &s, q));
+                    float *acc = xmalloc(n * 4), *gpu = xmalloc(n * 4);
+                    for (size_t i = 0; i < n; i++) acc[i] = (float)zpp_rng_normal(&r);
+                    dbuf dq = dbuf_make(qb, 0), da = dbuf_make(n * 4, mis ? 4 : 0);
+                    dbuf_put(&dq, q);
+                    dbuf_put(&da, acc);
+                    EXPECT_OK(zpp_cuda_dequantize_accumulate(dq.p, n, &s, da.p, NULL));
+                    EXPECT_OK(zpp_dequantize_accumulate(q, n, &s, acc));
+                    char ctx[128];
+                    snprintf(ctx, sizeof ctx, "dequantize-accumulate bits %d block %zu n %zu%s",
+                             s.bits, s.block, n, mis ? " misaligned" : "");
+                    dbuf_get(&da, gpu, ctx);
+                    expect_same_values(gpu, acc, n, ZPP_FP32, ctx);
+                    dbuf_free(&dq);
+                    dbuf_free(&da);
+                    free(x), free(q), free(acc), free(gpu);
+                }
+}
+
+static void test_reorder_quantize(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(6));
+    static const int nodes_l[] = {1, 2, 3};
+    static const int local_l[] = {1, 2, 4};
+    static const size_t lens[] = {1, 7, 129, 1000, 1001, 4096};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t li = 0; li < 6; li++)
+                for (size_t di = 0; di < 3; di++)
+                    for (size_t ki = 0; ki < 2; ki++) {
+                        const zpp_dtype d = all_dtypes[di];
+                        const int nodes = nodes_l[a], local = local_l[b];
+                        const size_t cl = lens[li], nc = (size_t)nodes * (size_t)local;
+                        zpp_quant_spec s = spec_make(all_bits[ki], ki ? 128 : 256,
+                                                     (int)((li + b) & 1), &r);
+                        const size_t qb = zpp_quant_bytes(cl, &s) * nc;
+                        void *x = random_input(nc * cl, s.block, d, &r);
+                        unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+                        EXPECT_OK(zpp_quant_reorder_quantize(x, d, cl, nodes, local, &s, cpu));
+                        dbuf dx = dbuf_make(nc * cl * zpp_dtype_size(d), 0),
+                             dq = dbuf_make(qb, 0);
+                        dbuf_put(&dx, x);
+                        dbuf_poison(&dq);
+                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, nodes, local, &s, dq.p,
+                                                            NULL, NULL));
+                        char ctx[160];
+                        snprintf(ctx, sizeof ctx, "reorder-quantize %s nodes %d local %d len %zu",
+                                 zpp_dtype_name(d), nodes, local, cl);
+                        dbuf_get(&dq, gpu, ctx);
+                        expect_same_q(gpu, cpu, nc, cl, &s, ctx);
+                        dbuf_free(&dx);
+                        dbuf_free(&dq);
+                        free(x), free(cpu), free(gpu);
+                    }
+}
+
+/* k inputs of n_chunks chunks, each made by the CPU quantizer from random
+ * data (with_nan: one element of input k-1 is NaN). */
+static unsigned char *make_qinputs(int k, size_t n_chunks, size_t cl, const zpp_quant_spec *s,
+                                   int with_nan, zpp_rng *r) {
+    const size_t per = zpp_quant_bytes(cl, s) * n_chunks;
+    unsigned char *q = xmalloc(per * (size_t)k);
+    for (int j = 0; j < k; j++) {
+        float *x = xmalloc(n_chunks * cl * 4);
+        fill_values(x, n_chunks * cl, s->block, ZPP_FP32, r);
+        if (with_nan && j == k - 1) x[(n_chunks * cl) / 2] = NAN;
+        zpp_status st = zpp_quant_cpu_quantize_chunks(x, ZPP_FP32, n_chunks, cl, s,
+                                                      q + per * (size_t)j);
+        EXPECT(st == (with_nan && j == k - 1 ? ZPP_ERR_NONFINITE : ZPP_OK), "%s",
+               zpp_last_error());
+        free(x);
+    }
+    return q;
+}
+
+static void check_dsr(int k, size_t nc, size_t cl, const zpp_quant_spec *is,
+                      const zpp_quant_spec *os, int with_nan, zpp_rng *r) {
+    const size_t inb = zpp_quant_bytes(cl, is) * nc * (size_t)k;
+    const size_t outb = zpp_quant_bytes(cl, os) * nc;
+    unsigned char *in = make_qinputs(k, nc, cl, is, with_nan, r);
+    unsigned char *cpu = xmalloc(outb), *gpu = xmalloc(outb);
+    EXPECT_STATUS(zpp_quant_cpu_dequant_sum_requant(in, k, nc, cl, is, os, cpu),
+                  with_nan ? ZPP_ERR_NONFINITE : ZPP_OK);
+    dbuf di = dbuf_make(inb, 0), dq = dbuf_make(outb, 0);
+    dbuf_put(&di, in);
+    dbuf_poison(&dq);
+    int *flag = flag_make();
+    EXPECT_OK(zpp_cuda_dequant_sum_requant(di.p, k, nc, cl, is, os, dq.p, flag, NULL));
+    char ctx[200];
+    snprintf(ctx, sizeof ctx,
+             "dequant-sum-requant k %d, %zu x %zu, in bits %d block %zu, out bits %d block %zu "
+             "stochastic %d%s",
+             k, nc, cl, is->bits, is->block, os->bits, os->block, os->stochastic,
+             with_nan ? ", NaN input" : "");
+    dbuf_get(&dq, gpu, ctx);
+    expect_same_q(gpu, cpu, nc, cl, os, ctx);
+    EXPECT(flag_get(flag) == with_nan, "%s: non-finite flag %d", ctx, flag_get(flag));
+    CUDA_OK(cudaFree(flag));
+    dbuf_free(&di);
+    dbuf_free(&dq);
+    free(in), free(cpu), free(gpu);
+}
+
+static void test_dequant_sum_requant(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(7));
+    static const size_t lens[] = {1, 7, 128, 129, 1001, 4099};
+    static const size_t nchunks[] = {1, 2, 4};
+    for (int k = 1; k <= 3; k++)
+        for (size_t li = 0; li < 6; li++)
+            for (size_t ci = 0; ci < 3; ci++)
+                for (int variant = 0; variant < 4; variant++) {
+                    /* same spec; int8 in -> int4 out; different blocks; big out block */
+                    int ib = variant == 1 ? 8 : 4, ob = 4;
+                    size_t iblk = 128, oblk = variant == 2 ? 256 : 128;
+                    if (variant == 3) iblk = 64, oblk = 4096;
+                    zpp_quant_spec is = spec_make(ib, iblk, 0, &r);
+                    zpp_quant_spec os = spec_make(ob, oblk, (int)((li + ci + (size_t)k) & 1), &r);
+                    check_dsr(k, nchunks[ci], lens[li], &is, &os, 0, &r);
+                }
+    /* a NaN in one input: flag set, its block NaN in the output */
+    zpp_quant_spec is = spec_make(4, 128, 0, &r), os = spec_make(4, 128, 1, &r);
+    check_dsr(2, 4, 1001, &is, &os, 1, &r);
+    zpp_quant_spec is8 = spec_make(8, 256, 0, &r), os8 = spec_make(8, 256, 0, &r);
+    check_dsr(3, 2, ((size_t)1 << 20) + 9, &is8, &os8, 0, &r);
+}
+
+static void test_dequant_reduce(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(8));
+    static const size_t lens[] = {1, 7, 255, 256, 1001, 4099, ((size_t)1 << 20) + 1};
+    static const size_t blocks[] = {8, 128, 256, 2048, 4096};
+    static const size_t nchunks[] = {1, 2, 3, 8};
+    for (size_t li = 0; li < 7; li++)
+        for (size_t ci = 0; ci < 4; ci++)
+            for (size_t ki = 0; ki < 2; ki++)
+                for (int mis = 0; mis < 2; mis++) {
+                    const size_t cl = lens[li], nc = nchunks[ci];
+                    zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci) % 5], 0, &r);
+                    const float scale = mis ? 1.0f : 1.0f / (float)(nc * 3);
+                    unsigned char *q = make_qinputs(1, nc, cl, &s, 0, &r);
+                    float *cpu = xmalloc(cl * 4), *gpu = xmalloc(cl * 4);
+                    EXPECT_OK(zpp_quant_cpu_dequant_reduce(q, nc, cl, &s, scale, cpu));
+                    dbuf dq = dbuf_make(zpp_quant_bytes(cl, &s) * nc, 0),
+                         dy = dbuf_make(cl * 4, mis ? 4 : 0);
+                    dbuf_put(&dq, q);
+                    dbuf_poison(&dy);
+                    EXPECT_OK(zpp_cuda_dequant_reduce(dq.p, nc, cl, &s, scale, dy.p, NULL));
+                    char ctx[160];
+                    snprintf(ctx, sizeof ctx,
+                             "dequant-reduce %zu x %zu bits %d block %zu scale %a%s", nc, cl,
+                             s.bits, s.block, (double)scale, mis ? " misaligned" : "");
+                    dbuf_get(&dy, gpu, ctx);
+                    expect_same_values(gpu, cpu, cl, ZPP_FP32, ctx);
+                    dbuf_free(&dq);
+                    dbuf_free(&dy);
+                    free(q), free(cpu), free(gpu);
+                }
+}
+
+static void test_convert(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    static const size_t ns[] = {1, 7, 8, 9, 1000, 4099, ((size_t)1 << 20) + 3};
+    static const float scales[] = {1.0f, 0.125f, 0.37f};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t ni = 0; ni < 7; ni++)
+                for (size_t si = 0; si < 3; si++) {
+                    const zpp_dtype di = all_dtypes[a], dO = all_dtypes[b];
+                    const size_t n = ns[ni];
+                    const int mis = (int)((ni + si) % 3 == 2);
+                    const int inplace = di == dO && si == 1;
+                    float *v = xmalloc(n * 4);
+                    fill_values(v, n, 64, di == ZPP_FP16 || dO == ZPP_FP16 ? ZPP_FP16 : di, &r);
+                    if (n > 8) v[n / 3] = NAN, v[n / 2] = INFINITY, v[n - 1] = -0.0f;
+                    void *x = xmalloc(n * zpp_dtype_size(di));
+                    to_dtype(v, n, di, x);
+                    void *cpu = xmalloc(n * zpp_dtype_size(dO)), *gpu = xmalloc(n * zpp_dtype_size(dO));
+                    EXPECT_OK(zpp_quant_cpu_convert(x, di, cpu, dO, n, scales[si]));
+                    dbuf dx = dbuf_make(n * zpp_dtype_size(di), mis ? zpp_dtype_size(di) : 0);
+                    dbuf dy = inplace ? dx : dbuf_make(n * zpp_dtype_size(dO), 0);
+                    dbuf_put(&dx, x);
+                    if (!inplace) dbuf_poison(&dy);
+                    EXPECT_OK(zpp_cuda_convert(dx.p, di, dy.p, dO, n, scales[si], NULL));
+                    char ctx[160];
+                    snprintf(ctx, sizeof ctx, "convert %s -> %s n %zu scale %g%s%s",
+                             zpp_dtype_name(di), zpp_dtype_name(dO), n, (double)scales[si],
+                             mis ? " misaligned" : "", inplace ? " in place" : "");
+                    dbuf_get(&dy, gpu, ctx);
+                    expect_same_values(gpu, cpu, n, dO, ctx);
+                    dbuf_free(&dx);
+                    if (!inplace) dbuf_free(&dy);
+                    free(v), free(x), free(cpu), free(gpu);
+                }
+}
+
+/* NaN and Inf: the flag is raised, the block's scale is the NaN 0x7fc00000
+ * and its payload 0 (bit-identical to the CPU, which also reports
+ * ZPP_ERR_NONFINITE), other blocks are quantized normally, and the block
+ * dequantizes to NaN. */
+static void test_nonfinite(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(10));
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ki = 0; ki < 2; ki++)
+            for (size_t bi = 0; bi < 3; bi++) {
+                const zpp_dtype d = all_dtypes[di];
+                zpp_quant_spec s = spec_make(all_bits[ki], bi == 2 ? 4096 : 256, (int)(bi & 1),
+                                             &r);
+                const size_t n = 5 * s.block + 3, es = zpp_dtype_size(d);
+                float *v = xmalloc(n * 4);
+                fill_values(v, n, s.block, d, &r);
+                const size_t at = s.block + (size_t)(zpp_rng_u64(&r) % s.block);
+                v[at] = bad[bi];
+                v[n - 1] = bad[(bi + 1) % 3]; /* the ragged last block too */
+                void *x = xmalloc(n * es);
+                to_dtype(v, n, d, x);
+                const size_t qb = zpp_quant_bytes(n, &s);
+                unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+                EXPECT_STATUS(zpp_quantize(x, d, n, &s, cpu), ZPP_ERR_NONFINITE);
+                dbuf dx = dbuf_make(n * es, 0), dq = dbuf_make(qb, 0);
+                dbuf_put(&dx, x);
+                dbuf_poison(&dq);
+                int *flag = flag_make();
+                EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, 1, n, &s, dq.p, flag, NULL));
+                char ctx[128];
+                snprintf(ctx, sizeof ctx, "non-finite %s bits %d block %zu", zpp_dtype_name(d),
+                         s.bits, s.block);
+                dbuf_get(&dq, gpu, ctx);
+                expect_same_q(gpu, cpu, 1, n, &s, ctx);
+                EXPECT(flag_get(flag) == 1, "%s: flag not raised", ctx);
+                uint32_t sb;
+                memcpy(&sb, gpu + zpp_quant_scales_offset(n, s.bits) + 4 * (at / s.block), 4);
+                EXPECT(sb == 0x7fc00000u, "%s: scale bits 0x%08x", ctx, sb);
+                /* dequantize on the GPU: that block is all NaN, the next is not */
+                void *y = xmalloc(n * es);
+                dbuf dy = dbuf_make(n * es, 0);
+                dbuf_poison(&dy);
+                EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, 1, n, &s, d, dy.p, NULL));
+                dbuf_get(&dy, y, ctx);
+                const size_t b0 = at / s.block * s.block;
+                for (size_t i = b0; i < b0 + s.block; i++)
+                    EXPECT(isnan(zpp_load_f32(y, d, i)), "%s: element %zu not NaN", ctx, i);
+                for (size_t i = b0 + s.block; i < b0 + 2 * s.block; i++)
+                    EXPECT(!isnan(zpp_load_f32(y, d, i)), "%s: element %zu NaN", ctx, i);
+                CUDA_OK(cudaFree(flag));
+                dbuf_free(&dx);
+                dbuf_free(&dq);
+                dbuf_free(&dy);
+                free(v), free(x), free(cpu), free(gpu), free(y);
+            }
+}
+
+/* Invalid arguments are refused with ZPP_ERR_INVALID and a message, before
+ * anything is launched; empty work is a no-op. */
+static void test_invalid_arguments(void) {
+    require_device();
+    zpp_quant_spec s = zpp_quant_spec_default(8);
+    dbuf dx = dbuf_make(4096, 0), dq = dbuf_make(8192, 0);
+    zpp_quant_spec bad = s;
+    bad.bits = 5;
+    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, 100, &bad, dq.p, NULL, NULL),
+                  ZPP_ERR_INVALID);
+    bad = s;
+    bad.block = 12;
+    EXPECT_STATUS(zpp_cuda_dequantize_chunks(dq.p, 1, 100, &bad, ZPP_BF16, dx.p, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "12") != NULL, "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, (zpp_dtype)7, 1, 100, &s, dq.p, NULL, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, 100, &s,
+                                           (char *)dq.p + 4, NULL, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "aligned") != NULL, "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 2, &s, dq.p, NULL, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, &s, &s, dq.p, NULL, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_cuda_convert(dx.p, ZPP_BF16, dx.p, ZPP_FP32, 10, 1.0f, NULL),
+                  ZPP_ERR_INVALID);
+    /* nothing to do: no launch, no error, output untouched */
+    dbuf_poison(&dq);
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 0, 100, &s, dq.p, NULL, NULL));
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 3, 0, &s, dq.p, NULL, NULL));
+    unsigned char *h = xmalloc(dq.bytes);
+    dbuf_get(&dq, h, "empty quantize");
+    for (size_t i = 0; i < dq.bytes; i++) EXPECT(h[i] == POISON, "byte %zu written", i);
+    free(h);
+    dbuf_free(&dx);
+    dbuf_free(&dq);
+}
+
+/* The kernels enqueue on the given stream and do not synchronise. */
+static void test_streams(void) {
+    require_device();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(11));
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const size_t n = 100003;
+    zpp_quant_spec s = spec_make(4, 128, 1, &r);
+    void *x = random_input(n, s.block, ZPP_BF16, &r);
+    const size_t qb = zpp_quant_bytes(n, &s);
+    unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+    EXPECT_OK(zpp_quantize(x, ZPP_BF16, n, &s, cpu));
+    dbuf dx = dbuf_make(n * 2, 0), dq = dbuf_make(qb, 0);
+    dbuf_put(&dx, x);
+    dbuf_poison(&dq);
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, n, &s, dq.p, NULL, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    dbuf_get(&dq, gpu, "quantize on a stream");
+    expect_same_q(gpu, cpu, 1, n, &s, "quantize on a stream");
+    CUDA_OK(cudaStreamDestroy(st));
+    dbuf_free(&dx);
+    dbuf_free(&dq);
+    free(x), free(cpu), free(gpu);
+}
+
+ZPP_TESTS(ZPP_TEST(test_quantize_single_tensor), ZPP_TEST(test_quantize_large),
+          ZPP_TEST(test_quantize_chunks), ZPP_TEST(test_dequantize),
+          ZPP_TEST(test_dequantize_accumulate), ZPP_TEST(test_reorder_quantize),
+          ZPP_TEST(test_dequant_sum_requant), ZPP_TEST(test_dequant_reduce),
+          ZPP_TEST(test_convert), ZPP_TEST(test_nonfinite), ZPP_TEST(test_invalid_arguments),
+          ZPP_TEST(test_streams), )
