@@ -74,7 +74,9 @@ struct zpp_engine {
     zpp_quant_exec qx;
     unit_state *units;
     buf_pool pool;
-    int step; /* optimizer steps taken */
+    int step;          /* optimizer steps taken */
+    int forward_ready; /* a forward ran under the current weights */
+    int volume_fresh;  /* the volume counts start with this step */
     /* the reduction in flight */
     zpp_coll_op *reduce_op;
     int reduce_unit;
@@ -374,28 +376,38 @@ static void drain(zpp_engine *e) {
     reduce_finish(e);
 }
 
-zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
-                           void *ctx, zpp_step_stats *stats_p) {
-    if (accum < 1) return zpp_error(ZPP_ERR_INVALID, "engine: accumulation steps must be >= 1");
-    zpp_coll_volume_reset(e->coll);
-    zpp_status st = ZPP_OK;
-    float loss_sum = 0.0f;
-    for (int a = 0; a < accum && st == ZPP_OK; a++) {
-        float loss = 0.0f;
-        st = batch(ctx, a, e->model);
-        if (st == ZPP_OK) st = forward(e, &loss);
-        /* Each micro-batch's mean loss is scaled by 1/accum so the summed
-         * gradient is that of the mean over the rank's micro-batches; the
-         * reduction then averages over ranks: the gradient of the global
-         * batch's mean loss. */
-        if (st == ZPP_OK) st = backward(e, 1.0f / (float)accum);
-        loss_sum += loss;
+zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p) {
+    if (!e->volume_fresh) {
+        zpp_coll_volume_reset(e->coll);
+        e->volume_fresh = 1;
     }
+    e->forward_ready = 0;
+    zpp_status st = forward(e, loss_p);
     if (st != ZPP_OK) {
         drain(e);
         return st;
     }
+    e->forward_ready = 1;
+    return ZPP_OK;
+}
 
+zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
+    if (!e->forward_ready)
+        return zpp_error(ZPP_ERR_STATE,
+                         "engine: backward without a forward under the current weights; run "
+                         "zpp_engine_forward on the micro-batch first");
+    e->forward_ready = 0;
+    zpp_status st = backward(e, loss_scale);
+    if (st != ZPP_OK) drain(e);
+    return st;
+}
+
+zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
+                                     zpp_step_stats *stats_p) {
+    /* Nothing gathered may outlive the weights it was gathered from (a
+     * forward whose backward never came leaves its last unit gathered). */
+    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
+    ZPP_CHECK(reduce_finish(e));
     /* Global gradient norm: each rank's shard sums of squares, summed over
      * the world (shards are disjoint, padding is zero). The loss rides along
      * in the same all-reduce. */
@@ -406,7 +418,7 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
         ZPP_CHECK(zpp_sops_sumsq(e->mem, e->stream, u->grad_acc, u->part.shard_len, &s));
         sq += s;
     }
-    float red[2] = {(float)sq, loss_sum / (float)accum};
+    float red[2] = {(float)sq, loss};
     ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, red, 2));
     float norm = sqrtf(red[0]);
     if (!isfinite(norm))
@@ -429,13 +441,33 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
         /* The weights changed: the secondary copy is stale. */
         u->secondary_valid = 0;
     }
+    e->forward_ready = 0;
     if (stats_p) {
         stats_p->loss = red[1] / (float)e->topo->world_size;
         stats_p->grad_norm = norm;
         stats_p->lr = lr;
         stats_p->volume = *zpp_coll_volume(e->coll);
     }
+    e->volume_fresh = 0;
     return ZPP_OK;
+}
+
+zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
+                           void *ctx, zpp_step_stats *stats_p) {
+    if (accum < 1) return zpp_error(ZPP_ERR_INVALID, "engine: accumulation steps must be >= 1");
+    float loss_sum = 0.0f;
+    for (int a = 0; a < accum; a++) {
+        float loss = 0.0f;
+        ZPP_CHECK(batch(ctx, a, e->model));
+        ZPP_CHECK(zpp_engine_forward(e, &loss));
+        /* Each micro-batch's mean loss is scaled by 1/accum so the summed
+         * gradient is that of the mean over the rank's micro-batches; the
+         * reduction then averages over ranks: the gradient of the global
+         * batch's mean loss. */
+        ZPP_CHECK(zpp_engine_backward(e, 1.0f / (float)accum));
+        loss_sum += loss;
+    }
+    return zpp_engine_optimizer_step(e, lr, loss_sum / (float)accum, stats_p);
 }
 
 zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
@@ -444,7 +476,9 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
     zpp_status st = batch(ctx, 0, e->model);
     if (st == ZPP_OK) {
         /* A forward gather with hpZ also refreshes the secondary shards:
-         * harmless, they hold the current weights. */
+         * harmless, they hold the current weights. Its activations are not
+         * for a backward. */
+        e->forward_ready = 0;
         st = forward(e, &loss);
     }
     for (int i = 0; i < e->model->n_units; i++) {

@@ -55,11 +55,30 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
                              void *stream, zpp_engine **engine_p);
 void zpp_engine_destroy(zpp_engine *e);
 
+/* The step in pieces, as DeepSpeed's engine offers it (forward, backward,
+ * step): after the caller sets a micro-batch on the model,
+ *   zpp_engine_forward    gathers and runs every stage, returns the loss;
+ *   zpp_engine_backward   runs the stages in reverse and reduces each unit's
+ *                         gradient (scaled by loss_scale, e.g. 1/accum) into
+ *                         the fp32 shard gradients;
+ *   zpp_engine_optimizer_step  global norm, clipping, AdamW, and the new
+ *                         working shards; the secondary shards go stale.
+ * A backward needs the forward of the same micro-batch under the same
+ * weights: calling it without one, or after an optimizer step, is
+ * ZPP_ERR_STATE (with hpZ the stale secondary shard is refused too). */
+zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p);
+zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
+/* `loss` (this rank's mean loss over the step's micro-batches) is averaged
+ * over the world into stats_p->loss, in the same all-reduce as the norm. */
+zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
+                                     zpp_step_stats *stats_p);
+
 /* Supplies micro-batch `micro` (0..accum-1) of the step to the model via
  * model->ops->set_batch. */
 typedef zpp_status (*zpp_engine_batch_fn)(void *ctx, int micro, zpp_model *model);
 
-/* One optimizer step over `accum` micro-batches at learning rate `lr`. */
+/* One optimizer step over `accum` micro-batches at learning rate `lr`:
+ * forward and backward of each micro-batch, then the optimizer step. */
 zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
                            void *ctx, zpp_step_stats *stats_p);
 

