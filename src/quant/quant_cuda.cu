@@ -12,6 +12,10 @@
  *
  * Every product and sum that could be contracted into an FMA is written with
  * __fmul_rn / __fadd_rn, and the file must never be built with fast-math.
+ * Stochastic rounding draws u = zpp_quant_uniform(seed, i) (quant_rng.h)
+ * with i the element's index in the whole input (chunk * chunk_len + offset;
+ * for the qgZ reorder, the source chunk), as the reference does. Edge cases
+ * (absmax 0, tiny absmax, NaN/Inf) are the reference's, see block_scale.
  *
  * HOW THE KERNELS ARE SHAPED (memory bound: ~3 bytes moved per element)
  *
@@ -19,46 +23,79 @@
  *     2048 elements of one (dequantize). A group of T = 1..32 threads (T a
  *     power of two inside one warp) owns one tile; thread t of the group
  *     holds the 8-element vectors t, t+T, t+2T, ... (VPT of them) in
- *     registers, so the block is read from memory exactly once.
- *   - A warp owns 32/T tiles at a time and U such rounds per loop trip, so
- *     each thread has U*VPT (4 or 8) independent 16-byte loads in flight
- *     before it needs any of them; the grid is persistent (SMs x occupancy)
- *     and strides over the tiles.
- *   - absmax is an unsigned max of the fp32 bit patterns with the sign bit
+ *     registers, so a block is read from memory exactly once and each load
+ *     instruction of a warp covers whole 128-byte lines. A warp owns 32/T
+ *     tiles per round and U rounds per loop trip (U * VPT = 4 slots, 4
+ *     independent 16-byte loads issued before any is used); the grid is
+ *     persistent (SMs x occupancy) and strides over the tiles.
+ *   - VPT is 4 for quantize (block 256: T = 8), so a block's two IEEE
+ *     divisions and its log2(T) shuffle steps are shared by 32 elements of
+ *     a thread; 2 (int8) / 4 (int4) for dequantize. Dequantize of int8 also
+ *     fetches its next tiles before it processes the current ones
+ *     (software pipelining); for quantize and int4 dequantize that was
+ *     measured slower (more registers, fewer warps). The knobs are the
+ *     ZPP_QCU_* macros below; the choices are the measured best (H200).
+ *   - absmax is an unsigned max of the bit patterns with the sign bit
  *     cleared (for non-negative floats the bit order is the value order), so
- *     a NaN or Inf shows up as bits >= 0x7f800000 in the same reduction; the
- *     group reduces with __shfl_xor_sync.
+ *     a NaN or Inf shows up as bits >= 0x7f800000 in the same reduction.
+ *     bf16/fp16 do it on packed words (VIMNMX.U16x2, two elements an
+ *     instruction) and widen the winner. The group reduces with
+ *     __shfl_xor_sync.
  *   - Rounding uses the "magic number" trick: for |v| <= 2^22, the fp32 sum
  *     v + 1.5*2^23 lands where one ulp is 1, so the FPU's rounding of that
  *     sum IS the rounding of v to an integer (nearest-even with __fadd_rn,
  *     floor with __fadd_rd), and the low bits of the sum's bit pattern are
- *     the two's complement of the integer. That replaces F2I (a quarter-rate
- *     conversion) with one full-rate FADD. |x * inv| <= qmax (1 + 2^-23)
- *     always, unless absmax < qmax / FLT_MAX makes inv overflow to +Inf;
- *     such "tiny" blocks take a slow path with __float2int_rn that mirrors
- *     the reference literally.
+ *     the two's complement of the integer: one full-rate FADD instead of a
+ *     quarter-rate F2I. Round-to-nearest needs no clamp (|x * inv| <= qmax
+ *     (1 + 2^-24)^2 < qmax + 1/2); stochastic clamps first. Blocks whose
+ *     absmax is below qmax / FLT_MAX (inv overflows to +Inf: "tiny") take a
+ *     slow path with __float2int_rn/_rd that follows the reference
+ *     literally (+-Inf saturates, 0 * Inf = NaN -> 0).
  *   - Dequantize inverts the trick: byte ^ 0x80 placed under exponent 0x4B
- *     is the float 2^23 + q + 128, one FADD recovers q exactly.
+ *     is the float 2^23 + q + 128; one FADD recovers q exactly, one FMUL
+ *     applies the scale (no I2F).
  *   - Vector (16-byte) loads/stores of the raw dtype are used only when the
  *     base pointer is 16-byte aligned and each chunk starts on a 16-byte
  *     boundary (chunk_len * dtype size % 16 == 0); otherwise, and for the
  *     ragged last vector of a chunk, the same kernel takes scalar accesses.
  *     Quantized buffers are always 16-byte aligned (wire layout), so payload
  *     words are loaded/stored whole; padding inside a payload word is zero.
+ *     Vector accesses are written in PTX (st.global.v4 etc.): left to
+ *     itself the compiler split a uint4 store into four 32-bit stores, and
+ *     the cache-hint intrinsics compile to .STRONG accesses.
  *   - Every byte of a quantized chunk is written, padding included.
+ *   - Blocks > 2048 elements: one warp per block, two passes (absmax, then
+ *     quantize; the re-read mostly hits L2). Correct, not tuned (0.6 of
+ *     copy at block 4096).
  *
- * WHAT THE COMPILER MADE OF IT (nvcc 13.0, sm_90, -Xptxas -v; cuobjdump
- * --dump-sass; recorded when the file was written, see report):
- *   - no kernel spills and none uses local memory ("0 bytes stack frame,
- *     0 bytes spill stores, 0 bytes spill loads" for all instantiations);
- *     registers: see the table at the end of this comment.
- *   - quantize bf16/fp16: LDG.E.128 for input vectors, STG.E.64 (int8) /
- *     STG.E (int4) for payload words; fp32 input: 2 x LDG.E.128 per vector.
- *   - dequantize to bf16/fp16: LDG.E.64 / LDG.E payload, STG.E.128 output;
- *     to fp32: 2 x STG.E.128.
- *   - no F2I / I2F in the hot paths (only in the tiny-absmax slow path and
- *     the stochastic uniform); the divisions appear once per tile.
- *   REGS_TABLE
+ * WHAT THE COMPILER MADE OF IT (nvcc 13.0, sm_90; -Xptxas -v and
+ * cuobjdump --dump-sass, 2026-11-30):
+ *   - 85 kernels, none spills or uses local memory ("0 bytes stack frame,
+ *     0 bytes spill stores, 0 bytes spill loads" for all). Registers:
+ *     quantize bf16 48, fp16 58, fp32 62, stochastic bf16 48, sum-requant
+ *     80; dequantize bf16 int8 (pipelined) 80, int4 64, fp32 56-80;
+ *     dequantize-accumulate 64 (128 pipelined), reduce 64; convert 27-37;
+ *     the VPT = 8 variants (blocks 1025..2048) up to 159.
+ *   - quantize bf16/fp16: LDG.E.128.CONSTANT per input vector (fp32: 2),
+ *     VIMNMX.U16x2 / VIMNMX3.U16x2 absmax, STG.E.64 (int8) / STG.E (int4)
+ *     payload words; LDG.E.U16 only on the scalar path.
+ *   - dequantize: LDG.E.64.CONSTANT (int8) / LDG.E.CONSTANT (int4) payload,
+ *     STG.E.128 output (fp32: 2 per vector); no I2F on the hot path.
+ *   - F2I only in the tiny-absmax path and the integer divisions of the
+ *     multi-chunk tile index; the float divisions appear once per block.
+ *
+ * MEASURED (one H200, 1 GiB of bf16 = 536870912 elements, median of 20
+ * after warm-up, `zeropp bench quant --device gpu`; GB/s counts bytes read
+ * + written; D2D cudaMemcpyAsync of the input in the same run: 4227-4270
+ * GB/s; results equal to the CPU reference on the whole buffers):
+ *     quantize bf16 int8 b256      0.904 of copy    dequantize 0.897
+ *     quantize bf16 int4 b128      0.856            dequantize 0.855
+ *     quantize fp16 int8 b256      0.910            dequantize 0.897
+ *     quantize fp32 int8 b256      0.992            dequantize 0.783 (fp32 out)
+ *     reorder_quantize bf16 int4   0.841   dequant_reduce 0.560
+ *     dequant_sum_requant (k = 2)  0.246   (int4 loads of 4 bytes: latency)
+ *     stochastic quantize bf16     0.43    (the 64-bit hash per element is
+ *                                           ALU bound)
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -92,6 +129,12 @@ struct FP16 {
     static constexpr int size = 2;
 };
 
+__device__ __forceinline__ float to_f32(BF16, uint16_t h) {
+    return __uint_as_float((unsigned)h << 16);
+}
+__device__ __forceinline__ float to_f32(FP16, uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
 __device__ __forceinline__ float from_f32(F32, float x) { return x; }
 __device__ __forceinline__ uint16_t from_f32(BF16, float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
@@ -278,9 +321,10 @@ __device__ __forceinline__ void dequant8(uint2 w, int bits, float scale, float (
 /* ---- rounding --------------------------------------------------------- */
 
 /* The integer for x, its low 8 (or 4) bits being the two's complement
- * payload. Fast path: clamp in fp32, then the magic-number rounding (exact
- * because |v| <= qmax (1 + 2^-23) < 2^22). Clamping before rounding equals
- * clamping after it, since +-qmax are integers and rounding is monotone.
+ * payload. Fast path: the magic-number rounding (exact because |v| <=
+ * qmax + 1 < 2^22), after a clamp in fp32 where one is needed; clamping
+ * before rounding equals clamping after it, since +-qmax are integers and
+ * rounding is monotone.
  * TINY (inv = +Inf, see block_scale) follows the formula literally as the
  * reference does: x * Inf = +-Inf saturates to +-qmax through
  * __float2int_rn / _rd, and 0 * Inf = NaN converts to 0. */
@@ -291,7 +335,11 @@ __device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
     float v = __fmul_rn(x, inv);
     if constexpr (STOCH) v = __fadd_rn(v, zpp_quant_uniform(seed, idx));
     if constexpr (!TINY) {
-        v = fminf(fmaxf(v, -qmax), qmax);
+        /* Round to nearest needs no clamp: |x| <= absmax and inv =
+         * RN(qmax / absmax) give |v| <= qmax (1 + 2^-24)^2 < qmax + 1/2, so
+         * RN(v) is within [-qmax, qmax] already. Stochastic w = v + u can
+         * reach qmax + 1 (or -qmax - 2^-23 before the floor): clamp. */
+        if constexpr (STOCH) v = fminf(fmaxf(v, -qmax), qmax);
         return __float_as_uint(STOCH ? __fadd_rd(v, kMagic) : __fadd_rn(v, kMagic));
     } else {
         const int qi = (int)qmax;
@@ -378,7 +426,7 @@ __device__ __forceinline__ unsigned absmax_bits8(const float (&v)[8], unsigned m
  *                     when the tile has that many; the rest of the tile
  *                     goes to more threads (up to a warp). */
 #ifndef ZPP_QCU_PIPELINE
-#define ZPP_QCU_PIPELINE 1
+#define ZPP_QCU_PIPELINE 0
 #endif
 #ifndef ZPP_QCU_VPT_MIN
 #define ZPP_QCU_VPT_MIN 4
@@ -387,6 +435,21 @@ __device__ __forceinline__ unsigned absmax_bits8(const float (&v)[8], unsigned m
  *                     tiles when VPT < SLOTS). */
 #ifndef ZPP_QCU_SLOTS
 #define ZPP_QCU_SLOTS 4
+#endif
+/*   ZPP_QCU_DQ{8,4}_VPT_MIN, ZPP_QCU_DQ{8,4}_PIPELINE: the same for the
+ *                     dequantize kernels of int8 and int4 payloads, whose
+ *                     best shapes differ (measured, see the file comment). */
+#ifndef ZPP_QCU_DQ8_VPT_MIN
+#define ZPP_QCU_DQ8_VPT_MIN 2
+#endif
+#ifndef ZPP_QCU_DQ8_PIPELINE
+#define ZPP_QCU_DQ8_PIPELINE 1
+#endif
+#ifndef ZPP_QCU_DQ4_VPT_MIN
+#define ZPP_QCU_DQ4_VPT_MIN 4
+#endif
+#ifndef ZPP_QCU_DQ4_PIPELINE
+#define ZPP_QCU_DQ4_PIPELINE 0
 #endif
 
 /* One tile a thread group works on: chunk c, block b of the chunk, elements
@@ -460,6 +523,23 @@ struct RawSrc {
 #pragma unroll
         for (int n = 0; n < U * VPT; n++) unpack8<D>(st.r[n], v[n]);
     }
+    /* max(m, |x| bit pattern as fp32) over slot n. 16-bit types work on
+     * the packed words (sign bits cleared, per-halfword unsigned max: the
+     * bit order of a non-negative bf16/fp16 is its value order), then widen
+     * the winner exactly; NaN/Inf stay >= 0x7f800000 after widening. */
+    template <int N>
+    __device__ __forceinline__ unsigned amax(const Stage<N> &st, const float (&v)[N][8], int n,
+                                             unsigned m) const {
+        if constexpr (D::size == 4) {
+            return absmax_bits8(v[n], m);
+        } else {
+            const uint4 w = st.r[n].a;
+            unsigned h = __vmaxu2(__vmaxu2(w.x & 0x7fff7fffu, w.y & 0x7fff7fffu),
+                                  __vmaxu2(w.z & 0x7fff7fffu, w.w & 0x7fff7fffu));
+            h = max(h & 0xffffu, h >> 16);
+            return max(m, __float_as_uint(to_f32(D(), (uint16_t)h)));
+        }
+    }
 };
 
 /* k quantized inputs laid end to end; the value is their fp32 sum in input
@@ -480,6 +560,11 @@ struct DeqSumSrc {
 
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
         return (unsigned long long)c * chunk_len;
+    }
+    template <int N>
+    __device__ __forceinline__ unsigned amax(const Stage<N> &, const float (&v)[N][8], int n,
+                                             unsigned m) const {
+        return absmax_bits8(v[n], m);
     }
     __device__ __forceinline__ unsigned in_block(const Tile &x, unsigned long long e) const {
         /* e and the block are multiples of 8, and e / 8 < 2^32 (host check) */
@@ -502,7 +587,11 @@ struct DeqSumSrc {
                 if (j < k && vec_cnt(tl[u], e)) {
                     const unsigned long long ee = tl[u].e0 + e;
                     w[n] = load_payload(L, tl[u].c, ee);
-                    sc[n] = load_scale(L, tl[u].c, in_block(tl[u], ee));
+                    /* one scale per tile when the blocks agree */
+                    if (!same_block || s == 0)
+                        sc[n] = load_scale(L, tl[u].c, in_block(tl[u], ee));
+                    else
+                        sc[n] = sc[u * VPT];
                 }
             }
     }
@@ -643,7 +732,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int u = 0; u < U; u++) {
             m[u] = 0;
 #pragma unroll
-            for (int s = 0; s < VPT; s++) m[u] = absmax_bits8(v[u * VPT + s], m[u]);
+            for (int s = 0; s < VPT; s++) m[u] = src.template amax<N>(st, v, u * VPT + s, m[u]);
         }
         for (unsigned off = T >> 1; off > 0; off >>= 1) {
 #pragma unroll
@@ -714,7 +803,7 @@ __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const 
                 for (int s = 0; s < S; s++) {
                     const unsigned e = vec_off(lane, 32u, s);
                     if (pass == 0) {
-                        m = absmax_bits8(v[s], m);
+                        m = src.template amax<S>(st, v, s, m);
                     } else if (e < pc[0].len) {
                         const unsigned long long idx = STOCH ? src.origin(x.c) + pc[0].e0 : 0ull;
                         const uint2 w = quant8_block<STOCH>(v[s], bs, q.qmax, q.out.bits,
@@ -824,8 +913,13 @@ __device__ __forceinline__ void dq_add(const DqArgs &a, const DqStage<U, VPT, MO
         }
 }
 
-template <class D, int VPT, int U, int MODE>
-__global__ void __launch_bounds__(kThreads) k_dequant(const DqArgs a) {
+/* The occupancy hint (4 CTAs, <= 64 registers) only for the fp32-output
+ * store without pipelining, where ptxas otherwise picks 48 registers and
+ * spills 4 bytes. */
+template <class D, int VPT, int U, int MODE, bool PIPE>
+__global__ void __launch_bounds__(kThreads,
+                                  D::size == 4 && MODE == DQ_STORE && !PIPE && VPT <= 4 ? 4 : 0)
+    k_dequant(const DqArgs a) {
     typedef typename D::raw raw;
     typedef DqStage<U, VPT, MODE> Stage;
     constexpr int N = U * VPT;
@@ -837,7 +931,7 @@ __global__ void __launch_bounds__(kThreads) k_dequant(const DqArgs a) {
     const unsigned step = G * U;
     raw *const out = static_cast<raw *>(a.out);
     /* with 8 slots a thread has enough loads in flight without it */
-    constexpr bool pipe = ZPP_QCU_PIPELINE && MODE != DQ_REDUCE && N <= 4;
+    constexpr bool pipe = PIPE && MODE != DQ_REDUCE && N <= 4;
 
     unsigned base = warp * step;
     if (base >= a.total) return;
@@ -984,11 +1078,11 @@ int log2_ceil(unsigned x) {
  * elements (<= 2048): each thread takes ZPP_QCU_VPT_MIN vectors when the
  * tile has them (so a block's two divisions and its shuffle steps are shared
  * by more elements), more when the tile would need more than a warp. */
-void tile_shape(unsigned len, int *log2T_p, int *vpt_p) {
+void tile_shape(unsigned len, unsigned vpt_min, int *log2T_p, int *vpt_p) {
     unsigned nv = (len + 7) / 8;
     if (nv == 0) nv = 1;
     unsigned vpt = 1;
-    while (vpt < (unsigned)ZPP_QCU_VPT_MIN && vpt < nv) vpt *= 2;
+    while (vpt < vpt_min && vpt < nv) vpt *= 2;
     while ((nv + vpt - 1) / vpt > 32) vpt *= 2;
     *log2T_p = log2_ceil((nv + vpt - 1) / vpt);
     *vpt_p = (int)vpt;
@@ -1034,9 +1128,10 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
     const unsigned long long nb = zpp_quant_num_blocks(chunk_len, spec->block);
     const unsigned long long total = nb * n_chunks;
     if (n_chunks > 0x7fffffffull || total > 0x7fffffffull || chunk_len >= (1ull << 35))
-        return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements make %llu blocks; "
-                         "the kernels handle fewer than 2^31, use a larger block", what,
-                         n_chunks, chunk_len, total);
+        return zpp_error(ZPP_ERR_INVALID, "%s: %zu chunks of %zu elements (%llu blocks) are "
+                         "beyond the kernels' limits (2^31 blocks, 2^35 elements a chunk); "
+                         "split the call or use a larger block", what, n_chunks, chunk_len,
+                         total);
     q.nb = (unsigned)nb;
     q.n_chunks = (unsigned)n_chunks;
     q.total = (unsigned)total;
@@ -1045,7 +1140,7 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
     q.nonfinite = nonfinite;
     const unsigned long long tl = r8 < spec->block ? r8 : spec->block;
     int vpt;
-    tile_shape(tl <= kMaxRegTile ? (unsigned)tl : kMaxRegTile, &q.log2T, &vpt);
+    tile_shape(tl <= kMaxRegTile ? (unsigned)tl : kMaxRegTile, ZPP_QCU_VPT_MIN, &q.log2T, &vpt);
     *tile_len_p = (unsigned)tl;
     *q_p = q;
     return ZPP_OK;
@@ -1073,7 +1168,7 @@ zpp_status launch_quant_st(const Src &src, const QDst &q, unsigned tile_len, cud
         return launch_status(what);
     }
     int log2T, vpt;
-    tile_shape(tile_len, &log2T, &vpt);
+    tile_shape(tile_len, ZPP_QCU_VPT_MIN, &log2T, &vpt);
     switch (vpt) {
     case 1: return launch_quant_vpt<Src, 1, STOCH>(src, q, st, what);
     case 2: return launch_quant_vpt<Src, 2, STOCH>(src, q, st, what);
@@ -1152,7 +1247,8 @@ zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t 
     a.tpb = (unsigned)tpb;
     a.tile_len = (unsigned)tl;
     a.total = (unsigned)total;
-    tile_shape(a.tile_len, &a.log2T, vpt_p);
+    tile_shape(a.tile_len, spec->bits == 8 ? ZPP_QCU_DQ8_VPT_MIN : ZPP_QCU_DQ4_VPT_MIN,
+               &a.log2T, vpt_p);
     a.out = out;
     a.vec = vec;
     a.scale = scale;
@@ -1163,7 +1259,9 @@ zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t 
 template <class D, int MODE, int VPT>
 zpp_status launch_dq_vpt(const DqArgs &a, cudaStream_t st, const char *what) {
     constexpr int U = VPT >= ZPP_QCU_SLOTS ? 1 : ZPP_QCU_SLOTS / VPT;
-    auto kern = k_dequant<D, VPT, U, MODE>;
+    constexpr bool p8 = MODE != DQ_REDUCE && ZPP_QCU_DQ8_PIPELINE;
+    constexpr bool p4 = MODE != DQ_REDUCE && ZPP_QCU_DQ4_PIPELINE;
+    auto kern = a.q.bits == 8 ? k_dequant<D, VPT, U, MODE, p8> : k_dequant<D, VPT, U, MODE, p4>;
     const unsigned G = 32u >> a.log2T;
     unsigned grid;
     ZPP_CHECK(grid_for(kern, (a.total + G * U - 1) / (G * U), what, &grid));

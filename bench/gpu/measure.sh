@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: build, GPU tests, the issue's GPU figures. Logs in $OUT.
+# Each step has its own time limit so one slow step cannot eat the lease.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+S="$OUT/summary.txt"
+if ! [ -f /usr/include/cjson/cJSON.h ]; then
+  mkdir -p /tmp/cjson && for f in .deps/*.deb; do dpkg -x "$f" /tmp/cjson; done
+  export CJSON_ROOT=/tmp/cjson/usr
+fi
+echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$S"
+t0=$(date +%s)
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+  cmake --build build-gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { echo "build failed" | tee -a "$S"; tail -40 "$OUT/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - t0 ))s" | tee -a "$S"
+Z=build-gpu/zeropp
+MPI="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE"
+(cd build-gpu && timeout ${TEST_LIMIT:-120} ctest -L gpu --output-on-failure) > "$OUT/gpu-tests.log" 2>&1
+grep -E "tests passed|FAILED|Failed|Passed" "$OUT/gpu-tests.log" | tail -12 | tee -a "$S"
+for bits in 8 4; do
+  timeout 60 $Z bench quant --device gpu --dtype bf16 --bits $bits --n 536870912 --json
+done 2>&1 | tee -a "$S"
+timeout 90 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
+  --emulate-nodes --iters 3 --json 2>&1 | tee -a "$S"
+timeout 45 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
+  --iters 5 --json 2>&1 | tee -a "$S"
+if [ -n "${EXTRA:-}" ]; then
+  timeout 60 $MPI -x NCCL_NCHANNELS_PER_NET_PEER=8 $Z bench comm --device gpu --params 536870912 \
+    --units 1 --node-size 1 --emulate-nodes --iters 3 --modes zero3,qgz --json 2>&1 | sed 's/^/p2pch8 /' | tee -a "$S"
+fi
+echo "total $(( $(date +%s) - t0 ))s" | tee -a "$S"
