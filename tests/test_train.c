@@ -76,15 +76,20 @@ static int read_metric(const char *path, const char *key, double *out, int cap) 
     return n;
 }
 
-static void model_json(char *buf, size_t cap, int bf16, const char *extra) {
+/* A small GPT: 2 layers; `width` channels in width/16 heads; T = width/2. */
+static void model_json_w(char *buf, size_t cap, int width, int bf16, const char *extra) {
     snprintf(buf, cap,
-             "{\"model\": {\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"seq_len\": 32,"
+             "{\"model\": {\"n_layer\": 2, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d,"
              " \"vocab_size\": 256},"
              " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001,"
              " \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.01}},"
              " \"gradient_clipping\": 1.0, \"bf16\": {\"enabled\": %s},"
              " \"zeropp\": {\"eval_every\": 0, \"seed\": 7}%s%s}",
-             bf16 ? "true" : "false", extra[0] ? ", " : "", extra);
+             width / 16, width, width / 2, bf16 ? "true" : "false", extra[0] ? ", " : "", extra);
+}
+
+static void model_json(char *buf, size_t cap, int bf16, const char *extra) {
+    model_json_w(buf, cap, 32, bf16, extra);
 }
 
 /* Trains with (world, micro, accum) for `steps` and returns the losses. */
@@ -130,6 +135,39 @@ static void test_zero3_matches_single_rank_fp32(void) {
     EXPECT(fabs(got[0] - ref[0]) <= 1e-6 * fabs(ref[0]));
 }
 
+/* Same seed and config give the same losses, bit for bit, on the CPU: in
+ * every mode, including the quantized paths (round-to-nearest, and a
+ * deterministic counter-based stream where rounding is stochastic). */
+static void test_same_seed_same_losses_bitwise(void) {
+    const char *zero[] = {"\"zero_optimization\": {\"stage\": 3}",
+                          "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
+                          " \"zero_hpz_partition_size\": 2, \"zero_quantized_gradients\": true}"};
+    for (int z = 0; z < 2; z++) {
+        char raw[2][MAX_STEPS * 24];
+        for (int run = 0; run < 2; run++) {
+            char cfg[512], met[512], err[512], json[2048], extra[512], args[2048];
+            snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 2, %s", zero[z]);
+            model_json(json, sizeof json, 1, extra);
+            write_text(tmp_path("det.json", cfg), "%s", json);
+            snprintf(args, sizeof args, "--config %s --steps 8 --node-size 2 --metrics %s", cfg,
+                     tmp_path("det.jsonl", met));
+            EXPECT(run_train(4, args, tmp_path("err.txt", err)) == 0);
+            /* the metrics print fp32 losses with 9 significant digits, which
+             * round-trip: equal text means equal bits */
+            double l[MAX_STEPS];
+            int n = read_metric(met, "loss", l, MAX_STEPS);
+            EXPECT(n == 8);
+            raw[run][0] = '\0';
+            for (int i = 0; i < n; i++) {
+                char b[24];
+                snprintf(b, sizeof b, "%a,", l[i]);
+                strcat(raw[run], b);
+            }
+        }
+        EXPECT(strcmp(raw[0], raw[1]) == 0, "mode %d: %s vs %s", z, raw[0], raw[1]);
+    }
+}
+
 /* With bf16 on, the gathered weights are bf16 and the gradients cross the
  * wire in bf16: a reduce-scatter over W ranks rounds each partial sum to bf16
  * (relative error up to 2^-9 per rounding, ~log2(W) roundings), where one
@@ -155,7 +193,9 @@ static void test_zero3_matches_single_rank_bf16(void) {
 
 /* Each ZeRO++ option alone and all three together, 4 ranks as 2 nodes of 2,
  * on Tiny Shakespeare: the validation loss after a fixed budget is within 2%
- * of ZeRO-3's (the paper's claim: no loss of convergence). */
+ * of ZeRO-3's (the paper's claim: no loss of convergence). The budget takes
+ * the model well past unigram statistics (val loss ~2.5 nats against 5.5 at
+ * the start), so the quantized paths must carry real learning signal. */
 static void test_zeropp_options_match_zero3_validation_loss(void) {
     char data[512];
     if (!zpp_test_shared_data("tinyshakespeare.txt", data, sizeof data)) {
@@ -171,19 +211,19 @@ static void test_zeropp_options_match_zero3_validation_loss(void) {
          "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
          " \"zero_hpz_partition_size\": 2, \"zero_quantized_gradients\": true}"},
     };
-    const int steps = 60;
+    const int steps = 250;
     double val0 = 0.0;
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         char cfg[512], met[512], err[512], json[2048], extra[512], args[2048], name[64];
         snprintf(extra, sizeof extra,
                  "\"train_micro_batch_size_per_gpu\": 4, %s,"
                  " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {"
-                 "\"warmup_num_steps\": 5, \"warmup_type\": \"linear\"}}",
+                 "\"warmup_num_steps\": 20, \"warmup_type\": \"linear\"}}",
                  modes[m][1]);
-        model_json(json, sizeof json, 1, extra);
+        model_json_w(json, sizeof json, 64, 1, extra);
         /* a higher learning rate, so the budget shows real learning */
         char *lr = strstr(json, "0.001");
-        memcpy(lr, "0.003", 5);
+        memcpy(lr, "0.002", 5);
         snprintf(name, sizeof name, "cfg_%s.json", modes[m][0]);
         write_text(tmp_path(name, cfg), "%s", json);
         snprintf(name, sizeof name, "met_%s.jsonl", modes[m][0]);
@@ -198,7 +238,7 @@ static void test_zeropp_options_match_zero3_validation_loss(void) {
         EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
         printf("  %-6s train loss %.4f -> %.4f, val loss %.4f\n", modes[m][0], loss[0],
                loss[steps - 1], val[0]);
-        EXPECT(loss[steps - 1] < 0.8 * loss[0], "%s did not learn", modes[m][0]);
+        EXPECT(val[0] < 0.55 * loss[0], "%s did not learn: val loss %.4f", modes[m][0], val[0]);
         if (m == 0) val0 = val[0];
         else
             EXPECT(fabs(val[0] - val0) <= 0.02 * val0, "%s: val loss %.4f vs ZeRO-3 %.4f",
@@ -306,5 +346,6 @@ static void test_demo_summary(void) {
 
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
+          ZPP_TEST(test_same_seed_same_losses_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
           ZPP_TEST(test_demo_summary))

@@ -177,12 +177,12 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         if (rank != 0) continue;
         if (metrics) {
             fprintf(metrics,
-                    "{\"step\":%d,\"mode\":\"%s\",\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                    "{\"step\":%d,\"mode\":\"%s\",\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,"
                     "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
                     "\"intra_node_bytes\":%.0f",
                     s + 1, in->mode, (double)loss, (double)r.stats.lr,
                     (double)r.stats.grad_norm, r.tokens_per_s, r.seconds * 1e3, cross, intra);
-            if (eval) fprintf(metrics, ",\"val_loss\":%.6f", (double)v);
+            if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
@@ -295,6 +295,9 @@ int zpp_cli_train(int argc, char **argv) {
         cfg.optimizer.lr = 2e-3;
         cfg.gradient_clipping = 1.0;
         cfg.bf16 = 1;
+        cfg.model.n_layer = 4;
+        cfg.model.n_embd = 128;
+        cfg.model.n_head = 4;
     }
     run_summary sums[2];
     memset(sums, 0, sizeof sums);
