@@ -29,7 +29,8 @@ typedef struct run_summary {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np N zeropp train [options]\n"
-            "  --config FILE     DeepSpeed-style JSON config (see docs/config.md)\n"
+            "  --config FILE     DeepSpeed-style JSON config (every key: src/train/config.h;\n"
+            "                    an example: examples/zeropp.json)\n"
             "  --data FILE       llm.c token file (.bin) or any text file; default: a "
             "built-in synthetic corpus\n"
             "  --steps N         optimizer steps (overrides zeropp.train_steps)\n"

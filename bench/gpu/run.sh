@@ -35,6 +35,13 @@ timeout 90 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-s
   --emulate-nodes --iters 3 --json 2>&1 | tee -a "$S"
 timeout 45 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
   --iters 5 --json 2>&1 | tee -a "$S"
+if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+  # Issue 6: 2 emulated nodes x 2 GPUs — NVLink inside a node (qgZ's intra
+  # all-to-all, hpZ's gather), sockets between nodes.
+  timeout 240 mpirun --allow-run-as-root --bind-to none -np 4 -x NCCL_NVLS_ENABLE $Z bench comm \
+    --device gpu --params 536870912 --units 1 --node-size 2 --emulate-nodes --iters 3 --json \
+    2>&1 | sed 's/^/x4 /' | tee -a "$S"
+fi
 if [ -n "${EXTRA:-}" ]; then
   timeout 60 $MPI -x NCCL_NCHANNELS_PER_NET_PEER=8 $Z bench comm --device gpu --params 536870912 \
     --units 1 --node-size 1 --emulate-nodes --iters 3 --modes zero3,qgz --json 2>&1 | sed 's/^/p2pch8 /' | tee -a "$S"
