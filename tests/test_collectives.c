@@ -26,19 +26,14 @@
 #include "collectives/collectives.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
+#include "core/random.h"
 #include "testlib.h"
 
 /* ---- Deterministic data ----------------------------------------------------- */
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static double unif(uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t h = mix64(mix64(mix64(zpp_test_seed(7) ^ a) ^ b) ^ c);
+    uint64_t h = zpp_hash64(zpp_hash64(zpp_hash64(zpp_test_seed(7) ^ a) ^ b) ^ c);
     return (double)(h >> 11) * 0x1.0p-53;
 }
 
@@ -249,7 +244,7 @@ static void test_gather_baseline_and_qwz(void) {
         for (int si = 0; si < ns; si++) {
             for (int di = 0; di < 2; di++) {
                 zpp_dtype dt = di ? ZPP_FP32 : ZPP_BF16;
-                uint64_t tag = mix64(((uint64_t)S << 32) ^ ((uint64_t)si << 8) ^ (uint64_t)di);
+                uint64_t tag = zpp_hash64(((uint64_t)S << 32) ^ ((uint64_t)si << 8) ^ (uint64_t)di);
                 unit_case u = unit_make(t, sizes[si], dt, tag);
                 zpp_coll_volume_reset(c);
                 gather(c, &u, ZPP_GATHER_BASELINE, NULL, ZPP_PHASE_FWD_GATHER);
@@ -296,7 +291,7 @@ static void test_hpz_secondary(void) {
             for (int mi = 0; mi < 2; mi++) {
                 zpp_gather_mode m = mi ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
                 zpp_dtype dt = mi ? ZPP_BF16 : ZPP_FP32;
-                unit_case u = unit_make(t, sizes[si], dt, mix64(0x5ec ^ ((uint64_t)S << 20) ^
+                unit_case u = unit_make(t, sizes[si], dt, zpp_hash64(0x5ec ^ ((uint64_t)S << 20) ^
                                                                 ((uint64_t)si << 4) ^ (uint64_t)mi));
                 EXPECT(u.p.sec_len * (size_t)S == u.p.padded, "failed");
                 size_t sb = u.p.sec_len * u.ds;
@@ -441,7 +436,7 @@ static void test_reduce_baseline(void) {
         for (int si = 0; si < ns; si++) {
             for (int di = 0; di < 2; di++) {
                 zpp_dtype dt = di ? ZPP_BF16 : ZPP_FP32;
-                grad_case g = grad_make(t, sizes[si], dt, mix64(0x6ead ^ ((uint64_t)S << 24) ^
+                grad_case g = grad_make(t, sizes[si], dt, zpp_hash64(0x6ead ^ ((uint64_t)S << 24) ^
                                                                 ((uint64_t)si << 4) ^ (uint64_t)di), 0);
                 zpp_coll_volume_reset(c);
                 reduce(c, &g, ZPP_REDUCE_BASELINE);
@@ -494,7 +489,7 @@ static void test_reduce_qgz(void) {
     for (int si = 0; si < ns; si++) {
         for (int di = 0; di < 2; di++) {
             zpp_dtype dt = di ? ZPP_FP32 : ZPP_BF16;
-            uint64_t tag = mix64(0x9a2 ^ ((uint64_t)si << 4) ^ (uint64_t)di);
+            uint64_t tag = zpp_hash64(0x9a2 ^ ((uint64_t)si << 4) ^ (uint64_t)di);
             float *first = NULL, *first_bound = NULL;
             int first_S = 0;
             for (int S = 1; S <= W; S++) {
@@ -545,7 +540,7 @@ static void test_qgz_world_average(void) {
         zpp_topo *t = topo_make(S);
         zpp_coll *c;
         EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
-        uint64_t tag = mix64(0xa7e ^ (uint64_t)S);
+        uint64_t tag = zpp_hash64(0xa7e ^ (uint64_t)S);
         grad_case g = grad_make(t, 512 * (size_t)W + 3, ZPP_BF16, tag, 1);
         reduce(c, &g, ZPP_REDUCE_QGZ);
         check_qgz(t, &g, tag, 1, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, NULL, "qgZ same-gradient");

@@ -1,6 +1,8 @@
 /* testlib.c — the harness's main: runs the registered tests. */
 #include "testlib.h"
 
+#include "core/random.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -13,23 +15,17 @@ static uint64_t zpp__seed;
 static const char *zpp__current = "";
 
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 uint64_t zpp_test_seed(uint64_t stream) {
     uint64_t x = zpp__seed ^ (stream * 0xd1342543de82ef95ull);
-    return splitmix64(&x);
+    return zpp_splitmix64(&x);
 }
 
 zpp_rng zpp_rng_make(uint64_t seed) {
     zpp_rng r = {seed};
     return r;
 }
-uint64_t zpp_rng_u64(zpp_rng *r) { return splitmix64(&r->s); }
+uint64_t zpp_rng_u64(zpp_rng *r) { return zpp_splitmix64(&r->s); }
 double zpp_rng_uniform(zpp_rng *r) { return (double)(zpp_rng_u64(r) >> 11) * 0x1.0p-53; }
 double zpp_rng_normal(zpp_rng *r) {
     double u1 = zpp_rng_uniform(r), u2 = zpp_rng_uniform(r);

@@ -40,6 +40,7 @@
 #include "collectives/collectives.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
+#include "core/random.h"
 #include "core/mem.h"
 #include "zeropp.h"
 
@@ -108,53 +109,20 @@ static void usage(FILE *f) {
             "--emulate-nodes each node gets its own NCCL_HOSTID (launch with --bind-to none).\n");
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
-static int parse_count(const char *s, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1e3, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
-    else if (*end == 'B' || *end == 'b' || *end == 'G' || *end == 'g') mul = 1e9, end++;
-    if (*end) return -1;
-    v *= mul;
-    if (v > 9.0e15) return -1;
-    *out = (size_t)(v + 0.5);
-    return 0;
-}
 
-static int parse_int(const char *s, int lo, int *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > 1 << 24) return -1;
-    *out = (int)v;
-    return 0;
-}
 
 /* ---- Deterministic data ----------------------------------------------------- */
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static double sym_unif(uint64_t seed, uint64_t a, uint64_t b) {
-    return (double)(mix64(mix64(seed ^ a) ^ b) >> 11) * 0x1.0p-52 - 1.0; /* [-1, 1) */
+    return (double)(zpp_hash64(zpp_hash64(seed ^ a) ^ b) >> 11) * 0x1.0p-52 - 1.0; /* [-1, 1) */
 }
 
 /* Magnitudes change every 61 elements over 2^-3 .. 2^3, so quantization
  * blocks see different scales. */
 static double magnitude(uint64_t seed, int unit, size_t i) {
-    uint64_t h = mix64(seed ^ 0x3a9 ^ ((uint64_t)unit << 40) ^ (i / 61));
+    uint64_t h = zpp_hash64(seed ^ 0x3a9 ^ ((uint64_t)unit << 40) ^ (i / 61));
     return ldexp(1.0, (int)(h % 7) - 3);
 }
 
@@ -420,16 +388,16 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
     double worst = 0;
     memset(ms, 0, 4 * sizeof(double));
     b->topo->world->ops->barrier(b->topo->world);
-    double t0 = now_ms(), t;
+    double t0 = zpp_cli_now_ms(), t;
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
-        t = now_ms();
+        t = zpp_cli_now_ms();
         st = zpp_coll_gather_start(c, &u->p, m->gather, b->o.dtype, u->shard, b->full,
                                    m->hpz ? u->secondary : NULL, ZPP_PHASE_FWD_GATHER, &op);
         if (st == ZPP_OK) st = zpp_coll_finish(c, op);
         if (st != ZPP_OK) BENCH_FAIL("bench comm: forward gather", st);
         if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
-        ms[1] += now_ms() - t;
+        ms[1] += zpp_cli_now_ms() - t;
         if (check) {
             if ((st = fetch_full(b, i))) BENCH_FAIL("bench comm: copy", st);
             worst = fmax(worst, check_gather(b, i, m->gather));
@@ -438,7 +406,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
     }
     for (int i = b->o.units - 1; i >= 0; i--) {
         bench_unit *u = &b->u[i];
-        t = now_ms();
+        t = zpp_cli_now_ms();
         if (m->hpz)
             st = zpp_coll_gather_secondary_start(c, &u->p, b->o.dtype, u->secondary, b->full,
                                                  ZPP_PHASE_BWD_GATHER, &op);
@@ -448,7 +416,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
         if (st == ZPP_OK) st = zpp_coll_finish(c, op);
         if (st != ZPP_OK) BENCH_FAIL("bench comm: backward gather", st);
         if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
-        ms[2] += now_ms() - t;
+        ms[2] += zpp_cli_now_ms() - t;
         if (check) {
             if ((st = fetch_full(b, i))) BENCH_FAIL("bench comm: copy", st);
             worst = fmax(worst, check_gather(b, i, m->gather));
@@ -456,12 +424,12 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
             if (hash_bytes(b->host_full, u->p.padded * b->ds) != u->fwd_hash)
                 worst = fmax(worst, 2.0);
         }
-        t = now_ms();
+        t = zpp_cli_now_ms();
         st = zpp_coll_reduce_start(c, &u->p, m->reduce, b->o.dtype, u->grad, u->out, &op);
         if (st == ZPP_OK) st = zpp_coll_finish(c, op);
         if (st != ZPP_OK) BENCH_FAIL("bench comm: gradient reduce", st);
         if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
-        ms[3] += now_ms() - t;
+        ms[3] += zpp_cli_now_ms() - t;
         if (check) {
             st = zpp_mem_copy(ZPP_MEM_HOST, b->host_out, b->mem, u->out,
                               u->p.shard_len * sizeof(float));
@@ -469,7 +437,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
             worst = fmax(worst, check_reduce(b, i, m->reduce));
         }
     }
-    ms[0] = now_ms() - t0;
+    ms[0] = zpp_cli_now_ms() - t0;
     if (worst_p) *worst_p = worst;
 }
 
@@ -481,21 +449,17 @@ static void run_plain(bench_ctx *b, double ms[2]) {
     w->ops->barrier(w);
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
-        double t = now_ms();
+        double t = zpp_cli_now_ms();
         zpp_status st = w->ops->allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain all-gather", st);
-        ms[0] += now_ms() - t;
-        t = now_ms();
+        ms[0] += zpp_cli_now_ms() - t;
+        t = zpp_cli_now_ms();
         st = w->ops->reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain reduce-scatter", st);
-        ms[1] += now_ms() - t;
+        ms[1] += zpp_cli_now_ms() - t;
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Median over steps of the per-step maximum over ranks, for k series. */
 static void reduce_times(double *samples, int iters, int k, double *out) {
@@ -503,8 +467,7 @@ static void reduce_times(double *samples, int iters, int k, double *out) {
     double *col = malloc((size_t)iters * sizeof(double));
     for (int j = 0; j < k; j++) {
         for (int s = 0; s < iters; s++) col[s] = samples[s * k + j];
-        qsort(col, (size_t)iters, sizeof(double), cmp_double);
-        out[j] = iters % 2 ? col[iters / 2] : 0.5 * (col[iters / 2 - 1] + col[iters / 2]);
+        out[j] = zpp_cli_median(col, iters);
     }
     free(col);
 }
@@ -538,13 +501,6 @@ static void run_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
 
 /* ---- Output --------------------------------------------------------------------- */
 
-static const char *human(double v, char *buf, size_t cap) {
-    if (v < 1e3) snprintf(buf, cap, "%.0f B", v);
-    else if (v < 1e6) snprintf(buf, cap, "%.2f kB", v / 1e3);
-    else if (v < 1e9) snprintf(buf, cap, "%.2f MB", v / 1e6);
-    else snprintf(buf, cap, "%.2f GB", v / 1e9);
-    return buf;
-}
 
 static const zpp_phase kPhases[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER,
                                      ZPP_PHASE_GRAD_REDUCE};
@@ -621,13 +577,13 @@ static void print_table(const bench_ctx *b, const bench_result *r, const double 
             snprintf(ratio, sizeof ratio, "%.4f", ct / zpp_volume_cross_total(&r[0].vol));
         printf("%-7s | %10s %10s %10s %10s %7s | %10s %10s %10s %10s | %8.2f %8.2f %8.2f %8.2f "
                "| %s%s\n",
-               zpp_coll_mode_get(m)->name, human(x->vol.cross_node_bytes[kPhases[0]], s[0], 32),
-               human(x->vol.cross_node_bytes[kPhases[1]], s[1], 32),
-               human(x->vol.cross_node_bytes[kPhases[2]], s[2], 32), human(ct, s[3], 32), ratio,
-               human(x->vol.intra_node_bytes[kPhases[0]], s[4], 32),
-               human(x->vol.intra_node_bytes[kPhases[1]], s[5], 32),
-               human(x->vol.intra_node_bytes[kPhases[2]], s[6], 32),
-               human(zpp_volume_intra_total(&x->vol), s[7], 32), x->ms[1], x->ms[2], x->ms[3],
+               zpp_coll_mode_get(m)->name, zpp_cli_bytes(x->vol.cross_node_bytes[kPhases[0]], s[0], 32),
+               zpp_cli_bytes(x->vol.cross_node_bytes[kPhases[1]], s[1], 32),
+               zpp_cli_bytes(x->vol.cross_node_bytes[kPhases[2]], s[2], 32), zpp_cli_bytes(ct, s[3], 32), ratio,
+               zpp_cli_bytes(x->vol.intra_node_bytes[kPhases[0]], s[4], 32),
+               zpp_cli_bytes(x->vol.intra_node_bytes[kPhases[1]], s[5], 32),
+               zpp_cli_bytes(x->vol.intra_node_bytes[kPhases[2]], s[6], 32),
+               zpp_cli_bytes(zpp_volume_intra_total(&x->vol), s[7], 32), x->ms[1], x->ms[2], x->ms[3],
                x->ms[0], x->correct ? "ok" : "WRONG",
                x->plan_match ? "" : " (volume differs from zeropp plan)");
     }
@@ -666,16 +622,16 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--emulate-nodes")) {
             o->emulate_nodes = 1;
         } else if (!strcmp(a, "--params") && v) {
-            if (parse_count(v, &o->params) || !o->params) goto bad_value;
+            if (zpp_cli_parse_count(v, &o->params) || !o->params) goto bad_value;
             i++;
         } else if (!strcmp(a, "--units") && v) {
-            if (parse_int(v, 1, &o->units)) goto bad_value;
+            if (zpp_cli_parse_int(v, 1, &o->units)) goto bad_value;
             i++;
         } else if (!strcmp(a, "--node-size") && v) {
-            if (parse_int(v, 1, &o->node_size)) goto bad_value;
+            if (zpp_cli_parse_int(v, 1, &o->node_size)) goto bad_value;
             i++;
         } else if (!strcmp(a, "--iters") && v) {
-            if (parse_int(v, 1, &o->iters)) goto bad_value;
+            if (zpp_cli_parse_int(v, 1, &o->iters)) goto bad_value;
             i++;
         } else if (!strcmp(a, "--seed") && v) {
             o->seed = strtoull(v, NULL, 10);

@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "core/dtype.h"
+#include "core/random.h"
 #include "core/mem.h"
 
 #define ZPP_BENCH_RUNS 7
@@ -56,39 +57,9 @@ static size_t parse_count(const char *s) {
     return (size_t)(v << shift);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
-/* N(0,1) by Box-Muller on a splitmix64 stream, stored in the bench dtype. */
-static void fill_normal(void *x, zpp_dtype dtype, size_t n) {
-    uint64_t s = 0x5eed5eedull;
-    for (size_t i = 0; i < n; i += 2) {
-        uint64_t z[2];
-        for (int k = 0; k < 2; k++) {
-            uint64_t t = (s += 0x9e3779b97f4a7c15ull);
-            t = (t ^ (t >> 30)) * 0xbf58476d1ce4e5b9ull;
-            t = (t ^ (t >> 27)) * 0x94d049bb133111ebull;
-            z[k] = t ^ (t >> 31);
-        }
-        double u1 = ((double)(z[0] >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(z[1] >> 11) * 0x1.0p-53;
-        double r = sqrt(-2.0 * log(u1));
-        zpp_store_f32(x, dtype, i, (float)(r * cos(6.283185307179586 * u2)));
-        if (i + 1 < n) zpp_store_f32(x, dtype, i + 1, (float)(r * sin(6.283185307179586 * u2)));
-    }
-}
 
 typedef struct bench_row {
     const char *op;
@@ -134,34 +105,34 @@ static int bench_cpu(const zpp_bench_quant_args *a) {
         rc = zpp_cli_fail("bench quant: allocating the buffers", st);
         goto out;
     }
-    fill_normal(x, a->dtype, a->n);
+    zpp_fill_normal(x, a->dtype, a->n, 0x5eed5eedull);
     memset(y, 0, xbytes); /* touch every page before timing */
     memset(q, 0, qbytes);
 
     double tq[ZPP_BENCH_RUNS], td[ZPP_BENCH_RUNS], tm[ZPP_BENCH_RUNS];
     for (int r = -1; r < ZPP_BENCH_RUNS; r++) { /* r = -1: warm-up */
-        double t0 = now_s();
+        double t0 = (1e-3 * zpp_cli_now_ms());
         st = zpp_quantize(x, a->dtype, a->n, &spec, q);
-        double t1 = now_s();
+        double t1 = (1e-3 * zpp_cli_now_ms());
         if (st != ZPP_OK) {
             rc = zpp_cli_fail("bench quant: quantize", st);
             goto out;
         }
         st = zpp_dequantize(q, a->n, &spec, a->dtype, y);
-        double t2 = now_s();
+        double t2 = (1e-3 * zpp_cli_now_ms());
         if (st != ZPP_OK) {
             rc = zpp_cli_fail("bench quant: dequantize", st);
             goto out;
         }
         memcpy(y, x, xbytes);
-        double t3 = now_s();
+        double t3 = (1e-3 * zpp_cli_now_ms());
         if (r >= 0) {
             tq[r] = t1 - t0;
             td[r] = t2 - t1;
             tm[r] = t3 - t2;
         }
     }
-    double memcpy_gbps = 2.0 * (double)xbytes / median(tm, ZPP_BENCH_RUNS) * 1e-9;
+    double memcpy_gbps = 2.0 * (double)xbytes / zpp_cli_median(tm, ZPP_BENCH_RUNS) * 1e-9;
 
     /* accuracy, on the dequantized values in the bench dtype */
     if ((st = zpp_dequantize(q, a->n, &spec, a->dtype, y)) != ZPP_OK) {
@@ -177,8 +148,8 @@ static int bench_cpu(const zpp_bench_quant_args *a) {
     double rel_l2 = den > 0 ? sqrt(num / den) : 0.0;
 
     bench_row rows[2] = {
-        {"quantize", median(tq, ZPP_BENCH_RUNS), (double)(xbytes + qbytes)},
-        {"dequantize", median(td, ZPP_BENCH_RUNS), (double)(qbytes + xbytes)},
+        {"quantize", zpp_cli_median(tq, ZPP_BENCH_RUNS), (double)(xbytes + qbytes)},
+        {"dequantize", zpp_cli_median(td, ZPP_BENCH_RUNS), (double)(qbytes + xbytes)},
     };
     print_rows(a, rows, 2, memcpy_gbps, rel_l2);
     rc = 0;

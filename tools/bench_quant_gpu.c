@@ -35,6 +35,7 @@
 #include "bench_quant.h"
 #include "cli.h"
 #include "core/dtype.h"
+#include "core/random.h"
 #include "quant/quant_cpu.h"
 #include "quant/quant_cuda.h"
 
@@ -68,10 +69,6 @@ static int cuda_fail(const char *what, cudaError_t e) {
     return 1;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static zpp_status op_run(gbench *g, int op) {
     const zpp_bench_quant_args *a = g->a;
@@ -138,8 +135,7 @@ static int op_time(gbench *g, int op, double *ms_p) {
         }
         t[r] = ms;
     }
-    qsort(t, ZPP_GB_RUNS, sizeof t[0], cmp_double);
-    *ms_p = 0.5 * (t[ZPP_GB_RUNS / 2 - 1] + t[ZPP_GB_RUNS / 2]);
+    *ms_p = zpp_cli_median(t, ZPP_GB_RUNS);
     rc = 0;
 out:
     while (made > 0) cudaEventDestroy(ev[--made]);
@@ -153,21 +149,7 @@ out:
  * Generating 1 GiB of normals on one core would take longer than the
  * whole bench. */
 static void fill_normal(void *x, zpp_dtype dtype, size_t n, size_t period) {
-    uint64_t s = 0x5eed5eedull;
-    for (size_t i = 0; i < period; i += 2) {
-        uint64_t z[2];
-        for (int k = 0; k < 2; k++) {
-            uint64_t t = (s += 0x9e3779b97f4a7c15ull);
-            t = (t ^ (t >> 30)) * 0xbf58476d1ce4e5b9ull;
-            t = (t ^ (t >> 27)) * 0x94d049bb133111ebull;
-            z[k] = t ^ (t >> 31);
-        }
-        double u1 = ((double)(z[0] >> 11) + 1.0) * 0x1.0p-53;
-        double u2 = (double)(z[1] >> 11) * 0x1.0p-53;
-        double rr = sqrt(-2.0 * log(u1));
-        zpp_store_f32(x, dtype, i, (float)(rr * cos(6.283185307179586 * u2)));
-        if (i + 1 < period) zpp_store_f32(x, dtype, i + 1, (float)(rr * sin(6.283185307179586 * u2)));
-    }
+    zpp_fill_normal(x, dtype, period, 0x5eed5eedull);
     const size_t es = zpp_dtype_size(dtype);
     for (size_t i = period; i < n; i += period) {
         size_t m = n - i < period ? n - i : period;

@@ -29,39 +29,8 @@ static void plan_usage(FILE *f) {
             "mode.\n");
 }
 
-/* "125M", "1.5B", "10000000", "1e9" -> elements. */
-static int parse_count(const char *s, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1e3, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
-    else if (*end == 'B' || *end == 'b' || *end == 'G' || *end == 'g') mul = 1e9, end++;
-    if (*end) return -1;
-    v *= mul;
-    if (v > 9.0e15) return -1;
-    *out = (size_t)(v + 0.5);
-    return 0;
-}
 
-static int parse_int(const char *s, int *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v <= 0 || v > 1 << 24) return -1;
-    *out = (int)v;
-    return 0;
-}
 
-/* 1234567 -> "1.23 MB" (decimal units, as network rates are quoted). */
-static const char *human(double b, char *buf, size_t cap) {
-    if (b < 1e3) snprintf(buf, cap, "%.0f B", b);
-    else if (b < 1e6) snprintf(buf, cap, "%.2f kB", b / 1e3);
-    else if (b < 1e9) snprintf(buf, cap, "%.2f MB", b / 1e6);
-    else snprintf(buf, cap, "%.2f GB", b / 1e9);
-    return buf;
-}
 
 int zpp_cli_plan(int argc, char **argv) {
     size_t params = 0;
@@ -76,7 +45,7 @@ int zpp_cli_plan(int argc, char **argv) {
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--params") && v) {
-            if (parse_count(v, &params) || params == 0) {
+            if (zpp_cli_parse_count(v, &params) || params == 0) {
                 fprintf(stderr, "zeropp plan: --params '%s' is not a positive count\n", v);
                 return 2;
             }
@@ -86,7 +55,7 @@ int zpp_cli_plan(int argc, char **argv) {
                    v) {
             int *dst = !strcmp(a, "--world") ? &world : !strcmp(a, "--units") ? &units
                                                                                  : &node_size;
-            if (parse_int(v, dst)) {
+            if (zpp_cli_parse_int(v, 1, dst)) {
                 fprintf(stderr, "zeropp plan: %s '%s' is not a positive integer\n", a, v);
                 return 2;
             }
@@ -170,13 +139,13 @@ int zpp_cli_plan(int argc, char **argv) {
         double ct = zpp_volume_cross_total(&v[m]);
         printf("%-7s | %11s %11s %11s %11s %8.4f | %11s %11s %11s %11s\n",
                zpp_coll_mode_get(m)->name,
-               human(v[m].cross_node_bytes[ph[0]], b[0], 32),
-               human(v[m].cross_node_bytes[ph[1]], b[1], 32),
-               human(v[m].cross_node_bytes[ph[2]], b[2], 32), human(ct, b[3], 32),
-               z3 > 0 ? ct / z3 : 0.0, human(v[m].intra_node_bytes[ph[0]], b[4], 32),
-               human(v[m].intra_node_bytes[ph[1]], b[5], 32),
-               human(v[m].intra_node_bytes[ph[2]], b[6], 32),
-               human(zpp_volume_intra_total(&v[m]), b[7], 32));
+               zpp_cli_bytes(v[m].cross_node_bytes[ph[0]], b[0], 32),
+               zpp_cli_bytes(v[m].cross_node_bytes[ph[1]], b[1], 32),
+               zpp_cli_bytes(v[m].cross_node_bytes[ph[2]], b[2], 32), zpp_cli_bytes(ct, b[3], 32),
+               z3 > 0 ? ct / z3 : 0.0, zpp_cli_bytes(v[m].intra_node_bytes[ph[0]], b[4], 32),
+               zpp_cli_bytes(v[m].intra_node_bytes[ph[1]], b[5], 32),
+               zpp_cli_bytes(v[m].intra_node_bytes[ph[2]], b[6], 32),
+               zpp_cli_bytes(zpp_volume_intra_total(&v[m]), b[7], 32));
     }
     if (nodes == 1)
         printf("\none node: nothing crosses a node boundary; pass --node-size to split the "

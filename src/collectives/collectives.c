@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "core/mem.h"
 #include "quant/quant_exec.h"
 
@@ -238,11 +239,8 @@ static zpp_status zpp__sync(zpp_coll *c) {
 static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, uint64_t salt) {
     zpp_quant_spec q = *s;
     if (q.stochastic) {
-        uint64_t z = s->seed ^ (c->seq * 0x9e3779b97f4a7c15ull) ^
-                     ((uint64_t)c->topo->world_rank << 40) ^ (salt << 60);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        q.seed = z ^ (z >> 31);
+        q.seed = zpp_mix64(s->seed ^ (c->seq * ZPP_GOLDEN64) ^
+                           ((uint64_t)c->topo->world_rank << 40) ^ (salt << 60));
     }
     return q;
 }

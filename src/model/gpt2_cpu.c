@@ -45,6 +45,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "core/mem.h"
 #include "model/gpt2.h"
 #include "model/model.h"
@@ -116,14 +117,6 @@ size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit) {
     return unit == 0 ? l.embed_numel : l.block_numel;
 }
 
-/* splitmix64's finaliser: a bijection on 64-bit words whose output bits
- * look independent for any change of input (full avalanche). */
-static uint64_t gpt2_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A standard normal that depends only on (seed, unit, index).
  *
  * Each unit gets its own key; the two uniforms of element i are the
@@ -133,10 +126,9 @@ static uint64_t gpt2_mix64(uint64_t z) {
  * u1 is never 0 (the +1 below), so the log is finite; |z| <= sqrt(2 ln 2^53)
  * ~ 8.6. Evaluated in double and rounded once to fp32. */
 static double gpt2_normal(uint64_t seed, int unit, size_t index) {
-    const uint64_t golden = 0x9e3779b97f4a7c15ull;
-    uint64_t key = gpt2_mix64(seed ^ gpt2_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
-    uint64_t h1 = gpt2_mix64(key + golden * (2 * (uint64_t)index + 1));
-    uint64_t h2 = gpt2_mix64(key + golden * (2 * (uint64_t)index + 2));
+    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
+    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
+    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
     double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
     double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1) */
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/random.h"
 
 struct zpp_data {
     zpp_data_kind kind;
@@ -29,16 +30,9 @@ struct zpp_data {
 /* Hashing and the keyed permutation                                         */
 /* ------------------------------------------------------------------------ */
 
-/* splitmix64's finaliser: a bijective 64-bit mixer, good avalanche. */
-static uint64_t zpp__mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static uint64_t zpp__key(uint64_t seed, uint64_t epoch, uint64_t what) {
-    return zpp__mix(zpp__mix(seed ^ (what * 0xd1342543de82ef95ull)) + epoch);
+    return zpp_hash64(zpp_hash64(seed ^ (what * 0xd1342543de82ef95ull)) + epoch);
 }
 
 /* A Feistel network on 2h-bit integers: split x into halves (L, R), then
@@ -49,7 +43,7 @@ static uint64_t zpp__feistel(uint64_t x, int h, uint64_t key) {
     const uint64_t mask = (1ull << h) - 1;
     uint64_t L = x >> h, R = x & mask;
     for (uint64_t round = 0; round < 4; round++) {
-        uint64_t F = zpp__mix(R ^ zpp__mix(key + round)) & mask;
+        uint64_t F = zpp_hash64(R ^ zpp_hash64(key + round)) & mask;
         uint64_t nl = R;
         R = L ^ F;
         L = nl;
@@ -111,16 +105,8 @@ static uint32_t zpp__le32(const uint8_t *p) {
 #define ZPP__SYN_STARTERS 6
 #define ZPP__SYN_SEED 0x7a65726f70702121ull /* fixed: the same text for every config */
 
-static uint64_t zpp__rng_next(uint64_t *s) {
-    *s += 0x9e3779b97f4a7c15ull;
-    uint64_t x = *s;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Uniform in [0, 1) from the top 53 bits. */
-static double zpp__rng_unit(uint64_t *s) { return (double)(zpp__rng_next(s) >> 11) * 0x1.0p-53; }
+static double zpp__rng_unit(uint64_t *s) { return (double)(zpp_splitmix64(s) >> 11) * 0x1.0p-53; }
 
 static void zpp__synth_generate(uint8_t *out, size_t n) {
     uint64_t s = ZPP__SYN_SEED;
@@ -128,8 +114,8 @@ static void zpp__synth_generate(uint8_t *out, size_t n) {
     int len[ZPP__SYN_WORDS];
     for (int w = 0; w < ZPP__SYN_WORDS; w++) {
         for (;;) {
-            len[w] = 2 + (int)(zpp__rng_next(&s) % 5);
-            for (int i = 0; i < len[w]; i++) words[w][i] = (char)('a' + zpp__rng_next(&s) % 26);
+            len[w] = 2 + (int)(zpp_splitmix64(&s) % 5);
+            for (int i = 0; i < len[w]; i++) words[w][i] = (char)('a' + zpp_splitmix64(&s) % 26);
             words[w][len[w]] = '\0';
             int dup = 0;
             for (int v = 0; v < w; v++) dup |= strcmp(words[v], words[w]) == 0;
@@ -141,7 +127,7 @@ static void zpp__synth_generate(uint8_t *out, size_t n) {
         for (int k = 0; k < ZPP__SYN_SUCC; k++) {
             int v, dup;
             do {
-                v = (int)(zpp__rng_next(&s) % ZPP__SYN_WORDS);
+                v = (int)(zpp_splitmix64(&s) % ZPP__SYN_WORDS);
                 dup = 0;
                 for (int q = 0; q < k; q++) dup |= succ[w][q] == v;
             } while (dup);
@@ -150,14 +136,14 @@ static void zpp__synth_generate(uint8_t *out, size_t n) {
     }
     static const double cum[ZPP__SYN_SUCC] = {0.6, 0.9, 1.0};
     size_t i = 0;
-    int w = (int)(zpp__rng_next(&s) % ZPP__SYN_STARTERS);
+    int w = (int)(zpp_splitmix64(&s) % ZPP__SYN_STARTERS);
     while (i < n) {
         for (int c = 0; c < len[w] && i < n; c++) out[i++] = (uint8_t)words[w][c];
         if (i >= n) break;
         if (zpp__rng_unit(&s) < 0.2) {
             out[i++] = '.';
             if (i < n) out[i++] = zpp__rng_unit(&s) < 0.25 ? '\n' : ' ';
-            w = (int)(zpp__rng_next(&s) % ZPP__SYN_STARTERS);
+            w = (int)(zpp_splitmix64(&s) % ZPP__SYN_STARTERS);
         } else {
             out[i++] = ' ';
             double u = zpp__rng_unit(&s);
