@@ -1,7 +1,7 @@
 # `zeropp train` end to end under mpirun (the test program launches it).
 set(zpp_train_env ZPP_CLI=$<TARGET_FILE:zeropp_cli> ZPP_MPIEXEC=${MPIEXEC_EXECUTABLE})
 foreach(case test_bad_inputs_fail_cleanly test_zero3_matches_single_rank_fp32
-             test_zero3_matches_single_rank_bf16 test_same_seed_same_losses_bitwise
+             test_zero3_matches_single_rank_bf16 test_same_seed_same_losses_bitwise test_checkpoint_resume_bitwise
              test_zeropp_options_match_zero3_validation_loss test_demo_summary)
   zpp_test(test_train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_train.c CASE ${case}
            ENV ${zpp_train_env} LABELS train TIMEOUT 900)

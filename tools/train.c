@@ -12,8 +12,8 @@
 #include "train/trainer.h"
 
 typedef struct train_args {
-    const char *config, *data, *metrics;
-    long steps, eval_every, seed;
+    const char *config, *data, *metrics, *save, *resume;
+    long steps, eval_every, seed, save_every;
     int node_size;
     int demo;
     int quiet;
@@ -38,6 +38,9 @@ static void usage(FILE *f) {
             "  --metrics FILE    one JSON object per step\n"
             "  --seed S          initialisation and data order\n"
             "  --node-size S     ranks per (emulated) node; must divide the world size\n"
+            "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K)\n"
+            "  --save-every K    also checkpoint every K steps (needs --save)\n"
+            "  --resume DIR      continue from the checkpoint in DIR, bit for bit\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
             "A progress bar is drawn when stdout is a terminal; under mpirun set\n"
@@ -59,6 +62,7 @@ static int parse_long(const char *flag, const char *s, long lo, long *out) {
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     a->steps = a->eval_every = a->seed = -1;
+    a->save_every = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -79,6 +83,13 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->data = v, i++;
         } else if (!strcmp(f, "--metrics")) {
             a->metrics = v, i++;
+        } else if (!strcmp(f, "--save")) {
+            a->save = v, i++;
+        } else if (!strcmp(f, "--resume")) {
+            a->resume = v, i++;
+        } else if (!strcmp(f, "--save-every")) {
+            if (parse_long(f, v, 1, &a->save_every)) return -1;
+            i++;
         } else if (!strcmp(f, "--steps")) {
             if (parse_long(f, v, 1, &a->steps)) return -1;
             i++;
@@ -95,6 +106,14 @@ static int parse_args(int argc, char **argv, train_args *a) {
             fprintf(stderr, "zeropp train: unknown option '%s' (see zeropp train --help)\n", f);
             return -1;
         }
+    }
+    if (a->save_every && !a->save) {
+        fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
+        return -1;
+    }
+    if (a->demo && (a->save || a->resume)) {
+        fprintf(stderr, "zeropp train: --demo does not take --save or --resume\n");
+        return -1;
     }
     return 0;
 }
@@ -133,11 +152,20 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     zpp_status st = zpp_trainer_create(cfg, a->data, a->node_size, &t);
     if (st != ZPP_OK) return report("train", st);
     const zpp_trainer_info *in = zpp_trainer_get_info(t);
+    int start = 0;
+    if (a->resume) {
+        st = zpp_trainer_load(t, a->resume, &start);
+        if (st != ZPP_OK) {
+            zpp_trainer_destroy(t);
+            return report("resume", st);
+        }
+        if (rank == 0) printf("resumed from %s after step %d\n", a->resume, start);
+    }
     int tty = rank == 0 && !a->quiet && progress_wanted();
     if (rank == 0) {
-        printf("%s: %d ranks = %d nodes x %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
+        printf("%s: %d ranks = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
                "%s data (%zu tokens), global batch %d = %d x %d accum x %d ranks, %s\n",
-               label ? label : "train", in->world_size, in->nodes,
+               label ? label : "train", in->world_size, in->nodes, in->nodes == 1 ? "" : "s",
                in->node_size, in->n_params, cfg->model.n_layer, cfg->model.n_embd,
                in->seq_len, zpp_data_kind_name(in->data.kind), in->data.n_tokens,
                in->global_batch, in->micro_batch, in->accum, in->world_size,
@@ -147,7 +175,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;
     int timed = 0;
     float loss = 0.0f, val = -1.0f;
-    for (int s = 0; s < cfg->train_steps; s++) {
+    for (int s = start; s < cfg->train_steps; s++) {
         zpp_trainer_step_result r;
         st = zpp_trainer_step(t, s, &r);
         if (st != ZPP_OK) {
@@ -168,13 +196,20 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         }
         double cross = zpp_volume_cross_total(&r.stats.volume);
         double intra = zpp_volume_intra_total(&r.stats.volume);
-        if (s > 0) { /* the first step pays one-time costs */
+        if (s > start) { /* the first step pays one-time costs */
             ms_sum += r.seconds * 1e3;
             tps_sum += r.tokens_per_s;
             timed++;
         }
         cross_sum += cross;
         intra_sum += intra;
+        if (a->save && ((a->save_every && (s + 1) % a->save_every == 0) || last)) {
+            st = zpp_trainer_save(t, a->save, s + 1);
+            if (st != ZPP_OK) {
+                zpp_trainer_destroy(t);
+                return report("checkpoint", st);
+            }
+        }
         if (rank != 0) continue;
         if (metrics) {
             fprintf(metrics,

@@ -92,4 +92,24 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
 zpp_status zpp_engine_get_master_shard(zpp_engine *e, int unit, float *host_out,
                                        size_t *shard_len_p);
 
+/*
+ * Checkpoints: each rank saves and loads its own shard state — fp32 master
+ * weights and both AdamW moments of every unit, and the optimizer step
+ * count — so a resumed run continues bit for bit (the working-dtype shards
+ * are recomputed from the masters; secondary shards start invalid).
+ *
+ * FILE (one per rank, native little-endian):
+ *   "ZPPCKPT1" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
+ *   u64 step, then for each unit: u64 shard_len, f32 master[shard_len],
+ *   f32 m[shard_len], f32 v[shard_len]; then u64 FNV-1a of every byte before.
+ * Saving writes `path`.tmp and renames it, so a crash never leaves a
+ * half-written file under `path`. Loading checks the magic, the world size,
+ * the rank, the unit count and sizes, the length and the checksum, and
+ * changes nothing unless all of it holds.
+ */
+zpp_status zpp_engine_save(zpp_engine *e, const char *path);
+zpp_status zpp_engine_load(zpp_engine *e, const char *path);
+/* Optimizer steps taken (restored by zpp_engine_load). */
+int zpp_engine_steps_taken(const zpp_engine *e);
+
 #endif

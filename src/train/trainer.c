@@ -1,8 +1,11 @@
 /* train/trainer.c — wires config, topology, model, engine and data. */
 #include "train/trainer.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,5 +196,85 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
         sum += loss;
     }
     *val_loss_p = (float)(sum / n);
+    return ZPP_OK;
+}
+
+/* ---- Checkpoints ----------------------------------------------------------- */
+
+static void rank_file(const char *dir, int rank, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/rank-%05d.ckpt", dir, rank);
+}
+
+zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
+    char path[4096];
+    zpp_status st = ZPP_OK;
+    if (t->info.world_rank == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create directory %s: %s", dir,
+                       strerror(errno));
+    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    /* An older manifest goes first: until the new one is written, the
+     * directory is not a checkpoint. */
+    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+    if (t->info.world_rank == 0) remove(path);
+    ZPP_CHECK(agree(MPI_COMM_WORLD, ZPP_OK));
+    rank_file(dir, t->info.world_rank, path, sizeof path);
+    ZPP_CHECK(agree(MPI_COMM_WORLD, zpp_engine_save(t->engine, path)));
+    if (t->info.world_rank == 0) {
+        char tmp[4200], man[4096];
+        snprintf(man, sizeof man, "%s/checkpoint.json", dir);
+        snprintf(tmp, sizeof tmp, "%s.tmp", man);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "{\"step\": %d, \"world_size\": %d, \"mode\": \"%s\"}\n", steps_done,
+                          t->info.world_size, t->info.mode) < 0 ||
+            fclose(f) != 0 || rename(tmp, man) != 0)
+            st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", man, strerror(errno));
+    }
+    return agree(MPI_COMM_WORLD, st);
+}
+
+/* Reads the manifest's step and world size. */
+static zpp_status read_manifest(const char *dir, int *step_p, int *world_p) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return zpp_error(ZPP_ERR_IO, "%s is not a checkpoint (no %s: %s)", dir, path,
+                         strerror(errno));
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(j, "step");
+    const cJSON *world = cJSON_GetObjectItemCaseSensitive(j, "world_size");
+    zpp_status st = ZPP_OK;
+    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(world) || step->valueint < 0)
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed", path);
+    else {
+        *step_p = step->valueint;
+        *world_p = world->valueint;
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) {
+    int step = 0, world = 0;
+    zpp_status st = read_manifest(dir, &step, &world);
+    if (st == ZPP_OK && world != t->info.world_size)
+        st = zpp_error(ZPP_ERR_CONFIG,
+                       "checkpoint %s was saved by %d ranks; resume it with %d ranks, not %d",
+                       dir, world, world, t->info.world_size);
+    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    char path[4096];
+    rank_file(dir, t->info.world_rank, path, sizeof path);
+    st = zpp_engine_load(t->engine, path);
+    if (st == ZPP_OK && zpp_engine_steps_taken(t->engine) != step)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint %s: rank file says step %d, manifest step %d; the files "
+                       "are from different saves",
+                       dir, zpp_engine_steps_taken(t->engine), step);
+    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    *steps_done_p = step;
     return ZPP_OK;
 }

@@ -41,4 +41,14 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
 /* Validation loss over cfg.eval_batches held-out micro-batches. */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p);
 
+/* Checkpoints in a directory: one file per rank (zpp_engine_save's format,
+ * rank-NNNNN.ckpt) and a manifest, checkpoint.json ({"step", "world_size",
+ * "mode"}), written last by rank 0 once every rank's file is in place — a
+ * directory without a manifest is not a checkpoint. `steps_done` is the
+ * number of optimizer steps taken; a resumed run continues at that step, bit
+ * for bit (the data order and the learning rate are functions of the step).
+ * Collective; every rank returns the same status. */
+zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
+zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
+
 #endif
