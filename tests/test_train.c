@@ -4,6 +4,7 @@
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,10 +22,22 @@ static void expect_clean_failure(int np, const char *args, const char *needle);
 
 static char tmpdir[256];
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Runs at a successful exit only (a failing test _exits and keeps its files
+ * for the message that points at them). */
+static void remove_tmpdir(void) {
+    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 static const char *tmp_path(const char *name, char *buf) {
     if (!tmpdir[0]) {
         snprintf(tmpdir, sizeof tmpdir, "/tmp/zpp_train_XXXXXX");
         EXPECT(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+        atexit(remove_tmpdir);
     }
     snprintf(buf, 512, "%s/%s", tmpdir, name);
     return buf;
