@@ -150,7 +150,10 @@ void zpp_plan_reduce(zpp_volume *v, const zpp_partition *p, int nodes, int node_
     }
     if (nodes > 1) {
         zpp_group_shape inter = zpp_group_inter(nodes, node_size);
-        zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, &inter, qg);
+        /* between two nodes the exchange runs as an all-gather of one chunk
+         * (collectives.c, zpp__inter_exchange_start): the same wire bytes */
+        zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE,
+                            nodes == 2 ? ZPP_CALL_ALLGATHER : ZPP_CALL_ALLTOALL, &inter, qg);
     }
 }
 
