@@ -25,20 +25,22 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { echo "build failed" | tee -a "$S"; tail -40 "$OUT/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 ))s" | tee -a "$S"
 Z=build-gpu/zeropp
-MPI="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE"
+# the bench's host-side checks use OpenMP: share the cores between 2 ranks
+export OMP_NUM_THREADS=$(( $(nproc) / 2 ))
+MPI="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS"
 (cd build-gpu && timeout ${TEST_LIMIT:-120} ctest -L gpu --output-on-failure) > "$OUT/gpu-tests.log" 2>&1
 grep -E "tests passed|FAILED|Failed|Passed" "$OUT/gpu-tests.log" | tail -12 | tee -a "$S"
 for bits in 8 4; do
   timeout 60 $Z bench quant --device gpu --dtype bf16 --bits $bits --n 536870912 --json
 done 2>&1 | tee -a "$S"
-timeout 90 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
+timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
   --emulate-nodes --iters 3 --json 2>&1 | tee -a "$S"
-timeout 45 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
+timeout 90 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
   --iters 5 --json 2>&1 | tee -a "$S"
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
   # Issue 6: 2 emulated nodes x 2 GPUs — NVLink inside a node (qgZ's intra
   # all-to-all, hpZ's gather), sockets between nodes.
-  timeout 240 mpirun --allow-run-as-root --bind-to none -np 4 -x NCCL_NVLS_ENABLE $Z bench comm \
+  timeout 240 mpirun --allow-run-as-root --bind-to none -np 4 -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS=$(( $(nproc) / 4 )) $Z bench comm \
     --device gpu --params 536870912 --units 1 --node-size 2 --emulate-nodes --iters 3 --json \
     2>&1 | sed 's/^/x4 /' | tee -a "$S"
 fi
