@@ -15,6 +15,7 @@ typedef struct train_args {
     const char *config, *data, *metrics, *save, *resume;
     long steps, eval_every, seed, save_every;
     int node_size;
+    int gpu, emulate_nodes;
     int demo;
     int quiet;
 } train_args;
@@ -38,6 +39,9 @@ static void usage(FILE *f) {
             "  --metrics FILE    one JSON object per step\n"
             "  --seed S          initialisation and data order\n"
             "  --node-size S     ranks per (emulated) node; must divide the world size\n"
+            "  --device D        cpu (host ranks, MPI) or gpu (one GPU per rank, NCCL)\n"
+            "  --emulate-nodes   gpu: a distinct NCCL_HOSTID per node, so nodes talk over\n"
+            "                    sockets (launch with mpirun --bind-to none)\n"
             "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K)\n"
             "  --save-every K    also checkpoint every K steps (needs --save)\n"
             "  --resume DIR      continue from the checkpoint in DIR, bit for bit\n"
@@ -74,6 +78,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->demo = 1;
         } else if (!strcmp(f, "--quiet")) {
             a->quiet = 1;
+        } else if (!strcmp(f, "--emulate-nodes")) {
+            a->emulate_nodes = 1;
         } else if (!v) {
             fprintf(stderr, "zeropp train: %s needs a value\n", f);
             return -1;
@@ -83,6 +89,12 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->data = v, i++;
         } else if (!strcmp(f, "--metrics")) {
             a->metrics = v, i++;
+        } else if (!strcmp(f, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "gpu")) {
+                fprintf(stderr, "zeropp train: --device takes cpu or gpu, not '%s'\n", v);
+                return -1;
+            }
+            a->gpu = !strcmp(v, "gpu"), i++;
         } else if (!strcmp(f, "--save")) {
             a->save = v, i++;
         } else if (!strcmp(f, "--resume")) {
@@ -149,7 +161,8 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     zpp_trainer *t = NULL;
-    zpp_status st = zpp_trainer_create(cfg, a->data, a->node_size, &t);
+    zpp_trainer_opts to = {a->data, a->node_size, a->gpu, a->emulate_nodes};
+    zpp_status st = zpp_trainer_create(cfg, &to, &t);
     if (st != ZPP_OK) return report("train", st);
     const zpp_trainer_info *in = zpp_trainer_get_info(t);
     int start = 0;

@@ -63,7 +63,7 @@ typedef struct unit_state {
     void *full;               /* gathered unit (padded, working dtype) */
     zpp_coll_op *gather_op;   /* gather in flight into `full` */
     float *grad_full;         /* fp32 full gradient during backward */
-    int first_stage, last_stage; /* stages that use this unit */
+    int first_stage;          /* the first stage that uses this unit */
 } unit_state;
 
 struct zpp_engine {
@@ -180,12 +180,10 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         u->part = zpp_partition_make(model->unit_numel[i], topo);
         if (u->part.padded > max_padded) max_padded = u->part.padded;
         u->first_stage = -1;
-        u->last_stage = -1;
     }
     for (int s = 0; s < model->n_stages; s++) {
         unit_state *u = &e->units[model->stage_unit[s]];
         if (u->first_stage < 0) u->first_stage = s;
-        u->last_stage = s;
     }
     e->pool.mem = e->mem;
     e->pool.bytes = (max_padded ? max_padded : 1) * sizeof(float); /* fits any dtype */

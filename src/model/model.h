@@ -66,4 +66,13 @@ typedef struct zpp_gpt2_config {
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                int max_batch, zpp_model **model_p);
 
+#ifdef ZPP_HAVE_CUDA
+/* The CUDA GPT-2 (cuBLASLt), with the same units, stages, parameter layout
+ * and initialisation as the CPU reference; params, grads and activations in
+ * device memory; every kernel enqueued on `stream` (a cudaStream_t, NULL =
+ * the legacy default stream). set_batch takes host tokens. */
+zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                int max_batch, void *stream, zpp_model **model_p);
+#endif
+
 #endif

@@ -13,12 +13,17 @@
 
 #include "core/error.h"
 
+#ifdef ZPP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 struct zpp_trainer {
     zpp_train_config cfg;
     zpp_topo *topo;
     zpp_model *model;
     zpp_engine *engine;
     zpp_data *data;
+    void *stream; /* GPU: the compute stream (a cudaStream_t) */
     int32_t *tokens, *targets; /* one micro-batch, host */
     zpp_trainer_info info;
     char mode[32];
@@ -62,8 +67,38 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     return buf;
 }
 
-static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
+/* GPU: the rank's device is its index on its host, and the compute stream
+ * is created on it before NCCL starts. */
+static zpp_status open_device(zpp_trainer *t, int *device_p) {
+#ifdef ZPP_HAVE_CUDA
+    MPI_Comm host;
+    int local = 0, count = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    MPI_Comm_rank(host, &local);
+    MPI_Comm_free(&host);
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0)
+        return zpp_error(ZPP_ERR_CUDA, "no CUDA device visible (%s); run with --device "
+                         "cpu or on a machine with NVIDIA GPUs",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    *device_p = local % count;
+    cudaStream_t s;
+    if ((e = cudaSetDevice(*device_p)) != cudaSuccess ||
+        (e = cudaStreamCreate(&s)) != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "CUDA device %d: %s", *device_p, cudaGetErrorString(e));
+    t->stream = s;
+    return ZPP_OK;
+#else
+    (void)t;
+    (void)device_p;
+    return zpp_error(ZPP_ERR_UNSUPPORTED,
+                     "--device gpu needs a build with CUDA (nvcc on the PATH)");
+#endif
+}
+
+static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     zpp_train_config *c = &t->cfg;
+    int node_size = o->node_size;
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     ZPP_CHECK(zpp_train_config_resolve(c, world));
@@ -81,9 +116,15 @@ static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
     memset(&to, 0, sizeof to);
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = node_size;
+    if (o->gpu) {
+        ZPP_CHECK(open_device(t, &to.device));
+        to.backend = ZPP_BACKEND_NCCL;
+        to.compute_stream = t->stream;
+        to.emulate_nodes = o->emulate_nodes;
+    }
     ZPP_CHECK(zpp_topo_create(&to, &t->topo));
 
-    ZPP_CHECK(zpp_data_open(data_path, c, &t->data));
+    ZPP_CHECK(zpp_data_open(o->data_path, c, &t->data));
     zpp_data_info di = zpp_data_get_info(t->data);
     if (di.vocab > c->model.vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
@@ -92,8 +133,15 @@ static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
                          di.vocab - 1, c->model.vocab_size, di.vocab);
 
     zpp_dtype wd = c->bf16 ? ZPP_BF16 : ZPP_FP32;
-    ZPP_CHECK(zpp_gpt2_cpu_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
-                                  &t->model));
+    if (o->gpu) {
+#ifdef ZPP_HAVE_CUDA
+        ZPP_CHECK(zpp_gpt2_cuda_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
+                                       t->stream, &t->model));
+#endif
+    } else {
+        ZPP_CHECK(zpp_gpt2_cpu_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
+                                      &t->model));
+    }
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = c->zero.quantized_weights ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
@@ -105,7 +153,7 @@ static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
     eo.weight_decay = (float)c->optimizer.weight_decay;
     eo.grad_clip = (float)c->gradient_clipping;
     eo.seed = c->seed;
-    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, NULL, &t->engine));
+    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->stream, &t->engine));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);
@@ -128,12 +176,12 @@ static zpp_status build(zpp_trainer *t, const char *data_path, int node_size) {
     return ZPP_OK;
 }
 
-zpp_status zpp_trainer_create(const zpp_train_config *cfg, const char *data_path,
-                              int node_size, zpp_trainer **trainer_p) {
+zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
+                              zpp_trainer **trainer_p) {
     zpp_trainer *t = calloc(1, sizeof *t);
     if (!t) return agree(MPI_COMM_WORLD, zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
     t->cfg = *cfg;
-    zpp_status st = agree(MPI_COMM_WORLD, build(t, data_path, node_size));
+    zpp_status st = agree(MPI_COMM_WORLD, build(t, opts));
     if (st != ZPP_OK) {
         zpp_trainer_destroy(t);
         return st;
@@ -148,6 +196,9 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     if (t->model) t->model->ops->destroy(t->model);
     zpp_data_close(t->data);
     zpp_topo_destroy(t->topo);
+#ifdef ZPP_HAVE_CUDA
+    if (t->stream) cudaStreamDestroy((cudaStream_t)t->stream);
+#endif
     free(t->tokens);
     free(t->targets);
     free(t);

@@ -24,13 +24,23 @@ typedef struct zpp_trainer_step_result {
     double tokens_per_s;   /* global tokens / seconds */
 } zpp_trainer_step_result;
 
+typedef struct zpp_trainer_opts {
+    const char *data_path; /* NULL: the built-in synthetic corpus */
+    /* Ranks per node; 0 takes zero_hpz_partition_size (if > 1), else the
+     * launcher's placement. */
+    int node_size;
+    /* 0: host ranks over MPI with the CPU model; 1: one GPU per rank (the
+     * rank's index on its host), NCCL and the CUDA model. */
+    int gpu;
+    /* GPU: a distinct NCCL_HOSTID per emulated node (DESIGN.md §6). */
+    int emulate_nodes;
+} zpp_trainer_opts;
+
 /* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for
- * the world size; `data_path` NULL uses the built-in synthetic corpus;
- * node_size 0 takes it from zero_hpz_partition_size (if > 1) or from the
- * launcher. Every rank returns the same status: a failure on one rank is
- * agreed over the world before returning, so none is left waiting. */
-zpp_status zpp_trainer_create(const zpp_train_config *cfg, const char *data_path,
-                              int node_size, zpp_trainer **trainer_p);
+ * the world size. Every rank returns the same status: a failure on one rank
+ * is agreed over the world before returning, so none is left waiting. */
+zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
+                              zpp_trainer **trainer_p);
 void zpp_trainer_destroy(zpp_trainer *t);
 
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);

@@ -1,0 +1,1201 @@
+/* model/gpt2_cuda.cu — the CUDA GPT-2: the same model as the CPU reference
+ * (gpt2_cpu.c, whose header comment writes out the math), with parameters,
+ * gradients and activations in device memory.
+ *
+ * Units, stages, parameter layout and initialisation come from gpt2.h, so
+ * a checkpoint or an engine shard means the same thing on either model.
+ *
+ * PRECISION (first version). Activations and gradients are fp32. Parameters
+ * given in bf16 or fp16 are widened to an fp32 copy of the unit once per
+ * stage call (exact: every bf16/fp16 value is an fp32 value); the embedding
+ * forward reads its rows in the working dtype directly, as the CPU does.
+ * Matrix products go through cuBLASLt with CUBLAS_COMPUTE_32F: plain fp32
+ * FMA arithmetic, no TF32, so results differ from the CPU reference only by
+ * the order of summation (and FMA contraction, and CUDA's expf being within
+ * 2 ulp where glibc's is within 1). bf16 tensor-core GEMMs are a later step.
+ *
+ * GEMMs. Everything here is row-major, cuBLASLt is column-major. A row-major
+ * R x S matrix with leading dimension ld is, read column-major, its own
+ * transpose (S x R, same ld). So the row-major product C = op(A) op(B)
+ * (M x N) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLASLt's
+ * first operand is our B, its second our A, and its m, n are our N, M. The
+ * helper gemm() takes the row-major description (exactly the arguments of
+ * the CPU's cblas_sgemm calls) and does that translation in one place.
+ * Algorithms come from cublasLtMatmulAlgoGetHeuristic with the pointers'
+ * real alignments (offsets inside a unit are not 256-byte aligned) and are
+ * cached per shape, so a steady state does no heuristic queries. Bias
+ * gradients and LayerNorm weight gradients are column sums, computed as a
+ * product with a vector of ones (one more GEMM, deterministic, beta = 1
+ * accumulates into the caller's gradient).
+ *
+ * Attention is per (sequence, head) with strided-batched GEMMs that read
+ * the heads in place from the qkv rows (leading dimension 3C, head h at
+ * column h*hs): batched over heads, looping over sequences, or the other
+ * way round, whichever launches fewer GEMMs. Q K^T is computed whole and its
+ * upper triangle zeroed by the causal softmax kernel (as on the CPU).
+ *
+ * DETERMINISM. No atomics anywhere: every reduction has a fixed order, and
+ * cuBLASLt returns the same bits for the same algorithm (cached per shape)
+ * on the same GPU model (its split-K reduction schemes are all sequential:
+ * "in place" with counters, or a separate reduction step; see
+ * cublasLtReductionScheme_t). So the same inputs give the same bits run to
+ * run, on a GPU of the same model.
+ * The token-embedding gradient, a scatter-add of B*T rows into V rows with
+ * repeated tokens, is made deterministic by grouping positions by token on
+ * the host at set_batch (a counting sort, O(V + B*T), stable so positions
+ * stay ascending): one CUDA block per distinct token adds that token's rows
+ * in position order, the same order as the CPU's loop, into its wte row.
+ *
+ * MEMORY. All device memory is allocated at create, in one arena (the CPU
+ * model's activations, plus N*C for the LayerNorm backward's dy*xhat, a
+ * ones vector of N, the batch's int32 index arrays, a max_batch*H*T*T
+ * attention-gradient scratch, and one fp32 unit when params are not fp32),
+ * plus a 32 MiB cuBLASLt workspace and pinned host staging for the batch
+ * and the per-row losses. forward and backward allocate nothing.
+ *
+ * COMPILED (nvcc 13.0, sm_90, -Xptxas -v): 17 kernels, none with a stack
+ * frame or spills, 12 to 32 registers. Without a GPU, the logic can be
+ * checked against the CPU model under the host emulation in tests/fakecuda
+ * (blind to timing, inter-block races and the real cuBLASLt);
+ * tests/test_gpt2_cuda.c on a GPU is the real check.
+ *
+ * STREAMS. Every kernel, copy and GEMM is enqueued on the stream given at
+ * create; the device current at create must be current at every call.
+ * set_batch copies the host tokens into pinned staging before it returns,
+ * so the caller may reuse its buffers at once; loss() synchronises the
+ * stream (one small device-to-host copy per micro-batch). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/mem.h"
+#include "zeropp.h"
+extern "C" {
+#include "model/model.h" /* model.h has no extern "C" of its own */
+}
+#include "model/gpt2.h"
+
+namespace {
+
+constexpr int kThreads = 256;                   /* threads per CTA */
+constexpr int kRowsPerCta = kThreads / 32;      /* warp-per-row kernels */
+constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
+constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
+constexpr float kGeluA = 0.044715f;
+constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
+constexpr int kGemmCache = 512;                 /* cached algorithms */
+constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
+
+/* ------------------------------------------------------------------------ */
+/* Kernels. Each has the CPU function it mirrors named in its comment.       */
+/* ------------------------------------------------------------------------ */
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum (is_max = false) or max over the CTA, returned to every thread.
+ * blockDim.x must be a multiple of 32. The trailing barrier lets a second
+ * call reuse the shared slots. */
+__device__ float block_reduce(float v, bool is_max) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float id = is_max ? -INFINITY : 0.0f;
+        v = lane < nw ? part[lane] : id;
+        v = is_max ? warp_max(v) : warp_sum(v);
+        if (lane == 0) part[0] = v;
+    }
+    __syncthreads();
+    v = part[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ size_t global_tid() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ size_t grid_threads() { return (size_t)gridDim.x * blockDim.x; }
+
+/* Working-dtype parameter loads (bf16 / fp16 widen exactly). */
+__device__ __forceinline__ float load_param(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load_param(const __nv_bfloat16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float load_param(const __half *p, size_t i) {
+    return __half2float(p[i]);
+}
+
+/* gpt2_to_f32: one unit widened to fp32. */
+template <typename P>
+__global__ void widen_kernel(float *dst, const P *src, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) dst[i] = load_param(src, i);
+}
+
+__global__ void fill_kernel(float *dst, float v, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) dst[i] = v;
+}
+
+/* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
+ * the CPU: bit-identical). */
+template <typename P>
+__global__ void embed_forward_kernel(float *out, const int32_t *tok, const P *wte, const P *wpe,
+                                     size_t n, int T, int C) {
+    size_t total = n * (size_t)C;
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        size_t r = i / (size_t)C, c = i % (size_t)C;
+        out[i] = load_param(wte, (size_t)tok[r] * C + c) + load_param(wpe, (r % T) * C + c);
+    }
+}
+
+/* gpt2_embed_backward, position part: d wpe[t] += sum over sequences b of
+ * dres[b*T + t], b ascending (the CPU's order). One thread per (t, c). */
+__global__ void embed_backward_wpe_kernel(float *dwpe, const float *dres, int B, int T, int C) {
+    size_t TC = (size_t)T * C;
+    for (size_t i = global_tid(); i < TC; i += grid_threads()) {
+        float acc = dwpe[i];
+        for (int b = 0; b < B; b++) acc += dres[(size_t)b * TC + i];
+        dwpe[i] = acc;
+    }
+}
+
+/* gpt2_embed_backward, token part: block s owns distinct token seg_tok[s]
+ * and adds its rows pos[seg_start[s] .. seg_start[s+1]) (ascending) into
+ * d wte[token]: no two blocks touch the same row, no atomics. */
+__global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const int32_t *seg_tok,
+                                          const int32_t *seg_start, const int32_t *pos, int C) {
+    int s = blockIdx.x;
+    int a = seg_start[s], e = seg_start[s + 1];
+    float *row = dwte + (size_t)seg_tok[s] * C;
+    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
+        float acc = row[c];
+        for (int k = a; k < e; k++) acc += dres[(size_t)pos[k] * C + c];
+        row[c] = acc;
+    }
+}
+
+/* layernorm_forward, one warp per row: mean, then the mean of squared
+ * deviations (two passes, so a large mean does not cancel the variance). */
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *w, const float *b, size_t n, int C) {
+    size_t row = global_tid() >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= n) return; /* the whole warp leaves together */
+    const float *x = inp + row * C;
+    float *o = out + row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += x[c];
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = x[c] - m;
+        v += d * d;
+    }
+    v = warp_sum(v) / (float)C;
+    float r = 1.0f / sqrtf(v + kLnEps);
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + b[c];
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+/* layernorm_backward, one warp per row. With xh = (x - mean) rstd and
+ * g = dy * w:  dx += rstd (g - mean(g) - xh mean(g xh)). The weight and bias
+ * gradients are column sums of dy*xh and dy over the rows: this kernel
+ * writes dy*xh to `dyxh` and the caller sums columns with a GEMM. */
+__global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float *dout,
+                                          const float *inp, const float *w, const float *mean,
+                                          const float *rstd, size_t n, int C) {
+    size_t row = global_tid() >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *x = inp + row * C, *dy = dout + row * C;
+    float *dx = dinp + row * C, *px = dyxh + row * C;
+    float m = mean[row], s = rstd[row];
+    float gm = 0.0f, gxm = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * s, g = dy[c] * w[c];
+        gm += g;
+        gxm += g * xh;
+    }
+    gm = warp_sum(gm) / (float)C;
+    gxm = warp_sum(gxm) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * s, g = dy[c] * w[c];
+        dx[c] += s * (g - gm - xh * gxm);
+        px[c] = dy[c] * xh;
+    }
+}
+
+/* The start of linear_forward: out = bias broadcast over rows, or
+ * out = resid + bias (the CPU's memcpy of the residual, then += bias); the
+ * GEMM then adds the product with beta = 1. */
+__global__ void rows_init_kernel(float *out, const float *resid, const float *bias, size_t n,
+                                 int W) {
+    size_t total = n * (size_t)W;
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        float b = bias[i % (size_t)W];
+        out[i] = resid ? resid[i] + b : b;
+    }
+}
+
+/* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3). */
+__device__ __forceinline__ float gelu_sigmoid(float u) {
+    float z = kGeluK * (u + kGeluA * u * u * u);
+    return 1.0f / (1.0f + expf(-2.0f * z));
+}
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) {
+        float u = inp[i];
+        out[i] = u * gelu_sigmoid(u);
+    }
+}
+
+/* gelu'(u) = s + u * 2 s (1 - s) * k (1 + 3 a u^2), in place on d. */
+__global__ void gelu_backward_kernel(float *d, const float *inp, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) {
+        float u = inp[i], s = gelu_sigmoid(u);
+        d[i] *= s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u);
+    }
+}
+
+/* attention_forward's softmax: rows of the (B*H) T x T score matrices, one
+ * warp per row; row t keeps columns 0..t (causal) and zeroes the rest. The
+ * scores arrive already scaled by 1/sqrt(hs) (the GEMM's alpha). */
+__global__ void causal_softmax_kernel(float *att, size_t rows, int T) {
+    size_t row = global_tid() >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int t = (int)(row % (size_t)T);
+    float *p = att + row * T;
+    float mx = -INFINITY;
+    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, p[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += 32) {
+        float e = expf(p[j] - mx);
+        p[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j <= t; j += 32) p[j] *= inv;
+    for (int j = t + 1 + lane; j < T; j += 32) p[j] = 0.0f;
+}
+
+/* attention_backward's softmax Jacobian, row by row, in place on d:
+ *   dS = P * (dP - sum_j P_j dP_j);  masked entries (P = 0) give 0. */
+__global__ void causal_softmax_backward_kernel(float *d, const float *att, size_t rows, int T) {
+    size_t row = global_tid() >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int t = (int)(row % (size_t)T);
+    const float *p = att + row * T;
+    float *g = d + row * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += p[j] * g[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j <= t; j += 32) g[j] = p[j] * (g[j] - dot);
+    for (int j = t + 1 + lane; j < T; j += 32) g[j] = 0.0f;
+}
+
+/* gpt2_head_forward's softmax and cross-entropy, one CTA per row:
+ *   loss = log(sum_v exp(l_v - max)) - (l_target - max)
+ * the logits are replaced by the probabilities. Without targets the loss
+ * column holds log-sum-exp - max (the CPU's value; the mean is NaN). */
+__global__ void cross_entropy_forward_kernel(float *probs, float *losses,
+                                             const int32_t *targets, int V) {
+    size_t r = blockIdx.x;
+    float *p = probs + r * V;
+    float lt = targets ? p[targets[r]] : 0.0f; /* read before any write */
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, p[v]);
+    mx = block_reduce(mx, true);
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float e = expf(p[v] - mx);
+        p[v] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false);
+    float inv = 1.0f / sum;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
+    if (threadIdx.x == 0) losses[r] = logf(sum) - (targets ? lt - mx : 0.0f);
+}
+
+/* gpt2_head_backward's first step, in place:
+ *   d logits = (softmax - onehot(target)) * loss_scale / n. */
+__global__ void cross_entropy_backward_kernel(float *probs, const int32_t *targets, int V,
+                                              float f) {
+    size_t r = blockIdx.x;
+    float *p = probs + r * V;
+    int tg = targets[r];
+    for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = (p[v] - (v == tg ? 1.0f : 0.0f)) * f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The model object                                                          */
+/* ------------------------------------------------------------------------ */
+
+struct gemm_key {
+    int64_t lda, ldb, ldc, sA, sB, sC;
+    int32_t ta, tb, M, N, K, batch;
+    uint32_t alA, alB, alC, pad;
+};
+
+struct gemm_entry {
+    gemm_key key;
+    cublasLtMatmulAlgo_t algo;
+    int used;
+};
+
+struct gpt2_cuda {
+    zpp_model base; /* first, so a zpp_model* is a gpt2_cuda* */
+    zpp_gpt2_config cfg;
+    zpp_gpt2_layout lay;
+    size_t *unit_numel;
+    int *stage_unit;
+    size_t nmax; /* max_batch * T */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    gemm_entry *cache; /* kGemmCache entries */
+    int cache_next;    /* round-robin victim when full */
+
+    float *arena; /* device */
+    /* batch (device int32, carved from the arena; pointers set by set_batch) */
+    int32_t *d_ints;
+    const int32_t *d_tokens, *d_targets, *d_seg_tok, *d_seg_start, *d_pos;
+    int n_seg; /* distinct tokens of the batch */
+    /* host side of the batch */
+    int32_t *h_ints;   /* pinned staging, 5*nmax + 1 */
+    int32_t *h_count;  /* V counters for the counting sort */
+    float *h_losses;   /* pinned, nmax */
+    cudaEvent_t staged; /* the last copy out of h_ints has been done */
+    int B, have_batch, have_targets;
+    /* activations, as gpt2_cpu.c */
+    float *res, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fcg;
+    float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
+    /* backward scratch */
+    float *dres, *dc, *dqkv, *dfc, *datt, *dyxh, *ones;
+    float *wbuf; /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
+
+    float loss;
+    int loss_pending; /* losses are on the device, not yet summed */
+    int fwd_next, bwd_next;
+};
+
+/* ---- error plumbing ---- */
+
+#define CU_CHECK(call, what)                                                              \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess)                                                            \
+            return zpp_error(e_ == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA, \
+                             "gpt2 cuda: %s: %s", what, cudaGetErrorString(e_));          \
+    } while (0)
+
+#define LT_CHECK(call, what)                                                              \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                  \
+            return zpp_error(ZPP_ERR_CUDA, "gpt2 cuda: %s: cuBLASLt %s (%s)", what,       \
+                             cublasLtGetStatusName(s_), cublasLtGetStatusString(s_));     \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here; a fault while
+ * running shows up at the next synchronising call (loss()). */
+#define LAUNCH_CHECK(what) CU_CHECK(cudaGetLastError(), what)
+
+static unsigned grid_for(size_t n) {
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b > kMaxGrid) b = kMaxGrid;
+    return b ? (unsigned)b : 1u;
+}
+
+static unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
+    return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
+}
+
+/* The model works on device memory; a host pointer would fault inside a
+ * kernel and poison the context, so it is refused up front. */
+static zpp_status check_device_ptr(const void *p, const char *op, const char *name) {
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda %s: %s %p is not a CUDA pointer (%s)", op,
+                         name, p, cudaGetErrorString(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda %s: %s %p is host memory; the CUDA model takes device "
+                         "memory (its mem is ZPP_MEM_DEVICE)", op, name, p);
+    return ZPP_OK;
+}
+
+/* ---- GEMM through cuBLASLt ---- */
+
+/* Largest power of two (<= 256) dividing the address and, for a batch, the
+ * byte stride between matrices: the alignment cuBLASLt may assume. */
+static uint32_t ptr_align(const void *p, int64_t stride, int batch) {
+    uint64_t v = (uint64_t)(uintptr_t)p | 256u;
+    if (batch > 1) v |= (uint64_t)stride * sizeof(float);
+    return (uint32_t)(v & (~v + 1));
+}
+
+/* Row-major C[M x N] = alpha op(A) op(B) + beta C, op(A) M x K, op(B) K x N
+ * (ta / tb: 1 = transposed, as CblasTrans), `batch` matrices apart by
+ * sA / sB / sC elements. See the header for the column-major translation. */
+static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
+                       const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
+                       int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch,
+                       const char *what) {
+    gemm_key key;
+    memset(&key, 0, sizeof key);
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.sA = batch > 1 ? sA : 0;
+    key.sB = batch > 1 ? sB : 0;
+    key.sC = batch > 1 ? sC : 0;
+    key.ta = ta;
+    key.tb = tb;
+    key.M = M;
+    key.N = N;
+    key.K = K;
+    key.batch = batch;
+    key.alA = ptr_align(A, sA, batch);
+    key.alB = ptr_align(B, sB, batch);
+    key.alC = ptr_align(C, sC, batch);
+
+    /* cuBLASLt operand 1 is our B, operand 2 our A, output our C^T. */
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t l1, l2, lc;
+    LT_CHECK(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+    cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1),
+             what);
+    LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2),
+             what);
+    /* Stored shapes (before the op), column-major: B row-major K x N is
+     * N x K; B row-major N x K (tb) is K x N; likewise for A. */
+    LT_CHECK(cublasLtMatrixLayoutInit(&l1, CUDA_R_32F, tb ? (uint64_t)K : (uint64_t)N,
+                                      tb ? (uint64_t)N : (uint64_t)K, ldb), what);
+    LT_CHECK(cublasLtMatrixLayoutInit(&l2, CUDA_R_32F, ta ? (uint64_t)M : (uint64_t)K,
+                                      ta ? (uint64_t)K : (uint64_t)M, lda), what);
+    LT_CHECK(cublasLtMatrixLayoutInit(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc), what);
+    if (batch > 1) {
+        int32_t bc = batch;
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&l1, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                  sizeof bc), what);
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&l2, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                  sizeof bc), what);
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                  sizeof bc), what);
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
+                     &l1, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB, sizeof sB), what);
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
+                     &l2, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA, sizeof sA), what);
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
+                     &lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sC, sizeof sC), what);
+    }
+
+    gemm_entry *hit = NULL;
+    for (int i = 0; i < kGemmCache && g->cache[i].used; i++)
+        if (memcmp(&g->cache[i].key, &key, sizeof key) == 0) {
+            hit = &g->cache[i];
+            break;
+        }
+    if (!hit) {
+        cublasLtMatmulPreferenceOpaque_t pref;
+        LT_CHECK(cublasLtMatmulPreferenceInit(&pref), what);
+        uint64_t ws = kWorkspaceBytes;
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                     &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
+        /* operand 1 is B, operand 2 is A */
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.alB, 4), what);
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.alA, 4), what);
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.alC, 4), what);
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.alC, 4), what);
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, &desc, &l1, &l2, &lc, &lc, &pref, 1, &res,
+                                                &found), what);
+        if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+            return zpp_error(ZPP_ERR_CUDA,
+                             "gpt2 cuda: %s: cuBLASLt has no fp32 algorithm for the row-major "
+                             "product %s%s M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d",
+                             what, ta ? "A^T" : "A", tb ? "B^T" : "B", M, N, K, (long long)lda,
+                             (long long)ldb, (long long)ldc, batch);
+        int slot = 0;
+        while (slot < kGemmCache && g->cache[slot].used) slot++;
+        if (slot == kGemmCache) { /* full: replace round-robin */
+            slot = g->cache_next;
+            g->cache_next = (g->cache_next + 1) % kGemmCache;
+        }
+        g->cache[slot].key = key;
+        g->cache[slot].algo = res.algo;
+        g->cache[slot].used = 1;
+        hit = &g->cache[slot];
+    }
+    LT_CHECK(cublasLtMatmul(g->lt, &desc, &alpha, B, &l1, A, &l2, &beta, C, &lc, C, &lc,
+                            &hit->algo, g->workspace, kWorkspaceBytes, g->stream), what);
+    return ZPP_OK;
+}
+
+/* Plain (unbatched) row-major product. */
+static zpp_status mm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                     int ldc, const char *what) {
+    return gemm(g, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, what);
+}
+
+/* colsum[W] += sum over n rows of X (n x W, row-major): ones^T X. */
+static zpp_status colsum_acc(gpt2_cuda *g, float *colsum, const float *X, int n, int W,
+                             const char *what) {
+    return mm(g, 0, 0, 1, W, n, 1.0f, g->ones, n, X, W, 1.0f, colsum, W, what);
+}
+
+/* One attention product for every (sequence b, head h): operand X of
+ * (b, h) starts at X + b*X_sb + h*X_sh. One batched GEMM per sequence over
+ * the heads, or per head over the sequences, whichever is fewer launches. */
+struct attn_operand {
+    const float *p;
+    int64_t ld, sb, sh;
+};
+
+static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
+                            attn_operand A, attn_operand B, float *C, int64_t ldc, int64_t C_sb,
+                            int64_t C_sh, const char *what) {
+    int nb = g->B, nh = g->cfg.n_head;
+    if (nb <= nh) {
+        for (int b = 0; b < nb; b++)
+            ZPP_CHECK(gemm(g, ta, tb, M, N, K, alpha, A.p + b * A.sb, A.ld, A.sh, B.p + b * B.sb,
+                           B.ld, B.sh, 0.0f, C + b * C_sb, ldc, C_sh, nh, what));
+    } else {
+        for (int h = 0; h < nh; h++)
+            ZPP_CHECK(gemm(g, ta, tb, M, N, K, alpha, A.p + h * A.sh, A.ld, A.sb, B.p + h * B.sh,
+                           B.ld, B.sb, 0.0f, C + h * C_sh, ldc, C_sb, nb, what));
+    }
+    return ZPP_OK;
+}
+
+/* ---- building blocks (first n = B*T rows) ---- */
+
+/* linear_forward: out = [resid +] bias, then out += inp W^T. */
+static zpp_status linear_forward(gpt2_cuda *g, float *out, const float *resid, const float *inp,
+                                 const float *W, const float *bias, int n, int IC, int OC,
+                                 const char *what) {
+    rows_init_kernel<<<grid_for((size_t)n * OC), kThreads, 0, g->stream>>>(out, resid, bias,
+                                                                           (size_t)n, OC);
+    LAUNCH_CHECK(what);
+    return mm(g, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, OC, what);
+}
+
+/* linear_backward: d inp = d out W (overwritten); d W += d out^T inp;
+ * d b += column sums of d out. */
+static zpp_status linear_backward(gpt2_cuda *g, float *dinp, float *dW, float *db,
+                                  const float *dout, const float *inp, const float *W, int n,
+                                  int IC, int OC, const char *what) {
+    ZPP_CHECK(mm(g, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, IC, what));
+    ZPP_CHECK(mm(g, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, IC, what));
+    return colsum_acc(g, db, dout, n, OC, what);
+}
+
+static zpp_status layernorm_forward(gpt2_cuda *g, float *out, float *mean, float *rstd,
+                                    const float *inp, const float *w, const float *b, int n,
+                                    int C) {
+    layernorm_forward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
+        out, mean, rstd, inp, w, b, (size_t)n, C);
+    LAUNCH_CHECK("layernorm forward");
+    return ZPP_OK;
+}
+
+/* d inp += ...; d w += sum dy*xh; d b += sum dy. */
+static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float *db,
+                                     const float *dout, const float *inp, const float *w,
+                                     const float *mean, const float *rstd, int n, int C) {
+    layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
+        dinp, g->dyxh, dout, inp, w, mean, rstd, (size_t)n, C);
+    LAUNCH_CHECK("layernorm backward");
+    ZPP_CHECK(colsum_acc(g, dw, g->dyxh, n, C, "layernorm weight gradient"));
+    return colsum_acc(g, db, dout, n, C, "layernorm bias gradient");
+}
+
+/* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V. */
+static zpp_status attention_forward(gpt2_cuda *g, float *y, float *att, const float *qkv) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
+    int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    attn_operand Q = {qkv, C3, T * C3, hs}, K = {qkv + C, C3, T * C3, hs};
+    attn_operand Vv = {qkv + 2 * C, C3, T * C3, hs}, P = {att, T, H * TT, TT};
+    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, scale, Q, K, att, T, H * TT, TT, "attention Q K^T"));
+    size_t rows = (size_t)g->B * H * T;
+    causal_softmax_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(att, rows, T);
+    LAUNCH_CHECK("attention softmax");
+    return attn_gemm(g, 0, 0, T, hs, T, 1.0f, P, Vv, y, C, (int64_t)T * C, hs, "attention P V");
+}
+
+/* attention_backward (writes dqkv):
+ *   dP = dY V^T,  dS = P * (dP - rowsum(P * dP)),
+ *   dQ = dS K / sqrt(hs),  dK = dS^T Q / sqrt(hs),  dV = P^T dY. */
+static zpp_status attention_backward(gpt2_cuda *g, float *dqkv, const float *dy,
+                                     const float *att, const float *qkv) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
+    int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T, TC = (int64_t)T * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    attn_operand Q = {qkv, C3, T * C3, hs}, K = {qkv + C, C3, T * C3, hs};
+    attn_operand Vv = {qkv + 2 * C, C3, T * C3, hs}, P = {att, T, H * TT, TT};
+    attn_operand dY = {dy, C, TC, hs}, dS = {g->datt, T, H * TT, TT};
+    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, 1.0f, dY, Vv, g->datt, T, H * TT, TT,
+                        "attention backward dY V^T"));
+    size_t rows = (size_t)g->B * H * T;
+    causal_softmax_backward_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(g->datt, att,
+                                                                                rows, T);
+    LAUNCH_CHECK("attention softmax backward");
+    ZPP_CHECK(attn_gemm(g, 0, 0, T, hs, T, scale, dS, K, dqkv, C3, T * C3, hs,
+                        "attention backward dS K"));
+    ZPP_CHECK(attn_gemm(g, 1, 0, T, hs, T, scale, dS, Q, dqkv + C, C3, T * C3, hs,
+                        "attention backward dS^T Q"));
+    return attn_gemm(g, 1, 0, T, hs, T, 1.0f, P, dY, dqkv + 2 * C, C3, T * C3, hs,
+                     "attention backward P^T dY");
+}
+
+/* ---- parameters in the working dtype ---- */
+
+/* The unit's parameters as fp32: the caller's buffer for fp32, else the
+ * whole unit widened into wbuf (one kernel). */
+static zpp_status params_f32(gpt2_cuda *g, int unit, const void *params, const float **w_p) {
+    size_t n = g->unit_numel[unit];
+    switch (g->base.param_dtype) {
+    case ZPP_FP32: *w_p = (const float *)params; return ZPP_OK;
+    case ZPP_BF16:
+        widen_kernel<<<grid_for(n), kThreads, 0, g->stream>>>(
+            g->wbuf, (const __nv_bfloat16 *)params, n);
+        break;
+    default:
+        widen_kernel<<<grid_for(n), kThreads, 0, g->stream>>>(g->wbuf, (const __half *)params,
+                                                               n);
+        break;
+    }
+    LAUNCH_CHECK("widen parameters to fp32");
+    *w_p = g->wbuf;
+    return ZPP_OK;
+}
+
+/* ---- stages ---- */
+
+static zpp_status embed_forward(gpt2_cuda *g, const void *params) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd;
+    size_t n = (size_t)g->B * T;
+    unsigned grid = grid_for(n * C);
+    switch (g->base.param_dtype) {
+    case ZPP_FP32: {
+        const float *p = (const float *)params;
+        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
+            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+        break;
+    }
+    case ZPP_BF16: {
+        const __nv_bfloat16 *p = (const __nv_bfloat16 *)params;
+        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
+            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+        break;
+    }
+    default: {
+        const __half *p = (const __half *)params;
+        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
+            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+        break;
+    }
+    }
+    LAUNCH_CHECK("embedding forward");
+    return ZPP_OK;
+}
+
+static float *slab(const gpt2_cuda *g, float *base, int l, size_t width) {
+    return base + (size_t)(l - 1) * g->nmax * width;
+}
+
+static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
+    size_t sC = (size_t)C;
+    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
+    float *out = g->res + (size_t)l * g->nmax * sC;
+    float *ln1 = slab(g, g->ln1, l, sC), *ln1m = slab(g, g->ln1_mean, l, 1),
+          *ln1r = slab(g, g->ln1_rstd, l, 1);
+    float *qkv = slab(g, g->qkv, l, 3 * sC);
+    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = slab(g, g->atty, l, sC), *mid = slab(g, g->mid, l, sC);
+    float *ln2 = slab(g, g->ln2, l, sC), *ln2m = slab(g, g->ln2_mean, l, 1),
+          *ln2r = slab(g, g->ln2_rstd, l, 1);
+    float *fch = slab(g, g->fch, l, 4 * sC), *fcg = slab(g, g->fcg, l, 4 * sC);
+
+    ZPP_CHECK(layernorm_forward(g, ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C));
+    ZPP_CHECK(linear_forward(g, qkv, NULL, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C,
+                             "qkv forward"));
+    ZPP_CHECK(attention_forward(g, atty, att, qkv));
+    ZPP_CHECK(linear_forward(g, mid, x, atty, w + L->proj_w, w + L->proj_b, n, C, C,
+                             "attention projection forward"));
+    ZPP_CHECK(layernorm_forward(g, ln2, ln2m, ln2r, mid, w + L->ln2_w, w + L->ln2_b, n, C));
+    ZPP_CHECK(linear_forward(g, fch, NULL, ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C,
+                             "fc forward"));
+    size_t n4 = (size_t)n * 4 * sC;
+    gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(fcg, fch, n4);
+    LAUNCH_CHECK("gelu forward");
+    return linear_forward(g, out, mid, fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C,
+                          "fc2 forward");
+}
+
+static zpp_status head_forward(gpt2_cuda *g, const float *w) {
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    const float *x = g->res + (size_t)L * g->nmax * C;
+    ZPP_CHECK(layernorm_forward(g, g->lnf, g->lnf_mean, g->lnf_rstd, x, w + g->lay.lnf_w,
+                                w + g->lay.lnf_b, n, C));
+    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->lnf, C, w + g->lay.wte, C, 0.0f, g->probs, V,
+                 "logits"));
+    cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
+        g->probs, g->losses, g->have_targets ? g->d_targets : NULL, V);
+    LAUNCH_CHECK("softmax cross-entropy");
+    return ZPP_OK;
+}
+
+/* d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte, and the
+ * final LayerNorm's backward starts dres. */
+static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float loss_scale) {
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    float f = loss_scale / (float)n;
+    cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->probs,
+                                                                           g->d_targets, V, f);
+    LAUNCH_CHECK("cross-entropy backward");
+    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->probs, V, g->lnf, C, 1.0f, gr + g->lay.wte, C,
+                 "LM head weight gradient"));
+    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->probs, V, w + g->lay.wte, C, 0.0f, g->dc, C,
+                 "LM head input gradient"));
+    CU_CHECK(cudaMemsetAsync(g->dres, 0, (size_t)n * C * sizeof(float), g->stream),
+             "clear the residual gradient");
+    const float *x = g->res + (size_t)L * g->nmax * C;
+    return layernorm_backward(g, g->dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->dc, x,
+                              w + g->lay.lnf_w, g->lnf_mean, g->lnf_rstd, n, C);
+}
+
+/* Reverse of block_forward; dres = d loss / d out on entry, d loss / d x on
+ * exit (residual adds pass it through, branches add theirs). */
+static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
+    size_t sC = (size_t)C;
+    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
+    float *ln1 = slab(g, g->ln1, l, sC), *ln1m = slab(g, g->ln1_mean, l, 1),
+          *ln1r = slab(g, g->ln1_rstd, l, 1);
+    float *qkv = slab(g, g->qkv, l, 3 * sC);
+    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = slab(g, g->atty, l, sC), *mid = slab(g, g->mid, l, sC);
+    float *ln2 = slab(g, g->ln2, l, sC), *ln2m = slab(g, g->ln2_mean, l, 1),
+          *ln2r = slab(g, g->ln2_rstd, l, 1);
+    float *fch = slab(g, g->fch, l, 4 * sC), *fcg = slab(g, g->fcg, l, 4 * sC);
+
+    /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
+    ZPP_CHECK(linear_backward(g, g->dfc, gr + L->fc2_w, gr + L->fc2_b, g->dres, fcg,
+                              w + L->fc2_w, n, 4 * C, C, "fc2 backward"));
+    size_t n4 = (size_t)n * 4 * sC;
+    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->dfc, fch, n4);
+    LAUNCH_CHECK("gelu backward");
+    ZPP_CHECK(linear_backward(g, g->dc, gr + L->fc_w, gr + L->fc_b, g->dfc, ln2, w + L->fc_w,
+                              n, C, 4 * C, "fc backward"));
+    ZPP_CHECK(layernorm_backward(g, g->dres, gr + L->ln2_w, gr + L->ln2_b, g->dc, mid,
+                                 w + L->ln2_w, ln2m, ln2r, n, C));
+    /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
+    ZPP_CHECK(linear_backward(g, g->dc, gr + L->proj_w, gr + L->proj_b, g->dres, atty,
+                              w + L->proj_w, n, C, C, "attention projection backward"));
+    ZPP_CHECK(attention_backward(g, g->dqkv, g->dc, att, qkv));
+    ZPP_CHECK(linear_backward(g, g->dc, gr + L->qkv_w, gr + L->qkv_b, g->dqkv, ln1,
+                              w + L->qkv_w, n, C, 3 * C, "qkv backward"));
+    return layernorm_backward(g, g->dres, gr + L->ln1_w, gr + L->ln1_b, g->dc, x, w + L->ln1_w,
+                              ln1m, ln1r, n, C);
+}
+
+static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
+    int T = g->cfg.seq_len, C = g->cfg.n_embd;
+    embed_backward_wpe_kernel<<<grid_for((size_t)T * C), kThreads, 0, g->stream>>>(
+        gr + g->lay.wpe, g->dres, g->B, T, C);
+    LAUNCH_CHECK("position embedding backward");
+    unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
+    if (cy > 65535u) cy = 65535u;
+    dim3 grid((unsigned)g->n_seg, cy);
+    embed_backward_wte_kernel<<<grid, kThreads, 0, g->stream>>>(
+        gr + g->lay.wte, g->dres, g->d_seg_tok, g->d_seg_start, g->d_pos, C);
+    LAUNCH_CHECK("token embedding backward");
+    return ZPP_OK;
+}
+
+/* ---- ops ---- */
+
+zpp_status op_init_params(zpp_model *m, int unit, size_t offset, size_t count, float *out,
+                          uint64_t seed) {
+    /* Host fp32 (the engine copies it to the device): the CPU's helper, so
+     * both models start from the same bits. */
+    return zpp_gpt2_init_fill(&((gpt2_cuda *)m)->cfg, unit, offset, count, out, seed);
+}
+
+zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets, int B) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    int T = g->cfg.seq_len, V = g->cfg.vocab_size;
+    if (B < 1 || B > m->max_batch)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda set_batch: batch %d is outside 1..%d (the max_batch the "
+                         "model was created for)", B, m->max_batch);
+    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda set_batch: tokens is NULL");
+    size_t n = (size_t)B * T;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "gpt2 cuda set_batch: token %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             (int)tokens[i], i, i / T, i % T, V - 1);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "gpt2 cuda set_batch: target %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             (int)targets[i], i, i / T, i % T, V - 1);
+    }
+    /* The previous batch's copy must have left the staging buffer. */
+    CU_CHECK(cudaEventSynchronize(g->staged), "set_batch: wait for the previous batch copy");
+
+    /* Staging layout (int32): tokens[n] targets[n] seg_tok[k] seg_start[k+1]
+     * pos[n], k = distinct tokens. Counting sort of positions by token:
+     * stable, so each token's positions stay ascending. */
+    int32_t *h = g->h_ints;
+    memcpy(h, tokens, n * sizeof(int32_t));
+    if (targets) memcpy(h + n, targets, n * sizeof(int32_t));
+    else memset(h + n, 0, n * sizeof(int32_t));
+    int32_t *cnt = g->h_count;
+    memset(cnt, 0, (size_t)V * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) cnt[tokens[i]]++;
+    int32_t *seg_tok = h + 2 * n;
+    int k = 0;
+    for (int v = 0; v < V; v++)
+        if (cnt[v]) seg_tok[k++] = v;
+    int32_t *seg_start = seg_tok + k, *pos = seg_start + k + 1;
+    int32_t off = 0;
+    for (int s = 0; s < k; s++) {
+        int v = seg_tok[s];
+        seg_start[s] = off;
+        off += cnt[v];
+        cnt[v] = seg_start[s]; /* now: the next free slot of token v */
+    }
+    seg_start[k] = off;
+    for (size_t i = 0; i < n; i++) pos[cnt[tokens[i]]++] = (int32_t)i;
+
+    size_t total = 3 * n + 2 * (size_t)k + 1;
+    CU_CHECK(cudaMemcpyAsync(g->d_ints, h, total * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             g->stream), "set_batch: copy the batch to the device");
+    CU_CHECK(cudaEventRecord(g->staged, g->stream), "set_batch: record the copy");
+    g->d_tokens = g->d_ints;
+    g->d_targets = g->d_ints + n;
+    g->d_seg_tok = g->d_ints + 2 * n;
+    g->d_seg_start = g->d_seg_tok + k;
+    g->d_pos = g->d_seg_start + k + 1;
+    g->n_seg = k;
+    g->B = B;
+    g->have_batch = 1;
+    g->have_targets = targets != NULL;
+    g->fwd_next = 0;
+    g->bwd_next = -1;
+    g->loss = NAN;
+    g->loss_pending = 0;
+    return ZPP_OK;
+}
+
+zpp_status op_forward(zpp_model *m, int stage, const void *params) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda forward: stage %d does not exist; use 0..%d", stage, S - 1);
+    if (!g->have_batch)
+        return zpp_error(ZPP_ERR_STATE, "gpt2 cuda forward: no batch; call set_batch first");
+    if (stage != 0 && stage != g->fwd_next)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 cuda forward: stage %d out of order (expected %d); run the "
+                         "stages 0..%d in order", stage, g->fwd_next, S - 1);
+    if (!params) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda forward: params is NULL");
+    ZPP_CHECK(check_device_ptr(params, "forward", "params"));
+    g->bwd_next = -1;
+    g->loss_pending = 0;
+    const float *w = NULL;
+    if (stage == 0) {
+        g->loss = NAN;
+        ZPP_CHECK(embed_forward(g, params));
+    } else if (stage == S - 1) {
+        ZPP_CHECK(params_f32(g, 0, params, &w));
+        ZPP_CHECK(head_forward(g, w));
+        g->loss_pending = 1;
+        g->bwd_next = S - 1;
+    } else {
+        ZPP_CHECK(params_f32(g, stage, params, &w));
+        ZPP_CHECK(block_forward(g, stage, w));
+    }
+    g->fwd_next = stage + 1;
+    return ZPP_OK;
+}
+
+/* The mean over rows, in double in row order (the CPU's sum). The first
+ * call after the last stage copies the per-row losses and synchronises. */
+float op_loss(zpp_model *m) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    if (!g->loss_pending) return g->loss;
+    g->loss_pending = 0;
+    if (!g->have_targets) return g->loss = NAN;
+    size_t n = (size_t)g->B * g->cfg.seq_len;
+    cudaError_t e = cudaMemcpyAsync(g->h_losses, g->losses, n * sizeof(float),
+                                    cudaMemcpyDeviceToHost, g->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+    if (e != cudaSuccess) {
+        zpp_error(ZPP_ERR_CUDA, "gpt2 cuda loss: %s (a kernel of this micro-batch failed)",
+                  cudaGetErrorString(e));
+        return g->loss = NAN;
+    }
+    double total = 0.0;
+    for (size_t r = 0; r < n; r++) total += g->h_losses[r];
+    return g->loss = (float)(total / (double)n);
+}
+
+zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads,
+                       float loss_scale) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda backward: stage %d does not exist; use 0..%d", stage, S - 1);
+    if (stage != g->bwd_next || g->bwd_next < 0)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 cuda backward: stage %d out of order (expected %d); run forward "
+                         "through stage %d, then backward from %d down to 0", stage,
+                         g->bwd_next, S - 1, S - 1);
+    if (stage == S - 1 && !g->have_targets)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 cuda backward: the batch has no targets; pass targets to "
+                         "set_batch");
+    /* Stage 0's backward (the embedding scatter) reads no parameters. */
+    if ((!params && stage != 0) || !grads)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda backward: params or grads is NULL");
+    if (params) ZPP_CHECK(check_device_ptr(params, "backward", "params"));
+    ZPP_CHECK(check_device_ptr(grads, "backward", "grads"));
+    const float *w = NULL;
+    if (stage == S - 1) {
+        ZPP_CHECK(params_f32(g, 0, params, &w));
+        ZPP_CHECK(head_backward(g, w, grads, loss_scale));
+    } else if (stage == 0) {
+        ZPP_CHECK(embed_backward(g, grads));
+    } else {
+        ZPP_CHECK(params_f32(g, stage, params, &w));
+        ZPP_CHECK(block_backward(g, stage, w, grads));
+    }
+    g->bwd_next = stage - 1;
+    return ZPP_OK;
+}
+
+void op_destroy(zpp_model *m) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    if (!g) return;
+    /* Work in flight may still use the buffers; errors are moot here. */
+    if (g->arena) (void)cudaStreamSynchronize(g->stream);
+    if (g->staged) (void)cudaEventDestroy(g->staged);
+    if (g->lt) (void)cublasLtDestroy(g->lt);
+    if (g->workspace) (void)cudaFree(g->workspace);
+    if (g->arena) (void)cudaFree(g->arena);
+    if (g->h_losses) (void)cudaFreeHost(g->h_losses);
+    if (g->h_ints) (void)cudaFreeHost(g->h_ints);
+    free(g->h_count);
+    free(g->cache);
+    free(g->stage_unit);
+    free(g->unit_numel);
+    free(g);
+}
+
+const zpp_model_ops gpt2_cuda_ops = {
+    op_init_params, op_set_batch, op_forward, op_loss, op_backward, op_destroy,
+};
+
+/* ---- create ---- */
+
+/* Carves the arena: buffers start on 256-byte boundaries (what cuBLASLt
+ * likes best). Pass 1 (base NULL) counts; pass 2 hands out pointers. */
+struct arena_plan {
+    float *base;
+    size_t used; /* floats */
+    int overflow;
+};
+
+static float *arena_take(arena_plan *a, size_t rows, size_t width) {
+    size_t n;
+    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8 - a->used) {
+        a->overflow = 1;
+        return NULL;
+    }
+    float *p = a->base ? a->base + a->used : NULL;
+    a->used += (n + 63) / 64 * 64;
+    return p;
+}
+
+static void plan(gpt2_cuda *g, arena_plan *a) {
+    size_t L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
+    size_t T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head, N = g->nmax;
+    size_t Bm = (size_t)g->base.max_batch;
+    size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
+                                                             : g->lay.block_numel;
+    g->d_ints = (int32_t *)arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
+    g->res = arena_take(a, (L + 1) * N, C);
+    g->ln1 = arena_take(a, L * N, C);
+    g->ln1_mean = arena_take(a, L, N);
+    g->ln1_rstd = arena_take(a, L, N);
+    g->qkv = arena_take(a, L * N, 3 * C);
+    g->att = arena_take(a, L * Bm * H, T * T);
+    g->atty = arena_take(a, L * N, C);
+    g->mid = arena_take(a, L * N, C);
+    g->ln2 = arena_take(a, L * N, C);
+    g->ln2_mean = arena_take(a, L, N);
+    g->ln2_rstd = arena_take(a, L, N);
+    g->fch = arena_take(a, L * N, 4 * C);
+    g->fcg = arena_take(a, L * N, 4 * C);
+    g->lnf = arena_take(a, N, C);
+    g->lnf_mean = arena_take(a, N, 1);
+    g->lnf_rstd = arena_take(a, N, 1);
+    g->probs = arena_take(a, N, V);
+    g->losses = arena_take(a, N, 1);
+    g->dres = arena_take(a, N, C);
+    g->dc = arena_take(a, N, C);
+    g->dqkv = arena_take(a, N, 3 * C);
+    g->dfc = arena_take(a, N, 4 * C);
+    g->datt = arena_take(a, Bm * H, T * T);
+    g->dyxh = arena_take(a, N, C);
+    g->ones = arena_take(a, N, 1);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : arena_take(a, maxunit, 1);
+}
+
+/* Everything after the host bookkeeping: device memory, pinned staging,
+ * the cuBLASLt handle. On failure the caller's destroy frees what exists. */
+static zpp_status create_device_state(gpt2_cuda *g) {
+    arena_plan p = {NULL, 0, 0};
+    plan(g, &p);
+    if (p.overflow)
+        return zpp_error(ZPP_ERR_NOMEM,
+                         "gpt2 cuda create: activation memory for max_batch %d overflows "
+                         "size_t; use a smaller model or batch", g->base.max_batch);
+    void *arena = NULL;
+    cudaError_t e = cudaMalloc(&arena, p.used * sizeof(float));
+    if (e != cudaSuccess)
+        return zpp_error(e == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA,
+                         "gpt2 cuda create: %zu bytes of device memory for the activations of "
+                         "max_batch %d x seq_len %d: %s; use a smaller max_batch",
+                         p.used * sizeof(float), g->base.max_batch, g->cfg.seq_len,
+                         cudaGetErrorString(e));
+    g->arena = (float *)arena;
+    p = arena_plan{g->arena, 0, 0};
+    plan(g, &p);
+    CU_CHECK(cudaMalloc(&g->workspace, kWorkspaceBytes), "create: cuBLASLt workspace");
+    void *h = NULL;
+    CU_CHECK(cudaMallocHost(&h, (5 * g->nmax + 1) * sizeof(int32_t)),
+             "create: pinned staging for the batch");
+    g->h_ints = (int32_t *)h;
+    CU_CHECK(cudaMallocHost(&h, g->nmax * sizeof(float)), "create: pinned staging for losses");
+    g->h_losses = (float *)h;
+    CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
+             "create: batch copy event");
+    LT_CHECK(cublasLtCreate(&g->lt), "create: cuBLASLt handle");
+    fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(g->ones, 1.0f, g->nmax);
+    LAUNCH_CHECK("create: ones vector");
+    return ZPP_OK;
+}
+
+} /* namespace */
+
+extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                           int max_batch, void *stream, zpp_model **model_p) {
+    if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda create: model_p is NULL");
+    ZPP_CHECK(zpp_gpt2_config_check(cfg));
+    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda create: param dtype %d is not a dtype; use fp32, bf16 or "
+                         "fp16", (int)param_dtype);
+    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda create: max_batch %d is out of range; use 1..%d for "
+                         "seq_len %d", max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
+    /* The int32 staging holds 5 N + 1 entries: keep positions and offsets
+     * inside int32. */
+    if ((int64_t)max_batch * cfg->seq_len > (INT32_MAX - 1) / 5)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda create: max_batch %d x seq_len %d rows is too many; use "
+                         "at most %d rows", max_batch, cfg->seq_len, (INT32_MAX - 1) / 5);
+
+    gpt2_cuda *g = (gpt2_cuda *)calloc(1, sizeof *g);
+    if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
+    zpp_status st = ZPP_OK;
+    int L = cfg->n_layer;
+    g->cfg = *cfg;
+    zpp_gpt2_layout_make(cfg, &g->lay);
+    g->stream = (cudaStream_t)stream;
+    g->unit_numel = (size_t *)calloc((size_t)L + 1, sizeof *g->unit_numel);
+    g->stage_unit = (int *)calloc((size_t)L + 2, sizeof *g->stage_unit);
+    g->cache = (gemm_entry *)calloc(kGemmCache, sizeof *g->cache);
+    g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);
+    if (!g->unit_numel || !g->stage_unit || !g->cache || !g->h_count) {
+        op_destroy(&g->base);
+        return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
+    }
+    for (int u = 0; u <= L; u++) g->unit_numel[u] = zpp_gpt2_unit_numel(cfg, u);
+    g->stage_unit[0] = 0;
+    for (int l = 1; l <= L; l++) g->stage_unit[l] = l;
+    g->stage_unit[L + 1] = 0;
+
+    g->base.ops = &gpt2_cuda_ops;
+    g->base.mem = ZPP_MEM_DEVICE;
+    g->base.param_dtype = param_dtype;
+    g->base.n_units = L + 1;
+    g->base.unit_numel = g->unit_numel;
+    g->base.n_stages = L + 2;
+    g->base.stage_unit = g->stage_unit;
+    g->base.seq_len = cfg->seq_len;
+    g->base.vocab_size = cfg->vocab_size;
+    g->base.max_batch = max_batch;
+    g->base.impl = g;
+    g->nmax = (size_t)max_batch * cfg->seq_len;
+    g->loss = NAN;
+    g->fwd_next = 0;
+    g->bwd_next = -1;
+
+    st = create_device_state(g);
+    if (st != ZPP_OK) {
+        op_destroy(&g->base);
+        return st;
+    }
+    *model_p = &g->base;
+    return ZPP_OK;
+}
