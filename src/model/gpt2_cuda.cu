@@ -54,10 +54,10 @@
  * and the per-row losses. forward and backward allocate nothing.
  *
  * COMPILED (nvcc 13.0, sm_90, -Xptxas -v): 17 kernels, none with a stack
- * frame or spills, 12 to 32 registers. Without a GPU, the logic can be
- * checked against the CPU model under the host emulation in tests/fakecuda
- * (blind to timing, inter-block races and the real cuBLASLt);
- * tests/test_gpt2_cuda.c on a GPU is the real check.
+ * frame or spills, 12 to 32 registers. Before any GPU run, the logic was
+ * checked against the CPU model under a throwaway host emulation of the
+ * CUDA runtime and cuBLASLt (blind to timing, inter-block races and the real
+ * cuBLASLt); tests/test_gpt2_cuda.c on a GPU is the real check.
  *
  * STREAMS. Every kernel, copy and GEMM is enqueued on the stream given at
  * create; the device current at create must be current at every call.
