@@ -57,6 +57,7 @@
 #include "core/error.h"
 #include "model/gpt2.h"
 #include "model/model.h"
+#include "cuda_testlib.h"
 #include "testlib.h"
 
 #define GRAD_TOL 1e-4  /* relative to max |g| of the unit, see above */
@@ -65,30 +66,7 @@
 
 /* ---- CUDA plumbing ---------------------------------------------------------- */
 
-#define CUDA_OK(call)                                                         \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            zpp_test_fail(__FILE__, __LINE__, #call, " -> %s: %s",            \
-                          cudaGetErrorName(e_), cudaGetErrorString(e_));       \
-    } while (0)
-
-static void require_device(void) {
-    static int checked = 0;
-    if (checked) return;
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0)
-        zpp_test_fail(__FILE__, __LINE__, NULL,
-                      "no CUDA device is visible (%s): test_gpt2_cuda checks the CUDA GPT-2 "
-                      "and must run on a machine with an NVIDIA GPU (ctest -L gpu)",
-                      e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
-    struct cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    printf("  device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount);
-    checked = 1;
-}
+static void require_device(void) { zpp_test_require_device("test_gpt2_cuda checks the CUDA GPT-2"); }
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);

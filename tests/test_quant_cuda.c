@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "quant/quant_cpu.h"
 #include "quant/quant_cuda.h"
+#include "cuda_testlib.h"
 #include "testlib.h"
 
 #define GUARD 256 /* poisoned bytes after every device output */
@@ -40,30 +41,7 @@ static const int all_bits[] = {8, 4};
 
 /* ---- CUDA plumbing -------------------------------------------------------- */
 
-#define CUDA_OK(call)                                                         \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            zpp_test_fail(__FILE__, __LINE__, #call, " -> %s: %s",            \
-                          cudaGetErrorName(e_), cudaGetErrorString(e_));       \
-    } while (0)
-
-static void require_device(void) {
-    static int checked = 0;
-    if (checked) return;
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0)
-        zpp_test_fail(__FILE__, __LINE__, NULL,
-                      "no CUDA device is visible (%s): test_quant_cuda checks the GPU kernels "
-                      "and must run on a machine with an NVIDIA GPU (ctest -L gpu)",
-                      e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
-    struct cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    printf("  device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount);
-    checked = 1;
-}
+static void require_device(void) { zpp_test_require_device("test_quant_cuda checks the GPU kernels"); }
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
