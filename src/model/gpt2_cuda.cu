@@ -78,9 +78,7 @@
 #include "core/error.h"
 #include "core/mem.h"
 #include "zeropp.h"
-extern "C" {
-#include "model/model.h" /* model.h has no extern "C" of its own */
-}
+#include "model/model.h"
 #include "model/gpt2.h"
 
 namespace {

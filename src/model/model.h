@@ -20,6 +20,10 @@
 #include "core/mem.h"
 #include "zeropp.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct zpp_model zpp_model;
 
 typedef struct zpp_model_ops {
@@ -73,6 +77,10 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
  * the legacy default stream). set_batch takes host tokens. */
 zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                 int max_batch, void *stream, zpp_model **model_p);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif
