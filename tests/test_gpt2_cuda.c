@@ -58,6 +58,7 @@
 #include "model/gpt2.h"
 #include "model/model.h"
 #include "cuda_testlib.h"
+#include "model_testlib.h"
 #include "testlib.h"
 
 #define GRAD_TOL 1e-4  /* relative to max |g| of the unit, see above */
@@ -507,28 +508,7 @@ static void test_rejects_bad_input(void) {
     random_tokens(&r, tgt, 16, V);
     EXPECT_STATUS(m->ops->forward(m, 0, t.dp[0]), ZPP_ERR_STATE); /* no batch yet */
 
-    size_t pos = zpp_rng_u64(&r) % 16;
-    int32_t bad[2] = {V + (int32_t)(zpp_rng_u64(&r) % 1000), -1 - (int32_t)(zpp_rng_u64(&r) % 5)};
-    for (int k = 0; k < 2; k++) {
-        int32_t save = tok[pos];
-        tok[pos] = bad[k];
-        EXPECT_STATUS(m->ops->set_batch(m, tok, tgt, B), ZPP_ERR_INVALID);
-        char want[64];
-        snprintf(want, sizeof want, "token %d at position %zu", (int)bad[k], pos);
-        EXPECT(strstr(zpp_last_error(), want) != NULL, "message '%s' lacks '%s'",
-               zpp_last_error(), want);
-        tok[pos] = save;
-        save = tgt[pos];
-        tgt[pos] = bad[k];
-        EXPECT_STATUS(m->ops->set_batch(m, tok, tgt, B), ZPP_ERR_INVALID);
-        snprintf(want, sizeof want, "target %d at position %zu", (int)bad[k], pos);
-        EXPECT(strstr(zpp_last_error(), want) != NULL, "message '%s' lacks '%s'",
-               zpp_last_error(), want);
-        tgt[pos] = save;
-    }
-    EXPECT_STATUS(m->ops->set_batch(m, tok, tgt, 0), ZPP_ERR_INVALID);
-    EXPECT_STATUS(m->ops->set_batch(m, tok, tgt, B + 1), ZPP_ERR_INVALID);
-    EXPECT_STATUS(m->ops->set_batch(m, NULL, tgt, B), ZPP_ERR_INVALID);
+    zpp_test_set_batch_rejects(m, &r, tok, tgt, 16, B, V);
 
     /* host memory where device memory is due */
     EXPECT_OK(m->ops->set_batch(m, tok, tgt, B));
