@@ -14,8 +14,9 @@
  *   gather's output byte for byte; the baseline reduce within bf16
  *   summation rounding; qgZ within its two-level int4 bound (see
  *   tests/test_collectives.c for the derivations).
- * The first step of each mode checks (untimed); the next --iters steps are
- * timed: time = median over steps of the slowest rank. The volume of one
+ * The first step of each mode checks (untimed); then --iters rounds are
+ * timed, each a step of every mode beside the plain collectives (below):
+ * time = median over rounds of the slowest rank. The volume of one
  * step is compared with `zeropp plan`'s (zpp_plan_step).
  *
  * It also times the backend's plain collective on the same tensors (a bf16
@@ -505,18 +506,13 @@ static void reduce_times(double *samples, int iters, int k, double *out) {
     free(col);
 }
 
-static void run_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
+/* The untimed first step of a mode: warm-up, the check of every result, and
+ * its volume against zeropp plan's. */
+static void check_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
     double ms[4], worst = 0;
-    double *samples = calloc((size_t)b->o.iters * 4, sizeof(double));
-    if (!samples) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
-    run_step(b, m, 1, ms, &worst); /* untimed: warm-up and check */
-    for (int s = 0; s < b->o.iters; s++) {
-        zpp_coll_volume_reset(b->coll);
-        run_step(b, m, 0, &samples[s * 4], NULL);
-    }
+    zpp_coll_volume_reset(b->coll);
+    run_step(b, m, 1, ms, &worst);
     r->vol = *zpp_coll_volume(b->coll);
-    reduce_times(samples, b->o.iters, 4, r->ms);
-    free(samples);
     MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     r->worst = worst;
     r->correct = worst <= 1.0;
@@ -530,6 +526,29 @@ static void run_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
             plan.intra_node_bytes[ph] != r->vol.intra_node_bytes[ph] ||
             plan.payload_bytes[ph] != r->vol.payload_bytes[ph])
             r->plan_match = 0;
+}
+
+/* The timed steps. A link's speed drifts over seconds (a socket link between
+ * emulated nodes varied by 25% between runs), so each round times the plain
+ * collectives and then one step of every mode, back to back: a ratio
+ * compares times taken moments apart, not minutes apart. */
+static void time_modes(bench_ctx *b, bench_result *res, double plain[2]) {
+    int iters = b->o.iters;
+    double *ps = calloc((size_t)iters * 2, sizeof(double));
+    double *ms = calloc((size_t)iters * 4 * ZPP_COLL_MODE_COUNT, sizeof(double));
+    if (!ps || !ms) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
+    run_plain(b, ps); /* warm-up */
+    for (int s = 0; s < iters; s++) {
+        run_plain(b, &ps[2 * s]);
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+            if (b->o.mode_on[m])
+                run_step(b, zpp_coll_mode_get(m), 0, &ms[((size_t)m * iters + s) * 4], NULL);
+    }
+    reduce_times(ps, iters, 2, plain);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (b->o.mode_on[m]) reduce_times(&ms[(size_t)m * iters * 4], iters, 4, res[m].ms);
+    free(ps);
+    free(ms);
 }
 
 /* ---- Output --------------------------------------------------------------------- */
@@ -734,15 +753,9 @@ int zpp_cli_bench_comm(int argc, char **argv) {
     bench_result res[ZPP_COLL_MODE_COUNT];
     memset(res, 0, sizeof res);
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
-        if (o.mode_on[m]) run_mode(&b, zpp_coll_mode_get(m), &res[m]);
-
+        if (o.mode_on[m]) check_mode(&b, zpp_coll_mode_get(m), &res[m]);
     double plain[2];
-    double *samples = calloc((size_t)o.iters * 2, sizeof(double));
-    if (!samples) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
-    run_plain(&b, plain); /* warm-up */
-    for (int s = 0; s < o.iters; s++) run_plain(&b, &samples[2 * s]);
-    reduce_times(samples, o.iters, 2, plain);
-    free(samples);
+    time_modes(&b, res, plain);
 
     int all_ok = 1;
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)

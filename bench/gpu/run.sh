@@ -4,7 +4,9 @@
 # collective path beside NCCL's own bf16 collective, over sockets between two
 # emulated nodes and over NVLink. Logs and JSON lines go to $OUT/summary.txt.
 # Each step has its own time limit so one slow step cannot eat the lease.
-#   EXTRA=1   also qgZ with NCCL_NCHANNELS_PER_NET_PEER=8
+#   EXTRA=1   also qwZ and qgZ over more sockets per peer (NCCL_SOCKET_NTHREADS=4,
+#             NCCL_NSOCKS_PERTHREAD=4 for both ours and NCCL's reference)
+#   TRAIN=1   also a short `zeropp train --device gpu` beside the same run on the CPU
 #   PEERS=1   also PyTorch's collectives (.peer/coll_bw.py, a copy of
 #             ../shared/bench/coll_bw.py carried with the call)
 # cJSON is not installed on those machines: carry its Debian packages in
@@ -33,10 +35,10 @@ grep -E "tests passed|FAILED|Failed|Passed" "$OUT/gpu-tests.log" | tail -12 | te
 for bits in 8 4; do
   timeout 60 $Z bench quant --device gpu --dtype bf16 --bits $bits --n 536870912 --json
 done 2>&1 | tee -a "$S"
-timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
-  --emulate-nodes --iters 3 --json 2>&1 | tee -a "$S"
-timeout 90 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
-  --iters 5 --json 2>&1 | tee -a "$S"
+timeout 240 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
+  --emulate-nodes --iters 5 --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
+timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
+  --iters 5 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
   # Issue 6: 2 emulated nodes x 2 GPUs — NVLink inside a node (qgZ's intra
   # all-to-all, hpZ's gather), sockets between nodes.
@@ -45,8 +47,18 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
     2>&1 | sed 's/^/x4 /' | tee -a "$S"
 fi
 if [ -n "${EXTRA:-}" ]; then
-  timeout 60 $MPI -x NCCL_NCHANNELS_PER_NET_PEER=8 $Z bench comm --device gpu --params 536870912 \
-    --units 1 --node-size 1 --emulate-nodes --iters 3 --modes zero3,qgz --json 2>&1 | sed 's/^/p2pch8 /' | tee -a "$S"
+  timeout 120 $MPI -x NCCL_SOCKET_NTHREADS=4 -x NCCL_NSOCKS_PERTHREAD=4 $Z bench comm --device gpu \
+    --params 536870912 --units 1 --node-size 1 --emulate-nodes --iters 3 --modes qwz,qgz --json \
+    2>&1 | sed 's/^/socks16 /' | tee -a "$S"
+fi
+if [ -n "${TRAIN:-}" ]; then
+  # the example config (GPT-2 4 x 128, 2 ranks as one node): the CUDA model
+  # and the CPU model should trace the same loss curve to within fp32 noise
+  for dev in gpu cpu; do
+    timeout 120 $MPI $Z train --device $dev --config examples/zeropp.json --steps 100 --quiet \
+      --metrics "$OUT/train-$dev.jsonl" > "$OUT/train-$dev.log" 2>&1
+    echo "train $dev rc=$? $(tail -2 "$OUT/train-$dev.log" | tr '\n' ' ')" | tee -a "$S"
+  done
 fi
 if [ -n "${PEERS:-}" ] && [ -f .peer/coll_bw.py ]; then
   timeout 120 torchrun --standalone --nproc-per-node 2 .peer/coll_bw.py 2>&1 | grep COLL | tee -a "$S"
