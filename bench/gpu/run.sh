@@ -36,9 +36,9 @@ for bits in 8 4; do
   timeout 60 $Z bench quant --device gpu --dtype bf16 --bits $bits --n 536870912 --json
 done 2>&1 | tee -a "$S"
 timeout 240 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
-  --emulate-nodes --iters 5 --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
+  --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
 timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
-  --iters 5 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
+  --iters 9 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
   # Issue 6: 2 emulated nodes x 2 GPUs — NVLink inside a node (qgZ's intra
   # all-to-all, hpZ's gather), sockets between nodes.
