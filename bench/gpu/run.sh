@@ -48,7 +48,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
 fi
 if [ -n "${EXTRA:-}" ]; then
   timeout 120 $MPI -x NCCL_SOCKET_NTHREADS=4 -x NCCL_NSOCKS_PERTHREAD=4 $Z bench comm --device gpu \
-    --params 536870912 --units 1 --node-size 1 --emulate-nodes --iters 3 --modes qwz,qgz --json \
+    --params 536870912 --units 1 --node-size 1 --emulate-nodes --iters 5 --modes qwz,qgz --json \
     2>&1 | sed 's/^/socks16 /' | tee -a "$S"
 fi
 if [ -n "${TRAIN:-}" ]; then
