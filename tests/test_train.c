@@ -403,8 +403,69 @@ static void test_demo_summary(void) {
     EXPECT(ratio > 0.24 && ratio <= 0.29, "cross-node ratio %g, expected about 0.25", ratio);
 }
 
+/* GPU (label gpu, 2 GPUs): `--device gpu` trains like `--device cpu`.
+ * Two runs of each: ZeRO-3 with both ranks on one node (NVLink), and qwZ +
+ * qgZ with each rank its own emulated node (NCCL over sockets between them).
+ * - The collectives make the same calls with the same sizes on both
+ *   backends, so the cross- and intra-node bytes of every step are equal,
+ *   exactly.
+ * - Step 1's loss is computed before any update, from the same weights and
+ *   samples: CUDA and OpenBLAS differ only in the order of fp32 sums
+ *   (test_gpt2_cuda bounds those at ~1e-6 relative per output), so 1e-5.
+ * - Later steps: gradients that differ in the last fp32 bits can flip an
+ *   int4 or bf16 rounding; AdamW turns such a flip into an update change of
+ *   at most ~lr (1e-3) on the few weights concerned, far below 1e-3 of the
+ *   loss over 6 steps. */
+static void test_gpu_matches_cpu(void) {
+    const char *runs[][3] = {
+        {"zero3", "\"zero_optimization\": {\"stage\": 3}", "--node-size 2"},
+        {"qwz_qgz",
+         "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
+         " \"zero_quantized_gradients\": true}",
+         "--node-size 1"},
+    };
+    const int steps = 6;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        double loss[2][MAX_STEPS], cross[2][MAX_STEPS], intra[2][MAX_STEPS];
+        for (int gpu = 0; gpu < 2; gpu++) {
+            char cfg[512], met[512], err[512], json[2048], extra[512], args[2048], name[64];
+            snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 4, %s",
+                     runs[r][1]);
+            model_json_w(json, sizeof json, 64, 1, extra);
+            snprintf(name, sizeof name, "gpu_%s.json", runs[r][0]);
+            write_text(tmp_path(name, cfg), "%s", json);
+            snprintf(name, sizeof name, "gpu_%s_%d.jsonl", runs[r][0], gpu);
+            tmp_path(name, met);
+            snprintf(args, sizeof args, "--config %s --steps %d %s --device %s%s --metrics %s",
+                     cfg, steps, runs[r][2], gpu ? "gpu" : "cpu",
+                     gpu && !strcmp(runs[r][2], "--node-size 1") ? " --emulate-nodes" : "",
+                     met);
+            int rc = run_train(2, args, tmp_path("err.txt", err));
+            EXPECT(rc == 0, "%s on the %s: exit %d; stderr in %s", runs[r][0],
+                   gpu ? "GPU" : "CPU", rc, err);
+            EXPECT(read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
+            EXPECT(read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
+            EXPECT(read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
+        }
+        printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n",
+               runs[r][0], loss[0][0], loss[1][0], steps, loss[0][steps - 1],
+               loss[1][steps - 1]);
+        EXPECT(fabs(loss[1][0] - loss[0][0]) <= 1e-5 * loss[0][0], "%s step 1: %.9g vs %.9g",
+               runs[r][0], loss[1][0], loss[0][0]);
+        for (int s = 0; s < steps; s++) {
+            EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-3 * loss[0][s],
+                   "%s step %d: gpu %.9g vs cpu %.9g", runs[r][0], s + 1, loss[1][s],
+                   loss[0][s]);
+            EXPECT(cross[1][s] == cross[0][s] && intra[1][s] == intra[0][s],
+                   "%s step %d: %.0f + %.0f cross- + intra-node bytes vs %.0f + %.0f",
+                   runs[r][0], s + 1, cross[1][s], intra[1][s], cross[0][s], intra[0][s]);
+        }
+        EXPECT(loss[1][steps - 1] < loss[1][0], "%s: the loss did not fall", runs[r][0]);
+    }
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
-          ZPP_TEST(test_demo_summary))
+          ZPP_TEST(test_demo_summary), ZPP_TEST(test_gpu_matches_cpu))

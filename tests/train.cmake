@@ -8,3 +8,8 @@ foreach(case test_bad_inputs_fail_cleanly test_zero3_matches_single_rank_fp32
   # each case launches up to 4 ranks on CI's 2 cores: run them one at a time
   set_tests_properties(test_train.${case} PROPERTIES PROCESSORS 2)
 endforeach()
+# The same trainer on 2 GPUs against the CPU (label gpu: `ctest -L gpu`).
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_train SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_train.c CASE test_gpu_matches_cpu
+           ENV ${zpp_train_env} LABELS gpu TIMEOUT 300)
+endif()
