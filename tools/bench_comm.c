@@ -52,6 +52,7 @@
 typedef struct bench_opts {
     size_t params;
     int units, node_size, json, gpu, iters, emulate_nodes;
+    int weight_block, grad_block; /* 0: the defaults of zeropp.h */
     uint64_t seed;
     zpp_dtype dtype;
     int mode_on[ZPP_COLL_MODE_COUNT];
@@ -102,13 +103,18 @@ static void usage(FILE *f) {
             "usage: mpirun -np W zeropp bench comm --params P [--units U] [--node-size S]\n"
             "           [--iters K] [--json] [--device cpu|gpu] [--emulate-nodes]\n"
             "           [--modes zero3,qwz,hpz,qgz,zeropp] [--dtype bf16] [--seed N]\n"
+            "           [--weight-block B] [--grad-block B]\n"
             "\n"
             "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
             "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
-            "per node by phase, the time (median of K steps, default 5, slowest rank) and a\n"
-            "correctness check. --node-size groups consecutive ranks into nodes (default: as\n"
-            "the launcher placed them). --device gpu uses NCCL and device memory; with\n"
-            "--emulate-nodes each node gets its own NCCL_HOSTID (launch with --bind-to none).\n");
+            "per node by phase, the time (K rounds, default 5, each timing every mode beside\n"
+            "the backend's plain bf16 all-gather and reduce-scatter; median, slowest rank)\n"
+            "and a correctness check. --weight-block / --grad-block set the int8 / int4\n"
+            "block sizes (defaults %d / %d). --node-size groups consecutive ranks into\n"
+            "nodes (default: as the launcher placed them). --device gpu uses NCCL and\n"
+            "device memory; with --emulate-nodes each node gets its own NCCL_HOSTID\n"
+            "(launch with --bind-to none).\n",
+            ZPP_QUANT_DEFAULT_BLOCK_INT8, ZPP_QUANT_DEFAULT_BLOCK_INT4);
 }
 
 
@@ -284,6 +290,8 @@ static zpp_status setup(bench_ctx *b) {
     b->rank = b->topo->world_rank;
     b->W = b->topo->world_size;
     b->copts = zpp_coll_opts_default();
+    if (b->o.weight_block) b->copts.weight_spec.block = (size_t)b->o.weight_block;
+    if (b->o.grad_block) b->copts.grad_spec.block = (size_t)b->o.grad_block;
     st = zpp_coll_create(b->topo, &b->copts, b->stream, &b->coll);
     if (st != ZPP_OK) return st;
     b->ds = zpp_dtype_size(b->o.dtype);
@@ -590,6 +598,8 @@ static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_r
     cJSON_AddNumberToObject(o, "units", b->o.units);
     cJSON_AddStringToObject(o, "dtype", zpp_dtype_name(b->o.dtype));
     cJSON_AddNumberToObject(o, "iters", b->o.iters);
+    cJSON_AddNumberToObject(o, "weight_block", (double)b->copts.weight_spec.block);
+    cJSON_AddNumberToObject(o, "grad_block", (double)b->copts.grad_spec.block);
     cJSON_AddNumberToObject(o, "cross_node_bytes", zpp_volume_cross_total(&r->vol));
     cJSON_AddNumberToObject(o, "intra_node_bytes", zpp_volume_intra_total(&r->vol));
     cJSON_AddNumberToObject(o, "cross_vs_zero3",
@@ -697,6 +707,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->json = 1;
         } else if (!strcmp(a, "--emulate-nodes")) {
             o->emulate_nodes = 1;
+        } else if ((!strcmp(a, "--weight-block") || !strcmp(a, "--grad-block")) && v) {
+            if (zpp_cli_parse_int(v, 1, a[2] == 'w' ? &o->weight_block : &o->grad_block))
+                goto bad_value;
+            i++;
         } else if (!strcmp(a, "--params") && v) {
             if (zpp_cli_parse_count(v, &o->params) || !o->params) goto bad_value;
             i++;
@@ -764,10 +778,14 @@ int zpp_cli_bench_comm(int argc, char **argv) {
     zpp_status st = setup(&b);
     /* Setup fails alike on every rank for bad options (the topology agrees);
      * anything else aborts the job rather than leave peers waiting. */
-    int bad = st != ZPP_OK;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (bad) {
-        if (st != ZPP_OK) zpp_cli_fail("bench comm: setup", st);
+    int bad = st != ZPP_OK, nbad = bad, world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Allreduce(MPI_IN_PLACE, &nbad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (nbad) {
+        /* the same message from every rank once, from rank 0 */
+        int rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (bad && (nbad < world || rank == 0)) zpp_cli_fail("bench comm: setup", st);
         teardown(&b);
         MPI_Finalize();
         return 1;

@@ -6,6 +6,8 @@
 # Each step has its own time limit so one slow step cannot eat the lease.
 #   EXTRA=1   also qwZ and qgZ over more sockets per peer (NCCL_SOCKET_NTHREADS=4,
 #             NCCL_NSOCKS_PERTHREAD=4 for both ours and NCCL's reference)
+#   GRAD_BLOCK=B  also qgZ over sockets with int4 blocks of B (a planner's
+#             bytes-for-accuracy knob; the default is 128)
 #   TRAIN=1   also a short `zeropp train --device gpu` beside the same run on the CPU
 #   PEERS=1   also PyTorch's collectives (.peer/coll_bw.py, a copy of
 #             ../shared/bench/coll_bw.py carried with the call)
@@ -39,6 +41,11 @@ timeout 240 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-
   --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
 timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
   --iters 9 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
+if [ -n "${GRAD_BLOCK:-}" ]; then
+  timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
+    --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes zero3,qgz --grad-block $GRAD_BLOCK --json \
+    2>&1 | sed "s/^/grad$GRAD_BLOCK /" | tee -a "$S"
+fi
 if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
   # Issue 6: 2 emulated nodes x 2 GPUs — NVLink inside a node (qgZ's intra
   # all-to-all, hpZ's gather), sockets between nodes.
