@@ -92,7 +92,7 @@ typedef struct bench_ctx {
 /* One mode's figures. */
 typedef struct bench_result {
     zpp_volume vol;
-    double ms[4]; /* step, fwd, bwd, reduce: median over steps of the slowest rank */
+    double ms[4]; /* step, fwd, bwd, reduce: median over rounds of the slowest rank */
     double paired[3]; /* fwd, bwd, reduce speed-up: median over rounds of plain / this */
     int correct, plan_match;
     double worst; /* largest error / bound seen */
@@ -504,7 +504,7 @@ static void run_plain(bench_ctx *b, double ms[2]) {
 }
 
 
-/* Median over steps of the per-step maximum over ranks, for k series. */
+/* Median over rounds of the per-round maximum over ranks, for k series. */
 static void reduce_times(double *samples, int iters, int k, double *out) {
     /* the maxima stay in samples (time_modes pairs them round by round) */
     MPI_Allreduce(MPI_IN_PLACE, samples, iters * k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
