@@ -1,6 +1,7 @@
-/* model/gpt2.h — GPT-2 parameter layout and initialisation, shared by the
- * CPU reference (gpt2_cpu.c) and anything else that needs to find a tensor
- * inside a unit (a CUDA model, checkpoints, tests).
+/* model/gpt2.h — what the GPT-2 models share (gpt2.c): the parameter
+ * layout and initialisation, for the CPU reference (gpt2_cpu.c), the CUDA
+ * model (gpt2_cuda.cu) and anything else that needs to find a tensor inside
+ * a unit (checkpoints, tests); and the activations both models keep.
  *
  * Units (each one flat buffer, gathered whole by the engine):
  *
@@ -83,6 +84,45 @@ float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *lay
  * out (host fp32). ZPP_ERR_INVALID if the unit or range is out of bounds. */
 zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
                               size_t count, float *out, uint64_t seed);
+
+/* The activations both models keep for the backward, and their backward
+ * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
+ * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */
+typedef struct zpp_gpt2_acts {
+    float *res;                       /* (L+1) x N x C: res[0] = embedding, res[l] = block l out */
+    float *ln1, *ln1_mean, *ln1_rstd; /* L x N x C; L x N; L x N */
+    float *qkv;                       /* L x N x 3C */
+    float *att;                       /* L x max_batch x H x T x T: softmax probabilities */
+    float *atty;                      /* L x N x C: attention output before the projection */
+    float *mid;                       /* L x N x C: residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
+    float *fch;                       /* L x N x 4C: fc output, before gelu */
+    float *fcg;                       /* L x N x 4C: after gelu */
+    float *lnf, *lnf_mean, *lnf_rstd; /* N x C; N; N */
+    float *probs;                     /* N x V: logits -> probabilities -> d logits */
+    float *losses;                    /* N */
+    float *dres;                      /* N x C: gradient of the residual stream */
+    float *dc;                        /* N x C */
+    float *dqkv;                      /* N x 3C */
+    float *dfc;                       /* N x 4C */
+} zpp_gpt2_acts;
+
+/* A bump allocator over one block of floats, run twice: with base NULL it
+ * only counts (used), then over the block it hands out the same pointers.
+ * Every buffer starts on a multiple of `align` floats. A size that
+ * overflows sets `overflow` and returns NULL. */
+typedef struct zpp_gpt2_arena {
+    float *base;
+    size_t used;  /* floats */
+    size_t align; /* floats, >= 1 */
+    int overflow;
+} zpp_gpt2_arena;
+
+float *zpp_gpt2_arena_take(zpp_gpt2_arena *a, size_t rows, size_t width);
+
+/* Takes the buffers of zpp_gpt2_acts from `a`, in a fixed order. */
+void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_arena *a,
+                        zpp_gpt2_acts *acts);
 
 #ifdef __cplusplus
 }

@@ -45,137 +45,11 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/random.h"
 #include "core/mem.h"
 #include "model/gpt2.h"
 #include "model/model.h"
 
 #define GPT2_LN_EPS 1e-5f
-#define GPT2_INIT_STD 0.02
-
-/* ------------------------------------------------------------------------ */
-/* Configuration, layout, initialisation                                     */
-/* ------------------------------------------------------------------------ */
-
-/* Limits keep every BLAS dimension (C, 4C, V, B*T) inside an int and every
- * element count inside size_t with room to spare. */
-#define GPT2_MAX_EMBD (1 << 24)
-#define GPT2_MAX_VOCAB (1 << 30)
-#define GPT2_MAX_SEQ (1 << 24)
-#define GPT2_MAX_LAYER (1 << 16)
-
-zpp_status zpp_gpt2_config_check(const zpp_gpt2_config *cfg) {
-    if (!cfg) return zpp_error(ZPP_ERR_INVALID, "gpt2: config is NULL");
-    if (cfg->n_layer < 1 || cfg->n_layer > GPT2_MAX_LAYER)
-        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_layer %d is out of range; use 1..%d",
-                         cfg->n_layer, GPT2_MAX_LAYER);
-    if (cfg->n_embd < 1 || cfg->n_embd > GPT2_MAX_EMBD)
-        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_embd %d is out of range; use 1..%d",
-                         cfg->n_embd, GPT2_MAX_EMBD);
-    if (cfg->n_head < 1 || cfg->n_embd % cfg->n_head != 0)
-        return zpp_error(ZPP_ERR_CONFIG,
-                         "gpt2: n_head %d must be positive and divide n_embd %d",
-                         cfg->n_head, cfg->n_embd);
-    if (cfg->seq_len < 1 || cfg->seq_len > GPT2_MAX_SEQ)
-        return zpp_error(ZPP_ERR_CONFIG, "gpt2: seq_len %d is out of range; use 1..%d",
-                         cfg->seq_len, GPT2_MAX_SEQ);
-    if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
-        return zpp_error(ZPP_ERR_CONFIG, "gpt2: vocab_size %d is out of range; use 1..%d",
-                         cfg->vocab_size, GPT2_MAX_VOCAB);
-    return ZPP_OK;
-}
-
-void zpp_gpt2_layout_make(const zpp_gpt2_config *cfg, zpp_gpt2_layout *layout_p) {
-    size_t C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size, T = (size_t)cfg->seq_len;
-    zpp_gpt2_layout l;
-    size_t o = 0;
-    l.wte = o;    o += V * C;
-    l.wpe = o;    o += T * C;
-    l.lnf_w = o;  o += C;
-    l.lnf_b = o;  o += C;
-    l.embed_numel = o;
-    o = 0;
-    l.ln1_w = o;  o += C;
-    l.ln1_b = o;  o += C;
-    l.qkv_w = o;  o += 3 * C * C;
-    l.qkv_b = o;  o += 3 * C;
-    l.proj_w = o; o += C * C;
-    l.proj_b = o; o += C;
-    l.ln2_w = o;  o += C;
-    l.ln2_b = o;  o += C;
-    l.fc_w = o;   o += 4 * C * C;
-    l.fc_b = o;   o += 4 * C;
-    l.fc2_w = o;  o += 4 * C * C;
-    l.fc2_b = o;  o += C;
-    l.block_numel = o; /* 12 C^2 + 13 C */
-    *layout_p = l;
-}
-
-size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit) {
-    zpp_gpt2_layout l;
-    zpp_gpt2_layout_make(cfg, &l);
-    return unit == 0 ? l.embed_numel : l.block_numel;
-}
-
-/* A standard normal that depends only on (seed, unit, index).
- *
- * Each unit gets its own key; the two uniforms of element i are the
- * splitmix64 stream of that key at positions 2i+1 and 2i+2. Box-Muller then
- * maps two independent U(0,1] to one N(0,1):
- *     z = sqrt(-2 ln u1) cos(2 pi u2)
- * u1 is never 0 (the +1 below), so the log is finite; |z| <= sqrt(2 ln 2^53)
- * ~ 8.6. Evaluated in double and rounded once to fp32. */
-static double gpt2_normal(uint64_t seed, int unit, size_t index) {
-    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
-    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
-    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
-    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
-    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1) */
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *l, int unit,
-                          size_t i, uint64_t seed) {
-    double std = 0.0, one = 0.0;
-    if (unit == 0) {
-        if (i < l->lnf_w) std = GPT2_INIT_STD;          /* wte, wpe */
-        else if (i < l->lnf_b) one = 1.0;               /* lnf_w */
-    } else {
-        double resid_std = GPT2_INIT_STD / sqrt(2.0 * cfg->n_layer);
-        if (i < l->ln1_b) one = 1.0;                    /* ln1_w */
-        else if (i < l->qkv_w) {}                       /* ln1_b */
-        else if (i < l->qkv_b) std = GPT2_INIT_STD;     /* qkv_w */
-        else if (i < l->proj_w) {}                      /* qkv_b */
-        else if (i < l->proj_b) std = resid_std;        /* proj_w */
-        else if (i < l->ln2_w) {}                       /* proj_b */
-        else if (i < l->ln2_b) one = 1.0;               /* ln2_w */
-        else if (i < l->fc_w) {}                        /* ln2_b */
-        else if (i < l->fc_b) std = GPT2_INIT_STD;      /* fc_w */
-        else if (i < l->fc2_w) {}                       /* fc_b */
-        else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
-    }
-    if (std == 0.0) return (float)one;
-    return (float)(std * gpt2_normal(seed, unit, i));
-}
-
-zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
-                              size_t count, float *out, uint64_t seed) {
-    ZPP_CHECK(zpp_gpt2_config_check(cfg));
-    if (unit < 0 || unit > cfg->n_layer)
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 init: unit %d does not exist; use 0..%d",
-                         unit, cfg->n_layer);
-    zpp_gpt2_layout l;
-    zpp_gpt2_layout_make(cfg, &l);
-    size_t numel = unit == 0 ? l.embed_numel : l.block_numel;
-    if (offset > numel || count > numel - offset)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 init: elements [%zu, %zu + %zu) exceed unit %d of %zu elements",
-                         offset, offset, count, unit, numel);
-    if (count && !out) return zpp_error(ZPP_ERR_INVALID, "gpt2 init: out is NULL");
-    for (size_t k = 0; k < count; k++)
-        out[k] = zpp_gpt2_init_value(cfg, &l, unit, offset + k, seed);
-    return ZPP_OK;
-}
 
 /* ------------------------------------------------------------------------ */
 /* The model object                                                          */
@@ -193,24 +67,7 @@ typedef struct gpt2_cpu {
     /* batch */
     int32_t *tokens, *targets;
     int B, have_batch, have_targets;
-    /* forward activations; per-layer ones are L slabs of nmax rows */
-    float *res;      /* (L+1) x nmax x C: res[0] = embedding, res[l] = block l out */
-    float *ln1, *ln1_mean, *ln1_rstd;
-    float *qkv;      /* L x nmax x 3C */
-    float *att;      /* L x max_batch x H x T x T: softmax probabilities */
-    float *atty;     /* L x nmax x C: attention output before the projection */
-    float *mid;      /* L x nmax x C: residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch;      /* L x nmax x 4C: fc output, before gelu */
-    float *fcg;      /* L x nmax x 4C: after gelu */
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *probs;    /* nmax x V: logits -> probabilities -> d logits */
-    float *losses;   /* nmax */
-    /* backward scratch */
-    float *dres;     /* nmax x C: gradient of the residual stream */
-    float *dc;       /* nmax x C */
-    float *dqkv;     /* nmax x 3C */
-    float *dfc;      /* nmax x 4C */
+    zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
 
@@ -437,9 +294,9 @@ static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
 static void gpt2_embed_forward(gpt2_cpu *g, const void *params) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
     zpp_dtype dt = g->base.param_dtype;
-    float *pe = g->dc; /* scratch: one position row */
+    float *pe = g->act.dc; /* scratch: one position row */
     for (int r = 0; r < n; r++) {
-        float *o = g->res + (size_t)r * C;
+        float *o = g->act.res + (size_t)r * C;
         gpt2_to_f32(o, params, dt, g->lay.wte + (size_t)g->tokens[r] * C, (size_t)C);
         gpt2_to_f32(pe, params, dt, g->lay.wpe + (size_t)(r % T) * C, (size_t)C);
         for (int c = 0; c < C; c++) o[c] += pe[c];
@@ -455,16 +312,16 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
     size_t sC = (size_t)C;
-    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
-    float *out = g->res + (size_t)l * g->nmax * sC;
-    float *ln1 = gpt2_slab(g, g->ln1, l, sC), *ln1m = gpt2_slab(g, g->ln1_mean, l, 1),
-          *ln1r = gpt2_slab(g, g->ln1_rstd, l, 1);
-    float *qkv = gpt2_slab(g, g->qkv, l, 3 * sC);
-    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = gpt2_slab(g, g->atty, l, sC), *mid = gpt2_slab(g, g->mid, l, sC);
-    float *ln2 = gpt2_slab(g, g->ln2, l, sC), *ln2m = gpt2_slab(g, g->ln2_mean, l, 1),
-          *ln2r = gpt2_slab(g, g->ln2_rstd, l, 1);
-    float *fch = gpt2_slab(g, g->fch, l, 4 * sC), *fcg = gpt2_slab(g, g->fcg, l, 4 * sC);
+    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
+    float *out = g->act.res + (size_t)l * g->nmax * sC;
+    float *ln1 = gpt2_slab(g, g->act.ln1, l, sC), *ln1m = gpt2_slab(g, g->act.ln1_mean, l, 1),
+          *ln1r = gpt2_slab(g, g->act.ln1_rstd, l, 1);
+    float *qkv = gpt2_slab(g, g->act.qkv, l, 3 * sC);
+    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = gpt2_slab(g, g->act.atty, l, sC), *mid = gpt2_slab(g, g->act.mid, l, sC);
+    float *ln2 = gpt2_slab(g, g->act.ln2, l, sC), *ln2m = gpt2_slab(g, g->act.ln2_mean, l, 1),
+          *ln2r = gpt2_slab(g, g->act.ln2_rstd, l, 1);
+    float *fch = gpt2_slab(g, g->act.fch, l, 4 * sC), *fcg = gpt2_slab(g, g->act.fcg, l, 4 * sC);
 
     layernorm_forward(ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C);
     linear_forward(qkv, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
@@ -484,14 +341,14 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
  * takes the log of an underflowed probability. */
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
-    const float *x = g->res + (size_t)L * g->nmax * C;
-    layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x, w + g->lay.lnf_w, w + g->lay.lnf_b,
+    const float *x = g->act.res + (size_t)L * g->nmax * C;
+    layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w, w + g->lay.lnf_b,
                       n, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->lnf, C,
-                w + g->lay.wte, C, 0.0f, g->probs, V);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->act.lnf, C,
+                w + g->lay.wte, C, 0.0f, g->act.probs, V);
     double total = 0.0;
     for (int r = 0; r < n; r++) {
-        float *p = g->probs + (size_t)r * V;
+        float *p = g->act.probs + (size_t)r * V;
         float mx = p[0];
         for (int v = 1; v < V; v++) mx = p[v] > mx ? p[v] : mx;
         float lt = g->have_targets ? p[g->targets[r]] - mx : 0.0f;
@@ -502,8 +359,8 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
         }
         float inv = 1.0f / sum;
         for (int v = 0; v < V; v++) p[v] *= inv;
-        g->losses[r] = logf(sum) - lt;
-        total += g->losses[r];
+        g->act.losses[r] = logf(sum) - lt;
+        total += g->act.losses[r];
     }
     g->loss = g->have_targets ? (float)(total / n) : NAN;
 }
@@ -518,18 +375,18 @@ static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float los
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     for (int r = 0; r < n; r++) {
-        float *p = g->probs + (size_t)r * V;
+        float *p = g->act.probs + (size_t)r * V;
         p[g->targets[r]] -= 1.0f;
         for (int v = 0; v < V; v++) p[v] *= f;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->probs, V, g->lnf, C,
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->act.probs, V, g->act.lnf, C,
                 1.0f, gr + g->lay.wte, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, g->probs, V,
-                w + g->lay.wte, C, 0.0f, g->dc, C);
-    memset(g->dres, 0, (size_t)n * C * sizeof(float));
-    const float *x = g->res + (size_t)L * g->nmax * C;
-    layernorm_backward(g->dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->dc, x,
-                       w + g->lay.lnf_w, g->lnf_mean, g->lnf_rstd, n, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, g->act.probs, V,
+                w + g->lay.wte, C, 0.0f, g->act.dc, C);
+    memset(g->act.dres, 0, (size_t)n * C * sizeof(float));
+    const float *x = g->act.res + (size_t)L * g->nmax * C;
+    layernorm_backward(g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
+                       w + g->lay.lnf_w, g->act.lnf_mean, g->act.lnf_rstd, n, C);
 }
 
 /* Reverse of gpt2_block_forward. On entry dres = d loss / d out; on exit
@@ -539,30 +396,30 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
     size_t sC = (size_t)C;
-    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
-    float *ln1 = gpt2_slab(g, g->ln1, l, sC), *ln1m = gpt2_slab(g, g->ln1_mean, l, 1),
-          *ln1r = gpt2_slab(g, g->ln1_rstd, l, 1);
-    float *qkv = gpt2_slab(g, g->qkv, l, 3 * sC);
-    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = gpt2_slab(g, g->atty, l, sC), *mid = gpt2_slab(g, g->mid, l, sC);
-    float *ln2 = gpt2_slab(g, g->ln2, l, sC), *ln2m = gpt2_slab(g, g->ln2_mean, l, 1),
-          *ln2r = gpt2_slab(g, g->ln2_rstd, l, 1);
-    float *fch = gpt2_slab(g, g->fch, l, 4 * sC), *fcg = gpt2_slab(g, g->fcg, l, 4 * sC);
+    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
+    float *ln1 = gpt2_slab(g, g->act.ln1, l, sC), *ln1m = gpt2_slab(g, g->act.ln1_mean, l, 1),
+          *ln1r = gpt2_slab(g, g->act.ln1_rstd, l, 1);
+    float *qkv = gpt2_slab(g, g->act.qkv, l, 3 * sC);
+    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = gpt2_slab(g, g->act.atty, l, sC), *mid = gpt2_slab(g, g->act.mid, l, sC);
+    float *ln2 = gpt2_slab(g, g->act.ln2, l, sC), *ln2m = gpt2_slab(g, g->act.ln2_mean, l, 1),
+          *ln2r = gpt2_slab(g, g->act.ln2_rstd, l, 1);
+    float *fch = gpt2_slab(g, g->act.fch, l, 4 * sC), *fcg = gpt2_slab(g, g->act.fcg, l, 4 * sC);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    linear_backward(g->dfc, gr + L->fc2_w, gr + L->fc2_b, g->dres, fcg, w + L->fc2_w, n, 4 * C,
+    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg, w + L->fc2_w, n, 4 * C,
                     C);
-    gelu_backward(g->dfc, fch, (size_t)n * 4 * sC);
-    linear_backward(g->dc, gr + L->fc_w, gr + L->fc_b, g->dfc, ln2, w + L->fc_w, n, C, 4 * C);
-    layernorm_backward(g->dres, gr + L->ln2_w, gr + L->ln2_b, g->dc, mid, w + L->ln2_w, ln2m,
+    gelu_backward(g->act.dfc, fch, (size_t)n * 4 * sC);
+    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w, n, C, 4 * C);
+    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid, w + L->ln2_w, ln2m,
                        ln2r, n, C);
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    linear_backward(g->dc, gr + L->proj_w, gr + L->proj_b, g->dres, atty, w + L->proj_w, n, C,
+    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty, w + L->proj_w, n, C,
                     C);
-    attention_backward(g->dqkv, g->datt, g->dc, att, qkv, B, T, C, H);
-    linear_backward(g->dc, gr + L->qkv_w, gr + L->qkv_b, g->dqkv, ln1, w + L->qkv_w, n, C,
+    attention_backward(g->act.dqkv, g->datt, g->act.dc, att, qkv, B, T, C, H);
+    linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1, w + L->qkv_w, n, C,
                     3 * C);
-    layernorm_backward(g->dres, gr + L->ln1_w, gr + L->ln1_b, g->dc, x, w + L->ln1_w, ln1m,
+    layernorm_backward(g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x, w + L->ln1_w, ln1m,
                        ln1r, n, C);
 }
 
@@ -572,7 +429,7 @@ static void gpt2_embed_backward(gpt2_cpu *g, float *gr) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
     float *dwte = gr + g->lay.wte, *dwpe = gr + g->lay.wpe;
     for (int r = 0; r < n; r++) {
-        const float *d = g->dres + (size_t)r * C;
+        const float *d = g->act.dres + (size_t)r * C;
         float *te = dwte + (size_t)g->tokens[r] * C, *pe = dwpe + (size_t)(r % T) * C;
         for (int c = 0; c < C; c++) {
             te[c] += d[c];
@@ -697,56 +554,18 @@ static const zpp_model_ops gpt2_cpu_ops = {
 
 /* ---- create ---- */
 
-/* Carves the arena: each buffer starts on a 64-byte boundary. Pass 1 (base
- * NULL) only counts; pass 2 hands out pointers. Returns 0 on overflow. */
-typedef struct arena_plan {
-    float *base;
-    size_t used; /* floats */
-    int overflow;
-} arena_plan;
-
-static float *arena_take(arena_plan *a, size_t rows, size_t width) {
-    size_t n;
-    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8 - a->used) {
-        a->overflow = 1;
-        return NULL;
-    }
-    float *p = a->base ? a->base + a->used : NULL;
-    a->used += (n + 15) / 16 * 16;
-    return p;
-}
-
-static void gpt2_plan(gpt2_cpu *g, arena_plan *a) {
-    size_t L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
-    size_t T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head, N = g->nmax;
-    size_t Bm = (size_t)g->base.max_batch, maxunit;
-    maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel : g->lay.block_numel;
-    g->tokens = (int32_t *)arena_take(a, N, 1); /* int32 fits a float slot */
-    g->targets = (int32_t *)arena_take(a, N, 1);
-    g->res = arena_take(a, (L + 1) * N, C);
-    g->ln1 = arena_take(a, L * N, C);
-    g->ln1_mean = arena_take(a, L, N);
-    g->ln1_rstd = arena_take(a, L, N);
-    g->qkv = arena_take(a, L * N, 3 * C);
-    g->att = arena_take(a, L * Bm * H, T * T);
-    g->atty = arena_take(a, L * N, C);
-    g->mid = arena_take(a, L * N, C);
-    g->ln2 = arena_take(a, L * N, C);
-    g->ln2_mean = arena_take(a, L, N);
-    g->ln2_rstd = arena_take(a, L, N);
-    g->fch = arena_take(a, L * N, 4 * C);
-    g->fcg = arena_take(a, L * N, 4 * C);
-    g->lnf = arena_take(a, N, C);
-    g->lnf_mean = arena_take(a, N, 1);
-    g->lnf_rstd = arena_take(a, N, 1);
-    g->probs = arena_take(a, N, V);
-    g->losses = arena_take(a, N, 1);
-    g->dres = arena_take(a, N, C);
-    g->dc = arena_take(a, N, C);
-    g->dqkv = arena_take(a, N, 3 * C);
-    g->dfc = arena_take(a, N, 4 * C);
-    g->datt = arena_take(a, T, T);
-    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : arena_take(a, maxunit, 1);
+/* Carves the arena (gpt2.h), each buffer on a 64-byte boundary: the shared
+ * activations, then what only this model keeps. Pass 1 (base NULL) only
+ * counts; pass 2 hands out pointers. */
+static void gpt2_plan(gpt2_cpu *g, zpp_gpt2_arena *a) {
+    size_t N = g->nmax, T = (size_t)g->cfg.seq_len;
+    size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
+                                                             : g->lay.block_numel;
+    g->tokens = (int32_t *)zpp_gpt2_arena_take(a, N, 1); /* int32 fits a float slot */
+    g->targets = (int32_t *)zpp_gpt2_arena_take(a, N, 1);
+    zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
+    g->datt = zpp_gpt2_arena_take(a, T, T);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
 }
 
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
@@ -793,7 +612,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
 
-    arena_plan plan = {NULL, 0, 0};
+    zpp_gpt2_arena plan = {NULL, 0, 16, 0};
     gpt2_plan(g, &plan);
     if (plan.overflow) {
         st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: activation memory for max_batch %d "
@@ -809,7 +628,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
         goto fail;
     }
     g->arena = arena;
-    plan = (arena_plan){g->arena, 0, 0};
+    plan = (zpp_gpt2_arena){g->arena, 0, 16, 0};
     gpt2_plan(g, &plan);
     g->loss = NAN;
     g->fwd_next = 0;

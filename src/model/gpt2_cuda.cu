@@ -389,12 +389,9 @@ struct gpt2_cuda {
     float *h_losses;   /* pinned, nmax */
     cudaEvent_t staged; /* the last copy out of h_ints has been done */
     int B, have_batch, have_targets;
-    /* activations, as gpt2_cpu.c */
-    float *res, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fcg;
-    float *lnf, *lnf_mean, *lnf_rstd, *probs, *losses;
-    /* backward scratch */
-    float *dres, *dc, *dqkv, *dfc, *datt, *dyxh, *ones;
+    zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h), as gpt2_cpu.c */
+    /* backward scratch of this model only */
+    float *datt, *dyxh, *ones;
     float *wbuf; /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
 
     float loss;
@@ -715,19 +712,19 @@ static zpp_status embed_forward(gpt2_cuda *g, const void *params) {
     case ZPP_FP32: {
         const float *p = (const float *)params;
         embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
         break;
     }
     case ZPP_BF16: {
         const __nv_bfloat16 *p = (const __nv_bfloat16 *)params;
         embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
         break;
     }
     default: {
         const __half *p = (const __half *)params;
         embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
+            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
         break;
     }
     }
@@ -743,16 +740,16 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
     size_t sC = (size_t)C;
-    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
-    float *out = g->res + (size_t)l * g->nmax * sC;
-    float *ln1 = slab(g, g->ln1, l, sC), *ln1m = slab(g, g->ln1_mean, l, 1),
-          *ln1r = slab(g, g->ln1_rstd, l, 1);
-    float *qkv = slab(g, g->qkv, l, 3 * sC);
-    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = slab(g, g->atty, l, sC), *mid = slab(g, g->mid, l, sC);
-    float *ln2 = slab(g, g->ln2, l, sC), *ln2m = slab(g, g->ln2_mean, l, 1),
-          *ln2r = slab(g, g->ln2_rstd, l, 1);
-    float *fch = slab(g, g->fch, l, 4 * sC), *fcg = slab(g, g->fcg, l, 4 * sC);
+    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
+    float *out = g->act.res + (size_t)l * g->nmax * sC;
+    float *ln1 = slab(g, g->act.ln1, l, sC), *ln1m = slab(g, g->act.ln1_mean, l, 1),
+          *ln1r = slab(g, g->act.ln1_rstd, l, 1);
+    float *qkv = slab(g, g->act.qkv, l, 3 * sC);
+    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = slab(g, g->act.atty, l, sC), *mid = slab(g, g->act.mid, l, sC);
+    float *ln2 = slab(g, g->act.ln2, l, sC), *ln2m = slab(g, g->act.ln2_mean, l, 1),
+          *ln2r = slab(g, g->act.ln2_rstd, l, 1);
+    float *fch = slab(g, g->act.fch, l, 4 * sC), *fcg = slab(g, g->act.fcg, l, 4 * sC);
 
     ZPP_CHECK(layernorm_forward(g, ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C));
     ZPP_CHECK(linear_forward(g, qkv, NULL, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C,
@@ -772,13 +769,13 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
 
 static zpp_status head_forward(gpt2_cuda *g, const float *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
-    const float *x = g->res + (size_t)L * g->nmax * C;
-    ZPP_CHECK(layernorm_forward(g, g->lnf, g->lnf_mean, g->lnf_rstd, x, w + g->lay.lnf_w,
+    const float *x = g->act.res + (size_t)L * g->nmax * C;
+    ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
                                 w + g->lay.lnf_b, n, C));
-    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->lnf, C, w + g->lay.wte, C, 0.0f, g->probs, V,
+    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, w + g->lay.wte, C, 0.0f, g->act.probs, V,
                  "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
-        g->probs, g->losses, g->have_targets ? g->d_targets : NULL, V);
+        g->act.probs, g->act.losses, g->have_targets ? g->d_targets : NULL, V);
     LAUNCH_CHECK("softmax cross-entropy");
     return ZPP_OK;
 }
@@ -788,18 +785,18 @@ static zpp_status head_forward(gpt2_cuda *g, const float *w) {
 static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
-    cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->probs,
+    cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->act.probs,
                                                                            g->d_targets, V, f);
     LAUNCH_CHECK("cross-entropy backward");
-    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->probs, V, g->lnf, C, 1.0f, gr + g->lay.wte, C,
+    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->act.probs, V, g->act.lnf, C, 1.0f, gr + g->lay.wte, C,
                  "LM head weight gradient"));
-    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->probs, V, w + g->lay.wte, C, 0.0f, g->dc, C,
+    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->act.probs, V, w + g->lay.wte, C, 0.0f, g->act.dc, C,
                  "LM head input gradient"));
-    CU_CHECK(cudaMemsetAsync(g->dres, 0, (size_t)n * C * sizeof(float), g->stream),
+    CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
-    const float *x = g->res + (size_t)L * g->nmax * C;
-    return layernorm_backward(g, g->dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->dc, x,
-                              w + g->lay.lnf_w, g->lnf_mean, g->lnf_rstd, n, C);
+    const float *x = g->act.res + (size_t)L * g->nmax * C;
+    return layernorm_backward(g, g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
+                              w + g->lay.lnf_w, g->act.lnf_mean, g->act.lnf_rstd, n, C);
 }
 
 /* Reverse of block_forward; dres = d loss / d out on entry, d loss / d x on
@@ -808,46 +805,46 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr)
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
     size_t sC = (size_t)C;
-    const float *x = g->res + (size_t)(l - 1) * g->nmax * sC;
-    float *ln1 = slab(g, g->ln1, l, sC), *ln1m = slab(g, g->ln1_mean, l, 1),
-          *ln1r = slab(g, g->ln1_rstd, l, 1);
-    float *qkv = slab(g, g->qkv, l, 3 * sC);
-    float *att = g->att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = slab(g, g->atty, l, sC), *mid = slab(g, g->mid, l, sC);
-    float *ln2 = slab(g, g->ln2, l, sC), *ln2m = slab(g, g->ln2_mean, l, 1),
-          *ln2r = slab(g, g->ln2_rstd, l, 1);
-    float *fch = slab(g, g->fch, l, 4 * sC), *fcg = slab(g, g->fcg, l, 4 * sC);
+    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
+    float *ln1 = slab(g, g->act.ln1, l, sC), *ln1m = slab(g, g->act.ln1_mean, l, 1),
+          *ln1r = slab(g, g->act.ln1_rstd, l, 1);
+    float *qkv = slab(g, g->act.qkv, l, 3 * sC);
+    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
+    float *atty = slab(g, g->act.atty, l, sC), *mid = slab(g, g->act.mid, l, sC);
+    float *ln2 = slab(g, g->act.ln2, l, sC), *ln2m = slab(g, g->act.ln2_mean, l, 1),
+          *ln2r = slab(g, g->act.ln2_rstd, l, 1);
+    float *fch = slab(g, g->act.fch, l, 4 * sC), *fcg = slab(g, g->act.fcg, l, 4 * sC);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    ZPP_CHECK(linear_backward(g, g->dfc, gr + L->fc2_w, gr + L->fc2_b, g->dres, fcg,
+    ZPP_CHECK(linear_backward(g, g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg,
                               w + L->fc2_w, n, 4 * C, C, "fc2 backward"));
     size_t n4 = (size_t)n * 4 * sC;
-    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->dfc, fch, n4);
+    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->act.dfc, fch, n4);
     LAUNCH_CHECK("gelu backward");
-    ZPP_CHECK(linear_backward(g, g->dc, gr + L->fc_w, gr + L->fc_b, g->dfc, ln2, w + L->fc_w,
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w,
                               n, C, 4 * C, "fc backward"));
-    ZPP_CHECK(layernorm_backward(g, g->dres, gr + L->ln2_w, gr + L->ln2_b, g->dc, mid,
+    ZPP_CHECK(layernorm_backward(g, g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid,
                                  w + L->ln2_w, ln2m, ln2r, n, C));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(linear_backward(g, g->dc, gr + L->proj_w, gr + L->proj_b, g->dres, atty,
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty,
                               w + L->proj_w, n, C, C, "attention projection backward"));
-    ZPP_CHECK(attention_backward(g, g->dqkv, g->dc, att, qkv));
-    ZPP_CHECK(linear_backward(g, g->dc, gr + L->qkv_w, gr + L->qkv_b, g->dqkv, ln1,
+    ZPP_CHECK(attention_backward(g, g->act.dqkv, g->act.dc, att, qkv));
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1,
                               w + L->qkv_w, n, C, 3 * C, "qkv backward"));
-    return layernorm_backward(g, g->dres, gr + L->ln1_w, gr + L->ln1_b, g->dc, x, w + L->ln1_w,
+    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x, w + L->ln1_w,
                               ln1m, ln1r, n, C);
 }
 
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
     embed_backward_wpe_kernel<<<grid_for((size_t)T * C), kThreads, 0, g->stream>>>(
-        gr + g->lay.wpe, g->dres, g->B, T, C);
+        gr + g->lay.wpe, g->act.dres, g->B, T, C);
     LAUNCH_CHECK("position embedding backward");
     unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
     if (cy > 65535u) cy = 65535u;
     dim3 grid((unsigned)g->n_seg, cy);
     embed_backward_wte_kernel<<<grid, kThreads, 0, g->stream>>>(
-        gr + g->lay.wte, g->dres, g->d_seg_tok, g->d_seg_start, g->d_pos, C);
+        gr + g->lay.wte, g->act.dres, g->d_seg_tok, g->d_seg_start, g->d_pos, C);
     LAUNCH_CHECK("token embedding backward");
     return ZPP_OK;
 }
@@ -971,7 +968,7 @@ float op_loss(zpp_model *m) {
     g->loss_pending = 0;
     if (!g->have_targets) return g->loss = NAN;
     size_t n = (size_t)g->B * g->cfg.seq_len;
-    cudaError_t e = cudaMemcpyAsync(g->h_losses, g->losses, n * sizeof(float),
+    cudaError_t e = cudaMemcpyAsync(g->h_losses, g->act.losses, n * sizeof(float),
                                     cudaMemcpyDeviceToHost, g->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
     if (e != cudaSuccess) {
@@ -1043,64 +1040,27 @@ const zpp_model_ops gpt2_cuda_ops = {
 
 /* ---- create ---- */
 
-/* Carves the arena: buffers start on 256-byte boundaries (what cuBLASLt
- * likes best). Pass 1 (base NULL) counts; pass 2 hands out pointers. */
-struct arena_plan {
-    float *base;
-    size_t used; /* floats */
-    int overflow;
-};
-
-static float *arena_take(arena_plan *a, size_t rows, size_t width) {
-    size_t n;
-    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8 - a->used) {
-        a->overflow = 1;
-        return NULL;
-    }
-    float *p = a->base ? a->base + a->used : NULL;
-    a->used += (n + 63) / 64 * 64;
-    return p;
-}
-
-static void plan(gpt2_cuda *g, arena_plan *a) {
-    size_t L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd, V = (size_t)g->cfg.vocab_size;
-    size_t T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head, N = g->nmax;
-    size_t Bm = (size_t)g->base.max_batch;
+/* Carves the arena (gpt2.h), each buffer on a 256-byte boundary (what
+ * cuBLASLt likes best): the batch's ints, the shared activations, then what
+ * only this model keeps. Pass 1 (base NULL) counts; pass 2 hands out
+ * pointers. */
+static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
+    size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head;
+    size_t N = g->nmax, Bm = (size_t)g->base.max_batch;
     size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
                                                              : g->lay.block_numel;
-    g->d_ints = (int32_t *)arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
-    g->res = arena_take(a, (L + 1) * N, C);
-    g->ln1 = arena_take(a, L * N, C);
-    g->ln1_mean = arena_take(a, L, N);
-    g->ln1_rstd = arena_take(a, L, N);
-    g->qkv = arena_take(a, L * N, 3 * C);
-    g->att = arena_take(a, L * Bm * H, T * T);
-    g->atty = arena_take(a, L * N, C);
-    g->mid = arena_take(a, L * N, C);
-    g->ln2 = arena_take(a, L * N, C);
-    g->ln2_mean = arena_take(a, L, N);
-    g->ln2_rstd = arena_take(a, L, N);
-    g->fch = arena_take(a, L * N, 4 * C);
-    g->fcg = arena_take(a, L * N, 4 * C);
-    g->lnf = arena_take(a, N, C);
-    g->lnf_mean = arena_take(a, N, 1);
-    g->lnf_rstd = arena_take(a, N, 1);
-    g->probs = arena_take(a, N, V);
-    g->losses = arena_take(a, N, 1);
-    g->dres = arena_take(a, N, C);
-    g->dc = arena_take(a, N, C);
-    g->dqkv = arena_take(a, N, 3 * C);
-    g->dfc = arena_take(a, N, 4 * C);
-    g->datt = arena_take(a, Bm * H, T * T);
-    g->dyxh = arena_take(a, N, C);
-    g->ones = arena_take(a, N, 1);
-    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : arena_take(a, maxunit, 1);
+    g->d_ints = (int32_t *)zpp_gpt2_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
+    zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
+    g->datt = zpp_gpt2_arena_take(a, Bm * H, T * T);
+    g->dyxh = zpp_gpt2_arena_take(a, N, C);
+    g->ones = zpp_gpt2_arena_take(a, N, 1);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
  * the cuBLASLt handle. On failure the caller's destroy frees what exists. */
 static zpp_status create_device_state(gpt2_cuda *g) {
-    arena_plan p = {NULL, 0, 0};
+    zpp_gpt2_arena p = {NULL, 0, 64, 0};
     plan(g, &p);
     if (p.overflow)
         return zpp_error(ZPP_ERR_NOMEM,
@@ -1115,7 +1075,7 @@ static zpp_status create_device_state(gpt2_cuda *g) {
                          p.used * sizeof(float), g->base.max_batch, g->cfg.seq_len,
                          cudaGetErrorString(e));
     g->arena = (float *)arena;
-    p = arena_plan{g->arena, 0, 0};
+    p = zpp_gpt2_arena{g->arena, 0, 64, 0};
     plan(g, &p);
     CU_CHECK(cudaMalloc(&g->workspace, kWorkspaceBytes), "create: cuBLASLt workspace");
     void *h = NULL;

@@ -1,0 +1,180 @@
+/* model/gpt2.c — what the CPU and CUDA GPT-2 share (gpt2.h): the
+ * configuration check, the parameter layout, the initial values, and the
+ * plan of the activation arena. */
+#include <math.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/random.h"
+#include "model/gpt2.h"
+
+#define GPT2_INIT_STD 0.02
+
+/* ------------------------------------------------------------------------ */
+/* Configuration, layout, initialisation                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Limits keep every BLAS dimension (C, 4C, V, B*T) inside an int and every
+ * element count inside size_t with room to spare. */
+#define GPT2_MAX_EMBD (1 << 24)
+#define GPT2_MAX_VOCAB (1 << 30)
+#define GPT2_MAX_SEQ (1 << 24)
+#define GPT2_MAX_LAYER (1 << 16)
+
+zpp_status zpp_gpt2_config_check(const zpp_gpt2_config *cfg) {
+    if (!cfg) return zpp_error(ZPP_ERR_INVALID, "gpt2: config is NULL");
+    if (cfg->n_layer < 1 || cfg->n_layer > GPT2_MAX_LAYER)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_layer %d is out of range; use 1..%d",
+                         cfg->n_layer, GPT2_MAX_LAYER);
+    if (cfg->n_embd < 1 || cfg->n_embd > GPT2_MAX_EMBD)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: n_embd %d is out of range; use 1..%d",
+                         cfg->n_embd, GPT2_MAX_EMBD);
+    if (cfg->n_head < 1 || cfg->n_embd % cfg->n_head != 0)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "gpt2: n_head %d must be positive and divide n_embd %d",
+                         cfg->n_head, cfg->n_embd);
+    if (cfg->seq_len < 1 || cfg->seq_len > GPT2_MAX_SEQ)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: seq_len %d is out of range; use 1..%d",
+                         cfg->seq_len, GPT2_MAX_SEQ);
+    if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
+        return zpp_error(ZPP_ERR_CONFIG, "gpt2: vocab_size %d is out of range; use 1..%d",
+                         cfg->vocab_size, GPT2_MAX_VOCAB);
+    return ZPP_OK;
+}
+
+void zpp_gpt2_layout_make(const zpp_gpt2_config *cfg, zpp_gpt2_layout *layout_p) {
+    size_t C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size, T = (size_t)cfg->seq_len;
+    zpp_gpt2_layout l;
+    size_t o = 0;
+    l.wte = o;    o += V * C;
+    l.wpe = o;    o += T * C;
+    l.lnf_w = o;  o += C;
+    l.lnf_b = o;  o += C;
+    l.embed_numel = o;
+    o = 0;
+    l.ln1_w = o;  o += C;
+    l.ln1_b = o;  o += C;
+    l.qkv_w = o;  o += 3 * C * C;
+    l.qkv_b = o;  o += 3 * C;
+    l.proj_w = o; o += C * C;
+    l.proj_b = o; o += C;
+    l.ln2_w = o;  o += C;
+    l.ln2_b = o;  o += C;
+    l.fc_w = o;   o += 4 * C * C;
+    l.fc_b = o;   o += 4 * C;
+    l.fc2_w = o;  o += 4 * C * C;
+    l.fc2_b = o;  o += C;
+    l.block_numel = o; /* 12 C^2 + 13 C */
+    *layout_p = l;
+}
+
+size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit) {
+    zpp_gpt2_layout l;
+    zpp_gpt2_layout_make(cfg, &l);
+    return unit == 0 ? l.embed_numel : l.block_numel;
+}
+
+/* A standard normal that depends only on (seed, unit, index).
+ *
+ * Each unit gets its own key; the two uniforms of element i are the
+ * splitmix64 stream of that key at positions 2i+1 and 2i+2. Box-Muller then
+ * maps two independent U(0,1] to one N(0,1):
+ *     z = sqrt(-2 ln u1) cos(2 pi u2)
+ * u1 is never 0 (the +1 below), so the log is finite; |z| <= sqrt(2 ln 2^53)
+ * ~ 8.6. Evaluated in double and rounded once to fp32. */
+static double gpt2_normal(uint64_t seed, int unit, size_t index) {
+    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
+    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
+    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
+    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1) */
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *l, int unit,
+                          size_t i, uint64_t seed) {
+    double std = 0.0, one = 0.0;
+    if (unit == 0) {
+        if (i < l->lnf_w) std = GPT2_INIT_STD;          /* wte, wpe */
+        else if (i < l->lnf_b) one = 1.0;               /* lnf_w */
+    } else {
+        double resid_std = GPT2_INIT_STD / sqrt(2.0 * cfg->n_layer);
+        if (i < l->ln1_b) one = 1.0;                    /* ln1_w */
+        else if (i < l->qkv_w) {}                       /* ln1_b */
+        else if (i < l->qkv_b) std = GPT2_INIT_STD;     /* qkv_w */
+        else if (i < l->proj_w) {}                      /* qkv_b */
+        else if (i < l->proj_b) std = resid_std;        /* proj_w */
+        else if (i < l->ln2_w) {}                       /* proj_b */
+        else if (i < l->ln2_b) one = 1.0;               /* ln2_w */
+        else if (i < l->fc_w) {}                        /* ln2_b */
+        else if (i < l->fc_b) std = GPT2_INIT_STD;      /* fc_w */
+        else if (i < l->fc2_w) {}                       /* fc_b */
+        else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
+    }
+    if (std == 0.0) return (float)one;
+    return (float)(std * gpt2_normal(seed, unit, i));
+}
+
+zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
+                              size_t count, float *out, uint64_t seed) {
+    ZPP_CHECK(zpp_gpt2_config_check(cfg));
+    if (unit < 0 || unit > cfg->n_layer)
+        return zpp_error(ZPP_ERR_INVALID, "gpt2 init: unit %d does not exist; use 0..%d",
+                         unit, cfg->n_layer);
+    zpp_gpt2_layout l;
+    zpp_gpt2_layout_make(cfg, &l);
+    size_t numel = unit == 0 ? l.embed_numel : l.block_numel;
+    if (offset > numel || count > numel - offset)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 init: elements [%zu, %zu + %zu) exceed unit %d of %zu elements",
+                         offset, offset, count, unit, numel);
+    if (count && !out) return zpp_error(ZPP_ERR_INVALID, "gpt2 init: out is NULL");
+    for (size_t k = 0; k < count; k++)
+        out[k] = zpp_gpt2_init_value(cfg, &l, unit, offset + k, seed);
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The activation arena                                                      */
+/* ------------------------------------------------------------------------ */
+
+float *zpp_gpt2_arena_take(zpp_gpt2_arena *a, size_t rows, size_t width) {
+    size_t n;
+    if (a->overflow || __builtin_mul_overflow(rows, width, &n) ||
+        n > SIZE_MAX / 8 - a->used) {
+        a->overflow = 1;
+        return NULL;
+    }
+    float *p = a->base ? a->base + a->used : NULL;
+    a->used += (n + a->align - 1) / a->align * a->align;
+    return p;
+}
+
+void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_arena *a,
+                        zpp_gpt2_acts *x) {
+    size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
+    size_t T = (size_t)cfg->seq_len, H = (size_t)cfg->n_head, Bm = (size_t)max_batch;
+    size_t N = Bm * T;
+    x->res = zpp_gpt2_arena_take(a, (L + 1) * N, C);
+    x->ln1 = zpp_gpt2_arena_take(a, L * N, C);
+    x->ln1_mean = zpp_gpt2_arena_take(a, L, N);
+    x->ln1_rstd = zpp_gpt2_arena_take(a, L, N);
+    x->qkv = zpp_gpt2_arena_take(a, L * N, 3 * C);
+    x->att = zpp_gpt2_arena_take(a, L * Bm * H, T * T);
+    x->atty = zpp_gpt2_arena_take(a, L * N, C);
+    x->mid = zpp_gpt2_arena_take(a, L * N, C);
+    x->ln2 = zpp_gpt2_arena_take(a, L * N, C);
+    x->ln2_mean = zpp_gpt2_arena_take(a, L, N);
+    x->ln2_rstd = zpp_gpt2_arena_take(a, L, N);
+    x->fch = zpp_gpt2_arena_take(a, L * N, 4 * C);
+    x->fcg = zpp_gpt2_arena_take(a, L * N, 4 * C);
+    x->lnf = zpp_gpt2_arena_take(a, N, C);
+    x->lnf_mean = zpp_gpt2_arena_take(a, N, 1);
+    x->lnf_rstd = zpp_gpt2_arena_take(a, N, 1);
+    x->probs = zpp_gpt2_arena_take(a, N, V);
+    x->losses = zpp_gpt2_arena_take(a, N, 1);
+    x->dres = zpp_gpt2_arena_take(a, N, C);
+    x->dc = zpp_gpt2_arena_take(a, N, C);
+    x->dqkv = zpp_gpt2_arena_take(a, N, 3 * C);
+    x->dfc = zpp_gpt2_arena_take(a, N, 4 * C);
+}
