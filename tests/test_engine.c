@@ -98,4 +98,44 @@ static void test_step_volumes_by_mode(void) {
     EXPECT(r > 0.25 && r < 0.3, "qgZ reduce ratio %g", r);
 }
 
-ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode))
+/* Which units a step gathers, by their bytes (ZeRO-3, bf16): the forward
+ * gathers every stage's unit (unit 0 twice: embedding, then head); the
+ * backward gathers the blocks only. The head's unit is still there from the
+ * forward, and the embedding stage's backward reads no parameters, so unit
+ * 0 (the largest: the vocabulary's embeddings) is not gathered again. */
+static void test_backward_skips_param_free_stages(void) {
+    fixture f;
+    setup(&f, 0, 0, 0);
+    const zpp_model *m = f.model;
+    EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
+    for (int s = 1; s < m->n_stages; s++) EXPECT(m->bwd_reads_params[s] == 1, "stage %d", s);
+    float loss;
+    zpp_step_stats st;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+    zpp_volume want;
+    memset(&want, 0, sizeof want);
+    const zpp_coll_opts co = zpp_coll_opts_default();
+    const zpp_topo *t = f.topo;
+    for (int s = 0; s < m->n_stages; s++) {
+        zpp_partition p = zpp_partition_make(m->unit_numel[m->stage_unit[s]], t);
+        zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE, ZPP_BF16, &co,
+                        ZPP_PHASE_FWD_GATHER);
+        /* backward: blocks only (the head's unit stays from the forward) */
+        if (s >= 1 && s <= m->n_stages - 2)
+            zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE, ZPP_BF16,
+                            &co, ZPP_PHASE_BWD_GATHER);
+    }
+    const zpp_phase ph[2] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER};
+    for (int k = 0; k < 2; k++)
+        EXPECT(st.volume.cross_node_bytes[ph[k]] == want.cross_node_bytes[ph[k]] &&
+                   st.volume.intra_node_bytes[ph[k]] == want.intra_node_bytes[ph[k]],
+               "%s: %.0f + %.0f bytes, expected %.0f + %.0f", zpp_phase_name(ph[k]),
+               st.volume.cross_node_bytes[ph[k]], st.volume.intra_node_bytes[ph[k]],
+               want.cross_node_bytes[ph[k]], want.intra_node_bytes[ph[k]]);
+    teardown(&f);
+}
+
+ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
+          ZPP_TEST(test_backward_skips_param_free_stages))

@@ -341,19 +341,27 @@ static zpp_status forward(zpp_engine *e, float *loss_p) {
     return ZPP_OK;
 }
 
+/* Does stage s's backward read its unit's parameters? (GPT-2's embedding
+ * stage does not: its unit, the largest, is then not gathered again.) */
+static int bwd_reads(const zpp_model *m, int s) {
+    return !m->bwd_reads_params || m->bwd_reads_params[s];
+}
+
 static zpp_status backward(zpp_engine *e, float loss_scale) {
     zpp_model *m = e->model;
     for (int s = m->n_stages - 1; s >= 0; s--) {
         int ui = m->stage_unit[s];
         unit_state *u = &e->units[ui];
-        ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_BWD_GATHER));
-        if (s > 0) ZPP_CHECK(gather_start(e, m->stage_unit[s - 1], ZPP_PHASE_BWD_GATHER));
+        const int reads = bwd_reads(m, s);
+        if (reads) ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_BWD_GATHER));
+        if (s > 0 && bwd_reads(m, s - 1))
+            ZPP_CHECK(gather_start(e, m->stage_unit[s - 1], ZPP_PHASE_BWD_GATHER));
         if (!u->grad_full) {
             ZPP_CHECK(pool_get(&e->pool, (void **)&u->grad_full));
             ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_full,
                                     u->part.padded * sizeof(float)));
         }
-        ZPP_CHECK(m->ops->backward(m, s, u->full, u->grad_full, loss_scale));
+        ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
         if (s == u->first_stage) {
             ZPP_CHECK(release(e, ui));
             ZPP_CHECK(reduce_start(e, ui));

@@ -5,7 +5,8 @@
  *   forward   for each stage s: gather its unit (prefetching the next
  *             stage's unit while s computes) -> model forward -> release
  *   backward  for each stage s, in reverse: gather (hpZ: from the secondary
- *             shard inside the node) -> model backward into the unit's fp32
+ *             shard inside the node; nothing when the model says the stage's
+ *             backward reads no parameters) -> model backward into the unit's fp32
  *             full gradient -> after the unit's last backward stage, start
  *             its reduction (ZeRO-3 reduce-scatter or qgZ) and add the
  *             averaged shard into the fp32 shard gradient

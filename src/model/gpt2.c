@@ -3,6 +3,7 @@
  * plan of the activation arena. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "core/error.h"
 #include "core/random.h"
@@ -132,6 +133,31 @@ zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offse
     for (size_t k = 0; k < count; k++)
         out[k] = zpp_gpt2_init_value(cfg, &l, unit, offset + k, seed);
     return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s) {
+    int L = cfg->n_layer;
+    s->unit_numel = calloc((size_t)L + 1, sizeof *s->unit_numel);
+    s->stage_unit = calloc((size_t)L + 2, sizeof *s->stage_unit);
+    s->bwd_reads_params = calloc((size_t)L + 2, 1);
+    if (!s->unit_numel || !s->stage_unit || !s->bwd_reads_params) {
+        zpp_gpt2_stages_free(s);
+        return zpp_error(ZPP_ERR_NOMEM, "gpt2: out of host memory");
+    }
+    for (int u = 0; u <= L; u++) s->unit_numel[u] = zpp_gpt2_unit_numel(cfg, u);
+    for (int l = 1; l <= L; l++) s->stage_unit[l] = l;
+    s->stage_unit[0] = s->stage_unit[L + 1] = 0;
+    for (int k = 1; k <= L + 1; k++) s->bwd_reads_params[k] = 1;
+    return ZPP_OK;
+}
+
+void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
+    free(s->unit_numel);
+    free(s->stage_unit);
+    free(s->bwd_reads_params);
+    s->unit_numel = NULL;
+    s->stage_unit = NULL;
+    s->bwd_reads_params = NULL;
 }
 
 /* ------------------------------------------------------------------------ */

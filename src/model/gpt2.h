@@ -85,6 +85,20 @@ float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *lay
 zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
                               size_t count, float *out, uint64_t seed);
 
+/* The units and stages of the zpp_model interface (see the top):
+ * unit_numel[L+1], stage_unit[L+2], and bwd_reads_params[L+2], which is 0
+ * for stage 0 only (the embedding's backward scatters row gradients and
+ * reads no parameters). zpp_gpt2_stages_make allocates them (ZPP_ERR_NOMEM
+ * leaves nothing allocated); zpp_gpt2_stages_free frees them. */
+typedef struct zpp_gpt2_stages {
+    size_t *unit_numel;
+    int *stage_unit;
+    unsigned char *bwd_reads_params;
+} zpp_gpt2_stages;
+
+zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s);
+void zpp_gpt2_stages_free(zpp_gpt2_stages *s);
+
 /* The activations both models keep for the backward, and their backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
  * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */

@@ -59,8 +59,7 @@ typedef struct gpt2_cpu {
     zpp_model base; /* first, so a zpp_model* is a gpt2_cpu* */
     zpp_gpt2_config cfg;
     zpp_gpt2_layout lay;
-    size_t *unit_numel;
-    int *stage_unit;
+    zpp_gpt2_stages stages;
     size_t nmax; /* max_batch * T: row stride of per-layer activations */
 
     float *arena;
@@ -283,7 +282,7 @@ static void gpt2_to_f32(float *dst, const void *src, zpp_dtype dtype, size_t off
  * whole unit converted into wbuf. */
 static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
     if (g->base.param_dtype == ZPP_FP32) return (const float *)params;
-    gpt2_to_f32(g->wbuf, params, g->base.param_dtype, 0, g->unit_numel[unit]);
+    gpt2_to_f32(g->wbuf, params, g->base.param_dtype, 0, g->stages.unit_numel[unit]);
     return g->wbuf;
 }
 
@@ -538,8 +537,7 @@ static void gpt2_op_destroy(zpp_model *m) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     if (!g) return;
     zpp_mem_free(ZPP_MEM_HOST, g->arena);
-    free(g->stage_unit);
-    free(g->unit_numel);
+    zpp_gpt2_stages_free(&g->stages);
     free(g);
 }
 
@@ -587,25 +585,17 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     int L = cfg->n_layer;
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
-    g->unit_numel = calloc((size_t)L + 1, sizeof *g->unit_numel);
-    g->stage_unit = calloc((size_t)L + 2, sizeof *g->stage_unit);
-    if (!g->unit_numel || !g->stage_unit) {
-        st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: out of host memory");
-        goto fail;
-    }
-    g->unit_numel[0] = g->lay.embed_numel;
-    for (int l = 1; l <= L; l++) g->unit_numel[l] = g->lay.block_numel;
-    g->stage_unit[0] = 0;
-    for (int l = 1; l <= L; l++) g->stage_unit[l] = l;
-    g->stage_unit[L + 1] = 0;
+    st = zpp_gpt2_stages_make(cfg, &g->stages);
+    if (st != ZPP_OK) goto fail;
 
     g->base.ops = &gpt2_cpu_ops;
     g->base.mem = ZPP_MEM_HOST;
     g->base.param_dtype = param_dtype;
     g->base.n_units = L + 1;
-    g->base.unit_numel = g->unit_numel;
+    g->base.unit_numel = g->stages.unit_numel;
     g->base.n_stages = L + 2;
-    g->base.stage_unit = g->stage_unit;
+    g->base.stage_unit = g->stages.stage_unit;
+    g->base.bwd_reads_params = g->stages.bwd_reads_params;
     g->base.seq_len = cfg->seq_len;
     g->base.vocab_size = cfg->vocab_size;
     g->base.max_batch = max_batch;
@@ -637,8 +627,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     return ZPP_OK;
 
 fail:
-    free(g->stage_unit);
-    free(g->unit_numel);
+    zpp_gpt2_stages_free(&g->stages);
     free(g);
     return st;
 }

@@ -369,8 +369,7 @@ struct gpt2_cuda {
     zpp_model base; /* first, so a zpp_model* is a gpt2_cuda* */
     zpp_gpt2_config cfg;
     zpp_gpt2_layout lay;
-    size_t *unit_numel;
-    int *stage_unit;
+    zpp_gpt2_stages stages;
     size_t nmax; /* max_batch * T */
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -685,7 +684,7 @@ static zpp_status attention_backward(gpt2_cuda *g, float *dqkv, const float *dy,
 /* The unit's parameters as fp32: the caller's buffer for fp32, else the
  * whole unit widened into wbuf (one kernel). */
 static zpp_status params_f32(gpt2_cuda *g, int unit, const void *params, const float **w_p) {
-    size_t n = g->unit_numel[unit];
+    size_t n = g->stages.unit_numel[unit];
     switch (g->base.param_dtype) {
     case ZPP_FP32: *w_p = (const float *)params; return ZPP_OK;
     case ZPP_BF16:
@@ -1029,8 +1028,7 @@ void op_destroy(zpp_model *m) {
     if (g->h_ints) (void)cudaFreeHost(g->h_ints);
     free(g->h_count);
     free(g->cache);
-    free(g->stage_unit);
-    free(g->unit_numel);
+    zpp_gpt2_stages_free(&g->stages);
     free(g);
 }
 
@@ -1120,26 +1118,21 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
     g->stream = (cudaStream_t)stream;
-    g->unit_numel = (size_t *)calloc((size_t)L + 1, sizeof *g->unit_numel);
-    g->stage_unit = (int *)calloc((size_t)L + 2, sizeof *g->stage_unit);
     g->cache = (gemm_entry *)calloc(kGemmCache, sizeof *g->cache);
     g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);
-    if (!g->unit_numel || !g->stage_unit || !g->cache || !g->h_count) {
+    if (!g->cache || !g->h_count || zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {
         op_destroy(&g->base);
         return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     }
-    for (int u = 0; u <= L; u++) g->unit_numel[u] = zpp_gpt2_unit_numel(cfg, u);
-    g->stage_unit[0] = 0;
-    for (int l = 1; l <= L; l++) g->stage_unit[l] = l;
-    g->stage_unit[L + 1] = 0;
 
     g->base.ops = &gpt2_cuda_ops;
     g->base.mem = ZPP_MEM_DEVICE;
     g->base.param_dtype = param_dtype;
     g->base.n_units = L + 1;
-    g->base.unit_numel = g->unit_numel;
+    g->base.unit_numel = g->stages.unit_numel;
     g->base.n_stages = L + 2;
-    g->base.stage_unit = g->stage_unit;
+    g->base.stage_unit = g->stages.stage_unit;
+    g->base.bwd_reads_params = g->stages.bwd_reads_params;
     g->base.seq_len = cfg->seq_len;
     g->base.vocab_size = cfg->vocab_size;
     g->base.max_batch = max_batch;

@@ -54,6 +54,9 @@ struct zpp_model {
     const size_t *unit_numel; /* elements per unit */
     int n_stages;
     const int *stage_unit;    /* unit used by each stage */
+    /* Per stage: 1 if its backward reads the unit's parameters, 0 if it
+     * needs none (the engine then gathers nothing for it and passes NULL). */
+    const unsigned char *bwd_reads_params;
     int seq_len;              /* T */
     int vocab_size;
     int max_batch;            /* B the activations were sized for */
