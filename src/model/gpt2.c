@@ -1,6 +1,6 @@
 /* model/gpt2.c — what the CPU and CUDA GPT-2 share (gpt2.h): the
- * configuration check, the parameter layout, the initial values, and the
- * plan of the activation arena. */
+ * configuration check, the parameter layout, the initial values, the units
+ * and stages, and the plan of the activation arena. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

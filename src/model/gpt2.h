@@ -33,8 +33,9 @@
  *
  * Stages: 0 = embedding (unit 0), 1..L = blocks (unit l), L+1 = final
  * LayerNorm + LM head + loss (unit 0 again). The backward of stage 0 (the
- * scatter of row gradients into wte / wpe) reads no parameters: the CPU
- * model accepts params == NULL there, so an engine may skip that gather.
+ * scatter of row gradients into wte / wpe) reads no parameters: both models
+ * accept params == NULL there and say so in bwd_reads_params, and the
+ * engine skips that gather.
  *
  * Initialisation (GPT-2 / llm.c): weights N(0, 0.02^2), except proj_w and
  * fc2_w (the matrices that write into the residual stream) whose std is
