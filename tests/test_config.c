@@ -47,6 +47,7 @@ static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
            a->zero.quantized_weights == b->zero.quantized_weights &&
            a->zero.hpz_partition_size == b->zero.hpz_partition_size &&
            a->zero.quantized_gradients == b->zero.quantized_gradients &&
+           a->zero.max_reuse_distance == b->zero.max_reuse_distance &&
            a->model.n_layer == b->model.n_layer && a->model.n_head == b->model.n_head &&
            a->model.n_embd == b->model.n_embd && a->model.seq_len == b->model.seq_len &&
            a->model.vocab_size == b->model.vocab_size && a->train_steps == b->train_steps &&
@@ -80,6 +81,7 @@ static void test_defaults_valid(void) {
            cfg.model.seq_len == 64 && cfg.model.vocab_size == 256);
     EXPECT(cfg.zero.stage == 3 && cfg.zero.hpz_partition_size == 1 &&
            !cfg.zero.quantized_weights && !cfg.zero.quantized_gradients);
+    EXPECT(cfg.zero.max_reuse_distance == 1000000000, "DeepSpeed's default reuse distance");
     EXPECT(cfg.scheduler.type == ZPP_SCHED_NONE && cfg.ignored[0] == '\0');
     /* An empty object changes nothing. */
     zpp_train_config same = cfg;
@@ -116,6 +118,7 @@ static void test_every_key_parsed(void) {
         int steps = irand(&r, 1, 100000), ev = irand(&r, 0, 1000), eb = irand(&r, 1, 64);
         long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
         int linear = irand(&r, 0, 1);
+        long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         char json[4096];
         snprintf(json, sizeof json,
                  "{\n"
@@ -135,7 +138,8 @@ static void test_every_key_parsed(void) {
                  "  \"fp16\": {\"enabled\": false, \"loss_scale\": 0},\n"
                  "  \"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": %s,\n"
                  "      \"zero_hpz_partition_size\": %d, \"zero_quantized_gradients\": %s,\n"
-                 "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8},\n"
+                 "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
+                 "      \"stage3_max_reuse_distance\": %lld},\n"
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
@@ -144,7 +148,7 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb);
+                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -160,7 +164,8 @@ static void test_every_key_parsed(void) {
                cfg.scheduler.warmup_min_ratio == wmr && cfg.scheduler.cos_min_ratio == cmr &&
                cfg.scheduler.warmup_type == (linear ? ZPP_WARMUP_LINEAR : ZPP_WARMUP_LOG));
         EXPECT(cfg.bf16 == bf16 && cfg.zero.stage == 3 && cfg.zero.quantized_weights == qw &&
-               cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg);
+               cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
+               cfg.zero.max_reuse_distance == reuse);
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab);
@@ -322,6 +327,10 @@ static void test_validation_errors(void) {
                       "'gradient_clipping' must be >= 0");
     expect_load_fails("{\"zero_optimization\": {\"zero_hpz_partition_size\": 0}}", ZPP_ERR_CONFIG,
                       "'zero_optimization.zero_hpz_partition_size' is 0");
+    expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": -1}}",
+                      ZPP_ERR_CONFIG, "'zero_optimization.stage3_max_reuse_distance' is -1");
+    expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": 1.5}}",
+                      ZPP_ERR_CONFIG, "must be an integer");
     expect_load_fails("{\"zeropp\": {\"eval_batches\": 0}}", ZPP_ERR_CONFIG,
                       "'zeropp.eval_batches' is 0");
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "

@@ -3,6 +3,7 @@
  * with 1-rank training is tested end to end in test_train.c.) */
 #include <math.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +17,8 @@ typedef struct fixture {
     int32_t tokens[2 * 16], targets[2 * 16];
 } fixture;
 
-static void setup(fixture *f, int qwz, int hpz, int qgz) {
+/* reuse: the engine's max_reuse_distance (SIZE_MAX: the default) */
+static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
@@ -28,6 +30,7 @@ static void setup(fixture *f, int qwz, int hpz, int qgz) {
     eo.gather = qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
     eo.reduce = qgz ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
+    if (reuse != SIZE_MAX) eo.max_reuse_distance = reuse;
     EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, NULL, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
@@ -35,6 +38,10 @@ static void setup(fixture *f, int qwz, int hpz, int qgz) {
         f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
     }
     EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+}
+
+static void setup(fixture *f, int qwz, int hpz, int qgz) {
+    setup_reuse(f, qwz, hpz, qgz, SIZE_MAX);
 }
 
 static void teardown(fixture *f) {
@@ -98,44 +105,58 @@ static void test_step_volumes_by_mode(void) {
     EXPECT(r > 0.25 && r < 0.3, "qgZ reduce ratio %g", r);
 }
 
-/* Which units a step gathers, by their bytes (ZeRO-3, bf16): the forward
- * gathers every stage's unit (unit 0 twice: embedding, then head); the
- * backward gathers the blocks only. The head's unit is still there from the
- * forward, and the embedding stage's backward reads no parameters, so unit
- * 0 (the largest: the vocabulary's embeddings) is not gathered again. */
-static void test_backward_skips_param_free_stages(void) {
-    fixture f;
-    setup(&f, 0, 0, 0);
-    const zpp_model *m = f.model;
-    EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
-    for (int s = 1; s < m->n_stages; s++) EXPECT(m->bwd_reads_params[s] == 1, "stage %d", s);
-    float loss;
-    zpp_step_stats st;
-    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
-    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
-    zpp_volume want;
-    memset(&want, 0, sizeof want);
-    const zpp_coll_opts co = zpp_coll_opts_default();
-    const zpp_topo *t = f.topo;
-    for (int s = 0; s < m->n_stages; s++) {
-        zpp_partition p = zpp_partition_make(m->unit_numel[m->stage_unit[s]], t);
-        zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE, ZPP_BF16, &co,
-                        ZPP_PHASE_FWD_GATHER);
-        /* backward: blocks only (the head's unit stays from the forward) */
-        if (s >= 1 && s <= m->n_stages - 2)
-            zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE, ZPP_BF16,
-                            &co, ZPP_PHASE_BWD_GATHER);
-    }
+/* Which units a step gathers, by their bytes (ZeRO-3, bf16; GPT-2 stages:
+ * embedding = unit 0, blocks = units 1..L, head = unit 0 again).
+ * - Forward: every stage's unit, except that with the default reuse
+ *   distance (DeepSpeed's 1e9 parameters) unit 0 stays gathered from the
+ *   embedding to the head; with distance 0 it is gathered twice. A distance
+ *   just below the blocks' size in between releases it too.
+ * - Backward: the blocks only. The head's unit is still there from the
+ *   forward, and the embedding stage's backward reads no parameters, so
+ *   unit 0 (the largest) is not gathered again. */
+static void test_gathers_follow_reuse_and_param_free_stages(void) {
     const zpp_phase ph[2] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER};
-    for (int k = 0; k < 2; k++)
-        EXPECT(st.volume.cross_node_bytes[ph[k]] == want.cross_node_bytes[ph[k]] &&
-                   st.volume.intra_node_bytes[ph[k]] == want.intra_node_bytes[ph[k]],
-               "%s: %.0f + %.0f bytes, expected %.0f + %.0f", zpp_phase_name(ph[k]),
-               st.volume.cross_node_bytes[ph[k]], st.volume.intra_node_bytes[ph[k]],
-               want.cross_node_bytes[ph[k]], want.intra_node_bytes[ph[k]]);
-    teardown(&f);
+    for (int variant = 0; variant < 3; variant++) {
+        fixture f;
+        setup_reuse(&f, 0, 0, 0, 0); /* to read the model's shape */
+        const zpp_model *m0 = f.model;
+        const int S = m0->n_stages, L = S - 2;
+        const size_t blocks = (size_t)L * m0->unit_numel[1];
+        teardown(&f);
+        const size_t reuse[3] = {SIZE_MAX, 0, blocks - 1};
+        const int unit0_twice = variant > 0;
+        setup_reuse(&f, 0, 0, 0, reuse[variant]);
+        const zpp_model *m = f.model;
+        EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
+        for (int s = 1; s < S; s++) EXPECT(m->bwd_reads_params[s] == 1, "stage %d", s);
+        float loss;
+        zpp_step_stats st;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        zpp_volume want;
+        memset(&want, 0, sizeof want);
+        const zpp_coll_opts co = zpp_coll_opts_default();
+        const zpp_topo *t = f.topo;
+        for (int s = 0; s < S; s++) {
+            zpp_partition p = zpp_partition_make(m->unit_numel[m->stage_unit[s]], t);
+            if (s < S - 1 || unit0_twice)
+                zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE,
+                                ZPP_BF16, &co, ZPP_PHASE_FWD_GATHER);
+            if (s >= 1 && s <= L)
+                zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE,
+                                ZPP_BF16, &co, ZPP_PHASE_BWD_GATHER);
+        }
+        for (int k = 0; k < 2; k++)
+            EXPECT(st.volume.cross_node_bytes[ph[k]] == want.cross_node_bytes[ph[k]] &&
+                       st.volume.intra_node_bytes[ph[k]] == want.intra_node_bytes[ph[k]],
+                   "reuse variant %d, %s: %.0f + %.0f bytes, expected %.0f + %.0f", variant,
+                   zpp_phase_name(ph[k]), st.volume.cross_node_bytes[ph[k]],
+                   st.volume.intra_node_bytes[ph[k]], want.cross_node_bytes[ph[k]],
+                   want.intra_node_bytes[ph[k]]);
+        teardown(&f);
+    }
 }
 
 ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
-          ZPP_TEST(test_backward_skips_param_free_stages))
+          ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages))

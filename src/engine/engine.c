@@ -98,6 +98,7 @@ zpp_engine_opts zpp_engine_opts_default(void) {
     o.eps = 1e-8f;
     o.weight_decay = 0.0f;
     o.grad_clip = 1.0f;
+    o.max_reuse_distance = 1000000000; /* DeepSpeed's default */
     o.seed = 1234;
     o.coll.weight_spec = zpp_quant_spec_default(8);
     o.coll.grad_spec = zpp_quant_spec_default(4);
@@ -324,6 +325,32 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
 
 /* ---- Forward and backward -------------------------------------------------- */
 
+/* Does stage s's backward read its unit's parameters? (GPT-2's embedding
+ * stage does not: its unit, the largest, is then not gathered again.) */
+static int bwd_reads(const zpp_model *m, int s) {
+    return !m->bwd_reads_params || m->bwd_reads_params[s];
+}
+
+/* Whether stage s's unit should stay gathered for a later stage of the same
+ * pass (dir +1: forward, -1: backward), DeepSpeed's reuse rule: yes when
+ * that stage comes before max_reuse_distance parameters of other units have
+ * been gathered in between. Stages that read no parameters neither use the
+ * unit nor count. GPT-2's unit 0 (embeddings, tied to the head) thus stays
+ * from the embedding stage to the head instead of being gathered twice. */
+static int reused_soon(const zpp_engine *e, int s, int dir) {
+    const zpp_model *m = e->model;
+    const int ui = m->stage_unit[s];
+    size_t between = 0;
+    for (int t = s + dir; t >= 0 && t < m->n_stages; t += dir) {
+        if (dir < 0 && !bwd_reads(m, t)) continue;
+        const int ut = m->stage_unit[t];
+        if (ut == ui) return 1;
+        between += m->unit_numel[ut];
+        if (between > e->opts.max_reuse_distance) return 0;
+    }
+    return 0;
+}
+
 static zpp_status forward(zpp_engine *e, float *loss_p) {
     zpp_model *m = e->model;
     const int S = m->n_stages;
@@ -333,18 +360,12 @@ static zpp_status forward(zpp_engine *e, float *loss_p) {
         /* Prefetch: the next stage's unit travels while this one computes. */
         if (s + 1 < S) ZPP_CHECK(gather_start(e, m->stage_unit[s + 1], ZPP_PHASE_FWD_GATHER));
         ZPP_CHECK(m->ops->forward(m, s, e->units[ui].full));
-        /* Release unless the next stage (or, for the last one, the first
-         * backward stage) uses the same unit. */
-        if (s + 1 < S && m->stage_unit[s + 1] != ui) ZPP_CHECK(release(e, ui));
+        /* Release unless a later stage reuses the unit soon; the last
+         * stage's unit stays for the first backward stage. */
+        if (s + 1 < S && !reused_soon(e, s, +1)) ZPP_CHECK(release(e, ui));
     }
     *loss_p = m->ops->loss(m);
     return ZPP_OK;
-}
-
-/* Does stage s's backward read its unit's parameters? (GPT-2's embedding
- * stage does not: its unit, the largest, is then not gathered again.) */
-static int bwd_reads(const zpp_model *m, int s) {
-    return !m->bwd_reads_params || m->bwd_reads_params[s];
 }
 
 static zpp_status backward(zpp_engine *e, float loss_scale) {
@@ -365,7 +386,7 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
         if (s == u->first_stage) {
             ZPP_CHECK(release(e, ui));
             ZPP_CHECK(reduce_start(e, ui));
-        } else if (s > 0 && m->stage_unit[s - 1] != ui) {
+        } else if (!reused_soon(e, s, -1)) {
             ZPP_CHECK(release(e, ui));
         }
     }

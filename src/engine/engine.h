@@ -33,6 +33,11 @@ typedef struct zpp_engine_opts {
     zpp_dtype work_dtype;    /* dtype of gathered weights and reduced grads */
     float beta1, beta2, eps, weight_decay;
     float grad_clip;         /* max global norm; 0 = off */
+    /* A unit stays gathered after a stage when a later stage of the same pass
+     * uses it again within this many parameters of other units (DeepSpeed's
+     * stage3_max_reuse_distance); 0 releases it after every stage that is
+     * not followed by its own unit. */
+    size_t max_reuse_distance;
     uint64_t seed;           /* parameter initialisation */
     zpp_coll_opts coll;      /* quantization specs */
 } zpp_engine_opts;

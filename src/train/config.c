@@ -54,6 +54,7 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
     cfg->zero.quantized_weights = 0;
     cfg->zero.hpz_partition_size = 1;
     cfg->zero.quantized_gradients = 0;
+    cfg->zero.max_reuse_distance = 1000000000; /* DeepSpeed's default, 1e9 */
     /* A GPT small enough to train on a laptop CPU in a demo, over bytes. */
     cfg->model.n_layer = 2;
     cfg->model.n_head = 4;
@@ -386,7 +387,6 @@ static zpp_status zpp__parse_zero(const zpp__cfgctx *c, const cJSON *obj) {
                                          "stage3_prefetch_bucket_size",
                                          "stage3_param_persistence_threshold",
                                          "stage3_max_live_parameters",
-                                         "stage3_max_reuse_distance",
                                          "stage3_gather_16bit_weights_on_model_save",
                                          NULL};
     ZPP_CHECK(zpp__want_object(c, obj, "zero_optimization"));
@@ -410,12 +410,15 @@ static zpp_status zpp__parse_zero(const zpp__cfgctx *c, const cJSON *obj) {
             ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->zero.hpz_partition_size));
         } else if (strcmp(k, "zero_quantized_gradients") == 0) {
             ZPP_CHECK(zpp__get_bool(c, it, path, &cfg->zero.quantized_gradients));
+        } else if (strcmp(k, "stage3_max_reuse_distance") == 0) {
+            ZPP_CHECK(zpp__get_int(c, it, path, 0, 1LL << 53, &cfg->zero.max_reuse_distance));
         } else if (zpp__in_list(k, tuning)) {
             zpp__note_ignored(cfg, path);
         } else {
             return zpp__unknown(c, path,
                                 "stage, zero_quantized_weights, zero_hpz_partition_size, "
-                                "zero_quantized_gradients (and DeepSpeed tuning knobs)");
+                                "zero_quantized_gradients, stage3_max_reuse_distance (and "
+                                "DeepSpeed tuning knobs)");
         }
     }
     return ZPP_OK;

@@ -37,6 +37,10 @@
  *                                                              ranks per node (also the emulated
  *                                                              node size); 1 = off
  *  zero_optimization.zero_quantized_gradients bool    false    qgZ
+ *  zero_optimization.stage3_max_reuse_distance int    1e9      keep a gathered unit when it is used
+ *                                                              again within this many parameters of
+ *                                                              other units (DeepSpeed's meaning);
+ *                                                              0 = release after every use
  *  --- zeropp extensions (no DeepSpeed equivalent) ---
  *  model.n_layer / n_head / n_embd          int       2/4/64   n_embd % n_head == 0
  *  model.seq_len                            int       64       T, tokens per sequence
@@ -52,8 +56,7 @@
  * contiguous_gradients, reduce_bucket_size, allgather_bucket_size,
  * reduce_scatter, allgather_partitions, sub_group_size,
  * stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
- * stage3_max_live_parameters, stage3_max_reuse_distance,
- * stage3_gather_16bit_weights_on_model_save. Any other key is an error.
+ * stage3_max_live_parameters, stage3_gather_16bit_weights_on_model_save. Any other key is an error.
  *
  * LEARNING RATE at 0-based optimizer step s (s = 0 is the first update;
  * W = warmup_num_steps, N = total_num_steps or zeropp.train_steps if 0):
@@ -133,6 +136,7 @@ typedef struct zpp_train_config {
         int quantized_weights;    /* qwZ */
         int hpz_partition_size;   /* hpZ node size; 1 = off */
         int quantized_gradients;  /* qgZ */
+        long long max_reuse_distance; /* stage3_max_reuse_distance, parameters */
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size */

@@ -152,6 +152,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.eps = (float)c->optimizer.eps;
     eo.weight_decay = (float)c->optimizer.weight_decay;
     eo.grad_clip = (float)c->gradient_clipping;
+    eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.seed = c->seed;
     ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->stream, &t->engine));
 
