@@ -56,7 +56,8 @@
  * contiguous_gradients, reduce_bucket_size, allgather_bucket_size,
  * reduce_scatter, allgather_partitions, sub_group_size,
  * stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
- * stage3_max_live_parameters, stage3_gather_16bit_weights_on_model_save. Any other key is an error.
+ * stage3_max_live_parameters, stage3_gather_16bit_weights_on_model_save.
+ * Any other key is an error.
  *
  * LEARNING RATE at 0-based optimizer step s (s = 0 is the first update;
  * W = warmup_num_steps, N = total_num_steps or zeropp.train_steps if 0):
