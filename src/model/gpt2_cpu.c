@@ -341,8 +341,8 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w, w + g->lay.lnf_b,
-                      n, C);
+    layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
+                      w + g->lay.lnf_b, n, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->act.lnf, C,
                 w + g->lay.wte, C, 0.0f, g->act.probs, V);
     double total = 0.0;
@@ -378,8 +378,8 @@ static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float los
         p[g->targets[r]] -= 1.0f;
         for (int v = 0; v < V; v++) p[v] *= f;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->act.probs, V, g->act.lnf, C,
-                1.0f, gr + g->lay.wte, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->act.probs, V, g->act.lnf,
+                C, 1.0f, gr + g->lay.wte, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, g->act.probs, V,
                 w + g->lay.wte, C, 0.0f, g->act.dc, C);
     memset(g->act.dres, 0, (size_t)n * C * sizeof(float));
@@ -406,15 +406,16 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     float *fch = gpt2_slab(g, g->act.fch, l, 4 * sC), *fcg = gpt2_slab(g, g->act.fcg, l, 4 * sC);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg, w + L->fc2_w, n, 4 * C,
-                    C);
+    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg, w + L->fc2_w, n,
+                    4 * C, C);
     gelu_backward(g->act.dfc, fch, (size_t)n * 4 * sC);
-    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w, n, C, 4 * C);
-    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid, w + L->ln2_w, ln2m,
-                       ln2r, n, C);
+    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w, n, C,
+                    4 * C);
+    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid, w + L->ln2_w,
+                       ln2m, ln2r, n, C);
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty, w + L->proj_w, n, C,
-                    C);
+    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty, w + L->proj_w, n,
+                    C, C);
     attention_backward(g->act.dqkv, g->datt, g->act.dc, att, qkv, B, T, C, H);
     linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1, w + L->qkv_w, n, C,
                     3 * C);

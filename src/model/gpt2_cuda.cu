@@ -769,8 +769,8 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
 static zpp_status head_forward(gpt2_cuda *g, const float *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
-                                w + g->lay.lnf_b, n, C));
+    ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x,
+                                w + g->lay.lnf_w, w + g->lay.lnf_b, n, C));
     ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, w + g->lay.wte, C, 0.0f, g->act.probs, V,
                  "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
@@ -820,8 +820,8 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr)
     size_t n4 = (size_t)n * 4 * sC;
     gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->act.dfc, fch, n4);
     LAUNCH_CHECK("gelu backward");
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w,
-                              n, C, 4 * C, "fc backward"));
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2,
+                              w + L->fc_w, n, C, 4 * C, "fc backward"));
     ZPP_CHECK(layernorm_backward(g, g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid,
                                  w + L->ln2_w, ln2m, ln2r, n, C));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
@@ -830,8 +830,8 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr)
     ZPP_CHECK(attention_backward(g, g->act.dqkv, g->act.dc, att, qkv));
     ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1,
                               w + L->qkv_w, n, C, 3 * C, "qkv backward"));
-    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x, w + L->ln1_w,
-                              ln1m, ln1r, n, C);
+    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x,
+                              w + L->ln1_w, ln1m, ln1r, n, C);
 }
 
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
