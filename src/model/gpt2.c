@@ -161,6 +161,73 @@ void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* The call protocol                                                         */
+/* ------------------------------------------------------------------------ */
+
+zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
+                                const int32_t *targets, int B, const char *who) {
+    int T = m->seq_len, V = m->vocab_size;
+    if (B < 1 || B > m->max_batch)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s set_batch: batch %d is outside 1..%d (the max_batch the model "
+                         "was created for)", who, B, m->max_batch);
+    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "%s set_batch: tokens is NULL", who);
+    size_t n = (size_t)B * T;
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "%s set_batch: token %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             who, (int)tokens[i], i, i / T, i % T, V - 1);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "%s set_batch: target %d at position %zu (sequence %zu, "
+                             "offset %zu) is outside the vocabulary 0..%d",
+                             who, (int)targets[i], i, i / T, i % T, V - 1);
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
+                                  const void *params, const char *who) {
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID, "%s forward: stage %d does not exist; use 0..%d",
+                         who, stage, S - 1);
+    if (!c->have_batch)
+        return zpp_error(ZPP_ERR_STATE, "%s forward: no batch; call set_batch first", who);
+    if (stage != 0 && stage != c->fwd_next)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s forward: stage %d out of order (expected %d); run the stages "
+                         "0..%d in order", who, stage, c->fwd_next, S - 1);
+    if (!params) return zpp_error(ZPP_ERR_INVALID, "%s forward: params is NULL", who);
+    return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
+                                   const void *params, const float *grads, const char *who) {
+    int S = m->n_stages;
+    if (stage < 0 || stage >= S)
+        return zpp_error(ZPP_ERR_INVALID, "%s backward: stage %d does not exist; use 0..%d",
+                         who, stage, S - 1);
+    if (stage != c->bwd_next || c->bwd_next < 0)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s backward: stage %d out of order (expected %d); run forward "
+                         "through stage %d, then backward from %d down to 0", who, stage,
+                         c->bwd_next, S - 1, S - 1);
+    if (stage == S - 1 && !c->have_targets)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s backward: the batch has no targets; pass targets to set_batch",
+                         who);
+    /* Stage 0's backward (the embedding scatter) reads no parameters, so
+     * params may be NULL there (bwd_reads_params): the engine skips that
+     * gather. */
+    if ((!params && m->bwd_reads_params[stage]) || !grads)
+        return zpp_error(ZPP_ERR_INVALID, "%s backward: params or grads is NULL", who);
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The activation arena                                                      */
 /* ------------------------------------------------------------------------ */
 

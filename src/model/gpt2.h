@@ -100,6 +100,27 @@ typedef struct zpp_gpt2_stages {
 zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s);
 void zpp_gpt2_stages_free(zpp_gpt2_stages *s);
 
+/* The order of calls both models enforce (model.h): set_batch, then the
+ * forward of stages 0..S-1 in order, then the backward of S-1..0. */
+typedef struct zpp_gpt2_calls {
+    int B, have_batch, have_targets;
+    int fwd_next; /* the forward stage expected next (any forward may restart at 0) */
+    int bwd_next; /* the backward stage expected next; -1: none until a full forward */
+} zpp_gpt2_calls;
+
+/* The checks of set_batch, forward and backward, the same for both models;
+ * `who` names the model in the messages ("gpt2", "gpt2 cuda"). Batch: B in
+ * 1..max_batch, every token and target inside the vocabulary. Forward: the
+ * stage exists, a batch is set, the order holds, params given. Backward:
+ * the stage exists and comes in order, targets for the last stage, params
+ * (except for stage 0, whose backward reads none) and grads given. */
+zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
+                                const int32_t *targets, int B, const char *who);
+zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
+                                  const void *params, const char *who);
+zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
+                                   const void *params, const float *grads, const char *who);
+
 /* The activations both models keep for the backward, and their backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
  * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */

@@ -65,14 +65,12 @@ typedef struct gpt2_cpu {
     float *arena;
     /* batch */
     int32_t *tokens, *targets;
-    int B, have_batch, have_targets;
+    zpp_gpt2_calls calls; /* gpt2.h */
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
 
     float loss;
-    int fwd_next; /* the stage forward expects next (n_stages: done) */
-    int bwd_next; /* the stage backward expects next (-1: none) */
 } gpt2_cpu;
 
 /* ---- building blocks (all on the first n rows) ---- */
@@ -291,7 +289,7 @@ static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
 /* Reads only the rows it needs (B*T token rows and T position rows) in the
  * working dtype, so a bf16 wte of V x C is not converted for this stage. */
 static void gpt2_embed_forward(gpt2_cpu *g, const void *params) {
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     zpp_dtype dt = g->base.param_dtype;
     float *pe = g->act.dc; /* scratch: one position row */
     for (int r = 0; r < n; r++) {
@@ -309,7 +307,7 @@ static float *gpt2_slab(const gpt2_cpu *g, float *base, int l, size_t width) {
 
 static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->calls.B, n = B * T;
     size_t sC = (size_t)C;
     const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
     float *out = g->act.res + (size_t)l * g->nmax * sC;
@@ -339,7 +337,7 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
  * log(sum exp(l - max)) - (l[target] - max), which neither overflows nor
  * takes the log of an underflowed probability. */
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
                       w + g->lay.lnf_b, n, C);
@@ -350,7 +348,7 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
         float *p = g->act.probs + (size_t)r * V;
         float mx = p[0];
         for (int v = 1; v < V; v++) mx = p[v] > mx ? p[v] : mx;
-        float lt = g->have_targets ? p[g->targets[r]] - mx : 0.0f;
+        float lt = g->calls.have_targets ? p[g->targets[r]] - mx : 0.0f;
         float sum = 0.0f;
         for (int v = 0; v < V; v++) {
             p[v] = expf(p[v] - mx);
@@ -361,7 +359,7 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
         g->act.losses[r] = logf(sum) - lt;
         total += g->act.losses[r];
     }
-    g->loss = g->have_targets ? (float)(total / n) : NAN;
+    g->loss = g->calls.have_targets ? (float)(total / n) : NAN;
 }
 
 /* d loss_i / d logits_i = softmax_i - onehot(target_i); the mean over n
@@ -371,7 +369,7 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
  *   d lnf   = dlogits wte          (n x V)(V x C)
  * and the final LayerNorm's backward starts dres. */
 static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float loss_scale) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     for (int r = 0; r < n; r++) {
         float *p = g->act.probs + (size_t)r * V;
@@ -393,7 +391,7 @@ static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float los
  * the branch's input gradient is added to it. */
 static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->B, n = B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->calls.B, n = B * T;
     size_t sC = (size_t)C;
     const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
     float *ln1 = gpt2_slab(g, g->act.ln1, l, sC), *ln1m = gpt2_slab(g, g->act.ln1_mean, l, 1),
@@ -426,7 +424,7 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
 /* x0 = wte[token] + wpe[t]: each row's gradient goes to its token's and its
  * position's rows. Rows in order, so repeated tokens add deterministically. */
 static void gpt2_embed_backward(gpt2_cpu *g, float *gr) {
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     float *dwte = gr + g->lay.wte, *dwpe = gr + g->lay.wpe;
     for (int r = 0; r < n; r++) {
         const float *d = g->act.dres + (size_t)r * C;
@@ -449,32 +447,15 @@ static zpp_status gpt2_op_init_params(zpp_model *m, int unit, size_t offset, siz
 static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets,
                                     int B) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    int T = g->cfg.seq_len, V = g->cfg.vocab_size;
-    if (B < 1 || B > m->max_batch)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 set_batch: batch %d is outside 1..%d (the max_batch the model "
-                         "was created for)", B, m->max_batch);
-    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "gpt2 set_batch: tokens is NULL");
-    size_t n = (size_t)B * T;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return zpp_error(ZPP_ERR_INVALID,
-                             "gpt2 set_batch: token %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             (int)tokens[i], i, i / T, i % T, V - 1);
-        if (targets && (targets[i] < 0 || targets[i] >= V))
-            return zpp_error(ZPP_ERR_INVALID,
-                             "gpt2 set_batch: target %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             (int)targets[i], i, i / T, i % T, V - 1);
-    }
+    ZPP_CHECK(zpp_gpt2_check_batch(m, tokens, targets, B, "gpt2"));
+    size_t n = (size_t)B * g->cfg.seq_len;
     memcpy(g->tokens, tokens, n * sizeof(int32_t));
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
-    g->B = B;
-    g->have_batch = 1;
-    g->have_targets = targets != NULL;
-    g->fwd_next = 0;
-    g->bwd_next = -1;
+    g->calls.B = B;
+    g->calls.have_batch = 1;
+    g->calls.have_targets = targets != NULL;
+    g->calls.fwd_next = 0;
+    g->calls.bwd_next = -1;
     g->loss = NAN;
     return ZPP_OK;
 }
@@ -482,27 +463,18 @@ static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const i
 static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 forward: stage %d does not exist; use 0..%d",
-                         stage, S - 1);
-    if (!g->have_batch)
-        return zpp_error(ZPP_ERR_STATE, "gpt2 forward: no batch; call set_batch first");
-    if (stage != 0 && stage != g->fwd_next)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 forward: stage %d out of order (expected %d); run the "
-                         "stages 0..%d in order", stage, g->fwd_next, S - 1);
-    if (!params) return zpp_error(ZPP_ERR_INVALID, "gpt2 forward: params is NULL");
-    g->bwd_next = -1;
+    ZPP_CHECK(zpp_gpt2_check_forward(m, &g->calls, stage, params, "gpt2"));
+    g->calls.bwd_next = -1;
     if (stage == 0) {
         g->loss = NAN;
         gpt2_embed_forward(g, params);
     } else if (stage == S - 1) {
         gpt2_head_forward(g, gpt2_params_f32(g, 0, params));
-        g->bwd_next = S - 1;
+        g->calls.bwd_next = S - 1;
     } else {
         gpt2_block_forward(g, stage, gpt2_params_f32(g, stage, params));
     }
-    g->fwd_next = stage + 1;
+    g->calls.fwd_next = stage + 1;
     return ZPP_OK;
 }
 
@@ -512,25 +484,11 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
                                    float loss_scale) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 backward: stage %d does not exist; use 0..%d",
-                         stage, S - 1);
-    if (stage != g->bwd_next || g->bwd_next < 0)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 backward: stage %d out of order (expected %d); run forward "
-                         "through stage %d, then backward from %d down to 0", stage,
-                         g->bwd_next, S - 1, S - 1);
-    if (stage == S - 1 && !g->have_targets)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 backward: the batch has no targets; pass targets to set_batch");
-    /* Stage 0's backward (the embedding scatter) reads no parameters, so
-     * params may be NULL there: an engine need not gather unit 0 for it. */
-    if ((!params && stage != 0) || !grads)
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 backward: params or grads is NULL");
+    ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2"));
     if (stage == S - 1) gpt2_head_backward(g, gpt2_params_f32(g, 0, params), grads, loss_scale);
     else if (stage == 0) gpt2_embed_backward(g, grads); /* needs no parameters */
     else gpt2_block_backward(g, stage, gpt2_params_f32(g, stage, params), grads);
-    g->bwd_next = stage - 1;
+    g->calls.bwd_next = stage - 1;
     return ZPP_OK;
 }
 
@@ -622,8 +580,8 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     plan = (zpp_gpt2_arena){g->arena, 0, 16, 0};
     gpt2_plan(g, &plan);
     g->loss = NAN;
-    g->fwd_next = 0;
-    g->bwd_next = -1;
+    g->calls.fwd_next = 0;
+    g->calls.bwd_next = -1;
     *model_p = &g->base;
     return ZPP_OK;
 

@@ -387,7 +387,7 @@ struct gpt2_cuda {
     int32_t *h_count;  /* V counters for the counting sort */
     float *h_losses;   /* pinned, nmax */
     cudaEvent_t staged; /* the last copy out of h_ints has been done */
-    int B, have_batch, have_targets;
+    zpp_gpt2_calls calls; /* gpt2.h */
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h), as gpt2_cpu.c */
     /* backward scratch of this model only */
     float *datt, *dyxh, *ones;
@@ -395,7 +395,6 @@ struct gpt2_cuda {
 
     float loss;
     int loss_pending; /* losses are on the device, not yet summed */
-    int fwd_next, bwd_next;
 };
 
 /* ---- error plumbing ---- */
@@ -585,7 +584,7 @@ struct attn_operand {
 static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
                             attn_operand A, attn_operand B, float *C, int64_t ldc, int64_t C_sb,
                             int64_t C_sh, const char *what) {
-    int nb = g->B, nh = g->cfg.n_head;
+    int nb = g->calls.B, nh = g->cfg.n_head;
     if (nb <= nh) {
         for (int b = 0; b < nb; b++)
             ZPP_CHECK(gemm(g, ta, tb, M, N, K, alpha, A.p + b * A.sb, A.ld, A.sh, B.p + b * B.sb,
@@ -648,7 +647,7 @@ static zpp_status attention_forward(gpt2_cuda *g, float *y, float *att, const fl
     attn_operand Q = {qkv, C3, T * C3, hs}, K = {qkv + C, C3, T * C3, hs};
     attn_operand Vv = {qkv + 2 * C, C3, T * C3, hs}, P = {att, T, H * TT, TT};
     ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, scale, Q, K, att, T, H * TT, TT, "attention Q K^T"));
-    size_t rows = (size_t)g->B * H * T;
+    size_t rows = (size_t)g->calls.B * H * T;
     causal_softmax_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(att, rows, T);
     LAUNCH_CHECK("attention softmax");
     return attn_gemm(g, 0, 0, T, hs, T, 1.0f, P, Vv, y, C, (int64_t)T * C, hs, "attention P V");
@@ -667,7 +666,7 @@ static zpp_status attention_backward(gpt2_cuda *g, float *dqkv, const float *dy,
     attn_operand dY = {dy, C, TC, hs}, dS = {g->datt, T, H * TT, TT};
     ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, 1.0f, dY, Vv, g->datt, T, H * TT, TT,
                         "attention backward dY V^T"));
-    size_t rows = (size_t)g->B * H * T;
+    size_t rows = (size_t)g->calls.B * H * T;
     causal_softmax_backward_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(g->datt, att,
                                                                                 rows, T);
     LAUNCH_CHECK("attention softmax backward");
@@ -705,7 +704,7 @@ static zpp_status params_f32(gpt2_cuda *g, int unit, const void *params, const f
 
 static zpp_status embed_forward(gpt2_cuda *g, const void *params) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
-    size_t n = (size_t)g->B * T;
+    size_t n = (size_t)g->calls.B * T;
     unsigned grid = grid_for(n * C);
     switch (g->base.param_dtype) {
     case ZPP_FP32: {
@@ -737,7 +736,7 @@ static float *slab(const gpt2_cuda *g, float *base, int l, size_t width) {
 
 static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->calls.B * T;
     size_t sC = (size_t)C;
     const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
     float *out = g->act.res + (size_t)l * g->nmax * sC;
@@ -767,14 +766,14 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
 }
 
 static zpp_status head_forward(gpt2_cuda *g, const float *w) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x,
                                 w + g->lay.lnf_w, w + g->lay.lnf_b, n, C));
     ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, w + g->lay.wte, C, 0.0f, g->act.probs, V,
                  "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
-        g->act.probs, g->act.losses, g->have_targets ? g->d_targets : NULL, V);
+        g->act.probs, g->act.losses, g->calls.have_targets ? g->d_targets : NULL, V);
     LAUNCH_CHECK("softmax cross-entropy");
     return ZPP_OK;
 }
@@ -782,7 +781,7 @@ static zpp_status head_forward(gpt2_cuda *g, const float *w) {
 /* d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte, and the
  * final LayerNorm's backward starts dres. */
 static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float loss_scale) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->act.probs,
                                                                            g->d_targets, V, f);
@@ -802,7 +801,7 @@ static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float l
  * exit (residual adds pass it through, branches add theirs). */
 static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->calls.B * T;
     size_t sC = (size_t)C;
     const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
     float *ln1 = slab(g, g->act.ln1, l, sC), *ln1m = slab(g, g->act.ln1_mean, l, 1),
@@ -837,7 +836,7 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr)
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
     embed_backward_wpe_kernel<<<grid_for((size_t)T * C), kThreads, 0, g->stream>>>(
-        gr + g->lay.wpe, g->act.dres, g->B, T, C);
+        gr + g->lay.wpe, g->act.dres, g->calls.B, T, C);
     LAUNCH_CHECK("position embedding backward");
     unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
     if (cy > 65535u) cy = 65535u;
@@ -860,24 +859,8 @@ zpp_status op_init_params(zpp_model *m, int unit, size_t offset, size_t count, f
 zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets, int B) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int T = g->cfg.seq_len, V = g->cfg.vocab_size;
-    if (B < 1 || B > m->max_batch)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda set_batch: batch %d is outside 1..%d (the max_batch the "
-                         "model was created for)", B, m->max_batch);
-    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda set_batch: tokens is NULL");
+    ZPP_CHECK(zpp_gpt2_check_batch(m, tokens, targets, B, "gpt2 cuda"));
     size_t n = (size_t)B * T;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return zpp_error(ZPP_ERR_INVALID,
-                             "gpt2 cuda set_batch: token %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             (int)tokens[i], i, i / T, i % T, V - 1);
-        if (targets && (targets[i] < 0 || targets[i] >= V))
-            return zpp_error(ZPP_ERR_INVALID,
-                             "gpt2 cuda set_batch: target %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             (int)targets[i], i, i / T, i % T, V - 1);
-    }
     /* The previous batch's copy must have left the staging buffer. */
     CU_CHECK(cudaEventSynchronize(g->staged), "set_batch: wait for the previous batch copy");
 
@@ -916,11 +899,11 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
     g->d_seg_start = g->d_seg_tok + k;
     g->d_pos = g->d_seg_start + k + 1;
     g->n_seg = k;
-    g->B = B;
-    g->have_batch = 1;
-    g->have_targets = targets != NULL;
-    g->fwd_next = 0;
-    g->bwd_next = -1;
+    g->calls.B = B;
+    g->calls.have_batch = 1;
+    g->calls.have_targets = targets != NULL;
+    g->calls.fwd_next = 0;
+    g->calls.bwd_next = -1;
     g->loss = NAN;
     g->loss_pending = 0;
     return ZPP_OK;
@@ -929,18 +912,9 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
 zpp_status op_forward(zpp_model *m, int stage, const void *params) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda forward: stage %d does not exist; use 0..%d", stage, S - 1);
-    if (!g->have_batch)
-        return zpp_error(ZPP_ERR_STATE, "gpt2 cuda forward: no batch; call set_batch first");
-    if (stage != 0 && stage != g->fwd_next)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 cuda forward: stage %d out of order (expected %d); run the "
-                         "stages 0..%d in order", stage, g->fwd_next, S - 1);
-    if (!params) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda forward: params is NULL");
+    ZPP_CHECK(zpp_gpt2_check_forward(m, &g->calls, stage, params, "gpt2 cuda"));
     ZPP_CHECK(check_device_ptr(params, "forward", "params"));
-    g->bwd_next = -1;
+    g->calls.bwd_next = -1;
     g->loss_pending = 0;
     const float *w = NULL;
     if (stage == 0) {
@@ -950,12 +924,12 @@ zpp_status op_forward(zpp_model *m, int stage, const void *params) {
         ZPP_CHECK(params_f32(g, 0, params, &w));
         ZPP_CHECK(head_forward(g, w));
         g->loss_pending = 1;
-        g->bwd_next = S - 1;
+        g->calls.bwd_next = S - 1;
     } else {
         ZPP_CHECK(params_f32(g, stage, params, &w));
         ZPP_CHECK(block_forward(g, stage, w));
     }
-    g->fwd_next = stage + 1;
+    g->calls.fwd_next = stage + 1;
     return ZPP_OK;
 }
 
@@ -965,8 +939,8 @@ float op_loss(zpp_model *m) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     if (!g->loss_pending) return g->loss;
     g->loss_pending = 0;
-    if (!g->have_targets) return g->loss = NAN;
-    size_t n = (size_t)g->B * g->cfg.seq_len;
+    if (!g->calls.have_targets) return g->loss = NAN;
+    size_t n = (size_t)g->calls.B * g->cfg.seq_len;
     cudaError_t e = cudaMemcpyAsync(g->h_losses, g->act.losses, n * sizeof(float),
                                     cudaMemcpyDeviceToHost, g->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
@@ -984,21 +958,7 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
                        float loss_scale) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda backward: stage %d does not exist; use 0..%d", stage, S - 1);
-    if (stage != g->bwd_next || g->bwd_next < 0)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 cuda backward: stage %d out of order (expected %d); run forward "
-                         "through stage %d, then backward from %d down to 0", stage,
-                         g->bwd_next, S - 1, S - 1);
-    if (stage == S - 1 && !g->have_targets)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 cuda backward: the batch has no targets; pass targets to "
-                         "set_batch");
-    /* Stage 0's backward (the embedding scatter) reads no parameters. */
-    if ((!params && stage != 0) || !grads)
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda backward: params or grads is NULL");
+    ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2 cuda"));
     if (params) ZPP_CHECK(check_device_ptr(params, "backward", "params"));
     ZPP_CHECK(check_device_ptr(grads, "backward", "grads"));
     const float *w = NULL;
@@ -1011,7 +971,7 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
         ZPP_CHECK(params_f32(g, stage, params, &w));
         ZPP_CHECK(block_backward(g, stage, w, grads));
     }
-    g->bwd_next = stage - 1;
+    g->calls.bwd_next = stage - 1;
     return ZPP_OK;
 }
 
@@ -1139,8 +1099,8 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
     g->loss = NAN;
-    g->fwd_next = 0;
-    g->bwd_next = -1;
+    g->calls.fwd_next = 0;
+    g->calls.bwd_next = -1;
 
     st = create_device_state(g);
     if (st != ZPP_OK) {
