@@ -160,6 +160,33 @@ void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
     s->bwd_reads_params = NULL;
 }
 
+zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                 int max_batch, const char *who) {
+    ZPP_CHECK(zpp_gpt2_config_check(cfg));
+    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s create: param dtype %d is not a dtype; use fp32, bf16 or fp16",
+                         who, (int)param_dtype);
+    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s create: max_batch %d is out of range; use 1..%d for seq_len %d",
+                         who, max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
+    return ZPP_OK;
+}
+
+void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                        int max_batch, const zpp_gpt2_stages *s) {
+    base->param_dtype = param_dtype;
+    base->n_units = cfg->n_layer + 1;
+    base->unit_numel = s->unit_numel;
+    base->n_stages = cfg->n_layer + 2;
+    base->stage_unit = s->stage_unit;
+    base->bwd_reads_params = s->bwd_reads_params;
+    base->seq_len = cfg->seq_len;
+    base->vocab_size = cfg->vocab_size;
+    base->max_batch = max_batch;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The call protocol                                                         */
 /* ------------------------------------------------------------------------ */

@@ -100,6 +100,15 @@ typedef struct zpp_gpt2_stages {
 zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s);
 void zpp_gpt2_stages_free(zpp_gpt2_stages *s);
 
+/* What both models' create do alike: check the config, the dtype (fp32,
+ * bf16 or fp16) and max_batch (1..INT32_MAX / seq_len), naming `who` in
+ * the messages; and fill every field of a zpp_model but ops, mem and impl
+ * (the stages must outlive the model). */
+zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                 int max_batch, const char *who);
+void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                        int max_batch, const zpp_gpt2_stages *s);
+
 /* The order of calls both models enforce (model.h): set_batch, then the
  * forward of stages 0..S-1 in order, then the backward of S-1..0. */
 typedef struct zpp_gpt2_calls {

@@ -529,35 +529,18 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
                                int max_batch, zpp_model **model_p) {
     zpp_status st = ZPP_OK;
     if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 create: model_p is NULL");
-    ZPP_CHECK(zpp_gpt2_config_check(cfg));
-    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 create: param dtype %d is not a dtype; use fp32, bf16 or fp16",
-                         (int)param_dtype);
-    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 create: max_batch %d is out of range; use 1..%d for seq_len %d",
-                         max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
+    ZPP_CHECK(zpp_gpt2_create_check(cfg, param_dtype, max_batch, "gpt2"));
 
     gpt2_cpu *g = calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 create: out of host memory");
-    int L = cfg->n_layer;
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
     st = zpp_gpt2_stages_make(cfg, &g->stages);
     if (st != ZPP_OK) goto fail;
 
+    zpp_gpt2_base_fill(&g->base, cfg, param_dtype, max_batch, &g->stages);
     g->base.ops = &gpt2_cpu_ops;
     g->base.mem = ZPP_MEM_HOST;
-    g->base.param_dtype = param_dtype;
-    g->base.n_units = L + 1;
-    g->base.unit_numel = g->stages.unit_numel;
-    g->base.n_stages = L + 2;
-    g->base.stage_unit = g->stages.stage_unit;
-    g->base.bwd_reads_params = g->stages.bwd_reads_params;
-    g->base.seq_len = cfg->seq_len;
-    g->base.vocab_size = cfg->vocab_size;
-    g->base.max_batch = max_batch;
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
 

@@ -1055,15 +1055,7 @@ static zpp_status create_device_state(gpt2_cuda *g) {
 extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                            int max_batch, void *stream, zpp_model **model_p) {
     if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda create: model_p is NULL");
-    ZPP_CHECK(zpp_gpt2_config_check(cfg));
-    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda create: param dtype %d is not a dtype; use fp32, bf16 or "
-                         "fp16", (int)param_dtype);
-    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda create: max_batch %d is out of range; use 1..%d for "
-                         "seq_len %d", max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
+    ZPP_CHECK(zpp_gpt2_create_check(cfg, param_dtype, max_batch, "gpt2 cuda"));
     /* The int32 staging holds 5 N + 1 entries: keep positions and offsets
      * inside int32. */
     if ((int64_t)max_batch * cfg->seq_len > (INT32_MAX - 1) / 5)
@@ -1074,7 +1066,6 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     gpt2_cuda *g = (gpt2_cuda *)calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     zpp_status st = ZPP_OK;
-    int L = cfg->n_layer;
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
     g->stream = (cudaStream_t)stream;
@@ -1085,17 +1076,9 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
         return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     }
 
+    zpp_gpt2_base_fill(&g->base, cfg, param_dtype, max_batch, &g->stages);
     g->base.ops = &gpt2_cuda_ops;
     g->base.mem = ZPP_MEM_DEVICE;
-    g->base.param_dtype = param_dtype;
-    g->base.n_units = L + 1;
-    g->base.unit_numel = g->stages.unit_numel;
-    g->base.n_stages = L + 2;
-    g->base.stage_unit = g->stages.stage_unit;
-    g->base.bwd_reads_params = g->stages.bwd_reads_params;
-    g->base.seq_len = cfg->seq_len;
-    g->base.vocab_size = cfg->vocab_size;
-    g->base.max_batch = max_batch;
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
     g->loss = NAN;
