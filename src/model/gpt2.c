@@ -298,3 +298,25 @@ void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_aren
     x->dqkv = zpp_gpt2_arena_take(a, N, 3 * C);
     x->dfc = zpp_gpt2_arena_take(a, N, 4 * C);
 }
+
+zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
+                                 int max_batch, int l) {
+    const size_t C = (size_t)cfg->n_embd, T = (size_t)cfg->seq_len, H = (size_t)cfg->n_head;
+    const size_t N = (size_t)max_batch * T, k = (size_t)(l - 1); /* slab of block l */
+    zpp_gpt2_layer y;
+    y.x = a->res + k * N * C;
+    y.out = a->res + (k + 1) * N * C;
+    y.ln1 = a->ln1 + k * N * C;
+    y.ln1m = a->ln1_mean + k * N;
+    y.ln1r = a->ln1_rstd + k * N;
+    y.qkv = a->qkv + k * N * 3 * C;
+    y.att = a->att + k * (size_t)max_batch * H * T * T;
+    y.atty = a->atty + k * N * C;
+    y.mid = a->mid + k * N * C;
+    y.ln2 = a->ln2 + k * N * C;
+    y.ln2m = a->ln2_mean + k * N;
+    y.ln2r = a->ln2_rstd + k * N;
+    y.fch = a->fch + k * N * 4 * C;
+    y.fcg = a->fcg + k * N * 4 * C;
+    return y;
+}

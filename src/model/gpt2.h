@@ -152,6 +152,18 @@ typedef struct zpp_gpt2_acts {
     float *dfc;                       /* N x 4C */
 } zpp_gpt2_acts;
 
+/* Block l's (1..n_layer) slices of the activations, as both models index
+ * them: its input and output on the residual stream and what its backward
+ * needs (LayerNorm means and reciprocal deviations as ln1m/ln1r, ln2m/ln2r). */
+typedef struct zpp_gpt2_layer {
+    const float *x; /* res[l-1] */
+    float *out;     /* res[l] */
+    float *ln1, *ln1m, *ln1r, *qkv, *att, *atty, *mid, *ln2, *ln2m, *ln2r, *fch, *fcg;
+} zpp_gpt2_layer;
+
+zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
+                                 int max_batch, int l);
+
 /* A bump allocator over one block of floats, run twice: with base NULL it
  * only counts (used), then over the block it hands out the same pointers.
  * Every buffer starts on a multiple of `align` floats. A size that

@@ -300,36 +300,22 @@ static void gpt2_embed_forward(gpt2_cpu *g, const void *params) {
     }
 }
 
-/* Slab of per-layer activation `base` for block l (1..L), `width` floats a row. */
-static float *gpt2_slab(const gpt2_cpu *g, float *base, int l, size_t width) {
-    return base + (size_t)(l - 1) * g->nmax * width;
-}
-
 static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->calls.B, n = B * T;
     size_t sC = (size_t)C;
-    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
-    float *out = g->act.res + (size_t)l * g->nmax * sC;
-    float *ln1 = gpt2_slab(g, g->act.ln1, l, sC), *ln1m = gpt2_slab(g, g->act.ln1_mean, l, 1),
-          *ln1r = gpt2_slab(g, g->act.ln1_rstd, l, 1);
-    float *qkv = gpt2_slab(g, g->act.qkv, l, 3 * sC);
-    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = gpt2_slab(g, g->act.atty, l, sC), *mid = gpt2_slab(g, g->act.mid, l, sC);
-    float *ln2 = gpt2_slab(g, g->act.ln2, l, sC), *ln2m = gpt2_slab(g, g->act.ln2_mean, l, 1),
-          *ln2r = gpt2_slab(g, g->act.ln2_rstd, l, 1);
-    float *fch = gpt2_slab(g, g->act.fch, l, 4 * sC), *fcg = gpt2_slab(g, g->act.fcg, l, 4 * sC);
+    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
-    layernorm_forward(ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C);
-    linear_forward(qkv, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
-    attention_forward(atty, att, qkv, B, T, C, H);
-    memcpy(mid, x, (size_t)n * sC * sizeof(float));
-    linear_forward(mid, atty, w + L->proj_w, w + L->proj_b, n, C, C, 1);
-    layernorm_forward(ln2, ln2m, ln2r, mid, w + L->ln2_w, w + L->ln2_b, n, C);
-    linear_forward(fch, ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
-    gelu_forward(fcg, fch, (size_t)n * 4 * sC);
-    memcpy(out, mid, (size_t)n * sC * sizeof(float));
-    linear_forward(out, fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
+    layernorm_forward(y.ln1, y.ln1m, y.ln1r, y.x, w + L->ln1_w, w + L->ln1_b, n, C);
+    linear_forward(y.qkv, y.ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
+    attention_forward(y.atty, y.att, y.qkv, B, T, C, H);
+    memcpy(y.mid, y.x, (size_t)n * sC * sizeof(float));
+    linear_forward(y.mid, y.atty, w + L->proj_w, w + L->proj_b, n, C, C, 1);
+    layernorm_forward(y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C);
+    linear_forward(y.fch, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
+    gelu_forward(y.fcg, y.fch, (size_t)n * 4 * sC);
+    memcpy(y.out, y.mid, (size_t)n * sC * sizeof(float));
+    linear_forward(y.out, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
 }
 
 /* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy.
@@ -337,7 +323,8 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
  * log(sum exp(l - max)) - (l[target] - max), which neither overflows nor
  * takes the log of an underflowed probability. */
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
+        n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
                       w + g->lay.lnf_b, n, C);
@@ -369,7 +356,8 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
  *   d lnf   = dlogits wte          (n x V)(V x C)
  * and the final LayerNorm's backward starts dres. */
 static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float loss_scale) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
+        n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     for (int r = 0; r < n; r++) {
         float *p = g->act.probs + (size_t)r * V;
@@ -393,32 +381,24 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->calls.B, n = B * T;
     size_t sC = (size_t)C;
-    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
-    float *ln1 = gpt2_slab(g, g->act.ln1, l, sC), *ln1m = gpt2_slab(g, g->act.ln1_mean, l, 1),
-          *ln1r = gpt2_slab(g, g->act.ln1_rstd, l, 1);
-    float *qkv = gpt2_slab(g, g->act.qkv, l, 3 * sC);
-    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = gpt2_slab(g, g->act.atty, l, sC), *mid = gpt2_slab(g, g->act.mid, l, sC);
-    float *ln2 = gpt2_slab(g, g->act.ln2, l, sC), *ln2m = gpt2_slab(g, g->act.ln2_mean, l, 1),
-          *ln2r = gpt2_slab(g, g->act.ln2_rstd, l, 1);
-    float *fch = gpt2_slab(g, g->act.fch, l, 4 * sC), *fcg = gpt2_slab(g, g->act.fcg, l, 4 * sC);
+    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg, w + L->fc2_w, n,
+    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg, w + L->fc2_w, n,
                     4 * C, C);
-    gelu_backward(g->act.dfc, fch, (size_t)n * 4 * sC);
-    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2, w + L->fc_w, n, C,
+    gelu_backward(g->act.dfc, y.fch, (size_t)n * 4 * sC);
+    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, y.ln2, w + L->fc_w, n, C,
                     4 * C);
-    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid, w + L->ln2_w,
-                       ln2m, ln2r, n, C);
+    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, y.mid, w + L->ln2_w,
+                       y.ln2m, y.ln2r, n, C);
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty, w + L->proj_w, n,
-                    C, C);
-    attention_backward(g->act.dqkv, g->datt, g->act.dc, att, qkv, B, T, C, H);
-    linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1, w + L->qkv_w, n, C,
+    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, y.atty, w + L->proj_w,
+                    n, C, C);
+    attention_backward(g->act.dqkv, g->datt, g->act.dc, y.att, y.qkv, B, T, C, H);
+    linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, y.ln1, w + L->qkv_w, n, C,
                     3 * C);
-    layernorm_backward(g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x, w + L->ln1_w, ln1m,
-                       ln1r, n, C);
+    layernorm_backward(g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, y.x, w + L->ln1_w,
+                       y.ln1m, y.ln1r, n, C);
 }
 
 /* x0 = wte[token] + wpe[t]: each row's gradient goes to its token's and its

@@ -730,43 +730,31 @@ static zpp_status embed_forward(gpt2_cuda *g, const void *params) {
     return ZPP_OK;
 }
 
-static float *slab(const gpt2_cuda *g, float *base, int l, size_t width) {
-    return base + (size_t)(l - 1) * g->nmax * width;
-}
-
 static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->calls.B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     size_t sC = (size_t)C;
-    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
-    float *out = g->act.res + (size_t)l * g->nmax * sC;
-    float *ln1 = slab(g, g->act.ln1, l, sC), *ln1m = slab(g, g->act.ln1_mean, l, 1),
-          *ln1r = slab(g, g->act.ln1_rstd, l, 1);
-    float *qkv = slab(g, g->act.qkv, l, 3 * sC);
-    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = slab(g, g->act.atty, l, sC), *mid = slab(g, g->act.mid, l, sC);
-    float *ln2 = slab(g, g->act.ln2, l, sC), *ln2m = slab(g, g->act.ln2_mean, l, 1),
-          *ln2r = slab(g, g->act.ln2_rstd, l, 1);
-    float *fch = slab(g, g->act.fch, l, 4 * sC), *fcg = slab(g, g->act.fcg, l, 4 * sC);
+    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
-    ZPP_CHECK(layernorm_forward(g, ln1, ln1m, ln1r, x, w + L->ln1_w, w + L->ln1_b, n, C));
-    ZPP_CHECK(linear_forward(g, qkv, NULL, ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C,
+    ZPP_CHECK(layernorm_forward(g, y.ln1, y.ln1m, y.ln1r, y.x, w + L->ln1_w, w + L->ln1_b, n, C));
+    ZPP_CHECK(linear_forward(g, y.qkv, NULL, y.ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C,
                              "qkv forward"));
-    ZPP_CHECK(attention_forward(g, atty, att, qkv));
-    ZPP_CHECK(linear_forward(g, mid, x, atty, w + L->proj_w, w + L->proj_b, n, C, C,
+    ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
+    ZPP_CHECK(linear_forward(g, y.mid, y.x, y.atty, w + L->proj_w, w + L->proj_b, n, C, C,
                              "attention projection forward"));
-    ZPP_CHECK(layernorm_forward(g, ln2, ln2m, ln2r, mid, w + L->ln2_w, w + L->ln2_b, n, C));
-    ZPP_CHECK(linear_forward(g, fch, NULL, ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C,
+    ZPP_CHECK(layernorm_forward(g, y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C));
+    ZPP_CHECK(linear_forward(g, y.fch, NULL, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C,
                              "fc forward"));
     size_t n4 = (size_t)n * 4 * sC;
-    gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(fcg, fch, n4);
+    gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(y.fcg, y.fch, n4);
     LAUNCH_CHECK("gelu forward");
-    return linear_forward(g, out, mid, fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C,
+    return linear_forward(g, y.out, y.mid, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C,
                           "fc2 forward");
 }
 
 static zpp_status head_forward(gpt2_cuda *g, const float *w) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
+        n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x,
                                 w + g->lay.lnf_w, w + g->lay.lnf_b, n, C));
@@ -781,7 +769,8 @@ static zpp_status head_forward(gpt2_cuda *g, const float *w) {
 /* d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte, and the
  * final LayerNorm's backward starts dres. */
 static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float loss_scale) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
+        n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->act.probs,
                                                                            g->d_targets, V, f);
@@ -801,36 +790,28 @@ static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float l
  * exit (residual adds pass it through, branches add theirs). */
 static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, n = g->calls.B * T;
+    int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     size_t sC = (size_t)C;
-    const float *x = g->act.res + (size_t)(l - 1) * g->nmax * sC;
-    float *ln1 = slab(g, g->act.ln1, l, sC), *ln1m = slab(g, g->act.ln1_mean, l, 1),
-          *ln1r = slab(g, g->act.ln1_rstd, l, 1);
-    float *qkv = slab(g, g->act.qkv, l, 3 * sC);
-    float *att = g->act.att + (size_t)(l - 1) * g->base.max_batch * H * T * T;
-    float *atty = slab(g, g->act.atty, l, sC), *mid = slab(g, g->act.mid, l, sC);
-    float *ln2 = slab(g, g->act.ln2, l, sC), *ln2m = slab(g, g->act.ln2_mean, l, 1),
-          *ln2r = slab(g, g->act.ln2_rstd, l, 1);
-    float *fch = slab(g, g->act.fch, l, 4 * sC), *fcg = slab(g, g->act.fcg, l, 4 * sC);
+    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    ZPP_CHECK(linear_backward(g, g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, fcg,
+    ZPP_CHECK(linear_backward(g, g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg,
                               w + L->fc2_w, n, 4 * C, C, "fc2 backward"));
     size_t n4 = (size_t)n * 4 * sC;
-    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->act.dfc, fch, n4);
+    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->act.dfc, y.fch, n4);
     LAUNCH_CHECK("gelu backward");
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, ln2,
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, y.ln2,
                               w + L->fc_w, n, C, 4 * C, "fc backward"));
-    ZPP_CHECK(layernorm_backward(g, g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, mid,
-                                 w + L->ln2_w, ln2m, ln2r, n, C));
+    ZPP_CHECK(layernorm_backward(g, g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, y.mid,
+                                 w + L->ln2_w, y.ln2m, y.ln2r, n, C));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, atty,
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, y.atty,
                               w + L->proj_w, n, C, C, "attention projection backward"));
-    ZPP_CHECK(attention_backward(g, g->act.dqkv, g->act.dc, att, qkv));
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, ln1,
+    ZPP_CHECK(attention_backward(g, g->act.dqkv, g->act.dc, y.att, y.qkv));
+    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, y.ln1,
                               w + L->qkv_w, n, C, 3 * C, "qkv backward"));
-    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, x,
-                              w + L->ln1_w, ln1m, ln1r, n, C);
+    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, y.x,
+                              w + L->ln1_w, y.ln1m, y.ln1r, n, C);
 }
 
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
