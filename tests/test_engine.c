@@ -8,7 +8,11 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "model/gpt2.h"
 #include "testlib.h"
+
+/* GPT-2 with 2 layers, 2 heads, 16 wide, T = 16, vocabulary 64. */
+static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64};
 
 typedef struct fixture {
     zpp_topo *topo;
@@ -24,8 +28,7 @@ static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 2;
     EXPECT_OK(zpp_topo_create(&to, &f->topo));
-    zpp_gpt2_config gc = {2, 2, 16, 16, 64};
-    EXPECT_OK(zpp_gpt2_cpu_create(&gc, ZPP_BF16, 2, &f->model));
+    EXPECT_OK(zpp_gpt2_cpu_create(&kModel, ZPP_BF16, 2, &f->model));
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
@@ -118,11 +121,8 @@ static void test_gathers_follow_reuse_and_param_free_stages(void) {
     const zpp_phase ph[2] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER};
     for (int variant = 0; variant < 3; variant++) {
         fixture f;
-        setup_reuse(&f, 0, 0, 0, 0); /* to read the model's shape */
-        const zpp_model *m0 = f.model;
-        const int S = m0->n_stages, L = S - 2;
-        const size_t blocks = (size_t)L * m0->unit_numel[1];
-        teardown(&f);
+        const int L = kModel.n_layer, S = L + 2;
+        const size_t blocks = (size_t)L * zpp_gpt2_unit_numel(&kModel, 1);
         const size_t reuse[3] = {SIZE_MAX, 0, blocks - 1};
         const int unit0_twice = variant > 0;
         setup_reuse(&f, 0, 0, 0, reuse[variant]);
