@@ -4,8 +4,9 @@
  * wire layout of zeropp.h and reproduces the CPU's arithmetic bit for bit:
  *
  *   absmax = max |x| over the block, in fp32 (bf16/fp16 widen exactly)
- *   scale  = absmax / qmax          IEEE division (__fdiv_rn)
- *   inv    = qmax / absmax          IEEE division, not a reciprocal estimate
+ *   scale  = up(absmax / qmax)      IEEE division (__fdiv_rn), rounded up
+ *                                   to a bf16 value and stored as bf16
+ *   inv    = 1 / scale              IEEE division, not a reciprocal estimate
  *   q      = rne(x * inv)           or floor(x * inv + u) when stochastic,
  *                                   clamped to [-qmax, qmax]
  *   y      = q * scale              one rounding, no FMA contraction
@@ -46,9 +47,9 @@
  *     sum IS the rounding of v to an integer (nearest-even with __fadd_rn,
  *     floor with __fadd_rd), and the low bits of the sum's bit pattern are
  *     the two's complement of the integer: one full-rate FADD instead of a
- *     quarter-rate F2I. Round-to-nearest needs no clamp (|x * inv| <= qmax
- *     (1 + 2^-24)^2 < qmax + 1/2); stochastic clamps first. Blocks whose
- *     absmax is below qmax / FLT_MAX (inv overflows to +Inf: "tiny") take a
+ *     quarter-rate F2I. Round-to-nearest needs no clamp (|x * inv| < qmax +
+ *     1/2, see quant.c's zpp__q_rne); stochastic clamps first. Blocks whose
+ *     scale is below 1 / FLT_MAX (inv overflows to +Inf: "tiny") take a
  *     slow path with __float2int_rn/_rd that follows the reference
  *     literally (+-Inf saturates, 0 * Inf = NaN -> 0).
  *   - Dequantize inverts the trick: byte ^ 0x80 placed under exponent 0x4B
@@ -113,6 +114,9 @@ constexpr int kThreads = 256;         /* threads per CTA */
 constexpr unsigned kMaxRegTile = 2048; /* elements a warp keeps in registers */
 constexpr float kMagic = 12582912.0f;  /* 1.5 * 2^23: ulp 1 around it */
 constexpr unsigned kNaNBits = 0x7fc00000u; /* the quiet NaN the C library's NAN has */
+/* A scale on the wire is a bf16: the top half of an fp32. */
+constexpr unsigned long long kScaleBytes = ZPP_QUANT_SCALE_BYTES;
+static_assert(kScaleBytes == sizeof(unsigned short), "scales are stored as bf16");
 
 /* ---- element types --------------------------------------------------- */
 
@@ -280,9 +284,11 @@ __device__ __forceinline__ uint2 load_payload(const QLayout &L, unsigned c,
     if (L.bits == 8) return __ldg(reinterpret_cast<const uint2 *>(p + e));
     return make_uint2(__ldg(reinterpret_cast<const unsigned *>(p + e / 2)), 0u);
 }
+/* A stored bf16 scale, widened (exactly) to fp32. */
 __device__ __forceinline__ float load_scale(const QLayout &L, unsigned c, unsigned b) {
-    return __ldg(reinterpret_cast<const float *>(L.base + (unsigned long long)c * L.qbytes +
-                                                 L.scales + 4ull * b));
+    const unsigned char *p = L.base + (unsigned long long)c * L.qbytes + L.scales;
+    const unsigned short h = __ldg(reinterpret_cast<const unsigned short *>(p + kScaleBytes * b));
+    return __uint_as_float((unsigned)h << 16);
 }
 __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
                                               unsigned long long e, uint2 w) {
@@ -335,9 +341,9 @@ __device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
     float v = __fmul_rn(x, inv);
     if constexpr (STOCH) v = __fadd_rn(v, zpp_quant_uniform(seed, idx));
     if constexpr (!TINY) {
-        /* Round to nearest needs no clamp: |x| <= absmax and inv =
-         * RN(qmax / absmax) give |v| <= qmax (1 + 2^-24)^2 < qmax + 1/2, so
-         * RN(v) is within [-qmax, qmax] already. Stochastic w = v + u can
+        /* Round to nearest needs no clamp: |x| <= absmax, scale >=
+         * RN(absmax / qmax) and inv = RN(1 / scale) give |v| < qmax + 1/2,
+         * so RN(v) is within [-qmax, qmax] already. Stochastic w = v + u can
          * reach qmax + 1 (or -qmax - 2^-23 before the floor): clamp. */
         if constexpr (STOCH) v = fminf(fmaxf(v, -qmax), qmax);
         return __float_as_uint(STOCH ? __fadd_rd(v, kMagic) : __fadd_rn(v, kMagic));
@@ -373,9 +379,11 @@ __device__ __forceinline__ uint2 quant8(const float (&v)[8], float inv, float qm
 /* The scale and reciprocal of a block from its absmax bit pattern, with the
  * reference's edge cases (quant.c): a NaN/Inf in the block gives scale NaN
  * (bits 0x7fc00000) and payload 0; absmax 0 gives scale 0 and payload 0
- * (inv = 0 does it: x * 0 = 0, floor(0 + u) = 0 for u in [0, 1)); and
- * 0 < absmax < qmax / FLT_MAX makes inv overflow to +Inf ("tiny": scale
- * stored as usual, rounding through the literal slow path). */
+ * (inv = 0 does it: x * 0 = 0, floor(0 + u) = 0 for u in [0, 1)); and a
+ * scale below 1 / FLT_MAX makes inv overflow to +Inf ("tiny": scale stored
+ * as usual, rounding through the literal slow path). The scale is rounded
+ * up to a bf16 value (zpp__scale_up in quant.c): the low 16 bits cleared,
+ * one bf16 ulp added if any was set. */
 struct BlockScale {
     float scale, inv;
     bool bad;  /* NaN or Inf in the block */
@@ -393,8 +401,9 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
         s.inv = 0.0f;
     } else {
         const float amax = __uint_as_float(amax_bits);
-        s.scale = __fdiv_rn(amax, qmax);
-        s.inv = __fdiv_rn(qmax, amax);
+        const unsigned q = __float_as_uint(__fdiv_rn(amax, qmax));
+        s.scale = __uint_as_float(((q & 0xffffu) ? q + 0x10000u : q) & 0xffff0000u);
+        s.inv = __fdiv_rn(1.0f, s.scale);
         s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
     }
     return s;
@@ -668,13 +677,16 @@ struct QDst {
 __device__ __forceinline__ void block_epilogue(const QDst &q, unsigned c, unsigned b,
                                                const BlockScale &s) {
     unsigned char *p = q.out.base + (unsigned long long)c * q.out.qbytes;
-    *reinterpret_cast<float *>(p + q.out.scales + 4ull * b) = s.scale;
+    /* exact: the scale is a bf16 value */
+    const unsigned short h = (unsigned short)(__float_as_uint(s.scale) >> 16);
+    *reinterpret_cast<unsigned short *>(p + q.out.scales + kScaleBytes * b) = h;
     if (s.bad && q.nonfinite) *q.nonfinite = 1;
     if (b == q.nb - 1) {
 #pragma unroll 1
         for (unsigned long long x = q.pay_end; x < q.out.scales; x++) p[x] = 0;
 #pragma unroll 1
-        for (unsigned long long x = q.out.scales + 4ull * q.nb; x < q.out.qbytes; x++) p[x] = 0;
+        for (unsigned long long x = q.out.scales + kScaleBytes * q.nb; x < q.out.qbytes; x++)
+            p[x] = 0;
     }
 }
 
