@@ -284,11 +284,13 @@ __device__ __forceinline__ uint2 load_payload(const QLayout &L, unsigned c,
     if (L.bits == 8) return __ldg(reinterpret_cast<const uint2 *>(p + e));
     return make_uint2(__ldg(reinterpret_cast<const unsigned *>(p + e / 2)), 0u);
 }
-/* A stored bf16 scale, widened (exactly) to fp32. */
-__device__ __forceinline__ float load_scale(const QLayout &L, unsigned c, unsigned b) {
+/* A stored bf16 scale, as its raw 16 bits: dequant8 widens it to fp32 where
+ * it is used. Widening here would make the kernels that fetch their next
+ * tiles ahead wait for the load at the fetch (measured: int8 dequantize 7%
+ * slower on H200). */
+__device__ __forceinline__ unsigned load_scale(const QLayout &L, unsigned c, unsigned b) {
     const unsigned char *p = L.base + (unsigned long long)c * L.qbytes + L.scales;
-    const unsigned short h = __ldg(reinterpret_cast<const unsigned short *>(p + kScaleBytes * b));
-    return __uint_as_float((unsigned)h << 16);
+    return __ldg(reinterpret_cast<const unsigned short *>(p + kScaleBytes * b));
 }
 __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
                                               unsigned long long e, uint2 w) {
@@ -303,7 +305,9 @@ __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
  * q + 128 in 0..255; placed under exponent byte 0x4B it reads as the float
  * 2^23 + q + 128 (exact), so one FADD gives q. int4 likewise with
  * nibble ^ 8 = q + 8. */
-__device__ __forceinline__ void dequant8(uint2 w, int bits, float scale, float (&d)[8]) {
+__device__ __forceinline__ void dequant8(uint2 w, int bits, unsigned scale_bf16,
+                                         float (&d)[8]) {
+    const float scale = __uint_as_float(scale_bf16 << 16); /* exact */
     if (bits == 8) {
         const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
 #pragma unroll
@@ -403,7 +407,7 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
         const float amax = __uint_as_float(amax_bits);
         const unsigned q = __float_as_uint(__fdiv_rn(amax, qmax));
         s.scale = __uint_as_float(((q & 0xffffu) ? q + 0x10000u : q) & 0xffff0000u);
-        s.inv = __fdiv_rn(1.0f, s.scale);
+        s.inv = __frcp_rn(s.scale); /* == __fdiv_rn(1, scale), with fewer steps */
         s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
     }
     return s;
@@ -564,7 +568,7 @@ struct DeqSumSrc {
     template <int N>
     struct Stage {
         uint2 w[2][N];
-        float sc[2][N];
+        unsigned sc[2][N]; /* raw bf16 scales */
     };
 
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
@@ -583,7 +587,7 @@ struct DeqSumSrc {
     template <int U, int VPT>
     __device__ __forceinline__ void fetch_input(const Tile (&tl)[U], unsigned t, unsigned T,
                                                 int j, uint2 (&w)[U * VPT],
-                                                float (&sc)[U * VPT]) const {
+                                                unsigned (&sc)[U * VPT]) const {
         QLayout L = in;
         L.base += in_stride * (unsigned long long)j;
 #pragma unroll
@@ -592,7 +596,7 @@ struct DeqSumSrc {
             for (int s = 0; s < VPT; s++) {
                 const unsigned e = vec_off(t, T, s), n = u * VPT + s;
                 w[n] = make_uint2(0u, 0u);
-                sc[n] = 0.0f;
+                sc[n] = 0u;
                 if (j < k && vec_cnt(tl[u], e)) {
                     const unsigned long long ee = tl[u].e0 + e;
                     w[n] = load_payload(L, tl[u].c, ee);
@@ -611,7 +615,7 @@ struct DeqSumSrc {
         fetch_input<U, VPT>(tl, t, T, 1, st.w[1], st.sc[1]);
     }
     template <int N>
-    __device__ __forceinline__ void add(const uint2 (&w)[N], const float (&sc)[N],
+    __device__ __forceinline__ void add(const uint2 (&w)[N], const unsigned (&sc)[N],
                                         float (&v)[N][8]) const {
 #pragma unroll
         for (int n = 0; n < N; n++) {
@@ -636,7 +640,7 @@ struct DeqSumSrc {
         if (k > 1) add<N>(st.w[1], st.sc[1], v);
         for (int j = 2; j < k; j++) {
             uint2 w[N];
-            float sc[N];
+            unsigned sc[N];
             fetch_input<U, VPT>(tl, t, T, j, w, sc);
             add<N>(w, sc, v);
         }
@@ -878,7 +882,7 @@ __device__ __forceinline__ Tile dq_tile(const DqArgs &a, unsigned tile) {
 template <int U, int VPT, int MODE>
 struct DqStage {
     uint2 w[U * VPT];
-    float sc[U];
+    unsigned sc[U]; /* raw bf16 scales */
     Raw8 acc[MODE == DQ_ACC ? U * VPT : 1];
 };
 
@@ -888,7 +892,7 @@ __device__ __forceinline__ void dq_fetch(const DqArgs &a, const Tile (&tl)[U], u
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const unsigned c = MODE == DQ_REDUCE ? ci : tl[u].c;
-        st.sc[u] = tl[u].len ? load_scale(a.q, c, tl[u].b) : 0.0f;
+        st.sc[u] = tl[u].len ? load_scale(a.q, c, tl[u].b) : 0u;
 #pragma unroll
         for (int s = 0; s < VPT; s++) {
             const unsigned e = vec_off(t, T, s), n = u * VPT + s;
