@@ -89,7 +89,9 @@ zpp_status zpp_dtype_parse(const char *name, zpp_dtype *dtype_p);
  * blocks of `block` consecutive elements (the last block may be shorter).
  * Each block b gets one bf16 scale
  *
- *     scale_b = absmax_b / qmax, rounded UP to bf16   qmax = 127 (int8) or 7 (int4)
+ *     scale_b = absmax_b * (1 / qmax), rounded UP to bf16   qmax = 127 (int8) or 7 (int4)
+ *
+ * (1 / qmax is the fp32 constant, the product one fp32 rounding)
  *
  * and each element is stored as the integer q = round(x * (1 / scale_b))
  * clamped to [-qmax, qmax]; it dequantizes to q * scale_b. Rounding the

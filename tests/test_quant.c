@@ -7,15 +7,15 @@
  * Error bound of round-to-nearest (every element, derived once here).
  * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
  * fp32 operation exact up to a factor (1 + d), |d| <= e. The stored scale s
- * is RN(a/Q) rounded up to bf16 (8 significant bits; a step of 2^-133 below
- * 2^-126), so a/Q (1 - e) <= s <= (a/Q)(1 + e)(1 + 2^-7) + 2^-133, and
- * |x/s| <= a/s <= Q (1 + 2e):
+ * is RN(a * RN(1/Q)) rounded up to bf16 (8 significant bits; a step of
+ * 2^-133 below 2^-126), so a/Q (1 - e)^2 <= s <= (a/Q)(1 + e)^2 (1 + 2^-7)
+ * + 2^-133, and |x/s| <= a/s <= Q (1 + 3e):
  *   inv = (1/s)(1+d1), v = x*inv*(1+d2)   =>  |v - x/s| <= |x/s|(2e + e^2)
  *   Clamping to [-Q, Q] only moves v toward x/s, and rounding adds at most
- *   1/2:  |q - x/s| <= 1/2 + Q(1 + 2e)(2e + e^2).
+ *   1/2:  |q - x/s| <= 1/2 + Q(1 + 3e)(2e + e^2).
  *   y32 = q*s*(1+d4):
  *   |y32 - x| <= s|q - x/s| + |q| s e
- *            <= s/2 + Q s (3e + 5e^2)          ("half a step + Q s 3e")
+ *            <= s/2 + Q s (3e + 7e^2)          ("half a step + Q s 3e")
  *   plus (Q+2) * 2^-149 should y32 be subnormal (absolute errors). Against
  *   fp32 scales the step s is at most 2^-7 wider.
  * Stochastic: w = v + u is one more rounding (|w| <= Q + 1 <= 128, half an
@@ -65,11 +65,12 @@ static uint32_t f2u(float f) {
 }
 
 /* The scale the header's rule stores, computed without quant.c's bit
- * tricks: a/Q in fp32, then the smallest bf16 value >= it. A bf16 has 8
- * significant bits, so for a/Q = m 2^E (m in [0.5, 1)) its grid steps by
+ * tricks: a * (1/Q) in fp32, then the smallest bf16 value >= it. A bf16 has
+ * 8 significant bits, so for s0 = m 2^E (m in [0.5, 1)) its grid steps by
  * 2^(E-8), and never by less than 2^-133 (its subnormals). */
 static float ref_scale(float a, float Q) {
-    float s0 = a / Q;
+    float inv_q = 1.0f / Q;
+    float s0 = a * inv_q;
     if (s0 == 0.0f || !isfinite(s0)) return s0;
     int E;
     (void)frexp(s0, &E);
@@ -194,8 +195,9 @@ static double elem_bound(double a, int bits, int stochastic, zpp_dtype out) {
     const double e = 0x1p-24, Q = qmax_of(bits);
     const double s = ref_scale((float)a, (float)Q);
     /* the scale costs at most 2^-7 of a step (and 2^-133 among subnormals) */
-    EXPECT(s <= a / Q * (1 + e) * (1 + 0x1p-7) + 0x1p-133, "scale %a for absmax %a", s, a);
-    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * s + Q * s * (3 * e + 5 * e * e) +
+    EXPECT(s <= a / Q * (1 + e) * (1 + e) * (1 + 0x1p-7) + 0x1p-133, "scale %a for absmax %a",
+           s, a);
+    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * s + Q * s * (3 * e + 7 * e * e) +
                (Q + 2) * 0x1p-149;
     /* 1 / s overflowed: q = sign(x) qmax, y = sign(x) Q s */
     if (!(1.0f / (float)s <= FLT_MAX)) b = (a > Q * s ? a : Q * s) + (Q + 2) * 0x1p-149;

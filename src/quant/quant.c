@@ -4,8 +4,9 @@
  * The math, per block of at most `block` elements:
  *
  *     absmax = max |x|          (fp32; bf16/fp16 converted exactly)
- *     scale  = up(absmax / qmax) (fp32 IEEE division, then rounded up to the
- *                               next bf16 value; stored as that bf16)
+ *     scale  = up(absmax * (1/qmax))  (1/qmax the fp32 constant; one fp32
+ *                               product, then rounded up to the next bf16
+ *                               value; stored as that bf16)
  *     inv    = 1 / scale        (fp32 IEEE division)
  *     q      = clamp(rint(x * inv), -qmax, qmax)              round half even
  *     q      = clamp(floor(x * inv + u), -qmax, qmax)         stochastic,
@@ -288,9 +289,9 @@ static inline int32_t zpp__rint_small(float v) {
 }
 
 /* q = clamp(rint(v), -qmax, qmax) for v = x * inv with |x| <= absmax: the
- * clamp never acts, so it is left out. scale >= RN(absmax / qmax) >=
- * (absmax / qmax)(1 - 2^-24) and inv = RN(1 / scale), so
- * |v| <= qmax (1 + 2^-24)^2 / (1 - 2^-24) < qmax + 1/2 and rint(v) is
+ * clamp never acts, so it is left out. scale >= RN(absmax * RN(1/qmax)) >=
+ * (absmax / qmax)(1 - 2^-24)^2 and inv = RN(1 / scale), so
+ * |v| <= qmax (1 + 2^-24)^2 / (1 - 2^-24)^2 < qmax + 1/2 and rint(v) is
  * already in [-qmax, qmax] (the tests compare with a clamping reference
  * byte for byte). */
 static inline int8_t zpp__q_rne(float v) { return (int8_t)zpp__rint_small(v); }
@@ -492,7 +493,9 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
         *scale_p = 0.0f;
         return len;
     }
-    float scale = zpp__scale_up(amax / qmax);
+    /* a product by the constant 1/qmax, not a division: CUDA runs it ahead
+     * of the reciprocal, in series, once per block */
+    float scale = zpp__scale_up(amax * (spec->bits == 8 ? 1.0f / 127.0f : 1.0f / 7.0f));
     float inv = 1.0f / scale;
     *scale_p = scale;
     const int tiny = !(inv <= FLT_MAX); /* see zpp__q_tiny */

@@ -4,9 +4,11 @@
  * wire layout of zeropp.h and reproduces the CPU's arithmetic bit for bit:
  *
  *   absmax = max |x| over the block, in fp32 (bf16/fp16 widen exactly)
- *   scale  = up(absmax / qmax)      IEEE division (__fdiv_rn), rounded up
- *                                   to a bf16 value and stored as bf16
- *   inv    = 1 / scale              IEEE division, not a reciprocal estimate
+ *   scale  = up(absmax * (1/qmax))  one rounding (1/qmax is a constant
+ *                                   rounded to fp32), then rounded up to a
+ *                                   bf16 value and stored as bf16
+ *   inv    = 1 / scale              IEEE round to nearest (__frcp_rn), not
+ *                                   an estimate
  *   q      = rne(x * inv)           or floor(x * inv + u) when stochastic,
  *                                   clamped to [-qmax, qmax]
  *   y      = q * scale              one rounding, no FMA contraction
@@ -404,8 +406,11 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
         s.scale = 0.0f;
         s.inv = 0.0f;
     } else {
+        /* absmax * RN(1/qmax): one multiply, not a division, ahead of the
+         * reciprocal below (the two would run in series) */
         const float amax = __uint_as_float(amax_bits);
-        const unsigned q = __float_as_uint(__fdiv_rn(amax, qmax));
+        const float inv_qmax = qmax == 127.0f ? 1.0f / 127.0f : 1.0f / 7.0f;
+        const unsigned q = __float_as_uint(__fmul_rn(amax, inv_qmax));
         s.scale = __uint_as_float(((q & 0xffffu) ? q + 0x10000u : q) & 0xffff0000u);
         s.inv = __frcp_rn(s.scale); /* == __fdiv_rn(1, scale), with fewer steps */
         s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
