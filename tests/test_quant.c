@@ -6,28 +6,24 @@
  *
  * Error bound of round-to-nearest (every element, derived once here).
  * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
- * fp32 operation exact up to a factor (1 + d), |d| <= e. The stored scale s
- * is RN(a * RN(1/Q)) rounded up to bf16 (8 significant bits; a step of
- * 2^-133 below 2^-126), so a/Q (1 - e)^2 <= s <= (a/Q)(1 + e)^2 (1 + 2^-7)
- * + 2^-133, and |x/s| <= a/s <= Q (1 + 3e):
- *   inv = (1/s)(1+d1), v = x*inv*(1+d2)   =>  |v - x/s| <= |x/s|(2e + e^2)
- *   Clamping to [-Q, Q] only moves v toward x/s, and rounding adds at most
- *   1/2:  |q - x/s| <= 1/2 + Q(1 + 3e)(2e + e^2).
- *   y32 = q*s*(1+d4):
- *   |y32 - x| <= s|q - x/s| + |q| s e
- *            <= s/2 + Q s (3e + 7e^2)          ("half a step + Q s 3e")
- *   plus (Q+2) * 2^-149 should y32 be subnormal (absolute errors). Against
- *   fp32 scales the step s is at most 2^-7 wider.
+ * fp32 operation exact up to a factor (1 + d), |d| <= e:
+ *   inv = (Q/a)(1+d1), v = x*inv*(1+d2)   =>  |v - xQ/a| <= Q(2e + e^2)
+ *   (|xQ/a| <= Q). Clamping to [-Q, Q] only moves v toward xQ/a, and
+ *   rounding adds at most 1/2:  |q - xQ/a| <= 1/2 + Q(2e + e^2).
+ *   s = (a/Q)(1+d3), y32 = q*s*(1+d4) = q(a/Q)(1+z), |z| <= 2e + e^2:
+ *   |y32 - x| <= (a/Q)|q - xQ/a| + |q|(a/Q)|z|
+ *            <= a/(2Q) + 2a(2e + e^2)              ("half a step + a*2^-22")
+ *   plus (Q+2) * 2^-149 should s or y32 be subnormal (absolute errors).
  * Stochastic: w = v + u is one more rounding (|w| <= Q + 1 <= 128, half an
- * ulp <= 2^-17) and floor moves by < 1:  |q - x/s| < 1 + 2^-17 + Q(...),
+ * ulp <= 2^-17) and floor moves by < 1:  |q - xQ/a| < 1 + 2^-17 + Q(2e+e^2),
  * so "half a step" becomes "one step".
  * Output dtype: rounding y32 to bf16 / fp16 adds |y32| * u_d with
  * u_d = 2^-8 (bf16, 8 significant bits) or 2^-11 (fp16, 11 bits), and
- * |y32| <= Q s (1 + e); plus half the smallest subnormal (2^-25 for fp16).
+ * |y32| <= a(1 + 2^-20); plus half the smallest subnormal (2^-25 for fp16).
  * For bf16 this extra term is as large as the half step itself: bf16 carries
  * 8 bits, int8 with a per-block scale about 8 too.
- * A block whose 1/s overflows fp32 (s < 1/FLT_MAX, "tiny") stores
- * q = sign(x) Q: error <= max(a, Q s) there (docs/quantization.md). */
+ * A block whose Q/a overflows fp32 (a < Q/FLT_MAX, "tiny") stores
+ * q = sign(x) Q: error <= a there (docs/quantization.md). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -62,27 +58,6 @@ static uint32_t f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
-}
-
-/* The scale the header's rule stores, computed without quant.c's bit
- * tricks: a * (1/Q) in fp32, then the smallest bf16 value >= it. A bf16 has
- * 8 significant bits, so for s0 = m 2^E (m in [0.5, 1)) its grid steps by
- * 2^(E-8), and never by less than 2^-133 (its subnormals). */
-static float ref_scale(float a, float Q) {
-    float inv_q = 1.0f / Q;
-    float s0 = a * inv_q;
-    if (s0 == 0.0f || !isfinite(s0)) return s0;
-    int E;
-    (void)frexp(s0, &E);
-    int k = E - 8 < -133 ? -133 : E - 8;
-    return (float)ldexp(ceil(ldexp(s0, -k)), k);
-}
-
-/* Scale b of a quantized buffer whose scales start at byte so (bf16). */
-static float scale_at(const uint8_t *q, size_t so, size_t b) {
-    uint16_t h;
-    memcpy(&h, q + so + ZPP_QUANT_SCALE_BYTES * b, 2);
-    return zpp_bf16_to_f32(h);
 }
 
 /* ---- inputs ---- */
@@ -144,19 +119,17 @@ static void ref_quantize(const float *xf, size_t n, const zpp_quant_spec *sp, ui
             if (!isfinite(xf[i])) finite = 0;
             else if (fabsf(xf[i]) > a) a = fabsf(xf[i]);
         }
-        uint16_t scale = 0; /* bf16 bits */
-        float inv = 0.0f;
+        float scale = 0.0f, inv = 0.0f;
         int zero = 1;
         if (!finite) {
-            scale = 0x7fc0; /* NaN */
+            uint32_t nan = 0x7fc00000u;
+            memcpy(&scale, &nan, 4);
         } else if (a > 0.0f) {
-            float s = ref_scale(a, Q);
-            inv = 1.0f / s; /* +Inf for s < 1 / FLT_MAX: handled below */
-            scale = (uint16_t)(f2u(s) >> 16);
-            EXPECT((uint32_t)scale << 16 == f2u(s), "scale %a is not a bf16 value", s);
+            inv = Q / a; /* +Inf for a < Q / FLT_MAX: handled below */
+            scale = a / Q;
             zero = 0;
         }
-        memcpy(out + soff + ZPP_QUANT_SCALE_BYTES * b, &scale, 2);
+        memcpy(out + soff + 4 * b, &scale, 4);
         for (size_t i = lo; i < hi; i++) {
             int q = 0;
             if (!zero) {
@@ -189,20 +162,15 @@ static void block_absmax(const float *xf, size_t n, size_t block, float *amax) {
     }
 }
 
-/* The bound of the header comment for one element of a block of absmax a;
- * u_d, abs_d: dtype terms. */
+/* The bound of the header comment for one element; u_d, abs_d: dtype terms. */
 static double elem_bound(double a, int bits, int stochastic, zpp_dtype out) {
     const double e = 0x1p-24, Q = qmax_of(bits);
-    const double s = ref_scale((float)a, (float)Q);
-    /* the scale costs at most 2^-7 of a step (and 2^-133 among subnormals) */
-    EXPECT(s <= a / Q * (1 + e) * (1 + e) * (1 + 0x1p-7) + 0x1p-133, "scale %a for absmax %a",
-           s, a);
-    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * s + Q * s * (3 * e + 7 * e * e) +
+    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * a / Q + 2.0 * a * (2 * e + e * e) +
                (Q + 2) * 0x1p-149;
-    /* 1 / s overflowed: q = sign(x) qmax, y = sign(x) Q s */
-    if (!(1.0f / (float)s <= FLT_MAX)) b = (a > Q * s ? a : Q * s) + (Q + 2) * 0x1p-149;
-    if (out == ZPP_BF16) b += Q * s * (1.0 + e) * 0x1p-8 + 0x1p-134;
-    if (out == ZPP_FP16) b += Q * s * (1.0 + e) * 0x1p-11 + 0x1p-25;
+    /* qmax / absmax overflowed: q = sign(x) qmax, y = sign(x) * about a */
+    if (!((float)Q / (float)a <= FLT_MAX)) b = a + (Q + 2) * 0x1p-149;
+    if (out == ZPP_BF16) b += a * (1.0 + 0x1p-20) * 0x1p-8 + 0x1p-134;
+    if (out == ZPP_FP16) b += a * (1.0 + 0x1p-20) * 0x1p-11 + 0x1p-25;
     return b;
 }
 
@@ -348,7 +316,8 @@ static void test_representable_roundtrip(void) {
             EXPECT_OK(zpp_quantize(x, dt, n, &sp, q));
             size_t so = zpp_quant_scales_offset(n, bits);
             for (size_t b = 0; b < nb; b++) {
-                float s = scale_at(q, so, b);
+                float s;
+                memcpy(&s, q + so + 4 * b, 4);
                 EXPECT(s == ldexpf(1.0f, ev[b]), "block %zu scale %a, want 2^%d", b, s, ev[b]);
             }
             for (size_t i = 0; i < n; i++) {
@@ -401,7 +370,7 @@ static void test_stochastic_unbiased(void) {
         block_absmax(xf, n, sp.block, amax);
         double zsum = 0;
         for (size_t i = 0; i < n; i++) {
-            double a = amax[i / sp.block], s = ref_scale((float)a, (float)Q);
+            double a = amax[i / sp.block], s = a / Q;
             double sigma = s / (2.0 * sqrt((double)M));
             double bias = s * (Q * (2 * e + e * e) + 0x1p-17 + 0x1p-24) + a * (2 * e + e * e);
             double dev = mean[i] / M - xf[i];
@@ -739,10 +708,10 @@ static void test_nonfinite(void) {
                    first_diff(q, r, bytes));
             size_t so = zpp_quant_scales_offset(n, sp.bits);
             for (size_t b = 0; b < 5; b++) {
-                uint16_t s;
-                memcpy(&s, q + so + ZPP_QUANT_SCALE_BYTES * b, 2);
-                EXPECT((b == 1 || b == 3) ? s == 0x7fc0u : s != 0x7fc0u, "block %zu scale %04x",
-                       b, s);
+                uint32_t s;
+                memcpy(&s, q + so + 4 * b, 4);
+                EXPECT((b == 1 || b == 3) ? s == 0x7fc00000u : s != 0x7fc00000u,
+                       "block %zu scale %08x", b, s);
             }
             for (size_t k = 0; k < 3; k++) {
                 zpp_dtype od = all_dtypes[k];
@@ -786,16 +755,16 @@ static void test_nonfinite(void) {
     }
 }
 
-/* A block whose 1 / scale overflows fp32 (scale < 1 / FLT_MAX, absmax
- * below about qmax / FLT_MAX): the formula is followed literally,
- * x * Inf = +-Inf saturates to +-qmax and 0 * Inf = NaN becomes 0, the scale
- * is stored as usual. Above that limit the block is quantized normally. */
+/* A block whose qmax / absmax overflows fp32 (absmax < qmax / FLT_MAX):
+ * the formula is followed literally, x * Inf = +-Inf saturates to +-qmax
+ * and 0 * Inf = NaN becomes 0, the scale absmax / qmax is stored as usual.
+ * Just above that limit the block is quantized normally. */
 static void test_tiny_absmax(void) {
     for (size_t bi = 0; bi < 2; bi++) {
         for (int sr = 0; sr < 2; sr++) {
             zpp_quant_spec sp = spec_make(all_bits[bi], 8, sr, 99);
             float Q = qmax_of(sp.bits);
-            float limit = Q / FLT_MAX; /* 1 / scale overflows below about this absmax */
+            float limit = Q / FLT_MAX; /* qmax / absmax overflows below about this */
             float x[24], y[24];
             for (int i = 0; i < 8; i++) {
                 x[i] = (i % 2 ? -1.0f : 1.0f) * limit * 0.5f * (float)(i + 1) / 8.0f;
@@ -807,16 +776,11 @@ static void test_tiny_absmax(void) {
             ref_quantize(x, 24, &sp, 0, r);
             EXPECT(memcmp(q, r, zpp_quant_bytes(24, &sp)) == 0, "int%d %s: byte %zu", sp.bits,
                    sr ? "SR" : "RNE", first_diff(q, r, zpp_quant_bytes(24, &sp)));
-            size_t so = zpp_quant_scales_offset(24, sp.bits);
-            float s[3] = {scale_at(q, so, 0), scale_at(q, so, 1), scale_at(q, so, 2)};
+            float s[3];
+            memcpy(s, q + zpp_quant_scales_offset(24, sp.bits), sizeof s);
             float a0 = fabsf(x[7]), a1 = fabsf(x[15]), a2 = fabsf(x[16]); /* block absmax */
-            EXPECT(s[0] == ref_scale(a0, Q) && s[1] == ref_scale(a1, Q) &&
-                       s[2] == ref_scale(a2, Q),
-                   "scales %a %a %a", s[0], s[1], s[2]);
-            /* blocks 0 and 1 are tiny, block 2 is not */
-            EXPECT(!(1.0f / s[0] <= FLT_MAX) && !(1.0f / s[1] <= FLT_MAX) &&
-                       1.0f / s[2] <= FLT_MAX,
-                   "int%d: tiny limits %a %a %a", sp.bits, s[0], s[1], s[2]);
+            EXPECT(s[0] == a0 / Q && s[1] == a1 / Q && s[2] == a2 / Q, "scales %a %a %a", s[0],
+                   s[1], s[2]);
             for (int i = 0; i < 16; i++) {
                 int got = sp.bits == 8 ? (int8_t)q[i]
                                        : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
@@ -841,8 +805,8 @@ static void test_wire_layout(void) {
     /* worked examples: {n, bits, block, payload, scales offset, blocks, total} */
     static const size_t ex[][7] = {
         {0, 8, 256, 0, 0, 0, 0},          {7, 8, 256, 7, 16, 1, 32},
-        {256, 8, 256, 256, 256, 1, 272},  {1000, 4, 128, 500, 512, 8, 528},
-        {1025, 4, 128, 513, 528, 9, 560}, {1, 4, 8, 1, 16, 1, 32}};
+        {256, 8, 256, 256, 256, 1, 272},  {1000, 4, 128, 500, 512, 8, 544},
+        {1025, 4, 128, 513, 528, 9, 576}, {1, 4, 8, 1, 16, 1, 32}};
     for (size_t k = 0; k < sizeof ex / sizeof ex[0]; k++) {
         zpp_quant_spec e = spec_make((int)ex[k][1], ex[k][2], 0, 0);
         size_t got[4] = {zpp_quant_payload_bytes(ex[k][0], e.bits),
@@ -866,8 +830,8 @@ static void test_wire_layout(void) {
         EXPECT(aligned16(so) && so >= pb && so < pb + 16, "n %zu: scales at %zu", n, so);
         EXPECT(nb * sp.block >= n && (nb == 0 || (nb - 1) * sp.block < n), "n %zu: %zu blocks",
                n, nb);
-        size_t se = so + ZPP_QUANT_SCALE_BYTES * nb; /* end of the scales */
-        EXPECT(aligned16(tot) && tot >= se && tot < se + 16, "n %zu: %zu bytes", n, tot);
+        EXPECT(aligned16(tot) && tot >= so + 4 * nb && tot < so + 4 * nb + 16, "n %zu: %zu bytes",
+               n, tot);
         if (iter % 10) continue;
         float *x = xmalloc(n * 4), *xf = xmalloc(n * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
@@ -880,7 +844,7 @@ static void test_wire_layout(void) {
         EXPECT(aligned16((uintptr_t)(buf + tot)) && aligned16((uintptr_t)(buf + so)),
                "second tensor or scales not 16-byte aligned");
         for (size_t i = pb; i < so; i++) EXPECT(buf[i] == 0, "payload padding byte %zu", i);
-        for (size_t i = se; i < tot; i++) EXPECT(buf[i] == 0, "tail byte %zu", i);
+        for (size_t i = so + 4 * nb; i < tot; i++) EXPECT(buf[i] == 0, "tail byte %zu", i);
         if (sp.bits == 4 && n % 2)
             EXPECT((buf[pb - 1] & 0xf0) == 0, "odd n leaves the last high nibble 0");
         EXPECT(memcmp(buf, buf + tot, tot) == 0, "the two copies differ");

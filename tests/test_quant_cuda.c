@@ -176,10 +176,10 @@ static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, zpp_rng 
 
 /* ---- comparisons ------------------------------------------------------ */
 
-static float bf16_at(const unsigned char *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return zpp_bf16_to_f32(h);
+static float f32_of(const unsigned char *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
 }
 
 /* Byte-for-byte equality of n_chunks quantized chunks, naming the first
@@ -202,11 +202,11 @@ static void expect_same_q(const unsigned char *gpu, const unsigned char *cpu, si
                  e / s->block);
     } else if (o < so) {
         snprintf(where, sizeof where, "payload padding byte %zu (payload ends at %zu)", o, pb);
-    } else if (o < so + ZPP_QUANT_SCALE_BYTES * nb) {
-        size_t b = (o - so) / ZPP_QUANT_SCALE_BYTES;
+    } else if (o < so + 4 * nb) {
+        size_t b = (o - so) / 4;
         snprintf(where, sizeof where, "scale of block %zu (gpu %a, cpu %a)", b,
-                 (double)bf16_at(gpu + c * qb + so + ZPP_QUANT_SCALE_BYTES * b),
-                 (double)bf16_at(cpu + c * qb + so + ZPP_QUANT_SCALE_BYTES * b));
+                 (double)f32_of(gpu + c * qb + so + 4 * b),
+                 (double)f32_of(cpu + c * qb + so + 4 * b));
     } else {
         snprintf(where, sizeof where, "scale padding byte %zu", o);
     }
@@ -351,8 +351,8 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
         const size_t nb = zpp_quant_num_blocks(chunk_len, s->block);
         for (size_t c = 0; c < n_chunks; c++)
             for (size_t b = 0; b < nb; b++) {
-                uint16_t sc = zpp_f32_to_bf16((float)(zpp_rng_uniform(r) * 0.1));
-                memcpy(q + c * qbc + so + ZPP_QUANT_SCALE_BYTES * b, &sc, 2);
+                float sc = (float)(zpp_rng_uniform(r) * 0.1);
+                memcpy(q + c * qbc + so + 4 * b, &sc, 4);
             }
     } else {
         void *x = random_input(n, s->block, d, r);
@@ -659,12 +659,9 @@ static void test_nonfinite(void) {
                 dbuf_get(&dq, gpu, ctx);
                 expect_same_q(gpu, cpu, 1, n, &s, ctx);
                 EXPECT(flag_get(flag) == 1, "%s: flag not raised", ctx);
-                uint16_t sb;
-                memcpy(&sb,
-                       gpu + zpp_quant_scales_offset(n, s.bits) +
-                           ZPP_QUANT_SCALE_BYTES * (at / s.block),
-                       2);
-                EXPECT(sb == 0x7fc0u, "%s: scale bits 0x%04x", ctx, sb);
+                uint32_t sb;
+                memcpy(&sb, gpu + zpp_quant_scales_offset(n, s.bits) + 4 * (at / s.block), 4);
+                EXPECT(sb == 0x7fc00000u, "%s: scale bits 0x%08x", ctx, sb);
                 /* dequantize on the GPU: that block is all NaN, the next is not */
                 void *y = xmalloc(n * es);
                 dbuf dy = dbuf_make(n * es, 0);

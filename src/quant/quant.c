@@ -4,10 +4,8 @@
  * The math, per block of at most `block` elements:
  *
  *     absmax = max |x|          (fp32; bf16/fp16 converted exactly)
- *     scale  = up(absmax * (1/qmax))  (1/qmax the fp32 constant; one fp32
- *                               product, then rounded up to the next bf16
- *                               value; stored as that bf16)
- *     inv    = 1 / scale        (fp32 IEEE division)
+ *     scale  = absmax / qmax    (fp32 IEEE division; this is what is stored)
+ *     inv    = qmax / absmax    (fp32 IEEE division)
  *     q      = clamp(rint(x * inv), -qmax, qmax)              round half even
  *     q      = clamp(floor(x * inv + u), -qmax, qmax)         stochastic,
  *                  u = zpp_quant_uniform(seed, element index)
@@ -20,11 +18,10 @@
  *
  * Edge cases, defined so CPU and GPU agree:
  *   - absmax == 0: scale 0, payload 0.
- *   - scale < 1 / FLT_MAX (absmax below about 2.1e-38 for int4, 3.7e-37
- *     for int8; also a quotient that underflows to 0): inv overflows to
- *     +Inf; the formula is followed literally with NaN -> 0 and +-Inf
+ *   - 0 < absmax < qmax / FLT_MAX (about 3.7e-37 for int8): inv overflows
+ *     to +Inf; the formula is followed literally with NaN -> 0 and +-Inf
  *     saturating (zpp__q_tiny): q = sign(x) * qmax, or 0 where x == 0.
- *   - a NaN or Inf in the block: scale NaN (bf16 bits 0x7fc0), payload 0.
+ *   - a NaN or Inf in the block: scale NaN (bits 0x7fc00000), payload 0.
  *
  * How the hot loops vectorize (gcc 12, -O3, x86-64 baseline = SSE2 only;
  * read with objdump -d on quant.c.o; cycles per element in L1/L2 on the
@@ -68,14 +65,13 @@
 #include "quant/quant_rng.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the wire layout stores little-endian bf16 scales; add byte swaps for this host"
+#error "the wire layout stores little-endian fp32 scales; add byte swaps for this host"
 #endif
 
 #define ZPP__MAX_BLOCK ((size_t)1 << 20)
 /* Elements per inner tile: the stack buffers below are a few KiB, in L1. */
 #define ZPP__TILE 512
-/* The canonical quiet NaN stored as the scale of a non-finite block (as
- * fp32; its top half is the stored bf16). */
+/* The canonical quiet NaN stored as the scale of a non-finite block. */
 #define ZPP__NAN_BITS 0x7fc00000u
 
 /* ------------------------------------------------------------------------ */
@@ -137,7 +133,7 @@ size_t zpp_quant_num_blocks(size_t n, size_t block) {
 size_t zpp_quant_bytes(size_t n, const zpp_quant_spec *spec) {
     if (!spec) return 0;
     return zpp__round16(zpp_quant_scales_offset(n, spec->bits) +
-                        ZPP_QUANT_SCALE_BYTES * zpp_quant_num_blocks(n, spec->block));
+                        4 * zpp_quant_num_blocks(n, spec->block));
 }
 
 static zpp_status zpp__check_dtype(const char *what, zpp_dtype dtype) {
@@ -226,20 +222,6 @@ static inline uint16_t zpp__st_bf16_num(float f) {
     return (uint16_t)(r >> 16);
 }
 
-/* The scale as stored: s > 0 finite rounded UP to a bf16 value (clear the
- * low 16 bits, one bf16 ulp up if any was set), so that |x| / scale never
- * exceeds qmax. It cannot overflow: s <= FLT_MAX / 7 is far below the
- * largest bf16. A subnormal s rounds up on the bf16 subnormal grid. */
-static inline float zpp__scale_up(float s) {
-    uint32_t u = zpp__u32(s);
-    return zpp__f32(((u & 0xffffu) ? u + 0x10000u : u) & 0xffff0000u);
-}
-
-static inline void zpp__scale_store(uint8_t *scales, size_t b, float s) {
-    uint16_t h = (uint16_t)(zpp__u32(s) >> 16); /* exact: s is a bf16 value */
-    memcpy(scales + ZPP_QUANT_SCALE_BYTES * b, &h, 2);
-}
-
 /* fp32 -> fp16, round to nearest even, in four ranges of a = |f| bits:
  *   a > Inf            NaN: quiet, top 10 mantissa bits kept
  *   a >= 65536         Inf (also 65520 <= a < 65536 via the normal path,
@@ -289,11 +271,10 @@ static inline int32_t zpp__rint_small(float v) {
 }
 
 /* q = clamp(rint(v), -qmax, qmax) for v = x * inv with |x| <= absmax: the
- * clamp never acts, so it is left out. scale >= RN(absmax * RN(1/qmax)) >=
- * (absmax / qmax)(1 - 2^-24)^2 and inv = RN(1 / scale), so
- * |v| <= qmax (1 + 2^-24)^2 / (1 - 2^-24)^2 < qmax + 1/2 and rint(v) is
- * already in [-qmax, qmax] (the tests compare with a clamping reference
- * byte for byte). */
+ * clamp never acts, so it is left out. inv = RN(qmax / absmax) <=
+ * (qmax / absmax)(1 + 2^-24), so |v| <= qmax (1 + 2^-24)^2 < qmax + 1/2 and
+ * rint(v) is already in [-qmax, qmax] (the tests compare with a clamping
+ * reference byte for byte). */
 static inline int8_t zpp__q_rne(float v) { return (int8_t)zpp__rint_small(v); }
 
 /* q = clamp(floor(w), -qmax, qmax): rint, then one down where rint went up.
@@ -447,11 +428,11 @@ static void zpp__q_sr_dt(zpp_dtype dtype, const void *x, const float *u, size_t 
     }
 }
 
-/* A block whose absmax is so small (scale below 1 / FLT_MAX: absmax under
- * about 3.7e-37 for int8) that inv = 1 / scale overflows to +Inf. The
- * formula is then followed literally, as CUDA's __float2int_rn / _rd do it:
- * x * inv is +-Inf for x != 0 and saturates to +-qmax, and 0 * Inf = NaN
- * becomes 0. (The scale is stored as usual.) Rare, so scalar. */
+/* A block whose absmax is so small (below qmax / FLT_MAX, about 3.7e-37
+ * for int8) that inv = qmax / absmax overflows to +Inf. The formula is then
+ * followed literally, as CUDA's __float2int_rn / _rd do it: x * inv is
+ * +-Inf for x != 0 and saturates to +-qmax, and 0 * Inf = NaN becomes 0.
+ * (The scale absmax / qmax is stored as usual.) Rare, so scalar. */
 static void zpp__q_tiny(zpp_dtype dtype, const void *x, const float *u, size_t len, float inv,
                         float qmax, int8_t *q) {
     for (size_t i = 0; i < len; i++) {
@@ -493,11 +474,8 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
         *scale_p = 0.0f;
         return len;
     }
-    /* a product by the constant 1/qmax, not a division: CUDA runs it ahead
-     * of the reciprocal, in series, once per block */
-    float scale = zpp__scale_up(amax * (spec->bits == 8 ? 1.0f / 127.0f : 1.0f / 7.0f));
-    float inv = 1.0f / scale;
-    *scale_p = scale;
+    float inv = qmax / amax;
+    *scale_p = amax / qmax;
     const int tiny = !(inv <= FLT_MAX); /* see zpp__q_tiny */
 
     /* Pass 2: scale, round, store (the block is in L1 after pass 1). */
@@ -567,9 +545,9 @@ static void zpp__acc_block(const uint8_t *p, int bits, size_t len, float s, floa
 }
 
 static float zpp__scale_at(const uint8_t *q, size_t n, int bits, size_t b) {
-    uint16_t h;
-    memcpy(&h, q + zpp_quant_scales_offset(n, bits) + ZPP_QUANT_SCALE_BYTES * b, 2);
-    return zpp__ld_bf16(h);
+    float s;
+    memcpy(&s, q + zpp_quant_scales_offset(n, bits) + 4 * b, 4);
+    return s;
 }
 
 /* acc[e - e0] += dequantized element e of the n-element tensor q, for e in
@@ -615,7 +593,7 @@ static void zpp__acc_range(const uint8_t *q, size_t n, const zpp_quant_spec *spe
 static void zpp__zero_padding(uint8_t *out, size_t n, const zpp_quant_spec *spec) {
     size_t pb = zpp_quant_payload_bytes(n, spec->bits);
     size_t so = zpp_quant_scales_offset(n, spec->bits);
-    size_t se = so + ZPP_QUANT_SCALE_BYTES * zpp_quant_num_blocks(n, spec->block);
+    size_t se = so + 4 * zpp_quant_num_blocks(n, spec->block);
     memset(out + pb, 0, so - pb);
     memset(out + se, 0, zpp_quant_bytes(n, spec) - se);
 }
@@ -639,7 +617,7 @@ static uint64_t zpp__quant_tensor(const void *x, zpp_dtype dtype, size_t n,
         ZPP__PREFETCH(x, n * es, e * es + ZPP__AHEAD, len * es, 0);
         size_t bad = zpp__quant_block((const char *)x + e * es, dtype, len, spec, idx0 + e,
                                       o + (spec->bits == 8 ? e : e / 2), &s);
-        zpp__scale_store(o + so, b, s);
+        memcpy(o + so + 4 * b, &s, 4);
         if (bad < len && first_bad == ZPP__NONE) first_bad = idx0 + e + bad;
     }
     zpp__zero_padding(o, n, spec);
@@ -815,7 +793,7 @@ static zpp_status zpp__dsr(const void *const *ins, const uint8_t *base, size_t s
             uint64_t idx0 = (uint64_t)c * chunk_len + e;
             size_t bad = zpp__quant_block(sum, ZPP_FP32, len, out_spec, idx0,
                                           o + (out_spec->bits == 8 ? e : e / 2), &s);
-            zpp__scale_store(o + so, b, s);
+            memcpy(o + so + 4 * b, &s, 4);
             if (bad < len && first_bad == ZPP__NONE) first_bad = idx0 + bad;
         }
         zpp__zero_padding(o, chunk_len, out_spec);

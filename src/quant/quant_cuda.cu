@@ -4,11 +4,8 @@
  * wire layout of zeropp.h and reproduces the CPU's arithmetic bit for bit:
  *
  *   absmax = max |x| over the block, in fp32 (bf16/fp16 widen exactly)
- *   scale  = up(absmax * (1/qmax))  one rounding (1/qmax is a constant
- *                                   rounded to fp32), then rounded up to a
- *                                   bf16 value and stored as bf16
- *   inv    = 1 / scale              IEEE round to nearest (__frcp_rn), not
- *                                   an estimate
+ *   scale  = absmax / qmax          IEEE division (__fdiv_rn)
+ *   inv    = qmax / absmax          IEEE division, not a reciprocal estimate
  *   q      = rne(x * inv)           or floor(x * inv + u) when stochastic,
  *                                   clamped to [-qmax, qmax]
  *   y      = q * scale              one rounding, no FMA contraction
@@ -49,9 +46,9 @@
  *     sum IS the rounding of v to an integer (nearest-even with __fadd_rn,
  *     floor with __fadd_rd), and the low bits of the sum's bit pattern are
  *     the two's complement of the integer: one full-rate FADD instead of a
- *     quarter-rate F2I. Round-to-nearest needs no clamp (|x * inv| < qmax +
- *     1/2, see quant.c's zpp__q_rne); stochastic clamps first. Blocks whose
- *     scale is below 1 / FLT_MAX (inv overflows to +Inf: "tiny") take a
+ *     quarter-rate F2I. Round-to-nearest needs no clamp (|x * inv| <= qmax
+ *     (1 + 2^-24)^2 < qmax + 1/2); stochastic clamps first. Blocks whose
+ *     absmax is below qmax / FLT_MAX (inv overflows to +Inf: "tiny") take a
  *     slow path with __float2int_rn/_rd that follows the reference
  *     literally (+-Inf saturates, 0 * Inf = NaN -> 0).
  *   - Dequantize inverts the trick: byte ^ 0x80 placed under exponent 0x4B
@@ -116,9 +113,6 @@ constexpr int kThreads = 256;         /* threads per CTA */
 constexpr unsigned kMaxRegTile = 2048; /* elements a warp keeps in registers */
 constexpr float kMagic = 12582912.0f;  /* 1.5 * 2^23: ulp 1 around it */
 constexpr unsigned kNaNBits = 0x7fc00000u; /* the quiet NaN the C library's NAN has */
-/* A scale on the wire is a bf16: the top half of an fp32. */
-constexpr unsigned long long kScaleBytes = ZPP_QUANT_SCALE_BYTES;
-static_assert(kScaleBytes == sizeof(unsigned short), "scales are stored as bf16");
 
 /* ---- element types --------------------------------------------------- */
 
@@ -286,13 +280,9 @@ __device__ __forceinline__ uint2 load_payload(const QLayout &L, unsigned c,
     if (L.bits == 8) return __ldg(reinterpret_cast<const uint2 *>(p + e));
     return make_uint2(__ldg(reinterpret_cast<const unsigned *>(p + e / 2)), 0u);
 }
-/* A stored bf16 scale, as its raw 16 bits: dequant8 widens it to fp32 where
- * it is used. Widening here would make the kernels that fetch their next
- * tiles ahead wait for the load at the fetch (measured: int8 dequantize 7%
- * slower on H200). */
-__device__ __forceinline__ unsigned load_scale(const QLayout &L, unsigned c, unsigned b) {
-    const unsigned char *p = L.base + (unsigned long long)c * L.qbytes + L.scales;
-    return __ldg(reinterpret_cast<const unsigned short *>(p + kScaleBytes * b));
+__device__ __forceinline__ float load_scale(const QLayout &L, unsigned c, unsigned b) {
+    return __ldg(reinterpret_cast<const float *>(L.base + (unsigned long long)c * L.qbytes +
+                                                 L.scales + 4ull * b));
 }
 __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
                                               unsigned long long e, uint2 w) {
@@ -307,9 +297,7 @@ __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
  * q + 128 in 0..255; placed under exponent byte 0x4B it reads as the float
  * 2^23 + q + 128 (exact), so one FADD gives q. int4 likewise with
  * nibble ^ 8 = q + 8. */
-__device__ __forceinline__ void dequant8(uint2 w, int bits, unsigned scale_bf16,
-                                         float (&d)[8]) {
-    const float scale = __uint_as_float(scale_bf16 << 16); /* exact */
+__device__ __forceinline__ void dequant8(uint2 w, int bits, float scale, float (&d)[8]) {
     if (bits == 8) {
         const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
 #pragma unroll
@@ -347,9 +335,9 @@ __device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
     float v = __fmul_rn(x, inv);
     if constexpr (STOCH) v = __fadd_rn(v, zpp_quant_uniform(seed, idx));
     if constexpr (!TINY) {
-        /* Round to nearest needs no clamp: |x| <= absmax, scale >=
-         * RN(absmax / qmax) and inv = RN(1 / scale) give |v| < qmax + 1/2,
-         * so RN(v) is within [-qmax, qmax] already. Stochastic w = v + u can
+        /* Round to nearest needs no clamp: |x| <= absmax and inv =
+         * RN(qmax / absmax) give |v| <= qmax (1 + 2^-24)^2 < qmax + 1/2, so
+         * RN(v) is within [-qmax, qmax] already. Stochastic w = v + u can
          * reach qmax + 1 (or -qmax - 2^-23 before the floor): clamp. */
         if constexpr (STOCH) v = fminf(fmaxf(v, -qmax), qmax);
         return __float_as_uint(STOCH ? __fadd_rd(v, kMagic) : __fadd_rn(v, kMagic));
@@ -385,11 +373,9 @@ __device__ __forceinline__ uint2 quant8(const float (&v)[8], float inv, float qm
 /* The scale and reciprocal of a block from its absmax bit pattern, with the
  * reference's edge cases (quant.c): a NaN/Inf in the block gives scale NaN
  * (bits 0x7fc00000) and payload 0; absmax 0 gives scale 0 and payload 0
- * (inv = 0 does it: x * 0 = 0, floor(0 + u) = 0 for u in [0, 1)); and a
- * scale below 1 / FLT_MAX makes inv overflow to +Inf ("tiny": scale stored
- * as usual, rounding through the literal slow path). The scale is rounded
- * up to a bf16 value (zpp__scale_up in quant.c): the low 16 bits cleared,
- * one bf16 ulp added if any was set. */
+ * (inv = 0 does it: x * 0 = 0, floor(0 + u) = 0 for u in [0, 1)); and
+ * 0 < absmax < qmax / FLT_MAX makes inv overflow to +Inf ("tiny": scale
+ * stored as usual, rounding through the literal slow path). */
 struct BlockScale {
     float scale, inv;
     bool bad;  /* NaN or Inf in the block */
@@ -406,13 +392,9 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
         s.scale = 0.0f;
         s.inv = 0.0f;
     } else {
-        /* absmax * RN(1/qmax): one multiply, not a division, ahead of the
-         * reciprocal below (the two would run in series) */
         const float amax = __uint_as_float(amax_bits);
-        const float inv_qmax = qmax == 127.0f ? 1.0f / 127.0f : 1.0f / 7.0f;
-        const unsigned q = __float_as_uint(__fmul_rn(amax, inv_qmax));
-        s.scale = __uint_as_float(((q & 0xffffu) ? q + 0x10000u : q) & 0xffff0000u);
-        s.inv = __frcp_rn(s.scale); /* == __fdiv_rn(1, scale), with fewer steps */
+        s.scale = __fdiv_rn(amax, qmax);
+        s.inv = __fdiv_rn(qmax, amax);
         s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
     }
     return s;
@@ -573,7 +555,7 @@ struct DeqSumSrc {
     template <int N>
     struct Stage {
         uint2 w[2][N];
-        unsigned sc[2][N]; /* raw bf16 scales */
+        float sc[2][N];
     };
 
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
@@ -592,7 +574,7 @@ struct DeqSumSrc {
     template <int U, int VPT>
     __device__ __forceinline__ void fetch_input(const Tile (&tl)[U], unsigned t, unsigned T,
                                                 int j, uint2 (&w)[U * VPT],
-                                                unsigned (&sc)[U * VPT]) const {
+                                                float (&sc)[U * VPT]) const {
         QLayout L = in;
         L.base += in_stride * (unsigned long long)j;
 #pragma unroll
@@ -601,7 +583,7 @@ struct DeqSumSrc {
             for (int s = 0; s < VPT; s++) {
                 const unsigned e = vec_off(t, T, s), n = u * VPT + s;
                 w[n] = make_uint2(0u, 0u);
-                sc[n] = 0u;
+                sc[n] = 0.0f;
                 if (j < k && vec_cnt(tl[u], e)) {
                     const unsigned long long ee = tl[u].e0 + e;
                     w[n] = load_payload(L, tl[u].c, ee);
@@ -620,7 +602,7 @@ struct DeqSumSrc {
         fetch_input<U, VPT>(tl, t, T, 1, st.w[1], st.sc[1]);
     }
     template <int N>
-    __device__ __forceinline__ void add(const uint2 (&w)[N], const unsigned (&sc)[N],
+    __device__ __forceinline__ void add(const uint2 (&w)[N], const float (&sc)[N],
                                         float (&v)[N][8]) const {
 #pragma unroll
         for (int n = 0; n < N; n++) {
@@ -645,7 +627,7 @@ struct DeqSumSrc {
         if (k > 1) add<N>(st.w[1], st.sc[1], v);
         for (int j = 2; j < k; j++) {
             uint2 w[N];
-            unsigned sc[N];
+            float sc[N];
             fetch_input<U, VPT>(tl, t, T, j, w, sc);
             add<N>(w, sc, v);
         }
@@ -686,16 +668,13 @@ struct QDst {
 __device__ __forceinline__ void block_epilogue(const QDst &q, unsigned c, unsigned b,
                                                const BlockScale &s) {
     unsigned char *p = q.out.base + (unsigned long long)c * q.out.qbytes;
-    /* exact: the scale is a bf16 value */
-    const unsigned short h = (unsigned short)(__float_as_uint(s.scale) >> 16);
-    *reinterpret_cast<unsigned short *>(p + q.out.scales + kScaleBytes * b) = h;
+    *reinterpret_cast<float *>(p + q.out.scales + 4ull * b) = s.scale;
     if (s.bad && q.nonfinite) *q.nonfinite = 1;
     if (b == q.nb - 1) {
 #pragma unroll 1
         for (unsigned long long x = q.pay_end; x < q.out.scales; x++) p[x] = 0;
 #pragma unroll 1
-        for (unsigned long long x = q.out.scales + kScaleBytes * q.nb; x < q.out.qbytes; x++)
-            p[x] = 0;
+        for (unsigned long long x = q.out.scales + 4ull * q.nb; x < q.out.qbytes; x++) p[x] = 0;
     }
 }
 
@@ -887,7 +866,7 @@ __device__ __forceinline__ Tile dq_tile(const DqArgs &a, unsigned tile) {
 template <int U, int VPT, int MODE>
 struct DqStage {
     uint2 w[U * VPT];
-    unsigned sc[U]; /* raw bf16 scales */
+    float sc[U];
     Raw8 acc[MODE == DQ_ACC ? U * VPT : 1];
 };
 
@@ -897,7 +876,7 @@ __device__ __forceinline__ void dq_fetch(const DqArgs &a, const Tile (&tl)[U], u
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const unsigned c = MODE == DQ_REDUCE ? ci : tl[u].c;
-        st.sc[u] = tl[u].len ? load_scale(a.q, c, tl[u].b) : 0u;
+        st.sc[u] = tl[u].len ? load_scale(a.q, c, tl[u].b) : 0.0f;
 #pragma unroll
         for (int s = 0; s < VPT; s++) {
             const unsigned e = vec_off(t, T, s), n = u * VPT + s;
