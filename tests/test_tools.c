@@ -54,7 +54,7 @@ static int truth(const cJSON *o, const char *key) {
 
 /* `zeropp bench comm` on 8 ranks as 2 nodes of 4: every mode correct and as
  * planned; ZeRO++ sends <= 0.26 of ZeRO-3's cross-node bytes; qwZ's forward
- * gather 0.5 plus the scales (int8 blocks of 256: 2 bytes per 256). */
+ * gather 0.5 plus the scales (int8 blocks of 256: 4 bytes per 256). */
 static void test_bench_comm_acceptance(void) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
@@ -84,7 +84,7 @@ static void test_bench_comm_acceptance(void) {
         if (!strcmp(m, "zeropp")) EXPECT(r <= 0.26, "zeropp/zero3 = %.4f", r);
         if (!strcmp(m, "qwz")) {
             double f = num(o[i], "fwd_gather_cross_bytes") / z3_fwd;
-            EXPECT(f >= 0.5 && f <= 0.5 * (1 + 2.0 / 256) + 1e-3, "qwz forward ratio %.4f", f);
+            EXPECT(f >= 0.5 && f <= 0.5 * (1 + 4.0 / 256) + 1e-3, "qwz forward ratio %.4f", f);
         }
         if (!strcmp(m, "hpz")) EXPECT(num(o[i], "bwd_gather_cross_bytes") == 0);
         cJSON_Delete(o[i]);
@@ -93,8 +93,10 @@ static void test_bench_comm_acceptance(void) {
 
 /* Two nodes of one rank: qgZ quantizes once and dequantizes straight into
  * the sum, so its error comes closest to the bench's bound (one int4 level;
- * over a million elements the worst is within 2% of it). A bound that
- * forgot how the scales are rounded fails here. */
+ * over a million elements the worst is within 2% of it). The 8-rank run
+ * above has a second level and slack: a bench bound that no longer matches
+ * the quantizer's rounding passed there and failed here (a bf16-scale
+ * trial, 2026-11-30). */
 static void test_bench_comm_tight_bounds(void) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
