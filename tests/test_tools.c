@@ -87,6 +87,17 @@ static void test_bench_comm_acceptance(void) {
             EXPECT(f >= 0.5 && f <= 0.5 * (1 + 4.0 / 256) + 1e-3, "qwz forward ratio %.4f", f);
         }
         if (!strcmp(m, "hpz")) EXPECT(num(o[i], "bwd_gather_cross_bytes") == 0);
+        /* the plain all-gather of the quantized bytes, and each quantized
+         * path against it (only those: zero3 and hpz move bf16) */
+        EXPECT(num(o[i], "mpi_int8_wire_allgather_ms") > 0 &&
+               num(o[i], "mpi_int4_wire_allgather_ms") > 0);
+        int qw = !strcmp(m, "qwz") || !strcmp(m, "zeropp");
+        int qg = !strcmp(m, "qgz") || !strcmp(m, "zeropp");
+        EXPECT(!qw || num(o[i], "fwd_gather_vs_wire_paired") > 0, "mode %s", m);
+        EXPECT(!qg || num(o[i], "grad_reduce_vs_wire_paired") > 0, "mode %s", m);
+        EXPECT(qw == (cJSON_GetObjectItemCaseSensitive(o[i], "fwd_gather_vs_wire") != NULL) &&
+                   qg == (cJSON_GetObjectItemCaseSensitive(o[i], "grad_reduce_vs_wire") != NULL),
+               "mode %s: a wire ratio where nothing is quantized, or none where it is", m);
         cJSON_Delete(o[i]);
     }
 }

@@ -22,7 +22,12 @@
  * It also times the backend's plain collective on the same tensors (a bf16
  * all-gather of each unit's shards and a bf16 reduce-scatter of each unit's
  * gradient: ZeRO-3's calls without the library around them) and prints each
- * path's speed against it.
+ * path's speed against it. And it times a plain all-gather of each unit's
+ * quantized bytes (int8 for qwZ, int4 for qgZ: zpp_quant_bytes of a shard
+ * per rank). That moves the same cross-node bytes per node as qwZ's gather
+ * and as qgZ's inter-node exchange ((N-1) S qbytes, DESIGN.md section 5), so
+ * "vs wire" = wire time / our time says how close a quantized path comes to
+ * what the link gives for its bytes: 1 = no cost beyond the bytes.
  *
  * --device gpu runs the same code on the NCCL backend with device buffers
  * (device = launcher-local rank % device count; --emulate-nodes gives each
@@ -83,6 +88,8 @@ typedef struct bench_ctx {
     bench_unit *u;
     void *full;        /* the largest padded unit, backend memory */
     void *scratch;     /* plain reduce-scatter output */
+    void *wire_send;   /* the largest quantized shard (zeros), backend memory */
+    void *wire_recv;   /* W of them */
     void *host_full;   /* host copies for checks */
     float *host_out;
     size_t ds;
@@ -94,9 +101,19 @@ typedef struct bench_result {
     zpp_volume vol;
     double ms[4]; /* step, fwd, bwd, reduce: median over rounds of the slowest rank */
     double paired[3]; /* fwd, bwd, reduce speed-up: median over rounds of plain / this */
+    double wire_paired[2]; /* fwd (qwZ) and reduce (qgZ) against the wire all-gather */
     int correct, plan_match;
     double worst; /* largest error / bound seen */
 } bench_result;
+
+/* The plain collectives timed beside the modes, per round. */
+enum {
+    PLAIN_AG,      /* bf16 all-gather of every unit's shards */
+    PLAIN_RS,      /* bf16 reduce-scatter of every unit's gradient */
+    PLAIN_WIRE8,   /* all-gather of every unit's int8 quantized shard (qwZ's bytes) */
+    PLAIN_WIRE4,   /* all-gather of every unit's int4 quantized shard (qgZ's bytes) */
+    PLAIN_COUNT
+};
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -108,8 +125,9 @@ static void usage(FILE *f) {
             "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
             "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
             "per node by phase, the time (K rounds, default 5, each timing every mode beside\n"
-            "the backend's plain bf16 all-gather and reduce-scatter; median, slowest rank)\n"
-            "and a correctness check. --weight-block / --grad-block set the int8 / int4\n"
+            "the backend's plain bf16 all-gather and reduce-scatter, and a plain all-gather\n"
+            "of the quantized bytes; median, slowest rank) and a correctness check.\n"
+            "--weight-block / --grad-block set the int8 / int4\n"
             "block sizes (defaults %d / %d). --node-size groups consecutive ranks into\n"
             "nodes (default: as the launcher placed them). --device gpu uses NCCL and\n"
             "device memory; with --emulate-nodes each node gets its own NCCL_HOSTID\n"
@@ -297,12 +315,16 @@ static zpp_status setup(bench_ctx *b) {
     b->ds = zpp_dtype_size(b->o.dtype);
     b->u = calloc((size_t)b->o.units, sizeof *b->u);
     if (!b->u) return ZPP_ERR_NOMEM;
-    size_t max_padded = 1, max_shard = 1;
+    size_t max_padded = 1, max_shard = 1, max_wire = 16;
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
         u->p = zpp_partition_make(zpp_plan_unit_numel(b->o.params, b->o.units, i), b->topo);
         if (u->p.padded > max_padded) max_padded = u->p.padded;
         if (u->p.shard_len > max_shard) max_shard = u->p.shard_len;
+        size_t w8 = zpp_quant_bytes(u->p.shard_len, &b->copts.weight_spec);
+        size_t w4 = zpp_quant_bytes(u->p.shard_len, &b->copts.grad_spec);
+        if (w8 > max_wire) max_wire = w8;
+        if (w4 > max_wire) max_wire = w4;
         if ((st = zpp_mem_alloc(b->mem, u->p.shard_len * b->ds, &u->shard)) ||
             (st = zpp_mem_alloc(b->mem, u->p.padded * b->ds, &u->grad)) ||
             (st = zpp_mem_alloc(b->mem, u->p.sec_len * b->ds, &u->secondary)) ||
@@ -315,7 +337,10 @@ static zpp_status setup(bench_ctx *b) {
             return st;
     }
     if ((st = zpp_mem_alloc(b->mem, max_padded * b->ds, &b->full)) ||
-        (st = zpp_mem_alloc(b->mem, max_shard * b->ds, &b->scratch)))
+        (st = zpp_mem_alloc(b->mem, max_shard * b->ds, &b->scratch)) ||
+        (st = zpp_mem_alloc(b->mem, max_wire, &b->wire_send)) ||
+        (st = zpp_mem_alloc(b->mem, max_wire * (size_t)b->W, &b->wire_recv)) ||
+        (st = zpp_mem_set(b->mem, b->wire_send, 0, max_wire)))
         return st;
     b->host_full = malloc(max_padded * b->ds);
     b->host_out = malloc(max_shard * sizeof(float));
@@ -340,6 +365,8 @@ static void teardown(bench_ctx *b) {
     }
     zpp_mem_free(b->mem, b->full);
     zpp_mem_free(b->mem, b->scratch);
+    zpp_mem_free(b->mem, b->wire_send);
+    zpp_mem_free(b->mem, b->wire_recv);
     free(b->host_full);
     free(b->host_out);
     zpp_coll_destroy(b->coll);
@@ -485,21 +512,31 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
 }
 
 /* The backend's own bf16 all-gather and reduce-scatter of the same tensors,
- * straight through the communicator (not through the accounting). */
-static void run_plain(bench_ctx *b, double ms[2]) {
+ * and its all-gather of their quantized sizes, straight through the
+ * communicator (not through the accounting). ms: PLAIN_COUNT sums over units. */
+static void run_plain(bench_ctx *b, double ms[PLAIN_COUNT]) {
     zpp_comm *w = b->topo->world;
-    ms[0] = ms[1] = 0;
+    for (int k = 0; k < PLAIN_COUNT; k++) ms[k] = 0;
     w->ops->barrier(w);
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
         double t = zpp_cli_now_ms();
         zpp_status st = w->ops->allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain all-gather", st);
-        ms[0] += zpp_cli_now_ms() - t;
+        ms[PLAIN_AG] += zpp_cli_now_ms() - t;
         t = zpp_cli_now_ms();
         st = w->ops->reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain reduce-scatter", st);
-        ms[1] += zpp_cli_now_ms() - t;
+        ms[PLAIN_RS] += zpp_cli_now_ms() - t;
+        for (int k = PLAIN_WIRE8; k <= PLAIN_WIRE4; k++) {
+            const zpp_quant_spec *sp =
+                k == PLAIN_WIRE8 ? &b->copts.weight_spec : &b->copts.grad_spec;
+            t = zpp_cli_now_ms();
+            st = w->ops->allgather(w, b->wire_send, b->wire_recv,
+                                   zpp_quant_bytes(u->p.shard_len, sp), NULL);
+            if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: wire all-gather", st);
+            ms[k] += zpp_cli_now_ms() - t;
+        }
     }
 }
 
@@ -543,19 +580,19 @@ static void check_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
  * emulated nodes varied by 25% between runs), so each round times the plain
  * collectives and then one step of every mode, back to back: a ratio
  * compares times taken moments apart, not minutes apart. */
-static void time_modes(bench_ctx *b, bench_result *res, double plain[2]) {
+static void time_modes(bench_ctx *b, bench_result *res, double plain[PLAIN_COUNT]) {
     int iters = b->o.iters;
-    double *ps = calloc((size_t)iters * 2, sizeof(double));
+    double *ps = calloc((size_t)iters * PLAIN_COUNT, sizeof(double));
     double *ms = calloc((size_t)iters * 4 * ZPP_COLL_MODE_COUNT, sizeof(double));
     if (!ps || !ms) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
     run_plain(b, ps); /* warm-up */
     for (int s = 0; s < iters; s++) {
-        run_plain(b, &ps[2 * s]);
+        run_plain(b, &ps[PLAIN_COUNT * s]);
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
             if (b->o.mode_on[m])
                 run_step(b, zpp_coll_mode_get(m), 0, &ms[((size_t)m * iters + s) * 4], NULL);
     }
-    reduce_times(ps, iters, 2, plain);
+    reduce_times(ps, iters, PLAIN_COUNT, plain);
     double *col = malloc((size_t)iters * sizeof(double));
     if (!col) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
@@ -566,10 +603,20 @@ static void time_modes(bench_ctx *b, bench_result *res, double plain[2]) {
          * reduce-scatter, round by round */
         for (int k = 0; k < 3; k++) {
             for (int r = 0; r < iters; r++) {
-                double ours = mm[r * 4 + 1 + k], ref = ps[2 * r + (k == 2)];
+                double ours = mm[r * 4 + 1 + k];
+                double ref = ps[PLAIN_COUNT * r + (k == 2 ? PLAIN_RS : PLAIN_AG)];
                 col[r] = ours > 0 ? ref / ours : 0.0;
             }
             res[m].paired[k] = zpp_cli_median(col, iters);
+        }
+        /* the forward gather against the int8 wire, the reduce against the int4 */
+        for (int k = 0; k < 2; k++) {
+            for (int r = 0; r < iters; r++) {
+                double ours = mm[r * 4 + (k ? 3 : 1)];
+                double ref = ps[PLAIN_COUNT * r + (k ? PLAIN_WIRE4 : PLAIN_WIRE8)];
+                col[r] = ours > 0 ? ref / ours : 0.0;
+            }
+            res[m].wire_paired[k] = zpp_cli_median(col, iters);
         }
     }
     free(col);
@@ -584,7 +631,7 @@ static const zpp_phase kPhases[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER,
                                      ZPP_PHASE_GRAD_REDUCE};
 
 static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_result *r,
-                       double z3_cross, const double plain[2], const char *backend) {
+                       double z3_cross, const double plain[PLAIN_COUNT], const char *backend) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return;
     cJSON_AddStringToObject(o, "bench", "comm");
@@ -619,18 +666,37 @@ static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_r
     }
     char key[64];
     snprintf(key, sizeof key, "%s_bf16_allgather_ms", backend);
-    cJSON_AddNumberToObject(o, key, plain[0]);
+    cJSON_AddNumberToObject(o, key, plain[PLAIN_AG]);
     snprintf(key, sizeof key, "%s_bf16_reduce_scatter_ms", backend);
-    cJSON_AddNumberToObject(o, key, plain[1]);
+    cJSON_AddNumberToObject(o, key, plain[PLAIN_RS]);
+    snprintf(key, sizeof key, "%s_int8_wire_allgather_ms", backend);
+    cJSON_AddNumberToObject(o, key, plain[PLAIN_WIRE8]);
+    snprintf(key, sizeof key, "%s_int4_wire_allgather_ms", backend);
+    cJSON_AddNumberToObject(o, key, plain[PLAIN_WIRE4]);
     /* > 1: this path is faster than the backend's plain collective */
-    cJSON_AddNumberToObject(o, "fwd_gather_speedup", r->ms[1] > 0 ? plain[0] / r->ms[1] : 0.0);
-    cJSON_AddNumberToObject(o, "bwd_gather_speedup", r->ms[2] > 0 ? plain[0] / r->ms[2] : 0.0);
-    cJSON_AddNumberToObject(o, "grad_reduce_speedup", r->ms[3] > 0 ? plain[1] / r->ms[3] : 0.0);
+    cJSON_AddNumberToObject(o, "fwd_gather_speedup",
+                            r->ms[1] > 0 ? plain[PLAIN_AG] / r->ms[1] : 0.0);
+    cJSON_AddNumberToObject(o, "bwd_gather_speedup",
+                            r->ms[2] > 0 ? plain[PLAIN_AG] / r->ms[2] : 0.0);
+    cJSON_AddNumberToObject(o, "grad_reduce_speedup",
+                            r->ms[3] > 0 ? plain[PLAIN_RS] / r->ms[3] : 0.0);
     /* the same, as the median over rounds of each round's own ratio: the
      * estimate to quote when the link drifts between rounds */
     cJSON_AddNumberToObject(o, "fwd_gather_speedup_paired", r->paired[0]);
     cJSON_AddNumberToObject(o, "bwd_gather_speedup_paired", r->paired[1]);
     cJSON_AddNumberToObject(o, "grad_reduce_speedup_paired", r->paired[2]);
+    /* <= 1 up to noise: the plain all-gather of the same quantized bytes over
+     * this path, for the paths that quantize */
+    if (m->gather == ZPP_GATHER_QWZ) {
+        cJSON_AddNumberToObject(o, "fwd_gather_vs_wire",
+                                r->ms[1] > 0 ? plain[PLAIN_WIRE8] / r->ms[1] : 0.0);
+        cJSON_AddNumberToObject(o, "fwd_gather_vs_wire_paired", r->wire_paired[0]);
+    }
+    if (m->reduce == ZPP_REDUCE_QGZ) {
+        cJSON_AddNumberToObject(o, "grad_reduce_vs_wire",
+                                r->ms[3] > 0 ? plain[PLAIN_WIRE4] / r->ms[3] : 0.0);
+        cJSON_AddNumberToObject(o, "grad_reduce_vs_wire_paired", r->wire_paired[1]);
+    }
     cJSON_AddBoolToObject(o, "correct", r->correct);
     cJSON_AddNumberToObject(o, "max_err_over_bound", r->worst);
     cJSON_AddBoolToObject(o, "plan_match", r->plan_match);
@@ -640,8 +706,8 @@ static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_r
     cJSON_Delete(o);
 }
 
-static void print_table(const bench_ctx *b, const bench_result *r, const double plain[2],
-                        const char *backend) {
+static void print_table(const bench_ctx *b, const bench_result *r,
+                        const double plain[PLAIN_COUNT], const char *backend) {
     int z3 = b->o.mode_on[0] ? 0 : -1; /* the ratio column needs zero3's run */
     printf("zeropp bench comm: %zu parameters (%s) in %d units, world %d = %d node%s x %d, "
            "backend %s, %d timed step%s\n",
@@ -674,16 +740,25 @@ static void print_table(const bench_ctx *b, const bench_result *r, const double 
     }
     printf("\n%s bf16 all-gather of every unit: %.2f ms; reduce-scatter: %.2f ms "
            "(the backend's own calls on the same tensors)\n",
-           backend, plain[0], plain[1]);
+           backend, plain[PLAIN_AG], plain[PLAIN_RS]);
+    printf("%s all-gather of the quantized shards (the same cross-node bytes as qwZ's gather "
+           "and qgZ's exchange): int8 %.2f ms, int4 %.2f ms\n",
+           backend, plain[PLAIN_WIRE8], plain[PLAIN_WIRE4]);
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
         if (!b->o.mode_on[m]) continue;
         const zpp_coll_mode *md = zpp_coll_mode_get(m);
         const bench_result *x = &r[m];
         printf("%-7s fwd gather vs %s bf16 allgather: %.2fx (%.2fx)   bwd gather: %.2fx (%.2fx)   "
                "grad reduce vs reduce-scatter: %.2fx (%.2fx)\n",
-               md->name, backend, x->ms[1] > 0 ? plain[0] / x->ms[1] : 0.0, x->paired[0],
-               x->ms[2] > 0 ? plain[0] / x->ms[2] : 0.0, x->paired[1],
-               x->ms[3] > 0 ? plain[1] / x->ms[3] : 0.0, x->paired[2]);
+               md->name, backend, x->ms[1] > 0 ? plain[PLAIN_AG] / x->ms[1] : 0.0, x->paired[0],
+               x->ms[2] > 0 ? plain[PLAIN_AG] / x->ms[2] : 0.0, x->paired[1],
+               x->ms[3] > 0 ? plain[PLAIN_RS] / x->ms[3] : 0.0, x->paired[2]);
+        if (md->gather == ZPP_GATHER_QWZ)
+            printf("%-7s fwd gather vs the int8 wire all-gather: %.2fx (%.2fx)\n", md->name,
+                   x->ms[1] > 0 ? plain[PLAIN_WIRE8] / x->ms[1] : 0.0, x->wire_paired[0]);
+        if (md->reduce == ZPP_REDUCE_QGZ)
+            printf("%-7s grad reduce vs the int4 wire all-gather: %.2fx (%.2fx)\n", md->name,
+                   x->ms[3] > 0 ? plain[PLAIN_WIRE4] / x->ms[3] : 0.0, x->wire_paired[1]);
     }
     printf("(x > 1: faster than the plain collective; ratio of the medians, and in brackets "
            "the median of each round's ratio)\n");
@@ -796,7 +871,7 @@ int zpp_cli_bench_comm(int argc, char **argv) {
     memset(res, 0, sizeof res);
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
         if (o.mode_on[m]) check_mode(&b, zpp_coll_mode_get(m), &res[m]);
-    double plain[2];
+    double plain[PLAIN_COUNT];
     time_modes(&b, res, plain);
 
     int all_ok = 1;
