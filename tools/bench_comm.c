@@ -127,11 +127,11 @@ static void usage(FILE *f) {
             "per node by phase, the time (K rounds, default 5, each timing every mode beside\n"
             "the backend's plain bf16 all-gather and reduce-scatter, and a plain all-gather\n"
             "of the quantized bytes; median, slowest rank) and a correctness check.\n"
-            "--weight-block / --grad-block set the int8 / int4\n"
-            "block sizes (defaults %d / %d). --node-size groups consecutive ranks into\n"
-            "nodes (default: as the launcher placed them). --device gpu uses NCCL and\n"
-            "device memory; with --emulate-nodes each node gets its own NCCL_HOSTID\n"
-            "(launch with --bind-to none).\n",
+            "--weight-block / --grad-block set the int8 / int4 block sizes (defaults\n"
+            "%d / %d). --node-size groups consecutive ranks into nodes (default: as the\n"
+            "launcher placed them). --device gpu uses NCCL and device memory; with\n"
+            "--emulate-nodes each node gets its own NCCL_HOSTID (launch with\n"
+            "--bind-to none).\n",
             ZPP_QUANT_DEFAULT_BLOCK_INT8, ZPP_QUANT_DEFAULT_BLOCK_INT4);
 }
 
