@@ -52,17 +52,20 @@ static int truth(const cJSON *o, const char *key) {
     return cJSON_IsTrue(v);
 }
 
+/* `mpirun -np <np> zeropp bench comm <args> --json`: its lines, parsed. */
+static int bench_comm_json(int np, const char *args, cJSON **o) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe --bind-to none -np %d %s bench comm %s --json",
+             getenv("ZPP_MPIEXEC"), np, getenv("ZPP_CLI"), args);
+    return run_json(cmd, o, MAX_LINES);
+}
+
 /* `zeropp bench comm` on 8 ranks as 2 nodes of 4: every mode correct and as
  * planned; ZeRO++ sends <= 0.26 of ZeRO-3's cross-node bytes; qwZ's forward
  * gather 0.5 plus the scales (int8 blocks of 256: 4 bytes per 256). */
 static void test_bench_comm_acceptance(void) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "%s --oversubscribe --bind-to none -np 8 %s bench comm --params 1000000 "
-             "--node-size 4 --iters 1 --json",
-             getenv("ZPP_MPIEXEC"), getenv("ZPP_CLI"));
     cJSON *o[MAX_LINES];
-    int n = run_json(cmd, o, MAX_LINES);
+    int n = bench_comm_json(8, "--params 1000000 --node-size 4 --iters 1", o);
     EXPECT(n == 5, "%d modes reported, expected 5", n);
     double z3 = -1, z3_fwd = -1;
     for (int i = 0; i < n; i++) {
@@ -109,13 +112,9 @@ static void test_bench_comm_acceptance(void) {
  * the quantizer's rounding passed there and failed here (a bf16-scale
  * trial, 2026-11-30). */
 static void test_bench_comm_tight_bounds(void) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "%s --oversubscribe --bind-to none -np 2 %s bench comm --params 1000000 --units 1 "
-             "--node-size 1 --iters 1 --modes qwz,qgz --json",
-             getenv("ZPP_MPIEXEC"), getenv("ZPP_CLI"));
     cJSON *o[MAX_LINES];
-    int n = run_json(cmd, o, MAX_LINES);
+    int n = bench_comm_json(2, "--params 1000000 --units 1 --node-size 1 --iters 1 "
+                               "--modes qwz,qgz", o);
     EXPECT(n == 2, "%d modes reported, expected 2", n);
     for (int i = 0; i < n; i++) {
         double w = num(o[i], "max_err_over_bound");
