@@ -277,32 +277,14 @@ static zpp_status setup(bench_ctx *b) {
     to.backend = b->o.gpu ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
     to.node_size = b->o.node_size;
     to.emulate_nodes = b->o.emulate_nodes;
+    zpp_status st;
     if (b->o.gpu) {
-#ifdef ZPP_HAVE_CUDA
-        /* The launcher's local rank picks the device, whatever --node-size
-         * says about emulated nodes. */
-        MPI_Comm shm;
-        int local = 0, ndev = 0;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm);
-        MPI_Comm_rank(shm, &local);
-        MPI_Comm_free(&shm);
-        if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-            cudaGetLastError();
-            fprintf(stderr, "zeropp bench comm: --device gpu, but no CUDA device is visible\n");
-            return ZPP_ERR_CUDA;
-        }
-        to.device = local % ndev;
-        if (cudaSetDevice(to.device) != cudaSuccess) return ZPP_ERR_CUDA;
-        cudaStream_t s;
-        if (cudaStreamCreate(&s) != cudaSuccess) return ZPP_ERR_CUDA;
-        b->stream = s;
-        to.compute_stream = s;
-#else
-        fprintf(stderr, "zeropp bench comm: --device gpu needs a build with CUDA\n");
-        return ZPP_ERR_UNSUPPORTED;
-#endif
+        /* the launcher's local rank picks the device, whatever --node-size
+         * says about emulated nodes */
+        if ((st = zpp_topo_open_device(&to.device, &b->stream)) != ZPP_OK) return st;
+        to.compute_stream = b->stream;
     }
-    zpp_status st = zpp_topo_create(&to, &b->topo);
+    st = zpp_topo_create(&to, &b->topo);
     if (st != ZPP_OK) return st;
     b->mem = b->topo->world->mem;
     b->rank = b->topo->world_rank;

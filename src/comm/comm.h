@@ -114,6 +114,15 @@ typedef struct zpp_topo_opts {
 zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
 void zpp_topo_destroy(zpp_topo *topo);
 
+/* The GPU of this rank, before zpp_topo_create: its index among the ranks
+ * the launcher started on its host, modulo the devices it sees (whatever
+ * node size is emulated), made current, with a new stream on it for the
+ * caller's compute work (*stream_p, a cudaStream_t; destroy it after the
+ * topology). ZPP_ERR_CUDA when no device is visible, ZPP_ERR_UNSUPPORTED in
+ * a build without CUDA. Local: no other rank takes part beyond MPI's
+ * shared-memory split. */
+zpp_status zpp_topo_open_device(int *device_p, void **stream_p);
+
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */
 /* Collective over `mpi_comm`: duplicates it (the zpp_comm owns the

@@ -17,6 +17,10 @@
 #include "comm/comm.h"
 #include "core/error.h"
 
+#ifdef ZPP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 static zpp_status zpp__topo_mpi_fail(int rc, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -228,4 +232,35 @@ out:
 
 void zpp_topo_destroy(zpp_topo *topo) {
     if (topo) zpp__topo_free(topo);
+}
+
+zpp_status zpp_topo_open_device(int *device_p, void **stream_p) {
+    if (!device_p || !stream_p)
+        return zpp_error(ZPP_ERR_INVALID, "open device: device_p and stream_p are required");
+#ifdef ZPP_HAVE_CUDA
+    MPI_Comm host;
+    int local = 0, count = 0;
+    int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory split");
+    rc = MPI_Comm_rank(host, &local);
+    MPI_Comm_free(&host);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory rank");
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError(); /* clear it: the caller may go on without CUDA */
+        return zpp_error(ZPP_ERR_CUDA, "no CUDA device visible (%s); run with --device "
+                         "cpu or on a machine with NVIDIA GPUs",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    int device = local % count;
+    cudaStream_t s;
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaStreamCreate(&s)) != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "CUDA device %d: %s", device, cudaGetErrorString(e));
+    *device_p = device;
+    *stream_p = s;
+    return ZPP_OK;
+#else
+    return zpp_error(ZPP_ERR_UNSUPPORTED,
+                     "--device gpu needs a build with CUDA (nvcc on the PATH)");
+#endif
 }

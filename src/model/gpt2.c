@@ -215,6 +215,14 @@ zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
     return ZPP_OK;
 }
 
+void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets) {
+    c->B = B;
+    c->have_batch = 1;
+    c->have_targets = have_targets;
+    c->fwd_next = 0;
+    c->bwd_next = -1;
+}
+
 zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
                                   const void *params, const char *who) {
     int S = m->n_stages;

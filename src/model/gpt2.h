@@ -117,6 +117,10 @@ typedef struct zpp_gpt2_calls {
     int bwd_next; /* the backward stage expected next; -1: none until a full forward */
 } zpp_gpt2_calls;
 
+/* A batch of B sequences was accepted (set_batch): the forward starts over at
+ * stage 0 and no backward is due until it completes. */
+void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets);
+
 /* The checks of set_batch, forward and backward, the same for both models;
  * `who` names the model in the messages ("gpt2", "gpt2 cuda"). Batch: B in
  * 1..max_batch, every token and target inside the vocabulary. Forward: the

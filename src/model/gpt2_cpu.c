@@ -431,11 +431,7 @@ static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const i
     size_t n = (size_t)B * g->cfg.seq_len;
     memcpy(g->tokens, tokens, n * sizeof(int32_t));
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
-    g->calls.B = B;
-    g->calls.have_batch = 1;
-    g->calls.have_targets = targets != NULL;
-    g->calls.fwd_next = 0;
-    g->calls.bwd_next = -1;
+    zpp_gpt2_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     return ZPP_OK;
 }

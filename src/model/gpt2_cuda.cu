@@ -880,11 +880,7 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
     g->d_seg_start = g->d_seg_tok + k;
     g->d_pos = g->d_seg_start + k + 1;
     g->n_seg = k;
-    g->calls.B = B;
-    g->calls.have_batch = 1;
-    g->calls.have_targets = targets != NULL;
-    g->calls.fwd_next = 0;
-    g->calls.bwd_next = -1;
+    zpp_gpt2_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     g->loss_pending = 0;
     return ZPP_OK;

@@ -67,35 +67,6 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     return buf;
 }
 
-/* GPU: the rank's device is its index on its host, and the compute stream
- * is created on it before NCCL starts. */
-static zpp_status open_device(zpp_trainer *t, int *device_p) {
-#ifdef ZPP_HAVE_CUDA
-    MPI_Comm host;
-    int local = 0, count = 0;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
-    MPI_Comm_rank(host, &local);
-    MPI_Comm_free(&host);
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0)
-        return zpp_error(ZPP_ERR_CUDA, "no CUDA device visible (%s); run with --device "
-                         "cpu or on a machine with NVIDIA GPUs",
-                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    *device_p = local % count;
-    cudaStream_t s;
-    if ((e = cudaSetDevice(*device_p)) != cudaSuccess ||
-        (e = cudaStreamCreate(&s)) != cudaSuccess)
-        return zpp_error(ZPP_ERR_CUDA, "CUDA device %d: %s", *device_p, cudaGetErrorString(e));
-    t->stream = s;
-    return ZPP_OK;
-#else
-    (void)t;
-    (void)device_p;
-    return zpp_error(ZPP_ERR_UNSUPPORTED,
-                     "--device gpu needs a build with CUDA (nvcc on the PATH)");
-#endif
-}
-
 static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     zpp_train_config *c = &t->cfg;
     int node_size = o->node_size;
@@ -117,7 +88,8 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = node_size;
     if (o->gpu) {
-        ZPP_CHECK(open_device(t, &to.device));
+        /* the compute stream exists on the rank's device before NCCL starts */
+        ZPP_CHECK(zpp_topo_open_device(&to.device, &t->stream));
         to.backend = ZPP_BACKEND_NCCL;
         to.compute_stream = t->stream;
         to.emulate_nodes = o->emulate_nodes;
