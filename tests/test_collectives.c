@@ -591,6 +591,106 @@ static void test_stochastic_small_blocks(void) {
     zpp_topo_destroy(t);
 }
 
+/* The slabs of qgZ's pipeline, from the definition in collectives.h: a
+ * length of at least `want` (0: one slab across nodes, else ceil(n / 8) and
+ * at least 2^22), raised to ceil(n / 16), rounded up to 4 * block; one slab
+ * when that covers n. */
+static size_t expect_slabs(size_t n, int nodes, size_t want, size_t block, size_t *slab_p) {
+    if (want == 0 && nodes > 1) want = SIZE_MAX;
+    if (want == 0) want = (n + 7) / 8 > ((size_t)1 << 22) ? (n + 7) / 8 : (size_t)1 << 22;
+    if (want < (n + 15) / 16) want = (n + 15) / 16;
+    size_t slab = (want + 4 * block - 1) / (4 * block) * (4 * block);
+    if (want >= n || slab >= n) slab = n;
+    *slab_p = slab;
+    return slab ? (n + slab - 1) / slab : 1;
+}
+
+static void test_qgz_slab_sizes(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(31));
+    for (int i = 0; i < 2000; i++) {
+        zpp_coll_opts o = zpp_coll_opts_default();
+        o.grad_spec.block = 8 * (1 + zpp_rng_u64(&r) % 64);
+        size_t n = zpp_rng_u64(&r) % ((i % 4 == 0) ? ((size_t)1 << 30) : 100000);
+        o.grad_slab = i % 3 == 0 ? 0 : zpp_rng_u64(&r) % (n + 2);
+        int nodes = 1 + (int)(zpp_rng_u64(&r) % 2);
+        size_t slab = 0, want_slab = 0;
+        int k = zpp_qgz_slabs(n, nodes, &o, &slab);
+        size_t want_k = expect_slabs(n, nodes, o.grad_slab, o.grad_spec.block, &want_slab);
+        EXPECT((size_t)k == want_k && slab == want_slab,
+               "n %zu slab %zu block %zu: %d slabs of %zu, expected %zu of %zu", n, o.grad_slab,
+               o.grad_spec.block, k, slab, want_k, want_slab);
+        /* what the pipeline relies on: the slabs tile [0, n), at most 16,
+         * and all but the last start and end on 16-byte words */
+        EXPECT(k >= 1 && k <= ZPP_QGZ_MAX_SLABS, "%d slabs", k);
+        EXPECT(n == 0 || ((size_t)(k - 1) * slab < n && n <= (size_t)k * slab),
+               "%d slabs of %zu do not tile %zu", k, slab, n);
+        if (k > 1) {
+            EXPECT(slab % (4 * o.grad_spec.block) == 0, "slab %zu, block %zu", slab,
+                   o.grad_spec.block);
+            zpp_quant_spec q = o.grad_spec;
+            EXPECT(zpp_quant_bytes(slab, &q) * (size_t)(k - 1) +
+                           zpp_quant_bytes(n - (size_t)(k - 1) * slab, &q) ==
+                       zpp_quant_bytes(n, &q),
+                   "n %zu: the slabs' wire bytes differ from the whole's", n);
+        }
+        if (o.grad_slab == 0 && k > 1)
+            EXPECT(nodes == 1 && k <= ZPP_QGZ_AUTO_SLABS && slab >= ZPP_QGZ_AUTO_MIN,
+                   "auto: %d of %zu over %d nodes", k, slab, nodes);
+    }
+}
+
+/* Cutting qgZ into slabs changes no bit of the result, with round-to-nearest
+ * and with stochastic rounding, for every node size; the wire bytes are the
+ * same, in one call per slab and exchange. */
+static void test_qgz_slabs_change_no_bit(void) {
+    int W = world_size();
+    static const size_t blocks[] = {32, 128};
+    for (int S = 1; S <= W; S++) {
+        if (W % S) continue;
+        zpp_topo *t = topo_make(S);
+        for (int bi = 0; bi < 2; bi++)
+            for (int stoch = 0; stoch < 2; stoch++) {
+                zpp_coll_opts whole = zpp_coll_opts_default();
+                whole.grad_spec.block = blocks[bi];
+                whole.grad_spec.stochastic = stoch;
+                whole.grad_spec.seed = zpp_test_seed(40);
+                whole.grad_slab = SIZE_MAX;
+                zpp_coll_opts cut = whole;
+                cut.grad_slab = 1 + (size_t)(stoch * 3 + bi) * blocks[bi];
+                zpp_coll *c1, *c2;
+                EXPECT_OK(zpp_coll_create(t, &whole, NULL, &c1));
+                EXPECT_OK(zpp_coll_create(t, &cut, NULL, &c2));
+                size_t sizes[] = {7, 20 * blocks[bi] * (size_t)W + 5, 9 * blocks[bi] * (size_t)W};
+                for (int si = 0; si < 3; si++) {
+                    uint64_t tag = zpp_hash64(0x51ab ^ ((uint64_t)S << 8) ^ ((uint64_t)si << 4) ^
+                                              ((uint64_t)bi << 2) ^ (uint64_t)stoch);
+                    grad_case g1 = grad_make(t, sizes[si], ZPP_BF16, tag, 0);
+                    grad_case g2 = grad_make(t, sizes[si], ZPP_BF16, tag, 0);
+                    zpp_coll_volume_reset(c1);
+                    zpp_coll_volume_reset(c2);
+                    reduce(c1, &g1, ZPP_REDUCE_QGZ);
+                    reduce(c2, &g2, ZPP_REDUCE_QGZ);
+                    size_t n = g1.p.shard_len, slab;
+                    size_t k = expect_slabs(n, t->nodes, cut.grad_slab, blocks[bi], &slab);
+                    EXPECT(sizes[si] < 100 || k > 1, "S=%d n %zu: only one slab", S, n);
+                    EXPECT(memcmp(g1.out, g2.out, n * sizeof(float)) == 0,
+                           "S=%d block %zu stochastic %d numel %zu: %zu slabs of %zu changed "
+                           "the result",
+                           S, blocks[bi], stoch, sizes[si], k, slab);
+                    check_qgz(t, &g2, tag, 0, blocks[bi], stoch, NULL, "qgZ in slabs");
+                    expect_vol e = qgz_volume(n, t->nodes, S, blocks[bi]);
+                    e.calls *= k;
+                    expect_phase(zpp_coll_volume(c2), ZPP_PHASE_GRAD_REDUCE, e, "qgZ in slabs");
+                    grad_free(&g1);
+                    grad_free(&g2);
+                }
+                zpp_coll_destroy(c1);
+                zpp_coll_destroy(c2);
+            }
+        zpp_topo_destroy(t);
+    }
+}
+
 /* Three operations in flight at once (a gather in use, a prefetch, a
  * reduce), finished out of start order; results as when run alone; once the
  * pool has seen each finish order, repeating them does not grow it. */
@@ -827,6 +927,8 @@ ZPP_TESTS(
     ZPP_TEST(test_reduce_qgz),
     ZPP_TEST(test_qgz_world_average),
     ZPP_TEST(test_stochastic_small_blocks),
+    ZPP_TEST(test_qgz_slab_sizes),
+    ZPP_TEST(test_qgz_slabs_change_no_bit),
     ZPP_TEST(test_in_flight_and_pool),
     ZPP_TEST(test_step_matches_plan),
     ZPP_TEST(test_plan_ratios),

@@ -432,6 +432,27 @@ static void test_reorder_quantize_equals_unfused(void) {
             }
             EXPECT(memcmp(one, chunks + r * qb, qb) == 0, "chunk %zu differs", r);
         }
+        /* a slab [first, first + len) of every chunk: each is the reference
+         * quantization of those elements, at their place in the stream */
+        size_t first = zpp_rng_u64(&rng) % (chunk_len + 1);
+        size_t len = zpp_rng_u64(&rng) % (chunk_len - first + 1);
+        size_t qs = zpp_quant_bytes(len, &sp);
+        uint8_t *slabs = xmalloc(R * qs + 1), *want = xmalloc(qs + 1);
+        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, first, len, nodes, local, &sp,
+                                          slabs));
+        for (int dl = 0; dl < local; dl++)
+            for (int node = 0; node < nodes; node++) {
+                size_t r = (size_t)node * local + dl, at = r * chunk_len + first;
+                ref_quantize(xf + at, len, &sp, at, want);
+                EXPECT(memcmp(want, slabs + ((size_t)dl * nodes + node) * qs, qs) == 0,
+                       "slab [%zu, +%zu) of chunk %zu (of %zu) differs", first, len, r,
+                       chunk_len);
+            }
+        EXPECT_STATUS(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, first + 1, chunk_len,
+                                              nodes, local, &sp, slabs),
+                      ZPP_ERR_INVALID);
+        free(want);
+        free(slabs);
         free(one);
         free(unfused);
         free(chunks);
@@ -480,7 +501,7 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         memset(got, 0xee, n_chunks * qout);
         EXPECT_OK(zpp_quant_dequant_sum_requant(ptrs, k, n_chunks, chunk_len, &in_sp, &out_sp,
                                                 got));
-        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, &in_sp, &out_sp,
+        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, 0, chunk_len, &in_sp, &out_sp,
                                              got2));
         size_t bytes = n_chunks * qout;
         EXPECT(first_diff(want, got, bytes) == bytes,
@@ -913,7 +934,7 @@ static void test_exec_host_equals_direct(void) {
         EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, n_chunks, chunk_len, &sp, a));
         /* stochastic chunks use the index in the whole input: equal to the
          * reorder with one node, and chunk 0 to a plain quantize */
-        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 1, (int)n_chunks, &sp, b));
+        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 0, chunk_len, 1, (int)n_chunks, &sp, b));
         EXPECT(memcmp(a, b, n_chunks * qb) == 0, "chunks vs reorder(1 node)");
         for (size_t c = 0; c < (sp.stochastic ? 1 : n_chunks); c++) {
             EXPECT_OK(zpp_quantize((const char *)x + c * chunk_len * es, dt, chunk_len, &sp, b));

@@ -469,13 +469,33 @@ static void test_reorder_quantize(void) {
                              dq = dbuf_make(qb, 0);
                         dbuf_put(&dx, x);
                         dbuf_poison(&dq);
-                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, nodes, local, &s, dq.p,
+                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, 0, cl, nodes, local, &s, dq.p,
                                                             NULL, NULL));
                         char ctx[160];
                         snprintf(ctx, sizeof ctx, "reorder-quantize %s nodes %d local %d len %zu",
                                  zpp_dtype_name(d), nodes, local, cl);
                         dbuf_get(&dq, gpu, ctx);
                         expect_same_q(gpu, cpu, nc, cl, &s, ctx);
+                        /* a slab of every chunk, starting on a block boundary
+                         * (as qgZ's pipeline cuts them) or anywhere */
+                        size_t first = zpp_rng_u64(&r) % (cl + 1);
+                        if (ki == 0) first -= first % s.block;
+                        const size_t len = zpp_rng_u64(&r) % (cl - first + 1);
+                        const size_t sb = zpp_quant_bytes(len, &s) * nc;
+                        EXPECT_OK(zpp_quant_cpu_reorder_quantize(x, d, cl, first, len, nodes,
+                                                                 local, &s, cpu));
+                        dbuf_poison(&dq);
+                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, first, len, nodes,
+                                                            local, &s, dq.p, NULL, NULL));
+                        snprintf(ctx, sizeof ctx,
+                                 "reorder-quantize %s nodes %d local %d slab [%zu, +%zu) of %zu",
+                                 zpp_dtype_name(d), nodes, local, first, len, cl);
+                        dbuf_get(&dq, gpu, ctx);
+                        if (sb) expect_same_q(gpu, cpu, nc, len, &s, ctx);
+                        size_t past = sb;
+                        while (past < qb && gpu[past] == POISON) past++;
+                        EXPECT(past == qb, "%s: byte %zu past the slabs' %zu was written", ctx,
+                               past, sb);
                         dbuf_free(&dx);
                         dbuf_free(&dq);
                         free(x), free(cpu), free(gpu);
@@ -507,18 +527,26 @@ static void check_dsr(int k, size_t nc, size_t cl, const zpp_quant_spec *is,
     const size_t outb = zpp_quant_bytes(cl, os) * nc;
     unsigned char *in = make_qinputs(k, nc, cl, is, with_nan, r);
     unsigned char *cpu = xmalloc(outb), *gpu = xmalloc(outb);
-    EXPECT_STATUS(zpp_quant_cpu_dequant_sum_requant(in, k, nc, cl, is, os, cpu),
+    /* half the time the chunks are slabs [first, first + cl) of longer ones,
+     * which moves them in the stochastic stream */
+    size_t first = 0, whole = cl;
+    if (zpp_rng_u64(r) & 1) {
+        first = zpp_rng_u64(r) % (3 * cl + 1);
+        whole = first + cl + zpp_rng_u64(r) % (cl + 1);
+    }
+    EXPECT_STATUS(zpp_quant_cpu_dequant_sum_requant(in, k, nc, whole, first, cl, is, os, cpu),
                   with_nan ? ZPP_ERR_NONFINITE : ZPP_OK);
     dbuf di = dbuf_make(inb, 0), dq = dbuf_make(outb, 0);
     dbuf_put(&di, in);
     dbuf_poison(&dq);
     int *flag = flag_make();
-    EXPECT_OK(zpp_cuda_dequant_sum_requant(di.p, k, nc, cl, is, os, dq.p, flag, NULL));
-    char ctx[200];
+    EXPECT_OK(zpp_cuda_dequant_sum_requant(di.p, k, nc, whole, first, cl, is, os, dq.p, flag,
+                                           NULL));
+    char ctx[240];
     snprintf(ctx, sizeof ctx,
-             "dequant-sum-requant k %d, %zu x %zu, in bits %d block %zu, out bits %d block %zu "
-             "stochastic %d%s",
-             k, nc, cl, is->bits, is->block, os->bits, os->block, os->stochastic,
+             "dequant-sum-requant k %d, %zu x %zu (at %zu of %zu), in bits %d block %zu, out "
+             "bits %d block %zu stochastic %d%s",
+             k, nc, cl, first, whole, is->bits, is->block, os->bits, os->block, os->stochastic,
              with_nan ? ", NaN input" : "");
     dbuf_get(&dq, gpu, ctx);
     expect_same_q(gpu, cpu, nc, cl, os, ctx);
@@ -702,9 +730,9 @@ static void test_invalid_arguments(void) {
                                            (char *)dq.p + 4, NULL, NULL),
                   ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "aligned") != NULL, "message: %s", zpp_last_error());
-    EXPECT_STATUS(zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 2, &s, dq.p, NULL, NULL),
+    EXPECT_STATUS(zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 10, 0, 2, &s, dq.p, NULL, NULL),
                   ZPP_ERR_INVALID);
-    EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, &s, &s, dq.p, NULL, NULL),
+    EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, 0, 10, &s, &s, dq.p, NULL, NULL),
                   ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_cuda_convert(dx.p, ZPP_BF16, dx.p, ZPP_FP32, 10, 1.0f, NULL),
                   ZPP_ERR_INVALID);

@@ -62,10 +62,11 @@ static int bench_comm_json(int np, const char *args, cJSON **o) {
 
 /* `zeropp bench comm` on 8 ranks as 2 nodes of 4: every mode correct and as
  * planned; ZeRO++ sends <= 0.26 of ZeRO-3's cross-node bytes; qwZ's forward
- * gather 0.5 plus the scales (int8 blocks of 256: 4 bytes per 256). */
+ * gather 0.5 plus the scales (int8 blocks of 256: 4 bytes per 256). qgZ
+ * runs its pipeline: shards of 125000 / 8 = 15625 elements in slabs of 4096. */
 static void test_bench_comm_acceptance(void) {
     cJSON *o[MAX_LINES];
-    int n = bench_comm_json(8, "--params 1000000 --node-size 4 --iters 1", o);
+    int n = bench_comm_json(8, "--params 1000000 --node-size 4 --iters 1 --grad-slab 4096", o);
     EXPECT(n == 5, "%d modes reported, expected 5", n);
     double z3 = -1, z3_fwd = -1;
     for (int i = 0; i < n; i++) {
@@ -75,6 +76,7 @@ static void test_bench_comm_acceptance(void) {
         EXPECT(num(o[i], "time_ms") >= 0 && num(o[i], "intra_node_bytes") > 0);
         EXPECT(truth(o[i], "correct"), "mode %s incorrect", str(o[i], "mode"));
         EXPECT(truth(o[i], "plan_match"), "mode %s differs from the plan", str(o[i], "mode"));
+        EXPECT(num(o[i], "grad_slabs") == 4 && num(o[i], "grad_slab") == 4096);
         if (!strcmp(str(o[i], "mode"), "zero3")) {
             z3 = num(o[i], "cross_node_bytes");
             z3_fwd = num(o[i], "fwd_gather_cross_bytes");

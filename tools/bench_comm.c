@@ -16,7 +16,9 @@
  *   tests/test_collectives.c for the derivations).
  * The first step of each mode checks (untimed); then --iters rounds are
  * timed, each a step of every mode beside the plain collectives (below):
- * time = median over rounds of the slowest rank. The volume of one
+ * each operation is timed from a barrier, and its time is the median over
+ * rounds of the slowest rank (a step's is the sum of its operations'). The
+ * volume of one
  * step is compared with `zeropp plan`'s (zpp_plan_step).
  *
  * It also times the backend's plain collective on the same tensors (a bf16
@@ -58,6 +60,7 @@ typedef struct bench_opts {
     size_t params;
     int units, node_size, json, gpu, iters, emulate_nodes;
     int weight_block, grad_block; /* 0: the defaults of zeropp.h */
+    size_t grad_slab;             /* zpp_coll_opts.grad_slab */
     uint64_t seed;
     zpp_dtype dtype;
     int mode_on[ZPP_COLL_MODE_COUNT];
@@ -120,7 +123,7 @@ static void usage(FILE *f) {
             "usage: mpirun -np W zeropp bench comm --params P [--units U] [--node-size S]\n"
             "           [--iters K] [--json] [--device cpu|gpu] [--emulate-nodes]\n"
             "           [--modes zero3,qwz,hpz,qgz,zeropp] [--dtype bf16] [--seed N]\n"
-            "           [--weight-block B] [--grad-block B]\n"
+            "           [--weight-block B] [--grad-block B] [--grad-slab E|auto|off]\n"
             "\n"
             "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
             "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
@@ -128,7 +131,9 @@ static void usage(FILE *f) {
             "the backend's plain bf16 all-gather and reduce-scatter, and a plain all-gather\n"
             "of the quantized bytes; median, slowest rank) and a correctness check.\n"
             "--weight-block / --grad-block set the int8 / int4 block sizes (defaults\n"
-            "%d / %d). --node-size groups consecutive ranks into nodes (default: as the\n"
+            "%d / %d). --grad-slab sets the elements of each rank's chunk that one step\n"
+            "of qgZ's pipeline moves (default auto; off: the whole unit in one step).\n"
+            "--node-size groups consecutive ranks into nodes (default: as the\n"
             "launcher placed them). --device gpu uses NCCL and device memory; with\n"
             "--emulate-nodes each node gets its own NCCL_HOSTID (launch with\n"
             "--bind-to none).\n",
@@ -292,6 +297,7 @@ static zpp_status setup(bench_ctx *b) {
     b->copts = zpp_coll_opts_default();
     if (b->o.weight_block) b->copts.weight_spec.block = (size_t)b->o.weight_block;
     if (b->o.grad_block) b->copts.grad_spec.block = (size_t)b->o.grad_block;
+    b->copts.grad_slab = b->o.grad_slab;
     st = zpp_coll_create(b->topo, &b->copts, b->stream, &b->coll);
     if (st != ZPP_OK) return st;
     b->ds = zpp_dtype_size(b->o.dtype);
@@ -430,20 +436,30 @@ static zpp_status fetch_full(bench_ctx *b, int unit) {
         MPI_Abort(MPI_COMM_WORLD, 1);                                         \
     } while (0)
 
+/* The start of a timed operation: every rank leaves a barrier first, so a
+ * rank that finished the previous operation late is not charged to this
+ * one (each rank's clock would otherwise run while it waits for the others
+ * to join). Used alike for our paths and the plain references. */
+static double timed_start(bench_ctx *b) {
+    zpp_comm *w = b->topo->world;
+    zpp_status st = w->ops->barrier(w);
+    if (st != ZPP_OK) BENCH_FAIL("bench comm: barrier", st);
+    return zpp_cli_now_ms();
+}
+
 /* Runs one step of `m`; with `check`, verifies every result (worst error /
- * bound into *worst_p, > 1 = wrong). ms: step, fwd, bwd, reduce. */
+ * bound into *worst_p, > 1 = wrong). ms: step (the sum of the three
+ * phases), fwd, bwd, reduce. */
 static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[4],
                      double *worst_p) {
     zpp_coll *c = b->coll;
     zpp_status st;
     zpp_coll_op *op;
-    double worst = 0;
+    double worst = 0, t;
     memset(ms, 0, 4 * sizeof(double));
-    b->topo->world->ops->barrier(b->topo->world);
-    double t0 = zpp_cli_now_ms(), t;
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
-        t = zpp_cli_now_ms();
+        t = timed_start(b);
         st = zpp_coll_gather_start(c, &u->p, m->gather, b->o.dtype, u->shard, b->full,
                                    m->hpz ? u->secondary : NULL, ZPP_PHASE_FWD_GATHER, &op);
         if (st == ZPP_OK) st = zpp_coll_finish(c, op);
@@ -458,7 +474,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
     }
     for (int i = b->o.units - 1; i >= 0; i--) {
         bench_unit *u = &b->u[i];
-        t = zpp_cli_now_ms();
+        t = timed_start(b);
         if (m->hpz)
             st = zpp_coll_gather_secondary_start(c, &u->p, b->o.dtype, u->secondary, b->full,
                                                  ZPP_PHASE_BWD_GATHER, &op);
@@ -476,7 +492,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
             if (hash_bytes(b->host_full, u->p.padded * b->ds) != u->fwd_hash)
                 worst = fmax(worst, 2.0);
         }
-        t = zpp_cli_now_ms();
+        t = timed_start(b);
         st = zpp_coll_reduce_start(c, &u->p, m->reduce, b->o.dtype, u->grad, u->out, &op);
         if (st == ZPP_OK) st = zpp_coll_finish(c, op);
         if (st != ZPP_OK) BENCH_FAIL("bench comm: gradient reduce", st);
@@ -489,7 +505,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
             worst = fmax(worst, check_reduce(b, i, m->reduce));
         }
     }
-    ms[0] = zpp_cli_now_ms() - t0;
+    ms[0] = ms[1] + ms[2] + ms[3];
     if (worst_p) *worst_p = worst;
 }
 
@@ -499,21 +515,20 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
 static void run_plain(bench_ctx *b, double ms[PLAIN_COUNT]) {
     zpp_comm *w = b->topo->world;
     for (int k = 0; k < PLAIN_COUNT; k++) ms[k] = 0;
-    w->ops->barrier(w);
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
-        double t = zpp_cli_now_ms();
+        double t = timed_start(b);
         zpp_status st = w->ops->allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain all-gather", st);
         ms[PLAIN_AG] += zpp_cli_now_ms() - t;
-        t = zpp_cli_now_ms();
+        t = timed_start(b);
         st = w->ops->reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain reduce-scatter", st);
         ms[PLAIN_RS] += zpp_cli_now_ms() - t;
         for (int k = PLAIN_WIRE8; k <= PLAIN_WIRE4; k++) {
             const zpp_quant_spec *sp =
                 k == PLAIN_WIRE8 ? &b->copts.weight_spec : &b->copts.grad_spec;
-            t = zpp_cli_now_ms();
+            t = timed_start(b);
             st = w->ops->allgather(w, b->wire_send, b->wire_recv,
                                    zpp_quant_bytes(u->p.shard_len, sp), NULL);
             if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: wire all-gather", st);
@@ -554,7 +569,8 @@ static void check_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
     for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++)
         if (plan.cross_node_bytes[ph] != r->vol.cross_node_bytes[ph] ||
             plan.intra_node_bytes[ph] != r->vol.intra_node_bytes[ph] ||
-            plan.payload_bytes[ph] != r->vol.payload_bytes[ph])
+            plan.payload_bytes[ph] != r->vol.payload_bytes[ph] ||
+            plan.calls[ph] != r->vol.calls[ph])
             r->plan_match = 0;
 }
 
@@ -629,6 +645,13 @@ static void print_json(const bench_ctx *b, const zpp_coll_mode *m, const bench_r
     cJSON_AddNumberToObject(o, "iters", b->o.iters);
     cJSON_AddNumberToObject(o, "weight_block", (double)b->copts.weight_spec.block);
     cJSON_AddNumberToObject(o, "grad_block", (double)b->copts.grad_spec.block);
+    {
+        /* qgZ's pipeline on the largest unit (units differ by one element) */
+        size_t slab;
+        int slabs = zpp_qgz_slabs(b->u[0].p.shard_len, b->topo->nodes, &b->copts, &slab);
+        cJSON_AddNumberToObject(o, "grad_slabs", slabs);
+        cJSON_AddNumberToObject(o, "grad_slab", (double)slab);
+    }
     cJSON_AddNumberToObject(o, "cross_node_bytes", zpp_volume_cross_total(&r->vol));
     cJSON_AddNumberToObject(o, "intra_node_bytes", zpp_volume_intra_total(&r->vol));
     cJSON_AddNumberToObject(o, "cross_vs_zero3",
@@ -767,6 +790,11 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if ((!strcmp(a, "--weight-block") || !strcmp(a, "--grad-block")) && v) {
             if (zpp_cli_parse_int(v, 1, a[2] == 'w' ? &o->weight_block : &o->grad_block))
                 goto bad_value;
+            i++;
+        } else if (!strcmp(a, "--grad-slab") && v) {
+            if (!strcmp(v, "auto")) o->grad_slab = 0;
+            else if (!strcmp(v, "off")) o->grad_slab = SIZE_MAX;
+            else if (zpp_cli_parse_count(v, &o->grad_slab) || !o->grad_slab) goto bad_value;
             i++;
         } else if (!strcmp(a, "--params") && v) {
             if (zpp_cli_parse_count(v, &o->params) || !o->params) goto bad_value;

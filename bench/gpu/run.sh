@@ -8,6 +8,8 @@
 #             NCCL_NSOCKS_PERTHREAD=4 for both ours and NCCL's reference)
 #   GRAD_BLOCK=B  also qgZ over sockets with int4 blocks of B (a planner's
 #             bytes-for-accuracy knob; the default is 128)
+#   SLABS=1   also qgZ's pipeline in its other settings, to show what it gains:
+#             over NVLink in one step (--grad-slab off), over sockets in 8 slabs
 #   TRAIN=1   also a short `zeropp train --device gpu` beside the same run on the CPU
 #   PEERS=1   also PyTorch's collectives (.peer/coll_bw.py, a copy of
 #             ../shared/bench/coll_bw.py carried with the call)
@@ -41,6 +43,13 @@ timeout 240 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-
   --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
 timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
   --iters 9 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
+if [ -n "${SLABS:-}" ]; then
+  NV="$Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 --iters 9 --modes zero3,qgz --json"
+  timeout 60 $MPI $NV --grad-slab off 2>&1 | sed 's/^/one-step nvlink /' | tee -a "$S"
+  timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
+    --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes zero3,qgz --grad-slab 33554432 --json \
+    2>&1 | sed 's/^/8-slabs /' | tee -a "$S"
+fi
 if [ -n "${GRAD_BLOCK:-}" ]; then
   timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
     --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes zero3,qgz --grad-block $GRAD_BLOCK --json \

@@ -20,7 +20,14 @@
  * (dequantization; for qgZ the intra-node sum and the inter-node exchange).
  * Each operation in flight holds its own scratch buffers, leased from a pool
  * that grows on demand and is reused (the engine keeps about three in
- * flight: the gather in use, a prefetch, a reduce). */
+ * flight: the gather in use, a prefetch, a reduce).
+ *
+ * qgZ runs in slabs (collectives.h, zpp_qgz_slabs): start enqueues every
+ * slab's quantization and first exchange, finish every slab's sums and
+ * second exchange. On a device the exchanges run on the communication
+ * stream and the kernels on the compute stream, each exchange after its
+ * slab's kernel and each kernel after its slab's exchange, so while slab k
+ * is on the wire slab k + 1 is quantized and slab k - 1 summed. */
 #include "collectives/collectives.h"
 
 #include <stdlib.h>
@@ -90,12 +97,47 @@ struct zpp_coll_op {
     int buf[ZPP__OP_BUFS];  /* pool indices, -1 = none */
     void *bp[ZPP__OP_BUFS]; /* their pointers */
     zpp_status deferred;    /* ZPP_ERR_NONFINITE seen during start */
+    /* qgZ: the slabs, and the exchange of each in flight on `group` */
+    int slabs;
+    size_t slab_len;
+    zpp_comm_req *slab_req[ZPP_QGZ_MAX_SLABS];
 };
+
+/* Slab k of a qgZ reduction: elements [first, first + len) of every chunk,
+ * q bytes a chunk once quantized. In a buffer of c quantized chunks it
+ * starts at byte c * at: each slab before it holds slab_len elements a
+ * chunk. */
+typedef struct zpp__slab {
+    size_t first, len, q, at;
+} zpp__slab;
+
+static zpp__slab zpp__slab_get(const zpp_coll_op *op, int k) {
+    zpp__slab s;
+    size_t n = op->part.shard_len;
+    s.first = (size_t)k * op->slab_len;
+    s.len = n - s.first < op->slab_len ? n - s.first : op->slab_len;
+    s.q = zpp_quant_bytes(s.len, &op->spec);
+    s.at = (size_t)k * zpp_quant_bytes(op->slab_len, &op->spec);
+    return s;
+}
 
 /* ---- Helpers ------------------------------------------------------------ */
 
+/* The communicator of a group. A group that is the whole world (the
+ * inter-node group with one rank per node, the node when there is one node)
+ * runs on the world communicator: the same ranks in the same order. Each
+ * NCCL communicator has its own connections, and over a socket link the
+ * first large operation on one that sat idle while another moved data ran
+ * ~2 ms slower in ~45 (2xH200, 2026-11-30). With its exchange on the inter
+ * communicator, right after the backward gather on the world's, qgZ ran at
+ * 0.90-0.95 of a plain all-gather of its bytes on the world's; on the
+ * world's own, at 0.99-1.03. */
 static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g) {
-    return g == ZPP__WORLD ? c->topo->world : g == ZPP__INTRA ? c->topo->intra : c->topo->inter;
+    const zpp_topo *t = c->topo;
+    if (g == ZPP__WORLD || (g == ZPP__INTER && t->node_size == 1) ||
+        (g == ZPP__INTRA && t->nodes == 1))
+        return t->world;
+    return g == ZPP__INTRA ? t->intra : t->inter;
 }
 
 static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
@@ -183,7 +225,18 @@ static zpp_status zpp__op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t byte
     return zpp__lease(c, bytes, &op->buf[k], &op->bp[k]);
 }
 
+/* Completes every slab exchange still in flight (after an error: their
+ * buffers go back to the pool). A request completes through its backend's
+ * table, which the three communicators of a topology share. */
+static void zpp__op_drain(zpp_coll *c, zpp_coll_op *op) {
+    for (int k = 0; k < op->slabs; k++) {
+        if (op->slab_req[k]) (void)zpp_comm_wait(zpp__comm(c, op->group), op->slab_req[k]);
+        op->slab_req[k] = NULL;
+    }
+}
+
 static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
+    zpp__op_drain(c, op);
     for (int k = 0; k < ZPP__OP_BUFS; k++)
         if (op->buf[k] >= 0) c->pool[op->buf[k]].busy = 0;
     free(op);
@@ -218,36 +271,42 @@ static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t byte
 #endif
 }
 
-/* ---- The inter-node exchange of qgZ -------------------------------------------
- * Every rank holds N quantized chunks of qg bytes in node order, chunk m for
- * the rank with its local index on node m, and must end with the N chunks
- * addressed to it, in node order. In general that is an all-to-all. Between
- * two nodes it is also an all-gather: each rank contributes the one chunk
- * addressed to the other node, and slot m of the result is what node m sent
- * it. The bytes on the wire are the same (qg each way), but NCCL runs an
- * all-gather on its ring path, which over a socket link keeps several
- * connections busy, where grouped send/recv used one (measured 2026-11-30 on
- * 2xH200 with emulated nodes: 2.3 GB/s for the all-to-all against 3.9 GB/s
- * for a bf16 all-gather on the same link). Own chunk: copied in after. */
-static zpp_status zpp__inter_exchange_start(zpp_coll *c, const void *send, void *recv,
-                                            size_t qg, zpp_dtype dtype, zpp_comm_req **req_p) {
-    const zpp_topo *t = c->topo;
-    if (t->nodes != 2)
-        return zpp__call(c, ZPP__INTER, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, send, recv, qg,
-                         dtype, req_p);
-    const char *to_other = (const char *)send + (size_t)(1 - t->node) * qg;
-    return zpp__call(c, ZPP__INTER, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLGATHER, to_other, recv, qg,
-                     dtype, req_p);
+/* ---- The exchanges of qgZ -------------------------------------------------------
+ * Every member of a group (the node's ranks, or the ranks with this local
+ * index) holds one block of q bytes for each member, in member order, and
+ * must end with the blocks addressed to it: an all-to-all. Between two
+ * members it is also an all-gather: each contributes the one block
+ * addressed to the other, and slot m of the result is what member m sent;
+ * own block copied in after. The bytes on the wire are the same. Measured
+ * on 2xH200 (2026-11-30), so done for two nodes and not inside a node:
+ *   - over a socket link NCCL's all-gather, on its ring path, keeps more
+ *     connections busy than grouped send/recv: 3.9 GB/s against 2.3 GB/s;
+ *   - over NVLink it went the other way: qgZ of 1 GiB on one node of two
+ *     took 1.51 ms with the all-gather and copy, 1.40 ms with the
+ *     all-to-all. */
+static int zpp__as_allgather(const zpp_coll *c, zpp__group g) {
+    return g == ZPP__INTER && zpp__comm(c, g)->size == 2;
 }
 
-/* After the exchange has completed: with two nodes, the slot of this node
- * holds what it sent away; put its own chunk there. */
-static zpp_status zpp__inter_exchange_finish(zpp_coll *c, const void *send, void *recv,
-                                             size_t qg) {
-    const zpp_topo *t = c->topo;
-    if (t->nodes != 2) return ZPP_OK;
-    size_t me = (size_t)t->node * qg;
-    return zpp__copy(c, (char *)recv + me, (const char *)send + me, qg);
+static zpp_status zpp__exchange_start(zpp_coll *c, zpp__group g, const void *send, void *recv,
+                                      size_t q, zpp_dtype dtype, zpp_comm_req **req_p) {
+    const zpp_comm *m = zpp__comm(c, g);
+    if (!zpp__as_allgather(c, g))
+        return zpp__call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, send, recv, q, dtype,
+                         req_p);
+    const char *to_other = (const char *)send + (size_t)(1 - m->rank) * q;
+    return zpp__call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLGATHER, to_other, recv, q, dtype,
+                     req_p);
+}
+
+/* After the exchange has completed: between two members, this member's slot
+ * holds what it sent away; put its own block there. */
+static zpp_status zpp__exchange_finish(zpp_coll *c, zpp__group g, const void *send, void *recv,
+                                       size_t q) {
+    const zpp_comm *m = zpp__comm(c, g);
+    if (!zpp__as_allgather(c, g)) return ZPP_OK;
+    size_t me = (size_t)m->rank * q;
+    return zpp__copy(c, (char *)recv + me, (const char *)send + me, q);
 }
 
 static zpp_status zpp__sync(zpp_coll *c) {
@@ -458,22 +517,17 @@ zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce
     /* qgZ step 1: the W chunks of shard_len (chunk r for global rank r),
      * each quantized to int4 on its own, reordered so that local rank s
      * receives, from each node peer, the chunks of all ranks with local
-     * index s in node order (zpp_quant_reorder_quantize). */
+     * index s in node order (zpp_quant_reorder_quantize); slab by slab. */
     op->spec = zpp__seeded(c, &c->opts.grad_spec, 2);
+    op->slabs = zpp_qgz_slabs(n, t->nodes, &c->opts, &op->slab_len);
     size_t qg = zpp_quant_bytes(n, &op->spec);
     size_t W = (size_t)t->world_size, N = (size_t)t->nodes;
     ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, W * qg), st, fail);
-    st = zpp_qx_reorder_quantize(&c->qx, full_grad, dtype, n, t->nodes, t->node_size, &op->spec,
-                                 op->bp[0]);
-    if (!zpp__soft(st, op)) goto fail;
     if (t->node_size > 1) {
-        /* Step 2: all-to-all inside the node, nodes * qg bytes to each peer. */
+        /* Step 2: all-to-all inside the node, nodes * q bytes to each peer. */
         ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qg), st, fail);
         op->stage = ZPP__QGZ_INTRA;
         op->group = ZPP__INTRA;
-        ZPP_CHECK_GOTO(zpp__call(c, ZPP__INTRA, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL,
-                                 op->bp[0], op->bp[1], N * qg, dtype, &op->req),
-                       st, fail);
     } else if (t->nodes > 1) {
         /* One rank per node: the intra-node exchange is a self-copy, and a
          * dequantize-sum of one input followed by a requantization would only
@@ -481,10 +535,23 @@ zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce
         ZPP_CHECK_GOTO(zpp__op_lease(c, op, 2, N * qg), st, fail);
         op->stage = ZPP__QGZ_INTER;
         op->group = ZPP__INTER;
-        ZPP_CHECK_GOTO(zpp__inter_exchange_start(c, op->bp[0], op->bp[2], qg, dtype, &op->req),
-                       st, fail);
     } else {
         op->stage = ZPP__QGZ_LOCAL;
+    }
+    for (int k = 0; k < op->slabs; k++) {
+        zpp__slab s = zpp__slab_get(op, k);
+        char *q = (char *)op->bp[0] + W * s.at;
+        st = zpp_qx_reorder_quantize(&c->qx, full_grad, dtype, n, s.first, s.len, t->nodes,
+                                     t->node_size, &op->spec, q);
+        if (!zpp__soft(st, op)) goto fail;
+        st = ZPP_OK;
+        if (op->stage == ZPP__QGZ_INTRA)
+            st = zpp__exchange_start(c, ZPP__INTRA, q, (char *)op->bp[1] + W * s.at, N * s.q,
+                                     dtype, &op->slab_req[k]);
+        else if (op->stage == ZPP__QGZ_INTER)
+            st = zpp__exchange_start(c, ZPP__INTER, q, (char *)op->bp[2] + N * s.at, s.q, dtype,
+                                     &op->slab_req[k]);
+        if (st != ZPP_OK) goto fail;
     }
 done:
     *op_p = op;
@@ -495,52 +562,84 @@ fail:
                              mode == ZPP_REDUCE_QGZ ? "qgZ" : "baseline", p->numel);
 }
 
-/* The rest of a qgZ reduction, once its first exchange has arrived. */
+/* Waits for slab k's exchange (intra- or inter-node). */
+static zpp_status zpp__slab_wait(zpp_coll *c, zpp_coll_op *op, int k) {
+    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group), op->slab_req[k]);
+    op->slab_req[k] = NULL;
+    return st;
+}
+
+/* The rest of a qgZ reduction, slab by slab as each exchange arrives. */
 static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     const zpp_topo *t = c->topo;
-    size_t n = op->part.shard_len, N = (size_t)t->nodes;
+    size_t n = op->part.shard_len, N = (size_t)t->nodes, S = (size_t)t->node_size;
+    size_t W = N * S;
     float inv_w = 1.0f / (float)t->world_size;
     const zpp_quant_spec *gs = &op->spec;
-    size_t qg = zpp_quant_bytes(n, gs);
     zpp_status st;
-    switch (op->stage) {
-    case ZPP__QGZ_LOCAL:
-        /* A world of one: the single quantized chunk is the whole sum. */
-        st = zpp_qx_dequant_reduce(&c->qx, op->bp[0], 1, n, gs, inv_w, op->shard_out);
-        return zpp__soft(st, op) ? ZPP_OK : st;
-    case ZPP__QGZ_INTER:
-        /* Step 5: the N node partial sums (here each from one rank). */
-        ZPP_CHECK(zpp__inter_exchange_finish(c, op->bp[0], op->bp[2], qg));
-        st = zpp_qx_dequant_reduce(&c->qx, op->bp[2], N, n, gs, inv_w, op->shard_out);
-        return zpp__soft(st, op) ? ZPP_OK : st;
-    case ZPP__QGZ_INTRA:
-        break;
+    if (op->stage != ZPP__QGZ_INTRA || N == 1) {
+        for (int k = 0; k < op->slabs; k++) {
+            zpp__slab s = zpp__slab_get(op, k);
+            const char *q = (const char *)op->bp[0] + W * s.at; /* LOCAL: a world of one */
+            size_t inputs = 1;
+            if (op->stage == ZPP__QGZ_INTER) {
+                /* Step 5: the N node partial sums (here each from one rank). */
+                ZPP_CHECK(zpp__slab_wait(c, op, k));
+                q = (const char *)op->bp[2] + N * s.at;
+                ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTER, (const char *)op->bp[0] + W * s.at,
+                                               (char *)q, s.q));
+                inputs = N;
+            } else if (op->stage == ZPP__QGZ_INTRA) {
+                /* One node: the node sum is the world sum; dequantize, sum in
+                 * fp32 and average in one pass (no requantization). bp[1]
+                 * holds S inputs, one per node peer. */
+                ZPP_CHECK(zpp__slab_wait(c, op, k));
+                q = (const char *)op->bp[1] + W * s.at;
+                ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTRA, (const char *)op->bp[0] + W * s.at,
+                                               (char *)q, N * s.q));
+                inputs = S;
+            }
+            st = zpp_qx_dequant_reduce(&c->qx, q, inputs, s.len, gs, inv_w,
+                                       op->shard_out + s.first);
+            if (!zpp__soft(st, op)) return st;
+        }
+        return ZPP_OK;
     }
     /* bp[1] holds node_size inputs, one per node peer, each N chunks: the
-     * peer's quantized contribution to every rank with my local index. */
-    if (N == 1) {
-        /* One node: the node sum is the world sum; dequantize, sum in fp32 and
-         * average in one pass (no requantization, no inter-node step). */
-        st = zpp_qx_dequant_reduce(&c->qx, op->bp[1], (size_t)t->node_size, n, gs, inv_w,
-                                   op->shard_out);
-        return zpp__soft(st, op) ? ZPP_OK : st;
-    }
-    /* Step 3: per destination node, the node's partial sum in fp32,
+     * peer's quantized contribution to every rank with my local index.
+     * Step 3: per destination node, the node's partial sum in fp32,
      * requantized to int4 (a second rounding, bounded by half a step of the
      * sum's block). */
     zpp_quant_spec rs = zpp__seeded(c, &c->opts.grad_spec, 3);
+    size_t qg = zpp_quant_bytes(n, gs);
     ZPP_CHECK(zpp__op_lease(c, op, 2, N * qg));
     ZPP_CHECK(zpp__op_lease(c, op, 3, N * qg));
-    st = zpp_qx_dequant_sum_requant(&c->qx, op->bp[1], t->node_size, N, n, gs, &rs, op->bp[2]);
-    if (!zpp__soft(st, op)) return st;
-    /* Step 4: chunk m goes to the rank with my local index on node m. */
-    ZPP_CHECK(zpp__inter_exchange_start(c, op->bp[2], op->bp[3], qg, op->dtype, NULL));
-    ZPP_CHECK(zpp__inter_exchange_finish(c, op->bp[2], op->bp[3], qg));
-    /* Step 5: sum the N node partial sums and average over the WORLD, once:
-     * each element is the sum of W contributions, so 1/W (not 1/N, not
-     * 1/node_size) makes it the data-parallel mean. */
-    st = zpp_qx_dequant_reduce(&c->qx, op->bp[3], N, n, &rs, inv_w, op->shard_out);
-    return zpp__soft(st, op) ? ZPP_OK : st;
+    for (int k = 0; k < op->slabs; k++) {
+        zpp__slab s = zpp__slab_get(op, k);
+        ZPP_CHECK(zpp__slab_wait(c, op, k));
+        ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTRA, (const char *)op->bp[0] + W * s.at,
+                                       (char *)op->bp[1] + W * s.at, N * s.q));
+        char *sum = (char *)op->bp[2] + N * s.at;
+        st = zpp_qx_dequant_sum_requant(&c->qx, (const char *)op->bp[1] + W * s.at, (int)S, N,
+                                        n, s.first, s.len, gs, &rs, sum);
+        if (!zpp__soft(st, op)) return st;
+        /* Step 4: chunk m goes to the rank with my local index on node m. */
+        ZPP_CHECK(zpp__exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q,
+                                      op->dtype, &op->slab_req[k]));
+    }
+    for (int k = 0; k < op->slabs; k++) {
+        zpp__slab s = zpp__slab_get(op, k);
+        ZPP_CHECK(zpp__slab_wait(c, op, k));
+        char *sums = (char *)op->bp[3] + N * s.at;
+        ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTER, (const char *)op->bp[2] + N * s.at, sums,
+                                       s.q));
+        /* Step 5: sum the N node partial sums and average over the WORLD,
+         * once: each element is the sum of W contributions, so 1/W (not 1/N,
+         * not 1/node_size) makes it the data-parallel mean. */
+        st = zpp_qx_dequant_reduce(&c->qx, sums, N, s.len, &rs, inv_w, op->shard_out + s.first);
+        if (!zpp__soft(st, op)) return st;
+    }
+    return ZPP_OK;
 }
 
 /* ---- Completion ------------------------------------------------------------ */

@@ -68,7 +68,29 @@ typedef enum zpp_reduce_mode { ZPP_REDUCE_BASELINE = 0, ZPP_REDUCE_QGZ = 1 } zpp
 typedef struct zpp_coll_opts {
     zpp_quant_spec weight_spec;   /* qwZ: int8, default block */
     zpp_quant_spec grad_spec;     /* qgZ: int4, default block */
+    /* qgZ's pipeline: elements of each rank's chunk per step (a "slab",
+     * quant_exec.h). 0: automatic (zpp_qgz_slabs); SIZE_MAX: one step. */
+    size_t grad_slab;
 } zpp_coll_opts;
+
+/* qgZ can run as a pipeline of slabs: slab k of every chunk is quantized,
+ * exchanged and summed on its own, so the kernels of one slab may overlap
+ * the exchange of the next, where one whole-unit step runs kernel,
+ * exchange, kernel in a row. The results are bit for bit those of one step:
+ * slabs start on block boundaries and every element keeps its stochastic
+ * index (quant_exec.h); the wire bytes are the same too.
+ *
+ * Returns the number of slabs of a reduction of chunks of shard_len
+ * elements over `nodes` nodes, and sets *slab_p to the length of each but
+ * the last. The length is opts->grad_slab rounded up to a multiple of
+ * 4 * grad block (so every slab but the last is a whole number of 16-byte
+ * words, quantized), raised until there are at most ZPP_QGZ_MAX_SLABS.
+ * Automatic (0): one step when the reduction crosses nodes, else at most
+ * ZPP_QGZ_AUTO_SLABS slabs of at least ZPP_QGZ_AUTO_MIN elements. */
+#define ZPP_QGZ_MAX_SLABS 16
+#define ZPP_QGZ_AUTO_SLABS 8
+#define ZPP_QGZ_AUTO_MIN ((size_t)1 << 22)
+int zpp_qgz_slabs(size_t shard_len, int nodes, const zpp_coll_opts *opts, size_t *slab_p);
 
 typedef struct zpp_coll zpp_coll;
 typedef struct zpp_coll_op zpp_coll_op;

@@ -104,7 +104,33 @@ zpp_coll_opts zpp_coll_opts_default(void) {
     zpp_coll_opts o;
     o.weight_spec = zpp_quant_spec_default(8);
     o.grad_spec = zpp_quant_spec_default(4);
+    o.grad_slab = 0;
     return o;
+}
+
+static size_t zpp__ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
+
+int zpp_qgz_slabs(size_t shard_len, int nodes, const zpp_coll_opts *opts, size_t *slab_p) {
+    size_t n = shard_len, align = 4 * opts->grad_spec.block;
+    size_t want = opts->grad_slab, cap = ZPP_QGZ_MAX_SLABS;
+    if (want == 0 && nodes > 1) want = SIZE_MAX;
+    if (want == 0) {
+        want = zpp__ceil_div(n, ZPP_QGZ_AUTO_SLABS);
+        if (want < ZPP_QGZ_AUTO_MIN) want = ZPP_QGZ_AUTO_MIN;
+    }
+    if (n == 0 || want >= n) {
+        *slab_p = n;
+        return 1;
+    }
+    size_t least = zpp__ceil_div(n, cap);
+    if (want < least) want = least;
+    size_t slab = zpp__ceil_div(want, align) * align;
+    if (slab >= n) {
+        *slab_p = n;
+        return 1;
+    }
+    *slab_p = slab;
+    return (int)zpp__ceil_div(n, slab);
 }
 
 /* ---- Plans: the same calls the live operations make --------------------
@@ -142,18 +168,22 @@ void zpp_plan_reduce(zpp_volume *v, const zpp_partition *p, int nodes, int node_
         return;
     }
     zpp_coll_opts d = opts ? *opts : zpp_coll_opts_default();
-    size_t qg = zpp_quant_bytes(p->shard_len, &d.grad_spec);
-    if (node_size > 1) {
-        zpp_group_shape intra = zpp_group_intra(node_size);
-        zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, &intra,
-                            (size_t)nodes * qg);
-    }
-    if (nodes > 1) {
-        zpp_group_shape inter = zpp_group_inter(nodes, node_size);
-        /* between two nodes the exchange runs as an all-gather of one chunk
-         * (collectives.c, zpp__inter_exchange_start): the same wire bytes */
-        zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE,
-                            nodes == 2 ? ZPP_CALL_ALLGATHER : ZPP_CALL_ALLTOALL, &inter, qg);
+    size_t n = p->shard_len, slab;
+    int slabs = zpp_qgz_slabs(n, nodes, &d, &slab);
+    zpp_group_shape intra = zpp_group_intra(node_size);
+    zpp_group_shape inter = zpp_group_inter(nodes, node_size);
+    for (int k = 0; k < slabs; k++) {
+        size_t first = (size_t)k * slab, len = n - first < slab ? n - first : slab;
+        size_t qg = zpp_quant_bytes(len, &d.grad_spec);
+        if (node_size > 1)
+            zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, &intra,
+                                (size_t)nodes * qg);
+        /* between two nodes the exchange runs as an all-gather of the one
+         * block for the other node (collectives.c, zpp__exchange_start): the
+         * same wire bytes */
+        if (nodes > 1)
+            zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE,
+                                nodes == 2 ? ZPP_CALL_ALLGATHER : ZPP_CALL_ALLTOALL, &inter, qg);
     }
 }
 

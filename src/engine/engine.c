@@ -100,8 +100,7 @@ zpp_engine_opts zpp_engine_opts_default(void) {
     o.grad_clip = 1.0f;
     o.max_reuse_distance = 1000000000; /* DeepSpeed's default */
     o.seed = 1234;
-    o.coll.weight_spec = zpp_quant_spec_default(8);
-    o.coll.grad_spec = zpp_quant_spec_default(4);
+    o.coll = zpp_coll_opts_default();
     return o;
 }
 

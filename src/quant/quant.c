@@ -718,24 +718,40 @@ zpp_status zpp_quant_cpu_dequantize_chunks(const void *q, size_t n_chunks, size_
 zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype, size_t chunk_len,
                                       int nodes, int local, const zpp_quant_spec *spec,
                                       void *out) {
+    return zpp_quant_cpu_reorder_quantize(x, dtype, chunk_len, 0, chunk_len, nodes, local,
+                                          spec, out);
+}
+
+static zpp_status zpp__check_slab(const char *what, size_t chunk_len, size_t first,
+                                  size_t len) {
+    if (first > chunk_len || len > chunk_len - first)
+        return zpp_error(ZPP_ERR_INVALID, "%s: slab [%zu, %zu) runs past a chunk of %zu elements",
+                         what, first, first + len, chunk_len);
+    return ZPP_OK;
+}
+
+zpp_status zpp_quant_cpu_reorder_quantize(const void *x, zpp_dtype dtype, size_t chunk_len,
+                                          size_t first, size_t len, int nodes, int local,
+                                          const zpp_quant_spec *spec, void *out) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
     ZPP_CHECK(zpp__check_dtype("reorder-quantize", dtype));
     if (nodes < 1 || local < 1)
         return zpp_error(ZPP_ERR_INVALID,
                          "reorder-quantize: nodes %d and local %d must both be >= 1", nodes,
                          local);
-    size_t n = (size_t)nodes * (size_t)local * chunk_len;
+    ZPP_CHECK(zpp__check_slab("reorder-quantize", chunk_len, first, len));
+    size_t n = (size_t)nodes * (size_t)local * len;
     ZPP_CHECK(zpp__check_ptr("reorder-quantize", x, "input", n));
     ZPP_CHECK(zpp__check_ptr("reorder-quantize", out, "output", n));
-    const size_t es = zpp_dtype_size(dtype), qb = zpp_quant_bytes(chunk_len, spec);
+    const size_t es = zpp_dtype_size(dtype), qb = zpp_quant_bytes(len, spec);
     uint64_t first_bad = ZPP__NONE;
     size_t slot = 0;
     for (int dl = 0; dl < local; dl++) {
         for (int node = 0; node < nodes; node++, slot++) {
             size_t r = (size_t)node * (size_t)local + (size_t)dl; /* destination rank */
-            uint64_t bad = zpp__quant_tensor((const char *)x + r * chunk_len * es, dtype,
-                                             chunk_len, spec, (uint64_t)r * chunk_len,
-                                             (char *)out + slot * qb);
+            size_t at = r * chunk_len + first; /* index of the slab's first element */
+            uint64_t bad = zpp__quant_tensor((const char *)x + at * es, dtype, len, spec,
+                                             (uint64_t)at, (char *)out + slot * qb);
             if (bad != ZPP__NONE && (first_bad == ZPP__NONE || bad < first_bad))
                 first_bad = bad;
         }
@@ -745,9 +761,12 @@ zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype, size_t chu
 }
 
 /* The shared body of both dequant-sum-requant entry points: input j is
- * ins[j], or base + j * stride when ins is NULL. */
+ * ins[j], or base + j * stride when ins is NULL. Chunks of chunk_len
+ * elements (the slab's own length); element i of chunk c draws the
+ * stochastic index c * idx_stride + idx_first + i. */
 static zpp_status zpp__dsr(const void *const *ins, const uint8_t *base, size_t stride, int k,
-                           size_t n_chunks, size_t chunk_len, const zpp_quant_spec *in_spec,
+                           size_t n_chunks, size_t chunk_len, size_t idx_stride,
+                           size_t idx_first, const zpp_quant_spec *in_spec,
                            const zpp_quant_spec *out_spec, void *out) {
     const char *what = "dequant-sum-requant";
     ZPP_CHECK(zpp_quant_spec_check(in_spec));
@@ -790,7 +809,7 @@ static zpp_status zpp__dsr(const void *const *ins, const uint8_t *base, size_t s
                 zpp__acc_range(in + c * qin, chunk_len, in_spec, e, e + len, sum);
             }
             float s;
-            uint64_t idx0 = (uint64_t)c * chunk_len + e;
+            uint64_t idx0 = (uint64_t)c * idx_stride + idx_first + e;
             size_t bad = zpp__quant_block(sum, ZPP_FP32, len, out_spec, idx0,
                                           o + (out_spec->bits == 8 ? e : e / 2), &s);
             memcpy(o + so + 4 * b, &s, 4);
@@ -807,14 +826,17 @@ zpp_status zpp_quant_dequant_sum_requant(const void *const *in, int k, size_t n_
                                          size_t chunk_len, const zpp_quant_spec *in_spec,
                                          const zpp_quant_spec *out_spec, void *out) {
     if (!in) return zpp_error(ZPP_ERR_INVALID, "dequant-sum-requant: input list is NULL");
-    return zpp__dsr(in, NULL, 0, k, n_chunks, chunk_len, in_spec, out_spec, out);
+    return zpp__dsr(in, NULL, 0, k, n_chunks, chunk_len, chunk_len, 0, in_spec, out_spec, out);
 }
 
 zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chunks,
-                                             size_t chunk_len, const zpp_quant_spec *in_spec,
+                                             size_t chunk_len, size_t first, size_t len,
+                                             const zpp_quant_spec *in_spec,
                                              const zpp_quant_spec *out_spec, void *out) {
-    size_t stride = in_spec ? n_chunks * zpp_quant_bytes(chunk_len, in_spec) : 0;
-    return zpp__dsr(NULL, in, stride, k, n_chunks, chunk_len, in_spec, out_spec, out);
+    ZPP_CHECK(zpp__check_slab("dequant-sum-requant", chunk_len, first, len));
+    size_t stride = in_spec ? n_chunks * zpp_quant_bytes(len, in_spec) : 0;
+    return zpp__dsr(NULL, in, stride, k, n_chunks, len, chunk_len, first, in_spec, out_spec,
+                    out);
 }
 
 /* ------------------------------------------------------------------------ */

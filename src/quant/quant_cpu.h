@@ -5,10 +5,10 @@
  * quantized as its own tensor (zpp_quant_bytes(chunk_len) bytes, end to end).
  *
  * Stochastic rounding: the element index fed to the random stream is the
- * element's index in the whole input (chunk * chunk_len + i), the same
- * convention as zpp_quant_reorder_quantize and
- * zpp_quant_dequant_sum_requant, so every path draws the same numbers for
- * the same element. */
+ * element's index in the whole input (chunk * chunk_len + i; in a slab,
+ * chunk * chunk_len + first + i), the same convention as
+ * zpp_quant_reorder_quantize and zpp_quant_dequant_sum_requant, so every
+ * path draws the same numbers for the same element. */
 #ifndef ZPP_QUANT_CPU_H
 #define ZPP_QUANT_CPU_H
 
@@ -26,9 +26,15 @@ zpp_status zpp_quant_cpu_quantize_chunks(const void *in, zpp_dtype dtype, size_t
 zpp_status zpp_quant_cpu_dequantize_chunks(const void *q, size_t n_chunks, size_t chunk_len,
                                            const zpp_quant_spec *spec, zpp_dtype dtype,
                                            void *out);
-/* The k inputs laid end to end: input j at j * n_chunks * zpp_quant_bytes(chunk_len). */
+/* zpp_quant_reorder_quantize of the slab [first, first + len) of every chunk. */
+zpp_status zpp_quant_cpu_reorder_quantize(const void *x, zpp_dtype dtype, size_t chunk_len,
+                                          size_t first, size_t len, int nodes, int local,
+                                          const zpp_quant_spec *spec, void *out);
+/* The k inputs laid end to end, each n_chunks quantized slabs of len
+ * elements: input j at j * n_chunks * zpp_quant_bytes(len). */
 zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chunks,
-                                             size_t chunk_len, const zpp_quant_spec *in_spec,
+                                             size_t chunk_len, size_t first, size_t len,
+                                             const zpp_quant_spec *in_spec,
                                              const zpp_quant_spec *out_spec, void *out);
 zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
                                         const zpp_quant_spec *spec, float scale, float *out);

@@ -14,7 +14,8 @@
  * __fmul_rn / __fadd_rn, and the file must never be built with fast-math.
  * Stochastic rounding draws u = zpp_quant_uniform(seed, i) (quant_rng.h)
  * with i the element's index in the whole input (chunk * chunk_len + offset;
- * for the qgZ reorder, the source chunk), as the reference does. Edge cases
+ * for the qgZ reorder, the source chunk; for a slab of the qgZ kernels,
+ * chunk * chunk_len + first + offset), as the reference does. Edge cases
  * (absmax 0, tiny absmax, NaN/Inf) are the reference's, see block_scale.
  *
  * HOW THE KERNELS ARE SHAPED (memory bound: ~3 bytes moved per element)
@@ -483,12 +484,14 @@ __device__ __forceinline__ void tile_chunk(unsigned tile, unsigned n_chunks, uns
 
 /* Raw dtype input; chunk c of the output reads input chunk src(c): the
  * identity, or the qgZ reorder (output position dest_local*nodes + node holds
- * chunk node*local + dest_local). The stochastic element index is the
- * element's index in the input. */
+ * chunk node*local + dest_local). Input chunks lie `stride` elements apart
+ * and `in` points at element `first` of chunk 0 (a slab: the output chunks
+ * are shorter than the input's). The stochastic element index is the
+ * element's index in the whole input. */
 template <class D>
 struct RawSrc {
     const typename D::raw *in;
-    unsigned long long chunk_len;
+    unsigned long long stride, first;
     unsigned nodes, local; /* reorder when local > 0 */
     bool vec;
 
@@ -497,11 +500,15 @@ struct RawSrc {
         Raw8 r[N];
     };
 
-    /* index in the input of element 0 of output chunk c */
+    /* offset from `in` of element 0 of output chunk c */
     __device__ __forceinline__ unsigned long long origin(unsigned c) const {
-        if (local == 0) return (unsigned long long)c * chunk_len;
+        if (local == 0) return (unsigned long long)c * stride;
         const unsigned dl = c / nodes, node = c - dl * nodes;
-        return (unsigned long long)(node * local + dl) * chunk_len;
+        return (unsigned long long)(node * local + dl) * stride;
+    }
+    /* stochastic index of element 0 of output chunk c */
+    __device__ __forceinline__ unsigned long long index(unsigned c) const {
+        return origin(c) + first;
     }
     template <int U, int VPT>
     __device__ __forceinline__ void fetch(const Tile (&tl)[U], unsigned t, unsigned T,
@@ -548,7 +555,7 @@ struct RawSrc {
 struct DeqSumSrc {
     QLayout in;                   /* input 0 */
     unsigned long long in_stride; /* bytes between inputs */
-    unsigned long long chunk_len;
+    unsigned long long idx_stride, idx_first; /* stochastic index: c * stride + first */
     int k;
     bool same_block; /* in block == out block: block index carries over */
 
@@ -558,8 +565,8 @@ struct DeqSumSrc {
         float sc[2][N];
     };
 
-    __device__ __forceinline__ unsigned long long origin(unsigned c) const {
-        return (unsigned long long)c * chunk_len;
+    __device__ __forceinline__ unsigned long long index(unsigned c) const {
+        return (unsigned long long)c * idx_stride + idx_first;
     }
     template <int N>
     __device__ __forceinline__ unsigned amax(const Stage<N> &, const float (&v)[N][8], int n,
@@ -744,7 +751,7 @@ __global__ void __launch_bounds__(kThreads)
             const Tile &x = cur[u];
             if (x.len == 0) continue;
             const BlockScale bs = block_scale(m[u], q.qmax);
-            const unsigned long long idx = STOCH ? src.origin(x.c) + x.e0 : 0ull;
+            const unsigned long long idx = STOCH ? src.index(x.c) + x.e0 : 0ull;
 #pragma unroll
             for (int s = 0; s < VPT; s++) {
                 const unsigned e = vec_off(t, T, s);
@@ -805,7 +812,7 @@ __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const 
                     if (pass == 0) {
                         m = src.template amax<S>(st, v, s, m);
                     } else if (e < pc[0].len) {
-                        const unsigned long long idx = STOCH ? src.origin(x.c) + pc[0].e0 : 0ull;
+                        const unsigned long long idx = STOCH ? src.index(x.c) + pc[0].e0 : 0ull;
                         const uint2 w = quant8_block<STOCH>(v[s], bs, q.qmax, q.out.bits,
                                                             q.seed, idx + e);
                         store_payload(q.out, x.c, pc[0].e0 + e, w);
@@ -1185,41 +1192,47 @@ zpp_status launch_quant(const Src &src, const QDst &q, unsigned tile_len, bool s
                  : launch_quant_st<Src, false>(src, q, tile_len, st, what);
 }
 
+/* Elements [first, first + len) of each of n_chunks input chunks of
+ * chunk_len elements, each quantized as a tensor of len (the whole chunks:
+ * first 0, len chunk_len). */
+struct QuantIn {
+    const void *in;
+    zpp_dtype dtype;
+    size_t n_chunks, chunk_len, first, len;
+    int nodes, local; /* the qgZ reorder when local > 0 */
+};
+
 template <class D>
-zpp_status quantize_raw(const void *in, size_t n_chunks, size_t chunk_len, int nodes,
-                        int local, const zpp_quant_spec *spec, void *out, int *nonfinite,
+zpp_status quantize_raw(const QuantIn &a, const zpp_quant_spec *spec, void *out, int *nonfinite,
                         cudaStream_t st, const char *what) {
     QDst q;
     unsigned tile_len;
-    ZPP_CHECK(make_qdst(out, n_chunks, chunk_len, spec, nonfinite, what, &q, &tile_len));
+    ZPP_CHECK(make_qdst(out, a.n_chunks, a.len, spec, nonfinite, what, &q, &tile_len));
     RawSrc<D> src;
-    src.in = static_cast<const typename D::raw *>(in);
-    src.chunk_len = chunk_len;
-    src.nodes = (unsigned)nodes;
-    src.local = (unsigned)local;
-    src.vec = aligned16(in) && ((unsigned long long)chunk_len * D::size) % 16 == 0;
+    src.in = static_cast<const typename D::raw *>(a.in) + a.first;
+    src.stride = a.chunk_len;
+    src.first = a.first;
+    src.nodes = (unsigned)a.nodes;
+    src.local = (unsigned)a.local;
+    src.vec = aligned16(src.in) && ((unsigned long long)a.chunk_len * D::size) % 16 == 0;
     return launch_quant(src, q, tile_len, spec->stochastic != 0, st, what);
 }
 
-zpp_status quantize_dispatch(const void *in, zpp_dtype dtype, size_t n_chunks,
-                             size_t chunk_len, int nodes, int local,
-                             const zpp_quant_spec *spec, void *out, int *nonfinite,
-                             cudaStream_t st, const char *what) {
-    ZPP_CHECK(check_dtype(dtype, what));
+zpp_status quantize_dispatch(const QuantIn &a, const zpp_quant_spec *spec, void *out,
+                             int *nonfinite, cudaStream_t st, const char *what) {
+    ZPP_CHECK(check_dtype(a.dtype, what));
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    if (n_chunks == 0 || chunk_len == 0) return ZPP_OK;
-    if (!in) return zpp_error(ZPP_ERR_INVALID, "%s: input is NULL", what);
+    if (a.first > a.chunk_len || a.len > a.chunk_len - a.first)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: slab [%zu, %zu) runs past a chunk of %zu elements", what, a.first,
+                         a.first + a.len, a.chunk_len);
+    if (a.n_chunks == 0 || a.len == 0) return ZPP_OK;
+    if (!a.in) return zpp_error(ZPP_ERR_INVALID, "%s: input is NULL", what);
     ZPP_CHECK(check_qptr(out, what, "out"));
-    switch (dtype) {
-    case ZPP_BF16:
-        return quantize_raw<BF16>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
-                                  st, what);
-    case ZPP_FP16:
-        return quantize_raw<FP16>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
-                                  st, what);
-    default:
-        return quantize_raw<F32>(in, n_chunks, chunk_len, nodes, local, spec, out, nonfinite,
-                                 st, what);
+    switch (a.dtype) {
+    case ZPP_BF16: return quantize_raw<BF16>(a, spec, out, nonfinite, st, what);
+    case ZPP_FP16: return quantize_raw<FP16>(a, spec, out, nonfinite, st, what);
+    default: return quantize_raw<F32>(a, spec, out, nonfinite, st, what);
     }
 }
 
@@ -1316,24 +1329,28 @@ zpp_status convert_from(const void *in, void *out, zpp_dtype out_dtype, size_t n
 extern "C" zpp_status zpp_cuda_quantize_chunks(const void *in, zpp_dtype dtype, size_t n_chunks,
                                                size_t chunk_len, const zpp_quant_spec *spec,
                                                void *out, int *nonfinite_dev, void *stream) {
-    return quantize_dispatch(in, dtype, n_chunks, chunk_len, 0, 0, spec, out, nonfinite_dev,
-                             static_cast<cudaStream_t>(stream), "cuda quantize");
+    const QuantIn a = {in, dtype, n_chunks, chunk_len, 0, chunk_len, 0, 0};
+    return quantize_dispatch(a, spec, out, nonfinite_dev, static_cast<cudaStream_t>(stream),
+                             "cuda quantize");
 }
 
 extern "C" zpp_status zpp_cuda_reorder_quantize(const void *in, zpp_dtype dtype,
-                                                size_t chunk_len, int nodes, int local,
+                                                size_t chunk_len, size_t first, size_t len,
+                                                int nodes, int local,
                                                 const zpp_quant_spec *spec, void *out,
                                                 int *nonfinite_dev, void *stream) {
     const char *what = "cuda reorder-quantize";
     if (nodes < 1 || local < 1)
         return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
                          nodes, local);
-    return quantize_dispatch(in, dtype, (size_t)nodes * (size_t)local, chunk_len, nodes, local,
-                             spec, out, nonfinite_dev, static_cast<cudaStream_t>(stream), what);
+    const QuantIn a = {in, dtype, (size_t)nodes * (size_t)local, chunk_len, first, len,
+                       nodes, local};
+    return quantize_dispatch(a, spec, out, nonfinite_dev, static_cast<cudaStream_t>(stream),
+                             what);
 }
 
 extern "C" zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t n_chunks,
-                                                   size_t chunk_len,
+                                                   size_t chunk_len, size_t first, size_t len,
                                                    const zpp_quant_spec *in_spec,
                                                    const zpp_quant_spec *out_spec, void *out,
                                                    int *nonfinite_dev, void *stream) {
@@ -1341,16 +1358,21 @@ extern "C" zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t
     ZPP_CHECK(zpp_quant_spec_check(in_spec));
     ZPP_CHECK(zpp_quant_spec_check(out_spec));
     if (k < 1) return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
-    if (n_chunks == 0 || chunk_len == 0) return ZPP_OK;
+    if (first > chunk_len || len > chunk_len - first)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: slab [%zu, %zu) runs past a chunk of %zu elements", what, first,
+                         first + len, chunk_len);
+    if (n_chunks == 0 || len == 0) return ZPP_OK;
     ZPP_CHECK(check_qptr(in, what, "in"));
     ZPP_CHECK(check_qptr(out, what, "out"));
     QDst q;
     unsigned tile_len;
-    ZPP_CHECK(make_qdst(out, n_chunks, chunk_len, out_spec, nonfinite_dev, what, &q, &tile_len));
+    ZPP_CHECK(make_qdst(out, n_chunks, len, out_spec, nonfinite_dev, what, &q, &tile_len));
     DeqSumSrc src;
-    src.in = make_layout(in, chunk_len, in_spec);
+    src.in = make_layout(in, len, in_spec);
     src.in_stride = src.in.qbytes * n_chunks;
-    src.chunk_len = chunk_len;
+    src.idx_stride = chunk_len;
+    src.idx_first = first;
     src.k = k;
     src.same_block = in_spec->block == out_spec->block;
     return launch_quant(src, q, tile_len, out_spec->stochastic != 0,

@@ -26,10 +26,12 @@ zpp_status zpp_cuda_dequantize_chunks(const void *q, size_t n_chunks, size_t chu
                                       const zpp_quant_spec *spec, zpp_dtype dtype, void *out,
                                       void *stream);
 zpp_status zpp_cuda_reorder_quantize(const void *in, zpp_dtype dtype, size_t chunk_len,
-                                     int nodes, int local, const zpp_quant_spec *spec,
-                                     void *out, int *nonfinite_dev, void *stream);
+                                     size_t first, size_t len, int nodes, int local,
+                                     const zpp_quant_spec *spec, void *out,
+                                     int *nonfinite_dev, void *stream);
 zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t n_chunks,
-                                        size_t chunk_len, const zpp_quant_spec *in_spec,
+                                        size_t chunk_len, size_t first, size_t len,
+                                        const zpp_quant_spec *in_spec,
                                         const zpp_quant_spec *out_spec, void *out,
                                         int *nonfinite_dev, void *stream);
 zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,

@@ -70,11 +70,13 @@ zpp_status zpp_qx_dequantize_chunks(const zpp_quant_exec *x, const void *q, size
 }
 
 zpp_status zpp_qx_reorder_quantize(const zpp_quant_exec *x, const void *in, zpp_dtype dtype,
-                                   size_t chunk_len, int nodes, int local,
-                                   const zpp_quant_spec *spec, void *out) {
+                                   size_t chunk_len, size_t first, size_t len, int nodes,
+                                   int local, const zpp_quant_spec *spec, void *out) {
     int dev = 0;
     ZPP_CHECK(zpp__qx_where(x, "reorder-quantize", &dev));
-    if (!dev) return zpp_quant_reorder_quantize(in, dtype, chunk_len, nodes, local, spec, out);
+    if (!dev)
+        return zpp_quant_cpu_reorder_quantize(in, dtype, chunk_len, first, len, nodes, local,
+                                              spec, out);
     ZPP_CHECK(zpp_quant_spec_check(spec));
     ZPP_CHECK(zpp__qx_dtype("reorder-quantize", dtype));
     if (nodes < 1 || local < 1)
@@ -82,7 +84,7 @@ zpp_status zpp_qx_reorder_quantize(const zpp_quant_exec *x, const void *in, zpp_
                          "reorder-quantize: nodes %d and local %d must both be >= 1", nodes,
                          local);
 #ifdef ZPP_HAVE_CUDA
-    return zpp_cuda_reorder_quantize(in, dtype, chunk_len, nodes, local, spec, out,
+    return zpp_cuda_reorder_quantize(in, dtype, chunk_len, first, len, nodes, local, spec, out,
                                      x->nonfinite_dev, x->stream);
 #else
     return ZPP_ERR_UNSUPPORTED;
@@ -90,8 +92,8 @@ zpp_status zpp_qx_reorder_quantize(const zpp_quant_exec *x, const void *in, zpp_
 }
 
 zpp_status zpp_qx_dequant_sum_requant(const zpp_quant_exec *x, const void *in, int k,
-                                      size_t n_chunks, size_t chunk_len,
-                                      const zpp_quant_spec *in_spec,
+                                      size_t n_chunks, size_t chunk_len, size_t first,
+                                      size_t len, const zpp_quant_spec *in_spec,
                                       const zpp_quant_spec *out_spec, void *out) {
     int dev = 0;
     ZPP_CHECK(zpp__qx_where(x, "dequant-sum-requant", &dev));
@@ -101,11 +103,11 @@ zpp_status zpp_qx_dequant_sum_requant(const zpp_quant_exec *x, const void *in, i
         return zpp_error(ZPP_ERR_INVALID, "dequant-sum-requant: k = %d inputs; need at least 1",
                          k);
     if (!dev)
-        return zpp_quant_cpu_dequant_sum_requant(in, k, n_chunks, chunk_len, in_spec, out_spec,
-                                                 out);
+        return zpp_quant_cpu_dequant_sum_requant(in, k, n_chunks, chunk_len, first, len,
+                                                 in_spec, out_spec, out);
 #ifdef ZPP_HAVE_CUDA
-    return zpp_cuda_dequant_sum_requant(in, k, n_chunks, chunk_len, in_spec, out_spec, out,
-                                        x->nonfinite_dev, x->stream);
+    return zpp_cuda_dequant_sum_requant(in, k, n_chunks, chunk_len, first, len, in_spec,
+                                        out_spec, out, x->nonfinite_dev, x->stream);
 #else
     return ZPP_ERR_UNSUPPORTED;
 #endif
