@@ -18,8 +18,7 @@
  * timed, each a step of every mode beside the plain collectives (below):
  * each operation is timed from a barrier, and its time is the median over
  * rounds of the slowest rank (a step's is the sum of its operations'). The
- * volume of one
- * step is compared with `zeropp plan`'s (zpp_plan_step).
+ * volume of one step is compared with `zeropp plan`'s (zpp_plan_step).
  *
  * It also times the backend's plain collective on the same tensors (a bf16
  * all-gather of each unit's shards and a bf16 reduce-scatter of each unit's
