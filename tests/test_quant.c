@@ -501,8 +501,8 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         memset(got, 0xee, n_chunks * qout);
         EXPECT_OK(zpp_quant_dequant_sum_requant(ptrs, k, n_chunks, chunk_len, &in_sp, &out_sp,
                                                 got));
-        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, 0, chunk_len, &in_sp, &out_sp,
-                                             got2));
+        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, 0, chunk_len,
+                                             &in_sp, &out_sp, got2));
         size_t bytes = n_chunks * qout;
         EXPECT(first_diff(want, got, bytes) == bytes,
                "k %d chunks %zu len %zu in int%d/%zu out int%d/%zu%s: byte %zu", k, n_chunks,
@@ -934,7 +934,8 @@ static void test_exec_host_equals_direct(void) {
         EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, n_chunks, chunk_len, &sp, a));
         /* stochastic chunks use the index in the whole input: equal to the
          * reorder with one node, and chunk 0 to a plain quantize */
-        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 0, chunk_len, 1, (int)n_chunks, &sp, b));
+        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 0, chunk_len, 1,
+                                          (int)n_chunks, &sp, b));
         EXPECT(memcmp(a, b, n_chunks * qb) == 0, "chunks vs reorder(1 node)");
         for (size_t c = 0; c < (sp.stochastic ? 1 : n_chunks); c++) {
             EXPECT_OK(zpp_quantize((const char *)x + c * chunk_len * es, dt, chunk_len, &sp, b));

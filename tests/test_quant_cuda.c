@@ -469,8 +469,8 @@ static void test_reorder_quantize(void) {
                              dq = dbuf_make(qb, 0);
                         dbuf_put(&dx, x);
                         dbuf_poison(&dq);
-                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, 0, cl, nodes, local, &s, dq.p,
-                                                            NULL, NULL));
+                        EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, 0, cl, nodes, local, &s,
+                                                            dq.p, NULL, NULL));
                         char ctx[160];
                         snprintf(ctx, sizeof ctx, "reorder-quantize %s nodes %d local %d len %zu",
                                  zpp_dtype_name(d), nodes, local, cl);
@@ -730,8 +730,9 @@ static void test_invalid_arguments(void) {
                                            (char *)dq.p + 4, NULL, NULL),
                   ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "aligned") != NULL, "message: %s", zpp_last_error());
-    EXPECT_STATUS(zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 10, 0, 2, &s, dq.p, NULL, NULL),
-                  ZPP_ERR_INVALID);
+    EXPECT_STATUS(
+        zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 10, 0, 2, &s, dq.p, NULL, NULL),
+        ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, 0, 10, &s, &s, dq.p, NULL, NULL),
                   ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_cuda_convert(dx.p, ZPP_BF16, dx.p, ZPP_FP32, 10, 1.0f, NULL),

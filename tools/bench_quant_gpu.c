@@ -86,8 +86,8 @@ static zpp_status op_run(gbench *g, int op) {
     case OP_DEQUANT:
         return zpp_cuda_dequantize_chunks(g->q, 1, a->n, &g->spec, a->dtype, g->y, g->st);
     case OP_REORDER:
-        return zpp_cuda_reorder_quantize(g->x, a->dtype, g->cl, 0, g->cl, ZPP_GB_NODES, ZPP_GB_LOCAL,
-                                         &g->spec4, g->r, g->flag, g->st);
+        return zpp_cuda_reorder_quantize(g->x, a->dtype, g->cl, 0, g->cl, ZPP_GB_NODES,
+                                         ZPP_GB_LOCAL, &g->spec4, g->r, g->flag, g->st);
     case OP_DSR:
         return zpp_cuda_dequant_sum_requant(g->r, 2, ZPP_GB_RANKS / 2, g->cl, 0, g->cl, &g->spec4,
                                             &g->spec4, g->d, g->flag, g->st);
@@ -373,8 +373,8 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
             break;
         case OP_DSR:
             CK(cudaMemcpy(hd, g.d, dbytes, cudaMemcpyDeviceToHost), "downloading");
-            s = zpp_quant_cpu_dequant_sum_requant(hr_cpu, 2, ZPP_GB_RANKS / 2, g.cl, 0, g.cl, &g.spec4,
-                                                  &g.spec4, hd_cpu);
+            s = zpp_quant_cpu_dequant_sum_requant(hr_cpu, 2, ZPP_GB_RANKS / 2, g.cl, 0, g.cl,
+                                                  &g.spec4, &g.spec4, hd_cpu);
             w->correct = s == ZPP_OK && same_bytes(hd, hd_cpu, dbytes, "dequant_sum_requant");
             /* output chunk c = input 0 chunk c + input 1 chunk c, i.e. slots
              * c and c + 8 of the reorder output */

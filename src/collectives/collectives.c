@@ -595,8 +595,6 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
                  * holds S inputs, one per node peer. */
                 ZPP_CHECK(zpp__slab_wait(c, op, k));
                 q = (const char *)op->bp[1] + W * s.at;
-                ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTRA, (const char *)op->bp[0] + W * s.at,
-                                               (char *)q, N * s.q));
                 inputs = S;
             }
             st = zpp_qx_dequant_reduce(&c->qx, q, inputs, s.len, gs, inv_w,
@@ -617,8 +615,6 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     for (int k = 0; k < op->slabs; k++) {
         zpp__slab s = zpp__slab_get(op, k);
         ZPP_CHECK(zpp__slab_wait(c, op, k));
-        ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTRA, (const char *)op->bp[0] + W * s.at,
-                                       (char *)op->bp[1] + W * s.at, N * s.q));
         char *sum = (char *)op->bp[2] + N * s.at;
         st = zpp_qx_dequant_sum_requant(&c->qx, (const char *)op->bp[1] + W * s.at, (int)S, N,
                                         n, s.first, s.len, gs, &rs, sum);
