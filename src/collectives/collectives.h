@@ -95,9 +95,10 @@ int zpp_qgz_slabs(size_t shard_len, int nodes, const zpp_coll_opts *opts, size_t
 typedef struct zpp_coll zpp_coll;
 typedef struct zpp_coll_op zpp_coll_op;
 
-/* `stream` (cudaStream_t) is the compute stream kernels are enqueued on for
- * device memory; NULL for host. */
-zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, void *stream,
+/* `dev` is the rank's compute backend: the collectives' kernels run on it,
+ * their scratch comes from its pool, and its memory kind must be the
+ * communicators' (comm->mem). Not owned; it outlives the zpp_coll. */
+zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, zpp_device *dev,
                            zpp_coll **coll_p);
 void zpp_coll_destroy(zpp_coll *c);
 

@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#include "core/mem.h"
+#include "device/device.h"
 #include "zeropp.h"
 
 typedef struct zpp_comm zpp_comm;
@@ -90,10 +90,9 @@ typedef struct zpp_topo_opts {
     /* Ranks per node; 0 = as the launcher placed them
      * (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)). Must divide the world. */
     int node_size;
-    /* NCCL only: the CUDA device, and the compute stream (a cudaStream_t;
-     * NULL = the default stream) that collectives are ordered against. */
-    int device;
-    void *compute_stream;
+    /* NCCL only: the rank's GPU (zpp_device_create_gpu); collectives are
+     * ordered against its compute stream and use its events. Not owned. */
+    zpp_device *device;
     /* NCCL only: 1 sets a distinct NCCL_HOSTID per emulated node before NCCL
      * initialises, so emulated nodes talk over NCCL's network transport. */
     int emulate_nodes;
@@ -114,14 +113,25 @@ typedef struct zpp_topo_opts {
 zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
 void zpp_topo_destroy(zpp_topo *topo);
 
-/* The GPU of this rank, before zpp_topo_create: its index among the ranks
- * the launcher started on its host, modulo the devices it sees (whatever
- * node size is emulated), made current, with a new stream on it for the
- * caller's compute work (*stream_p, a cudaStream_t; destroy it after the
- * topology). ZPP_ERR_CUDA when no device is visible, ZPP_ERR_UNSUPPORTED in
- * a build without CUDA. Local: no other rank takes part beyond MPI's
- * shared-memory split. */
-zpp_status zpp_topo_open_device(int *device_p, void **stream_p);
+/* Where the launcher put this rank: its index among the ranks it started on
+ * this host, and their number (MPI's shared-memory split of the world),
+ * whatever node size is emulated. A rank's GPU is local_rank modulo the
+ * GPUs it sees. Local: no other rank takes part beyond that split. */
+zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p);
+
+/* ---- Failing together ----------------------------------------------------
+ * Every rank of `c` returns the same status: ZPP_OK when all passed `st` ==
+ * ZPP_OK, else the status of the lowest-numbered failing rank, whose
+ * message (zpp_last_error) is handed to every rank, so a problem seen by
+ * one rank is reported by all instead of leaving the others to hang in the
+ * next collective. Collective over `c`, blocking, on the host. */
+zpp_status zpp_comm_agree(zpp_comm *c, zpp_status st);
+/* The same over every rank the launcher started (MPI_COMM_WORLD), for the
+ * steps before a topology exists (reading a config, opening a file). */
+zpp_status zpp_comm_agree_world(zpp_status st);
+/* The maximum of a double over every rank the launcher started (the
+ * slowest rank's time, say). Blocking, on the host. */
+zpp_status zpp_comm_max_world(double *value);
 
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */
@@ -141,12 +151,11 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
  * large-count path on small buffers. Not thread-safe; set it between
  * operations. */
 void zpp_comm_mpi_set_max_count(int max_count);
-#ifdef ZPP_HAVE_CUDA
 /* Creates the world NCCL communicator and its intra/inter splits in one go.
  * Called by zpp_topo_create with every size/rank field of `topo` already set
  * and topo->world/intra/inter NULL; on failure it must leave each of them
- * NULL or a valid comm (zpp_topo_create destroys the non-NULL ones). */
+ * NULL or a valid comm (zpp_topo_create destroys the non-NULL ones). In a
+ * build without NCCL (comm_nccl_none.c) it returns ZPP_ERR_UNSUPPORTED. */
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts);
-#endif
 
 #endif

@@ -54,11 +54,11 @@ typedef struct zpp_step_stats {
 
 typedef struct zpp_engine zpp_engine;
 
-/* The engine keeps pointers to topo and model; both outlive it. `stream` is
- * the compute stream for device memory (NULL on the host). Collective over
- * the world. */
+/* The engine keeps pointers to topo, model and dev; all three outlive it.
+ * `dev` is the rank's compute backend (its memory kind must be the model's
+ * and the communicators'). Collective over the world. */
 zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             void *stream, zpp_engine **engine_p);
+                             zpp_device *dev, zpp_engine **engine_p);
 void zpp_engine_destroy(zpp_engine *e);
 
 /* The step in pieces, as DeepSpeed's engine offers it (forward, backward,

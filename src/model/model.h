@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/mem.h"
+#include "device/device.h"
 #include "zeropp.h"
 
 #ifdef __cplusplus
@@ -73,14 +73,18 @@ typedef struct zpp_gpt2_config {
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                int max_batch, zpp_model **model_p);
 
-#ifdef ZPP_HAVE_CUDA
 /* The CUDA GPT-2 (cuBLASLt), with the same units, stages, parameter layout
  * and initialisation as the CPU reference; params, grads and activations in
- * device memory; every kernel enqueued on `stream` (a cudaStream_t, NULL =
- * the legacy default stream). set_batch takes host tokens. */
+ * the GPU's memory; every kernel enqueued on dev's compute stream. set_batch
+ * takes host tokens. ZPP_ERR_UNSUPPORTED in a build without CUDA
+ * (gpt2_cuda_none.c). */
 zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
-                                int max_batch, void *stream, zpp_model **model_p);
-#endif
+                                int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* The GPT-2 for `dev`: the CPU reference for the host backend, the CUDA
+ * model for a GPU. */
+zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
+                           zpp_device *dev, zpp_model **model_p);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,235 @@
+/* device/device.h — the compute backend, the mirror of comm/comm.h.
+ *
+ * A zpp_device is where a rank's tensors live and runs the work on them:
+ * memory, a compute stream and more streams, events, one scratch allocator,
+ * the non-finite flag, and the kernels the layers above need (the
+ * quantization family, dtype conversion, sums, AdamW). It is a table of
+ * functions implemented twice, for the host (C loops, OpenMP where it pays)
+ * and for CUDA; nothing above device/ and comm/ knows which one runs, and
+ * nothing above them calls CUDA or carries #ifdef ZPP_HAVE_CUDA.
+ *
+ * Every zpp_device_* function below is a front (device.c) that checks its
+ * arguments once, with one message per mistake, and then dispatches to
+ * d->ops. A backend may assume its arguments were checked.
+ *
+ * Ordering. Work is enqueued on the device's compute stream in call order
+ * (on the host it simply runs). A copy whose destination is host memory
+ * returns once the data is there; every other operation may return before
+ * it has run. Other streams (the NCCL backend's) order against the compute
+ * stream with events.
+ *
+ * Non-finite values. A quantizing kernel that meets NaN or Inf in a block
+ * stores a NaN scale and a zero payload (the wire rule, zeropp.h), raises
+ * the device's non-finite flag and returns ZPP_OK, on both backends alike.
+ * One owner reads the flag: the engine, once per optimizer step, through
+ * zpp_device_nonfinite_take.
+ *
+ * Adding a backend (ROCm, say): implement zpp_device_ops in
+ * device_<name>.c (+ its kernels), give it a create function, and teach
+ * zpp_device_create_gpu to pick it. */
+#ifndef ZPP_DEVICE_DEVICE_H
+#define ZPP_DEVICE_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zeropp.h"
+
+typedef enum zpp_mem_kind { ZPP_MEM_HOST = 0, ZPP_MEM_DEVICE = 1 } zpp_mem_kind;
+
+typedef struct zpp_device zpp_device;
+typedef struct zpp_device_event zpp_device_event;
+
+/* AdamW with decoupled weight decay (Loshchilov & Hutter), per element:
+ *   g = grad_scale * grad
+ *   m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
+ *   p = p - lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
+ * then work[i] = (work_dtype) p[i], the next working copy of the shard. */
+typedef struct zpp_adamw_args {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* clipping coefficient, applied to g first */
+    int step;         /* 1-based, for bias correction */
+} zpp_adamw_args;
+
+/* The backend table. Streams are the backend's native handles (a
+ * cudaStream_t on CUDA, NULL on the host); NULL means the compute stream. */
+typedef struct zpp_device_ops {
+    const char *name; /* "host" or "cuda" */
+    zpp_status (*alloc)(zpp_device *d, size_t bytes, void **p_p);
+    void (*free)(zpp_device *d, void *p);
+    zpp_status (*copy)(zpp_device *d, void *dst, const void *src, size_t bytes);
+    zpp_status (*set)(zpp_device *d, void *p, int value, size_t bytes);
+    zpp_status (*sync)(zpp_device *d, void *stream);
+    zpp_status (*stream_create)(zpp_device *d, void **stream_p);
+    void (*stream_destroy)(zpp_device *d, void *stream);
+    zpp_status (*event_create)(zpp_device *d, int timing, zpp_device_event **ev_p);
+    void (*event_destroy)(zpp_device *d, zpp_device_event *ev);
+    zpp_status (*event_record)(zpp_device *d, zpp_device_event *ev, void *stream);
+    zpp_status (*event_wait)(zpp_device *d, void *stream, zpp_device_event *ev);
+    zpp_status (*event_query)(zpp_device *d, zpp_device_event *ev, int *done_p);
+    zpp_status (*event_elapsed_ms)(zpp_device *d, zpp_device_event *start,
+                                   zpp_device_event *end, float *ms_p);
+    /* kernels: see the fronts below for their meaning */
+    zpp_status (*quantize_chunks)(zpp_device *d, const void *in, zpp_dtype dtype,
+                                  size_t n_chunks, size_t chunk_len, const zpp_quant_spec *spec,
+                                  void *out);
+    zpp_status (*dequantize_chunks)(zpp_device *d, const void *q, size_t n_chunks,
+                                    size_t chunk_len, const zpp_quant_spec *spec,
+                                    zpp_dtype dtype, void *out);
+    zpp_status (*reorder_quantize)(zpp_device *d, const void *in, zpp_dtype dtype,
+                                   size_t chunk_len, size_t first, size_t len, int nodes,
+                                   int local, const zpp_quant_spec *spec, void *out);
+    zpp_status (*dequant_sum_requant)(zpp_device *d, const void *in, int k, size_t n_chunks,
+                                      size_t chunk_len, size_t first, size_t len,
+                                      const zpp_quant_spec *in_spec,
+                                      const zpp_quant_spec *out_spec, void *out);
+    zpp_status (*dequant_reduce)(zpp_device *d, const void *q, size_t n_chunks,
+                                 size_t chunk_len, const zpp_quant_spec *spec, float scale,
+                                 float *out);
+    zpp_status (*convert)(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
+                          zpp_dtype out_dtype, size_t n, float scale);
+    zpp_status (*add)(zpp_device *d, float *acc, const float *x, size_t n);
+    zpp_status (*sumsq)(zpp_device *d, const float *x, size_t n, double *sum_p);
+    zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, const float *grad,
+                        size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
+    void (*destroy)(zpp_device *d);
+} zpp_device_ops;
+
+/* One scratch buffer of the pool. */
+typedef struct zpp_device_buf {
+    void *p;
+    size_t cap;
+    int busy;
+} zpp_device_buf;
+
+struct zpp_device {
+    const zpp_device_ops *ops;
+    zpp_mem_kind mem; /* where this device's tensors live */
+    int ordinal;      /* the GPU's index; -1 on the host */
+    void *stream;     /* the compute stream (native handle; NULL on the host) */
+    int *nonfinite;   /* the flag, in this device's memory */
+    /* the scratch pool (device.c) */
+    zpp_device_buf *pool;
+    size_t pool_len, pool_cap;
+    /* bytes allocated through this device, now and at most */
+    size_t mem_now, mem_peak;
+    void *impl;       /* backend state */
+};
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Creating one ------------------------------------------------------- */
+/* The host backend: tensors in host memory, work on the calling thread. */
+zpp_status zpp_device_create_host(zpp_device **d_p);
+/* A GPU backend on GPU `ordinal` (made current for the calling thread),
+ * with a new compute stream. ZPP_ERR_UNSUPPORTED in a build without CUDA,
+ * ZPP_ERR_CUDA when the GPU cannot be opened. */
+zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p);
+/* GPUs this process sees (0 in a build without CUDA). */
+int zpp_device_gpu_count(void);
+/* Frees the scratch pool, the flag and the streams; NULL is ignored. */
+void zpp_device_destroy(zpp_device *d);
+
+/* ---- Memory ------------------------------------------------------------ */
+/* `bytes` of this device's memory (0 gives a valid unique pointer); host
+ * memory is 64-byte aligned. Counted in mem_now / mem_peak. */
+zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p);
+void zpp_device_free(zpp_device *d, void *p);
+/* Stream-ordered copy between any two of: this device's memory, host
+ * memory. Returns after the data is there when dst is host memory. */
+zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes);
+zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes);
+
+/* ---- Scratch: one pool for every layer ------------------------------------
+ * Leases a buffer of at least `bytes` (the smallest free one that fits;
+ * when none fits, the largest free one is replaced by a new one, so the
+ * pool holds no more buffers than were ever busy at once). A buffer handed
+ * back may still be read by work in flight on the compute stream; its next
+ * user is enqueued behind that work, so reuse needs no synchronisation. */
+zpp_status zpp_device_scratch_get(zpp_device *d, size_t bytes, void **p_p);
+void zpp_device_scratch_put(zpp_device *d, void *p); /* NULL is ignored */
+/* Buffers and bytes the pool holds now. */
+void zpp_device_scratch_stats(const zpp_device *d, size_t *buffers_p, size_t *bytes_p);
+/* Bytes allocated through this device now and at most since creation. */
+void zpp_device_mem_stats(const zpp_device *d, size_t *now_p, size_t *peak_p);
+
+/* ---- Streams and events -------------------------------------------------- */
+zpp_status zpp_device_sync(zpp_device *d, void *stream); /* NULL: the compute stream */
+zpp_status zpp_device_stream_create(zpp_device *d, void **stream_p);
+void zpp_device_stream_destroy(zpp_device *d, void *stream);
+/* timing 0 makes a lighter event that cannot be timed. */
+zpp_status zpp_device_event_create(zpp_device *d, int timing, zpp_device_event **ev_p);
+void zpp_device_event_destroy(zpp_device *d, zpp_device_event *ev);
+zpp_status zpp_device_event_record(zpp_device *d, zpp_device_event *ev, void *stream);
+/* Work enqueued on `stream` after this call runs after `ev`. */
+zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *ev);
+/* *done_p = 1 once the work before the event has run. */
+zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done_p);
+zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
+                                       zpp_device_event *end, float *ms_p);
+
+/* ---- The non-finite flag -------------------------------------------------- */
+/* Waits for the compute stream, reads the flag into *raised_p and clears it. */
+zpp_status zpp_device_nonfinite_take(zpp_device *d, int *raised_p);
+
+/* ---- Kernels ---------------------------------------------------------------
+ * "Chunks" are consecutive pieces of chunk_len elements, each quantized as
+ * its own tensor (zpp_quant_bytes(chunk_len) bytes, laid end to end): the
+ * unit of exchange of the sharded collectives, one chunk per rank.
+ *
+ * A "slab" is the range [first, first + len) of every chunk: the piece of a
+ * collective that one step of a pipeline moves. Each chunk's slab is
+ * quantized as its own tensor of len elements, and stochastic rounding
+ * still indexes an element by its place in the whole input (chunk *
+ * chunk_len + first + i). So a collective cut into slabs at block
+ * boundaries computes the same bits as one that is not; with len a multiple
+ * of 4 * block, every slab but the last is a whole number of 16-byte words
+ * and the slabs' bytes add up to the whole chunk's. */
+
+/* Quantizes n_chunks chunks of `in` into n_chunks quantized chunks. */
+zpp_status zpp_device_quantize_chunks(zpp_device *d, const void *in, zpp_dtype dtype,
+                                      size_t n_chunks, size_t chunk_len,
+                                      const zpp_quant_spec *spec, void *out);
+/* Dequantizes n_chunks quantized chunks into n_chunks * chunk_len elements. */
+zpp_status zpp_device_dequantize_chunks(zpp_device *d, const void *q, size_t n_chunks,
+                                        size_t chunk_len, const zpp_quant_spec *spec,
+                                        zpp_dtype dtype, void *out);
+/* zpp_quant_reorder_quantize of a slab: `in` holds the whole chunks; `out`
+ * receives nodes * local quantized slabs of len elements. first 0 and len
+ * chunk_len: the whole chunks. */
+zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                       size_t chunk_len, size_t first, size_t len, int nodes,
+                                       int local, const zpp_quant_spec *spec, void *out);
+/* zpp_quant_dequant_sum_requant of a slab, with the k inputs laid end to end
+ * in `in`, each n_chunks quantized slabs of len elements (input j at
+ * j * n_chunks * zpp_quant_bytes(len, in_spec)); chunk_len and first only
+ * place the elements in the random stream. */
+zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                          size_t n_chunks, size_t chunk_len, size_t first,
+                                          size_t len, const zpp_quant_spec *in_spec,
+                                          const zpp_quant_spec *out_spec, void *out);
+/* out[i] = scale * sum over c < n_chunks of dequantize(chunk c)[i], i < chunk_len,
+ * summed in fp32 in chunk order: the last step of qgZ. */
+zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
+                                     size_t chunk_len, const zpp_quant_spec *spec, float scale,
+                                     float *out);
+/* out[i] = (out_dtype)(scale * in[i]). in and out may be the same buffer only
+ * when the dtypes are equal. */
+zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
+                              zpp_dtype out_dtype, size_t n, float scale);
+/* acc[i] += x[i]. */
+zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n);
+/* Sum of x[i]^2 in double, returned to the host (waits for the stream). */
+zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p);
+/* AdamW over a shard (zpp_adamw_args), then the working copy. */
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+                            size_t n, const zpp_adamw_args *a, void *work,
+                            zpp_dtype work_dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
