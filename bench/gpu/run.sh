@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One call on a GPU machine (made for the lent 2xH200): build, the GPU tests
+# One call on a GPU machine (one H200 or more): build, the GPU tests
 # (ctest -L gpu), the quantization kernels beside a device copy, and every
 # collective path beside NCCL's own bf16 collective, over sockets between two
-# emulated nodes and over NVLink. Logs and JSON lines go to $OUT/summary.txt.
+# emulated nodes and (with 2 GPUs or more) over NVLink. With one GPU the two
+# ranks share it, each its own emulated node (a distinct NCCL_HOSTID), so
+# every multi-rank step runs over sockets. Logs and JSON lines go to
+# $OUT/summary.txt.
 # Each step has its own time limit so one slow step cannot eat the lease.
 #   EXTRA=1   also qwZ and qgZ over more sockets per peer (NCCL_SOCKET_NTHREADS=4,
 #             NCCL_NSOCKS_PERTHREAD=4 for both ours and NCCL's reference)
@@ -25,7 +28,8 @@ if ! [ -f /usr/include/cjson/cJSON.h ]; then
   mkdir -p /tmp/cjson && for f in .deps/*.deb; do dpkg -x "$f" /tmp/cjson; done
   export CJSON_ROOT=/tmp/cjson/usr
 fi
-echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)" | tee "$S"
+GPUS=$(nvidia-smi -L | wc -l)
+echo "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$GPUS" | tee "$S"
 t0=$(date +%s)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
   cmake --build build-gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { echo "build failed" | tee -a "$S"; tail -40 "$OUT/build.log"; exit 1; }
@@ -41,9 +45,11 @@ for bits in 8 4; do
 done 2>&1 | tee -a "$S"
 timeout 240 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
   --emulate-nodes --iters ${SOCKET_ITERS:-15} --modes ${SOCKET_MODES:-zero3,qwz,qgz,zeropp} --json 2>&1 | tee -a "$S"
-timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
-  --iters 9 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
-if [ -n "${SLABS:-}" ]; then
+if [ "$GPUS" -ge 2 ]; then
+  timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 \
+    --iters 9 --json 2>&1 | sed 's/^/nvlink /' | tee -a "$S"
+fi
+if [ -n "${SLABS:-}" ] && [ "$GPUS" -ge 2 ]; then
   NV="$Z bench comm --device gpu --params 536870912 --units 1 --node-size 2 --iters 9 --modes zero3,qgz --json"
   timeout 60 $MPI $NV --grad-slab off 2>&1 | sed 's/^/one-step nvlink /' | tee -a "$S"
   timeout 150 $MPI $Z bench comm --device gpu --params 536870912 --units 1 --node-size 1 \
@@ -68,10 +74,13 @@ if [ -n "${EXTRA:-}" ]; then
     2>&1 | sed 's/^/socks16 /' | tee -a "$S"
 fi
 if [ -n "${TRAIN:-}" ]; then
-  # the example config (GPT-2 4 x 128, 2 ranks as one node): the CUDA model
-  # and the CPU model should trace the same loss curve to within fp32 noise
+  # the example config (GPT-2 4 x 128, 2 ranks as one node; on one GPU, as
+  # two emulated nodes): the CUDA model and the CPU model should trace the
+  # same loss curve to within fp32 noise
+  SHARE=""; [ "$GPUS" -lt 2 ] && SHARE="--node-size 1 --emulate-nodes"
   for dev in gpu cpu; do
     timeout 120 $MPI $Z train --device $dev --config examples/zeropp.json --steps 100 --quiet \
+      $([ $dev = gpu ] && echo "$SHARE") \
       --metrics "$OUT/train-$dev.jsonl" > "$OUT/train-$dev.log" 2>&1
     echo "train $dev rc=$? $(tail -2 "$OUT/train-$dev.log" | tr '\n' ' ')" | tee -a "$S"
   done
