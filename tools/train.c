@@ -30,8 +30,8 @@ typedef struct run_summary {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np N zeropp train [options]\n"
-            "  --config FILE     DeepSpeed-style JSON config (every key: src/train/config.h;\n"
-            "                    an example: examples/zeropp.json)\n"
+            "  --config FILE     DeepSpeed-style JSON config (every key: docs/config.md or\n"
+            "                    --list-config-keys; an example: examples/zeropp.json)\n"
             "  --data FILE       llm.c token file (.bin) or any text file; default: a "
             "built-in synthetic corpus\n"
             "  --steps N         optimizer steps (overrides zeropp.train_steps)\n"
@@ -73,6 +73,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
         long x = 0;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             usage(stdout);
+            return 1;
+        } else if (!strcmp(f, "--list-config-keys")) {
+            zpp_train_config_write_keys(stdout); /* docs/config.md */
             return 1;
         } else if (!strcmp(f, "--demo")) {
             a->demo = 1;
