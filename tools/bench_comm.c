@@ -124,7 +124,7 @@ static void usage(FILE *f) {
             "           [--modes zero3,qwz,hpz,qgz,zeropp] [--dtype bf16] [--seed N]\n"
             "           [--weight-block B] [--grad-block B] [--grad-slab E|auto|off]\n"
             "\n"
-            "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
+            "One training step's collectives for a model of P parameters (125M, 1.5B, 64Mi) in\n"
             "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
             "per node by phase, the time (K rounds, default 5, each timing every mode beside\n"
             "the backend's plain bf16 all-gather and reduce-scatter, and a plain all-gather\n"
@@ -808,7 +808,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (zpp_cli_parse_int(v, 1, &o->iters)) goto bad_value;
             i++;
         } else if (!strcmp(a, "--seed") && v) {
-            o->seed = strtoull(v, NULL, 10);
+            size_t seed = 0;
+            if (zpp_cli_parse_count(v, &seed)) goto bad_value;
+            o->seed = seed;
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
             if (zpp_dtype_parse(v, &o->dtype) != ZPP_OK) goto bad_value;

@@ -1,6 +1,7 @@
 /* tools/train.c — `zeropp train`: train GPT-2 under mpirun, log each step,
  * write metrics, and (--demo) compare ZeRO-3 with ZeRO++ side by side. */
 #include <errno.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,14 +53,13 @@ static void usage(FILE *f) {
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !end || *end || v < lo) {
-        fprintf(stderr, "zeropp train: %s expects an integer >= %ld, got '%s'\n", flag, lo, s);
+    size_t v = 0;
+    if (zpp_cli_parse_count(s, &v) || v > (size_t)LONG_MAX || (long)v < lo) {
+        fprintf(stderr, "zeropp train: %s expects an integer >= %ld, got '%s' (%s)\n", flag, lo,
+                s, ZPP_CLI_COUNT_HELP);
         return -1;
     }
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
