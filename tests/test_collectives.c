@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "collectives/collectives.h"
+#include "collectives/qgz_bound.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
 #include "core/random.h"
@@ -376,24 +377,12 @@ static void reduce(zpp_coll *c, grad_case *g, zpp_reduce_mode m) {
     EXPECT_OK(zpp_coll_finish(c, op));
 }
 
-/* The qgZ bound for element j of this rank's shard (chunk d = this rank of
- * every rank's gradient), block b of the chunk, A_r = max |g_r| over that
- * block of rank r's chunk d:
- *   step 1, each rank quantizes its chunk: |e1_r| <= A_r / 7 / 2 (half an
- *     int4 step; a full step with stochastic rounding);
- *   step 3, the node's fp32 sum of S dequantized values is requantized: its
- *     block absmax is at most sum_s A_s (|dequantized| <= the block absmax),
- *     so |e2_node| <= sum over the node of A_s / 14;
- *   step 5 sums the N node sums and divides by W once.
- * |out - exact| <= levels * sum_r A_r / 14 / W, levels = 2 when both the
- * intra-node requantization and the inter-node hop happen (S > 1 and
- * N > 1), else 1 (that path dequantizes the first quantization directly).
- * fp32 sums and the 1/W product add O(W u) relative, inside the 1e-3
- * margin. Returns the largest error / bound seen. */
+/* Every element of this rank's shard within qgZ's bound (its derivation:
+ * collectives/qgz_bound.h), A_r = max |g_r| over the element's block of
+ * rank r's chunk. Returns the largest error / bound seen. */
 static double check_qgz(const zpp_topo *t, const grad_case *g, uint64_t tag, int same,
                         size_t block, int stochastic, float *bound_out, const char *what) {
     int W = t->world_size, S = t->node_size, N = t->nodes;
-    int levels = (S > 1 && N > 1) ? 2 : 1;
     size_t n = g->p.shard_len, base = (size_t)t->world_rank * n;
     double worst = 0;
     for (size_t b0 = 0; b0 < n; b0 += block) {
@@ -405,7 +394,7 @@ static double check_qgz(const zpp_topo *t, const grad_case *g, uint64_t tag, int
                 A = fmax(A, fabs(grad_at(tag, r, base + k, g->p.numel, g->dt, same)));
             sumA += A;
         }
-        double bound = levels * sumA / (stochastic ? 7.0 : 14.0) / W * (1 + 1e-3) + 1e-30;
+        double bound = zpp_qgz_error_bound(sumA, W, S, N, stochastic) + 1e-30;
         for (size_t j = b0; j < b1; j++) {
             double err = fabs((double)g->out[j] - g->exact[j]);
             EXPECT(err <= bound,

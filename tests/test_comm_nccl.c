@@ -721,7 +721,7 @@ static void test_nccl_emulated_nodes(void) {
 }
 
 /* The emulated-nodes test comes last: see its comment. */
-ZPP_TESTS(ZPP_TEST(test_nccl_one_node), ZPP_TEST(test_nccl_nodes_of_one_default_stream),
-          ZPP_TEST(test_nccl_invalid_arguments), ZPP_TEST(test_nccl_hostid_fixed_per_process),
-          ZPP_TEST(test_nccl_timeout_reports_instead_of_hanging),
-          ZPP_TEST(test_nccl_emulated_nodes), )
+ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one_default_stream),
+          ZPP_TEST_GPU(test_nccl_invalid_arguments), ZPP_TEST_GPU(test_nccl_hostid_fixed_per_process),
+          ZPP_TEST_GPU(test_nccl_timeout_reports_instead_of_hanging),
+          ZPP_TEST_GPU(test_nccl_emulated_nodes), )

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "testlib.h"
 #include "train/config.h"
+#include "train/config_keys.h"
 
 #define HAS(sub) (strstr(zpp_last_error(), (sub)) != NULL)
 #define EXPECT_MSG(sub) EXPECT(HAS(sub), "message '%s' lacks '%s'", zpp_last_error(), (sub))
@@ -26,34 +27,39 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
     EXPECT(HAS(sub), "%s: message '%s' lacks '%s'", json, zpp_last_error(), sub);
 }
 
-/* Field-wise equality (struct padding makes memcmp unreliable). */
+/* Field-wise equality (struct padding makes memcmp unreliable): every
+ * field of the key table (train/config_keys.h), and the ignored list. */
+#define CMP_FIELD(f) &&a->f == b->f
+#define CMP_NONE(f)
+#define CMP_OBJECT CMP_NONE
+#define CMP_INT CMP_FIELD
+#define CMP_I64 CMP_FIELD
+#define CMP_SEED CMP_FIELD
+#define CMP_NUM CMP_FIELD
+#define CMP_BOOL CMP_FIELD
+#define CMP_BETAS(f)                                                                         \
+    &&a->optimizer.beta1 == b->optimizer.beta1 && a->optimizer.beta2 == b->optimizer.beta2
+#define CMP_OPT_TYPE CMP_NONE
+#define CMP_SCHED_TYPE CMP_FIELD
+#define CMP_WARMUP_TYPE CMP_FIELD
+#define CMP_STAGE CMP_FIELD
+#define CMP_FP16 CMP_NONE
+#define CMP_IGNORED CMP_NONE
+#define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
 static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
-    return a->train_batch_size == b->train_batch_size &&
-           a->train_micro_batch_size_per_gpu == b->train_micro_batch_size_per_gpu &&
-           a->gradient_accumulation_steps == b->gradient_accumulation_steps &&
-           a->optimizer.lr == b->optimizer.lr && a->optimizer.beta1 == b->optimizer.beta1 &&
-           a->optimizer.beta2 == b->optimizer.beta2 && a->optimizer.eps == b->optimizer.eps &&
-           a->optimizer.weight_decay == b->optimizer.weight_decay &&
-           a->scheduler.type == b->scheduler.type &&
-           a->scheduler.warmup_type == b->scheduler.warmup_type &&
-           a->scheduler.warmup_num_steps == b->scheduler.warmup_num_steps &&
-           a->scheduler.total_num_steps == b->scheduler.total_num_steps &&
-           a->scheduler.warmup_min_lr == b->scheduler.warmup_min_lr &&
-           a->scheduler.warmup_max_lr == b->scheduler.warmup_max_lr &&
-           a->scheduler.warmup_min_ratio == b->scheduler.warmup_min_ratio &&
-           a->scheduler.cos_min_ratio == b->scheduler.cos_min_ratio &&
-           a->gradient_clipping == b->gradient_clipping && a->bf16 == b->bf16 &&
-           a->zero.stage == b->zero.stage &&
-           a->zero.quantized_weights == b->zero.quantized_weights &&
-           a->zero.hpz_partition_size == b->zero.hpz_partition_size &&
-           a->zero.quantized_gradients == b->zero.quantized_gradients &&
-           a->zero.max_reuse_distance == b->zero.max_reuse_distance &&
-           a->model.n_layer == b->model.n_layer && a->model.n_head == b->model.n_head &&
-           a->model.n_embd == b->model.n_embd && a->model.seq_len == b->model.seq_len &&
-           a->model.vocab_size == b->model.vocab_size && a->train_steps == b->train_steps &&
-           a->seed == b->seed && a->eval_every == b->eval_every &&
-           a->eval_batches == b->eval_batches && a->steps_per_print == b->steps_per_print &&
-           strcmp(a->ignored, b->ignored) == 0;
+    return strcmp(a->ignored, b->ignored) == 0 ZPP_CONFIG_KEYS(CMP_KEY);
+}
+
+/* Every key of the table, by kind, for the tests that walk it. */
+#define KEY_ENTRY(path, kind, field, lo, hi, def, sched, doc) {path, #kind},
+static const struct {
+    const char *path, *kind;
+} all_keys[] = {ZPP_CONFIG_KEYS(KEY_ENTRY)};
+#define N_KEYS (sizeof all_keys / sizeof all_keys[0])
+
+static const char *key_name(const char *path) {
+    const char *dot = strrchr(path, '.');
+    return dot ? dot + 1 : path;
 }
 
 static int irand(zpp_rng *r, int lo, int hi) { /* [lo, hi] */
@@ -103,6 +109,7 @@ static void test_defaults_valid(void) {
 /* Every key, with fresh random values, written to a file and read back. */
 static void test_every_key_parsed(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    char seen[4096] = ""; /* one trial's text, for the coverage check below */
     for (int trial = 0; trial < 20; trial++) {
         int n_head = irand(&r, 1, 16), n_embd = n_head * irand(&r, 1, 32);
         int n_layer = irand(&r, 1, 48), seq_len = irand(&r, 1, 4096),
@@ -182,20 +189,30 @@ static void test_every_key_parsed(void) {
         /* Loading the same text again does not repeat ignored keys. */
         EXPECT_OK(zpp_train_config_load_string(json, &from_str));
         EXPECT(cfg_equal(&cfg, &from_str), "ignored = '%s'", from_str.ignored);
+        snprintf(seen, sizeof seen, "%s", json);
     }
     /* The other two scheduler types' params. */
     zpp_train_config cfg;
     EXPECT_OK(zpp_train_config_defaults(&cfg));
-    EXPECT_OK(zpp_train_config_load_string(
-        "{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 1e-5, "
-        "\"warmup_max_lr\": 3e-3, \"warmup_num_steps\": 7, \"total_num_steps\": 90}}}",
-        &cfg));
+    const char *decay = "{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": "
+                        "{\"warmup_min_lr\": 1e-5, \"warmup_max_lr\": 3e-3, "
+                        "\"warmup_num_steps\": 7, \"total_num_steps\": 90}}}";
+    EXPECT_OK(zpp_train_config_load_string(decay, &cfg));
     EXPECT(cfg.scheduler.type == ZPP_SCHED_WARMUP_DECAY_LR && cfg.scheduler.warmup_min_lr == 1e-5 &&
            cfg.scheduler.warmup_max_lr == 3e-3 && cfg.scheduler.warmup_num_steps == 7 &&
            cfg.scheduler.total_num_steps == 90);
     EXPECT_OK(zpp_train_config_load_string("{\"scheduler\": {\"type\": \"warmuplr\"}}", &cfg));
     EXPECT(cfg.scheduler.type == ZPP_SCHED_WARMUP_LR);
     EXPECT(strcmp(zpp_sched_type_name(cfg.scheduler.type), "WarmupLR") == 0);
+    /* Every key of the table (but the ignored knobs) is in these texts: a
+     * key added to config_keys.h needs a value here too. */
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (!strcmp(all_keys[i].kind, "IGNORED")) continue;
+        char quoted[96];
+        snprintf(quoted, sizeof quoted, "\"%s\"", key_name(all_keys[i].path));
+        EXPECT(strstr(seen, quoted) || strstr(decay, quoted), "key '%s' is not tested",
+               all_keys[i].path);
+    }
 }
 
 /* A second load applies over the first; a failed load changes nothing. */
@@ -245,6 +262,39 @@ static void test_unknown_key_named(void) {
                       "without 'scheduler.type'");
     expect_load_fails("{\"model\": {\"n_layer\": 2, \"n_layer\": 3}}", ZPP_ERR_CONFIG,
                       "duplicate key 'model.n_layer'");
+    /* In every object of the table (and at the top), an unknown key is
+     * named with its path and the message lists every key known there. */
+    for (size_t o = 0; o <= N_KEYS; o++) {
+        const char *obj = o < N_KEYS ? all_keys[o].path : "";
+        if (o < N_KEYS && strcmp(all_keys[o].kind, "OBJECT")) continue;
+        /* {"a": {"b": {"zz_unknown": 1}}}, with a scheduler type so that
+         * scheduler.params may be given. */
+        char json[512] = "", tail[64] = "", want[192];
+        int depth = 0, in_sched = 0;
+        const char *typed = "\"type\": \"WarmupCosineLR\", ";
+        for (const char *p = obj; *p; depth++) {
+            const char *dot = strchr(p, '.');
+            size_t n = dot ? (size_t)(dot - p) : strlen(p);
+            size_t len = strlen(json);
+            snprintf(json + len, sizeof json - len, "{%s\"%.*s\": ", in_sched ? typed : "",
+                     (int)n, p);
+            in_sched = depth == 0 && n == 9 && !strncmp(p, "scheduler", n);
+            p = dot ? dot + 1 : p + n;
+        }
+        size_t len = strlen(json);
+        snprintf(json + len, sizeof json - len, "{%s\"zz_unknown\": 1}", in_sched ? typed : "");
+        for (int d = 0; d < depth; d++) strcat(tail, "}");
+        strcat(json, tail);
+        snprintf(want, sizeof want, "unknown key '%s%szz_unknown'", obj, obj[0] ? "." : "");
+        expect_load_fails(json, ZPP_ERR_CONFIG, want);
+        for (size_t i = 0; i < N_KEYS; i++) {
+            const char *path = all_keys[i].path, *name = key_name(path);
+            size_t plen = (size_t)(name - path);
+            int in_obj = plen ? strlen(obj) == plen - 1 && !strncmp(path, obj, plen - 1) : !obj[0];
+            if (in_obj)
+                EXPECT(HAS(name), "%s: '%s' not listed in '%s'", json, name, zpp_last_error());
+        }
+    }
 }
 
 static void test_wrong_type_named(void) {
@@ -539,6 +589,48 @@ static void test_lr_schedule(void) {
     EXPECT(zpp_train_lr(&cfg, 10) == 0);
 }
 
+/* docs/config.md is what the key table writes (the table is the source). */
+static char *slurp(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    EXPECT(buf != NULL);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            buf = realloc(buf, cap *= 2);
+            EXPECT(buf != NULL);
+        }
+    }
+    *len = n;
+    return buf;
+}
+
+static void test_keys_doc_current(void) {
+    const char *src = getenv("ZPP_SOURCE_DIR");
+    EXPECT(src != NULL, "ZPP_SOURCE_DIR is not set (ctest sets it)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/config.md", src);
+    FILE *doc = fopen(path, "rb");
+    EXPECT(doc != NULL, "%s: %s", path, strerror(errno));
+    FILE *gen = tmpfile();
+    EXPECT(gen != NULL);
+    zpp_train_config_write_keys(gen);
+    rewind(gen);
+    size_t nd = 0, ng = 0;
+    char *d = slurp(doc, &nd), *g = slurp(gen, &ng);
+    fclose(doc);
+    fclose(gen);
+    size_t at = 0;
+    while (at < nd && at < ng && d[at] == g[at]) at++;
+    EXPECT(nd == ng && at == nd,
+           "%s differs from the key table at byte %zu: regenerate it with `zeropp train "
+           "--list-config-keys > docs/config.md`",
+           path, at);
+    free(d);
+    free(g);
+}
+
 ZPP_TESTS(
     ZPP_TEST(test_defaults_valid),
     ZPP_TEST(test_every_key_parsed),
@@ -551,4 +643,5 @@ ZPP_TESTS(
     ZPP_TEST(test_fp16_and_stage_rejected),
     ZPP_TEST(test_resolve_batch),
     ZPP_TEST(test_lr_schedule),
+    ZPP_TEST(test_keys_doc_current),
 )

@@ -108,8 +108,8 @@ static void test_llmc_roundtrip(void) {
         EXPECT_OK(zpp_data_open(path, &cfg, &d));
         unlink(path); /* the mapping stays valid */
         zpp_data_info info = zpp_data_get_info(d);
-        EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == n && zpp_data_num_tokens(d) == n);
-        EXPECT(info.vocab == maxtok + 1 && zpp_data_vocab(d) == maxtok + 1);
+        EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == n);
+        EXPECT(info.vocab == maxtok + 1);
         EXPECT(info.n_train + info.n_val == n && info.seq_len == T && info.micro_batch == 3 &&
                info.accum == 2);
         for (size_t i = 0; i < n; i++)
@@ -190,7 +190,7 @@ static void test_wrong_magic(void) {
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
     unlink(path);
     EXPECT(zpp_data_get_info(d).kind == ZPP_DATA_RAW_TEXT);
-    EXPECT(zpp_data_num_tokens(d) == 600 && zpp_data_vocab(d) == 256);
+    EXPECT(zpp_data_get_info(d).n_tokens == 600 && zpp_data_get_info(d).vocab == 256);
     EXPECT(zpp_data_token(d, 27) == 'b');
     zpp_data_close(d);
 }
@@ -216,7 +216,7 @@ static void test_token_out_of_vocab(void) {
     /* vocab_size one above the largest token opens. */
     cfg.model.vocab_size = 65536;
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
-    EXPECT(zpp_data_vocab(d) == (badval > vocab ? badval : vocab) + 1);
+    EXPECT(zpp_data_get_info(d).vocab == (badval > vocab ? badval : vocab) + 1);
     zpp_data_close(d);
     unlink(path);
     free(tok);
@@ -282,9 +282,9 @@ static void test_synthetic(void) {
     zpp_data *d1, *d2;
     EXPECT_OK(zpp_data_open(NULL, &c1, &d1));
     EXPECT_OK(zpp_data_open(NULL, &c2, &d2));
-    const size_t n = zpp_data_num_tokens(d1);
-    EXPECT(n >= 200000 && n == ZPP_DATA_SYNTH_TOKENS && zpp_data_num_tokens(d2) == n);
-    EXPECT(zpp_data_get_info(d1).kind == ZPP_DATA_SYNTHETIC && zpp_data_vocab(d1) == 128);
+    const size_t n = zpp_data_get_info(d1).n_tokens;
+    EXPECT(n >= 200000 && n == ZPP_DATA_SYNTH_TOKENS && zpp_data_get_info(d2).n_tokens == n);
+    EXPECT(zpp_data_get_info(d1).kind == ZPP_DATA_SYNTHETIC && zpp_data_get_info(d1).vocab == 128);
     /* The same text whatever the config; only a fixed alphabet of 29. */
     static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz .\n";
     int idx[128];

@@ -468,4 +468,4 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
-          ZPP_TEST(test_demo_summary), ZPP_TEST(test_gpu_matches_cpu))
+          ZPP_TEST(test_demo_summary), ZPP_TEST_GPU(test_gpu_matches_cpu))

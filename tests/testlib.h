@@ -7,6 +7,10 @@
  *         ZPP_TEST(test_roundtrip),
  *     )
  *
+ * A case that needs an NVIDIA GPU is listed as ZPP_TEST_GPU(fn) instead:
+ * the same entry for the program, and tests/CMakeLists.txt (which reads the
+ * case names from this list for CASES_FROM_SOURCE tests) labels it gpu.
+ *
  * `prog` runs every test, `prog NAME` runs one. Random inputs come from a
  * fresh seed each run (printed, so a failure can be replayed with
  * ZPP_TEST_SEED=...). Under MPI, tests run on every rank and a failure on any
@@ -27,6 +31,7 @@ typedef struct zpp_test_entry {
 } zpp_test_entry;
 
 #define ZPP_TEST(fn) {#fn, fn}
+#define ZPP_TEST_GPU(fn) {#fn, fn}
 #define ZPP_TESTS(...)                                                        \
     const zpp_test_entry zpp_test_list[] = {__VA_ARGS__};                     \
     const size_t zpp_test_count = sizeof zpp_test_list / sizeof zpp_test_list[0];

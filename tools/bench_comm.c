@@ -12,8 +12,8 @@
  *   baseline gathers are bit-exact; qwZ within half an int8 step of each
  *   block (+ bf16 rounding); hpZ's backward gather equals the forward
  *   gather's output byte for byte; the baseline reduce within bf16
- *   summation rounding; qgZ within its two-level int4 bound (see
- *   tests/test_collectives.c for the derivations).
+ *   summation rounding; qgZ within its two-level int4 bound
+ *   (collectives/qgz_bound.h; the others: tests/test_collectives.c).
  * The first step of each mode checks (untimed); then --iters rounds are
  * timed, each a step of every mode beside the plain collectives (below):
  * each operation is timed from a barrier, and its time is the median over
@@ -45,6 +45,7 @@
 
 #include "cli.h"
 #include "collectives/collectives.h"
+#include "collectives/qgz_bound.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
 #include "core/random.h"
@@ -124,7 +125,7 @@ static void usage(FILE *f) {
             "           [--modes zero3,qwz,hpz,qgz,zeropp] [--dtype bf16] [--seed N]\n"
             "           [--weight-block B] [--grad-block B] [--grad-slab E|auto|off]\n"
             "\n"
-            "One training step's collectives for a model of P parameters (k/M/B suffixes) in\n"
+            "One training step's collectives for a model of P parameters (125M, 1.5B, 64Mi) in\n"
             "U units (default 8) under each mode; prints the cross-node and intra-node bytes\n"
             "per node by phase, the time (K rounds, default 5, each timing every mode beside\n"
             "the backend's plain bf16 all-gather and reduce-scatter, and a plain all-gather\n"
@@ -396,23 +397,22 @@ static double check_gather(bench_ctx *b, int unit, zpp_gather_mode mode) {
 /* This rank's reduced shard in b->host_out against the exact world mean.
  * Baseline: the backend sums W values in the dtype, each of W-1
  * combinations rounding by half an ulp (<= rel * sum|g_r|); the 1/W
- * product adds 3 fp32 ulps. qgZ (per block of the shard, A_r the absmax of
- * rank r's gradient over it): the first int4 quantization errs by <= A_r/14
- * per rank; with nodes > 1 and node_size > 1 the node's sum is requantized,
- * erring by <= (sum over the node of A_s)/14; one division by W at the end:
- * |err| <= levels * sum_r A_r / 14 / W. */
+ * product adds 3 fp32 ulps. qgZ: zpp_qgz_error_bound of the block's
+ * sum over ranks of its absmax (derivation: collectives/qgz_bound.h). */
 static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
     const bench_unit *u = &b->u[unit];
     const zpp_topo *t = b->topo;
     size_t gb = b->copts.grad_spec.block;
-    int levels = (t->nodes > 1 && t->node_size > 1) ? 2 : 1;
+    const int stoch = b->copts.grad_spec.stochastic;
     double rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
     double worst = 0;
     ZPP_OMP(omp parallel for schedule(static) reduction(max : worst))
     for (size_t k = 0; k < u->p.shard_len; k++) {
         double want = u->mean[k], got = b->host_out[k];
-        double bound = mode == ZPP_REDUCE_QGZ ? levels * u->sum_a[k / gb] / 14.0 / b->W * (1 + 1e-3)
-                                              : (b->W - 1) * rel * 1.01 * u->abssum[k] / b->W;
+        double bound =
+            mode == ZPP_REDUCE_QGZ
+                ? zpp_qgz_error_bound(u->sum_a[k / gb], b->W, t->node_size, t->nodes, stoch)
+                : (b->W - 1) * rel * 1.01 * u->abssum[k] / b->W;
         bound += 3 * 0x1p-24 * fabs(want) + 1e-37;
         double err = fabs(got - want);
         if (!(err <= bound)) worst = fmax(worst, fmax(2.0, err / bound));
@@ -808,7 +808,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (zpp_cli_parse_int(v, 1, &o->iters)) goto bad_value;
             i++;
         } else if (!strcmp(a, "--seed") && v) {
-            o->seed = strtoull(v, NULL, 10);
+            size_t seed = 0;
+            if (zpp_cli_parse_count(v, &seed)) goto bad_value;
+            o->seed = seed;
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
             if (zpp_dtype_parse(v, &o->dtype) != ZPP_OK) goto bad_value;

@@ -34,32 +34,13 @@ static void usage(FILE *f) {
             "  --bits 8|4     int8 or int4 payload (default 8)\n"
             "  --block B      elements per scale, a multiple of 8 (default %d for int8,\n"
             "                 %d for int4)\n"
-            "  --n N          number of elements; K, M, G suffixes are powers of 2\n"
-            "                 (default 16M = 16777216)\n"
+            "  --n N          number of elements (default 16Mi = 16777216)\n"
             "  --stochastic   stochastic rounding instead of round-half-to-even\n"
             "  --json         one JSON object per line per operation\n"
-            "  --device D     cpu (one thread, default) or gpu (CUDA builds)\n",
+            "  --device D     cpu (one thread, default) or gpu (CUDA builds)\n"
+            "Counts take suffixes: " ZPP_CLI_COUNT_HELP ".\n",
             ZPP_QUANT_DEFAULT_BLOCK_INT8, ZPP_QUANT_DEFAULT_BLOCK_INT4);
 }
-
-/* A count with an optional K/M/G (binary) suffix; 0 on a malformed value. */
-static size_t parse_count(const char *s) {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || s[0] == '-') return 0;
-    unsigned shift = 0;
-    if (*end == 'K' || *end == 'k') shift = 10;
-    else if (*end == 'M' || *end == 'm') shift = 20;
-    else if (*end == 'G' || *end == 'g') shift = 30;
-    if (shift) end++;
-    if (*end != '\0' || v > (~0ull >> shift)) return 0;
-    return (size_t)(v << shift);
-}
-
-
-
-
 
 typedef struct bench_row {
     const char *op;
@@ -191,17 +172,15 @@ int zpp_cli_bench_quant(int argc, char **argv) {
             a.bits = atoi(v);
             i++;
         } else if (!strcmp(f, "--block")) {
-            a.block = parse_count(v);
-            if (a.block == 0) {
+            if (zpp_cli_parse_count(v, &a.block) || a.block == 0) {
                 fprintf(stderr, "zeropp bench quant: --block %s: need a positive integer\n", v);
                 return 2;
             }
             i++;
         } else if (!strcmp(f, "--n")) {
-            a.n = parse_count(v);
-            if (a.n == 0) {
-                fprintf(stderr, "zeropp bench quant: --n %s: need a positive integer "
-                                "(K, M, G suffixes allowed)\n", v);
+            if (zpp_cli_parse_count(v, &a.n) || a.n == 0) {
+                fprintf(stderr, "zeropp bench quant: --n %s: need a positive count (%s)\n", v,
+                        ZPP_CLI_COUNT_HELP);
                 return 2;
             }
             i++;

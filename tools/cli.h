@@ -8,15 +8,23 @@ int zpp_cli_bench_quant(int argc, char **argv);
 int zpp_cli_bench_comm(int argc, char **argv);
 int zpp_cli_plan(int argc, char **argv);
 
-/* Prints "zeropp: <context>: <zpp_last_error()>" to stderr, returns 1. */
-int zpp_cli_fail(const char *context, int status);
-
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>
-/* "125M", "1.5B", "10000000", "1e9" -> a count (decimal suffixes k, M, B/G);
- * 0 on success, -1 on a malformed value. */
+/* Prints "zeropp: <context>: <zpp_last_error()>" to stderr, returns 1. */
+int zpp_cli_fail(const char *context, int status);
+/* Every count on the command line (--params, --n, --steps, ...) is read by
+ * this one parser (ZPP_CLI_COUNT_HELP is the line the usage texts print):
+ * a whole number, written in decimal with an optional fraction and
+ * exponent, times an optional suffix: k = 10^3, M = 10^6, B or G = 10^9
+ * (as "125M", "1.5B" model sizes are quoted), or Ki = 2^10, Mi = 2^20,
+ * Gi = 2^30 for exact powers of two ("64Mi" = 67108864). Suffixes are
+ * case-insensitive. "1.5k" = 1500 and "2e9" are counts; "1.5", "-3", "0x10",
+ * "12 M", "5Bi" and anything past 2^53 are not. 0 on success, -1 otherwise
+ * (*out untouched). */
 int zpp_cli_parse_count(const char *s, size_t *out);
-/* A decimal integer in [lo, 2^24]; 0 on success, -1 otherwise. */
+#define ZPP_CLI_COUNT_HELP \
+    "k, M, B/G = 10^3, 10^6, 10^9; Ki, Mi, Gi = 2^10, 2^20, 2^30 (125M, 1.5B, 64Mi)"
+/* A count (zpp_cli_parse_count) in [lo, 2^24]; 0 on success, -1 otherwise. */
 int zpp_cli_parse_int(const char *s, int lo, int *out);
 /* Monotonic clock in milliseconds. */
 double zpp_cli_now_ms(void);

@@ -16,14 +16,10 @@ static void usage(FILE *f) {
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
             "\n"
-            "Run `zeropp COMMAND --help` for a command's options.\n",
+            "Run `zeropp COMMAND --help` for a command's options.\n"
+            "Counts (--params, --n, --steps, ...) take suffixes:\n"
+            "  " ZPP_CLI_COUNT_HELP ".\n",
             zpp_version());
-}
-
-int zpp_cli_fail(const char *context, int status) {
-    fprintf(stderr, "zeropp: %s: %s\n", context,
-            zpp_last_error()[0] ? zpp_last_error() : zpp_status_str((zpp_status)status));
-    return 1;
 }
 
 int main(int argc, char **argv) {

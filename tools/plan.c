@@ -23,7 +23,8 @@ static void plan_usage(FILE *f) {
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
             "parameters cut into U equal units (default 8), on W ranks in nodes of S ranks\n"
-            "(default: one node of W). P takes a k/M/B suffix (125M, 1.5B). Volumes follow\n"
+            "(default: one node of W). P takes a suffix: k, M, B\n"
+            "(decimal: 125M, 1.5B) or Ki, Mi, Gi (binary: 64Mi = 2^26). Volumes follow\n"
             "DESIGN.md section 5 (the ring-optimal volume of each collective as called);\n"
             "quantized paths count payload, scales and padding. --json prints one object per\n"
             "mode.\n");

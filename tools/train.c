@@ -1,6 +1,7 @@
 /* tools/train.c — `zeropp train`: train GPT-2 under mpirun, log each step,
  * write metrics, and (--demo) compare ZeRO-3 with ZeRO++ side by side. */
 #include <errno.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,8 @@ typedef struct run_summary {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np N zeropp train [options]\n"
-            "  --config FILE     DeepSpeed-style JSON config (every key: src/train/config.h;\n"
-            "                    an example: examples/zeropp.json)\n"
+            "  --config FILE     DeepSpeed-style JSON config (every key: docs/config.md or\n"
+            "                    --list-config-keys; an example: examples/zeropp.json)\n"
             "  --data FILE       llm.c token file (.bin) or any text file; default: a "
             "built-in synthetic corpus\n"
             "  --steps N         optimizer steps (overrides zeropp.train_steps)\n"
@@ -52,14 +53,13 @@ static void usage(FILE *f) {
 }
 
 static int parse_long(const char *flag, const char *s, long lo, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !end || *end || v < lo) {
-        fprintf(stderr, "zeropp train: %s expects an integer >= %ld, got '%s'\n", flag, lo, s);
+    size_t v = 0;
+    if (zpp_cli_parse_count(s, &v) || v > (size_t)LONG_MAX || (long)v < lo) {
+        fprintf(stderr, "zeropp train: %s expects an integer >= %ld, got '%s' (%s)\n", flag, lo,
+                s, ZPP_CLI_COUNT_HELP);
         return -1;
     }
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
@@ -73,6 +73,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
         long x = 0;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             usage(stdout);
+            return 1;
+        } else if (!strcmp(f, "--list-config-keys")) {
+            zpp_train_config_write_keys(stdout); /* docs/config.md */
             return 1;
         } else if (!strcmp(f, "--demo")) {
             a->demo = 1;

@@ -574,9 +574,9 @@ static void zpp__acc_range(const uint8_t *q, size_t n, const zpp_quant_spec *spe
  * bytes at base, clipped to the buffer. The blocks are streamed in order,
  * but between the loads of consecutive blocks the loop computes, and the
  * hardware prefetcher alone does not keep enough lines in flight: prefetching
- * ZPP__AHEAD bytes ahead took a 64M-element bf16 -> int8 quantize from 29 to
- * 21 ms and the dequantize from 30 to 26 ms on the development VM (memcpy
- * of the 128 MiB input: 21 ms). */
+ * ZPP__AHEAD bytes ahead brought a large bf16 -> int8 quantize to memcpy
+ * speed on the development VM and made the dequantize faster too
+ * (bench/RESULTS.md, "CPU, commit 9d34ca2"). */
 #define ZPP__AHEAD 2048
 #if defined(__GNUC__)
 #define ZPP__PREFETCH(base, size, from, len, rw)                              \

@@ -35,7 +35,8 @@
  *     fetches its next tiles before it processes the current ones
  *     (software pipelining); for quantize and int4 dequantize that was
  *     measured slower (more registers, fewer warps). The knobs are the
- *     ZPP_QCU_* macros below; the choices are the measured best (H200).
+ *     ZPP_QCU_* macros below; the choices are the measured best on an H200
+ *     (bench/RESULTS.md, third session, run J).
  *   - absmax is an unsigned max of the bit patterns with the sign bit
  *     cleared (for non-negative floats the bit order is the value order), so
  *     a NaN or Inf shows up as bits >= 0x7f800000 in the same reduction.
@@ -66,17 +67,14 @@
  *     the cache-hint intrinsics compile to .STRONG accesses.
  *   - Every byte of a quantized chunk is written, padding included.
  *   - Blocks > 2048 elements: one warp per block, two passes (absmax, then
- *     quantize; the re-read mostly hits L2). Correct, not tuned (0.6 of
- *     copy at block 4096).
+ *     quantize; the re-read mostly hits L2). Correct, not tuned: well
+ *     below copy speed (bench/RESULTS.md, "2×H200, commit 9d34ca2").
  *
  * WHAT THE COMPILER MADE OF IT (nvcc 13.0, sm_90; -Xptxas -v and
- * cuobjdump --dump-sass, 2026-11-30):
- *   - 85 kernels, none spills or uses local memory ("0 bytes stack frame,
- *     0 bytes spill stores, 0 bytes spill loads" for all). Registers:
- *     quantize bf16 48, fp16 58, fp32 62, stochastic bf16 48, sum-requant
- *     80; dequantize bf16 int8 (pipelined) 80, int4 64, fp32 56-80;
- *     dequantize-accumulate 64 (128 pipelined), reduce 64; convert 27-37;
- *     the VPT = 8 variants (blocks 1025..2048) up to 159.
+ * cuobjdump --dump-sass; the register counts: bench/RESULTS.md):
+ *   - no kernel spills or uses local memory ("0 bytes stack frame, 0 bytes
+ *     spill stores, 0 bytes spill loads" for all); the pipelined and the
+ *     VPT = 8 variants use the most registers.
  *   - quantize bf16/fp16: LDG.E.128.CONSTANT per input vector (fp32: 2),
  *     VIMNMX.U16x2 / VIMNMX3.U16x2 absmax, STG.E.64 (int8) / STG.E (int4)
  *     payload words; LDG.E.U16 only on the scalar path.
@@ -85,18 +83,11 @@
  *   - F2I only in the tiny-absmax path and the integer divisions of the
  *     multi-chunk tile index; the float divisions appear once per block.
  *
- * MEASURED (one H200, 1 GiB of bf16 = 536870912 elements, median of 20
- * after warm-up, `zeropp bench quant --device gpu`; GB/s counts bytes read
- * + written; D2D cudaMemcpyAsync of the input in the same run: 4227-4270
- * GB/s; results equal to the CPU reference on the whole buffers):
- *     quantize bf16 int8 b256      0.904 of copy    dequantize 0.897
- *     quantize bf16 int4 b128      0.856            dequantize 0.855
- *     quantize fp16 int8 b256      0.910            dequantize 0.897
- *     quantize fp32 int8 b256      0.992            dequantize 0.783 (fp32 out)
- *     reorder_quantize bf16 int4   0.841   dequant_reduce 0.560
- *     dequant_sum_requant (k = 2)  0.246   (int4 loads of 4 bytes: latency)
- *     stochastic quantize bf16     0.43    (the 64-bit hash per element is
- *                                           ALU bound)
+ * MEASURED: `zeropp bench quant --device gpu` against a device copy of the
+ * same bytes, in bench/RESULTS.md. Quantize and dequantize run near copy
+ * speed (issue 5's target, 0.85 of it, is met); dequant_sum_requant is
+ * latency-bound on its 4-byte int4 loads and stochastic quantize ALU-bound
+ * on the 64-bit hash per element, both well below.
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -1,13 +1,15 @@
 /* train/config.c — DeepSpeed-style JSON configuration (see config.h).
  *
- * Parsing walks every member of every object and dispatches on its name, so
- * an unknown key is found where it is (and named with its dotted path)
- * rather than silently skipped. Everything is applied to a copy of the
+ * Parsing walks every member of every object and looks its dotted path up
+ * in the key table (train/config_keys.h), so an unknown key is found where
+ * it is (and named with its path, with the keys known there) rather than
+ * silently skipped. Everything is applied to a copy of the
  * caller's config, validated as a whole, and copied back only on success. */
 #include "train/config.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stddef.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "train/config_keys.h"
 
 #define ZPP__PATH_CAP 160
 #define ZPP__CONFIG_MAX_BYTES (16u << 20)
@@ -27,48 +30,118 @@ typedef struct zpp__cfgctx {
 } zpp__cfgctx;
 
 /* ------------------------------------------------------------------------ */
+/* The key table (train/config_keys.h)                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum zpp__kind {
+    ZPP_CFG_OBJECT,
+    ZPP_CFG_INT,
+    ZPP_CFG_I64,
+    ZPP_CFG_SEED,
+    ZPP_CFG_NUM,
+    ZPP_CFG_BOOL,
+    ZPP_CFG_BETAS,
+    ZPP_CFG_OPT_TYPE,
+    ZPP_CFG_SCHED_TYPE,
+    ZPP_CFG_WARMUP_TYPE,
+    ZPP_CFG_STAGE,
+    ZPP_CFG_FP16,
+    ZPP_CFG_IGNORED
+} zpp__kind;
+
+typedef struct zpp__key {
+    const char *path;
+    zpp__kind kind;
+    size_t off; /* of the field in zpp_train_config */
+    long long lo, hi;
+    double def[2];
+    unsigned sched;
+    const char *doc;
+} zpp__key;
+
+#define ZPP__FIELD(field) offsetof(zpp_train_config, field)
+#define ZPP__NOFIELD(field) 0
+#define ZPP__OFF_OBJECT ZPP__NOFIELD
+#define ZPP__OFF_INT ZPP__FIELD
+#define ZPP__OFF_I64 ZPP__FIELD
+#define ZPP__OFF_SEED ZPP__FIELD
+#define ZPP__OFF_NUM ZPP__FIELD
+#define ZPP__OFF_BOOL ZPP__FIELD
+#define ZPP__OFF_BETAS ZPP__FIELD
+#define ZPP__OFF_OPT_TYPE ZPP__NOFIELD
+#define ZPP__OFF_SCHED_TYPE ZPP__FIELD
+#define ZPP__OFF_WARMUP_TYPE ZPP__FIELD
+#define ZPP__OFF_STAGE ZPP__FIELD
+#define ZPP__OFF_FP16 ZPP__NOFIELD
+#define ZPP__OFF_IGNORED ZPP__NOFIELD
+#define ZPP__DEF(...) {__VA_ARGS__}
+#define ZPP__KEY(path, kind, field, lo, hi, def, sched, doc)                   \
+    {path, ZPP_CFG_##kind, ZPP__OFF_##kind(field), lo, hi, ZPP__DEF def, sched, doc},
+static const zpp__key zpp__keys[] = {ZPP_CONFIG_KEYS(ZPP__KEY)};
+#undef ZPP__KEY
+#define ZPP__NKEYS (sizeof zpp__keys / sizeof zpp__keys[0])
+
+/* The key's name within its object, and whether the object is `parent`. */
+static const char *zpp__key_name(const zpp__key *k) {
+    const char *dot = strrchr(k->path, '.');
+    return dot ? dot + 1 : k->path;
+}
+
+static int zpp__key_in(const zpp__key *k, const char *parent) {
+    size_t n = (size_t)(zpp__key_name(k) - k->path);
+    if (n == 0) return parent[0] == '\0';
+    return strlen(parent) == n - 1 && strncmp(k->path, parent, n - 1) == 0;
+}
+
+static const zpp__key *zpp__key_find(const char *parent, const char *name) {
+    for (size_t i = 0; i < ZPP__NKEYS; i++)
+        if (zpp__key_in(&zpp__keys[i], parent) && strcmp(zpp__key_name(&zpp__keys[i]), name) == 0)
+            return &zpp__keys[i];
+    return NULL;
+}
+
+#define ZPP__AT(cfg, k, type) ((type *)(void *)((char *)(cfg) + (k)->off))
+
+/* ------------------------------------------------------------------------ */
 /* Defaults                                                                  */
 /* ------------------------------------------------------------------------ */
 
 zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
     if (!cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_defaults: cfg is NULL");
     memset(cfg, 0, sizeof *cfg);
-    /* torch.optim.AdamW's defaults, which DeepSpeed's AdamW inherits. */
-    cfg->optimizer.lr = 1e-3;
-    cfg->optimizer.beta1 = 0.9;
-    cfg->optimizer.beta2 = 0.999;
-    cfg->optimizer.eps = 1e-8;
-    cfg->optimizer.weight_decay = 0.01;
-    /* DeepSpeed's scheduler defaults; no scheduler unless one is given. */
-    cfg->scheduler.type = ZPP_SCHED_NONE;
-    cfg->scheduler.warmup_type = ZPP_WARMUP_LOG;
-    cfg->scheduler.warmup_num_steps = 1000;
-    cfg->scheduler.total_num_steps = 0;
-    cfg->scheduler.warmup_min_lr = 0.0;
-    cfg->scheduler.warmup_max_lr = 1e-3;
-    cfg->scheduler.warmup_min_ratio = 0.0;
-    cfg->scheduler.cos_min_ratio = 1e-4;
-    cfg->gradient_clipping = 0.0;
-    cfg->bf16 = 0;
-    cfg->zero.stage = 3;
-    cfg->zero.quantized_weights = 0;
-    cfg->zero.hpz_partition_size = 1;
-    cfg->zero.quantized_gradients = 0;
-    cfg->zero.max_reuse_distance = 1000000000; /* DeepSpeed's default, 1e9 */
-    /* A GPT small enough to train on a laptop CPU in a demo, over bytes. */
-    cfg->model.n_layer = 2;
-    cfg->model.n_head = 4;
-    cfg->model.n_embd = 64;
-    cfg->model.seq_len = 64;
-    cfg->model.vocab_size = 256;
-    cfg->train_steps = 200;
-    cfg->seed = 1234;
-    cfg->eval_every = 50;
-    cfg->eval_batches = 4;
-    cfg->steps_per_print = 10;
+    /* Optimizer: torch.optim.AdamW's defaults, which DeepSpeed's AdamW
+     * inherits. Scheduler: DeepSpeed's defaults, and no scheduler unless
+     * one is given. ZeRO: DeepSpeed's reuse distance, 1e9. Model: a GPT
+     * small enough to train on a laptop CPU in a demo, over bytes. */
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        switch (k->kind) {
+        case ZPP_CFG_INT:
+        case ZPP_CFG_BOOL:
+        case ZPP_CFG_STAGE: *ZPP__AT(cfg, k, int) = (int)k->def[0]; break;
+        case ZPP_CFG_I64: *ZPP__AT(cfg, k, long long) = (long long)k->def[0]; break;
+        case ZPP_CFG_SEED: *ZPP__AT(cfg, k, uint64_t) = (uint64_t)k->def[0]; break;
+        case ZPP_CFG_NUM: *ZPP__AT(cfg, k, double) = k->def[0]; break;
+        case ZPP_CFG_BETAS:
+            cfg->optimizer.beta1 = k->def[0];
+            cfg->optimizer.beta2 = k->def[1];
+            break;
+        case ZPP_CFG_SCHED_TYPE:
+            *ZPP__AT(cfg, k, zpp_sched_type) = (zpp_sched_type)(int)k->def[0];
+            break;
+        case ZPP_CFG_WARMUP_TYPE:
+            *ZPP__AT(cfg, k, zpp_warmup_type) = (zpp_warmup_type)(int)k->def[0];
+            break;
+        case ZPP_CFG_OBJECT:
+        case ZPP_CFG_OPT_TYPE:
+        case ZPP_CFG_FP16:
+        case ZPP_CFG_IGNORED: break;
+        }
+    }
     cfg->ignored[0] = '\0';
     return ZPP_OK;
 }
+
 
 const char *zpp_sched_type_name(zpp_sched_type type) {
     switch (type) {
@@ -120,14 +193,6 @@ static zpp_status zpp__get_int(const zpp__cfgctx *c, const cJSON *it, const char
     return ZPP_OK;
 }
 
-static zpp_status zpp__get_intfield(const zpp__cfgctx *c, const cJSON *it, const char *path,
-                                    long long lo, int *out) {
-    long long v = 0;
-    ZPP_CHECK(zpp__get_int(c, it, path, lo, INT_MAX, &v));
-    *out = (int)v;
-    return ZPP_OK;
-}
-
 static zpp_status zpp__get_num(const zpp__cfgctx *c, const cJSON *it, const char *path,
                                double *out) {
     if (!cJSON_IsNumber(it)) return zpp__type_error(c, path, "a number", it);
@@ -167,9 +232,20 @@ static zpp_status zpp__check_duplicate(const zpp__cfgctx *c, const cJSON *obj,
     return ZPP_OK;
 }
 
-static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const char *known) {
-    return zpp_error(ZPP_ERR_CONFIG, "%s: unknown key '%s' (known here: %s)", c->src, path,
-                     known);
+/* "unknown key 'a.b' (known here: c, d (and DeepSpeed knobs accepted and
+ * ignored: e, f))": the keys of the table in the object `parent`. */
+static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const char *parent) {
+    char known[1024] = "", ignored[1024] = "";
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        if (!zpp__key_in(k, parent)) continue;
+        char *list = k->kind == ZPP_CFG_IGNORED ? ignored : known;
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof known - len, "%s%s", len ? ", " : "", zpp__key_name(k));
+    }
+    return zpp_error(ZPP_ERR_CONFIG, "%s: unknown key '%s' (known here: %s%s%s%s)", c->src, path,
+                     known, ignored[0] ? " (and DeepSpeed knobs accepted and ignored: " : "",
+                     ignored, ignored[0] ? ")" : "");
 }
 
 /* Records an accepted-but-ignored DeepSpeed key once in cfg->ignored. */
@@ -186,12 +262,6 @@ static void zpp__note_ignored(zpp_train_config *cfg, const char *path) {
         len += 2;
     }
     memcpy(cfg->ignored + len, path, n + 1);
-}
-
-static int zpp__in_list(const char *name, const char *const *list) {
-    for (; *list; list++)
-        if (strcmp(name, *list) == 0) return 1;
-    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -217,253 +287,120 @@ static zpp_status zpp__parse_betas(const zpp__cfgctx *c, const cJSON *it, const 
     return ZPP_OK;
 }
 
-static zpp_status zpp__parse_optimizer(const zpp__cfgctx *c, const cJSON *obj) {
-    ZPP_CHECK(zpp__want_object(c, obj, "optimizer"));
+static zpp_status zpp__parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix);
+
+/* One key's value, found in the table as `k`. */
+static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON *it,
+                                 const char *path) {
     zpp_train_config *cfg = c->cfg;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, "optimizer", path));
-        const char *k = it->string;
-        if (strcmp(k, "type") == 0) {
-            const char *t = NULL;
-            ZPP_CHECK(zpp__get_str(c, it, path, &t));
-            if (strcasecmp(t, "AdamW") != 0)
-                return zpp_error(ZPP_ERR_UNSUPPORTED,
-                                 "%s: optimizer.type '%s' is not supported; zeropp implements "
-                                 "\"AdamW\" (Adam with decoupled weight decay) only",
-                                 c->src, t);
-        } else if (strcmp(k, "params") == 0) {
-            ZPP_CHECK(zpp__want_object(c, it, path));
-            for (const cJSON *p = it->child; p; p = p->next) {
-                char ppath[ZPP__PATH_CAP];
-                ZPP_CHECK(zpp__member(c, it, p, "optimizer.params", ppath));
-                const char *q = p->string;
-                if (strcmp(q, "lr") == 0) ZPP_CHECK(zpp__get_num(c, p, ppath, &cfg->optimizer.lr));
-                else if (strcmp(q, "betas") == 0) ZPP_CHECK(zpp__parse_betas(c, p, ppath));
-                else if (strcmp(q, "eps") == 0)
-                    ZPP_CHECK(zpp__get_num(c, p, ppath, &cfg->optimizer.eps));
-                else if (strcmp(q, "weight_decay") == 0)
-                    ZPP_CHECK(zpp__get_num(c, p, ppath, &cfg->optimizer.weight_decay));
-                else return zpp__unknown(c, ppath, "lr, betas, eps, weight_decay");
-            }
-        } else {
-            return zpp__unknown(c, path, "type, params");
-        }
+    if (k->sched && k->kind != ZPP_CFG_OBJECT) {
+        zpp_sched_type t = cfg->scheduler.type;
+        if (!(k->sched & (1u << t)))
+            return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' does not apply to scheduler type %s",
+                             c->src, path, zpp_sched_type_name(t));
     }
-    return ZPP_OK;
-}
-
-/* Which scheduler params each type takes (DeepSpeed's constructor
- * arguments); a param of another type is an error, as in DeepSpeed. */
-enum {
-    ZPP__P_WARMUP = 1u << ZPP_SCHED_WARMUP_LR | 1u << ZPP_SCHED_WARMUP_DECAY_LR |
-                    1u << ZPP_SCHED_WARMUP_COSINE_LR,
-    ZPP__P_LRS = 1u << ZPP_SCHED_WARMUP_LR | 1u << ZPP_SCHED_WARMUP_DECAY_LR,
-    ZPP__P_TOTAL = 1u << ZPP_SCHED_WARMUP_DECAY_LR | 1u << ZPP_SCHED_WARMUP_COSINE_LR,
-    ZPP__P_RATIOS = 1u << ZPP_SCHED_WARMUP_COSINE_LR
-};
-
-static zpp_status zpp__sched_applies(const zpp__cfgctx *c, const char *path, unsigned mask) {
-    zpp_sched_type t = c->cfg->scheduler.type;
-    if (mask & (1u << t)) return ZPP_OK;
-    return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' does not apply to scheduler type %s", c->src,
-                     path, zpp_sched_type_name(t));
-}
-
-static zpp_status zpp__parse_scheduler(const zpp__cfgctx *c, const cJSON *obj) {
-    ZPP_CHECK(zpp__want_object(c, obj, "scheduler"));
-    zpp_train_config *cfg = c->cfg;
-    /* The type decides which params are valid, so read it first. */
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "type");
-    if (type) {
+    switch (k->kind) {
+    case ZPP_CFG_OBJECT:
+        ZPP_CHECK(zpp__want_object(c, it, path));
+        if (k->sched && !(k->sched & (1u << cfg->scheduler.type)))
+            return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' given without 'scheduler.type'", c->src,
+                             path);
+        return zpp__parse_object(c, it, path);
+    case ZPP_CFG_INT: {
+        long long v = 0;
+        ZPP_CHECK(zpp__get_int(c, it, path, k->lo, k->hi, &v));
+        *ZPP__AT(cfg, k, int) = (int)v;
+        return ZPP_OK;
+    }
+    case ZPP_CFG_I64:
+        return zpp__get_int(c, it, path, k->lo, k->hi, ZPP__AT(cfg, k, long long));
+    case ZPP_CFG_SEED: {
+        long long v = 0;
+        ZPP_CHECK(zpp__get_int(c, it, path, k->lo, k->hi, &v));
+        *ZPP__AT(cfg, k, uint64_t) = (uint64_t)v;
+        return ZPP_OK;
+    }
+    case ZPP_CFG_NUM: return zpp__get_num(c, it, path, ZPP__AT(cfg, k, double));
+    case ZPP_CFG_BOOL: return zpp__get_bool(c, it, path, ZPP__AT(cfg, k, int));
+    case ZPP_CFG_BETAS: return zpp__parse_betas(c, it, path);
+    case ZPP_CFG_OPT_TYPE: {
         const char *t = NULL;
-        ZPP_CHECK(zpp__get_str(c, type, "scheduler.type", &t));
-        if (strcasecmp(t, "WarmupLR") == 0) cfg->scheduler.type = ZPP_SCHED_WARMUP_LR;
-        else if (strcasecmp(t, "WarmupDecayLR") == 0)
-            cfg->scheduler.type = ZPP_SCHED_WARMUP_DECAY_LR;
-        else if (strcasecmp(t, "WarmupCosineLR") == 0)
-            cfg->scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
+        ZPP_CHECK(zpp__get_str(c, it, path, &t));
+        if (strcasecmp(t, "AdamW") != 0)
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "%s: %s '%s' is not supported; zeropp implements \"AdamW\" (Adam "
+                             "with decoupled weight decay) only",
+                             c->src, path, t);
+        return ZPP_OK;
+    }
+    case ZPP_CFG_SCHED_TYPE: {
+        const char *t = NULL;
+        zpp_sched_type *out = ZPP__AT(cfg, k, zpp_sched_type);
+        ZPP_CHECK(zpp__get_str(c, it, path, &t));
+        if (strcasecmp(t, "WarmupLR") == 0) *out = ZPP_SCHED_WARMUP_LR;
+        else if (strcasecmp(t, "WarmupDecayLR") == 0) *out = ZPP_SCHED_WARMUP_DECAY_LR;
+        else if (strcasecmp(t, "WarmupCosineLR") == 0) *out = ZPP_SCHED_WARMUP_COSINE_LR;
         else
             return zpp_error(ZPP_ERR_UNSUPPORTED,
-                             "%s: scheduler.type '%s' is not supported; use WarmupLR, "
-                             "WarmupDecayLR or WarmupCosineLR (or no scheduler for a "
-                             "constant lr)",
-                             c->src, t);
+                             "%s: %s '%s' is not supported; use WarmupLR, WarmupDecayLR or "
+                             "WarmupCosineLR (or no scheduler for a constant lr)",
+                             c->src, path, t);
+        return ZPP_OK;
     }
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, "scheduler", path));
-        const char *k = it->string;
-        if (strcmp(k, "type") == 0) continue;
-        if (strcmp(k, "params") != 0) return zpp__unknown(c, path, "type, params");
-        ZPP_CHECK(zpp__want_object(c, it, path));
-        if (cfg->scheduler.type == ZPP_SCHED_NONE)
-            return zpp_error(ZPP_ERR_CONFIG, "%s: 'scheduler.params' given without "
-                             "'scheduler.type'", c->src);
-        for (const cJSON *p = it->child; p; p = p->next) {
-            char pp[ZPP__PATH_CAP];
-            ZPP_CHECK(zpp__member(c, it, p, "scheduler.params", pp));
-            const char *q = p->string;
-            if (strcmp(q, "warmup_num_steps") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_WARMUP));
-                ZPP_CHECK(zpp__get_intfield(c, p, pp, 0, &cfg->scheduler.warmup_num_steps));
-            } else if (strcmp(q, "warmup_type") == 0) {
-                const char *w = NULL;
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_WARMUP));
-                ZPP_CHECK(zpp__get_str(c, p, pp, &w));
-                if (strcmp(w, "log") == 0) cfg->scheduler.warmup_type = ZPP_WARMUP_LOG;
-                else if (strcmp(w, "linear") == 0) cfg->scheduler.warmup_type = ZPP_WARMUP_LINEAR;
-                else
-                    return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' is '%s'; use \"log\" or \"linear\"",
-                                     c->src, pp, w);
-            } else if (strcmp(q, "warmup_min_lr") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_LRS));
-                ZPP_CHECK(zpp__get_num(c, p, pp, &cfg->scheduler.warmup_min_lr));
-            } else if (strcmp(q, "warmup_max_lr") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_LRS));
-                ZPP_CHECK(zpp__get_num(c, p, pp, &cfg->scheduler.warmup_max_lr));
-            } else if (strcmp(q, "total_num_steps") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_TOTAL));
-                ZPP_CHECK(zpp__get_intfield(c, p, pp, 0, &cfg->scheduler.total_num_steps));
-            } else if (strcmp(q, "warmup_min_ratio") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_RATIOS));
-                ZPP_CHECK(zpp__get_num(c, p, pp, &cfg->scheduler.warmup_min_ratio));
-            } else if (strcmp(q, "cos_min_ratio") == 0) {
-                ZPP_CHECK(zpp__sched_applies(c, pp, ZPP__P_RATIOS));
-                ZPP_CHECK(zpp__get_num(c, p, pp, &cfg->scheduler.cos_min_ratio));
-            } else {
-                return zpp__unknown(c, pp,
-                                    "warmup_num_steps, warmup_type, warmup_min_lr, "
-                                    "warmup_max_lr, total_num_steps, warmup_min_ratio, "
-                                    "cos_min_ratio");
-            }
-        }
+    case ZPP_CFG_WARMUP_TYPE: {
+        const char *w = NULL;
+        zpp_warmup_type *out = ZPP__AT(cfg, k, zpp_warmup_type);
+        ZPP_CHECK(zpp__get_str(c, it, path, &w));
+        if (strcmp(w, "log") == 0) *out = ZPP_WARMUP_LOG;
+        else if (strcmp(w, "linear") == 0) *out = ZPP_WARMUP_LINEAR;
+        else
+            return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' is '%s'; use \"log\" or \"linear\"",
+                             c->src, path, w);
+        return ZPP_OK;
     }
-    return ZPP_OK;
+    case ZPP_CFG_STAGE: {
+        long long v = 0;
+        ZPP_CHECK(zpp__get_int(c, it, path, INT_MIN, INT_MAX, &v));
+        if (v != 3)
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "%s: %s is %lld; zeropp implements ZeRO stage 3 only (set "
+                             "\"stage\": 3)",
+                             c->src, path, v);
+        *ZPP__AT(cfg, k, int) = 3;
+        return ZPP_OK;
+    }
+    case ZPP_CFG_FP16: {
+        int on = 0;
+        ZPP_CHECK(zpp__get_bool(c, it, path, &on));
+        if (on)
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "%s: fp16 training is not supported (it needs loss scaling); "
+                             "set \"fp16\": {\"enabled\": false} and use \"bf16\": "
+                             "{\"enabled\": true}",
+                             c->src);
+        return ZPP_OK;
+    }
+    case ZPP_CFG_IGNORED: zpp__note_ignored(cfg, path); return ZPP_OK;
+    }
+    return zpp_error(ZPP_ERR_STATE, "config: key '%s' of unknown kind %d", path, (int)k->kind);
 }
 
-/* bf16 / fp16: {"enabled": bool}; fp16 also takes its loss-scaling knobs,
- * which are moot since enabling fp16 is refused. */
-static zpp_status zpp__parse_precision(const zpp__cfgctx *c, const cJSON *obj, const char *name) {
-    static const char *const fp16_knobs[] = {"loss_scale", "initial_scale_power",
-                                             "loss_scale_window", "hysteresis",
-                                             "consecutive_hysteresis", "min_loss_scale",
-                                             "auto_cast", NULL};
-    ZPP_CHECK(zpp__want_object(c, obj, name));
-    int is_fp16 = strcmp(name, "fp16") == 0;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, name, path));
-        if (strcmp(it->string, "enabled") == 0) {
-            int on = 0;
-            ZPP_CHECK(zpp__get_bool(c, it, path, &on));
-            if (!is_fp16) {
-                c->cfg->bf16 = on;
-            } else if (on) {
-                return zpp_error(ZPP_ERR_UNSUPPORTED,
-                                 "%s: fp16 training is not supported (it needs loss scaling); "
-                                 "set \"fp16\": {\"enabled\": false} and use \"bf16\": "
-                                 "{\"enabled\": true}",
-                                 c->src);
-            }
-        } else if (is_fp16 && zpp__in_list(it->string, fp16_knobs)) {
-            zpp__note_ignored(c->cfg, path);
-        } else {
-            return zpp__unknown(c, path, is_fp16 ? "enabled (and fp16 loss-scale knobs)"
-                                                 : "enabled");
-        }
+/* Every member of the object at `prefix` ("" = top level), in file order.
+ * A SCHED_TYPE key is read first: it decides which params are valid. */
+static zpp_status zpp__parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix) {
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        if (k->kind != ZPP_CFG_SCHED_TYPE || !zpp__key_in(k, prefix)) continue;
+        const cJSON *first = cJSON_GetObjectItemCaseSensitive(obj, zpp__key_name(k));
+        if (first) ZPP_CHECK(zpp__parse_key(c, k, first, k->path));
     }
-    return ZPP_OK;
-}
-
-static zpp_status zpp__parse_zero(const zpp__cfgctx *c, const cJSON *obj) {
-    static const char *const tuning[] = {"overlap_comm",
-                                         "contiguous_gradients",
-                                         "reduce_bucket_size",
-                                         "allgather_bucket_size",
-                                         "reduce_scatter",
-                                         "allgather_partitions",
-                                         "sub_group_size",
-                                         "stage3_prefetch_bucket_size",
-                                         "stage3_param_persistence_threshold",
-                                         "stage3_max_live_parameters",
-                                         "stage3_gather_16bit_weights_on_model_save",
-                                         NULL};
-    ZPP_CHECK(zpp__want_object(c, obj, "zero_optimization"));
-    zpp_train_config *cfg = c->cfg;
     for (const cJSON *it = obj->child; it; it = it->next) {
         char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, "zero_optimization", path));
-        const char *k = it->string;
-        if (strcmp(k, "stage") == 0) {
-            long long v = 0;
-            ZPP_CHECK(zpp__get_int(c, it, path, INT_MIN, INT_MAX, &v));
-            if (v != 3)
-                return zpp_error(ZPP_ERR_UNSUPPORTED,
-                                 "%s: zero_optimization.stage is %lld; zeropp implements ZeRO "
-                                 "stage 3 only (set \"stage\": 3)",
-                                 c->src, v);
-            cfg->zero.stage = 3;
-        } else if (strcmp(k, "zero_quantized_weights") == 0) {
-            ZPP_CHECK(zpp__get_bool(c, it, path, &cfg->zero.quantized_weights));
-        } else if (strcmp(k, "zero_hpz_partition_size") == 0) {
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->zero.hpz_partition_size));
-        } else if (strcmp(k, "zero_quantized_gradients") == 0) {
-            ZPP_CHECK(zpp__get_bool(c, it, path, &cfg->zero.quantized_gradients));
-        } else if (strcmp(k, "stage3_max_reuse_distance") == 0) {
-            ZPP_CHECK(zpp__get_int(c, it, path, 0, 1LL << 53, &cfg->zero.max_reuse_distance));
-        } else if (zpp__in_list(k, tuning)) {
-            zpp__note_ignored(cfg, path);
-        } else {
-            return zpp__unknown(c, path,
-                                "stage, zero_quantized_weights, zero_hpz_partition_size, "
-                                "zero_quantized_gradients, stage3_max_reuse_distance (and "
-                                "DeepSpeed tuning knobs)");
-        }
-    }
-    return ZPP_OK;
-}
-
-static zpp_status zpp__parse_model(const zpp__cfgctx *c, const cJSON *obj) {
-    ZPP_CHECK(zpp__want_object(c, obj, "model"));
-    zpp_gpt2_config *m = &c->cfg->model;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, "model", path));
-        const char *k = it->string;
-        int *f = strcmp(k, "n_layer") == 0      ? &m->n_layer
-                 : strcmp(k, "n_head") == 0     ? &m->n_head
-                 : strcmp(k, "n_embd") == 0     ? &m->n_embd
-                 : strcmp(k, "seq_len") == 0    ? &m->seq_len
-                 : strcmp(k, "vocab_size") == 0 ? &m->vocab_size
-                                                : NULL;
-        if (!f) return zpp__unknown(c, path, "n_layer, n_head, n_embd, seq_len, vocab_size");
-        ZPP_CHECK(zpp__get_intfield(c, it, path, 1, f));
-    }
-    return ZPP_OK;
-}
-
-static zpp_status zpp__parse_zeropp(const zpp__cfgctx *c, const cJSON *obj) {
-    ZPP_CHECK(zpp__want_object(c, obj, "zeropp"));
-    zpp_train_config *cfg = c->cfg;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, "zeropp", path));
-        const char *k = it->string;
-        if (strcmp(k, "train_steps") == 0) {
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->train_steps));
-        } else if (strcmp(k, "seed") == 0) {
-            /* Doubles hold integers exactly up to 2^53. */
-            long long v = 0;
-            ZPP_CHECK(zpp__get_int(c, it, path, 0, 1LL << 53, &v));
-            cfg->seed = (uint64_t)v;
-        } else if (strcmp(k, "eval_every") == 0) {
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 0, &cfg->eval_every));
-        } else if (strcmp(k, "eval_batches") == 0) {
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->eval_batches));
-        } else {
-            return zpp__unknown(c, path, "train_steps, seed, eval_every, eval_batches");
-        }
+        ZPP_CHECK(zpp__member(c, obj, it, prefix, path));
+        const zpp__key *k = zpp__key_find(prefix, it->string ? it->string : "");
+        if (!k) return zpp__unknown(c, path, prefix);
+        if (k->kind == ZPP_CFG_SCHED_TYPE) continue;
+        ZPP_CHECK(zpp__parse_key(c, k, it, path));
     }
     return ZPP_OK;
 }
@@ -472,37 +409,89 @@ static zpp_status zpp__parse_root(const zpp__cfgctx *c, const cJSON *root) {
     if (!cJSON_IsObject(root))
         return zpp_error(ZPP_ERR_CONFIG, "%s: the top level must be a JSON object, got %s",
                          c->src, zpp__json_type(root));
-    zpp_train_config *cfg = c->cfg;
-    for (const cJSON *it = root->child; it; it = it->next) {
-        char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, root, it, "", path));
-        const char *k = it->string;
-        if (strcmp(k, "train_batch_size") == 0)
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->train_batch_size));
-        else if (strcmp(k, "train_micro_batch_size_per_gpu") == 0)
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->train_micro_batch_size_per_gpu));
-        else if (strcmp(k, "gradient_accumulation_steps") == 0)
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 1, &cfg->gradient_accumulation_steps));
-        else if (strcmp(k, "steps_per_print") == 0)
-            ZPP_CHECK(zpp__get_intfield(c, it, path, 0, &cfg->steps_per_print));
-        else if (strcmp(k, "gradient_clipping") == 0)
-            ZPP_CHECK(zpp__get_num(c, it, path, &cfg->gradient_clipping));
-        else if (strcmp(k, "optimizer") == 0) ZPP_CHECK(zpp__parse_optimizer(c, it));
-        else if (strcmp(k, "scheduler") == 0) ZPP_CHECK(zpp__parse_scheduler(c, it));
-        else if (strcmp(k, "bf16") == 0) ZPP_CHECK(zpp__parse_precision(c, it, "bf16"));
-        else if (strcmp(k, "fp16") == 0) ZPP_CHECK(zpp__parse_precision(c, it, "fp16"));
-        else if (strcmp(k, "zero_optimization") == 0) ZPP_CHECK(zpp__parse_zero(c, it));
-        else if (strcmp(k, "model") == 0) ZPP_CHECK(zpp__parse_model(c, it));
-        else if (strcmp(k, "zeropp") == 0) ZPP_CHECK(zpp__parse_zeropp(c, it));
-        else if (strcmp(k, "wall_clock_breakdown") == 0) zpp__note_ignored(cfg, path);
-        else
-            return zpp__unknown(c, path,
-                                "train_batch_size, train_micro_batch_size_per_gpu, "
-                                "gradient_accumulation_steps, steps_per_print, "
-                                "gradient_clipping, optimizer, scheduler, bf16, fp16, "
-                                "zero_optimization, model, zeropp");
+    return zpp__parse_object(c, root, "");
+}
+
+/* ------------------------------------------------------------------------ */
+/* The key reference (docs/config.md)                                        */
+/* ------------------------------------------------------------------------ */
+
+static const char *zpp__kind_doc(zpp__kind kind) {
+    switch (kind) {
+    case ZPP_CFG_OBJECT: return "object";
+    case ZPP_CFG_INT:
+    case ZPP_CFG_I64:
+    case ZPP_CFG_SEED:
+    case ZPP_CFG_STAGE: return "integer";
+    case ZPP_CFG_NUM: return "number";
+    case ZPP_CFG_BOOL:
+    case ZPP_CFG_FP16: return "boolean";
+    case ZPP_CFG_BETAS: return "[number, number]";
+    case ZPP_CFG_OPT_TYPE:
+    case ZPP_CFG_SCHED_TYPE:
+    case ZPP_CFG_WARMUP_TYPE: return "string";
+    case ZPP_CFG_IGNORED: return "any";
     }
-    return ZPP_OK;
+    return "?";
+}
+
+static void zpp__write_default(FILE *f, const zpp__key *k) {
+    switch (k->kind) {
+    case ZPP_CFG_INT:
+    case ZPP_CFG_I64:
+    case ZPP_CFG_SEED:
+    case ZPP_CFG_STAGE:
+        if (k->kind != ZPP_CFG_STAGE && k->def[0] < (double)k->lo)
+            fprintf(f, "derived"); /* the batch sizes: zpp_train_config_resolve */
+        else fprintf(f, "%.0f", k->def[0]);
+        break;
+    case ZPP_CFG_NUM: fprintf(f, "%g", k->def[0]); break;
+    case ZPP_CFG_BOOL:
+    case ZPP_CFG_FP16: fprintf(f, "%s", k->def[0] != 0 ? "true" : "false"); break;
+    case ZPP_CFG_BETAS: fprintf(f, "[%g, %g]", k->def[0], k->def[1]); break;
+    case ZPP_CFG_OPT_TYPE: fprintf(f, "\"AdamW\""); break;
+    case ZPP_CFG_SCHED_TYPE: fprintf(f, "(none)"); break;
+    case ZPP_CFG_WARMUP_TYPE:
+        fprintf(f, "\"%s\"", (int)k->def[0] == ZPP_WARMUP_LINEAR ? "linear" : "log");
+        break;
+    case ZPP_CFG_OBJECT:
+    case ZPP_CFG_IGNORED: fprintf(f, "-"); break;
+    }
+}
+
+void zpp_train_config_write_keys(FILE *f) {
+    fprintf(f,
+            "# Trainer configuration keys\n"
+            "\n"
+            "<!-- Generated from src/train/config_keys.h by `zeropp train "
+            "--list-config-keys`;\n"
+            "     tests/test_config.c checks that this file matches. Do not edit. -->\n"
+            "\n"
+            "`zeropp train --config FILE` reads a DeepSpeed-style JSON file. Keys carry\n"
+            "DeepSpeed's names wherever DeepSpeed has one; `model` and `zeropp` hold what it\n"
+            "has none for. Every key is optional: a missing key keeps its default. Keys\n"
+            "marked *ignored* are DeepSpeed engine knobs that do not change the mathematics:\n"
+            "they are accepted and reported. Any other key is an error naming its path.\n"
+            "Ranges across keys, the rule deriving the batch sizes and the learning-rate\n"
+            "formulas: src/train/config.h.\n"
+            "\n"
+            "| key | type | default | range | meaning |\n"
+            "|---|---|---|---|---|\n");
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        fprintf(f, "| `%s` | %s | ", k->path, zpp__kind_doc(k->kind));
+        zpp__write_default(f, k);
+        fprintf(f, " | ");
+        if (k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64 || k->kind == ZPP_CFG_SEED) {
+            if (k->hi == INT_MAX) fprintf(f, ">= %lld", k->lo);
+            else fprintf(f, "[%lld, %lld]", k->lo, k->hi);
+        } else if (k->kind == ZPP_CFG_IGNORED) {
+            fprintf(f, "*ignored*");
+        } else {
+            fprintf(f, "-");
+        }
+        fprintf(f, " | %s |\n", k->doc);
+    }
 }
 
 /* ------------------------------------------------------------------------ */

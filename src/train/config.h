@@ -7,57 +7,19 @@
  * optional; a missing key keeps its current value (zpp_train_config_defaults
  * first, then each loaded file/string on top).
  *
- *  key (path)                               type      default  notes
- *  ---------------------------------------  --------  -------  -----------------------------
- *  train_batch_size                         int       derived  DeepSpeed: = micro*accum*world
- *  train_micro_batch_size_per_gpu           int       derived  sequences per rank per micro-step
- *  gradient_accumulation_steps              int       derived  micro-steps per optimizer step
- *  steps_per_print                          int       10       log every N steps (0 = never)
- *  gradient_clipping                        number    0        global L2 norm clip; 0 = off
- *  optimizer.type                           string    AdamW    only "AdamW" (any case)
- *  optimizer.params.lr                      number    1e-3     > 0
- *  optimizer.params.betas                   [b1,b2]   [0.9,0.999]  each in [0,1)
- *  optimizer.params.eps                     number    1e-8     > 0
- *  optimizer.params.weight_decay            number    0.01     >= 0, decoupled (AdamW)
- *  scheduler.type                           string    (none)   WarmupLR | WarmupDecayLR |
- *                                                              WarmupCosineLR; absent = constant lr
- *  scheduler.params.warmup_num_steps        int       1000     >= 0
- *  scheduler.params.warmup_type             string    "log"    "log" | "linear" (DeepSpeed default log)
- *  scheduler.params.warmup_min_lr           number    0        WarmupLR, WarmupDecayLR
- *  scheduler.params.warmup_max_lr           number    1e-3     WarmupLR, WarmupDecayLR
- *  scheduler.params.total_num_steps         int       0        WarmupDecayLR, WarmupCosineLR;
- *                                                              0 = zeropp.train_steps
- *  scheduler.params.warmup_min_ratio        number    0        WarmupCosineLR, in [0,1]
- *  scheduler.params.cos_min_ratio           number    1e-4     WarmupCosineLR, in [0,1]
- *  bf16.enabled                             bool      false    gathered params / compute in bf16
- *  fp16.enabled                             bool      false    true is rejected: use bf16
- *  zero_optimization.stage                  int       3        only 3 (zeropp implements stage 3)
- *  zero_optimization.zero_quantized_weights bool      false    qwZ
- *  zero_optimization.zero_hpz_partition_size int      1        hpZ: >1 enables it with this many
- *                                                              ranks per node (also the emulated
- *                                                              node size); 1 = off
- *  zero_optimization.zero_quantized_gradients bool    false    qgZ
- *  zero_optimization.stage3_max_reuse_distance int    1e9      keep a gathered unit when it is used
- *                                                              again within this many parameters of
- *                                                              other units (DeepSpeed's meaning);
- *                                                              0 = release after every use
- *  --- zeropp extensions (no DeepSpeed equivalent) ---
- *  model.n_layer / n_head / n_embd          int       2/4/64   n_embd % n_head == 0
- *  model.seq_len                            int       64       T, tokens per sequence
- *  model.vocab_size                         int       256      256 = raw bytes
- *  zeropp.train_steps                       int       200      optimizer steps to run
- *  zeropp.seed                              int       1234     init + data order, >= 0
- *  zeropp.eval_every                        int       50       validate every N steps; 0 = never
- *  zeropp.eval_batches                      int       4        micro-batches per validation
+ * KEYS: each key's path, type, default, range and meaning are one line of
+ * the table in train/config_keys.h, which drives the parser, the defaults
+ * and the reference docs/config.md (`zeropp train --list-config-keys`).
+ * DeepSpeed engine tuning knobs that do not change the mathematics
+ * (wall_clock_breakdown, fp16's loss-scale knobs, zero_optimization's bucket
+ * sizes, ...) are accepted and ignored, listed in cfg->ignored so the tool
+ * can say so. Any other key is an error.
  *
- * Accepted and ignored (tuning knobs of DeepSpeed's own engine that do not
- * change the mathematics; listed in cfg->ignored so the tool can say so):
- * wall_clock_breakdown, and under zero_optimization: overlap_comm,
- * contiguous_gradients, reduce_bucket_size, allgather_bucket_size,
- * reduce_scatter, allgather_partitions, sub_group_size,
- * stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
- * stage3_max_live_parameters, stage3_gather_16bit_weights_on_model_save.
- * Any other key is an error.
+ * RANGES checked across keys (zpp_train_config_validate): lr > 0; betas in
+ * [0, 1); eps > 0; weight_decay >= 0; gradient_clipping >= 0; n_embd %
+ * n_head == 0; WarmupLR/WarmupDecayLR: warmup_max_lr > 0, warmup_min_lr in
+ * [0, warmup_max_lr]; WarmupCosineLR: warmup_min_ratio and cos_min_ratio in
+ * [0, 1]; WarmupDecayLR/WarmupCosineLR: total_num_steps (N) > W.
  *
  * LEARNING RATE at 0-based optimizer step s (s = 0 is the first update;
  * W = warmup_num_steps, N = total_num_steps or zeropp.train_steps if 0):
@@ -87,6 +49,7 @@
 #define ZPP_TRAIN_CONFIG_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model/model.h"
 #include "zeropp.h"
@@ -190,6 +153,9 @@ zpp_status zpp_train_config_resolve(zpp_train_config *cfg, int world_size);
 /* Learning rate of 0-based optimizer step `step` (formula above). A pure
  * function of the config; steps < 0 are treated as 0. */
 double zpp_train_lr(const zpp_train_config *cfg, long step);
+
+/* Writes the key reference (Markdown, docs/config.md) from the key table. */
+void zpp_train_config_write_keys(FILE *f);
 
 /* "WarmupCosineLR" etc.; "none" for ZPP_SCHED_NONE. */
 const char *zpp_sched_type_name(zpp_sched_type type);

@@ -440,8 +440,4 @@ zpp_data_info zpp_data_get_info(const zpp_data *d) {
     return info;
 }
 
-int zpp_data_vocab(const zpp_data *d) { return d->vocab; }
-
-size_t zpp_data_num_tokens(const zpp_data *d) { return d->n; }
-
 int32_t zpp_data_token(const zpp_data *d, size_t i) { return i < d->n ? zpp__tok(d, i) : -1; }

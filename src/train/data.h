@@ -120,9 +120,6 @@ zpp_status zpp_data_val_batch(const zpp_data *data, uint64_t index, int B, int32
 
 /* Sizes and kind. */
 zpp_data_info zpp_data_get_info(const zpp_data *data);
-/* Shorthands for info.vocab / n_tokens. */
-int zpp_data_vocab(const zpp_data *data);
-size_t zpp_data_num_tokens(const zpp_data *data);
 /* Token at absolute index i < n_tokens (for tests and tools). */
 int32_t zpp_data_token(const zpp_data *data, size_t i);
 

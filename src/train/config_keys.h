@@ -1,0 +1,152 @@
+/* train/config_keys.h — every key of the trainer's JSON configuration, once.
+ *
+ * ZPP_CONFIG_KEYS(X) calls X(path, kind, field, lo, hi, def, sched, doc) for
+ * each key, objects before their members, in the order the docs list them:
+ *   path   the key's dotted JSON path ("optimizer.params.lr"); the part
+ *          before the last dot is the object it lives in ("" = top level)
+ *   kind   how the value is read and stored (ZPP_CFG_<kind>, below)
+ *   field  the zpp_train_config member it sets (`none` for kinds that set
+ *          none: objects, ignored keys, checks)
+ *   lo, hi the accepted range of an integer kind (INT, I64, SEED)
+ *   def    the default, parenthesised: (1e-3), (0.9, 0.999) for betas; an
+ *          integer default below lo means "derived" (the batch sizes)
+ *   sched  for scheduler params: a mask of the ZPP_CFG_S_* scheduler types
+ *          it applies to (0: any); a param of another type is an error, as
+ *          in DeepSpeed
+ *   doc    one line for docs/config.md
+ * From it come the parser's dispatch and its "known here" lists
+ * (src/train/config.c), zpp_train_config_defaults, the key reference
+ * (`zeropp train --list-config-keys`, checked into docs/config.md and
+ * compared by tests/test_config.c) and the field comparison of the tests.
+ * A new key is one line here (plus, for a new kind, its case in config.c);
+ * cross-key checks stay in zpp_train_config_validate.
+ *
+ * Kinds: OBJECT (a JSON object of further keys), INT (int field, integer in
+ * [lo, hi]), I64 (long long field), SEED (uint64_t field), NUM (double
+ * field, finite; its range is checked by zpp_train_config_validate and
+ * stated in doc), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
+ * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
+ * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), STAGE (must be 3),
+ * FP16 (must be false), IGNORED (a DeepSpeed engine knob that does not
+ * change the mathematics: accepted, noted in cfg->ignored).
+ */
+#ifndef ZPP_TRAIN_CONFIG_KEYS_H
+#define ZPP_TRAIN_CONFIG_KEYS_H
+
+#include <limits.h>
+
+#include "train/config.h"
+
+/* Which scheduler types take a param (DeepSpeed's constructor arguments). */
+#define ZPP_CFG_S_WARMUP                                                      \
+    (1u << ZPP_SCHED_WARMUP_LR | 1u << ZPP_SCHED_WARMUP_DECAY_LR | 1u << ZPP_SCHED_WARMUP_COSINE_LR)
+#define ZPP_CFG_S_LRS (1u << ZPP_SCHED_WARMUP_LR | 1u << ZPP_SCHED_WARMUP_DECAY_LR)
+#define ZPP_CFG_S_TOTAL (1u << ZPP_SCHED_WARMUP_DECAY_LR | 1u << ZPP_SCHED_WARMUP_COSINE_LR)
+#define ZPP_CFG_S_RATIOS (1u << ZPP_SCHED_WARMUP_COSINE_LR)
+
+#define ZPP_CFG_I53 9007199254740992LL /* 2^53: doubles hold integers exactly up to it */
+
+/* clang-format off */
+#define ZPP_CONFIG_KEYS(X)                                                                        \
+    X("train_batch_size", INT, train_batch_size, 1, INT_MAX, (0), 0,                              \
+      "sequences per optimizer step, all ranks (= micro * accumulation * world)")                  \
+    X("train_micro_batch_size_per_gpu", INT, train_micro_batch_size_per_gpu, 1, INT_MAX, (0), 0,  \
+      "sequences per rank per micro-step (8 when no batch key is given)")            \
+    X("gradient_accumulation_steps", INT, gradient_accumulation_steps, 1, INT_MAX, (0), 0,        \
+      "micro-steps per optimizer step")                                              \
+    X("steps_per_print", INT, steps_per_print, 0, INT_MAX, (10), 0,                               \
+      "log every N steps (0 = never)")                                                            \
+    X("gradient_clipping", NUM, gradient_clipping, 0, 0, (0), 0,                                  \
+      "clip the global gradient L2 norm to this, >= 0; 0 = off")                                  \
+    X("wall_clock_breakdown", IGNORED, none, 0, 0, (0), 0, "DeepSpeed timing knob")               \
+    X("optimizer", OBJECT, none, 0, 0, (0), 0, "the optimizer: AdamW")                            \
+    X("optimizer.type", OPT_TYPE, none, 0, 0, (0), 0,                                             \
+      "\"AdamW\" only (any case): Adam with decoupled weight decay")                              \
+    X("optimizer.params", OBJECT, none, 0, 0, (0), 0, "AdamW's hyperparameters")                  \
+    X("optimizer.params.lr", NUM, optimizer.lr, 0, 0, (1e-3), 0, "learning rate, > 0")            \
+    X("optimizer.params.betas", BETAS, optimizer.beta1, 0, 0, (0.9, 0.999), 0,                    \
+      "[beta1, beta2], each in [0, 1)")                                                           \
+    X("optimizer.params.eps", NUM, optimizer.eps, 0, 0, (1e-8), 0, "> 0")                         \
+    X("optimizer.params.weight_decay", NUM, optimizer.weight_decay, 0, 0, (0.01), 0,              \
+      ">= 0, decoupled (AdamW)")                                                                  \
+    X("scheduler", OBJECT, none, 0, 0, (0), 0,                                                    \
+      "the learning-rate schedule (absent: constant optimizer lr)")                               \
+    X("scheduler.type", SCHED_TYPE, scheduler.type, 0, 0, (0), 0,                                 \
+      "WarmupLR | WarmupDecayLR | WarmupCosineLR (any case)")                                     \
+    X("scheduler.params", OBJECT, none, 0, 0, (0), ZPP_CFG_S_WARMUP,                              \
+      "the schedule's parameters; needs scheduler.type")                                          \
+    X("scheduler.params.warmup_num_steps", INT, scheduler.warmup_num_steps, 0, INT_MAX, (1000),   \
+      ZPP_CFG_S_WARMUP, "warm-up steps W")                                                        \
+    X("scheduler.params.warmup_type", WARMUP_TYPE, scheduler.warmup_type, 0, 0, (0),              \
+      ZPP_CFG_S_WARMUP, "\"log\" | \"linear\" (DeepSpeed's default: log)")                        \
+    X("scheduler.params.warmup_min_lr", NUM, scheduler.warmup_min_lr, 0, 0, (0), ZPP_CFG_S_LRS,   \
+      "WarmupLR, WarmupDecayLR: in [0, warmup_max_lr]")                                           \
+    X("scheduler.params.warmup_max_lr", NUM, scheduler.warmup_max_lr, 0, 0, (1e-3), ZPP_CFG_S_LRS, \
+      "WarmupLR, WarmupDecayLR: > 0")                                                             \
+    X("scheduler.params.total_num_steps", INT, scheduler.total_num_steps, 0, INT_MAX, (0),        \
+      ZPP_CFG_S_TOTAL, "WarmupDecayLR, WarmupCosineLR: N > W; 0 = zeropp.train_steps")            \
+    X("scheduler.params.warmup_min_ratio", NUM, scheduler.warmup_min_ratio, 0, 0, (0),            \
+      ZPP_CFG_S_RATIOS, "WarmupCosineLR: in [0, 1]")                                              \
+    X("scheduler.params.cos_min_ratio", NUM, scheduler.cos_min_ratio, 0, 0, (1e-4),               \
+      ZPP_CFG_S_RATIOS, "WarmupCosineLR: in [0, 1]")                                              \
+    X("bf16", OBJECT, none, 0, 0, (0), 0, "bf16 training")                                        \
+    X("bf16.enabled", BOOL, bf16, 0, 0, (0), 0, "gathered parameters and compute in bf16")        \
+    X("fp16", OBJECT, none, 0, 0, (0), 0, "fp16 training (not supported)")                        \
+    X("fp16.enabled", FP16, none, 0, 0, (0), 0,                                                   \
+      "true is refused (it needs loss scaling): use bf16")                                        \
+    X("fp16.loss_scale", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")           \
+    X("fp16.initial_scale_power", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")  \
+    X("fp16.loss_scale_window", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")    \
+    X("fp16.hysteresis", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")           \
+    X("fp16.consecutive_hysteresis", IGNORED, none, 0, 0, (0), 0,                                 \
+      "DeepSpeed fp16 loss-scale knob")                                                           \
+    X("fp16.min_loss_scale", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")       \
+    X("fp16.auto_cast", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")            \
+    X("zero_optimization", OBJECT, none, 0, 0, (0), 0, "ZeRO: stage 3 and the ZeRO++ options")    \
+    X("zero_optimization.stage", STAGE, zero.stage, 0, 0, (3), 0,                                 \
+      "3 only (zeropp implements ZeRO stage 3)")                                                  \
+    X("zero_optimization.zero_quantized_weights", BOOL, zero.quantized_weights, 0, 0, (0), 0,     \
+      "qwZ: int8 block-quantized weight all-gather")                                              \
+    X("zero_optimization.zero_hpz_partition_size", INT, zero.hpz_partition_size, 1, INT_MAX, (1), \
+      0, "hpZ: > 1 enables it with this many ranks per node (also the emulated node size); "      \
+         "1 = off")                                                                               \
+    X("zero_optimization.zero_quantized_gradients", BOOL, zero.quantized_gradients, 0, 0, (0), 0, \
+      "qgZ: int4 hierarchical gradient reduce-scatter")                                           \
+    X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,             \
+      ZPP_CFG_I53, (1000000000), 0,                                                               \
+      "keep a gathered unit when it is used again within this many parameters of other units "    \
+      "(DeepSpeed's meaning); 0 = release after every use")                                       \
+    X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")     \
+    X("zero_optimization.contiguous_gradients", IGNORED, none, 0, 0, (0), 0,                      \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.reduce_bucket_size", IGNORED, none, 0, 0, (0), 0,                        \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.allgather_bucket_size", IGNORED, none, 0, 0, (0), 0,                     \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.reduce_scatter", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")   \
+    X("zero_optimization.allgather_partitions", IGNORED, none, 0, 0, (0), 0,                      \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.sub_group_size", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")   \
+    X("zero_optimization.stage3_prefetch_bucket_size", IGNORED, none, 0, 0, (0), 0,               \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.stage3_param_persistence_threshold", IGNORED, none, 0, 0, (0), 0,        \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.stage3_max_live_parameters", IGNORED, none, 0, 0, (0), 0,                \
+      "DeepSpeed tuning knob")                                                                    \
+    X("zero_optimization.stage3_gather_16bit_weights_on_model_save", IGNORED, none, 0, 0, (0), 0, \
+      "DeepSpeed tuning knob")                                                                    \
+    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the GPT-2 shape (n_embd % n_head == 0)")     \
+    X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0, "transformer blocks")              \
+    X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0, "attention heads")                   \
+    X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \
+    X("model.seq_len", INT, model.seq_len, 1, INT_MAX, (64), 0, "T, tokens per sequence")         \
+    X("model.vocab_size", INT, model.vocab_size, 1, INT_MAX, (256), 0, "256 = raw bytes")         \
+    X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                    \
+    X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")     \
+    X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \
+    X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
+      "validate every N steps; 0 = never")                                                        \
+    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation")
+/* clang-format on */
+
+#endif
