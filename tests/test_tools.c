@@ -281,8 +281,8 @@ static void test_plan_all_modes(void) {
         /* log-uniform from 1 to 2^31 parameters */
         size_t params = (size_t)exp(zpp_rng_uniform(&rng) * 31 * log(2.0));
         if (params < 1) params = 1;
-        if (c == 0) params = 5, units = 8, nodes = 2, S = 4;           /* units < ranks, empty units */
-        if (c == 1) params = 1500000000, units = 4, nodes = 1, S = 8;  /* qgZ slabs in one node */
+        if (c == 0) params = 5, units = 8, nodes = 2, S = 4; /* units < ranks, empty units */
+        if (c == 1) params = 1500000000, units = 4, nodes = 1, S = 8; /* qgZ slabs, one node */
         char cmd[1024];
         snprintf(cmd, sizeof cmd,
                  "%s plan --params %zu --units %d --world %d --node-size %d --dtype %s --json",
