@@ -175,5 +175,147 @@ static void test_plan_formulas(void) {
     }
 }
 
+/* ---- Every mode of `zeropp plan` against DESIGN.md §5, written out here ----
+ *
+ * Independent of volume.c: the calls each mode makes per unit (DESIGN.md §9,
+ * collectives.h) and the §5 cost of each, in closed form. With N nodes of S
+ * ranks (W = N*S) and b bytes per rank:
+ *   all-gather / reduce-scatter over the world (full buffer W*b):
+ *       cross (N-1)/N * W*b = (N-1)*S*b per node, intra (S-1)/S * W*b per rank,
+ *       (S-1)*W*b per node;
+ *   hpZ's backward all-gather of secondary shards (N*shard elements per rank)
+ *       inside the node: cross 0, intra (S-1)*S*(N*shard*e);
+ *   qgZ per slab of len elements, qg = int4 wire bytes of len:
+ *       intra all-to-all (S > 1), N*qg to each of S-1 peers from each of S
+ *       ranks: intra S*(S-1)*N*qg; inter exchange (N > 1), qg to each of
+ *       N-1 nodes from each of S ranks: cross S*(N-1)*qg.
+ * Wire bytes of a quantized tensor of n elements (DESIGN.md §8): payload n
+ * (int8) or ceil(n/2) (int4), rounded up to 16, plus 4 bytes per block,
+ * rounded up to 16. All the numbers are integers well below 2^53, so the
+ * comparison is exact: a formula off by one term (or by one 16-byte round)
+ * fails. */
+typedef struct plan_expect {
+    double cross[3], intra[3]; /* fwd gather, bwd gather, grad reduce */
+} plan_expect;
+
+static double round16(double x) { return ceil(x / 16.0) * 16.0; }
+
+static double wire_bytes(double n, int bits, double block) {
+    double payload = bits == 8 ? n : ceil(n / 2.0);
+    return round16(round16(payload) + 4.0 * ceil(n / block));
+}
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* qgZ's automatic slabs, as collectives.h documents them */
+#define QGZ_MAX_SLABS 16
+#define QGZ_AUTO_SLABS 8
+#define QGZ_AUTO_MIN ((size_t)1 << 22)
+
+/* qgZ's slab length for a shard of n elements (collectives.h: one slab when
+ * the reduction crosses nodes; else ceil(n/8) but at least 2^22 elements, a
+ * multiple of 4 int4 blocks, at most 16 slabs). */
+static size_t qgz_slab(size_t n, int nodes) {
+    if (nodes > 1) return n;
+    size_t want = ceil_div(n, QGZ_AUTO_SLABS);
+    if (want < QGZ_AUTO_MIN) want = QGZ_AUTO_MIN;
+    if (want >= n) return n;
+    if (want < ceil_div(n, QGZ_MAX_SLABS)) want = ceil_div(n, QGZ_MAX_SLABS);
+    size_t align = 4 * ZPP_QUANT_DEFAULT_BLOCK_INT4;
+    size_t slab = ceil_div(want, align) * align;
+    return slab >= n ? n : slab;
+}
+
+static plan_expect plan_formula(const char *mode, size_t params, int units, int nodes, int S,
+                                double e) {
+    int qw = !strcmp(mode, "qwz") || !strcmp(mode, "zeropp");
+    int hpz = !strcmp(mode, "hpz") || !strcmp(mode, "zeropp");
+    int qg = !strcmp(mode, "qgz") || !strcmp(mode, "zeropp");
+    double N = nodes, W = (double)nodes * S;
+    plan_expect x;
+    memset(&x, 0, sizeof x);
+    for (int u = 0; u < units; u++) {
+        size_t numel = params / (size_t)units + ((size_t)u < params % (size_t)units);
+        if (numel == 0) continue; /* an empty unit makes no call */
+        size_t shard = ceil_div(numel, (size_t)(nodes * S));
+        double b = qw ? wire_bytes((double)shard, 8, ZPP_QUANT_DEFAULT_BLOCK_INT8)
+                      : (double)shard * e;
+        /* forward: world all-gather */
+        x.cross[0] += (N - 1) * S * b;
+        x.intra[0] += (S - 1) * W * b;
+        if (hpz) { /* backward: the secondary shards, inside the node */
+            x.intra[1] += (S - 1) * S * (N * (double)shard * e);
+        } else {
+            x.cross[1] += (N - 1) * S * b;
+            x.intra[1] += (S - 1) * W * b;
+        }
+        if (!qg) { /* reduce-scatter of the full gradient */
+            x.cross[2] += (N - 1) * S * (double)shard * e;
+            x.intra[2] += (S - 1) * W * (double)shard * e;
+            continue;
+        }
+        size_t slab = qgz_slab(shard, nodes);
+        for (size_t first = 0; first < shard; first += slab) {
+            size_t len = shard - first < slab ? shard - first : slab;
+            double q = wire_bytes((double)len, 4, ZPP_QUANT_DEFAULT_BLOCK_INT4);
+            if (S > 1) x.intra[2] += S * (S - 1.0) * N * q;
+            if (nodes > 1) x.cross[2] += S * (N - 1) * q;
+        }
+    }
+    return x;
+}
+
+/* `zeropp plan --json` for random sizes, worlds and node shapes (tiny units
+ * of fewer elements than ranks, more units than parameters, shards past qgZ's
+ * 2^22-element slabs, all three dtypes): all 5 modes, each phase's cross-
+ * and intra-node bytes and the totals, equal to the formulas above. */
+static void test_plan_all_modes(void) {
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(5));
+    const char *dtypes[] = {"bf16", "fp16", "fp32"};
+    const double dsize[] = {2, 2, 4};
+    const char *names[] = {"zero3", "qwz", "hpz", "qgz", "zeropp"};
+    const char *phase[] = {"fwd_gather", "bwd_gather", "grad_reduce"};
+    for (int c = 0; c < 24; c++) {
+        int nodes = 1 + (int)(zpp_rng_u64(&rng) % 5), S = 1 + (int)(zpp_rng_u64(&rng) % 8);
+        int units = 1 + (int)(zpp_rng_u64(&rng) % 12), d = (int)(zpp_rng_u64(&rng) % 3);
+        /* log-uniform from 1 to 2^31 parameters */
+        size_t params = (size_t)exp(zpp_rng_uniform(&rng) * 31 * log(2.0));
+        if (params < 1) params = 1;
+        if (c == 0) params = 5, units = 8, nodes = 2, S = 4; /* units < ranks, empty units */
+        if (c == 1) params = 1500000000, units = 4, nodes = 1, S = 8; /* qgZ slabs, one node */
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "%s plan --params %zu --units %d --world %d --node-size %d --dtype %s --json",
+                 getenv("ZPP_CLI"), params, units, nodes * S, S, dtypes[d]);
+        cJSON *o[MAX_LINES];
+        int n = run_json(cmd, o, MAX_LINES);
+        EXPECT(n == 5, "%s: %d modes", cmd, n);
+        for (int m = 0; m < n; m++) {
+            const char *mode = str(o[m], "mode");
+            EXPECT(!strcmp(mode, names[m]), "%s: mode %d is %s, expected %s", cmd, m, mode,
+                   names[m]);
+            EXPECT(num(o[m], "nodes") == nodes && num(o[m], "world") == nodes * S);
+            plan_expect x = plan_formula(mode, params, units, nodes, S, dsize[d]);
+            double ct = 0, it = 0;
+            for (int k = 0; k < 3; k++) {
+                char key[64];
+                snprintf(key, sizeof key, "%s_cross_bytes", phase[k]);
+                EXPECT(num(o[m], key) == x.cross[k], "%s\n  %s %s: %.0f, formula %.0f", cmd,
+                       mode, key, num(o[m], key), x.cross[k]);
+                snprintf(key, sizeof key, "%s_intra_bytes", phase[k]);
+                EXPECT(num(o[m], key) == x.intra[k], "%s\n  %s %s: %.0f, formula %.0f", cmd,
+                       mode, key, num(o[m], key), x.intra[k]);
+                ct += x.cross[k], it += x.intra[k];
+            }
+            EXPECT(num(o[m], "cross_node_bytes") == ct && num(o[m], "intra_node_bytes") == it,
+                   "%s: %s totals %.0f + %.0f, formula %.0f + %.0f", cmd, mode,
+                   num(o[m], "cross_node_bytes"), num(o[m], "intra_node_bytes"), ct, it);
+            if (nodes == 1) EXPECT(ct == 0);
+            cJSON_Delete(o[m]);
+        }
+    }
+}
+
 ZPP_TESTS(ZPP_TEST(test_bench_comm_acceptance), ZPP_TEST(test_bench_comm_tight_bounds),
-          ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas))
+          ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas),
+          ZPP_TEST(test_plan_all_modes))
