@@ -159,6 +159,9 @@ zpp_status zpp_comm_max_world(double *value);
  * started (MPI_COMM_WORLD): 0 and 1 before MPI is initialised. Local. */
 int zpp_comm_world_rank(void);
 int zpp_comm_world_size(void);
+/* 1 when a launcher (mpirun, mpiexec) started this process, 0 for a
+ * process started alone (an MPI singleton). Local; reads the environment. */
+int zpp_comm_launched(void);
 
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */

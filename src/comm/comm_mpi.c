@@ -528,3 +528,8 @@ int zpp_comm_world_size(void) {
     if (zpp__world_up()) MPI_Comm_size(MPI_COMM_WORLD, &size);
     return size;
 }
+
+int zpp_comm_launched(void) {
+    /* Open MPI's launcher, and MPICH's (hydra) */
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+}
