@@ -52,7 +52,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
-        if (argc >= 3 && !strcmp(argv[2], "comm")) return with_mpi(zpp_cli_bench_comm, argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], "comm"))
+            return with_mpi(zpp_cli_bench_comm, argc - 2, argv + 2);
         fprintf(stderr, "zeropp bench: name a benchmark: quant or comm\n");
         return 2;
     }

@@ -465,7 +465,8 @@ static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv,
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (count) {
-        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl, zpp__nccl_stream(nc->sh));
+        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
+                                       zpp__nccl_stream(nc->sh));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllReduce"));
     }
