@@ -28,8 +28,8 @@ static zpp_status zpp__mul(const char *op, size_t n, size_t k, size_t *out) {
     return ZPP_OK;
 }
 
-static zpp_status zpp__comm_ok(const zpp_comm *c, const char *op, zpp_comm_req **req_p) {
-    if (req_p) *req_p = NULL;
+/* (req_p is not written on failure: outputs are set only on success.) */
+static zpp_status zpp__comm_ok(const zpp_comm *c, const char *op) {
     if (!c || !c->ops)
         return zpp_error(ZPP_ERR_INVALID, "comm %s: the communicator is NULL; pass one of the "
                          "topology's (topo->world, intra or inter)", op);
@@ -62,7 +62,7 @@ zpp_status zpp_comm_allgather(zpp_comm *c, const void *send, void *recv, size_t 
                               zpp_comm_req **req_p) {
     static const char op[] = "allgather";
     size_t total = 0;
-    ZPP_CHECK(zpp__comm_ok(c, op, req_p));
+    ZPP_CHECK(zpp__comm_ok(c, op));
     ZPP_CHECK(zpp__mul(op, bytes_per_rank, (size_t)c->size, &total));
     ZPP_CHECK(zpp__null_buffers(op, send, recv, bytes_per_rank, "bytes per rank"));
     /* In place: this rank's input already sits at its block of the output. */
@@ -80,7 +80,7 @@ zpp_status zpp_comm_reduce_scatter(zpp_comm *c, const void *send, void *recv,
                                    zpp_comm_req **req_p) {
     static const char op[] = "reduce_scatter";
     size_t es = 0, out_bytes = 0, in_bytes = 0;
-    ZPP_CHECK(zpp__comm_ok(c, op, req_p));
+    ZPP_CHECK(zpp__comm_ok(c, op));
     ZPP_CHECK(zpp__dtype(op, dtype, &es));
     ZPP_CHECK(zpp__mul(op, count_per_rank, es, &out_bytes));
     ZPP_CHECK(zpp__mul(op, out_bytes, (size_t)c->size, &in_bytes));
@@ -95,7 +95,7 @@ zpp_status zpp_comm_alltoall(zpp_comm *c, const void *send, void *recv, size_t b
                              zpp_comm_req **req_p) {
     static const char op[] = "alltoall";
     size_t total = 0;
-    ZPP_CHECK(zpp__comm_ok(c, op, req_p));
+    ZPP_CHECK(zpp__comm_ok(c, op));
     ZPP_CHECK(zpp__mul(op, bytes_per_peer, (size_t)c->size, &total));
     ZPP_CHECK(zpp__null_buffers(op, send, recv, bytes_per_peer, "bytes per peer"));
     if (zpp__overlap(send, total, recv, total))
@@ -108,7 +108,7 @@ zpp_status zpp_comm_allreduce(zpp_comm *c, const void *send, void *recv, size_t 
                               zpp_dtype dtype, zpp_comm_req **req_p) {
     static const char op[] = "allreduce";
     size_t es = 0, bytes = 0;
-    ZPP_CHECK(zpp__comm_ok(c, op, req_p));
+    ZPP_CHECK(zpp__comm_ok(c, op));
     ZPP_CHECK(zpp__dtype(op, dtype, &es));
     ZPP_CHECK(zpp__mul(op, count, es, &bytes));
     ZPP_CHECK(zpp__null_buffers(op, send, recv, count, "elements"));
@@ -122,7 +122,7 @@ zpp_status zpp_comm_allreduce(zpp_comm *c, const void *send, void *recv, size_t 
 zpp_status zpp_comm_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
                               zpp_comm_req **req_p) {
     static const char op[] = "broadcast";
-    ZPP_CHECK(zpp__comm_ok(c, op, req_p));
+    ZPP_CHECK(zpp__comm_ok(c, op));
     if (root < 0 || root >= c->size)
         return zpp_error(ZPP_ERR_INVALID, "comm broadcast: root %d is not a rank of this "
                          "%d-rank communicator; pass a root in [0, %d)", root, c->size, c->size);
@@ -133,7 +133,7 @@ zpp_status zpp_comm_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
 }
 
 zpp_status zpp_comm_barrier(zpp_comm *c) {
-    ZPP_CHECK(zpp__comm_ok(c, "barrier", NULL));
+    ZPP_CHECK(zpp__comm_ok(c, "barrier"));
     return c->ops->barrier(c);
 }
 

@@ -11,7 +11,7 @@
  * for the blocking form. Completion means "the result may be used by what
  * runs next": on MPI the host has the data; on NCCL the compute stream is
  * ordered after the collective (the host does not block). On failure *req_p
- * is left NULL.
+ * is not written.
  *
  * Sizes are per rank: an all-gather of `bytes` per rank reads `bytes` from
  * each rank and writes size * bytes, rank-ordered; a reduce-scatter of
