@@ -60,10 +60,10 @@
  *   path needs neither the GPU nor NCCL, and it is the same code as the MPI
  *   backend's, so both backends give every rank the same status and message.
  *
- *   The host-blocking barrier runs only on
- *   the comm stream (it does not wait for the compute stream) and then waits
- *   on the host by polling, checking NCCL's asynchronous error state as they
- *   go: if a peer died NCCL reports it there, the communicator is aborted
+ * THE BARRIER blocks the host: it runs only on the comm stream (it does not
+ *   wait for the compute stream) and then waits on the host by polling,
+ *   checking NCCL's asynchronous error state as it goes: if a peer died
+ *   NCCL reports it there, the communicator is aborted
  *   (which releases its stuck kernels), and the call returns ZPP_ERR_COMM
  *   instead of hanging. ZPP_NCCL_TIMEOUT_S bounds that wait.
  *
@@ -182,7 +182,7 @@ struct zpp__nccl_shared {
 
 struct zpp__nccl_comm {
     ncclComm_t nccl; /* NULL once aborted */
-    MPI_Comm mpi;    /* the same ranks, same order: for ops->agree */
+    MPI_Comm mpi;    /* the same ranks in the same order, for ops->agree */
     zpp__nccl_shared *sh;
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
