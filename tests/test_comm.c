@@ -126,7 +126,7 @@ static group group_make(const char *name, zpp_comm *c, const zpp_topo *t, int wh
 static void check_membership(const group *g, int world_rank) {
     int *got = malloc(sizeof(int) * (size_t)g->c->size);
     EXPECT(got != NULL);
-    EXPECT_OK(g->c->ops->allgather(g->c, &world_rank, got, sizeof(int), NULL));
+    EXPECT_OK(zpp_comm_allgather(g->c, &world_rank, got, sizeof(int), NULL));
     for (int i = 0; i < g->c->size; i++)
         EXPECT(got[i] == g->member[i], "%s: comm rank %d is world rank %d, expected %d", g->name, i,
                got[i], g->member[i]);
@@ -192,7 +192,7 @@ static void check_allgather(const group *g, uint64_t tag, size_t n, int async, i
     unsigned char *mine = in_place ? recv + n * (size_t)c->rank : send;
     gen_bytes(mine, n, seed_of(tag, g->member[c->rank], 0));
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->allgather(c, mine, recv, n, maybe(async, &r)));
+    EXPECT_OK(zpp_comm_allgather(c, mine, recv, n, maybe(async, &r)));
     EXPECT_OK(zpp_comm_wait(c, r));
     unsigned char *want = malloc(n + 1);
     EXPECT(want != NULL);
@@ -231,7 +231,7 @@ static void check_reduce_scatter(const group *g, uint64_t tag, size_t n, zpp_dty
     void *recv = malloc(n * es + 1);
     EXPECT(recv != NULL);
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->reduce_scatter(c, in[c->rank], recv, n, dt, maybe(async, &r)));
+    EXPECT_OK(zpp_comm_reduce_scatter(c, in[c->rank], recv, n, dt, maybe(async, &r)));
     EXPECT_OK(zpp_comm_wait(c, r));
     check_sum(recv, n, dt, (const void *const *)in, n * (size_t)c->rank, k, "reduce_scatter",
               g->name);
@@ -248,7 +248,7 @@ static void check_allreduce(const group *g, uint64_t tag, size_t n, zpp_dtype dt
     EXPECT(buf != NULL);
     if (in_place) memcpy(buf, in[c->rank], n * es);
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->allreduce(c, in_place ? buf : in[c->rank], buf, n, dt, maybe(async, &r)));
+    EXPECT_OK(zpp_comm_allreduce(c, in_place ? buf : in[c->rank], buf, n, dt, maybe(async, &r)));
     EXPECT_OK(zpp_comm_wait(c, r));
     check_sum(buf, n, dt, (const void *const *)in, 0, c->size,
               in_place ? "allreduce in place" : "allreduce", g->name);
@@ -265,7 +265,7 @@ static void check_alltoall(const group *g, uint64_t tag, size_t n, int async) {
     for (size_t j = 0; j < k; j++)
         gen_bytes(send + n * j, n, seed_of(tag, g->member[c->rank], (int)j));
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->alltoall(c, send, recv, n, maybe(async, &r)));
+    EXPECT_OK(zpp_comm_alltoall(c, send, recv, n, maybe(async, &r)));
     EXPECT_OK(zpp_comm_wait(c, r));
     for (size_t i = 0; i < k; i++) {
         gen_bytes(want, n, seed_of(tag, g->member[i], c->rank));
@@ -287,24 +287,76 @@ static void check_broadcast(const group *g, uint64_t tag, size_t n, int async) {
     if (c->rank == root) memcpy(buf, want, n);
     else memset(buf, 0x5a, n);
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->broadcast(c, buf, n, root, maybe(async, &r)));
+    EXPECT_OK(zpp_comm_broadcast(c, buf, n, root, maybe(async, &r)));
     EXPECT_OK(zpp_comm_wait(c, r));
     EXPECT(memcmp(buf, want, n) == 0, "%s broadcast from %d (n=%zu) differs", g->name, root, n);
     free(want);
     free(buf);
 }
 
-static void check_max_int(const group *g, uint64_t tag) {
+/* ---- Failing together ------------------------------------------------------ */
+
+static const zpp_status agree_statuses[] = {ZPP_ERR_INVALID, ZPP_ERR_IO, ZPP_ERR_CONFIG,
+                                            ZPP_ERR_NOMEM, ZPP_ERR_COMM, ZPP_ERR_FORMAT};
+
+/* What member i of a group does in agreement round `tag`: fail or not, with
+ * which status and message — computable by every rank for every member. */
+static zpp_status agree_plan(uint64_t tag, int member, int fail_pct, char *msg, size_t cap) {
+    zpp_rng r = zpp_rng_make(seed_of(tag, member, 99));
+    int fails = (int)(zpp_rng_u64(&r) % 100) < fail_pct;
+    zpp_status st = agree_statuses[zpp_rng_u64(&r) % 6];
+    snprintf(msg, cap, "rank %d: problem %llx in round %llu; fix it", member,
+             (unsigned long long)zpp_rng_u64(&r), (unsigned long long)tag);
+    return fails ? st : ZPP_OK;
+}
+
+/* One round: every member fails with probability fail_pct% (or exactly
+ * the member `only` when only >= 0); every rank must come back with the
+ * lowest failing member's status and exact message, or ZPP_OK with its own
+ * message untouched. */
+static void check_agree_round(const group *g, uint64_t tag, int fail_pct, int only) {
     zpp_comm *c = g->c;
-    int want = -(1 << 30), mine = 0;
-    for (int i = 0; i < c->size; i++) {
-        zpp_rng r = zpp_rng_make(seed_of(tag, g->member[i], 0));
-        int v = (int)(zpp_rng_u64(&r) % 2001) - 1000;
-        if (i == c->rank) mine = v;
-        if (v > want) want = v;
+    char msg[256], want_msg[256] = "";
+    zpp_status want = ZPP_OK, mine = ZPP_OK;
+    for (int i = c->size - 1; i >= 0; i--) {
+        zpp_status st = agree_plan(tag, g->member[i], only >= 0 ? 100 : fail_pct, msg,
+                                   sizeof msg);
+        if (only >= 0 && i != only) st = ZPP_OK;
+        if (i == c->rank) mine = st;
+        if (st != ZPP_OK) { /* the lowest one is seen last */
+            want = st;
+            snprintf(want_msg, sizeof want_msg, "%s", msg);
+        }
     }
-    EXPECT_OK(c->ops->allreduce_max_int(c, &mine));
-    EXPECT(mine == want, "%s allreduce_max_int: %d, expected %d", g->name, mine, want);
+    if (mine != ZPP_OK) {
+        agree_plan(tag, g->member[c->rank], 100, msg, sizeof msg);
+        zpp_error(mine, "%s", msg);
+    } else {
+        zpp_error(ZPP_OK, "untouched %d", c->rank);
+    }
+    zpp_status got = zpp_comm_agree(c, mine);
+    EXPECT(got == want, "%s agree (round %llu): %s, expected %s ('%s')", g->name,
+           (unsigned long long)tag, zpp_status_str(got), zpp_status_str(want), zpp_last_error());
+    if (want != ZPP_OK) {
+        EXPECT(strcmp(zpp_last_error(), want_msg) == 0, "%s agree: message '%s', expected '%s'",
+               g->name, zpp_last_error(), want_msg);
+    } else {
+        char own[64];
+        snprintf(own, sizeof own, "untouched %d", c->rank);
+        EXPECT(strcmp(zpp_last_error(), own) == 0, "%s agree changed the message to '%s'",
+               g->name, zpp_last_error());
+    }
+}
+
+static void check_agree(const group *g, uint64_t tag) {
+    zpp_comm *c = g->c;
+    check_agree_round(g, tag * 8 + 0, 0, -1); /* all OK */
+    /* one random member */
+    zpp_rng r = zpp_rng_make(seed_of(tag, -3, 0));
+    check_agree_round(g, tag * 8 + 1, 0, (int)(zpp_rng_u64(&r) % (uint64_t)c->size));
+    check_agree_round(g, tag * 8 + 2, 0, c->size - 1); /* the last one */
+    check_agree_round(g, tag * 8 + 3, 50, -1);         /* several: the lowest wins */
+    check_agree_round(g, tag * 8 + 4, 100, -1);        /* all */
 }
 
 /* Every operation, blocking and asynchronous, with sizes in [lo, hi]. */
@@ -325,8 +377,8 @@ static void check_group(const group *g, uint64_t tag, size_t lo, size_t hi) {
         check_broadcast(g, t + 12, SIZE(), async);
     }
 #undef SIZE
-    check_max_int(g, tag * 64 + 13);
-    EXPECT_OK(g->c->ops->barrier(g->c));
+    check_agree(g, tag * 64 + 13);
+    EXPECT_OK(zpp_comm_barrier(g->c));
 }
 
 /* Two operations in flight at once, waited in the opposite order, then
@@ -348,8 +400,8 @@ static void check_overlap(const group *g, uint64_t tag, size_t n) {
         gen_bytes(a2a_in + n * j, n, seed_of(tag * 8 + 3, g->member[c->rank], (int)j));
 
     zpp_comm_req *r1 = NULL, *r2 = NULL, *r3 = NULL;
-    EXPECT_OK(c->ops->allgather(c, ag_in, ag_out, n, &r1));
-    EXPECT_OK(c->ops->reduce_scatter(c, rs_in[c->rank], rs_out, n, ZPP_BF16, &r2));
+    EXPECT_OK(zpp_comm_allgather(c, ag_in, ag_out, n, &r1));
+    EXPECT_OK(zpp_comm_reduce_scatter(c, rs_in[c->rank], rs_out, n, ZPP_BF16, &r2));
     EXPECT(r1 && r2 && r1 != r2);
     EXPECT_OK(zpp_comm_wait(c, r2));
     EXPECT_OK(zpp_comm_wait(c, r1));
@@ -361,9 +413,9 @@ static void check_overlap(const group *g, uint64_t tag, size_t n) {
     check_sum(rs_out, n, ZPP_BF16, (const void *const *)rs_in, n * (size_t)c->rank, c->size,
               "overlapped reduce_scatter", g->name);
 
-    EXPECT_OK(c->ops->allreduce(c, ar_buf, ar_buf, n, ZPP_FP32, &r1));
-    EXPECT_OK(c->ops->alltoall(c, a2a_in, a2a_out, n, &r2));
-    EXPECT_OK(c->ops->allgather(c, ag_in, ag_out, n, &r3));
+    EXPECT_OK(zpp_comm_allreduce(c, ar_buf, ar_buf, n, ZPP_FP32, &r1));
+    EXPECT_OK(zpp_comm_alltoall(c, a2a_in, a2a_out, n, &r2));
+    EXPECT_OK(zpp_comm_allgather(c, ag_in, ag_out, n, &r3));
     EXPECT_OK(zpp_comm_wait(c, r2));
     EXPECT_OK(zpp_comm_wait(c, r3));
     EXPECT_OK(zpp_comm_wait(c, r1));
@@ -448,13 +500,13 @@ static void test_zero_sizes(void) {
     zpp_comm *c = t->world;
     char sentinel = 'x';
     zpp_comm_req *r = NULL;
-    EXPECT_OK(c->ops->allgather(c, NULL, NULL, 0, NULL));
-    EXPECT_OK(c->ops->reduce_scatter(c, NULL, NULL, 0, ZPP_BF16, &r));
+    EXPECT_OK(zpp_comm_allgather(c, NULL, NULL, 0, NULL));
+    EXPECT_OK(zpp_comm_reduce_scatter(c, NULL, NULL, 0, ZPP_BF16, &r));
     EXPECT(r != NULL);
     EXPECT_OK(zpp_comm_wait(c, r));
-    EXPECT_OK(c->ops->alltoall(c, &sentinel, &sentinel + 0, 0, NULL));
-    EXPECT_OK(c->ops->allreduce(c, NULL, NULL, 0, ZPP_FP32, NULL));
-    EXPECT_OK(c->ops->broadcast(c, &sentinel, 0, c->size - 1, &r));
+    EXPECT_OK(zpp_comm_alltoall(c, &sentinel, &sentinel + 0, 0, NULL));
+    EXPECT_OK(zpp_comm_allreduce(c, NULL, NULL, 0, ZPP_FP32, NULL));
+    EXPECT_OK(zpp_comm_broadcast(c, &sentinel, 0, c->size - 1, &r));
     EXPECT_OK(zpp_comm_wait(c, r));
     EXPECT(sentinel == 'x');
     EXPECT_OK(zpp_comm_wait(c, NULL));
@@ -487,7 +539,7 @@ static void test_large_count_path(void) {
         /* Too large for counts of 31 (961 bytes at most): refused locally,
          * identically on every rank, before any MPI call. */
         char big[1000] = {0};
-        EXPECT_STATUS(t->world->ops->broadcast(t->world, big, sizeof big, 0, NULL),
+        EXPECT_STATUS(zpp_comm_broadcast(t->world, big, sizeof big, 0, NULL),
                       ZPP_ERR_INVALID);
         EXPECT(strstr(zpp_last_error(), "1000 bytes") != NULL, "%s", zpp_last_error());
         zpp_topo_destroy(t);
@@ -537,7 +589,7 @@ static void test_bad_node_size(void) {
 #ifndef ZPP_HAVE_CUDA
     o.backend = ZPP_BACKEND_NCCL;
     EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_UNSUPPORTED);
-    EXPECT(strstr(zpp_last_error(), "CUDA") != NULL, "'%s'", zpp_last_error());
+    EXPECT(strstr(zpp_last_error(), "NCCL") != NULL, "'%s'", zpp_last_error());
 #endif
 }
 
@@ -587,27 +639,72 @@ static void test_launcher_node_size(void) {
     zpp_topo_destroy(t);
 }
 
-/* Local argument errors: identical on every rank and raised before any
- * MPI call, so nobody hangs. MPI's own errors come back as ZPP_ERR_COMM
- * with MPI's message. */
+/* Expects `call` to fail with ZPP_ERR_INVALID and a message containing
+ * `what`, leaving the request NULL. */
+#define EXPECT_REFUSED(call, what)                                                       \
+    do {                                                                                 \
+        zpp_error_clear();                                                               \
+        EXPECT_STATUS(call, ZPP_ERR_INVALID);                                            \
+        EXPECT(strstr(zpp_last_error(), what) != NULL, "%s: message '%s' lacks '%s'", #call, \
+               zpp_last_error(), what);                                                  \
+    } while (0)
+
+/* The fronts' argument checks: each mistake is ZPP_ERR_INVALID with its
+ * own message, identical on every rank and raised before any MPI call, so
+ * nobody hangs. MPI's own errors come back as ZPP_ERR_COMM with MPI's
+ * message. */
 static void test_invalid_arguments(void) {
     zpp_topo *t = topo_make(1);
     zpp_comm *c = t->world;
     float buf[64] = {0};
-    zpp_comm_req *r = NULL;
-    EXPECT_STATUS(c->ops->broadcast(c, buf, 4, c->size, NULL), ZPP_ERR_INVALID);
-    EXPECT(strstr(zpp_last_error(), "root") != NULL);
-    EXPECT_STATUS(c->ops->broadcast(c, buf, 4, -1, &r), ZPP_ERR_INVALID);
-    EXPECT(r == NULL, "req_p set on failure");
-    EXPECT_STATUS(c->ops->allreduce(c, buf, buf + 1, 8, ZPP_FP32, NULL), ZPP_ERR_INVALID);
-    EXPECT_STATUS(c->ops->allreduce(c, buf, buf + 32, 8, (zpp_dtype)9, NULL), ZPP_ERR_INVALID);
-    EXPECT_STATUS(c->ops->reduce_scatter(c, buf, buf, 4, ZPP_FP32, NULL), ZPP_ERR_INVALID);
-    EXPECT_STATUS(c->ops->alltoall(c, NULL, buf, 4, NULL), ZPP_ERR_INVALID);
+    zpp_comm_req *const untouched = (zpp_comm_req *)buf, *r = untouched;
+    size_t huge = SIZE_MAX / 2 + 1;
+    /* NULL communicator */
+    EXPECT_REFUSED(zpp_comm_allgather(NULL, buf, buf + 32, 4, NULL), "communicator is NULL");
+    EXPECT_REFUSED(zpp_comm_barrier(NULL), "communicator is NULL");
+    /* root range */
+    EXPECT_REFUSED(zpp_comm_broadcast(c, buf, 4, c->size, NULL), "root");
+    EXPECT_REFUSED(zpp_comm_broadcast(c, buf, 4, -1, &r), "root -1");
+    EXPECT(r == untouched, "req_p written on failure");
+    /* NULL buffers with nonzero sizes */
+    EXPECT_REFUSED(zpp_comm_broadcast(c, NULL, 4, 0, NULL), "buffer is NULL for 4 bytes");
+    EXPECT_REFUSED(zpp_comm_alltoall(c, NULL, buf, 4, NULL), "send buffer is NULL");
+    EXPECT_REFUSED(zpp_comm_allgather(c, buf, NULL, 4, NULL), "receive buffer is NULL");
+    EXPECT_REFUSED(zpp_comm_reduce_scatter(c, NULL, buf, 4, ZPP_FP32, NULL),
+                   "send buffer is NULL for 4 elements");
+    EXPECT_REFUSED(zpp_comm_allreduce(c, buf, NULL, 4, ZPP_BF16, NULL), "receive buffer");
+    /* dtype */
+    EXPECT_REFUSED(zpp_comm_allreduce(c, buf, buf + 32, 8, (zpp_dtype)9, NULL),
+                   "unknown dtype 9");
+    EXPECT_REFUSED(zpp_comm_reduce_scatter(c, buf, buf + 32, 1, (zpp_dtype)-1, &r),
+                   "unknown dtype -1");
+    EXPECT(r == untouched);
+    /* size_t overflow of size * bytes */
+    EXPECT_REFUSED(zpp_comm_allreduce(c, buf, buf + 32, huge, ZPP_FP32, NULL),
+                   "overflows size_t");
+    if (c->size > 1) {
+        EXPECT_REFUSED(zpp_comm_allgather(c, buf, buf + 32, huge, NULL), "overflows size_t");
+        EXPECT_REFUSED(zpp_comm_alltoall(c, buf, buf + 32, huge, NULL), "overflows size_t");
+    }
+    EXPECT_REFUSED(zpp_comm_reduce_scatter(c, buf, buf + 32, huge, ZPP_BF16, NULL),
+                   "overflows size_t");
+    /* overlap rules */
+    EXPECT_REFUSED(zpp_comm_allreduce(c, buf, buf + 1, 8, ZPP_FP32, NULL), "partly overlap");
+    EXPECT_REFUSED(zpp_comm_reduce_scatter(c, buf, buf, 4, ZPP_FP32, NULL), "overlap");
+    EXPECT_REFUSED(zpp_comm_alltoall(c, buf, (char *)buf + 1, 4, NULL), "overlap");
     /* overlapping but not this rank's block */
     if (c->size * 8 <= (int)sizeof buf) {
-        EXPECT_STATUS(c->ops->allgather(c, (char *)buf + 1, buf, 8, NULL), ZPP_ERR_INVALID);
+        EXPECT_REFUSED(zpp_comm_allgather(c, (char *)buf + 1, buf, 8, NULL),
+                       "send = recv + rank * bytes_per_rank");
     }
-    EXPECT_STATUS(c->ops->allreduce_max_int(c, NULL), ZPP_ERR_INVALID);
+    /* the documented in-place forms pass */
+    EXPECT_OK(zpp_comm_allreduce(c, buf, buf, 8, ZPP_FP32, NULL));
+    if (c->size * 8 <= (int)sizeof buf)
+        EXPECT_OK(zpp_comm_allgather(c, (char *)buf + (size_t)c->rank * 8, buf, 8, NULL));
+    /* agreeing on a NULL communicator: the caller's own status, or INVALID */
+    EXPECT_STATUS(zpp_comm_agree(NULL, ZPP_ERR_IO), ZPP_ERR_IO);
+    EXPECT_REFUSED(zpp_comm_agree(NULL, ZPP_OK), "communicator is NULL");
+    EXPECT_REFUSED(zpp_comm_max_world(NULL), "NULL");
     zpp_topo_destroy(t);
 
     /* MPI_Comm_dup of MPI_COMM_NULL: MPI reports MPI_ERR_COMM through the
@@ -621,7 +718,59 @@ static void test_invalid_arguments(void) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
 }
 
+/* The world forms, before any topology: one random rank fails (every rank
+ * gets its status and exact message), several fail (the lowest wins), none
+ * fail; and the maximum of a double. */
+static void test_agree_world(void) {
+    int W = world_size(), rank = zpp_test_rank;
+    for (int round = 0; round < 4; round++) {
+        zpp_rng r = zpp_rng_make(seed_of(9000 + (uint64_t)round, -1, 0));
+        int first = round == 3 ? W : (int)(zpp_rng_u64(&r) % (uint64_t)W);
+        /* round 2: everyone from `first` on fails */
+        int fails = round == 2 ? rank >= first : rank == first;
+        char msg[128];
+        snprintf(msg, sizeof msg, "world round %d: rank %d saw problem %llx", round,
+                 round == 2 ? first : rank, (unsigned long long)zpp_rng_u64(&r));
+        zpp_status st = ZPP_OK;
+        if (fails) {
+            /* a later failing rank has another message and status */
+            if (rank == first) st = zpp_error(ZPP_ERR_IO, "%s", msg);
+            else st = zpp_error(ZPP_ERR_CONFIG, "rank %d: something else", rank);
+        } else {
+            zpp_error_clear();
+        }
+        zpp_status got = zpp_comm_agree_world(st);
+        if (first == W) {
+            EXPECT(got == ZPP_OK, "all OK agreed to %s", zpp_status_str(got));
+        } else {
+            EXPECT(got == ZPP_ERR_IO, "round %d: %s, expected the first failing rank's IO",
+                   round, zpp_status_str(got));
+            EXPECT(strcmp(zpp_last_error(), msg) == 0 || rank != first,
+                   "round %d: '%s' on the failing rank", round, zpp_last_error());
+            /* every rank has the same message: compare through a gather */
+            char all[8][128];
+            char mine[128];
+            snprintf(mine, sizeof mine, "%s", zpp_last_error());
+            if (W <= 8) {
+                MPI_Allgather(mine, 128, MPI_CHAR, all, 128, MPI_CHAR, MPI_COMM_WORLD);
+                for (int i = 0; i < W; i++)
+                    EXPECT(strcmp(all[i], all[first]) == 0, "rank %d got '%s', rank %d '%s'",
+                           i, all[i], first, all[first]);
+                EXPECT(strstr(all[first], "saw problem") != NULL, "'%s'", all[first]);
+            }
+        }
+    }
+    double v = (double)rank * 1.5 - 2.0;
+    EXPECT_OK(zpp_comm_max_world(&v));
+    EXPECT(v == (double)(W - 1) * 1.5 - 2.0, "max_world %g", v);
+    EXPECT(zpp_comm_world_rank() == rank && zpp_comm_world_size() == W);
+    int lr = -1, ls = -1;
+    EXPECT_OK(zpp_comm_launch_local(&lr, &ls));
+    EXPECT(ls >= 1 && lr >= 0 && lr < ls, "launch local %d of %d", lr, ls);
+    EXPECT_REFUSED(zpp_comm_launch_local(NULL, &ls), "required");
+}
+
 ZPP_TESTS(ZPP_TEST(test_every_node_size), ZPP_TEST(test_zero_sizes),
           ZPP_TEST(test_large_count_path), ZPP_TEST(test_bad_node_size),
           ZPP_TEST(test_options_disagree), ZPP_TEST(test_launcher_node_size),
-          ZPP_TEST(test_invalid_arguments))
+          ZPP_TEST(test_invalid_arguments), ZPP_TEST(test_agree_world))

@@ -1,6 +1,15 @@
 /* test_comm_nccl.c — the NCCL backend on real GPUs, against references.
  *
- * Run with 2 ranks (one GPU each: rank r uses device r % device count).
+ * Run with 2 ranks: one GPU each (a rank uses GPU local rank % GPU count),
+ * or both on one GPU. NCCL refuses two ranks on one GPU of one host, so when
+ * a host has fewer GPUs than ranks every rank gets its own NCCL_HOSTID (its
+ * own emulated host; sockets between them, DESIGN.md §6) and the tests run
+ * all the same, except the one that is about the same-host path
+ * (test_nccl_one_node), which prints "SKIP: needs 2 GPUs (NVLink)" (ctest
+ * reports it as skipped).
+ *
+ * GPU memory, streams and copies go through the device API
+ * (device/device.h); this file makes no CUDA runtime call.
  * Every topology is checked on all three of its communicators (world, intra,
  * inter) with fresh random data generated per rank from the agreed seed;
  * each rank regenerates every peer's data, so each can compute the exact
@@ -36,29 +45,24 @@
 #include <string.h>
 #include <time.h>
 
-#include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "device/device.h"
 #include "testlib.h"
-
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t cu_e_ = (call);                                           \
-        EXPECT(cu_e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cu_e_)); \
-    } while (0)
 
 enum { WHICH_WORLD = 0, WHICH_INTRA = 1, WHICH_INTER = 2 };
 static const char *const which_name[3] = {"world", "intra", "inter"};
 
 enum { OP_ALLGATHER = 1, OP_RS_F32, OP_RS_BF16, OP_ALLTOALL, OP_AR_F32, OP_AR_BF16, OP_AR_F16,
-       OP_BCAST, OP_MAXINT, OP_MANY };
+       OP_BCAST, OP_AGREE, OP_MANY };
 
 typedef struct ctx {
     zpp_topo *topo;
-    cudaStream_t compute; /* NULL: the legacy default stream */
-    int iter;             /* distinguishes repeated calls in the data seeds */
+    zpp_device *dev; /* the rank's GPU; its compute stream orders everything */
+    int iter;        /* distinguishes repeated calls in the data seeds */
     void *busy_a, *busy_b;
 } ctx;
 
@@ -72,34 +76,68 @@ static int world_size(void) {
     return n;
 }
 
-/* The device of this rank, failing clearly when there is none. */
-static int pick_device(void) {
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    EXPECT(e == cudaSuccess && ndev > 0,
-           "no CUDA device visible to rank %d (%s): this test needs one NVIDIA GPU per rank; "
-           "run it on a GPU machine (ctest -L gpu) with the driver loaded",
-           zpp_test_rank, e == cudaSuccess ? "device count 0" : cudaGetErrorString(e));
-    EXPECT(ndev >= world_size(),
-           "%d ranks but %d visible GPU(s): NCCL needs a distinct GPU per rank on a host; "
-           "check CUDA_VISIBLE_DEVICES",
-           world_size(), ndev);
-    return zpp_test_rank % ndev;
+/* GPUs this host shows each rank, and ranks the launcher put on it. */
+static int gpus_here(void) {
+    int ndev = zpp_device_gpu_count();
+    EXPECT(ndev > 0,
+           "no GPU visible to rank %d: this test needs an NVIDIA GPU; run it on a GPU machine "
+           "(ctest -L gpu) with the driver loaded",
+           zpp_test_rank);
+    return ndev;
 }
+
+static int ranks_here(void) {
+    int local = 0, size = 0;
+    EXPECT_OK(zpp_comm_launch_local(&local, &size));
+    return size;
+}
+
+/* 1 when the ranks of this host share GPUs (fewer GPUs than ranks). */
+static int sharing_gpus(void) { return gpus_here() < ranks_here(); }
+
+/* The GPU of this rank: its local rank modulo the GPUs it sees. When ranks
+ * share a GPU, each gets its own NCCL_HOSTID before NCCL first runs (a
+ * topology with emulate_nodes sets its own, per emulated node). */
+static int pick_device(void) {
+    int local = 0, size = 0;
+    EXPECT_OK(zpp_comm_launch_local(&local, &size));
+    if (sharing_gpus() && !getenv("NCCL_HOSTID")) {
+        char host[64] = "host", id[128];
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        snprintf(id, sizeof id, "%s-zpptest-rank%d", host, zpp_test_rank);
+        EXPECT(setenv("NCCL_HOSTID", id, 1) == 0);
+    }
+    return local % gpus_here();
+}
+
+/* A test about what only several GPUs of one host have (NVLink, peer
+ * access): says so and returns 1 when the ranks share GPUs. */
+static int skip_without_gpus(const char *test) {
+    int skip = sharing_gpus();
+    if (skip && zpp_test_rank == 0)
+        printf("SKIP: needs 2 GPUs (NVLink): %s runs the ranks of one node on distinct GPUs; "
+               "this host shows %d GPU(s) for %d ranks\n",
+               test, gpus_here(), ranks_here());
+    fflush(stdout);
+    return skip;
+}
+
+/* The device of the open ctx (one at a time), for the allocation helpers. */
+static zpp_device *cur_dev;
 
 /* Set once a topology was built: NCCL has then fixed its NCCL_HOSTID. */
 static int nccl_used;
 
-static void ctx_open(ctx *cx, int node_size, int emulate, int own_stream) {
+static void ctx_open(ctx *cx, int node_size, int emulate) {
     memset(cx, 0, sizeof *cx);
     nccl_used = 1;
-    int dev = pick_device();
-    CU(cudaSetDevice(dev));
-    if (own_stream) CU(cudaStreamCreateWithFlags(&cx->compute, cudaStreamNonBlocking));
-    CU(cudaMalloc(&cx->busy_a, BUSY_BYTES));
-    CU(cudaMalloc(&cx->busy_b, BUSY_BYTES));
-    CU(cudaMemset(cx->busy_a, 1, BUSY_BYTES));
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, node_size, dev, cx->compute, emulate};
+    EXPECT_OK(zpp_device_create_gpu(pick_device(), &cx->dev));
+    EXPECT_OK(zpp_device_alloc(cx->dev, BUSY_BYTES, &cx->busy_a));
+    EXPECT_OK(zpp_device_alloc(cx->dev, BUSY_BYTES, &cx->busy_b));
+    EXPECT_OK(zpp_device_set(cx->dev, cx->busy_a, 1, BUSY_BYTES));
+    cur_dev = cx->dev;
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, node_size, cx->dev, emulate};
     EXPECT_OK(zpp_topo_create(&o, &cx->topo));
     const zpp_topo *t = cx->topo;
     /* (no '%' inside EXPECT's condition: it becomes part of the format) */
@@ -127,11 +165,13 @@ static void ctx_open(ctx *cx, int node_size, int emulate, int own_stream) {
 
 static void ctx_close(ctx *cx) {
     zpp_topo_destroy(cx->topo);
-    CU(cudaDeviceSynchronize());
-    cudaFree(cx->busy_a);
-    cudaFree(cx->busy_b);
-    if (cx->compute) CU(cudaStreamDestroy(cx->compute));
+    EXPECT_OK(zpp_device_sync(cx->dev, NULL));
+    zpp_device_free(cx->dev, cx->busy_a);
+    zpp_device_free(cx->dev, cx->busy_b);
+    zpp_device_destroy(cx->dev);
     cx->topo = NULL;
+    cx->dev = NULL;
+    cur_dev = NULL;
 }
 
 static zpp_comm *comm_of(const ctx *cx, int which) {
@@ -150,8 +190,7 @@ static int member_world(const zpp_topo *t, int which, int i) {
 /* Keeps the compute stream busy for a while (a device copy of BUSY_BYTES),
  * so that what is queued after it completes late. */
 static void busy(const ctx *cx) {
-    CU(cudaMemcpyAsync(cx->busy_b, cx->busy_a, BUSY_BYTES, cudaMemcpyDeviceToDevice,
-                       cx->compute));
+    EXPECT_OK(zpp_device_copy(cx->dev, cx->busy_b, cx->busy_a, BUSY_BYTES));
 }
 
 /* ---- Data ------------------------------------------------------------------ */
@@ -200,26 +239,29 @@ static size_t pick_size(int op, int which, int iter, size_t max) {
 }
 
 static void *host_alloc(size_t bytes) {
-    void *p = NULL;
-    CU(cudaMallocHost(&p, bytes ? bytes : 1));
+    void *p = malloc(bytes ? bytes : 1);
+    EXPECT(p != NULL);
     return p;
 }
 
 static void *dev_alloc(size_t bytes) {
     void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 1));
+    EXPECT(cur_dev != NULL, "no GPU open");
+    EXPECT_OK(zpp_device_alloc(cur_dev, bytes ? bytes : 1, &p));
     return p;
 }
+
+static void dev_free(void *p) { zpp_device_free(cur_dev, p); }
 
 /* Upload behind the busy copy, so the data lands late on the compute stream. */
 static void produce(const ctx *cx, void *dev, const void *host, size_t bytes) {
     busy(cx);
-    CU(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cx->compute));
+    EXPECT_OK(zpp_device_copy(cx->dev, dev, host, bytes));
 }
 
 /* Fills the output with a sentinel, ordered on the compute stream. */
 static void poison(const ctx *cx, void *dev, size_t bytes) {
-    CU(cudaMemsetAsync(dev, 0xA5, bytes, cx->compute));
+    EXPECT_OK(zpp_device_set(cx->dev, dev, 0xA5, bytes));
 }
 
 /* Waits (async form) after queueing more work, then copies back and syncs. */
@@ -229,8 +271,7 @@ static void finish(const ctx *cx, zpp_comm *c, zpp_comm_req *req, void *host, co
         busy(cx); /* other work, queued while the collective runs */
         EXPECT_OK(zpp_comm_wait(c, req));
     }
-    CU(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cx->compute));
-    CU(cudaStreamSynchronize(cx->compute));
+    EXPECT_OK(zpp_device_copy(cx->dev, host, dev, bytes)); /* returns with the data */
 }
 
 /* ---- One check per operation ------------------------------------------------ */
@@ -248,7 +289,7 @@ static void check_allgather(ctx *cx, int which, int async, int in_place) {
     poison(cx, dr, n * b);
     produce(cx, ds, hs, b);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->allgather(c, ds, dr, b, async ? &req : NULL));
+    EXPECT_OK(zpp_comm_allgather(c, ds, dr, b, async ? &req : NULL));
     finish(cx, c, req, hr, dr, n * b);
     for (size_t i = 0; i < n; i++) {
         gen_bytes(data_seed(OP_ALLGATHER, which, it, member_world(t, which, (int)i), -1), want,
@@ -260,10 +301,10 @@ static void check_allgather(ctx *cx, int which, int async, int in_place) {
                    b, i, k, hr[i * b + k], want[k]);
     }
     free(want);
-    cudaFreeHost(hs);
-    cudaFreeHost(hr);
-    if (!in_place) cudaFree(ds);
-    cudaFree(dr);
+    free(hs);
+    free(hr);
+    if (!in_place) dev_free(ds);
+    dev_free(dr);
 }
 
 /* fp32 on dyadic values: exact. bf16 on N(0,1) values: NCCL combines the n
@@ -289,7 +330,7 @@ static void check_reduce_scatter(ctx *cx, int which, zpp_dtype dtype, int async)
     poison(cx, dr, cnt * es);
     produce(cx, ds, hs, n * cnt * es);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->reduce_scatter(c, ds, dr, cnt, dtype, async ? &req : NULL));
+    EXPECT_OK(zpp_comm_reduce_scatter(c, ds, dr, cnt, dtype, async ? &req : NULL));
     finish(cx, c, req, hr, dr, cnt * es);
 
     double *sum = calloc(cnt, sizeof *sum), *abs_sum = calloc(cnt, sizeof *abs_sum);
@@ -323,10 +364,10 @@ static void check_reduce_scatter(ctx *cx, int which, zpp_dtype dtype, int async)
     free(sum);
     free(abs_sum);
     free(other);
-    cudaFreeHost(hs);
-    cudaFreeHost(hr);
-    cudaFree(ds);
-    cudaFree(dr);
+    free(hs);
+    free(hr);
+    dev_free(ds);
+    dev_free(dr);
 }
 
 static void check_alltoall(ctx *cx, int which, int async) {
@@ -342,7 +383,7 @@ static void check_alltoall(ctx *cx, int which, int async) {
     poison(cx, dr, n * b);
     produce(cx, ds, hs, n * b);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->alltoall(c, ds, dr, b, async ? &req : NULL));
+    EXPECT_OK(zpp_comm_alltoall(c, ds, dr, b, async ? &req : NULL));
     finish(cx, c, req, hr, dr, n * b);
     for (size_t i = 0; i < n; i++) { /* block i came from member i */
         gen_bytes(data_seed(OP_ALLTOALL, which, it, member_world(t, which, (int)i), t->world_rank),
@@ -353,10 +394,10 @@ static void check_alltoall(ctx *cx, int which, int async) {
                    which_name[which], b, i, k, hr[i * b + k], want[k]);
     }
     free(want);
-    cudaFreeHost(hs);
-    cudaFreeHost(hr);
-    cudaFree(ds);
-    cudaFree(dr);
+    free(hs);
+    free(hr);
+    dev_free(ds);
+    dev_free(dr);
 }
 
 /* fp32 dyadic: exact (out of place). bf16 / fp16 N(0,1), in place: the bound
@@ -379,7 +420,7 @@ static void check_allreduce(ctx *cx, int which, zpp_dtype dtype, int async) {
     if (!in_place) poison(cx, dr, cnt * es);
     produce(cx, ds, hs, cnt * es);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->allreduce(c, ds, dr, cnt, dtype, async ? &req : NULL));
+    EXPECT_OK(zpp_comm_allreduce(c, ds, dr, cnt, dtype, async ? &req : NULL));
     finish(cx, c, req, hr, dr, cnt * es);
 
     double *sum = calloc(cnt, sizeof *sum), *abs_sum = calloc(cnt, sizeof *abs_sum);
@@ -412,10 +453,10 @@ static void check_allreduce(ctx *cx, int which, zpp_dtype dtype, int async) {
     free(sum);
     free(abs_sum);
     free(other);
-    cudaFreeHost(hs);
-    cudaFreeHost(hr);
-    cudaFree(ds);
-    if (!in_place) cudaFree(dr);
+    free(hs);
+    free(hr);
+    dev_free(ds);
+    if (!in_place) dev_free(dr);
 }
 
 static void check_broadcast(ctx *cx, int which, int async) {
@@ -434,32 +475,40 @@ static void check_broadcast(ctx *cx, int which, int async) {
         memset(h, 0x5A, b);
     produce(cx, d, h, b);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->broadcast(c, d, b, root, async ? &req : NULL));
+    EXPECT_OK(zpp_comm_broadcast(c, d, b, root, async ? &req : NULL));
     finish(cx, c, req, hr, d, b);
     for (size_t k = 0; k < b; k++)
         EXPECT(hr[k] == want[k], "%s broadcast (%zu B, root %d): byte %zu is %u, expected %u",
                which_name[which], b, root, k, hr[k], want[k]);
     free(want);
-    cudaFreeHost(h);
-    cudaFreeHost(hr);
-    cudaFree(d);
+    free(h);
+    free(hr);
+    dev_free(d);
 }
 
-static void check_max_int(ctx *cx, int which) {
+/* Failing together: one member (chosen from the agreed seed) fails with a
+ * message of its own, a second one fails later in rank order with another;
+ * every member must come back with the first one's status and exact
+ * message. Then nobody fails: ZPP_OK. Host-side (MPI), so it works on any
+ * NCCL communicator, even a broken one. */
+static void check_agree(ctx *cx, int which) {
     zpp_comm *c = comm_of(cx, which);
-    const zpp_topo *t = cx->topo;
     int it = cx->iter++;
-    int want = INT32_MIN, mine = 0;
-    for (int i = 0; i < c->size; i++) {
-        zpp_rng r = zpp_rng_make(data_seed(OP_MAXINT, which, it, member_world(t, which, i), -1));
-        int v = (int)(uint32_t)zpp_rng_u64(&r); /* either sign */
-        if (v > want) want = v;
-        if (i == c->rank) mine = v;
-    }
-    int v = mine;
-    EXPECT_OK(c->ops->allreduce_max_int(c, &v));
-    EXPECT(v == want, "%s allreduce_max_int: %d, expected %d (mine %d)", which_name[which], v,
-           want, mine);
+    zpp_rng r = zpp_rng_make(data_seed(OP_AGREE, which, it, -1, -1));
+    int first = (int)(zpp_rng_u64(&r) % (uint64_t)c->size);
+    unsigned long long token = (unsigned long long)zpp_rng_u64(&r);
+    char want[160];
+    snprintf(want, sizeof want, "%s member %d: problem %llx; fix it", which_name[which], first,
+             token);
+    zpp_status st = ZPP_OK;
+    zpp_error_clear();
+    if (c->rank == first) st = zpp_error(ZPP_ERR_IO, "%s", want);
+    else if (c->rank == c->size - 1) st = zpp_error(ZPP_ERR_CONFIG, "a later failure");
+    zpp_status got = zpp_comm_agree(c, st);
+    EXPECT(got == ZPP_ERR_IO && strcmp(zpp_last_error(), want) == 0,
+           "%s agree: %s '%s', expected %s '%s'", which_name[which], zpp_status_str(got),
+           zpp_last_error(), zpp_status_str(ZPP_ERR_IO), want);
+    EXPECT_OK(zpp_comm_agree(c, ZPP_OK));
 }
 
 static double now_s(void) {
@@ -472,14 +521,14 @@ static double now_s(void) {
  * (allowing 0.1 s of slack for how far apart the ranks left MPI_Barrier). */
 static void check_barrier(ctx *cx, int which) {
     zpp_comm *c = comm_of(cx, which);
-    EXPECT_OK(c->ops->barrier(c)); /* warm */
+    EXPECT_OK(zpp_comm_barrier(c)); /* warm */
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_s();
     if (c->rank == 0) {
         struct timespec d = {0, 300000000L};
         nanosleep(&d, NULL);
     }
-    EXPECT_OK(c->ops->barrier(c));
+    EXPECT_OK(zpp_comm_barrier(c));
     double dt = now_s() - t0;
     if (c->size > 1 && c->rank != 0)
         EXPECT(dt > 0.2, "%s barrier returned after %.3f s, before the late member arrived",
@@ -503,14 +552,12 @@ static void check_many_in_flight(ctx *cx, int which) {
     zpp_comm_req *req[K];
     for (int j = 0; j < K; j++) {
         produce(cx, ds + j * cnt, hs + j * cnt, cnt * 4);
-        EXPECT_OK(c->ops->allreduce(c, ds + j * cnt, dr + j * cnt, cnt, ZPP_FP32, &req[j]));
+        EXPECT_OK(zpp_comm_allreduce(c, ds + j * cnt, dr + j * cnt, cnt, ZPP_FP32, &req[j]));
     }
     for (int j = K - 1; j >= 0; j--) {
         EXPECT_OK(zpp_comm_wait(c, req[j]));
-        CU(cudaMemcpyAsync(hr + j * cnt, dr + j * cnt, cnt * 4, cudaMemcpyDeviceToHost,
-                           cx->compute));
+        EXPECT_OK(zpp_device_copy(cx->dev, hr + j * cnt, dr + j * cnt, cnt * 4));
     }
-    CU(cudaStreamSynchronize(cx->compute));
     for (int j = 0; j < K; j++) {
         double *sum = calloc(cnt, sizeof *sum);
         for (size_t i = 0; i < n; i++) {
@@ -524,10 +571,10 @@ static void check_many_in_flight(ctx *cx, int which) {
         free(sum);
     }
     free(other);
-    cudaFreeHost(hs);
-    cudaFreeHost(hr);
-    cudaFree(ds);
-    cudaFree(dr);
+    free(hs);
+    free(hr);
+    dev_free(ds);
+    dev_free(dr);
 }
 
 /* Zero-sized operations are valid (tiny units leave some ranks nothing). */
@@ -535,15 +582,15 @@ static void check_zero_sizes(ctx *cx, int which) {
     zpp_comm *c = comm_of(cx, which);
     void *d = dev_alloc(16);
     zpp_comm_req *req = NULL;
-    EXPECT_OK(c->ops->allgather(c, d, (char *)d + 8, 0, &req));
+    EXPECT_OK(zpp_comm_allgather(c, d, (char *)d + 8, 0, &req));
     EXPECT_OK(zpp_comm_wait(c, req));
-    EXPECT_OK(c->ops->reduce_scatter(c, d, d, 0, ZPP_BF16, NULL));
-    EXPECT_OK(c->ops->alltoall(c, d, d, 0, &req));
+    EXPECT_OK(zpp_comm_reduce_scatter(c, d, d, 0, ZPP_BF16, NULL));
+    EXPECT_OK(zpp_comm_alltoall(c, d, d, 0, &req));
     EXPECT_OK(zpp_comm_wait(c, req));
-    EXPECT_OK(c->ops->allreduce(c, d, d, 0, ZPP_FP16, NULL));
-    EXPECT_OK(c->ops->broadcast(c, d, 0, 0, NULL));
-    CU(cudaStreamSynchronize(cx->compute));
-    cudaFree(d);
+    EXPECT_OK(zpp_comm_allreduce(c, d, d, 0, ZPP_FP16, NULL));
+    EXPECT_OK(zpp_comm_broadcast(c, d, 0, 0, NULL));
+    EXPECT_OK(zpp_device_sync(cx->dev, NULL));
+    dev_free(d);
 }
 
 static void check_all_ops(ctx *cx) {
@@ -558,7 +605,7 @@ static void check_all_ops(ctx *cx) {
             check_allreduce(cx, which, ZPP_BF16, async);
             check_allreduce(cx, which, ZPP_FP16, async);
             check_broadcast(cx, which, async);
-            check_max_int(cx, which);
+            check_agree(cx, which);
         }
         check_many_in_flight(cx, which);
         check_zero_sizes(cx, which);
@@ -568,19 +615,20 @@ static void check_all_ops(ctx *cx) {
 
 /* ---- Tests ------------------------------------------------------------------- */
 
-/* One node of every rank (NVLink between the GPUs), own compute stream. */
+/* One node of every rank (NVLink between the GPUs). */
 static void test_nccl_one_node(void) {
+    if (skip_without_gpus("test_nccl_one_node")) return;
     ctx cx;
-    ctx_open(&cx, world_size(), 0, 1);
+    ctx_open(&cx, world_size(), 0);
     check_all_ops(&cx);
     ctx_close(&cx);
 }
 
 /* Nodes of one rank without emulation (intra has size 1, inter spans the
- * world), on the legacy default stream (compute_stream = NULL). */
-static void test_nccl_nodes_of_one_default_stream(void) {
+ * world). */
+static void test_nccl_nodes_of_one(void) {
     ctx cx;
-    ctx_open(&cx, 1, 0, 0);
+    ctx_open(&cx, 1, 0);
     check_all_ops(&cx);
     ctx_close(&cx);
 }
@@ -589,32 +637,35 @@ static void test_nccl_nodes_of_one_default_stream(void) {
  * on every rank (so nobody hangs), and leave the communicators usable. */
 static void test_nccl_invalid_arguments(void) {
     ctx cx;
-    ctx_open(&cx, world_size(), 0, 1);
+    ctx_open(&cx, world_size(), 0);
     zpp_comm *c = cx.topo->world;
     size_t n = (size_t)c->size;
     char *d = dev_alloc(4096 * (n + 1));
     zpp_comm_req *req = (zpp_comm_req *)&cx; /* must stay untouched on error */
     zpp_comm_req *const untouched = req;
 
-    EXPECT_STATUS(c->ops->reduce_scatter(c, d, d + 4096 * n, 16, (zpp_dtype)7, &req),
+    EXPECT_STATUS(zpp_comm_reduce_scatter(c, d, d + 4096 * n, 16, (zpp_dtype)7, &req),
                   ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "dtype 7") != NULL, "message: %s", zpp_last_error());
     EXPECT(req == untouched, "req_p was written on error");
-    EXPECT_STATUS(c->ops->allreduce(c, d, d, 16, (zpp_dtype)-1, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_allreduce(c, d, d, 16, (zpp_dtype)-1, NULL), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "dtype") != NULL, "message: %s", zpp_last_error());
-    EXPECT_STATUS(c->ops->broadcast(c, d, 16, c->size, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_broadcast(c, d, 16, c->size, NULL), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "root") != NULL, "message: %s", zpp_last_error());
     /* recv overlaps send: block 0 of the output is the input itself. */
-    EXPECT_STATUS(c->ops->allgather(c, d + 8, d, 64, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_allgather(c, d + 8, d, 64, NULL), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "overlap") != NULL, "message: %s", zpp_last_error());
-    EXPECT_STATUS(c->ops->allreduce(c, d, d + 4, 16, ZPP_FP32, NULL), ZPP_ERR_INVALID);
-    EXPECT_STATUS(c->ops->alltoall(c, NULL, d, 8, NULL), ZPP_ERR_INVALID);
-    EXPECT_STATUS(c->ops->allreduce_max_int(c, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_allreduce(c, d, d + 4, 16, ZPP_FP32, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_alltoall(c, NULL, d, 8, NULL), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_comm_reduce_scatter(c, d, d + 8, SIZE_MAX / 2, ZPP_BF16, NULL),
+                  ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "overflows") != NULL, "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_comm_barrier(NULL), ZPP_ERR_INVALID);
 
     /* Still in step and usable. */
-    check_max_int(&cx, WHICH_WORLD);
+    check_agree(&cx, WHICH_WORLD);
     check_allreduce(&cx, WHICH_WORLD, ZPP_FP32, 1);
-    cudaFree(d);
+    dev_free(d);
     ctx_close(&cx);
 }
 
@@ -623,15 +674,17 @@ static void test_nccl_invalid_arguments(void) {
  * that says why, and the process must stay able to build ordinary ones. */
 static void test_nccl_hostid_fixed_per_process(void) {
     ctx cx;
-    ctx_open(&cx, world_size(), 0, 1); /* fixes "as launched" if first */
+    ctx_open(&cx, world_size(), 0); /* fixes "as launched" if first */
     ctx_close(&cx);
-    int dev = pick_device();
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, 1, dev, NULL, 1};
+    zpp_device *dev = NULL;
+    EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, 1, dev, 1};
     zpp_topo *t = NULL;
     EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
     EXPECT(t == NULL, "topology returned on failure");
     EXPECT(strstr(zpp_last_error(), "NCCL_HOSTID") != NULL, "message: %s", zpp_last_error());
-    ctx_open(&cx, 1, 0, 0);
+    zpp_device_destroy(dev);
+    ctx_open(&cx, 1, 0);
     check_allgather(&cx, WHICH_INTER, 1, 0);
     ctx_close(&cx);
 }
@@ -643,20 +696,22 @@ static void test_nccl_hostid_fixed_per_process(void) {
  * the topology's other communicators working; teardown must not hang.
  * Rank 1's late barrier may still complete (rank 0's contribution had
  * already been delivered before the abort), but its next world call has no
- * partner and must time out too, or find the communicator already failed. */
+ * partner and must time out too, or find the communicator already failed.
+ * Agreeing still works on the broken world communicator (it runs on the
+ * host): every rank learns rank 0's timeout, message and all. */
 static void test_nccl_timeout_reports_instead_of_hanging(void) {
     EXPECT(setenv("ZPP_NCCL_TIMEOUT_S", "2", 1) == 0);
     ctx cx;
-    ctx_open(&cx, world_size(), 0, 1); /* knobs are read here */
+    ctx_open(&cx, world_size(), 0); /* knobs are read here */
     EXPECT(unsetenv("ZPP_NCCL_TIMEOUT_S") == 0);
     zpp_comm *w = cx.topo->world;
-    EXPECT_OK(w->ops->barrier(w)); /* connected and in step */
+    EXPECT_OK(zpp_comm_barrier(w)); /* connected and in step */
     if (zpp_test_rank == 1) {
         struct timespec d = {4, 0};
         nanosleep(&d, NULL);
     }
     double t0 = now_s();
-    zpp_status st = w->ops->barrier(w);
+    zpp_status st = zpp_comm_barrier(w);
     double dt = now_s() - t0;
     if (zpp_test_rank == 0) {
         EXPECT(st == ZPP_ERR_COMM, "late peer: barrier -> %s after %.2f s (%s)",
@@ -668,20 +723,28 @@ static void test_nccl_timeout_reports_instead_of_hanging(void) {
         EXPECT(st == ZPP_OK || st == ZPP_ERR_COMM, "late barrier -> %s (%s)",
                zpp_status_str(st), zpp_last_error());
     }
-    int v = 1;
-    st = w->ops->allreduce_max_int(w, &v);
-    if (zpp_test_rank == 0)
+    char why[1024];
+    snprintf(why, sizeof why, "%s", zpp_last_error());
+    MPI_Bcast(why, (int)sizeof why, MPI_CHAR, 0, MPI_COMM_WORLD);
+    st = zpp_comm_agree(w, zpp_test_rank == 0 ? zpp_error(ZPP_ERR_COMM, "%s", why) : ZPP_OK);
+    EXPECT(st == ZPP_ERR_COMM && strcmp(zpp_last_error(), why) == 0,
+           "agreeing after the timeout -> %s '%s', expected rank 0's '%s'", zpp_status_str(st),
+           zpp_last_error(), why);
+    if (zpp_test_rank == 0) {
+        st = zpp_comm_barrier(w);
         EXPECT(st == ZPP_ERR_STATE && strstr(zpp_last_error(), "failed earlier"),
                "after an abort -> %s (%s)", zpp_status_str(st), zpp_last_error());
-    else
-        EXPECT(st == ZPP_ERR_COMM || st == ZPP_ERR_STATE, "lonely max_int -> %s (%s)",
+    } else {
+        st = zpp_comm_barrier(w);
+        EXPECT(st == ZPP_ERR_COMM || st == ZPP_ERR_STATE, "lonely barrier -> %s (%s)",
                zpp_status_str(st), zpp_last_error());
+    }
     void *d = dev_alloc(64);
-    EXPECT_STATUS(w->ops->allgather(w, d, (char *)d + 32, 16, NULL), ZPP_ERR_STATE);
-    cudaFree(d);
+    EXPECT_STATUS(zpp_comm_allgather(w, d, (char *)d + 32, 16, NULL), ZPP_ERR_STATE);
+    dev_free(d);
     /* The other communicators share the comm stream and still work. */
     MPI_Barrier(MPI_COMM_WORLD);
-    check_max_int(&cx, WHICH_INTRA);
+    check_agree(&cx, WHICH_INTRA);
     check_allreduce(&cx, WHICH_INTRA, ZPP_FP32, 1);
     t0 = now_s();
     ctx_close(&cx);
@@ -701,7 +764,7 @@ static void test_nccl_emulated_nodes(void) {
         return;
     }
     ctx cx;
-    ctx_open(&cx, 1, 1, 1);
+    ctx_open(&cx, 1, 1);
     const char *hid = getenv("NCCL_HOSTID");
     char want[64];
     snprintf(want, sizeof want, "-zppnode%d", cx.topo->node);
@@ -710,18 +773,21 @@ static void test_nccl_emulated_nodes(void) {
     check_all_ops(&cx);
     ctx_close(&cx);
     /* A second topology of the same emulation is fine ... */
-    ctx_open(&cx, 1, 1, 0);
+    ctx_open(&cx, 1, 1);
     check_allgather(&cx, WHICH_WORLD, 1, 1);
     ctx_close(&cx);
     /* ... one without it is refused: NCCL would keep the emulated ids. */
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, world_size(), pick_device(), NULL, 0};
+    zpp_device *dev = NULL;
+    EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, world_size(), dev, 0};
     zpp_topo *t = NULL;
     EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
     EXPECT(strstr(zpp_last_error(), "NCCL_HOSTID") != NULL, "message: %s", zpp_last_error());
+    zpp_device_destroy(dev);
 }
 
 /* The emulated-nodes test comes last: see its comment. */
-ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one_default_stream),
+ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one),
           ZPP_TEST_GPU(test_nccl_invalid_arguments), ZPP_TEST_GPU(test_nccl_hostid_fixed_per_process),
           ZPP_TEST_GPU(test_nccl_timeout_reports_instead_of_hanging),
           ZPP_TEST_GPU(test_nccl_emulated_nodes), )

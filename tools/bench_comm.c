@@ -37,7 +37,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -432,7 +431,7 @@ static zpp_status fetch_full(bench_ctx *b, int unit) {
 #define BENCH_FAIL(what, st)                                                  \
     do {                                                                      \
         zpp_cli_fail(what, st);                                               \
-        MPI_Abort(MPI_COMM_WORLD, 1);                                         \
+        exit(1); /* the launcher ends the other ranks */                     \
     } while (0)
 
 /* The start of a timed operation: every rank leaves a barrier first, so a
@@ -441,7 +440,7 @@ static zpp_status fetch_full(bench_ctx *b, int unit) {
  * to join). Used alike for our paths and the plain references. */
 static double timed_start(bench_ctx *b) {
     zpp_comm *w = b->topo->world;
-    zpp_status st = w->ops->barrier(w);
+    zpp_status st = zpp_comm_barrier(w);
     if (st != ZPP_OK) BENCH_FAIL("bench comm: barrier", st);
     return zpp_cli_now_ms();
 }
@@ -517,18 +516,18 @@ static void run_plain(bench_ctx *b, double ms[PLAIN_COUNT]) {
     for (int i = 0; i < b->o.units; i++) {
         bench_unit *u = &b->u[i];
         double t = timed_start(b);
-        zpp_status st = w->ops->allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
+        zpp_status st = zpp_comm_allgather(w, u->shard, b->full, u->p.shard_len * b->ds, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain all-gather", st);
         ms[PLAIN_AG] += zpp_cli_now_ms() - t;
         t = timed_start(b);
-        st = w->ops->reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
+        st = zpp_comm_reduce_scatter(w, u->grad, b->scratch, u->p.shard_len, b->o.dtype, NULL);
         if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: plain reduce-scatter", st);
         ms[PLAIN_RS] += zpp_cli_now_ms() - t;
         for (int k = PLAIN_WIRE8; k <= PLAIN_WIRE4; k++) {
             const zpp_quant_spec *sp =
                 k == PLAIN_WIRE8 ? &b->copts.weight_spec : &b->copts.grad_spec;
             t = timed_start(b);
-            st = w->ops->allgather(w, b->wire_send, b->wire_recv,
+            st = zpp_comm_allgather(w, b->wire_send, b->wire_recv,
                                    zpp_quant_bytes(u->p.shard_len, sp), NULL);
             if (st != ZPP_OK || sync_stream(b)) BENCH_FAIL("bench comm: wire all-gather", st);
             ms[k] += zpp_cli_now_ms() - t;
@@ -540,7 +539,10 @@ static void run_plain(bench_ctx *b, double ms[PLAIN_COUNT]) {
 /* Median over rounds of the per-round maximum over ranks, for k series. */
 static void reduce_times(double *samples, int iters, int k, double *out) {
     /* the maxima stay in samples (time_modes pairs them round by round) */
-    MPI_Allreduce(MPI_IN_PLACE, samples, iters * k, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    for (int i = 0; i < iters * k; i++) {
+        zpp_status st = zpp_comm_max_world(&samples[i]);
+        if (st != ZPP_OK) BENCH_FAIL("bench comm: max over ranks", st);
+    }
     double *col = malloc((size_t)iters * sizeof(double));
     if (!col) BENCH_FAIL("bench comm", ZPP_ERR_NOMEM);
     for (int j = 0; j < k; j++) {
@@ -557,7 +559,8 @@ static void check_mode(bench_ctx *b, const zpp_coll_mode *m, bench_result *r) {
     zpp_coll_volume_reset(b->coll);
     run_step(b, m, 1, ms, &worst);
     r->vol = *zpp_coll_volume(b->coll);
-    MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    zpp_status mst = zpp_comm_max_world(&worst);
+    if (mst != ZPP_OK) BENCH_FAIL("bench comm: max over ranks", mst);
     r->worst = worst;
     r->correct = worst <= 1.0;
     zpp_volume plan;
@@ -854,26 +857,16 @@ int zpp_cli_bench_comm(int argc, char **argv) {
     bench_opts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) MPI_Init(&argc, &argv);
-
+    /* MPI is initialised by main.c. */
     bench_ctx b;
     memset(&b, 0, sizeof b);
     b.o = o;
-    zpp_status st = setup(&b);
-    /* Setup fails alike on every rank for bad options (the topology agrees);
-     * anything else aborts the job rather than leave peers waiting. */
-    int bad = st != ZPP_OK, nbad = bad, world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPI_Allreduce(MPI_IN_PLACE, &nbad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (nbad) {
-        /* the same message from every rank once, from rank 0 */
-        int rank = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        if (bad && (nbad < world || rank == 0)) zpp_cli_fail("bench comm: setup", st);
+    /* Setup fails alike on every rank (each step agrees): every rank holds
+     * the lowest failing rank's message, and rank 0 prints it once. */
+    zpp_status st = zpp_comm_agree_world(setup(&b));
+    if (st != ZPP_OK) {
+        if (zpp_comm_world_rank() == 0) zpp_cli_fail("bench comm: setup", st);
         teardown(&b);
-        MPI_Finalize();
         return 1;
     }
     const char *backend = b.topo->world->ops->name;
@@ -909,6 +902,5 @@ int zpp_cli_bench_comm(int argc, char **argv) {
                             "volume differed from the plan (see \"correct\" / \"plan_match\")\n");
     }
     teardown(&b);
-    MPI_Finalize();
     return all_ok ? 0 : 1;
 }

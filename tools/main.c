@@ -1,4 +1,7 @@
-/* tools/main.c — `zeropp train | bench | plan`. */
+/* tools/main.c — `zeropp train | bench | plan`. The one place that
+ * initialises and finalises MPI: the commands that run over ranks (train,
+ * bench comm) start it here; the library reaches it through comm/ only. */
+#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,6 +25,16 @@ static void usage(FILE *f) {
             zpp_version());
 }
 
+/* Runs a command over the ranks the launcher started (one rank without a
+ * launcher). A failing rank may exit early; the launcher ends the rest. */
+static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
+    MPI_Init(NULL, NULL);
+    int rc = cmd(argc, argv);
+    fflush(stdout);
+    MPI_Finalize();
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
@@ -31,11 +44,12 @@ int main(int argc, char **argv) {
         printf("zeropp %s\n", zpp_version());
         return 0;
     }
-    if (!strcmp(argv[1], "train")) return zpp_cli_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train")) return with_mpi(zpp_cli_train, argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
-        if (argc >= 3 && !strcmp(argv[2], "comm")) return zpp_cli_bench_comm(argc - 2, argv + 2);
+        if (argc >= 3 && !strcmp(argv[2], "comm"))
+            return with_mpi(zpp_cli_bench_comm, argc - 2, argv + 2);
         fprintf(stderr, "zeropp bench: name a benchmark: quant or comm\n");
         return 2;
     }

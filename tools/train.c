@@ -2,13 +2,13 @@
  * write metrics, and (--demo) compare ZeRO-3 with ZeRO++ side by side. */
 #include <errno.h>
 #include <limits.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -133,10 +133,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
     return 0;
 }
 
-/* Prints the message of a failed call, once: the trainer leaves the message
- * only on the lowest failing rank. */
+/* Prints the message of a failed call, once: the trainer's calls agree
+ * over the world, so every rank holds the same status and message (the
+ * lowest failing rank's), and rank 0 prints it. */
 static int report(const char *context, zpp_status st) {
-    if (zpp_last_error()[0]) return zpp_cli_fail(context, st);
+    if (zpp_comm_world_rank() == 0) zpp_cli_fail(context, st);
     return 1;
 }
 
@@ -147,7 +148,7 @@ static int report(const char *context, zpp_status st) {
 static int progress_wanted(void) {
     const char *env = getenv("ZPP_PROGRESS");
     if (env) return env[0] == '1';
-    if (getenv("OMPI_COMM_WORLD_SIZE")) return 0;
+    if (zpp_comm_launched()) return 0;
     return isatty(STDOUT_FILENO);
 }
 
@@ -161,8 +162,7 @@ static void progress(int step, int total, float loss) {
 
 static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
                FILE *metrics, run_summary *sum) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int rank = zpp_comm_world_rank();
     zpp_trainer *t = NULL;
     zpp_trainer_opts to = {a->data, a->node_size, a->gpu, a->emulate_nodes};
     zpp_status st = zpp_trainer_create(cfg, &to, &t);
@@ -294,19 +294,16 @@ int zpp_cli_train(int argc, char **argv) {
     train_args a;
     int pr = parse_args(argc, argv, &a);
     if (pr != 0) return pr > 0 ? 0 : 2;
-    MPI_Init(NULL, NULL);
-    int rank = 0, world = 1, rc = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    /* MPI is initialised by main.c. */
+    int rank = zpp_comm_world_rank(), world = zpp_comm_world_size(), rc = 0;
     FILE *metrics = NULL;
 
     zpp_train_config cfg;
     zpp_status st = zpp_train_config_defaults(&cfg);
     if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
+    st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
-        /* Every rank read the same file: report once. */
-        if (rank == 0) zpp_cli_fail("config", st);
-        rc = 1;
+        rc = report("config", st);
         goto done;
     }
     if (a.steps > 0) cfg.train_steps = (int)a.steps;
@@ -314,17 +311,16 @@ int zpp_cli_train(int argc, char **argv) {
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
     if (rank == 0 && cfg.ignored[0])
         printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
+    st = ZPP_OK;
     if (rank == 0 && a.metrics) {
         metrics = fopen(a.metrics, "w");
-        if (!metrics) {
-            fprintf(stderr, "zeropp train: cannot write metrics file %s: %s\n", a.metrics,
-                    strerror(errno));
-        }
+        if (!metrics)
+            st = zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a.metrics,
+                           strerror(errno));
     }
-    int bad = rank == 0 && a.metrics && !metrics;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (bad) {
-        rc = 1;
+    st = zpp_comm_agree_world(st);
+    if (st != ZPP_OK) {
+        rc = report("train", st);
         goto done;
     }
 
@@ -372,6 +368,5 @@ int zpp_cli_train(int argc, char **argv) {
 done:
     if (metrics) fclose(metrics);
     fflush(stdout);
-    MPI_Finalize();
     return rc;
 }

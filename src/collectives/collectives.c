@@ -159,15 +159,15 @@ static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call
     zpp_status st;
     size_t bytes = n;
     switch (kind) {
-    case ZPP_CALL_ALLGATHER: st = m->ops->allgather(m, send, recv, n, req_p); break;
+    case ZPP_CALL_ALLGATHER: st = zpp_comm_allgather(m, send, recv, n, req_p); break;
     case ZPP_CALL_REDUCE_SCATTER:
         bytes = n * zpp_dtype_size(dtype);
-        st = m->ops->reduce_scatter(m, send, recv, n, dtype, req_p);
+        st = zpp_comm_reduce_scatter(m, send, recv, n, dtype, req_p);
         break;
-    case ZPP_CALL_ALLTOALL: st = m->ops->alltoall(m, send, recv, n, req_p); break;
+    case ZPP_CALL_ALLTOALL: st = zpp_comm_alltoall(m, send, recv, n, req_p); break;
     case ZPP_CALL_ALLREDUCE:
         bytes = n * zpp_dtype_size(dtype);
-        st = m->ops->allreduce(m, send, recv, n, dtype, req_p);
+        st = zpp_comm_allreduce(m, send, recv, n, dtype, req_p);
         break;
     default:
         return zpp_error(ZPP_ERR_INVALID, "collectives: backend call kind %d not used here",

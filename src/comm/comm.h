@@ -1,14 +1,17 @@
 /* comm/comm.h — one backend interface, a table of functions, and topology.
  *
  * A zpp_comm is a group of ranks on one backend (MPI for host memory, NCCL
- * for device memory). The collectives and engine layers call only through
- * comm->ops, so the same ZeRO++ code runs on either backend.
+ * for device memory). The collectives and engine layers call the fronts
+ * below (zpp_comm_allgather, ...), which check the arguments once, with one
+ * message per mistake, and then dispatch to comm->ops; so the same ZeRO++
+ * code runs on either backend, and a backend may assume checked arguments.
  *
  * Every operation has an asynchronous form: pass a req_p and the call only
  * starts the operation; zpp_comm_wait(req) completes it. Pass req_p = NULL
  * for the blocking form. Completion means "the result may be used by what
  * runs next": on MPI the host has the data; on NCCL the compute stream is
- * ordered after the collective (the host does not block).
+ * ordered after the collective (the host does not block). On failure *req_p
+ * is not written.
  *
  * Sizes are per rank: an all-gather of `bytes` per rank reads `bytes` from
  * each rank and writes size * bytes, rank-ordered; a reduce-scatter of
@@ -19,7 +22,8 @@
  *
  * In place: allreduce accepts send == recv; allgather accepts
  * send == (char *)recv + rank * bytes_per_rank (this rank's block of the
- * output, as NCCL allows). Any other overlap is ZPP_ERR_INVALID on MPI. */
+ * output, as NCCL allows). Any other overlap is ZPP_ERR_INVALID (checked
+ * by the fronts, on every backend). */
 #ifndef ZPP_COMM_COMM_H
 #define ZPP_COMM_COMM_H
 
@@ -45,9 +49,9 @@ typedef struct zpp_comm_ops {
     /* Sum; send may equal recv (in place). */
     zpp_status (*allreduce)(zpp_comm *c, const void *send, void *recv, size_t count,
                             zpp_dtype dtype, zpp_comm_req **req_p);
-    /* Also a max-reduction over int flags, blocking, on the host: used to
-     * agree on errors so that every rank fails together instead of hanging. */
-    zpp_status (*allreduce_max_int)(zpp_comm *c, int *value);
+    /* Failing together (zpp_comm_agree): every rank returns the status of
+     * the lowest failing rank with its message. Blocking, on the host. */
+    zpp_status (*agree)(zpp_comm *c, zpp_status st);
     zpp_status (*broadcast)(zpp_comm *c, void *buf, size_t bytes, int root,
                             zpp_comm_req **req_p);
     zpp_status (*barrier)(zpp_comm *c);
@@ -62,6 +66,25 @@ struct zpp_comm {
     int size;
     void *impl;       /* backend state */
 };
+
+/* ---- The fronts: argument checks, then c->ops --------------------------
+ * ZPP_ERR_INVALID, before anything is enqueued and identically on every
+ * rank that passed the same arguments, for: a NULL comm; a NULL buffer with
+ * a nonzero size; a size whose total bytes overflow size_t; a dtype other
+ * than fp32, bf16 or fp16; a root outside [0, size); overlapping buffers
+ * other than the in-place forms above. */
+zpp_status zpp_comm_allgather(zpp_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                              zpp_comm_req **req_p);
+zpp_status zpp_comm_reduce_scatter(zpp_comm *c, const void *send, void *recv,
+                                   size_t count_per_rank, zpp_dtype dtype,
+                                   zpp_comm_req **req_p);
+zpp_status zpp_comm_alltoall(zpp_comm *c, const void *send, void *recv, size_t bytes_per_peer,
+                             zpp_comm_req **req_p);
+zpp_status zpp_comm_allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
+                              zpp_dtype dtype, zpp_comm_req **req_p);
+zpp_status zpp_comm_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
+                              zpp_comm_req **req_p);
+zpp_status zpp_comm_barrier(zpp_comm *c);
 
 /* Completes an asynchronous operation; NULL is a no-op. */
 static inline zpp_status zpp_comm_wait(zpp_comm *c, zpp_comm_req *req) {
@@ -109,7 +132,7 @@ typedef struct zpp_topo_opts {
  * (the message names both numbers and lists node sizes that divide it);
  * options differing across ranks; with node_size 0, a launcher placement
  * whose shared-memory nodes are unequal or not consecutive ranks.
- * ZPP_ERR_UNSUPPORTED: ZPP_BACKEND_NCCL in a build without CUDA. */
+ * ZPP_ERR_UNSUPPORTED: ZPP_BACKEND_NCCL in a build without NCCL. */
 zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
 void zpp_topo_destroy(zpp_topo *topo);
 
@@ -132,6 +155,13 @@ zpp_status zpp_comm_agree_world(zpp_status st);
 /* The maximum of a double over every rank the launcher started (the
  * slowest rank's time, say). Blocking, on the host. */
 zpp_status zpp_comm_max_world(double *value);
+/* This rank's index among, and the number of, the ranks the launcher
+ * started (MPI_COMM_WORLD): 0 and 1 before MPI is initialised. Local. */
+int zpp_comm_world_rank(void);
+int zpp_comm_world_size(void);
+/* 1 when a launcher (mpirun, mpiexec) started this process, 0 for a
+ * process started alone (an MPI singleton). Local; reads the environment. */
+int zpp_comm_launched(void);
 
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */

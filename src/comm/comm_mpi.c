@@ -5,7 +5,8 @@
  * MPI's own message) instead of aborting the job. Operations map one to one
  * onto MPI collectives: the blocking form when req_p is NULL, the
  * nonblocking MPI_I* form otherwise (the request object holds the
- * MPI_Request and any datatype that must outlive the operation).
+ * MPI_Request and any datatype that must outlive the operation). The
+ * arguments were checked by the fronts (comm.c).
  *
  * Reductions. fp32 sums use MPI_FLOAT / MPI_SUM. bf16 and fp16 have no MPI
  * type, so they travel as 16-bit words (MPI_UINT16_T) and are summed by our
@@ -27,8 +28,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm/comm.h"
+#include "comm/comm_internal.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -205,14 +208,15 @@ static void zpp__mpi_buf_free(zpp__mpi_buf *b) {
     b->blob = 0;
 }
 
-/* The MPI element type and sum op of a dtype (blob: our own sum op). */
-static zpp_status zpp__mpi_dtype(zpp_dtype dtype, MPI_Datatype *type_p, size_t *size_p) {
-    switch (dtype) {
-    case ZPP_FP32: *type_p = MPI_FLOAT; *size_p = 4; return ZPP_OK;
-    case ZPP_BF16:
-    case ZPP_FP16: *type_p = MPI_UINT16_T; *size_p = 2; return ZPP_OK;
+/* The MPI element type of a dtype (checked by the front). */
+static void zpp__mpi_dtype(zpp_dtype dtype, MPI_Datatype *type_p, size_t *size_p) {
+    if (dtype == ZPP_FP32) {
+        *type_p = MPI_FLOAT;
+        *size_p = 4;
+    } else { /* bf16, fp16: 16-bit words summed by our own ops */
+        *type_p = MPI_UINT16_T;
+        *size_p = 2;
     }
-    return zpp_error(ZPP_ERR_INVALID, "mpi: unknown dtype %d; use fp32, bf16 or fp16", (int)dtype);
 }
 
 static MPI_Op zpp__mpi_sum_op(zpp_dtype dtype, int blob) {
@@ -253,35 +257,13 @@ static zpp_status zpp__finish(int rc, const char *what, zpp__mpi_buf *b, zpp_com
 
 static MPI_Comm zpp__comm_of(zpp_comm *c) { return ((zpp__mpi *)c->impl)->comm; }
 
-static int zpp__overlap(const void *a, size_t na, const void *b, size_t nb) {
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return na && nb && x < y + nb && y < x + na;
-}
-
-/* n * k without overflow, or an error naming the operation. */
-static zpp_status zpp__mul(size_t n, size_t k, const char *what, size_t *out) {
-    if (k && n > SIZE_MAX / k)
-        return zpp_error(ZPP_ERR_INVALID, "mpi %s: %zu x %zu bytes overflows size_t", what, n, k);
-    *out = n * k;
-    return ZPP_OK;
-}
-
 /* ---- Operations -------------------------------------------------------- */
 
 static zpp_status zpp__allgather(zpp_comm *c, const void *send, void *recv,
                                  size_t bytes_per_rank, zpp_comm_req **req_p) {
-    size_t total = 0;
-    ZPP_CHECK(zpp__mul(bytes_per_rank, (size_t)c->size, "allgather", &total));
-    if (bytes_per_rank && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "mpi allgather: NULL buffer for %zu bytes per rank",
-                         bytes_per_rank);
     /* In place: this rank's input already sits at its block of the output. */
     int in_place = bytes_per_rank &&
                    send == (const char *)recv + (size_t)c->rank * bytes_per_rank;
-    if (!in_place && zpp__overlap(send, bytes_per_rank, recv, total))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "mpi allgather: send and recv overlap; use separate buffers, or send "
-                         "= recv + rank * bytes_per_rank for in place");
     zpp__mpi_buf b;
     zpp_comm_req *r;
     ZPP_CHECK(zpp__mpi_buf_make(bytes_per_rank, MPI_BYTE, 1, &b));
@@ -300,17 +282,8 @@ static zpp_status zpp__reduce_scatter(zpp_comm *c, const void *send, void *recv,
                                       size_t count_per_rank, zpp_dtype dtype,
                                       zpp_comm_req **req_p) {
     MPI_Datatype et = MPI_DATATYPE_NULL;
-    size_t es = 0, out_bytes = 0, in_bytes = 0;
-    ZPP_CHECK(zpp__mpi_dtype(dtype, &et, &es));
-    ZPP_CHECK(zpp__mul(count_per_rank, es, "reduce_scatter", &out_bytes));
-    ZPP_CHECK(zpp__mul(out_bytes, (size_t)c->size, "reduce_scatter", &in_bytes));
-    if (count_per_rank && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "mpi reduce_scatter: NULL buffer for %zu elements per rank",
-                         count_per_rank);
-    if (zpp__overlap(send, in_bytes, recv, out_bytes))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "mpi reduce_scatter: send and recv overlap; use separate buffers");
+    size_t es = 0;
+    zpp__mpi_dtype(dtype, &et, &es);
     zpp__mpi_buf b;
     zpp_comm_req *r;
     ZPP_CHECK(zpp__mpi_buf_make(count_per_rank, et, es, &b));
@@ -328,14 +301,6 @@ static zpp_status zpp__reduce_scatter(zpp_comm *c, const void *send, void *recv,
 
 static zpp_status zpp__alltoall(zpp_comm *c, const void *send, void *recv,
                                 size_t bytes_per_peer, zpp_comm_req **req_p) {
-    size_t total = 0;
-    ZPP_CHECK(zpp__mul(bytes_per_peer, (size_t)c->size, "alltoall", &total));
-    if (bytes_per_peer && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "mpi alltoall: NULL buffer for %zu bytes per peer",
-                         bytes_per_peer);
-    if (zpp__overlap(send, total, recv, total))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "mpi alltoall: send and recv overlap; use separate buffers");
     zpp__mpi_buf b;
     zpp_comm_req *r;
     ZPP_CHECK(zpp__mpi_buf_make(bytes_per_peer, MPI_BYTE, 1, &b));
@@ -353,16 +318,9 @@ static zpp_status zpp__alltoall(zpp_comm *c, const void *send, void *recv,
 static zpp_status zpp__allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
                                  zpp_dtype dtype, zpp_comm_req **req_p) {
     MPI_Datatype et = MPI_DATATYPE_NULL;
-    size_t es = 0, bytes = 0;
-    ZPP_CHECK(zpp__mpi_dtype(dtype, &et, &es));
-    ZPP_CHECK(zpp__mul(count, es, "allreduce", &bytes));
-    if (count && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "mpi allreduce: NULL buffer for %zu elements", count);
+    size_t es = 0;
+    zpp__mpi_dtype(dtype, &et, &es);
     int in_place = send == recv;
-    if (!in_place && zpp__overlap(send, bytes, recv, bytes))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "mpi allreduce: send and recv partly overlap; pass the same pointer "
-                         "for in place, or separate buffers");
     zpp__mpi_buf b;
     zpp_comm_req *r;
     ZPP_CHECK(zpp__mpi_buf_make(count, et, es, &b));
@@ -378,20 +336,12 @@ static zpp_status zpp__allreduce(zpp_comm *c, const void *send, void *recv, size
     return zpp__finish(rc, "allreduce", &b, r, req_p);
 }
 
-static zpp_status zpp__allreduce_max_int(zpp_comm *c, int *value) {
-    if (!value) return zpp_error(ZPP_ERR_INVALID, "mpi allreduce_max_int: value is NULL");
-    ZPP__MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_INT, MPI_MAX, zpp__comm_of(c)),
-                   "allreduce_max_int");
-    return ZPP_OK;
+static zpp_status zpp__agree(zpp_comm *c, zpp_status st) {
+    return zpp__comm_mpi_agree(&((zpp__mpi *)c->impl)->comm, st);
 }
 
 static zpp_status zpp__broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
                                  zpp_comm_req **req_p) {
-    if (root < 0 || root >= c->size)
-        return zpp_error(ZPP_ERR_INVALID, "mpi broadcast: root %d is not a rank of a communicator "
-                         "of size %d", root, c->size);
-    if (bytes && !buf)
-        return zpp_error(ZPP_ERR_INVALID, "mpi broadcast: NULL buffer for %zu bytes", bytes);
     zpp__mpi_buf b;
     zpp_comm_req *r;
     ZPP_CHECK(zpp__mpi_buf_make(bytes, MPI_BYTE, 1, &b));
@@ -437,7 +387,7 @@ static const zpp_comm_ops zpp__mpi_ops = {
     .reduce_scatter = zpp__reduce_scatter,
     .alltoall = zpp__alltoall,
     .allreduce = zpp__allreduce,
-    .allreduce_max_int = zpp__allreduce_max_int,
+    .agree = zpp__agree,
     .broadcast = zpp__broadcast,
     .barrier = zpp__barrier,
     .wait = zpp__wait,
@@ -481,4 +431,105 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     c->impl = m;
     *comm_p = c;
     return ZPP_OK;
+}
+
+/* ---- Failing together ------------------------------------------------------ */
+
+/* The message of the lowest failing rank travels whole: zpp_last_error()
+ * holds at most this many bytes (core/error.c). */
+#define ZPP__AGREE_MSG 1024
+
+/* MPI failed while agreeing: say so, keeping this rank's own reason. */
+static zpp_status zpp__agree_fail(int rc, zpp_status local) {
+    char own[ZPP__AGREE_MSG] = "";
+    if (local != ZPP_OK) snprintf(own, sizeof own, "%s", zpp_last_error());
+    zpp__mpi_fail(rc, "error agreement");
+    if (local == ZPP_OK) return ZPP_ERR_COMM;
+    return zpp_error_context(ZPP_ERR_COMM, "%s (this rank had failed before: %s)",
+                             zpp_last_error(), own[0] ? own : zpp_status_str(local));
+}
+
+zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st) {
+    MPI_Comm comm = *(const MPI_Comm *)mpi_comm;
+    int rank = 0, size = 1;
+    int rc = MPI_Comm_rank(comm, &rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
+    /* 1. The lowest failing rank, or `size` when none failed. */
+    int mine = st != ZPP_OK ? rank : size, first = size;
+    rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
+    if (first == size) return ZPP_OK;
+    /* 2. Its status and message, to everyone. */
+    struct {
+        int status;
+        char msg[ZPP__AGREE_MSG];
+    } why;
+    memset(&why, 0, sizeof why);
+    if (rank == first) {
+        why.status = (int)st;
+        snprintf(why.msg, sizeof why.msg, "%s",
+                 zpp_last_error()[0] ? zpp_last_error() : zpp_status_str(st));
+    }
+    rc = MPI_Bcast(&why, (int)sizeof why, MPI_BYTE, first, comm);
+    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
+    why.msg[sizeof why.msg - 1] = '\0';
+    /* 3. The same status and message on every rank. */
+    return zpp_error((zpp_status)why.status, "%s", why.msg);
+}
+
+/* The launcher's world. Used as it is, not duplicated: these calls are
+ * blocking and made by every rank in the same order, so they cannot be
+ * confused with other traffic, and MPI_COMM_WORLD's error handler stays the
+ * application's. Return codes are still checked (they come back when the
+ * application asked MPI to return errors). */
+static zpp_status zpp__world_ready(const char *op) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return zpp_error(ZPP_ERR_STATE, "%s: MPI is not initialised; call MPI_Init first (and "
+                         "nothing after MPI_Finalize)", op);
+    return ZPP_OK;
+}
+
+zpp_status zpp_comm_agree_world(zpp_status st) {
+    zpp_status ready = zpp__world_ready("comm agree_world");
+    if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
+    MPI_Comm world = MPI_COMM_WORLD;
+    return zpp__comm_mpi_agree(&world, st);
+}
+
+zpp_status zpp_comm_max_world(double *value) {
+    if (!value) return zpp_error(ZPP_ERR_INVALID, "comm max_world: value is NULL");
+    ZPP_CHECK(zpp__world_ready("comm max_world"));
+    ZPP__MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+                   "max over the world");
+    return ZPP_OK;
+}
+
+/* Quietly: these must not touch zpp_last_error (tools ask for the rank to
+ * decide who prints it). */
+static int zpp__world_up(void) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    return inited && !finalized;
+}
+
+int zpp_comm_world_rank(void) {
+    int rank = 0;
+    if (zpp__world_up()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+}
+
+int zpp_comm_world_size(void) {
+    int size = 1;
+    if (zpp__world_up()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return size;
+}
+
+int zpp_comm_launched(void) {
+    /* Open MPI's launcher, and MPICH's (hydra) */
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
 }

@@ -2,21 +2,25 @@
  * ordered against the caller's compute stream.
  *
  * SETUP (zpp_comm_nccl_create_topo, collective over MPI_COMM_WORLD)
- *   1. Local: pick the CUDA device, pin NCCL_NVLS_ENABLE=0, and for emulated
+ *   1. Local: check the rank's GPU (opts->device, a zpp_device), pin
+ *      NCCL_NVLS_ENABLE=0, and for emulated
  *      nodes set NCCL_HOSTID to one value per emulated node. NCCL reads
  *      NCCL_HOSTID once per process (its host hash is computed under a
  *      once-flag at the first init), so the first topology of a process fixes
  *      it: a later topology that needs another value is refused with
  *      ZPP_ERR_STATE instead of silently running on the wrong transport.
- *      Then the backend's own stream, events and small buffers.
+ *      Then the backend's own stream, events and small buffer, all through
+ *      the device API (device/device.h): this file makes no CUDA runtime
+ *      call; the NCCL calls take the device's native stream handles.
  *   2. Rank 0 makes the ncclUniqueId; MPI_Bcast hands it out;
  *      ncclCommInitRank builds the world communicator.
  *   3. ncclCommSplit carves `intra` (color = node, key = local rank) and
  *      `inter` (color = local rank, key = node) out of the world, so their
  *      NCCL ranks are the local rank and the node index.
- *   After every step that can fail on one rank only, the ranks agree with
- *   MPI_Allreduce, so a failure anywhere makes every rank return an error
- *   rather than leaving the others blocked in the next collective step. A
+ *   After every step that can fail on one rank only, the ranks agree (the
+ *   one fail-together protocol, zpp__comm_mpi_agree), so a failure anywhere
+ *   makes every rank return the first failing rank's error rather than
+ *   leaving the others blocked in the next collective step. A
  *   rank that fails *inside* ncclCommInitRank/ncclCommSplit can still leave
  *   its peers waiting in NCCL's bootstrap: NCCL gives no way around that
  *   short of non-blocking init with timeouts.
@@ -43,31 +47,42 @@
  *   compute stream. Requests (each owning one `done` event) come from a
  *   free list that grows on demand, so the hot path creates no CUDA events.
  *
- *   compute_stream == NULL means the legacy default stream (cudaStreamLegacy),
- *   which is what stream 0 means to code built the usual way. Code built with
- *   per-thread default streams must pass cudaStreamPerThread explicitly.
+ *   The compute stream is the device's (opts->device->stream).
  *
- *   The host-blocking operations (barrier, allreduce_max_int) run only on
- *   the comm stream (they do not wait for the compute stream) and then wait
- *   on the host by polling, checking NCCL's asynchronous error state as they
- *   go: if a peer died NCCL reports it there, the communicator is aborted
+ * AGREEING ON ERRORS (ops->agree) runs on the host over MPI, not through
+ *   NCCL: each NCCL communicator keeps an MPI communicator of the same ranks
+ *   in the same order (a duplicate of the world, or the same split of it),
+ *   made at setup from the MPI world NCCL bootstraps from. A device round
+ *   trip would need the NCCL communicator to work, and agreeing is most
+ *   needed exactly when it does not (after a timeout or an aborted
+ *   communicator a rank must still tell its peers why it stops); it would
+ *   also cost a kernel, two copies and a host wait for four bytes. The host
+ *   path needs neither the GPU nor NCCL, and it is the same code as the MPI
+ *   backend's, so both backends give every rank the same status and message.
+ *
+ * THE BARRIER blocks the host: it runs only on the comm stream (it does not
+ *   wait for the compute stream) and then waits on the host by polling,
+ *   checking NCCL's asynchronous error state as it goes: if a peer died
+ *   NCCL reports it there, the communicator is aborted
  *   (which releases its stuck kernels), and the call returns ZPP_ERR_COMM
  *   instead of hanging. ZPP_NCCL_TIMEOUT_S bounds that wait.
  *
  * BUFFERS: device memory of the topology's device. In place: allreduce with
  * send == recv, allgather with send == recv + rank * bytes_per_rank (both as
- * NCCL allows); any other overlap is ZPP_ERR_INVALID. Zero-sized operations
- * are valid and enqueue nothing but the ordering.
+ * NCCL allows). Zero-sized operations are valid and enqueue nothing but the
+ * ordering.
  *
- * ERRORS: argument errors are found before anything is enqueued and return
- * ZPP_ERR_INVALID identically on every rank. An NCCL failure returns
+ * ERRORS: argument errors are found by the fronts (comm.c) before anything
+ * is enqueued and return ZPP_ERR_INVALID identically on every rank; this
+ * file assumes checked arguments. An NCCL failure returns
  * ZPP_ERR_COMM with NCCL's own message (ncclGetLastError); after a fatal one
  * (or an asynchronous error, or a timeout) the communicator refuses further
  * work with ZPP_ERR_STATE and is aborted, not destroyed, at teardown.
  * ops->destroy frees the zpp_comm itself too.
  *
  * THREADS: one thread drives a topology's communicators, with the topology's
- * device current (the request pool is not locked; NCCL wants the same).
+ * device current, as zpp_device_create_gpu left it (the request pool is not
+ * locked; NCCL wants the same).
  *
  * KNOBS (environment, read in zpp__nccl_env_read only):
  *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values
@@ -88,12 +103,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
 
 #include "comm/comm.h"
+#include "comm/comm_internal.h"
 #include "core/error.h"
+#include "device/device.h"
 
 /* ncclCommSplit appeared in NCCL 2.18. */
 #define ZPP__NCCL_MIN_VERSION 21800
@@ -147,26 +163,26 @@ struct zpp_comm_req {
     zpp_comm_req *next_free; /* free list */
     zpp_comm_req *next_all;  /* every request ever made, for teardown */
     zpp__nccl_comm *owner;   /* while in flight */
-    cudaEvent_t done;
+    zpp_device_event *done;
 };
 
 /* What the world, intra and inter communicators of one topology share. */
 struct zpp__nccl_shared {
     int refs;
-    int device;
-    cudaStream_t compute;  /* the caller's; never destroyed here */
-    cudaStream_t stream;   /* ours: every NCCL call of the topology */
-    cudaEvent_t ready;     /* compute -> stream, re-recorded per op */
-    cudaEvent_t done_now;  /* stream -> compute for the blocking form */
-    cudaEvent_t host_done; /* stream -> host for barrier / max_int */
-    int *dev_int;          /* staging for barrier / allreduce_max_int */
-    int *host_int;         /* pinned */
+    zpp_device *dev;            /* the rank's GPU; not owned */
+    void *compute;              /* its compute stream; never destroyed here */
+    void *stream;               /* ours: every NCCL call of the topology */
+    zpp_device_event *ready;    /* compute -> stream, re-recorded per op */
+    zpp_device_event *done_now; /* stream -> compute for the blocking form */
+    zpp_device_event *host_done; /* stream -> host for the barrier */
+    int *dev_int;               /* the barrier's one-element all-reduce */
     zpp_comm_req *free_reqs, *all_reqs;
     zpp__nccl_env env;
 };
 
 struct zpp__nccl_comm {
     ncclComm_t nccl; /* NULL once aborted */
+    MPI_Comm mpi;    /* the same ranks in the same order, for ops->agree */
     zpp__nccl_shared *sh;
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
@@ -202,33 +218,29 @@ static zpp_status zpp__nccl_fail(zpp__nccl_comm *nc, ncclResult_t r, const char 
         if (nccl_r_ != ncclSuccess) return zpp__nccl_fail((nc), nccl_r_, (op), #call); \
     } while (0)
 
-static zpp_status zpp__cuda_fail(cudaError_t e, const char *op, const char *call) {
-    return zpp_error(ZPP_ERR_CUDA, "%s: CUDA error %s (%s) in %s", op, cudaGetErrorName(e),
-                     cudaGetErrorString(e), call);
+/* A failed device call (its front recorded why): add which operation. */
+static zpp_status zpp__dev_fail(zpp_status st, const char *op, const char *what) {
+    return zpp_error_context(st, "%s: %s", op, what);
 }
 
-#define CUDACHECK(call, op)                                                   \
+#define DEVCHECK(call, op)                                                    \
     do {                                                                      \
-        cudaError_t cuda_e_ = (call);                                         \
-        if (cuda_e_ != cudaSuccess) return zpp__cuda_fail(cuda_e_, (op), #call); \
+        zpp_status dev_st_ = (call);                                          \
+        if (dev_st_ != ZPP_OK) return zpp__dev_fail(dev_st_, (op), #call);   \
     } while (0)
 
-static ncclDataType_t zpp__nccl_dtype(zpp_dtype dtype, int *ok) {
-    *ok = 1;
-    switch (dtype) {
-    case ZPP_FP32: return ncclFloat32;
-    case ZPP_BF16: return ncclBfloat16;
-    case ZPP_FP16: return ncclFloat16;
-    }
-    *ok = 0;
-    return ncclFloat32;
+/* The native stream handle NCCL takes. */
+static cudaStream_t zpp__nccl_stream(const zpp__nccl_shared *sh) {
+    return (cudaStream_t)sh->stream;
 }
 
-/* 1 if [a, a+na) and [b, b+nb) share a byte. */
-static int zpp__overlap(const void *a, size_t na, const void *b, size_t nb) {
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    if (na == 0 || nb == 0) return 0;
-    return x < y + nb && y < x + na;
+/* The NCCL type of a reduction dtype (checked by the front). */
+static ncclDataType_t zpp__nccl_dtype(zpp_dtype dtype) {
+    switch (dtype) {
+    case ZPP_BF16: return ncclBfloat16;
+    case ZPP_FP16: return ncclFloat16;
+    default: return ncclFloat32;
+    }
 }
 
 static double zpp__now_s(void) {
@@ -242,10 +254,10 @@ static double zpp__now_s(void) {
 static zpp_status zpp__nccl_req_make(zpp__nccl_shared *sh, const char *op) {
     zpp_comm_req *q = calloc(1, sizeof *q);
     if (!q) return zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory for a request", op);
-    cudaError_t e = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
-    if (e != cudaSuccess) {
+    zpp_status st = zpp_device_event_create(sh->dev, 0, &q->done);
+    if (st != ZPP_OK) {
         free(q);
-        return zpp__cuda_fail(e, op, "cudaEventCreateWithFlags");
+        return zpp__dev_fail(st, op, "creating a request's event");
     }
     q->next_all = sh->all_reqs;
     sh->all_reqs = q;
@@ -288,11 +300,11 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, zpp_comm_r
     ZPP_CHECK(zpp__nccl_usable(nc, op));
     *q_p = NULL;
     if (req_p) ZPP_CHECK(zpp__nccl_req_get(sh, op, q_p));
-    cudaError_t e = cudaEventRecord(sh->ready, sh->compute);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(sh->stream, sh->ready, 0);
-    if (e != cudaSuccess) {
+    zpp_status st = zpp_device_event_record(sh->dev, sh->ready, sh->compute);
+    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->stream, sh->ready);
+    if (st != ZPP_OK) {
         if (*q_p) zpp__nccl_req_put(sh, *q_p);
-        return zpp__cuda_fail(e, op, "ordering the comm stream after the compute stream");
+        return zpp__dev_fail(st, op, "ordering the comm stream after the compute stream");
     }
     return ZPP_OK;
 }
@@ -302,21 +314,21 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, zpp_comm_r
 static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req *q,
                                 zpp_comm_req **req_p) {
     zpp__nccl_shared *sh = nc->sh;
-    cudaError_t e;
+    zpp_status st;
     if (q) {
-        e = cudaEventRecord(q->done, sh->stream);
-        if (e != cudaSuccess) {
+        st = zpp_device_event_record(sh->dev, q->done, sh->stream);
+        if (st != ZPP_OK) {
             zpp__nccl_req_put(sh, q);
-            return zpp__cuda_fail(e, op, "cudaEventRecord(done)");
+            return zpp__dev_fail(st, op, "recording the end of the collective");
         }
         q->owner = nc;
         *req_p = q;
         return ZPP_OK;
     }
-    e = cudaEventRecord(sh->done_now, sh->stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(sh->compute, sh->done_now, 0);
-    if (e != cudaSuccess)
-        return zpp__cuda_fail(e, op, "ordering the compute stream after the comm stream");
+    st = zpp_device_event_record(sh->dev, sh->done_now, sh->stream);
+    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->compute, sh->done_now);
+    if (st != ZPP_OK)
+        return zpp__dev_fail(st, op, "ordering the compute stream after the comm stream");
     return ZPP_OK;
 }
 
@@ -341,14 +353,16 @@ static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
 /* Blocks the host until `ev` completes, watching NCCL's asynchronous error
  * state: on a failure (or the timeout) the communicator is aborted, which
  * makes its spinning kernels return, and the call reports instead of hanging. */
-static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, cudaEvent_t ev, const char *op) {
+static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
+                                      const char *op) {
     zpp__nccl_shared *sh = nc->sh;
     double t0 = zpp__now_s();
     for (unsigned long spin = 0;; spin++) {
-        cudaError_t e = cudaEventQuery(ev);
-        if (e == cudaSuccess) return ZPP_OK;
-        if (e != cudaErrorNotReady) return zpp__cuda_fail(e, op, "cudaEventQuery");
-        zpp_status st = zpp__nccl_check_async(nc, op);
+        int done = 0;
+        zpp_status st = zpp_device_event_query(sh->dev, ev, &done);
+        if (st != ZPP_OK) return zpp__dev_fail(st, op, "waiting for the comm stream");
+        if (done) return ZPP_OK;
+        st = zpp__nccl_check_async(nc, op);
         if (st == ZPP_OK && sh->env.timeout_s > 0.0 && (spin & 255) == 0 &&
             zpp__now_s() - t0 > sh->env.timeout_s) {
             st = zpp_error(ZPP_ERR_COMM,
@@ -373,26 +387,12 @@ static zpp_status zpp__nccl_allgather(zpp_comm *c, const void *send, void *recv,
                                       size_t bytes_per_rank, zpp_comm_req **req_p) {
     static const char op[] = "nccl allgather";
     zpp__nccl_comm *nc = c->impl;
-    size_t n = (size_t)c->size;
-    if (bytes_per_rank > SIZE_MAX / n)
-        return zpp_error(ZPP_ERR_INVALID, "%s: %zu bytes per rank times %d ranks overflows",
-                         op, bytes_per_rank, c->size);
-    if (bytes_per_rank && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer for %zu bytes per rank", op,
-                         bytes_per_rank);
-    /* In place (comm.h): the input is this rank's block of the output. */
-    int in_place = (uintptr_t)send == (uintptr_t)recv + (size_t)c->rank * bytes_per_rank;
-    if (!in_place && zpp__overlap(send, bytes_per_rank, recv, bytes_per_rank * n))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s: send and receive buffers overlap (in place needs send == recv + "
-                         "rank * bytes_per_rank)",
-                         op);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (bytes_per_rank) {
         /* Bytes as ncclUint8: `count` is then the byte count per rank. */
         ncclResult_t r = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl,
-                                       nc->sh->stream);
+                                       zpp__nccl_stream(nc->sh));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllGather"));
     }
@@ -404,25 +404,12 @@ static zpp_status zpp__nccl_reduce_scatter(zpp_comm *c, const void *send, void *
                                            zpp_comm_req **req_p) {
     static const char op[] = "nccl reduce_scatter";
     zpp__nccl_comm *nc = c->impl;
-    int ok;
-    ncclDataType_t t = zpp__nccl_dtype(dtype, &ok);
-    if (!ok)
-        return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use fp32, bf16 or fp16", op,
-                         (int)dtype);
-    size_t esz = zpp_dtype_size(dtype), n = (size_t)c->size;
-    if (count_per_rank > SIZE_MAX / esz / n)
-        return zpp_error(ZPP_ERR_INVALID, "%s: %zu elements per rank overflows", op,
-                         count_per_rank);
-    if (count_per_rank && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer for %zu elements per rank", op,
-                         count_per_rank);
-    if (zpp__overlap(send, count_per_rank * esz * n, recv, count_per_rank * esz))
-        return zpp_error(ZPP_ERR_INVALID, "%s: send and receive buffers overlap", op);
+    ncclDataType_t t = zpp__nccl_dtype(dtype);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (count_per_rank) {
         ncclResult_t r = ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl,
-                                           nc->sh->stream);
+                                           zpp__nccl_stream(nc->sh));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclReduceScatter"));
     }
@@ -433,15 +420,6 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
                                      size_t bytes_per_peer, zpp_comm_req **req_p) {
     static const char op[] = "nccl alltoall";
     zpp__nccl_comm *nc = c->impl;
-    size_t n = (size_t)c->size;
-    if (bytes_per_peer > SIZE_MAX / n)
-        return zpp_error(ZPP_ERR_INVALID, "%s: %zu bytes per peer times %d ranks overflows", op,
-                         bytes_per_peer, c->size);
-    if (bytes_per_peer && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer for %zu bytes per peer", op,
-                         bytes_per_peer);
-    if (zpp__overlap(send, bytes_per_peer * n, recv, bytes_per_peer * n))
-        return zpp_error(ZPP_ERR_INVALID, "%s: send and receive buffers overlap", op);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (bytes_per_peer) {
@@ -456,13 +434,13 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
         const char *call = NULL;
         for (int p = 0; p < c->size; p++) {
             r = ncclSend(s + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         nc->sh->stream);
+                         zpp__nccl_stream(nc->sh));
             if (r != ncclSuccess) {
                 call = "ncclSend";
                 break;
             }
             r = ncclRecv(d + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         nc->sh->stream);
+                         zpp__nccl_stream(nc->sh));
             if (r != ncclSuccess) {
                 call = "ncclRecv";
                 break;
@@ -483,25 +461,12 @@ static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv,
                                       zpp_dtype dtype, zpp_comm_req **req_p) {
     static const char op[] = "nccl allreduce";
     zpp__nccl_comm *nc = c->impl;
-    int ok;
-    ncclDataType_t t = zpp__nccl_dtype(dtype, &ok);
-    if (!ok)
-        return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use fp32, bf16 or fp16", op,
-                         (int)dtype);
-    size_t esz = zpp_dtype_size(dtype);
-    if (count > SIZE_MAX / esz)
-        return zpp_error(ZPP_ERR_INVALID, "%s: %zu elements overflows", op, count);
-    if (count && (!send || !recv))
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer for %zu elements", op, count);
-    if (send != recv && zpp__overlap(send, count * esz, recv, count * esz))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s: send and receive buffers overlap without being equal (in place "
-                         "needs send == recv)",
-                         op);
+    ncclDataType_t t = zpp__nccl_dtype(dtype);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (count) {
-        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl, nc->sh->stream);
+        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
+                                       zpp__nccl_stream(nc->sh));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllReduce"));
     }
@@ -512,45 +477,21 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
                                       zpp_comm_req **req_p) {
     static const char op[] = "nccl broadcast";
     zpp__nccl_comm *nc = c->impl;
-    if (root < 0 || root >= c->size)
-        return zpp_error(ZPP_ERR_INVALID, "%s: root %d is not a rank of this %d-rank group", op,
-                         root, c->size);
-    if (bytes && !buf)
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL buffer for %zu bytes", op, bytes);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
     if (bytes) {
         ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl,
-                                       nc->sh->stream);
+                                       zpp__nccl_stream(nc->sh));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclBroadcast"));
     }
     return zpp__nccl_end(nc, op, q, req_p);
 }
 
-/* Max over the group of one host int, blocking on the host. It runs on the
- * comm stream only: the value lives on the host, so nothing on the compute
- * stream needs to finish first. */
-static zpp_status zpp__nccl_allreduce_max_int(zpp_comm *c, int *value) {
-    static const char op[] = "nccl allreduce_max_int";
+/* Host-side, over the MPI communicator of the same ranks (see the top). */
+static zpp_status zpp__nccl_agree_op(zpp_comm *c, zpp_status st) {
     zpp__nccl_comm *nc = c->impl;
-    zpp__nccl_shared *sh = nc->sh;
-    if (!value) return zpp_error(ZPP_ERR_INVALID, "%s: NULL value", op);
-    ZPP_CHECK(zpp__nccl_usable(nc, op));
-    *sh->host_int = *value;
-    CUDACHECK(cudaMemcpyAsync(sh->dev_int, sh->host_int, sizeof(int), cudaMemcpyHostToDevice,
-                              sh->stream),
-              op);
-    NCCLCHECK(nc, ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax, nc->nccl,
-                                sh->stream),
-              op);
-    CUDACHECK(cudaMemcpyAsync(sh->host_int, sh->dev_int, sizeof(int), cudaMemcpyDeviceToHost,
-                              sh->stream),
-              op);
-    CUDACHECK(cudaEventRecord(sh->host_done, sh->stream), op);
-    ZPP_CHECK(zpp__nccl_host_wait(nc, sh->host_done, op));
-    *value = *sh->host_int;
-    return ZPP_OK;
+    return zpp__comm_mpi_agree(&nc->mpi, st);
 }
 
 /* Every rank has entered the barrier once a one-element all-reduce over the
@@ -562,9 +503,9 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     ZPP_CHECK(zpp__nccl_usable(nc, op));
     /* Max rather than sum: whatever the staging int holds cannot overflow. */
     NCCLCHECK(nc, ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax, nc->nccl,
-                                sh->stream),
+                                zpp__nccl_stream(sh)),
               op);
-    CUDACHECK(cudaEventRecord(sh->host_done, sh->stream), op);
+    DEVCHECK(zpp_device_event_record(sh->dev, sh->host_done, sh->stream), op);
     return zpp__nccl_host_wait(nc, sh->host_done, op);
 }
 
@@ -575,10 +516,10 @@ static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
     if (!nc)
         return zpp_error(ZPP_ERR_STATE, "%s: request is not in flight (waited twice?)", op);
     zpp__nccl_shared *sh = nc->sh;
-    cudaError_t e = cudaStreamWaitEvent(sh->compute, req->done, 0);
+    zpp_status st = zpp_device_event_wait(sh->dev, sh->compute, req->done);
     zpp__nccl_req_put(sh, req); /* completed and freed, whatever happens next */
-    if (e != cudaSuccess)
-        return zpp__cuda_fail(e, op, "ordering the compute stream after the collective");
+    if (st != ZPP_OK)
+        return zpp__dev_fail(st, op, "ordering the compute stream after the collective");
     /* Cheap (an atomic read): surfaces a dead peer at the next wait. */
     return zpp__nccl_check_async(nc, op);
 }
@@ -587,18 +528,18 @@ static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
 
 static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
     if (!sh || --sh->refs > 0) return;
-    if (sh->stream) cudaStreamSynchronize(sh->stream);
+    zpp_device *d = sh->dev;
+    if (sh->stream) zpp_device_sync(d, sh->stream);
     for (zpp_comm_req *q = sh->all_reqs, *next; q; q = next) {
         next = q->next_all;
-        cudaEventDestroy(q->done);
+        zpp_device_event_destroy(d, q->done);
         free(q);
     }
-    if (sh->ready) cudaEventDestroy(sh->ready);
-    if (sh->done_now) cudaEventDestroy(sh->done_now);
-    if (sh->host_done) cudaEventDestroy(sh->host_done);
-    if (sh->dev_int) cudaFree(sh->dev_int);
-    if (sh->host_int) cudaFreeHost(sh->host_int);
-    if (sh->stream) cudaStreamDestroy(sh->stream);
+    if (sh->ready) zpp_device_event_destroy(d, sh->ready);
+    if (sh->done_now) zpp_device_event_destroy(d, sh->done_now);
+    if (sh->host_done) zpp_device_event_destroy(d, sh->host_done);
+    if (sh->dev_int) zpp_device_free(d, sh->dev_int);
+    if (sh->stream) zpp_device_stream_destroy(d, sh->stream);
     free(sh);
 }
 
@@ -617,13 +558,14 @@ static void zpp__nccl_destroy(zpp_comm *c) {
     if (!c) return;
     zpp__nccl_comm *nc = c->impl;
     if (nc) {
-        int prev = -1;
-        if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-        cudaSetDevice(nc->sh->device);
+        /* NCCL tears a communicator down on its own device; the device
+         * backend's calls below name theirs. */
         zpp__nccl_comm_close(nc->nccl, nc->broken);
         zpp__nccl_shared_release(nc->sh);
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized && nc->mpi != MPI_COMM_NULL) MPI_Comm_free(&nc->mpi);
         free(nc);
-        if (prev >= 0) cudaSetDevice(prev);
     }
     free(c);
 }
@@ -634,7 +576,7 @@ static const zpp_comm_ops zpp__nccl_ops = {
     .reduce_scatter = zpp__nccl_reduce_scatter,
     .alltoall = zpp__nccl_alltoall,
     .allreduce = zpp__nccl_allreduce,
-    .allreduce_max_int = zpp__nccl_allreduce_max_int,
+    .agree = zpp__nccl_agree_op,
     .broadcast = zpp__nccl_broadcast,
     .barrier = zpp__nccl_barrier,
     .wait = zpp__nccl_wait,
@@ -643,24 +585,13 @@ static const zpp_comm_ops zpp__nccl_ops = {
 
 /* ---- Setup ---------------------------------------------------------------- */
 
-/* Every rank learns whether any rank failed a step. Returns ZPP_OK if none
- * did; this rank's own status (its message intact) if it failed; otherwise
- * ZPP_ERR_COMM naming the lowest failed rank. */
-static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, int world_rank,
-                                  const char *stage) {
-    int mine = local != ZPP_OK ? world_rank : INT_MAX, first = INT_MAX;
-    int mr = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, mc);
-    if (local != ZPP_OK) return local;
-    if (mr != MPI_SUCCESS)
-        return zpp_error(ZPP_ERR_COMM,
-                         "nccl setup: MPI_Allreduce failed (MPI error %d) while agreeing on %s",
-                         mr, stage);
-    if (first != INT_MAX)
-        return zpp_error(ZPP_ERR_COMM,
-                         "nccl setup: rank %d failed while %s (its own error says why); this "
-                         "rank stops too so that no rank waits forever",
-                         first, stage);
-    return ZPP_OK;
+/* Every rank learns whether any rank failed a step, and if so the first
+ * failing rank's status and message (the one protocol, comm_internal.h),
+ * with the step named in front. */
+static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, const char *stage) {
+    zpp_status st = zpp__comm_mpi_agree(&mc, local);
+    if (st == ZPP_OK) return ZPP_OK;
+    return zpp_error_context(st, "nccl setup (%s)", stage);
 }
 
 /* Chooses this process's NCCL_HOSTID before NCCL first reads it. */
@@ -692,21 +623,13 @@ static zpp_status zpp__nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *op
 static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opts *opts,
                                         const zpp__nccl_env *env, zpp__nccl_shared **sh_p) {
     static const char op[] = "nccl setup";
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0)
-        return zpp_error(ZPP_ERR_CUDA,
-                         "%s: rank %d sees no CUDA device (%s); the NCCL backend needs one GPU "
-                         "per rank — check the driver and CUDA_VISIBLE_DEVICES, or use the MPI "
-                         "backend",
-                         op, topo->world_rank,
-                         e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
-    if (opts->device < 0 || opts->device >= ndev)
+    zpp_device *d = opts->device;
+    if (!d || d->mem != ZPP_MEM_DEVICE || d->ordinal < 0)
         return zpp_error(ZPP_ERR_CONFIG,
-                         "%s: rank %d asked for CUDA device %d but sees %d (0..%d); pick e.g. "
-                         "local rank %% device count",
-                         op, topo->world_rank, opts->device, ndev, ndev - 1);
-    CUDACHECK(cudaSetDevice(opts->device), op);
+                         "%s: rank %d has no GPU in the topology options (device %s); the NCCL "
+                         "backend needs the rank's GPU: create it with zpp_device_create_gpu "
+                         "and pass it as opts->device, or use the MPI backend",
+                         op, topo->world_rank, !d ? "NULL" : d->ops ? d->ops->name : "?");
 
     ZPP_CHECK(zpp__nccl_hostid(topo, opts, env));
     int version = 0;
@@ -720,38 +643,38 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
     zpp__nccl_shared *sh = calloc(1, sizeof *sh);
     if (!sh) return zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
     sh->refs = 1;
-    sh->device = opts->device;
+    sh->dev = d;
     sh->env = *env;
-    sh->compute = opts->compute_stream ? (cudaStream_t)opts->compute_stream : cudaStreamLegacy;
+    sh->compute = d->stream;
     zpp_status st = ZPP_OK;
-    const char *call = NULL;
-    if ((e = cudaStreamCreateWithFlags(&sh->stream, cudaStreamNonBlocking)) != cudaSuccess)
-        call = "cudaStreamCreateWithFlags";
-    else if ((e = cudaEventCreateWithFlags(&sh->ready, cudaEventDisableTiming)) != cudaSuccess ||
-             (e = cudaEventCreateWithFlags(&sh->done_now, cudaEventDisableTiming)) !=
-                 cudaSuccess ||
-             (e = cudaEventCreateWithFlags(&sh->host_done, cudaEventDisableTiming)) !=
-                 cudaSuccess)
-        call = "cudaEventCreateWithFlags";
-    else if ((e = cudaMalloc((void **)&sh->dev_int, sizeof(int))) != cudaSuccess)
-        call = "cudaMalloc";
-    else if ((e = cudaMallocHost((void **)&sh->host_int, sizeof(int))) != cudaSuccess)
-        call = "cudaMallocHost";
-    else if ((e = cudaMemset(sh->dev_int, 0, sizeof(int))) != cudaSuccess)
-        call = "cudaMemset";
-    if (call) {
-        st = zpp__cuda_fail(e, op, call);
+    const char *what = NULL;
+    /* The device backend's streams never synchronise implicitly with the
+     * legacy default stream (comm.h's ordering is by events only). */
+    if ((st = zpp_device_stream_create(d, &sh->stream)) != ZPP_OK)
+        what = "creating the comm stream";
+    else if ((st = zpp_device_event_create(d, 0, &sh->ready)) != ZPP_OK ||
+             (st = zpp_device_event_create(d, 0, &sh->done_now)) != ZPP_OK ||
+             (st = zpp_device_event_create(d, 0, &sh->host_done)) != ZPP_OK)
+        what = "creating events";
+    else if ((st = zpp_device_alloc(d, sizeof(int), (void **)&sh->dev_int)) != ZPP_OK)
+        what = "allocating the barrier's word";
+    else if ((st = zpp_device_set(d, sh->dev_int, 0, sizeof(int))) != ZPP_OK)
+        what = "clearing the barrier's word";
+    if (what) {
+        st = zpp__dev_fail(st, op, what);
         goto fail;
     }
-    /* Try the ordering once now: a compute stream of another device or a
-     * destroyed one fails here, with a clear message, not at the first op. */
-    e = cudaEventRecord(sh->ready, sh->compute);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(sh->stream, sh->ready, 0);
-    if (e != cudaSuccess) {
-        st = zpp_error(ZPP_ERR_CONFIG,
-                       "%s: the compute stream %p cannot be used on device %d: %s; pass a "
-                       "stream created on that device, or NULL for the default stream",
-                       op, opts->compute_stream, opts->device, cudaGetErrorString(e));
+    /* Order the comm stream after the compute stream once now (the word
+     * was cleared there): a broken compute stream fails here, with a clear
+     * message, not at the first op. */
+    st = zpp_device_event_record(d, sh->ready, sh->compute);
+    if (st == ZPP_OK) st = zpp_device_event_wait(d, sh->stream, sh->ready);
+    if (st != ZPP_OK) {
+        st = zpp_error_context(ZPP_ERR_CONFIG,
+                               "%s: the compute stream of GPU %d cannot be ordered against the "
+                               "comm stream; pass the device made by zpp_device_create_gpu on "
+                               "this rank",
+                               op, d->ordinal);
         goto fail;
     }
     for (int i = 0; i < env->req_pool; i++) ZPP_CHECK_GOTO(zpp__nccl_req_make(sh, op), st, fail);
@@ -763,8 +686,8 @@ fail:
 }
 
 /* Wraps an NCCL communicator as a zpp_comm (takes a reference on sh). */
-static zpp_status zpp__nccl_wrap(ncclComm_t comm, zpp__nccl_shared *sh, const char *name,
-                                 int rank, int size, zpp_comm **c_p) {
+static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared *sh,
+                                 const char *name, int rank, int size, zpp_comm **c_p) {
     zpp_comm *c = calloc(1, sizeof *c);
     zpp__nccl_comm *nc = calloc(1, sizeof *nc);
     if (!c || !nc) {
@@ -773,6 +696,7 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, zpp__nccl_shared *sh, const ch
         return zpp_error(ZPP_ERR_NOMEM, "nccl setup: out of host memory");
     }
     nc->nccl = comm;
+    nc->mpi = mpi;
     nc->sh = sh;
     nc->name = name;
     sh->refs++;
@@ -810,6 +734,11 @@ static void zpp__nccl_discard(zpp_comm *c, ncclComm_t comm) {
     }
 }
 
+/* Frees an MPI communicator that no zpp_comm took over. */
+static void zpp__nccl_mpi_free(MPI_Comm *mc) {
+    if (*mc != MPI_COMM_NULL) MPI_Comm_free(mc);
+}
+
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) {
     static const char op[] = "nccl setup";
     if (!topo || !opts)
@@ -824,20 +753,31 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     zpp_status st;
 
     /* A private duplicate of the world whose errors return instead of
-     * aborting the job, for the agreements and the id broadcast. */
-    MPI_Comm mc = MPI_COMM_NULL;
+     * aborting the job, for the agreements and the id broadcast; and the
+     * MPI twins of the three NCCL communicators (same ranks, same order),
+     * which their ops->agree runs on. */
+    MPI_Comm mc = MPI_COMM_NULL, m_world = MPI_COMM_NULL, m_intra = MPI_COMM_NULL,
+             m_inter = MPI_COMM_NULL;
     int mr = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
     if (mr == MPI_SUCCESS) mr = MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+    /* (errors return on these too: they inherit mc's handler) */
+    if (mr == MPI_SUCCESS) mr = MPI_Comm_dup(mc, &m_world);
+    if (mr == MPI_SUCCESS) mr = MPI_Comm_split(mc, topo->node, topo->local_rank, &m_intra);
+    if (mr == MPI_SUCCESS) mr = MPI_Comm_split(mc, topo->local_rank, topo->node, &m_inter);
     if (mr != MPI_SUCCESS) {
-        if (mc != MPI_COMM_NULL) MPI_Comm_free(&mc);
-        return zpp_error(ZPP_ERR_COMM, "%s: MPI_Comm_dup of the world failed (MPI error %d)",
-                         op, mr);
+        zpp__nccl_mpi_free(&m_inter);
+        zpp__nccl_mpi_free(&m_intra);
+        zpp__nccl_mpi_free(&m_world);
+        zpp__nccl_mpi_free(&mc);
+        return zpp_error(ZPP_ERR_COMM,
+                         "%s: duplicating and splitting the MPI world failed (MPI error %d)", op,
+                         mr);
     }
 
     /* 1. Device, NCCL_HOSTID, stream and buffers. */
     st = zpp__nccl_setup_local(topo, opts, &env, &sh);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, rank, "setting up its CUDA device and NCCL environment"),
-                   st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment"), st,
+                   fail);
 
     /* 2. The world communicator. The id travels with a flag, so that a
      * failure on rank 0 stops everyone at the broadcast. */
@@ -858,18 +798,16 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     if (st == ZPP_OK && mr != MPI_SUCCESS)
         st = zpp_error(ZPP_ERR_COMM, "%s: MPI_Bcast of the NCCL unique id failed (MPI error %d)",
                        op, mr);
-    if (st == ZPP_OK && !boot.ok)
-        st = zpp_error(ZPP_ERR_COMM,
-                       "%s: rank 0 could not create the NCCL unique id (its own error says why)",
-                       op);
-    if (st != ZPP_OK) goto fail;
+    /* rank 0's own failure reaches everyone through the agreement */
+    if (st == ZPP_OK && rank != 0 && !boot.ok) st = ZPP_ERR_COMM;
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id"), st, fail);
 
     r = ncclCommInitRank(&world, topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
         world = NULL; /* NCCL cleans up after a failed blocking init */
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, rank, "creating the world NCCL communicator"), st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the world NCCL communicator"), st, fail);
 
     /* 3. Splits: consecutive ranks share a node, so color = node with key =
      * local rank numbers the node's ranks by local index, and color = local
@@ -880,26 +818,35 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(intra)");
         intra = NULL;
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, rank, "splitting the intra-node NCCL communicator"), st,
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the intra-node NCCL communicator"), st,
                    fail);
     r = ncclCommSplit(world, topo->local_rank, topo->node, &inter, NULL);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(inter)");
         inter = NULL;
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, rank, "splitting the inter-node NCCL communicator"), st,
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the inter-node NCCL communicator"), st,
                    fail);
 
-    /* 4. Check the numbering and wrap the three communicators. */
+    /* 4. Check the numbering and wrap the three communicators (each takes
+     * over its MPI twin). */
     st = zpp__nccl_check_split(world, "world", rank, topo->world_size);
     if (st == ZPP_OK)
         st = zpp__nccl_check_split(intra, "intra", topo->local_rank, topo->node_size);
     if (st == ZPP_OK) st = zpp__nccl_check_split(inter, "inter", topo->node, topo->nodes);
-    if (st == ZPP_OK) st = zpp__nccl_wrap(world, sh, "world", rank, topo->world_size, &cw);
-    if (st == ZPP_OK)
-        st = zpp__nccl_wrap(intra, sh, "intra", topo->local_rank, topo->node_size, &ca);
-    if (st == ZPP_OK) st = zpp__nccl_wrap(inter, sh, "inter", topo->node, topo->nodes, &ce);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, rank, "checking the NCCL communicators"), st, fail);
+    if (st == ZPP_OK &&
+        (st = zpp__nccl_wrap(world, m_world, sh, "world", rank, topo->world_size, &cw)) ==
+            ZPP_OK)
+        m_world = MPI_COMM_NULL;
+    if (st == ZPP_OK &&
+        (st = zpp__nccl_wrap(intra, m_intra, sh, "intra", topo->local_rank, topo->node_size,
+                             &ca)) == ZPP_OK)
+        m_intra = MPI_COMM_NULL;
+    if (st == ZPP_OK &&
+        (st = zpp__nccl_wrap(inter, m_inter, sh, "inter", topo->node, topo->nodes, &ce)) ==
+            ZPP_OK)
+        m_inter = MPI_COMM_NULL;
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the NCCL communicators"), st, fail);
 
     zpp__nccl_shared_release(sh); /* the three comms hold their own references */
     MPI_Comm_free(&mc);
@@ -914,6 +861,9 @@ fail:
     zpp__nccl_discard(ca, intra);
     zpp__nccl_discard(cw, world);
     zpp__nccl_shared_release(sh);
+    zpp__nccl_mpi_free(&m_inter);
+    zpp__nccl_mpi_free(&m_intra);
+    zpp__nccl_mpi_free(&m_world);
     MPI_Comm_free(&mc);
     return st;
 }

@@ -9,17 +9,19 @@
  * everywhere: inputs that could differ between ranks (the options, what the
  * launcher's shared-memory split says) are first agreed with an all-reduce,
  * then checked; and each step that can fail on one rank alone is followed
- * by an agreement on the status before the next collective step. */
+ * by an agreement on the status before the next collective step (the one
+ * fail-together protocol, zpp__comm_mpi_agree: every rank gets the lowest
+ * failing rank's status and message).
+ *
+ * Which backends exist is decided by the files CMake compiles: without NCCL,
+ * comm_nccl_none.c answers ZPP_BACKEND_NCCL with ZPP_ERR_UNSUPPORTED. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "comm/comm.h"
+#include "comm/comm_internal.h"
 #include "core/error.h"
-
-#ifdef ZPP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 static zpp_status zpp__topo_mpi_fail(int rc, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -28,21 +30,9 @@ static zpp_status zpp__topo_mpi_fail(int rc, const char *what) {
     return zpp_error(ZPP_ERR_COMM, "topology: mpi %s failed: %s", what, msg);
 }
 
-/* All ranks of `comm` leave with the same status: the most negative one
- * (ties: the lowest rank), via MINLOC on (status, rank). A rank that was
- * fine is told which rank failed; the failing rank keeps its own message. */
-static zpp_status zpp__topo_agree(MPI_Comm comm, int rank, zpp_status local) {
-    struct {
-        int status;
-        int rank;
-    } in = {(int)local, rank}, out;
-    int rc = MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MINLOC, comm);
-    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "status agreement");
-    if (out.status != ZPP_OK && local == ZPP_OK)
-        return zpp_error((zpp_status)out.status,
-                         "topology: rank %d failed (%s); its error message says why", out.rank,
-                         zpp_status_str((zpp_status)out.status));
-    return (zpp_status)out.status;
+/* All ranks of `comm` leave with the same status and message. */
+static zpp_status zpp__topo_agree(MPI_Comm comm, zpp_status local) {
+    return zpp__comm_mpi_agree(&comm, local);
 }
 
 /* "node size 3 does not divide the world size 8; choose ..., e.g. 1, 2, 4
@@ -112,11 +102,11 @@ static zpp_status zpp__topo_split(MPI_Comm base, int color, int key, zpp_comm **
 
 static zpp_status zpp__topo_create_mpi(MPI_Comm base, zpp_topo *t) {
     zpp_status st = zpp_comm_mpi_create(&base, &t->world);
-    ZPP_CHECK(zpp__topo_agree(base, t->world_rank, st));
+    ZPP_CHECK(zpp__topo_agree(base, st));
     st = zpp__topo_split(base, t->node, t->local_rank, &t->intra);
-    ZPP_CHECK(zpp__topo_agree(base, t->world_rank, st));
+    ZPP_CHECK(zpp__topo_agree(base, st));
     st = zpp__topo_split(base, t->local_rank, t->node, &t->inter);
-    return zpp__topo_agree(base, t->world_rank, st);
+    return zpp__topo_agree(base, st);
 }
 
 static void zpp__topo_free(zpp_topo *t) {
@@ -145,12 +135,6 @@ static zpp_status zpp__topo_check_opts(int bad_ptrs, int ns_max, int ns_min, int
         return zpp_error(ZPP_ERR_INVALID,
                          "topology: unknown backend %d; use ZPP_BACKEND_MPI or ZPP_BACKEND_NCCL",
                          be_max);
-#ifndef ZPP_HAVE_CUDA
-    if (be_max == ZPP_BACKEND_NCCL)
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "topology: the NCCL backend needs a build with CUDA and NCCL; rebuild "
-                         "with nvcc and NCCL available, or use the MPI backend");
-#endif
     if (ns_max < 0)
         return zpp_error(ZPP_ERR_INVALID,
                          "topology: node size %d is negative; use 0 (as the launcher placed "
@@ -204,7 +188,7 @@ zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
     /* 3. The communicators. */
     t = calloc(1, sizeof *t);
     st = t ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "topology: out of memory");
-    st = zpp__topo_agree(base, rank, st);
+    st = zpp__topo_agree(base, st);
     if (st != ZPP_OK) goto out;
     t->world_size = world;
     t->world_rank = rank;
@@ -215,10 +199,8 @@ zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
     if (be == ZPP_BACKEND_MPI) {
         st = zpp__topo_create_mpi(base, t);
     } else {
-#ifdef ZPP_HAVE_CUDA
         st = zpp_comm_nccl_create_topo(t, opts);
-        st = zpp__topo_agree(base, rank, st);
-#endif
+        st = zpp__topo_agree(base, st);
     }
     if (st != ZPP_OK) goto out;
     *topo_p = t;
@@ -234,33 +216,30 @@ void zpp_topo_destroy(zpp_topo *topo) {
     if (topo) zpp__topo_free(topo);
 }
 
-zpp_status zpp_topo_open_device(int *device_p, void **stream_p) {
-    if (!device_p || !stream_p)
-        return zpp_error(ZPP_ERR_INVALID, "open device: device_p and stream_p are required");
-#ifdef ZPP_HAVE_CUDA
-    MPI_Comm host;
-    int local = 0, count = 0;
-    int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p) {
+    if (!local_rank_p || !local_size_p)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "launch local: local_rank_p and local_size_p are required");
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return zpp_error(ZPP_ERR_STATE,
+                         "launch local: MPI is not initialised; call MPI_Init first");
+    MPI_Comm world = MPI_COMM_NULL, host = MPI_COMM_NULL;
+    int local = 0, size = 0;
+    /* On a private duplicate whose errors return, as zpp_topo_create does. */
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "comm dup");
+    rc = MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(host, &local);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(host, &size);
+    if (host != MPI_COMM_NULL) MPI_Comm_free(&host);
+    MPI_Comm_free(&world);
     if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory split");
-    rc = MPI_Comm_rank(host, &local);
-    MPI_Comm_free(&host);
-    if (rc != MPI_SUCCESS) return zpp__topo_mpi_fail(rc, "shared-memory rank");
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        cudaGetLastError(); /* clear it: the caller may go on without CUDA */
-        return zpp_error(ZPP_ERR_CUDA, "no CUDA device visible (%s); run with --device "
-                         "cpu or on a machine with NVIDIA GPUs",
-                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    }
-    int device = local % count;
-    cudaStream_t s;
-    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaStreamCreate(&s)) != cudaSuccess)
-        return zpp_error(ZPP_ERR_CUDA, "CUDA device %d: %s", device, cudaGetErrorString(e));
-    *device_p = device;
-    *stream_p = s;
+    *local_rank_p = local;
+    *local_size_p = size;
     return ZPP_OK;
-#else
-    return zpp_error(ZPP_ERR_UNSUPPORTED,
-                     "--device gpu needs a build with CUDA (nvcc on the PATH)");
-#endif
 }

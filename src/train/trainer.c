@@ -4,13 +4,13 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <mpi.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "comm/comm.h"
 #include "core/error.h"
 
 #ifdef ZPP_HAVE_CUDA
@@ -38,24 +38,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The same status on every rank: if any rank failed, all fail. Only the
- * lowest failing rank keeps its message, so that a problem every rank sees
- * (a bad config, a truncated file) is reported once; the others return with
- * an empty message. */
-static zpp_status agree(MPI_Comm comm, zpp_status st) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    int mine = st != ZPP_OK ? rank : size, first = size;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-    if (first == size) return ZPP_OK;
-    if (rank != first) {
-        zpp_error_clear();
-        if (st == ZPP_OK) st = ZPP_ERR_STATE;
-    }
-    return st;
-}
-
 static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     buf[0] = '\0';
     if (c->zero.quantized_weights) strcat(buf, "qwz+");
@@ -70,8 +52,7 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
 static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     zpp_train_config *c = &t->cfg;
     int node_size = o->node_size;
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    int world = zpp_comm_world_size();
     ZPP_CHECK(zpp_train_config_resolve(c, world));
 
     /* The node size: the flag, else hpZ's partition size, else the launcher.
@@ -152,9 +133,9 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
 zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
                               zpp_trainer **trainer_p) {
     zpp_trainer *t = calloc(1, sizeof *t);
-    if (!t) return agree(MPI_COMM_WORLD, zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
+    if (!t) return zpp_comm_agree_world(zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
     t->cfg = *cfg;
-    zpp_status st = agree(MPI_COMM_WORLD, build(t, opts));
+    zpp_status st = zpp_comm_agree_world(build(t, opts));
     if (st != ZPP_OK) {
         zpp_trainer_destroy(t);
         return st;
@@ -201,10 +182,10 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     float lr = (float)zpp_train_lr(&t->cfg, step);
     double t0 = now_s();
     zpp_status st = zpp_engine_step(t->engine, t->info.accum, lr, train_batch, t, &r->stats);
-    st = agree(MPI_COMM_WORLD, st);
+    st = zpp_comm_agree_world(st);
     ZPP_CHECK(st);
     double dt = now_s() - t0;
-    MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    ZPP_CHECK(zpp_comm_max_world(&dt));
     r->seconds = dt;
     r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
     return ZPP_OK;
@@ -216,7 +197,7 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
     for (int v = 0; v < n; v++) {
         float loss = 0.0f;
         t->val_index = (uint64_t)v * (uint64_t)t->info.world_size + (uint64_t)t->info.world_rank;
-        ZPP_CHECK(agree(MPI_COMM_WORLD, zpp_engine_eval(t->engine, val_batch, t, &loss)));
+        ZPP_CHECK(zpp_comm_agree_world(zpp_engine_eval(t->engine, val_batch, t, &loss)));
         sum += loss;
     }
     *val_loss_p = (float)(sum / n);
@@ -235,14 +216,14 @@ zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
     if (t->info.world_rank == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST)
         st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create directory %s: %s", dir,
                        strerror(errno));
-    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    ZPP_CHECK(zpp_comm_agree_world(st));
     /* An older manifest goes first: until the new one is written, the
      * directory is not a checkpoint. */
     snprintf(path, sizeof path, "%s/checkpoint.json", dir);
     if (t->info.world_rank == 0) remove(path);
-    ZPP_CHECK(agree(MPI_COMM_WORLD, ZPP_OK));
+    ZPP_CHECK(zpp_comm_agree_world(ZPP_OK));
     rank_file(dir, t->info.world_rank, path, sizeof path);
-    ZPP_CHECK(agree(MPI_COMM_WORLD, zpp_engine_save(t->engine, path)));
+    ZPP_CHECK(zpp_comm_agree_world(zpp_engine_save(t->engine, path)));
     if (t->info.world_rank == 0) {
         char tmp[4200], man[4096];
         snprintf(man, sizeof man, "%s/checkpoint.json", dir);
@@ -253,7 +234,7 @@ zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
             fclose(f) != 0 || rename(tmp, man) != 0)
             st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", man, strerror(errno));
     }
-    return agree(MPI_COMM_WORLD, st);
+    return zpp_comm_agree_world(st);
 }
 
 /* Reads the manifest's step and world size. */
@@ -289,7 +270,7 @@ zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) 
         st = zpp_error(ZPP_ERR_CONFIG,
                        "checkpoint %s was saved by %d ranks; resume it with %d ranks, not %d",
                        dir, world, world, t->info.world_size);
-    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    ZPP_CHECK(zpp_comm_agree_world(st));
     char path[4096];
     rank_file(dir, t->info.world_rank, path, sizeof path);
     st = zpp_engine_load(t->engine, path);
@@ -298,7 +279,7 @@ zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) 
                        "checkpoint %s: rank file says step %d, manifest step %d; the files "
                        "are from different saves",
                        dir, zpp_engine_steps_taken(t->engine), step);
-    ZPP_CHECK(agree(MPI_COMM_WORLD, st));
+    ZPP_CHECK(zpp_comm_agree_world(st));
     *steps_done_p = step;
     return ZPP_OK;
 }

@@ -37,8 +37,11 @@ typedef struct zpp_trainer_opts {
 } zpp_trainer_opts;
 
 /* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for
- * the world size. Every rank returns the same status: a failure on one rank
- * is agreed over the world before returning, so none is left waiting. */
+ * the world size. Every rank returns the same status and message: a failure
+ * on one rank is agreed over the world before returning (zpp_comm_agree_world:
+ * the lowest failing rank's status and message, on every rank), so none is
+ * left waiting; the caller prints it once. The same holds for every
+ * collective call below. */
 zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
                               zpp_trainer **trainer_p);
 void zpp_trainer_destroy(zpp_trainer *t);
