@@ -102,6 +102,13 @@ typedef struct zpp_device_buf {
     int busy;
 } zpp_device_buf;
 
+/* One live allocation, so zpp_device_free knows how many bytes it returns
+ * (cudaFree does not say). */
+typedef struct zpp_device_alloc_rec {
+    void *p;
+    size_t bytes;
+} zpp_device_alloc_rec;
+
 struct zpp_device {
     const zpp_device_ops *ops;
     zpp_mem_kind mem; /* where this device's tensors live */
@@ -111,8 +118,11 @@ struct zpp_device {
     /* the scratch pool (device.c) */
     zpp_device_buf *pool;
     size_t pool_len, pool_cap;
-    /* bytes allocated through this device, now and at most */
+    /* bytes allocated through this device, now and at most, and the live
+     * allocations behind mem_now (device.c) */
     size_t mem_now, mem_peak;
+    zpp_device_alloc_rec *live;
+    size_t live_len, live_cap;
     void *impl;       /* backend state */
 };
 
