@@ -14,8 +14,9 @@
  *
  * Ordering. Work is enqueued on the device's compute stream in call order
  * (on the host it simply runs). A copy whose destination is host memory
- * returns once the data is there; every other operation may return before
- * it has run. Other streams (the NCCL backend's) order against the compute
+ * returns once the data is there, and one whose source is host memory once
+ * the source has been read (the caller may free it); every other operation
+ * may return before it has run. Other streams (the NCCL backend's) order against the compute
  * stream with events.
  *
  * Non-finite values. A quantizing kernel that meets NaN or Inf in a block
@@ -148,7 +149,8 @@ void zpp_device_destroy(zpp_device *d);
 zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p);
 void zpp_device_free(zpp_device *d, void *p);
 /* Stream-ordered copy between any two of: this device's memory, host
- * memory. Returns after the data is there when dst is host memory. */
+ * memory. Returns after the data is there when dst is host memory, and
+ * after the source has been read when src is. */
 zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes);
 zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes);
 

@@ -1,5 +1,5 @@
 /* device/device_cuda_none.c — the GPU backend in a build without CUDA
- * (CMake compiles this file instead of device_cuda.c and device_cuda.cu),
+ * (CMake compiles this file instead of device_cuda.c and device_cuda_kernels.cu),
  * so that callers need no #ifdef: asking for a GPU fails with a message. */
 #include "core/error.h"
 #include "device/device.h"
