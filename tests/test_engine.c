@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "model/gpt2.h"
 #include "testlib.h"
@@ -218,6 +219,35 @@ static void test_bf16_units_take_bf16_bytes(void) {
     teardown(&f);
 }
 
+/* The engine owns the device's non-finite flag: raised on one rank (here by
+ * quantizing a NaN on rank 0's device, as a qwZ gather of a NaN weight
+ * would), the optimizer step fails on every rank, naming the step, before
+ * any weight changes; the flag is cleared and the next step runs. */
+static void test_nonfinite_fails_the_step_everywhere(void) {
+    fixture f;
+    setup(&f, 1, 0, 1);
+    float loss;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    if (f.topo->world_rank == 0) {
+        zpp_quant_spec sp = zpp_quant_spec_default(8);
+        float x[8] = {1, 2, NAN, 4, 5, 6, 7, 8};
+        unsigned char q[64];
+        EXPECT_OK(zpp_device_quantize_chunks(f.dev, x, ZPP_FP32, 1, 8, &sp, q));
+    }
+    zpp_error_clear();
+    EXPECT_STATUS(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL), ZPP_ERR_NONFINITE);
+    EXPECT(strstr(zpp_last_error(), "at step 1") != NULL, "message: %s", zpp_last_error());
+    EXPECT(zpp_engine_steps_taken(f.engine) == 0, "the failed step counted");
+    zpp_step_stats st;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+    EXPECT(zpp_engine_steps_taken(f.engine) == 1 && isfinite(st.grad_norm), "failed");
+    teardown(&f);
+}
+
 ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
+          ZPP_TEST(test_nonfinite_fails_the_step_everywhere),
           ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),
           ZPP_TEST(test_bf16_units_take_bf16_bytes))
