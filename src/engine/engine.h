@@ -76,7 +76,11 @@ void zpp_engine_destroy(zpp_engine *e);
 zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p);
 zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
 /* `loss` (this rank's mean loss over the step's micro-batches) is averaged
- * over the world into stats_p->loss, in the same all-reduce as the norm. */
+ * over the world into stats_p->loss, in the same all-reduce as the norm.
+ * The engine is the one reader of the device's non-finite flag: raised on
+ * any rank since the last step (a quantizer met NaN or Inf), or a
+ * non-finite gradient norm, fails the step on every rank with
+ * ZPP_ERR_NONFINITE before any weight changes. */
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p);
 
