@@ -215,6 +215,21 @@ static void test_bf16_units_take_bf16_bytes(void) {
                    shard + 64 /* the all-reduce's staging */;
     EXPECT(peak - now0 <= bound, "step peak %zu bytes above the shards, bound %zu",
            peak - now0, bound);
+    /* Steps ask for the same sizes in the same order: once the pool has
+     * grown to them it allocates nothing more. */
+    size_t nb2 = 0, bytes2 = 0, peak2 = 0;
+    for (int step = 0; step < 3; step++) {
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        zpp_device_scratch_stats(f.dev, &nb, &bytes);
+        zpp_device_mem_stats(f.dev, &now, &peak);
+        if (step > 0)
+            EXPECT(nb == nb2 && bytes == bytes2 && peak == peak2,
+                   "step %d grew the pool: %zu/%zu buffers, %zu/%zu bytes, peak %zu/%zu", step,
+                   nb2, nb, bytes2, bytes, peak2, peak);
+        nb2 = nb, bytes2 = bytes, peak2 = peak;
+    }
     free(unit_bytes);
     teardown(&f);
 }
@@ -247,7 +262,30 @@ static void test_nonfinite_fails_the_step_everywhere(void) {
     teardown(&f);
 }
 
+/* With qwZ, hpZ and qgZ too, the collectives' scratch comes from the same
+ * pool, and after a first step the pool allocates nothing more. */
+static void test_scratch_settles_with_zeropp(void) {
+    fixture f;
+    setup(&f, 1, 1, 1);
+    size_t nb0 = 0, bytes0 = 0, peak0 = 0, nb, bytes, peak;
+    for (int step = 0; step < 4; step++) {
+        float loss;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        zpp_device_scratch_stats(f.dev, &nb, &bytes);
+        zpp_device_mem_stats(f.dev, NULL, &peak);
+        if (step > 1)
+            EXPECT(nb == nb0 && bytes == bytes0 && peak == peak0,
+                   "step %d grew the pool: %zu/%zu buffers, %zu/%zu bytes", step, nb0, nb,
+                   bytes0, bytes);
+        nb0 = nb, bytes0 = bytes, peak0 = peak;
+    }
+    teardown(&f);
+}
+
 ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
+          ZPP_TEST(test_scratch_settles_with_zeropp),
           ZPP_TEST(test_nonfinite_fails_the_step_everywhere),
           ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),
           ZPP_TEST(test_bf16_units_take_bf16_bytes))
