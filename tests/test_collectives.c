@@ -89,6 +89,13 @@ static int world_size(void) {
     return w;
 }
 
+/* The rank's host device, made once: the collectives' kernels and scratch. */
+static zpp_device *host_dev(void) {
+    static zpp_device *d;
+    if (!d) EXPECT_OK(zpp_device_create_host(&d));
+    return d;
+}
+
 static zpp_topo *topo_make(int node_size) {
     zpp_topo_opts o;
     memset(&o, 0, sizeof o);
@@ -241,7 +248,7 @@ static void test_gather_baseline_and_qwz(void) {
         zpp_topo *t = topo_make(S);
         int N = t->nodes;
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         for (int si = 0; si < ns; si++) {
             for (int di = 0; di < 2; di++) {
                 zpp_dtype dt = di ? ZPP_FP32 : ZPP_BF16;
@@ -287,7 +294,7 @@ static void test_hpz_secondary(void) {
         if (W % S) continue;
         zpp_topo *t = topo_make(S);
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         for (int si = 0; si < ns; si++) {
             for (int mi = 0; mi < 2; mi++) {
                 zpp_gather_mode m = mi ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
@@ -421,7 +428,7 @@ static void test_reduce_baseline(void) {
         zpp_topo *t = topo_make(S);
         int N = t->nodes;
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         for (int si = 0; si < ns; si++) {
             for (int di = 0; di < 2; di++) {
                 zpp_dtype dt = di ? ZPP_BF16 : ZPP_FP32;
@@ -486,7 +493,7 @@ static void test_reduce_qgz(void) {
                 if (W % S) continue;
                 zpp_topo *t = topo_make(S);
                 zpp_coll *c;
-                EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+                EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
                 grad_case g = grad_make(t, sizes[si], dt, tag, 0);
                 zpp_coll_volume_reset(c);
                 reduce(c, &g, ZPP_REDUCE_QGZ);
@@ -529,7 +536,7 @@ static void test_qgz_world_average(void) {
         if (W % S) continue;
         zpp_topo *t = topo_make(S);
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         uint64_t tag = zpp_hash64(0xa7e ^ (uint64_t)S);
         grad_case g = grad_make(t, 512 * (size_t)W + 3, ZPP_BF16, tag, 1);
         reduce(c, &g, ZPP_REDUCE_QGZ);
@@ -560,7 +567,7 @@ static void test_stochastic_small_blocks(void) {
     o.grad_spec.stochastic = 1;
     o.grad_spec.seed = zpp_test_seed(12);
     zpp_coll *c;
-    EXPECT_OK(zpp_coll_create(t, &o, NULL, &c));
+    EXPECT_OK(zpp_coll_create(t, &o, host_dev(), &c));
     size_t numel = 97 * (size_t)W + 5;
     unit_case u = unit_make(t, numel, ZPP_BF16, 0x57);
     gather(c, &u, ZPP_GATHER_QWZ, NULL, ZPP_PHASE_FWD_GATHER);
@@ -647,8 +654,8 @@ static void test_qgz_slabs_change_no_bit(void) {
                 zpp_coll_opts cut = whole;
                 cut.grad_slab = 1 + (size_t)(stoch * 3 + bi) * blocks[bi];
                 zpp_coll *c1, *c2;
-                EXPECT_OK(zpp_coll_create(t, &whole, NULL, &c1));
-                EXPECT_OK(zpp_coll_create(t, &cut, NULL, &c2));
+                EXPECT_OK(zpp_coll_create(t, &whole, host_dev(), &c1));
+                EXPECT_OK(zpp_coll_create(t, &cut, host_dev(), &c2));
                 size_t sizes[] = {7, 20 * blocks[bi] * (size_t)W + 5, 9 * blocks[bi] * (size_t)W};
                 for (int si = 0; si < 3; si++) {
                     uint64_t tag = zpp_hash64(0x51ab ^ ((uint64_t)S << 8) ^ ((uint64_t)si << 4) ^
@@ -689,7 +696,7 @@ static void test_in_flight_and_pool(void) {
         if (W % S) continue;
         zpp_topo *t = topo_make(S);
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         size_t nb0 = 0, bytes0 = 0;
         for (int round = 0; round < 6; round++) {
             unit_case a = unit_make(t, 333 * (size_t)W + 1, ZPP_BF16, 0x100 + (uint64_t)round);
@@ -715,7 +722,7 @@ static void test_in_flight_and_pool(void) {
             check_qgz(t, &g, 0x300 + (uint64_t)round, 0, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, NULL,
                       "qgZ in flight");
             size_t nb, bytes;
-            zpp_coll_pool_stats(c, &nb, &bytes);
+            zpp_device_scratch_stats(host_dev(), &nb, &bytes);
             if (round < 3) {
                 /* the first pass over the three finish orders sizes the pool */
                 nb0 = nb;
@@ -745,7 +752,7 @@ static void test_step_matches_plan(void) {
         if (W % S) continue;
         zpp_topo *t = topo_make(S);
         zpp_coll *c;
-        EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+        EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
         for (int mi = 0; mi < ZPP_COLL_MODE_COUNT; mi++) {
             const zpp_coll_mode *m = zpp_coll_mode_get(mi);
             zpp_coll_volume_reset(c);
@@ -830,7 +837,7 @@ static void test_empty_and_errors(void) {
     int W = world_size();
     zpp_topo *t = topo_make(W % 2 == 0 ? 2 : 1);
     zpp_coll *c;
-    EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+    EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
     zpp_partition p = zpp_partition_make(0, t);
     zpp_coll_op *op;
     EXPECT_OK(zpp_coll_gather_start(c, &p, ZPP_GATHER_QWZ, ZPP_BF16, NULL, NULL, NULL,
@@ -858,10 +865,10 @@ static void test_empty_and_errors(void) {
     zpp_coll_opts bad = zpp_coll_opts_default();
     bad.grad_spec.block = 12;
     zpp_coll *c2 = NULL;
-    EXPECT_STATUS(zpp_coll_create(t, &bad, NULL, &c2), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_coll_create(t, &bad, host_dev(), &c2), ZPP_ERR_INVALID);
     EXPECT(c2 == NULL, "failed");
     int flag = 1;
-    EXPECT_OK(zpp_coll_nonfinite_check(c, &flag));
+    EXPECT_OK(zpp_device_nonfinite_take(host_dev(), &flag));
     EXPECT(flag == 0, "failed");
     unit_free(&u);
     zpp_coll_destroy(c);
@@ -870,12 +877,13 @@ static void test_empty_and_errors(void) {
 
 /* A NaN in one rank's data does not hang the others: the exchange
  * completes, the NaN's block arrives as NaN everywhere, the rank that had
- * it is told ZPP_ERR_NONFINITE, and the other blocks are unharmed. */
+ * it finds its device's non-finite flag raised, and the other blocks are
+ * unharmed. */
 static void test_nonfinite_carried(void) {
     int W = world_size();
     zpp_topo *t = topo_make(W % 2 == 0 ? 2 : 1);
     zpp_coll *c;
-    EXPECT_OK(zpp_coll_create(t, NULL, NULL, &c));
+    EXPECT_OK(zpp_coll_create(t, NULL, host_dev(), &c));
     size_t numel = 600 * (size_t)W;
     unit_case u = unit_make(t, numel, ZPP_BF16, 0x700);
     size_t bad = 300; /* element 300 of rank 0's shard: block 1 (256..511) */
@@ -883,9 +891,10 @@ static void test_nonfinite_carried(void) {
     zpp_coll_op *op;
     EXPECT_OK(zpp_coll_gather_start(c, &u.p, ZPP_GATHER_QWZ, ZPP_BF16, u.shard, u.full, NULL,
                                     ZPP_PHASE_FWD_GATHER, &op));
-    zpp_status st = zpp_coll_finish(c, op);
-    EXPECT(st == (t->world_rank == 0 ? ZPP_ERR_NONFINITE : ZPP_OK), "rank %d got %s",
-           t->world_rank, zpp_status_str(st));
+    EXPECT_OK(zpp_coll_finish(c, op));
+    int raised = 0;
+    EXPECT_OK(zpp_device_nonfinite_take(host_dev(), &raised));
+    EXPECT(raised == (t->world_rank == 0), "rank %d: flag %d", t->world_rank, raised);
     for (size_t i = 0; i < u.p.padded; i++) {
         float got = zpp_load_f32(u.full, ZPP_BF16, i);
         if (i >= 256 && i < 512) EXPECT(isnan(got), "element %zu of the NaN block is %g", i, got);
@@ -897,9 +906,9 @@ static void test_nonfinite_carried(void) {
     size_t e = (size_t)(W - 1) * g.p.shard_len + 5;
     if (t->world_rank == 0) zpp_store_f32(g.full_grad, ZPP_BF16, e, INFINITY);
     EXPECT_OK(zpp_coll_reduce_start(c, &g.p, ZPP_REDUCE_QGZ, ZPP_BF16, g.full_grad, g.out, &op));
-    st = zpp_coll_finish(c, op);
-    if (t->world_rank == 0) EXPECT(st == ZPP_ERR_NONFINITE, "rank 0 got %s", zpp_status_str(st));
-    else EXPECT(st == ZPP_OK || st == ZPP_ERR_NONFINITE, "failed");
+    EXPECT_OK(zpp_coll_finish(c, op));
+    EXPECT_OK(zpp_device_nonfinite_take(host_dev(), &raised));
+    if (t->world_rank == 0) EXPECT(raised == 1, "rank 0: the flag was not raised");
     if (t->world_rank == W - 1) EXPECT(isnan(g.out[5]), "owner got %g", g.out[5]);
     else for (size_t j = 0; j < g.p.shard_len; j++) EXPECT(!isnan(g.out[j]), "failed");
     grad_free(&g);

@@ -1,10 +1,11 @@
-/* test_core.c — status codes, error messages, dtype conversions, memory. */
+/* test_core.c — status codes, error messages, dtype conversions, host memory
+ * (through the host device; the device itself is tested in test_device.c). */
 #include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/mem.h"
+#include "device/device.h"
 #include "testlib.h"
 
 static zpp_status fails_with_context(void) {
@@ -60,15 +61,18 @@ static void test_bf16_round_to_nearest_even(void) {
 }
 
 static void test_host_memory(void) {
+    zpp_device *d = NULL;
+    EXPECT_OK(zpp_device_create_host(&d));
     void *p = NULL, *q = NULL;
-    EXPECT_OK(zpp_mem_alloc(ZPP_MEM_HOST, 1000, &p));
+    EXPECT_OK(zpp_device_alloc(d, 1000, &p));
     EXPECT(((uintptr_t)p & 63) == 0, "not 64-byte aligned");
-    EXPECT_OK(zpp_mem_alloc(ZPP_MEM_HOST, 1000, &q));
-    EXPECT_OK(zpp_mem_set(ZPP_MEM_HOST, p, 0x5a, 1000));
-    EXPECT_OK(zpp_mem_copy(ZPP_MEM_HOST, q, ZPP_MEM_HOST, p, 1000));
+    EXPECT_OK(zpp_device_alloc(d, 1000, &q));
+    EXPECT_OK(zpp_device_set(d, p, 0x5a, 1000));
+    EXPECT_OK(zpp_device_copy(d, q, p, 1000));
     EXPECT(((unsigned char *)q)[999] == 0x5a);
-    zpp_mem_free(ZPP_MEM_HOST, p);
-    zpp_mem_free(ZPP_MEM_HOST, q);
+    zpp_device_free(d, p);
+    zpp_device_free(d, q);
+    zpp_device_destroy(d);
 }
 
 ZPP_TESTS(ZPP_TEST(test_status_and_messages), ZPP_TEST(test_bf16_round_to_nearest_even),

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "model/gpt2.h"
 #include "testlib.h"
@@ -15,6 +16,7 @@
 static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64};
 
 typedef struct fixture {
+    zpp_device *dev;
     zpp_topo *topo;
     zpp_model *model;
     zpp_engine *engine;
@@ -27,14 +29,15 @@ static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 2;
+    EXPECT_OK(zpp_device_create_host(&f->dev));
     EXPECT_OK(zpp_topo_create(&to, &f->topo));
-    EXPECT_OK(zpp_gpt2_cpu_create(&kModel, ZPP_BF16, 2, &f->model));
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, 2, f->dev, &f->model));
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
     eo.reduce = qgz ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
     if (reuse != SIZE_MAX) eo.max_reuse_distance = reuse;
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, NULL, &f->engine));
+    EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, f->dev, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
         f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
@@ -51,6 +54,7 @@ static void teardown(fixture *f) {
     zpp_engine_destroy(f->engine);
     f->model->ops->destroy(f->model);
     zpp_topo_destroy(f->topo);
+    zpp_device_destroy(f->dev);
 }
 
 /* A backward needs a forward under the current weights: without one, or
@@ -158,5 +162,130 @@ static void test_gathers_follow_reuse_and_param_free_stages(void) {
     }
 }
 
+/* A gathered unit takes the bytes of its working dtype: with bf16, padded * 2
+ * per unit, not padded * 4 (the peak memory of a gathered bf16 unit is its
+ * bf16 size). A forward with plain gathers leases scratch for gathered
+ * units only, so after it every scratch buffer is some unit's bf16 size,
+ * the largest that of the largest unit, and the device's memory grew by
+ * exactly the scratch. A whole step then adds fp32 gradients (padded * 4)
+ * and bf16 reduction inputs; its peak stays below two fp32 gradients (unit
+ * 0's, embedding and head, lives through the whole backward next to a
+ * block's), one bf16 reduction input, one fp32 output shard and the
+ * gathered units the forward held, each at its own size. */
+static void test_bf16_units_take_bf16_bytes(void) {
+    fixture f;
+    setup(&f, 0, 0, 0);
+    const zpp_model *m = f.model;
+    size_t biggest = 0;
+    size_t *unit_bytes = calloc((size_t)m->n_units, sizeof *unit_bytes);
+    for (int u = 0; u < m->n_units; u++) {
+        unit_bytes[u] = zpp_partition_make(m->unit_numel[u], f.topo).padded * 2;
+        if (unit_bytes[u] > biggest) biggest = unit_bytes[u];
+    }
+    size_t nb = 0, bytes = 0, now0 = 0, peak0 = 0, now = 0, peak = 0;
+    zpp_device_scratch_stats(f.dev, &nb, &bytes);
+    EXPECT(nb == 0 && bytes == 0, "scratch before the first step: %zu buffers", nb);
+    zpp_device_mem_stats(f.dev, &now0, &peak0);
+    float loss;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    zpp_device_scratch_stats(f.dev, &nb, &bytes);
+    zpp_device_mem_stats(f.dev, &now, &peak);
+    EXPECT(nb >= 1, "no scratch after a forward");
+    size_t largest = 0;
+    for (size_t i = 0; i < f.dev->pool_len; i++) {
+        size_t cap = f.dev->pool[i].cap;
+        int is_unit = 0;
+        for (int u = 0; u < m->n_units; u++) is_unit |= cap == unit_bytes[u];
+        EXPECT(is_unit, "scratch buffer %zu holds %zu bytes, no unit's bf16 size", i, cap);
+        if (cap > largest) largest = cap;
+    }
+    EXPECT(largest == biggest, "largest gathered unit takes %zu bytes, its bf16 size is %zu",
+           largest, biggest);
+    EXPECT(now - now0 == bytes && peak == now, "memory grew by %zu for %zu bytes of scratch",
+           now - now0, bytes);
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+    zpp_device_mem_stats(f.dev, &now, &peak);
+    size_t shard = 0;
+    for (int u = 0; u < m->n_units; u++) {
+        size_t s = zpp_partition_make(m->unit_numel[u], f.topo).shard_len * 4;
+        if (s > shard) shard = s;
+    }
+    size_t bound = bytes + 2 * 2 * biggest /* fp32 gradients */ + biggest /* bf16 input */ +
+                   shard + 64 /* the all-reduce's staging */;
+    EXPECT(peak - now0 <= bound, "step peak %zu bytes above the shards, bound %zu",
+           peak - now0, bound);
+    /* Steps ask for the same sizes in the same order: once the pool has
+     * grown to them it allocates nothing more. */
+    size_t nb2 = 0, bytes2 = 0, peak2 = 0;
+    for (int step = 0; step < 3; step++) {
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        zpp_device_scratch_stats(f.dev, &nb, &bytes);
+        zpp_device_mem_stats(f.dev, &now, &peak);
+        if (step > 0)
+            EXPECT(nb == nb2 && bytes == bytes2 && peak == peak2,
+                   "step %d grew the pool: %zu/%zu buffers, %zu/%zu bytes, peak %zu/%zu", step,
+                   nb2, nb, bytes2, bytes, peak2, peak);
+        nb2 = nb, bytes2 = bytes, peak2 = peak;
+    }
+    free(unit_bytes);
+    teardown(&f);
+}
+
+/* The engine owns the device's non-finite flag: raised on one rank (here by
+ * quantizing a NaN on rank 0's device, as a qwZ gather of a NaN weight
+ * would), the optimizer step fails on every rank, naming the step, before
+ * any weight changes; the flag is cleared and the next step runs. */
+static void test_nonfinite_fails_the_step_everywhere(void) {
+    fixture f;
+    setup(&f, 1, 0, 1);
+    float loss;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    if (f.topo->world_rank == 0) {
+        zpp_quant_spec sp = zpp_quant_spec_default(8);
+        float x[8] = {1, 2, NAN, 4, 5, 6, 7, 8};
+        unsigned char q[64];
+        EXPECT_OK(zpp_device_quantize_chunks(f.dev, x, ZPP_FP32, 1, 8, &sp, q));
+    }
+    zpp_error_clear();
+    EXPECT_STATUS(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL), ZPP_ERR_NONFINITE);
+    EXPECT(strstr(zpp_last_error(), "at step 1") != NULL, "message: %s", zpp_last_error());
+    EXPECT(zpp_engine_steps_taken(f.engine) == 0, "the failed step counted");
+    zpp_step_stats st;
+    EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+    EXPECT(zpp_engine_steps_taken(f.engine) == 1 && isfinite(st.grad_norm), "failed");
+    teardown(&f);
+}
+
+/* With qwZ, hpZ and qgZ too, the collectives' scratch comes from the same
+ * pool, and after a first step the pool allocates nothing more. */
+static void test_scratch_settles_with_zeropp(void) {
+    fixture f;
+    setup(&f, 1, 1, 1);
+    size_t nb0 = 0, bytes0 = 0, peak0 = 0, nb, bytes, peak;
+    for (int step = 0; step < 4; step++) {
+        float loss;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        zpp_device_scratch_stats(f.dev, &nb, &bytes);
+        zpp_device_mem_stats(f.dev, NULL, &peak);
+        if (step > 1)
+            EXPECT(nb == nb0 && bytes == bytes0 && peak == peak0,
+                   "step %d grew the pool: %zu/%zu buffers, %zu/%zu bytes", step, nb0, nb,
+                   bytes0, bytes);
+        nb0 = nb, bytes0 = bytes, peak0 = peak;
+    }
+    teardown(&f);
+}
+
 ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
-          ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages))
+          ZPP_TEST(test_scratch_settles_with_zeropp),
+          ZPP_TEST(test_nonfinite_fails_the_step_everywhere),
+          ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),
+          ZPP_TEST(test_bf16_units_take_bf16_bytes))

@@ -55,6 +55,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "device/device.h"
 #include "model/gpt2.h"
 #include "model/model.h"
 #include "cuda_testlib.h"
@@ -93,6 +94,7 @@ typedef struct twin {
     zpp_gpt2_config cfg;
     zpp_gpt2_layout lay;
     zpp_dtype dtype;
+    zpp_device *dev;     /* GPU 0, whose compute stream the CUDA model uses */
     cudaStream_t stream; /* the CUDA model's stream (NULL: legacy default) */
     zpp_model *cpu, *gpu;
     int nu;
@@ -111,9 +113,16 @@ static twin twin_make(zpp_gpt2_config cfg, zpp_dtype dtype, int max_batch, int o
     t.cfg = cfg;
     t.dtype = dtype;
     zpp_gpt2_layout_make(&cfg, &t.lay);
-    if (own_stream) CUDA_OK(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking));
+    EXPECT_OK(zpp_device_create_gpu(0, &t.dev));
+    /* Without its own stream the model runs on the legacy default stream:
+     * the device lends it NULL at create (the model keeps the stream it
+     * is given), and gets its own back for zpp_device_destroy. */
+    void *own = t.dev->stream;
+    if (!own_stream) t.dev->stream = NULL;
+    t.stream = (cudaStream_t)t.dev->stream;
     EXPECT_OK(zpp_gpt2_cpu_create(&cfg, dtype, max_batch, &t.cpu));
-    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, dtype, max_batch, (void *)t.stream, &t.gpu));
+    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, dtype, max_batch, t.dev, &t.gpu));
+    t.dev->stream = own;
     zpp_model *c = t.cpu, *g = t.gpu;
     /* the same units, stages and shape as the reference */
     EXPECT(g->mem == ZPP_MEM_DEVICE, "mem %d", (int)g->mem);
@@ -160,7 +169,7 @@ static void twin_free(twin *t) {
     free(t->p), free(t->pw), free(t->dp), free(t->gc), free(t->dg), free(t->gg);
     t->cpu->ops->destroy(t->cpu);
     t->gpu->ops->destroy(t->gpu);
-    if (t->stream) CUDA_OK(cudaStreamDestroy(t->stream));
+    zpp_device_destroy(t->dev);
     CUDA_OK(cudaGetLastError());
 }
 
@@ -547,6 +556,11 @@ static void test_rejects_bad_input(void) {
     EXPECT(strstr(zpp_last_error(), "n_head") != NULL, "'%s'", zpp_last_error());
     EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, (zpp_dtype)7, 1, NULL, &bad_m), ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, ZPP_FP32, 0, NULL, &bad_m), ZPP_ERR_INVALID);
+    zpp_device *host = NULL;
+    EXPECT_OK(zpp_device_create_host(&host));
+    EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, ZPP_FP32, 1, host, &bad_m), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, ZPP_FP32, 1, NULL, &bad_m), ZPP_ERR_INVALID);
+    zpp_device_destroy(host);
     EXPECT(bad_m == NULL, "output set on failure");
     /* no stray CUDA error left behind by any of the refusals */
     CUDA_OK(cudaDeviceSynchronize());
@@ -622,10 +636,11 @@ static void test_loss_at_init_and_speed(void) {
     require_device();
     zpp_gpt2_config cfg = {4, 8, 256, 256, 4096};
     int B = 8, T = cfg.seq_len, V = cfg.vocab_size, L = cfg.n_layer;
-    cudaStream_t st;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    zpp_device *dev = NULL;
+    EXPECT_OK(zpp_device_create_gpu(0, &dev));
+    cudaStream_t st = (cudaStream_t)dev->stream;
     zpp_model *m = NULL;
-    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, ZPP_BF16, B, (void *)st, &m));
+    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, ZPP_BF16, B, dev, &m));
     zpp_rng r = zpp_rng_make(zpp_test_seed(12));
     uint64_t seed = zpp_rng_u64(&r);
     void **dp = xcalloc((size_t)m->n_units, sizeof *dp);
@@ -675,7 +690,7 @@ static void test_loss_at_init_and_speed(void) {
     }
     free(dp), free(dg), free(tok), free(tgt);
     m->ops->destroy(m);
-    CUDA_OK(cudaStreamDestroy(st));
+    zpp_device_destroy(dev);
 }
 
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),

@@ -2,7 +2,7 @@
  * reference written from the header's formulas, error bounds derived from
  * fp32 rounding, exact round trips, unbiased stochastic rounding, the fused
  * qgZ operations against their unfused definitions, non-finite handling,
- * the wire layout, and the host path of quant_exec.
+ * the wire layout, and the host device's quantization (device.h).
  *
  * Error bound of round-to-nearest (every element, derived once here).
  * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
@@ -31,11 +31,18 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "quant/quant_exec.h"
+#include "device/device.h"
 #include "quant/quant_rng.h"
 #include "testlib.h"
 
 static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
+
+/* The host device, made once: the quantization family through device.h. */
+static zpp_device *host_device(void) {
+    static zpp_device *d;
+    if (!d) EXPECT_OK(zpp_device_create_host(&d));
+    return d;
+}
 static const int all_bits[] = {8, 4};
 
 static void *xmalloc(size_t n) {
@@ -395,7 +402,7 @@ static void test_stochastic_unbiased(void) {
 
 static void test_reorder_quantize_equals_unfused(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(5));
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     for (int iter = 0; iter < 24; iter++) {
         int nodes = 1 + (int)(zpp_rng_u64(&rng) % 3), local = 1 + (int)(zpp_rng_u64(&rng) % 4);
         size_t chunk_len = (size_t)(zpp_rng_u64(&rng) % 700) + (iter == 0 ? 0 : 1);
@@ -413,7 +420,7 @@ static void test_reorder_quantize_equals_unfused(void) {
         EXPECT_OK(zpp_quant_reorder_quantize(x, dt, chunk_len, nodes, local, &sp, fused));
         /* unfused: quantize chunk by chunk (stream index = index in x), then
          * move chunk (node, dest_local) to slot dest_local * nodes + node */
-        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, R, chunk_len, &sp, chunks));
+        EXPECT_OK(zpp_device_quantize_chunks(host, x, dt, R, chunk_len, &sp, chunks));
         for (int node = 0; node < nodes; node++)
             for (int dl = 0; dl < local; dl++)
                 memcpy(unfused + ((size_t)dl * nodes + node) * qb,
@@ -438,7 +445,7 @@ static void test_reorder_quantize_equals_unfused(void) {
         size_t len = zpp_rng_u64(&rng) % (chunk_len - first + 1);
         size_t qs = zpp_quant_bytes(len, &sp);
         uint8_t *slabs = xmalloc(R * qs + 1), *want = xmalloc(qs + 1);
-        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, first, len, nodes, local, &sp,
+        EXPECT_OK(zpp_device_reorder_quantize(host, x, dt, chunk_len, first, len, nodes, local, &sp,
                                           slabs));
         for (int dl = 0; dl < local; dl++)
             for (int node = 0; node < nodes; node++) {
@@ -448,7 +455,7 @@ static void test_reorder_quantize_equals_unfused(void) {
                        "slab [%zu, +%zu) of chunk %zu (of %zu) differs", first, len, r,
                        chunk_len);
             }
-        EXPECT_STATUS(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, first + 1, chunk_len,
+        EXPECT_STATUS(zpp_device_reorder_quantize(host, x, dt, chunk_len, first + 1, chunk_len,
                                               nodes, local, &sp, slabs),
                       ZPP_ERR_INVALID);
         free(want);
@@ -466,7 +473,7 @@ static void test_reorder_quantize_equals_unfused(void) {
  * input order, byte for byte, also when in and out blocks differ. */
 static void test_dequant_sum_requant_equals_unfused(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(6));
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     for (int iter = 0; iter < 24; iter++) {
         int k = 1 + (int)(zpp_rng_u64(&rng) % 5);
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 3;
@@ -486,7 +493,7 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         for (int j = 0; j < k; j++) {
             fill(&rng, (int)(zpp_rng_u64(&rng) % D_COUNT), ZPP_FP32, n, in_sp.block, x, d);
             uint8_t *in_j = ins + (size_t)j * n_chunks * qin;
-            EXPECT_OK(zpp_qx_quantize_chunks(&host, x, ZPP_FP32, n_chunks, chunk_len, &in_sp,
+            EXPECT_OK(zpp_device_quantize_chunks(host, x, ZPP_FP32, n_chunks, chunk_len, &in_sp,
                                              in_j));
             ptrs[j] = in_j;
             for (size_t c = 0; c < n_chunks; c++)
@@ -496,12 +503,12 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         }
         uint8_t *want = xmalloc(n_chunks * qout), *got = xmalloc(n_chunks * qout),
                 *got2 = xmalloc(n_chunks * qout);
-        EXPECT_OK(zpp_qx_quantize_chunks(&host, sum, ZPP_FP32, n_chunks, chunk_len, &out_sp,
+        EXPECT_OK(zpp_device_quantize_chunks(host, sum, ZPP_FP32, n_chunks, chunk_len, &out_sp,
                                          want));
         memset(got, 0xee, n_chunks * qout);
         EXPECT_OK(zpp_quant_dequant_sum_requant(ptrs, k, n_chunks, chunk_len, &in_sp, &out_sp,
                                                 got));
-        EXPECT_OK(zpp_qx_dequant_sum_requant(&host, ins, k, n_chunks, chunk_len, 0, chunk_len,
+        EXPECT_OK(zpp_device_dequant_sum_requant(host, ins, k, n_chunks, chunk_len, 0, chunk_len,
                                              &in_sp, &out_sp, got2));
         size_t bytes = n_chunks * qout;
         EXPECT(first_diff(want, got, bytes) == bytes,
@@ -548,7 +555,7 @@ static void test_dequantize_accumulate(void) {
  * sum in fp32 in chunk order, one multiply at the end. */
 static void test_dequant_reduce(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(8));
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     for (int iter = 0; iter < 8; iter++) {
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 6, chunk_len = 1 + zpp_rng_u64(&rng) % 9000;
         zpp_quant_spec sp = spec_make(all_bits[iter % 2], 0, 0, 0);
@@ -557,15 +564,15 @@ static void test_dequant_reduce(void) {
               *want = xmalloc(chunk_len * 4), *got = xmalloc(chunk_len * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
         uint8_t *q = xmalloc(n_chunks * qb);
-        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, ZPP_FP32, n_chunks, chunk_len, &sp, q));
-        EXPECT_OK(zpp_qx_dequantize_chunks(&host, q, n_chunks, chunk_len, &sp, ZPP_FP32, d));
+        EXPECT_OK(zpp_device_quantize_chunks(host, x, ZPP_FP32, n_chunks, chunk_len, &sp, q));
+        EXPECT_OK(zpp_device_dequantize_chunks(host, q, n_chunks, chunk_len, &sp, ZPP_FP32, d));
         float scale = 1.0f / (float)(1 + iter);
         for (size_t i = 0; i < chunk_len; i++) {
             float s = 0.0f;
             for (size_t c = 0; c < n_chunks; c++) s = s + d[c * chunk_len + i];
             want[i] = scale * s;
         }
-        EXPECT_OK(zpp_qx_dequant_reduce(&host, q, n_chunks, chunk_len, &sp, scale, got));
+        EXPECT_OK(zpp_device_dequant_reduce(host, q, n_chunks, chunk_len, &sp, scale, got));
         EXPECT(memcmp(want, got, chunk_len * 4) == 0, "chunks %zu len %zu", n_chunks, chunk_len);
         free(q);
         free(got);
@@ -579,7 +586,7 @@ static void test_dequant_reduce(void) {
 /* ---- conversions (the branch-free fp16/bf16 code inside quant.c) ---- */
 
 static void test_convert_bit_exact(void) {
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     /* every fp16 and bf16 value -> fp32, scale 1: exact, NaNs included */
     uint16_t *h = xmalloc(65536 * 2);
     float *f = xmalloc(65536 * 4);
@@ -588,12 +595,12 @@ static void test_convert_bit_exact(void) {
      * the expected value goes through the same multiply (volatile, so the
      * compiler cannot fold 1 * x away) */
     volatile float one = 1.0f;
-    EXPECT_OK(zpp_qx_convert(&host, h, ZPP_FP16, f, ZPP_FP32, 65536, 1.0f));
+    EXPECT_OK(zpp_device_convert(host, h, ZPP_FP16, f, ZPP_FP32, 65536, 1.0f));
     for (uint32_t i = 0; i < 65536; i++) {
         float w = one * zpp_fp16_to_f32((uint16_t)i);
         EXPECT(f2u(f[i]) == f2u(w), "fp16 %04x -> %08x, want %08x", i, f2u(f[i]), f2u(w));
     }
-    EXPECT_OK(zpp_qx_convert(&host, h, ZPP_BF16, f, ZPP_FP32, 65536, 1.0f));
+    EXPECT_OK(zpp_device_convert(host, h, ZPP_BF16, f, ZPP_FP32, 65536, 1.0f));
     for (uint32_t i = 0; i < 65536; i++) {
         float w = one * zpp_bf16_to_f32((uint16_t)i);
         EXPECT(f2u(f[i]) == f2u(w), "bf16 %04x -> %08x, want %08x", i, f2u(f[i]), f2u(w));
@@ -618,11 +625,11 @@ static void test_convert_bit_exact(void) {
             memcpy(&src[i], &u, 4);
         }
     }
-    EXPECT_OK(zpp_qx_convert(&host, src, ZPP_FP32, o, ZPP_FP16, n, 1.0f));
+    EXPECT_OK(zpp_device_convert(host, src, ZPP_FP32, o, ZPP_FP16, n, 1.0f));
     for (size_t i = 0; i < n; i++)
         EXPECT(o[i] == zpp_f32_to_fp16(src[i]), "fp32 %08x -> fp16 %04x, want %04x",
                f2u(src[i]), o[i], zpp_f32_to_fp16(src[i]));
-    EXPECT_OK(zpp_qx_convert(&host, src, ZPP_FP32, o, ZPP_BF16, n, 1.0f));
+    EXPECT_OK(zpp_device_convert(host, src, ZPP_FP32, o, ZPP_BF16, n, 1.0f));
     for (size_t i = 0; i < n; i++)
         EXPECT(o[i] == zpp_f32_to_bf16(src[i]), "fp32 %08x -> bf16 %04x, want %04x",
                f2u(src[i]), o[i], zpp_f32_to_bf16(src[i]));
@@ -633,7 +640,7 @@ static void test_convert_bit_exact(void) {
             zpp_dtype di = all_dtypes[a], dout = all_dtypes[b];
             void *in = xmalloc(n * 4), *out = xmalloc(n * 4);
             for (size_t i = 0; i < n; i++) zpp_store_f32(in, di, i, src[i]);
-            EXPECT_OK(zpp_qx_convert(&host, in, di, out, dout, n, 0.375f));
+            EXPECT_OK(zpp_device_convert(host, in, di, out, dout, n, 0.375f));
             for (size_t i = 0; i < n; i++) {
                 float v = 0.375f * zpp_load_f32(in, di, i), g = zpp_load_f32(out, dout, i);
                 uint32_t buf;
@@ -643,11 +650,11 @@ static void test_convert_bit_exact(void) {
                        zpp_dtype_name(dout), i);
             }
             if (a == b) {
-                EXPECT_OK(zpp_qx_convert(&host, in, di, in, di, n, 0.375f));
+                EXPECT_OK(zpp_device_convert(host, in, di, in, di, n, 0.375f));
                 EXPECT(memcmp(in, out, n * zpp_dtype_size(di)) == 0, "in place %s",
                        zpp_dtype_name(di));
             } else {
-                EXPECT_STATUS(zpp_qx_convert(&host, in, di, in, dout, n, 1.0f), ZPP_ERR_INVALID);
+                EXPECT_STATUS(zpp_device_convert(host, in, di, in, dout, n, 1.0f), ZPP_ERR_INVALID);
             }
             free(out);
             free(in);
@@ -698,7 +705,7 @@ static int is_nan_out(const void *y, zpp_dtype dt, size_t i) {
 
 static void test_nonfinite(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(10));
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     for (size_t di = 0; di < 3; di++) {
         for (size_t bi = 0; bi < 2; bi++) {
             zpp_dtype dt = all_dtypes[di];
@@ -757,12 +764,20 @@ static void test_nonfinite(void) {
             EXPECT_OK(zpp_dequantize(o, n, &sp, ZPP_FP32, acc));
             for (size_t i = 0; i < n; i++)
                 EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "dsr %zu", i);
-            EXPECT_OK(zpp_qx_dequant_reduce(&host, q, 1, n, &sp, 0.5f, acc));
+            EXPECT_OK(zpp_device_dequant_reduce(host, q, 1, n, &sp, 0.5f, acc));
             for (size_t i = 0; i < n; i++)
                 EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "reduce %zu", i);
-            /* chunked and reordered entry points report too */
-            EXPECT_STATUS(zpp_qx_quantize_chunks(&host, x, dt, 1, n, &sp, o), ZPP_ERR_NONFINITE);
-            EXPECT(strstr(zpp_last_error(), want) != NULL, "%s", zpp_last_error());
+            /* chunked and reordered entry points report too; the device
+             * stores the same bytes, raises its flag and returns ZPP_OK */
+            int raised = 0;
+            EXPECT_OK(zpp_device_nonfinite_take(host, &raised));
+            EXPECT(raised == 0, "flag raised before any non-finite input");
+            EXPECT_OK(zpp_device_quantize_chunks(host, x, dt, 1, n, &sp, o));
+            EXPECT(memcmp(o, q, bytes) == 0, "device quantize differs from zpp_quantize");
+            EXPECT_OK(zpp_device_nonfinite_take(host, &raised));
+            EXPECT(raised == 1, "the device's non-finite flag was not raised");
+            EXPECT_OK(zpp_device_nonfinite_take(host, &raised));
+            EXPECT(raised == 0, "the flag was not cleared by reading it");
             EXPECT_STATUS(zpp_quant_reorder_quantize(x, dt, n, 1, 1, &sp, o), ZPP_ERR_NONFINITE);
             EXPECT(strstr(zpp_last_error(), want) != NULL, "%s", zpp_last_error());
             free(o);
@@ -905,21 +920,20 @@ static void test_invalid_specs(void) {
     EXPECT(strstr(zpp_last_error(), "nodes 0") != NULL, "%s", zpp_last_error());
     const void *ptrs[1] = {q};
     EXPECT_STATUS(zpp_quant_dequant_sum_requant(ptrs, 0, 1, 16, &sp, &sp, q), ZPP_ERR_INVALID);
-    zpp_quant_exec bad = {(zpp_mem_kind)5, NULL, NULL};
-    EXPECT_STATUS(zpp_qx_quantize_chunks(&bad, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_INVALID);
-    EXPECT_STATUS(zpp_qx_quantize_chunks(NULL, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_INVALID);
-#ifndef ZPP_HAVE_CUDA
-    zpp_quant_exec dev = {ZPP_MEM_DEVICE, NULL, NULL};
-    EXPECT_STATUS(zpp_qx_quantize_chunks(&dev, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_UNSUPPORTED);
-    EXPECT(strstr(zpp_last_error(), "CUDA") != NULL, "%s", zpp_last_error());
-    EXPECT_STATUS(zpp_qx_convert(&dev, x, ZPP_FP32, x, ZPP_FP32, 16, 1.0f), ZPP_ERR_UNSUPPORTED);
-#endif
+    EXPECT_STATUS(zpp_device_quantize_chunks(NULL, x, ZPP_FP32, 1, 16, &sp, q), ZPP_ERR_INVALID);
+    if (zpp_device_gpu_count() == 0) {
+        zpp_device *gpu = NULL;
+        zpp_status st = zpp_device_create_gpu(0, &gpu);
+        EXPECT(st == ZPP_ERR_UNSUPPORTED || st == ZPP_ERR_CUDA, "GPU device without a GPU: %s",
+               zpp_status_str(st));
+        EXPECT(strstr(zpp_last_error(), "CUDA") != NULL, "%s", zpp_last_error());
+    }
 }
 
-/* The host path of quant_exec is the direct calls. */
+/* The host device's quantization is the direct calls. */
 static void test_exec_host_equals_direct(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(12));
-    zpp_quant_exec host = {ZPP_MEM_HOST, NULL, NULL};
+    zpp_device *host = host_device();
     for (int iter = 0; iter < 12; iter++) {
         zpp_dtype dt = all_dtypes[iter % 3];
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 5, chunk_len = 1 + zpp_rng_u64(&rng) % 2000;
@@ -931,17 +945,17 @@ static void test_exec_host_equals_direct(void) {
         float *xf = xmalloc(n * 4);
         fill(&rng, D_CAUCHY, dt, n, sp.block, x, xf);
         uint8_t *a = xmalloc(n_chunks * qb), *b = xmalloc(n_chunks * qb);
-        EXPECT_OK(zpp_qx_quantize_chunks(&host, x, dt, n_chunks, chunk_len, &sp, a));
+        EXPECT_OK(zpp_device_quantize_chunks(host, x, dt, n_chunks, chunk_len, &sp, a));
         /* stochastic chunks use the index in the whole input: equal to the
          * reorder with one node, and chunk 0 to a plain quantize */
-        EXPECT_OK(zpp_qx_reorder_quantize(&host, x, dt, chunk_len, 0, chunk_len, 1,
+        EXPECT_OK(zpp_device_reorder_quantize(host, x, dt, chunk_len, 0, chunk_len, 1,
                                           (int)n_chunks, &sp, b));
         EXPECT(memcmp(a, b, n_chunks * qb) == 0, "chunks vs reorder(1 node)");
         for (size_t c = 0; c < (sp.stochastic ? 1 : n_chunks); c++) {
             EXPECT_OK(zpp_quantize((const char *)x + c * chunk_len * es, dt, chunk_len, &sp, b));
             EXPECT(memcmp(a + c * qb, b, qb) == 0, "chunk %zu vs zpp_quantize", c);
         }
-        EXPECT_OK(zpp_qx_dequantize_chunks(&host, a, n_chunks, chunk_len, &sp, dt, y));
+        EXPECT_OK(zpp_device_dequantize_chunks(host, a, n_chunks, chunk_len, &sp, dt, y));
         for (size_t c = 0; c < n_chunks; c++)
             EXPECT_OK(zpp_dequantize(a + c * qb, chunk_len, &sp, dt,
                                      (char *)y1 + c * chunk_len * es));

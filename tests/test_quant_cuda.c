@@ -28,6 +28,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "device/device.h"
 #include "quant/quant_cpu.h"
 #include "quant/quant_cuda.h"
 #include "cuda_testlib.h"
@@ -749,12 +750,17 @@ static void test_invalid_arguments(void) {
     dbuf_free(&dq);
 }
 
-/* The kernels enqueue on the given stream and do not synchronise. */
+/* The kernels enqueue on the given stream and do not synchronise: here a
+ * GPU device's compute stream. Through the device (device.h) the same
+ * bytes come out as from the host device, and a NaN raises the device's
+ * flag with ZPP_OK, as on the host. */
 static void test_streams(void) {
     require_device();
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
-    cudaStream_t st;
-    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    zpp_device *dev = NULL, *host = NULL;
+    EXPECT_OK(zpp_device_create_gpu(0, &dev));
+    EXPECT_OK(zpp_device_create_host(&host));
+    cudaStream_t st = (cudaStream_t)dev->stream;
     const size_t n = 100003;
     zpp_quant_spec s = spec_make(4, 128, 1, &r);
     void *x = random_input(n, s.block, ZPP_BF16, &r);
@@ -768,7 +774,24 @@ static void test_streams(void) {
     CUDA_OK(cudaStreamSynchronize(st));
     dbuf_get(&dq, gpu, "quantize on a stream");
     expect_same_q(gpu, cpu, 1, n, &s, "quantize on a stream");
-    CUDA_OK(cudaStreamDestroy(st));
+
+    /* the same through both devices, a NaN in the input */
+    zpp_store_f32(x, ZPP_BF16, 777, NAN);
+    dbuf_put(&dx, x);
+    dbuf_poison(&dq);
+    int raised = -1;
+    EXPECT_OK(zpp_device_quantize_chunks(host, x, ZPP_BF16, 1, n, &s, cpu));
+    EXPECT_OK(zpp_device_nonfinite_take(host, &raised));
+    EXPECT(raised == 1, "host device: flag %d", raised);
+    EXPECT_OK(zpp_device_quantize_chunks(dev, dx.p, ZPP_BF16, 1, n, &s, dq.p));
+    EXPECT_OK(zpp_device_nonfinite_take(dev, &raised));
+    EXPECT(raised == 1, "GPU device: flag %d", raised);
+    EXPECT_OK(zpp_device_nonfinite_take(dev, &raised));
+    EXPECT(raised == 0, "GPU device: the flag was not cleared by reading it");
+    dbuf_get(&dq, gpu, "quantize through the device");
+    expect_same_q(gpu, cpu, 1, n, &s, "quantize through the GPU and the host device");
+    zpp_device_destroy(dev);
+    zpp_device_destroy(host);
     dbuf_free(&dx);
     dbuf_free(&dq);
     free(x), free(cpu), free(gpu);

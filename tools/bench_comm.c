@@ -47,13 +47,10 @@
 #include "collectives/qgz_bound.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/random.h"
-#include "core/mem.h"
+#include "device/device.h"
 #include "zeropp.h"
-
-#ifdef ZPP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 typedef struct bench_opts {
     size_t params;
@@ -85,8 +82,7 @@ typedef struct bench_ctx {
     zpp_topo *topo;
     zpp_coll *coll;
     zpp_coll_opts copts;
-    zpp_mem_kind mem;
-    void *stream;
+    zpp_device *dev; /* the host, or this rank's GPU */
     bench_unit *u;
     void *full;        /* the largest padded unit, backend memory */
     void *scratch;     /* plain reduce-scatter output */
@@ -208,15 +204,7 @@ static uint64_t hash_bytes(const void *p, size_t n) {
 
 /* ---- Setup --------------------------------------------------------------------- */
 
-static int sync_stream(bench_ctx *b) {
-#ifdef ZPP_HAVE_CUDA
-    if (b->mem == ZPP_MEM_DEVICE && cudaStreamSynchronize((cudaStream_t)b->stream) != cudaSuccess)
-        return -1;
-#else
-    (void)b;
-#endif
-    return 0;
-}
+static int sync_stream(bench_ctx *b) { return zpp_device_sync(b->dev, NULL) != ZPP_OK ? -1 : 0; }
 
 /* Fills host staging with values, copies to backend memory. */
 static zpp_status upload(bench_ctx *b, void *dst, size_t n, int unit, int rank, size_t first,
@@ -227,7 +215,7 @@ static zpp_status upload(bench_ctx *b, void *dst, size_t n, int unit, int rank, 
     for (size_t j = 0; j < n; j++)
         zpp_store_f32(h, b->o.dtype, j,
                       is_grad ? grad_at(b, unit, rank, first + j) : weight_at(b, unit, first + j));
-    zpp_status st = zpp_mem_copy(b->mem, dst, ZPP_MEM_HOST, h, n * b->ds);
+    zpp_status st = zpp_device_copy(b->dev, dst, h, n * b->ds);
     free(h);
     return st;
 }
@@ -285,19 +273,25 @@ static zpp_status setup(bench_ctx *b) {
     if (b->o.gpu) {
         /* the launcher's local rank picks the device, whatever --node-size
          * says about emulated nodes */
-        if ((st = zpp_topo_open_device(&to.device, &b->stream)) != ZPP_OK) return st;
-        to.compute_stream = b->stream;
+        int local = 0, local_size = 0, gpus = zpp_device_gpu_count();
+        if ((st = zpp_comm_launch_local(&local, &local_size)) != ZPP_OK) return st;
+        if (gpus <= 0)
+            return zpp_error(ZPP_ERR_CUDA, "--device gpu, but no GPU is visible (or this build "
+                                           "has no CUDA); use --device cpu");
+        if ((st = zpp_device_create_gpu(local % gpus, &b->dev)) != ZPP_OK) return st;
+        to.device = b->dev;
+    } else if ((st = zpp_device_create_host(&b->dev)) != ZPP_OK) {
+        return st;
     }
     st = zpp_topo_create(&to, &b->topo);
     if (st != ZPP_OK) return st;
-    b->mem = b->topo->world->mem;
     b->rank = b->topo->world_rank;
     b->W = b->topo->world_size;
     b->copts = zpp_coll_opts_default();
     if (b->o.weight_block) b->copts.weight_spec.block = (size_t)b->o.weight_block;
     if (b->o.grad_block) b->copts.grad_spec.block = (size_t)b->o.grad_block;
     b->copts.grad_slab = b->o.grad_slab;
-    st = zpp_coll_create(b->topo, &b->copts, b->stream, &b->coll);
+    st = zpp_coll_create(b->topo, &b->copts, b->dev, &b->coll);
     if (st != ZPP_OK) return st;
     b->ds = zpp_dtype_size(b->o.dtype);
     b->u = calloc((size_t)b->o.units, sizeof *b->u);
@@ -312,10 +306,10 @@ static zpp_status setup(bench_ctx *b) {
         size_t w4 = zpp_quant_bytes(u->p.shard_len, &b->copts.grad_spec);
         if (w8 > max_wire) max_wire = w8;
         if (w4 > max_wire) max_wire = w4;
-        if ((st = zpp_mem_alloc(b->mem, u->p.shard_len * b->ds, &u->shard)) ||
-            (st = zpp_mem_alloc(b->mem, u->p.padded * b->ds, &u->grad)) ||
-            (st = zpp_mem_alloc(b->mem, u->p.sec_len * b->ds, &u->secondary)) ||
-            (st = zpp_mem_alloc(b->mem, u->p.shard_len * sizeof(float), (void **)&u->out)))
+        if ((st = zpp_device_alloc(b->dev, u->p.shard_len * b->ds, &u->shard)) ||
+            (st = zpp_device_alloc(b->dev, u->p.padded * b->ds, &u->grad)) ||
+            (st = zpp_device_alloc(b->dev, u->p.sec_len * b->ds, &u->secondary)) ||
+            (st = zpp_device_alloc(b->dev, u->p.shard_len * sizeof(float), (void **)&u->out)))
             return st;
         if ((st = upload(b, u->shard, u->p.shard_len, i, b->rank,
                          (size_t)b->rank * u->p.shard_len, 0)) ||
@@ -323,11 +317,11 @@ static zpp_status setup(bench_ctx *b) {
             (st = make_refs(b, i)))
             return st;
     }
-    if ((st = zpp_mem_alloc(b->mem, max_padded * b->ds, &b->full)) ||
-        (st = zpp_mem_alloc(b->mem, max_shard * b->ds, &b->scratch)) ||
-        (st = zpp_mem_alloc(b->mem, max_wire, &b->wire_send)) ||
-        (st = zpp_mem_alloc(b->mem, max_wire * (size_t)b->W, &b->wire_recv)) ||
-        (st = zpp_mem_set(b->mem, b->wire_send, 0, max_wire)))
+    if ((st = zpp_device_alloc(b->dev, max_padded * b->ds, &b->full)) ||
+        (st = zpp_device_alloc(b->dev, max_shard * b->ds, &b->scratch)) ||
+        (st = zpp_device_alloc(b->dev, max_wire, &b->wire_send)) ||
+        (st = zpp_device_alloc(b->dev, max_wire * (size_t)b->W, &b->wire_recv)) ||
+        (st = zpp_device_set(b->dev, b->wire_send, 0, max_wire)))
         return st;
     b->host_full = malloc(max_padded * b->ds);
     b->host_out = malloc(max_shard * sizeof(float));
@@ -338,10 +332,10 @@ static zpp_status setup(bench_ctx *b) {
 static void teardown(bench_ctx *b) {
     if (b->u) {
         for (int i = 0; i < b->o.units; i++) {
-            zpp_mem_free(b->mem, b->u[i].shard);
-            zpp_mem_free(b->mem, b->u[i].grad);
-            zpp_mem_free(b->mem, b->u[i].secondary);
-            zpp_mem_free(b->mem, b->u[i].out);
+            zpp_device_free(b->dev, b->u[i].shard);
+            zpp_device_free(b->dev, b->u[i].grad);
+            zpp_device_free(b->dev, b->u[i].secondary);
+            zpp_device_free(b->dev, b->u[i].out);
             free(b->u[i].ref);
             free(b->u[i].amax);
             free(b->u[i].mean);
@@ -350,17 +344,15 @@ static void teardown(bench_ctx *b) {
         }
         free(b->u);
     }
-    zpp_mem_free(b->mem, b->full);
-    zpp_mem_free(b->mem, b->scratch);
-    zpp_mem_free(b->mem, b->wire_send);
-    zpp_mem_free(b->mem, b->wire_recv);
+    zpp_device_free(b->dev, b->full);
+    zpp_device_free(b->dev, b->scratch);
+    zpp_device_free(b->dev, b->wire_send);
+    zpp_device_free(b->dev, b->wire_recv);
     free(b->host_full);
     free(b->host_out);
     zpp_coll_destroy(b->coll);
     if (b->topo) zpp_topo_destroy(b->topo);
-#ifdef ZPP_HAVE_CUDA
-    if (b->stream) cudaStreamDestroy((cudaStream_t)b->stream);
-#endif
+    zpp_device_destroy(b->dev);
 }
 
 /* ---- Checks (single-process references) ------------------------------------ */
@@ -422,8 +414,7 @@ static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
 
 static zpp_status fetch_full(bench_ctx *b, int unit) {
     if (sync_stream(b)) return ZPP_ERR_CUDA;
-    return zpp_mem_copy(ZPP_MEM_HOST, b->host_full, b->mem, b->full,
-                        b->u[unit].p.padded * b->ds);
+    return zpp_device_copy(b->dev, b->host_full, b->full, b->u[unit].p.padded * b->ds);
 }
 
 /* ---- One step -------------------------------------------------------------------- */
@@ -497,8 +488,7 @@ static void run_step(bench_ctx *b, const zpp_coll_mode *m, int check, double ms[
         if (sync_stream(b)) BENCH_FAIL("bench comm: stream", ZPP_ERR_CUDA);
         ms[3] += zpp_cli_now_ms() - t;
         if (check) {
-            st = zpp_mem_copy(ZPP_MEM_HOST, b->host_out, b->mem, u->out,
-                              u->p.shard_len * sizeof(float));
+            st = zpp_device_copy(b->dev, b->host_out, u->out, u->p.shard_len * sizeof(float));
             if (st) BENCH_FAIL("bench comm: copy", st);
             worst = fmax(worst, check_reduce(b, i, m->reduce));
         }

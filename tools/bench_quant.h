@@ -1,6 +1,6 @@
 /* tools/bench_quant.h — the arguments of `zeropp bench quant`, shared by the
- * CPU bench (bench_quant.c) and the GPU bench (bench_quant_gpu.c, built only
- * with CUDA). */
+ * CPU bench (bench_quant.c) and the GPU bench (bench_quant_gpu.c, on the device
+ * API). */
 #ifndef ZPP_TOOLS_BENCH_QUANT_H
 #define ZPP_TOOLS_BENCH_QUANT_H
 

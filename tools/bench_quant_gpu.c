@@ -9,9 +9,9 @@
  *                                           of 2 nodes x 8 ranks: reorder
  *                                           16 chunks, sum k = 2 inputs of
  *                                           8 chunks, reduce 8 chunks * 1/16
- * Each is timed with CUDA events: 2 warm-up runs, then the median of 20.
+ * Each is timed with device events: 2 warm-up runs, then the median of 20.
  * GB/s counts bytes read + bytes written; copy_gbps is a device-to-device
- * cudaMemcpyAsync of the input (n elements) timed the same way in the same
+ * zpp_device_copy of the input (n elements) timed the same way in the same
  * run and counted the same way (read + write), so `ratio` says how close a
  * kernel comes to moving memory at copy speed.
  *
@@ -23,10 +23,8 @@
  * CPU) and exact the fp64 sum of the original inputs it stands for.
  * The exit code is 1 if anything is incorrect.
  *
- * Plain C on the CUDA runtime API; compiled to nothing without CUDA. */
-#ifdef ZPP_HAVE_CUDA
-
-#include <cuda_runtime_api.h>
+ * Plain C on the device API (device.h): in a build without CUDA,
+ * zpp_device_create_gpu says so and the bench exits 1. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +34,8 @@
 #include "cli.h"
 #include "core/dtype.h"
 #include "core/random.h"
+#include "device/device.h"
 #include "quant/quant_cpu.h"
-#include "quant/quant_cuda.h"
 
 #define ZPP_GB_WARMUP 2
 #define ZPP_GB_RUNS 20
@@ -57,88 +55,58 @@ typedef struct gbench {
     size_t es, xbytes, qbytes;
     size_t cl, qb4;       /* qgZ chunk length and its int4 quantized size */
     float red_scale;
-    cudaStream_t st;
+    zpp_device *dev;
     void *x, *y, *q, *r, *d;
     float *red;
-    int *flag;
 } gbench;
-
-static int cuda_fail(const char *what, cudaError_t e) {
-    fprintf(stderr, "zeropp bench quant: %s: %s (%s)\n", what, cudaGetErrorString(e),
-            cudaGetErrorName(e));
-    return 1;
-}
-
 
 static zpp_status op_run(gbench *g, int op) {
     const zpp_bench_quant_args *a = g->a;
     switch (op) {
-    case OP_COPY: {
-        cudaError_t e = cudaMemcpyAsync(g->y, g->x, g->xbytes, cudaMemcpyDeviceToDevice, g->st);
-        if (e != cudaSuccess) {
-            cuda_fail("device-to-device copy", e);
-            return ZPP_ERR_CUDA;
-        }
-        return ZPP_OK;
-    }
+    case OP_COPY: return zpp_device_copy(g->dev, g->y, g->x, g->xbytes);
     case OP_QUANT:
-        return zpp_cuda_quantize_chunks(g->x, a->dtype, 1, a->n, &g->spec, g->q, g->flag, g->st);
+        return zpp_device_quantize_chunks(g->dev, g->x, a->dtype, 1, a->n, &g->spec, g->q);
     case OP_DEQUANT:
-        return zpp_cuda_dequantize_chunks(g->q, 1, a->n, &g->spec, a->dtype, g->y, g->st);
+        return zpp_device_dequantize_chunks(g->dev, g->q, 1, a->n, &g->spec, a->dtype, g->y);
     case OP_REORDER:
-        return zpp_cuda_reorder_quantize(g->x, a->dtype, g->cl, 0, g->cl, ZPP_GB_NODES,
-                                         ZPP_GB_LOCAL, &g->spec4, g->r, g->flag, g->st);
+        return zpp_device_reorder_quantize(g->dev, g->x, a->dtype, g->cl, 0, g->cl, ZPP_GB_NODES,
+                                           ZPP_GB_LOCAL, &g->spec4, g->r);
     case OP_DSR:
-        return zpp_cuda_dequant_sum_requant(g->r, 2, ZPP_GB_RANKS / 2, g->cl, 0, g->cl, &g->spec4,
-                                            &g->spec4, g->d, g->flag, g->st);
+        return zpp_device_dequant_sum_requant(g->dev, g->r, 2, ZPP_GB_RANKS / 2, g->cl, 0, g->cl,
+                                              &g->spec4, &g->spec4, g->d);
     default:
-        return zpp_cuda_dequant_reduce(g->d, ZPP_GB_RANKS / 2, g->cl, &g->spec4, g->red_scale,
-                                       g->red, g->st);
+        return zpp_device_dequant_reduce(g->dev, g->d, ZPP_GB_RANKS / 2, g->cl, &g->spec4,
+                                         g->red_scale, g->red);
     }
 }
 
 /* Median milliseconds of ZPP_GB_RUNS runs of op, after the warm-up. */
 static int op_time(gbench *g, int op, double *ms_p) {
-    cudaEvent_t ev[2 * ZPP_GB_RUNS];
+    zpp_device_event *ev[2 * ZPP_GB_RUNS];
     int made = 0, rc = 1;
-    cudaError_t e = cudaSuccess;
+    zpp_status s = ZPP_OK;
+    const char *what = op_names[op];
     for (; made < 2 * ZPP_GB_RUNS; made++)
-        if ((e = cudaEventCreate(&ev[made])) != cudaSuccess) {
-            cuda_fail("creating events", e);
-            goto out;
-        }
+        if ((s = zpp_device_event_create(g->dev, 1, &ev[made])) != ZPP_OK) goto out;
     for (int r = -ZPP_GB_WARMUP; r < ZPP_GB_RUNS; r++) {
-        if (r >= 0 && (e = cudaEventRecord(ev[2 * r], g->st)) != cudaSuccess) {
-            cuda_fail("recording an event", e);
+        if (r >= 0 && (s = zpp_device_event_record(g->dev, ev[2 * r], NULL)) != ZPP_OK) goto out;
+        if ((s = op_run(g, op)) != ZPP_OK) goto out;
+        if (r >= 0 && (s = zpp_device_event_record(g->dev, ev[2 * r + 1], NULL)) != ZPP_OK)
             goto out;
-        }
-        zpp_status s = op_run(g, op);
-        if (s != ZPP_OK) {
-            if (op != OP_COPY) zpp_cli_fail(op_names[op], s);
-            goto out;
-        }
-        if (r >= 0 && (e = cudaEventRecord(ev[2 * r + 1], g->st)) != cudaSuccess) {
-            cuda_fail("recording an event", e);
-            goto out;
-        }
     }
-    if ((e = cudaStreamSynchronize(g->st)) != cudaSuccess) {
-        cuda_fail(op_names[op], e);
-        goto out;
-    }
+    if ((s = zpp_device_sync(g->dev, NULL)) != ZPP_OK) goto out;
     double t[ZPP_GB_RUNS];
     for (int r = 0; r < ZPP_GB_RUNS; r++) {
         float ms = 0;
-        if ((e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1])) != cudaSuccess) {
-            cuda_fail("reading an event", e);
+        if ((s = zpp_device_event_elapsed_ms(g->dev, ev[2 * r], ev[2 * r + 1], &ms)) != ZPP_OK)
             goto out;
-        }
         t[r] = ms;
     }
     *ms_p = zpp_cli_median(t, ZPP_GB_RUNS);
     rc = 0;
 out:
-    while (made > 0) cudaEventDestroy(ev[--made]);
+    if (rc) zpp_cli_fail(what, s);
+    while (made > 0) zpp_device_event_destroy(g->dev, ev[--made]);
     return rc;
 }
 
@@ -248,16 +216,9 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
         return 1;
     }
 
-    int rc = 1, ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        fprintf(stderr, "zeropp bench quant: --device gpu: no CUDA device is visible (%s)\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
-        return 1;
-    }
-    struct cudaDeviceProp prop;
-    if ((e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess)
-        return cuda_fail("reading the device properties", e);
+    int rc = 1;
+    if ((s = zpp_device_create_gpu(0, &g.dev)) != ZPP_OK)
+        return zpp_cli_fail("bench quant: --device gpu", s);
 
     const size_t n = a->n;
     g.es = zpp_dtype_size(a->dtype);
@@ -294,25 +255,22 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
     /* device buffers */
 #define CK(call, what)                                                        \
     do {                                                                      \
-        if ((e = (call)) != cudaSuccess) {                                    \
-            rc = cuda_fail(what, e);                                          \
+        if ((s = (call)) != ZPP_OK) {                                         \
+            rc = zpp_cli_fail(what, s);                                       \
             goto out;                                                         \
         }                                                                     \
     } while (0)
-    CK(cudaStreamCreateWithFlags(&g.st, cudaStreamNonBlocking), "creating a stream");
-    CK(cudaMalloc(&g.x, g.xbytes), "allocating the input");
-    CK(cudaMalloc(&g.y, g.xbytes), "allocating the output");
-    CK(cudaMalloc(&g.q, g.qbytes), "allocating the quantized buffer");
-    CK(cudaMalloc((void **)&g.flag, sizeof(int)), "allocating the flag");
-    CK(cudaMemset(g.flag, 0, sizeof(int)), "clearing the flag");
+    CK(zpp_device_alloc(g.dev, g.xbytes, &g.x), "allocating the input");
+    CK(zpp_device_alloc(g.dev, g.xbytes, &g.y), "allocating the output");
+    CK(zpp_device_alloc(g.dev, g.qbytes, &g.q), "allocating the quantized buffer");
     if (qgz) {
-        CK(cudaMalloc(&g.r, rbytes), "allocating the reorder output");
-        CK(cudaMalloc(&g.d, dbytes), "allocating the sum output");
-        CK(cudaMalloc((void **)&g.red, g.cl * 4), "allocating the reduce output");
+        CK(zpp_device_alloc(g.dev, rbytes, &g.r), "allocating the reorder output");
+        CK(zpp_device_alloc(g.dev, dbytes, &g.d), "allocating the sum output");
+        CK(zpp_device_alloc(g.dev, g.cl * 4, (void **)&g.red), "allocating the reduce output");
     }
-    CK(cudaMemcpy(g.x, hx, g.xbytes, cudaMemcpyHostToDevice), "uploading the input");
-    CK(cudaMemset(g.y, 0, g.xbytes), "touching the output");
-    CK(cudaMemset(g.q, 0, g.qbytes), "touching the quantized buffer");
+    CK(zpp_device_copy(g.dev, g.x, hx, g.xbytes), "uploading the input");
+    CK(zpp_device_set(g.dev, g.y, 0, g.xbytes), "touching the output");
+    CK(zpp_device_set(g.dev, g.q, 0, g.qbytes), "touching the quantized buffer");
 
     /* timing; the ops run in pipeline order, so each reads its
      * predecessor's output */
@@ -338,11 +296,11 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
         }
     }
     int flag = 0;
-    CK(cudaMemcpy(&flag, g.flag, sizeof flag, cudaMemcpyDeviceToHost), "reading the flag");
+    CK(zpp_device_nonfinite_take(g.dev, &flag), "reading the non-finite flag");
 
     /* correctness on the whole buffers, and accuracy */
-    CK(cudaMemcpy(hq, g.q, g.qbytes, cudaMemcpyDeviceToHost), "downloading");
-    CK(cudaMemcpy(hy, g.y, g.xbytes, cudaMemcpyDeviceToHost), "downloading");
+    CK(zpp_device_copy(g.dev, hq, g.q, g.qbytes), "downloading");
+    CK(zpp_device_copy(g.dev, hy, g.y, g.xbytes), "downloading");
     for (int i = 0; i < nrows; i++) {
         row *w = &rows[i];
         l2acc l = {0, 0};
@@ -360,7 +318,7 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
                 l2_add(&l, zpp_load_f32(hy, a->dtype, k), zpp_load_f32(hx, a->dtype, k));
             break;
         case OP_REORDER:
-            CK(cudaMemcpy(hr, g.r, rbytes, cudaMemcpyDeviceToHost), "downloading");
+            CK(zpp_device_copy(g.dev, hr, g.r, rbytes), "downloading");
             s = zpp_quant_reorder_quantize(hx, a->dtype, g.cl, ZPP_GB_NODES, ZPP_GB_LOCAL,
                                            &g.spec4, hr_cpu);
             w->correct = s == ZPP_OK && same_bytes(hr, hr_cpu, rbytes, "reorder_quantize");
@@ -372,7 +330,7 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
             }
             break;
         case OP_DSR:
-            CK(cudaMemcpy(hd, g.d, dbytes, cudaMemcpyDeviceToHost), "downloading");
+            CK(zpp_device_copy(g.dev, hd, g.d, dbytes), "downloading");
             s = zpp_quant_cpu_dequant_sum_requant(hr_cpu, 2, ZPP_GB_RANKS / 2, g.cl, 0, g.cl,
                                                   &g.spec4, &g.spec4, hd_cpu);
             w->correct = s == ZPP_OK && same_bytes(hd, hd_cpu, dbytes, "dequant_sum_requant");
@@ -389,7 +347,7 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
             }
             break;
         default:
-            CK(cudaMemcpy(hred, g.red, g.cl * 4, cudaMemcpyDeviceToHost), "downloading");
+            CK(zpp_device_copy(g.dev, hred, g.red, g.cl * 4), "downloading");
             s = zpp_quant_cpu_dequant_reduce(hd_cpu, ZPP_GB_RANKS / 2, g.cl, &g.spec4,
                                              g.red_scale, hred_cpu);
             w->correct = s == ZPP_OK && same_values(hred, hred_cpu, g.cl, ZPP_FP32,
@@ -407,9 +365,8 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
     }
 
     if (!a->json) {
-        printf("device: %s (sm_%d%d, %d SMs); copy: %.1f GB/s (read + write of %zu bytes)\n",
-               prop.name, prop.major, prop.minor, prop.multiProcessorCount, copy_gbps,
-               g.xbytes);
+        printf("device: %s GPU %d; copy: %.1f GB/s (read + write of %zu bytes)\n",
+               g.dev->ops->name, g.dev->ordinal, copy_gbps, g.xbytes);
         printf("%-20s %-5s %4s %7s %11s %9s %9s %9s %6s %11s %s\n", "op", "dtype", "bits",
                "block", "n", "ms", "GB/s", "copy GB/s", "ratio", "rel_l2_err", "correct");
     }
@@ -425,21 +382,15 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
     if (rc) fprintf(stderr, "zeropp bench quant: GPU results differ from the CPU reference\n");
 #undef CK
 out:
-    if (g.red) cudaFree(g.red);
-    if (g.d) cudaFree(g.d);
-    if (g.r) cudaFree(g.r);
-    if (g.flag) cudaFree(g.flag);
-    if (g.q) cudaFree(g.q);
-    if (g.y) cudaFree(g.y);
-    if (g.x) cudaFree(g.x);
-    if (g.st) cudaStreamDestroy(g.st);
+    zpp_device_free(g.dev, g.red);
+    zpp_device_free(g.dev, g.d);
+    zpp_device_free(g.dev, g.r);
+    zpp_device_free(g.dev, g.q);
+    zpp_device_free(g.dev, g.y);
+    zpp_device_free(g.dev, g.x);
+    zpp_device_destroy(g.dev);
     free(tmp), free(hred_cpu), free(hred), free(hd_cpu), free(hd), free(hr_cpu), free(hr);
     free(hq_cpu), free(hq), free(hy_cpu), free(hy), free(hx);
     return rc;
 }
 
-#else
-/* Without CUDA the GPU bench does not exist (bench_quant.c refuses
- * --device gpu); ISO C wants a translation unit to declare something. */
-typedef int zpp_bench_quant_gpu_unused_;
-#endif

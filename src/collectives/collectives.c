@@ -1,33 +1,32 @@
 /* collectives/collectives.c — ZeRO-3 and ZeRO++ unit collectives.
  *
- * The code is written once for both backends: buffers come from core/mem.h
- * in the communicator's memory kind, every quantization or dtype conversion
- * goes through quant_exec.h (CPU reference on the host, CUDA kernels on the
- * compute stream on a device), and every backend call goes through
- * zpp__call, which records its volume (volume.c) as it starts it.
+ * The code is written once for every backend: scratch comes from the
+ * device's pool, every quantization, dtype conversion and copy is a
+ * zpp_device_* call (the CPU reference on the host backend, CUDA kernels on
+ * a GPU's compute stream), and every communication backend call goes
+ * through zpp__call, which records its volume (volume.c) as it starts it.
  *
- * Ordering on a device: kernels run on the compute stream given to
- * zpp_coll_create, which must be the stream the NCCL backend orders its
- * collectives against (zpp_topo_opts.compute_stream): a collective runs
- * after the work already enqueued there, and what is enqueued after its
- * completion runs after it (comm.h). A scratch buffer returned to the pool
- * at zpp_coll_finish may still be read by a kernel in flight on that stream;
- * its next user is enqueued behind that kernel, so reuse needs no host
- * synchronisation.
+ * Ordering on a GPU: kernels run on the device's compute stream, the one
+ * the NCCL backend orders its collectives against (zpp_topo_opts.device):
+ * a collective runs after the work already enqueued there, and what is
+ * enqueued after its completion runs after it (comm.h). A scratch buffer
+ * returned to the pool at zpp_coll_finish may still be read by a kernel in
+ * flight on that stream; its next user is enqueued behind that kernel, so
+ * reuse needs no host synchronisation.
  *
  * Asynchrony: *_start does the local pre-processing (quantization) and
  * starts the first exchange; zpp_coll_finish waits for it and runs the rest
  * (dequantization; for qgZ the intra-node sum and the inter-node exchange).
- * Each operation in flight holds its own scratch buffers, leased from a pool
- * that grows on demand and is reused (the engine keeps about three in
- * flight: the gather in use, a prefetch, a reduce).
+ * Each operation in flight holds its own scratch buffers, leased from the
+ * device's pool (the engine keeps about three in flight: the gather in use,
+ * a prefetch, a reduce).
  *
  * qgZ runs in slabs (collectives.h, zpp_qgz_slabs): start enqueues every
  * slab's quantization and first exchange, finish every slab's sums and
- * second exchange. On a device the exchanges run on the communication
- * stream and the kernels on the compute stream, each exchange after its
- * slab's kernel and each kernel after its slab's exchange, so while slab k
- * is on the wire slab k + 1 is quantized and slab k - 1 summed. */
+ * second exchange. On a GPU the exchanges run on the communication stream
+ * and the kernels on the compute stream, each exchange after its slab's
+ * kernel and each kernel after its slab's exchange, so while slab k is on
+ * the wire slab k + 1 is quantized and slab k - 1 summed. */
 #include "collectives/collectives.h"
 
 #include <stdlib.h>
@@ -35,32 +34,16 @@
 
 #include "core/error.h"
 #include "core/random.h"
-#include "core/mem.h"
-#include "quant/quant_exec.h"
-
-#ifdef ZPP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "device/device.h"
 
 /* The three communicators of a topology. */
 typedef enum zpp__group { ZPP__WORLD = 0, ZPP__INTRA = 1, ZPP__INTER = 2 } zpp__group;
 
-typedef struct zpp__buf {
-    void *p;
-    size_t cap;
-    int busy;
-} zpp__buf;
-
 struct zpp_coll {
     zpp_topo *topo;
     zpp_coll_opts opts;
-    void *stream;
-    zpp_mem_kind mem;
-    zpp_quant_exec qx;
-    int *nonfinite_dev; /* raised by the kernels (device memory only) */
+    zpp_device *dev;    /* kernels, scratch, the non-finite flag; not owned */
     zpp_volume vol;
-    zpp__buf *pool;
-    size_t pool_len, pool_cap;
     uint64_t seq;       /* operations started: varies stochastic-rounding seeds */
 };
 
@@ -94,9 +77,7 @@ struct zpp_coll_op {
     zpp_comm_req *req;
     zpp__qgz_stage stage;
     zpp_quant_spec spec;    /* quantization spec of this call (seeded) */
-    int buf[ZPP__OP_BUFS];  /* pool indices, -1 = none */
-    void *bp[ZPP__OP_BUFS]; /* their pointers */
-    zpp_status deferred;    /* ZPP_ERR_NONFINITE seen during start */
+    void *bp[ZPP__OP_BUFS]; /* scratch from the device's pool, NULL = none */
     /* qgZ: the slabs, and the exchange of each in flight on `group` */
     int slabs;
     size_t slab_len;
@@ -178,51 +159,9 @@ static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call
     return ZPP_OK;
 }
 
-/* Leases a scratch buffer of at least `bytes` from the pool: the smallest
- * free one that fits, else a free one regrown, else a new one. */
-static zpp_status zpp__lease(zpp_coll *c, size_t bytes, int *idx_p, void **p_p) {
-    long fit = -1, any = -1;
-    for (size_t i = 0; i < c->pool_len; i++) {
-        zpp__buf *b = &c->pool[i];
-        if (b->busy) continue;
-        if (b->cap >= bytes && (fit < 0 || b->cap < c->pool[fit].cap)) fit = (long)i;
-        if (any < 0 || b->cap > c->pool[any].cap) any = (long)i;
-    }
-    if (fit < 0 && any >= 0) {
-        /* Regrow the largest free buffer. On a device, a kernel may still be
-         * reading it: cudaFree waits for the device to finish before freeing. */
-        zpp__buf *b = &c->pool[any];
-        void *p = NULL;
-        ZPP_CHECK(zpp_mem_alloc(c->mem, bytes, &p));
-        zpp_mem_free(c->mem, b->p);
-        b->p = p;
-        b->cap = bytes;
-        fit = any;
-    }
-    if (fit < 0) {
-        if (c->pool_len == c->pool_cap) {
-            size_t cap = c->pool_cap ? 2 * c->pool_cap : 8;
-            zpp__buf *np = realloc(c->pool, cap * sizeof *np);
-            if (!np) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory for the pool");
-            c->pool = np;
-            c->pool_cap = cap;
-        }
-        void *p = NULL;
-        ZPP_CHECK(zpp_mem_alloc(c->mem, bytes, &p));
-        c->pool[c->pool_len].p = p;
-        c->pool[c->pool_len].cap = bytes;
-        c->pool[c->pool_len].busy = 0;
-        fit = (long)c->pool_len++;
-    }
-    c->pool[fit].busy = 1;
-    *idx_p = (int)fit;
-    *p_p = c->pool[fit].p;
-    return ZPP_OK;
-}
-
-/* Leases op buffer slot k. */
+/* Leases op buffer slot k from the device's scratch pool. */
 static zpp_status zpp__op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t bytes) {
-    return zpp__lease(c, bytes, &op->buf[k], &op->bp[k]);
+    return zpp_device_scratch_get(c->dev, bytes, &op->bp[k]);
 }
 
 /* Completes every slab exchange still in flight (after an error: their
@@ -237,8 +176,7 @@ static void zpp__op_drain(zpp_coll *c, zpp_coll_op *op) {
 
 static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
     zpp__op_drain(c, op);
-    for (int k = 0; k < ZPP__OP_BUFS; k++)
-        if (op->buf[k] >= 0) c->pool[op->buf[k]].busy = 0;
+    for (int k = 0; k < ZPP__OP_BUFS; k++) zpp_device_scratch_put(c->dev, op->bp[k]);
     free(op);
 }
 
@@ -250,25 +188,13 @@ static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partitio
     op->part = *p;
     op->dtype = dtype;
     op->phase = phase;
-    for (int k = 0; k < ZPP__OP_BUFS; k++) op->buf[k] = -1;
     *op_p = op;
     return ZPP_OK;
 }
 
-/* A stream-ordered copy inside the communicator's memory. */
+/* A stream-ordered copy inside the device's memory. */
 static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t bytes) {
-    if (bytes == 0) return ZPP_OK;
-    if (c->mem == ZPP_MEM_HOST) return zpp_mem_copy(ZPP_MEM_HOST, dst, ZPP_MEM_HOST, src, bytes);
-#ifdef ZPP_HAVE_CUDA
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                    (cudaStream_t)c->stream);
-    if (e != cudaSuccess)
-        return zpp_error(ZPP_ERR_CUDA, "collectives: device copy of %zu bytes failed: %s",
-                         bytes, cudaGetErrorString(e));
-    return ZPP_OK;
-#else
-    return zpp_error(ZPP_ERR_UNSUPPORTED, "collectives: device memory in a build without CUDA");
-#endif
+    return zpp_device_copy(c->dev, dst, src, bytes);
 }
 
 /* ---- The exchanges of qgZ -------------------------------------------------------
@@ -309,20 +235,6 @@ static zpp_status zpp__exchange_finish(zpp_coll *c, zpp__group g, const void *se
     return zpp__copy(c, (char *)recv + me, (const char *)send + me, q);
 }
 
-static zpp_status zpp__sync(zpp_coll *c) {
-#ifdef ZPP_HAVE_CUDA
-    if (c->mem == ZPP_MEM_DEVICE) {
-        cudaError_t e = cudaStreamSynchronize((cudaStream_t)c->stream);
-        if (e != cudaSuccess)
-            return zpp_error(ZPP_ERR_CUDA, "collectives: stream synchronisation failed: %s",
-                             cudaGetErrorString(e));
-    }
-#else
-    (void)c;
-#endif
-    return ZPP_OK;
-}
-
 /* A spec for one quantizing call: with stochastic rounding, a fresh stream
  * per call and per rank (the streams are indexed by element position, so
  * ranks sharing a seed would round their errors the same way and the
@@ -334,16 +246,6 @@ static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, ui
                            ((uint64_t)c->topo->world_rank << 40) ^ (salt << 60));
     }
     return q;
-}
-
-/* Non-finite input is carried through (a NaN scale) and reported at finish,
- * so that every rank completes the exchange; anything else stops here. */
-static int zpp__soft(zpp_status st, zpp_coll_op *op) {
-    if (st == ZPP_ERR_NONFINITE) {
-        op->deferred = st;
-        return 1;
-    }
-    return st == ZPP_OK;
 }
 
 static zpp_status zpp__check_part(const zpp_coll *c, const zpp_partition *p, const char *what) {
@@ -358,10 +260,20 @@ static zpp_status zpp__check_part(const zpp_coll *c, const zpp_partition *p, con
 
 /* ---- Create / destroy ------------------------------------------------------ */
 
-zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, void *stream,
+zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, zpp_device *dev,
                            zpp_coll **coll_p) {
     if (!topo || !topo->world || !topo->intra || !topo->inter || !coll_p)
         return zpp_error(ZPP_ERR_INVALID, "collectives: a topology and an output are needed");
+    if (!dev)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "collectives: no device; create one with zpp_device_create_host (MPI) "
+                         "or zpp_device_create_gpu (NCCL)");
+    if (dev->mem != topo->world->mem)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "collectives: the device keeps tensors in %s memory but the %s backend "
+                         "moves %s memory; use the host device with MPI, a GPU with NCCL",
+                         dev->mem == ZPP_MEM_HOST ? "host" : "GPU", topo->world->ops->name,
+                         topo->world->mem == ZPP_MEM_HOST ? "host" : "GPU");
     zpp_coll_opts o = opts ? *opts : zpp_coll_opts_default();
     zpp_status st = zpp_quant_spec_check(&o.weight_spec);
     if (st != ZPP_OK) return zpp_error_context(st, "collectives: weight (qwZ) spec");
@@ -371,32 +283,13 @@ zpp_status zpp_coll_create(zpp_topo *topo, const zpp_coll_opts *opts, void *stre
     if (!c) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory");
     c->topo = topo;
     c->opts = o;
-    c->stream = stream;
-    c->mem = topo->world->mem;
-    if (c->mem == ZPP_MEM_DEVICE) {
-        st = zpp_mem_alloc(ZPP_MEM_DEVICE, sizeof(int), (void **)&c->nonfinite_dev);
-        if (st == ZPP_OK) st = zpp_mem_set(ZPP_MEM_DEVICE, c->nonfinite_dev, 0, sizeof(int));
-        if (st != ZPP_OK) {
-            zpp_mem_free(ZPP_MEM_DEVICE, c->nonfinite_dev);
-            free(c);
-            return zpp_error_context(st, "collectives: non-finite flag");
-        }
-    }
-    c->qx.mem = c->mem;
-    c->qx.stream = stream;
-    c->qx.nonfinite_dev = c->nonfinite_dev;
+    c->dev = dev;
     *coll_p = c;
     return ZPP_OK;
 }
 
-void zpp_coll_destroy(zpp_coll *c) {
-    if (!c) return;
-    zpp__sync(c); /* kernels may still read pool buffers */
-    for (size_t i = 0; i < c->pool_len; i++) zpp_mem_free(c->mem, c->pool[i].p);
-    free(c->pool);
-    zpp_mem_free(c->mem, c->nonfinite_dev);
-    free(c);
-}
+/* The scratch stays with the device, for the next user. */
+void zpp_coll_destroy(zpp_coll *c) { free(c); }
 
 /* ---- Gathers ----------------------------------------------------------------- */
 
@@ -434,8 +327,8 @@ zpp_status zpp_coll_gather_start(zpp_coll *c, const zpp_partition *p, zpp_gather
     size_t W = (size_t)c->topo->world_size;
     ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, qb), st, fail);
     ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qb), st, fail);
-    st = zpp_qx_quantize_chunks(&c->qx, shard, dtype, 1, n, &op->spec, op->bp[0]);
-    if (!zpp__soft(st, op)) goto fail;
+    ZPP_CHECK_GOTO(zpp_device_quantize_chunks(c->dev, shard, dtype, 1, n, &op->spec, op->bp[0]),
+                   st, fail);
     ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, op->bp[0], op->bp[1], qb,
                              dtype, &op->req),
                    st, fail);
@@ -541,10 +434,9 @@ zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce
     for (int k = 0; k < op->slabs; k++) {
         zpp__slab s = zpp__slab_get(op, k);
         char *q = (char *)op->bp[0] + W * s.at;
-        st = zpp_qx_reorder_quantize(&c->qx, full_grad, dtype, n, s.first, s.len, t->nodes,
-                                     t->node_size, &op->spec, q);
-        if (!zpp__soft(st, op)) goto fail;
-        st = ZPP_OK;
+        ZPP_CHECK_GOTO(zpp_device_reorder_quantize(c->dev, full_grad, dtype, n, s.first, s.len,
+                                                   t->nodes, t->node_size, &op->spec, q),
+                       st, fail);
         if (op->stage == ZPP__QGZ_INTRA)
             st = zpp__exchange_start(c, ZPP__INTRA, q, (char *)op->bp[1] + W * s.at, N * s.q,
                                      dtype, &op->slab_req[k]);
@@ -576,7 +468,6 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     size_t W = N * S;
     float inv_w = 1.0f / (float)t->world_size;
     const zpp_quant_spec *gs = &op->spec;
-    zpp_status st;
     if (op->stage != ZPP__QGZ_INTRA || N == 1) {
         for (int k = 0; k < op->slabs; k++) {
             zpp__slab s = zpp__slab_get(op, k);
@@ -597,9 +488,8 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
                 q = (const char *)op->bp[1] + W * s.at;
                 inputs = S;
             }
-            st = zpp_qx_dequant_reduce(&c->qx, q, inputs, s.len, gs, inv_w,
-                                       op->shard_out + s.first);
-            if (!zpp__soft(st, op)) return st;
+            ZPP_CHECK(zpp_device_dequant_reduce(c->dev, q, inputs, s.len, gs, inv_w,
+                                                op->shard_out + s.first));
         }
         return ZPP_OK;
     }
@@ -616,9 +506,8 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
         zpp__slab s = zpp__slab_get(op, k);
         ZPP_CHECK(zpp__slab_wait(c, op, k));
         char *sum = (char *)op->bp[2] + N * s.at;
-        st = zpp_qx_dequant_sum_requant(&c->qx, (const char *)op->bp[1] + W * s.at, (int)S, N,
-                                        n, s.first, s.len, gs, &rs, sum);
-        if (!zpp__soft(st, op)) return st;
+        ZPP_CHECK(zpp_device_dequant_sum_requant(c->dev, (const char *)op->bp[1] + W * s.at,
+                                                 (int)S, N, n, s.first, s.len, gs, &rs, sum));
         /* Step 4: chunk m goes to the rank with my local index on node m. */
         ZPP_CHECK(zpp__exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q,
                                       op->dtype, &op->slab_req[k]));
@@ -632,8 +521,8 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
         /* Step 5: sum the N node partial sums and average over the WORLD,
          * once: each element is the sum of W contributions, so 1/W (not 1/N,
          * not 1/node_size) makes it the data-parallel mean. */
-        st = zpp_qx_dequant_reduce(&c->qx, sums, N, s.len, &rs, inv_w, op->shard_out + s.first);
-        if (!zpp__soft(st, op)) return st;
+        ZPP_CHECK(zpp_device_dequant_reduce(c->dev, sums, N, s.len, &rs, inv_w,
+                                            op->shard_out + s.first));
     }
     return ZPP_OK;
 }
@@ -654,10 +543,9 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
         if (op->gather == ZPP_GATHER_QWZ) {
             /* The W received chunks, rank order, are the padded unit; the
              * padding quantizes to 0 and dequantizes to exactly 0. */
-            st = zpp_qx_dequantize_chunks(&c->qx, op->bp[1], (size_t)c->topo->world_size,
-                                          p->shard_len, &op->spec, op->dtype, op->full);
-            if (!zpp__soft(st, op)) goto out;
-            st = ZPP_OK;
+            st = zpp_device_dequantize_chunks(c->dev, op->bp[1], (size_t)c->topo->world_size,
+                                              p->shard_len, &op->spec, op->dtype, op->full);
+            if (st != ZPP_OK) goto out;
         }
         if (op->secondary) {
             /* hpZ: keep this rank's 1/S slice of the unit for the backward. */
@@ -668,21 +556,16 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
     case ZPP__OP_REDUCE:
         if (op->reduce == ZPP_REDUCE_BASELINE) {
             const void *sum = op->dtype == ZPP_FP32 ? (const void *)op->shard_out : op->bp[0];
-            st = zpp_qx_convert(&c->qx, sum, op->dtype, op->shard_out, ZPP_FP32, p->shard_len,
-                                1.0f / (float)c->topo->world_size);
+            st = zpp_device_convert(c->dev, sum, op->dtype, op->shard_out, ZPP_FP32,
+                                    p->shard_len, 1.0f / (float)c->topo->world_size);
         } else {
             st = zpp__qgz_finish(c, op);
         }
         break;
     }
 out:
-    if (st == ZPP_OK) st = op->deferred;
-    if (st != ZPP_OK && st != ZPP_ERR_NONFINITE)
+    if (st != ZPP_OK)
         st = zpp_error_context(st, "finishing a collective of %zu elements", op->part.numel);
-    else if (st == ZPP_ERR_NONFINITE)
-        st = zpp_error(st, "collective of %zu elements: the input holds NaN or Inf; it was "
-                           "carried through as NaN so every rank completed the exchange",
-                       op->part.numel);
     zpp__op_free(c, op);
     return st;
 }
@@ -693,51 +576,21 @@ zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n) {
     if (!c || (n && !host_values))
         return zpp_error(ZPP_ERR_INVALID, "allreduce: values are required");
     if (n == 0) return ZPP_OK;
-    if (c->mem == ZPP_MEM_HOST)
-        return zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, host_values,
-                         host_values, n, ZPP_FP32, NULL);
-    /* Device backend: stage through a device buffer. The stream is drained
-     * first because the pool buffer may still be read by a kernel and the
-     * synchronous copies do not order against a non-blocking stream. */
-    int idx;
-    void *dev;
-    ZPP_CHECK(zpp__sync(c));
-    ZPP_CHECK(zpp__lease(c, n * sizeof(float), &idx, &dev));
+    /* The backend reduces the device's memory: stage the values through a
+     * scratch buffer (on the host backend, host memory as well). The copy
+     * back waits for the compute stream, behind which the backend ordered
+     * the all-reduce. */
+    void *buf = NULL;
+    ZPP_CHECK(zpp_device_scratch_get(c->dev, n * sizeof(float), &buf));
     zpp_status st;
-    ZPP_CHECK_GOTO(zpp_mem_copy(ZPP_MEM_DEVICE, dev, ZPP_MEM_HOST, host_values,
-                                n * sizeof(float)),
-                   st, out);
-    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, dev, dev, n,
+    ZPP_CHECK_GOTO(zpp_device_copy(c->dev, buf, host_values, n * sizeof(float)), st, out);
+    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, buf, buf, n,
                              ZPP_FP32, NULL),
                    st, out);
-    ZPP_CHECK_GOTO(zpp__sync(c), st, out);
-    ZPP_CHECK_GOTO(zpp_mem_copy(ZPP_MEM_HOST, host_values, ZPP_MEM_DEVICE, dev,
-                                n * sizeof(float)),
-                   st, out);
+    ZPP_CHECK_GOTO(zpp_device_copy(c->dev, host_values, buf, n * sizeof(float)), st, out);
 out:
-    c->pool[idx].busy = 0;
+    zpp_device_scratch_put(c->dev, buf);
     return st;
-}
-
-zpp_status zpp_coll_nonfinite_check(zpp_coll *c, int *flag_p) {
-    if (!c || !flag_p) return zpp_error(ZPP_ERR_INVALID, "nonfinite check: flag_p is required");
-    if (!c->nonfinite_dev) {
-        *flag_p = 0;
-        return ZPP_OK;
-    }
-    int flag = 0;
-    ZPP_CHECK(zpp__sync(c));
-    ZPP_CHECK(zpp_mem_copy(ZPP_MEM_HOST, &flag, ZPP_MEM_DEVICE, c->nonfinite_dev, sizeof flag));
-    if (flag) ZPP_CHECK(zpp_mem_set(ZPP_MEM_DEVICE, c->nonfinite_dev, 0, sizeof(int)));
-    *flag_p = flag != 0;
-    return ZPP_OK;
-}
-
-void zpp_coll_pool_stats(const zpp_coll *c, size_t *buffers_p, size_t *bytes_p) {
-    size_t bytes = 0;
-    for (size_t i = 0; i < c->pool_len; i++) bytes += c->pool[i].cap;
-    if (buffers_p) *buffers_p = c->pool_len;
-    if (bytes_p) *bytes_p = bytes;
 }
 
 const zpp_volume *zpp_coll_volume(const zpp_coll *c) { return &c->vol; }

@@ -69,7 +69,7 @@ typedef struct zpp_coll_opts {
     zpp_quant_spec weight_spec;   /* qwZ: int8, default block */
     zpp_quant_spec grad_spec;     /* qgZ: int4, default block */
     /* qgZ's pipeline: elements of each rank's chunk per step (a "slab",
-     * quant_exec.h). 0: automatic (zpp_qgz_slabs); SIZE_MAX: one step. */
+     * device.h). 0: automatic (zpp_qgz_slabs); SIZE_MAX: one step. */
     size_t grad_slab;
 } zpp_coll_opts;
 
@@ -78,7 +78,7 @@ typedef struct zpp_coll_opts {
  * the exchange of the next, where one whole-unit step runs kernel,
  * exchange, kernel in a row. The results are bit for bit those of one step:
  * slabs start on block boundaries and every element keeps its stochastic
- * index (quant_exec.h); the wire bytes are the same too.
+ * index (device.h); the wire bytes are the same too.
  *
  * Returns the number of slabs of a reduction of chunks of shard_len
  * elements over `nodes` nodes, and sets *slab_p to the length of each but
@@ -133,17 +133,10 @@ void zpp_coll_volume_reset(zpp_coll *c);
 /* Non-finite input. A NaN or Inf in a shard or gradient does not stop a
  * collective half way (the peers would hang in the exchange): the
  * quantizers store a NaN scale for the offending block, the NaN travels
- * through the exchange and the sums, and zpp_coll_finish returns
- * ZPP_ERR_NONFINITE on the host rank that saw it, after completing the
- * operation. On device memory the kernels raise a flag instead, read (and
- * cleared) by this call, which synchronises the stream: *flag_p = 1 if any
- * quantizer saw a non-finite value since the last check. Always 0 on host
- * memory (there the error is returned by zpp_coll_finish). */
-zpp_status zpp_coll_nonfinite_check(zpp_coll *c, int *flag_p);
-
-/* The scratch pool: buffers held and their bytes (for tests and reports).
- * It grows to what the operations in flight at once need and then stays. */
-void zpp_coll_pool_stats(const zpp_coll *c, size_t *buffers_p, size_t *bytes_p);
+ * through the exchange and the sums, and the device's non-finite flag is
+ * raised (device.h); zpp_coll_finish returns ZPP_OK. The engine reads the
+ * flag once a step (zpp_device_nonfinite_take). The scratch the operations
+ * in flight hold comes from the device's pool (zpp_device_scratch_stats). */
 
 /* ---- Volume formulas (DESIGN.md §5) ------------------------------------
  *

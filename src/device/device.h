@@ -14,8 +14,9 @@
  *
  * Ordering. Work is enqueued on the device's compute stream in call order
  * (on the host it simply runs). A copy whose destination is host memory
- * returns once the data is there; every other operation may return before
- * it has run. Other streams (the NCCL backend's) order against the compute
+ * returns once the data is there, and one whose source is host memory once
+ * the source has been read (the caller may free it); every other operation
+ * may return before it has run. Other streams (the NCCL backend's) order against the compute
  * stream with events.
  *
  * Non-finite values. A quantizing kernel that meets NaN or Inf in a block
@@ -102,6 +103,13 @@ typedef struct zpp_device_buf {
     int busy;
 } zpp_device_buf;
 
+/* One live allocation, so zpp_device_free knows how many bytes it returns
+ * (cudaFree does not say). */
+typedef struct zpp_device_alloc_rec {
+    void *p;
+    size_t bytes;
+} zpp_device_alloc_rec;
+
 struct zpp_device {
     const zpp_device_ops *ops;
     zpp_mem_kind mem; /* where this device's tensors live */
@@ -111,8 +119,11 @@ struct zpp_device {
     /* the scratch pool (device.c) */
     zpp_device_buf *pool;
     size_t pool_len, pool_cap;
-    /* bytes allocated through this device, now and at most */
+    /* bytes allocated through this device, now and at most, and the live
+     * allocations behind mem_now (device.c) */
     size_t mem_now, mem_peak;
+    zpp_device_alloc_rec *live;
+    size_t live_len, live_cap;
     void *impl;       /* backend state */
 };
 
@@ -138,7 +149,8 @@ void zpp_device_destroy(zpp_device *d);
 zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p);
 void zpp_device_free(zpp_device *d, void *p);
 /* Stream-ordered copy between any two of: this device's memory, host
- * memory. Returns after the data is there when dst is host memory. */
+ * memory. Returns after the data is there when dst is host memory, and
+ * after the source has been read when src is. */
 zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes);
 zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes);
 

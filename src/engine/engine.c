@@ -9,47 +9,12 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "engine/shard_ops.h"
-#include "quant/quant_exec.h"
+#include "device/device.h"
 
-/* ---- A pool of equal-size scratch buffers ---------------------------------
- * Gathered units, full gradients and reduction inputs live only while a unit
- * is in use; the pool hands buffers of the largest unit's size back and
- * forth, so the peak is a few units, never the model. */
-typedef struct buf_pool {
-    zpp_mem_kind mem;
-    size_t bytes;
-    void **free;
-    int n_free, cap;
-} buf_pool;
-
-static zpp_status pool_get(buf_pool *p, void **buf_p) {
-    if (p->n_free > 0) {
-        *buf_p = p->free[--p->n_free];
-        return ZPP_OK;
-    }
-    return zpp_mem_alloc(p->mem, p->bytes, buf_p);
-}
-
-static void pool_put(buf_pool *p, void *buf) {
-    if (!buf) return;
-    if (p->n_free == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 8;
-        void **f = realloc(p->free, (size_t)cap * sizeof *f);
-        if (!f) { /* cannot keep it: give it back */
-            zpp_mem_free(p->mem, buf);
-            return;
-        }
-        p->free = f;
-        p->cap = cap;
-    }
-    p->free[p->n_free++] = buf;
-}
-
-static void pool_destroy(buf_pool *p) {
-    for (int i = 0; i < p->n_free; i++) zpp_mem_free(p->mem, p->free[i]);
-    free(p->free);
-}
+/* Transient buffers (gathered units, full gradients, reduction inputs and
+ * outputs) live only while a unit is in use. They come from the device's
+ * scratch pool, each with the bytes of the dtype it holds, so the peak is a
+ * few units in their own dtype, never the model. */
 
 /* ---- Per-unit state -------------------------------------------------------- */
 typedef struct unit_state {
@@ -70,20 +35,17 @@ struct zpp_engine {
     zpp_topo *topo;
     zpp_model *model;
     zpp_engine_opts opts;
-    void *stream;
-    zpp_mem_kind mem;
+    zpp_device *dev;   /* not owned */
     zpp_coll *coll;
-    zpp_quant_exec qx;
     unit_state *units;
-    buf_pool pool;
     int step;          /* optimizer steps taken */
     int forward_ready; /* a forward ran under the current weights */
     int volume_fresh;  /* the volume counts start with this step */
     /* the reduction in flight */
     zpp_coll_op *reduce_op;
     int reduce_unit;
-    void *reduce_in;   /* pool buffer holding the reduction input, or NULL */
-    float *reduce_out; /* pool buffer, shard_len fp32 */
+    void *reduce_in;   /* scratch holding the reduction input, or NULL */
+    float *reduce_out; /* scratch, shard_len fp32 */
 };
 
 zpp_engine_opts zpp_engine_opts_default(void) {
@@ -108,12 +70,12 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
     size_t wsize = zpp_dtype_size(e->opts.work_dtype);
     size_t fbytes = p->shard_len * sizeof(float);
-    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->master));
-    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->m));
-    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->v));
-    ZPP_CHECK(zpp_mem_alloc(e->mem, fbytes, (void **)&u->grad_acc));
-    ZPP_CHECK(zpp_mem_alloc(e->mem, p->shard_len * wsize, &u->work));
-    if (e->opts.hpz) ZPP_CHECK(zpp_mem_alloc(e->mem, p->sec_len * wsize, &u->secondary));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->master));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->m));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->v));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->grad_acc));
+    ZPP_CHECK(zpp_device_alloc(e->dev, p->shard_len * wsize, &u->work));
+    if (e->opts.hpz) ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * wsize, &u->secondary));
 
     /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
      * clipped to the real elements; the padding stays zero forever (its
@@ -125,27 +87,41 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     if (count > p->shard_len) count = p->shard_len;
     zpp_status st = ZPP_OK;
     if (count) st = e->model->ops->init_params(e->model, index, begin, count, host, e->opts.seed);
-    if (st == ZPP_OK) st = zpp_mem_copy(e->mem, u->master, ZPP_MEM_HOST, host, fbytes);
+    /* The copy must land before `host` is freed: a copy from host memory
+     * has read its source when it returns. */
+    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
     free(host);
     ZPP_CHECK(st);
-    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->m, fbytes));
-    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->v, fbytes));
-    ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_acc, fbytes));
-    return zpp_qx_convert(&e->qx, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
-                          p->shard_len, 1.0f);
+    ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
+    ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
+    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, fbytes));
+    return zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
+                              p->shard_len, 1.0f);
 }
 
 static void free_unit(zpp_engine *e, unit_state *u) {
-    zpp_mem_free(e->mem, u->master);
-    zpp_mem_free(e->mem, u->m);
-    zpp_mem_free(e->mem, u->v);
-    zpp_mem_free(e->mem, u->grad_acc);
-    zpp_mem_free(e->mem, u->work);
-    zpp_mem_free(e->mem, u->secondary);
+    zpp_device_free(e->dev, u->master);
+    zpp_device_free(e->dev, u->m);
+    zpp_device_free(e->dev, u->v);
+    zpp_device_free(e->dev, u->grad_acc);
+    zpp_device_free(e->dev, u->work);
+    zpp_device_free(e->dev, u->secondary);
+}
+
+/* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
+static size_t work_bytes(const zpp_engine *e, const unit_state *u) {
+    return u->part.padded * zpp_dtype_size(e->opts.work_dtype);
 }
 
 zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             void *stream, zpp_engine **engine_p) {
+                             zpp_device *dev, zpp_engine **engine_p) {
+    if (!topo || !model || !opts || !engine_p)
+        return zpp_error(ZPP_ERR_INVALID, "engine: topology, model, options and engine_p are "
+                                          "required");
+    if (!dev)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: no device; create one with zpp_device_create_host or "
+                         "zpp_device_create_gpu");
     if (opts->work_dtype != ZPP_BF16 && opts->work_dtype != ZPP_FP32)
         return zpp_error(ZPP_ERR_INVALID, "engine: working dtype must be bf16 or fp32, not %s",
                          zpp_dtype_name(opts->work_dtype));
@@ -153,40 +129,34 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: the model takes %s parameters but the engine works in %s",
                          zpp_dtype_name(model->param_dtype), zpp_dtype_name(opts->work_dtype));
-    if (model->mem != topo->world->mem)
+    if (model->mem != topo->world->mem || dev->mem != model->mem)
         return zpp_error(ZPP_ERR_INVALID,
-                         "engine: the model's memory and the communication backend's differ "
-                         "(host model with NCCL, or device model with MPI)");
+                         "engine: the model's, the device's and the communication backend's "
+                         "memory differ (host model with NCCL, or GPU model with MPI); create "
+                         "model and topology for the same device");
     zpp_engine *e = calloc(1, sizeof *e);
     if (!e) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory");
     e->topo = topo;
     e->model = model;
     e->opts = *opts;
-    e->stream = stream;
-    e->mem = topo->world->mem;
-    e->qx.mem = e->mem;
-    e->qx.stream = stream;
+    e->dev = dev;
     e->reduce_unit = -1;
     zpp_status st;
-    ZPP_CHECK_GOTO(zpp_coll_create(topo, &opts->coll, stream, &e->coll), st, fail);
+    ZPP_CHECK_GOTO(zpp_coll_create(topo, &opts->coll, dev, &e->coll), st, fail);
     e->units = calloc((size_t)model->n_units, sizeof *e->units);
     if (!e->units) {
         st = zpp_error(ZPP_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
-    size_t max_padded = 0;
     for (int i = 0; i < model->n_units; i++) {
         unit_state *u = &e->units[i];
         u->part = zpp_partition_make(model->unit_numel[i], topo);
-        if (u->part.padded > max_padded) max_padded = u->part.padded;
         u->first_stage = -1;
     }
     for (int s = 0; s < model->n_stages; s++) {
         unit_state *u = &e->units[model->stage_unit[s]];
         if (u->first_stage < 0) u->first_stage = s;
     }
-    e->pool.mem = e->mem;
-    e->pool.bytes = (max_padded ? max_padded : 1) * sizeof(float); /* fits any dtype */
     for (int i = 0; i < model->n_units; i++)
         ZPP_CHECK_GOTO(alloc_unit(e, &e->units[i], i), st, fail);
     *engine_p = e;
@@ -203,15 +173,14 @@ void zpp_engine_destroy(zpp_engine *e) {
             unit_state *u = &e->units[i];
             if (u->gather_op) zpp_coll_finish(e->coll, u->gather_op);
             free_unit(e, u);
-            pool_put(&e->pool, u->full);
-            pool_put(&e->pool, u->grad_full);
+            zpp_device_scratch_put(e->dev, u->full);
+            zpp_device_scratch_put(e->dev, u->grad_full);
         }
     }
     if (e->reduce_op) zpp_coll_finish(e->coll, e->reduce_op);
-    pool_put(&e->pool, e->reduce_in);
-    pool_put(&e->pool, e->reduce_out);
+    zpp_device_scratch_put(e->dev, e->reduce_in);
+    zpp_device_scratch_put(e->dev, e->reduce_out);
     free(e->units);
-    pool_destroy(&e->pool);
     zpp_coll_destroy(e->coll);
     free(e);
 }
@@ -225,7 +194,7 @@ void zpp_engine_destroy(zpp_engine *e) {
 static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
     unit_state *u = &e->units[ui];
     if (u->full) return ZPP_OK;
-    ZPP_CHECK(pool_get(&e->pool, &u->full));
+    ZPP_CHECK(zpp_device_scratch_get(e->dev, work_bytes(e, u), &u->full));
     zpp_status st;
     if (phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz) {
         if (!u->secondary_valid) {
@@ -245,7 +214,7 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
         if (st == ZPP_OK && sec) u->secondary_valid = 1;
     }
     if (st != ZPP_OK) {
-        pool_put(&e->pool, u->full);
+        zpp_device_scratch_put(e->dev, u->full);
         u->full = NULL;
     }
     return st;
@@ -270,7 +239,7 @@ static zpp_status release(zpp_engine *e, int ui) {
         u->gather_op = NULL;
         ZPP_CHECK(zpp_coll_finish(e->coll, op));
     }
-    pool_put(&e->pool, u->full);
+    zpp_device_scratch_put(e->dev, u->full);
     u->full = NULL;
     return ZPP_OK;
 }
@@ -285,9 +254,9 @@ static zpp_status reduce_finish(zpp_engine *e) {
     e->reduce_unit = -1;
     zpp_status st = zpp_coll_finish(e->coll, op);
     if (st == ZPP_OK)
-        st = zpp_sops_add(e->mem, e->stream, u->grad_acc, e->reduce_out, u->part.shard_len);
-    pool_put(&e->pool, e->reduce_in);
-    pool_put(&e->pool, e->reduce_out);
+        st = zpp_device_add(e->dev, u->grad_acc, e->reduce_out, u->part.shard_len);
+    zpp_device_scratch_put(e->dev, e->reduce_in);
+    zpp_device_scratch_put(e->dev, e->reduce_out);
     e->reduce_in = NULL;
     e->reduce_out = NULL;
     return st;
@@ -300,12 +269,13 @@ static zpp_status reduce_finish(zpp_engine *e) {
 static zpp_status reduce_start(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
     ZPP_CHECK(reduce_finish(e));
-    ZPP_CHECK(pool_get(&e->pool, (void **)&e->reduce_out));
+    ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float),
+                                     (void **)&e->reduce_out));
     const void *in = u->grad_full;
     if (e->opts.work_dtype != ZPP_FP32) {
-        ZPP_CHECK(pool_get(&e->pool, &e->reduce_in));
-        ZPP_CHECK(zpp_qx_convert(&e->qx, u->grad_full, ZPP_FP32, e->reduce_in,
-                                 e->opts.work_dtype, u->part.padded, 1.0f));
+        ZPP_CHECK(zpp_device_scratch_get(e->dev, work_bytes(e, u), &e->reduce_in));
+        ZPP_CHECK(zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, e->reduce_in,
+                                     e->opts.work_dtype, u->part.padded, 1.0f));
         in = e->reduce_in;
     }
     ZPP_CHECK(zpp_coll_reduce_start(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype, in,
@@ -314,7 +284,7 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
     /* The full gradient is no longer needed once converted; with fp32 the
      * reduction reads it directly, so it moves to reduce_in. */
     if (e->reduce_in) {
-        pool_put(&e->pool, u->grad_full);
+        zpp_device_scratch_put(e->dev, u->grad_full);
     } else {
         e->reduce_in = u->grad_full;
     }
@@ -377,9 +347,9 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
         if (s > 0 && bwd_reads(m, s - 1))
             ZPP_CHECK(gather_start(e, m->stage_unit[s - 1], ZPP_PHASE_BWD_GATHER));
         if (!u->grad_full) {
-            ZPP_CHECK(pool_get(&e->pool, (void **)&u->grad_full));
-            ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_full,
-                                    u->part.padded * sizeof(float)));
+            ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
+                                             (void **)&u->grad_full));
+            ZPP_CHECK(zpp_device_set(e->dev, u->grad_full, 0, u->part.padded * sizeof(float)));
         }
         ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
         if (s == u->first_stage) {
@@ -398,7 +368,7 @@ static void drain(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         release(e, i);
-        pool_put(&e->pool, u->grad_full);
+        zpp_device_scratch_put(e->dev, u->grad_full);
         u->grad_full = NULL;
     }
     reduce_finish(e);
@@ -443,17 +413,25 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     for (int i = 0; i < e->model->n_units; i++) {
         double s = 0.0;
         unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_sops_sumsq(e->mem, e->stream, u->grad_acc, u->part.shard_len, &s));
+        ZPP_CHECK(zpp_device_sumsq(e->dev, u->grad_acc, u->part.shard_len, &s));
         sq += s;
     }
+    /* Non-finite values met by a quantizer since the last step (device.h):
+     * the engine is the flag's one reader. A raised flag makes this rank's
+     * sum of squares infinite, so the all-reduce carries it to every rank
+     * (at no extra bytes) and all fail the step together, before any weight
+     * changes. */
+    int raised = 0;
+    ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
+    if (raised) sq = INFINITY;
     float red[2] = {(float)sq, loss};
     ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, red, 2));
     float norm = sqrtf(red[0]);
     if (!isfinite(norm))
         return zpp_error(ZPP_ERR_NONFINITE,
-                         "engine: the gradient norm is %g at step %d; lower the learning "
-                         "rate or enable gradient clipping",
-                         (double)norm, e->step + 1);
+                         "engine: non-finite values (NaN or Inf) in the weights or gradients at "
+                         "step %d; lower the learning rate or enable gradient clipping",
+                         e->step + 1);
     float scale = 1.0f;
     if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
 
@@ -462,10 +440,9 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                          scale, e->step};
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_sops_adamw(e->mem, e->stream, u->master, u->m, u->v, u->grad_acc,
-                                 u->part.shard_len, &aw, u->work, e->opts.work_dtype));
-        ZPP_CHECK(zpp_sops_zero(e->mem, e->stream, u->grad_acc,
-                                u->part.shard_len * sizeof(float)));
+        ZPP_CHECK(zpp_device_adamw(e->dev, u->master, u->m, u->v, u->grad_acc,
+                                   u->part.shard_len, &aw, u->work, e->opts.work_dtype));
+        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
         /* The weights changed: the secondary copy is stale. */
         u->secondary_valid = 0;
     }
@@ -516,18 +493,6 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
     ZPP_CHECK(st);
     ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, &loss, 1));
     *loss_p = loss / (float)e->topo->world_size;
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_get_master_shard(zpp_engine *e, int unit, float *host_out,
-                                       size_t *shard_len_p) {
-    if (unit < 0 || unit >= e->model->n_units)
-        return zpp_error(ZPP_ERR_INVALID, "engine: no unit %d (the model has %d)", unit,
-                         e->model->n_units);
-    unit_state *u = &e->units[unit];
-    ZPP_CHECK(zpp_mem_copy(ZPP_MEM_HOST, host_out, e->mem, u->master,
-                           u->part.shard_len * sizeof(float)));
-    *shard_len_p = u->part.shard_len;
     return ZPP_OK;
 }
 
@@ -589,8 +554,7 @@ zpp_status zpp_engine_save(zpp_engine *e, const char *path) {
         ZPP_CHECK_GOTO(ckpt_write(&c, &len, sizeof len), st, out);
         float *const parts[3] = {u->master, u->m, u->v};
         for (int k = 0; k < 3; k++) {
-            ZPP_CHECK_GOTO(zpp_mem_copy(ZPP_MEM_HOST, host, e->mem, parts[k], len * sizeof(float)),
-                           st, out);
+            ZPP_CHECK_GOTO(zpp_device_copy(e->dev, host, parts[k], len * sizeof(float)), st, out);
             ZPP_CHECK_GOTO(ckpt_write(&c, host, len * sizeof(float)), st, out);
         }
     }
@@ -671,12 +635,12 @@ zpp_status zpp_engine_load(zpp_engine *e, const char *path) {
         size_t bytes = u->part.shard_len * sizeof(float);
         float *const parts[3] = {u->master, u->m, u->v};
         for (int k = 0; k < 3 && st == ZPP_OK; k++) {
-            st = zpp_mem_copy(e->mem, parts[k], ZPP_MEM_HOST, dst, bytes);
+            st = zpp_device_copy(e->dev, parts[k], dst, bytes);
             dst += u->part.shard_len;
         }
         if (st == ZPP_OK)
-            st = zpp_qx_convert(&e->qx, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
-                                u->part.shard_len, 1.0f);
+            st = zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
+                                    u->part.shard_len, 1.0f);
         u->secondary_valid = 0;
     }
     if (st == ZPP_OK) {

@@ -15,8 +15,9 @@
  *   AdamW on each rank's fp32 master shard, new working-dtype shard,
  *   secondary shards invalidated.
  *
- * The engine never touches tensor contents with the CPU when the backend's
- * memory is on the device: vector work goes through shard_ops.h. */
+ * The engine never touches tensor contents itself: memory, scratch and
+ * vector work go through the rank's zpp_device (device.h), so the same code
+ * drives the host and a GPU. */
 #ifndef ZPP_ENGINE_ENGINE_H
 #define ZPP_ENGINE_ENGINE_H
 
@@ -75,7 +76,11 @@ void zpp_engine_destroy(zpp_engine *e);
 zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p);
 zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
 /* `loss` (this rank's mean loss over the step's micro-batches) is averaged
- * over the world into stats_p->loss, in the same all-reduce as the norm. */
+ * over the world into stats_p->loss, in the same all-reduce as the norm.
+ * The engine is the one reader of the device's non-finite flag: raised on
+ * any rank since the last step (a quantizer met NaN or Inf), or a
+ * non-finite gradient norm, fails the step on every rank with
+ * ZPP_ERR_NONFINITE before any weight changes. */
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p);
 
@@ -92,11 +97,6 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
  * averaged over the world. No gradients, no state change. */
 zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
                            float *loss_p);
-
-/* Copies this rank's fp32 master shard of `unit` (shard_len elements) to
- * host memory; for tests and checkpoints. */
-zpp_status zpp_engine_get_master_shard(zpp_engine *e, int unit, float *host_out,
-                                       size_t *shard_len_p);
 
 /*
  * Checkpoints: each rank saves and loads its own shard state — fp32 master

@@ -328,3 +328,18 @@ zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *
     y.fcg = a->fcg + k * N * 4 * C;
     return y;
 }
+
+/* ------------------------------------------------------------------------ */
+/* The factory                                                               */
+/* ------------------------------------------------------------------------ */
+
+zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
+                           zpp_device *dev, zpp_model **model_p) {
+    if (!dev)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 create: no device; create one with zpp_device_create_host or "
+                         "zpp_device_create_gpu");
+    if (dev->mem == ZPP_MEM_HOST)
+        return zpp_gpt2_cpu_create(cfg, param_dtype, max_batch, model_p);
+    return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
+}

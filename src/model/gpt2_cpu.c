@@ -45,7 +45,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/mem.h"
+#include "device/device.h"
 #include "model/gpt2.h"
 #include "model/model.h"
 
@@ -471,7 +471,7 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
 static void gpt2_op_destroy(zpp_model *m) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     if (!g) return;
-    zpp_mem_free(ZPP_MEM_HOST, g->arena);
+    free(g->arena);
     zpp_gpt2_stages_free(&g->stages);
     free(g);
 }
@@ -528,11 +528,15 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
                        max_batch);
         goto fail;
     }
-    void *arena = NULL;
-    st = zpp_mem_alloc(ZPP_MEM_HOST, plan.used * sizeof(float), &arena);
-    if (st != ZPP_OK) {
-        zpp_error_context(st, "gpt2 create: activations for max_batch %d x seq_len %d",
-                          max_batch, cfg->seq_len);
+    /* The CPU reference keeps its activations in host memory of its own:
+     * it is the host backend's model whatever device the caller holds. */
+    size_t arena_bytes = (plan.used ? plan.used : 1) * sizeof(float);
+    void *arena = aligned_alloc(64, (arena_bytes + 63) / 64 * 64);
+    if (!arena) {
+        st = zpp_error(ZPP_ERR_NOMEM,
+                       "gpt2 create: could not allocate %zu bytes of activations for "
+                       "max_batch %d x seq_len %d",
+                       arena_bytes, max_batch, cfg->seq_len);
         goto fail;
     }
     g->arena = arena;

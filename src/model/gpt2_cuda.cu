@@ -59,8 +59,8 @@
  * CUDA runtime and cuBLASLt (blind to timing, inter-block races and the real
  * cuBLASLt); tests/test_gpt2_cuda.c on a GPU is the real check.
  *
- * STREAMS. Every kernel, copy and GEMM is enqueued on the stream given at
- * create; the device current at create must be current at every call.
+ * STREAMS. Every kernel, copy and GEMM is enqueued on the compute stream of
+ * the zpp_device given at create; its GPU must be current at every call.
  * set_batch copies the host tokens into pinned staging before it returns,
  * so the caller may reuse its buffers at once; loss() synchronises the
  * stream (one small device-to-host copy per micro-batch). */
@@ -76,7 +76,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/mem.h"
+#include "device/device.h"
 #include "zeropp.h"
 #include "model/model.h"
 #include "model/gpt2.h"
@@ -1030,7 +1030,8 @@ static zpp_status create_device_state(gpt2_cuda *g) {
 } /* namespace */
 
 extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
-                                           int max_batch, void *stream, zpp_model **model_p) {
+                                           int max_batch, zpp_device *dev,
+                                           zpp_model **model_p) {
     if (!model_p) return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda create: model_p is NULL");
     ZPP_CHECK(zpp_gpt2_create_check(cfg, param_dtype, max_batch, "gpt2 cuda"));
     /* The int32 staging holds 5 N + 1 entries: keep positions and offsets
@@ -1039,13 +1040,18 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
         return zpp_error(ZPP_ERR_INVALID,
                          "gpt2 cuda create: max_batch %d x seq_len %d rows is too many; use "
                          "at most %d rows", max_batch, cfg->seq_len, (INT32_MAX - 1) / 5);
+    if (!dev || dev->mem != ZPP_MEM_DEVICE)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 cuda create: the CUDA model needs a GPU device "
+                         "(zpp_device_create_gpu)%s",
+                         dev ? "; for the host device use zpp_gpt2_cpu_create" : "");
 
     gpt2_cuda *g = (gpt2_cuda *)calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     zpp_status st = ZPP_OK;
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
-    g->stream = (cudaStream_t)stream;
+    g->stream = (cudaStream_t)dev->stream; /* the device's compute stream */
     g->cache = (gemm_entry *)calloc(kGemmCache, sizeof *g->cache);
     g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);
     if (!g->cache || !g->h_count || zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {

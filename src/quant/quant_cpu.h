@@ -1,7 +1,7 @@
-/* quant/quant_cpu.h — the CPU reference behind quant_exec.c (host memory).
+/* quant/quant_cpu.h — the CPU reference behind the host device (device/).
  *
- * Internal to the quant layer. Arguments mean what they mean in
- * quant_exec.h; "chunks" are consecutive pieces of chunk_len elements, each
+ * Called by the host device (device_host.c) and the tests. Arguments mean what they mean in
+ * device/device.h; "chunks" are consecutive pieces of chunk_len elements, each
  * quantized as its own tensor (zpp_quant_bytes(chunk_len) bytes, end to end).
  *
  * Stochastic rounding: the element index fed to the random stream is the

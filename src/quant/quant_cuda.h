@@ -7,7 +7,7 @@
  * and scales are bit-identical to the CPU's. Every function enqueues on
  * `stream` (a cudaStream_t) and returns without synchronising; launch errors
  * are returned as ZPP_ERR_CUDA. Arguments mean what they mean in
- * quant_exec.h. */
+ * device/device.h (the CUDA backend, device_cuda.c, calls these). */
 #ifndef ZPP_QUANT_CUDA_H
 #define ZPP_QUANT_CUDA_H
 

@@ -12,10 +12,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
-
-#ifdef ZPP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "device/device.h"
 
 struct zpp_trainer {
     zpp_train_config cfg;
@@ -23,7 +20,7 @@ struct zpp_trainer {
     zpp_model *model;
     zpp_engine *engine;
     zpp_data *data;
-    void *stream; /* GPU: the compute stream (a cudaStream_t) */
+    zpp_device *dev; /* the rank's compute backend: host, or its GPU */
     int32_t *tokens, *targets; /* one micro-batch, host */
     zpp_trainer_info info;
     char mode[32];
@@ -69,11 +66,22 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = node_size;
     if (o->gpu) {
-        /* the compute stream exists on the rank's device before NCCL starts */
-        ZPP_CHECK(zpp_topo_open_device(&to.device, &t->stream));
+        /* The rank's GPU, with its compute stream, exists before NCCL
+         * starts: the launcher's local rank modulo the GPUs it sees,
+         * whatever node size is emulated. */
+        int local = 0, local_size = 0;
+        ZPP_CHECK(zpp_comm_launch_local(&local, &local_size));
+        int gpus = zpp_device_gpu_count();
+        if (gpus <= 0)
+            return zpp_error(ZPP_ERR_CUDA,
+                             "--device gpu, but no GPU is visible (or this build has no "
+                             "CUDA); run with --device cpu or on a machine with NVIDIA GPUs");
+        ZPP_CHECK(zpp_device_create_gpu(local % gpus, &t->dev));
         to.backend = ZPP_BACKEND_NCCL;
-        to.compute_stream = t->stream;
+        to.device = t->dev;
         to.emulate_nodes = o->emulate_nodes;
+    } else {
+        ZPP_CHECK(zpp_device_create_host(&t->dev));
     }
     ZPP_CHECK(zpp_topo_create(&to, &t->topo));
 
@@ -86,15 +94,8 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
                          di.vocab - 1, c->model.vocab_size, di.vocab);
 
     zpp_dtype wd = c->bf16 ? ZPP_BF16 : ZPP_FP32;
-    if (o->gpu) {
-#ifdef ZPP_HAVE_CUDA
-        ZPP_CHECK(zpp_gpt2_cuda_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
-                                       t->stream, &t->model));
-#endif
-    } else {
-        ZPP_CHECK(zpp_gpt2_cpu_create(&c->model, wd, c->train_micro_batch_size_per_gpu,
-                                      &t->model));
-    }
+    ZPP_CHECK(zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev,
+                              &t->model));
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = c->zero.quantized_weights ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
@@ -107,7 +108,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.grad_clip = (float)c->gradient_clipping;
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.seed = c->seed;
-    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->stream, &t->engine));
+    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->dev, &t->engine));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);
@@ -150,9 +151,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     if (t->model) t->model->ops->destroy(t->model);
     zpp_data_close(t->data);
     zpp_topo_destroy(t->topo);
-#ifdef ZPP_HAVE_CUDA
-    if (t->stream) cudaStreamDestroy((cudaStream_t)t->stream);
-#endif
+    zpp_device_destroy(t->dev); /* last: everything above used it */
     free(t->tokens);
     free(t->targets);
     free(t);

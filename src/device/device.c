@@ -1,0 +1,457 @@
+/* device/device.c — the fronts of device.h: each checks its arguments once
+ * and dispatches to the backend's table; plus what every backend shares:
+ * the memory accounting, the one scratch pool and the non-finite flag.
+ *
+ * Checking here, not in the backends, keeps one message per mistake on
+ * both backends and lets a kernel assume sane sizes: a CUDA kernel given a
+ * wrapped-around element count would read far out of bounds instead of
+ * failing. */
+#include "device/device.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "device/device_impl.h"
+
+/* ---- Argument checks ------------------------------------------------------ */
+
+static zpp_status zpp__dev(const zpp_device *d, const char *what) {
+    if (!d || !d->ops)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: no device; create one with zpp_device_create_host or "
+                         "zpp_device_create_gpu",
+                         what);
+    return ZPP_OK;
+}
+
+/* *r = a * b, or ZPP_ERR_INVALID when it does not fit a size_t: a count
+ * that wraps around would pass every later check and overrun a buffer. */
+static zpp_status zpp__mul(const char *what, size_t a, size_t b, size_t *r) {
+    if (a && b > SIZE_MAX / a)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: %zu x %zu elements overflow a size_t; the sizes are wrong "
+                         "(a negative count converted to size_t?)",
+                         what, a, b);
+    *r = a * b;
+    return ZPP_OK;
+}
+
+static zpp_status zpp__ptr(const char *what, const void *p, const char *name, size_t n) {
+    if (!p && n)
+        return zpp_error(ZPP_ERR_INVALID, "%s: %s is NULL but %zu elements were asked for", what,
+                         name, n);
+    return ZPP_OK;
+}
+
+static zpp_status zpp__dtype(const char *what, zpp_dtype dtype) {
+    if (zpp_dtype_size(dtype) == 0)
+        return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use ZPP_FP32, ZPP_BF16 or ZPP_FP16",
+                         what, (int)dtype);
+    return ZPP_OK;
+}
+
+static zpp_status zpp__spec(const char *what, const zpp_quant_spec *spec) {
+    if (!spec) return zpp_error(ZPP_ERR_INVALID, "%s: the quantization spec is NULL", what);
+    zpp_status st = zpp_quant_spec_check(spec);
+    if (st != ZPP_OK) return zpp_error_context(st, "%s", what);
+    return ZPP_OK;
+}
+
+static zpp_status zpp__slab(const char *what, size_t chunk_len, size_t first, size_t len) {
+    if (first > chunk_len || len > chunk_len - first)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: slab [%zu, %zu) runs past a chunk of %zu elements; keep "
+                         "first + len <= chunk_len",
+                         what, first, first + len, chunk_len);
+    return ZPP_OK;
+}
+
+/* ---- Creating and destroying ------------------------------------------------ */
+
+zpp_status zpp__device_publish(zpp_device *d, zpp_device **d_p) {
+    /* The flag is not counted in mem_now: it is the device's own. */
+    zpp_status st = d->ops->alloc(d, sizeof(int), (void **)&d->nonfinite);
+    if (st == ZPP_OK) st = d->ops->set(d, d->nonfinite, 0, sizeof(int));
+    if (st == ZPP_OK) st = d->ops->sync(d, NULL);
+    if (st != ZPP_OK) {
+        zpp_device_destroy(d);
+        return zpp_error_context(st, "device: the non-finite flag");
+    }
+    *d_p = d;
+    return ZPP_OK;
+}
+
+void zpp_device_destroy(zpp_device *d) {
+    if (!d) return;
+    if (d->ops) {
+        /* Work in flight may still read scratch buffers. */
+        (void)d->ops->sync(d, NULL);
+        /* The scratch buffers are live allocations too; what a caller never
+         * freed goes back with them, so no allocation outlives its device. */
+        for (size_t i = 0; i < d->live_len; i++) d->ops->free(d, d->live[i].p);
+        if (d->nonfinite) d->ops->free(d, d->nonfinite);
+        d->ops->destroy(d);
+    }
+    free(d->pool);
+    free(d->live);
+    free(d);
+}
+
+/* ---- Memory ---------------------------------------------------------------- */
+
+zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p) {
+    ZPP_CHECK(zpp__dev(d, "alloc"));
+    if (!p_p) return zpp_error(ZPP_ERR_INVALID, "alloc: p_p is NULL; pass where to store the pointer");
+    if (d->live_len == d->live_cap) {
+        size_t cap = d->live_cap ? 2 * d->live_cap : 64;
+        zpp_device_alloc_rec *l = realloc(d->live, cap * sizeof *l);
+        if (!l) return zpp_error(ZPP_ERR_NOMEM, "alloc: out of host memory for the bookkeeping");
+        d->live = l;
+        d->live_cap = cap;
+    }
+    void *p = NULL;
+    ZPP_CHECK(d->ops->alloc(d, bytes, &p));
+    d->live[d->live_len].p = p;
+    d->live[d->live_len].bytes = bytes;
+    d->live_len++;
+    d->mem_now += bytes;
+    if (d->mem_now > d->mem_peak) d->mem_peak = d->mem_now;
+    *p_p = p;
+    return ZPP_OK;
+}
+
+void zpp_device_free(zpp_device *d, void *p) {
+    if (!d || !d->ops || !p) return;
+    /* Newest first: the scratch pool and the engine free what they
+     * allocated last most often. */
+    for (size_t i = d->live_len; i-- > 0;) {
+        if (d->live[i].p != p) continue;
+        d->mem_now -= d->live[i].bytes;
+        d->live[i] = d->live[--d->live_len];
+        d->ops->free(d, p);
+        return;
+    }
+    /* Not ours: leave it alone rather than free a foreign pointer. */
+}
+
+zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes) {
+    ZPP_CHECK(zpp__dev(d, "copy"));
+    if (bytes && (!dst || !src))
+        return zpp_error(ZPP_ERR_INVALID, "copy: %s is NULL but %zu bytes were asked for",
+                         dst ? "the source" : "the destination", bytes);
+    if (bytes == 0) return ZPP_OK;
+    return d->ops->copy(d, dst, src, bytes);
+}
+
+zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes) {
+    ZPP_CHECK(zpp__dev(d, "set"));
+    if (bytes && !p)
+        return zpp_error(ZPP_ERR_INVALID, "set: the buffer is NULL but %zu bytes were asked for",
+                         bytes);
+    if (bytes == 0) return ZPP_OK;
+    return d->ops->set(d, p, value, bytes);
+}
+
+/* ---- Scratch ------------------------------------------------------------------
+ * Best fit keeps big buffers for big requests. When nothing free fits, the
+ * largest free buffer is replaced (freed, then a new one of the asked size
+ * allocated) instead of adding one: the pool then never holds more buffers
+ * than were busy at once, and a free buffer too small to serve anyone does
+ * not linger. Freeing first keeps the peak down; on a GPU cudaFree waits
+ * for the work in flight that may still read the old buffer. */
+zpp_status zpp_device_scratch_get(zpp_device *d, size_t bytes, void **p_p) {
+    ZPP_CHECK(zpp__dev(d, "scratch"));
+    if (!p_p) return zpp_error(ZPP_ERR_INVALID, "scratch: p_p is NULL; pass where to store the pointer");
+    long fit = -1, any = -1;
+    for (size_t i = 0; i < d->pool_len; i++) {
+        const zpp_device_buf *b = &d->pool[i];
+        if (b->busy) continue;
+        if (b->cap >= bytes && (fit < 0 || b->cap < d->pool[fit].cap)) fit = (long)i;
+        if (any < 0 || b->cap > d->pool[any].cap) any = (long)i;
+    }
+    if (fit < 0 && any >= 0) {
+        zpp_device_buf *b = &d->pool[any];
+        zpp_device_free(d, b->p);
+        void *p = NULL;
+        zpp_status st = zpp_device_alloc(d, bytes, &p);
+        if (st != ZPP_OK) {
+            d->pool[any] = d->pool[--d->pool_len]; /* the old one is gone */
+            return zpp_error_context(st, "scratch: %zu bytes", bytes);
+        }
+        b->p = p;
+        b->cap = bytes;
+        fit = any;
+    }
+    if (fit < 0) {
+        if (d->pool_len == d->pool_cap) {
+            size_t cap = d->pool_cap ? 2 * d->pool_cap : 8;
+            zpp_device_buf *np = realloc(d->pool, cap * sizeof *np);
+            if (!np) return zpp_error(ZPP_ERR_NOMEM, "scratch: out of host memory for the pool");
+            d->pool = np;
+            d->pool_cap = cap;
+        }
+        void *p = NULL;
+        zpp_status st = zpp_device_alloc(d, bytes, &p);
+        if (st != ZPP_OK) return zpp_error_context(st, "scratch: %zu bytes", bytes);
+        d->pool[d->pool_len].p = p;
+        d->pool[d->pool_len].cap = bytes;
+        d->pool[d->pool_len].busy = 0;
+        fit = (long)d->pool_len++;
+    }
+    d->pool[fit].busy = 1;
+    *p_p = d->pool[fit].p;
+    return ZPP_OK;
+}
+
+void zpp_device_scratch_put(zpp_device *d, void *p) {
+    if (!d || !p) return;
+    for (size_t i = 0; i < d->pool_len; i++) {
+        if (d->pool[i].p == p) {
+            d->pool[i].busy = 0;
+            return;
+        }
+    }
+}
+
+void zpp_device_scratch_stats(const zpp_device *d, size_t *buffers_p, size_t *bytes_p) {
+    size_t bytes = 0, n = d ? d->pool_len : 0;
+    for (size_t i = 0; i < n; i++) bytes += d->pool[i].cap;
+    if (buffers_p) *buffers_p = n;
+    if (bytes_p) *bytes_p = bytes;
+}
+
+void zpp_device_mem_stats(const zpp_device *d, size_t *now_p, size_t *peak_p) {
+    if (now_p) *now_p = d ? d->mem_now : 0;
+    if (peak_p) *peak_p = d ? d->mem_peak : 0;
+}
+
+/* ---- Streams and events ------------------------------------------------------ */
+
+zpp_status zpp_device_sync(zpp_device *d, void *stream) {
+    ZPP_CHECK(zpp__dev(d, "sync"));
+    return d->ops->sync(d, stream);
+}
+
+zpp_status zpp_device_stream_create(zpp_device *d, void **stream_p) {
+    ZPP_CHECK(zpp__dev(d, "stream create"));
+    if (!stream_p) return zpp_error(ZPP_ERR_INVALID, "stream create: stream_p is NULL");
+    return d->ops->stream_create(d, stream_p);
+}
+
+void zpp_device_stream_destroy(zpp_device *d, void *stream) {
+    if (d && d->ops && stream) d->ops->stream_destroy(d, stream);
+}
+
+zpp_status zpp_device_event_create(zpp_device *d, int timing, zpp_device_event **ev_p) {
+    ZPP_CHECK(zpp__dev(d, "event create"));
+    if (!ev_p) return zpp_error(ZPP_ERR_INVALID, "event create: ev_p is NULL");
+    return d->ops->event_create(d, timing, ev_p);
+}
+
+void zpp_device_event_destroy(zpp_device *d, zpp_device_event *ev) {
+    if (d && d->ops && ev) d->ops->event_destroy(d, ev);
+}
+
+zpp_status zpp_device_event_record(zpp_device *d, zpp_device_event *ev, void *stream) {
+    ZPP_CHECK(zpp__dev(d, "event record"));
+    if (!ev) return zpp_error(ZPP_ERR_INVALID, "event record: the event is NULL");
+    return d->ops->event_record(d, ev, stream);
+}
+
+zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *ev) {
+    ZPP_CHECK(zpp__dev(d, "event wait"));
+    if (!ev) return zpp_error(ZPP_ERR_INVALID, "event wait: the event is NULL");
+    return d->ops->event_wait(d, stream, ev);
+}
+
+zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done_p) {
+    ZPP_CHECK(zpp__dev(d, "event query"));
+    if (!ev || !done_p)
+        return zpp_error(ZPP_ERR_INVALID, "event query: the event and done_p are required");
+    return d->ops->event_query(d, ev, done_p);
+}
+
+zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
+                                       zpp_device_event *end, float *ms_p) {
+    ZPP_CHECK(zpp__dev(d, "event elapsed"));
+    if (!start || !end || !ms_p)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "event elapsed: the start and end events and ms_p are required");
+    return d->ops->event_elapsed_ms(d, start, end, ms_p);
+}
+
+/* ---- The non-finite flag ---------------------------------------------------- */
+
+zpp_status zpp_device_nonfinite_take(zpp_device *d, int *raised_p) {
+    ZPP_CHECK(zpp__dev(d, "non-finite flag"));
+    if (!raised_p) return zpp_error(ZPP_ERR_INVALID, "non-finite flag: raised_p is NULL");
+    int flag = 0;
+    /* A copy to host memory waits for the compute stream: every kernel
+     * enqueued so far has had its say. */
+    ZPP_CHECK(d->ops->copy(d, &flag, d->nonfinite, sizeof flag));
+    if (flag) ZPP_CHECK(d->ops->set(d, d->nonfinite, 0, sizeof(int)));
+    *raised_p = flag != 0;
+    return ZPP_OK;
+}
+
+/* ---- Kernels ------------------------------------------------------------------ */
+
+zpp_status zpp_device_quantize_chunks(zpp_device *d, const void *in, zpp_dtype dtype,
+                                      size_t n_chunks, size_t chunk_len,
+                                      const zpp_quant_spec *spec, void *out) {
+    const char *what = "quantize";
+    size_t n = 0, bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, spec));
+    ZPP_CHECK(zpp__dtype(what, dtype));
+    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->quantize_chunks(d, in, dtype, n_chunks, chunk_len, spec, out);
+}
+
+zpp_status zpp_device_dequantize_chunks(zpp_device *d, const void *q, size_t n_chunks,
+                                        size_t chunk_len, const zpp_quant_spec *spec,
+                                        zpp_dtype dtype, void *out) {
+    const char *what = "dequantize";
+    size_t n = 0, bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, spec));
+    ZPP_CHECK(zpp__dtype(what, dtype));
+    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(zpp__ptr(what, q, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->dequantize_chunks(d, q, n_chunks, chunk_len, spec, dtype, out);
+}
+
+zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                       size_t chunk_len, size_t first, size_t len, int nodes,
+                                       int local, const zpp_quant_spec *spec, void *out) {
+    const char *what = "reorder-quantize";
+    size_t ranks = 0, n = 0, bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, spec));
+    ZPP_CHECK(zpp__dtype(what, dtype));
+    if (nodes < 1 || local < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
+                         nodes, local);
+    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
+    ZPP_CHECK(zpp__mul(what, (size_t)nodes, (size_t)local, &ranks));
+    ZPP_CHECK(zpp__mul(what, ranks, chunk_len, &n));
+    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", ranks * len));
+    if (ranks * len == 0) return ZPP_OK;
+    return d->ops->reorder_quantize(d, in, dtype, chunk_len, first, len, nodes, local, spec, out);
+}
+
+zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                          size_t n_chunks, size_t chunk_len, size_t first,
+                                          size_t len, const zpp_quant_spec *in_spec,
+                                          const zpp_quant_spec *out_spec, void *out) {
+    const char *what = "dequant-sum-requant";
+    size_t whole = 0, n = 0, all = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, in_spec));
+    ZPP_CHECK(zpp__spec(what, out_spec));
+    if (k < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
+    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
+    /* chunk_len places elements in the random stream: chunks * chunk_len
+     * must be a valid index even though only the slabs are touched. */
+    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &whole));
+    ZPP_CHECK(zpp__mul(what, n_chunks, len, &n));
+    ZPP_CHECK(zpp__mul(what, n, (size_t)k, &all));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", all));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
+                                       out_spec, out);
+}
+
+zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
+                                     size_t chunk_len, const zpp_quant_spec *spec, float scale,
+                                     float *out) {
+    const char *what = "dequant-reduce";
+    size_t n = 0, bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, spec));
+    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(zpp__mul(what, chunk_len, sizeof(float), &bytes));
+    ZPP_CHECK(zpp__ptr(what, q, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", chunk_len));
+    if (chunk_len == 0) return ZPP_OK;
+    return d->ops->dequant_reduce(d, q, n_chunks, chunk_len, spec, scale, out);
+}
+
+zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
+                              zpp_dtype out_dtype, size_t n, float scale) {
+    const char *what = "convert";
+    size_t bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__dtype(what, in_dtype));
+    ZPP_CHECK(zpp__dtype(what, out_dtype));
+    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    if (in == out && in_dtype != out_dtype && n > 0)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: in-place conversion from %s to %s; use separate buffers", what,
+                         zpp_dtype_name(in_dtype), zpp_dtype_name(out_dtype));
+    if (n == 0) return ZPP_OK;
+    return d->ops->convert(d, in, in_dtype, out, out_dtype, n, scale);
+}
+
+zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n) {
+    const char *what = "add";
+    size_t bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(zpp__ptr(what, acc, "the accumulator", n));
+    ZPP_CHECK(zpp__ptr(what, x, "the input", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->add(d, acc, x, n);
+}
+
+zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
+    const char *what = "sum of squares";
+    size_t bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    if (!sum_p) return zpp_error(ZPP_ERR_INVALID, "%s: sum_p is NULL", what);
+    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(zpp__ptr(what, x, "the input", n));
+    if (n == 0) {
+        *sum_p = 0.0;
+        return ZPP_OK;
+    }
+    return d->ops->sumsq(d, x, n, sum_p);
+}
+
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+                            size_t n, const zpp_adamw_args *a, void *work,
+                            zpp_dtype work_dtype) {
+    const char *what = "AdamW";
+    size_t bytes = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    if (!a) return zpp_error(ZPP_ERR_INVALID, "%s: the arguments (zpp_adamw_args) are NULL", what);
+    if (a->step < 1)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: step %d; steps count from 1 (bias correction divides by "
+                         "1 - beta^step)",
+                         what, a->step);
+    ZPP_CHECK(zpp__dtype(what, work_dtype));
+    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(zpp__ptr(what, param, "the parameters", n));
+    ZPP_CHECK(zpp__ptr(what, m, "the first moment", n));
+    ZPP_CHECK(zpp__ptr(what, v, "the second moment", n));
+    ZPP_CHECK(zpp__ptr(what, grad, "the gradient", n));
+    ZPP_CHECK(zpp__ptr(what, work, "the working copy", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->adamw(d, param, m, v, grad, n, a, work, work_dtype);
+}

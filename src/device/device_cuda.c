@@ -1,0 +1,289 @@
+/* device/device_cuda.c — the CUDA backend: tensors in one GPU's memory,
+ * work enqueued on the device's non-blocking compute stream.
+ *
+ * Quantization goes to quant/quant_cuda.cu, shard arithmetic to
+ * device_cuda_kernels.cu. A non-blocking stream does not wait for the legacy
+ * default stream, so nothing here may use it: every copy and memset is
+ * the Async form on a stream of ours, and the synchronous points are the
+ * ones device.h promises (copies touching host memory, sync, sumsq). */
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "device/device_cuda_kernels.h"
+#include "device/device_impl.h"
+#include "quant/quant_cuda.h"
+
+typedef struct cuda_impl {
+    double *sumsq; /* one double in device memory, for zpp_dcu_sumsq */
+} cuda_impl;
+
+static zpp_status cu_fail(cudaError_t e, const char *what) {
+    return zpp_error(e == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA, "%s: %s (%s)",
+                     what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static cudaStream_t cu_stream(const zpp_device *d, void *stream) {
+    return (cudaStream_t)(stream ? stream : d->stream);
+}
+
+static zpp_status cu_alloc(zpp_device *d, size_t bytes, void **p_p) {
+    (void)d;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        return zpp_error(e == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA,
+                         "could not allocate %zu bytes of GPU memory: %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    *p_p = p;
+    return ZPP_OK;
+}
+
+/* cudaFree waits for the device, so a buffer still read by a kernel in
+ * flight is not pulled from under it. */
+static void cu_free(zpp_device *d, void *p) {
+    (void)d;
+    (void)cudaFree(p);
+}
+
+/* Host memory in the CUDA sense: pageable, or pinned with cudaMallocHost. */
+static int cu_is_host(const void *p) {
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged;
+}
+
+/* cudaMemcpyDefault lets the driver tell the directions apart. A copy that
+ * touches host memory waits for the stream: into host memory because the
+ * caller reads the data next, out of host memory because the caller may
+ * free or overwrite the source next (a pinned source is read by the DMA
+ * engine later). */
+static zpp_status cu_copy(zpp_device *d, void *dst, const void *src, size_t bytes) {
+    cudaStream_t s = cu_stream(d, NULL);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+    if (e != cudaSuccess) return cu_fail(e, "copy");
+    if (cu_is_host(dst) || cu_is_host(src)) {
+        e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess) return cu_fail(e, "copy: waiting for the stream");
+    }
+    return ZPP_OK;
+}
+
+static zpp_status cu_set(zpp_device *d, void *p, int value, size_t bytes) {
+    cudaError_t e = cudaMemsetAsync(p, value, bytes, cu_stream(d, NULL));
+    if (e != cudaSuccess) return cu_fail(e, "memset");
+    return ZPP_OK;
+}
+
+static zpp_status cu_sync(zpp_device *d, void *stream) {
+    cudaError_t e = cudaStreamSynchronize(cu_stream(d, stream));
+    if (e != cudaSuccess) return cu_fail(e, "stream synchronisation");
+    return ZPP_OK;
+}
+
+static zpp_status cu_stream_create(zpp_device *d, void **stream_p) {
+    (void)d;
+    cudaStream_t s;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return cu_fail(e, "stream create");
+    *stream_p = (void *)s;
+    return ZPP_OK;
+}
+
+static void cu_stream_destroy(zpp_device *d, void *stream) {
+    (void)d;
+    (void)cudaStreamDestroy((cudaStream_t)stream);
+}
+
+/* A zpp_device_event is a cudaEvent_t. */
+static zpp_status cu_event_create(zpp_device *d, int timing, zpp_device_event **ev_p) {
+    (void)d;
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming);
+    if (e != cudaSuccess) return cu_fail(e, "event create");
+    *ev_p = (zpp_device_event *)ev;
+    return ZPP_OK;
+}
+
+static void cu_event_destroy(zpp_device *d, zpp_device_event *ev) {
+    (void)d;
+    (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
+static zpp_status cu_event_record(zpp_device *d, zpp_device_event *ev, void *stream) {
+    cudaError_t e = cudaEventRecord((cudaEvent_t)ev, cu_stream(d, stream));
+    if (e != cudaSuccess) return cu_fail(e, "event record");
+    return ZPP_OK;
+}
+
+static zpp_status cu_event_wait(zpp_device *d, void *stream, zpp_device_event *ev) {
+    cudaError_t e = cudaStreamWaitEvent(cu_stream(d, stream), (cudaEvent_t)ev, 0);
+    if (e != cudaSuccess) return cu_fail(e, "event wait");
+    return ZPP_OK;
+}
+
+static zpp_status cu_event_query(zpp_device *d, zpp_device_event *ev, int *done_p) {
+    (void)d;
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* "not ready" is an answer, not an error */
+        *done_p = 0;
+        return ZPP_OK;
+    }
+    if (e != cudaSuccess) return cu_fail(e, "event query");
+    *done_p = 1;
+    return ZPP_OK;
+}
+
+static zpp_status cu_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
+                                      zpp_device_event *end, float *ms_p) {
+    (void)d;
+    cudaError_t e = cudaEventElapsedTime(ms_p, (cudaEvent_t)start, (cudaEvent_t)end);
+    if (e != cudaSuccess) return cu_fail(e, "event elapsed time");
+    return ZPP_OK;
+}
+
+static zpp_status cu_quantize_chunks(zpp_device *d, const void *in, zpp_dtype dtype,
+                                     size_t n_chunks, size_t chunk_len,
+                                     const zpp_quant_spec *spec, void *out) {
+    return zpp_cuda_quantize_chunks(in, dtype, n_chunks, chunk_len, spec, out, d->nonfinite,
+                                    d->stream);
+}
+
+static zpp_status cu_dequantize_chunks(zpp_device *d, const void *q, size_t n_chunks,
+                                       size_t chunk_len, const zpp_quant_spec *spec,
+                                       zpp_dtype dtype, void *out) {
+    return zpp_cuda_dequantize_chunks(q, n_chunks, chunk_len, spec, dtype, out, d->stream);
+}
+
+static zpp_status cu_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                      size_t chunk_len, size_t first, size_t len, int nodes,
+                                      int local, const zpp_quant_spec *spec, void *out) {
+    return zpp_cuda_reorder_quantize(in, dtype, chunk_len, first, len, nodes, local, spec, out,
+                                     d->nonfinite, d->stream);
+}
+
+static zpp_status cu_dequant_sum_requant(zpp_device *d, const void *in, int k, size_t n_chunks,
+                                         size_t chunk_len, size_t first, size_t len,
+                                         const zpp_quant_spec *in_spec,
+                                         const zpp_quant_spec *out_spec, void *out) {
+    return zpp_cuda_dequant_sum_requant(in, k, n_chunks, chunk_len, first, len, in_spec,
+                                        out_spec, out, d->nonfinite, d->stream);
+}
+
+static zpp_status cu_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
+                                    size_t chunk_len, const zpp_quant_spec *spec, float scale,
+                                    float *out) {
+    return zpp_cuda_dequant_reduce(q, n_chunks, chunk_len, spec, scale, out, d->stream);
+}
+
+static zpp_status cu_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
+                             zpp_dtype out_dtype, size_t n, float scale) {
+    return zpp_cuda_convert(in, in_dtype, out, out_dtype, n, scale, d->stream);
+}
+
+static zpp_status cu_add(zpp_device *d, float *acc, const float *x, size_t n) {
+    return zpp_dcu_add(d->stream, acc, x, n);
+}
+
+static zpp_status cu_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
+    cuda_impl *im = d->impl;
+    return zpp_dcu_sumsq(d->stream, x, n, im->sumsq, sum_p);
+}
+
+static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+                           size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype) {
+    return zpp_dcu_adamw(d->stream, param, m, v, grad, n, a, work, work_dtype);
+}
+
+static void cu_destroy(zpp_device *d) {
+    cuda_impl *im = d->impl;
+    if (im) {
+        if (im->sumsq) (void)cudaFree(im->sumsq);
+        free(im);
+    }
+    if (d->stream) (void)cudaStreamDestroy((cudaStream_t)d->stream);
+}
+
+static const zpp_device_ops zpp__cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .copy = cu_copy,
+    .set = cu_set,
+    .sync = cu_sync,
+    .stream_create = cu_stream_create,
+    .stream_destroy = cu_stream_destroy,
+    .event_create = cu_event_create,
+    .event_destroy = cu_event_destroy,
+    .event_record = cu_event_record,
+    .event_wait = cu_event_wait,
+    .event_query = cu_event_query,
+    .event_elapsed_ms = cu_event_elapsed_ms,
+    .quantize_chunks = cu_quantize_chunks,
+    .dequantize_chunks = cu_dequantize_chunks,
+    .reorder_quantize = cu_reorder_quantize,
+    .dequant_sum_requant = cu_dequant_sum_requant,
+    .dequant_reduce = cu_dequant_reduce,
+    .convert = cu_convert,
+    .add = cu_add,
+    .sumsq = cu_sumsq,
+    .adamw = cu_adamw,
+    .destroy = cu_destroy,
+};
+
+int zpp_device_gpu_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver or no GPU: the caller may go on without */
+        return 0;
+    }
+    return n;
+}
+
+zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
+    if (!d_p) return zpp_error(ZPP_ERR_INVALID, "device: d_p is NULL; pass where to store it");
+    int n = zpp_device_gpu_count();
+    if (n == 0)
+        return zpp_error(ZPP_ERR_CUDA,
+                         "device: GPU %d requested, but no CUDA device is visible; run on a "
+                         "machine with NVIDIA GPUs, or use the host backend (--device cpu)",
+                         ordinal);
+    if (ordinal < 0 || ordinal >= n)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "device: GPU %d requested, but this process sees GPUs 0..%d (check "
+                         "CUDA_VISIBLE_DEVICES)",
+                         ordinal, n - 1);
+    cudaError_t e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess) return cu_fail(e, "device: selecting the GPU");
+    zpp_device *d = calloc(1, sizeof *d);
+    cuda_impl *im = calloc(1, sizeof *im);
+    if (!d || !im) {
+        free(d);
+        free(im);
+        return zpp_error(ZPP_ERR_NOMEM, "device: out of host memory");
+    }
+    d->ops = &zpp__cuda_ops;
+    d->mem = ZPP_MEM_DEVICE;
+    d->ordinal = ordinal;
+    d->impl = im;
+    /* Non-blocking: the compute stream must not serialise with the legacy
+     * default stream that libraries may use behind our back. */
+    cudaStream_t s;
+    e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e == cudaSuccess) {
+        d->stream = (void *)s;
+        e = cudaMalloc((void **)&im->sumsq, sizeof(double));
+    }
+    if (e != cudaSuccess) {
+        zpp_status st = cu_fail(e, "device: the compute stream");
+        zpp_device_destroy(d);
+        return st;
+    }
+    return zpp__device_publish(d, d_p);
+}

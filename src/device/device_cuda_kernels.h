@@ -1,0 +1,27 @@
+/* device/device_cuda_kernels.h — the CUDA backend's own kernels (device_cuda_kernels.cu),
+ * called by device_cuda.c. Internal to device/. Each enqueues on `stream`
+ * (a cudaStream_t) and returns launch errors as ZPP_ERR_CUDA; the front
+ * (device.c) has checked the arguments. */
+#ifndef ZPP_DEVICE_DEVICE_CUDA_KERNELS_H
+#define ZPP_DEVICE_DEVICE_CUDA_KERNELS_H
+
+#include <stddef.h>
+
+#include "device/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+zpp_status zpp_dcu_add(void *stream, float *acc, const float *x, size_t n);
+/* Enqueues the sum into *tmp_dev (a double in device memory), copies it to
+ * *sum_p and waits for the stream. */
+zpp_status zpp_dcu_sumsq(void *stream, const float *x, size_t n, double *tmp_dev, double *sum_p);
+zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, const float *grad,
+                         size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

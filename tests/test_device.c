@@ -1,0 +1,449 @@
+/* test_device.c — the compute backend (device.h): AdamW against a
+ * double-precision reference with error bounds derived from fp32 rounding,
+ * the scratch pool, memory accounting, the argument checks and the
+ * non-finite flag.
+ *
+ * The same program tests the host backend (test_device) and, with
+ * ZPP_TEST_DEVICE=gpu, GPU 0 (test_device_gpu, label gpu); buffers are
+ * staged through host memory with zpp_device_copy either way.
+ *
+ * AdamW error bound (every element; u = 2^-24, each fp32 operation exact up
+ * to a factor (1 + d), |d| <= u; powf within 2 ulps). With g = s * grad:
+ *   m' = b1 m + (1 - b1) g:   |dm| <= 4u (|b1 m| + |(1 - b1) g|)
+ *   v' = b2 v + (1 - b2) g^2: |dv| <= 5u (b2 v + (1 - b2) g^2)
+ *   c = 1 - b^t: powf's error 2u b^t is amplified by the cancellation,
+ *     |dc| / c <= u (1 + 2 b^t / c) =: u (1 + 2 k)
+ *   mhat = m'/c1: relative error  r_m = |dm| / |m'| + u (2 + 2 k1)
+ *   vhat = v'/c2: relative error  r_v = |dv| / v' + u (2 + 2 k2)
+ *   sqrt halves r_v and adds u; + eps adds u of the sum;
+ *   q = mhat / (sqrt(vhat) + eps): relative error r_q = r_m + r_d + u
+ *   p' = p - lr (q + wd p): |dp| <= lr (|q| r_q + |wd p| 2u)
+ *                                  + u (|lr (q + wd p)| + |p'|) (two roundings)
+ * and the working copy is the dtype's rounding of the returned fp32 p'.
+ * The test allows twice the bound. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "device/device.h"
+#include "testlib.h"
+
+static const double kU = 1.0 / 16777216.0; /* 2^-24 */
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    EXPECT(p != NULL, "out of memory");
+    return p;
+}
+
+/* The device under test: the host, or GPU 0 when ZPP_TEST_DEVICE=gpu. */
+static zpp_device *dev_make(void) {
+    const char *want = getenv("ZPP_TEST_DEVICE");
+    zpp_device *d = NULL;
+    if (want && strcmp(want, "gpu") == 0) {
+        EXPECT(zpp_device_gpu_count() > 0,
+               "ZPP_TEST_DEVICE=gpu but no GPU is visible: run on a machine with an NVIDIA "
+               "GPU (ctest -L gpu)");
+        EXPECT_OK(zpp_device_create_gpu(0, &d));
+    } else {
+        EXPECT_OK(zpp_device_create_host(&d));
+    }
+    return d;
+}
+
+/* A device buffer holding `bytes` of host data `h` (or zeros). */
+static void *dev_put(zpp_device *d, const void *h, size_t bytes) {
+    void *p = NULL;
+    EXPECT_OK(zpp_device_alloc(d, bytes, &p));
+    if (h) EXPECT_OK(zpp_device_copy(d, p, h, bytes));
+    else EXPECT_OK(zpp_device_set(d, p, 0, bytes));
+    return p;
+}
+
+static void dev_get(zpp_device *d, void *h, const void *p, size_t bytes) {
+    EXPECT_OK(zpp_device_copy(d, h, p, bytes));
+}
+
+/* ---- AdamW ------------------------------------------------------------------ */
+
+/* One step of AdamW on n elements in double from the fp32 inputs, checked
+ * against the device's fp32 result within the bound of the header. */
+static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_args *a,
+                       zpp_dtype wdt) {
+    float *p = xmalloc(n * 4), *m = xmalloc(n * 4), *v = xmalloc(n * 4), *g = xmalloc(n * 4);
+    float *p1 = xmalloc(n * 4), *m1 = xmalloc(n * 4), *v1 = xmalloc(n * 4);
+    void *w1 = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (float)zpp_rng_normal(rng);
+        m[i] = (float)(0.1 * zpp_rng_normal(rng));
+        v[i] = (float)(0.01 * fabs(zpp_rng_normal(rng)));
+        g[i] = (float)zpp_rng_normal(rng);
+        if (i % 17 == 3) g[i] = 0.0f;               /* a zero gradient */
+        if (i % 29 == 5) v[i] = 0.0f, m[i] = 0.0f;  /* fresh moments: eps matters */
+    }
+    float *dp = dev_put(d, p, n * 4), *dm = dev_put(d, m, n * 4), *dv = dev_put(d, v, n * 4);
+    float *dg = dev_put(d, g, n * 4);
+    void *dw = dev_put(d, NULL, n * zpp_dtype_size(wdt));
+    EXPECT_OK(zpp_device_adamw(d, dp, dm, dv, dg, n, a, dw, wdt));
+    dev_get(d, p1, dp, n * 4);
+    dev_get(d, m1, dm, n * 4);
+    dev_get(d, v1, dv, n * 4);
+    dev_get(d, w1, dw, n * zpp_dtype_size(wdt));
+
+    const double b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay;
+    const double eps = a->eps, s = a->grad_scale;
+    const double c1 = 1.0 - pow(b1, a->step), c2 = 1.0 - pow(b2, a->step);
+    const double k1 = pow(b1, a->step) / c1, k2 = pow(b2, a->step) / c2;
+    for (size_t i = 0; i < n; i++) {
+        const double gi = s * g[i];
+        const double me = b1 * m[i] + (1.0 - b1) * gi;
+        const double ve = b2 * v[i] + (1.0 - b2) * gi * gi;
+        const double mh = me / c1, vh = ve / c2;
+        const double den = sqrt(vh) + eps;
+        const double q = mh / den;
+        const double step = lr * (q + wd * p[i]);
+        const double pe = p[i] - step;
+
+        const double em = 4 * kU * (fabs(b1 * m[i]) + fabs((1.0 - b1) * gi)) + 1e-45;
+        const double ev = 5 * kU * (b2 * v[i] + (1.0 - b2) * gi * gi) + 1e-45;
+        const double rm = (me != 0 ? em / fabs(me) : 0) + kU * (2 + 2 * k1);
+        const double rv = (ve != 0 ? ev / ve : 0) + kU * (2 + 2 * k2);
+        const double rd = (sqrt(vh) * (rv / 2 + kU)) / den + kU;
+        const double rq = rm + rd + kU;
+        double bound = lr * (fabs(q) * rq + fabs(wd * p[i]) * 2 * kU) +
+                       kU * (fabs(step) + fabs(pe));
+        if (me == 0) bound += lr * em / c1 / den; /* m' = 0 up to its own rounding */
+        bound = 2 * bound + 1e-30;
+        EXPECT(fabs(m1[i] - me) <= 2 * em, "m[%zu] = %.9g, reference %.17g (t %d)", i,
+               (double)m1[i], me, a->step);
+        EXPECT(fabs(v1[i] - ve) <= 2 * ev, "v[%zu] = %.9g, reference %.17g (t %d)", i,
+               (double)v1[i], ve, a->step);
+        EXPECT(fabs(p1[i] - pe) <= bound,
+               "p[%zu] = %.9g, reference %.17g: error %.3g above the bound %.3g (t %d, wd %g, "
+               "eps %g, grad_scale %g)",
+               i, (double)p1[i], pe, fabs(p1[i] - pe), bound, a->step, wd, eps, s);
+        float wi = zpp_load_f32(w1, wdt, i), want = zpp_load_f32(&p1[i], ZPP_FP32, 0);
+        if (wdt != ZPP_FP32) {
+            char tmp[4];
+            zpp_store_f32(tmp, wdt, 0, p1[i]);
+            want = zpp_load_f32(tmp, wdt, 0);
+        }
+        EXPECT(wi == want, "working copy %zu in %s: %g, the rounding of %.9g is %g", i,
+               zpp_dtype_name(wdt), (double)wi, (double)p1[i], (double)want);
+    }
+    zpp_device_free(d, dp);
+    zpp_device_free(d, dm);
+    zpp_device_free(d, dv);
+    zpp_device_free(d, dg);
+    zpp_device_free(d, dw);
+    free(w1), free(v1), free(m1), free(p1), free(g), free(v), free(m), free(p);
+}
+
+/* Weight decay on, bias correction at early and late steps, a small and a
+ * large eps, clipping by grad_scale, every working dtype. */
+static void test_adamw_matches_reference(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(1));
+    const int steps[] = {1, 2, 3, 10, 1000};
+    const float eps[] = {1e-8f, 1e-3f};
+    const float scales[] = {1.0f, 0.25f};
+    const zpp_dtype wdts[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
+    int k = 0;
+    for (size_t ti = 0; ti < sizeof steps / sizeof steps[0]; ti++)
+        for (size_t ei = 0; ei < 2; ei++)
+            for (size_t si = 0; si < 2; si++, k++) {
+                zpp_adamw_args a = {1e-2f, 0.9f, 0.999f, eps[ei], 0.1f, scales[si], steps[ti]};
+                adamw_case(d, &rng, 1000 + (size_t)k * 37, &a, wdts[k % 3]);
+            }
+    /* betas of the trainer's default config */
+    zpp_adamw_args a = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.5f, 7};
+    adamw_case(d, &rng, 4097, &a, ZPP_BF16);
+    zpp_device_destroy(d);
+}
+
+/* ---- Vector kernels ----------------------------------------------------------- */
+
+static void test_add_sumsq_convert(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(2));
+    const size_t n = 100003;
+    float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *z = xmalloc(n * 4);
+    double sq = 0, asq = 0;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)zpp_rng_normal(&rng);
+        y[i] = (float)zpp_rng_normal(&rng);
+        sq += (double)x[i] * x[i];
+    }
+    asq = sq;
+    float *dx = dev_put(d, x, n * 4), *dy = dev_put(d, y, n * 4);
+    EXPECT_OK(zpp_device_add(d, dy, dx, n));
+    dev_get(d, z, dy, n * 4);
+    for (size_t i = 0; i < n; i++) EXPECT(z[i] == y[i] + x[i], "add %zu", i);
+    double got = 0;
+    EXPECT_OK(zpp_device_sumsq(d, dx, n, &got));
+    /* double sums of n terms: n u_double relative, in any order */
+    EXPECT(fabs(got - sq) <= (double)n * DBL_EPSILON * asq, "sumsq %.17g vs %.17g", got, sq);
+    EXPECT_OK(zpp_device_sumsq(d, dx, 0, &got));
+    EXPECT(got == 0.0, "sumsq of nothing is %g", got);
+    void *db = dev_put(d, NULL, n * 2);
+    EXPECT_OK(zpp_device_convert(d, dx, ZPP_FP32, db, ZPP_BF16, n, 0.5f));
+    uint16_t *hb = xmalloc(n * 2);
+    dev_get(d, hb, db, n * 2);
+    for (size_t i = 0; i < n; i++)
+        EXPECT(hb[i] == zpp_f32_to_bf16(0.5f * x[i]), "convert %zu", i);
+    zpp_device_free(d, db);
+    zpp_device_free(d, dx);
+    zpp_device_free(d, dy);
+    free(hb), free(z), free(y), free(x);
+    zpp_device_destroy(d);
+}
+
+/* ---- Scratch and memory -------------------------------------------------------- */
+
+static void expect_pool(zpp_device *d, size_t buffers, size_t bytes, const char *when) {
+    size_t nb = 0, b = 0;
+    zpp_device_scratch_stats(d, &nb, &b);
+    EXPECT(nb == buffers && b == bytes, "%s: pool holds %zu buffers / %zu bytes, expected %zu / %zu",
+           when, nb, b, buffers, bytes);
+}
+
+static void test_scratch_best_fit_and_reuse(void) {
+    zpp_device *d = dev_make();
+    void *a, *b, *c, *e;
+    expect_pool(d, 0, 0, "new device");
+    /* bytes as asked, and a buffer handed back is reused */
+    EXPECT_OK(zpp_device_scratch_get(d, 100, &a));
+    expect_pool(d, 1, 100, "one lease");
+    zpp_device_scratch_put(d, a);
+    EXPECT_OK(zpp_device_scratch_get(d, 50, &b));
+    EXPECT(b == a, "a free buffer that fits was not reused");
+    expect_pool(d, 1, 100, "reuse");
+    /* a second one while the first is busy */
+    EXPECT_OK(zpp_device_scratch_get(d, 200, &c));
+    EXPECT(c != a, "a busy buffer was handed out twice");
+    expect_pool(d, 2, 300, "two busy");
+    zpp_device_scratch_put(d, a);
+    zpp_device_scratch_put(d, c);
+    /* best fit: the smallest free buffer that fits */
+    EXPECT_OK(zpp_device_scratch_get(d, 90, &b));
+    EXPECT(b == a, "90 bytes should take the 100-byte buffer, not the 200-byte one");
+    EXPECT_OK(zpp_device_scratch_get(d, 150, &e));
+    EXPECT(e == c, "150 bytes should take the 200-byte buffer");
+    zpp_device_scratch_put(d, b);
+    zpp_device_scratch_put(d, e);
+    /* nothing free fits: the largest free one is replaced, not added to */
+    EXPECT_OK(zpp_device_scratch_get(d, 300, &e));
+    expect_pool(d, 2, 400, "regrow");
+    EXPECT_OK(zpp_device_scratch_get(d, 100, &b));
+    EXPECT(b == a, "the 100-byte buffer should have stayed");
+    zpp_device_scratch_put(d, b);
+    zpp_device_scratch_put(d, e);
+    zpp_device_scratch_put(d, NULL); /* ignored */
+    /* the scratch is device memory, counted */
+    size_t now = 0, peak = 0;
+    zpp_device_mem_stats(d, &now, &peak);
+    EXPECT(now == 400, "mem_now %zu with 400 bytes of scratch", now);
+    /* 100 + 200, then the 200 freed before the 300 came (allocating first
+     * would have peaked at 600) */
+    EXPECT(peak == 400, "mem_peak %zu, expected 400", peak);
+    zpp_device_destroy(d);
+}
+
+/* Random leases and returns: the pool never holds more buffers than were
+ * busy at once, and every lease gets at least its bytes, distinct from the
+ * other busy ones. */
+static void test_scratch_never_more_than_busy(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(3));
+    enum { K = 6 };
+    void *held[K] = {0};
+    size_t size[K] = {0};
+    int busy = 0, max_busy = 0;
+    for (int it = 0; it < 2000; it++) {
+        int k = (int)(zpp_rng_u64(&rng) % K);
+        if (held[k]) {
+            zpp_device_scratch_put(d, held[k]);
+            held[k] = NULL;
+            busy--;
+        } else {
+            size[k] = 1 + zpp_rng_u64(&rng) % 5000;
+            EXPECT_OK(zpp_device_scratch_get(d, size[k], &held[k]));
+            busy++;
+            if (busy > max_busy) max_busy = busy;
+            for (int j = 0; j < K; j++)
+                EXPECT(j == k || held[j] != held[k], "buffer leased twice");
+            size_t cap = 0;
+            for (size_t i = 0; i < d->pool_len; i++)
+                if (d->pool[i].p == held[k]) cap = d->pool[i].cap;
+            EXPECT(cap >= size[k], "lease of %zu bytes got %zu", size[k], cap);
+        }
+        size_t nb = 0;
+        zpp_device_scratch_stats(d, &nb, NULL);
+        EXPECT(nb <= (size_t)max_busy, "pool of %zu buffers, at most %d were busy at once", nb,
+               max_busy);
+    }
+    zpp_device_destroy(d);
+}
+
+static void test_mem_stats(void) {
+    zpp_device *d = dev_make();
+    size_t now = 1, peak = 1;
+    zpp_device_mem_stats(d, &now, &peak);
+    EXPECT(now == 0 && peak == 0, "a new device has %zu / %zu bytes", now, peak);
+    void *a, *b, *c;
+    EXPECT_OK(zpp_device_alloc(d, 1000, &a));
+    EXPECT_OK(zpp_device_alloc(d, 2000, &b));
+    zpp_device_free(d, a);
+    EXPECT_OK(zpp_device_alloc(d, 500, &c));
+    zpp_device_mem_stats(d, &now, &peak);
+    EXPECT(now == 2500 && peak == 3000, "now %zu peak %zu, expected 2500 and 3000", now, peak);
+    zpp_device_free(d, b);
+    zpp_device_free(d, c);
+    zpp_device_free(d, NULL);
+    zpp_device_mem_stats(d, &now, &peak);
+    EXPECT(now == 0 && peak == 3000, "now %zu peak %zu after freeing all", now, peak);
+    EXPECT_OK(zpp_device_alloc(d, 0, &a)); /* a valid unique pointer */
+    EXPECT(a != NULL, "0 bytes gave NULL");
+    zpp_device_free(d, a);
+    zpp_device_destroy(d);
+    zpp_device_destroy(NULL);
+}
+
+/* ---- Argument checks --------------------------------------------------------- */
+
+#define EXPECT_INVALID(call, word)                                                  \
+    do {                                                                            \
+        zpp_error_clear();                                                          \
+        EXPECT_STATUS(call, ZPP_ERR_INVALID);                                       \
+        EXPECT(strstr(zpp_last_error(), word) != NULL, "message '%s' lacks '%s'",   \
+               zpp_last_error(), word);                                             \
+    } while (0)
+
+static void test_argument_checks(void) {
+    zpp_device *d = dev_make();
+    zpp_quant_spec sp = zpp_quant_spec_default(8), bad = sp;
+    bad.block = 12;
+    void *x = dev_put(d, NULL, 4096), *q = dev_put(d, NULL, 4096);
+    float *f = x;
+    EXPECT_INVALID(zpp_device_quantize_chunks(NULL, x, ZPP_FP32, 1, 16, &sp, q), "no device");
+    EXPECT_INVALID(zpp_device_quantize_chunks(d, x, ZPP_FP32, 1, 16, &bad, q), "block");
+    EXPECT_INVALID(zpp_device_quantize_chunks(d, x, ZPP_FP32, 1, 16, NULL, q), "spec");
+    EXPECT_INVALID(zpp_device_quantize_chunks(d, x, (zpp_dtype)7, 1, 16, &sp, q), "dtype");
+    EXPECT_INVALID(zpp_device_quantize_chunks(d, x, ZPP_FP32, SIZE_MAX / 2, 3, &sp, q),
+                   "overflow");
+    EXPECT_INVALID(zpp_device_quantize_chunks(d, NULL, ZPP_FP32, 1, 16, &sp, q), "input");
+    EXPECT_INVALID(zpp_device_dequantize_chunks(d, q, 2, 16, &sp, ZPP_BF16, NULL), "output");
+    EXPECT_INVALID(zpp_device_reorder_quantize(d, x, ZPP_FP32, 16, 0, 16, 0, 1, &sp, q),
+                   "nodes 0");
+    EXPECT_INVALID(zpp_device_reorder_quantize(d, x, ZPP_FP32, 16, 8, 16, 1, 1, &sp, q), "slab");
+    EXPECT_INVALID(zpp_device_dequant_sum_requant(d, q, 0, 1, 16, 0, 16, &sp, &sp, q), "k = 0");
+    EXPECT_INVALID(zpp_device_dequant_sum_requant(d, q, 2, 1, 16, 0, 16, &sp, &bad, q), "block");
+    EXPECT_INVALID(zpp_device_dequant_reduce(d, q, SIZE_MAX, 2, &sp, 1.0f, f), "overflow");
+    EXPECT_INVALID(zpp_device_convert(d, x, ZPP_FP32, x, ZPP_BF16, 16, 1.0f), "in-place");
+    EXPECT_INVALID(zpp_device_add(d, NULL, f, 4), "accumulator");
+    EXPECT_INVALID(zpp_device_sumsq(d, f, 4, NULL), "sum_p");
+    zpp_adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0};
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "step 0");
+    a.step = 1;
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, NULL, x, ZPP_FP32), "zpp_adamw_args");
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, (zpp_dtype)9), "dtype");
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, NULL, 4, &a, x, ZPP_FP32), "gradient");
+    EXPECT_INVALID(zpp_device_copy(d, NULL, x, 8), "destination");
+    EXPECT_INVALID(zpp_device_set(d, NULL, 0, 8), "NULL");
+    EXPECT_INVALID(zpp_device_alloc(d, 8, NULL), "p_p");
+    EXPECT_INVALID(zpp_device_scratch_get(d, 8, NULL), "p_p");
+    EXPECT_INVALID(zpp_device_nonfinite_take(d, NULL), "raised_p");
+    EXPECT_INVALID(zpp_device_event_record(d, NULL, NULL), "event");
+    /* nothing to do is not an error, whatever the pointers */
+    EXPECT_OK(zpp_device_quantize_chunks(d, NULL, ZPP_FP32, 0, 16, &sp, NULL));
+    EXPECT_OK(zpp_device_copy(d, NULL, NULL, 0));
+    EXPECT_OK(zpp_device_adamw(d, NULL, NULL, NULL, NULL, 0, &a, NULL, ZPP_BF16));
+    zpp_device_free(d, x);
+    zpp_device_free(d, q);
+    zpp_device_destroy(d);
+}
+
+/* ---- The non-finite flag -------------------------------------------------------- */
+
+/* A block holding NaN or Inf: the call succeeds, the block is stored with a
+ * NaN scale and a zero payload, the flag is raised, read once and cleared;
+ * finite data leaves it down. */
+static void test_nonfinite_flag(void) {
+    zpp_device *d = dev_make();
+    zpp_quant_spec sp = zpp_quant_spec_default(8);
+    const size_t B = sp.block, n = 3 * B;
+    float *h = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = (float)i / (float)n - 0.5f;
+    const size_t qb = zpp_quant_bytes(n, &sp), so = zpp_quant_scales_offset(n, sp.bits);
+    unsigned char *hq = xmalloc(qb);
+    /* room for the reorder's three chunks too, each padded on its own */
+    void *dx = dev_put(d, h, n * 4), *dq = dev_put(d, NULL, 2 * qb);
+    int raised = -1;
+    EXPECT_OK(zpp_device_quantize_chunks(d, dx, ZPP_FP32, 1, n, &sp, dq));
+    EXPECT_OK(zpp_device_nonfinite_take(d, &raised));
+    EXPECT(raised == 0, "finite data raised the flag");
+    const float bad[2] = {NAN, -INFINITY};
+    for (int k = 0; k < 2; k++) {
+        h[B + 5] = bad[k];
+        EXPECT_OK(zpp_device_copy(d, dx, h, n * 4));
+        EXPECT_OK(zpp_device_quantize_chunks(d, dx, ZPP_FP32, 1, n, &sp, dq));
+        dev_get(d, hq, dq, qb);
+        uint32_t s[3];
+        memcpy(s, hq + so, sizeof s);
+        EXPECT(s[1] == 0x7fc00000u, "block 1 scale %08x, expected the NaN 7fc00000", s[1]);
+        EXPECT(s[0] != 0x7fc00000u && s[2] != 0x7fc00000u, "finite blocks got a NaN scale");
+        for (size_t i = B; i < 2 * B; i++) EXPECT(hq[i] == 0, "payload byte %zu is %d", i, hq[i]);
+        EXPECT_OK(zpp_device_nonfinite_take(d, &raised));
+        EXPECT(raised == 1, "%g did not raise the flag", (double)bad[k]);
+        EXPECT_OK(zpp_device_nonfinite_take(d, &raised));
+        EXPECT(raised == 0, "the flag was not cleared by reading it");
+    }
+    /* the reorder and the requantization raise it too */
+    EXPECT_OK(zpp_device_reorder_quantize(d, dx, ZPP_FP32, n / 3, 0, n / 3, 1, 3, &sp, dq));
+    EXPECT_OK(zpp_device_nonfinite_take(d, &raised));
+    EXPECT(raised == 1, "reorder-quantize did not raise the flag");
+    EXPECT_OK(zpp_device_quantize_chunks(d, dx, ZPP_FP32, 1, n, &sp, dq));
+    void *dsum = dev_put(d, NULL, qb);
+    EXPECT_OK(zpp_device_dequant_sum_requant(d, dq, 1, 1, n, 0, n, &sp, &sp, dsum));
+    EXPECT_OK(zpp_device_nonfinite_take(d, &raised));
+    EXPECT(raised == 1, "dequant-sum-requant of a NaN block did not raise the flag");
+    zpp_device_free(d, dsum);
+    zpp_device_free(d, dq);
+    zpp_device_free(d, dx);
+    free(hq), free(h);
+    zpp_device_destroy(d);
+}
+
+/* Streams and events order work and time it; the host's run at once. */
+static void test_streams_and_events(void) {
+    zpp_device *d = dev_make();
+    void *s = NULL;
+    zpp_device_event *e0 = NULL, *e1 = NULL;
+    EXPECT_OK(zpp_device_stream_create(d, &s));
+    EXPECT(s != NULL, "a stream is not NULL (NULL means the compute stream)");
+    EXPECT_OK(zpp_device_event_create(d, 1, &e0));
+    EXPECT_OK(zpp_device_event_create(d, 1, &e1));
+    EXPECT_OK(zpp_device_event_record(d, e0, NULL));
+    EXPECT_OK(zpp_device_event_wait(d, s, e0));
+    EXPECT_OK(zpp_device_event_record(d, e1, s));
+    EXPECT_OK(zpp_device_sync(d, s));
+    int done = 0;
+    EXPECT_OK(zpp_device_event_query(d, e1, &done));
+    EXPECT(done == 1, "an event before a sync is not done");
+    float ms = -1;
+    EXPECT_OK(zpp_device_event_elapsed_ms(d, e0, e1, &ms));
+    EXPECT(ms >= 0, "elapsed %g ms", (double)ms);
+    zpp_device_event_destroy(d, e0);
+    zpp_device_event_destroy(d, e1);
+    zpp_device_stream_destroy(d, s);
+    zpp_device_destroy(d);
+}
+
+ZPP_TESTS(ZPP_TEST(test_adamw_matches_reference), ZPP_TEST(test_add_sumsq_convert),
+          ZPP_TEST(test_scratch_best_fit_and_reuse), ZPP_TEST(test_scratch_never_more_than_busy),
+          ZPP_TEST(test_mem_stats), ZPP_TEST(test_argument_checks),
+          ZPP_TEST(test_nonfinite_flag), ZPP_TEST(test_streams_and_events))
