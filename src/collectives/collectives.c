@@ -108,11 +108,11 @@ static zpp__slab zpp__slab_get(const zpp_coll_op *op, int k) {
  * inter-node group with one rank per node, the node when there is one node)
  * runs on the world communicator: the same ranks in the same order. Each
  * NCCL communicator has its own connections, and over a socket link the
- * first large operation on one that sat idle while another moved data ran
- * ~2 ms slower in ~45 (2xH200, 2026-11-30). With its exchange on the inter
- * communicator, right after the backward gather on the world's, qgZ ran at
- * 0.90-0.95 of a plain all-gather of its bytes on the world's; on the
- * world's own, at 0.99-1.03. */
+ * first large operation on one that sat idle while another moved data runs
+ * measurably slower, and qgZ's exchange, right after the backward gather on
+ * the world's, reaches its wire only on the world communicator
+ * (bench/RESULTS.md, fourth session, "Figures the collectives' comments
+ * carried"). */
 static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g) {
     const zpp_topo *t = c->topo;
     if (g == ZPP__WORLD || (g == ZPP__INTER && t->node_size == 1) ||
@@ -203,13 +203,12 @@ static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t byte
  * must end with the blocks addressed to it: an all-to-all. Between two
  * members it is also an all-gather: each contributes the one block
  * addressed to the other, and slot m of the result is what member m sent;
- * own block copied in after. The bytes on the wire are the same. Measured
- * on 2xH200 (2026-11-30), so done for two nodes and not inside a node:
+ * own block copied in after. The bytes on the wire are the same. Done for
+ * two nodes and not inside a node:
  *   - over a socket link NCCL's all-gather, on its ring path, keeps more
- *     connections busy than grouped send/recv: 3.9 GB/s against 2.3 GB/s;
- *   - over NVLink it went the other way: qgZ of 1 GiB on one node of two
- *     took 1.51 ms with the all-gather and copy, 1.40 ms with the
- *     all-to-all. */
+ *     connections busy than grouped send/recv, and is faster;
+ *   - over NVLink it went the other way: the all-gather and copy made qgZ
+ *     slower than the all-to-all (bench/RESULTS.md, fourth session). */
 static int zpp__as_allgather(const zpp_coll *c, zpp__group g) {
     return g == ZPP__INTER && zpp__comm(c, g)->size == 2;
 }

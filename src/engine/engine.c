@@ -430,7 +430,8 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     if (!isfinite(norm))
         return zpp_error(ZPP_ERR_NONFINITE,
                          "engine: non-finite values (NaN or Inf) in the weights or gradients at "
-                         "step %d; lower the learning rate or enable gradient clipping",
+                         "step %d, so the step was not taken; lower the learning rate (resume "
+                         "from the last checkpoint) or check the data and initialisation",
                          e->step + 1);
     float scale = 1.0f;
     if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
