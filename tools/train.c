@@ -231,9 +231,10 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             fprintf(metrics,
                     "{\"step\":%d,\"mode\":\"%s\",\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,"
                     "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
-                    "\"intra_node_bytes\":%.0f",
+                    "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f",
                     s + 1, in->mode, (double)loss, (double)r.stats.lr,
-                    (double)r.stats.grad_norm, r.tokens_per_s, r.seconds * 1e3, cross, intra);
+                    (double)r.stats.grad_norm, r.tokens_per_s, r.seconds * 1e3, cross, intra,
+                    r.device_peak_bytes);
             if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);
             fprintf(metrics, "}\n");
             fflush(metrics);

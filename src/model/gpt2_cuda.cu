@@ -377,6 +377,7 @@ struct gpt2_cuda {
     gemm_entry *cache; /* kGemmCache entries */
     int cache_next;    /* round-robin victim when full */
 
+    zpp_device *dev; /* allocates the arena and workspace (counted in its peak) */
     float *arena; /* device */
     /* batch (device int32, carved from the arena; pointers set by set_batch) */
     int32_t *d_ints;
@@ -959,8 +960,8 @@ void op_destroy(zpp_model *m) {
     if (g->arena) (void)cudaStreamSynchronize(g->stream);
     if (g->staged) (void)cudaEventDestroy(g->staged);
     if (g->lt) (void)cublasLtDestroy(g->lt);
-    if (g->workspace) (void)cudaFree(g->workspace);
-    if (g->arena) (void)cudaFree(g->arena);
+    zpp_device_free(g->dev, g->workspace);
+    zpp_device_free(g->dev, g->arena);
     if (g->h_losses) (void)cudaFreeHost(g->h_losses);
     if (g->h_ints) (void)cudaFreeHost(g->h_ints);
     free(g->h_count);
@@ -1002,17 +1003,16 @@ static zpp_status create_device_state(gpt2_cuda *g) {
                          "gpt2 cuda create: activation memory for max_batch %d overflows "
                          "size_t; use a smaller model or batch", g->base.max_batch);
     void *arena = NULL;
-    cudaError_t e = cudaMalloc(&arena, p.used * sizeof(float));
-    if (e != cudaSuccess)
-        return zpp_error(e == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA,
-                         "gpt2 cuda create: %zu bytes of device memory for the activations of "
-                         "max_batch %d x seq_len %d: %s; use a smaller max_batch",
-                         p.used * sizeof(float), g->base.max_batch, g->cfg.seq_len,
-                         cudaGetErrorString(e));
+    zpp_status st = zpp_device_alloc(g->dev, p.used * sizeof(float), &arena);
+    if (st != ZPP_OK)
+        return zpp_error_context(st,
+                                 "gpt2 cuda create: the activations of max_batch %d x "
+                                 "seq_len %d (use a smaller max_batch)",
+                                 g->base.max_batch, g->cfg.seq_len);
     g->arena = (float *)arena;
     p = zpp_gpt2_arena{g->arena, 0, 64, 0};
     plan(g, &p);
-    CU_CHECK(cudaMalloc(&g->workspace, kWorkspaceBytes), "create: cuBLASLt workspace");
+    ZPP_CHECK(zpp_device_alloc(g->dev, kWorkspaceBytes, &g->workspace));
     void *h = NULL;
     CU_CHECK(cudaMallocHost(&h, (5 * g->nmax + 1) * sizeof(int32_t)),
              "create: pinned staging for the batch");
@@ -1051,6 +1051,7 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     zpp_status st = ZPP_OK;
     g->cfg = *cfg;
     zpp_gpt2_layout_make(cfg, &g->lay);
+    g->dev = dev;
     g->stream = (cudaStream_t)dev->stream; /* the device's compute stream */
     g->cache = (gemm_entry *)calloc(kGemmCache, sizeof *g->cache);
     g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);

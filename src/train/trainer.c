@@ -187,7 +187,10 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     ZPP_CHECK(zpp_comm_max_world(&dt));
     r->seconds = dt;
     r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
-    return ZPP_OK;
+    size_t now = 0, peak = 0;
+    zpp_device_mem_stats(t->dev, &now, &peak);
+    r->device_peak_bytes = (double)peak;
+    return zpp_comm_max_world(&r->device_peak_bytes);
 }
 
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {

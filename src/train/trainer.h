@@ -22,6 +22,11 @@ typedef struct zpp_trainer_step_result {
     zpp_step_stats stats;
     double seconds;        /* wall time of the step, slowest rank */
     double tokens_per_s;   /* global tokens / seconds */
+    /* The most bytes allocated through any rank's device since it was
+     * created (zpp_device_mem_stats: the engine's shards and scratch, and on
+     * a GPU the model's activations and GEMM workspace; not what NCCL or the
+     * CUDA runtime allocate for themselves). */
+    double device_peak_bytes;
 } zpp_trainer_step_result;
 
 typedef struct zpp_trainer_opts {
