@@ -1,38 +1,35 @@
-/* cuda_testlib.h — shared plumbing of the GPU tests (label gpu). */
+/* cuda_testlib.h — shared plumbing of the GPU tests (label gpu).
+ *
+ * Plain C on the device API (device/device.h): no CUDA runtime call here,
+ * so the tests' memory, copies and synchronisation go through the same
+ * backend the library uses. */
 #ifndef ZPP_CUDA_TESTLIB_H
 #define ZPP_CUDA_TESTLIB_H
 
-#include <cuda_runtime_api.h>
 #include <stdio.h>
 
+#include "device/device.h"
 #include "testlib.h"
 
-/* Fails the test with CUDA's error name and message. */
-#define CUDA_OK(call)                                                         \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            zpp_test_fail(__FILE__, __LINE__, #call, " -> %s: %s",            \
-                          cudaGetErrorName(e_), cudaGetErrorString(e_));       \
-    } while (0)
-
 /* Fails with a clear message when no GPU is visible (the test must run on a
- * machine with one: ctest -L gpu); prints the device once. */
-static inline void zpp_test_require_device(const char *what) {
-    static int checked = 0;
-    if (checked) return;
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0)
+ * machine with one: ctest -L gpu); otherwise opens GPU 0 and prints its
+ * name the first time. The caller owns the device (zpp_device_destroy). */
+static inline zpp_device *zpp_test_gpu_open(const char *what) {
+    static int printed = 0;
+    if (zpp_device_gpu_count() == 0)
         zpp_test_fail(__FILE__, __LINE__, NULL,
-                      "no CUDA device is visible (%s): %s and must run on a machine with an "
-                      "NVIDIA GPU (ctest -L gpu)",
-                      e != cudaSuccess ? cudaGetErrorString(e) : "device count 0", what);
-    struct cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    printf("  device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount);
-    checked = 1;
+                      "no CUDA device is visible (device count 0): %s and must run on a "
+                      "machine with an NVIDIA GPU (ctest -L gpu)",
+                      what);
+    zpp_device *d = NULL;
+    EXPECT_OK(zpp_device_create_gpu(0, &d));
+    if (!printed) {
+        char name[256];
+        EXPECT_OK(zpp_device_name(d, name, sizeof name));
+        printf("  device: %s\n", name);
+        printed = 1;
+    }
+    return d;
 }
 
 #endif

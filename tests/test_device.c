@@ -358,6 +358,17 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_scratch_get(d, 8, NULL), "p_p");
     EXPECT_INVALID(zpp_device_nonfinite_take(d, NULL), "raised_p");
     EXPECT_INVALID(zpp_device_event_record(d, NULL, NULL), "event");
+    char name[64], cut[3];
+    EXPECT_INVALID(zpp_device_name(NULL, name, sizeof name), "no device");
+    EXPECT_INVALID(zpp_device_name(d, NULL, sizeof name), "NULL");
+    EXPECT_INVALID(zpp_device_name(d, name, 0), "cap 0");
+    /* the name, and cut to fit */
+    EXPECT_OK(zpp_device_name(d, name, sizeof name));
+    EXPECT(name[0] != '\0', "an empty device name");
+    EXPECT(d->mem != ZPP_MEM_HOST || strcmp(name, "host") == 0, "host device named '%s'", name);
+    EXPECT_OK(zpp_device_name(d, cut, sizeof cut));
+    EXPECT(strlen(cut) <= 2 && strncmp(cut, name, 2) == 0, "'%s' cut to 2 bytes: '%s'", name,
+           cut);
     /* nothing to do is not an error, whatever the pointers */
     EXPECT_OK(zpp_device_quantize_chunks(d, NULL, ZPP_FP32, 0, 16, &sp, NULL));
     EXPECT_OK(zpp_device_copy(d, NULL, NULL, 0));

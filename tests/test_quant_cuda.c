@@ -20,7 +20,6 @@
  * (chunks that start off the 16-byte grid, taking the scalar path).
  *
  * Needs an NVIDIA GPU (label "gpu"); without one it fails saying so. */
-#include <cuda_runtime_api.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -40,9 +39,23 @@
 static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
 static const int all_bits[] = {8, 4};
 
-/* ---- CUDA plumbing -------------------------------------------------------- */
+/* ---- device plumbing ------------------------------------------------------
+ * Memory, copies and synchronisation go through a GPU device (device.h),
+ * opened at the start of each test and closed at its end; the kernels under
+ * test are called directly, on that device's compute stream, so they are
+ * ordered after the device's memsets and copies. */
 
-static void require_device(void) { zpp_test_require_device("test_quant_cuda checks the GPU kernels"); }
+static zpp_device *dev; /* GPU 0, for the running test */
+
+static void dev_open(void) {
+    dev = zpp_test_gpu_open("test_quant_cuda checks the GPU kernels");
+}
+
+static void dev_close(void) {
+    EXPECT_OK(zpp_device_sync(dev, NULL));
+    zpp_device_destroy(dev);
+    dev = NULL;
+}
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -60,34 +73,37 @@ typedef struct dbuf {
 
 static dbuf dbuf_make(size_t bytes, size_t off) {
     dbuf b;
+    void *base = NULL;
     b.bytes = bytes;
     b.off = off;
-    CUDA_OK(cudaMalloc((void **)&b.base, off + bytes + GUARD));
+    EXPECT_OK(zpp_device_alloc(dev, off + bytes + GUARD, &base));
+    b.base = base;
     b.p = b.base + off;
     return b;
 }
 
 static void dbuf_free(dbuf *b) {
-    if (b->base) CUDA_OK(cudaFree(b->base));
+    if (b->base) zpp_device_free(dev, b->base);
     b->base = NULL;
 }
 
 static void dbuf_poison(const dbuf *b) {
-    CUDA_OK(cudaMemset(b->base, POISON, b->off + b->bytes + GUARD));
+    EXPECT_OK(zpp_device_set(dev, b->base, POISON, b->off + b->bytes + GUARD));
 }
 
+/* Poison, then the host data (the copy returns once `h` has been read). */
 static void dbuf_put(const dbuf *b, const void *h) {
     dbuf_poison(b);
-    if (b->bytes) CUDA_OK(cudaMemcpy(b->p, h, b->bytes, cudaMemcpyHostToDevice));
+    if (b->bytes) EXPECT_OK(zpp_device_copy(dev, b->p, h, b->bytes));
 }
 
 /* Waits for the kernels, copies the buffer back and checks the guard zones
  * (before the offset and after the end) are still poison. */
 static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
-    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_OK(zpp_device_sync(dev, NULL));
     size_t all = b->off + b->bytes + GUARD;
     unsigned char *tmp = xmalloc(all);
-    CUDA_OK(cudaMemcpy(tmp, b->base, all, cudaMemcpyDeviceToHost));
+    EXPECT_OK(zpp_device_copy(dev, tmp, b->base, all));
     for (size_t i = 0; i < b->off; i++)
         EXPECT(tmp[i] == POISON, "%s: byte %zu before the buffer was written (0x%02x)", ctx,
                b->off - i, tmp[i]);
@@ -99,19 +115,22 @@ static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
     free(tmp);
 }
 
+/* A non-finite flag for a kernel: one int of device memory, cleared. */
 static int *flag_make(void) {
-    int *f;
-    CUDA_OK(cudaMalloc((void **)&f, sizeof *f));
-    CUDA_OK(cudaMemset(f, 0, sizeof *f));
+    void *f = NULL;
+    EXPECT_OK(zpp_device_alloc(dev, sizeof(int), &f));
+    EXPECT_OK(zpp_device_set(dev, f, 0, sizeof(int)));
     return f;
 }
 
 static int flag_get(int *f) {
     int v;
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(&v, f, sizeof v, cudaMemcpyDeviceToHost));
+    EXPECT_OK(zpp_device_sync(dev, NULL));
+    EXPECT_OK(zpp_device_copy(dev, &v, f, sizeof v));
     return v;
 }
+
+static void flag_free(int *f) { zpp_device_free(dev, f); }
 
 /* ---- random inputs ---------------------------------------------------- */
 
@@ -254,14 +273,14 @@ static void check_quantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
     dbuf_put(&dx, x);
     dbuf_poison(&dq);
     int *flag = flag_make();
-    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, n_chunks, chunk_len, s, dq.p, flag, NULL));
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, n_chunks, chunk_len, s, dq.p, flag, dev->stream));
     char ctx[160];
     snprintf(ctx, sizeof ctx, "quantize %s, %zu x %zu%s", zpp_dtype_name(d), n_chunks,
              chunk_len, misalign ? ", misaligned input" : "");
     dbuf_get(&dq, gpu, ctx);
     expect_same_q(gpu, cpu, n_chunks, chunk_len, s, ctx);
     EXPECT(flag_get(flag) == 0, "%s: non-finite flag set for finite input", ctx);
-    CUDA_OK(cudaFree(flag));
+    flag_free(flag);
     dbuf_free(&dx);
     dbuf_free(&dq);
     free(x), free(cpu), free(gpu);
@@ -284,7 +303,7 @@ static size_t sizes_for(size_t block, size_t *out) {
  * partial groups (24), 16 threads (128), a warp (256), 2/4/8 vectors per
  * thread (264, 1024, 2048), and the two-pass kernel (2056, 1 << 20). */
 static void test_quantize_single_tensor(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
@@ -308,10 +327,11 @@ static void test_quantize_single_tensor(void) {
                 check_quantize(all_dtypes[di], 1, 3 * blocks[bi] + 5, &t, 1, &r);
             }
         }
+    dev_close();
 }
 
 static void test_quantize_large(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(2));
     const size_t n = ((size_t)1 << 22) + 5;
     for (size_t di = 0; di < 3; di++)
@@ -320,11 +340,12 @@ static void test_quantize_large(void) {
             s.block = zpp_quant_spec_default(all_bits[ki]).block;
             check_quantize(all_dtypes[di], 1, n, &s, 0, &r);
         }
+    dev_close();
 }
 
 /* Chunks laid end to end, odd lengths: chunk starts off the 16-byte grid. */
 static void test_quantize_chunks(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(3));
     static const size_t lens[] = {1, 3, 77, 1001, 4099, 1024};
     static const size_t nchunks[] = {1, 2, 5};
@@ -337,6 +358,7 @@ static void test_quantize_chunks(void) {
                                                  (int)((li + ki) & 1), &r);
                     check_quantize(all_dtypes[di], nchunks[ci], lens[li], &s, 0, &r);
                 }
+    dev_close();
 }
 
 /* Dequantize: of CPU-quantized random data, and of random bytes (every
@@ -365,7 +387,7 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
     dbuf dq = dbuf_make(qb, 0), dy = dbuf_make(n * es, misalign ? es : 0);
     dbuf_put(&dq, q);
     dbuf_poison(&dy);
-    EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, n_chunks, chunk_len, s, d, dy.p, NULL));
+    EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, n_chunks, chunk_len, s, d, dy.p, dev->stream));
     char ctx[160];
     snprintf(ctx, sizeof ctx, "dequantize %s, bits %d, block %zu, %zu x %zu%s%s",
              zpp_dtype_name(d), s->bits, s->block, n_chunks, chunk_len,
@@ -382,7 +404,7 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
 }
 
 static void test_dequantize(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(4));
     static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056, 8192};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
@@ -411,10 +433,11 @@ static void test_dequantize(void) {
         check_dequantize(ZPP_BF16, 1, n, &s, 0, 0, &r);
         check_dequantize(ZPP_FP32, 1, n, &s, 1, 0, &r);
     }
+    dev_close();
 }
 
 static void test_dequantize_accumulate(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(5));
     static const size_t blocks[] = {8, 128, 256, 2048, 4096};
     static const size_t ns[] = {1, 7, 255, 256, 257, 4099, ((size_t)1 << 20) + 3};
@@ -433,7 +456,7 @@ static void test_dequantize_accumulate(void) {
                     dbuf dq = dbuf_make(qb, 0), da = dbuf_make(n * 4, mis ? 4 : 0);
                     dbuf_put(&dq, q);
                     dbuf_put(&da, acc);
-                    EXPECT_OK(zpp_cuda_dequantize_accumulate(dq.p, n, &s, da.p, NULL));
+                    EXPECT_OK(zpp_cuda_dequantize_accumulate(dq.p, n, &s, da.p, dev->stream));
                     EXPECT_OK(zpp_dequantize_accumulate(q, n, &s, acc));
                     char ctx[128];
                     snprintf(ctx, sizeof ctx, "dequantize-accumulate bits %d block %zu n %zu%s",
@@ -444,10 +467,11 @@ static void test_dequantize_accumulate(void) {
                     dbuf_free(&da);
                     free(x), free(q), free(acc), free(gpu);
                 }
+    dev_close();
 }
 
 static void test_reorder_quantize(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(6));
     static const int nodes_l[] = {1, 2, 3};
     static const int local_l[] = {1, 2, 4};
@@ -471,7 +495,7 @@ static void test_reorder_quantize(void) {
                         dbuf_put(&dx, x);
                         dbuf_poison(&dq);
                         EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, 0, cl, nodes, local, &s,
-                                                            dq.p, NULL, NULL));
+                                                            dq.p, NULL, dev->stream));
                         char ctx[160];
                         snprintf(ctx, sizeof ctx, "reorder-quantize %s nodes %d local %d len %zu",
                                  zpp_dtype_name(d), nodes, local, cl);
@@ -487,7 +511,7 @@ static void test_reorder_quantize(void) {
                                                                  local, &s, cpu));
                         dbuf_poison(&dq);
                         EXPECT_OK(zpp_cuda_reorder_quantize(dx.p, d, cl, first, len, nodes,
-                                                            local, &s, dq.p, NULL, NULL));
+                                                            local, &s, dq.p, NULL, dev->stream));
                         snprintf(ctx, sizeof ctx,
                                  "reorder-quantize %s nodes %d local %d slab [%zu, +%zu) of %zu",
                                  zpp_dtype_name(d), nodes, local, first, len, cl);
@@ -501,6 +525,7 @@ static void test_reorder_quantize(void) {
                         dbuf_free(&dq);
                         free(x), free(cpu), free(gpu);
                     }
+    dev_close();
 }
 
 /* k inputs of n_chunks chunks, each made by the CPU quantizer from random
@@ -542,7 +567,7 @@ static void check_dsr(int k, size_t nc, size_t cl, const zpp_quant_spec *is,
     dbuf_poison(&dq);
     int *flag = flag_make();
     EXPECT_OK(zpp_cuda_dequant_sum_requant(di.p, k, nc, whole, first, cl, is, os, dq.p, flag,
-                                           NULL));
+                                           dev->stream));
     char ctx[240];
     snprintf(ctx, sizeof ctx,
              "dequant-sum-requant k %d, %zu x %zu (at %zu of %zu), in bits %d block %zu, out "
@@ -552,14 +577,14 @@ static void check_dsr(int k, size_t nc, size_t cl, const zpp_quant_spec *is,
     dbuf_get(&dq, gpu, ctx);
     expect_same_q(gpu, cpu, nc, cl, os, ctx);
     EXPECT(flag_get(flag) == with_nan, "%s: non-finite flag %d", ctx, flag_get(flag));
-    CUDA_OK(cudaFree(flag));
+    flag_free(flag);
     dbuf_free(&di);
     dbuf_free(&dq);
     free(in), free(cpu), free(gpu);
 }
 
 static void test_dequant_sum_requant(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(7));
     static const size_t lens[] = {1, 7, 128, 129, 1001, 4099};
     static const size_t nchunks[] = {1, 2, 4};
@@ -580,10 +605,11 @@ static void test_dequant_sum_requant(void) {
     check_dsr(2, 4, 1001, &is, &os, 1, &r);
     zpp_quant_spec is8 = spec_make(8, 256, 0, &r), os8 = spec_make(8, 256, 0, &r);
     check_dsr(3, 2, ((size_t)1 << 20) + 9, &is8, &os8, 0, &r);
+    dev_close();
 }
 
 static void test_dequant_reduce(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
     static const size_t lens[] = {1, 7, 255, 256, 1001, 4099, ((size_t)1 << 20) + 1};
     static const size_t blocks[] = {8, 128, 256, 2048, 4096};
@@ -602,7 +628,7 @@ static void test_dequant_reduce(void) {
                          dy = dbuf_make(cl * 4, mis ? 4 : 0);
                     dbuf_put(&dq, q);
                     dbuf_poison(&dy);
-                    EXPECT_OK(zpp_cuda_dequant_reduce(dq.p, nc, cl, &s, scale, dy.p, NULL));
+                    EXPECT_OK(zpp_cuda_dequant_reduce(dq.p, nc, cl, &s, scale, dy.p, dev->stream));
                     char ctx[160];
                     snprintf(ctx, sizeof ctx,
                              "dequant-reduce %zu x %zu bits %d block %zu scale %a%s", nc, cl,
@@ -613,10 +639,11 @@ static void test_dequant_reduce(void) {
                     dbuf_free(&dy);
                     free(q), free(cpu), free(gpu);
                 }
+    dev_close();
 }
 
 static void test_convert(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(9));
     static const size_t ns[] = {1, 7, 8, 9, 1000, 4099, ((size_t)1 << 20) + 3};
     static const float scales[] = {1.0f, 0.125f, 0.37f};
@@ -639,7 +666,7 @@ static void test_convert(void) {
                     dbuf dy = inplace ? dx : dbuf_make(n * zpp_dtype_size(dO), 0);
                     dbuf_put(&dx, x);
                     if (!inplace) dbuf_poison(&dy);
-                    EXPECT_OK(zpp_cuda_convert(dx.p, di, dy.p, dO, n, scales[si], NULL));
+                    EXPECT_OK(zpp_cuda_convert(dx.p, di, dy.p, dO, n, scales[si], dev->stream));
                     char ctx[160];
                     snprintf(ctx, sizeof ctx, "convert %s -> %s n %zu scale %g%s%s",
                              zpp_dtype_name(di), zpp_dtype_name(dO), n, (double)scales[si],
@@ -650,6 +677,7 @@ static void test_convert(void) {
                     if (!inplace) dbuf_free(&dy);
                     free(v), free(x), free(cpu), free(gpu);
                 }
+    dev_close();
 }
 
 /* NaN and Inf: the flag is raised, the block's scale is the NaN 0x7fc00000
@@ -657,7 +685,7 @@ static void test_convert(void) {
  * ZPP_ERR_NONFINITE), other blocks are quantized normally, and the block
  * dequantizes to NaN. */
 static void test_nonfinite(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(10));
     static const float bad[] = {NAN, INFINITY, -INFINITY};
     for (size_t di = 0; di < 3; di++)
@@ -681,7 +709,7 @@ static void test_nonfinite(void) {
                 dbuf_put(&dx, x);
                 dbuf_poison(&dq);
                 int *flag = flag_make();
-                EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, 1, n, &s, dq.p, flag, NULL));
+                EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, d, 1, n, &s, dq.p, flag, dev->stream));
                 char ctx[128];
                 snprintf(ctx, sizeof ctx, "non-finite %s bits %d block %zu", zpp_dtype_name(d),
                          s.bits, s.block);
@@ -695,59 +723,61 @@ static void test_nonfinite(void) {
                 void *y = xmalloc(n * es);
                 dbuf dy = dbuf_make(n * es, 0);
                 dbuf_poison(&dy);
-                EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, 1, n, &s, d, dy.p, NULL));
+                EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, 1, n, &s, d, dy.p, dev->stream));
                 dbuf_get(&dy, y, ctx);
                 const size_t b0 = at / s.block * s.block;
                 for (size_t i = b0; i < b0 + s.block; i++)
                     EXPECT(isnan(zpp_load_f32(y, d, i)), "%s: element %zu not NaN", ctx, i);
                 for (size_t i = b0 + s.block; i < b0 + 2 * s.block; i++)
                     EXPECT(!isnan(zpp_load_f32(y, d, i)), "%s: element %zu NaN", ctx, i);
-                CUDA_OK(cudaFree(flag));
+                flag_free(flag);
                 dbuf_free(&dx);
                 dbuf_free(&dq);
                 dbuf_free(&dy);
                 free(v), free(x), free(cpu), free(gpu), free(y);
             }
+    dev_close();
 }
 
 /* Invalid arguments are refused with ZPP_ERR_INVALID and a message, before
  * anything is launched; empty work is a no-op. */
 static void test_invalid_arguments(void) {
-    require_device();
+    dev_open();
     zpp_quant_spec s = zpp_quant_spec_default(8);
     dbuf dx = dbuf_make(4096, 0), dq = dbuf_make(8192, 0);
     zpp_quant_spec bad = s;
     bad.bits = 5;
-    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, 100, &bad, dq.p, NULL, NULL),
+    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, 100, &bad, dq.p, NULL, dev->stream),
                   ZPP_ERR_INVALID);
     bad = s;
     bad.block = 12;
-    EXPECT_STATUS(zpp_cuda_dequantize_chunks(dq.p, 1, 100, &bad, ZPP_BF16, dx.p, NULL),
+    EXPECT_STATUS(zpp_cuda_dequantize_chunks(dq.p, 1, 100, &bad, ZPP_BF16, dx.p, dev->stream),
                   ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "12") != NULL, "message: %s", zpp_last_error());
-    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, (zpp_dtype)7, 1, 100, &s, dq.p, NULL, NULL),
+    EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, (zpp_dtype)7, 1, 100, &s, dq.p, NULL, dev->stream),
                   ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, 100, &s,
-                                           (char *)dq.p + 4, NULL, NULL),
+                                           (char *)dq.p + 4, NULL, dev->stream),
                   ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "aligned") != NULL, "message: %s", zpp_last_error());
     EXPECT_STATUS(
-        zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 10, 0, 2, &s, dq.p, NULL, NULL),
+        zpp_cuda_reorder_quantize(dx.p, ZPP_BF16, 10, 0, 10, 0, 2, &s, dq.p, NULL, dev->stream),
         ZPP_ERR_INVALID);
-    EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, 0, 10, &s, &s, dq.p, NULL, NULL),
+    EXPECT_STATUS(zpp_cuda_dequant_sum_requant(dq.p, 0, 1, 10, 0, 10, &s, &s, dq.p, NULL, dev->stream),
                   ZPP_ERR_INVALID);
-    EXPECT_STATUS(zpp_cuda_convert(dx.p, ZPP_BF16, dx.p, ZPP_FP32, 10, 1.0f, NULL),
+    EXPECT_STATUS(zpp_cuda_convert(dx.p, ZPP_BF16, dx.p, ZPP_FP32, 10, 1.0f, dev->stream),
                   ZPP_ERR_INVALID);
     /* nothing to do: no launch, no error, output untouched */
     dbuf_poison(&dq);
-    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 0, 100, &s, dq.p, NULL, NULL));
-    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 3, 0, &s, dq.p, NULL, NULL));
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 0, 100, &s, dq.p, NULL, dev->stream));
+    EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 3, 0, &s, dq.p, NULL, dev->stream));
     unsigned char *h = xmalloc(dq.bytes);
     dbuf_get(&dq, h, "empty quantize");
     for (size_t i = 0; i < dq.bytes; i++) EXPECT(h[i] == POISON, "byte %zu written", i);
     free(h);
     dbuf_free(&dx);
     dbuf_free(&dq);
+    dev_close();
 }
 
 /* The kernels enqueue on the given stream and do not synchronise: here a
@@ -755,12 +785,11 @@ static void test_invalid_arguments(void) {
  * bytes come out as from the host device, and a NaN raises the device's
  * flag with ZPP_OK, as on the host. */
 static void test_streams(void) {
-    require_device();
+    dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
-    zpp_device *dev = NULL, *host = NULL;
-    EXPECT_OK(zpp_device_create_gpu(0, &dev));
+    zpp_device *host = NULL;
     EXPECT_OK(zpp_device_create_host(&host));
-    cudaStream_t st = (cudaStream_t)dev->stream;
+    void *st = dev->stream; /* the GPU device's compute stream (native handle) */
     const size_t n = 100003;
     zpp_quant_spec s = spec_make(4, 128, 1, &r);
     void *x = random_input(n, s.block, ZPP_BF16, &r);
@@ -771,7 +800,7 @@ static void test_streams(void) {
     dbuf_put(&dx, x);
     dbuf_poison(&dq);
     EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 1, n, &s, dq.p, NULL, st));
-    CUDA_OK(cudaStreamSynchronize(st));
+    EXPECT_OK(zpp_device_sync(dev, st));
     dbuf_get(&dq, gpu, "quantize on a stream");
     expect_same_q(gpu, cpu, 1, n, &s, "quantize on a stream");
 
@@ -790,11 +819,11 @@ static void test_streams(void) {
     EXPECT(raised == 0, "GPU device: the flag was not cleared by reading it");
     dbuf_get(&dq, gpu, "quantize through the device");
     expect_same_q(gpu, cpu, 1, n, &s, "quantize through the GPU and the host device");
-    zpp_device_destroy(dev);
     zpp_device_destroy(host);
     dbuf_free(&dx);
     dbuf_free(&dq);
     free(x), free(cpu), free(gpu);
+    dev_close();
 }
 
 ZPP_TESTS(ZPP_TEST(test_quantize_single_tensor), ZPP_TEST(test_quantize_large),

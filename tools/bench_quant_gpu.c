@@ -365,8 +365,11 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
     }
 
     if (!a->json) {
-        printf("device: %s GPU %d; copy: %.1f GB/s (read + write of %zu bytes)\n",
-               g.dev->ops->name, g.dev->ordinal, copy_gbps, g.xbytes);
+        char name[256];
+        if (zpp_device_name(g.dev, name, sizeof name) != ZPP_OK)
+            snprintf(name, sizeof name, "%s", g.dev->ops->name);
+        printf("device: %s (GPU %d); copy: %.1f GB/s (read + write of %zu bytes)\n", name,
+               g.dev->ordinal, copy_gbps, g.xbytes);
         printf("%-20s %-5s %4s %7s %11s %9s %9s %9s %6s %11s %s\n", "op", "dtype", "bits",
                "block", "n", "ms", "GB/s", "copy GB/s", "ratio", "rel_l2_err", "correct");
     }

@@ -99,6 +99,14 @@ void zpp_device_destroy(zpp_device *d) {
     free(d);
 }
 
+zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap) {
+    ZPP_CHECK(zpp__dev(d, "name"));
+    if (!buf || cap == 0)
+        return zpp_error(ZPP_ERR_INVALID, "name: no room for it (buf %s, cap %zu)",
+                         buf ? "given" : "NULL", cap);
+    return d->ops->device_name(d, buf, cap);
+}
+
 /* ---- Memory ---------------------------------------------------------------- */
 
 zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p) {

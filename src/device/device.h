@@ -61,6 +61,7 @@ typedef struct zpp_device_ops {
     zpp_status (*copy)(zpp_device *d, void *dst, const void *src, size_t bytes);
     zpp_status (*set)(zpp_device *d, void *p, int value, size_t bytes);
     zpp_status (*sync)(zpp_device *d, void *stream);
+    zpp_status (*device_name)(const zpp_device *d, char *buf, size_t cap);
     zpp_status (*stream_create)(zpp_device *d, void **stream_p);
     void (*stream_destroy)(zpp_device *d, void *stream);
     zpp_status (*event_create)(zpp_device *d, int timing, zpp_device_event **ev_p);
@@ -142,6 +143,10 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p);
 int zpp_device_gpu_count(void);
 /* Frees the scratch pool, the flag and the streams; NULL is ignored. */
 void zpp_device_destroy(zpp_device *d);
+/* The device's name for people, NUL-terminated in buf (cut to cap - 1
+ * bytes): "host" on the host, the GPU's product name on CUDA ("NVIDIA
+ * H200"). */
+zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap);
 
 /* ---- Memory ------------------------------------------------------------ */
 /* `bytes` of this device's memory (0 gives a valid unique pointer); host

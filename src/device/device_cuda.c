@@ -7,6 +7,7 @@
  * the Async form on a stream of ours, and the synchronous points are the
  * ones device.h promises (copies touching host memory, sync, sumsq). */
 #include <cuda_runtime_api.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -83,6 +84,14 @@ static zpp_status cu_set(zpp_device *d, void *p, int value, size_t bytes) {
 static zpp_status cu_sync(zpp_device *d, void *stream) {
     cudaError_t e = cudaStreamSynchronize(cu_stream(d, stream));
     if (e != cudaSuccess) return cu_fail(e, "stream synchronisation");
+    return ZPP_OK;
+}
+
+static zpp_status cu_device_name(const zpp_device *d, char *buf, size_t cap) {
+    struct cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, d->ordinal);
+    if (e != cudaSuccess) return cu_fail(e, "device name");
+    snprintf(buf, cap, "%s", prop.name);
     return ZPP_OK;
 }
 
@@ -217,6 +226,7 @@ static const zpp_device_ops zpp__cuda_ops = {
     .copy = cu_copy,
     .set = cu_set,
     .sync = cu_sync,
+    .device_name = cu_device_name,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,
     .event_create = cu_event_create,

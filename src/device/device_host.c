@@ -7,6 +7,7 @@
  * same expressions in the same order: CPU training must keep its losses to
  * the bit. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -210,6 +211,12 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, co
     return ZPP_OK;
 }
 
+static zpp_status host_device_name(const zpp_device *d, char *buf, size_t cap) {
+    (void)d;
+    snprintf(buf, cap, "host");
+    return ZPP_OK;
+}
+
 static void host_destroy(zpp_device *d) { (void)d; }
 
 static const zpp_device_ops zpp__host_ops = {
@@ -219,6 +226,7 @@ static const zpp_device_ops zpp__host_ops = {
     .copy = host_copy,
     .set = host_set,
     .sync = host_sync,
+    .device_name = host_device_name,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .event_create = host_event_create,
