@@ -76,7 +76,14 @@ static int world_size(void) {
     return n;
 }
 
-/* GPUs this host shows each rank, and ranks the launcher put on it. */
+/* Ranks the launcher put on this host. */
+static int ranks_here(void) {
+    int local = 0, size = 0;
+    EXPECT_OK(zpp_comm_launch_local(&local, &size));
+    return size;
+}
+
+/* GPUs this host shows each rank. */
 static int gpus_here(void) {
     int ndev = zpp_device_gpu_count();
     EXPECT(ndev > 0,
@@ -84,12 +91,6 @@ static int gpus_here(void) {
            "(ctest -L gpu) with the driver loaded",
            zpp_test_rank);
     return ndev;
-}
-
-static int ranks_here(void) {
-    int local = 0, size = 0;
-    EXPECT_OK(zpp_comm_launch_local(&local, &size));
-    return size;
 }
 
 /* 1 when the ranks of this host share GPUs (fewer GPUs than ranks). */
@@ -114,11 +115,13 @@ static int pick_device(void) {
 /* A test about what only several GPUs of one host have (NVLink, peer
  * access): says so and returns 1 when the ranks share GPUs. */
 static int skip_without_gpus(const char *test) {
-    int skip = sharing_gpus();
+    /* ranks_here() is collective (an MPI split): every rank asks, and only
+     * then does rank 0 print, or rank 0 waits alone in it. */
+    const int gpus = gpus_here(), ranks = ranks_here(), skip = gpus < ranks;
     if (skip && zpp_test_rank == 0)
         printf("SKIP: needs 2 GPUs (NVLink): %s runs the ranks of one node on distinct GPUs; "
                "this host shows %d GPU(s) for %d ranks\n",
-               test, gpus_here(), ranks_here());
+               test, gpus, ranks);
     fflush(stdout);
     return skip;
 }
