@@ -1,10 +1,10 @@
 /* test_collectives.c — ZeRO-3 baseline, qwZ, hpZ and qgZ collectives and their
  * volume accounting, on the MPI backend.
  *
- * Every rank builds the unit data of EVERY rank from a deterministic hash of
- * (run seed, case tag, rank, element index), so each rank holds a
- * single-process reference of what the world as a whole should compute and
- * checks its own results against it. For every node size S dividing the
+ * Every rank builds the unit data of EVERY rank with collectives/coll_data.h,
+ * a pure function of (run seed, case tag, rank, element index), so each rank
+ * holds a single-process reference of what the world as a whole should
+ * compute and checks its own results against it. For every node size S dividing the
  * world, unit sizes cover ones not divisible by the world, by 8 or by the
  * quantization block, and units smaller than the world.
  *
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collectives/coll_data.h"
 #include "collectives/collectives.h"
 #include "collectives/qgz_bound.h"
 #include "comm/comm.h"
@@ -30,44 +31,10 @@
 #include "core/random.h"
 #include "testlib.h"
 
-/* ---- Deterministic data ----------------------------------------------------- */
+/* ---- Deterministic data -----------------------------------------------------
+ * The generator is shared with `zeropp bench comm`; the case tag is its unit. */
 
-
-static double unif(uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t h = zpp_hash64(zpp_hash64(zpp_hash64(zpp_test_seed(7) ^ a) ^ b) ^ c);
-    return (double)(h >> 11) * 0x1.0p-53;
-}
-
-static double gauss(uint64_t a, uint64_t b, uint64_t c) {
-    double u1 = unif(a, b, 2 * c), u2 = unif(a, b, 2 * c + 1);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-/* Magnitudes change every 37 elements over 2^-4 .. 2^3, so quantization
- * blocks see different scales and a block straddling two segments has a
- * small half. */
-static double magnitude(uint64_t tag, size_t i) {
-    return ldexp(1.0, (int)(unif(tag ^ 0xabcdef, 99, i / 37) * 8.0) - 4);
-}
-
-/* Element i of the unit's weights (i < numel; padding is zero). */
-static float weight_at(uint64_t tag, size_t i, size_t numel, zpp_dtype dt) {
-    if (i >= numel) return 0.0f;
-    float v = (float)(gauss(tag, 1, i) * magnitude(tag, i));
-    return dt == ZPP_BF16 ? zpp_bf16_to_f32(zpp_f32_to_bf16(v)) : v;
-}
-
-/* Element i of rank r's gradient: a shared part plus per-rank noise, so the
- * world average is of the size of one gradient and mistakes in who sums
- * what show. `same` gives every rank the same gradient. */
-static float grad_at(uint64_t tag, int r, size_t i, size_t numel, zpp_dtype dt, int same) {
-    if (i >= numel) return 0.0f;
-    double g = gauss(tag, 2, i);
-    if (!same) g += 0.5 * gauss(tag, 3 + (uint64_t)r, i);
-    float v = (float)(g * magnitude(tag, i));
-    return dt == ZPP_BF16 ? zpp_bf16_to_f32(zpp_f32_to_bf16(v)) : v;
-}
+static uint64_t data_seed(void) { return zpp_test_seed(7); }
 
 static void *xmalloc(size_t n) {
     void *p = calloc(n ? n : 1, 1);
@@ -176,7 +143,7 @@ static unit_case unit_make(const zpp_topo *t, size_t numel, zpp_dtype dt, uint64
     u.ref = xmalloc(u.p.padded * sizeof(float));
     u.shard = xmalloc(u.p.shard_len * u.ds);
     u.full = xmalloc(u.p.padded * u.ds);
-    for (size_t i = 0; i < u.p.padded; i++) u.ref[i] = weight_at(tag, i, numel, dt);
+    for (size_t i = 0; i < u.p.padded; i++) u.ref[i] = zpp_coll_data_weight(data_seed(), tag, i, numel, dt);
     size_t base = (size_t)t->world_rank * u.p.shard_len;
     for (size_t j = 0; j < u.p.shard_len; j++) zpp_store_f32(u.shard, dt, j, u.ref[base + j]);
     memset(u.full, 0x7f, u.p.padded * u.ds); /* garbage: the gather must write all */
@@ -355,12 +322,13 @@ static grad_case grad_make(const zpp_topo *t, size_t numel, zpp_dtype dt, uint64
     g.sumabs = xmalloc(g.p.shard_len * sizeof(double));
     g.out = xmalloc(g.p.shard_len * sizeof(float));
     for (size_t i = 0; i < g.p.padded; i++)
-        zpp_store_f32(g.full_grad, dt, i, grad_at(tag, t->world_rank, i, numel, dt, same));
+        zpp_store_f32(g.full_grad, dt, i,
+                      zpp_coll_data_grad(data_seed(), tag, t->world_rank, i, numel, dt, same));
     size_t base = (size_t)t->world_rank * g.p.shard_len;
     for (size_t j = 0; j < g.p.shard_len; j++) {
         double s = 0, a = 0;
         for (int r = 0; r < W; r++) {
-            double x = grad_at(tag, r, base + j, numel, dt, same);
+            double x = zpp_coll_data_grad(data_seed(), tag, r, base + j, numel, dt, same);
             s += x;
             a += fabs(x);
         }
@@ -398,7 +366,8 @@ static double check_qgz(const zpp_topo *t, const grad_case *g, uint64_t tag, int
         for (int r = 0; r < W; r++) {
             double A = 0;
             for (size_t k = b0; k < b1; k++)
-                A = fmax(A, fabs(grad_at(tag, r, base + k, g->p.numel, g->dt, same)));
+                A = fmax(A, fabs(zpp_coll_data_grad(data_seed(), tag, r, base + k, g->p.numel,
+                                                    g->dt, same)));
             sumA += A;
         }
         double bound = zpp_qgz_error_bound(sumA, W, S, N, stochastic) + 1e-30;
@@ -895,10 +864,14 @@ static void test_nonfinite_carried(void) {
     int raised = 0;
     EXPECT_OK(zpp_device_nonfinite_take(host_dev(), &raised));
     EXPECT(raised == (t->world_rank == 0), "rank %d: flag %d", t->world_rank, raised);
+    /* Unharmed: within qwZ's error on this data. |weight| <= 2^3
+     * (coll_data.h), so half a step is at most 2^3 / 254 < 0.0316 (0.03153
+     * with the 1e-3 margin) and the bf16 output adds 2^-8 of |ref| + 0.0316:
+     * below 0.01 |ref| + 0.04. */
     for (size_t i = 0; i < u.p.padded; i++) {
         float got = zpp_load_f32(u.full, ZPP_BF16, i);
         if (i >= 256 && i < 512) EXPECT(isnan(got), "element %zu of the NaN block is %g", i, got);
-        else EXPECT(!isnan(got) && fabs(got - u.ref[i]) <= fabs(u.ref[i]) * 0.01 + 0.3,
+        else EXPECT(!isnan(got) && fabs(got - u.ref[i]) <= fabs(u.ref[i]) * 0.01 + 0.04,
                     "element %zu harmed: %g vs %g", i, got, u.ref[i]);
     }
     /* qgZ: a NaN in rank 0's gradient at element e reaches e's owner only. */

@@ -6,9 +6,9 @@
  * is what the engine does: forward gathers of every unit (keeping the hpZ
  * secondary shards when hpZ is on), backward gathers in reverse order (from
  * the secondaries with hpZ), each followed by the unit's gradient reduction.
- * Data are bf16 (--dtype to change), generated from a hash of (seed, unit,
- * rank, element), so every rank can compute the single-process reference of
- * its results:
+ * Data are bf16 (--dtype to change), from collectives/coll_data.h (the
+ * tests' generator): a pure function of (seed, unit, rank, element), so
+ * every rank can compute the single-process reference of its results:
  *   baseline gathers are bit-exact; qwZ within half an int8 step of each
  *   block (+ bf16 rounding); hpZ's backward gather equals the forward
  *   gather's output byte for byte; the baseline reduce within bf16
@@ -43,6 +43,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "collectives/coll_data.h"
 #include "collectives/collectives.h"
 #include "collectives/qgz_bound.h"
 #include "comm/comm.h"
@@ -146,42 +147,6 @@ static void usage(FILE *f) {
 #define ZPP_OMP(x)
 #endif
 
-/* ---- Deterministic data ----------------------------------------------------- */
-
-
-static double sym_unif(uint64_t seed, uint64_t a, uint64_t b) {
-    return (double)(zpp_hash64(zpp_hash64(seed ^ a) ^ b) >> 11) * 0x1.0p-52 - 1.0; /* [-1, 1) */
-}
-
-/* Magnitudes change every 61 elements over 2^-3 .. 2^3, so quantization
- * blocks see different scales. */
-static double magnitude(uint64_t seed, int unit, size_t i) {
-    uint64_t h = zpp_hash64(seed ^ 0x3a9 ^ ((uint64_t)unit << 40) ^ (i / 61));
-    return ldexp(1.0, (int)(h % 7) - 3);
-}
-
-static float round_to(zpp_dtype dt, double v) {
-    float f = (float)v;
-    if (dt == ZPP_BF16) return zpp_bf16_to_f32(zpp_f32_to_bf16(f));
-    if (dt == ZPP_FP16) return zpp_fp16_to_f32(zpp_f32_to_fp16(f));
-    return f;
-}
-
-static float weight_at(const bench_ctx *b, int unit, size_t i) {
-    if (i >= b->u[unit].p.numel) return 0.0f;
-    return round_to(b->o.dtype, sym_unif(b->o.seed, ((uint64_t)unit << 1) | 1, i) *
-                                    magnitude(b->o.seed, unit, i));
-}
-
-/* A shared part plus per-rank noise: the world mean is of the size of one
- * gradient, so summing the wrong pieces shows. */
-static float grad_at(const bench_ctx *b, int unit, int rank, size_t i) {
-    if (i >= b->u[unit].p.numel) return 0.0f;
-    double g = sym_unif(b->o.seed, (uint64_t)unit << 1, i) +
-               0.5 * sym_unif(b->o.seed ^ 0x77, ((uint64_t)unit << 20) ^ (uint64_t)rank, i);
-    return round_to(b->o.dtype, g * magnitude(b->o.seed, unit, i));
-}
-
 /* FNV-1a of each 1 MiB piece, the pieces' hashes combined in order: an
  * equality check of two buffers that parallelises. */
 static uint64_t hash_bytes(const void *p, size_t n) {
@@ -214,7 +179,10 @@ static zpp_status upload(bench_ctx *b, void *dst, size_t n, int unit, int rank, 
     ZPP_OMP(omp parallel for schedule(static))
     for (size_t j = 0; j < n; j++)
         zpp_store_f32(h, b->o.dtype, j,
-                      is_grad ? grad_at(b, unit, rank, first + j) : weight_at(b, unit, first + j));
+                      is_grad ? zpp_coll_data_grad(b->o.seed, (uint64_t)unit, rank, first + j,
+                                                   b->u[unit].p.numel, b->o.dtype, 0)
+                              : zpp_coll_data_weight(b->o.seed, (uint64_t)unit, first + j,
+                                                     b->u[unit].p.numel, b->o.dtype));
     zpp_status st = zpp_device_copy(b->dev, dst, h, n * b->ds);
     free(h);
     return st;
@@ -240,7 +208,8 @@ static zpp_status make_refs(bench_ctx *b, int unit) {
         size_t first = (blk / nwb) * n + (blk % nwb) * wb;
         size_t last = (blk / nwb) * n + ((blk % nwb) * wb + wb < n ? (blk % nwb) * wb + wb : n);
         for (size_t i = first; i < last; i++) {
-            u->ref[i] = weight_at(b, unit, i);
+            u->ref[i] =
+                zpp_coll_data_weight(b->o.seed, (uint64_t)unit, i, u->p.numel, b->o.dtype);
             u->amax[blk] = fmaxf(u->amax[blk], fabsf(u->ref[i]));
         }
     }
@@ -251,7 +220,8 @@ static zpp_status make_refs(bench_ctx *b, int unit) {
         for (int r = 0; r < b->W; r++) {
             double A = 0;
             for (size_t k = k0; k < n && k < k0 + gb; k++) {
-                double g = grad_at(b, unit, r, base + k);
+                double g = zpp_coll_data_grad(b->o.seed, (uint64_t)unit, r, base + k,
+                                              u->p.numel, b->o.dtype, 0);
                 u->mean[k] += g;
                 u->abssum[k] += fabs(g);
                 A = fmax(A, fabs(g));
