@@ -43,7 +43,6 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_SCHED_TYPE CMP_FIELD
 #define CMP_WARMUP_TYPE CMP_FIELD
 #define CMP_STAGE CMP_FIELD
-#define CMP_FP16 CMP_NONE
 #define CMP_IGNORED CMP_NONE
 #define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
 static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
@@ -142,7 +141,10 @@ static void test_every_key_parsed(void) {
                  "      \"warmup_min_ratio\": %.17g, \"cos_min_ratio\": %.17g,\n"
                  "      \"warmup_type\": \"%s\"}},\n"
                  "  \"bf16\": {\"enabled\": %s},\n"
-                 "  \"fp16\": {\"enabled\": false, \"loss_scale\": 0},\n"
+                 "  \"fp16\": {\"enabled\": false, \"loss_scale\": 0,\n"
+                 "      \"initial_scale_power\": 16,\n"
+                 "      \"loss_scale_window\": 1000, \"hysteresis\": 2,\n"
+                 "      \"consecutive_hysteresis\": false, \"min_loss_scale\": 1},\n"
                  "  \"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": %s,\n"
                  "      \"zero_hpz_partition_size\": %d, \"zero_quantized_gradients\": %s,\n"
                  "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
@@ -150,7 +152,7 @@ static void test_every_key_parsed(void) {
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
-                 "      \"eval_batches\": %d}\n"
+                 "      \"eval_batches\": %d, \"max_consecutive_skips\": 5}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
@@ -178,7 +180,7 @@ static void test_every_key_parsed(void) {
                cfg.model.vocab_size == vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb);
-        EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, fp16.loss_scale, "
+        EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
                "ignored = '%s'", cfg.ignored);
@@ -414,10 +416,34 @@ static void test_validation_errors(void) {
     EXPECT_MSG("model.vocab_size");
 }
 
-static void test_fp16_and_stage_rejected(void) {
-    expect_load_fails("{\"fp16\": {\"enabled\": true}}", ZPP_ERR_UNSUPPORTED,
-                      "fp16 training is not supported");
-    expect_load_fails("{\"fp16\": {\"enabled\": true}}", ZPP_ERR_UNSUPPORTED, "bf16");
+static void test_fp16_keys_and_stage(void) {
+    expect_load_fails("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
+                      ZPP_ERR_CONFIG, "enable one of them");
+    expect_load_fails("{\"fp16\": {\"loss_scale\": -1}}", ZPP_ERR_CONFIG, "fp16.loss_scale");
+    expect_load_fails("{\"fp16\": {\"min_loss_scale\": 0}}", ZPP_ERR_CONFIG,
+                      "fp16.min_loss_scale");
+    expect_load_fails("{\"fp16\": {\"hysteresis\": 0}}", ZPP_ERR_CONFIG, "fp16.hysteresis");
+    expect_load_fails("{\"zeropp\": {\"max_consecutive_skips\": 0}}", ZPP_ERR_CONFIG,
+                      "zeropp.max_consecutive_skips");
+    {
+        /* DeepSpeed's fp16 block, as its docs give it, loads unchanged */
+        zpp_train_config c16;
+        EXPECT_OK(zpp_train_config_defaults(&c16));
+        EXPECT(c16.fp16.enabled == 0 && c16.fp16.loss_scale == 0 &&
+               c16.fp16.initial_scale_power == 16 && c16.fp16.loss_scale_window == 1000 &&
+               c16.fp16.hysteresis == 2 && c16.fp16.min_loss_scale == 1 &&
+               c16.max_consecutive_skips == 5);
+        EXPECT_OK(zpp_train_config_load_string(
+            "{\"fp16\": {\"enabled\": true, \"auto_cast\": false, \"loss_scale\": 0,"
+            " \"initial_scale_power\": 12, \"loss_scale_window\": 500, \"hysteresis\": 3,"
+            " \"consecutive_hysteresis\": true, \"min_loss_scale\": 2}}",
+            &c16));
+        EXPECT(c16.fp16.enabled == 1 && c16.fp16.initial_scale_power == 12 &&
+               c16.fp16.loss_scale_window == 500 && c16.fp16.hysteresis == 3 &&
+               c16.fp16.consecutive_hysteresis == 1 && c16.fp16.min_loss_scale == 2 &&
+               c16.bf16 == 0);
+        EXPECT(strcmp(c16.ignored, "fp16.auto_cast") == 0, "ignored = '%s'", c16.ignored);
+    }
     expect_load_fails("{\"zero_optimization\": {\"stage\": 2}}", ZPP_ERR_UNSUPPORTED,
                       "zero_optimization.stage is 2; zeropp implements ZeRO stage 3 only");
     expect_load_fails("{\"zero_optimization\": {\"stage\": 0}}", ZPP_ERR_UNSUPPORTED, "stage 3");
@@ -640,7 +666,7 @@ ZPP_TESTS(
     ZPP_TEST(test_malformed_json_line_col),
     ZPP_TEST(test_missing_file),
     ZPP_TEST(test_validation_errors),
-    ZPP_TEST(test_fp16_and_stage_rejected),
+    ZPP_TEST(test_fp16_keys_and_stage),
     ZPP_TEST(test_resolve_batch),
     ZPP_TEST(test_lr_schedule),
     ZPP_TEST(test_keys_doc_current),

@@ -96,6 +96,21 @@ static int read_metric(const char *path, const char *key, double *out, int cap) 
     return n;
 }
 
+/* Reads "skipped" (true/false) of each line of a metrics file. */
+static int read_skipped(const char *path, int *out, int cap) {
+    FILE *f = fopen(path, "r");
+    EXPECT(f != NULL, "no metrics file %s", path);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < cap) {
+        const char *p = strstr(line, "\"skipped\":");
+        EXPECT(p != NULL, "no \"skipped\" in %s: %s", path, line);
+        out[n++] = !strncmp(p + 10, "true", 4);
+    }
+    fclose(f);
+    return n;
+}
+
 /* A small GPT: 2 layers; `width` channels in width/16 heads; T = width/2. */
 static void model_json_w(char *buf, size_t cap, int width, int bf16, const char *extra) {
     snprintf(buf, cap,
@@ -955,18 +970,21 @@ static void test_save_every(void) {
            steps);
 }
 
-/* A gradient that stops being finite ends the run on every rank with one
- * line naming the step and the cause, and leaves no damaged checkpoint.
- * lr = 1e30 makes step 1's update ~1e30 per weight; step 2's forward then
- * overflows fp32 (squares of 1e30 in LayerNorm and attention), and its
- * gradient norm is NaN or Inf. 2 ranks: each rank's exit status is
- * recorded by a wrapper, since mpirun reports only the first. With
- * --save-every 1 the step-1 checkpoint stays intact (manifest, rank files,
- * checksums; no leftover .tmp) and resumes into the same error; with --save
- * alone there is no checkpoint at all. */
+/* Weights that overflow make every step non-finite: each is skipped (no
+ * update), and after zeropp.max_consecutive_skips (default 5) in a row the
+ * run ends on every rank with one line naming the steps and the cause, with
+ * the last checkpoint intact. lr = 1e30 makes step 1's update ~1e30 per
+ * weight; from step 2 on the forward overflows fp32 (squares of 1e30 in
+ * LayerNorm and attention), so steps 2-6 are skipped and step 6 stops the
+ * run. 2 ranks: each rank's exit status is recorded by a wrapper, since
+ * mpirun reports only the first. With --save-every 1 the step-5 checkpoint
+ * is intact (manifest, rank files, checksums; no leftover .tmp), finite, and
+ * holds exactly the step-1 state (masters and both moments: the skipped
+ * steps changed nothing); it resumes into the same stop (steps 6-10); with
+ * --save alone (the run ends at step 8) there is no checkpoint at all. */
 static void test_nonfinite_gradient_fails_cleanly(void) {
     const int W = 2;
-    char cfg[512], json[2048], err[512], met[512], dir[512], cmd[4096], args[2048];
+    char cfg[512], json[2048], err[512], met[512], dir[512], dir1[512], cmd[4096], args[2048];
     model_json(json, sizeof json, 0, "\"train_micro_batch_size_per_gpu\": 2");
     subst(json, sizeof json, "\"lr\": 0.001", "\"lr\": 1e30");
     write_text(tmp_path("nonfinite.json", cfg), "%s", json);
@@ -976,7 +994,7 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     tmp_path("nonfinite_exit", codes);
     snprintf(cmd, sizeof cmd,
              "timeout 240 %s --oversubscribe --bind-to none -np %d sh -c '%s train --quiet "
-             "--config %s --steps 5 --save %s --save-every 1 --metrics %s; echo $? > "
+             "--config %s --steps 8 --save %s --save-every 1 --metrics %s; echo $? > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}' >/dev/null 2>%s",
              getenv("ZPP_MPIEXEC"), W, getenv("ZPP_CLI"), cfg, dir,
              tmp_path("nonfinite.jsonl", met), codes, tmp_path("nonfinite_err.txt", err));
@@ -989,50 +1007,65 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
         int code = -1;
         EXPECT(f && fscanf(f, "%d", &code) == 1, "rank %d left no exit status", r);
         fclose(f);
-        EXPECT(code != 0, "rank %d exited 0 after a non-finite gradient", r);
+        EXPECT(code != 0, "rank %d exited 0 after 5 non-finite steps", r);
     }
-    /* one line, naming the step and the cause */
+    /* one line, naming the steps and the cause */
     EXPECT(count_lines(err, "zeropp") == 1, "expected one error line; see %s", err);
     FILE *f = fopen(err, "r");
     char line[4096] = "", l[4096];
     while (fgets(l, sizeof l, f))
         if (strstr(l, "zeropp")) snprintf(line, sizeof line, "%s", l);
     fclose(f);
-    EXPECT(strstr(line, "step 2") != NULL, "the error does not name step 2: %s", line);
+    EXPECT(strstr(line, "steps 2-6") != NULL, "the error does not name steps 2-6: %s", line);
     EXPECT(strcasestr(line, "nan") || strcasestr(line, "inf") || strcasestr(line, "non-finite"),
            "the error does not say the value is not finite: %s", line);
     printf("  %s", line);
-    double loss[MAX_STEPS];
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == 1, "metrics past the failing step");
+    /* steps 1-5 logged, 2-5 as skipped */
+    int skipped[MAX_STEPS];
+    EXPECT(read_skipped(met, skipped, MAX_STEPS) == 5, "expected 5 metrics lines in %s", met);
+    for (int s = 0; s < 5; s++)
+        EXPECT(skipped[s] == (s >= 1), "step %d: skipped %d", s + 1, skipped[s]);
     /* the last good checkpoint, intact; nothing half-written beside it */
     char why[800];
-    EXPECT(ckpt_dir_valid(dir, W, 1, why, sizeof why), "%s", why);
+    EXPECT(ckpt_dir_valid(dir, W, 5, why, sizeof why), "%s", why);
     DIR *d = opendir(dir);
     EXPECT(d != NULL);
     struct dirent *de;
     while ((de = readdir(d)))
         EXPECT(strstr(de->d_name, ".tmp") == NULL, "leftover %s/%s", dir, de->d_name);
     closedir(d);
+    /* the same state as after step 1 */
+    snprintf(args, sizeof args, "--config %s --steps 1 --save %s", cfg,
+             tmp_path("nonfinite_step1", dir1));
+    EXPECT(run_train(W, args, err) == 0, "the 1-step run failed; see %s", err);
     for (int r = 0; r < W; r++) {
-        char path[600];
-        ckpt c;
+        char path[600], path1[600];
+        ckpt c, c1;
         snprintf(path, sizeof path, "%s/rank-%05d.ckpt", dir, r);
+        snprintf(path1, sizeof path1, "%s/rank-%05d.ckpt", dir1, r);
         EXPECT(ckpt_read(path, &c, why, sizeof why), "%s", why);
+        EXPECT(ckpt_read(path1, &c1, why, sizeof why), "%s", why);
+        EXPECT(c.n_units == c1.n_units);
         for (uint32_t u = 0; u < c.n_units; u++)
             for (int k = 0; k < 3; k++)
-                for (size_t i = 0; i < c.len[u]; i++)
+                for (size_t i = 0; i < c.len[u]; i++) {
                     EXPECT(isfinite(c.state[u][k][i]), "%s unit %u: %g", path, u,
                            c.state[u][k][i]);
+                    EXPECT(c.state[u][k][i] == c1.state[u][k][i],
+                           "%s unit %u state %d [%zu]: %g after step 5, %g after step 1", path,
+                           u, k, i, c.state[u][k][i], c1.state[u][k][i]);
+                }
         ckpt_free(&c);
+        ckpt_free(&c1);
     }
-    /* it loads, and the same step fails the same way */
-    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s", cfg, dir);
+    /* it loads, and the next steps stop the same way */
+    snprintf(args, sizeof args, "--config %s --steps 12 --resume %s", cfg, dir);
     EXPECT(run_train(W, args, err) != 0);
-    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "step 2") == 1,
-           "resumed: expected the step-2 error again; see %s", err);
+    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "steps 6-10") == 1,
+           "resumed: expected the steps 6-10 error; see %s", err);
     /* --save without --save-every: the run never reaches its save */
     tmp_path("nonfinite_nosave", dir);
-    snprintf(args, sizeof args, "--config %s --steps 5 --save %s", cfg, dir);
+    snprintf(args, sizeof args, "--config %s --steps 8 --save %s", cfg, dir);
     EXPECT(run_train(W, args, err) != 0);
     EXPECT(manifest_step(dir) == -1, "a checkpoint was written by a failed run in %s", dir);
 }
@@ -1106,6 +1139,238 @@ static void test_gpu_matches_cpu(void) {
     }
 }
 
+/* Trains the small fp32 GPT of model_json with `extra` keys on `world`
+ * ranks for `steps`; returns the exit code, metrics in `met`, stderr in
+ * `err` (both named after `name`). */
+static int run_extra(const char *name, int world, const char *extra, int steps, char *met,
+                     char *err) {
+    char cfg[512], json[2048], args[2048], buf[128];
+    model_json(json, sizeof json, 0, extra);
+    snprintf(buf, sizeof buf, "%s.json", name);
+    write_text(tmp_path(buf, cfg), "%s", json);
+    snprintf(buf, sizeof buf, "%s.jsonl", name);
+    tmp_path(buf, met);
+    remove(met);
+    snprintf(buf, sizeof buf, "%s_err.txt", name);
+    tmp_path(buf, err);
+    snprintf(args, sizeof args, "--config %s --steps %d --metrics %s", cfg, steps, met);
+    return run_train(world, args, err);
+}
+
+/* ZPP_FAULT=nonfinite@3 (a NaN in rank 0's gradient at step 3) skips step
+ * 3 and the run goes on: the metrics say skipped at step 3 only, and the
+ * global sum of squares of the fp32 masters (ZPP_PARAM_SUMSQ=1) after step
+ * 3 is exactly that after step 2, and changes at step 4. Steps 1-3 match an
+ * unfaulted run bit for bit (the NaN is written after step 3's backward, so
+ * its loss is the same). With qwZ + hpZ + qgZ too: the skipped step leaves
+ * the hpZ secondary shards valid and the next steps train. */
+static void test_nonfinite_step_skipped(void) {
+    const char *modes[][2] = {
+        {"zero3", "\"train_micro_batch_size_per_gpu\": 2"},
+        {"zeropp",
+         "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
+         " \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": 2,"
+         " \"zero_quantized_gradients\": true}"},
+    };
+    const int steps = 6;
+    setenv("ZPP_PARAM_SUMSQ", "1", 1);
+    for (int m = 0; m < 2; m++) {
+        double ps[2][MAX_STEPS], loss[2][MAX_STEPS], total[MAX_STEPS];
+        int sk[2][MAX_STEPS];
+        for (int fault = 0; fault < 2; fault++) {
+            char met[512], err[512], name[64];
+            if (fault) setenv("ZPP_FAULT", "nonfinite@3", 1);
+            else unsetenv("ZPP_FAULT");
+            snprintf(name, sizeof name, "skip_%s_%d", modes[m][0], fault);
+            int rc = run_extra(name, 2, modes[m][1], steps, met, err);
+            unsetenv("ZPP_FAULT");
+            EXPECT(rc == 0, "%s (fault %d): exit %d; see %s", modes[m][0], fault, rc, err);
+            EXPECT(read_metric(met, "param_sumsq", ps[fault], MAX_STEPS) == steps);
+            EXPECT(read_metric(met, "loss", loss[fault], MAX_STEPS) == steps);
+            EXPECT(read_skipped(met, sk[fault], MAX_STEPS) == steps);
+            if (fault) EXPECT(read_metric(met, "skipped_total", total, MAX_STEPS) == steps);
+        }
+        for (int s = 0; s < steps; s++) {
+            EXPECT(!sk[0][s], "%s: unfaulted step %d skipped", modes[m][0], s + 1);
+            EXPECT(sk[1][s] == (s == 2), "%s: step %d skipped %d", modes[m][0], s + 1, sk[1][s]);
+            EXPECT(total[s] == (s >= 2), "%s: step %d skipped_total %g", modes[m][0], s + 1,
+                   total[s]);
+        }
+        for (int s = 0; s < 3; s++)
+            EXPECT(loss[1][s] == loss[0][s] && (s == 2 || ps[1][s] == ps[0][s]),
+                   "%s step %d: faulted %.9g %.9g, unfaulted %.9g %.9g", modes[m][0], s + 1,
+                   loss[1][s], ps[1][s], loss[0][s], ps[0][s]);
+        EXPECT(ps[1][2] == ps[1][1], "%s: params changed at the skipped step: %.9g -> %.9g",
+               modes[m][0], ps[1][1], ps[1][2]);
+        EXPECT(ps[1][3] != ps[1][2], "%s: params did not change at step 4", modes[m][0]);
+        EXPECT(isfinite(loss[1][steps - 1]) && loss[1][steps - 1] < loss[1][0],
+               "%s: the loss did not fall after the skip: %.9g -> %.9g", modes[m][0],
+               loss[1][0], loss[1][steps - 1]);
+        printf("  %-6s step 3 skipped: param sumsq %.9g (step 2) = %.9g (step 3) -> %.9g\n",
+               modes[m][0], ps[1][1], ps[1][2], ps[1][3]);
+    }
+    unsetenv("ZPP_PARAM_SUMSQ");
+}
+
+/* Non-finite steps in a row: 5 (the default max_consecutive_skips) stop
+ * the run with one line naming the steps; 4 do not (the count restarts at
+ * the next good step); zeropp.max_consecutive_skips sets the limit; a
+ * malformed ZPP_FAULT is refused. */
+static void test_consecutive_skips_stop(void) {
+    const char *mb = "\"train_micro_batch_size_per_gpu\": 2";
+    char met[512], err[512], extra[256];
+    int sk[MAX_STEPS];
+    setenv("ZPP_FAULT", "nonfinite@3-7", 1);
+    int rc = run_extra("consec5", 2, mb, 10, met, err);
+    EXPECT(rc != 0, "5 non-finite steps in a row did not stop the run");
+    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "steps 3-7") == 1,
+           "expected one line naming steps 3-7; see %s", err);
+    EXPECT(read_skipped(met, sk, MAX_STEPS) == 6, "expected steps 1-6 in the metrics");
+    for (int s = 0; s < 6; s++) EXPECT(sk[s] == (s >= 2), "step %d: skipped %d", s + 1, sk[s]);
+    setenv("ZPP_FAULT", "nonfinite@3-6", 1);
+    rc = run_extra("consec4", 2, mb, 10, met, err);
+    EXPECT(rc == 0, "4 non-finite steps in a row stopped the run; see %s", err);
+    EXPECT(read_skipped(met, sk, MAX_STEPS) == 10);
+    for (int s = 0; s < 10; s++)
+        EXPECT(sk[s] == (s >= 2 && s <= 5), "step %d: skipped %d", s + 1, sk[s]);
+    setenv("ZPP_FAULT", "nonfinite@3-4", 1);
+    snprintf(extra, sizeof extra, "%s, \"zeropp\": {\"max_consecutive_skips\": 2}", mb);
+    /* model_json already has a "zeropp" object: merge by substitution */
+    char json[2048], cfg[512], args[2048];
+    model_json(json, sizeof json, 0, mb);
+    subst(json, sizeof json, "\"seed\": 7}", "\"seed\": 7, \"max_consecutive_skips\": 2}");
+    write_text(tmp_path("consec_max2.json", cfg), "%s", json);
+    snprintf(args, sizeof args, "--config %s --steps 10", cfg);
+    rc = run_train(2, args, err);
+    EXPECT(rc != 0 && count_lines(err, "zeropp") == 1 && count_lines(err, "steps 3-4") == 1,
+           "max_consecutive_skips 2: expected a stop naming steps 3-4; see %s", err);
+    setenv("ZPP_FAULT", "nonfinite@x", 1);
+    expect_clean_failure(2, args, "ZPP_FAULT");
+    unsetenv("ZPP_FAULT");
+}
+
+/* fp16 with DeepSpeed's dynamic loss scaling, from a DeepSpeed fp16 block.
+ * initial_scale_power 32: a scale of 2^32 overflows fp16 (gradients of
+ * ~1e-2 become ~4e7 > 65504 on the fp16 wire), so the first steps are
+ * skipped: step 1 at 2^32 spends the hysteresis (2) without halving, every
+ * later overflow halves, until the scale fits; then no step is skipped (the
+ * window, 1000, is not reached) and the loss falls. With hysteresis 1 the
+ * first overflow halves already; with loss_scale_window 4 (and a scale
+ * that does not overflow) the scale doubles every 4 steps. */
+static void test_fp16_dynamic_loss_scale(void) {
+    char met[512], err[512];
+    double scale[MAX_STEPS], loss[MAX_STEPS];
+    int sk[MAX_STEPS];
+    const int steps = 30;
+    int rc = run_extra("fp16_dyn", 2,
+                       "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
+                       " \"loss_scale\": 0, \"initial_scale_power\": 32, \"loss_scale_window\":"
+                       " 1000, \"hysteresis\": 2, \"min_loss_scale\": 1}",
+                       steps, met, err);
+    EXPECT(rc == 0, "fp16 dynamic: exit %d; see %s", rc, err);
+    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
+    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+    EXPECT(read_skipped(met, sk, MAX_STEPS) == steps);
+    EXPECT(sk[0] && sk[1] && scale[0] == 0x1p32 && scale[1] == 0x1p32,
+           "steps 1-2: skipped %d %d at scales %g %g (expected both, at 2^32)", sk[0], sk[1],
+           scale[0], scale[1]);
+    int k = 2;
+    while (k < steps && sk[k]) k++;
+    EXPECT(k < steps - 10, "%d steps skipped of %d", k, steps);
+    for (int s = 2; s <= k; s++)
+        EXPECT(scale[s] == scale[s - 1] / 2, "step %d: scale %g after %g", s + 1, scale[s],
+               scale[s - 1]);
+    for (int s = k; s < steps; s++) {
+        EXPECT(!sk[s] && scale[s] == scale[k], "step %d: skipped %d at scale %g", s + 1, sk[s],
+               scale[s]);
+        EXPECT(isfinite(loss[s]), "step %d: loss %g", s + 1, loss[s]);
+    }
+    EXPECT(loss[steps - 1] < 0.98 * loss[k], "the loss did not fall: step %d %.6g, step %d %.6g",
+           k + 1, loss[k], steps, loss[steps - 1]);
+    printf("  steps 1-%d skipped, scale 2^32 -> %g; loss %.4f (step %d) -> %.4f (step %d)\n", k,
+           scale[k], loss[k], k + 1, loss[steps - 1], steps);
+    rc = run_extra("fp16_hyst1", 2,
+                   "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
+                   " \"loss_scale\": 0, \"initial_scale_power\": 32, \"hysteresis\": 1}",
+                   3, met, err);
+    EXPECT(rc == 0, "fp16 hysteresis 1: exit %d; see %s", rc, err);
+    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == 3);
+    EXPECT(scale[0] == 0x1p32 && scale[1] == 0x1p31 && scale[2] == 0x1p30,
+           "hysteresis 1: scales %g %g %g", scale[0], scale[1], scale[2]);
+    rc = run_extra("fp16_window", 2,
+                   "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
+                   " \"loss_scale\": 0, \"initial_scale_power\": 4, \"loss_scale_window\": 4}",
+                   9, met, err);
+    EXPECT(rc == 0, "fp16 window 4: exit %d; see %s", rc, err);
+    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == 9);
+    EXPECT(read_skipped(met, sk, MAX_STEPS) == 9);
+    for (int s = 0; s < 9; s++)
+        EXPECT(!sk[s] && scale[s] == ldexp(16.0, s / 4), "window 4, step %d: scale %g", s + 1,
+               scale[s]);
+}
+
+/* A static fp16 loss scale (DeepSpeed "loss_scale": 128) trains: no step
+ * skipped, the scale stays, the loss falls. */
+static void test_fp16_static_loss_scale(void) {
+    char met[512], err[512];
+    double scale[MAX_STEPS], loss[MAX_STEPS];
+    int sk[MAX_STEPS];
+    const int steps = 12;
+    int rc = run_extra("fp16_static", 2,
+                       "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
+                       " \"loss_scale\": 128}",
+                       steps, met, err);
+    EXPECT(rc == 0, "fp16 static: exit %d; see %s", rc, err);
+    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
+    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+    EXPECT(read_skipped(met, sk, MAX_STEPS) == steps);
+    for (int s = 0; s < steps; s++)
+        EXPECT(!sk[s] && scale[s] == 128, "step %d: skipped %d, scale %g", s + 1, sk[s],
+               scale[s]);
+    EXPECT(loss[steps - 1] < 0.98 * loss[0], "the loss did not fall: %.6g -> %.6g", loss[0],
+           loss[steps - 1]);
+}
+
+/* fp16 ZeRO-3 on 2 ranks (2 sequences each) against 1 rank (4 sequences),
+ * the same global batch and seed, dynamic scale 2^10 (no overflow).
+ * Step 1: the same fp16 weights and samples; only the order of fp32 sums
+ * differs, so 1e-5 as for fp32. Later steps: the 1-rank gradient is the
+ * batch gradient rounded once to fp16 (relative 2^-11); on 2 ranks each
+ * half-batch gradient is rounded, then the two are summed and rounded: the
+ * gradients differ by up to ~3 * 2^-11 relative per element, more where
+ * the halves cancel. AdamW's m / sqrt(v) turns a relative gradient change
+ * e into an update change of ~e * lr, and an fp16 working copy can round
+ * the other way (one fp16 ulp, 2^-11 relative of the weight). Over 10 steps
+ * of lr 1e-3 these move the weights by ~1e-5 absolute, far below what
+ * changes the loss (~5.5) by 1e-3 relative; the bound is 1e-3 relative
+ * (measured: ~1e-6). */
+static void test_fp16_zero3_matches_single_rank(void) {
+    const int steps = 10;
+    double loss[2][MAX_STEPS];
+    for (int w = 0; w < 2; w++) {
+        char met[512], err[512], extra[512], name[32];
+        int world = w ? 2 : 1;
+        snprintf(extra, sizeof extra,
+                 "\"train_batch_size\": 4, \"train_micro_batch_size_per_gpu\": %d,"
+                 " \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 10}",
+                 4 / world);
+        snprintf(name, sizeof name, "fp16_w%d", world);
+        int rc = run_extra(name, world, extra, steps, met, err);
+        EXPECT(rc == 0, "fp16 on %d ranks: exit %d; see %s", world, rc, err);
+        EXPECT(read_metric(met, "loss", loss[w], MAX_STEPS) == steps);
+    }
+    double worst = 0;
+    for (int s = 0; s < steps; s++) {
+        double rel = fabs(loss[1][s] - loss[0][s]) / loss[0][s];
+        if (rel > worst) worst = rel;
+        EXPECT(rel <= (s == 0 ? 1e-5 : 1e-3), "step %d: 2 ranks %.9g, 1 rank %.9g", s + 1,
+               loss[1][s], loss[0][s]);
+    }
+    EXPECT(loss[0][steps - 1] < loss[0][0], "the loss did not fall");
+    printf("  fp16 2 ranks vs 1: largest relative loss difference %.2e over %d steps\n", worst,
+           steps);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
@@ -1113,4 +1378,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_demo_summary), ZPP_TEST_GPU(test_gpu_matches_cpu),
           ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),
-          ZPP_TEST(test_save_every), ZPP_TEST(test_nonfinite_gradient_fails_cleanly))
+          ZPP_TEST(test_save_every), ZPP_TEST(test_nonfinite_gradient_fails_cleanly),
+          ZPP_TEST(test_nonfinite_step_skipped), ZPP_TEST(test_consecutive_skips_stop),
+          ZPP_TEST(test_fp16_dynamic_loss_scale), ZPP_TEST(test_fp16_static_loss_scale),
+          ZPP_TEST(test_fp16_zero3_matches_single_rank))

@@ -2,6 +2,7 @@
  * write metrics, and (--demo) compare ZeRO-3 with ZeRO++ side by side. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,23 @@ static void progress(int step, int total, float loss) {
     fflush(stdout);
 }
 
+/* The metrics line's skip fields: "skipped" and "skipped_total" always,
+ * "loss_scale" with fp16, "param_sumsq" when ZPP_PARAM_SUMSQ=1 (engine.h). A
+ * skipped step's loss or norm may be NaN or Inf: JSON has no such numbers,
+ * so the line holds null there (json_num). */
+static const char *json_num(char *buf, size_t cap, const char *fmt, double v) {
+    if (isfinite(v)) snprintf(buf, cap, fmt, v);
+    else snprintf(buf, cap, "null");
+    return buf;
+}
+
+static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
+    fprintf(f, ",\"skipped\":%s,\"skipped_total\":%d", st->skipped ? "true" : "false",
+            st->skipped_total);
+    if (fp16) fprintf(f, ",\"loss_scale\":%.17g", (double)st->loss_scale);
+    if (!isnan(st->param_sumsq)) fprintf(f, ",\"param_sumsq\":%.9g", st->param_sumsq);
+}
+
 static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
                FILE *metrics, run_summary *sum) {
     int rank = zpp_comm_world_rank();
@@ -185,7 +203,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                in->node_size, in->n_params, cfg->model.n_layer, cfg->model.n_embd,
                in->seq_len, zpp_data_kind_name(in->data.kind), in->data.n_tokens,
                in->global_batch, in->micro_batch, in->accum, in->world_size,
-               cfg->bf16 ? "bf16" : "fp32");
+               cfg->bf16 ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
         fflush(stdout);
     }
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;
@@ -228,13 +246,15 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         }
         if (rank != 0) continue;
         if (metrics) {
+            char lb[32], nb[32];
             fprintf(metrics,
-                    "{\"step\":%d,\"mode\":\"%s\",\"loss\":%.9g,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                    "{\"step\":%d,\"mode\":\"%s\",\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
                     "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
                     "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f",
-                    s + 1, in->mode, (double)loss, (double)r.stats.lr,
-                    (double)r.stats.grad_norm, r.tokens_per_s, r.seconds * 1e3, cross, intra,
-                    r.device_peak_bytes);
+                    s + 1, in->mode, json_num(lb, sizeof lb, "%.9g", loss), (double)r.stats.lr,
+                    json_num(nb, sizeof nb, "%.6g", r.stats.grad_norm), r.tokens_per_s,
+                    r.seconds * 1e3, cross, intra, r.device_peak_bytes);
+            json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
             if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);
             fprintf(metrics, "}\n");
             fflush(metrics);
@@ -247,6 +267,8 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                    "cross-node %.3f MB | intra-node %.3f MB",
                    s + 1, (double)loss, (double)r.stats.lr, (double)r.stats.grad_norm,
                    r.tokens_per_s, cross / 1e6, intra / 1e6);
+            if (cfg->fp16.enabled) printf(" | loss scale %g", (double)r.stats.loss_scale);
+            if (r.stats.skipped) printf(" | skipped (non-finite gradient)");
             if (eval) printf(" | val loss %.4f", (double)v);
             printf("\n");
         }

@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,17 @@ struct zpp_engine {
     zpp_device *dev;   /* not owned */
     zpp_coll *coll;
     unit_state *units;
-    int step;          /* optimizer steps taken */
+    int step;          /* optimizer steps taken, skipped ones included */
+    int updates;       /* AdamW updates: the bias-correction step */
+    int skipped_total; /* steps skipped */
+    int consec, consec_first; /* counted skips in a row, the first one's step */
+    /* loss scaler (DeepSpeed's DynamicLossScaler when dynamic) */
+    int dynamic;
+    float scale;
+    int hyst, iter, last_overflow;
+    /* debug hooks, read once at create (engine.h) */
+    int fault_lo, fault_hi; /* ZPP_FAULT=nonfinite@lo-hi; 0 = none */
+    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
     int forward_ready; /* a forward ran under the current weights */
     int volume_fresh;  /* the volume counts start with this step */
     /* the reduction in flight */
@@ -63,6 +74,13 @@ zpp_engine_opts zpp_engine_opts_default(void) {
     o.max_reuse_distance = 1000000000; /* DeepSpeed's default */
     o.seed = 1234;
     o.coll = zpp_coll_opts_default();
+    o.max_consecutive_skips = 5;
+    o.loss_scale = 1.0f;
+    o.initial_scale_power = 16;
+    o.loss_scale_window = 1000;
+    o.hysteresis = 2;
+    o.consecutive_hysteresis = 0;
+    o.min_loss_scale = 1.0f;
     return o;
 }
 
@@ -122,9 +140,40 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: no device; create one with zpp_device_create_host or "
                          "zpp_device_create_gpu");
-    if (opts->work_dtype != ZPP_BF16 && opts->work_dtype != ZPP_FP32)
-        return zpp_error(ZPP_ERR_INVALID, "engine: working dtype must be bf16 or fp32, not %s",
+    if (opts->work_dtype != ZPP_BF16 && opts->work_dtype != ZPP_FP16 &&
+        opts->work_dtype != ZPP_FP32)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: working dtype must be bf16, fp16 or fp32, not %s",
                          zpp_dtype_name(opts->work_dtype));
+    if (opts->max_consecutive_skips < 1 || !(opts->loss_scale >= 0.0f) ||
+        !isfinite(opts->loss_scale) ||
+        (opts->loss_scale == 0.0f &&
+         (opts->initial_scale_power < 0 || opts->initial_scale_power > 127 ||
+          opts->loss_scale_window < 1 || opts->hysteresis < 1 ||
+          !(opts->min_loss_scale > 0.0f) || !isfinite(opts->min_loss_scale))))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: max_consecutive_skips must be >= 1, loss_scale finite and "
+                         ">= 0, and a dynamic scale needs initial_scale_power in [0, 127], "
+                         "loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
+    int fault_lo = 0, fault_hi = 0;
+    const char *fault = getenv("ZPP_FAULT");
+    if (fault && fault[0]) {
+        const char *num = fault + 10;
+        char *end = NULL;
+        long lo = 0, hi = 0;
+        if (!strncmp(fault, "nonfinite@", 10) && *num >= '0' && *num <= '9') {
+            lo = hi = strtol(num, &end, 10);
+            if (*end == '-' && end[1] >= '0' && end[1] <= '9') hi = strtol(end + 1, &end, 10);
+            if (*end) lo = 0;
+        }
+        fault_lo = lo >= 1 && lo <= INT_MAX ? (int)lo : 0;
+        fault_hi = hi >= lo && hi <= INT_MAX ? (int)hi : 0;
+        if (fault_lo < 1 || fault_hi < fault_lo)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "ZPP_FAULT='%s': expected nonfinite@STEP or nonfinite@FIRST-LAST "
+                             "(1-based steps)",
+                             fault);
+    }
     if (model->param_dtype != opts->work_dtype)
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: the model takes %s parameters but the engine works in %s",
@@ -141,6 +190,14 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     e->opts = *opts;
     e->dev = dev;
     e->reduce_unit = -1;
+    e->fault_lo = fault_lo;
+    e->fault_hi = fault_hi;
+    const char *psum = getenv("ZPP_PARAM_SUMSQ");
+    e->param_sumsq = psum && !strcmp(psum, "1");
+    e->dynamic = opts->loss_scale == 0.0f;
+    e->scale = e->dynamic ? ldexpf(1.0f, opts->initial_scale_power) : opts->loss_scale;
+    e->hyst = opts->hysteresis;
+    e->last_overflow = -1;
     zpp_status st;
     ZPP_CHECK_GOTO(zpp_coll_create(topo, &opts->coll, dev, &e->coll), st, fail);
     e->units = calloc((size_t)model->n_units, sizeof *e->units);
@@ -406,6 +463,17 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
      * forward whose backward never came leaves its last unit gathered). */
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish(e));
+    /* The fault hook (engine.h): a NaN in rank 0's gradient. */
+    const int step1 = e->step + 1;
+    if (e->fault_lo && step1 >= e->fault_lo && step1 <= e->fault_hi &&
+        e->topo->world_rank == 0) {
+        const float nan = NAN;
+        for (int i = 0; i < e->model->n_units; i++)
+            if (e->units[i].part.shard_len) {
+                ZPP_CHECK(zpp_device_copy(e->dev, e->units[i].grad_acc, &nan, sizeof nan));
+                break;
+            }
+    }
     /* Global gradient norm: each rank's shard sums of squares, summed over
      * the world (shards are disjoint, padding is zero). The loss rides along
      * in the same all-reduce. */
@@ -419,44 +487,112 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     /* Non-finite values met by a quantizer since the last step (device.h):
      * the engine is the flag's one reader. A raised flag makes this rank's
      * sum of squares infinite, so the all-reduce carries it to every rank
-     * (at no extra bytes) and all fail the step together, before any weight
+     * (at no extra bytes) and all skip the step together, before any weight
      * changes. */
     int raised = 0;
     ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
     if (raised) sq = INFINITY;
     float red[2] = {(float)sq, loss};
     ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, red, 2));
+    /* The gradients carry the loss scale: the norm and clipping are of the
+     * unscaled gradients, and AdamW's grad_scale folds in 1/scale. */
+    const float used_scale = e->scale;
     float norm = sqrtf(red[0]);
-    if (!isfinite(norm))
-        return zpp_error(ZPP_ERR_NONFINITE,
-                         "engine: non-finite values (NaN or Inf) in the weights or gradients at "
-                         "step %d, so the step was not taken; lower the learning rate (resume "
-                         "from the last checkpoint) or check the data and initialisation",
-                         e->step + 1);
-    float scale = 1.0f;
-    if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
-
+    const int overflow = !isfinite(norm);
+    if (!overflow && used_scale != 1.0f) norm /= used_scale;
     e->step++;
-    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps, e->opts.weight_decay,
-                         scale, e->step};
-    for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_device_adamw(e->dev, u->master, u->m, u->v, u->grad_acc,
-                                   u->part.shard_len, &aw, u->work, e->opts.work_dtype));
-        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-        /* The weights changed: the secondary copy is stale. */
-        u->secondary_valid = 0;
+    if (overflow) {
+        /* Skipped: no update, moments and bias-correction step untouched,
+         * weights (and so the hpZ secondary shards) unchanged. */
+        for (int i = 0; i < e->model->n_units; i++) {
+            unit_state *u = &e->units[i];
+            ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
+        }
+        e->skipped_total++;
+        /* An overflow the scaler answers by lowering the scale is not
+         * counted; a static scale, or a dynamic one at its floor, is. */
+        const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
+        if (e->dynamic) {
+            if (e->opts.hysteresis == 1 || e->hyst == 1)
+                e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
+            else
+                e->hyst--;
+            e->last_overflow = e->iter;
+        }
+        if (counted) {
+            if (e->consec++ == 0) e->consec_first = e->step;
+            if (e->consec >= e->opts.max_consecutive_skips) {
+                e->forward_ready = 0;
+                e->volume_fresh = 0;
+                if (e->consec == 1)
+                    return zpp_error(ZPP_ERR_NONFINITE,
+                                     "engine: non-finite gradient (NaN or Inf) at step %d, "
+                                     "step skipped and max_consecutive_skips (1) reached; "
+                                     "lower the learning rate (resume from the last "
+                                     "checkpoint) or check the data and initialisation",
+                                     e->step);
+                return zpp_error(ZPP_ERR_NONFINITE,
+                                 "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d "
+                                 "consecutive steps skipped (zeropp.max_consecutive_skips); "
+                                 "lower the learning rate (resume from the last checkpoint) "
+                                 "or check the data and initialisation",
+                                 e->consec_first, e->step, e->consec);
+            }
+        }
+    } else {
+        e->consec = 0;
+        float scale = 1.0f;
+        if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
+        if (used_scale != 1.0f) scale /= used_scale;
+        e->updates++;
+        zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
+                             e->opts.weight_decay, scale, e->updates};
+        for (int i = 0; i < e->model->n_units; i++) {
+            unit_state *u = &e->units[i];
+            ZPP_CHECK(zpp_device_adamw(e->dev, u->master, u->m, u->v, u->grad_acc,
+                                       u->part.shard_len, &aw, u->work, e->opts.work_dtype));
+            ZPP_CHECK(
+                zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
+            /* The weights changed: the secondary copy is stale. */
+            u->secondary_valid = 0;
+        }
+        if (e->dynamic) {
+            if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+            if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
+                if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+                e->scale *= 2.0f;
+            }
+        }
     }
+    if (e->dynamic) e->iter++;
     e->forward_ready = 0;
     if (stats_p) {
         stats_p->loss = red[1] / (float)e->topo->world_size;
         stats_p->grad_norm = norm;
         stats_p->lr = lr;
         stats_p->volume = *zpp_coll_volume(e->coll);
+        stats_p->skipped = overflow;
+        stats_p->skipped_total = e->skipped_total;
+        stats_p->loss_scale = used_scale;
+        stats_p->param_sumsq = NAN;
     }
     e->volume_fresh = 0;
+    if (e->param_sumsq && stats_p) {
+        double ps = 0.0;
+        for (int i = 0; i < e->model->n_units; i++) {
+            double s = 0.0;
+            ZPP_CHECK(zpp_device_sumsq(e->dev, e->units[i].master, e->units[i].part.shard_len,
+                                       &s));
+            ps += s;
+        }
+        float pf = (float)ps;
+        ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, &pf, 1));
+        stats_p->param_sumsq = pf;
+    }
     return ZPP_OK;
 }
+
+float zpp_engine_loss_scale(const zpp_engine *e) { return e->scale; }
 
 zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
                            void *ctx, zpp_step_stats *stats_p) {
@@ -470,7 +606,7 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
          * gradient is that of the mean over the rank's micro-batches; the
          * reduction then averages over ranks: the gradient of the global
          * batch's mean loss. */
-        ZPP_CHECK(zpp_engine_backward(e, 1.0f / (float)accum));
+        ZPP_CHECK(zpp_engine_backward(e, e->scale / (float)accum));
         loss_sum += loss;
     }
     return zpp_engine_optimizer_step(e, lr, loss_sum / (float)accum, stats_p);
@@ -646,6 +782,7 @@ zpp_status zpp_engine_load(zpp_engine *e, const char *path) {
     }
     if (st == ZPP_OK) {
         e->step = (int)step;
+        e->updates = (int)step; /* engine.h: skips are not in the file yet */
         e->forward_ready = 0;
     }
 out:

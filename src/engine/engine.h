@@ -41,9 +41,29 @@ typedef struct zpp_engine_opts {
     size_t max_reuse_distance;
     uint64_t seed;           /* parameter initialisation */
     zpp_coll_opts coll;      /* quantization specs */
+    /* Skipped steps. A step whose global gradient norm is not finite (NaN
+     * or Inf on any rank, or the device's non-finite flag raised on any
+     * rank) is skipped: no update, AdamW moments and bias-correction step
+     * untouched, gradient accumulators zeroed, weights (and hpZ secondary
+     * shards) unchanged. After max_consecutive_skips counted skips in a row
+     * the step fails with ZPP_ERR_NONFINITE naming the steps (>= 1). */
+    int max_consecutive_skips;
+    /* Loss scaling (DeepSpeed's fp16 keys). loss_scale > 0: static scale;
+     * 0: dynamic, starting at 2^initial_scale_power, halved on an overflow
+     * (a skipped step) once `hysteresis` overflows have come (DeepSpeed's
+     * DynamicLossScaler; consecutive_hysteresis: any good step restores the
+     * hysteresis, else only a doubling does), never below min_loss_scale,
+     * doubled after loss_scale_window steps without overflow. An overflow
+     * skip counts towards max_consecutive_skips only when the scale is
+     * static or already at min_loss_scale. Default: static 1 (no scaling). */
+    float loss_scale;
+    int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
+    float min_loss_scale;
 } zpp_engine_opts;
 
-/* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype. */
+/* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype,
+ * max_consecutive_skips 5, static loss scale 1 (DeepSpeed's dynamic
+ * defaults preset: 16, 1000, 2, min 1). */
 zpp_engine_opts zpp_engine_opts_default(void);
 
 typedef struct zpp_step_stats {
@@ -51,6 +71,12 @@ typedef struct zpp_step_stats {
     float grad_norm;       /* global norm before clipping */
     float lr;
     zpp_volume volume;     /* this step's bytes per node, by phase */
+    int skipped;           /* 1: non-finite gradients, no update (see opts) */
+    int skipped_total;     /* steps skipped since the engine was created */
+    float loss_scale;      /* the scale this step's gradients carried */
+    /* Sum of squares of every fp32 master weight after the step, over the
+     * world: only when ZPP_PARAM_SUMSQ=1 (engine_create), else NAN. */
+    double param_sumsq;
 } zpp_step_stats;
 
 typedef struct zpp_engine zpp_engine;
@@ -79,10 +105,21 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
  * over the world into stats_p->loss, in the same all-reduce as the norm.
  * The engine is the one reader of the device's non-finite flag: raised on
  * any rank since the last step (a quantizer met NaN or Inf), or a
- * non-finite gradient norm, fails the step on every rank with
- * ZPP_ERR_NONFINITE before any weight changes. */
+ * non-finite gradient norm, skips the step on every rank (stats_p->skipped)
+ * before any weight changes; the max_consecutive_skips-th counted skip in a
+ * row fails it with ZPP_ERR_NONFINITE. The gradients are divided by the
+ * current loss scale (folded into AdamW's grad_scale; clipping sees the
+ * unscaled norm): with the pieces API, pass zpp_engine_loss_scale(e) times
+ * the micro-batch weight to zpp_engine_backward.
+ *
+ * Fault hook for tests: ZPP_FAULT=nonfinite@S (or @S-E), read once by
+ * zpp_engine_create, writes a NaN into rank 0's gradient accumulator before
+ * the norm at 1-based step S (through E). Unset, it costs one comparison
+ * per step. A malformed value fails zpp_engine_create. */
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p);
+/* The loss scale the next backward should apply (1 unless configured). */
+float zpp_engine_loss_scale(const zpp_engine *e);
 
 /* Supplies micro-batch `micro` (0..accum-1) of the step to the model via
  * model->ops->set_batch. */
@@ -115,7 +152,10 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
  */
 zpp_status zpp_engine_save(zpp_engine *e, const char *path);
 zpp_status zpp_engine_load(zpp_engine *e, const char *path);
-/* Optimizer steps taken (restored by zpp_engine_load). */
+/* Optimizer steps taken, skipped ones included (restored by
+ * zpp_engine_load). The checkpoint does not yet carry the skip count nor the
+ * loss scaler's state: a resumed run counts AdamW's bias-correction step as
+ * the steps taken and restarts the scaler (exact when no step was skipped). */
 int zpp_engine_steps_taken(const zpp_engine *e);
 
 #endif

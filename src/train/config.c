@@ -45,7 +45,6 @@ typedef enum zpp__kind {
     ZPP_CFG_SCHED_TYPE,
     ZPP_CFG_WARMUP_TYPE,
     ZPP_CFG_STAGE,
-    ZPP_CFG_FP16,
     ZPP_CFG_IGNORED
 } zpp__kind;
 
@@ -72,7 +71,6 @@ typedef struct zpp__key {
 #define ZPP__OFF_SCHED_TYPE ZPP__FIELD
 #define ZPP__OFF_WARMUP_TYPE ZPP__FIELD
 #define ZPP__OFF_STAGE ZPP__FIELD
-#define ZPP__OFF_FP16 ZPP__NOFIELD
 #define ZPP__OFF_IGNORED ZPP__NOFIELD
 #define ZPP__DEF(...) {__VA_ARGS__}
 #define ZPP__KEY(path, kind, field, lo, hi, def, sched, doc)                   \
@@ -134,7 +132,6 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
             break;
         case ZPP_CFG_OBJECT:
         case ZPP_CFG_OPT_TYPE:
-        case ZPP_CFG_FP16:
         case ZPP_CFG_IGNORED: break;
         }
     }
@@ -369,17 +366,6 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
         *ZPP__AT(cfg, k, int) = 3;
         return ZPP_OK;
     }
-    case ZPP_CFG_FP16: {
-        int on = 0;
-        ZPP_CHECK(zpp__get_bool(c, it, path, &on));
-        if (on)
-            return zpp_error(ZPP_ERR_UNSUPPORTED,
-                             "%s: fp16 training is not supported (it needs loss scaling); "
-                             "set \"fp16\": {\"enabled\": false} and use \"bf16\": "
-                             "{\"enabled\": true}",
-                             c->src);
-        return ZPP_OK;
-    }
     case ZPP_CFG_IGNORED: zpp__note_ignored(cfg, path); return ZPP_OK;
     }
     return zpp_error(ZPP_ERR_STATE, "config: key '%s' of unknown kind %d", path, (int)k->kind);
@@ -424,8 +410,7 @@ static const char *zpp__kind_doc(zpp__kind kind) {
     case ZPP_CFG_SEED:
     case ZPP_CFG_STAGE: return "integer";
     case ZPP_CFG_NUM: return "number";
-    case ZPP_CFG_BOOL:
-    case ZPP_CFG_FP16: return "boolean";
+    case ZPP_CFG_BOOL: return "boolean";
     case ZPP_CFG_BETAS: return "[number, number]";
     case ZPP_CFG_OPT_TYPE:
     case ZPP_CFG_SCHED_TYPE:
@@ -446,8 +431,7 @@ static void zpp__write_default(FILE *f, const zpp__key *k) {
         else fprintf(f, "%.0f", k->def[0]);
         break;
     case ZPP_CFG_NUM: fprintf(f, "%g", k->def[0]); break;
-    case ZPP_CFG_BOOL:
-    case ZPP_CFG_FP16: fprintf(f, "%s", k->def[0] != 0 ? "true" : "false"); break;
+    case ZPP_CFG_BOOL: fprintf(f, "%s", k->def[0] != 0 ? "true" : "false"); break;
     case ZPP_CFG_BETAS: fprintf(f, "[%g, %g]", k->def[0], k->def[1]); break;
     case ZPP_CFG_OPT_TYPE: fprintf(f, "\"AdamW\""); break;
     case ZPP_CFG_SCHED_TYPE: fprintf(f, "(none)"); break;
@@ -550,6 +534,15 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
         return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
                          cfg->gradient_clipping);
+    if (cfg->fp16.enabled && cfg->bf16)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");
+    if (!(cfg->fp16.loss_scale >= 0))
+        return zpp_error(ZPP_ERR_CONFIG, "'fp16.loss_scale' must be >= 0 (0 = dynamic), got %g",
+                         cfg->fp16.loss_scale);
+    if (!(cfg->fp16.min_loss_scale > 0) || cfg->fp16.min_loss_scale > 3e38)
+        return zpp_error(ZPP_ERR_CONFIG, "'fp16.min_loss_scale' must be > 0, got %g",
+                         cfg->fp16.min_loss_scale);
 
     if (cfg->zero.stage != 3)
         return zpp_error(ZPP_ERR_UNSUPPORTED,

@@ -11,7 +11,7 @@
  * the table in train/config_keys.h, which drives the parser, the defaults
  * and the reference docs/config.md (`zeropp train --list-config-keys`).
  * DeepSpeed engine tuning knobs that do not change the mathematics
- * (wall_clock_breakdown, fp16's loss-scale knobs, zero_optimization's bucket
+ * (wall_clock_breakdown, fp16.auto_cast, zero_optimization's bucket
  * sizes, ...) are accepted and ignored, listed in cfg->ignored so the tool
  * can say so. Any other key is an error.
  *
@@ -38,12 +38,16 @@
  * optimizer's lr is not used) and WarmupCosineLR scales the optimizer's lr.
  * (DeepSpeed's cosine phase is offset by one step and rises again past N;
  * ours is clamped at the floor.)
+ * SKIPPED STEPS (non-finite gradients, fp16 overflows) still advance s:
+ * the schedule, like the data order, is a function of the step index, so a
+ * resume needs no skip count. DeepSpeed instead does not step its scheduler
+ * on an fp16 overflow, shifting its schedule by the number of skipped steps.
  *
  * STATUS CODES: ZPP_ERR_IO (file cannot be read: path + strerror),
  * ZPP_ERR_FORMAT (malformed JSON: file, line:column), ZPP_ERR_CONFIG
  * (unknown key, wrong type, value out of range, inconsistent batch sizes:
  * the message names the key by its dotted path), ZPP_ERR_UNSUPPORTED (valid
- * DeepSpeed settings zeropp does not implement: fp16, stage != 3, an
+ * DeepSpeed settings zeropp does not implement: stage != 3, an
  * optimizer other than AdamW, an unknown scheduler type). */
 #ifndef ZPP_TRAIN_CONFIG_H
 #define ZPP_TRAIN_CONFIG_H
@@ -93,6 +97,12 @@ typedef struct zpp_train_config {
 
     double gradient_clipping; /* max global grad L2 norm; 0 = off */
     int bf16;                 /* 1: bf16 working params; 0: fp32 */
+    struct {                  /* DeepSpeed's fp16 block */
+        int enabled;          /* 1: fp16 working params (not with bf16) */
+        double loss_scale;    /* 0: dynamic; > 0: static */
+        int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
+        double min_loss_scale;
+    } fp16;
 
     /* ---- ZeRO: always stage 3, with the ZeRO++ options */
     struct {
@@ -111,6 +121,7 @@ typedef struct zpp_train_config {
     int eval_every;      /* 0 = never */
     int eval_batches;
     int steps_per_print; /* DeepSpeed key; 0 = never */
+    int max_consecutive_skips; /* non-finite steps in a row before the run stops */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
     char ignored[ZPP_TRAIN_IGNORED_CAP];

@@ -27,7 +27,7 @@
  * stated in doc), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), STAGE (must be 3),
- * FP16 (must be false), IGNORED (a DeepSpeed engine knob that does not
+ * IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
 #ifndef ZPP_TRAIN_CONFIG_KEYS_H
@@ -91,16 +91,21 @@
       ZPP_CFG_S_RATIOS, "WarmupCosineLR: in [0, 1]")                                              \
     X("bf16", OBJECT, none, 0, 0, (0), 0, "bf16 training")                                        \
     X("bf16.enabled", BOOL, bf16, 0, 0, (0), 0, "gathered parameters and compute in bf16")        \
-    X("fp16", OBJECT, none, 0, 0, (0), 0, "fp16 training (not supported)")                        \
-    X("fp16.enabled", FP16, none, 0, 0, (0), 0,                                                   \
-      "true is refused (it needs loss scaling): use bf16")                                        \
-    X("fp16.loss_scale", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")           \
-    X("fp16.initial_scale_power", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")  \
-    X("fp16.loss_scale_window", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")    \
-    X("fp16.hysteresis", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")           \
-    X("fp16.consecutive_hysteresis", IGNORED, none, 0, 0, (0), 0,                                 \
-      "DeepSpeed fp16 loss-scale knob")                                                           \
-    X("fp16.min_loss_scale", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")       \
+    X("fp16", OBJECT, none, 0, 0, (0), 0, "fp16 training with loss scaling (DeepSpeed's keys)")  \
+    X("fp16.enabled", BOOL, fp16.enabled, 0, 0, (0), 0,                                           \
+      "gathered parameters and reduced gradients in fp16, loss scaled; not with bf16")            \
+    X("fp16.loss_scale", NUM, fp16.loss_scale, 0, 0, (0), 0,                                      \
+      "0 = dynamic loss scaling; > 0 = this static scale")                                        \
+    X("fp16.initial_scale_power", INT, fp16.initial_scale_power, 0, 127, (16), 0,                 \
+      "dynamic: the scale starts at 2^this")                                                      \
+    X("fp16.loss_scale_window", INT, fp16.loss_scale_window, 1, INT_MAX, (1000), 0,               \
+      "dynamic: double the scale after this many steps without overflow")                         \
+    X("fp16.hysteresis", INT, fp16.hysteresis, 1, INT_MAX, (2), 0,                                \
+      "dynamic: halve the scale at the N-th overflow (each one after, until the next doubling)")  \
+    X("fp16.consecutive_hysteresis", BOOL, fp16.consecutive_hysteresis, 0, 0, (0), 0,             \
+      "dynamic: any step without overflow restores the hysteresis")                               \
+    X("fp16.min_loss_scale", NUM, fp16.min_loss_scale, 0, 0, (1), 0,                              \
+      "dynamic: the scale's floor, > 0; overflows there count as skips (max_consecutive_skips)")  \
     X("fp16.auto_cast", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")            \
     X("zero_optimization", OBJECT, none, 0, 0, (0), 0, "ZeRO: stage 3 and the ZeRO++ options")    \
     X("zero_optimization.stage", STAGE, zero.stage, 0, 0, (3), 0,                                 \
@@ -146,7 +151,12 @@
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \
     X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
       "validate every N steps; 0 = never")                                                        \
-    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation")
+    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0,                               \
+      "micro-batches per validation")                                                             \
+    X("zeropp.max_consecutive_skips", INT, max_consecutive_skips, 1, INT_MAX, (5), 0,             \
+      "a step with NaN/Inf gradients is skipped (no update; the lr schedule still advances); "    \
+      "stop after this many in a row. No DeepSpeed equivalent: DeepSpeed skips fp16 overflows "   \
+      "only, and fails at min_loss_scale")
 /* clang-format on */
 
 #endif

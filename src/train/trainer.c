@@ -93,7 +93,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
                          "model.vocab_size to at least %d",
                          di.vocab - 1, c->model.vocab_size, di.vocab);
 
-    zpp_dtype wd = c->bf16 ? ZPP_BF16 : ZPP_FP32;
+    zpp_dtype wd = c->bf16 ? ZPP_BF16 : c->fp16.enabled ? ZPP_FP16 : ZPP_FP32;
     ZPP_CHECK(zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev,
                               &t->model));
     zpp_engine_opts eo = zpp_engine_opts_default();
@@ -108,6 +108,15 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.grad_clip = (float)c->gradient_clipping;
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.seed = c->seed;
+    eo.max_consecutive_skips = c->max_consecutive_skips;
+    if (c->fp16.enabled) { /* loss scaling: DeepSpeed's fp16 keys */
+        eo.loss_scale = (float)c->fp16.loss_scale;
+        eo.initial_scale_power = c->fp16.initial_scale_power;
+        eo.loss_scale_window = c->fp16.loss_scale_window;
+        eo.hysteresis = c->fp16.hysteresis;
+        eo.consecutive_hysteresis = c->fp16.consecutive_hysteresis;
+        eo.min_loss_scale = (float)c->fp16.min_loss_scale;
+    }
     ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->dev, &t->engine));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;

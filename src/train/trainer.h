@@ -53,7 +53,11 @@ void zpp_trainer_destroy(zpp_trainer *t);
 
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
 
-/* Runs optimizer step `step` (0-based). */
+/* Runs optimizer step `step` (0-based). A step with NaN or Inf gradients
+ * (an fp16 overflow too) is skipped: ZPP_OK with result_p->stats.skipped
+ * set and nothing updated; zeropp.max_consecutive_skips of them in a row
+ * return ZPP_ERR_NONFINITE naming the steps (engine.h, DESIGN.md §3). The
+ * learning rate is a function of `step`, skipped steps included. */
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
 
 /* Validation loss over cfg.eval_batches held-out micro-batches. */
