@@ -146,7 +146,9 @@
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \
     X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
       "validate every N steps; 0 = never")                                                        \
-    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation")
+    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation")   \
+    X("zeropp.keep_checkpoints", INT, keep_checkpoints, 1, INT_MAX, (2), 0,                      \
+      "--save keeps the newest N published checkpoints (step folders)")
 /* clang-format on */
 
 #endif
