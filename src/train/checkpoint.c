@@ -595,7 +595,7 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
     size_t k = 0;
 #define NOTE(...)                                                                    \
     do {                                                                             \
-        if (k < cap) k += (size_t)snprintf(note + k, cap - k, k ? ", " : "");        \
+        if (k < cap) k += (size_t)snprintf(note + k, cap - k, "%s", k ? ", " : "");  \
         if (k < cap) k += (size_t)snprintf(note + k, cap - k, __VA_ARGS__);          \
     } while (0)
     if (m->world_size != r->world_size) NOTE("ranks %d -> %d", m->world_size, r->world_size);
