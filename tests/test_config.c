@@ -122,6 +122,7 @@ static void test_every_key_parsed(void) {
         double wmr = zpp_rng_uniform(&r), cmr = zpp_rng_uniform(&r);
         int bf16 = irand(&r, 0, 1), qw = irand(&r, 0, 1), qg = irand(&r, 0, 1);
         int steps = irand(&r, 1, 100000), ev = irand(&r, 0, 1000), eb = irand(&r, 1, 64);
+        int kc = irand(&r, 1, 9);
         long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
         int linear = irand(&r, 0, 1);
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
@@ -152,12 +153,13 @@ static void test_every_key_parsed(void) {
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
-                 "      \"eval_batches\": %d, \"max_consecutive_skips\": 5}\n"
+                 "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
+                 "      \"keep_checkpoints\": %d}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb);
+                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -179,7 +181,7 @@ static void test_every_key_parsed(void) {
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
-               cfg.eval_batches == eb);
+               cfg.eval_batches == eb && cfg.keep_checkpoints == kc);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,

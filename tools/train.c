@@ -44,9 +44,15 @@ static void usage(FILE *f) {
             "  --device D        cpu (host ranks, MPI) or gpu (one GPU per rank, NCCL)\n"
             "  --emulate-nodes   gpu: a distinct NCCL_HOSTID per node, so nodes talk over\n"
             "                    sockets (launch with mpirun --bind-to none)\n"
-            "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K)\n"
+            "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K);\n"
+            "                    DIR is created (and checked writable) before step 1; each save\n"
+            "                    is a new DIR/step-N folder, published atomically; the newest\n"
+            "                    zeropp.keep_checkpoints (2) stay\n"
             "  --save-every K    also checkpoint every K steps (needs --save)\n"
-            "  --resume DIR      continue from the checkpoint in DIR, bit for bit\n"
+            "  --resume DIR      continue from the newest checkpoint published in DIR (or from\n"
+            "                    the step folder DIR), on any number of ranks; the same ranks\n"
+            "                    continue bit for bit. A checkpoint at or past --steps is an\n"
+            "                    error (exit 1): nothing would be trained\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
             "A progress bar is drawn when stdout is a terminal; under mpirun set\n"
@@ -194,6 +200,23 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             return report("resume", st);
         }
         if (rank == 0) printf("resumed from %s after step %d\n", a->resume, start);
+        const char *note = zpp_trainer_resume_note(t);
+        if (rank == 0 && note[0]) printf("resume: changed since the save: %s\n", note);
+        if (start >= cfg->train_steps) {
+            zpp_trainer_destroy(t);
+            return report("resume",
+                          zpp_error(ZPP_ERR_CONFIG,
+                                    "the checkpoint in %s is at step %d and the run ends at "
+                                    "step %d: nothing to train; raise --steps",
+                                    a->resume, start, cfg->train_steps));
+        }
+    }
+    if (a->save) { /* a folder that cannot take the checkpoint fails now */
+        st = zpp_trainer_check_save_dir(t, a->save);
+        if (st != ZPP_OK) {
+            zpp_trainer_destroy(t);
+            return report("checkpoint", st);
+        }
     }
     int tty = rank == 0 && !a->quiet && progress_wanted();
     if (rank == 0) {

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -633,160 +632,63 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
     return ZPP_OK;
 }
 
-/* ---- Checkpoints ----------------------------------------------------------- */
-
-#define ZPP_CKPT_MAGIC "ZPPCKPT1"
-
-typedef struct ckpt_file {
-    FILE *f;
-    uint64_t hash; /* FNV-1a of the bytes so far */
-    const char *path;
-} ckpt_file;
-
-static void fnv1a(uint64_t *h, const void *p, size_t n) {
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++) *h = (*h ^ c[i]) * 1099511628211ull;
-}
-
-static zpp_status ckpt_write(ckpt_file *c, const void *p, size_t n) {
-    if (fwrite(p, 1, n, c->f) != n)
-        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path, strerror(errno));
-    fnv1a(&c->hash, p, n);
-    return ZPP_OK;
-}
-
-static zpp_status ckpt_read(ckpt_file *c, void *p, size_t n) {
-    if (fread(p, 1, n, c->f) != n)
-        return zpp_error(ZPP_ERR_FORMAT, "checkpoint %s is truncated; save it again", c->path);
-    fnv1a(&c->hash, p, n);
-    return ZPP_OK;
-}
+/* ---- Checkpoint state ------------------------------------------------------ */
 
 int zpp_engine_steps_taken(const zpp_engine *e) { return e->step; }
 
-zpp_status zpp_engine_save(zpp_engine *e, const char *path) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return zpp_error(ZPP_ERR_INVALID, "checkpoint: path too long: %s", path);
-    size_t max_shard = 0;
-    for (int i = 0; i < e->model->n_units; i++)
-        if (e->units[i].part.shard_len > max_shard) max_shard = e->units[i].part.shard_len;
-    float *host = malloc((max_shard ? max_shard : 1) * sizeof(float));
-    if (!host) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-    ckpt_file c = {fopen(tmp, "wb"), 14695981039346656037ull, tmp};
-    zpp_status st = ZPP_OK;
-    if (!c.f) {
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    uint32_t head[4] = {(uint32_t)e->topo->world_size, (uint32_t)e->topo->world_rank,
-                        (uint32_t)e->model->n_units, 0};
-    uint64_t step = (uint64_t)e->step;
-    ZPP_CHECK_GOTO(ckpt_write(&c, ZPP_CKPT_MAGIC, 8), st, out);
-    ZPP_CHECK_GOTO(ckpt_write(&c, head, sizeof head), st, out);
-    ZPP_CHECK_GOTO(ckpt_write(&c, &step, sizeof step), st, out);
-    for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
-        uint64_t len = u->part.shard_len;
-        ZPP_CHECK_GOTO(ckpt_write(&c, &len, sizeof len), st, out);
-        float *const parts[3] = {u->master, u->m, u->v};
-        for (int k = 0; k < 3; k++) {
-            ZPP_CHECK_GOTO(zpp_device_copy(e->dev, host, parts[k], len * sizeof(float)), st, out);
-            ZPP_CHECK_GOTO(ckpt_write(&c, host, len * sizeof(float)), st, out);
-        }
-    }
-    uint64_t sum = c.hash;
-    ZPP_CHECK_GOTO(ckpt_write(&c, &sum, sizeof sum), st, out);
-    if (fflush(c.f) != 0)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", tmp, strerror(errno));
-out:
-    if (c.f && fclose(c.f) != 0 && st == ZPP_OK)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", tmp, strerror(errno));
-    if (st == ZPP_OK && rename(tmp, path) != 0)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot rename %s to %s: %s", tmp, path,
-                       strerror(errno));
-    if (st != ZPP_OK && c.f) remove(tmp);
-    free(host);
-    return st;
+int zpp_engine_unit_count(const zpp_engine *e) { return e->model->n_units; }
+
+zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
+                                  size_t *begin_p, size_t *count_p) {
+    if (unit < 0 || unit >= e->model->n_units)
+        return zpp_error(ZPP_ERR_INVALID, "engine: unit %d of %d", unit, e->model->n_units);
+    const zpp_partition *p = &e->units[unit].part;
+    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
+    size_t count = begin < p->numel ? p->numel - begin : 0;
+    if (count > p->shard_len) count = p->shard_len;
+    if (begin > p->numel) begin = p->numel;
+    *numel_p = p->numel;
+    *begin_p = begin;
+    *count_p = count;
+    return ZPP_OK;
 }
 
-zpp_status zpp_engine_load(zpp_engine *e, const char *path) {
-    const int n_units = e->model->n_units;
-    ckpt_file c = {fopen(path, "rb"), 14695981039346656037ull, path};
-    if (!c.f)
-        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot open %s: %s", path, strerror(errno));
-    /* Everything is read into host staging first, so a bad file changes
-     * nothing. */
-    size_t total = 0;
-    for (int i = 0; i < n_units; i++) total += 3 * e->units[i].part.shard_len;
-    float *host = malloc((total ? total : 1) * sizeof(float));
-    zpp_status st = ZPP_OK;
-    if (!host) {
-        st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-        goto out;
+zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m, float *v) {
+    size_t numel = 0, begin = 0, count = 0;
+    ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
+    unit_state *u = &e->units[unit];
+    float *const src[3] = {u->master, u->m, u->v};
+    float *const dst[3] = {master, m, v};
+    for (int k = 0; k < 3 && count; k++)
+        ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
+                                const float *v) {
+    size_t numel = 0, begin = 0, count = 0;
+    ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
+    unit_state *u = &e->units[unit];
+    const size_t len = u->part.shard_len;
+    float *const dst[3] = {u->master, u->m, u->v};
+    const float *const src[3] = {master, m, v};
+    for (int k = 0; k < 3; k++) {
+        if (count) ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
+        /* the padding stays zero, whatever the shards were before */
+        if (count < len)
+            ZPP_CHECK(zpp_device_set(e->dev, dst[k] + count, 0, (len - count) * sizeof(float)));
     }
-    char magic[8];
-    uint32_t head[4];
-    uint64_t step = 0;
-    ZPP_CHECK_GOTO(ckpt_read(&c, magic, 8), st, out);
-    if (memcmp(magic, ZPP_CKPT_MAGIC, 8) != 0) {
-        st = zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp checkpoint (bad magic)", path);
-        goto out;
-    }
-    ZPP_CHECK_GOTO(ckpt_read(&c, head, sizeof head), st, out);
-    ZPP_CHECK_GOTO(ckpt_read(&c, &step, sizeof step), st, out);
-    if (head[0] != (uint32_t)e->topo->world_size || head[1] != (uint32_t)e->topo->world_rank ||
-        head[2] != (uint32_t)n_units) {
-        st = zpp_error(ZPP_ERR_CONFIG,
-                       "checkpoint %s was saved by rank %u of %u ranks with %u units; this is "
-                       "rank %d of %d with %d units: resume with the same world size and model",
-                       path, head[1], head[0], head[2], e->topo->world_rank,
-                       e->topo->world_size, n_units);
-        goto out;
-    }
-    float *dst = host;
-    for (int i = 0; i < n_units; i++) {
-        uint64_t len = 0;
-        ZPP_CHECK_GOTO(ckpt_read(&c, &len, sizeof len), st, out);
-        if (len != e->units[i].part.shard_len) {
-            st = zpp_error(ZPP_ERR_CONFIG,
-                           "checkpoint %s: unit %d has %llu elements per shard, the model "
-                           "%zu: resume with the same model",
-                           path, i, (unsigned long long)len, e->units[i].part.shard_len);
-            goto out;
-        }
-        ZPP_CHECK_GOTO(ckpt_read(&c, dst, 3 * len * sizeof(float)), st, out);
-        dst += 3 * len;
-    }
-    uint64_t want = c.hash, got = 0;
-    if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF) {
-        st = zpp_error(ZPP_ERR_FORMAT,
-                       "checkpoint %s is damaged (checksum or length mismatch); save it again",
-                       path);
-        goto out;
-    }
-    /* All checks passed: install. */
-    dst = host;
-    for (int i = 0; i < n_units && st == ZPP_OK; i++) {
-        unit_state *u = &e->units[i];
-        size_t bytes = u->part.shard_len * sizeof(float);
-        float *const parts[3] = {u->master, u->m, u->v};
-        for (int k = 0; k < 3 && st == ZPP_OK; k++) {
-            st = zpp_device_copy(e->dev, parts[k], dst, bytes);
-            dst += u->part.shard_len;
-        }
-        if (st == ZPP_OK)
-            st = zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
-                                    u->part.shard_len, 1.0f);
-        u->secondary_valid = 0;
-    }
-    if (st == ZPP_OK) {
-        e->step = (int)step;
-        e->updates = (int)step; /* engine.h: skips are not in the file yet */
-        e->forward_ready = 0;
-    }
-out:
-    fclose(c.f);
-    free(host);
-    return st;
+    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
+    u->secondary_valid = 0;
+    e->forward_ready = 0;
+    return zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype, len,
+                              1.0f);
+}
+
+zpp_status zpp_engine_set_steps_taken(zpp_engine *e, int step) {
+    if (step < 0) return zpp_error(ZPP_ERR_INVALID, "engine: step %d < 0", step);
+    e->step = step;
+    e->updates = step; /* engine.h: skipped steps are not in checkpoints yet */
+    e->forward_ready = 0;
+    return ZPP_OK;
 }

@@ -136,26 +136,28 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
                            float *loss_p);
 
 /*
- * Checkpoints: each rank saves and loads its own shard state — fp32 master
- * weights and both AdamW moments of every unit, and the optimizer step
- * count — so a resumed run continues bit for bit (the working-dtype shards
- * are recomputed from the masters; secondary shards start invalid).
- *
- * FILE (one per rank, native little-endian):
- *   "ZPPCKPT1" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
- *   u64 step, then for each unit: u64 shard_len, f32 master[shard_len],
- *   f32 m[shard_len], f32 v[shard_len]; then u64 FNV-1a of every byte before.
- * Saving writes `path`.tmp and renames it, so a crash never leaves a
- * half-written file under `path`. Loading checks the magic, the world size,
- * the rank, the unit count and sizes, the length and the checksum, and
- * changes nothing unless all of it holds.
+ * Checkpoint state. A checkpoint (train/checkpoint.h has the file format)
+ * holds, per unit, the fp32 master weights and both AdamW moments of the
+ * *unpadded* unit, and the optimizer step count, so that it does not depend
+ * on the world size: each rank gives and takes the elements it owns, the
+ * range [begin, begin + count) of the unit's numel elements, with
+ * begin = rank * shard_len and count = min(shard_len, numel - begin) (0 for
+ * a rank past the end of a tiny unit). The padding is never saved and
+ * always restored to zero; the working-dtype shard is recomputed from the
+ * master, the gradient accumulator cleared, and the hpZ secondary shard
+ * marked invalid, so a resumed run continues bit for bit.
  */
-zpp_status zpp_engine_save(zpp_engine *e, const char *path);
-zpp_status zpp_engine_load(zpp_engine *e, const char *path);
-/* Optimizer steps taken, skipped ones included (restored by
- * zpp_engine_load). The checkpoint does not yet carry the skip count nor the
- * loss scaler's state: a resumed run counts AdamW's bias-correction step as
- * the steps taken and restarts the scaler (exact when no step was skipped). */
+int zpp_engine_unit_count(const zpp_engine *e);
+zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
+                                  size_t *begin_p, size_t *count_p);
+/* Copies this rank's `count` elements of the unit's master, m and v to the
+ * host arrays (each `count` floats), through the device. */
+zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m, float *v);
+/* Installs `count` elements of each (host arrays) as this rank's shard. */
+zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
+                                const float *v);
+/* Optimizer steps taken, skipped ones included; set on resume. */
 int zpp_engine_steps_taken(const zpp_engine *e);
+zpp_status zpp_engine_set_steps_taken(zpp_engine *e, int step);
 
 #endif

@@ -122,6 +122,7 @@ typedef struct zpp_train_config {
     int eval_batches;
     int steps_per_print; /* DeepSpeed key; 0 = never */
     int max_consecutive_skips; /* non-finite steps in a row before the run stops */
+    int keep_checkpoints; /* --save keeps the newest N step folders */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
     char ignored[ZPP_TRAIN_IGNORED_CAP];

@@ -156,7 +156,9 @@
     X("zeropp.max_consecutive_skips", INT, max_consecutive_skips, 1, INT_MAX, (5), 0,             \
       "a step with NaN/Inf gradients is skipped (no update; the lr schedule still advances); "    \
       "stop after this many in a row. No DeepSpeed equivalent: DeepSpeed skips fp16 overflows "   \
-      "only, and fails at min_loss_scale")
+      "only, and fails at min_loss_scale")                                                        \
+    X("zeropp.keep_checkpoints", INT, keep_checkpoints, 1, INT_MAX, (2), 0,                       \
+      "--save keeps the newest N published checkpoints (step folders)")
 /* clang-format on */
 
 #endif

@@ -13,6 +13,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "train/checkpoint.h"
 
 struct zpp_trainer {
     zpp_train_config cfg;
@@ -27,6 +28,10 @@ struct zpp_trainer {
     /* batch callback state */
     int step;
     uint64_t val_index;
+    /* checkpoints: ZPP_FAULT (trainer.h), the last resume's note */
+    zpp_ckpt_fault fault;
+    int fault_step;
+    char resume_note[512];
 };
 
 static double now_s(void) {
@@ -44,6 +49,23 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     if (k == 0) snprintf(buf, cap, "zero3");
     else buf[k - 1] = '\0';
     return buf;
+}
+
+/* ZPP_FAULT=save_fail@STEP | save_kill@STEP (trainer.h), read once. */
+static zpp_status read_fault(zpp_trainer *t) {
+    const char *f = getenv("ZPP_FAULT");
+    if (!f || !f[0]) return ZPP_OK;
+    char kind[16], tail[2];
+    int step = 0;
+    if (sscanf(f, "%15[a-z_]@%d%1s", kind, &step, tail) == 2 && step >= 0) {
+        if (!strcmp(kind, "save_fail")) t->fault = ZPP_CKPT_FAULT_SAVE_FAIL;
+        if (!strcmp(kind, "save_kill")) t->fault = ZPP_CKPT_FAULT_SAVE_KILL;
+    }
+    if (t->fault == ZPP_CKPT_FAULT_NONE)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "ZPP_FAULT='%s': expected save_fail@STEP or save_kill@STEP", f);
+    t->fault_step = step;
+    return ZPP_OK;
 }
 
 static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
@@ -137,7 +159,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
     in->data = di;
     in->mode = mode_name(c, t->mode, sizeof t->mode);
-    return ZPP_OK;
+    return read_fault(t);
 }
 
 zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
@@ -215,82 +237,37 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
     return ZPP_OK;
 }
 
-/* ---- Checkpoints ----------------------------------------------------------- */
+/* ---- Checkpoints (train/checkpoint.h) ----------------------------------------- */
 
-static void rank_file(const char *dir, int rank, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s/rank-%05d.ckpt", dir, rank);
+static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
+    zpp_ckpt_meta m;
+    memset(&m, 0, sizeof m);
+    m.step = step;
+    m.world_size = t->info.world_size;
+    m.world_rank = t->info.world_rank;
+    m.node_size = t->info.node_size;
+    m.mode = t->info.mode;
+    m.bf16 = t->cfg.bf16;
+    m.model = t->cfg.model;
+    m.train_batch_size = t->cfg.train_batch_size;
+    m.seed = t->cfg.seed;
+    return m;
+}
+
+zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir) {
+    return zpp_checkpoint_check_dir(dir, t->info.world_rank);
 }
 
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
-    char path[4096];
-    zpp_status st = ZPP_OK;
-    if (t->info.world_rank == 0 && mkdir(dir, 0777) != 0 && errno != EEXIST)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create directory %s: %s", dir,
-                       strerror(errno));
-    ZPP_CHECK(zpp_comm_agree_world(st));
-    /* An older manifest goes first: until the new one is written, the
-     * directory is not a checkpoint. */
-    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
-    if (t->info.world_rank == 0) remove(path);
-    ZPP_CHECK(zpp_comm_agree_world(ZPP_OK));
-    rank_file(dir, t->info.world_rank, path, sizeof path);
-    ZPP_CHECK(zpp_comm_agree_world(zpp_engine_save(t->engine, path)));
-    if (t->info.world_rank == 0) {
-        char tmp[4200], man[4096];
-        snprintf(man, sizeof man, "%s/checkpoint.json", dir);
-        snprintf(tmp, sizeof tmp, "%s.tmp", man);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "{\"step\": %d, \"world_size\": %d, \"mode\": \"%s\"}\n", steps_done,
-                          t->info.world_size, t->info.mode) < 0 ||
-            fclose(f) != 0 || rename(tmp, man) != 0)
-            st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", man, strerror(errno));
-    }
-    return zpp_comm_agree_world(st);
-}
-
-/* Reads the manifest's step and world size. */
-static zpp_status read_manifest(const char *dir, int *step_p, int *world_p) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/checkpoint.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return zpp_error(ZPP_ERR_IO, "%s is not a checkpoint (no %s: %s)", dir, path,
-                         strerror(errno));
-    char buf[1024];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(j, "step");
-    const cJSON *world = cJSON_GetObjectItemCaseSensitive(j, "world_size");
-    zpp_status st = ZPP_OK;
-    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(world) || step->valueint < 0)
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed", path);
-    else {
-        *step_p = step->valueint;
-        *world_p = world->valueint;
-    }
-    cJSON_Delete(j);
-    return st;
+    zpp_ckpt_meta m = ckpt_meta(t, steps_done);
+    return zpp_checkpoint_save(t->engine, &m, dir, t->cfg.keep_checkpoints, t->fault,
+                               t->fault_step);
 }
 
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) {
-    int step = 0, world = 0;
-    zpp_status st = read_manifest(dir, &step, &world);
-    if (st == ZPP_OK && world != t->info.world_size)
-        st = zpp_error(ZPP_ERR_CONFIG,
-                       "checkpoint %s was saved by %d ranks; resume it with %d ranks, not %d",
-                       dir, world, world, t->info.world_size);
-    ZPP_CHECK(zpp_comm_agree_world(st));
-    char path[4096];
-    rank_file(dir, t->info.world_rank, path, sizeof path);
-    st = zpp_engine_load(t->engine, path);
-    if (st == ZPP_OK && zpp_engine_steps_taken(t->engine) != step)
-        st = zpp_error(ZPP_ERR_FORMAT,
-                       "checkpoint %s: rank file says step %d, manifest step %d; the files "
-                       "are from different saves",
-                       dir, zpp_engine_steps_taken(t->engine), step);
-    ZPP_CHECK(zpp_comm_agree_world(st));
-    *steps_done_p = step;
-    return ZPP_OK;
+    zpp_ckpt_meta m = ckpt_meta(t, 0);
+    return zpp_checkpoint_load(t->engine, &m, dir, steps_done_p, t->resume_note,
+                               sizeof t->resume_note);
 }
+
+const char *zpp_trainer_resume_note(const zpp_trainer *t) { return t->resume_note; }

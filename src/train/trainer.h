@@ -63,14 +63,29 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
 /* Validation loss over cfg.eval_batches held-out micro-batches. */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p);
 
-/* Checkpoints in a directory: one file per rank (zpp_engine_save's format,
- * rank-NNNNN.ckpt) and a manifest, checkpoint.json ({"step", "world_size",
- * "mode"}), written last by rank 0 once every rank's file is in place — a
- * directory without a manifest is not a checkpoint. `steps_done` is the
- * number of optimizer steps taken; a resumed run continues at that step, bit
- * for bit (the data order and the learning rate are functions of the step).
- * Collective; every rank returns the same status. */
+/* Checkpoints (train/checkpoint.h: the layout and formats): each save is a
+ * new step folder of `dir`, published by rank 0 with one atomic rename of
+ * dir/checkpoint.json once every rank's file is written and fsynced; the
+ * previous checkpoint stays valid until then, and the newest
+ * zeropp.keep_checkpoints are kept. `steps_done` is the number of optimizer
+ * steps taken; a resumed run continues at that step (the data order and the
+ * learning rate are functions of the step), on any world and node size:
+ * bit for bit on the same world. Loading refuses another model shape or
+ * working dtype with one line naming the key; what may differ (ranks, node
+ * size, ZeRO++ options, global batch, seed) is described by
+ * zpp_trainer_resume_note ("" if nothing). Collective; every rank returns
+ * the same status.
+ *
+ * Fault injection for the tests: ZPP_FAULT=save_fail@STEP makes the last
+ * rank's write of the save after STEP steps fail (an I/O error);
+ * ZPP_FAULT=save_kill@STEP makes rank 1 (rank 0 when alone) write half its
+ * file of that save and _exit(137), as a rank killed mid-save. Read once,
+ * at zpp_trainer_create; any other value is a config error. */
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
+const char *zpp_trainer_resume_note(const zpp_trainer *t);
+/* Creates `dir` (with its parents) and checks it is writable, before any
+ * training. Collective. */
+zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir);
 
 #endif

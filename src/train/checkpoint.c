@@ -1,0 +1,657 @@
+/* train/checkpoint.c — atomic, reshardable checkpoints (checkpoint.h). */
+#include "train/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+#define CKPT_MAGIC "ZPPCKPT2"
+#define CKPT_POINTER "checkpoint.json"
+#define CKPT_MANIFEST "manifest.json"
+#define CKPT_PATH 4096
+#define FNV_INIT 14695981039346656037ull
+
+/* ---- Small file-system helpers --------------------------------------------- */
+
+static void fnv1a(uint64_t *h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) *h = (*h ^ c[i]) * 1099511628211ull;
+}
+
+static zpp_status join(char *buf, const char *a, const char *b) {
+    if (snprintf(buf, CKPT_PATH, "%s/%s", a, b) >= CKPT_PATH)
+        return zpp_error(ZPP_ERR_INVALID, "checkpoint: path too long: %s/%s", a, b);
+    return ZPP_OK;
+}
+
+static int is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static zpp_status fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd) != 0) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot sync directory %s: %s", dir,
+                         strerror(err));
+    }
+    close(fd);
+    return ZPP_OK;
+}
+
+/* mkdir -p */
+static zpp_status make_dirs(const char *dir) {
+    char p[CKPT_PATH];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return zpp_error(ZPP_ERR_INVALID, "checkpoint: path too long: %s", dir);
+    for (char *s = p + 1;; s++) {
+        int end = *s == '\0';
+        if (*s == '/' || end) {
+            *s = '\0';
+            if (mkdir(p, 0777) != 0 && errno != EEXIST)
+                return zpp_error(ZPP_ERR_IO, "cannot create checkpoint directory %s: %s", p,
+                                 strerror(errno));
+            if (!is_dir(p))
+                return zpp_error(ZPP_ERR_IO,
+                                 "cannot create checkpoint directory %s: %s is not a directory",
+                                 dir, p);
+            if (end) break;
+            *s = '/';
+        }
+    }
+    return ZPP_OK;
+}
+
+/* Removes a step folder: its files, then itself (a folder holds no
+ * folders). Errors are ignored: what stays is pruned after the next save. */
+static void remove_folder(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *de;
+        char f[CKPT_PATH];
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+                join(f, path, de->d_name) == ZPP_OK)
+                remove(f);
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+/* Writes `text` to `path`, fsynced (through path.tmp and a rename when
+ * `atomic`). */
+static zpp_status write_synced(const char *path, const char *text, int atomic) {
+    char tmp[CKPT_PATH + 8];
+    snprintf(tmp, sizeof tmp, "%s%s", path, atomic ? ".tmp" : "");
+    FILE *f = fopen(tmp, "w");
+    size_t n = strlen(text);
+    int ok = f && fwrite(text, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int err = errno;
+    if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
+    if (ok && atomic && rename(tmp, path) != 0) ok = 0, err = errno;
+    if (!ok) {
+        if (f) remove(tmp);
+        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(err));
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
+    zpp_status st = ZPP_OK;
+    if (world_rank == 0) {
+        st = make_dirs(dir);
+        char probe[CKPT_PATH];
+        if (st == ZPP_OK) st = join(probe, dir, ".zpp-write-test");
+        if (st == ZPP_OK) {
+            FILE *f = fopen(probe, "w");
+            int ok = f && fputc('x', f) != EOF;
+            int err = errno;
+            if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
+            remove(probe);
+            if (!ok)
+                st = zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory %s: %s", dir,
+                               strerror(err));
+        }
+    }
+    return zpp_comm_agree_world(st);
+}
+
+/* ---- The manifest ---------------------------------------------------------- */
+
+typedef struct manifest {
+    int step, format, world_size, node_size, bf16, train_batch_size, n_units;
+    uint64_t seed;
+    char folder[256], mode[64];
+    zpp_gpt2_config model;
+    size_t *numel;
+} manifest;
+
+static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", m->step);
+    cJSON_AddNumberToObject(j, "format", ZPP_CKPT_FORMAT);
+    cJSON_AddStringToObject(j, "folder", folder);
+    cJSON_AddNumberToObject(j, "world_size", m->world_size);
+    cJSON_AddNumberToObject(j, "node_size", m->node_size);
+    cJSON_AddStringToObject(j, "mode", m->mode);
+    cJSON_AddStringToObject(j, "dtype", m->bf16 ? "bf16" : "fp32");
+    cJSON *mo = cJSON_AddObjectToObject(j, "model");
+    cJSON_AddNumberToObject(mo, "n_layer", m->model.n_layer);
+    cJSON_AddNumberToObject(mo, "n_head", m->model.n_head);
+    cJSON_AddNumberToObject(mo, "n_embd", m->model.n_embd);
+    cJSON_AddNumberToObject(mo, "seq_len", m->model.seq_len);
+    cJSON_AddNumberToObject(mo, "vocab_size", m->model.vocab_size);
+    cJSON_AddNumberToObject(j, "train_batch_size", m->train_batch_size);
+    cJSON_AddNumberToObject(j, "seed", (double)m->seed);
+    cJSON *units = cJSON_AddArrayToObject(j, "units");
+    for (int u = 0; u < zpp_engine_unit_count(e); u++) {
+        size_t numel = 0, b = 0, c = 0;
+        zpp_engine_shard_range(e, u, &numel, &b, &c);
+        cJSON_AddItemToArray(units, cJSON_CreateNumber((double)numel));
+    }
+    cJSON *files = cJSON_AddArrayToObject(j, "files");
+    for (int r = 0; r < m->world_size; r++) {
+        char name[32];
+        snprintf(name, sizeof name, "rank-%05d.ckpt", r);
+        cJSON_AddItemToArray(files, cJSON_CreateString(name));
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!text) return NULL;
+    /* one line, newline-terminated */
+    size_t n = strlen(text);
+    char *out = malloc(n + 2);
+    if (out) memcpy(out, text, n), out[n] = '\n', out[n + 1] = '\0';
+    cJSON_free(text);
+    return out;
+}
+
+static int get_int(const cJSON *o, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v)) return 0;
+    *out = v->valueint;
+    return 1;
+}
+
+/* Reads and parses a manifest file; *found_p = 0 when the file does not
+ * exist (no error set then). */
+static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
+    memset(m, 0, sizeof *m);
+    *found_p = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT || errno == ENOTDIR) return ZPP_OK;
+        return zpp_error(ZPP_ERR_IO, "cannot read checkpoint manifest %s: %s", path,
+                         strerror(errno));
+    }
+    *found_p = 1;
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    zpp_status st = ZPP_OK;
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "model");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(j, "units");
+    const cJSON *folder = cJSON_GetObjectItemCaseSensitive(j, "folder");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(j, "mode");
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
+    if (!j) {
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed JSON", path);
+    } else if (!get_int(j, "format", &m->format)) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s has no format: it was written by an older "
+                       "zeropp (one file per rank, format 1), which this one does not read",
+                       path);
+    } else if (m->format != ZPP_CKPT_FORMAT) {
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s has format %d; this zeropp reads "
+                                       "format %d",
+                       path, m->format, ZPP_CKPT_FORMAT);
+    } else if (!get_int(j, "step", &m->step) || m->step < 0 ||
+               !get_int(j, "world_size", &m->world_size) || m->world_size < 1 ||
+               !get_int(j, "node_size", &m->node_size) ||
+               !get_int(j, "train_batch_size", &m->train_batch_size) ||
+               !cJSON_IsString(folder) || strlen(folder->valuestring) >= sizeof m->folder ||
+               strchr(folder->valuestring, '/') || !strcmp(folder->valuestring, "..") ||
+               !cJSON_IsString(mode) || !cJSON_IsString(dtype) || !cJSON_IsNumber(seed) ||
+               !cJSON_IsObject(mo) || !get_int(mo, "n_layer", &m->model.n_layer) ||
+               !get_int(mo, "n_head", &m->model.n_head) ||
+               !get_int(mo, "n_embd", &m->model.n_embd) ||
+               !get_int(mo, "seq_len", &m->model.seq_len) ||
+               !get_int(mo, "vocab_size", &m->model.vocab_size) || !cJSON_IsArray(units) ||
+               cJSON_GetArraySize(units) < 1) {
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed (a key is missing "
+                                       "or has the wrong type)",
+                       path);
+    } else {
+        snprintf(m->folder, sizeof m->folder, "%s", folder->valuestring);
+        snprintf(m->mode, sizeof m->mode, "%s", mode->valuestring);
+        m->bf16 = !strcmp(dtype->valuestring, "bf16");
+        m->seed = (uint64_t)seed->valuedouble;
+        m->n_units = cJSON_GetArraySize(units);
+        m->numel = calloc((size_t)m->n_units, sizeof *m->numel);
+        if (!m->numel) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        for (int u = 0; u < m->n_units && st == ZPP_OK; u++) {
+            const cJSON *x = cJSON_GetArrayItem(units, u);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0)
+                st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: bad unit size", path);
+            else m->numel[u] = (size_t)x->valuedouble;
+        }
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+/* The folder of the published checkpoint of DIR ("" if none). */
+static void published_folder(const char *dir, char *out, size_t cap) {
+    char path[CKPT_PATH];
+    manifest m;
+    int found = 0;
+    out[0] = '\0';
+    if (join(path, dir, CKPT_POINTER) == ZPP_OK && manifest_read(path, &m, &found) == ZPP_OK &&
+        found)
+        snprintf(out, cap, "%s", m.folder);
+    free(m.numel);
+}
+
+/* ---- Rank files -------------------------------------------------------------- */
+
+typedef struct ckpt_file {
+    FILE *f;
+    uint64_t hash;
+    const char *path;
+    size_t written, kill_at; /* kill_at: _exit(137) once this many bytes are out */
+} ckpt_file;
+
+static zpp_status file_write(ckpt_file *c, const void *p, size_t n) {
+    if (c->kill_at && c->written + n >= c->kill_at) {
+        fwrite(p, 1, c->kill_at - c->written, c->f);
+        fflush(c->f);
+        _exit(137); /* ZPP_FAULT=save_kill: a rank killed in the middle of its file */
+    }
+    if (fwrite(p, 1, n, c->f) != n)
+        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path, strerror(errno));
+    fnv1a(&c->hash, p, n);
+    c->written += n;
+    return ZPP_OK;
+}
+
+static zpp_status file_read(ckpt_file *c, void *p, size_t n) {
+    if (fread(p, 1, n, c->f) != n)
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint file %s is truncated", c->path);
+    fnv1a(&c->hash, p, n);
+    return ZPP_OK;
+}
+
+static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, const char *path,
+                                  int kill) {
+    const int n_units = zpp_engine_unit_count(e);
+    size_t max_count = 1, total = 40;
+    for (int u = 0; u < n_units; u++) {
+        size_t numel = 0, b = 0, c = 0;
+        ZPP_CHECK(zpp_engine_shard_range(e, u, &numel, &b, &c));
+        if (c > max_count) max_count = c;
+        total += 24 + 12 * c;
+    }
+    float *host = malloc(3 * max_count * sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    ckpt_file c = {fopen(path, "wb"), FNV_INIT, path, 0, kill ? total / 2 : 0};
+    zpp_status st = ZPP_OK;
+    if (!c.f) {
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
+        goto out;
+    }
+    uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
+                        (uint32_t)n_units, 0};
+    uint64_t step = (uint64_t)meta->step;
+    ZPP_CHECK_GOTO(file_write(&c, CKPT_MAGIC, 8), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
+    for (int u = 0; u < n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        ZPP_CHECK_GOTO(zpp_engine_shard_range(e, u, &numel, &begin, &count), st, out);
+        uint64_t r[3] = {numel, begin, count};
+        ZPP_CHECK_GOTO(file_write(&c, r, sizeof r), st, out);
+        ZPP_CHECK_GOTO(zpp_engine_state_get(e, u, host, host + count, host + 2 * count), st, out);
+        ZPP_CHECK_GOTO(file_write(&c, host, 3 * count * sizeof(float)), st, out);
+    }
+    uint64_t sum = c.hash;
+    ZPP_CHECK_GOTO(file_write(&c, &sum, sizeof sum), st, out);
+    if (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+out:
+    if (c.f && fclose(c.f) != 0 && st == ZPP_OK)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    free(host);
+    return st;
+}
+
+/* ---- Save ------------------------------------------------------------------ */
+
+/* Deletes every step folder of DIR but the published one and the newest
+ * keep - 1 other complete ones; leftovers of failed saves go too. */
+static void prune(const char *dir, const char *published, int keep) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    typedef struct entry {
+        char name[256];
+        long step;
+        int sub, complete;
+    } entry;
+    entry *ents = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long step = -1;
+        int sub = 0;
+        char tail[8] = "";
+        if (strncmp(de->d_name, "step-", 5) != 0 || strlen(de->d_name) >= 256) continue;
+        int k = sscanf(de->d_name + 5, "%ld.%d%1s", &step, &sub, tail);
+        if (k < 1 || tail[0]) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            entry *g = realloc(ents, cap * sizeof *g);
+            if (!g) break;
+            ents = g;
+        }
+        entry *x = &ents[n++];
+        snprintf(x->name, sizeof x->name, "%s", de->d_name);
+        x->step = step;
+        x->sub = k >= 2 ? sub : 0;
+        char m[CKPT_PATH], p[CKPT_PATH];
+        x->complete = join(p, dir, x->name) == ZPP_OK && join(m, p, CKPT_MANIFEST) == ZPP_OK &&
+                      access(m, F_OK) == 0;
+    }
+    closedir(d);
+    int kept = 1; /* the published one */
+    for (;;) {    /* the newest complete unpublished ones, keep - 1 of them */
+        entry *best = NULL;
+        for (size_t i = 0; i < n; i++) {
+            entry *x = &ents[i];
+            if (!x->complete || !strcmp(x->name, published)) continue;
+            if (!best || x->step > best->step || (x->step == best->step && x->sub > best->sub))
+                best = x;
+        }
+        if (!best) break;
+        best->complete = 0;
+        if (kept < keep) {
+            kept++;
+            best->name[0] = '\0'; /* stays */
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        char p[CKPT_PATH];
+        if (ents[i].name[0] && strcmp(ents[i].name, published) &&
+            join(p, dir, ents[i].name) == ZPP_OK)
+            remove_folder(p);
+    }
+    char tmp[CKPT_PATH];
+    if (join(tmp, dir, CKPT_POINTER ".tmp") == ZPP_OK) remove(tmp);
+    free(ents);
+}
+
+zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
+                               int keep, zpp_ckpt_fault fault, int fault_step) {
+    const int rank = meta->world_rank;
+    char published[256], name[64], folder[CKPT_PATH], path[CKPT_PATH];
+    /* Every rank reads the published folder's name before rank 0 changes
+     * anything, so all pick the same new one. */
+    published_folder(dir, published, sizeof published);
+    zpp_status st = zpp_comm_agree_world(ZPP_OK);
+    ZPP_CHECK(st);
+    snprintf(name, sizeof name, "step-%08d", meta->step);
+    if (!strcmp(name, published)) snprintf(name, sizeof name, "step-%08d.1", meta->step);
+    st = join(folder, dir, name);
+    if (st == ZPP_OK && rank == 0) {
+        st = make_dirs(dir);
+        if (st == ZPP_OK) {
+            remove_folder(folder); /* a leftover of a failed save */
+            if (mkdir(folder, 0777) != 0)
+                st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", folder,
+                               strerror(errno));
+        }
+    }
+    ZPP_CHECK(zpp_comm_agree_world(st));
+
+    /* Every rank's file, written and fsynced. */
+    const int fires = fault != ZPP_CKPT_FAULT_NONE && fault_step == meta->step;
+    const int victim = fault == ZPP_CKPT_FAULT_SAVE_KILL ? (meta->world_size > 1 ? 1 : 0)
+                                                         : meta->world_size - 1;
+    char fname[32];
+    snprintf(fname, sizeof fname, "rank-%05d.ckpt", rank);
+    st = join(path, folder, fname);
+    if (st == ZPP_OK && fires && rank == victim && fault == ZPP_CKPT_FAULT_SAVE_FAIL)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: injected failure "
+                                   "(ZPP_FAULT=save_fail@%d)",
+                       path, fault_step);
+    else if (st == ZPP_OK)
+        st = write_rank_file(e, meta, path, fires && rank == victim);
+    st = zpp_comm_agree_world(st);
+    if (st != ZPP_OK) {
+        if (rank == 0) remove_folder(folder); /* the previous checkpoint stays published */
+        return st;
+    }
+
+    /* Publish: the folder's manifest, then the pointer, by one rename. */
+    if (rank == 0) {
+        char *text = manifest_text(meta, name, e);
+        if (!text) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        if (st == ZPP_OK) st = join(path, folder, CKPT_MANIFEST);
+        if (st == ZPP_OK) st = write_synced(path, text, 0);
+        if (st == ZPP_OK) st = fsync_dir(folder);
+        if (st == ZPP_OK) st = join(path, dir, CKPT_POINTER);
+        if (st == ZPP_OK) st = write_synced(path, text, 1);
+        if (st == ZPP_OK) st = fsync_dir(dir);
+        free(text);
+        if (st == ZPP_OK) prune(dir, name, keep < 1 ? 1 : keep);
+        else remove_folder(folder);
+    }
+    return zpp_comm_agree_world(st);
+}
+
+/* ---- Load ------------------------------------------------------------------ */
+
+/* This rank's part of the state, staged on the host. */
+typedef struct stage {
+    size_t numel, begin, count;
+    float *x; /* master, m, v: 3 * count */
+} stage;
+
+/* Reads saved rank file q (of `world` ranks) and copies what overlaps this
+ * rank's ranges into the stage; checks the header and the checksum. */
+static zpp_status read_rank_file(const char *path, const manifest *m, int q, stage *sg) {
+    ckpt_file c = {fopen(path, "rb"), FNV_INIT, path, 0, 0};
+    if (!c.f)
+        return zpp_error(ZPP_ERR_IO, "cannot open checkpoint file %s: %s", path,
+                         strerror(errno));
+    float *buf = NULL;
+    zpp_status st = ZPP_OK;
+    char magic[8];
+    uint32_t head[4];
+    uint64_t step;
+    ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
+    if (memcmp(magic, CKPT_MAGIC, 8) != 0) {
+        st = zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp checkpoint file (bad magic)", path);
+        goto out;
+    }
+    ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
+    ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
+    if (head[0] != (uint32_t)m->world_size || head[1] != (uint32_t)q ||
+        head[2] != (uint32_t)m->n_units || step != (uint64_t)m->step) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint file %s (rank %u of %u, %u units, step %llu) does not "
+                       "belong to its manifest (rank %d of %d, %d units, step %d)",
+                       path, head[1], head[0], head[2], (unsigned long long)step, q,
+                       m->world_size, m->n_units, m->step);
+        goto out;
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        uint64_t r[3];
+        ZPP_CHECK_GOTO(file_read(&c, r, sizeof r), st, out);
+        size_t numel = m->numel[u], L = (numel + (size_t)m->world_size - 1) / m->world_size;
+        size_t b = (size_t)q * L < numel ? (size_t)q * L : numel;
+        size_t n = numel - b < L ? numel - b : L;
+        if (r[0] != numel || r[1] != b || r[2] != n) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "checkpoint file %s: unit %d holds [%llu, +%llu) of %llu elements, "
+                           "expected [%zu, +%zu) of %zu",
+                           path, u, (unsigned long long)r[1], (unsigned long long)r[2],
+                           (unsigned long long)r[0], b, n, numel);
+            goto out;
+        }
+        float *g = realloc(buf, (n ? n : 1) * sizeof(float));
+        if (!g) {
+            st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+            goto out;
+        }
+        buf = g;
+        /* the overlap of [b, b + n) and this rank's [sb, sb + sc) */
+        size_t lo = b > sg[u].begin ? b : sg[u].begin;
+        size_t hi = b + n < sg[u].begin + sg[u].count ? b + n : sg[u].begin + sg[u].count;
+        for (int k = 0; k < 3; k++) {
+            ZPP_CHECK_GOTO(file_read(&c, buf, n * sizeof(float)), st, out);
+            if (lo < hi)
+                memcpy(sg[u].x + k * sg[u].count + (lo - sg[u].begin), buf + (lo - b),
+                       (hi - lo) * sizeof(float));
+        }
+    }
+    uint64_t want = c.hash, got = 0;
+    if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint file %s is damaged (checksum or length mismatch)", path);
+out:
+    fclose(c.f);
+    free(buf);
+    return st;
+}
+
+/* Finds the manifest of DIR: its pointer, or DIR itself as a step folder. */
+static zpp_status locate(const char *dir, manifest *m, char *folder) {
+    char path[CKPT_PATH];
+    int found = 0;
+    ZPP_CHECK(join(path, dir, CKPT_POINTER));
+    ZPP_CHECK(manifest_read(path, m, &found));
+    if (found) return join(folder, dir, m->folder);
+    ZPP_CHECK(join(path, dir, CKPT_MANIFEST));
+    ZPP_CHECK(manifest_read(path, m, &found));
+    if (found) {
+        snprintf(folder, CKPT_PATH, "%s", dir);
+        return ZPP_OK;
+    }
+    return zpp_error(ZPP_ERR_IO, "%s is not a checkpoint (no %s/%s: %s)", dir, dir,
+                     CKPT_POINTER, is_dir(dir) ? "no checkpoint published yet"
+                                               : "no such directory");
+}
+
+/* The model and dtype must match; the rest is noted. */
+static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_meta *r,
+                          const zpp_engine *e, char *note, size_t cap) {
+    const struct {
+        const char *key;
+        int saved, now;
+    } shape[] = {{"model.n_layer", m->model.n_layer, r->model.n_layer},
+                 {"model.n_head", m->model.n_head, r->model.n_head},
+                 {"model.n_embd", m->model.n_embd, r->model.n_embd},
+                 {"model.seq_len", m->model.seq_len, r->model.seq_len},
+                 {"model.vocab_size", m->model.vocab_size, r->model.vocab_size}};
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i].saved != shape[i].now)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "checkpoint %s was saved with %s %d, this run has %s %d; resume "
+                             "with the model shape it was saved with",
+                             dir, shape[i].key, shape[i].saved, shape[i].key, shape[i].now);
+    if (m->bf16 != r->bf16)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "checkpoint %s was saved with working dtype %s, this run uses %s; set "
+                         "bf16.enabled to %s",
+                         dir, m->bf16 ? "bf16" : "fp32", r->bf16 ? "bf16" : "fp32",
+                         m->bf16 ? "true" : "false");
+    if (m->n_units != zpp_engine_unit_count(e))
+        return zpp_error(ZPP_ERR_CONFIG, "checkpoint %s has %d units, this model %d", dir,
+                         m->n_units, zpp_engine_unit_count(e));
+    for (int u = 0; u < m->n_units; u++) {
+        size_t numel = 0, b = 0, c = 0;
+        ZPP_CHECK(zpp_engine_shard_range(e, u, &numel, &b, &c));
+        if (numel != m->numel[u])
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "checkpoint %s: unit %d has %zu parameters, this model %zu", dir, u,
+                             m->numel[u], numel);
+    }
+    note[0] = '\0';
+    size_t k = 0;
+#define NOTE(...)                                                                    \
+    do {                                                                             \
+        if (k < cap) k += (size_t)snprintf(note + k, cap - k, "%s", k ? ", " : "");  \
+        if (k < cap) k += (size_t)snprintf(note + k, cap - k, __VA_ARGS__);          \
+    } while (0)
+    if (m->world_size != r->world_size) NOTE("ranks %d -> %d", m->world_size, r->world_size);
+    if (m->node_size != r->node_size) NOTE("node size %d -> %d", m->node_size, r->node_size);
+    if (strcmp(m->mode, r->mode)) NOTE("mode %s -> %s", m->mode, r->mode);
+    if (m->train_batch_size != r->train_batch_size)
+        NOTE("global batch %d -> %d", m->train_batch_size, r->train_batch_size);
+    if (m->seed != r->seed)
+        NOTE("seed %llu -> %llu", (unsigned long long)m->seed, (unsigned long long)r->seed);
+#undef NOTE
+    return ZPP_OK;
+}
+
+zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
+                               int *step_p, char *note, size_t cap) {
+    manifest m;
+    char *folder = malloc(CKPT_PATH), *path = malloc(CKPT_PATH);
+    const int n_units = zpp_engine_unit_count(e);
+    stage *sg = calloc((size_t)n_units, sizeof *sg);
+    zpp_status st = ZPP_OK;
+    memset(&m, 0, sizeof m);
+    if (!folder || !path || !sg) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    if (st == ZPP_OK) st = locate(dir, &m, folder);
+    if (st == ZPP_OK) st = compare(dir, &m, meta, e, note, cap);
+    st = zpp_comm_agree_world(st);
+    /* this rank's ranges, then the saved files that overlap them */
+    for (int u = 0; u < n_units && st == ZPP_OK; u++) {
+        st = zpp_engine_shard_range(e, u, &sg[u].numel, &sg[u].begin, &sg[u].count);
+        if (st == ZPP_OK && !(sg[u].x = malloc((3 * sg[u].count + 1) * sizeof(float))))
+            st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    for (int q = 0; q < m.world_size && st == ZPP_OK; q++) {
+        int overlaps = 0;
+        for (int u = 0; u < n_units && !overlaps; u++) {
+            size_t L = (m.numel[u] + (size_t)m.world_size - 1) / m.world_size;
+            size_t b = (size_t)q * L, end = b + L < m.numel[u] ? b + L : m.numel[u];
+            overlaps = b < end && b < sg[u].begin + sg[u].count && sg[u].begin < end;
+        }
+        if (!overlaps) continue;
+        char fname[32];
+        snprintf(fname, sizeof fname, "rank-%05d.ckpt", q);
+        st = join(path, folder, fname);
+        if (st == ZPP_OK) st = read_rank_file(path, &m, q, sg);
+    }
+    /* install only when every rank has everything */
+    st = zpp_comm_agree_world(st);
+    for (int u = 0; u < n_units && st == ZPP_OK; u++)
+        st = zpp_engine_state_set(e, u, sg[u].x, sg[u].x + sg[u].count,
+                                  sg[u].x + 2 * sg[u].count);
+    if (st == ZPP_OK) st = zpp_engine_set_steps_taken(e, m.step);
+    st = zpp_comm_agree_world(st);
+    if (st == ZPP_OK) *step_p = m.step;
+    for (int u = 0; sg && u < n_units; u++) free(sg[u].x);
+    free(sg);
+    free(m.numel);
+    free(folder);
+    free(path);
+    return st;
+}

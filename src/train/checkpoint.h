@@ -1,0 +1,97 @@
+/* train/checkpoint.h — atomic, reshardable checkpoints in a directory.
+ *
+ * LAYOUT of a checkpoint directory DIR:
+ *   DIR/checkpoint.json        the pointer: the manifest of the newest
+ *                              published checkpoint; replaced by one atomic
+ *                              rename (written to checkpoint.json.tmp,
+ *                              fsynced, renamed, DIR fsynced)
+ *   DIR/step-00000040/         one folder per save (a second save of the
+ *                              same step, while the first is the published
+ *                              one, goes to step-00000040.1)
+ *       rank-00000.ckpt ...    one file per rank of the saving run
+ *       manifest.json          the same manifest (the folder alone can be
+ *                              resumed: --resume DIR/step-00000040)
+ * A save writes and fsyncs every rank's file in a new step folder, the ranks
+ * agree that all succeeded, and only then rank 0 publishes the folder by
+ * replacing the pointer. Until then the previous checkpoint stays the
+ * published one, whatever happens to the save (an error, a full disk, a
+ * rank killed). After a publish, rank 0 deletes all but the newest `keep`
+ * complete step folders (the published one always stays) and every folder
+ * of a failed save.
+ *
+ * MANIFEST (JSON): {"step", "format": 2, "folder", "world_size",
+ * "node_size", "mode", "dtype" ("bf16" | "fp32"), "model": {"n_layer",
+ * "n_head", "n_embd", "seq_len", "vocab_size"}, "train_batch_size", "seed",
+ * "units": [numel of each unit], "files": [rank file names]}.
+ *
+ * RANK FILE (native little-endian), the ranges the saving rank owned:
+ *   "ZPPCKPT2" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
+ *   u64 step, then for each unit: u64 numel, u64 begin, u64 count,
+ *   f32 master[count], f32 m[count], f32 v[count]; then u64 FNV-1a of every
+ *   byte before. Rank r of W holds [r * L, min((r + 1) * L, numel)) of each
+ *   unpadded unit, L = ceil(numel / W): no padding, so the files do not
+ *   depend on how the units were padded.
+ *
+ * RESHARDING: a run of any world size and node size (CPU or GPU) loads a
+ * checkpoint: each rank reads the saved files whose ranges overlap its own
+ * shard (zpp_engine_shard_range), checks each one's header and checksum, and
+ * installs its elements only when every file it read is intact. The data
+ * order and the learning rate are functions of the step (and the global
+ * batch and seed), so the same world resumes bit for bit and another world
+ * continues within the rounding of its reductions.
+ *
+ * CHECKS on load: the model shape (n_layer, n_head, n_embd, seq_len,
+ * vocab_size), the working dtype and every unit's size must match
+ * (ZPP_ERR_CONFIG naming the key and both values). What may change — the
+ * ZeRO++ options, the rank count, the node size, the global batch, the
+ * seed — is described in a note (zpp_checkpoint_load's `note`).
+ *
+ * Every function is collective over the world (zpp_comm_agree_world) and
+ * returns the same status on every rank; nothing prints.
+ */
+#ifndef ZPP_TRAIN_CHECKPOINT_H
+#define ZPP_TRAIN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "model/model.h"
+
+#define ZPP_CKPT_FORMAT 2
+
+/* Faults for the tests (the trainer reads ZPP_FAULT, trainer.h). */
+typedef enum zpp_ckpt_fault {
+    ZPP_CKPT_FAULT_NONE = 0,
+    ZPP_CKPT_FAULT_SAVE_FAIL = 1, /* the last rank's write fails */
+    ZPP_CKPT_FAULT_SAVE_KILL = 2  /* rank 1 (0 alone) writes half its file, _exit(137) */
+} zpp_ckpt_fault;
+
+typedef struct zpp_ckpt_meta {
+    int step;          /* optimizer steps taken */
+    int world_size, world_rank, node_size;
+    const char *mode;  /* "zero3", "qwz+hpz+qgz", ... */
+    int bf16;          /* working dtype: 1 bf16, 0 fp32 */
+    zpp_gpt2_config model;
+    int train_batch_size;
+    uint64_t seed;
+} zpp_ckpt_meta;
+
+/* Creates DIR (and its parents) and checks that a file can be written in
+ * it. Collective. */
+zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank);
+
+/* Saves the engine's state as a new step folder of DIR and publishes it;
+ * keeps the newest `keep` (>= 1) complete folders. `fault` fires when
+ * `fault_step` == meta->step. Collective. */
+zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
+                               int keep, zpp_ckpt_fault fault, int fault_step);
+
+/* Loads the published checkpoint of DIR (or the step folder DIR) into the
+ * engine, after checking it against `meta` (this run; meta->step ignored).
+ * On success *step_p is the checkpoint's step and `note` (cap bytes) says
+ * what differs between the saving run and this one ("" if nothing).
+ * Collective; on error the engine is unchanged. */
+zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
+                               int *step_p, char *note, size_t cap);
+
+#endif
