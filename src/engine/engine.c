@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "device/device.h"
 
 /* Transient buffers (gathered units, full gradients, reduction inputs and
@@ -155,23 +156,14 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
                          ">= 0, and a dynamic scale needs initial_scale_power in [0, 127], "
                          "loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
     int fault_lo = 0, fault_hi = 0;
-    const char *fault = getenv("ZPP_FAULT");
-    if (fault && fault[0]) {
-        const char *num = fault + 10;
-        char *end = NULL;
-        long lo = 0, hi = 0;
-        if (!strncmp(fault, "nonfinite@", 10) && *num >= '0' && *num <= '9') {
-            lo = hi = strtol(num, &end, 10);
-            if (*end == '-' && end[1] >= '0' && end[1] <= '9') hi = strtol(end + 1, &end, 10);
-            if (*end) lo = 0;
-        }
-        fault_lo = lo >= 1 && lo <= INT_MAX ? (int)lo : 0;
-        fault_hi = hi >= lo && hi <= INT_MAX ? (int)hi : 0;
-        if (fault_lo < 1 || fault_hi < fault_lo)
+    zpp_fault fault;
+    ZPP_CHECK(zpp_fault_from_env(&fault));
+    if (fault.kind == ZPP_FAULT_NONFINITE) {
+        if (fault.first < 1)
             return zpp_error(ZPP_ERR_CONFIG,
-                             "ZPP_FAULT='%s': expected nonfinite@STEP or nonfinite@FIRST-LAST "
-                             "(1-based steps)",
-                             fault);
+                             "ZPP_FAULT: nonfinite@%d: steps count from 1", fault.first);
+        fault_lo = fault.first;
+        fault_hi = fault.last;
     }
     if (model->param_dtype != opts->work_dtype)
         return zpp_error(ZPP_ERR_INVALID,

@@ -12,6 +12,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "device/device.h"
 #include "train/checkpoint.h"
 
@@ -53,18 +54,11 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
 
 /* ZPP_FAULT=save_fail@STEP | save_kill@STEP (trainer.h), read once. */
 static zpp_status read_fault(zpp_trainer *t) {
-    const char *f = getenv("ZPP_FAULT");
-    if (!f || !f[0]) return ZPP_OK;
-    char kind[16], tail[2];
-    int step = 0;
-    if (sscanf(f, "%15[a-z_]@%d%1s", kind, &step, tail) == 2 && step >= 0) {
-        if (!strcmp(kind, "save_fail")) t->fault = ZPP_CKPT_FAULT_SAVE_FAIL;
-        if (!strcmp(kind, "save_kill")) t->fault = ZPP_CKPT_FAULT_SAVE_KILL;
-    }
-    if (t->fault == ZPP_CKPT_FAULT_NONE)
-        return zpp_error(ZPP_ERR_CONFIG,
-                         "ZPP_FAULT='%s': expected save_fail@STEP or save_kill@STEP", f);
-    t->fault_step = step;
+    zpp_fault f;
+    ZPP_CHECK(zpp_fault_from_env(&f)); /* other kinds are the engine's */
+    if (f.kind == ZPP_FAULT_SAVE_FAIL) t->fault = ZPP_CKPT_FAULT_SAVE_FAIL;
+    if (f.kind == ZPP_FAULT_SAVE_KILL) t->fault = ZPP_CKPT_FAULT_SAVE_KILL;
+    t->fault_step = f.first;
     return ZPP_OK;
 }
 

@@ -80,7 +80,7 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p);
  * rank's write of the save after STEP steps fail (an I/O error);
  * ZPP_FAULT=save_kill@STEP makes rank 1 (rank 0 when alone) write half its
  * file of that save and _exit(137), as a rank killed mid-save. Read once,
- * at zpp_trainer_create; any other value is a config error. */
+ * at zpp_trainer_create (core/fault.h parses every kind). */
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
 const char *zpp_trainer_resume_note(const zpp_trainer *t);
