@@ -111,6 +111,7 @@ typedef struct zpp_train_config {
     int eval_every;      /* 0 = never */
     int eval_batches;
     int steps_per_print; /* DeepSpeed key; 0 = never */
+    double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
     char ignored[ZPP_TRAIN_IGNORED_CAP];

@@ -146,7 +146,10 @@
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \
     X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
       "validate every N steps; 0 = never")                                                        \
-    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation")
+    X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0, "micro-batches per validation") \
+    X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
+      "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
+      ">= 0; 0 = wait forever; --collective-timeout")
 /* clang-format on */
 
 #endif
