@@ -77,12 +77,13 @@
  *   the thread looks at the oldest unfinished operation: its clock starts
  *   when its `start` event has passed (the collective itself is running, so
  *   time spent waiting for compute is not counted), and when it has run
- *   longer than the deadline, or when any communicator reports an
- *   asynchronous error, the thread aborts all three NCCL communicators
- *   (ncclCommAbort makes their kernels return, so every host wait behind
- *   them ends) and records why. From then on every call of the topology
- *   returns ZPP_ERR_TIMEOUT (or ZPP_ERR_COMM for an asynchronous error) with
- *   that message, naming the operation, the communicator and its bytes.
+ *   longer than the deadline, the thread aborts all three NCCL
+ *   communicators (ncclCommAbort makes their kernels return, so every host
+ *   wait behind them ends) and records why: from then on every call of the
+ *   topology returns ZPP_ERR_TIMEOUT with that message, naming the
+ *   operation, the communicator and its bytes. A communicator that reports
+ *   an asynchronous error (a peer or the network died) is aborted alone;
+ *   its later calls return ZPP_ERR_COMM saying so.
  *   A mutex orders the thread's abort against the calling thread's use of
  *   the NCCL handles; the thread only try-locks, so an NCCL call that
  *   blocks on the host inside NCCL itself (connection setup with a dead
@@ -223,7 +224,7 @@ struct zpp__nccl_shared {
     zpp__nccl_comm *comms[3]; /* the topology's, while they live */
     zpp__nccl_track *fifo_head, *fifo_tail, *track_free, *track_all;
     zpp__nccl_track *cur;     /* the operation being enqueued */
-    zpp_status fired;         /* ZPP_OK, or why the watchdog aborted */
+    zpp_status fired;         /* ZPP_ERR_TIMEOUT once the watchdog aborted all */
     char why[768];
 };
 
@@ -233,6 +234,7 @@ struct zpp__nccl_comm {
     zpp__nccl_shared *sh;
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
+    char why[384];   /* the watchdog's reason when it aborted this one alone */
 };
 
 /* NCCL_HOSTID of this process, fixed by its first topology (see top). */
@@ -333,6 +335,7 @@ static void zpp__nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
 /* (with sh->lock held) */
 static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
     if (nc->sh->fired != ZPP_OK) return zpp_error(nc->sh->fired, "%s", nc->sh->why);
+    if (nc->why[0]) return zpp_error(ZPP_ERR_COMM, "%s: %s", op, nc->why);
     if (nc->broken || !nc->nccl)
         return zpp_error(ZPP_ERR_STATE,
                          "%s: the NCCL %s communicator failed earlier; destroy the topology "
@@ -482,14 +485,15 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
         ncclResult_t ar = ncclSuccess;
         if (!c || !c->nccl || ncclCommGetAsyncError(c->nccl, &ar) != ncclSuccess) continue;
         if (ar != ncclSuccess && ar != ncclInProgress) {
-            snprintf(sh->why, sizeof sh->why,
-                     "nccl: the %s communicator reported %s asynchronously (a peer or the "
-                     "network failed); the watchdog aborted the topology's NCCL "
-                     "communicators; every rank stops",
+            /* This communicator alone: its kernels return, the others may
+             * still work (a timeout, below, stops them all). */
+            snprintf(c->why, sizeof c->why,
+                     "the NCCL %s communicator reported %s asynchronously (a peer or the "
+                     "network failed) and the watchdog aborted it",
                      c->name, ncclGetErrorString(ar));
-            sh->fired = ZPP_ERR_COMM;
-            zpp__nccl_abort_all(sh);
-            return;
+            ncclCommAbort(c->nccl);
+            c->nccl = NULL;
+            c->broken = 1;
         }
     }
     double now = zpp__now_s();
