@@ -45,7 +45,8 @@ extern "C" {
     X(ERR_COMM, -8, "communication failure")                                 \
     X(ERR_CUDA, -9, "CUDA error")                                            \
     X(ERR_STATE, -10, "operation not valid in the current state")           \
-    X(ERR_BLAS, -11, "BLAS error")
+    X(ERR_BLAS, -11, "BLAS error")                                          \
+    X(ERR_TIMEOUT, -12, "timed out waiting for peer ranks")
 
 typedef enum zpp_status {
 #define ZPP_STATUS_ENUM_(name, value, text) ZPP_##name = value,

@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm.h"
 #include "core/dtype.h"
@@ -770,7 +771,73 @@ static void test_agree_world(void) {
     EXPECT_REFUSED(zpp_comm_launch_local(NULL, &ls), "required");
 }
 
+/* Deadlines (issue 14): with a 1 s deadline, rank 0 enters an all-gather
+ * 4 s after the others. They return ZPP_ERR_TIMEOUT with a message naming
+ * the operation, the communicator, its bytes and the deadline, well before
+ * rank 0 arrives, without keeping a core busy meanwhile; the communicator
+ * then refuses work, and an agreement on a local timeout returns it at once
+ * (the stalled peer cannot answer). Rank 0, late, finds its peers'
+ * abandoned operations still inside MPI and completes, or times out
+ * itself. The buffers are static: MPI may still write into an abandoned
+ * operation's. */
+static void test_collective_timeout(void) {
+    int W = world_size(), rank = zpp_test_rank;
+    if (W < 2 || W > 16) return;
+    static char send[32], recv[32 * 16];
+    zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = 1, .timeout_s = 1.0};
+    zpp_topo *t = NULL;
+    EXPECT_OK(zpp_topo_create(&o, &t));
+    memset(send, rank + 1, sizeof send);
+    EXPECT_OK(zpp_comm_allgather(t->world, send, recv, sizeof send, NULL)); /* in time */
+    EXPECT(recv[(W - 1) * 32] == W);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        struct timespec late = {4, 0};
+        nanosleep(&late, NULL);
+    }
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    double t0 = MPI_Wtime();
+    zpp_error_clear();
+    zpp_status st = zpp_comm_allgather(t->world, send, recv, sizeof send, NULL);
+    double took = MPI_Wtime() - t0;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+    if (rank != 0) {
+        char bytes[64];
+        snprintf(bytes, sizeof bytes, "(%d bytes)", 32 * W);
+        EXPECT(st == ZPP_ERR_TIMEOUT, "rank 0 came 4 s late with a 1 s deadline: %s '%s'",
+               zpp_status_str(st), zpp_last_error());
+        const char *msg = zpp_last_error();
+        EXPECT(strstr(msg, "allgather on the world communicator") && strstr(msg, bytes) &&
+                   strstr(msg, "no peer answered for 1 s (a rank stalled or died); every rank "
+                               "stops"),
+               "message '%s'", msg);
+        EXPECT(took >= 0.95 && took < 3.8, "timed out after %.2f s", took);
+        /* waiting sleeps between tests: no core kept busy (MPI_Wait spun) */
+        EXPECT(cpu < 0.5 * took, "%.2f s of CPU in a %.2f s wait", cpu, took);
+        EXPECT_STATUS(zpp_comm_barrier(t->world), ZPP_ERR_STATE);
+        EXPECT(strstr(zpp_last_error(), "timed out earlier") != NULL, "'%s'", zpp_last_error());
+        zpp_error(ZPP_ERR_TIMEOUT, "own timeout");
+        double a0 = MPI_Wtime();
+        EXPECT_STATUS(zpp_comm_agree(t->world, ZPP_ERR_TIMEOUT), ZPP_ERR_TIMEOUT);
+        EXPECT(MPI_Wtime() - a0 < 0.5 && strcmp(zpp_last_error(), "own timeout") == 0,
+               "agreeing on a timeout waited or changed the message: '%s'", zpp_last_error());
+    } else {
+        EXPECT(st == ZPP_OK || st == ZPP_ERR_TIMEOUT, "late rank 0: %s '%s'",
+               zpp_status_str(st), zpp_last_error());
+    }
+    /* The intra communicators (one rank each) were not involved: they
+     * still work, and the asynchronous form takes the deadline too. */
+    zpp_comm_req *req = NULL;
+    EXPECT_OK(zpp_comm_allgather(t->intra, send, recv, sizeof send, &req));
+    EXPECT_OK(zpp_comm_wait(t->intra, req));
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_topo_destroy(t);
+}
+
 ZPP_TESTS(ZPP_TEST(test_every_node_size), ZPP_TEST(test_zero_sizes),
           ZPP_TEST(test_large_count_path), ZPP_TEST(test_bad_node_size),
           ZPP_TEST(test_options_disagree), ZPP_TEST(test_launcher_node_size),
-          ZPP_TEST(test_invalid_arguments), ZPP_TEST(test_agree_world))
+          ZPP_TEST(test_invalid_arguments), ZPP_TEST(test_agree_world),
+          ZPP_TEST(test_collective_timeout))

@@ -140,7 +140,7 @@ static void ctx_open(ctx *cx, int node_size, int emulate) {
     EXPECT_OK(zpp_device_alloc(cx->dev, BUSY_BYTES, &cx->busy_b));
     EXPECT_OK(zpp_device_set(cx->dev, cx->busy_a, 1, BUSY_BYTES));
     cur_dev = cx->dev;
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, node_size, cx->dev, emulate};
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, node_size, cx->dev, emulate, 0.0};
     EXPECT_OK(zpp_topo_create(&o, &cx->topo));
     const zpp_topo *t = cx->topo;
     /* (no '%' inside EXPECT's condition: it becomes part of the format) */
@@ -681,7 +681,7 @@ static void test_nccl_hostid_fixed_per_process(void) {
     ctx_close(&cx);
     zpp_device *dev = NULL;
     EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, 1, dev, 1};
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, 1, dev, 1, 0.0};
     zpp_topo *t = NULL;
     EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
     EXPECT(t == NULL, "topology returned on failure");
@@ -694,7 +694,7 @@ static void test_nccl_hostid_fixed_per_process(void) {
 
 /* A peer that does not arrive must not hang a host-side wait: with
  * ZPP_NCCL_TIMEOUT_S = 2, rank 0 enters a world barrier that rank 1 joins
- * only 4 s later. Rank 0 must give up with ZPP_ERR_COMM naming the timeout,
+ * only 4 s later. Rank 0 must give up with ZPP_ERR_TIMEOUT naming the deadline,
  * abort the world communicator (later calls on it: ZPP_ERR_STATE), and keep
  * the topology's other communicators working; teardown must not hang.
  * Rank 1's late barrier may still complete (rank 0's contribution had
@@ -717,13 +717,14 @@ static void test_nccl_timeout_reports_instead_of_hanging(void) {
     zpp_status st = zpp_comm_barrier(w);
     double dt = now_s() - t0;
     if (zpp_test_rank == 0) {
-        EXPECT(st == ZPP_ERR_COMM, "late peer: barrier -> %s after %.2f s (%s)",
+        EXPECT(st == ZPP_ERR_TIMEOUT, "late peer: barrier -> %s after %.2f s (%s)",
                zpp_status_str(st), dt, zpp_last_error());
         EXPECT(strstr(zpp_last_error(), "ZPP_NCCL_TIMEOUT_S") != NULL, "message: %s",
                zpp_last_error());
         EXPECT(dt > 1.5 && dt < 3.9, "gave up after %.2f s, expected about 2 s", dt);
     } else {
-        EXPECT(st == ZPP_OK || st == ZPP_ERR_COMM, "late barrier -> %s (%s)",
+        EXPECT(st == ZPP_OK || st == ZPP_ERR_COMM || st == ZPP_ERR_TIMEOUT,
+               "late barrier -> %s (%s)",
                zpp_status_str(st), zpp_last_error());
     }
     char why[1024];
@@ -739,7 +740,8 @@ static void test_nccl_timeout_reports_instead_of_hanging(void) {
                "after an abort -> %s (%s)", zpp_status_str(st), zpp_last_error());
     } else {
         st = zpp_comm_barrier(w);
-        EXPECT(st == ZPP_ERR_COMM || st == ZPP_ERR_STATE, "lonely barrier -> %s (%s)",
+        EXPECT(st == ZPP_ERR_TIMEOUT || st == ZPP_ERR_COMM || st == ZPP_ERR_STATE,
+               "lonely barrier -> %s (%s)",
                zpp_status_str(st), zpp_last_error());
     }
     void *d = dev_alloc(64);
@@ -749,6 +751,55 @@ static void test_nccl_timeout_reports_instead_of_hanging(void) {
     MPI_Barrier(MPI_COMM_WORLD);
     check_agree(&cx, WHICH_INTRA);
     check_allreduce(&cx, WHICH_INTRA, ZPP_FP32, 1);
+    t0 = now_s();
+    ctx_close(&cx);
+    EXPECT(now_s() - t0 < 30.0, "teardown took %.1f s", now_s() - t0);
+}
+
+/* The watchdog (issue 14): a host wait that is not the backend's own (the
+ * engine's stream synchronisation behind a collective) must end too. With
+ * a 2 s deadline, rank 1 arrives at a world all-gather 5 s late; rank 0
+ * enqueues it and blocks in zpp_device_sync on its compute stream, which
+ * waits for the collective. The watchdog sees it run past 2 s, aborts the
+ * topology's NCCL communicators (their kernels return, so the sync
+ * returns), and the next call reports ZPP_ERR_TIMEOUT naming the
+ * all-gather, the communicator and the watchdog. Rank 1, late, may find
+ * rank 0's half already delivered and complete, or be stopped by its own
+ * watchdog; either way its sync returns. */
+static void test_nccl_watchdog_ends_a_stalled_sync(void) {
+    EXPECT(setenv("ZPP_NCCL_TIMEOUT_S", "2", 1) == 0);
+    ctx cx;
+    ctx_open(&cx, world_size(), 0);
+    EXPECT(unsetenv("ZPP_NCCL_TIMEOUT_S") == 0);
+    zpp_comm *w = cx.topo->world;
+    EXPECT_OK(zpp_comm_barrier(w)); /* connected and in step */
+    const size_t per_rank = 1 << 20;
+    void *buf = dev_alloc(per_rank * (size_t)w->size);
+    if (zpp_test_rank == 1) {
+        struct timespec d = {5, 0};
+        nanosleep(&d, NULL);
+    }
+    double t0 = now_s();
+    zpp_status st = zpp_comm_allgather(w, (char *)buf + (size_t)w->rank * per_rank, buf,
+                                       per_rank, NULL);
+    EXPECT(st == ZPP_OK || (zpp_test_rank != 0 && st == ZPP_ERR_TIMEOUT),
+           "enqueueing the all-gather -> %s (%s)", zpp_status_str(st), zpp_last_error());
+    (void)zpp_device_sync(cx.dev, NULL); /* the host waits behind the collective */
+    double dt = now_s() - t0;
+    if (zpp_test_rank == 0) {
+        EXPECT(dt > 1.5 && dt < 4.5, "the sync ended after %.2f s, expected about 2 s", dt);
+        st = zpp_comm_allgather(w, (char *)buf + (size_t)w->rank * per_rank, buf, per_rank, NULL);
+        EXPECT(st == ZPP_ERR_TIMEOUT, "after the watchdog fired -> %s (%s)", zpp_status_str(st),
+               zpp_last_error());
+        const char *msg = zpp_last_error();
+        EXPECT(strstr(msg, "nccl allgather on the world communicator") &&
+                   strstr(msg, "no peer answered for 2 s") && strstr(msg, "watchdog"),
+               "message: %s", msg);
+    } else {
+        EXPECT(dt < 10.0, "rank %d's sync took %.2f s", zpp_test_rank, dt);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    dev_free(buf);
     t0 = now_s();
     ctx_close(&cx);
     EXPECT(now_s() - t0 < 30.0, "teardown took %.1f s", now_s() - t0);
@@ -782,7 +833,7 @@ static void test_nccl_emulated_nodes(void) {
     /* ... one without it is refused: NCCL would keep the emulated ids. */
     zpp_device *dev = NULL;
     EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
-    zpp_topo_opts o = {ZPP_BACKEND_NCCL, world_size(), dev, 0};
+    zpp_topo_opts o = {ZPP_BACKEND_NCCL, world_size(), dev, 0, 0.0};
     zpp_topo *t = NULL;
     EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
     EXPECT(strstr(zpp_last_error(), "NCCL_HOSTID") != NULL, "message: %s", zpp_last_error());
@@ -793,4 +844,5 @@ static void test_nccl_emulated_nodes(void) {
 ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one),
           ZPP_TEST_GPU(test_nccl_invalid_arguments), ZPP_TEST_GPU(test_nccl_hostid_fixed_per_process),
           ZPP_TEST_GPU(test_nccl_timeout_reports_instead_of_hanging),
+          ZPP_TEST_GPU(test_nccl_watchdog_ends_a_stalled_sync),
           ZPP_TEST_GPU(test_nccl_emulated_nodes), )

@@ -125,6 +125,7 @@ static void test_every_key_parsed(void) {
         int kc = irand(&r, 1, 9);
         long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
         int linear = irand(&r, 0, 1);
+        double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         char json[4096];
         snprintf(json, sizeof json,
@@ -154,12 +155,12 @@ static void test_every_key_parsed(void) {
                  "      \"seq_len\": %d, \"vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
-                 "      \"keep_checkpoints\": %d}\n"
+                 "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc);
+                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc, cts);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -181,7 +182,8 @@ static void test_every_key_parsed(void) {
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
-               cfg.eval_batches == eb && cfg.keep_checkpoints == kc);
+               cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
+               cfg.collective_timeout_s == cts);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
@@ -387,6 +389,8 @@ static void test_validation_errors(void) {
                       ZPP_ERR_CONFIG, "must be an integer");
     expect_load_fails("{\"zeropp\": {\"eval_batches\": 0}}", ZPP_ERR_CONFIG,
                       "'zeropp.eval_batches' is 0");
+    expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,
+                      "'zeropp.collective_timeout_s' must be >= 0 seconds");
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
                       "{\"warmup_num_steps\": 100, \"total_num_steps\": 100}}}",
                       ZPP_ERR_CONFIG, "'scheduler.params.total_num_steps' (100) must exceed");

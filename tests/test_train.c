@@ -15,6 +15,8 @@
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device/device.h"
@@ -1595,6 +1597,136 @@ static void test_checkpoint_cli_checks(void) {
         expect_clean_failure(2, args, "nothing to train");
     }
     (void)err;
+
+/* ---- A stalled rank (issue 14) --------------------------------------------
+ * 4 ranks with --collective-timeout 10 train until the metrics show two
+ * steps; then rank 2 is stopped (SIGSTOP). Each rank's shell wrapper wrote
+ * its pid before exec'ing zeropp, so the test knows whom to stop without a
+ * hook in the tool. Every live rank must be gone within 40 s, mpirun must
+ * exit non-zero, and stderr must hold a line naming the stalled collective,
+ * its communicator, the deadline and the step. Then the stopped rank is
+ * continued and killed if anything of it is left, and no rank may remain. */
+
+/* 1 while `pid` exists and is not a zombie. */
+static int pid_alive(pid_t pid) {
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *p = strrchr(stat, ')'); /* "pid (comm) S ..." */
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_stalled_rank_times_out(void) {
+    enum { W = 4, STALLED = 2 };
+    char cfg[512], json[2048], met[512], err[512], pids[512], cmd[4096];
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    model_json(json, sizeof json, 0, "\"train_micro_batch_size_per_gpu\": 2");
+    write_text(tmp_path("stall.json", cfg), "%s", json);
+    tmp_path("stall_pid", pids);
+    snprintf(cmd, sizeof cmd,
+             "exec %s --oversubscribe --bind-to none -np %d sh -c 'echo $$ > "
+             "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; exec %s train --quiet --config %s "
+             "--steps 1000000 --collective-timeout 10 --metrics %s' >/dev/null 2>%s",
+             mpi, W, pids, cli, cfg, tmp_path("stall.jsonl", met), tmp_path("stall_err.txt", err));
+    pid_t job = fork();
+    EXPECT(job >= 0, "fork: %s", strerror(errno));
+    if (job == 0) {
+        setpgid(0, 0); /* its own group: the cleanup below can end all of it */
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(job, job);
+    /* Training runs: every pid is known and two steps are logged. */
+    pid_t rank_pid[W] = {0};
+    double t0 = mono_s();
+    int ready = 0;
+    while (!ready && mono_s() - t0 < 180) {
+        ready = 1;
+        for (int r = 0; r < W; r++) {
+            char path[600];
+            snprintf(path, sizeof path, "%s.%d", pids, r);
+            FILE *f = fopen(path, "r");
+            int v = 0;
+            if (f && fscanf(f, "%d", &v) == 1) rank_pid[r] = (pid_t)v;
+            if (f) fclose(f);
+            if (!rank_pid[r]) ready = 0;
+        }
+        double loss[MAX_STEPS];
+        FILE *m = fopen(met, "r");
+        if (m) fclose(m);
+        if (ready && (!m || read_metric(met, "loss", loss, MAX_STEPS) < 2)) ready = 0;
+        if (!ready) {
+            int status;
+            EXPECT(waitpid(job, &status, WNOHANG) == 0, "the job ended before the stall; see %s",
+                   err);
+            usleep(100000);
+        }
+    }
+    if (!ready) kill(-job, SIGKILL);
+    EXPECT(ready, "training did not start within 180 s; see %s", err);
+
+    EXPECT(kill(rank_pid[STALLED], SIGSTOP) == 0, "SIGSTOP rank %d: %s", STALLED,
+           strerror(errno));
+    double stopped = mono_s();
+    int status = 0, done = 0;
+    while (mono_s() - stopped < 40) {
+        int live = 0;
+        for (int r = 0; r < W; r++) live += r != STALLED && pid_alive(rank_pid[r]);
+        pid_t w = done ? job : waitpid(job, &status, WNOHANG);
+        if (w == job) done = 1;
+        if (done && !live) break;
+        usleep(100000);
+    }
+    double took = mono_s() - stopped;
+    int live = 0;
+    for (int r = 0; r < W; r++) live += r != STALLED && pid_alive(rank_pid[r]);
+    /* whatever happened, leave nothing behind */
+    kill(rank_pid[STALLED], SIGCONT);
+    if (pid_alive(rank_pid[STALLED])) kill(rank_pid[STALLED], SIGKILL);
+    if (!done) {
+        kill(-job, SIGCONT);
+        kill(-job, SIGKILL);
+        waitpid(job, &status, 0);
+    }
+    EXPECT(done && live == 0, "%d live rank(s) still running %.0f s after rank %d stopped "
+           "(mpirun %s); see %s", live, took, STALLED, done ? "ended" : "still running", err);
+    EXPECT(!(WIFEXITED(status) && WEXITSTATUS(status) == 0), "mpirun exited 0 after a stall");
+    for (double t1 = mono_s(); mono_s() - t1 < 10;) {
+        int any = 0;
+        for (int r = 0; r < W; r++) any += pid_alive(rank_pid[r]);
+        if (!any) break;
+        usleep(100000);
+    }
+    for (int r = 0; r < W; r++)
+        EXPECT(!pid_alive(rank_pid[r]), "rank %d (pid %d) is still running", r, (int)rank_pid[r]);
+    /* the line: which collective, where, for how long, at which step */
+    FILE *f = fopen(err, "r");
+    EXPECT(f != NULL, "no stderr file %s", err);
+    char line[4096] = "", l[4096];
+    while (fgets(l, sizeof l, f))
+        if (strstr(l, "no peer answered for 10 s")) snprintf(line, sizeof line, "%s", l);
+    fclose(f);
+    EXPECT(line[0], "no line names the timeout; see %s", err);
+    EXPECT(strstr(line, "(a rank stalled or died); every rank stops") &&
+               strstr(line, " communicator (") && strstr(line, " bytes)") &&
+               (strstr(line, "allgather") || strstr(line, "reduce_scatter") ||
+                strstr(line, "alltoall") || strstr(line, "allreduce") ||
+                strstr(line, "broadcast") || strstr(line, "barrier") ||
+                strstr(line, "agree") || strstr(line, "max over the world")),
+           "the line does not name the collective: %s", line);
+    EXPECT(strstr(line, "step ") != NULL, "the line does not name the step: %s", line);
+    printf("  stopped rank %d; every rank gone after %.1f s\n  %s", STALLED, took, line);
 }
 
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
@@ -1611,4 +1743,5 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_checkpoint_failed_save_keeps_previous),
           ZPP_TEST(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
-          ZPP_TEST(test_checkpoint_cli_checks))
+          ZPP_TEST(test_checkpoint_cli_checks),
+          ZPP_TEST(test_stalled_rank_times_out))

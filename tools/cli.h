@@ -10,6 +10,10 @@ int zpp_cli_plan(int argc, char **argv);
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>
+/* Ends every rank of the job at once (MPI_Abort on the world, main.c):
+ * for a rank that cannot finish together with the others (a collective
+ * timed out, so a peer is stalled and MPI_Finalize would wait for it). */
+void zpp_cli_abort(int code) __attribute__((noreturn));
 /* Prints "zeropp: <context>: <zpp_last_error()>" to stderr, returns 1. */
 int zpp_cli_fail(const char *context, int status);
 /* Every count on the command line (--params, --n, --steps, ...) is read by

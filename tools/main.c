@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "zeropp.h"
@@ -23,6 +24,13 @@ static void usage(FILE *f) {
             "Counts (--params, --n, --steps, ...) take suffixes:\n"
             "  " ZPP_CLI_COUNT_HELP ".\n",
             zpp_version());
+}
+
+void zpp_cli_abort(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code); /* MPI_Abort does not return; keep the promise anyway */
 }
 
 /* Runs a command over the ranks the launcher started (one rank without a

@@ -20,6 +20,7 @@ typedef struct train_args {
     int gpu, emulate_nodes;
     int demo;
     int quiet;
+    double collective_timeout; /* seconds; < 0: not given */
 } train_args;
 
 typedef struct run_summary {
@@ -55,6 +56,9 @@ static void usage(FILE *f) {
             "                    error (exit 1): nothing would be trained\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
+            "  --collective-timeout S  seconds a rank waits for its peers in a collective\n"
+            "                    before the job stops (a rank stalled or died); 0 = forever\n"
+            "                    (overrides zeropp.collective_timeout_s, default 600)\n"
             "A progress bar is drawn when stdout is a terminal; under mpirun set\n"
             "ZPP_PROGRESS=1 to ask for it (scripts/demo.sh does).\n");
 }
@@ -74,6 +78,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     a->steps = a->eval_every = a->seed = -1;
     a->save_every = 0;
+    a->collective_timeout = -1.0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -121,6 +126,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
         } else if (!strcmp(f, "--seed")) {
             if (parse_long(f, v, 0, &a->seed)) return -1;
             i++;
+        } else if (!strcmp(f, "--collective-timeout")) {
+            char *end = NULL;
+            double s = strtod(v, &end);
+            if (end == v || *end || !isfinite(s) || s < 0) {
+                fprintf(stderr, "zeropp train: --collective-timeout expects seconds >= 0 "
+                        "(0 = wait forever), got '%s'\n", v);
+                return -1;
+            }
+            a->collective_timeout = s, i++;
         } else if (!strcmp(f, "--node-size")) {
             if (parse_long(f, v, 1, &x)) return -1;
             a->node_size = (int)x, i++;
@@ -144,6 +158,15 @@ static int parse_args(int argc, char **argv, train_args *a) {
  * over the world, so every rank holds the same status and message (the
  * lowest failing rank's), and rank 0 prints it. */
 static int report(const char *context, zpp_status st) {
+    if (st == ZPP_ERR_TIMEOUT) {
+        /* Not agreed: the rank that stalled cannot answer. Each rank that
+         * timed out says so, and the job is brought down (MPI_Finalize
+         * would wait for the stalled rank too). */
+        char ctx[128];
+        snprintf(ctx, sizeof ctx, "%s, rank %d", context, zpp_comm_world_rank());
+        zpp_cli_fail(ctx, st);
+        zpp_cli_abort(3);
+    }
     if (zpp_comm_world_rank() == 0) zpp_cli_fail(context, st);
     return 1;
 }
@@ -346,6 +369,8 @@ int zpp_cli_train(int argc, char **argv) {
 
     zpp_train_config cfg;
     zpp_status st = zpp_train_config_defaults(&cfg);
+    zpp_comm_world_set_timeout(a.collective_timeout >= 0 ? a.collective_timeout
+                                                         : cfg.collective_timeout_s);
     if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
@@ -355,6 +380,7 @@ int zpp_cli_train(int argc, char **argv) {
     if (a.steps > 0) cfg.train_steps = (int)a.steps;
     if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
+    if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;
     if (rank == 0 && cfg.ignored[0])
         printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
     st = ZPP_OK;

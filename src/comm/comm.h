@@ -20,6 +20,20 @@
  * receives block i from rank i into block i of the output.
  * Buffers must not overlap unless an op says otherwise.
  *
+ * Deadlines. Every wait of a topology's communicators (a blocking call,
+ * zpp_comm_wait, the barrier, the agreement) gives up after
+ * zpp_topo_opts.timeout_s seconds without completion (0 = wait forever)
+ * and returns ZPP_ERR_TIMEOUT naming the operation, the communicator
+ * (world, intra or inter), its size in bytes and the deadline. A timeout
+ * is fatal for the job: a peer rank stalled or died, the operation is left
+ * unfinished inside the backend (MPI may still write the receive buffer
+ * later, so keep it alive; NCCL's communicators are aborted), the
+ * communicator refuses further work (ZPP_ERR_STATE), and the caller should
+ * stop the job (tools/ aborts it) rather than agree: zpp_comm_agree with a
+ * local ZPP_ERR_TIMEOUT returns it at once, since a stalled peer cannot
+ * answer. Waiting ranks poll with short sleeps, so they do not keep a core
+ * busy.
+ *
  * In place: allreduce accepts send == recv; allgather accepts
  * send == (char *)recv + rank * bytes_per_rank (this rank's block of the
  * output, as NCCL allows). Any other overlap is ZPP_ERR_INVALID (checked
@@ -119,6 +133,11 @@ typedef struct zpp_topo_opts {
     /* NCCL only: 1 sets a distinct NCCL_HOSTID per emulated node before NCCL
      * initialises, so emulated nodes talk over NCCL's network transport. */
     int emulate_nodes;
+    /* Seconds any wait on these communicators may last before it returns
+     * ZPP_ERR_TIMEOUT (see "Deadlines" above); 0 = wait forever. The
+     * trainer passes zeropp.collective_timeout_s (default 600). NCCL: the
+     * environment variable ZPP_NCCL_TIMEOUT_S, when set, overrides it. */
+    double timeout_s;
 } zpp_topo_opts;
 
 /* Builds the topology over MPI_COMM_WORLD (MPI must be initialised).
@@ -155,6 +174,12 @@ zpp_status zpp_comm_agree_world(zpp_status st);
 /* The maximum of a double over every rank the launcher started (the
  * slowest rank's time, say). Blocking, on the host. */
 zpp_status zpp_comm_max_world(double *value);
+/* The deadline of the two world forms above (seconds; 0 = wait forever,
+ * the default; negative or NaN is taken as 0). Process-wide: set it once,
+ * from one thread, before the ranks start agreeing (the trainer sets
+ * zeropp.collective_timeout_s). */
+void zpp_comm_world_set_timeout(double timeout_s);
+double zpp_comm_world_timeout(void);
 /* This rank's index among, and the number of, the ranks the launcher
  * started (MPI_COMM_WORLD): 0 and 1 before MPI is initialised. Local. */
 int zpp_comm_world_rank(void);

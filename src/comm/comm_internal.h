@@ -15,7 +15,28 @@
  * Both backends use it: the MPI backend over its own communicator, the
  * NCCL backend over the MPI communicator it keeps beside each NCCL one
  * (comm_nccl.c says why). An MPI failure during the agreement itself is
- * ZPP_ERR_COMM, with this rank's own message appended when it had failed. */
-zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st);
+ * ZPP_ERR_COMM, with this rank's own message appended when it had failed.
+ *
+ * Deadline: both steps are non-blocking MPI calls polled until `timeout_s`
+ * (0 = forever); past it, ZPP_ERR_TIMEOUT naming "agree" and the
+ * communicator `name`. A local ZPP_ERR_TIMEOUT is returned at once, without
+ * agreeing: the peer that stalled cannot answer, and waiting for it again
+ * would only add another timeout. */
+zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st, double timeout_s,
+                               const char *name);
+
+/* Completes one MPI request (`req` points at an MPI_Request) by polling
+ * MPI_Test with short sleeps until `timeout_s` (0 = forever); past it, the
+ * request is abandoned inside MPI (a started collective cannot be
+ * cancelled) and ZPP_ERR_TIMEOUT says "<op> on the <name> communicator
+ * (<bytes> bytes): no peer answered for S s (a rank stalled or died);
+ * every rank stops". An MPI error is ZPP_ERR_COMM. */
+zpp_status zpp__comm_mpi_poll(void *req, double timeout_s, const char *op, const char *name,
+                              size_t bytes);
+
+/* The MPI backend's communicator name ("world", "intra", "inter"; "" until
+ * set) and deadline, set by zpp_topo_create right after
+ * zpp_comm_mpi_create. */
+void zpp__comm_mpi_configure(zpp_comm *c, const char *name, double timeout_s);
 
 #endif

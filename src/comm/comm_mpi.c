@@ -3,10 +3,21 @@
  * Each zpp_comm owns a duplicate of the MPI communicator it was made from,
  * with MPI_ERRORS_RETURN set, so MPI hands errors back (as ZPP_ERR_COMM with
  * MPI's own message) instead of aborting the job. Operations map one to one
- * onto MPI collectives: the blocking form when req_p is NULL, the
- * nonblocking MPI_I* form otherwise (the request object holds the
- * MPI_Request and any datatype that must outlive the operation). The
- * arguments were checked by the fronts (comm.c).
+ * onto MPI's nonblocking collectives (MPI_Iallgather, ...): with req_p the
+ * request object (the MPI_Request and any datatype that must outlive the
+ * operation) goes to the caller, without it the call completes it at once.
+ * The arguments were checked by the fronts (comm.c).
+ *
+ * Deadlines. Nothing here blocks inside MPI: every completion (blocking
+ * form, wait, barrier, agreement, the world forms) polls MPI_Test with
+ * short sleeps until the communicator's deadline (zpp_topo_opts.timeout_s;
+ * 0 = forever). Past it the call returns ZPP_ERR_TIMEOUT naming the
+ * operation, the communicator and its size, and the communicator refuses
+ * further work: a started collective cannot be cancelled in MPI, so its
+ * request is abandoned inside MPI (which may still complete it, and write
+ * its receive buffer, should the stalled peer come back). Polling rather
+ * than MPI_Wait also keeps a waiting rank off the CPU: the first 2 ms
+ * yield between tests (latency), later tests are 50 us, then 1 ms, apart.
  *
  * Reductions. fp32 sums use MPI_FLOAT / MPI_SUM. bf16 and fp16 have no MPI
  * type, so they travel as 16-bit words (MPI_UINT16_T) and are summed by our
@@ -25,24 +36,35 @@
  * asks the datatype for its size and treats the blob as a flat array. */
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
+typedef struct zpp__mpi {
+    MPI_Comm comm;
+    double timeout_s; /* 0: wait forever */
+    char name[16];    /* "world", "intra", "inter" (topo.c), or "" */
+    int broken;       /* a wait timed out: refuse further work */
+} zpp__mpi;
+
 struct zpp_comm_req {
     MPI_Request req;
     MPI_Datatype type; /* a blob datatype to free on completion, or NULL */
+    zpp__mpi *owner;   /* its communicator's deadline and name */
+    const char *op;
+    size_t bytes;      /* per rank, for the timeout's message */
 };
 
-typedef struct zpp__mpi {
-    MPI_Comm comm;
-} zpp__mpi;
+/* The world forms' deadline (zpp_comm_world_set_timeout). */
+static double zpp__world_timeout_s = 0.0;
 
 static int zpp__mpi_max_count = INT_MAX;
 
@@ -67,6 +89,47 @@ static zpp_status zpp__mpi_fail(int rc, const char *what) {
         int zpp_rc_ = (call);                                                 \
         if (zpp_rc_ != MPI_SUCCESS) return zpp__mpi_fail(zpp_rc_, what);      \
     } while (0)
+
+/* ---- Completing a request before a deadline ---------------------------- */
+
+static double zpp__now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void zpp__pause(double waited_s) {
+    if (waited_s < 2e-3) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, waited_s < 0.1 ? 50000L : 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+zpp_status zpp__comm_mpi_poll(void *reqv, double timeout_s, const char *op, const char *name,
+                              size_t bytes) {
+    MPI_Request *req = reqv;
+    double t0 = zpp__now_s();
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return zpp__mpi_fail(rc, op);
+        if (done) return ZPP_OK;
+        double waited = zpp__now_s() - t0;
+        if (timeout_s > 0.0 && waited >= timeout_s) {
+            /* A started collective cannot be cancelled or freed (MPI-3.1
+             * 5.12): it stays inside MPI, which completes it if the peers
+             * ever arrive. */
+            *req = MPI_REQUEST_NULL;
+            return zpp_error(ZPP_ERR_TIMEOUT,
+                             "mpi %s on the %s communicator (%zu bytes): no peer "
+                             "answered for %g s (a rank stalled or died); every rank stops",
+                             op, name && name[0] ? name : "unnamed", bytes, timeout_s);
+        }
+        zpp__pause(waited);
+    }
+}
 
 /* ---- bf16 / fp16 / blob sum ops --------------------------------------- */
 
@@ -229,6 +292,28 @@ static MPI_Op zpp__mpi_sum_op(zpp_dtype dtype, int blob) {
 
 /* ---- Starting and finishing operations -------------------------------- */
 
+static zpp__mpi *zpp__mpi_of(zpp_comm *c) { return c->impl; }
+static MPI_Comm zpp__comm_of(zpp_comm *c) { return zpp__mpi_of(c)->comm; }
+
+/* A communicator whose wait timed out holds an abandoned collective: any
+ * later operation on it would be matched against that one. */
+static zpp_status zpp__usable(zpp_comm *c, const char *op) {
+    zpp__mpi *m = zpp__mpi_of(c);
+    if (m->broken)
+        return zpp_error(ZPP_ERR_STATE,
+                         "mpi %s: the %s communicator timed out earlier and holds an unfinished "
+                         "collective; destroy the topology (the job should stop)",
+                         op, m->name[0] ? m->name : "unnamed");
+    return ZPP_OK;
+}
+
+/* Polls `req` until done or the communicator's deadline. */
+static zpp_status zpp__complete(zpp__mpi *m, MPI_Request *req, const char *op, size_t bytes) {
+    zpp_status st = zpp__comm_mpi_poll(req, m->timeout_s, op, m->name, bytes);
+    if (st == ZPP_ERR_TIMEOUT) m->broken = 1;
+    return st;
+}
+
 /* Allocates the request of an asynchronous call (NULL when blocking). */
 static zpp_status zpp__req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
     *out = NULL;
@@ -237,136 +322,149 @@ static zpp_status zpp__req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
     if (!r) return zpp_error(ZPP_ERR_NOMEM, "mpi: out of memory for a request");
     r->req = MPI_REQUEST_NULL;
     r->type = MPI_DATATYPE_NULL;
+    r->owner = NULL;
+    r->op = "";
+    r->bytes = 0;
     *out = r;
     return ZPP_OK;
 }
 
-/* After the MPI call `rc`: hands the request (and blob type) to the caller
- * for an asynchronous call, frees them otherwise. */
-static zpp_status zpp__finish(int rc, const char *what, zpp__mpi_buf *b, zpp_comm_req *r,
-                              zpp_comm_req **req_p) {
-    if (rc != MPI_SUCCESS || !r) {
-        zpp__mpi_buf_free(b);
-        free(r);
-        return rc == MPI_SUCCESS ? ZPP_OK : zpp__mpi_fail(rc, what);
-    }
-    if (b->blob) r->type = b->type;
-    *req_p = r;
-    return ZPP_OK;
+/* Starts an operation: checks the communicator, describes `n` elements of
+ * `elem` and takes a request when the caller wants one. */
+static zpp_status zpp__start(zpp_comm *c, const char *op, size_t n, MPI_Datatype elem,
+                             size_t elem_size, zpp__mpi_buf *b, zpp_comm_req **req_p,
+                             zpp_comm_req **r_p) {
+    ZPP_CHECK(zpp__usable(c, op));
+    ZPP_CHECK(zpp__mpi_buf_make(n, elem, elem_size, b));
+    zpp_status st = zpp__req_new(req_p, r_p);
+    if (st != ZPP_OK) zpp__mpi_buf_free(b);
+    return st;
 }
 
-static MPI_Comm zpp__comm_of(zpp_comm *c) { return ((zpp__mpi *)c->impl)->comm; }
+/* After the MPI_I* call `rc` that filled `mreq`: hands the request (and
+ * blob type) to the caller for an asynchronous call; for a blocking one
+ * completes it (before the deadline) and frees everything. */
+static zpp_status zpp__finish(zpp_comm *c, int rc, const char *what, size_t bytes,
+                              zpp__mpi_buf *b, MPI_Request *mreq, zpp_comm_req *r,
+                              zpp_comm_req **req_p) {
+    if (rc != MPI_SUCCESS) {
+        zpp__mpi_buf_free(b);
+        free(r);
+        return zpp__mpi_fail(rc, what);
+    }
+    if (r) {
+        if (b->blob) r->type = b->type;
+        r->owner = zpp__mpi_of(c);
+        r->op = what;
+        r->bytes = bytes;
+        *req_p = r;
+        return ZPP_OK;
+    }
+    zpp_status st = zpp__complete(zpp__mpi_of(c), mreq, what, bytes);
+    zpp__mpi_buf_free(b); /* MPI keeps a type an abandoned operation still uses */
+    return st;
+}
 
 /* ---- Operations -------------------------------------------------------- */
 
 static zpp_status zpp__allgather(zpp_comm *c, const void *send, void *recv,
                                  size_t bytes_per_rank, zpp_comm_req **req_p) {
+    static const char op[] = "allgather";
     /* In place: this rank's input already sits at its block of the output. */
     int in_place = bytes_per_rank &&
                    send == (const char *)recv + (size_t)c->rank * bytes_per_rank;
     zpp__mpi_buf b;
     zpp_comm_req *r;
-    ZPP_CHECK(zpp__mpi_buf_make(bytes_per_rank, MPI_BYTE, 1, &b));
-    zpp_status st = zpp__req_new(req_p, &r);
-    if (st != ZPP_OK) {
-        zpp__mpi_buf_free(&b);
-        return st;
-    }
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP_CHECK(zpp__start(c, op, bytes_per_rank, MPI_BYTE, 1, &b, req_p, &r));
     const void *s = in_place ? MPI_IN_PLACE : send;
-    int rc = r ? MPI_Iallgather(s, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c), &r->req)
-               : MPI_Allgather(s, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c));
-    return zpp__finish(rc, "allgather", &b, r, req_p);
+    int rc = MPI_Iallgather(s, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c),
+                            r ? &r->req : &mr);
+    return zpp__finish(c, rc, op, bytes_per_rank * (size_t)c->size, &b, &mr, r, req_p);
 }
 
 static zpp_status zpp__reduce_scatter(zpp_comm *c, const void *send, void *recv,
                                       size_t count_per_rank, zpp_dtype dtype,
                                       zpp_comm_req **req_p) {
+    static const char op[] = "reduce_scatter";
     MPI_Datatype et = MPI_DATATYPE_NULL;
     size_t es = 0;
     zpp__mpi_dtype(dtype, &et, &es);
     zpp__mpi_buf b;
     zpp_comm_req *r;
-    ZPP_CHECK(zpp__mpi_buf_make(count_per_rank, et, es, &b));
-    zpp_status st = zpp__req_new(req_p, &r);
-    if (st != ZPP_OK) {
-        zpp__mpi_buf_free(&b);
-        return st;
-    }
-    MPI_Op op = zpp__mpi_sum_op(dtype, b.blob);
-    int rc = r ? MPI_Ireduce_scatter_block(send, recv, b.count, b.type, op, zpp__comm_of(c),
-                                           &r->req)
-               : MPI_Reduce_scatter_block(send, recv, b.count, b.type, op, zpp__comm_of(c));
-    return zpp__finish(rc, "reduce_scatter", &b, r, req_p);
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP_CHECK(zpp__start(c, op, count_per_rank, et, es, &b, req_p, &r));
+    MPI_Op mop = zpp__mpi_sum_op(dtype, b.blob);
+    int rc = MPI_Ireduce_scatter_block(send, recv, b.count, b.type, mop, zpp__comm_of(c),
+                                       r ? &r->req : &mr);
+    return zpp__finish(c, rc, op, count_per_rank * es * (size_t)c->size, &b, &mr, r, req_p);
 }
 
 static zpp_status zpp__alltoall(zpp_comm *c, const void *send, void *recv,
                                 size_t bytes_per_peer, zpp_comm_req **req_p) {
+    static const char op[] = "alltoall";
     zpp__mpi_buf b;
     zpp_comm_req *r;
-    ZPP_CHECK(zpp__mpi_buf_make(bytes_per_peer, MPI_BYTE, 1, &b));
-    zpp_status st = zpp__req_new(req_p, &r);
-    if (st != ZPP_OK) {
-        zpp__mpi_buf_free(&b);
-        return st;
-    }
-    int rc = r ? MPI_Ialltoall(send, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c),
-                               &r->req)
-               : MPI_Alltoall(send, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c));
-    return zpp__finish(rc, "alltoall", &b, r, req_p);
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP_CHECK(zpp__start(c, op, bytes_per_peer, MPI_BYTE, 1, &b, req_p, &r));
+    int rc = MPI_Ialltoall(send, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c),
+                           r ? &r->req : &mr);
+    return zpp__finish(c, rc, op, bytes_per_peer * (size_t)c->size, &b, &mr, r, req_p);
 }
 
 static zpp_status zpp__allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
                                  zpp_dtype dtype, zpp_comm_req **req_p) {
+    static const char op[] = "allreduce";
     MPI_Datatype et = MPI_DATATYPE_NULL;
     size_t es = 0;
     zpp__mpi_dtype(dtype, &et, &es);
     int in_place = send == recv;
     zpp__mpi_buf b;
     zpp_comm_req *r;
-    ZPP_CHECK(zpp__mpi_buf_make(count, et, es, &b));
-    zpp_status st = zpp__req_new(req_p, &r);
-    if (st != ZPP_OK) {
-        zpp__mpi_buf_free(&b);
-        return st;
-    }
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP_CHECK(zpp__start(c, op, count, et, es, &b, req_p, &r));
     const void *s = in_place ? MPI_IN_PLACE : send;
-    MPI_Op op = zpp__mpi_sum_op(dtype, b.blob);
-    int rc = r ? MPI_Iallreduce(s, recv, b.count, b.type, op, zpp__comm_of(c), &r->req)
-               : MPI_Allreduce(s, recv, b.count, b.type, op, zpp__comm_of(c));
-    return zpp__finish(rc, "allreduce", &b, r, req_p);
+    MPI_Op mop = zpp__mpi_sum_op(dtype, b.blob);
+    int rc = MPI_Iallreduce(s, recv, b.count, b.type, mop, zpp__comm_of(c), r ? &r->req : &mr);
+    return zpp__finish(c, rc, op, count * es, &b, &mr, r, req_p);
 }
 
 static zpp_status zpp__agree(zpp_comm *c, zpp_status st) {
-    return zpp__comm_mpi_agree(&((zpp__mpi *)c->impl)->comm, st);
+    zpp__mpi *m = zpp__mpi_of(c);
+    /* Its abandoned collective would be matched against the agreement's:
+     * this rank's own answer is all it can give. */
+    if (m->broken) return st != ZPP_OK ? st : zpp__usable(c, "agree");
+    zpp_status got = zpp__comm_mpi_agree(&m->comm, st, m->timeout_s, m->name);
+    /* the agreement's own timeout leaves an abandoned collective too */
+    if (got == ZPP_ERR_TIMEOUT && st != ZPP_ERR_TIMEOUT) m->broken = 1;
+    return got;
 }
 
 static zpp_status zpp__broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
                                  zpp_comm_req **req_p) {
+    static const char op[] = "broadcast";
     zpp__mpi_buf b;
     zpp_comm_req *r;
-    ZPP_CHECK(zpp__mpi_buf_make(bytes, MPI_BYTE, 1, &b));
-    zpp_status st = zpp__req_new(req_p, &r);
-    if (st != ZPP_OK) {
-        zpp__mpi_buf_free(&b);
-        return st;
-    }
-    int rc = r ? MPI_Ibcast(buf, b.count, b.type, root, zpp__comm_of(c), &r->req)
-               : MPI_Bcast(buf, b.count, b.type, root, zpp__comm_of(c));
-    return zpp__finish(rc, "broadcast", &b, r, req_p);
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP_CHECK(zpp__start(c, op, bytes, MPI_BYTE, 1, &b, req_p, &r));
+    int rc = MPI_Ibcast(buf, b.count, b.type, root, zpp__comm_of(c), r ? &r->req : &mr);
+    return zpp__finish(c, rc, op, bytes, &b, &mr, r, req_p);
 }
 
 static zpp_status zpp__barrier(zpp_comm *c) {
-    ZPP__MPI_CHECK(MPI_Barrier(zpp__comm_of(c)), "barrier");
-    return ZPP_OK;
+    static const char op[] = "barrier";
+    ZPP_CHECK(zpp__usable(c, op));
+    MPI_Request mr = MPI_REQUEST_NULL;
+    ZPP__MPI_CHECK(MPI_Ibarrier(zpp__comm_of(c), &mr), op);
+    return zpp__complete(zpp__mpi_of(c), &mr, op, 0);
 }
 
 static zpp_status zpp__wait(zpp_comm_req *r) {
     if (!r) return ZPP_OK;
-    int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    zpp_status st = zpp__complete(r->owner, &r->req, r->op, r->bytes);
     if (r->type != MPI_DATATYPE_NULL) MPI_Type_free(&r->type);
     free(r);
-    ZPP__MPI_CHECK(rc, "wait");
-    return ZPP_OK;
+    return st;
 }
 
 static void zpp__destroy(zpp_comm *c) {
@@ -375,7 +473,7 @@ static void zpp__destroy(zpp_comm *c) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     /* After MPI_Finalize the communicator is gone with MPI; only our memory
-     * is left to free. */
+     * is left to free. (An abandoned collective keeps MPI's own reference.) */
     if (m && !finalized && m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
     free(m);
     free(c);
@@ -424,6 +522,9 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
         return zpp_error(ZPP_ERR_NOMEM, "comm_mpi_create: out of memory");
     }
     m->comm = dup;
+    m->timeout_s = 0.0;
+    m->name[0] = '\0';
+    m->broken = 0;
     c->ops = &zpp__mpi_ops;
     c->mem = ZPP_MEM_HOST;
     c->rank = rank;
@@ -433,49 +534,90 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     return ZPP_OK;
 }
 
+void zpp__comm_mpi_configure(zpp_comm *c, const char *name, double timeout_s) {
+    zpp__mpi *m = c->impl;
+    snprintf(m->name, sizeof m->name, "%s", name ? name : "");
+    m->timeout_s = timeout_s > 0.0 ? timeout_s : 0.0;
+}
+
 /* ---- Failing together ------------------------------------------------------ */
 
 /* The message of the lowest failing rank travels whole: zpp_last_error()
  * holds at most this many bytes (core/error.c). */
 #define ZPP__AGREE_MSG 1024
 
-/* MPI failed while agreeing: say so, keeping this rank's own reason. */
-static zpp_status zpp__agree_fail(int rc, zpp_status local) {
-    char own[ZPP__AGREE_MSG] = "";
-    if (local != ZPP_OK) snprintf(own, sizeof own, "%s", zpp_last_error());
-    zpp__mpi_fail(rc, "error agreement");
-    if (local == ZPP_OK) return ZPP_ERR_COMM;
-    return zpp_error_context(ZPP_ERR_COMM, "%s (this rank had failed before: %s)",
-                             zpp_last_error(), own[0] ? own : zpp_status_str(local));
+/* The agreement failed (an MPI error, or its own deadline, already
+ * recorded): keep this rank's own reason. */
+static zpp_status zpp__agree_fail(zpp_status failed, zpp_status local, const char *own) {
+    if (local == ZPP_OK) return failed;
+    return zpp_error_context(failed, "%s (this rank had failed before: %s)", zpp_last_error(),
+                             own[0] ? own : zpp_status_str(local));
 }
 
-zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st) {
-    MPI_Comm comm = *(const MPI_Comm *)mpi_comm;
-    int rank = 0, size = 1;
-    int rc = MPI_Comm_rank(comm, &rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
-    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
-    /* 1. The lowest failing rank, or `size` when none failed. */
-    int mine = st != ZPP_OK ? rank : size, first = size;
-    rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
-    if (first == size) return ZPP_OK;
-    /* 2. Its status and message, to everyone. */
+/* What one agreement moves. On the heap: after a timeout MPI keeps the
+ * abandoned request and could still write here, so it is then left
+ * allocated (the job stops anyway). */
+typedef struct zpp__agree_buf {
+    int mine, first;
     struct {
         int status;
         char msg[ZPP__AGREE_MSG];
     } why;
-    memset(&why, 0, sizeof why);
-    if (rank == first) {
-        why.status = (int)st;
-        snprintf(why.msg, sizeof why.msg, "%s",
-                 zpp_last_error()[0] ? zpp_last_error() : zpp_status_str(st));
+} zpp__agree_buf;
+
+zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st, double timeout_s,
+                               const char *name) {
+    /* A rank that timed out stops at once: the peer it waited for cannot
+     * answer an agreement either. */
+    if (st == ZPP_ERR_TIMEOUT) return st;
+    MPI_Comm comm = *(const MPI_Comm *)mpi_comm;
+    char own[ZPP__AGREE_MSG] = "";
+    if (st != ZPP_OK) snprintf(own, sizeof own, "%s", zpp_last_error());
+    int rank = 0, size = 1;
+    int rc = MPI_Comm_rank(comm, &rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+    if (rc != MPI_SUCCESS) return zpp__agree_fail(zpp__mpi_fail(rc, "error agreement"), st, own);
+    zpp__agree_buf *a = calloc(1, sizeof *a);
+    if (!a)
+        return zpp__agree_fail(zpp_error(ZPP_ERR_NOMEM, "agree: out of memory"), st, own);
+    /* 1. The lowest failing rank, or `size` when none failed. */
+    a->mine = st != ZPP_OK ? rank : size;
+    a->first = size;
+    MPI_Request req = MPI_REQUEST_NULL;
+    rc = MPI_Iallreduce(&a->mine, &a->first, 1, MPI_INT, MPI_MIN, comm, &req);
+    if (rc != MPI_SUCCESS) {
+        free(a);
+        return zpp__agree_fail(zpp__mpi_fail(rc, "error agreement"), st, own);
     }
-    rc = MPI_Bcast(&why, (int)sizeof why, MPI_BYTE, first, comm);
-    if (rc != MPI_SUCCESS) return zpp__agree_fail(rc, st);
-    why.msg[sizeof why.msg - 1] = '\0';
+    zpp_status pst = zpp__comm_mpi_poll(&req, timeout_s, "agree (the lowest failing rank)",
+                                        name, sizeof a->mine);
+    if (pst != ZPP_OK) {
+        if (pst != ZPP_ERR_TIMEOUT) free(a);
+        return zpp__agree_fail(pst, st, own);
+    }
+    if (a->first == size) {
+        free(a);
+        return ZPP_OK;
+    }
+    /* 2. Its status and message, to everyone. */
+    if (rank == a->first) {
+        a->why.status = (int)st;
+        snprintf(a->why.msg, sizeof a->why.msg, "%s", own[0] ? own : zpp_status_str(st));
+    }
+    rc = MPI_Ibcast(&a->why, (int)sizeof a->why, MPI_BYTE, a->first, comm, &req);
+    if (rc == MPI_SUCCESS)
+        pst = zpp__comm_mpi_poll(&req, timeout_s, "agree (its message)", name, sizeof a->why);
+    else
+        pst = zpp__mpi_fail(rc, "error agreement");
+    if (pst != ZPP_OK) {
+        if (pst != ZPP_ERR_TIMEOUT) free(a);
+        return zpp__agree_fail(pst, st, own);
+    }
+    a->why.msg[sizeof a->why.msg - 1] = '\0';
     /* 3. The same status and message on every rank. */
-    return zpp_error((zpp_status)why.status, "%s", why.msg);
+    zpp_status agreed = zpp_error((zpp_status)a->why.status, "%s", a->why.msg);
+    free(a);
+    return agreed;
 }
 
 /* The launcher's world. Used as it is, not duplicated: these calls are
@@ -497,15 +639,34 @@ zpp_status zpp_comm_agree_world(zpp_status st) {
     zpp_status ready = zpp__world_ready("comm agree_world");
     if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
     MPI_Comm world = MPI_COMM_WORLD;
-    return zpp__comm_mpi_agree(&world, st);
+    return zpp__comm_mpi_agree(&world, st, zpp__world_timeout_s, "world (MPI_COMM_WORLD)");
 }
+
+void zpp_comm_world_set_timeout(double timeout_s) {
+    zpp__world_timeout_s = timeout_s > 0.0 ? timeout_s : 0.0; /* NaN: 0 */
+}
+
+double zpp_comm_world_timeout(void) { return zpp__world_timeout_s; }
 
 zpp_status zpp_comm_max_world(double *value) {
     if (!value) return zpp_error(ZPP_ERR_INVALID, "comm max_world: value is NULL");
     ZPP_CHECK(zpp__world_ready("comm max_world"));
-    ZPP__MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
-                   "max over the world");
-    return ZPP_OK;
+    /* On the heap: an abandoned request may still write it (see agree). */
+    double *v = malloc(sizeof *v);
+    if (!v) return zpp_error(ZPP_ERR_NOMEM, "comm max_world: out of memory");
+    *v = *value;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) {
+        free(v);
+        return zpp__mpi_fail(rc, "max over the world");
+    }
+    zpp_status st = zpp__comm_mpi_poll(&req, zpp__world_timeout_s, "max over the world",
+                                       "world (MPI_COMM_WORLD)", sizeof *v);
+    if (st == ZPP_ERR_TIMEOUT) return st; /* v stays with MPI */
+    if (st == ZPP_OK) *value = *v;
+    free(v);
+    return st;
 }
 
 /* Quietly: these must not touch zpp_last_error (tools ask for the rank to

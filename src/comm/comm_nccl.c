@@ -65,7 +65,29 @@
  *   checking NCCL's asynchronous error state as it goes: if a peer died
  *   NCCL reports it there, the communicator is aborted
  *   (which releases its stuck kernels), and the call returns ZPP_ERR_COMM
- *   instead of hanging. ZPP_NCCL_TIMEOUT_S bounds that wait.
+ *   instead of hanging. The topology's deadline bounds that wait
+ *   (ZPP_ERR_TIMEOUT).
+ *
+ * THE WATCHDOG (one thread per topology) covers the host waits this file
+ *   does not make: the engine's stream synchronisations and copies to the
+ *   host wait behind the collectives on the compute stream, and a collective
+ *   whose peer stalled never ends. Every operation records a `start` event
+ *   on the comm stream before its NCCL call and an `end` event after it,
+ *   and joins a FIFO (the comm stream runs them in that order). Every 10 ms
+ *   the thread looks at the oldest unfinished operation: its clock starts
+ *   when its `start` event has passed (the collective itself is running, so
+ *   time spent waiting for compute is not counted), and when it has run
+ *   longer than the deadline, the thread aborts all three NCCL
+ *   communicators (ncclCommAbort makes their kernels return, so every host
+ *   wait behind them ends) and records why: from then on every call of the
+ *   topology returns ZPP_ERR_TIMEOUT with that message, naming the
+ *   operation, the communicator and its bytes. A communicator that reports
+ *   an asynchronous error (a peer or the network died) is aborted alone;
+ *   its later calls return ZPP_ERR_COMM saying so.
+ *   A mutex orders the thread's abort against the calling thread's use of
+ *   the NCCL handles; the thread only try-locks, so an NCCL call that
+ *   blocks on the host inside NCCL itself (connection setup with a dead
+ *   peer) is not covered. Not exercised in CI (no GPU there).
  *
  * BUFFERS: device memory of the topology's device. In place: allreduce with
  * send == recv, allgather with send == recv + rank * bytes_per_rank (both as
@@ -82,19 +104,23 @@
  *
  * THREADS: one thread drives a topology's communicators, with the topology's
  * device current, as zpp_device_create_gpu left it (the request pool is not
- * locked; NCCL wants the same).
+ * locked; NCCL wants the same). The watchdog is the only other thread; see
+ * above for what it shares.
  *
  * KNOBS (environment, read in zpp__nccl_env_read only):
  *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values
  *                           (default: this host's name, so ranks on
  *                           different real hosts never share an id)
- *   ZPP_NCCL_TIMEOUT_S      host-side waits give up after this many seconds
- *                           (default 0: wait forever)
+ *   ZPP_NCCL_TIMEOUT_S      when set, overrides the topology's deadline
+ *                           (zpp_topo_opts.timeout_s, the trainer's
+ *                           zeropp.collective_timeout_s) for the NCCL
+ *                           communicators: seconds, 0 = wait forever
  *   ZPP_NCCL_REQ_POOL       requests made up front (default 16)
  *   NCCL_NVLS_ENABLE        forced to "0" (NVLink multicast can take shared
  *                           GPUs out of service; DESIGN.md §6)
  */
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,7 +144,7 @@
 
 typedef struct zpp__nccl_env {
     char hostid_prefix[128];
-    double timeout_s; /* 0: none */
+    double timeout_s; /* ZPP_NCCL_TIMEOUT_S; < 0: not set (the topology's) */
     int req_pool;
 } zpp__nccl_env;
 
@@ -133,11 +159,11 @@ static void zpp__nccl_env_read(zpp__nccl_env *env) {
     }
     env->hostid_prefix[sizeof env->hostid_prefix - 1] = '\0';
 
-    env->timeout_s = 0.0;
+    env->timeout_s = -1.0;
     s = getenv("ZPP_NCCL_TIMEOUT_S");
     if (s && s[0]) {
         double t = strtod(s, NULL);
-        if (t > 0.0) env->timeout_s = t;
+        if (t >= 0.0) env->timeout_s = t; /* (NaN is not) */
     }
 
     env->req_pool = 16;
@@ -157,6 +183,16 @@ static void zpp__nccl_env_read(zpp__nccl_env *env) {
 
 typedef struct zpp__nccl_shared zpp__nccl_shared;
 typedef struct zpp__nccl_comm zpp__nccl_comm;
+
+/* One operation as the watchdog follows it (see THE WATCHDOG). */
+typedef struct zpp__nccl_track {
+    struct zpp__nccl_track *next;     /* FIFO, or free list */
+    struct zpp__nccl_track *next_all; /* every one ever made, for teardown */
+    zpp_device_event *start, *end;
+    const char *op, *comm;
+    size_t bytes;
+    double t_started; /* when the watchdog first saw `start` passed; 0: not yet */
+} zpp__nccl_track;
 
 /* An in-flight operation: the event recorded on the comm stream after it. */
 struct zpp_comm_req {
@@ -178,6 +214,18 @@ struct zpp__nccl_shared {
     int *dev_int;               /* the barrier's one-element all-reduce */
     zpp_comm_req *free_reqs, *all_reqs;
     zpp__nccl_env env;
+    double timeout_s;         /* the deadline in force; 0: none */
+    /* The watchdog. `lock` guards everything below and every use of the
+     * NCCL handles of comms[] (their abort included). */
+    pthread_mutex_t lock;
+    int lock_ready;
+    pthread_t watchdog;
+    int watchdog_running, watchdog_stop;
+    zpp__nccl_comm *comms[3]; /* the topology's, while they live */
+    zpp__nccl_track *fifo_head, *fifo_tail, *track_free, *track_all;
+    zpp__nccl_track *cur;     /* the operation being enqueued */
+    zpp_status fired;         /* ZPP_ERR_TIMEOUT once the watchdog aborted all */
+    char why[768];
 };
 
 struct zpp__nccl_comm {
@@ -186,6 +234,7 @@ struct zpp__nccl_comm {
     zpp__nccl_shared *sh;
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
+    char why[384];   /* the watchdog's reason when it aborted this one alone */
 };
 
 /* NCCL_HOSTID of this process, fixed by its first topology (see top). */
@@ -283,7 +332,10 @@ static void zpp__nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
 
 /* ---- Starting and finishing an operation ---------------------------------- */
 
+/* (with sh->lock held) */
 static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
+    if (nc->sh->fired != ZPP_OK) return zpp_error(nc->sh->fired, "%s", nc->sh->why);
+    if (nc->why[0]) return zpp_error(ZPP_ERR_COMM, "%s: %s", op, nc->why);
     if (nc->broken || !nc->nccl)
         return zpp_error(ZPP_ERR_STATE,
                          "%s: the NCCL %s communicator failed earlier; destroy the topology "
@@ -292,53 +344,202 @@ static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
     return ZPP_OK;
 }
 
-/* Orders the comm stream after the work already on the compute stream, and
- * takes a request if the caller wants one. */
-static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, zpp_comm_req **req_p,
-                                  zpp_comm_req **q_p) {
+/* ---- The watchdog's FIFO (sh->lock held) ---------------------------------- */
+
+static zpp_status zpp__nccl_track_get(zpp__nccl_shared *sh, const char *op,
+                                      zpp__nccl_track **t_p) {
+    zpp__nccl_track *t = sh->track_free;
+    if (t) {
+        sh->track_free = t->next;
+    } else {
+        t = calloc(1, sizeof *t);
+        if (!t) return zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory for the watchdog", op);
+        zpp_status st = zpp_device_event_create(sh->dev, 0, &t->start);
+        if (st == ZPP_OK) st = zpp_device_event_create(sh->dev, 0, &t->end);
+        if (st != ZPP_OK) {
+            if (t->start) zpp_device_event_destroy(sh->dev, t->start);
+            free(t);
+            return zpp__dev_fail(st, op, "creating the watchdog's events");
+        }
+        t->next_all = sh->track_all;
+        sh->track_all = t;
+    }
+    t->next = NULL;
+    t->t_started = 0.0;
+    *t_p = t;
+    return ZPP_OK;
+}
+
+static void zpp__nccl_track_put(zpp__nccl_shared *sh, zpp__nccl_track *t) {
+    t->next = sh->track_free;
+    sh->track_free = t;
+}
+
+/* Orders the comm stream after the work already on the compute stream,
+ * takes a request if the caller wants one, and marks the start of the
+ * operation for the watchdog. On success sh->lock stays held until
+ * zpp__nccl_end or zpp__nccl_abandon. */
+static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t bytes,
+                                  zpp_comm_req **req_p, zpp_comm_req **q_p) {
     zpp__nccl_shared *sh = nc->sh;
-    ZPP_CHECK(zpp__nccl_usable(nc, op));
     *q_p = NULL;
-    if (req_p) ZPP_CHECK(zpp__nccl_req_get(sh, op, q_p));
-    zpp_status st = zpp_device_event_record(sh->dev, sh->ready, sh->compute);
-    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->stream, sh->ready);
+    pthread_mutex_lock(&sh->lock);
+    zpp_status st = zpp__nccl_usable(nc, op);
+    if (st == ZPP_OK && req_p) st = zpp__nccl_req_get(sh, op, q_p);
+    if (st == ZPP_OK) st = zpp__nccl_track_get(sh, op, &sh->cur);
     if (st != ZPP_OK) {
         if (*q_p) zpp__nccl_req_put(sh, *q_p);
+        pthread_mutex_unlock(&sh->lock);
+        return st;
+    }
+    sh->cur->op = op;
+    sh->cur->comm = nc->name;
+    sh->cur->bytes = bytes;
+    st = zpp_device_event_record(sh->dev, sh->ready, sh->compute);
+    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->stream, sh->ready);
+    if (st == ZPP_OK) st = zpp_device_event_record(sh->dev, sh->cur->start, sh->stream);
+    if (st != ZPP_OK) {
+        if (*q_p) zpp__nccl_req_put(sh, *q_p);
+        zpp__nccl_track_put(sh, sh->cur);
+        sh->cur = NULL;
+        pthread_mutex_unlock(&sh->lock);
         return zpp__dev_fail(st, op, "ordering the comm stream after the compute stream");
     }
     return ZPP_OK;
 }
 
-/* Marks the end of the enqueued work: hands out the request, or (blocking
- * form) orders the compute stream after it right away. */
+/* Marks the end of the enqueued work: hands the operation to the
+ * watchdog, hands out the request, or (blocking form) orders the compute
+ * stream after it right away. Releases sh->lock. */
 static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req *q,
                                 zpp_comm_req **req_p) {
     zpp__nccl_shared *sh = nc->sh;
-    zpp_status st;
+    zpp__nccl_track *t = sh->cur;
+    sh->cur = NULL;
+    zpp_status st = zpp_device_event_record(sh->dev, t->end, sh->stream);
+    if (st == ZPP_OK) {
+        if (sh->fifo_tail) sh->fifo_tail->next = t;
+        else sh->fifo_head = t;
+        sh->fifo_tail = t;
+    } else {
+        zpp__nccl_track_put(sh, t); /* not followed; the op itself went on */
+    }
     if (q) {
         st = zpp_device_event_record(sh->dev, q->done, sh->stream);
         if (st != ZPP_OK) {
             zpp__nccl_req_put(sh, q);
+            pthread_mutex_unlock(&sh->lock);
             return zpp__dev_fail(st, op, "recording the end of the collective");
         }
         q->owner = nc;
         *req_p = q;
+        pthread_mutex_unlock(&sh->lock);
         return ZPP_OK;
     }
     st = zpp_device_event_record(sh->dev, sh->done_now, sh->stream);
     if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->compute, sh->done_now);
+    pthread_mutex_unlock(&sh->lock);
     if (st != ZPP_OK)
         return zpp__dev_fail(st, op, "ordering the compute stream after the comm stream");
     return ZPP_OK;
 }
 
-/* Gives a request back after a failed enqueue. */
+/* Gives a request back after a failed enqueue. Releases sh->lock. */
 static zpp_status zpp__nccl_abandon(zpp__nccl_comm *nc, zpp_comm_req *q, zpp_status st) {
-    if (q) zpp__nccl_req_put(nc->sh, q);
+    zpp__nccl_shared *sh = nc->sh;
+    if (q) zpp__nccl_req_put(sh, q);
+    if (sh->cur) zpp__nccl_track_put(sh, sh->cur);
+    sh->cur = NULL;
+    pthread_mutex_unlock(&sh->lock);
     return st;
 }
 
-/* Reports an asynchronous NCCL failure (a peer or the network died). */
+/* The timeout's message, the same from every path. */
+static zpp_status zpp__nccl_timeout(const zpp__nccl_shared *sh, const char *op,
+                                    const char *comm, size_t bytes, const char *how) {
+    return zpp_error(ZPP_ERR_TIMEOUT,
+                     "%s on the %s communicator (%zu bytes): no peer answered for %g s (a rank "
+                     "stalled or died); every rank stops%s%s",
+                     op, comm, bytes, sh->timeout_s, how,
+                     sh->env.timeout_s >= 0.0 ? " (deadline from ZPP_NCCL_TIMEOUT_S)" : "");
+}
+
+/* Aborts every NCCL communicator of the topology (sh->lock held): their
+ * kernels return, so nothing waits behind them any more. */
+static void zpp__nccl_abort_all(zpp__nccl_shared *sh) {
+    for (int i = 0; i < 3; i++) {
+        zpp__nccl_comm *c = sh->comms[i];
+        if (!c) continue;
+        if (c->nccl) ncclCommAbort(c->nccl);
+        c->nccl = NULL;
+        c->broken = 1;
+    }
+}
+
+/* One look (sh->lock held): the oldest unfinished operation and the
+ * asynchronous errors. */
+static void zpp__nccl_watch(zpp__nccl_shared *sh) {
+    if (sh->fired != ZPP_OK) return;
+    for (int i = 0; i < 3; i++) {
+        zpp__nccl_comm *c = sh->comms[i];
+        ncclResult_t ar = ncclSuccess;
+        if (!c || !c->nccl || ncclCommGetAsyncError(c->nccl, &ar) != ncclSuccess) continue;
+        if (ar != ncclSuccess && ar != ncclInProgress) {
+            /* This communicator alone: its kernels return, the others may
+             * still work (a timeout, below, stops them all). */
+            snprintf(c->why, sizeof c->why,
+                     "the NCCL %s communicator reported %s asynchronously (a peer or the "
+                     "network failed) and the watchdog aborted it",
+                     c->name, ncclGetErrorString(ar));
+            ncclCommAbort(c->nccl);
+            c->nccl = NULL;
+            c->broken = 1;
+        }
+    }
+    double now = zpp__now_s();
+    while (sh->fifo_head) {
+        zpp__nccl_track *t = sh->fifo_head;
+        int done = 0;
+        if (zpp_device_event_query(sh->dev, t->end, &done) != ZPP_OK) return;
+        if (done) {
+            sh->fifo_head = t->next;
+            if (!sh->fifo_head) sh->fifo_tail = NULL;
+            zpp__nccl_track_put(sh, t);
+            continue;
+        }
+        if (t->t_started == 0.0) {
+            int started = 0;
+            if (zpp_device_event_query(sh->dev, t->start, &started) == ZPP_OK && started)
+                t->t_started = now;
+        }
+        if (sh->timeout_s > 0.0 && t->t_started > 0.0 && now - t->t_started > sh->timeout_s) {
+            zpp__nccl_timeout(sh, t->op, t->comm, t->bytes,
+                              "; the watchdog aborted the topology's NCCL communicators");
+            snprintf(sh->why, sizeof sh->why, "%s", zpp_last_error());
+            sh->fired = ZPP_ERR_TIMEOUT;
+            zpp__nccl_abort_all(sh);
+        }
+        return;
+    }
+}
+
+static void *zpp__nccl_watchdog_main(void *arg) {
+    zpp__nccl_shared *sh = arg;
+    (void)zpp_device_bind_thread(sh->dev); /* its events live on the rank's GPU */
+    for (;;) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        /* try-lock: the calling thread may sit inside an NCCL call */
+        if (pthread_mutex_trylock(&sh->lock) != 0) continue;
+        int stop = sh->watchdog_stop;
+        if (!stop) zpp__nccl_watch(sh);
+        pthread_mutex_unlock(&sh->lock);
+        if (stop) return NULL;
+    }
+}
+
+/* Reports an asynchronous NCCL failure (a peer or the network died);
+ * sh->lock held. */
 static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
     ncclResult_t ar = ncclSuccess;
     if (!nc->nccl) return zpp__nccl_usable(nc, op);
@@ -351,10 +552,10 @@ static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
 }
 
 /* Blocks the host until `ev` completes, watching NCCL's asynchronous error
- * state: on a failure (or the timeout) the communicator is aborted, which
+ * state: on a failure (or the deadline) the communicator is aborted, which
  * makes its spinning kernels return, and the call reports instead of hanging. */
 static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
-                                      const char *op) {
+                                      const char *op, size_t bytes) {
     zpp__nccl_shared *sh = nc->sh;
     double t0 = zpp__now_s();
     for (unsigned long spin = 0;; spin++) {
@@ -362,21 +563,18 @@ static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
         zpp_status st = zpp_device_event_query(sh->dev, ev, &done);
         if (st != ZPP_OK) return zpp__dev_fail(st, op, "waiting for the comm stream");
         if (done) return ZPP_OK;
+        pthread_mutex_lock(&sh->lock);
         st = zpp__nccl_check_async(nc, op);
-        if (st == ZPP_OK && sh->env.timeout_s > 0.0 && (spin & 255) == 0 &&
-            zpp__now_s() - t0 > sh->env.timeout_s) {
-            st = zpp_error(ZPP_ERR_COMM,
-                           "%s: no completion after %.0f s (ZPP_NCCL_TIMEOUT_S) on the %s "
-                           "communicator; a peer rank is probably gone or stuck",
-                           op, sh->env.timeout_s, nc->name);
-            nc->broken = 1;
-        }
+        if (st == ZPP_OK && sh->timeout_s > 0.0 && (spin & 255) == 0 &&
+            zpp__now_s() - t0 > sh->timeout_s)
+            st = zpp__nccl_timeout(sh, op, nc->name, bytes, "");
         if (st != ZPP_OK) {
             if (nc->nccl) ncclCommAbort(nc->nccl);
             nc->nccl = NULL;
             nc->broken = 1;
-            return st;
         }
+        pthread_mutex_unlock(&sh->lock);
+        if (st != ZPP_OK) return st;
         sched_yield();
     }
 }
@@ -388,7 +586,7 @@ static zpp_status zpp__nccl_allgather(zpp_comm *c, const void *send, void *recv,
     static const char op[] = "nccl allgather";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
+    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_rank * (size_t)c->size, req_p, &q));
     if (bytes_per_rank) {
         /* Bytes as ncclUint8: `count` is then the byte count per rank. */
         ncclResult_t r = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl,
@@ -406,7 +604,8 @@ static zpp_status zpp__nccl_reduce_scatter(zpp_comm *c, const void *send, void *
     zpp__nccl_comm *nc = c->impl;
     ncclDataType_t t = zpp__nccl_dtype(dtype);
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
+    ZPP_CHECK(zpp__nccl_begin(nc, op, count_per_rank * zpp_dtype_size(dtype) * (size_t)c->size,
+                              req_p, &q));
     if (count_per_rank) {
         ncclResult_t r = ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl,
                                            zpp__nccl_stream(nc->sh));
@@ -421,7 +620,7 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
     static const char op[] = "nccl alltoall";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
+    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_peer * (size_t)c->size, req_p, &q));
     if (bytes_per_peer) {
         /* One group of point-to-point pairs; NCCL schedules them together,
          * so the order of the pairs cannot deadlock. The pair with oneself is
@@ -463,7 +662,7 @@ static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv,
     zpp__nccl_comm *nc = c->impl;
     ncclDataType_t t = zpp__nccl_dtype(dtype);
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
+    ZPP_CHECK(zpp__nccl_begin(nc, op, count * zpp_dtype_size(dtype), req_p, &q));
     if (count) {
         ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
                                        zpp__nccl_stream(nc->sh));
@@ -478,7 +677,7 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
     static const char op[] = "nccl broadcast";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, req_p, &q));
+    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes, req_p, &q));
     if (bytes) {
         ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl,
                                        zpp__nccl_stream(nc->sh));
@@ -491,7 +690,7 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
 /* Host-side, over the MPI communicator of the same ranks (see the top). */
 static zpp_status zpp__nccl_agree_op(zpp_comm *c, zpp_status st) {
     zpp__nccl_comm *nc = c->impl;
-    return zpp__comm_mpi_agree(&nc->mpi, st);
+    return zpp__comm_mpi_agree(&nc->mpi, st, nc->sh->timeout_s, nc->name);
 }
 
 /* Every rank has entered the barrier once a one-element all-reduce over the
@@ -500,13 +699,21 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     static const char op[] = "nccl barrier";
     zpp__nccl_comm *nc = c->impl;
     zpp__nccl_shared *sh = nc->sh;
-    ZPP_CHECK(zpp__nccl_usable(nc, op));
-    /* Max rather than sum: whatever the staging int holds cannot overflow. */
-    NCCLCHECK(nc, ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax, nc->nccl,
-                                zpp__nccl_stream(sh)),
-              op);
-    DEVCHECK(zpp_device_event_record(sh->dev, sh->host_done, sh->stream), op);
-    return zpp__nccl_host_wait(nc, sh->host_done, op);
+    pthread_mutex_lock(&sh->lock);
+    zpp_status st = zpp__nccl_usable(nc, op);
+    if (st == ZPP_OK) {
+        /* Max rather than sum: whatever the staging int holds cannot overflow. */
+        ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax,
+                                       nc->nccl, zpp__nccl_stream(sh));
+        if (r != ncclSuccess) st = zpp__nccl_fail(nc, r, op, "ncclAllReduce");
+    }
+    if (st == ZPP_OK) {
+        st = zpp_device_event_record(sh->dev, sh->host_done, sh->stream);
+        if (st != ZPP_OK) st = zpp__dev_fail(st, op, "recording the barrier's end");
+    }
+    pthread_mutex_unlock(&sh->lock);
+    ZPP_CHECK(st);
+    return zpp__nccl_host_wait(nc, sh->host_done, op, sizeof(int));
 }
 
 static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
@@ -520,8 +727,13 @@ static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
     zpp__nccl_req_put(sh, req); /* completed and freed, whatever happens next */
     if (st != ZPP_OK)
         return zpp__dev_fail(st, op, "ordering the compute stream after the collective");
-    /* Cheap (an atomic read): surfaces a dead peer at the next wait. */
-    return zpp__nccl_check_async(nc, op);
+    /* Cheap (an atomic read): surfaces a dead peer, or the watchdog's
+     * abort, at the next wait. */
+    pthread_mutex_lock(&sh->lock);
+    st = sh->fired != ZPP_OK ? zpp_error(sh->fired, "%s", sh->why)
+                             : zpp__nccl_check_async(nc, op);
+    pthread_mutex_unlock(&sh->lock);
+    return st;
 }
 
 /* ---- Teardown ------------------------------------------------------------- */
@@ -529,7 +741,20 @@ static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
 static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
     if (!sh || --sh->refs > 0) return;
     zpp_device *d = sh->dev;
+    if (sh->watchdog_running) {
+        pthread_mutex_lock(&sh->lock);
+        sh->watchdog_stop = 1;
+        pthread_mutex_unlock(&sh->lock);
+        pthread_join(sh->watchdog, NULL);
+    }
     if (sh->stream) zpp_device_sync(d, sh->stream);
+    for (zpp__nccl_track *t = sh->track_all, *next; t; t = next) {
+        next = t->next_all;
+        zpp_device_event_destroy(d, t->start);
+        zpp_device_event_destroy(d, t->end);
+        free(t);
+    }
+    if (sh->lock_ready) pthread_mutex_destroy(&sh->lock);
     for (zpp_comm_req *q = sh->all_reqs, *next; q; q = next) {
         next = q->next_all;
         zpp_device_event_destroy(d, q->done);
@@ -558,6 +783,14 @@ static void zpp__nccl_destroy(zpp_comm *c) {
     if (!c) return;
     zpp__nccl_comm *nc = c->impl;
     if (nc) {
+        /* The watchdog lets go of it first. */
+        zpp__nccl_shared *sh = nc->sh;
+        if (sh && sh->lock_ready) {
+            pthread_mutex_lock(&sh->lock);
+            for (int i = 0; i < 3; i++)
+                if (sh->comms[i] == nc) sh->comms[i] = NULL;
+            pthread_mutex_unlock(&sh->lock);
+        }
         /* NCCL tears a communicator down on its own device; the device
          * backend's calls below name theirs. */
         zpp__nccl_comm_close(nc->nccl, nc->broken);
@@ -588,8 +821,9 @@ static const zpp_comm_ops zpp__nccl_ops = {
 /* Every rank learns whether any rank failed a step, and if so the first
  * failing rank's status and message (the one protocol, comm_internal.h),
  * with the step named in front. */
-static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, const char *stage) {
-    zpp_status st = zpp__comm_mpi_agree(&mc, local);
+static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, const char *stage,
+                                  double timeout_s) {
+    zpp_status st = zpp__comm_mpi_agree(&mc, local, timeout_s, "world (NCCL setup)");
     if (st == ZPP_OK) return ZPP_OK;
     return zpp_error_context(st, "nccl setup (%s)", stage);
 }
@@ -646,6 +880,15 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
     sh->dev = d;
     sh->env = *env;
     sh->compute = d->stream;
+    sh->fired = ZPP_OK;
+    /* One knob: the topology's deadline, unless ZPP_NCCL_TIMEOUT_S is set. */
+    sh->timeout_s = env->timeout_s >= 0.0 ? env->timeout_s
+                    : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
+    if (pthread_mutex_init(&sh->lock, NULL) != 0) {
+        free(sh);
+        return zpp_error(ZPP_ERR_STATE, "%s: cannot create the watchdog's mutex", op);
+    }
+    sh->lock_ready = 1;
     zpp_status st = ZPP_OK;
     const char *what = NULL;
     /* The device backend's streams never synchronise implicitly with the
@@ -678,6 +921,11 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
         goto fail;
     }
     for (int i = 0; i < env->req_pool; i++) ZPP_CHECK_GOTO(zpp__nccl_req_make(sh, op), st, fail);
+    if (pthread_create(&sh->watchdog, NULL, zpp__nccl_watchdog_main, sh) != 0) {
+        st = zpp_error(ZPP_ERR_STATE, "%s: cannot start the watchdog thread", op);
+        goto fail;
+    }
+    sh->watchdog_running = 1;
     *sh_p = sh;
     return ZPP_OK;
 fail:
@@ -700,6 +948,13 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared
     nc->sh = sh;
     nc->name = name;
     sh->refs++;
+    pthread_mutex_lock(&sh->lock);
+    for (int i = 0; i < 3; i++)
+        if (!sh->comms[i]) {
+            sh->comms[i] = nc;
+            break;
+        }
+    pthread_mutex_unlock(&sh->lock);
     c->ops = &zpp__nccl_ops;
     c->mem = ZPP_MEM_DEVICE;
     c->rank = rank;
@@ -745,6 +1000,9 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         return zpp_error(ZPP_ERR_INVALID, "%s: NULL topology or options", op);
     zpp__nccl_env env;
     zpp__nccl_env_read(&env);
+    /* the setup's agreements wait as long as the operations will */
+    const double timeout_s = env.timeout_s >= 0.0 ? env.timeout_s
+                             : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
     const int rank = topo->world_rank;
     zpp__nccl_shared *sh = NULL;
     ncclComm_t world = NULL, intra = NULL, inter = NULL;
@@ -776,8 +1034,9 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
 
     /* 1. Device, NCCL_HOSTID, stream and buffers. */
     st = zpp__nccl_setup_local(topo, opts, &env, &sh);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment"), st,
-                   fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment",
+                                   timeout_s),
+                   st, fail);
 
     /* 2. The world communicator. The id travels with a flag, so that a
      * failure on rank 0 stops everyone at the broadcast. */
@@ -800,14 +1059,15 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
                        op, mr);
     /* rank 0's own failure reaches everyone through the agreement */
     if (st == ZPP_OK && rank != 0 && !boot.ok) st = ZPP_ERR_COMM;
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id"), st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id", timeout_s), st, fail);
 
     r = ncclCommInitRank(&world, topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
         world = NULL; /* NCCL cleans up after a failed blocking init */
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the world NCCL communicator"), st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the world NCCL communicator", timeout_s),
+                   st, fail);
 
     /* 3. Splits: consecutive ranks share a node, so color = node with key =
      * local rank numbers the node's ranks by local index, and color = local
@@ -818,15 +1078,17 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(intra)");
         intra = NULL;
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the intra-node NCCL communicator"), st,
-                   fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the intra-node NCCL communicator",
+                                   timeout_s),
+                   st, fail);
     r = ncclCommSplit(world, topo->local_rank, topo->node, &inter, NULL);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(inter)");
         inter = NULL;
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the inter-node NCCL communicator"), st,
-                   fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the inter-node NCCL communicator",
+                                   timeout_s),
+                   st, fail);
 
     /* 4. Check the numbering and wrap the three communicators (each takes
      * over its MPI twin). */
@@ -846,7 +1108,7 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         (st = zpp__nccl_wrap(inter, m_inter, sh, "inter", topo->node, topo->nodes, &ce)) ==
             ZPP_OK)
         m_inter = MPI_COMM_NULL;
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the NCCL communicators"), st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the NCCL communicators", timeout_s), st, fail);
 
     zpp__nccl_shared_release(sh); /* the three comms hold their own references */
     MPI_Comm_free(&mc);

@@ -30,9 +30,10 @@ static zpp_status zpp__topo_mpi_fail(int rc, const char *what) {
     return zpp_error(ZPP_ERR_COMM, "topology: mpi %s failed: %s", what, msg);
 }
 
-/* All ranks of `comm` leave with the same status and message. */
-static zpp_status zpp__topo_agree(MPI_Comm comm, zpp_status local) {
-    return zpp__comm_mpi_agree(&comm, local);
+/* All ranks of `comm` leave with the same status and message (or, past
+ * the topology's deadline, ZPP_ERR_TIMEOUT). */
+static zpp_status zpp__topo_agree(MPI_Comm comm, zpp_status local, double timeout_s) {
+    return zpp__comm_mpi_agree(&comm, local, timeout_s, "world (topology setup)");
 }
 
 /* "node size 3 does not divide the world size 8; choose ..., e.g. 1, 2, 4
@@ -100,13 +101,17 @@ static zpp_status zpp__topo_split(MPI_Comm base, int color, int key, zpp_comm **
     return st;
 }
 
-static zpp_status zpp__topo_create_mpi(MPI_Comm base, zpp_topo *t) {
+/* The three MPI communicators, each named and given the deadline. */
+static zpp_status zpp__topo_create_mpi(MPI_Comm base, zpp_topo *t, double timeout_s) {
     zpp_status st = zpp_comm_mpi_create(&base, &t->world);
-    ZPP_CHECK(zpp__topo_agree(base, st));
+    if (st == ZPP_OK) zpp__comm_mpi_configure(t->world, "world", timeout_s);
+    ZPP_CHECK(zpp__topo_agree(base, st, timeout_s));
     st = zpp__topo_split(base, t->node, t->local_rank, &t->intra);
-    ZPP_CHECK(zpp__topo_agree(base, st));
+    if (st == ZPP_OK) zpp__comm_mpi_configure(t->intra, "intra", timeout_s);
+    ZPP_CHECK(zpp__topo_agree(base, st, timeout_s));
     st = zpp__topo_split(base, t->local_rank, t->node, &t->inter);
-    return zpp__topo_agree(base, st);
+    if (st == ZPP_OK) zpp__comm_mpi_configure(t->inter, "inter", timeout_s);
+    return zpp__topo_agree(base, st, timeout_s);
 }
 
 static void zpp__topo_free(zpp_topo *t) {
@@ -186,9 +191,10 @@ zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
     }
 
     /* 3. The communicators. */
+    double timeout_s = opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
     t = calloc(1, sizeof *t);
     st = t ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "topology: out of memory");
-    st = zpp__topo_agree(base, st);
+    st = zpp__topo_agree(base, st, timeout_s);
     if (st != ZPP_OK) goto out;
     t->world_size = world;
     t->world_rank = rank;
@@ -197,10 +203,10 @@ zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
     t->node = rank / node_size;
     t->local_rank = rank % node_size;
     if (be == ZPP_BACKEND_MPI) {
-        st = zpp__topo_create_mpi(base, t);
+        st = zpp__topo_create_mpi(base, t, timeout_s);
     } else {
         st = zpp_comm_nccl_create_topo(t, opts);
-        st = zpp__topo_agree(base, st);
+        st = zpp__topo_agree(base, st, timeout_s);
     }
     if (st != ZPP_OK) goto out;
     *topo_p = t;

@@ -274,6 +274,11 @@ zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *
     return d->ops->event_wait(d, stream, ev);
 }
 
+zpp_status zpp_device_bind_thread(zpp_device *d) {
+    ZPP_CHECK(zpp__dev(d, "bind thread"));
+    return d->ops->bind_thread(d);
+}
+
 zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done_p) {
     ZPP_CHECK(zpp__dev(d, "event query"));
     if (!ev || !done_p)

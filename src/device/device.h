@@ -69,6 +69,7 @@ typedef struct zpp_device_ops {
     zpp_status (*event_record)(zpp_device *d, zpp_device_event *ev, void *stream);
     zpp_status (*event_wait)(zpp_device *d, void *stream, zpp_device_event *ev);
     zpp_status (*event_query)(zpp_device *d, zpp_device_event *ev, int *done_p);
+    zpp_status (*bind_thread)(zpp_device *d);
     zpp_status (*event_elapsed_ms)(zpp_device *d, zpp_device_event *start,
                                    zpp_device_event *end, float *ms_p);
     /* kernels: see the fronts below for their meaning */
@@ -184,6 +185,10 @@ zpp_status zpp_device_event_record(zpp_device *d, zpp_device_event *ev, void *st
 zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *ev);
 /* *done_p = 1 once the work before the event has run. */
 zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done_p);
+/* Makes `d` the calling thread's device (cudaSetDevice; nothing on the
+ * host), for a helper thread that queries its events (the NCCL backend's
+ * watchdog): without it CUDA would start a context on GPU 0 for it. */
+zpp_status zpp_device_bind_thread(zpp_device *d);
 zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
                                        zpp_device_event *end, float *ms_p);
 

@@ -136,6 +136,12 @@ static zpp_status cu_event_wait(zpp_device *d, void *stream, zpp_device_event *e
     return ZPP_OK;
 }
 
+static zpp_status cu_bind_thread(zpp_device *d) {
+    cudaError_t e = cudaSetDevice(d->ordinal);
+    if (e != cudaSuccess) return cu_fail(e, "binding a thread to the GPU");
+    return ZPP_OK;
+}
+
 static zpp_status cu_event_query(zpp_device *d, zpp_device_event *ev, int *done_p) {
     (void)d;
     cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
@@ -234,6 +240,7 @@ static const zpp_device_ops zpp__cuda_ops = {
     .event_record = cu_event_record,
     .event_wait = cu_event_wait,
     .event_query = cu_event_query,
+    .bind_thread = cu_bind_thread,
     .event_elapsed_ms = cu_event_elapsed_ms,
     .quantize_chunks = cu_quantize_chunks,
     .dequantize_chunks = cu_dequantize_chunks,

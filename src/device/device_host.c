@@ -114,6 +114,11 @@ static zpp_status host_event_query(zpp_device *d, zpp_device_event *ev, int *don
     return ZPP_OK;
 }
 
+static zpp_status host_bind_thread(zpp_device *d) {
+    (void)d;
+    return ZPP_OK;
+}
+
 static zpp_status host_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
                                         zpp_device_event *end, float *ms_p) {
     (void)d;
@@ -234,6 +239,7 @@ static const zpp_device_ops zpp__host_ops = {
     .event_record = host_event_record,
     .event_wait = host_event_wait,
     .event_query = host_event_query,
+    .bind_thread = host_bind_thread,
     .event_elapsed_ms = host_event_elapsed_ms,
     .quantize_chunks = host_quantize_chunks,
     .dequantize_chunks = host_dequantize_chunks,

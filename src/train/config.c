@@ -531,6 +531,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->optimizer.weight_decay >= 0) || !isfinite(cfg->optimizer.weight_decay))
         return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.weight_decay' must be >= 0, got %g",
                          cfg->optimizer.weight_decay);
+    if (!(cfg->collective_timeout_s >= 0) || !isfinite(cfg->collective_timeout_s))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zeropp.collective_timeout_s' must be >= 0 seconds (0 = wait forever), "
+                         "got %g",
+                         cfg->collective_timeout_s);
     if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
         return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
                          cfg->gradient_clipping);

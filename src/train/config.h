@@ -123,6 +123,7 @@ typedef struct zpp_train_config {
     int steps_per_print; /* DeepSpeed key; 0 = never */
     int max_consecutive_skips; /* non-finite steps in a row before the run stops */
     int keep_checkpoints; /* --save keeps the newest N step folders */
+    double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
     char ignored[ZPP_TRAIN_IGNORED_CAP];

@@ -158,7 +158,10 @@
       "stop after this many in a row. No DeepSpeed equivalent: DeepSpeed skips fp16 overflows "   \
       "only, and fails at min_loss_scale")                                                        \
     X("zeropp.keep_checkpoints", INT, keep_checkpoints, 1, INT_MAX, (2), 0,                       \
-      "--save keeps the newest N published checkpoints (step folders)")
+      "--save keeps the newest N published checkpoints (step folders)")                           \
+    X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
+      "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
+      ">= 0; 0 = wait forever; --collective-timeout")
 /* clang-format on */
 
 #endif

@@ -81,6 +81,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     memset(&to, 0, sizeof to);
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = node_size;
+    to.timeout_s = c->collective_timeout_s;
     if (o->gpu) {
         /* The rank's GPU, with its compute stream, exists before NCCL
          * starts: the launcher's local rank modulo the GPUs it sees,
@@ -161,6 +162,8 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
     zpp_trainer *t = calloc(1, sizeof *t);
     if (!t) return zpp_comm_agree_world(zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
     t->cfg = *cfg;
+    /* The one deadline: the world's agreements and the topology's waits. */
+    zpp_comm_world_set_timeout(cfg->collective_timeout_s);
     zpp_status st = zpp_comm_agree_world(build(t, opts));
     if (st != ZPP_OK) {
         zpp_trainer_destroy(t);
@@ -207,9 +210,12 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     double t0 = now_s();
     zpp_status st = zpp_engine_step(t->engine, t->info.accum, lr, train_batch, t, &r->stats);
     st = zpp_comm_agree_world(st);
-    ZPP_CHECK(st);
     double dt = now_s() - t0;
-    ZPP_CHECK(zpp_comm_max_world(&dt));
+    if (st == ZPP_OK) st = zpp_comm_max_world(&dt);
+    /* a timeout is not agreed (the stalled peer cannot answer): this rank
+     * names the step itself */
+    if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "step %d", step + 1);
+    ZPP_CHECK(st);
     r->seconds = dt;
     r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
     size_t now = 0, peak = 0;

@@ -46,7 +46,11 @@ typedef struct zpp_trainer_opts {
  * on one rank is agreed over the world before returning (zpp_comm_agree_world:
  * the lowest failing rank's status and message, on every rank), so none is
  * left waiting; the caller prints it once. The same holds for every
- * collective call below. */
+ * collective call below, except ZPP_ERR_TIMEOUT: a wait for a peer that
+ * ran past cfg->collective_timeout_s (which this call makes the world's
+ * and the topology's deadline) is not agreed, since the stalled rank cannot
+ * answer; the rank that timed out returns it alone (with the step, from
+ * zpp_trainer_step), and the caller should print it there and end the job. */
 zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
                               zpp_trainer **trainer_p);
 void zpp_trainer_destroy(zpp_trainer *t);
