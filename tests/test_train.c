@@ -1597,6 +1597,7 @@ static void test_checkpoint_cli_checks(void) {
         expect_clean_failure(2, args, "nothing to train");
     }
     (void)err;
+}
 
 /* ---- A stalled rank (issue 14) --------------------------------------------
  * 4 ranks with --collective-timeout 10 train until the metrics show two
