@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "device/device.h"
 
 /* Transient buffers (gathered units, full gradients, reduction inputs and
@@ -576,9 +577,8 @@ out:
 
 zpp_status zpp_engine_load(zpp_engine *e, const char *path) {
     const int n_units = e->model->n_units;
-    ckpt_file c = {fopen(path, "rb"), 14695981039346656037ull, path};
-    if (!c.f)
-        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot open %s: %s", path, strerror(errno));
+    ckpt_file c = {NULL, 14695981039346656037ull, path};
+    ZPP_CHECK(zpp_fopen_regular(path, "checkpoint", &c.f)); /* a FIFO: refused, not read */
     /* Everything is read into host staging first, so a bad file changes
      * nothing. */
     size_t total = 0;

@@ -12,6 +12,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "device/device.h"
 
 struct zpp_trainer {
@@ -161,8 +162,12 @@ const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->
 
 static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
-    ZPP_CHECK(zpp_data_batch(t->data, (uint64_t)t->step, micro, t->info.world_rank,
-                             t->info.world_size, t->tokens, t->targets));
+    /* Every rank reads its batch here, at the same micro-step: agree, so a
+     * read that fails on one rank (a data file shrinking under the run)
+     * fails every rank here rather than leaving the others in a collective. */
+    ZPP_CHECK(zpp_comm_agree_world(zpp_data_batch(t->data, (uint64_t)t->step, micro,
+                                                  t->info.world_rank, t->info.world_size,
+                                                  t->tokens, t->targets)));
     return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
 }
 
@@ -171,8 +176,9 @@ static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
 static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
     (void)micro;
-    ZPP_CHECK(zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch, t->tokens,
-                                 t->targets));
+    ZPP_CHECK(zpp_comm_agree_world(zpp_data_val_batch(t->data, t->val_index,
+                                                      t->info.micro_batch, t->tokens,
+                                                      t->targets)));
     return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
 }
 
@@ -243,10 +249,12 @@ zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
 static zpp_status read_manifest(const char *dir, int *step_p, int *world_p) {
     char path[4096];
     snprintf(path, sizeof path, "%s/checkpoint.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    struct stat sb;
+    if (stat(path, &sb) != 0)
         return zpp_error(ZPP_ERR_IO, "%s is not a checkpoint (no %s: %s)", dir, path,
                          strerror(errno));
+    FILE *f = NULL;
+    ZPP_CHECK(zpp_fopen_regular(path, "checkpoint manifest", &f));
     char buf[1024];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
