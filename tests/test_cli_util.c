@@ -74,5 +74,46 @@ static void test_int_in_range(void) {
     EXPECT(zpp_cli_parse_int("x", 0, &v) == -1 && v == 5);
 }
 
+/* The option table: --name value and --name=value, ranges per field type,
+ * unknown options named wherever they are. */
+static int parse(int argc, const char **argv, int *steps, long *seed, size_t *n, int *quiet,
+                 const char **path) {
+    const zpp_cli_opt opts[] = {
+        {"--steps", ZPP_CLI_INT, steps, 1, 1ll << 40}, /* clamped to INT_MAX */
+        {"--seed", ZPP_CLI_LONG, seed, 0, 1ll << 53},
+        {"--n", ZPP_CLI_SIZE, n, 1, 1000},
+        {"--quiet", ZPP_CLI_FLAG, quiet, 0, 0},
+        {"--data", ZPP_CLI_STR, path, 0, 0},
+    };
+    return zpp_cli_parse_opts("test", argc, (char **)argv, opts, 5, 0);
+}
+
+static void test_option_table(void) {
+    int steps = 0, quiet = 0;
+    long seed = 0;
+    size_t n = 0;
+    const char *path = NULL;
+    const char *ok[] = {"x", "--steps=2147483647", "--seed", "9007199254740992", "--n=1k",
+                        "--quiet", "--data=a=b"};
+    EXPECT(parse(7, ok, &steps, &seed, &n, &quiet, &path) == 0 && steps == 2147483647 &&
+           seed == 9007199254740992L && n == 1000 && quiet == 1 && !strcmp(path, "a=b"));
+    const char *bad[][3] = {
+        {"x", "--steps", "2147483648"}, {"x", "--steps=4294967298", ""},
+        {"x", "--n", "1001"},           {"x", "--seed", "9007199254740993"},
+        {"x", "--bogus", ""},           {"x", "--quiet=1", ""},
+        {"x", "--steps", ""},           {"x", "--data", "--quiet"},
+        {"x", "stray", ""},             {"x", "--steps", "-1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int argc = bad[i][2][0] ? 3 : 2; /* "": the line ends there */
+        EXPECT(parse(argc, bad[i], &steps, &seed, &n, &quiet, &path) == -1,
+               "'%s %s' accepted", bad[i][1], bad[i][2]);
+    }
+    const char *help[] = {"x", "--bogus=1", "--help"}; /* the first error wins */
+    EXPECT(parse(3, help, &steps, &seed, &n, &quiet, &path) == -1);
+    const char *help2[] = {"x", "--steps=3", "-h"};
+    EXPECT(parse(3, help2, &steps, &seed, &n, &quiet, &path) == 1);
+}
+
 ZPP_TESTS(ZPP_TEST(test_count_suffixes), ZPP_TEST(test_count_refuses_garbage),
-          ZPP_TEST(test_int_in_range))
+          ZPP_TEST(test_int_in_range), ZPP_TEST(test_option_table))

@@ -1730,6 +1730,158 @@ static void test_stalled_rank_times_out(void) {
     printf("  stopped rank %d; every rank gone after %.1f s\n  %s", STALLED, took, line);
 }
 
+/* ---- Hostile input (issue 14): numbers, flags, files, JSON ----------------- */
+
+/* Runs `cmd` (a shell line that ends by redirecting stderr to err) under
+ * `timeout secs`; returns the exit code (124: timed out) and the seconds
+ * it took. */
+static int run_timed(int secs, const char *cmd, double *seconds) {
+    char line[4096];
+    snprintf(line, sizeof line, "timeout %d %s", secs, cmd);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = system(line);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    EXPECT(rc != -1, "system() failed");
+    if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    EXPECT(WIFEXITED(rc), "killed by a signal: %s", line);
+    return WEXITSTATUS(rc);
+}
+
+/* Integers are range-checked for the field they land in: 2^31 and 2^32 + 2
+ * used to wrap to 0 and 2 steps (or a node size of 2). The error names the
+ * range, once, with 2 ranks. */
+static void test_cli_integers_range_checked(void) {
+    expect_clean_failure(2, "--steps 2147483648", "[1, 2147483647]");
+    expect_clean_failure(2, "--steps 4294967298", "[1, 2147483647]");
+    expect_clean_failure(2, "--node-size 4294967298", "[1, 2147483647]");
+    expect_clean_failure(2, "--eval-every=4294967296", "[0, 2147483647]");
+    expect_clean_failure(2, "--save-every 2147483648 --save /tmp/x", "--save-every");
+    expect_clean_failure(2, "--seed 1e20", "--seed");
+}
+
+/* --flag=value works as --flag value does; an unknown flag is named unknown
+ * wherever it is (it was "needs a value" at the end of the line); each
+ * argument error is printed once with 2 ranks, by train and bench comm. */
+static void test_cli_flag_syntax(void) {
+    char met[512], args[1024], err[512];
+    snprintf(args, sizeof args, "--steps=3 --seed=5 --eval-every=0 --metrics=%s",
+             tmp_path("eq_metrics.jsonl", met));
+    EXPECT(run_train(2, args, tmp_path("eq_err.txt", err)) == 0, "'%s' failed; see %s", args,
+           err);
+    EXPECT(count_lines(met, "\"step\"") == 3, "--steps=3 did not run 3 steps; see %s", met);
+
+    expect_clean_failure(2, "--steps 2 --bogus", "unknown option '--bogus'");
+    expect_clean_failure(2, "--bogus --steps 2", "unknown option '--bogus'");
+    expect_clean_failure(2, "--bogus=1 --steps 2", "unknown option '--bogus'");
+    expect_clean_failure(2, "--steps 2 --data", "--data needs a value");
+    expect_clean_failure(2, "--quiet=1", "takes no value");
+    expect_clean_failure(2, "--device tpu", "--device");
+
+    /* bench comm parses with the same code: its errors come once too */
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe --bind-to none -np 2 %s bench comm --params 1k --bogus "
+             ">/dev/null 2>%s",
+             mpi, cli, tmp_path("bench_err.txt", err));
+    EXPECT(run_timed(120, cmd, NULL) != 0, "bench comm took an unknown option");
+    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "unknown option '--bogus'") == 1,
+           "bench comm: expected one line naming the unknown option; see %s", err);
+}
+
+/* A FIFO as --data or --config blocked forever in open(); now it is refused
+ * at once (the timeout turns a regression into a failure, not a hang). */
+static void test_fifo_inputs_refused(void) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    char fifo[512], err[512], cmd[2048];
+    tmp_path("input.fifo", fifo);
+    EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+    const char *flags[] = {"--data", "--config"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s --oversubscribe --bind-to none -np 2 %s train --quiet --steps 1 %s %s "
+                 ">/dev/null 2>%s",
+                 mpi, cli, flags[i], fifo, tmp_path("fifo_err.txt", err));
+        double secs = 0;
+        int rc = run_timed(60, cmd, &secs);
+        EXPECT(rc != 124, "%s FIFO: hung (killed after 60 s)", flags[i]);
+        EXPECT(rc != 0, "%s FIFO: succeeded", flags[i]);
+        EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "FIFO") == 1,
+               "%s FIFO: expected one line saying it is a FIFO; see %s", flags[i], err);
+        /* the refusal itself is immediate; the rest is mpirun's start-up */
+        EXPECT(secs < 30, "%s FIFO: took %.1f s", flags[i], secs);
+    }
+    /* a directory as --config is refused the same way */
+    snprintf(cmd, sizeof cmd, "--config %s --steps 1", tmpdir);
+    expect_clean_failure(1, cmd, "a directory");
+}
+
+/* The data file was memory-mapped: truncating it during a run killed every
+ * rank with SIGBUS. Now the reads are pread()s and the run ends with one
+ * line saying the file shrank, and a non-zero exit. */
+static void test_data_truncated_during_run(void) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    char data[512], met[512], err[512], cfg[512], json[2048], cmd[4096];
+    /* 64 KiB of text */
+    FILE *f = fopen(tmp_path("shrinking.txt", data), "w");
+    EXPECT(f != NULL);
+    for (int i = 0; i < 1500; i++) fprintf(f, "line %d of a text that will shrink.\n", i);
+    fclose(f);
+    model_json(json, sizeof json, 0, "");
+    write_text(tmp_path("shrink.json", cfg), "%s", json);
+    tmp_path("shrink_metrics.jsonl", met);
+    tmp_path("shrink_err.txt", err);
+    snprintf(cmd, sizeof cmd,
+             "timeout 240 %s --oversubscribe --bind-to none -np 2 %s train --quiet --config %s "
+             "--data %s --steps 1000000 --metrics %s >/dev/null 2>%s",
+             mpi, cli, cfg, data, met, err);
+    pid_t pid = fork();
+    EXPECT(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* wait for the first step in the metrics, then cut the file */
+    int waited = 0;
+    while (count_lines(met, "\"step\"") < 1 && waited < 2000) {
+        usleep(100000);
+        waited++;
+    }
+    EXPECT(count_lines(met, "\"step\"") >= 1, "no step in %s after 200 s; see %s", met, err);
+    EXPECT(truncate(data, 0) == 0, "truncate %s: %s", data, strerror(errno));
+    int status = 0;
+    EXPECT(waitpid(pid, &status, 0) == pid);
+    EXPECT(WIFEXITED(status), "the run was killed by a signal");
+    int code = WEXITSTATUS(status);
+    EXPECT(code != 124, "the run did not stop after the data file shrank (timed out)");
+    EXPECT(code != 0, "the run succeeded on a data file truncated under it");
+    EXPECT(count_lines(err, "signal") == 0 && count_lines(err, "SIGBUS") == 0,
+           "a rank died of a signal; see %s", err);
+    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "shrank from") == 1,
+           "expected one line saying the data file shrank; see %s", err);
+}
+
+/* cJSON takes "lr\u0000x" as the key "lr" and 01 as 1; both are refused,
+ * with the byte offset. */
+static void test_json_strict(void) {
+    char cfg[512], args[1024];
+    write_text(tmp_path("nul_key.json", cfg),
+               "{\"optimizer\": {\"params\": {\"lr\\u0000x\": 0.1}}}");
+    snprintf(args, sizeof args, "--config %s --steps 1", cfg);
+    expect_clean_failure(2, args, "\\u0000");
+    expect_clean_failure(2, args, "byte offset 29");
+    write_text(tmp_path("nul_value.json", cfg), "{\"optimizer\": {\"type\": \"AdamW\\u0000\"}}");
+    snprintf(args, sizeof args, "--config %s --steps 1", cfg);
+    expect_clean_failure(2, args, "\\u0000");
+    write_text(tmp_path("leading_zero.json", cfg), "{\"steps_per_print\": 01}");
+    snprintf(args, sizeof args, "--config %s --steps 1", cfg);
+    expect_clean_failure(2, args, "leading zero");
+    write_text(tmp_path("plus.json", cfg), "{\"steps_per_print\": +1}");
+    snprintf(args, sizeof args, "--config %s --steps 1", cfg);
+    expect_clean_failure(2, args, "malformed JSON"); /* cJSON refuses this one itself */
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
@@ -1745,4 +1897,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks),
-          ZPP_TEST(test_stalled_rank_times_out))
+          ZPP_TEST(test_stalled_rank_times_out),
+          ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
+          ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),
+          ZPP_TEST(test_json_strict))

@@ -740,74 +740,70 @@ static int parse(int argc, char **argv, bench_opts *o) {
     o->seed = 1;
     o->dtype = ZPP_BF16;
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) o->mode_on[m] = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 1;
-        } else if (!strcmp(a, "--json")) {
-            o->json = 1;
-        } else if (!strcmp(a, "--emulate-nodes")) {
-            o->emulate_nodes = 1;
-        } else if ((!strcmp(a, "--weight-block") || !strcmp(a, "--grad-block")) && v) {
-            if (zpp_cli_parse_int(v, 1, a[2] == 'w' ? &o->weight_block : &o->grad_block))
-                goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--grad-slab") && v) {
-            if (!strcmp(v, "auto")) o->grad_slab = 0;
-            else if (!strcmp(v, "off")) o->grad_slab = SIZE_MAX;
-            else if (zpp_cli_parse_count(v, &o->grad_slab) || !o->grad_slab) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--params") && v) {
-            if (zpp_cli_parse_count(v, &o->params) || !o->params) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--units") && v) {
-            if (zpp_cli_parse_int(v, 1, &o->units)) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--node-size") && v) {
-            if (zpp_cli_parse_int(v, 1, &o->node_size)) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--iters") && v) {
-            if (zpp_cli_parse_int(v, 1, &o->iters)) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            size_t seed = 0;
-            if (zpp_cli_parse_count(v, &seed)) goto bad_value;
-            o->seed = seed;
-            i++;
-        } else if (!strcmp(a, "--dtype") && v) {
-            if (zpp_dtype_parse(v, &o->dtype) != ZPP_OK) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--device") && v) {
-            if (!strcmp(v, "gpu")) o->gpu = 1;
-            else if (strcmp(v, "cpu")) goto bad_value;
-            i++;
-        } else if (!strcmp(a, "--modes") && v) {
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            memset(o->mode_on, 0, sizeof o->mode_on);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                const zpp_coll_mode *md;
-                if (zpp_coll_mode_parse(tok, &md) != ZPP_OK) {
-                    zpp_cli_fail("bench comm: --modes", ZPP_ERR_INVALID);
-                    return 2;
-                }
-                o->mode_on[md - zpp_coll_mode_get(0)] = 1;
+    /* every rank parses the same line: rank 0 alone prints the verdict */
+    const int print = zpp_comm_world_rank() == 0;
+    const char *slab = NULL, *dtype = NULL, *device = NULL, *modes = NULL;
+    const zpp_cli_opt opts[] = {
+        {"--json", ZPP_CLI_FLAG, &o->json, 0, 0},
+        {"--emulate-nodes", ZPP_CLI_FLAG, &o->emulate_nodes, 0, 0},
+        {"--weight-block", ZPP_CLI_INT, &o->weight_block, 1, 1 << 24},
+        {"--grad-block", ZPP_CLI_INT, &o->grad_block, 1, 1 << 24},
+        {"--grad-slab", ZPP_CLI_STR, &slab, 0, 0},
+        {"--params", ZPP_CLI_SIZE, &o->params, 1, 1ll << 53},
+        {"--units", ZPP_CLI_INT, &o->units, 1, 1 << 24},
+        {"--node-size", ZPP_CLI_INT, &o->node_size, 1, 1 << 24},
+        {"--iters", ZPP_CLI_INT, &o->iters, 1, 1 << 24},
+        {"--seed", ZPP_CLI_U64, &o->seed, 0, 1ll << 53},
+        {"--dtype", ZPP_CLI_STR, &dtype, 0, 0},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--modes", ZPP_CLI_STR, &modes, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("bench comm", argc, argv, opts,
+                                (int)(sizeof opts / sizeof opts[0]), print);
+    if (pr > 0) {
+        if (print) usage(stdout);
+        return 1;
+    }
+    if (pr < 0) return 2;
+    const char *a = NULL, *v = NULL;
+    if (slab) {
+        a = "--grad-slab", v = slab;
+        if (!strcmp(v, "auto")) o->grad_slab = 0;
+        else if (!strcmp(v, "off")) o->grad_slab = SIZE_MAX;
+        else if (zpp_cli_parse_count(v, &o->grad_slab) || !o->grad_slab) goto bad_value;
+    }
+    if (dtype) {
+        a = "--dtype", v = dtype;
+        if (zpp_dtype_parse(v, &o->dtype) != ZPP_OK) goto bad_value;
+    }
+    if (device) {
+        a = "--device", v = device;
+        if (!strcmp(v, "gpu")) o->gpu = 1;
+        else if (strcmp(v, "cpu")) goto bad_value;
+    }
+    if (modes) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", modes);
+        memset(o->mode_on, 0, sizeof o->mode_on);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            const zpp_coll_mode *md;
+            if (zpp_coll_mode_parse(tok, &md) != ZPP_OK) {
+                if (print) zpp_cli_fail("bench comm: --modes", ZPP_ERR_INVALID);
+                return 2;
             }
-            i++;
-        } else {
-            fprintf(stderr, "zeropp bench comm: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
+            o->mode_on[md - zpp_coll_mode_get(0)] = 1;
         }
-        continue;
+    }
+    if (0) {
     bad_value:
-        fprintf(stderr, "zeropp bench comm: bad value '%s' for %s\n", v, a);
+        if (print) fprintf(stderr, "zeropp bench comm: bad value '%s' for %s\n", v, a);
         return 2;
     }
     if (!o->params) {
-        fprintf(stderr, "zeropp bench comm: --params is required\n\n");
-        usage(stderr);
+        if (print) {
+            fprintf(stderr, "zeropp bench comm: --params is required\n\n");
+            usage(stderr);
+        }
         return 2;
     }
     return 0;

@@ -147,58 +147,37 @@ out:
 int zpp_cli_bench_quant(int argc, char **argv) {
     zpp_bench_quant_args a = {ZPP_BF16, 8, 0, (size_t)1 << 24, 0, 0};
     int gpu = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(f, "--json")) {
-            a.json = 1;
-        } else if (!strcmp(f, "--stochastic")) {
-            a.stochastic = 1;
-        } else if (!v) {
-            fprintf(stderr, "zeropp bench quant: %s needs a value\n", f);
-            usage(stderr);
-            return 2;
-        } else if (!strcmp(f, "--dtype")) {
-            if (zpp_dtype_parse(v, &a.dtype) != ZPP_OK) {
-                fprintf(stderr, "zeropp bench quant: --dtype %s: use bf16, fp16 or fp32\n", v);
-                return 2;
-            }
-            i++;
-        } else if (!strcmp(f, "--bits")) {
-            if (strcmp(v, "8") && strcmp(v, "4")) {
-                fprintf(stderr, "zeropp bench quant: --bits %s: use 8 or 4\n", v);
-                return 2;
-            }
-            a.bits = atoi(v);
-            i++;
-        } else if (!strcmp(f, "--block")) {
-            if (zpp_cli_parse_count(v, &a.block) || a.block == 0) {
-                fprintf(stderr, "zeropp bench quant: --block %s: need a positive integer\n", v);
-                return 2;
-            }
-            i++;
-        } else if (!strcmp(f, "--n")) {
-            if (zpp_cli_parse_count(v, &a.n) || a.n == 0) {
-                fprintf(stderr, "zeropp bench quant: --n %s: need a positive count (%s)\n", v,
-                        ZPP_CLI_COUNT_HELP);
-                return 2;
-            }
-            i++;
-        } else if (!strcmp(f, "--device")) {
-            if (strcmp(v, "cpu") && strcmp(v, "gpu")) {
-                fprintf(stderr, "zeropp bench quant: --device %s: use cpu or gpu\n", v);
-                return 2;
-            }
-            gpu = !strcmp(v, "gpu");
-            i++;
-        } else {
-            fprintf(stderr, "zeropp bench quant: unknown option '%s'\n", f);
-            usage(stderr);
+    const char *dtype = NULL, *device = NULL;
+    const zpp_cli_opt opts[] = {
+        {"--json", ZPP_CLI_FLAG, &a.json, 0, 0},
+        {"--stochastic", ZPP_CLI_FLAG, &a.stochastic, 0, 0},
+        {"--dtype", ZPP_CLI_STR, &dtype, 0, 0},
+        {"--bits", ZPP_CLI_INT, &a.bits, 4, 8},
+        {"--block", ZPP_CLI_SIZE, &a.block, 1, 1ll << 53},
+        {"--n", ZPP_CLI_SIZE, &a.n, 1, 1ll << 53},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("bench quant", argc, argv, opts,
+                                (int)(sizeof opts / sizeof opts[0]), 1);
+    if (pr > 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (pr < 0) return 2;
+    if (a.bits != 8 && a.bits != 4) {
+        fprintf(stderr, "zeropp bench quant: --bits %d: use 8 or 4\n", a.bits);
+        return 2;
+    }
+    if (dtype && zpp_dtype_parse(dtype, &a.dtype) != ZPP_OK) {
+        fprintf(stderr, "zeropp bench quant: --dtype %s: use bf16, fp16 or fp32\n", dtype);
+        return 2;
+    }
+    if (device) {
+        if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
+            fprintf(stderr, "zeropp bench quant: --device %s: use cpu or gpu\n", device);
             return 2;
         }
+        gpu = !strcmp(device, "gpu");
     }
     if (a.block == 0)
         a.block = a.bits == 4 ? ZPP_QUANT_DEFAULT_BLOCK_INT4 : ZPP_QUANT_DEFAULT_BLOCK_INT8;

@@ -30,6 +30,38 @@ int zpp_cli_parse_count(const char *s, size_t *out);
     "k, M, B/G = 10^3, 10^6, 10^9; Ki, Mi, Gi = 2^10, 2^20, 2^30 (125M, 1.5B, 64Mi)"
 /* A count (zpp_cli_parse_count) in [lo, 2^24]; 0 on success, -1 otherwise. */
 int zpp_cli_parse_int(const char *s, int lo, int *out);
+/* An integer count (zpp_cli_parse_count) in [lo, hi]; 0 on success, -1
+ * otherwise (*out untouched). hi <= 2^53. */
+int zpp_cli_parse_range(const char *s, long long lo, long long hi, long long *out);
+
+/* ---- the option parser: one table per subcommand ----
+ * Every option is `--name VALUE` or `--name=VALUE` (a FLAG takes none).
+ * Integers are counts (zpp_cli_parse_count) range-checked for the field
+ * they land in: INT -> int, LONG -> long, SIZE -> size_t, U64 -> uint64_t,
+ * within [lo, hi] (the message gives the range). An unknown option is named
+ * unknown wherever it is on the line; a value option at the end of the line
+ * "needs a value". */
+typedef enum zpp_cli_kind {
+    ZPP_CLI_FLAG, /* int *dst = 1 */
+    ZPP_CLI_STR,  /* const char **dst */
+    ZPP_CLI_INT,  /* int *dst */
+    ZPP_CLI_LONG, /* long *dst */
+    ZPP_CLI_SIZE, /* size_t *dst */
+    ZPP_CLI_U64   /* uint64_t *dst (unsigned long long) */
+} zpp_cli_kind;
+typedef struct zpp_cli_opt {
+    const char *name; /* "--steps" */
+    zpp_cli_kind kind;
+    void *dst;
+    long long lo, hi; /* integer kinds */
+} zpp_cli_opt;
+/* Parses argv[1..argc) against opts[0..n). --help / -h: returns 1 (the
+ * caller prints its usage). Errors: one line "zeropp CMD: ..." on stderr
+ * when `print` (rank 0 of a launched command; every rank parses the same
+ * line, so they agree without talking), returns -1. 0 on success. */
+int zpp_cli_parse_opts(const char *cmd, int argc, char **argv, const zpp_cli_opt *opts, int n,
+                       int print);
+
 /* Monotonic clock in milliseconds. */
 double zpp_cli_now_ms(void);
 /* Median of n values (sorts them). */

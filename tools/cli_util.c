@@ -2,6 +2,7 @@
  * line, parsing numbers, timing, medians, byte counts for people. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,86 @@ int zpp_cli_parse_int(const char *s, int lo, int *out) {
         return -1;
     *out = (int)v;
     return 0;
+}
+
+int zpp_cli_parse_range(const char *s, long long lo, long long hi, long long *out) {
+    size_t v = 0;
+    if (zpp_cli_parse_count(s, &v) || (unsigned long long)v > (unsigned long long)hi ||
+        (long long)v < lo)
+        return -1;
+    *out = (long long)v;
+    return 0;
+}
+
+static const zpp_cli_opt *find_opt(const zpp_cli_opt *opts, int n, const char *name, size_t len) {
+    for (int k = 0; k < n; k++)
+        if (strlen(opts[k].name) == len && !strncmp(opts[k].name, name, len)) return &opts[k];
+    return NULL;
+}
+
+int zpp_cli_parse_opts(const char *cmd, int argc, char **argv, const zpp_cli_opt *opts, int n,
+                       int print) {
+#define ZPP__ERR(...)                                                                         \
+    do {                                                                                      \
+        if (print) {                                                                          \
+            fprintf(stderr, "zeropp %s: ", cmd);                                              \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fprintf(stderr, "\n");                                                            \
+        }                                                                                     \
+        return -1;                                                                            \
+    } while (0)
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const zpp_cli_opt *o = find_opt(opts, n, a, len);
+        if (!o) {
+            if (strncmp(a, "-", 1))
+                ZPP__ERR("unexpected argument '%s' (options start with --; see zeropp %s --help)",
+                         a, cmd);
+            ZPP__ERR("unknown option '%.*s' (see zeropp %s --help)", (int)len, a, cmd);
+        }
+        if (o->kind == ZPP_CLI_FLAG) {
+            if (eq) ZPP__ERR("%s takes no value, got '%s'", o->name, a);
+            *(int *)o->dst = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!eq) {
+            /* the next word is the value, unless it is one of our options
+             * (`--data --steps 3`: the file name was forgotten) */
+            const char *nx = i + 1 < argc ? argv[i + 1] : NULL;
+            if (!nx) ZPP__ERR("%s needs a value", o->name);
+            size_t nl = strchr(nx, '=') ? (size_t)(strchr(nx, '=') - nx) : strlen(nx);
+            if (!strncmp(nx, "--", 2) && find_opt(opts, n, nx, nl))
+                ZPP__ERR("%s needs a value, got the option '%s'", o->name, nx);
+            v = nx;
+            i++;
+        }
+        if (o->kind == ZPP_CLI_STR) {
+            if (!v[0]) ZPP__ERR("%s needs a value, got ''", o->name);
+            *(const char **)o->dst = v;
+            continue;
+        }
+        /* the range, never past what the field holds */
+        long long lo = o->lo, hi = o->hi, x = 0;
+        if (o->kind == ZPP_CLI_INT && hi > INT_MAX) hi = INT_MAX;
+        if (o->kind == ZPP_CLI_LONG && hi > LONG_MAX) hi = LONG_MAX;
+        if (lo < 0) lo = 0; /* counts have no sign */
+        if (zpp_cli_parse_range(v, lo, hi, &x))
+            ZPP__ERR("%s expects an integer in [%lld, %lld], got '%s' (suffixes: %s)", o->name,
+                     lo, hi, v, ZPP_CLI_COUNT_HELP);
+        switch (o->kind) {
+        case ZPP_CLI_INT: *(int *)o->dst = (int)x; break;
+        case ZPP_CLI_LONG: *(long *)o->dst = (long)x; break;
+        case ZPP_CLI_SIZE: *(size_t *)o->dst = (size_t)x; break;
+        case ZPP_CLI_U64: *(unsigned long long *)o->dst = (unsigned long long)x; break;
+        default: break;
+        }
+    }
+    return 0;
+#undef ZPP__ERR
 }
 
 double zpp_cli_now_ms(void) {

@@ -37,39 +37,24 @@ int zpp_cli_plan(int argc, char **argv) {
     size_t params = 0;
     int world = 0, node_size = 0, units = 8, json = 0;
     zpp_dtype dtype = ZPP_BF16;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            plan_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--params") && v) {
-            if (zpp_cli_parse_count(v, &params) || params == 0) {
-                fprintf(stderr, "zeropp plan: --params '%s' is not a positive count\n", v);
-                return 2;
-            }
-            i++;
-        } else if ((!strcmp(a, "--world") || !strcmp(a, "--node-size") ||
-                    !strcmp(a, "--units")) &&
-                   v) {
-            int *dst = !strcmp(a, "--world") ? &world : !strcmp(a, "--units") ? &units
-                                                                                 : &node_size;
-            if (zpp_cli_parse_int(v, 1, dst)) {
-                fprintf(stderr, "zeropp plan: %s '%s' is not a positive integer\n", a, v);
-                return 2;
-            }
-            i++;
-        } else if (!strcmp(a, "--dtype") && v) {
-            if (zpp_dtype_parse(v, &dtype) != ZPP_OK) return zpp_cli_fail("plan: --dtype", 1);
-            i++;
-        } else {
-            fprintf(stderr, "zeropp plan: unknown or incomplete option '%s'\n\n", a);
-            plan_usage(stderr);
-            return 2;
-        }
+    const char *dtype_s = NULL;
+    const zpp_cli_opt cli_opts[] = {
+        {"--json", ZPP_CLI_FLAG, &json, 0, 0},
+        {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
+        {"--world", ZPP_CLI_INT, &world, 1, 1 << 24},
+        {"--node-size", ZPP_CLI_INT, &node_size, 1, 1 << 24},
+        {"--units", ZPP_CLI_INT, &units, 1, 1 << 24},
+        {"--dtype", ZPP_CLI_STR, &dtype_s, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
+                                (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
+    if (pr > 0) {
+        plan_usage(stdout);
+        return 0;
     }
+    if (pr < 0) return 2;
+    if (dtype_s && zpp_dtype_parse(dtype_s, &dtype) != ZPP_OK)
+        return zpp_cli_fail("plan: --dtype", 1);
     if (!params || !world) {
         fprintf(stderr, "zeropp plan: --params and --world are required\n\n");
         plan_usage(stderr);

@@ -59,96 +59,80 @@ static void usage(FILE *f) {
             "  --collective-timeout S  seconds a rank waits for its peers in a collective\n"
             "                    before the job stops (a rank stalled or died); 0 = forever\n"
             "                    (overrides zeropp.collective_timeout_s, default 600)\n"
+            "Options take their value as --name VALUE or --name=VALUE; counts take\n"
+            "suffixes (" ZPP_CLI_COUNT_HELP ").\n"
             "A progress bar is drawn when stdout is a terminal; under mpirun set\n"
             "ZPP_PROGRESS=1 to ask for it (scripts/demo.sh does).\n");
 }
 
-static int parse_long(const char *flag, const char *s, long lo, long *out) {
-    size_t v = 0;
-    if (zpp_cli_parse_count(s, &v) || v > (size_t)LONG_MAX || (long)v < lo) {
-        fprintf(stderr, "zeropp train: %s expects an integer >= %ld, got '%s' (%s)\n", flag, lo,
-                s, ZPP_CLI_COUNT_HELP);
-        return -1;
-    }
-    *out = (long)v;
-    return 0;
-}
+/* The largest seed: counts are exact up to 2^53. */
+#define TRAIN_SEED_MAX (1ll << 53)
 
+/* Prints argument errors on rank 0 only: every rank parses the same line
+ * and reaches the same verdict, so they agree without a collective. */
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     a->steps = a->eval_every = a->seed = -1;
     a->save_every = 0;
+    const int print = zpp_comm_world_rank() == 0;
+    int list_keys = 0;
+    const char *device = NULL, *timeout = NULL;
     a->collective_timeout = -1.0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x = 0;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
-            return 1;
-        } else if (!strcmp(f, "--list-config-keys")) {
-            zpp_train_config_write_keys(stdout); /* docs/config.md */
-            return 1;
-        } else if (!strcmp(f, "--demo")) {
-            a->demo = 1;
-        } else if (!strcmp(f, "--quiet")) {
-            a->quiet = 1;
-        } else if (!strcmp(f, "--emulate-nodes")) {
-            a->emulate_nodes = 1;
-        } else if (!v) {
-            fprintf(stderr, "zeropp train: %s needs a value\n", f);
-            return -1;
-        } else if (!strcmp(f, "--config")) {
-            a->config = v, i++;
-        } else if (!strcmp(f, "--data")) {
-            a->data = v, i++;
-        } else if (!strcmp(f, "--metrics")) {
-            a->metrics = v, i++;
-        } else if (!strcmp(f, "--device")) {
-            if (strcmp(v, "cpu") && strcmp(v, "gpu")) {
-                fprintf(stderr, "zeropp train: --device takes cpu or gpu, not '%s'\n", v);
-                return -1;
-            }
-            a->gpu = !strcmp(v, "gpu"), i++;
-        } else if (!strcmp(f, "--save")) {
-            a->save = v, i++;
-        } else if (!strcmp(f, "--resume")) {
-            a->resume = v, i++;
-        } else if (!strcmp(f, "--save-every")) {
-            if (parse_long(f, v, 1, &a->save_every)) return -1;
-            i++;
-        } else if (!strcmp(f, "--steps")) {
-            if (parse_long(f, v, 1, &a->steps)) return -1;
-            i++;
-        } else if (!strcmp(f, "--eval-every")) {
-            if (parse_long(f, v, 0, &a->eval_every)) return -1;
-            i++;
-        } else if (!strcmp(f, "--seed")) {
-            if (parse_long(f, v, 0, &a->seed)) return -1;
-            i++;
-        } else if (!strcmp(f, "--collective-timeout")) {
-            char *end = NULL;
-            double s = strtod(v, &end);
-            if (end == v || *end || !isfinite(s) || s < 0) {
+    const zpp_cli_opt opts[] = {
+        {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
+        {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
+        {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
+        {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
+        {"--config", ZPP_CLI_STR, &a->config, 0, 0},
+        {"--data", ZPP_CLI_STR, &a->data, 0, 0},
+        {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--save", ZPP_CLI_STR, &a->save, 0, 0},
+        {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
+        /* step counts land in int (zpp_train_config.train_steps and co.) */
+        {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
+        {"--steps", ZPP_CLI_LONG, &a->steps, 1, INT_MAX},
+        {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
+        {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
+        {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
+        {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
+    };
+    int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                                print);
+    if (pr > 0) {
+        if (print) usage(stdout);
+        return 1;
+    }
+    if (pr < 0) return -1;
+    if (list_keys) {
+        if (print) zpp_train_config_write_keys(stdout); /* docs/config.md */
+        return 1;
+    }
+    if (timeout) {
+        char *end = NULL;
+        double sec = strtod(timeout, &end);
+        if (end == timeout || *end || !isfinite(sec) || sec < 0) {
+            if (print)
                 fprintf(stderr, "zeropp train: --collective-timeout expects seconds >= 0 "
-                        "(0 = wait forever), got '%s'\n", v);
-                return -1;
-            }
-            a->collective_timeout = s, i++;
-        } else if (!strcmp(f, "--node-size")) {
-            if (parse_long(f, v, 1, &x)) return -1;
-            a->node_size = (int)x, i++;
-        } else {
-            fprintf(stderr, "zeropp train: unknown option '%s' (see zeropp train --help)\n", f);
+                        "(0 = wait forever), got '%s'\n", timeout);
             return -1;
         }
+        a->collective_timeout = sec;
+    }
+    if (device) {
+        if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
+            if (print)
+                fprintf(stderr, "zeropp train: --device takes cpu or gpu, not '%s'\n", device);
+            return -1;
+        }
+        a->gpu = !strcmp(device, "gpu");
     }
     if (a->save_every && !a->save) {
-        fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
+        if (print) fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
         return -1;
     }
     if (a->demo && (a->save || a->resume)) {
-        fprintf(stderr, "zeropp train: --demo does not take --save or --resume\n");
+        if (print) fprintf(stderr, "zeropp train: --demo does not take --save or --resume\n");
         return -1;
     }
     return 0;

@@ -13,6 +13,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/file.h"
 
 #define CKPT_MAGIC "ZPPCKPT2"
 #define CKPT_POINTER "checkpoint.json"
@@ -189,12 +190,14 @@ static int get_int(const cJSON *o, const char *key, int *out) {
 static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
     memset(m, 0, sizeof *m);
     *found_p = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
         if (errno == ENOENT || errno == ENOTDIR) return ZPP_OK;
         return zpp_error(ZPP_ERR_IO, "cannot read checkpoint manifest %s: %s", path,
                          strerror(errno));
     }
+    FILE *f = NULL; /* a FIFO or a folder in its place is refused, not read */
+    ZPP_CHECK(zpp_fopen_regular(path, "checkpoint manifest", &f));
     *found_p = 1;
     char *buf = malloc(1 << 20);
     size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
@@ -474,10 +477,8 @@ typedef struct stage {
 /* Reads saved rank file q (of `world` ranks) and copies what overlaps this
  * rank's ranges into the stage; checks the header and the checksum. */
 static zpp_status read_rank_file(const char *path, const manifest *m, int q, stage *sg) {
-    ckpt_file c = {fopen(path, "rb"), FNV_INIT, path, 0, 0};
-    if (!c.f)
-        return zpp_error(ZPP_ERR_IO, "cannot open checkpoint file %s: %s", path,
-                         strerror(errno));
+    ckpt_file c = {NULL, FNV_INIT, path, 0, 0};
+    ZPP_CHECK(zpp_fopen_regular(path, "checkpoint file", &c.f));
     float *buf = NULL;
     zpp_status st = ZPP_OK;
     char magic[8];

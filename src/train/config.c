@@ -18,6 +18,7 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "train/config_keys.h"
 
 #define ZPP__PATH_CAP 160
@@ -610,6 +611,197 @@ static void zpp__line_col(const char *text, const char *pos, int *line_p, int *c
     *col_p = col;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Strict JSON (RFC 8259)                                                    */
+/* ------------------------------------------------------------------------ */
+/*
+ * cJSON is lenient where a config must not be: it reads "01" as 1, cuts a
+ * string at an escaped NUL ("lr\u0000x" becomes the key "lr"), and lets
+ * numbers like "1." or "+1" through. The
+ * text it accepted is scanned once more at the token level and refused, with
+ * one line giving the byte offset, on: numbers outside the JSON grammar
+ * (leading zeros, a sign '+', a bare '.', an empty exponent), \u0000 in a
+ * string, raw control characters in a string and bad escapes. (Duplicate
+ * keys are refused by the walk over the parsed tree, zpp__check_duplicate,
+ * with the key's dotted path.)
+ */
+#define ZPP__JSON_DEPTH 512
+
+typedef struct zpp__scan {
+    const char *text, *p, *src;
+    zpp_status st;
+} zpp__scan;
+
+static int zpp__scan_fail(zpp__scan *s, const char *at, const char *fmt, const char *arg) {
+    if (s->st != ZPP_OK) return -1;
+    int line, col;
+    zpp__line_col(s->text, at, &line, &col);
+    char why[160];
+    snprintf(why, sizeof why, fmt, arg);
+    s->st = zpp_error(ZPP_ERR_FORMAT, "%s: invalid JSON at line %d, column %d (byte offset %zu): %s",
+                      s->src, line, col, (size_t)(at - s->text), why);
+    return -1;
+}
+
+static void zpp__scan_ws(zpp__scan *s) {
+    while (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r') s->p++;
+}
+
+static int zpp__is_hex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* A string at s->p (on its '"'); leaves s->p past the closing quote. */
+static int zpp__scan_string(zpp__scan *s) {
+    const char *q = s->p + 1;
+    for (;;) {
+        unsigned char c = (unsigned char)*q;
+        if (c == '\0') return zpp__scan_fail(s, s->p, "%sunterminated string", "");
+        if (c == '"') break;
+        if (c < 0x20)
+            return zpp__scan_fail(s, q, "%sa raw control character in a string (write it as "
+                                  "an escape, e.g. \\n)", "");
+        if (c != '\\') {
+            q++;
+            continue;
+        }
+        char e = q[1];
+        if (e == 'u') {
+            for (int k = 2; k < 6; k++)
+                if (!zpp__is_hex(q[k]))
+                    return zpp__scan_fail(s, q, "%sa \\u escape needs 4 hex digits", "");
+            if (q[2] == '0' && q[3] == '0' && q[4] == '0' && q[5] == '0')
+                return zpp__scan_fail(s, q, "%sa string holds \\u0000 (a NUL character); no "
+                                      "key or value may contain one", "");
+            q += 6;
+        } else if (e && strchr("\"\\/bfnrt", e)) {
+            q += 2;
+        } else {
+            return zpp__scan_fail(s, q, "%sunknown escape in a string", "");
+        }
+    }
+    s->p = q + 1;
+    return 0;
+}
+
+static int zpp__scan_number(zpp__scan *s) {
+    const char *q = s->p, *start = s->p;
+    char tok[32];
+    size_t k = 0;
+    for (const char *t = start; k < sizeof tok - 1 && *t && strchr("+-.eE0123456789", *t); t++)
+        tok[k++] = *t;
+    tok[k] = '\0';
+    if (*q == '-') q++;
+    if (*q == '0') {
+        q++;
+        if (*q >= '0' && *q <= '9')
+            return zpp__scan_fail(s, start, "number '%s' has a leading zero (write 1, not 01)",
+                                  tok);
+    } else if (*q >= '1' && *q <= '9') {
+        while (*q >= '0' && *q <= '9') q++;
+    } else {
+        return zpp__scan_fail(s, start, "'%s' is not a JSON number", tok);
+    }
+    if (*q == '.') {
+        q++;
+        if (!(*q >= '0' && *q <= '9'))
+            return zpp__scan_fail(s, start, "number '%s' needs digits after its '.'", tok);
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    if (*q == 'e' || *q == 'E') {
+        q++;
+        if (*q == '+' || *q == '-') q++;
+        if (!(*q >= '0' && *q <= '9'))
+            return zpp__scan_fail(s, start, "number '%s' needs digits in its exponent", tok);
+        while (*q >= '0' && *q <= '9') q++;
+    }
+    s->p = q;
+    return 0;
+}
+
+static int zpp__scan_value(zpp__scan *s, int depth);
+
+static int zpp__scan_object(zpp__scan *s, int depth) {
+    s->p++; /* '{' */
+    zpp__scan_ws(s);
+    if (*s->p == '}') {
+        s->p++;
+        return 0;
+    }
+    for (;;) {
+        zpp__scan_ws(s);
+        if (*s->p != '"') return zpp__scan_fail(s, s->p, "%sexpected a key (a string)", "");
+        if (zpp__scan_string(s)) return -1;
+        zpp__scan_ws(s);
+        if (*s->p != ':') return zpp__scan_fail(s, s->p, "%sexpected ':' after a key", "");
+        s->p++;
+        if (zpp__scan_value(s, depth + 1)) return -1;
+        zpp__scan_ws(s);
+        if (*s->p == ',') {
+            s->p++;
+            continue;
+        }
+        if (*s->p == '}') {
+            s->p++;
+            return 0;
+        }
+        return zpp__scan_fail(s, s->p, "%sexpected ',' or '}' in an object", "");
+    }
+}
+
+static int zpp__scan_array(zpp__scan *s, int depth) {
+    s->p++; /* '[' */
+    zpp__scan_ws(s);
+    if (*s->p == ']') {
+        s->p++;
+        return 0;
+    }
+    for (;;) {
+        if (zpp__scan_value(s, depth + 1)) return -1;
+        zpp__scan_ws(s);
+        if (*s->p == ',') {
+            s->p++;
+            continue;
+        }
+        if (*s->p == ']') {
+            s->p++;
+            return 0;
+        }
+        return zpp__scan_fail(s, s->p, "%sexpected ',' or ']' in an array", "");
+    }
+}
+
+static int zpp__scan_value(zpp__scan *s, int depth) {
+    if (depth > ZPP__JSON_DEPTH)
+        return zpp__scan_fail(s, s->p, "%snested too deeply", "");
+    zpp__scan_ws(s);
+    const char c = *s->p;
+    if (c == '{') return zpp__scan_object(s, depth);
+    if (c == '[') return zpp__scan_array(s, depth);
+    if (c == '"') return zpp__scan_string(s);
+    if (c == '-' || (c >= '0' && c <= '9')) return zpp__scan_number(s);
+    static const char *const lit[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(lit[i]);
+        if (!strncmp(s->p, lit[i], n)) {
+            s->p += n;
+            return 0;
+        }
+    }
+    return zpp__scan_fail(s, s->p, "%sexpected a value", "");
+}
+
+/* ZPP_OK when `json` is one strict JSON value (and nothing else), else
+ * ZPP_ERR_FORMAT with the line, column and byte offset. */
+static zpp_status zpp__json_strict(const char *json, const char *src) {
+    zpp__scan s = {json, json, src, ZPP_OK};
+    if (zpp__scan_value(&s, 0) == 0) {
+        zpp__scan_ws(&s);
+        if (*s.p) zpp__scan_fail(&s, s.p, "%stext after the JSON value", "");
+    }
+    return s.st;
+}
+
 static zpp_status zpp__load(const char *json, const char *src, zpp_train_config *cfg) {
     if (!json || !cfg) return zpp_error(ZPP_ERR_INVALID, "config: NULL argument");
     const char *end = NULL;
@@ -629,9 +821,15 @@ static zpp_status zpp__load(const char *json, const char *src, zpp_train_config 
         return zpp_error(ZPP_ERR_FORMAT, "%s: malformed JSON at line %d, column %d (unexpected "
                          "end of input)", src, line, col);
     }
+    /* cJSON's verdict (and its messages) first; then what it lets through */
+    zpp_status st = zpp__json_strict(json, src);
+    if (st != ZPP_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
     zpp_train_config tmp = *cfg;
     zpp__cfgctx c = {src, &tmp};
-    zpp_status st = zpp__parse_root(&c, root);
+    st = zpp__parse_root(&c, root);
     cJSON_Delete(root);
     if (st != ZPP_OK) return st;
     st = zpp_train_config_validate(&tmp);
@@ -646,10 +844,10 @@ zpp_status zpp_train_config_load_string(const char *json, zpp_train_config *cfg)
 
 zpp_status zpp_train_config_load_file(const char *path, zpp_train_config *cfg) {
     if (!path || !cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_load_file: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return zpp_error(ZPP_ERR_IO, "cannot open config '%s': %s", path, strerror(errno));
-    zpp_status st = ZPP_OK;
+    /* a FIFO or a directory is refused here, before a read could block */
+    FILE *f = NULL;
+    zpp_status st = zpp_fopen_regular(path, "config", &f);
+    if (st != ZPP_OK) return st;
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {

@@ -5,24 +5,28 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "core/random.h"
 
 struct zpp_data {
     zpp_data_kind kind;
-    const uint8_t *tok; /* first token; elem bytes each, little-endian */
+    const uint8_t *tok; /* synthetic: the first token (in memory), else NULL */
     int elem;           /* 1 (raw text, synthetic) or 2 (llm.c uint16) */
     size_t n, n_train, n_val;
     size_t K, K_val; /* training / validation windows */
     size_t slack;    /* n_train - 1 - K * T: room to shift the window grid */
     int T, vocab, micro, accum;
     uint64_t seed;
-    void *map;       /* mmap'd file, or NULL */
-    size_t map_len;
+    /* A file is read with positioned reads (pread), never mapped: a file
+     * that shrinks under us is an error message, not a SIGBUS. */
+    int fd;          /* the data file, or -1 */
+    size_t file_len; /* its size when opened */
+    size_t tok_off;  /* byte offset of token 0 in the file (the llm.c header) */
+    char *path;      /* for messages */
     uint8_t *owned;  /* synthetic corpus, or NULL */
 };
 
@@ -70,17 +74,58 @@ static uint64_t zpp__permute(uint64_t i, uint64_t K, uint64_t key) {
 /* Token access                                                              */
 /* ------------------------------------------------------------------------ */
 
-static inline int32_t zpp__tok(const zpp_data *d, size_t i) {
-    if (d->elem == 1) return d->tok[i];
-    const uint8_t *p = d->tok + 2 * i;
+static inline int32_t zpp__tok_at(const uint8_t *b, int elem, size_t i) {
+    if (elem == 1) return b[i];
+    const uint8_t *p = b + 2 * i;
     return (int32_t)(p[0] | (uint32_t)p[1] << 8);
 }
 
-static void zpp__read_seq(const zpp_data *d, size_t start, int32_t *tokens, int32_t *targets) {
-    for (int t = 0; t < d->T; t++) {
-        tokens[t] = zpp__tok(d, start + (size_t)t);
-        targets[t] = zpp__tok(d, start + (size_t)t + 1);
+/* Reads bytes [off, off + n) of the data file (off counted from the file's
+ * start) into buf: all of them, or ZPP_ERR_IO naming the file and, when it
+ * shrank since it was opened, its old and new sizes. */
+static zpp_status zpp__pread_all(const zpp_data *d, void *buf, size_t n, size_t off) {
+    uint8_t *b = buf;
+    while (n > 0) {
+        ssize_t got = pread(d->fd, b, n, (off_t)off);
+        if (got > 0) {
+            b += got;
+            n -= (size_t)got;
+            off += (size_t)got;
+            continue;
+        }
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0)
+            return zpp_error(ZPP_ERR_IO, "cannot read data file %s at byte %zu: %s", d->path,
+                             off, strerror(errno));
+        /* end of file before the bytes we counted on */
+        struct stat sb;
+        size_t now = fstat(d->fd, &sb) == 0 ? (size_t)sb.st_size : off;
+        return zpp_error(ZPP_ERR_IO,
+                         "data file %s shrank from %zu to %zu bytes while training; it was "
+                         "changed under the run (do not rewrite a data file in use: write a "
+                         "new file and point --data at it)",
+                         d->path, d->file_len, now);
     }
+    return ZPP_OK;
+}
+
+/* Sequence [start, start + T]: tokens[t] = token start + t, targets[t] =
+ * token start + t + 1. A file's T + 1 tokens come with one pread into the
+ * tokens buffer ((T + 1) * elem <= 4 T bytes for T >= 1), then widen in
+ * place from the back (int32 t lies at bytes >= 4 t, beyond the elem bytes
+ * of tokens < t). */
+static zpp_status zpp__read_seq(const zpp_data *d, size_t start, int32_t *tokens,
+                                int32_t *targets) {
+    const int T = d->T;
+    const uint8_t *src = d->tok ? d->tok + (size_t)d->elem * start : NULL;
+    if (!src) {
+        ZPP_CHECK(zpp__pread_all(d, tokens, (size_t)(T + 1) * (size_t)d->elem,
+                                 d->tok_off + (size_t)d->elem * start));
+        src = (const uint8_t *)tokens;
+    }
+    for (int t = 0; t < T; t++) targets[t] = zpp__tok_at(src, d->elem, (size_t)t + 1);
+    for (int t = T - 1; t >= 0; t--) tokens[t] = zpp__tok_at(src, d->elem, (size_t)t);
+    return ZPP_OK;
 }
 
 static uint32_t zpp__le32(const uint8_t *p) {
@@ -167,34 +212,15 @@ const char *zpp_data_kind_name(zpp_data_kind kind) {
     return "unknown";
 }
 
-/* Maps `path` read-only; an empty file is refused (mmap cannot map 0 bytes,
- * and there is nothing to train on). */
-static zpp_status zpp__map_file(const char *path, void **map_p, size_t *len_p) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return zpp_error(ZPP_ERR_IO, "cannot open data '%s': %s", path, strerror(errno));
+/* Opens `path` (a regular file: a FIFO is refused without blocking); an
+ * empty file is refused (there is nothing to train on). */
+static zpp_status zpp__open_file(zpp_data *d, const char *path) {
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return zpp_error(ZPP_ERR_IO, "cannot stat data '%s': %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return zpp_error(ZPP_ERR_IO, "data '%s' is not a regular file", path);
-    }
-    if (sb.st_size == 0) {
-        close(fd);
-        return zpp_error(ZPP_ERR_FORMAT, "data '%s' is empty", path);
-    }
-    size_t len = (size_t)sb.st_size;
-    void *m = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (m == MAP_FAILED)
-        return zpp_error(ZPP_ERR_IO, "cannot map data '%s' (%zu bytes): %s", path, len,
-                         strerror(e));
-    *map_p = m;
-    *len_p = len;
+    ZPP_CHECK(zpp_open_regular(path, "data", &d->fd, &sb));
+    d->path = strdup(path);
+    if (!d->path) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
+    if (sb.st_size == 0) return zpp_error(ZPP_ERR_FORMAT, "data '%s' is empty", path);
+    d->file_len = (size_t)sb.st_size;
     return ZPP_OK;
 }
 
@@ -204,28 +230,30 @@ static zpp_status zpp__map_file(const char *path, void **map_p, size_t *len_p) {
  * it is raw text); a binary file with a wrong magic is an error. */
 static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
                                  int *is_llmc_p) {
-    const uint8_t *b = d->map;
     const size_t header_bytes = 4 * ZPP_DATA_LLMC_HEADER_INTS;
+    /* the first KiB: the header, and where text is told from binary */
+    uint8_t b[1024];
+    const size_t head = d->file_len < sizeof b ? d->file_len : sizeof b;
+    ZPP_CHECK(zpp__pread_all(d, b, head, 0));
     *is_llmc_p = 0;
-    if (d->map_len < 4 || zpp__le32(b) != ZPP_DATA_LLMC_MAGIC) {
+    if (d->file_len < 4 || zpp__le32(b) != ZPP_DATA_LLMC_MAGIC) {
         /* Not llm.c. Text never holds NUL bytes; a file that does within its
          * first KiB is binary — most likely a token file with a wrong or
          * damaged header — and reading it as text would train on garbage. */
-        size_t look = d->map_len < 1024 ? d->map_len : 1024;
-        if (memchr(b, 0, look))
+        if (memchr(b, 0, head))
             return zpp_error(ZPP_ERR_FORMAT,
                              "data '%s' is not an llm.c token file (its magic is %u, expected "
                              "%d) and not text (it holds NUL bytes); check the file",
-                             path, d->map_len >= 4 ? (unsigned)zpp__le32(b) : 0u,
+                             path, d->file_len >= 4 ? (unsigned)zpp__le32(b) : 0u,
                              ZPP_DATA_LLMC_MAGIC);
         return ZPP_OK;
     }
     *is_llmc_p = 1;
-    if (d->map_len < header_bytes)
+    if (d->file_len < header_bytes)
         return zpp_error(ZPP_ERR_FORMAT,
                          "data '%s' starts with the llm.c magic %d but has only %zu bytes, "
                          "less than the %zu-byte header: truncated",
-                         path, ZPP_DATA_LLMC_MAGIC, d->map_len, header_bytes);
+                         path, ZPP_DATA_LLMC_MAGIC, d->file_len, header_bytes);
     uint32_t version = zpp__le32(b + 4);
     if (version != ZPP_DATA_LLMC_VERSION)
         return zpp_error(ZPP_ERR_FORMAT,
@@ -237,29 +265,41 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
         return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c header token count %d is negative",
                          path, (int)count);
     size_t want = header_bytes + 2 * (size_t)count;
-    if (d->map_len != want)
+    if (d->file_len != want)
         return zpp_error(ZPP_ERR_FORMAT,
                          "data '%s': llm.c header says %d tokens (%zu bytes with the header) "
                          "but the file has %zu bytes: %s",
-                         path, (int)count, want, d->map_len,
-                         d->map_len < want ? "truncated" : "trailing bytes after the tokens");
+                         path, (int)count, want, d->file_len,
+                         d->file_len < want ? "truncated" : "trailing bytes after the tokens");
     if (count == 0) return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c file holds no tokens", path);
     d->kind = ZPP_DATA_LLMC;
     d->elem = 2;
-    d->tok = b + header_bytes;
+    d->tok_off = header_bytes;
     d->n = (size_t)count;
-    /* One pass over the tokens: a token past the embedding table would index
-     * out of bounds in the model, so refuse it here with its position. */
+    /* One pass over the tokens, in chunks: a token past the embedding table
+     * would index out of bounds in the model, so refuse it here with its
+     * position. */
+    enum { CHUNK = 1 << 19 }; /* tokens per read */
+    uint8_t *buf = malloc(2 * (size_t)CHUNK);
+    if (!buf) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
     int32_t maxtok = 0;
-    for (size_t i = 0; i < d->n; i++) {
-        int32_t t = zpp__tok(d, i);
-        if (t >= vocab_size)
-            return zpp_error(ZPP_ERR_CONFIG,
-                             "data '%s': token %zu has value %d, not below model.vocab_size "
-                             "%d; raise model.vocab_size (GPT-2 uses 50257) or check the file",
-                             path, i, (int)t, vocab_size);
-        if (t > maxtok) maxtok = t;
+    zpp_status st = ZPP_OK;
+    for (size_t i0 = 0; i0 < d->n && st == ZPP_OK; i0 += CHUNK) {
+        const size_t m = d->n - i0 < CHUNK ? d->n - i0 : CHUNK;
+        st = zpp__pread_all(d, buf, 2 * m, header_bytes + 2 * i0);
+        for (size_t i = 0; i < m && st == ZPP_OK; i++) {
+            int32_t t = zpp__tok_at(buf, 2, i);
+            if (t >= vocab_size)
+                st = zpp_error(ZPP_ERR_CONFIG,
+                               "data '%s': token %zu has value %d, not below model.vocab_size "
+                               "%d; raise model.vocab_size (GPT-2 uses 50257) or check the "
+                               "file",
+                               path, i0 + i, (int)t, vocab_size);
+            if (t > maxtok) maxtok = t;
+        }
     }
+    free(buf);
+    ZPP_CHECK(st);
     d->vocab = maxtok + 1;
     return ZPP_OK;
 }
@@ -285,9 +325,10 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
     d->micro = micro;
     d->accum = accum;
     d->seed = cfg->seed;
+    d->fd = -1;
 
     if (path) {
-        ZPP_CHECK_GOTO(zpp__map_file(path, &d->map, &d->map_len), st, fail);
+        ZPP_CHECK_GOTO(zpp__open_file(d, path), st, fail);
         int is_llmc;
         ZPP_CHECK_GOTO(zpp__open_llmc(d, path, vocab_size, &is_llmc), st, fail);
         if (!is_llmc) {
@@ -300,8 +341,8 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
             }
             d->kind = ZPP_DATA_RAW_TEXT;
             d->elem = 1;
-            d->tok = d->map;
-            d->n = d->map_len;
+            d->tok_off = 0;
+            d->n = d->file_len;
             d->vocab = 256;
         }
     } else {
@@ -350,7 +391,8 @@ fail:
 
 void zpp_data_close(zpp_data *d) {
     if (!d) return;
-    if (d->map) munmap(d->map, d->map_len);
+    if (d->fd >= 0) close(d->fd);
+    free(d->path);
     free(d->owned);
     free(d);
 }
@@ -377,8 +419,7 @@ zpp_status zpp_data_sequence(const zpp_data *d, uint64_t step, uint64_t global_b
     if (step > (UINT64_MAX - j) / global_batch)
         return zpp_error(ZPP_ERR_INVALID, "zpp_data_sequence: step %llu overflows the sample "
                          "counter", (unsigned long long)step);
-    zpp__read_seq(d, zpp_data_sample_start(d, step * global_batch + j), tokens, targets);
-    return ZPP_OK;
+    return zpp__read_seq(d, zpp_data_sample_start(d, step * global_batch + j), tokens, targets);
 }
 
 zpp_status zpp_data_batch(const zpp_data *d, uint64_t step, int micro_step, int rank,
@@ -414,8 +455,8 @@ zpp_status zpp_data_val_batch(const zpp_data *d, uint64_t index, int B, int32_t 
     const uint64_t first = ((index % K) * ((uint64_t)B % K)) % K;
     for (int b = 0; b < B; b++) {
         const uint64_t w = (first + (uint64_t)b) % K;
-        zpp__read_seq(d, d->n_train + (size_t)w * (size_t)d->T, tokens + (size_t)b * d->T,
-                      targets + (size_t)b * d->T);
+        ZPP_CHECK(zpp__read_seq(d, d->n_train + (size_t)w * (size_t)d->T,
+                                tokens + (size_t)b * d->T, targets + (size_t)b * d->T));
     }
     return ZPP_OK;
 }
@@ -440,4 +481,11 @@ zpp_data_info zpp_data_get_info(const zpp_data *d) {
     return info;
 }
 
-int32_t zpp_data_token(const zpp_data *d, size_t i) { return i < d->n ? zpp__tok(d, i) : -1; }
+int32_t zpp_data_token(const zpp_data *d, size_t i) {
+    if (i >= d->n) return -1;
+    if (d->tok) return zpp__tok_at(d->tok, d->elem, i);
+    uint8_t b[2];
+    if (zpp__pread_all(d, b, (size_t)d->elem, d->tok_off + (size_t)d->elem * i) != ZPP_OK)
+        return -1;
+    return zpp__tok_at(b, d->elem, 0);
+}

@@ -17,9 +17,12 @@
  *      into sentences. Spelling is deterministic, the next word has a few
  *      likely choices, so a 2-layer GPT sees its loss fall from ln(vocab)
  *      to well under 1 nat per token within a few hundred steps.
- *   Files are memory-mapped read-only: every rank maps the file and touches
- *   only the pages of the sequences it reads (plus one scan of the tokens at
- *   open for the vocabulary check of llm.c files); no rank copies the file.
+ *   Files are read with positioned reads (pread), one per sequence into the
+ *   caller's buffer (plus one scan of the tokens at open for the vocabulary
+ *   check of llm.c files); no rank copies the file. They are not mapped: a
+ *   file that shrinks during a run gives ZPP_ERR_IO ("data file X shrank
+ *   from N to M bytes while training") instead of a SIGBUS. A FIFO, a
+ *   directory or a device is refused at open (without blocking).
  *
  * SPLIT: of the n tokens, the last n_val = max(floor(n / 10), T + 1) are
  *   held out for validation, the first n_train = n - n_val are for
@@ -126,7 +129,7 @@ int32_t zpp_data_token(const zpp_data *data, size_t i);
 /* "llm.c", "raw text", "synthetic". */
 const char *zpp_data_kind_name(zpp_data_kind kind);
 
-/* Unmaps / frees; NULL is ignored. */
+/* Closes / frees; NULL is ignored. */
 void zpp_data_close(zpp_data *data);
 
 #ifdef __cplusplus

@@ -189,8 +189,12 @@ const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->
 
 static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
-    ZPP_CHECK(zpp_data_batch(t->data, (uint64_t)t->step, micro, t->info.world_rank,
-                             t->info.world_size, t->tokens, t->targets));
+    /* Every rank reads its batch here, at the same micro-step: agree, so a
+     * read that fails on one rank (a data file shrinking under the run)
+     * fails every rank here rather than leaving the others in a collective. */
+    ZPP_CHECK(zpp_comm_agree_world(zpp_data_batch(t->data, (uint64_t)t->step, micro,
+                                                  t->info.world_rank, t->info.world_size,
+                                                  t->tokens, t->targets)));
     return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
 }
 
@@ -199,8 +203,9 @@ static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
 static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
     (void)micro;
-    ZPP_CHECK(zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch, t->tokens,
-                                 t->targets));
+    ZPP_CHECK(zpp_comm_agree_world(zpp_data_val_batch(t->data, t->val_index,
+                                                      t->info.micro_batch, t->tokens,
+                                                      t->targets)));
     return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
 }
 

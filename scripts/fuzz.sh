@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers of user input with libFuzzer: the JSON config
+# (fuzz/fuzz_config.c) and the data file header and contents
+# (fuzz/fuzz_data.c), each for MINUTES minutes on one core.
+#   scripts/fuzz.sh [MINUTES] [TARGET...]     (default: 10 minutes, all targets)
+# Needs clang with libFuzzer (clang 14 works): apt-get install clang.
+# Builds standalone into build-fuzz/ (-fsanitize=fuzzer,address,undefined;
+# only the sources the targets need, no MPI). Each target's corpus grows in
+# build-fuzz/corpus/<target>/ (seeded from fuzz/corpus/<target>/); crashes
+# are written to build-fuzz/crashes/<target>/. A crash, once fixed, goes
+# into fuzz/corpus/<target>/ as a regression input: ctest's fuzz_replay_*
+# replays that corpus on every CI run. Exit 1 when any target crashed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+minutes=${1:-10}
+shift || true
+if ! [[ $minutes =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz.sh: MINUTES must be a whole number >= 1, not '$minutes'" >&2
+  exit 2
+fi
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(config data)
+CC=${FUZZ_CC:-clang}
+if ! command -v "$CC" >/dev/null; then
+  echo "fuzz.sh: $CC not found; install clang (sudo apt-get install clang) or set FUZZ_CC" >&2
+  exit 2
+fi
+out=build-fuzz
+mkdir -p "$out"
+flags=(-g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined
+       -fno-omit-frame-pointer -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc)
+cjson_inc=$(pkg-config --cflags libcjson 2>/dev/null || true)
+cjson_lib=$(pkg-config --libs libcjson 2>/dev/null || echo -lcjson)
+common=(src/core/error.c src/core/file.c src/train/config.c)
+declare -A extra=([config]="" [data]="src/train/data.c")
+for t in "${targets[@]}"; do
+  [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target fuzz/fuzz_$t.c" >&2; exit 2; }
+  echo "fuzz.sh: building $out/fuzz_$t"
+  # shellcheck disable=SC2086
+  "$CC" "${flags[@]}" $cjson_inc "fuzz/fuzz_$t.c" "${common[@]}" ${extra[$t]} \
+    $cjson_lib -lm -o "$out/fuzz_$t"
+done
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "$out/corpus/$t" "$out/crashes/$t"
+  echo "fuzz.sh: fuzzing $t for $minutes minute(s)"
+  log="$out/fuzz_$t.log"
+  if ! "$out/fuzz_$t" -max_total_time=$((minutes * 60)) -max_len=65536 -timeout=10 \
+       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$out/crashes/$t/" \
+       "$out/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+    status=1
+    echo "fuzz.sh: $t CRASHED; see $log and $out/crashes/$t/" >&2
+    grep -m5 -E "ERROR|SUMMARY|runtime error" "$log" >&2 || true
+  fi
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$log" | sed "s/^/fuzz.sh: $t: /"
+  echo "fuzz.sh: $t: corpus $(find "$out/corpus/$t" -type f | wc -l) inputs," \
+       "crashes $(find "$out/crashes/$t" -type f | wc -l)"
+done
+exit $status
