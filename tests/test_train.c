@@ -1882,6 +1882,48 @@ static void test_json_strict(void) {
     expect_clean_failure(2, args, "malformed JSON"); /* cJSON refuses this one itself */
 }
 
+/* A run resumed after skipped steps, under fp16's dynamic loss scaling,
+ * continues as the uninterrupted one, bit for bit: the checkpoint carries
+ * AdamW's update count (which a skip does not advance) and the scaler's
+ * state (scale, hysteresis, iterations, last overflow), not only the step.
+ * A scale of 2^24 overflows fp16 at first, so the first steps are skipped
+ * while the scale falls; ZPP_FAULT adds a skip after the save point. */
+static void test_resume_after_skips_bitwise(void) {
+    char cfg[512], met[512], err[512], json[2048], args[2048], dir[512];
+    model_json(json, sizeof json, 0,
+               "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
+               " \"loss_scale\": 0, \"initial_scale_power\": 24, \"hysteresis\": 2,"
+               " \"loss_scale_window\": 3}");
+    write_text(tmp_path("skips.json", cfg), "%s", json);
+    tmp_path("skips_dir", dir);
+    double full[MAX_STEPS], resumed[MAX_STEPS], scale_full[MAX_STEPS], scale_res[MAX_STEPS];
+    int skipped[MAX_STEPS];
+    setenv("ZPP_FAULT", "nonfinite@9", 1);
+    snprintf(args, sizeof args, "--config %s --steps 12 --metrics %s", cfg,
+             tmp_path("skips_full.jsonl", met));
+    EXPECT(run_train(2, args, tmp_path("skips_err.txt", err)) == 0, "see %s", err);
+    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 12);
+    EXPECT(read_metric(met, "loss_scale", scale_full, MAX_STEPS) == 12);
+    EXPECT(read_skipped(met, skipped, MAX_STEPS) == 12);
+    int before = 0;
+    for (int i = 0; i < 6; i++) before += skipped[i];
+    EXPECT(before >= 1 && skipped[8], "expected skips before the save and at step 9");
+    snprintf(args, sizeof args, "--config %s --steps 6 --save %s", cfg, dir);
+    EXPECT(run_train(2, args, err) == 0, "save failed, see %s", err);
+    snprintf(args, sizeof args, "--config %s --steps 12 --resume %s --metrics %s", cfg, dir,
+             tmp_path("skips_resumed.jsonl", met));
+    EXPECT(run_train(2, args, err) == 0, "resume failed, see %s", err);
+    unsetenv("ZPP_FAULT");
+    EXPECT(read_metric(met, "loss", resumed, MAX_STEPS) == 6);
+    EXPECT(read_metric(met, "loss_scale", scale_res, MAX_STEPS) == 6);
+    for (int i = 0; i < 6; i++) {
+        EXPECT(resumed[i] == full[6 + i] || (isnan(resumed[i]) && isnan(full[6 + i])),
+               "step %d: resumed %a, uninterrupted %a", 7 + i, resumed[i], full[6 + i]);
+        EXPECT(scale_res[i] == scale_full[6 + i], "step %d: loss scale %g, uninterrupted %g",
+               7 + i, scale_res[i], scale_full[6 + i]);
+    }
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
@@ -1897,7 +1939,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks),
-          ZPP_TEST(test_stalled_rank_times_out),
+          ZPP_TEST(test_stalled_rank_times_out), ZPP_TEST(test_resume_after_skips_bitwise),
           ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),
           ZPP_TEST(test_json_strict))

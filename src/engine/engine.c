@@ -677,10 +677,32 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
                               1.0f);
 }
 
-zpp_status zpp_engine_set_steps_taken(zpp_engine *e, int step) {
-    if (step < 0) return zpp_error(ZPP_ERR_INVALID, "engine: step %d < 0", step);
-    e->step = step;
-    e->updates = step; /* engine.h: skipped steps are not in checkpoints yet */
+void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p) {
+    zpp_engine_counters c = {e->step, e->updates, e->skipped_total, e->scale,
+                             e->hyst,  e->iter,    e->last_overflow};
+    *c_p = c;
+}
+
+zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c) {
+    if (c->step < 0 || c->updates < 0 || c->skipped_total < 0 || c->updates > c->step ||
+        c->skipped_total > c->step || !(c->loss_scale > 0.0f) || !isfinite(c->loss_scale) ||
+        c->scaler_hysteresis < 0 || c->scaler_iter < 0)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: counters that no run can reach (step %d, updates %d, skipped "
+                         "%d, loss scale %g); the checkpoint is damaged",
+                         c->step, c->updates, c->skipped_total, (double)c->loss_scale);
+    e->step = c->step;
+    e->updates = c->updates;
+    e->skipped_total = c->skipped_total;
+    e->consec = 0;
+    /* A static scale comes from this run's config, a dynamic one from the
+     * saved scaler. */
+    if (e->dynamic) {
+        e->scale = c->loss_scale;
+        e->hyst = c->scaler_hysteresis;
+        e->iter = c->scaler_iter;
+        e->last_overflow = c->scaler_last_overflow;
+    }
     e->forward_ready = 0;
     return ZPP_OK;
 }

@@ -156,8 +156,24 @@ zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m
 /* Installs `count` elements of each (host arrays) as this rank's shard. */
 zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
                                 const float *v);
-/* Optimizer steps taken, skipped ones included; set on resume. */
+/* Optimizer steps taken, skipped ones included. */
 int zpp_engine_steps_taken(const zpp_engine *e);
-zpp_status zpp_engine_set_steps_taken(zpp_engine *e, int step);
+
+/* The counters a checkpoint carries beside the shards, so that a run
+ * resumed after skipped steps or under fp16 loss scaling continues as the
+ * uninterrupted one: AdamW's bias correction counts updates, not steps, and
+ * the loss scaler's state decides the next scale. (A run of consecutive
+ * skips starts again from zero on resume.) */
+typedef struct zpp_engine_counters {
+    int step;          /* optimizer steps taken, skipped ones included */
+    int updates;       /* AdamW updates: the bias-correction step */
+    int skipped_total; /* steps skipped */
+    float loss_scale;  /* the current loss scale (1 without fp16) */
+    int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
+} zpp_engine_counters;
+void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
+/* ZPP_ERR_INVALID when they cannot come from a run (negative counts, more
+ * updates or skips than steps, a scale that is not finite and positive). */
+zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
 
 #endif

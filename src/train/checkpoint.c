@@ -131,7 +131,9 @@ zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
 /* ---- The manifest ---------------------------------------------------------- */
 
 typedef struct manifest {
-    int step, format, world_size, node_size, bf16, train_batch_size, n_units;
+    int step, format, world_size, node_size, train_batch_size, n_units;
+    zpp_dtype dtype;
+    zpp_engine_counters ctr; /* engine.h: updates, skips, the loss scaler */
     uint64_t seed;
     char folder[256], mode[64];
     zpp_gpt2_config model;
@@ -146,7 +148,16 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     cJSON_AddNumberToObject(j, "world_size", m->world_size);
     cJSON_AddNumberToObject(j, "node_size", m->node_size);
     cJSON_AddStringToObject(j, "mode", m->mode);
-    cJSON_AddStringToObject(j, "dtype", m->bf16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(j, "dtype", zpp_dtype_name(m->dtype));
+    zpp_engine_counters c;
+    zpp_engine_get_counters(e, &c);
+    cJSON *en = cJSON_AddObjectToObject(j, "engine");
+    cJSON_AddNumberToObject(en, "updates", c.updates);
+    cJSON_AddNumberToObject(en, "skipped_total", c.skipped_total);
+    cJSON_AddNumberToObject(en, "loss_scale", (double)c.loss_scale);
+    cJSON_AddNumberToObject(en, "scaler_hysteresis", c.scaler_hysteresis);
+    cJSON_AddNumberToObject(en, "scaler_iter", c.scaler_iter);
+    cJSON_AddNumberToObject(en, "scaler_last_overflow", c.scaler_last_overflow);
     cJSON *mo = cJSON_AddObjectToObject(j, "model");
     cJSON_AddNumberToObject(mo, "n_layer", m->model.n_layer);
     cJSON_AddNumberToObject(mo, "n_head", m->model.n_head);
@@ -243,11 +254,27 @@ static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
     } else {
         snprintf(m->folder, sizeof m->folder, "%s", folder->valuestring);
         snprintf(m->mode, sizeof m->mode, "%s", mode->valuestring);
-        m->bf16 = !strcmp(dtype->valuestring, "bf16");
+        const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "engine");
+        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(en, "loss_scale");
+        zpp_engine_counters *c = &m->ctr;
+        c->step = m->step;
+        if (zpp_dtype_parse(dtype->valuestring, &m->dtype) != ZPP_OK || !cJSON_IsObject(en) ||
+            !get_int(en, "updates", &c->updates) ||
+            !get_int(en, "skipped_total", &c->skipped_total) || !cJSON_IsNumber(ls) ||
+            !get_int(en, "scaler_hysteresis", &c->scaler_hysteresis) ||
+            !get_int(en, "scaler_iter", &c->scaler_iter) ||
+            !get_int(en, "scaler_last_overflow", &c->scaler_last_overflow) ||
+            c->updates < 0 || c->updates > m->step || c->skipped_total < 0 ||
+            c->skipped_total > m->step || !(ls->valuedouble > 0) || ls->valuedouble > 3e38 ||
+            c->scaler_hysteresis < 0 || c->scaler_iter < 0)
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "checkpoint manifest %s is malformed (its dtype or engine counters)",
+                           path);
+        c->loss_scale = cJSON_IsNumber(ls) ? (float)ls->valuedouble : 1.0f;
         m->seed = (uint64_t)seed->valuedouble;
         m->n_units = cJSON_GetArraySize(units);
-        m->numel = calloc((size_t)m->n_units, sizeof *m->numel);
-        if (!m->numel) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        m->numel = st == ZPP_OK ? calloc((size_t)m->n_units, sizeof *m->numel) : NULL;
+        if (st == ZPP_OK && !m->numel) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
         for (int u = 0; u < m->n_units && st == ZPP_OK; u++) {
             const cJSON *x = cJSON_GetArrayItem(units, u);
             if (!cJSON_IsNumber(x) || x->valuedouble < 0)
@@ -575,12 +602,11 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
                              "checkpoint %s was saved with %s %d, this run has %s %d; resume "
                              "with the model shape it was saved with",
                              dir, shape[i].key, shape[i].saved, shape[i].key, shape[i].now);
-    if (m->bf16 != r->bf16)
+    if (m->dtype != r->dtype)
         return zpp_error(ZPP_ERR_CONFIG,
                          "checkpoint %s was saved with working dtype %s, this run uses %s; set "
-                         "bf16.enabled to %s",
-                         dir, m->bf16 ? "bf16" : "fp32", r->bf16 ? "bf16" : "fp32",
-                         m->bf16 ? "true" : "false");
+                         "bf16.enabled / fp16.enabled as when it was saved",
+                         dir, zpp_dtype_name(m->dtype), zpp_dtype_name(r->dtype));
     if (m->n_units != zpp_engine_unit_count(e))
         return zpp_error(ZPP_ERR_CONFIG, "checkpoint %s has %d units, this model %d", dir,
                          m->n_units, zpp_engine_unit_count(e));
@@ -646,7 +672,7 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     for (int u = 0; u < n_units && st == ZPP_OK; u++)
         st = zpp_engine_state_set(e, u, sg[u].x, sg[u].x + sg[u].count,
                                   sg[u].x + 2 * sg[u].count);
-    if (st == ZPP_OK) st = zpp_engine_set_steps_taken(e, m.step);
+    if (st == ZPP_OK) st = zpp_engine_set_counters(e, &m.ctr);
     st = zpp_comm_agree_world(st);
     if (st == ZPP_OK) *step_p = m.step;
     for (int u = 0; sg && u < n_units; u++) free(sg[u].x);

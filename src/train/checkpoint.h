@@ -70,7 +70,7 @@ typedef struct zpp_ckpt_meta {
     int step;          /* optimizer steps taken */
     int world_size, world_rank, node_size;
     const char *mode;  /* "zero3", "qwz+hpz+qgz", ... */
-    int bf16;          /* working dtype: 1 bf16, 0 fp32 */
+    zpp_dtype dtype;   /* the working dtype */
     zpp_gpt2_config model;
     int train_batch_size;
     uint64_t seed;

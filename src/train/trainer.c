@@ -252,7 +252,7 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.world_rank = t->info.world_rank;
     m.node_size = t->info.node_size;
     m.mode = t->info.mode;
-    m.bf16 = t->cfg.bf16;
+    m.dtype = t->cfg.bf16 ? ZPP_BF16 : t->cfg.fp16.enabled ? ZPP_FP16 : ZPP_FP32;
     m.model = t->cfg.model;
     m.train_batch_size = t->cfg.train_batch_size;
     m.seed = t->cfg.seed;
