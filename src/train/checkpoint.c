@@ -14,6 +14,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "train/ckpt_manifest.h"
 
 #define CKPT_MAGIC "ZPPCKPT2"
 #define CKPT_POINTER "checkpoint.json"
@@ -130,15 +131,7 @@ zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
 
 /* ---- The manifest ---------------------------------------------------------- */
 
-typedef struct manifest {
-    int step, format, world_size, node_size, train_batch_size, n_units;
-    zpp_dtype dtype;
-    zpp_engine_counters ctr; /* engine.h: updates, skips, the loss scaler */
-    uint64_t seed;
-    char folder[256], mode[64];
-    zpp_gpt2_config model;
-    size_t *numel;
-} manifest;
+typedef zpp_ckpt_manifest manifest; /* ckpt_manifest.h parses it */
 
 static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e) {
     cJSON *j = cJSON_CreateObject();
@@ -189,13 +182,6 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     return out;
 }
 
-static int get_int(const cJSON *o, const char *key, int *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v)) return 0;
-    *out = v->valueint;
-    return 1;
-}
-
 /* Reads and parses a manifest file; *found_p = 0 when the file does not
  * exist (no error set then). */
 static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
@@ -215,74 +201,8 @@ static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
     fclose(f);
     if (!buf) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
+    zpp_status st = zpp_ckpt_manifest_parse(buf, ZPP_CKPT_FORMAT, path, m);
     free(buf);
-    zpp_status st = ZPP_OK;
-    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "model");
-    const cJSON *units = cJSON_GetObjectItemCaseSensitive(j, "units");
-    const cJSON *folder = cJSON_GetObjectItemCaseSensitive(j, "folder");
-    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(j, "mode");
-    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(j, "dtype");
-    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
-    if (!j) {
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed JSON", path);
-    } else if (!get_int(j, "format", &m->format)) {
-        st = zpp_error(ZPP_ERR_FORMAT,
-                       "checkpoint manifest %s has no format: it was written by an older "
-                       "zeropp (one file per rank, format 1), which this one does not read",
-                       path);
-    } else if (m->format != ZPP_CKPT_FORMAT) {
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s has format %d; this zeropp reads "
-                                       "format %d",
-                       path, m->format, ZPP_CKPT_FORMAT);
-    } else if (!get_int(j, "step", &m->step) || m->step < 0 ||
-               !get_int(j, "world_size", &m->world_size) || m->world_size < 1 ||
-               !get_int(j, "node_size", &m->node_size) ||
-               !get_int(j, "train_batch_size", &m->train_batch_size) ||
-               !cJSON_IsString(folder) || strlen(folder->valuestring) >= sizeof m->folder ||
-               strchr(folder->valuestring, '/') || !strcmp(folder->valuestring, "..") ||
-               !cJSON_IsString(mode) || !cJSON_IsString(dtype) || !cJSON_IsNumber(seed) ||
-               !cJSON_IsObject(mo) || !get_int(mo, "n_layer", &m->model.n_layer) ||
-               !get_int(mo, "n_head", &m->model.n_head) ||
-               !get_int(mo, "n_embd", &m->model.n_embd) ||
-               !get_int(mo, "seq_len", &m->model.seq_len) ||
-               !get_int(mo, "vocab_size", &m->model.vocab_size) || !cJSON_IsArray(units) ||
-               cJSON_GetArraySize(units) < 1) {
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed (a key is missing "
-                                       "or has the wrong type)",
-                       path);
-    } else {
-        snprintf(m->folder, sizeof m->folder, "%s", folder->valuestring);
-        snprintf(m->mode, sizeof m->mode, "%s", mode->valuestring);
-        const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "engine");
-        const cJSON *ls = cJSON_GetObjectItemCaseSensitive(en, "loss_scale");
-        zpp_engine_counters *c = &m->ctr;
-        c->step = m->step;
-        if (zpp_dtype_parse(dtype->valuestring, &m->dtype) != ZPP_OK || !cJSON_IsObject(en) ||
-            !get_int(en, "updates", &c->updates) ||
-            !get_int(en, "skipped_total", &c->skipped_total) || !cJSON_IsNumber(ls) ||
-            !get_int(en, "scaler_hysteresis", &c->scaler_hysteresis) ||
-            !get_int(en, "scaler_iter", &c->scaler_iter) ||
-            !get_int(en, "scaler_last_overflow", &c->scaler_last_overflow) ||
-            c->updates < 0 || c->updates > m->step || c->skipped_total < 0 ||
-            c->skipped_total > m->step || !(ls->valuedouble > 0) || ls->valuedouble > 3e38 ||
-            c->scaler_hysteresis < 0 || c->scaler_iter < 0)
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "checkpoint manifest %s is malformed (its dtype or engine counters)",
-                           path);
-        c->loss_scale = cJSON_IsNumber(ls) ? (float)ls->valuedouble : 1.0f;
-        m->seed = (uint64_t)seed->valuedouble;
-        m->n_units = cJSON_GetArraySize(units);
-        m->numel = st == ZPP_OK ? calloc((size_t)m->n_units, sizeof *m->numel) : NULL;
-        if (st == ZPP_OK && !m->numel) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-        for (int u = 0; u < m->n_units && st == ZPP_OK; u++) {
-            const cJSON *x = cJSON_GetArrayItem(units, u);
-            if (!cJSON_IsNumber(x) || x->valuedouble < 0)
-                st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: bad unit size", path);
-            else m->numel[u] = (size_t)x->valuedouble;
-        }
-    }
-    cJSON_Delete(j);
     return st;
 }
 
@@ -602,11 +522,11 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
                              "checkpoint %s was saved with %s %d, this run has %s %d; resume "
                              "with the model shape it was saved with",
                              dir, shape[i].key, shape[i].saved, shape[i].key, shape[i].now);
-    if (m->dtype != r->dtype)
+    if (strcmp(m->dtype, zpp_dtype_name(r->dtype)) != 0)
         return zpp_error(ZPP_ERR_CONFIG,
                          "checkpoint %s was saved with working dtype %s, this run uses %s; set "
                          "bf16.enabled / fp16.enabled as when it was saved",
-                         dir, zpp_dtype_name(m->dtype), zpp_dtype_name(r->dtype));
+                         dir, m->dtype, zpp_dtype_name(r->dtype));
     if (m->n_units != zpp_engine_unit_count(e))
         return zpp_error(ZPP_ERR_CONFIG, "checkpoint %s has %d units, this model %d", dir,
                          m->n_units, zpp_engine_unit_count(e));

@@ -1,0 +1,112 @@
+/* train/ckpt_manifest.c — parsing a checkpoint's manifest (ckpt_manifest.h). */
+#include "train/ckpt_manifest.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+/* An integral number in [lo, hi] (doubles hold every integer up to 2^53,
+ * so the check comes before any conversion). */
+static int get_num(const cJSON *o, const char *key, double lo, double hi, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return 0;
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_int(const cJSON *o, const char *key, int lo, int *out) {
+    double d = 0;
+    if (!get_num(o, key, lo, 2147483647.0, &d) || d != (double)(int)d) return 0;
+    *out = (int)d;
+    return 1;
+}
+
+static int get_str(const cJSON *o, const char *key, char *out, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return 0;
+    memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
+    return 1;
+}
+
+zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *name,
+                                   zpp_ckpt_manifest *m) {
+    memset(m, 0, sizeof *m);
+    cJSON *j = cJSON_Parse(text);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s is malformed JSON", name);
+    }
+    zpp_status st = ZPP_OK;
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(j, "model");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(j, "engine");
+    const cJSON *units = cJSON_GetObjectItemCaseSensitive(j, "units");
+    zpp_engine_counters *c = &m->ctr;
+    double seed = 0, scale = 0;
+    if (!get_int(j, "format", 0, &m->format)) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s has no format: it was written by an older "
+                       "zeropp (one file per rank, format 1), which this one does not read",
+                       name);
+    } else if (m->format != format) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s has format %d; this zeropp reads format %d",
+                       name, m->format, format);
+    } else if (!get_int(j, "step", 0, &m->step) || !get_int(j, "world_size", 1, &m->world_size) ||
+               !get_int(j, "node_size", 1, &m->node_size) ||
+               !get_int(j, "train_batch_size", 1, &m->train_batch_size) ||
+               !get_str(j, "folder", m->folder, sizeof m->folder) ||
+               !get_str(j, "mode", m->mode, sizeof m->mode) ||
+               !get_str(j, "dtype", m->dtype, sizeof m->dtype) ||
+               !get_num(j, "seed", 0, 9007199254740992.0, &seed) || !cJSON_IsObject(mo) ||
+               !get_int(mo, "n_layer", 1, &m->model.n_layer) ||
+               !get_int(mo, "n_head", 1, &m->model.n_head) ||
+               !get_int(mo, "n_embd", 1, &m->model.n_embd) ||
+               !get_int(mo, "seq_len", 1, &m->model.seq_len) ||
+               !get_int(mo, "vocab_size", 1, &m->model.vocab_size) || !cJSON_IsObject(en) ||
+               !get_int(en, "updates", 0, &c->updates) ||
+               !get_int(en, "skipped_total", 0, &c->skipped_total) ||
+               !get_num(en, "loss_scale", 1e-38, 3e38, &scale) ||
+               !get_int(en, "scaler_hysteresis", 0, &c->scaler_hysteresis) ||
+               !get_int(en, "scaler_iter", 0, &c->scaler_iter) ||
+               !get_int(en, "scaler_last_overflow", -1, &c->scaler_last_overflow) ||
+               !cJSON_IsArray(units) || cJSON_GetArraySize(units) < 1) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s is malformed (a key is missing, out of range or "
+                       "has the wrong type)",
+                       name);
+    } else if (strchr(m->folder, '/') || !strcmp(m->folder, "..") || !strcmp(m->folder, ".") ||
+               !m->folder[0]) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s names folder '%s', which is not a step folder "
+                       "of its directory",
+                       name, m->folder);
+    } else if (c->updates > m->step || c->skipped_total > m->step) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s counts %d updates and %d skips in %d steps",
+                       name, c->updates, c->skipped_total, m->step);
+    } else {
+        c->step = m->step;
+        c->loss_scale = (float)scale;
+        m->seed = (uint64_t)seed;
+        m->n_units = cJSON_GetArraySize(units);
+        m->numel = calloc((size_t)m->n_units, sizeof *m->numel);
+        if (!m->numel) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        for (int u = 0; u < m->n_units && st == ZPP_OK; u++) {
+            const cJSON *x = cJSON_GetArrayItem(units, u);
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 9007199254740992.0))
+                st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: bad size of unit %d",
+                               name, u);
+            else m->numel[u] = (size_t)x->valuedouble;
+        }
+    }
+    cJSON_Delete(j);
+    if (st != ZPP_OK) zpp_ckpt_manifest_free(m);
+    return st;
+}
+
+void zpp_ckpt_manifest_free(zpp_ckpt_manifest *m) {
+    free(m->numel);
+    m->numel = NULL;
+}
