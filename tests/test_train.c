@@ -1579,7 +1579,7 @@ static void test_checkpoint_resume_checks_model(void) {
  * line naming it, no step trained); resuming a checkpoint at or past
  * --steps says there is nothing to train and exits non-zero. */
 static void test_checkpoint_cli_checks(void) {
-    char cfg[512], json[2048], args[4096], file[512], met[512], dir[512], err[512];
+    char cfg[512], json[2048], args[4096], file[512], met[512], dir[512];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
     write_text(tmp_path("cli.json", cfg), "%s", json);
     write_text(tmp_path("cli_file", file), "a file, not a folder\n");
@@ -1596,7 +1596,6 @@ static void test_checkpoint_cli_checks(void) {
         snprintf(args, sizeof args, "--config %s --steps %d --resume %s", cfg, steps, dir);
         expect_clean_failure(2, args, "nothing to train");
     }
-    (void)err;
 }
 
 /* ---- A stalled rank (issue 14) --------------------------------------------

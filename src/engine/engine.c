@@ -2,8 +2,6 @@
  * AdamW on shards. See engine.h for the schedule. */
 #include "engine/engine.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

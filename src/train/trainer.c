@@ -1,10 +1,6 @@
 /* train/trainer.c — wires config, topology, model, engine and data. */
 #include "train/trainer.h"
 
-#include <cjson/cJSON.h>
-#include <errno.h>
-#include <math.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
