@@ -13,8 +13,8 @@
  * attention batches its GEMMs), and batches with many repeated tokens (the
  * deterministic token-embedding scatter).
  *
- * THE TOLERANCE. Both models evaluate the same formulas in fp32 on the same
- * fp32 inputs (bf16/fp16 parameters widen exactly on both sides). They
+ * THE TOLERANCE (fp32). Both models evaluate the same formulas in fp32 on
+ * the same fp32 inputs. They
  * differ only in rounding: the order of summation inside matrix products
  * and row reductions (cuBLASLt tiles and splits vs OpenBLAS; warp trees vs
  * sequential loops), FMA contraction, and expf (CUDA within 2 ulp, glibc
@@ -40,6 +40,25 @@
  * (a mean of log-sum-exps, each with error ~ C u |logits|) must agree to
  * 1e-4 relative. Each comparison prints its observed ratio to the bound.
  *
+ * 16-BIT WORKING DTYPES. With bf16 or fp16 parameters the CPU still
+ * computes in fp32 on the widened parameters, while the CUDA model stores
+ * what feeds its products in the 16-bit dtype (gpt2_cuda.cu, PRECISION):
+ * each such value is rounded once, a relative error of at most u (2^-8 for
+ * bf16, 2^-11 for fp16), and the fp32 rounding above becomes negligible.
+ * A gradient element is a sum over rows of products along a chain; to first
+ * order its error is a sum of (rounding error x sensitivity) terms, one per
+ * rounded value on the chain. A block's chain has about 16 roundings
+ * (forward: ln1, qkv, P, attention output, ln2, fc, gelu; backward: the
+ * rounded residual gradient twice, d fc before and after gelu', d attention
+ * output, d S, d qkv; the head adds lnf and d logits), so the worst case is
+ * ~16 u |g| and, the errors having random signs, the typical one
+ * ~sqrt(16) u = 4 u of |g|. Measured against max |g| of the unit:
+ *     max |g_gpu - g_cpu| <= 8 u * max |g_cpu| + 1e-9   (per unit)
+ * i.e. 3.1% for bf16 and 0.39% for fp16: twice the typical estimate, and
+ * still below the 9% that the smallest injected bug above produces. The
+ * loss, a mean over rows whose rounding errors average out, must agree to
+ * u relative.
+ *
  * Also checked: accumulation (a second backward adds), loss_scale,
  * bitwise determinism of the CUDA model, that set_batch copies the host
  * buffers before it returns, that bad tokens/targets/pointers and calls out
@@ -61,9 +80,17 @@
 #include "model_testlib.h"
 #include "testlib.h"
 
-#define GRAD_TOL 1e-4  /* relative to max |g| of the unit, see above */
 #define GRAD_FLOOR 1e-9
-#define LOSS_TOL 1e-4  /* relative */
+
+/* The bounds of the top, by working dtype: fp32 as derived there; bf16 and
+ * fp16 as derived in "16-BIT WORKING DTYPES" (u = 2^-8 for bf16, 2^-11 for
+ * fp16). GRAD: relative to max |g| of the unit; LOSS: relative. */
+static double grad_tol(zpp_dtype dt) {
+    return dt == ZPP_BF16 ? 8.0 / 256.0 : dt == ZPP_FP16 ? 8.0 / 2048.0 : 1e-4;
+}
+static double loss_tol(zpp_dtype dt) {
+    return dt == ZPP_BF16 ? 1.0 / 256.0 : dt == ZPP_FP16 ? 1.0 / 2048.0 : 1e-4;
+}
 
 /* ---- device plumbing -------------------------------------------------------- */
 
@@ -278,7 +305,7 @@ static void compare_grads(const twin *t, const char *what) {
             if (fabs(a) > gmax) gmax = fabs(a);
             if (d > dmax) dmax = d, worst = i;
         }
-        double bound = GRAD_TOL * gmax + GRAD_FLOOR;
+        double bound = grad_tol(t->dtype) * gmax + GRAD_FLOOR;
         size_t li;
         const char *name = tensor_name(t, u, worst, &li);
         printf("  %s unit %d: max|g| %.3e, max|diff| %.3e = %.3f of the bound (at %s[%zu])\n",
@@ -286,8 +313,8 @@ static void compare_grads(const twin *t, const char *what) {
         EXPECT(gmax > 0, "%s: unit %d has an all-zero CPU gradient: the test is vacuous", what, u);
         EXPECT(dmax <= bound,
                "%s: unit %d: |g_cuda - g_cpu| = %.3e at %s[%zu] (cuda %.9g, cpu %.9g) exceeds "
-               "%.0e * max|g| (%.3e) + %.0e",
-               what, u, dmax, name, li, t->gg[u][worst], t->gc[u][worst], GRAD_TOL, gmax,
+               "%.2e * max|g| (%.3e) + %.0e",
+               what, u, dmax, name, li, t->gg[u][worst], t->gc[u][worst], grad_tol(t->dtype), gmax,
                GRAD_FLOOR);
     }
 }
@@ -302,9 +329,9 @@ static void compare_step(twin *t, const int32_t *tok, const int32_t *tgt, int B,
     printf("  %s: loss cpu %.7f cuda %.7f (rel diff %.2e)\n", what, lc, lg,
            fabs((double)lc - lg) / fabs((double)lc));
     EXPECT(isfinite(lc) && isfinite(lg), "%s: loss cpu %g cuda %g", what, lc, lg);
-    EXPECT(fabs((double)lc - lg) <= LOSS_TOL * fabs((double)lc),
-           "%s: loss cuda %.9g vs cpu %.9g (rel %.2e > %.0e)", what, lg, lc,
-           fabs((double)lc - lg) / fabs((double)lc), LOSS_TOL);
+    EXPECT(fabs((double)lc - lg) <= loss_tol(t->dtype) * fabs((double)lc),
+           "%s: loss cuda %.9g vs cpu %.9g (rel %.2e > %.2e)", what, lg, lc,
+           fabs((double)lc - lg) / fabs((double)lc), loss_tol(t->dtype));
     model_backward(t->cpu, t->pw, t->gc, scale);
     model_backward(t->gpu, t->dp, t->dg, scale);
     twin_download(t);
@@ -386,9 +413,9 @@ static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 6, 192, 64, 512}, ZPP_FP32, 4, 512, 3, 1);
 }
 
-/* bf16 and fp16 parameters: both models widen the same 16-bit values
- * exactly and then run the fp32 arithmetic, so the fp32 bound applies
- * unchanged. */
+/* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
+ * (tensor-core products, activations stored in it), the CPU in fp32 on the
+ * same widened parameters; the 16-bit bounds of the top apply. */
 static void test_matches_cpu_bf16_fp16(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_BF16, 3, 128, 4, 1);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_BF16, 5, 7, 5, 0);
@@ -687,7 +714,7 @@ static void test_loss_at_init_and_speed(void) {
     double C = cfg.n_embd;
     double flops = 6.0 * n * (L * 12.0 * C * C + V * C) + 12.0 * n * L * T * C;
     printf("  loss at init %.5f (ln V %.5f); forward+backward L=%d C=%d H=%d T=%d V=%d B=%d "
-           "bf16 params: %.2f ms (best of 5), %.1f TFLOP/s fp32\n",
+           "bf16 params: %.2f ms (best of 5), %.1f TFLOP/s\n",
            loss, lnv, L, cfg.n_embd, cfg.n_head, T, V, B, best * 1e3, flops / best * 1e-12);
     for (int u = 0; u < m->n_units; u++) {
         zpp_device_free(dev, dp[u]);

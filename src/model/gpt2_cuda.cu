@@ -5,14 +5,25 @@
  * Units, stages, parameter layout and initialisation come from gpt2.h, so
  * a checkpoint or an engine shard means the same thing on either model.
  *
- * PRECISION (first version). Activations and gradients are fp32. Parameters
- * given in bf16 or fp16 are widened to an fp32 copy of the unit once per
- * stage call (exact: every bf16/fp16 value is an fp32 value); the embedding
- * forward reads its rows in the working dtype directly, as the CPU does.
- * Matrix products go through cuBLASLt with CUBLAS_COMPUTE_32F: plain fp32
- * FMA arithmetic, no TF32, so results differ from the CPU reference only by
- * the order of summation (and FMA contraction, and CUDA's expf being within
- * 2 ulp where glibc's is within 1). bf16 tensor-core GEMMs are a later step.
+ * PRECISION. The model computes in its working dtype E, the dtype of the
+ * parameters the engine hands it (fp32, bf16 or fp16):
+ *   - every matrix product reads its two operands in E (weights straight
+ *     from the gathered unit, no copy) and accumulates in fp32
+ *     (CUBLAS_COMPUTE_32F); with bf16 / fp16 that runs on tensor cores;
+ *   - what only feeds matrix products is stored in E: the LayerNorm
+ *     outputs, qkv, the attention probabilities and output, the MLP's
+ *     hidden layer, and in the backward the gradients flowing into
+ *     products (d logits, d hidden, d qkv, the attention's d scores);
+ *   - what carries the signal across layers or through a reduction stays
+ *     fp32: the residual stream and its gradient, LayerNorm statistics,
+ *     the attention scores before the softmax, the logits and the loss,
+ *     and every parameter gradient (accumulated by the GEMMs, beta = 1,
+ *     into the engine's fp32 unit).
+ * With E = fp32 this is the CPU reference's arithmetic: plain fp32 FMA
+ * (no TF32), so results differ only by the order of summation, FMA
+ * contraction and expf (CUDA within 2 ulp, glibc within 1). With bf16 each
+ * value stored in E is rounded to 8 significant bits (relative error
+ * <= 2^-8), which is what test_gpt2_cuda.c's bf16 bound is derived from.
  *
  * GEMMs. Everything here is row-major, cuBLASLt is column-major. A row-major
  * R x S matrix with leading dimension ld is, read column-major, its own
@@ -22,8 +33,8 @@
  * helper gemm() takes the row-major description (exactly the arguments of
  * the CPU's cblas_sgemm calls) and does that translation in one place.
  * Algorithms come from cublasLtMatmulAlgoGetHeuristic with the pointers'
- * real alignments (offsets inside a unit are not 256-byte aligned) and are
- * cached per shape, so a steady state does no heuristic queries. Bias
+ * real alignments (offsets inside a unit need not be 256-byte aligned) and
+ * are cached per shape, so a steady state does no heuristic queries. Bias
  * gradients and LayerNorm weight gradients are column sums, computed as a
  * product with a vector of ones (one more GEMM, deterministic, beta = 1
  * accumulates into the caller's gradient).
@@ -31,8 +42,9 @@
  * Attention is per (sequence, head) with strided-batched GEMMs that read
  * the heads in place from the qkv rows (leading dimension 3C, head h at
  * column h*hs): batched over heads, looping over sequences, or the other
- * way round, whichever launches fewer GEMMs. Q K^T is computed whole and its
- * upper triangle zeroed by the causal softmax kernel (as on the CPU).
+ * way round, whichever launches fewer GEMMs. Q K^T is computed whole into
+ * an fp32 scratch; the causal softmax writes the probabilities (upper
+ * triangle zero) in E.
  *
  * DETERMINISM. No atomics anywhere: every reduction has a fixed order, and
  * cuBLASLt returns the same bits for the same algorithm (cached per shape)
@@ -46,18 +58,10 @@
  * stay ascending): one CUDA block per distinct token adds that token's rows
  * in position order, the same order as the CPU's loop, into its wte row.
  *
- * MEMORY. All device memory is allocated at create, in one arena (the CPU
- * model's activations, plus N*C for the LayerNorm backward's dy*xhat, a
- * ones vector of N, the batch's int32 index arrays, a max_batch*H*T*T
- * attention-gradient scratch, and one fp32 unit when params are not fp32),
- * plus a 32 MiB cuBLASLt workspace and pinned host staging for the batch
- * and the per-row losses. forward and backward allocate nothing.
- *
- * COMPILED (nvcc 13.0, sm_90, -Xptxas -v): 17 kernels, none with a stack
- * frame or spills, 12 to 32 registers. Before any GPU run, the logic was
- * checked against the CPU model under a throwaway host emulation of the
- * CUDA runtime and cuBLASLt (blind to timing, inter-block races and the real
- * cuBLASLt); tests/test_gpt2_cuda.c on a GPU is the real check.
+ * MEMORY. All device memory is allocated at create, in one arena (the
+ * activations of gpt2_acts below, each buffer in its own dtype), plus a
+ * 32 MiB cuBLASLt workspace and pinned host staging for the batch and the
+ * per-row losses. forward and backward allocate nothing.
  *
  * STREAMS. Every kernel, copy and GEMM is enqueued on the compute stream of
  * the zpp_device given at create; its GPU must be current at every call.
@@ -93,7 +97,9 @@ constexpr int kGemmCache = 512;                 /* cached algorithms */
 constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
 
 /* ------------------------------------------------------------------------ */
-/* Kernels. Each has the CPU function it mirrors named in its comment.       */
+/* Kernels. Each has the CPU function it mirrors named in its comment. E is  */
+/* the working dtype (float, __nv_bfloat16 or __half); values are loaded     */
+/* into fp32, computed in fp32, and rounded once when stored.                */
 /* ------------------------------------------------------------------------ */
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -132,34 +138,38 @@ __device__ __forceinline__ size_t global_tid() {
 }
 __device__ __forceinline__ size_t grid_threads() { return (size_t)gridDim.x * blockDim.x; }
 
-/* Working-dtype parameter loads (bf16 / fp16 widen exactly). */
-__device__ __forceinline__ float load_param(const float *p, size_t i) { return p[i]; }
-__device__ __forceinline__ float load_param(const __nv_bfloat16 *p, size_t i) {
+/* Loads widen exactly; stores round to nearest even. */
+__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, size_t i) {
     return __bfloat162float(p[i]);
 }
-__device__ __forceinline__ float load_param(const __half *p, size_t i) {
-    return __half2float(p[i]);
+__device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+
+template <typename E>
+__global__ void fill_kernel(E *dst, float v, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) st(dst, i, v);
 }
 
-/* gpt2_to_f32: one unit widened to fp32. */
-template <typename P>
-__global__ void widen_kernel(float *dst, const P *src, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) dst[i] = load_param(src, i);
-}
-
-__global__ void fill_kernel(float *dst, float v, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) dst[i] = v;
+/* fp32 -> E (the residual gradient, before it enters products). */
+template <typename E>
+__global__ void round_kernel(E *dst, const float *src, size_t n) {
+    for (size_t i = global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
 }
 
 /* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
  * the CPU: bit-identical). */
-template <typename P>
-__global__ void embed_forward_kernel(float *out, const int32_t *tok, const P *wte, const P *wpe,
+template <typename E>
+__global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wte, const E *wpe,
                                      size_t n, int T, int C) {
     size_t total = n * (size_t)C;
     for (size_t i = global_tid(); i < total; i += grid_threads()) {
         size_t r = i / (size_t)C, c = i % (size_t)C;
-        out[i] = load_param(wte, (size_t)tok[r] * C + c) + load_param(wpe, (r % T) * C + c);
+        out[i] = ld(wte, (size_t)tok[r] * C + c) + ld(wpe, (r % T) * C + c);
     }
 }
 
@@ -189,15 +199,17 @@ __global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const 
     }
 }
 
-/* layernorm_forward, one warp per row: mean, then the mean of squared
- * deviations (two passes, so a large mean does not cancel the variance). */
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                         const float *w, const float *b, size_t n, int C) {
+/* layernorm_forward, one warp per row of the fp32 residual stream: mean,
+ * then the mean of squared deviations (two passes, so a large mean does not
+ * cancel the variance); the normalised row is stored in E. */
+template <typename E>
+__global__ void layernorm_forward_kernel(E *out, float *mean, float *rstd, const float *inp,
+                                         const E *w, const E *b, size_t n, int C) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= n) return; /* the whole warp leaves together */
     const float *x = inp + row * C;
-    float *o = out + row * C;
+    E *o = out + row * C;
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += x[c];
     float m = warp_sum(s) / (float)C;
@@ -208,7 +220,7 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     }
     v = warp_sum(v) / (float)C;
     float r = 1.0f / sqrtf(v + kLnEps);
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + b[c];
+    for (int c = lane; c < C; c += 32) st(o, c, (x[c] - m) * r * ld(w, c) + ld(b, c));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -218,9 +230,11 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
 /* layernorm_backward, one warp per row. With xh = (x - mean) rstd and
  * g = dy * w:  dx += rstd (g - mean(g) - xh mean(g xh)). The weight and bias
  * gradients are column sums of dy*xh and dy over the rows: this kernel
- * writes dy*xh to `dyxh` and the caller sums columns with a GEMM. */
+ * writes dy*xh to `dyxh` and the caller sums columns with a GEMM. All fp32
+ * but the weight. */
+template <typename E>
 __global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float *dout,
-                                          const float *inp, const float *w, const float *mean,
+                                          const float *inp, const E *w, const float *mean,
                                           const float *rstd, size_t n, int C) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
@@ -230,14 +244,14 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float 
     float m = mean[row], s = rstd[row];
     float gm = 0.0f, gxm = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float xh = (x[c] - m) * s, g = dy[c] * w[c];
+        float xh = (x[c] - m) * s, g = dy[c] * ld(w, c);
         gm += g;
         gxm += g * xh;
     }
     gm = warp_sum(gm) / (float)C;
     gxm = warp_sum(gxm) / (float)C;
     for (int c = lane; c < C; c += 32) {
-        float xh = (x[c] - m) * s, g = dy[c] * w[c];
+        float xh = (x[c] - m) * s, g = dy[c] * ld(w, c);
         dx[c] += s * (g - gm - xh * gxm);
         px[c] = dy[c] * xh;
     }
@@ -245,13 +259,14 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float 
 
 /* The start of linear_forward: out = bias broadcast over rows, or
  * out = resid + bias (the CPU's memcpy of the residual, then += bias); the
- * GEMM then adds the product with beta = 1. */
-__global__ void rows_init_kernel(float *out, const float *resid, const float *bias, size_t n,
-                                 int W) {
+ * GEMM then adds the product with beta = 1. O is fp32 for outputs on the
+ * residual stream, E for the others (a bias in E is exact in E). */
+template <typename O, typename E>
+__global__ void rows_init_kernel(O *out, const float *resid, const E *bias, size_t n, int W) {
     size_t total = n * (size_t)W;
     for (size_t i = global_tid(); i < total; i += grid_threads()) {
-        float b = bias[i % (size_t)W];
-        out[i] = resid ? resid[i] + b : b;
+        float b = ld(bias, i % (size_t)W);
+        st(out, i, resid ? resid[i] + b : b);
     }
 }
 
@@ -261,64 +276,69 @@ __device__ __forceinline__ float gelu_sigmoid(float u) {
     return 1.0f / (1.0f + expf(-2.0f * z));
 }
 
-__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+template <typename E>
+__global__ void gelu_forward_kernel(E *out, const E *inp, size_t n) {
     for (size_t i = global_tid(); i < n; i += grid_threads()) {
-        float u = inp[i];
-        out[i] = u * gelu_sigmoid(u);
+        float u = ld(inp, i);
+        st(out, i, u * gelu_sigmoid(u));
     }
 }
 
 /* gelu'(u) = s + u * 2 s (1 - s) * k (1 + 3 a u^2), in place on d. */
-__global__ void gelu_backward_kernel(float *d, const float *inp, size_t n) {
+template <typename E>
+__global__ void gelu_backward_kernel(E *d, const E *inp, size_t n) {
     for (size_t i = global_tid(); i < n; i += grid_threads()) {
-        float u = inp[i], s = gelu_sigmoid(u);
-        d[i] *= s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u);
+        float u = ld(inp, i), s = gelu_sigmoid(u);
+        st(d, i, ld(d, i) * (s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u)));
     }
 }
 
-/* attention_forward's softmax: rows of the (B*H) T x T score matrices, one
- * warp per row; row t keeps columns 0..t (causal) and zeroes the rest. The
- * scores arrive already scaled by 1/sqrt(hs) (the GEMM's alpha). */
-__global__ void causal_softmax_kernel(float *att, size_t rows, int T) {
+/* attention_forward's softmax: rows of the (B*H) T x T fp32 score matrices
+ * into probabilities in E, one warp per row; row t keeps columns 0..t
+ * (causal) and zeroes the rest. The scores arrive already scaled by
+ * 1/sqrt(hs) (the GEMM's alpha). */
+template <typename E>
+__global__ void causal_softmax_kernel(E *prob, const float *score, size_t rows, int T) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     int t = (int)(row % (size_t)T);
-    float *p = att + row * T;
+    const float *s = score + row * T;
+    E *p = prob + row * T;
     float mx = -INFINITY;
-    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, p[j]);
+    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, s[j]);
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int j = lane; j <= t; j += 32) {
-        float e = expf(p[j] - mx);
-        p[j] = e;
-        sum += e;
-    }
+    for (int j = lane; j <= t; j += 32) sum += expf(s[j] - mx);
     float inv = 1.0f / warp_sum(sum);
-    for (int j = lane; j <= t; j += 32) p[j] *= inv;
-    for (int j = t + 1 + lane; j < T; j += 32) p[j] = 0.0f;
+    for (int j = lane; j <= t; j += 32) st(p, j, expf(s[j] - mx) * inv);
+    for (int j = t + 1 + lane; j < T; j += 32) st(p, j, 0.0f);
 }
 
-/* attention_backward's softmax Jacobian, row by row, in place on d:
+/* attention_backward's softmax Jacobian, row by row, from d P (fp32) and
+ * P (E) into d S (E):
  *   dS = P * (dP - sum_j P_j dP_j);  masked entries (P = 0) give 0. */
-__global__ void causal_softmax_backward_kernel(float *d, const float *att, size_t rows, int T) {
+template <typename E>
+__global__ void causal_softmax_backward_kernel(E *dscore, const float *dprob, const E *prob,
+                                               size_t rows, int T) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
     int t = (int)(row % (size_t)T);
-    const float *p = att + row * T;
-    float *g = d + row * T;
+    const E *p = prob + row * T;
+    const float *g = dprob + row * T;
+    E *d = dscore + row * T;
     float dot = 0.0f;
-    for (int j = lane; j <= t; j += 32) dot += p[j] * g[j];
+    for (int j = lane; j <= t; j += 32) dot += ld(p, j) * g[j];
     dot = warp_sum(dot);
-    for (int j = lane; j <= t; j += 32) g[j] = p[j] * (g[j] - dot);
-    for (int j = t + 1 + lane; j < T; j += 32) g[j] = 0.0f;
+    for (int j = lane; j <= t; j += 32) st(d, j, ld(p, j) * (g[j] - dot));
+    for (int j = t + 1 + lane; j < T; j += 32) st(d, j, 0.0f);
 }
 
 /* gpt2_head_forward's softmax and cross-entropy, one CTA per row:
  *   loss = log(sum_v exp(l_v - max)) - (l_target - max)
- * the logits are replaced by the probabilities. Without targets the loss
- * column holds log-sum-exp - max (the CPU's value; the mean is NaN). */
+ * the fp32 logits are replaced by the probabilities. Without targets the
+ * loss column holds log-sum-exp - max (the CPU's value; the mean is NaN). */
 __global__ void cross_entropy_forward_kernel(float *probs, float *losses,
                                              const int32_t *targets, int V) {
     size_t r = blockIdx.x;
@@ -339,24 +359,64 @@ __global__ void cross_entropy_forward_kernel(float *probs, float *losses,
     if (threadIdx.x == 0) losses[r] = logf(sum) - (targets ? lt - mx : 0.0f);
 }
 
-/* gpt2_head_backward's first step, in place:
+/* gpt2_head_backward's first step, from the fp32 probabilities into E
+ * (in place when E is fp32: each element is read before it is written by
+ * the same thread):
  *   d logits = (softmax - onehot(target)) * loss_scale / n. */
-__global__ void cross_entropy_backward_kernel(float *probs, const int32_t *targets, int V,
-                                              float f) {
+template <typename E>
+__global__ void cross_entropy_backward_kernel(E *dlogits, const float *probs,
+                                              const int32_t *targets, int V, float f) {
     size_t r = blockIdx.x;
-    float *p = probs + r * V;
+    const float *p = probs + r * V;
+    E *d = dlogits + r * V;
     int tg = targets[r];
-    for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = (p[v] - (v == tg ? 1.0f : 0.0f)) * f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        st(d, v, (p[v] - (v == tg ? 1.0f : 0.0f)) * f);
 }
 
 /* ------------------------------------------------------------------------ */
 /* The model object                                                          */
 /* ------------------------------------------------------------------------ */
 
+/* Activations kept for the backward, and backward scratch, for max_batch
+ * sequences: N = max_batch * T rows; per-layer buffers are n_layer slabs
+ * (block l's slab at (l-1) * N * width elements). `E` marks buffers in the
+ * working dtype (void *: their element size is g->es), the rest are fp32. */
+struct gpt2_acts {
+    float *res;                /* (L+1) x N x C: res[0] = embedding, res[l] = block l out */
+    void *ln1;                 /* E  L x N x C */
+    float *ln1m, *ln1r;        /*    L x N: LayerNorm mean and 1/std */
+    void *qkv;                 /* E  L x N x 3C */
+    void *att;                 /* E  L x max_batch x H x T x T: softmax probabilities */
+    void *atty;                /* E  L x N x C: attention output before the projection */
+    float *mid;                /*    L x N x C: residual after attention */
+    void *ln2;                 /* E  as ln1 */
+    float *ln2m, *ln2r;
+    void *fch;                 /* E  L x N x 4C: fc output, before gelu */
+    void *fcg;                 /* E  L x N x 4C: after gelu */
+    void *lnf;                 /* E  N x C */
+    float *lnfm, *lnfr;        /*    N */
+    float *probs;              /*    N x V: logits, then probabilities */
+    void *dlogits;             /* E  N x V (the probs buffer itself when E is fp32) */
+    float *losses;             /*    N */
+    /* backward scratch */
+    float *dres;               /*    N x C: gradient of the residual stream */
+    void *dres_e;              /* E  N x C: dres rounded for the products (dres if fp32) */
+    float *dc;                 /*    N x C: gradient into a LayerNorm */
+    void *datty;               /* E  N x C */
+    void *dqkv;                /* E  N x 3C */
+    void *dfc;                 /* E  N x 4C */
+    float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
+    void *dscore;              /* E  max_batch x H x T x T: d S */
+    float *dyxh;               /*    N x C: LayerNorm backward's dy * xhat */
+    float *ones;               /*    N: column sums of fp32 rows */
+    void *ones_e;              /* E  N: column sums of E rows (ones if fp32) */
+};
+
 struct gemm_key {
     int64_t lda, ldb, ldc, sA, sB, sC;
     int32_t ta, tb, M, N, K, batch;
-    uint32_t alA, alB, alC, pad;
+    uint32_t alA, alB, alC, atype, ctype, pad;
 };
 
 struct gemm_entry {
@@ -370,7 +430,9 @@ struct gpt2_cuda {
     zpp_gpt2_config cfg;
     zpp_gpt2_layout lay;
     zpp_gpt2_stages stages;
-    size_t nmax; /* max_batch * T */
+    size_t nmax;          /* max_batch * T */
+    size_t es;            /* bytes of one E element */
+    cudaDataType_t et;    /* E for cuBLASLt */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *workspace;
@@ -389,14 +451,27 @@ struct gpt2_cuda {
     float *h_losses;   /* pinned, nmax */
     cudaEvent_t staged; /* the last copy out of h_ints has been done */
     zpp_gpt2_calls calls; /* gpt2.h */
-    zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h), as gpt2_cpu.c */
-    /* backward scratch of this model only */
-    float *datt, *dyxh, *ones;
-    float *wbuf; /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
+    gpt2_acts act;
 
     float loss;
     int loss_pending; /* losses are on the device, not yet summed */
 };
+
+/* Element i of an E buffer (or of a unit of parameters in E). */
+static inline void *eat(const gpt2_cuda *g, const void *p, size_t i) {
+    return (char *)p + i * g->es;
+}
+
+/* Runs `...` with E typedef'd to the model's working dtype: the one place
+ * that turns the runtime dtype into a kernel's template argument. */
+#define WITH_E(g, ...)                                                  \
+    do {                                                                \
+        switch ((g)->base.param_dtype) {                                \
+        case ZPP_BF16: { typedef __nv_bfloat16 E; __VA_ARGS__; } break; \
+        case ZPP_FP16: { typedef __half E; __VA_ARGS__; } break;        \
+        default: { typedef float E; __VA_ARGS__; } break;               \
+        }                                                               \
+    } while (0)
 
 /* ---- error plumbing ---- */
 
@@ -449,21 +524,25 @@ static zpp_status check_device_ptr(const void *p, const char *op, const char *na
 
 /* ---- GEMM through cuBLASLt ---- */
 
+static size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
 /* Largest power of two (<= 256) dividing the address and, for a batch, the
  * byte stride between matrices: the alignment cuBLASLt may assume. */
-static uint32_t ptr_align(const void *p, int64_t stride, int batch) {
+static uint32_t ptr_align(const void *p, int64_t stride, int batch, size_t bytes) {
     uint64_t v = (uint64_t)(uintptr_t)p | 256u;
-    if (batch > 1) v |= (uint64_t)stride * sizeof(float);
+    if (batch > 1) v |= (uint64_t)stride * bytes;
     return (uint32_t)(v & (~v + 1));
 }
 
 /* Row-major C[M x N] = alpha op(A) op(B) + beta C, op(A) M x K, op(B) K x N
  * (ta / tb: 1 = transposed, as CblasTrans), `batch` matrices apart by
- * sA / sB / sC elements. See the header for the column-major translation. */
-static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
-                       const float *A, int64_t lda, int64_t sA, const float *B, int64_t ldb,
-                       int64_t sB, float beta, float *C, int64_t ldc, int64_t sC, int batch,
-                       const char *what) {
+ * sA / sB / sC elements. A and B are in `at` (E, or fp32 for the column
+ * sums of fp32 rows); C is in ct (E or fp32). Accumulation is fp32. See the
+ * header for the column-major translation. */
+static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
+                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
+                       int64_t sC, int batch, const char *what) {
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.lda = lda;
@@ -478,9 +557,11 @@ static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float 
     key.N = N;
     key.K = K;
     key.batch = batch;
-    key.alA = ptr_align(A, sA, batch);
-    key.alB = ptr_align(B, sB, batch);
-    key.alC = ptr_align(C, sC, batch);
+    key.alA = ptr_align(A, sA, batch, type_bytes(at));
+    key.alB = ptr_align(B, sB, batch, type_bytes(at));
+    key.alC = ptr_align(C, sC, batch, type_bytes(ct));
+    key.atype = (uint32_t)at;
+    key.ctype = (uint32_t)ct;
 
     /* cuBLASLt operand 1 is our B, operand 2 our A, output our C^T. */
     cublasLtMatmulDescOpaque_t desc;
@@ -493,11 +574,11 @@ static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float 
              what);
     /* Stored shapes (before the op), column-major: B row-major K x N is
      * N x K; B row-major N x K (tb) is K x N; likewise for A. */
-    LT_CHECK(cublasLtMatrixLayoutInit(&l1, CUDA_R_32F, tb ? (uint64_t)K : (uint64_t)N,
+    LT_CHECK(cublasLtMatrixLayoutInit(&l1, at, tb ? (uint64_t)K : (uint64_t)N,
                                       tb ? (uint64_t)N : (uint64_t)K, ldb), what);
-    LT_CHECK(cublasLtMatrixLayoutInit(&l2, CUDA_R_32F, ta ? (uint64_t)M : (uint64_t)K,
+    LT_CHECK(cublasLtMatrixLayoutInit(&l2, at, ta ? (uint64_t)M : (uint64_t)K,
                                       ta ? (uint64_t)K : (uint64_t)M, lda), what);
-    LT_CHECK(cublasLtMatrixLayoutInit(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc), what);
+    LT_CHECK(cublasLtMatrixLayoutInit(&lc, ct, (uint64_t)N, (uint64_t)M, ldc), what);
     if (batch > 1) {
         int32_t bc = batch;
         LT_CHECK(cublasLtMatrixLayoutSetAttribute(&l1, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
@@ -541,10 +622,13 @@ static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float 
                                                 &found), what);
         if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
             return zpp_error(ZPP_ERR_CUDA,
-                             "gpt2 cuda: %s: cuBLASLt has no fp32 algorithm for the row-major "
-                             "product %s%s M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d",
+                             "gpt2 cuda: %s: cuBLASLt has no algorithm for the row-major "
+                             "product %s%s M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d "
+                             "(operands %s, output %s)",
                              what, ta ? "A^T" : "A", tb ? "B^T" : "B", M, N, K, (long long)lda,
-                             (long long)ldb, (long long)ldc, batch);
+                             (long long)ldb, (long long)ldc, batch,
+                             at == CUDA_R_32F ? "fp32" : zpp_dtype_name(g->base.param_dtype),
+                             ct == CUDA_R_32F ? "fp32" : zpp_dtype_name(g->base.param_dtype));
         int slot = 0;
         while (slot < kGemmCache && g->cache[slot].used) slot++;
         if (slot == kGemmCache) { /* full: replace round-robin */
@@ -561,206 +645,240 @@ static zpp_status gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float 
     return ZPP_OK;
 }
 
-/* Plain (unbatched) row-major product. */
+/* Plain (unbatched) row-major product of E operands. */
 static zpp_status mm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
-                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                     int ldc, const char *what) {
-    return gemm(g, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, what);
+                     const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                     cudaDataType_t ct, int ldc, const char *what) {
+    return gemm(g, g->et, ct, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1,
+                what);
 }
 
-/* colsum[W] += sum over n rows of X (n x W, row-major): ones^T X. */
-static zpp_status colsum_acc(gpt2_cuda *g, float *colsum, const float *X, int n, int W,
+/* colsum[W] += sum over n rows of X (n x W, row-major, in E): ones^T X,
+ * accumulated in fp32. */
+static zpp_status colsum_acc(gpt2_cuda *g, float *colsum, const void *X, int n, int W,
                              const char *what) {
-    return mm(g, 0, 0, 1, W, n, 1.0f, g->ones, n, X, W, 1.0f, colsum, W, what);
+    return mm(g, 0, 0, 1, W, n, 1.0f, g->act.ones_e, n, X, W, 1.0f, colsum, CUDA_R_32F, W,
+              what);
+}
+
+/* The same for fp32 rows (the residual gradient, the LayerNorm backward's
+ * products): fp32 operands whatever E is, so nothing is rounded. */
+static zpp_status colsum_acc_f32(gpt2_cuda *g, float *colsum, const float *X, int n, int W,
+                                 const char *what) {
+    return gemm(g, CUDA_R_32F, CUDA_R_32F, 0, 0, 1, W, n, 1.0f, g->act.ones, n, 0, X, W, 0,
+                1.0f, colsum, W, 0, 1, what);
 }
 
 /* One attention product for every (sequence b, head h): operand X of
- * (b, h) starts at X + b*X_sb + h*X_sh. One batched GEMM per sequence over
- * the heads, or per head over the sequences, whichever is fewer launches. */
+ * (b, h) starts at element b*X_sb + h*X_sh of X.p (in E). One batched GEMM
+ * per sequence over the heads, or per head over the sequences, whichever
+ * is fewer launches. C is in ct. */
 struct attn_operand {
-    const float *p;
+    const void *p;
     int64_t ld, sb, sh;
 };
 
 static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
-                            attn_operand A, attn_operand B, float *C, int64_t ldc, int64_t C_sb,
-                            int64_t C_sh, const char *what) {
+                            attn_operand A, attn_operand B, void *C, cudaDataType_t ct,
+                            int64_t ldc, int64_t C_sb, int64_t C_sh, const char *what) {
     int nb = g->calls.B, nh = g->cfg.n_head;
+    size_t cs = type_bytes(ct);
+    const char *a = (const char *)A.p, *b = (const char *)B.p;
+    char *c = (char *)C;
     if (nb <= nh) {
-        for (int b = 0; b < nb; b++)
-            ZPP_CHECK(gemm(g, ta, tb, M, N, K, alpha, A.p + b * A.sb, A.ld, A.sh, B.p + b * B.sb,
-                           B.ld, B.sh, 0.0f, C + b * C_sb, ldc, C_sh, nh, what));
+        for (int s = 0; s < nb; s++)
+            ZPP_CHECK(gemm(g, g->et, ct, ta, tb, M, N, K, alpha, a + s * A.sb * g->es, A.ld,
+                           A.sh, b + s * B.sb * g->es, B.ld, B.sh, 0.0f, c + s * C_sb * cs, ldc,
+                           C_sh, nh, what));
     } else {
         for (int h = 0; h < nh; h++)
-            ZPP_CHECK(gemm(g, ta, tb, M, N, K, alpha, A.p + h * A.sh, A.ld, A.sb, B.p + h * B.sh,
-                           B.ld, B.sb, 0.0f, C + h * C_sh, ldc, C_sb, nb, what));
+            ZPP_CHECK(gemm(g, g->et, ct, ta, tb, M, N, K, alpha, a + h * A.sh * g->es, A.ld,
+                           A.sb, b + h * B.sh * g->es, B.ld, B.sb, 0.0f, c + h * C_sh * cs, ldc,
+                           C_sb, nb, what));
     }
     return ZPP_OK;
 }
 
 /* ---- building blocks (first n = B*T rows) ---- */
 
-/* linear_forward: out = [resid +] bias, then out += inp W^T. */
-static zpp_status linear_forward(gpt2_cuda *g, float *out, const float *resid, const float *inp,
-                                 const float *W, const float *bias, int n, int IC, int OC,
-                                 const char *what) {
-    rows_init_kernel<<<grid_for((size_t)n * OC), kThreads, 0, g->stream>>>(out, resid, bias,
-                                                                           (size_t)n, OC);
+/* linear_forward: out = [resid +] bias, then out += inp W^T. inp, W and
+ * bias are in E; out is fp32 (ot = CUDA_R_32F, the residual stream) or E. */
+static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, const float *resid,
+                                 const void *inp, const void *W, const void *bias, int n, int IC,
+                                 int OC, const char *what) {
+    unsigned grid = grid_for((size_t)n * OC);
+    if (ot == CUDA_R_32F)
+        WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
+                      (float *)out, resid, (const E *)bias, (size_t)n, OC));
+    else
+        WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
+                      (E *)out, resid, (const E *)bias, (size_t)n, OC));
     LAUNCH_CHECK(what);
-    return mm(g, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, OC, what);
+    return mm(g, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, ot, OC, what);
 }
 
-/* linear_backward: d inp = d out W (overwritten); d W += d out^T inp;
- * d b += column sums of d out. */
-static zpp_status linear_backward(gpt2_cuda *g, float *dinp, float *dW, float *db,
-                                  const float *dout, const float *inp, const float *W, int n,
-                                  int IC, int OC, const char *what) {
-    ZPP_CHECK(mm(g, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, IC, what));
-    ZPP_CHECK(mm(g, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, IC, what));
-    return colsum_acc(g, db, dout, n, OC, what);
+/* linear_backward: d inp = d out W (overwritten, in it = fp32 or E);
+ * d W += d out^T inp; d b += column sums of d out (from dout_f32, the
+ * unrounded fp32 gradient, when the caller has one). */
+static zpp_status linear_backward(gpt2_cuda *g, void *dinp, cudaDataType_t it, float *dW,
+                                  float *db, const void *dout, const float *dout_f32,
+                                  const void *inp, const void *W, int n, int IC, int OC,
+                                  const char *what) {
+    ZPP_CHECK(mm(g, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, it, IC, what));
+    ZPP_CHECK(mm(g, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC, what));
+    return dout_f32 ? colsum_acc_f32(g, db, dout_f32, n, OC, what)
+                    : colsum_acc(g, db, dout, n, OC, what);
 }
 
-static zpp_status layernorm_forward(gpt2_cuda *g, float *out, float *mean, float *rstd,
-                                    const float *inp, const float *w, const float *b, int n,
+static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float *rstd,
+                                    const float *inp, const void *w, const void *b, int n,
                                     int C) {
-    layernorm_forward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-        out, mean, rstd, inp, w, b, (size_t)n, C);
+    WITH_E(g, layernorm_forward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
+                  (E *)out, mean, rstd, inp, (const E *)w, (const E *)b, (size_t)n, C));
     LAUNCH_CHECK("layernorm forward");
     return ZPP_OK;
 }
 
-/* d inp += ...; d w += sum dy*xh; d b += sum dy. */
+/* d inp += ...; d w += sum dy*xh; d b += sum dy (all fp32). */
 static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float *db,
-                                     const float *dout, const float *inp, const float *w,
+                                     const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C) {
-    layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-        dinp, g->dyxh, dout, inp, w, mean, rstd, (size_t)n, C);
+    WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
+                  dinp, g->act.dyxh, dout, inp, (const E *)w, mean, rstd, (size_t)n, C));
     LAUNCH_CHECK("layernorm backward");
-    ZPP_CHECK(colsum_acc(g, dw, g->dyxh, n, C, "layernorm weight gradient"));
-    return colsum_acc(g, db, dout, n, C, "layernorm bias gradient");
+    ZPP_CHECK(colsum_acc_f32(g, dw, g->act.dyxh, n, C, "layernorm weight gradient"));
+    return colsum_acc_f32(g, db, dout, n, C, "layernorm bias gradient");
 }
 
-/* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V. */
-static zpp_status attention_forward(gpt2_cuda *g, float *y, float *att, const float *qkv) {
+/* The residual gradient rounded to E for the products that read it (a
+ * no-op when E is fp32: dres_e is dres). */
+static zpp_status round_dres(gpt2_cuda *g, int n) {
+    if (g->et == CUDA_R_32F) return ZPP_OK;
+    size_t k = (size_t)n * g->cfg.n_embd;
+    WITH_E(g, round_kernel<<<grid_for(k), kThreads, 0, g->stream>>>((E *)g->act.dres_e,
+                                                                    g->act.dres, k));
+    LAUNCH_CHECK("round the residual gradient");
+    return ZPP_OK;
+}
+
+/* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V.
+ * Scores in fp32 (the score scratch), P and Y in E. */
+static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
     int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T;
     float scale = 1.0f / sqrtf((float)hs);
-    attn_operand Q = {qkv, C3, T * C3, hs}, K = {qkv + C, C3, T * C3, hs};
-    attn_operand Vv = {qkv + 2 * C, C3, T * C3, hs}, P = {att, T, H * TT, TT};
-    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, scale, Q, K, att, T, H * TT, TT, "attention Q K^T"));
+    attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
+    attn_operand Vv = {eat(g, qkv, 2 * C), C3, T * C3, hs}, P = {att, T, H * TT, TT};
+    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, scale, Q, K, g->act.score, CUDA_R_32F, T, H * TT, TT,
+                        "attention Q K^T"));
     size_t rows = (size_t)g->calls.B * H * T;
-    causal_softmax_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(att, rows, T);
+    WITH_E(g, causal_softmax_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(
+                  (E *)att, g->act.score, rows, T));
     LAUNCH_CHECK("attention softmax");
-    return attn_gemm(g, 0, 0, T, hs, T, 1.0f, P, Vv, y, C, (int64_t)T * C, hs, "attention P V");
+    return attn_gemm(g, 0, 0, T, hs, T, 1.0f, P, Vv, y, g->et, C, (int64_t)T * C, hs,
+                     "attention P V");
 }
 
-/* attention_backward (writes dqkv):
- *   dP = dY V^T,  dS = P * (dP - rowsum(P * dP)),
+/* attention_backward (writes dqkv, in E):
+ *   dP = dY V^T (fp32),  dS = P * (dP - rowsum(P * dP)) (E),
  *   dQ = dS K / sqrt(hs),  dK = dS^T Q / sqrt(hs),  dV = P^T dY. */
-static zpp_status attention_backward(gpt2_cuda *g, float *dqkv, const float *dy,
-                                     const float *att, const float *qkv) {
+static zpp_status attention_backward(gpt2_cuda *g, void *dqkv, const void *dy, const void *att,
+                                     const void *qkv) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
     int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T, TC = (int64_t)T * C;
     float scale = 1.0f / sqrtf((float)hs);
-    attn_operand Q = {qkv, C3, T * C3, hs}, K = {qkv + C, C3, T * C3, hs};
-    attn_operand Vv = {qkv + 2 * C, C3, T * C3, hs}, P = {att, T, H * TT, TT};
-    attn_operand dY = {dy, C, TC, hs}, dS = {g->datt, T, H * TT, TT};
-    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, 1.0f, dY, Vv, g->datt, T, H * TT, TT,
+    attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
+    attn_operand Vv = {eat(g, qkv, 2 * C), C3, T * C3, hs}, P = {att, T, H * TT, TT};
+    attn_operand dY = {dy, C, TC, hs}, dS = {g->act.dscore, T, H * TT, TT};
+    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, 1.0f, dY, Vv, g->act.score, CUDA_R_32F, T, H * TT, TT,
                         "attention backward dY V^T"));
     size_t rows = (size_t)g->calls.B * H * T;
-    causal_softmax_backward_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(g->datt, att,
-                                                                                rows, T);
+    WITH_E(g, causal_softmax_backward_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(
+                  (E *)g->act.dscore, g->act.score, (const E *)att, rows, T));
     LAUNCH_CHECK("attention softmax backward");
-    ZPP_CHECK(attn_gemm(g, 0, 0, T, hs, T, scale, dS, K, dqkv, C3, T * C3, hs,
+    ZPP_CHECK(attn_gemm(g, 0, 0, T, hs, T, scale, dS, K, dqkv, g->et, C3, T * C3, hs,
                         "attention backward dS K"));
-    ZPP_CHECK(attn_gemm(g, 1, 0, T, hs, T, scale, dS, Q, dqkv + C, C3, T * C3, hs,
+    ZPP_CHECK(attn_gemm(g, 1, 0, T, hs, T, scale, dS, Q, eat(g, dqkv, C), g->et, C3, T * C3, hs,
                         "attention backward dS^T Q"));
-    return attn_gemm(g, 1, 0, T, hs, T, 1.0f, P, dY, dqkv + 2 * C, C3, T * C3, hs,
+    return attn_gemm(g, 1, 0, T, hs, T, 1.0f, P, dY, eat(g, dqkv, 2 * C), g->et, C3, T * C3, hs,
                      "attention backward P^T dY");
-}
-
-/* ---- parameters in the working dtype ---- */
-
-/* The unit's parameters as fp32: the caller's buffer for fp32, else the
- * whole unit widened into wbuf (one kernel). */
-static zpp_status params_f32(gpt2_cuda *g, int unit, const void *params, const float **w_p) {
-    size_t n = g->stages.unit_numel[unit];
-    switch (g->base.param_dtype) {
-    case ZPP_FP32: *w_p = (const float *)params; return ZPP_OK;
-    case ZPP_BF16:
-        widen_kernel<<<grid_for(n), kThreads, 0, g->stream>>>(
-            g->wbuf, (const __nv_bfloat16 *)params, n);
-        break;
-    default:
-        widen_kernel<<<grid_for(n), kThreads, 0, g->stream>>>(g->wbuf, (const __half *)params,
-                                                               n);
-        break;
-    }
-    LAUNCH_CHECK("widen parameters to fp32");
-    *w_p = g->wbuf;
-    return ZPP_OK;
 }
 
 /* ---- stages ---- */
 
-static zpp_status embed_forward(gpt2_cuda *g, const void *params) {
+/* Block l's (1..n_layer) slices of the activations. */
+struct layer_acts {
+    const float *x; /* res[l-1] */
+    float *out;     /* res[l] */
+    float *mid, *ln1m, *ln1r, *ln2m, *ln2r;
+    void *ln1, *qkv, *att, *atty, *ln2, *fch, *fcg; /* E */
+};
+
+static layer_acts layer_of(const gpt2_cuda *g, int l) {
+    const gpt2_acts *a = &g->act;
+    const size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len;
+    const size_t H = (size_t)g->cfg.n_head, N = g->nmax, k = (size_t)(l - 1);
+    layer_acts y;
+    y.x = a->res + k * N * C;
+    y.out = a->res + (k + 1) * N * C;
+    y.mid = a->mid + k * N * C;
+    y.ln1m = a->ln1m + k * N;
+    y.ln1r = a->ln1r + k * N;
+    y.ln2m = a->ln2m + k * N;
+    y.ln2r = a->ln2r + k * N;
+    y.ln1 = eat(g, a->ln1, k * N * C);
+    y.qkv = eat(g, a->qkv, k * N * 3 * C);
+    y.att = eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
+    y.atty = eat(g, a->atty, k * N * C);
+    y.ln2 = eat(g, a->ln2, k * N * C);
+    y.fch = eat(g, a->fch, k * N * 4 * C);
+    y.fcg = eat(g, a->fcg, k * N * 4 * C);
+    return y;
+}
+
+static zpp_status embed_forward(gpt2_cuda *g, const void *w) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
     size_t n = (size_t)g->calls.B * T;
-    unsigned grid = grid_for(n * C);
-    switch (g->base.param_dtype) {
-    case ZPP_FP32: {
-        const float *p = (const float *)params;
-        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
-        break;
-    }
-    case ZPP_BF16: {
-        const __nv_bfloat16 *p = (const __nv_bfloat16 *)params;
-        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
-        break;
-    }
-    default: {
-        const __half *p = (const __half *)params;
-        embed_forward_kernel<<<grid, kThreads, 0, g->stream>>>(
-            g->act.res, g->d_tokens, p + g->lay.wte, p + g->lay.wpe, n, T, C);
-        break;
-    }
-    }
+    WITH_E(g, embed_forward_kernel<<<grid_for(n * C), kThreads, 0, g->stream>>>(
+                  g->act.res, g->d_tokens, (const E *)eat(g, w, g->lay.wte),
+                  (const E *)eat(g, w, g->lay.wpe), n, T, C));
     LAUNCH_CHECK("embedding forward");
     return ZPP_OK;
 }
 
-static zpp_status block_forward(gpt2_cuda *g, int l, const float *w) {
+static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
-    size_t sC = (size_t)C;
-    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
+    const layer_acts y = layer_of(g, l);
+    const cudaDataType_t et = g->et, f32 = CUDA_R_32F;
 
-    ZPP_CHECK(layernorm_forward(g, y.ln1, y.ln1m, y.ln1r, y.x, w + L->ln1_w, w + L->ln1_b, n, C));
-    ZPP_CHECK(linear_forward(g, y.qkv, NULL, y.ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C,
-                             "qkv forward"));
+    ZPP_CHECK(layernorm_forward(g, y.ln1, y.ln1m, y.ln1r, y.x, eat(g, w, L->ln1_w),
+                                eat(g, w, L->ln1_b), n, C));
+    ZPP_CHECK(linear_forward(g, y.qkv, et, NULL, y.ln1, eat(g, w, L->qkv_w), eat(g, w, L->qkv_b),
+                             n, C, 3 * C, "qkv forward"));
     ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
-    ZPP_CHECK(linear_forward(g, y.mid, y.x, y.atty, w + L->proj_w, w + L->proj_b, n, C, C,
-                             "attention projection forward"));
-    ZPP_CHECK(layernorm_forward(g, y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C));
-    ZPP_CHECK(linear_forward(g, y.fch, NULL, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C,
-                             "fc forward"));
-    size_t n4 = (size_t)n * 4 * sC;
-    gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(y.fcg, y.fch, n4);
+    ZPP_CHECK(linear_forward(g, y.mid, f32, y.x, y.atty, eat(g, w, L->proj_w),
+                             eat(g, w, L->proj_b), n, C, C, "attention projection forward"));
+    ZPP_CHECK(layernorm_forward(g, y.ln2, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
+                                eat(g, w, L->ln2_b), n, C));
+    ZPP_CHECK(linear_forward(g, y.fch, et, NULL, y.ln2, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
+                             C, 4 * C, "fc forward"));
+    size_t n4 = (size_t)n * 4 * C;
+    WITH_E(g, gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
+                  (E *)y.fcg, (const E *)y.fch, n4));
     LAUNCH_CHECK("gelu forward");
-    return linear_forward(g, y.out, y.mid, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C,
-                          "fc2 forward");
+    return linear_forward(g, y.out, f32, y.mid, y.fcg, eat(g, w, L->fc2_w), eat(g, w, L->fc2_b),
+                          n, 4 * C, C, "fc2 forward");
 }
 
-static zpp_status head_forward(gpt2_cuda *g, const float *w) {
+static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x,
-                                w + g->lay.lnf_w, w + g->lay.lnf_b, n, C));
-    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, w + g->lay.wte, C, 0.0f, g->act.probs, V,
-                 "logits"));
+    ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnfm, g->act.lnfr, x,
+                                eat(g, w, g->lay.lnf_w), eat(g, w, g->lay.lnf_b), n, C));
+    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, eat(g, w, g->lay.wte), C, 0.0f,
+                 g->act.probs, CUDA_R_32F, V, "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
         g->act.probs, g->act.losses, g->calls.have_targets ? g->d_targets : NULL, V);
     LAUNCH_CHECK("softmax cross-entropy");
@@ -769,50 +887,55 @@ static zpp_status head_forward(gpt2_cuda *g, const float *w) {
 
 /* d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte, and the
  * final LayerNorm's backward starts dres. */
-static zpp_status head_backward(gpt2_cuda *g, const float *w, float *gr, float loss_scale) {
+static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
-    cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(g->act.probs,
-                                                                           g->d_targets, V, f);
+    WITH_E(g, cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
+                  (E *)g->act.dlogits, g->act.probs, g->d_targets, V, f));
     LAUNCH_CHECK("cross-entropy backward");
-    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->act.probs, V, g->act.lnf, C, 1.0f, gr + g->lay.wte, C,
-                 "LM head weight gradient"));
-    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->act.probs, V, w + g->lay.wte, C, 0.0f, g->act.dc, C,
-                 "LM head input gradient"));
+    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->act.dlogits, V, g->act.lnf, C, 1.0f, gr + g->lay.wte,
+                 CUDA_R_32F, C, "LM head weight gradient"));
+    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->act.dlogits, V, eat(g, w, g->lay.wte), C, 0.0f,
+                 g->act.dc, CUDA_R_32F, C, "LM head input gradient"));
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     return layernorm_backward(g, g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
-                              w + g->lay.lnf_w, g->act.lnf_mean, g->act.lnf_rstd, n, C);
+                              eat(g, w, g->lay.lnf_w), g->act.lnfm, g->act.lnfr, n, C);
 }
 
 /* Reverse of block_forward; dres = d loss / d out on entry, d loss / d x on
  * exit (residual adds pass it through, branches add theirs). */
-static zpp_status block_backward(gpt2_cuda *g, int l, const float *w, float *gr) {
+static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) {
     const zpp_gpt2_layout *L = &g->lay;
+    gpt2_acts *a = &g->act;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
-    size_t sC = (size_t)C;
-    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
+    const layer_acts y = layer_of(g, l);
+    const cudaDataType_t et = g->et, f32 = CUDA_R_32F;
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    ZPP_CHECK(linear_backward(g, g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg,
-                              w + L->fc2_w, n, 4 * C, C, "fc2 backward"));
-    size_t n4 = (size_t)n * 4 * sC;
-    gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(g->act.dfc, y.fch, n4);
+    ZPP_CHECK(round_dres(g, n));
+    ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e, a->dres,
+                              y.fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
+    size_t n4 = (size_t)n * 4 * C;
+    WITH_E(g, gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
+                  (E *)a->dfc, (const E *)y.fch, n4));
     LAUNCH_CHECK("gelu backward");
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, y.ln2,
-                              w + L->fc_w, n, C, 4 * C, "fc backward"));
-    ZPP_CHECK(layernorm_backward(g, g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, y.mid,
-                                 w + L->ln2_w, y.ln2m, y.ln2r, n, C));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, y.ln2,
+                              eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
+    ZPP_CHECK(layernorm_backward(g, a->dres, gr + L->ln2_w, gr + L->ln2_b, a->dc, y.mid,
+                                 eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, y.atty,
-                              w + L->proj_w, n, C, C, "attention projection backward"));
-    ZPP_CHECK(attention_backward(g, g->act.dqkv, g->act.dc, y.att, y.qkv));
-    ZPP_CHECK(linear_backward(g, g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, y.ln1,
-                              w + L->qkv_w, n, C, 3 * C, "qkv backward"));
-    return layernorm_backward(g, g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, y.x,
-                              w + L->ln1_w, y.ln1m, y.ln1r, n, C);
+    ZPP_CHECK(round_dres(g, n));
+    ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, gr + L->proj_b, a->dres_e,
+                              a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
+                              "attention projection backward"));
+    ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, y.ln1,
+                              eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
+    return layernorm_backward(g, a->dres, gr + L->ln1_w, gr + L->ln1_b, a->dc, y.x,
+                              eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C);
 }
 
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
@@ -894,18 +1017,15 @@ zpp_status op_forward(zpp_model *m, int stage, const void *params) {
     ZPP_CHECK(check_device_ptr(params, "forward", "params"));
     g->calls.bwd_next = -1;
     g->loss_pending = 0;
-    const float *w = NULL;
     if (stage == 0) {
         g->loss = NAN;
         ZPP_CHECK(embed_forward(g, params));
     } else if (stage == S - 1) {
-        ZPP_CHECK(params_f32(g, 0, params, &w));
-        ZPP_CHECK(head_forward(g, w));
+        ZPP_CHECK(head_forward(g, params));
         g->loss_pending = 1;
         g->calls.bwd_next = S - 1;
     } else {
-        ZPP_CHECK(params_f32(g, stage, params, &w));
-        ZPP_CHECK(block_forward(g, stage, w));
+        ZPP_CHECK(block_forward(g, stage, params));
     }
     g->calls.fwd_next = stage + 1;
     return ZPP_OK;
@@ -939,15 +1059,12 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
     ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2 cuda"));
     if (params) ZPP_CHECK(check_device_ptr(params, "backward", "params"));
     ZPP_CHECK(check_device_ptr(grads, "backward", "grads"));
-    const float *w = NULL;
     if (stage == S - 1) {
-        ZPP_CHECK(params_f32(g, 0, params, &w));
-        ZPP_CHECK(head_backward(g, w, grads, loss_scale));
+        ZPP_CHECK(head_backward(g, params, grads, loss_scale));
     } else if (stage == 0) {
         ZPP_CHECK(embed_backward(g, grads));
     } else {
-        ZPP_CHECK(params_f32(g, stage, params, &w));
-        ZPP_CHECK(block_backward(g, stage, w, grads));
+        ZPP_CHECK(block_backward(g, stage, params, grads));
     }
     g->calls.bwd_next = stage - 1;
     return ZPP_OK;
@@ -976,21 +1093,56 @@ const zpp_model_ops gpt2_cuda_ops = {
 
 /* ---- create ---- */
 
-/* Carves the arena (gpt2.h), each buffer on a 256-byte boundary (what
- * cuBLASLt likes best): the batch's ints, the shared activations, then what
- * only this model keeps. Pass 1 (base NULL) counts; pass 2 hands out
- * pointers. */
+/* rows x width elements of E from the arena (whose unit is a float). */
+static void *take_e(const gpt2_cuda *g, zpp_gpt2_arena *a, size_t rows, size_t width) {
+    size_t n;
+    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8) {
+        a->overflow = 1;
+        return NULL;
+    }
+    return zpp_gpt2_arena_take(a, (n * g->es + sizeof(float) - 1) / sizeof(float), 1);
+}
+
+/* Carves the arena, each buffer on a 256-byte boundary (what cuBLASLt
+ * likes best): the batch's ints, then gpt2_acts. Pass 1 (base NULL)
+ * counts; pass 2 hands out pointers. */
 static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head;
+    size_t L = (size_t)g->cfg.n_layer, V = (size_t)g->cfg.vocab_size;
     size_t N = g->nmax, Bm = (size_t)g->base.max_batch;
-    size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
-                                                             : g->lay.block_numel;
+    const int f32 = g->base.param_dtype == ZPP_FP32;
+    gpt2_acts *x = &g->act;
     g->d_ints = (int32_t *)zpp_gpt2_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
-    zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
-    g->datt = zpp_gpt2_arena_take(a, Bm * H, T * T);
-    g->dyxh = zpp_gpt2_arena_take(a, N, C);
-    g->ones = zpp_gpt2_arena_take(a, N, 1);
-    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
+    x->res = zpp_gpt2_arena_take(a, (L + 1) * N, C);
+    x->ln1 = take_e(g, a, L * N, C);
+    x->ln1m = zpp_gpt2_arena_take(a, L, N);
+    x->ln1r = zpp_gpt2_arena_take(a, L, N);
+    x->qkv = take_e(g, a, L * N, 3 * C);
+    x->att = take_e(g, a, L * Bm * H, T * T);
+    x->atty = take_e(g, a, L * N, C);
+    x->mid = zpp_gpt2_arena_take(a, L * N, C);
+    x->ln2 = take_e(g, a, L * N, C);
+    x->ln2m = zpp_gpt2_arena_take(a, L, N);
+    x->ln2r = zpp_gpt2_arena_take(a, L, N);
+    x->fch = take_e(g, a, L * N, 4 * C);
+    x->fcg = take_e(g, a, L * N, 4 * C);
+    x->lnf = take_e(g, a, N, C);
+    x->lnfm = zpp_gpt2_arena_take(a, N, 1);
+    x->lnfr = zpp_gpt2_arena_take(a, N, 1);
+    x->probs = zpp_gpt2_arena_take(a, N, V);
+    x->dlogits = f32 ? x->probs : take_e(g, a, N, V);
+    x->losses = zpp_gpt2_arena_take(a, N, 1);
+    x->dres = zpp_gpt2_arena_take(a, N, C);
+    x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
+    x->dc = zpp_gpt2_arena_take(a, N, C);
+    x->datty = take_e(g, a, N, C);
+    x->dqkv = take_e(g, a, N, 3 * C);
+    x->dfc = take_e(g, a, N, 4 * C);
+    x->score = zpp_gpt2_arena_take(a, Bm * H, T * T);
+    x->dscore = take_e(g, a, Bm * H, T * T);
+    x->dyxh = zpp_gpt2_arena_take(a, N, C);
+    x->ones = zpp_gpt2_arena_take(a, N, 1);
+    x->ones_e = f32 ? x->ones : take_e(g, a, N, 1);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
@@ -1022,8 +1174,11 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
              "create: batch copy event");
     LT_CHECK(cublasLtCreate(&g->lt), "create: cuBLASLt handle");
-    fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(g->ones, 1.0f, g->nmax);
-    LAUNCH_CHECK("create: ones vector");
+    fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(g->act.ones, 1.0f, g->nmax);
+    if (g->act.ones_e != g->act.ones)
+        WITH_E(g, fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(
+                      (E *)g->act.ones_e, 1.0f, g->nmax));
+    LAUNCH_CHECK("create: ones vectors");
     return ZPP_OK;
 }
 
@@ -1065,6 +1220,9 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->base.mem = ZPP_MEM_DEVICE;
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
+    g->es = zpp_dtype_size(param_dtype);
+    g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
+            : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;
     g->calls.fwd_next = 0;
     g->calls.bwd_next = -1;
