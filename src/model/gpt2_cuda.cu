@@ -58,6 +58,14 @@
  * stay ascending): one CUDA block per distinct token adds that token's rows
  * in position order, the same order as the CPU's loop, into its wte row.
  *
+ * RECOMPUTE. A block's two LayerNorm outputs and its gelu output are not
+ * kept for the backward: they are cheap elementwise functions of what is
+ * kept (the residual stream and the LayerNorm statistics; fch), so the
+ * backward evaluates them again, with the same expressions and so the
+ * same bits, into one layer's scratch. That saves 6C of the 2-byte values
+ * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
+ * elementwise passes.
+ *
  * MEMORY. All device memory is allocated at create, in one arena (the
  * activations of gpt2_acts below, each buffer in its own dtype), plus a
  * 32 MiB cuBLASLt workspace and pinned host staging for the batch and the
@@ -109,27 +117,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* Sum (is_max = false) or max over the CTA, returned to every thread.
- * blockDim.x must be a multiple of 32. The trailing barrier lets a second
- * call reuse the shared slots. */
-__device__ float block_reduce(float v, bool is_max) {
-    __shared__ float part[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = is_max ? warp_max(v) : warp_sum(v);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float id = is_max ? -INFINITY : 0.0f;
-        v = lane < nw ? part[lane] : id;
-        v = is_max ? warp_max(v) : warp_sum(v);
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    v = part[0];
-    __syncthreads();
     return v;
 }
 
@@ -199,6 +186,12 @@ __global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const 
     }
 }
 
+/* xhat * w + b, the one expression both the forward and the backward's
+ * recomputation evaluate, so they give the same bits. */
+__device__ __forceinline__ float ln_apply(float x, float m, float r, float w, float b) {
+    return (x - m) * r * w + b;
+}
+
 /* layernorm_forward, one warp per row of the fp32 residual stream: mean,
  * then the mean of squared deviations (two passes, so a large mean does not
  * cancel the variance); the normalised row is stored in E. */
@@ -220,10 +213,23 @@ __global__ void layernorm_forward_kernel(E *out, float *mean, float *rstd, const
     }
     v = warp_sum(v) / (float)C;
     float r = 1.0f / sqrtf(v + kLnEps);
-    for (int c = lane; c < C; c += 32) st(o, c, (x[c] - m) * r * ld(w, c) + ld(b, c));
+    for (int c = lane; c < C; c += 32) st(o, c, ln_apply(x[c], m, r, ld(w, c), ld(b, c)));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
+    }
+}
+
+/* The backward's recomputation of a LayerNorm output from its input and
+ * the statistics the forward kept (cheaper than keeping L of them). */
+template <typename E>
+__global__ void layernorm_recompute_kernel(E *out, const float *inp, const float *mean,
+                                           const float *rstd, const E *w, const E *b, size_t n,
+                                           int C) {
+    size_t total = n * (size_t)C;
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        size_t r = i / (size_t)C, c = i % (size_t)C;
+        st(out, i, ln_apply(inp[i], mean[r], rstd[r], ld(w, c), ld(b, c)));
     }
 }
 
@@ -335,43 +341,86 @@ __global__ void causal_softmax_backward_kernel(E *dscore, const float *dprob, co
     for (int j = t + 1 + lane; j < T; j += 32) st(d, j, 0.0f);
 }
 
-/* gpt2_head_forward's softmax and cross-entropy, one CTA per row:
- *   loss = log(sum_v exp(l_v - max)) - (l_target - max)
- * the fp32 logits are replaced by the probabilities. Without targets the
- * loss column holds log-sum-exp - max (the CPU's value; the mean is NaN). */
-__global__ void cross_entropy_forward_kernel(float *probs, float *losses,
-                                             const int32_t *targets, int V) {
-    size_t r = blockIdx.x;
-    float *p = probs + r * V;
-    float lt = targets ? p[targets[r]] : 0.0f; /* read before any write */
-    float mx = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, p[v]);
-    mx = block_reduce(mx, true);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float e = expf(p[v] - mx);
-        p[v] = e;
-        sum += e;
-    }
-    sum = block_reduce(sum, false);
-    float inv = 1.0f / sum;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
-    if (threadIdx.x == 0) losses[r] = logf(sum) - (targets ? lt - mx : 0.0f);
+/* Online softmax statistics: (m, s) stands for s * e^m; merging two
+ * keeps the larger exponent, so nothing overflows. */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    if (mx == -INFINITY) return; /* both empty */
+    s = s * expf(m - mx) + s2 * expf(m2 - mx);
+    m = mx;
 }
 
-/* gpt2_head_backward's first step, from the fp32 probabilities into E
- * (in place when E is fp32: each element is read before it is written by
- * the same thread):
- *   d logits = (softmax - onehot(target)) * loss_scale / n. */
+/* gpt2_head_forward's softmax and cross-entropy, one CTA per row, in one
+ * read of the fp32 logits (nothing is written back):
+ *   lse = log sum_v exp(l_v),  loss = lse - l_target.
+ * lse is kept for the backward, which forms the probabilities exp(l - lse)
+ * itself. Without targets the loss column holds lse - max (the CPU's value;
+ * the mean is NaN). */
+__global__ void cross_entropy_forward_kernel(const float *logits, float *lse, float *losses,
+                                             const int32_t *targets, int V) {
+    __shared__ float sm[32], ss[32];
+    size_t r = blockIdx.x;
+    const float *l = logits + r * V;
+    float m = -INFINITY, s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float x = l[v];
+        if (x > m) {
+            s = s * expf(m - x) + 1.0f;
+            m = x;
+        } else {
+            s += expf(x - m);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sm[warp] = m, ss[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++) lse_merge(m, s, sm[w], ss[w]);
+        float ls = logf(s);
+        lse[r] = m + ls;
+        losses[r] = targets ? m + ls - l[targets[r]] : ls;
+    }
+}
+
+/* gpt2_head_backward's first step: d logits = (softmax - onehot(target))
+ * * loss_scale / n, from the fp32 logits and lse, written IN PLACE as E
+ * with a row stride of V fp32 = (4 / sizeof E) V elements of E: row r's
+ * output starts where its logits start and takes the first sizeof(E)/4 of
+ * their bytes. Element v's output lands on bytes the row has already read
+ * (2v < 4v for 2-byte E, the same slot for fp32), so the row is done in
+ * chunks of blockDim.x * kCeUnroll elements: every thread reads its part
+ * of the chunk into registers, the CTA synchronises, then writes. The
+ * chunk's writes end before the next chunk's reads begin (byte 2(k+1)S <=
+ * 4(k+1)S), and the CTAs own disjoint rows: no other hazard. */
+constexpr int kCeUnroll = 8;
+
 template <typename E>
-__global__ void cross_entropy_backward_kernel(E *dlogits, const float *probs,
+__global__ void cross_entropy_backward_kernel(float *logits, const float *lse,
                                               const int32_t *targets, int V, float f) {
     size_t r = blockIdx.x;
-    const float *p = probs + r * V;
-    E *d = dlogits + r * V;
-    int tg = targets[r];
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        st(d, v, (p[v] - (v == tg ? 1.0f : 0.0f)) * f);
+    const float *l = logits + r * V;
+    E *d = (E *)(void *)(logits + r * V);
+    const float z = lse[r];
+    const int tg = targets[r];
+    const int S = blockDim.x * kCeUnroll;
+    for (int base = 0; base < V; base += S) {
+        float x[kCeUnroll];
+#pragma unroll
+        for (int k = 0; k < kCeUnroll; k++) {
+            int v = base + k * blockDim.x + threadIdx.x;
+            x[k] = v < V ? l[v] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kCeUnroll; k++) {
+            int v = base + k * blockDim.x + threadIdx.x;
+            if (v < V) st(d, v, (expf(x[k] - z) - (v == tg ? 1.0f : 0.0f)) * f);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -384,21 +433,23 @@ __global__ void cross_entropy_backward_kernel(E *dlogits, const float *probs,
  * working dtype (void *: their element size is g->es), the rest are fp32. */
 struct gpt2_acts {
     float *res;                /* (L+1) x N x C: res[0] = embedding, res[l] = block l out */
-    void *ln1;                 /* E  L x N x C */
     float *ln1m, *ln1r;        /*    L x N: LayerNorm mean and 1/std */
     void *qkv;                 /* E  L x N x 3C */
     void *att;                 /* E  L x max_batch x H x T x T: softmax probabilities */
     void *atty;                /* E  L x N x C: attention output before the projection */
     float *mid;                /*    L x N x C: residual after attention */
-    void *ln2;                 /* E  as ln1 */
     float *ln2m, *ln2r;
     void *fch;                 /* E  L x N x 4C: fc output, before gelu */
-    void *fcg;                 /* E  L x N x 4C: after gelu */
     void *lnf;                 /* E  N x C */
     float *lnfm, *lnfr;        /*    N */
-    float *probs;              /*    N x V: logits, then probabilities */
-    void *dlogits;             /* E  N x V (the probs buffer itself when E is fp32) */
+    float *logits;             /*    N x V; in the backward d logits in E, in place (row
+                                     stride V fp32 = (4 / sizeof E) V elements of E) */
+    float *lse;                /*    N: log-sum-exp of each row of logits */
     float *losses;             /*    N */
+    /* One layer's worth, written in the forward and rewritten in the
+     * backward from what is kept (RECOMPUTE in the header): */
+    void *ln;                  /* E  N x C: a block's LayerNorm output */
+    void *fcg;                 /* E  N x 4C: gelu of fch */
     /* backward scratch */
     float *dres;               /*    N x C: gradient of the residual stream */
     void *dres_e;              /* E  N x C: dres rounded for the products (dres if fp32) */
@@ -761,6 +812,26 @@ static zpp_status round_dres(gpt2_cuda *g, int n) {
     return ZPP_OK;
 }
 
+/* The scratch LayerNorm output (act.ln) of n rows of inp, again. */
+static zpp_status layernorm_recompute(gpt2_cuda *g, const float *inp, const float *mean,
+                                      const float *rstd, const void *w, const void *b, int n) {
+    int C = g->cfg.n_embd;
+    WITH_E(g, layernorm_recompute_kernel<<<grid_for((size_t)n * C), kThreads, 0, g->stream>>>(
+                  (E *)g->act.ln, inp, mean, rstd, (const E *)w, (const E *)b, (size_t)n, C));
+    LAUNCH_CHECK("layernorm recompute");
+    return ZPP_OK;
+}
+
+/* act.fcg = gelu(fch) for n rows: in the forward, and again in the
+ * backward for fc2's weight gradient. */
+static zpp_status gelu_forward(gpt2_cuda *g, const void *fch, int n) {
+    size_t n4 = (size_t)n * 4 * g->cfg.n_embd;
+    WITH_E(g, gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
+                  (E *)g->act.fcg, (const E *)fch, n4));
+    LAUNCH_CHECK("gelu");
+    return ZPP_OK;
+}
+
 /* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V.
  * Scores in fp32 (the score scratch), P and Y in E. */
 static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
@@ -811,7 +882,7 @@ struct layer_acts {
     const float *x; /* res[l-1] */
     float *out;     /* res[l] */
     float *mid, *ln1m, *ln1r, *ln2m, *ln2r;
-    void *ln1, *qkv, *att, *atty, *ln2, *fch, *fcg; /* E */
+    void *qkv, *att, *atty, *fch; /* E */
 };
 
 static layer_acts layer_of(const gpt2_cuda *g, int l) {
@@ -826,13 +897,10 @@ static layer_acts layer_of(const gpt2_cuda *g, int l) {
     y.ln1r = a->ln1r + k * N;
     y.ln2m = a->ln2m + k * N;
     y.ln2r = a->ln2r + k * N;
-    y.ln1 = eat(g, a->ln1, k * N * C);
     y.qkv = eat(g, a->qkv, k * N * 3 * C);
     y.att = eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
     y.atty = eat(g, a->atty, k * N * C);
-    y.ln2 = eat(g, a->ln2, k * N * C);
     y.fch = eat(g, a->fch, k * N * 4 * C);
-    y.fcg = eat(g, a->fcg, k * N * 4 * C);
     return y;
 }
 
@@ -848,26 +916,24 @@ static zpp_status embed_forward(gpt2_cuda *g, const void *w) {
 
 static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
     const zpp_gpt2_layout *L = &g->lay;
+    gpt2_acts *a = &g->act;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     const layer_acts y = layer_of(g, l);
     const cudaDataType_t et = g->et, f32 = CUDA_R_32F;
 
-    ZPP_CHECK(layernorm_forward(g, y.ln1, y.ln1m, y.ln1r, y.x, eat(g, w, L->ln1_w),
+    ZPP_CHECK(layernorm_forward(g, a->ln, y.ln1m, y.ln1r, y.x, eat(g, w, L->ln1_w),
                                 eat(g, w, L->ln1_b), n, C));
-    ZPP_CHECK(linear_forward(g, y.qkv, et, NULL, y.ln1, eat(g, w, L->qkv_w), eat(g, w, L->qkv_b),
+    ZPP_CHECK(linear_forward(g, y.qkv, et, NULL, a->ln, eat(g, w, L->qkv_w), eat(g, w, L->qkv_b),
                              n, C, 3 * C, "qkv forward"));
     ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
     ZPP_CHECK(linear_forward(g, y.mid, f32, y.x, y.atty, eat(g, w, L->proj_w),
                              eat(g, w, L->proj_b), n, C, C, "attention projection forward"));
-    ZPP_CHECK(layernorm_forward(g, y.ln2, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
+    ZPP_CHECK(layernorm_forward(g, a->ln, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
                                 eat(g, w, L->ln2_b), n, C));
-    ZPP_CHECK(linear_forward(g, y.fch, et, NULL, y.ln2, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
+    ZPP_CHECK(linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
                              C, 4 * C, "fc forward"));
-    size_t n4 = (size_t)n * 4 * C;
-    WITH_E(g, gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
-                  (E *)y.fcg, (const E *)y.fch, n4));
-    LAUNCH_CHECK("gelu forward");
-    return linear_forward(g, y.out, f32, y.mid, y.fcg, eat(g, w, L->fc2_w), eat(g, w, L->fc2_b),
+    ZPP_CHECK(gelu_forward(g, y.fch, n));
+    return linear_forward(g, y.out, f32, y.mid, a->fcg, eat(g, w, L->fc2_w), eat(g, w, L->fc2_b),
                           n, 4 * C, C, "fc2 forward");
 }
 
@@ -878,9 +944,10 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnfm, g->act.lnfr, x,
                                 eat(g, w, g->lay.lnf_w), eat(g, w, g->lay.lnf_b), n, C));
     ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, eat(g, w, g->lay.wte), C, 0.0f,
-                 g->act.probs, CUDA_R_32F, V, "logits"));
+                 g->act.logits, CUDA_R_32F, V, "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
-        g->act.probs, g->act.losses, g->calls.have_targets ? g->d_targets : NULL, V);
+        g->act.logits, g->act.lse, g->act.losses, g->calls.have_targets ? g->d_targets : NULL,
+        V);
     LAUNCH_CHECK("softmax cross-entropy");
     return ZPP_OK;
 }
@@ -891,13 +958,15 @@ static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float lo
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
-    WITH_E(g, cross_entropy_backward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
-                  (E *)g->act.dlogits, g->act.probs, g->d_targets, V, f));
+    WITH_E(g, cross_entropy_backward_kernel<E><<<(unsigned)n, kThreads, 0, g->stream>>>(
+                  g->act.logits, g->act.lse, g->d_targets, V, f));
     LAUNCH_CHECK("cross-entropy backward");
-    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, g->act.dlogits, V, g->act.lnf, C, 1.0f, gr + g->lay.wte,
+    const void *dl = g->act.logits;
+    const int ldl = V * (int)(sizeof(float) / g->es); /* the in-place rows' stride */
+    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, dl, ldl, g->act.lnf, C, 1.0f, gr + g->lay.wte,
                  CUDA_R_32F, C, "LM head weight gradient"));
-    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, g->act.dlogits, V, eat(g, w, g->lay.wte), C, 0.0f,
-                 g->act.dc, CUDA_R_32F, C, "LM head input gradient"));
+    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, dl, ldl, eat(g, w, g->lay.wte), C, 0.0f, g->act.dc,
+                 CUDA_R_32F, C, "LM head input gradient"));
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
@@ -916,13 +985,16 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
     ZPP_CHECK(round_dres(g, n));
+    ZPP_CHECK(gelu_forward(g, y.fch, n));
     ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e, a->dres,
-                              y.fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
+                              a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
     size_t n4 = (size_t)n * 4 * C;
     WITH_E(g, gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
                   (E *)a->dfc, (const E *)y.fch, n4));
     LAUNCH_CHECK("gelu backward");
-    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, y.ln2,
+    ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
+                                  eat(g, w, L->ln2_b), n));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, a->ln,
                               eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
     ZPP_CHECK(layernorm_backward(g, a->dres, gr + L->ln2_w, gr + L->ln2_b, a->dc, y.mid,
                                  eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C));
@@ -932,7 +1004,9 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
                               a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv));
-    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, y.ln1,
+    ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
+                                  eat(g, w, L->ln1_b), n));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, a->ln,
                               eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
     return layernorm_backward(g, a->dres, gr + L->ln1_w, gr + L->ln1_b, a->dc, y.x,
                               eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C);
@@ -1114,23 +1188,22 @@ static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     gpt2_acts *x = &g->act;
     g->d_ints = (int32_t *)zpp_gpt2_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
     x->res = zpp_gpt2_arena_take(a, (L + 1) * N, C);
-    x->ln1 = take_e(g, a, L * N, C);
     x->ln1m = zpp_gpt2_arena_take(a, L, N);
     x->ln1r = zpp_gpt2_arena_take(a, L, N);
     x->qkv = take_e(g, a, L * N, 3 * C);
     x->att = take_e(g, a, L * Bm * H, T * T);
     x->atty = take_e(g, a, L * N, C);
     x->mid = zpp_gpt2_arena_take(a, L * N, C);
-    x->ln2 = take_e(g, a, L * N, C);
     x->ln2m = zpp_gpt2_arena_take(a, L, N);
     x->ln2r = zpp_gpt2_arena_take(a, L, N);
     x->fch = take_e(g, a, L * N, 4 * C);
-    x->fcg = take_e(g, a, L * N, 4 * C);
     x->lnf = take_e(g, a, N, C);
+    x->ln = take_e(g, a, N, C);
+    x->fcg = take_e(g, a, N, 4 * C);
     x->lnfm = zpp_gpt2_arena_take(a, N, 1);
     x->lnfr = zpp_gpt2_arena_take(a, N, 1);
-    x->probs = zpp_gpt2_arena_take(a, N, V);
-    x->dlogits = f32 ? x->probs : take_e(g, a, N, V);
+    x->logits = zpp_gpt2_arena_take(a, N, V);
+    x->lse = zpp_gpt2_arena_take(a, N, 1);
     x->losses = zpp_gpt2_arena_take(a, N, 1);
     x->dres = zpp_gpt2_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
