@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# The end-to-end race: `zeropp train --device gpu` (ZeRO-3 and ZeRO++ = qwZ + qgZ)
+# against PyTorch FSDP2 and DeepSpeed 0.19.8 (ZeRO-3, ZeRO++), one after the other
+# in the same call on the same GPU machine, with the same model shape and batch.
+#
+#   bash bench/train/race.sh PART...       PART is one of
+#     prep           build build-gpu/zeropp; install the DeepSpeed wheels and
+#                    JIT-build its quantizer op (both kept in build-gpu/ for the
+#                    next call on a warm machine); every part does this itself
+#                    when it needs it, prep just does it up front
+#     world1         1 GPU, world 1 (compute alone): GPT 1.31B mb4 and GPT-2 124M
+#                    mb8, ours (ZeRO-3 config) and FSDP2 (DS1=1: DeepSpeed ZeRO-3 too)
+#     nodes2 [mbN..] 2 ranks as 2 emulated nodes (sockets between them), GPT 1.31B
+#                    at each micro-batch given (default mb1 mb4): ours ZeRO-3,
+#                    ours ZeRO++, FSDP2, DeepSpeed ZeRO-3, DeepSpeed ZeRO++
+#     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM, e.g.
+#                    nodes2-1p3b-mb4-ds_zeropp (SYSTEM: ours_zero3 ours_zeropp
+#                    fsdp2 ds_zero3 ds_zeropp; MODEL: 1p3b 124m)
+#   DRY=1 prints the commands instead of running them (no GPU needed).
+#
+# Wall time per part on one H200 with STEPS=8 (reasoned, not measured: a 1.31B
+# step is 0.4 s for FSDP2 at world 1, 2-3 s for ours today, 2-4 s for anything
+# over the sockets; start-up is ~10 s for ours, ~20 s for FSDP2, ~40 s for
+# DeepSpeed):
+#   prep          1-3 min cold (the CMake build and the quantizer JIT run side by side), ~15 s warm
+#   world1        ~2-3 min
+#   nodes2 mb4    ~4-5 min (+1-3 min if the quantizer op is not built yet: run prep first)
+#   nodes2 mb1    ~4 min
+# so e.g. three calls: `prep world1`, `nodes2 mb4`, `nodes2 mb1`. BUDGET (570 s)
+# bounds the whole call: a run that would not fit is recorded as skipped, not cut.
+#
+# The peers are not in this repository: bench/train/stage_peers.sh copies them
+# into .peers/ (ignored), which the call must carry, with .deps/ (cJSON .debs).
+#
+# Output in $OUT (default ./race-out): race.tsv, one line a run: setting model
+# micro_batch system tokens_per_s peak_mem_MiB steps status (ok failed timeout
+# skipped_budget build_failed jit_failed peer_setup_failed no_peer_copy) warm ranks
+# gpus self_mem_MiB mem_src transport wall_s note run utc; NAME.log for each run
+# (NAME.jsonl: our metrics; mem/NAME.*: the memory samples), build.log,
+# peers-setup.log, race.txt (what was printed). bench/train/report.sh makes the
+# table and the chart from the TSVs of all calls.
+# tokens/s: global tokens / the median step time of steps WARM+1..STEPS (WARM=3,
+# what fsdp_gpt.py hard-codes; the others are told the same; upper middle for an
+# even count, as fsdp_gpt.py). peak_mem_MiB: the most memory one rank held, from
+# nvidia-smi sampled every 100 ms: per process when the driver lists processes
+# (mem_src=proc), else the GPU's memory.used above its idle level divided by the
+# ranks on it (mem_src=gpu). self_mem_MiB: what the system says of itself (ours:
+# device_peak_bytes; peers: torch's max_memory_allocated). transport: what NCCL
+# says it used (NET/Socket between emulated nodes). A run that fails or times
+# out is recorded and the race goes on.
+#   STEPS=8  RUN_TMO=240 s a run  BUDGET=570 s the call  JIT_TMO=300 s
+#   FSDP_COMPILE=1 torch.compile FSDP2's blocks (costs ~1 min of start-up)
+#   DS_ENV="LSP=12 ..." more of ds_gpt.py's knobs for the DeepSpeed runs
+# The peers run exactly as ds_peer.sh runs them (its environment, emu_rank.sh,
+# mpirun, torchrun when mpirun dies at start); their own flags stay at their defaults.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/race-out}; mkdir -p "$OUT"
+TSV=$OUT/race.tsv
+STEPS=${STEPS:-8} WARM=3 RUN_TMO=${RUN_TMO:-240} BUDGET=${BUDGET:-570} JIT_TMO=${JIT_TMO:-300}
+MIN_RUN=${MIN_RUN:-60} DRY=${DRY:-0} FSDP_COMPILE=${FSDP_COMPILE:-0} DS1=${DS1:-0}
+PEERS=$ROOT/.peers EMU=$ROOT/.peers/deepspeed/emu_rank.sh
+SITE=$ROOT/build-gpu/peers/site
+[ "$STEPS" -gt "$WARM" ] || { echo "STEPS must exceed $WARM (fsdp_gpt.py drops 3 warm-up steps)"; exit 2; }
+
+# What every rank of every system sees. NVLS off: multicast is not lent. The
+# NCCL INIT/NET lines show which transport each run used (sockets between nodes).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# DeepSpeed's settings, as in ds_peer.sh: sm_90 only, ops JIT-built (once, kept)
+export TORCH_CUDA_ARCH_LIST=9.0 DS_BUILD_OPS=0 DS_ACCELERATOR=cuda
+export TORCH_EXTENSIONS_DIR=$ROOT/build-gpu/peers/torch_ext MAX_JOBS=${MAX_JOBS:-$(nproc)}
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc > /dev/null; then
+  CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")"); export CUDA_HOME
+fi
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK
+XS=(); for v in NCCL_NVLS_ENABLE NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_SYMM_MEM_DISABLE_MULTICAST \
+  NVSHMEM_DISABLE_NVLS PYTHONUNBUFFERED TORCH_CUDA_ARCH_LIST DS_BUILD_OPS \
+  DS_ACCELERATOR TORCH_EXTENSIONS_DIR CUDA_HOME PATH LD_LIBRARY_PATH CPATH; do
+  [ -n "${!v:-}" ] && XS+=(-x "$v"); done
+NG=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU'); [ "$NG" -ge 1 ] || NG=${GPUS:-1}
+
+# ---- which runs --------------------------------------------------------------------------
+SYS2="ours_zero3 ours_zeropp fsdp2 ds_zero3 ds_zeropp"
+RUNS=() PREP=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    prep) PREP=1 ;;
+    world1) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-fsdp2 world1-124m-mb8-ours_zero3 world1-124m-mb8-fsdp2)
+            [ "$DS1" = 1 ] && RUNS+=(world1-1p3b-mb4-ds_zero3) ;;
+    nodes2) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
+            [ ${#mbs[@]} -gt 0 ] || mbs=(1 4)
+            for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
+    world1-*|nodes2-*) RUNS+=("$1") ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
+  esac
+  shift
+done
+[ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || { echo "nothing to run: $0 prep|world1|nodes2 [mbN]|RUN..."; exit 2; }
+say() { echo "$*" | tee -a "$OUT/race.txt"; }
+left() { echo $(( BUDGET - SECONDS )); }
+say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
+    "STEPS=$STEPS WARM=$WARM, runs: ${RUNS[*]:-none}"
+
+# ---- prep: our build (in the background) beside the peers' wheels and JIT op ---------------
+build() {
+  [ -x build-gpu/zeropp ] && [ -z "${REBUILD:-}" ] && return 0
+  if ! [ -f /usr/include/cjson/cJSON.h ]; then  # not installed there: .deps/ carries the .debs
+    mkdir -p /tmp/cjson && for f in .deps/*.deb; do dpkg -x "$f" /tmp/cjson; done
+    export CJSON_ROOT=/tmp/cjson/usr
+  fi
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$(nproc)" --target zeropp_cli >> "$OUT/build.log" 2>&1
+}
+DS_OK=0 DS_ZPP_OK=0
+peers_setup() { # 1 = also the quantizer op (DeepSpeed ZeRO++ needs it)
+  local L=$OUT/peers-setup.log
+  if ! [ -f "$SITE/.installed" ]; then
+    if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+         "$PEERS"/deepspeed/wheels/*.whl >> "$L" 2>&1; then say "peers: wheel install failed"; return 1; fi
+    mkdir -p "$SITE" && touch "$SITE/.installed"
+  fi
+  DS_OK=1
+  [ "$1" = 1 ] || return 0
+  # torch builds the op against Python.h; ds_peer.sh ships 3.12's for a python without headers
+  if ! python3 -c "import sysconfig,os,sys; sys.exit(not os.path.exists(sysconfig.get_path('include')+'/Python.h'))" &&
+     [ -f "$PEERS/deepspeed/py312_include.tar.gz" ]; then
+    mkdir -p /tmp/py312inc && tar xzf "$PEERS/deepspeed/py312_include.tar.gz" -C /tmp/py312inc
+    export CPATH=/tmp/py312inc/python3.12${CPATH:+:$CPATH}; XS+=(-x CPATH)
+  fi
+  local t=$SECONDS
+  PYTHONPATH=$SITE timeout -k 10 "$JIT_TMO" python3 -c "from deepspeed.ops.op_builder import QuantizerBuilder as Q
+Q().load(verbose=True); print('QUANTIZER_JIT_OK')" > "$OUT/jit.log" 2>&1
+  cat "$OUT/jit.log" >> "$L"
+  find "$TORCH_EXTENSIONS_DIR" -name lock -delete 2> /dev/null  # a killed build's lock would stall the ranks
+  if grep -q QUANTIZER_JIT_OK "$OUT/jit.log"; then DS_ZPP_OK=1; say "peers: quantizer op ready in $(( SECONDS - t ))s"
+  else say "peers: quantizer op build FAILED (see peers-setup.log): DeepSpeed ZeRO++ runs are skipped"; fi
+}
+need_ours=$PREP need_ds=$PREP need_zpp=$PREP
+for r in "${RUNS[@]}"; do case $r in
+  *-ours_*) need_ours=1 ;; *-ds_zeropp) need_ds=1 need_zpp=1 ;; *-ds_*) need_ds=1 ;; esac; done
+BUILD_OK=0
+if [ "$DRY" = 1 ]; then
+  say "DRY: would build build-gpu (ours=$need_ours), set up the peers (ds=$need_ds, quantizer=$need_zpp)"
+  BUILD_OK=1 DS_OK=1 DS_ZPP_OK=1
+else
+  [ "$need_ours" = 1 ] && { build & bpid=$!; }
+  if [ "$need_ds" = 1 ]; then
+    if [ -f "$EMU" ]; then peers_setup "$need_zpp"
+    else say "no .peers/: run bench/train/stage_peers.sh where ../shared/bench is, and carry .peers"; fi
+  fi
+  if [ "$need_ours" = 1 ]; then
+    if wait "$bpid"; then BUILD_OK=1; say "build-gpu/zeropp ready at ${SECONDS}s"
+    else say "build FAILED:"; tail -20 "$OUT/build.log" | tee -a "$OUT/race.txt"; fi
+  fi
+fi
+
+# ---- one run ---------------------------------------------------------------------------------
+[ -f "$TSV" ] || printf 'setting\tmodel\tmicro_batch\tsystem\ttokens_per_s\tpeak_mem_MiB\tsteps\tstatus\twarm\tranks\tgpus\tself_mem_MiB\tmem_src\ttransport\twall_s\tnote\trun\tutc\n' > "$TSV"
+gpu_used() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits 2> /dev/null; }
+settle() { # wait (up to 30 s) until the last run's memory is gone, so it is not counted in the next
+  for _ in $(seq 30); do
+    awk -F', *' 'NR==FNR {b[$1]=$2; next} $2 > b[$1] + 512 {busy=1} END {exit busy}' "$OUT/idle.mem" <(gpu_used) && return
+    sleep 1
+  done
+  say "   GPU memory still above its idle level after 30 s"
+}
+tmo() { local t=$(( $(left) - 10 )); echo $(( t < RUN_TMO ? t : RUN_TMO )); }  # this run's limit
+measure() { # CMD...: run it under its limit with nvidia-smi sampling into $m.*; sets rc (run_one's locals)
+  mkdir -p "$OUT/mem"; settle; gpu_used > "$m.idle"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$m.gpu" 2> /dev/null & local s1=$!
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 > "$m.proc" 2> /dev/null & local s2=$!
+  # timeout leads its own process group and signals all of it; what is left of the group goes after
+  timeout -k 15 "$(tmo)" "$@" > "$log" 2>&1 < /dev/null & local pid=$!
+  wait "$pid"; rc=$?
+  kill -KILL -- -"$pid" 2> /dev/null
+  kill "$s1" "$s2" 2> /dev/null; wait "$s1" "$s2" 2> /dev/null
+}
+median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int(NR/2)+1]}'; }  # upper middle, as fsdp_gpt.py
+PORT=29700
+run_one() {
+  local name=$1 setting model mb sys D L np rpg envs=() cmd=() script="" status="" tok="" self="" note=""
+  IFS=- read -r setting model mb sys <<< "$name"; mb=${mb#mb}
+  case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; *) say "$name: unknown model"; return ;; esac
+  case $setting in world1) np=1 ;; nodes2) np=2 ;; *) say "$name: unknown setting"; return ;; esac
+  rpg=$(( np > NG ? (np + NG - 1) / NG : 1 ))  # ranks sharing one GPU
+  local log=$OUT/$name.log met=$OUT/$name.jsonl
+  PORT=$((PORT + 1))
+  case $sys in
+    ours_zero3|ours_zeropp)
+      [ "$BUILD_OK" = 1 ] || status=build_failed
+      # the configs are micro-batch 4 (1.31B) or 8 (124M): rewrite it for the others
+      sed -E "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/" "bench/train/gpt_${model}_${sys#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
+        status=no_config
+      cmd=(mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${XS[@]}"
+           build-gpu/zeropp train --device gpu --config "$OUT/$name.json" --steps "$STEPS" --quiet --metrics "$met")
+      [ "$np" -gt 1 ] && cmd+=(--node-size 1 --emulate-nodes) ;;
+    fsdp2|ds_zero3|ds_zeropp)
+      script=$PEERS/fsdp_gpt.py
+      envs=(D="$D" L="$L" B="$mb" T=1024 STEPS="$STEPS" WARM="$WARM" TAG="$name"
+            MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" GPUS_PER_NODE=1 RAF=1 COMPILE="$FSDP_COMPILE"
+            OMP_NUM_THREADS=4)  # ds_peer.sh's; ours runs as train_compare.sh does
+      if [ "$sys" != fsdp2 ]; then
+        script=$PEERS/deepspeed/ds_gpt.py; envs+=(MODE="${sys#ds_}" HPZ=1 PYTHONPATH="$SITE")
+        local extra; read -ra extra <<< "${DS_ENV:-}"; envs+=("${extra[@]}")  # e.g. DS_ENV="LSP=12 PBS=2e8"
+        if [ "$DS_OK" != 1 ]; then status=peer_setup_failed
+        elif [ "$sys" = ds_zeropp ] && [ "$DS_ZPP_OK" != 1 ]; then status=jit_failed; fi
+      fi
+      [ -f "$script" ] && [ -f "$EMU" ] || status=no_peer_copy
+      # emu_rank.sh puts each rank on its own emulated node (NCCL_HOSTID) and GPU (rank % GPUs)
+      local xs=("${XS[@]}"); for e in "${envs[@]}"; do xs+=(-x "${e%%=*}"); done
+      cmd=(env "${envs[@]}" mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${xs[@]}"
+           bash "$EMU" python3 "$script") ;;
+    *) say "$name: unknown system"; return ;;
+  esac
+  local t1=$SECONDS rc=0 mem="" src="" net="" m=$OUT/mem/$name
+  [ -z "$status" ] && [ "$(tmo)" -lt "$MIN_RUN" ] && status=skipped_budget
+  if [ "$DRY" = 1 ]; then
+    say "DRY $name (timeout $(tmo)s): $(printf '%q ' "${cmd[@]}")"; status=${status:-dry}
+  elif [ -z "$status" ]; then
+    measure "${cmd[@]}"
+    # as ds_peer.sh does: a peer that died at start under mpirun gets one more go under torchrun
+    if [[ $sys != ours_* ]] && [ "$rc" != 0 ] && [ $(( SECONDS - t1 )) -lt 60 ] && [ "$(tmo)" -ge "$MIN_RUN" ] &&
+       command -v torchrun > /dev/null &&
+       ! grep -qE '^(FSDP2|DS mode=)' "$log"; then
+      say "   mpirun: died at start (rc=$rc), again under torchrun"; mv "$log" "$log.mpirun"
+      measure env "${envs[@]}" torchrun --standalone --nproc-per-node "$np" --no-python bash "$EMU" python3 "$script"
+      note="torchrun"
+    fi
+    case $sys in
+      ours_*) [ "$rc" = 0 ] && tok=$(sed -n 's/.*"step":\([0-9]*\),.*"tokens_per_s":\([0-9.]*\).*/\1 \2/p' "$met" |
+                                     awk -v w="$WARM" '$1 > w {print $2}' | median)
+              self=$(sed -n 's/.*"device_peak_bytes":\([0-9]*\).*/\1/p' "$met" 2> /dev/null | sort -g | tail -1)
+              [ -n "$self" ] && self=$(( self / 1048576 ))
+              note="skipped=$(grep -c '"skipped":true' "$met" 2> /dev/null)" ;;
+      *) local line; line=$(grep -E '^(FSDP2|DS mode=)' "$log" | tail -1)
+         tok=$(sed -n 's/.* tok_s=\([0-9.]*\).*/\1/p' <<< "$line")
+         self=$(sed -n 's/.* mem_GiB=\([0-9.]*\).*/\1/p' <<< "$line" | awk '{printf "%.0f", $1 * 1024}')
+         # DeepSpeed: fp16 overflow steps skip the update (and are faster); is qgZ really on (DS-INFO)?
+         note="$(printf '%s\n' "$(grep -E '^DS-INFO' "$log" | tail -1)" "$line" |
+                 grep -oE '(qwZ|qgZ|loss|skipped|loss_scale)=[^ ]+' | paste -sd' ')${note:+ $note}" ;;
+    esac
+    if [ -n "$tok" ]; then status=ok; elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout; else status=failed; fi
+    [ "$rc" != 0 ] && note="${note:+$note }rc=$rc"
+    # per rank: the biggest process if the driver lists them, else the GPU's growth / ranks on it
+    mem=$(awk -F', *' '$2 ~ /^[0-9]+$/ && $2 > m {m = $2} END {if (m) print m}' "$m.proc")
+    if [ -n "$mem" ]; then src=proc; else src=gpu
+      mem=$(awk -F', *' -v r="$rpg" 'NR==FNR {b[$1]=$2; next} ($2-b[$1])/r > m {m=($2-b[$1])/r} END {printf "%.0f", m}' \
+            "$m.idle" "$m.gpu"); fi
+    net=$(grep -oE 'via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)' "$log" | sort -u | sed 's/via //' | paste -sd,)
+    [ "$status" = ok ] || tail -4 "$log" | sed 's/^/   /' | tee -a "$OUT/race.txt"
+  fi
+  say "$(printf '%-30s %-14s %10s tok/s %8s MiB/rank (%s) %s' "$name" "$status" "${tok:--}" "${mem:--}" "${src:--}" "$note")"
+  printf '%s\t' "$setting" "$model" "$mb" "$sys" "$tok" "$mem" "$STEPS" "$status" "$WARM" "$np" \
+    "$(( np < NG ? np : NG ))" "$self" "$src" "${net:--}" "$(( SECONDS - t1 ))" "$note" "$name" >> "$TSV"
+  date -u +%FT%TZ >> "$TSV"
+}
+
+[ "$DRY" = 1 ] || gpu_used > "$OUT/idle.mem"
+for r in "${RUNS[@]}"; do run_one "$r"; done
+say "done in ${SECONDS}s; $TSV"
