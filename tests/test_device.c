@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -454,7 +455,66 @@ static void test_streams_and_events(void) {
     zpp_device_destroy(d);
 }
 
+/* A profile window times the compute stream's waits, and only its own
+ * kind: on the host the calling thread is the stream, so a host wait (the
+ * thread blocked on MPI) is a stall and an event wait is none; on a GPU the
+ * compute stream waiting on another stream's event is the stall, and the
+ * host sleeping 20 ms between is the stream's idle time, not a wait. */
+static void test_profile_window(void) {
+    zpp_device *d = dev_make();
+    const int host = d->mem == ZPP_MEM_HOST;
+    void *s = NULL;
+    zpp_device_event *ev = NULL;
+    EXPECT_OK(zpp_device_stream_create(d, &s));
+    EXPECT_OK(zpp_device_event_create(d, 0, &ev));
+    zpp_device_profile p;
+    EXPECT_STATUS(zpp_device_profile_end(d, &p), ZPP_ERR_STATE);
+    /* outside a window nothing is timed (and nothing breaks) */
+    EXPECT_OK(zpp_device_event_record(d, ev, s));
+    EXPECT_OK(zpp_device_event_wait(d, NULL, ev));
+    zpp_device_host_wait_begin(d);
+    zpp_device_host_wait_end(d);
+    for (int round = 0; round < 2; round++) { /* the second reuses the events */
+        EXPECT_OK(zpp_device_profile_begin(d));
+        zpp_device_host_wait_begin(d);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+        zpp_device_host_wait_end(d);
+        EXPECT_OK(zpp_device_event_record(d, ev, s));
+        EXPECT_OK(zpp_device_event_wait(d, NULL, ev)); /* the compute stream waits */
+        EXPECT_OK(zpp_device_event_wait(d, s, ev));    /* another stream: not a stall */
+        EXPECT_OK(zpp_device_profile_end(d, &p));
+        EXPECT(p.stalls == 1, "%d waits timed, expected 1", p.stalls);
+        EXPECT(p.total_ms >= 19.0 && p.stalled_ms >= 0.0 && p.stalled_ms <= p.total_ms,
+               "window %g ms, stalled %g ms", p.total_ms, p.stalled_ms);
+        if (host)
+            EXPECT(p.stalled_ms >= 19.0, "the host thread blocked 20 ms, timed %g ms",
+                   p.stalled_ms);
+        else
+            EXPECT(p.stalled_ms < 10.0, "the stream waited on a passed event for %g ms",
+                   p.stalled_ms);
+    }
+    /* An unbalanced host wait spoils the window (on the host, where it counts);
+     * the next window is clean. */
+    EXPECT_OK(zpp_device_profile_begin(d));
+    zpp_device_host_wait_begin(d);
+    if (host) {
+        EXPECT_STATUS(zpp_device_profile_end(d, &p), ZPP_ERR_STATE);
+        EXPECT(strstr(zpp_last_error(), "not ended") != NULL, "message: %s", zpp_last_error());
+    } else {
+        EXPECT_OK(zpp_device_profile_end(d, &p));
+    }
+    EXPECT_OK(zpp_device_profile_begin(d));
+    EXPECT_OK(zpp_device_profile_end(d, &p));
+    EXPECT(p.stalls == 0 && p.stalled_ms == 0.0, "%d waits in an empty window", p.stalls);
+    zpp_device_event_destroy(d, ev);
+    zpp_device_stream_destroy(d, s);
+    zpp_device_destroy(d);
+}
+
 ZPP_TESTS(ZPP_TEST(test_adamw_matches_reference), ZPP_TEST(test_add_sumsq_convert),
           ZPP_TEST(test_scratch_best_fit_and_reuse), ZPP_TEST(test_scratch_never_more_than_busy),
           ZPP_TEST(test_mem_stats), ZPP_TEST(test_argument_checks),
-          ZPP_TEST(test_nonfinite_flag), ZPP_TEST(test_streams_and_events))
+          ZPP_TEST(test_nonfinite_flag), ZPP_TEST(test_streams_and_events),
+          ZPP_TEST(test_profile_window))

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -23,8 +24,9 @@ typedef struct fixture {
     int32_t tokens[2 * 16], targets[2 * 16];
 } fixture;
 
-/* reuse: the engine's max_reuse_distance (SIZE_MAX: the default) */
-static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
+/* reuse: the engine's max_reuse_distance (SIZE_MAX: the default); profile:
+ * the engine's option */
+static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
@@ -37,6 +39,7 @@ static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
     eo.hpz = hpz;
     eo.reduce = qgz ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
     if (reuse != SIZE_MAX) eo.max_reuse_distance = reuse;
+    eo.profile = profile;
     EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, f->dev, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
@@ -47,7 +50,7 @@ static void setup_reuse(fixture *f, int qwz, int hpz, int qgz, size_t reuse) {
 }
 
 static void setup(fixture *f, int qwz, int hpz, int qgz) {
-    setup_reuse(f, qwz, hpz, qgz, SIZE_MAX);
+    setup_opts(f, qwz, hpz, qgz, SIZE_MAX, 0);
 }
 
 static void teardown(fixture *f) {
@@ -129,7 +132,7 @@ static void test_gathers_follow_reuse_and_param_free_stages(void) {
         const size_t blocks = (size_t)L * zpp_gpt2_unit_numel(&kModel, 1);
         const size_t reuse[3] = {SIZE_MAX, 0, blocks - 1};
         const int unit0_twice = variant > 0;
-        setup_reuse(&f, 0, 0, 0, reuse[variant]);
+        setup_opts(&f, 0, 0, 0, reuse[variant], 0);
         const zpp_model *m = f.model;
         EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
         for (int s = 1; s < S; s++) EXPECT(m->bwd_reads_params[s] == 1, "stage %d", s);
@@ -289,8 +292,92 @@ static void test_scratch_settles_with_zeropp(void) {
     teardown(&f);
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* One profiled step by pieces; rank `slow` sleeps `delay_ms` between its
+ * forward and backward, as a straggler computing longer would. */
+static zpp_engine_profile profiled_step(fixture *f, int slow, long delay_ms, double *wall_ms) {
+    float loss;
+    zpp_step_stats st;
+    double t0 = now_ms();
+    EXPECT_OK(zpp_engine_forward(f->engine, &loss));
+    if (f->topo->world_rank == slow) sleep_ms(delay_ms);
+    EXPECT_OK(zpp_engine_backward(f->engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f->engine, 1e-3f, loss, &st));
+    if (wall_ms) *wall_ms = now_ms() - t0;
+    return st.profile;
+}
+
+/* With the option a step's time adds up, in every mode: the compute stream
+ * (here the calling thread) ran stream_ms = compute_ms + exposed_comm_ms,
+ * none negative, within the wall time the caller saw; and every collective
+ * completed is one timed wait: 3 forward gathers (unit 0 stays from the
+ * embedding to the head), 2 backward gathers (the blocks), 3 reductions and
+ * the norm's all-reduce. Without it the fields are 0. */
+static void test_profile_adds_up(void) {
+    const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 1}};
+    for (int m = 0; m < 4; m++) {
+        fixture f;
+        setup_opts(&f, modes[m][0], modes[m][1], modes[m][2], SIZE_MAX, 1);
+        for (int step = 0; step < 2; step++) {
+            double wall = 0.0;
+            zpp_engine_profile p = profiled_step(&f, -1, 0, &wall);
+            EXPECT(p.valid == 1, "mode %d: no profile", m);
+            EXPECT(p.stream_ms > 0.0 && p.compute_ms >= 0.0 && p.exposed_comm_ms >= 0.0,
+                   "mode %d: stream %g, compute %g, exposed %g ms", m, p.stream_ms, p.compute_ms,
+                   p.exposed_comm_ms);
+            EXPECT(fabs(p.compute_ms + p.exposed_comm_ms - p.stream_ms) <= 1e-6 * p.stream_ms,
+                   "mode %d: compute %g + exposed %g != stream %g ms", m, p.compute_ms,
+                   p.exposed_comm_ms, p.stream_ms);
+            EXPECT(p.stream_ms <= wall + 1e-3, "mode %d: stream %g ms, wall %g ms", m,
+                   p.stream_ms, wall);
+            EXPECT(p.waits == 9, "mode %d: %d waits timed, expected 9", m, p.waits);
+        }
+        teardown(&f);
+    }
+    fixture f;
+    setup(&f, 0, 0, 0);
+    zpp_engine_profile p = profiled_step(&f, -1, 0, NULL);
+    EXPECT(!p.valid && p.stream_ms == 0.0 && p.exposed_comm_ms == 0.0 && p.waits == 0,
+           "profiled without the option");
+    teardown(&f);
+}
+
+/* Exposed communication is the time a rank stands waiting for its peers:
+ * when rank 1 computes 200 ms longer (a straggler), every other rank waits
+ * for it in its next collective and reports it as exposed, while rank 1
+ * reports it as compute. */
+static void test_profile_sees_a_straggler(void) {
+    const long delay = 200;
+    fixture f;
+    setup_opts(&f, 1, 1, 1, SIZE_MAX, 1);
+    (void)profiled_step(&f, -1, 0, NULL); /* first-step costs */
+    zpp_engine_profile p = profiled_step(&f, 1, delay, NULL);
+    const int r = f.topo->world_rank;
+    if (r == 1) {
+        EXPECT(p.compute_ms >= (double)delay && p.exposed_comm_ms < 0.5 * (double)delay,
+               "the straggler: compute %g ms, exposed %g ms", p.compute_ms, p.exposed_comm_ms);
+    } else {
+        EXPECT(p.exposed_comm_ms >= 0.75 * (double)delay,
+               "rank %d waited for a straggler 200 ms late but reports %g ms exposed", r,
+               p.exposed_comm_ms);
+    }
+    teardown(&f);
+}
+
 ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
           ZPP_TEST(test_scratch_settles_with_zeropp),
           ZPP_TEST(test_nonfinite_skips_the_step_everywhere),
           ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),
-          ZPP_TEST(test_bf16_units_take_bf16_bytes))
+          ZPP_TEST(test_bf16_units_take_bf16_bytes), ZPP_TEST(test_profile_adds_up),
+          ZPP_TEST(test_profile_sees_a_straggler))

@@ -114,6 +114,32 @@ static int read_skipped(const char *path, int *out, int cap) {
     return n;
 }
 
+/* --profile's metrics (tools/train.c): on each of `steps` lines, rank 0's
+ * compute stream time splits into compute and exposed communication (each
+ * printed to 1e-3 ms), none negative, rank 0's exposure is at most the
+ * most of any rank, and the stream's window lies inside the step's wall
+ * time (step_ms, the slowest rank's). */
+static void expect_profile_fields(const char *met, int steps) {
+    double stream[MAX_STEPS], compute[MAX_STEPS], exposed[MAX_STEPS], most[MAX_STEPS],
+        wall[MAX_STEPS];
+    EXPECT(read_metric(met, "stream_ms", stream, MAX_STEPS) == steps, "no stream_ms in %s", met);
+    EXPECT(read_metric(met, "compute_ms", compute, MAX_STEPS) == steps);
+    EXPECT(read_metric(met, "exposed_comm_ms", exposed, MAX_STEPS) == steps);
+    EXPECT(read_metric(met, "exposed_comm_ms_max", most, MAX_STEPS) == steps);
+    EXPECT(read_metric(met, "step_ms", wall, MAX_STEPS) == steps);
+    for (int s = 0; s < steps; s++) {
+        EXPECT(stream[s] > 0 && compute[s] >= 0 && exposed[s] >= 0,
+               "step %d: stream %g, compute %g, exposed %g ms", s + 1, stream[s], compute[s],
+               exposed[s]);
+        EXPECT(fabs(compute[s] + exposed[s] - stream[s]) <= 2e-3,
+               "step %d: compute %g + exposed %g ms != stream %g ms", s + 1, compute[s],
+               exposed[s], stream[s]);
+        EXPECT(exposed[s] <= most[s] + 1e-3 && stream[s] <= wall[s] + 1e-3,
+               "step %d: exposed %g ms (most %g), stream %g ms in a step of %g ms", s + 1,
+               exposed[s], most[s], stream[s], wall[s]);
+    }
+}
+
 /* A small GPT: 2 layers; `width` channels in width/16 heads; T = width/2. */
 static void model_json_w(char *buf, size_t cap, int width, int bf16, const char *extra) {
     snprintf(buf, cap,
@@ -1108,8 +1134,9 @@ static void test_gpu_matches_cpu(void) {
             write_text(tmp_path(name, cfg), "%s", json);
             snprintf(name, sizeof name, "gpu_%s_%d.jsonl", runs[r][0], gpu);
             tmp_path(name, met);
-            snprintf(args, sizeof args, "--config %s --steps %d %s --device %s%s --metrics %s",
-                     cfg, steps, runs[r][2], gpu ? "gpu" : "cpu",
+            snprintf(args, sizeof args,
+                     "--config %s --steps %d %s --device %s%s --profile --metrics %s", cfg,
+                     steps, runs[r][2], gpu ? "gpu" : "cpu",
                      gpu && !strcmp(runs[r][2], "--node-size 1") ? " --emulate-nodes" : "",
                      met);
             int rc = run_train(2, args, tmp_path("err.txt", err));
@@ -1118,6 +1145,7 @@ static void test_gpu_matches_cpu(void) {
             EXPECT(read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
             EXPECT(read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
             EXPECT(read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
+            expect_profile_fields(met, steps);
         }
         printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n",
                runs[r][0], loss[0][0], loss[1][0], steps, loss[0][steps - 1],
@@ -1923,11 +1951,35 @@ static void test_resume_after_skips_bitwise(void) {
     }
 }
 
+/* `zeropp train --profile` writes the step's profile into the metrics
+ * (expect_profile_fields), with qwZ + hpZ + qgZ on 2 nodes of 2; without
+ * the flag the fields are absent. */
+static void test_profile_metrics(void) {
+    char cfg[512], met[512], err[512], json[2048], args[2048];
+    model_json(json, sizeof json, 1,
+               "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
+               " \"zero_hpz_partition_size\": 2, \"zero_quantized_gradients\": true}");
+    write_text(tmp_path("profile.json", cfg), "%s", json);
+    tmp_path("profile.jsonl", met);
+    snprintf(args, sizeof args, "--config %s --steps 3 --profile --metrics %s", cfg, met);
+    int rc = run_train(4, args, tmp_path("profile_err.txt", err));
+    EXPECT(rc == 0, "--profile: exit %d; stderr in %s", rc, err);
+    expect_profile_fields(met, 3);
+    snprintf(args, sizeof args, "--config %s --steps 1 --metrics %s", cfg, met);
+    rc = run_train(4, args, err);
+    EXPECT(rc == 0, "exit %d; stderr in %s", rc, err);
+    double x[MAX_STEPS];
+    EXPECT(read_metric(met, "loss", x, MAX_STEPS) == 1 &&
+               read_metric(met, "exposed_comm_ms", x, MAX_STEPS) == 0,
+           "profile fields without --profile");
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
           ZPP_TEST(test_demo_summary), ZPP_TEST_GPU(test_gpu_matches_cpu),
+          ZPP_TEST(test_profile_metrics),
           ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),
           ZPP_TEST(test_save_every), ZPP_TEST(test_nonfinite_gradient_fails_cleanly),

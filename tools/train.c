@@ -20,6 +20,7 @@ typedef struct train_args {
     int gpu, emulate_nodes;
     int demo;
     int quiet;
+    int profile;
     double collective_timeout; /* seconds; < 0: not given */
 } train_args;
 
@@ -28,7 +29,15 @@ typedef struct run_summary {
     char mode[32];
     float train_loss, val_loss;
     double cross_bytes, intra_bytes, step_ms, tokens_per_s;
+    double compute_ms, exposed_ms; /* --profile: rank 0's, mean per step */
 } run_summary;
+
+/* --profile: per-step figures summed over the steps after the first (it
+ * pays one-time costs), or the first alone when it is the only one. */
+typedef struct prof_sum {
+    double stream, compute, exposed, exposed_max, wall, peak;
+    int n, first, last;
+} prof_sum;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -56,6 +65,10 @@ static void usage(FILE *f) {
             "                    error (exit 1): nothing would be trained\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
+            "  --profile         time each step: compute and exposed communication (the time\n"
+            "                    the compute stream stood waiting for a collective) on the log\n"
+            "                    line, in the metrics (stream_ms, compute_ms, exposed_comm_ms,\n"
+            "                    exposed_comm_ms_max) and in a summary at the end\n"
             "  --collective-timeout S  seconds a rank waits for its peers in a collective\n"
             "                    before the job stops (a rank stalled or died); 0 = forever\n"
             "                    (overrides zeropp.collective_timeout_s, default 600)\n"
@@ -82,6 +95,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
         {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
         {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
+        {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
         {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
         {"--config", ZPP_CLI_STR, &a->config, 0, 0},
         {"--data", ZPP_CLI_STR, &a->data, 0, 0},
@@ -191,11 +205,51 @@ static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
     if (!isnan(st->param_sumsq)) fprintf(f, ",\"param_sumsq\":%.9g", st->param_sumsq);
 }
 
+/* --profile's fields: rank 0's compute stream, and the most exposed
+ * communication of any rank (engine.h, zpp_engine_profile). */
+static void json_profile_fields(FILE *f, const zpp_trainer_step_result *r) {
+    const zpp_engine_profile *p = &r->stats.profile;
+    if (!p->valid) return;
+    fprintf(f, ",\"stream_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
+            "\"exposed_comm_ms_max\":%.3f",
+            p->stream_ms, p->compute_ms, p->exposed_comm_ms, r->exposed_comm_ms_max);
+}
+
+static void prof_add(prof_sum *ps, int step, int start, const zpp_trainer_step_result *r) {
+    const zpp_engine_profile *p = &r->stats.profile;
+    if (step == start + 1) memset(ps, 0, sizeof *ps); /* drop the first step */
+    ps->stream += p->stream_ms;
+    ps->compute += p->compute_ms;
+    ps->exposed += p->exposed_comm_ms;
+    ps->exposed_max += r->exposed_comm_ms_max;
+    ps->wall += r->seconds * 1e3;
+    if (r->device_peak_bytes > ps->peak) ps->peak = r->device_peak_bytes;
+    if (ps->n++ == 0) ps->first = step + 1;
+    ps->last = step + 1;
+}
+
+static void prof_print(const prof_sum *ps) {
+    if (ps->n == 0) return;
+    const double n = ps->n;
+    if (ps->n > 1)
+        printf("profile, mean of steps %d-%d (rank 0's compute stream):\n", ps->first, ps->last);
+    else
+        printf("profile of step %d (rank 0's compute stream):\n", ps->first);
+    printf("  compute         %10.3f ms\n", ps->compute / n);
+    printf("  exposed comm    %10.3f ms  (%.1f%% of the stream's %.3f ms; the most on one "
+           "rank %.3f ms)\n",
+           ps->exposed / n, ps->stream > 0 ? 100.0 * ps->exposed / ps->stream : 0.0,
+           ps->stream / n, ps->exposed_max / n);
+    printf("  wall time       %10.3f ms  (the slowest rank's step)\n", ps->wall / n);
+    printf("  device peak     %10.3f MB  (the most allocated through one rank's device)\n",
+           ps->peak / 1e6);
+}
+
 static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
                FILE *metrics, run_summary *sum) {
     int rank = zpp_comm_world_rank();
     zpp_trainer *t = NULL;
-    zpp_trainer_opts to = {a->data, a->node_size, a->gpu, a->emulate_nodes};
+    zpp_trainer_opts to = {a->data, a->node_size, a->gpu, a->emulate_nodes, a->profile};
     zpp_status st = zpp_trainer_create(cfg, &to, &t);
     if (st != ZPP_OK) return report("train", st);
     const zpp_trainer_info *in = zpp_trainer_get_info(t);
@@ -238,6 +292,8 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     }
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;
     int timed = 0;
+    prof_sum prof;
+    memset(&prof, 0, sizeof prof);
     float loss = 0.0f, val = -1.0f;
     for (int s = start; s < cfg->train_steps; s++) {
         zpp_trainer_step_result r;
@@ -267,6 +323,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         }
         cross_sum += cross;
         intra_sum += intra;
+        if (r.stats.profile.valid) prof_add(&prof, s, start, &r);
         if (a->save && ((a->save_every && (s + 1) % a->save_every == 0) || last)) {
             st = zpp_trainer_save(t, a->save, s + 1);
             if (st != ZPP_OK) {
@@ -285,6 +342,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                     json_num(nb, sizeof nb, "%.6g", r.stats.grad_norm), r.tokens_per_s,
                     r.seconds * 1e3, cross, intra, r.device_peak_bytes);
             json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
+            json_profile_fields(metrics, &r);
             if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);
             fprintf(metrics, "}\n");
             fflush(metrics);
@@ -299,6 +357,10 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                    r.tokens_per_s, cross / 1e6, intra / 1e6);
             if (cfg->fp16.enabled) printf(" | loss scale %g", (double)r.stats.loss_scale);
             if (r.stats.skipped) printf(" | skipped (non-finite gradient)");
+            if (r.stats.profile.valid)
+                printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)",
+                       r.stats.profile.compute_ms, r.stats.profile.exposed_comm_ms,
+                       r.exposed_comm_ms_max);
             if (eval) printf(" | val loss %.4f", (double)v);
             printf("\n");
         }
@@ -306,6 +368,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         fflush(stdout);
     }
     if (tty) printf("\n");
+    if (rank == 0) prof_print(&prof);
     if (sum) {
         snprintf(sum->mode, sizeof sum->mode, "%s", in->mode);
         sum->train_loss = loss;
@@ -314,12 +377,14 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         sum->intra_bytes = intra_sum / cfg->train_steps;
         sum->step_ms = timed ? ms_sum / timed : 0.0;
         sum->tokens_per_s = timed ? tps_sum / timed : 0.0;
+        sum->compute_ms = prof.n ? prof.compute / prof.n : 0.0;
+        sum->exposed_ms = prof.n ? prof.exposed / prof.n : 0.0;
     }
     zpp_trainer_destroy(t);
     return 0;
 }
 
-static void print_comparison(const run_summary *r, int n) {
+static void print_comparison(const run_summary *r, int n, int profiled) {
     printf("\n%-22s", "");
     for (int i = 0; i < n; i++) printf(" %16s", r[i].label);
     printf("\n%-22s", "mode");
@@ -336,6 +401,12 @@ static void print_comparison(const run_summary *r, int n) {
     for (int i = 0; i < n; i++) printf(" %16.1f", r[i].step_ms);
     printf("\n%-22s", "tokens/s");
     for (int i = 0; i < n; i++) printf(" %16.0f", r[i].tokens_per_s);
+    if (profiled) {
+        printf("\n%-22s", "compute ms (rank 0)");
+        for (int i = 0; i < n; i++) printf(" %16.3f", r[i].compute_ms);
+        printf("\n%-22s", "exposed comm (rank 0)");
+        for (int i = 0; i < n; i++) printf(" %16.3f", r[i].exposed_ms);
+    }
     printf("\n");
     if (n == 2 && r[0].cross_bytes > 0)
         printf("\nZeRO++ sends %.3fx the cross-node bytes of ZeRO-3 (ideal: 0.25 plus "
@@ -419,7 +490,7 @@ int zpp_cli_train(int argc, char **argv) {
         if (rank == 0) printf("\n");
         rc = run(&c1, &a, "ZeRO++", metrics, &sums[1]);
     }
-    if (rc == 0 && rank == 0) print_comparison(sums, 2);
+    if (rc == 0 && rank == 0) print_comparison(sums, 2, a.profile);
 
 done:
     if (metrics) fclose(metrics);

@@ -9,6 +9,7 @@
 #include "device/device.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,12 @@ static zpp_status zpp__slab(const char *what, size_t chunk_len, size_t first, si
 
 /* ---- Creating and destroying ------------------------------------------------ */
 
+/* Profiling (below): event_wait and destroy use it. */
+static int zpp__stream_is_caller(const zpp_device *d);
+static int zpp__prof_open(const zpp_device *d);
+static void zpp__prof_mark(zpp_device *d);
+static void zpp__prof_free(zpp_device *d);
+
 zpp_status zpp__device_publish(zpp_device *d, zpp_device **d_p) {
     /* The flag is not counted in mem_now: it is the device's own. */
     zpp_status st = d->ops->alloc(d, sizeof(int), (void **)&d->nonfinite);
@@ -92,6 +99,7 @@ void zpp_device_destroy(zpp_device *d) {
          * freed goes back with them, so no allocation outlives its device. */
         for (size_t i = 0; i < d->live_len; i++) d->ops->free(d, d->live[i].p);
         if (d->nonfinite) d->ops->free(d, d->nonfinite);
+        if (d->prof) zpp__prof_free(d);
         d->ops->destroy(d);
     }
     free(d->pool);
@@ -271,7 +279,14 @@ zpp_status zpp_device_event_record(zpp_device *d, zpp_device_event *ev, void *st
 zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *ev) {
     ZPP_CHECK(zpp__dev(d, "event wait"));
     if (!ev) return zpp_error(ZPP_ERR_INVALID, "event wait: the event is NULL");
-    return d->ops->event_wait(d, stream, ev);
+    /* The compute stream waiting for another stream's work: a stall, timed
+     * while a profile window is open (see Profiling, below). */
+    const int timed = zpp__prof_open(d) && !zpp__stream_is_caller(d) &&
+                      (!stream || stream == d->stream);
+    if (timed) zpp__prof_mark(d);
+    zpp_status st = d->ops->event_wait(d, stream, ev);
+    if (timed) zpp__prof_mark(d);
+    return st;
 }
 
 zpp_status zpp_device_bind_thread(zpp_device *d) {
@@ -293,6 +308,137 @@ zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
         return zpp_error(ZPP_ERR_INVALID,
                          "event elapsed: the start and end events and ms_p are required");
     return d->ops->event_elapsed_ms(d, start, end, ms_p);
+}
+
+/* ---- Profiling (device.h) -------------------------------------------------------
+ * A window is a list of timing events recorded on the compute stream: [0]
+ * its start, then a pair (before, after) per wait timed, and last its end.
+ * The events are made on first use and kept, so once a first window has
+ * run, the next ones (a step each) create none. */
+struct zpp_device_prof {
+    zpp_device_event **ev;
+    size_t used, cap;
+    int open;
+    int in_host_wait;    /* between host_wait_begin and _end */
+    zpp_status failed;   /* a mark could not be recorded: the window is spoiled */
+    char why[512];
+};
+
+/* The host backend runs its work on the calling thread: that thread is its
+ * compute stream, and its event waits never wait. */
+static int zpp__stream_is_caller(const zpp_device *d) { return d->mem == ZPP_MEM_HOST; }
+
+static int zpp__prof_open(const zpp_device *d) { return d->prof && d->prof->open; }
+
+static void zpp__prof_spoil(zpp_device_prof *p, zpp_status st, const char *why) {
+    if (p->failed != ZPP_OK) return;
+    p->failed = st;
+    snprintf(p->why, sizeof p->why, "%s", why);
+}
+
+/* Records the next timing event of the window on the compute stream. */
+static void zpp__prof_mark(zpp_device *d) {
+    zpp_device_prof *p = d->prof;
+    if (p->failed != ZPP_OK) return;
+    if (p->used == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 64;
+        zpp_device_event **ev = realloc(p->ev, cap * sizeof *ev);
+        if (!ev) {
+            zpp__prof_spoil(p, ZPP_ERR_NOMEM, "out of host memory for timing events");
+            return;
+        }
+        memset(ev + p->cap, 0, (cap - p->cap) * sizeof *ev);
+        p->ev = ev;
+        p->cap = cap;
+    }
+    zpp_status st = ZPP_OK;
+    if (!p->ev[p->used]) st = d->ops->event_create(d, 1, &p->ev[p->used]);
+    if (st == ZPP_OK) st = d->ops->event_record(d, p->ev[p->used], NULL);
+    if (st != ZPP_OK) {
+        zpp__prof_spoil(p, st, zpp_last_error());
+        return;
+    }
+    p->used++;
+}
+
+static void zpp__prof_free(zpp_device *d) {
+    zpp_device_prof *p = d->prof;
+    for (size_t i = 0; i < p->cap; i++)
+        if (p->ev[i]) d->ops->event_destroy(d, p->ev[i]);
+    free(p->ev);
+    free(p);
+    d->prof = NULL;
+}
+
+zpp_status zpp_device_profile_begin(zpp_device *d) {
+    ZPP_CHECK(zpp__dev(d, "profile"));
+    if (!d->prof) {
+        d->prof = calloc(1, sizeof *d->prof);
+        if (!d->prof) return zpp_error(ZPP_ERR_NOMEM, "profile: out of host memory");
+    }
+    zpp_device_prof *p = d->prof;
+    p->used = 0;
+    p->in_host_wait = 0;
+    p->failed = ZPP_OK;
+    p->open = 1;
+    zpp__prof_mark(d);
+    if (p->failed != ZPP_OK) {
+        p->open = 0;
+        return zpp_error(p->failed, "profile: the start of the window: %s", p->why);
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_device_profile_end(zpp_device *d, zpp_device_profile *profile_p) {
+    ZPP_CHECK(zpp__dev(d, "profile"));
+    if (!profile_p) return zpp_error(ZPP_ERR_INVALID, "profile end: profile_p is NULL");
+    zpp_device_prof *p = d->prof;
+    if (!p || !p->open)
+        return zpp_error(ZPP_ERR_STATE,
+                         "profile end: no profile window is open; call zpp_device_profile_begin "
+                         "first");
+    zpp__prof_mark(d);
+    p->open = 0;
+    if (p->in_host_wait)
+        zpp__prof_spoil(p, ZPP_ERR_STATE,
+                        "a host wait was begun and not ended (zpp_device_host_wait_end)");
+    if (p->failed != ZPP_OK)
+        return zpp_error(p->failed, "profile: a timing event of the window was lost, so it "
+                                    "cannot be summed: %s", p->why);
+    /* The events must have passed before their times can be read. */
+    ZPP_CHECK(d->ops->sync(d, NULL));
+    float ms = 0.0f;
+    ZPP_CHECK(d->ops->event_elapsed_ms(d, p->ev[0], p->ev[p->used - 1], &ms));
+    zpp_device_profile r = {ms, 0.0, 0};
+    for (size_t i = 1; i + 2 < p->used; i += 2) {
+        ZPP_CHECK(d->ops->event_elapsed_ms(d, p->ev[i], p->ev[i + 1], &ms));
+        r.stalled_ms += ms;
+        r.stalls++;
+    }
+    *profile_p = r;
+    return ZPP_OK;
+}
+
+void zpp_device_host_wait_begin(zpp_device *d) {
+    if (!d || !zpp__prof_open(d) || !zpp__stream_is_caller(d)) return;
+    if (d->prof->in_host_wait)
+        zpp__prof_spoil(d->prof, ZPP_ERR_STATE,
+                        "a host wait was begun inside another (zpp_device_host_wait_begin "
+                        "twice)");
+    d->prof->in_host_wait = 1;
+    zpp__prof_mark(d);
+}
+
+void zpp_device_host_wait_end(zpp_device *d) {
+    if (!d || !zpp__prof_open(d) || !zpp__stream_is_caller(d)) return;
+    if (!d->prof->in_host_wait) {
+        zpp__prof_spoil(d->prof, ZPP_ERR_STATE,
+                        "a host wait was ended that had not begun (zpp_device_host_wait_end "
+                        "without _begin)");
+        return;
+    }
+    d->prof->in_host_wait = 0;
+    zpp__prof_mark(d);
 }
 
 /* ---- The non-finite flag ---------------------------------------------------- */

@@ -40,6 +40,7 @@ typedef enum zpp_mem_kind { ZPP_MEM_HOST = 0, ZPP_MEM_DEVICE = 1 } zpp_mem_kind;
 
 typedef struct zpp_device zpp_device;
 typedef struct zpp_device_event zpp_device_event;
+typedef struct zpp_device_prof zpp_device_prof; /* a profile window (device.c) */
 
 /* AdamW with decoupled weight decay (Loshchilov & Hutter), per element:
  *   g = grad_scale * grad
@@ -126,6 +127,7 @@ struct zpp_device {
     size_t mem_now, mem_peak;
     zpp_device_alloc_rec *live;
     size_t live_len, live_cap;
+    zpp_device_prof *prof; /* the profile window; NULL until the first one (device.c) */
     void *impl;       /* backend state */
 };
 
@@ -191,6 +193,38 @@ zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done
 zpp_status zpp_device_bind_thread(zpp_device *d);
 zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
                                        zpp_device_event *end, float *ms_p);
+
+/* ---- Profiling: how long the compute stream stood waiting -----------------
+ * A profile window (begin .. end) measures the compute stream's time and,
+ * of it, the time it stood waiting for work that is not its own: the
+ * exposed part of the communication, which the stream could not hide
+ * behind kernels.
+ *   - A GPU's compute stream waits on events: while a window is open, each
+ *     zpp_device_event_wait on the compute stream (on CUDA only the NCCL
+ *     backend's, ordering compute after a collective) is bracketed by two
+ *     timing events on that stream, and the pair's elapsed time is the
+ *     stall. Nothing waits on the host for it.
+ *   - The host backend's compute stream is the calling thread, and its
+ *     waits for communication (MPI requests) go past the device: the caller
+ *     brackets them with zpp_device_host_wait_begin/_end, which time the
+ *     thread there. On a GPU they do nothing: the host waiting there does
+ *     not stop the stream, and the event waits above are its stalls.
+ * Profiling never fails the work it watches: a bracket whose timing event
+ * cannot be made or recorded spoils the window, and _end reports it. A
+ * window left open (a step that failed) is dropped by the next _begin.
+ * Costs: two events recorded per wait, and _end waits for the compute
+ * stream (the events must have passed to be read). */
+typedef struct zpp_device_profile {
+    double total_ms;   /* the window, on the compute stream (host: wall time) */
+    double stalled_ms; /* of which the stream stood waiting, summed */
+    int stalls;        /* waits timed */
+} zpp_device_profile;
+zpp_status zpp_device_profile_begin(zpp_device *d);
+/* Closes the window, waits for the compute stream and sums. ZPP_ERR_STATE
+ * without an open window or with a host wait begun and not ended. */
+zpp_status zpp_device_profile_end(zpp_device *d, zpp_device_profile *profile_p);
+void zpp_device_host_wait_begin(zpp_device *d);
+void zpp_device_host_wait_end(zpp_device *d);
 
 /* ---- The non-finite flag -------------------------------------------------- */
 /* Waits for the compute stream, reads the flag into *raised_p and clears it. */

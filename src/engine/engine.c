@@ -49,7 +49,7 @@ struct zpp_engine {
     int fault_lo, fault_hi; /* ZPP_FAULT=nonfinite@lo-hi; 0 = none */
     int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
     int forward_ready; /* a forward ran under the current weights */
-    int volume_fresh;  /* the volume counts start with this step */
+    int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
     /* the reduction in flight */
     zpp_coll_op *reduce_op;
     int reduce_unit;
@@ -127,6 +127,25 @@ static void free_unit(zpp_engine *e, unit_state *u) {
 /* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
 static size_t work_bytes(const zpp_engine *e, const unit_state *u) {
     return u->part.padded * zpp_dtype_size(e->opts.work_dtype);
+}
+
+/* Completing a collective, and the norm's all-reduce, are where the host
+ * backend's calling thread, its compute stream, blocks on its peers: a
+ * profile brackets them there (device.h). On a GPU these calls only order
+ * the compute stream after the communication stream, and the device times
+ * the stream's waits itself; the brackets do nothing. */
+static zpp_status coll_finish(zpp_engine *e, zpp_coll_op *op) {
+    zpp_device_host_wait_begin(e->dev);
+    zpp_status st = zpp_coll_finish(e->coll, op);
+    zpp_device_host_wait_end(e->dev);
+    return st;
+}
+
+static zpp_status coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
+    zpp_device_host_wait_begin(e->dev);
+    zpp_status st = zpp_coll_allreduce_sum(e->coll, host_values, n);
+    zpp_device_host_wait_end(e->dev);
+    return st;
 }
 
 zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
@@ -273,7 +292,7 @@ static zpp_status gather_wait(zpp_engine *e, int ui, zpp_phase phase) {
     if (u->gather_op) {
         zpp_coll_op *op = u->gather_op;
         u->gather_op = NULL;
-        ZPP_CHECK(zpp_coll_finish(e->coll, op));
+        ZPP_CHECK(coll_finish(e, op));
     }
     return ZPP_OK;
 }
@@ -283,7 +302,7 @@ static zpp_status release(zpp_engine *e, int ui) {
     if (u->gather_op) {
         zpp_coll_op *op = u->gather_op;
         u->gather_op = NULL;
-        ZPP_CHECK(zpp_coll_finish(e->coll, op));
+        ZPP_CHECK(coll_finish(e, op));
     }
     zpp_device_scratch_put(e->dev, u->full);
     u->full = NULL;
@@ -298,7 +317,7 @@ static zpp_status reduce_finish(zpp_engine *e) {
     zpp_coll_op *op = e->reduce_op;
     e->reduce_op = NULL;
     e->reduce_unit = -1;
-    zpp_status st = zpp_coll_finish(e->coll, op);
+    zpp_status st = coll_finish(e, op);
     if (st == ZPP_OK)
         st = zpp_device_add(e->dev, u->grad_acc, e->reduce_out, u->part.shard_len);
     zpp_device_scratch_put(e->dev, e->reduce_in);
@@ -421,8 +440,11 @@ static void drain(zpp_engine *e) {
 }
 
 zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p) {
+    /* The first forward of a step opens its accounting; the optimizer step
+     * closes it. */
     if (!e->volume_fresh) {
         zpp_coll_volume_reset(e->coll);
+        if (e->opts.profile) ZPP_CHECK(zpp_device_profile_begin(e->dev));
         e->volume_fresh = 1;
     }
     e->forward_ready = 0;
@@ -482,7 +504,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
     if (raised) sq = INFINITY;
     float red[2] = {(float)sq, loss};
-    ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, red, 2));
+    ZPP_CHECK(coll_allreduce(e, red, 2));
     /* The gradients carry the loss scale: the norm and clipping are of the
      * unscaled gradients, and AdamW's grad_scale folds in 1/scale. */
     const float used_scale = e->scale;
@@ -564,8 +586,23 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         stats_p->skipped_total = e->skipped_total;
         stats_p->loss_scale = used_scale;
         stats_p->param_sumsq = NAN;
+        memset(&stats_p->profile, 0, sizeof stats_p->profile);
     }
     e->volume_fresh = 0;
+    if (e->opts.profile) {
+        zpp_device_profile p;
+        ZPP_CHECK(zpp_device_profile_end(e->dev, &p));
+        if (stats_p) {
+            zpp_engine_profile *r = &stats_p->profile;
+            r->valid = 1;
+            r->stream_ms = p.total_ms;
+            r->exposed_comm_ms = p.stalled_ms;
+            /* (the waits lie inside the window; the max only absorbs the
+             * events' rounding) */
+            r->compute_ms = p.total_ms > p.stalled_ms ? p.total_ms - p.stalled_ms : 0.0;
+            r->waits = p.stalls;
+        }
+    }
     if (e->param_sumsq && stats_p) {
         double ps = 0.0;
         for (int i = 0; i < e->model->n_units; i++) {
@@ -575,7 +612,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
             ps += s;
         }
         float pf = (float)ps;
-        ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, &pf, 1));
+        ZPP_CHECK(coll_allreduce(e, &pf, 1));
         stats_p->param_sumsq = pf;
     }
     return ZPP_OK;
@@ -617,7 +654,7 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
         if (st == ZPP_OK) st = r;
     }
     ZPP_CHECK(st);
-    ZPP_CHECK(zpp_coll_allreduce_sum(e->coll, &loss, 1));
+    ZPP_CHECK(coll_allreduce(e, &loss, 1));
     *loss_p = loss / (float)e->topo->world_size;
     return ZPP_OK;
 }

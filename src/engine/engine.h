@@ -59,12 +59,35 @@ typedef struct zpp_engine_opts {
     float loss_scale;
     int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
     float min_loss_scale;
+    /* 1: time each step (zpp_step_stats.profile). Costs two timing events
+     * per wait for a collective, and a host wait for the compute stream at
+     * the end of each optimizer step. Default 0. */
+    int profile;
 } zpp_engine_opts;
 
 /* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype,
  * max_consecutive_skips 5, static loss scale 1 (DeepSpeed's dynamic
  * defaults preset: 16, 1000, 2, min 1). */
 zpp_engine_opts zpp_engine_opts_default(void);
+
+/* Where this rank's step went (opts.profile), measured on the compute
+ * stream (device.h, "Profiling") from the step's first forward to the end
+ * of its optimizer step (the batch callbacks of later micro-batches
+ * included). On a GPU, stream_ms is the compute stream's time and
+ * exposed_comm_ms the part it stood waiting for a collective it could not
+ * hide behind kernels; on the host backend both are the calling thread's
+ * wall time, exposed_comm_ms its time inside collectives' completions
+ * (waiting for MPI, and the dequantization or sums that follow it there). */
+typedef struct zpp_engine_profile {
+    int valid;              /* 1 when opts.profile, else every field is 0 */
+    double stream_ms;       /* = compute_ms + exposed_comm_ms */
+    double exposed_comm_ms;
+    double compute_ms;      /* the rest: kernels, and gaps where the stream
+                               waited for the host (launches, host reads) */
+    int waits;              /* waits timed: on the host one per completed
+                               collective, on a GPU one per event wait (a
+                               qgZ reduction in slabs makes several) */
+} zpp_engine_profile;
 
 typedef struct zpp_step_stats {
     float loss;            /* mean over the global batch */
@@ -77,6 +100,7 @@ typedef struct zpp_step_stats {
     /* Sum of squares of every fp32 master weight after the step, over the
      * world: only when ZPP_PARAM_SUMSQ=1 (engine_create), else NAN. */
     double param_sumsq;
+    zpp_engine_profile profile; /* opts.profile, else valid 0 */
 } zpp_step_stats;
 
 typedef struct zpp_engine zpp_engine;

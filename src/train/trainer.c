@@ -122,6 +122,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.seed = c->seed;
     eo.max_consecutive_skips = c->max_consecutive_skips;
+    eo.profile = o->profile;
     if (c->fp16.enabled) { /* loss scaling: DeepSpeed's fp16 keys */
         eo.loss_scale = (float)c->fp16.loss_scale;
         eo.initial_scale_power = c->fp16.initial_scale_power;
@@ -222,7 +223,10 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     size_t now = 0, peak = 0;
     zpp_device_mem_stats(t->dev, &now, &peak);
     r->device_peak_bytes = (double)peak;
-    return zpp_comm_max_world(&r->device_peak_bytes);
+    ZPP_CHECK(zpp_comm_max_world(&r->device_peak_bytes));
+    /* every rank profiles or none (trainer.h) */
+    r->exposed_comm_ms_max = r->stats.profile.exposed_comm_ms;
+    return r->stats.profile.valid ? zpp_comm_max_world(&r->exposed_comm_ms_max) : ZPP_OK;
 }
 
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {

@@ -27,6 +27,9 @@ typedef struct zpp_trainer_step_result {
      * a GPU the model's activations and GEMM workspace; not what NCCL or the
      * CUDA runtime allocate for themselves). */
     double device_peak_bytes;
+    /* With opts.profile: the most exposed communication of any rank
+     * (stats.profile holds this rank's; engine.h). */
+    double exposed_comm_ms_max;
 } zpp_trainer_step_result;
 
 typedef struct zpp_trainer_opts {
@@ -39,6 +42,9 @@ typedef struct zpp_trainer_opts {
     int gpu;
     /* GPU: a distinct NCCL_HOSTID per emulated node (DESIGN.md §6). */
     int emulate_nodes;
+    /* 1: time each step's compute and exposed communication
+     * (zpp_engine_opts.profile). The same on every rank. */
+    int profile;
 } zpp_trainer_opts;
 
 /* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for
