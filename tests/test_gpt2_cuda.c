@@ -415,11 +415,16 @@ static void test_matches_cpu_fp32(void) {
 
 /* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
  * (tensor-core products, activations stored in it), the CPU in fp32 on the
- * same widened parameters; the 16-bit bounds of the top apply. */
+ * same widened parameters; the 16-bit bounds of the top apply. Head sizes
+ * 16 take the GEMM attention, 64 and 128 (bf16) the fused one. */
 static void test_matches_cpu_bf16_fp16(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_BF16, 3, 128, 4, 1);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_BF16, 5, 7, 5, 0);
     check_config((zpp_gpt2_config){1, 3, 48, 19, 101}, ZPP_FP16, 2, 101, 6, 1);
+    /* head sizes 64 and 128: the fused attention (attention_cuda.cu), with
+     * T = 80 and 40 not multiples of its tiles */
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128}, ZPP_BF16, 3, 128, 8, 1);
+    check_config((zpp_gpt2_config){1, 2, 256, 40, 96}, ZPP_BF16, 2, 96, 9, 0);
 }
 
 /* Accumulation and loss_scale: with grads holding g1 (scale 1), a second

@@ -23,7 +23,7 @@
 
 #include "testlib.h"
 
-#define MAX_STEPS 256
+#define MAX_STEPS 512
 
 static void expect_clean_failure(int np, const char *args, const char *needle);
 static const char *ckpt_rank_path(const char *dir, int r, char *out);
@@ -1102,8 +1102,10 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
  *   backends, so the cross- and intra-node bytes of every step are equal,
  *   exactly.
  * - Step 1's loss is computed before any update, from the same weights and
- *   samples: CUDA and OpenBLAS differ only in the order of fp32 sums
- *   (test_gpt2_cuda bounds those at ~1e-6 relative per output), so 1e-5.
+ *   samples. The config is bf16: the CPU computes in fp32 on the bf16
+ *   weights, the CUDA model stores what feeds its products in bf16
+ *   (gpt2_cuda.cu, PRECISION), and test_gpt2_cuda derives for that a loss
+ *   difference of at most u = 2^-8 relative (observed ~3e-5), so 2^-8.
  * - Later steps: gradients that differ in the last fp32 bits can flip an
  *   int4 or bf16 rounding; AdamW turns such a flip into an update change of
  *   at most ~lr (1e-3) on the few weights concerned, far below 1e-3 of the
@@ -1150,7 +1152,7 @@ static void test_gpu_matches_cpu(void) {
         printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n",
                runs[r][0], loss[0][0], loss[1][0], steps, loss[0][steps - 1],
                loss[1][steps - 1]);
-        EXPECT(fabs(loss[1][0] - loss[0][0]) <= 1e-5 * loss[0][0], "%s step 1: %.9g vs %.9g",
+        EXPECT(fabs(loss[1][0] - loss[0][0]) <= 0x1p-8 * loss[0][0], "%s step 1: %.9g vs %.9g",
                runs[r][0], loss[1][0], loss[0][0]);
         for (int s = 0; s < steps; s++) {
             EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-3 * loss[0][s],
@@ -1162,6 +1164,65 @@ static void test_gpu_matches_cpu(void) {
         }
         EXPECT(loss[1][steps - 1] < loss[1][0], "%s: the loss did not fall", runs[r][0]);
     }
+}
+
+/* GPU (label gpu): ZeRO++ learns as well as ZeRO-3 on the GPU, where the
+ * model computes in bf16 on tensor cores. Both runs are 2 ranks as 2
+ * emulated nodes (sharing the GPU when there is one), so the only
+ * difference is the quantization: qwZ's int8 weights in every gather and
+ * qgZ's int4 gradients. A 4-layer, 256-wide model with T 128 trains on Tiny
+ * Shakespeare for 400 steps (val loss from ~5.5 nats at the start to ~2,
+ * well past unigram statistics); ZeRO++'s validation loss must be within 1%
+ * of ZeRO-3's, the issue's bar for "no loss of convergence". */
+static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
+    char data[512];
+    if (!zpp_test_shared_data("tinyshakespeare.txt", data, sizeof data)) {
+        printf("SKIP: needs ../shared/data/tinyshakespeare.txt\n");
+        return;
+    }
+    const char *modes[][2] = {
+        {"zero3", "{\"stage\": 3}"},
+        {"zeropp", "{\"stage\": 3, \"zero_quantized_weights\": true,"
+                   " \"zero_quantized_gradients\": true}"},
+    };
+    const int steps = 400;
+    double val[2], first[2], last[2];
+    for (int m = 0; m < 2; m++) {
+        char cfg[512], met[512], err[512], json[2048], args[2048], name[64];
+        snprintf(json, sizeof json,
+                 "{\"model\": {\"n_layer\": 4, \"n_head\": 4, \"n_embd\": 256,"
+                 " \"seq_len\": 128, \"vocab_size\": 256},"
+                 " \"train_micro_batch_size_per_gpu\": 8,"
+                 " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.002,"
+                 " \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.01}},"
+                 " \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {"
+                 "\"warmup_num_steps\": 40, \"warmup_type\": \"linear\"}},"
+                 " \"gradient_clipping\": 1.0, \"bf16\": {\"enabled\": true},"
+                 " \"zero_optimization\": %s, \"zeropp\": {\"seed\": 7}}",
+                 modes[m][1]);
+        snprintf(name, sizeof name, "gpu_quality_%s.json", modes[m][0]);
+        write_text(tmp_path(name, cfg), "%s", json);
+        snprintf(name, sizeof name, "gpu_quality_%s.jsonl", modes[m][0]);
+        tmp_path(name, met);
+        snprintf(args, sizeof args,
+                 "--config %s --data %s --steps %d --eval-every %d --device gpu --node-size 1 "
+                 "--emulate-nodes --metrics %s",
+                 cfg, data, steps, steps, met);
+        int rc = run_train(2, args, tmp_path("err.txt", err));
+        EXPECT(rc == 0, "%s on the GPU: exit %d; stderr in %s", modes[m][0], rc, err);
+        double loss[MAX_STEPS];
+        EXPECT(read_metric(met, "val_loss", &val[m], 1) == 1);
+        EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+        first[m] = loss[0];
+        last[m] = loss[steps - 1];
+        printf("  %-6s train loss %.4f -> %.4f, val loss %.4f\n", modes[m][0], first[m],
+               last[m], val[m]);
+        EXPECT(val[m] < 0.45 * first[m], "%s did not learn: val loss %.4f from %.4f",
+               modes[m][0], val[m], first[m]);
+    }
+    printf("  zeropp vs zero3 val loss: %+.2f%%\n", 100.0 * (val[1] - val[0]) / val[0]);
+    EXPECT(fabs(val[1] - val[0]) <= 0.01 * val[0], "ZeRO++ val loss %.4f vs ZeRO-3 %.4f (> 1%%)",
+           val[1], val[0]);
 }
 
 /* Trains the small fp32 GPT of model_json with `extra` keys on `world`
@@ -1979,6 +2040,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_si
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
           ZPP_TEST(test_demo_summary), ZPP_TEST_GPU(test_gpu_matches_cpu),
+          ZPP_TEST_GPU(test_gpu_zeropp_matches_zero3_validation_loss),
           ZPP_TEST(test_profile_metrics),
           ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),

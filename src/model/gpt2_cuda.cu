@@ -39,12 +39,16 @@
  * product with a vector of ones (one more GEMM, deterministic, beta = 1
  * accumulates into the caller's gradient).
  *
- * Attention is per (sequence, head) with strided-batched GEMMs that read
- * the heads in place from the qkv rows (leading dimension 3C, head h at
- * column h*hs): batched over heads, looping over sequences, or the other
- * way round, whichever launches fewer GEMMs. Q K^T is computed whole into
- * an fp32 scratch; the causal softmax writes the probabilities (upper
- * triangle zero) in E.
+ * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
+ * 1.31B model), attention is fused (attention_cuda.cu, FlashAttention-2
+ * style): no T x T matrix is stored, only a log-sum-exp per row and head,
+ * and the backward recomputes the probabilities. Otherwise (fp32, fp16,
+ * other head sizes), it is per (sequence, head) with strided-batched GEMMs
+ * that read the heads in place from the qkv rows (leading dimension 3C,
+ * head h at column h*hs): batched over heads, looping over sequences, or
+ * the other way round, whichever launches fewer GEMMs. Q K^T is computed
+ * whole into an fp32 scratch; the causal softmax writes the probabilities
+ * (upper triangle zero) in E.
  *
  * DETERMINISM. No atomics anywhere: every reduction has a fixed order, and
  * cuBLASLt returns the same bits for the same algorithm (cached per shape)
@@ -92,6 +96,7 @@
 #include "zeropp.h"
 #include "model/model.h"
 #include "model/gpt2.h"
+#include "model/attention_cuda.h"
 
 namespace {
 
@@ -435,7 +440,10 @@ struct gpt2_acts {
     float *res;                /* (L+1) x N x C: res[0] = embedding, res[l] = block l out */
     float *ln1m, *ln1r;        /*    L x N: LayerNorm mean and 1/std */
     void *qkv;                 /* E  L x N x 3C */
-    void *att;                 /* E  L x max_batch x H x T x T: softmax probabilities */
+    void *att;                 /* E  L x max_batch x H x T x T: softmax probabilities
+                                     (GEMM path; NULL with fused attention) */
+    float *att_lse;            /*    L x max_batch x H x T: the fused attention's
+                                     log-sum-exps (NULL on the GEMM path) */
     void *atty;                /* E  L x N x C: attention output before the projection */
     float *mid;                /*    L x N x C: residual after attention */
     float *ln2m, *ln2r;
@@ -459,6 +467,7 @@ struct gpt2_acts {
     void *dfc;                 /* E  N x 4C */
     float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
     void *dscore;              /* E  max_batch x H x T x T: d S */
+    float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
     float *dyxh;               /*    N x C: LayerNorm backward's dy * xhat */
     float *ones;               /*    N: column sums of fp32 rows */
     void *ones_e;              /* E  N: column sums of E rows (ones if fp32) */
@@ -482,6 +491,7 @@ struct gpt2_cuda {
     zpp_gpt2_layout lay;
     zpp_gpt2_stages stages;
     size_t nmax;          /* max_batch * T */
+    int fused_attn;       /* attention by attention_cuda.cu (bf16, head size 64 or 128) */
     size_t es;            /* bytes of one E element */
     cudaDataType_t et;    /* E for cuBLASLt */
     cudaStream_t stream;
@@ -833,9 +843,12 @@ static zpp_status gelu_forward(gpt2_cuda *g, const void *fch, int n) {
 }
 
 /* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V.
- * Scores in fp32 (the score scratch), P and Y in E. */
+ * Fused (attention_cuda.cu: no T x T matrix; `att` is the layer's lse), or
+ * by GEMMs: scores in fp32 (the score scratch), P (`att`) and Y in E. */
 static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
+    if (g->fused_attn)
+        return zpp_attn_forward(y, (float *)att, qkv, g->calls.B, T, H, hs, g->stream);
     int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T;
     float scale = 1.0f / sqrtf((float)hs);
     attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
@@ -854,8 +867,11 @@ static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void
  *   dP = dY V^T (fp32),  dS = P * (dP - rowsum(P * dP)) (E),
  *   dQ = dS K / sqrt(hs),  dK = dS^T Q / sqrt(hs),  dV = P^T dY. */
 static zpp_status attention_backward(gpt2_cuda *g, void *dqkv, const void *dy, const void *att,
-                                     const void *qkv) {
+                                     const void *qkv, const void *y) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
+    if (g->fused_attn)
+        return zpp_attn_backward(dqkv, dy, qkv, y, (const float *)att, g->act.att_dsum,
+                                 g->calls.B, T, H, hs, g->stream);
     int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T, TC = (int64_t)T * C;
     float scale = 1.0f / sqrtf((float)hs);
     attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
@@ -882,7 +898,8 @@ struct layer_acts {
     const float *x; /* res[l-1] */
     float *out;     /* res[l] */
     float *mid, *ln1m, *ln1r, *ln2m, *ln2r;
-    void *qkv, *att, *atty, *fch; /* E */
+    void *qkv, *atty, *fch; /* E */
+    void *att; /* P in E (GEMM path), or the fused attention's fp32 lse */
 };
 
 static layer_acts layer_of(const gpt2_cuda *g, int l) {
@@ -898,7 +915,8 @@ static layer_acts layer_of(const gpt2_cuda *g, int l) {
     y.ln2m = a->ln2m + k * N;
     y.ln2r = a->ln2r + k * N;
     y.qkv = eat(g, a->qkv, k * N * 3 * C);
-    y.att = eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
+    y.att = g->fused_attn ? (void *)(a->att_lse + k * (size_t)g->base.max_batch * H * T)
+                          : eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
     y.atty = eat(g, a->atty, k * N * C);
     y.fch = eat(g, a->fch, k * N * 4 * C);
     return y;
@@ -1003,7 +1021,7 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, gr + L->proj_b, a->dres_e,
                               a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
-    ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv));
+    ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty));
     ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
                                   eat(g, w, L->ln1_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, a->ln,
@@ -1191,7 +1209,14 @@ static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     x->ln1m = zpp_gpt2_arena_take(a, L, N);
     x->ln1r = zpp_gpt2_arena_take(a, L, N);
     x->qkv = take_e(g, a, L * N, 3 * C);
-    x->att = take_e(g, a, L * Bm * H, T * T);
+    if (g->fused_attn) {
+        x->att_lse = zpp_gpt2_arena_take(a, L * Bm * H, T);
+        x->att_dsum = zpp_gpt2_arena_take(a, Bm * H, T);
+    } else {
+        x->att = take_e(g, a, L * Bm * H, T * T);
+        x->score = zpp_gpt2_arena_take(a, Bm * H, T * T);
+        x->dscore = take_e(g, a, Bm * H, T * T);
+    }
     x->atty = take_e(g, a, L * N, C);
     x->mid = zpp_gpt2_arena_take(a, L * N, C);
     x->ln2m = zpp_gpt2_arena_take(a, L, N);
@@ -1211,8 +1236,6 @@ static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     x->datty = take_e(g, a, N, C);
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
-    x->score = zpp_gpt2_arena_take(a, Bm * H, T * T);
-    x->dscore = take_e(g, a, Bm * H, T * T);
     x->dyxh = zpp_gpt2_arena_take(a, N, C);
     x->ones = zpp_gpt2_arena_take(a, N, 1);
     x->ones_e = f32 ? x->ones : take_e(g, a, N, 1);
@@ -1294,6 +1317,10 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
     g->es = zpp_dtype_size(param_dtype);
+    /* The fused attention is bf16 with head size 64 or 128; anything else
+     * (fp32, fp16, other head sizes) takes the GEMM path. */
+    g->fused_attn = param_dtype == ZPP_BF16 &&
+                    zpp_attn_supported(cfg->n_embd / cfg->n_head) == ZPP_OK;
     g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
             : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;
