@@ -5,3 +5,12 @@ if(ZPP_HAVE_CUDA)
   zpp_test(test_gpt2_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt2_cuda.c
            LABELS gpu TIMEOUT 300 ENV OPENBLAS_NUM_THREADS=1)
 endif()
+
+# The fused causal attention (src/model/attention_cuda.cu), forward and
+# backward, against a double-precision reference with derived error bounds;
+# determinism, refusals, and timings (printed). Each ZPP_TEST_GPU case of
+# the source is its own ctest test, labelled gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_attention_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_attention_cuda.c
+           CASES_FROM_SOURCE TIMEOUT 600)
+endif()

@@ -1,0 +1,54 @@
+/* model/attention_cuda.h — fused causal self-attention for the CUDA GPT-2
+ * (FlashAttention-2 style, bf16 tensor cores; attention_cuda.cu says how).
+ *
+ * Layouts (the model's, rows n = b*T + t for B sequences of T tokens,
+ * C = H*hs, all row-major bf16):
+ *   qkv   N x 3C   columns [0,C) q, [C,2C) k, [2C,3C) v; head h at columns
+ *                  h*hs .. h*hs+hs-1 inside each third
+ *   y     N x C    head h at columns h*hs
+ *   dy    N x C    as y
+ *   dqkv  N x 3C   as qkv
+ *   lse   B*H*T    fp32, entry (b*H + h)*T + t: the natural log of
+ *                  sum_{j<=t} exp(q_t . k_j / sqrt(hs)), written by the
+ *                  forward, read by the backward
+ *   dsum  B*H*T    fp32 scratch of the backward (same indexing)
+ *
+ * Per (b, h): S = Q K^T / sqrt(hs), causal (key j > query i excluded),
+ * P = softmax(S) by rows, Y = P V. The backward writes (overwrites, does not
+ * accumulate) dQ, dK, dV into dqkv from dY, the forward's y and lse, and q,
+ * k, v. It is deterministic: the same inputs give the same bits.
+ *
+ * Every pointer is device memory, 16-byte aligned (lse and dsum: 4-byte);
+ * every call enqueues on `stream` (a cudaStream_t; NULL is the legacy
+ * default stream), returns without synchronising, and allocates nothing.
+ * Launch errors come back as ZPP_ERR_CUDA; a fault while running shows up
+ * at the stream's next synchronisation. Head sizes 64 and 128 only:
+ * anything else is ZPP_ERR_UNSUPPORTED (the model then takes its GEMM
+ * path); zpp_attn_supported asks without doing anything. */
+#ifndef ZPP_MODEL_ATTENTION_CUDA_H
+#define ZPP_MODEL_ATTENTION_CUDA_H
+
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ZPP_OK for hs 64 and 128; ZPP_ERR_UNSUPPORTED (with a message) otherwise. */
+zpp_status zpp_attn_supported(int hs);
+
+/* y = softmax(Q K^T / sqrt(hs) + causal mask) V per (b, h); lse as above. */
+zpp_status zpp_attn_forward(void *y, float *lse, const void *qkv, int B, int T, int H, int hs,
+                            void *stream);
+
+/* dqkv = the gradient of sum(dy * y) with respect to qkv, from the forward's
+ * y and lse; dsum is B*H*T floats of scratch (rowsum(dy * y)). */
+zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *qkv, const void *y,
+                             const float *lse, float *dsum, int B, int T, int H, int hs,
+                             void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
