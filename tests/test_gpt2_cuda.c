@@ -342,8 +342,12 @@ static void compare_step(twin *t, const int32_t *tok, const int32_t *tgt, int B,
  * biases 0 and attention is nearly uniform (q.k ~ 0): there a kernel that
  * forgot a LayerNorm weight, used the wrong bias, or got the attention
  * backward wrong would hardly show. LayerNorm weights become 1 + 0.2 N(0,1),
- * every bias 0.05 N(0,1), and the qkv weights are scaled by 8 (so scores
- * have std ~1 and the softmax is far from uniform). */
+ * every bias 0.05 N(0,1), and the qkv weights are scaled by k so that the
+ * scores have std ~1 at any width and the softmax is far from uniform: a
+ * score q.k / sqrt(hs) has std ~ sd(q) sd(k), each ~ k 0.02 sqrt(C), so
+ * k = 8 sqrt(64 / C) keeps it where k = 8 puts it for C = 64. (A constant 8
+ * made the C = 256 model's scores 4x sharper than intended, and sharper
+ * softmaxes amplify every rounding of q and k.) */
 static void twin_perturb(twin *t, zpp_rng *r) {
     const zpp_gpt2_layout *l = &t->lay;
     size_t C = (size_t)t->cfg.n_embd;
@@ -364,7 +368,8 @@ static void twin_perturb(twin *t, zpp_rng *r) {
         for (int k = 0; k < 6; k++)
             for (size_t i = 0; i < bias[k][1]; i++)
                 p[bias[k][0] + i] = (float)(0.05 * zpp_rng_normal(r));
-        for (size_t i = 0; i < 3 * C * C; i++) p[l->qkv_w + i] *= 8.0f;
+        const float k = (float)(8.0 * sqrt(64.0 / (double)C));
+        for (size_t i = 0; i < 3 * C * C; i++) p[l->qkv_w + i] *= k;
     }
     twin_upload(t);
 }
@@ -411,6 +416,9 @@ static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_FP32, 3, 128, 1, 0);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_FP32, 5, 7, 2, 1);
     check_config((zpp_gpt2_config){2, 6, 192, 64, 512}, ZPP_FP32, 4, 512, 3, 1);
+    /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time
+     * path (8-wide accesses need rows of a multiple of 8) */
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50}, ZPP_FP32, 2, 50, 10, 1);
 }
 
 /* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
@@ -421,6 +429,7 @@ static void test_matches_cpu_bf16_fp16(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_BF16, 3, 128, 4, 1);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_BF16, 5, 7, 5, 0);
     check_config((zpp_gpt2_config){1, 3, 48, 19, 101}, ZPP_FP16, 2, 101, 6, 1);
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50}, ZPP_BF16, 2, 50, 11, 0);
     /* head sizes 64 and 128: the fused attention (attention_cuda.cu), with
      * T = 80 and 40 not multiples of its tiles */
     check_config((zpp_gpt2_config){2, 2, 128, 80, 128}, ZPP_BF16, 3, 128, 8, 1);

@@ -42,6 +42,7 @@ const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
 
 void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
     va_list ap;
+    fflush(stdout); /* the case's progress lines, before _exit drops them */
     fprintf(stderr, "[rank %d] FAIL %s (%s:%d, seed %llu): ", zpp_test_rank, zpp__current,
             file, line, (unsigned long long)zpp__seed);
     if (cond) fprintf(stderr, "EXPECT(%s) ", cond);

@@ -142,6 +142,50 @@ __device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
 }
 __device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
 
+/* Eight consecutive elements at once (16-byte accesses: the elementwise
+ * kernels are bound by memory, and 2-byte accesses waste most of each
+ * transaction). p must be 16-byte aligned; the launchers check (vec8_ok). */
+__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&f)[8]) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void load8(const __half *p, float (&f)[8]) {
+    uint4 u = *(const uint4 *)p;
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 t = __half22float2(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
+    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16 *p, const float (&f)[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    *(uint4 *)p = u;
+}
+__device__ __forceinline__ void store8(__half *p, const float (&f)[8]) {
+    uint4 u;
+    __half2 *h = (__half2 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+    *(uint4 *)p = u;
+}
+
 template <typename E>
 __global__ void fill_kernel(E *dst, float v, size_t n) {
     for (size_t i = global_tid(); i < n; i += grid_threads()) st(dst, i, v);
@@ -149,8 +193,14 @@ __global__ void fill_kernel(E *dst, float v, size_t n) {
 
 /* fp32 -> E (the residual gradient, before it enters products). */
 template <typename E>
-__global__ void round_kernel(E *dst, const float *src, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
+__global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
+    size_t n8 = vec ? n / 8 : 0;
+    for (size_t i = global_tid(); i < n8; i += grid_threads()) {
+        float x[8];
+        load8(src + 8 * i, x);
+        store8(dst + 8 * i, x);
+    }
+    for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
 }
 
 /* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
@@ -230,8 +280,21 @@ __global__ void layernorm_forward_kernel(E *out, float *mean, float *rstd, const
 template <typename E>
 __global__ void layernorm_recompute_kernel(E *out, const float *inp, const float *mean,
                                            const float *rstd, const E *w, const E *b, size_t n,
-                                           int C) {
+                                           int C, bool vec) {
     size_t total = n * (size_t)C;
+    if (vec) { /* C % 8 == 0: a group of 8 lies inside one row */
+        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
+            size_t e = 8 * i, r = e / (size_t)C, c = e % (size_t)C;
+            float x[8], wv[8], bv[8], m = mean[r], s = rstd[r];
+            load8(inp + e, x);
+            load8(w + c, wv);
+            load8(b + c, bv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = ln_apply(x[k], m, s, wv[k], bv[k]);
+            store8(out + e, x);
+        }
+        return;
+    }
     for (size_t i = global_tid(); i < total; i += grid_threads()) {
         size_t r = i / (size_t)C, c = i % (size_t)C;
         st(out, i, ln_apply(inp[i], mean[r], rstd[r], ld(w, c), ld(b, c)));
@@ -273,8 +336,23 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float 
  * GEMM then adds the product with beta = 1. O is fp32 for outputs on the
  * residual stream, E for the others (a bias in E is exact in E). */
 template <typename O, typename E>
-__global__ void rows_init_kernel(O *out, const float *resid, const E *bias, size_t n, int W) {
+__global__ void rows_init_kernel(O *out, const float *resid, const E *bias, size_t n, int W,
+                                 bool vec) {
     size_t total = n * (size_t)W;
+    if (vec) { /* W % 8 == 0 */
+        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
+            size_t e = 8 * i;
+            float x[8], r[8];
+            load8(bias + e % (size_t)W, x);
+            if (resid) {
+                load8(resid + e, r);
+#pragma unroll
+                for (int k = 0; k < 8; k++) x[k] = r[k] + x[k];
+            }
+            store8(out + e, x);
+        }
+        return;
+    }
     for (size_t i = global_tid(); i < total; i += grid_threads()) {
         float b = ld(bias, i % (size_t)W);
         st(out, i, resid ? resid[i] + b : b);
@@ -288,20 +366,40 @@ __device__ __forceinline__ float gelu_sigmoid(float u) {
 }
 
 template <typename E>
-__global__ void gelu_forward_kernel(E *out, const E *inp, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) {
+__global__ void gelu_forward_kernel(E *out, const E *inp, size_t n, bool vec) {
+    size_t n8 = vec ? n / 8 : 0;
+    for (size_t i = global_tid(); i < n8; i += grid_threads()) {
+        float u[8];
+        load8(inp + 8 * i, u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) u[k] *= gelu_sigmoid(u[k]);
+        store8(out + 8 * i, u);
+    }
+    for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) {
         float u = ld(inp, i);
         st(out, i, u * gelu_sigmoid(u));
     }
 }
 
 /* gelu'(u) = s + u * 2 s (1 - s) * k (1 + 3 a u^2), in place on d. */
+__device__ __forceinline__ float gelu_grad(float u) {
+    float s = gelu_sigmoid(u);
+    return s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u);
+}
+
 template <typename E>
-__global__ void gelu_backward_kernel(E *d, const E *inp, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) {
-        float u = ld(inp, i), s = gelu_sigmoid(u);
-        st(d, i, ld(d, i) * (s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u)));
+__global__ void gelu_backward_kernel(E *d, const E *inp, size_t n, bool vec) {
+    size_t n8 = vec ? n / 8 : 0;
+    for (size_t i = global_tid(); i < n8; i += grid_threads()) {
+        float u[8], g[8];
+        load8(inp + 8 * i, u);
+        load8(d + 8 * i, g);
+#pragma unroll
+        for (int k = 0; k < 8; k++) g[k] *= gelu_grad(u[k]);
+        store8(d + 8 * i, g);
     }
+    for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads())
+        st(d, i, ld(d, i) * gelu_grad(ld(inp, i)));
 }
 
 /* attention_forward's softmax: rows of the (B*H) T x T fp32 score matrices
@@ -562,6 +660,12 @@ static unsigned grid_for(size_t n) {
     return b ? (unsigned)b : 1u;
 }
 
+/* Whether the 8-wide (16-byte) accesses may be used on these pointers
+ * (NULL counts as aligned). */
+static bool vec8_ok(const void *a, const void *b, const void *c = NULL, const void *d = NULL) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15u) == 0;
+}
+
 static unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
     return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
 }
@@ -767,13 +871,14 @@ static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, f
 static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, const float *resid,
                                  const void *inp, const void *W, const void *bias, int n, int IC,
                                  int OC, const char *what) {
-    unsigned grid = grid_for((size_t)n * OC);
+    bool v = OC % 8 == 0 && vec8_ok(out, resid, bias);
+    unsigned grid = grid_for(v ? (size_t)n * OC / 8 : (size_t)n * OC);
     if (ot == CUDA_R_32F)
         WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
-                      (float *)out, resid, (const E *)bias, (size_t)n, OC));
+                      (float *)out, resid, (const E *)bias, (size_t)n, OC, v));
     else
         WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
-                      (E *)out, resid, (const E *)bias, (size_t)n, OC));
+                      (E *)out, resid, (const E *)bias, (size_t)n, OC, v));
     LAUNCH_CHECK(what);
     return mm(g, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, ot, OC, what);
 }
@@ -816,8 +921,9 @@ static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float
 static zpp_status round_dres(gpt2_cuda *g, int n) {
     if (g->et == CUDA_R_32F) return ZPP_OK;
     size_t k = (size_t)n * g->cfg.n_embd;
-    WITH_E(g, round_kernel<<<grid_for(k), kThreads, 0, g->stream>>>((E *)g->act.dres_e,
-                                                                    g->act.dres, k));
+    bool v = vec8_ok(g->act.dres_e, g->act.dres);
+    WITH_E(g, round_kernel<<<grid_for(v ? k / 8 : k), kThreads, 0, g->stream>>>(
+                  (E *)g->act.dres_e, g->act.dres, k, v));
     LAUNCH_CHECK("round the residual gradient");
     return ZPP_OK;
 }
@@ -826,8 +932,10 @@ static zpp_status round_dres(gpt2_cuda *g, int n) {
 static zpp_status layernorm_recompute(gpt2_cuda *g, const float *inp, const float *mean,
                                       const float *rstd, const void *w, const void *b, int n) {
     int C = g->cfg.n_embd;
-    WITH_E(g, layernorm_recompute_kernel<<<grid_for((size_t)n * C), kThreads, 0, g->stream>>>(
-                  (E *)g->act.ln, inp, mean, rstd, (const E *)w, (const E *)b, (size_t)n, C));
+    size_t k = (size_t)n * C;
+    bool v = C % 8 == 0 && vec8_ok(g->act.ln, inp, w, b);
+    WITH_E(g, layernorm_recompute_kernel<<<grid_for(v ? k / 8 : k), kThreads, 0, g->stream>>>(
+                  (E *)g->act.ln, inp, mean, rstd, (const E *)w, (const E *)b, (size_t)n, C, v));
     LAUNCH_CHECK("layernorm recompute");
     return ZPP_OK;
 }
@@ -836,8 +944,9 @@ static zpp_status layernorm_recompute(gpt2_cuda *g, const float *inp, const floa
  * backward for fc2's weight gradient. */
 static zpp_status gelu_forward(gpt2_cuda *g, const void *fch, int n) {
     size_t n4 = (size_t)n * 4 * g->cfg.n_embd;
-    WITH_E(g, gelu_forward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
-                  (E *)g->act.fcg, (const E *)fch, n4));
+    bool v = vec8_ok(g->act.fcg, fch);
+    WITH_E(g, gelu_forward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
+                  (E *)g->act.fcg, (const E *)fch, n4, v));
     LAUNCH_CHECK("gelu");
     return ZPP_OK;
 }
@@ -1007,8 +1116,9 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e, a->dres,
                               a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
     size_t n4 = (size_t)n * 4 * C;
-    WITH_E(g, gelu_backward_kernel<<<grid_for(n4), kThreads, 0, g->stream>>>(
-                  (E *)a->dfc, (const E *)y.fch, n4));
+    bool v = vec8_ok(a->dfc, y.fch);
+    WITH_E(g, gelu_backward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
+                  (E *)a->dfc, (const E *)y.fch, n4, v));
     LAUNCH_CHECK("gelu backward");
     ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
                                   eat(g, w, L->ln2_b), n));
