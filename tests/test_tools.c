@@ -177,7 +177,7 @@ static void test_plan_formulas(void) {
 
 /* ---- Every mode of `zeropp plan` against DESIGN.md §5, written out here ----
  *
- * Independent of volume.c: the calls each mode makes per unit (DESIGN.md §9,
+ * Independent of volume.c: the calls each mode makes per unit (DESIGN.md §10,
  * collectives.h) and the §5 cost of each, in closed form. With N nodes of S
  * ranks (W = N*S) and b bytes per rank:
  *   all-gather / reduce-scatter over the world (full buffer W*b):
