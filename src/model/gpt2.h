@@ -1,7 +1,8 @@
 /* model/gpt2.h — what the GPT-2 models share (gpt2.c): the parameter
  * layout and initialisation, for the CPU reference (gpt2_cpu.c), the CUDA
  * model (gpt2_cuda.cu) and anything else that needs to find a tensor inside
- * a unit (checkpoints, tests); and the activations both models keep.
+ * a unit (checkpoints, tests); and the CPU model's activations (the CUDA
+ * model keeps its own, each buffer in the dtype it needs: gpt2_cuda.cu).
  *
  * Units (each one flat buffer, gathered whole by the engine):
  *
@@ -134,7 +135,7 @@ zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, i
 zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
                                    const void *params, const float *grads, const char *who);
 
-/* The activations both models keep for the backward, and their backward
+/* The activations the CPU model keeps for the backward, and its backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
  * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */
 typedef struct zpp_gpt2_acts {
@@ -156,7 +157,7 @@ typedef struct zpp_gpt2_acts {
     float *dfc;                       /* N x 4C */
 } zpp_gpt2_acts;
 
-/* Block l's (1..n_layer) slices of the activations, as both models index
+/* Block l's (1..n_layer) slices of the activations, as the CPU model indexes
  * them: its input and output on the residual stream and what its backward
  * needs (LayerNorm means and reciprocal deviations as ln1m/ln1r, ln2m/ln2r). */
 typedef struct zpp_gpt2_layer {
