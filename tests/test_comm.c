@@ -466,6 +466,8 @@ static void check_topo_shape(const zpp_topo *t, int W, int rank, int S) {
     EXPECT(t->inter->size == nodes && t->inter->rank == node, "inter %d/%d", t->inter->rank,
            t->inter->size);
     EXPECT(t->world->mem == ZPP_MEM_HOST && strcmp(t->world->ops->name, "mpi") == 0);
+    /* On MPI the gradient reductions share the three (comm.h) */
+    EXPECT(t->red_world == t->world && t->red_intra == t->intra && t->red_inter == t->inter);
 }
 
 /* For every node size S dividing the world: shape, membership, every

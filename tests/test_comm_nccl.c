@@ -10,8 +10,10 @@
  *
  * GPU memory, streams and copies go through the device API
  * (device/device.h); this file makes no CUDA runtime call.
- * Every topology is checked on all three of its communicators (world, intra,
- * inter) with fresh random data generated per rank from the agreed seed;
+ * Every topology is checked on all six of its communicators (world, intra,
+ * inter and the reductions' copies, zpp_topo.red_*, which run on a second
+ * stream; check_two_streams has both streams busy at once) with fresh
+ * random data generated per rank from the agreed seed;
  * each rank regenerates every peer's data, so each can compute the exact
  * expected output on its own.
  *
@@ -47,17 +49,21 @@
 
 #include <unistd.h>
 
+#include "collectives/collectives.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
 #include "testlib.h"
 
-enum { WHICH_WORLD = 0, WHICH_INTRA = 1, WHICH_INTER = 2 };
-static const char *const which_name[3] = {"world", "intra", "inter"};
+/* The six communicators of a topology: world, intra, inter and the
+ * reductions' copies of them (zpp_topo.red_*, on a stream of their own). */
+enum { WHICH_WORLD = 0, WHICH_INTRA = 1, WHICH_INTER = 2, WHICH_RED_WORLD = 3, WHICH_COUNT = 6 };
+static const char *const which_name[WHICH_COUNT] = {
+    "world", "intra", "inter", "world (reduce)", "intra (reduce)", "inter (reduce)"};
 
 enum { OP_ALLGATHER = 1, OP_RS_F32, OP_RS_BF16, OP_ALLTOALL, OP_AR_F32, OP_AR_BF16, OP_AR_F16,
-       OP_BCAST, OP_AGREE, OP_MANY };
+       OP_BCAST, OP_AGREE, OP_MANY, OP_TWO_STREAMS };
 
 typedef struct ctx {
     zpp_topo *topo;
@@ -150,16 +156,20 @@ static void ctx_open(ctx *cx, int node_size, int emulate) {
                t->nodes == w / node_size && t->node == want_node && t->local_rank == want_local,
            "topology %d/%d nodes %d node %d local %d", t->world_rank, t->world_size, t->nodes,
            t->node, t->local_rank);
-    const zpp_comm *cs[3] = {t->world, t->intra, t->inter};
+    const zpp_comm *cs[WHICH_COUNT] = {t->world,     t->intra,     t->inter,
+                                       t->red_world, t->red_intra, t->red_inter};
     const int want_rank[3] = {t->world_rank, t->local_rank, t->node};
     const int want_size[3] = {t->world_size, t->node_size, t->nodes};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < WHICH_COUNT; k++) {
         EXPECT(cs[k] && cs[k]->ops && strcmp(cs[k]->ops->name, "nccl") == 0,
                "%s communicator is not an NCCL one", which_name[k]);
         EXPECT(cs[k]->mem == ZPP_MEM_DEVICE, "%s: mem %d", which_name[k], (int)cs[k]->mem);
-        EXPECT(cs[k]->rank == want_rank[k] && cs[k]->size == want_size[k],
+        EXPECT(cs[k]->rank == want_rank[k % 3] && cs[k]->size == want_size[k % 3],
                "%s: rank %d of %d, expected %d of %d", which_name[k], cs[k]->rank, cs[k]->size,
-               want_rank[k], want_size[k]);
+               want_rank[k % 3], want_size[k % 3]);
+        /* the reductions' are communicators of their own */
+        if (k >= 3) EXPECT(cs[k] != cs[k - 3], "%s is %s itself", which_name[k],
+                           which_name[k - 3]);
     }
     const char *nvls = getenv("NCCL_NVLS_ENABLE");
     EXPECT(nvls && strcmp(nvls, "0") == 0, "NCCL_NVLS_ENABLE is '%s', must be 0",
@@ -178,13 +188,15 @@ static void ctx_close(ctx *cx) {
 }
 
 static zpp_comm *comm_of(const ctx *cx, int which) {
-    return which == WHICH_WORLD ? cx->topo->world
-           : which == WHICH_INTRA ? cx->topo->intra
-                                  : cx->topo->inter;
+    const zpp_topo *t = cx->topo;
+    zpp_comm *const cs[WHICH_COUNT] = {t->world,     t->intra,     t->inter,
+                                       t->red_world, t->red_intra, t->red_inter};
+    return cs[which];
 }
 
 /* World rank of member i of a communicator (see comm.h). */
 static int member_world(const zpp_topo *t, int which, int i) {
+    which %= 3; /* a reduction's communicator has the ranks of its twin */
     if (which == WHICH_WORLD) return i;
     if (which == WHICH_INTRA) return t->node * t->node_size + i;
     return i * t->node_size + t->local_rank;
@@ -202,7 +214,7 @@ static void busy(const ctx *cx) {
  * all-to-all) in call `iter` of `op` on communicator `which`. */
 static uint64_t data_seed(int op, int which, int iter, int src, int dst) {
     uint64_t k = (uint64_t)op;
-    k = k * 4 + (uint64_t)which;
+    k = k * 8 + (uint64_t)which;
     k = k * 4096 + (uint64_t)iter;
     k = k * 65536 + (uint64_t)src;
     k = k * 65536 + (uint64_t)(dst + 1);
@@ -232,7 +244,7 @@ static void gen_normal(uint64_t seed, zpp_dtype dtype, void *p, size_t n) {
 
 /* A size from the agreed seed: 1..max, sometimes tiny or odd. */
 static size_t pick_size(int op, int which, int iter, size_t max) {
-    zpp_rng r = zpp_rng_make(zpp_test_seed(0x51e0000u + (uint64_t)(op * 4 + which) * 4096 +
+    zpp_rng r = zpp_rng_make(zpp_test_seed(0x51e0000u + (uint64_t)(op * 8 + which) * 4096 +
                                            (uint64_t)iter));
     switch (iter % 3) {
     case 0: return 1 + zpp_rng_u64(&r) % 17;
@@ -596,8 +608,85 @@ static void check_zero_sizes(ctx *cx, int which) {
     dev_free(d);
 }
 
+/* A gather-side and a reduction-side collective in flight at once, on the
+ * world communicator and the reductions' copy of it (two streams), waited
+ * in either order: each runs after the compute stream's work before it,
+ * and the compute stream after each. Buffers change hands across the
+ * streams the way the scratch pool hands them on: the all-gather of round
+ * j + 1 sends from the buffer the reduce-scatter of round j wrote (new data
+ * uploaded into it on the compute stream first), and that reduce-scatter
+ * writes into the buffer the all-gather of round j sent from. A missing
+ * order anywhere shows as a wrong block or a stale sum. */
+static void check_two_streams(ctx *cx) {
+    enum { K = 24 };
+    zpp_comm *g = cx->topo->world, *r = cx->topo->red_world;
+    const zpp_topo *t = cx->topo;
+    int it = cx->iter++;
+    size_t cnt = 4096 + (size_t)it % 61, n = (size_t)g->size;
+    float *ha = host_alloc(cnt * 4), *hb = host_alloc(n * cnt * 4);
+    float *other = host_alloc(n * cnt * 4);
+    float *hg = host_alloc(K * n * cnt * 4), *hr = host_alloc(K * cnt * 4);
+    float *dbuf[2] = {dev_alloc(cnt * 4), dev_alloc(cnt * 4)}; /* swap roles each round */
+    float *db = dev_alloc(n * cnt * 4), *dg = dev_alloc(K * n * cnt * 4),
+          *dkeep = dev_alloc(K * cnt * 4);
+    poison(cx, dg, K * n * cnt * 4);
+    for (int j = 0; j < K; j++) {
+        float *send = dbuf[j & 1], *recv = dbuf[(j + 1) & 1];
+        gen_dyadic(data_seed(OP_TWO_STREAMS, WHICH_WORLD, it * K + j, t->world_rank, -1), ha,
+                   cnt);
+        gen_dyadic(data_seed(OP_TWO_STREAMS, WHICH_RED_WORLD, it * K + j, t->world_rank, -1), hb,
+                   n * cnt);
+        zpp_comm_req *qg = NULL, *qr = NULL;
+        produce(cx, send, ha, cnt * 4);
+        EXPECT_OK(zpp_comm_allgather(g, send, dg + (size_t)j * n * cnt, cnt * 4, &qg));
+        produce(cx, db, hb, n * cnt * 4);
+        poison(cx, recv, cnt * 4);
+        EXPECT_OK(zpp_comm_reduce_scatter(r, db, recv, cnt, ZPP_FP32, &qr));
+        busy(cx);
+        if (j & 1) {
+            EXPECT_OK(zpp_comm_wait(r, qr));
+            EXPECT_OK(zpp_comm_wait(g, qg));
+        } else {
+            EXPECT_OK(zpp_comm_wait(g, qg));
+            EXPECT_OK(zpp_comm_wait(r, qr));
+        }
+        EXPECT_OK(zpp_device_copy(cx->dev, dkeep + (size_t)j * cnt, recv, cnt * 4));
+    }
+    EXPECT_OK(zpp_device_copy(cx->dev, hg, dg, K * n * cnt * 4));
+    EXPECT_OK(zpp_device_copy(cx->dev, hr, dkeep, K * cnt * 4));
+    for (int j = 0; j < K; j++) {
+        for (size_t i = 0; i < n; i++) {
+            gen_dyadic(data_seed(OP_TWO_STREAMS, WHICH_WORLD, it * K + j, (int)i, -1), ha, cnt);
+            EXPECT(memcmp(hg + ((size_t)j * n + i) * cnt, ha, cnt * 4) == 0,
+                   "two streams, round %d: all-gather block %zu is not member %zu's data", j, i,
+                   i);
+        }
+        double *sum = calloc(cnt, sizeof *sum);
+        for (size_t i = 0; i < n; i++) {
+            gen_dyadic(data_seed(OP_TWO_STREAMS, WHICH_RED_WORLD, it * K + j, (int)i, -1), other,
+                       n * cnt);
+            for (size_t k = 0; k < cnt; k++) sum[k] += other[(size_t)r->rank * cnt + k];
+        }
+        for (size_t k = 0; k < cnt; k++)
+            EXPECT(hr[(size_t)j * cnt + k] == sum[k],
+                   "two streams, round %d: reduce_scatter [%zu] = %.9g, exact %.9g", j, k,
+                   hr[(size_t)j * cnt + k], sum[k]);
+        free(sum);
+    }
+    free(ha);
+    free(hb);
+    free(other);
+    free(hg);
+    free(hr);
+    dev_free(dbuf[0]);
+    dev_free(dbuf[1]);
+    dev_free(db);
+    dev_free(dg);
+    dev_free(dkeep);
+}
+
 static void check_all_ops(ctx *cx) {
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < WHICH_COUNT; which++) {
         for (int rep = 0; rep < 3; rep++) {
             int async = rep != 1;
             check_allgather(cx, which, async, rep == 2);
@@ -613,6 +702,216 @@ static void check_all_ops(ctx *cx) {
         check_many_in_flight(cx, which);
         check_zero_sizes(cx, which);
         check_barrier(cx, which);
+    }
+    check_two_streams(cx);
+}
+
+/* ---- Gathers beside reductions: the engine's backward, in small ----------------
+ * The engine's pattern of collectives and scratch (engine.c, backward):
+ * unit u is gathered (the prefetched gather completed), unit u - 1's gather
+ * starts, u's gradient is produced on the compute stream, u's gathered
+ * buffer goes back to the pool, the previous reduction completes and its
+ * buffers go back, and u's reduction starts. Gathers and reductions then
+ * run on their two streams at once while buffers pass between them through
+ * the device's scratch pool. Every gathered unit and every reduced shard is
+ * copied aside on the compute stream as it completes, and checked at the
+ * end. */
+
+enum { BR_UNITS = 5, BR_STEPS = 3 };
+static const size_t br_numel[BR_UNITS] = {(size_t)1 << 20, 300001, 7, 150000, 65539};
+
+/* Seeds of rank r's shard (what = 0) and gradient (1) of unit u at step k. */
+static uint64_t br_seed(int what, int k, int u, int r) {
+    return zpp_test_seed(0xb5000000u +
+                         (uint64_t)(((what * BR_STEPS + k) * BR_UNITS + u) * 64 + r));
+}
+
+/* Bytes of the record: each step's gathered units, then reduced shards. */
+static size_t br_bytes(const zpp_topo *t, zpp_dtype dt) {
+    size_t b = 0;
+    for (int u = 0; u < BR_UNITS; u++) {
+        zpp_partition p = zpp_partition_make(br_numel[u], t);
+        b += p.padded * zpp_dtype_size(dt) + p.shard_len * 4;
+    }
+    return BR_STEPS * b;
+}
+
+/* Rank r's fp32 gradient of unit u at step k: dyadic, zero padding. */
+static void br_grad(int k, int u, int r, const zpp_partition *p, float *g) {
+    gen_dyadic(br_seed(1, k, u, r), g, p->numel);
+    memset(g + p->numel, 0, (p->padded - p->numel) * 4);
+}
+
+/* Runs the backward passes; rec (device, br_bytes) receives the record. */
+static void br_run(ctx *cx, zpp_gather_mode gm, zpp_reduce_mode rm, zpp_dtype dt, char *rec) {
+    const zpp_topo *t = cx->topo;
+    zpp_device *d = cx->dev;
+    const size_t ds = zpp_dtype_size(dt);
+    zpp_coll_opts o = zpp_coll_opts_default();
+    o.grad_slab = 50000; /* qgZ in several slabs, each its own request */
+    zpp_coll *c = NULL;
+    EXPECT_OK(zpp_coll_create(cx->topo, &o, d, &c));
+    zpp_partition part[BR_UNITS];
+    void *shard[BR_UNITS];
+    for (int u = 0; u < BR_UNITS; u++) {
+        part[u] = zpp_partition_make(br_numel[u], t);
+        shard[u] = dev_alloc(part[u].shard_len * ds);
+    }
+    float *hs = host_alloc(((size_t)1 << 20) * 4), *hg = host_alloc(((size_t)1 << 21) * 4);
+    char *hsd = host_alloc(((size_t)1 << 20) * 4);
+    size_t at = 0;
+    for (int k = 0; k < BR_STEPS; k++) {
+        /* the step's shards (as the optimizer would write them) */
+        for (int u = 0; u < BR_UNITS; u++) {
+            gen_dyadic(br_seed(0, k, u, t->world_rank), hs, part[u].shard_len);
+            for (size_t i = 0; i < part[u].shard_len; i++) zpp_store_f32(hsd, dt, i, hs[i]);
+            produce(cx, shard[u], hsd, part[u].shard_len * ds);
+        }
+        void *full[BR_UNITS] = {NULL};
+        zpp_coll_op *gop[BR_UNITS] = {NULL}, *rop = NULL;
+        void *r_in = NULL;
+        float *r_out = NULL;
+        for (int u = BR_UNITS - 1; u >= 0; u--) {
+            if (!full[u]) {
+                EXPECT_OK(zpp_device_scratch_get(d, part[u].padded * ds, &full[u]));
+                EXPECT_OK(zpp_coll_gather_start(c, &part[u], gm, dt, shard[u], full[u], NULL,
+                                                ZPP_PHASE_BWD_GATHER, &gop[u]));
+            }
+            EXPECT_OK(zpp_coll_finish(c, gop[u]));
+            gop[u] = NULL;
+            if (u > 0) {
+                EXPECT_OK(zpp_device_scratch_get(d, part[u - 1].padded * ds, &full[u - 1]));
+                EXPECT_OK(zpp_coll_gather_start(c, &part[u - 1], gm, dt, shard[u - 1],
+                                                full[u - 1], NULL, ZPP_PHASE_BWD_GATHER,
+                                                &gop[u - 1]));
+            }
+            /* "backward": the gradient, late on the compute stream */
+            float *grad = NULL;
+            EXPECT_OK(zpp_device_scratch_get(d, part[u].padded * 4, (void **)&grad));
+            br_grad(k, u, t->world_rank, &part[u], hg);
+            produce(cx, grad, hg, part[u].padded * 4);
+            EXPECT_OK(zpp_device_copy(d, rec + at, full[u], part[u].padded * ds));
+            at += part[u].padded * ds;
+            zpp_device_scratch_put(d, full[u]);
+            full[u] = NULL;
+            if (rop) {
+                EXPECT_OK(zpp_coll_finish(c, rop));
+                EXPECT_OK(zpp_device_copy(d, rec + at, r_out, part[u + 1].shard_len * 4));
+                at += part[u + 1].shard_len * 4;
+                zpp_device_scratch_put(d, r_in);
+                zpp_device_scratch_put(d, r_out);
+            }
+            EXPECT_OK(zpp_device_scratch_get(d, part[u].shard_len * 4, (void **)&r_out));
+            r_in = grad;
+            if (dt != ZPP_FP32) {
+                EXPECT_OK(zpp_device_scratch_get(d, part[u].padded * ds, &r_in));
+                EXPECT_OK(zpp_device_convert(d, grad, ZPP_FP32, r_in, dt, part[u].padded, 1.0f));
+                zpp_device_scratch_put(d, grad);
+            }
+            EXPECT_OK(zpp_coll_reduce_start(c, &part[u], rm, dt, r_in, r_out, &rop));
+        }
+        EXPECT_OK(zpp_coll_finish(c, rop));
+        EXPECT_OK(zpp_device_copy(d, rec + at, r_out, part[0].shard_len * 4));
+        at += part[0].shard_len * 4;
+        zpp_device_scratch_put(d, r_in);
+        zpp_device_scratch_put(d, r_out);
+    }
+    EXPECT(at == br_bytes(t, dt), "recorded %zu bytes of %zu", at, br_bytes(t, dt));
+    EXPECT_OK(zpp_device_sync(d, NULL));
+    for (int u = 0; u < BR_UNITS; u++) dev_free(shard[u]);
+    free(hs);
+    free(hg);
+    free(hsd);
+    zpp_coll_destroy(c);
+}
+
+/* The exact reduced shard of unit u at step k (fp32): the mean of the
+ * ranks' dyadic gradients, exact. Returns the bytes it covered. */
+static size_t br_check_reduced(const zpp_topo *t, int k, int u, const float *got, float *hg) {
+    const int W = t->world_size;
+    zpp_partition p = zpp_partition_make(br_numel[u], t);
+    double *sum = calloc(p.shard_len, sizeof *sum);
+    for (int r = 0; r < W; r++) {
+        br_grad(k, u, r, &p, hg);
+        for (size_t i = 0; i < p.shard_len; i++)
+            sum[i] += hg[(size_t)t->world_rank * p.shard_len + i];
+    }
+    for (size_t i = 0; i < p.shard_len; i++) {
+        const float want = (float)sum[i] * (1.0f / (float)W);
+        EXPECT(got[i] == want, "step %d unit %d: reduced [%zu] = %.9g, exact %.9g", k, u, i,
+               got[i], want);
+    }
+    free(sum);
+    return p.shard_len * 4;
+}
+
+/* The exact record of the fp32 ZeRO-3 run: gathers are the ranks' shards
+ * in rank order, reductions the means (in br_run's order: gather u, then
+ * the reduction of u + 1; unit 0's reduction last). */
+static void br_check_exact(const zpp_topo *t, const char *rec) {
+    float *hs = host_alloc(((size_t)1 << 20) * 4), *hg = host_alloc(((size_t)1 << 21) * 4);
+    size_t at = 0;
+    for (int k = 0; k < BR_STEPS; k++) {
+        for (int u = BR_UNITS - 1; u >= 0; u--) {
+            zpp_partition p = zpp_partition_make(br_numel[u], t);
+            for (int r = 0; r < t->world_size; r++) {
+                gen_dyadic(br_seed(0, k, u, r), hs, p.shard_len);
+                EXPECT(memcmp(rec + at + (size_t)r * p.shard_len * 4, hs, p.shard_len * 4) == 0,
+                       "step %d unit %d: gathered block %d is not rank %d's shard", k, u, r, r);
+            }
+            at += p.padded * 4;
+            if (u + 1 < BR_UNITS)
+                at += br_check_reduced(t, k, u + 1, (const float *)(rec + at), hg);
+        }
+        at += br_check_reduced(t, k, 0, (const float *)(rec + at), hg);
+    }
+    free(hs);
+    free(hg);
+}
+
+/* ZeRO-3 (fp32, checked exactly) and ZeRO++ (qwZ + qgZ, bf16), with the
+ * reductions on their own stream and, for reference, on the gathers'
+ * (ZPP_NCCL_REDUCE_STREAM=0): the two records must be equal bit for bit
+ * (the sums are of 2 terms or exact, everything else is deterministic), so
+ * a reduction or gather that read or wrote a buffer at the wrong time shows
+ * as a difference. Nodes of one rank (qgZ across nodes) and one node of
+ * every rank (qgZ inside the node). */
+static void test_nccl_reduce_beside_gathers(void) {
+    static const struct {
+        zpp_gather_mode g;
+        zpp_reduce_mode r;
+        zpp_dtype dt;
+    } modes[2] = {{ZPP_GATHER_BASELINE, ZPP_REDUCE_BASELINE, ZPP_FP32},
+                  {ZPP_GATHER_QWZ, ZPP_REDUCE_QGZ, ZPP_BF16}};
+    const int node_sizes[2] = {1, world_size()};
+    for (int ns = 0; ns < 2; ns++) {
+        for (int m = 0; m < 2; m++) {
+            char *host[2] = {NULL, NULL};
+            size_t bytes = 0;
+            for (int two = 0; two < 2; two++) {
+                EXPECT(setenv("ZPP_NCCL_REDUCE_STREAM", two ? "1" : "0", 1) == 0);
+                ctx cx;
+                ctx_open(&cx, node_sizes[ns], 0);
+                EXPECT(unsetenv("ZPP_NCCL_REDUCE_STREAM") == 0);
+                bytes = br_bytes(cx.topo, modes[m].dt);
+                char *rec = dev_alloc(bytes);
+                br_run(&cx, modes[m].g, modes[m].r, modes[m].dt, rec);
+                host[two] = host_alloc(bytes);
+                EXPECT_OK(zpp_device_copy(cx.dev, host[two], rec, bytes));
+                if (m == 0) br_check_exact(cx.topo, host[two]);
+                dev_free(rec);
+                ctx_close(&cx);
+            }
+            size_t first = bytes;
+            for (size_t i = 0; i < bytes && first == bytes; i++)
+                if (host[0][i] != host[1][i]) first = i;
+            EXPECT(first == bytes,
+                   "node size %d, %s: the run with a reduction stream differs from the one "
+                   "stream run at byte %zu of %zu",
+                   node_sizes[ns], m ? "qwZ + qgZ" : "ZeRO-3", first, bytes);
+            free(host[0]);
+            free(host[1]);
+        }
     }
 }
 
@@ -845,4 +1144,5 @@ ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one)
           ZPP_TEST_GPU(test_nccl_invalid_arguments), ZPP_TEST_GPU(test_nccl_hostid_fixed_per_process),
           ZPP_TEST_GPU(test_nccl_timeout_reports_instead_of_hanging),
           ZPP_TEST_GPU(test_nccl_watchdog_ends_a_stalled_sync),
+          ZPP_TEST_GPU(test_nccl_reduce_beside_gathers),
           ZPP_TEST_GPU(test_nccl_emulated_nodes), )

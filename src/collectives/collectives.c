@@ -9,10 +9,25 @@
  * Ordering on a GPU: kernels run on the device's compute stream, the one
  * the NCCL backend orders its collectives against (zpp_topo_opts.device):
  * a collective runs after the work already enqueued there, and what is
- * enqueued after its completion runs after it (comm.h). A scratch buffer
- * returned to the pool at zpp_coll_finish may still be read by a kernel in
- * flight on that stream; its next user is enqueued behind that kernel, so
- * reuse needs no host synchronisation.
+ * enqueued after its completion runs after it (comm.h). Gathers and
+ * reductions run on two communication streams (the reductions on the
+ * topology's red_* communicators, zpp__comm), concurrently with each other.
+ *
+ * Scratch across the streams. A scratch buffer goes back to the pool
+ * (zpp__op_free, and the engine's puts) only after every exchange that
+ * reads or writes it has been completed, i.e. after the compute stream was
+ * made to wait on that exchange's end (zpp_comm_wait: op->req at
+ * zpp_coll_finish, each slab's request at zpp__slab_wait, or
+ * zpp__op_drain on an error path). Kernels that use it are on the compute
+ * stream itself. So when the pool hands it to a new user, every earlier
+ * user is ordered before the compute stream's current end: a kernel of
+ * the new user is enqueued behind it, and an exchange of the new user, on
+ * either communication stream, starts by waiting on an event recorded
+ * there (comm_nccl.c, STREAMS AND ORDERING). No buffer is ever handed on
+ * while an exchange on the other stream may still touch it, and reuse
+ * needs no host synchronisation. Nothing here relies on two exchanges
+ * sharing a stream: within an operation each exchange's input is produced
+ * by a kernel (compute stream) that follows the previous exchange's wait.
  *
  * Asynchrony: *_start does the local pre-processing (quantization) and
  * starts the first exchange; zpp_coll_finish waits for it and runs the rest
@@ -23,7 +38,7 @@
  *
  * qgZ runs in slabs (collectives.h, zpp_qgz_slabs): start enqueues every
  * slab's quantization and first exchange, finish every slab's sums and
- * second exchange. On a GPU the exchanges run on the communication stream
+ * second exchange. On a GPU the exchanges run on the reductions' stream
  * and the kernels on the compute stream, each exchange after its slab's
  * kernel and each kernel after its slab's exchange, so while slab k is on
  * the wire slab k + 1 is quantized and slab k - 1 summed. */
@@ -104,21 +119,25 @@ static zpp__slab zpp__slab_get(const zpp_coll_op *op, int k) {
 
 /* ---- Helpers ------------------------------------------------------------ */
 
-/* The communicator of a group. A group that is the whole world (the
- * inter-node group with one rank per node, the node when there is one node)
- * runs on the world communicator: the same ranks in the same order. Each
- * NCCL communicator has its own connections, and over a socket link the
- * first large operation on one that sat idle while another moved data runs
- * measurably slower, and qgZ's exchange, right after the backward gather on
- * the world's, reaches its wire only on the world communicator
+/* The communicator of a group for a call of `phase`. Gradient reductions
+ * use the topology's red_* communicators, which on NCCL run on a stream of
+ * their own, concurrently with the gathers (comm_nccl.c, STREAMS AND
+ * ORDERING; on MPI they are the same communicators). A group that is the
+ * whole world (the inter-node group with one rank per node, the node when
+ * there is one node) runs on the world communicator (of its phase): the
+ * same ranks in the same order. Each NCCL communicator has its own
+ * connections, and over a socket link the first large operation on one
+ * that sat idle while another moved data runs measurably slower
  * (bench/RESULTS.md, fourth session, "Figures the collectives' comments
  * carried"). */
-static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g) {
+static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g, zpp_phase phase) {
     const zpp_topo *t = c->topo;
+    const int red = phase == ZPP_PHASE_GRAD_REDUCE;
     if (g == ZPP__WORLD || (g == ZPP__INTER && t->node_size == 1) ||
         (g == ZPP__INTRA && t->nodes == 1))
-        return t->world;
-    return g == ZPP__INTRA ? t->intra : t->inter;
+        return red ? t->red_world : t->world;
+    if (g == ZPP__INTRA) return red ? t->red_intra : t->intra;
+    return red ? t->red_inter : t->inter;
 }
 
 static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
@@ -135,7 +154,7 @@ static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
 static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call_kind kind,
                             const void *send, void *recv, size_t n, zpp_dtype dtype,
                             zpp_comm_req **req_p) {
-    zpp_comm *m = zpp__comm(c, g);
+    zpp_comm *m = zpp__comm(c, g, phase);
     zpp_group_shape shape = zpp__shape(c, g);
     zpp_status st;
     size_t bytes = n;
@@ -165,11 +184,11 @@ static zpp_status zpp__op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t byte
 }
 
 /* Completes every slab exchange still in flight (after an error: their
- * buffers go back to the pool). A request completes through its backend's
- * table, which the three communicators of a topology share. */
+ * buffers go back to the pool only after that). */
 static void zpp__op_drain(zpp_coll *c, zpp_coll_op *op) {
+    zpp_comm *m = zpp__comm(c, op->group, op->phase);
     for (int k = 0; k < op->slabs; k++) {
-        if (op->slab_req[k]) (void)zpp_comm_wait(zpp__comm(c, op->group), op->slab_req[k]);
+        if (op->slab_req[k]) (void)zpp_comm_wait(m, op->slab_req[k]);
         op->slab_req[k] = NULL;
     }
 }
@@ -210,12 +229,12 @@ static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t byte
  *   - over NVLink it went the other way: the all-gather and copy made qgZ
  *     slower than the all-to-all (bench/RESULTS.md, fourth session). */
 static int zpp__as_allgather(const zpp_coll *c, zpp__group g) {
-    return g == ZPP__INTER && zpp__comm(c, g)->size == 2;
+    return g == ZPP__INTER && zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE)->size == 2;
 }
 
 static zpp_status zpp__exchange_start(zpp_coll *c, zpp__group g, const void *send, void *recv,
                                       size_t q, zpp_dtype dtype, zpp_comm_req **req_p) {
-    const zpp_comm *m = zpp__comm(c, g);
+    const zpp_comm *m = zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE);
     if (!zpp__as_allgather(c, g))
         return zpp__call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, send, recv, q, dtype,
                          req_p);
@@ -228,7 +247,7 @@ static zpp_status zpp__exchange_start(zpp_coll *c, zpp__group g, const void *sen
  * holds what it sent away; put its own block there. */
 static zpp_status zpp__exchange_finish(zpp_coll *c, zpp__group g, const void *send, void *recv,
                                        size_t q) {
-    const zpp_comm *m = zpp__comm(c, g);
+    const zpp_comm *m = zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE);
     if (!zpp__as_allgather(c, g)) return ZPP_OK;
     size_t me = (size_t)m->rank * q;
     return zpp__copy(c, (char *)recv + me, (const char *)send + me, q);
@@ -455,7 +474,7 @@ fail:
 
 /* Waits for slab k's exchange (intra- or inter-node). */
 static zpp_status zpp__slab_wait(zpp_coll *c, zpp_coll_op *op, int k) {
-    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group), op->slab_req[k]);
+    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group, op->phase), op->slab_req[k]);
     op->slab_req[k] = NULL;
     return st;
 }
@@ -530,7 +549,7 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
 
 zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
     if (!c || !op) return zpp_error(ZPP_ERR_INVALID, "finish: no operation");
-    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group), op->req);
+    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group, op->phase), op->req);
     op->req = NULL;
     if (st != ZPP_OK) goto out;
     const zpp_partition *p = &op->part;

@@ -118,6 +118,13 @@ typedef struct zpp_topo {
     int node_size, nodes;
     int node, local_rank;
     zpp_comm *world, *intra, *inter;
+    /* The gradient reductions' own communicators: the same ranks, in the
+     * same order, as world, intra and inter. On NCCL they are separate
+     * communicators whose operations run on a second stream, so a
+     * reduction runs concurrently with the parameter gathers (comm_nccl.c,
+     * STREAMS AND ORDERING). On MPI they are world, intra and inter
+     * themselves (the host blocks in each wait; nothing would overlap). */
+    zpp_comm *red_world, *red_intra, *red_inter;
 } zpp_topo;
 
 typedef enum zpp_backend_kind { ZPP_BACKEND_MPI = 0, ZPP_BACKEND_NCCL = 1 } zpp_backend_kind;
@@ -206,11 +213,12 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
  * large-count path on small buffers. Not thread-safe; set it between
  * operations. */
 void zpp_comm_mpi_set_max_count(int max_count);
-/* Creates the world NCCL communicator and its intra/inter splits in one go.
- * Called by zpp_topo_create with every size/rank field of `topo` already set
- * and topo->world/intra/inter NULL; on failure it must leave each of them
- * NULL or a valid comm (zpp_topo_create destroys the non-NULL ones). In a
- * build without NCCL (comm_nccl_none.c) it returns ZPP_ERR_UNSUPPORTED. */
+/* Creates the world NCCL communicator, its intra/inter splits and the
+ * reductions' three (red_*) in one go. Called by zpp_topo_create with every
+ * size/rank field of `topo` already set and the six comms NULL; on failure
+ * it must leave each of them NULL or a valid comm (zpp_topo_create destroys
+ * the non-NULL ones). In a build without NCCL (comm_nccl_none.c) it returns
+ * ZPP_ERR_UNSUPPORTED. */
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts);
 
 #endif

@@ -9,14 +9,16 @@
  *      once-flag at the first init), so the first topology of a process fixes
  *      it: a later topology that needs another value is refused with
  *      ZPP_ERR_STATE instead of silently running on the wrong transport.
- *      Then the backend's own stream, events and small buffer, all through
+ *      Then the backend's own two streams, events and small buffer, all through
  *      the device API (device/device.h): this file makes no CUDA runtime
  *      call; the NCCL calls take the device's native stream handles.
  *   2. Rank 0 makes the ncclUniqueId; MPI_Bcast hands it out;
  *      ncclCommInitRank builds the world communicator.
  *   3. ncclCommSplit carves `intra` (color = node, key = local rank) and
  *      `inter` (color = local rank, key = node) out of the world, so their
- *      NCCL ranks are the local rank and the node index.
+ *      NCCL ranks are the local rank and the node index; then the same
+ *      three again for the gradient reductions (zpp_topo.red_world, a
+ *      duplicate of the world: color 0, key = rank; red_intra, red_inter).
  *   After every step that can fail on one rank only, the ranks agree (the
  *   one fail-together protocol, zpp__comm_mpi_agree), so a failure anywhere
  *   makes every rank return the first failing rank's error rather than
@@ -26,19 +28,29 @@
  *   short of non-blocking init with timeouts.
  *
  * STREAMS AND ORDERING
- *   All three communicators of a topology share one communication stream
- *   (non-blocking, so it never synchronises implicitly with the legacy
- *   default stream). One stream gives every rank the same total order of
- *   NCCL kernels — the order of the calls, identical on every rank — which
- *   is what NCCL requires of several communicators used by one process:
- *   NCCL kernels wait for their peers, and two communicators whose kernels
- *   run concurrently in different orders on different ranks can deadlock.
- *   The ZeRO++ paths chain their intra/inter steps anyway, so little overlap
- *   is lost; overlap with compute is what matters and is kept.
+ *   A topology has six communicators on two communication streams (both
+ *   non-blocking, so they never synchronise implicitly with the legacy
+ *   default stream): world, intra and inter on the first (the gathers, the
+ *   norm's all-reduce, broadcasts), the reductions' three on the second. So
+ *   a gradient reduction (reduce-scatter, or qgZ's all-to-alls) runs
+ *   concurrently with the parameter gathers, each on connections of its
+ *   own. Every communicator is used from exactly one stream, so the order
+ *   of its operations on the GPU is the order of the calls, which is the
+ *   same on every rank (NCCL's requirement: the operations of one
+ *   communicator must run in the same order on all its ranks). Across the
+ *   two streams the kernels run in whatever order the GPU picks, and may be
+ *   resident together; that cannot deadlock, because the only dependencies
+ *   between the streams are the events below, through the compute stream,
+ *   recorded at the same points of the (identical) program on every rank,
+ *   and an NCCL kernel waits only for its own communicator's peers. (NCCL
+ *   kernels are few blocks each; the two streams add at most one more
+ *   resident kernel per rank.)
  *
  *   An operation:  record `ready` on the compute stream; the comm stream
- *   waits on it (inputs produced by compute are complete); enqueue the NCCL
- *   call on the comm stream; record a `done` event on the comm stream.
+ *   of the communicator waits on it (inputs produced by compute are
+ *   complete, and buffers it writes are no longer read by kernels enqueued
+ *   before); enqueue the NCCL call on that stream; record a `done` event
+ *   on it.
  *   wait(req) makes the compute stream wait on `done`: the compute stream is
  *   ordered after the collective and the host does not block. The
  *   "blocking" form (req_p == NULL) does that wait at once, so for NCCL
@@ -48,6 +60,13 @@
  *   free list that grows on demand, so the hot path creates no CUDA events.
  *
  *   The compute stream is the device's (opts->device->stream).
+ *
+ *   Hence, whichever stream an operation ran on: once the compute stream
+ *   has waited on its `done`, everything enqueued after that, on the
+ *   compute stream or (through `ready`) on either comm stream, runs after
+ *   the operation. A buffer the operation read or wrote may then be handed
+ *   to a new user (the scratch pool, device.h) as soon as the operation
+ *   has been waited for; collectives.c says why every scratch buffer is.
  *
  * AGREEING ON ERRORS (ops->agree) runs on the host over MPI, not through
  *   NCCL: each NCCL communicator keeps an MPI communicator of the same ranks
@@ -60,7 +79,7 @@
  *   path needs neither the GPU nor NCCL, and it is the same code as the MPI
  *   backend's, so both backends give every rank the same status and message.
  *
- * THE BARRIER blocks the host: it runs only on the comm stream (it does not
+ * THE BARRIER blocks the host: it runs only on its communicator's stream (it does not
  *   wait for the compute stream) and then waits on the host by polling,
  *   checking NCCL's asynchronous error state as it goes: if a peer died
  *   NCCL reports it there, the communicator is aborted
@@ -72,16 +91,21 @@
  *   does not make: the engine's stream synchronisations and copies to the
  *   host wait behind the collectives on the compute stream, and a collective
  *   whose peer stalled never ends. Every operation records a `start` event
- *   on the comm stream before its NCCL call and an `end` event after it,
- *   and joins a FIFO (the comm stream runs them in that order). Every 10 ms
- *   the thread looks at the oldest unfinished operation: its clock starts
- *   when its `start` event has passed (the collective itself is running, so
- *   time spent waiting for compute is not counted), and when it has run
- *   longer than the deadline, the thread aborts all three NCCL
- *   communicators (ncclCommAbort makes their kernels return, so every host
- *   wait behind them ends) and records why: from then on every call of the
- *   topology returns ZPP_ERR_TIMEOUT with that message, naming the
- *   operation, the communicator and its bytes. A communicator that reports
+ *   on its stream before its NCCL call and an `end` event after it, and
+ *   joins one FIFO in call order. Every 10 ms the thread looks at the oldest
+ *   unfinished operation: its clock starts when its `start` event has
+ *   passed (the collective itself is running, so time spent waiting for
+ *   compute is not counted), and when it has run longer than the deadline,
+ *   the thread aborts all six NCCL communicators (ncclCommAbort makes their
+ *   kernels return, so every host wait behind them ends) and records why:
+ *   from then on every call of the topology returns ZPP_ERR_TIMEOUT with
+ *   that message, naming the operation, the communicator and its bytes.
+ *   With two streams the FIFO is not the order in which the operations
+ *   end, but its oldest unfinished one always gets to start: everything it
+ *   waits for (earlier operations on its stream, and those the compute
+ *   stream waited on before its `ready`) came before it in the FIFO and has
+ *   ended, so a later operation that stalls is looked at once the older
+ *   ones have ended (or timed out). A communicator that reports
  *   an asynchronous error (a peer or the network died) is aborted alone;
  *   its later calls return ZPP_ERR_COMM saying so.
  *   A mutex orders the thread's abort against the calling thread's use of
@@ -116,6 +140,10 @@
  *                           zeropp.collective_timeout_s) for the NCCL
  *                           communicators: seconds, 0 = wait forever
  *   ZPP_NCCL_REQ_POOL       requests made up front (default 16)
+ *   ZPP_NCCL_REDUCE_STREAM  0 puts the reductions' communicators on the
+ *                           gathers' stream (one stream for all six, as
+ *                           before 2026-12: for measuring what the second
+ *                           stream gains, and for tests); default 1
  *   NCCL_NVLS_ENABLE        forced to "0" (NVLink multicast can take shared
  *                           GPUs out of service; DESIGN.md §6)
  */
@@ -146,6 +174,7 @@ typedef struct zpp__nccl_env {
     char hostid_prefix[128];
     double timeout_s; /* ZPP_NCCL_TIMEOUT_S; < 0: not set (the topology's) */
     int req_pool;
+    int reduce_stream; /* ZPP_NCCL_REDUCE_STREAM: 0 = one stream for all */
 } zpp__nccl_env;
 
 /* Reads every environment knob of this backend, and pins NCCL_NVLS_ENABLE
@@ -172,6 +201,9 @@ static void zpp__nccl_env_read(zpp__nccl_env *env) {
         long n = strtol(s, NULL, 10);
         if (n >= 0 && n <= 4096) env->req_pool = (int)n;
     }
+
+    s = getenv("ZPP_NCCL_REDUCE_STREAM");
+    env->reduce_stream = !(s && strcmp(s, "0") == 0);
 
     /* Never let NVLink SHARP (multicast) switch on: a program using it can
      * put the host's GPUs, which others share, out of service. */
@@ -202,12 +234,19 @@ struct zpp_comm_req {
     zpp_device_event *done;
 };
 
-/* What the world, intra and inter communicators of one topology share. */
+/* The six communicators of a topology (world, intra, inter and the
+ * reductions' three), and their two streams. */
+#define ZPP__NCCL_COMMS 6
+enum { ZPP__NCCL_GATHER = 0, ZPP__NCCL_REDUCE = 1 };
+
+/* What the communicators of one topology share. */
 struct zpp__nccl_shared {
     int refs;
     zpp_device *dev;            /* the rank's GPU; not owned */
     void *compute;              /* its compute stream; never destroyed here */
-    void *stream;               /* ours: every NCCL call of the topology */
+    /* ours: [ZPP__NCCL_GATHER] for the world/intra/inter communicators,
+     * [ZPP__NCCL_REDUCE] for the reductions' (STREAMS AND ORDERING) */
+    void *streams[2];
     zpp_device_event *ready;    /* compute -> stream, re-recorded per op */
     zpp_device_event *done_now; /* stream -> compute for the blocking form */
     zpp_device_event *host_done; /* stream -> host for the barrier */
@@ -221,7 +260,7 @@ struct zpp__nccl_shared {
     int lock_ready;
     pthread_t watchdog;
     int watchdog_running, watchdog_stop;
-    zpp__nccl_comm *comms[3]; /* the topology's, while they live */
+    zpp__nccl_comm *comms[ZPP__NCCL_COMMS]; /* the topology's, while they live */
     zpp__nccl_track *fifo_head, *fifo_tail, *track_free, *track_all;
     zpp__nccl_track *cur;     /* the operation being enqueued */
     zpp_status fired;         /* ZPP_ERR_TIMEOUT once the watchdog aborted all */
@@ -232,6 +271,7 @@ struct zpp__nccl_comm {
     ncclComm_t nccl; /* NULL once aborted */
     MPI_Comm mpi;    /* the same ranks in the same order, for ops->agree */
     zpp__nccl_shared *sh;
+    void *stream;    /* one of sh->streams: every NCCL call of this one */
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
     char why[384];   /* the watchdog's reason when it aborted this one alone */
@@ -278,9 +318,9 @@ static zpp_status zpp__dev_fail(zpp_status st, const char *op, const char *what)
         if (dev_st_ != ZPP_OK) return zpp__dev_fail(dev_st_, (op), #call);   \
     } while (0)
 
-/* The native stream handle NCCL takes. */
-static cudaStream_t zpp__nccl_stream(const zpp__nccl_shared *sh) {
-    return (cudaStream_t)sh->stream;
+/* The native stream handle NCCL takes: the communicator's. */
+static cudaStream_t zpp__nccl_stream(const zpp__nccl_comm *nc) {
+    return (cudaStream_t)nc->stream;
 }
 
 /* The NCCL type of a reduction dtype (checked by the front). */
@@ -396,8 +436,8 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t byt
     sh->cur->comm = nc->name;
     sh->cur->bytes = bytes;
     st = zpp_device_event_record(sh->dev, sh->ready, sh->compute);
-    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->stream, sh->ready);
-    if (st == ZPP_OK) st = zpp_device_event_record(sh->dev, sh->cur->start, sh->stream);
+    if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, nc->stream, sh->ready);
+    if (st == ZPP_OK) st = zpp_device_event_record(sh->dev, sh->cur->start, nc->stream);
     if (st != ZPP_OK) {
         if (*q_p) zpp__nccl_req_put(sh, *q_p);
         zpp__nccl_track_put(sh, sh->cur);
@@ -416,7 +456,7 @@ static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req
     zpp__nccl_shared *sh = nc->sh;
     zpp__nccl_track *t = sh->cur;
     sh->cur = NULL;
-    zpp_status st = zpp_device_event_record(sh->dev, t->end, sh->stream);
+    zpp_status st = zpp_device_event_record(sh->dev, t->end, nc->stream);
     if (st == ZPP_OK) {
         if (sh->fifo_tail) sh->fifo_tail->next = t;
         else sh->fifo_head = t;
@@ -425,7 +465,7 @@ static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req
         zpp__nccl_track_put(sh, t); /* not followed; the op itself went on */
     }
     if (q) {
-        st = zpp_device_event_record(sh->dev, q->done, sh->stream);
+        st = zpp_device_event_record(sh->dev, q->done, nc->stream);
         if (st != ZPP_OK) {
             zpp__nccl_req_put(sh, q);
             pthread_mutex_unlock(&sh->lock);
@@ -436,7 +476,7 @@ static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req
         pthread_mutex_unlock(&sh->lock);
         return ZPP_OK;
     }
-    st = zpp_device_event_record(sh->dev, sh->done_now, sh->stream);
+    st = zpp_device_event_record(sh->dev, sh->done_now, nc->stream);
     if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->compute, sh->done_now);
     pthread_mutex_unlock(&sh->lock);
     if (st != ZPP_OK)
@@ -467,7 +507,7 @@ static zpp_status zpp__nccl_timeout(const zpp__nccl_shared *sh, const char *op,
 /* Aborts every NCCL communicator of the topology (sh->lock held): their
  * kernels return, so nothing waits behind them any more. */
 static void zpp__nccl_abort_all(zpp__nccl_shared *sh) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
         zpp__nccl_comm *c = sh->comms[i];
         if (!c) continue;
         if (c->nccl) ncclCommAbort(c->nccl);
@@ -480,7 +520,7 @@ static void zpp__nccl_abort_all(zpp__nccl_shared *sh) {
  * asynchronous errors. */
 static void zpp__nccl_watch(zpp__nccl_shared *sh) {
     if (sh->fired != ZPP_OK) return;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
         zpp__nccl_comm *c = sh->comms[i];
         ncclResult_t ar = ncclSuccess;
         if (!c || !c->nccl || ncclCommGetAsyncError(c->nccl, &ar) != ncclSuccess) continue;
@@ -590,7 +630,7 @@ static zpp_status zpp__nccl_allgather(zpp_comm *c, const void *send, void *recv,
     if (bytes_per_rank) {
         /* Bytes as ncclUint8: `count` is then the byte count per rank. */
         ncclResult_t r = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl,
-                                       zpp__nccl_stream(nc->sh));
+                                       zpp__nccl_stream(nc));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllGather"));
     }
@@ -608,7 +648,7 @@ static zpp_status zpp__nccl_reduce_scatter(zpp_comm *c, const void *send, void *
                               req_p, &q));
     if (count_per_rank) {
         ncclResult_t r = ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl,
-                                           zpp__nccl_stream(nc->sh));
+                                           zpp__nccl_stream(nc));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclReduceScatter"));
     }
@@ -633,13 +673,13 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
         const char *call = NULL;
         for (int p = 0; p < c->size; p++) {
             r = ncclSend(s + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         zpp__nccl_stream(nc->sh));
+                         zpp__nccl_stream(nc));
             if (r != ncclSuccess) {
                 call = "ncclSend";
                 break;
             }
             r = ncclRecv(d + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         zpp__nccl_stream(nc->sh));
+                         zpp__nccl_stream(nc));
             if (r != ncclSuccess) {
                 call = "ncclRecv";
                 break;
@@ -665,7 +705,7 @@ static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv,
     ZPP_CHECK(zpp__nccl_begin(nc, op, count * zpp_dtype_size(dtype), req_p, &q));
     if (count) {
         ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
-                                       zpp__nccl_stream(nc->sh));
+                                       zpp__nccl_stream(nc));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllReduce"));
     }
@@ -680,7 +720,7 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
     ZPP_CHECK(zpp__nccl_begin(nc, op, bytes, req_p, &q));
     if (bytes) {
         ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl,
-                                       zpp__nccl_stream(nc->sh));
+                                       zpp__nccl_stream(nc));
         if (r != ncclSuccess)
             return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclBroadcast"));
     }
@@ -704,11 +744,11 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     if (st == ZPP_OK) {
         /* Max rather than sum: whatever the staging int holds cannot overflow. */
         ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax,
-                                       nc->nccl, zpp__nccl_stream(sh));
+                                       nc->nccl, zpp__nccl_stream(nc));
         if (r != ncclSuccess) st = zpp__nccl_fail(nc, r, op, "ncclAllReduce");
     }
     if (st == ZPP_OK) {
-        st = zpp_device_event_record(sh->dev, sh->host_done, sh->stream);
+        st = zpp_device_event_record(sh->dev, sh->host_done, nc->stream);
         if (st != ZPP_OK) st = zpp__dev_fail(st, op, "recording the barrier's end");
     }
     pthread_mutex_unlock(&sh->lock);
@@ -747,7 +787,8 @@ static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
         pthread_mutex_unlock(&sh->lock);
         pthread_join(sh->watchdog, NULL);
     }
-    if (sh->stream) zpp_device_sync(d, sh->stream);
+    for (int k = 0; k < 2; k++)
+        if (sh->streams[k]) zpp_device_sync(d, sh->streams[k]);
     for (zpp__nccl_track *t = sh->track_all, *next; t; t = next) {
         next = t->next_all;
         zpp_device_event_destroy(d, t->start);
@@ -764,7 +805,8 @@ static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
     if (sh->done_now) zpp_device_event_destroy(d, sh->done_now);
     if (sh->host_done) zpp_device_event_destroy(d, sh->host_done);
     if (sh->dev_int) zpp_device_free(d, sh->dev_int);
-    if (sh->stream) zpp_device_stream_destroy(d, sh->stream);
+    for (int k = 0; k < 2; k++)
+        if (sh->streams[k]) zpp_device_stream_destroy(d, sh->streams[k]);
     free(sh);
 }
 
@@ -787,7 +829,7 @@ static void zpp__nccl_destroy(zpp_comm *c) {
         zpp__nccl_shared *sh = nc->sh;
         if (sh && sh->lock_ready) {
             pthread_mutex_lock(&sh->lock);
-            for (int i = 0; i < 3; i++)
+            for (int i = 0; i < ZPP__NCCL_COMMS; i++)
                 if (sh->comms[i] == nc) sh->comms[i] = NULL;
             pthread_mutex_unlock(&sh->lock);
         }
@@ -893,8 +935,9 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
     const char *what = NULL;
     /* The device backend's streams never synchronise implicitly with the
      * legacy default stream (comm.h's ordering is by events only). */
-    if ((st = zpp_device_stream_create(d, &sh->stream)) != ZPP_OK)
-        what = "creating the comm stream";
+    if ((st = zpp_device_stream_create(d, &sh->streams[0])) != ZPP_OK ||
+        (st = zpp_device_stream_create(d, &sh->streams[1])) != ZPP_OK)
+        what = "creating the comm streams";
     else if ((st = zpp_device_event_create(d, 0, &sh->ready)) != ZPP_OK ||
              (st = zpp_device_event_create(d, 0, &sh->done_now)) != ZPP_OK ||
              (st = zpp_device_event_create(d, 0, &sh->host_done)) != ZPP_OK)
@@ -907,11 +950,12 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
         st = zpp__dev_fail(st, op, what);
         goto fail;
     }
-    /* Order the comm stream after the compute stream once now (the word
+    /* Order the comm streams after the compute stream once now (the word
      * was cleared there): a broken compute stream fails here, with a clear
      * message, not at the first op. */
     st = zpp_device_event_record(d, sh->ready, sh->compute);
-    if (st == ZPP_OK) st = zpp_device_event_wait(d, sh->stream, sh->ready);
+    if (st == ZPP_OK) st = zpp_device_event_wait(d, sh->streams[0], sh->ready);
+    if (st == ZPP_OK) st = zpp_device_event_wait(d, sh->streams[1], sh->ready);
     if (st != ZPP_OK) {
         st = zpp_error_context(ZPP_ERR_CONFIG,
                                "%s: the compute stream of GPU %d cannot be ordered against the "
@@ -935,7 +979,8 @@ fail:
 
 /* Wraps an NCCL communicator as a zpp_comm (takes a reference on sh). */
 static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared *sh,
-                                 const char *name, int rank, int size, zpp_comm **c_p) {
+                                 const char *name, int rank, int size, int stream,
+                                 zpp_comm **c_p) {
     zpp_comm *c = calloc(1, sizeof *c);
     zpp__nccl_comm *nc = calloc(1, sizeof *nc);
     if (!c || !nc) {
@@ -946,10 +991,11 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared
     nc->nccl = comm;
     nc->mpi = mpi;
     nc->sh = sh;
+    nc->stream = sh->streams[sh->env.reduce_stream ? stream : ZPP__NCCL_GATHER];
     nc->name = name;
     sh->refs++;
     pthread_mutex_lock(&sh->lock);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++)
         if (!sh->comms[i]) {
             sh->comms[i] = nc;
             break;
@@ -994,6 +1040,17 @@ static void zpp__nccl_mpi_free(MPI_Comm *mc) {
     if (*mc != MPI_COMM_NULL) MPI_Comm_free(mc);
 }
 
+/* One communicator of a topology: the split of the world that makes it
+ * (color, key; the same for its MPI twin), what NCCL must number it as, and
+ * the stream its operations run on. */
+typedef struct zpp__nccl_part {
+    const char *name;
+    int color, key;
+    int rank, size;
+    int stream; /* ZPP__NCCL_GATHER or ZPP__NCCL_REDUCE */
+    zpp_comm **out;
+} zpp__nccl_part;
+
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) {
     static const char op[] = "nccl setup";
     if (!topo || !opts)
@@ -1003,36 +1060,50 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     /* the setup's agreements wait as long as the operations will */
     const double timeout_s = env.timeout_s >= 0.0 ? env.timeout_s
                              : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
-    const int rank = topo->world_rank;
+    const int rank = topo->world_rank, node = topo->node, local = topo->local_rank;
+    /* Consecutive ranks share a node, so color = node with key = local rank
+     * numbers the node's ranks by local index, and color = local rank with
+     * key = node numbers each "rail" by node; color 0 with key = rank
+     * duplicates the world. [0] is the world itself (ncclCommInitRank); the
+     * others are split from it. The last three are the reductions'
+     * (zpp_topo.red_*): the same ranks in the same order on their own
+     * stream. */
+    const zpp__nccl_part part[ZPP__NCCL_COMMS] = {
+        {"world", 0, rank, rank, topo->world_size, ZPP__NCCL_GATHER, &topo->world},
+        {"intra", node, local, local, topo->node_size, ZPP__NCCL_GATHER, &topo->intra},
+        {"inter", local, node, node, topo->nodes, ZPP__NCCL_GATHER, &topo->inter},
+        {"world (reduce)", 0, rank, rank, topo->world_size, ZPP__NCCL_REDUCE, &topo->red_world},
+        {"intra (reduce)", node, local, local, topo->node_size, ZPP__NCCL_REDUCE,
+         &topo->red_intra},
+        {"inter (reduce)", local, node, node, topo->nodes, ZPP__NCCL_REDUCE, &topo->red_inter},
+    };
     zpp__nccl_shared *sh = NULL;
-    ncclComm_t world = NULL, intra = NULL, inter = NULL;
-    zpp_comm *cw = NULL, *ca = NULL, *ce = NULL;
+    ncclComm_t nccl[ZPP__NCCL_COMMS] = {NULL};
+    zpp_comm *made[ZPP__NCCL_COMMS] = {NULL};
     ncclResult_t r;
     zpp_status st;
+    char stage[96];
 
     /* A private duplicate of the world whose errors return instead of
      * aborting the job, for the agreements and the id broadcast; and the
-     * MPI twins of the three NCCL communicators (same ranks, same order),
-     * which their ops->agree runs on. */
-    MPI_Comm mc = MPI_COMM_NULL, m_world = MPI_COMM_NULL, m_intra = MPI_COMM_NULL,
-             m_inter = MPI_COMM_NULL;
+     * MPI twins of the NCCL communicators (same ranks, same order), which
+     * their ops->agree runs on (errors return on these too: they inherit
+     * mc's handler). */
+    MPI_Comm mc = MPI_COMM_NULL, mpi[ZPP__NCCL_COMMS];
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) mpi[i] = MPI_COMM_NULL;
     int mr = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
     if (mr == MPI_SUCCESS) mr = MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
-    /* (errors return on these too: they inherit mc's handler) */
-    if (mr == MPI_SUCCESS) mr = MPI_Comm_dup(mc, &m_world);
-    if (mr == MPI_SUCCESS) mr = MPI_Comm_split(mc, topo->node, topo->local_rank, &m_intra);
-    if (mr == MPI_SUCCESS) mr = MPI_Comm_split(mc, topo->local_rank, topo->node, &m_inter);
+    for (int i = 0; i < ZPP__NCCL_COMMS && mr == MPI_SUCCESS; i++)
+        mr = MPI_Comm_split(mc, part[i].color, part[i].key, &mpi[i]);
     if (mr != MPI_SUCCESS) {
-        zpp__nccl_mpi_free(&m_inter);
-        zpp__nccl_mpi_free(&m_intra);
-        zpp__nccl_mpi_free(&m_world);
+        for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) zpp__nccl_mpi_free(&mpi[i]);
         zpp__nccl_mpi_free(&mc);
         return zpp_error(ZPP_ERR_COMM,
                          "%s: duplicating and splitting the MPI world failed (MPI error %d)", op,
                          mr);
     }
 
-    /* 1. Device, NCCL_HOSTID, stream and buffers. */
+    /* 1. Device, NCCL_HOSTID, streams and buffers. */
     st = zpp__nccl_setup_local(topo, opts, &env, &sh);
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment",
                                    timeout_s),
@@ -1061,71 +1132,52 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     if (st == ZPP_OK && rank != 0 && !boot.ok) st = ZPP_ERR_COMM;
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id", timeout_s), st, fail);
 
-    r = ncclCommInitRank(&world, topo->world_size, boot.id, rank);
+    r = ncclCommInitRank(&nccl[0], topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
-        world = NULL; /* NCCL cleans up after a failed blocking init */
+        nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
     }
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the world NCCL communicator", timeout_s),
                    st, fail);
 
-    /* 3. Splits: consecutive ranks share a node, so color = node with key =
-     * local rank numbers the node's ranks by local index, and color = local
-     * rank with key = node numbers each "rail" by node. */
-    st = ZPP_OK;
-    r = ncclCommSplit(world, topo->node, topo->local_rank, &intra, NULL);
-    if (r != ncclSuccess) {
-        st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(intra)");
-        intra = NULL;
+    /* 3. The splits, in the same order on every rank (each is collective
+     * over the world). */
+    for (int i = 1; i < ZPP__NCCL_COMMS; i++) {
+        st = ZPP_OK;
+        r = ncclCommSplit(nccl[0], part[i].color, part[i].key, &nccl[i], NULL);
+        if (r != ncclSuccess) {
+            st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit");
+            nccl[i] = NULL;
+        }
+        snprintf(stage, sizeof stage, "splitting the NCCL %s communicator", part[i].name);
+        ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, stage, timeout_s), st, fail);
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the intra-node NCCL communicator",
-                                   timeout_s),
-                   st, fail);
-    r = ncclCommSplit(world, topo->local_rank, topo->node, &inter, NULL);
-    if (r != ncclSuccess) {
-        st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit(inter)");
-        inter = NULL;
-    }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "splitting the inter-node NCCL communicator",
-                                   timeout_s),
-                   st, fail);
 
-    /* 4. Check the numbering and wrap the three communicators (each takes
-     * over its MPI twin). */
-    st = zpp__nccl_check_split(world, "world", rank, topo->world_size);
-    if (st == ZPP_OK)
-        st = zpp__nccl_check_split(intra, "intra", topo->local_rank, topo->node_size);
-    if (st == ZPP_OK) st = zpp__nccl_check_split(inter, "inter", topo->node, topo->nodes);
-    if (st == ZPP_OK &&
-        (st = zpp__nccl_wrap(world, m_world, sh, "world", rank, topo->world_size, &cw)) ==
-            ZPP_OK)
-        m_world = MPI_COMM_NULL;
-    if (st == ZPP_OK &&
-        (st = zpp__nccl_wrap(intra, m_intra, sh, "intra", topo->local_rank, topo->node_size,
-                             &ca)) == ZPP_OK)
-        m_intra = MPI_COMM_NULL;
-    if (st == ZPP_OK &&
-        (st = zpp__nccl_wrap(inter, m_inter, sh, "inter", topo->node, topo->nodes, &ce)) ==
-            ZPP_OK)
-        m_inter = MPI_COMM_NULL;
+    /* 4. Check the numbering and wrap the communicators (each takes over
+     * its NCCL handle and its MPI twin). */
+    st = ZPP_OK;
+    for (int i = 0; i < ZPP__NCCL_COMMS && st == ZPP_OK; i++) {
+        st = zpp__nccl_check_split(nccl[i], part[i].name, part[i].rank, part[i].size);
+        if (st == ZPP_OK)
+            st = zpp__nccl_wrap(nccl[i], mpi[i], sh, part[i].name, part[i].rank, part[i].size,
+                                part[i].stream, &made[i]);
+        if (st == ZPP_OK) mpi[i] = MPI_COMM_NULL;
+    }
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the NCCL communicators", timeout_s), st, fail);
 
-    zpp__nccl_shared_release(sh); /* the three comms hold their own references */
+    zpp__nccl_shared_release(sh); /* the comms hold their own references */
     MPI_Comm_free(&mc);
-    topo->world = cw;
-    topo->intra = ca;
-    topo->inter = ce;
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) *part[i].out = made[i];
     return ZPP_OK;
 
 fail:
-    /* Abort, not destroy: destroying may wait for peers that gave up. */
-    zpp__nccl_discard(ce, inter);
-    zpp__nccl_discard(ca, intra);
-    zpp__nccl_discard(cw, world);
+    /* Abort, not destroy: destroying may wait for peers that gave up. The
+     * splits go first, the world they came from last. */
+    for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) {
+        zpp__nccl_discard(made[i], nccl[i]);
+        zpp__nccl_mpi_free(&mpi[i]);
+    }
     zpp__nccl_shared_release(sh);
-    zpp__nccl_mpi_free(&m_inter);
-    zpp__nccl_mpi_free(&m_intra);
-    zpp__nccl_mpi_free(&m_world);
     MPI_Comm_free(&mc);
     return st;
 }

@@ -111,13 +111,22 @@ static zpp_status zpp__topo_create_mpi(MPI_Comm base, zpp_topo *t, double timeou
     ZPP_CHECK(zpp__topo_agree(base, st, timeout_s));
     st = zpp__topo_split(base, t->local_rank, t->node, &t->inter);
     if (st == ZPP_OK) zpp__comm_mpi_configure(t->inter, "inter", timeout_s);
-    return zpp__topo_agree(base, st, timeout_s);
+    ZPP_CHECK(zpp__topo_agree(base, st, timeout_s));
+    /* The reductions share them: every MPI wait blocks the host, so a
+     * second set would overlap nothing (comm.h). */
+    t->red_world = t->world;
+    t->red_intra = t->intra;
+    t->red_inter = t->inter;
+    return ZPP_OK;
 }
 
+/* (The reductions' comms are destroyed first, and only where they are
+ * comms of their own.) */
 static void zpp__topo_free(zpp_topo *t) {
-    zpp_comm *comms[3] = {t->inter, t->intra, t->world};
-    for (int i = 0; i < 3; i++)
-        if (comms[i]) comms[i]->ops->destroy(comms[i]);
+    zpp_comm *comms[6] = {t->red_inter, t->red_intra, t->red_world, t->inter, t->intra, t->world};
+    zpp_comm *shared[3] = {t->inter, t->intra, t->world};
+    for (int i = 0; i < 6; i++)
+        if (comms[i] && (i >= 3 || comms[i] != shared[i])) comms[i]->ops->destroy(comms[i]);
     free(t);
 }
 

@@ -310,6 +310,13 @@ static zpp_status release(zpp_engine *e, int ui) {
 }
 
 /* ---- Gradient reduction --------------------------------------------------- */
+/* On a GPU the reductions run on a communication stream of their own,
+ * concurrently with the gathers (comm_nccl.c). Scratch stays safe across
+ * the two because every buffer an exchange touches goes back to the pool
+ * only after that exchange is completed (coll_finish before each put here
+ * and in release; a grad_full put right after its conversion was read only
+ * by that kernel, on the compute stream): collectives.c, "Scratch across
+ * the streams". */
 
 static zpp_status reduce_finish(zpp_engine *e) {
     if (e->reduce_unit < 0) return ZPP_OK;
