@@ -8,36 +8,78 @@
  * byte (bench comm checks it). */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "collectives/collectives.h"
+#include "plan/cost.h"
 #include "zeropp.h"
 
 static void plan_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp plan --params P --world W [--node-size S] [--units U] [--dtype bf16]\n"
-            "                   [--json]\n"
+            "usage: zeropp plan (--params P | --model L,C,T,V) --world W [--node-size S]\n"
+            "                   [--units U] [--dtype bf16] [--json]\n"
+            "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
+            "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
+            "                   [--latency-us L] [--qgz-overlap]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
-            "parameters cut into U equal units (default 8), on W ranks in nodes of S ranks\n"
-            "(default: one node of W). P takes a suffix: k, M, B\n"
+            "parameters cut into U equal units (default 8; L+1 with --model), on W ranks in\n"
+            "nodes of S ranks (default: one node of W). P takes a suffix: k, M, B\n"
             "(decimal: 125M, 1.5B) or Ki, Mi, Gi (binary: 64Mi = 2^26). Volumes follow\n"
             "DESIGN.md section 5 (the ring-optimal volume of each collective as called);\n"
             "quantized paths count payload, scales and padding. --json prints one object per\n"
-            "mode.\n");
+            "mode.\n"
+            "\n"
+            "With --tokens-per-gpu (or --micro-batch with --model: B x T tokens) it also\n"
+            "predicts each mode's step time, tokens/s, TFLOP/s per GPU and memory per rank\n"
+            "(DESIGN.md section 11). --model n_layer,n_embd,seq_len,vocab is a GPT-2 shape\n"
+            "(attention FLOPs and activation memory counted). --gpu picks the FLOP/s (datasheet\n"
+            "dense fp16/bf16 peak x 0.4) and the NVLink bandwidth (default h200); --tflops\n"
+            "sets the achieved TFLOP/s per GPU. --inter-gbps: Gb/s of one node's cross-node\n"
+            "links together (default 400); --intra-gbps: Gb/s one GPU moves inside its node,\n"
+            "one direction; both are line rates, scaled by --link-eff (default 0.8).\n"
+            "--latency-us: per step of a collective (default 5). --qgz-overlap: model qgZ's\n"
+            "cross-node step pipelined under compute (as DeepSpeed runs it) instead of\n"
+            "exposed, as collectives.c runs it today.\n");
 }
 
+/* GPU presets: datasheet dense fp16/bf16 tensor-core peak (TFLOP/s, no
+ * sparsity) and NVLink bandwidth per GPU per direction (Gb/s). */
+typedef struct gpu_preset {
+    const char *name;
+    double peak_tflops, nvlink_gbps;
+} gpu_preset;
+static const gpu_preset gpu_presets[] = {
+    {"v100", 125, 1200}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
+    {"a100", 312, 2400}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
+    {"h100", 989, 3600}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
+    {"h200", 989, 3600}, /* H200 SXM: same compute and NVLink as H100 SXM */
+};
+#define PLAN_GPU_EFFICIENCY 0.4 /* achieved / peak on large GPT GEMMs: our stated choice */
 
-
+static int parse_pos(const char *flag, const char *s, double *out) {
+    if (!s) return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0) || !isfinite(v)) {
+        fprintf(stderr, "zeropp plan: %s '%s' is not a number >= 0\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
 
 int zpp_cli_plan(int argc, char **argv) {
     size_t params = 0;
-    int world = 0, node_size = 0, units = 8, json = 0;
+    int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0;
     zpp_dtype dtype = ZPP_BF16;
-    const char *dtype_s = NULL;
+    const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
+               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -45,6 +87,16 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--node-size", ZPP_CLI_INT, &node_size, 1, 1 << 24},
         {"--units", ZPP_CLI_INT, &units, 1, 1 << 24},
         {"--dtype", ZPP_CLI_STR, &dtype_s, 0, 0},
+        {"--model", ZPP_CLI_STR, &model_s, 0, 0},
+        {"--tokens-per-gpu", ZPP_CLI_STR, &tok_s, 0, 0},
+        {"--micro-batch", ZPP_CLI_INT, &micro_batch, 1, 1 << 24},
+        {"--gpu", ZPP_CLI_STR, &gpu_s, 0, 0},
+        {"--tflops", ZPP_CLI_STR, &tf_s, 0, 0},
+        {"--inter-gbps", ZPP_CLI_STR, &inter_s, 0, 0},
+        {"--intra-gbps", ZPP_CLI_STR, &intra_s, 0, 0},
+        {"--link-eff", ZPP_CLI_STR, &eff_s, 0, 0},
+        {"--latency-us", ZPP_CLI_STR, &lat_s, 0, 0},
+        {"--qgz-overlap", ZPP_CLI_FLAG, &qgz_overlap, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -55,17 +107,81 @@ int zpp_cli_plan(int argc, char **argv) {
     if (pr < 0) return 2;
     if (dtype_s && zpp_dtype_parse(dtype_s, &dtype) != ZPP_OK)
         return zpp_cli_fail("plan: --dtype", 1);
+    zpp_cost_in ci = zpp_cost_in_default();
+    if (model_s) {
+        if (sscanf(model_s, "%d,%d,%d,%d", &ci.n_layer, &ci.n_embd, &ci.seq_len, &ci.vocab) != 4 ||
+            ci.n_layer <= 0 || ci.n_embd <= 0 || ci.seq_len <= 0 || ci.vocab <= 0) {
+            fprintf(stderr, "zeropp plan: --model '%s': give n_layer,n_embd,seq_len,vocab, "
+                            "four positive integers (GPT-2 124M: 12,768,1024,50257)\n",
+                    model_s);
+            return 2;
+        }
+        if (params) {
+            fprintf(stderr, "zeropp plan: give --params or --model, not both\n");
+            return 2;
+        }
+        params = (size_t)zpp_cost_gpt_params(ci.n_layer, ci.n_embd, ci.seq_len, ci.vocab);
+        if (!units) units = ci.n_layer + 1;
+    }
+    if (!units) units = 8;
     if (!params || !world) {
-        fprintf(stderr, "zeropp plan: --params and --world are required\n\n");
+        fprintf(stderr, "zeropp plan: --params (or --model) and --world are required\n\n");
         plan_usage(stderr);
         return 2;
     }
     if (!node_size) node_size = world;
+    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5;
+    if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
+        parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
+        parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat))
+        return 2;
+    if (micro_batch) {
+        if (!model_s || tok_s) {
+            fprintf(stderr, "zeropp plan: --micro-batch needs --model (tokens = B x seq_len) "
+                            "and replaces --tokens-per-gpu\n");
+            return 2;
+        }
+        tokens = (double)micro_batch * ci.seq_len;
+    }
+    const gpu_preset *gp = &gpu_presets[3];
+    if (gpu_s) {
+        gp = NULL;
+        for (size_t i = 0; i < sizeof gpu_presets / sizeof gpu_presets[0]; i++)
+            if (strcmp(gpu_s, gpu_presets[i].name) == 0) gp = &gpu_presets[i];
+        if (!gp) {
+            fprintf(stderr, "zeropp plan: unknown --gpu '%s'; use v100, a100, h100 or h200\n",
+                    gpu_s);
+            return 2;
+        }
+    }
+    if (!tflops) tflops = gp->peak_tflops * PLAN_GPU_EFFICIENCY;
+    if (!intra) intra = gp->nvlink_gbps;
+    int timed = tokens > 0;
+    if (timed && (!(inter > 0) || !(intra > 0) || !(eff > 0) || eff > 1 || !(tflops > 0))) {
+        fprintf(stderr, "zeropp plan: bandwidths and --tflops must be > 0 and --link-eff in "
+                        "(0, 1]\n");
+        return 2;
+    }
+    ci.params = (double)params;
+    ci.units = units;
+    ci.world = world;
+    ci.node_size = node_size;
+    ci.dtype = dtype;
+    ci.tokens_per_gpu = tokens;
+    ci.inter_bps = inter * 1e9 / 8 * eff;
+    ci.intra_bps = intra * 1e9 / 8 * eff;
+    ci.latency_s = lat * 1e-6;
+    ci.flops_per_s = tflops * 1e12;
+    ci.qgz_inter_exposed = !qgz_overlap;
+    zpp_cost_out co[ZPP_COLL_MODE_COUNT];
+    memset(co, 0, sizeof co);
+
     zpp_coll_opts opts = zpp_coll_opts_default();
     zpp_volume v[ZPP_COLL_MODE_COUNT];
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
         int st = zpp_plan_step(params, units, world, node_size, zpp_coll_mode_get(m), dtype,
                                &opts, &v[m]);
+        if (st == ZPP_OK && timed) st = zpp_cost_step(&ci, zpp_coll_mode_get(m), &co[m]);
         if (st != ZPP_OK) {
             fprintf(stderr, "zeropp %s\n", zpp_last_error()); /* "plan: ..." */
             return 2;
@@ -101,6 +217,21 @@ int zpp_cli_plan(int argc, char **argv) {
                 snprintf(key, sizeof key, "%s_payload_bytes", pn);
                 cJSON_AddNumberToObject(o, key, v[m].payload_bytes[ph[k]]);
             }
+            if (timed) {
+                const zpp_cost_out *c = &co[m];
+                cJSON_AddNumberToObject(o, "tokens_per_gpu", tokens);
+                cJSON_AddNumberToObject(o, "step_s", c->step_s);
+                cJSON_AddNumberToObject(o, "fwd_s", c->fwd_s);
+                cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
+                cJSON_AddNumberToObject(o, "compute_s", c->compute_s);
+                cJSON_AddNumberToObject(o, "exposed_comm_s", c->exposed_comm_s);
+                cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);
+                cJSON_AddNumberToObject(o, "tflops_per_gpu", c->tflops_per_gpu);
+                cJSON_AddNumberToObject(o, "speedup_vs_zero3", co[0].step_s / c->step_s);
+                cJSON_AddNumberToObject(o, "mem_bytes_per_rank", c->mem_bytes_per_rank);
+                cJSON_AddNumberToObject(o, "mem_acts_bytes", c->mem_acts);
+                cJSON_AddBoolToObject(o, "mem_acts_known", c->mem_acts_known);
+            }
             char *s = cJSON_PrintUnformatted(o);
             if (s) printf("%s\n", s);
             cJSON_free(s);
@@ -132,6 +263,26 @@ int zpp_cli_plan(int argc, char **argv) {
                zpp_cli_bytes(v[m].intra_node_bytes[ph[1]], b[5], 32),
                zpp_cli_bytes(v[m].intra_node_bytes[ph[2]], b[6], 32),
                zpp_cli_bytes(zpp_volume_intra_total(&v[m]), b[7], 32));
+    }
+    if (timed) {
+        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.1f TFLOP/s "
+               "achieved per GPU, cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU "
+               "(x %.2f link efficiency), latency %.1f us per step; qgZ cross-node step %s\n",
+               tokens, tflops, inter, intra, eff, lat,
+               qgz_overlap ? "pipelined" : "exposed (as run today)");
+        printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute",
+               "exposed", "tokens/s", "TFLOP/s", "speedup", "mem/rank");
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_cost_out *c = &co[m];
+            char b[32];
+            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.1f %7.2fx | %12s%s\n",
+                   zpp_coll_mode_get(m)->name, c->step_s * 1e3, c->compute_s * 1e3,
+                   c->exposed_comm_s * 1e3, c->tokens_per_s, c->tflops_per_gpu,
+                   co[0].step_s / c->step_s, zpp_cli_bytes(c->mem_bytes_per_rank, b, 32),
+                   c->mem_acts_known ? "" : " + acts");
+        }
+        if (!co[0].mem_acts_known)
+            printf("memory without activations: pass --model for the GPT-2 activation count\n");
     }
     if (nodes == 1)
         printf("\none node: nothing crosses a node boundary; pass --node-size to split the "

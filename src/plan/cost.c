@@ -1,0 +1,271 @@
+/* plan/cost.c — the step cost model of cost.h; DESIGN.md §11 writes it out.
+ *
+ * A collective costs  latency x steps + bytes / bandwidth, on two links:
+ * the node's cross-node link (inter_bps, shared by the node's ranks: the
+ * §5 cross-node bytes are per node) and each rank's intra-node link
+ * (intra_bps; the §5 intra-node bytes are per node, so the node moves them
+ * at node_size x intra_bps). A ring pipelines its chunks through both links
+ * at once, so one call takes the slower of the two:
+ *     t = lat + max(cross / inter_bps, intra / (S * intra_bps)).
+ * Two collectives in flight together (a gather and a reduction in the
+ * backward, on their two streams) share the links: their bytes add on each
+ * link, and the pair takes lat + max(sum cross / inter, sum intra / intra). */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "plan/cost.h"
+
+/* A collective's time split by link: the two byte terms and the latency. */
+typedef struct link_t {
+    double inter_s, intra_s, lat_s;
+} link_t;
+
+static double link_time(link_t a) { return a.lat_s + fmax(a.inter_s, a.intra_s); }
+
+/* a and b in flight together: bytes share each link, latencies overlap. */
+static double link_concurrent(link_t a, link_t b) {
+    return fmax(a.lat_s, b.lat_s) + fmax(a.inter_s + b.inter_s, a.intra_s + b.intra_s);
+}
+
+static link_t link_of(const zpp_cost_in *in, double cross, double intra, double steps) {
+    link_t l;
+    l.inter_s = cross / in->inter_bps;
+    l.intra_s = intra / ((double)in->node_size * in->intra_bps);
+    l.lat_s = steps * in->latency_s;
+    return l;
+}
+
+zpp_cost_in zpp_cost_in_default(void) {
+    zpp_cost_in in;
+    memset(&in, 0, sizeof in);
+    in.units = 8;
+    in.dtype = ZPP_BF16;
+    in.coll = zpp_coll_opts_default();
+    in.qgz_inter_exposed = 1;
+    return in;
+}
+
+double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab) {
+    double L = n_layer, C = n_embd, T = seq_len, V = vocab;
+    return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+}
+
+double zpp_cost_step_flops(const zpp_cost_in *in) {
+    /* Per token: 2 FLOPs per parameter forward (a multiply-add), 4 backward
+     * (gradient of the input and of the weight) = 6 P; attention's two
+     * products Q K^T and P V, 2 x 2 T C each per layer forward (counting the
+     * full T x T, as fsdp_gpt.py does), times 3 for forward + backward =
+     * 12 L C T. */
+    double attn = in->n_layer > 0 ? 12.0 * in->n_layer * in->n_embd * (double)in->seq_len : 0;
+    return in->tokens_per_gpu * (6.0 * in->params + attn);
+}
+
+double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
+    if (in->n_layer <= 0) return 0;
+    double L = in->n_layer, C = in->n_embd, V = in->vocab;
+    double H = in->n_head > 0 ? in->n_head : fmax(1.0, floor(C / 64));
+    double e = (double)zpp_dtype_size(in->dtype);
+    /* Per token and layer (kept for the backward): residual stream in and
+     * mid-block, fp32 (8C); LayerNorm mean and rstd x 2, fp32 (16); qkv 3C,
+     * attention output C, MLP hidden 4C in E (8C e); the fused attention's
+     * log-sum-exp per head, fp32 (4H). */
+    double per_layer = 8 * C + 8 * C * e + 16 + 4 * H;
+    /* Per token once: the last residual (4C); final LayerNorm out, one
+     * layer's recompute scratch ln and fcg (C + C + 4C in E); the fp32
+     * logits (4V) and lse, loss, LayerNorm stats (16); the backward's
+     * scratch: dres, dc, dyxh fp32 (12C), dres_e, datty, dqkv, dfc in E
+     * (9C e; dres_e aliases dres when E is fp32); tokens and targets
+     * ints (20), ones (4 + e), the attention's dsum per head (4H). */
+    double once = 16 * C + 6 * C * e + 9 * C * e + 4 * V + 16 + 20 + 4 + e + 4 * H;
+    if (e == 4) once -= C * e + e;
+    return tokens * (L * per_layer + once) + 32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+}
+
+/* One unit's collectives in `mode`, as link times, and their bytes. */
+typedef struct unit_cost {
+    link_t fwd, bwd;          /* the forward and backward gathers */
+    link_t red_ov, red_exp;   /* the reduction: part under the next stage, part exposed */
+    double cross, intra;      /* all three, per node */
+} unit_cost;
+
+static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, size_t numel,
+                           unit_cost *u) {
+    const int S = in->node_size, N = in->world / in->node_size, W = in->world;
+    zpp_partition p = zpp_partition_make_shape(numel, W, N);
+    zpp_volume vf, vb, vr;
+    memset(&vf, 0, sizeof vf);
+    memset(&vb, 0, sizeof vb);
+    memset(&vr, 0, sizeof vr);
+    memset(u, 0, sizeof *u);
+    zpp_plan_gather(&vf, &p, N, S, mode->gather, in->dtype, &in->coll, ZPP_PHASE_FWD_GATHER);
+    /* A world ring takes W - 1 steps; the intra-node ring of hpZ S - 1. */
+    u->fwd = link_of(in, zpp_volume_cross_total(&vf), zpp_volume_intra_total(&vf),
+                     vf.calls[ZPP_PHASE_FWD_GATHER] ? W - 1 : 0);
+    if (mode->hpz) {
+        zpp_plan_gather_secondary(&vb, &p, N, S, in->dtype, ZPP_PHASE_BWD_GATHER);
+        u->bwd = link_of(in, zpp_volume_cross_total(&vb), zpp_volume_intra_total(&vb),
+                         vb.calls[ZPP_PHASE_BWD_GATHER] ? S - 1 : 0);
+    } else {
+        zpp_plan_gather(&vb, &p, N, S, mode->gather, in->dtype, &in->coll,
+                        ZPP_PHASE_BWD_GATHER);
+        u->bwd = link_of(in, zpp_volume_cross_total(&vb), zpp_volume_intra_total(&vb),
+                         vb.calls[ZPP_PHASE_BWD_GATHER] ? W - 1 : 0);
+    }
+    zpp_plan_reduce(&vr, &p, N, S, mode->reduce, in->dtype, &in->coll);
+    double rc = zpp_volume_cross_total(&vr), ri = zpp_volume_intra_total(&vr);
+    if (mode->reduce == ZPP_REDUCE_BASELINE) {
+        u->red_ov = link_of(in, rc, ri, vr.calls[ZPP_PHASE_GRAD_REDUCE] ? W - 1 : 0);
+    } else if (numel > 0) {
+        /* qgZ, slab by slab: an all-to-all inside the node (S - 1 pairwise
+         * steps), then one across nodes (N - 1 steps). The first moves only
+         * intra-node bytes, the second only cross-node bytes (volume.c's
+         * groups: intra has one node, inter one rank per node). */
+        size_t slab;
+        int k = zpp_qgz_slabs(p.shard_len, N, &in->coll, &slab);
+        link_t a = link_of(in, 0, ri, S > 1 ? (double)k * (S - 1) : 0);
+        link_t b = link_of(in, rc, 0, N > 1 ? (double)k * (N - 1) : 0);
+        if (S > 1 && N > 1 && in->qgz_inter_exposed) {
+            u->red_ov = a;
+            u->red_exp = b;
+        } else {
+            /* Under the next stage: with one rank per node (or one node)
+             * only one of the two moves bytes; with both, pipelined over
+             * slabs and units, the two links work at once. */
+            u->red_ov.lat_s = a.lat_s + b.lat_s;
+            u->red_ov.inter_s = b.inter_s;
+            u->red_ov.intra_s = a.intra_s;
+        }
+    }
+    u->cross = rc + zpp_volume_cross_total(&vf) + zpp_volume_cross_total(&vb);
+    u->intra = ri + zpp_volume_intra_total(&vf) + zpp_volume_intra_total(&vb);
+}
+
+static const link_t link_none = {0, 0, 0};
+
+zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
+                         zpp_cost_out *out_p) {
+    if (!in || !mode || !out_p) return zpp_error(ZPP_ERR_INVALID, "cost: a NULL argument");
+    if (in->world <= 0 || in->node_size <= 0 || in->world % in->node_size != 0)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: node size %d does not divide the world of %d ranks; pick a "
+                         "divisor",
+                         in->node_size, in->world);
+    if (in->units <= 0 || !(in->params >= in->units) || in->params > 9.007199254740992e15)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: %.0f parameters in %d units; give at least one parameter per "
+                         "unit (and under 2^53)",
+                         in->params, in->units);
+    if (!(in->inter_bps > 0) || !(in->intra_bps > 0) || !(in->flops_per_s > 0) ||
+        !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: bandwidths, FLOP/s and tokens per GPU must be positive and the "
+                         "latency not negative");
+    if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
+    if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: a GPT shape needs n_layer, n_embd, seq_len and vocab all > 0");
+    ZPP_CHECK(zpp_quant_spec_check(&in->coll.weight_spec));
+    ZPP_CHECK(zpp_quant_spec_check(&in->coll.grad_spec));
+
+    const int K = in->units, W = in->world, N = W / in->node_size;
+    const size_t P = (size_t)in->params;
+    const double e = (double)zpp_dtype_size(in->dtype);
+    zpp_cost_out o;
+    memset(&o, 0, sizeof o);
+    o.flops_per_gpu = zpp_cost_step_flops(in);
+    o.compute_s = o.flops_per_gpu / in->flops_per_s;
+    const double fwd_c = o.compute_s / 3, bwd_c = o.compute_s * 2 / 3;
+
+    /* Forward, units 0..K-1: stage i computes f_i while the gather of the
+     * next stage's unit travels (engine.c forward: gather_start(s+1) before
+     * stage s's kernels), and the next stage starts when both are done:
+     *     T_fwd = g_0 + sum_i max(f_i, g_{i+1}),
+     * where after the last forward stage the "next" gather is the first
+     * backward unit's. The first gather has nothing under it. */
+    double t = 0, comm = 0, maxnumel = 0, shard_sum = 0, sec_sum = 0;
+    unit_cost first, cur;
+    unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, 0), &first);
+    t = link_time(first.fwd);
+    cur = first;
+    for (int i = 0; i < K; i++) {
+        size_t n = zpp_plan_unit_numel(P, K, i);
+        zpp_partition p = zpp_partition_make_shape(n, W, N);
+        shard_sum += (double)p.shard_len;
+        sec_sum += (double)p.sec_len;
+        if ((double)p.padded > maxnumel) maxnumel = (double)p.padded;
+        o.cross_node_bytes += cur.cross;
+        o.intra_node_bytes += cur.intra;
+        comm += link_time(cur.fwd) + link_time(cur.bwd) + link_time(cur.red_ov) +
+                link_time(cur.red_exp);
+        double f = fwd_c * (double)n / in->params;
+        unit_cost next = cur;
+        if (i + 1 < K) {
+            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), &next);
+            t += fmax(f, link_time(next.fwd));
+        } else {
+            t += fmax(f, link_time(cur.bwd)); /* unit K-1 is the first backward unit */
+        }
+        cur = next;
+    }
+    o.fwd_s = t;
+
+    /* Backward, units K-1..0: stage j computes b_j while two things travel
+     * on two streams: the gather for stage j+1 and the reduction of the unit
+     * of stage j-1 (engine.c backward: reduce_start(u) completes the previous
+     * reduction after stage j's kernels are enqueued, so the compute stream
+     * waits for it before stage j+1):
+     *     T_bwd = sum_j [ max(b_j, conc(h_{j+1}, r_{j-1})) + x_{j-1} ] + r_{K-1} + x_{K-1},
+     * conc = the two sharing the links, x = a reduction's exposed part (qgZ's
+     * cross-node step as run today). The last reduction has nothing under it. */
+    link_t red_ov = link_none, red_exp = link_none;
+    double tb = 0;
+    for (int j = 0; j < K; j++) {
+        int u = K - 1 - j;
+        unit_cost me, nx;
+        unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u), &me);
+        link_t gnext = link_none;
+        if (j + 1 < K) {
+            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u - 1), &nx);
+            gnext = nx.bwd;
+        }
+        double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
+        tb += fmax(b, link_concurrent(gnext, red_ov)) + link_time(red_exp);
+        red_ov = me.red_ov;
+        red_exp = me.red_exp;
+    }
+    tb += link_time(red_ov) + link_time(red_exp);
+    o.bwd_s = tb;
+    o.step_s = o.fwd_s + o.bwd_s;
+    o.comm_s = comm;
+    o.exposed_comm_s = o.step_s - o.compute_s;
+    o.tokens_per_s = (double)W * in->tokens_per_gpu / o.step_s;
+    o.tflops_per_gpu = o.flops_per_gpu / o.step_s / 1e12;
+
+    /* Memory per rank. Persistent: per element of the rank's shards, fp32
+     * master + Adam m + v + fp32 gradient accumulator (16 bytes) and the
+     * working-dtype shard (e bytes); with hpZ, the secondary shard of every
+     * unit, kept from the forward to the backward: sec_len = N x shard_len
+     * elements of e bytes each (1/S of the model per rank: 2P/S in bf16).
+     * Transient at the backward's peak (the largest unit U, padded): two
+     * gathered units in E (the current one and the prefetched one), the
+     * current unit's full fp32 gradient, the previous unit's gradient in E
+     * in flight in its reduction, and its fp32 reduced shard; the quantized
+     * wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
+     * int4 copies of the unit) are added at their zpp_quant_bytes size. */
+    o.mem_shard_state = 16 * shard_sum;
+    o.mem_shard_work = e * shard_sum;
+    o.mem_secondary = mode->hpz ? e * sec_sum : 0;
+    double U = maxnumel, su = U / W;
+    o.mem_transient = 2 * e * U + 4 * U + e * U + 4 * su;
+    if (mode->gather == ZPP_GATHER_QWZ)
+        o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
+    if (mode->reduce == ZPP_REDUCE_QGZ)
+        o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.grad_spec);
+    o.mem_acts_known = in->n_layer > 0;
+    o.mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
+    o.mem_bytes_per_rank =
+        o.mem_shard_state + o.mem_shard_work + o.mem_secondary + o.mem_transient + o.mem_acts;
+    *out_p = o;
+    return ZPP_OK;
+}

@@ -1,0 +1,89 @@
+/* plan/cost.h — a cost model of one training step: communication time,
+ * compute time, their overlap as the engine schedules it, and memory per
+ * rank, for each collective mode (ZeRO-3, qwZ, hpZ, qgZ, ZeRO++).
+ *
+ * It sits above collectives/, engine/ and model/ because it describes all
+ * three (DESIGN.md §3 and §11): the bytes come from collectives/volume.c
+ * (zpp_plan_gather / zpp_plan_gather_secondary / zpp_plan_reduce, the same
+ * replay `zeropp plan` prints and the live collectives are checked against,
+ * so predicted bytes are counted bytes); the overlap follows engine.c's
+ * forward/backward; the activation memory follows the CUDA GPT-2's arena
+ * (gpt2_cuda.cu, plan()). It calls none of them at run time except the
+ * volume replay: everything here is arithmetic on numbers, no device, no
+ * communicator. The formulas are written out in DESIGN.md §11. */
+#ifndef ZPP_PLAN_COST_H
+#define ZPP_PLAN_COST_H
+
+#include <stddef.h>
+
+#include "collectives/collectives.h"
+#include "zeropp.h"
+
+/* What the step runs on and what it trains. */
+typedef struct zpp_cost_in {
+    /* Model: params > 0 always. With a GPT shape (n_layer > 0) attention
+     * FLOPs and activation memory are counted; without one they are 0 and
+     * mem_acts_known says so. */
+    double params;
+    int n_layer, n_embd, seq_len, vocab, n_head; /* n_head 0: n_embd / 64 */
+    int units;                                   /* equal units (zpp_plan_step's split) */
+    /* Machine. */
+    int world, node_size;
+    double tokens_per_gpu;  /* tokens per rank per step (micro-batch x seq_len) */
+    double inter_bps;       /* bytes/s one NODE moves across nodes (all its NICs, achieved) */
+    double intra_bps;       /* bytes/s one RANK moves inside its node (achieved) */
+    double latency_s;       /* per step of a collective's algorithm (ring or pairwise) */
+    double flops_per_s;     /* achieved FLOP/s of one GPU on this model's kernels */
+    zpp_dtype dtype;        /* working dtype (bf16 / fp16: 2 bytes) */
+    zpp_coll_opts coll;     /* quantization specs and qgZ slabs, as the collectives use */
+    /* Schedule of qgZ's cross-node step with more than one rank per node:
+     * 1 = as engine.c + collectives.c run it today (zpp__qgz_finish starts
+     * the inter-node exchange behind the next stage's kernels and waits for
+     * it: exposed); 0 = pipelined under the next stage like the other
+     * reductions (DeepSpeed's schedule; DESIGN.md §3 describes the fix). */
+    int qgz_inter_exposed;
+} zpp_cost_in;
+
+typedef struct zpp_cost_out {
+    double step_s, fwd_s, bwd_s;   /* predicted times */
+    double compute_s;              /* FLOPs / flops_per_s, whole step */
+    double exposed_comm_s;         /* step_s - compute_s */
+    double comm_s;                 /* every collective back to back, nothing hidden */
+    double tokens_per_s;           /* whole job: world x tokens_per_gpu / step_s */
+    double tflops_per_gpu;         /* model FLOPs per GPU / step_s / 1e12 */
+    double flops_per_gpu;          /* per step */
+    double cross_node_bytes;       /* per node per step (== zpp_plan_step) */
+    double intra_node_bytes;       /* per node per step (== zpp_plan_step) */
+    /* Memory per rank at the backward's peak, bytes. */
+    double mem_bytes_per_rank;     /* the sum of the five below */
+    double mem_shard_state;        /* fp32 master, Adam m, v, fp32 grad accumulator */
+    double mem_shard_work;         /* working-dtype shard */
+    double mem_secondary;          /* hpZ secondary shards of every unit */
+    double mem_transient;          /* gathered units, full gradient, reduction buffer */
+    double mem_acts;               /* activations (CUDA GPT-2), 0 without a shape */
+    int mem_acts_known;
+} zpp_cost_out;
+
+/* Defaults: bf16, 8 units, default quantization, latency 0, schedule as
+ * implemented (qgz_inter_exposed = 1). The caller fills the rest. */
+zpp_cost_in zpp_cost_in_default(void);
+
+/* GPT-2 parameter count of a shape (DESIGN: gpt2.h units), tied head:
+ * V*C + T*C + 2C + L*(12C^2 + 13C). */
+double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab);
+
+/* FLOPs of one step per GPU: tokens x (6 params + 12 L C T), the count of
+ * ../shared/bench/fsdp_gpt.py (forward 1/3, backward 2/3). */
+double zpp_cost_step_flops(const zpp_cost_in *in);
+
+/* Activation bytes of the CUDA GPT-2 for `tokens` tokens of one rank, bf16
+ * or fp16 working dtype, fused attention (gpt2_cuda.cu plan()). */
+double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
+
+/* The cost of one step in `mode`. ZPP_ERR_INVALID (with a message) for an
+ * impossible input: no world, node size not dividing it, non-positive
+ * bandwidth or FLOP/s, no tokens. out_p is set only on success. */
+zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
+                         zpp_cost_out *out_p);
+
+#endif

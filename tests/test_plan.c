@@ -1,0 +1,258 @@
+/* test_plan.c — the step cost model (plan/cost.c, DESIGN.md §11): its bytes
+ * are volume.c's, more bandwidth or FLOP/s never slows a mode, the overlap
+ * recurrence stays between its two bounds, memory grows with the batch, and
+ * its ZeRO++/ZeRO-3 ratios against the published 384-V100 figures (the
+ * points it meets are asserted; the ones it misses are printed and their
+ * direction asserted, see DESIGN.md §11 for why). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "plan/cost.h"
+#include "testlib.h"
+
+/* A small machine: 4 nodes of 8, GPT 12 layers x 1024, 4k tokens. */
+static zpp_cost_in small_in(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.n_layer = 12;
+    in.n_embd = 1024;
+    in.seq_len = 1024;
+    in.vocab = 50304;
+    in.params = zpp_cost_gpt_params(12, 1024, 1024, 50304);
+    in.units = 13;
+    in.world = 32;
+    in.node_size = 8;
+    in.tokens_per_gpu = 4096;
+    in.inter_bps = 12.5e9;
+    in.intra_bps = 150e9;
+    in.latency_s = 5e-6;
+    in.flops_per_s = 100e12;
+    return in;
+}
+
+static zpp_cost_out cost(const zpp_cost_in *in, int mode) {
+    zpp_cost_out o;
+    EXPECT_OK(zpp_cost_step(in, zpp_coll_mode_get(mode), &o));
+    return o;
+}
+
+/* Predicted bytes are volume.c's counted bytes, exactly, for every mode and
+ * node shape (including one node, one rank per node, uneven units). */
+static void test_bytes_equal_volume(void) {
+    const int shapes[][2] = {{32, 8}, {32, 1}, {8, 8}, {6, 3}, {384, 16}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        zpp_cost_in in = small_in();
+        in.world = shapes[s][0];
+        in.node_size = shapes[s][1];
+        in.params = 123456789; /* uneven over 13 units and the world */
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            zpp_volume v;
+            EXPECT_OK(zpp_plan_step((size_t)in.params, in.units, in.world, in.node_size,
+                                    zpp_coll_mode_get(m), in.dtype, &in.coll, &v));
+            zpp_cost_out o = cost(&in, m);
+            EXPECT(o.cross_node_bytes == zpp_volume_cross_total(&v),
+                   "%s W %d S %d: cross %.0f != volume %.0f", zpp_coll_mode_get(m)->name,
+                   in.world, in.node_size, o.cross_node_bytes, zpp_volume_cross_total(&v));
+            EXPECT(o.intra_node_bytes == zpp_volume_intra_total(&v),
+                   "%s W %d S %d: intra %.0f != volume %.0f", zpp_coll_mode_get(m)->name,
+                   in.world, in.node_size, o.intra_node_bytes, zpp_volume_intra_total(&v));
+        }
+    }
+}
+
+/* More bandwidth (either link) or more FLOP/s never makes a mode slower,
+ * swept over a factor of 1000 in each; the schedule with qgZ's cross-node
+ * step pipelined is never slower than the one with it exposed. */
+static void test_monotone(void) {
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        for (int knob = 0; knob < 3; knob++) {
+            double prev = INFINITY;
+            for (double f = 0.03; f < 30; f *= 1.25) {
+                zpp_cost_in in = small_in();
+                if (knob == 0) in.inter_bps *= f;
+                if (knob == 1) in.intra_bps *= f;
+                if (knob == 2) in.flops_per_s *= f;
+                double t = cost(&in, m).step_s;
+                EXPECT(t <= prev * (1 + 1e-12), "%s knob %d x%.3g: %.6f s > %.6f s",
+                       zpp_coll_mode_get(m)->name, knob, f, t, prev);
+                prev = t;
+            }
+        }
+        zpp_cost_in in = small_in();
+        double exposed = cost(&in, m).step_s;
+        in.qgz_inter_exposed = 0;
+        EXPECT(cost(&in, m).step_s <= exposed, "%s: pipelining qgZ made it slower",
+               zpp_coll_mode_get(m)->name);
+    }
+}
+
+/* The recurrence hides communication, never compute: compute <= step, and
+ * step <= compute + every collective back to back (nothing hidden). With
+ * communication free the step is the compute; with compute free it is at
+ * least the forward's exposed first gather plus the last reduction. */
+static void test_overlap_bounds(void) {
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        for (double f = 0.01; f < 100; f *= 3) {
+            zpp_cost_in in = small_in();
+            in.inter_bps *= f;
+            zpp_cost_out o = cost(&in, m);
+            EXPECT(o.step_s >= o.compute_s * (1 - 1e-12), "%s: step %.6f < compute %.6f",
+                   zpp_coll_mode_get(m)->name, o.step_s, o.compute_s);
+            EXPECT(o.step_s <= (o.compute_s + o.comm_s) * (1 + 1e-12),
+                   "%s: step %.6f > compute %.6f + comm %.6f", zpp_coll_mode_get(m)->name,
+                   o.step_s, o.compute_s, o.comm_s);
+        }
+        zpp_cost_in in = small_in();
+        in.inter_bps = in.intra_bps = 1e30;
+        in.latency_s = 0;
+        zpp_cost_out o = cost(&in, m);
+        EXPECT(fabs(o.step_s - o.compute_s) <= 1e-9 * o.compute_s,
+               "%s: free links, step %.9f != compute %.9f", zpp_coll_mode_get(m)->name,
+               o.step_s, o.compute_s);
+    }
+}
+
+/* FLOPs split as documented, and the throughput figures follow from the
+ * step: tokens/s = W K / step, TFLOP/s = FLOPs / step. */
+static void test_flops_and_rates(void) {
+    zpp_cost_in in = small_in();
+    double want = in.tokens_per_gpu * (6 * in.params + 12.0 * 12 * 1024 * 1024);
+    EXPECT(fabs(zpp_cost_step_flops(&in) - want) <= 1e-12 * want, "step FLOPs");
+    zpp_cost_out o = cost(&in, 0);
+    EXPECT(fabs(o.tokens_per_s * o.step_s - in.world * in.tokens_per_gpu) <= 1e-6, "tokens/s");
+    EXPECT(fabs(o.tflops_per_gpu * 1e12 * o.step_s - want) <= 1e-9 * want, "TFLOP/s");
+    EXPECT(fabs(o.compute_s - want / in.flops_per_s) <= 1e-12, "compute time");
+}
+
+/* Memory: grows with the micro-batch (activations), hpZ adds exactly its
+ * secondary copy (2 bytes x N x shard per element: the model / S), and the
+ * shard state is 16 + 2 bytes per parameter over the world, up to padding. */
+static void test_memory(void) {
+    zpp_cost_in in = small_in();
+    double prev = 0;
+    for (int b = 1; b <= 16; b *= 2) {
+        in.tokens_per_gpu = 1024.0 * b;
+        zpp_cost_out o = cost(&in, 4);
+        EXPECT(o.mem_acts_known && o.mem_bytes_per_rank > prev, "memory at micro-batch %d", b);
+        prev = o.mem_bytes_per_rank;
+    }
+    zpp_cost_out z3 = cost(&in, 0), hpz = cost(&in, 2);
+    double P = in.params, W = in.world, S = in.node_size;
+    EXPECT(z3.mem_secondary == 0, "ZeRO-3 keeps no secondary shard");
+    EXPECT(fabs(hpz.mem_secondary - 2 * P / S) <= 2 * in.units * W, "hpZ secondary %.0f vs %.0f",
+           hpz.mem_secondary, 2 * P / S);
+    EXPECT(fabs(z3.mem_shard_state + z3.mem_shard_work - 18 * P / W) <= 18.0 * in.units,
+           "shard state %.0f vs 18 P / W %.0f", z3.mem_shard_state + z3.mem_shard_work,
+           18 * P / W);
+    /* The CUDA model's logits alone: 4 V bytes per token. */
+    EXPECT(zpp_cost_gpt_act_bytes(&in, 2) - zpp_cost_gpt_act_bytes(&in, 1) > 4.0 * in.vocab,
+           "activations per token below the logits");
+    in.n_layer = 0; /* params only: no activation count, and it says so */
+    EXPECT(!cost(&in, 0).mem_acts_known && cost(&in, 0).mem_acts == 0, "params only");
+}
+
+/* ZeRO++ sends fewer cross-node bytes than ZeRO-3, and with a slow
+ * cross-node link it is faster. */
+static void test_zeropp_beats_zero3(void) {
+    zpp_cost_in in = small_in();
+    in.inter_bps = 1e9;
+    zpp_cost_out z3 = cost(&in, 0), zpp = cost(&in, 4);
+    EXPECT(zpp.cross_node_bytes < 0.3 * z3.cross_node_bytes, "cross %.0f vs %.0f",
+           zpp.cross_node_bytes, z3.cross_node_bytes);
+    EXPECT(zpp.step_s < z3.step_s, "ZeRO++ %.3f s not faster than ZeRO-3 %.3f s", zpp.step_s,
+           z3.step_s);
+}
+
+/* Bad inputs are refused with a status, not a crash or a NaN. */
+static void test_invalid(void) {
+    zpp_cost_in in = small_in();
+    zpp_cost_out o;
+    in.node_size = 5;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
+    in = small_in();
+    in.inter_bps = 0;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
+    in = small_in();
+    in.tokens_per_gpu = -1;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
+    in = small_in();
+    in.params = 3;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
+}
+
+/* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
+ * 384 V100 = 24 nodes of 16, fp16. The assumptions, once, for every point:
+ * V100 125 TFLOP/s fp16 tensor peak x 0.4 = 50 TFLOP/s achieved; NVLink
+ * (NVSwitch) 150 GB/s per GPU per direction; both links at 0.8 of line
+ * rate; 5 us per collective step; DeepSpeed's schedule (qgZ pipelined).
+ * Shapes (our choice; GPT-like, seq 512, vocab 50257, one unit per block
+ * plus the embeddings): 18B = 40 layers x 6144 (18.4B), 138B = 48 layers x
+ * 15360 (136.7B). */
+static zpp_cost_in paper_in(int big, double gbps, double tokens) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.n_layer = big ? 48 : 40;
+    in.n_embd = big ? 15360 : 6144;
+    in.seq_len = 512;
+    in.vocab = 50257;
+    in.params = zpp_cost_gpt_params(in.n_layer, in.n_embd, in.seq_len, in.vocab);
+    in.units = in.n_layer + 1;
+    in.world = 384;
+    in.node_size = 16;
+    in.tokens_per_gpu = tokens;
+    in.inter_bps = gbps * 1e9 / 8 * 0.8;
+    in.intra_bps = 1200e9 / 8 * 0.8;
+    in.latency_s = 5e-6;
+    in.flops_per_s = 125e12 * 0.4;
+    in.dtype = ZPP_FP16;
+    in.qgz_inter_exposed = 0;
+    return in;
+}
+
+static double speedup(int big, double gbps, double tokens) {
+    zpp_cost_in in = paper_in(big, gbps, tokens);
+    return cost(&in, 0).step_s / cost(&in, 4).step_s;
+}
+
+/* Within 15% of the published range [lo, hi] (of its nearer end). */
+static int near_range(double x, double lo, double hi) {
+    return x >= lo * 0.85 && x <= hi * 1.15;
+}
+
+static void test_published_zeropp(void) {
+    for (int big = 0; big <= 1; big++) {
+        const char *name = big ? "138B" : "18B";
+        /* 400 Gb/s, 1k tokens/GPU: +28% to +36% (held). */
+        double s = speedup(big, 400, 1024);
+        printf("%s 400G 1k: predicted %.3fx, published 1.28-1.36x\n", name, s);
+        EXPECT(near_range(s, 1.28, 1.36), "%s 400G 1k: %.3f", name, s);
+        /* ZeRO++ at 200 Gb/s ~ ZeRO-3 at 800 Gb/s in TFLOP/s (held). */
+        for (double tok = 1024; tok <= 2048; tok *= 2) {
+            zpp_cost_in a = paper_in(big, 200, tok), b = paper_in(big, 800, tok);
+            double r = cost(&a, 4).tflops_per_gpu / cost(&b, 0).tflops_per_gpu;
+            printf("%s %.0f tok: ZeRO++@200G / ZeRO-3@800G TFLOP/s = %.3f, published ~1\n",
+                   name, tok, r);
+            EXPECT(near_range(r, 1, 1), "%s 200G vs 800G: %.3f", name, r);
+        }
+        /* 100 Gb/s, 2k tokens/GPU: "up to 2.2x" (held). */
+        s = speedup(big, 100, 2048);
+        printf("%s 100G 2k: predicted %.3fx, published up to 2.2x (about 2x)\n", name, s);
+        EXPECT(near_range(s, 2.0, 2.2), "%s 100G 2k: %.3f", name, s);
+        /* Missed, printed with the direction asserted (DESIGN.md §11): the
+         * model overlaps ZeRO-3's gathers perfectly, so once communication
+         * fits under compute it predicts no gain at 400G 2k (published
+         * +24-29%), and it has no quantization kernels, so where ZeRO-3 is
+         * link-bound (100G 1k) it predicts more than the 4x byte cut allows
+         * DeepSpeed to show (published 2.2x at most). */
+        s = speedup(big, 400, 2048);
+        printf("%s 400G 2k: predicted %.3fx, published 1.24-1.29x: MISSED (low)\n", name, s);
+        EXPECT(s < 1.24 * 0.85, "the 400G 2k miss changed: %.3f; update DESIGN.md §11", s);
+        s = speedup(big, 100, 1024);
+        printf("%s 100G 1k: predicted %.3fx, published up to 2.2x: MISSED (high)\n", name, s);
+        EXPECT(s > 2.2 * 1.15, "the 100G 1k miss changed: %.3f; update DESIGN.md §11", s);
+    }
+}
+
+ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
+          ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
+          ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
+          ZPP_TEST(test_published_zeropp))
