@@ -118,12 +118,6 @@ static void dev_close(void) {
     dev = NULL;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu bytes)", n);
-    return p;
-}
-
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu x %zu)", n, size);
@@ -159,7 +153,7 @@ static void dbuf_put(const dbuf *b, const void *h) {
 /* Waits for the kernels, copies the buffer back, checks its guard zone. */
 static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
     EXPECT_OK(zpp_device_sync(dev, NULL));
-    unsigned char *tmp = xmalloc(b->bytes + GUARD);
+    unsigned char *tmp = zpp_test_malloc(b->bytes + GUARD);
     EXPECT_OK(zpp_device_copy(dev, tmp, b->p, b->bytes + GUARD));
     for (size_t i = 0; i < GUARD; i++)
         EXPECT(tmp[b->bytes + i] == POISON,
@@ -192,11 +186,11 @@ static problem problem_make(attn_case c, uint64_t seed) {
     p.N = (size_t)c.B * c.T;
     p.C = (size_t)c.H * c.hs;
     size_t nqkv = p.N * 3 * p.C, ny = p.N * p.C, nl = (size_t)c.B * c.H * c.T;
-    p.qkv = xmalloc(nqkv * 2);
-    p.dy = xmalloc(ny * 2);
-    p.y = xmalloc(ny * 2);
-    p.dqkv = xmalloc(nqkv * 2);
-    p.lse = xmalloc(nl * sizeof(float));
+    p.qkv = zpp_test_malloc(nqkv * 2);
+    p.dy = zpp_test_malloc(ny * 2);
+    p.y = zpp_test_malloc(ny * 2);
+    p.dqkv = zpp_test_malloc(nqkv * 2);
+    p.lse = zpp_test_malloc(nl * sizeof(float));
     zpp_rng r = zpp_rng_make(seed);
     for (size_t n = 0; n < p.N; n++)
         for (size_t col = 0; col < 3 * p.C; col++) {
@@ -290,13 +284,13 @@ static void check_problem(const problem *p, int bwd, const char *label) {
     const int T = c->T, hs = c->hs;
     const size_t C = p->C, C3 = 3 * C;
     const double sc = 1.0 / sqrt((double)hs), u = U_BF16, w = U_F32;
-    double *q = xmalloc((size_t)T * hs * sizeof(double)), *k = xmalloc((size_t)T * hs * 8),
-           *v = xmalloc((size_t)T * hs * 8), *g = xmalloc((size_t)T * hs * 8),
-           *yt = xmalloc((size_t)T * hs * 8), *yg = xmalloc((size_t)T * hs * 8);
+    double *q = zpp_test_malloc((size_t)T * hs * sizeof(double)), *k = zpp_test_malloc((size_t)T * hs * 8),
+           *v = zpp_test_malloc((size_t)T * hs * 8), *g = zpp_test_malloc((size_t)T * hs * 8),
+           *yt = zpp_test_malloc((size_t)T * hs * 8), *yg = zpp_test_malloc((size_t)T * hs * 8);
     size_t TT = (size_t)T * T;
     double *S = xcalloc(TT, 8), *P = xcalloc(TT, 8), *E = xcalloc(TT, 8), *dS = xcalloc(TT, 8),
            *eS = xcalloc(TT, 8), *eP = xcalloc(TT, 8);
-    double *lse = xmalloc((size_t)T * 8);
+    double *lse = zpp_test_malloc((size_t)T * 8);
     worst wy, wl, wq, wk, wv;
     worst_init(&wy, "y"), worst_init(&wl, "lse"), worst_init(&wq, "dq");
     worst_init(&wk, "dk"), worst_init(&wv, "dv");
@@ -460,8 +454,8 @@ static void test_deterministic(void) {
                nqkv = p.N * 3 * p.C * 2;
         run_forward(&p);
         run_backward(&p);
-        uint16_t *y1 = xmalloc(ny), *dqkv1 = xmalloc(nqkv);
-        float *lse1 = xmalloc(nl);
+        uint16_t *y1 = zpp_test_malloc(ny), *dqkv1 = zpp_test_malloc(nqkv);
+        float *lse1 = zpp_test_malloc(nl);
         memcpy(y1, p.y, ny), memcpy(lse1, p.lse, nl), memcpy(dqkv1, p.dqkv, nqkv);
         run_forward(&p);
         run_backward(&p);
@@ -513,7 +507,7 @@ static void test_refusals(void) {
                                     64, st),
                   ZPP_ERR_INVALID);
     /* nothing was launched: the outputs are still poison */
-    unsigned char *h = xmalloc(p.d_y.bytes);
+    unsigned char *h = zpp_test_malloc(p.d_y.bytes);
     dbuf_get(&p.d_y, h, "y");
     for (size_t i = 0; i < p.d_y.bytes; i++)
         EXPECT(h[i] == POISON, "a refused call wrote y (byte %zu)", i);

@@ -36,12 +36,6 @@
 
 static uint64_t data_seed(void) { return zpp_test_seed(7); }
 
-static void *xmalloc(size_t n) {
-    void *p = calloc(n ? n : 1, 1);
-    EXPECT(p != NULL, "out of memory");
-    return p;
-}
-
 /* ---- Topologies -------------------------------------------------------------- */
 
 static int world_size(void) {
@@ -140,9 +134,9 @@ static unit_case unit_make(const zpp_topo *t, size_t numel, zpp_dtype dt, uint64
     u.p = zpp_partition_make(numel, t);
     u.dt = dt;
     u.ds = zpp_dtype_size(dt);
-    u.ref = xmalloc(u.p.padded * sizeof(float));
-    u.shard = xmalloc(u.p.shard_len * u.ds);
-    u.full = xmalloc(u.p.padded * u.ds);
+    u.ref = zpp_test_malloc(u.p.padded * sizeof(float));
+    u.shard = zpp_test_malloc(u.p.shard_len * u.ds);
+    u.full = zpp_test_malloc(u.p.padded * u.ds);
     for (size_t i = 0; i < u.p.padded; i++) u.ref[i] = zpp_coll_data_weight(data_seed(), tag, i, numel, dt);
     size_t base = (size_t)t->world_rank * u.p.shard_len;
     for (size_t j = 0; j < u.p.shard_len; j++) zpp_store_f32(u.shard, dt, j, u.ref[base + j]);
@@ -270,7 +264,7 @@ static void test_hpz_secondary(void) {
                                                                 ((uint64_t)si << 4) ^ (uint64_t)mi));
                 EXPECT(u.p.sec_len * (size_t)S == u.p.padded, "failed");
                 size_t sb = u.p.sec_len * u.ds;
-                void *sec = xmalloc(sb), *fwd = xmalloc(u.p.padded * u.ds);
+                void *sec = zpp_test_malloc(sb), *fwd = zpp_test_malloc(u.p.padded * u.ds);
                 zpp_coll_volume_reset(c);
                 gather(c, &u, m, sec, ZPP_PHASE_FWD_GATHER);
                 memcpy(fwd, u.full, u.p.padded * u.ds);
@@ -317,10 +311,10 @@ static grad_case grad_make(const zpp_topo *t, size_t numel, zpp_dtype dt, uint64
     int W = t->world_size;
     g.p = zpp_partition_make(numel, t);
     g.dt = dt;
-    g.full_grad = xmalloc(g.p.padded * zpp_dtype_size(dt));
-    g.exact = xmalloc(g.p.shard_len * sizeof(double));
-    g.sumabs = xmalloc(g.p.shard_len * sizeof(double));
-    g.out = xmalloc(g.p.shard_len * sizeof(float));
+    g.full_grad = zpp_test_malloc(g.p.padded * zpp_dtype_size(dt));
+    g.exact = zpp_test_malloc(g.p.shard_len * sizeof(double));
+    g.sumabs = zpp_test_malloc(g.p.shard_len * sizeof(double));
+    g.out = zpp_test_malloc(g.p.shard_len * sizeof(float));
     for (size_t i = 0; i < g.p.padded; i++)
         zpp_store_f32(g.full_grad, dt, i,
                       zpp_coll_data_grad(data_seed(), tag, t->world_rank, i, numel, dt, same));
@@ -466,13 +460,13 @@ static void test_reduce_qgz(void) {
                 grad_case g = grad_make(t, sizes[si], dt, tag, 0);
                 zpp_coll_volume_reset(c);
                 reduce(c, &g, ZPP_REDUCE_QGZ);
-                float *bound = xmalloc(g.p.shard_len * sizeof(float));
+                float *bound = zpp_test_malloc(g.p.shard_len * sizeof(float));
                 check_qgz(t, &g, tag, 0, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, bound, "qgZ");
                 expect_phase(zpp_coll_volume(c), ZPP_PHASE_GRAD_REDUCE,
                              qgz_volume(g.p.shard_len, t->nodes, S, ZPP_QUANT_DEFAULT_BLOCK_INT4),
                              "qgZ");
                 if (!first) {
-                    first = xmalloc(g.p.shard_len * sizeof(float));
+                    first = zpp_test_malloc(g.p.shard_len * sizeof(float));
                     memcpy(first, g.out, g.p.shard_len * sizeof(float));
                     first_bound = bound;
                     bound = NULL;
@@ -670,7 +664,7 @@ static void test_in_flight_and_pool(void) {
         for (int round = 0; round < 6; round++) {
             unit_case a = unit_make(t, 333 * (size_t)W + 1, ZPP_BF16, 0x100 + (uint64_t)round);
             unit_case b = unit_make(t, 41 * (size_t)W + 7, ZPP_BF16, 0x200 + (uint64_t)round);
-            void *sec = xmalloc(a.p.sec_len * a.ds);
+            void *sec = zpp_test_malloc(a.p.sec_len * a.ds);
             grad_case g = grad_make(t, 250 * (size_t)W + 9, ZPP_BF16, 0x300 + (uint64_t)round, 0);
             zpp_coll_op *oa, *ob, *og;
             EXPECT_OK(zpp_coll_gather_start(c, &a.p, ZPP_GATHER_QWZ, ZPP_BF16, a.shard, a.full,
@@ -730,7 +724,7 @@ static void test_step_matches_plan(void) {
             for (int i = 0; i < units; i++) {
                 u[i] = unit_make(t, zpp_plan_unit_numel(params, units, i), ZPP_BF16,
                                  (uint64_t)(0x400 + 16 * mi + i));
-                sec[i] = xmalloc(u[i].p.sec_len * u[i].ds);
+                sec[i] = zpp_test_malloc(u[i].p.sec_len * u[i].ds);
                 gather(c, &u[i], m->gather, m->hpz ? sec[i] : NULL, ZPP_PHASE_FWD_GATHER);
             }
             for (int i = units - 1; i >= 0; i--) {

@@ -35,12 +35,6 @@
 
 static const double kU = 1.0 / 16777216.0; /* 2^-24 */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    EXPECT(p != NULL, "out of memory");
-    return p;
-}
-
 /* The device under test: the host, or GPU 0 when ZPP_TEST_DEVICE=gpu. */
 static zpp_device *dev_make(void) {
     const char *want = getenv("ZPP_TEST_DEVICE");
@@ -75,9 +69,9 @@ static void dev_get(zpp_device *d, void *h, const void *p, size_t bytes) {
  * against the device's fp32 result within the bound of the header. */
 static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_args *a,
                        zpp_dtype wdt) {
-    float *p = xmalloc(n * 4), *m = xmalloc(n * 4), *v = xmalloc(n * 4), *g = xmalloc(n * 4);
-    float *p1 = xmalloc(n * 4), *m1 = xmalloc(n * 4), *v1 = xmalloc(n * 4);
-    void *w1 = xmalloc(n * 4);
+    float *p = zpp_test_malloc(n * 4), *m = zpp_test_malloc(n * 4), *v = zpp_test_malloc(n * 4), *g = zpp_test_malloc(n * 4);
+    float *p1 = zpp_test_malloc(n * 4), *m1 = zpp_test_malloc(n * 4), *v1 = zpp_test_malloc(n * 4);
+    void *w1 = zpp_test_malloc(n * 4);
     for (size_t i = 0; i < n; i++) {
         p[i] = (float)zpp_rng_normal(rng);
         m[i] = (float)(0.1 * zpp_rng_normal(rng));
@@ -172,7 +166,7 @@ static void test_add_sumsq_convert(void) {
     zpp_device *d = dev_make();
     zpp_rng rng = zpp_rng_make(zpp_test_seed(2));
     const size_t n = 100003;
-    float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *z = xmalloc(n * 4);
+    float *x = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4), *z = zpp_test_malloc(n * 4);
     double sq = 0, asq = 0;
     for (size_t i = 0; i < n; i++) {
         x[i] = (float)zpp_rng_normal(&rng);
@@ -192,7 +186,7 @@ static void test_add_sumsq_convert(void) {
     EXPECT(got == 0.0, "sumsq of nothing is %g", got);
     void *db = dev_put(d, NULL, n * 2);
     EXPECT_OK(zpp_device_convert(d, dx, ZPP_FP32, db, ZPP_BF16, n, 0.5f));
-    uint16_t *hb = xmalloc(n * 2);
+    uint16_t *hb = zpp_test_malloc(n * 2);
     dev_get(d, hb, db, n * 2);
     for (size_t i = 0; i < n; i++)
         EXPECT(hb[i] == zpp_f32_to_bf16(0.5f * x[i]), "convert %zu", i);
@@ -388,10 +382,10 @@ static void test_nonfinite_flag(void) {
     zpp_device *d = dev_make();
     zpp_quant_spec sp = zpp_quant_spec_default(8);
     const size_t B = sp.block, n = 3 * B;
-    float *h = xmalloc(n * 4);
+    float *h = zpp_test_malloc(n * 4);
     for (size_t i = 0; i < n; i++) h[i] = (float)i / (float)n - 0.5f;
     const size_t qb = zpp_quant_bytes(n, &sp), so = zpp_quant_scales_offset(n, sp.bits);
-    unsigned char *hq = xmalloc(qb);
+    unsigned char *hq = zpp_test_malloc(qb);
     /* room for the reorder's three chunks too, each padded on its own */
     void *dx = dev_put(d, h, n * 4), *dq = dev_put(d, NULL, 2 * qb);
     int raised = -1;

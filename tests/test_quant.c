@@ -45,12 +45,6 @@ static zpp_device *host_device(void) {
 }
 static const int all_bits[] = {8, 4};
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of memory (%zu bytes)", n);
-    return p;
-}
-
 static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, uint64_t seed) {
     zpp_quant_spec s = zpp_quant_spec_default(bits);
     if (block) s.block = block;
@@ -196,7 +190,7 @@ static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
 static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
                        const zpp_quant_spec *sp, const char *what) {
     size_t bytes = zpp_quant_bytes(n, sp);
-    uint8_t *q = xmalloc(bytes), *r = xmalloc(bytes);
+    uint8_t *q = zpp_test_malloc(bytes), *r = zpp_test_malloc(bytes);
     memset(q, 0xab, bytes);
     EXPECT_OK(zpp_quantize(x, dt, n, sp, q));
     ref_quantize(xf, n, sp, 0, r);
@@ -204,10 +198,10 @@ static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
     EXPECT(d == bytes, "%s: byte %zu of %zu differs from the reference: %02x vs %02x", what, d,
            bytes, d < bytes ? q[d] : 0, d < bytes ? r[d] : 0);
 
-    float *amax = xmalloc(((n + sp->block - 1) / sp->block + 1) * sizeof *amax);
+    float *amax = zpp_test_malloc(((n + sp->block - 1) / sp->block + 1) * sizeof *amax);
     block_absmax(xf, n, sp->block, amax);
-    float *y32 = xmalloc(n * sizeof *y32);
-    uint16_t *y16 = xmalloc(n * 2);
+    float *y32 = zpp_test_malloc(n * sizeof *y32);
+    uint16_t *y16 = zpp_test_malloc(n * 2);
     EXPECT_OK(zpp_dequantize(q, n, sp, ZPP_FP32, y32));
     for (size_t i = 0; i < n; i++) {
         double bound = elem_bound(amax[i / sp->block], sp->bits, sp->stochastic, ZPP_FP32);
@@ -249,8 +243,8 @@ static void test_quantize_matches_reference(void) {
             for (int dist = 0; dist < D_COUNT; dist++) {
                 for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
                     size_t n = sizes[si];
-                    void *x = xmalloc(n * 4);
-                    float *xf = xmalloc(n * sizeof *xf);
+                    void *x = zpp_test_malloc(n * 4);
+                    float *xf = zpp_test_malloc(n * sizeof *xf);
                     fill(&rng, dist, dt, n, B, x, xf);
                     for (int sr = 0; sr < 2; sr++) {
                         /* the stochastic sweep skips the big size except on N(0,1) */
@@ -279,8 +273,8 @@ static void test_block_sizes(void) {
         size_t n = B < 4096 ? 3 * B + 5 : B + 13;
         for (int bits = 4; bits <= 8; bits += 4) {
             zpp_dtype dt = all_dtypes[zpp_rng_u64(&rng) % 3];
-            void *x = xmalloc(n * 4);
-            float *xf = xmalloc(n * sizeof *xf);
+            void *x = zpp_test_malloc(n * 4);
+            float *xf = zpp_test_malloc(n * sizeof *xf);
             fill(&rng, D_NORMAL, dt, n, B, x, xf);
             for (int sr = 0; sr < 2; sr++) {
                 zpp_quant_spec sp = spec_make(bits, B, sr, zpp_rng_u64(&rng));
@@ -306,9 +300,9 @@ static void test_representable_roundtrip(void) {
             size_t block = (size_t)8 << (zpp_rng_u64(&rng) % 6);
             size_t n = 5 * block + 3 + (size_t)(zpp_rng_u64(&rng) % 2);
             size_t nb = zpp_quant_num_blocks(n, block);
-            int *qv = xmalloc(n * sizeof *qv);
-            int *ev = xmalloc(nb * sizeof *ev);
-            void *x = xmalloc(n * 4), *y = xmalloc(n * 4);
+            int *qv = zpp_test_malloc(n * sizeof *qv);
+            int *ev = zpp_test_malloc(nb * sizeof *ev);
+            void *x = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
             for (size_t b = 0; b < nb; b++) {
                 ev[b] = (int)(zpp_rng_u64(&rng) % 23) - 14; /* 2^-14 .. 2^8: fp16-exact */
                 size_t lo = b * block, hi = lo + block < n ? lo + block : n;
@@ -319,7 +313,7 @@ static void test_representable_roundtrip(void) {
                     zpp_store_f32(x, dt, i, ldexpf((float)qv[i], ev[b]));
             }
             zpp_quant_spec sp = spec_make(bits, block, 0, 0);
-            uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+            uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
             EXPECT_OK(zpp_quantize(x, dt, n, &sp, q));
             size_t so = zpp_quant_scales_offset(n, bits);
             for (size_t b = 0; b < nb; b++) {
@@ -360,12 +354,12 @@ static void test_stochastic_unbiased(void) {
         int bits = all_bits[bi];
         const double e = 0x1p-24, Q = qmax_of(bits);
         zpp_dtype dt = bi ? ZPP_BF16 : ZPP_FP32;
-        void *x = xmalloc(n * 4);
-        float *xf = xmalloc(n * sizeof *xf), *y = xmalloc(n * sizeof *y);
+        void *x = zpp_test_malloc(n * 4);
+        float *xf = zpp_test_malloc(n * sizeof *xf), *y = zpp_test_malloc(n * sizeof *y);
         double *mean = calloc(n, sizeof *mean);
         fill(&rng, D_NORMAL, dt, n, 256, x, xf);
         zpp_quant_spec sp = spec_make(bits, 0, 1, 0);
-        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
         uint64_t seed0 = zpp_rng_u64(&rng);
         for (int m = 0; m < M; m++) {
             sp.seed = seed0 + (uint64_t)m * 0x9e3779b97f4a7c15ull;
@@ -373,7 +367,7 @@ static void test_stochastic_unbiased(void) {
             EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
             for (size_t i = 0; i < n; i++) mean[i] += y[i];
         }
-        float *amax = xmalloc(n * sizeof *amax);
+        float *amax = zpp_test_malloc(n * sizeof *amax);
         block_absmax(xf, n, sp.block, amax);
         double zsum = 0;
         for (size_t i = 0; i < n; i++) {
@@ -412,10 +406,10 @@ static void test_reorder_quantize_equals_unfused(void) {
                                       zpp_rng_u64(&rng));
         size_t R = (size_t)nodes * (size_t)local, n = R * chunk_len;
         size_t es = zpp_dtype_size(dt), qb = zpp_quant_bytes(chunk_len, &sp);
-        void *x = xmalloc(n * 4);
-        float *xf = xmalloc(n * sizeof *xf);
+        void *x = zpp_test_malloc(n * 4);
+        float *xf = zpp_test_malloc(n * sizeof *xf);
         fill(&rng, (int)(zpp_rng_u64(&rng) % D_COUNT), dt, n, sp.block, x, xf);
-        uint8_t *fused = xmalloc(R * qb), *chunks = xmalloc(R * qb), *unfused = xmalloc(R * qb);
+        uint8_t *fused = zpp_test_malloc(R * qb), *chunks = zpp_test_malloc(R * qb), *unfused = zpp_test_malloc(R * qb);
         memset(fused, 0xcd, R * qb);
         EXPECT_OK(zpp_quant_reorder_quantize(x, dt, chunk_len, nodes, local, &sp, fused));
         /* unfused: quantize chunk by chunk (stream index = index in x), then
@@ -429,7 +423,7 @@ static void test_reorder_quantize_equals_unfused(void) {
                nodes, local, chunk_len, bits, zpp_dtype_name(dt), sr ? "SR" : "RNE");
         /* and each chunk is what quantizing it on its own gives (RNE; for SR
          * the reference with the chunk's stream offset) */
-        uint8_t *one = xmalloc(qb);
+        uint8_t *one = zpp_test_malloc(qb);
         for (size_t r = 0; r < R; r++) {
             if (sr) {
                 ref_quantize(xf + r * chunk_len, chunk_len, &sp, r * chunk_len, one);
@@ -444,7 +438,7 @@ static void test_reorder_quantize_equals_unfused(void) {
         size_t first = zpp_rng_u64(&rng) % (chunk_len + 1);
         size_t len = zpp_rng_u64(&rng) % (chunk_len - first + 1);
         size_t qs = zpp_quant_bytes(len, &sp);
-        uint8_t *slabs = xmalloc(R * qs + 1), *want = xmalloc(qs + 1);
+        uint8_t *slabs = zpp_test_malloc(R * qs + 1), *want = zpp_test_malloc(qs + 1);
         EXPECT_OK(zpp_device_reorder_quantize(host, x, dt, chunk_len, first, len, nodes, local, &sp,
                                           slabs));
         for (int dl = 0; dl < local; dl++)
@@ -485,10 +479,10 @@ static void test_dequant_sum_requant_equals_unfused(void) {
                                           (iter / 4) % 2, zpp_rng_u64(&rng));
         size_t n = n_chunks * chunk_len;
         size_t qin = zpp_quant_bytes(chunk_len, &in_sp), qout = zpp_quant_bytes(chunk_len, &out_sp);
-        uint8_t *ins = xmalloc((size_t)k * n_chunks * qin);
+        uint8_t *ins = zpp_test_malloc((size_t)k * n_chunks * qin);
         const void *ptrs[5];
-        float *x = xmalloc(n * sizeof *x), *sum = xmalloc(n * sizeof *sum),
-              *d = xmalloc(n * sizeof *d);
+        float *x = zpp_test_malloc(n * sizeof *x), *sum = zpp_test_malloc(n * sizeof *sum),
+              *d = zpp_test_malloc(n * sizeof *d);
         for (size_t i = 0; i < n; i++) sum[i] = 0.0f;
         for (int j = 0; j < k; j++) {
             fill(&rng, (int)(zpp_rng_u64(&rng) % D_COUNT), ZPP_FP32, n, in_sp.block, x, d);
@@ -501,8 +495,8 @@ static void test_dequant_sum_requant_equals_unfused(void) {
                                          d + c * chunk_len));
             for (size_t i = 0; i < n; i++) sum[i] = sum[i] + d[i];
         }
-        uint8_t *want = xmalloc(n_chunks * qout), *got = xmalloc(n_chunks * qout),
-                *got2 = xmalloc(n_chunks * qout);
+        uint8_t *want = zpp_test_malloc(n_chunks * qout), *got = zpp_test_malloc(n_chunks * qout),
+                *got2 = zpp_test_malloc(n_chunks * qout);
         EXPECT_OK(zpp_device_quantize_chunks(host, sum, ZPP_FP32, n_chunks, chunk_len, &out_sp,
                                          want));
         memset(got, 0xee, n_chunks * qout);
@@ -532,11 +526,11 @@ static void test_dequantize_accumulate(void) {
         size_t n = 1 + zpp_rng_u64(&rng) % 3000;
         zpp_quant_spec sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 8),
                                       0, 0);
-        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *acc = xmalloc(n * 4),
-              *want = xmalloc(n * 4), *y = xmalloc(n * 4);
+        float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *acc = zpp_test_malloc(n * 4),
+              *want = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
         for (size_t i = 0; i < n; i++) acc[i] = (float)(100.0 * zpp_rng_normal(&rng));
-        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
         EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
         for (size_t i = 0; i < n; i++) want[i] = acc[i] + y[i];
@@ -560,10 +554,10 @@ static void test_dequant_reduce(void) {
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 6, chunk_len = 1 + zpp_rng_u64(&rng) % 9000;
         zpp_quant_spec sp = spec_make(all_bits[iter % 2], 0, 0, 0);
         size_t n = n_chunks * chunk_len, qb = zpp_quant_bytes(chunk_len, &sp);
-        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *d = xmalloc(n * 4),
-              *want = xmalloc(chunk_len * 4), *got = xmalloc(chunk_len * 4);
+        float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *d = zpp_test_malloc(n * 4),
+              *want = zpp_test_malloc(chunk_len * 4), *got = zpp_test_malloc(chunk_len * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
-        uint8_t *q = xmalloc(n_chunks * qb);
+        uint8_t *q = zpp_test_malloc(n_chunks * qb);
         EXPECT_OK(zpp_device_quantize_chunks(host, x, ZPP_FP32, n_chunks, chunk_len, &sp, q));
         EXPECT_OK(zpp_device_dequantize_chunks(host, q, n_chunks, chunk_len, &sp, ZPP_FP32, d));
         float scale = 1.0f / (float)(1 + iter);
@@ -588,8 +582,8 @@ static void test_dequant_reduce(void) {
 static void test_convert_bit_exact(void) {
     zpp_device *host = host_device();
     /* every fp16 and bf16 value -> fp32, scale 1: exact, NaNs included */
-    uint16_t *h = xmalloc(65536 * 2);
-    float *f = xmalloc(65536 * 4);
+    uint16_t *h = zpp_test_malloc(65536 * 2);
+    float *f = zpp_test_malloc(65536 * 4);
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     /* convert computes scale * x, and a multiply quiets a signalling NaN:
      * the expected value goes through the same multiply (volatile, so the
@@ -607,8 +601,8 @@ static void test_convert_bit_exact(void) {
     }
     /* fp32 -> fp16 / bf16: edge values, then random bit patterns */
     const size_t n = 400000;
-    float *src = xmalloc(n * 4);
-    uint16_t *o = xmalloc(n * 2);
+    float *src = zpp_test_malloc(n * 4);
+    uint16_t *o = zpp_test_malloc(n * 2);
     const float edges[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 65535.0f, 65536.0f,
                            0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.000002p-25f, 0x3p-26f, 0x1.ffcp-15f,
                            0x1.ffep-15f, INFINITY, -INFINITY, NAN, 1.0f, -2.5f, FLT_MAX};
@@ -638,7 +632,7 @@ static void test_convert_bit_exact(void) {
     for (size_t a = 0; a < 3; a++) {
         for (size_t b = 0; b < 3; b++) {
             zpp_dtype di = all_dtypes[a], dout = all_dtypes[b];
-            void *in = xmalloc(n * 4), *out = xmalloc(n * 4);
+            void *in = zpp_test_malloc(n * 4), *out = zpp_test_malloc(n * 4);
             for (size_t i = 0; i < n; i++) zpp_store_f32(in, di, i, src[i]);
             EXPECT_OK(zpp_device_convert(host, in, di, out, dout, n, 0.375f));
             for (size_t i = 0; i < n; i++) {
@@ -674,11 +668,11 @@ static void test_dequantize_dtype_ranges(void) {
     for (size_t bi = 0; bi < 2; bi++) {
         zpp_quant_spec sp = spec_make(all_bits[bi], 64, 0, 0);
         const size_t nb = 17, n = nb * sp.block;
-        float *x = xmalloc(n * 4), *y32 = xmalloc(n * 4);
-        uint16_t *y16 = xmalloc(n * 2);
+        float *x = zpp_test_malloc(n * 4), *y32 = zpp_test_malloc(n * 4);
+        uint16_t *y16 = zpp_test_malloc(n * 2);
         for (size_t i = 0; i < n; i++)
             x[i] = (float)(zpp_rng_normal(&rng) * pow(10.0, (double)(i / sp.block) - 10.0));
-        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
         EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y32));
         for (int k = 1; k < 3; k++) {
@@ -711,8 +705,8 @@ static void test_nonfinite(void) {
             zpp_dtype dt = all_dtypes[di];
             zpp_quant_spec sp = spec_make(all_bits[bi], 64, (int)(bi ^ di) & 1, 7);
             size_t B = sp.block, n = 5 * B - 3; /* 5 blocks, the last one short */
-            void *x = xmalloc(n * 4), *y = xmalloc(n * 4);
-            float *xf = xmalloc(n * 4);
+            void *x = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
+            float *xf = zpp_test_malloc(n * 4);
             fill(&rng, D_NORMAL, dt, n, B, x, xf);
             size_t p1 = B + zpp_rng_u64(&rng) % B;                  /* NaN in block 1 */
             size_t p2 = 3 * B + zpp_rng_u64(&rng) % (B / 2);        /* +Inf in block 3 */
@@ -722,7 +716,7 @@ static void test_nonfinite(void) {
             zpp_store_f32(x, dt, p3, -INFINITY);
             for (size_t i = 0; i < n; i++) xf[i] = zpp_load_f32(x, dt, i);
             size_t bytes = zpp_quant_bytes(n, &sp);
-            uint8_t *q = xmalloc(bytes), *r = xmalloc(bytes);
+            uint8_t *q = zpp_test_malloc(bytes), *r = zpp_test_malloc(bytes);
             zpp_error_clear();
             EXPECT_STATUS(zpp_quantize(x, dt, n, &sp, q), ZPP_ERR_NONFINITE);
             char want[64];
@@ -750,13 +744,13 @@ static void test_nonfinite(void) {
                            zpp_dtype_name(od), i, zpp_load_f32(y, od, i));
                 }
             }
-            float *acc = xmalloc(n * 4);
+            float *acc = zpp_test_malloc(n * 4);
             for (size_t i = 0; i < n; i++) acc[i] = 1.0f;
             EXPECT_OK(zpp_dequantize_accumulate(q, n, &sp, acc));
             for (size_t i = 0; i < n; i++)
                 EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "accumulate %zu", i);
             /* the NaN goes on through dequant-sum-requant and the reduce */
-            uint8_t *o = xmalloc(bytes);
+            uint8_t *o = zpp_test_malloc(bytes);
             const void *ptrs[2] = {q, r};
             EXPECT_STATUS(zpp_quant_dequant_sum_requant(ptrs, 2, 1, n, &sp, &sp, o),
                           ZPP_ERR_NONFINITE);
@@ -869,10 +863,10 @@ static void test_wire_layout(void) {
         EXPECT(aligned16(tot) && tot >= so + 4 * nb && tot < so + 4 * nb + 16, "n %zu: %zu bytes",
                n, tot);
         if (iter % 10) continue;
-        float *x = xmalloc(n * 4), *xf = xmalloc(n * 4);
+        float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
         /* two tensors end to end in one 16-aligned buffer, poisoned first */
-        uint8_t *raw = xmalloc(2 * tot + 16);
+        uint8_t *raw = zpp_test_malloc(2 * tot + 16);
         uint8_t *buf = raw + (16 - (uintptr_t)raw % 16) % 16;
         memset(buf, 0x77, 2 * tot);
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, buf));
@@ -941,10 +935,10 @@ static void test_exec_host_equals_direct(void) {
                                       zpp_rng_u64(&rng));
         size_t n = n_chunks * chunk_len, es = zpp_dtype_size(dt);
         size_t qb = zpp_quant_bytes(chunk_len, &sp);
-        void *x = xmalloc(n * 4), *y = xmalloc(n * 4), *y1 = xmalloc(n * 4);
-        float *xf = xmalloc(n * 4);
+        void *x = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4), *y1 = zpp_test_malloc(n * 4);
+        float *xf = zpp_test_malloc(n * 4);
         fill(&rng, D_CAUCHY, dt, n, sp.block, x, xf);
-        uint8_t *a = xmalloc(n_chunks * qb), *b = xmalloc(n_chunks * qb);
+        uint8_t *a = zpp_test_malloc(n_chunks * qb), *b = zpp_test_malloc(n_chunks * qb);
         EXPECT_OK(zpp_device_quantize_chunks(host, x, dt, n_chunks, chunk_len, &sp, a));
         /* stochastic chunks use the index in the whole input: equal to the
          * reorder with one node, and chunk 0 to a plain quantize */
@@ -974,11 +968,11 @@ static void test_exec_host_equals_direct(void) {
 static void test_default_block_accuracy(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(13));
     const size_t n = (size_t)1 << 20;
-    float *x = xmalloc(n * 4), *xf = xmalloc(n * 4), *y = xmalloc(n * 4);
+    float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
     fill(&rng, D_NORMAL, ZPP_FP32, n, 256, x, xf);
     for (size_t bi = 0; bi < 2; bi++) {
         zpp_quant_spec sp = zpp_quant_spec_default(all_bits[bi]);
-        uint8_t *q = xmalloc(zpp_quant_bytes(n, &sp));
+        uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
         EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
         double num = 0, den = 0;

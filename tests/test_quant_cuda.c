@@ -57,12 +57,6 @@ static void dev_close(void) {
     dev = NULL;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu bytes)", n);
-    return p;
-}
-
 /* A device buffer with a guard zone after `bytes`; `off` shifts the user
  * pointer to test misaligned inputs/outputs. */
 typedef struct dbuf {
@@ -102,7 +96,7 @@ static void dbuf_put(const dbuf *b, const void *h) {
 static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
     EXPECT_OK(zpp_device_sync(dev, NULL));
     size_t all = b->off + b->bytes + GUARD;
-    unsigned char *tmp = xmalloc(all);
+    unsigned char *tmp = zpp_test_malloc(all);
     EXPECT_OK(zpp_device_copy(dev, tmp, b->base, all));
     for (size_t i = 0; i < b->off; i++)
         EXPECT(tmp[i] == POISON, "%s: byte %zu before the buffer was written (0x%02x)", ctx,
@@ -178,9 +172,9 @@ static void to_dtype(const float *x, size_t n, zpp_dtype dtype, void *h) {
 }
 
 static void *random_input(size_t n, size_t block, zpp_dtype dtype, zpp_rng *r) {
-    float *x = xmalloc(n * sizeof *x);
+    float *x = zpp_test_malloc(n * sizeof *x);
     fill_values(x, n, block, dtype, r);
-    void *h = xmalloc(n * zpp_dtype_size(dtype));
+    void *h = zpp_test_malloc(n * zpp_dtype_size(dtype));
     to_dtype(x, n, dtype, h);
     free(x);
     return h;
@@ -267,7 +261,7 @@ static void check_quantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
     const size_t n = n_chunks * chunk_len, es = zpp_dtype_size(d);
     const size_t qb = zpp_quant_bytes(chunk_len, s) * n_chunks;
     void *x = random_input(n, s->block, d, r);
-    unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+    unsigned char *cpu = zpp_test_malloc(qb), *gpu = zpp_test_malloc(qb);
     EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, d, n_chunks, chunk_len, s, cpu));
     dbuf dx = dbuf_make(n * es, misalign ? es : 0), dq = dbuf_make(qb, 0);
     dbuf_put(&dx, x);
@@ -367,7 +361,7 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
                              const zpp_quant_spec *s, int garbage, int misalign, zpp_rng *r) {
     const size_t n = n_chunks * chunk_len, es = zpp_dtype_size(d);
     const size_t qbc = zpp_quant_bytes(chunk_len, s), qb = qbc * n_chunks;
-    unsigned char *q = xmalloc(qb);
+    unsigned char *q = zpp_test_malloc(qb);
     if (garbage) {
         for (size_t i = 0; i < qb; i++) q[i] = (unsigned char)zpp_rng_u64(r);
         const size_t so = zpp_quant_scales_offset(chunk_len, s->bits);
@@ -382,7 +376,7 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
         EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, d, n_chunks, chunk_len, s, q));
         free(x);
     }
-    void *cpu = xmalloc(n * es), *gpu = xmalloc(n * es);
+    void *cpu = zpp_test_malloc(n * es), *gpu = zpp_test_malloc(n * es);
     EXPECT_OK(zpp_quant_cpu_dequantize_chunks(q, n_chunks, chunk_len, s, d, cpu));
     dbuf dq = dbuf_make(qb, 0), dy = dbuf_make(n * es, misalign ? es : 0);
     dbuf_put(&dq, q);
@@ -395,7 +389,7 @@ static void check_dequantize(zpp_dtype d, size_t n_chunks, size_t chunk_len,
     dbuf_get(&dy, gpu, ctx);
     expect_same_values(gpu, cpu, n, d, ctx);
     /* the input must be untouched */
-    unsigned char *q2 = xmalloc(qb);
+    unsigned char *q2 = zpp_test_malloc(qb);
     dbuf_get(&dq, q2, ctx);
     EXPECT(memcmp(q, q2, qb) == 0, "%s: the kernel wrote into its input", ctx);
     dbuf_free(&dq);
@@ -449,9 +443,9 @@ static void test_dequantize_accumulate(void) {
                     zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], 0, &r);
                     const size_t qb = zpp_quant_bytes(n, &s);
                     void *x = random_input(n, s.block, ZPP_FP32, &r);
-                    unsigned char *q = xmalloc(qb);
+                    unsigned char *q = zpp_test_malloc(qb);
                     EXPECT_OK(zpp_quant_cpu_quantize_chunks(x, ZPP_FP32, 1, n, &s, q));
-                    float *acc = xmalloc(n * 4), *gpu = xmalloc(n * 4);
+                    float *acc = zpp_test_malloc(n * 4), *gpu = zpp_test_malloc(n * 4);
                     for (size_t i = 0; i < n; i++) acc[i] = (float)zpp_rng_normal(&r);
                     dbuf dq = dbuf_make(qb, 0), da = dbuf_make(n * 4, mis ? 4 : 0);
                     dbuf_put(&dq, q);
@@ -488,7 +482,7 @@ static void test_reorder_quantize(void) {
                                                      (int)((li + b) & 1), &r);
                         const size_t qb = zpp_quant_bytes(cl, &s) * nc;
                         void *x = random_input(nc * cl, s.block, d, &r);
-                        unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+                        unsigned char *cpu = zpp_test_malloc(qb), *gpu = zpp_test_malloc(qb);
                         EXPECT_OK(zpp_quant_reorder_quantize(x, d, cl, nodes, local, &s, cpu));
                         dbuf dx = dbuf_make(nc * cl * zpp_dtype_size(d), 0),
                              dq = dbuf_make(qb, 0);
@@ -533,9 +527,9 @@ static void test_reorder_quantize(void) {
 static unsigned char *make_qinputs(int k, size_t n_chunks, size_t cl, const zpp_quant_spec *s,
                                    int with_nan, zpp_rng *r) {
     const size_t per = zpp_quant_bytes(cl, s) * n_chunks;
-    unsigned char *q = xmalloc(per * (size_t)k);
+    unsigned char *q = zpp_test_malloc(per * (size_t)k);
     for (int j = 0; j < k; j++) {
-        float *x = xmalloc(n_chunks * cl * 4);
+        float *x = zpp_test_malloc(n_chunks * cl * 4);
         fill_values(x, n_chunks * cl, s->block, ZPP_FP32, r);
         if (with_nan && j == k - 1) x[(n_chunks * cl) / 2] = NAN;
         zpp_status st = zpp_quant_cpu_quantize_chunks(x, ZPP_FP32, n_chunks, cl, s,
@@ -552,7 +546,7 @@ static void check_dsr(int k, size_t nc, size_t cl, const zpp_quant_spec *is,
     const size_t inb = zpp_quant_bytes(cl, is) * nc * (size_t)k;
     const size_t outb = zpp_quant_bytes(cl, os) * nc;
     unsigned char *in = make_qinputs(k, nc, cl, is, with_nan, r);
-    unsigned char *cpu = xmalloc(outb), *gpu = xmalloc(outb);
+    unsigned char *cpu = zpp_test_malloc(outb), *gpu = zpp_test_malloc(outb);
     /* half the time the chunks are slabs [first, first + cl) of longer ones,
      * which moves them in the stochastic stream */
     size_t first = 0, whole = cl;
@@ -622,7 +616,7 @@ static void test_dequant_reduce(void) {
                     zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci) % 5], 0, &r);
                     const float scale = mis ? 1.0f : 1.0f / (float)(nc * 3);
                     unsigned char *q = make_qinputs(1, nc, cl, &s, 0, &r);
-                    float *cpu = xmalloc(cl * 4), *gpu = xmalloc(cl * 4);
+                    float *cpu = zpp_test_malloc(cl * 4), *gpu = zpp_test_malloc(cl * 4);
                     EXPECT_OK(zpp_quant_cpu_dequant_reduce(q, nc, cl, &s, scale, cpu));
                     dbuf dq = dbuf_make(zpp_quant_bytes(cl, &s) * nc, 0),
                          dy = dbuf_make(cl * 4, mis ? 4 : 0);
@@ -655,12 +649,12 @@ static void test_convert(void) {
                     const size_t n = ns[ni];
                     const int mis = (int)((ni + si) % 3 == 2);
                     const int inplace = di == dO && si == 1;
-                    float *v = xmalloc(n * 4);
+                    float *v = zpp_test_malloc(n * 4);
                     fill_values(v, n, 64, di == ZPP_FP16 || dO == ZPP_FP16 ? ZPP_FP16 : di, &r);
                     if (n > 8) v[n / 3] = NAN, v[n / 2] = INFINITY, v[n - 1] = -0.0f;
-                    void *x = xmalloc(n * zpp_dtype_size(di));
+                    void *x = zpp_test_malloc(n * zpp_dtype_size(di));
                     to_dtype(v, n, di, x);
-                    void *cpu = xmalloc(n * zpp_dtype_size(dO)), *gpu = xmalloc(n * zpp_dtype_size(dO));
+                    void *cpu = zpp_test_malloc(n * zpp_dtype_size(dO)), *gpu = zpp_test_malloc(n * zpp_dtype_size(dO));
                     EXPECT_OK(zpp_quant_cpu_convert(x, di, cpu, dO, n, scales[si]));
                     dbuf dx = dbuf_make(n * zpp_dtype_size(di), mis ? zpp_dtype_size(di) : 0);
                     dbuf dy = inplace ? dx : dbuf_make(n * zpp_dtype_size(dO), 0);
@@ -695,15 +689,15 @@ static void test_nonfinite(void) {
                 zpp_quant_spec s = spec_make(all_bits[ki], bi == 2 ? 4096 : 256, (int)(bi & 1),
                                              &r);
                 const size_t n = 5 * s.block + 3, es = zpp_dtype_size(d);
-                float *v = xmalloc(n * 4);
+                float *v = zpp_test_malloc(n * 4);
                 fill_values(v, n, s.block, d, &r);
                 const size_t at = s.block + (size_t)(zpp_rng_u64(&r) % s.block);
                 v[at] = bad[bi];
                 v[n - 1] = bad[(bi + 1) % 3]; /* the ragged last block too */
-                void *x = xmalloc(n * es);
+                void *x = zpp_test_malloc(n * es);
                 to_dtype(v, n, d, x);
                 const size_t qb = zpp_quant_bytes(n, &s);
-                unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+                unsigned char *cpu = zpp_test_malloc(qb), *gpu = zpp_test_malloc(qb);
                 EXPECT_STATUS(zpp_quantize(x, d, n, &s, cpu), ZPP_ERR_NONFINITE);
                 dbuf dx = dbuf_make(n * es, 0), dq = dbuf_make(qb, 0);
                 dbuf_put(&dx, x);
@@ -720,7 +714,7 @@ static void test_nonfinite(void) {
                 memcpy(&sb, gpu + zpp_quant_scales_offset(n, s.bits) + 4 * (at / s.block), 4);
                 EXPECT(sb == 0x7fc00000u, "%s: scale bits 0x%08x", ctx, sb);
                 /* dequantize on the GPU: that block is all NaN, the next is not */
-                void *y = xmalloc(n * es);
+                void *y = zpp_test_malloc(n * es);
                 dbuf dy = dbuf_make(n * es, 0);
                 dbuf_poison(&dy);
                 EXPECT_OK(zpp_cuda_dequantize_chunks(dq.p, 1, n, &s, d, dy.p, dev->stream));
@@ -771,7 +765,7 @@ static void test_invalid_arguments(void) {
     dbuf_poison(&dq);
     EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 0, 100, &s, dq.p, NULL, dev->stream));
     EXPECT_OK(zpp_cuda_quantize_chunks(dx.p, ZPP_BF16, 3, 0, &s, dq.p, NULL, dev->stream));
-    unsigned char *h = xmalloc(dq.bytes);
+    unsigned char *h = zpp_test_malloc(dq.bytes);
     dbuf_get(&dq, h, "empty quantize");
     for (size_t i = 0; i < dq.bytes; i++) EXPECT(h[i] == POISON, "byte %zu written", i);
     free(h);
@@ -794,7 +788,7 @@ static void test_streams(void) {
     zpp_quant_spec s = spec_make(4, 128, 1, &r);
     void *x = random_input(n, s.block, ZPP_BF16, &r);
     const size_t qb = zpp_quant_bytes(n, &s);
-    unsigned char *cpu = xmalloc(qb), *gpu = xmalloc(qb);
+    unsigned char *cpu = zpp_test_malloc(qb), *gpu = zpp_test_malloc(qb);
     EXPECT_OK(zpp_quantize(x, ZPP_BF16, n, &s, cpu));
     dbuf dx = dbuf_make(n * 2, 0), dq = dbuf_make(qb, 0);
     dbuf_put(&dx, x);

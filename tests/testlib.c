@@ -40,6 +40,12 @@ const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
     return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
+void *zpp_test_malloc(size_t n) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu bytes)", n);
+    return p;
+}
+
 void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
     va_list ap;
     fflush(stdout); /* the case's progress lines, before _exit drops them */

@@ -86,4 +86,7 @@ double zpp_rng_normal(zpp_rng *r);    /* N(0, 1) */
 /* Path of a file in ../shared/data, or NULL if the folder is not there. */
 const char *zpp_test_shared_data(const char *name, char *buf, size_t cap);
 
+/* n bytes of zeroed host memory (at least 1), or the case fails saying so. */
+void *zpp_test_malloc(size_t n);
+
 #endif
