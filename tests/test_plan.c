@@ -180,6 +180,122 @@ static void test_invalid(void) {
     EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
 }
 
+/* hpZ's partition size: 0 is the node (byte for byte); a smaller group H
+ * keeps W / H shards per rank (2 P / H bytes, up to padding), and its
+ * backward gathers stay inside the node. A size not dividing the node is
+ * refused. */
+static void test_hpz_partition(void) {
+    zpp_cost_in in = small_in();
+    zpp_cost_out node = cost(&in, 2);
+    in.hpz_size = in.node_size;
+    zpp_cost_out same = cost(&in, 2);
+    EXPECT(memcmp(&node, &same, sizeof node) == 0, "hpz_size = node size differs from 0");
+    double prev = node.mem_secondary;
+    for (int H = 4; H >= 2; H /= 2) {
+        in.hpz_size = H;
+        zpp_cost_out o = cost(&in, 2);
+        EXPECT(fabs(o.mem_secondary - 2 * in.params / H) <= 2.0 * in.units * in.world,
+               "hpZ %d: secondary %.0f vs 2P/H %.0f", H, o.mem_secondary, 2 * in.params / H);
+        EXPECT(o.mem_secondary > prev, "hpZ %d keeps no more than a larger group", H);
+        EXPECT(o.cross_node_bytes == node.cross_node_bytes, "hpZ %d: cross-node bytes moved", H);
+        prev = o.mem_secondary;
+    }
+    zpp_cost_out o;
+    in.hpz_size = 3;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(2), &o), ZPP_ERR_INVALID);
+    EXPECT_OK(zpp_cost_step(&in, zpp_coll_mode_get(0), &o)); /* no hpZ: ignored */
+}
+
+/* ---- zpp_cost_pick against a brute-force loop ----------------------------
+ * Every (micro-batch 1..2^16, mode, hpZ divisor) is priced here
+ * independently of the pick's own loop and its early stop; the pick must
+ * fit, be one of them, and have at least the tokens/s of every one that
+ * fits. */
+static void check_pick(const zpp_cost_in *in, double budget, int max_b) {
+    zpp_cost_pick_result r;
+    EXPECT_OK(zpp_cost_pick(in, budget, max_b, &r));
+    const int gpt = in->n_layer > 0, S = in->node_size;
+    EXPECT(r.best.out.mem_bytes_per_rank <= budget, "pick over budget: %.0f > %.0f",
+           r.best.out.mem_bytes_per_rank, budget);
+    int found = 0, fitting = 0;
+    for (int b = gpt ? 1 : 0; b <= (gpt ? (max_b > 0 ? max_b : 65536) : 0); b = b ? 2 * b : 1) {
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_coll_mode *md = zpp_coll_mode_get(m);
+            for (int H = 0; H <= S; H++) {
+                if (md->hpz ? (H < 2 || S % H) : H != 0) continue;
+                zpp_cost_in c = *in;
+                c.hpz_size = H;
+                if (gpt) c.tokens_per_gpu = (double)b * in->seq_len;
+                zpp_cost_out o = cost(&c, m);
+                if (o.mem_bytes_per_rank > budget) continue;
+                fitting++;
+                EXPECT(o.tokens_per_s <= r.best.out.tokens_per_s,
+                       "%s hpZ %d mb %d: %.0f tokens/s beats the pick's %.0f", md->name, H, b,
+                       o.tokens_per_s, r.best.out.tokens_per_s);
+                if (m == r.best.mode && H == r.best.hpz_size && b == r.best.micro_batch) {
+                    found = 1;
+                    EXPECT(o.tokens_per_s == r.best.out.tokens_per_s, "pick's cost is not its own");
+                }
+                if (m == 0)
+                    EXPECT(r.has_zero3 && o.tokens_per_s <= r.zero3.out.tokens_per_s,
+                           "zero3 mb %d beats the pick's zero3", b);
+            }
+        }
+        if (!gpt) break;
+    }
+    EXPECT(found, "the pick (%s hpZ %d mb %d) is not a fitting candidate",
+           zpp_coll_mode_get(r.best.mode)->name, r.best.hpz_size, r.best.micro_batch);
+    EXPECT(fitting == r.fitting, "%d candidates fit, the pick counted %d", fitting, r.fitting);
+    if (r.has_runner_up)
+        EXPECT(r.runner_up.mode != r.best.mode && r.runner_up.out.mem_bytes_per_rank <= budget &&
+                   r.runner_up.out.tokens_per_s <= r.best.out.tokens_per_s,
+               "runner-up");
+    if (S < 2) EXPECT(!zpp_coll_mode_get(r.best.mode)->hpz, "hpZ picked with one rank per node");
+    if (gpt)
+        EXPECT(r.next_micro_batch == 2 * r.best.micro_batch &&
+                   r.next_fits == (r.next_mem_bytes <= budget),
+               "next micro-batch %d: %.0f bytes, fits %d", r.next_micro_batch, r.next_mem_bytes,
+               r.next_fits);
+}
+
+static void test_pick_brute_force(void) {
+    const double GiB = 1073741824.0;
+    const double budgets[] = {1.5 * GiB, 4 * GiB, 16 * GiB, 80 * GiB};
+    const double inter[] = {1e9, 12.5e9, 1e11};
+    const int shapes[][2] = {{32, 8}, {32, 1}, {16, 16}, {24, 6}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t i = 0; i < sizeof inter / sizeof inter[0]; i++)
+            for (size_t k = 0; k < sizeof budgets / sizeof budgets[0]; k++) {
+                zpp_cost_in in = small_in();
+                in.world = shapes[s][0];
+                in.node_size = shapes[s][1];
+                in.inter_bps = inter[i];
+                check_pick(&in, budgets[k], 0);
+                check_pick(&in, budgets[k], 6); /* a cap that is not a power of two */
+                in.n_layer = 0; /* params only: tokens fixed, the modes and H vary */
+                check_pick(&in, budgets[k], 0);
+            }
+    /* The budget binds: at 4 GiB the winner's next micro-batch does not fit. */
+    zpp_cost_in in = small_in();
+    zpp_cost_pick_result r;
+    EXPECT_OK(zpp_cost_pick(&in, 4 * GiB, 0, &r));
+    EXPECT(!r.next_fits && r.next_mem_bytes > 4 * GiB && r.best.micro_batch >= 2,
+           "4 GiB: micro-batch %d, next %.1f GiB", r.best.micro_batch, r.next_mem_bytes / GiB);
+}
+
+/* Nothing fits: a clear error (ZPP_ERR_CONFIG) naming the smallest setting,
+ * and no result. */
+static void test_pick_nothing_fits(void) {
+    zpp_cost_in in = small_in();
+    zpp_cost_pick_result r;
+    EXPECT_STATUS(zpp_cost_pick(&in, 1e6, 0, &r), ZPP_ERR_CONFIG);
+    EXPECT(strstr(zpp_last_error(), "nothing fits") && strstr(zpp_last_error(), "micro-batch 1"),
+           "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_cost_pick(&in, 0, 0, &r), ZPP_ERR_INVALID);
+    in.node_size = 5; /* an impossible input is zpp_cost_step's error */
+    EXPECT_STATUS(zpp_cost_pick(&in, 1e12, 0, &r), ZPP_ERR_INVALID);
+}
+
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
  * 384 V100 = 24 nodes of 16, fp16. The assumptions, once, for every point:
  * V100 125 TFLOP/s fp16 tensor peak x 0.4 = 50 TFLOP/s achieved; NVLink
@@ -255,4 +371,5 @@ static void test_published_zeropp(void) {
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
-          ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_hpz_partition), ZPP_TEST(test_pick_brute_force),
+          ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_published_zeropp))
