@@ -4,9 +4,12 @@
  * its ZeRO++/ZeRO-3 ratios against the published 384-V100 figures (the
  * points it meets are asserted; the ones it misses are printed and their
  * direction asserted, see DESIGN.md §11 for why). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan/cost.h"
 #include "testlib.h"
@@ -296,6 +299,111 @@ static void test_pick_nothing_fits(void) {
     EXPECT_STATUS(zpp_cost_pick(&in, 1e12, 0, &r), ZPP_ERR_INVALID);
 }
 
+/* ---- zpp_cost_calibrate ---------------------------------------------------
+ * A file written the way `zeropp bench comm --json` writes it, with times
+ * made from known rates by the model's formula: the rates come back. */
+static void write_file(char *path, const char *text) {
+    snprintf(path, 64, "/tmp/zpp_test_cal_XXXXXX");
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0) return;
+    size_t n = strlen(text);
+    EXPECT(write(fd, text, n) == (ssize_t)n, "write");
+    close(fd);
+}
+
+/* One bench comm line of `mode` on W ranks in nodes of S, U units of 2^22
+ * parameters in all, its gather times from the rates (bytes/s) and latency. */
+static int bench_line(char *buf, size_t cap, const char *mode, int W, int S, int U,
+                      double inter, double intra, double lat) {
+    const zpp_coll_mode *md;
+    EXPECT_OK(zpp_coll_mode_parse(mode, &md));
+    zpp_volume v;
+    zpp_coll_opts co = zpp_coll_opts_default();
+    EXPECT_OK(zpp_plan_step(1u << 22, U, W, S, md, ZPP_BF16, &co, &v));
+    double c[2], in[2], ms[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = v.cross_node_bytes[k];
+        in[k] = v.intra_node_bytes[k];
+        double steps = (k == 1 && md->hpz) ? S - 1 : W - 1;
+        ms[k] = 1e3 * (U * steps * lat + fmax(c[k] / inter, in[k] / S / intra));
+    }
+    return snprintf(buf, cap,
+                    "{\"bench\":\"comm\",\"mode\":\"%s\",\"backend\":\"mpi\",\"world\":%d,"
+                    "\"node_size\":%d,\"units\":%d,\"fwd_gather_cross_bytes\":%.17g,"
+                    "\"fwd_gather_intra_bytes\":%.17g,\"fwd_gather_ms\":%.17g,"
+                    "\"bwd_gather_cross_bytes\":%.17g,\"bwd_gather_intra_bytes\":%.17g,"
+                    "\"bwd_gather_ms\":%.17g,\"grad_reduce_ms\":1}\n",
+                    mode, W, S, U, c[0], in[0], ms[0], c[1], in[1], ms[1]);
+}
+
+static void test_calibrate_recovers_rates(void) {
+    const char *modes[] = {"zero3", "qwz", "hpz", "qgz", "zeropp"};
+    /* {inter, intra}: cross-node bound; then intra-node bound (a lower bound). */
+    const double rates[2][2] = {{1.25e9, 20e9}, {50e9, 1e9}};
+    for (int r = 0; r < 2; r++) {
+        char text[8192], path[64];
+        size_t n = 0;
+        for (int m = 0; m < 5; m++)
+            n += (size_t)bench_line(text + n, sizeof text - n, modes[m], 16, 4, 8, rates[r][0],
+                                    rates[r][1], 5e-6);
+        write_file(path, text);
+        zpp_cost_calib c;
+        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, &c));
+        unlink(path);
+        EXPECT(c.lines == 5 && c.intra_lines == 2 && c.inter_lines == 1, "lines %d %d %d",
+               c.lines, c.intra_lines, c.inter_lines);
+        EXPECT(fabs(c.intra_bps / rates[r][1] - 1) < 1e-9, "intra %.6g vs %.6g", c.intra_bps,
+               rates[r][1]);
+        if (r == 0)
+            EXPECT(fabs(c.inter_bps / rates[r][0] - 1) < 1e-9 && !c.inter_lower_bound,
+                   "inter %.6g vs %.6g", c.inter_bps, rates[r][0]);
+        else /* intra-bound: the cross rate is only known to be at least this */
+            EXPECT(c.inter_lower_bound && c.inter_bps <= rates[r][0] * (1 + 1e-9),
+                   "inter %.6g should be a lower bound of %.6g", c.inter_bps, rates[r][0]);
+    }
+}
+
+/* Malformed input: ZPP_ERR_FORMAT naming the file's line; a file with no
+ * line that isolates a link; a latency longer than the measured time. */
+static void test_calibrate_malformed(void) {
+    char good[2048], text[4096], path[64];
+    bench_line(good, sizeof good, "zero3", 16, 4, 8, 1e9, 1e10, 5e-6);
+    const struct {
+        const char *tail; /* appended after two good lines and a blank one */
+        const char *want;
+    } cases[] = {
+        {"mpirun: noise\n", "line 4: not a JSON object"},
+        {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16}\n", "line 4: no number \"node_size\""},
+        {"{\"bench\":\"quant\",\"mode\":\"zero3\"}\n", "line 4: not a `zeropp bench comm"},
+        {"{\"bench\":\"comm\",\"mode\":\"hpz\",\"world\":16,\"node_size\":4,\"units\":8,"
+         "\"bwd_gather_cross_bytes\":0,\"bwd_gather_intra_bytes\":\"many\"}\n",
+         "line 4: no number \"bwd_gather_intra_bytes\""},
+        {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16,\"node_size\":5,\"units\":8}\n",
+         "line 4: world 16, node_size 5"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "%s%s\n%s", good, good, cases[i].tail);
+        write_file(path, text);
+        zpp_cost_calib c;
+        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+        EXPECT(strstr(zpp_last_error(), path) && strstr(zpp_last_error(), cases[i].want),
+               "case %zu: message '%s' lacks '%s'", i, zpp_last_error(), cases[i].want);
+        unlink(path);
+    }
+    zpp_cost_calib c;
+    bench_line(text, sizeof text, "qwz", 16, 4, 8, 1e9, 1e10, 5e-6); /* no isolating line */
+    write_file(path, text);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+    EXPECT(strstr(zpp_last_error(), "none to derive"), "%s", zpp_last_error());
+    unlink(path);
+    write_file(path, good);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, &c), ZPP_ERR_FORMAT); /* 1 s per step */
+    EXPECT(strstr(zpp_last_error(), "lower the latency"), "%s", zpp_last_error());
+    unlink(path);
+    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, &c), ZPP_ERR_IO);
+}
+
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
  * 384 V100 = 24 nodes of 16, fp16. The assumptions, once, for every point:
  * V100 125 TFLOP/s fp16 tensor peak x 0.4 = 50 TFLOP/s achieved; NVLink
@@ -372,4 +480,5 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
           ZPP_TEST(test_hpz_partition), ZPP_TEST(test_pick_brute_force),
-          ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_calibrate_recovers_rates),
+          ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_published_zeropp))

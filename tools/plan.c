@@ -25,6 +25,7 @@ static void plan_usage(FILE *f) {
             "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
+            "                   [--calibrate FILE]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
             "parameters cut into U equal units (default 8; L+1 with --model), on W ranks in\n"
@@ -51,7 +52,11 @@ static void plan_usage(FILE *f) {
             "modes, hpZ partition sizes dividing the node size, and, with --model, micro-batches\n"
             "1, 2, 4, ... (capped by --micro-batch when given), by tokens/s. It prints the\n"
             "winner with the reason, or with --json one object with the choice, the runner-up\n"
-            "(the fastest other mode) and ZeRO-3's best. Needs --model or --tokens-per-gpu.\n");
+            "(the fastest other mode) and ZeRO-3's best. Needs --model or --tokens-per-gpu.\n"
+            "\n"
+            "--calibrate FILE takes the cross-node and intra-node rates from `zeropp bench\n"
+            "comm --json` lines (ZeRO-3's gathers and hpZ's backward gathers, the time after\n"
+            "--latency-us is taken off) instead of --inter-gbps / --intra-gbps x --link-eff.\n");
 }
 
 /* GPU presets: datasheet dense fp16/bf16 tensor-core peak (TFLOP/s, no
@@ -200,7 +205,8 @@ int zpp_cli_plan(int argc, char **argv) {
         pick = 0;
     zpp_dtype dtype = ZPP_BF16;
     const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
-               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL;
+               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
+               *cal_s = NULL;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -220,6 +226,7 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--qgz-overlap", ZPP_CLI_FLAG, &qgz_overlap, 0, 0},
         {"--pick", ZPP_CLI_FLAG, &pick, 0, 0},
         {"--mem-gb", ZPP_CLI_STR, &mem_s, 0, 0},
+        {"--calibrate", ZPP_CLI_STR, &cal_s, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -320,6 +327,40 @@ int zpp_cli_plan(int argc, char **argv) {
     ci.tokens_per_gpu = tokens;
     ci.inter_bps = inter * 1e9 / 8 * eff;
     ci.intra_bps = intra * 1e9 / 8 * eff;
+    zpp_cost_calib cal;
+    memset(&cal, 0, sizeof cal);
+    if (cal_s) { /* measured rates replace the line rates (already achieved: no --link-eff) */
+        if (zpp_cost_calibrate(cal_s, lat * 1e-6, &cal) != ZPP_OK) {
+            fprintf(stderr, "zeropp plan: %s\n", zpp_last_error());
+            return 2;
+        }
+        if ((cal.inter_bps > 0 && inter_s) || (cal.intra_bps > 0 && intra_s)) {
+            fprintf(stderr, "zeropp plan: --calibrate measured the %s bandwidth that --%s-gbps "
+                            "also sets; drop one\n",
+                    cal.inter_bps > 0 && inter_s ? "cross-node" : "intra-node",
+                    cal.inter_bps > 0 && inter_s ? "inter" : "intra");
+            return 2;
+        }
+        if (cal.inter_bps > 0) ci.inter_bps = cal.inter_bps;
+        if (cal.intra_bps > 0) ci.intra_bps = cal.intra_bps;
+        if (!json) {
+            char x[96], y[96];
+            if (cal.inter_bps > 0)
+                snprintf(x, sizeof x, "%.2f Gb/s per node from ZeRO-3's gathers%s",
+                         cal.inter_bps * 8 / 1e9,
+                         cal.inter_lower_bound ? " (a lower bound: intra-node bound)" : "");
+            else
+                snprintf(x, sizeof x, "not measured (--inter-gbps)");
+            if (cal.intra_bps > 0)
+                snprintf(y, sizeof y, "%.2f Gb/s per GPU from hpZ's backward gathers",
+                         cal.intra_bps * 8 / 1e9);
+            else
+                snprintf(y, sizeof y, "not measured (--intra-gbps)");
+            printf("calibrated from %s (%d lines): cross-node %s; intra-node %s; latency "
+                   "%.1f us from --latency-us (one message size cannot separate it)\n",
+                   cal_s, cal.lines, x, y, lat);
+        }
+    }
     ci.latency_s = lat * 1e-6;
     ci.flops_per_s = tflops * 1e12;
     ci.qgz_inter_exposed = !qgz_overlap;
@@ -375,6 +416,8 @@ int zpp_cli_plan(int argc, char **argv) {
             if (timed) {
                 const zpp_cost_out *c = &co[m];
                 cJSON_AddNumberToObject(o, "tokens_per_gpu", tokens);
+                cJSON_AddNumberToObject(o, "inter_bps", ci.inter_bps);
+                cJSON_AddNumberToObject(o, "intra_bps", ci.intra_bps);
                 cJSON_AddNumberToObject(o, "step_s", c->step_s);
                 cJSON_AddNumberToObject(o, "fwd_s", c->fwd_s);
                 cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
@@ -420,11 +463,19 @@ int zpp_cli_plan(int argc, char **argv) {
                zpp_cli_bytes(zpp_volume_intra_total(&v[m]), b[7], 32));
     }
     if (timed) {
+        char links[160];
+        if (cal_s) /* achieved rates, whichever the file measured */
+            snprintf(links, sizeof links,
+                     "cross-node %.2f Gb/s per node, intra-node %.2f Gb/s per GPU (achieved)",
+                     ci.inter_bps * 8 / 1e9, ci.intra_bps * 8 / 1e9);
+        else
+            snprintf(links, sizeof links,
+                     "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
+                     "efficiency)",
+                     inter, intra, eff);
         printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.1f TFLOP/s "
-               "achieved per GPU, cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU "
-               "(x %.2f link efficiency), latency %.1f us per step; qgZ cross-node step %s\n",
-               tokens, tflops, inter, intra, eff, lat,
-               qgz_overlap ? "pipelined" : "exposed (as run today)");
+               "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
+               tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
         printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute",
                "exposed", "tokens/s", "TFLOP/s", "speedup", "mem/rank");
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {

@@ -10,10 +10,15 @@
  * Two collectives in flight together (a gather and a reduction in the
  * backward, on their two streams) share the links: their bytes add on each
  * link, and the pair takes lat + max(sum cross / inter, sum intra / intra). */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "plan/cost.h"
 
 /* A collective's time split by link: the two byte terms and the latency. */
@@ -384,5 +389,147 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
         r.next_fits = o.mem_bytes_per_rank <= mem_budget;
     }
     *out_p = r;
+    return ZPP_OK;
+}
+
+/* ---- zpp_cost_calibrate -------------------------------------------------- */
+
+/* Sums over the lines: bytes and the time left after the latency. */
+typedef struct calib_acc {
+    double intra_bytes, intra_s;             /* hpZ backward gathers, per rank */
+    double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
+} calib_acc;
+
+static zpp_status calib_num(const cJSON *o, const char *key, const char *path, int line,
+                            double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: no number \"%s\" >= 0; give the lines "
+                         "`zeropp bench comm --json` prints",
+                         path, line, key);
+    *v = x->valuedouble;
+    return ZPP_OK;
+}
+
+/* One line's object into the sums. */
+static zpp_status calib_line(const cJSON *o, const char *path, int line, double lat,
+                             calib_acc *a, int *intra_used, int *inter_used) {
+    const cJSON *bench = cJSON_GetObjectItemCaseSensitive(o, "bench");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    if (!cJSON_IsString(bench) || strcmp(bench->valuestring, "comm") != 0 ||
+        !cJSON_IsString(mode))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
+                         "\"bench\": \"comm\" and \"mode\")",
+                         path, line);
+    double W = 0, S = 0, U = 0;
+    ZPP_CHECK(calib_num(o, "world", path, line, &W));
+    ZPP_CHECK(calib_num(o, "node_size", path, line, &S));
+    ZPP_CHECK(calib_num(o, "units", path, line, &U));
+    if (W < 1 || S < 1 || U < 1 || fmod(W, S) != 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: world %.0f, node_size %.0f, units %.0f: want "
+                         "positive counts, the node size dividing the world",
+                         path, line, W, S, U);
+    const char *m = mode->valuestring;
+    if (strcmp(m, "hpz") == 0 || strcmp(m, "zeropp") == 0) {
+        double cross = 0, intra = 0, ms = 0;
+        ZPP_CHECK(calib_num(o, "bwd_gather_cross_bytes", path, line, &cross));
+        ZPP_CHECK(calib_num(o, "bwd_gather_intra_bytes", path, line, &intra));
+        ZPP_CHECK(calib_num(o, "bwd_gather_ms", path, line, &ms));
+        if (cross == 0 && intra > 0) {
+            double t = ms * 1e-3 - U * (S - 1) * lat;
+            if (!(t > 0))
+                return zpp_error(ZPP_ERR_FORMAT,
+                                 "calibrate: %s line %d: bwd_gather_ms %g is no more than the "
+                                 "latency alone (%g steps); lower the latency",
+                                 path, line, ms, U * (S - 1));
+            a->intra_bytes += intra / S;
+            a->intra_s += t;
+            *intra_used = 1;
+        }
+    } else if (strcmp(m, "zero3") == 0) {
+        static const char *const phase[2] = {"fwd_gather", "bwd_gather"};
+        for (int k = 0; k < 2; k++) {
+            char key[3][40];
+            double cross = 0, intra = 0, ms = 0;
+            snprintf(key[0], sizeof key[0], "%s_cross_bytes", phase[k]);
+            snprintf(key[1], sizeof key[1], "%s_intra_bytes", phase[k]);
+            snprintf(key[2], sizeof key[2], "%s_ms", phase[k]);
+            ZPP_CHECK(calib_num(o, key[0], path, line, &cross));
+            ZPP_CHECK(calib_num(o, key[1], path, line, &intra));
+            ZPP_CHECK(calib_num(o, key[2], path, line, &ms));
+            if (cross == 0) continue; /* one node: nothing crossed */
+            double t = ms * 1e-3 - U * (W - 1) * lat;
+            if (!(t > 0))
+                return zpp_error(ZPP_ERR_FORMAT,
+                                 "calibrate: %s line %d: %s %g is no more than the latency "
+                                 "alone (%g steps); lower the latency",
+                                 path, line, key[2], ms, U * (W - 1));
+            a->cross_bytes += cross;
+            a->cross_s += t;
+            a->cross_intra += intra / S;
+            *inter_used = 1;
+        }
+    }
+    return ZPP_OK; /* qwz, qgz: nothing that isolates one link */
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p) {
+    if (!path || !out_p || !(latency_s >= 0))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    FILE *f;
+    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
+    zpp_cost_calib c;
+    calib_acc a;
+    memset(&c, 0, sizeof c);
+    memset(&a, 0, sizeof a);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int line = 0;
+    zpp_status st = ZPP_OK;
+    errno = 0;
+    while (st == ZPP_OK && (n = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        size_t i = 0;
+        while (i < (size_t)n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' ||
+                                 buf[i] == '\r'))
+            i++;
+        if (i == (size_t)n) continue; /* blank */
+        cJSON *o = cJSON_ParseWithLength(buf, (size_t)n);
+        if (!cJSON_IsObject(o)) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: not a JSON object; give the lines "
+                           "`zeropp bench comm --json` prints, one per line",
+                           path, line);
+        } else {
+            int iu = 0, xu = 0;
+            st = calib_line(o, path, line, latency_s, &a, &iu, &xu);
+            c.lines++;
+            c.intra_lines += iu;
+            c.inter_lines += xu;
+        }
+        cJSON_Delete(o);
+    }
+    if (st == ZPP_OK && ferror(f))
+        st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
+    free(buf);
+    fclose(f);
+    if (st != ZPP_OK) return st;
+    if (!c.intra_lines && !c.inter_lines)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s: %d lines, none to derive a rate from; it needs mode "
+                         "hpz or zeropp with node_size > 1 (intra-node) or zero3 with more "
+                         "than one node (cross-node)",
+                         path, c.lines);
+    if (c.intra_lines) c.intra_bps = a.intra_bytes / a.intra_s;
+    if (c.inter_lines) {
+        c.inter_bps = a.cross_bytes / a.cross_s;
+        /* Bound by the intra-node link when its term alone fills the time. */
+        if (c.intra_lines && a.cross_intra / c.intra_bps >= a.cross_s) c.inter_lower_bound = 1;
+    }
+    *out_p = c;
     return ZPP_OK;
 }

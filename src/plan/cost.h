@@ -130,4 +130,29 @@ typedef struct zpp_cost_pick_result {
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p);
 
+/* ---- Calibrating the links (`zeropp plan --calibrate FILE`) -------------
+ *
+ * From the JSON lines `zeropp bench comm --json` prints (one per mode), the
+ * rates that make the model's collective formula reproduce the measured
+ * times, phase by phase (a phase's time is the sum over its units' calls):
+ *   intra_bps: hpZ's backward gather (modes hpz, zeropp) moves only
+ *     intra-node bytes: intra / S / (t - U (S-1) latency);
+ *   inter_bps: ZeRO-3's forward and backward gathers:
+ *     cross / (t - U (W-1) latency). When that time is no more than the
+ *     intra-node term, the cross-node link was not the bottleneck and the
+ *     rate is only a lower bound (inter_lower_bound).
+ * Pooled over lines: total bytes / total time. Latency is the caller's
+ * (one message size per run cannot separate it from bandwidth). */
+typedef struct zpp_cost_calib {
+    double intra_bps, inter_bps; /* 0: no line to derive it from */
+    int inter_lower_bound;
+    int lines, intra_lines, inter_lines; /* JSON lines read, used for each */
+} zpp_cost_calib;
+
+/* ZPP_ERR_IO if the file cannot be read; ZPP_ERR_FORMAT naming the path and
+ * line for a line that is not such an object, a missing or non-numeric
+ * field, a time no longer than the latency alone, or a file with no line
+ * for either rate. out_p is set only on success. */
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p);
+
 #endif
