@@ -4,9 +4,12 @@
  * its ZeRO++/ZeRO-3 ratios against the published 384-V100 figures (the
  * points it meets are asserted; the ones it misses are printed and their
  * direction asserted, see DESIGN.md §11 for why). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan/cost.h"
 #include "testlib.h"
@@ -180,6 +183,227 @@ static void test_invalid(void) {
     EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
 }
 
+/* hpZ's partition size: 0 is the node (byte for byte); a smaller group H
+ * keeps W / H shards per rank (2 P / H bytes, up to padding), and its
+ * backward gathers stay inside the node. A size not dividing the node is
+ * refused. */
+static void test_hpz_partition(void) {
+    zpp_cost_in in = small_in();
+    zpp_cost_out node = cost(&in, 2);
+    in.hpz_size = in.node_size;
+    zpp_cost_out same = cost(&in, 2);
+    EXPECT(memcmp(&node, &same, sizeof node) == 0, "hpz_size = node size differs from 0");
+    double prev = node.mem_secondary;
+    for (int H = 4; H >= 2; H /= 2) {
+        in.hpz_size = H;
+        zpp_cost_out o = cost(&in, 2);
+        EXPECT(fabs(o.mem_secondary - 2 * in.params / H) <= 2.0 * in.units * in.world,
+               "hpZ %d: secondary %.0f vs 2P/H %.0f", H, o.mem_secondary, 2 * in.params / H);
+        EXPECT(o.mem_secondary > prev, "hpZ %d keeps no more than a larger group", H);
+        EXPECT(o.cross_node_bytes == node.cross_node_bytes, "hpZ %d: cross-node bytes moved", H);
+        prev = o.mem_secondary;
+    }
+    zpp_cost_out o;
+    in.hpz_size = 3;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(2), &o), ZPP_ERR_INVALID);
+    EXPECT_OK(zpp_cost_step(&in, zpp_coll_mode_get(0), &o)); /* no hpZ: ignored */
+}
+
+/* ---- zpp_cost_pick against a brute-force loop ----------------------------
+ * Every (micro-batch 1..2^16, mode, hpZ divisor) is priced here
+ * independently of the pick's own loop and its early stop; the pick must
+ * fit, be one of them, and have at least the tokens/s of every one that
+ * fits. */
+static void check_pick(const zpp_cost_in *in, double budget, int max_b) {
+    zpp_cost_pick_result r;
+    EXPECT_OK(zpp_cost_pick(in, budget, max_b, &r));
+    const int gpt = in->n_layer > 0, S = in->node_size;
+    EXPECT(r.best.out.mem_bytes_per_rank <= budget, "pick over budget: %.0f > %.0f",
+           r.best.out.mem_bytes_per_rank, budget);
+    int found = 0, fitting = 0;
+    for (int b = gpt ? 1 : 0; b <= (gpt ? (max_b > 0 ? max_b : 65536) : 0); b = b ? 2 * b : 1) {
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_coll_mode *md = zpp_coll_mode_get(m);
+            for (int H = 0; H <= S; H++) {
+                if (md->hpz ? (H < 2 || S % H) : H != 0) continue;
+                zpp_cost_in c = *in;
+                c.hpz_size = H;
+                if (gpt) c.tokens_per_gpu = (double)b * in->seq_len;
+                zpp_cost_out o = cost(&c, m);
+                if (o.mem_bytes_per_rank > budget) continue;
+                fitting++;
+                EXPECT(o.tokens_per_s <= r.best.out.tokens_per_s,
+                       "%s hpZ %d mb %d: %.0f tokens/s beats the pick's %.0f", md->name, H, b,
+                       o.tokens_per_s, r.best.out.tokens_per_s);
+                if (m == r.best.mode && H == r.best.hpz_size && b == r.best.micro_batch) {
+                    found = 1;
+                    EXPECT(o.tokens_per_s == r.best.out.tokens_per_s, "pick's cost is not its own");
+                }
+                if (m == 0)
+                    EXPECT(r.has_zero3 && o.tokens_per_s <= r.zero3.out.tokens_per_s,
+                           "zero3 mb %d beats the pick's zero3", b);
+            }
+        }
+        if (!gpt) break;
+    }
+    EXPECT(found, "the pick (%s hpZ %d mb %d) is not a fitting candidate",
+           zpp_coll_mode_get(r.best.mode)->name, r.best.hpz_size, r.best.micro_batch);
+    EXPECT(fitting == r.fitting, "%d candidates fit, the pick counted %d", fitting, r.fitting);
+    if (r.has_runner_up)
+        EXPECT(r.runner_up.mode != r.best.mode && r.runner_up.out.mem_bytes_per_rank <= budget &&
+                   r.runner_up.out.tokens_per_s <= r.best.out.tokens_per_s,
+               "runner-up");
+    if (S < 2) EXPECT(!zpp_coll_mode_get(r.best.mode)->hpz, "hpZ picked with one rank per node");
+    if (gpt)
+        EXPECT(r.next_micro_batch == 2 * r.best.micro_batch &&
+                   r.next_fits == (r.next_mem_bytes <= budget),
+               "next micro-batch %d: %.0f bytes, fits %d", r.next_micro_batch, r.next_mem_bytes,
+               r.next_fits);
+}
+
+static void test_pick_brute_force(void) {
+    const double GiB = 1073741824.0;
+    const double budgets[] = {1.5 * GiB, 4 * GiB, 16 * GiB, 80 * GiB};
+    const double inter[] = {1e9, 12.5e9, 1e11};
+    const int shapes[][2] = {{32, 8}, {32, 1}, {16, 16}, {24, 6}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t i = 0; i < sizeof inter / sizeof inter[0]; i++)
+            for (size_t k = 0; k < sizeof budgets / sizeof budgets[0]; k++) {
+                zpp_cost_in in = small_in();
+                in.world = shapes[s][0];
+                in.node_size = shapes[s][1];
+                in.inter_bps = inter[i];
+                check_pick(&in, budgets[k], 0);
+                check_pick(&in, budgets[k], 6); /* a cap that is not a power of two */
+                in.n_layer = 0; /* params only: tokens fixed, the modes and H vary */
+                check_pick(&in, budgets[k], 0);
+            }
+    /* The budget binds: at 4 GiB the winner's next micro-batch does not fit. */
+    zpp_cost_in in = small_in();
+    zpp_cost_pick_result r;
+    EXPECT_OK(zpp_cost_pick(&in, 4 * GiB, 0, &r));
+    EXPECT(!r.next_fits && r.next_mem_bytes > 4 * GiB && r.best.micro_batch >= 2,
+           "4 GiB: micro-batch %d, next %.1f GiB", r.best.micro_batch, r.next_mem_bytes / GiB);
+}
+
+/* Nothing fits: a clear error (ZPP_ERR_CONFIG) naming the smallest setting,
+ * and no result. */
+static void test_pick_nothing_fits(void) {
+    zpp_cost_in in = small_in();
+    zpp_cost_pick_result r;
+    EXPECT_STATUS(zpp_cost_pick(&in, 1e6, 0, &r), ZPP_ERR_CONFIG);
+    EXPECT(strstr(zpp_last_error(), "nothing fits") && strstr(zpp_last_error(), "micro-batch 1"),
+           "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_cost_pick(&in, 0, 0, &r), ZPP_ERR_INVALID);
+    in.node_size = 5; /* an impossible input is zpp_cost_step's error */
+    EXPECT_STATUS(zpp_cost_pick(&in, 1e12, 0, &r), ZPP_ERR_INVALID);
+}
+
+/* ---- zpp_cost_calibrate ---------------------------------------------------
+ * A file written the way `zeropp bench comm --json` writes it, with times
+ * made from known rates by the model's formula: the rates come back. */
+static void write_file(char *path, const char *text) {
+    snprintf(path, 64, "/tmp/zpp_test_cal_XXXXXX");
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0) return;
+    size_t n = strlen(text);
+    EXPECT(write(fd, text, n) == (ssize_t)n, "write");
+    close(fd);
+}
+
+/* One bench comm line of `mode` on W ranks in nodes of S, U units of 2^22
+ * parameters in all, its gather times from the rates (bytes/s) and latency. */
+static int bench_line(char *buf, size_t cap, const char *mode, int W, int S, int U,
+                      double inter, double intra, double lat) {
+    const zpp_coll_mode *md;
+    EXPECT_OK(zpp_coll_mode_parse(mode, &md));
+    zpp_volume v;
+    zpp_coll_opts co = zpp_coll_opts_default();
+    EXPECT_OK(zpp_plan_step(1u << 22, U, W, S, md, ZPP_BF16, &co, &v));
+    double c[2], in[2], ms[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = v.cross_node_bytes[k];
+        in[k] = v.intra_node_bytes[k];
+        double steps = (k == 1 && md->hpz) ? S - 1 : W - 1;
+        ms[k] = 1e3 * (U * steps * lat + fmax(c[k] / inter, in[k] / S / intra));
+    }
+    return snprintf(buf, cap,
+                    "{\"bench\":\"comm\",\"mode\":\"%s\",\"backend\":\"mpi\",\"world\":%d,"
+                    "\"node_size\":%d,\"units\":%d,\"fwd_gather_cross_bytes\":%.17g,"
+                    "\"fwd_gather_intra_bytes\":%.17g,\"fwd_gather_ms\":%.17g,"
+                    "\"bwd_gather_cross_bytes\":%.17g,\"bwd_gather_intra_bytes\":%.17g,"
+                    "\"bwd_gather_ms\":%.17g,\"grad_reduce_ms\":1}\n",
+                    mode, W, S, U, c[0], in[0], ms[0], c[1], in[1], ms[1]);
+}
+
+static void test_calibrate_recovers_rates(void) {
+    const char *modes[] = {"zero3", "qwz", "hpz", "qgz", "zeropp"};
+    /* {inter, intra}: cross-node bound; then intra-node bound (a lower bound). */
+    const double rates[2][2] = {{1.25e9, 20e9}, {50e9, 1e9}};
+    for (int r = 0; r < 2; r++) {
+        char text[8192], path[64];
+        size_t n = 0;
+        for (int m = 0; m < 5; m++)
+            n += (size_t)bench_line(text + n, sizeof text - n, modes[m], 16, 4, 8, rates[r][0],
+                                    rates[r][1], 5e-6);
+        write_file(path, text);
+        zpp_cost_calib c;
+        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, &c));
+        unlink(path);
+        EXPECT(c.lines == 5 && c.intra_lines == 2 && c.inter_lines == 1, "lines %d %d %d",
+               c.lines, c.intra_lines, c.inter_lines);
+        EXPECT(fabs(c.intra_bps / rates[r][1] - 1) < 1e-9, "intra %.6g vs %.6g", c.intra_bps,
+               rates[r][1]);
+        if (r == 0)
+            EXPECT(fabs(c.inter_bps / rates[r][0] - 1) < 1e-9 && !c.inter_lower_bound,
+                   "inter %.6g vs %.6g", c.inter_bps, rates[r][0]);
+        else /* intra-bound: the cross rate is only known to be at least this */
+            EXPECT(c.inter_lower_bound && c.inter_bps <= rates[r][0] * (1 + 1e-9),
+                   "inter %.6g should be a lower bound of %.6g", c.inter_bps, rates[r][0]);
+    }
+}
+
+/* Malformed input: ZPP_ERR_FORMAT naming the file's line; a file with no
+ * line that isolates a link; a latency longer than the measured time. */
+static void test_calibrate_malformed(void) {
+    char good[2048], text[4096], path[64];
+    bench_line(good, sizeof good, "zero3", 16, 4, 8, 1e9, 1e10, 5e-6);
+    const struct {
+        const char *tail; /* appended after two good lines and a blank one */
+        const char *want;
+    } cases[] = {
+        {"mpirun: noise\n", "line 4: not a JSON object"},
+        {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16}\n", "line 4: no number \"node_size\""},
+        {"{\"bench\":\"quant\",\"mode\":\"zero3\"}\n", "line 4: not a `zeropp bench comm"},
+        {"{\"bench\":\"comm\",\"mode\":\"hpz\",\"world\":16,\"node_size\":4,\"units\":8,"
+         "\"bwd_gather_cross_bytes\":0,\"bwd_gather_intra_bytes\":\"many\"}\n",
+         "line 4: no number \"bwd_gather_intra_bytes\""},
+        {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16,\"node_size\":5,\"units\":8}\n",
+         "line 4: world 16, node_size 5"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "%s%s\n%s", good, good, cases[i].tail);
+        write_file(path, text);
+        zpp_cost_calib c;
+        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+        EXPECT(strstr(zpp_last_error(), path) && strstr(zpp_last_error(), cases[i].want),
+               "case %zu: message '%s' lacks '%s'", i, zpp_last_error(), cases[i].want);
+        unlink(path);
+    }
+    zpp_cost_calib c;
+    bench_line(text, sizeof text, "qwz", 16, 4, 8, 1e9, 1e10, 5e-6); /* no isolating line */
+    write_file(path, text);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+    EXPECT(strstr(zpp_last_error(), "none to derive"), "%s", zpp_last_error());
+    unlink(path);
+    write_file(path, good);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, &c), ZPP_ERR_FORMAT); /* 1 s per step */
+    EXPECT(strstr(zpp_last_error(), "lower the latency"), "%s", zpp_last_error());
+    unlink(path);
+    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, &c), ZPP_ERR_IO);
+}
+
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
  * 384 V100 = 24 nodes of 16, fp16. The assumptions, once, for every point:
  * V100 125 TFLOP/s fp16 tensor peak x 0.4 = 50 TFLOP/s achieved; NVLink
@@ -255,4 +479,6 @@ static void test_published_zeropp(void) {
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
-          ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_hpz_partition), ZPP_TEST(test_pick_brute_force),
+          ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_calibrate_recovers_rates),
+          ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_published_zeropp))

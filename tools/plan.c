@@ -24,7 +24,8 @@ static void plan_usage(FILE *f) {
             "                   [--units U] [--dtype bf16] [--json]\n"
             "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
-            "                   [--latency-us L] [--qgz-overlap]\n"
+            "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
+            "                   [--calibrate FILE]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
             "parameters cut into U equal units (default 8; L+1 with --model), on W ranks in\n"
@@ -44,20 +45,32 @@ static void plan_usage(FILE *f) {
             "one direction; both are line rates, scaled by --link-eff (default 0.8).\n"
             "--latency-us: per step of a collective (default 5). --qgz-overlap: model qgZ's\n"
             "cross-node step pipelined under compute (as DeepSpeed runs it) instead of\n"
-            "exposed, as collectives.c runs it today.\n");
+            "exposed, as collectives.c runs it today.\n"
+            "\n"
+            "--pick recommends the fastest setting that fits in G GiB per rank (--mem-gb;\n"
+            "default the --gpu preset's memory: v100 32, a100 80, h100 80, h200 141): over the\n"
+            "modes, hpZ partition sizes dividing the node size, and, with --model, micro-batches\n"
+            "1, 2, 4, ... (capped by --micro-batch when given), by tokens/s. It prints the\n"
+            "winner with the reason, or with --json one object with the choice, the runner-up\n"
+            "(the fastest other mode) and ZeRO-3's best. Needs --model or --tokens-per-gpu.\n"
+            "\n"
+            "--calibrate FILE takes the cross-node and intra-node rates from `zeropp bench\n"
+            "comm --json` lines (ZeRO-3's gathers and hpZ's backward gathers, the time after\n"
+            "--latency-us is taken off) instead of --inter-gbps / --intra-gbps x --link-eff.\n");
 }
 
 /* GPU presets: datasheet dense fp16/bf16 tensor-core peak (TFLOP/s, no
  * sparsity) and NVLink bandwidth per GPU per direction (Gb/s). */
 typedef struct gpu_preset {
     const char *name;
-    double peak_tflops, nvlink_gbps;
+    double peak_tflops, nvlink_gbps, mem_gib;
 } gpu_preset;
 static const gpu_preset gpu_presets[] = {
-    {"v100", 125, 1200}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
-    {"a100", 312, 2400}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
-    {"h100", 989, 3600}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
-    {"h200", 989, 3600}, /* H200 SXM: same compute and NVLink as H100 SXM */
+    /* Memory: the datasheet's GB, read as GiB (what --pick's budget is in). */
+    {"v100", 125, 1200, 32}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
+    {"a100", 312, 2400, 80}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
+    {"h100", 989, 3600, 80}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
+    {"h200", 989, 3600, 141}, /* H200 SXM: same compute and NVLink as H100 SXM */
 };
 #define PLAN_GPU_EFFICIENCY 0.4 /* achieved / peak on large GPT GEMMs: our stated choice */
 
@@ -74,12 +87,126 @@ static int parse_pos(const char *flag, const char *s, double *out) {
     return 0;
 }
 
+/* A setting in words: "zeropp with hpZ 8 at micro-batch 4". */
+static const char *choice_name(const zpp_cost_choice *c, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s", zpp_coll_mode_get(c->mode)->name);
+    if (c->hpz_size && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " with hpZ %d", c->hpz_size);
+    if (c->micro_batch && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " at micro-batch %d", c->micro_batch);
+    return buf;
+}
+
+static cJSON *choice_json(const zpp_cost_choice *c, const zpp_cost_pick_result *r,
+                          const zpp_cost_in *ci) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "mode", zpp_coll_mode_get(c->mode)->name);
+    cJSON_AddNumberToObject(o, "hpz_partition_size", c->hpz_size);
+    cJSON_AddNumberToObject(o, "micro_batch", c->micro_batch);
+    cJSON_AddNumberToObject(o, "tokens_per_gpu", c->micro_batch
+                                                     ? (double)c->micro_batch * ci->seq_len
+                                                     : ci->tokens_per_gpu);
+    cJSON_AddNumberToObject(o, "step_s", c->out.step_s);
+    cJSON_AddNumberToObject(o, "tokens_per_s", c->out.tokens_per_s);
+    cJSON_AddNumberToObject(o, "tflops_per_gpu", c->out.tflops_per_gpu);
+    cJSON_AddNumberToObject(o, "mem_bytes_per_rank", c->out.mem_bytes_per_rank);
+    cJSON_AddBoolToObject(o, "mem_acts_known", c->out.mem_acts_known);
+    if (r->has_zero3)
+        cJSON_AddNumberToObject(o, "tokens_per_s_vs_zero3",
+                                c->out.tokens_per_s / r->zero3.out.tokens_per_s);
+    return o;
+}
+
+/* --pick: the library searches (zpp_cost_pick); this prints its answer. */
+static int plan_pick(const zpp_cost_in *ci, double mem_gb, const char *preset, int max_b,
+                     int json) {
+    const double GiB = 1073741824.0;
+    zpp_cost_pick_result r;
+    if (zpp_cost_pick(ci, mem_gb * GiB, max_b, &r) != ZPP_OK) {
+        fprintf(stderr, "zeropp plan: %s (budget: %s)\n", zpp_last_error(),
+                preset ? "the --gpu preset's memory; --mem-gb to change it" : "--mem-gb");
+        return 2;
+    }
+    char best[96], other[96], reason[512];
+    choice_name(&r.best, best, sizeof best);
+    int n;
+    if (r.best.mode == 0)
+        n = snprintf(reason, sizeof reason, "%s: the fastest that fits", best);
+    else if (r.has_zero3 && r.zero3.micro_batch != r.best.micro_batch)
+        n = snprintf(reason, sizeof reason, "%s: %.2fx zero3's best tokens/s (%s)", best,
+                     r.best.out.tokens_per_s / r.zero3.out.tokens_per_s,
+                     choice_name(&r.zero3, other, sizeof other));
+    else if (r.has_zero3)
+        n = snprintf(reason, sizeof reason, "%s: %.2fx zero3's tokens/s", best,
+                     r.best.out.tokens_per_s / r.zero3.out.tokens_per_s);
+    else
+        n = snprintf(reason, sizeof reason, "%s: zero3 does not fit at all", best);
+    if (r.next_micro_batch && n > 0 && (size_t)n < sizeof reason) {
+        if (!r.next_fits)
+            snprintf(reason + n, sizeof reason - (size_t)n,
+                     "; micro-batch %d does not fit (%.1f GiB > %g)", r.next_micro_batch,
+                     r.next_mem_bytes / GiB, mem_gb);
+        else if (max_b > 0 && r.next_micro_batch > max_b)
+            snprintf(reason + n, sizeof reason - (size_t)n,
+                     "; micro-batch %d is over the --micro-batch cap", r.next_micro_batch);
+        else
+            snprintf(reason + n, sizeof reason - (size_t)n,
+                     "; micro-batch %d fits but is not faster", r.next_micro_batch);
+    }
+    /* hpZ below the node size is modelled, not yet runnable (trainer.c). */
+    int not_runnable = r.best.hpz_size && r.best.hpz_size != ci->node_size;
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON *c = choice_json(&r.best, &r, ci);
+        cJSON *u = r.has_runner_up ? choice_json(&r.runner_up, &r, ci) : cJSON_CreateNull();
+        cJSON *z = r.has_zero3 ? choice_json(&r.zero3, &r, ci) : cJSON_CreateNull();
+        if (!o || !c || !u || !z) {
+            cJSON_Delete(o), cJSON_Delete(c), cJSON_Delete(u), cJSON_Delete(z);
+            return zpp_cli_fail("plan: out of memory", 1);
+        }
+        cJSON_AddStringToObject(o, "plan", "pick");
+        cJSON_AddNumberToObject(o, "mem_budget_bytes", mem_gb * GiB);
+        cJSON_AddStringToObject(o, "mem_budget_from", preset ? preset : "--mem-gb");
+        cJSON_AddItemToObject(o, "choice", c);
+        cJSON_AddItemToObject(o, "runner_up", u);
+        cJSON_AddItemToObject(o, "zero3", z);
+        cJSON_AddStringToObject(o, "reason", reason);
+        cJSON_AddBoolToObject(o, "runnable_today", !not_runnable);
+        cJSON_AddNumberToObject(o, "candidates", r.candidates);
+        cJSON_AddNumberToObject(o, "fitting", r.fitting);
+        char *s = cJSON_PrintUnformatted(o);
+        if (s) printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+        return s ? 0 : zpp_cli_fail("plan: out of memory", 1);
+    }
+    printf("zeropp plan --pick: budget %g GiB per rank (%s); %d settings priced, %d fit\n",
+           mem_gb, preset ? preset : "--mem-gb", r.candidates, r.fitting);
+    printf("pick: %s\n", reason);
+    printf("      %.1f ms per step, %.0f tokens/s, %.1f TFLOP/s per GPU, %.1f GiB per rank%s\n",
+           r.best.out.step_s * 1e3, r.best.out.tokens_per_s, r.best.out.tflops_per_gpu,
+           r.best.out.mem_bytes_per_rank / GiB,
+           r.best.out.mem_acts_known ? "" : " + activations (pass --model to count them)");
+    if (r.has_runner_up)
+        printf("runner-up: %s, %.0f tokens/s, %.1f GiB per rank\n",
+               choice_name(&r.runner_up, other, sizeof other), r.runner_up.out.tokens_per_s,
+               r.runner_up.out.mem_bytes_per_rank / GiB);
+    if (not_runnable)
+        printf("note: the trainer runs hpZ only with the partition = the node (%d ranks) "
+               "today; this hpZ %d is the model's estimate\n",
+               ci->node_size, r.best.hpz_size);
+    return 0;
+}
+
 int zpp_cli_plan(int argc, char **argv) {
     size_t params = 0;
-    int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0;
+    int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0,
+        pick = 0;
     zpp_dtype dtype = ZPP_BF16;
     const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
-               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL;
+               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
+               *cal_s = NULL;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -97,6 +224,9 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--link-eff", ZPP_CLI_STR, &eff_s, 0, 0},
         {"--latency-us", ZPP_CLI_STR, &lat_s, 0, 0},
         {"--qgz-overlap", ZPP_CLI_FLAG, &qgz_overlap, 0, 0},
+        {"--pick", ZPP_CLI_FLAG, &pick, 0, 0},
+        {"--mem-gb", ZPP_CLI_STR, &mem_s, 0, 0},
+        {"--calibrate", ZPP_CLI_STR, &cal_s, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -130,18 +260,45 @@ int zpp_cli_plan(int argc, char **argv) {
         return 2;
     }
     if (!node_size) node_size = world;
-    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5;
+    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0;
     if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
         parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
-        parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat))
+        parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat) ||
+        parse_pos("--mem-gb", mem_s, &mem_gb))
         return 2;
-    if (micro_batch) {
+    if (mem_s && !pick) {
+        fprintf(stderr, "zeropp plan: --mem-gb is the budget of --pick; add --pick\n");
+        return 2;
+    }
+    if (pick && !model_s && !tok_s) {
+        fprintf(stderr, "zeropp plan: --pick needs --model (micro-batches searched) or "
+                        "--tokens-per-gpu (tokens fixed)\n");
+        return 2;
+    }
+    if (pick && mem_s && !(mem_gb > 0)) {
+        fprintf(stderr, "zeropp plan: --mem-gb must be > 0\n");
+        return 2;
+    }
+    if (pick && micro_batch && !model_s) {
+        fprintf(stderr, "zeropp plan: --micro-batch with --pick caps the micro-batch search, "
+                        "which needs --model\n");
+        return 2;
+    }
+    if (micro_batch && !pick) {
         if (!model_s || tok_s) {
             fprintf(stderr, "zeropp plan: --micro-batch needs --model (tokens = B x seq_len) "
                             "and replaces --tokens-per-gpu\n");
             return 2;
         }
         tokens = (double)micro_batch * ci.seq_len;
+    }
+    if (pick && model_s) {
+        if (tok_s) {
+            fprintf(stderr, "zeropp plan: --pick with --model searches the micro-batch; drop "
+                            "--tokens-per-gpu (--micro-batch B caps the search at B)\n");
+            return 2;
+        }
+        tokens = ci.seq_len; /* micro-batch 1, for the checks below; the pick varies it */
     }
     const gpu_preset *gp = &gpu_presets[3];
     if (gpu_s) {
@@ -170,9 +327,48 @@ int zpp_cli_plan(int argc, char **argv) {
     ci.tokens_per_gpu = tokens;
     ci.inter_bps = inter * 1e9 / 8 * eff;
     ci.intra_bps = intra * 1e9 / 8 * eff;
+    zpp_cost_calib cal;
+    memset(&cal, 0, sizeof cal);
+    if (cal_s) { /* measured rates replace the line rates (already achieved: no --link-eff) */
+        if (zpp_cost_calibrate(cal_s, lat * 1e-6, &cal) != ZPP_OK) {
+            fprintf(stderr, "zeropp plan: %s\n", zpp_last_error());
+            return 2;
+        }
+        if ((cal.inter_bps > 0 && inter_s) || (cal.intra_bps > 0 && intra_s)) {
+            fprintf(stderr, "zeropp plan: --calibrate measured the %s bandwidth that --%s-gbps "
+                            "also sets; drop one\n",
+                    cal.inter_bps > 0 && inter_s ? "cross-node" : "intra-node",
+                    cal.inter_bps > 0 && inter_s ? "inter" : "intra");
+            return 2;
+        }
+        if (cal.inter_bps > 0) ci.inter_bps = cal.inter_bps;
+        if (cal.intra_bps > 0) ci.intra_bps = cal.intra_bps;
+        if (!json) {
+            char x[96], y[96];
+            if (cal.inter_bps > 0)
+                snprintf(x, sizeof x, "%.2f Gb/s per node from ZeRO-3's gathers%s",
+                         cal.inter_bps * 8 / 1e9,
+                         cal.inter_lower_bound ? " (a lower bound: intra-node bound)" : "");
+            else
+                snprintf(x, sizeof x, "not measured (--inter-gbps)");
+            if (cal.intra_bps > 0)
+                snprintf(y, sizeof y, "%.2f Gb/s per GPU from hpZ's backward gathers",
+                         cal.intra_bps * 8 / 1e9);
+            else
+                snprintf(y, sizeof y, "not measured (--intra-gbps)");
+            printf("calibrated from %s (%d lines): cross-node %s; intra-node %s; latency "
+                   "%.1f us from --latency-us (one message size cannot separate it)\n",
+                   cal_s, cal.lines, x, y, lat);
+        }
+    }
     ci.latency_s = lat * 1e-6;
     ci.flops_per_s = tflops * 1e12;
     ci.qgz_inter_exposed = !qgz_overlap;
+    if (pick) {
+        int from_preset = !mem_s;
+        if (from_preset) mem_gb = gp->mem_gib;
+        return plan_pick(&ci, mem_gb, from_preset ? gp->name : NULL, micro_batch, json);
+    }
     zpp_cost_out co[ZPP_COLL_MODE_COUNT];
     memset(co, 0, sizeof co);
 
@@ -220,6 +416,8 @@ int zpp_cli_plan(int argc, char **argv) {
             if (timed) {
                 const zpp_cost_out *c = &co[m];
                 cJSON_AddNumberToObject(o, "tokens_per_gpu", tokens);
+                cJSON_AddNumberToObject(o, "inter_bps", ci.inter_bps);
+                cJSON_AddNumberToObject(o, "intra_bps", ci.intra_bps);
                 cJSON_AddNumberToObject(o, "step_s", c->step_s);
                 cJSON_AddNumberToObject(o, "fwd_s", c->fwd_s);
                 cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
@@ -265,11 +463,19 @@ int zpp_cli_plan(int argc, char **argv) {
                zpp_cli_bytes(zpp_volume_intra_total(&v[m]), b[7], 32));
     }
     if (timed) {
+        char links[160];
+        if (cal_s) /* achieved rates, whichever the file measured */
+            snprintf(links, sizeof links,
+                     "cross-node %.2f Gb/s per node, intra-node %.2f Gb/s per GPU (achieved)",
+                     ci.inter_bps * 8 / 1e9, ci.intra_bps * 8 / 1e9);
+        else
+            snprintf(links, sizeof links,
+                     "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
+                     "efficiency)",
+                     inter, intra, eff);
         printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.1f TFLOP/s "
-               "achieved per GPU, cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU "
-               "(x %.2f link efficiency), latency %.1f us per step; qgZ cross-node step %s\n",
-               tokens, tflops, inter, intra, eff, lat,
-               qgz_overlap ? "pipelined" : "exposed (as run today)");
+               "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
+               tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
         printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute",
                "exposed", "tokens/s", "TFLOP/s", "speedup", "mem/rank");
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {

@@ -10,10 +10,15 @@
  * Two collectives in flight together (a gather and a reduction in the
  * backward, on their two streams) share the links: their bytes add on each
  * link, and the pair takes lat + max(sum cross / inter, sum intra / intra). */
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "plan/cost.h"
 
 /* A collective's time split by link: the two byte terms and the latency. */
@@ -82,6 +87,11 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     return tokens * (L * per_layer + once) + 32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
 
+/* Ranks sharing one hpZ secondary copy: hpz_size, or the node by default. */
+static int hpz_group(const zpp_cost_in *in) {
+    return in->hpz_size > 0 ? in->hpz_size : in->node_size;
+}
+
 /* One unit's collectives in `mode`, as link times, and their bytes. */
 typedef struct unit_cost {
     link_t fwd, bwd;          /* the forward and backward gathers */
@@ -102,7 +112,18 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
     /* A world ring takes W - 1 steps; the intra-node ring of hpZ S - 1. */
     u->fwd = link_of(in, zpp_volume_cross_total(&vf), zpp_volume_intra_total(&vf),
                      vf.calls[ZPP_PHASE_FWD_GATHER] ? W - 1 : 0);
-    if (mode->hpz) {
+    if (mode->hpz && hpz_group(in) != S) {
+        /* Secondary partition of H < S ranks: S / H groups per node, each
+         * an all-gather of W / H shards per rank (volume.c's accounting with
+         * that group shape; H == S below is exactly zpp_plan_gather_secondary). */
+        const int H = hpz_group(in);
+        zpp_group_shape g = {1, H, S / H};
+        if (numel > 0)
+            zpp_volume_add_call(&vb, ZPP_PHASE_BWD_GATHER, ZPP_CALL_ALLGATHER, &g,
+                                (size_t)(W / H) * p.shard_len * zpp_dtype_size(in->dtype));
+        u->bwd = link_of(in, zpp_volume_cross_total(&vb), zpp_volume_intra_total(&vb),
+                         vb.calls[ZPP_PHASE_BWD_GATHER] ? H - 1 : 0);
+    } else if (mode->hpz) {
         zpp_plan_gather_secondary(&vb, &p, N, S, in->dtype, ZPP_PHASE_BWD_GATHER);
         u->bwd = link_of(in, zpp_volume_cross_total(&vb), zpp_volume_intra_total(&vb),
                          vb.calls[ZPP_PHASE_BWD_GATHER] ? S - 1 : 0);
@@ -165,6 +186,11 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: a GPT shape needs n_layer, n_embd, seq_len and vocab all > 0");
+    if (mode->hpz && (in->hpz_size < 0 || (in->hpz_size > 0 && in->node_size % in->hpz_size)))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: hpZ partition size %d does not divide the node size %d; pick a "
+                         "divisor (0 = the node)",
+                         in->hpz_size, in->node_size);
     ZPP_CHECK(zpp_quant_spec_check(&in->coll.weight_spec));
     ZPP_CHECK(zpp_quant_spec_check(&in->coll.grad_spec));
 
@@ -192,7 +218,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         size_t n = zpp_plan_unit_numel(P, K, i);
         zpp_partition p = zpp_partition_make_shape(n, W, N);
         shard_sum += (double)p.shard_len;
-        sec_sum += (double)p.sec_len;
+        sec_sum += (double)(W / hpz_group(in)) * (double)p.shard_len; /* p.sec_len when H = S */
         if ((double)p.padded > maxnumel) maxnumel = (double)p.padded;
         o.cross_node_bytes += cur.cross;
         o.intra_node_bytes += cur.intra;
@@ -246,7 +272,8 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
      * master + Adam m + v + fp32 gradient accumulator (16 bytes) and the
      * working-dtype shard (e bytes); with hpZ, the secondary shard of every
      * unit, kept from the forward to the backward: sec_len = N x shard_len
-     * elements of e bytes each (1/S of the model per rank: 2P/S in bf16).
+     * elements of e bytes each (1/S of the model per rank: 2P/S in bf16;
+     * with a partition of H ranks, W/H shards: 2P/H).
      * Transient at the backward's peak (the largest unit U, padded): two
      * gathered units in E (the current one and the prefetched one), the
      * current unit's full fp32 gradient, the previous unit's gradient in E
@@ -267,5 +294,242 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     o.mem_bytes_per_rank =
         o.mem_shard_state + o.mem_shard_work + o.mem_secondary + o.mem_transient + o.mem_acts;
     *out_p = o;
+    return ZPP_OK;
+}
+
+/* ---- zpp_cost_pick --------------------------------------------------------
+ * A brute-force search: the space is small (5 modes x the divisors of the
+ * node x about 17 micro-batches), each point costs one zpp_cost_step, and
+ * an exhaustive search cannot miss the optimum the way a greedy one can. */
+
+#define ZPP_PICK_MAX_MICRO_BATCH 65536
+
+/* a beats b: more tokens/s; a tie keeps the earlier candidate (b). */
+static int choice_better(const zpp_cost_choice *a, const zpp_cost_choice *b) {
+    return a->out.tokens_per_s > b->out.tokens_per_s;
+}
+
+zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
+                         zpp_cost_pick_result *out_p) {
+    if (!in || !out_p) return zpp_error(ZPP_ERR_INVALID, "pick: a NULL argument");
+    if (!(mem_budget > 0))
+        return zpp_error(ZPP_ERR_INVALID, "pick: the memory budget must be > 0 bytes per rank");
+    const int gpt = in->n_layer > 0, S = in->node_size;
+    const int max_b = max_micro_batch > 0 ? max_micro_batch : ZPP_PICK_MAX_MICRO_BATCH;
+    zpp_cost_pick_result r;
+    memset(&r, 0, sizeof r);
+    zpp_cost_choice best_of[ZPP_COLL_MODE_COUNT], smallest;
+    int has[ZPP_COLL_MODE_COUNT] = {0}, has_smallest = 0;
+    memset(best_of, 0, sizeof best_of);
+    memset(&smallest, 0, sizeof smallest);
+
+    /* Micro-batches in ascending order; memory only grows with the batch
+     * (activations), so once nothing fits at b nothing fits above it. */
+    for (int b = gpt ? 1 : 0;; b *= 2) {
+        int any_fit = 0;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_coll_mode *md = zpp_coll_mode_get(m);
+            if (md->hpz && S < 2) continue; /* one rank per node: no node to keep it in */
+            for (int H = md->hpz ? 2 : 0; H <= (md->hpz ? S : 0); H++) {
+                if (md->hpz && S % H) continue;
+                zpp_cost_in c = *in;
+                c.hpz_size = H;
+                if (gpt) c.tokens_per_gpu = (double)b * in->seq_len;
+                zpp_cost_choice ch;
+                memset(&ch, 0, sizeof ch);
+                ch.mode = m;
+                ch.hpz_size = H;
+                ch.micro_batch = b;
+                ZPP_CHECK(zpp_cost_step(&c, md, &ch.out));
+                r.candidates++;
+                if (!(ch.out.mem_bytes_per_rank <= mem_budget)) {
+                    if (!has_smallest ||
+                        ch.out.mem_bytes_per_rank < smallest.out.mem_bytes_per_rank)
+                        smallest = ch;
+                    has_smallest = 1;
+                    continue;
+                }
+                r.fitting++;
+                any_fit = 1;
+                if (!has[m] || choice_better(&ch, &best_of[m])) best_of[m] = ch;
+                has[m] = 1;
+            }
+        }
+        if (!gpt || !any_fit || b > max_b / 2) break;
+    }
+    if (!r.fitting)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "pick: nothing fits in %.1f GiB per rank; the smallest setting, %s "
+                         "at micro-batch %d, needs %.1f GiB: give more memory per rank, more "
+                         "ranks, or a smaller model or batch",
+                         mem_budget / 1073741824.0, zpp_coll_mode_get(smallest.mode)->name,
+                         smallest.micro_batch, smallest.out.mem_bytes_per_rank / 1073741824.0);
+
+    int bm = -1;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (has[m] && (bm < 0 || choice_better(&best_of[m], &best_of[bm]))) bm = m;
+    r.best = best_of[bm];
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (m != bm && has[m] &&
+            (!r.has_runner_up || choice_better(&best_of[m], &r.runner_up))) {
+            r.runner_up = best_of[m];
+            r.has_runner_up = 1;
+        }
+    r.has_zero3 = has[0];
+    r.zero3 = best_of[0];
+
+    if (gpt) { /* the winner one micro-batch up: why the search stopped there */
+        zpp_cost_in c = *in;
+        zpp_cost_out o;
+        c.hpz_size = r.best.hpz_size;
+        r.next_micro_batch = 2 * r.best.micro_batch;
+        c.tokens_per_gpu = (double)r.next_micro_batch * in->seq_len;
+        ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r.best.mode), &o));
+        r.next_mem_bytes = o.mem_bytes_per_rank;
+        r.next_fits = o.mem_bytes_per_rank <= mem_budget;
+    }
+    *out_p = r;
+    return ZPP_OK;
+}
+
+/* ---- zpp_cost_calibrate -------------------------------------------------- */
+
+/* Sums over the lines: bytes and the time left after the latency. */
+typedef struct calib_acc {
+    double intra_bytes, intra_s;             /* hpZ backward gathers, per rank */
+    double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
+} calib_acc;
+
+static zpp_status calib_num(const cJSON *o, const char *key, const char *path, int line,
+                            double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: no number \"%s\" >= 0; give the lines "
+                         "`zeropp bench comm --json` prints",
+                         path, line, key);
+    *v = x->valuedouble;
+    return ZPP_OK;
+}
+
+/* One line's object into the sums. */
+static zpp_status calib_line(const cJSON *o, const char *path, int line, double lat,
+                             calib_acc *a, int *intra_used, int *inter_used) {
+    const cJSON *bench = cJSON_GetObjectItemCaseSensitive(o, "bench");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    if (!cJSON_IsString(bench) || strcmp(bench->valuestring, "comm") != 0 ||
+        !cJSON_IsString(mode))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
+                         "\"bench\": \"comm\" and \"mode\")",
+                         path, line);
+    double W = 0, S = 0, U = 0;
+    ZPP_CHECK(calib_num(o, "world", path, line, &W));
+    ZPP_CHECK(calib_num(o, "node_size", path, line, &S));
+    ZPP_CHECK(calib_num(o, "units", path, line, &U));
+    if (W < 1 || S < 1 || U < 1 || fmod(W, S) != 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: world %.0f, node_size %.0f, units %.0f: want "
+                         "positive counts, the node size dividing the world",
+                         path, line, W, S, U);
+    const char *m = mode->valuestring;
+    if (strcmp(m, "hpz") == 0 || strcmp(m, "zeropp") == 0) {
+        double cross = 0, intra = 0, ms = 0;
+        ZPP_CHECK(calib_num(o, "bwd_gather_cross_bytes", path, line, &cross));
+        ZPP_CHECK(calib_num(o, "bwd_gather_intra_bytes", path, line, &intra));
+        ZPP_CHECK(calib_num(o, "bwd_gather_ms", path, line, &ms));
+        if (cross == 0 && intra > 0) {
+            double t = ms * 1e-3 - U * (S - 1) * lat;
+            if (!(t > 0))
+                return zpp_error(ZPP_ERR_FORMAT,
+                                 "calibrate: %s line %d: bwd_gather_ms %g is no more than the "
+                                 "latency alone (%g steps); lower the latency",
+                                 path, line, ms, U * (S - 1));
+            a->intra_bytes += intra / S;
+            a->intra_s += t;
+            *intra_used = 1;
+        }
+    } else if (strcmp(m, "zero3") == 0) {
+        static const char *const phase[2] = {"fwd_gather", "bwd_gather"};
+        for (int k = 0; k < 2; k++) {
+            char key[3][40];
+            double cross = 0, intra = 0, ms = 0;
+            snprintf(key[0], sizeof key[0], "%s_cross_bytes", phase[k]);
+            snprintf(key[1], sizeof key[1], "%s_intra_bytes", phase[k]);
+            snprintf(key[2], sizeof key[2], "%s_ms", phase[k]);
+            ZPP_CHECK(calib_num(o, key[0], path, line, &cross));
+            ZPP_CHECK(calib_num(o, key[1], path, line, &intra));
+            ZPP_CHECK(calib_num(o, key[2], path, line, &ms));
+            if (cross == 0) continue; /* one node: nothing crossed */
+            double t = ms * 1e-3 - U * (W - 1) * lat;
+            if (!(t > 0))
+                return zpp_error(ZPP_ERR_FORMAT,
+                                 "calibrate: %s line %d: %s %g is no more than the latency "
+                                 "alone (%g steps); lower the latency",
+                                 path, line, key[2], ms, U * (W - 1));
+            a->cross_bytes += cross;
+            a->cross_s += t;
+            a->cross_intra += intra / S;
+            *inter_used = 1;
+        }
+    }
+    return ZPP_OK; /* qwz, qgz: nothing that isolates one link */
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p) {
+    if (!path || !out_p || !(latency_s >= 0))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    FILE *f;
+    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
+    zpp_cost_calib c;
+    calib_acc a;
+    memset(&c, 0, sizeof c);
+    memset(&a, 0, sizeof a);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int line = 0;
+    zpp_status st = ZPP_OK;
+    errno = 0;
+    while (st == ZPP_OK && (n = getline(&buf, &cap, f)) >= 0) {
+        line++;
+        size_t i = 0;
+        while (i < (size_t)n && (buf[i] == ' ' || buf[i] == '\t' || buf[i] == '\n' ||
+                                 buf[i] == '\r'))
+            i++;
+        if (i == (size_t)n) continue; /* blank */
+        cJSON *o = cJSON_ParseWithLength(buf, (size_t)n);
+        if (!cJSON_IsObject(o)) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: not a JSON object; give the lines "
+                           "`zeropp bench comm --json` prints, one per line",
+                           path, line);
+        } else {
+            int iu = 0, xu = 0;
+            st = calib_line(o, path, line, latency_s, &a, &iu, &xu);
+            c.lines++;
+            c.intra_lines += iu;
+            c.inter_lines += xu;
+        }
+        cJSON_Delete(o);
+    }
+    if (st == ZPP_OK && ferror(f))
+        st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
+    free(buf);
+    fclose(f);
+    if (st != ZPP_OK) return st;
+    if (!c.intra_lines && !c.inter_lines)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s: %d lines, none to derive a rate from; it needs mode "
+                         "hpz or zeropp with node_size > 1 (intra-node) or zero3 with more "
+                         "than one node (cross-node)",
+                         path, c.lines);
+    if (c.intra_lines) c.intra_bps = a.intra_bytes / a.intra_s;
+    if (c.inter_lines) {
+        c.inter_bps = a.cross_bytes / a.cross_s;
+        /* Bound by the intra-node link when its term alone fills the time. */
+        if (c.intra_lines && a.cross_intra / c.intra_bps >= a.cross_s) c.inter_lower_bound = 1;
+    }
+    *out_p = c;
     return ZPP_OK;
 }

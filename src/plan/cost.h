@@ -42,6 +42,11 @@ typedef struct zpp_cost_in {
      * it: exposed); 0 = pipelined under the next stage like the other
      * reductions (DeepSpeed's schedule; DESIGN.md §3 describes the fix). */
     int qgz_inter_exposed;
+    /* hpZ's secondary partition: ranks that share one secondary copy, a
+     * divisor of node_size; 0 = the node (the only size the trainer runs
+     * today, trainer.c). Smaller: more memory (2P/H per rank), a shorter
+     * intra-node ring. Ignored by modes without hpZ. */
+    int hpz_size;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
@@ -85,5 +90,69 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
  * bandwidth or FLOP/s, no tokens. out_p is set only on success. */
 zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
                          zpp_cost_out *out_p);
+
+/* ---- Picking a setting (`zeropp plan --pick`) ---------------------------
+ *
+ * Candidates: every mode; for hpZ modes every partition size H > 1 that
+ * divides node_size (none when node_size is 1: hpZ then has nothing to keep
+ * inside the node); with a GPT shape every micro-batch 1, 2, 4, ... up to
+ * max_micro_batch (tokens_per_gpu = b x seq_len), without one the given
+ * tokens_per_gpu only. A candidate fits when mem_bytes_per_rank <=
+ * mem_budget. The pick is the fitting candidate with the most tokens/s (the
+ * criterion that stays fair when the micro-batch varies); ties go to the
+ * earlier candidate in the order micro-batch, mode, H (all ascending). */
+typedef struct zpp_cost_choice {
+    int mode;               /* index for zpp_coll_mode_get */
+    int hpz_size;           /* 0 without hpZ */
+    int micro_batch;        /* 0 without a GPT shape (tokens fixed) */
+    zpp_cost_out out;
+} zpp_cost_choice;
+
+typedef struct zpp_cost_pick_result {
+    zpp_cost_choice best;
+    zpp_cost_choice runner_up;   /* the fastest fitting candidate of another mode */
+    int has_runner_up;
+    zpp_cost_choice zero3;       /* the fastest fitting ZeRO-3, for the ratio */
+    int has_zero3;
+    /* Why the micro-batch stopped at best's: best's mode and H at the next
+     * micro-batch (2 x best) need next_mem_bytes; next_fits says whether that
+     * fits at all (then it was slower or past max_micro_batch). 0 without a
+     * GPT shape. */
+    int next_micro_batch, next_fits;
+    double next_mem_bytes;
+    int candidates, fitting;     /* how many were priced, how many fit */
+} zpp_cost_pick_result;
+
+/* Searches as above from `in` (its tokens_per_gpu is used only without a
+ * GPT shape, its hpz_size is ignored). max_micro_batch <= 0: up to 65536.
+ * ZPP_ERR_CONFIG with a message naming the smallest footprint when nothing
+ * fits; zpp_cost_step's errors for an impossible input. */
+zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
+                         zpp_cost_pick_result *out_p);
+
+/* ---- Calibrating the links (`zeropp plan --calibrate FILE`) -------------
+ *
+ * From the JSON lines `zeropp bench comm --json` prints (one per mode), the
+ * rates that make the model's collective formula reproduce the measured
+ * times, phase by phase (a phase's time is the sum over its units' calls):
+ *   intra_bps: hpZ's backward gather (modes hpz, zeropp) moves only
+ *     intra-node bytes: intra / S / (t - U (S-1) latency);
+ *   inter_bps: ZeRO-3's forward and backward gathers:
+ *     cross / (t - U (W-1) latency). When that time is no more than the
+ *     intra-node term, the cross-node link was not the bottleneck and the
+ *     rate is only a lower bound (inter_lower_bound).
+ * Pooled over lines: total bytes / total time. Latency is the caller's
+ * (one message size per run cannot separate it from bandwidth). */
+typedef struct zpp_cost_calib {
+    double intra_bps, inter_bps; /* 0: no line to derive it from */
+    int inter_lower_bound;
+    int lines, intra_lines, inter_lines; /* JSON lines read, used for each */
+} zpp_cost_calib;
+
+/* ZPP_ERR_IO if the file cannot be read; ZPP_ERR_FORMAT naming the path and
+ * line for a line that is not such an object, a missing or non-numeric
+ * field, a time no longer than the latency alone, or a file with no line
+ * for either rate. out_p is set only on success. */
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p);
 
 #endif
