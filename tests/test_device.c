@@ -130,6 +130,18 @@ static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_ar
         EXPECT(wi == want, "working copy %zu in %s: %g, the rounding of %.9g is %g", i,
                zpp_dtype_name(wdt), (double)wi, (double)p1[i], (double)want);
     }
+    /* Without a working copy (the engine's use) the same step, bit for bit. */
+    EXPECT_OK(zpp_device_copy(d, dp, p, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dm, m, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dv, v, n * 4));
+    EXPECT_OK(zpp_device_adamw(d, dp, dm, dv, dg, n, a, NULL, wdt));
+    float *p2 = zpp_test_malloc(n * 4), *m2 = zpp_test_malloc(n * 4), *v2 = zpp_test_malloc(n * 4);
+    dev_get(d, p2, dp, n * 4);
+    dev_get(d, m2, dm, n * 4);
+    dev_get(d, v2, dv, n * 4);
+    EXPECT(!memcmp(p2, p1, n * 4) && !memcmp(m2, m1, n * 4) && !memcmp(v2, v1, n * 4),
+           "AdamW without a working copy differs from AdamW with one (t %d)", a->step);
+    free(p2), free(m2), free(v2);
     zpp_device_free(d, dp);
     zpp_device_free(d, dm);
     zpp_device_free(d, dv);

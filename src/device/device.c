@@ -604,13 +604,12 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, con
                          "%s: step %d; steps count from 1 (bias correction divides by "
                          "1 - beta^step)",
                          what, a->step);
-    ZPP_CHECK(zpp__dtype(what, work_dtype));
     ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
     ZPP_CHECK(zpp__ptr(what, param, "the parameters", n));
     ZPP_CHECK(zpp__ptr(what, m, "the first moment", n));
     ZPP_CHECK(zpp__ptr(what, v, "the second moment", n));
     ZPP_CHECK(zpp__ptr(what, grad, "the gradient", n));
-    ZPP_CHECK(zpp__ptr(what, work, "the working copy", n));
+    if (work) ZPP_CHECK(zpp__dtype(what, work_dtype));
     if (n == 0) return ZPP_OK;
     return d->ops->adamw(d, param, m, v, grad, n, a, work, work_dtype);
 }

@@ -279,7 +279,9 @@ zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype,
 zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n);
 /* Sum of x[i]^2 in double, returned to the host (waits for the stream). */
 zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p);
-/* AdamW over a shard (zpp_adamw_args), then the working copy. */
+/* AdamW over a shard (zpp_adamw_args), then the working copy: `work`
+ * receives the new parameters rounded to work_dtype, or nothing when NULL
+ * (the engine rounds at gather time instead, keeping no working copy). */
 zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype);

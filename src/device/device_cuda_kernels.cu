@@ -81,6 +81,7 @@ __global__ void zpp_dcu_adamw_kernel(float *param, float *m, float *v, const flo
         float p = param[i];
         p -= a.lr * ((mi / c1) / (sqrtf(vi / c2) + a.eps) + a.weight_decay * p);
         param[i] = p;
+        if (!work) continue;
         if (dt == ZPP_BF16) ((__nv_bfloat16 *)work)[i] = __float2bfloat16_rn(p);
         else if (dt == ZPP_FP16) ((__half *)work)[i] = __float2half_rn(p);
         else ((float *)work)[i] = p;

@@ -211,7 +211,7 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, co
         float p = param[i];
         p -= a->lr * ((mi / c1) / (sqrtf(vi / c2) + a->eps) + a->weight_decay * p);
         param[i] = p;
-        zpp_store_f32(work, work_dtype, i, p);
+        if (work) zpp_store_f32(work, work_dtype, i, p);
     }
     return ZPP_OK;
 }

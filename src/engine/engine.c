@@ -20,7 +20,6 @@ typedef struct unit_state {
     zpp_partition part;
     /* sharded, persistent */
     float *master, *m, *v, *grad_acc; /* fp32, shard_len */
-    void *work;                       /* working dtype, shard_len */
     void *secondary;                  /* hpZ: working dtype, sec_len */
     int secondary_valid;
     /* transient */
@@ -84,14 +83,14 @@ zpp_engine_opts zpp_engine_opts_default(void) {
 
 static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
-    size_t wsize = zpp_dtype_size(e->opts.work_dtype);
     size_t fbytes = p->shard_len * sizeof(float);
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->master));
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->m));
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->v));
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->grad_acc));
-    ZPP_CHECK(zpp_device_alloc(e->dev, p->shard_len * wsize, &u->work));
-    if (e->opts.hpz) ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * wsize, &u->secondary));
+    if (e->opts.hpz)
+        ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * zpp_dtype_size(e->opts.work_dtype),
+                                   &u->secondary));
 
     /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
      * clipped to the real elements; the padding stays zero forever (its
@@ -110,9 +109,7 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     ZPP_CHECK(st);
     ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
     ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
-    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, fbytes));
-    return zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype,
-                              p->shard_len, 1.0f);
+    return zpp_device_set(e->dev, u->grad_acc, 0, fbytes);
 }
 
 static void free_unit(zpp_engine *e, unit_state *u) {
@@ -120,7 +117,6 @@ static void free_unit(zpp_engine *e, unit_state *u) {
     zpp_device_free(e->dev, u->m);
     zpp_device_free(e->dev, u->v);
     zpp_device_free(e->dev, u->grad_acc);
-    zpp_device_free(e->dev, u->work);
     zpp_device_free(e->dev, u->secondary);
 }
 
@@ -273,9 +269,19 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
                                                  u->secondary, u->full, phase, &u->gather_op);
         }
     } else {
+        /* No working-dtype copy of the shard is kept (in bf16 it would cost
+         * 2 bytes a parameter, the whole model's worth at world 1): the fp32
+         * master, rounded into this rank's block of the gathered buffer, is
+         * the gather's input, in place. The rounding is the one AdamW's
+         * working copy had, so the gathered weights are the same bits. */
         void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER) ? u->secondary : NULL;
-        st = zpp_coll_gather_start(e->coll, &u->part, e->opts.gather, e->opts.work_dtype,
-                                   u->work, u->full, sec, phase, &u->gather_op);
+        const size_t own_offset = (size_t)e->topo->world_rank * u->part.shard_len;
+        void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
+        st = zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
+                                u->part.shard_len, 1.0f);
+        if (st == ZPP_OK)
+            st = zpp_coll_gather_start(e->coll, &u->part, e->opts.gather, e->opts.work_dtype,
+                                       own, u->full, sec, phase, &u->gather_op);
         if (st == ZPP_OK && sec) u->secondary_valid = 1;
     }
     if (st != ZPP_OK) {
@@ -568,7 +574,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         for (int i = 0; i < e->model->n_units; i++) {
             unit_state *u = &e->units[i];
             ZPP_CHECK(zpp_device_adamw(e->dev, u->master, u->m, u->v, u->grad_acc,
-                                       u->part.shard_len, &aw, u->work, e->opts.work_dtype));
+                                       u->part.shard_len, &aw, NULL, e->opts.work_dtype));
             ZPP_CHECK(
                 zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
             /* The weights changed: the secondary copy is stale. */
@@ -715,8 +721,7 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
     ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
     u->secondary_valid = 0;
     e->forward_ready = 0;
-    return zpp_device_convert(e->dev, u->master, ZPP_FP32, u->work, e->opts.work_dtype, len,
-                              1.0f);
+    return ZPP_OK;
 }
 
 void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p) {

@@ -12,8 +12,9 @@
  *             averaged shard into the fp32 shard gradient
  * then once per step:
  *   global gradient norm (all-reduce of shard sums of squares), clipping,
- *   AdamW on each rank's fp32 master shard, new working-dtype shard,
- *   secondary shards invalidated.
+ *   AdamW on each rank's fp32 master shard, secondary shards invalidated.
+ * No working-dtype copy of the shard is kept: a gather rounds the master
+ * into its own block of the gathered buffer and gathers in place.
  *
  * The engine never touches tensor contents itself: memory, scratch and
  * vector work go through the rank's zpp_device (device.h), so the same code
@@ -167,9 +168,9 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
  * range [begin, begin + count) of the unit's numel elements, with
  * begin = rank * shard_len and count = min(shard_len, numel - begin) (0 for
  * a rank past the end of a tiny unit). The padding is never saved and
- * always restored to zero; the working-dtype shard is recomputed from the
- * master, the gradient accumulator cleared, and the hpZ secondary shard
- * marked invalid, so a resumed run continues bit for bit.
+ * always restored to zero; the gradient accumulator is cleared and the hpZ
+ * secondary shard marked invalid (the next gathers round the restored
+ * master), so a resumed run continues bit for bit.
  */
 int zpp_engine_unit_count(const zpp_engine *e);
 zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
