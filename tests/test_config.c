@@ -127,6 +127,7 @@ static void test_every_key_parsed(void) {
         int linear = irand(&r, 0, 1);
         double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
+        int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8);
         char json[4096];
         snprintf(json, sizeof json,
                  "{\n"
@@ -150,7 +151,8 @@ static void test_every_key_parsed(void) {
                  "  \"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": %s,\n"
                  "      \"zero_hpz_partition_size\": %d, \"zero_quantized_gradients\": %s,\n"
                  "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
-                 "      \"stage3_max_reuse_distance\": %lld},\n"
+                 "      \"stage3_max_reuse_distance\": %lld,\n"
+                 "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d},\n"
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
@@ -160,7 +162,7 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc, cts);
+                 reuse, pdepth, rdepth, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc, cts);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -177,7 +179,8 @@ static void test_every_key_parsed(void) {
                cfg.scheduler.warmup_type == (linear ? ZPP_WARMUP_LINEAR : ZPP_WARMUP_LOG));
         EXPECT(cfg.bf16 == bf16 && cfg.zero.stage == 3 && cfg.zero.quantized_weights == qw &&
                cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
-               cfg.zero.max_reuse_distance == reuse);
+               cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
+               cfg.zero.reduce_depth == rdepth);
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab);
@@ -383,6 +386,8 @@ static void test_validation_errors(void) {
                       "'gradient_clipping' must be >= 0");
     expect_load_fails("{\"zero_optimization\": {\"zero_hpz_partition_size\": 0}}", ZPP_ERR_CONFIG,
                       "'zero_optimization.zero_hpz_partition_size' is 0");
+    expect_load_fails("{\"zero_optimization\": {\"zeropp_prefetch_depth\": 9}}",
+                      ZPP_ERR_CONFIG, "'zero_optimization.zeropp_prefetch_depth' is 9");
     expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": -1}}",
                       ZPP_ERR_CONFIG, "'zero_optimization.stage3_max_reuse_distance' is -1");
     expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": 1.5}}",

@@ -25,8 +25,10 @@ typedef struct fixture {
 } fixture;
 
 /* reuse: the engine's max_reuse_distance (SIZE_MAX: the default); profile:
- * the engine's option */
-static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile) {
+ * the engine's option; depth: prefetch_depth * 10 + reduce_depth (0: the
+ * defaults) */
+static void setup_depth(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile,
+                        int depth) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
@@ -40,6 +42,7 @@ static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int 
     eo.reduce = qgz ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
     if (reuse != SIZE_MAX) eo.max_reuse_distance = reuse;
     eo.profile = profile;
+    if (depth) eo.prefetch_depth = depth / 10, eo.reduce_depth = depth % 10;
     EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, f->dev, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
@@ -47,6 +50,10 @@ static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int 
         f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
     }
     EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+}
+
+static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile) {
+    setup_depth(f, qwz, hpz, qgz, reuse, profile, 0);
 }
 
 static void setup(fixture *f, int qwz, int hpz, int qgz) {
@@ -214,8 +221,11 @@ static void test_bf16_units_take_bf16_bytes(void) {
         size_t s = zpp_partition_make(m->unit_numel[u], f.topo).shard_len * 4;
         if (s > shard) shard = s;
     }
-    size_t bound = bytes + 2 * 2 * biggest /* fp32 gradients */ + biggest /* bf16 input */ +
-                   shard + 64 /* the all-reduce's staging */;
+    /* each reduction in flight holds its bf16 input and fp32 output shard */
+    const size_t in_flight = (size_t)zpp_engine_opts_default().reduce_depth;
+    size_t bound = bytes + 2 * 2 * biggest /* fp32 gradients */ +
+                   in_flight * (biggest /* bf16 input */ + shard) +
+                   64 /* the all-reduce's staging */;
     EXPECT(peak - now0 <= bound, "step peak %zu bytes above the shards, bound %zu",
            peak - now0, bound);
     /* Steps ask for the same sizes in the same order: once the pool has
@@ -375,7 +385,75 @@ static void test_profile_sees_a_straggler(void) {
     teardown(&f);
 }
 
-ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_step_volumes_by_mode),
+/* How far the engine gathers ahead and how many reductions it keeps in
+ * flight changes when the link is busy, never the result: three steps give
+ * the same losses and the same fp32 masters, bit for bit, at every depth, in
+ * ZeRO-3 and in ZeRO++. Depths outside [1, ZPP_ENGINE_MAX_DEPTH] are
+ * refused. */
+static void test_depths_give_the_same_bits(void) {
+    const int depths[] = {11, 22, 31, 13, 88};
+    for (int mode = 0; mode < 2; mode++) {
+        float loss0[3] = {0};
+        float *master0 = NULL;
+        size_t total = 0;
+        for (size_t d = 0; d < sizeof depths / sizeof *depths; d++) {
+            fixture f;
+            setup_depth(&f, mode, mode, mode, SIZE_MAX, 0, depths[d]);
+            for (int step = 0; step < 3; step++) {
+                float loss;
+                EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+                EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+                EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-2f, loss, NULL));
+                if (d == 0) loss0[step] = loss;
+                EXPECT(!memcmp(&loss, &loss0[step], sizeof loss),
+                       "%s, depth %d: step %d loss %.9g, depth 11 gave %.9g",
+                       mode ? "ZeRO++" : "ZeRO-3", depths[d], step, (double)loss,
+                       (double)loss0[step]);
+            }
+            size_t off = 0;
+            for (int u = 0; u < zpp_engine_unit_count(f.engine); u++) {
+                size_t numel, begin, count;
+                EXPECT_OK(zpp_engine_shard_range(f.engine, u, &numel, &begin, &count));
+                float *mm = zpp_test_malloc(3 * (count + 1) * sizeof(float));
+                EXPECT_OK(zpp_engine_state_get(f.engine, u, mm, mm + count + 1,
+                                               mm + 2 * (count + 1)));
+                if (d == 0) {
+                    master0 = realloc(master0, (off + count + 1) * sizeof(float));
+                    memcpy(master0 + off, mm, count * sizeof(float));
+                }
+                EXPECT(!memcmp(master0 + off, mm, count * sizeof(float)),
+                       "%s, depth %d: unit %d's master differs from depth 11's",
+                       mode ? "ZeRO++" : "ZeRO-3", depths[d], u);
+                off += count;
+                free(mm);
+            }
+            if (d == 0) total = off;
+            EXPECT(off == total, "shard sizes changed with the depth");
+            teardown(&f);
+        }
+        free(master0);
+    }
+    fixture f;
+    memset(&f, 0, sizeof f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    EXPECT_OK(zpp_device_create_host(&f.dev));
+    EXPECT_OK(zpp_topo_create(&to, &f.topo));
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, 2, f.dev, &f.model));
+    const int bad[][2] = {{0, 2}, {2, 0}, {ZPP_ENGINE_MAX_DEPTH + 1, 2}};
+    for (int b = 0; b < 3; b++) {
+        zpp_engine_opts eo = zpp_engine_opts_default();
+        eo.prefetch_depth = bad[b][0];
+        eo.reduce_depth = bad[b][1];
+        zpp_engine *e = NULL;
+        EXPECT(zpp_engine_create(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
+               "depths %d/%d accepted", bad[b][0], bad[b][1]);
+    }
+    f.engine = NULL;
+    teardown(&f);
+}
+
+ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_depths_give_the_same_bits), ZPP_TEST(test_step_volumes_by_mode),
           ZPP_TEST(test_scratch_settles_with_zeropp),
           ZPP_TEST(test_nonfinite_skips_the_step_everywhere),
           ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),

@@ -49,11 +49,14 @@ struct zpp_engine {
     int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
     int forward_ready; /* a forward ran under the current weights */
     int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
-    /* the reduction in flight */
-    zpp_coll_op *reduce_op;
-    int reduce_unit;
-    void *reduce_in;   /* scratch holding the reduction input, or NULL */
-    float *reduce_out; /* scratch, shard_len fp32 */
+    /* The reductions in flight, oldest first (at most opts.reduce_depth). */
+    struct reduction {
+        zpp_coll_op *op;
+        int unit;
+        void *in;   /* scratch holding the reduction input */
+        float *out; /* scratch, shard_len fp32 */
+    } reductions[ZPP_ENGINE_MAX_DEPTH];
+    int n_reductions;
 };
 
 zpp_engine_opts zpp_engine_opts_default(void) {
@@ -69,6 +72,8 @@ zpp_engine_opts zpp_engine_opts_default(void) {
     o.weight_decay = 0.0f;
     o.grad_clip = 1.0f;
     o.max_reuse_distance = 1000000000; /* DeepSpeed's default */
+    o.prefetch_depth = 2;
+    o.reduce_depth = 2;
     o.seed = 1234;
     o.coll = zpp_coll_opts_default();
     o.max_consecutive_skips = 5;
@@ -158,6 +163,11 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: working dtype must be bf16, fp16 or fp32, not %s",
                          zpp_dtype_name(opts->work_dtype));
+    if (opts->prefetch_depth < 1 || opts->prefetch_depth > ZPP_ENGINE_MAX_DEPTH ||
+        opts->reduce_depth < 1 || opts->reduce_depth > ZPP_ENGINE_MAX_DEPTH)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: prefetch_depth %d and reduce_depth %d must lie in [1, %d]",
+                         opts->prefetch_depth, opts->reduce_depth, ZPP_ENGINE_MAX_DEPTH);
     if (opts->max_consecutive_skips < 1 || !(opts->loss_scale >= 0.0f) ||
         !isfinite(opts->loss_scale) ||
         (opts->loss_scale == 0.0f &&
@@ -193,7 +203,6 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     e->model = model;
     e->opts = *opts;
     e->dev = dev;
-    e->reduce_unit = -1;
     e->fault_lo = fault_lo;
     e->fault_hi = fault_hi;
     const char *psum = getenv("ZPP_PARAM_SUMSQ");
@@ -238,9 +247,11 @@ void zpp_engine_destroy(zpp_engine *e) {
             zpp_device_scratch_put(e->dev, u->grad_full);
         }
     }
-    if (e->reduce_op) zpp_coll_finish(e->coll, e->reduce_op);
-    zpp_device_scratch_put(e->dev, e->reduce_in);
-    zpp_device_scratch_put(e->dev, e->reduce_out);
+    for (int k = 0; k < e->n_reductions; k++) {
+        zpp_coll_finish(e->coll, e->reductions[k].op);
+        zpp_device_scratch_put(e->dev, e->reductions[k].in);
+        zpp_device_scratch_put(e->dev, e->reductions[k].out);
+    }
     free(e->units);
     zpp_coll_destroy(e->coll);
     free(e);
@@ -324,49 +335,65 @@ static zpp_status release(zpp_engine *e, int ui) {
  * by that kernel, on the compute stream): collectives.c, "Scratch across
  * the streams". */
 
-static zpp_status reduce_finish(zpp_engine *e) {
-    if (e->reduce_unit < 0) return ZPP_OK;
-    unit_state *u = &e->units[e->reduce_unit];
-    zpp_coll_op *op = e->reduce_op;
-    e->reduce_op = NULL;
-    e->reduce_unit = -1;
-    zpp_status st = coll_finish(e, op);
-    if (st == ZPP_OK)
-        st = zpp_device_add(e->dev, u->grad_acc, e->reduce_out, u->part.shard_len);
-    zpp_device_scratch_put(e->dev, e->reduce_in);
-    zpp_device_scratch_put(e->dev, e->reduce_out);
-    e->reduce_in = NULL;
-    e->reduce_out = NULL;
+/* Completes the oldest reduction in flight and adds its averaged shard into
+ * the unit's accumulator. Reductions complete in the order they started, so
+ * the sums (and the bits) do not depend on opts.reduce_depth. */
+static zpp_status reduce_finish_oldest(zpp_engine *e) {
+    if (e->n_reductions == 0) return ZPP_OK;
+    struct reduction r = e->reductions[0];
+    e->n_reductions--;
+    memmove(&e->reductions[0], &e->reductions[1], (size_t)e->n_reductions * sizeof r);
+    unit_state *u = &e->units[r.unit];
+    zpp_status st = coll_finish(e, r.op);
+    if (st == ZPP_OK) st = zpp_device_add(e->dev, u->grad_acc, r.out, u->part.shard_len);
+    zpp_device_scratch_put(e->dev, r.in);
+    zpp_device_scratch_put(e->dev, r.out);
     return st;
 }
 
-/* Starts reducing unit ui's full gradient, one reduction in flight: the
- * previous one completes first (it had the whole backward of this unit to
- * progress). The fp32 gradient is rounded to the working dtype for the wire
- * (bf16 halves the bytes; qgZ quantizes from it). */
+static zpp_status reduce_finish_all(zpp_engine *e) {
+    zpp_status st = ZPP_OK;
+    while (e->n_reductions) {
+        zpp_status r = reduce_finish_oldest(e);
+        if (st == ZPP_OK) st = r;
+    }
+    return st;
+}
+
+/* Starts reducing unit ui's full gradient. Up to opts.reduce_depth
+ * reductions are in flight: with one, the next cannot be handed to the
+ * link before the previous has come back and been added (a gap on the link
+ * for every unit); with two, it waits on the link behind the one in flight.
+ * The fp32 gradient is rounded to the working dtype for the wire (bf16
+ * halves the bytes; qgZ quantizes from it). */
 static zpp_status reduce_start(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
-    ZPP_CHECK(reduce_finish(e));
-    ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float),
-                                     (void **)&e->reduce_out));
-    const void *in = u->grad_full;
-    if (e->opts.work_dtype != ZPP_FP32) {
-        ZPP_CHECK(zpp_device_scratch_get(e->dev, work_bytes(e, u), &e->reduce_in));
-        ZPP_CHECK(zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, e->reduce_in,
-                                     e->opts.work_dtype, u->part.padded, 1.0f));
-        in = e->reduce_in;
+    if (e->n_reductions >= e->opts.reduce_depth) ZPP_CHECK(reduce_finish_oldest(e));
+    struct reduction r = {NULL, ui, NULL, NULL};
+    zpp_status st =
+        zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float), (void **)&r.out);
+    if (st == ZPP_OK && e->opts.work_dtype != ZPP_FP32) {
+        st = zpp_device_scratch_get(e->dev, work_bytes(e, u), &r.in);
+        if (st == ZPP_OK)
+            st = zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, r.in, e->opts.work_dtype,
+                                    u->part.padded, 1.0f);
+        /* Once converted the full gradient is not needed (that kernel, on
+         * the compute stream, was its one reader). */
+        if (st == ZPP_OK) zpp_device_scratch_put(e->dev, u->grad_full);
+    } else if (st == ZPP_OK) {
+        r.in = u->grad_full; /* fp32: the reduction reads it directly */
     }
-    ZPP_CHECK(zpp_coll_reduce_start(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype, in,
-                                    e->reduce_out, &e->reduce_op));
-    e->reduce_unit = ui;
-    /* The full gradient is no longer needed once converted; with fp32 the
-     * reduction reads it directly, so it moves to reduce_in. */
-    if (e->reduce_in) {
-        zpp_device_scratch_put(e->dev, u->grad_full);
-    } else {
-        e->reduce_in = u->grad_full;
+    if (st == ZPP_OK) {
+        u->grad_full = NULL;
+        st = zpp_coll_reduce_start(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype, r.in,
+                                   r.out, &r.op);
     }
-    u->grad_full = NULL;
+    if (st != ZPP_OK) {
+        if (r.in != u->grad_full) zpp_device_scratch_put(e->dev, r.in);
+        zpp_device_scratch_put(e->dev, r.out);
+        return st;
+    }
+    e->reductions[e->n_reductions++] = r;
     return ZPP_OK;
 }
 
@@ -404,8 +431,12 @@ static zpp_status forward(zpp_engine *e, float *loss_p) {
     for (int s = 0; s < S; s++) {
         int ui = m->stage_unit[s];
         ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_FWD_GATHER));
-        /* Prefetch: the next stage's unit travels while this one computes. */
-        if (s + 1 < S) ZPP_CHECK(gather_start(e, m->stage_unit[s + 1], ZPP_PHASE_FWD_GATHER));
+        /* Prefetch: the next stages' units travel while this one computes.
+         * Two ahead keep the link busy: a gather's inputs are prepared on the
+         * compute stream, so with one ahead the next could not start before
+         * the compute stream had waited for the one in flight. */
+        for (int k = 1; k <= e->opts.prefetch_depth && s + k < S; k++)
+            ZPP_CHECK(gather_start(e, m->stage_unit[s + k], ZPP_PHASE_FWD_GATHER));
         ZPP_CHECK(m->ops->forward(m, s, e->units[ui].full));
         /* Release unless a later stage reuses the unit soon; the last
          * stage's unit stays for the first backward stage. */
@@ -422,8 +453,11 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
         unit_state *u = &e->units[ui];
         const int reads = bwd_reads(m, s);
         if (reads) ZPP_CHECK(gather_wait(e, ui, ZPP_PHASE_BWD_GATHER));
-        if (s > 0 && bwd_reads(m, s - 1))
-            ZPP_CHECK(gather_start(e, m->stage_unit[s - 1], ZPP_PHASE_BWD_GATHER));
+        for (int k = 1, t = s - 1; k <= e->opts.prefetch_depth && t >= 0; t--) {
+            if (!bwd_reads(m, t)) continue; /* gathers nothing: not counted */
+            ZPP_CHECK(gather_start(e, m->stage_unit[t], ZPP_PHASE_BWD_GATHER));
+            k++;
+        }
         if (!u->grad_full) {
             ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
                                              (void **)&u->grad_full));
@@ -437,7 +471,7 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
             ZPP_CHECK(release(e, ui));
         }
     }
-    return reduce_finish(e);
+    return reduce_finish_all(e);
 }
 
 /* Completes whatever is in flight and drops gathered units: after an error,
@@ -449,7 +483,7 @@ static void drain(zpp_engine *e) {
         zpp_device_scratch_put(e->dev, u->grad_full);
         u->grad_full = NULL;
     }
-    reduce_finish(e);
+    reduce_finish_all(e);
 }
 
 zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p) {
@@ -486,7 +520,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     /* Nothing gathered may outlive the weights it was gathered from (a
      * forward whose backward never came leaves its last unit gathered). */
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
-    ZPP_CHECK(reduce_finish(e));
+    ZPP_CHECK(reduce_finish_all(e));
     /* The fault hook (engine.h): a NaN in rank 0's gradient. */
     const int step1 = e->step + 1;
     if (e->fault_lo && step1 >= e->fault_lo && step1 <= e->fault_hi &&

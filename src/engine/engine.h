@@ -28,6 +28,8 @@
 #include "comm/comm.h"
 #include "model/model.h"
 
+#define ZPP_ENGINE_MAX_DEPTH 8
+
 typedef struct zpp_engine_opts {
     zpp_gather_mode gather;  /* forward (and non-hpZ backward) gathers */
     int hpz;                 /* backward gathers from secondary shards */
@@ -40,6 +42,12 @@ typedef struct zpp_engine_opts {
      * stage3_max_reuse_distance); 0 releases it after every stage that is
      * not followed by its own unit. */
     size_t max_reuse_distance;
+    /* Units gathered ahead of the one in use (forward and backward), and
+     * gradient reductions in flight, each in [1, ZPP_ENGINE_MAX_DEPTH];
+     * default 2 and 2. Deeper costs a gathered unit (or a unit's reduction
+     * buffers) of scratch per step of depth; the results are the same bits
+     * at any depth. */
+    int prefetch_depth, reduce_depth;
     uint64_t seed;           /* parameter initialisation */
     zpp_coll_opts coll;      /* quantization specs */
     /* Skipped steps. A step whose global gradient norm is not finite (NaN

@@ -111,6 +111,8 @@ typedef struct zpp_train_config {
         int hpz_partition_size;   /* hpZ node size; 1 = off */
         int quantized_gradients;  /* qgZ */
         long long max_reuse_distance; /* stage3_max_reuse_distance, parameters */
+        int prefetch_depth;           /* zeropp_prefetch_depth: units ahead */
+        int reduce_depth;             /* zeropp_reduce_depth: reductions in flight */
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size */

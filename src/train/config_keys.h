@@ -121,6 +121,11 @@
       ZPP_CFG_I53, (1000000000), 0,                                                               \
       "keep a gathered unit when it is used again within this many parameters of other units "    \
       "(DeepSpeed's meaning); 0 = release after every use")                                       \
+    X("zero_optimization.zeropp_prefetch_depth", INT, zero.prefetch_depth, 1, 8, (2), 0,          \
+      "zeropp: units gathered ahead of the one computing (forward and backward); each costs a "   \
+      "gathered unit of memory")                                                                  \
+    X("zero_optimization.zeropp_reduce_depth", INT, zero.reduce_depth, 1, 8, (2), 0,              \
+      "zeropp: gradient reductions in flight; each costs a unit's reduction buffers")             \
     X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")     \
     X("zero_optimization.contiguous_gradients", IGNORED, none, 0, 0, (0), 0,                      \
       "DeepSpeed tuning knob")                                                                    \

@@ -120,6 +120,8 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.weight_decay = (float)c->optimizer.weight_decay;
     eo.grad_clip = (float)c->gradient_clipping;
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
+    eo.prefetch_depth = c->zero.prefetch_depth;
+    eo.reduce_depth = c->zero.reduce_depth;
     eo.seed = c->seed;
     eo.max_consecutive_skips = c->max_consecutive_skips;
     eo.profile = o->profile;
