@@ -13,6 +13,15 @@
  *   - Handles are opaque; objects are created with *_create / *_open and
  *     freed with *_destroy / *_close.
  *   - Library code never prints on error and never exits.
+ *   - Ownership: a function that takes a handle borrows it; only the
+ *     handle's own *_destroy frees it. Handles are not thread-safe: use
+ *     each from one thread at a time.
+ *
+ * Contents: status codes; element types; block quantization (the wire
+ * layout of a quantized tensor); training a model of your own with ZeRO-3
+ * or ZeRO++ (devices, topology, the model interface, the engine).
+ * examples/custom_model.c trains a small MLP with it, and README.md's
+ * "Use it as a library" says how to build against an installed copy.
  */
 #ifndef ZEROPP_H
 #define ZEROPP_H
@@ -22,6 +31,13 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* Marks what libzeropp.so exports; everything else in it is hidden. */
+#if defined(__GNUC__)
+#define ZPP_API __attribute__((visibility("default")))
+#else
+#define ZPP_API
 #endif
 
 #define ZPP_VERSION_MAJOR 0
@@ -55,15 +71,24 @@ typedef enum zpp_status {
 } zpp_status;
 
 /* Short name of a status ("invalid argument"). Never NULL. */
-const char *zpp_status_str(zpp_status status);
+ZPP_API const char *zpp_status_str(zpp_status status);
 
 /* The message of the last error raised on this thread, with its context
  * ("quantize: block size 12 is not a multiple of 8; use 32, 64, ..."), or ""
  * if none. Valid until the next failing call on this thread. */
-const char *zpp_last_error(void);
+ZPP_API const char *zpp_last_error(void);
+
+/* Records a message for zpp_last_error() (printf format) and returns
+ * `status`: how a callback of yours reports a failure,
+ *     return zpp_error(ZPP_ERR_INVALID, "mlp: batch of %d rows > %d", b, max); */
+ZPP_API zpp_status zpp_error(zpp_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* "0.1.0" */
-const char *zpp_version(void);
+ZPP_API const char *zpp_version(void);
 
 /* ------------------------------------------------------------------------ */
 /* Element types                                                             */
@@ -76,11 +101,11 @@ typedef enum zpp_dtype {
 } zpp_dtype;
 
 /* Bytes per element of a dtype (4, 2, 2); 0 for an unknown value. */
-size_t zpp_dtype_size(zpp_dtype dtype);
+ZPP_API size_t zpp_dtype_size(zpp_dtype dtype);
 /* "fp32", "bf16", "fp16". */
-const char *zpp_dtype_name(zpp_dtype dtype);
+ZPP_API const char *zpp_dtype_name(zpp_dtype dtype);
 /* Parses "fp32" / "bf16" / "fp16". */
-zpp_status zpp_dtype_parse(const char *name, zpp_dtype *dtype_p);
+ZPP_API zpp_status zpp_dtype_parse(const char *name, zpp_dtype *dtype_p);
 
 /* ------------------------------------------------------------------------ */
 /* Block quantization                                                        */
@@ -154,26 +179,26 @@ typedef struct zpp_quant_spec {
 } zpp_quant_spec;
 
 /* A spec with the default block for `bits`, round-to-nearest. */
-zpp_quant_spec zpp_quant_spec_default(int bits);
+ZPP_API zpp_quant_spec zpp_quant_spec_default(int bits);
 /* Checks bits and block; ZPP_ERR_INVALID with a message otherwise. */
-zpp_status zpp_quant_spec_check(const zpp_quant_spec *spec);
+ZPP_API zpp_status zpp_quant_spec_check(const zpp_quant_spec *spec);
 
-size_t zpp_quant_payload_bytes(size_t n, int bits);      /* unpadded */
-size_t zpp_quant_scales_offset(size_t n, int bits);      /* padded payload */
-size_t zpp_quant_num_blocks(size_t n, size_t block);
-size_t zpp_quant_bytes(size_t n, const zpp_quant_spec *spec); /* whole buffer */
+ZPP_API size_t zpp_quant_payload_bytes(size_t n, int bits);      /* unpadded */
+ZPP_API size_t zpp_quant_scales_offset(size_t n, int bits);      /* padded payload */
+ZPP_API size_t zpp_quant_num_blocks(size_t n, size_t block);
+ZPP_API size_t zpp_quant_bytes(size_t n, const zpp_quant_spec *spec); /* whole buffer */
 
 /* Quantizes n elements of `x` (dtype) into `out` (zpp_quant_bytes bytes). */
-zpp_status zpp_quantize(const void *x, zpp_dtype dtype, size_t n,
-                        const zpp_quant_spec *spec, void *out);
+ZPP_API zpp_status zpp_quantize(const void *x, zpp_dtype dtype, size_t n,
+                                const zpp_quant_spec *spec, void *out);
 
 /* Dequantizes a buffer made by zpp_quantize into n elements of dtype. */
-zpp_status zpp_dequantize(const void *q, size_t n, const zpp_quant_spec *spec,
-                          zpp_dtype dtype, void *y);
+ZPP_API zpp_status zpp_dequantize(const void *q, size_t n, const zpp_quant_spec *spec,
+                                  zpp_dtype dtype, void *y);
 
 /* acc[i] += dequantized q[i], fp32 accumulation. */
-zpp_status zpp_dequantize_accumulate(const void *q, size_t n,
-                                     const zpp_quant_spec *spec, float *acc);
+ZPP_API zpp_status zpp_dequantize_accumulate(const void *q, size_t n,
+                                             const zpp_quant_spec *spec, float *acc);
 
 /*
  * qgZ step 1, reorder + quantize. `x` holds a full gradient buffer of
@@ -191,9 +216,9 @@ zpp_status zpp_dequantize_accumulate(const void *q, size_t n,
  * With stochastic rounding, element indices for the random stream are the
  * element's index in x.
  */
-zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype,
-                                      size_t chunk_len, int nodes, int local,
-                                      const zpp_quant_spec *spec, void *out);
+ZPP_API zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype,
+                                              size_t chunk_len, int nodes, int local,
+                                              const zpp_quant_spec *spec, void *out);
 
 /*
  * qgZ step 3, fused dequantize-sum-requantize. Each of the k inputs holds
@@ -202,11 +227,279 @@ zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype,
  * quantize(sum over inputs of dequantize(chunk c)), the sum taken in fp32 in
  * input order 0..k-1.
  */
-zpp_status zpp_quant_dequant_sum_requant(const void *const *in, int k,
-                                         size_t n_chunks, size_t chunk_len,
-                                         const zpp_quant_spec *in_spec,
-                                         const zpp_quant_spec *out_spec,
-                                         void *out);
+ZPP_API zpp_status zpp_quant_dequant_sum_requant(const void *const *in, int k,
+                                                 size_t n_chunks, size_t chunk_len,
+                                                 const zpp_quant_spec *in_spec,
+                                                 const zpp_quant_spec *out_spec,
+                                                 void *out);
+
+/* ------------------------------------------------------------------------ */
+/* Training a model of your own                                              */
+/* ------------------------------------------------------------------------ */
+/*
+ * Every rank of an MPI job (mpirun, srun) runs the same program:
+ *
+ *     MPI_Init(&argc, &argv);
+ *     zpp_device *dev;    zpp_device_create_host(&dev);      (or a GPU)
+ *     zpp_topo *topo;     zpp_topo_open(dev, node_size, 0.0, &topo);
+ *     zpp_model *model;   zpp_model_create(&desc, dev, &model);
+ *     zpp_engine_config cfg = zpp_engine_config_default();
+ *     cfg.mode = ZPP_MODE_ZEROPP;
+ *     zpp_engine *eng;    zpp_engine_open(topo, model, dev, &cfg, &eng);
+ *     for each step:
+ *         put this rank's micro-batch where your forward callback reads it
+ *         zpp_engine_forward(eng, &loss);
+ *         zpp_engine_backward(eng, zpp_engine_loss_scale(eng));
+ *         zpp_engine_update(eng, lr, loss, &stats);
+ *     destroy in reverse order, then MPI_Finalize();
+ *
+ * The engine owns the parameters: each rank keeps a 1/world shard of every
+ * parameter unit (fp32 master weights, AdamW moments, gradients) and
+ * gathers a whole unit, in the working dtype, just before a stage of your
+ * model needs it. Your model owns the activations and the arithmetic.
+ *
+ * Collective calls (marked so below) must be made by every rank of
+ * MPI_COMM_WORLD in the same order. Those that create something return the
+ * same status on every rank (a failure on one rank is handed to all). A
+ * callback of yours that fails on one rank during a forward or backward
+ * returns its status there while the other ranks wait for it in the next
+ * collective: give the topology a deadline (timeout_s) so they give up with
+ * ZPP_ERR_TIMEOUT, and make the callbacks fail alike on every rank, or
+ * agree with zpp_comm_agree_world before going on.
+ */
+
+typedef struct zpp_device zpp_device;
+typedef struct zpp_topo zpp_topo;
+typedef struct zpp_model zpp_model;
+typedef struct zpp_engine zpp_engine;
+
+/* ---- Devices: where a rank's tensors live and its work runs -------------- */
+
+/* The host: tensors in host memory, work on the calling thread; the
+ * communication goes through MPI. Free with zpp_device_destroy. */
+ZPP_API zpp_status zpp_device_create_host(zpp_device **d_p);
+/* NVIDIA GPU `ordinal` (made current for the calling thread) with a new
+ * compute stream; the communication goes through NCCL. ZPP_ERR_UNSUPPORTED
+ * in a build without CUDA, ZPP_ERR_CUDA when the GPU cannot be opened. */
+ZPP_API zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p);
+/* GPUs this process sees (0 in a build without CUDA). */
+ZPP_API int zpp_device_gpu_count(void);
+/* gpu 0: zpp_device_create_host. gpu 1: the GPU of this rank, the rank's
+ * index among the ranks the launcher started on its host
+ * (zpp_comm_launch_local) modulo the GPUs it sees, as `zeropp train
+ * --device gpu` picks it; ZPP_ERR_CUDA when no GPU is visible. MPI must be
+ * initialised for gpu 1. */
+ZPP_API zpp_status zpp_device_create_for_rank(int gpu, zpp_device **d_p);
+/* Frees the device; NULL is ignored. Destroy it last: the topology, model
+ * and engine made for it use it until they are destroyed. */
+ZPP_API void zpp_device_destroy(zpp_device *d);
+/* "host", or the GPU's product name, NUL-terminated in buf (cut to cap - 1). */
+ZPP_API zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap);
+/* The GPU's index, or -1 for the host. */
+ZPP_API int zpp_device_ordinal(const zpp_device *d);
+/* The compute stream (a cudaStream_t) on which a GPU model must enqueue its
+ * kernels, so that they are ordered with the engine's gathers and
+ * reductions; NULL for the host. */
+ZPP_API void *zpp_device_stream(const zpp_device *d);
+
+/* ---- Topology: the world, cut into nodes ---------------------------------- */
+
+/* Where the launcher put this rank: its index among the ranks started on
+ * this host, and their number, from MPI's shared-memory split of the world
+ * (so the same under mpirun, srun or any other launcher). Local. */
+ZPP_API zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p);
+
+/* Builds the communicators over MPI_COMM_WORLD (MPI must be initialised)
+ * for ranks whose tensors live on `dev`: MPI for the host, NCCL for a GPU.
+ * node_size: ranks per node, consecutive ranks sharing one (rank r is on
+ * node r / node_size); 0 takes the launcher's placement (the ranks of one
+ * host form a node). hpZ partitions inside a node and qgZ reduces in two
+ * hops, inside then across nodes, so a node size smaller than the host
+ * emulates several nodes on one machine. timeout_s: the most any wait for
+ * peer ranks may last before it returns ZPP_ERR_TIMEOUT (0: forever); it
+ * also becomes the deadline of zpp_comm_agree_world. `dev` is borrowed and
+ * must outlive the topology. Collective.
+ * ZPP_ERR_INVALID: node_size negative or not dividing the world (the
+ * message lists sizes that do), different on some rank, or the launcher's
+ * placement unequal or not consecutive per host. */
+ZPP_API zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s,
+                                 zpp_topo **topo_p);
+/* Frees the communicators; NULL is ignored. Collective for NCCL. */
+ZPP_API void zpp_topo_destroy(zpp_topo *topo);
+
+typedef struct zpp_topo_info {
+    int world_size, world_rank; /* ranks in the job, this rank */
+    int nodes, node_size;       /* world_size = nodes * node_size */
+    int node, local_rank;       /* world_rank = node * node_size + local_rank */
+} zpp_topo_info;
+/* Fills *info_p. */
+ZPP_API void zpp_topo_get_info(const zpp_topo *topo, zpp_topo_info *info_p);
+
+/* Every rank of MPI_COMM_WORLD returns ZPP_OK when all passed ZPP_OK, else
+ * the status of the lowest-numbered rank that failed, with its message
+ * (zpp_last_error) on every rank. Collective. */
+ZPP_API zpp_status zpp_comm_agree_world(zpp_status st);
+
+/* ---- A model of your own --------------------------------------------------
+ * Parameters are cut into UNITS: flat arrays, each gathered as one buffer
+ * (a layer, say). The computation is cut into STAGES, run in order
+ * 0..n_stages-1 by the forward and in reverse by the backward, each stage
+ * using the parameters of one unit (stage_unit[s]); a unit may serve
+ * several stages (tied weights). While stage s computes, the engine
+ * already gathers the unit of stage s + 1.
+ *
+ * Callbacks get `user` back as their first argument and return ZPP_OK, or
+ * an error raised with zpp_error (below), which the engine hands back
+ * unchanged from the call that ran the callback. Parameter and
+ * gradient buffers are in the device's memory (host memory for the host,
+ * GPU memory for a GPU, with the kernels on zpp_device_stream). */
+typedef struct zpp_model_desc {
+    int n_units;
+    const size_t *unit_numel;        /* elements of each unit, each >= 1 */
+    int n_stages;
+    const int *stage_unit;           /* unit of each stage; every unit used */
+    /* Per stage, 1 when its backward reads the unit's parameters, 0 when it
+     * does not (the engine then gathers nothing for it and passes NULL);
+     * NULL: every stage reads them. */
+    const unsigned char *bwd_reads_params;
+    /* The dtype parameters arrive in: the engine's work_dtype (ZPP_FP32,
+     * ZPP_BF16 or ZPP_FP16). */
+    zpp_dtype param_dtype;
+    void *user;                      /* handed back to every callback */
+
+    /* Writes the initial fp32 values of elements [offset, offset + count) of
+     * `unit` into out (host memory). Must be a pure function of (seed, unit,
+     * element index): each rank initialises only the shard it owns. */
+    zpp_status (*init_params)(void *user, int unit, size_t offset, size_t count,
+                              float *out, uint64_t seed);
+    /* Forward of stage `stage`, with its unit's parameters (unit_numel
+     * elements of param_dtype). The batch is whatever the caller put in
+     * `user` before zpp_engine_forward. */
+    zpp_status (*forward)(void *user, int stage, const void *params);
+    /* This rank's loss of the last forward (mean over its micro-batch). */
+    float (*loss)(void *user);
+    /* Backward of stage `stage`: ADDS d(loss * loss_scale)/d(params) into
+     * grads (fp32, unit_numel elements, zeroed by the engine before the
+     * unit's first backward stage). The last stage starts from the loss.
+     * params is NULL when bwd_reads_params says the stage does not read
+     * them. */
+    zpp_status (*backward)(void *user, int stage, const void *params, float *grads,
+                           float loss_scale);
+    /* Optional: called by zpp_model_destroy, to free `user`. */
+    void (*destroy)(void *user);
+} zpp_model_desc;
+
+/* Wraps a description as a model for zpp_engine_open. The arrays of `desc`
+ * are copied; `user` is borrowed (freed by desc->destroy, if given, when
+ * the model is destroyed). Local. ZPP_ERR_INVALID, naming the field, for a
+ * missing callback, no units or stages, an empty unit, a stage_unit out of
+ * range, a unit no stage uses, or a param_dtype that is not fp32, bf16 or
+ * fp16. */
+ZPP_API zpp_status zpp_model_create(const zpp_model_desc *desc, zpp_device *dev,
+                                    zpp_model **model_p);
+/* Calls desc->destroy(user) and frees the model; NULL is ignored. Destroy
+ * the engine first. */
+ZPP_API void zpp_model_destroy(zpp_model *model);
+
+/* ---- The engine: ZeRO-3 and the ZeRO++ options ---------------------------- */
+
+/* The ZeRO++ optimizations, to OR together; 0 is plain ZeRO-3. */
+typedef enum zpp_mode {
+    ZPP_MODE_ZERO3 = 0,
+    ZPP_MODE_QWZ = 1,    /* forward gathers move int8 weights + scales */
+    ZPP_MODE_HPZ = 2,    /* a secondary weight shard per node: backward
+                            gathers stay inside the node */
+    ZPP_MODE_QGZ = 4,    /* gradients reduced by a two-hop int4 all-to-all */
+    ZPP_MODE_ZEROPP = 7  /* all three */
+} zpp_mode;
+/* Parses "zero3", "zeropp", or a '+'-joined list of "qwz", "hpz", "qgz"
+ * ("qwz+qgz"). */
+ZPP_API zpp_status zpp_mode_parse(const char *name, int *mode_p);
+/* "zero3", "zeropp", or the list ("qwz+hpz"); "?" for an invalid mode. */
+ZPP_API const char *zpp_mode_name(int mode);
+
+typedef struct zpp_engine_config {
+    int mode;                  /* ZPP_MODE_* flags; default ZPP_MODE_ZERO3 */
+    zpp_dtype work_dtype;      /* gathered weights and reduced gradients;
+                                  default ZPP_BF16 (the model's param_dtype) */
+    /* AdamW with decoupled weight decay; defaults 0.9, 0.95, 1e-8, 0 */
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;           /* max global gradient norm, 0 = off; default 1 */
+    uint64_t seed;             /* handed to init_params; default 1234 */
+    /* fp16: a static loss scale > 0, or 0 for the dynamic scaler (starts at
+     * 2^16, halves on overflow, doubles after 1000 good steps). Default 1. */
+    float loss_scale;
+    /* A step whose gradients hold NaN or Inf is skipped on every rank; this
+     * many skipped in a row fail the update with ZPP_ERR_NONFINITE.
+     * Default 5. */
+    int max_consecutive_skips;
+    zpp_quant_spec weight_quant; /* qwZ: int8, default block */
+    zpp_quant_spec grad_quant;   /* qgZ: int4, default block */
+} zpp_engine_config;
+
+/* The defaults listed above. */
+ZPP_API zpp_engine_config zpp_engine_config_default(void);
+
+/* Creates the engine: allocates this rank's shards of every unit and
+ * initialises them through init_params. topo, model and dev are borrowed
+ * and must outlive the engine; model and topology must be made for `dev`.
+ * Collective. ZPP_ERR_INVALID for a bad config (unknown mode bits, a
+ * work_dtype other than the model's, a bad quantization spec, a NULL
+ * argument), ZPP_ERR_NOMEM when the shards do not fit. */
+ZPP_API zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
+                                   const zpp_engine_config *cfg, zpp_engine **engine_p);
+/* Frees the shards; NULL is ignored. */
+ZPP_API void zpp_engine_destroy(zpp_engine *e);
+
+/* Forward of the micro-batch the model holds: gathers each stage's unit
+ * (qwZ: quantized), runs the stages, returns the model's loss for this
+ * rank. Collective. */
+ZPP_API zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p);
+/* Backward of the last forward: runs the stages in reverse (hpZ: gathering
+ * inside the node) and reduces each unit's gradient over the world as soon
+ * as its backward is done (qgZ: quantized), adding the world average into
+ * the gradient shards. loss_scale multiplies the loss being
+ * differentiated: pass zpp_engine_loss_scale(e), times 1/k to average k
+ * micro-batches accumulated before one update. ZPP_ERR_STATE without a
+ * forward under the current weights. Collective. */
+ZPP_API zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
+/* The loss scale the next backward should apply (1 unless fp16 scaling). */
+ZPP_API float zpp_engine_loss_scale(const zpp_engine *e);
+
+typedef struct zpp_update_stats {
+    float loss;               /* the `loss` passed, averaged over the world */
+    float grad_norm;          /* global gradient norm before clipping */
+    int skipped;              /* 1: non-finite gradients, no update */
+    int skipped_total;        /* steps skipped so far */
+    float loss_scale;         /* the scale this step's gradients carried */
+    /* Bytes this step moved per node since the last update: across nodes,
+     * and inside a node (gathers, reductions, norms). */
+    double cross_node_bytes, intra_node_bytes;
+} zpp_update_stats;
+
+/* The optimizer step: global gradient norm, clipping, AdamW at learning
+ * rate lr on each rank's fp32 master shard, the new working-dtype shard;
+ * gradients cleared. `loss` is this rank's loss (the mean of its
+ * micro-batches' forward losses), averaged over the world into
+ * stats_p->loss. Non-finite gradients on any rank skip the step everywhere
+ * (stats_p->skipped). stats_p may be NULL. Collective. */
+ZPP_API zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss,
+                                     zpp_update_stats *stats_p);
+/* Mean loss over the world of a forward on the micro-batch the model holds;
+ * no gradients, no state change (an evaluation). Collective. */
+ZPP_API zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p);
+/* Optimizer steps taken, skipped ones included. */
+ZPP_API int zpp_engine_steps_taken(const zpp_engine *e);
+
+/* This rank's part of the trained weights: unit `unit` (numel elements) is
+ * owned in pieces, this rank's being elements [begin, begin + count), count
+ * possibly 0. */
+ZPP_API zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
+                                          size_t *begin_p, size_t *count_p);
+/* Copies this rank's `count` fp32 master weights of the unit, and both AdamW
+ * moments, to host arrays of count floats each. */
+ZPP_API zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m,
+                                        float *v);
 
 #ifdef __cplusplus
 }

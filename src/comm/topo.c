@@ -56,7 +56,9 @@ static zpp_status zpp__topo_not_dividing(int node_size, int world) {
 }
 
 /* The node size the launcher gave: the size of this rank's shared-memory
- * group. Agreed over all ranks: every group must have the same size S and
+ * group. MPI's own split, not a launcher's variables (OMPI_COMM_WORLD_LOCAL_*,
+ * SLURM_LOCALID, ...), so ranks started by mpirun, srun or any other
+ * launcher find their node the same way. Agreed over all ranks: every group must have the same size S and
  * hold the consecutive ranks S*k .. S*k + S-1 (checked through the group's
  * lowest rank and this rank's index in it: the group sorted by world rank
  * is then first, first+1, ..., and first is a multiple of S). */
@@ -78,13 +80,15 @@ static zpp_status zpp__topo_launcher_node_size(MPI_Comm base, int rank, int *nod
         return zpp_error(ZPP_ERR_INVALID,
                          "topology: the launcher placed unequal numbers of ranks on the nodes "
                          "(from %d to %d per node); start the same number of ranks on every "
-                         "node, or set the node size explicitly",
+                         "node (mpirun --npernode N, srun --ntasks-per-node=N), or set the node "
+                         "size explicitly",
                          -v[1], v[0]);
     if (v[2])
         return zpp_error(ZPP_ERR_INVALID,
                          "topology: the launcher did not place consecutive ranks on each node "
-                         "(%d per node); map ranks by slot (fill one node before the next, "
-                         "Open MPI's default) or set the node size explicitly",
+                         "(%d per node); fill one node before the next (Open MPI's default "
+                         "mapping by slot, srun --distribution=block) or set the node size "
+                         "explicitly",
                          v[0]);
     *node_size_p = v[0];
     return ZPP_OK;

@@ -1,0 +1,368 @@
+/* api/api.c — the public training API of include/zeropp.h, over the layers
+ * below it.
+ *
+ * Thin on purpose: the public header re-declares the internal functions
+ * whose signatures need nothing private (zpp_engine_forward, ...; the
+ * compiler checks both declarations agree, since every internal header
+ * includes zeropp.h), and this file adds only what turns public types into
+ * internal ones: the device's backend picks the communication backend, a
+ * zpp_model_desc becomes the engine's zpp_model (its callbacks behind the
+ * model ops table), a zpp_engine_config becomes zpp_engine_opts, and
+ * zpp_step_stats shrinks to zpp_update_stats. Every function that creates
+ * something collectively agrees on its status over the world, so a bad
+ * argument on one rank fails every rank instead of hanging the others. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+#include "device/device.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "zeropp.h"
+
+/* ---- Devices ------------------------------------------------------------- */
+
+zpp_status zpp_device_create_for_rank(int gpu, zpp_device **d_p) {
+    if (!d_p) return zpp_error(ZPP_ERR_INVALID, "device: d_p is required");
+    if (gpu == 0) return zpp_device_create_host(d_p);
+    if (gpu != 1)
+        return zpp_error(ZPP_ERR_INVALID, "device: gpu must be 0 (the host) or 1, not %d", gpu);
+    /* As `zeropp train --device gpu`: the launcher's local rank modulo the
+     * GPUs this process sees (one when the launcher binds a GPU per rank,
+     * as srun --gpus-per-task=1 does; all of the host's otherwise). */
+    int local = 0, local_size = 0;
+    ZPP_CHECK(zpp_comm_launch_local(&local, &local_size));
+    int gpus = zpp_device_gpu_count();
+    if (gpus <= 0)
+        return zpp_error(ZPP_ERR_CUDA,
+                         "device: no GPU is visible (or this build has no CUDA); use the "
+                         "host (gpu 0) or run on a machine with NVIDIA GPUs");
+    return zpp_device_create_gpu(local % gpus, d_p);
+}
+
+int zpp_device_ordinal(const zpp_device *d) { return d ? d->ordinal : -1; }
+
+void *zpp_device_stream(const zpp_device *d) { return d ? d->stream : NULL; }
+
+/* ---- Topology ------------------------------------------------------------- */
+
+zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
+    zpp_status st = ZPP_OK;
+    if (!dev || !topo_p)
+        st = zpp_error(ZPP_ERR_INVALID, "topology: dev and topo_p are required");
+    else if (!(timeout_s >= 0.0) || isinf(timeout_s))
+        st = zpp_error(ZPP_ERR_INVALID,
+                       "topology: timeout_s %g is not a finite number >= 0 (0 waits forever)",
+                       timeout_s);
+    zpp_comm_world_set_timeout(st == ZPP_OK ? timeout_s : 0.0);
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    zpp_topo_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = dev->mem == ZPP_MEM_HOST ? ZPP_BACKEND_MPI : ZPP_BACKEND_NCCL;
+    o.node_size = node_size;
+    o.device = dev->mem == ZPP_MEM_HOST ? NULL : dev;
+    o.timeout_s = timeout_s;
+    return zpp_topo_create(&o, topo_p); /* agrees itself */
+}
+
+void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
+    if (!t || !info_p) return;
+    info_p->world_size = t->world_size;
+    info_p->world_rank = t->world_rank;
+    info_p->nodes = t->nodes;
+    info_p->node_size = t->node_size;
+    info_p->node = t->node;
+    info_p->local_rank = t->local_rank;
+}
+
+/* ---- A model of the user's own ---------------------------------------------- */
+
+/* The model ops over a zpp_model_desc: m->impl is the user_model. */
+typedef struct user_model {
+    zpp_model m;
+    zpp_model_desc desc; /* the callbacks and `user`; its arrays point below */
+    size_t *unit_numel;
+    int *stage_unit;
+    unsigned char *bwd_reads;
+} user_model;
+
+static user_model *um_of(zpp_model *m) { return (user_model *)m->impl; }
+
+static zpp_status um_init_params(zpp_model *m, int unit, size_t offset, size_t count,
+                                 float *out, uint64_t seed) {
+    user_model *u = um_of(m);
+    return u->desc.init_params(u->desc.user, unit, offset, count, out, seed);
+}
+
+/* The engine never calls set_batch (only its batch-callback helpers, which
+ * the public API leaves out): a user model takes its batch in `user`. */
+static zpp_status um_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets,
+                               int B) {
+    return zpp_error(ZPP_ERR_UNSUPPORTED,
+                     "model: a model made with zpp_model_create takes its batch through its "
+                     "own state, not set_batch");
+}
+
+static zpp_status um_forward(zpp_model *m, int stage, const void *params) {
+    user_model *u = um_of(m);
+    return u->desc.forward(u->desc.user, stage, params);
+}
+
+static float um_loss(zpp_model *m) {
+    user_model *u = um_of(m);
+    return u->desc.loss(u->desc.user);
+}
+
+static zpp_status um_backward(zpp_model *m, int stage, const void *params, float *grads,
+                              float loss_scale) {
+    user_model *u = um_of(m);
+    return u->desc.backward(u->desc.user, stage, params, grads, loss_scale);
+}
+
+static void um_destroy(zpp_model *m) {
+    user_model *u = um_of(m);
+    if (u->desc.destroy) u->desc.destroy(u->desc.user);
+    free(u->unit_numel);
+    free(u->stage_unit);
+    free(u->bwd_reads);
+    free(u);
+}
+
+static const zpp_model_ops kUserModelOps = {
+    .init_params = um_init_params,
+    .set_batch = um_set_batch,
+    .forward = um_forward,
+    .loss = um_loss,
+    .backward = um_backward,
+    .destroy = um_destroy,
+};
+
+/* One message per mistake, naming the field. */
+static zpp_status check_desc(const zpp_model_desc *d) {
+    if (!d->init_params || !d->forward || !d->loss || !d->backward)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "model: the callbacks init_params, forward, loss and backward are "
+                         "required (%s is NULL)",
+                         !d->init_params ? "init_params"
+                         : !d->forward   ? "forward"
+                         : !d->loss      ? "loss"
+                                         : "backward");
+    if (d->n_units < 1 || !d->unit_numel)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "model: n_units is %d; a model needs at least one unit and its "
+                         "unit_numel array",
+                         d->n_units);
+    if (d->n_stages < 1 || !d->stage_unit)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "model: n_stages is %d; a model needs at least one stage and its "
+                         "stage_unit array",
+                         d->n_stages);
+    if (d->param_dtype != ZPP_FP32 && d->param_dtype != ZPP_BF16 && d->param_dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "model: param_dtype %d is not ZPP_FP32, ZPP_BF16 or ZPP_FP16",
+                         (int)d->param_dtype);
+    for (int u = 0; u < d->n_units; u++)
+        if (d->unit_numel[u] == 0)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "model: unit %d has no elements; every unit needs at least one",
+                             u);
+    for (int s = 0; s < d->n_stages; s++)
+        if (d->stage_unit[s] < 0 || d->stage_unit[s] >= d->n_units)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "model: stage_unit[%d] is %d, outside the %d units [0, %d)", s,
+                             d->stage_unit[s], d->n_units, d->n_units);
+    for (int u = 0; u < d->n_units; u++) {
+        int used = 0;
+        for (int s = 0; s < d->n_stages && !used; s++) used = d->stage_unit[s] == u;
+        if (!used)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "model: no stage uses unit %d, so it would never be trained; "
+                             "drop it or name it in stage_unit",
+                             u);
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_model_create(const zpp_model_desc *desc, zpp_device *dev, zpp_model **model_p) {
+    if (!desc || !dev || !model_p)
+        return zpp_error(ZPP_ERR_INVALID, "model: desc, dev and model_p are required");
+    ZPP_CHECK(check_desc(desc));
+    user_model *u = calloc(1, sizeof *u);
+    if (!u) return zpp_error(ZPP_ERR_NOMEM, "model: out of memory");
+    u->desc = *desc;
+    u->unit_numel = malloc((size_t)desc->n_units * sizeof *u->unit_numel);
+    u->stage_unit = malloc((size_t)desc->n_stages * sizeof *u->stage_unit);
+    u->bwd_reads = malloc((size_t)desc->n_stages);
+    if (!u->unit_numel || !u->stage_unit || !u->bwd_reads) {
+        u->desc.destroy = NULL; /* the user's state is not ours to free yet */
+        um_destroy(&u->m);
+        return zpp_error(ZPP_ERR_NOMEM, "model: out of memory");
+    }
+    memcpy(u->unit_numel, desc->unit_numel, (size_t)desc->n_units * sizeof *u->unit_numel);
+    memcpy(u->stage_unit, desc->stage_unit, (size_t)desc->n_stages * sizeof *u->stage_unit);
+    for (int s = 0; s < desc->n_stages; s++)
+        u->bwd_reads[s] = desc->bwd_reads_params ? (desc->bwd_reads_params[s] != 0) : 1;
+    u->m.ops = &kUserModelOps;
+    u->m.mem = dev->mem;
+    u->m.param_dtype = desc->param_dtype;
+    u->m.n_units = desc->n_units;
+    u->m.unit_numel = u->unit_numel;
+    u->m.n_stages = desc->n_stages;
+    u->m.stage_unit = u->stage_unit;
+    u->m.bwd_reads_params = u->bwd_reads;
+    u->m.impl = u;
+    *model_p = &u->m;
+    return ZPP_OK;
+}
+
+void zpp_model_destroy(zpp_model *model) {
+    if (model) model->ops->destroy(model);
+}
+
+/* ---- The engine ---------------------------------------------------------------- */
+
+/* The names of the eight combinations, indexed by the mode bits. */
+static const char *const kModeNames[8] = {"zero3",   "qwz",     "hpz",     "qwz+hpz",
+                                          "qgz",     "qwz+qgz", "hpz+qgz", "zeropp"};
+
+const char *zpp_mode_name(int mode) {
+    return mode >= 0 && mode <= ZPP_MODE_ZEROPP ? kModeNames[mode] : "?";
+}
+
+zpp_status zpp_mode_parse(const char *name, int *mode_p) {
+    if (!name || !mode_p) return zpp_error(ZPP_ERR_INVALID, "mode: name and mode_p are required");
+    if (!strcmp(name, "zero3") || !strcmp(name, "zeropp")) {
+        *mode_p = name[4] == '3' ? ZPP_MODE_ZERO3 : ZPP_MODE_ZEROPP;
+        return ZPP_OK;
+    }
+    int mode = 0;
+    const char *p = name;
+    for (;;) {
+        size_t len = strcspn(p, "+");
+        int bit = len == 3 && !strncmp(p, "qwz", 3)   ? ZPP_MODE_QWZ
+                  : len == 3 && !strncmp(p, "hpz", 3) ? ZPP_MODE_HPZ
+                  : len == 3 && !strncmp(p, "qgz", 3) ? ZPP_MODE_QGZ
+                                                      : 0;
+        if (!bit || (mode & bit))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "mode: '%s' is not a mode; use zero3, zeropp, or a '+'-joined "
+                             "list of qwz, hpz and qgz, each once (qwz+hpz)",
+                             name);
+        mode |= bit;
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    *mode_p = mode;
+    return ZPP_OK;
+}
+
+zpp_engine_config zpp_engine_config_default(void) {
+    zpp_engine_opts o = zpp_engine_opts_default();
+    zpp_engine_config c;
+    memset(&c, 0, sizeof c);
+    c.mode = ZPP_MODE_ZERO3;
+    c.work_dtype = o.work_dtype;
+    c.beta1 = o.beta1;
+    c.beta2 = o.beta2;
+    c.eps = o.eps;
+    c.weight_decay = o.weight_decay;
+    c.grad_clip = o.grad_clip;
+    c.seed = o.seed;
+    c.loss_scale = o.loss_scale;
+    c.max_consecutive_skips = o.max_consecutive_skips;
+    c.weight_quant = o.coll.weight_spec;
+    c.grad_quant = o.coll.grad_spec;
+    return c;
+}
+
+static int finite_in(float x, float lo, float hi) { return isfinite(x) && x >= lo && x <= hi; }
+
+/* The public config as the engine's options; the checks the engine leaves
+ * to its callers. */
+static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *o) {
+    if (c->mode < 0 || c->mode > ZPP_MODE_ZEROPP)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: mode %d has bits other than ZPP_MODE_QWZ, ZPP_MODE_HPZ and "
+                         "ZPP_MODE_QGZ",
+                         c->mode);
+    if (!finite_in(c->beta1, 0.0f, 0.999999f) || !finite_in(c->beta2, 0.0f, 0.999999f))
+        return zpp_error(ZPP_ERR_INVALID, "engine: beta1 %g and beta2 %g must lie in [0, 1)",
+                         (double)c->beta1, (double)c->beta2);
+    if (!(c->eps > 0.0f) || !isfinite(c->eps))
+        return zpp_error(ZPP_ERR_INVALID, "engine: eps %g must be finite and > 0",
+                         (double)c->eps);
+    if (!finite_in(c->weight_decay, 0.0f, INFINITY) || !finite_in(c->grad_clip, 0.0f, INFINITY))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: weight_decay %g and grad_clip %g must be finite and >= 0 "
+                         "(grad_clip 0: no clipping)",
+                         (double)c->weight_decay, (double)c->grad_clip);
+    *o = zpp_engine_opts_default();
+    o->gather = (c->mode & ZPP_MODE_QWZ) ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
+    o->hpz = (c->mode & ZPP_MODE_HPZ) != 0;
+    o->reduce = (c->mode & ZPP_MODE_QGZ) ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
+    o->work_dtype = c->work_dtype;
+    o->beta1 = c->beta1;
+    o->beta2 = c->beta2;
+    o->eps = c->eps;
+    o->weight_decay = c->weight_decay;
+    o->grad_clip = c->grad_clip;
+    o->seed = c->seed;
+    o->loss_scale = c->loss_scale;
+    o->max_consecutive_skips = c->max_consecutive_skips;
+    o->coll.weight_spec = c->weight_quant;
+    o->coll.grad_spec = c->grad_quant;
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
+                           const zpp_engine_config *cfg, zpp_engine **engine_p) {
+    zpp_engine_opts o = zpp_engine_opts_default();
+    zpp_status st = ZPP_OK;
+    if (!topo || !model || !dev || !cfg || !engine_p)
+        st = zpp_error(ZPP_ERR_INVALID,
+                       "engine: topology, model, device, config and engine_p are required");
+    else
+        st = engine_opts_from(cfg, &o);
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    zpp_engine *e = NULL;
+    st = zpp_engine_create(topo, model, &o, dev, &e);
+    st = zpp_comm_agree_world(st);
+    if (st != ZPP_OK) {
+        zpp_engine_destroy(e);
+        return st;
+    }
+    *engine_p = e;
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_stats *stats_p) {
+    zpp_status st = ZPP_OK;
+    if (!e) st = zpp_error(ZPP_ERR_INVALID, "engine: update without an engine");
+    else if (!finite_in(lr, 0.0f, INFINITY))
+        st = zpp_error(ZPP_ERR_INVALID, "engine: learning rate %g must be finite and >= 0",
+                       (double)lr);
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    zpp_step_stats s;
+    memset(&s, 0, sizeof s);
+    ZPP_CHECK(zpp_engine_optimizer_step(e, lr, loss, &s));
+    if (stats_p) {
+        stats_p->loss = s.loss;
+        stats_p->grad_norm = s.grad_norm;
+        stats_p->skipped = s.skipped;
+        stats_p->skipped_total = s.skipped_total;
+        stats_p->loss_scale = s.loss_scale;
+        stats_p->cross_node_bytes = zpp_volume_cross_total(&s.volume);
+        stats_p->intra_node_bytes = zpp_volume_intra_total(&s.volume);
+    }
+    return ZPP_OK;
+}
+
+/* The batch is already in the model's state. */
+static zpp_status batch_in_place(void *ctx, int micro, zpp_model *model) { return ZPP_OK; }
+
+zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p) {
+    if (!e || !loss_p) return zpp_error(ZPP_ERR_INVALID, "engine: engine and loss_p are required");
+    return zpp_engine_eval(e, batch_in_place, NULL, loss_p);
+}

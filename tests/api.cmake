@@ -1,0 +1,6 @@
+# The public training API (include/zeropp.h) as a user calls it: a linear
+# model of the test's own against AdamW's first step in closed form, every
+# mode training, bad descriptions and configs refused on every rank, and
+# the ranks' placement coming from MPI rather than a launcher's variables.
+zpp_test(test_api SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_api.c
+         ${CMAKE_CURRENT_SOURCE_DIR}/mpi_main.c NP 4 CASES_FROM_SOURCE LABELS api)
