@@ -4,4 +4,4 @@
 # Cases launch up to 3 ranks on CI's 2 cores: one at a time.
 zpp_test(test_llmc SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llmc.c CASES_FROM_SOURCE
          ENV ZPP_CLI=$<TARGET_FILE:zeropp_cli> ZPP_MPIEXEC=${MPIEXEC_EXECUTABLE}
-         LABELS train_io TIMEOUT 600 PROCESSORS 2)
+         LABELS train_io TIMEOUT 600 GPU_TIMEOUT 120 PROCESSORS 2)

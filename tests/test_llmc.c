@@ -435,11 +435,11 @@ static double read_json_loss(const char *path) {
  * [i B T, (i + 1) B T) with targets one later, as llm.c's loader reads the
  * file; the loss over the real vocabulary only. The model computes in fp32:
  * each of its sums of at most 4C = 96 terms rounds to ~1e-7 relative, a
- * loss of ~4 nats carries ~1e-6 of it, so 1e-4 relative is the issue's
- * bound with a hundredfold margin. The same data through the padded
- * softmax (all Vp columns) must miss by far more: the check can see the
- * padded rows. fp32 and bf16 files alike (the bf16 values, widened). */
-static void check_eval(int bf16, uint64_t stream) {
+ * loss of a few nats carries ~1e-6 of it (measured: ~1e-8), so 1e-4
+ * relative is the issue's bound with a wide margin. The same data through
+ * the padded softmax (all Vp columns) must miss by far more: the check can
+ * see the padded rows. fp32 and bf16 files alike (the bf16 values, widened). */
+static void check_eval(int bf16, uint64_t stream, const char *device) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
     llmc_model m = model_make(&r, bf16);
     const int B = 2, K = 3;
@@ -449,8 +449,9 @@ static void check_eval(int bf16, uint64_t stream) {
     uint16_t *toks = zpp_test_malloc(n * sizeof(uint16_t));
     tokens_write(tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
     tmp_path("ev_out.txt", out), tmp_path("ev_err.txt", err);
-    int rc = run_cli(0, out, err, "eval --init-from %s --data %s --batch-size %d --batches %d --json",
-                     f, tok, B, K);
+    int rc = run_cli(0, out, err,
+                     "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
+                     f, tok, B, K, device);
     EXPECT(rc == 0, "eval failed (%d); see %s", rc, err);
     const double got = read_json_loss(out);
     int32_t *x = zpp_test_malloc(BT * sizeof(int32_t)), *y = zpp_test_malloc(BT * sizeof(int32_t));
@@ -461,9 +462,9 @@ static void check_eval(int bf16, uint64_t stream) {
         padded += ref_loss(&m, x, y, B, m.Vp) / K;
     }
     double rel = fabs(got - want) / fabs(want);
-    printf("  %s: zeropp eval %.9f, reference %.9f (rel %.2e); with the padded rows in the "
+    printf("  %s %s: zeropp eval %.9f, reference %.9f (rel %.2e); with the padded rows in the "
            "softmax %.6f\n",
-           bf16 ? "bf16" : "fp32", got, want, rel, padded);
+           device, bf16 ? "bf16" : "fp32", got, want, rel, padded);
     EXPECT(rel <= 1e-4, "eval loss %.9g vs reference %.9g: rel %.2e > 1e-4", got, want, rel);
     EXPECT(fabs(padded - want) > 100 * 1e-4 * want, "the padded rows do not move the loss: the "
            "check is blind to them");
@@ -472,8 +473,15 @@ static void check_eval(int bf16, uint64_t stream) {
 }
 
 static void test_eval_matches_reference(void) {
-    check_eval(0, 3);
-    check_eval(1, 4);
+    check_eval(0, 3, "cpu");
+    check_eval(1, 4, "cpu");
+}
+
+/* The same on GPU 0 (the CUDA model with fp32 parameters, whose sums in
+ * other orders stay within test_gpt2_cuda.c's 1e-4 of the CPU's). */
+static void test_eval_gpu_matches_reference(void) {
+    check_eval(0, 7, "gpu");
+    check_eval(1, 8, "gpu");
 }
 
 /* The padded vocabulary in the CPU model itself: a model of Vp rows with
@@ -667,4 +675,4 @@ static void test_malformed_refused(void) {
 
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32), ZPP_TEST(test_roundtrip_bf16),
           ZPP_TEST(test_eval_matches_reference), ZPP_TEST(test_padded_vocab_model),
-          ZPP_TEST(test_malformed_refused))
+          ZPP_TEST(test_malformed_refused), ZPP_TEST_GPU(test_eval_gpu_matches_reference))
