@@ -2,7 +2,6 @@
 #include "train/llmc.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
