@@ -112,7 +112,7 @@ static void test_every_key_parsed(void) {
     for (int trial = 0; trial < 20; trial++) {
         int n_head = irand(&r, 1, 16), n_embd = n_head * irand(&r, 1, 32);
         int n_layer = irand(&r, 1, 48), seq_len = irand(&r, 1, 4096),
-            vocab = irand(&r, 1, 100000);
+            vocab = irand(&r, 1, 100000), real_vocab = irand(&r, 0, vocab);
         int mb = irand(&r, 1, 64), gas = irand(&r, 1, 16), world = irand(&r, 1, 8);
         int hpz = irand(&r, 1, 8), spp = irand(&r, 0, 100);
         double lr = 1e-5 + zpp_rng_uniform(&r) * 1e-2, b1 = zpp_rng_uniform(&r) * 0.99,
@@ -154,7 +154,7 @@ static void test_every_key_parsed(void) {
                  "      \"stage3_max_reuse_distance\": %lld,\n"
                  "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d},\n"
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
-                 "      \"seq_len\": %d, \"vocab_size\": %d},\n"
+                 "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g}\n"
@@ -162,7 +162,8 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, n_layer, n_head, n_embd, seq_len, vocab, steps, seed, ev, eb, kc, cts);
+                 reuse, pdepth, rdepth, n_layer, n_head, n_embd, seq_len, vocab, real_vocab, steps,
+                 seed, ev, eb, kc, cts);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -183,7 +184,7 @@ static void test_every_key_parsed(void) {
                cfg.zero.reduce_depth == rdepth);
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
-               cfg.model.vocab_size == vocab);
+               cfg.model.vocab_size == vocab && cfg.model.real_vocab_size == real_vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
                cfg.collective_timeout_s == cts);
@@ -419,6 +420,9 @@ static void test_validation_errors(void) {
                       "optimizer.type 'Adam' is not supported");
     expect_load_fails("{\"optimizer\": {\"type\": \"Lamb\"}}", ZPP_ERR_UNSUPPORTED,
                       "optimizer.type 'Lamb'");
+    /* the softmax's vocabulary is at most the embedding's rows */
+    expect_load_fails("{\"model\": {\"vocab_size\": 50, \"real_vocab_size\": 51}}",
+                      ZPP_ERR_CONFIG, "'model.real_vocab_size' 51 is outside 0..'model.vocab_size' 50");
     /* The validator alone. */
     zpp_train_config cfg;
     EXPECT_OK(zpp_train_config_defaults(&cfg));

@@ -157,6 +157,7 @@ static twin twin_make(zpp_gpt2_config cfg, zpp_dtype dtype, int max_batch, int o
     EXPECT(g->mem == ZPP_MEM_DEVICE, "mem %d", (int)g->mem);
     EXPECT(g->param_dtype == dtype && g->n_units == c->n_units && g->n_stages == c->n_stages &&
                g->seq_len == c->seq_len && g->vocab_size == c->vocab_size &&
+               g->real_vocab_size == c->real_vocab_size &&
                g->max_batch == c->max_batch,
            "units %d/%d stages %d/%d", g->n_units, c->n_units, g->n_stages, c->n_stages);
     for (int u = 0; u < c->n_units; u++)
@@ -374,6 +375,18 @@ static void twin_perturb(twin *t, zpp_rng *r) {
     twin_upload(t);
 }
 
+/* With a padded vocabulary (real_vocab_size < vocab_size) the padded rows
+ * of wte are outside the softmax and no token uses them: their gradient
+ * must be exactly 0 on both models. */
+static void expect_padded_rows_zero(const twin *t, const char *what) {
+    const size_t C = (size_t)t->cfg.n_embd, lo = (size_t)zpp_gpt2_real_vocab(&t->cfg) * C,
+                 hi = (size_t)t->cfg.vocab_size * C;
+    for (size_t i = lo; i < hi; i++)
+        EXPECT(t->gc[0][t->lay.wte + i] == 0.0f && t->gg[0][t->lay.wte + i] == 0.0f,
+               "%s: padded wte element %zu has gradient cpu %g, cuda %g", what, i,
+               t->gc[0][t->lay.wte + i], t->gg[0][t->lay.wte + i]);
+}
+
 /* A config, two batches: B = max_batch, then a smaller B (rows in use fewer
  * than the slabs' stride; activations of the first batch left behind).
  * Parameters: the init, moved by twin_perturb. */
@@ -389,13 +402,14 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
     for (int k = 0; k < 2; k++) {
         int B = Bs[k];
         random_tokens(&r, tok, (size_t)B * cfg.seq_len, token_range);
-        random_tokens(&r, tgt, (size_t)B * cfg.seq_len, cfg.vocab_size);
+        random_tokens(&r, tgt, (size_t)B * cfg.seq_len, zpp_gpt2_real_vocab(&cfg));
         float scale = (float)(0.5 + 7.5 * zpp_rng_uniform(&r));
         char what[160];
-        snprintf(what, sizeof what, "L%d H%d C%d T%d V%d %s B%d/%d scale %.3f", cfg.n_layer,
-                 cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, zpp_dtype_name(dt), B,
-                 max_batch, scale);
+        snprintf(what, sizeof what, "L%d H%d C%d T%d V%d/%d %s B%d/%d scale %.3f", cfg.n_layer,
+                 cfg.n_head, cfg.n_embd, cfg.seq_len, zpp_gpt2_real_vocab(&cfg), cfg.vocab_size,
+                 zpp_dtype_name(dt), B, max_batch, scale);
         compare_step(&t, tok, tgt, B, scale, what);
+        if (zpp_gpt2_real_vocab(&cfg) < cfg.vocab_size) expect_padded_rows_zero(&t, what);
     }
     free(tok);
     free(tgt);
@@ -413,12 +427,12 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
  *   C: C = 192, H = 6, hs = 32, T = 64, V = 512, B = 4: larger products
  *      (other cuBLASLt algorithms, split-K), own stream. */
 static void test_matches_cpu_fp32(void) {
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_FP32, 3, 128, 1, 0);
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_FP32, 5, 7, 2, 1);
-    check_config((zpp_gpt2_config){2, 6, 192, 64, 512}, ZPP_FP32, 4, 512, 3, 1);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0}, ZPP_FP32, 3, 128, 1, 0);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0}, ZPP_FP32, 5, 7, 2, 1);
+    check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0}, ZPP_FP32, 4, 512, 3, 1);
     /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time
      * path (8-wide accesses need rows of a multiple of 8) */
-    check_config((zpp_gpt2_config){1, 3, 36, 13, 50}, ZPP_FP32, 2, 50, 10, 1);
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0}, ZPP_FP32, 2, 50, 10, 1);
 }
 
 /* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
@@ -426,14 +440,25 @@ static void test_matches_cpu_fp32(void) {
  * same widened parameters; the 16-bit bounds of the top apply. Head sizes
  * 16 take the GEMM attention, 64 and 128 (bf16) the fused one. */
 static void test_matches_cpu_bf16_fp16(void) {
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128}, ZPP_BF16, 3, 128, 4, 1);
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101}, ZPP_BF16, 5, 7, 5, 0);
-    check_config((zpp_gpt2_config){1, 3, 48, 19, 101}, ZPP_FP16, 2, 101, 6, 1);
-    check_config((zpp_gpt2_config){1, 3, 36, 13, 50}, ZPP_BF16, 2, 50, 11, 0);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0}, ZPP_BF16, 3, 128, 4, 1);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0}, ZPP_BF16, 5, 7, 5, 0);
+    check_config((zpp_gpt2_config){1, 3, 48, 19, 101, 0}, ZPP_FP16, 2, 101, 6, 1);
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0}, ZPP_BF16, 2, 50, 11, 0);
     /* head sizes 64 and 128: the fused attention (attention_cuda.cu), with
      * T = 80 and 40 not multiples of its tiles */
-    check_config((zpp_gpt2_config){2, 2, 128, 80, 128}, ZPP_BF16, 3, 128, 8, 1);
-    check_config((zpp_gpt2_config){1, 2, 256, 40, 96}, ZPP_BF16, 2, 96, 9, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0}, ZPP_BF16, 3, 128, 8, 1);
+    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0}, ZPP_BF16, 2, 96, 9, 0);
+}
+
+/* The padded vocabulary (model.h, real_vocab_size; llm.c's model files):
+ * logits over all vocab_size columns, softmax and d logits over the first
+ * real_vocab_size only. Loss and gradients match the CPU reference (whose
+ * padded softmax test_llmc.c checks against the unpadded model) within the
+ * bounds of the top, and the padded rows' gradients are exactly 0 on both.
+ * Tokens and targets stay below real_vocab_size, as from llm.c's data. */
+static void test_padded_vocab_matches_cpu(void) {
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 101}, ZPP_FP32, 3, 101, 12, 1);
+    check_config((zpp_gpt2_config){1, 3, 48, 19, 112, 101}, ZPP_BF16, 2, 101, 13, 0);
 }
 
 /* Accumulation and loss_scale: with grads holding g1 (scale 1), a second
@@ -445,7 +470,7 @@ static void test_matches_cpu_bf16_fp16(void) {
  * 2e-5 * max|5 g1|. Forgetting to accumulate (4 g1) or to scale (2 g1)
  * misses by >= 20% of max|g|. The two losses must be bit-identical. */
 static void test_accumulation_and_scale(void) {
-    zpp_gpt2_config cfg = {2, 3, 48, 19, 101};
+    zpp_gpt2_config cfg = {2, 3, 48, 19, 101, 0};
     int B = 3;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(7));
@@ -488,7 +513,7 @@ static void test_accumulation_and_scale(void) {
 /* Same inputs, same bits: no atomics, cached cuBLASLt algorithms. A
  * different, larger batch in between must not leak into the repeat. */
 static void test_determinism(void) {
-    zpp_gpt2_config cfg = {2, 4, 64, 32, 128};
+    zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0};
     int Bmax = 4, B = 3;
     twin t = twin_make(cfg, ZPP_BF16, Bmax, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
@@ -527,7 +552,7 @@ static void test_determinism(void) {
  * soon as it returns. Overwriting them before the forward (which runs
  * asynchronously) must not change the loss. */
 static void test_set_batch_copies(void) {
-    zpp_gpt2_config cfg = {1, 4, 64, 32, 128};
+    zpp_gpt2_config cfg = {1, 4, 64, 32, 128, 0};
     int B = 4;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(9));
@@ -554,7 +579,7 @@ static void test_set_batch_copies(void) {
  * of order are state errors; host pointers are refused before any kernel
  * can fault on them. */
 static void test_rejects_bad_input(void) {
-    zpp_gpt2_config cfg = {1, 2, 8, 8, 16};
+    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0};
     int B = 2, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_model *m = t.gpu;
@@ -623,7 +648,7 @@ static void test_rejects_bad_input(void) {
  * its initial ln 64 (a 2-layer model memorising 64 random targets). The
  * CPU model runs the same steps alongside; its losses are printed. */
 static void test_sgd_reduces_loss(void) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0};
     int B = 4, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
@@ -682,7 +707,7 @@ static void test_sgd_reduces_loss(void) {
  * 0.007. So loss - ln V ~ 0.05 +- 0.01 (the CPU model on this shape, 12
  * seeds: 0.036 .. 0.060); we accept -0.06 .. 0.12 as there. */
 static void test_loss_at_init_and_speed(void) {
-    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096};
+    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0};
     int B = 8, T = cfg.seq_len, V = cfg.vocab_size, L = cfg.n_layer;
     zpp_device *dev = gpu_open();
     zpp_model *m = NULL;
@@ -740,6 +765,7 @@ static void test_loss_at_init_and_speed(void) {
 }
 
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
+          ZPP_TEST(test_padded_vocab_matches_cpu),
           ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),
           ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed))

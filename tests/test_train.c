@@ -1840,8 +1840,8 @@ static int run_timed(int secs, const char *cmd, double *seconds) {
  * used to wrap to 0 and 2 steps (or a node size of 2). The error names the
  * range, once, with 2 ranks. */
 static void test_cli_integers_range_checked(void) {
-    expect_clean_failure(2, "--steps 2147483648", "[1, 2147483647]");
-    expect_clean_failure(2, "--steps 4294967298", "[1, 2147483647]");
+    expect_clean_failure(2, "--steps 2147483648", "[0, 2147483647]");
+    expect_clean_failure(2, "--steps 4294967298", "[0, 2147483647]");
     expect_clean_failure(2, "--node-size 4294967298", "[1, 2147483647]");
     expect_clean_failure(2, "--eval-every=4294967296", "[0, 2147483647]");
     expect_clean_failure(2, "--save-every 2147483648 --save /tmp/x", "--save-every");

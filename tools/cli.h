@@ -7,6 +7,8 @@ int zpp_cli_train(int argc, char **argv);
 int zpp_cli_bench_quant(int argc, char **argv);
 int zpp_cli_bench_comm(int argc, char **argv);
 int zpp_cli_plan(int argc, char **argv);
+int zpp_cli_export(int argc, char **argv); /* llmc.c */
+int zpp_cli_eval(int argc, char **argv);   /* llmc.c */
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>

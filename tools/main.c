@@ -1,4 +1,4 @@
-/* tools/main.c — `zeropp train | bench | plan`. The one place that
+/* tools/main.c — `zeropp train | eval | export | bench | plan`. The one place that
  * initialises and finalises MPI: the commands that run over ranks (train,
  * bench comm) start it here; the library reaches it through comm/ only. */
 #include <mpi.h>
@@ -16,6 +16,11 @@ static void usage(FILE *f) {
             "usage:\n"
             "  zeropp train [--config FILE] [--data FILE] [--steps N] ...   train GPT-2 "
             "(under mpirun)\n"
+            "  zeropp train --init-from MODEL.bin ...   start from an llm.c model file\n"
+            "  zeropp eval --init-from MODEL.bin --data TOKENS --batch-size B --batches K "
+            "[--json]\n"
+            "  zeropp export --from DIR --to MODEL.bin [--dtype fp32|bf16]   checkpoint -> "
+            "llm.c\n"
             "  zeropp bench quant [--dtype bf16] [--bits 8] [--block B] [--n N] [--json]\n"
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
@@ -54,6 +59,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "train")) return with_mpi(zpp_cli_train, argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "export")) return zpp_cli_export(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return zpp_cli_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm"))

@@ -11,10 +11,11 @@
 #include "cli.h"
 #include "comm/comm.h"
 #include "core/error.h"
+#include "train/llmc.h"
 #include "train/trainer.h"
 
 typedef struct train_args {
-    const char *config, *data, *metrics, *save, *resume;
+    const char *config, *data, *metrics, *save, *resume, *init_from;
     long steps, eval_every, seed, save_every;
     int node_size;
     int gpu, emulate_nodes;
@@ -46,7 +47,8 @@ static void usage(FILE *f) {
             "                    --list-config-keys; an example: examples/zeropp.json)\n"
             "  --data FILE       llm.c token file (.bin) or any text file; default: a "
             "built-in synthetic corpus\n"
-            "  --steps N         optimizer steps (overrides zeropp.train_steps)\n"
+            "  --steps N         optimizer steps (overrides zeropp.train_steps); 0 with --save\n"
+            "                    writes a checkpoint of the initial weights\n"
             "  --eval-every K    validation loss every K steps (0 = never)\n"
             "  --metrics FILE    one JSON object per step\n"
             "  --seed S          initialisation and data order\n"
@@ -59,6 +61,9 @@ static void usage(FILE *f) {
             "                    is a new DIR/step-N folder, published atomically; the newest\n"
             "                    zeropp.keep_checkpoints (2) stay\n"
             "  --save-every K    also checkpoint every K steps (needs --save)\n"
+            "  --init-from FILE  start from an llm.c GPT-2 model file (fp32 or bf16): the model's\n"
+            "                    shape comes from it (a model section in --config must agree);\n"
+            "                    its padded vocabulary rows stay outside the softmax\n"
             "  --resume DIR      continue from the newest checkpoint published in DIR (or from\n"
             "                    the step folder DIR), on any number of ranks; the same ranks\n"
             "                    continue bit for bit. A checkpoint at or past --steps is an\n"
@@ -103,9 +108,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--device", ZPP_CLI_STR, &device, 0, 0},
         {"--save", ZPP_CLI_STR, &a->save, 0, 0},
         {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
+        {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
         /* step counts land in int (zpp_train_config.train_steps and co.) */
         {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
-        {"--steps", ZPP_CLI_LONG, &a->steps, 1, INT_MAX},
+        {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
         {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
         {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
         {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
@@ -145,8 +151,16 @@ static int parse_args(int argc, char **argv, train_args *a) {
         if (print) fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
         return -1;
     }
-    if (a->demo && (a->save || a->resume)) {
-        if (print) fprintf(stderr, "zeropp train: --demo does not take --save or --resume\n");
+    if (a->demo && (a->save || a->resume || a->init_from || a->steps == 0)) {
+        if (print)
+            fprintf(stderr, "zeropp train: --demo does not take --save, --resume, --init-from "
+                            "or --steps 0\n");
+        return -1;
+    }
+    if (a->init_from && a->resume) {
+        if (print)
+            fprintf(stderr, "zeropp train: --init-from and --resume both set the weights; give "
+                            "one\n");
         return -1;
     }
     return 0;
@@ -249,11 +263,15 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                FILE *metrics, run_summary *sum) {
     int rank = zpp_comm_world_rank();
     zpp_trainer *t = NULL;
-    zpp_trainer_opts to = {a->data, a->node_size, a->gpu, a->emulate_nodes, a->profile};
+    zpp_trainer_opts to = {a->data,    a->node_size, a->gpu, a->emulate_nodes,
+                           a->profile, a->init_from};
     zpp_status st = zpp_trainer_create(cfg, &to, &t);
     if (st != ZPP_OK) return report("train", st);
     const zpp_trainer_info *in = zpp_trainer_get_info(t);
     int start = 0;
+    if (a->init_from && rank == 0)
+        printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
+               zpp_gpt2_real_vocab(&cfg->model), cfg->model.vocab_size);
     if (a->resume) {
         st = zpp_trainer_load(t, a->resume, &start);
         if (st != ZPP_OK) {
@@ -367,6 +385,14 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         if (tty) progress(s + 1, cfg->train_steps, loss);
         fflush(stdout);
     }
+    if (a->save && cfg->train_steps == 0) { /* --steps 0: the initial weights */
+        st = zpp_trainer_save(t, a->save, 0);
+        if (st != ZPP_OK) {
+            zpp_trainer_destroy(t);
+            return report("checkpoint", st);
+        }
+        if (rank == 0) printf("saved the initial weights (step 0) to %s\n", a->save);
+    }
     if (tty) printf("\n");
     if (rank == 0) prof_print(&prof);
     if (sum) {
@@ -426,13 +452,25 @@ int zpp_cli_train(int argc, char **argv) {
     zpp_status st = zpp_train_config_defaults(&cfg);
     zpp_comm_world_set_timeout(a.collective_timeout >= 0 ? a.collective_timeout
                                                          : cfg.collective_timeout_s);
+    /* --init-from: the shape comes from the llm.c file; a model section of
+     * the config loads over it and must leave it as it was. */
+    const char *stage = "config";
+    zpp_llmc_file *llmc = NULL;
+    if (st == ZPP_OK && a.init_from) {
+        stage = "init-from";
+        st = zpp_llmc_open(a.init_from, &llmc);
+        if (st == ZPP_OK) cfg.model = zpp_llmc_get_info(llmc)->model;
+        if (st == ZPP_OK) stage = "config";
+    }
     if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
+    if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg.model);
+    zpp_llmc_close(llmc);
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
-        rc = report("config", st);
+        rc = report(stage, st);
         goto done;
     }
-    if (a.steps > 0) cfg.train_steps = (int)a.steps;
+    if (a.steps >= 0) cfg.train_steps = (int)a.steps;
     if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
     if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;

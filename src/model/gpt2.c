@@ -40,6 +40,11 @@ zpp_status zpp_gpt2_config_check(const zpp_gpt2_config *cfg) {
     if (cfg->vocab_size < 1 || cfg->vocab_size > GPT2_MAX_VOCAB)
         return zpp_error(ZPP_ERR_CONFIG, "gpt2: vocab_size %d is out of range; use 1..%d",
                          cfg->vocab_size, GPT2_MAX_VOCAB);
+    if (cfg->real_vocab_size < 0 || cfg->real_vocab_size > cfg->vocab_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "gpt2: real_vocab_size %d is out of range; use 1..vocab_size %d (or 0 "
+                         "for vocab_size)",
+                         cfg->real_vocab_size, cfg->vocab_size);
     return ZPP_OK;
 }
 
@@ -184,6 +189,7 @@ void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype p
     base->bwd_reads_params = s->bwd_reads_params;
     base->seq_len = cfg->seq_len;
     base->vocab_size = cfg->vocab_size;
+    base->real_vocab_size = zpp_gpt2_real_vocab(cfg);
     base->max_batch = max_batch;
 }
 
@@ -193,7 +199,7 @@ void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype p
 
 zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
                                 const int32_t *targets, int B, const char *who) {
-    int T = m->seq_len, V = m->vocab_size;
+    int T = m->seq_len, V = m->vocab_size, Vr = m->real_vocab_size;
     if (B < 1 || B > m->max_batch)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s set_batch: batch %d is outside 1..%d (the max_batch the model "
@@ -206,11 +212,12 @@ zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
                              "%s set_batch: token %d at position %zu (sequence %zu, "
                              "offset %zu) is outside the vocabulary 0..%d",
                              who, (int)tokens[i], i, i / T, i % T, V - 1);
-        if (targets && (targets[i] < 0 || targets[i] >= V))
+        /* a target must be a column the softmax runs over */
+        if (targets && (targets[i] < 0 || targets[i] >= Vr))
             return zpp_error(ZPP_ERR_INVALID,
                              "%s set_batch: target %d at position %zu (sequence %zu, "
                              "offset %zu) is outside the vocabulary 0..%d",
-                             who, (int)targets[i], i, i / T, i % T, V - 1);
+                             who, (int)targets[i], i, i / T, i % T, Vr - 1);
     }
     return ZPP_OK;
 }

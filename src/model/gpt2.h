@@ -7,7 +7,9 @@
  * Units (each one flat buffer, gathered whole by the engine):
  *
  *   unit 0       embeddings + final norm (the LM head is tied to wte)
- *                  wte    V x C      token embedding; also the LM head
+ *                  wte    V x C      token embedding; also the LM head (rows
+ *                                    past real_vocab_size: padding, outside
+ *                                    the softmax, model.h)
  *                  wpe    T x C      position embedding
  *                  lnf_w  C          final LayerNorm weight
  *                  lnf_b  C          final LayerNorm bias

@@ -321,10 +321,12 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
 /* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy.
  * loss_i = logsumexp(logits_i) - logits_i[target] is evaluated as
  * log(sum exp(l - max)) - (l[target] - max), which neither overflows nor
- * takes the log of an underflowed probability. */
+ * takes the log of an underflowed probability. The softmax runs over the
+ * first Vr = real_vocab_size columns (model.h); the padded columns Vr..V-1
+ * get probability 0, so the backward's d logits are 0 there. */
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
-        n = g->calls.B * g->cfg.seq_len;
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size, Vr = g->base.real_vocab_size,
+        L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
                       w + g->lay.lnf_b, n, C);
@@ -334,22 +336,24 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
     for (int r = 0; r < n; r++) {
         float *p = g->act.probs + (size_t)r * V;
         float mx = p[0];
-        for (int v = 1; v < V; v++) mx = p[v] > mx ? p[v] : mx;
+        for (int v = 1; v < Vr; v++) mx = p[v] > mx ? p[v] : mx;
         float lt = g->calls.have_targets ? p[g->targets[r]] - mx : 0.0f;
         float sum = 0.0f;
-        for (int v = 0; v < V; v++) {
+        for (int v = 0; v < Vr; v++) {
             p[v] = expf(p[v] - mx);
             sum += p[v];
         }
         float inv = 1.0f / sum;
-        for (int v = 0; v < V; v++) p[v] *= inv;
+        for (int v = 0; v < Vr; v++) p[v] *= inv;
+        for (int v = Vr; v < V; v++) p[v] = 0.0f;
         g->act.losses[r] = logf(sum) - lt;
         total += g->act.losses[r];
     }
     g->loss = g->calls.have_targets ? (float)(total / n) : NAN;
 }
 
-/* d loss_i / d logits_i = softmax_i - onehot(target_i); the mean over n
+/* d loss_i / d logits_i = softmax_i - onehot(target_i) (0 in the padded
+ * columns, whose probabilities the forward zeroed); the mean over n
  * rows and the loss scale multiply it by loss_scale / n. Overwrites the
  * probabilities (backward of this stage happens once per forward). Then
  *   d wte  += dlogits^T lnf        (V x n)(n x C)

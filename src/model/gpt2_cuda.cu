@@ -458,14 +458,15 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
  *   lse = log sum_v exp(l_v),  loss = lse - l_target.
  * lse is kept for the backward, which forms the probabilities exp(l - lse)
  * itself. Without targets the loss column holds lse - max (the CPU's value;
- * the mean is NaN). */
+ * the mean is NaN). Rows are V wide; the softmax runs over the first Vr
+ * (real_vocab_size, model.h), the rest are padding. */
 __global__ void cross_entropy_forward_kernel(const float *logits, float *lse, float *losses,
-                                             const int32_t *targets, int V) {
+                                             const int32_t *targets, int V, int Vr) {
     __shared__ float sm[32], ss[32];
     size_t r = blockIdx.x;
     const float *l = logits + r * V;
     float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
         float x = l[v];
         if (x > m) {
             s = s * expf(m - x) + 1.0f;
@@ -498,12 +499,13 @@ __global__ void cross_entropy_forward_kernel(const float *logits, float *lse, fl
  * chunks of blockDim.x * kCeUnroll elements: every thread reads its part
  * of the chunk into registers, the CTA synchronises, then writes. The
  * chunk's writes end before the next chunk's reads begin (byte 2(k+1)S <=
- * 4(k+1)S), and the CTAs own disjoint rows: no other hazard. */
+ * 4(k+1)S), and the CTAs own disjoint rows: no other hazard. The padded
+ * columns v >= Vr are outside the softmax: their d logits are 0. */
 constexpr int kCeUnroll = 8;
 
 template <typename E>
 __global__ void cross_entropy_backward_kernel(float *logits, const float *lse,
-                                              const int32_t *targets, int V, float f) {
+                                              const int32_t *targets, int V, int Vr, float f) {
     size_t r = blockIdx.x;
     const float *l = logits + r * V;
     E *d = (E *)(void *)(logits + r * V);
@@ -521,7 +523,8 @@ __global__ void cross_entropy_backward_kernel(float *logits, const float *lse,
 #pragma unroll
         for (int k = 0; k < kCeUnroll; k++) {
             int v = base + k * blockDim.x + threadIdx.x;
-            if (v < V) st(d, v, (expf(x[k] - z) - (v == tg ? 1.0f : 0.0f)) * f);
+            if (v < V)
+                st(d, v, v < Vr ? (expf(x[k] - z) - (v == tg ? 1.0f : 0.0f)) * f : 0.0f);
         }
     }
 }
@@ -1074,7 +1077,7 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
                  g->act.logits, CUDA_R_32F, V, "logits"));
     cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
         g->act.logits, g->act.lse, g->act.losses, g->calls.have_targets ? g->d_targets : NULL,
-        V);
+        V, g->base.real_vocab_size);
     LAUNCH_CHECK("softmax cross-entropy");
     return ZPP_OK;
 }
@@ -1086,7 +1089,7 @@ static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float lo
         n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
     WITH_E(g, cross_entropy_backward_kernel<E><<<(unsigned)n, kThreads, 0, g->stream>>>(
-                  g->act.logits, g->act.lse, g->d_targets, V, f));
+                  g->act.logits, g->act.lse, g->d_targets, V, g->base.real_vocab_size, f));
     LAUNCH_CHECK("cross-entropy backward");
     const void *dl = g->act.logits;
     const int ldl = V * (int)(sizeof(float) / g->es); /* the in-place rows' stride */

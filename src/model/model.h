@@ -58,15 +58,31 @@ struct zpp_model {
      * needs none (the engine then gathers nothing for it and passes NULL). */
     const unsigned char *bwd_reads_params;
     int seq_len;              /* T */
-    int vocab_size;
+    int vocab_size;           /* rows of the token embedding, columns of the logits */
+    int real_vocab_size;      /* the softmax's columns, 1..vocab_size (zpp_gpt2_config) */
     int max_batch;            /* B the activations were sized for */
     void *impl;
 };
 
-/* GPT-2 shape, from the config's "model" section. */
+/* GPT-2 shape, from the config's "model" section.
+ *
+ * real_vocab_size: the tokens the model predicts. The token embedding (and
+ * the tied LM head) has vocab_size rows, so the logits have vocab_size
+ * columns, but the softmax and the cross-entropy run over the first
+ * real_vocab_size of them only; the rest are padding (llm.c pads GPT-2's
+ * 50257 tokens to 50304 rows for its kernels: its vocab_size is our
+ * real_vocab_size, its padded_vocab_size our vocab_size). Padded columns
+ * get a zero gradient, so their rows of wte only ever decay. Targets must
+ * lie below real_vocab_size. 0 means vocab_size (no padding). */
 typedef struct zpp_gpt2_config {
     int n_layer, n_head, n_embd, seq_len, vocab_size;
+    int real_vocab_size;
 } zpp_gpt2_config;
+
+/* real_vocab_size with 0 read as vocab_size. */
+static inline int zpp_gpt2_real_vocab(const zpp_gpt2_config *cfg) {
+    return cfg->real_vocab_size > 0 ? cfg->real_vocab_size : cfg->vocab_size;
+}
 
 /* The CPU reference GPT-2 (OpenBLAS). param_dtype is ZPP_FP32 or ZPP_BF16;
  * max_batch is the largest micro-batch set_batch will get. */

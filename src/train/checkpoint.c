@@ -157,6 +157,7 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     cJSON_AddNumberToObject(mo, "n_embd", m->model.n_embd);
     cJSON_AddNumberToObject(mo, "seq_len", m->model.seq_len);
     cJSON_AddNumberToObject(mo, "vocab_size", m->model.vocab_size);
+    cJSON_AddNumberToObject(mo, "real_vocab_size", zpp_gpt2_real_vocab(&m->model));
     cJSON_AddNumberToObject(j, "train_batch_size", m->train_batch_size);
     cJSON_AddNumberToObject(j, "seed", (double)m->seed);
     cJSON *units = cJSON_AddArrayToObject(j, "units");
@@ -418,7 +419,8 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
 /* This rank's part of the state, staged on the host. */
 typedef struct stage {
     size_t numel, begin, count;
-    float *x; /* master, m, v: 3 * count */
+    float *x; /* master, m, v: 3 * count (masters_only: the master alone) */
+    int masters_only;
 } stage;
 
 /* Reads saved rank file q (of `world` ranks) and copies what overlaps this
@@ -472,7 +474,7 @@ static zpp_status read_rank_file(const char *path, const manifest *m, int q, sta
         size_t hi = b + n < sg[u].begin + sg[u].count ? b + n : sg[u].begin + sg[u].count;
         for (int k = 0; k < 3; k++) {
             ZPP_CHECK_GOTO(file_read(&c, buf, n * sizeof(float)), st, out);
-            if (lo < hi)
+            if (lo < hi && (k == 0 || !sg[u].masters_only))
                 memcpy(sg[u].x + k * sg[u].count + (lo - sg[u].begin), buf + (lo - b),
                        (hi - lo) * sizeof(float));
         }
@@ -515,7 +517,9 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
                  {"model.n_head", m->model.n_head, r->model.n_head},
                  {"model.n_embd", m->model.n_embd, r->model.n_embd},
                  {"model.seq_len", m->model.seq_len, r->model.seq_len},
-                 {"model.vocab_size", m->model.vocab_size, r->model.vocab_size}};
+                 {"model.vocab_size", m->model.vocab_size, r->model.vocab_size},
+                 {"model.real_vocab_size", zpp_gpt2_real_vocab(&m->model),
+                  zpp_gpt2_real_vocab(&r->model)}};
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
         if (shape[i].saved != shape[i].now)
             return zpp_error(ZPP_ERR_CONFIG,
@@ -600,5 +604,38 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     free(m.numel);
     free(folder);
     free(path);
+    return st;
+}
+
+zpp_status zpp_checkpoint_read_masters(const char *dir, zpp_ckpt_manifest *m, float ***units_p) {
+    char *folder = malloc(CKPT_PATH), *path = malloc(CKPT_PATH);
+    stage *sg = NULL;
+    zpp_status st = ZPP_OK;
+    memset(m, 0, sizeof *m);
+    if (!folder || !path) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    if (st == ZPP_OK) st = locate(dir, m, folder);
+    if (st == ZPP_OK && !(sg = calloc((size_t)m->n_units, sizeof *sg)))
+        st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    /* one stage per unit covering all of it: every rank file lands there */
+    for (int u = 0; st == ZPP_OK && u < m->n_units; u++) {
+        sg[u] = (stage){m->numel[u], 0, m->numel[u], malloc((m->numel[u] + 1) * sizeof(float)), 1};
+        if (!sg[u].x) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    for (int q = 0; q < m->world_size && st == ZPP_OK; q++) {
+        char fname[32];
+        snprintf(fname, sizeof fname, "rank-%05d.ckpt", q);
+        st = join(path, folder, fname);
+        if (st == ZPP_OK) st = read_rank_file(path, m, q, sg);
+    }
+    float **units = NULL;
+    if (st == ZPP_OK && !(units = calloc((size_t)m->n_units, sizeof *units)))
+        st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    for (int u = 0; st == ZPP_OK && u < m->n_units; u++) units[u] = sg[u].x, sg[u].x = NULL;
+    if (st == ZPP_OK) *units_p = units;
+    for (int u = 0; sg && u < m->n_units; u++) free(sg[u].x);
+    free(sg);
+    free(folder);
+    free(path);
+    if (st != ZPP_OK) zpp_ckpt_manifest_free(m);
     return st;
 }

@@ -21,7 +21,8 @@
  *
  * MANIFEST (JSON): {"step", "format": 2, "folder", "world_size",
  * "node_size", "mode", "dtype" ("bf16" | "fp32"), "model": {"n_layer",
- * "n_head", "n_embd", "seq_len", "vocab_size"}, "train_batch_size", "seed",
+ * "n_head", "n_embd", "seq_len", "vocab_size", "real_vocab_size" (absent
+ * in older manifests: = vocab_size)}, "train_batch_size", "seed",
  * "units": [numel of each unit], "files": [rank file names]}.
  *
  * RANK FILE (native little-endian), the ranges the saving rank owned:
@@ -41,7 +42,7 @@
  * continues within the rounding of its reductions.
  *
  * CHECKS on load: the model shape (n_layer, n_head, n_embd, seq_len,
- * vocab_size), the working dtype and every unit's size must match
+ * vocab_size, real_vocab_size), the working dtype and every unit's size must match
  * (ZPP_ERR_CONFIG naming the key and both values). What may change — the
  * ZeRO++ options, the rank count, the node size, the global batch, the
  * seed — is described in a note (zpp_checkpoint_load's `note`).
@@ -56,6 +57,7 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "train/ckpt_manifest.h"
 
 #define ZPP_CKPT_FORMAT 2
 
@@ -93,5 +95,13 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
  * Collective; on error the engine is unchanged. */
 zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
                                int *step_p, char *note, size_t cap);
+
+/* Reads the fp32 master weights of the checkpoint of DIR (its published
+ * one, or the step folder DIR) whole, outside a run: for tools that convert
+ * a checkpoint (zeropp export). Not collective (needs no MPI); every rank
+ * file is read and checked (header, checksum). On success *m holds the
+ * manifest (free it with zpp_ckpt_manifest_free) and *units_p an array of
+ * m->n_units arrays of m->numel[u] floats (free each, then the array). */
+zpp_status zpp_checkpoint_read_masters(const char *dir, zpp_ckpt_manifest *m, float ***units_p);
 
 #endif

@@ -76,6 +76,13 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
                        "checkpoint manifest %s is malformed (a key is missing, out of range or "
                        "has the wrong type)",
                        name);
+    } else if (cJSON_GetObjectItemCaseSensitive(mo, "real_vocab_size") &&
+               (!get_int(mo, "real_vocab_size", 1, &m->model.real_vocab_size) ||
+                m->model.real_vocab_size > m->model.vocab_size)) {
+        /* optional: manifests written before it have no padded vocabulary */
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s: model.real_vocab_size is not in 1..vocab_size",
+                       name);
     } else if (strchr(m->folder, '/') || !strcmp(m->folder, "..") || !strcmp(m->folder, ".") ||
                !m->folder[0]) {
         st = zpp_error(ZPP_ERR_FORMAT,

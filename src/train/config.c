@@ -507,6 +507,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'model.n_embd' %d is not divisible by 'model.n_head' %d; each head "
                          "gets n_embd / n_head channels",
                          m->n_embd, m->n_head);
+    if (m->real_vocab_size < 0 || m->real_vocab_size > m->vocab_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'model.real_vocab_size' %d is outside 0..'model.vocab_size' %d; the "
+                         "softmax runs over the first real_vocab_size rows of the embedding",
+                         m->real_vocab_size, m->vocab_size);
     if (cfg->train_batch_size < 0 || cfg->train_micro_batch_size_per_gpu < 0 ||
         cfg->gradient_accumulation_steps < 0)
         return zpp_error(ZPP_ERR_CONFIG, "batch sizes must be >= 1 (0 = derive)");

@@ -17,7 +17,8 @@
  *
  * RANGES checked across keys (zpp_train_config_validate): lr > 0; betas in
  * [0, 1); eps > 0; weight_decay >= 0; gradient_clipping >= 0; n_embd %
- * n_head == 0; WarmupLR/WarmupDecayLR: warmup_max_lr > 0, warmup_min_lr in
+ * n_head == 0; model.real_vocab_size <= model.vocab_size;
+ * WarmupLR/WarmupDecayLR: warmup_max_lr > 0, warmup_min_lr in
  * [0, warmup_max_lr]; WarmupCosineLR: warmup_min_ratio and cos_min_ratio in
  * [0, 1]; WarmupDecayLR/WarmupCosineLR: total_num_steps (N) > W.
  *
@@ -115,7 +116,7 @@ typedef struct zpp_train_config {
         int reduce_depth;             /* zeropp_reduce_depth: reductions in flight */
     } zero;
 
-    zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size */
+    zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size, real_vocab_size */
 
     /* ---- zeropp extensions */
     int train_steps;

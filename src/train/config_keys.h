@@ -151,6 +151,9 @@
     X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \
     X("model.seq_len", INT, model.seq_len, 1, INT_MAX, (64), 0, "T, tokens per sequence")         \
     X("model.vocab_size", INT, model.vocab_size, 1, INT_MAX, (256), 0, "256 = raw bytes")         \
+    X("model.real_vocab_size", INT, model.real_vocab_size, 0, INT_MAX, (0), 0,                    \
+      "tokens the softmax runs over, <= vocab_size; the rows past it are padding (llm.c's "       \
+      "padded vocabulary); 0 = vocab_size")                                                       \
     X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                    \
     X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")     \
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \

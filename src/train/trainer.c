@@ -11,6 +11,7 @@
 #include "core/fault.h"
 #include "device/device.h"
 #include "train/checkpoint.h"
+#include "train/llmc.h"
 
 struct zpp_trainer {
     zpp_train_config cfg;
@@ -56,6 +57,34 @@ static zpp_status read_fault(zpp_trainer *t) {
     if (f.kind == ZPP_FAULT_SAVE_KILL) t->fault = ZPP_CKPT_FAULT_SAVE_KILL;
     t->fault_step = f.first;
     return ZPP_OK;
+}
+
+/* --init-from: this rank's shard of every unit from an llm.c model file
+ * (only its own bytes are read); the moments start at zero, as in a fresh
+ * run. */
+static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
+    zpp_llmc_file *f = NULL;
+    float *x = NULL, *zero = NULL;
+    ZPP_CHECK(zpp_llmc_open(path, &f));
+    zpp_status st = zpp_llmc_check_model(f, &t->cfg.model);
+    size_t most = 1;
+    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        if (count > most) most = count;
+    }
+    if (st == ZPP_OK && (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))))
+        st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
+    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        if (st == ZPP_OK) st = zpp_llmc_read_unit(f, u, begin, count, x);
+        if (st == ZPP_OK) st = zpp_engine_state_set(t->engine, u, x, zero, zero);
+    }
+    free(x);
+    free(zero);
+    zpp_llmc_close(f);
+    return st;
 }
 
 static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
@@ -105,6 +134,12 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
                          "the data has tokens up to %d but model.vocab_size is %d; set "
                          "model.vocab_size to at least %d",
                          di.vocab - 1, c->model.vocab_size, di.vocab);
+    /* every token is also a target: it must be inside the softmax */
+    if (di.vocab > zpp_gpt2_real_vocab(&c->model))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "the data has tokens up to %d but model.real_vocab_size is %d (the "
+                         "rows past it are padding); use data of that vocabulary",
+                         di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
 
     zpp_dtype wd = c->bf16 ? ZPP_BF16 : c->fp16.enabled ? ZPP_FP16 : ZPP_FP32;
     ZPP_CHECK(zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev,
@@ -134,6 +169,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
         eo.min_loss_scale = (float)c->fp16.min_loss_scale;
     }
     ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->dev, &t->engine));
+    if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);

@@ -45,6 +45,11 @@ typedef struct zpp_trainer_opts {
     /* 1: time each step's compute and exposed communication
      * (zpp_engine_opts.profile). The same on every rank. */
     int profile;
+    /* An llm.c GPT-2 model file (train/llmc.h) to start from instead of the
+     * seeded init: each rank reads its shards' elements, the moments start
+     * at zero. cfg->model must be the file's shape (ZPP_ERR_CONFIG naming
+     * the key otherwise). NULL: the seeded init. */
+    const char *init_from;
 } zpp_trainer_opts;
 
 /* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for

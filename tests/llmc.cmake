@@ -1,0 +1,7 @@
+# llm.c model files (src/train/llmc.c) through `zeropp train --init-from`,
+# `zeropp export` and `zeropp eval`, against a double-precision reference
+# GPT-2 written in the test; and the padded vocabulary of the CPU model.
+# Cases launch up to 3 ranks on CI's 2 cores: one at a time.
+zpp_test(test_llmc SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llmc.c CASES_FROM_SOURCE
+         ENV ZPP_CLI=$<TARGET_FILE:zeropp_cli> ZPP_MPIEXEC=${MPIEXEC_EXECUTABLE}
+         LABELS train_io TIMEOUT 600 GPU_TIMEOUT 120 PROCESSORS 2)

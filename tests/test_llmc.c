@@ -1,0 +1,678 @@
+/* test_llmc.c — llm.c model files (src/train/llmc.c) through the zeropp
+ * command, as a user runs it: `zeropp train --init-from`, `zeropp export`
+ * and `zeropp eval`; and the padded vocabulary of the GPT-2 models
+ * (model.h's real_vocab_size).
+ *
+ * The model files are written here, from the format (llm.c's header and
+ * tensor order, llmc.h), with fresh random values each run, at a shape
+ * where every mapping mistake shows: V = 37 tokens padded to Vp = 48 rows,
+ * the ranks' shards cut through the middle of tensors, 3 heads of 8
+ * channels. The reference forward (ref_loss) is written from the math in
+ * double precision and reads the parameters in llm.c's own layout, not
+ * through ours, so a tensor mapped to the wrong place, a transposed matrix
+ * or a padded row in the softmax changes its loss and not the command's.
+ *
+ * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "model/gpt2.h"
+#include "model/model.h"
+#include "testlib.h"
+
+/* ---- Files and commands -------------------------------------------------------- */
+
+static char tmpdir[256];
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tmpdir(void) {
+    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static const char *tmp_path(const char *name, char *buf) {
+    if (!tmpdir[0]) {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/zpp_llmc_XXXXXX");
+        EXPECT(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
+        atexit(remove_tmpdir);
+    }
+    snprintf(buf, 512, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    EXPECT(f != NULL, "cannot write %s", path);
+    EXPECT(fwrite(data, 1, n, f) == n);
+    fclose(f);
+}
+
+static void *read_file(const char *path, size_t *n_p) {
+    FILE *f = fopen(path, "rb");
+    EXPECT(f != NULL, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = zpp_test_malloc((size_t)n);
+    EXPECT(fread(p, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    *n_p = (size_t)n;
+    return p;
+}
+
+static int exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Runs `zeropp ARGS` (under mpirun with np ranks when np > 0), stdout to
+ * out_path, stderr to err_path, with a hang guard; returns the exit code. */
+static int run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    char args[4096], launch[512] = "", cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    if (np > 0)
+        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
+             err_path);
+    int rc = system(cmd);
+    EXPECT(rc != -1, "system() failed");
+    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+    EXPECT(code != 124, "timed out (hang?): %s", cmd);
+    return code;
+}
+
+static int count_lines(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, needle)) n++;
+    fclose(f);
+    return n;
+}
+
+/* ---- An llm.c model, in llm.c's layout ------------------------------------------ */
+
+/* The shape under test (llm.c's names) and its 16 tensors, each a double
+ * array in llm.c's order and layout: per-layer tensors hold L slices. */
+typedef struct llmc_model {
+    int L, NH, C, T, V, Vp;
+    double *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
+    double *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb, *lnfw, *lnfb;
+} llmc_model;
+
+typedef struct tensor_ref {
+    double **p;
+    size_t n;
+} tensor_ref;
+
+/* The tensors in file order, with their sizes. */
+static int tensors_of(llmc_model *m, tensor_ref t[16]) {
+    size_t L = (size_t)m->L, C = (size_t)m->C;
+    tensor_ref all[16] = {
+        {&m->wte, (size_t)m->Vp * C}, {&m->wpe, (size_t)m->T * C},  {&m->ln1w, L * C},
+        {&m->ln1b, L * C},            {&m->qkvw, L * 3 * C * C},    {&m->qkvb, L * 3 * C},
+        {&m->attprojw, L * C * C},    {&m->attprojb, L * C},        {&m->ln2w, L * C},
+        {&m->ln2b, L * C},            {&m->fcw, L * 4 * C * C},     {&m->fcb, L * 4 * C},
+        {&m->fcprojw, L * 4 * C * C}, {&m->fcprojb, L * C},         {&m->lnfw, C},
+        {&m->lnfb, C}};
+    memcpy(t, all, sizeof all);
+    return 16;
+}
+
+static size_t model_params(llmc_model *m) {
+    tensor_ref t[16];
+    size_t n = 0;
+    for (int k = tensors_of(m, t) - 1; k >= 0; k--) n += t[k].n;
+    return n;
+}
+
+/* bf16 of x, rounded to nearest even (the test's own rounding), as a double. */
+static uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static double bf16_value(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Random values far from the init, so that every tensor matters: LayerNorm
+ * weights 1 + 0.3 N, biases 0.1 N, matrices 0.25 N (q.k / sqrt(hs) then has
+ * a std of about 1: a softmax far from uniform), embeddings 0.5 N. The
+ * padded rows of wte get 4 + N: inside a softmax they would take most of
+ * the probability, so a loss that counted them would be far off. Values
+ * are rounded to fp32 (or to bf16 for bf16 files) before anyone uses them. */
+static void model_random(llmc_model *m, zpp_rng *r, int bf16) {
+    tensor_ref t[16];
+    tensors_of(m, t);
+    size_t C = (size_t)m->C;
+    for (int k = 0; k < 16; k++) {
+        double *p = *t[k].p = zpp_test_malloc(t[k].n * sizeof(double));
+        const int is_lnw = k == 2 || k == 8 || k == 14;
+        const int is_bias = k == 3 || k == 5 || k == 7 || k == 9 || k == 11 || k == 13 || k == 15;
+        for (size_t i = 0; i < t[k].n; i++) {
+            double z = zpp_rng_normal(r);
+            double v = is_lnw ? 1.0 + 0.3 * z : is_bias ? 0.1 * z : k <= 1 ? 0.5 * z : 0.25 * z;
+            if (k == 0 && i >= (size_t)m->V * C) v = 4.0 + z; /* padding rows */
+            p[i] = bf16 ? bf16_value(bf16_bits((float)v)) : (double)(float)v;
+        }
+    }
+}
+
+static void model_free(llmc_model *m) {
+    tensor_ref t[16];
+    tensors_of(m, t);
+    for (int k = 0; k < 16; k++) free(*t[k].p);
+}
+
+/* The file: header, then the tensors in order, fp32 (version 3) or bf16
+ * (version 5). Returns its bytes (caller frees); *n_p its size. */
+static unsigned char *model_bytes(llmc_model *m, int version, size_t *n_p) {
+    const size_t es = version == 5 ? 2 : 4, n = 1024 + es * model_params(m);
+    unsigned char *b = zpp_test_malloc(n);
+    int32_t h[256] = {20240326, version, m->T, m->V, m->L, m->NH, m->C, m->Vp};
+    memcpy(b, h, sizeof h);
+    tensor_ref t[16];
+    tensors_of(m, t);
+    size_t o = 1024;
+    for (int k = 0; k < 16; k++)
+        for (size_t i = 0; i < t[k].n; i++, o += es) {
+            float f = (float)(*t[k].p)[i];
+            if (es == 4) memcpy(b + o, &f, 4);
+            else {
+                uint16_t x = bf16_bits(f); /* exact: the values are bf16 already */
+                memcpy(b + o, &x, 2);
+            }
+        }
+    *n_p = n;
+    return b;
+}
+
+static void model_write(llmc_model *m, int version, const char *path) {
+    size_t n;
+    unsigned char *b = model_bytes(m, version, &n);
+    write_file(path, b, n);
+    free(b);
+}
+
+/* An llm.c token file of n tokens drawn from [0, range). */
+static void tokens_write(const char *path, zpp_rng *r, size_t n, int range, uint16_t *out) {
+    size_t bytes = 1024 + 2 * n;
+    unsigned char *b = zpp_test_malloc(bytes);
+    int32_t h[256] = {20240520, 1, (int32_t)n};
+    memcpy(b, h, sizeof h);
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (uint16_t)(zpp_rng_u64(r) % (uint64_t)range);
+        memcpy(b + 1024 + 2 * i, &out[i], 2);
+    }
+    write_file(path, b, bytes);
+    free(b);
+}
+
+/* A fresh model of the shape under test. */
+static llmc_model model_make(zpp_rng *r, int bf16) {
+    llmc_model m;
+    memset(&m, 0, sizeof m);
+    m.L = 2, m.NH = 3, m.C = 24, m.T = 10, m.V = 37, m.Vp = 48;
+    model_random(&m, r, bf16);
+    return m;
+}
+
+/* ---- The reference forward, from the math, in double ---------------------------- */
+
+/* y = LN(x) w + b over C, eps 1e-5 (biased variance, as PyTorch and llm.c). */
+static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int C) {
+    double mean = 0, var = 0;
+    for (int c = 0; c < C; c++) mean += x[c];
+    mean /= C;
+    for (int c = 0; c < C; c++) var += (x[c] - mean) * (x[c] - mean);
+    var /= C;
+    double s = 1.0 / sqrt(var + 1e-5);
+    for (int c = 0; c < C; c++) y[c] = (x[c] - mean) * s * w[c] + b[c];
+}
+
+/* y[o] = b[o] + sum_i W[o][i] x[i], W of (out, in) row-major as in PyTorch. */
+static void ref_linear(double *y, const double *x, const double *W, const double *b, int in,
+                       int out) {
+    for (int o = 0; o < out; o++) {
+        double s = b[o];
+        for (int i = 0; i < in; i++) s += W[(size_t)o * in + i] * x[i];
+        y[o] = s;
+    }
+}
+
+/* Mean cross-entropy of B sequences of T tokens, the softmax over the first
+ * `softmax_cols` logits (V for GPT-2 as llm.c runs it; the test also asks
+ * for Vp once, to show the padded rows would matter). */
+static double ref_loss(const llmc_model *m, const int32_t *tok, const int32_t *tgt, int B,
+                       int softmax_cols) {
+    const int C = m->C, T = m->T, L = m->L, H = m->NH, hs = C / H;
+    const size_t N = (size_t)T;
+    double *x = zpp_test_malloc(N * C * sizeof(double)), *h = zpp_test_malloc(C * sizeof(double));
+    double *qkv = zpp_test_malloc(N * 3 * C * sizeof(double));
+    double *y = zpp_test_malloc(N * C * sizeof(double)), *o = zpp_test_malloc(C * sizeof(double));
+    double *f = zpp_test_malloc(4 * C * sizeof(double)), *att = zpp_test_malloc(N * sizeof(double));
+    double *logit = zpp_test_malloc((size_t)m->Vp * sizeof(double));
+    double total = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t *tk = tok + (size_t)b * T, *tg = tgt + (size_t)b * T;
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                x[t * C + c] = m->wte[(size_t)tk[t] * C + c] + m->wpe[(size_t)t * C + c];
+        for (int l = 0; l < L; l++) {
+            const size_t c1 = (size_t)l * C, c3 = (size_t)l * 3 * C, c4 = (size_t)l * 4 * C;
+            for (int t = 0; t < T; t++) {
+                ref_layernorm(h, x + t * C, m->ln1w + c1, m->ln1b + c1, C);
+                ref_linear(qkv + (size_t)t * 3 * C, h, m->qkvw + c3 * C, m->qkvb + c3, C, 3 * C);
+            }
+            /* causal attention per head: q rows 0..C-1, k C..2C-1, v 2C..3C-1 */
+            for (int hd = 0; hd < H; hd++)
+                for (int t = 0; t < T; t++) {
+                    const double *q = qkv + (size_t)t * 3 * C + hd * hs;
+                    double mx = -INFINITY, sum = 0;
+                    for (int u = 0; u <= t; u++) {
+                        const double *k = qkv + (size_t)u * 3 * C + C + hd * hs;
+                        double s = 0;
+                        for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                        att[u] = s / sqrt((double)hs);
+                        mx = att[u] > mx ? att[u] : mx;
+                    }
+                    for (int u = 0; u <= t; u++) sum += (att[u] = exp(att[u] - mx));
+                    for (int i = 0; i < hs; i++) {
+                        double s = 0;
+                        for (int u = 0; u <= t; u++)
+                            s += att[u] / sum * qkv[(size_t)u * 3 * C + 2 * C + hd * hs + i];
+                        y[t * C + hd * hs + i] = s;
+                    }
+                }
+            for (int t = 0; t < T; t++) {
+                ref_linear(o, y + t * C, m->attprojw + c1 * C, m->attprojb + c1, C, C);
+                for (int c = 0; c < C; c++) x[t * C + c] += o[c];
+                ref_layernorm(h, x + t * C, m->ln2w + c1, m->ln2b + c1, C);
+                ref_linear(f, h, m->fcw + c4 * C, m->fcb + c4, C, 4 * C);
+                for (int i = 0; i < 4 * C; i++) /* tanh GELU */
+                    f[i] = 0.5 * f[i] *
+                           (1 + tanh(sqrt(2 / M_PI) * (f[i] + 0.044715 * f[i] * f[i] * f[i])));
+                ref_linear(o, f, m->fcprojw + c4 * C, m->fcprojb + c1, 4 * C, C);
+                for (int c = 0; c < C; c++) x[t * C + c] += o[c];
+            }
+        }
+        for (int t = 0; t < T; t++) { /* final LN, tied head, cross-entropy */
+            ref_layernorm(h, x + t * C, m->lnfw, m->lnfb, C);
+            double mx = -INFINITY, sum = 0;
+            for (int v = 0; v < softmax_cols; v++) {
+                double s = 0;
+                for (int c = 0; c < C; c++) s += h[c] * m->wte[(size_t)v * C + c];
+                logit[v] = s;
+                mx = s > mx ? s : mx;
+            }
+            for (int v = 0; v < softmax_cols; v++) sum += exp(logit[v] - mx);
+            total += mx + log(sum) - logit[tg[t]];
+        }
+    }
+    free(x), free(h), free(qkv), free(y), free(o), free(f), free(att), free(logit);
+    return total / ((double)B * T);
+}
+
+/* ---- Tests --------------------------------------------------------------------- */
+
+/* `train --init-from F --steps 0 --save D` then `export --from D --to G`:
+ * G == F byte for byte. The checkpoint is written by 2 ranks, so each
+ * rank's shard starts inside a tensor and the file's ranges are read in
+ * pieces; the export reads both ranks' files. Also: the fp32 file exported
+ * as bf16 is exactly the round-to-nearest-even of each value, with the
+ * header's version 5 and nothing else changed. */
+static void test_roundtrip_fp32(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    llmc_model m = model_make(&r, 0);
+    char f[512], tok[512], dir[512], g[512], gb[512], out[512], err[512];
+    model_write(&m, 3, tmp_path("rt32.bin", f));
+    uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
+    tokens_write(tmp_path("rt_tok.bin", tok), &r, 400, m.V, toks);
+    tmp_path("rt32_out.txt", out), tmp_path("rt32_err.txt", err);
+    int rc = run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
+                     tok, tmp_path("rt32_ckpt", dir));
+    EXPECT(rc == 0, "train --init-from --steps 0 --save failed (%d); see %s", rc, err);
+    EXPECT(count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir, tmp_path("rt32_back.bin", g));
+    EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
+    size_t nf, ng;
+    unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
+    EXPECT(nf == ng && memcmp(a, b, nf) == 0, "exported %zu bytes differ from the %zu of %s", ng,
+           nf, f);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g);
+    EXPECT(!exists(tmp), "export left %s", tmp);
+
+    rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
+                 tmp_path("rt32_back16.bin", gb));
+    EXPECT(rc == 0, "export --dtype bf16 failed (%d); see %s", rc, err);
+    size_t nb;
+    unsigned char *c = read_file(gb, &nb);
+    const size_t P = (nf - 1024) / 4;
+    EXPECT(nb == 1024 + 2 * P, "bf16 export has %zu bytes, expected %zu", nb, 1024 + 2 * P);
+    int32_t h[256];
+    memcpy(h, c, sizeof h);
+    EXPECT(h[1] == 5, "bf16 export has version %d", h[1]);
+    h[1] = 3;
+    EXPECT(memcmp(h, a, sizeof h) == 0, "bf16 export's header differs beyond the version");
+    for (size_t i = 0; i < P; i++) {
+        float x;
+        uint16_t y;
+        memcpy(&x, a + 1024 + 4 * i, 4);
+        memcpy(&y, c + 1024 + 2 * i, 2);
+        EXPECT(y == bf16_bits(x), "parameter %zu: %g exported as bf16 0x%04x, expected 0x%04x", i,
+               (double)x, y, bf16_bits(x));
+    }
+    free(a), free(b), free(c), free(toks);
+    model_free(&m);
+}
+
+/* A bf16 (version 5) file: the values go to fp32 masters exactly and come
+ * back exactly with --dtype bf16 (here through 3 ranks); without it, the
+ * export is the fp32 file of the same values (each bf16 widened). */
+static void test_roundtrip_bf16(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(2));
+    llmc_model m = model_make(&r, 1);
+    char f[512], tok[512], dir[512], g[512], g32[512], out[512], err[512];
+    model_write(&m, 5, tmp_path("rt16.bin", f));
+    uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
+    tokens_write(tmp_path("rt16_tok.bin", tok), &r, 400, m.V, toks);
+    tmp_path("rt16_out.txt", out), tmp_path("rt16_err.txt", err);
+    int rc = run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
+                     tok, tmp_path("rt16_ckpt", dir));
+    EXPECT(rc == 0, "train failed (%d); see %s", rc, err);
+    rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
+                 tmp_path("rt16_back.bin", g));
+    EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
+    size_t nf, ng, n32;
+    unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
+    EXPECT(nf == ng && memcmp(a, b, nf) == 0, "bf16 export (%zu bytes) differs from %s (%zu)", ng,
+           f, nf);
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir, tmp_path("rt16_back32.bin", g32));
+    EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
+    unsigned char *c = model_bytes(&m, 3, &n32), *d = read_file(g32, &ng);
+    EXPECT(ng == n32 && memcmp(c, d, n32) == 0, "fp32 export of a bf16 file is not its values");
+    free(a), free(b), free(c), free(d), free(toks);
+    model_free(&m);
+}
+
+/* Reads "loss" from `zeropp eval --json`'s line. */
+static double read_json_loss(const char *path) {
+    FILE *f = fopen(path, "r");
+    EXPECT(f != NULL, "no output %s", path);
+    char line[512] = "";
+    EXPECT(fgets(line, sizeof line, f) != NULL, "empty output %s", path);
+    fclose(f);
+    const char *p = strstr(line, "{\"loss\": ");
+    EXPECT(p != NULL, "no {\"loss\": in '%s'", line);
+    return strtod(p + 9, NULL);
+}
+
+/* `zeropp eval` against the double-precision reference: batch i is tokens
+ * [i B T, (i + 1) B T) with targets one later, as llm.c's loader reads the
+ * file; the loss over the real vocabulary only. The model computes in fp32:
+ * each of its sums of at most 4C = 96 terms rounds to ~1e-7 relative, a
+ * loss of a few nats carries ~1e-6 of it (measured: ~1e-8), so 1e-4
+ * relative is the issue's bound with a wide margin. The same data through
+ * the padded softmax (all Vp columns) must miss by far more: the check can
+ * see the padded rows. fp32 and bf16 files alike (the bf16 values, widened). */
+static void check_eval(int bf16, uint64_t stream, const char *device) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
+    llmc_model m = model_make(&r, bf16);
+    const int B = 2, K = 3;
+    const size_t BT = (size_t)B * m.T, n = K * BT + 1 + 7; /* 7 spare tokens stay unread */
+    char f[512], tok[512], out[512], err[512];
+    model_write(&m, bf16 ? 5 : 3, tmp_path(bf16 ? "ev16.bin" : "ev32.bin", f));
+    uint16_t *toks = zpp_test_malloc(n * sizeof(uint16_t));
+    tokens_write(tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
+    tmp_path("ev_out.txt", out), tmp_path("ev_err.txt", err);
+    int rc = run_cli(0, out, err,
+                     "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
+                     f, tok, B, K, device);
+    EXPECT(rc == 0, "eval failed (%d); see %s", rc, err);
+    const double got = read_json_loss(out);
+    int32_t *x = zpp_test_malloc(BT * sizeof(int32_t)), *y = zpp_test_malloc(BT * sizeof(int32_t));
+    double want = 0, padded = 0;
+    for (int i = 0; i < K; i++) {
+        for (size_t j = 0; j < BT; j++) x[j] = toks[i * BT + j], y[j] = toks[i * BT + j + 1];
+        want += ref_loss(&m, x, y, B, m.V) / K;
+        padded += ref_loss(&m, x, y, B, m.Vp) / K;
+    }
+    double rel = fabs(got - want) / fabs(want);
+    printf("  %s %s: zeropp eval %.9f, reference %.9f (rel %.2e); with the padded rows in the "
+           "softmax %.6f\n",
+           device, bf16 ? "bf16" : "fp32", got, want, rel, padded);
+    EXPECT(rel <= 1e-4, "eval loss %.9g vs reference %.9g: rel %.2e > 1e-4", got, want, rel);
+    EXPECT(fabs(padded - want) > 100 * 1e-4 * want, "the padded rows do not move the loss: the "
+           "check is blind to them");
+    free(x), free(y), free(toks);
+    model_free(&m);
+}
+
+static void test_eval_matches_reference(void) {
+    check_eval(0, 3, "cpu");
+    check_eval(1, 4, "cpu");
+}
+
+/* The same on GPU 0 (the CUDA model with fp32 parameters, whose sums in
+ * other orders stay within test_gpt2_cuda.c's 1e-4 of the CPU's). */
+static void test_eval_gpu_matches_reference(void) {
+    check_eval(0, 7, "gpu");
+    check_eval(1, 8, "gpu");
+}
+
+/* The padded vocabulary in the CPU model itself: a model of Vp rows with
+ * real_vocab_size V gives the loss and gradients of the V-row model with
+ * the same weights (rows V..Vp-1 only padding: their gradient is exactly 0,
+ * as no token uses them and their d logits are 0). Both run the same fp32
+ * formulas; only the logit GEMM's width differs, which may reorder
+ * nothing but OpenBLAS's blocking of independent outputs, so the results
+ * agree to rounding: 1e-6 relative for the loss, 1e-5 of max |g| per unit.
+ * A target in the padding is refused; an input token there is accepted
+ * (its row exists). */
+static void test_padded_vocab_model(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(5));
+    enum { V = 37, Vp = 48, B = 2, T = 10 };
+    zpp_gpt2_config cp = {2, 3, 24, T, Vp, V}, cu = {2, 3, 24, T, V, 0};
+    zpp_model *mp = NULL, *mu = NULL;
+    EXPECT_OK(zpp_gpt2_cpu_create(&cp, ZPP_FP32, B, &mp));
+    EXPECT_OK(zpp_gpt2_cpu_create(&cu, ZPP_FP32, B, &mu));
+    EXPECT(mp->real_vocab_size == V && mu->real_vocab_size == V && mp->vocab_size == Vp);
+    zpp_gpt2_layout lp, lu;
+    zpp_gpt2_layout_make(&cp, &lp);
+    zpp_gpt2_layout_make(&cu, &lu);
+    const int nu = mp->n_units;
+    float **pp = zpp_test_malloc(nu * sizeof(float *)), **pu = zpp_test_malloc(nu * sizeof(float *));
+    float **gp = zpp_test_malloc(nu * sizeof(float *)), **gu = zpp_test_malloc(nu * sizeof(float *));
+    for (int u = 0; u < nu; u++) {
+        pp[u] = zpp_test_malloc(mp->unit_numel[u] * sizeof(float));
+        gp[u] = zpp_test_malloc(mp->unit_numel[u] * sizeof(float));
+        pu[u] = zpp_test_malloc(mu->unit_numel[u] * sizeof(float));
+        gu[u] = zpp_test_malloc(mu->unit_numel[u] * sizeof(float));
+        for (size_t i = 0; i < mp->unit_numel[u]; i++)
+            pp[u][i] = (float)(0.3 * zpp_rng_normal(&r) + (u > 0 && i < (size_t)cp.n_embd));
+    }
+    /* the V-row model: wte's first V rows, then the rest of unit 0 */
+    const size_t C = (size_t)cp.n_embd;
+    memcpy(pu[0], pp[0], (size_t)V * C * sizeof(float));
+    memcpy(pu[0] + lu.wpe, pp[0] + lp.wpe, (lp.embed_numel - lp.wpe) * sizeof(float));
+    for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++) pp[0][i] += 4.0f; /* loud padding */
+    for (int u = 1; u < nu; u++) memcpy(pu[u], pp[u], mp->unit_numel[u] * sizeof(float));
+    int32_t tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)(zpp_rng_u64(&r) % V), tgt[i] = (int32_t)(zpp_rng_u64(&r) % V);
+    float loss[2];
+    zpp_model *ms[2] = {mp, mu};
+    float **ps[2] = {pp, pu}, **gs[2] = {gp, gu};
+    for (int k = 0; k < 2; k++) {
+        zpp_model *m = ms[k];
+        EXPECT_OK(m->ops->set_batch(m, tok, tgt, B));
+        for (int s = 0; s < m->n_stages; s++)
+            EXPECT_OK(m->ops->forward(m, s, ps[k][m->stage_unit[s]]));
+        loss[k] = m->ops->loss(m);
+        for (int s = m->n_stages - 1; s >= 0; s--)
+            EXPECT_OK(m->ops->backward(m, s, ps[k][m->stage_unit[s]], gs[k][m->stage_unit[s]],
+                                       1.0f));
+    }
+    printf("  loss padded %.9f, unpadded %.9f\n", loss[0], loss[1]);
+    EXPECT(fabs(loss[0] - loss[1]) <= 1e-6 * fabs(loss[1]), "loss %.9g (Vp %d, V %d) vs %.9g",
+           loss[0], Vp, V, loss[1]);
+    for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++)
+        EXPECT(gp[0][i] == 0.0f, "padded wte element %zu has gradient %g", i, gp[0][i]);
+    for (int u = 0; u < nu; u++) {
+        const size_t n = mu->unit_numel[u];
+        double gmax = 0, dmax = 0;
+        for (size_t i = 0; i < n; i++) {
+            /* element i of the V-row unit is element i of the padded one, past wte shifted */
+            size_t j = u == 0 && i >= lu.wpe ? i - lu.wpe + lp.wpe : i;
+            gmax = fmax(gmax, fabs(gu[u][i]));
+            dmax = fmax(dmax, fabs(gu[u][i] - gp[u][j]));
+        }
+        EXPECT(gmax > 0 && dmax <= 1e-5 * gmax, "unit %d: gradients differ by %.3e of max %.3e",
+               u, dmax, gmax);
+    }
+    tgt[3] = V + (int32_t)(zpp_rng_u64(&r) % (Vp - V));
+    EXPECT_STATUS(mp->ops->set_batch(mp, tok, tgt, B), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "target") != NULL, "message: %s", zpp_last_error());
+    tgt[3] = 0;
+    tok[5] = Vp - 1;
+    EXPECT_OK(mp->ops->set_batch(mp, tok, tgt, B));
+    /* a real vocabulary past the rows is no model */
+    zpp_gpt2_config bad = cp;
+    bad.real_vocab_size = Vp + 1;
+    zpp_model *mb = NULL;
+    EXPECT_STATUS(zpp_gpt2_cpu_create(&bad, ZPP_FP32, B, &mb), ZPP_ERR_CONFIG);
+    for (int u = 0; u < nu; u++) free(pp[u]), free(pu[u]), free(gp[u]), free(gu[u]);
+    free(pp), free(pu), free(gp), free(gu);
+    mp->ops->destroy(mp);
+    mu->ops->destroy(mu);
+}
+
+/* A malformed file is refused with one line naming the problem and a
+ * non-zero exit, and nothing is written: by `train --init-from ... --save
+ * D` (D never appears), by `eval`, and a bad checkpoint by `export` (its
+ * --to never appears). */
+static void expect_refused(const char *what, const char *args, const char *needle,
+                           const char *must_not_exist) {
+    char out[512], err[512];
+    tmp_path("bad_out.txt", out), tmp_path("bad_err.txt", err);
+    int np = strncmp(args, "train", 5) == 0 ? 2 : 0;
+    int rc = run_cli(np, out, err, "%s", args);
+    EXPECT(rc != 0, "%s: '%s' succeeded; expected an error naming '%s'", what, args, needle);
+    int lines = count_lines(err, "zeropp"), named = count_lines(err, needle);
+    EXPECT(lines == 1 && named == 1,
+           "%s: expected one error line naming '%s', got %d zeropp lines (%d naming it); see %s",
+           what, needle, lines, named, err);
+    EXPECT(!must_not_exist || !exists(must_not_exist), "%s: %s was written", what,
+           must_not_exist);
+}
+
+static void test_malformed_refused(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(6));
+    llmc_model m = model_make(&r, 0);
+    size_t n;
+    unsigned char *good = model_bytes(&m, 3, &n);
+    char tok[512], p[512], dir[512], cfg[512], args[4096], tofile[512];
+    uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
+    tokens_write(tmp_path("bad_tok.bin", tok), &r, 400, m.V, toks);
+    tmp_path("bad_ckpt", dir);
+    unsigned char *b = zpp_test_malloc(n + 4);
+    struct {
+        const char *what, *needle;
+        int word, value;    /* header int to set (-1: none) */
+        long size_change;   /* bytes added (+) or cut (-) */
+    } cases[] = {
+        {"bad magic", "magic 12345", 0, 12345, 0},
+        {"token file as model", "token file", 0, 20240520, 0},
+        {"bad version", "version 4", 1, 4, 0},
+        {"truncated", "truncated", -1, 0, -3},
+        {"trailing bytes", "trailing bytes", -1, 0, +4},
+        {"header-only file", "truncated", -1, 0, -(long)(n - 1000)},
+        {"V > Vp", "exceeds padded_vocab_size", 3, 49, 0},
+        {"heads do not divide channels", "does not divide channels", 5, 5, 0},
+        {"zero layers", "num_layers is 0", 4, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        memcpy(b, good, n);
+        if (cases[k].word >= 0) {
+            int32_t v = cases[k].value;
+            memcpy(b + 4 * cases[k].word, &v, 4);
+        }
+        write_file(tmp_path("bad.bin", p), b, (size_t)((long)n + cases[k].size_change));
+        snprintf(args, sizeof args,
+                 "train --quiet --init-from %s --data %s --steps 0 --save %s", p, tok, dir);
+        expect_refused(cases[k].what, args, cases[k].needle, dir);
+        snprintf(args, sizeof args, "eval --init-from %s --data %s --batch-size 1 --batches 1", p,
+                 tok);
+        expect_refused(cases[k].what, args, cases[k].needle, NULL);
+    }
+    write_file(p, good, n);
+    /* a config whose model section disagrees with the file */
+    FILE *cf = fopen(tmp_path("shape.json", cfg), "w");
+    EXPECT(cf != NULL);
+    fprintf(cf, "{\"model\": {\"n_layer\": %d}}", m.L + 1);
+    fclose(cf);
+    snprintf(args, sizeof args, "train --quiet --init-from %s --config %s --data %s --steps 0 "
+             "--save %s", p, cfg, tok, dir);
+    expect_refused("config disagrees", args, "model.n_layer is 3 in the config", dir);
+    cf = fopen(cfg, "w");
+    fprintf(cf, "{\"model\": {\"vocab_size\": %d}}", m.V); /* the real, not the padded, size */
+    fclose(cf);
+    expect_refused("config vocab", args, "padded_vocab_size 48", dir);
+    /* the same shape spelled out agrees (the control: the refusals above are the shape's) */
+    cf = fopen(cfg, "w");
+    fprintf(cf, "{\"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"seq_len\": %d, "
+            "\"vocab_size\": %d, \"real_vocab_size\": %d}}", m.L, m.NH, m.C, m.T, m.Vp, m.V);
+    fclose(cf);
+    char out[512], err[512];
+    int rc = run_cli(2, tmp_path("ok_out.txt", out), tmp_path("ok_err.txt", err), "%s", args);
+    EXPECT(rc == 0 && exists(dir), "a config of the file's own shape was refused; see %s", err);
+    /* eval: more batches than the token file holds */
+    snprintf(args, sizeof args, "eval --init-from %s --data %s --batch-size 4 --batches 10", p,
+             tok);
+    expect_refused("too few tokens", args, "holds 400 tokens", NULL);
+    /* export: no checkpoint there; a damaged rank file; nothing written */
+    snprintf(args, sizeof args, "export --from %s --to %s", tmp_path("nowhere", cfg),
+             tmp_path("exported.bin", tofile));
+    expect_refused("export of nothing", args, "is not a checkpoint", tofile);
+    char rank[600];
+    snprintf(rank, sizeof rank, "%s/step-00000000/rank-00001.ckpt", dir);
+    FILE *rf = fopen(rank, "r+b");
+    EXPECT(rf != NULL, "no %s", rank);
+    fseek(rf, 100, SEEK_SET);
+    int c = fgetc(rf);
+    fseek(rf, 100, SEEK_SET);
+    fputc(c ^ 0x10, rf);
+    fclose(rf);
+    snprintf(args, sizeof args, "export --from %s --to %s", dir, tofile);
+    expect_refused("export of a damaged checkpoint", args, "damaged", tofile);
+    free(good), free(b), free(toks);
+    model_free(&m);
+}
+
+ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32), ZPP_TEST(test_roundtrip_bf16),
+          ZPP_TEST(test_eval_matches_reference), ZPP_TEST(test_padded_vocab_model),
+          ZPP_TEST(test_malformed_refused), ZPP_TEST_GPU(test_eval_gpu_matches_reference))
