@@ -1034,7 +1034,8 @@ static void fill_isa(zpp_rng *r, zpp_dtype dt, size_t n, size_t block, void *x) 
         uint64_t kind = zpp_rng_u64(r) % 8;
         for (size_t i = lo; i < hi; i++) {
             if (kind == 0) store_bits(x, dt, i, edge_bits(r, dt));
-            else if (kind == 1 && (zpp_rng_u64(r) % 16) == 0) store_bits(x, dt, i, edge_bits(r, dt));
+            else if (kind == 1 && (zpp_rng_u64(r) % 16) == 0)
+                store_bits(x, dt, i, edge_bits(r, dt));
             else if (kind == 2) zpp_store_f32(x, dt, i, (zpp_rng_u64(r) & 1) ? -0.0f : 0.0f);
             else if (kind == 3 && dt != ZPP_FP16)
                 zpp_store_f32(x, dt, i, (float)(zpp_rng_normal(r) * 1e-38));
@@ -1139,7 +1140,7 @@ static size_t first_difference(const isa_log *ref, const isa_log *got, int o, si
 }
 
 static void isa_run(const isa_trial *t, isa_log *L) {
-    const size_t n = t->n, cl = n / 4, es = zpp_dtype_size(t->dt);
+    const size_t n = t->n, cl = n / 4;
     const size_t qn = zpp_quant_bytes(n, &t->sp), qc = zpp_quant_bytes(cl, &t->sp);
     const size_t first = cl / 3, len = cl - first, qs = zpp_quant_bytes(len, &t->sp);
     uint8_t *q = zpp_test_malloc(qn + 4 * qc + 4 * zpp_quant_bytes(cl, &t->sp2));
@@ -1171,7 +1172,6 @@ static void isa_run(const isa_trial *t, isa_log *L) {
             st = zpp_quant_cpu_convert(t->x, t->dt, y, all_dtypes[b], n, scale);
             log_op(L, "convert", all_dtypes[b], st, y, n * zpp_dtype_size(all_dtypes[b]));
         }
-    (void)es;
     free(y);
     free(q);
 }

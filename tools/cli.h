@@ -7,6 +7,7 @@ int zpp_cli_train(int argc, char **argv);
 int zpp_cli_bench_quant(int argc, char **argv);
 int zpp_cli_bench_comm(int argc, char **argv);
 int zpp_cli_plan(int argc, char **argv);
+int zpp_cli_plot(int argc, char **argv);
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  zeropp bench quant [--dtype bf16] [--bits 8] [--block B] [--n N] [--json]\n"
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
+            "  zeropp plot METRICS.jsonl... --out FILE.png   loss, tokens/s, traffic (gnuplot)\n"
             "\n"
             "Run `zeropp COMMAND --help` for a command's options.\n"
             "Counts (--params, --n, --steps, ...) take suffixes:\n"
@@ -54,6 +55,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "train")) return with_mpi(zpp_cli_train, argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plot")) return zpp_cli_plot(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm"))
