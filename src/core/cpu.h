@@ -1,15 +1,16 @@
 /* core/cpu.h — which instruction set the CPU kernels run with.
  *
- * The hot CPU loops (quant/quant_kernels.h, device/device_host_kernels.h)
- * are one C source compiled several times, once per instruction set, each
- * copy under `#pragma GCC target(...)`: the baseline of the build
- * ("generic": SSE2 on x86-64, or whatever -march says), AVX2 (x86-64-v3:
- * AVX2, FMA, BMI1/2, F16C, ...) and AVX-512 (x86-64-v4: F, BW, VL, DQ, CD).
- * At run time the best one the CPU and the OS support is chosen, once.
- * Every copy computes bit for bit the same results: the code has no
- * operation whose rounding depends on the ISA (each fp32 operation is one
- * IEEE rounding; the build passes -ffp-contract=off, so the compiler never
- * fuses a*b+c into an FMA, which would round once instead of twice).
+ * The hot CPU loops (quant/quant_kernels.h: quantization, the qgZ sums and
+ * reductions, dtype conversion) are one C source compiled several times,
+ * once per instruction set, each copy under `#pragma GCC target(...)`: the
+ * baseline of the build ("generic": SSE2 on x86-64, or whatever -march
+ * says), AVX2 (x86-64-v3 less FMA: AVX2, BMI1/2, F16C, ...) and AVX-512
+ * (x86-64-v4: F, BW, VL, DQ, CD). At run time the best one the CPU and the
+ * OS support is chosen, once. Every copy computes the same bits: no
+ * operation's rounding depends on the ISA (each fp32 operation is one IEEE
+ * rounding; the build passes -ffp-contract=off, so the compiler never fuses
+ * a*b+c into an FMA, which would round once instead of twice). Only the
+ * payload of a NaN made from two NaNs may differ (quant_kernels.h says why).
  *
  * ZPP_CPU_ISA=generic|avx2|avx512|auto in the environment, read once, caps
  * the choice (a request the CPU cannot run falls back to the best below

@@ -9,9 +9,9 @@
  * Why every copy gives the same bytes: each fp32 operation below is its own
  * C expression with one IEEE rounding, which every SSE/AVX/AVX-512
  * instruction performs identically (mulps, addps, divss, cvtdq2ps are
- * correctly rounded; the integer tricks are exact), and the build passes
- * -ffp-contract=off, so the FMA units the AVX2/AVX-512 targets enable are
- * never used to fuse a*b+c (one rounding instead of two). The comparisons
+ * correctly rounded; the integer tricks are exact), and nothing fuses a*b+c
+ * into one FMA rounding: the build passes -ffp-contract=off, and the
+ * AVX2/AVX-512 targets leave FMA out. The comparisons
  * used as min/max only see finite values (non-finite blocks are handled
  * before). One thing is left to the compiler: which NaN a sum of two NaNs
  * returns (x86 keeps the first operand's, and a + b may be emitted either
