@@ -2,7 +2,8 @@
  * reference written from the header's formulas, error bounds derived from
  * fp32 rounding, exact round trips, unbiased stochastic rounding, the fused
  * qgZ operations against their unfused definitions, non-finite handling,
- * the wire layout, and the host device's quantization (device.h).
+ * the wire layout, the host device's quantization (device.h), and the same
+ * bytes from every CPU instruction set's copy of the loops (core/cpu.h).
  *
  * Error bound of round-to-nearest (every element, derived once here).
  * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
