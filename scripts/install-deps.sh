@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what zeropp needs from the distribution, if it is missing:
-# a C compiler, CMake, Open MPI, OpenBLAS and cJSON. (CUDA is optional: when
+# a C compiler, CMake, Open MPI, OpenBLAS, cJSON and gnuplot. (CUDA is optional: when
 # nvcc is on the PATH the GPU code is compiled in.)
 set -euo pipefail
 
@@ -12,6 +12,7 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || need+=(libopenblas-dev)
 dpkg -s libcjson-dev >/dev/null 2>&1 || need+=(libcjson-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox) # zeropp plot, scripts/demo.sh's picture
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

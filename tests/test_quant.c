@@ -2,7 +2,8 @@
  * reference written from the header's formulas, error bounds derived from
  * fp32 rounding, exact round trips, unbiased stochastic rounding, the fused
  * qgZ operations against their unfused definitions, non-finite handling,
- * the wire layout, and the host device's quantization (device.h).
+ * the wire layout, the host device's quantization (device.h), and the same
+ * bytes from every CPU instruction set's copy of the loops (core/cpu.h).
  *
  * Error bound of round-to-nearest (every element, derived once here).
  * Let a = block absmax, Q = qmax, e = 2^-24 (fp32 unit roundoff), and each
@@ -29,9 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "quant/quant_cpu.h"
 #include "quant/quant_rng.h"
 #include "testlib.h"
 
@@ -990,6 +993,257 @@ static void test_default_block_accuracy(void) {
     free(x);
 }
 
+/* ---- every CPU instruction set gives the same bytes (core/cpu.h) ---- */
+
+/* One value of `dt` with the edge cases the kernels branch on, as raw bits:
+ * NaN (quiet and signalling patterns, either sign), +-Inf, +-0, subnormals
+ * of the dtype, the largest finite value, and ordinary N(0,1) * 2^k. */
+static uint32_t edge_bits(zpp_rng *r, zpp_dtype dt) {
+    const int wide = dt == ZPP_FP32;
+    const uint32_t sign = (zpp_rng_u64(r) & 1) ? (wide ? 0x80000000u : 0x8000u) : 0u;
+    const uint32_t inf = wide ? 0x7f800000u : dt == ZPP_BF16 ? 0x7f80u : 0x7c00u;
+    const uint32_t man = wide ? 0x7fffffu : dt == ZPP_BF16 ? 0x7fu : 0x3ffu;
+    uint64_t k = zpp_rng_u64(r) % 64;
+    uint32_t m = (uint32_t)zpp_rng_u64(r) & man;
+    if (k == 0) return sign | inf | (m ? m : 1u);               /* NaN */
+    if (k == 1) return sign | inf;                              /* +-Inf */
+    if (k == 2) return sign;                                    /* +-0 */
+    if (k == 3) return sign | (m ? m : 1u);                     /* subnormal */
+    if (k == 4) return sign | (inf - man - 1u) | man;           /* largest finite */
+    if (k == 5) return (uint32_t)zpp_rng_u64(r) & (wide ? 0xffffffffu : 0xffffu); /* any */
+    float v = (float)(zpp_rng_normal(r) * ldexp(1.0, (int)(zpp_rng_u64(r) % 9) - 4));
+    uint8_t buf[4];
+    zpp_store_f32(buf, dt, 0, v);
+    return wide ? f2u(v) : (uint32_t)(buf[0] | buf[1] << 8);
+}
+
+static void store_bits(void *x, zpp_dtype dt, size_t i, uint32_t b) {
+    if (dt == ZPP_FP32) memcpy((char *)x + 4 * i, &b, 4);
+    else {
+        uint16_t h = (uint16_t)b;
+        memcpy((char *)x + 2 * i, &h, 2);
+    }
+}
+
+/* Fills n elements block by block, each block one kind: clean N(0,1)
+ * values (most blocks, so that the vector loops run, not only the
+ * non-finite path), edge values mixed in, all zeros, or tiny values whose
+ * qmax / absmax overflows (fp32 and bf16 reach below 3.7e-37; fp16 not). */
+static void fill_isa(zpp_rng *r, zpp_dtype dt, size_t n, size_t block, void *x) {
+    for (size_t lo = 0; lo < n; lo += block) {
+        size_t hi = lo + block < n ? lo + block : n;
+        uint64_t kind = zpp_rng_u64(r) % 8;
+        for (size_t i = lo; i < hi; i++) {
+            if (kind == 0) store_bits(x, dt, i, edge_bits(r, dt));
+            else if (kind == 1 && (zpp_rng_u64(r) % 16) == 0)
+                store_bits(x, dt, i, edge_bits(r, dt));
+            else if (kind == 2) zpp_store_f32(x, dt, i, (zpp_rng_u64(r) & 1) ? -0.0f : 0.0f);
+            else if (kind == 3 && dt != ZPP_FP16)
+                zpp_store_f32(x, dt, i, (float)(zpp_rng_normal(r) * 1e-38));
+            else zpp_store_f32(x, dt, i, (float)zpp_rng_normal(r));
+        }
+    }
+}
+
+/* A quantized tensor of random payload bytes (int4 nibbles include -8,
+ * which the quantizer never writes) and scales that are ordinary, zero,
+ * subnormal, huge (q * s overflows bf16/fp16 or fp32), Inf or NaN. */
+static void random_quantized(zpp_rng *r, size_t n, const zpp_quant_spec *sp, uint8_t *q) {
+    size_t bytes = zpp_quant_bytes(n, sp), so = zpp_quant_scales_offset(n, sp->bits);
+    for (size_t i = 0; i < bytes; i++) q[i] = (uint8_t)zpp_rng_u64(r);
+    for (size_t b = 0; b < zpp_quant_num_blocks(n, sp->block); b++) {
+        float s;
+        switch (zpp_rng_u64(r) % 10) {
+        case 0: s = 0.0f; break;
+        case 1: s = 1e-40f; break;
+        case 2: s = 3e36f; break;
+        case 3: s = 1000.0f; break;
+        case 4: s = INFINITY; break;
+        case 5: s = NAN; break;
+        default: s = (float)(zpp_rng_uniform(r) * 0.05); break;
+        }
+        memcpy(q + so + 4 * b, &s, 4);
+    }
+}
+
+/* What one instruction set computes on one trial: every CPU quantization
+ * entry point's output bytes and status, laid end to end, with the offset
+ * where each operation's bytes start (to name the one that differs). */
+typedef struct isa_log {
+    uint8_t *p;
+    size_t n, cap;
+    const char *op[32];
+    size_t at[32];
+    int elem[32]; /* -1: wire bytes, compared exactly; else the dtype of values */
+    int ops;
+} isa_log;
+
+static void log_bytes(isa_log *L, const void *p, size_t n) {
+    if (L->n + n > L->cap) {
+        L->cap = 2 * (L->n + n);
+        L->p = realloc(L->p, L->cap);
+        EXPECT(L->p != NULL, "out of memory");
+    }
+    memcpy(L->p + L->n, p, n);
+    L->n += n;
+}
+
+/* elem: ZPP_FP32 / ZPP_BF16 / ZPP_FP16 for values, -1 for the wire format. */
+static void log_op(isa_log *L, const char *name, int elem, zpp_status st, const void *p,
+                   size_t n) {
+    EXPECT(L->ops < 32, "too many operations");
+    L->op[L->ops] = name;
+    L->elem[L->ops] = elem;
+    L->at[L->ops++] = L->n;
+    int s = (int)st;
+    log_bytes(L, &s, sizeof s);
+    log_bytes(L, p, n);
+}
+
+typedef struct isa_trial {
+    zpp_dtype dt;
+    size_t n;        /* elements of x; chunks: n = 4 * chunk_len */
+    zpp_quant_spec sp, sp2; /* sp2: the output spec of dequant-sum-requant */
+    const void *x;   /* n elements of dt */
+    const uint8_t *qr;  /* 4 random quantized chunks of chunk_len (spec sp) */
+    const float *acc0; /* n fp32 */
+} isa_trial;
+
+static int is_nan_bits(const uint8_t *p, int elem) {
+    if (elem == ZPP_FP32) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        return (u & 0x7fffffffu) > 0x7f800000u;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7fff) > (elem == ZPP_BF16 ? 0x7f80 : 0x7c00);
+}
+
+/* The first byte of operation o (from the status on) where got differs from
+ * ref, or its length if none. Bits must be equal, except that any NaN
+ * equals any NaN in dequantized values: which NaN an operation on two NaNs
+ * returns depends on the operand order the compiler picked (x86 keeps the
+ * first operand's), and docs/quantization.md leaves it unspecified. The
+ * wire format's NaN scale is canonical and compared exactly. */
+static size_t first_difference(const isa_log *ref, const isa_log *got, int o, size_t end) {
+    const size_t at = ref->at[o];
+    const uint8_t *a = ref->p + at, *b = got->p + at;
+    if (memcmp(a, b, sizeof(int)) != 0) return 0; /* status */
+    const int elem = ref->elem[o];
+    size_t es = elem >= 0 ? zpp_dtype_size((zpp_dtype)elem) : 1;
+    for (size_t i = sizeof(int); i < end - at; i += es) {
+        if (memcmp(a + i, b + i, es) == 0) continue;
+        if (elem >= 0 && is_nan_bits(a + i, elem) && is_nan_bits(b + i, elem)) continue;
+        return i;
+    }
+    return end - at;
+}
+
+static void isa_run(const isa_trial *t, isa_log *L) {
+    const size_t n = t->n, cl = n / 4;
+    const size_t qn = zpp_quant_bytes(n, &t->sp), qc = zpp_quant_bytes(cl, &t->sp);
+    const size_t first = cl / 3, len = cl - first, qs = zpp_quant_bytes(len, &t->sp);
+    uint8_t *q = zpp_test_malloc(qn + 4 * qc + 4 * zpp_quant_bytes(cl, &t->sp2));
+    float *y = zpp_test_malloc(n * 4);
+    zpp_status st;
+    L->n = 0;
+    L->ops = 0;
+    st = zpp_quantize(t->x, t->dt, n, &t->sp, q);
+    log_op(L, "quantize", -1, st, q, qn);
+    st = zpp_quant_cpu_quantize_chunks(t->x, t->dt, 4, cl, &t->sp, q);
+    log_op(L, "quantize chunks", -1, st, q, 4 * qc);
+    st = zpp_quant_cpu_reorder_quantize(t->x, t->dt, cl, first, len, 2, 2, &t->sp, q);
+    log_op(L, "reorder-quantize (slab)", -1, st, q, 4 * qs);
+    for (int d = 0; d < 3; d++) {
+        st = zpp_quant_cpu_dequantize_chunks(t->qr, 4, cl, &t->sp, all_dtypes[d], y);
+        log_op(L, "dequantize", all_dtypes[d], st, y, n * zpp_dtype_size(all_dtypes[d]));
+    }
+    memcpy(y, t->acc0, n * 4);
+    st = zpp_dequantize_accumulate(t->qr, cl, &t->sp, y);
+    log_op(L, "dequantize-accumulate", ZPP_FP32, st, y, cl * 4);
+    /* the 4 random chunks as k = 2 inputs of 2 chunks each */
+    st = zpp_quant_cpu_dequant_sum_requant(t->qr, 2, 2, cl, 0, cl, &t->sp, &t->sp2, q);
+    log_op(L, "dequant-sum-requant", -1, st, q, 2 * zpp_quant_bytes(cl, &t->sp2));
+    st = zpp_quant_cpu_dequant_reduce(t->qr, 4, cl, &t->sp, 0.25f, y);
+    log_op(L, "dequant-reduce", ZPP_FP32, st, y, cl * 4);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            float scale = (a + b) % 2 ? 1.0f : 0.37f;
+            st = zpp_quant_cpu_convert(t->x, t->dt, y, all_dtypes[b], n, scale);
+            log_op(L, "convert", all_dtypes[b], st, y, n * zpp_dtype_size(all_dtypes[b]));
+        }
+    free(y);
+    free(q);
+}
+
+static void test_isa_paths_identical(void) {
+    const zpp_cpu_isa before = zpp_cpu_isa_active();
+    int tested = 0;
+    for (int i = 0; i < ZPP_CPU_ISA_COUNT; i++) {
+        if (zpp_cpu_isa_supported((zpp_cpu_isa)i)) {
+            tested++;
+            printf("  CPU path %s: compared\n", zpp_cpu_isa_name((zpp_cpu_isa)i));
+        } else {
+            EXPECT_STATUS(zpp_cpu_isa_set((zpp_cpu_isa)i), ZPP_ERR_UNSUPPORTED);
+            EXPECT(strstr(zpp_last_error(), zpp_cpu_isa_name((zpp_cpu_isa)i)) != NULL, "%s",
+                   zpp_last_error());
+            printf("  CPU path %s: not on this CPU, skipped\n", zpp_cpu_isa_name((zpp_cpu_isa)i));
+        }
+    }
+    EXPECT(tested >= 1 && zpp_cpu_isa_supported(ZPP_CPU_GENERIC), "generic always runs");
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(14));
+    /* Lengths around the vector widths (4, 8, 16 fp32 lanes; 16, 32, 64
+     * bytes) and tiles (512), and random ones; each is 4 chunks. */
+    static const size_t lens[] = {1, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 127, 129, 513};
+    static const size_t blocks[] = {8, 16, 24, 40, 64, 128, 256, 1024};
+    isa_log ref = {0}, got = {0};
+    for (int iter = 0; iter < 240; iter++) {
+        zpp_dtype dt = all_dtypes[iter % 3];
+        size_t cl = iter < 48 ? lens[iter % 16] : 1 + zpp_rng_u64(&rng) % 1500;
+        size_t n = 4 * cl;
+        isa_trial t = {.dt = dt, .n = n};
+        t.sp = spec_make(all_bits[(iter / 3) % 2], blocks[zpp_rng_u64(&rng) % 8],
+                         (iter / 6) % 2, zpp_rng_u64(&rng));
+        t.sp2 = spec_make(all_bits[zpp_rng_u64(&rng) % 2], blocks[zpp_rng_u64(&rng) % 8],
+                          (int)(zpp_rng_u64(&rng) % 2), zpp_rng_u64(&rng));
+        void *x = zpp_test_malloc(n * 4);
+        uint8_t *qr = zpp_test_malloc(4 * zpp_quant_bytes(cl, &t.sp));
+        float *acc0 = zpp_test_malloc(n * 4);
+        fill_isa(&rng, dt, n, t.sp.block, x);
+        for (int c = 0; c < 4; c++)
+            random_quantized(&rng, cl, &t.sp, qr + c * zpp_quant_bytes(cl, &t.sp));
+        for (size_t i = 0; i < n; i++) acc0[i] = (float)zpp_rng_normal(&rng);
+        t.x = x;
+        t.qr = qr;
+        t.acc0 = acc0;
+        EXPECT_OK(zpp_cpu_isa_set(ZPP_CPU_GENERIC));
+        isa_run(&t, &ref);
+        for (int i = 1; i < ZPP_CPU_ISA_COUNT; i++) {
+            if (!zpp_cpu_isa_supported((zpp_cpu_isa)i)) continue;
+            EXPECT_OK(zpp_cpu_isa_set((zpp_cpu_isa)i));
+            EXPECT(zpp_cpu_isa_active() == (zpp_cpu_isa)i, "path not switched");
+            isa_run(&t, &got);
+            EXPECT(got.n == ref.n && got.ops == ref.ops, "different shapes of output");
+            for (int o = 0; o < ref.ops; o++) {
+                size_t end = o + 1 < ref.ops ? ref.at[o + 1] : ref.n;
+                size_t bad = first_difference(&ref, &got, o, end);
+                EXPECT(bad == end - ref.at[o],
+                       "%s: %s differs from generic at byte %zu (%s, %zu elements, int%d block "
+                       "%zu, %s)",
+                       ref.op[o], zpp_cpu_isa_name((zpp_cpu_isa)i), bad, zpp_dtype_name(dt), n,
+                       t.sp.bits, t.sp.block, t.sp.stochastic ? "stochastic" : "nearest");
+            }
+        }
+        free(acc0);
+        free(qr);
+        free(x);
+    }
+    free(got.p);
+    free(ref.p);
+    EXPECT_OK(zpp_cpu_isa_set(before));
+}
+
 ZPP_TESTS(ZPP_TEST(test_quantize_matches_reference), ZPP_TEST(test_block_sizes),
           ZPP_TEST(test_representable_roundtrip), ZPP_TEST(test_stochastic_unbiased),
           ZPP_TEST(test_reorder_quantize_equals_unfused),
@@ -998,4 +1252,5 @@ ZPP_TESTS(ZPP_TEST(test_quantize_matches_reference), ZPP_TEST(test_block_sizes),
           ZPP_TEST(test_convert_bit_exact), ZPP_TEST(test_dequantize_dtype_ranges),
           ZPP_TEST(test_nonfinite), ZPP_TEST(test_tiny_absmax),
           ZPP_TEST(test_wire_layout), ZPP_TEST(test_invalid_specs),
-          ZPP_TEST(test_exec_host_equals_direct), ZPP_TEST(test_default_block_accuracy))
+          ZPP_TEST(test_exec_host_equals_direct), ZPP_TEST(test_default_block_accuracy),
+          ZPP_TEST(test_isa_paths_identical))

@@ -150,9 +150,23 @@ static void test_bench_quant_json(void) {
                 EXPECT(num(o[i], "gbps") > 0 && num(o[i], "memcpy_gbps") > 0);
                 double e = num(o[i], "rel_l2_err");
                 EXPECT(e > 0 && e <= (bits == 8 ? 0.01 : 0.15), "rel_l2_err %g", e);
+                const char *isa = str(o[i], "cpu_isa");
+                EXPECT(!strcmp(isa, "generic") || !strcmp(isa, "avx2") || !strcmp(isa, "avx512"),
+                       "cpu_isa %s", isa);
                 cJSON_Delete(o[i]);
             }
         }
+    }
+    /* ZPP_CPU_ISA=generic picks the baseline kernels, whatever the CPU. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "ZPP_CPU_ISA=generic %s bench quant --n 1000 --json",
+             getenv("ZPP_CLI"));
+    cJSON *o[MAX_LINES];
+    int n = run_json(cmd, o, MAX_LINES);
+    EXPECT(n == 2, "%d lines", n);
+    for (int i = 0; i < n; i++) {
+        EXPECT(strcmp(str(o[i], "cpu_isa"), "generic") == 0, "cpu_isa %s", str(o[i], "cpu_isa"));
+        cJSON_Delete(o[i]);
     }
 }
 

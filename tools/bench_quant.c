@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/random.h"
 #include "device/device.h"
@@ -49,18 +50,22 @@ typedef struct bench_row {
 
 static void print_rows(const zpp_bench_quant_args *a, const bench_row *rows, int nrows,
                        double memcpy_gbps, double rel_l2) {
-    if (!a->json)
+    const char *isa = zpp_cpu_isa_name(zpp_cpu_isa_active());
+    if (!a->json) {
+        printf("CPU kernels: %s (chosen at run time; ZPP_CPU_ISA=generic|avx2|avx512 caps it)\n",
+               isa);
         printf("%-11s %-5s %4s %7s %11s %8s %8s %12s %6s %11s\n", "op", "dtype", "bits", "block",
                "n", "ms", "GB/s", "memcpy GB/s", "ratio", "rel_l2_err");
+    }
     for (int r = 0; r < nrows; r++) {
         double gbps = rows[r].bytes / rows[r].seconds * 1e-9;
         if (a->json)
             printf("{\"bench\":\"quant\",\"op\":\"%s\",\"dtype\":\"%s\",\"bits\":%d,"
                    "\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,\"gbps\":%.4f,"
                    "\"memcpy_gbps\":%.4f,\"ratio\":%.4f,\"rel_l2_err\":%.6e,"
-                   "\"device\":\"cpu\"}\n",
+                   "\"device\":\"cpu\",\"cpu_isa\":\"%s\"}\n",
                    rows[r].op, zpp_dtype_name(a->dtype), a->bits, a->block, a->n, a->stochastic,
-                   rows[r].seconds * 1e3, gbps, memcpy_gbps, gbps / memcpy_gbps, rel_l2);
+                   rows[r].seconds * 1e3, gbps, memcpy_gbps, gbps / memcpy_gbps, rel_l2, isa);
         else
             printf("%-11s %-5s %4d %7zu %11zu %8.3f %8.2f %12.2f %6.3f %11.3e\n", rows[r].op,
                    zpp_dtype_name(a->dtype), a->bits, a->block, a->n, rows[r].seconds * 1e3, gbps,

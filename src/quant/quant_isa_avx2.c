@@ -1,0 +1,16 @@
+/* quant/quant_isa_avx2.c — the quantization loops for x86-64-v3 CPUs
+ * (AVX2; chosen at run time, core/cpu.h). The pragma applies to every
+ * function defined below it, the inline helpers of the headers included. */
+#include "core/cpu.h"
+
+#if ZPP_CPU_X86_PATHS
+/* FMA is left out on purpose: a fused a*b+c rounds once where the generic
+ * copy rounds twice. -ffp-contract=off forbids the fusion already; without
+ * FMA a build that contracts (-std=gnu11, -ffp-contract=fast) cannot
+ * either. */
+#pragma GCC target("avx,avx2,bmi,bmi2,f16c,lzcnt,movbe,popcnt,sse4.1,sse4.2,ssse3")
+#define ZPP_QUANT_KERNELS_TABLE zpp_quant_kernels_avx2
+#include "quant/quant_kernels.h"
+#else
+typedef int zpp_quant_isa_avx2_unused; /* ISO C: no empty translation unit */
+#endif
