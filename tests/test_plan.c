@@ -330,6 +330,7 @@ static int bench_line(char *buf, size_t cap, const char *mode, int W, int S, int
     }
     return snprintf(buf, cap,
                     "{\"bench\":\"comm\",\"mode\":\"%s\",\"backend\":\"mpi\",\"world\":%d,"
+                    "\"params\":4194304,"
                     "\"node_size\":%d,\"units\":%d,\"fwd_gather_cross_bytes\":%.17g,"
                     "\"fwd_gather_intra_bytes\":%.17g,\"fwd_gather_ms\":%.17g,"
                     "\"bwd_gather_cross_bytes\":%.17g,\"bwd_gather_intra_bytes\":%.17g,"
@@ -349,7 +350,7 @@ static void test_calibrate_recovers_rates(void) {
                                     rates[r][1], 5e-6);
         write_file(path, text);
         zpp_cost_calib c;
-        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, &c));
+        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, NULL, &c));
         unlink(path);
         EXPECT(c.lines == 5 && c.intra_lines == 2 && c.inter_lines == 1, "lines %d %d %d",
                c.lines, c.intra_lines, c.inter_lines);
@@ -377,8 +378,8 @@ static void test_calibrate_malformed(void) {
         {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16}\n", "line 4: no number \"node_size\""},
         {"{\"bench\":\"quant\",\"mode\":\"zero3\"}\n", "line 4: not a `zeropp bench comm"},
         {"{\"bench\":\"comm\",\"mode\":\"hpz\",\"world\":16,\"node_size\":4,\"units\":8,"
-         "\"bwd_gather_cross_bytes\":0,\"bwd_gather_intra_bytes\":\"many\"}\n",
-         "line 4: no number \"bwd_gather_intra_bytes\""},
+         "\"params\":\"many\"}\n",
+         "line 4: no number \"params\""},
         {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16,\"node_size\":5,\"units\":8}\n",
          "line 4: world 16, node_size 5"},
     };
@@ -386,22 +387,58 @@ static void test_calibrate_malformed(void) {
         snprintf(text, sizeof text, "%s%s\n%s", good, good, cases[i].tail);
         write_file(path, text);
         zpp_cost_calib c;
-        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, NULL, &c), ZPP_ERR_FORMAT);
         EXPECT(strstr(zpp_last_error(), path) && strstr(zpp_last_error(), cases[i].want),
                "case %zu: message '%s' lacks '%s'", i, zpp_last_error(), cases[i].want);
         unlink(path);
     }
     zpp_cost_calib c;
-    bench_line(text, sizeof text, "qwz", 16, 4, 8, 1e9, 1e10, 5e-6); /* no isolating line */
-    write_file(path, text);
-    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+    zpp_cost_in model = small_in();
+    /* Only a warm-up train step: nothing to derive. */
+    write_file(path, "{\"step\":1,\"tokens_per_s\":100,\"step_ms\":10,"
+                     "\"cross_node_bytes\":0,\"intra_node_bytes\":0}\n");
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &model, &c), ZPP_ERR_FORMAT);
     EXPECT(strstr(zpp_last_error(), "none to derive"), "%s", zpp_last_error());
     unlink(path);
     write_file(path, good);
-    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, &c), ZPP_ERR_FORMAT); /* 1 s per step */
+    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, NULL, &c), ZPP_ERR_FORMAT); /* 1 s per step */
     EXPECT(strstr(zpp_last_error(), "lower the latency"), "%s", zpp_last_error());
     unlink(path);
-    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, &c), ZPP_ERR_IO);
+    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, NULL, &c), ZPP_ERR_IO);
+    /* Train lines: not world 1, no model to count FLOPs, times that do
+     * not grow with the tokens; bench lines of two shapes. */
+    const struct {
+        const char *text, *want;
+        int with_model;
+    } bad[] = {
+        {"{\"step\":3,\"tokens_per_s\":100,\"step_ms\":10,\"cross_node_bytes\":5,"
+         "\"intra_node_bytes\":0}\n",
+         "line 1: this train step moved 5 bytes", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n",
+         "line 1: a train line needs the model", 0},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n{\"step\":3,\"tokens_per_s\":409600,\"step_ms\":5,"
+         "\"cross_node_bytes\":0,\"intra_node_bytes\":0}\n",
+         "does not grow with the tokens", 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(path, bad[i].text);
+        EXPECT_STATUS(zpp_cost_calibrate(path, 0, bad[i].with_model ? &model : NULL, &c),
+                      ZPP_ERR_FORMAT);
+        EXPECT(strstr(zpp_last_error(), bad[i].want), "bad %zu: '%s' lacks '%s'", i,
+               zpp_last_error(), bad[i].want);
+        unlink(path);
+    }
+    char two[4096];
+    size_t n2 = (size_t)bench_line(two, sizeof two, "zero3", 16, 4, 8, 1e9, 1e10, 5e-6);
+    bench_line(two + n2, sizeof two - n2, "qwz", 8, 4, 8, 1e9, 1e10, 5e-6);
+    write_file(path, two);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, NULL, &c), ZPP_ERR_FORMAT);
+    EXPECT(strstr(zpp_last_error(), "line 2: world 8") &&
+               strstr(zpp_last_error(), "one shape per file"),
+           "%s", zpp_last_error());
+    unlink(path);
 }
 
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------

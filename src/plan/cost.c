@@ -28,9 +28,34 @@ typedef struct link_t {
 
 static double link_time(link_t a) { return a.lat_s + fmax(a.inter_s, a.intra_s); }
 
-/* a and b in flight together: bytes share each link, latencies overlap. */
-static double link_concurrent(link_t a, link_t b) {
+/* a and b in flight together: bytes share each link, latencies overlap;
+ * with a link per communicator (link_per_comm) each runs at the full rate
+ * and the pair takes as long as the longer. */
+static double link_concurrent(const zpp_cost_in *in, link_t a, link_t b) {
+    if (in->link_per_comm) return fmax(link_time(a), link_time(b));
     return fmax(a.lat_s, b.lat_s) + fmax(a.inter_s + b.inter_s, a.intra_s + b.intra_s);
+}
+
+/* A stage's compute c with communication l in flight: hidden under it
+ * when the two overlap, after it when they take turns (in->serial). */
+static double stage_time(const zpp_cost_in *in, double c, double l) {
+    return in->serial ? c + l : fmax(c, l);
+}
+
+/* A measured time as a link time: it occupies "the link" (the cross-node
+ * term), so two in flight together add up, or with link_per_comm overlap. */
+static link_t link_measured(double s) {
+    link_t l = {s, 0, 0};
+    return l;
+}
+
+int zpp_cost_mode_index(const zpp_coll_mode *mode) {
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        const zpp_coll_mode *c = zpp_coll_mode_get(m);
+        if (c->gather == mode->gather && !c->hpz == !mode->hpz && c->reduce == mode->reduce)
+            return m;
+    }
+    return -1;
 }
 
 static link_t link_of(const zpp_cost_in *in, double cross, double intra, double steps) {
@@ -160,6 +185,19 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
     }
     u->cross = rc + zpp_volume_cross_total(&vf) + zpp_volume_cross_total(&vb);
     u->intra = ri + zpp_volume_intra_total(&vf) + zpp_volume_intra_total(&vb);
+
+    /* Measured on this world and node size (zpp_cost_calibrate): the
+     * phases' times per parameter, scaled to the unit. The bytes stay the
+     * volume replay's. hpZ below the node size was not what bench comm ran. */
+    const struct zpp_cost_calib *c = in->calib;
+    const int mi = zpp_cost_mode_index(mode);
+    if (c && mi >= 0 && c->has_mode[mi] && c->coll_world == W && c->coll_node_size == S &&
+        (!mode->hpz || hpz_group(in) == S)) {
+        u->fwd = link_measured(c->coll_s_per_param[mi][0] * (double)numel);
+        u->bwd = link_measured(c->coll_s_per_param[mi][1] * (double)numel);
+        u->red_ov = link_measured(c->coll_s_per_param[mi][2] * (double)numel);
+        u->red_exp = link_measured(0);
+    }
 }
 
 static const link_t link_none = {0, 0, 0};
@@ -178,10 +216,12 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
                          "unit (and under 2^53)",
                          in->params, in->units);
     if (!(in->inter_bps > 0) || !(in->intra_bps > 0) || !(in->flops_per_s > 0) ||
-        !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0))
+        !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0) || !(in->ranks_per_device >= 0) ||
+        !(in->opt_s_per_param >= 0) || !isfinite(in->ranks_per_device) ||
+        !isfinite(in->opt_s_per_param))
         return zpp_error(ZPP_ERR_INVALID,
-                         "cost: bandwidths, FLOP/s and tokens per GPU must be positive and the "
-                         "latency not negative");
+                         "cost: bandwidths, FLOP/s and tokens per GPU must be positive; the "
+                         "latency, ranks per device and optimizer time not negative");
     if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
@@ -200,8 +240,10 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     zpp_cost_out o;
     memset(&o, 0, sizeof o);
     o.flops_per_gpu = zpp_cost_step_flops(in);
-    o.compute_s = o.flops_per_gpu / in->flops_per_s;
-    const double fwd_c = o.compute_s / 3, bwd_c = o.compute_s * 2 / 3;
+    /* Ranks sharing one device compute at their share of its rate. */
+    const double share = in->ranks_per_device > 1 ? in->ranks_per_device : 1;
+    const double model_s = o.flops_per_gpu / in->flops_per_s * share;
+    const double fwd_c = model_s / 3, bwd_c = model_s * 2 / 3;
 
     /* Forward, units 0..K-1: stage i computes f_i while the gather of the
      * next stage's unit travels (engine.c forward: gather_start(s+1) before
@@ -228,9 +270,9 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         unit_cost next = cur;
         if (i + 1 < K) {
             unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), &next);
-            t += fmax(f, link_time(next.fwd));
+            t += stage_time(in, f, link_time(next.fwd));
         } else {
-            t += fmax(f, link_time(cur.bwd)); /* unit K-1 is the first backward unit */
+            t += stage_time(in, f, link_time(cur.bwd)); /* unit K-1: the first backward unit */
         }
         cur = next;
     }
@@ -256,13 +298,17 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
             gnext = nx.bwd;
         }
         double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
-        tb += fmax(b, link_concurrent(gnext, red_ov)) + link_time(red_exp);
+        tb += stage_time(in, b, link_concurrent(in, gnext, red_ov)) + link_time(red_exp);
         red_ov = me.red_ov;
         red_exp = me.red_exp;
     }
     tb += link_time(red_ov) + link_time(red_exp);
     o.bwd_s = tb;
-    o.step_s = o.fwd_s + o.bwd_s;
+    /* The optimizer step after the backward, on the rank's shards (the
+     * norm's all-reduce of a few floats is left out). */
+    o.opt_s = in->opt_s_per_param * shard_sum * share;
+    o.compute_s = model_s + o.opt_s;
+    o.step_s = o.fwd_s + o.bwd_s + o.opt_s;
     o.comm_s = comm;
     o.exposed_comm_s = o.step_s - o.compute_s;
     o.tokens_per_s = (double)W * in->tokens_per_gpu / o.step_s;
@@ -394,10 +440,15 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
 
 /* ---- zpp_cost_calibrate -------------------------------------------------- */
 
-/* Sums over the lines: bytes and the time left after the latency. */
+#define CALIB_MAX_TRAIN 4096 /* train lines kept for the medians */
+
+/* Sums over the lines. */
 typedef struct calib_acc {
     double intra_bytes, intra_s;             /* hpZ backward gathers, per rank */
     double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
+    double coll_s[ZPP_COLL_MODE_COUNT][3], coll_params[ZPP_COLL_MODE_COUNT];
+    double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens, step seconds */
+    int ntrain;
 } calib_acc;
 
 static zpp_status calib_num(const cJSON *o, const char *key, const char *path, int line,
@@ -406,24 +457,64 @@ static zpp_status calib_num(const cJSON *o, const char *key, const char *path, i
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s line %d: no number \"%s\" >= 0; give the lines "
-                         "`zeropp bench comm --json` prints",
+                         "`zeropp bench comm --json` or `zeropp train --metrics` print",
                          path, line, key);
     *v = x->valuedouble;
     return ZPP_OK;
 }
 
-/* One line's object into the sums. */
-static zpp_status calib_line(const cJSON *o, const char *path, int line, double lat,
-                             calib_acc *a, int *intra_used, int *inter_used) {
-    const cJSON *bench = cJSON_GetObjectItemCaseSensitive(o, "bench");
+/* A `zeropp train --metrics` line: its tokens and step time, if it counts. */
+static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
+                                   const zpp_cost_in *model, calib_acc *a, int *used) {
+    double step = 0, tps = 0, ms = 0, cross = 0, intra = 0;
+    ZPP_CHECK(calib_num(o, "step", path, line, &step));
+    ZPP_CHECK(calib_num(o, "tokens_per_s", path, line, &tps));
+    ZPP_CHECK(calib_num(o, "step_ms", path, line, &ms));
+    ZPP_CHECK(calib_num(o, "cross_node_bytes", path, line, &cross));
+    ZPP_CHECK(calib_num(o, "intra_node_bytes", path, line, &intra));
+    if (!model)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: a train line needs the model (--model or "
+                         "--params) to count its FLOPs",
+                         path, line);
+    if (cross > 0 || intra > 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: this train step moved %.0f bytes: not a "
+                         "world-1 run; the compute rate comes from `mpirun -np 1 zeropp train "
+                         "--metrics` lines",
+                         path, line, cross + intra);
+    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
+    if (step < 2 || cJSON_IsTrue(sk) || !(ms > 0)) return ZPP_OK; /* warm-up or no update */
+    double tokens = tps * ms / 1000;
+    /* tokens_per_s is printed to a tenth: snap to the sequence length. */
+    if (model->n_layer > 0 && model->seq_len > 0)
+        tokens = fmax(1, round(tokens / model->seq_len)) * model->seq_len;
+    else
+        tokens = round(tokens);
+    if (!(tokens >= 1))
+        return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s line %d: no tokens in this step",
+                         path, line);
+    if (a->ntrain == CALIB_MAX_TRAIN)
+        return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s: more than %d train lines", path,
+                         CALIB_MAX_TRAIN);
+    a->tok[a->ntrain] = tokens;
+    a->sec[a->ntrain] = ms * 1e-3;
+    a->ntrain++;
+    *used = 1;
+    return ZPP_OK;
+}
+
+/* One bench comm line's object into the sums. */
+static zpp_status calib_comm_line(const cJSON *o, const char *path, int line, double lat,
+                                  calib_acc *a, zpp_cost_calib *c, int *intra_used,
+                                  int *inter_used) {
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
-    if (!cJSON_IsString(bench) || strcmp(bench->valuestring, "comm") != 0 ||
-        !cJSON_IsString(mode))
+    if (!cJSON_IsString(mode))
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
-                         "\"bench\": \"comm\" and \"mode\")",
+                         "\"mode\")",
                          path, line);
-    double W = 0, S = 0, U = 0;
+    double W = 0, S = 0, U = 0, P = 0;
     ZPP_CHECK(calib_num(o, "world", path, line, &W));
     ZPP_CHECK(calib_num(o, "node_size", path, line, &S));
     ZPP_CHECK(calib_num(o, "units", path, line, &U));
@@ -433,6 +524,31 @@ static zpp_status calib_line(const cJSON *o, const char *path, int line, double 
                          "positive counts, the node size dividing the world",
                          path, line, W, S, U);
     const char *m = mode->valuestring;
+    int mi = -1;
+    for (int k = 0; k < ZPP_COLL_MODE_COUNT; k++)
+        if (strcmp(m, zpp_coll_mode_get(k)->name) == 0) mi = k;
+    if (mi >= 0) { /* (b): the phase times as measured */
+        if (c->coll_world && (c->coll_world != (int)W || c->coll_node_size != (int)S ||
+                              c->coll_units != (int)U))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: world %.0f, node size %.0f, %.0f units, "
+                             "where earlier lines had %d, %d, %d; give one shape per file",
+                             path, line, W, S, U, c->coll_world, c->coll_node_size,
+                             c->coll_units);
+        ZPP_CHECK(calib_num(o, "params", path, line, &P));
+        if (!(P >= 1))
+            return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s line %d: \"params\" must be >= 1",
+                             path, line);
+        static const char *const key[3] = {"fwd_gather_ms", "bwd_gather_ms", "grad_reduce_ms"};
+        double t[3];
+        for (int k = 0; k < 3; k++) ZPP_CHECK(calib_num(o, key[k], path, line, &t[k]));
+        for (int k = 0; k < 3; k++) a->coll_s[mi][k] += t[k] * 1e-3;
+        a->coll_params[mi] += P;
+        c->coll_world = (int)W;
+        c->coll_node_size = (int)S;
+        c->coll_units = (int)U;
+        c->has_mode[mi] = 1;
+    }
     if (strcmp(m, "hpz") == 0 || strcmp(m, "zeropp") == 0) {
         double cross = 0, intra = 0, ms = 0;
         ZPP_CHECK(calib_num(o, "bwd_gather_cross_bytes", path, line, &cross));
@@ -473,18 +589,82 @@ static zpp_status calib_line(const cJSON *o, const char *path, int line, double 
             *inter_used = 1;
         }
     }
-    return ZPP_OK; /* qwz, qgz: nothing that isolates one link */
+    return ZPP_OK; /* qwz, qgz: only (b) */
 }
 
-zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p) {
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* The compute fit of cost.h from the train lines (a->ntrain > 0). */
+static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_in *model,
+                                zpp_cost_calib *c) {
+    /* Sort by tokens, then time: each token count's run of lines is then
+     * contiguous with its times in order, and its median is the middle. */
+    double (*pair)[2] = malloc((size_t)a->ntrain * sizeof *pair);
+    if (!pair) return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory for %d lines", a->ntrain);
+    for (int i = 0; i < a->ntrain; i++) pair[i][0] = a->tok[i], pair[i][1] = a->sec[i];
+    qsort(pair, (size_t)a->ntrain, sizeof *pair, cmp_double); /* by tokens (first member) */
+    double gx[CALIB_MAX_TRAIN], gy[CALIB_MAX_TRAIN];
+    int g = 0;
+    for (int i = 0; i < a->ntrain;) {
+        int j = i;
+        double tmp[CALIB_MAX_TRAIN];
+        while (j < a->ntrain && pair[j][0] == pair[i][0]) tmp[j - i] = pair[j][1], j++;
+        qsort(tmp, (size_t)(j - i), sizeof tmp[0], cmp_double);
+        int n = j - i;
+        gx[g] = pair[i][0];
+        gy[g] = n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+        g++;
+        i = j;
+    }
+    free(pair);
+    zpp_cost_in one = *model;
+    one.tokens_per_gpu = 1;
+    const double fpt = zpp_cost_step_flops(&one); /* FLOPs per token of one rank */
+    c->train_points = g;
+    if (g == 1) { /* the optimizer folded into the rate */
+        c->flops_per_s = gx[0] * fpt / gy[0];
+        c->opt_s_per_param = 0;
+        return ZPP_OK;
+    }
+    /* Least squares t = s x tokens + b over the medians. */
+    double mx = 0, my = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < g; i++) mx += gx[i] / g, my += gy[i] / g;
+    for (int i = 0; i < g; i++) sxx += (gx[i] - mx) * (gx[i] - mx), sxy += (gx[i] - mx) * (gy[i] - my);
+    double slope = sxy / sxx, icpt = my - slope * mx;
+    if (!(slope > 0))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s: the step time does not grow with the tokens (%.0f "
+                         "tokens %.4f s, %.0f tokens %.4f s): a noisy machine; run more steps",
+                         path, gx[0], gy[0], gx[g - 1], gy[g - 1]);
+    if (icpt < 0) { /* noise below a zero intercept: through the origin */
+        double sx = 0, sy = 0;
+        for (int i = 0; i < g; i++) sx += gx[i] * gx[i], sy += gx[i] * gy[i];
+        slope = sy / sx;
+        icpt = 0;
+    }
+    c->flops_per_s = fpt / slope;
+    c->opt_s_per_param = icpt / model->params;
+    return ZPP_OK;
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
+                              zpp_cost_calib *out_p) {
     if (!path || !out_p || !(latency_s >= 0))
         return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    if (model && !(model->params >= 1))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
     FILE *f;
     ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
     zpp_cost_calib c;
-    calib_acc a;
+    calib_acc *a = calloc(1, sizeof *a);
     memset(&c, 0, sizeof c);
-    memset(&a, 0, sizeof a);
+    if (!a) {
+        fclose(f);
+        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
+    }
     char *buf = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -499,17 +679,31 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib
             i++;
         if (i == (size_t)n) continue; /* blank */
         cJSON *o = cJSON_ParseWithLength(buf, (size_t)n);
+        const cJSON *bench = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "bench")
+                                               : NULL;
         if (!cJSON_IsObject(o)) {
             st = zpp_error(ZPP_ERR_FORMAT,
                            "calibrate: %s line %d: not a JSON object; give the lines "
-                           "`zeropp bench comm --json` prints, one per line",
+                           "`zeropp bench comm --json` or `zeropp train --metrics` print, one "
+                           "per line",
                            path, line);
-        } else {
+        } else if (cJSON_IsString(bench) && strcmp(bench->valuestring, "comm") == 0) {
             int iu = 0, xu = 0;
-            st = calib_line(o, path, line, latency_s, &a, &iu, &xu);
+            st = calib_comm_line(o, path, line, latency_s, a, &c, &iu, &xu);
             c.lines++;
             c.intra_lines += iu;
             c.inter_lines += xu;
+        } else if (!bench && cJSON_GetObjectItemCaseSensitive(o, "step_ms")) {
+            int used = 0;
+            st = calib_train_line(o, path, line, model, a, &used);
+            c.lines++;
+            c.train_lines += used;
+        } else {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
+                           "\"bench\": \"comm\") nor a `zeropp train --metrics` line (no "
+                           "\"step_ms\")",
+                           path, line);
         }
         cJSON_Delete(o);
     }
@@ -517,19 +711,27 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib
         st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
     free(buf);
     fclose(f);
-    if (st != ZPP_OK) return st;
-    if (!c.intra_lines && !c.inter_lines)
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "calibrate: %s: %d lines, none to derive a rate from; it needs mode "
-                         "hpz or zeropp with node_size > 1 (intra-node) or zero3 with more "
-                         "than one node (cross-node)",
-                         path, c.lines);
-    if (c.intra_lines) c.intra_bps = a.intra_bytes / a.intra_s;
-    if (c.inter_lines) {
-        c.inter_bps = a.cross_bytes / a.cross_s;
-        /* Bound by the intra-node link when its term alone fills the time. */
-        if (c.intra_lines && a.cross_intra / c.intra_bps >= a.cross_s) c.inter_lower_bound = 1;
+    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
+                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
+                       "lines past step 1",
+                       path, c.lines);
+    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
+    if (st != ZPP_OK) {
+        free(a);
+        return st;
     }
+    if (c.intra_lines) c.intra_bps = a->intra_bytes / a->intra_s;
+    if (c.inter_lines) {
+        c.inter_bps = a->cross_bytes / a->cross_s;
+        /* Bound by the intra-node link when its term alone fills the time. */
+        if (c.intra_lines && a->cross_intra / c.intra_bps >= a->cross_s) c.inter_lower_bound = 1;
+    }
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        for (int k = 0; k < 3; k++)
+            if (c.has_mode[m]) c.coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+    free(a);
     *out_p = c;
     return ZPP_OK;
 }
