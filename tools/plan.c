@@ -706,7 +706,7 @@ int zpp_cli_plan(int argc, char **argv) {
                      "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
                      "efficiency)",
                      inter, intra, eff);
-        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.1f TFLOP/s "
+        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.4g TFLOP/s "
                "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
                tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
         if (serial || link_per_comm || rpd > 1 || opt_ns > 0 || ci.calib)
@@ -726,7 +726,7 @@ int zpp_cli_plan(int argc, char **argv) {
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
             const zpp_cost_out *c = &co[m];
             char b[32];
-            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.1f %7.2fx | %12s%s\n",
+            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.3g %7.2fx | %12s%s\n",
                    zpp_coll_mode_get(m)->name, c->step_s * 1e3, c->compute_s * 1e3,
                    c->exposed_comm_s * 1e3, c->tokens_per_s, c->tflops_per_gpu,
                    co[0].step_s / c->step_s, zpp_cli_bytes(c->mem_bytes_per_rank, b, 32),
