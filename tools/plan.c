@@ -290,11 +290,22 @@ static int sweep_chart(const sweep_point *pt, int n, const char *xname, const ch
 
 static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *chart, int json,
                       double link_eff) {
-    char name[32];
+    /* NAME=A..B; strtod would read "25." of "25..800", so split first. */
+    char name[32] = "", lo[64] = "", hi[64] = "";
+    const char *eq = strchr(spec, '='), *dots = eq ? strstr(eq, "..") : NULL;
     double a = 0, b = 0;
-    int used = 0;
-    if (sscanf(spec, "%31[a-z-]=%lf..%lf%n", name, &a, &b, &used) != 3 || spec[used] ||
-        (strcmp(name, "world") != 0 && strcmp(name, "inter-gbps") != 0) || !(a > 0) ||
+    int ok = eq && dots && (size_t)(eq - spec) < sizeof name &&
+             (size_t)(dots - eq - 1) < sizeof lo && strlen(dots + 2) < sizeof hi;
+    if (ok) {
+        memcpy(name, spec, (size_t)(eq - spec));
+        memcpy(lo, eq + 1, (size_t)(dots - eq - 1));
+        strcpy(hi, dots + 2);
+        char *e1, *e2;
+        a = strtod(lo, &e1);
+        b = strtod(hi, &e2);
+        ok = lo[0] && hi[0] && !*e1 && !*e2;
+    }
+    if (!ok || (strcmp(name, "world") != 0 && strcmp(name, "inter-gbps") != 0) || !(a > 0) ||
         !(b >= a) || !isfinite(b)) {
         fprintf(stderr, "zeropp plan: --sweep '%s': give world=A..B or inter-gbps=A..B with "
                         "0 < A <= B (e.g. world=64..16384)\n",
