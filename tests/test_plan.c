@@ -413,7 +413,11 @@ static void test_calibrate_malformed(void) {
     } bad[] = {
         {"{\"step\":3,\"tokens_per_s\":100,\"step_ms\":10,\"cross_node_bytes\":5,"
          "\"intra_node_bytes\":0}\n",
-         "line 1: this train step moved 5 bytes", 1},
+         "line 1: no number \"compute_ms\"", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,"
+         "\"compute_ms\":8,\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
+         "line 2: a train line of a 32-rank run after lines of a 1-rank run", 1},
         {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
          "\"intra_node_bytes\":0}\n",
          "line 1: a train line needs the model", 0},
@@ -644,6 +648,28 @@ static void test_calibrate_compute(void) {
     EXPECT(c.train_points == 1 && c.opt_s_per_param == 0 &&
                fabs(c.flops_per_s / (tok * fpt / sec) - 1) < 1e-9,
            "one point: rate %.9g", c.flops_per_s);
+    /* Lines of a run on the model's W ranks (bytes moved): tokens a rank are
+     * the global tokens / W, the time is compute_ms (the waits left out),
+     * and the intercept is per element of the rank's shard, P / W. */
+    n = 0;
+    const double W = model.world;
+    for (int b = 1; b <= 4; b *= 2)
+        for (int step = 2; step <= 4; step++) {
+            double tk = (double)b * model.seq_len;
+            double comp = tk * fpt / rate + model.params / W * opt, wall = 3 * comp;
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "{\"step\":%d,\"tokens_per_s\":%.17g,\"step_ms\":%.17g,"
+                                  "\"compute_ms\":%.17g,\"cross_node_bytes\":123,"
+                                  "\"intra_node_bytes\":456}\n",
+                                  step, W * tk / wall, wall * 1e3, comp * 1e3);
+        }
+    write_file(path, text);
+    EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));
+    unlink(path);
+    EXPECT(c.train_world == model.world && c.train_points == 3 &&
+               fabs(c.flops_per_s / rate - 1) < 1e-6 && fabs(c.opt_s_per_param / opt - 1) < 1e-6,
+           "W ranks: world %d, %d points, rate %.9g, opt %.9g", c.train_world, c.train_points,
+           c.flops_per_s, c.opt_s_per_param);
 }
 
 /* ---- The GPU steps measured on one H200 (bench/RESULTS.md, sixth session)

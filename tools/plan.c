@@ -561,6 +561,12 @@ int zpp_cli_plan(int argc, char **argv) {
             if (cal.train_points > 1) opt_ns = cal.opt_s_per_param * 1e9;
         }
         if (cal.coll_world) ci.calib = &cal;
+        if (cal.train_world > 1 && rpd_s && rpd > 1) {
+            fprintf(stderr, "zeropp plan: the train lines come from runs on these ranks, so "
+                            "their rate already holds the device sharing; drop "
+                            "--ranks-per-device\n");
+            return 2;
+        }
         if (!json) {
             char x[96], y[96];
             if (cal.inter_bps > 0)
@@ -585,10 +591,10 @@ int zpp_cli_plan(int argc, char **argv) {
                             : "not used (another world or node size: the link formula)");
             }
             if (cal.flops_per_s > 0)
-                printf("compute from %d world-1 train steps at %d token count%s: %.4g TFLOP/s"
-                       "%s\n",
-                       cal.train_lines, cal.train_points, cal.train_points == 1 ? "" : "s",
-                       cal.flops_per_s / 1e12,
+                printf("compute from %d train steps of %d-rank runs at %d token count%s: %.4g "
+                       "TFLOP/s%s\n",
+                       cal.train_lines, cal.train_world, cal.train_points,
+                       cal.train_points == 1 ? "" : "s", cal.flops_per_s / 1e12,
                        cal.train_points > 1 ? ", optimizer fitted" : " (optimizer folded in)");
         }
     }

@@ -447,8 +447,9 @@ typedef struct calib_acc {
     double intra_bytes, intra_s;             /* hpZ backward gathers, per rank */
     double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
     double coll_s[ZPP_COLL_MODE_COUNT][3], coll_params[ZPP_COLL_MODE_COUNT];
-    double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens, step seconds */
+    double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens a rank, seconds */
     int ntrain;
+    int train_world; /* 1: world-1 lines; the model's world: lines of runs on its ranks */
 } calib_acc;
 
 static zpp_status calib_num(const cJSON *o, const char *key, const char *path, int line,
@@ -463,10 +464,13 @@ static zpp_status calib_num(const cJSON *o, const char *key, const char *path, i
     return ZPP_OK;
 }
 
-/* A `zeropp train --metrics` line: its tokens and step time, if it counts. */
+/* A `zeropp train --metrics` line: its tokens a rank and compute time, if
+ * it counts. A line that moved no bytes is a world-1 run; one that moved
+ * bytes is a run on the ranks the model describes (model->world), and then
+ * it needs --profile's compute_ms (the time outside the waits). */
 static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                                    const zpp_cost_in *model, calib_acc *a, int *used) {
-    double step = 0, tps = 0, ms = 0, cross = 0, intra = 0;
+    double step = 0, tps = 0, ms = 0, cross = 0, intra = 0, comp = -1;
     ZPP_CHECK(calib_num(o, "step", path, line, &step));
     ZPP_CHECK(calib_num(o, "tokens_per_s", path, line, &tps));
     ZPP_CHECK(calib_num(o, "step_ms", path, line, &ms));
@@ -477,19 +481,29 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                          "calibrate: %s line %d: a train line needs the model (--model or "
                          "--params) to count its FLOPs",
                          path, line);
-    if (cross > 0 || intra > 0)
+    const int W = (cross > 0 || intra > 0) ? model->world : 1;
+    if (W > 1 || cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
+        ZPP_CHECK(calib_num(o, "compute_ms", path, line, &comp));
+    if (W < 1 || (W > 1 && comp < 0))
         return zpp_error(ZPP_ERR_FORMAT,
-                         "calibrate: %s line %d: this train step moved %.0f bytes: not a "
-                         "world-1 run; the compute rate comes from `mpirun -np 1 zeropp train "
-                         "--metrics` lines",
+                         "calibrate: %s line %d: this train step moved %.0f bytes: a run on "
+                         "several ranks, which needs --profile's compute_ms and the model's "
+                         "world; or give world-1 `mpirun -np 1 zeropp train --metrics` lines",
                          path, line, cross + intra);
+    if (a->train_world && a->train_world != W)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: a train line of a %d-rank run after lines of "
+                         "a %d-rank run; give one kind (world-1 runs, or runs on the planned "
+                         "ranks)",
+                         path, line, W, a->train_world);
+    a->train_world = W;
     const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
     if (step < 2 || cJSON_IsTrue(sk) || !(ms > 0)) return ZPP_OK; /* warm-up or no update */
     /* tokens_per_s is printed to a tenth, so the product is off by at most
      * 0.05 x the step's seconds: whole tokens for any step under 10 s. A
      * run at sequence length 1 (a step of almost nothing but the optimizer)
      * is a valid point of the fit. */
-    double tokens = round(tps * ms / 1000);
+    double tokens = round(tps * ms / 1000 / W);
     if (!(tokens >= 1))
         return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s line %d: no tokens in this step",
                          path, line);
@@ -497,7 +511,7 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
         return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s: more than %d train lines", path,
                          CALIB_MAX_TRAIN);
     a->tok[a->ntrain] = tokens;
-    a->sec[a->ntrain] = ms * 1e-3;
+    a->sec[a->ntrain] = (comp >= 0 ? comp : ms) * 1e-3; /* the compute, without the waits */
     a->ntrain++;
     *used = 1;
     return ZPP_OK;
@@ -623,6 +637,7 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     one.tokens_per_gpu = 1;
     const double fpt = zpp_cost_step_flops(&one); /* FLOPs per token of one rank */
     c->train_points = g;
+    c->train_world = a->train_world;
     if (g == 1) { /* the optimizer folded into the rate */
         c->flops_per_s = gx[0] * fpt / gy[0];
         c->opt_s_per_param = 0;
@@ -645,7 +660,9 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
         icpt = 0;
     }
     c->flops_per_s = fpt / slope;
-    c->opt_s_per_param = icpt / model->params;
+    /* The intercept is the rank's per-step work: per element of its shard
+     * (P / W of them; the optimizer's share, which dominates it). */
+    c->opt_s_per_param = icpt / (model->params / a->train_world);
     return ZPP_OK;
 }
 
