@@ -413,11 +413,14 @@ static void test_calibrate_malformed(void) {
     } bad[] = {
         {"{\"step\":3,\"tokens_per_s\":100,\"step_ms\":10,\"cross_node_bytes\":5,"
          "\"intra_node_bytes\":0}\n",
-         "line 1: no number \"compute_ms\"", 1},
+         "line 1: this train step moved bytes (a run on several ranks) but names no mode", 1},
         {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
          "\"intra_node_bytes\":0}\n{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,"
-         "\"compute_ms\":8,\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
+         "\"mode\":\"zero3\",\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
          "line 2: a train line of a 32-rank run after lines of a 1-rank run", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"mode\":\"qwz\","
+         "\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
+         "line 1: a train step of a 32-rank run in mode qwz needs that mode's", 1},
         {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
          "\"intra_node_bytes\":0}\n",
          "line 1: a train line needs the model", 0},
@@ -649,19 +652,27 @@ static void test_calibrate_compute(void) {
                fabs(c.flops_per_s / (tok * fpt / sec) - 1) < 1e-9,
            "one point: rate %.9g", c.flops_per_s);
     /* Lines of a run on the model's W ranks (bytes moved): tokens a rank are
-     * the global tokens / W, the time is compute_ms (the waits left out),
-     * and the intercept is per element of the rank's shard, P / W. */
+     * the global tokens / W; the time is the wall step less the mode's
+     * measured collectives (a bench comm line of the same world and node
+     * size, per parameter x the model's); the intercept is per element of
+     * the rank's shard, P / W. */
     n = 0;
-    const double W = model.world;
+    const double W = model.world, lp = 1e6, ph[3] = {3, 4, 5}; /* ms for lp parameters */
+    const double coll = (ph[0] + ph[1] + ph[2]) * 1e-3 * model.params / lp;
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "{\"bench\":\"comm\",\"mode\":\"qgz\",\"world\":%d,"
+                          "\"node_size\":%d,\"units\":5,\"params\":%.0f,\"fwd_gather_ms\":%g,"
+                          "\"bwd_gather_ms\":%g,\"grad_reduce_ms\":%g}\n",
+                          model.world, model.node_size, lp, ph[0], ph[1], ph[2]);
     for (int b = 1; b <= 4; b *= 2)
         for (int step = 2; step <= 4; step++) {
             double tk = (double)b * model.seq_len;
-            double comp = tk * fpt / rate + model.params / W * opt, wall = 3 * comp;
+            double wall = tk * fpt / rate + model.params / W * opt + coll;
             n += (size_t)snprintf(text + n, sizeof text - n,
-                                  "{\"step\":%d,\"tokens_per_s\":%.17g,\"step_ms\":%.17g,"
-                                  "\"compute_ms\":%.17g,\"cross_node_bytes\":123,"
+                                  "{\"step\":%d,\"mode\":\"qgz\",\"tokens_per_s\":%.17g,"
+                                  "\"step_ms\":%.17g,\"cross_node_bytes\":123,"
                                   "\"intra_node_bytes\":456}\n",
-                                  step, W * tk / wall, wall * 1e3, comp * 1e3);
+                                  step, W * tk / wall, wall * 1e3);
         }
     write_file(path, text);
     EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));

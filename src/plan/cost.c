@@ -448,6 +448,7 @@ typedef struct calib_acc {
     double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
     double coll_s[ZPP_COLL_MODE_COUNT][3], coll_params[ZPP_COLL_MODE_COUNT];
     double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens a rank, seconds */
+    int mode[CALIB_MAX_TRAIN], line[CALIB_MAX_TRAIN]; /* W-rank lines: their mode, line number */
     int ntrain;
     int train_world; /* 1: world-1 lines; the model's world: lines of runs on its ranks */
 } calib_acc;
@@ -464,13 +465,26 @@ static zpp_status calib_num(const cJSON *o, const char *key, const char *path, i
     return ZPP_OK;
 }
 
-/* A `zeropp train --metrics` line: its tokens a rank and compute time, if
- * it counts. A line that moved no bytes is a world-1 run; one that moved
- * bytes is a run on the ranks the model describes (model->world), and then
- * it needs --profile's compute_ms (the time outside the waits). */
+/* The standard mode of a trainer's mode name (trainer.c: the options
+ * joined by '+' in the order qwz, hpz, qgz; "zero3" with none), or -1. */
+static int train_mode_index(const char *name) {
+    static const char *const names[ZPP_COLL_MODE_COUNT] = {"zero3", "qwz", "hpz", "qgz",
+                                                           "qwz+hpz+qgz"};
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (strcmp(name, names[m]) == 0) return m;
+    return -1;
+}
+
+/* A `zeropp train --metrics` line: its tokens a rank and time, if it
+ * counts. A line that moved no bytes is a world-1 run (its time: compute_ms
+ * with --profile, else step_ms); one that moved bytes is a run on the ranks
+ * the model describes (model->world), its time the wall step less its
+ * mode's measured collectives (subtracted in zpp_cost_calibrate, once every
+ * bench comm line is read). */
 static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                                    const zpp_cost_in *model, calib_acc *a, int *used) {
     double step = 0, tps = 0, ms = 0, cross = 0, intra = 0, comp = -1;
+    int mi = -1;
     ZPP_CHECK(calib_num(o, "step", path, line, &step));
     ZPP_CHECK(calib_num(o, "tokens_per_s", path, line, &tps));
     ZPP_CHECK(calib_num(o, "step_ms", path, line, &ms));
@@ -482,14 +496,18 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                          "--params) to count its FLOPs",
                          path, line);
     const int W = (cross > 0 || intra > 0) ? model->world : 1;
-    if (W > 1 || cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
+    if (W == 1 && cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
         ZPP_CHECK(calib_num(o, "compute_ms", path, line, &comp));
-    if (W < 1 || (W > 1 && comp < 0))
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "calibrate: %s line %d: this train step moved %.0f bytes: a run on "
-                         "several ranks, which needs --profile's compute_ms and the model's "
-                         "world; or give world-1 `mpirun -np 1 zeropp train --metrics` lines",
-                         path, line, cross + intra);
+    if (W > 1) {
+        const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mode");
+        if (cJSON_IsString(mo)) mi = train_mode_index(mo->valuestring);
+        if (mi < 0)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: this train step moved bytes (a run on "
+                             "several ranks) but names no mode the bench measures (\"mode\": "
+                             "zero3, qwz, hpz, qgz or qwz+hpz+qgz)",
+                             path, line);
+    }
     if (a->train_world && a->train_world != W)
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s line %d: a train line of a %d-rank run after lines of "
@@ -511,7 +529,9 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
         return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s: more than %d train lines", path,
                          CALIB_MAX_TRAIN);
     a->tok[a->ntrain] = tokens;
-    a->sec[a->ntrain] = (comp >= 0 ? comp : ms) * 1e-3; /* the compute, without the waits */
+    a->sec[a->ntrain] = (comp >= 0 ? comp : ms) * 1e-3;
+    a->mode[a->ntrain] = mi;
+    a->line[a->ntrain] = line;
     a->ntrain++;
     *used = 1;
     return ZPP_OK;
@@ -733,6 +753,32 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
                        "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
                        "lines past step 1",
                        path, c.lines);
+    /* Lines of runs on these ranks: the wall step less the collectives'
+     * measured time in that mode (per parameter x the model's parameters)
+     * is the pace at which the group computes: it holds the ranks' sharing
+     * of the cores and each wait for the slowest rank. */
+    for (int i = 0; st == ZPP_OK && i < a->ntrain; i++) {
+        const int mi = a->mode[i];
+        if (mi < 0) continue;
+        if (!c.has_mode[mi] || c.coll_world != model->world ||
+            c.coll_node_size != model->node_size) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
+                           "needs that mode's `zeropp bench comm --json` line from the same "
+                           "ranks (world %d, node size %d) in the file",
+                           path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
+                           model->world, model->node_size);
+            break;
+        }
+        double coll = 0;
+        for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * model->params;
+        a->sec[i] -= coll;
+        if (!(a->sec[i] > 0))
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: the step is no longer than its mode's "
+                           "measured collectives (%.4f s): measure both on the same ranks",
+                           path, a->line[i], coll);
+    }
     if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
     if (st != ZPP_OK) {
         free(a);

@@ -183,15 +183,16 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
  *
  * `zeropp train --metrics` lines of the model in `model`: the compute rate.
  * Either world-1 runs (no bytes moved; the time is compute_ms when the run
- * had --profile, else step_ms), or runs on model->world ranks with
- * --profile (bytes moved; the time is compute_ms, the rank's time outside
- * its waits, so the rate holds whatever sharing of the device those ranks
- * had: leave ranks_per_device at 1 then). One kind per file. Each line's
- * tokens a rank are tokens_per_s x step_ms / 1000 / W; step 1 (warm-up)
- * and skipped steps are left out. With one token count, flops_per_s = its
- * FLOPs / its median time (the optimizer folded in, opt_s_per_param 0);
- * with two or more, a least-squares line through the median time of each
- * token count,
+ * had --profile, else step_ms), or runs on the model's ranks (bytes moved:
+ * model->world ranks in nodes of model->node_size): the time is then the
+ * wall step less that mode's measured collectives (its bench comm line must
+ * be in the file), the pace at which the group computes, holding the ranks'
+ * sharing of the cores and each wait for the slowest rank (so leave
+ * ranks_per_device at 1). One kind per file. Each line's tokens a rank are
+ * tokens_per_s x step_ms / 1000 / W; step 1 (warm-up) and skipped steps are
+ * left out. With one token count, flops_per_s = its FLOPs / its median time
+ * (the optimizer folded in, opt_s_per_param 0); with two or more, a least-
+ * squares line through the median time of each token count,
  *     t = tokens x FLOPs_per_token / flops_per_s + (P / W) x opt_s_per_param,
  * separates the compute from the optimizer step and the per-step engine
  * work, counted per element of the rank's shard. */
@@ -206,14 +207,14 @@ typedef struct zpp_cost_calib {
     /* Compute: 0 without train lines. */
     double flops_per_s, opt_s_per_param;
     int train_lines, train_points; /* lines used, distinct token counts */
-    int train_world; /* 1: world-1 lines; else runs on the model's world (compute_ms) */
+    int train_world; /* 1: world-1 lines; else runs on the model's world */
 } zpp_cost_calib;
 
 /* ZPP_ERR_IO if the file cannot be read; ZPP_ERR_FORMAT naming the path and
  * line for a line that is neither kind, a missing or non-numeric field, a
  * time no longer than the latency alone, bench lines of different shapes,
- * a train line that moved bytes without compute_ms, train lines of both
- * kinds, train lines without a model
+ * a train line that moved bytes without a measured mode or its bench line,
+ * train lines of both kinds, train lines without a model
  * (`model` NULL), step times that do not grow with the tokens, or a file
  * with nothing to derive. out_p is set only on success. */
 zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
