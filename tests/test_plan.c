@@ -477,6 +477,7 @@ static zpp_cost_in random_in(zpp_rng *r) {
     in.dtype = zpp_rng_uniform(r) < 0.5 ? ZPP_BF16 : ZPP_FP16;
     in.qgz_inter_exposed = zpp_rng_uniform(r) < 0.5;
     in.serial = zpp_rng_uniform(r) < 0.5;
+    in.exposed_frac = in.serial || zpp_rng_uniform(r) < 0.5 ? 0 : zpp_rng_uniform(r);
     in.link_per_comm = zpp_rng_uniform(r) < 0.5;
     in.ranks_per_device = zpp_rng_uniform(r) < 0.5 ? 0 : 1 + 3 * zpp_rng_uniform(r);
     in.opt_s_per_param = zpp_rng_uniform(r) < 0.5 ? 0 : 1e-8 * zpp_rng_uniform(r);
@@ -544,6 +545,16 @@ static void test_schedules(void) {
             EXPECT(fabs(s.step_s - (s.compute_s + s.comm_s)) <= 1e-9 * s.step_s,
                    "it %d %s: serial step %.9g != compute %.9g + comm %.9g", it,
                    zpp_coll_mode_get(m)->name, s.step_s, s.compute_s, s.comm_s);
+            zpp_cost_in ex = one; /* exposed_frac 1 is serial; 0 the overlap */
+            ex.serial = 0;
+            ex.exposed_frac = 1;
+            EXPECT(fabs(cost(&ex, m).step_s - s.step_s) <= 1e-12 * s.step_s,
+                   "exposed_frac 1 differs from serial");
+            ex.exposed_frac = 0.5;
+            double half = cost(&ex, m).step_s;
+            ex.exposed_frac = 0;
+            EXPECT(half <= s.step_s * (1 + 1e-12) && half >= cost(&ex, m).step_s * (1 - 1e-12),
+                   "exposed_frac 0.5 outside overlap..serial");
             zpp_cost_in op = in;
             op.opt_s_per_param = 3e-9;
             zpp_cost_out o = cost(&op, m);
@@ -781,9 +792,14 @@ static zpp_cost_in paper_in(int big, double gbps, double tokens) {
     return in;
 }
 
-static double speedup(int big, double gbps, double tokens) {
+static double speedup_e(int big, double gbps, double tokens, double exposed) {
     zpp_cost_in in = paper_in(big, gbps, tokens);
+    in.exposed_frac = exposed;
     return cost(&in, 0).step_s / cost(&in, 4).step_s;
+}
+
+static double speedup(int big, double gbps, double tokens) {
+    return speedup_e(big, gbps, tokens, 0);
 }
 
 /* Within 15% of the published range [lo, hi] (of its nearer end). */
@@ -822,6 +838,19 @@ static void test_published_zeropp(void) {
         s = speedup(big, 100, 1024);
         printf("%s 100G 1k: predicted %.3fx, published up to 2.2x: MISSED (high)\n", name, s);
         EXPECT(s > 2.2 * 1.15, "the 100G 1k miss changed: %.3f; update DESIGN.md §11", s);
+        /* Imperfect overlap (DESIGN.md §11): with a quarter to seven tenths
+         * of the shorter side of each stage exposed (exposed_frac), the
+         * 400G 2k point comes within 15% and the 400G 1k and 100G 2k points
+         * stay there; 100G 1k stays out whatever the fraction. */
+        for (double e = 0.25; e <= 0.7 + 1e-9; e += 0.15) {
+            double a = speedup_e(big, 400, 1024, e), b = speedup_e(big, 400, 2048, e),
+                   c = speedup_e(big, 100, 1024, e), d = speedup_e(big, 100, 2048, e);
+            printf("%s exposed %.2f: 400G 1k %.3f, 2k %.3f; 100G 1k %.3f, 2k %.3f\n", name, e,
+                   a, b, c, d);
+            EXPECT(near_range(a, 1.28, 1.36) && near_range(b, 1.24, 1.29) &&
+                       near_range(d, 2.0, 2.2) && c > 2.2 * 1.15,
+                   "%s exposed %.2f: %.3f %.3f %.3f %.3f", name, e, a, b, c, d);
+        }
     }
 }
 

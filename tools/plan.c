@@ -26,7 +26,7 @@ static void plan_usage(FILE *f) {
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
             "                   [--ranks-per-device R] [--serial] [--link-per-comm]\n"
-            "                   [--opt-ns N] [--calibrate FILE]\n"
+            "                   [--opt-ns N] [--exposed-frac E] [--calibrate FILE]\n"
             "                   [--sweep world=A..B | inter-gbps=A..B [--chart FILE.png]]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
@@ -64,6 +64,8 @@ static void plan_usage(FILE *f) {
             "gather and a reduction in flight together each get the link's full rate\n"
             "(emulated nodes over sockets: each communicator has its own connections).\n"
             "--opt-ns N: the optimizer step, N ns per parameter of a rank's shard.\n"
+            "--exposed-frac E: between overlap (0) and --serial (1), the share of the\n"
+            "shorter of a stage's compute and communication left exposed.\n"
             "\n"
             "--calibrate FILE reads JSON lines: `zeropp bench comm --json` lines give the\n"
             "cross-node and intra-node rates (ZeRO-3's gathers and hpZ's backward gathers,\n"
@@ -391,7 +393,7 @@ int zpp_cli_plan(int argc, char **argv) {
     zpp_dtype dtype = ZPP_BF16;
     const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
                *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
-               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL;
+               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL, *expf_s = NULL;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -416,6 +418,7 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--serial", ZPP_CLI_FLAG, &serial, 0, 0},
         {"--link-per-comm", ZPP_CLI_FLAG, &link_per_comm, 0, 0},
         {"--opt-ns", ZPP_CLI_STR, &opt_s, 0, 0},
+        {"--exposed-frac", ZPP_CLI_STR, &expf_s, 0, 0},
         {"--sweep", ZPP_CLI_STR, &sweep_s, 0, 0},
         {"--chart", ZPP_CLI_STR, &chart_s, 0, 0},
     };
@@ -452,13 +455,18 @@ int zpp_cli_plan(int argc, char **argv) {
     }
     if (!node_size) node_size = world;
     double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0,
-           rpd = 1, opt_ns = 0;
+           rpd = 1, opt_ns = 0, expf = 0;
     if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
         parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
         parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat) ||
         parse_pos("--mem-gb", mem_s, &mem_gb) || parse_pos("--ranks-per-device", rpd_s, &rpd) ||
-        parse_pos("--opt-ns", opt_s, &opt_ns))
+        parse_pos("--opt-ns", opt_s, &opt_ns) || parse_pos("--exposed-frac", expf_s, &expf))
         return 2;
+    if (expf > 1 || (expf_s && serial)) {
+        fprintf(stderr, "zeropp plan: --exposed-frac is in [0, 1] and not with --serial "
+                        "(which is 1)\n");
+        return 2;
+    }
     if (rpd_s && !(rpd >= 1)) {
         fprintf(stderr, "zeropp plan: --ranks-per-device must be >= 1 (ranks sharing one "
                         "device; 4 ranks on 2 cores: 2)\n");
@@ -603,6 +611,7 @@ int zpp_cli_plan(int argc, char **argv) {
     ci.qgz_inter_exposed = !qgz_overlap;
     ci.ranks_per_device = rpd;
     ci.serial = serial;
+    ci.exposed_frac = expf;
     ci.link_per_comm = link_per_comm;
     ci.opt_s_per_param = opt_ns * 1e-9;
     if (sweep_s) {

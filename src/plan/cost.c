@@ -39,7 +39,8 @@ static double link_concurrent(const zpp_cost_in *in, link_t a, link_t b) {
 /* A stage's compute c with communication l in flight: hidden under it
  * when the two overlap, after it when they take turns (in->serial). */
 static double stage_time(const zpp_cost_in *in, double c, double l) {
-    return in->serial ? c + l : fmax(c, l);
+    if (in->serial) return c + l;
+    return fmax(c, l) + in->exposed_frac * fmin(c, l);
 }
 
 /* A measured time as a link time: it occupies "the link" (the cross-node
@@ -218,10 +219,12 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     if (!(in->inter_bps > 0) || !(in->intra_bps > 0) || !(in->flops_per_s > 0) ||
         !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0) || !(in->ranks_per_device >= 0) ||
         !(in->opt_s_per_param >= 0) || !isfinite(in->ranks_per_device) ||
+        !(in->exposed_frac >= 0 && in->exposed_frac <= 1) ||
         !isfinite(in->opt_s_per_param))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: bandwidths, FLOP/s and tokens per GPU must be positive; the "
-                         "latency, ranks per device and optimizer time not negative");
+                         "latency, ranks per device and optimizer time not negative; the "
+                         "exposed fraction in [0, 1]");
     if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,

@@ -61,6 +61,10 @@ typedef struct zpp_cost_in {
      * computes. Ranks sharing one GPU: one rank's kernels stall the other
      * rank's NCCL kernels, which the collective then waits for. */
     int serial;
+    /* Between the two: the share of the shorter of a stage's compute and
+     * its communication that stays exposed, in [0, 1] (serial is 1):
+     * stage = max(c, l) + exposed_frac x min(c, l). 0: perfect overlap. */
+    double exposed_frac;
     /* 1: each communicator has the link's full rate, so a gather and a
      * reduction in flight together (on their own communicators) do not
      * share it: emulated nodes over sockets, where every NCCL communicator
