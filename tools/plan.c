@@ -206,7 +206,7 @@ static int plan_pick(const zpp_cost_in *ci, double mem_gb, const char *preset, i
     printf("zeropp plan --pick: budget %g GiB per rank (%s); %d settings priced, %d fit\n",
            mem_gb, preset ? preset : "--mem-gb", r.candidates, r.fitting);
     printf("pick: %s\n", reason);
-    printf("      %.1f ms per step, %.0f tokens/s, %.1f TFLOP/s per GPU, %.1f GiB per rank%s\n",
+    printf("      %.1f ms per step, %.0f tokens/s, %.3g TFLOP/s per GPU, %.1f GiB per rank%s\n",
            r.best.out.step_s * 1e3, r.best.out.tokens_per_s, r.best.out.tflops_per_gpu,
            r.best.out.mem_bytes_per_rank / GiB,
            r.best.out.mem_acts_known ? "" : " + activations (pass --model to count them)");
