@@ -249,7 +249,15 @@ static int sweep_chart(const sweep_point *pt, int n, const char *xname, const ch
                     path);
             return 2;
         }
-    FILE *g = popen("gnuplot", "w");
+    /* Name a bad path here, not through gnuplot (which would draw to its
+     * stdout when it cannot open the file). */
+    FILE *probe = fopen(path, "wb");
+    if (!probe) {
+        fprintf(stderr, "zeropp plan: --chart: cannot write '%s': %s\n", path, strerror(errno));
+        return 2;
+    }
+    fclose(probe);
+    FILE *g = popen("gnuplot >/dev/null", "w");
     if (!g) {
         fprintf(stderr, "zeropp plan: --chart: cannot start gnuplot: %s\n", strerror(errno));
         return 2;
