@@ -636,22 +636,27 @@ static int cmp_double(const void *x, const void *y) {
 /* The compute fit of cost.h from the train lines (a->ntrain > 0). */
 static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_in *model,
                                 zpp_cost_calib *c) {
-    /* Sort by tokens, then time: each token count's run of lines is then
-     * contiguous with its times in order, and its median is the middle. */
-    double (*pair)[2] = malloc((size_t)a->ntrain * sizeof *pair);
-    if (!pair) return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory for %d lines", a->ntrain);
-    for (int i = 0; i < a->ntrain; i++) pair[i][0] = a->tok[i], pair[i][1] = a->sec[i];
-    qsort(pair, (size_t)a->ntrain, sizeof *pair, cmp_double); /* by tokens (first member) */
-    double gx[CALIB_MAX_TRAIN], gy[CALIB_MAX_TRAIN];
+    /* Sorted by tokens, each token count's lines are contiguous; its times,
+     * sorted apart, give its median. gx, gy: one point per token count. */
+    const int n = a->ntrain;
+    double (*pair)[2] = malloc((size_t)n * sizeof *pair);
+    double *gx = malloc(3 * (size_t)n * sizeof *gx);
+    if (!pair || !gx) {
+        free(pair);
+        free(gx);
+        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory for %d lines", n);
+    }
+    double *gy = gx + n, *tmp = gx + 2 * n;
+    for (int i = 0; i < n; i++) pair[i][0] = a->tok[i], pair[i][1] = a->sec[i];
+    qsort(pair, (size_t)n, sizeof *pair, cmp_double); /* by the first member: tokens */
     int g = 0;
-    for (int i = 0; i < a->ntrain;) {
+    for (int i = 0; i < n;) {
         int j = i;
-        double tmp[CALIB_MAX_TRAIN];
-        while (j < a->ntrain && pair[j][0] == pair[i][0]) tmp[j - i] = pair[j][1], j++;
-        qsort(tmp, (size_t)(j - i), sizeof tmp[0], cmp_double);
-        int n = j - i;
+        while (j < n && pair[j][0] == pair[i][0]) tmp[j - i] = pair[j][1], j++;
+        const int k = j - i;
+        qsort(tmp, (size_t)k, sizeof tmp[0], cmp_double);
         gx[g] = pair[i][0];
-        gy[g] = n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+        gy[g] = k % 2 ? tmp[k / 2] : 0.5 * (tmp[k / 2 - 1] + tmp[k / 2]);
         g++;
         i = j;
     }
@@ -664,6 +669,7 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     if (g == 1) { /* the optimizer folded into the rate */
         c->flops_per_s = gx[0] * fpt / gy[0];
         c->opt_s_per_param = 0;
+        free(gx);
         return ZPP_OK;
     }
     /* Least squares t = s x tokens + b over the medians. */
@@ -671,11 +677,14 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     for (int i = 0; i < g; i++) mx += gx[i] / g, my += gy[i] / g;
     for (int i = 0; i < g; i++) sxx += (gx[i] - mx) * (gx[i] - mx), sxy += (gx[i] - mx) * (gy[i] - my);
     double slope = sxy / sxx, icpt = my - slope * mx;
-    if (!(slope > 0))
+    const double x0 = gx[0], y0 = gy[0], x1 = gx[g - 1], y1 = gy[g - 1];
+    if (!(slope > 0)) {
+        free(gx);
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s: the step time does not grow with the tokens (%.0f "
                          "tokens %.4f s, %.0f tokens %.4f s): a noisy machine; run more steps",
-                         path, gx[0], gy[0], gx[g - 1], gy[g - 1]);
+                         path, x0, y0, x1, y1);
+    }
     if (icpt < 0) { /* noise below a zero intercept: through the origin */
         double sx = 0, sy = 0;
         for (int i = 0; i < g; i++) sx += gx[i] * gx[i], sy += gx[i] * gy[i];
@@ -686,6 +695,7 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     /* The intercept is the rank's per-step work: per element of its shard
      * (P / W of them; the optimizer's share, which dominates it). */
     c->opt_s_per_param = icpt / (model->params / a->train_world);
+    free(gx);
     return ZPP_OK;
 }
 
