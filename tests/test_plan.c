@@ -330,6 +330,7 @@ static int bench_line(char *buf, size_t cap, const char *mode, int W, int S, int
     }
     return snprintf(buf, cap,
                     "{\"bench\":\"comm\",\"mode\":\"%s\",\"backend\":\"mpi\",\"world\":%d,"
+                    "\"params\":4194304,"
                     "\"node_size\":%d,\"units\":%d,\"fwd_gather_cross_bytes\":%.17g,"
                     "\"fwd_gather_intra_bytes\":%.17g,\"fwd_gather_ms\":%.17g,"
                     "\"bwd_gather_cross_bytes\":%.17g,\"bwd_gather_intra_bytes\":%.17g,"
@@ -349,7 +350,7 @@ static void test_calibrate_recovers_rates(void) {
                                     rates[r][1], 5e-6);
         write_file(path, text);
         zpp_cost_calib c;
-        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, &c));
+        EXPECT_OK(zpp_cost_calibrate(path, 5e-6, NULL, &c));
         unlink(path);
         EXPECT(c.lines == 5 && c.intra_lines == 2 && c.inter_lines == 1, "lines %d %d %d",
                c.lines, c.intra_lines, c.inter_lines);
@@ -377,8 +378,8 @@ static void test_calibrate_malformed(void) {
         {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16}\n", "line 4: no number \"node_size\""},
         {"{\"bench\":\"quant\",\"mode\":\"zero3\"}\n", "line 4: not a `zeropp bench comm"},
         {"{\"bench\":\"comm\",\"mode\":\"hpz\",\"world\":16,\"node_size\":4,\"units\":8,"
-         "\"bwd_gather_cross_bytes\":0,\"bwd_gather_intra_bytes\":\"many\"}\n",
-         "line 4: no number \"bwd_gather_intra_bytes\""},
+         "\"params\":\"many\"}\n",
+         "line 4: no number \"params\""},
         {"{\"bench\":\"comm\",\"mode\":\"zero3\",\"world\":16,\"node_size\":5,\"units\":8}\n",
          "line 4: world 16, node_size 5"},
     };
@@ -386,22 +387,381 @@ static void test_calibrate_malformed(void) {
         snprintf(text, sizeof text, "%s%s\n%s", good, good, cases[i].tail);
         write_file(path, text);
         zpp_cost_calib c;
-        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+        EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, NULL, &c), ZPP_ERR_FORMAT);
         EXPECT(strstr(zpp_last_error(), path) && strstr(zpp_last_error(), cases[i].want),
                "case %zu: message '%s' lacks '%s'", i, zpp_last_error(), cases[i].want);
         unlink(path);
     }
     zpp_cost_calib c;
-    bench_line(text, sizeof text, "qwz", 16, 4, 8, 1e9, 1e10, 5e-6); /* no isolating line */
-    write_file(path, text);
-    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &c), ZPP_ERR_FORMAT);
+    zpp_cost_in model = small_in();
+    /* Only a warm-up train step: nothing to derive. */
+    write_file(path, "{\"step\":1,\"tokens_per_s\":100,\"step_ms\":10,"
+                     "\"cross_node_bytes\":0,\"intra_node_bytes\":0}\n");
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, &model, &c), ZPP_ERR_FORMAT);
     EXPECT(strstr(zpp_last_error(), "none to derive"), "%s", zpp_last_error());
     unlink(path);
     write_file(path, good);
-    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, &c), ZPP_ERR_FORMAT); /* 1 s per step */
+    EXPECT_STATUS(zpp_cost_calibrate(path, 1.0, NULL, &c), ZPP_ERR_FORMAT); /* 1 s per step */
     EXPECT(strstr(zpp_last_error(), "lower the latency"), "%s", zpp_last_error());
     unlink(path);
-    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, &c), ZPP_ERR_IO);
+    EXPECT_STATUS(zpp_cost_calibrate("/nonexistent/cal.jsonl", 0, NULL, &c), ZPP_ERR_IO);
+    /* Train lines: not world 1, no model to count FLOPs, times that do
+     * not grow with the tokens; bench lines of two shapes. */
+    const struct {
+        const char *text, *want;
+        int with_model;
+    } bad[] = {
+        {"{\"step\":3,\"tokens_per_s\":100,\"step_ms\":10,\"cross_node_bytes\":5,"
+         "\"intra_node_bytes\":0}\n",
+         "line 1: this train step moved bytes (a run on several ranks) but names no mode", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,"
+         "\"mode\":\"zero3\",\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
+         "line 2: a train line of a 32-rank run after lines of a 1-rank run", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"mode\":\"qwz\","
+         "\"cross_node_bytes\":7,\"intra_node_bytes\":0}\n",
+         "line 1: a train step of a 32-rank run in mode qwz needs that mode's", 1},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n",
+         "line 1: a train line needs the model", 0},
+        {"{\"step\":3,\"tokens_per_s\":102400,\"step_ms\":10,\"cross_node_bytes\":0,"
+         "\"intra_node_bytes\":0}\n{\"step\":3,\"tokens_per_s\":409600,\"step_ms\":5,"
+         "\"cross_node_bytes\":0,\"intra_node_bytes\":0}\n",
+         "does not grow with the tokens", 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(path, bad[i].text);
+        EXPECT_STATUS(zpp_cost_calibrate(path, 0, bad[i].with_model ? &model : NULL, &c),
+                      ZPP_ERR_FORMAT);
+        EXPECT(strstr(zpp_last_error(), bad[i].want), "bad %zu: '%s' lacks '%s'", i,
+               zpp_last_error(), bad[i].want);
+        unlink(path);
+    }
+    char two[4096];
+    size_t n2 = (size_t)bench_line(two, sizeof two, "zero3", 16, 4, 8, 1e9, 1e10, 5e-6);
+    bench_line(two + n2, sizeof two - n2, "qwz", 8, 4, 8, 1e9, 1e10, 5e-6);
+    write_file(path, two);
+    EXPECT_STATUS(zpp_cost_calibrate(path, 5e-6, NULL, &c), ZPP_ERR_FORMAT);
+    EXPECT(strstr(zpp_last_error(), "line 2: world 8") &&
+               strstr(zpp_last_error(), "one shape per file"),
+           "%s", zpp_last_error());
+    unlink(path);
+}
+
+/* ---- Random settings ------------------------------------------------------
+ * Over random models, node shapes, batches and schedules: predicted bytes
+ * are volume.c's counted bytes exactly, more bandwidth (either link) or
+ * FLOP/s never slows a mode, and the step lies between its compute and its
+ * compute plus every collective back to back. */
+static zpp_cost_in random_in(zpp_rng *r) {
+    static const int node[] = {1, 2, 3, 4, 8, 16};
+    zpp_cost_in in = zpp_cost_in_default();
+    if (zpp_rng_uniform(r) < 0.5) { /* a GPT shape */
+        in.n_layer = 1 + (int)(zpp_rng_uniform(r) * 48);
+        in.n_embd = 64 * (1 + (int)(zpp_rng_uniform(r) * 64));
+        in.seq_len = 64 << (int)(zpp_rng_uniform(r) * 6);
+        in.vocab = 256 + (int)(zpp_rng_uniform(r) * 60000);
+        in.params = zpp_cost_gpt_params(in.n_layer, in.n_embd, in.seq_len, in.vocab);
+        in.units = in.n_layer + 1;
+    } else {
+        in.params = floor(exp(log(1e5) + zpp_rng_uniform(r) * log(1e5))); /* 1e5 .. 1e10 */
+        in.units = 1 + (int)(zpp_rng_uniform(r) * 40);
+    }
+    in.node_size = node[(int)(zpp_rng_uniform(r) * 6)];
+    in.world = in.node_size * (1 + (int)(zpp_rng_uniform(r) * 32));
+    in.tokens_per_gpu = floor(exp(zpp_rng_uniform(r) * log(65536.0))) + 1;
+    in.inter_bps = exp(log(1e8) + zpp_rng_uniform(r) * log(1e4));
+    in.intra_bps = exp(log(1e9) + zpp_rng_uniform(r) * log(1e3));
+    in.latency_s = zpp_rng_uniform(r) * 2e-5;
+    in.flops_per_s = exp(log(1e10) + zpp_rng_uniform(r) * log(1e5));
+    in.dtype = zpp_rng_uniform(r) < 0.5 ? ZPP_BF16 : ZPP_FP16;
+    in.qgz_inter_exposed = zpp_rng_uniform(r) < 0.5;
+    in.serial = zpp_rng_uniform(r) < 0.5;
+    in.exposed_frac = in.serial || zpp_rng_uniform(r) < 0.5 ? 0 : zpp_rng_uniform(r);
+    in.link_per_comm = zpp_rng_uniform(r) < 0.5;
+    in.ranks_per_device = zpp_rng_uniform(r) < 0.5 ? 0 : 1 + 3 * zpp_rng_uniform(r);
+    in.opt_s_per_param = zpp_rng_uniform(r) < 0.5 ? 0 : 1e-8 * zpp_rng_uniform(r);
+    return in;
+}
+
+static void test_random_consistency(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(15));
+    for (int it = 0; it < 300; it++) {
+        zpp_cost_in in = random_in(&r);
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_coll_mode *md = zpp_coll_mode_get(m);
+            zpp_volume v;
+            EXPECT_OK(zpp_plan_step((size_t)in.params, in.units, in.world, in.node_size, md,
+                                    in.dtype, &in.coll, &v));
+            zpp_cost_out o = cost(&in, m);
+            EXPECT(o.cross_node_bytes == zpp_volume_cross_total(&v) &&
+                       o.intra_node_bytes == zpp_volume_intra_total(&v),
+                   "it %d %s P %.0f U %d W %d S %d: bytes %.0f/%.0f, counted %.0f/%.0f", it,
+                   md->name, in.params, in.units, in.world, in.node_size, o.cross_node_bytes,
+                   o.intra_node_bytes, zpp_volume_cross_total(&v), zpp_volume_intra_total(&v));
+            EXPECT(o.step_s >= o.compute_s * (1 - 1e-12) &&
+                       o.step_s <= (o.compute_s + o.comm_s) * (1 + 1e-12),
+                   "it %d %s: step %.6g outside [compute %.6g, + comm %.6g]", it, md->name,
+                   o.step_s, o.compute_s, o.comm_s);
+            for (int knob = 0; knob < 3; knob++) {
+                zpp_cost_in f = in;
+                double k = 1 + 10 * zpp_rng_uniform(&r);
+                if (knob == 0) f.inter_bps *= k;
+                if (knob == 1) f.intra_bps *= k;
+                if (knob == 2) f.flops_per_s *= k;
+                double t = cost(&f, m).step_s;
+                EXPECT(t <= o.step_s * (1 + 1e-12), "it %d %s knob %d x%.3f: %.9g s > %.9g s",
+                       it, md->name, knob, k, t, o.step_s);
+            }
+        }
+    }
+}
+
+/* Schedules: ranks sharing a device compute at their share (compute time
+ * x R exactly); taking turns (serial) inside one node with no latency is
+ * exactly compute + every collective (one link, nothing hidden, nothing
+ * concurrent to overlap); the optimizer adds opt_s_per_param x shard to
+ * both compute and step. */
+static void test_schedules(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(16));
+    for (int it = 0; it < 50; it++) {
+        zpp_cost_in in = random_in(&r);
+        in.ranks_per_device = 0;
+        in.opt_s_per_param = 0;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            zpp_cost_out a = cost(&in, m);
+            zpp_cost_in sh = in;
+            sh.ranks_per_device = 2.5;
+            zpp_cost_out b = cost(&sh, m);
+            EXPECT(fabs(b.compute_s - 2.5 * a.compute_s) <= 1e-12 * b.compute_s,
+                   "it %d: shared compute %.9g vs 2.5 x %.9g", it, b.compute_s, a.compute_s);
+            EXPECT(b.step_s >= a.step_s * (1 - 1e-12), "sharing the device made it faster");
+            zpp_cost_in one = in;
+            one.node_size = one.world; /* one node: intra-node bytes only */
+            one.latency_s = 0;
+            one.serial = 1;
+            one.link_per_comm = 0;
+            zpp_cost_out s = cost(&one, m);
+            EXPECT(fabs(s.step_s - (s.compute_s + s.comm_s)) <= 1e-9 * s.step_s,
+                   "it %d %s: serial step %.9g != compute %.9g + comm %.9g", it,
+                   zpp_coll_mode_get(m)->name, s.step_s, s.compute_s, s.comm_s);
+            zpp_cost_in ex = one; /* exposed_frac 1 is serial; 0 the overlap */
+            ex.serial = 0;
+            ex.exposed_frac = 1;
+            EXPECT(fabs(cost(&ex, m).step_s - s.step_s) <= 1e-12 * s.step_s,
+                   "exposed_frac 1 differs from serial");
+            ex.exposed_frac = 0.5;
+            double half = cost(&ex, m).step_s;
+            ex.exposed_frac = 0;
+            EXPECT(half <= s.step_s * (1 + 1e-12) && half >= cost(&ex, m).step_s * (1 - 1e-12),
+                   "exposed_frac 0.5 outside overlap..serial");
+            zpp_cost_in op = in;
+            op.opt_s_per_param = 3e-9;
+            zpp_cost_out o = cost(&op, m);
+            double shard = (o.mem_shard_state / 16);
+            EXPECT(fabs(o.opt_s - 3e-9 * shard) <= 1e-9 * o.opt_s &&
+                       fabs(o.step_s - a.step_s - o.opt_s) <= 1e-9 * o.step_s &&
+                       fabs(o.compute_s - a.compute_s - o.opt_s) <= 1e-9 * o.compute_s,
+                   "it %d: optimizer %.9g, step %.9g vs %.9g", it, o.opt_s, o.step_s, a.step_s);
+        }
+    }
+}
+
+/* Measured collective times (bench comm lines with known phase times):
+ * with the calibration on the same world and node size, a serial step is
+ * compute + the phases' times scaled by params / the line's params; on
+ * another world they are not used (the link formula). */
+static void test_calibrated_collectives(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(17));
+    const char *modes[] = {"zero3", "qwz", "hpz", "qgz", "zeropp"};
+    double t[5][3];
+    char text[8192], path[64];
+    size_t n = 0;
+    const double lp = 28574208;
+    for (int m = 0; m < 5; m++) {
+        for (int k = 0; k < 3; k++) t[m][k] = 1 + 100 * zpp_rng_uniform(&r);
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "{\"bench\":\"comm\",\"mode\":\"%s\",\"world\":4,\"node_size\":2,"
+                              "\"units\":5,\"params\":%.0f,\"fwd_gather_ms\":%.17g,"
+                              "\"bwd_gather_ms\":%.17g,\"grad_reduce_ms\":%.17g,"
+                              "\"fwd_gather_cross_bytes\":10,\"fwd_gather_intra_bytes\":10,"
+                              "\"bwd_gather_cross_bytes\":%d,\"bwd_gather_intra_bytes\":10}\n",
+                              modes[m], lp, t[m][0], t[m][1], t[m][2],
+                              (m == 2 || m == 4) ? 0 : 10);
+    }
+    write_file(path, text);
+    zpp_cost_calib c;
+    EXPECT_OK(zpp_cost_calibrate(path, 0, NULL, &c));
+    unlink(path);
+    EXPECT(c.coll_world == 4 && c.coll_node_size == 2 && c.coll_units == 5, "shape");
+    zpp_cost_in in = small_in();
+    in.world = 4;
+    in.node_size = 2;
+    in.units = 5;
+    in.serial = 1;
+    in.latency_s = 0;
+    in.calib = &c;
+    for (int m = 0; m < 5; m++) {
+        EXPECT(c.has_mode[m], "mode %s not measured", modes[m]);
+        zpp_cost_out o = cost(&in, m);
+        double want = o.compute_s + (t[m][0] + t[m][1] + t[m][2]) * 1e-3 * in.params / lp;
+        EXPECT(fabs(o.step_s - want) <= 1e-9 * want, "%s: step %.9g, want %.9g", modes[m],
+               o.step_s, want);
+        zpp_cost_in other = in;
+        other.world = 8; /* not what was measured: the link formula, as without */
+        zpp_cost_out a = cost(&other, m);
+        other.calib = NULL;
+        zpp_cost_out b = cost(&other, m);
+        EXPECT(a.step_s == b.step_s, "%s: calibration used on another world", modes[m]);
+    }
+}
+
+/* The compute rate from world-1 train lines made from a known rate and
+ * optimizer time: recovered from three micro-batches (the fit), and from
+ * one (the optimizer folded into the rate). Step 1 and skipped steps are
+ * left out. */
+static void test_calibrate_compute(void) {
+    zpp_cost_in model = small_in();
+    zpp_cost_in one = model;
+    one.tokens_per_gpu = 1;
+    const double fpt = zpp_cost_step_flops(&one), rate = 3.7e12, opt = 2.5e-9;
+    char text[8192], path[64];
+    size_t n = 0;
+    for (int b = 1; b <= 4; b *= 2)
+        for (int step = 1; step <= 4; step++) {
+            double tok = (double)b * model.seq_len;
+            double sec = tok * fpt / rate + model.params * opt;
+            if (step == 1) sec *= 5; /* warm-up: ignored */
+            int skipped = step == 3 && b == 2;
+            if (skipped) sec *= 0.1; /* no update: ignored */
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "{\"step\":%d,\"tokens_per_s\":%.17g,\"step_ms\":%.17g,"
+                                  "\"cross_node_bytes\":0,\"intra_node_bytes\":0,"
+                                  "\"skipped\":%s}\n",
+                                  step, tok / sec, sec * 1e3, skipped ? "true" : "false");
+        }
+    write_file(path, text);
+    zpp_cost_calib c;
+    EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));
+    unlink(path);
+    EXPECT(c.train_lines == 8 && c.train_points == 3, "lines %d points %d", c.train_lines,
+           c.train_points);
+    EXPECT(fabs(c.flops_per_s / rate - 1) < 1e-6, "rate %.9g vs %.9g", c.flops_per_s, rate);
+    EXPECT(fabs(c.opt_s_per_param / opt - 1) < 1e-6, "opt %.9g vs %.9g", c.opt_s_per_param, opt);
+    /* One micro-batch: the rate holds the optimizer. */
+    n = 0;
+    double tok = 2.0 * model.seq_len, sec = tok * fpt / rate + model.params * opt;
+    for (int step = 2; step <= 4; step++)
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "{\"step\":%d,\"tokens_per_s\":%.17g,\"step_ms\":%.17g,"
+                              "\"cross_node_bytes\":0,\"intra_node_bytes\":0}\n",
+                              step, tok / sec, sec * 1e3);
+    write_file(path, text);
+    EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));
+    unlink(path);
+    EXPECT(c.train_points == 1 && c.opt_s_per_param == 0 &&
+               fabs(c.flops_per_s / (tok * fpt / sec) - 1) < 1e-9,
+           "one point: rate %.9g", c.flops_per_s);
+    /* Lines of a run on the model's W ranks (bytes moved): tokens a rank are
+     * the global tokens / W; the time is the wall step less the mode's
+     * measured collectives (a bench comm line of the same world and node
+     * size, per parameter x the model's); the intercept is per element of
+     * the rank's shard, P / W. */
+    n = 0;
+    const double W = model.world, lp = 1e6, ph[3] = {3, 4, 5}; /* ms for lp parameters */
+    const double coll = (ph[0] + ph[1] + ph[2]) * 1e-3 * model.params / lp;
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "{\"bench\":\"comm\",\"mode\":\"qgz\",\"world\":%d,"
+                          "\"node_size\":%d,\"units\":5,\"params\":%.0f,\"fwd_gather_ms\":%g,"
+                          "\"bwd_gather_ms\":%g,\"grad_reduce_ms\":%g}\n",
+                          model.world, model.node_size, lp, ph[0], ph[1], ph[2]);
+    for (int b = 1; b <= 4; b *= 2)
+        for (int step = 2; step <= 4; step++) {
+            double tk = (double)b * model.seq_len;
+            double wall = tk * fpt / rate + model.params / W * opt + coll;
+            n += (size_t)snprintf(text + n, sizeof text - n,
+                                  "{\"step\":%d,\"mode\":\"qgz\",\"tokens_per_s\":%.17g,"
+                                  "\"step_ms\":%.17g,\"cross_node_bytes\":123,"
+                                  "\"intra_node_bytes\":456}\n",
+                                  step, W * tk / wall, wall * 1e3);
+        }
+    write_file(path, text);
+    EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));
+    unlink(path);
+    EXPECT(c.train_world == model.world && c.train_points == 3 &&
+               fabs(c.flops_per_s / rate - 1) < 1e-6 && fabs(c.opt_s_per_param / opt - 1) < 1e-6,
+           "W ranks: world %d, %d points, rate %.9g, opt %.9g", c.train_world, c.train_points,
+           c.flops_per_s, c.opt_s_per_param);
+}
+
+/* ---- The GPU steps measured on one H200 (bench/RESULTS.md, sixth session)
+ * Two ranks as two emulated nodes (node size 1) sharing ONE H200, NCCL over
+ * sockets, GPT 1.31B (24 x 2048, T 1024, V 50304), micro-batch 4, bf16. The
+ * inputs, all measured on that machine, not fitted to the steps:
+ *  - compute: the world-1 step, 97 ms for 4 x 1024 tokens (run Z: 42,087
+ *    tokens/s), so 3.58e14 FLOP/s with the optimizer folded in; two ranks
+ *    time-share the GPU: ranks_per_device 2;
+ *  - link: NCCL's bf16 all-gather and reduce-scatter of 1 GiB between two
+ *    ranks on one GPU, 289.6 ms each (run Q): 2^29 bytes a rank in 289.6 ms;
+ *  - schedule: serial (a rank's kernels stall the other rank's NCCL
+ *    kernels: the GPU time-slices between the two processes); one stream
+ *    (runs X, Z, AA "one"): gathers and reductions share the link; two
+ *    streams (run AA "two"): each communicator its own sockets.
+ * Measured steps: ZeRO-3 one stream 2,325 ms (run Z, 3,524 tokens/s; run X
+ * 2,327 = 187.6 + 2,139); qwZ + qgZ (the race's "ZeRO++", hpZ off at one
+ * rank a node) one stream 1,108 ms, two streams 919 ms (run AA). */
+static void test_measured_gpu_steps(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.n_layer = 24;
+    in.n_embd = 2048;
+    in.seq_len = 1024;
+    in.vocab = 50304;
+    in.n_head = 16;
+    in.params = zpp_cost_gpt_params(24, 2048, 1024, 50304);
+    in.units = 25;
+    in.world = 2;
+    in.node_size = 1;
+    in.tokens_per_gpu = 4096;
+    in.flops_per_s = zpp_cost_step_flops(&in) / 0.0973;
+    in.ranks_per_device = 2;
+    in.inter_bps = 536870912.0 / 0.2896;
+    in.intra_bps = in.inter_bps; /* no intra-node bytes at one rank a node */
+    in.latency_s = 0;
+    in.serial = 1;
+    const zpp_coll_mode qwz_qgz = {"qwz+qgz", ZPP_GATHER_QWZ, 0, ZPP_REDUCE_QGZ};
+    const struct {
+        const char *what;
+        const zpp_coll_mode *mode;
+        int link_per_comm;
+        double measured_s;
+    } pt[] = {
+        {"ZeRO-3, one stream (Z)", zpp_coll_mode_get(0), 0, 2.325},
+        {"qwZ+qgZ, one stream (AA)", &qwz_qgz, 0, 1.108},
+        {"qwZ+qgZ, two streams (AA)", &qwz_qgz, 1, 0.919},
+    };
+    for (size_t i = 0; i < sizeof pt / sizeof pt[0]; i++) {
+        zpp_cost_in c = in;
+        c.link_per_comm = pt[i].link_per_comm;
+        zpp_cost_out o;
+        EXPECT_OK(zpp_cost_step(&c, pt[i].mode, &o));
+        double err = o.step_s / pt[i].measured_s - 1;
+        printf("GPU %s: predicted %.0f ms (compute %.0f), measured %.0f ms: %+.1f%%\n",
+               pt[i].what, o.step_s * 1e3, o.compute_s * 1e3, pt[i].measured_s * 1e3, 100 * err);
+        EXPECT(fabs(err) <= 0.15, "%s: %+.1f%% off", pt[i].what, 100 * err);
+    }
+    /* Without the shared-GPU schedule (communication under compute, the
+     * compute still time-shared), for the record: the schedule is the
+     * difference for ZeRO++, whose compute is a fifth of its step. */
+    for (size_t i = 0; i < sizeof pt / sizeof pt[0]; i++) {
+        zpp_cost_in c = in;
+        c.link_per_comm = pt[i].link_per_comm;
+        c.serial = 0;
+        zpp_cost_out o;
+        EXPECT_OK(zpp_cost_step(&c, pt[i].mode, &o));
+        printf("GPU %s with overlap: predicted %.0f ms, measured %.0f ms: %+.1f%%\n",
+               pt[i].what, o.step_s * 1e3, pt[i].measured_s * 1e3,
+               100 * (o.step_s / pt[i].measured_s - 1));
+    }
 }
 
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
@@ -432,9 +792,14 @@ static zpp_cost_in paper_in(int big, double gbps, double tokens) {
     return in;
 }
 
-static double speedup(int big, double gbps, double tokens) {
+static double speedup_e(int big, double gbps, double tokens, double exposed) {
     zpp_cost_in in = paper_in(big, gbps, tokens);
+    in.exposed_frac = exposed;
     return cost(&in, 0).step_s / cost(&in, 4).step_s;
+}
+
+static double speedup(int big, double gbps, double tokens) {
+    return speedup_e(big, gbps, tokens, 0);
 }
 
 /* Within 15% of the published range [lo, hi] (of its nearer end). */
@@ -473,6 +838,19 @@ static void test_published_zeropp(void) {
         s = speedup(big, 100, 1024);
         printf("%s 100G 1k: predicted %.3fx, published up to 2.2x: MISSED (high)\n", name, s);
         EXPECT(s > 2.2 * 1.15, "the 100G 1k miss changed: %.3f; update DESIGN.md §11", s);
+        /* Imperfect overlap (DESIGN.md §11): with a quarter to seven tenths
+         * of the shorter side of each stage exposed (exposed_frac), the
+         * 400G 2k point comes within 15% and the 400G 1k and 100G 2k points
+         * stay there; 100G 1k stays out whatever the fraction. */
+        for (double e = 0.25; e <= 0.7 + 1e-9; e += 0.15) {
+            double a = speedup_e(big, 400, 1024, e), b = speedup_e(big, 400, 2048, e),
+                   c = speedup_e(big, 100, 1024, e), d = speedup_e(big, 100, 2048, e);
+            printf("%s exposed %.2f: 400G 1k %.3f, 2k %.3f; 100G 1k %.3f, 2k %.3f\n", name, e,
+                   a, b, c, d);
+            EXPECT(near_range(a, 1.28, 1.36) && near_range(b, 1.24, 1.29) &&
+                       near_range(d, 2.0, 2.2) && c > 2.2 * 1.15,
+                   "%s exposed %.2f: %.3f %.3f %.3f %.3f", name, e, a, b, c, d);
+        }
     }
 }
 
@@ -481,4 +859,7 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
           ZPP_TEST(test_hpz_partition), ZPP_TEST(test_pick_brute_force),
           ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_calibrate_recovers_rates),
-          ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_random_consistency),
+          ZPP_TEST(test_schedules), ZPP_TEST(test_calibrated_collectives),
+          ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
+          ZPP_TEST(test_published_zeropp))

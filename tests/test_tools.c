@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "testlib.h"
 
@@ -330,6 +331,130 @@ static void test_plan_all_modes(void) {
     }
 }
 
+/* ---- `zeropp plan`'s predictions (DESIGN.md §11) ---------------------------
+ * The documented keys of each mode's object, and what ties them together:
+ * tokens/s x step = world x tokens per GPU, TFLOP/s x step = the step's FLOPs
+ * (6 P + 12 L C T per token), speedup_vs_zero3 = ZeRO-3's step / this one,
+ * the step at least its compute. */
+#define PLAN_LINES 64
+
+static void test_plan_predict_json(void) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s plan --model 12,768,1024,50257 --world 32 --node-size 8 --micro-batch 2 "
+             "--inter-gbps 100 --json",
+             getenv("ZPP_CLI"));
+    cJSON *o[MAX_LINES];
+    int n = run_json(cmd, o, MAX_LINES);
+    EXPECT(n == 5, "%d modes", n);
+    const double L = 12, C = 768, T = 1024, V = 50257, tokens = 2 * T;
+    const double P = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+    const double flops = tokens * (6 * P + 12 * L * C * T);
+    double z3 = n ? num(o[0], "step_s") : 0;
+    for (int m = 0; m < n; m++) {
+        double step = num(o[m], "step_s");
+        EXPECT(step > 0 && step >= num(o[m], "compute_s"), "%s: step %g", str(o[m], "mode"), step);
+        EXPECT(fabs(num(o[m], "tokens_per_s") * step - 32 * tokens) <= 1e-9 * 32 * tokens,
+               "%s: tokens/s", str(o[m], "mode"));
+        EXPECT(fabs(num(o[m], "tflops_per_gpu") * 1e12 * step - flops) <= 1e-9 * flops,
+               "%s: TFLOP/s %g", str(o[m], "mode"), num(o[m], "tflops_per_gpu"));
+        EXPECT(fabs(num(o[m], "speedup_vs_zero3") - z3 / step) <= 1e-12 * z3 / step,
+               "%s: speedup", str(o[m], "mode"));
+        EXPECT(num(o[m], "mem_bytes_per_rank") > 18 * P / 32, "%s: memory below the shards",
+               str(o[m], "mode"));
+        cJSON_Delete(o[m]);
+    }
+}
+
+/* `--pick --json`: the choice fits the budget and has at least the tokens/s
+ * of the runner-up and of ZeRO-3's best; the best at the choice's own
+ * micro-batch, priced again by `plan --json`, is no faster. */
+static void test_plan_pick_json(void) {
+    char cmd[1024];
+    const char *shape = "--model 12,768,1024,50257 --world 32 --node-size 8 --inter-gbps 50";
+    snprintf(cmd, sizeof cmd, "%s plan %s --pick --mem-gb 6 --json", getenv("ZPP_CLI"), shape);
+    cJSON *o[MAX_LINES];
+    int n = run_json(cmd, o, MAX_LINES);
+    EXPECT(n == 1, "%d objects", n);
+    if (n != 1) return;
+    EXPECT(!strcmp(str(o[0], "plan"), "pick"), "plan");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o[0], "choice");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o[0], "runner_up");
+    const cJSON *z = cJSON_GetObjectItemCaseSensitive(o[0], "zero3");
+    EXPECT(cJSON_IsObject(c) && cJSON_IsObject(u) && cJSON_IsObject(z), "choice, runner-up, zero3");
+    EXPECT(num(c, "mem_bytes_per_rank") <= 6 * 1073741824.0, "over the budget");
+    EXPECT(num(c, "tokens_per_s") >= num(u, "tokens_per_s") &&
+               num(c, "tokens_per_s") >= num(z, "tokens_per_s"),
+           "the choice is slower than another setting");
+    EXPECT(strlen(str(o[0], "reason")) > 10, "no reason");
+    int mb = (int)num(c, "micro_batch");
+    snprintf(cmd, sizeof cmd, "%s plan %s --micro-batch %d --json", getenv("ZPP_CLI"), shape, mb);
+    cJSON *p[MAX_LINES];
+    int k = run_json(cmd, p, MAX_LINES);
+    for (int m = 0; m < k; m++) {
+        if (num(p[m], "mem_bytes_per_rank") <= 6 * 1073741824.0)
+            EXPECT(num(p[m], "tokens_per_s") <= num(c, "tokens_per_s") * (1 + 1e-12),
+                   "%s at micro-batch %d beats the pick", str(p[m], "mode"), mb);
+        cJSON_Delete(p[m]);
+    }
+    cJSON_Delete(o[0]);
+}
+
+/* `--sweep`: one object per point and mode, the points doubling; over the
+ * cross-node rate no mode gets slower; ZeRO-3's speedup is 1. A malformed
+ * sweep is refused (exit 2). With gnuplot, --chart writes a PNG. */
+static void test_plan_sweep(void) {
+    char cmd[1024];
+    const char *shape = "--model 12,768,1024,50257 --node-size 8 --micro-batch 1";
+    snprintf(cmd, sizeof cmd, "%s plan %s --world 32 --sweep inter-gbps=25..800 --json",
+             getenv("ZPP_CLI"), shape);
+    cJSON *o[PLAN_LINES];
+    int n = run_json(cmd, o, PLAN_LINES);
+    EXPECT(n == 6 * 5, "%d objects, want 6 points x 5 modes", n);
+    for (int i = 0; i < n; i++) {
+        EXPECT(num(o[i], "x") == 25.0 * (1 << (i / 5)), "point %d: x %g", i, num(o[i], "x"));
+        if (i % 5 == 0) EXPECT(num(o[i], "speedup_vs_zero3") == 1, "zero3's speedup");
+        if (i >= 5)
+            EXPECT(num(o[i], "step_s") <= num(o[i - 5], "step_s") * (1 + 1e-12),
+                   "%s slower at %g Gb/s", str(o[i], "mode"), num(o[i], "x"));
+    }
+    for (int i = 0; i < n; i++) cJSON_Delete(o[i]);
+    snprintf(cmd, sizeof cmd, "%s plan %s --world 64 --sweep world=64..16384 --json",
+             getenv("ZPP_CLI"), shape);
+    n = run_json(cmd, o, PLAN_LINES);
+    EXPECT(n == 9 * 5, "%d objects, want 9 points x 5 modes", n);
+    for (int i = 0; i < n; i++) {
+        EXPECT(num(o[i], "world") == 64.0 * (1 << (i / 5)), "point %d: world", i);
+        cJSON_Delete(o[i]);
+    }
+    const char *bad[] = {"world=10..100", "world=0..64", "gpus=64..128", "world=128..64",
+                         "inter-gbps=25..x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s plan %s --world 64 --sweep %s >/dev/null 2>&1",
+                 getenv("ZPP_CLI"), shape, bad[i]);
+        int rc = system(cmd);
+        EXPECT(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "--sweep %s: status %d", bad[i], rc);
+    }
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        printf("SKIP --chart: no gnuplot\n");
+        return;
+    }
+    char png[] = "/tmp/zpp_test_sweep_XXXXXX";
+    int fd = mkstemp(png);
+    EXPECT(fd >= 0, "mkstemp");
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s plan %s --world 64 --sweep world=64..1024 --chart %s >/dev/null",
+             getenv("ZPP_CLI"), shape, png);
+    EXPECT(system(cmd) == 0, "%s failed", cmd);
+    FILE *f = fopen(png, "rb");
+    unsigned char magic[8] = {0};
+    EXPECT(f && fread(magic, 1, 8, f) == 8 && !memcmp(magic, "\x89PNG\r\n\x1a\n", 8),
+           "%s is not a PNG", png);
+    if (f) fclose(f);
+    unlink(png);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bench_comm_acceptance), ZPP_TEST(test_bench_comm_tight_bounds),
           ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas),
-          ZPP_TEST(test_plan_all_modes))
+          ZPP_TEST(test_plan_all_modes), ZPP_TEST(test_plan_predict_json),
+          ZPP_TEST(test_plan_pick_json), ZPP_TEST(test_plan_sweep))

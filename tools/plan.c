@@ -25,7 +25,9 @@ static void plan_usage(FILE *f) {
             "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
-            "                   [--calibrate FILE]\n"
+            "                   [--ranks-per-device R] [--serial] [--link-per-comm]\n"
+            "                   [--opt-ns N] [--exposed-frac E] [--calibrate FILE]\n"
+            "                   [--sweep world=A..B | inter-gbps=A..B [--chart FILE.png]]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
             "parameters cut into U equal units (default 8; L+1 with --model), on W ranks in\n"
@@ -54,9 +56,29 @@ static void plan_usage(FILE *f) {
             "winner with the reason, or with --json one object with the choice, the runner-up\n"
             "(the fastest other mode) and ZeRO-3's best. Needs --model or --tokens-per-gpu.\n"
             "\n"
-            "--calibrate FILE takes the cross-node and intra-node rates from `zeropp bench\n"
-            "comm --json` lines (ZeRO-3's gathers and hpZ's backward gathers, the time after\n"
-            "--latency-us is taken off) instead of --inter-gbps / --intra-gbps x --link-eff.\n");
+            "How the machine runs a step (DESIGN.md section 11, \"Schedules\"):\n"
+            "--ranks-per-device R: ranks time-sharing one device compute at 1/R of its rate\n"
+            "(2 ranks on one GPU: 2; CPU ranks with OPENBLAS_NUM_THREADS=1, 4 ranks on 2\n"
+            "cores: 2). --serial: compute and communication take turns (CPU ranks: MPI moves\n"
+            "data only while a rank waits in it; ranks sharing a GPU). --link-per-comm: a\n"
+            "gather and a reduction in flight together each get the link's full rate\n"
+            "(emulated nodes over sockets: each communicator has its own connections).\n"
+            "--opt-ns N: the optimizer step, N ns per parameter of a rank's shard.\n"
+            "--exposed-frac E: between overlap (0) and --serial (1), the share of the\n"
+            "shorter of a stage's compute and communication left exposed.\n"
+            "\n"
+            "--calibrate FILE reads JSON lines: `zeropp bench comm --json` lines give the\n"
+            "cross-node and intra-node rates (ZeRO-3's gathers and hpZ's backward gathers,\n"
+            "after --latency-us) instead of --inter-gbps / --intra-gbps x --link-eff, and,\n"
+            "for the world and node size they ran on, each mode's measured collective times\n"
+            "(per parameter); `zeropp train --metrics` lines of world-1 runs of this --model\n"
+            "give the compute rate (instead of --tflops) and, from two or more micro-batches,\n"
+            "the optimizer's time per parameter (instead of --opt-ns).\n"
+            "\n"
+            "--sweep world=A..B (doubling; --node-size stays) or inter-gbps=A..B (doubling)\n"
+            "prints each mode's step time, tokens/s and speedup at every point (a table, or\n"
+            "--json one object per point and mode); --chart FILE.png draws tokens/s per GPU\n"
+            "and memory against it with gnuplot.\n");
 }
 
 /* GPU presets: datasheet dense fp16/bf16 tensor-core peak (TFLOP/s, no
@@ -184,7 +206,7 @@ static int plan_pick(const zpp_cost_in *ci, double mem_gb, const char *preset, i
     printf("zeropp plan --pick: budget %g GiB per rank (%s); %d settings priced, %d fit\n",
            mem_gb, preset ? preset : "--mem-gb", r.candidates, r.fitting);
     printf("pick: %s\n", reason);
-    printf("      %.1f ms per step, %.0f tokens/s, %.1f TFLOP/s per GPU, %.1f GiB per rank%s\n",
+    printf("      %.1f ms per step, %.0f tokens/s, %.3g TFLOP/s per GPU, %.1f GiB per rank%s\n",
            r.best.out.step_s * 1e3, r.best.out.tokens_per_s, r.best.out.tflops_per_gpu,
            r.best.out.mem_bytes_per_rank / GiB,
            r.best.out.mem_acts_known ? "" : " + activations (pass --model to count them)");
@@ -199,14 +221,187 @@ static int plan_pick(const zpp_cost_in *ci, double mem_gb, const char *preset, i
     return 0;
 }
 
+/* ---- --sweep ---------------------------------------------------------------
+ * One knob doubled from A to B, every mode priced at each point. */
+
+#define SWEEP_MAX 64
+
+typedef struct sweep_point {
+    double x;
+    zpp_cost_out o[ZPP_COLL_MODE_COUNT];
+} sweep_point;
+
+/* Draws the sweep with gnuplot: tokens/s per GPU (top) and memory per rank
+ * (bottom) against the knob, one line per mode, log-scaled x. */
+static int sweep_chart(const sweep_point *pt, int n, const char *xname, const char *path,
+                       const zpp_cost_in *ci) {
+    /* gnuplot is an ordinary program on PATH; popen succeeds even when it
+     * is missing (the shell reports it), so ask the shell first. */
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "zeropp plan: --chart needs gnuplot on PATH (Debian/Ubuntu: apt-get "
+                        "install gnuplot-nox); the table above is complete without it\n");
+        return 2;
+    }
+    for (const char *c = path; *c; c++)
+        if (*c == '"' || *c == '\\' || *c == '\n') {
+            fprintf(stderr, "zeropp plan: --chart '%s': quotes, backslashes and newlines are "
+                            "not allowed in the file name\n",
+                    path);
+            return 2;
+        }
+    /* Name a bad path here, not through gnuplot (which would draw to its
+     * stdout when it cannot open the file). */
+    FILE *probe = fopen(path, "wb");
+    if (!probe) {
+        fprintf(stderr, "zeropp plan: --chart: cannot write '%s': %s\n", path, strerror(errno));
+        return 2;
+    }
+    fclose(probe);
+    FILE *g = popen("gnuplot >/dev/null", "w");
+    if (!g) {
+        fprintf(stderr, "zeropp plan: --chart: cannot start gnuplot: %s\n", strerror(errno));
+        return 2;
+    }
+    const double GiB = 1073741824.0;
+    fprintf(g, "set terminal pngcairo size 1000,900 font 'sans,10'\nset output \"%s\"\n", path);
+    fprintf(g, "$d << EOD\n");
+    for (int i = 0; i < n; i++) {
+        fprintf(g, "%.10g", pt[i].x);
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+            fprintf(g, " %.10g %.10g",
+                    pt[i].o[m].tokens_per_s / (strcmp(xname, "world") == 0 ? pt[i].x : ci->world),
+                    pt[i].o[m].mem_bytes_per_rank / GiB);
+        fprintf(g, "\n");
+    }
+    fprintf(g, "EOD\nset multiplot layout 2,1\nset logscale x 2\nset grid\nset key outside right\n");
+    fprintf(g, "set xlabel '%s'\n", strcmp(xname, "world") == 0 ? "GPUs (world)"
+                                                                 : "cross-node Gb/s per node");
+    fprintf(g, "set title 'zeropp plan: predicted tokens/s per GPU (%.3g params, %.0f tokens "
+               "per GPU, node of %d)'\nset ylabel 'tokens/s per GPU'\nplot ",
+            ci->params, ci->tokens_per_gpu, ci->node_size);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        fprintf(g, "%s$d using 1:%d with linespoints lw 2 title '%s'", m ? ", " : "", 2 + 2 * m,
+                zpp_coll_mode_get(m)->name);
+    fprintf(g, "\nset title 'memory per rank (model: shards, hpZ copy, transients%s)'\n"
+               "set ylabel 'GiB'\nplot ",
+            ci->n_layer > 0 ? ", activations" : "");
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        fprintf(g, "%s$d using 1:%d with linespoints lw 2 title '%s'", m ? ", " : "", 3 + 2 * m,
+                zpp_coll_mode_get(m)->name);
+    fprintf(g, "\nunset multiplot\n");
+    int rc = pclose(g);
+    if (rc != 0) {
+        fprintf(stderr, "zeropp plan: --chart: gnuplot failed (status %d) drawing '%s'\n", rc,
+                path);
+        return 2;
+    }
+    return 0;
+}
+
+static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *chart, int json,
+                      double link_eff) {
+    /* NAME=A..B; strtod would read "25." of "25..800", so split first. */
+    char name[32] = "", lo[64] = "", hi[64] = "";
+    const char *eq = strchr(spec, '='), *dots = eq ? strstr(eq, "..") : NULL;
+    double a = 0, b = 0;
+    int ok = eq && dots && (size_t)(eq - spec) < sizeof name &&
+             (size_t)(dots - eq - 1) < sizeof lo && strlen(dots + 2) < sizeof hi;
+    if (ok) {
+        memcpy(name, spec, (size_t)(eq - spec));
+        memcpy(lo, eq + 1, (size_t)(dots - eq - 1));
+        strcpy(hi, dots + 2);
+        char *e1, *e2;
+        a = strtod(lo, &e1);
+        b = strtod(hi, &e2);
+        ok = lo[0] && hi[0] && !*e1 && !*e2;
+    }
+    if (!ok || (strcmp(name, "world") != 0 && strcmp(name, "inter-gbps") != 0) || !(a > 0) ||
+        !(b >= a) || !isfinite(b)) {
+        fprintf(stderr, "zeropp plan: --sweep '%s': give world=A..B or inter-gbps=A..B with "
+                        "0 < A <= B (e.g. world=64..16384)\n",
+                spec);
+        return 2;
+    }
+    const int is_world = strcmp(name, "world") == 0;
+    sweep_point pt[SWEEP_MAX];
+    int n = 0;
+    for (double x = a; x <= b * (1 + 1e-12) && n < SWEEP_MAX; x *= 2, n++) {
+        zpp_cost_in c = *base;
+        if (is_world) {
+            if (x != floor(x) || x > (1 << 24) || fmod(x, base->node_size) != 0) {
+                fprintf(stderr, "zeropp plan: --sweep world: %g is not a whole multiple of the "
+                                "node size %d; start at a multiple\n",
+                        x, base->node_size);
+                return 2;
+            }
+            c.world = (int)x;
+        } else {
+            c.inter_bps = x * 1e9 / 8 * link_eff;
+        }
+        pt[n].x = x;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+            if (zpp_cost_step(&c, zpp_coll_mode_get(m), &pt[n].o[m]) != ZPP_OK) {
+                fprintf(stderr, "zeropp %s\n", zpp_last_error());
+                return 2;
+            }
+    }
+    const double GiB = 1073741824.0;
+    if (json) {
+        for (int i = 0; i < n; i++)
+            for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+                const zpp_cost_out *o = &pt[i].o[m];
+                double w = is_world ? pt[i].x : base->world;
+                printf("{\"plan\":\"sweep\",\"sweep\":\"%s\",\"x\":%.10g,\"mode\":\"%s\","
+                       "\"world\":%.0f,\"step_s\":%.9g,\"compute_s\":%.9g,\"exposed_comm_s\":"
+                       "%.9g,\"tokens_per_s\":%.9g,\"tokens_per_s_per_gpu\":%.9g,"
+                       "\"tflops_per_gpu\":%.9g,\"speedup_vs_zero3\":%.9g,"
+                       "\"cross_node_bytes\":%.17g,\"mem_bytes_per_rank\":%.17g}\n",
+                       name, pt[i].x, zpp_coll_mode_get(m)->name, w, o->step_s, o->compute_s,
+                       o->exposed_comm_s, o->tokens_per_s, o->tokens_per_s / w,
+                       o->tflops_per_gpu, pt[i].o[0].step_s / o->step_s, o->cross_node_bytes,
+                       o->mem_bytes_per_rank);
+            }
+    } else {
+        printf("zeropp plan --sweep %s: %.4g parameters, %.0f tokens per GPU, node of %d%s\n",
+               spec, base->params, base->tokens_per_gpu, base->node_size,
+               is_world ? "" : "; cross-node rate x --link-eff");
+        printf("%10s | %-47s | %-35s | %s\n", "", "step time, ms", "tokens/s per GPU",
+               "mem/rank GiB");
+        printf("%10s | %9s %9s %9s %9s %9s | %8s %8s %8s %8s | %6s %6s %6s\n", name, "zero3",
+               "qwz", "hpz", "qgz", "zeropp", "zero3", "zeropp", "speedup", "exposed", "zero3",
+               "hpz", "zeropp");
+        for (int i = 0; i < n; i++) {
+            const zpp_cost_out *o = pt[i].o;
+            double w = is_world ? pt[i].x : base->world;
+            printf("%10.6g | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.0f %8.0f %7.2fx %7.0f%% | %6.2f "
+                   "%6.2f %6.2f\n",
+                   pt[i].x, o[0].step_s * 1e3, o[1].step_s * 1e3, o[2].step_s * 1e3,
+                   o[3].step_s * 1e3, o[4].step_s * 1e3, o[0].tokens_per_s / w,
+                   o[4].tokens_per_s / w, o[0].step_s / o[4].step_s,
+                   100 * o[4].exposed_comm_s / o[4].step_s, o[0].mem_bytes_per_rank / GiB,
+                   o[2].mem_bytes_per_rank / GiB, o[4].mem_bytes_per_rank / GiB);
+        }
+        printf("(speedup: ZeRO++ over ZeRO-3; exposed: ZeRO++'s communication not hidden, "
+               "share of its step)\n");
+    }
+    if (n == SWEEP_MAX && !json)
+        printf("(stopped at %d points)\n", SWEEP_MAX);
+    if (chart) {
+        int rc = sweep_chart(pt, n, name, chart, base);
+        if (rc) return rc;
+        if (!json) printf("chart: %s\n", chart);
+    }
+    return 0;
+}
+
 int zpp_cli_plan(int argc, char **argv) {
     size_t params = 0;
     int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0,
-        pick = 0;
+        pick = 0, serial = 0, link_per_comm = 0;
     zpp_dtype dtype = ZPP_BF16;
     const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
                *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
-               *cal_s = NULL;
+               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL, *expf_s = NULL;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -227,6 +422,13 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--pick", ZPP_CLI_FLAG, &pick, 0, 0},
         {"--mem-gb", ZPP_CLI_STR, &mem_s, 0, 0},
         {"--calibrate", ZPP_CLI_STR, &cal_s, 0, 0},
+        {"--ranks-per-device", ZPP_CLI_STR, &rpd_s, 0, 0},
+        {"--serial", ZPP_CLI_FLAG, &serial, 0, 0},
+        {"--link-per-comm", ZPP_CLI_FLAG, &link_per_comm, 0, 0},
+        {"--opt-ns", ZPP_CLI_STR, &opt_s, 0, 0},
+        {"--exposed-frac", ZPP_CLI_STR, &expf_s, 0, 0},
+        {"--sweep", ZPP_CLI_STR, &sweep_s, 0, 0},
+        {"--chart", ZPP_CLI_STR, &chart_s, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -260,12 +462,32 @@ int zpp_cli_plan(int argc, char **argv) {
         return 2;
     }
     if (!node_size) node_size = world;
-    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0;
+    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0,
+           rpd = 1, opt_ns = 0, expf = 0;
     if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
         parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
         parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat) ||
-        parse_pos("--mem-gb", mem_s, &mem_gb))
+        parse_pos("--mem-gb", mem_s, &mem_gb) || parse_pos("--ranks-per-device", rpd_s, &rpd) ||
+        parse_pos("--opt-ns", opt_s, &opt_ns) || parse_pos("--exposed-frac", expf_s, &expf))
         return 2;
+    if (expf > 1 || (expf_s && serial)) {
+        fprintf(stderr, "zeropp plan: --exposed-frac is in [0, 1] and not with --serial "
+                        "(which is 1)\n");
+        return 2;
+    }
+    if (rpd_s && !(rpd >= 1)) {
+        fprintf(stderr, "zeropp plan: --ranks-per-device must be >= 1 (ranks sharing one "
+                        "device; 4 ranks on 2 cores: 2)\n");
+        return 2;
+    }
+    if (chart_s && !sweep_s) {
+        fprintf(stderr, "zeropp plan: --chart draws a --sweep; add --sweep\n");
+        return 2;
+    }
+    if (sweep_s && pick) {
+        fprintf(stderr, "zeropp plan: give --sweep or --pick, not both\n");
+        return 2;
+    }
     if (mem_s && !pick) {
         fprintf(stderr, "zeropp plan: --mem-gb is the budget of --pick; add --pick\n");
         return 2;
@@ -330,7 +552,7 @@ int zpp_cli_plan(int argc, char **argv) {
     zpp_cost_calib cal;
     memset(&cal, 0, sizeof cal);
     if (cal_s) { /* measured rates replace the line rates (already achieved: no --link-eff) */
-        if (zpp_cost_calibrate(cal_s, lat * 1e-6, &cal) != ZPP_OK) {
+        if (zpp_cost_calibrate(cal_s, lat * 1e-6, &ci, &cal) != ZPP_OK) {
             fprintf(stderr, "zeropp plan: %s\n", zpp_last_error());
             return 2;
         }
@@ -341,8 +563,26 @@ int zpp_cli_plan(int argc, char **argv) {
                     cal.inter_bps > 0 && inter_s ? "inter" : "intra");
             return 2;
         }
+        if ((cal.flops_per_s > 0 && tf_s) || (cal.train_points > 1 && opt_s)) {
+            fprintf(stderr, "zeropp plan: --calibrate measured the %s that --%s also sets; "
+                            "drop one\n",
+                    cal.flops_per_s > 0 && tf_s ? "compute rate" : "optimizer time",
+                    cal.flops_per_s > 0 && tf_s ? "tflops" : "opt-ns");
+            return 2;
+        }
         if (cal.inter_bps > 0) ci.inter_bps = cal.inter_bps;
         if (cal.intra_bps > 0) ci.intra_bps = cal.intra_bps;
+        if (cal.flops_per_s > 0) {
+            tflops = cal.flops_per_s / 1e12;
+            if (cal.train_points > 1) opt_ns = cal.opt_s_per_param * 1e9;
+        }
+        if (cal.coll_world) ci.calib = &cal;
+        if (cal.train_world > 1 && rpd_s && rpd > 1) {
+            fprintf(stderr, "zeropp plan: the train lines come from runs on these ranks, so "
+                            "their rate already holds the device sharing; drop "
+                            "--ranks-per-device\n");
+            return 2;
+        }
         if (!json) {
             char x[96], y[96];
             if (cal.inter_bps > 0)
@@ -359,11 +599,37 @@ int zpp_cli_plan(int argc, char **argv) {
             printf("calibrated from %s (%d lines): cross-node %s; intra-node %s; latency "
                    "%.1f us from --latency-us (one message size cannot separate it)\n",
                    cal_s, cal.lines, x, y, lat);
+            if (cal.coll_world) {
+                int used = cal.coll_world == world && cal.coll_node_size == node_size;
+                printf("measured collective times (world %d, node size %d, %d units): %s\n",
+                       cal.coll_world, cal.coll_node_size, cal.coll_units,
+                       used ? "used for the modes measured"
+                            : "not used (another world or node size: the link formula)");
+            }
+            if (cal.flops_per_s > 0)
+                printf("compute from %d train steps of %d-rank runs at %d token count%s: %.4g "
+                       "TFLOP/s%s\n",
+                       cal.train_lines, cal.train_world, cal.train_points,
+                       cal.train_points == 1 ? "" : "s", cal.flops_per_s / 1e12,
+                       cal.train_points > 1 ? ", optimizer fitted" : " (optimizer folded in)");
         }
     }
     ci.latency_s = lat * 1e-6;
     ci.flops_per_s = tflops * 1e12;
     ci.qgz_inter_exposed = !qgz_overlap;
+    ci.ranks_per_device = rpd;
+    ci.serial = serial;
+    ci.exposed_frac = expf;
+    ci.link_per_comm = link_per_comm;
+    ci.opt_s_per_param = opt_ns * 1e-9;
+    if (sweep_s) {
+        if (!timed) {
+            fprintf(stderr, "zeropp plan: --sweep predicts step times; give --tokens-per-gpu "
+                            "or --micro-batch\n");
+            return 2;
+        }
+        return plan_sweep(&ci, sweep_s, chart_s, json, cal.inter_bps > 0 ? 1.0 : eff);
+    }
     if (pick) {
         int from_preset = !mem_s;
         if (from_preset) mem_gb = gp->mem_gib;
@@ -422,6 +688,7 @@ int zpp_cli_plan(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "fwd_s", c->fwd_s);
                 cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
                 cJSON_AddNumberToObject(o, "compute_s", c->compute_s);
+                cJSON_AddNumberToObject(o, "opt_s", c->opt_s);
                 cJSON_AddNumberToObject(o, "exposed_comm_s", c->exposed_comm_s);
                 cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);
                 cJSON_AddNumberToObject(o, "tflops_per_gpu", c->tflops_per_gpu);
@@ -473,15 +740,27 @@ int zpp_cli_plan(int argc, char **argv) {
                      "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
                      "efficiency)",
                      inter, intra, eff);
-        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.1f TFLOP/s "
+        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.4g TFLOP/s "
                "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
                tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
+        if (serial || link_per_comm || rpd > 1 || opt_ns > 0 || ci.calib)
+            printf("schedule: %s; %g rank%s per device; %s; optimizer %.3g ns per parameter of "
+                   "a shard%s\n",
+                   serial ? "compute and communication take turns (--serial)"
+                          : "communication under compute",
+                   rpd, rpd == 1 ? "" : "s",
+                   link_per_comm ? "a link per communicator" : "concurrent collectives share "
+                                                               "the link",
+                   opt_ns,
+                   ci.calib && ci.calib->coll_world == world && ci.calib->coll_node_size == node_size
+                       ? "; measured collective times"
+                       : "");
         printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute",
                "exposed", "tokens/s", "TFLOP/s", "speedup", "mem/rank");
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
             const zpp_cost_out *c = &co[m];
             char b[32];
-            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.1f %7.2fx | %12s%s\n",
+            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.3g %7.2fx | %12s%s\n",
                    zpp_coll_mode_get(m)->name, c->step_s * 1e3, c->compute_s * 1e3,
                    c->exposed_comm_s * 1e3, c->tokens_per_s, c->tflops_per_gpu,
                    co[0].step_s / c->step_s, zpp_cli_bytes(c->mem_bytes_per_rank, b, 32),

@@ -28,9 +28,35 @@ typedef struct link_t {
 
 static double link_time(link_t a) { return a.lat_s + fmax(a.inter_s, a.intra_s); }
 
-/* a and b in flight together: bytes share each link, latencies overlap. */
-static double link_concurrent(link_t a, link_t b) {
+/* a and b in flight together: bytes share each link, latencies overlap;
+ * with a link per communicator (link_per_comm) each runs at the full rate
+ * and the pair takes as long as the longer. */
+static double link_concurrent(const zpp_cost_in *in, link_t a, link_t b) {
+    if (in->link_per_comm) return fmax(link_time(a), link_time(b));
     return fmax(a.lat_s, b.lat_s) + fmax(a.inter_s + b.inter_s, a.intra_s + b.intra_s);
+}
+
+/* A stage's compute c with communication l in flight: hidden under it
+ * when the two overlap, after it when they take turns (in->serial). */
+static double stage_time(const zpp_cost_in *in, double c, double l) {
+    if (in->serial) return c + l;
+    return fmax(c, l) + in->exposed_frac * fmin(c, l);
+}
+
+/* A measured time as a link time: it occupies "the link" (the cross-node
+ * term), so two in flight together add up, or with link_per_comm overlap. */
+static link_t link_measured(double s) {
+    link_t l = {s, 0, 0};
+    return l;
+}
+
+int zpp_cost_mode_index(const zpp_coll_mode *mode) {
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        const zpp_coll_mode *c = zpp_coll_mode_get(m);
+        if (c->gather == mode->gather && !c->hpz == !mode->hpz && c->reduce == mode->reduce)
+            return m;
+    }
+    return -1;
 }
 
 static link_t link_of(const zpp_cost_in *in, double cross, double intra, double steps) {
@@ -160,6 +186,19 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
     }
     u->cross = rc + zpp_volume_cross_total(&vf) + zpp_volume_cross_total(&vb);
     u->intra = ri + zpp_volume_intra_total(&vf) + zpp_volume_intra_total(&vb);
+
+    /* Measured on this world and node size (zpp_cost_calibrate): the
+     * phases' times per parameter, scaled to the unit. The bytes stay the
+     * volume replay's. hpZ below the node size was not what bench comm ran. */
+    const struct zpp_cost_calib *c = in->calib;
+    const int mi = zpp_cost_mode_index(mode);
+    if (c && mi >= 0 && c->has_mode[mi] && c->coll_world == W && c->coll_node_size == S &&
+        (!mode->hpz || hpz_group(in) == S)) {
+        u->fwd = link_measured(c->coll_s_per_param[mi][0] * (double)numel);
+        u->bwd = link_measured(c->coll_s_per_param[mi][1] * (double)numel);
+        u->red_ov = link_measured(c->coll_s_per_param[mi][2] * (double)numel);
+        u->red_exp = link_measured(0);
+    }
 }
 
 static const link_t link_none = {0, 0, 0};
@@ -178,10 +217,14 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
                          "unit (and under 2^53)",
                          in->params, in->units);
     if (!(in->inter_bps > 0) || !(in->intra_bps > 0) || !(in->flops_per_s > 0) ||
-        !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0))
+        !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0) || !(in->ranks_per_device >= 0) ||
+        !(in->opt_s_per_param >= 0) || !isfinite(in->ranks_per_device) ||
+        !(in->exposed_frac >= 0 && in->exposed_frac <= 1) ||
+        !isfinite(in->opt_s_per_param))
         return zpp_error(ZPP_ERR_INVALID,
-                         "cost: bandwidths, FLOP/s and tokens per GPU must be positive and the "
-                         "latency not negative");
+                         "cost: bandwidths, FLOP/s and tokens per GPU must be positive; the "
+                         "latency, ranks per device and optimizer time not negative; the "
+                         "exposed fraction in [0, 1]");
     if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
@@ -200,8 +243,10 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     zpp_cost_out o;
     memset(&o, 0, sizeof o);
     o.flops_per_gpu = zpp_cost_step_flops(in);
-    o.compute_s = o.flops_per_gpu / in->flops_per_s;
-    const double fwd_c = o.compute_s / 3, bwd_c = o.compute_s * 2 / 3;
+    /* Ranks sharing one device compute at their share of its rate. */
+    const double share = in->ranks_per_device > 1 ? in->ranks_per_device : 1;
+    const double model_s = o.flops_per_gpu / in->flops_per_s * share;
+    const double fwd_c = model_s / 3, bwd_c = model_s * 2 / 3;
 
     /* Forward, units 0..K-1: stage i computes f_i while the gather of the
      * next stage's unit travels (engine.c forward: gather_start(s+1) before
@@ -228,9 +273,9 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         unit_cost next = cur;
         if (i + 1 < K) {
             unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), &next);
-            t += fmax(f, link_time(next.fwd));
+            t += stage_time(in, f, link_time(next.fwd));
         } else {
-            t += fmax(f, link_time(cur.bwd)); /* unit K-1 is the first backward unit */
+            t += stage_time(in, f, link_time(cur.bwd)); /* unit K-1: the first backward unit */
         }
         cur = next;
     }
@@ -256,13 +301,17 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
             gnext = nx.bwd;
         }
         double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
-        tb += fmax(b, link_concurrent(gnext, red_ov)) + link_time(red_exp);
+        tb += stage_time(in, b, link_concurrent(in, gnext, red_ov)) + link_time(red_exp);
         red_ov = me.red_ov;
         red_exp = me.red_exp;
     }
     tb += link_time(red_ov) + link_time(red_exp);
     o.bwd_s = tb;
-    o.step_s = o.fwd_s + o.bwd_s;
+    /* The optimizer step after the backward, on the rank's shards (the
+     * norm's all-reduce of a few floats is left out). */
+    o.opt_s = in->opt_s_per_param * shard_sum * share;
+    o.compute_s = model_s + o.opt_s;
+    o.step_s = o.fwd_s + o.bwd_s + o.opt_s;
     o.comm_s = comm;
     o.exposed_comm_s = o.step_s - o.compute_s;
     o.tokens_per_s = (double)W * in->tokens_per_gpu / o.step_s;
@@ -394,10 +443,17 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
 
 /* ---- zpp_cost_calibrate -------------------------------------------------- */
 
-/* Sums over the lines: bytes and the time left after the latency. */
+#define CALIB_MAX_TRAIN 4096 /* train lines kept for the medians */
+
+/* Sums over the lines. */
 typedef struct calib_acc {
     double intra_bytes, intra_s;             /* hpZ backward gathers, per rank */
     double cross_bytes, cross_s, cross_intra; /* ZeRO-3 gathers; their intra bytes per rank */
+    double coll_s[ZPP_COLL_MODE_COUNT][3], coll_params[ZPP_COLL_MODE_COUNT];
+    double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens a rank, seconds */
+    int mode[CALIB_MAX_TRAIN], line[CALIB_MAX_TRAIN]; /* W-rank lines: their mode, line number */
+    int ntrain;
+    int train_world; /* 1: world-1 lines; the model's world: lines of runs on its ranks */
 } calib_acc;
 
 static zpp_status calib_num(const cJSON *o, const char *key, const char *path, int line,
@@ -406,24 +462,95 @@ static zpp_status calib_num(const cJSON *o, const char *key, const char *path, i
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0)
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s line %d: no number \"%s\" >= 0; give the lines "
-                         "`zeropp bench comm --json` prints",
+                         "`zeropp bench comm --json` or `zeropp train --metrics` print",
                          path, line, key);
     *v = x->valuedouble;
     return ZPP_OK;
 }
 
-/* One line's object into the sums. */
-static zpp_status calib_line(const cJSON *o, const char *path, int line, double lat,
-                             calib_acc *a, int *intra_used, int *inter_used) {
-    const cJSON *bench = cJSON_GetObjectItemCaseSensitive(o, "bench");
+/* The standard mode of a trainer's mode name (trainer.c: the options
+ * joined by '+' in the order qwz, hpz, qgz; "zero3" with none), or -1. */
+static int train_mode_index(const char *name) {
+    static const char *const names[ZPP_COLL_MODE_COUNT] = {"zero3", "qwz", "hpz", "qgz",
+                                                           "qwz+hpz+qgz"};
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        if (strcmp(name, names[m]) == 0) return m;
+    return -1;
+}
+
+/* A `zeropp train --metrics` line: its tokens a rank and time, if it
+ * counts. A line that moved no bytes is a world-1 run (its time: compute_ms
+ * with --profile, else step_ms); one that moved bytes is a run on the ranks
+ * the model describes (model->world), its time the wall step less its
+ * mode's measured collectives (subtracted in zpp_cost_calibrate, once every
+ * bench comm line is read). */
+static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
+                                   const zpp_cost_in *model, calib_acc *a, int *used) {
+    double step = 0, tps = 0, ms = 0, cross = 0, intra = 0, comp = -1;
+    int mi = -1;
+    ZPP_CHECK(calib_num(o, "step", path, line, &step));
+    ZPP_CHECK(calib_num(o, "tokens_per_s", path, line, &tps));
+    ZPP_CHECK(calib_num(o, "step_ms", path, line, &ms));
+    ZPP_CHECK(calib_num(o, "cross_node_bytes", path, line, &cross));
+    ZPP_CHECK(calib_num(o, "intra_node_bytes", path, line, &intra));
+    if (!model)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: a train line needs the model (--model or "
+                         "--params) to count its FLOPs",
+                         path, line);
+    const int W = (cross > 0 || intra > 0) ? model->world : 1;
+    if (W == 1 && cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
+        ZPP_CHECK(calib_num(o, "compute_ms", path, line, &comp));
+    if (W > 1) {
+        const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mode");
+        if (cJSON_IsString(mo)) mi = train_mode_index(mo->valuestring);
+        if (mi < 0)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: this train step moved bytes (a run on "
+                             "several ranks) but names no mode the bench measures (\"mode\": "
+                             "zero3, qwz, hpz, qgz or qwz+hpz+qgz)",
+                             path, line);
+    }
+    if (a->train_world && a->train_world != W)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s line %d: a train line of a %d-rank run after lines of "
+                         "a %d-rank run; give one kind (world-1 runs, or runs on the planned "
+                         "ranks)",
+                         path, line, W, a->train_world);
+    a->train_world = W;
+    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(o, "skipped");
+    if (step < 2 || cJSON_IsTrue(sk) || !(ms > 0)) return ZPP_OK; /* warm-up or no update */
+    /* tokens_per_s is printed to a tenth, so the product is off by at most
+     * 0.05 x the step's seconds: whole tokens for any step under 10 s. A
+     * run at sequence length 1 (a step of almost nothing but the optimizer)
+     * is a valid point of the fit. */
+    double tokens = round(tps * ms / 1000 / W);
+    if (!(tokens >= 1))
+        return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s line %d: no tokens in this step",
+                         path, line);
+    if (a->ntrain == CALIB_MAX_TRAIN)
+        return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s: more than %d train lines", path,
+                         CALIB_MAX_TRAIN);
+    a->tok[a->ntrain] = tokens;
+    a->sec[a->ntrain] = (comp >= 0 ? comp : ms) * 1e-3;
+    a->mode[a->ntrain] = mi;
+    a->line[a->ntrain] = line;
+    a->ntrain++;
+    *used = 1;
+    return ZPP_OK;
+}
+
+/* One bench comm line's object into the sums. */
+static zpp_status calib_comm_line(const cJSON *o, const char *path, int line, double lat,
+                                  calib_acc *a, zpp_cost_calib *c, int *intra_used,
+                                  int *inter_used) {
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
-    if (!cJSON_IsString(bench) || strcmp(bench->valuestring, "comm") != 0 ||
-        !cJSON_IsString(mode))
+    if (!cJSON_IsString(mode))
         return zpp_error(ZPP_ERR_FORMAT,
                          "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
-                         "\"bench\": \"comm\" and \"mode\")",
+                         "\"mode\")",
                          path, line);
-    double W = 0, S = 0, U = 0;
+    double W = 0, S = 0, U = 0, P = 0;
     ZPP_CHECK(calib_num(o, "world", path, line, &W));
     ZPP_CHECK(calib_num(o, "node_size", path, line, &S));
     ZPP_CHECK(calib_num(o, "units", path, line, &U));
@@ -433,6 +560,31 @@ static zpp_status calib_line(const cJSON *o, const char *path, int line, double 
                          "positive counts, the node size dividing the world",
                          path, line, W, S, U);
     const char *m = mode->valuestring;
+    int mi = -1;
+    for (int k = 0; k < ZPP_COLL_MODE_COUNT; k++)
+        if (strcmp(m, zpp_coll_mode_get(k)->name) == 0) mi = k;
+    if (mi >= 0) { /* (b): the phase times as measured */
+        if (c->coll_world && (c->coll_world != (int)W || c->coll_node_size != (int)S ||
+                              c->coll_units != (int)U))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: world %.0f, node size %.0f, %.0f units, "
+                             "where earlier lines had %d, %d, %d; give one shape per file",
+                             path, line, W, S, U, c->coll_world, c->coll_node_size,
+                             c->coll_units);
+        ZPP_CHECK(calib_num(o, "params", path, line, &P));
+        if (!(P >= 1))
+            return zpp_error(ZPP_ERR_FORMAT, "calibrate: %s line %d: \"params\" must be >= 1",
+                             path, line);
+        static const char *const key[3] = {"fwd_gather_ms", "bwd_gather_ms", "grad_reduce_ms"};
+        double t[3];
+        for (int k = 0; k < 3; k++) ZPP_CHECK(calib_num(o, key[k], path, line, &t[k]));
+        for (int k = 0; k < 3; k++) a->coll_s[mi][k] += t[k] * 1e-3;
+        a->coll_params[mi] += P;
+        c->coll_world = (int)W;
+        c->coll_node_size = (int)S;
+        c->coll_units = (int)U;
+        c->has_mode[mi] = 1;
+    }
     if (strcmp(m, "hpz") == 0 || strcmp(m, "zeropp") == 0) {
         double cross = 0, intra = 0, ms = 0;
         ZPP_CHECK(calib_num(o, "bwd_gather_cross_bytes", path, line, &cross));
@@ -473,18 +625,95 @@ static zpp_status calib_line(const cJSON *o, const char *path, int line, double 
             *inter_used = 1;
         }
     }
-    return ZPP_OK; /* qwz, qgz: nothing that isolates one link */
+    return ZPP_OK; /* qwz, qgz: only (b) */
 }
 
-zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p) {
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* The compute fit of cost.h from the train lines (a->ntrain > 0). */
+static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_in *model,
+                                zpp_cost_calib *c) {
+    /* Sorted by tokens, each token count's lines are contiguous; its times,
+     * sorted apart, give its median. gx, gy: one point per token count. */
+    const int n = a->ntrain;
+    double (*pair)[2] = malloc((size_t)n * sizeof *pair);
+    double *gx = malloc(3 * (size_t)n * sizeof *gx);
+    if (!pair || !gx) {
+        free(pair);
+        free(gx);
+        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory for %d lines", n);
+    }
+    double *gy = gx + n, *tmp = gx + 2 * n;
+    for (int i = 0; i < n; i++) pair[i][0] = a->tok[i], pair[i][1] = a->sec[i];
+    qsort(pair, (size_t)n, sizeof *pair, cmp_double); /* by the first member: tokens */
+    int g = 0;
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && pair[j][0] == pair[i][0]) tmp[j - i] = pair[j][1], j++;
+        const int k = j - i;
+        qsort(tmp, (size_t)k, sizeof tmp[0], cmp_double);
+        gx[g] = pair[i][0];
+        gy[g] = k % 2 ? tmp[k / 2] : 0.5 * (tmp[k / 2 - 1] + tmp[k / 2]);
+        g++;
+        i = j;
+    }
+    free(pair);
+    zpp_cost_in one = *model;
+    one.tokens_per_gpu = 1;
+    const double fpt = zpp_cost_step_flops(&one); /* FLOPs per token of one rank */
+    c->train_points = g;
+    c->train_world = a->train_world;
+    if (g == 1) { /* the optimizer folded into the rate */
+        c->flops_per_s = gx[0] * fpt / gy[0];
+        c->opt_s_per_param = 0;
+        free(gx);
+        return ZPP_OK;
+    }
+    /* Least squares t = s x tokens + b over the medians. */
+    double mx = 0, my = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < g; i++) mx += gx[i] / g, my += gy[i] / g;
+    for (int i = 0; i < g; i++) sxx += (gx[i] - mx) * (gx[i] - mx), sxy += (gx[i] - mx) * (gy[i] - my);
+    double slope = sxy / sxx, icpt = my - slope * mx;
+    const double x0 = gx[0], y0 = gy[0], x1 = gx[g - 1], y1 = gy[g - 1];
+    if (!(slope > 0)) {
+        free(gx);
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "calibrate: %s: the step time does not grow with the tokens (%.0f "
+                         "tokens %.4f s, %.0f tokens %.4f s): a noisy machine; run more steps",
+                         path, x0, y0, x1, y1);
+    }
+    if (icpt < 0) { /* noise below a zero intercept: through the origin */
+        double sx = 0, sy = 0;
+        for (int i = 0; i < g; i++) sx += gx[i] * gx[i], sy += gx[i] * gy[i];
+        slope = sy / sx;
+        icpt = 0;
+    }
+    c->flops_per_s = fpt / slope;
+    /* The intercept is the rank's per-step work: per element of its shard
+     * (P / W of them; the optimizer's share, which dominates it). */
+    c->opt_s_per_param = icpt / (model->params / a->train_world);
+    free(gx);
+    return ZPP_OK;
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
+                              zpp_cost_calib *out_p) {
     if (!path || !out_p || !(latency_s >= 0))
         return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    if (model && !(model->params >= 1))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
     FILE *f;
     ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
     zpp_cost_calib c;
-    calib_acc a;
+    calib_acc *a = calloc(1, sizeof *a);
     memset(&c, 0, sizeof c);
-    memset(&a, 0, sizeof a);
+    if (!a) {
+        fclose(f);
+        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
+    }
     char *buf = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -499,17 +728,31 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib
             i++;
         if (i == (size_t)n) continue; /* blank */
         cJSON *o = cJSON_ParseWithLength(buf, (size_t)n);
+        const cJSON *bench = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "bench")
+                                               : NULL;
         if (!cJSON_IsObject(o)) {
             st = zpp_error(ZPP_ERR_FORMAT,
                            "calibrate: %s line %d: not a JSON object; give the lines "
-                           "`zeropp bench comm --json` prints, one per line",
+                           "`zeropp bench comm --json` or `zeropp train --metrics` print, one "
+                           "per line",
                            path, line);
-        } else {
+        } else if (cJSON_IsString(bench) && strcmp(bench->valuestring, "comm") == 0) {
             int iu = 0, xu = 0;
-            st = calib_line(o, path, line, latency_s, &a, &iu, &xu);
+            st = calib_comm_line(o, path, line, latency_s, a, &c, &iu, &xu);
             c.lines++;
             c.intra_lines += iu;
             c.inter_lines += xu;
+        } else if (!bench && cJSON_GetObjectItemCaseSensitive(o, "step_ms")) {
+            int used = 0;
+            st = calib_train_line(o, path, line, model, a, &used);
+            c.lines++;
+            c.train_lines += used;
+        } else {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
+                           "\"bench\": \"comm\") nor a `zeropp train --metrics` line (no "
+                           "\"step_ms\")",
+                           path, line);
         }
         cJSON_Delete(o);
     }
@@ -517,19 +760,53 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib
         st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
     free(buf);
     fclose(f);
-    if (st != ZPP_OK) return st;
-    if (!c.intra_lines && !c.inter_lines)
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "calibrate: %s: %d lines, none to derive a rate from; it needs mode "
-                         "hpz or zeropp with node_size > 1 (intra-node) or zero3 with more "
-                         "than one node (cross-node)",
-                         path, c.lines);
-    if (c.intra_lines) c.intra_bps = a.intra_bytes / a.intra_s;
-    if (c.inter_lines) {
-        c.inter_bps = a.cross_bytes / a.cross_s;
-        /* Bound by the intra-node link when its term alone fills the time. */
-        if (c.intra_lines && a.cross_intra / c.intra_bps >= a.cross_s) c.inter_lower_bound = 1;
+    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
+                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
+                       "lines past step 1",
+                       path, c.lines);
+    /* Lines of runs on these ranks: the wall step less the collectives'
+     * measured time in that mode (per parameter x the model's parameters)
+     * is the pace at which the group computes: it holds the ranks' sharing
+     * of the cores and each wait for the slowest rank. */
+    for (int i = 0; st == ZPP_OK && i < a->ntrain; i++) {
+        const int mi = a->mode[i];
+        if (mi < 0) continue;
+        if (!c.has_mode[mi] || c.coll_world != model->world ||
+            c.coll_node_size != model->node_size) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
+                           "needs that mode's `zeropp bench comm --json` line from the same "
+                           "ranks (world %d, node size %d) in the file",
+                           path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
+                           model->world, model->node_size);
+            break;
+        }
+        double coll = 0;
+        for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * model->params;
+        a->sec[i] -= coll;
+        if (!(a->sec[i] > 0))
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "calibrate: %s line %d: the step is no longer than its mode's "
+                           "measured collectives (%.4f s): measure both on the same ranks",
+                           path, a->line[i], coll);
     }
+    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
+    if (st != ZPP_OK) {
+        free(a);
+        return st;
+    }
+    if (c.intra_lines) c.intra_bps = a->intra_bytes / a->intra_s;
+    if (c.inter_lines) {
+        c.inter_bps = a->cross_bytes / a->cross_s;
+        /* Bound by the intra-node link when its term alone fills the time. */
+        if (c.intra_lines && a->cross_intra / c.intra_bps >= a->cross_s) c.inter_lower_bound = 1;
+    }
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        for (int k = 0; k < 3; k++)
+            if (c.has_mode[m]) c.coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+    free(a);
     *out_p = c;
     return ZPP_OK;
 }

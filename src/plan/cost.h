@@ -47,11 +47,43 @@ typedef struct zpp_cost_in {
      * today, trainer.c). Smaller: more memory (2P/H per rank), a shorter
      * intra-node ring. Ignored by modes without hpZ. */
     int hpz_size;
+    /* ---- How this machine runs a step (all 0 = one GPU per rank, NCCL on
+     * a real network: the defaults above). DESIGN.md §11, "Schedules". */
+    /* Ranks time-sharing one compute device: each rank computes at
+     * flops_per_s / ranks_per_device (0 or 1: a device of its own). Two
+     * ranks on one GPU (the GPU time-slices between the processes'
+     * contexts); on CPU ranks with single-threaded BLAS a "device" is a
+     * core, so 4 ranks on 2 cores is 2. */
+    double ranks_per_device;
+    /* 1: compute and communication take turns, nothing hides under a
+     * kernel. CPU ranks: MPI's nonblocking collectives progress only while
+     * the rank is inside an MPI call (zpp_comm waits), not while it
+     * computes. Ranks sharing one GPU: one rank's kernels stall the other
+     * rank's NCCL kernels, which the collective then waits for. */
+    int serial;
+    /* Between the two: the share of the shorter of a stage's compute and
+     * its communication that stays exposed, in [0, 1] (serial is 1):
+     * stage = max(c, l) + exposed_frac x min(c, l). 0: perfect overlap. */
+    double exposed_frac;
+    /* 1: each communicator has the link's full rate, so a gather and a
+     * reduction in flight together (on their own communicators) do not
+     * share it: emulated nodes over sockets, where every NCCL communicator
+     * opens its own connections. 0: they share the link (a real NIC). */
+    int link_per_comm;
+    /* The optimizer step and the per-step engine work (gradient norm,
+     * conversions, zeroing), seconds per parameter of the rank's shard at
+     * a device of its own (scaled by ranks_per_device like compute). */
+    double opt_s_per_param;
+    /* Measured collective times (zpp_cost_calibrate) for modes measured on
+     * this world and node size: used instead of the link formula. NULL:
+     * none. Not owned. */
+    const struct zpp_cost_calib *calib;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
     double step_s, fwd_s, bwd_s;   /* predicted times */
-    double compute_s;              /* FLOPs / flops_per_s, whole step */
+    double compute_s;              /* FLOPs / rate + opt_s, whole step */
+    double opt_s;                  /* the optimizer step (part of compute_s) */
     double exposed_comm_s;         /* step_s - compute_s */
     double comm_s;                 /* every collective back to back, nothing hidden */
     double tokens_per_s;           /* whole job: world x tokens_per_gpu / step_s */
@@ -130,29 +162,70 @@ typedef struct zpp_cost_pick_result {
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p);
 
-/* ---- Calibrating the links (`zeropp plan --calibrate FILE`) -------------
+/* ---- Calibrating (`zeropp plan --calibrate FILE`) ------------------------
  *
- * From the JSON lines `zeropp bench comm --json` prints (one per mode), the
- * rates that make the model's collective formula reproduce the measured
- * times, phase by phase (a phase's time is the sum over its units' calls):
+ * One file of JSON lines, of two kinds.
+ *
+ * `zeropp bench comm --json` lines (one per mode): two things.
+ * (a) Link rates that make the model's collective formula reproduce the
+ *   measured times, phase by phase (a phase's time is the sum over its
+ *   units' calls):
  *   intra_bps: hpZ's backward gather (modes hpz, zeropp) moves only
  *     intra-node bytes: intra / S / (t - U (S-1) latency);
  *   inter_bps: ZeRO-3's forward and backward gathers:
  *     cross / (t - U (W-1) latency). When that time is no more than the
  *     intra-node term, the cross-node link was not the bottleneck and the
  *     rate is only a lower bound (inter_lower_bound).
- * Pooled over lines: total bytes / total time. Latency is the caller's
- * (one message size per run cannot separate it from bandwidth). */
+ *   Pooled over lines: total bytes / total time. Latency is the caller's
+ *   (one message size per run cannot separate it from bandwidth).
+ * (b) Each measured mode's phase times as they are, per parameter of the
+ *   line's model (coll_s_per_param): zpp_cost_step uses them in place of
+ *   the link formula for that mode when the world and node size are the
+ *   line's. They hold what the formula leaves out on this machine: the
+ *   quantization kernels, MPI's reduction arithmetic on the host, the
+ *   library's per-call costs. All lines must share one world and node size.
+ *
+ * `zeropp train --metrics` lines of the model in `model`: the compute rate.
+ * Either world-1 runs (no bytes moved; the time is compute_ms when the run
+ * had --profile, else step_ms), or runs on the model's ranks (bytes moved:
+ * model->world ranks in nodes of model->node_size): the time is then the
+ * wall step less that mode's measured collectives (its bench comm line must
+ * be in the file), the pace at which the group computes, holding the ranks'
+ * sharing of the cores and each wait for the slowest rank (so leave
+ * ranks_per_device at 1). One kind per file. Each line's tokens a rank are
+ * tokens_per_s x step_ms / 1000 / W; step 1 (warm-up) and skipped steps are
+ * left out. With one token count, flops_per_s = its FLOPs / its median time
+ * (the optimizer folded in, opt_s_per_param 0); with two or more, a least-
+ * squares line through the median time of each token count,
+ *     t = tokens x FLOPs_per_token / flops_per_s + (P / W) x opt_s_per_param,
+ * separates the compute from the optimizer step and the per-step engine
+ * work, counted per element of the rank's shard. */
 typedef struct zpp_cost_calib {
     double intra_bps, inter_bps; /* 0: no line to derive it from */
     int inter_lower_bound;
     int lines, intra_lines, inter_lines; /* JSON lines read, used for each */
+    /* (b): mode index x phase (fwd gather, bwd gather, grad reduce). */
+    int coll_world, coll_node_size, coll_units; /* 0: no bench comm line */
+    int has_mode[ZPP_COLL_MODE_COUNT];
+    double coll_s_per_param[ZPP_COLL_MODE_COUNT][3];
+    /* Compute: 0 without train lines. */
+    double flops_per_s, opt_s_per_param;
+    int train_lines, train_points; /* lines used, distinct token counts */
+    int train_world; /* 1: world-1 lines; else runs on the model's world */
 } zpp_cost_calib;
 
 /* ZPP_ERR_IO if the file cannot be read; ZPP_ERR_FORMAT naming the path and
- * line for a line that is not such an object, a missing or non-numeric
- * field, a time no longer than the latency alone, or a file with no line
- * for either rate. out_p is set only on success. */
-zpp_status zpp_cost_calibrate(const char *path, double latency_s, zpp_cost_calib *out_p);
+ * line for a line that is neither kind, a missing or non-numeric field, a
+ * time no longer than the latency alone, bench lines of different shapes,
+ * a train line that moved bytes without a measured mode or its bench line,
+ * train lines of both kinds, train lines without a model
+ * (`model` NULL), step times that do not grow with the tokens, or a file
+ * with nothing to derive. out_p is set only on success. */
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
+                              zpp_cost_calib *out_p);
+
+/* The index (for zpp_coll_mode_get) of the standard mode equal to `mode`,
+ * or -1 for another combination (e.g. qwZ + qgZ without hpZ). */
+int zpp_cost_mode_index(const zpp_coll_mode *mode);
 
 #endif
