@@ -74,6 +74,8 @@ zpp_cost_in zpp_cost_in_default(void) {
     in.dtype = ZPP_BF16;
     in.coll = zpp_coll_opts_default();
     in.qgz_inter_exposed = 1;
+    in.prefetch_depth = 2;
+    in.reduce_depth = 2;
     return in;
 }
 
@@ -318,22 +320,23 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     o.tflops_per_gpu = o.flops_per_gpu / o.step_s / 1e12;
 
     /* Memory per rank. Persistent: per element of the rank's shards, fp32
-     * master + Adam m + v + fp32 gradient accumulator (16 bytes) and the
-     * working-dtype shard (e bytes); with hpZ, the secondary shard of every
+     * master + Adam m + v + fp32 gradient accumulator (16 bytes; no
+     * working-dtype copy: a gather rounds the master); with hpZ, the secondary shard of every
      * unit, kept from the forward to the backward: sec_len = N x shard_len
      * elements of e bytes each (1/S of the model per rank: 2P/S in bf16;
      * with a partition of H ranks, W/H shards: 2P/H).
-     * Transient at the backward's peak (the largest unit U, padded): two
-     * gathered units in E (the current one and the prefetched one), the
-     * current unit's full fp32 gradient, the previous unit's gradient in E
-     * in flight in its reduction, and its fp32 reduced shard; the quantized
-     * wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
+     * Transient at the backward's peak (the largest unit U, padded): the
+     * gathered units in E (the current one and prefetch_depth ahead), the
+     * current unit's full fp32 gradient, and for each of the reduce_depth
+     * reductions in flight a unit's gradient in E and its fp32 reduced
+     * shard; the quantized wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
      * int4 copies of the unit) are added at their zpp_quant_bytes size. */
     o.mem_shard_state = 16 * shard_sum;
-    o.mem_shard_work = e * shard_sum;
     o.mem_secondary = mode->hpz ? e * sec_sum : 0;
     double U = maxnumel, su = U / W;
-    o.mem_transient = 2 * e * U + 4 * U + e * U + 4 * su;
+    const double ahead = in->prefetch_depth > 0 ? in->prefetch_depth : 2;
+    const double flying = in->reduce_depth > 0 ? in->reduce_depth : 2;
+    o.mem_transient = (1 + ahead) * e * U + 4 * U + flying * (e * U + 4 * su);
     if (mode->gather == ZPP_GATHER_QWZ)
         o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
     if (mode->reduce == ZPP_REDUCE_QGZ)
@@ -341,7 +344,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     o.mem_acts_known = in->n_layer > 0;
     o.mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
     o.mem_bytes_per_rank =
-        o.mem_shard_state + o.mem_shard_work + o.mem_secondary + o.mem_transient + o.mem_acts;
+        o.mem_shard_state + o.mem_secondary + o.mem_transient + o.mem_acts;
     *out_p = o;
     return ZPP_OK;
 }

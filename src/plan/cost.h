@@ -78,6 +78,9 @@ typedef struct zpp_cost_in {
      * this world and node size: used instead of the link formula. NULL:
      * none. Not owned. */
     const struct zpp_cost_calib *calib;
+    /* The engine's depths (engine.h: units gathered ahead, reductions in
+     * flight; both 2 by default): they set the transient memory. */
+    int prefetch_depth, reduce_depth;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
@@ -92,9 +95,8 @@ typedef struct zpp_cost_out {
     double cross_node_bytes;       /* per node per step (== zpp_plan_step) */
     double intra_node_bytes;       /* per node per step (== zpp_plan_step) */
     /* Memory per rank at the backward's peak, bytes. */
-    double mem_bytes_per_rank;     /* the sum of the five below */
+    double mem_bytes_per_rank;     /* the sum of the four below */
     double mem_shard_state;        /* fp32 master, Adam m, v, fp32 grad accumulator */
-    double mem_shard_work;         /* working-dtype shard */
     double mem_secondary;          /* hpZ secondary shards of every unit */
     double mem_transient;          /* gathered units, full gradient, reduction buffer */
     double mem_acts;               /* activations (CUDA GPT-2), 0 without a shape */
