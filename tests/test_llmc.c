@@ -31,33 +31,6 @@
 
 /* ---- Files and commands -------------------------------------------------------- */
 
-static char tmpdir[256];
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void remove_tmpdir(void) {
-    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static const char *tmp_path(const char *name, char *buf) {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/zpp_llmc_XXXXXX");
-        EXPECT(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-        atexit(remove_tmpdir);
-    }
-    snprintf(buf, 512, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    EXPECT(f != NULL, "cannot write %s", path);
-    EXPECT(fwrite(data, 1, n, f) == n);
-    fclose(f);
-}
 
 static void *read_file(const char *path, size_t *n_p) {
     FILE *f = fopen(path, "rb");
@@ -213,7 +186,7 @@ static unsigned char *model_bytes(llmc_model *m, int version, size_t *n_p) {
 static void model_write(llmc_model *m, int version, const char *path) {
     size_t n;
     unsigned char *b = model_bytes(m, version, &n);
-    write_file(path, b, n);
+    zpp_test_write_file(path, b, n);
     free(b);
 }
 
@@ -227,7 +200,7 @@ static void tokens_write(const char *path, zpp_rng *r, size_t n, int range, uint
         out[i] = (uint16_t)(zpp_rng_u64(r) % (uint64_t)range);
         memcpy(b + 1024 + 2 * i, &out[i], 2);
     }
-    write_file(path, b, bytes);
+    zpp_test_write_file(path, b, bytes);
     free(b);
 }
 
@@ -348,15 +321,15 @@ static void test_roundtrip_fp32(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     llmc_model m = model_make(&r, 0);
     char f[512], tok[512], dir[512], g[512], gb[512], out[512], err[512];
-    model_write(&m, 3, tmp_path("rt32.bin", f));
+    model_write(&m, 3, zpp_test_tmp_path("rt32.bin", f));
     uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
-    tokens_write(tmp_path("rt_tok.bin", tok), &r, 400, m.V, toks);
-    tmp_path("rt32_out.txt", out), tmp_path("rt32_err.txt", err);
+    tokens_write(zpp_test_tmp_path("rt_tok.bin", tok), &r, 400, m.V, toks);
+    zpp_test_tmp_path("rt32_out.txt", out), zpp_test_tmp_path("rt32_err.txt", err);
     int rc = run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
-                     tok, tmp_path("rt32_ckpt", dir));
+                     tok, zpp_test_tmp_path("rt32_ckpt", dir));
     EXPECT(rc == 0, "train --init-from --steps 0 --save failed (%d); see %s", rc, err);
     EXPECT(count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir, tmp_path("rt32_back.bin", g));
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir, zpp_test_tmp_path("rt32_back.bin", g));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     size_t nf, ng;
     unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
@@ -367,7 +340,7 @@ static void test_roundtrip_fp32(void) {
     EXPECT(!exists(tmp), "export left %s", tmp);
 
     rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
-                 tmp_path("rt32_back16.bin", gb));
+                 zpp_test_tmp_path("rt32_back16.bin", gb));
     EXPECT(rc == 0, "export --dtype bf16 failed (%d); see %s", rc, err);
     size_t nb;
     unsigned char *c = read_file(gb, &nb);
@@ -397,21 +370,21 @@ static void test_roundtrip_bf16(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(2));
     llmc_model m = model_make(&r, 1);
     char f[512], tok[512], dir[512], g[512], g32[512], out[512], err[512];
-    model_write(&m, 5, tmp_path("rt16.bin", f));
+    model_write(&m, 5, zpp_test_tmp_path("rt16.bin", f));
     uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
-    tokens_write(tmp_path("rt16_tok.bin", tok), &r, 400, m.V, toks);
-    tmp_path("rt16_out.txt", out), tmp_path("rt16_err.txt", err);
+    tokens_write(zpp_test_tmp_path("rt16_tok.bin", tok), &r, 400, m.V, toks);
+    zpp_test_tmp_path("rt16_out.txt", out), zpp_test_tmp_path("rt16_err.txt", err);
     int rc = run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
-                     tok, tmp_path("rt16_ckpt", dir));
+                     tok, zpp_test_tmp_path("rt16_ckpt", dir));
     EXPECT(rc == 0, "train failed (%d); see %s", rc, err);
     rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
-                 tmp_path("rt16_back.bin", g));
+                 zpp_test_tmp_path("rt16_back.bin", g));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     size_t nf, ng, n32;
     unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
     EXPECT(nf == ng && memcmp(a, b, nf) == 0, "bf16 export (%zu bytes) differs from %s (%zu)", ng,
            f, nf);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir, tmp_path("rt16_back32.bin", g32));
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir, zpp_test_tmp_path("rt16_back32.bin", g32));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     unsigned char *c = model_bytes(&m, 3, &n32), *d = read_file(g32, &ng);
     EXPECT(ng == n32 && memcmp(c, d, n32) == 0, "fp32 export of a bf16 file is not its values");
@@ -445,10 +418,10 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
     const int B = 2, K = 3;
     const size_t BT = (size_t)B * m.T, n = K * BT + 1 + 7; /* 7 spare tokens stay unread */
     char f[512], tok[512], out[512], err[512];
-    model_write(&m, bf16 ? 5 : 3, tmp_path(bf16 ? "ev16.bin" : "ev32.bin", f));
+    model_write(&m, bf16 ? 5 : 3, zpp_test_tmp_path(bf16 ? "ev16.bin" : "ev32.bin", f));
     uint16_t *toks = zpp_test_malloc(n * sizeof(uint16_t));
-    tokens_write(tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
-    tmp_path("ev_out.txt", out), tmp_path("ev_err.txt", err);
+    tokens_write(zpp_test_tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
+    zpp_test_tmp_path("ev_out.txt", out), zpp_test_tmp_path("ev_err.txt", err);
     int rc = run_cli(0, out, err,
                      "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
                      f, tok, B, K, device);
@@ -578,7 +551,7 @@ static void test_padded_vocab_model(void) {
 static void expect_refused(const char *what, const char *args, const char *needle,
                            const char *must_not_exist) {
     char out[512], err[512];
-    tmp_path("bad_out.txt", out), tmp_path("bad_err.txt", err);
+    zpp_test_tmp_path("bad_out.txt", out), zpp_test_tmp_path("bad_err.txt", err);
     int np = strncmp(args, "train", 5) == 0 ? 2 : 0;
     int rc = run_cli(np, out, err, "%s", args);
     EXPECT(rc != 0, "%s: '%s' succeeded; expected an error naming '%s'", what, args, needle);
@@ -597,8 +570,8 @@ static void test_malformed_refused(void) {
     unsigned char *good = model_bytes(&m, 3, &n);
     char tok[512], p[512], dir[512], cfg[512], args[4096], tofile[512];
     uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
-    tokens_write(tmp_path("bad_tok.bin", tok), &r, 400, m.V, toks);
-    tmp_path("bad_ckpt", dir);
+    tokens_write(zpp_test_tmp_path("bad_tok.bin", tok), &r, 400, m.V, toks);
+    zpp_test_tmp_path("bad_ckpt", dir);
     unsigned char *b = zpp_test_malloc(n + 4);
     struct {
         const char *what, *needle;
@@ -621,7 +594,7 @@ static void test_malformed_refused(void) {
             int32_t v = cases[k].value;
             memcpy(b + 4 * cases[k].word, &v, 4);
         }
-        write_file(tmp_path("bad.bin", p), b, (size_t)((long)n + cases[k].size_change));
+        zpp_test_write_file(zpp_test_tmp_path("bad.bin", p), b, (size_t)((long)n + cases[k].size_change));
         snprintf(args, sizeof args,
                  "train --quiet --init-from %s --data %s --steps 0 --save %s", p, tok, dir);
         expect_refused(cases[k].what, args, cases[k].needle, dir);
@@ -629,9 +602,9 @@ static void test_malformed_refused(void) {
                  tok);
         expect_refused(cases[k].what, args, cases[k].needle, NULL);
     }
-    write_file(p, good, n);
+    zpp_test_write_file(p, good, n);
     /* a config whose model section disagrees with the file */
-    FILE *cf = fopen(tmp_path("shape.json", cfg), "w");
+    FILE *cf = fopen(zpp_test_tmp_path("shape.json", cfg), "w");
     EXPECT(cf != NULL);
     fprintf(cf, "{\"model\": {\"n_layer\": %d}}", m.L + 1);
     fclose(cf);
@@ -648,15 +621,15 @@ static void test_malformed_refused(void) {
             "\"vocab_size\": %d, \"real_vocab_size\": %d}}", m.L, m.NH, m.C, m.T, m.Vp, m.V);
     fclose(cf);
     char out[512], err[512];
-    int rc = run_cli(2, tmp_path("ok_out.txt", out), tmp_path("ok_err.txt", err), "%s", args);
+    int rc = run_cli(2, zpp_test_tmp_path("ok_out.txt", out), zpp_test_tmp_path("ok_err.txt", err), "%s", args);
     EXPECT(rc == 0 && exists(dir), "a config of the file's own shape was refused; see %s", err);
     /* eval: more batches than the token file holds */
     snprintf(args, sizeof args, "eval --init-from %s --data %s --batch-size 4 --batches 10", p,
              tok);
     expect_refused("too few tokens", args, "holds 400 tokens", NULL);
     /* export: no checkpoint there; a damaged rank file; nothing written */
-    snprintf(args, sizeof args, "export --from %s --to %s", tmp_path("nowhere", cfg),
-             tmp_path("exported.bin", tofile));
+    snprintf(args, sizeof args, "export --from %s --to %s", zpp_test_tmp_path("nowhere", cfg),
+             zpp_test_tmp_path("exported.bin", tofile));
     expect_refused("export of nothing", args, "is not a checkpoint", tofile);
     char rank[600];
     snprintf(rank, sizeof rank, "%s/step-00000000/rank-00001.ckpt", dir);

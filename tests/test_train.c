@@ -28,35 +28,6 @@
 static void expect_clean_failure(int np, const char *args, const char *needle);
 static const char *ckpt_rank_path(const char *dir, int r, char *out);
 
-static char tmpdir[256];
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-/* Runs at a successful exit only (a failing test _exits and keeps its files
- * for the message that points at them). */
-static void remove_tmpdir(void) {
-    if (tmpdir[0]) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static const char *tmp_path(const char *name, char *buf) {
-    if (!tmpdir[0]) {
-        snprintf(tmpdir, sizeof tmpdir, "/tmp/zpp_train_XXXXXX");
-        EXPECT(mkdtemp(tmpdir) != NULL, "mkdtemp: %s", strerror(errno));
-        atexit(remove_tmpdir);
-    }
-    snprintf(buf, 512, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    EXPECT(f != NULL, "cannot write %s", path);
-    EXPECT(fwrite(data, 1, n, f) == n);
-    fclose(f);
-}
 
 static void write_text(const char *path, const char *fmt, ...) {
     char buf[4096];
@@ -64,7 +35,7 @@ static void write_text(const char *path, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    write_file(path, buf, (size_t)n);
+    zpp_test_write_file(path, buf, (size_t)n);
 }
 
 /* Runs `zeropp train ARGS` on np ranks with a hang guard; returns the exit
@@ -166,11 +137,11 @@ static int train_losses(int world, int micro, int accum, int bf16, int steps, do
     model_json(json, sizeof json, bf16, extra);
     char name[64];
     snprintf(name, sizeof name, "cfg_w%d_m%d_a%d_b%d.json", world, micro, accum, bf16);
-    write_text(tmp_path(name, cfg), "%s", json);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
     snprintf(name, sizeof name, "met_w%d_m%d_a%d_b%d.jsonl", world, micro, accum, bf16);
-    tmp_path(name, met);
+    zpp_test_tmp_path(name, met);
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s", cfg, steps, met);
-    int rc = run_train(world, args, tmp_path("err.txt", err));
+    int rc = run_train(world, args, zpp_test_tmp_path("err.txt", err));
     EXPECT(rc == 0, "training on %d ranks failed (exit %d); stderr in %s", world, rc, err);
     int n = read_metric(met, "loss", loss, MAX_STEPS);
     EXPECT(n == steps, "%d losses for %d steps", n, steps);
@@ -212,10 +183,10 @@ static void test_same_seed_same_losses_bitwise(void) {
             char cfg[512], met[512], err[512], json[2048], extra[512], args[2048];
             snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 2, %s", zero[z]);
             model_json(json, sizeof json, 1, extra);
-            write_text(tmp_path("det.json", cfg), "%s", json);
+            write_text(zpp_test_tmp_path("det.json", cfg), "%s", json);
             snprintf(args, sizeof args, "--config %s --steps 8 --node-size 2 --metrics %s", cfg,
-                     tmp_path("det.jsonl", met));
-            EXPECT(run_train(4, args, tmp_path("err.txt", err)) == 0);
+                     zpp_test_tmp_path("det.jsonl", met));
+            EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0);
             /* the metrics print fp32 losses with 9 significant digits, which
              * round-trip: equal text means equal bits */
             double l[MAX_STEPS];
@@ -242,17 +213,17 @@ static void test_checkpoint_resume_bitwise(void) {
                "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
                " \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": 2,"
                " \"zero_quantized_gradients\": true}");
-    write_text(tmp_path("ckpt.json", cfg), "%s", json);
-    tmp_path("ckpt_dir", dir);
+    write_text(zpp_test_tmp_path("ckpt.json", cfg), "%s", json);
+    zpp_test_tmp_path("ckpt_dir", dir);
     double full[MAX_STEPS], resumed[MAX_STEPS];
     snprintf(args, sizeof args, "--config %s --steps 10 --metrics %s", cfg,
-             tmp_path("full.jsonl", met));
-    EXPECT(run_train(4, args, tmp_path("err.txt", err)) == 0);
+             zpp_test_tmp_path("full.jsonl", met));
+    EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0);
     EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 10);
     snprintf(args, sizeof args, "--config %s --steps 5 --save %s", cfg, dir);
     EXPECT(run_train(4, args, err) == 0, "save failed, see %s", err);
     snprintf(args, sizeof args, "--config %s --steps 10 --resume %s --metrics %s", cfg, dir,
-             tmp_path("resumed.jsonl", met));
+             zpp_test_tmp_path("resumed.jsonl", met));
     EXPECT(run_train(4, args, err) == 0, "resume failed, see %s", err);
     EXPECT(read_metric(met, "loss", resumed, MAX_STEPS) == 5);
     for (int i = 0; i < 5; i++)
@@ -272,7 +243,7 @@ static void test_checkpoint_resume_bitwise(void) {
     EXPECT(truncate(f, len - 1) == 0);
     expect_clean_failure(4, args, "ckpt");
     /* not a checkpoint */
-    snprintf(args, sizeof args, "--config %s --resume %s", cfg, tmp_path("no_such_dir", f));
+    snprintf(args, sizeof args, "--config %s --resume %s", cfg, zpp_test_tmp_path("no_such_dir", f));
     expect_clean_failure(4, args, "not a checkpoint");
 }
 
@@ -333,13 +304,13 @@ static void test_zeropp_options_match_zero3_validation_loss(void) {
         char *lr = strstr(json, "0.001");
         memcpy(lr, "0.002", 5);
         snprintf(name, sizeof name, "cfg_%s.json", modes[m][0]);
-        write_text(tmp_path(name, cfg), "%s", json);
+        write_text(zpp_test_tmp_path(name, cfg), "%s", json);
         snprintf(name, sizeof name, "met_%s.jsonl", modes[m][0]);
-        tmp_path(name, met);
+        zpp_test_tmp_path(name, met);
         snprintf(args, sizeof args,
                  "--config %s --data %s --steps %d --eval-every %d --node-size 2 --metrics %s",
                  cfg, data, steps, steps, met);
-        int rc = run_train(4, args, tmp_path("err.txt", err));
+        int rc = run_train(4, args, zpp_test_tmp_path("err.txt", err));
         EXPECT(rc == 0, "%s: exit %d", modes[m][0], rc);
         double val[MAX_STEPS], loss[MAX_STEPS];
         EXPECT(read_metric(met, "val_loss", val, MAX_STEPS) == 1);
@@ -368,7 +339,7 @@ static int count_lines(const char *path, const char *needle) {
 
 static void expect_clean_failure(int np, const char *args, const char *needle) {
     char err[512];
-    tmp_path("bad_err.txt", err);
+    zpp_test_tmp_path("bad_err.txt", err);
     int rc = run_train(np, args, err);
     EXPECT(rc != 0, "'%s' succeeded; expected an error mentioning '%s'", args, needle);
     int lines = count_lines(err, "zeropp");
@@ -384,7 +355,7 @@ static void expect_clean_failure(int np, const char *args, const char *needle) {
 static void test_bad_inputs_fail_cleanly(void) {
     char p[512], cfg[512], args[2048];
     /* missing data file */
-    snprintf(args, sizeof args, "--data %s --steps 2", tmp_path("does_not_exist.bin", p));
+    snprintf(args, sizeof args, "--data %s --steps 2", zpp_test_tmp_path("does_not_exist.bin", p));
     expect_clean_failure(2, args, "does_not_exist.bin");
 
     /* truncated llm.c file: header says 10000 tokens, 100 are there */
@@ -394,29 +365,29 @@ static void test_bad_inputs_fail_cleanly(void) {
     unsigned char buf[sizeof header + sizeof toks];
     memcpy(buf, header, sizeof header);
     memcpy(buf + sizeof header, toks, sizeof toks);
-    write_file(tmp_path("truncated.bin", p), buf, sizeof buf);
+    zpp_test_write_file(zpp_test_tmp_path("truncated.bin", p), buf, sizeof buf);
     snprintf(args, sizeof args, "--data %s --steps 2", p);
     expect_clean_failure(2, args, "truncated");
 
     /* wrong magic in a token file */
     header[0] = 12345;
     memcpy(buf, header, sizeof header);
-    write_file(tmp_path("wrong_magic.bin", p), buf, sizeof buf);
+    zpp_test_write_file(zpp_test_tmp_path("wrong_magic.bin", p), buf, sizeof buf);
     snprintf(args, sizeof args, "--data %s --steps 2", p);
     expect_clean_failure(2, args, "magic");
 
     /* malformed config */
-    write_text(tmp_path("malformed.json", cfg), "{\"model\": {\"n_layer\": 2,,}}");
+    write_text(zpp_test_tmp_path("malformed.json", cfg), "{\"model\": {\"n_layer\": 2,,}}");
     snprintf(args, sizeof args, "--config %s --steps 2", cfg);
     expect_clean_failure(2, args, "malformed.json");
 
     /* unknown key */
-    write_text(tmp_path("unknown.json", cfg), "{\"zero_optimization\": {\"stge\": 3}}");
+    write_text(zpp_test_tmp_path("unknown.json", cfg), "{\"zero_optimization\": {\"stge\": 3}}");
     snprintf(args, sizeof args, "--config %s --steps 2", cfg);
     expect_clean_failure(2, args, "stge");
 
     /* a batch that does not divide: 10 sequences over 4 ranks x micro 2 */
-    write_text(tmp_path("batch.json", cfg),
+    write_text(zpp_test_tmp_path("batch.json", cfg),
                "{\"train_batch_size\": 10, \"train_micro_batch_size_per_gpu\": 2}");
     snprintf(args, sizeof args, "--config %s --steps 2", cfg);
     expect_clean_failure(4, args, "train_batch_size");
@@ -430,7 +401,7 @@ static void test_bad_inputs_fail_cleanly(void) {
 static void test_demo_summary(void) {
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     char out[512], cmd[2048];
-    tmp_path("demo.txt", out);
+    zpp_test_tmp_path("demo.txt", out);
     snprintf(cmd, sizeof cmd,
              "timeout 240 %s --oversubscribe --bind-to none -np 4 %s train --demo --quiet "
              "--steps 6 --eval-every 3 > %s 2>&1",
@@ -476,7 +447,7 @@ static const char *seed_arg(void) {
 /* The launcher, with its result checked. */
 static void train_ok(int np, const char *args) {
     char err[512];
-    int rc = run_train(np, args, tmp_path("err.txt", err));
+    int rc = run_train(np, args, zpp_test_tmp_path("err.txt", err));
     EXPECT(rc == 0, "'%s' on %d ranks: exit %d; stderr in %s", args, np, rc, err);
 }
 
@@ -672,11 +643,11 @@ static void math_run(int world, int micro, int accum, int steps, double *loss, d
              world * micro * accum, micro, accum);
     math_json(json, sizeof json, batch);
     snprintf(name, sizeof name, "math_w%d_m%d_a%d.json", world, micro, accum);
-    write_text(tmp_path(name, cfg), "%s", json);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
     snprintf(name, sizeof name, "math_w%d_m%d_a%d.jsonl", world, micro, accum);
-    tmp_path(name, met);
+    zpp_test_tmp_path(name, met);
     snprintf(name, sizeof name, "math_w%d_m%d_a%d", world, micro, accum);
-    tmp_path(name, dir);
+    zpp_test_tmp_path(name, dir);
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s --save %s %s", cfg, steps,
              met, dir, seed_arg());
     train_ok(world, args);
@@ -785,10 +756,10 @@ static void test_qgz_grad_norm_matches_single_rank(void) {
                  8 / W, W > 1 ? "true" : "false");
         math_json(json, sizeof json, batch);
         snprintf(name, sizeof name, "qgz_w%d.json", W);
-        write_text(tmp_path(name, cfg), "%s", json);
+        write_text(zpp_test_tmp_path(name, cfg), "%s", json);
         snprintf(name, sizeof name, "qgz_w%d.jsonl", W);
         snprintf(args, sizeof args, "--config %s --steps 1 --node-size %d --metrics %s %s", cfg,
-                 shapes[c][1], tmp_path(name, met), seed_arg());
+                 shapes[c][1], zpp_test_tmp_path(name, met), seed_arg());
         train_ok(W, args);
         double norm;
         EXPECT(read_metric(met, "grad_norm", &norm, 1) == 1);
@@ -832,12 +803,12 @@ static void test_adamw_first_step(void) {
         subst(json, sizeof json, "\"eps\": 1e-8", "\"eps\": 1e-12");
         subst(json, sizeof json, "\"weight_decay\": 0.01", "\"weight_decay\": 0.1");
         snprintf(name, sizeof name, "adamw%d.json", run);
-        write_text(tmp_path(name, cfg), "%s", json);
+        write_text(zpp_test_tmp_path(name, cfg), "%s", json);
         snprintf(name, sizeof name, "adamw%d", run);
-        tmp_path(name, dir[run]);
+        zpp_test_tmp_path(name, dir[run]);
         snprintf(name, sizeof name, "adamw%d.jsonl", run);
         snprintf(args, sizeof args, "--config %s --steps 1 --metrics %s --save %s %s", cfg,
-                 tmp_path(name, met), dir[run], seed_arg());
+                 zpp_test_tmp_path(name, met), dir[run], seed_arg());
         train_ok(1, args);
         EXPECT(read_metric(met, "lr", &lr[run], 1) == 1);
     }
@@ -934,16 +905,16 @@ static void test_save_every(void) {
     const int W = 2, steps = 10, every = 4;
     char cfg[512], met[512], dir[512], json[2048], args[4096], err[512], sub[600];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("every.json", cfg), "%s", json);
-    tmp_path("every.jsonl", met);
-    tmp_path("every", dir);
+    write_text(zpp_test_tmp_path("every.json", cfg), "%s", json);
+    zpp_test_tmp_path("every.jsonl", met);
+    zpp_test_tmp_path("every", dir);
     EXPECT(mkdir(dir, 0777) == 0);
     int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     EXPECT(ifd >= 0 && inotify_add_watch(ifd, dir, IN_MOVED_TO | IN_CREATE) >= 0,
            "inotify: %s", strerror(errno));
     snprintf(args, sizeof args, "--config %s --steps %d --save %s --save-every %d --metrics %s",
              cfg, steps, dir, every, met);
-    EXPECT(run_train(W, args, tmp_path("err.txt", err)) == 0, "the run failed; stderr in %s",
+    EXPECT(run_train(W, args, zpp_test_tmp_path("err.txt", err)) == 0, "the run failed; stderr in %s",
            err);
     int saves = 0;
     char ev[4096] __attribute__((aligned(8)));
@@ -972,8 +943,8 @@ static void test_save_every(void) {
     char met2[512], dir2[512];
     snprintf(sub, sizeof sub, "%s/step-00000008", dir);
     snprintf(args, sizeof args, "--config %s --steps %d --resume %s --metrics %s --save %s", cfg,
-             steps, sub, tmp_path("every_resumed.jsonl", met2),
-             tmp_path("every_resumed", dir2));
+             steps, sub, zpp_test_tmp_path("every_resumed.jsonl", met2),
+             zpp_test_tmp_path("every_resumed", dir2));
     train_ok(W, args);
     EXPECT(read_metric(met2, "loss", resumed, MAX_STEPS) == steps - from);
     for (int i = 0; i < steps - from; i++)
@@ -1010,17 +981,17 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     char cfg[512], json[2048], err[512], met[512], dir[512], dir1[512], cmd[4096], args[2048];
     model_json(json, sizeof json, 0, "\"train_micro_batch_size_per_gpu\": 2");
     subst(json, sizeof json, "\"lr\": 0.001", "\"lr\": 1e30");
-    write_text(tmp_path("nonfinite.json", cfg), "%s", json);
-    tmp_path("nonfinite_ckpt", dir);
+    write_text(zpp_test_tmp_path("nonfinite.json", cfg), "%s", json);
+    zpp_test_tmp_path("nonfinite_ckpt", dir);
     EXPECT(getenv("ZPP_CLI") && getenv("ZPP_MPIEXEC"), "ZPP_CLI and ZPP_MPIEXEC must be set");
     char codes[512];
-    tmp_path("nonfinite_exit", codes);
+    zpp_test_tmp_path("nonfinite_exit", codes);
     snprintf(cmd, sizeof cmd,
              "timeout 240 %s --oversubscribe --bind-to none -np %d sh -c '%s train --quiet "
              "--config %s --steps 8 --save %s --save-every 1 --metrics %s; echo $? > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}' >/dev/null 2>%s",
              getenv("ZPP_MPIEXEC"), W, getenv("ZPP_CLI"), cfg, dir,
-             tmp_path("nonfinite.jsonl", met), codes, tmp_path("nonfinite_err.txt", err));
+             zpp_test_tmp_path("nonfinite.jsonl", met), codes, zpp_test_tmp_path("nonfinite_err.txt", err));
     int rc = system(cmd);
     EXPECT(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) != 124, "%s: hang?", cmd);
     for (int r = 0; r < W; r++) {
@@ -1059,7 +1030,7 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     closedir(d);
     /* the same state as after step 1 */
     snprintf(args, sizeof args, "--config %s --steps 1 --save %s", cfg,
-             tmp_path("nonfinite_step1", dir1));
+             zpp_test_tmp_path("nonfinite_step1", dir1));
     EXPECT(run_train(W, args, err) == 0, "the 1-step run failed; see %s", err);
     for (int r = 0; r < W; r++) {
         char path[700], path1[700];
@@ -1087,7 +1058,7 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "steps 6-10") == 1,
            "resumed: expected the steps 6-10 error; see %s", err);
     /* --save without --save-every: the run never reaches its save */
-    tmp_path("nonfinite_nosave", dir);
+    zpp_test_tmp_path("nonfinite_nosave", dir);
     snprintf(args, sizeof args, "--config %s --steps 8 --save %s", cfg, dir);
     EXPECT(run_train(W, args, err) != 0);
     EXPECT(manifest_step(dir) == -1, "a checkpoint was written by a failed run in %s", dir);
@@ -1133,15 +1104,15 @@ static void test_gpu_matches_cpu(void) {
                      runs[r][1]);
             model_json_w(json, sizeof json, 64, 1, extra);
             snprintf(name, sizeof name, "gpu_%s.json", runs[r][0]);
-            write_text(tmp_path(name, cfg), "%s", json);
+            write_text(zpp_test_tmp_path(name, cfg), "%s", json);
             snprintf(name, sizeof name, "gpu_%s_%d.jsonl", runs[r][0], gpu);
-            tmp_path(name, met);
+            zpp_test_tmp_path(name, met);
             snprintf(args, sizeof args,
                      "--config %s --steps %d %s --device %s%s --profile --metrics %s", cfg,
                      steps, runs[r][2], gpu ? "gpu" : "cpu",
                      gpu && !strcmp(runs[r][2], "--node-size 1") ? " --emulate-nodes" : "",
                      met);
-            int rc = run_train(2, args, tmp_path("err.txt", err));
+            int rc = run_train(2, args, zpp_test_tmp_path("err.txt", err));
             EXPECT(rc == 0, "%s on the %s: exit %d; stderr in %s", runs[r][0],
                    gpu ? "GPU" : "CPU", rc, err);
             EXPECT(read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
@@ -1201,14 +1172,14 @@ static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
                  " \"zero_optimization\": %s, \"zeropp\": {\"seed\": 7}}",
                  modes[m][1]);
         snprintf(name, sizeof name, "gpu_quality_%s.json", modes[m][0]);
-        write_text(tmp_path(name, cfg), "%s", json);
+        write_text(zpp_test_tmp_path(name, cfg), "%s", json);
         snprintf(name, sizeof name, "gpu_quality_%s.jsonl", modes[m][0]);
-        tmp_path(name, met);
+        zpp_test_tmp_path(name, met);
         snprintf(args, sizeof args,
                  "--config %s --data %s --steps %d --eval-every %d --device gpu --node-size 1 "
                  "--emulate-nodes --metrics %s",
                  cfg, data, steps, steps, met);
-        int rc = run_train(2, args, tmp_path("err.txt", err));
+        int rc = run_train(2, args, zpp_test_tmp_path("err.txt", err));
         EXPECT(rc == 0, "%s on the GPU: exit %d; stderr in %s", modes[m][0], rc, err);
         double loss[MAX_STEPS];
         EXPECT(read_metric(met, "val_loss", &val[m], 1) == 1);
@@ -1233,12 +1204,12 @@ static int run_extra(const char *name, int world, const char *extra, int steps, 
     char cfg[512], json[2048], args[2048], buf[128];
     model_json(json, sizeof json, 0, extra);
     snprintf(buf, sizeof buf, "%s.json", name);
-    write_text(tmp_path(buf, cfg), "%s", json);
+    write_text(zpp_test_tmp_path(buf, cfg), "%s", json);
     snprintf(buf, sizeof buf, "%s.jsonl", name);
-    tmp_path(buf, met);
+    zpp_test_tmp_path(buf, met);
     remove(met);
     snprintf(buf, sizeof buf, "%s_err.txt", name);
-    tmp_path(buf, err);
+    zpp_test_tmp_path(buf, err);
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s", cfg, steps, met);
     return run_train(world, args, err);
 }
@@ -1325,7 +1296,7 @@ static void test_consecutive_skips_stop(void) {
     char json[2048], cfg[512], args[2048];
     model_json(json, sizeof json, 0, mb);
     subst(json, sizeof json, "\"seed\": 7}", "\"seed\": 7, \"max_consecutive_skips\": 2}");
-    write_text(tmp_path("consec_max2.json", cfg), "%s", json);
+    write_text(zpp_test_tmp_path("consec_max2.json", cfg), "%s", json);
     snprintf(args, sizeof args, "--config %s --steps 10", cfg);
     rc = run_train(2, args, err);
     EXPECT(rc != 0 && count_lines(err, "zeropp") == 1 && count_lines(err, "steps 3-4") == 1,
@@ -1485,7 +1456,7 @@ static void expect_resume_bitwise(int W, const char *cfg, const char *dir, int f
     char args[4096], met[512];
     double got[MAX_STEPS];
     snprintf(args, sizeof args, "--config %s --steps %d --resume %s --metrics %s %s", cfg, steps,
-             dir, tmp_path("resumed_bitwise.jsonl", met), extra);
+             dir, zpp_test_tmp_path("resumed_bitwise.jsonl", met), extra);
     train_ok(W, args);
     EXPECT(read_metric(met, "loss", got, MAX_STEPS) == steps - from);
     for (int i = 0; i < steps - from; i++)
@@ -1508,16 +1479,16 @@ static void test_checkpoint_failed_save_keeps_previous(void) {
     const int W = 2;
     char cfg[512], met[512], err[512], json[2048], args[2048], dir[512], p[700], why[800];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("failsave.json", cfg), "%s", json);
+    write_text(zpp_test_tmp_path("failsave.json", cfg), "%s", json);
     double full[MAX_STEPS];
     snprintf(args, sizeof args, "--config %s --steps 6 --metrics %s", cfg,
-             tmp_path("failsave_full.jsonl", met));
+             zpp_test_tmp_path("failsave_full.jsonl", met));
     train_ok(W, args);
     EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 6);
     for (int how = 0; how < 2; how++) {
         char name[32];
         snprintf(name, sizeof name, "failsave_%d", how);
-        tmp_path(name, dir);
+        zpp_test_tmp_path(name, dir);
         EXPECT(mkdir(dir, 0777) == 0);
         if (how == 0) {
             snprintf(p, sizeof p, "%s/step-00000006", dir);
@@ -1527,7 +1498,7 @@ static void test_checkpoint_failed_save_keeps_previous(void) {
         }
         snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
         int rc = run_train_env(W, how ? "save_fail@6" : NULL, args, NULL,
-                               tmp_path("failsave_err.txt", err));
+                               zpp_test_tmp_path("failsave_err.txt", err));
         EXPECT(rc != 0, "the step-6 save %s did not fail the run",
                how ? "with ZPP_FAULT=save_fail@6" : "with a file in its way");
         EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "checkpoint") == 1,
@@ -1551,15 +1522,15 @@ static void test_checkpoint_killed_save_keeps_previous(void) {
     const int W = 2;
     char cfg[512], met[512], err[512], json[2048], args[2048], dir[512], p[700], why[800];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("killsave.json", cfg), "%s", json);
+    write_text(zpp_test_tmp_path("killsave.json", cfg), "%s", json);
     double full[MAX_STEPS];
     snprintf(args, sizeof args, "--config %s --steps 6 --metrics %s", cfg,
-             tmp_path("killsave_full.jsonl", met));
+             zpp_test_tmp_path("killsave_full.jsonl", met));
     train_ok(W, args);
     EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 6);
-    tmp_path("killsave", dir);
+    zpp_test_tmp_path("killsave", dir);
     snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
-    int rc = run_train_env(W, "save_kill@6", args, NULL, tmp_path("killsave_err.txt", err));
+    int rc = run_train_env(W, "save_kill@6", args, NULL, zpp_test_tmp_path("killsave_err.txt", err));
     EXPECT(rc != 0, "a rank killed during the step-6 save, and the run exited 0");
     EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a killed save: %s", why);
     snprintf(p, sizeof p, "%s/step-00000006/rank-00001.ckpt", dir);
@@ -1585,11 +1556,11 @@ static void test_checkpoint_reshard(void) {
     char cfg[512], met[512], dir[512], json[2048], args[4096], sub[600], out[512], err[512];
     model_json(json, sizeof json, 0,
                "\"train_batch_size\": 12, \"train_micro_batch_size_per_gpu\": 1");
-    write_text(tmp_path("reshard.json", cfg), "%s", json);
-    tmp_path("reshard", dir);
+    write_text(zpp_test_tmp_path("reshard.json", cfg), "%s", json);
+    zpp_test_tmp_path("reshard", dir);
     double full[MAX_STEPS], got[MAX_STEPS];
     snprintf(args, sizeof args, "--config %s --steps 40 --save %s --save-every 20 --metrics %s",
-             cfg, dir, tmp_path("reshard_full.jsonl", met));
+             cfg, dir, zpp_test_tmp_path("reshard_full.jsonl", met));
     train_ok(4, args);
     EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 40);
     snprintf(sub, sizeof sub, "%s/step-00000020", dir);
@@ -1597,9 +1568,9 @@ static void test_checkpoint_reshard(void) {
     for (int w = 0; w < 3; w++) {
         const int W = worlds[w];
         snprintf(args, sizeof args, "--config %s --steps 40 --resume %s --metrics %s", cfg, sub,
-                 tmp_path("reshard_resumed.jsonl", met));
-        int rc = run_train_env(W, NULL, args, tmp_path("reshard_out.txt", out),
-                               tmp_path("reshard_err.txt", err));
+                 zpp_test_tmp_path("reshard_resumed.jsonl", met));
+        int rc = run_train_env(W, NULL, args, zpp_test_tmp_path("reshard_out.txt", out),
+                               zpp_test_tmp_path("reshard_err.txt", err));
         EXPECT(rc == 0, "resume on %d ranks: exit %d; see %s", W, rc, err);
         EXPECT(read_metric(met, "loss", got, MAX_STEPS) == 20);
         double worst = 0;
@@ -1632,31 +1603,31 @@ static void test_checkpoint_reshard(void) {
 static void test_checkpoint_resume_checks_model(void) {
     char cfg[512], json[2048], args[4096], dir[512], out[512], err[512];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("shape.json", cfg), "%s", json);
-    tmp_path("shape", dir);
+    write_text(zpp_test_tmp_path("shape.json", cfg), "%s", json);
+    zpp_test_tmp_path("shape", dir);
     snprintf(args, sizeof args, "--config %s --steps 2 --save %s", cfg, dir);
     train_ok(2, args);
     /* n_head */
     char other[2048];
     snprintf(other, sizeof other, "%s", json);
     subst(other, sizeof other, "\"n_head\": 2", "\"n_head\": 4");
-    write_text(tmp_path("shape_heads.json", cfg), "%s", other);
+    write_text(zpp_test_tmp_path("shape_heads.json", cfg), "%s", other);
     snprintf(args, sizeof args, "--config %s --steps 4 --resume %s", cfg, dir);
     expect_clean_failure(2, args, "n_head");
     /* dtype */
     snprintf(other, sizeof other, "%s", json);
     subst(other, sizeof other, "\"enabled\": true", "\"enabled\": false");
-    write_text(tmp_path("shape_fp32.json", cfg), "%s", other);
+    write_text(zpp_test_tmp_path("shape_fp32.json", cfg), "%s", other);
     snprintf(args, sizeof args, "--config %s --steps 4 --resume %s", cfg, dir);
     expect_clean_failure(2, args, "dtype");
     /* ZeRO++ switches */
     model_json(other, sizeof other, 1,
                "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
                " \"zero_quantized_weights\": true, \"zero_quantized_gradients\": true}");
-    write_text(tmp_path("shape_zeropp.json", cfg), "%s", other);
+    write_text(zpp_test_tmp_path("shape_zeropp.json", cfg), "%s", other);
     snprintf(args, sizeof args, "--config %s --steps 4 --node-size 1 --resume %s", cfg, dir);
-    int rc = run_train_env(2, NULL, args, tmp_path("shape_out.txt", out),
-                           tmp_path("shape_err.txt", err));
+    int rc = run_train_env(2, NULL, args, zpp_test_tmp_path("shape_out.txt", out),
+                           zpp_test_tmp_path("shape_err.txt", err));
     EXPECT(rc == 0, "resume with ZeRO++ switched on failed; see %s", err);
     EXPECT(count_lines(out, "changed since the save") == 1 &&
                count_lines(out, "mode zero3 -> qwz+qgz") == 1 &&
@@ -1670,16 +1641,16 @@ static void test_checkpoint_resume_checks_model(void) {
 static void test_checkpoint_cli_checks(void) {
     char cfg[512], json[2048], args[4096], file[512], met[512], dir[512];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("cli.json", cfg), "%s", json);
-    write_text(tmp_path("cli_file", file), "a file, not a folder\n");
+    write_text(zpp_test_tmp_path("cli.json", cfg), "%s", json);
+    write_text(zpp_test_tmp_path("cli_file", file), "a file, not a folder\n");
     snprintf(args, sizeof args, "--config %s --steps 3 --metrics %s --save %s/sub", cfg,
-             tmp_path("cli.jsonl", met), file);
+             zpp_test_tmp_path("cli.jsonl", met), file);
     expect_clean_failure(2, args, "cli_file");
     double loss[MAX_STEPS];
     EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == 0,
            "steps were trained before the unusable --save folder was noticed");
     /* a checkpoint at step 3; --steps 3 and 2 */
-    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, tmp_path("cli_ck", dir));
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, zpp_test_tmp_path("cli_ck", dir));
     train_ok(2, args);
     for (int steps = 3; steps >= 2; steps--) {
         snprintf(args, sizeof args, "--config %s --steps %d --resume %s", cfg, steps, dir);
@@ -1721,13 +1692,13 @@ static void test_stalled_rank_times_out(void) {
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
     model_json(json, sizeof json, 0, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(tmp_path("stall.json", cfg), "%s", json);
-    tmp_path("stall_pid", pids);
+    write_text(zpp_test_tmp_path("stall.json", cfg), "%s", json);
+    zpp_test_tmp_path("stall_pid", pids);
     snprintf(cmd, sizeof cmd,
              "exec %s --oversubscribe --bind-to none -np %d sh -c 'echo $$ > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; exec %s train --quiet --config %s "
              "--steps 1000000 --collective-timeout 10 --metrics %s' >/dev/null 2>%s",
-             mpi, W, pids, cli, cfg, tmp_path("stall.jsonl", met), tmp_path("stall_err.txt", err));
+             mpi, W, pids, cli, cfg, zpp_test_tmp_path("stall.jsonl", met), zpp_test_tmp_path("stall_err.txt", err));
     pid_t job = fork();
     EXPECT(job >= 0, "fork: %s", strerror(errno));
     if (job == 0) {
@@ -1854,8 +1825,8 @@ static void test_cli_integers_range_checked(void) {
 static void test_cli_flag_syntax(void) {
     char met[512], args[1024], err[512];
     snprintf(args, sizeof args, "--steps=3 --seed=5 --eval-every=0 --metrics=%s",
-             tmp_path("eq_metrics.jsonl", met));
-    EXPECT(run_train(2, args, tmp_path("eq_err.txt", err)) == 0, "'%s' failed; see %s", args,
+             zpp_test_tmp_path("eq_metrics.jsonl", met));
+    EXPECT(run_train(2, args, zpp_test_tmp_path("eq_err.txt", err)) == 0, "'%s' failed; see %s", args,
            err);
     EXPECT(count_lines(met, "\"step\"") == 3, "--steps=3 did not run 3 steps; see %s", met);
 
@@ -1872,7 +1843,7 @@ static void test_cli_flag_syntax(void) {
     snprintf(cmd, sizeof cmd,
              "%s --oversubscribe --bind-to none -np 2 %s bench comm --params 1k --bogus "
              ">/dev/null 2>%s",
-             mpi, cli, tmp_path("bench_err.txt", err));
+             mpi, cli, zpp_test_tmp_path("bench_err.txt", err));
     EXPECT(run_timed(120, cmd, NULL) != 0, "bench comm took an unknown option");
     EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "unknown option '--bogus'") == 1,
            "bench comm: expected one line naming the unknown option; see %s", err);
@@ -1883,14 +1854,14 @@ static void test_cli_flag_syntax(void) {
 static void test_fifo_inputs_refused(void) {
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     char fifo[512], err[512], cmd[2048];
-    tmp_path("input.fifo", fifo);
+    zpp_test_tmp_path("input.fifo", fifo);
     EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
     const char *flags[] = {"--data", "--config"};
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd,
                  "%s --oversubscribe --bind-to none -np 2 %s train --quiet --steps 1 %s %s "
                  ">/dev/null 2>%s",
-                 mpi, cli, flags[i], fifo, tmp_path("fifo_err.txt", err));
+                 mpi, cli, flags[i], fifo, zpp_test_tmp_path("fifo_err.txt", err));
         double secs = 0;
         int rc = run_timed(60, cmd, &secs);
         EXPECT(rc != 124, "%s FIFO: hung (killed after 60 s)", flags[i]);
@@ -1901,7 +1872,9 @@ static void test_fifo_inputs_refused(void) {
         EXPECT(secs < 30, "%s FIFO: took %.1f s", flags[i], secs);
     }
     /* a directory as --config is refused the same way */
-    snprintf(cmd, sizeof cmd, "--config %s --steps 1", tmpdir);
+    char dir[512];
+    zpp_test_tmp_path("", dir); /* the test's folder itself */
+    snprintf(cmd, sizeof cmd, "--config %s --steps 1", dir);
     expect_clean_failure(1, cmd, "a directory");
 }
 
@@ -1912,14 +1885,14 @@ static void test_data_truncated_during_run(void) {
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     char data[512], met[512], err[512], cfg[512], json[2048], cmd[4096];
     /* 64 KiB of text */
-    FILE *f = fopen(tmp_path("shrinking.txt", data), "w");
+    FILE *f = fopen(zpp_test_tmp_path("shrinking.txt", data), "w");
     EXPECT(f != NULL);
     for (int i = 0; i < 1500; i++) fprintf(f, "line %d of a text that will shrink.\n", i);
     fclose(f);
     model_json(json, sizeof json, 0, "");
-    write_text(tmp_path("shrink.json", cfg), "%s", json);
-    tmp_path("shrink_metrics.jsonl", met);
-    tmp_path("shrink_err.txt", err);
+    write_text(zpp_test_tmp_path("shrink.json", cfg), "%s", json);
+    zpp_test_tmp_path("shrink_metrics.jsonl", met);
+    zpp_test_tmp_path("shrink_err.txt", err);
     snprintf(cmd, sizeof cmd,
              "timeout 240 %s --oversubscribe --bind-to none -np 2 %s train --quiet --config %s "
              "--data %s --steps 1000000 --metrics %s >/dev/null 2>%s",
@@ -1954,18 +1927,18 @@ static void test_data_truncated_during_run(void) {
  * with the byte offset. */
 static void test_json_strict(void) {
     char cfg[512], args[1024];
-    write_text(tmp_path("nul_key.json", cfg),
+    write_text(zpp_test_tmp_path("nul_key.json", cfg),
                "{\"optimizer\": {\"params\": {\"lr\\u0000x\": 0.1}}}");
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "\\u0000");
     expect_clean_failure(2, args, "byte offset 29");
-    write_text(tmp_path("nul_value.json", cfg), "{\"optimizer\": {\"type\": \"AdamW\\u0000\"}}");
+    write_text(zpp_test_tmp_path("nul_value.json", cfg), "{\"optimizer\": {\"type\": \"AdamW\\u0000\"}}");
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "\\u0000");
-    write_text(tmp_path("leading_zero.json", cfg), "{\"steps_per_print\": 01}");
+    write_text(zpp_test_tmp_path("leading_zero.json", cfg), "{\"steps_per_print\": 01}");
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "leading zero");
-    write_text(tmp_path("plus.json", cfg), "{\"steps_per_print\": +1}");
+    write_text(zpp_test_tmp_path("plus.json", cfg), "{\"steps_per_print\": +1}");
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "malformed JSON"); /* cJSON refuses this one itself */
 }
@@ -1982,14 +1955,14 @@ static void test_resume_after_skips_bitwise(void) {
                "\"train_micro_batch_size_per_gpu\": 2, \"fp16\": {\"enabled\": true,"
                " \"loss_scale\": 0, \"initial_scale_power\": 24, \"hysteresis\": 2,"
                " \"loss_scale_window\": 3}");
-    write_text(tmp_path("skips.json", cfg), "%s", json);
-    tmp_path("skips_dir", dir);
+    write_text(zpp_test_tmp_path("skips.json", cfg), "%s", json);
+    zpp_test_tmp_path("skips_dir", dir);
     double full[MAX_STEPS], resumed[MAX_STEPS], scale_full[MAX_STEPS], scale_res[MAX_STEPS];
     int skipped[MAX_STEPS];
     setenv("ZPP_FAULT", "nonfinite@9", 1);
     snprintf(args, sizeof args, "--config %s --steps 12 --metrics %s", cfg,
-             tmp_path("skips_full.jsonl", met));
-    EXPECT(run_train(2, args, tmp_path("skips_err.txt", err)) == 0, "see %s", err);
+             zpp_test_tmp_path("skips_full.jsonl", met));
+    EXPECT(run_train(2, args, zpp_test_tmp_path("skips_err.txt", err)) == 0, "see %s", err);
     EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 12);
     EXPECT(read_metric(met, "loss_scale", scale_full, MAX_STEPS) == 12);
     EXPECT(read_skipped(met, skipped, MAX_STEPS) == 12);
@@ -1999,7 +1972,7 @@ static void test_resume_after_skips_bitwise(void) {
     snprintf(args, sizeof args, "--config %s --steps 6 --save %s", cfg, dir);
     EXPECT(run_train(2, args, err) == 0, "save failed, see %s", err);
     snprintf(args, sizeof args, "--config %s --steps 12 --resume %s --metrics %s", cfg, dir,
-             tmp_path("skips_resumed.jsonl", met));
+             zpp_test_tmp_path("skips_resumed.jsonl", met));
     EXPECT(run_train(2, args, err) == 0, "resume failed, see %s", err);
     unsetenv("ZPP_FAULT");
     EXPECT(read_metric(met, "loss", resumed, MAX_STEPS) == 6);
@@ -2020,10 +1993,10 @@ static void test_profile_metrics(void) {
     model_json(json, sizeof json, 1,
                "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
                " \"zero_hpz_partition_size\": 2, \"zero_quantized_gradients\": true}");
-    write_text(tmp_path("profile.json", cfg), "%s", json);
-    tmp_path("profile.jsonl", met);
+    write_text(zpp_test_tmp_path("profile.json", cfg), "%s", json);
+    zpp_test_tmp_path("profile.jsonl", met);
     snprintf(args, sizeof args, "--config %s --steps 3 --profile --metrics %s", cfg, met);
-    int rc = run_train(4, args, tmp_path("profile_err.txt", err));
+    int rc = run_train(4, args, zpp_test_tmp_path("profile_err.txt", err));
     EXPECT(rc == 0, "--profile: exit %d; stderr in %s", rc, err);
     expect_profile_fields(met, 3);
     snprintf(args, sizeof args, "--config %s --steps 1 --metrics %s", cfg, met);

@@ -1,9 +1,13 @@
+#define _XOPEN_SOURCE 700 /* nftw */
 /* testlib.c — the harness's main: runs the registered tests. */
 #include "testlib.h"
 
 #include "core/random.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +48,35 @@ void *zpp_test_malloc(size_t n) {
     void *p = calloc(n ? n : 1, 1);
     if (!p) zpp_test_fail(__FILE__, __LINE__, NULL, "out of host memory (%zu bytes)", n);
     return p;
+}
+
+static char zpp__tmpdir[256];
+
+static int zpp__remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void zpp__remove_tmpdir(void) {
+    if (zpp__tmpdir[0]) nftw(zpp__tmpdir, zpp__remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char *zpp_test_tmp_path(const char *name, char *buf) {
+    if (!zpp__tmpdir[0]) {
+        snprintf(zpp__tmpdir, sizeof zpp__tmpdir, "/tmp/zpp_test_XXXXXX");
+        if (!mkdtemp(zpp__tmpdir))
+            zpp_test_fail(__FILE__, __LINE__, NULL, "mkdtemp: %s", strerror(errno));
+        atexit(zpp__remove_tmpdir);
+    }
+    snprintf(buf, 512, "%s/%s", zpp__tmpdir, name);
+    return buf;
+}
+
+void zpp_test_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) zpp_test_fail(__FILE__, __LINE__, NULL, "cannot write %s: %s", path, strerror(errno));
+    if (fwrite(data, 1, n, f) != n || fclose(f) != 0)
+        zpp_test_fail(__FILE__, __LINE__, NULL, "short write to %s", path);
 }
 
 void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {

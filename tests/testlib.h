@@ -89,4 +89,12 @@ const char *zpp_test_shared_data(const char *name, char *buf, size_t cap);
 /* n bytes of zeroed host memory (at least 1), or the case fails saying so. */
 void *zpp_test_malloc(size_t n);
 
+/* `name` inside the test program's own temporary folder, /tmp/zpp_test_XXXXXX,
+ * made at the first call and removed at a successful exit (a failing test
+ * _exits and keeps its files for the message that points at them). buf holds
+ * 512 bytes. Each rank of an MPI test has a folder of its own. */
+const char *zpp_test_tmp_path(const char *name, char *buf);
+/* Writes n bytes to path, or fails the test. */
+void zpp_test_write_file(const char *path, const void *data, size_t n);
+
 #endif
