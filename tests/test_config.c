@@ -32,6 +32,7 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_FIELD(f) &&a->f == b->f
 #define CMP_NONE(f)
 #define CMP_OBJECT CMP_NONE
+#define CMP_OBJECT_ON CMP_FIELD
 #define CMP_INT CMP_FIELD
 #define CMP_I64 CMP_FIELD
 #define CMP_SEED CMP_FIELD
@@ -128,6 +129,16 @@ static void test_every_key_parsed(void) {
         double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8);
+        /* qgZ error feedback needs qgZ; the last trial (the coverage text) has both */
+        if (trial == 19) qg = 1;
+        double ebeta = zpp_rng_uniform(&r);
+        int resetT = irand(&r, 1, 100000), loco = qg && irand(&r, 0, 3) > 0;
+        if (trial == 19) loco = 1;
+        char loco_txt[160] = "";
+        if (loco)
+            snprintf(loco_txt, sizeof loco_txt,
+                     ",\n      \"zeropp_loco_param\": {\"err_beta\": %.17g, \"reset_T\": %d}",
+                     ebeta, resetT);
         char json[4096];
         snprintf(json, sizeof json,
                  "{\n"
@@ -152,7 +163,7 @@ static void test_every_key_parsed(void) {
                  "      \"zero_hpz_partition_size\": %d, \"zero_quantized_gradients\": %s,\n"
                  "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
                  "      \"stage3_max_reuse_distance\": %lld,\n"
-                 "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d},\n"
+                 "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d%s},\n"
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
@@ -162,7 +173,7 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, n_layer, n_head, n_embd, seq_len, vocab, real_vocab, steps,
+                 reuse, pdepth, rdepth, loco_txt, n_layer, n_head, n_embd, seq_len, vocab, real_vocab, steps,
                  seed, ev, eb, kc, cts);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
@@ -182,6 +193,8 @@ static void test_every_key_parsed(void) {
                cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
                cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
                cfg.zero.reduce_depth == rdepth);
+        EXPECT(cfg.zero.loco == loco && (!loco || (cfg.zero.loco_err_beta == ebeta &&
+                                                   cfg.zero.loco_reset_T == resetT)));
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab && cfg.model.real_vocab_size == real_vocab);
@@ -393,6 +406,32 @@ static void test_validation_errors(void) {
                       ZPP_ERR_CONFIG, "'zero_optimization.stage3_max_reuse_distance' is -1");
     expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": 1.5}}",
                       ZPP_ERR_CONFIG, "must be an integer");
+    /* qgZ error feedback: err_beta outside [0, 1], reset_T < 1, without qgZ */
+    const char *qg = "\"zero_quantized_gradients\": true";
+    char lj[256];
+    const char *bad_beta[] = {"1.5", "-0.1", "1.0000001"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(lj, sizeof lj, "{\"zero_optimization\": {%s, \"zeropp_loco_param\": "
+                 "{\"err_beta\": %s}}}", qg, bad_beta[i]);
+        expect_load_fails(lj, ZPP_ERR_CONFIG,
+                          "'zero_optimization.zeropp_loco_param.err_beta' must be in [0, 1]");
+    }
+    snprintf(lj, sizeof lj, "{\"zero_optimization\": {%s, \"zeropp_loco_param\": "
+             "{\"reset_T\": 0}}}", qg);
+    expect_load_fails(lj, ZPP_ERR_CONFIG, "'zero_optimization.zeropp_loco_param.reset_T' is 0");
+    snprintf(lj, sizeof lj, "{\"zero_optimization\": {%s, \"zeropp_loco_param\": 0.8}}", qg);
+    expect_load_fails(lj, ZPP_ERR_CONFIG, "zeropp_loco_param");
+    expect_load_fails("{\"zero_optimization\": {\"zeropp_loco_param\": {}}}", ZPP_ERR_CONFIG,
+                      "set 'zero_optimization.zero_quantized_gradients' to true");
+    {
+        zpp_train_config c;
+        EXPECT_OK(zpp_train_config_defaults(&c));
+        EXPECT(!c.zero.loco, "error feedback is off unless zeropp_loco_param is given");
+        snprintf(lj, sizeof lj, "{\"zero_optimization\": {%s, \"zeropp_loco_param\": {}}}", qg);
+        EXPECT_OK(zpp_train_config_load_string(lj, &c));
+        EXPECT(c.zero.loco && c.zero.loco_err_beta == 0.8 && c.zero.loco_reset_T == 1024,
+               "DeepSpeed's defaults 0.8 and 1024");
+    }
     expect_load_fails("{\"zeropp\": {\"eval_batches\": 0}}", ZPP_ERR_CONFIG,
                       "'zeropp.eval_batches' is 0");
     expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,

@@ -247,6 +247,84 @@ static void test_checkpoint_resume_bitwise(void) {
     expect_clean_failure(4, args, "not a checkpoint");
 }
 
+/* qgZ error feedback (zeropp_loco_param) end to end, 4 ranks as 2 nodes:
+ *  - reset_T 1 clears the buffers after every step, and with one reduction
+ *    a unit a step the feedback then always adds zero: the losses equal
+ *    those without feedback, bit for bit; reset_T 1000 changes them (the
+ *    feedback does act);
+ *  - reset_T 3: steps 1-4 as with reset_T 1000 (the first reset lands after
+ *    step 3; step 4's loss is computed before its reduction), step 5 not;
+ *  - a run saved at step 5 (after a reset at step 3, with buffers from step
+ *    4 and 5 in the checkpoint) and resumed continues bit for bit, through
+ *    the next reset at step 6; on 2 ranks it resumes with the buffers
+ *    cleared, and says so. */
+static void loco_losses(const char *tag, const char *loco, const char *more, double *loss,
+                        int steps) {
+    char cfg[512], met[512], err[512], json[2048], extra[512], args[2048], name[64];
+    snprintf(extra, sizeof extra,
+             "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
+             " \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": 2,"
+             " \"zero_quantized_gradients\": true%s%s}",
+             loco[0] ? ", " : "", loco);
+    model_json(json, sizeof json, 1, extra);
+    snprintf(name, sizeof name, "loco_%s.json", tag);
+    write_text(tmp_path(name, cfg), "%s", json);
+    snprintf(name, sizeof name, "loco_%s.jsonl", tag);
+    snprintf(args, sizeof args, "--config %s --steps %d --metrics %s %s", cfg, steps,
+             tmp_path(name, met), more);
+    EXPECT(run_train(4, args, tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag, err);
+    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps - (strstr(more, "--resume") ? 5 : 0));
+}
+
+static void test_loco_reset_and_resume_bitwise(void) {
+    const int steps = 10;
+    double off[MAX_STEPS], t1[MAX_STEPS], t3[MAX_STEPS], big[MAX_STEPS], resumed[MAX_STEPS];
+    loco_losses("off", "", "", off, steps);
+    loco_losses("t1", "\"zeropp_loco_param\": {\"err_beta\": 0.8, \"reset_T\": 1}", "", t1, steps);
+    loco_losses("big", "\"zeropp_loco_param\": {\"err_beta\": 0.8, \"reset_T\": 1000}", "", big,
+                steps);
+    const char *l3 = "\"zeropp_loco_param\": {\"err_beta\": 0.8, \"reset_T\": 3}";
+    loco_losses("t3", l3, "", t3, steps);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) {
+        EXPECT(t1[i] == off[i], "step %d: reset_T 1 %a, no feedback %a", i + 1, t1[i], off[i]);
+        differ += big[i] != off[i];
+    }
+    EXPECT(differ > 0, "error feedback with reset_T 1000 changed no loss");
+    for (int i = 0; i < 4; i++)
+        EXPECT(t3[i] == big[i], "step %d: reset_T 3 %a, reset_T 1000 %a", i + 1, t3[i], big[i]);
+    EXPECT(t3[4] != big[4], "step 5: the reset after step 3 changed nothing");
+    char dir[512], more[1024], err[512], args[2048], cfg[512];
+    tmp_path("loco_ckpt", dir);
+    snprintf(more, sizeof more, "--save %s", dir);
+    double first[MAX_STEPS];
+    loco_losses("save", l3, more, first, 5);
+    snprintf(more, sizeof more, "--resume %s", dir);
+    loco_losses("resume", l3, more, resumed, steps);
+    for (int i = 0; i < 5; i++)
+        EXPECT(resumed[i] == t3[5 + i], "step %d: resumed %a, uninterrupted %a", 6 + i,
+               resumed[i], t3[5 + i]);
+    /* another world size: the error buffers start from zero, said in the note */
+    snprintf(args, sizeof args, "--config %s --steps 10 --resume %s", tmp_path("loco_t3.json", cfg),
+             dir);
+    char out[512];
+    tmp_path("loco_out.txt", out);
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "timeout 240 %s --oversubscribe --bind-to none -np 2 %s train %s > %s 2> %s", mpi,
+             cli, args, out, tmp_path("err.txt", err));
+    EXPECT(system(cmd) == 0, "resume on 2 ranks failed, see %s", err);
+    FILE *f = fopen(out, "r");
+    EXPECT(f != NULL);
+    char text[1 << 14];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    EXPECT(strstr(text, "error feedback buffers start from zero"),
+           "the resume note does not say the buffers were reset: see %s", out);
+}
+
 /* With bf16 on, the gathered weights are bf16 and the gradients cross the
  * wire in bf16: a reduce-scatter over W ranks rounds each partial sum to bf16
  * (relative error up to 2^-9 per rounding, ~log2(W) roundings), where one
@@ -2008,7 +2086,7 @@ static void test_profile_metrics(void) {
            "profile fields without --profile");
 }
 
-ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_zero3_matches_single_rank_fp32),
+ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise), ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),

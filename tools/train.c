@@ -518,6 +518,7 @@ int zpp_cli_train(int argc, char **argv) {
     c0.zero.quantized_weights = 0;
     c0.zero.hpz_partition_size = 1;
     c0.zero.quantized_gradients = 0;
+    c0.zero.loco = 0; /* error feedback belongs to qgZ */
     c1.zero.quantized_weights = 1;
     c1.zero.hpz_partition_size = a.node_size > 1 ? a.node_size : 1;
     c1.zero.quantized_gradients = 1;

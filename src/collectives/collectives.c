@@ -97,6 +97,9 @@ struct zpp_coll_op {
     int slabs;
     size_t slab_len;
     zpp_comm_req *slab_req[ZPP_QGZ_MAX_SLABS];
+    /* qgZ error feedback (collectives.h); fb_on 0: none */
+    int fb_on;
+    zpp_qgz_feedback fb;
 };
 
 /* Slab k of a qgZ reduction: elements [first, first + len) of every chunk,
@@ -390,9 +393,21 @@ zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
 
 /* ---- Reductions ------------------------------------------------------------- */
 
+void zpp_qgz_feedback_lens(const zpp_partition *p, int nodes, int node_size, size_t *intra_p,
+                           size_t *inter_p) {
+    *intra_p = p->padded;
+    *inter_p = nodes > 1 && node_size > 1 ? (size_t)nodes * p->shard_len : 0;
+}
+
 zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
                                  zpp_dtype dtype, const void *full_grad, float *shard_out,
                                  zpp_coll_op **op_p) {
+    return zpp_coll_reduce_start_ef(c, p, mode, dtype, full_grad, shard_out, NULL, op_p);
+}
+
+zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
+                                    zpp_dtype dtype, const void *full_grad, float *shard_out,
+                                    const zpp_qgz_feedback *fb, zpp_coll_op **op_p) {
     if (!c || !p || !op_p || (p->numel && (!full_grad || !shard_out)))
         return zpp_error(ZPP_ERR_INVALID,
                          "reduce: gradient, output shard and op_p are required");
@@ -401,10 +416,27 @@ zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce
     size_t ds = zpp_dtype_size(dtype);
     if (!ds) return zpp_error(ZPP_ERR_INVALID, "reduce: unknown dtype %d", (int)dtype);
     ZPP_CHECK(zpp__check_part(c, p, "reduce"));
+    if (fb) {
+        size_t li = 0, le = 0;
+        zpp_qgz_feedback_lens(p, c->topo->nodes, c->topo->node_size, &li, &le);
+        if (mode != ZPP_REDUCE_QGZ)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "reduce: error feedback applies to qgZ only (zeropp_loco_param "
+                             "needs zero_quantized_gradients)");
+        if (!(fb->beta >= 0.0f && fb->beta <= 1.0f))
+            return zpp_error(ZPP_ERR_INVALID, "reduce: err_beta %g is outside [0, 1]",
+                             (double)fb->beta);
+        if ((li && !fb->intra) || (le && !fb->inter))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "reduce: error feedback needs an intra-node buffer of %zu and an "
+                             "inter-node buffer of %zu elements (zpp_qgz_feedback_lens)",
+                             li, le);
+    }
 
     zpp_coll_op *op = NULL;
     ZPP_CHECK(zpp__op_new(c, ZPP__OP_REDUCE, p, dtype, ZPP_PHASE_GRAD_REDUCE, &op));
     op->reduce = mode;
+    if (fb) op->fb_on = 1, op->fb = *fb;
     op->shard_out = shard_out;
     c->seq++;
     zpp_status st = ZPP_OK;
@@ -452,9 +484,14 @@ zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce
     for (int k = 0; k < op->slabs; k++) {
         zpp__slab s = zpp__slab_get(op, k);
         char *q = (char *)op->bp[0] + W * s.at;
-        ZPP_CHECK_GOTO(zpp_device_reorder_quantize(c->dev, full_grad, dtype, n, s.first, s.len,
-                                                   t->nodes, t->node_size, &op->spec, q),
-                       st, fail);
+        if (op->fb_on)
+            st = zpp_device_ef_reorder_quantize(c->dev, full_grad, dtype, op->fb.intra,
+                                                op->fb.beta, n, s.first, s.len, t->nodes,
+                                                t->node_size, &op->spec, q);
+        else
+            st = zpp_device_reorder_quantize(c->dev, full_grad, dtype, n, s.first, s.len,
+                                             t->nodes, t->node_size, &op->spec, q);
+        if (st != ZPP_OK) goto fail;
         if (op->stage == ZPP__QGZ_INTRA)
             st = zpp__exchange_start(c, ZPP__INTRA, q, (char *)op->bp[1] + W * s.at, N * s.q,
                                      dtype, &op->slab_req[k]);
@@ -524,8 +561,14 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
         zpp__slab s = zpp__slab_get(op, k);
         ZPP_CHECK(zpp__slab_wait(c, op, k));
         char *sum = (char *)op->bp[2] + N * s.at;
-        ZPP_CHECK(zpp_device_dequant_sum_requant(c->dev, (const char *)op->bp[1] + W * s.at,
-                                                 (int)S, N, n, s.first, s.len, gs, &rs, sum));
+        const char *in = (const char *)op->bp[1] + W * s.at;
+        if (op->fb_on)
+            ZPP_CHECK(zpp_device_ef_dequant_sum_requant(c->dev, in, (int)S, N, n, s.first, s.len,
+                                                        gs, &rs, op->fb.inter, op->fb.beta,
+                                                        sum));
+        else
+            ZPP_CHECK(zpp_device_dequant_sum_requant(c->dev, in, (int)S, N, n, s.first, s.len,
+                                                     gs, &rs, sum));
         /* Step 4: chunk m goes to the rank with my local index on node m. */
         ZPP_CHECK(zpp__exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q,
                                       op->dtype, &op->slab_req[k]));

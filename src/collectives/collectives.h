@@ -118,6 +118,35 @@ zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
 zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
                                  zpp_dtype dtype, const void *full_grad, float *shard_out,
                                  zpp_coll_op **op_p);
+
+/* Error feedback for qgZ (LoCo; docs/quantization.md, "Error feedback").
+ * The rank keeps, per unit, the error of its last quantization at each of
+ * qgZ's two quantizing steps and corrects the next one with it:
+ *   x = v + e;  send q = Q(x);  e <- beta * e + (1 - beta) * (x - deq(q))
+ *   intra  the first quantization (reorder-quantize of the full gradient):
+ *          `padded` fp32 elements, the layout of the full gradient
+ *   inter  the requantization of the node partial sums (nodes > 1 and
+ *          node_size > 1 only; otherwise qgZ quantizes once): nodes *
+ *          shard_len fp32 elements, node m's chunk at m * shard_len
+ * Both live in the device's memory, are owned by the caller (the engine)
+ * and are updated in place by the reduction (the intra buffer at start,
+ * the inter buffer at finish): a unit's buffers may serve one reduction in
+ * flight at a time. Start them at zero. */
+typedef struct zpp_qgz_feedback {
+    float *intra;
+    float *inter; /* NULL when zpp_qgz_feedback_lens gives 0 */
+    float beta;   /* err_beta, in [0, 1] */
+} zpp_qgz_feedback;
+
+/* The two buffers' lengths in elements for a unit of partition p. */
+void zpp_qgz_feedback_lens(const zpp_partition *p, int nodes, int node_size, size_t *intra_p,
+                           size_t *inter_p);
+
+/* zpp_coll_reduce_start with error feedback (mode ZPP_REDUCE_QGZ; fb NULL:
+ * the plain reduction). */
+zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
+                                    zpp_dtype dtype, const void *full_grad, float *shard_out,
+                                    const zpp_qgz_feedback *fb, zpp_coll_op **op_p);
 /* Completes an operation and frees it. */
 zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op);
 

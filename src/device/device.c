@@ -534,6 +534,62 @@ zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
                                        out_spec, out);
 }
 
+static zpp_status zpp__beta(const char *what, float beta) {
+    if (!(beta >= 0.0f && beta <= 1.0f))
+        return zpp_error(ZPP_ERR_INVALID, "%s: err_beta %g is outside [0, 1]", what,
+                         (double)beta);
+    return ZPP_OK;
+}
+
+zpp_status zpp_device_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                          float *err, float beta, size_t chunk_len,
+                                          size_t first, size_t len, int nodes, int local,
+                                          const zpp_quant_spec *spec, void *out) {
+    const char *what = "error-feedback reorder-quantize";
+    size_t ranks = 0, n = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, spec));
+    ZPP_CHECK(zpp__dtype(what, dtype));
+    ZPP_CHECK(zpp__beta(what, beta));
+    if (nodes < 1 || local < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
+                         nodes, local);
+    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
+    ZPP_CHECK(zpp__mul(what, (size_t)nodes, (size_t)local, &ranks));
+    ZPP_CHECK(zpp__mul(what, ranks, chunk_len, &n));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
+    ZPP_CHECK(zpp__ptr(what, err, "the error buffer", n));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", ranks * len));
+    if (ranks * len == 0) return ZPP_OK;
+    return d->ops->ef_reorder_quantize(d, in, dtype, err, beta, chunk_len, first, len, nodes,
+                                       local, spec, out);
+}
+
+zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                             size_t n_chunks, size_t chunk_len, size_t first,
+                                             size_t len, const zpp_quant_spec *in_spec,
+                                             const zpp_quant_spec *out_spec, float *err,
+                                             float beta, void *out) {
+    const char *what = "error-feedback dequant-sum-requant";
+    size_t whole = 0, n = 0, all = 0;
+    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(zpp__spec(what, in_spec));
+    ZPP_CHECK(zpp__spec(what, out_spec));
+    ZPP_CHECK(zpp__beta(what, beta));
+    if (k < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
+    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
+    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &whole));
+    ZPP_CHECK(zpp__mul(what, n_chunks, len, &n));
+    ZPP_CHECK(zpp__mul(what, n, (size_t)k, &all));
+    ZPP_CHECK(zpp__ptr(what, in, "the input", all));
+    ZPP_CHECK(zpp__ptr(what, err, "the error buffer", whole));
+    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->ef_dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
+                                          out_spec, err, beta, out);
+}
+
 zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
                                      size_t chunk_len, const zpp_quant_spec *spec, float scale,
                                      float *out) {

@@ -87,6 +87,15 @@ typedef struct zpp_device_ops {
                                       size_t chunk_len, size_t first, size_t len,
                                       const zpp_quant_spec *in_spec,
                                       const zpp_quant_spec *out_spec, void *out);
+    zpp_status (*ef_reorder_quantize)(zpp_device *d, const void *in, zpp_dtype dtype,
+                                      float *err, float beta, size_t chunk_len, size_t first,
+                                      size_t len, int nodes, int local,
+                                      const zpp_quant_spec *spec, void *out);
+    zpp_status (*ef_dequant_sum_requant)(zpp_device *d, const void *in, int k, size_t n_chunks,
+                                         size_t chunk_len, size_t first, size_t len,
+                                         const zpp_quant_spec *in_spec,
+                                         const zpp_quant_spec *out_spec, float *err,
+                                         float beta, void *out);
     zpp_status (*dequant_reduce)(zpp_device *d, const void *q, size_t n_chunks,
                                  size_t chunk_len, const zpp_quant_spec *spec, float scale,
                                  float *out);
@@ -266,6 +275,23 @@ zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
                                           size_t n_chunks, size_t chunk_len, size_t first,
                                           size_t len, const zpp_quant_spec *in_spec,
                                           const zpp_quant_spec *out_spec, void *out);
+/* Error feedback (LoCo) for qgZ's two quantizations: the two calls above
+ * applied to x = v + err instead of v, followed by
+ *   err = beta * err + (1 - beta) * (x - dequantize(q))   (0 if not finite)
+ * for every element of the slab (quant/quant_cpu.h; docs/quantization.md,
+ * "Error feedback"). `err` is fp32 in this device's memory, in the layout
+ * of the input chunks (ef_reorder_quantize: nodes * local * chunk_len
+ * elements like `in`; ef_dequant_sum_requant: n_chunks * chunk_len), and
+ * beta lies in [0, 1]. */
+zpp_status zpp_device_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                          float *err, float beta, size_t chunk_len,
+                                          size_t first, size_t len, int nodes, int local,
+                                          const zpp_quant_spec *spec, void *out);
+zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                             size_t n_chunks, size_t chunk_len, size_t first,
+                                             size_t len, const zpp_quant_spec *in_spec,
+                                             const zpp_quant_spec *out_spec, float *err,
+                                             float beta, void *out);
 /* out[i] = scale * sum over c < n_chunks of dequantize(chunk c)[i], i < chunk_len,
  * summed in fp32 in chunk order: the last step of qgZ. */
 zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,

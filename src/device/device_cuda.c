@@ -183,6 +183,23 @@ static zpp_status cu_reorder_quantize(zpp_device *d, const void *in, zpp_dtype d
                                      d->nonfinite, d->stream);
 }
 
+static zpp_status cu_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                         float *err, float beta, size_t chunk_len, size_t first,
+                                         size_t len, int nodes, int local,
+                                         const zpp_quant_spec *spec, void *out) {
+    return zpp_cuda_ef_reorder_quantize(in, dtype, err, beta, chunk_len, first, len, nodes,
+                                        local, spec, out, d->nonfinite, d->stream);
+}
+
+static zpp_status cu_ef_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                            size_t n_chunks, size_t chunk_len, size_t first,
+                                            size_t len, const zpp_quant_spec *in_spec,
+                                            const zpp_quant_spec *out_spec, float *err,
+                                            float beta, void *out) {
+    return zpp_cuda_ef_dequant_sum_requant(in, k, n_chunks, chunk_len, first, len, in_spec,
+                                           out_spec, err, beta, out, d->nonfinite, d->stream);
+}
+
 static zpp_status cu_dequant_sum_requant(zpp_device *d, const void *in, int k, size_t n_chunks,
                                          size_t chunk_len, size_t first, size_t len,
                                          const zpp_quant_spec *in_spec,
@@ -246,6 +263,8 @@ static const zpp_device_ops zpp__cuda_ops = {
     .dequantize_chunks = cu_dequantize_chunks,
     .reorder_quantize = cu_reorder_quantize,
     .dequant_sum_requant = cu_dequant_sum_requant,
+    .ef_reorder_quantize = cu_ef_reorder_quantize,
+    .ef_dequant_sum_requant = cu_ef_dequant_sum_requant,
     .dequant_reduce = cu_dequant_reduce,
     .convert = cu_convert,
     .add = cu_add,

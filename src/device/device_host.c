@@ -158,6 +158,24 @@ static zpp_status host_reorder_quantize(zpp_device *d, const void *in, zpp_dtype
                                                        local, spec, out));
 }
 
+static zpp_status host_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                           float *err, float beta, size_t chunk_len,
+                                           size_t first, size_t len, int nodes, int local,
+                                           const zpp_quant_spec *spec, void *out) {
+    return host_soft(d, zpp_quant_cpu_ef_reorder_quantize(in, dtype, err, beta, chunk_len, first,
+                                                          len, nodes, local, spec, out));
+}
+
+static zpp_status host_ef_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                              size_t n_chunks, size_t chunk_len, size_t first,
+                                              size_t len, const zpp_quant_spec *in_spec,
+                                              const zpp_quant_spec *out_spec, float *err,
+                                              float beta, void *out) {
+    return host_soft(d, zpp_quant_cpu_ef_dequant_sum_requant(in, k, n_chunks, chunk_len, first,
+                                                             len, in_spec, out_spec, err, beta,
+                                                             out));
+}
+
 static zpp_status host_dequant_sum_requant(zpp_device *d, const void *in, int k,
                                            size_t n_chunks, size_t chunk_len, size_t first,
                                            size_t len, const zpp_quant_spec *in_spec,
@@ -245,6 +263,8 @@ static const zpp_device_ops zpp__host_ops = {
     .dequantize_chunks = host_dequantize_chunks,
     .reorder_quantize = host_reorder_quantize,
     .dequant_sum_requant = host_dequant_sum_requant,
+    .ef_reorder_quantize = host_ef_reorder_quantize,
+    .ef_dequant_sum_requant = host_ef_dequant_sum_requant,
     .dequant_reduce = host_dequant_reduce,
     .convert = host_convert,
     .add = host_add,

@@ -27,6 +27,9 @@ typedef struct unit_state {
     zpp_coll_op *gather_op;   /* gather in flight into `full` */
     float *grad_full;         /* fp32 full gradient during backward */
     int first_stage;          /* the first stage that uses this unit */
+    /* qgZ error feedback (opts.loco): persistent, per rank, fp32 */
+    float *ef_intra, *ef_inter;
+    size_t ef_intra_len, ef_inter_len;
 } unit_state;
 
 struct zpp_engine {
@@ -114,6 +117,18 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     ZPP_CHECK(st);
     ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
     ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
+    if (e->opts.loco) {
+        zpp_qgz_feedback_lens(p, e->topo->nodes, e->topo->node_size, &u->ef_intra_len,
+                              &u->ef_inter_len);
+        ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_intra_len * sizeof(float),
+                                   (void **)&u->ef_intra));
+        ZPP_CHECK(zpp_device_set(e->dev, u->ef_intra, 0, u->ef_intra_len * sizeof(float)));
+        if (u->ef_inter_len) {
+            ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_inter_len * sizeof(float),
+                                       (void **)&u->ef_inter));
+            ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
+        }
+    }
     return zpp_device_set(e->dev, u->grad_acc, 0, fbytes);
 }
 
@@ -123,6 +138,8 @@ static void free_unit(zpp_engine *e, unit_state *u) {
     zpp_device_free(e->dev, u->v);
     zpp_device_free(e->dev, u->grad_acc);
     zpp_device_free(e->dev, u->secondary);
+    zpp_device_free(e->dev, u->ef_intra);
+    zpp_device_free(e->dev, u->ef_inter);
 }
 
 /* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
@@ -178,6 +195,16 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
                          "engine: max_consecutive_skips must be >= 1, loss_scale finite and "
                          ">= 0, and a dynamic scale needs initial_scale_power in [0, 127], "
                          "loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
+    if (opts->loco && opts->reduce != ZPP_REDUCE_QGZ)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: error feedback (zeropp_loco_param) corrects qgZ's "
+                         "quantization; enable zero_quantized_gradients or drop it");
+    if (opts->loco && (!(opts->loco_err_beta >= 0.0f && opts->loco_err_beta <= 1.0f) ||
+                       opts->loco_reset_T < 1))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "engine: zeropp_loco_param needs err_beta in [0, 1] (got %g) and "
+                         "reset_T >= 1 (got %d)",
+                         (double)opts->loco_err_beta, opts->loco_reset_T);
     int fault_lo = 0, fault_hi = 0;
     zpp_fault fault;
     ZPP_CHECK(zpp_fault_from_env(&fault));
@@ -385,8 +412,9 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
     }
     if (st == ZPP_OK) {
         u->grad_full = NULL;
-        st = zpp_coll_reduce_start(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype, r.in,
-                                   r.out, &r.op);
+        zpp_qgz_feedback fb = {u->ef_intra, u->ef_inter, e->opts.loco_err_beta};
+        st = zpp_coll_reduce_start_ef(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype,
+                                      r.in, r.out, u->ef_intra ? &fb : NULL, &r.op);
     }
     if (st != ZPP_OK) {
         if (r.in != u->grad_full) zpp_device_scratch_put(e->dev, r.in);
@@ -623,6 +651,10 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         }
     }
     if (e->dynamic) e->iter++;
+    /* Error feedback restarts every loco_reset_T steps, and after a skipped
+     * step (its gradient was thrown away, and so is what it left behind). */
+    if (e->opts.loco && (overflow || e->step % e->opts.loco_reset_T == 0))
+        ZPP_CHECK(zpp_engine_loco_clear(e));
     e->forward_ready = 0;
     if (stats_p) {
         stats_p->loss = red[1] / (float)e->topo->world_size;
@@ -785,5 +817,43 @@ zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c) 
         e->last_overflow = c->scaler_last_overflow;
     }
     e->forward_ready = 0;
+    return ZPP_OK;
+}
+
+/* ---- Error-feedback state ---------------------------------------------------- */
+
+zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
+                                size_t *inter_p) {
+    if (unit < 0 || unit >= e->model->n_units)
+        return zpp_error(ZPP_ERR_INVALID, "engine: unit %d of %d", unit, e->model->n_units);
+    *intra_p = e->units[unit].ef_intra ? e->units[unit].ef_intra_len : 0;
+    *inter_p = e->units[unit].ef_inter ? e->units[unit].ef_inter_len : 0;
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter) {
+    size_t li = 0, le = 0;
+    ZPP_CHECK(zpp_engine_loco_lens(e, unit, &li, &le));
+    if (li) ZPP_CHECK(zpp_device_copy(e->dev, intra, e->units[unit].ef_intra, li * sizeof(float)));
+    if (le) ZPP_CHECK(zpp_device_copy(e->dev, inter, e->units[unit].ef_inter, le * sizeof(float)));
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra, const float *inter) {
+    size_t li = 0, le = 0;
+    ZPP_CHECK(zpp_engine_loco_lens(e, unit, &li, &le));
+    if (li) ZPP_CHECK(zpp_device_copy(e->dev, e->units[unit].ef_intra, intra, li * sizeof(float)));
+    if (le) ZPP_CHECK(zpp_device_copy(e->dev, e->units[unit].ef_inter, inter, le * sizeof(float)));
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_loco_clear(zpp_engine *e) {
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        if (u->ef_intra)
+            ZPP_CHECK(zpp_device_set(e->dev, u->ef_intra, 0, u->ef_intra_len * sizeof(float)));
+        if (u->ef_inter)
+            ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
+    }
     return ZPP_OK;
 }

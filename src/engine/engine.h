@@ -68,6 +68,18 @@ typedef struct zpp_engine_opts {
     float loss_scale;
     int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
     float min_loss_scale;
+    /* qgZ error feedback (LoCo; DeepSpeed's zero_optimization.zeropp_loco_param,
+     * docs/quantization.md "Error feedback"): loco 1 keeps, per unit, the
+     * quantization error of qgZ's intra-node and inter-node steps
+     * (zpp_qgz_feedback) and feeds it into the next reduction of the unit;
+     * err_beta in [0, 1] weighs the old error against the new; the buffers
+     * are cleared after every step whose number is a multiple of
+     * loco_reset_T (>= 1), and after a skipped step. Needs reduce QGZ.
+     * Memory per rank: 4 * (padded + nodes * shard_len) bytes a unit, about
+     * 4 (1 + 1/S) bytes a parameter (4 when one of nodes, S is 1). */
+    int loco;
+    float loco_err_beta;
+    int loco_reset_T;
     /* 1: time each step (zpp_step_stats.profile). Costs two timing events
      * per wait for a collective, and a host wait for the compute stream at
      * the end of each optimizer step. Default 0. */
@@ -208,5 +220,19 @@ void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
 /* ZPP_ERR_INVALID when they cannot come from a run (negative counts, more
  * updates or skips than steps, a scale that is not finite and positive). */
 zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
+
+/* Error-feedback state (opts.loco), per rank and unit: not resharded like
+ * the optimizer's, since every rank's buffers cover its whole gradient (the
+ * intra buffer) and its nodes' partial sums (the inter buffer) in the
+ * layout of this world and node size (zpp_qgz_feedback). *intra_p and
+ * *inter_p are 0 when error feedback is off. */
+zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
+                                size_t *inter_p);
+/* Copies the unit's buffers to / from host arrays of those lengths. */
+zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter);
+zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra, const float *inter);
+/* Zeroes every unit's buffers (what reset_T does; a resume under another
+ * world or node size). */
+zpp_status zpp_engine_loco_clear(zpp_engine *e);
 
 #endif

@@ -13,6 +13,7 @@
 #define ZPP_QUANT_CPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "zeropp.h"
 
@@ -38,6 +39,27 @@ zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chu
                                              const zpp_quant_spec *out_spec, void *out);
 zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
                                         const zpp_quant_spec *spec, float scale, float *out);
+/* quant.c: one tensor of n elements, element 0 at stochastic index idx0. */
+zpp_status zpp_quant_cpu_quantize_at(const void *x, zpp_dtype dtype, size_t n,
+                                     const zpp_quant_spec *spec, uint64_t idx0, void *out);
+
+/* Error feedback (quant_ef.c; the math in docs/quantization.md, "Error
+ * feedback"). `err` holds one fp32 error per element, in the layout of the
+ * input chunks (element i of chunk c at c * chunk_len + i), and is updated
+ * in place for the slab's elements:
+ *   x  = v + err                 (v: the input element, or the fp32 sum)
+ *   q  = quantize(x)             exactly as the plain kernel quantizes x
+ *   err = beta * err + (1 - beta) * (x - dequantize(q)),  0 if not finite
+ * each step one IEEE fp32 operation, (1 - beta) rounded once. */
+zpp_status zpp_quant_cpu_ef_reorder_quantize(const void *x, zpp_dtype dtype, float *err,
+                                             float beta, size_t chunk_len, size_t first,
+                                             size_t len, int nodes, int local,
+                                             const zpp_quant_spec *spec, void *out);
+zpp_status zpp_quant_cpu_ef_dequant_sum_requant(const void *in, int k, size_t n_chunks,
+                                                size_t chunk_len, size_t first, size_t len,
+                                                const zpp_quant_spec *in_spec,
+                                                const zpp_quant_spec *out_spec, float *err,
+                                                float beta, void *out);
 zpp_status zpp_quant_cpu_convert(const void *in, zpp_dtype in_dtype, void *out,
                                  zpp_dtype out_dtype, size_t n, float scale);
 

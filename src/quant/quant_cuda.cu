@@ -1448,3 +1448,230 @@ extern "C" zpp_status zpp_cuda_convert(const void *in, zpp_dtype in_dtype, void 
     default: return convert_from<F32>(in, out, out_dtype, n, scale, vec, st, what);
     }
 }
+
+/* ==== error feedback (LoCo) for qgZ ======================================
+ *
+ * The twins of quant_ef.c: quantize x = v + err instead of v, then
+ * err = beta * err + (1 - beta) * (x - dequantize(q)) (0 where not finite).
+ * Fused: one pass forms x and finds the block's absmax, a second forms x
+ * again (the same IEEE operations, so the same value), rounds it with the
+ * plain kernels' qround and block_scale (so the bytes are those of the
+ * plain kernel applied to x), stores the payload, dequantizes in registers
+ * and writes the new error. Simple shape, not tuned: one CTA of kEfThreads
+ * threads per quantization block, each thread an element pair (one int4
+ * byte); the error buffer is read twice and written once per element. */
+namespace {
+
+constexpr int kEfThreads = 128;
+
+/* Where tensor t of an error-feedback call reads its input: the reorder
+ * (raw elements, destination rank r = node * local + dl for slot t =
+ * dl * nodes + node) or the dequant-sum of k quantized inputs (chunk t). */
+struct EfArgs {
+    const void *in;           /* raw elements, or quantized inputs */
+    int dtype;                /* reorder: zpp_dtype of the raw input; -1: dequant-sum */
+    int k;                    /* dequant-sum inputs */
+    unsigned long long qin;   /* bytes per quantized input slab */
+    unsigned long long in_scales;
+    unsigned in_block;
+    int in_bits;
+    unsigned long long n_tensors, chunk_len, first, len;
+    int nodes, local;
+    float *err;
+    float beta, omb;
+    unsigned char *out;
+    unsigned long long qout, out_scales, pay_bytes, nb;
+    unsigned block;
+    int bits;
+    float qmax;
+    bool stoch;
+    unsigned long long seed;
+    int *nonfinite;
+};
+
+__device__ __forceinline__ unsigned long long ef_origin(const EfArgs &a, unsigned long long t) {
+    if (a.dtype < 0) return t * a.chunk_len + a.first;
+    const unsigned long long dl = t / (unsigned long long)a.nodes,
+                             node = t % (unsigned long long)a.nodes;
+    return (node * (unsigned long long)a.local + dl) * a.chunk_len + a.first;
+}
+
+/* Element e of tensor t (origin `at`) before the correction. */
+__device__ __forceinline__ float ef_value(const EfArgs &a, unsigned long long t,
+                                          unsigned long long at, unsigned long long e) {
+    if (a.dtype == ZPP_BF16)
+        return to_f32(BF16(), static_cast<const uint16_t *>(a.in)[at + e]);
+    if (a.dtype == ZPP_FP16)
+        return to_f32(FP16(), static_cast<const uint16_t *>(a.in)[at + e]);
+    if (a.dtype == ZPP_FP32) return static_cast<const float *>(a.in)[at + e];
+    /* dequant-sum: the k inputs in order, from +0, product then sum */
+    float sum = 0.0f;
+    const unsigned long long b = e / a.in_block;
+    for (int j = 0; j < a.k; j++) {
+        const unsigned char *q = static_cast<const unsigned char *>(a.in) +
+                                 ((unsigned long long)j * a.n_tensors + t) * a.qin;
+        int v;
+        if (a.in_bits == 8) {
+            v = (int)(signed char)q[e];
+        } else {
+            const unsigned byte = q[e / 2];
+            v = (int)((e & 1) ? (byte >> 4) : (byte & 0xfu));
+            v = v >= 8 ? v - 16 : v;
+        }
+        const float s = *reinterpret_cast<const float *>(q + a.in_scales + 4ull * b);
+        sum = __fadd_rn(sum, __fmul_rn((float)v, s));
+    }
+    return sum;
+}
+
+__device__ __forceinline__ int ef_round(float x, const BlockScale &s, float qmax, bool stoch,
+                                        unsigned long long seed, unsigned long long idx) {
+    if (s.bad) return 0;
+    if (s.tiny)
+        return (int)(stoch ? qround<true, true>(x, s.inv, qmax, seed, idx)
+                           : qround<false, true>(x, s.inv, qmax, seed, idx));
+    const unsigned r = stoch ? qround<true, false>(x, s.inv, qmax, seed, idx)
+                             : qround<false, false>(x, s.inv, qmax, seed, idx);
+    return (int)(r - 0x4B400000u); /* the magic sum's bits are 1.5 * 2^23 + q */
+}
+
+__device__ __forceinline__ void ef_store_err(const EfArgs &a, unsigned long long i, float x,
+                                             float y) {
+    const float d = __fadd_rn(x, -y);
+    const float e = __fadd_rn(__fmul_rn(a.beta, a.err[i]), __fmul_rn(a.omb, d));
+    a.err[i] = isfinite(e) ? e : 0.0f;
+}
+
+__global__ void __launch_bounds__(kEfThreads) k_ef_quantize(const EfArgs a) {
+    __shared__ unsigned smax;
+    const unsigned long long total = a.n_tensors * a.nb;
+    for (unsigned long long g = blockIdx.x; g < total; g += gridDim.x) {
+        const unsigned long long t = g / a.nb, b = g % a.nb;
+        const unsigned long long at = ef_origin(a, t);
+        const unsigned long long e0 = b * a.block;
+        const unsigned long long bl = a.len - e0 < a.block ? a.len - e0 : a.block;
+        /* pass 1: absmax of x = v + err on the bit patterns (NaN/Inf too) */
+        unsigned m = 0;
+        for (unsigned long long i = threadIdx.x; i < bl; i += blockDim.x) {
+            const float x = __fadd_rn(ef_value(a, t, at, e0 + i), a.err[at + e0 + i]);
+            m = max(m, __float_as_uint(x) & 0x7fffffffu);
+        }
+        if (threadIdx.x == 0) smax = 0;
+        __syncthreads();
+        atomicMax(&smax, m);
+        __syncthreads();
+        const BlockScale s = block_scale(smax, a.qmax);
+        unsigned char *o = a.out + t * a.qout;
+        /* pass 2: pairs of elements, one int4 byte (two int8 bytes) each */
+        for (unsigned long long p = threadIdx.x; 2 * p < bl; p += blockDim.x) {
+            const unsigned long long e = e0 + 2 * p;
+            const bool two = 2 * p + 1 < bl;
+            const float x0 = __fadd_rn(ef_value(a, t, at, e), a.err[at + e]);
+            const float x1 = two ? __fadd_rn(ef_value(a, t, at, e + 1), a.err[at + e + 1]) : 0.0f;
+            const int q0 = ef_round(x0, s, a.qmax, a.stoch, a.seed, at + e);
+            const int q1 = two ? ef_round(x1, s, a.qmax, a.stoch, a.seed, at + e + 1) : 0;
+            if (a.bits == 8) {
+                o[e] = (unsigned char)(q0 & 0xff);
+                if (two) o[e + 1] = (unsigned char)(q1 & 0xff);
+            } else {
+                o[e / 2] = (unsigned char)((q0 & 0xf) | ((q1 & 0xf) << 4));
+            }
+            ef_store_err(a, at + e, x0, __fmul_rn((float)q0, s.scale));
+            if (two) ef_store_err(a, at + e + 1, x1, __fmul_rn((float)q1, s.scale));
+        }
+        if (threadIdx.x == 0) {
+            *reinterpret_cast<float *>(o + a.out_scales + 4ull * b) = s.scale;
+            if (s.bad && a.nonfinite) *a.nonfinite = 1;
+        }
+        if (b == 0) { /* every byte is written: the two paddings of tensor t */
+            for (unsigned long long i = a.pay_bytes + threadIdx.x; i < a.out_scales;
+                 i += blockDim.x)
+                o[i] = 0;
+            for (unsigned long long i = a.out_scales + 4ull * a.nb + threadIdx.x; i < a.qout;
+                 i += blockDim.x)
+                o[i] = 0;
+        }
+        __syncthreads(); /* smax is reset by the next block */
+    }
+}
+
+zpp_status ef_launch(EfArgs &a, const zpp_quant_spec *spec, const char *what, void *stream) {
+    a.qout = zpp_quant_bytes(a.len, spec);
+    a.out_scales = zpp_quant_scales_offset(a.len, spec->bits);
+    a.pay_bytes = zpp_quant_payload_bytes(a.len, spec->bits);
+    a.nb = zpp_quant_num_blocks(a.len, spec->block);
+    a.block = (unsigned)spec->block;
+    a.bits = spec->bits;
+    a.qmax = spec->bits == 8 ? 127.0f : 7.0f;
+    a.stoch = spec->stochastic != 0;
+    a.seed = spec->seed;
+    a.omb = 1.0f - a.beta;
+    const unsigned long long total = a.n_tensors * a.nb;
+    if (total == 0) return ZPP_OK;
+    const unsigned grid = total < (1ull << 20) ? (unsigned)total : (1u << 20);
+    k_ef_quantize<<<grid, kEfThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+    return launch_status(what);
+}
+
+} /* namespace */
+
+extern "C" zpp_status zpp_cuda_ef_reorder_quantize(const void *in, zpp_dtype dtype, float *err,
+                                                   float beta, size_t chunk_len, size_t first,
+                                                   size_t len, int nodes, int local,
+                                                   const zpp_quant_spec *spec, void *out,
+                                                   int *nonfinite_dev, void *stream) {
+    const char *what = "cuda error-feedback reorder-quantize";
+    ZPP_CHECK(zpp_quant_spec_check(spec));
+    ZPP_CHECK(check_dtype(dtype, what));
+    if (len == 0 || nodes < 1 || local < 1) return ZPP_OK;
+    ZPP_CHECK(check_qptr(out, what, "out"));
+    if (!in || !err) return zpp_error(ZPP_ERR_INVALID, "%s: NULL input or error buffer", what);
+    EfArgs a = {};
+    a.in = in;
+    a.dtype = (int)dtype;
+    a.n_tensors = (unsigned long long)nodes * (unsigned long long)local;
+    a.chunk_len = chunk_len;
+    a.first = first;
+    a.len = len;
+    a.nodes = nodes;
+    a.local = local;
+    a.err = err;
+    a.beta = beta;
+    a.out = static_cast<unsigned char *>(out);
+    a.nonfinite = nonfinite_dev;
+    return ef_launch(a, spec, what, stream);
+}
+
+extern "C" zpp_status zpp_cuda_ef_dequant_sum_requant(const void *in, int k, size_t n_chunks,
+                                                      size_t chunk_len, size_t first,
+                                                      size_t len, const zpp_quant_spec *in_spec,
+                                                      const zpp_quant_spec *out_spec,
+                                                      float *err, float beta, void *out,
+                                                      int *nonfinite_dev, void *stream) {
+    const char *what = "cuda error-feedback dequant-sum-requant";
+    ZPP_CHECK(zpp_quant_spec_check(in_spec));
+    ZPP_CHECK(zpp_quant_spec_check(out_spec));
+    if (len == 0 || n_chunks == 0 || k < 1) return ZPP_OK;
+    ZPP_CHECK(check_qptr(in, what, "in"));
+    ZPP_CHECK(check_qptr(out, what, "out"));
+    if (!err) return zpp_error(ZPP_ERR_INVALID, "%s: the error buffer is NULL", what);
+    EfArgs a = {};
+    a.in = in;
+    a.dtype = -1;
+    a.k = k;
+    a.qin = zpp_quant_bytes(len, in_spec);
+    a.in_scales = zpp_quant_scales_offset(len, in_spec->bits);
+    a.in_block = (unsigned)in_spec->block;
+    a.in_bits = in_spec->bits;
+    a.n_tensors = n_chunks;
+    a.chunk_len = chunk_len;
+    a.first = first;
+    a.len = len;
+    a.nodes = 1;
+    a.local = 1;
+    a.err = err;
+    a.beta = beta;
+    a.out = static_cast<unsigned char *>(out);
+    a.nonfinite = nonfinite_dev;
+    return ef_launch(a, out_spec, what, stream);
+}

@@ -37,6 +37,18 @@ zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t n_chunks,
 zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
                                    const zpp_quant_spec *spec, float scale, float *out,
                                    void *stream);
+/* Error feedback (quant_cpu.h has the formula; bit-identical to
+ * zpp_quant_cpu_ef_*): `err` in device memory, updated in place. */
+zpp_status zpp_cuda_ef_reorder_quantize(const void *in, zpp_dtype dtype, float *err, float beta,
+                                        size_t chunk_len, size_t first, size_t len, int nodes,
+                                        int local, const zpp_quant_spec *spec, void *out,
+                                        int *nonfinite_dev, void *stream);
+zpp_status zpp_cuda_ef_dequant_sum_requant(const void *in, int k, size_t n_chunks,
+                                           size_t chunk_len, size_t first, size_t len,
+                                           const zpp_quant_spec *in_spec,
+                                           const zpp_quant_spec *out_spec, float *err,
+                                           float beta, void *out, int *nonfinite_dev,
+                                           void *stream);
 /* acc[i] += dequantize(q)[i] for one quantized tensor of n elements. */
 zpp_status zpp_cuda_dequantize_accumulate(const void *q, size_t n, const zpp_quant_spec *spec,
                                           float *acc, void *stream);

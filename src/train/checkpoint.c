@@ -17,6 +17,7 @@
 #include "train/ckpt_manifest.h"
 
 #define CKPT_MAGIC "ZPPCKPT2"
+#define LOCO_MAGIC "ZPPLOCO1"
 #define CKPT_POINTER "checkpoint.json"
 #define CKPT_MANIFEST "manifest.json"
 #define CKPT_PATH 4096
@@ -133,6 +134,13 @@ zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
 
 typedef zpp_ckpt_manifest manifest; /* ckpt_manifest.h parses it */
 
+/* Whether the engine keeps qgZ error-feedback buffers (engine.h, loco). */
+static int loco_on(const zpp_engine *e) {
+    size_t li = 0, le = 0;
+    return zpp_engine_unit_count(e) > 0 && zpp_engine_loco_lens(e, 0, &li, &le) == ZPP_OK &&
+           li > 0;
+}
+
 static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", m->step);
@@ -166,6 +174,7 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
         zpp_engine_shard_range(e, u, &numel, &b, &c);
         cJSON_AddItemToArray(units, cJSON_CreateNumber((double)numel));
     }
+    if (loco_on(e)) cJSON_AddBoolToObject(j, "loco", 1);
     cJSON *files = cJSON_AddArrayToObject(j, "files");
     for (int r = 0; r < m->world_size; r++) {
         char name[32];
@@ -291,6 +300,101 @@ out:
     return st;
 }
 
+/* The error-feedback file of a rank (checkpoint.h): its buffers are laid
+ * out for this world and node size and are not resharded. */
+static zpp_status write_loco_file(zpp_engine *e, const zpp_ckpt_meta *meta, const char *path) {
+    const int n_units = zpp_engine_unit_count(e);
+    size_t max_len = 1;
+    for (int u = 0; u < n_units; u++) {
+        size_t li = 0, le = 0;
+        ZPP_CHECK(zpp_engine_loco_lens(e, u, &li, &le));
+        if (li + le > max_len) max_len = li + le;
+    }
+    float *host = malloc(max_len * sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    ckpt_file c = {fopen(path, "wb"), FNV_INIT, path, 0, 0};
+    zpp_status st = ZPP_OK;
+    if (!c.f) {
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
+        goto out;
+    }
+    uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
+                        (uint32_t)meta->node_size, (uint32_t)n_units};
+    uint64_t step = (uint64_t)meta->step;
+    ZPP_CHECK_GOTO(file_write(&c, LOCO_MAGIC, 8), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
+    for (int u = 0; u < n_units; u++) {
+        size_t li = 0, le = 0;
+        ZPP_CHECK_GOTO(zpp_engine_loco_lens(e, u, &li, &le), st, out);
+        uint64_t r[2] = {li, le};
+        ZPP_CHECK_GOTO(file_write(&c, r, sizeof r), st, out);
+        ZPP_CHECK_GOTO(zpp_engine_loco_get(e, u, host, host + li), st, out);
+        ZPP_CHECK_GOTO(file_write(&c, host, (li + le) * sizeof(float)), st, out);
+    }
+    uint64_t sum = c.hash;
+    ZPP_CHECK_GOTO(file_write(&c, &sum, sizeof sum), st, out);
+    if (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+out:
+    if (c.f && fclose(c.f) != 0 && st == ZPP_OK)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    free(host);
+    return st;
+}
+
+/* Reads this rank's error-feedback file into host arrays (bufs[u]: the
+ * unit's intra then inter buffer), checking that it was written by rank
+ * `rank` of the same layout at the manifest's step. */
+static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_ckpt_meta *r,
+                                 zpp_engine *e, float **bufs) {
+    ckpt_file c = {NULL, FNV_INIT, path, 0, 0};
+    ZPP_CHECK(zpp_fopen_regular(path, "checkpoint error-feedback file", &c.f));
+    zpp_status st = ZPP_OK;
+    char magic[8];
+    uint32_t head[4];
+    uint64_t step;
+    ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
+    if (memcmp(magic, LOCO_MAGIC, 8) != 0) {
+        st = zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp error-feedback file (bad magic)",
+                       path);
+        goto out;
+    }
+    ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
+    ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
+    if (head[0] != (uint32_t)m->world_size || head[1] != (uint32_t)r->world_rank ||
+        head[2] != (uint32_t)m->node_size || head[3] != (uint32_t)m->n_units ||
+        step != (uint64_t)m->step) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint error-feedback file %s (rank %u of %u, node size %u, %u "
+                       "units, step %llu) does not belong to its manifest",
+                       path, head[1], head[0], head[2], head[3], (unsigned long long)step);
+        goto out;
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        size_t li = 0, le = 0;
+        uint64_t lens[2];
+        ZPP_CHECK_GOTO(zpp_engine_loco_lens(e, u, &li, &le), st, out);
+        ZPP_CHECK_GOTO(file_read(&c, lens, sizeof lens), st, out);
+        if (lens[0] != li || lens[1] != le) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "checkpoint error-feedback file %s: unit %d holds %llu + %llu "
+                           "elements, this run keeps %zu + %zu",
+                           path, u, (unsigned long long)lens[0], (unsigned long long)lens[1],
+                           li, le);
+            goto out;
+        }
+        ZPP_CHECK_GOTO(file_read(&c, bufs[u], (li + le) * sizeof(float)), st, out);
+    }
+    uint64_t want = c.hash, got = 0;
+    if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint file %s is damaged (checksum or length mismatch)", path);
+out:
+    fclose(c.f);
+    return st;
+}
+
 /* ---- Save ------------------------------------------------------------------ */
 
 /* Deletes every step folder of DIR but the published one and the newest
@@ -391,6 +495,11 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
                        path, fault_step);
     else if (st == ZPP_OK)
         st = write_rank_file(e, meta, path, fires && rank == victim);
+    if (st == ZPP_OK && loco_on(e)) {
+        snprintf(fname, sizeof fname, "loco-%05d.ckpt", rank);
+        st = join(path, folder, fname);
+        if (st == ZPP_OK) st = write_loco_file(e, meta, path);
+    }
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
         if (rank == 0) remove_folder(folder); /* the previous checkpoint stays published */
@@ -591,11 +700,52 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
         st = join(path, folder, fname);
         if (st == ZPP_OK) st = read_rank_file(path, &m, q, sg);
     }
+    /* Error feedback: this rank's buffers when the checkpoint has them in
+     * this run's layout (same world and node size), else they start from
+     * zero, as after a reset_T boundary; the note says so. */
+    float **ef = NULL;
+    const int ef_here = loco_on(e);
+    const int ef_same = ef_here && m.loco && m.world_size == meta->world_size &&
+                        m.node_size == meta->node_size;
+    if (st == ZPP_OK && ef_same) {
+        ef = calloc((size_t)n_units, sizeof *ef);
+        if (!ef) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        for (int u = 0; u < n_units && st == ZPP_OK; u++) {
+            size_t li = 0, le = 0;
+            st = zpp_engine_loco_lens(e, u, &li, &le);
+            if (st == ZPP_OK && !(ef[u] = malloc((li + le + 1) * sizeof(float))))
+                st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        }
+        char fname[32];
+        snprintf(fname, sizeof fname, "loco-%05d.ckpt", meta->world_rank);
+        if (st == ZPP_OK) st = join(path, folder, fname);
+        if (st == ZPP_OK) st = read_loco_file(path, &m, meta, e, ef);
+    }
+    if (st == ZPP_OK && ef_here != m.loco) {
+        size_t k = strlen(note);
+        snprintf(note + k, cap > k ? cap - k : 0, "%serror feedback %s", k ? ", " : "",
+                 ef_here ? "buffers start from zero (the checkpoint has none)"
+                         : "buffers of the checkpoint not used (error feedback is off)");
+    } else if (st == ZPP_OK && ef_here && !ef_same) {
+        size_t k = strlen(note);
+        snprintf(note + k, cap > k ? cap - k : 0,
+                 "%serror feedback buffers start from zero (they were saved for %d ranks, "
+                 "node size %d)",
+                 k ? ", " : "", m.world_size, m.node_size);
+    }
     /* install only when every rank has everything */
     st = zpp_comm_agree_world(st);
     for (int u = 0; u < n_units && st == ZPP_OK; u++)
         st = zpp_engine_state_set(e, u, sg[u].x, sg[u].x + sg[u].count,
                                   sg[u].x + 2 * sg[u].count);
+    if (st == ZPP_OK && ef_here && !ef_same) st = zpp_engine_loco_clear(e);
+    for (int u = 0; u < n_units && st == ZPP_OK && ef; u++) {
+        size_t li = 0, le = 0;
+        st = zpp_engine_loco_lens(e, u, &li, &le);
+        if (st == ZPP_OK) st = zpp_engine_loco_set(e, u, ef[u], ef[u] + li);
+    }
+    for (int u = 0; ef && u < n_units; u++) free(ef[u]);
+    free(ef);
     if (st == ZPP_OK) st = zpp_engine_set_counters(e, &m.ctr);
     st = zpp_comm_agree_world(st);
     if (st == ZPP_OK) *step_p = m.step;

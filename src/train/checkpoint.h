@@ -9,6 +9,13 @@
  *                              same step, while the first is the published
  *                              one, goes to step-00000040.1)
  *       rank-00000.ckpt ...    one file per rank of the saving run
+ *       loco-00000.ckpt ...    with qgZ error feedback (manifest "loco": true),
+ *                              one per rank: "ZPPLOCO1", u32 world_size,
+ *                              rank, node_size, n_units, u64 step, per unit
+ *                              u64 intra_len, u64 inter_len and the fp32
+ *                              buffers, then u64 FNV-1a. Not resharded: a
+ *                              run of the same world and node size installs
+ *                              them, any other starts them at zero (noted)
  *       manifest.json          the same manifest (the folder alone can be
  *                              resumed: --resume DIR/step-00000040)
  * A save writes and fsyncs every rank's file in a new step folder, the ranks

@@ -83,6 +83,11 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint manifest %s: model.real_vocab_size is not in 1..vocab_size",
                        name);
+    } else if (cJSON_GetObjectItemCaseSensitive(j, "loco") &&
+               !cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(j, "loco"))) {
+        /* optional: manifests of runs without error feedback have none */
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: loco is not true or false",
+                       name);
     } else if (strchr(m->folder, '/') || !strcmp(m->folder, "..") || !strcmp(m->folder, ".") ||
                !m->folder[0]) {
         st = zpp_error(ZPP_ERR_FORMAT,
@@ -96,6 +101,7 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
     } else {
         c->step = m->step;
         c->loss_scale = (float)scale;
+        m->loco = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "loco"));
         m->seed = (uint64_t)seed;
         m->n_units = cJSON_GetArraySize(units);
         m->numel = calloc((size_t)m->n_units, sizeof *m->numel);

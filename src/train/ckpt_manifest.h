@@ -19,6 +19,8 @@ typedef struct zpp_ckpt_manifest {
     char folder[256], mode[64];
     zpp_gpt2_config model;
     size_t *numel;           /* n_units unit sizes */
+    int loco;                /* "loco": true: error-feedback files loco-NNNNN.ckpt, one a
+                                rank, in this world_size and node_size's layout */
 } zpp_ckpt_manifest;
 
 /* Parses the NUL-terminated JSON `text` of a manifest of format `format`;

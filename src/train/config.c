@@ -36,6 +36,7 @@ typedef struct zpp__cfgctx {
 
 typedef enum zpp__kind {
     ZPP_CFG_OBJECT,
+    ZPP_CFG_OBJECT_ON,
     ZPP_CFG_INT,
     ZPP_CFG_I64,
     ZPP_CFG_SEED,
@@ -62,6 +63,7 @@ typedef struct zpp__key {
 #define ZPP__FIELD(field) offsetof(zpp_train_config, field)
 #define ZPP__NOFIELD(field) 0
 #define ZPP__OFF_OBJECT ZPP__NOFIELD
+#define ZPP__OFF_OBJECT_ON ZPP__FIELD
 #define ZPP__OFF_INT ZPP__FIELD
 #define ZPP__OFF_I64 ZPP__FIELD
 #define ZPP__OFF_SEED ZPP__FIELD
@@ -117,6 +119,7 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
         switch (k->kind) {
         case ZPP_CFG_INT:
         case ZPP_CFG_BOOL:
+        case ZPP_CFG_OBJECT_ON:
         case ZPP_CFG_STAGE: *ZPP__AT(cfg, k, int) = (int)k->def[0]; break;
         case ZPP_CFG_I64: *ZPP__AT(cfg, k, long long) = (long long)k->def[0]; break;
         case ZPP_CFG_SEED: *ZPP__AT(cfg, k, uint64_t) = (uint64_t)k->def[0]; break;
@@ -291,13 +294,17 @@ static zpp_status zpp__parse_object(const zpp__cfgctx *c, const cJSON *obj, cons
 static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON *it,
                                  const char *path) {
     zpp_train_config *cfg = c->cfg;
-    if (k->sched && k->kind != ZPP_CFG_OBJECT) {
+    if (k->sched && k->kind != ZPP_CFG_OBJECT && k->kind != ZPP_CFG_OBJECT_ON) {
         zpp_sched_type t = cfg->scheduler.type;
         if (!(k->sched & (1u << t)))
             return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' does not apply to scheduler type %s",
                              c->src, path, zpp_sched_type_name(t));
     }
     switch (k->kind) {
+    case ZPP_CFG_OBJECT_ON: /* its presence turns the feature on */
+        ZPP_CHECK(zpp__want_object(c, it, path));
+        *ZPP__AT(cfg, k, int) = 1;
+        return zpp__parse_object(c, it, path);
     case ZPP_CFG_OBJECT:
         ZPP_CHECK(zpp__want_object(c, it, path));
         if (k->sched && !(k->sched & (1u << cfg->scheduler.type)))
@@ -406,6 +413,7 @@ static zpp_status zpp__parse_root(const zpp__cfgctx *c, const cJSON *root) {
 static const char *zpp__kind_doc(zpp__kind kind) {
     switch (kind) {
     case ZPP_CFG_OBJECT: return "object";
+    case ZPP_CFG_OBJECT_ON: return "object (present = on)";
     case ZPP_CFG_INT:
     case ZPP_CFG_I64:
     case ZPP_CFG_SEED:
@@ -439,6 +447,7 @@ static void zpp__write_default(FILE *f, const zpp__key *k) {
     case ZPP_CFG_WARMUP_TYPE:
         fprintf(f, "\"%s\"", (int)k->def[0] == ZPP_WARMUP_LINEAR ? "linear" : "log");
         break;
+    case ZPP_CFG_OBJECT_ON: fprintf(f, "absent (off)"); break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: fprintf(f, "-"); break;
     }
@@ -545,6 +554,17 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
         return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
                          cfg->gradient_clipping);
+    if (cfg->zero.loco &&
+        (!(cfg->zero.loco_err_beta >= 0 && cfg->zero.loco_err_beta <= 1)))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zero_optimization.zeropp_loco_param.err_beta' must be in [0, 1] (the "
+                         "weight of the old error in the error buffer's average), got %g",
+                         cfg->zero.loco_err_beta);
+    if (cfg->zero.loco && !cfg->zero.quantized_gradients)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zero_optimization.zeropp_loco_param' (error feedback) corrects qgZ's "
+                         "int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
+                         "true or drop it");
     if (cfg->fp16.enabled && cfg->bf16)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");

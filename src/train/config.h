@@ -114,6 +114,9 @@ typedef struct zpp_train_config {
         long long max_reuse_distance; /* stage3_max_reuse_distance, parameters */
         int prefetch_depth;           /* zeropp_prefetch_depth: units ahead */
         int reduce_depth;             /* zeropp_reduce_depth: reductions in flight */
+        int loco;                     /* zeropp_loco_param given: qgZ error feedback */
+        double loco_err_beta;         /* its err_beta, in [0, 1] */
+        int loco_reset_T;             /* its reset_T, >= 1 */
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size, real_vocab_size */

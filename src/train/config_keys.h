@@ -24,7 +24,8 @@
  * Kinds: OBJECT (a JSON object of further keys), INT (int field, integer in
  * [lo, hi]), I64 (long long field), SEED (uint64_t field), NUM (double
  * field, finite; its range is checked by zpp_train_config_validate and
- * stated in doc), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
+ * stated in doc), OBJECT_ON (an object whose presence sets an int field
+ * to 1; absent = 0: DeepSpeed's "param" objects that switch a feature on), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), STAGE (must be 3),
  * IGNORED (a DeepSpeed engine knob that does not
@@ -126,6 +127,14 @@
       "gathered unit of memory")                                                                  \
     X("zero_optimization.zeropp_reduce_depth", INT, zero.reduce_depth, 1, 8, (2), 0,              \
       "zeropp: gradient reductions in flight; each costs a unit's reduction buffers")             \
+    X("zero_optimization.zeropp_loco_param", OBJECT_ON, zero.loco, 0, 0, (0), 0,                 \
+      "qgZ error feedback (LoCo, DeepSpeed's key): the intra- and inter-node quantization "        \
+      "errors of the last reduction are fed into the next; costs 4 (1 + 1/S) bytes a parameter "  \
+      "a rank (docs/quantization.md); needs zero_quantized_gradients")                            \
+    X("zero_optimization.zeropp_loco_param.err_beta", NUM, zero.loco_err_beta, 0, 0, (0.8), 0,    \
+      "error buffer e <- err_beta e + (1 - err_beta) (x - Q(x)), in [0, 1]")                      \
+    X("zero_optimization.zeropp_loco_param.reset_T", INT, zero.loco_reset_T, 1, INT_MAX, (1024),  \
+      0, "clear the error buffers after every reset_T optimizer steps")                           \
     X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")     \
     X("zero_optimization.contiguous_gradients", IGNORED, none, 0, 0, (0), 0,                      \
       "DeepSpeed tuning knob")                                                                    \

@@ -43,6 +43,7 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     if (c->zero.quantized_weights) strcat(buf, "qwz+");
     if (c->zero.hpz_partition_size > 1) strcat(buf, "hpz+");
     if (c->zero.quantized_gradients) strcat(buf, "qgz+");
+    if (c->zero.loco) strcat(buf, "loco+");
     size_t k = strlen(buf);
     if (k == 0) snprintf(buf, cap, "zero3");
     else buf[k - 1] = '\0';
@@ -157,6 +158,9 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.prefetch_depth = c->zero.prefetch_depth;
     eo.reduce_depth = c->zero.reduce_depth;
+    eo.loco = c->zero.loco;
+    eo.loco_err_beta = (float)c->zero.loco_err_beta;
+    eo.loco_reset_T = c->zero.loco_reset_T;
     eo.seed = c->seed;
     eo.max_consecutive_skips = c->max_consecutive_skips;
     eo.profile = o->profile;
