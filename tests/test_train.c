@@ -268,11 +268,11 @@ static void loco_losses(const char *tag, const char *loco, const char *more, dou
              loco[0] ? ", " : "", loco);
     model_json(json, sizeof json, 1, extra);
     snprintf(name, sizeof name, "loco_%s.json", tag);
-    write_text(tmp_path(name, cfg), "%s", json);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
     snprintf(name, sizeof name, "loco_%s.jsonl", tag);
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s %s", cfg, steps,
-             tmp_path(name, met), more);
-    EXPECT(run_train(4, args, tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag, err);
+             zpp_test_tmp_path(name, met), more);
+    EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag, err);
     EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps - (strstr(more, "--resume") ? 5 : 0));
 }
 
@@ -295,7 +295,7 @@ static void test_loco_reset_and_resume_bitwise(void) {
         EXPECT(t3[i] == big[i], "step %d: reset_T 3 %a, reset_T 1000 %a", i + 1, t3[i], big[i]);
     EXPECT(t3[4] != big[4], "step 5: the reset after step 3 changed nothing");
     char dir[512], more[1024], err[512], args[2048], cfg[512];
-    tmp_path("loco_ckpt", dir);
+    zpp_test_tmp_path("loco_ckpt", dir);
     snprintf(more, sizeof more, "--save %s", dir);
     double first[MAX_STEPS];
     loco_losses("save", l3, more, first, 5);
@@ -305,15 +305,15 @@ static void test_loco_reset_and_resume_bitwise(void) {
         EXPECT(resumed[i] == t3[5 + i], "step %d: resumed %a, uninterrupted %a", 6 + i,
                resumed[i], t3[5 + i]);
     /* another world size: the error buffers start from zero, said in the note */
-    snprintf(args, sizeof args, "--config %s --steps 10 --resume %s", tmp_path("loco_t3.json", cfg),
+    snprintf(args, sizeof args, "--config %s --steps 10 --resume %s", zpp_test_tmp_path("loco_t3.json", cfg),
              dir);
     char out[512];
-    tmp_path("loco_out.txt", out);
+    zpp_test_tmp_path("loco_out.txt", out);
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "timeout 240 %s --oversubscribe --bind-to none -np 2 %s train %s > %s 2> %s", mpi,
-             cli, args, out, tmp_path("err.txt", err));
+             cli, args, out, zpp_test_tmp_path("err.txt", err));
     EXPECT(system(cmd) == 0, "resume on 2 ranks failed, see %s", err);
     FILE *f = fopen(out, "r");
     EXPECT(f != NULL);

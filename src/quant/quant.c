@@ -328,7 +328,7 @@ zpp_status zpp_quant_cpu_convert(const void *in, zpp_dtype in_dtype, void *out,
  * corrected copy of a slab one chunk at a time. */
 zpp_status zpp_quant_cpu_quantize_at(const void *x, zpp_dtype dtype, size_t n,
                                      const zpp_quant_spec *spec, uint64_t idx0, void *out) {
-    uint64_t bad = zpp__quant_tensor(x, dtype, n, spec, idx0, out);
+    uint64_t bad = zpp__k()->quantize(x, dtype, n, spec, idx0, out);
     if (bad != ZPP__NONE) return zpp__nonfinite("quantize", bad);
     return ZPP_OK;
 }
