@@ -12,6 +12,12 @@
  * through ours, so a tensor mapped to the wrong place, a transposed matrix
  * or a padded row in the softmax changes its loss and not the command's.
  *
+ * Training parity (issue 18): ref_train extends that forward with its
+ * backward, written from the math (embedding, LayerNorm, causal attention,
+ * tanh GELU, tied head, cross-entropy over the real vocabulary), and AdamW
+ * with bias correction, the decay mask and PyTorch's clipping, in double;
+ * `zeropp train --data-order sequential` must give its loss at every step.
+ *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
 #include <errno.h>
