@@ -43,6 +43,7 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_OPT_TYPE CMP_NONE
 #define CMP_SCHED_TYPE CMP_FIELD
 #define CMP_WARMUP_TYPE CMP_FIELD
+#define CMP_DATA_ORDER CMP_FIELD
 #define CMP_STAGE CMP_FIELD
 #define CMP_IGNORED CMP_NONE
 #define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
@@ -139,6 +140,7 @@ static void test_every_key_parsed(void) {
             snprintf(loco_txt, sizeof loco_txt,
                      ",\n      \"zeropp_loco_param\": {\"err_beta\": %.17g, \"reset_T\": %d}",
                      ebeta, resetT);
+        int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1);
         char json[4096];
         snprintf(json, sizeof json,
                  "{\n"
@@ -168,13 +170,15 @@ static void test_every_key_parsed(void) {
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
-                 "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g}\n"
+                 "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
+                 "      \"data_order\": \"%s\", \"weight_decay_all\": %s}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, loco_txt, n_layer, n_head, n_embd, seq_len, vocab, real_vocab, steps,
-                 seed, ev, eb, kc, cts);
+                 reuse, pdepth, rdepth, loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
+                 real_vocab, steps, seed, ev, eb, kc, cts, sequential ? "sequential" : "shuffled",
+                 decay_all ? "true" : "false");
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -201,6 +205,8 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
                cfg.collective_timeout_s == cts);
+        EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
+               cfg.weight_decay_all == decay_all);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
@@ -436,6 +442,9 @@ static void test_validation_errors(void) {
                       "'zeropp.eval_batches' is 0");
     expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,
                       "'zeropp.collective_timeout_s' must be >= 0 seconds");
+    expect_load_fails("{\"zeropp\": {\"data_order\": \"random\"}}", ZPP_ERR_CONFIG,
+                      "'zeropp.data_order' is 'random'; use \"shuffled\" or \"sequential\"");
+    expect_load_fails("{\"zeropp\": {\"data_order\": 1}}", ZPP_ERR_CONFIG, "a string");
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
                       "{\"warmup_num_steps\": 100, \"total_num_steps\": 100}}}",
                       ZPP_ERR_CONFIG, "'scheduler.params.total_num_steps' (100) must exceed");

@@ -540,7 +540,108 @@ static void test_too_small(void) {
     EXPECT_MSG("zpp_train_config_resolve");
 }
 
+/* The sequential order (data.h), on an identity file (token i is i), so a
+ * row read back says where it starts. Written out from the definition:
+ * with G = micro * accum * world sequences a step and E = floor((n_train
+ * - 1) / (G T)) whole steps in the split, rank r at micro-step a of step s
+ * reads, as its row b, the T + 1 tokens from
+ *     ((s mod E) G + (a world + r) micro + b) T
+ * (llm.c's convention: the ranks side by side within a micro-step). Every
+ * rank, micro-step and row of 3 passes and then some, on random geometries
+ * (world, micro, accum, T, and a tail of the split no whole step fits);
+ * every token read lies in the training split; and the step's rows are the
+ * same tokens whatever the cut of G into world x micro x accum. */
+static zpp_train_config sequential_cfg(int T, int micro, int accum, int world) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.model.seq_len = T;
+    cfg.model.vocab_size = 65536;
+    cfg.train_micro_batch_size_per_gpu = micro;
+    cfg.gradient_accumulation_steps = accum;
+    cfg.data_order = ZPP_DATA_ORDER_SEQUENTIAL;
+    EXPECT_OK(zpp_train_config_resolve(&cfg, world));
+    return cfg;
+}
+
+static void test_sequential_order(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(11));
+    for (int trial = 0; trial < 12; trial++) {
+        const int T = irand(&r, 1, 24), micro = irand(&r, 1, 4), accum = irand(&r, 1, 3),
+                  world = irand(&r, 1, 5);
+        const size_t G = (size_t)micro * accum * world;
+        const int E_want = irand(&r, 1, 6); /* whole steps in the split */
+        const size_t tail = (size_t)irand(&r, 0, (int)(G * T) - 1);
+        /* n_train = E G T + 1 + tail; n = n_train + n_val with n_val =
+         * max(floor(n / 10), T + 1): solve for n by stepping up */
+        const size_t n_train_want = (size_t)E_want * G * T + 1 + tail;
+        size_t n = n_train_want + T + 1;
+        while (n - (n / 10 > (size_t)T + 1 ? n / 10 : (size_t)T + 1) < n_train_want) n++;
+        char path[64];
+        write_identity(path, n);
+        zpp_train_config cfg = sequential_cfg(T, micro, accum, world);
+        cfg.seed = zpp_rng_u64(&r) >> 11; /* plays no part */
+        zpp_data *d = NULL;
+        EXPECT_OK(zpp_data_open(path, &cfg, &d));
+        const zpp_data_info info = zpp_data_get_info(d);
+        const size_t E = (info.n_train - 1) / (G * T);
+        EXPECT(E >= (size_t)E_want && E <= (size_t)E_want + 1, "E %zu, wanted %d", E, E_want);
+        int32_t *x = malloc((size_t)micro * T * sizeof *x), *y = malloc((size_t)micro * T * sizeof *y);
+        size_t *starts = malloc(G * sizeof *starts);
+        const uint64_t steps = 3 * E + 2;
+        for (uint64_t st = 0; st < steps; st++) {
+            for (int a = 0; a < accum; a++)
+                for (int rk = 0; rk < world; rk++) {
+                    EXPECT_OK(zpp_data_batch(d, st, a, rk, world, x, y));
+                    for (int b = 0; b < micro; b++) {
+                        const size_t got = identity_start(x + (size_t)b * T, y + (size_t)b * T, T);
+                        const size_t row = ((size_t)a * world + rk) * micro + b;
+                        const size_t want = ((st % E) * G + row) * T;
+                        EXPECT(got == want,
+                               "T %d micro %d accum %d world %d: step %llu micro-step %d rank %d "
+                               "row %d starts at %zu, expected %zu",
+                               T, micro, accum, world, (unsigned long long)st, a, rk, b, got, want);
+                        EXPECT(got + T < info.n_train, "read past the training split");
+                        starts[row] = got;
+                    }
+                }
+            /* before the first wrap: step s is tokens [s G T, (s + 1) G T] */
+            if (st < E)
+                for (size_t j = 0; j < G; j++) EXPECT(starts[j] == (st * G + j) * T);
+            /* the same step, cut as one rank with all G sequences in one micro-batch */
+            zpp_train_config one = sequential_cfg(T, (int)G, 1, 1);
+            zpp_data *d1 = NULL;
+            EXPECT_OK(zpp_data_open(path, &one, &d1));
+            int32_t *x1 = malloc(G * T * sizeof *x1), *y1 = malloc(G * T * sizeof *y1);
+            EXPECT_OK(zpp_data_batch(d1, st, 0, 0, 1, x1, y1));
+            for (size_t j = 0; j < G; j++)
+                EXPECT((size_t)x1[j * T] == starts[j], "1 x %zu cut differs at row %zu", G, j);
+            free(x1), free(y1);
+            zpp_data_close(d1);
+        }
+        free(x), free(y), free(starts);
+        zpp_data_close(d);
+        unlink(path);
+    }
+    /* A split that holds no whole step is refused at open (the config's
+     * batch) and at a batch of a larger world, naming the sizes. */
+    char path[64];
+    write_identity(path, 100); /* n_val 10, n_train 90 */
+    zpp_train_config cfg = sequential_cfg(8, 12, 1, 1); /* 12 x 8 + 1 = 97 > 89 */
+    zpp_data *d = NULL;
+    EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_CONFIG);
+    EXPECT_MSG("fewer than one step");
+    cfg = sequential_cfg(8, 5, 1, 1); /* 41 tokens: fits */
+    EXPECT_OK(zpp_data_open(path, &cfg, &d));
+    int32_t x[40], y[40];
+    EXPECT_OK(zpp_data_batch(d, 7, 0, 1, 2, x, y)); /* 2 x 5 x 8 + 1 = 81: fits */
+    EXPECT_STATUS(zpp_data_batch(d, 0, 0, 2, 3, x, y), ZPP_ERR_CONFIG); /* 121 */
+    EXPECT_MSG("the training split holds 90");
+    zpp_data_close(d);
+    unlink(path);
+}
+
 ZPP_TESTS(
+    ZPP_TEST(test_sequential_order),
     ZPP_TEST(test_llmc_roundtrip),
     ZPP_TEST(test_llmc_bad_header),
     ZPP_TEST(test_wrong_magic),

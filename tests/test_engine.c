@@ -453,7 +453,158 @@ static void test_depths_give_the_same_bits(void) {
     teardown(&f);
 }
 
-ZPP_TESTS(ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_depths_give_the_same_bits), ZPP_TEST(test_step_volumes_by_mode),
+/* ---- AdamW: the decay mask and clipping ------------------------------------ */
+
+/* An fp32 GPT-2 of kModel and an engine on it (4 ranks, so every unit's
+ * shards cut through tensors), the fixture's random batch set. */
+static void setup_fp32(fixture *f, const zpp_engine_opts *eo) {
+    memset(f, 0, sizeof *f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 2;
+    EXPECT_OK(zpp_device_create_host(&f->dev));
+    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, 2, f->dev, &f->model));
+    EXPECT_OK(zpp_engine_create(f->topo, f->model, eo, f->dev, &f->engine));
+    zpp_rng r = zpp_rng_make(zpp_test_seed(300 + (uint64_t)f->topo->world_rank));
+    for (int i = 0; i < 32; i++) {
+        f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+        f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+    }
+    EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+}
+
+/* Is element i of `unit` a matrix (GPT-2, gpt2.h's names)? Written from the
+ * tensor list, not from the model's decay ranges. */
+static int is_matrix(const zpp_gpt2_layout *l, int unit, size_t i) {
+    if (unit == 0) return i < l->lnf_w; /* wte, wpe; not lnf_w, lnf_b */
+    return (i >= l->qkv_w && i < l->qkv_b) || (i >= l->proj_w && i < l->proj_b) ||
+           (i >= l->fc_w && i < l->fc_b) || (i >= l->fc2_w && i < l->fc2_b);
+}
+
+/* One AdamW step against the update written out (device.h's formula, the
+ * same float expressions): with the moments m, v after the step,
+ *   p1 = p0 - lr * ((m / c1) / (sqrtf(v / c2) + eps) + wd' * p0),
+ * wd' = weight_decay for a matrix (or every element with decay_all), 0 for
+ * a bias or LayerNorm parameter: equal to the bit on every element of every
+ * rank's shard. Both kinds must occur where the two formulas give different
+ * bits, or the check could not tell them apart. */
+static void test_weight_decay_mask(void) {
+    zpp_gpt2_layout lay;
+    zpp_gpt2_layout_make(&kModel, &lay);
+    for (int all = 0; all <= 1; all++) {
+        zpp_engine_opts eo = zpp_engine_opts_default();
+        eo.work_dtype = ZPP_FP32;
+        eo.weight_decay = 0.25f;
+        eo.grad_clip = 0.0f;
+        eo.decay_all = all;
+        const float lr = 1e-2f;
+        fixture f;
+        setup_fp32(&f, &eo);
+        const int U = zpp_engine_unit_count(f.engine);
+        float *p0[8], *p1[8], *m[8], *v[8];
+        size_t count[8], begin[8], numel;
+        for (int u = 0; u < U; u++) {
+            EXPECT_OK(zpp_engine_shard_range(f.engine, u, &numel, &begin[u], &count[u]));
+            size_t n = count[u] ? count[u] : 1;
+            p0[u] = zpp_test_malloc(n * 4), p1[u] = zpp_test_malloc(n * 4);
+            m[u] = zpp_test_malloc(n * 4), v[u] = zpp_test_malloc(n * 4);
+            EXPECT_OK(zpp_engine_state_get(f.engine, u, p0[u], m[u], v[u]));
+        }
+        float loss;
+        zpp_step_stats st;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, lr, loss, &st));
+        const float c1 = 1.0f - powf(eo.beta1, 1.0f), c2 = 1.0f - powf(eo.beta2, 1.0f);
+        long seen[2] = {0, 0}, bad = 0; /* [decayed?]: elements where wd' mattered */
+        for (int u = 0; u < U; u++) {
+            EXPECT_OK(zpp_engine_state_get(f.engine, u, p1[u], m[u], v[u]));
+            for (size_t k = 0; k < count[u]; k++) {
+                const int decays = all || is_matrix(&lay, u, begin[u] + k);
+                const float p = p0[u][k];
+                const float adam = (m[u][k] / c1) / (sqrtf(v[u][k] / c2) + eo.eps);
+                const float with = p - lr * (adam + eo.weight_decay * p);
+                const float without = p - lr * (adam + 0.0f * p);
+                const float want = decays ? with : without;
+                if (p1[u][k] != want && bad++ < 5)
+                    fprintf(stderr, "rank %d unit %d element %zu (%s): %.9g, expected %.9g\n",
+                            f.topo->world_rank, u, begin[u] + k,
+                            decays ? "decays" : "no decay", p1[u][k], want);
+                seen[decays] += with != without;
+            }
+            free(p0[u]), free(p1[u]), free(m[u]), free(v[u]);
+        }
+        long tot[3] = {seen[0], seen[1], bad};
+        MPI_Allreduce(MPI_IN_PLACE, tot, 3, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        EXPECT(tot[2] == 0, "decay_all %d: %ld elements off the AdamW reference", all, tot[2]);
+        /* at init the biases are 0 (decay moves nothing) and the LayerNorm
+         * weights 1: those 5 x 16 tell */
+        EXPECT(tot[1] > 1000 && (all || tot[0] >= 5 * 16),
+               "decay_all %d: too few telling elements (%ld decayed, %ld not)", all, tot[1],
+               tot[0]);
+        EXPECT(!all || tot[0] == 0);
+        teardown(&f);
+    }
+}
+
+/* Clipping as torch.nn.utils.clip_grad_norm_: the gradients are multiplied
+ * by c = max_norm / (norm + 1e-6) when c < 1. With beta1 = 0 the first
+ * moment after step 1 is the scaled gradient itself, exactly, so against an
+ * engine without clipping (same init, same batch, the same bits of g):
+ *   max_norm = norm: c = norm / (norm + 1e-6) < 1, so m = c * g (the old
+ *     rule, clip only when norm > max_norm, left g alone here);
+ *   max_norm = 2 norm: c > 1, m = g. */
+static void test_clipping_coefficient(void) {
+    zpp_engine_opts eo = zpp_engine_opts_default();
+    eo.work_dtype = ZPP_FP32;
+    eo.beta1 = 0.0f;
+    eo.grad_clip = 0.0f;
+    float ref_norm = 0.0f;
+    float *g[8];
+    size_t count[8], begin, numel;
+    for (int run = 0; run < 3; run++) {
+        fixture f;
+        if (run == 1) eo.grad_clip = ref_norm;
+        if (run == 2) eo.grad_clip = 2.0f * ref_norm;
+        setup_fp32(&f, &eo);
+        float loss;
+        zpp_step_stats st;
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        const int U = zpp_engine_unit_count(f.engine);
+        if (run == 0) ref_norm = st.grad_norm;
+        EXPECT(st.grad_norm == ref_norm, "the norm before clipping changed: %.9g vs %.9g",
+               (double)st.grad_norm, (double)ref_norm);
+        const float c = run == 1 ? ref_norm / (ref_norm + 1e-6f) : 1.0f;
+        if (run == 1) EXPECT(c < 1.0f, "coefficient %.9g", (double)c);
+        long bad = 0;
+        for (int u = 0; u < U; u++) {
+            EXPECT_OK(zpp_engine_shard_range(f.engine, u, &numel, &begin, &count[u]));
+            size_t n = count[u] ? count[u] : 1;
+            float *p = zpp_test_malloc(n * 4), *m = zpp_test_malloc(n * 4),
+                  *v = zpp_test_malloc(n * 4);
+            EXPECT_OK(zpp_engine_state_get(f.engine, u, p, m, v));
+            if (run == 0) {
+                g[u] = m;
+                m = NULL;
+            } else {
+                for (size_t k = 0; k < count[u]; k++) bad += m[k] != c * g[u][k];
+            }
+            free(p), free(m), free(v);
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        EXPECT(bad == 0, "run %d (max_norm %.9g, norm %.9g): %ld moments are not %.9g g", run,
+               (double)eo.grad_clip, (double)ref_norm, bad, (double)c);
+        teardown(&f);
+        if (run == 2)
+            for (int u = 0; u < U; u++) free(g[u]);
+    }
+}
+
+ZPP_TESTS(ZPP_TEST(test_weight_decay_mask), ZPP_TEST(test_clipping_coefficient),
+          ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_depths_give_the_same_bits), ZPP_TEST(test_step_volumes_by_mode),
           ZPP_TEST(test_scratch_settles_with_zeropp),
           ZPP_TEST(test_nonfinite_skips_the_step_everywhere),
           ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "device/device.h"
+#include "model/gpt2.h"
 
 #include "testlib.h"
 
@@ -852,8 +853,11 @@ static void test_qgz_grad_norm_matches_single_rank(void) {
 /* AdamW's first step, end to end on the CPU. At step 1 the moments are
  * m = (1-b1) g and v = (1-b2) g^2, and with bias correction m^ = g,
  * v^ = g^2, so
- *     p1 = p0 - lr * (g / (|g| + eps) + wd * p0)
- *     D := p0 * (1 - lr*wd) - p1 = lr * g / (|g| + eps),
+ *     p1 = p0 - lr * (g / (|g| + eps) + wd' * p0)
+ *     D := p0 * (1 - lr*wd') - p1 = lr * g / (|g| + eps),
+ * with wd' = wd on GPT-2's matrices (wte, wpe, qkv_w, proj_w, fc_w, fc2_w)
+ * and 0 on biases and LayerNorm parameters (DESIGN.md §3, the optimizer
+ * step),
  * which is lr * sign(g) wherever |g| >> eps. p0 comes from a run whose
  * first step has lr = 0 (WarmupLR from warmup_min_lr 0: p1 = p0 exactly);
  * the measured run takes its step-1 lr from WarmupCosineLR (lr * 0.5 at
@@ -862,7 +866,8 @@ static void test_qgz_grad_norm_matches_single_rank(void) {
  * Rounding (fp32, u = 2^-24): p1 is rounded once (u |p1|), lr * (...) once
  * (u * lr * 1.01), the moments and the division a few ulps of lr; so
  * |D - lr * g/(|g|+eps)| <= 2u |p1| + 8u lr (a factor 2 to spare). Missing
- * weight decay is off by lr * wd * |p0| = 1e-4 * |p0| (>> 2u |p1|);
+ * weight decay (or decay on a LayerNorm weight, |p0| ~ 1) is off by
+ * lr * wd * |p0| = 1e-4 * |p0| (>> 2u |p1|);
  * a missing bias correction gives m/sqrt(v) = 0.1/sqrt(0.05) = 0.45, not 1. */
 static void test_adamw_first_step(void) {
     const double lr_opt = 0.002, ratio = 0.5, wd = 0.1, b1 = 0.9, b2 = 0.95, eps = 1e-12;
@@ -896,6 +901,10 @@ static void test_adamw_first_step(void) {
     /* the engine's values: fp32 */
     const double L = (float)(lr_opt * ratio), WD = (float)wd, B1 = (float)b1, B2 = (float)b2;
     const double c1 = 1.0 - B1, c2 = 1.0 - B2, E = (float)eps, u = 0x1p-24;
+    /* the shape of model_json: which elements are matrices */
+    const zpp_gpt2_config shape = {2, 2, 32, 16, 256, 0};
+    zpp_gpt2_layout lay;
+    zpp_gpt2_layout_make(&shape, &lay);
     model_state s0, s1;
     state_load(dir[0], 1, &s0);
     state_load(dir[1], 1, &s1);
@@ -913,7 +922,12 @@ static void test_adamw_first_step(void) {
             EXPECT(fabs(v - c2 * g * g) <= 8 * u * c2 * g * g + 1e-37,
                    "unit %d element %zu: v = %.9g, (1-b2) g^2 = %.9g with g = m/(1-b1) = %.9g",
                    k, i, v, c2 * g * g, g);
-            double D = p0 * (1 - L * WD) - p1, want = L * g / (fabs(g) + E);
+            const int matrix =
+                k == 0 ? i < lay.lnf_w
+                       : (i >= lay.qkv_w && i < lay.qkv_b) || (i >= lay.proj_w && i < lay.proj_b) ||
+                             (i >= lay.fc_w && i < lay.fc_b) || (i >= lay.fc2_w && i < lay.fc2_b);
+            EXPECT(s1.len[k] == (k == 0 ? lay.embed_numel : lay.block_numel));
+            double D = p0 * (1 - L * (matrix ? WD : 0.0)) - p1, want = L * g / (fabs(g) + E);
             double tol = 2 * u * fabs(p1) + 8 * u * L;
             if (fabs(D - want) > worst) worst = fabs(D - want);
             EXPECT(fabs(D - want) <= tol,

@@ -23,6 +23,7 @@ typedef struct train_args {
     int quiet;
     int profile;
     double collective_timeout; /* seconds; < 0: not given */
+    int data_order;            /* zpp_data_order; < 0: not given */
 } train_args;
 
 typedef struct run_summary {
@@ -52,6 +53,9 @@ static void usage(FILE *f) {
             "  --eval-every K    validation loss every K steps (0 = never)\n"
             "  --metrics FILE    one JSON object per step\n"
             "  --seed S          initialisation and data order\n"
+            "  --data-order O    shuffled (default) or sequential: step s reads tokens\n"
+            "                    [s G T, (s+1) G T] of the training split, as llm.c does\n"
+            "                    (overrides zeropp.data_order)\n"
             "  --node-size S     ranks per (emulated) node; must divide the world size\n"
             "  --device D        cpu (host ranks, MPI) or gpu (one GPU per rank, NCCL)\n"
             "  --emulate-nodes   gpu: a distinct NCCL_HOSTID per node, so nodes talk over\n"
@@ -94,8 +98,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
     a->save_every = 0;
     const int print = zpp_comm_world_rank() == 0;
     int list_keys = 0;
-    const char *device = NULL, *timeout = NULL;
+    const char *device = NULL, *timeout = NULL, *order = NULL;
     a->collective_timeout = -1.0;
+    a->data_order = -1;
     const zpp_cli_opt opts[] = {
         {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
         {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
@@ -106,6 +111,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--data", ZPP_CLI_STR, &a->data, 0, 0},
         {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
         {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--data-order", ZPP_CLI_STR, &order, 0, 0},
         {"--save", ZPP_CLI_STR, &a->save, 0, 0},
         {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
         {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
@@ -138,6 +144,16 @@ static int parse_args(int argc, char **argv, train_args *a) {
             return -1;
         }
         a->collective_timeout = sec;
+    }
+    if (order) {
+        zpp_data_order o;
+        if (zpp_data_order_parse(order, &o) != ZPP_OK) {
+            if (print)
+                fprintf(stderr, "zeropp train: --data-order takes shuffled or sequential, not "
+                        "'%s'\n", order);
+            return -1;
+        }
+        a->data_order = (int)o;
     }
     if (device) {
         if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
@@ -473,6 +489,7 @@ int zpp_cli_train(int argc, char **argv) {
     if (a.steps >= 0) cfg.train_steps = (int)a.steps;
     if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
+    if (a.data_order >= 0) cfg.data_order = (zpp_data_order)a.data_order;
     if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;
     if (rank == 0 && cfg.ignored[0])
         printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);

@@ -543,6 +543,44 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
     return st;
 }
 
+/* AdamW on unit `ui`'s shard, with weight decay only on the elements the
+ * model says decay (model.h, decay_ranges; all of them when it names none
+ * or opts.decay_all). The shard [r * shard_len, (r + 1) * shard_len) of
+ * the unit is cut at the decay ranges it meets, and each piece is one
+ * AdamW call with weight_decay or 0: the per-element arithmetic is the
+ * same, so a piece gives the bits one call would (GPT-2: at most nine
+ * calls for a block, where the shard crosses all four matrices). The
+ * padding past numel lies outside every range: 0 stays 0 either way. */
+static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t to,
+                              const zpp_adamw_args *aw, int decay) {
+    if (to <= from) return ZPP_OK;
+    zpp_adamw_args a = *aw;
+    if (!decay) a.weight_decay = 0.0f;
+    return zpp_device_adamw(e->dev, u->master + from, u->m + from, u->v + from,
+                            u->grad_acc + from, to - from, &a, NULL, e->opts.work_dtype);
+}
+
+static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
+    unit_state *u = &e->units[ui];
+    const zpp_model *m = e->model;
+    const size_t len = u->part.shard_len;
+    if (e->opts.decay_all || !m->decay_ranges || aw->weight_decay == 0.0f)
+        return adamw_piece(e, u, 0, len, aw, 1);
+    const size_t begin = (size_t)e->topo->world_rank * len; /* in the unit */
+    size_t pos = 0;                                          /* in the shard */
+    for (int k = 0; k < m->n_decay_ranges[ui]; k++) {
+        const zpp_elem_range r = m->decay_ranges[ui][k];
+        if (r.end <= begin + pos) continue;
+        if (r.begin >= begin + len) break;
+        const size_t lo = r.begin > begin + pos ? r.begin - begin : pos;
+        const size_t hi = r.end < begin + len ? r.end - begin : len;
+        ZPP_CHECK(adamw_piece(e, u, pos, lo, aw, 0));
+        ZPP_CHECK(adamw_piece(e, u, lo, hi, aw, 1));
+        pos = hi;
+    }
+    return adamw_piece(e, u, pos, len, aw, 0);
+}
+
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p) {
     /* Nothing gathered may outlive the weights it was gathered from (a
@@ -627,16 +665,21 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         }
     } else {
         e->consec = 0;
+        /* Clipping as torch.nn.utils.clip_grad_norm_: coefficient
+         * max_norm / (norm + 1e-6), applied only when below 1 (the 1e-6
+         * keeps a zero norm finite). */
         float scale = 1.0f;
-        if (e->opts.grad_clip > 0.0f && norm > e->opts.grad_clip) scale = e->opts.grad_clip / norm;
+        if (e->opts.grad_clip > 0.0f) {
+            const float coef = e->opts.grad_clip / (norm + 1e-6f);
+            if (coef < 1.0f) scale = coef;
+        }
         if (used_scale != 1.0f) scale /= used_scale;
         e->updates++;
         zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
                              e->opts.weight_decay, scale, e->updates};
         for (int i = 0; i < e->model->n_units; i++) {
             unit_state *u = &e->units[i];
-            ZPP_CHECK(zpp_device_adamw(e->dev, u->master, u->m, u->v, u->grad_acc,
-                                       u->part.shard_len, &aw, NULL, e->opts.work_dtype));
+            ZPP_CHECK(adamw_unit(e, i, &aw));
             ZPP_CHECK(
                 zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
             /* The weights changed: the secondary copy is stale. */

@@ -12,7 +12,8 @@
  *             averaged shard into the fp32 shard gradient
  * then once per step:
  *   global gradient norm (all-reduce of shard sums of squares), clipping,
- *   AdamW on each rank's fp32 master shard, secondary shards invalidated.
+ *   AdamW on each rank's fp32 master shard (weight decay on the model's
+ *   decay ranges), secondary shards invalidated.
  * No working-dtype copy of the shard is kept: a gather rounds the master
  * into its own block of the gathered buffer and gathers in place.
  *
@@ -36,7 +37,15 @@ typedef struct zpp_engine_opts {
     zpp_reduce_mode reduce;  /* gradient reduction */
     zpp_dtype work_dtype;    /* dtype of gathered weights and reduced grads */
     float beta1, beta2, eps, weight_decay;
-    float grad_clip;         /* max global norm; 0 = off */
+    /* 1: weight_decay on every parameter (DeepSpeed without parameter
+     * groups); 0 (default): only on the model's decay ranges (model.h:
+     * GPT-2's matrices, as llm.c and nanoGPT), every parameter for a model
+     * that names none. */
+    int decay_all;
+    /* Max global norm; 0 = off. As torch.nn.utils.clip_grad_norm_, the
+     * gradients are multiplied by grad_clip / (norm + 1e-6) when that is
+     * below 1. */
+    float grad_clip;
     /* A unit stays gathered after a stage when a later stage of the same pass
      * uses it again within this many parameters of other units (DeepSpeed's
      * stage3_max_reuse_distance); 0 releases it after every stage that is

@@ -26,6 +26,11 @@ extern "C" {
 
 typedef struct zpp_model zpp_model;
 
+/* Elements [begin, end) of a unit. */
+typedef struct zpp_elem_range {
+    size_t begin, end;
+} zpp_elem_range;
+
 typedef struct zpp_model_ops {
     /* Writes the initial values of elements [offset, offset + count) of
      * `unit` as fp32. A pure function of (seed, unit, element index), so
@@ -61,6 +66,15 @@ struct zpp_model {
     int vocab_size;           /* rows of the token embedding, columns of the logits */
     int real_vocab_size;      /* the softmax's columns, 1..vocab_size (zpp_gpt2_config) */
     int max_batch;            /* B the activations were sized for */
+    /* Weight decay (AdamW's wd * p term): the element ranges of each unit
+     * that decay, sorted and disjoint: unit u's are
+     * decay_ranges[u][0 .. n_decay_ranges[u]). GPT-2 names its matrices
+     * (wte, wpe, and the attention and MLP weights), as llm.c and nanoGPT
+     * decay them, and not the biases or LayerNorm parameters. NULL (a user
+     * model): every element decays. The engine's decay_all ignores them
+     * (DeepSpeed's behaviour without parameter groups). */
+    const int *n_decay_ranges;
+    const zpp_elem_range *const *decay_ranges;
     void *impl;
 };
 

@@ -46,6 +46,7 @@ typedef enum zpp__kind {
     ZPP_CFG_OPT_TYPE,
     ZPP_CFG_SCHED_TYPE,
     ZPP_CFG_WARMUP_TYPE,
+    ZPP_CFG_DATA_ORDER,
     ZPP_CFG_STAGE,
     ZPP_CFG_IGNORED
 } zpp__kind;
@@ -73,6 +74,7 @@ typedef struct zpp__key {
 #define ZPP__OFF_OPT_TYPE ZPP__NOFIELD
 #define ZPP__OFF_SCHED_TYPE ZPP__FIELD
 #define ZPP__OFF_WARMUP_TYPE ZPP__FIELD
+#define ZPP__OFF_DATA_ORDER ZPP__FIELD
 #define ZPP__OFF_STAGE ZPP__FIELD
 #define ZPP__OFF_IGNORED ZPP__NOFIELD
 #define ZPP__DEF(...) {__VA_ARGS__}
@@ -133,6 +135,9 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
             break;
         case ZPP_CFG_WARMUP_TYPE:
             *ZPP__AT(cfg, k, zpp_warmup_type) = (zpp_warmup_type)(int)k->def[0];
+            break;
+        case ZPP_CFG_DATA_ORDER:
+            *ZPP__AT(cfg, k, zpp_data_order) = (zpp_data_order)(int)k->def[0];
             break;
         case ZPP_CFG_OBJECT:
         case ZPP_CFG_OPT_TYPE:
@@ -363,6 +368,15 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
                              c->src, path, w);
         return ZPP_OK;
     }
+    case ZPP_CFG_DATA_ORDER: {
+        const char *w = NULL;
+        ZPP_CHECK(zpp__get_str(c, it, path, &w));
+        return zpp_data_order_parse(w, ZPP__AT(cfg, k, zpp_data_order)) == ZPP_OK
+                   ? ZPP_OK
+                   : zpp_error(ZPP_ERR_CONFIG,
+                               "%s: '%s' is '%s'; use \"shuffled\" or \"sequential\"", c->src,
+                               path, w);
+    }
     case ZPP_CFG_STAGE: {
         long long v = 0;
         ZPP_CHECK(zpp__get_int(c, it, path, INT_MIN, INT_MAX, &v));
@@ -423,7 +437,8 @@ static const char *zpp__kind_doc(zpp__kind kind) {
     case ZPP_CFG_BETAS: return "[number, number]";
     case ZPP_CFG_OPT_TYPE:
     case ZPP_CFG_SCHED_TYPE:
-    case ZPP_CFG_WARMUP_TYPE: return "string";
+    case ZPP_CFG_WARMUP_TYPE:
+    case ZPP_CFG_DATA_ORDER: return "string";
     case ZPP_CFG_IGNORED: return "any";
     }
     return "?";
@@ -448,6 +463,9 @@ static void zpp__write_default(FILE *f, const zpp__key *k) {
         fprintf(f, "\"%s\"", (int)k->def[0] == ZPP_WARMUP_LINEAR ? "linear" : "log");
         break;
     case ZPP_CFG_OBJECT_ON: fprintf(f, "absent (off)"); break;
+    case ZPP_CFG_DATA_ORDER:
+        fprintf(f, "\"%s\"", zpp_data_order_name((zpp_data_order)(int)k->def[0]));
+        break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: fprintf(f, "-"); break;
     }
@@ -974,6 +992,19 @@ zpp_status zpp_train_config_resolve(zpp_train_config *cfg, int world_size) {
 /* ------------------------------------------------------------------------ */
 /* Learning rate                                                             */
 /* ------------------------------------------------------------------------ */
+
+const char *zpp_data_order_name(zpp_data_order order) {
+    return order == ZPP_DATA_ORDER_SEQUENTIAL ? "sequential" : "shuffled";
+}
+
+zpp_status zpp_data_order_parse(const char *name, zpp_data_order *order_p) {
+    if (name && strcmp(name, "shuffled") == 0) *order_p = ZPP_DATA_ORDER_SHUFFLED;
+    else if (name && strcmp(name, "sequential") == 0) *order_p = ZPP_DATA_ORDER_SEQUENTIAL;
+    else
+        return zpp_error(ZPP_ERR_CONFIG, "data order '%s' is unknown; use shuffled or sequential",
+                         name ? name : "(null)");
+    return ZPP_OK;
+}
 
 double zpp_train_lr(const zpp_train_config *cfg, long step) {
     const long s = step < 0 ? 0 : step;

@@ -72,6 +72,13 @@ typedef enum zpp_sched_type {
 
 typedef enum zpp_warmup_type { ZPP_WARMUP_LOG = 0, ZPP_WARMUP_LINEAR = 1 } zpp_warmup_type;
 
+/* The order of the training batches (train/data.h): a keyed permutation of
+ * windows, or the split read front to back as llm.c's DataLoader reads it. */
+typedef enum zpp_data_order {
+    ZPP_DATA_ORDER_SHUFFLED = 0,
+    ZPP_DATA_ORDER_SEQUENTIAL = 1
+} zpp_data_order;
+
 #define ZPP_TRAIN_DEFAULT_MICRO_BATCH 8 /* when no batch key is given at all */
 #define ZPP_TRAIN_IGNORED_CAP 512
 
@@ -129,6 +136,8 @@ typedef struct zpp_train_config {
     int steps_per_print; /* DeepSpeed key; 0 = never */
     int max_consecutive_skips; /* non-finite steps in a row before the run stops */
     int keep_checkpoints; /* --save keeps the newest N step folders */
+    zpp_data_order data_order; /* zeropp.data_order, --data-order */
+    int weight_decay_all; /* 1: decay every parameter (DeepSpeed); 0: the matrices */
     double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */
@@ -175,6 +184,10 @@ double zpp_train_lr(const zpp_train_config *cfg, long step);
 
 /* Writes the key reference (Markdown, docs/config.md) from the key table. */
 void zpp_train_config_write_keys(FILE *f);
+
+/* "shuffled" / "sequential", and back (ZPP_ERR_CONFIG naming the word). */
+const char *zpp_data_order_name(zpp_data_order order);
+zpp_status zpp_data_order_parse(const char *name, zpp_data_order *order_p);
 
 /* "WarmupCosineLR" etc.; "none" for ZPP_SCHED_NONE. */
 const char *zpp_sched_type_name(zpp_sched_type type);

@@ -27,7 +27,8 @@
  * stated in doc), OBJECT_ON (an object whose presence sets an int field
  * to 1; absent = 0: DeepSpeed's "param" objects that switch a feature on), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
- * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), STAGE (must be 3),
+ * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), DATA_ORDER
+ * (zpp_data_order: "shuffled" | "sequential"), STAGE (must be 3),
  * IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
@@ -69,7 +70,7 @@
       "[beta1, beta2], each in [0, 1)")                                                           \
     X("optimizer.params.eps", NUM, optimizer.eps, 0, 0, (1e-8), 0, "> 0")                         \
     X("optimizer.params.weight_decay", NUM, optimizer.weight_decay, 0, 0, (0.01), 0,              \
-      ">= 0, decoupled (AdamW)")                                                                  \
+      ">= 0, decoupled (AdamW); on GPT-2's matrices only unless zeropp.weight_decay_all")         \
     X("scheduler", OBJECT, none, 0, 0, (0), 0,                                                    \
       "the learning-rate schedule (absent: constant optimizer lr)")                               \
     X("scheduler.type", SCHED_TYPE, scheduler.type, 0, 0, (0), 0,                                 \
@@ -178,7 +179,13 @@
       "--save keeps the newest N published checkpoints (step folders)")                           \
     X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
       "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
-      ">= 0; 0 = wait forever; --collective-timeout")
+      ">= 0; 0 = wait forever; --collective-timeout")                                             \
+    X("zeropp.data_order", DATA_ORDER, data_order, 0, 0, (0), 0,                                  \
+      "\"shuffled\" (a keyed permutation of windows) | \"sequential\" (step s reads tokens "       \
+      "[s G T, (s+1) G T] of the training split as llm.c's DataLoader; --data-order)")            \
+    X("zeropp.weight_decay_all", BOOL, weight_decay_all, 0, 0, (0), 0,                            \
+      "true: weight decay on every parameter (DeepSpeed); false: on the matrices only (GPT-2's "  \
+      "wte, wpe, attention and MLP weights; llm.c, nanoGPT)")
 /* clang-format on */
 
 #endif

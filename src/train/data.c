@@ -21,6 +21,7 @@ struct zpp_data {
     size_t slack;    /* n_train - 1 - K * T: room to shift the window grid */
     int T, vocab, micro, accum;
     uint64_t seed;
+    zpp_data_order order;
     /* A file is read with positioned reads (pread), never mapped: a file
      * that shrinks under us is an error message, not a SIGBUS. */
     int fd;          /* the data file, or -1 */
@@ -325,6 +326,7 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
     d->micro = micro;
     d->accum = accum;
     d->seed = cfg->seed;
+    d->order = cfg->data_order;
     d->fd = -1;
 
     if (path) {
@@ -382,6 +384,17 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
     d->K = (d->n_train - 1) / (size_t)T;
     d->slack = d->n_train - 1 - d->K * (size_t)T;
     d->K_val = (d->n_val - 1) / (size_t)T;
+    if (d->order == ZPP_DATA_ORDER_SEQUENTIAL && cfg->train_batch_size > 0 &&
+        (d->n_train - 1) / (size_t)T < (size_t)cfg->train_batch_size) {
+        st = zpp_error(ZPP_ERR_CONFIG,
+                       "data '%s': its training split holds %zu tokens, fewer than one step of "
+                       "the sequential order reads (train_batch_size %d x seq_len %d + 1 = "
+                       "%zu); use more data, a smaller batch, or zeropp.data_order "
+                       "\"shuffled\"",
+                       name, d->n_train, cfg->train_batch_size, T,
+                       (size_t)cfg->train_batch_size * (size_t)T + 1);
+        goto fail;
+    }
     *data_p = d;
     return ZPP_OK;
 fail:
@@ -408,6 +421,24 @@ size_t zpp_data_sample_start(const zpp_data *d, uint64_t sample) {
     return (size_t)(off + w * (uint64_t)d->T);
 }
 
+/* The sequential order (data.h): step s reads block s mod E of G T tokens
+ * (+1 for the last target), E = floor((n_train - 1) / (G T)) whole blocks
+ * in the split; sequence j is tokens [j T, j T + T] of the block. */
+static zpp_status zpp__sequential_start(const zpp_data *d, uint64_t step, uint64_t G,
+                                        uint64_t j, size_t *start_p) {
+    const uint64_t T = (uint64_t)d->T, rows = ((uint64_t)d->n_train - 1) / T;
+    if (G > rows)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "sequential data order: a step of %llu sequences of %llu tokens needs "
+                         "%llu tokens, but the training split holds %zu; use more data or a "
+                         "smaller batch",
+                         (unsigned long long)G, (unsigned long long)T,
+                         (unsigned long long)(G * T + 1), d->n_train);
+    const uint64_t E = rows / G; /* whole steps per pass over the split */
+    *start_p = (size_t)(((step % E) * G + j) * T);
+    return ZPP_OK;
+}
+
 zpp_status zpp_data_sequence(const zpp_data *d, uint64_t step, uint64_t global_batch,
                              uint64_t j, int32_t *tokens, int32_t *targets) {
     if (!d || !tokens || !targets)
@@ -416,6 +447,11 @@ zpp_status zpp_data_sequence(const zpp_data *d, uint64_t step, uint64_t global_b
         return zpp_error(ZPP_ERR_INVALID,
                          "zpp_data_sequence: sequence %llu is outside the global batch of %llu",
                          (unsigned long long)j, (unsigned long long)global_batch);
+    if (d->order == ZPP_DATA_ORDER_SEQUENTIAL) {
+        size_t start = 0;
+        ZPP_CHECK(zpp__sequential_start(d, step, global_batch, j, &start));
+        return zpp__read_seq(d, start, tokens, targets);
+    }
     if (step > (UINT64_MAX - j) / global_batch)
         return zpp_error(ZPP_ERR_INVALID, "zpp_data_sequence: step %llu overflows the sample "
                          "counter", (unsigned long long)step);

@@ -40,6 +40,29 @@
  *   of [0, K) keyed by (seed, e) (a Feistel network with cycle-walking: no
  *   table, O(1) per lookup). Each epoch visits every window exactly once.
  *
+ * SEQUENTIAL ORDER (cfg->data_order = ZPP_DATA_ORDER_SEQUENTIAL,
+ *   `--data-order sequential`): the training split is read front to back, as
+ *   llm.c's DataLoader reads a token file. Step s reads the block of
+ *   G T + 1 tokens starting at b(s) G T, b(s) = s mod E, where
+ *   E = floor((n_train - 1) / (G T)) is the number of whole steps in the
+ *   split: sequence j of the step is tokens [b G T + j T, b G T + j T + T]
+ *   (T inputs, targets one later). Until the first wrap, step s reads tokens
+ *   [s G T, (s + 1) G T]; the tail of the split that holds no whole step is
+ *   never read, and the pass starts again at token 0. The step's sequences
+ *   are dealt to ranks and micro-steps as below: rank r at micro-step a
+ *   reads rows (a * world + r) * micro + b, the llm.c convention (process p
+ *   reads the p-th B T tokens of each micro-step's world B T, and each
+ *   micro-step moves on by world B T). The wrap is per optimizer step, not
+ *   per micro-step as in llm.c (which wraps after floor((n - 1) / (world B
+ *   T)) micro-steps): the two agree while the split holds a whole number of
+ *   steps, and ours keeps a step's tokens independent of how G is cut into
+ *   ranks and micro-batches, so a checkpoint resumes on another world size
+ *   with the same batches. E >= 1 is required (n_train >= G T + 1):
+ *   ZPP_ERR_CONFIG at open (G = cfg->train_batch_size) and in
+ *   zpp_data_sequence. The seed plays no part. For parity with llm.c, give
+ *   llm.c a file of the first n_train tokens: llm.c trains on a whole file,
+ *   we hold out the last tenth.
+ *
  * GLOBAL BATCH: optimizer step s consumes samples s * G .. s * G + G - 1,
  *   G = micro * accum * world; sequence j in [0, G) of the step is sample
  *   s * G + j. Rank r at micro-step a gets the contiguous range
@@ -113,7 +136,8 @@ zpp_status zpp_data_sequence(const zpp_data *data, uint64_t step, uint64_t globa
                              uint64_t j, int32_t *tokens, int32_t *targets);
 
 /* Start offset (token index into the whole data) of training sample i of
- * the endless stream (sample s * G + j is sequence j of step s). */
+ * the shuffled stream (sample s * G + j is sequence j of step s); the
+ * sequential order is zpp_data_sequence's. */
 size_t zpp_data_sample_start(const zpp_data *data, uint64_t sample);
 
 /* Validation batch `index` of B sequences (B >= 1, any size), from the

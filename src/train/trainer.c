@@ -154,6 +154,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.beta2 = (float)c->optimizer.beta2;
     eo.eps = (float)c->optimizer.eps;
     eo.weight_decay = (float)c->optimizer.weight_decay;
+    eo.decay_all = c->weight_decay_all;
     eo.grad_clip = (float)c->gradient_clipping;
     eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
     eo.prefetch_depth = c->zero.prefetch_depth;
