@@ -239,7 +239,8 @@ static void write_script(FILE *f, const plot_data *d, const char *png, const cha
         }
         fprintf(f, "EOD\n");
     }
-    fprintf(f, "set terminal pngcairo size %d,%d font \",10\"\n", width, height);
+    /* noenhanced: labels and titles print as given (run names hold "_") */
+    fprintf(f, "set terminal pngcairo noenhanced size %d,%d font \",10\"\n", width, height);
     fprintf(f, "set output ");
     gp_string(f, png);
     /* headroom above the lines for the legend, which also hides what
