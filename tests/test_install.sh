@@ -59,7 +59,10 @@ header_version=$(awk '/^#define ZPP_VERSION_(MAJOR|MINOR|PATCH) / {printf "%s%s"
 "$mpicc" -std=c11 -O2 -Wall -Wextra -Werror "${cflags[@]}" "$src/examples/custom_model.c" \
   -o "$work/custom_model" $(pkg-config --cflags --libs zeropp) \
   -Wl,-rpath,"$(realpath "$(pkg-config --variable=libdir zeropp)")" -lm
-ldd "$work/custom_model" | grep -q "$libdir/$soname" ||
+# (ldd's output is read whole before grep: with pipefail, a `grep -q` that
+# stops at the first match can kill ldd with SIGPIPE and fail the pipeline)
+deps=$(ldd "$work/custom_model")
+grep -qF "$libdir/$soname" <<<"$deps" ||
   fail "custom_model does not load the installed $soname"
 run4 "$work/custom_model"
 
@@ -78,7 +81,8 @@ EOF
 "$cmake" -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_BUILD_TYPE=Release >"$work/cmake-configure.log"
 "$cmake" --build "$work/cmake-build" >"$work/cmake-build.log"
-if ldd "$work/cmake-build/custom_model_static" | grep -q libzeropp; then
+deps=$(ldd "$work/cmake-build/custom_model_static")
+if grep -qF libzeropp <<<"$deps"; then
   fail "custom_model_static loads libzeropp.so; zeropp::zeropp_static should link it in"
 fi
 run4 "$work/cmake-build/custom_model_static"
