@@ -489,10 +489,14 @@ zpp_status zpp_device_dequantize_chunks(zpp_device *d, const void *q, size_t n_c
     return d->ops->dequantize_chunks(d, q, n_chunks, chunk_len, spec, dtype, out);
 }
 
-zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
-                                       size_t chunk_len, size_t first, size_t len, int nodes,
-                                       int local, const zpp_quant_spec *spec, void *out) {
-    const char *what = "reorder-quantize";
+/* The arguments of a reorder-quantize, plain (has_err 0) or with error
+ * feedback (err: one float per input element). *n_out_p: the elements
+ * written (0: nothing to do). */
+static zpp_status zpp__reorder_args(const char *what, zpp_device *d, const void *in,
+                                    zpp_dtype dtype, int has_err, const float *err,
+                                    size_t chunk_len, size_t first, size_t len, int nodes,
+                                    int local, const zpp_quant_spec *spec, const void *out,
+                                    size_t *n_out_p) {
     size_t ranks = 0, n = 0, bytes = 0;
     ZPP_CHECK(zpp__dev(d, what));
     ZPP_CHECK(zpp__spec(what, spec));
@@ -505,16 +509,29 @@ zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype 
     ZPP_CHECK(zpp__mul(what, ranks, chunk_len, &n));
     ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
     ZPP_CHECK(zpp__ptr(what, in, "the input", n));
+    if (has_err) ZPP_CHECK(zpp__ptr(what, err, "the error buffer", n));
     ZPP_CHECK(zpp__ptr(what, out, "the output", ranks * len));
-    if (ranks * len == 0) return ZPP_OK;
+    *n_out_p = ranks * len;
+    return ZPP_OK;
+}
+
+zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype dtype,
+                                       size_t chunk_len, size_t first, size_t len, int nodes,
+                                       int local, const zpp_quant_spec *spec, void *out) {
+    size_t n_out = 0;
+    ZPP_CHECK(zpp__reorder_args("reorder-quantize", d, in, dtype, 0, NULL, chunk_len, first,
+                                len, nodes, local, spec, out, &n_out));
+    if (n_out == 0) return ZPP_OK;
     return d->ops->reorder_quantize(d, in, dtype, chunk_len, first, len, nodes, local, spec, out);
 }
 
-zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
-                                          size_t n_chunks, size_t chunk_len, size_t first,
-                                          size_t len, const zpp_quant_spec *in_spec,
-                                          const zpp_quant_spec *out_spec, void *out) {
-    const char *what = "dequant-sum-requant";
+/* The arguments of a dequant-sum-requant, plain (has_err 0) or with error
+ * feedback (err: one float per element of the n_chunks whole chunks). */
+static zpp_status zpp__dsr_args(const char *what, zpp_device *d, const void *in, int k,
+                                size_t n_chunks, size_t chunk_len, size_t first, size_t len,
+                                const zpp_quant_spec *in_spec, const zpp_quant_spec *out_spec,
+                                int has_err, const float *err, const void *out,
+                                size_t *n_out_p) {
     size_t whole = 0, n = 0, all = 0;
     ZPP_CHECK(zpp__dev(d, what));
     ZPP_CHECK(zpp__spec(what, in_spec));
@@ -528,7 +545,19 @@ zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
     ZPP_CHECK(zpp__mul(what, n_chunks, len, &n));
     ZPP_CHECK(zpp__mul(what, n, (size_t)k, &all));
     ZPP_CHECK(zpp__ptr(what, in, "the input", all));
+    if (has_err) ZPP_CHECK(zpp__ptr(what, err, "the error buffer", whole));
     ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    *n_out_p = n;
+    return ZPP_OK;
+}
+
+zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
+                                          size_t n_chunks, size_t chunk_len, size_t first,
+                                          size_t len, const zpp_quant_spec *in_spec,
+                                          const zpp_quant_spec *out_spec, void *out) {
+    size_t n = 0;
+    ZPP_CHECK(zpp__dsr_args("dequant-sum-requant", d, in, k, n_chunks, chunk_len, first, len,
+                            in_spec, out_spec, 0, NULL, out, &n));
     if (n == 0) return ZPP_OK;
     return d->ops->dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
                                        out_spec, out);
@@ -546,21 +575,11 @@ zpp_status zpp_device_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dty
                                           size_t first, size_t len, int nodes, int local,
                                           const zpp_quant_spec *spec, void *out) {
     const char *what = "error-feedback reorder-quantize";
-    size_t ranks = 0, n = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, spec));
-    ZPP_CHECK(zpp__dtype(what, dtype));
+    size_t n_out = 0;
+    ZPP_CHECK(zpp__reorder_args(what, d, in, dtype, 1, err, chunk_len, first, len, nodes, local,
+                                spec, out, &n_out));
     ZPP_CHECK(zpp__beta(what, beta));
-    if (nodes < 1 || local < 1)
-        return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
-                         nodes, local);
-    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
-    ZPP_CHECK(zpp__mul(what, (size_t)nodes, (size_t)local, &ranks));
-    ZPP_CHECK(zpp__mul(what, ranks, chunk_len, &n));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
-    ZPP_CHECK(zpp__ptr(what, err, "the error buffer", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", ranks * len));
-    if (ranks * len == 0) return ZPP_OK;
+    if (n_out == 0) return ZPP_OK;
     return d->ops->ef_reorder_quantize(d, in, dtype, err, beta, chunk_len, first, len, nodes,
                                        local, spec, out);
 }
@@ -571,20 +590,10 @@ zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int 
                                              const zpp_quant_spec *out_spec, float *err,
                                              float beta, void *out) {
     const char *what = "error-feedback dequant-sum-requant";
-    size_t whole = 0, n = 0, all = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, in_spec));
-    ZPP_CHECK(zpp__spec(what, out_spec));
+    size_t n = 0;
+    ZPP_CHECK(zpp__dsr_args(what, d, in, k, n_chunks, chunk_len, first, len, in_spec, out_spec,
+                            1, err, out, &n));
     ZPP_CHECK(zpp__beta(what, beta));
-    if (k < 1)
-        return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
-    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
-    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &whole));
-    ZPP_CHECK(zpp__mul(what, n_chunks, len, &n));
-    ZPP_CHECK(zpp__mul(what, n, (size_t)k, &all));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", all));
-    ZPP_CHECK(zpp__ptr(what, err, "the error buffer", whole));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
     if (n == 0) return ZPP_OK;
     return d->ops->ef_dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
                                           out_spec, err, beta, out);
