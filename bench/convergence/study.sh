@@ -9,11 +9,15 @@
 #   STEPS [2000]  SEEDS ["1 2 3"]  MODES ["zero3 zeropp zeropp_ef"]
 #     (also: qwz hpz qgz qgz_ef)
 #   MODEL ['"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 32']  MB [4]
-#   LR [0.002]  EVAL [100] (validate every N steps)  BUILD [build]  OUT [conv-out]
+#   LR [0.002]  EVAL [100] (validate every N steps)  EVAL_BATCHES [4] (micro-batches a
+#   rank per validation: the ranks together read 4 x EVAL_BATCHES x MB sequences; the
+#   default 4 gives a noisy estimate, 50 a steady one)  BUILD [build]  OUT [conv-out]
 #   LOCO ['{"err_beta": 0.8, "reset_T": 1024}'] (DeepSpeed's LoCo defaults)
 # Writes OUT/TEXT-MODE-sSEED.jsonl (zeropp train's metrics), OUT/summary.tsv
 # (text mode seed final validation loss), OUT/table.md (mean and spread over
-# the seeds, and against ZeRO-3), and OUT/TEXT.png (seed 1's curves, drawn by
+# the seeds, and against ZeRO-3; and the paired difference: each seed's loss
+# against ZeRO-3's of the same seed, whose weights and batches it shares),
+# and OUT/TEXT.png (seed 1's curves, drawn by
 # `zeropp plot`). The validation loss is zeropp train's own: a held-out split
 # of the text (the last tenth), EVAL_BATCHES micro-batches each evaluation.
 set -euo pipefail
@@ -21,7 +25,7 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TEXT..." >&2; exit 2; }
 STEPS=${STEPS:-2000} SEEDS=${SEEDS:-"1 2 3"} MODES=${MODES:-"zero3 zeropp zeropp_ef"}
 MODEL=${MODEL:-'"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 32'} MB=${MB:-4}
-LR=${LR:-0.002} EVAL=${EVAL:-100} BUILD=${BUILD:-build} OUT=${OUT:-conv-out}
+LR=${LR:-0.002} EVAL=${EVAL:-100} EVAL_BATCHES=${EVAL_BATCHES:-4} BUILD=${BUILD:-build} OUT=${OUT:-conv-out}
 LOCO=${LOCO:-'{"err_beta": 0.8, "reset_T": 1024}'}
 ZEROPP=${ZEROPP:-"$BUILD/zeropp"}
 [ -x "$ZEROPP" ] || { echo "$ZEROPP not built: scripts/build.sh $BUILD" >&2; exit 2; }
@@ -55,7 +59,7 @@ for text in "$@"; do
  "optimizer": {"type": "AdamW", "params": {"lr": $LR, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}},
  "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 20, "warmup_type": "linear"}},
  "zero_optimization": {$(zero_opts "$mode")},
- "zeropp": {"seed": $seed, "eval_every": $EVAL}}
+ "zeropp": {"seed": $seed, "eval_every": $EVAL, "eval_batches": $EVAL_BATCHES}}
 JSON
       t0=$SECONDS
       mpirun --oversubscribe --bind-to none -np 4 "$ZEROPP" train --config "$OUT/$name.json" \
@@ -72,16 +76,33 @@ JSON
     echo "no chart for $tname (gnuplot missing?)" >&2
 done
 
-# mean, spread (min..max) over the seeds, and the mean against ZeRO-3's
+# mean, spread (min..max) over the seeds, the mean against ZeRO-3's, and the
+# paired difference (each seed against ZeRO-3's same seed): mean and standard
+# error of the mean, in percent
 awk -F'\t' '
-  { k = $1 SUBSEP $2; n[k]++; s[k] += $4; if (!(k in lo) || $4 < lo[k]) lo[k] = $4
-    if (!(k in hi) || $4 > hi[k]) hi[k] = $4; if (!($1 in seen)) { seen[$1] = 1; texts[++nt] = $1 }
-    if (!($2 in mseen)) { mseen[$2] = 1; modes[++nm] = $2 } }
+  { k = $1 SUBSEP $2; n[k]++; s[k] += $4; v[k SUBSEP $3] = $4
+    if (!(k in lo) || $4 < lo[k]) lo[k] = $4
+    if (!(k in hi) || $4 > hi[k]) hi[k] = $4
+    if (!($1 in seen)) { seen[$1] = 1; texts[++nt] = $1 }
+    if (!($2 in mseen)) { mseen[$2] = 1; modes[++nm] = $2 }
+    if (!($3 in sseen)) { sseen[$3] = 1; seeds[++ns] = $3 } }
   END {
-    print "| text | mode | seeds | final val loss, mean | min..max | vs ZeRO-3 |"
-    print "|---|---|---:|---:|---|---:|"
+    print "| text | mode | seeds | final val loss, mean | min..max | mean vs ZeRO-3 | paired, mean ± s.e. |"
+    print "|---|---|---:|---:|---|---:|---:|"
     for (t = 1; t <= nt; t++) for (m = 1; m <= nm; m++) {
       k = texts[t] SUBSEP modes[m]; if (!(k in n)) continue
-      z = texts[t] SUBSEP "zero3"; rel = (z in n) ? sprintf("%+.2f%%", 100 * (s[k] / n[k] / (s[z] / n[z]) - 1)) : "-"
-      printf "| %s | %s | %d | %.4f | %.4f..%.4f | %s |\n", texts[t], modes[m], n[k], s[k] / n[k], lo[k], hi[k], rel
+      z = texts[t] SUBSEP "zero3"
+      rel = (z in n) ? sprintf("%+.2f%%", 100 * (s[k] / n[k] / (s[z] / n[z]) - 1)) : "-"
+      np = 0; sd = 0; sd2 = 0
+      for (j = 1; j <= ns; j++) {
+        a = k SUBSEP seeds[j]; b = z SUBSEP seeds[j]
+        if ((a in v) && (b in v)) { d = 100 * (v[a] / v[b] - 1); np++; sd += d; sd2 += d * d }
+      }
+      pair = "-"
+      if (np > 1) {
+        mu = sd / np; var = (sd2 - np * mu * mu) / (np - 1); if (var < 0) var = 0
+        pair = sprintf("%+.2f%% ± %.2f", mu, sqrt(var / np))
+      }
+      printf "| %s | %s | %d | %.4f | %.4f..%.4f | %s | %s |\n", texts[t], modes[m], n[k],
+             s[k] / n[k], lo[k], hi[k], rel, pair
     } }' "$OUT/summary.tsv" | tee "$OUT/table.md"
