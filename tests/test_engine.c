@@ -434,12 +434,7 @@ static void test_depths_give_the_same_bits(void) {
         free(master0);
     }
     fixture f;
-    memset(&f, 0, sizeof f);
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    EXPECT_OK(zpp_device_create_host(&f.dev));
-    EXPECT_OK(zpp_topo_create(&to, &f.topo));
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, 2, f.dev, &f.model));
+    setup(&f, 0, 0, 0);
     const int bad[][2] = {{0, 2}, {2, 0}, {ZPP_ENGINE_MAX_DEPTH + 1, 2}};
     for (int b = 0; b < 3; b++) {
         zpp_engine_opts eo = zpp_engine_opts_default();
@@ -449,7 +444,6 @@ static void test_depths_give_the_same_bits(void) {
         EXPECT(zpp_engine_create(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
                "depths %d/%d accepted", bad[b][0], bad[b][1]);
     }
-    f.engine = NULL;
     teardown(&f);
 }
 

@@ -854,21 +854,6 @@ static llmc_model model_copy(const llmc_model *m) {
     return c;
 }
 
-/* Reads "key":number of every line of a metrics file into out[0..max). */
-static int read_metric(const char *path, const char *key, double *out, int max) {
-    FILE *f = fopen(path, "r");
-    EXPECT(f != NULL, "no metrics %s", path);
-    char line[4096], pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, pat);
-        if (p) out[n++] = strtod(p + strlen(pat), NULL);
-    }
-    fclose(f);
-    return n;
-}
-
 /* The acceptance of issue 18: from an llm.c model file, `zeropp train
  * --data-order sequential` in fp32 with ZeRO-3 gives the loss of each of
  * 10 steps of the double-precision reference above (same weights, same
@@ -927,8 +912,9 @@ static void check_parity(int np, int micro, int accum, const char *device, uint6
                      f, cfg, tok, STEPS, device, zpp_test_tmp_path("par_metrics.jsonl", met));
     EXPECT(rc == 0, "train failed (%d); see %s", rc, err);
     double got[STEPS], gnorm[STEPS];
-    EXPECT(read_metric(met, "loss", got, STEPS) == STEPS, "fewer than %d steps in %s", STEPS, met);
-    EXPECT(read_metric(met, "grad_norm", gnorm, STEPS) == STEPS);
+    EXPECT(zpp_test_read_metric(met, "loss", got, STEPS) == STEPS, "fewer than %d steps in %s",
+           STEPS, met);
+    EXPECT(zpp_test_read_metric(met, "grad_norm", gnorm, STEPS) == STEPS);
     double worst = 0, worst_all = 0;
     printf("  %s, %d rank(s), micro %d x accum %d; clip %.4g (clipped %d of %d steps)\n", device,
            np, micro, accum, o.clip, clipped, STEPS);

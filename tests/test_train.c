@@ -56,21 +56,6 @@ static int run_train(int np, const char *args, const char *err_path) {
     return code;
 }
 
-/* Reads "loss" (or "val_loss") of each line of a metrics file. */
-static int read_metric(const char *path, const char *key, double *out, int cap) {
-    FILE *f = fopen(path, "r");
-    EXPECT(f != NULL, "no metrics file %s", path);
-    char line[2048], pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < cap) {
-        const char *p = strstr(line, pat);
-        if (p) out[n++] = strtod(p + strlen(pat), NULL);
-    }
-    fclose(f);
-    return n;
-}
-
 /* Reads "skipped" (true/false) of each line of a metrics file. */
 static int read_skipped(const char *path, int *out, int cap) {
     FILE *f = fopen(path, "r");
@@ -94,11 +79,12 @@ static int read_skipped(const char *path, int *out, int cap) {
 static void expect_profile_fields(const char *met, int steps) {
     double stream[MAX_STEPS], compute[MAX_STEPS], exposed[MAX_STEPS], most[MAX_STEPS],
         wall[MAX_STEPS];
-    EXPECT(read_metric(met, "stream_ms", stream, MAX_STEPS) == steps, "no stream_ms in %s", met);
-    EXPECT(read_metric(met, "compute_ms", compute, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "exposed_comm_ms", exposed, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "exposed_comm_ms_max", most, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "step_ms", wall, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "stream_ms", stream, MAX_STEPS) == steps,
+           "no stream_ms in %s", met);
+    EXPECT(zpp_test_read_metric(met, "compute_ms", compute, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "exposed_comm_ms", exposed, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "exposed_comm_ms_max", most, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "step_ms", wall, MAX_STEPS) == steps);
     for (int s = 0; s < steps; s++) {
         EXPECT(stream[s] > 0 && compute[s] >= 0 && exposed[s] >= 0,
                "step %d: stream %g, compute %g, exposed %g ms", s + 1, stream[s], compute[s],
@@ -144,7 +130,7 @@ static int train_losses(int world, int micro, int accum, int bf16, int steps, do
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s", cfg, steps, met);
     int rc = run_train(world, args, zpp_test_tmp_path("err.txt", err));
     EXPECT(rc == 0, "training on %d ranks failed (exit %d); stderr in %s", world, rc, err);
-    int n = read_metric(met, "loss", loss, MAX_STEPS);
+    int n = zpp_test_read_metric(met, "loss", loss, MAX_STEPS);
     EXPECT(n == steps, "%d losses for %d steps", n, steps);
     return n;
 }
@@ -191,7 +177,7 @@ static void test_same_seed_same_losses_bitwise(void) {
             /* the metrics print fp32 losses with 9 significant digits, which
              * round-trip: equal text means equal bits */
             double l[MAX_STEPS];
-            int n = read_metric(met, "loss", l, MAX_STEPS);
+            int n = zpp_test_read_metric(met, "loss", l, MAX_STEPS);
             EXPECT(n == 8);
             raw[run][0] = '\0';
             for (int i = 0; i < n; i++) {
@@ -220,13 +206,13 @@ static void test_checkpoint_resume_bitwise(void) {
     snprintf(args, sizeof args, "--config %s --steps 10 --metrics %s", cfg,
              zpp_test_tmp_path("full.jsonl", met));
     EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0);
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 10);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 10);
     snprintf(args, sizeof args, "--config %s --steps 5 --save %s", cfg, dir);
     EXPECT(run_train(4, args, err) == 0, "save failed, see %s", err);
     snprintf(args, sizeof args, "--config %s --steps 10 --resume %s --metrics %s", cfg, dir,
              zpp_test_tmp_path("resumed.jsonl", met));
     EXPECT(run_train(4, args, err) == 0, "resume failed, see %s", err);
-    EXPECT(read_metric(met, "loss", resumed, MAX_STEPS) == 5);
+    EXPECT(zpp_test_read_metric(met, "loss", resumed, MAX_STEPS) == 5);
     for (int i = 0; i < 5; i++)
         EXPECT(resumed[i] == full[5 + i], "step %d: resumed %a, uninterrupted %a", 6 + i,
                resumed[i], full[5 + i]);
@@ -274,7 +260,8 @@ static void loco_losses(const char *tag, const char *loco, const char *more, dou
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s %s", cfg, steps,
              zpp_test_tmp_path(name, met), more);
     EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag, err);
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps - (strstr(more, "--resume") ? 5 : 0));
+    EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) ==
+           steps - (strstr(more, "--resume") ? 5 : 0));
 }
 
 static void test_loco_reset_and_resume_bitwise(void) {
@@ -392,8 +379,8 @@ static void test_zeropp_options_match_zero3_validation_loss(void) {
         int rc = run_train(4, args, zpp_test_tmp_path("err.txt", err));
         EXPECT(rc == 0, "%s: exit %d", modes[m][0], rc);
         double val[MAX_STEPS], loss[MAX_STEPS];
-        EXPECT(read_metric(met, "val_loss", val, MAX_STEPS) == 1);
-        EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+        EXPECT(zpp_test_read_metric(met, "val_loss", val, MAX_STEPS) == 1);
+        EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == steps);
         printf("  %-6s train loss %.4f -> %.4f, val loss %.4f\n", modes[m][0], loss[0],
                loss[steps - 1], val[0]);
         EXPECT(val[0] < 0.55 * loss[0], "%s did not learn: val loss %.4f", modes[m][0], val[0]);
@@ -730,8 +717,8 @@ static void math_run(int world, int micro, int accum, int steps, double *loss, d
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s --save %s %s", cfg, steps,
              met, dir, seed_arg());
     train_ok(world, args);
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "grad_norm", norm, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "grad_norm", norm, MAX_STEPS) == steps);
     state_load(dir, world, st);
     EXPECT(st->step == (uint64_t)steps, "%s: step %llu", dir, (unsigned long long)st->step);
 }
@@ -841,7 +828,7 @@ static void test_qgz_grad_norm_matches_single_rank(void) {
                  shapes[c][1], zpp_test_tmp_path(name, met), seed_arg());
         train_ok(W, args);
         double norm;
-        EXPECT(read_metric(met, "grad_norm", &norm, 1) == 1);
+        EXPECT(zpp_test_read_metric(met, "grad_norm", &norm, 1) == 1);
         if (c == 0) ref = norm;
         printf("  %d ranks, node size %d: step 1 grad norm %.6g (1 rank, no qgZ: %.6g)\n", W,
                shapes[c][1], norm, ref);
@@ -893,7 +880,7 @@ static void test_adamw_first_step(void) {
         snprintf(args, sizeof args, "--config %s --steps 1 --metrics %s --save %s %s", cfg,
                  zpp_test_tmp_path(name, met), dir[run], seed_arg());
         train_ok(1, args);
-        EXPECT(read_metric(met, "lr", &lr[run], 1) == 1);
+        EXPECT(zpp_test_read_metric(met, "lr", &lr[run], 1) == 1);
     }
     EXPECT(lr[0] == 0.0, "step 1 of WarmupLR from 0 ran at lr %g", lr[0]);
     EXPECT(fabs(lr[1] - lr_opt * ratio) <= 1e-6 * lr_opt * ratio,
@@ -1030,7 +1017,7 @@ static void test_save_every(void) {
     snprintf(sub, sizeof sub, "%s/step-00000004", dir);
     EXPECT(access(sub, F_OK) != 0, "%s was kept beside 2 newer checkpoints", sub);
     double full[MAX_STEPS], resumed[MAX_STEPS];
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == steps);
     const int from = 8;
     char met2[512], dir2[512];
     snprintf(sub, sizeof sub, "%s/step-00000008", dir);
@@ -1038,7 +1025,7 @@ static void test_save_every(void) {
              steps, sub, zpp_test_tmp_path("every_resumed.jsonl", met2),
              zpp_test_tmp_path("every_resumed", dir2));
     train_ok(W, args);
-    EXPECT(read_metric(met2, "loss", resumed, MAX_STEPS) == steps - from);
+    EXPECT(zpp_test_read_metric(met2, "loss", resumed, MAX_STEPS) == steps - from);
     for (int i = 0; i < steps - from; i++)
         EXPECT(resumed[i] == full[from + i], "step %d: resumed from step %d %a, uninterrupted %a",
                from + i + 1, from, resumed[i], full[from + i]);
@@ -1207,9 +1194,9 @@ static void test_gpu_matches_cpu(void) {
             int rc = run_train(2, args, zpp_test_tmp_path("err.txt", err));
             EXPECT(rc == 0, "%s on the %s: exit %d; stderr in %s", runs[r][0],
                    gpu ? "GPU" : "CPU", rc, err);
-            EXPECT(read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
-            EXPECT(read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
-            EXPECT(read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
+            EXPECT(zpp_test_read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
+            EXPECT(zpp_test_read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
+            EXPECT(zpp_test_read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
             expect_profile_fields(met, steps);
         }
         printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n",
@@ -1274,8 +1261,8 @@ static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
         int rc = run_train(2, args, zpp_test_tmp_path("err.txt", err));
         EXPECT(rc == 0, "%s on the GPU: exit %d; stderr in %s", modes[m][0], rc, err);
         double loss[MAX_STEPS];
-        EXPECT(read_metric(met, "val_loss", &val[m], 1) == 1);
-        EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+        EXPECT(zpp_test_read_metric(met, "val_loss", &val[m], 1) == 1);
+        EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == steps);
         first[m] = loss[0];
         last[m] = loss[steps - 1];
         printf("  %-6s train loss %.4f -> %.4f, val loss %.4f\n", modes[m][0], first[m],
@@ -1334,10 +1321,11 @@ static void test_nonfinite_step_skipped(void) {
             int rc = run_extra(name, 2, modes[m][1], steps, met, err);
             unsetenv("ZPP_FAULT");
             EXPECT(rc == 0, "%s (fault %d): exit %d; see %s", modes[m][0], fault, rc, err);
-            EXPECT(read_metric(met, "param_sumsq", ps[fault], MAX_STEPS) == steps);
-            EXPECT(read_metric(met, "loss", loss[fault], MAX_STEPS) == steps);
+            EXPECT(zpp_test_read_metric(met, "param_sumsq", ps[fault], MAX_STEPS) == steps);
+            EXPECT(zpp_test_read_metric(met, "loss", loss[fault], MAX_STEPS) == steps);
             EXPECT(read_skipped(met, sk[fault], MAX_STEPS) == steps);
-            if (fault) EXPECT(read_metric(met, "skipped_total", total, MAX_STEPS) == steps);
+            if (fault)
+                EXPECT(zpp_test_read_metric(met, "skipped_total", total, MAX_STEPS) == steps);
         }
         for (int s = 0; s < steps; s++) {
             EXPECT(!sk[0][s], "%s: unfaulted step %d skipped", modes[m][0], s + 1);
@@ -1417,8 +1405,8 @@ static void test_fp16_dynamic_loss_scale(void) {
                        " 1000, \"hysteresis\": 2, \"min_loss_scale\": 1}",
                        steps, met, err);
     EXPECT(rc == 0, "fp16 dynamic: exit %d; see %s", rc, err);
-    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == steps);
     EXPECT(read_skipped(met, sk, MAX_STEPS) == steps);
     EXPECT(sk[0] && sk[1] && scale[0] == 0x1p32 && scale[1] == 0x1p32,
            "steps 1-2: skipped %d %d at scales %g %g (expected both, at 2^32)", sk[0], sk[1],
@@ -1443,7 +1431,7 @@ static void test_fp16_dynamic_loss_scale(void) {
                    " \"loss_scale\": 0, \"initial_scale_power\": 32, \"hysteresis\": 1}",
                    3, met, err);
     EXPECT(rc == 0, "fp16 hysteresis 1: exit %d; see %s", rc, err);
-    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == 3);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale, MAX_STEPS) == 3);
     EXPECT(scale[0] == 0x1p32 && scale[1] == 0x1p31 && scale[2] == 0x1p30,
            "hysteresis 1: scales %g %g %g", scale[0], scale[1], scale[2]);
     rc = run_extra("fp16_window", 2,
@@ -1451,7 +1439,7 @@ static void test_fp16_dynamic_loss_scale(void) {
                    " \"loss_scale\": 0, \"initial_scale_power\": 4, \"loss_scale_window\": 4}",
                    9, met, err);
     EXPECT(rc == 0, "fp16 window 4: exit %d; see %s", rc, err);
-    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == 9);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale, MAX_STEPS) == 9);
     EXPECT(read_skipped(met, sk, MAX_STEPS) == 9);
     for (int s = 0; s < 9; s++)
         EXPECT(!sk[s] && scale[s] == ldexp(16.0, s / 4), "window 4, step %d: scale %g", s + 1,
@@ -1470,8 +1458,8 @@ static void test_fp16_static_loss_scale(void) {
                        " \"loss_scale\": 128}",
                        steps, met, err);
     EXPECT(rc == 0, "fp16 static: exit %d; see %s", rc, err);
-    EXPECT(read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale, MAX_STEPS) == steps);
+    EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == steps);
     EXPECT(read_skipped(met, sk, MAX_STEPS) == steps);
     for (int s = 0; s < steps; s++)
         EXPECT(!sk[s] && scale[s] == 128, "step %d: skipped %d, scale %g", s + 1, sk[s],
@@ -1506,7 +1494,7 @@ static void test_fp16_zero3_matches_single_rank(void) {
         snprintf(name, sizeof name, "fp16_w%d", world);
         int rc = run_extra(name, world, extra, steps, met, err);
         EXPECT(rc == 0, "fp16 on %d ranks: exit %d; see %s", world, rc, err);
-        EXPECT(read_metric(met, "loss", loss[w], MAX_STEPS) == steps);
+        EXPECT(zpp_test_read_metric(met, "loss", loss[w], MAX_STEPS) == steps);
     }
     double worst = 0;
     for (int s = 0; s < steps; s++) {
@@ -1550,7 +1538,7 @@ static void expect_resume_bitwise(int W, const char *cfg, const char *dir, int f
     snprintf(args, sizeof args, "--config %s --steps %d --resume %s --metrics %s %s", cfg, steps,
              dir, zpp_test_tmp_path("resumed_bitwise.jsonl", met), extra);
     train_ok(W, args);
-    EXPECT(read_metric(met, "loss", got, MAX_STEPS) == steps - from);
+    EXPECT(zpp_test_read_metric(met, "loss", got, MAX_STEPS) == steps - from);
     for (int i = 0; i < steps - from; i++)
         EXPECT(got[i] == full[from + i], "step %d: resumed from step %d %a, uninterrupted %a",
                from + i + 1, from, got[i], full[from + i]);
@@ -1576,7 +1564,7 @@ static void test_checkpoint_failed_save_keeps_previous(void) {
     snprintf(args, sizeof args, "--config %s --steps 6 --metrics %s", cfg,
              zpp_test_tmp_path("failsave_full.jsonl", met));
     train_ok(W, args);
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 6);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 6);
     for (int how = 0; how < 2; how++) {
         char name[32];
         snprintf(name, sizeof name, "failsave_%d", how);
@@ -1619,7 +1607,7 @@ static void test_checkpoint_killed_save_keeps_previous(void) {
     snprintf(args, sizeof args, "--config %s --steps 6 --metrics %s", cfg,
              zpp_test_tmp_path("killsave_full.jsonl", met));
     train_ok(W, args);
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 6);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 6);
     zpp_test_tmp_path("killsave", dir);
     snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
     int rc = run_train_env(W, "save_kill@6", args, NULL, zpp_test_tmp_path("killsave_err.txt", err));
@@ -1654,7 +1642,7 @@ static void test_checkpoint_reshard(void) {
     snprintf(args, sizeof args, "--config %s --steps 40 --save %s --save-every 20 --metrics %s",
              cfg, dir, zpp_test_tmp_path("reshard_full.jsonl", met));
     train_ok(4, args);
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 40);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 40);
     snprintf(sub, sizeof sub, "%s/step-00000020", dir);
     const int worlds[] = {2, 3, 4};
     for (int w = 0; w < 3; w++) {
@@ -1664,7 +1652,7 @@ static void test_checkpoint_reshard(void) {
         int rc = run_train_env(W, NULL, args, zpp_test_tmp_path("reshard_out.txt", out),
                                zpp_test_tmp_path("reshard_err.txt", err));
         EXPECT(rc == 0, "resume on %d ranks: exit %d; see %s", W, rc, err);
-        EXPECT(read_metric(met, "loss", got, MAX_STEPS) == 20);
+        EXPECT(zpp_test_read_metric(met, "loss", got, MAX_STEPS) == 20);
         double worst = 0;
         for (int s = 0; s < 20; s++) {
             double d = fabs(got[s] - full[20 + s]);
@@ -1739,7 +1727,7 @@ static void test_checkpoint_cli_checks(void) {
              zpp_test_tmp_path("cli.jsonl", met), file);
     expect_clean_failure(2, args, "cli_file");
     double loss[MAX_STEPS];
-    EXPECT(read_metric(met, "loss", loss, MAX_STEPS) == 0,
+    EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == 0,
            "steps were trained before the unusable --save folder was noticed");
     /* a checkpoint at step 3; --steps 3 and 2 */
     snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, zpp_test_tmp_path("cli_ck", dir));
@@ -1817,7 +1805,7 @@ static void test_stalled_rank_times_out(void) {
         double loss[MAX_STEPS];
         FILE *m = fopen(met, "r");
         if (m) fclose(m);
-        if (ready && (!m || read_metric(met, "loss", loss, MAX_STEPS) < 2)) ready = 0;
+        if (ready && (!m || zpp_test_read_metric(met, "loss", loss, MAX_STEPS) < 2)) ready = 0;
         if (!ready) {
             int status;
             EXPECT(waitpid(job, &status, WNOHANG) == 0, "the job ended before the stall; see %s",
@@ -2055,8 +2043,8 @@ static void test_resume_after_skips_bitwise(void) {
     snprintf(args, sizeof args, "--config %s --steps 12 --metrics %s", cfg,
              zpp_test_tmp_path("skips_full.jsonl", met));
     EXPECT(run_train(2, args, zpp_test_tmp_path("skips_err.txt", err)) == 0, "see %s", err);
-    EXPECT(read_metric(met, "loss", full, MAX_STEPS) == 12);
-    EXPECT(read_metric(met, "loss_scale", scale_full, MAX_STEPS) == 12);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 12);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale_full, MAX_STEPS) == 12);
     EXPECT(read_skipped(met, skipped, MAX_STEPS) == 12);
     int before = 0;
     for (int i = 0; i < 6; i++) before += skipped[i];
@@ -2067,8 +2055,8 @@ static void test_resume_after_skips_bitwise(void) {
              zpp_test_tmp_path("skips_resumed.jsonl", met));
     EXPECT(run_train(2, args, err) == 0, "resume failed, see %s", err);
     unsetenv("ZPP_FAULT");
-    EXPECT(read_metric(met, "loss", resumed, MAX_STEPS) == 6);
-    EXPECT(read_metric(met, "loss_scale", scale_res, MAX_STEPS) == 6);
+    EXPECT(zpp_test_read_metric(met, "loss", resumed, MAX_STEPS) == 6);
+    EXPECT(zpp_test_read_metric(met, "loss_scale", scale_res, MAX_STEPS) == 6);
     for (int i = 0; i < 6; i++) {
         EXPECT(resumed[i] == full[6 + i] || (isnan(resumed[i]) && isnan(full[6 + i])),
                "step %d: resumed %a, uninterrupted %a", 7 + i, resumed[i], full[6 + i]);
@@ -2095,8 +2083,8 @@ static void test_profile_metrics(void) {
     rc = run_train(4, args, err);
     EXPECT(rc == 0, "exit %d; stderr in %s", rc, err);
     double x[MAX_STEPS];
-    EXPECT(read_metric(met, "loss", x, MAX_STEPS) == 1 &&
-               read_metric(met, "exposed_comm_ms", x, MAX_STEPS) == 0,
+    EXPECT(zpp_test_read_metric(met, "loss", x, MAX_STEPS) == 1 &&
+               zpp_test_read_metric(met, "exposed_comm_ms", x, MAX_STEPS) == 0,
            "profile fields without --profile");
 }
 

@@ -79,6 +79,20 @@ void zpp_test_write_file(const char *path, const void *data, size_t n) {
         zpp_test_fail(__FILE__, __LINE__, NULL, "short write to %s", path);
 }
 
+int zpp_test_read_metric(const char *path, const char *key, double *out, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) zpp_test_fail(__FILE__, __LINE__, NULL, "no metrics file %s", path);
+    char line[4096], pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    int n = 0;
+    while (n < cap && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, pat);
+        if (p) out[n++] = strtod(p + strlen(pat), NULL);
+    }
+    fclose(f);
+    return n;
+}
+
 void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
     va_list ap;
     fflush(stdout); /* the case's progress lines, before _exit drops them */

@@ -96,5 +96,8 @@ void *zpp_test_malloc(size_t n);
 const char *zpp_test_tmp_path(const char *name, char *buf);
 /* Writes n bytes to path, or fails the test. */
 void zpp_test_write_file(const char *path, const void *data, size_t n);
+/* The number after "key": on each line of a metrics file (zeropp train
+ * --metrics), in line order, into out[0..cap); returns how many. */
+int zpp_test_read_metric(const char *path, const char *key, double *out, int cap);
 
 #endif

@@ -72,6 +72,16 @@ static zpp_status ef_quantize_row(const float *x, float *y, float *err, size_t l
     return ZPP_OK;
 }
 
+/* A kernel's status: a hard error with the kernel's name, else the soft
+ * one of a non-finite block (the block was stored, the run goes on). */
+static zpp_status ef_status(const char *what, zpp_status st, zpp_status soft) {
+    if (st != ZPP_OK) return zpp_error_context(st, "%s", what);
+    if (soft != ZPP_OK)
+        return zpp_error(soft, "%s: a block held NaN or Inf (stored with a NaN scale; its "
+                               "error set to 0)", what);
+    return ZPP_OK;
+}
+
 zpp_status zpp_quant_cpu_ef_reorder_quantize(const void *in, zpp_dtype dtype, float *err,
                                              float beta, size_t chunk_len, size_t first,
                                              size_t len, int nodes, int local,
@@ -106,11 +116,7 @@ zpp_status zpp_quant_cpu_ef_reorder_quantize(const void *in, zpp_dtype dtype, fl
         }
     }
     free(x);
-    if (st != ZPP_OK) return zpp_error_context(st, "%s", what);
-    if (soft != ZPP_OK)
-        return zpp_error(soft, "%s: a block held NaN or Inf (stored with a NaN scale; its "
-                               "error set to 0)", what);
-    return ZPP_OK;
+    return ef_status(what, st, soft);
 }
 
 zpp_status zpp_quant_cpu_ef_dequant_sum_requant(const void *in, int k, size_t n_chunks,
@@ -145,9 +151,5 @@ zpp_status zpp_quant_cpu_ef_dequant_sum_requant(const void *in, int k, size_t n_
                                  (char *)out + c * qout, &soft);
     }
     free(x);
-    if (st != ZPP_OK) return zpp_error_context(st, "%s", what);
-    if (soft != ZPP_OK)
-        return zpp_error(soft, "%s: a block held NaN or Inf (stored with a NaN scale; its "
-                               "error set to 0)", what);
-    return ZPP_OK;
+    return ef_status(what, st, soft);
 }

@@ -250,6 +250,26 @@ static zpp_status file_write(ckpt_file *c, const void *p, size_t n) {
     return ZPP_OK;
 }
 
+/* Ends a file being written: its checksum (the hash of every byte before
+ * it), then flushed to the disk. */
+static zpp_status file_seal(ckpt_file *c) {
+    uint64_t sum = c->hash;
+    ZPP_CHECK(file_write(c, &sum, sizeof sum));
+    if (fflush(c->f) != 0 || fsync(fileno(c->f)) != 0)
+        return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path,
+                         strerror(errno));
+    return ZPP_OK;
+}
+
+/* Closes a file being written; a failed close is an error unless one came
+ * first (st). */
+static zpp_status file_close(ckpt_file *c, zpp_status st) {
+    if (c->f && fclose(c->f) != 0 && st == ZPP_OK)
+        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path, strerror(errno));
+    c->f = NULL;
+    return st;
+}
+
 static zpp_status file_read(ckpt_file *c, void *p, size_t n) {
     if (fread(p, 1, n, c->f) != n)
         return zpp_error(ZPP_ERR_FORMAT, "checkpoint file %s is truncated", c->path);
@@ -289,13 +309,9 @@ static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
         ZPP_CHECK_GOTO(zpp_engine_state_get(e, u, host, host + count, host + 2 * count), st, out);
         ZPP_CHECK_GOTO(file_write(&c, host, 3 * count * sizeof(float)), st, out);
     }
-    uint64_t sum = c.hash;
-    ZPP_CHECK_GOTO(file_write(&c, &sum, sizeof sum), st, out);
-    if (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    st = file_seal(&c);
 out:
-    if (c.f && fclose(c.f) != 0 && st == ZPP_OK)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    st = file_close(&c, st);
     free(host);
     return st;
 }
@@ -332,13 +348,9 @@ static zpp_status write_loco_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
         ZPP_CHECK_GOTO(zpp_engine_loco_get(e, u, host, host + li), st, out);
         ZPP_CHECK_GOTO(file_write(&c, host, (li + le) * sizeof(float)), st, out);
     }
-    uint64_t sum = c.hash;
-    ZPP_CHECK_GOTO(file_write(&c, &sum, sizeof sum), st, out);
-    if (fflush(c.f) != 0 || fsync(fileno(c.f)) != 0)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    st = file_seal(&c);
 out:
-    if (c.f && fclose(c.f) != 0 && st == ZPP_OK)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    st = file_close(&c, st);
     free(host);
     return st;
 }
