@@ -27,15 +27,28 @@ typedef struct fixture {
 /* reuse: the engine's max_reuse_distance (SIZE_MAX: the default); profile:
  * the engine's option; depth: prefetch_depth * 10 + reduce_depth (0: the
  * defaults) */
-static void setup_depth(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile,
-                        int depth) {
+/* The fixture: kModel in `dtype` on 4 ranks as 2 nodes of 2, an engine with
+ * `eo`, and a random batch from seed stream `stream` + the rank. */
+static void setup_engine(fixture *f, zpp_dtype dtype, const zpp_engine_opts *eo,
+                         uint64_t stream) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 2;
     EXPECT_OK(zpp_device_create_host(&f->dev));
     EXPECT_OK(zpp_topo_create(&to, &f->topo));
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, 2, f->dev, &f->model));
+    EXPECT_OK(zpp_gpt2_create(&kModel, dtype, 2, f->dev, &f->model));
+    EXPECT_OK(zpp_engine_create(f->topo, f->model, eo, f->dev, &f->engine));
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream + (uint64_t)f->topo->world_rank));
+    for (int i = 0; i < 32; i++) {
+        f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+        f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
+    }
+    EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+}
+
+static void setup_depth(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile,
+                        int depth) {
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = hpz;
@@ -43,13 +56,7 @@ static void setup_depth(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int
     if (reuse != SIZE_MAX) eo.max_reuse_distance = reuse;
     eo.profile = profile;
     if (depth) eo.prefetch_depth = depth / 10, eo.reduce_depth = depth % 10;
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, &eo, f->dev, &f->engine));
-    zpp_rng r = zpp_rng_make(zpp_test_seed(100 + (uint64_t)f->topo->world_rank));
-    for (int i = 0; i < 32; i++) {
-        f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
-        f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
-    }
-    EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+    setup_engine(f, ZPP_BF16, &eo, 100);
 }
 
 static void setup_opts(fixture *f, int qwz, int hpz, int qgz, size_t reuse, int profile) {
@@ -452,20 +459,7 @@ static void test_depths_give_the_same_bits(void) {
 /* An fp32 GPT-2 of kModel and an engine on it (4 ranks, so every unit's
  * shards cut through tensors), the fixture's random batch set. */
 static void setup_fp32(fixture *f, const zpp_engine_opts *eo) {
-    memset(f, 0, sizeof *f);
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 2;
-    EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create(&to, &f->topo));
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, 2, f->dev, &f->model));
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, eo, f->dev, &f->engine));
-    zpp_rng r = zpp_rng_make(zpp_test_seed(300 + (uint64_t)f->topo->world_rank));
-    for (int i = 0; i < 32; i++) {
-        f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
-        f->targets[i] = (int32_t)(zpp_rng_u64(&r) % 64);
-    }
-    EXPECT_OK(f->model->ops->set_batch(f->model, f->tokens, f->targets, 2));
+    setup_engine(f, ZPP_FP32, eo, 300);
 }
 
 /* Is element i of `unit` a matrix (GPT-2, gpt2.h's names)? Written from the

@@ -77,17 +77,6 @@ static int run_cli(int np, const char *out_path, const char *err_path, const cha
     return code;
 }
 
-static int count_lines(const char *path, const char *needle) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle)) n++;
-    fclose(f);
-    return n;
-}
-
 /* ---- An llm.c model, in llm.c's layout ------------------------------------------ */
 
 /* The shape under test (llm.c's names) and its 16 tensors, each a double
@@ -334,8 +323,9 @@ static void test_roundtrip_fp32(void) {
     int rc = run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
                      tok, zpp_test_tmp_path("rt32_ckpt", dir));
     EXPECT(rc == 0, "train --init-from --steps 0 --save failed (%d); see %s", rc, err);
-    EXPECT(count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir, zpp_test_tmp_path("rt32_back.bin", g));
+    EXPECT(zpp_test_count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir,
+                 zpp_test_tmp_path("rt32_back.bin", g));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     size_t nf, ng;
     unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
@@ -390,7 +380,8 @@ static void test_roundtrip_bf16(void) {
     unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
     EXPECT(nf == ng && memcmp(a, b, nf) == 0, "bf16 export (%zu bytes) differs from %s (%zu)", ng,
            f, nf);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir, zpp_test_tmp_path("rt16_back32.bin", g32));
+    rc = run_cli(0, out, err, "export --from %s --to %s", dir,
+                 zpp_test_tmp_path("rt16_back32.bin", g32));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     unsigned char *c = model_bytes(&m, 3, &n32), *d = read_file(g32, &ng);
     EXPECT(ng == n32 && memcmp(c, d, n32) == 0, "fp32 export of a bf16 file is not its values");
@@ -428,9 +419,10 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
     uint16_t *toks = zpp_test_malloc(n * sizeof(uint16_t));
     tokens_write(zpp_test_tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
     zpp_test_tmp_path("ev_out.txt", out), zpp_test_tmp_path("ev_err.txt", err);
-    int rc = run_cli(0, out, err,
-                     "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
-                     f, tok, B, K, device);
+    int rc =
+        run_cli(0, out, err,
+                "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json", f,
+                tok, B, K, device);
     EXPECT(rc == 0, "eval failed (%d); see %s", rc, err);
     const double got = read_json_loss(out);
     int32_t *x = zpp_test_malloc(BT * sizeof(int32_t)), *y = zpp_test_malloc(BT * sizeof(int32_t));
@@ -484,8 +476,10 @@ static void test_padded_vocab_model(void) {
     zpp_gpt2_layout_make(&cp, &lp);
     zpp_gpt2_layout_make(&cu, &lu);
     const int nu = mp->n_units;
-    float **pp = zpp_test_malloc(nu * sizeof(float *)), **pu = zpp_test_malloc(nu * sizeof(float *));
-    float **gp = zpp_test_malloc(nu * sizeof(float *)), **gu = zpp_test_malloc(nu * sizeof(float *));
+    float **pp = zpp_test_malloc(nu * sizeof(float *)),
+          **pu = zpp_test_malloc(nu * sizeof(float *));
+    float **gp = zpp_test_malloc(nu * sizeof(float *)),
+          **gu = zpp_test_malloc(nu * sizeof(float *));
     for (int u = 0; u < nu; u++) {
         pp[u] = zpp_test_malloc(mp->unit_numel[u] * sizeof(float));
         gp[u] = zpp_test_malloc(mp->unit_numel[u] * sizeof(float));
@@ -678,7 +672,8 @@ static double ref_seq_grad(const llmc_model *m, llmc_model *g, const int32_t *tk
             ln_fwd(H2 + t * C, XH2 + t * C, r2 + l * T + t, X1 + t * C, m->ln2w + c1,
                    m->ln2b + c1, C);
             ref_linear(F + (size_t)t * 4 * C, H2 + t * C, m->fcw + c4 * C, m->fcb + c4, C, 4 * C);
-            for (int i = 0; i < 4 * C; i++) GL[(size_t)t * 4 * C + i] = gelu(F[(size_t)t * 4 * C + i]);
+            for (int i = 0; i < 4 * C; i++)
+                GL[(size_t)t * 4 * C + i] = gelu(F[(size_t)t * 4 * C + i]);
             ref_linear(o, GL + (size_t)t * 4 * C, m->fcprojw + c4 * C, m->fcprojb + c1, 4 * C, C);
             for (int c = 0; c < C; c++) x[t * C + c] = X1[t * C + c] + o[c];
         }
@@ -780,7 +775,9 @@ static double ref_seq_grad(const llmc_model *m, llmc_model *g, const int32_t *tk
 
 /* The matrices of llm.c's tensor list (tensors_of's order): wte, wpe, qkvw,
  * attprojw, fcw, fcprojw. The rest are LayerNorm parameters and biases. */
-static int is_matrix_tensor(int k) { return k == 0 || k == 1 || k == 4 || k == 6 || k == 10 || k == 12; }
+static int is_matrix_tensor(int k) {
+    return k == 0 || k == 1 || k == 4 || k == 6 || k == 10 || k == 12;
+}
 
 typedef struct ref_opt {
     double lr, beta1, beta2, eps, weight_decay, clip;
@@ -827,7 +824,8 @@ static int ref_train(llmc_model *m, const uint16_t *toks, size_t n_train, int G,
             for (size_t i = 0; i < tg[k].n; i++) sq += (*tg[k].p)[i] * (*tg[k].p)[i];
         norm[s] = sqrt(sq);
         double c = 1.0;
-        if (o->clip > 0 && o->clip / (norm[s] + 1e-6) < 1) c = o->clip / (norm[s] + 1e-6), clipped++;
+        if (o->clip > 0 && o->clip / (norm[s] + 1e-6) < 1)
+            c = o->clip / (norm[s] + 1e-6), clipped++;
         const int t = s + 1;
         const double c1 = 1 - pow(o->beta1, t), c2 = 1 - pow(o->beta2, t);
         for (int k = 0; k < 16; k++) {
@@ -958,7 +956,7 @@ static void expect_refused(const char *what, const char *args, const char *needl
     int np = strncmp(args, "train", 5) == 0 ? 2 : 0;
     int rc = run_cli(np, out, err, "%s", args);
     EXPECT(rc != 0, "%s: '%s' succeeded; expected an error naming '%s'", what, args, needle);
-    int lines = count_lines(err, "zeropp"), named = count_lines(err, needle);
+    int lines = zpp_test_count_lines(err, "zeropp"), named = zpp_test_count_lines(err, needle);
     EXPECT(lines == 1 && named == 1,
            "%s: expected one error line naming '%s', got %d zeropp lines (%d naming it); see %s",
            what, needle, lines, named, err);
@@ -997,7 +995,8 @@ static void test_malformed_refused(void) {
             int32_t v = cases[k].value;
             memcpy(b + 4 * cases[k].word, &v, 4);
         }
-        zpp_test_write_file(zpp_test_tmp_path("bad.bin", p), b, (size_t)((long)n + cases[k].size_change));
+        zpp_test_write_file(zpp_test_tmp_path("bad.bin", p), b,
+                            (size_t)((long)n + cases[k].size_change));
         snprintf(args, sizeof args,
                  "train --quiet --init-from %s --data %s --steps 0 --save %s", p, tok, dir);
         expect_refused(cases[k].what, args, cases[k].needle, dir);
@@ -1024,7 +1023,8 @@ static void test_malformed_refused(void) {
             "\"vocab_size\": %d, \"real_vocab_size\": %d}}", m.L, m.NH, m.C, m.T, m.Vp, m.V);
     fclose(cf);
     char out[512], err[512];
-    int rc = run_cli(2, zpp_test_tmp_path("ok_out.txt", out), zpp_test_tmp_path("ok_err.txt", err), "%s", args);
+    int rc = run_cli(2, zpp_test_tmp_path("ok_out.txt", out), zpp_test_tmp_path("ok_err.txt", err),
+                     "%s", args);
     EXPECT(rc == 0 && exists(dir), "a config of the file's own shape was refused; see %s", err);
     /* eval: more batches than the token file holds */
     snprintf(args, sizeof args, "eval --init-from %s --data %s --batch-size 4 --batches 10", p,

@@ -230,7 +230,8 @@ static void test_checkpoint_resume_bitwise(void) {
     EXPECT(truncate(f, len - 1) == 0);
     expect_clean_failure(4, args, "ckpt");
     /* not a checkpoint */
-    snprintf(args, sizeof args, "--config %s --resume %s", cfg, zpp_test_tmp_path("no_such_dir", f));
+    snprintf(args, sizeof args, "--config %s --resume %s", cfg,
+             zpp_test_tmp_path("no_such_dir", f));
     expect_clean_failure(4, args, "not a checkpoint");
 }
 
@@ -259,7 +260,8 @@ static void loco_losses(const char *tag, const char *loco, const char *more, dou
     snprintf(name, sizeof name, "loco_%s.jsonl", tag);
     snprintf(args, sizeof args, "--config %s --steps %d --metrics %s %s", cfg, steps,
              zpp_test_tmp_path(name, met), more);
-    EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag, err);
+    EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0, "%s failed, see %s", tag,
+           err);
     EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) ==
            steps - (strstr(more, "--resume") ? 5 : 0));
 }
@@ -293,8 +295,8 @@ static void test_loco_reset_and_resume_bitwise(void) {
         EXPECT(resumed[i] == t3[5 + i], "step %d: resumed %a, uninterrupted %a", 6 + i,
                resumed[i], t3[5 + i]);
     /* another world size: the error buffers start from zero, said in the note */
-    snprintf(args, sizeof args, "--config %s --steps 10 --resume %s", zpp_test_tmp_path("loco_t3.json", cfg),
-             dir);
+    snprintf(args, sizeof args, "--config %s --steps 10 --resume %s",
+             zpp_test_tmp_path("loco_t3.json", cfg), dir);
     char out[512];
     zpp_test_tmp_path("loco_out.txt", out);
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
@@ -391,25 +393,13 @@ static void test_zeropp_options_match_zero3_validation_loss(void) {
     }
 }
 
-/* Counts the lines of a file that contain `needle`. */
-static int count_lines(const char *path, const char *needle) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle)) n++;
-    fclose(f);
-    return n;
-}
-
 static void expect_clean_failure(int np, const char *args, const char *needle) {
     char err[512];
     zpp_test_tmp_path("bad_err.txt", err);
     int rc = run_train(np, args, err);
     EXPECT(rc != 0, "'%s' succeeded; expected an error mentioning '%s'", args, needle);
-    int lines = count_lines(err, "zeropp");
-    int named = count_lines(err, needle);
+    int lines = zpp_test_count_lines(err, "zeropp");
+    int named = zpp_test_count_lines(err, needle);
     EXPECT(lines == 1 && named == 1,
            "'%s': expected one error line naming '%s', got %d zeropp lines (%d naming it); "
            "see %s",
@@ -474,7 +464,7 @@ static void test_demo_summary(void) {
              mpi, cli, out);
     int rc = system(cmd);
     EXPECT(rc == 0, "demo failed; output in %s", out);
-    EXPECT(count_lines(out, "final val loss") == 1, "no summary table in %s", out);
+    EXPECT(zpp_test_count_lines(out, "final val loss") == 1, "no summary table in %s", out);
     FILE *f = fopen(out, "r");
     char line[1024];
     double ratio = -1;
@@ -993,8 +983,8 @@ static void test_save_every(void) {
            "inotify: %s", strerror(errno));
     snprintf(args, sizeof args, "--config %s --steps %d --save %s --save-every %d --metrics %s",
              cfg, steps, dir, every, met);
-    EXPECT(run_train(W, args, zpp_test_tmp_path("err.txt", err)) == 0, "the run failed; stderr in %s",
-           err);
+    EXPECT(run_train(W, args, zpp_test_tmp_path("err.txt", err)) == 0,
+           "the run failed; stderr in %s", err);
     int saves = 0;
     char ev[4096] __attribute__((aligned(8)));
     ssize_t len;
@@ -1070,7 +1060,8 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
              "--config %s --steps 8 --save %s --save-every 1 --metrics %s; echo $? > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}' >/dev/null 2>%s",
              getenv("ZPP_MPIEXEC"), W, getenv("ZPP_CLI"), cfg, dir,
-             zpp_test_tmp_path("nonfinite.jsonl", met), codes, zpp_test_tmp_path("nonfinite_err.txt", err));
+             zpp_test_tmp_path("nonfinite.jsonl", met), codes,
+             zpp_test_tmp_path("nonfinite_err.txt", err));
     int rc = system(cmd);
     EXPECT(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) != 124, "%s: hang?", cmd);
     for (int r = 0; r < W; r++) {
@@ -1083,7 +1074,7 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
         EXPECT(code != 0, "rank %d exited 0 after 5 non-finite steps", r);
     }
     /* one line, naming the steps and the cause */
-    EXPECT(count_lines(err, "zeropp") == 1, "expected one error line; see %s", err);
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1, "expected one error line; see %s", err);
     FILE *f = fopen(err, "r");
     char line[4096] = "", l[4096];
     while (fgets(l, sizeof l, f))
@@ -1134,7 +1125,7 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     /* it loads, and the next steps stop the same way */
     snprintf(args, sizeof args, "--config %s --steps 12 --resume %s", cfg, dir);
     EXPECT(run_train(W, args, err) != 0);
-    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "steps 6-10") == 1,
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 && zpp_test_count_lines(err, "steps 6-10") == 1,
            "resumed: expected the steps 6-10 error; see %s", err);
     /* --save without --save-every: the run never reaches its save */
     zpp_test_tmp_path("nonfinite_nosave", dir);
@@ -1360,7 +1351,7 @@ static void test_consecutive_skips_stop(void) {
     setenv("ZPP_FAULT", "nonfinite@3-7", 1);
     int rc = run_extra("consec5", 2, mb, 10, met, err);
     EXPECT(rc != 0, "5 non-finite steps in a row did not stop the run");
-    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "steps 3-7") == 1,
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 && zpp_test_count_lines(err, "steps 3-7") == 1,
            "expected one line naming steps 3-7; see %s", err);
     EXPECT(read_skipped(met, sk, MAX_STEPS) == 6, "expected steps 1-6 in the metrics");
     for (int s = 0; s < 6; s++) EXPECT(sk[s] == (s >= 2), "step %d: skipped %d", s + 1, sk[s]);
@@ -1379,7 +1370,8 @@ static void test_consecutive_skips_stop(void) {
     write_text(zpp_test_tmp_path("consec_max2.json", cfg), "%s", json);
     snprintf(args, sizeof args, "--config %s --steps 10", cfg);
     rc = run_train(2, args, err);
-    EXPECT(rc != 0 && count_lines(err, "zeropp") == 1 && count_lines(err, "steps 3-4") == 1,
+    EXPECT(rc != 0 && zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "steps 3-4") == 1,
            "max_consecutive_skips 2: expected a stop naming steps 3-4; see %s", err);
     setenv("ZPP_FAULT", "nonfinite@x", 1);
     expect_clean_failure(2, args, "ZPP_FAULT");
@@ -1581,7 +1573,8 @@ static void test_checkpoint_failed_save_keeps_previous(void) {
                                zpp_test_tmp_path("failsave_err.txt", err));
         EXPECT(rc != 0, "the step-6 save %s did not fail the run",
                how ? "with ZPP_FAULT=save_fail@6" : "with a file in its way");
-        EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "checkpoint") == 1,
+        EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
+                   zpp_test_count_lines(err, "checkpoint") == 1,
                "expected one line about the checkpoint; see %s", err);
         EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a failed save: %s", why);
         if (how == 1) {
@@ -1610,7 +1603,8 @@ static void test_checkpoint_killed_save_keeps_previous(void) {
     EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 6);
     zpp_test_tmp_path("killsave", dir);
     snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
-    int rc = run_train_env(W, "save_kill@6", args, NULL, zpp_test_tmp_path("killsave_err.txt", err));
+    int rc =
+        run_train_env(W, "save_kill@6", args, NULL, zpp_test_tmp_path("killsave_err.txt", err));
     EXPECT(rc != 0, "a rank killed during the step-6 save, and the run exited 0");
     EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a killed save: %s", why);
     snprintf(p, sizeof p, "%s/step-00000006/rank-00001.ckpt", dir);
@@ -1666,8 +1660,8 @@ static void test_checkpoint_reshard(void) {
         }
         char want[64];
         snprintf(want, sizeof want, "ranks 4 -> %d", W);
-        EXPECT(W == 4 ? count_lines(out, "changed since the save") == 0
-                      : count_lines(out, want) == 1,
+        EXPECT(W == 4 ? zpp_test_count_lines(out, "changed since the save") == 0
+                      : zpp_test_count_lines(out, want) == 1,
                "%d ranks: the resume did not report '%s'; see %s", W, want, out);
         printf("  resumed on %d ranks: steps 21..40 within %.2g of 4 ranks (loss 40: %.6f)\n",
                W, worst, got[19]);
@@ -1709,9 +1703,9 @@ static void test_checkpoint_resume_checks_model(void) {
     int rc = run_train_env(2, NULL, args, zpp_test_tmp_path("shape_out.txt", out),
                            zpp_test_tmp_path("shape_err.txt", err));
     EXPECT(rc == 0, "resume with ZeRO++ switched on failed; see %s", err);
-    EXPECT(count_lines(out, "changed since the save") == 1 &&
-               count_lines(out, "mode zero3 -> qwz+qgz") == 1 &&
-               count_lines(out, "node size 2 -> 1") == 1,
+    EXPECT(zpp_test_count_lines(out, "changed since the save") == 1 &&
+               zpp_test_count_lines(out, "mode zero3 -> qwz+qgz") == 1 &&
+               zpp_test_count_lines(out, "node size 2 -> 1") == 1,
            "the resume did not report the changed mode and node size in one line; see %s", out);
 }
 
@@ -1730,7 +1724,8 @@ static void test_checkpoint_cli_checks(void) {
     EXPECT(zpp_test_read_metric(met, "loss", loss, MAX_STEPS) == 0,
            "steps were trained before the unusable --save folder was noticed");
     /* a checkpoint at step 3; --steps 3 and 2 */
-    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, zpp_test_tmp_path("cli_ck", dir));
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg,
+             zpp_test_tmp_path("cli_ck", dir));
     train_ok(2, args);
     for (int steps = 3; steps >= 2; steps--) {
         snprintf(args, sizeof args, "--config %s --steps %d --resume %s", cfg, steps, dir);
@@ -1778,7 +1773,8 @@ static void test_stalled_rank_times_out(void) {
              "exec %s --oversubscribe --bind-to none -np %d sh -c 'echo $$ > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; exec %s train --quiet --config %s "
              "--steps 1000000 --collective-timeout 10 --metrics %s' >/dev/null 2>%s",
-             mpi, W, pids, cli, cfg, zpp_test_tmp_path("stall.jsonl", met), zpp_test_tmp_path("stall_err.txt", err));
+             mpi, W, pids, cli, cfg, zpp_test_tmp_path("stall.jsonl", met),
+             zpp_test_tmp_path("stall_err.txt", err));
     pid_t job = fork();
     EXPECT(job >= 0, "fork: %s", strerror(errno));
     if (job == 0) {
@@ -1882,7 +1878,8 @@ static int run_timed(int secs, const char *cmd, double *seconds) {
     int rc = system(line);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     EXPECT(rc != -1, "system() failed");
-    if (seconds) *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (seconds)
+        *seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     EXPECT(WIFEXITED(rc), "killed by a signal: %s", line);
     return WEXITSTATUS(rc);
 }
@@ -1906,9 +1903,10 @@ static void test_cli_flag_syntax(void) {
     char met[512], args[1024], err[512];
     snprintf(args, sizeof args, "--steps=3 --seed=5 --eval-every=0 --metrics=%s",
              zpp_test_tmp_path("eq_metrics.jsonl", met));
-    EXPECT(run_train(2, args, zpp_test_tmp_path("eq_err.txt", err)) == 0, "'%s' failed; see %s", args,
-           err);
-    EXPECT(count_lines(met, "\"step\"") == 3, "--steps=3 did not run 3 steps; see %s", met);
+    EXPECT(run_train(2, args, zpp_test_tmp_path("eq_err.txt", err)) == 0, "'%s' failed; see %s",
+           args, err);
+    EXPECT(zpp_test_count_lines(met, "\"step\"") == 3, "--steps=3 did not run 3 steps; see %s",
+           met);
 
     expect_clean_failure(2, "--steps 2 --bogus", "unknown option '--bogus'");
     expect_clean_failure(2, "--bogus --steps 2", "unknown option '--bogus'");
@@ -1925,7 +1923,8 @@ static void test_cli_flag_syntax(void) {
              ">/dev/null 2>%s",
              mpi, cli, zpp_test_tmp_path("bench_err.txt", err));
     EXPECT(run_timed(120, cmd, NULL) != 0, "bench comm took an unknown option");
-    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "unknown option '--bogus'") == 1,
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "unknown option '--bogus'") == 1,
            "bench comm: expected one line naming the unknown option; see %s", err);
 }
 
@@ -1946,7 +1945,7 @@ static void test_fifo_inputs_refused(void) {
         int rc = run_timed(60, cmd, &secs);
         EXPECT(rc != 124, "%s FIFO: hung (killed after 60 s)", flags[i]);
         EXPECT(rc != 0, "%s FIFO: succeeded", flags[i]);
-        EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "FIFO") == 1,
+        EXPECT(zpp_test_count_lines(err, "zeropp") == 1 && zpp_test_count_lines(err, "FIFO") == 1,
                "%s FIFO: expected one line saying it is a FIFO; see %s", flags[i], err);
         /* the refusal itself is immediate; the rest is mpirun's start-up */
         EXPECT(secs < 30, "%s FIFO: took %.1f s", flags[i], secs);
@@ -1985,11 +1984,12 @@ static void test_data_truncated_during_run(void) {
     }
     /* wait for the first step in the metrics, then cut the file */
     int waited = 0;
-    while (count_lines(met, "\"step\"") < 1 && waited < 2000) {
+    while (zpp_test_count_lines(met, "\"step\"") < 1 && waited < 2000) {
         usleep(100000);
         waited++;
     }
-    EXPECT(count_lines(met, "\"step\"") >= 1, "no step in %s after 200 s; see %s", met, err);
+    EXPECT(zpp_test_count_lines(met, "\"step\"") >= 1, "no step in %s after 200 s; see %s", met,
+           err);
     EXPECT(truncate(data, 0) == 0, "truncate %s: %s", data, strerror(errno));
     int status = 0;
     EXPECT(waitpid(pid, &status, 0) == pid);
@@ -1997,9 +1997,10 @@ static void test_data_truncated_during_run(void) {
     int code = WEXITSTATUS(status);
     EXPECT(code != 124, "the run did not stop after the data file shrank (timed out)");
     EXPECT(code != 0, "the run succeeded on a data file truncated under it");
-    EXPECT(count_lines(err, "signal") == 0 && count_lines(err, "SIGBUS") == 0,
+    EXPECT(zpp_test_count_lines(err, "signal") == 0 && zpp_test_count_lines(err, "SIGBUS") == 0,
            "a rank died of a signal; see %s", err);
-    EXPECT(count_lines(err, "zeropp") == 1 && count_lines(err, "shrank from") == 1,
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "shrank from") == 1,
            "expected one line saying the data file shrank; see %s", err);
 }
 
@@ -2012,7 +2013,8 @@ static void test_json_strict(void) {
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "\\u0000");
     expect_clean_failure(2, args, "byte offset 29");
-    write_text(zpp_test_tmp_path("nul_value.json", cfg), "{\"optimizer\": {\"type\": \"AdamW\\u0000\"}}");
+    write_text(zpp_test_tmp_path("nul_value.json", cfg),
+               "{\"optimizer\": {\"type\": \"AdamW\\u0000\"}}");
     snprintf(args, sizeof args, "--config %s --steps 1", cfg);
     expect_clean_failure(2, args, "\\u0000");
     write_text(zpp_test_tmp_path("leading_zero.json", cfg), "{\"steps_per_print\": 01}");
@@ -2088,23 +2090,22 @@ static void test_profile_metrics(void) {
            "profile fields without --profile");
 }
 
-ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise), ZPP_TEST(test_zero3_matches_single_rank_fp32),
+ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
+          ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
-          ZPP_TEST(test_zeropp_options_match_zero3_validation_loss),
-          ZPP_TEST(test_demo_summary), ZPP_TEST_GPU(test_gpu_matches_cpu),
+          ZPP_TEST(test_zeropp_options_match_zero3_validation_loss), ZPP_TEST(test_demo_summary),
+          ZPP_TEST_GPU(test_gpu_matches_cpu),
           ZPP_TEST_GPU(test_gpu_zeropp_matches_zero3_validation_loss),
-          ZPP_TEST(test_profile_metrics),
-          ZPP_TEST(test_zero3_matches_single_rank_params),
+          ZPP_TEST(test_profile_metrics), ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),
           ZPP_TEST(test_save_every), ZPP_TEST(test_nonfinite_gradient_fails_cleanly),
           ZPP_TEST(test_nonfinite_step_skipped), ZPP_TEST(test_consecutive_skips_stop),
           ZPP_TEST(test_fp16_dynamic_loss_scale), ZPP_TEST(test_fp16_static_loss_scale),
           ZPP_TEST(test_fp16_zero3_matches_single_rank),
           ZPP_TEST(test_checkpoint_failed_save_keeps_previous),
-          ZPP_TEST(test_checkpoint_killed_save_keeps_previous),
-          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
-          ZPP_TEST(test_checkpoint_cli_checks),
+          ZPP_TEST(test_checkpoint_killed_save_keeps_previous), ZPP_TEST(test_checkpoint_reshard),
+          ZPP_TEST(test_checkpoint_resume_checks_model), ZPP_TEST(test_checkpoint_cli_checks),
           ZPP_TEST(test_stalled_rank_times_out), ZPP_TEST(test_resume_after_skips_bitwise),
           ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),

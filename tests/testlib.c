@@ -93,6 +93,17 @@ int zpp_test_read_metric(const char *path, const char *key, double *out, int cap
     return n;
 }
 
+int zpp_test_count_lines(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, needle)) n++;
+    fclose(f);
+    return n;
+}
+
 void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
     va_list ap;
     fflush(stdout); /* the case's progress lines, before _exit drops them */

@@ -99,5 +99,7 @@ void zpp_test_write_file(const char *path, const void *data, size_t n);
 /* The number after "key": on each line of a metrics file (zeropp train
  * --metrics), in line order, into out[0..cap); returns how many. */
 int zpp_test_read_metric(const char *path, const char *key, double *out, int cap);
+/* The lines of a file that contain `needle` (0 when it cannot be read). */
+int zpp_test_count_lines(const char *path, const char *needle);
 
 #endif
