@@ -257,19 +257,21 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     st = zpp_comm_agree_world(st);
     double dt = now_s() - t0;
     if (st == ZPP_OK) st = zpp_comm_max_world(&dt);
-    /* a timeout is not agreed (the stalled peer cannot answer): this rank
-     * names the step itself */
-    if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "step %d", step + 1);
-    ZPP_CHECK(st);
-    r->seconds = dt;
-    r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
-    size_t now = 0, peak = 0;
-    zpp_device_mem_stats(t->dev, &now, &peak);
-    r->device_peak_bytes = (double)peak;
-    ZPP_CHECK(zpp_comm_max_world(&r->device_peak_bytes));
+    if (st == ZPP_OK) {
+        r->seconds = dt;
+        r->tokens_per_s = (double)t->info.global_batch * t->info.seq_len / (dt > 0 ? dt : 1e-9);
+        size_t now = 0, peak = 0;
+        zpp_device_mem_stats(t->dev, &now, &peak);
+        r->device_peak_bytes = (double)peak;
+        st = zpp_comm_max_world(&r->device_peak_bytes);
+    }
     /* every rank profiles or none (trainer.h) */
     r->exposed_comm_ms_max = r->stats.profile.exposed_comm_ms;
-    return r->stats.profile.valid ? zpp_comm_max_world(&r->exposed_comm_ms_max) : ZPP_OK;
+    if (st == ZPP_OK && r->stats.profile.valid) st = zpp_comm_max_world(&r->exposed_comm_ms_max);
+    /* a timeout is not agreed (the stalled peer cannot answer), in any of
+     * the step's collectives: this rank names the step itself */
+    if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "step %d", step + 1);
+    return st;
 }
 
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
