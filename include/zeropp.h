@@ -435,6 +435,12 @@ typedef struct zpp_engine_config {
     int max_consecutive_skips;
     zpp_quant_spec weight_quant; /* qwZ: int8, default block */
     zpp_quant_spec grad_quant;   /* qgZ: int4, default block */
+    /* A gathered unit stays for its next use (later in the pass, or, over
+     * more than one rank, in the backward that follows the forward) when
+     * that use comes within this many parameters of other units: DeepSpeed's
+     * stage3_max_reuse_distance, default 1e9. 0 gathers a unit for every
+     * stage that uses it, apart from consecutive ones. */
+    size_t max_reuse_distance;
 } zpp_engine_config;
 
 /* The defaults listed above. */

@@ -101,13 +101,15 @@ static void test_backward_needs_current_forward(void) {
 
 /* Per-phase bytes of a real step: hpZ's backward gathers never leave the
  * node; qwZ halves the forward gather (plus scales); qgZ cuts the gradient
- * reduce to about a quarter (int4 plus scales). */
+ * reduce to about a quarter (int4 plus scales). Reuse distance 0, so that
+ * the backward gathers every block again (with the default this small
+ * model's blocks all stay from the forward). */
 static void test_step_volumes_by_mode(void) {
     zpp_volume v[4];
     const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
     for (int m = 0; m < 4; m++) {
         fixture f;
-        setup(&f, modes[m][0], modes[m][1], modes[m][2]);
+        setup_opts(&f, modes[m][0], modes[m][1], modes[m][2], 0, 0);
         float loss;
         zpp_step_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
@@ -130,22 +132,28 @@ static void test_step_volumes_by_mode(void) {
 }
 
 /* Which units a step gathers, by their bytes (ZeRO-3, bf16; GPT-2 stages:
- * embedding = unit 0, blocks = units 1..L, head = unit 0 again).
- * - Forward: every stage's unit, except that with the default reuse
- *   distance (DeepSpeed's 1e9 parameters) unit 0 stays gathered from the
- *   embedding to the head; with distance 0 it is gathered twice. A distance
- *   just below the blocks' size in between releases it too.
- * - Backward: the blocks only. The head's unit is still there from the
- *   forward, and the embedding stage's backward reads no parameters, so
- *   unit 0 (the largest) is not gathered again. */
-static void test_gathers_follow_reuse_and_param_free_stages(void) {
+ * embedding = unit 0, blocks = units 1..L, head = unit 0 again; the
+ * embedding stage's backward reads no parameters). The reference walks the
+ * order in which the step uses parameters, the forward's stages and then
+ * the backward's that read, and gathers a unit at a use unless it stayed:
+ * a unit stays after a use when its next use comes before more than the
+ * reuse distance of other units' parameters has been used in between, and
+ * after the forward's last stage always. So, with 1 + L units:
+ * - the default distance (1e9): every unit is gathered once, in the
+ *   forward; the backward gathers nothing, all blocks stay from the forward;
+ * - 0: unit 0 twice in the forward (embedding, head), every block in both
+ *   passes; the head's unit still stays for the backward's head;
+ * - two unit-0's and one block: only the last block stays into the
+ *   backward (the one before it is two blocks and two unit-0's away);
+ * - just below the blocks between embedding and head: unit 0 twice. */
+static void test_gathers_follow_reuse_across_the_step(void) {
     const zpp_phase ph[2] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER};
-    for (int variant = 0; variant < 3; variant++) {
+    const int L = kModel.n_layer, S = L + 2;
+    const size_t u0 = zpp_gpt2_unit_numel(&kModel, 0), blk = zpp_gpt2_unit_numel(&kModel, 1);
+    const size_t reuse[4] = {SIZE_MAX, 0, 2 * u0 + blk, (size_t)L * blk - 1};
+    const int bwd_gathers_want[4] = {0, L, L - 1, -1}; /* -1: not checked by count */
+    for (int variant = 0; variant < 4; variant++) {
         fixture f;
-        const int L = kModel.n_layer, S = L + 2;
-        const size_t blocks = (size_t)L * zpp_gpt2_unit_numel(&kModel, 1);
-        const size_t reuse[3] = {SIZE_MAX, 0, blocks - 1};
-        const int unit0_twice = variant > 0;
         setup_opts(&f, 0, 0, 0, reuse[variant], 0);
         const zpp_model *m = f.model;
         EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
@@ -155,19 +163,37 @@ static void test_gathers_follow_reuse_and_param_free_stages(void) {
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
         EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        /* the use order: forward 0..S-1, backward S-1..1 */
+        int use[2 * 8], n_use = 0;
+        for (int s = 0; s < S; s++) use[n_use++] = s;
+        for (int s = S - 1; s >= 1; s--) use[n_use++] = s;
+        int resident[8] = {0}, bwd_gathers = 0;
         zpp_volume want;
         memset(&want, 0, sizeof want);
         const zpp_coll_opts co = zpp_coll_opts_default();
         const zpp_topo *t = f.topo;
-        for (int s = 0; s < S; s++) {
-            zpp_partition p = zpp_partition_make(m->unit_numel[m->stage_unit[s]], t);
-            if (s < S - 1 || unit0_twice)
+        for (int i = 0; i < n_use; i++) {
+            const int ui = m->stage_unit[use[i]];
+            const zpp_phase phase = i < S ? ZPP_PHASE_FWD_GATHER : ZPP_PHASE_BWD_GATHER;
+            if (!resident[ui]) {
+                zpp_partition p = zpp_partition_make(m->unit_numel[ui], t);
                 zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE,
-                                ZPP_BF16, &co, ZPP_PHASE_FWD_GATHER);
-            if (s >= 1 && s <= L)
-                zpp_plan_gather(&want, &p, t->nodes, t->node_size, ZPP_GATHER_BASELINE,
-                                ZPP_BF16, &co, ZPP_PHASE_BWD_GATHER);
+                                ZPP_BF16, &co, phase);
+                bwd_gathers += i >= S;
+            }
+            size_t between = 0;
+            int next = -1;
+            for (int j = i + 1; j < n_use && next < 0; j++) {
+                const int uj = m->stage_unit[use[j]];
+                if (uj == ui) next = j;
+                else between += m->unit_numel[uj];
+            }
+            resident[ui] = next >= 0 && (i == S - 1 || between <= reuse[variant]);
         }
+        if (bwd_gathers_want[variant] >= 0)
+            EXPECT(bwd_gathers == bwd_gathers_want[variant],
+                   "reference: %d backward gathers, the comment says %d", bwd_gathers,
+                   bwd_gathers_want[variant]);
         for (int k = 0; k < 2; k++)
             EXPECT(st.volume.cross_node_bytes[ph[k]] == want.cross_node_bytes[ph[k]] &&
                        st.volume.intra_node_bytes[ph[k]] == want.intra_node_bytes[ph[k]],
@@ -339,8 +365,9 @@ static zpp_engine_profile profiled_step(fixture *f, int slow, long delay_ms, dou
  * (here the calling thread) ran stream_ms = compute_ms + exposed_comm_ms,
  * none negative, within the wall time the caller saw; and every collective
  * completed is one timed wait: 3 forward gathers (unit 0 stays from the
- * embedding to the head), 2 backward gathers (the blocks), 3 reductions and
- * the norm's all-reduce. Without it the fields are 0. */
+ * embedding to the head), no backward gather (with the default reuse
+ * distance both blocks stay from the forward), 3 reductions and the
+ * norm's all-reduce. Without it the fields are 0. */
 static void test_profile_adds_up(void) {
     const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 1}};
     for (int m = 0; m < 4; m++) {
@@ -358,7 +385,7 @@ static void test_profile_adds_up(void) {
                    p.exposed_comm_ms, p.stream_ms);
             EXPECT(p.stream_ms <= wall + 1e-3, "mode %d: stream %g ms, wall %g ms", m,
                    p.stream_ms, wall);
-            EXPECT(p.waits == 9, "mode %d: %d waits timed, expected 9", m, p.waits);
+            EXPECT(p.waits == 7, "mode %d: %d waits timed, expected 7", m, p.waits);
         }
         teardown(&f);
     }
@@ -595,6 +622,6 @@ ZPP_TESTS(ZPP_TEST(test_weight_decay_mask), ZPP_TEST(test_clipping_coefficient),
           ZPP_TEST(test_backward_needs_current_forward), ZPP_TEST(test_depths_give_the_same_bits), ZPP_TEST(test_step_volumes_by_mode),
           ZPP_TEST(test_scratch_settles_with_zeropp),
           ZPP_TEST(test_nonfinite_skips_the_step_everywhere),
-          ZPP_TEST(test_gathers_follow_reuse_and_param_free_stages),
+          ZPP_TEST(test_gathers_follow_reuse_across_the_step),
           ZPP_TEST(test_bf16_units_take_bf16_bytes), ZPP_TEST(test_profile_adds_up),
           ZPP_TEST(test_profile_sees_a_straggler))

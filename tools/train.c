@@ -528,6 +528,12 @@ int zpp_cli_train(int argc, char **argv) {
         cfg.model.n_layer = 4;
         cfg.model.n_embd = 128;
         cfg.model.n_head = 4;
+        /* This model is small enough that DeepSpeed's reuse rule (1e9
+         * parameters) would keep every unit gathered from the forward to
+         * its backward: no backward gather at all, nothing for hpZ to do.
+         * Distance 0 shows what a model too large to keep gathered does,
+         * a gather in each pass: the paper's 3M against 0.75M. */
+        cfg.zero.max_reuse_distance = 0;
     }
     run_summary sums[2];
     memset(sums, 0, sizeof sums);

@@ -274,6 +274,7 @@ zpp_engine_config zpp_engine_config_default(void) {
     c.max_consecutive_skips = o.max_consecutive_skips;
     c.weight_quant = o.coll.weight_spec;
     c.grad_quant = o.coll.grad_spec;
+    c.max_reuse_distance = o.max_reuse_distance;
     return c;
 }
 
@@ -311,6 +312,7 @@ static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *
     o->seed = c->seed;
     o->loss_scale = c->loss_scale;
     o->max_consecutive_skips = c->max_consecutive_skips;
+    o->max_reuse_distance = c->max_reuse_distance;
     o->coll.weight_spec = c->weight_quant;
     o->coll.grad_spec = c->grad_quant;
     return ZPP_OK;
