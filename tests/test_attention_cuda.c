@@ -516,50 +516,5 @@ static void test_refusals(void) {
     dev_close();
 }
 
-/* Timings (printed, not asserted): best of several runs, cudaEvents around
- * each call on the compute stream. FLOPs are the causal half of the
- * matrix products: forward 2 products (Q K^T, P V) of 2 T^2/2 hs each per
- * head; backward counted as 2.5x forward (the 5 products of FA2's
- * backward; these kernels do 7, recomputing S and dP for dQ). */
-static void time_case(attn_case c) {
-    problem p = problem_make(c, zpp_test_seed(400 + (uint64_t)c.hs));
-    zpp_device_event *e0, *e1;
-    EXPECT_OK(zpp_device_event_create(dev, 1, &e0));
-    EXPECT_OK(zpp_device_event_create(dev, 1, &e1));
-    void *st = dev->stream;
-    double best_f = 1e30, best_b = 1e30;
-    for (int it = 0; it < 12; it++) {
-        float ms;
-        EXPECT_OK(zpp_device_event_record(dev, e0, NULL));
-        EXPECT_OK(zpp_attn_forward(p.d_y.p, p.d_lse.p, p.d_qkv.p, c.B, c.T, c.H, c.hs, st));
-        EXPECT_OK(zpp_device_event_record(dev, e1, NULL));
-        EXPECT_OK(zpp_device_sync(dev, NULL));
-        EXPECT_OK(zpp_device_event_elapsed_ms(dev, e0, e1, &ms));
-        if (it >= 2 && ms < best_f) best_f = ms; /* the first two warm up */
-        EXPECT_OK(zpp_device_event_record(dev, e0, NULL));
-        EXPECT_OK(zpp_attn_backward(p.d_dqkv.p, p.d_dy.p, p.d_qkv.p, p.d_y.p, p.d_lse.p,
-                                    p.d_dsum.p, c.B, c.T, c.H, c.hs, st));
-        EXPECT_OK(zpp_device_event_record(dev, e1, NULL));
-        EXPECT_OK(zpp_device_sync(dev, NULL));
-        EXPECT_OK(zpp_device_event_elapsed_ms(dev, e0, e1, &ms));
-        if (it >= 2 && ms < best_b) best_b = ms;
-    }
-    double fl = 4.0 * c.B * c.H * ((double)c.T * (c.T + 1) / 2) * c.hs;
-    printf("  B=%d T=%d H=%d hs=%d: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms "
-           "(%.1f TFLOP/s at 2.5x forward's FLOPs), best of 10\n",
-           c.B, c.T, c.H, c.hs, best_f, fl / (best_f * 1e-3) * 1e-12, best_b,
-           2.5 * fl / (best_b * 1e-3) * 1e-12);
-    zpp_device_event_destroy(dev, e0);
-    zpp_device_event_destroy(dev, e1);
-    problem_free(&p);
-}
-
-static void test_speed(void) {
-    dev_open();
-    time_case((attn_case){4, 1024, 16, 128, 1.0});
-    time_case((attn_case){8, 1024, 12, 64, 1.0});
-    dev_close();
-}
-
 ZPP_TESTS(ZPP_TEST_GPU(test_refusals), ZPP_TEST_GPU(test_matches_reference),
-          ZPP_TEST_GPU(test_deterministic), ZPP_TEST_GPU(test_speed))
+          ZPP_TEST_GPU(test_deterministic))

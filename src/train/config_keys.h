@@ -121,8 +121,9 @@
       "qgZ: int4 hierarchical gradient reduce-scatter")                                           \
     X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,             \
       ZPP_CFG_I53, (1000000000), 0,                                                               \
-      "keep a gathered unit when it is used again within this many parameters of other units "    \
-      "(DeepSpeed's meaning); 0 = release after every use")                                       \
+      "keep a gathered unit for its next use, in the same pass or (over more than one rank) in "  \
+      "the backward after the forward, when it comes within this many parameters of other "       \
+      "units (DeepSpeed's meaning); 0 = gather for every use")                                    \
     X("zero_optimization.zeropp_prefetch_depth", INT, zero.prefetch_depth, 1, 8, (2), 0,          \
       "zeropp: units gathered ahead of the one computing (forward and backward); each costs a "   \
       "gathered unit of memory")                                                                  \
