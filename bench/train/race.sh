@@ -37,8 +37,10 @@
 # skipped_budget build_failed jit_failed peer_setup_failed no_peer_copy) warm ranks
 # gpus self_mem_MiB mem_src transport wall_s note run utc; NAME.log for each run
 # (NAME.jsonl: our metrics; mem/NAME.*: the memory samples), build.log,
-# peers-setup.log, race.txt (what was printed). bench/train/report.sh makes the
-# table and the chart from the TSVs of all calls.
+# peers-setup.log, race.txt (what was printed). A device call brings back at most
+# 8 files, so at the end everything but race.tsv and race.txt is packed into
+# race-logs-UTC.tgz (PACK=0 leaves the files as they are). bench/train/report.sh
+# makes the table and the chart from the TSVs of all calls.
 # tokens/s: global tokens / the median step time of steps WARM+1..STEPS (WARM=3,
 # what fsdp_gpt.py hard-codes; the others are told the same; upper middle for an
 # even count, as fsdp_gpt.py). peak_mem_MiB: the most memory one rank held, from
@@ -261,3 +263,9 @@ run_one() {
 [ "$DRY" = 1 ] || gpu_used > "$OUT/idle.mem"
 for r in "${RUNS[@]}"; do run_one "$r"; done
 say "done in ${SECONDS}s; $TSV"
+if [ "${PACK:-1}" = 1 ] && [ "$DRY" != 1 ]; then  # only what this script wrote
+  packed=(); for f in build.log peers-setup.log jit.log idle.mem mem; do [ -e "$OUT/$f" ] && packed+=("$f"); done
+  for r in "${RUNS[@]}"; do for f in "$OUT/$r".*; do [ -e "$f" ] && packed+=("${f##*/}"); done; done
+  [ ${#packed[@]} -eq 0 ] || tar czf "$OUT/race-logs-$(date -u +%Y%m%dT%H%M%S).tgz" -C "$OUT" --remove-files "${packed[@]}" ||
+    say "could not pack the logs; they stay in $OUT"
+fi
