@@ -39,19 +39,93 @@ static zpp_cost_out cost(const zpp_cost_in *in, int mode) {
     return o;
 }
 
+/* ---- The reuse rule, written out from the engine's definition -------------
+ * engine.c's use order on the planner's split (stage i uses unit i, every
+ * backward stage reads): forward 0..U-1, then backward U-1..0. After forward
+ * stage i < U-1 the unit stays when its next use comes before more than
+ * `reuse` parameters of other units have been used (counted at each use);
+ * the last forward stage's unit always stays. Walked use by use here, with
+ * no assumption about which units come out kept; only at world > 1, and
+ * distance 0 is the planner's "no rule" (every unit gathered again). */
+static int kept_ref(const zpp_cost_in *in, int *kept /* [units] or NULL */) {
+    const int U = in->units;
+    const size_t P = (size_t)in->params;
+    int n = 0;
+    for (int i = 0; i < U; i++) {
+        int k = 0;
+        if (in->world > 1 && in->reuse_distance > 0) {
+            if (i == U - 1) {
+                k = 1;
+            } else {
+                double between = 0;
+                for (int pos = i + 1; pos < 2 * U; pos++) {
+                    int t = pos < U ? pos : 2 * U - 1 - pos; /* the unit used there */
+                    if (t == i) {
+                        k = 1;
+                        break;
+                    }
+                    between += (double)zpp_plan_unit_numel(P, U, t);
+                    if (between > in->reuse_distance) break;
+                }
+            }
+        }
+        if (kept) kept[i] = k;
+        n += k;
+    }
+    return n;
+}
+
+/* zpp_plan_step's bytes less the backward gathers of the units kept_ref
+ * keeps (each replayed alone with volume.c's own functions). */
+static zpp_volume expected_volume(const zpp_cost_in *in, const zpp_coll_mode *md) {
+    zpp_volume v;
+    EXPECT_OK(zpp_plan_step((size_t)in->params, in->units, in->world, in->node_size, md,
+                            in->dtype, &in->coll, &v));
+    int kept[4096];
+    if (in->units > 4096) return v;
+    kept_ref(in, kept);
+    const int N = in->world / in->node_size;
+    for (int i = 0; i < in->units; i++) {
+        if (!kept[i]) continue;
+        zpp_partition p = zpp_partition_make_shape(
+            zpp_plan_unit_numel((size_t)in->params, in->units, i), in->world, N);
+        zpp_volume k;
+        memset(&k, 0, sizeof k);
+        if (md->hpz)
+            zpp_plan_gather_secondary(&k, &p, N, in->node_size, in->dtype, ZPP_PHASE_BWD_GATHER);
+        else
+            zpp_plan_gather(&k, &p, N, in->node_size, md->gather, in->dtype, &in->coll,
+                            ZPP_PHASE_BWD_GATHER);
+        v.cross_node_bytes[ZPP_PHASE_BWD_GATHER] -= k.cross_node_bytes[ZPP_PHASE_BWD_GATHER];
+        v.intra_node_bytes[ZPP_PHASE_BWD_GATHER] -= k.intra_node_bytes[ZPP_PHASE_BWD_GATHER];
+    }
+    return v;
+}
+
 /* Predicted bytes are volume.c's counted bytes, exactly, for every mode and
- * node shape (including one node, one rank per node, uneven units). */
+ * node shape (including one node, one rank per node, uneven units): all of
+ * them at reuse distance 0, and less the kept units' backward gathers at the
+ * default 1e9 (here every unit: 2 x 12 x 9.5M in between at most). */
 static void test_bytes_equal_volume(void) {
     const int shapes[][2] = {{32, 8}, {32, 1}, {8, 8}, {6, 3}, {384, 16}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0] * 2; s++) {
         zpp_cost_in in = small_in();
-        in.world = shapes[s][0];
-        in.node_size = shapes[s][1];
+        in.world = shapes[s / 2][0];
+        in.node_size = shapes[s / 2][1];
         in.params = 123456789; /* uneven over 13 units and the world */
+        if (s % 2) in.reuse_distance = 0;
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
             zpp_volume v;
-            EXPECT_OK(zpp_plan_step((size_t)in.params, in.units, in.world, in.node_size,
-                                    zpp_coll_mode_get(m), in.dtype, &in.coll, &v));
+            if (s % 2)
+                EXPECT_OK(zpp_plan_step((size_t)in.params, in.units, in.world, in.node_size,
+                                        zpp_coll_mode_get(m), in.dtype, &in.coll, &v));
+            else
+                v = expected_volume(&in, zpp_coll_mode_get(m));
+            zpp_volume cv;
+            EXPECT_OK(zpp_cost_volume(&in, zpp_coll_mode_get(m), &cv));
+            EXPECT(zpp_volume_cross_total(&cv) == zpp_volume_cross_total(&v) &&
+                       zpp_volume_intra_total(&cv) == zpp_volume_intra_total(&v),
+                   "zpp_cost_volume differs");
             zpp_cost_out o = cost(&in, m);
             EXPECT(o.cross_node_bytes == zpp_volume_cross_total(&v),
                    "%s W %d S %d: cross %.0f != volume %.0f", zpp_coll_mode_get(m)->name,
@@ -155,11 +229,23 @@ static void test_memory(void) {
 }
 
 /* ZeRO++ sends fewer cross-node bytes than ZeRO-3, and with a slow
- * cross-node link it is faster. */
+ * cross-node link it is faster. Every unit gathered again in the backward
+ * (distance 0): 0.75 M against 3 M, a quarter plus the scales. At the default
+ * distance all 13 units of this 204M model stay (2 x 12 x 15.7M = 377M in
+ * between at most): no backward gather in either mode, so 0.75 M against 2 M,
+ * 0.375 plus the scales. */
 static void test_zeropp_beats_zero3(void) {
     zpp_cost_in in = small_in();
     in.inter_bps = 1e9;
     zpp_cost_out z3 = cost(&in, 0), zpp = cost(&in, 4);
+    EXPECT(z3.kept_units == 13 && zpp.kept_units == 13, "kept %d", z3.kept_units);
+    EXPECT(zpp.cross_node_bytes > 0.375 * z3.cross_node_bytes &&
+               zpp.cross_node_bytes < 0.4 * z3.cross_node_bytes,
+           "cross %.0f vs %.0f", zpp.cross_node_bytes, z3.cross_node_bytes);
+    EXPECT(zpp.step_s < z3.step_s, "ZeRO++ %.3f s not faster than ZeRO-3 %.3f s", zpp.step_s,
+           z3.step_s);
+    in.reuse_distance = 0;
+    z3 = cost(&in, 0), zpp = cost(&in, 4);
     EXPECT(zpp.cross_node_bytes < 0.3 * z3.cross_node_bytes, "cross %.0f vs %.0f",
            zpp.cross_node_bytes, z3.cross_node_bytes);
     EXPECT(zpp.step_s < z3.step_s, "ZeRO++ %.3f s not faster than ZeRO-3 %.3f s", zpp.step_s,
@@ -207,6 +293,147 @@ static void test_hpz_partition(void) {
     in.hpz_size = 3;
     EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(2), &o), ZPP_ERR_INVALID);
     EXPECT_OK(zpp_cost_step(&in, zpp_coll_mode_get(0), &o)); /* no hpZ: ignored */
+}
+
+/* ---- The reuse rule across the forward->backward boundary ----------------
+ * GPT 1.31B (24 x 2048, T 1024, V 50304) on the planner's split: 25 equal
+ * units of P = V C + T C + 2 C + 24 (12 C^2 + 13 C) = 1,313,722,368
+ * parameters, so units 0..17 hold 52,548,895 and units 18..24 52,548,894
+ * (P mod 25 = 18). Unit 24 - m has units 25-m..24 twice in between:
+ *   m = 9: 2 (9 x 52,548,894 + 2) =   945,880,096 <= 1e9: kept;
+ *   m = 10: 2 (10 x 52,548,894 + 3) = 1,050,977,886 > 1e9: gathered again,
+ * so 10 units (15..24) stay at the default. (The engine's real split, a
+ * 105M unit 0 used at both ends and 50.4M blocks, keeps 8 blocks besides
+ * the head's unit 0; the planner's equal units make that 10 of 25.) One
+ * unit stays for any distance below 2 x 52,548,894 = 105,097,788, two from
+ * it. Two ranks as two nodes (the H200 runs): a unit's ZeRO-3 backward
+ * gather moves its shard, ceil(numel / 2) bf16 elements, across: units
+ * 15..17 26,274,448 and 18..24 26,274,447, so the 10 kept units take out
+ * 2 (3 x 26,274,448 + 7 x 26,274,447) = 525,488,946 bytes, and at the
+ * boundary units 15..23 are held besides the current 24: padded 2 x shard,
+ * 2 (3 x 52,548,896 + 6 x 52,548,894) = 945,880,104 bytes. */
+static void test_reuse_across_boundary(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.n_layer = 24;
+    in.n_embd = 2048;
+    in.seq_len = 1024;
+    in.vocab = 50304;
+    in.params = zpp_cost_gpt_params(24, 2048, 1024, 50304);
+    in.units = 25;
+    in.world = 2;
+    in.node_size = 1;
+    in.tokens_per_gpu = 4096;
+    in.flops_per_s = 3.58e14;
+    in.inter_bps = in.intra_bps = 1.85e9;
+    in.serial = 1; /* every collective's time on the step: the savings show whole */
+    EXPECT(in.params == 1313722368.0, "GPT 1.31B has %.0f parameters", in.params);
+    EXPECT(in.reuse_distance == 1e9, "default distance %g", in.reuse_distance);
+    /* (a) the kept count, by hand */
+    const struct {
+        double d;
+        int kept;
+    } gpt[] = {{1e9, 10}, {945880096, 10}, {945880095, 9}, {1e8, 1}, {105097787, 1},
+               {105097788, 2}, {1, 1}, {0, 0}, {1e12, 25}};
+    for (size_t i = 0; i < sizeof gpt / sizeof gpt[0]; i++) {
+        zpp_cost_in c = in;
+        c.reuse_distance = gpt[i].d;
+        EXPECT(zpp_cost_kept_units(&c) == gpt[i].kept && kept_ref(&c, NULL) == gpt[i].kept,
+               "GPT 1.31B at %.0f: kept %d (walked %d), by hand %d", gpt[i].d,
+               zpp_cost_kept_units(&c), kept_ref(&c, NULL), gpt[i].kept);
+    }
+    /* A small model: 1003 parameters in 4 units of 251, 251, 251, 250; unit 2
+     * has 2 x 250 = 500 in between, unit 1 2 x 501 = 1002, unit 0 1504. */
+    zpp_cost_in sm = in;
+    sm.params = 1003;
+    sm.units = 4;
+    sm.n_layer = 0;
+    const struct {
+        double d;
+        int kept;
+    } small[] = {{1e9, 4}, {1504, 4}, {1503, 3}, {1002, 3}, {1001, 2}, {500, 2}, {499, 1}};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        sm.reuse_distance = small[i].d;
+        EXPECT(zpp_cost_kept_units(&sm) == small[i].kept,
+               "1003 in 4 at %.0f: kept %d, by hand %d", small[i].d, zpp_cost_kept_units(&sm),
+               small[i].kept);
+    }
+    /* (b) bytes and time: ZeRO-3's backward gathers fall by the 10 kept
+     * units' shards; serial at latency 0, the step by their time on the link. */
+    zpp_cost_in old = in;
+    old.reuse_distance = 0;
+    zpp_cost_out o0 = cost(&old, 0), o1 = cost(&in, 0);
+    zpp_volume v0, v1;
+    EXPECT_OK(zpp_cost_volume(&old, zpp_coll_mode_get(0), &v0));
+    EXPECT_OK(zpp_cost_volume(&in, zpp_coll_mode_get(0), &v1));
+    EXPECT(o0.kept_units == 0 && o1.kept_units == 10, "kept %d, %d", o0.kept_units,
+           o1.kept_units);
+    EXPECT(v0.cross_node_bytes[ZPP_PHASE_BWD_GATHER] -
+                   v1.cross_node_bytes[ZPP_PHASE_BWD_GATHER] == 525488946.0 &&
+               o0.cross_node_bytes - o1.cross_node_bytes == 525488946.0 &&
+               v0.cross_node_bytes[ZPP_PHASE_FWD_GATHER] ==
+                   v1.cross_node_bytes[ZPP_PHASE_FWD_GATHER],
+           "backward gather bytes %.0f -> %.0f (step %.0f -> %.0f), want 525,488,946 fewer",
+           v0.cross_node_bytes[ZPP_PHASE_BWD_GATHER], v1.cross_node_bytes[ZPP_PHASE_BWD_GATHER],
+           o0.cross_node_bytes, o1.cross_node_bytes);
+    const double saved_s = 525488946.0 / in.inter_bps;
+    EXPECT(fabs((o0.step_s - o1.step_s) - saved_s) <= 1e-9 * o0.step_s &&
+               fabs((o0.comm_s - o1.comm_s) - saved_s) <= 1e-9 * o0.comm_s &&
+               o0.compute_s == o1.compute_s,
+           "step %.9f -> %.9f, comm %.9f -> %.9f: want %.9f s less", o0.step_s, o1.step_s,
+           o0.comm_s, o1.comm_s, saved_s);
+    /* (d) memory: units 15..23 held at the boundary, nothing else moves. */
+    EXPECT(o0.mem_kept == 0 && o1.mem_kept == 945880104.0 &&
+               o1.mem_bytes_per_rank - o0.mem_bytes_per_rank == 945880104.0 &&
+               o1.mem_transient == o0.mem_transient,
+           "memory %.0f -> %.0f (kept %.0f), want 945,880,104 more", o0.mem_bytes_per_rank,
+           o1.mem_bytes_per_rank, o1.mem_kept);
+    /* Every mode: the cross- plus intra-node bytes fall by the kept units'
+     * backward gathers (hpZ's inside the node), each replayed alone. */
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        const zpp_coll_mode *md = zpp_coll_mode_get(m);
+        zpp_cost_in c = in;
+        c.world = 8;
+        c.node_size = 4;
+        zpp_cost_in c0 = c;
+        c0.reuse_distance = 0;
+        double want_c = 0, want_i = 0;
+        for (int u = 15; u < 25; u++) {
+            zpp_partition p =
+                zpp_partition_make_shape(zpp_plan_unit_numel((size_t)c.params, 25, u), 8, 2);
+            zpp_volume k;
+            memset(&k, 0, sizeof k);
+            if (md->hpz)
+                zpp_plan_gather_secondary(&k, &p, 2, 4, c.dtype, ZPP_PHASE_BWD_GATHER);
+            else
+                zpp_plan_gather(&k, &p, 2, 4, md->gather, c.dtype, &c.coll,
+                                ZPP_PHASE_BWD_GATHER);
+            want_c += zpp_volume_cross_total(&k), want_i += zpp_volume_intra_total(&k);
+        }
+        zpp_cost_out a = cost(&c0, m), b = cost(&c, m);
+        EXPECT(b.kept_units == 10 && a.cross_node_bytes - b.cross_node_bytes == want_c &&
+                   a.intra_node_bytes - b.intra_node_bytes == want_i && want_c + want_i > 0,
+               "%s: bytes fell by %.0f + %.0f, want %.0f + %.0f", md->name,
+               a.cross_node_bytes - b.cross_node_bytes, a.intra_node_bytes - b.intra_node_bytes,
+               want_c, want_i);
+        EXPECT(b.step_s < a.step_s, "%s: keeping units made the step slower", md->name);
+    }
+    /* (c) world 1: nothing kept, the same step as distance 0 in every field. */
+    zpp_cost_in w1 = in, w10;
+    w1.world = 1;
+    w10 = w1;
+    w10.reuse_distance = 0;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        zpp_cost_out a = cost(&w1, m), b = cost(&w10, m);
+        EXPECT(zpp_cost_kept_units(&w1) == 0 && a.kept_units == 0 && a.mem_kept == 0 &&
+                   memcmp(&a, &b, sizeof a) == 0,
+               "%s: world 1 kept %d units", zpp_coll_mode_get(m)->name, a.kept_units);
+    }
+    /* A negative distance is refused. */
+    zpp_cost_out o;
+    zpp_volume v;
+    in.reuse_distance = -1;
+    EXPECT_STATUS(zpp_cost_step(&in, zpp_coll_mode_get(0), &o), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_cost_volume(&in, zpp_coll_mode_get(0), &v), ZPP_ERR_INVALID);
 }
 
 /* ---- zpp_cost_pick against a brute-force loop ----------------------------
@@ -481,6 +708,9 @@ static zpp_cost_in random_in(zpp_rng *r) {
     in.link_per_comm = zpp_rng_uniform(r) < 0.5;
     in.ranks_per_device = zpp_rng_uniform(r) < 0.5 ? 0 : 1 + 3 * zpp_rng_uniform(r);
     in.opt_s_per_param = zpp_rng_uniform(r) < 0.5 ? 0 : 1e-8 * zpp_rng_uniform(r);
+    /* 0 (no rule), the default 1e9, or anything from a unit to the model */
+    double u = zpp_rng_uniform(r);
+    in.reuse_distance = u < 0.25 ? 0 : u < 0.5 ? 1e9 : floor(in.params * zpp_rng_uniform(r));
     return in;
 }
 
@@ -490,10 +720,10 @@ static void test_random_consistency(void) {
         zpp_cost_in in = random_in(&r);
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
             const zpp_coll_mode *md = zpp_coll_mode_get(m);
-            zpp_volume v;
-            EXPECT_OK(zpp_plan_step((size_t)in.params, in.units, in.world, in.node_size, md,
-                                    in.dtype, &in.coll, &v));
+            zpp_volume v = expected_volume(&in, md);
             zpp_cost_out o = cost(&in, m);
+            EXPECT(o.kept_units == kept_ref(&in, NULL), "it %d: kept %d, by hand %d", it,
+                   o.kept_units, kept_ref(&in, NULL));
             EXPECT(o.cross_node_bytes == zpp_volume_cross_total(&v) &&
                        o.intra_node_bytes == zpp_volume_intra_total(&v),
                    "it %d %s P %.0f U %d W %d S %d: bytes %.0f/%.0f, counted %.0f/%.0f", it,
@@ -569,8 +799,11 @@ static void test_schedules(void) {
 
 /* Measured collective times (bench comm lines with known phase times):
  * with the calibration on the same world and node size, a serial step is
- * compute + the phases' times scaled by params / the line's params; on
- * another world they are not used (the link formula). */
+ * compute + the phases' times scaled by params / the line's params, the
+ * backward gather's by the parameters gathered again only (at distance 0 all;
+ * at the default none: the 5 units of 40.7M have at most 2 x 4 x 40.7M =
+ * 326M in between, so all stay); on another world they are not used (the
+ * link formula). */
 static void test_calibrated_collectives(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(17));
     const char *modes[] = {"zero3", "qwz", "hpz", "qgz", "zeropp"};
@@ -601,12 +834,18 @@ static void test_calibrated_collectives(void) {
     in.serial = 1;
     in.latency_s = 0;
     in.calib = &c;
-    for (int m = 0; m < 5; m++) {
-        EXPECT(c.has_mode[m], "mode %s not measured", modes[m]);
-        zpp_cost_out o = cost(&in, m);
-        double want = o.compute_s + (t[m][0] + t[m][1] + t[m][2]) * 1e-3 * in.params / lp;
-        EXPECT(fabs(o.step_s - want) <= 1e-9 * want, "%s: step %.9g, want %.9g", modes[m],
+    EXPECT(kept_ref(&in, NULL) == 5, "all 5 units kept at the default distance");
+    for (int m = 0; m < 10; m++) {
+        in.reuse_distance = m < 5 ? 0 : 1e9;
+        const double bwd_params = m < 5 ? in.params : 0;
+        EXPECT(c.has_mode[m % 5], "mode %s not measured", modes[m % 5]);
+        zpp_cost_out o = cost(&in, m % 5);
+        double want = o.compute_s + (t[m % 5][0] + t[m % 5][2]) * 1e-3 * in.params / lp +
+                      t[m % 5][1] * 1e-3 * bwd_params / lp;
+        EXPECT(fabs(o.step_s - want) <= 1e-9 * want, "%s: step %.9g, want %.9g", modes[m % 5],
                o.step_s, want);
+    }
+    for (int m = 0; m < 5; m++) {
         zpp_cost_in other = in;
         other.world = 8; /* not what was measured: the link formula, as without */
         zpp_cost_out a = cost(&other, m);
@@ -665,11 +904,15 @@ static void test_calibrate_compute(void) {
     /* Lines of a run on the model's W ranks (bytes moved): tokens a rank are
      * the global tokens / W; the time is the wall step less the mode's
      * measured collectives (a bench comm line of the same world and node
-     * size, per parameter x the model's); the intercept is per element of
-     * the rank's shard, P / W. */
+     * size, per parameter x the parameters the run moved); the intercept is
+     * per element of the rank's shard, P / W. The run trained at the default
+     * reuse distance, which keeps all 13 units of this 204M model (at most
+     * 2 x 12 x 15.7M = 377M in between): its backward gathered nothing, so
+     * only the forward gather and the reduction are taken out. */
     n = 0;
     const double W = model.world, lp = 1e6, ph[3] = {3, 4, 5}; /* ms for lp parameters */
-    const double coll = (ph[0] + ph[1] + ph[2]) * 1e-3 * model.params / lp;
+    EXPECT(kept_ref(&model, NULL) == model.units, "every unit kept");
+    const double coll = (ph[0] + ph[2]) * 1e-3 * model.params / lp;
     n += (size_t)snprintf(text + n, sizeof text - n,
                           "{\"bench\":\"comm\",\"mode\":\"qgz\",\"world\":%d,"
                           "\"node_size\":%d,\"units\":5,\"params\":%.0f,\"fwd_gather_ms\":%g,"
@@ -709,9 +952,13 @@ static void test_calibrate_compute(void) {
  *    streams (run AA "two"): each communicator its own sockets.
  * Measured steps: ZeRO-3 one stream 2,325 ms (run Z, 3,524 tokens/s; run X
  * 2,327 = 187.6 + 2,139); qwZ + qgZ (the race's "ZeRO++", hpZ off at one
- * rank a node) one stream 1,108 ms, two streams 919 ms (run AA). */
+ * rank a node) one stream 1,108 ms, two streams 919 ms (run AA). All three
+ * runs predate the reuse rule across the forward->backward boundary (engine
+ * commit a517b6e): every block was gathered again in the backward, so the
+ * reuse distance is 0 here. */
 static void test_measured_gpu_steps(void) {
     zpp_cost_in in = zpp_cost_in_default();
+    in.reuse_distance = 0;
     in.n_layer = 24;
     in.n_embd = 2048;
     in.seq_len = 1024;
@@ -749,6 +996,27 @@ static void test_measured_gpu_steps(void) {
                pt[i].what, o.step_s * 1e3, o.compute_s * 1e3, pt[i].measured_s * 1e3, 100 * err);
         EXPECT(fabs(err) <= 0.15, "%s: %+.1f%% off", pt[i].what, 100 * err);
     }
+    /* The reuse rule across the boundary (default distance: 10 of the 25
+     * units make no backward gather), two streams, for the record: with
+     * ZeRO-3 the backward stays bound by the bf16 reduce-scatter on its own
+     * link, so keeping units gains little; with qwZ + qgZ the gathers were
+     * the larger share and the gain is larger. */
+    double gain[2] = {0, 0};
+    for (int m = 0; m < 2; m++) {
+        zpp_cost_in c = in;
+        c.link_per_comm = 1;
+        const zpp_coll_mode *md = m ? &qwz_qgz : zpp_coll_mode_get(0);
+        zpp_cost_out a, b;
+        EXPECT_OK(zpp_cost_step(&c, md, &a));
+        c.reuse_distance = 1e9;
+        EXPECT_OK(zpp_cost_step(&c, md, &b));
+        printf("GPU %s, two streams, reuse distance 0 -> 1e9 (%d units kept): %.0f -> %.0f "
+               "ms, tokens/s x %.3f\n",
+               md->name, b.kept_units, a.step_s * 1e3, b.step_s * 1e3, a.step_s / b.step_s);
+        gain[m] = a.step_s / b.step_s;
+    }
+    EXPECT(gain[0] >= 1 && gain[1] > gain[0], "gains x %.3f (ZeRO-3), x %.3f (qwZ+qgZ)", gain[0],
+           gain[1]);
     /* Without the shared-GPU schedule (communication under compute, the
      * compute still time-shared), for the record: the schedule is the
      * difference for ZeRO++, whose compute is a fifth of its step. */
@@ -857,7 +1125,8 @@ static void test_published_zeropp(void) {
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
-          ZPP_TEST(test_hpz_partition), ZPP_TEST(test_pick_brute_force),
+          ZPP_TEST(test_hpz_partition), ZPP_TEST(test_reuse_across_boundary),
+          ZPP_TEST(test_pick_brute_force),
           ZPP_TEST(test_pick_nothing_fits), ZPP_TEST(test_calibrate_recovers_rates),
           ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_random_consistency),
           ZPP_TEST(test_schedules), ZPP_TEST(test_calibrated_collectives),

@@ -172,21 +172,38 @@ static void test_bench_quant_json(void) {
 }
 
 /* `zeropp plan` agrees with the formulas of DESIGN.md §5 for a model whose
- * units divide evenly: ZeRO-3 moves 3 * (N-1)/N * M cross-node per node. */
+ * units divide evenly: ZeRO-3 moves 3 * (N-1)/N * M cross-node per node
+ * when every unit is gathered again in the backward (--reuse-distance 0).
+ * The reuse rule keeps the last units gathered into the backward: unit 7
+ * always, unit 7-m when 2 m 2^20 parameters in between are within the
+ * distance. At 2 x 2 x 2^20 = 4194304 units 5..7 stay (unit 4 has 6291456
+ * in between): (3 - 3/8) of the three passes; at the default 1e9 all 8 stay
+ * (at most 14680064 in between): no backward gather, 2 passes. */
 static void test_plan_formulas(void) {
-    char cmd[1024];
-    /* 8 units of 2^20 bf16 parameters; 4 nodes of 8 ranks */
-    snprintf(cmd, sizeof cmd, "%s plan --params 8388608 --world 32 --node-size 8 --json",
-             getenv("ZPP_CLI"));
-    cJSON *o[MAX_LINES];
-    int n = run_json(cmd, o, MAX_LINES);
-    EXPECT(n == 5, "%d modes", n);
-    const double M = 8388608.0 * 2;
-    for (int i = 0; i < n; i++) {
-        if (!strcmp(str(o[i], "mode"), "zero3"))
-            EXPECT(fabs(num(o[i], "cross_node_bytes") - 3 * 0.75 * M) < 1,
-                   "zero3 cross %.0f, expected %.0f", num(o[i], "cross_node_bytes"), 2.25 * M);
-        cJSON_Delete(o[i]);
+    const struct {
+        const char *reuse;
+        int kept;
+        double passes;
+    } pt[] = {{"--reuse-distance 0", 0, 3}, {"--reuse-distance 4194304", 3, 3 - 3.0 / 8},
+              {"--reuse-distance 4194303", 2, 3 - 2.0 / 8}, {"", 8, 2}};
+    for (size_t p = 0; p < sizeof pt / sizeof pt[0]; p++) {
+        char cmd[1024];
+        /* 8 units of 2^20 bf16 parameters; 4 nodes of 8 ranks */
+        snprintf(cmd, sizeof cmd, "%s plan --params 8388608 --world 32 --node-size 8 %s --json",
+                 getenv("ZPP_CLI"), pt[p].reuse);
+        cJSON *o[MAX_LINES];
+        int n = run_json(cmd, o, MAX_LINES);
+        EXPECT(n == 5, "%d modes", n);
+        const double M = 8388608.0 * 2;
+        for (int i = 0; i < n; i++) {
+            EXPECT(num(o[i], "kept_units") == pt[p].kept, "'%s': kept %g, expected %d",
+                   pt[p].reuse, num(o[i], "kept_units"), pt[p].kept);
+            if (!strcmp(str(o[i], "mode"), "zero3"))
+                EXPECT(fabs(num(o[i], "cross_node_bytes") - pt[p].passes * 0.75 * M) < 1,
+                       "'%s': zero3 cross %.0f, expected %.0f", pt[p].reuse,
+                       num(o[i], "cross_node_bytes"), pt[p].passes * 0.75 * M);
+            cJSON_Delete(o[i]);
+        }
     }
 }
 
@@ -283,7 +300,8 @@ static plan_expect plan_formula(const char *mode, size_t params, int units, int 
 /* `zeropp plan --json` for random sizes, worlds and node shapes (tiny units
  * of fewer elements than ranks, more units than parameters, shards past qgZ's
  * 2^22-element slabs, all three dtypes): all 5 modes, each phase's cross-
- * and intra-node bytes and the totals, equal to the formulas above. */
+ * and intra-node bytes and the totals, equal to the formulas above, which
+ * gather every unit again in the backward (--reuse-distance 0). */
 static void test_plan_all_modes(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(5));
     const char *dtypes[] = {"bf16", "fp16", "fp32"};
@@ -300,7 +318,8 @@ static void test_plan_all_modes(void) {
         if (c == 1) params = 1500000000, units = 4, nodes = 1, S = 8; /* qgZ slabs, one node */
         char cmd[1024];
         snprintf(cmd, sizeof cmd,
-                 "%s plan --params %zu --units %d --world %d --node-size %d --dtype %s --json",
+                 "%s plan --params %zu --units %d --world %d --node-size %d --dtype %s "
+                 "--reuse-distance 0 --json",
                  getenv("ZPP_CLI"), params, units, nodes * S, S, dtypes[d]);
         cJSON *o[MAX_LINES];
         int n = run_json(cmd, o, MAX_LINES);

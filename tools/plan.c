@@ -4,8 +4,10 @@
  *
  * The numbers come from zpp_plan_step (collectives/volume.c), which replays
  * the backend calls the live collectives make through the same accounting
- * function they use, so `zeropp plan` and `zeropp bench comm` agree byte for
- * byte (bench comm checks it). */
+ * function they use, so `zeropp plan --reuse-distance 0` and `zeropp bench
+ * comm` agree byte for byte (bench comm checks it); by default the backward
+ * gathers of the units the engine's reuse rule keeps are taken out
+ * (zpp_cost_volume). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -27,6 +29,7 @@ static void plan_usage(FILE *f) {
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
             "                   [--ranks-per-device R] [--serial] [--link-per-comm]\n"
             "                   [--opt-ns N] [--exposed-frac E] [--calibrate FILE]\n"
+            "                   [--reuse-distance N]\n"
             "                   [--sweep world=A..B | inter-gbps=A..B [--chart FILE.png]]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
@@ -36,6 +39,15 @@ static void plan_usage(FILE *f) {
             "DESIGN.md section 5 (the ring-optimal volume of each collective as called);\n"
             "quantized paths count payload, scales and padding. --json prints one object per\n"
             "mode.\n"
+            "\n"
+            "--reuse-distance N (default 1e9, DeepSpeed's and the engine's\n"
+            "stage3_max_reuse_distance): with more than one rank, the last units of the\n"
+            "forward stay gathered for their backward when at most N parameters of other\n"
+            "units are used in between (2 x the units after them), as the engine runs it:\n"
+            "no backward gather for them, each held gathered from its forward to its\n"
+            "backward (more memory). 0 gathers every unit again in the backward\n"
+            "(as `zeropp bench comm` does). Give the distance the --calibrate train lines\n"
+            "ran with.\n"
             "\n"
             "With --tokens-per-gpu (or --micro-batch with --model: B x T tokens) it also\n"
             "predicts each mode's step time, tokens/s, TFLOP/s per GPU and memory per rank\n"
@@ -395,7 +407,7 @@ static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *cha
 }
 
 int zpp_cli_plan(int argc, char **argv) {
-    size_t params = 0;
+    size_t params = 0, reuse = 1000000000; /* DeepSpeed's stage3_max_reuse_distance */
     int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0,
         pick = 0, serial = 0, link_per_comm = 0;
     zpp_dtype dtype = ZPP_BF16;
@@ -429,6 +441,7 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--exposed-frac", ZPP_CLI_STR, &expf_s, 0, 0},
         {"--sweep", ZPP_CLI_STR, &sweep_s, 0, 0},
         {"--chart", ZPP_CLI_STR, &chart_s, 0, 0},
+        {"--reuse-distance", ZPP_CLI_SIZE, &reuse, 0, 1ll << 53},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -542,6 +555,7 @@ int zpp_cli_plan(int argc, char **argv) {
         return 2;
     }
     ci.params = (double)params;
+    ci.reuse_distance = (double)reuse;
     ci.units = units;
     ci.world = world;
     ci.node_size = node_size;
@@ -641,15 +655,15 @@ int zpp_cli_plan(int argc, char **argv) {
     zpp_coll_opts opts = zpp_coll_opts_default();
     zpp_volume v[ZPP_COLL_MODE_COUNT];
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-        int st = zpp_plan_step(params, units, world, node_size, zpp_coll_mode_get(m), dtype,
-                               &opts, &v[m]);
+        /* volume.c's replay less the backward gathers the reuse rule saves */
+        int st = zpp_cost_volume(&ci, zpp_coll_mode_get(m), &v[m]);
         if (st == ZPP_OK && timed) st = zpp_cost_step(&ci, zpp_coll_mode_get(m), &co[m]);
         if (st != ZPP_OK) {
             fprintf(stderr, "zeropp %s\n", zpp_last_error()); /* "plan: ..." */
             return 2;
         }
     }
-    int nodes = world / node_size;
+    int nodes = world / node_size, kept = zpp_cost_kept_units(&ci);
     double z3 = zpp_volume_cross_total(&v[0]);
     const zpp_phase ph[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER, ZPP_PHASE_GRAD_REDUCE};
 
@@ -661,6 +675,8 @@ int zpp_cli_plan(int argc, char **argv) {
             cJSON_AddStringToObject(o, "mode", zpp_coll_mode_get(m)->name);
             cJSON_AddNumberToObject(o, "params", (double)params);
             cJSON_AddNumberToObject(o, "units", units);
+            cJSON_AddNumberToObject(o, "reuse_distance", (double)reuse);
+            cJSON_AddNumberToObject(o, "kept_units", kept);
             cJSON_AddNumberToObject(o, "world", world);
             cJSON_AddNumberToObject(o, "node_size", node_size);
             cJSON_AddNumberToObject(o, "nodes", nodes);
@@ -695,6 +711,7 @@ int zpp_cli_plan(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "speedup_vs_zero3", co[0].step_s / c->step_s);
                 cJSON_AddNumberToObject(o, "mem_bytes_per_rank", c->mem_bytes_per_rank);
                 cJSON_AddNumberToObject(o, "mem_acts_bytes", c->mem_acts);
+                cJSON_AddNumberToObject(o, "mem_kept_bytes", c->mem_kept);
                 cJSON_AddBoolToObject(o, "mem_acts_known", c->mem_acts_known);
             }
             char *s = cJSON_PrintUnformatted(o);
@@ -709,8 +726,15 @@ int zpp_cli_plan(int argc, char **argv) {
            params, zpp_dtype_name(dtype), units, world, nodes, nodes == 1 ? "" : "s", node_size,
            node_size == 1 ? "" : "s");
     printf("bytes per node per step (DESIGN.md section 5; qwZ int8 block %zu, qgZ int4 block "
-           "%zu, scales and padding included)\n\n",
+           "%zu, scales and padding included)\n",
            opts.weight_spec.block, opts.grad_spec.block);
+    if (kept)
+        printf("backward: the last %d of %d units stay gathered from the forward, no backward "
+               "gather (--reuse-distance %zu; 0 gathers each again)\n\n",
+               kept, units, reuse);
+    else
+        printf("backward: every unit gathered again (%s)\n\n",
+               world == 1 ? "one rank" : "--reuse-distance 0");
     printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "", "cross-node", "", "",
            "", "", "intra-node", "", "", "");
     printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "mode", "fwd gather",

@@ -43,6 +43,8 @@ static double stage_time(const zpp_cost_in *in, double c, double l) {
     return fmax(c, l) + in->exposed_frac * fmin(c, l);
 }
 
+static const link_t link_none = {0, 0, 0};
+
 /* A measured time as a link time: it occupies "the link" (the cross-node
  * term), so two in flight together add up, or with link_per_comm overlap. */
 static link_t link_measured(double s) {
@@ -76,7 +78,59 @@ zpp_cost_in zpp_cost_in_default(void) {
     in.qgz_inter_exposed = 1;
     in.prefetch_depth = 2;
     in.reduce_depth = 2;
+    in.reuse_distance = 1e9; /* DeepSpeed's stage3_max_reuse_distance, as the engine */
     return in;
+}
+
+int zpp_cost_kept_units(const zpp_cost_in *in) {
+    /* At world 1 a gather moves nothing, and the engine keeps nothing extra. */
+    if (!in || in->world <= 1 || !(in->reuse_distance > 0) || in->units <= 0 ||
+        !(in->params >= 1))
+        return 0;
+    /* The use order is forward 0..U-1, backward U-1..0. Between unit i's
+     * forward and its backward stage come units i+1..U-1 twice each, so the
+     * parameters in between, 2 x sum_{j>i} numel_j, grow as i falls: the
+     * units that stay are the last n. Sums of integers < 2^53: exact. */
+    const int U = in->units;
+    const size_t P = (size_t)in->params;
+    double between = 0;
+    int n = 1; /* unit U-1: nothing in between */
+    for (int i = U - 2; i >= 0; i--) {
+        between += 2.0 * (double)zpp_plan_unit_numel(P, U, i + 1);
+        if (between > in->reuse_distance) break;
+        n++;
+    }
+    return n;
+}
+
+zpp_status zpp_cost_volume(const zpp_cost_in *in, const zpp_coll_mode *mode, zpp_volume *v_p) {
+    if (!in || !mode || !v_p) return zpp_error(ZPP_ERR_INVALID, "cost: a NULL argument");
+    if (!(in->reuse_distance >= 0))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: reuse distance %g; give a number of parameters >= 0 (0: every "
+                         "unit gathered again in the backward)",
+                         in->reuse_distance);
+    const size_t P = (size_t)in->params;
+    zpp_volume v;
+    ZPP_CHECK(zpp_plan_step(P, in->units, in->world, in->node_size, mode, in->dtype, &in->coll,
+                            &v));
+    const int U = in->units, N = in->world / in->node_size, n = zpp_cost_kept_units(in);
+    const zpp_phase b = ZPP_PHASE_BWD_GATHER;
+    for (int i = U - n; i < U; i++) { /* the kept units' backward gathers, taken out */
+        zpp_partition p = zpp_partition_make_shape(zpp_plan_unit_numel(P, U, i), in->world, N);
+        zpp_volume k;
+        memset(&k, 0, sizeof k);
+        if (mode->hpz)
+            zpp_plan_gather_secondary(&k, &p, N, in->node_size, in->dtype, b);
+        else
+            zpp_plan_gather(&k, &p, N, in->node_size, mode->gather, in->dtype, &in->coll, b);
+        v.cross_node_bytes[b] -= k.cross_node_bytes[b];
+        v.intra_node_bytes[b] -= k.intra_node_bytes[b];
+        v.payload_bytes[b] -= k.payload_bytes[b];
+        v.calls[b] -= k.calls[b];
+    }
+    *v_p = v;
+    return ZPP_OK;
 }
 
 double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab) {
@@ -127,8 +181,10 @@ typedef struct unit_cost {
     double cross, intra;      /* all three, per node */
 } unit_cost;
 
+/* bwd_gathered 0: the unit stays gathered from its forward stage (the reuse
+ * rule, zpp_cost_kept_units): no backward gather, no bytes, no time. */
 static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, size_t numel,
-                           unit_cost *u) {
+                           int bwd_gathered, unit_cost *u) {
     const int S = in->node_size, N = in->world / in->node_size, W = in->world;
     zpp_partition p = zpp_partition_make_shape(numel, W, N);
     zpp_volume vf, vb, vr;
@@ -186,6 +242,10 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
             u->red_ov.intra_s = a.intra_s;
         }
     }
+    if (!bwd_gathered) {
+        memset(&vb, 0, sizeof vb);
+        u->bwd = link_none;
+    }
     u->cross = rc + zpp_volume_cross_total(&vf) + zpp_volume_cross_total(&vb);
     u->intra = ri + zpp_volume_intra_total(&vf) + zpp_volume_intra_total(&vb);
 
@@ -197,13 +257,11 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
     if (c && mi >= 0 && c->has_mode[mi] && c->coll_world == W && c->coll_node_size == S &&
         (!mode->hpz || hpz_group(in) == S)) {
         u->fwd = link_measured(c->coll_s_per_param[mi][0] * (double)numel);
-        u->bwd = link_measured(c->coll_s_per_param[mi][1] * (double)numel);
+        u->bwd = link_measured(bwd_gathered ? c->coll_s_per_param[mi][1] * (double)numel : 0);
         u->red_ov = link_measured(c->coll_s_per_param[mi][2] * (double)numel);
         u->red_exp = link_measured(0);
     }
 }
-
-static const link_t link_none = {0, 0, 0};
 
 zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
                          zpp_cost_out *out_p) {
@@ -222,11 +280,11 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0) || !(in->ranks_per_device >= 0) ||
         !(in->opt_s_per_param >= 0) || !isfinite(in->ranks_per_device) ||
         !(in->exposed_frac >= 0 && in->exposed_frac <= 1) ||
-        !isfinite(in->opt_s_per_param))
+        !isfinite(in->opt_s_per_param) || !(in->reuse_distance >= 0))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: bandwidths, FLOP/s and tokens per GPU must be positive; the "
-                         "latency, ranks per device and optimizer time not negative; the "
-                         "exposed fraction in [0, 1]");
+                         "latency, ranks per device, optimizer time and reuse distance not "
+                         "negative; the exposed fraction in [0, 1]");
     if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
@@ -250,15 +308,21 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     const double model_s = o.flops_per_gpu / in->flops_per_s * share;
     const double fwd_c = model_s / 3, bwd_c = model_s * 2 / 3;
 
+    /* The reuse rule: units kept..K-1 stay gathered from their forward stage
+     * into their backward stage and make no backward gather. */
+    const int n_kept = zpp_cost_kept_units(in), kept = K - n_kept;
+    o.kept_units = n_kept;
+
     /* Forward, units 0..K-1: stage i computes f_i while the gather of the
      * next stage's unit travels (engine.c forward: gather_start(s+1) before
      * stage s's kernels), and the next stage starts when both are done:
      *     T_fwd = g_0 + sum_i max(f_i, g_{i+1}),
      * where after the last forward stage the "next" gather is the first
-     * backward unit's. The first gather has nothing under it. */
-    double t = 0, comm = 0, maxnumel = 0, shard_sum = 0, sec_sum = 0;
+     * backward unit's (none when it stays gathered: the engine starts no
+     * backward gather in the forward). The first gather has nothing under it. */
+    double t = 0, comm = 0, maxnumel = 0, shard_sum = 0, sec_sum = 0, kept_padded = 0;
     unit_cost first, cur;
-    unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, 0), &first);
+    unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, 0), 0 < kept, &first);
     t = link_time(first.fwd);
     cur = first;
     for (int i = 0; i < K; i++) {
@@ -267,6 +331,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         shard_sum += (double)p.shard_len;
         sec_sum += (double)(W / hpz_group(in)) * (double)p.shard_len; /* p.sec_len when H = S */
         if ((double)p.padded > maxnumel) maxnumel = (double)p.padded;
+        if (i >= kept && i < K - 1) kept_padded += (double)p.padded;
         o.cross_node_bytes += cur.cross;
         o.intra_node_bytes += cur.intra;
         comm += link_time(cur.fwd) + link_time(cur.bwd) + link_time(cur.red_ov) +
@@ -274,7 +339,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         double f = fwd_c * (double)n / in->params;
         unit_cost next = cur;
         if (i + 1 < K) {
-            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), &next);
+            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), i + 1 < kept, &next);
             t += stage_time(in, f, link_time(next.fwd));
         } else {
             t += stage_time(in, f, link_time(cur.bwd)); /* unit K-1: the first backward unit */
@@ -290,16 +355,19 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
      * waits for it before stage j+1):
      *     T_bwd = sum_j [ max(b_j, conc(h_{j+1}, r_{j-1})) + x_{j-1} ] + r_{K-1} + x_{K-1},
      * conc = the two sharing the links, x = a reduction's exposed part (qgZ's
-     * cross-node step as run today). The last reduction has nothing under it. */
+     * cross-node step as run today). The last reduction has nothing under it.
+     * A kept unit's h is 0: the first gathered unit's gather travels under
+     * the last kept stage, one ahead as everywhere in the recurrence (the
+     * engine starts it earlier, passing over resident units; not modelled). */
     link_t red_ov = link_none, red_exp = link_none;
     double tb = 0;
     for (int j = 0; j < K; j++) {
         int u = K - 1 - j;
         unit_cost me, nx;
-        unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u), &me);
+        unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u), u < kept, &me);
         link_t gnext = link_none;
         if (j + 1 < K) {
-            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u - 1), &nx);
+            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u - 1), u - 1 < kept, &nx);
             gnext = nx.bwd;
         }
         double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
@@ -330,8 +398,13 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
      * current unit's full fp32 gradient, and for each of the reduce_depth
      * reductions in flight a unit's gradient in E and its fp32 reduced
      * shard; the quantized wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
-     * int4 copies of the unit) are added at their zpp_quant_bytes size. */
+     * int4 copies of the unit) are added at their zpp_quant_bytes size.
+     * Kept units (the reuse rule): at the forward->backward boundary, the
+     * first backward stage's unit (K-1, the "current" above) and the other
+     * kept units are all gathered, each held from its forward stage to its
+     * backward stage: the peak grows by those others, padded, in E. */
     o.mem_shard_state = 16 * shard_sum;
+    o.mem_kept = e * kept_padded;
     o.mem_secondary = mode->hpz ? e * sec_sum : 0;
     double U = maxnumel, su = U / W;
     const double ahead = in->prefetch_depth > 0 ? in->prefetch_depth : 2;
@@ -344,7 +417,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     o.mem_acts_known = in->n_layer > 0;
     o.mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
     o.mem_bytes_per_rank =
-        o.mem_shard_state + o.mem_secondary + o.mem_transient + o.mem_acts;
+        o.mem_shard_state + o.mem_secondary + o.mem_transient + o.mem_kept + o.mem_acts;
     *out_p = o;
     return ZPP_OK;
 }
@@ -786,8 +859,15 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
                            model->world, model->node_size);
             break;
         }
-        double coll = 0;
-        for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * model->params;
+        /* bench comm gathers every unit again in its backward, so its
+         * backward-gather time per parameter is per parameter moved; the
+         * train run moved it only for the units the reuse rule did not keep
+         * (model->reuse_distance: give the distance the run trained with). */
+        double moved[3] = {model->params, model->params, model->params}, coll = 0;
+        const int U = model->units, nk = zpp_cost_kept_units(model);
+        for (int u = U - nk; u < U; u++)
+            moved[1] -= (double)zpp_plan_unit_numel((size_t)model->params, U, u);
+        for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * moved[k];
         a->sec[i] -= coll;
         if (!(a->sec[i] > 0))
             st = zpp_error(ZPP_ERR_FORMAT,

@@ -81,6 +81,16 @@ typedef struct zpp_cost_in {
     /* The engine's depths (engine.h: units gathered ahead, reductions in
      * flight; both 2 by default): they set the transient memory. */
     int prefetch_depth, reduce_depth;
+    /* DeepSpeed's reuse rule across the forward->backward boundary, as
+     * engine.c applies it (zero_optimization.stage3_max_reuse_distance, in
+     * parameters; 1e9 by default, DeepSpeed's and the engine's): after its
+     * forward stage a unit stays gathered for its backward when no more
+     * than this many parameters of other units are used in between. Those
+     * units make no backward gather (no bytes, no link time) and are held
+     * at the boundary (mem_kept). Only at world > 1, as the engine. 0: no
+     * unit stays, every unit is gathered again in the backward (the model
+     * before the rule; `zeropp bench comm`'s step). zpp_cost_kept_units. */
+    double reuse_distance;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
@@ -92,19 +102,22 @@ typedef struct zpp_cost_out {
     double tokens_per_s;           /* whole job: world x tokens_per_gpu / step_s */
     double tflops_per_gpu;         /* model FLOPs per GPU / step_s / 1e12 */
     double flops_per_gpu;          /* per step */
-    double cross_node_bytes;       /* per node per step (== zpp_plan_step) */
-    double intra_node_bytes;       /* per node per step (== zpp_plan_step) */
+    double cross_node_bytes;       /* per node per step (== zpp_cost_volume) */
+    double intra_node_bytes;       /* per node per step (== zpp_cost_volume) */
+    int kept_units;                /* units not gathered again in the backward (reuse rule) */
     /* Memory per rank at the backward's peak, bytes. */
-    double mem_bytes_per_rank;     /* the sum of the four below */
+    double mem_bytes_per_rank;     /* the sum of the five below */
     double mem_shard_state;        /* fp32 master, Adam m, v, fp32 grad accumulator */
     double mem_secondary;          /* hpZ secondary shards of every unit */
     double mem_transient;          /* gathered units, full gradient, reduction buffer */
+    double mem_kept;               /* kept units held at the boundary beyond the current one */
     double mem_acts;               /* activations (CUDA GPT-2), 0 without a shape */
     int mem_acts_known;
 } zpp_cost_out;
 
 /* Defaults: bf16, 8 units, default quantization, latency 0, schedule as
- * implemented (qgz_inter_exposed = 1). The caller fills the rest. */
+ * implemented (qgz_inter_exposed = 1), reuse distance 1e9. The caller fills
+ * the rest. */
 zpp_cost_in zpp_cost_in_default(void);
 
 /* GPT-2 parameter count of a shape (DESIGN: gpt2.h units), tied head:
@@ -118,6 +131,23 @@ double zpp_cost_step_flops(const zpp_cost_in *in);
 /* Activation bytes of the CUDA GPT-2 for `tokens` tokens of one rank, bf16
  * or fp16 working dtype, fused attention (gpt2_cuda.cu plan()). */
 double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
+
+/* How many units stay gathered from the forward into the backward under
+ * in->reuse_distance, on the planner's split (units 0..U-1 of
+ * zpp_plan_unit_numel, stage i using unit i, every backward stage reading
+ * its unit): unit i's next use after its forward stage is its backward
+ * stage, with units i+1..U-1 each used twice in between (forward, then
+ * backward), so it stays when 2 x their parameters <= the distance; the
+ * last unit (nothing in between) always stays, as the engine keeps the
+ * forward's last unit. The kept units are thus the last n. 0 at world 1
+ * or distance 0. */
+int zpp_cost_kept_units(const zpp_cost_in *in);
+
+/* The bytes of one step in `mode` (hpZ over the whole node): zpp_plan_step's
+ * replay less the backward gathers of the zpp_cost_kept_units units, which
+ * is what zpp_cost_step prices. ZPP_ERR_INVALID as zpp_plan_step, or for a
+ * negative reuse distance. */
+zpp_status zpp_cost_volume(const zpp_cost_in *in, const zpp_coll_mode *mode, zpp_volume *v_p);
 
 /* The cost of one step in `mode`. ZPP_ERR_INVALID (with a message) for an
  * impossible input: no world, node size not dividing it, non-positive
@@ -192,8 +222,10 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
  * had --profile, else step_ms), or runs on the model's ranks (bytes moved:
  * model->world ranks in nodes of model->node_size): the time is then the
  * wall step less that mode's measured collectives (its bench comm line must
- * be in the file), the pace at which the group computes, holding the ranks'
- * sharing of the cores and each wait for the slowest rank (so leave
+ * be in the file; per parameter moved, the backward gather's only for the
+ * units the run gathered again under model->reuse_distance, which must be
+ * the distance it trained with), the pace at which the group computes,
+ * holding the ranks' sharing of the cores and each wait for the slowest rank (so leave
  * ranks_per_device at 1). One kind per file. Each line's tokens a rank are
  * tokens_per_s x step_ms / 1000 / W; step 1 (warm-up) and skipped steps are
  * left out. With one token count, flops_per_s = its FLOPs / its median time
