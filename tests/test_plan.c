@@ -976,19 +976,30 @@ static void test_measured_gpu_steps(void) {
     in.latency_s = 0;
     in.serial = 1;
     const zpp_coll_mode qwz_qgz = {"qwz+qgz", ZPP_GATHER_QWZ, 0, ZPP_REDUCE_QGZ};
+    /* Runs X, Z and AA (sixth session) predate the reuse rule across the
+     * boundary: distance 0. The eighth session's calls 1 and 3 (bench/
+     * RESULTS.md): two streams, before (83912d0, which kept only the last
+     * unit: distance 0 here is one unit's gather off) and after it
+     * (a517b6e, default distance), micro-batch 4 step = 8192 / tokens/s. */
     const struct {
         const char *what;
         const zpp_coll_mode *mode;
         int link_per_comm;
-        double measured_s;
+        double reuse, measured_s;
     } pt[] = {
-        {"ZeRO-3, one stream (Z)", zpp_coll_mode_get(0), 0, 2.325},
-        {"qwZ+qgZ, one stream (AA)", &qwz_qgz, 0, 1.108},
-        {"qwZ+qgZ, two streams (AA)", &qwz_qgz, 1, 0.919},
+        {"ZeRO-3, one stream (Z)", zpp_coll_mode_get(0), 0, 0, 2.325},
+        {"qwZ+qgZ, one stream (AA)", &qwz_qgz, 0, 0, 1.108},
+        {"qwZ+qgZ, two streams (AA)", &qwz_qgz, 1, 0, 0.919},
+        {"ZeRO-3, two streams (8th, call 1)", zpp_coll_mode_get(0), 1, 0, 1.662},
+        {"qwZ+qgZ, two streams (8th, call 1)", &qwz_qgz, 1, 0, 0.883},
+        {"ZeRO-3, two streams, reuse 1e9 (8th, call 3)", zpp_coll_mode_get(0), 1, 1e9,
+         8192 / 5030.5},
+        {"qwZ+qgZ, two streams, reuse 1e9 (8th, call 3)", &qwz_qgz, 1, 1e9, 8192 / 10408.9},
     };
     for (size_t i = 0; i < sizeof pt / sizeof pt[0]; i++) {
         zpp_cost_in c = in;
         c.link_per_comm = pt[i].link_per_comm;
+        c.reuse_distance = pt[i].reuse;
         zpp_cost_out o;
         EXPECT_OK(zpp_cost_step(&c, pt[i].mode, &o));
         double err = o.step_s / pt[i].measured_s - 1;
@@ -1023,6 +1034,7 @@ static void test_measured_gpu_steps(void) {
     for (size_t i = 0; i < sizeof pt / sizeof pt[0]; i++) {
         zpp_cost_in c = in;
         c.link_per_comm = pt[i].link_per_comm;
+        c.reuse_distance = pt[i].reuse;
         c.serial = 0;
         zpp_cost_out o;
         EXPECT_OK(zpp_cost_step(&c, pt[i].mode, &o));
