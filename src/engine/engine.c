@@ -433,11 +433,11 @@ static int bwd_reads(const zpp_model *m, int s) {
     return !m->bwd_reads_params || m->bwd_reads_params[s];
 }
 
-/* The stage that uses parameters k places after stage s in the order a
- * step uses them: the forward's stages 0..S-1, then, when a backward
- * follows, the backward's stages S-1..0 that read their unit's parameters.
- * pos is s's place in that order (s itself in the forward, 2S-1-s in the
- * backward); -1 past the end. */
+/* The stage at place `pos` of the order in which a step uses parameters:
+ * the forward's stages 0..S-1, then, when a backward follows, the
+ * backward's stages S-1..0 (stage s at place s in the forward, 2S-1-s in
+ * the backward; the caller passes over backward stages that read no
+ * parameters); -1 past the end. */
 static int use_at(const zpp_model *m, int pos, int with_backward) {
     const int S = m->n_stages;
     if (pos < S) return pos;

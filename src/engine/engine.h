@@ -46,10 +46,13 @@ typedef struct zpp_engine_opts {
      * gradients are multiplied by grad_clip / (norm + 1e-6) when that is
      * below 1. */
     float grad_clip;
-    /* A unit stays gathered after a stage when a later stage of the same pass
-     * uses it again within this many parameters of other units (DeepSpeed's
-     * stage3_max_reuse_distance); 0 releases it after every stage that is
-     * not followed by its own unit. */
+    /* A unit stays gathered after a stage when its next use, later in the
+     * same pass or, over more than one rank, in the backward that follows
+     * the forward, comes within this many parameters of other units
+     * (DeepSpeed's stage3_max_reuse_distance, which reads the same order
+     * from its trace); 0 releases it after every stage that is not followed
+     * by its own unit. The forward's last unit always stays for the first
+     * backward stage. */
     size_t max_reuse_distance;
     /* Units gathered ahead of the one in use (forward and backward), and
      * gradient reductions in flight, each in [1, ZPP_ENGINE_MAX_DEPTH];
