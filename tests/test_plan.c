@@ -39,6 +39,22 @@ static zpp_cost_out cost(const zpp_cost_in *in, int mode) {
     return o;
 }
 
+/* GPT 1.31B (24 layers x 2048, T 1024, vocabulary 50304) on 25 units, two
+ * ranks as two nodes of one, micro-batch 4: the shape of the H200 runs. */
+static zpp_cost_in gpt_1p3b_two_nodes(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.n_layer = 24;
+    in.n_embd = 2048;
+    in.seq_len = 1024;
+    in.vocab = 50304;
+    in.params = zpp_cost_gpt_params(24, 2048, 1024, 50304);
+    in.units = 25;
+    in.world = 2;
+    in.node_size = 1;
+    in.tokens_per_gpu = 4096;
+    return in;
+}
+
 /* ---- The reuse rule, written out from the engine's definition -------------
  * engine.c's use order on the planner's split (stage i uses unit i, every
  * backward stage reads): forward 0..U-1, then backward U-1..0. After forward
@@ -313,16 +329,7 @@ static void test_hpz_partition(void) {
  * boundary units 15..23 are held besides the current 24: padded 2 x shard,
  * 2 (3 x 52,548,896 + 6 x 52,548,894) = 945,880,104 bytes. */
 static void test_reuse_across_boundary(void) {
-    zpp_cost_in in = zpp_cost_in_default();
-    in.n_layer = 24;
-    in.n_embd = 2048;
-    in.seq_len = 1024;
-    in.vocab = 50304;
-    in.params = zpp_cost_gpt_params(24, 2048, 1024, 50304);
-    in.units = 25;
-    in.world = 2;
-    in.node_size = 1;
-    in.tokens_per_gpu = 4096;
+    zpp_cost_in in = gpt_1p3b_two_nodes();
     in.flops_per_s = 3.58e14;
     in.inter_bps = in.intra_bps = 1.85e9;
     in.serial = 1; /* every collective's time on the step: the savings show whole */
@@ -954,21 +961,12 @@ static void test_calibrate_compute(void) {
  * 2,327 = 187.6 + 2,139); qwZ + qgZ (the race's "ZeRO++", hpZ off at one
  * rank a node) one stream 1,108 ms, two streams 919 ms (run AA). All three
  * runs predate the reuse rule across the forward->backward boundary (engine
- * commit a517b6e): every block was gathered again in the backward, so the
- * reuse distance is 0 here. */
+ * commit a517b6e): every block was gathered again in the backward, so their
+ * reuse distance is 0; each point below names its own. */
 static void test_measured_gpu_steps(void) {
-    zpp_cost_in in = zpp_cost_in_default();
+    zpp_cost_in in = gpt_1p3b_two_nodes();
     in.reuse_distance = 0;
-    in.n_layer = 24;
-    in.n_embd = 2048;
-    in.seq_len = 1024;
-    in.vocab = 50304;
     in.n_head = 16;
-    in.params = zpp_cost_gpt_params(24, 2048, 1024, 50304);
-    in.units = 25;
-    in.world = 2;
-    in.node_size = 1;
-    in.tokens_per_gpu = 4096;
     in.flops_per_s = zpp_cost_step_flops(&in) / 0.0973;
     in.ranks_per_device = 2;
     in.inter_bps = 536870912.0 / 0.2896;
