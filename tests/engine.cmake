@@ -1,2 +1,5 @@
 zpp_test(test_engine SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine.c
          ${CMAKE_CURRENT_SOURCE_DIR}/mpi_main.c NP 4)
+# The engine on one rank (nothing reduced: gradients added in place).
+zpp_test(test_engine_world1 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_world1.c
+         ${CMAKE_CURRENT_SOURCE_DIR}/mpi_main.c NP 1)

@@ -316,6 +316,27 @@ static void test_mem_stats(void) {
     EXPECT_OK(zpp_device_alloc(d, 0, &a)); /* a valid unique pointer */
     EXPECT(a != NULL, "0 bytes gave NULL");
     zpp_device_free(d, a);
+    /* The driver's figure: 0 on the host; on a GPU at least what we hold,
+     * and 256 MiB more while we hold 256 MiB more (the GPU is the test's
+     * alone; the driver maps in 2 MiB pages, so the growth is exact to
+     * within a page plus whatever the context reserves meanwhile). */
+    size_t used0 = 1, used1 = 0, used2 = 0;
+    EXPECT_OK(zpp_device_driver_used(d, &used0));
+    const size_t big = (size_t)256 << 20;
+    EXPECT_OK(zpp_device_alloc(d, big, &a));
+    EXPECT_OK(zpp_device_driver_used(d, &used1));
+    zpp_device_free(d, a);
+    EXPECT_OK(zpp_device_driver_used(d, &used2));
+    if (d->mem == ZPP_MEM_HOST) {
+        EXPECT(used0 == 0 && used1 == 0 && used2 == 0, "host reports %zu / %zu / %zu", used0,
+               used1, used2);
+    } else {
+        EXPECT(used1 >= big && used1 - used0 >= big && used1 - used0 <= big + ((size_t)4 << 20),
+               "256 MiB allocated: the driver's figure went %zu -> %zu", used0, used1);
+        EXPECT(used1 - used2 >= big - ((size_t)2 << 20) && used1 - used2 <= big + ((size_t)4 << 20),
+               "256 MiB freed: the driver's figure went %zu -> %zu", used1, used2);
+    }
+    EXPECT_STATUS(zpp_device_driver_used(d, NULL), ZPP_ERR_INVALID);
     zpp_device_destroy(d);
     zpp_device_destroy(NULL);
 }

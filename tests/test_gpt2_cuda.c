@@ -461,6 +461,19 @@ static void test_padded_vocab_matches_cpu(void) {
     check_config((zpp_gpt2_config){1, 3, 48, 19, 112, 101}, ZPP_BF16, 2, 101, 13, 0);
 }
 
+/* More rows than the classifier's chunk (kHeadRows = 1024 in
+ * gpt2_cuda.cu, HEAD): the logits are formed a chunk at a time, and the
+ * backward computes all but the last chunk again. Loss and gradients match
+ * the CPU reference (which forms all logits at once) within the bounds of
+ * the top, for 2 and 3 chunks with a partial last one (B*T = 1560, then
+ * 520 or 1040 rows), in fp32 (the GEMM attention) and bf16 (the fused
+ * one). A chunk whose logits were not computed again, or were offset by a
+ * wrong row, moves its rows' d logits by O(1) of their size. */
+static void test_head_in_chunks_matches_cpu(void) {
+    check_config((zpp_gpt2_config){1, 2, 32, 520, 64, 0}, ZPP_FP32, 3, 64, 14, 1);
+    check_config((zpp_gpt2_config){1, 2, 128, 520, 96, 0}, ZPP_BF16, 3, 96, 15, 0);
+}
+
 /* Accumulation and loss_scale: with grads holding g1 (scale 1), a second
  * forward+backward of the same batch with scale 4 must leave g1 + 4 g1.
  * Scaling d logits by a power of two commutes with every rounding (no
@@ -765,7 +778,7 @@ static void test_loss_at_init_and_speed(void) {
 }
 
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
-          ZPP_TEST(test_padded_vocab_matches_cpu),
+          ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_in_chunks_matches_cpu),
           ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),
           ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed))

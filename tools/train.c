@@ -371,10 +371,12 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             fprintf(metrics,
                     "{\"step\":%d,\"mode\":\"%s\",\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
                     "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
-                    "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f",
+                    "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
+                    "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f",
                     s + 1, in->mode, json_num(lb, sizeof lb, "%.9g", loss), (double)r.stats.lr,
                     json_num(nb, sizeof nb, "%.6g", r.stats.grad_norm), r.tokens_per_s,
-                    r.seconds * 1e3, cross, intra, r.device_peak_bytes);
+                    r.seconds * 1e3, cross, intra, r.device_peak_bytes, r.device_live_bytes,
+                    r.device_used_bytes);
             json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
             json_profile_fields(metrics, &r);
             if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);

@@ -236,7 +236,11 @@ run_one() {
                                      awk -v w="$WARM" '$1 > w {print $2}' | median)
               self=$(sed -n 's/.*"device_peak_bytes":\([0-9]*\).*/\1/p' "$met" 2> /dev/null | sort -g | tail -1)
               [ -n "$self" ] && self=$(( self / 1048576 ))
-              note="skipped=$(grep -c '"skipped":true' "$met" 2> /dev/null)" ;;
+              # the GPU's memory in use (driver) beyond ours after a step: context, libraries,
+              # NCCL (and the other rank's process when two share the GPU)
+              outside=$(sed -n 's/.*"device_live_bytes":\([0-9]*\),"device_used_bytes":\([0-9]*\).*/\1 \2/p' "$met" |
+                        awk '{d = ($2 - $1) / 1048576; if (d > m) m = d} END {if (m) printf "%.0f", m}')
+              note="skipped=$(grep -c '"skipped":true' "$met" 2> /dev/null)${outside:+ used-ours=${outside}MiB}" ;;
       *) local line; line=$(grep -E '^(FSDP2|DS mode=)' "$log" | tail -1)
          tok=$(sed -n 's/.* tok_s=\([0-9.]*\).*/\1/p' <<< "$line")
          self=$(sed -n 's/.* mem_GiB=\([0-9.]*\).*/\1/p' <<< "$line" | awk '{printf "%.0f", $1 * 1024}')

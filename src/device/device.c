@@ -117,6 +117,13 @@ zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap) {
 
 /* ---- Memory ---------------------------------------------------------------- */
 
+zpp_status zpp_device_driver_used(const zpp_device *d, size_t *used_p) {
+    ZPP_CHECK(zpp__dev(d, "driver_used"));
+    if (!used_p)
+        return zpp_error(ZPP_ERR_INVALID, "driver_used: used_p is NULL; pass where to store it");
+    return d->ops->driver_used(d, used_p);
+}
+
 zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p) {
     ZPP_CHECK(zpp__dev(d, "alloc"));
     if (!p_p) return zpp_error(ZPP_ERR_INVALID, "alloc: p_p is NULL; pass where to store the pointer");

@@ -63,6 +63,7 @@ typedef struct zpp_device_ops {
     zpp_status (*set)(zpp_device *d, void *p, int value, size_t bytes);
     zpp_status (*sync)(zpp_device *d, void *stream);
     zpp_status (*device_name)(const zpp_device *d, char *buf, size_t cap);
+    zpp_status (*driver_used)(const zpp_device *d, size_t *used_p);
     zpp_status (*stream_create)(zpp_device *d, void **stream_p);
     void (*stream_destroy)(zpp_device *d, void *stream);
     zpp_status (*event_create)(zpp_device *d, int timing, zpp_device_event **ev_p);
@@ -183,6 +184,11 @@ void zpp_device_scratch_put(zpp_device *d, void *p); /* NULL is ignored */
 void zpp_device_scratch_stats(const zpp_device *d, size_t *buffers_p, size_t *bytes_p);
 /* Bytes allocated through this device now and at most since creation. */
 void zpp_device_mem_stats(const zpp_device *d, size_t *now_p, size_t *peak_p);
+/* The device's memory in use as its driver reports it (CUDA: cudaMemGetInfo,
+ * total - free; what nvidia-smi shows): every process on that GPU, and
+ * besides what mem_stats counts, the CUDA context, the libraries' loaded
+ * kernels and handles, and NCCL's buffers. 0 on the host. */
+zpp_status zpp_device_driver_used(const zpp_device *d, size_t *used_p);
 
 /* ---- Streams and events -------------------------------------------------- */
 zpp_status zpp_device_sync(zpp_device *d, void *stream); /* NULL: the compute stream */

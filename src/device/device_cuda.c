@@ -95,6 +95,15 @@ static zpp_status cu_device_name(const zpp_device *d, char *buf, size_t cap) {
     return ZPP_OK;
 }
 
+static zpp_status cu_driver_used(const zpp_device *d, size_t *used_p) {
+    (void)d; /* the current GPU is d's (device.h) */
+    size_t free_b = 0, total_b = 0;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    if (e != cudaSuccess) return cu_fail(e, "memory in use (cudaMemGetInfo)");
+    *used_p = total_b - free_b;
+    return ZPP_OK;
+}
+
 static zpp_status cu_stream_create(zpp_device *d, void **stream_p) {
     (void)d;
     cudaStream_t s;
@@ -250,6 +259,7 @@ static const zpp_device_ops zpp__cuda_ops = {
     .set = cu_set,
     .sync = cu_sync,
     .device_name = cu_device_name,
+    .driver_used = cu_driver_used,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,
     .event_create = cu_event_create,

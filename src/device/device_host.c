@@ -240,6 +240,13 @@ static zpp_status host_device_name(const zpp_device *d, char *buf, size_t cap) {
     return ZPP_OK;
 }
 
+/* Host memory is the process's, not a device's: nothing to report. */
+static zpp_status host_driver_used(const zpp_device *d, size_t *used_p) {
+    (void)d;
+    *used_p = 0;
+    return ZPP_OK;
+}
+
 static void host_destroy(zpp_device *d) { (void)d; }
 
 static const zpp_device_ops zpp__host_ops = {
@@ -250,6 +257,7 @@ static const zpp_device_ops zpp__host_ops = {
     .set = host_set,
     .sync = host_sync,
     .device_name = host_device_name,
+    .driver_used = host_driver_used,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
     .event_create = host_event_create,

@@ -427,6 +427,17 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
 
 /* ---- Forward and backward -------------------------------------------------- */
 
+/* A world of one rank reduces nothing: the mean of one gradient is itself,
+ * and nothing goes on a wire. The model's backward then adds straight into
+ * the unit's fp32 accumulator (it accumulates, model.h), so no full
+ * gradient, no working-dtype copy for a wire and no reduction output are
+ * held: at world 1 those were the largest transients of the step (GPT
+ * 1.31B's embedding unit alone held 0.4 GB of full gradient through the
+ * whole backward, and 1 GB at its reduction). It is also the exact sum:
+ * the gradient is not rounded to the working dtype for a wire it never
+ * takes. */
+static int alone(const zpp_engine *e) { return e->topo->world_size == 1; }
+
 /* Does stage s's backward read its unit's parameters? (GPT-2's embedding
  * stage does not: its unit, the largest, is then not gathered again.) */
 static int bwd_reads(const zpp_model *m, int s) {
@@ -517,14 +528,22 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
             k++;
         }
         if (!u->grad_full) {
-            ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
-                                             (void **)&u->grad_full));
-            ZPP_CHECK(zpp_device_set(e->dev, u->grad_full, 0, u->part.padded * sizeof(float)));
+            if (alone(e)) {
+                u->grad_full = u->grad_acc; /* the model adds straight into the sum */
+            } else {
+                ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
+                                                 (void **)&u->grad_full));
+                ZPP_CHECK(
+                    zpp_device_set(e->dev, u->grad_full, 0, u->part.padded * sizeof(float)));
+            }
         }
         ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
         if (s == u->first_stage) {
             ZPP_CHECK(release(e, ui));
-            ZPP_CHECK(reduce_start(e, ui));
+            if (alone(e))
+                u->grad_full = NULL;
+            else
+                ZPP_CHECK(reduce_start(e, ui));
         } else if (!reused_soon(e, 2 * S - 1 - s, 0)) {
             ZPP_CHECK(release(e, ui));
         }
@@ -538,7 +557,8 @@ static void drain(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         release(e, i);
-        zpp_device_scratch_put(e->dev, u->grad_full);
+        if (u->grad_full != u->grad_acc) /* at world 1 it is the accumulator */
+            zpp_device_scratch_put(e->dev, u->grad_full);
         u->grad_full = NULL;
     }
     reduce_finish_all(e);

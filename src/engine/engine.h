@@ -9,7 +9,8 @@
  *             backward reads no parameters) -> model backward into the unit's fp32
  *             full gradient -> after the unit's last backward stage, start
  *             its reduction (ZeRO-3 reduce-scatter or qgZ) and add the
- *             averaged shard into the fp32 shard gradient
+ *             averaged shard into the fp32 shard gradient (a world of one
+ *             rank reduces nothing: the backward adds straight into it)
  * then once per step:
  *   global gradient norm (all-reduce of shard sums of squares), clipping,
  *   AdamW on each rank's fp32 master shard (weight decay on the model's

@@ -70,6 +70,17 @@
  * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
  * elementwise passes.
  *
+ * HEAD. The classifier's logits (N x V in fp32: 0.8 GB for GPT 1.31B at
+ * micro-batch 4, the largest activation) are never held whole. The
+ * forward computes them kHeadRows rows at a time, keeping only each row's
+ * log-sum-exp and loss; the backward computes each chunk's logits again
+ * (the same GEMM call on the same rows, so the same bits), turns them into
+ * d logits in place, and adds the chunk's share of d wte and writes its
+ * rows of d lnf. The forward's last chunk is still in the buffer when the
+ * backward starts, so with one chunk (N <= kHeadRows) nothing is
+ * recomputed; otherwise the extra cost is the classifier's forward GEMM
+ * over the other chunks (about 1% of a GPT 1.31B step).
+ *
  * MEMORY. All device memory is allocated at create, in one arena (the
  * activations of gpt2_acts below, each buffer in its own dtype), plus a
  * 32 MiB cuBLASLt workspace and pinned host staging for the batch and the
@@ -106,6 +117,7 @@ constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
 constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;
 constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
+constexpr int kHeadRows = 1024;                 /* logits rows held at once (HEAD) */
 constexpr int kGemmCache = 512;                 /* cached algorithms */
 constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
 
@@ -551,7 +563,8 @@ struct gpt2_acts {
     void *fch;                 /* E  L x N x 4C: fc output, before gelu */
     void *lnf;                 /* E  N x C */
     float *lnfm, *lnfr;        /*    N */
-    float *logits;             /*    N x V; in the backward d logits in E, in place (row
+    float *logits;             /*    min(N, kHeadRows) x V: one chunk of rows (HEAD);
+                                     in the backward d logits in E, in place (row
                                      stride V fp32 = (4 / sizeof E) V elements of E) */
     float *lse;                /*    N: log-sum-exp of each row of logits */
     float *losses;             /*    N */
@@ -617,6 +630,10 @@ struct gpt2_cuda {
 
     float loss;
     int loss_pending; /* losses are on the device, not yet summed */
+    /* First row of the chunk whose logits the forward left in act.logits,
+     * or -1 when the buffer holds none (the backward has overwritten it
+     * with d logits). */
+    int head_rows_kept;
 };
 
 /* Element i of an E buffer (or of a unit of parameters in E). */
@@ -1067,36 +1084,54 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
                           n, 4 * C, C, "fc2 forward");
 }
 
+/* Logits of rows [r0, r0 + rows) into the chunk buffer: lnf W_te^T. */
+static zpp_status head_logits(gpt2_cuda *g, const void *w, int r0, int rows) {
+    int C = g->cfg.n_embd, V = g->cfg.vocab_size;
+    return mm(g, 0, 1, rows, V, C, 1.0f, eat(g, g->act.lnf, (size_t)r0 * C), C,
+              eat(g, w, g->lay.wte), C, 0.0f, g->act.logits, CUDA_R_32F, V, "logits");
+}
+
 static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnfm, g->act.lnfr, x,
                                 eat(g, w, g->lay.lnf_w), eat(g, w, g->lay.lnf_b), n, C));
-    ZPP_CHECK(mm(g, 0, 1, n, V, C, 1.0f, g->act.lnf, C, eat(g, w, g->lay.wte), C, 0.0f,
-                 g->act.logits, CUDA_R_32F, V, "logits"));
-    cross_entropy_forward_kernel<<<(unsigned)n, kThreads, 0, g->stream>>>(
-        g->act.logits, g->act.lse, g->act.losses, g->calls.have_targets ? g->d_targets : NULL,
-        V, g->base.real_vocab_size);
-    LAUNCH_CHECK("softmax cross-entropy");
+    g->head_rows_kept = -1;
+    for (int r0 = 0; r0 < n; r0 += kHeadRows) {
+        const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
+        ZPP_CHECK(head_logits(g, w, r0, rows));
+        cross_entropy_forward_kernel<<<(unsigned)rows, kThreads, 0, g->stream>>>(
+            g->act.logits, g->act.lse + r0, g->act.losses + r0,
+            g->calls.have_targets ? g->d_targets + r0 : NULL, V, g->base.real_vocab_size);
+        LAUNCH_CHECK("softmax cross-entropy");
+        g->head_rows_kept = r0;
+    }
     return ZPP_OK;
 }
 
-/* d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte, and the
+/* Chunk by chunk, the last first (its logits are still in the buffer):
+ * d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte; then the
  * final LayerNorm's backward starts dres. */
 static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     float f = loss_scale / (float)n;
-    WITH_E(g, cross_entropy_backward_kernel<E><<<(unsigned)n, kThreads, 0, g->stream>>>(
-                  g->act.logits, g->act.lse, g->d_targets, V, g->base.real_vocab_size, f));
-    LAUNCH_CHECK("cross-entropy backward");
     const void *dl = g->act.logits;
     const int ldl = V * (int)(sizeof(float) / g->es); /* the in-place rows' stride */
-    ZPP_CHECK(mm(g, 1, 0, V, C, n, 1.0f, dl, ldl, g->act.lnf, C, 1.0f, gr + g->lay.wte,
-                 CUDA_R_32F, C, "LM head weight gradient"));
-    ZPP_CHECK(mm(g, 0, 0, n, C, V, 1.0f, dl, ldl, eat(g, w, g->lay.wte), C, 0.0f, g->act.dc,
-                 CUDA_R_32F, C, "LM head input gradient"));
+    for (int r0 = (n - 1) / kHeadRows * kHeadRows; r0 >= 0; r0 -= kHeadRows) {
+        const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
+        if (r0 != g->head_rows_kept) ZPP_CHECK(head_logits(g, w, r0, rows));
+        g->head_rows_kept = -1;
+        WITH_E(g, cross_entropy_backward_kernel<E><<<(unsigned)rows, kThreads, 0, g->stream>>>(
+                      g->act.logits, g->act.lse + r0, g->d_targets + r0, V,
+                      g->base.real_vocab_size, f));
+        LAUNCH_CHECK("cross-entropy backward");
+        ZPP_CHECK(mm(g, 1, 0, V, C, rows, 1.0f, dl, ldl, eat(g, g->act.lnf, (size_t)r0 * C), C,
+                     1.0f, gr + g->lay.wte, CUDA_R_32F, C, "LM head weight gradient"));
+        ZPP_CHECK(mm(g, 0, 0, rows, C, V, 1.0f, dl, ldl, eat(g, w, g->lay.wte), C, 0.0f,
+                     g->act.dc + (size_t)r0 * C, CUDA_R_32F, C, "LM head input gradient"));
+    }
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
@@ -1340,7 +1375,7 @@ static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     x->fcg = take_e(g, a, N, 4 * C);
     x->lnfm = zpp_gpt2_arena_take(a, N, 1);
     x->lnfr = zpp_gpt2_arena_take(a, N, 1);
-    x->logits = zpp_gpt2_arena_take(a, N, V);
+    x->logits = zpp_gpt2_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
     x->lse = zpp_gpt2_arena_take(a, N, 1);
     x->losses = zpp_gpt2_arena_take(a, N, 1);
     x->dres = zpp_gpt2_arena_take(a, N, C);
@@ -1437,6 +1472,7 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
             : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;
+    g->head_rows_kept = -1;
     g->calls.fwd_next = 0;
     g->calls.bwd_next = -1;
 

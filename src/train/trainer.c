@@ -264,6 +264,12 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
         zpp_device_mem_stats(t->dev, &now, &peak);
         r->device_peak_bytes = (double)peak;
         st = zpp_comm_max_world(&r->device_peak_bytes);
+        size_t used = 0;
+        if (st == ZPP_OK) st = zpp_device_driver_used(t->dev, &used);
+        r->device_used_bytes = (double)used;
+        r->device_live_bytes = (double)now;
+        if (st == ZPP_OK) st = zpp_comm_max_world(&r->device_used_bytes);
+        if (st == ZPP_OK) st = zpp_comm_max_world(&r->device_live_bytes);
     }
     /* every rank profiles or none (trainer.h) */
     r->exposed_comm_ms_max = r->stats.profile.exposed_comm_ms;

@@ -27,6 +27,12 @@ typedef struct zpp_trainer_step_result {
      * a GPU the model's activations and GEMM workspace; not what NCCL or the
      * CUDA runtime allocate for themselves). */
     double device_peak_bytes;
+    /* After the step, the most on any rank: memory in use on its GPU as the
+     * driver reports it (zpp_device_driver_used: what nvidia-smi shows,
+     * every process on that GPU included; 0 on host ranks), and bytes
+     * allocated through its device then. On a GPU of its own, the
+     * difference is what the CUDA context, the libraries and NCCL take. */
+    double device_used_bytes, device_live_bytes;
     /* With opts.profile: the most exposed communication of any rank
      * (stats.profile holds this rank's; engine.h). */
     double exposed_comm_ms_max;

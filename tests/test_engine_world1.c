@@ -1,0 +1,179 @@
+/* test_engine_world1.c — the engine on a world of one rank, where nothing
+ * is reduced: the model's backward adds straight into the fp32 gradient
+ * accumulators (engine.c, alone()). Two properties, with the CPU GPT-2:
+ *   - the gradient AdamW sees is the model's own fp32 gradient, bit for bit
+ *     (not rounded to the working dtype as for a wire), for one micro-batch
+ *     and for the sum of two;
+ *   - a step leases scratch for gathered units only: no full gradient, no
+ *     reduction input or output. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "engine/engine.h"
+#include "model/gpt2.h"
+#include "testlib.h"
+
+/* GPT-2 with 2 layers, 2 heads, 16 wide, T = 16, vocabulary 64. */
+static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64, 0};
+enum { kB = 2, kN = 2 * 16 };
+
+typedef struct fixture {
+    zpp_device *dev;
+    zpp_topo *topo;
+    zpp_model *model, *ref; /* the engine's, and the reference's own */
+    zpp_engine *engine;
+    zpp_engine_opts eo;
+} fixture;
+
+static void setup(fixture *f) {
+    memset(f, 0, sizeof *f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 1;
+    EXPECT_OK(zpp_device_create_host(&f->dev));
+    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT(f->topo->world_size == 1, "needs one rank, has %d", f->topo->world_size);
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->model));
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
+    f->eo = zpp_engine_opts_default();
+    f->eo.grad_clip = 0.0f; /* AdamW then sees the gradient itself (grad_scale 1) */
+    zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    f->eo.seed = zpp_rng_u64(&r);
+    EXPECT_OK(zpp_engine_create(f->topo, f->model, &f->eo, f->dev, &f->engine));
+}
+
+static void teardown(fixture *f) {
+    zpp_engine_destroy(f->engine);
+    f->model->ops->destroy(f->model);
+    f->ref->ops->destroy(f->ref);
+    zpp_topo_destroy(f->topo);
+    zpp_device_destroy(f->dev);
+}
+
+static void random_batch(zpp_rng *r, int32_t *tok, int32_t *tgt) {
+    for (int i = 0; i < kN; i++) {
+        tok[i] = (int32_t)(zpp_rng_u64(r) % 64);
+        tgt[i] = (int32_t)(zpp_rng_u64(r) % 64);
+    }
+}
+
+/* The engine's weights, as its gather hands them to the model: the
+ * initial fp32 values of each unit rounded to bf16. */
+static zpp_bf16 **ref_weights(const fixture *f) {
+    const zpp_model *m = f->ref;
+    zpp_bf16 **w = calloc((size_t)m->n_units, sizeof *w);
+    for (int u = 0; u < m->n_units; u++) {
+        size_t n = m->unit_numel[u];
+        float *h = calloc(n, sizeof *h);
+        w[u] = calloc(n, sizeof **w);
+        EXPECT_OK(m->ops->init_params(f->ref, u, 0, n, h, f->eo.seed));
+        for (size_t i = 0; i < n; i++) w[u][i] = zpp_f32_to_bf16(h[i]);
+        free(h);
+    }
+    return w;
+}
+
+/* One micro-batch through the reference model, its gradients added into g
+ * stage by stage in the engine's order (the backward's stages in reverse). */
+static void ref_micro_batch(fixture *f, zpp_bf16 **w, float **g, const int32_t *tok,
+                            const int32_t *tgt) {
+    zpp_model *m = f->ref;
+    EXPECT_OK(m->ops->set_batch(m, tok, tgt, kB));
+    for (int s = 0; s < m->n_stages; s++) EXPECT_OK(m->ops->forward(m, s, w[m->stage_unit[s]]));
+    (void)m->ops->loss(m);
+    for (int s = m->n_stages - 1; s >= 0; s--)
+        EXPECT_OK(m->ops->backward(m, s, w[m->stage_unit[s]], g[m->stage_unit[s]], 1.0f));
+}
+
+/* With grad_scale 1 and zero moments, AdamW's first update stores
+ * m = b1 * 0 + (1 - b1) g: the gradient it saw, scaled by one rounding
+ * that the reference repeats. Micro-batches 1 and 2: the accumulator holds
+ * their exact fp32 sum, in the order the model adds it. */
+static void test_gradient_is_the_models(void) {
+    for (int micro = 1; micro <= 2; micro++) {
+        fixture f;
+        setup(&f);
+        const zpp_model *m = f.ref;
+        zpp_rng r = zpp_rng_make(zpp_test_seed(10 + (uint64_t)micro));
+        zpp_bf16 **w = ref_weights(&f);
+        float **g = calloc((size_t)m->n_units, sizeof *g);
+        for (int u = 0; u < m->n_units; u++) g[u] = calloc(m->unit_numel[u], sizeof **g);
+        float loss = 0.0f;
+        for (int k = 0; k < micro; k++) {
+            int32_t tok[kN], tgt[kN];
+            random_batch(&r, tok, tgt);
+            EXPECT_OK(f.model->ops->set_batch(f.model, tok, tgt, kB));
+            EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+            EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+            ref_micro_batch(&f, w, g, tok, tgt);
+        }
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        const float c = 1.0f - f.eo.beta1;
+        size_t bad = 0, total = 0;
+        for (int u = 0; u < m->n_units; u++) {
+            size_t numel = 0, begin = 0, count = 0;
+            EXPECT_OK(zpp_engine_shard_range(f.engine, u, &numel, &begin, &count));
+            EXPECT(begin == 0 && count == numel, "unit %d: shard %zu+%zu of %zu at world 1", u,
+                   begin, count, numel);
+            float *master = calloc(count, 4), *mo = calloc(count, 4), *v = calloc(count, 4);
+            EXPECT_OK(zpp_engine_state_get(f.engine, u, master, mo, v));
+            for (size_t i = 0; i < count; i++) {
+                float want = c * g[u][i];
+                if (memcmp(&mo[i], &want, sizeof want) != 0) {
+                    if (bad < 3)
+                        zpp_test_fail(__FILE__, __LINE__, NULL,
+                                      "%d micro-batch(es), unit %d element %zu: AdamW's m %.9g, "
+                                      "(1 - b1) x the model's gradient %.9g",
+                                      micro, u, i, (double)mo[i], (double)want);
+                    bad++;
+                }
+                total++;
+            }
+            free(master), free(mo), free(v);
+        }
+        EXPECT(bad == 0, "%zu of %zu moments differ from the model's gradient", bad, total);
+        EXPECT(total > 1000, "only %zu elements compared", total);
+        for (int u = 0; u < m->n_units; u++) free(w[u]), free(g[u]);
+        free(w), free(g);
+        teardown(&f);
+    }
+}
+
+/* Every scratch buffer after whole steps is some unit's bf16 size (padded
+ * * 2): the gathered units, and nothing of the gradients'. The peak above
+ * the shards is the pool itself, plus the all-reduce's few bytes. */
+static void test_step_leases_gathers_only(void) {
+    fixture f;
+    setup(&f);
+    const zpp_model *m = f.model;
+    zpp_rng r = zpp_rng_make(zpp_test_seed(20));
+    size_t now0 = 0, peak0 = 0, now = 0, peak = 0, nb = 0, bytes = 0;
+    zpp_device_mem_stats(f.dev, &now0, &peak0);
+    for (int step = 0; step < 2; step++) {
+        int32_t tok[kN], tgt[kN];
+        random_batch(&r, tok, tgt);
+        float loss = 0.0f;
+        EXPECT_OK(f.model->ops->set_batch(f.model, tok, tgt, kB));
+        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
+        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+    }
+    zpp_device_scratch_stats(f.dev, &nb, &bytes);
+    zpp_device_mem_stats(f.dev, &now, &peak);
+    EXPECT(nb >= 1, "no scratch after two steps");
+    for (size_t i = 0; i < f.dev->pool_len; i++) {
+        size_t cap = f.dev->pool[i].cap;
+        int is_unit = 0;
+        for (int u = 0; u < m->n_units; u++)
+            is_unit |= cap == zpp_partition_make(m->unit_numel[u], f.topo).padded * 2;
+        EXPECT(is_unit, "scratch buffer %zu holds %zu bytes, no unit's bf16 size", i, cap);
+    }
+    EXPECT(peak - now0 <= bytes + 64, "step peak %zu bytes above the shards, the pool holds %zu",
+           peak - now0, bytes);
+    teardown(&f);
+}
+
+ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only))
