@@ -476,6 +476,27 @@ static void test_streams_and_events(void) {
     float ms = -1;
     EXPECT_OK(zpp_device_event_elapsed_ms(d, e0, e1, &ms));
     EXPECT(ms >= 0, "elapsed %g ms", (double)ms);
+    /* A copy on stream s, ordered after the compute stream's fill by an
+     * event: the bytes arrive whole. Overlapping buffers are refused;
+     * dst == src is nothing to do. */
+    const size_t n = (size_t)3 << 20;
+    zpp_rng r = zpp_rng_make(zpp_test_seed(40));
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)zpp_rng_u64(&r);
+    unsigned char *a = dev_put(d, h, n), *b = dev_put(d, NULL, n);
+    EXPECT_OK(zpp_device_event_record(d, e0, NULL));
+    EXPECT_OK(zpp_device_event_wait(d, s, e0));
+    EXPECT_OK(zpp_device_copy_on(d, b, a, n, s));
+    EXPECT_OK(zpp_device_sync(d, s));
+    EXPECT_OK(zpp_device_copy(d, back, b, n));
+    EXPECT(memcmp(back, h, n) == 0, "copy_on on a stream changed the bytes");
+    EXPECT_OK(zpp_device_copy_on(d, a, a, n, NULL));
+    EXPECT_STATUS(zpp_device_copy_on(d, a + 1, a, n - 1, s), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "overlap") != NULL, "message: %s", zpp_last_error());
+    zpp_device_free(d, a);
+    zpp_device_free(d, b);
+    free(h);
+    free(back);
     zpp_device_event_destroy(d, e0);
     zpp_device_event_destroy(d, e1);
     zpp_device_stream_destroy(d, s);

@@ -27,6 +27,17 @@
  *   its peers waiting in NCCL's bootstrap: NCCL gives no way around that
  *   short of non-blocking init with timeouts.
  *
+ * ONE RANK. A communicator of one rank (the whole world at world 1; intra
+ *   on nodes of one GPU; inter on one node) gets no NCCL communicator: its
+ *   operations are the identity (a reduction over one rank is its input),
+ *   so each is at most one device copy from the input to the output on the
+ *   communicator's stream, ordered and waited for as below. NCCL (2.28)
+ *   holds about 0.5 GB of GPU memory for each communicator even of one
+ *   rank (measured 2026-12-02: six at world 1 took 2.5 GiB of an H200), a
+ *   tenth of a GPT 1.31B run's memory for nothing. The choice is the same
+ *   on every rank (a split has the same size everywhere), so the ranks
+ *   still make the same NCCL calls in the same order.
+ *
  * STREAMS AND ORDERING
  *   A topology has six communicators on two communication streams (both
  *   non-blocking, so they never synchronise implicitly with the legacy
@@ -268,7 +279,8 @@ struct zpp__nccl_shared {
 };
 
 struct zpp__nccl_comm {
-    ncclComm_t nccl; /* NULL once aborted */
+    ncclComm_t nccl; /* NULL once aborted, and for one rank */
+    int one;         /* one rank: no NCCL communicator (ONE RANK above) */
     MPI_Comm mpi;    /* the same ranks in the same order, for ops->agree */
     zpp__nccl_shared *sh;
     void *stream;    /* one of sh->streams: every NCCL call of this one */
@@ -376,7 +388,7 @@ static void zpp__nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
 static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
     if (nc->sh->fired != ZPP_OK) return zpp_error(nc->sh->fired, "%s", nc->sh->why);
     if (nc->why[0]) return zpp_error(ZPP_ERR_COMM, "%s: %s", op, nc->why);
-    if (nc->broken || !nc->nccl)
+    if (nc->broken || (!nc->nccl && !nc->one))
         return zpp_error(ZPP_ERR_STATE,
                          "%s: the NCCL %s communicator failed earlier; destroy the topology "
                          "and create a new one",
@@ -621,12 +633,24 @@ static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
 
 /* ---- Operations ---------------------------------------------------------- */
 
+/* An operation over one rank (ONE RANK above): its output is its input,
+ * copied on the communicator's stream unless in place. Ends what
+ * zpp__nccl_begin started. */
+static zpp_status zpp__nccl_one_copy(zpp__nccl_comm *nc, const char *op, void *recv,
+                                     const void *send, size_t bytes, zpp_comm_req *q,
+                                     zpp_comm_req **req_p) {
+    zpp_status st = zpp_device_copy_on(nc->sh->dev, recv, send, bytes, nc->stream);
+    if (st != ZPP_OK) return zpp__nccl_abandon(nc, q, zpp__dev_fail(st, op, "the local copy"));
+    return zpp__nccl_end(nc, op, q, req_p);
+}
+
 static zpp_status zpp__nccl_allgather(zpp_comm *c, const void *send, void *recv,
                                       size_t bytes_per_rank, zpp_comm_req **req_p) {
     static const char op[] = "nccl allgather";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_rank * (size_t)c->size, req_p, &q));
+    if (nc->one) return zpp__nccl_one_copy(nc, op, recv, send, bytes_per_rank, q, req_p);
     if (bytes_per_rank) {
         /* Bytes as ncclUint8: `count` is then the byte count per rank. */
         ncclResult_t r = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl,
@@ -646,6 +670,9 @@ static zpp_status zpp__nccl_reduce_scatter(zpp_comm *c, const void *send, void *
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, count_per_rank * zpp_dtype_size(dtype) * (size_t)c->size,
                               req_p, &q));
+    if (nc->one)
+        return zpp__nccl_one_copy(nc, op, recv, send, count_per_rank * zpp_dtype_size(dtype), q,
+                                  req_p);
     if (count_per_rank) {
         ncclResult_t r = ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl,
                                            zpp__nccl_stream(nc));
@@ -661,6 +688,7 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_peer * (size_t)c->size, req_p, &q));
+    if (nc->one) return zpp__nccl_one_copy(nc, op, recv, send, bytes_per_peer, q, req_p);
     if (bytes_per_peer) {
         /* One group of point-to-point pairs; NCCL schedules them together,
          * so the order of the pairs cannot deadlock. The pair with oneself is
@@ -703,6 +731,8 @@ static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv,
     ncclDataType_t t = zpp__nccl_dtype(dtype);
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, count * zpp_dtype_size(dtype), req_p, &q));
+    if (nc->one)
+        return zpp__nccl_one_copy(nc, op, recv, send, count * zpp_dtype_size(dtype), q, req_p);
     if (count) {
         ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
                                        zpp__nccl_stream(nc));
@@ -718,7 +748,7 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
     ZPP_CHECK(zpp__nccl_begin(nc, op, bytes, req_p, &q));
-    if (bytes) {
+    if (bytes && !nc->one) { /* one rank: the root's buffer is the result */
         ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl,
                                        zpp__nccl_stream(nc));
         if (r != ncclSuccess)
@@ -741,7 +771,7 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     zpp__nccl_shared *sh = nc->sh;
     pthread_mutex_lock(&sh->lock);
     zpp_status st = zpp__nccl_usable(nc, op);
-    if (st == ZPP_OK) {
+    if (st == ZPP_OK && !nc->one) {
         /* Max rather than sum: whatever the staging int holds cannot overflow. */
         ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax,
                                        nc->nccl, zpp__nccl_stream(nc));
@@ -989,6 +1019,7 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared
         return zpp_error(ZPP_ERR_NOMEM, "nccl setup: out of host memory");
     }
     nc->nccl = comm;
+    nc->one = size == 1;
     nc->mpi = mpi;
     nc->sh = sh;
     nc->stream = sh->streams[sh->env.reduce_stream ? stream : ZPP__NCCL_GATHER];
@@ -1109,15 +1140,17 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
                                    timeout_s),
                    st, fail);
 
-    /* 2. The world communicator. The id travels with a flag, so that a
-     * failure on rank 0 stops everyone at the broadcast. */
+    /* 2. The world communicator (none at world 1: ONE RANK). The id
+     * travels with a flag, so that a failure on rank 0 stops everyone at
+     * the broadcast. */
+    const int world_one = topo->world_size == 1;
     struct {
         ncclUniqueId id;
         int ok;
     } boot;
     memset(&boot, 0, sizeof boot);
     st = ZPP_OK;
-    if (rank == 0) {
+    if (rank == 0 && !world_one) {
         r = ncclGetUniqueId(&boot.id);
         if (r == ncclSuccess)
             boot.ok = 1;
@@ -1129,10 +1162,10 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         st = zpp_error(ZPP_ERR_COMM, "%s: MPI_Bcast of the NCCL unique id failed (MPI error %d)",
                        op, mr);
     /* rank 0's own failure reaches everyone through the agreement */
-    if (st == ZPP_OK && rank != 0 && !boot.ok) st = ZPP_ERR_COMM;
+    if (st == ZPP_OK && rank != 0 && !boot.ok && !world_one) st = ZPP_ERR_COMM;
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id", timeout_s), st, fail);
 
-    r = ncclCommInitRank(&nccl[0], topo->world_size, boot.id, rank);
+    r = world_one ? ncclSuccess : ncclCommInitRank(&nccl[0], topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
         nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
@@ -1144,6 +1177,7 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
      * over the world). */
     for (int i = 1; i < ZPP__NCCL_COMMS; i++) {
         st = ZPP_OK;
+        if (part[i].size == 1) continue; /* the same on every rank: ONE RANK */
         r = ncclCommSplit(nccl[0], part[i].color, part[i].key, &nccl[i], NULL);
         if (r != ncclSuccess) {
             st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit");
@@ -1157,7 +1191,8 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
      * its NCCL handle and its MPI twin). */
     st = ZPP_OK;
     for (int i = 0; i < ZPP__NCCL_COMMS && st == ZPP_OK; i++) {
-        st = zpp__nccl_check_split(nccl[i], part[i].name, part[i].rank, part[i].size);
+        if (part[i].size > 1)
+            st = zpp__nccl_check_split(nccl[i], part[i].name, part[i].rank, part[i].size);
         if (st == ZPP_OK)
             st = zpp__nccl_wrap(nccl[i], mpi[i], sh, part[i].name, part[i].rank, part[i].size,
                                 part[i].stream, &made[i]);

@@ -168,6 +168,22 @@ zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t byt
     return d->ops->copy(d, dst, src, bytes);
 }
 
+zpp_status zpp_device_copy_on(zpp_device *d, void *dst, const void *src, size_t bytes,
+                              void *stream) {
+    ZPP_CHECK(zpp__dev(d, "copy_on"));
+    if (bytes && (!dst || !src))
+        return zpp_error(ZPP_ERR_INVALID, "copy_on: %s is NULL but %zu bytes were asked for",
+                         dst ? "the source" : "the destination", bytes);
+    if (bytes == 0 || dst == src) return ZPP_OK;
+    const char *a = dst, *b = src;
+    if (a < b + bytes && b < a + bytes)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "copy_on: the %zu-byte source and destination overlap; copy through "
+                         "a buffer of its own",
+                         bytes);
+    return d->ops->copy_on(d, dst, src, bytes, stream);
+}
+
 zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes) {
     ZPP_CHECK(zpp__dev(d, "set"));
     if (bytes && !p)

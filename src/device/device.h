@@ -60,6 +60,8 @@ typedef struct zpp_device_ops {
     zpp_status (*alloc)(zpp_device *d, size_t bytes, void **p_p);
     void (*free)(zpp_device *d, void *p);
     zpp_status (*copy)(zpp_device *d, void *dst, const void *src, size_t bytes);
+    zpp_status (*copy_on)(zpp_device *d, void *dst, const void *src, size_t bytes,
+                          void *stream);
     zpp_status (*set)(zpp_device *d, void *p, int value, size_t bytes);
     zpp_status (*sync)(zpp_device *d, void *stream);
     zpp_status (*device_name)(const zpp_device *d, char *buf, size_t cap);
@@ -170,6 +172,11 @@ void zpp_device_free(zpp_device *d, void *p);
  * memory. Returns after the data is there when dst is host memory, and
  * after the source has been read when src is. */
 zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes);
+/* A copy within this device's memory, enqueued on `stream` (NULL: the
+ * compute stream); returns at once on a GPU. The buffers may not overlap
+ * unless dst == src (then nothing is enqueued). */
+zpp_status zpp_device_copy_on(zpp_device *d, void *dst, const void *src, size_t bytes,
+                              void *stream);
 zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes);
 
 /* ---- Scratch: one pool for every layer ------------------------------------

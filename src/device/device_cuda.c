@@ -75,6 +75,14 @@ static zpp_status cu_copy(zpp_device *d, void *dst, const void *src, size_t byte
     return ZPP_OK;
 }
 
+static zpp_status cu_copy_on(zpp_device *d, void *dst, const void *src, size_t bytes,
+                             void *stream) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                    cu_stream(d, stream));
+    if (e != cudaSuccess) return cu_fail(e, "copy on a stream");
+    return ZPP_OK;
+}
+
 static zpp_status cu_set(zpp_device *d, void *p, int value, size_t bytes) {
     cudaError_t e = cudaMemsetAsync(p, value, bytes, cu_stream(d, NULL));
     if (e != cudaSuccess) return cu_fail(e, "memset");
@@ -259,6 +267,7 @@ static const zpp_device_ops zpp__cuda_ops = {
     .set = cu_set,
     .sync = cu_sync,
     .device_name = cu_device_name,
+    .copy_on = cu_copy_on,
     .driver_used = cu_driver_used,
     .stream_create = cu_stream_create,
     .stream_destroy = cu_stream_destroy,

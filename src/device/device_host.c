@@ -53,6 +53,12 @@ static zpp_status host_copy(zpp_device *d, void *dst, const void *src, size_t by
     return ZPP_OK;
 }
 
+static zpp_status host_copy_on(zpp_device *d, void *dst, const void *src, size_t bytes,
+                               void *stream) {
+    (void)stream; /* the host runs work as it is called */
+    return host_copy(d, dst, src, bytes);
+}
+
 static zpp_status host_set(zpp_device *d, void *p, int value, size_t bytes) {
     (void)d;
     memset(p, value, bytes);
@@ -257,6 +263,7 @@ static const zpp_device_ops zpp__host_ops = {
     .set = host_set,
     .sync = host_sync,
     .device_name = host_device_name,
+    .copy_on = host_copy_on,
     .driver_used = host_driver_used,
     .stream_create = host_stream_create,
     .stream_destroy = host_stream_destroy,
