@@ -1051,6 +1051,40 @@ static void test_measured_gpu_steps(void) {
     }
 }
 
+/* ---- What the engine's schedule cannot hide, by hand ----------------------
+ * Two units of 1e6 elements, bf16, two ranks as two nodes, ZeRO-3, reuse 0.
+ * Each collective moves (W-1)/W x 2e6 = 1e6 bytes per node across; at 1e9
+ * B/s and 10 us a ring step (W - 1 = 1 step) it takes 1.01 ms. Compute
+ * 6 x 2e6 FLOPs at 1.2e10 FLOP/s = 1 ms: forward 1/6 ms a unit, backward
+ * 1/3 ms a unit. The recurrence:
+ *   forward  g0 + max(f0, g1) + max(f1, h1)            = 3 x 1.01 = 3.03 ms
+ *   backward max(b1, h0) + max(b0, r1) + r0            = 3 x 1.01 = 3.03 ms
+ * With the link 100x faster (0.02 ms a collective) everything hides except
+ * the first gather and the last reduction: 1 ms + 0.02 + 0.02 = 1.04 ms. */
+static void test_unhidden_parts(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.params = 2e6;
+    in.units = 2;
+    in.world = 2;
+    in.node_size = 1;
+    in.tokens_per_gpu = 1;
+    in.flops_per_s = 1.2e10;
+    in.inter_bps = 1e9;
+    in.intra_bps = 1e9;
+    in.latency_s = 1e-5;
+    in.reuse_distance = 0;
+    zpp_cost_out o = cost(&in, 0);
+    EXPECT(fabs(o.fwd_s - 3.03e-3) <= 1e-12 && fabs(o.bwd_s - 3.03e-3) <= 1e-12 &&
+               fabs(o.step_s - 6.06e-3) <= 1e-12 && fabs(o.compute_s - 1e-3) <= 1e-12,
+           "slow link: forward %.9g, backward %.9g, step %.9g, compute %.9g", o.fwd_s, o.bwd_s,
+           o.step_s, o.compute_s);
+    in.inter_bps = 1e11;
+    o = cost(&in, 0);
+    EXPECT(fabs(o.step_s - 1.04e-3) <= 1e-12 && fabs(o.exposed_comm_s - 0.04e-3) <= 1e-12,
+           "fast link: step %.9g, exposed %.9g (the first gather + the last reduction)",
+           o.step_s, o.exposed_comm_s);
+}
+
 /* ---- The collectives' memory-bound kernels (DESIGN.md §11, "Kernels") ------
  * By hand, for a unit of 1024 elements on 4 ranks as 2 nodes of 2, bf16:
  * shard s = 256, n = 1024, e = 2; the default specs (int8 block 256, int4
@@ -1402,5 +1436,6 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_random_consistency),
           ZPP_TEST(test_schedules), ZPP_TEST(test_calibrated_collectives),
           ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
-          ZPP_TEST(test_kernel_bytes), ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute),
+          ZPP_TEST(test_unhidden_parts), ZPP_TEST(test_kernel_bytes),
+          ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute),
           ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp))
