@@ -137,7 +137,7 @@ for mb in $MBS; do
            sed -n 's/.*"step":\([0-9]*\),.*"tokens_per_s":\([0-9.e+]*\).*/\1 \2/p' |
            awk -v w="$WARM" '$1 > w {print $2}' | median)
     pred=$(grep "\"mode\":\"$m\"" "$OUT/plan_mb$mb.jsonl" | sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p')
-    [ -n "$meas" ] && [ -n "$pred" ] || die "no figure for $m mb $mb (measured '$meas', predicted '$pred')"
+    if [ -z "$meas" ] || [ -z "$pred" ]; then die "no figure for $m mb $mb (measured '$meas', predicted '$pred')"; fi
     printf '%s\t%s\t%s\t%s\n' "$m" "$mb" "$meas" "$pred" >> "$TAB"
   done
 done
