@@ -153,18 +153,20 @@ static void test_bytes_equal_volume(void) {
     }
 }
 
-/* More bandwidth (either link) or more FLOP/s never makes a mode slower,
+/* More bandwidth (either link or HBM) or more FLOP/s never makes a mode slower,
  * swept over a factor of 1000 in each; the schedule with qgZ's cross-node
  * step pipelined is never slower than the one with it exposed. */
 static void test_monotone(void) {
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-        for (int knob = 0; knob < 3; knob++) {
+        for (int knob = 0; knob < 4; knob++) {
             double prev = INFINITY;
             for (double f = 0.03; f < 30; f *= 1.25) {
                 zpp_cost_in in = small_in();
+                in.hbm_bps = 700e9; /* the kernels priced: more HBM never slows either */
                 if (knob == 0) in.inter_bps *= f;
                 if (knob == 1) in.intra_bps *= f;
                 if (knob == 2) in.flops_per_s *= f;
+                if (knob == 3) in.hbm_bps *= f;
                 double t = cost(&in, m).step_s;
                 EXPECT(t <= prev * (1 + 1e-12), "%s knob %d x%.3g: %.6f s > %.6f s",
                        zpp_coll_mode_get(m)->name, knob, f, t, prev);
@@ -718,6 +720,9 @@ static zpp_cost_in random_in(zpp_rng *r) {
     /* 0 (no rule), the default 1e9, or anything from a unit to the model */
     double u = zpp_rng_uniform(r);
     in.reuse_distance = u < 0.25 ? 0 : u < 0.5 ? 1e9 : floor(in.params * zpp_rng_uniform(r));
+    /* the quantization kernels priced (HBM 100 GB/s .. 10 TB/s) or not; recompute */
+    in.hbm_bps = zpp_rng_uniform(r) < 0.5 ? 0 : exp(log(1e11) + zpp_rng_uniform(r) * log(1e2));
+    in.recompute = zpp_rng_uniform(r) < 0.5;
     return in;
 }
 
@@ -740,12 +745,13 @@ static void test_random_consistency(void) {
                        o.step_s <= (o.compute_s + o.comm_s) * (1 + 1e-12),
                    "it %d %s: step %.6g outside [compute %.6g, + comm %.6g]", it, md->name,
                    o.step_s, o.compute_s, o.comm_s);
-            for (int knob = 0; knob < 3; knob++) {
+            for (int knob = 0; knob < 4; knob++) {
                 zpp_cost_in f = in;
                 double k = 1 + 10 * zpp_rng_uniform(&r);
                 if (knob == 0) f.inter_bps *= k;
                 if (knob == 1) f.intra_bps *= k;
                 if (knob == 2) f.flops_per_s *= k;
+                if (knob == 3) f.hbm_bps *= k;
                 double t = cost(&f, m).step_s;
                 EXPECT(t <= o.step_s * (1 + 1e-12), "it %d %s knob %d x%.3f: %.9g s > %.9g s",
                        it, md->name, knob, k, t, o.step_s);
@@ -973,6 +979,9 @@ static void test_measured_gpu_steps(void) {
     in.intra_bps = in.inter_bps; /* no intra-node bytes at one rank a node */
     in.latency_s = 0;
     in.serial = 1;
+    /* The quantization kernels at the H200's HBM3e (4800 GB/s) x 0.78, as
+     * `zeropp plan --gpu h200`: a few ms of these steps. */
+    in.hbm_bps = 4800e9 * 0.78;
     const zpp_coll_mode qwz_qgz = {"qwz+qgz", ZPP_GATHER_QWZ, 0, ZPP_REDUCE_QGZ};
     /* Runs X, Z and AA (sixth session) predate the reuse rule across the
      * boundary: distance 0. The eighth session's calls 1 and 3 (bench/
@@ -1042,14 +1051,220 @@ static void test_measured_gpu_steps(void) {
     }
 }
 
+/* ---- What the engine's schedule cannot hide, by hand ----------------------
+ * Two units of 1e6 elements, bf16, two ranks as two nodes, ZeRO-3, reuse 0.
+ * Each collective moves (W-1)/W x 2e6 = 1e6 bytes per node across; at 1e9
+ * B/s and 10 us a ring step (W - 1 = 1 step) it takes 1.01 ms. Compute
+ * 6 x 2e6 FLOPs at 1.2e10 FLOP/s = 1 ms: forward 1/6 ms a unit, backward
+ * 1/3 ms a unit. The recurrence:
+ *   forward  g0 + max(f0, g1) + max(f1, h1)            = 3 x 1.01 = 3.03 ms
+ *   backward max(b1, h0) + max(b0, r1) + r0            = 3 x 1.01 = 3.03 ms
+ * With the link 100x faster (0.02 ms a collective) everything hides except
+ * the first gather and the last reduction: 1 ms + 0.02 + 0.02 = 1.04 ms. */
+static void test_unhidden_parts(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.params = 2e6;
+    in.units = 2;
+    in.world = 2;
+    in.node_size = 1;
+    in.tokens_per_gpu = 1;
+    in.flops_per_s = 1.2e10;
+    in.inter_bps = 1e9;
+    in.intra_bps = 1e9;
+    in.latency_s = 1e-5;
+    in.reuse_distance = 0;
+    zpp_cost_out o = cost(&in, 0);
+    EXPECT(fabs(o.fwd_s - 3.03e-3) <= 1e-12 && fabs(o.bwd_s - 3.03e-3) <= 1e-12 &&
+               fabs(o.step_s - 6.06e-3) <= 1e-12 && fabs(o.compute_s - 1e-3) <= 1e-12,
+           "slow link: forward %.9g, backward %.9g, step %.9g, compute %.9g", o.fwd_s, o.bwd_s,
+           o.step_s, o.compute_s);
+    in.inter_bps = 1e11;
+    o = cost(&in, 0);
+    EXPECT(fabs(o.step_s - 1.04e-3) <= 1e-12 && fabs(o.exposed_comm_s - 0.04e-3) <= 1e-12,
+           "fast link: step %.9g, exposed %.9g (the first gather + the last reduction)",
+           o.step_s, o.exposed_comm_s);
+}
+
+/* ---- The collectives' memory-bound kernels (DESIGN.md §11, "Kernels") ------
+ * By hand, for a unit of 1024 elements on 4 ranks as 2 nodes of 2, bf16:
+ * shard s = 256, n = 1024, e = 2; the default specs (int8 block 256, int4
+ * block 128, fp32 scales, quant_layout.h rounds a buffer to 16 bytes):
+ * q8(256) = 256 + 4 -> 272, q4(256) = 128 + 8 -> 144.
+ *   qwZ gather: s e + q8 + W q8 + n e = 512 + 272 + 1088 + 2048 = 3920;
+ *   hpZ copy of the node's slice (H = 2: W/H = 2 shards): 2 e 2 s = 2048;
+ *   qgZ, two hops: (n e + W q4) + (W q4 + N q4) + (N q4 + 4 s)
+ *     = (2048 + 576) + (576 + 288) + (288 + 1024) = 4800;
+ *   qgZ, one hop (4 nodes of 1): (2048 + 576) + (576 + 1024) = 4224. */
+static void test_kernel_bytes(void) {
+    zpp_cost_in in = zpp_cost_in_default();
+    in.world = 4;
+    in.node_size = 2;
+    in.dtype = ZPP_BF16;
+    EXPECT(zpp_quant_bytes(256, &in.coll.weight_spec) == 272 &&
+               zpp_quant_bytes(256, &in.coll.grad_spec) == 144,
+           "layout: q8(256) %zu, q4(256) %zu", zpp_quant_bytes(256, &in.coll.weight_spec),
+           zpp_quant_bytes(256, &in.coll.grad_spec));
+    const zpp_phase F = ZPP_PHASE_FWD_GATHER, B = ZPP_PHASE_BWD_GATHER, R = ZPP_PHASE_GRAD_REDUCE;
+    const struct {
+        int mode;
+        double fwd, bwd, red;
+    } want[] = {
+        {0, 0, 0, 0},          /* zero3: NCCL's own kernels, inside the collective */
+        {1, 3920, 3920, 0},    /* qwz: both gathers quantized */
+        {2, 2048, 0, 0},       /* hpz: the copy; the backward gather is bf16 */
+        {3, 0, 0, 4800},       /* qgz */
+        {4, 5968, 0, 4800},    /* zeropp: qwZ + the copy forward, bf16 hpZ backward */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const zpp_coll_mode *md = zpp_coll_mode_get(want[i].mode);
+        double f = zpp_cost_kernel_bytes(&in, md, 1024, F), b = zpp_cost_kernel_bytes(&in, md, 1024, B),
+               r = zpp_cost_kernel_bytes(&in, md, 1024, R);
+        EXPECT(f == want[i].fwd && b == want[i].bwd && r == want[i].red,
+               "%s: %.0f %.0f %.0f, by hand %.0f %.0f %.0f", md->name, f, b, r, want[i].fwd,
+               want[i].bwd, want[i].red);
+    }
+    in.node_size = 1; /* one hop, no requantization */
+    EXPECT(zpp_cost_kernel_bytes(&in, zpp_coll_mode_get(3), 1024, R) == 4224, "one hop: %.0f",
+           zpp_cost_kernel_bytes(&in, zpp_coll_mode_get(3), 1024, R));
+    in.world = in.node_size = 1; /* no collective runs */
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+        EXPECT(zpp_cost_kernel_bytes(&in, zpp_coll_mode_get(m), 1024, F) == 0 &&
+                   zpp_cost_kernel_bytes(&in, zpp_coll_mode_get(m), 1024, R) == 0,
+               "world 1, %s: kernels", zpp_coll_mode_get(m)->name);
+}
+
+/* The kernels add to the stage they run in and hide under nothing, so the
+ * step grows by exactly their bytes over the HBM rate (x the device share),
+ * summed over the units as the step runs them: every forward gather, the
+ * backward gathers of the units not kept, every reduction. quant_s says the
+ * same. A mode with measured collective times pays none (they hold them). */
+static void test_kernel_time(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(17));
+    for (int it = 0; it < 60; it++) {
+        zpp_cost_in in = random_in(&r);
+        in.hbm_bps = 0;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            const zpp_coll_mode *md = zpp_coll_mode_get(m);
+            zpp_cost_out a = cost(&in, m);
+            zpp_cost_in k = in;
+            k.hbm_bps = 1e11 * (1 + zpp_rng_uniform(&r));
+            zpp_cost_out b = cost(&k, m);
+            const int U = in.units, kept = zpp_cost_kept_units(&in);
+            double bytes = 0;
+            for (int u = 0; u < U; u++) {
+                size_t n = zpp_plan_unit_numel((size_t)in.params, U, u);
+                bytes += zpp_cost_kernel_bytes(&k, md, n, ZPP_PHASE_FWD_GATHER) +
+                         zpp_cost_kernel_bytes(&k, md, n, ZPP_PHASE_GRAD_REDUCE);
+                if (u < U - kept) bytes += zpp_cost_kernel_bytes(&k, md, n, ZPP_PHASE_BWD_GATHER);
+            }
+            const double share = in.ranks_per_device > 1 ? in.ranks_per_device : 1;
+            const double want = bytes / k.hbm_bps * share;
+            EXPECT(fabs(b.quant_s - want) <= 1e-9 * want + 1e-15 &&
+                       fabs((b.step_s - a.step_s) - want) <= 1e-9 * b.step_s,
+                   "it %d %s: step +%.9g s, quant_s %.9g, by hand %.9g", it, md->name,
+                   b.step_s - a.step_s, b.quant_s, want);
+            EXPECT(a.quant_s == 0 && b.compute_s == a.compute_s, "it %d %s", it, md->name);
+        }
+    }
+    /* Measured on this world and node size: no kernel term. */
+    zpp_cost_calib cal;
+    memset(&cal, 0, sizeof cal);
+    zpp_cost_in in = small_in();
+    cal.coll_world = in.world;
+    cal.coll_node_size = in.node_size;
+    cal.coll_units = in.units;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        cal.has_mode[m] = 1;
+        for (int k = 0; k < 3; k++) cal.coll_s_per_param[m][k] = 1e-11 * (k + 1);
+    }
+    in.calib = &cal;
+    zpp_cost_out a = cost(&in, 4);
+    in.hbm_bps = 1e9;
+    zpp_cost_out b = cost(&in, 4);
+    EXPECT(b.quant_s == 0 && b.step_s == a.step_s, "calibrated: quant_s %.6g", b.quant_s);
+}
+
+/* Activation checkpointing: the backward recomputes the forward, so the
+ * compute is 4/3 of the model's; at world 1 (nothing to communicate) the
+ * step is exactly that; the FLOP count (and TFLOP/s of the model) stays. */
+static void test_recompute(void) {
+    zpp_cost_in in = small_in();
+    in.world = in.node_size = 1;
+    zpp_cost_out a = cost(&in, 0);
+    in.recompute = 1;
+    zpp_cost_out b = cost(&in, 0);
+    const double model_s = a.flops_per_gpu / in.flops_per_s;
+    EXPECT(fabs(a.step_s - model_s) <= 1e-12 * model_s &&
+               fabs(b.step_s - model_s * 4 / 3) <= 1e-12 * model_s &&
+               fabs(b.compute_s - model_s * 4 / 3) <= 1e-12 * model_s &&
+               b.flops_per_gpu == a.flops_per_gpu,
+           "recompute: step %.9g (want %.9g), compute %.9g", b.step_s, model_s * 4 / 3,
+           b.compute_s);
+    EXPECT(fabs(b.fwd_s - model_s / 3) <= 1e-12 * model_s &&
+               fabs(b.bwd_s - model_s) <= 1e-12 * model_s,
+           "recompute: forward %.9g, backward %.9g of %.9g", b.fwd_s, b.bwd_s, model_s);
+}
+
+/* A restricted pick chooses the fastest fitting candidate among those
+ * allowed (checked against a loop over them), never another; bad lists
+ * are refused. */
+static void test_pick_filter(void) {
+    zpp_cost_in in = small_in();
+    in.hbm_bps = 700e9;
+    const int mbs[] = {1, 3, 8}, hpz[] = {8};
+    const unsigned masks[] = {1u << 0, (1u << 1) | (1u << 3), (1u << 2) | (1u << 4), 0};
+    for (size_t k = 0; k < sizeof masks / sizeof masks[0]; k++) {
+        zpp_cost_pick_filter f = {masks[k], mbs, 3, hpz, 1};
+        zpp_cost_pick_result r;
+        EXPECT_OK(zpp_cost_pick_only(&in, 1e15, 0, &f, &r));
+        double best = 0;
+        int count = 0;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            if (masks[k] && !(masks[k] & (1u << m))) continue;
+            for (int b = 0; b < 3; b++) {
+                zpp_cost_in c = in;
+                c.tokens_per_gpu = (double)mbs[b] * in.seq_len;
+                c.hpz_size = zpp_coll_mode_get(m)->hpz ? 8 : 0;
+                double t = cost(&c, m).tokens_per_s;
+                if (t > best) best = t;
+                count++;
+            }
+        }
+        EXPECT(r.candidates == count && r.fitting == count, "mask %u: %d candidates, want %d",
+               masks[k], r.candidates, count);
+        EXPECT(r.best.out.tokens_per_s == best && (!masks[k] || (masks[k] & (1u << r.best.mode))) &&
+                   (r.best.micro_batch == 1 || r.best.micro_batch == 3 || r.best.micro_batch == 8) &&
+                   (!r.best.hpz_size || r.best.hpz_size == 8),
+               "mask %u: picked %s mb %d H %d at %.6g tokens/s, best allowed %.6g", masks[k],
+               zpp_coll_mode_get(r.best.mode)->name, r.best.micro_batch, r.best.hpz_size,
+               r.best.out.tokens_per_s, best);
+    }
+    zpp_cost_pick_result r;
+    const int down[] = {4, 2}, bad_h[] = {3};
+    zpp_cost_pick_filter f = {0, down, 2, NULL, 0};
+    EXPECT_STATUS(zpp_cost_pick_only(&in, 1e15, 0, &f, &r), ZPP_ERR_INVALID);
+    zpp_cost_pick_filter g = {0, NULL, 0, bad_h, 1};
+    EXPECT_STATUS(zpp_cost_pick_only(&in, 1e15, 0, &g, &r), ZPP_ERR_INVALID);
+    zpp_cost_pick_filter h = {1u << 2, NULL, 0, NULL, 0};
+    in.node_size = 1; /* hpZ only, with no node to keep a copy in: nothing to pick */
+    EXPECT_STATUS(zpp_cost_pick_only(&in, 1e15, 0, &h, &r), ZPP_ERR_CONFIG);
+}
+
 /* ---- The published ZeRO++ figures (DeepSpeed ZeRO++ blog and paper) ------
  * 384 V100 = 24 nodes of 16, fp16. The assumptions, once, for every point:
  * V100 125 TFLOP/s fp16 tensor peak x 0.4 = 50 TFLOP/s achieved; NVLink
  * (NVSwitch) 150 GB/s per GPU per direction; both links at 0.8 of line
  * rate; 5 us per collective step; DeepSpeed's schedule (qgZ pipelined).
- * Shapes (our choice; GPT-like, seq 512, vocab 50257, one unit per block
- * plus the embeddings): 18B = 40 layers x 6144 (18.4B), 138B = 48 layers x
- * 15360 (136.7B). */
+ * Shapes: 18B = 40 layers x 6144, sequence 512 (DeepSpeed's ZeRO++
+ * tutorial, docs/_tutorials/zeropp.md: --num-layers 40 --hidden-size 6144
+ * --seq-length 512; 18.4B with vocabulary 50257); 138B = 48 x 15360 (our
+ * choice, 136.7B). From the same tutorial's command and log, the runs'
+ * settings (DESIGN.md §11 cites them):
+ *   activation checkpointing (--checkpoint-activations): recompute = 1;
+ *   the optimizer: 139.5 ms a step on 64 GPUs (ZeRO-3 log, step 40),
+ *     i.e. 139.5 ms / (P / 64) a parameter of a shard;
+ * and the quantization kernels priced at the V100's HBM2, 900 GB/s x 0.78
+ * (our kernels' measured share of the datasheet, DESIGN.md §11). */
 static zpp_cost_in paper_in(int big, double gbps, double tokens) {
     zpp_cost_in in = zpp_cost_in_default();
     in.n_layer = big ? 48 : 40;
@@ -1067,6 +1282,9 @@ static zpp_cost_in paper_in(int big, double gbps, double tokens) {
     in.flops_per_s = 125e12 * 0.4;
     in.dtype = ZPP_FP16;
     in.qgz_inter_exposed = 0;
+    in.recompute = 1;
+    in.opt_s_per_param = 0.1395 / (zpp_cost_gpt_params(40, 6144, 512, 50257) / 64);
+    in.hbm_bps = 900e9 * 0.78;
     return in;
 }
 
@@ -1076,8 +1294,11 @@ static double speedup_e(int big, double gbps, double tokens, double exposed) {
     return cost(&in, 0).step_s / cost(&in, 4).step_s;
 }
 
-static double speedup(int big, double gbps, double tokens) {
-    return speedup_e(big, gbps, tokens, 0);
+/* ZeRO++ at 200 Gb/s over ZeRO-3 at 800 Gb/s, TFLOP/s. */
+static double cross_ratio(int big, double tokens, double exposed) {
+    zpp_cost_in a = paper_in(big, 200, tokens), b = paper_in(big, 800, tokens);
+    a.exposed_frac = b.exposed_frac = exposed;
+    return cost(&a, 4).tflops_per_gpu / cost(&b, 0).tflops_per_gpu;
 }
 
 /* Within 15% of the published range [lo, hi] (of its nearer end). */
@@ -1085,51 +1306,125 @@ static int near_range(double x, double lo, double hi) {
     return x >= lo * 0.85 && x <= hi * 1.15;
 }
 
+/* The published points. `fig`: the blog's bar charts (blogs/zeropp/assets/
+ * images/eval1-3.png in DeepSpeed's repository: TFLOP/s per GPU of ZeRO-3
+ * and ZeRO++ for each model, the ratio of the bars' labels, or the ratio
+ * printed on the chart); `lo`-`hi`: the blog's text ("28% to 36%", "24% to
+ * 29%", "up to 2.2x ... about 2x", "similar TFLOPs"). The text's 400 Gb/s
+ * ranges are below its own chart (1.40-1.56x at 1k, 1.33-1.41x at 2k). */
+typedef struct paper_point {
+    const char *what;
+    double gbps, tokens; /* cross: 0 (the ZeRO++@200 / ZeRO-3@800 ratio) */
+    double fig[2];       /* 18B, 138B */
+    double lo, hi;
+    int cross;
+} paper_point;
+
+static const paper_point paper_points[] = {
+    {"400G 1k", 400, 1024, {35.0 / 25, 1.56}, 1.28, 1.36, 0},
+    {"400G 2k", 400, 2048, {53.0 / 40, 50.0 / 36}, 1.24, 1.29, 0},
+    {"100G 1k", 100, 1024, {2.21, 22.0 / 11}, 2.0, 2.2, 0},
+    {"100G 2k", 100, 2048, {1.77, 38.0 / 20}, 2.0, 2.2, 0},
+    {"ZeRO++@200G / ZeRO-3@800G, 2k", 0, 2048, {50.0 / 47, 48.0 / 48}, 1, 1, 1},
+};
+
+static double paper_predict(const paper_point *p, int big, double exposed) {
+    return p->cross ? cross_ratio(big, p->tokens, exposed)
+                    : speedup_e(big, p->gbps, p->tokens, exposed);
+}
+
 static void test_published_zeropp(void) {
-    for (int big = 0; big <= 1; big++) {
-        const char *name = big ? "138B" : "18B";
-        /* 400 Gb/s, 1k tokens/GPU: +28% to +36% (held). */
-        double s = speedup(big, 400, 1024);
-        printf("%s 400G 1k: predicted %.3fx, published 1.28-1.36x\n", name, s);
-        EXPECT(near_range(s, 1.28, 1.36), "%s 400G 1k: %.3f", name, s);
-        /* ZeRO++ at 200 Gb/s ~ ZeRO-3 at 800 Gb/s in TFLOP/s (held). */
-        for (double tok = 1024; tok <= 2048; tok *= 2) {
-            zpp_cost_in a = paper_in(big, 200, tok), b = paper_in(big, 800, tok);
-            double r = cost(&a, 4).tflops_per_gpu / cost(&b, 0).tflops_per_gpu;
-            printf("%s %.0f tok: ZeRO++@200G / ZeRO-3@800G TFLOP/s = %.3f, published ~1\n",
-                   name, tok, r);
-            EXPECT(near_range(r, 1, 1), "%s 200G vs 800G: %.3f", name, r);
-        }
-        /* 100 Gb/s, 2k tokens/GPU: "up to 2.2x" (held). */
-        s = speedup(big, 100, 2048);
-        printf("%s 100G 2k: predicted %.3fx, published up to 2.2x (about 2x)\n", name, s);
-        EXPECT(near_range(s, 2.0, 2.2), "%s 100G 2k: %.3f", name, s);
-        /* Missed, printed with the direction asserted (DESIGN.md §11): the
-         * model overlaps ZeRO-3's gathers perfectly, so once communication
-         * fits under compute it predicts no gain at 400G 2k (published
-         * +24-29%), and it has no quantization kernels, so where ZeRO-3 is
-         * link-bound (100G 1k) it predicts more than the 4x byte cut allows
-         * DeepSpeed to show (published 2.2x at most). */
-        s = speedup(big, 400, 2048);
-        printf("%s 400G 2k: predicted %.3fx, published 1.24-1.29x: MISSED (low)\n", name, s);
-        EXPECT(s < 1.24 * 0.85, "the 400G 2k miss changed: %.3f; update DESIGN.md §11", s);
-        s = speedup(big, 100, 1024);
-        printf("%s 100G 1k: predicted %.3fx, published up to 2.2x: MISSED (high)\n", name, s);
-        EXPECT(s > 2.2 * 1.15, "the 100G 1k miss changed: %.3f; update DESIGN.md §11", s);
-        /* Imperfect overlap (DESIGN.md §11): with a quarter to seven tenths
-         * of the shorter side of each stage exposed (exposed_frac), the
-         * 400G 2k point comes within 15% and the 400G 1k and 100G 2k points
-         * stay there; 100G 1k stays out whatever the fraction. */
-        for (double e = 0.25; e <= 0.7 + 1e-9; e += 0.15) {
-            double a = speedup_e(big, 400, 1024, e), b = speedup_e(big, 400, 2048, e),
-                   c = speedup_e(big, 100, 1024, e), d = speedup_e(big, 100, 2048, e);
-            printf("%s exposed %.2f: 400G 1k %.3f, 2k %.3f; 100G 1k %.3f, 2k %.3f\n", name, e,
-                   a, b, c, d);
-            EXPECT(near_range(a, 1.28, 1.36) && near_range(b, 1.24, 1.29) &&
-                       near_range(d, 2.0, 2.2) && c > 2.2 * 1.15,
-                   "%s exposed %.2f: %.3f %.3f %.3f %.3f", name, e, a, b, c, d);
+    /* Met: within 15% of the chart's bar for that model (and printed against
+     * the text). Missed (DESIGN.md §11 says why): the direction asserted, so
+     * a model change that moves them fails here. 1 = met, -1 = predicted
+     * below, 2 above. */
+    const int expect[5][2] = {{-1, -1}, {-1, -1}, {1, 2}, {1, -1}, {1, 1}};
+    /* Each new term on its own, for the record (DESIGN.md §11's table): the
+     * first cut (none), + recompute, + the kernels, + the optimizer (all). */
+    for (int row = 0; row < 8; row++) {
+        const int step = row % 4;
+        const double ex = row < 4 ? 0 : 1; /* then each again with nothing overlapped */
+        printf("e = %.0f, terms %-33s:", ex,
+               step == 0   ? "none (the first cut)"
+               : step == 1 ? "+ recompute"
+               : step == 2 ? "+ recompute + kernels"
+                           : "+ recompute + kernels + optimizer");
+        for (size_t i = 0; i < sizeof paper_points / sizeof paper_points[0]; i++)
+            for (int big = 0; big <= 1; big++) {
+                const paper_point *p = &paper_points[i];
+                zpp_cost_in a = paper_in(big, p->cross ? 200 : p->gbps, p->tokens);
+                zpp_cost_in b = paper_in(big, p->cross ? 800 : p->gbps, p->tokens);
+                zpp_cost_in *both[2] = {&a, &b};
+                for (int k = 0; k < 2; k++) {
+                    both[k]->exposed_frac = ex;
+                    both[k]->recompute = step >= 1;
+                    both[k]->hbm_bps = step >= 2 ? 900e9 * 0.78 : 0;
+                    if (step < 3) both[k]->opt_s_per_param = 0;
+                }
+                double r = p->cross ? cost(&a, 4).tflops_per_gpu / cost(&b, 0).tflops_per_gpu
+                                    : cost(&a, 0).step_s / cost(&a, 4).step_s;
+                printf(" %.2f", r);
+            }
+        printf("\n");
+    }
+    for (size_t i = 0; i < sizeof paper_points / sizeof paper_points[0]; i++) {
+        const paper_point *p = &paper_points[i];
+        for (int big = 0; big <= 1; big++) {
+            double s = paper_predict(p, big, 0), f = p->fig[big];
+            int met = near_range(s, f, f), text = near_range(s, p->lo, p->hi);
+            printf("%-4s %-30s predicted %.3fx, chart %.3fx (%+.0f%%), text %.2f-%.2fx: %s\n",
+                   big ? "138B" : "18B", p->what, s, f, 100 * (s / f - 1), p->lo, p->hi,
+                   met ? (text ? "met" : "met (chart), not the text")
+                       : (text ? "MISSED (chart), met the text" : "MISSED"));
         }
     }
+    /* What DeepSpeed's own overlap would have to be (DESIGN.md §11): the
+     * exposed fraction e that reproduces one published pair, the 800 Gb/s
+     * 2k one (ZeRO++ 54 / ZeRO-3 47 TFLOP/s for 18B, 55 / 48 for 138B, the
+     * blog's third chart), found by bisection, then every point at that e.
+     * Printed, not asserted: it is inferred from a published point, not
+     * measured. */
+    for (int big = 0; big <= 1; big++) {
+        const double target = big ? 55.0 / 48 : 54.0 / 47;
+        double lo = 0, hi = 1;
+        for (int k = 0; k < 40; k++) {
+            double mid = 0.5 * (lo + hi);
+            zpp_cost_in in = paper_in(big, 800, 2048);
+            in.exposed_frac = mid;
+            double r = cost(&in, 4).tflops_per_gpu / cost(&in, 0).tflops_per_gpu;
+            if (r < target) lo = mid;
+            else hi = mid;
+        }
+        const double e = 0.5 * (lo + hi);
+        printf("%s: ZeRO++/ZeRO-3 at 800G 2k published %.3f; predicted %.3f (e = 0) to %.3f (e = "
+               "1); e = %.2f (%s); then:",
+               big ? "138B" : "18B", target, speedup_e(big, 800, 2048, 0),
+               speedup_e(big, 800, 2048, 1), e,
+               e > 0.999 ? "the bound: no overlap at all still falls short" : "bisected");
+        for (size_t i = 0; i < sizeof paper_points / sizeof paper_points[0]; i++)
+            printf(" %s %.2fx (chart %.2fx);", paper_points[i].what,
+                   paper_predict(&paper_points[i], big, e), paper_points[i].fig[big]);
+        printf("\n");
+    }
+    for (size_t i = 0; i < sizeof paper_points / sizeof paper_points[0]; i++) {
+        const paper_point *p = &paper_points[i];
+        for (int big = 0; big <= 1; big++) {
+            double s = paper_predict(p, big, 0), f = p->fig[big];
+            int met = near_range(s, f, f), e = expect[i][big];
+            EXPECT(e == 1 ? met : e < 0 ? s < f * 0.85 : s > f * 1.15,
+                   "%s %s: %.3f against %.3f changed; update DESIGN.md §11", big ? "138B" : "18B",
+                   p->what, s, f);
+        }
+    }
+    /* With nothing overlapped (e = 1, `--serial`), the least overlap the
+     * 800 Gb/s pair allows, every point is within 15% of its chart. */
+    for (size_t i = 0; i < sizeof paper_points / sizeof paper_points[0]; i++)
+        for (int big = 0; big <= 1; big++) {
+            double s = paper_predict(&paper_points[i], big, 1), f = paper_points[i].fig[big];
+            EXPECT(near_range(s, f, f), "e = 1: %s %s: %.3f against %.3f; update DESIGN.md §11",
+                   big ? "138B" : "18B", paper_points[i].what, s, f);
+        }
+
 }
 
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
@@ -1141,4 +1436,6 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_calibrate_malformed), ZPP_TEST(test_random_consistency),
           ZPP_TEST(test_schedules), ZPP_TEST(test_calibrated_collectives),
           ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
-          ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_unhidden_parts), ZPP_TEST(test_kernel_bytes),
+          ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute),
+          ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp))

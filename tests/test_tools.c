@@ -419,6 +419,51 @@ static void test_plan_pick_json(void) {
     cJSON_Delete(o[0]);
 }
 
+/* `--pick` restricted (--modes, --micro-batches, --hpz-sizes): the choice is
+ * one of the allowed settings and at least as fast as each of them priced
+ * by `plan --json`; bad lists and restrictions without --pick exit 2. */
+static void test_plan_pick_restricted(void) {
+    char cmd[1024];
+    const char *shape = "--model 12,768,1024,50257 --world 32 --node-size 8 --inter-gbps 50";
+    snprintf(cmd, sizeof cmd,
+             "%s plan %s --pick --modes hpz,qgz --micro-batches 1,4 --hpz-sizes 8 --mem-gb 1000 "
+             "--json",
+             getenv("ZPP_CLI"), shape);
+    cJSON *o[MAX_LINES];
+    int n = run_json(cmd, o, MAX_LINES);
+    EXPECT(n == 1, "%d objects", n);
+    if (n != 1) return;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o[0], "choice");
+    const char *mode = str(c, "mode");
+    int mb = (int)num(c, "micro_batch");
+    EXPECT((!strcmp(mode, "hpz") || !strcmp(mode, "qgz")) && (mb == 1 || mb == 4) &&
+               ((int)num(c, "hpz_partition_size") == (strcmp(mode, "hpz") ? 0 : 8)),
+           "picked %s at micro-batch %d, hpZ %g", mode, mb, num(c, "hpz_partition_size"));
+    EXPECT(num(o[0], "candidates") == 4, "%g candidates, want 4", num(o[0], "candidates"));
+    for (int b = 1; b <= 4; b *= 4) {
+        snprintf(cmd, sizeof cmd, "%s plan %s --micro-batch %d --json", getenv("ZPP_CLI"), shape, b);
+        cJSON *p[MAX_LINES];
+        int k = run_json(cmd, p, MAX_LINES);
+        for (int m = 0; m < k; m++) {
+            if (!strcmp(str(p[m], "mode"), "hpz") || !strcmp(str(p[m], "mode"), "qgz"))
+                EXPECT(num(p[m], "tokens_per_s") <= num(c, "tokens_per_s") * (1 + 1e-12),
+                       "%s at micro-batch %d beats the pick", str(p[m], "mode"), b);
+            cJSON_Delete(p[m]);
+        }
+    }
+    cJSON_Delete(o[0]);
+    const char *bad[] = {"--pick --modes zero3,nope", "--pick --micro-batches 4,2",
+                         "--pick --micro-batches 0", "--pick --hpz-sizes 3", "--modes zero3",
+                         "--pick --micro-batches 1,2 --micro-batch 2", "--pick --hbm-eff 2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s plan %s %s >/dev/null 2>&1", getenv("ZPP_CLI"), shape,
+                 bad[i]);
+        int rc = system(cmd);
+        EXPECT(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "'%s': exit %d, want 2", bad[i],
+               WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+    }
+}
+
 /* `--sweep`: one object per point and mode, the points doubling; over the
  * cross-node rate no mode gets slower; ZeRO-3's speedup is 1. A malformed
  * sweep is refused (exit 2). With gnuplot, --chart writes a PNG. */
@@ -476,4 +521,5 @@ static void test_plan_sweep(void) {
 ZPP_TESTS(ZPP_TEST(test_bench_comm_acceptance), ZPP_TEST(test_bench_comm_tight_bounds),
           ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas),
           ZPP_TEST(test_plan_all_modes), ZPP_TEST(test_plan_predict_json),
-          ZPP_TEST(test_plan_pick_json), ZPP_TEST(test_plan_sweep))
+          ZPP_TEST(test_plan_pick_json), ZPP_TEST(test_plan_pick_restricted),
+          ZPP_TEST(test_plan_sweep))

@@ -29,7 +29,8 @@ static void plan_usage(FILE *f) {
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
             "                   [--ranks-per-device R] [--serial] [--link-per-comm]\n"
             "                   [--opt-ns N] [--exposed-frac E] [--calibrate FILE]\n"
-            "                   [--reuse-distance N]\n"
+            "                   [--reuse-distance N] [--recompute] [--hbm-gbs B] [--hbm-eff E]\n"
+            "                   [--modes M,M,...] [--micro-batches B,B,...] [--hpz-sizes H,H,...]\n"
             "                   [--sweep world=A..B | inter-gbps=A..B [--chart FILE.png]]\n"
             "\n"
             "Cross-node and intra-node bytes per node for one training step of a model of P\n"
@@ -78,6 +79,15 @@ static void plan_usage(FILE *f) {
             "--opt-ns N: the optimizer step, N ns per parameter of a rank's shard.\n"
             "--exposed-frac E: between overlap (0) and --serial (1), the share of the\n"
             "shorter of a stage's compute and communication left exposed.\n"
+            "--recompute: activation checkpointing (the backward recomputes the forward:\n"
+            "4/3 of the compute; TFLOP/s stay the model's 6P count). --hbm-gbs B: the\n"
+            "device memory's GB/s (bytes; default the --gpu preset's datasheet: v100 900,\n"
+            "a100 2039, h100 3350, h200 4800; 0: not priced) x --hbm-eff (default 0.78)\n"
+            "prices the quantization kernels and hpZ's copy (DESIGN.md section 11,\n"
+            "\"Kernels\"); a mode --calibrate measured has them in its measured times.\n"
+            "--pick restricted: --modes zero3,qwz,hpz,qgz,zeropp (the modes it may pick),\n"
+            "--micro-batches 1,2,4 (exactly these, with --model), --hpz-sizes 2,4 (hpZ\n"
+            "partition sizes; the trainer runs only the node size).\n"
             "\n"
             "--calibrate FILE reads JSON lines: `zeropp bench comm --json` lines give the\n"
             "cross-node and intra-node rates (ZeRO-3's gathers and hpZ's backward gathers,\n"
@@ -97,15 +107,22 @@ static void plan_usage(FILE *f) {
  * sparsity) and NVLink bandwidth per GPU per direction (Gb/s). */
 typedef struct gpu_preset {
     const char *name;
-    double peak_tflops, nvlink_gbps, mem_gib;
+    double peak_tflops, nvlink_gbps, mem_gib, hbm_gbs;
 } gpu_preset;
 static const gpu_preset gpu_presets[] = {
     /* Memory: the datasheet's GB, read as GiB (what --pick's budget is in). */
-    {"v100", 125, 1200, 32}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
-    {"a100", 312, 2400, 80}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
-    {"h100", 989, 3600, 80}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
-    {"h200", 989, 3600, 141}, /* H200 SXM: same compute and NVLink as H100 SXM */
+    /* HBM: the datasheet's GB/s (V100 SXM2/3 32 GB HBM2 900, A100 80 GB SXM
+     * HBM2e 2039, H100 SXM HBM3 3350, H200 HBM3e 4800). */
+    {"v100", 125, 1200, 32, 900}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
+    {"a100", 312, 2400, 80, 2039}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
+    {"h100", 989, 3600, 80, 3350}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
+    {"h200", 989, 3600, 141, 4800}, /* H200 SXM: same compute and NVLink as H100 SXM */
 };
+/* Achieved / datasheet HBM rate of our quantization kernels: on one H200 a
+ * device-to-device copy ran at 4227 GB/s (0.88 of 4800) and quantize /
+ * dequantize at 0.86-0.91 of the copy (bench/RESULTS.md, 2026-11-30), so
+ * 0.76-0.80 of the datasheet: 0.78. */
+#define PLAN_HBM_EFFICIENCY 0.78
 #define PLAN_GPU_EFFICIENCY 0.4 /* achieved / peak on large GPT GEMMs: our stated choice */
 
 static int parse_pos(const char *flag, const char *s, double *out) {
@@ -118,6 +135,60 @@ static int parse_pos(const char *flag, const char *s, double *out) {
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* "1,2,4" into list[0..n): positive integers, at most cap. -1 with a
+ * message naming the flag for anything else. */
+static int parse_int_list(const char *flag, const char *s, int *list, int cap, int *n) {
+    *n = 0;
+    if (!s) return 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v <= 0 || v > (1 << 24) || (*end && *end != ',') ||
+            *n == cap) {
+            fprintf(stderr, "zeropp plan: %s '%s': give up to %d positive integers joined by "
+                            "commas\n",
+                    flag, s, cap);
+            return -1;
+        }
+        list[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+/* "zero3,hpz" into a mask of zpp_coll_mode_get indices ("zeropp" or the
+ * trainer's "qwz+hpz+qgz" for the fifth). */
+static int parse_modes(const char *s, unsigned *mask) {
+    *mask = 0;
+    if (!s) return 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf) {
+        fprintf(stderr, "zeropp plan: --modes '%s' is too long\n", s);
+        return -1;
+    }
+    strcpy(buf, s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
+            if (strcmp(t, zpp_coll_mode_get(m)->name) == 0) found = m;
+        if (strcmp(t, "qwz+hpz+qgz") == 0) found = ZPP_COLL_MODE_COUNT - 1;
+        if (found < 0) {
+            fprintf(stderr, "zeropp plan: --modes: unknown mode '%s'; use zero3, qwz, hpz, qgz, "
+                            "zeropp\n",
+                    t);
+            return -1;
+        }
+        *mask |= 1u << found;
+    }
+    if (!*mask) {
+        fprintf(stderr, "zeropp plan: --modes is empty\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -154,10 +225,10 @@ static cJSON *choice_json(const zpp_cost_choice *c, const zpp_cost_pick_result *
 
 /* --pick: the library searches (zpp_cost_pick); this prints its answer. */
 static int plan_pick(const zpp_cost_in *ci, double mem_gb, const char *preset, int max_b,
-                     int json) {
+                     const zpp_cost_pick_filter *filter, int json) {
     const double GiB = 1073741824.0;
     zpp_cost_pick_result r;
-    if (zpp_cost_pick(ci, mem_gb * GiB, max_b, &r) != ZPP_OK) {
+    if (zpp_cost_pick_only(ci, mem_gb * GiB, max_b, filter, &r) != ZPP_OK) {
         fprintf(stderr, "zeropp plan: %s (budget: %s)\n", zpp_last_error(),
                 preset ? "the --gpu preset's memory; --mem-gb to change it" : "--mem-gb");
         return 2;
@@ -413,7 +484,9 @@ int zpp_cli_plan(int argc, char **argv) {
     zpp_dtype dtype = ZPP_BF16;
     const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
                *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
-               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL, *expf_s = NULL;
+               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL, *expf_s = NULL,
+               *hbm_s = NULL, *hbm_eff_s = NULL, *modes_s = NULL, *mbs_s = NULL, *hpzs_s = NULL;
+    int recompute = 0;
     const zpp_cli_opt cli_opts[] = {
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
         {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
@@ -442,6 +515,12 @@ int zpp_cli_plan(int argc, char **argv) {
         {"--sweep", ZPP_CLI_STR, &sweep_s, 0, 0},
         {"--chart", ZPP_CLI_STR, &chart_s, 0, 0},
         {"--reuse-distance", ZPP_CLI_SIZE, &reuse, 0, 1ll << 53},
+        {"--recompute", ZPP_CLI_FLAG, &recompute, 0, 0},
+        {"--hbm-gbs", ZPP_CLI_STR, &hbm_s, 0, 0},
+        {"--hbm-eff", ZPP_CLI_STR, &hbm_eff_s, 0, 0},
+        {"--modes", ZPP_CLI_STR, &modes_s, 0, 0},
+        {"--micro-batches", ZPP_CLI_STR, &mbs_s, 0, 0},
+        {"--hpz-sizes", ZPP_CLI_STR, &hpzs_s, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -476,7 +555,27 @@ int zpp_cli_plan(int argc, char **argv) {
     }
     if (!node_size) node_size = world;
     double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0,
-           rpd = 1, opt_ns = 0, expf = 0;
+           rpd = 1, opt_ns = 0, expf = 0, hbm = -1, hbm_eff = PLAN_HBM_EFFICIENCY;
+    int mbs[32], hpzs[32], n_mbs = 0, n_hpzs = 0;
+    unsigned modes = 0;
+    if (parse_pos("--hbm-gbs", hbm_s, &hbm) || parse_pos("--hbm-eff", hbm_eff_s, &hbm_eff) ||
+        parse_modes(modes_s, &modes) ||
+        parse_int_list("--micro-batches", mbs_s, mbs, 32, &n_mbs) ||
+        parse_int_list("--hpz-sizes", hpzs_s, hpzs, 32, &n_hpzs))
+        return 2;
+    if (!(hbm_eff > 0) || hbm_eff > 1) {
+        fprintf(stderr, "zeropp plan: --hbm-eff is in (0, 1]\n");
+        return 2;
+    }
+    if ((modes_s || mbs_s || hpzs_s) && !pick) {
+        fprintf(stderr, "zeropp plan: --modes, --micro-batches and --hpz-sizes restrict --pick; "
+                        "add --pick\n");
+        return 2;
+    }
+    if (mbs_s && (!model_s || micro_batch)) {
+        fprintf(stderr, "zeropp plan: --micro-batches needs --model and replaces --micro-batch\n");
+        return 2;
+    }
     if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
         parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
         parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat) ||
@@ -547,6 +646,7 @@ int zpp_cli_plan(int argc, char **argv) {
         }
     }
     if (!tflops) tflops = gp->peak_tflops * PLAN_GPU_EFFICIENCY;
+    if (hbm < 0) hbm = gp->hbm_gbs;
     if (!intra) intra = gp->nvlink_gbps;
     int timed = tokens > 0;
     if (timed && (!(inter > 0) || !(intra > 0) || !(eff > 0) || eff > 1 || !(tflops > 0))) {
@@ -636,6 +736,8 @@ int zpp_cli_plan(int argc, char **argv) {
     ci.exposed_frac = expf;
     ci.link_per_comm = link_per_comm;
     ci.opt_s_per_param = opt_ns * 1e-9;
+    ci.hbm_bps = hbm * 1e9 * hbm_eff;
+    ci.recompute = recompute;
     if (sweep_s) {
         if (!timed) {
             fprintf(stderr, "zeropp plan: --sweep predicts step times; give --tokens-per-gpu "
@@ -647,7 +749,10 @@ int zpp_cli_plan(int argc, char **argv) {
     if (pick) {
         int from_preset = !mem_s;
         if (from_preset) mem_gb = gp->mem_gib;
-        return plan_pick(&ci, mem_gb, from_preset ? gp->name : NULL, micro_batch, json);
+        zpp_cost_pick_filter filter = {modes, n_mbs ? mbs : NULL, n_mbs, n_hpzs ? hpzs : NULL,
+                                       n_hpzs};
+        return plan_pick(&ci, mem_gb, from_preset ? gp->name : NULL, micro_batch, &filter,
+                         json);
     }
     zpp_cost_out co[ZPP_COLL_MODE_COUNT];
     memset(co, 0, sizeof co);
@@ -705,6 +810,7 @@ int zpp_cli_plan(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
                 cJSON_AddNumberToObject(o, "compute_s", c->compute_s);
                 cJSON_AddNumberToObject(o, "opt_s", c->opt_s);
+                cJSON_AddNumberToObject(o, "quant_s", c->quant_s);
                 cJSON_AddNumberToObject(o, "exposed_comm_s", c->exposed_comm_s);
                 cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);
                 cJSON_AddNumberToObject(o, "tflops_per_gpu", c->tflops_per_gpu);
@@ -767,6 +873,8 @@ int zpp_cli_plan(int argc, char **argv) {
         printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.4g TFLOP/s "
                "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
                tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
+        printf("quantization kernels at %.0f GB/s of HBM (x %.2f)%s\n", hbm, hbm_eff,
+               recompute ? "; the backward recomputes the forward (--recompute)" : "");
         if (serial || link_per_comm || rpd > 1 || opt_ns > 0 || ci.calib)
             printf("schedule: %s; %g rank%s per device; %s; optimizer %.3g ns per parameter of "
                    "a shard%s\n",

@@ -174,10 +174,51 @@ static int hpz_group(const zpp_cost_in *in) {
     return in->hpz_size > 0 ? in->hpz_size : in->node_size;
 }
 
+/* ---- The collectives' memory-bound kernels (DESIGN.md §11, "Kernels") ----
+ * Each kernel streams its input from HBM and its output back, once: its
+ * time is the bytes read + written over the device's achieved memory rate
+ * (in->hbm_bps). The bytes follow collectives.c's calls (cost.h lists
+ * them). A kernel and its collective depend on each other's data (quantize
+ * before the send, dequantize after the receive), so it cannot hide under
+ * its own transfer; and it runs on the GPU the stage's compute is using,
+ * which it slows by its own time to first order (a memory-bound kernel
+ * beside compute-bound GEMMs still holds SMs and HBM). So each adds to the
+ * stage it runs in: stage = max(c, l) + q, serial or not. */
+double zpp_cost_kernel_bytes(const zpp_cost_in *in, const zpp_coll_mode *mode, size_t numel,
+                             zpp_phase phase) {
+    if (!in || !mode || numel == 0 || in->world <= 1 || in->node_size <= 0) return 0;
+    const int W = in->world, S = in->node_size, N = W / S;
+    const zpp_partition p = zpp_partition_make_shape(numel, W, N);
+    const double s = (double)p.shard_len, n = (double)W * s;
+    const double e = (double)zpp_dtype_size(in->dtype);
+    const double q8 = (double)zpp_quant_bytes(p.shard_len, &in->coll.weight_spec);
+    const double q4 = (double)zpp_quant_bytes(p.shard_len, &in->coll.grad_spec);
+    const double qwz = s * e + q8 + W * q8 + n * e; /* quantize my shard, dequantize W chunks */
+    switch (phase) {
+    case ZPP_PHASE_FWD_GATHER: {
+        double b = mode->gather == ZPP_GATHER_QWZ ? qwz : 0;
+        if (mode->hpz) { /* keep my 1/H slice of the unit: a device copy, read + write */
+            const int H = in->hpz_size > 0 ? in->hpz_size : S;
+            b += 2 * e * (double)(W / H) * s;
+        }
+        return b;
+    }
+    case ZPP_PHASE_BWD_GATHER:
+        return !mode->hpz && mode->gather == ZPP_GATHER_QWZ ? qwz : 0;
+    case ZPP_PHASE_GRAD_REDUCE:
+        if (mode->reduce != ZPP_REDUCE_QGZ) return 0;
+        if (S > 1 && N > 1) /* reorder-quantize, dequantize-sum-requantize, dequantize-reduce */
+            return (n * e + W * q4) + (W * q4 + N * q4) + (N * q4 + 4 * s);
+        return (n * e + W * q4) + (W * q4 + 4 * s); /* one hop: no requantization */
+    default: return 0;
+    }
+}
+
 /* One unit's collectives in `mode`, as link times, and their bytes. */
 typedef struct unit_cost {
     link_t fwd, bwd;          /* the forward and backward gathers */
     link_t red_ov, red_exp;   /* the reduction: part under the next stage, part exposed */
+    double qf, qb, qr;        /* their kernels' seconds on the device (one rank's own) */
     double cross, intra;      /* all three, per node */
 } unit_cost;
 
@@ -246,6 +287,13 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
         memset(&vb, 0, sizeof vb);
         u->bwd = link_none;
     }
+    if (in->hbm_bps > 0) {
+        u->qf = zpp_cost_kernel_bytes(in, mode, numel, ZPP_PHASE_FWD_GATHER) / in->hbm_bps;
+        u->qb = bwd_gathered
+                    ? zpp_cost_kernel_bytes(in, mode, numel, ZPP_PHASE_BWD_GATHER) / in->hbm_bps
+                    : 0;
+        u->qr = zpp_cost_kernel_bytes(in, mode, numel, ZPP_PHASE_GRAD_REDUCE) / in->hbm_bps;
+    }
     u->cross = rc + zpp_volume_cross_total(&vf) + zpp_volume_cross_total(&vb);
     u->intra = ri + zpp_volume_intra_total(&vf) + zpp_volume_intra_total(&vb);
 
@@ -260,6 +308,7 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
         u->bwd = link_measured(bwd_gathered ? c->coll_s_per_param[mi][1] * (double)numel : 0);
         u->red_ov = link_measured(c->coll_s_per_param[mi][2] * (double)numel);
         u->red_exp = link_measured(0);
+        u->qf = u->qb = u->qr = 0; /* the measured times hold the kernels */
     }
 }
 
@@ -280,11 +329,12 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         !(in->tokens_per_gpu > 0) || !(in->latency_s >= 0) || !(in->ranks_per_device >= 0) ||
         !(in->opt_s_per_param >= 0) || !isfinite(in->ranks_per_device) ||
         !(in->exposed_frac >= 0 && in->exposed_frac <= 1) ||
-        !isfinite(in->opt_s_per_param) || !(in->reuse_distance >= 0))
+        !isfinite(in->opt_s_per_param) || !(in->reuse_distance >= 0) ||
+        !(in->hbm_bps >= 0) || !isfinite(in->hbm_bps))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: bandwidths, FLOP/s and tokens per GPU must be positive; the "
-                         "latency, ranks per device, optimizer time and reuse distance not "
-                         "negative; the exposed fraction in [0, 1]");
+                         "latency, ranks per device, optimizer time, reuse distance and "
+                         "memory rate not negative; the exposed fraction in [0, 1]");
     if (zpp_dtype_size(in->dtype) == 0) return zpp_error(ZPP_ERR_INVALID, "cost: unknown dtype");
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
@@ -306,7 +356,9 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     /* Ranks sharing one device compute at their share of its rate. */
     const double share = in->ranks_per_device > 1 ? in->ranks_per_device : 1;
     const double model_s = o.flops_per_gpu / in->flops_per_s * share;
-    const double fwd_c = model_s / 3, bwd_c = model_s * 2 / 3;
+    /* With activation checkpointing the backward first recomputes its
+     * unit's forward: its compute is the forward's third plus its own two. */
+    const double fwd_c = model_s / 3, bwd_c = model_s * (in->recompute ? 1.0 : 2.0 / 3);
 
     /* The reuse rule: units kept..K-1 stay gathered from their forward stage
      * into their backward stage and make no backward gather. */
@@ -323,7 +375,10 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     double t = 0, comm = 0, maxnumel = 0, shard_sum = 0, sec_sum = 0, kept_padded = 0;
     unit_cost first, cur;
     unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, 0), 0 < kept, &first);
-    t = link_time(first.fwd);
+    /* q: the kernels of the collective priced with the stage (unit_cost_make:
+     * they add to it, never hide); the device's share like compute. */
+    double quant = first.qf * share;
+    t = link_time(first.fwd) + first.qf * share;
     cur = first;
     for (int i = 0; i < K; i++) {
         size_t n = zpp_plan_unit_numel(P, K, i);
@@ -335,14 +390,16 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         o.cross_node_bytes += cur.cross;
         o.intra_node_bytes += cur.intra;
         comm += link_time(cur.fwd) + link_time(cur.bwd) + link_time(cur.red_ov) +
-                link_time(cur.red_exp);
+                link_time(cur.red_exp) + (cur.qf + cur.qb + cur.qr) * share;
         double f = fwd_c * (double)n / in->params;
         unit_cost next = cur;
         if (i + 1 < K) {
             unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), i + 1 < kept, &next);
-            t += stage_time(in, f, link_time(next.fwd));
-        } else {
-            t += stage_time(in, f, link_time(cur.bwd)); /* unit K-1: the first backward unit */
+            t += stage_time(in, f, link_time(next.fwd)) + next.qf * share;
+            quant += next.qf * share;
+        } else { /* unit K-1: the first backward unit */
+            t += stage_time(in, f, link_time(cur.bwd)) + cur.qb * share;
+            quant += cur.qb * share;
         }
         cur = next;
     }
@@ -360,27 +417,34 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
      * the last kept stage, one ahead as everywhere in the recurrence (the
      * engine starts it earlier, passing over resident units; not modelled). */
     link_t red_ov = link_none, red_exp = link_none;
-    double tb = 0;
+    double tb = 0, red_q = 0;
     for (int j = 0; j < K; j++) {
         int u = K - 1 - j;
         unit_cost me, nx;
         unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u), u < kept, &me);
         link_t gnext = link_none;
+        double gq = 0;
         if (j + 1 < K) {
             unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u - 1), u - 1 < kept, &nx);
             gnext = nx.bwd;
+            gq = nx.qb * share;
         }
         double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
-        tb += stage_time(in, b, link_concurrent(in, gnext, red_ov)) + link_time(red_exp);
+        tb += stage_time(in, b, link_concurrent(in, gnext, red_ov)) + link_time(red_exp) + gq +
+              red_q;
+        quant += gq + red_q;
         red_ov = me.red_ov;
         red_exp = me.red_exp;
+        red_q = me.qr * share;
     }
-    tb += link_time(red_ov) + link_time(red_exp);
+    tb += link_time(red_ov) + link_time(red_exp) + red_q;
+    quant += red_q;
     o.bwd_s = tb;
+    o.quant_s = quant;
     /* The optimizer step after the backward, on the rank's shards (the
      * norm's all-reduce of a few floats is left out). */
     o.opt_s = in->opt_s_per_param * shard_sum * share;
-    o.compute_s = model_s + o.opt_s;
+    o.compute_s = fwd_c + bwd_c + o.opt_s;
     o.step_s = o.fwd_s + o.bwd_s + o.opt_s;
     o.comm_s = comm;
     o.exposed_comm_s = o.step_s - o.compute_s;
@@ -434,13 +498,40 @@ static int choice_better(const zpp_cost_choice *a, const zpp_cost_choice *b) {
     return a->out.tokens_per_s > b->out.tokens_per_s;
 }
 
+static int filter_has(const int *list, int n, int x) {
+    for (int i = 0; i < n; i++)
+        if (list[i] == x) return 1;
+    return 0;
+}
+
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p) {
+    return zpp_cost_pick_only(in, mem_budget, max_micro_batch, NULL, out_p);
+}
+
+zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
+                              const zpp_cost_pick_filter *filter,
+                              zpp_cost_pick_result *out_p) {
     if (!in || !out_p) return zpp_error(ZPP_ERR_INVALID, "pick: a NULL argument");
     if (!(mem_budget > 0))
         return zpp_error(ZPP_ERR_INVALID, "pick: the memory budget must be > 0 bytes per rank");
     const int gpt = in->n_layer > 0, S = in->node_size;
     const int max_b = max_micro_batch > 0 ? max_micro_batch : ZPP_PICK_MAX_MICRO_BATCH;
+    const zpp_cost_pick_filter none = {0, NULL, 0, NULL, 0};
+    const zpp_cost_pick_filter *f = filter ? filter : &none;
+    const int list = gpt && f->micro_batches && f->n_micro_batches > 0;
+    for (int i = 0; list && i < f->n_micro_batches; i++)
+        if (f->micro_batches[i] <= 0 || (i && f->micro_batches[i] <= f->micro_batches[i - 1]))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: micro-batch list entry %d is %d; give positive micro-"
+                             "batches in ascending order",
+                             i + 1, f->micro_batches[i]);
+    for (int i = 0; f->hpz_sizes && i < f->n_hpz_sizes; i++)
+        if (f->hpz_sizes[i] < 2 || S % f->hpz_sizes[i])
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: hpZ partition size %d does not divide the node of %d "
+                             "ranks (or is below 2); give divisors of the node size",
+                             f->hpz_sizes[i], S);
     zpp_cost_pick_result r;
     memset(&r, 0, sizeof r);
     zpp_cost_choice best_of[ZPP_COLL_MODE_COUNT], smallest;
@@ -450,13 +541,16 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
 
     /* Micro-batches in ascending order; memory only grows with the batch
      * (activations), so once nothing fits at b nothing fits above it. */
-    for (int b = gpt ? 1 : 0;; b *= 2) {
+    for (int bi = 0, b = list ? f->micro_batches[0] : gpt ? 1 : 0;; bi++) {
         int any_fit = 0;
         for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
             const zpp_coll_mode *md = zpp_coll_mode_get(m);
             if (md->hpz && S < 2) continue; /* one rank per node: no node to keep it in */
+            if (f->modes && !(f->modes & (1u << m))) continue;
             for (int H = md->hpz ? 2 : 0; H <= (md->hpz ? S : 0); H++) {
                 if (md->hpz && S % H) continue;
+                if (md->hpz && f->hpz_sizes && !filter_has(f->hpz_sizes, f->n_hpz_sizes, H))
+                    continue;
                 zpp_cost_in c = *in;
                 c.hpz_size = H;
                 if (gpt) c.tokens_per_gpu = (double)b * in->seq_len;
@@ -480,8 +574,18 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
                 has[m] = 1;
             }
         }
+        if (list) { /* every entry of the list: it may skip sizes */
+            if (bi + 1 >= f->n_micro_batches) break;
+            b = f->micro_batches[bi + 1];
+            continue;
+        }
         if (!gpt || !any_fit || b > max_b / 2) break;
+        b *= 2;
     }
+    if (!r.candidates)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "pick: no candidate left by the filter (modes, hpZ sizes, "
+                         "micro-batches); allow at least one setting");
     if (!r.fitting)
         return zpp_error(ZPP_ERR_CONFIG,
                          "pick: nothing fits in %.1f GiB per rank; the smallest setting, %s "
@@ -503,11 +607,20 @@ zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro
     r.has_zero3 = has[0];
     r.zero3 = best_of[0];
 
-    if (gpt) { /* the winner one micro-batch up: why the search stopped there */
+    if (list) { /* the next entry after the best's, if any */
+        r.next_micro_batch = 0;
+        for (int i = 0; i < f->n_micro_batches; i++)
+            if (f->micro_batches[i] > r.best.micro_batch) {
+                r.next_micro_batch = f->micro_batches[i];
+                break;
+            }
+    } else if (gpt) {
+        r.next_micro_batch = 2 * r.best.micro_batch;
+    }
+    if (gpt && r.next_micro_batch) { /* the winner one micro-batch up: why the search stopped */
         zpp_cost_in c = *in;
         zpp_cost_out o;
         c.hpz_size = r.best.hpz_size;
-        r.next_micro_batch = 2 * r.best.micro_batch;
         c.tokens_per_gpu = (double)r.next_micro_batch * in->seq_len;
         ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r.best.mode), &o));
         r.next_mem_bytes = o.mem_bytes_per_rank;

@@ -91,6 +91,19 @@ typedef struct zpp_cost_in {
      * unit stays, every unit is gathered again in the backward (the model
      * before the rule; `zeropp bench comm`'s step). zpp_cost_kept_units. */
     double reuse_distance;
+    /* Device memory rate for the memory-bound kernels of the collectives
+     * (bytes/s achieved): qwZ's quantize and dequantize, qgZ's three fused
+     * steps, hpZ's secondary copy; zpp_cost_kernel_bytes counts their bytes.
+     * 0: not priced (a calibrated mode's measured times already hold them).
+     * `zeropp plan` sets it from the --gpu preset's HBM x 0.78 (DESIGN.md
+     * §11, "Kernels"). */
+    double hbm_bps;
+    /* 1: activation checkpointing (Megatron's --checkpoint-activations, as
+     * the published ZeRO++ runs): the backward recomputes each unit's
+     * forward, so its compute is 3/3 of the model FLOPs instead of 2/3 (the
+     * step's 4/3). flops_per_gpu and tflops_per_gpu stay the model's 6 P
+     * count (Megatron's "TFLOPs" count the recompute: 4/3 of ours). */
+    int recompute;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
@@ -99,6 +112,7 @@ typedef struct zpp_cost_out {
     double opt_s;                  /* the optimizer step (part of compute_s) */
     double exposed_comm_s;         /* step_s - compute_s */
     double comm_s;                 /* every collective back to back, nothing hidden */
+    double quant_s;                /* the collectives' memory-bound kernels (part of comm_s) */
     double tokens_per_s;           /* whole job: world x tokens_per_gpu / step_s */
     double tflops_per_gpu;         /* model FLOPs per GPU / step_s / 1e12 */
     double flops_per_gpu;          /* per step */
@@ -149,6 +163,21 @@ int zpp_cost_kept_units(const zpp_cost_in *in);
  * negative reuse distance. */
 zpp_status zpp_cost_volume(const zpp_cost_in *in, const zpp_coll_mode *mode, zpp_volume *v_p);
 
+/* Bytes the memory-bound kernels of one collective read and write in HBM,
+ * per rank, for a unit of `numel` elements in `mode` at `phase` (DESIGN.md
+ * §11, "Kernels"; s = the unit's shard, n = W s its padded size, e the
+ * dtype's bytes, q8/q4 zpp_quant_bytes of the weight/gradient specs):
+ *   forward gather, qwZ: quantize the shard (s e + q8(s)), dequantize the W
+ *     chunks (W q8(s) + n e); hpZ: copy the secondary slice (2 e n / H);
+ *   backward gather, qwZ without hpZ: as the forward's qwZ; else 0;
+ *   reduction, qgZ: reorder-quantize (n e + W q4(s)); with S > 1 and N > 1
+ *     dequantize-sum-requantize (W q4(s) + N q4(s)); dequantize-reduce
+ *     into the fp32 shard (N q4(s) + 4 s, or W q4(s) + 4 s in one hop);
+ *   ZeRO-3's NCCL all-gather and reduce-scatter: 0 (inside the collective).
+ * 0 at world 1 (no collective runs). */
+double zpp_cost_kernel_bytes(const zpp_cost_in *in, const zpp_coll_mode *mode, size_t numel,
+                             zpp_phase phase);
+
 /* The cost of one step in `mode`. ZPP_ERR_INVALID (with a message) for an
  * impossible input: no world, node size not dividing it, non-positive
  * bandwidth or FLOP/s, no tokens. out_p is set only on success. */
@@ -193,6 +222,26 @@ typedef struct zpp_cost_pick_result {
  * fits; zpp_cost_step's errors for an impossible input. */
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p);
+
+/* The candidates a pick may choose from (`zeropp plan --pick --modes ...
+ * --micro-batches ... --hpz-sizes ...`): to pick among the settings one has
+ * measured, or the ones the trainer runs. Zero / NULL fields do not restrict. */
+typedef struct zpp_cost_pick_filter {
+    unsigned modes;            /* bit m: mode m (zpp_coll_mode_get) allowed; 0 = all */
+    const int *micro_batches;  /* with a GPT shape: these, ascending, > 0; NULL: 1, 2, 4, ... */
+    int n_micro_batches;
+    const int *hpz_sizes;      /* hpZ partition sizes allowed (each must divide the node) */
+    int n_hpz_sizes;
+} zpp_cost_pick_filter;
+
+/* zpp_cost_pick over the candidates `filter` allows (NULL: all). With a
+ * micro-batch list, max_micro_batch is ignored, the search does not stop
+ * where nothing fits (the list may skip), and next_micro_batch is the next
+ * entry after the best's (0 at the end of the list). ZPP_ERR_INVALID for a
+ * list not ascending or an hpZ size not dividing the node. */
+zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
+                              const zpp_cost_pick_filter *filter,
+                              zpp_cost_pick_result *out_p);
 
 /* ---- Calibrating (`zeropp plan --calibrate FILE`) ------------------------
  *
