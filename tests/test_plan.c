@@ -948,6 +948,45 @@ static void test_calibrate_compute(void) {
                fabs(c.flops_per_s / rate - 1) < 1e-6 && fabs(c.opt_s_per_param / opt - 1) < 1e-6,
            "W ranks: world %d, %d points, rate %.9g, opt %.9g", c.train_world, c.train_points,
            c.flops_per_s, c.opt_s_per_param);
+    /* The same run profiled (--profile: compute_ms, the compute stream's own
+     * time) on ranks where the collectives hide under compute (GPU ranks):
+     * the wall step is shorter than the collectives, and the compute is
+     * compute_ms itself, nothing subtracted. Without compute_ms these lines
+     * are refused (the step is no longer than the collectives). */
+    for (int profiled = 1; profiled >= 0; profiled--) {
+        n = (size_t)snprintf(text, sizeof text,
+                             "{\"bench\":\"comm\",\"mode\":\"qgz\",\"world\":%d,"
+                             "\"node_size\":%d,\"units\":5,\"params\":%.0f,"
+                             "\"fwd_gather_ms\":%g,\"bwd_gather_ms\":%g,\"grad_reduce_ms\":%g}\n",
+                             model.world, model.node_size, lp, ph[0], ph[1], ph[2]);
+        for (int b = 1; b <= 4; b *= 2)
+            for (int step = 2; step <= 4; step++) {
+                double tk = (double)b * model.seq_len;
+                double comp = tk * fpt / rate + model.params / W * opt, wall = 0.5 * coll;
+                n += (size_t)snprintf(text + n, sizeof text - n,
+                                      "{\"step\":%d,\"mode\":\"qgz\",\"tokens_per_s\":%.17g,"
+                                      "\"step_ms\":%.17g,\"cross_node_bytes\":123,"
+                                      "\"intra_node_bytes\":456",
+                                      step, W * tk / wall, wall * 1e3);
+                if (profiled)
+                    n += (size_t)snprintf(text + n, sizeof text - n, ",\"compute_ms\":%.17g",
+                                          comp * 1e3);
+                n += (size_t)snprintf(text + n, sizeof text - n, "}\n");
+            }
+        write_file(path, text);
+        if (profiled) {
+            EXPECT_OK(zpp_cost_calibrate(path, 0, &model, &c));
+            EXPECT(c.train_points == 3 && fabs(c.flops_per_s / rate - 1) < 1e-6 &&
+                       fabs(c.opt_s_per_param / opt - 1) < 1e-6,
+                   "profiled W ranks: %d points, rate %.9g, opt %.9g", c.train_points,
+                   c.flops_per_s, c.opt_s_per_param);
+        } else {
+            EXPECT_STATUS(zpp_cost_calibrate(path, 0, &model, &c), ZPP_ERR_FORMAT);
+            EXPECT(strstr(zpp_last_error(), "no longer than") != NULL, "message: %s",
+                   zpp_last_error());
+        }
+        unlink(path);
+    }
 }
 
 /* ---- The GPU steps measured on one H200 (bench/RESULTS.md, sixth session)

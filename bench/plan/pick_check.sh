@@ -11,7 +11,7 @@
 #      bench comm line, and the train lines of the CAL_MODES runs only (default
 #      zero3), so the other modes' step times are predictions, not inputs;
 #   2. `zeropp plan --pick` restricted to the same candidates (--modes,
-#      --micro-batches, --hpz-sizes = the node size, the only one the trainer
+#      --micro-batches, and with nodes of 2 or more --hpz-sizes = the node size, the only one the trainer
 #      runs) and each candidate's predicted tokens/s (`zeropp plan --json`);
 #   3. a table: measured and predicted tokens/s and rank of every setting, and
 #      whether the pick is the measured fastest (if not, how much slower the
@@ -33,7 +33,9 @@
 #   DTYPE=bf16             the training dtype (bf16 or fp16)
 #   OUT=pick-out           where the configs, logs and the calibration go
 # On a GPU machine, ranks as emulated nodes (one rank a GPU, or ranks sharing
-# one GPU; see bench/train/race.sh):
+# one GPU; see bench/train/race.sh). The runs are profiled (--profile), so the
+# calibration takes their compute from compute_ms: on GPU ranks the collectives
+# overlap the compute, and a step can be shorter than its collectives.
 #   ZPP=build-gpu/zeropp NP=2 NODE_SIZE=1 MODES="zero3 qwz qgz" MBS="1 4" \
 #   LAUNCH="mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2" \
 #   TRAIN_ARGS="--device gpu --emulate-nodes" BENCH_ARGS="--device gpu --emulate-nodes" \
@@ -147,9 +149,10 @@ sort -t$'\t' -k4,4gr "$TAB" | awk -F'\t' '{print $1 "\t" $2 "\t" NR}' | sort > "
 
 # 3. The pick among the same candidates.
 mlist=$(echo "$MODES" | tr ' ' ','); blist=$(echo "$MBS" | tr ' ' ',')
+HPZ_SIZES=""; [ "$NODE_SIZE" -ge 2 ] && HPZ_SIZES="--hpz-sizes $NODE_SIZE" # no node to copy in at 1
 # shellcheck disable=SC2086
 PICK=$("$ZPP" plan --model "$MODEL" --world "$NP" --node-size "$NODE_SIZE" --calibrate "$CAL" \
-         --pick --modes "$mlist" --micro-batches "$blist" --hpz-sizes "$NODE_SIZE" --mem-gb 1e6 \
+         --pick --modes "$mlist" --micro-batches "$blist" $HPZ_SIZES --mem-gb 1e6 \
          --json $PLAN_ARGS 2> "$OUT/pick.err") || die "zeropp plan --pick failed: $(cat "$OUT/pick.err")"
 echo "$PICK" > "$OUT/pick.json"
 pm=$(sed -n 's/.*"choice":{"mode":"\([a-z0-9]*\)".*/\1/p' <<< "$PICK")

@@ -641,6 +641,7 @@ typedef struct calib_acc {
     double coll_s[ZPP_COLL_MODE_COUNT][3], coll_params[ZPP_COLL_MODE_COUNT];
     double tok[CALIB_MAX_TRAIN], sec[CALIB_MAX_TRAIN]; /* train lines: tokens a rank, seconds */
     int mode[CALIB_MAX_TRAIN], line[CALIB_MAX_TRAIN]; /* W-rank lines: their mode, line number */
+    int profiled[CALIB_MAX_TRAIN]; /* the line's compute_ms (--profile) is its seconds */
     int ntrain;
     int train_world; /* 1: world-1 lines; the model's world: lines of runs on its ranks */
 } calib_acc;
@@ -668,11 +669,15 @@ static int train_mode_index(const char *name) {
 }
 
 /* A `zeropp train --metrics` line: its tokens a rank and time, if it
- * counts. A line that moved no bytes is a world-1 run (its time: compute_ms
- * with --profile, else step_ms); one that moved bytes is a run on the ranks
- * the model describes (model->world), its time the wall step less its
+ * counts. A line that moved no bytes is a world-1 run; one that moved bytes
+ * is a run on the ranks the model describes (model->world). Its compute
+ * time: compute_ms when the run was profiled (--profile: the compute
+ * stream's own busy time, whatever the collectives overlapped); else the
+ * step_ms of a world-1 run, or the wall step of a W-rank run less its
  * mode's measured collectives (subtracted in zpp_cost_calibrate, once every
- * bench comm line is read). */
+ * bench comm line is read; right only where nothing overlaps, as on CPU
+ * ranks: on GPU ranks the collectives hide under compute, and a step can
+ * be shorter than its collectives). */
 static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                                    const zpp_cost_in *model, calib_acc *a, int *used) {
     double step = 0, tps = 0, ms = 0, cross = 0, intra = 0, comp = -1;
@@ -688,7 +693,7 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
                          "--params) to count its FLOPs",
                          path, line);
     const int W = (cross > 0 || intra > 0) ? model->world : 1;
-    if (W == 1 && cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
+    if (cJSON_GetObjectItemCaseSensitive(o, "compute_ms"))
         ZPP_CHECK(calib_num(o, "compute_ms", path, line, &comp));
     if (W > 1) {
         const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "mode");
@@ -724,6 +729,7 @@ static zpp_status calib_train_line(const cJSON *o, const char *path, int line,
     a->sec[a->ntrain] = (comp >= 0 ? comp : ms) * 1e-3;
     a->mode[a->ntrain] = mi;
     a->line[a->ntrain] = line;
+    a->profiled[a->ntrain] = comp >= 0;
     a->ntrain++;
     *used = 1;
     return ZPP_OK;
@@ -961,7 +967,7 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
      * of the cores and each wait for the slowest rank. */
     for (int i = 0; st == ZPP_OK && i < a->ntrain; i++) {
         const int mi = a->mode[i];
-        if (mi < 0) continue;
+        if (mi < 0 || a->profiled[i]) continue;
         if (!c.has_mode[mi] || c.coll_world != model->world ||
             c.coll_node_size != model->node_size) {
             st = zpp_error(ZPP_ERR_FORMAT,
