@@ -159,14 +159,16 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * log-sum-exp per head, fp32 (4H). */
     double per_layer = 8 * C + 8 * C * e + 16 + 4 * H;
     /* Per token once: the last residual (4C); final LayerNorm out, one
-     * layer's recompute scratch ln and fcg (C + C + 4C in E); the fp32
-     * logits (4V) and lse, loss, LayerNorm stats (16); the backward's
+     * layer's recompute scratch ln and fcg (C + C + 4C in E); lse, loss,
+     * LayerNorm stats (16); the backward's
      * scratch: dres, dc, dyxh fp32 (12C), dres_e, datty, dqkv, dfc in E
      * (9C e; dres_e aliases dres when E is fp32); tokens and targets
      * ints (20), ones (4 + e), the attention's dsum per head (4H). */
-    double once = 16 * C + 6 * C * e + 9 * C * e + 4 * V + 16 + 20 + 4 + e + 4 * H;
+    double once = 16 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 + e + 4 * H;
     if (e == 4) once -= C * e + e;
-    return tokens * (L * per_layer + once) + 32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
+    const double logits = 4 * V * fmin(tokens, 1024);
+    return tokens * (L * per_layer + once) + logits + 32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
 
 /* Ranks sharing one hpZ secondary copy: hpz_size, or the node by default. */
@@ -461,7 +463,8 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
      * gathered units in E (the current one and prefetch_depth ahead), the
      * current unit's full fp32 gradient, and for each of the reduce_depth
      * reductions in flight a unit's gradient in E and its fp32 reduced
-     * shard; the quantized wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
+     * shard (at world 1 only the gathered units: the backward adds into the
+     * accumulator, engine.c's alone()); the quantized wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
      * int4 copies of the unit) are added at their zpp_quant_bytes size.
      * Kept units (the reuse rule): at the forward->backward boundary, the
      * first backward stage's unit (K-1, the "current" above) and the other
@@ -473,7 +476,7 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
     double U = maxnumel, su = U / W;
     const double ahead = in->prefetch_depth > 0 ? in->prefetch_depth : 2;
     const double flying = in->reduce_depth > 0 ? in->reduce_depth : 2;
-    o.mem_transient = (1 + ahead) * e * U + 4 * U + flying * (e * U + 4 * su);
+    o.mem_transient = (1 + ahead) * e * U + (W > 1 ? 4 * U + flying * (e * U + 4 * su) : 0);
     if (mode->gather == ZPP_GATHER_QWZ)
         o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
     if (mode->reduce == ZPP_REDUCE_QGZ)
