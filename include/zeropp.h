@@ -492,7 +492,11 @@ typedef struct zpp_update_stats {
 ZPP_API zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss,
                                      zpp_update_stats *stats_p);
 /* Mean loss over the world of a forward on the micro-batch the model holds;
- * no gradients, no state change (an evaluation). Collective. */
+ * no gradients, no state change (an evaluation). The weights are gathered
+ * exactly in the working dtype, also with ZPP_MODE_QWZ: the loss is that of
+ * the fp32 masters (zpp_engine_state_get) rounded to the working dtype, not
+ * of their int8 rendering, at ZeRO-3's gather bytes. A backward needs a new
+ * forward after it. Collective. */
 ZPP_API zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p);
 /* Optimizer steps taken, skipped ones included. */
 ZPP_API int zpp_engine_steps_taken(const zpp_engine *e);

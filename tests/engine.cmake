@@ -3,3 +3,6 @@ zpp_test(test_engine SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine.c
 # The engine on one rank (nothing reduced: gradients added in place).
 zpp_test(test_engine_world1 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_world1.c
          ${CMAKE_CURRENT_SOURCE_DIR}/mpi_main.c NP 1)
+# Evaluation gathers the exact weights, whatever the training gathers.
+zpp_test(test_engine_eval SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_eval.c
+         ${CMAKE_CURRENT_SOURCE_DIR}/mpi_main.c NP 4)

@@ -340,8 +340,10 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         int last = s + 1 == cfg->train_steps;
         int eval = cfg->eval_every > 0 && ((s + 1) % cfg->eval_every == 0 || last);
         float v = -1.0f;
+        zpp_volume ev;
+        memset(&ev, 0, sizeof ev);
         if (eval) {
-            st = zpp_trainer_eval(t, &v);
+            st = zpp_trainer_eval(t, &v, &ev);
             if (st != ZPP_OK) {
                 zpp_trainer_destroy(t);
                 return report("validation", st);
@@ -379,7 +381,11 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                     r.device_used_bytes);
             json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
             json_profile_fields(metrics, &r);
-            if (eval) fprintf(metrics, ",\"val_loss\":%.9g", (double)v);
+            if (eval)
+                fprintf(metrics,
+                        ",\"val_loss\":%.9g,\"val_cross_node_bytes\":%.0f,"
+                        "\"val_intra_node_bytes\":%.0f",
+                        (double)v, zpp_volume_cross_total(&ev), zpp_volume_intra_total(&ev));
             fprintf(metrics, "}\n");
             fflush(metrics);
         }

@@ -657,3 +657,5 @@ out:
 const zpp_volume *zpp_coll_volume(const zpp_coll *c) { return &c->vol; }
 
 void zpp_coll_volume_reset(zpp_coll *c) { memset(&c->vol, 0, sizeof c->vol); }
+
+void zpp_coll_volume_set(zpp_coll *c, const zpp_volume *v) { c->vol = *v; }

@@ -155,9 +155,11 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op);
  * Accounted under ZPP_PHASE_OTHER. Blocking. */
 zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n);
 
-/* Volume since the last reset, and the reset. */
+/* Volume since the last reset, the reset, and putting back counts read
+ * before (the engine keeps an evaluation's bytes out of a step's). */
 const zpp_volume *zpp_coll_volume(const zpp_coll *c);
 void zpp_coll_volume_reset(zpp_coll *c);
+void zpp_coll_volume_set(zpp_coll *c, const zpp_volume *v);
 
 /* Non-finite input. A NaN or Inf in a shard or gradient does not stop a
  * collective half way (the peers would hang in the exchange): the

@@ -51,6 +51,8 @@ struct zpp_engine {
     int fault_lo, fault_hi; /* ZPP_FAULT=nonfinite@lo-hi; 0 = none */
     int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
     int forward_ready; /* a forward ran under the current weights */
+    int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
+    zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
     int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
     /* The reductions in flight, oldest first (at most opts.reduce_depth). */
     struct reduction {
@@ -312,14 +314,22 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
          * master, rounded into this rank's block of the gathered buffer, is
          * the gather's input, in place. The rounding is the one AdamW's
          * working copy had, so the gathered weights are the same bits. */
-        void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER) ? u->secondary : NULL;
+        /* An evaluation gathers the weights exactly, in the working dtype:
+         * the model it scores is the one training holds (the fp32 master, as
+         * a checkpoint saves it, rounded to bf16), not qwZ's int8 rendering
+         * of it; and it leaves the hpZ secondary shards alone (no backward
+         * follows it). It costs ZeRO-3's bytes, on evaluations only. */
+        const zpp_gather_mode mode = e->evaluating ? ZPP_GATHER_BASELINE : e->opts.gather;
+        void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER && !e->evaluating)
+                        ? u->secondary
+                        : NULL;
         const size_t own_offset = (size_t)e->topo->world_rank * u->part.shard_len;
         void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
         st = zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
                                 u->part.shard_len, 1.0f);
         if (st == ZPP_OK)
-            st = zpp_coll_gather_start(e->coll, &u->part, e->opts.gather, e->opts.work_dtype,
-                                       own, u->full, sec, phase, &u->gather_op);
+            st = zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own,
+                                       u->full, sec, phase, &u->gather_op);
         if (st == ZPP_OK && sec) u->secondary_valid = 1;
     }
     if (st != ZPP_OK) {
@@ -812,24 +822,37 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
 
 zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
                            float *loss_p) {
+    /* The evaluation's bytes are its own (zpp_engine_eval_volume): the
+     * step's counters are put back afterwards, so an evaluation between two
+     * micro-batches of a step does not show in the step's bytes. */
+    const zpp_volume step_volume = *zpp_coll_volume(e->coll);
+    zpp_coll_volume_reset(e->coll);
+    /* Units a training forward left gathered (for its backward, which the
+     * evaluation cancels) hold qwZ's weights: dropped, gathered again. */
+    zpp_status st = ZPP_OK;
+    for (int i = 0; i < e->model->n_units && st == ZPP_OK; i++) st = release(e, i);
     float loss = 0.0f;
-    zpp_status st = batch(ctx, 0, e->model);
+    if (st == ZPP_OK) st = batch(ctx, 0, e->model);
     if (st == ZPP_OK) {
-        /* A forward gather with hpZ also refreshes the secondary shards:
-         * harmless, they hold the current weights. Its activations are not
-         * for a backward. */
+        /* Its activations are not for a backward. */
         e->forward_ready = 0;
+        e->evaluating = 1;
         st = forward(e, &loss, 0);
     }
     for (int i = 0; i < e->model->n_units; i++) {
         zpp_status r = release(e, i);
         if (st == ZPP_OK) st = r;
     }
+    e->evaluating = 0;
+    if (st == ZPP_OK) st = coll_allreduce(e, &loss, 1);
+    e->eval_volume = *zpp_coll_volume(e->coll);
+    zpp_coll_volume_set(e->coll, &step_volume);
     ZPP_CHECK(st);
-    ZPP_CHECK(coll_allreduce(e, &loss, 1));
     *loss_p = loss / (float)e->topo->world_size;
     return ZPP_OK;
 }
+
+const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e) { return &e->eval_volume; }
 
 /* ---- Checkpoint state ------------------------------------------------------ */
 

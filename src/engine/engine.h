@@ -189,9 +189,22 @@ zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_
                            void *ctx, zpp_step_stats *stats_p);
 
 /* Mean loss of a forward pass on the batch `batch(ctx, 0, model)` sets,
- * averaged over the world. No gradients, no state change. */
+ * averaged over the world. No gradients, no state change (the hpZ
+ * secondary shards are left as they were; units a training forward left
+ * gathered are dropped, and a backward must follow a new forward).
+ *
+ * The weights are gathered exactly, in the working dtype, whatever the
+ * gather mode: with qwZ the loss is that of the model training holds (the
+ * fp32 master rounded to the working dtype, what a checkpoint saves), not
+ * of its int8 rendering, and equals ZeRO-3's on the same masters bit for
+ * bit. An evaluation thus moves ZeRO-3's forward-gather bytes; they are
+ * counted apart (zpp_engine_eval_volume) and never in a step's volume. */
 zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
                            float *loss_p);
+/* Bytes the last zpp_engine_eval moved (its gathers under
+ * ZPP_PHASE_FWD_GATHER, the loss's all-reduce under ZPP_PHASE_OTHER); zero
+ * before the first. */
+const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
 
 /*
  * Checkpoint state. A checkpoint (train/checkpoint.h has the file format)

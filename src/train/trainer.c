@@ -280,16 +280,26 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
     return st;
 }
 
-zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p) {
+zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p) {
     int n = t->cfg.eval_batches > 0 ? t->cfg.eval_batches : 1;
     double sum = 0.0;
+    zpp_volume vol;
+    memset(&vol, 0, sizeof vol);
     for (int v = 0; v < n; v++) {
         float loss = 0.0f;
         t->val_index = (uint64_t)v * (uint64_t)t->info.world_size + (uint64_t)t->info.world_rank;
         ZPP_CHECK(zpp_comm_agree_world(zpp_engine_eval(t->engine, val_batch, t, &loss)));
         sum += loss;
+        const zpp_volume *ev = zpp_engine_eval_volume(t->engine);
+        for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++) {
+            vol.cross_node_bytes[ph] += ev->cross_node_bytes[ph];
+            vol.intra_node_bytes[ph] += ev->intra_node_bytes[ph];
+            vol.payload_bytes[ph] += ev->payload_bytes[ph];
+            vol.calls[ph] += ev->calls[ph];
+        }
     }
     *val_loss_p = (float)(sum / n);
+    if (volume_p) *volume_p = vol;
     return ZPP_OK;
 }
 

@@ -81,8 +81,11 @@ const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
  * learning rate is a function of `step`, skipped steps included. */
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
 
-/* Validation loss over cfg.eval_batches held-out micro-batches. */
-zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p);
+/* Validation loss over cfg.eval_batches held-out micro-batches, on the
+ * weights gathered exactly (zpp_engine_eval: not qwZ's int8 ones), and, if
+ * volume_p is not NULL, the bytes those evaluations moved (counted apart
+ * from every step's). */
+zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
 
 /* Checkpoints (train/checkpoint.h: the layout and formats): each save is a
  * new step folder of `dir`, published by rank 0 with one atomic rename of
