@@ -86,6 +86,15 @@ static int same_volume(const zpp_volume *a, const zpp_volume *b) {
     return 1;
 }
 
+/* The host device and the world as nodes of 2 (MPI). */
+static void open_world(zpp_device **dev_p, zpp_topo **topo_p) {
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 2;
+    EXPECT_OK(zpp_device_create_host(dev_p));
+    EXPECT_OK(zpp_topo_create(&to, topo_p));
+}
+
 /* On the same masters and batch, ZeRO++'s evaluation equals ZeRO-3's to the
  * bit (both gather the masters rounded to bf16 exactly: the same weights,
  * the same CPU forward, the same all-reduce), while ZeRO++'s training
@@ -98,11 +107,7 @@ static int same_volume(const zpp_volume *a, const zpp_volume *b) {
 static void test_zeropp_evaluates_the_exact_weights(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 2;
-    EXPECT_OK(zpp_device_create_host(&dev));
-    EXPECT_OK(zpp_topo_create(&to, &topo));
+    open_world(&dev, &topo);
     for (int round = 0; round < 2; round++) {
         run runs[2];
         open_run(&runs[0], topo, dev, 0);
@@ -163,11 +168,7 @@ static void test_zeropp_evaluates_the_exact_weights(void) {
 static void test_eval_leaves_training_alone(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 2;
-    EXPECT_OK(zpp_device_create_host(&dev));
-    EXPECT_OK(zpp_topo_create(&to, &topo));
+    open_world(&dev, &topo);
     run runs[2];
     open_run(&runs[0], topo, dev, 1);
     open_run(&runs[1], topo, dev, 1);
