@@ -107,7 +107,7 @@
  *   unfinished operation: its clock starts when its `start` event has
  *   passed (the collective itself is running, so time spent waiting for
  *   compute is not counted), and when it has run longer than the deadline,
- *   the thread aborts all six NCCL communicators (ncclCommAbort makes their
+ *   the thread aborts all the NCCL communicators (ncclCommAbort makes their
  *   kernels return, so every host wait behind them ends) and records why:
  *   from then on every call of the topology returns ZPP_ERR_TIMEOUT with
  *   that message, naming the operation, the communicator and its bytes.

@@ -269,7 +269,9 @@ zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_
  * `zeropp train --metrics` lines of the model in `model`: the compute rate.
  * Either world-1 runs (no bytes moved; the time is compute_ms when the run
  * had --profile, else step_ms), or runs on the model's ranks (bytes moved:
- * model->world ranks in nodes of model->node_size): the time is then the
+ * model->world ranks in nodes of model->node_size): the time is then
+ * compute_ms when the run had --profile (the collectives overlap the
+ * compute on GPU ranks, so the step can be shorter than they are), else the
  * wall step less that mode's measured collectives (its bench comm line must
  * be in the file; per parameter moved, the backward gather's only for the
  * units the run gathered again under model->reuse_distance, which must be
