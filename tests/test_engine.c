@@ -103,13 +103,23 @@ static void test_backward_needs_current_forward(void) {
  * node; qwZ halves the forward gather (plus scales); qgZ cuts the gradient
  * reduce to about a quarter (int4 plus scales). Reuse distance 0, so that
  * the backward gathers every block again (with the default this small
- * model's blocks all stay from the forward). */
+ * model's blocks all stay from the forward). The ratios are those of the
+ * quantized collectives alone (quantize_vectors); by default qwZ and qgZ
+ * each add exactly one all-reduce of the model's vectors a step, bf16 for
+ * the weights and fp32 for the gradients (engine.h). */
 static void test_step_volumes_by_mode(void) {
-    zpp_volume v[4];
-    const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
-    for (int m = 0; m < 4; m++) {
+    zpp_volume v[6];
+    const int modes[6][4] = {{0, 0, 0, 1}, {1, 0, 0, 1}, {0, 1, 0, 1},
+                             {0, 0, 1, 1}, {1, 0, 0, 0}, {0, 0, 1, 0}};
+    for (int m = 0; m < 6; m++) {
         fixture f;
-        setup_opts(&f, modes[m][0], modes[m][1], modes[m][2], 0, 0);
+        zpp_engine_opts eo = zpp_engine_opts_default();
+        eo.gather = modes[m][0] ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
+        eo.hpz = modes[m][1];
+        eo.reduce = modes[m][2] ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
+        eo.quantize_vectors = modes[m][3];
+        eo.max_reuse_distance = 0;
+        setup_engine(&f, ZPP_BF16, &eo, 100);
         float loss;
         zpp_step_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
@@ -129,6 +139,25 @@ static void test_step_volumes_by_mode(void) {
     EXPECT(v[2].cross_node_bytes[ZPP_PHASE_FWD_GATHER] == fwd0);
     r = v[3].cross_node_bytes[ZPP_PHASE_GRAD_REDUCE] / red0;
     EXPECT(r > 0.25 && r < 0.3, "qgZ reduce ratio %g", r);
+    /* the vectors: 13 C a block and the final LayerNorm's 2 C */
+    const size_t V = (size_t)kModel.n_layer * 13 * kModel.n_embd + 2 * (size_t)kModel.n_embd;
+    const zpp_group_shape world = zpp_group_world(2, 2);
+    const zpp_phase ph[2] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_GRAD_REDUCE};
+    const size_t bytes[2] = {V * 2, V * 4};
+    for (int k = 0; k < 2; k++) {
+        zpp_volume want = v[1 + 2 * k];
+        zpp_volume_add_call(&want, ph[k], ZPP_CALL_ALLREDUCE, &world, bytes[k]);
+        const zpp_volume *got = &v[4 + k];
+        EXPECT(got->cross_node_bytes[ph[k]] == want.cross_node_bytes[ph[k]] &&
+                   got->intra_node_bytes[ph[k]] == want.intra_node_bytes[ph[k]] &&
+                   got->calls[ph[k]] == want.calls[ph[k]],
+               "%s with full-precision vectors: %.0f + %.0f bytes in %llu calls, expected "
+               "%.0f + %.0f in %llu",
+               zpp_phase_name(ph[k]), got->cross_node_bytes[ph[k]],
+               got->intra_node_bytes[ph[k]], (unsigned long long)got->calls[ph[k]],
+               want.cross_node_bytes[ph[k]], want.intra_node_bytes[ph[k]],
+               (unsigned long long)want.calls[ph[k]]);
+    }
 }
 
 /* Which units a step gathers, by their bytes (ZeRO-3, bf16; GPT-2 stages:
@@ -367,7 +396,8 @@ static zpp_engine_profile profiled_step(fixture *f, int slow, long delay_ms, dou
  * completed is one timed wait: 3 forward gathers (unit 0 stays from the
  * embedding to the head), no backward gather (with the default reuse
  * distance both blocks stay from the forward), 3 reductions and the
- * norm's all-reduce. Without it the fields are 0. */
+ * norm's all-reduce; with qwZ, and with qgZ, one all-reduce of the vectors
+ * more each (engine.h). Without it the fields are 0. */
 static void test_profile_adds_up(void) {
     const int modes[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 1}};
     for (int m = 0; m < 4; m++) {
@@ -385,7 +415,8 @@ static void test_profile_adds_up(void) {
                    p.exposed_comm_ms, p.stream_ms);
             EXPECT(p.stream_ms <= wall + 1e-3, "mode %d: stream %g ms, wall %g ms", m,
                    p.stream_ms, wall);
-            EXPECT(p.waits == 7, "mode %d: %d waits timed, expected 7", m, p.waits);
+            const int want = 7 + modes[m][0] + modes[m][2];
+            EXPECT(p.waits == want, "mode %d: %d waits timed, expected %d", m, p.waits, want);
         }
         teardown(&f);
     }
@@ -490,7 +521,7 @@ static void setup_fp32(fixture *f, const zpp_engine_opts *eo) {
 }
 
 /* Is element i of `unit` a matrix (GPT-2, gpt2.h's names)? Written from the
- * tensor list, not from the model's decay ranges. */
+ * tensor list, not from the model's matrix ranges. */
 static int is_matrix(const zpp_gpt2_layout *l, int unit, size_t i) {
     if (unit == 0) return i < l->lnf_w; /* wte, wpe; not lnf_w, lnf_b */
     return (i >= l->qkv_w && i < l->qkv_b) || (i >= l->proj_w && i < l->proj_b) ||

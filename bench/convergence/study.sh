@@ -7,12 +7,17 @@
 #
 # Environment (defaults in brackets):
 #   STEPS [2000]  SEEDS ["1 2 3"]  MODES ["zero3 zeropp zeropp_ef"]
-#     (also: qwz hpz qgz qgz_ef)
+#     (also: qwz hpz qgz qgz_ef; any mode with _qv appended quantizes the biases and
+#     LayerNorm parameters too, zeropp_quantize_vectors, as before 2026-12-02)
 #   MODEL ['"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 32']  MB [4]
 #   LR [0.002]  EVAL [100] (validate every N steps)  EVAL_BATCHES [4] (micro-batches a
 #   rank per validation: the ranks together read 4 x EVAL_BATCHES x MB sequences; the
 #   default 4 gives a noisy estimate, 50 a steady one)  BUILD [build]  OUT [conv-out]
 #   LOCO ['{"err_beta": 0.8, "reset_T": 1024}'] (DeepSpeed's LoCo defaults)
+#   DEVICE [cpu]: cpu runs 4 ranks as 2 nodes of 2; gpu runs 2 ranks as 2 emulated
+#   nodes (`--emulate-nodes`: NCCL over sockets between them), on as many GPUs as
+#   the host has (two ranks share one GPU on a host of one); hpZ then has nodes
+#   of one rank, so the zeropp modes run it at its only size, 1.
 # Writes OUT/TEXT-MODE-sSEED.jsonl (zeropp train's metrics), OUT/summary.tsv
 # (text mode seed final validation loss), OUT/table.md (mean and spread over
 # the seeds, and against ZeRO-3; and the paired difference: each seed's loss
@@ -28,6 +33,13 @@ MODEL=${MODEL:-'"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 32'} MB=${MB
 LR=${LR:-0.002} EVAL=${EVAL:-100} EVAL_BATCHES=${EVAL_BATCHES:-4} BUILD=${BUILD:-build} OUT=${OUT:-conv-out}
 LOCO=${LOCO:-'{"err_beta": 0.8, "reset_T": 1024}'}
 ZEROPP=${ZEROPP:-"$BUILD/zeropp"}
+DEVICE=${DEVICE:-cpu}
+case $DEVICE in
+  cpu) LAUNCH=(-np 4); RUN=(--node-size 2); HPZ=2 ;;
+  gpu) LAUNCH=(-np 2); RUN=(--device gpu --node-size 1 --emulate-nodes); HPZ=1
+       export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} ;;
+  *) echo "DEVICE is cpu or gpu, not $DEVICE" >&2; exit 2 ;;
+esac
 [ -x "$ZEROPP" ] || { echo "$ZEROPP not built: scripts/build.sh $BUILD" >&2; exit 2; }
 mkdir -p "$OUT"
 # one BLAS thread a rank; ranks idle in MPI yield the core (4 ranks on few cores)
@@ -36,13 +48,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 zero_opts() {
   case $1 in
+    *_qv) echo "$(zero_opts "${1%_qv}"), \"zeropp_quantize_vectors\": true" ;;
     zero3) echo '"stage": 3' ;;
     qwz) echo '"stage": 3, "zero_quantized_weights": true' ;;
-    hpz) echo '"stage": 3, "zero_hpz_partition_size": 2' ;;
+    hpz) echo "\"stage\": 3, \"zero_hpz_partition_size\": $HPZ" ;;
     qgz) echo '"stage": 3, "zero_quantized_gradients": true' ;;
     qgz_ef) echo "\"stage\": 3, \"zero_quantized_gradients\": true, \"zeropp_loco_param\": $LOCO" ;;
-    zeropp) echo '"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_gradients": true' ;;
-    zeropp_ef) echo "\"stage\": 3, \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": 2, \"zero_quantized_gradients\": true, \"zeropp_loco_param\": $LOCO" ;;
+    zeropp) echo "\"stage\": 3, \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": $HPZ, \"zero_quantized_gradients\": true" ;;
+    zeropp_ef) echo "\"stage\": 3, \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": $HPZ, \"zero_quantized_gradients\": true, \"zeropp_loco_param\": $LOCO" ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
   esac
 }
@@ -62,8 +75,8 @@ for text in "$@"; do
  "zeropp": {"seed": $seed, "eval_every": $EVAL, "eval_batches": $EVAL_BATCHES}}
 JSON
       t0=$SECONDS
-      mpirun --oversubscribe --bind-to none -np 4 "$ZEROPP" train --config "$OUT/$name.json" \
-        --data "$text" --steps "$STEPS" --node-size 2 --quiet --metrics "$OUT/$name.jsonl" \
+      mpirun --oversubscribe --bind-to none "${LAUNCH[@]}" "$ZEROPP" train --config "$OUT/$name.json" \
+        --data "$text" --steps "$STEPS" "${RUN[@]}" --quiet --metrics "$OUT/$name.jsonl" \
         > "$OUT/$name.log" 2>&1 || { echo "$name failed: $OUT/$name.log" >&2; exit 1; }
       val=$(grep -o '"val_loss":[0-9.eE+-]*' "$OUT/$name.jsonl" | tail -1 | cut -d: -f2)
       printf '%s\t%s\t%s\t%s\n' "$tname" "$mode" "$seed" "$val" >> "$OUT/summary.tsv"

@@ -654,6 +654,14 @@ out:
     return st;
 }
 
+zpp_status zpp_coll_allreduce_device(zpp_coll *c, void *values, size_t n, zpp_dtype dtype,
+                                     zpp_phase phase) {
+    if (!c || (n && !values) || phase < 0 || phase >= ZPP_PHASE_COUNT)
+        return zpp_error(ZPP_ERR_INVALID, "allreduce: values and a phase are required");
+    if (n == 0) return ZPP_OK;
+    return zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLREDUCE, values, values, n, dtype, NULL);
+}
+
 const zpp_volume *zpp_coll_volume(const zpp_coll *c) { return &c->vol; }
 
 void zpp_coll_volume_reset(zpp_coll *c) { memset(&c->vol, 0, sizeof c->vol); }

@@ -155,6 +155,13 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op);
  * Accounted under ZPP_PHASE_OTHER. Blocking. */
 zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n);
 
+/* In-place sum over the world of n elements of dtype in the device's memory
+ * (the engine's full-precision vectors, engine.c). Completion as comm.h's
+ * blocking form: on MPI the values are there when it returns; on NCCL the
+ * compute stream is ordered after it. Accounted under `phase`. */
+zpp_status zpp_coll_allreduce_device(zpp_coll *c, void *values, size_t n, zpp_dtype dtype,
+                                     zpp_phase phase);
+
 /* Volume since the last reset, the reset, and putting back counts read
  * before (the engine keeps an evaluation's bytes out of a step's). */
 const zpp_volume *zpp_coll_volume(const zpp_coll *c);

@@ -25,12 +25,32 @@ typedef struct unit_state {
     /* transient */
     void *full;               /* gathered unit (padded, working dtype) */
     zpp_coll_op *gather_op;   /* gather in flight into `full` */
+    int gather_int8;          /* it came through qwZ: its vectors to be set */
     float *grad_full;         /* fp32 full gradient during backward */
     int first_stage;          /* the first stage that uses this unit */
     /* qgZ error feedback (opts.loco): persistent, per rank, fp32 */
     float *ef_intra, *ef_inter;
     size_t ef_intra_len, ef_inter_len;
+    int vec_first, vec_count; /* its pieces of the vectors (vec_state) */
 } unit_state;
+
+/* The model's vectors at full precision under qwZ and qgZ (engine.h,
+ * quantize_vectors). Every vector range of every unit is a piece, packed
+ * one after the other into buffers of `numel` elements that every rank
+ * holds whole: a unit's elements [begin, begin + len) are packed elements
+ * [at, at + len). */
+typedef struct vec_piece {
+    size_t begin, len, at;
+} vec_piece;
+
+typedef struct vec_state {
+    vec_piece *pieces;
+    int n_pieces;
+    size_t numel;
+    void *weights;     /* qwZ: the vectors in the working dtype, or NULL */
+    int weights_fresh; /* they are the current masters' */
+    float *grads;      /* qgZ: the step's local gradient sums, fp32, or NULL */
+} vec_state;
 
 struct zpp_engine {
     zpp_topo *topo;
@@ -39,6 +59,7 @@ struct zpp_engine {
     zpp_device *dev;   /* not owned */
     zpp_coll *coll;
     unit_state *units;
+    vec_state vec;
     int step;          /* optimizer steps taken, skipped ones included */
     int updates;       /* AdamW updates: the bias-correction step */
     int skipped_total; /* steps skipped */
@@ -168,6 +189,172 @@ static zpp_status coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
     return st;
 }
 
+/* ---- Vectors at full precision (engine.h, quantize_vectors) ----------------
+ * A LayerNorm gain (about 1) in an int8 block of weights of std 0.02 sets
+ * the block's step to 1/127 of itself, 16 times the weights' own; in an
+ * int4 block of gradients, a bias's gradient (a sum over every token) can
+ * round its neighbours to zero. DeepSpeed never quantizes either: 1-D
+ * gradients are reduced unquantized, and small parameters persist whole.
+ * Here both become one all-reduce of the packed vectors a step each. */
+
+/* The vectors of unit ui: the gaps between its matrix ranges. */
+static zpp_status vec_add_unit(zpp_engine *e, int ui, int *cap) {
+    const zpp_model *m = e->model;
+    unit_state *u = &e->units[ui];
+    vec_state *v = &e->vec;
+    u->vec_first = v->n_pieces;
+    size_t pos = 0;
+    for (int k = 0; k <= m->n_matrix_ranges[ui]; k++) {
+        const int last = k == m->n_matrix_ranges[ui];
+        const size_t end = last ? m->unit_numel[ui] : m->matrix_ranges[ui][k].begin;
+        if (end > pos) {
+            if (v->n_pieces == *cap) {
+                *cap = *cap ? 2 * *cap : 16;
+                vec_piece *p = realloc(v->pieces, (size_t)*cap * sizeof *p);
+                if (!p) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory for vectors");
+                v->pieces = p;
+            }
+            v->pieces[v->n_pieces++] = (vec_piece){pos, end - pos, v->numel};
+            v->numel += end - pos;
+        }
+        if (!last) pos = m->matrix_ranges[ui][k].end;
+    }
+    u->vec_count = v->n_pieces - u->vec_first;
+    return ZPP_OK;
+}
+
+static zpp_status vec_create(zpp_engine *e) {
+    const zpp_engine_opts *o = &e->opts;
+    const int weights = o->gather == ZPP_GATHER_QWZ;
+    const int grads = o->reduce == ZPP_REDUCE_QGZ && e->topo->world_size > 1;
+    if (o->quantize_vectors || !e->model->matrix_ranges || (!weights && !grads)) return ZPP_OK;
+    int cap = 0;
+    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(vec_add_unit(e, i, &cap));
+    vec_state *v = &e->vec;
+    if (v->numel == 0) return ZPP_OK;
+    if (weights)
+        ZPP_CHECK(zpp_device_alloc(e->dev, v->numel * zpp_dtype_size(o->work_dtype),
+                                   &v->weights));
+    if (grads) {
+        ZPP_CHECK(zpp_device_alloc(e->dev, v->numel * sizeof(float), (void **)&v->grads));
+        ZPP_CHECK(zpp_device_set(e->dev, v->grads, 0, v->numel * sizeof(float)));
+    }
+    return ZPP_OK;
+}
+
+static void vec_destroy(zpp_engine *e) {
+    zpp_device_free(e->dev, e->vec.weights);
+    zpp_device_free(e->dev, e->vec.grads);
+    free(e->vec.pieces);
+}
+
+/* Piece p of unit ui cut to this rank's shard: unit elements [*lo, *hi)
+ * (empty when *hi <= *lo); the shard starts at unit element *base. */
+static void vec_own(const zpp_engine *e, const unit_state *u, const vec_piece *p, size_t *lo,
+                    size_t *hi, size_t *base) {
+    *base = (size_t)e->topo->world_rank * u->part.shard_len;
+    *lo = p->begin > *base ? p->begin : *base;
+    const size_t end = p->begin + p->len, shard_end = *base + u->part.shard_len;
+    *hi = end < shard_end ? end : shard_end;
+}
+
+/* The vectors of the current masters into every rank's copy: each rank
+ * writes its shards' vectors, rounded to the working dtype, into zeros, and
+ * the all-reduce adds them up (x + 0 is exact in any dtype). */
+static zpp_status vec_refresh(zpp_engine *e) {
+    vec_state *v = &e->vec;
+    const zpp_dtype dt = e->opts.work_dtype;
+    const size_t ds = zpp_dtype_size(dt);
+    ZPP_CHECK(zpp_device_set(e->dev, v->weights, 0, v->numel * ds));
+    for (int i = 0; i < e->model->n_units; i++) {
+        const unit_state *u = &e->units[i];
+        for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
+            const vec_piece *p = &v->pieces[k];
+            size_t lo, hi, base;
+            vec_own(e, u, p, &lo, &hi, &base);
+            if (hi > lo)
+                ZPP_CHECK(zpp_device_convert(e->dev, u->master + (lo - base), ZPP_FP32,
+                                             (char *)v->weights + (p->at + lo - p->begin) * ds,
+                                             dt, hi - lo, 1.0f));
+        }
+    }
+    zpp_device_host_wait_begin(e->dev);
+    zpp_status st = zpp_coll_allreduce_device(e->coll, v->weights, v->numel, dt,
+                                              ZPP_PHASE_FWD_GATHER);
+    zpp_device_host_wait_end(e->dev);
+    ZPP_CHECK(st);
+    v->weights_fresh = 1;
+    return ZPP_OK;
+}
+
+/* Before qwZ quantizes this rank's shard of unit ui (`own`, in the working
+ * dtype): zeros in place of its vectors, so that the int8 blocks are scaled
+ * by the matrices' weights alone. */
+static zpp_status vec_zero_own(zpp_engine *e, int ui, void *own) {
+    const unit_state *u = &e->units[ui];
+    const size_t ds = zpp_dtype_size(e->opts.work_dtype);
+    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
+        size_t lo, hi, base;
+        vec_own(e, u, &e->vec.pieces[k], &lo, &hi, &base);
+        if (hi > lo) ZPP_CHECK(zpp_device_set(e->dev, (char *)own + (lo - base) * ds, 0,
+                                              (hi - lo) * ds));
+    }
+    return ZPP_OK;
+}
+
+/* A unit gathered through int8 gets its vectors from the copy. */
+static zpp_status vec_set_gathered(zpp_engine *e, int ui) {
+    const vec_state *v = &e->vec;
+    const unit_state *u = &e->units[ui];
+    const size_t ds = zpp_dtype_size(e->opts.work_dtype);
+    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
+        const vec_piece *p = &v->pieces[k];
+        ZPP_CHECK(zpp_device_copy(e->dev, (char *)u->full + p->begin * ds,
+                                  (const char *)v->weights + p->at * ds, p->len * ds));
+    }
+    return ZPP_OK;
+}
+
+/* Before qgZ quantizes unit ui's full gradient: its vectors' gradients go
+ * into the step's fp32 sums, and zeros take their place (zero quantizes to
+ * zero exactly, and error feedback then holds zero there too). */
+static zpp_status vec_take_grads(zpp_engine *e, int ui) {
+    const vec_state *v = &e->vec;
+    const unit_state *u = &e->units[ui];
+    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
+        const vec_piece *p = &v->pieces[k];
+        ZPP_CHECK(zpp_device_add(e->dev, v->grads + p->at, u->grad_full + p->begin, p->len));
+        ZPP_CHECK(zpp_device_set(e->dev, u->grad_full + p->begin, 0, p->len * sizeof(float)));
+    }
+    return ZPP_OK;
+}
+
+/* At the optimizer step: the vectors' gradients summed over the world,
+ * averaged (the fp32 * 1/W of every reduction), and each rank's own added
+ * into its shards' accumulators, where qgZ left zeros. */
+static zpp_status vec_reduce_grads(zpp_engine *e) {
+    vec_state *v = &e->vec;
+    zpp_device_host_wait_begin(e->dev);
+    zpp_status st = zpp_coll_allreduce_device(e->coll, v->grads, v->numel, ZPP_FP32,
+                                              ZPP_PHASE_GRAD_REDUCE);
+    zpp_device_host_wait_end(e->dev);
+    ZPP_CHECK(st);
+    ZPP_CHECK(zpp_device_convert(e->dev, v->grads, ZPP_FP32, v->grads, ZPP_FP32, v->numel,
+                                 1.0f / (float)e->topo->world_size));
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
+            const vec_piece *p = &v->pieces[k];
+            size_t lo, hi, base;
+            vec_own(e, u, p, &lo, &hi, &base);
+            if (hi > lo)
+                ZPP_CHECK(zpp_device_add(e->dev, u->grad_acc + (lo - base),
+                                         v->grads + p->at + (lo - p->begin), hi - lo));
+        }
+    }
+    return zpp_device_set(e->dev, v->grads, 0, v->numel * sizeof(float));
+}
+
 zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
                              zpp_device *dev, zpp_engine **engine_p) {
     if (!topo || !model || !opts || !engine_p)
@@ -258,6 +445,7 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     }
     for (int i = 0; i < model->n_units; i++)
         ZPP_CHECK_GOTO(alloc_unit(e, &e->units[i], i), st, fail);
+    ZPP_CHECK_GOTO(vec_create(e), st, fail);
     *engine_p = e;
     return ZPP_OK;
 fail:
@@ -281,6 +469,7 @@ void zpp_engine_destroy(zpp_engine *e) {
         zpp_device_scratch_put(e->dev, e->reductions[k].in);
         zpp_device_scratch_put(e->dev, e->reductions[k].out);
     }
+    vec_destroy(e);
     free(e->units);
     zpp_coll_destroy(e->coll);
     free(e);
@@ -295,9 +484,14 @@ void zpp_engine_destroy(zpp_engine *e) {
 static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
     unit_state *u = &e->units[ui];
     if (u->full) return ZPP_OK;
+    /* The vectors' copy a gather through int8 will read: refreshed once
+     * after the weights change, before the first such gather. */
+    if (e->vec.weights && !e->vec.weights_fresh && !e->evaluating) ZPP_CHECK(vec_refresh(e));
     ZPP_CHECK(zpp_device_scratch_get(e->dev, work_bytes(e, u), &u->full));
     zpp_status st;
     if (phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz) {
+        /* the secondary shard holds what the forward's gather brought */
+        u->gather_int8 = e->opts.gather == ZPP_GATHER_QWZ;
         if (!u->secondary_valid) {
             st = zpp_error(ZPP_ERR_STATE,
                            "hpZ: the secondary shard of unit %d is invalid (the optimizer "
@@ -320,6 +514,7 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
          * of it; and it leaves the hpZ secondary shards alone (no backward
          * follows it). It costs ZeRO-3's bytes, on evaluations only. */
         const zpp_gather_mode mode = e->evaluating ? ZPP_GATHER_BASELINE : e->opts.gather;
+        u->gather_int8 = mode == ZPP_GATHER_QWZ;
         void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER && !e->evaluating)
                         ? u->secondary
                         : NULL;
@@ -327,6 +522,7 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
         void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
         st = zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
                                 u->part.shard_len, 1.0f);
+        if (st == ZPP_OK && u->gather_int8 && e->vec.weights) st = vec_zero_own(e, ui, own);
         if (st == ZPP_OK)
             st = zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own,
                                        u->full, sec, phase, &u->gather_op);
@@ -347,6 +543,7 @@ static zpp_status gather_wait(zpp_engine *e, int ui, zpp_phase phase) {
         zpp_coll_op *op = u->gather_op;
         u->gather_op = NULL;
         ZPP_CHECK(coll_finish(e, op));
+        if (u->gather_int8 && e->vec.weights) ZPP_CHECK(vec_set_gathered(e, ui));
     }
     return ZPP_OK;
 }
@@ -407,6 +604,7 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
     if (e->n_reductions >= e->opts.reduce_depth) ZPP_CHECK(reduce_finish_oldest(e));
     struct reduction r = {NULL, ui, NULL, NULL};
+    if (e->vec.grads) ZPP_CHECK(vec_take_grads(e, ui));
     zpp_status st =
         zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float), (void **)&r.out);
     if (st == ZPP_OK && e->opts.work_dtype != ZPP_FP32) {
@@ -604,9 +802,9 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
 }
 
 /* AdamW on unit `ui`'s shard, with weight decay only on the elements the
- * model says decay (model.h, decay_ranges; all of them when it names none
+ * model says decay (model.h, matrix_ranges; all of them when it names none
  * or opts.decay_all). The shard [r * shard_len, (r + 1) * shard_len) of
- * the unit is cut at the decay ranges it meets, and each piece is one
+ * the unit is cut at the matrix ranges it meets, and each piece is one
  * AdamW call with weight_decay or 0: the per-element arithmetic is the
  * same, so a piece gives the bits one call would (GPT-2: at most nine
  * calls for a block, where the shard crosses all four matrices). The
@@ -624,12 +822,12 @@ static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
     unit_state *u = &e->units[ui];
     const zpp_model *m = e->model;
     const size_t len = u->part.shard_len;
-    if (e->opts.decay_all || !m->decay_ranges || aw->weight_decay == 0.0f)
+    if (e->opts.decay_all || !m->matrix_ranges || aw->weight_decay == 0.0f)
         return adamw_piece(e, u, 0, len, aw, 1);
     const size_t begin = (size_t)e->topo->world_rank * len; /* in the unit */
     size_t pos = 0;                                          /* in the shard */
-    for (int k = 0; k < m->n_decay_ranges[ui]; k++) {
-        const zpp_elem_range r = m->decay_ranges[ui][k];
+    for (int k = 0; k < m->n_matrix_ranges[ui]; k++) {
+        const zpp_elem_range r = m->matrix_ranges[ui][k];
         if (r.end <= begin + pos) continue;
         if (r.begin >= begin + len) break;
         const size_t lo = r.begin > begin + pos ? r.begin - begin : pos;
@@ -647,6 +845,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
      * forward whose backward never came leaves its last unit gathered). */
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish_all(e));
+    if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
     /* The fault hook (engine.h): a NaN in rank 0's gradient. */
     const int step1 = e->step + 1;
     if (e->fault_lo && step1 >= e->fault_lo && step1 <= e->fault_hi &&
@@ -745,6 +944,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
             /* The weights changed: the secondary copy is stale. */
             u->secondary_valid = 0;
         }
+        e->vec.weights_fresh = 0;
         if (e->dynamic) {
             if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
             if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
@@ -902,6 +1102,7 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
     }
     ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
     u->secondary_valid = 0;
+    e->vec.weights_fresh = 0;
     e->forward_ready = 0;
     return ZPP_OK;
 }

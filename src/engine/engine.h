@@ -14,7 +14,7 @@
  * then once per step:
  *   global gradient norm (all-reduce of shard sums of squares), clipping,
  *   AdamW on each rank's fp32 master shard (weight decay on the model's
- *   decay ranges), secondary shards invalidated.
+ *   matrices), secondary shards invalidated.
  * No working-dtype copy of the shard is kept: a gather rounds the master
  * into its own block of the gathered buffer and gathers in place.
  *
@@ -39,7 +39,7 @@ typedef struct zpp_engine_opts {
     zpp_dtype work_dtype;    /* dtype of gathered weights and reduced grads */
     float beta1, beta2, eps, weight_decay;
     /* 1: weight_decay on every parameter (DeepSpeed without parameter
-     * groups); 0 (default): only on the model's decay ranges (model.h:
+     * groups); 0 (default): only on the model's matrices (model.h:
      * GPT-2's matrices, as llm.c and nanoGPT), every parameter for a model
      * that names none. */
     int decay_all;
@@ -93,6 +93,27 @@ typedef struct zpp_engine_opts {
     int loco;
     float loco_err_beta;
     int loco_reset_T;
+    /* Vectors (model.h: the elements outside the model's matrix ranges,
+     * GPT-2's biases and LayerNorm parameters) under qwZ and qgZ. 0
+     * (default): they travel at full precision, as DeepSpeed does (its qgZ
+     * reduce-scatters 1-D gradients unquantized, and parameters under its
+     * persistence threshold are never gathered, so never quantized):
+     *   qwZ  every rank holds all the model's vectors in the working dtype,
+     *        refreshed after each weight update by one all-reduce over the
+     *        world (each rank adds its shards' vectors to zeros: the sum is
+     *        exact); a gather through int8 quantizes zeros in their place
+     *        (the int8 blocks are then scaled by the matrices alone) and
+     *        gets its vectors from there;
+     *   qgZ  the vectors' gradients are zeroed before quantizing (so they
+     *        neither travel as int4 nor set the scale of a block of matrix
+     *        gradients), summed over the step's micro-batches in fp32, and
+     *        reduced by one fp32 all-reduce a step, averaged like the rest.
+     * Per rank it costs (work dtype + 4) bytes a vector element; on the
+     * wire, two all-reduces of the vectors a step (GPT-2: 13 C of 12 C^2 +
+     * 13 C a block, 0.05% of GPT 1.31B's parameters). 1: vectors are
+     * quantized with the matrices, in the same blocks. Nothing changes
+     * without qwZ or qgZ, or for a model that names no matrix ranges. */
+    int quantize_vectors;
     /* 1: time each step (zpp_step_stats.profile). Costs two timing events
      * per wait for a collective, and a host wait for the compute stream at
      * the end of each optimizer step. Default 0. */

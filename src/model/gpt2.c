@@ -145,10 +145,10 @@ zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s) 
     s->unit_numel = calloc((size_t)L + 1, sizeof *s->unit_numel);
     s->stage_unit = calloc((size_t)L + 2, sizeof *s->stage_unit);
     s->bwd_reads_params = calloc((size_t)L + 2, 1);
-    s->n_decay_ranges = calloc((size_t)L + 1, sizeof *s->n_decay_ranges);
-    s->decay_ranges = calloc((size_t)L + 1, sizeof *s->decay_ranges);
-    if (!s->unit_numel || !s->stage_unit || !s->bwd_reads_params || !s->n_decay_ranges ||
-        !s->decay_ranges) {
+    s->n_matrix_ranges = calloc((size_t)L + 1, sizeof *s->n_matrix_ranges);
+    s->matrix_ranges = calloc((size_t)L + 1, sizeof *s->matrix_ranges);
+    if (!s->unit_numel || !s->stage_unit || !s->bwd_reads_params || !s->n_matrix_ranges ||
+        !s->matrix_ranges) {
         zpp_gpt2_stages_free(s);
         return zpp_error(ZPP_ERR_NOMEM, "gpt2: out of host memory");
     }
@@ -156,21 +156,22 @@ zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s) 
     for (int l = 1; l <= L; l++) s->stage_unit[l] = l;
     s->stage_unit[0] = s->stage_unit[L + 1] = 0;
     for (int k = 1; k <= L + 1; k++) s->bwd_reads_params[k] = 1;
-    /* Decay the matrices only, as llm.c and nanoGPT do (a tensor of two or
-     * more dimensions): shrinking a LayerNorm gain or a bias towards 0 is
-     * not the regularisation weight decay is for. */
+    /* The matrices (tensors of two or more dimensions). Only they decay,
+     * as llm.c and nanoGPT do: shrinking a LayerNorm gain or a bias towards
+     * 0 is not the regularisation weight decay is for. And only they are
+     * quantized (model.h). */
     zpp_gpt2_layout lo;
     zpp_gpt2_layout_make(cfg, &lo);
-    s->embed_decay[0] = (zpp_elem_range){lo.wte, lo.lnf_w}; /* wte, wpe */
-    s->block_decay[0] = (zpp_elem_range){lo.qkv_w, lo.qkv_b};
-    s->block_decay[1] = (zpp_elem_range){lo.proj_w, lo.proj_b};
-    s->block_decay[2] = (zpp_elem_range){lo.fc_w, lo.fc_b};
-    s->block_decay[3] = (zpp_elem_range){lo.fc2_w, lo.fc2_b};
-    s->n_decay_ranges[0] = 1;
-    s->decay_ranges[0] = s->embed_decay;
+    s->embed_matrices[0] = (zpp_elem_range){lo.wte, lo.lnf_w}; /* wte, wpe */
+    s->block_matrices[0] = (zpp_elem_range){lo.qkv_w, lo.qkv_b};
+    s->block_matrices[1] = (zpp_elem_range){lo.proj_w, lo.proj_b};
+    s->block_matrices[2] = (zpp_elem_range){lo.fc_w, lo.fc_b};
+    s->block_matrices[3] = (zpp_elem_range){lo.fc2_w, lo.fc2_b};
+    s->n_matrix_ranges[0] = 1;
+    s->matrix_ranges[0] = s->embed_matrices;
     for (int u = 1; u <= L; u++) {
-        s->n_decay_ranges[u] = 4;
-        s->decay_ranges[u] = s->block_decay;
+        s->n_matrix_ranges[u] = 4;
+        s->matrix_ranges[u] = s->block_matrices;
     }
     return ZPP_OK;
 }
@@ -179,10 +180,10 @@ void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
     free(s->unit_numel);
     free(s->stage_unit);
     free(s->bwd_reads_params);
-    free(s->n_decay_ranges);
-    free(s->decay_ranges);
-    s->n_decay_ranges = NULL;
-    s->decay_ranges = NULL;
+    free(s->n_matrix_ranges);
+    free(s->matrix_ranges);
+    s->n_matrix_ranges = NULL;
+    s->matrix_ranges = NULL;
     s->unit_numel = NULL;
     s->stage_unit = NULL;
     s->bwd_reads_params = NULL;
@@ -214,8 +215,8 @@ void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype p
     base->vocab_size = cfg->vocab_size;
     base->real_vocab_size = zpp_gpt2_real_vocab(cfg);
     base->max_batch = max_batch;
-    base->n_decay_ranges = s->n_decay_ranges;
-    base->decay_ranges = (const zpp_elem_range *const *)s->decay_ranges;
+    base->n_matrix_ranges = s->n_matrix_ranges;
+    base->matrix_ranges = (const zpp_elem_range *const *)s->matrix_ranges;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -66,15 +66,19 @@ struct zpp_model {
     int vocab_size;           /* rows of the token embedding, columns of the logits */
     int real_vocab_size;      /* the softmax's columns, 1..vocab_size (zpp_gpt2_config) */
     int max_batch;            /* B the activations were sized for */
-    /* Weight decay (AdamW's wd * p term): the element ranges of each unit
-     * that decay, sorted and disjoint: unit u's are
-     * decay_ranges[u][0 .. n_decay_ranges[u]). GPT-2 names its matrices
-     * (wte, wpe, and the attention and MLP weights), as llm.c and nanoGPT
-     * decay them, and not the biases or LayerNorm parameters. NULL (a user
-     * model): every element decays. The engine's decay_all ignores them
-     * (DeepSpeed's behaviour without parameter groups). */
-    const int *n_decay_ranges;
-    const zpp_elem_range *const *decay_ranges;
+    /* The matrices: the element ranges of each unit that hold tensors of
+     * two or more dimensions, sorted and disjoint: unit u's are
+     * matrix_ranges[u][0 .. n_matrix_ranges[u]). The rest of a unit are
+     * vectors (biases, LayerNorm gains and biases). Two things follow:
+     * - weight decay (AdamW's wd * p term) applies to the matrices only, as
+     *   llm.c and nanoGPT decay them (the engine's decay_all decays all,
+     *   DeepSpeed's behaviour without parameter groups);
+     * - qwZ and qgZ quantize the matrices only: vectors travel at full
+     *   precision (engine.h, quantize_vectors), as DeepSpeed reduces 1-D
+     *   gradients unquantized and keeps small parameters whole.
+     * NULL (a user model): every element is a matrix's. */
+    const int *n_matrix_ranges;
+    const zpp_elem_range *const *matrix_ranges;
     void *impl;
 };
 

@@ -124,6 +124,7 @@ typedef struct zpp_train_config {
         int loco;                     /* zeropp_loco_param given: qgZ error feedback */
         double loco_err_beta;         /* its err_beta, in [0, 1] */
         int loco_reset_T;             /* its reset_T, >= 1 */
+        int quantize_vectors;         /* zeropp_quantize_vectors (engine.h) */
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size, real_vocab_size */
