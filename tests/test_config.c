@@ -135,11 +135,14 @@ static void test_every_key_parsed(void) {
         double ebeta = zpp_rng_uniform(&r);
         int resetT = irand(&r, 1, 100000), loco = qg && irand(&r, 0, 3) > 0;
         if (trial == 19) loco = 1;
-        char loco_txt[160] = "";
+        int sr = qg && (trial == 19 || irand(&r, 0, 1));
+        char loco_txt[240] = "";
         if (loco)
             snprintf(loco_txt, sizeof loco_txt,
                      ",\n      \"zeropp_loco_param\": {\"err_beta\": %.17g, \"reset_T\": %d}",
                      ebeta, resetT);
+        if (sr)
+            strcat(loco_txt, ",\n      \"zeropp_grad_stochastic_rounding\": true");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1);
         char json[4096];
         snprintf(json, sizeof json,
@@ -197,7 +200,8 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.bf16 == bf16 && cfg.zero.stage == 3 && cfg.zero.quantized_weights == qw &&
                cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
                cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
-               cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec);
+               cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec &&
+               cfg.zero.grad_stochastic == sr);
         EXPECT(cfg.zero.loco == loco && (!loco || (cfg.zero.loco_err_beta == ebeta &&
                                                    cfg.zero.loco_reset_T == resetT)));
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
@@ -430,6 +434,9 @@ static void test_validation_errors(void) {
     expect_load_fails(lj, ZPP_ERR_CONFIG, "zeropp_loco_param");
     expect_load_fails("{\"zero_optimization\": {\"zeropp_loco_param\": {}}}", ZPP_ERR_CONFIG,
                       "set 'zero_optimization.zero_quantized_gradients' to true");
+    /* stochastic rounding of qgZ's int4 without qgZ */
+    expect_load_fails("{\"zero_optimization\": {\"zeropp_grad_stochastic_rounding\": true}}",
+                      ZPP_ERR_CONFIG, "'zero_optimization.zeropp_grad_stochastic_rounding' sets");
     {
         zpp_train_config c;
         EXPECT_OK(zpp_train_config_defaults(&c));

@@ -192,14 +192,16 @@ static void test_same_seed_same_losses_bitwise(void) {
 
 /* A run saved after 5 steps and resumed continues exactly as the run that
  * never stopped: steps 6..10 have the same losses, bit for bit (ZeRO++ with
- * every option, 4 ranks as 2 nodes). Another world size resumes; a damaged
+ * every option, stochastic rounding of qgZ's int4 included: its streams
+ * follow the step, 4 ranks as 2 nodes). Another world size resumes; a damaged
  * checkpoint and a directory that is none are refused with one line. */
 static void test_checkpoint_resume_bitwise(void) {
     char cfg[512], met[512], err[512], json[2048], args[2048], dir[512], f[700];
     model_json(json, sizeof json, 1,
                "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
                " \"zero_quantized_weights\": true, \"zero_hpz_partition_size\": 2,"
-               " \"zero_quantized_gradients\": true}");
+               " \"zero_quantized_gradients\": true,"
+               " \"zeropp_grad_stochastic_rounding\": true}");
     write_text(zpp_test_tmp_path("ckpt.json", cfg), "%s", json);
     zpp_test_tmp_path("ckpt_dir", dir);
     double full[MAX_STEPS], resumed[MAX_STEPS];

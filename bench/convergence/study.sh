@@ -7,8 +7,9 @@
 #
 # Environment (defaults in brackets):
 #   STEPS [2000]  SEEDS ["1 2 3"]  MODES ["zero3 zeropp zeropp_ef"]
-#     (also: qwz hpz qgz qgz_ef; any mode with _qv appended quantizes the biases and
-#     LayerNorm parameters too, zeropp_quantize_vectors, as before 2026-12-02)
+#     (also: qwz hpz qgz qgz_ef; _sr appended rounds qgZ's int4 stochastically,
+#     zeropp_grad_stochastic_rounding; _qv appended quantizes the biases and LayerNorm
+#     parameters too, zeropp_quantize_vectors, as before 2026-12-02)
 #   MODEL ['"n_layer": 2, "n_head": 4, "n_embd": 64, "seq_len": 32']  MB [4]
 #   LR [0.002]  EVAL [100] (validate every N steps)  EVAL_BATCHES [4] (micro-batches a
 #   rank per validation: the ranks together read 4 x EVAL_BATCHES x MB sequences; the
@@ -49,6 +50,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 zero_opts() {
   case $1 in
     *_qv) echo "$(zero_opts "${1%_qv}"), \"zeropp_quantize_vectors\": true" ;;
+    *_sr) echo "$(zero_opts "${1%_sr}"), \"zeropp_grad_stochastic_rounding\": true" ;;
     zero3) echo '"stage": 3' ;;
     qwz) echo '"stage": 3, "zero_quantized_weights": true' ;;
     hpz) echo "\"stage\": 3, \"zero_hpz_partition_size\": $HPZ" ;;

@@ -59,7 +59,8 @@ struct zpp_coll {
     zpp_coll_opts opts;
     zpp_device *dev;    /* kernels, scratch, the non-finite flag; not owned */
     zpp_volume vol;
-    uint64_t seq;       /* operations started: varies stochastic-rounding seeds */
+    uint64_t seq;       /* operations started this round: varies stochastic-rounding seeds */
+    uint64_t round;     /* zpp_coll_set_round: the engine's step */
 };
 
 typedef enum zpp__op_kind {
@@ -263,7 +264,7 @@ static zpp_status zpp__exchange_finish(zpp_coll *c, zpp__group g, const void *se
 static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, uint64_t salt) {
     zpp_quant_spec q = *s;
     if (q.stochastic) {
-        q.seed = zpp_mix64(s->seed ^ (c->seq * ZPP_GOLDEN64) ^
+        q.seed = zpp_mix64(zpp_mix64(s->seed ^ c->round) ^ (c->seq * ZPP_GOLDEN64) ^
                            ((uint64_t)c->topo->world_rank << 40) ^ (salt << 60));
     }
     return q;
@@ -660,6 +661,11 @@ zpp_status zpp_coll_allreduce_device(zpp_coll *c, void *values, size_t n, zpp_dt
         return zpp_error(ZPP_ERR_INVALID, "allreduce: values and a phase are required");
     if (n == 0) return ZPP_OK;
     return zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLREDUCE, values, values, n, dtype, NULL);
+}
+
+void zpp_coll_set_round(zpp_coll *c, uint64_t round) {
+    c->round = round;
+    c->seq = 0;
 }
 
 const zpp_volume *zpp_coll_volume(const zpp_coll *c) { return &c->vol; }

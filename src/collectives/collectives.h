@@ -162,6 +162,12 @@ zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n);
 zpp_status zpp_coll_allreduce_device(zpp_coll *c, void *values, size_t n, zpp_dtype dtype,
                                      zpp_phase phase);
 
+/* Stochastic rounding draws a fresh stream for every quantizing call, from
+ * the spec's seed, the rank, the round and the calls made since the round
+ * began. The engine starts a round at each step with the step's number, so
+ * a run resumed from a checkpoint draws what the uninterrupted run drew. */
+void zpp_coll_set_round(zpp_coll *c, uint64_t round);
+
 /* Volume since the last reset, the reset, and putting back counts read
  * before (the engine keeps an evaluation's bytes out of a step's). */
 const zpp_volume *zpp_coll_volume(const zpp_coll *c);

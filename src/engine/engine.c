@@ -777,6 +777,7 @@ zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p) {
      * closes it. */
     if (!e->volume_fresh) {
         zpp_coll_volume_reset(e->coll);
+        zpp_coll_set_round(e->coll, (uint64_t)e->step);
         if (e->opts.profile) ZPP_CHECK(zpp_device_profile_begin(e->dev));
         e->volume_fresh = 1;
     }

@@ -583,6 +583,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'zero_optimization.zeropp_loco_param' (error feedback) corrects qgZ's "
                          "int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
                          "true or drop it");
+    if (cfg->zero.grad_stochastic && !cfg->zero.quantized_gradients)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zero_optimization.zeropp_grad_stochastic_rounding' sets how qgZ rounds "
+                         "its int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
+                         "true or drop it");
     if (cfg->fp16.enabled && cfg->bf16)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");

@@ -137,6 +137,9 @@
       "error buffer e <- err_beta e + (1 - err_beta) (x - Q(x)), in [0, 1]")                      \
     X("zero_optimization.zeropp_loco_param.reset_T", INT, zero.loco_reset_T, 1, INT_MAX, (1024),  \
       0, "clear the error buffers after every reset_T optimizer steps")                           \
+    X("zero_optimization.zeropp_grad_stochastic_rounding", BOOL, zero.grad_stochastic, 0, 0, (0), \
+      0, "zeropp: qgZ rounds its int4 gradients stochastically (unbiased) instead of to the "     \
+      "nearest step (docs/quantization.md, Rounding); needs zero_quantized_gradients")           \
     X("zero_optimization.zeropp_quantize_vectors", BOOL, zero.quantize_vectors, 0, 0, (0), 0,     \
       "zeropp: qwZ and qgZ quantize biases and LayerNorm parameters too; by default they travel " \
       "at full precision, as in DeepSpeed (one all-reduce of them a step each way)")              \

@@ -44,6 +44,7 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     if (c->zero.hpz_partition_size > 1) strcat(buf, "hpz+");
     if (c->zero.quantized_gradients) strcat(buf, "qgz+");
     if (c->zero.loco) strcat(buf, "loco+");
+    if (c->zero.grad_stochastic) strcat(buf, "sr+");
     if (c->zero.quantize_vectors && (c->zero.quantized_weights || c->zero.quantized_gradients))
         strcat(buf, "qvec+");
     size_t k = strlen(buf);
@@ -165,6 +166,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     eo.loco_err_beta = (float)c->zero.loco_err_beta;
     eo.loco_reset_T = c->zero.loco_reset_T;
     eo.quantize_vectors = c->zero.quantize_vectors;
+    eo.coll.grad_spec.stochastic = c->zero.grad_stochastic;
     eo.seed = c->seed;
     eo.max_consecutive_skips = c->max_consecutive_skips;
     eo.profile = o->profile;
