@@ -9,17 +9,12 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "engine/engine.h"
-#include "model/gpt2.h"
-#include "testlib.h"
+#include "engine_testlib.h"
 
 /* GPT-2 with 2 layers, 2 heads, 16 wide, T = 16, vocabulary 64. */
 static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64, 0};
 
-typedef struct run {
-    zpp_model *model;
-    zpp_engine *engine;
-} run;
+typedef zpp_test_run run;
 
 typedef struct batch {
     int32_t tokens[2 * 16], targets[2 * 16];
@@ -38,13 +33,7 @@ static void open_run(run *r, zpp_topo *topo, zpp_device *dev, int zeropp) {
         eo.hpz = 1;
         eo.reduce = ZPP_REDUCE_QGZ;
     }
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, 2, dev, &r->model));
-    EXPECT_OK(zpp_engine_create(topo, r->model, &eo, dev, &r->engine));
-}
-
-static void close_run(run *r) {
-    zpp_engine_destroy(r->engine);
-    r->model->ops->destroy(r->model);
+    zpp_test_open_run(r, &kModel, ZPP_BF16, 2, topo, dev, &eo);
 }
 
 /* Every unit's masters set to the same fresh random values in every engine
@@ -86,15 +75,6 @@ static int same_volume(const zpp_volume *a, const zpp_volume *b) {
     return 1;
 }
 
-/* The host device and the world as nodes of 2 (MPI). */
-static void open_world(zpp_device **dev_p, zpp_topo **topo_p) {
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 2;
-    EXPECT_OK(zpp_device_create_host(dev_p));
-    EXPECT_OK(zpp_topo_create(&to, topo_p));
-}
-
 /* On the same masters and batch, ZeRO++'s evaluation equals ZeRO-3's to the
  * bit (both gather the masters rounded to bf16 exactly: the same weights,
  * the same CPU forward, the same all-reduce), while ZeRO++'s training
@@ -107,7 +87,7 @@ static void open_world(zpp_device **dev_p, zpp_topo **topo_p) {
 static void test_zeropp_evaluates_the_exact_weights(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    open_world(&dev, &topo);
+    zpp_test_open_world(2, &dev, &topo);
     for (int round = 0; round < 2; round++) {
         run runs[2];
         open_run(&runs[0], topo, dev, 0);
@@ -152,11 +132,10 @@ static void test_zeropp_evaluates_the_exact_weights(void) {
         EXPECT(vpp->cross_node_bytes[ZPP_PHASE_BWD_GATHER] == 0 &&
                    vpp->cross_node_bytes[ZPP_PHASE_GRAD_REDUCE] == 0,
                "an evaluation reduced or gathered for a backward");
-        close_run(&runs[0]);
-        close_run(&runs[1]);
+        zpp_test_close_run(&runs[0]);
+        zpp_test_close_run(&runs[1]);
     }
-    zpp_topo_destroy(topo);
-    zpp_device_destroy(dev);
+    zpp_test_close_world(dev, topo);
 }
 
 /* Two ZeRO++ engines on the same masters and batches take two steps; one
@@ -168,7 +147,7 @@ static void test_zeropp_evaluates_the_exact_weights(void) {
 static void test_eval_leaves_training_alone(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    open_world(&dev, &topo);
+    zpp_test_open_world(2, &dev, &topo);
     run runs[2];
     open_run(&runs[0], topo, dev, 1);
     open_run(&runs[1], topo, dev, 1);
@@ -205,10 +184,9 @@ static void test_eval_leaves_training_alone(void) {
         free(s[0]);
         free(s[1]);
     }
-    close_run(&runs[0]);
-    close_run(&runs[1]);
-    zpp_topo_destroy(topo);
-    zpp_device_destroy(dev);
+    zpp_test_close_run(&runs[0]);
+    zpp_test_close_run(&runs[1]);
+    zpp_test_close_world(dev, topo);
 }
 
 ZPP_TESTS(ZPP_TEST(test_zeropp_evaluates_the_exact_weights),

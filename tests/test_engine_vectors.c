@@ -15,36 +15,17 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "engine/engine.h"
-#include "model/gpt2.h"
-#include "testlib.h"
+#include "engine_testlib.h"
 
 /* GPT-2 with 2 layers, 2 heads, 16 wide, T = 16, vocabulary 64. */
 static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64, 0};
 enum { kB = 2, kN = 2 * 16, kMaxStages = 8 };
 
-typedef struct run {
-    zpp_model *model;
-    zpp_engine *engine;
-} run;
-
-static void open_world(zpp_device **dev_p, zpp_topo **topo_p) {
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 2;
-    EXPECT_OK(zpp_device_create_host(dev_p));
-    EXPECT_OK(zpp_topo_create(&to, topo_p));
-}
+typedef zpp_test_run run;
 
 static void open_run(run *r, zpp_topo *topo, zpp_device *dev, zpp_dtype dtype,
                      const zpp_engine_opts *eo) {
-    EXPECT_OK(zpp_gpt2_create(&kModel, dtype, kB, dev, &r->model));
-    EXPECT_OK(zpp_engine_create(topo, r->model, eo, dev, &r->engine));
-}
-
-static void close_run(run *r) {
-    zpp_engine_destroy(r->engine);
-    r->model->ops->destroy(r->model);
+    zpp_test_open_run(r, &kModel, dtype, kB, topo, dev, eo);
 }
 
 /* Is element i of unit u a matrix's (model.h)? */
@@ -142,7 +123,7 @@ static void probe_detach(zpp_model *m) {
 static void test_qwz_vectors_exact_neighbours_fine(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    open_world(&dev, &topo);
+    zpp_test_open_world(2, &dev, &topo);
     for (int quantized = 0; quantized <= 1; quantized++) {
         zpp_engine_opts eo = zpp_engine_opts_default();
         eo.gather = ZPP_GATHER_QWZ;
@@ -206,10 +187,9 @@ static void test_qwz_vectors_exact_neighbours_fine(void) {
         }
         EXPECT_OK(zpp_engine_optimizer_step(r.engine, 0.0f, loss, NULL));
         probe_detach(r.model);
-        close_run(&r);
+        zpp_test_close_run(&r);
     }
-    zpp_topo_destroy(topo);
-    zpp_device_destroy(dev);
+    zpp_test_close_world(dev, topo);
 }
 
 /* qgZ: the vectors' gradients are the exact fp32 mean over the world.
@@ -223,7 +203,7 @@ static void test_qwz_vectors_exact_neighbours_fine(void) {
 static void test_qgz_vector_gradients_exact(void) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
-    open_world(&dev, &topo);
+    zpp_test_open_world(2, &dev, &topo);
     for (int quantized = 0; quantized <= 1; quantized++) {
         run runs[2];
         for (int k = 0; k < 2; k++) {
@@ -285,11 +265,10 @@ static void test_qgz_vector_gradients_exact(void) {
         else
             EXPECT(vec_over > 0, "quantize_vectors: the %zu vector gradients came out exact",
                    vec_total);
-        close_run(&runs[0]);
-        close_run(&runs[1]);
+        zpp_test_close_run(&runs[0]);
+        zpp_test_close_run(&runs[1]);
     }
-    zpp_topo_destroy(topo);
-    zpp_device_destroy(dev);
+    zpp_test_close_world(dev, topo);
 }
 
 ZPP_TESTS(ZPP_TEST(test_qwz_vectors_exact_neighbours_fine),
