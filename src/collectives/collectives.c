@@ -646,9 +646,7 @@ zpp_status zpp_coll_allreduce_sum(zpp_coll *c, float *host_values, size_t n) {
     ZPP_CHECK(zpp_device_scratch_get(c->dev, n * sizeof(float), &buf));
     zpp_status st;
     ZPP_CHECK_GOTO(zpp_device_copy(c->dev, buf, host_values, n * sizeof(float)), st, out);
-    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_OTHER, ZPP_CALL_ALLREDUCE, buf, buf, n,
-                             ZPP_FP32, NULL),
-                   st, out);
+    ZPP_CHECK_GOTO(zpp_coll_allreduce_device(c, buf, n, ZPP_FP32, ZPP_PHASE_OTHER), st, out);
     ZPP_CHECK_GOTO(zpp_device_copy(c->dev, host_values, buf, n * sizeof(float)), st, out);
 out:
     zpp_device_scratch_put(c->dev, buf);

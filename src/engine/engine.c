@@ -189,6 +189,17 @@ static zpp_status coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
     return st;
 }
 
+/* A world of one rank reduces nothing: the mean of one gradient is itself,
+ * and nothing goes on a wire. The model's backward then adds straight into
+ * the unit's fp32 accumulator (it accumulates, model.h), so no full
+ * gradient, no working-dtype copy for a wire and no reduction output are
+ * held: at world 1 those were the largest transients of the step (GPT
+ * 1.31B's embedding unit alone held 0.4 GB of full gradient through the
+ * whole backward, and 1 GB at its reduction). It is also the exact sum:
+ * the gradient is not rounded to the working dtype for a wire it never
+ * takes. */
+static int alone(const zpp_engine *e) { return e->topo->world_size == 1; }
+
 /* ---- Vectors at full precision (engine.h, quantize_vectors) ----------------
  * A LayerNorm gain (about 1) in an int8 block of weights of std 0.02 sets
  * the block's step to 1/127 of itself, 16 times the weights' own; in an
@@ -197,8 +208,9 @@ static zpp_status coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
  * gradients are reduced unquantized, and small parameters persist whole.
  * Here both become one all-reduce of the packed vectors a step each. */
 
-/* The vectors of unit ui: the gaps between its matrix ranges. */
-static zpp_status vec_add_unit(zpp_engine *e, int ui, int *cap) {
+/* The vectors of unit ui: the gaps between its matrix ranges (at most one
+ * more than the ranges; vec_create sized the array for that). */
+static void vec_add_unit(zpp_engine *e, int ui) {
     const zpp_model *m = e->model;
     unit_state *u = &e->units[ui];
     vec_state *v = &e->vec;
@@ -208,29 +220,26 @@ static zpp_status vec_add_unit(zpp_engine *e, int ui, int *cap) {
         const int last = k == m->n_matrix_ranges[ui];
         const size_t end = last ? m->unit_numel[ui] : m->matrix_ranges[ui][k].begin;
         if (end > pos) {
-            if (v->n_pieces == *cap) {
-                *cap = *cap ? 2 * *cap : 16;
-                vec_piece *p = realloc(v->pieces, (size_t)*cap * sizeof *p);
-                if (!p) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory for vectors");
-                v->pieces = p;
-            }
             v->pieces[v->n_pieces++] = (vec_piece){pos, end - pos, v->numel};
             v->numel += end - pos;
         }
         if (!last) pos = m->matrix_ranges[ui][k].end;
     }
     u->vec_count = v->n_pieces - u->vec_first;
-    return ZPP_OK;
 }
 
 static zpp_status vec_create(zpp_engine *e) {
     const zpp_engine_opts *o = &e->opts;
+    const zpp_model *m = e->model;
     const int weights = o->gather == ZPP_GATHER_QWZ;
-    const int grads = o->reduce == ZPP_REDUCE_QGZ && e->topo->world_size > 1;
-    if (o->quantize_vectors || !e->model->matrix_ranges || (!weights && !grads)) return ZPP_OK;
-    int cap = 0;
-    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(vec_add_unit(e, i, &cap));
+    const int grads = o->reduce == ZPP_REDUCE_QGZ && !alone(e);
+    if (o->quantize_vectors || !m->matrix_ranges || (!weights && !grads)) return ZPP_OK;
     vec_state *v = &e->vec;
+    size_t most = 0;
+    for (int i = 0; i < m->n_units; i++) most += (size_t)m->n_matrix_ranges[i] + 1;
+    v->pieces = calloc(most, sizeof *v->pieces);
+    if (!v->pieces) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory for vectors");
+    for (int i = 0; i < m->n_units; i++) vec_add_unit(e, i);
     if (v->numel == 0) return ZPP_OK;
     if (weights)
         ZPP_CHECK(zpp_device_alloc(e->dev, v->numel * zpp_dtype_size(o->work_dtype),
@@ -248,7 +257,7 @@ static void vec_destroy(zpp_engine *e) {
     free(e->vec.pieces);
 }
 
-/* Piece p of unit ui cut to this rank's shard: unit elements [*lo, *hi)
+/* Piece p of unit u cut to this rank's shard: unit elements [*lo, *hi)
  * (empty when *hi <= *lo); the shard starts at unit element *base. */
 static void vec_own(const zpp_engine *e, const unit_state *u, const vec_piece *p, size_t *lo,
                     size_t *hi, size_t *base) {
@@ -634,17 +643,6 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
 }
 
 /* ---- Forward and backward -------------------------------------------------- */
-
-/* A world of one rank reduces nothing: the mean of one gradient is itself,
- * and nothing goes on a wire. The model's backward then adds straight into
- * the unit's fp32 accumulator (it accumulates, model.h), so no full
- * gradient, no working-dtype copy for a wire and no reduction output are
- * held: at world 1 those were the largest transients of the step (GPT
- * 1.31B's embedding unit alone held 0.4 GB of full gradient through the
- * whole backward, and 1 GB at its reduction). It is also the exact sum:
- * the gradient is not rounded to the working dtype for a wire it never
- * takes. */
-static int alone(const zpp_engine *e) { return e->topo->world_size == 1; }
 
 /* Does stage s's backward read its unit's parameters? (GPT-2's embedding
  * stage does not: its unit, the largest, is then not gathered again.) */
