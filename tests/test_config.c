@@ -456,11 +456,23 @@ static void test_validation_errors(void) {
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
                       "{\"warmup_num_steps\": 100, \"total_num_steps\": 100}}}",
                       ZPP_ERR_CONFIG, "'scheduler.params.total_num_steps' (100) must exceed");
-    /* total_num_steps 0 falls back to zeropp.train_steps (200 by default),
-     * and DeepSpeed's default warm-up is 1000 steps. */
-    expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\"}}", ZPP_ERR_CONFIG,
-                      "(200, from zeropp.train_steps) must exceed "
-                      "'scheduler.params.warmup_num_steps' (1000)");
+    /* total_num_steps 0: the schedule takes the run's length, which --steps
+     * may still set after loading, so a configured train_steps (200 by
+     * default) shorter than the warm-up (DeepSpeed's default, 1000) is no
+     * error: such a run stays in its warm-up. */
+    {
+        zpp_train_config c;
+        EXPECT_OK(zpp_train_config_defaults(&c));
+        EXPECT_OK(zpp_train_config_load_string("{\"scheduler\": {\"type\": \"WarmupCosineLR\", "
+                                               "\"params\": {\"warmup_type\": \"linear\"}}}",
+                                               &c));
+        EXPECT(c.scheduler.warmup_num_steps == 1000 && c.train_steps == 200);
+        const double g = zpp_train_lr(&c, 199) / c.optimizer.lr;
+        EXPECT(fabs(g - 199.0 / 1000) < 1e-12,
+               "at the last of 200 steps the lr is %g of its peak; a warm-up of 1000 steps is "
+               "0.199 through",
+               g);
+    }
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
                       "{\"warmup_num_steps\": 10, \"cos_min_ratio\": 1.5}}}",
                       ZPP_ERR_CONFIG, "'scheduler.params.cos_min_ratio' must be in [0, 1]");

@@ -452,6 +452,16 @@ static void test_bad_inputs_fail_cleanly(void) {
 
     /* a node size that does not divide the world */
     expect_clean_failure(4, "--node-size 3 --steps 2", "node size 3");
+
+    /* not bad input: a cosine schedule takes the run's length from --steps,
+     * so a config whose train_steps (5) is shorter than the warm-up (10)
+     * still runs 12 steps */
+    write_text(zpp_test_tmp_path("sched.json", cfg),
+               "{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
+               "{\"warmup_num_steps\": 10}}, \"zeropp\": {\"train_steps\": 5}}");
+    snprintf(args, sizeof args, "--config %s --steps 12", cfg);
+    EXPECT(run_train(2, args, zpp_test_tmp_path("sched_err.txt", p)) == 0, "'%s' failed; see %s",
+           args, p);
 }
 
 /* The demo prints the side-by-side summary and ZeRO++ sends about a quarter

@@ -607,7 +607,7 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (t < ZPP_SCHED_NONE || t > ZPP_SCHED_WARMUP_COSINE_LR)
         return zpp_error(ZPP_ERR_CONFIG, "scheduler type %d is not valid", (int)t);
     if (t == ZPP_SCHED_NONE) return ZPP_OK;
-    const int W = cfg->scheduler.warmup_num_steps, N = zpp__sched_total(cfg);
+    const int W = cfg->scheduler.warmup_num_steps;
     if (W < 0 || cfg->scheduler.total_num_steps < 0)
         return zpp_error(ZPP_ERR_CONFIG, "'scheduler.params.%s' must be >= 0",
                          W < 0 ? "warmup_num_steps" : "total_num_steps");
@@ -631,12 +631,16 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
             return zpp_error(ZPP_ERR_CONFIG,
                              "'scheduler.params.cos_min_ratio' must be in [0, 1], got %g", b);
     }
-    if ((t == ZPP_SCHED_WARMUP_DECAY_LR || t == ZPP_SCHED_WARMUP_COSINE_LR) && N <= W)
+    /* Given a length, a decaying schedule must outlast its warm-up. Taken
+     * from the run (total_num_steps 0: zeropp.train_steps, which --steps may
+     * still change), it is not checked: a run shorter than its warm-up is
+     * legitimate (a smoke test), and zpp_train_lr keeps it in the warm-up. */
+    const int N = cfg->scheduler.total_num_steps;
+    if ((t == ZPP_SCHED_WARMUP_DECAY_LR || t == ZPP_SCHED_WARMUP_COSINE_LR) && N > 0 && N <= W)
         return zpp_error(ZPP_ERR_CONFIG,
-                         "'scheduler.params.total_num_steps' (%d%s) must exceed "
+                         "'scheduler.params.total_num_steps' (%d) must exceed "
                          "'scheduler.params.warmup_num_steps' (%d) for %s",
-                         N, cfg->scheduler.total_num_steps ? "" : ", from zeropp.train_steps",
-                         W, zpp_sched_type_name(t));
+                         N, W, zpp_sched_type_name(t));
     return ZPP_OK;
 }
 

@@ -159,7 +159,10 @@ zpp_status zpp_train_config_load_string(const char *json, zpp_train_config *cfg)
 
 /* Checks every value range (model shape, optimizer, schedule, ZeRO);
  * independent of the world size. Called by the loaders. ZPP_ERR_CONFIG or
- * ZPP_ERR_UNSUPPORTED naming the key. */
+ * ZPP_ERR_UNSUPPORTED naming the key. A decaying schedule must outlast its
+ * warm-up when total_num_steps is given; when it is 0 the schedule takes the
+ * run's length (train_steps, which --steps may set after loading), and a run
+ * shorter than the warm-up simply never leaves it. */
 zpp_status zpp_train_config_validate(const zpp_train_config *cfg);
 
 /*

@@ -86,7 +86,8 @@
     X("scheduler.params.warmup_max_lr", NUM, scheduler.warmup_max_lr, 0, 0, (1e-3), ZPP_CFG_S_LRS, \
       "WarmupLR, WarmupDecayLR: > 0")                                                             \
     X("scheduler.params.total_num_steps", INT, scheduler.total_num_steps, 0, INT_MAX, (0),        \
-      ZPP_CFG_S_TOTAL, "WarmupDecayLR, WarmupCosineLR: N > W; 0 = zeropp.train_steps")            \
+      ZPP_CFG_S_TOTAL, "WarmupDecayLR, WarmupCosineLR: N > W; 0 = the run's steps "               \
+                       "(zeropp.train_steps or --steps), which may end within the warm-up")       \
     X("scheduler.params.warmup_min_ratio", NUM, scheduler.warmup_min_ratio, 0, 0, (0),            \
       ZPP_CFG_S_RATIOS, "WarmupCosineLR: in [0, 1]")                                              \
     X("scheduler.params.cos_min_ratio", NUM, scheduler.cos_min_ratio, 0, 0, (1e-4),               \
