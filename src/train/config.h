@@ -20,7 +20,7 @@
  * n_head == 0; model.real_vocab_size <= model.vocab_size;
  * WarmupLR/WarmupDecayLR: warmup_max_lr > 0, warmup_min_lr in
  * [0, warmup_max_lr]; WarmupCosineLR: warmup_min_ratio and cos_min_ratio in
- * [0, 1]; WarmupDecayLR/WarmupCosineLR: total_num_steps (N) > W.
+ * [0, 1]; WarmupDecayLR/WarmupCosineLR: total_num_steps (N) > W when given.
  *
  * LEARNING RATE at 0-based optimizer step s (s = 0 is the first update;
  * W = warmup_num_steps, N = total_num_steps or zeropp.train_steps if 0):
