@@ -12,7 +12,7 @@
  *             averaged shard into the fp32 shard gradient (a world of one
  *             rank reduces nothing: the backward adds straight into it)
  * then once per step:
- *   with qgZ, the all-reduce of the vectors' gradients (quantize_vectors),
+ *   with qgZ, the all-reduce of the vectors' gradients (unless quantize_vectors),
  *   global gradient norm (all-reduce of shard sums of squares), clipping,
  *   AdamW on each rank's fp32 master shard (weight decay on the model's
  *   matrices), secondary shards invalidated.
