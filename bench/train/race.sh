@@ -8,39 +8,50 @@
 #                    JIT-build its quantizer op (both kept in build-gpu/ for the
 #                    next call on a warm machine); every part does this itself
 #                    when it needs it, prep just does it up front
+#     linkcheck      PyTorch's NCCL all-gather / reduce-scatter / all-to-all
+#                    between the 2 emulated nodes on the call's link, with
+#                    NCCL's default socket settings and with the race's (SOCKS)
 #     world1         1 GPU, world 1 (compute alone): GPT 1.31B mb4 and GPT-2 124M
 #                    mb8, ours (ZeRO-3 config) and FSDP2 (DS1=1: DeepSpeed ZeRO-3 too)
-#     nodes2 [mbN..] 2 ranks as 2 emulated nodes (sockets between them), GPT 1.31B
-#                    at each micro-batch given (default mb1 mb4): ours ZeRO-3,
-#                    ours ZeRO++, FSDP2, DeepSpeed ZeRO-3, DeepSpeed ZeRO++
-#     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM, e.g.
-#                    nodes2-1p3b-mb4-ds_zeropp (SYSTEM: ours_zero3 ours_zeropp
-#                    fsdp2 ds_zero3 ds_zeropp; MODEL: 1p3b 124m)
+#     nodes2 [mbN..] 2 ranks as 2 emulated nodes, GPT 1.31B at each micro-batch
+#                    given (default mb1 mb4): ours ZeRO-3 and ZeRO++, FSDP2,
+#                    DeepSpeed ZeRO-3 and ZeRO++, each at its defaults
+#     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM[+VARIANT...], e.g.
+#                    nodes2-1p3b-mb4-ds_zeropp+rbs1e7 (SYSTEM: ours_zero3
+#                    ours_zeropp fsdp2 ds_zero3 ds_zeropp; MODEL: 1p3b 124m)
+#   VARIANTs, each a setting of the system's own (the race compares every
+#   system at the best variant it ran in the call; the report says which):
+#     ours:     keep       stage3_max_reuse_distance 1e12: every unit gathered in
+#                          the forward stays for its backward (no backward gathers)
+#     fsdp2:    raf0|raf1  reshard_after_forward False|True (default True)
+#               compile    torch.compile each block (costs ~1 min of start-up)
+#     ds_*:     rbsX       reduce_bucket_size X (default 5e8; ZeRO++'s tutorial: 1e7)
+#               keep       stage3_max_live_parameters and _reuse_distance 1e12:
+#                          DeepSpeed's way of keeping gathered weights
 #   DRY=1 prints the commands instead of running them (no GPU needed).
 #
-# Wall time per part on one H200 with STEPS=8 (reasoned, not measured: a 1.31B
-# step is 0.4 s for FSDP2 at world 1, 2-3 s for ours today, 2-4 s for anything
-# over the sockets; start-up is ~10 s for ours, ~20 s for FSDP2, ~40 s for
-# DeepSpeed):
-#   prep          1-3 min cold (the CMake build and the quantizer JIT run side by side), ~15 s warm
-#   world1        ~2-3 min
-#   nodes2 mb4    ~4-5 min (+1-3 min if the quantizer op is not built yet: run prep first)
-#   nodes2 mb1    ~4 min
-# so e.g. three calls: `prep world1`, `nodes2 mb4`, `nodes2 mb1`. BUDGET (570 s)
-# bounds the whole call: a run that would not fit is recorded as skipped, not cut.
-#
-# The peers are not in this repository: bench/train/stage_peers.sh copies them
-# into .peers/ (ignored), which the call must carry, with .deps/ (cJSON .debs).
+# THE LINK. LINK=RATE (e.g. 25gbit, the default) caps each emulated node's
+# incoming traffic at RATE with Linux traffic control (bench/train/link.sh,
+# needs root), so all of a node's connections share one rate, as on a NIC.
+# LINK=socket leaves the loopback sockets uncapped (the old setting, where
+# every extra connection adds bandwidth). If traffic control is refused the
+# call says why and runs LINK=socket, recorded as such in every line. Every
+# system gets the same NCCL socket settings, SOCKS=THREADSxSOCKETS (default
+# 4x4: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD), so no system's lead comes
+# from opening more connections than another.
 #
 # Output in $OUT (default ./race-out): race.tsv, one line a run: setting model
-# micro_batch system tokens_per_s peak_mem_MiB steps status (ok failed timeout
-# skipped_budget build_failed jit_failed peer_setup_failed no_peer_copy) warm ranks
-# gpus self_mem_MiB mem_src transport wall_s note run utc; NAME.log for each run
+# micro_batch system variant tokens_per_s peak_mem_MiB steps status (ok failed
+# timeout skipped_budget build_failed jit_failed peer_setup_failed no_peer_copy)
+# warm ranks gpus self_mem_MiB mem_src transport link socks link_MB wall_s note
+# run call utc. `call` names the call (its start, UTC, and the machine), the
+# same on every line of one invocation: bench/train/report.sh compares runs of
+# one call only. link_MB: bytes that crossed the capped link during the run
+# (start-up and every step), from the shaper's counters. NAME.log for each run
 # (NAME.jsonl: our metrics; mem/NAME.*: the memory samples), build.log,
-# peers-setup.log, race.txt (what was printed). A device call brings back at most
-# 8 files, so at the end everything but race.tsv and race.txt is packed into
-# race-logs-UTC.tgz (PACK=0 leaves the files as they are). bench/train/report.sh
-# makes the table and the chart from the TSVs of all calls.
+# peers-setup.log, race.txt (what was printed). A device call brings back at
+# most 8 files, so at the end everything but race.tsv and race.txt is packed
+# into race-logs-UTC.tgz (PACK=0 leaves the files as they are).
 # tokens/s: global tokens / the median step time of steps WARM+1..STEPS (WARM=3,
 # what fsdp_gpt.py hard-codes; the others are told the same; upper middle for an
 # even count, as fsdp_gpt.py). peak_mem_MiB: the most memory one rank held, from
@@ -51,25 +62,29 @@
 # says it used (NET/Socket between emulated nodes). A run that fails or times
 # out is recorded and the race goes on.
 #   STEPS=8  RUN_TMO=240 s a run  BUDGET=570 s the call  JIT_TMO=300 s
-#   FSDP_COMPILE=1 torch.compile FSDP2's blocks (costs ~1 min of start-up)
-#   DS_ENV="LSP=12 ..." more of ds_gpt.py's knobs for the DeepSpeed runs
+#   DS_ENV="LSP=12 ..." more of ds_gpt.py's knobs for every DeepSpeed run
 # The peers run exactly as ds_peer.sh runs them (its environment, emu_rank.sh,
-# mpirun, torchrun when mpirun dies at start); their own flags stay at their defaults.
+# mpirun, torchrun when mpirun dies at start), with the variant's settings.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/race-out}; mkdir -p "$OUT"
 TSV=$OUT/race.tsv
 STEPS=${STEPS:-8} WARM=3 RUN_TMO=${RUN_TMO:-240} BUDGET=${BUDGET:-570} JIT_TMO=${JIT_TMO:-300}
-MIN_RUN=${MIN_RUN:-60} DRY=${DRY:-0} FSDP_COMPILE=${FSDP_COMPILE:-0} DS1=${DS1:-0}
+MIN_RUN=${MIN_RUN:-60} DRY=${DRY:-0} DS1=${DS1:-0} LINK=${LINK:-25gbit} SOCKS=${SOCKS:-4x4}
 PEERS=$ROOT/.peers EMU=$ROOT/.peers/deepspeed/emu_rank.sh
 SITE=$ROOT/build-gpu/peers/site
 [ "$STEPS" -gt "$WARM" ] || { echo "STEPS must exceed $WARM (fsdp_gpt.py drops 3 warm-up steps)"; exit 2; }
+[[ $SOCKS =~ ^([0-9]+)x([0-9]+)$ ]] || { echo "SOCKS must be THREADSxSOCKETS, e.g. 4x4"; exit 2; }
+LINKSH=$ROOT/bench/train/link.sh
+CALL="$(date -u +%Y%m%dT%H%M%SZ)-$(hostname -s 2> /dev/null || echo host)"
 
 # What every rank of every system sees. NVLS off: multicast is not lent. The
 # NCCL INIT/NET lines show which transport each run used (sockets between nodes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET PYTHONUNBUFFERED=1
+# the same socket settings for every system (see THE LINK above)
+export NCCL_SOCKET_NTHREADS=${BASH_REMATCH[1]} NCCL_NSOCKS_PERTHREAD=${BASH_REMATCH[2]}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # DeepSpeed's settings, as in ds_peer.sh: sm_90 only, ops JIT-built (once, kept)
 export TORCH_CUDA_ARCH_LIST=9.0 DS_BUILD_OPS=0 DS_ACCELERATOR=cuda
@@ -78,7 +93,8 @@ if [ -z "${CUDA_HOME:-}" ] && command -v nvcc > /dev/null; then
   CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")"); export CUDA_HOME
 fi
 unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK
-XS=(); for v in NCCL_NVLS_ENABLE NCCL_DEBUG NCCL_DEBUG_SUBSYS TORCH_SYMM_MEM_DISABLE_MULTICAST \
+XS=(); for v in NCCL_NVLS_ENABLE NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST \
   NVSHMEM_DISABLE_NVLS PYTHONUNBUFFERED TORCH_CUDA_ARCH_LIST DS_BUILD_OPS \
   DS_ACCELERATOR TORCH_EXTENSIONS_DIR CUDA_HOME PATH LD_LIBRARY_PATH CPATH; do
   [ -n "${!v:-}" ] && XS+=(-x "$v"); done
@@ -86,10 +102,11 @@ NG=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU'); [ "$NG" -ge 1 ] || NG=${GPUS:
 
 # ---- which runs --------------------------------------------------------------------------
 SYS2="ours_zero3 ours_zeropp fsdp2 ds_zero3 ds_zeropp"
-RUNS=() PREP=0
+RUNS=() PREP=0 LINKCHECK=0
 while [ $# -gt 0 ]; do
   case $1 in
     prep) PREP=1 ;;
+    linkcheck) LINKCHECK=1 ;;
     world1) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-fsdp2 world1-124m-mb8-ours_zero3 world1-124m-mb8-fsdp2)
             [ "$DS1" = 1 ] && RUNS+=(world1-1p3b-mb4-ds_zero3) ;;
     nodes2) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
@@ -100,11 +117,30 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || { echo "nothing to run: $0 prep|world1|nodes2 [mbN]|RUN..."; exit 2; }
+[ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || [ "$LINKCHECK" = 1 ] ||
+  { echo "nothing to run: $0 prep|linkcheck|world1|nodes2 [mbN]|RUN..."; exit 2; }
 say() { echo "$*" | tee -a "$OUT/race.txt"; }
 left() { echo $(( BUDGET - SECONDS )); }
 say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
-    "STEPS=$STEPS WARM=$WARM, runs: ${RUNS[*]:-none}"
+    "STEPS=$STEPS WARM=$WARM LINK=$LINK SOCKS=$SOCKS call $CALL, runs: ${RUNS[*]:-none}"
+
+# ---- the link: capped by traffic control, or the bare sockets -------------------------------
+LINK_DESC=socket
+if [ "$LINK" != socket ] && [ "$DRY" != 1 ]; then
+  if out=$(bash "$LINKSH" up "$LINK" 2 2>&1); then
+    LINK_DESC="htb-$LINK"; say "$out"
+    trap 'bash "$LINKSH" down' EXIT
+  else
+    say "LINK=$LINK refused, so this call runs on the bare sockets (LINK=socket): $out"
+  fi
+elif [ "$DRY" = 1 ] && [ "$LINK" != socket ]; then LINK_DESC="htb-$LINK"; fi
+link_bytes() { # bytes sent so far through the nodes' classes (0 on the bare sockets)
+  [ "$LINK_DESC" = socket ] && { echo 0; return; }
+  tc -s class show dev lo 2> /dev/null |
+    awk '/^class htb 1:1[0-9]* / {c = ($3 != "1:1")} c && /^ Sent/ {s += $2; c = 0} END {printf "%.0f", s}'
+}
+# the per-rank wrapper that puts a rank's NCCL sockets on its node's address
+LINK_RANK=(); [ "$LINK_DESC" != socket ] && LINK_RANK=(bash "$LINKSH" rank)
 
 # ---- prep: our build (in the background) beside the peers' wheels and JIT op ---------------
 build() {
@@ -142,7 +178,7 @@ Q().load(verbose=True); print('QUANTIZER_JIT_OK')" > "$OUT/jit.log" 2>&1
 }
 need_ours=$PREP need_ds=$PREP need_zpp=$PREP
 for r in "${RUNS[@]}"; do case $r in
-  *-ours_*) need_ours=1 ;; *-ds_zeropp) need_ds=1 need_zpp=1 ;; *-ds_*) need_ds=1 ;; esac; done
+  *-ours_*) need_ours=1 ;; *-ds_zeropp*) need_ds=1 need_zpp=1 ;; *-ds_*) need_ds=1 ;; esac; done
 BUILD_OK=0
 if [ "$DRY" = 1 ]; then
   say "DRY: would build build-gpu (ours=$need_ours), set up the peers (ds=$need_ds, quantizer=$need_zpp)"
@@ -159,8 +195,30 @@ else
   fi
 fi
 
+# ---- linkcheck: what the link gives PyTorch's NCCL, with NCCL's socket defaults and with SOCKS --
+if [ "$LINKCHECK" = 1 ]; then
+  if [ "$DRY" = 1 ]; then say "DRY: would run coll_bw.py on $LINK_DESC with 1x1 and $SOCKS sockets"
+  elif ! [ -f "$PEERS/coll_bw.py" ]; then say "linkcheck: no .peers/coll_bw.py (bench/train/stage_peers.sh)"
+  else
+    for sk in 1x1 "$SOCKS"; do
+      lb0=$(link_bytes) t1=$SECONDS
+      timeout -k 10 150 env NCCL_SOCKET_NTHREADS="${sk%x*}" NCCL_NSOCKS_PERTHREAD="${sk#*x}" TAG="$LINK_DESC/socks=$sk" \
+        GPUS_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(( PORT += 7 )) \
+        mpirun --allow-run-as-root --bind-to none --oversubscribe -np 2 "${XS[@]}" -x NCCL_SOCKET_NTHREADS \
+        -x NCCL_NSOCKS_PERTHREAD -x TAG -x GPUS_PER_NODE -x MASTER_ADDR -x MASTER_PORT \
+        "${LINK_RANK[@]}" bash "$EMU" python3 "$PEERS/coll_bw.py" > "$OUT/linkcheck-$sk.log" 2>&1
+      grep '^COLL' "$OUT/linkcheck-$sk.log" | tee -a "$OUT/race.txt"
+      say "   ($(( SECONDS - t1 )) s, $(awk -v a="$lb0" -v b="$(link_bytes)" 'BEGIN {printf "%.0f", (b - a) / 1e6}') MB through the cap)"
+    done
+  fi
+fi
+
 # ---- one run ---------------------------------------------------------------------------------
-[ -f "$TSV" ] || printf 'setting\tmodel\tmicro_batch\tsystem\ttokens_per_s\tpeak_mem_MiB\tsteps\tstatus\twarm\tranks\tgpus\tself_mem_MiB\tmem_src\ttransport\twall_s\tnote\trun\tutc\n' > "$TSV"
+HEADER='setting\tmodel\tmicro_batch\tsystem\tvariant\ttokens_per_s\tpeak_mem_MiB\tsteps\tstatus\twarm\tranks\tgpus\tself_mem_MiB\tmem_src\ttransport\tlink\tsocks\tlink_MB\twall_s\tnote\trun\tcall\tutc\n'
+if [ -f "$TSV" ] && [ "$(head -1 "$TSV")" != "$(printf "$HEADER" | head -1)" ]; then
+  mv "$TSV" "$TSV.old-format"; say "an older race.tsv (other columns) moved to race.tsv.old-format"
+fi
+[ -f "$TSV" ] || printf "$HEADER" > "$TSV"
 gpu_used() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits 2> /dev/null; }
 settle() { # wait (up to 30 s) until the last run's memory is gone, so it is not counted in the next
   for _ in $(seq 30); do
@@ -183,55 +241,72 @@ measure() { # CMD...: run it under its limit with nvidia-smi sampling into $m.*;
 median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int(NR/2)+1]}'; }  # upper middle, as fsdp_gpt.py
 PORT=29700
 run_one() {
-  local name=$1 setting model mb sys D L np rpg envs=() cmd=() script="" status="" tok="" self="" note=""
+  local name=$1 setting model mb sys base D L np rpg envs=() cmd=() script="" status="" tok="" self="" note=""
   IFS=- read -r setting model mb sys <<< "$name"; mb=${mb#mb}
+  base=${sys%%+*}; local variant=${sys#"$base"}; variant=${variant#+}; local vs; IFS=+ read -ra vs <<< "$variant"
   case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; *) say "$name: unknown model"; return ;; esac
   case $setting in world1) np=1 ;; nodes2) np=2 ;; *) say "$name: unknown setting"; return ;; esac
   rpg=$(( np > NG ? (np + NG - 1) / NG : 1 ))  # ranks sharing one GPU
-  local log=$OUT/$name.log met=$OUT/$name.jsonl
+  local log=$OUT/$name.log met=$OUT/$name.jsonl v
   PORT=$((PORT + 1))
-  case $sys in
+  case $base in
     ours_zero3|ours_zeropp)
       [ "$BUILD_OK" = 1 ] || status=build_failed
       # the configs are micro-batch 4 (1.31B) or 8 (124M): rewrite it for the others
-      sed -E "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/" "bench/train/gpt_${model}_${sys#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
+      local edits=(-e "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/")
+      for v in "${vs[@]}"; do case $v in
+        keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
+        *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
+      sed -E "${edits[@]}" "bench/train/gpt_${model}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config
-      cmd=(mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${XS[@]}"
+      cmd=(mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${XS[@]}" "${LINK_RANK[@]}"
            build-gpu/zeropp train --device gpu --config "$OUT/$name.json" --steps "$STEPS" --quiet --metrics "$met")
       [ "$np" -gt 1 ] && cmd+=(--node-size 1 --emulate-nodes) ;;
     fsdp2|ds_zero3|ds_zeropp)
       script=$PEERS/fsdp_gpt.py
       envs=(D="$D" L="$L" B="$mb" T=1024 STEPS="$STEPS" WARM="$WARM" TAG="$name"
-            MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" GPUS_PER_NODE=1 RAF=1 COMPILE="$FSDP_COMPILE"
+            MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" GPUS_PER_NODE=1
             OMP_NUM_THREADS=4)  # ds_peer.sh's; ours runs as train_compare.sh does
-      if [ "$sys" != fsdp2 ]; then
-        script=$PEERS/deepspeed/ds_gpt.py; envs+=(MODE="${sys#ds_}" HPZ=1 PYTHONPATH="$SITE")
+      if [ "$base" = fsdp2 ]; then
+        local raf=1 compile=0
+        for v in "${vs[@]}"; do case $v in
+          raf0) raf=0 ;; raf1) raf=1 ;; compile) compile=1 ;;
+          *) say "$name: unknown variant '$v' of fsdp2"; return ;; esac; done
+        envs+=(RAF=$raf COMPILE=$compile)
+      else
+        script=$PEERS/deepspeed/ds_gpt.py; envs+=(MODE="${base#ds_}" HPZ=1 PYTHONPATH="$SITE")
         local extra; read -ra extra <<< "${DS_ENV:-}"; envs+=("${extra[@]}")  # e.g. DS_ENV="LSP=12 PBS=2e8"
+        for v in "${vs[@]}"; do case $v in
+          rbs[0-9]*) envs+=(RBS="${v#rbs}") ;;
+          keep) envs+=(MLP=1e12 MRD=1e12) ;;
+          *) say "$name: unknown variant '$v' of DeepSpeed"; return ;; esac; done
         if [ "$DS_OK" != 1 ]; then status=peer_setup_failed
-        elif [ "$sys" = ds_zeropp ] && [ "$DS_ZPP_OK" != 1 ]; then status=jit_failed; fi
+        elif [ "$base" = ds_zeropp ] && [ "$DS_ZPP_OK" != 1 ]; then status=jit_failed; fi
       fi
       [ -f "$script" ] && [ -f "$EMU" ] || status=no_peer_copy
       # emu_rank.sh puts each rank on its own emulated node (NCCL_HOSTID) and GPU (rank % GPUs)
       local xs=("${XS[@]}"); for e in "${envs[@]}"; do xs+=(-x "${e%%=*}"); done
       cmd=(env "${envs[@]}" mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${xs[@]}"
-           bash "$EMU" python3 "$script") ;;
+           "${LINK_RANK[@]}" bash "$EMU" python3 "$script") ;;
     *) say "$name: unknown system"; return ;;
   esac
-  local t1=$SECONDS rc=0 mem="" src="" net="" m=$OUT/mem/$name
+  local t1=$SECONDS rc=0 mem="" src="" net="" m=$OUT/mem/$name lb0 lmb=""
   [ -z "$status" ] && [ "$(tmo)" -lt "$MIN_RUN" ] && status=skipped_budget
   if [ "$DRY" = 1 ]; then
     say "DRY $name (timeout $(tmo)s): $(printf '%q ' "${cmd[@]}")"; status=${status:-dry}
   elif [ -z "$status" ]; then
+    lb0=$(link_bytes)
     measure "${cmd[@]}"
     # as ds_peer.sh does: a peer that died at start under mpirun gets one more go under torchrun
     if [[ $sys != ours_* ]] && [ "$rc" != 0 ] && [ $(( SECONDS - t1 )) -lt 60 ] && [ "$(tmo)" -ge "$MIN_RUN" ] &&
        command -v torchrun > /dev/null &&
        ! grep -qE '^(FSDP2|DS mode=)' "$log"; then
       say "   mpirun: died at start (rc=$rc), again under torchrun"; mv "$log" "$log.mpirun"
-      measure env "${envs[@]}" torchrun --standalone --nproc-per-node "$np" --no-python bash "$EMU" python3 "$script"
+      measure env "${envs[@]}" torchrun --standalone --nproc-per-node "$np" --no-python "${LINK_RANK[@]}" bash "$EMU" python3 "$script"
       note="torchrun"
     fi
-    case $sys in
+    [ "$np" -gt 1 ] && lmb=$(awk -v a="$lb0" -v b="$(link_bytes)" 'BEGIN {printf "%.0f", (b - a) / 1e6}')
+    case $base in
       ours_*) [ "$rc" = 0 ] && tok=$(sed -n 's/.*"step":\([0-9]*\),.*"tokens_per_s":\([0-9.]*\).*/\1 \2/p' "$met" |
                                      awk -v w="$WARM" '$1 > w {print $2}' | median)
               self=$(sed -n 's/.*"device_peak_bytes":\([0-9]*\).*/\1/p' "$met" 2> /dev/null | sort -g | tail -1)
@@ -258,9 +333,11 @@ run_one() {
     net=$(grep -oE 'via (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM)' "$log" | sort -u | sed 's/via //' | paste -sd,)
     [ "$status" = ok ] || tail -4 "$log" | sed 's/^/   /' | tee -a "$OUT/race.txt"
   fi
-  say "$(printf '%-30s %-14s %10s tok/s %8s MiB/rank (%s) %s' "$name" "$status" "${tok:--}" "${mem:--}" "${src:--}" "$note")"
-  printf '%s\t' "$setting" "$model" "$mb" "$sys" "$tok" "$mem" "$STEPS" "$status" "$WARM" "$np" \
-    "$(( np < NG ? np : NG ))" "$self" "$src" "${net:--}" "$(( SECONDS - t1 ))" "$note" "$name" >> "$TSV"
+  say "$(printf '%-40s %-14s %10s tok/s %8s MiB/rank (%s) %6s MB on the link, %4ss  %s' "$name" "$status" "${tok:--}" \
+        "${mem:--}" "${src:--}" "${lmb:--}" "$(( SECONDS - t1 ))" "$note")"
+  printf '%s\t' "$setting" "$model" "$mb" "$base" "${variant:--}" "$tok" "$mem" "$STEPS" "$status" "$WARM" "$np" \
+    "$(( np < NG ? np : NG ))" "$self" "$src" "${net:--}" "$([ "$np" -gt 1 ] && echo "$LINK_DESC" || echo -)" \
+    "$SOCKS" "$lmb" "$(( SECONDS - t1 ))" "$note" "$name" "$CALL" >> "$TSV"
   date -u +%FT%TZ >> "$TSV"
 }
 
@@ -268,7 +345,8 @@ run_one() {
 for r in "${RUNS[@]}"; do run_one "$r"; done
 say "done in ${SECONDS}s; $TSV"
 if [ "${PACK:-1}" = 1 ] && [ "$DRY" != 1 ]; then  # only what this script wrote
-  packed=(); for f in build.log peers-setup.log jit.log idle.mem mem; do [ -e "$OUT/$f" ] && packed+=("$f"); done
+  [ "$LINK_DESC" != socket ] && bash "$LINKSH" stats > "$OUT/link-stats.txt" 2>&1
+  packed=(); for f in build.log peers-setup.log jit.log idle.mem mem link-stats.txt linkcheck-1x1.log "linkcheck-$SOCKS.log"; do [ -e "$OUT/$f" ] && packed+=("$f"); done
   for r in "${RUNS[@]}"; do for f in "$OUT/$r".*; do [ -e "$f" ] && packed+=("${f##*/}"); done; done
   [ ${#packed[@]} -eq 0 ] || tar czf "$OUT/race-logs-$(date -u +%Y%m%dT%H%M%S).tgz" -C "$OUT" --remove-files "${packed[@]}" ||
     say "could not pack the logs; they stay in $OUT"
