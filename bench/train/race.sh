@@ -124,24 +124,6 @@ left() { echo $(( BUDGET - SECONDS )); }
 say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
     "STEPS=$STEPS WARM=$WARM LINK=$LINK SOCKS=$SOCKS call $CALL, runs: ${RUNS[*]:-none}"
 
-# ---- the link: capped by traffic control, or the bare sockets -------------------------------
-LINK_DESC=socket
-if [ "$LINK" != socket ] && [ "$DRY" != 1 ]; then
-  if out=$(bash "$LINKSH" up "$LINK" 2 2>&1); then
-    LINK_DESC="htb-$LINK"; say "$out"
-    trap 'bash "$LINKSH" down' EXIT
-  else
-    say "LINK=$LINK refused, so this call runs on the bare sockets (LINK=socket): $out"
-  fi
-elif [ "$DRY" = 1 ] && [ "$LINK" != socket ]; then LINK_DESC="htb-$LINK"; fi
-link_bytes() { # bytes sent so far through the nodes' classes (0 on the bare sockets)
-  [ "$LINK_DESC" = socket ] && { echo 0; return; }
-  tc -s class show dev lo 2> /dev/null |
-    awk '/^class htb 1:1[0-9]* / {c = ($3 != "1:1")} c && /^ Sent/ {s += $2; c = 0} END {printf "%.0f", s}'
-}
-# the per-rank wrapper that puts a rank's NCCL sockets on its node's address
-LINK_RANK=(); [ "$LINK_DESC" != socket ] && LINK_RANK=(bash "$LINKSH" rank)
-
 # ---- prep: our build (in the background) beside the peers' wheels and JIT op ---------------
 build() {
   [ -x build-gpu/zeropp ] && [ -z "${REBUILD:-}" ] && return 0
@@ -194,6 +176,26 @@ else
     else say "build FAILED:"; tail -20 "$OUT/build.log" | tee -a "$OUT/race.txt"; fi
   fi
 fi
+
+# ---- the link: capped by traffic control, or the bare sockets -------------------------------
+# Made after the build: with labelled addresses on lo (no dummy devices), Open MPI's
+# interface scan prints warnings that CMake's FindMPI takes for a broken mpicc.
+LINK_DESC=socket
+if [ "$LINK" != socket ] && [ "$DRY" != 1 ]; then
+  if out=$(bash "$LINKSH" up "$LINK" 2 2>&1); then
+    LINK_DESC="htb-$LINK"; say "$out"
+    trap 'bash "$LINKSH" down' EXIT
+  else
+    say "LINK=$LINK refused, so this call runs on the bare sockets (LINK=socket): $out"
+  fi
+elif [ "$DRY" = 1 ] && [ "$LINK" != socket ]; then LINK_DESC="htb-$LINK"; fi
+link_bytes() { # bytes sent so far through the nodes' classes (0 on the bare sockets)
+  [ "$LINK_DESC" = socket ] && { echo 0; return; }
+  tc -s class show dev lo 2> /dev/null |
+    awk '/^class htb 1:1[0-9]* / {c = ($3 != "1:1")} c && /^ Sent/ {s += $2; c = 0} END {printf "%.0f", s}'
+}
+# the per-rank wrapper that puts a rank's NCCL sockets on its node's address
+LINK_RANK=(); [ "$LINK_DESC" != socket ] && LINK_RANK=(bash "$LINKSH" rank)
 
 # ---- linkcheck: what the link gives PyTorch's NCCL, with NCCL's socket defaults and with SOCKS --
 if [ "$LINKCHECK" = 1 ]; then
