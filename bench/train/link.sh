@@ -29,8 +29,24 @@
 # else on lo (MPI, the launchers' stores) goes through the default class,
 # unshaped. Seen on this kind of kernel (Firecracker 6.18): htb, tbf and u32
 # exist, prio, fq and netem do not, nor dummy devices (then the labels).
+#
+# Needs iproute2 (tc, ip). A machine without it (the GPU machines' image) gets
+# Debian's packages carried in .deps/iproute/ (apt-get download iproute2 libbpf1
+# libbsd0 libcap2 libelf1 libmd0 libmnl0 libxtables12 zlib1g), unpacked into
+# /tmp/zpp-iproute and run from there.
 set -uo pipefail
 PREFIX=10.77.0
+HERE=$(cd "$(dirname "$0")" && pwd)
+if ! command -v tc > /dev/null || ! command -v ip > /dev/null; then
+  IPR=/tmp/zpp-iproute
+  if ! [ -x $IPR/sbin/tc ] && ls "$HERE"/../../.deps/iproute/*.deb > /dev/null 2>&1; then
+    mkdir -p $IPR && for f in "$HERE"/../../.deps/iproute/*.deb; do dpkg -x "$f" $IPR; done
+  fi
+  if [ -x $IPR/sbin/tc ]; then
+    tc() { LD_LIBRARY_PATH=$IPR/lib/x86_64-linux-gnu:$IPR/usr/lib/x86_64-linux-gnu $IPR/sbin/tc "$@"; }
+    ip() { LD_LIBRARY_PATH=$IPR/lib/x86_64-linux-gnu:$IPR/usr/lib/x86_64-linux-gnu $IPR/sbin/ip "$@"; }
+  fi
+fi
 die() { echo "link.sh: $*" >&2; exit 1; }
 addr() { echo "$PREFIX.$(( $1 + 1 ))"; }
 
@@ -38,7 +54,8 @@ up() {
   local rate=$1 nodes=$2
   [[ $rate =~ ^[0-9]+(\.[0-9]+)?[kmg]?bit$ ]] || die "rate '$rate' is not like 25gbit"
   [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -ge 2 ] && [ "$nodes" -le 12 ] || die "nodes must be 2..12"
-  command -v tc > /dev/null && command -v ip > /dev/null || die "no tc/ip here (iproute2)"
+  command -v tc > /dev/null && command -v ip > /dev/null ||
+    die "no tc/ip here: install iproute2, or carry its packages in .deps/iproute/ (see the header)"
   down 2> /dev/null
   local k kind=dummy
   for ((k = 0; k < nodes; k++)); do

@@ -102,7 +102,7 @@ NG=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU'); [ "$NG" -ge 1 ] || NG=${GPUS:
 
 # ---- which runs --------------------------------------------------------------------------
 SYS2="ours_zero3 ours_zeropp fsdp2 ds_zero3 ds_zeropp"
-RUNS=() PREP=0 LINKCHECK=0
+RUNS=() PREP=0 LINKCHECK=0 PORT=29700
 while [ $# -gt 0 ]; do
   case $1 in
     prep) PREP=1 ;;
@@ -191,7 +191,7 @@ if [ "$LINK" != socket ] && [ "$DRY" != 1 ]; then
 elif [ "$DRY" = 1 ] && [ "$LINK" != socket ]; then LINK_DESC="htb-$LINK"; fi
 link_bytes() { # bytes sent so far through the nodes' classes (0 on the bare sockets)
   [ "$LINK_DESC" = socket ] && { echo 0; return; }
-  tc -s class show dev lo 2> /dev/null |
+  bash "$LINKSH" stats 2> /dev/null |
     awk '/^class htb 1:1[0-9]* / {c = ($3 != "1:1")} c && /^ Sent/ {s += $2; c = 0} END {printf "%.0f", s}'
 }
 # the per-rank wrapper that puts a rank's NCCL sockets on its node's address
@@ -241,7 +241,6 @@ measure() { # CMD...: run it under its limit with nvidia-smi sampling into $m.*;
   kill "$s1" "$s2" 2> /dev/null; wait "$s1" "$s2" 2> /dev/null
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR) print a[int(NR/2)+1]}'; }  # upper middle, as fsdp_gpt.py
-PORT=29700
 run_one() {
   local name=$1 setting model mb sys base D L np rpg envs=() cmd=() script="" status="" tok="" self="" note=""
   IFS=- read -r setting model mb sys <<< "$name"; mb=${mb#mb}
