@@ -63,6 +63,7 @@
 # out is recorded and the race goes on.
 #   STEPS=8  RUN_TMO=240 s a run  BUDGET=570 s the call  JIT_TMO=300 s
 #   DS_ENV="LSP=12 ..." more of ds_gpt.py's knobs for every DeepSpeed run
+#   LINKCHECK_SOCKS="1x1 4x4" the socket settings linkcheck tries (default 1x1 and SOCKS)
 # The peers run exactly as ds_peer.sh runs them (its environment, emu_rank.sh,
 # mpirun, torchrun when mpirun dies at start), with the variant's settings.
 set -uo pipefail
@@ -202,7 +203,7 @@ if [ "$LINKCHECK" = 1 ]; then
   if [ "$DRY" = 1 ]; then say "DRY: would run coll_bw.py on $LINK_DESC with 1x1 and $SOCKS sockets"
   elif ! [ -f "$PEERS/coll_bw.py" ]; then say "linkcheck: no .peers/coll_bw.py (bench/train/stage_peers.sh)"
   else
-    for sk in 1x1 "$SOCKS"; do
+    for sk in ${LINKCHECK_SOCKS:-1x1 $SOCKS}; do
       lb0=$(link_bytes) t1=$SECONDS
       timeout -k 10 150 env NCCL_SOCKET_NTHREADS="${sk%x*}" NCCL_NSOCKS_PERTHREAD="${sk#*x}" TAG="$LINK_DESC/socks=$sk" \
         GPUS_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(( PORT += 7 )) \
