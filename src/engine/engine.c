@@ -68,9 +68,9 @@ struct zpp_engine {
     int dynamic;
     float scale;
     int hyst, iter, last_overflow;
-    /* debug hooks, read once at create (engine.h) */
+    /* read once at create (engine.h) */
     zpp_fault fault;        /* test hook (core/fault.h): kind NONE in a release build */
-    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
+    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1: a monitoring stat, every build */
     int forward_ready; /* a forward ran under the current weights */
     int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
     zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
@@ -836,7 +836,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish_all(e));
     if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
-    /* The nonfinite test hook (engine.h): a NaN in this rank's gradient. */
+    /* The nonfinite test hook (engine.h): a NaN in rank 0's gradient. */
     if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
                         e->topo->world_size)) {
         const float nan = NAN;
