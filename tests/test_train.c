@@ -1551,17 +1551,18 @@ static void expect_resume_bitwise(int W, const char *cfg, const char *dir, int f
 }
 
 /* A save that fails leaves the previous checkpoint published and resumable,
- * bit for bit. 2 ranks, 6 steps, a save every 3: the step-6 save fails
- * twice over —
- * - a file in the way: DIR/step-00000006 is a regular file, so the step
+ * bit for bit. 2 ranks, 6 steps, a save every 3: the step-6 save fails,
+ * `injected` says how —
+ * - 0, a file in the way: DIR/step-00000006 is a regular file, so the step
  *   folder cannot be made (DIR/rank-00001.ckpt.tmp, a folder, stands in the
  *   way of the older layout's save too, which deleted the manifest first:
  *   "is not a checkpoint" on resume);
- * - ZPP_FAULT=save_fail@6: rank 1's write fails (an I/O error).
- * Each time the run exits non-zero with one line, DIR/checkpoint.json still
- * names the intact step-3 checkpoint, the failed save left no folder, and
- * resuming gives steps 4..6 of the uninterrupted run bit for bit. */
-static void test_checkpoint_failed_save_keeps_previous(void) {
+ * - 1, ZPP_FAULT=save_fail@6 (a test hook): rank 1's write fails (an I/O
+ *   error).
+ * The run exits non-zero with one line, DIR/checkpoint.json still names the
+ * intact step-3 checkpoint, the failed save left no folder, and resuming
+ * gives steps 4..6 of the uninterrupted run bit for bit. */
+static void failed_save_keeps_previous(int injected) {
     const int W = 2;
     char cfg[512], met[512], err[512], json[2048], args[2048], dir[512], p[700], why[800];
     model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
@@ -1571,34 +1572,36 @@ static void test_checkpoint_failed_save_keeps_previous(void) {
              zpp_test_tmp_path("failsave_full.jsonl", met));
     train_ok(W, args);
     EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == 6);
-    for (int how = 0; how < 2; how++) {
-        char name[32];
-        snprintf(name, sizeof name, "failsave_%d", how);
-        zpp_test_tmp_path(name, dir);
-        EXPECT(mkdir(dir, 0777) == 0);
-        if (how == 0) {
-            snprintf(p, sizeof p, "%s/step-00000006", dir);
-            write_text(p, "in the way\n");
-            snprintf(p, sizeof p, "%s/rank-00001.ckpt.tmp", dir);
-            EXPECT(mkdir(p, 0777) == 0);
-        }
-        snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
-        int rc = run_train_env(W, how ? "save_fail@6" : NULL, args, NULL,
-                               zpp_test_tmp_path("failsave_err.txt", err));
-        EXPECT(rc != 0, "the step-6 save %s did not fail the run",
-               how ? "with ZPP_FAULT=save_fail@6" : "with a file in its way");
-        EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
-                   zpp_test_count_lines(err, "checkpoint") == 1,
-               "expected one line about the checkpoint; see %s", err);
-        EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a failed save: %s", why);
-        if (how == 1) {
-            snprintf(p, sizeof p, "%s/step-00000006", dir);
-            EXPECT(access(p, F_OK) != 0, "the failed save left %s", p);
-        }
-        expect_resume_bitwise(W, cfg, dir, 3, 6, full, "");
+    zpp_test_tmp_path(injected ? "failsave_injected" : "failsave_in_the_way", dir);
+    EXPECT(mkdir(dir, 0777) == 0);
+    if (!injected) {
+        snprintf(p, sizeof p, "%s/step-00000006", dir);
+        write_text(p, "in the way\n");
+        snprintf(p, sizeof p, "%s/rank-00001.ckpt.tmp", dir);
+        EXPECT(mkdir(p, 0777) == 0);
     }
-    printf("  a failed step-6 save (file in the way; injected I/O error) left step 3 "
-           "published; resumed bit for bit\n");
+    snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 3", cfg, dir);
+    int rc = run_train_env(W, injected ? "save_fail@6" : NULL, args, NULL,
+                           zpp_test_tmp_path("failsave_err.txt", err));
+    EXPECT(rc != 0, "the step-6 save %s did not fail the run",
+           injected ? "with ZPP_FAULT=save_fail@6" : "with a file in its way");
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "checkpoint") == 1,
+           "expected one line about the checkpoint; see %s", err);
+    EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a failed save: %s", why);
+    if (injected) {
+        snprintf(p, sizeof p, "%s/step-00000006", dir);
+        EXPECT(access(p, F_OK) != 0, "the failed save left %s", p);
+    }
+    expect_resume_bitwise(W, cfg, dir, 3, 6, full, "");
+    printf("  a failed step-6 save (%s) left step 3 published; resumed bit for bit\n",
+           injected ? "injected I/O error" : "file in the way");
+}
+
+static void test_checkpoint_failed_save_keeps_previous(void) { failed_save_keeps_previous(0); }
+
+static void test_checkpoint_injected_save_failure_keeps_previous(void) {
+    failed_save_keeps_previous(1);
 }
 
 /* A rank killed in the middle of a save (ZPP_FAULT=save_kill@6: rank 1
@@ -2114,13 +2117,15 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_profile_metrics), ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),
           ZPP_TEST(test_save_every), ZPP_TEST(test_nonfinite_gradient_fails_cleanly),
-          ZPP_TEST(test_nonfinite_step_skipped), ZPP_TEST(test_consecutive_skips_stop),
+          ZPP_TEST_HOOKS(test_nonfinite_step_skipped), ZPP_TEST_HOOKS(test_consecutive_skips_stop),
           ZPP_TEST(test_fp16_dynamic_loss_scale), ZPP_TEST(test_fp16_static_loss_scale),
           ZPP_TEST(test_fp16_zero3_matches_single_rank),
           ZPP_TEST(test_checkpoint_failed_save_keeps_previous),
-          ZPP_TEST(test_checkpoint_killed_save_keeps_previous), ZPP_TEST(test_checkpoint_reshard),
-          ZPP_TEST(test_checkpoint_resume_checks_model), ZPP_TEST(test_checkpoint_cli_checks),
-          ZPP_TEST(test_stalled_rank_times_out), ZPP_TEST(test_resume_after_skips_bitwise),
+          ZPP_TEST_HOOKS(test_checkpoint_injected_save_failure_keeps_previous),
+          ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
+          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
+          ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
+          ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),
           ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),
           ZPP_TEST(test_json_strict))

@@ -10,6 +10,10 @@
  * A case that needs an NVIDIA GPU is listed as ZPP_TEST_GPU(fn) instead:
  * the same entry for the program, and tests/CMakeLists.txt (which reads the
  * case names from this list for CASES_FROM_SOURCE tests) labels it gpu.
+ * A case that needs the library's test-only fault hooks (docs/fault-hooks.md)
+ * is listed as ZPP_TEST_HOOKS(fn): CMake registers it only in a build with
+ * -DZPP_FAULT_HOOKS=ON; in a library without them the harness leaves it out
+ * of a run of every case, saying so, and fails it when asked for by name.
  *
  * `prog` runs every test, `prog NAME` runs one. Random inputs come from a
  * fresh seed each run (printed, so a failure can be replayed with
@@ -28,10 +32,12 @@
 typedef struct zpp_test_entry {
     const char *name;
     void (*fn)(void);
+    int needs_hooks;
 } zpp_test_entry;
 
-#define ZPP_TEST(fn) {#fn, fn}
-#define ZPP_TEST_GPU(fn) {#fn, fn}
+#define ZPP_TEST(fn) {#fn, fn, 0}
+#define ZPP_TEST_GPU(fn) {#fn, fn, 0}
+#define ZPP_TEST_HOOKS(fn) {#fn, fn, 1}
 #define ZPP_TESTS(...)                                                        \
     const zpp_test_entry zpp_test_list[] = {__VA_ARGS__};                     \
     const size_t zpp_test_count = sizeof zpp_test_list / sizeof zpp_test_list[0];

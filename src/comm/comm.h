@@ -202,17 +202,12 @@ int zpp_comm_launched(void);
  * ZPP_ERR_COMM with MPI's message) and frees it in ops->destroy.
  *
  * Counts above INT_MAX: MPI-3 takes int counts. A buffer of more than
- * `max_count` (default INT_MAX) elements travels as ONE element of a
- * derived "blob" datatype of the same bytes (contiguous chunks plus a
- * remainder), and reductions on a blob use this backend's own sum ops,
- * which see the whole blob as a flat array. So every size works; nothing is
- * split into several messages. */
+ * INT_MAX elements (fewer when a test lowers the limit: core/fault.h, in
+ * hooks builds only) travels as ONE element of a derived "blob" datatype
+ * of the same bytes (contiguous chunks plus a remainder), and reductions
+ * on a blob use this backend's own sum ops, which see the whole blob as a
+ * flat array. So every size works; nothing is split into several messages. */
 zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
-/* Test hook: the largest count handed to MPI in one argument before the
- * blob datatype takes over (<= 0 restores INT_MAX). Lets tests run the
- * large-count path on small buffers. Not thread-safe; set it between
- * operations. */
-void zpp_comm_mpi_set_max_count(int max_count);
 /* Creates the world NCCL communicator, its intra/inter splits and the
  * reductions' three (red_*) in one go. Called by zpp_topo_create with every
  * size/rank field of `topo` already set and the six comms NULL; on failure

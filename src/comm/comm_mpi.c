@@ -27,7 +27,7 @@
  * use, and freed when MPI finalizes (an attribute on MPI_COMM_SELF, whose
  * delete callback MPI_Finalize runs first).
  *
- * Large counts. MPI-3 counts are ints. A buffer of more than max_count
+ * Large counts. MPI-3 counts are ints. A buffer of more than INT_MAX
  * elements is described as ONE element of a "blob" datatype covering all of
  * its bytes: q contiguous chunks of `chunk` bytes followed by r remaining
  * bytes, resized to extent q*chunk + r. Collectives that only move bytes
@@ -47,6 +47,7 @@
 #include "comm/comm_internal.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 typedef struct zpp__mpi {
     MPI_Comm comm;
@@ -65,12 +66,6 @@ struct zpp_comm_req {
 
 /* The world forms' deadline (zpp_comm_world_set_timeout). */
 static double zpp__world_timeout_s = 0.0;
-
-static int zpp__mpi_max_count = INT_MAX;
-
-void zpp_comm_mpi_set_max_count(int max_count) {
-    zpp__mpi_max_count = max_count > 0 ? max_count : INT_MAX;
-}
 
 /* ---- Errors ----------------------------------------------------------- */
 
@@ -215,7 +210,8 @@ typedef struct zpp__mpi_buf {
 /* Describes n elements of `elem` (elem_size bytes each) for MPI. */
 static zpp_status zpp__mpi_buf_make(size_t n, MPI_Datatype elem, size_t elem_size,
                                     zpp__mpi_buf *b) {
-    size_t max = (size_t)zpp__mpi_max_count;
+    /* INT_MAX, or less when a test lowered it (core/fault.h: only with hooks) */
+    size_t max = (size_t)zpp_fault_mpi_max_count();
     if (n <= max) {
         b->count = (int)n;
         b->type = elem;

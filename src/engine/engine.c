@@ -68,9 +68,9 @@ struct zpp_engine {
     int dynamic;
     float scale;
     int hyst, iter, last_overflow;
-    /* debug hooks, read once at create (engine.h) */
-    int fault_lo, fault_hi; /* ZPP_FAULT=nonfinite@lo-hi; 0 = none */
-    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1 */
+    /* read once at create (engine.h) */
+    zpp_fault fault;        /* test hook (core/fault.h): kind NONE in a release build */
+    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1: a monitoring stat, every build */
     int forward_ready; /* a forward ran under the current weights */
     int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
     zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
@@ -403,16 +403,8 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
                          "engine: zeropp_loco_param needs err_beta in [0, 1] (got %g) and "
                          "reset_T >= 1 (got %d)",
                          (double)opts->loco_err_beta, opts->loco_reset_T);
-    int fault_lo = 0, fault_hi = 0;
     zpp_fault fault;
     ZPP_CHECK(zpp_fault_from_env(&fault));
-    if (fault.kind == ZPP_FAULT_NONFINITE) {
-        if (fault.first < 1)
-            return zpp_error(ZPP_ERR_CONFIG,
-                             "ZPP_FAULT: nonfinite@%d: steps count from 1", fault.first);
-        fault_lo = fault.first;
-        fault_hi = fault.last;
-    }
     if (model->param_dtype != opts->work_dtype)
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: the model takes %s parameters but the engine works in %s",
@@ -428,8 +420,7 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     e->model = model;
     e->opts = *opts;
     e->dev = dev;
-    e->fault_lo = fault_lo;
-    e->fault_hi = fault_hi;
+    e->fault = fault;
     const char *psum = getenv("ZPP_PARAM_SUMSQ");
     e->param_sumsq = psum && !strcmp(psum, "1");
     e->dynamic = opts->loss_scale == 0.0f;
@@ -845,10 +836,9 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish_all(e));
     if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
-    /* The fault hook (engine.h): a NaN in rank 0's gradient. */
-    const int step1 = e->step + 1;
-    if (e->fault_lo && step1 >= e->fault_lo && step1 <= e->fault_hi &&
-        e->topo->world_rank == 0) {
+    /* The nonfinite test hook (engine.h): a NaN in rank 0's gradient. */
+    if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
+                        e->topo->world_size)) {
         const float nan = NAN;
         for (int i = 0; i < e->model->n_units; i++)
             if (e->units[i].part.shard_len) {

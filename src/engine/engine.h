@@ -192,10 +192,11 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
  * unscaled norm): with the pieces API, pass zpp_engine_loss_scale(e) times
  * the micro-batch weight to zpp_engine_backward.
  *
- * Fault hook for tests: ZPP_FAULT=nonfinite@S (or @S-E), read once by
+ * Test hook, only in a library built with -DZPP_FAULT_HOOKS=ON
+ * (docs/fault-hooks.md): ZPP_FAULT=nonfinite@S (or @S-E), read once by
  * zpp_engine_create, writes a NaN into rank 0's gradient accumulator before
- * the norm at 1-based step S (through E). Unset, it costs one comparison
- * per step. A malformed value fails zpp_engine_create (core/fault.h). */
+ * the norm at 1-based step S (through E). A malformed value fails
+ * zpp_engine_create (core/fault.h). */
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p);
 /* The loss scale the next backward should apply (1 unless configured). */

@@ -234,15 +234,12 @@ typedef struct ckpt_file {
     FILE *f;
     uint64_t hash;
     const char *path;
-    size_t written, kill_at; /* kill_at: _exit(137) once this many bytes are out */
+    size_t written, kill_at; /* kill_at: the save_kill hook ends the rank here */
 } ckpt_file;
 
 static zpp_status file_write(ckpt_file *c, const void *p, size_t n) {
-    if (c->kill_at && c->written + n >= c->kill_at) {
-        fwrite(p, 1, c->kill_at - c->written, c->f);
-        fflush(c->f);
-        _exit(137); /* ZPP_FAULT=save_kill: a rank killed in the middle of its file */
-    }
+    if (c->kill_at && c->written + n >= c->kill_at) /* returns only without hooks */
+        return zpp_fault_kill_mid_write(c->f, p, c->kill_at - c->written);
     if (fwrite(p, 1, n, c->f) != n)
         return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path, strerror(errno));
     fnv1a(&c->hash, p, n);
@@ -472,7 +469,7 @@ static void prune(const char *dir, const char *published, int keep) {
 }
 
 zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
-                               int keep, zpp_ckpt_fault fault, int fault_step) {
+                               int keep, const zpp_fault *fault) {
     const int rank = meta->world_rank;
     char published[256], name[64], folder[CKPT_PATH], path[CKPT_PATH];
     /* Every rank reads the published folder's name before rank 0 changes
@@ -494,19 +491,17 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     }
     ZPP_CHECK(zpp_comm_agree_world(st));
 
-    /* Every rank's file, written and fsynced. */
-    const int fires = fault != ZPP_CKPT_FAULT_NONE && fault_step == meta->step;
-    const int victim = fault == ZPP_CKPT_FAULT_SAVE_KILL ? (meta->world_size > 1 ? 1 : 0)
-                                                         : meta->world_size - 1;
+    /* Every rank's file, written and fsynced (or the save_fail / save_kill
+     * test hook on its rank). */
+    const int W = meta->world_size;
     char fname[32];
     snprintf(fname, sizeof fname, "rank-%05d.ckpt", rank);
     st = join(path, folder, fname);
-    if (st == ZPP_OK && fires && rank == victim && fault == ZPP_CKPT_FAULT_SAVE_FAIL)
-        st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: injected failure "
-                                   "(ZPP_FAULT=save_fail@%d)",
-                       path, fault_step);
+    if (st == ZPP_OK && zpp_fault_fires(fault, ZPP_FAULT_SAVE_FAIL, meta->step, rank, W))
+        st = zpp_fault_save_error(path, meta->step);
     else if (st == ZPP_OK)
-        st = write_rank_file(e, meta, path, fires && rank == victim);
+        st = write_rank_file(e, meta, path,
+                             zpp_fault_fires(fault, ZPP_FAULT_SAVE_KILL, meta->step, rank, W));
     if (st == ZPP_OK && loco_on(e)) {
         snprintf(fname, sizeof fname, "loco-%05d.ckpt", rank);
         st = join(path, folder, fname);

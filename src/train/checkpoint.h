@@ -62,18 +62,12 @@
 
 #include <stdint.h>
 
+#include "core/fault.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "train/ckpt_manifest.h"
 
 #define ZPP_CKPT_FORMAT 2
-
-/* Faults for the tests (the trainer reads ZPP_FAULT, trainer.h). */
-typedef enum zpp_ckpt_fault {
-    ZPP_CKPT_FAULT_NONE = 0,
-    ZPP_CKPT_FAULT_SAVE_FAIL = 1, /* the last rank's write fails */
-    ZPP_CKPT_FAULT_SAVE_KILL = 2  /* rank 1 (0 alone) writes half its file, _exit(137) */
-} zpp_ckpt_fault;
 
 typedef struct zpp_ckpt_meta {
     int step;          /* optimizer steps taken */
@@ -90,10 +84,11 @@ typedef struct zpp_ckpt_meta {
 zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank);
 
 /* Saves the engine's state as a new step folder of DIR and publishes it;
- * keeps the newest `keep` (>= 1) complete folders. `fault` fires when
- * `fault_step` == meta->step. Collective. */
+ * keeps the newest `keep` (>= 1) complete folders. `fault` (NULL: none) is
+ * the save_fail / save_kill test hook (core/fault.h), which never fires in a
+ * release build. Collective. */
 zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
-                               int keep, zpp_ckpt_fault fault, int fault_step);
+                               int keep, const zpp_fault *fault);
 
 /* Loads the published checkpoint of DIR (or the step folder DIR) into the
  * engine, after checking it against `meta` (this run; meta->step ignored).

@@ -26,9 +26,8 @@ struct zpp_trainer {
     /* batch callback state */
     int step;
     uint64_t val_index;
-    /* checkpoints: ZPP_FAULT (trainer.h), the last resume's note */
-    zpp_ckpt_fault fault;
-    int fault_step;
+    /* checkpoints: the save test hooks (trainer.h), the last resume's note */
+    zpp_fault fault;
     char resume_note[512];
 };
 
@@ -51,16 +50,6 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     if (k == 0) snprintf(buf, cap, "zero3");
     else buf[k - 1] = '\0';
     return buf;
-}
-
-/* ZPP_FAULT=save_fail@STEP | save_kill@STEP (trainer.h), read once. */
-static zpp_status read_fault(zpp_trainer *t) {
-    zpp_fault f;
-    ZPP_CHECK(zpp_fault_from_env(&f)); /* other kinds are the engine's */
-    if (f.kind == ZPP_FAULT_SAVE_FAIL) t->fault = ZPP_CKPT_FAULT_SAVE_FAIL;
-    if (f.kind == ZPP_FAULT_SAVE_KILL) t->fault = ZPP_CKPT_FAULT_SAVE_KILL;
-    t->fault_step = f.first;
-    return ZPP_OK;
 }
 
 /* --init-from: this rank's shard of every unit from an llm.c model file
@@ -199,7 +188,8 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
     in->data = di;
     in->mode = mode_name(c, t->mode, sizeof t->mode);
-    return read_fault(t);
+    /* the save hooks (trainer.h), read once; the engine's kind is ignored */
+    return zpp_fault_from_env(&t->fault);
 }
 
 zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opts *opts,
@@ -331,8 +321,7 @@ zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir) {
 
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
     zpp_ckpt_meta m = ckpt_meta(t, steps_done);
-    return zpp_checkpoint_save(t->engine, &m, dir, t->cfg.keep_checkpoints, t->fault,
-                               t->fault_step);
+    return zpp_checkpoint_save(t->engine, &m, dir, t->cfg.keep_checkpoints, &t->fault);
 }
 
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) {

@@ -100,11 +100,12 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volum
  * zpp_trainer_resume_note ("" if nothing). Collective; every rank returns
  * the same status.
  *
- * Fault injection for the tests: ZPP_FAULT=save_fail@STEP makes the last
- * rank's write of the save after STEP steps fail (an I/O error);
+ * Test hooks, only in a library built with -DZPP_FAULT_HOOKS=ON
+ * (docs/fault-hooks.md): ZPP_FAULT=save_fail@STEP makes the last rank's
+ * write of the save after STEP steps fail (an I/O error);
  * ZPP_FAULT=save_kill@STEP makes rank 1 (rank 0 when alone) write half its
- * file of that save and _exit(137), as a rank killed mid-save. Read once,
- * at zpp_trainer_create (core/fault.h parses every kind). */
+ * file of that save and end with status 137, as a rank killed mid-save.
+ * Read once, at zpp_trainer_create (core/fault.h). */
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
 const char *zpp_trainer_resume_note(const zpp_trainer *t);
