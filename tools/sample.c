@@ -152,9 +152,22 @@ void zpp_cli_sample_json(FILE *f, const zpp_cli_sample_result *s) {
     fputc(']', f);
 }
 
-/* As llm.c prints its samples, between two rules; control characters but
- * newline and tab show as '?' on a log (a model early in training writes
- * any byte, escape sequences included). */
+/* A model early in training writes any byte, escape sequences included:
+ * on a log, control characters but newline and tab, and bytes that are not
+ * UTF-8, show as '?'. */
+static void log_safe(char *text, size_t n) {
+    unsigned char *s = (unsigned char *)text;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_len(s + i, n - i);
+        if (k == 0 || (s[i] < 0x20 && s[i] != '\n' && s[i] != '\t') || s[i] == 0x7f) {
+            s[i++] = '?';
+            continue;
+        }
+        i += k;
+    }
+}
+
+/* As llm.c prints its samples, between two rules. */
 void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s) {
     const zpp_sample_decoder *dec = sample_decoder_for(s->real_vocab);
     char *p = NULL, *g = NULL;
@@ -164,10 +177,8 @@ void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s) {
         free(p);
         return;
     }
-    for (size_t i = 0; i < gl; i++)
-        if (((unsigned char)g[i] < 0x20 && g[i] != '\n' && g[i] != '\t') || g[i] == 0x7f) g[i] = '?';
-    for (size_t i = 0; i < pl; i++)
-        if (((unsigned char)p[i] < 0x20 && p[i] != '\n' && p[i] != '\t') || p[i] == 0x7f) p[i] = '?';
+    log_safe(p, pl);
+    log_safe(g, gl);
     fprintf(f, "sample at step %d (%d tokens after the first %d of the validation data):\n---\n",
             step, s->n_gen, s->n_prompt);
     fwrite(p, 1, pl, f);
