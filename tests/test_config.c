@@ -125,6 +125,7 @@ static void test_every_key_parsed(void) {
         int bf16 = irand(&r, 0, 1), qw = irand(&r, 0, 1), qg = irand(&r, 0, 1);
         int steps = irand(&r, 1, 100000), ev = irand(&r, 0, 1000), eb = irand(&r, 1, 64);
         int kc = irand(&r, 1, 9);
+        int se = irand(&r, 0, 1000), stok = irand(&r, 1, 65536);
         long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
         int linear = irand(&r, 0, 1);
         double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
@@ -174,6 +175,7 @@ static void test_every_key_parsed(void) {
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
+                 "      \"sample_every\": %d, \"sample_tokens\": %d,\n"
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
                  "      \"data_order\": \"%s\", \"weight_decay_all\": %s}\n"
                  "}\n",
@@ -181,7 +183,7 @@ static void test_every_key_parsed(void) {
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
-                 real_vocab, steps, seed, ev, eb, kc, cts, sequential ? "sequential" : "shuffled",
+                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false");
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
@@ -210,6 +212,7 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
                cfg.collective_timeout_s == cts);
+        EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
                cfg.weight_decay_all == decay_all);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
@@ -448,6 +451,10 @@ static void test_validation_errors(void) {
     }
     expect_load_fails("{\"zeropp\": {\"eval_batches\": 0}}", ZPP_ERR_CONFIG,
                       "'zeropp.eval_batches' is 0");
+    expect_load_fails("{\"zeropp\": {\"sample_tokens\": 0}}", ZPP_ERR_CONFIG,
+                      "'zeropp.sample_tokens' is 0");
+    expect_load_fails("{\"zeropp\": {\"sample_every\": -1}}", ZPP_ERR_CONFIG,
+                      "'zeropp.sample_every' is -1");
     expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,
                       "'zeropp.collective_timeout_s' must be >= 0 seconds");
     expect_load_fails("{\"zeropp\": {\"data_order\": \"random\"}}", ZPP_ERR_CONFIG,

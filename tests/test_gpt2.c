@@ -177,8 +177,9 @@ static void ref_linear(double *out, const double *in, const double *W, const dou
         }
 }
 
+/* The mean loss; with logits_out (B*T x V) not NULL, every row's logits too. */
 static double ref_loss(const net *nt, double *const *u, const int32_t *tok, const int32_t *tgt,
-                       int B) {
+                       int B, double *logits_out) {
     const zpp_gpt2_layout *ly = &nt->lay;
     int L = nt->cfg.n_layer, C = nt->cfg.n_embd, H = nt->cfg.n_head, T = nt->cfg.seq_len;
     int V = nt->cfg.vocab_size, hs = C / H, n = B * T;
@@ -240,6 +241,7 @@ static double ref_loss(const net *nt, double *const *u, const int32_t *tok, cons
             logit[v] = s;
             if (s > mx) mx = s;
         }
+        if (logits_out) memcpy(logits_out + (size_t)r * V, logit, (size_t)V * sizeof(double));
         for (int v = 0; v < V; v++) sum += exp(logit[v] - mx);
         total += log(sum) + mx - logit[tgt[r]];
     }
@@ -339,7 +341,7 @@ static void test_gradient_check(void) {
 
     net_zero_grads(&n);
     float loss32 = net_step(&n, tok, tgt, B, 1.0f);
-    double loss64 = ref_loss(&n, u64, tok, tgt, B);
+    double loss64 = ref_loss(&n, u64, tok, tgt, B, NULL);
     EXPECT(fabs(loss32 - loss64) <= 2e-5, "fp32 loss %.9g vs double %.9g", loss32, loss64);
 
     double worst_rel = 0, worst_abs = 0, worst_ratio = 0;
@@ -353,9 +355,9 @@ static void test_gradient_check(void) {
                 size_t j = t[i].off + (size_t)(zpp_rng_u64(&r) % t[i].size);
                 double p0 = u64[u][j];
                 u64[u][j] = p0 + GC_EPS;
-                double fp = ref_loss(&n, u64, tok, tgt, B);
+                double fp = ref_loss(&n, u64, tok, tgt, B, NULL);
                 u64[u][j] = p0 - GC_EPS;
-                double fm = ref_loss(&n, u64, tok, tgt, B);
+                double fm = ref_loss(&n, u64, tok, tgt, B, NULL);
                 u64[u][j] = p0;
                 double num = (fp - fm) / (2 * GC_EPS), ana = n.g[u][j];
                 EXPECT(gc_close(ana, num), "unit %d %s[%zu]: analytic %.7g numeric %.7g", u,
@@ -736,8 +738,113 @@ static void test_rejects_bad_input(void) {
     net_free(&n);
 }
 
+/* keep_logits / logits (model.h): the logits of one row of a forward.
+ * They are the head's logits, checked three ways:
+ *   - against the double-precision reference forward's logits of that row
+ *     (fp32 arithmetic against double: a product of C terms and a chain of
+ *     a few, so ~1e-6 of the row's largest logit; the bound is 1e-5);
+ *   - as what the loss was computed from: the loss of every row, formed in
+ *     double from its kept logits over the real vocabulary (the padded
+ *     columns are outside the softmax), averages to the model's loss (an
+ *     fp32 mean of fp32 terms: 1e-6 relative);
+ *   - causality, bit for bit: row t of a sequence depends on tokens 0..t
+ *     only, so any tokens after t (padding, another continuation) give the
+ *     same bits at t. That is what sampling from a short context relies on.
+ * And the calls' protocol: rows out of range, a batch shorter than the
+ * row, a forward that has not reached the head, none asked for. */
+static void test_logits_row(void) {
+    zpp_gpt2_config cfg = {2, 2, 16, 8, 37, 29}; /* 29 tokens padded to 37 rows */
+    const int B = 2, T = cfg.seq_len, V = cfg.vocab_size, Vr = cfg.real_vocab_size;
+    net n = net_make(cfg, ZPP_FP32, B);
+    zpp_model *m = n.m;
+    zpp_rng r = zpp_rng_make(zpp_test_seed(19));
+    double **u64 = xcalloc((size_t)n.nu, sizeof *u64);
+    for (int u = 0; u < n.nu; u++) { /* far from the init: every tensor matters */
+        tensor_desc t[12];
+        int k = unit_tensors(&n, u, t);
+        for (int i = 0; i < k; i++)
+            for (size_t j = 0; j < t[i].size; j++)
+                n.p[u][t[i].off + j] =
+                    (float)((t[i].kind == 2 ? 1.0 : 0.0) + 0.25 * zpp_rng_normal(&r));
+        u64[u] = xcalloc(n.m->unit_numel[u], sizeof(double));
+        for (size_t j = 0; j < n.m->unit_numel[u]; j++) u64[u][j] = n.p[u][j];
+    }
+    int32_t tok[16], tgt[16], alt[16];
+    random_tokens(&r, tok, (size_t)B * T, Vr);
+    random_tokens(&r, tgt, (size_t)B * T, Vr);
+    double *ref = xcalloc((size_t)B * T * V, sizeof(double));
+    (void)ref_loss(&n, u64, tok, tgt, B, ref);
+    float *got = xcalloc((size_t)V, sizeof(float)), *again = xcalloc((size_t)V, sizeof(float));
+
+    /* every row, against the reference and through the loss */
+    double loss_sum = 0, worst = 0;
+    float loss = 0;
+    for (int row = 0; row < B * T; row++) {
+        EXPECT_OK(m->ops->keep_logits(m, row));
+        loss = net_forward(&n, tok, tgt, B);
+        EXPECT_OK(m->ops->logits(m, got));
+        const double *want = ref + (size_t)row * V;
+        double lmax = 0, dmax = 0;
+        for (int v = 0; v < V; v++) {
+            lmax = fmax(lmax, fabs(want[v]));
+            dmax = fmax(dmax, fabs(got[v] - want[v]));
+        }
+        EXPECT(lmax > 0.5, "row %d: logits near 0 (max %g): the check would be vacuous", row, lmax);
+        EXPECT(dmax <= 1e-5 * lmax, "row %d: logits differ from the reference by %g (max %g)",
+               row, dmax, lmax);
+        worst = fmax(worst, dmax / lmax);
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < Vr; v++) mx = fmax(mx, got[v]);
+        for (int v = 0; v < Vr; v++) sum += exp(got[v] - mx);
+        loss_sum += log(sum) + mx - got[tgt[row]];
+    }
+    const double mean = loss_sum / (B * T);
+    EXPECT(fabs(loss - mean) <= 1e-6 * fabs(mean),
+           "the model's loss %.9g is not the mean %.9g of its rows' losses from the kept logits",
+           loss, mean);
+    printf("  logits of %d rows: worst %.2e of the row's largest vs double; loss %.7f = %.7f\n",
+           B * T, worst, loss, mean);
+
+    /* causality: row t with the tokens after it changed (random junk, as a
+     * sampler's padding), the same bits; one sequence, no targets */
+    for (int trial = 0; trial < 4; trial++) {
+        const int t = (int)(zpp_rng_u64(&r) % (uint64_t)T);
+        memcpy(alt, tok, (size_t)T * sizeof *alt);
+        for (int i = t + 1; i < T; i++) alt[i] = (int32_t)(zpp_rng_u64(&r) % (uint64_t)V);
+        EXPECT_OK(m->ops->keep_logits(m, t));
+        net_forward(&n, tok, NULL, 1);
+        EXPECT_OK(m->ops->logits(m, got));
+        net_forward(&n, alt, NULL, 1);
+        EXPECT_OK(m->ops->logits(m, again));
+        EXPECT(memcmp(got, again, (size_t)V * sizeof(float)) == 0,
+               "row %d changed with the tokens after it", t);
+    }
+
+    /* the protocol */
+    EXPECT_STATUS(m->ops->keep_logits(m, B * T), ZPP_ERR_INVALID);
+    EXPECT_STATUS(m->ops->keep_logits(m, -2), ZPP_ERR_INVALID);
+    EXPECT_OK(m->ops->keep_logits(m, T)); /* sequence 1 ... */
+    net_forward(&n, tok, NULL, 1);        /* ... of a batch of one */
+    EXPECT_STATUS(m->ops->logits(m, got), ZPP_ERR_STATE);
+    EXPECT(strstr(zpp_last_error(), "kept no logits of row 8") != NULL, "'%s'", zpp_last_error());
+    EXPECT_OK(m->ops->keep_logits(m, 3));
+    EXPECT_OK(m->ops->set_batch(m, tok, NULL, 1));
+    EXPECT_OK(m->ops->forward(m, 0, n.pw[0])); /* not through the head */
+    EXPECT_STATUS(m->ops->logits(m, got), ZPP_ERR_STATE);
+    EXPECT_STATUS(m->ops->logits(m, NULL), ZPP_ERR_INVALID);
+    EXPECT_OK(m->ops->keep_logits(m, -1));
+    net_forward(&n, tok, NULL, 1);
+    EXPECT_STATUS(m->ops->logits(m, got), ZPP_ERR_STATE);
+    EXPECT(strstr(zpp_last_error(), "no row kept") != NULL, "'%s'", zpp_last_error());
+
+    free(ref), free(got), free(again);
+    for (int u = 0; u < n.nu; u++) free(u64[u]);
+    free(u64);
+    net_free(&n);
+}
+
 ZPP_TESTS(ZPP_TEST(test_layout_and_stages), ZPP_TEST(test_gradient_check),
           ZPP_TEST(test_microbatch_accumulation), ZPP_TEST(test_init_params),
           ZPP_TEST(test_loss_at_init_and_speed), ZPP_TEST(test_bf16_matches_fp32),
           ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_determinism),
-          ZPP_TEST(test_rejects_bad_input))
+          ZPP_TEST(test_rejects_bad_input), ZPP_TEST(test_logits_row))

@@ -777,8 +777,74 @@ static void test_loss_at_init_and_speed(void) {
     zpp_device_destroy(dev);
 }
 
+/* keep_logits / logits (model.h), what sampling reads: the CUDA model's
+ * logits of a row against the CPU reference's (test_gpt2.c checks those
+ * against a double forward and against its loss). The logits are the end
+ * of the forward's chain, with the roundings of the forward half of the
+ * gradients' (the top): within grad_tol(dtype) of the row's largest logit,
+ * 8u for bf16. Rows in the first, a middle and the last chunk of the head
+ * (kHeadRows = 1024: the CUDA model copies a row aside while its chunk is in
+ * the buffer), with fewer sequences than max_batch, in fp32 and in bf16
+ * (the fused attention); then bitwise the same on a second run, and the
+ * protocol's refusals. */
+static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int B,
+                              uint64_t stream_id) {
+    twin t = twin_make(cfg, dt, max_batch, 1);
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream_id));
+    twin_init(&t, zpp_rng_u64(&r));
+    twin_perturb(&t, &r);
+    const int T = cfg.seq_len, V = cfg.vocab_size, n = B * T;
+    int32_t *tok = xcalloc((size_t)n, sizeof(int32_t));
+    float *lc = xcalloc((size_t)V, sizeof(float)), *lg = xcalloc((size_t)V, sizeof(float)),
+          *lg2 = xcalloc((size_t)V, sizeof(float));
+    random_tokens(&r, tok, (size_t)n, zpp_gpt2_real_vocab(&cfg));
+    const int rows[] = {0, 1023 < n - 1 ? 1023 : n / 2, 1024 < n ? 1024 : n - 2,
+                        (int)(zpp_rng_u64(&r) % (uint64_t)n), n - 1};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+        const int row = rows[k];
+        EXPECT_OK(t.cpu->ops->keep_logits(t.cpu, row));
+        EXPECT_OK(t.gpu->ops->keep_logits(t.gpu, row));
+        model_forward(t.cpu, t.pw, tok, NULL, B);
+        model_forward(t.gpu, t.dp, tok, NULL, B);
+        EXPECT_OK(t.cpu->ops->logits(t.cpu, lc));
+        EXPECT_OK(t.gpu->ops->logits(t.gpu, lg));
+        double lmax = 0, dmax = 0;
+        for (int v = 0; v < V; v++) {
+            EXPECT(isfinite(lg[v]), "row %d: CUDA logit %d is %g", row, v, lg[v]);
+            lmax = fmax(lmax, fabs(lc[v]));
+            dmax = fmax(dmax, fabs((double)lg[v] - lc[v]));
+        }
+        const double bound = grad_tol(dt) * lmax + GRAD_FLOOR;
+        printf("  %s T%d B%d/%d row %d: max|l| %.3e, max|diff| %.3e = %.3f of the bound\n",
+               zpp_dtype_name(dt), T, B, max_batch, row, lmax, dmax, dmax / bound);
+        EXPECT(lmax > 0.1, "row %d: logits near 0: the check would be vacuous", row);
+        EXPECT(dmax <= bound, "row %d: CUDA logits differ from the CPU's by %.3e > %.3e", row,
+               dmax, bound);
+        model_forward(t.gpu, t.dp, tok, NULL, B);
+        EXPECT_OK(t.gpu->ops->logits(t.gpu, lg2));
+        EXPECT(memcmp(lg, lg2, (size_t)V * sizeof(float)) == 0, "row %d: not deterministic", row);
+    }
+    zpp_model *g = t.gpu;
+    EXPECT_STATUS(g->ops->keep_logits(g, max_batch * T), ZPP_ERR_INVALID);
+    EXPECT_OK(g->ops->keep_logits(g, T)); /* sequence 1 (max_batch >= 2) ... */
+    model_forward(g, t.dp, tok, NULL, 1);  /* ... of a batch of one */
+    EXPECT_STATUS(g->ops->logits(g, lg), ZPP_ERR_STATE);
+    EXPECT_OK(g->ops->keep_logits(g, -1));
+    model_forward(g, t.dp, tok, NULL, 1);
+    EXPECT_STATUS(g->ops->logits(g, lg), ZPP_ERR_STATE);
+    free(tok), free(lc), free(lg), free(lg2);
+    twin_free(&t);
+}
+
+static void test_logits_row_matches_cpu(void) {
+    check_logits_rows((zpp_gpt2_config){1, 2, 32, 520, 64, 0}, ZPP_FP32, 3, 2, 24);
+    check_logits_rows((zpp_gpt2_config){1, 2, 128, 520, 96, 89}, ZPP_BF16, 4, 3, 25);
+    check_logits_rows((zpp_gpt2_config){2, 3, 48, 19, 101, 0}, ZPP_BF16, 2, 1, 26);
+}
+
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
           ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_in_chunks_matches_cpu),
           ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),
-          ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed))
+          ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed),
+          ZPP_TEST_GPU(test_logits_row_matches_cpu))

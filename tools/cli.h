@@ -10,6 +10,27 @@ int zpp_cli_plan(int argc, char **argv);
 int zpp_cli_export(int argc, char **argv); /* llmc.c */
 int zpp_cli_eval(int argc, char **argv);   /* llmc.c */
 int zpp_cli_plot(int argc, char **argv);
+int zpp_cli_sample(int argc, char **argv); /* sample.c */
+
+/* ---- samples while training (sample.c; `zeropp train --sample-every`) ---- */
+#include <stdio.h>
+#include "train/trainer.h"
+typedef struct zpp_cli_sample_result {
+    int32_t prompt[ZPP_TRAINER_SAMPLE_PROMPT];
+    int n_prompt;
+    int32_t *gen; /* n_gen new tokens */
+    int n_gen;
+    int real_vocab;
+} zpp_cli_sample_result;
+/* cfg->sample_tokens tokens after the trainer's fixed prompt, at
+ * temperature 1 with the run's seed. Collective (zpp_trainer_sample). */
+zpp_status zpp_cli_sample_trainer(zpp_trainer *t, const zpp_train_config *cfg,
+                                  zpp_cli_sample_result *s);
+void zpp_cli_sample_result_free(zpp_cli_sample_result *s);
+/* The metrics fields: ,"sample":"<text, JSON-escaped>","sample_ids":[...] */
+void zpp_cli_sample_json(FILE *f, const zpp_cli_sample_result *s);
+/* The log: the prompt and the sample between two rules. */
+void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s);
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "[--json]\n"
             "  zeropp export --from DIR --to MODEL.bin [--dtype fp32|bf16]   checkpoint -> "
             "llm.c\n"
+            "  zeropp sample --from DIR|MODEL.bin [--prompt TEXT] [--max-new-tokens N] ...   "
+            "generate text\n"
             "  zeropp bench quant [--dtype bf16] [--bits 8] [--block B] [--n N] [--json]\n"
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
@@ -63,6 +65,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "export")) return zpp_cli_export(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return zpp_cli_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return zpp_cli_plot(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "sample")) return zpp_cli_sample(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm"))

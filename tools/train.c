@@ -17,6 +17,7 @@
 typedef struct train_args {
     const char *config, *data, *metrics, *save, *resume, *init_from;
     long steps, eval_every, seed, save_every;
+    long sample_every, sample_tokens; /* < 0: not given */
     int node_size;
     int gpu, emulate_nodes;
     int demo;
@@ -52,6 +53,8 @@ static void usage(FILE *f) {
             "                    writes a checkpoint of the initial weights\n"
             "  --eval-every K    validation loss every K steps (0 = never)\n"
             "  --metrics FILE    one JSON object per step\n"
+            "  --sample-every K  print a sample of --sample-tokens M (64) tokens every K steps\n"
+            "                    (and put it in the metrics); 0 = never (docs/sampling.md)\n"
             "  --seed S          initialisation and data order\n"
             "  --data-order O    shuffled (default) or sequential: step s reads tokens\n"
             "                    [s G T, (s+1) G T] of the training split, as llm.c does\n"
@@ -95,6 +98,7 @@ static void usage(FILE *f) {
 static int parse_args(int argc, char **argv, train_args *a) {
     memset(a, 0, sizeof *a);
     a->steps = a->eval_every = a->seed = -1;
+    a->sample_every = a->sample_tokens = -1;
     a->save_every = 0;
     const int print = zpp_comm_world_rank() == 0;
     int list_keys = 0;
@@ -119,6 +123,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
         {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
         {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
+        {"--sample-every", ZPP_CLI_LONG, &a->sample_every, 0, INT_MAX},
+        {"--sample-tokens", ZPP_CLI_LONG, &a->sample_tokens, 1, 65536},
         {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
         {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
         {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
@@ -367,7 +373,19 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                 return report("checkpoint", st);
             }
         }
-        if (rank != 0) continue;
+        /* a sample: every rank takes part (the engine gathers the weights) */
+        zpp_cli_sample_result smp = {0};
+        if (cfg->sample_every > 0 && ((s + 1) % cfg->sample_every == 0 || last)) {
+            st = zpp_cli_sample_trainer(t, cfg, &smp);
+            if (st != ZPP_OK) {
+                zpp_trainer_destroy(t);
+                return report("sample", st);
+            }
+        }
+        if (rank != 0) {
+            zpp_cli_sample_result_free(&smp);
+            continue;
+        }
         if (metrics) {
             char lb[32], nb[32];
             fprintf(metrics,
@@ -386,6 +404,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                         ",\"val_loss\":%.9g,\"val_cross_node_bytes\":%.0f,"
                         "\"val_intra_node_bytes\":%.0f",
                         (double)v, zpp_volume_cross_total(&ev), zpp_volume_intra_total(&ev));
+            if (smp.gen) zpp_cli_sample_json(metrics, &smp); /* last: the longest field */
             fprintf(metrics, "}\n");
             fflush(metrics);
         }
@@ -405,6 +424,11 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                        r.exposed_comm_ms_max);
             if (eval) printf(" | val loss %.4f", (double)v);
             printf("\n");
+        }
+        if (smp.gen) {
+            if (tty) printf("\r%70s\r", "");
+            zpp_cli_sample_print(stdout, s + 1, &smp);
+            zpp_cli_sample_result_free(&smp);
         }
         if (tty) progress(s + 1, cfg->train_steps, loss);
         fflush(stdout);
@@ -497,6 +521,8 @@ int zpp_cli_train(int argc, char **argv) {
     }
     if (a.steps >= 0) cfg.train_steps = (int)a.steps;
     if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
+    if (a.sample_every >= 0) cfg.sample_every = (int)a.sample_every;
+    if (a.sample_tokens > 0) cfg.sample_tokens = (int)a.sample_tokens;
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
     if (a.data_order >= 0) cfg.data_order = (zpp_data_order)a.data_order;
     if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;

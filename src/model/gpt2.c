@@ -254,6 +254,7 @@ void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets) {
     c->have_targets = have_targets;
     c->fwd_next = 0;
     c->bwd_next = -1;
+    c->kept = 0;
 }
 
 zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
@@ -293,6 +294,35 @@ zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, 
     if ((!params && m->bwd_reads_params[stage]) || !grads)
         return zpp_error(ZPP_ERR_INVALID, "%s backward: params or grads is NULL", who);
     return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_check_keep_logits(const zpp_model *m, int row, const char *who) {
+    const long long rows = (long long)m->max_batch * m->seq_len;
+    if (row < -1 || row >= rows)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s keep_logits: row %d is outside 0..%lld (max_batch %d x seq_len "
+                         "%d), or -1 for none", who, row, rows - 1, m->max_batch, m->seq_len);
+    return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_check_logits(const zpp_model *m, const zpp_gpt2_calls *c, const float *out,
+                                 const char *who) {
+    if (!out) return zpp_error(ZPP_ERR_INVALID, "%s logits: out is NULL", who);
+    if (c->keep_row < 0)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s logits: no row kept; call keep_logits(row) before the forward", who);
+    if (!c->kept)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s logits: the last forward kept no logits of row %d; run a forward "
+                         "through its last stage (%d) on a batch of more than %d rows",
+                         who, c->keep_row, m->n_stages - 1, c->keep_row);
+    return ZPP_OK;
+}
+
+int zpp_gpt2_kept_in(const zpp_gpt2_calls *c, int seq_len, int r0, int rows) {
+    const long long n = (long long)c->B * seq_len;
+    if (c->keep_row < r0 || c->keep_row >= r0 + rows || c->keep_row >= n) return -1;
+    return c->keep_row - r0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -127,6 +127,8 @@ typedef struct zpp_gpt2_calls {
     int B, have_batch, have_targets;
     int fwd_next; /* the forward stage expected next (any forward may restart at 0) */
     int bwd_next; /* the backward stage expected next; -1: none until a full forward */
+    int keep_row; /* keep_logits's row, -1 none (set -1 at create; kept across batches) */
+    int kept;     /* the last forward's head kept that row's logits */
 } zpp_gpt2_calls;
 
 /* A batch of B sequences was accepted (set_batch): the forward starts over at
@@ -145,6 +147,14 @@ zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, i
                                   const void *params, const char *who);
 zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
                                    const void *params, const float *grads, const char *who);
+/* keep_logits and logits (model.h): the row is -1 or inside max_batch
+ * sequences; logits needs a forward whose head kept the row, and `out`. */
+zpp_status zpp_gpt2_check_keep_logits(const zpp_model *m, int row, const char *who);
+zpp_status zpp_gpt2_check_logits(const zpp_model *m, const zpp_gpt2_calls *c, const float *out,
+                                 const char *who);
+/* Whether the head of a forward of c->B sequences keeps a row of
+ * [r0, r0 + rows): the row's offset in that range, or -1. */
+int zpp_gpt2_kept_in(const zpp_gpt2_calls *c, int seq_len, int r0, int rows);
 
 /* The activations the CPU model keeps for the backward, and its backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the

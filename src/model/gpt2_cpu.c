@@ -27,8 +27,9 @@
  *               + max_batch*H*T*T (attention probabilities, for backward)
  *   once        N*C (embedding output) + N*(C+2) (final LN) + N*V (logits,
  *               probabilities, then d logits in place) + N + backward
- *               scratch N*(C + C + 3C + 4C) + T*T, plus one unit in fp32 when
- *               params are bf16 or fp16.
+ *               scratch N*(C + C + 3C + 4C) + T*T + V (the row of logits
+ *               keep_logits asks for, copied before the softmax overwrites
+ *               it), plus one unit in fp32 when params are bf16 or fp16.
  *
  * Determinism: every loop runs in a fixed order on one thread, so the result
  * is a function of the inputs and of the OpenBLAS build and thread count:
@@ -69,6 +70,7 @@ typedef struct gpt2_cpu {
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
+    float *kept;     /* V: the logits of calls.keep_row (model.h, keep_logits) */
 
     float loss;
 } gpt2_cpu;
@@ -332,6 +334,12 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
                       w + g->lay.lnf_b, n, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->act.lnf, C,
                 w + g->lay.wte, C, 0.0f, g->act.probs, V);
+    /* the row a sampler asked for, before the softmax overwrites it */
+    const int k = zpp_gpt2_kept_in(&g->calls, g->cfg.seq_len, 0, n);
+    if (k >= 0) {
+        memcpy(g->kept, g->act.probs + (size_t)k * V, (size_t)V * sizeof(float));
+        g->calls.kept = 1;
+    }
     double total = 0.0;
     for (int r = 0; r < n; r++) {
         float *p = g->act.probs + (size_t)r * V;
@@ -447,6 +455,7 @@ static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
     g->calls.bwd_next = -1;
     if (stage == 0) {
         g->loss = NAN;
+        g->calls.kept = 0;
         gpt2_embed_forward(g, params);
     } else if (stage == S - 1) {
         gpt2_head_forward(g, gpt2_params_f32(g, 0, params));
@@ -472,6 +481,21 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
     return ZPP_OK;
 }
 
+static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    ZPP_CHECK(zpp_gpt2_check_keep_logits(m, row, "gpt2"));
+    g->calls.keep_row = row;
+    g->calls.kept = 0;
+    return ZPP_OK;
+}
+
+static zpp_status gpt2_op_logits(zpp_model *m, float *out) {
+    gpt2_cpu *g = (gpt2_cpu *)m;
+    ZPP_CHECK(zpp_gpt2_check_logits(m, &g->calls, out, "gpt2"));
+    memcpy(out, g->kept, (size_t)g->cfg.vocab_size * sizeof(float));
+    return ZPP_OK;
+}
+
 static void gpt2_op_destroy(zpp_model *m) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     if (!g) return;
@@ -487,6 +511,8 @@ static const zpp_model_ops gpt2_cpu_ops = {
     .loss = gpt2_op_loss,
     .backward = gpt2_op_backward,
     .destroy = gpt2_op_destroy,
+    .keep_logits = gpt2_op_keep_logits,
+    .logits = gpt2_op_logits,
 };
 
 /* ---- create ---- */
@@ -503,6 +529,7 @@ static void gpt2_plan(gpt2_cpu *g, zpp_gpt2_arena *a) {
     zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
     g->datt = zpp_gpt2_arena_take(a, T, T);
     g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
+    g->kept = zpp_gpt2_arena_take(a, 1, (size_t)g->cfg.vocab_size);
 }
 
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
@@ -549,6 +576,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     g->loss = NAN;
     g->calls.fwd_next = 0;
     g->calls.bwd_next = -1;
+    g->calls.keep_row = -1;
     *model_p = &g->base;
     return ZPP_OK;
 

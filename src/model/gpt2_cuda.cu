@@ -90,7 +90,9 @@
  * the zpp_device given at create; its GPU must be current at every call.
  * set_batch copies the host tokens into pinned staging before it returns,
  * so the caller may reuse its buffers at once; loss() synchronises the
- * stream (one small device-to-host copy per micro-batch). */
+ * stream (one small device-to-host copy per micro-batch), and so does
+ * logits() (the V logits of the row keep_logits named, which the head
+ * copied aside while that row's chunk was in the buffer). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -568,6 +570,7 @@ struct gpt2_acts {
                                      stride V fp32 = (4 / sizeof E) V elements of E) */
     float *lse;                /*    N: log-sum-exp of each row of logits */
     float *losses;             /*    N */
+    float *kept;               /*    V: the logits of calls.keep_row (keep_logits) */
     /* One layer's worth, written in the forward and rewritten in the
      * backward from what is kept (RECOMPUTE in the header): */
     void *ln;                  /* E  N x C: a block's LayerNorm output */
@@ -1101,6 +1104,15 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     for (int r0 = 0; r0 < n; r0 += kHeadRows) {
         const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
         ZPP_CHECK(head_logits(g, w, r0, rows));
+        /* the row a sampler asked for, while its chunk is in the buffer */
+        const int k = zpp_gpt2_kept_in(&g->calls, g->cfg.seq_len, r0, rows);
+        if (k >= 0) {
+            CU_CHECK(cudaMemcpyAsync(g->act.kept, g->act.logits + (size_t)k * V,
+                                     (size_t)V * sizeof(float), cudaMemcpyDeviceToDevice,
+                                     g->stream),
+                     "keep a row of logits");
+            g->calls.kept = 1;
+        }
         cross_entropy_forward_kernel<<<(unsigned)rows, kThreads, 0, g->stream>>>(
             g->act.logits, g->act.lse + r0, g->act.losses + r0,
             g->calls.have_targets ? g->d_targets + r0 : NULL, V, g->base.real_vocab_size);
@@ -1259,6 +1271,7 @@ zpp_status op_forward(zpp_model *m, int stage, const void *params) {
     g->loss_pending = 0;
     if (stage == 0) {
         g->loss = NAN;
+        g->calls.kept = 0;
         ZPP_CHECK(embed_forward(g, params));
     } else if (stage == S - 1) {
         ZPP_CHECK(head_forward(g, params));
@@ -1310,6 +1323,26 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
     return ZPP_OK;
 }
 
+zpp_status op_keep_logits(zpp_model *m, int row) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    ZPP_CHECK(zpp_gpt2_check_keep_logits(m, row, "gpt2 cuda"));
+    g->calls.keep_row = row;
+    g->calls.kept = 0;
+    return ZPP_OK;
+}
+
+/* One device-to-host copy of V floats on the compute stream, behind the
+ * forward that kept them, and a wait for it. */
+zpp_status op_logits(zpp_model *m, float *out) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    ZPP_CHECK(zpp_gpt2_check_logits(m, &g->calls, out, "gpt2 cuda"));
+    CU_CHECK(cudaMemcpyAsync(out, g->act.kept, (size_t)g->cfg.vocab_size * sizeof(float),
+                             cudaMemcpyDeviceToHost, g->stream),
+             "logits: copy to the host");
+    CU_CHECK(cudaStreamSynchronize(g->stream), "logits: wait for the forward");
+    return ZPP_OK;
+}
+
 void op_destroy(zpp_model *m) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     if (!g) return;
@@ -1328,7 +1361,8 @@ void op_destroy(zpp_model *m) {
 }
 
 const zpp_model_ops gpt2_cuda_ops = {
-    op_init_params, op_set_batch, op_forward, op_loss, op_backward, op_destroy,
+    op_init_params, op_set_batch, op_forward,  op_loss,
+    op_backward,    op_destroy,   op_keep_logits, op_logits,
 };
 
 /* ---- create ---- */
@@ -1378,6 +1412,7 @@ static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
     x->logits = zpp_gpt2_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
     x->lse = zpp_gpt2_arena_take(a, N, 1);
     x->losses = zpp_gpt2_arena_take(a, N, 1);
+    x->kept = zpp_gpt2_arena_take(a, 1, V);
     x->dres = zpp_gpt2_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
     x->dc = zpp_gpt2_arena_take(a, N, C);
@@ -1475,6 +1510,7 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->head_rows_kept = -1;
     g->calls.fwd_next = 0;
     g->calls.bwd_next = -1;
+    g->calls.keep_row = -1;
 
     st = create_device_state(g);
     if (st != ZPP_OK) {

@@ -49,6 +49,21 @@ typedef struct zpp_model_ops {
     zpp_status (*backward)(zpp_model *m, int stage, const void *params, float *grads,
                            float loss_scale);
     void (*destroy)(zpp_model *m);
+    /* Sampling: the logits of one row, without a second head.
+     * keep_logits(m, row) makes every later forward keep the fp32 logits of
+     * row `row` of its batch (sequence row / seq_len, position row %
+     * seq_len), -1 (the default) none; after a forward's last stage,
+     * logits(m, out) copies them into host memory out[vocab_size] (the
+     * padded columns too: a sampler reads the first real_vocab_size). They
+     * are the very values that forward's softmax read. Attention is causal,
+     * so row t of a sequence whose positions past t hold anything at all is
+     * the prediction from tokens 0..t: a context shorter than seq_len is
+     * padded and read at its last position. ZPP_ERR_STATE from logits when
+     * the last forward kept nothing (no row asked for, a row past its
+     * batch, or not through its last stage). NULL in a model that cannot (a
+     * user model of zeropp.h). */
+    zpp_status (*keep_logits)(zpp_model *m, int row);
+    zpp_status (*logits)(zpp_model *m, float *out);
 } zpp_model_ops;
 
 struct zpp_model {

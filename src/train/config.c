@@ -545,6 +545,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (cfg->eval_every < 0 || cfg->steps_per_print < 0)
         return zpp_error(ZPP_ERR_CONFIG, "'%s' must be >= 0 (0 = never)",
                          cfg->eval_every < 0 ? "zeropp.eval_every" : "steps_per_print");
+    if (cfg->sample_every < 0 || cfg->sample_tokens < 1 || cfg->sample_tokens > 65536)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zeropp.sample_every' %d must be >= 0 (0 = never) and "
+                         "'zeropp.sample_tokens' %d in 1..65536",
+                         cfg->sample_every, cfg->sample_tokens);
 
     /* AdamW: lr > 0; betas in [0, 1) so the moment averages forget (and the
      * bias corrections 1 - beta^t stay nonzero); eps > 0 keeps the division

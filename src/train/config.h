@@ -135,6 +135,8 @@ typedef struct zpp_train_config {
     uint64_t seed;
     int eval_every;      /* 0 = never */
     int eval_batches;
+    int sample_every;    /* rank 0 prints a sample every N steps; 0 = never */
+    int sample_tokens;   /* new tokens per sample */
     int steps_per_print; /* DeepSpeed key; 0 = never */
     int max_consecutive_skips; /* non-finite steps in a row before the run stops */
     int keep_checkpoints; /* --save keeps the newest N step folders */

@@ -179,6 +179,11 @@
       "validate every N steps; 0 = never")                                                        \
     X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0,                               \
       "micro-batches per validation")                                                             \
+    X("zeropp.sample_every", INT, sample_every, 0, INT_MAX, (0), 0,                               \
+      "print a sample every N steps (and put it in the metrics; docs/sampling.md); 0 = never; "  \
+      "--sample-every")                                                                           \
+    X("zeropp.sample_tokens", INT, sample_tokens, 1, 65536, (64), 0,                              \
+      "new tokens per sample; --sample-tokens")                                                   \
     X("zeropp.max_consecutive_skips", INT, max_consecutive_skips, 1, INT_MAX, (5), 0,             \
       "a step with NaN/Inf gradients is skipped (no update; the lr schedule still advances); "    \
       "stop after this many in a row. No DeepSpeed equivalent: DeepSpeed skips fp16 overflows "   \

@@ -1,6 +1,7 @@
 /* train/trainer.c — wires config, topology, model, engine and data. */
 #include "train/trainer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ struct zpp_trainer {
     /* batch callback state */
     int step;
     uint64_t val_index;
+    const int32_t *sample_window; /* zpp_trainer_sample's sequence of the moment */
     /* checkpoints: the save test hooks (trainer.h), the last resume's note */
     zpp_fault fault;
     char resume_note[512];
@@ -331,3 +333,58 @@ zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) 
 }
 
 const char *zpp_trainer_resume_note(const zpp_trainer *t) { return t->resume_note; }
+
+/* ---- Samples (trainer.h, train/sample.h) --------------------------------------- */
+
+void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p) {
+    const zpp_data_info di = zpp_data_get_info(t->data);
+    int n = t->info.seq_len - 1 < ZPP_TRAINER_SAMPLE_PROMPT ? t->info.seq_len - 1
+                                                            : ZPP_TRAINER_SAMPLE_PROMPT;
+    if (n < 1) n = 1;
+    for (int i = 0; i < n; i++) {
+        prompt[i] = zpp_data_token(t->data, di.n_train + (size_t)i);
+        if (prompt[i] < 0 || prompt[i] >= zpp_gpt2_real_vocab(&t->cfg.model)) {
+            prompt[0] = '\n' < zpp_gpt2_real_vocab(&t->cfg.model) ? '\n' : 0;
+            n = 1;
+            break;
+        }
+    }
+    *n_p = n;
+}
+
+static zpp_status sample_batch(void *ctx, int micro, zpp_model *m) {
+    (void)micro;
+    return m->ops->set_batch(m, ((zpp_trainer *)ctx)->sample_window, NULL, 1);
+}
+
+/* zpp_sample_source's logits: one sequence through the engine. */
+static zpp_status sample_logits(void *ctx, const int32_t *window, int n, float *out) {
+    zpp_trainer *t = ctx;
+    zpp_model *m = t->model;
+    float loss = 0.0f; /* NaN: the sequence has no targets */
+    t->sample_window = window;
+    zpp_status st = m->ops->keep_logits(m, n - 1);
+    if (st == ZPP_OK) st = zpp_engine_eval(t->engine, sample_batch, t, &loss);
+    if (st == ZPP_OK) st = m->ops->logits(m, out);
+    /* the draw's one failure, found here where the ranks agree on it, so no
+     * rank leaves the loop while the others start the next forward */
+    for (int v = 0; st == ZPP_OK && v < m->real_vocab_size; v++)
+        if (!isfinite(out[v]))
+            st = zpp_error(ZPP_ERR_NONFINITE,
+                           "sample: the logit of token %d is %g; the weights are not finite", v,
+                           (double)out[v]);
+    return zpp_comm_agree_world(st);
+}
+
+zpp_status zpp_trainer_sample(zpp_trainer *t, const zpp_sample_opts *o, const int32_t *prompt,
+                              int n_prompt, int max_new, int32_t *out) {
+    zpp_model *m = t->model;
+    if (!m->ops->keep_logits || !m->ops->logits)
+        return zpp_comm_agree_world(
+            zpp_error(ZPP_ERR_UNSUPPORTED, "sample: the model gives no logits"));
+    zpp_sample_source src = {m->seq_len, m->vocab_size, m->real_vocab_size, sample_logits, t};
+    zpp_status st = zpp_sample_generate(&src, o, prompt, n_prompt, max_new, NULL, NULL, out);
+    (void)m->ops->keep_logits(m, -1); /* the training forwards keep nothing */
+    t->sample_window = NULL;
+    return zpp_comm_agree_world(st);
+}

@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/sample.h"
 
 typedef struct zpp_trainer zpp_trainer;
 
@@ -112,5 +113,22 @@ const char *zpp_trainer_resume_note(const zpp_trainer *t);
 /* Creates `dir` (with its parents) and checks it is writable, before any
  * training. Collective. */
 zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir);
+
+/* Samples while training (zeropp.sample_every; train/sample.h has the
+ * generation and the draw). The prompt: the first tokens of the held-out
+ * split, at most ZPP_TRAINER_SAMPLE_PROMPT and fewer than seq_len (a newline
+ * where the data cannot be read); *n_p of them into prompt. Local. */
+#define ZPP_TRAINER_SAMPLE_PROMPT 16
+void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p);
+/* max_new tokens drawn after prompt[0..n_prompt) into out, from the
+ * weights training holds: each token is one evaluation-style forward of one
+ * sequence through the engine (zpp_engine_eval: every unit gathered
+ * exactly, in the working dtype, on every rank, its bytes outside the
+ * step's), and the logits of its last position. Every rank computes the
+ * same logits from the same gathered weights and draws the same tokens;
+ * the caller prints rank 0's. Collective: every rank calls it with the same
+ * arguments, and returns the same status. */
+zpp_status zpp_trainer_sample(zpp_trainer *t, const zpp_sample_opts *o, const int32_t *prompt,
+                              int n_prompt, int max_new, int32_t *out);
 
 #endif

@@ -1,0 +1,355 @@
+/* train/sample.c — the draw, the generation loop, a whole model on one
+ * device, and tokens to text (sample.h has the math). */
+#include "train/sample.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "model/gpt2.h"
+#include "train/checkpoint.h"
+#include "train/llmc.h"
+
+/* ---- The draw ----------------------------------------------------------------- */
+
+zpp_status zpp_sample_opts_check(const zpp_sample_opts *o, int vocab) {
+    if (!o) return zpp_error(ZPP_ERR_INVALID, "sample: options are NULL");
+    if (!(o->temperature >= 0.0) || !isfinite(o->temperature))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "sample: temperature %g is not a number >= 0; use 0 for the most likely "
+                         "token, 1 for the model's distribution",
+                         o->temperature);
+    if (o->top_k < 0 || o->top_k > vocab)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "sample: top-k %d is outside 1..%d (the vocabulary), or 0 for all of it",
+                         o->top_k, vocab);
+    return ZPP_OK;
+}
+
+double zpp_sample_uniform(uint64_t seed, uint64_t k) {
+    uint64_t state = zpp_mix64(seed ^ ZPP_SAMPLE_STREAM) + k * ZPP_GOLDEN64;
+    return (double)(zpp_splitmix64(&state) >> 11) * 0x1.0p-53;
+}
+
+typedef struct logit_at {
+    float l;
+    int i;
+} logit_at;
+
+/* Larger logit first; among equals the lower index. */
+static int logit_desc(const void *a, const void *b) {
+    const logit_at *x = a, *y = b;
+    if (x->l != y->l) return x->l > y->l ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+zpp_status zpp_sample_pick(const float *logits, int vocab, const zpp_sample_opts *o, double u,
+                           int *token_p) {
+    if (!logits || !token_p || vocab < 1)
+        return zpp_error(ZPP_ERR_INVALID, "sample: no logits (NULL, or vocabulary %d)", vocab);
+    ZPP_CHECK(zpp_sample_opts_check(o, vocab));
+    if (!(u >= 0.0 && u < 1.0))
+        return zpp_error(ZPP_ERR_INVALID, "sample: the uniform draw %g is outside [0, 1)", u);
+    int best = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (!isfinite(logits[i]))
+            return zpp_error(ZPP_ERR_NONFINITE,
+                             "sample: the logit of token %d is %g; the model's weights (or its "
+                             "activations) are not finite",
+                             i, (double)logits[i]);
+        if (logits[i] > logits[best]) best = i;
+    }
+    if (o->temperature == 0.0) {
+        *token_p = best;
+        return ZPP_OK;
+    }
+    /* The candidates: token i is in when (l_i, -i) is at least the k-th
+     * largest pair (lk, -ik) in lexicographic order, which the sort finds. */
+    float lk = -INFINITY;
+    int ik = vocab - 1;
+    if (o->top_k > 0 && o->top_k < vocab) {
+        logit_at *all = malloc((size_t)vocab * sizeof *all);
+        if (!all) return zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for top-k");
+        for (int i = 0; i < vocab; i++) all[i] = (logit_at){logits[i], i};
+        qsort(all, (size_t)vocab, sizeof *all, logit_desc);
+        lk = all[o->top_k - 1].l;
+        ik = all[o->top_k - 1].i;
+        free(all);
+    }
+#define CANDIDATE(i) (logits[i] > lk || (logits[i] == lk && (i) <= ik))
+    const double m = logits[best], t = o->temperature;
+    /* exp((l - m) / t) in (0, 1], 1 at the argmax, which every top-k keeps:
+     * the total is at least 1, so u * total is never lost below it. */
+    double total = 0.0;
+    for (int i = 0; i < vocab; i++)
+        if (CANDIDATE(i)) total += exp(((double)logits[i] - m) / t);
+    /* The same terms in the same order: the running sum reaches `total`
+     * exactly at the last candidate, above u * total < total. */
+    const double target = u * total;
+    double run = 0.0;
+    int last = best;
+    for (int i = 0; i < vocab; i++) {
+        if (!CANDIDATE(i)) continue;
+        run += exp(((double)logits[i] - m) / t);
+        last = i;
+        if (run > target) break;
+    }
+#undef CANDIDATE
+    *token_p = last;
+    return ZPP_OK;
+}
+
+/* ---- Generation --------------------------------------------------------------- */
+
+zpp_status zpp_sample_generate(const zpp_sample_source *src, const zpp_sample_opts *o,
+                               const int32_t *prompt, int n_prompt, int max_new,
+                               zpp_sample_emit_fn emit, void *emit_ctx, int32_t *out) {
+    if (!src || !src->logits || src->seq_len < 1 || src->real_vocab_size < 1 ||
+        src->vocab_size < src->real_vocab_size)
+        return zpp_error(ZPP_ERR_INVALID, "sample: no model to sample from");
+    const int T = src->seq_len, V = src->real_vocab_size;
+    ZPP_CHECK(zpp_sample_opts_check(o, V));
+    if (n_prompt < 1 || !prompt)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "sample: the prompt is empty; give at least one token to continue");
+    if (max_new < 0 || (max_new > 0 && !out))
+        return zpp_error(ZPP_ERR_INVALID, "sample: %d new tokens asked for", max_new);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "sample: prompt token %d at position %d is outside the vocabulary "
+                             "0..%d",
+                             (int)prompt[i], i, V - 1);
+    if (n_prompt > INT32_MAX - max_new)
+        return zpp_error(ZPP_ERR_INVALID, "sample: prompt and new tokens overflow");
+    const size_t n_all = (size_t)n_prompt + (size_t)max_new;
+    int32_t *seq = malloc(n_all * sizeof *seq), *window = malloc((size_t)T * sizeof *window);
+    float *logits = malloc((size_t)src->vocab_size * sizeof *logits);
+    zpp_status st = ZPP_OK;
+    if (!seq || !window || !logits) st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+    if (st == ZPP_OK) memcpy(seq, prompt, (size_t)n_prompt * sizeof *seq);
+    size_t n = (size_t)n_prompt;
+    for (int k = 0; st == ZPP_OK && k < max_new; k++, n++) {
+        /* the window: the last w tokens at positions 0..w-1, then padding */
+        const int w = n < (size_t)T ? (int)n : T;
+        memcpy(window, seq + n - (size_t)w, (size_t)w * sizeof *window);
+        memset(window + w, 0, (size_t)(T - w) * sizeof *window);
+        st = src->logits(src->ctx, window, w, logits);
+        int tok = 0;
+        if (st == ZPP_OK)
+            st = zpp_sample_pick(logits, V, o, zpp_sample_uniform(o->seed, (uint64_t)k), &tok);
+        if (st == ZPP_OK) {
+            seq[n] = tok;
+            out[k] = tok;
+            if (emit) st = emit(emit_ctx, tok);
+        }
+    }
+    free(seq);
+    free(window);
+    free(logits);
+    return st;
+}
+
+/* ---- A model held whole on one device ----------------------------------------- */
+
+struct zpp_sample_model {
+    zpp_model *m;
+    zpp_device *dev;
+    void **params; /* per unit, in the device's memory, in the model's dtype */
+};
+
+zpp_status zpp_sample_model_create(const zpp_gpt2_config *cfg, zpp_dtype dtype, zpp_device *dev,
+                                   const float *const *units, zpp_sample_model **model_p) {
+    if (!cfg || !dev || !units || !model_p)
+        return zpp_error(ZPP_ERR_INVALID, "sample model: NULL argument");
+    zpp_sample_model *sm = calloc(1, sizeof *sm);
+    if (!sm) return zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
+    sm->dev = dev;
+    zpp_status st = zpp_gpt2_create(cfg, dtype, 1, dev, &sm->m);
+    if (st == ZPP_OK && (!sm->m->ops->keep_logits || !sm->m->ops->logits))
+        st = zpp_error(ZPP_ERR_UNSUPPORTED, "sample model: the model gives no logits");
+    if (st == ZPP_OK && !(sm->params = calloc((size_t)sm->m->n_units, sizeof *sm->params)))
+        st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
+    const size_t es = zpp_dtype_size(dtype);
+    for (int u = 0; st == ZPP_OK && u < sm->m->n_units; u++) {
+        const size_t k = sm->m->unit_numel[u];
+        void *host = dtype == ZPP_FP32 ? (void *)units[u] : malloc(k * es);
+        if (!host) {
+            st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
+            break;
+        }
+        if (host != (const void *)units[u])
+            for (size_t i = 0; i < k; i++) zpp_store_f32(host, dtype, i, units[u][i]);
+        st = zpp_device_alloc(dev, k * es, &sm->params[u]);
+        if (st == ZPP_OK) st = zpp_device_copy(dev, sm->params[u], host, k * es);
+        if (host != (const void *)units[u]) free(host);
+    }
+    /* the copies have read the host buffers before the caller frees them */
+    if (st == ZPP_OK) st = zpp_device_sync(dev, NULL);
+    if (st != ZPP_OK) {
+        zpp_sample_model_destroy(sm);
+        return st;
+    }
+    *model_p = sm;
+    return ZPP_OK;
+}
+
+void zpp_sample_model_destroy(zpp_sample_model *sm) {
+    if (!sm) return;
+    for (int u = 0; sm->params && u < sm->m->n_units; u++)
+        if (sm->params[u]) zpp_device_free(sm->dev, sm->params[u]);
+    free(sm->params);
+    if (sm->m) sm->m->ops->destroy(sm->m);
+    free(sm);
+}
+
+/* One sequence through every stage, keeping row n - 1. */
+static zpp_status sample_model_logits(void *ctx, const int32_t *window, int n, float *out) {
+    zpp_sample_model *sm = ctx;
+    zpp_model *m = sm->m;
+    ZPP_CHECK(m->ops->keep_logits(m, n - 1));
+    ZPP_CHECK(m->ops->set_batch(m, window, NULL, 1));
+    for (int s = 0; s < m->n_stages; s++)
+        ZPP_CHECK(m->ops->forward(m, s, sm->params[m->stage_unit[s]]));
+    return m->ops->logits(m, out);
+}
+
+zpp_sample_source zpp_sample_model_source(zpp_sample_model *sm) {
+    zpp_sample_source s = {sm->m->seq_len, sm->m->vocab_size, sm->m->real_vocab_size,
+                           sample_model_logits, sm};
+    return s;
+}
+
+/* ---- Reading the weights ------------------------------------------------------ */
+
+void zpp_sample_weights_free(const zpp_gpt2_config *cfg, float **units) {
+    if (!units) return;
+    for (int u = 0; u <= cfg->n_layer; u++) free(units[u]);
+    free(units);
+}
+
+static zpp_status read_checkpoint(const char *dir, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
+                                  int *step_p, float ***units_p) {
+    zpp_ckpt_manifest m;
+    float **units = NULL;
+    ZPP_CHECK(zpp_checkpoint_read_masters(dir, &m, &units));
+    /* the manifest's shape must be the units it lists (as `zeropp export`) */
+    zpp_status st = zpp_gpt2_config_check(&m.model);
+    if (st == ZPP_OK && m.n_units != m.model.n_layer + 1)
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers", dir,
+                       m.n_units, m.model.n_layer);
+    for (int u = 0; st == ZPP_OK && u < m.n_units; u++)
+        if (m.numel[u] != zpp_gpt2_unit_numel(&m.model, u))
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "checkpoint %s: unit %d has %zu parameters; its model's has %zu", dir,
+                           u, m.numel[u], zpp_gpt2_unit_numel(&m.model, u));
+    zpp_dtype dt = ZPP_FP32;
+    if (st == ZPP_OK && zpp_dtype_parse(m.dtype, &dt) != ZPP_OK)
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s: working dtype '%s' is not a dtype", dir,
+                       m.dtype);
+    if (st == ZPP_OK) {
+        *cfg_p = m.model;
+        *dtype_p = dt;
+        *step_p = m.step;
+        *units_p = units;
+    } else {
+        for (int u = 0; u < m.n_units; u++) free(units[u]);
+        free(units);
+    }
+    zpp_ckpt_manifest_free(&m);
+    return st;
+}
+
+static zpp_status read_llmc(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
+                            int *step_p, float ***units_p) {
+    zpp_llmc_file *f = NULL;
+    ZPP_CHECK(zpp_llmc_open(path, &f));
+    const zpp_llmc_info *in = zpp_llmc_get_info(f);
+    const zpp_gpt2_config cfg = in->model;
+    const int nu = cfg.n_layer + 1;
+    float **units = calloc((size_t)nu, sizeof *units);
+    zpp_status st = units ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+    for (int u = 0; st == ZPP_OK && u < nu; u++) {
+        const size_t k = zpp_gpt2_unit_numel(&cfg, u);
+        if (!(units[u] = malloc(k * sizeof(float))))
+            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
+        else
+            st = zpp_llmc_read_unit(f, u, 0, k, units[u]);
+    }
+    if (st == ZPP_OK) {
+        *cfg_p = cfg;
+        *dtype_p = in->dtype;
+        *step_p = -1;
+        *units_p = units;
+    } else {
+        zpp_sample_weights_free(&cfg, units);
+    }
+    zpp_llmc_close(f);
+    return st;
+}
+
+zpp_status zpp_sample_read_weights(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
+                                   int *step_p, float ***units_p) {
+    if (!path || !cfg_p || !dtype_p || !step_p || !units_p)
+        return zpp_error(ZPP_ERR_INVALID, "sample: NULL argument");
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return zpp_error(ZPP_ERR_IO,
+                         "cannot open '%s': no such file or folder; give a checkpoint folder "
+                         "(zeropp train --save DIR) or an llm.c model file",
+                         path);
+    if (S_ISDIR(sb.st_mode)) return read_checkpoint(path, cfg_p, dtype_p, step_p, units_p);
+    return read_llmc(path, cfg_p, dtype_p, step_p, units_p);
+}
+
+/* ---- From tokens to text ------------------------------------------------------- */
+
+zpp_status zpp_sample_decode_bytes(void *ctx, const int32_t *tokens, size_t n, char *out,
+                                   size_t cap, size_t *len_p) {
+    (void)ctx;
+    *len_p = n;
+    if (n > cap) return zpp_error(ZPP_ERR_NOMEM, "decode: %zu bytes do not fit in %zu", n, cap);
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] > 255)
+            return zpp_error(ZPP_ERR_INVALID, "decode: token %d is not a byte", (int)tokens[i]);
+        out[i] = (char)(unsigned char)tokens[i];
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_sample_text(const zpp_sample_decoder *dec, const int32_t *tokens, size_t n,
+                           char **text_p, size_t *len_p) {
+    if (!dec || !dec->decode) {
+        /* ids: at most 11 characters and a comma each */
+        char *s = malloc(12 * n + 1);
+        if (!s) return zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+        size_t len = 0;
+        for (size_t i = 0; i < n; i++)
+            len += (size_t)sprintf(s + len, i ? ",%d" : "%d", (int)tokens[i]);
+        s[len] = '\0';
+        *text_p = s;
+        if (len_p) *len_p = len;
+        return ZPP_OK;
+    }
+    size_t cap = 4 * n + 16, len = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        char *s = malloc(cap + 1);
+        if (!s) return zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+        zpp_status st = dec->decode(dec->ctx, tokens, n, s, cap, &len);
+        if (st == ZPP_OK) {
+            s[len] = '\0';
+            *text_p = s;
+            if (len_p) *len_p = len;
+            return ZPP_OK;
+        }
+        free(s);
+        if (st != ZPP_ERR_NOMEM || len <= cap) return st;
+        cap = len; /* the decoder said how much it needs */
+    }
+    return zpp_error(ZPP_ERR_NOMEM, "sample: the decoder needs ever more room");
+}

@@ -1,0 +1,385 @@
+/* tools/sample.c — `zeropp sample` (text from a checkpoint folder or an
+ * llm.c model file, on one rank, without MPI), and what `zeropp train
+ * --sample-every` prints and logs its samples with. The generation and the
+ * draw are the library's (train/sample.h); this file reads options, picks
+ * the decoder and prints. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "comm/comm.h"
+#include "core/error.h"
+#include "device/device.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+/* ---- The decoder ---------------------------------------------------------------
+ *
+ * Which text a model's tokens are: bytes for a byte-level model (vocabulary
+ * 256, what `zeropp train` trains on raw text), none otherwise (the ids are
+ * printed, in the form --prompt-ids takes).
+ *
+ * THE PLACE FOR A TOKENIZER. GPT-2's BPE (`--vocab vocab.json --merges
+ * merges.txt`) plugs in as one more zpp_sample_decoder: an adapter
+ *     static zpp_status bpe_decoder(void *tok, const int32_t *ids, size_t n,
+ *                                   char *out, size_t cap, size_t *len_p)
+ * that calls zpp_bpe_decode on (tok, ids, n) and copies its bytes into out
+ * (ZPP_ERR_NOMEM with the length needed when cap is short), and in
+ * zpp_cli_sample below two ZPP_CLI_STR options, the tokenizer loaded from
+ * them, and `dec = (zpp_sample_decoder){bpe_decoder, tok}` in place of
+ * sample_decoder_for's answer; --prompt TEXT would then encode with it. A
+ * decoder is called one token at a time as the tokens come (BPE maps each
+ * token to its own bytes, so that is exact). */
+static const zpp_sample_decoder kByteDecoder = {zpp_sample_decode_bytes, NULL};
+
+static const zpp_sample_decoder *sample_decoder_for(int real_vocab) {
+    return real_vocab == 256 ? &kByteDecoder : NULL;
+}
+
+/* ---- Printing ------------------------------------------------------------------ */
+
+typedef struct sample_printer {
+    FILE *f;
+    const zpp_sample_decoder *dec;
+    int printed; /* tokens printed so far (for the commas between ids) */
+} sample_printer;
+
+/* Prints tokens as text (the decoder's bytes, unchanged) or ids. */
+static zpp_status print_tokens(sample_printer *p, const int32_t *tok, size_t n) {
+    if (n == 0) return ZPP_OK;
+    char *text = NULL;
+    size_t len = 0;
+    ZPP_CHECK(zpp_sample_text(p->dec, tok, n, &text, &len));
+    if (!p->dec && p->printed) fputc(',', p->f);
+    fwrite(text, 1, len, p->f);
+    free(text);
+    fflush(p->f);
+    p->printed += (int)n;
+    return ZPP_OK;
+}
+
+static zpp_status print_token(void *ctx, int32_t tok) { return print_tokens(ctx, &tok, 1); }
+
+/* One JSON string: UTF-8 passes through, quotes, backslashes and control
+ * characters are escaped, and a byte that starts no valid UTF-8 sequence
+ * becomes U+FFFD (JSON text must be UTF-8; a barely trained byte model
+ * writes any byte). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (k == 0 || k > n) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    /* no overlong forms, surrogates or code points past U+10FFFF */
+    if (k == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f))) return 0;
+    if (k == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))) return 0;
+    return k;
+}
+
+static void json_string(FILE *f, const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    fputc('"', f);
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i];
+        size_t k = utf8_len(s + i, len - i);
+        if (k == 0) {
+            fputs("\\ufffd", f);
+            i++;
+        } else if (c == '"' || c == '\\') {
+            fprintf(f, "\\%c", c);
+            i++;
+        } else if (c == '\n') {
+            fputs("\\n", f), i++;
+        } else if (c == '\t') {
+            fputs("\\t", f), i++;
+        } else if (c < 0x20) {
+            fprintf(f, "\\u%04x", c), i++;
+        } else {
+            fwrite(s + i, 1, k, f);
+            i += k;
+        }
+    }
+    fputc('"', f);
+}
+
+/* ---- zeropp train --sample-every ----------------------------------------------- */
+
+zpp_status zpp_cli_sample_trainer(zpp_trainer *t, const zpp_train_config *cfg,
+                                  zpp_cli_sample_result *s) {
+    memset(s, 0, sizeof *s);
+    zpp_trainer_sample_prompt(t, s->prompt, &s->n_prompt);
+    /* the model's distribution (temperature 1, every token), the run's
+     * seed: the same draws every time, so successive samples differ only
+     * by what the model learned in between */
+    zpp_sample_opts o = {1.0, 0, cfg->seed};
+    s->gen = malloc((size_t)cfg->sample_tokens * sizeof *s->gen);
+    /* collective: a rank without memory stops them all, before any forward */
+    zpp_status st = zpp_comm_agree_world(
+        s->gen ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "sample: out of memory"));
+    if (st == ZPP_OK)
+        st = zpp_trainer_sample(t, &o, s->prompt, s->n_prompt, cfg->sample_tokens, s->gen);
+    if (st != ZPP_OK) {
+        zpp_cli_sample_result_free(s);
+        return st;
+    }
+    s->n_gen = cfg->sample_tokens;
+    s->real_vocab = zpp_gpt2_real_vocab(&cfg->model);
+    return ZPP_OK;
+}
+
+void zpp_cli_sample_result_free(zpp_cli_sample_result *s) {
+    free(s->gen);
+    s->gen = NULL;
+    s->n_gen = 0;
+}
+
+void zpp_cli_sample_json(FILE *f, const zpp_cli_sample_result *s) {
+    char *text = NULL;
+    size_t len = 0;
+    if (zpp_sample_text(sample_decoder_for(s->real_vocab), s->gen, (size_t)s->n_gen, &text,
+                        &len) != ZPP_OK)
+        return; /* out of memory: the ids below still say it all */
+    fputs(",\"sample\":", f);
+    json_string(f, text, len);
+    free(text);
+    fputs(",\"sample_ids\":[", f);
+    for (int i = 0; i < s->n_gen; i++) fprintf(f, i ? ",%d" : "%d", (int)s->gen[i]);
+    fputc(']', f);
+}
+
+/* A model early in training writes any byte, escape sequences included:
+ * on a log, control characters but newline and tab, and bytes that are not
+ * UTF-8, show as '?'. */
+static void log_safe(char *text, size_t n) {
+    unsigned char *s = (unsigned char *)text;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_len(s + i, n - i);
+        if (k == 0 || (s[i] < 0x20 && s[i] != '\n' && s[i] != '\t') || s[i] == 0x7f) {
+            s[i++] = '?';
+            continue;
+        }
+        i += k;
+    }
+}
+
+/* As llm.c prints its samples, between two rules. */
+void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s) {
+    const zpp_sample_decoder *dec = sample_decoder_for(s->real_vocab);
+    char *p = NULL, *g = NULL;
+    size_t pl = 0, gl = 0;
+    if (zpp_sample_text(dec, s->prompt, (size_t)s->n_prompt, &p, &pl) != ZPP_OK ||
+        zpp_sample_text(dec, s->gen, (size_t)s->n_gen, &g, &gl) != ZPP_OK) {
+        free(p);
+        return;
+    }
+    log_safe(p, pl);
+    log_safe(g, gl);
+    fprintf(f, "sample at step %d (%d tokens after the first %d of the validation data):\n---\n",
+            step, s->n_gen, s->n_prompt);
+    fwrite(p, 1, pl, f);
+    if (!dec) fputc(',', f);
+    fwrite(g, 1, gl, f);
+    fputs("\n---\n", f);
+    free(p);
+    free(g);
+}
+
+/* ---- zeropp sample --------------------------------------------------------------- */
+
+#define SAMPLE_DEFAULT_SEED 1234
+#define SAMPLE_DEFAULT_TOKENS 128
+
+static void sample_usage(FILE *f) {
+    fprintf(f,
+            "usage: zeropp sample --from DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
+            "                     [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+            "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16]\n"
+            "  Continues a prompt with a trained GPT-2 and prints the prompt and what follows:\n"
+            "  as text for a byte-level model (vocabulary 256), as token ids otherwise.\n"
+            "  --from PATH         a checkpoint folder (`zeropp train --save DIR`: its published\n"
+            "                      checkpoint, or a step folder), put together on this one rank\n"
+            "                      from every rank file that saved it; or an llm.c model file\n"
+            "  --prompt TEXT       the prompt's bytes (byte-level models); default a newline\n"
+            "  --prompt-ids LIST   the prompt as token ids, comma-separated (any vocabulary)\n"
+            "  --max-new-tokens N  tokens to add (default %d)\n"
+            "  --temperature T     0 = the most likely token each time; 1 (default) = the\n"
+            "                      model's distribution; above 1 flatter, below sharper\n"
+            "  --top-k K           draw among the K most likely tokens only (1..vocabulary;\n"
+            "                      default: all of them)\n"
+            "  --seed S            the draws' random stream (default %d): the same seed, model\n"
+            "                      and options give the same text\n"
+            "  --device D          cpu (default) or gpu (GPU 0)\n"
+            "  --dtype D           the weights' dtype in the model (default: the one they\n"
+            "                      trained in, the checkpoint's; fp32 or bf16 for llm.c files)\n"
+            "  Each new token is a forward over the last seq_len tokens (docs/sampling.md).\n",
+            SAMPLE_DEFAULT_TOKENS, SAMPLE_DEFAULT_SEED);
+}
+
+/* "12,7,503" -> ids (malloc'd); -1 after printing what is wrong. */
+static int parse_ids(const char *s, int32_t **ids_p, int *n_p) {
+    int n = 1;
+    for (const char *c = s; *c; c++) n += *c == ',';
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids) {
+        fprintf(stderr, "zeropp sample: out of memory\n");
+        return -1;
+    }
+    const char *c = s;
+    for (int i = 0; i < n; i++) {
+        char *end = NULL;
+        errno = 0;
+        long v = *c >= '0' && *c <= '9' ? strtol(c, &end, 10) : -1;
+        if (v < 0 || errno || v > INT32_MAX || (*end != ',' && *end != '\0')) {
+            fprintf(stderr,
+                    "zeropp sample: --prompt-ids takes token ids (whole numbers >= 0) separated "
+                    "by commas, like 464,2068,7586; '%s' is not\n",
+                    s);
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)v;
+        c = end + 1;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return 0;
+}
+
+int zpp_cli_sample(int argc, char **argv) {
+    const char *from = NULL, *prompt = NULL, *prompt_ids = NULL, *temp = NULL, *device = "cpu",
+               *dtype_name = NULL;
+    int max_new = SAMPLE_DEFAULT_TOKENS, top_k = -1;
+    unsigned long long seed = SAMPLE_DEFAULT_SEED;
+    const zpp_cli_opt opts[] = {
+        {"--from", ZPP_CLI_STR, &from, 0, 0},
+        {"--prompt", ZPP_CLI_STR, &prompt, 0, 0},
+        {"--prompt-ids", ZPP_CLI_STR, &prompt_ids, 0, 0},
+        {"--max-new-tokens", ZPP_CLI_INT, &max_new, 0, 1 << 24},
+        {"--temperature", ZPP_CLI_STR, &temp, 0, 0},
+        {"--top-k", ZPP_CLI_INT, &top_k, 0, INT_MAX},
+        {"--seed", ZPP_CLI_U64, &seed, 0, 1ll << 53},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--dtype", ZPP_CLI_STR, &dtype_name, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("sample", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
+    if (pr > 0) {
+        sample_usage(stdout);
+        return 0;
+    }
+    if (pr < 0) return 2;
+    if (!from) {
+        fprintf(stderr, "zeropp sample: needs --from DIR (a checkpoint folder) or --from "
+                        "MODEL.bin (an llm.c model file)\n");
+        return 2;
+    }
+    if (prompt && prompt_ids) {
+        fprintf(stderr, "zeropp sample: --prompt and --prompt-ids both give the prompt; give "
+                        "one\n");
+        return 2;
+    }
+    double temperature = 1.0;
+    if (temp) {
+        char *end = NULL;
+        temperature = strtod(temp, &end);
+        if (end == temp || *end || !isfinite(temperature) || temperature < 0) {
+            fprintf(stderr, "zeropp sample: --temperature expects a number >= 0 (0 = the most "
+                            "likely token, 1 = the model's distribution), got '%s'\n", temp);
+            return 2;
+        }
+    }
+    if (top_k == 0) {
+        fprintf(stderr, "zeropp sample: --top-k 0 leaves no token to draw; give 1 or more, or "
+                        "leave --top-k out to draw from the whole vocabulary\n");
+        return 2;
+    }
+    if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
+        fprintf(stderr, "zeropp sample: --device takes cpu or gpu, not '%s'\n", device);
+        return 2;
+    }
+    zpp_dtype dtype = ZPP_FP32;
+    if (dtype_name && zpp_dtype_parse(dtype_name, &dtype) != ZPP_OK) {
+        fprintf(stderr, "zeropp sample: --dtype takes fp32, bf16 or fp16, not '%s'\n",
+                dtype_name);
+        return 2;
+    }
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids) != 0) return 2;
+
+    zpp_gpt2_config cfg;
+    zpp_dtype saved = ZPP_FP32;
+    int step = 0;
+    float **units = NULL;
+    zpp_status st = zpp_sample_read_weights(from, &cfg, &saved, &step, &units);
+    if (st != ZPP_OK) {
+        free(ids);
+        return zpp_cli_fail("sample", st);
+    }
+    const int V = zpp_gpt2_real_vocab(&cfg);
+    const zpp_sample_decoder *dec = sample_decoder_for(V);
+    int rc = 0;
+    if (prompt && !dec) {
+        fprintf(stderr, "zeropp sample: --prompt is text, for byte-level models (vocabulary 256); "
+                        "%s has a vocabulary of %d: give the prompt as --prompt-ids\n", from, V);
+        rc = 2;
+    } else if (top_k > V) {
+        fprintf(stderr, "zeropp sample: --top-k %d is more than the vocabulary of %s (%d tokens); "
+                        "give 1..%d\n", top_k, from, V, V);
+        rc = 2;
+    }
+    if (!ids && rc == 0) { /* the prompt's text, or the default */
+        const char *text = prompt ? prompt : "\n";
+        n_ids = (int)strlen(text);
+        if (!dec && !prompt) {
+            fprintf(stderr, "zeropp sample: %s has a vocabulary of %d, not bytes: give the "
+                            "prompt as --prompt-ids\n", from, V);
+            rc = 2;
+        } else if (!(ids = malloc((size_t)n_ids * sizeof *ids))) {
+            rc = zpp_cli_fail("sample", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
+        } else {
+            for (int i = 0; i < n_ids; i++) ids[i] = (unsigned char)text[i];
+        }
+    }
+    zpp_device *dev = NULL;
+    zpp_sample_model *sm = NULL;
+    int32_t *gen = NULL;
+    if (rc == 0) {
+        st = strcmp(device, "gpu") ? zpp_device_create_host(&dev) : zpp_device_create_gpu(0, &dev);
+        if (st == ZPP_OK)
+            st = zpp_sample_model_create(&cfg, dtype_name ? dtype : saved, dev,
+                                         (const float *const *)units, &sm);
+        zpp_sample_weights_free(&cfg, units);
+        units = NULL;
+        if (st == ZPP_OK && !(gen = malloc(((size_t)max_new + 1) * sizeof *gen)))
+            st = zpp_error(ZPP_ERR_NOMEM, "out of memory");
+        sample_printer p = {stdout, dec, 0};
+        zpp_sample_opts o = {temperature, top_k > 0 ? top_k : 0, (uint64_t)seed};
+        /* the checks of the prompt and options come before anything prints */
+        if (st == ZPP_OK) st = zpp_sample_opts_check(&o, V);
+        for (int i = 0; st == ZPP_OK && i < n_ids; i++)
+            if (ids[i] >= V)
+                st = zpp_error(ZPP_ERR_INVALID,
+                               "prompt token %d at position %d is outside the vocabulary 0..%d of "
+                               "%s",
+                               (int)ids[i], i, V - 1, from);
+        if (st == ZPP_OK) {
+            zpp_sample_source src = zpp_sample_model_source(sm);
+            st = print_tokens(&p, ids, (size_t)n_ids);
+            if (st == ZPP_OK)
+                st = zpp_sample_generate(&src, &o, ids, n_ids, max_new, print_token, &p, gen);
+            fputc('\n', stdout);
+        }
+        rc = st == ZPP_OK ? 0 : zpp_cli_fail("sample", st);
+    }
+    zpp_sample_weights_free(&cfg, units);
+    zpp_sample_model_destroy(sm);
+    zpp_device_destroy(dev);
+    free(gen);
+    free(ids);
+    return rc;
+}
