@@ -44,7 +44,7 @@ if ! command -v tc > /dev/null || ! command -v ip > /dev/null; then
   fi
   if [ -x $IPR/sbin/tc ]; then
     tc() { LD_LIBRARY_PATH=$IPR/lib/x86_64-linux-gnu:$IPR/usr/lib/x86_64-linux-gnu $IPR/sbin/tc "$@"; }
-    ip() { LD_LIBRARY_PATH=$IPR/lib/x86_64-linux-gnu:$IPR/usr/lib/x86_64-linux-gnu $IPR/sbin/ip "$@"; }
+    ip() { LD_LIBRARY_PATH=$IPR/lib/x86_64-linux-gnu:$IPR/usr/lib/x86_64-linux-gnu $IPR/bin/ip "$@"; }  # (sbin/ip links to /bin/ip)
   fi
 fi
 die() { echo "link.sh: $*" >&2; exit 1; }
