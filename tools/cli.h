@@ -10,6 +10,7 @@ int zpp_cli_plan(int argc, char **argv);
 int zpp_cli_export(int argc, char **argv); /* llmc.c */
 int zpp_cli_eval(int argc, char **argv);   /* llmc.c */
 int zpp_cli_plot(int argc, char **argv);
+int zpp_cli_tokenize(int argc, char **argv);
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>
