@@ -170,6 +170,9 @@ static void tv_build(tvocab *v, zpp_rng *rng, int n_random) {
         tv_add(v, &b, 1);
     }
     static const char *const hand[][2] = {
+        /* ranked before "a" + "b" makes "ab": merging one occurrence of "a b"
+         * at a time would make "aba" of "abab", GPT-2 makes "ab ab" */
+        {"ab", "a"},
         {" ", "t"},  {" ", "a"},   {"h", "e"},   {"i", "n"},   {"r", "e"},  {"o", "n"},
         {" t", "he"}, {"e", "r"},  {" ", "s"},   {"a", "t"},   {" ", "w"},  {" ", "o"},
         {"e", "n"},  {" ", "c"},   {"i", "t"},   {"i", "s"},   {"a", "n"},  {"o", "r"},
@@ -178,7 +181,7 @@ static void tv_build(tvocab *v, zpp_rng *rng, int n_random) {
         {" o", "f"}, {" ", "in"},  {" ", "d"},   {" ", "h"},   {" an", "d"}, {"l", "l"},
         {"\n", "\n"}, {" ", " "},  {"  ", "  "}, {"'", "s"},   {"1", "2"},  {"\xC3", "\xA9"},
         {"\xD0", "\xB6"}, {"e", "\xC3\xA9"}, {"th", "e"}, {"t", "h"}, {"!", "!"}, {"<", "|"},
-        {"\t", "\t"}, {"\r", "\n"}, {"\n", " "}, {"0", "0"}, {"00", "00"},
+        {"\t", "\t"}, {"\r", "\n"}, {"\n", " "}, {"0", "0"}, {"00", "00"}, {"a", "b"},
     };
     /* The hand merges' results first, each once its parts are there ("th" +
      * "e" comes before "t" + "h" in the list), then the merges in list order. */
@@ -364,7 +367,8 @@ typedef struct textopt {
 static void random_text(zpp_rng *r, buf *s, size_t target, textopt o) {
     static const char *const words[] = {"the", "and", "of", "to", "in", "is", "it", "that",
                                         "Hello", "world", "sing", "ring", "thee", "hath", "tis",
-                                        "ear", "earth", "see", "inn", "aaaa", "ll"};
+                                        "ear", "earth", "see", "inn", "aaaa", "ll", "abab",
+                                        "cabababa"};
     static const char *const contractions[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d",
                                                "'S", "'LL", "'x", "''"};
     static const char *const spaces[] = {" ", "  ", "   ", "\n", "\n\n", "\t", " \n ", "\r\n",
@@ -567,7 +571,7 @@ static void test_pretokenize_known(void) {
         {"3.14 ms", {"3", ".", "14", " ms"}, 0},
         {"h\xC3\xA9llo w\xC3\xB6rld", {"h\xC3\xA9llo", " w\xC3\xB6rld"}, 0},
         {"\xC2\xBD \xD9\xA3", {"\xC2\xBD", " \xD9\xA3"}, 0},          /* ½ ٣ */
-        {"a\xC2\xA0" "b", {"a", "\xC2\xA0", "b"}, 0},                 /* no-break space */
+        {"a\xC2\xA0\xC2\xA0" "b", {"a", "\xC2\xA0", "\xC2\xA0", "b"}, 0}, /* no-break spaces */
         {"!!!? !!", {"!!!?", " !!"}, 0},
         {"hi<|endoftext|>yo", {"hi", "<|", "endoftext", "|>", "yo"}, 0},
         {"hi <|endoftext|>yo", {"hi", " ", "<|endoftext|>", "yo"}, ZPP_BPE_SPECIAL},
