@@ -73,10 +73,12 @@ extern "C" {
  * "gpt2"), compiled with PCRE2_UTF | PCRE2_UCP: contractions, an optional
  * space and letters, an optional space and digits, an optional space and
  * other symbols, whitespace not followed by a non-space (so "  x" gives " "
- * and " x"), whitespace. With PCRE2_UCP, \s is PCRE2's Unicode space (tab,
- * LF, VT, FF, CR and the Z categories); Python's regex module, GPT-2's,
- * also counts U+0085 and U+001C..U+001F as space, so those characters can
- * split differently (docs/data.md). */
+ * and " x"), whitespace. Letters, numbers and spaces are those of the
+ * Unicode tables PCRE2 was built with (Debian 12's 10.42: Unicode 14), and
+ * so are Python's regex module's (GPT-2's) and Rust's (tiktoken's) for
+ * their own versions. Checked over every code point against regex 2026.11
+ * (Unicode 16): they differ only on characters assigned after Unicode 14
+ * (to PCRE2 they are "other") and on U+180E, a space to PCRE2. */
 #define ZPP_BPE_GPT2_PATTERN                                                   \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 /* GPT-2's one special token, id 50256 in its vocab.json. */
