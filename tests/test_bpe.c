@@ -975,8 +975,9 @@ static void test_tool_writes_what_the_loader_reads(void) {
         zpp_test_write_file(in, t.b, t.n);
         /* a small buffer: the stream is cut many times, and some pieces
          * (runs of hundreds) are longer than it */
-        snprintf(args, sizeof args, "--vocab %s --merges %s %s%s %s %s", vp, mp,
-                 special ? "--allow-special " : "", trial == 3 ? "" : "--buffer 64", in, out);
+        snprintf(args, sizeof args, "--vocab %s --merges %s %s%s %s %s %s", vp, mp,
+                 special ? "--allow-special " : "", trial == 3 ? "" : "--buffer 64",
+                 trial == 1 ? "--cache 3" : trial == 2 ? "--cache 0" : "", in, out);
         EXPECT(run_cli(args, msg, sizeof msg) == 0, "zeropp tokenize %s: %s", args, msg);
         EXPECT(strstr(msg, "wrote ") != NULL, "%s", msg);
         zpp_bpe_ids want = {0};

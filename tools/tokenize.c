@@ -24,6 +24,7 @@ static void tokenize_usage(FILE *f) {
             "  Any bytes are taken: decoding the tokens gives IN.txt back byte for byte.\n"
             "  --allow-special   the text \"<|endoftext|>\" becomes GPT-2's end-of-text token\n"
             "                    (50256), e.g. between documents; without it, it is plain text\n"
+            "  --cache PIECES    encoded pieces (words) remembered (default 524288; 0: none)\n"
             "  --buffer BYTES    read the text this much at a time (default 4Mi; it grows to\n"
             "                    hold a longer piece, such as one run of whitespace)\n"
             "  OUT.bin is written whole or not at all (a temporary file, then a rename).\n");
@@ -95,20 +96,21 @@ static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, uns
 int zpp_cli_tokenize(int argc, char **argv) {
     const char *vocab = NULL, *merges = NULL;
     int allow_special = 0;
-    size_t buffer = (size_t)4 << 20;
+    size_t buffer = (size_t)4 << 20, cache = ZPP_BPE_CACHE_DEFAULT;
     const zpp_cli_opt opts[] = {
         {"--vocab", ZPP_CLI_STR, &vocab, 0, 0},
         {"--merges", ZPP_CLI_STR, &merges, 0, 0},
         {"--allow-special", ZPP_CLI_FLAG, &allow_special, 0, 0},
         {"--buffer", ZPP_CLI_SIZE, &buffer, 1, (long long)1 << 32},
+        {"--cache", ZPP_CLI_SIZE, &cache, 0, ZPP_BPE_CACHE_MAX},
     };
-    static const char *const value_opts[] = {"--vocab", "--merges", "--buffer"};
+    static const char *const value_opts[] = {"--vocab", "--merges", "--buffer", "--cache"};
     char **optv = malloc((size_t)(argc + 1) * sizeof *optv);
     char *pos[2];
     int optc = 0, n_pos = 0;
     if (!optv) return zpp_cli_fail("tokenize", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
-    const int split = split_args(argc, argv, value_opts, 3, optv, &optc, pos, &n_pos);
-    const int pr = split ? -1 : zpp_cli_parse_opts("tokenize", optc, optv, opts, 4, 1);
+    const int split = split_args(argc, argv, value_opts, 4, optv, &optc, pos, &n_pos);
+    const int pr = split ? -1 : zpp_cli_parse_opts("tokenize", optc, optv, opts, 5, 1);
     free(optv);
     if (pr > 0) {
         tokenize_usage(stdout);
@@ -135,14 +137,15 @@ int zpp_cli_tokenize(int argc, char **argv) {
     zpp_status st = zpp_bpe_load_gpt2(vocab, merges, &bpe);
     if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
     const int32_t n_vocab = zpp_bpe_vocab_size(bpe);
-    if (n_vocab - 1 > ZPP_TOKFILE_MAX_ID) {
+    if (cache != ZPP_BPE_CACHE_DEFAULT) st = zpp_bpe_set_cache(bpe, cache);
+    if (st == ZPP_OK && n_vocab - 1 > ZPP_TOKFILE_MAX_ID)
+        st = zpp_error(ZPP_ERR_UNSUPPORTED,
+                       "vocab '%s' has ids up to %d, but an llm.c token file stores uint16 ids "
+                       "(up to %d); vocabularies of more than 65,536 tokens are not supported yet",
+                       vocab, (int)n_vocab - 1, ZPP_TOKFILE_MAX_ID);
+    if (st != ZPP_OK) {
         zpp_bpe_destroy(bpe);
-        return zpp_cli_fail(
-            "tokenize",
-            zpp_error(ZPP_ERR_UNSUPPORTED,
-                      "vocab '%s' has ids up to %d, but an llm.c token file stores uint16 ids "
-                      "(up to %d); vocabularies of more than 65,536 tokens are not supported yet",
-                      vocab, (int)n_vocab - 1, ZPP_TOKFILE_MAX_ID));
+        return zpp_cli_fail("tokenize", st);
     }
     FILE *in = stdin;
     if (strcmp(in_path, "-")) st = zpp_fopen_regular(in_path, "text", &in);
