@@ -931,6 +931,9 @@ static void test_core_checks(void) {
     tok[256].id = 1000; /* an id twice */
     EXPECT_STATUS(zpp_bpe_create(&d, &bpe), ZPP_ERR_FORMAT);
     EXPECT_MSG("id 1000 is given to two tokens");
+    tok[256].id = ZPP_BPE_MAX_ID + 1; /* an id past the tables */
+    EXPECT_STATUS(zpp_bpe_create(&d, &bpe), ZPP_ERR_FORMAT);
+    EXPECT_MSG("ids are in [0, 16777215]");
     tok[256] = (zpp_bpe_token){&b['a'], 1, 5, 0}; /* the same bytes twice */
     EXPECT_STATUS(zpp_bpe_create(&d, &bpe), ZPP_ERR_FORMAT);
     EXPECT_MSG("listed twice");

@@ -169,9 +169,9 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
     size_t total = 0;
     for (size_t i = 0; i < d->n_tokens; i++) {
         const zpp_bpe_token *t = &d->tokens[i];
-        if (t->id < 0 || t->id == INT32_MAX)
-            return zpp_error(ZPP_ERR_FORMAT, "bpe: token %zu has id %d; ids are in [0, %d)", i,
-                             (int)t->id, INT32_MAX);
+        if (t->id < 0 || t->id > ZPP_BPE_MAX_ID) /* (the tables are indexed by id) */
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token %zu has id %d; ids are in [0, %d]", i,
+                             (int)t->id, ZPP_BPE_MAX_ID);
         if (!t->bytes || !t->len)
             return zpp_error(ZPP_ERR_FORMAT, "bpe: token %zu (id %d) is empty", i, (int)t->id);
         if (t->len > UINT32_MAX)

@@ -90,11 +90,15 @@ extern "C" {
 
 typedef struct zpp_bpe zpp_bpe;
 
+/* The largest token id (2^24 - 1): tables are indexed by id, and real
+ * vocabularies are far smaller (GPT-2 50,257; Llama 3 128,256). */
+#define ZPP_BPE_MAX_ID ((1 << 24) - 1)
+
 /* One vocabulary entry: its raw bytes (not GPT-2's printable rendering). */
 typedef struct zpp_bpe_token {
     const uint8_t *bytes;
     size_t len;    /* >= 1 */
-    int32_t id;    /* >= 0, each id once */
+    int32_t id;    /* in [0, ZPP_BPE_MAX_ID], each id once; gaps are allowed */
     int special;   /* 1: a special token (never the result of a merge) */
 } zpp_bpe_token;
 
@@ -118,7 +122,7 @@ typedef struct zpp_bpe_desc {
  * of the 256 single bytes has no token; a merge names an id that is not a
  * token, or a special token; a pair is listed twice; a merge's result
  * (left's bytes then right's) is not in the vocabulary; the pattern does
- * not compile (PCRE2's message and offset). */
+ * not compile (PCRE2's message and offset); an id past ZPP_BPE_MAX_ID. */
 zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p);
 
 /* Loads GPT-2's tokenizer files (the public GPT-2 release's vocab.json and

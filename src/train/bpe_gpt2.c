@@ -149,10 +149,10 @@ static zpp_status read_vocab(const char *path, zpp_bpe_token **tokens_p, size_t 
     size_t i = 0, off = 0;
     for (const cJSON *e = root->child; e && st == ZPP_OK; e = e->next, i++) {
         const double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
-        if (!cJSON_IsNumber(e) || v < 0 || v >= INT32_MAX || v != (double)(int32_t)v) {
+        if (!cJSON_IsNumber(e) || v < 0 || v > ZPP_BPE_MAX_ID || v != (double)(int32_t)v) {
             st = zpp_error(ZPP_ERR_FORMAT,
-                           "vocab '%s': the id of \"%.40s\" is not a whole number in [0, %d)",
-                           path, e->string, INT32_MAX);
+                           "vocab '%s': the id of \"%.40s\" is not a whole number in [0, %d]",
+                           path, e->string, ZPP_BPE_MAX_ID);
             break;
         }
         const size_t klen = strlen(e->string);
