@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of user input with libFuzzer: the JSON config
 # (fuzz/fuzz_config.c), the data file header and contents
-# (fuzz/fuzz_data.c) and a checkpoint's manifest (fuzz/fuzz_manifest.c),
-# each for MINUTES minutes on one core.
+# (fuzz/fuzz_data.c), a checkpoint's manifest (fuzz/fuzz_manifest.c) and
+# the BPE tokenizer's files and encoder (fuzz/fuzz_bpe.c), each for MINUTES
+# minutes on one core.
 #   scripts/fuzz.sh [MINUTES] [TARGET...]     (default: 10 minutes, all targets)
 # Needs clang with libFuzzer (clang 14 works): apt-get install clang.
 # Builds standalone into build-fuzz/ (-fsanitize=fuzzer,address,undefined;
@@ -20,7 +21,7 @@ if ! [[ $minutes =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config data manifest)
+[ ${#targets[@]} -gt 0 ] || targets=(config data manifest bpe)
 CC=${FUZZ_CC:-clang}
 if ! command -v "$CC" >/dev/null; then
   echo "fuzz.sh: $CC not found; install clang (sudo apt-get install clang) or set FUZZ_CC" >&2
@@ -32,8 +33,10 @@ flags=(-g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefi
        -fno-omit-frame-pointer -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc)
 cjson_inc=$(pkg-config --cflags libcjson 2>/dev/null || true)
 cjson_lib=$(pkg-config --libs libcjson 2>/dev/null || echo -lcjson)
+cjson_lib="$cjson_lib $(pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)"
 common=(src/core/error.c src/core/file.c src/train/config.c)
-declare -A extra=([config]="" [data]="src/train/data.c" [manifest]="src/train/ckpt_manifest.c")
+declare -A extra=([config]="" [data]="src/train/data.c" [manifest]="src/train/ckpt_manifest.c"
+                  [bpe]="src/train/bpe.c src/train/bpe_gpt2.c")
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target fuzz/fuzz_$t.c" >&2; exit 2; }
   echo "fuzz.sh: building $out/fuzz_$t"

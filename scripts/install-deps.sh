@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what zeropp needs from the distribution, if it is missing:
-# a C compiler, CMake, Open MPI, OpenBLAS, cJSON and gnuplot. (CUDA is optional: when
+# a C compiler, CMake, Open MPI, OpenBLAS, cJSON, PCRE2 and gnuplot. (CUDA is optional: when
 # nvcc is on the PATH the GPU code is compiled in.)
 set -euo pipefail
 
@@ -11,6 +11,7 @@ command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || need+=(libopenblas-dev)
 dpkg -s libcjson-dev >/dev/null 2>&1 || need+=(libcjson-dev)
+dpkg -s libpcre2-dev >/dev/null 2>&1 || need+=(libpcre2-dev) # the tokenizer's regex
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v gnuplot >/dev/null 2>&1 || need+=(gnuplot-nox) # zeropp plot, scripts/demo.sh's picture
 

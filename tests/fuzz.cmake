@@ -3,7 +3,7 @@
 # fuzz/corpus/<t>/ through fuzz/replay_main.c. An input that once crashed is
 # kept in the corpus, so this catches its return. The fuzzing itself (clang,
 # libFuzzer): scripts/fuzz.sh MINUTES.
-foreach(t config data manifest)
+foreach(t config data manifest bpe)
   add_executable(fuzz_replay_${t} ${CMAKE_SOURCE_DIR}/fuzz/fuzz_${t}.c
                                   ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
   target_include_directories(fuzz_replay_${t} PRIVATE ${CMAKE_SOURCE_DIR}/src)

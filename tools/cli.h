@@ -11,6 +11,7 @@ int zpp_cli_export(int argc, char **argv); /* llmc.c */
 int zpp_cli_eval(int argc, char **argv);   /* llmc.c */
 int zpp_cli_plot(int argc, char **argv);
 int zpp_cli_sample(int argc, char **argv); /* sample.c */
+int zpp_cli_tokenize(int argc, char **argv);
 
 /* ---- samples while training (sample.c; `zeropp train --sample-every`) ---- */
 #include <stdio.h>

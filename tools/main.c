@@ -1,4 +1,4 @@
-/* tools/main.c — `zeropp train | eval | export | bench | plan | plot`. The one place that
+/* tools/main.c — `zeropp train | eval | export | bench | plan | plot | tokenize`. The one place that
  * initialises and finalises MPI: the commands that run over ranks (train,
  * bench comm) start it here; the library reaches it through comm/ only. */
 #include <mpi.h>
@@ -27,6 +27,8 @@ static void usage(FILE *f) {
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
             "  zeropp plot METRICS.jsonl... --out FILE.png   loss, tokens/s, traffic (gnuplot)\n"
+            "  zeropp tokenize --vocab vocab.json --merges merges.txt IN.txt OUT.bin   GPT-2 "
+            "BPE\n"
             "\n"
             "Run `zeropp COMMAND --help` for a command's options.\n"
             "Counts (--params, --n, --steps, ...) take suffixes:\n"
@@ -66,6 +68,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "eval")) return zpp_cli_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plot")) return zpp_cli_plot(argc - 1, argv + 1);
     if (!strcmp(argv[1], "sample")) return zpp_cli_sample(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize")) return zpp_cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
         if (argc >= 3 && !strcmp(argv[2], "comm"))

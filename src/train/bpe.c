@@ -1,0 +1,825 @@
+/* train/bpe.c — byte-level BPE: the tables, the pre-tokenizer, the merging
+ * and the cache (bpe.h explains the algorithm). GPT-2's file formats are in
+ * bpe_gpt2.c. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "train/bpe.h"
+
+#include <limits.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define NO_RANK INT32_MAX
+/* Longer pieces are encoded every time: they are rare, and each would take
+ * a cache slot from a frequent word. */
+#define CACHE_MAX_PIECE 64
+
+/* ---- hashing ---------------------------------------------------------- */
+
+/* A 64-bit hash of a byte string, eight bytes a step (a multiply and a
+ * shift mix each word in; the pieces hashed are short, mostly words). */
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    if (n) memcpy(&w, p, n);
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_pair(uint64_t key) {
+    key *= 0x9E3779B97F4A7C15ull;
+    return key ^ (key >> 32);
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* ---- the object --------------------------------------------------------- */
+
+typedef struct pair_slot {
+    uint64_t key; /* left << 32 | right; EMPTY_PAIR when free */
+    int32_t rank;
+} pair_slot;
+#define EMPTY_PAIR UINT64_MAX
+
+/* A cached piece: its bytes at keys[key_off], its ids at ids[ids_off]. */
+typedef struct cache_slot {
+    uint32_t hash; /* high bits of the piece's hash; key_len 0 = free slot */
+    uint32_t key_off;
+    uint32_t ids_off;
+    uint16_t key_len;
+    uint16_t n_ids;
+} cache_slot;
+
+struct zpp_bpe {
+    /* vocabulary: token id -> bytes; bytes -> id through an open-addressing
+     * table of ids (-1 free) */
+    int32_t n_ids; /* largest id + 1 */
+    size_t *tok_off;
+    uint32_t *tok_len; /* 0: no token has this id */
+    uint8_t *tok_special;
+    uint8_t *tok_bytes;
+    int32_t *vocab_slots;
+    size_t vocab_mask;
+    int32_t byte_id[256];
+    /* special tokens, longest first (for a leftmost-longest search) */
+    int32_t *special_ids;
+    size_t n_special, special_max_len;
+    uint8_t special_first[256]; /* 1 when a special token starts with this byte */
+    /* merges: (left, right) -> rank in a hash table; rank -> merged id */
+    size_t n_merges;
+    int32_t *merge_result;
+    pair_slot *pairs;
+    size_t pair_mask;
+    /* the pre-tokenizer */
+    pcre2_code *re;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit_stack;
+    /* the piece cache, grown up to 2 * cache_limit slots, cleared when full */
+    size_t cache_limit, cache_count, cache_mask;
+    cache_slot *cache;
+    uint8_t *ckeys;
+    size_t ckeys_n, ckeys_cap;
+    int32_t *cids;
+    size_t cids_n, cids_cap;
+    /* scratch of the merging: a linked list of symbols and a heap */
+    size_t scratch_cap;
+    int32_t *sym, *prev, *next, *prank;
+    uint64_t *heap;
+    uint32_t *round;
+};
+
+static zpp_status grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return ZPP_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory (%zu bytes)", c * elem);
+    *p = q;
+    *cap = c;
+    return ZPP_OK;
+}
+
+int32_t zpp_bpe_find(const zpp_bpe *bpe, const void *bytes, size_t len) {
+    if (!bpe || !bytes || !len) return -1;
+    for (size_t i = hash_bytes(bytes, len) & bpe->vocab_mask;; i = (i + 1) & bpe->vocab_mask) {
+        const int32_t id = bpe->vocab_slots[i];
+        if (id < 0) return -1;
+        if (bpe->tok_len[id] == len && !memcmp(bpe->tok_bytes + bpe->tok_off[id], bytes, len))
+            return id;
+    }
+}
+
+/* The rank of merging (left, right), or NO_RANK. */
+static inline int32_t pair_rank(const zpp_bpe *bpe, int32_t left, int32_t right) {
+    const uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    for (size_t i = hash_pair(key) & bpe->pair_mask;; i = (i + 1) & bpe->pair_mask) {
+        if (bpe->pairs[i].key == key) return bpe->pairs[i].rank;
+        if (bpe->pairs[i].key == EMPTY_PAIR) return NO_RANK;
+    }
+}
+
+/* A token for messages: printable ASCII as is, other bytes as \xHH. */
+static const char *show(const uint8_t *b, size_t n, char *buf, size_t cap) {
+    size_t o = 0, i = 0;
+    for (; i < n && o + 8 < cap; i++) {
+        if (b[i] >= 0x20 && b[i] < 0x7F && b[i] != '"' && b[i] != '\\')
+            buf[o++] = (char)b[i];
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02X", b[i]);
+    }
+    if (i < n) o += (size_t)snprintf(buf + o, cap - o, "...");
+    buf[o] = 0;
+    return buf;
+}
+
+void zpp_bpe_destroy(zpp_bpe *bpe) {
+    if (!bpe) return;
+    if (bpe->md) pcre2_match_data_free(bpe->md);
+    if (bpe->mctx) pcre2_match_context_free(bpe->mctx);
+    if (bpe->jit_stack) pcre2_jit_stack_free(bpe->jit_stack);
+    if (bpe->re) pcre2_code_free(bpe->re);
+    free(bpe->tok_off), free(bpe->tok_len), free(bpe->tok_special), free(bpe->tok_bytes);
+    free(bpe->vocab_slots), free(bpe->special_ids);
+    free(bpe->merge_result), free(bpe->pairs);
+    free(bpe->cache), free(bpe->ckeys), free(bpe->cids);
+    free(bpe->sym), free(bpe->prev), free(bpe->next), free(bpe->prank);
+    free(bpe->heap), free(bpe->round);
+    free(bpe);
+}
+
+static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
+    char s1[96];
+    int64_t max_id = -1;
+    size_t total = 0;
+    for (size_t i = 0; i < d->n_tokens; i++) {
+        const zpp_bpe_token *t = &d->tokens[i];
+        if (t->id < 0 || t->id > ZPP_BPE_MAX_ID) /* (the tables are indexed by id) */
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token %zu has id %d; ids are in [0, %d]", i,
+                             (int)t->id, ZPP_BPE_MAX_ID);
+        if (!t->bytes || !t->len)
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token %zu (id %d) is empty", i, (int)t->id);
+        if (t->len > UINT32_MAX)
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token id %d is %zu bytes long", (int)t->id,
+                             t->len);
+        if (t->id > max_id) max_id = t->id;
+        total += t->len;
+    }
+    bpe->n_ids = (int32_t)(max_id + 1);
+    const size_t n = (size_t)bpe->n_ids;
+    bpe->tok_off = calloc(n ? n : 1, sizeof *bpe->tok_off);
+    bpe->tok_len = calloc(n ? n : 1, sizeof *bpe->tok_len);
+    bpe->tok_special = calloc(n ? n : 1, 1);
+    bpe->tok_bytes = malloc(total ? total : 1);
+    const size_t slots = pow2_at_least(2 * d->n_tokens);
+    bpe->vocab_slots = malloc(slots * sizeof *bpe->vocab_slots);
+    bpe->special_ids = malloc((d->n_tokens ? d->n_tokens : 1) * sizeof *bpe->special_ids);
+    if (!bpe->tok_off || !bpe->tok_len || !bpe->tok_special || !bpe->tok_bytes ||
+        !bpe->vocab_slots || !bpe->special_ids)
+        return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for %zu tokens", d->n_tokens);
+    memset(bpe->vocab_slots, 0xFF, slots * sizeof *bpe->vocab_slots);
+    bpe->vocab_mask = slots - 1;
+    size_t off = 0;
+    for (size_t i = 0; i < d->n_tokens; i++) {
+        const zpp_bpe_token *t = &d->tokens[i];
+        if (bpe->tok_len[t->id])
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: id %d is given to two tokens, \"%s\" and another",
+                             (int)t->id, show(t->bytes, t->len, s1, sizeof s1));
+        const int32_t twin = zpp_bpe_find(bpe, t->bytes, t->len);
+        if (twin >= 0)
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token \"%s\" is listed twice, as ids %d and %d",
+                             show(t->bytes, t->len, s1, sizeof s1), (int)twin, (int)t->id);
+        memcpy(bpe->tok_bytes + off, t->bytes, t->len);
+        bpe->tok_off[t->id] = off;
+        bpe->tok_len[t->id] = (uint32_t)t->len;
+        bpe->tok_special[t->id] = t->special ? 1 : 0;
+        off += t->len;
+        size_t j = hash_bytes(t->bytes, t->len) & bpe->vocab_mask;
+        while (bpe->vocab_slots[j] >= 0) j = (j + 1) & bpe->vocab_mask;
+        bpe->vocab_slots[j] = t->id;
+        if (t->special) {
+            bpe->special_ids[bpe->n_special++] = t->id;
+            bpe->special_first[t->bytes[0]] = 1;
+            if (t->len > bpe->special_max_len) bpe->special_max_len = t->len;
+        }
+    }
+    /* Longest first, so that the first special found at a place is the
+     * longest one there (insertion sort: special tokens are few). */
+    for (size_t i = 1; i < bpe->n_special; i++) {
+        const int32_t id = bpe->special_ids[i];
+        size_t j = i;
+        for (; j > 0 && bpe->tok_len[bpe->special_ids[j - 1]] < bpe->tok_len[id]; j--)
+            bpe->special_ids[j] = bpe->special_ids[j - 1];
+        bpe->special_ids[j] = id;
+    }
+    /* Byte-level: every byte must be a token, or some text has no encoding. */
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        const int32_t id = zpp_bpe_find(bpe, &byte, 1);
+        if (id < 0 || bpe->tok_special[id])
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "bpe: byte 0x%02X has no %stoken; a byte-level vocabulary holds all "
+                             "256 single bytes",
+                             b, id < 0 ? "" : "ordinary ");
+        bpe->byte_id[b] = id;
+    }
+    return ZPP_OK;
+}
+
+static zpp_status build_merges(zpp_bpe *bpe, const zpp_bpe_desc *d) {
+    char s1[96], s2[96];
+    if (d->n_merges >= (size_t)INT32_MAX)
+        return zpp_error(ZPP_ERR_FORMAT, "bpe: %zu merges; at most %d", d->n_merges, INT32_MAX - 1);
+    bpe->n_merges = d->n_merges;
+    const size_t slots = pow2_at_least(2 * d->n_merges);
+    bpe->pairs = malloc(slots * sizeof *bpe->pairs);
+    bpe->merge_result = malloc((d->n_merges ? d->n_merges : 1) * sizeof *bpe->merge_result);
+    uint8_t *cat = NULL;
+    size_t cat_cap = 0;
+    if (!bpe->pairs || !bpe->merge_result)
+        return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for %zu merges", d->n_merges);
+    for (size_t i = 0; i < slots; i++) bpe->pairs[i].key = EMPTY_PAIR;
+    bpe->pair_mask = slots - 1;
+    zpp_status st = ZPP_OK;
+    for (size_t r = 0; r < d->n_merges && st == ZPP_OK; r++) {
+        const int32_t parts[2] = {d->merges[r].left, d->merges[r].right};
+        for (int k = 0; k < 2 && st == ZPP_OK; k++) {
+            const int32_t id = parts[k];
+            if (id < 0 || id >= bpe->n_ids || !bpe->tok_len[id])
+                st = zpp_error(ZPP_ERR_FORMAT, "bpe: merge %zu names id %d, which is no token", r,
+                               (int)id);
+            else if (bpe->tok_special[id])
+                st = zpp_error(ZPP_ERR_FORMAT,
+                               "bpe: merge %zu names the special token \"%s\"; merges never "
+                               "touch special tokens",
+                               r, show(bpe->tok_bytes + bpe->tok_off[id], bpe->tok_len[id], s1,
+                                       sizeof s1));
+        }
+        if (st != ZPP_OK) break;
+        const int32_t L = parts[0], R = parts[1];
+        const uint8_t *lb = bpe->tok_bytes + bpe->tok_off[L], *rb = bpe->tok_bytes + bpe->tok_off[R];
+        const size_t ll = bpe->tok_len[L], rl = bpe->tok_len[R];
+        st = grow((void **)&cat, &cat_cap, ll + rl, 1);
+        if (st != ZPP_OK) break;
+        memcpy(cat, lb, ll);
+        memcpy(cat + ll, rb, rl);
+        const int32_t result = zpp_bpe_find(bpe, cat, ll + rl);
+        if (result < 0 || bpe->tok_special[result]) {
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "bpe: merge %zu (\"%s\" + \"%s\") makes a token that is %s; every "
+                           "merge's result must be an ordinary vocabulary entry",
+                           r, show(lb, ll, s1, sizeof s1), show(rb, rl, s2, sizeof s2),
+                           result < 0 ? "not in the vocabulary" : "a special token");
+            break;
+        }
+        const uint64_t key = (uint64_t)(uint32_t)L << 32 | (uint32_t)R;
+        size_t j = hash_pair(key) & bpe->pair_mask;
+        for (; bpe->pairs[j].key != EMPTY_PAIR; j = (j + 1) & bpe->pair_mask)
+            if (bpe->pairs[j].key == key) break;
+        if (bpe->pairs[j].key == key) {
+            st = zpp_error(ZPP_ERR_FORMAT, "bpe: merge %zu (\"%s\" + \"%s\") repeats merge %d", r,
+                           show(lb, ll, s1, sizeof s1), show(rb, rl, s2, sizeof s2),
+                           (int)bpe->pairs[j].rank);
+            break;
+        }
+        bpe->pairs[j].key = key;
+        bpe->pairs[j].rank = (int32_t)r;
+        bpe->merge_result[r] = result;
+    }
+    free(cat);
+    return st;
+}
+
+static zpp_status build_regex(zpp_bpe *bpe, const char *pattern) {
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    bpe->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                            PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
+    if (!bpe->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return zpp_error(ZPP_ERR_FORMAT, "bpe: the pre-tokenization regex does not compile: %s "
+                         "(at offset %zu of \"%s\")", (const char *)msg, (size_t)at, pattern);
+    }
+    /* JIT code when the platform has it (several times faster); the
+     * interpreter otherwise. Both modes we match in are compiled. */
+    (void)pcre2_jit_compile(bpe->re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
+    bpe->md = pcre2_match_data_create_from_pattern(bpe->re, NULL);
+    bpe->mctx = pcre2_match_context_create(NULL);
+    /* A long run of whitespace backtracks over its length: give the JIT
+     * room beyond its 32 KiB default. */
+    bpe->jit_stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, NULL);
+    if (!bpe->md || !bpe->mctx || !bpe->jit_stack)
+        return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for the regex");
+    pcre2_jit_stack_assign(bpe->mctx, NULL, bpe->jit_stack);
+    return ZPP_OK;
+}
+
+zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
+    if (!desc || !bpe_p || (desc->n_tokens && !desc->tokens) || (desc->n_merges && !desc->merges))
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: NULL argument");
+    if (desc->cache_pieces > ZPP_BPE_CACHE_MAX)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: cache of %zu pieces; at most %u",
+                         desc->cache_pieces, ZPP_BPE_CACHE_MAX);
+    zpp_bpe *bpe = calloc(1, sizeof *bpe);
+    if (!bpe) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory");
+    bpe->cache_limit = desc->cache_pieces ? desc->cache_pieces : ZPP_BPE_CACHE_DEFAULT;
+    zpp_status st = build_vocab(bpe, desc);
+    if (st == ZPP_OK) st = build_merges(bpe, desc);
+    if (st == ZPP_OK && desc->pattern) st = build_regex(bpe, desc->pattern);
+    if (st != ZPP_OK) {
+        zpp_bpe_destroy(bpe);
+        return st;
+    }
+    *bpe_p = bpe;
+    return ZPP_OK;
+}
+
+int32_t zpp_bpe_vocab_size(const zpp_bpe *bpe) { return bpe ? bpe->n_ids : 0; }
+size_t zpp_bpe_merge_count(const zpp_bpe *bpe) { return bpe ? bpe->n_merges : 0; }
+
+const uint8_t *zpp_bpe_token_bytes(const zpp_bpe *bpe, int32_t id, size_t *len_p) {
+    if (!bpe || id < 0 || id >= bpe->n_ids || !bpe->tok_len[id]) return NULL;
+    if (len_p) *len_p = bpe->tok_len[id];
+    return bpe->tok_bytes + bpe->tok_off[id];
+}
+
+/* ---- the piece cache ---------------------------------------------------- */
+
+static void cache_clear(zpp_bpe *bpe) {
+    if (bpe->cache) memset(bpe->cache, 0, (bpe->cache_mask + 1) * sizeof *bpe->cache);
+    bpe->cache_count = bpe->ckeys_n = bpe->cids_n = 0;
+}
+
+zpp_status zpp_bpe_set_cache(zpp_bpe *bpe, size_t pieces) {
+    if (!bpe) return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_set_cache: NULL tokenizer");
+    if (pieces > ZPP_BPE_CACHE_MAX)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_set_cache: %zu pieces; at most %u", pieces,
+                         ZPP_BPE_CACHE_MAX);
+    free(bpe->cache);
+    bpe->cache = NULL;
+    bpe->cache_mask = 0;
+    bpe->cache_limit = pieces;
+    cache_clear(bpe);
+    return ZPP_OK;
+}
+
+/* The cached ids of a piece (NULL if not cached). */
+static const int32_t *cache_get(const zpp_bpe *bpe, const uint8_t *p, size_t n, uint64_t h,
+                                size_t *n_ids_p) {
+    if (!bpe->cache) return NULL;
+    const uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & bpe->cache_mask;; i = (i + 1) & bpe->cache_mask) {
+        const cache_slot *s = &bpe->cache[i];
+        if (!s->key_len) return NULL;
+        if (s->hash == tag && s->key_len == n && !memcmp(bpe->ckeys + s->key_off, p, n)) {
+            *n_ids_p = s->n_ids;
+            return bpe->cids + s->ids_off;
+        }
+    }
+}
+
+static void cache_insert(zpp_bpe *bpe, const uint8_t *p, size_t n, uint64_t h,
+                         const int32_t *ids, size_t n_ids) {
+    if (bpe->cache_count >= bpe->cache_limit) cache_clear(bpe); /* full: start again */
+    /* The table doubles up to twice the limit, so probes stay short. */
+    if (2 * (bpe->cache_count + 1) > (bpe->cache ? bpe->cache_mask + 1 : 0)) {
+        const size_t cap = bpe->cache ? 2 * (bpe->cache_mask + 1) : 1024;
+        cache_slot *t = calloc(cap, sizeof *t);
+        if (!t) return; /* a cache that cannot grow just stops remembering */
+        for (size_t i = 0; bpe->cache && i <= bpe->cache_mask; i++) {
+            const cache_slot *s = &bpe->cache[i];
+            if (!s->key_len) continue;
+            const uint64_t hh = hash_bytes(bpe->ckeys + s->key_off, s->key_len);
+            size_t j = hh & (cap - 1);
+            while (t[j].key_len) j = (j + 1) & (cap - 1);
+            t[j] = *s;
+        }
+        free(bpe->cache);
+        bpe->cache = t;
+        bpe->cache_mask = cap - 1;
+    }
+    if (grow((void **)&bpe->ckeys, &bpe->ckeys_cap, bpe->ckeys_n + n, 1) != ZPP_OK ||
+        grow((void **)&bpe->cids, &bpe->cids_cap, bpe->cids_n + n_ids, sizeof *bpe->cids) != ZPP_OK) {
+        zpp_error_clear(); /* not an error of the caller's: just do not remember */
+        return;
+    }
+    size_t i = h & bpe->cache_mask;
+    while (bpe->cache[i].key_len) i = (i + 1) & bpe->cache_mask;
+    cache_slot *s = &bpe->cache[i];
+    s->hash = (uint32_t)(h >> 32);
+    s->key_off = (uint32_t)bpe->ckeys_n;
+    s->ids_off = (uint32_t)bpe->cids_n;
+    s->key_len = (uint16_t)n;
+    s->n_ids = (uint16_t)n_ids;
+    memcpy(bpe->ckeys + bpe->ckeys_n, p, n);
+    memcpy(bpe->cids + bpe->cids_n, ids, n_ids * sizeof *ids);
+    bpe->ckeys_n += n;
+    bpe->cids_n += n_ids;
+    bpe->cache_count++;
+}
+
+/* ---- merging one piece -------------------------------------------------- */
+
+/* Binary min-heap of (rank << 32 | position): ties in rank pop left to right. */
+static inline void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (h[parent] <= v) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = v;
+}
+
+static inline uint64_t heap_pop(uint64_t *h, size_t *n) {
+    const uint64_t top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= last) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+static zpp_status ensure_scratch(zpp_bpe *bpe, size_t n) {
+    if (n <= bpe->scratch_cap) return ZPP_OK;
+    size_t c = bpe->scratch_cap ? bpe->scratch_cap : 64;
+    while (c < n) c *= 2;
+    int32_t **lists[4] = {&bpe->sym, &bpe->prev, &bpe->next, &bpe->prank};
+    for (int k = 0; k < 4; k++) {
+        int32_t *q = realloc(*lists[k], c * sizeof *q);
+        if (!q) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for a piece of %zu bytes", n);
+        *lists[k] = q;
+    }
+    /* a heap entry per pair at the start, two more per merge, at most */
+    uint64_t *h = realloc(bpe->heap, 3 * c * sizeof *h);
+    if (h) bpe->heap = h;
+    uint32_t *r = h ? realloc(bpe->round, c * sizeof *r) : NULL;
+    if (!r) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for a piece of %zu bytes", n);
+    bpe->round = r;
+    bpe->scratch_cap = c;
+    return ZPP_OK;
+}
+
+/* Sets prank[i] to the rank of the pair starting at symbol i and queues it. */
+static inline void queue_pair(zpp_bpe *bpe, int32_t i, size_t *hn) {
+    const int32_t j = bpe->next[i];
+    const int32_t r = j < 0 ? NO_RANK : pair_rank(bpe, bpe->sym[i], bpe->sym[j]);
+    bpe->prank[i] = r;
+    if (r != NO_RANK) heap_push(bpe->heap, hn, (uint64_t)(uint32_t)r << 32 | (uint32_t)i);
+}
+
+/* Merges the piece's n >= 2 bytes; appends the final symbols to out.
+ *
+ * Symbols form a linked list indexed by the position of their first byte
+ * (a merge keeps the left symbol's index and unlinks the right one).
+ * prank[i] is the rank of the pair (symbol i, its successor), NO_RANK for
+ * none or for an unlinked symbol; the heap holds (rank, i) entries, some
+ * stale: an entry is live when prank[i] still equals its rank, because a
+ * rank names one pair and a symbol only ever grows, so a pair that has
+ * gone never comes back at the same place.
+ *
+ * One round is GPT-2's one pass: take every entry of the lowest rank r
+ * (they come out left to right), and merge those still live. A merge in the
+ * round can only kill an entry to its right (its own right neighbour's, as
+ * in "a a a"), and the pairs it creates contain the new symbol, so none of
+ * them is r's pair (the new symbol is longer than either part): the round
+ * merges exactly the occurrences GPT-2's left-to-right pass does. */
+static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
+    if (n >= (size_t)INT32_MAX)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "bpe: a piece of %zu bytes (one run of letters, digits, symbols or "
+                         "whitespace) is too long to merge; split the text",
+                         n);
+    ZPP_CHECK(ensure_scratch(bpe, n));
+    int32_t *sym = bpe->sym, *prev = bpe->prev, *next = bpe->next, *prank = bpe->prank;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        sym[i] = bpe->byte_id[p[i]];
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i < n; i++) queue_pair(bpe, (int32_t)i, &hn);
+    size_t n_sym = n;
+    while (hn) {
+        const uint32_t r = (uint32_t)(bpe->heap[0] >> 32);
+        size_t m = 0;
+        while (hn && (uint32_t)(bpe->heap[0] >> 32) == r)
+            bpe->round[m++] = (uint32_t)heap_pop(bpe->heap, &hn);
+        for (size_t k = 0; k < m; k++) {
+            const int32_t i = (int32_t)bpe->round[k];
+            if (prank[i] != (int32_t)r) continue; /* stale */
+            const int32_t j = next[i], after = next[j];
+            sym[i] = bpe->merge_result[r];
+            next[i] = after;
+            if (after >= 0) prev[after] = i;
+            prank[j] = NO_RANK; /* unlinked */
+            n_sym--;
+            if (prev[i] >= 0) queue_pair(bpe, prev[i], &hn);
+            queue_pair(bpe, i, &hn);
+        }
+    }
+    ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + n_sym, sizeof *out->ids));
+    for (int32_t i = 0; i >= 0; i = next[i]) out->ids[out->n++] = sym[i];
+    return ZPP_OK;
+}
+
+static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
+    if (n == 1) {
+        ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + 1, sizeof *out->ids));
+        out->ids[out->n++] = bpe->byte_id[p[0]];
+        return ZPP_OK;
+    }
+    const int cacheable = bpe->cache_limit && n <= CACHE_MAX_PIECE;
+    uint64_t h = 0;
+    if (cacheable) {
+        h = hash_bytes(p, n);
+        size_t k = 0;
+        const int32_t *ids = cache_get(bpe, p, n, h, &k);
+        if (ids) {
+            ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + k, sizeof *out->ids));
+            memcpy(out->ids + out->n, ids, k * sizeof *ids);
+            out->n += k;
+            return ZPP_OK;
+        }
+    }
+    const size_t first = out->n;
+    ZPP_CHECK(merge_piece(bpe, p, n, out));
+    if (cacheable) cache_insert(bpe, p, n, h, out->ids + first, out->n - first);
+    return ZPP_OK;
+}
+
+/* ---- pre-tokenization --------------------------------------------------- */
+
+typedef zpp_status (*piece_fn)(void *ctx, const uint8_t *text, size_t start, size_t len,
+                               int32_t special);
+
+/* The end of the last complete UTF-8 character of t[0, n): a lead byte in
+ * the last three whose sequence runs past n is held back (its character
+ * may be completed by the text that follows). */
+static size_t complete_utf8_end(const uint8_t *t, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const uint8_t c = t[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        const size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c < 0xF0 ? 3
+                          : c >= 0xC2 && c < 0xE0 ? 2 : 1;
+        return need > k ? n - k : n;
+    }
+    return n;
+}
+
+/* Cuts text[a, b) (ordinary text: no special token inside) into pieces.
+ * Final: all of it, *done_p = b. Partial: the pieces that more text after b
+ * cannot change; *done_p = where they end. The regex sees [a, b) alone. */
+static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t b, int partial,
+                             piece_fn fn, void *ctx, size_t *done_p) {
+    if (a == b) {
+        *done_p = b;
+        return ZPP_OK;
+    }
+    if (!bpe->re) { /* no pattern: the text is one piece, final only at its end */
+        if (partial) {
+            *done_p = a;
+            return ZPP_OK;
+        }
+        *done_p = b;
+        return fn(ctx, text, a, b - a, -1);
+    }
+    const uint8_t *subject = text + a;
+    const size_t len = partial ? complete_utf8_end(subject, b - a) : b - a;
+    const uint32_t opts = PCRE2_NOTEMPTY | (partial ? PCRE2_PARTIAL_HARD : 0);
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(bpe->md);
+    size_t s = 0;
+    while (s < len) {
+        const int rc = pcre2_match(bpe->re, subject, len, s, opts, bpe->md, bpe->mctx);
+        if (rc >= 0) {
+            const size_t ms = ov[0], me = ov[1];
+            /* bytes no match covers (invalid UTF-8) are a piece of their own */
+            if (ms > s) ZPP_CHECK(fn(ctx, text, a + s, ms - s, -1));
+            ZPP_CHECK(fn(ctx, text, a + ms, me - ms, -1));
+            s = me;
+            continue;
+        }
+        if (rc == PCRE2_ERROR_NOMATCH) {
+            /* No match starts anywhere in [s, len): final, the rest is one
+             * piece; partial, more text could still extend it. */
+            if (partial) break;
+            ZPP_CHECK(fn(ctx, text, a + s, len - s, -1));
+            s = len;
+            break;
+        }
+        if (rc == PCRE2_ERROR_PARTIAL) break; /* a piece reaching the end: not final */
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        return zpp_error(ZPP_ERR_INVALID,
+                         "bpe: the pre-tokenization regex failed at byte %zu of a %zu-byte "
+                         "text: %s",
+                         a + s, b - a, (const char *)msg);
+    }
+    if (!partial && s < b - a) ZPP_CHECK(fn(ctx, text, a + s, b - a - s, -1));
+    *done_p = partial ? a + s : b;
+    return ZPP_OK;
+}
+
+/* The special token at text[i, ...) (the longest that fits), or -1. */
+static int32_t special_at(const zpp_bpe *bpe, const uint8_t *text, size_t i, size_t len) {
+    for (size_t k = 0; k < bpe->n_special; k++) {
+        const int32_t id = bpe->special_ids[k];
+        const size_t n = bpe->tok_len[id];
+        if (n <= len - i && !memcmp(text + i, bpe->tok_bytes + bpe->tok_off[id], n)) return id;
+    }
+    return -1;
+}
+
+/* The first i in [from, len) where text[i, len) could be the start of a
+ * special token longer than what is there (partial mode holds text back
+ * from there), or len. */
+static size_t special_prefix_at(const zpp_bpe *bpe, const uint8_t *text, size_t from, size_t len) {
+    const size_t lo = len > bpe->special_max_len ? len - bpe->special_max_len + 1 : 0;
+    for (size_t i = from > lo ? from : lo; i < len; i++) {
+        if (!bpe->special_first[text[i]]) continue;
+        for (size_t k = 0; k < bpe->n_special; k++) {
+            const int32_t id = bpe->special_ids[k];
+            if (bpe->tok_len[id] > len - i &&
+                !memcmp(text + i, bpe->tok_bytes + bpe->tok_off[id], len - i))
+                return i;
+        }
+    }
+    return len;
+}
+
+/* The whole pre-tokenization: special tokens (when asked), the regex
+ * between them. */
+static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
+                       void *ctx, size_t *consumed_p) {
+    const int partial = (flags & ZPP_BPE_PARTIAL) != 0;
+    const int specials = (flags & ZPP_BPE_SPECIAL) && bpe->n_special;
+    size_t pos = 0;
+    while (pos < len) {
+        size_t q = len;
+        int32_t id = -1;
+        if (specials)
+            for (size_t i = pos; i < len; i++)
+                if (bpe->special_first[text[i]] && (id = special_at(bpe, text, i, len)) >= 0) {
+                    q = i;
+                    break;
+                }
+        /* Partial: text from `hold` on may turn into a special token (or a
+         * longer one than found at q) once more text arrives. */
+        const size_t hold = partial && specials ? special_prefix_at(bpe, text, pos, len) : len;
+        if (id >= 0 && q < hold) {
+            size_t done = 0;
+            ZPP_CHECK(split_text(bpe, text, pos, q, 0, fn, ctx, &done));
+            ZPP_CHECK(fn(ctx, text, q, bpe->tok_len[id], id));
+            pos = q + bpe->tok_len[id];
+            continue;
+        }
+        const size_t end = hold < q ? hold : q; /* (q = len when none was found) */
+        size_t done = pos;
+        ZPP_CHECK(split_text(bpe, text, pos, end, partial, fn, ctx, &done));
+        pos = done;
+        break;
+    }
+    if (consumed_p) *consumed_p = pos;
+    return ZPP_OK;
+}
+
+typedef struct encode_ctx {
+    zpp_bpe *bpe;
+    zpp_bpe_ids *out;
+} encode_ctx;
+
+static zpp_status encode_cb(void *c, const uint8_t *text, size_t start, size_t len,
+                            int32_t special) {
+    encode_ctx *e = c;
+    if (special >= 0) {
+        ZPP_CHECK(grow((void **)&e->out->ids, &e->out->cap, e->out->n + 1, sizeof(int32_t)));
+        e->out->ids[e->out->n++] = special;
+        return ZPP_OK;
+    }
+    return encode_piece(e->bpe, text + start, len, e->out);
+}
+
+static zpp_status check_call(const char *fn, const zpp_bpe *bpe, const void *text, size_t len,
+                             unsigned flags, const void *out, const size_t *consumed_p) {
+    if (!bpe || !out || (len && !text))
+        return zpp_error(ZPP_ERR_INVALID, "%s: NULL argument", fn);
+    if (flags & ~(ZPP_BPE_SPECIAL | ZPP_BPE_PARTIAL))
+        return zpp_error(ZPP_ERR_INVALID, "%s: unknown flags 0x%x", fn, flags);
+    if ((flags & ZPP_BPE_PARTIAL) && !consumed_p)
+        return zpp_error(ZPP_ERR_INVALID, "%s: ZPP_BPE_PARTIAL needs consumed_p", fn);
+    return ZPP_OK;
+}
+
+zpp_status zpp_bpe_encode(zpp_bpe *bpe, const void *text, size_t len, unsigned flags,
+                          zpp_bpe_ids *out, size_t *consumed_p) {
+    ZPP_CHECK(check_call("zpp_bpe_encode", bpe, text, len, flags, out, consumed_p));
+    const size_t before = out->n;
+    encode_ctx e = {bpe, out};
+    size_t consumed = 0;
+    zpp_status st = scan(bpe, text, len, flags, encode_cb, &e, &consumed);
+    if (st != ZPP_OK) {
+        out->n = before;
+        return st;
+    }
+    if (consumed_p) *consumed_p = consumed;
+    return ZPP_OK;
+}
+
+static zpp_status split_cb(void *c, const uint8_t *text, size_t start, size_t len,
+                           int32_t special) {
+    (void)text;
+    zpp_bpe_pieces *out = c;
+    ZPP_CHECK(grow((void **)&out->pieces, &out->cap, out->n + 1, sizeof *out->pieces));
+    out->pieces[out->n++] = (zpp_bpe_piece){start, len, special};
+    return ZPP_OK;
+}
+
+zpp_status zpp_bpe_split(zpp_bpe *bpe, const void *text, size_t len, unsigned flags,
+                         zpp_bpe_pieces *out, size_t *consumed_p) {
+    ZPP_CHECK(check_call("zpp_bpe_split", bpe, text, len, flags, out, consumed_p));
+    const size_t before = out->n;
+    size_t consumed = 0;
+    zpp_status st = scan(bpe, text, len, flags, split_cb, out, &consumed);
+    if (st != ZPP_OK) {
+        out->n = before;
+        return st;
+    }
+    if (consumed_p) *consumed_p = consumed;
+    return ZPP_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------- */
+
+zpp_status zpp_bpe_decode(const zpp_bpe *bpe, const int32_t *ids, size_t n, char **text_p,
+                          size_t *len_p) {
+    if (!bpe || (n && !ids) || !text_p || !len_p)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_decode: NULL argument");
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= bpe->n_ids || !bpe->tok_len[ids[i]])
+            return zpp_error(ZPP_ERR_INVALID,
+                             "bpe decode: id %d at position %zu is no token of this vocabulary "
+                             "(ids run to %d); was it made with another tokenizer?",
+                             (int)ids[i], i, (int)bpe->n_ids - 1);
+        total += bpe->tok_len[ids[i]];
+    }
+    char *t = malloc(total + 1);
+    if (!t) return zpp_error(ZPP_ERR_NOMEM, "bpe decode: out of memory for %zu bytes", total);
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(t + o, bpe->tok_bytes + bpe->tok_off[ids[i]], bpe->tok_len[ids[i]]);
+        o += bpe->tok_len[ids[i]];
+    }
+    t[o] = 0;
+    *text_p = t;
+    *len_p = o;
+    return ZPP_OK;
+}
+
+/* ---- GPT-2's byte alphabet ---------------------------------------------- */
+
+/* bytes_to_unicode: the 188 bytes that print stand for themselves; the other
+ * 68 take the code points from 256 on, in increasing byte order. So every
+ * token prints, and a space is U+0120 "Ġ". */
+static int byte_prints(unsigned b) {
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+uint32_t zpp_bpe_gpt2_byte_char(uint8_t byte) {
+    if (byte_prints(byte)) return byte;
+    uint32_t k = 0; /* how many non-printing bytes come before this one */
+    for (unsigned b = 0; b < byte; b++) k += !byte_prints(b);
+    return 256 + k;
+}
+
+int zpp_bpe_gpt2_char_byte(uint32_t cp) {
+    if (cp < 256) return byte_prints(cp) ? (int)cp : -1;
+    if (cp >= 256 + 68) return -1;
+    uint32_t k = cp - 256;
+    for (unsigned b = 0; b < 256; b++)
+        if (!byte_prints(b) && k-- == 0) return (int)b;
+    return -1;
+}

@@ -1,0 +1,174 @@
+/* tools/tokenize.c — `zeropp tokenize`: text to an llm.c token file with
+ * GPT-2's byte-level BPE (train/bpe.h), streamed: the text is read a few MB
+ * at a time, so its size is not bounded by memory. One process, no MPI. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "train/bpe.h"
+#include "train/tokfile.h"
+
+static void tokenize_usage(FILE *f) {
+    fprintf(f,
+            "usage: zeropp tokenize --vocab vocab.json --merges merges.txt [--allow-special]\n"
+            "                       IN.txt OUT.bin\n"
+            "  Encodes the text IN.txt (\"-\": standard input) with GPT-2's byte-level BPE and\n"
+            "  writes OUT.bin, an llm.c token file (uint16 tokens) that `zeropp train --data`\n"
+            "  reads; the trainer holds out its last tenth for validation. vocab.json and\n"
+            "  merges.txt are GPT-2's tokenizer files (docs/data.md says where to get them).\n"
+            "  Any bytes are taken: decoding the tokens gives IN.txt back byte for byte.\n"
+            "  --allow-special   the text \"<|endoftext|>\" becomes GPT-2's end-of-text token\n"
+            "                    (50256), e.g. between documents; without it, it is plain text\n"
+            "  --cache PIECES    encoded pieces (words) remembered (default 524288; 0: none)\n"
+            "  --buffer BYTES    read the text this much at a time (default 4Mi; it grows to\n"
+            "                    hold a longer piece, such as one run of whitespace)\n"
+            "  OUT.bin is written whole or not at all (a temporary file, then a rename).\n");
+}
+
+/* Splits argv into the options (for zpp_cli_parse_opts) and the positional
+ * words; "-" is a positional word (standard input). */
+static int split_args(int argc, char **argv, const char *const *value_opts, int n_value,
+                      char **opts, int *n_opts, char **pos, int *n_pos) {
+    opts[(*n_opts)++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] != '-' || !strcmp(argv[i], "-")) {
+            if (*n_pos == 2) return -1;
+            pos[(*n_pos)++] = argv[i];
+            continue;
+        }
+        opts[(*n_opts)++] = argv[i];
+        for (int k = 0; k < n_value; k++)
+            if (!strcmp(argv[i], value_opts[k]) && i + 1 < argc) {
+                opts[(*n_opts)++] = argv[++i];
+                break;
+            }
+    }
+    return 0;
+}
+
+/* Encodes everything `in` gives into `out`, a buffer at a time; *bytes_p is
+ * the text's size. */
+static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, unsigned flags,
+                                size_t cap, zpp_tokfile *out, size_t *bytes_p) {
+    size_t have = 0, total = 0;
+    char *buf = malloc(cap);
+    zpp_bpe_ids ids = {0};
+    zpp_status st = buf ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "out of memory");
+    int eof = 0;
+    while (st == ZPP_OK && !eof) {
+        while (have < cap) { /* fill the buffer */
+            const size_t r = fread(buf + have, 1, cap - have, in);
+            have += r;
+            total += r;
+            if (r == 0) {
+                if (ferror(in))
+                    st = zpp_error(ZPP_ERR_IO, "cannot read '%s': %s", in_name, strerror(errno));
+                eof = 1;
+                break;
+            }
+        }
+        if (st != ZPP_OK) break;
+        size_t used = have;
+        ids.n = 0;
+        st = zpp_bpe_encode(bpe, buf, have, flags | (eof ? 0 : ZPP_BPE_PARTIAL), &ids, &used);
+        if (st == ZPP_OK) st = zpp_tokfile_append(out, ids.ids, ids.n);
+        if (st != ZPP_OK) break;
+        /* what is not final yet goes to the front, for the next read */
+        memmove(buf, buf + used, have - used);
+        have -= used;
+        if (!eof && have == cap) { /* one piece longer than the buffer: grow it */
+            char *b = realloc(buf, 2 * cap);
+            if (!b) st = zpp_error(ZPP_ERR_NOMEM, "out of memory for a %zu-byte piece", have);
+            else buf = b, cap *= 2;
+        }
+    }
+    free(ids.ids);
+    free(buf);
+    *bytes_p = total;
+    return st;
+}
+
+int zpp_cli_tokenize(int argc, char **argv) {
+    const char *vocab = NULL, *merges = NULL;
+    int allow_special = 0;
+    size_t buffer = (size_t)4 << 20, cache = ZPP_BPE_CACHE_DEFAULT;
+    const zpp_cli_opt opts[] = {
+        {"--vocab", ZPP_CLI_STR, &vocab, 0, 0},
+        {"--merges", ZPP_CLI_STR, &merges, 0, 0},
+        {"--allow-special", ZPP_CLI_FLAG, &allow_special, 0, 0},
+        {"--buffer", ZPP_CLI_SIZE, &buffer, 1, (long long)1 << 32},
+        {"--cache", ZPP_CLI_SIZE, &cache, 0, ZPP_BPE_CACHE_MAX},
+    };
+    static const char *const value_opts[] = {"--vocab", "--merges", "--buffer", "--cache"};
+    char **optv = malloc((size_t)(argc + 1) * sizeof *optv);
+    char *pos[2];
+    int optc = 0, n_pos = 0;
+    if (!optv) return zpp_cli_fail("tokenize", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
+    const int split = split_args(argc, argv, value_opts, 4, optv, &optc, pos, &n_pos);
+    const int pr = split ? -1 : zpp_cli_parse_opts("tokenize", optc, optv, opts, 5, 1);
+    free(optv);
+    if (pr > 0) {
+        tokenize_usage(stdout);
+        return 0;
+    }
+    if (split) fprintf(stderr, "zeropp tokenize: more than two files named; give IN.txt OUT.bin\n");
+    if (pr < 0) return 2;
+    if (!vocab || !merges || n_pos != 2) {
+        fprintf(stderr, "zeropp tokenize: needs --vocab FILE, --merges FILE, IN.txt and OUT.bin "
+                        "(see zeropp tokenize --help)\n");
+        return 2;
+    }
+    const char *in_path = pos[0], *out_path = pos[1];
+    /* Writing over the input would lose it (the rename replaces it). */
+    struct stat si, so;
+    if (strcmp(in_path, "-") && stat(in_path, &si) == 0 && stat(out_path, &so) == 0 &&
+        si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fprintf(stderr, "zeropp tokenize: OUT.bin '%s' is the input file; name another\n",
+                out_path);
+        return 2;
+    }
+    const double t0 = zpp_cli_now_ms();
+    zpp_bpe *bpe = NULL;
+    zpp_status st = zpp_bpe_load_gpt2(vocab, merges, &bpe);
+    if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
+    const int32_t n_vocab = zpp_bpe_vocab_size(bpe);
+    if (cache != ZPP_BPE_CACHE_DEFAULT) st = zpp_bpe_set_cache(bpe, cache);
+    if (st == ZPP_OK && n_vocab - 1 > ZPP_TOKFILE_MAX_ID)
+        st = zpp_error(ZPP_ERR_UNSUPPORTED,
+                       "vocab '%s' has ids up to %d, but an llm.c token file stores uint16 ids "
+                       "(up to %d); vocabularies of more than 65,536 tokens are not supported yet",
+                       vocab, (int)n_vocab - 1, ZPP_TOKFILE_MAX_ID);
+    if (st != ZPP_OK) {
+        zpp_bpe_destroy(bpe);
+        return zpp_cli_fail("tokenize", st);
+    }
+    FILE *in = stdin;
+    if (strcmp(in_path, "-")) st = zpp_fopen_regular(in_path, "text", &in);
+    zpp_tokfile *out = NULL;
+    if (st == ZPP_OK) st = zpp_tokfile_create(out_path, &out);
+    size_t bytes = 0, tokens = 0;
+    if (st == ZPP_OK)
+        st = encode_stream(bpe, in, in_path, allow_special ? ZPP_BPE_SPECIAL : 0, buffer, out,
+                           &bytes);
+    if (st == ZPP_OK && bytes == 0)
+        st = zpp_error(ZPP_ERR_INVALID, "'%s' holds no text: nothing to tokenize", in_path);
+    if (st == ZPP_OK) {
+        st = zpp_tokfile_finish(out, &tokens);
+        out = NULL;
+    }
+    zpp_tokfile_abort(out);
+    if (in && in != stdin) fclose(in);
+    zpp_bpe_destroy(bpe);
+    if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
+    const double s = (zpp_cli_now_ms() - t0) / 1e3;
+    printf("wrote %s: %zu tokens from %zu bytes of %s (%.2f bytes a token), vocabulary %d, "
+           "in %.1f s (%.1f MB/s)\n",
+           out_path, tokens, bytes, in_path, (double)bytes / (double)tokens, (int)n_vocab, s,
+           s > 0 ? (double)bytes / 1e6 / s : 0.0);
+    return 0;
+}
