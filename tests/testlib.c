@@ -37,11 +37,18 @@ double zpp_rng_normal(zpp_rng *r) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
-    const char *dir = getenv("ZPP_SHARED_DATA");
-    if (!dir) dir = "../shared/data";
-    snprintf(buf, cap, "%s/%s", dir, name);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+#ifndef ZPP_TEST_DATA_DIR
+#error "tests/CMakeLists.txt defines ZPP_TEST_DATA_DIR (the source tree's tests/data)"
+#endif
+
+const char *zpp_test_data(const char *name, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/%s", ZPP_TEST_DATA_DIR, name);
+    if (access(buf, R_OK) != 0)
+        zpp_test_fail(__FILE__, __LINE__, NULL,
+                      "cannot read %s (%s): the test data is part of the repository; restore "
+                      "it with `git checkout -- tests/data`",
+                      buf, strerror(errno));
+    return buf;
 }
 
 void *zpp_test_malloc(size_t n) {

@@ -99,8 +99,9 @@ uint64_t zpp_rng_u64(zpp_rng *r);
 double zpp_rng_uniform(zpp_rng *r);   /* [0, 1) */
 double zpp_rng_normal(zpp_rng *r);    /* N(0, 1) */
 
-/* Path of a file in ../shared/data, or NULL if the folder is not there. */
-const char *zpp_test_shared_data(const char *name, char *buf, size_t cap);
+/* Path of tests/data/<name> of the source tree (the test data kept in the
+ * repository); fails the test when it cannot be read: it is never absent. */
+const char *zpp_test_data(const char *name, char *buf, size_t cap);
 
 /* n bytes of zeroed host memory (at least 1), or the case fails saying so. */
 void *zpp_test_malloc(size_t n);
