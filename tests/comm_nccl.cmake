@@ -2,8 +2,7 @@
 # Each test function (a ZPP_TEST_GPU case of test_comm_nccl.c) runs as its
 # own process: NCCL reads NCCL_HOSTID once per process, so the emulated-nodes
 # case needs a fresh one. With fewer GPUs than ranks each rank is its own
-# emulated host (test_comm_nccl.c); the same-host case then prints
-# "SKIP: needs 2 GPUs" and ctest counts it skipped.
+# emulated host (test_comm_nccl.c); the same-host case then skips (exit 77).
 if(ZPP_HAVE_CUDA)
   zpp_test(test_comm_nccl
            SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_comm_nccl.c

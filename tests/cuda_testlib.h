@@ -11,14 +11,13 @@
 #include "device/device.h"
 #include "testlib.h"
 
-/* Fails with a clear message when no GPU is visible (the test must run on a
- * machine with one: ctest -L gpu); otherwise opens GPU 0 and prints its
+/* Skips the test (zpp_test_skip) when no GPU is visible: it must run on a
+ * machine with one (ctest -L gpu). Otherwise opens GPU 0 and prints its
  * name the first time. The caller owns the device (zpp_device_destroy). */
 static inline zpp_device *zpp_test_gpu_open(const char *what) {
     static int printed = 0;
     if (zpp_device_gpu_count() == 0)
-        zpp_test_fail(__FILE__, __LINE__, NULL,
-                      "no CUDA device is visible (device count 0): %s and must run on a "
+        zpp_test_skip("no CUDA device is visible (device count 0): %s and must run on a "
                       "machine with an NVIDIA GPU (ctest -L gpu)",
                       what);
     zpp_device *d = NULL;

@@ -5,8 +5,8 @@
  * a host has fewer GPUs than ranks every rank gets its own NCCL_HOSTID (its
  * own emulated host; sockets between them, DESIGN.md §6) and the tests run
  * all the same, except the one that is about the same-host path
- * (test_nccl_one_node), which prints "SKIP: needs 2 GPUs (NVLink)" (ctest
- * reports it as skipped).
+ * (test_nccl_one_node), which skips (zpp_test_skip: "SKIP: ..." and exit
+ * 77, which ctest reports as skipped). With no GPU at all every case skips.
  *
  * GPU memory, streams and copies go through the device API
  * (device/device.h); this file makes no CUDA runtime call.
@@ -119,17 +119,16 @@ static int pick_device(void) {
 }
 
 /* A test about what only several GPUs of one host have (NVLink, peer
- * access): says so and returns 1 when the ranks share GPUs. */
-static int skip_without_gpus(const char *test) {
-    /* ranks_here() is collective (an MPI split): every rank asks, and only
-     * then does rank 0 print, or rank 0 waits alone in it. */
-    const int gpus = gpus_here(), ranks = ranks_here(), skip = gpus < ranks;
-    if (skip && zpp_test_rank == 0)
-        printf("SKIP: needs 2 GPUs (NVLink): %s runs the ranks of one node on distinct GPUs; "
-               "this host shows %d GPU(s) for %d ranks\n",
-               test, gpus, ranks);
-    fflush(stdout);
-    return skip;
+ * access): skips (zpp_test_skip, on every rank) when the ranks share GPUs. */
+static void skip_without_gpus(const char *test) {
+    /* ranks_here() is collective (an MPI split): every rank asks, and all
+     * reach the same decision, so all skip together. */
+    const int gpus = gpus_here(), ranks = ranks_here();
+    if (gpus < ranks)
+        zpp_test_skip("%s needs one GPU per rank (NVLink between them): it runs the ranks of "
+                      "one node on distinct GPUs, and this host shows %d GPU(s) for %d ranks; "
+                      "run it on a host with 2 GPUs",
+                      test, gpus, ranks);
 }
 
 /* The device of the open ctx (one at a time), for the allocation helpers. */
@@ -919,7 +918,7 @@ static void test_nccl_reduce_beside_gathers(void) {
 
 /* One node of every rank (NVLink between the GPUs). */
 static void test_nccl_one_node(void) {
-    if (skip_without_gpus("test_nccl_one_node")) return;
+    skip_without_gpus("test_nccl_one_node");
     ctx cx;
     ctx_open(&cx, world_size(), 0);
     check_all_ops(&cx);
@@ -1110,12 +1109,9 @@ static void test_nccl_watchdog_ends_a_stalled_sync(void) {
  * not run yet: ctest runs every test of this file as its own process (CASE);
  * a run of the whole program reaches this test last and says so. */
 static void test_nccl_emulated_nodes(void) {
-    if (nccl_used) {
-        if (zpp_test_rank == 0)
-            printf("[ SKIP ] test_nccl_emulated_nodes: NCCL already ran in this process; run "
-                   "it alone: mpirun -np 2 <this program> test_nccl_emulated_nodes\n");
-        return;
-    }
+    if (nccl_used)
+        zpp_test_skip("test_nccl_emulated_nodes: NCCL already ran in this process; run it "
+                      "alone: mpirun -np 2 <this program> test_nccl_emulated_nodes");
     ctx cx;
     ctx_open(&cx, 1, 1);
     const char *hid = getenv("NCCL_HOSTID");

@@ -224,38 +224,34 @@ static void test_token_out_of_vocab(void) {
 
 static void test_raw_text(void) {
     char buf[4096];
-    const char *path = zpp_test_shared_data("tinyshakespeare.txt", buf, sizeof buf);
+    const char *path = zpp_test_data("tinyshakespeare.txt", buf, sizeof buf);
     zpp_train_config cfg = make_cfg(64, 256, 4, 1, 7);
     zpp_data *d = NULL;
-    if (!path) {
-        printf("note: %s not found; skipping the tinyshakespeare case\n", buf);
-    } else {
-        FILE *f = fopen(path, "rb");
-        EXPECT(f != NULL);
-        fseek(f, 0, SEEK_END);
-        size_t size = (size_t)ftell(f);
-        rewind(f);
-        uint8_t *text = malloc(size);
-        EXPECT(fread(text, 1, size, f) == size);
-        fclose(f);
-        EXPECT_OK(zpp_data_open(path, &cfg, &d));
-        zpp_data_info info = zpp_data_get_info(d);
-        EXPECT(info.kind == ZPP_DATA_RAW_TEXT && info.n_tokens == size && info.vocab == 256);
-        /* The split: the last tenth held out. */
-        EXPECT(info.n_val == size / 10 && info.n_train == size - size / 10);
-        for (size_t i = 0; i < size; i++) EXPECT(zpp_data_token(d, i) == text[i]);
-        int32_t x[4 * 64], y[4 * 64];
-        EXPECT_OK(zpp_data_batch(d, 3, 0, 0, 1, x, y));
-        size_t p = zpp_data_sample_start(d, 3 * 4);
-        for (int t = 0; t < 64; t++) EXPECT(x[t] == text[p + t] && y[t] == text[p + t + 1]);
-        zpp_data_close(d);
-        /* Bytes need a 256-entry vocabulary. */
-        cfg.model.vocab_size = 255;
-        EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_CONFIG);
-        EXPECT_MSG("raw text");
-        EXPECT_MSG("model.vocab_size >= 256, not 255");
-        free(text);
-    }
+    FILE *f = fopen(path, "rb");
+    EXPECT(f != NULL);
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *text = malloc(size);
+    EXPECT(fread(text, 1, size, f) == size);
+    fclose(f);
+    EXPECT_OK(zpp_data_open(path, &cfg, &d));
+    zpp_data_info info = zpp_data_get_info(d);
+    EXPECT(info.kind == ZPP_DATA_RAW_TEXT && info.n_tokens == size && info.vocab == 256);
+    /* The split: the last tenth held out. */
+    EXPECT(info.n_val == size / 10 && info.n_train == size - size / 10);
+    for (size_t i = 0; i < size; i++) EXPECT(zpp_data_token(d, i) == text[i]);
+    int32_t x[4 * 64], y[4 * 64];
+    EXPECT_OK(zpp_data_batch(d, 3, 0, 0, 1, x, y));
+    size_t p = zpp_data_sample_start(d, 3 * 4);
+    for (int t = 0; t < 64; t++) EXPECT(x[t] == text[p + t] && y[t] == text[p + t + 1]);
+    zpp_data_close(d);
+    /* Bytes need a 256-entry vocabulary. */
+    cfg.model.vocab_size = 255;
+    EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_CONFIG);
+    EXPECT_MSG("raw text");
+    EXPECT_MSG("model.vocab_size >= 256, not 255");
+    free(text);
     /* An empty file, a missing file. */
     char tmp[64];
     cfg.model.vocab_size = 256;

@@ -5,7 +5,7 @@
  * (not even its temporary).
  *
  * ZPP_CLI (the zeropp command) comes from ctest. Without gnuplot the
- * drawing case exits 77, which ctest counts as skipped (tests/tools.cmake). */
+ * drawing case skips (zpp_test_skip: exit 77, ctest reports it skipped). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,11 +208,9 @@ static void test_plot_errors(void) {
  * writes them): a PNG of the asked size, three runs named in the summary,
  * nothing else left in the directory. */
 static void test_plot_png(void) {
-    if (!have_gnuplot()) {
-        printf("SKIP: needs gnuplot (apt-get install gnuplot-nox)\n");
-        fflush(stdout);
-        exit(77);
-    }
+    if (!have_gnuplot())
+        zpp_test_skip("gnuplot is not installed, so `zeropp plot` cannot draw; install it "
+                      "(scripts/install-deps.sh, or apt-get install gnuplot-nox)");
     zpp_rng rng = zpp_rng_make(zpp_test_seed(2));
     char dir[256], a[512], b[512], png[512], args[4096], out[8192];
     make_dir(dir, sizeof dir);

@@ -347,10 +347,7 @@ static void test_zero3_matches_single_rank_bf16(void) {
  * the start), so the quantized paths must carry real learning signal. */
 static void test_zeropp_options_match_zero3_validation_loss(void) {
     char data[512];
-    if (!zpp_test_shared_data("tinyshakespeare.txt", data, sizeof data)) {
-        printf("  skipped: ../shared/data/tinyshakespeare.txt not found\n");
-        return;
-    }
+    zpp_test_data("tinyshakespeare.txt", data, sizeof data);
     const char *modes[][2] = {
         {"zero3", "\"zero_optimization\": {\"stage\": 3}"},
         {"qwz", "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true}"},
@@ -1231,10 +1228,7 @@ static void test_gpu_matches_cpu(void) {
  * of ZeRO-3's, the issue's bar for "no loss of convergence". */
 static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
     char data[512];
-    if (!zpp_test_shared_data("tinyshakespeare.txt", data, sizeof data)) {
-        printf("SKIP: needs ../shared/data/tinyshakespeare.txt\n");
-        return;
-    }
+    zpp_test_data("tinyshakespeare.txt", data, sizeof data);
     const char *modes[][2] = {
         {"zero3", "{\"stage\": 3}"},
         {"zeropp", "{\"stage\": 3, \"zero_quantized_weights\": true,"

@@ -38,11 +38,18 @@ double zpp_rng_normal(zpp_rng *r) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-const char *zpp_test_shared_data(const char *name, char *buf, size_t cap) {
-    const char *dir = getenv("ZPP_SHARED_DATA");
-    if (!dir) dir = "../shared/data";
-    snprintf(buf, cap, "%s/%s", dir, name);
-    return access(buf, R_OK) == 0 ? buf : NULL;
+#ifndef ZPP_TEST_DATA_DIR
+#error "tests/CMakeLists.txt defines ZPP_TEST_DATA_DIR (the source tree's tests/data)"
+#endif
+
+const char *zpp_test_data(const char *name, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/%s", ZPP_TEST_DATA_DIR, name);
+    if (access(buf, R_OK) != 0)
+        zpp_test_fail(__FILE__, __LINE__, NULL,
+                      "cannot read %s (%s): the test data is part of the repository; restore "
+                      "it with `git checkout -- tests/data`",
+                      buf, strerror(errno));
+    return buf;
 }
 
 void *zpp_test_malloc(size_t n) {
@@ -125,6 +132,23 @@ __attribute__((weak)) void zpp_test_init(int *argc, char ***argv) { (void)argc; 
 __attribute__((weak)) void zpp_test_finalize(void) {}
 __attribute__((weak)) uint64_t zpp_test_agree_seed(uint64_t seed) { return seed; }
 
+void zpp_test_skip(const char *fmt, ...) {
+    fflush(stdout);
+    if (zpp_test_rank == 0) {
+        va_list ap;
+        printf("SKIP: ");
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+        fflush(stdout);
+    }
+    /* Every rank is here: MPI ends cleanly, so mpirun passes on the 77
+     * instead of reporting ranks that exited without MPI_Finalize. */
+    zpp_test_finalize();
+    exit(ZPP_TEST_SKIP_CODE);
+}
+
 int main(int argc, char **argv) {
     zpp_test_init(&argc, &argv);
     const char *env = getenv("ZPP_TEST_SEED");
@@ -138,7 +162,9 @@ int main(int argc, char **argv) {
     }
     zpp__seed = zpp_test_agree_seed(zpp__seed); /* same seed on every rank */
     const char *only = argc > 1 ? argv[1] : NULL;
-    int ran = 0, left_out = 0;
+    /* A GPU case where no GPU is visible is skipped, not failed; asked once,
+     * and only when a GPU case is reached (CPU cases never start CUDA). */
+    int gpus = -1, ran = 0, skipped = 0, left_out = 0;
     for (size_t i = 0; i < zpp_test_count; i++) {
         if (only && strcmp(only, zpp_test_list[i].name) != 0) continue;
         zpp__current = zpp_test_list[i].name;
@@ -156,6 +182,22 @@ int main(int argc, char **argv) {
             left_out++;
             continue;
         }
+        if (zpp_test_list[i].needs_gpu) {
+            if (gpus < 0) gpus = zpp_device_gpu_count();
+            if (gpus == 0) {
+                if (only)
+                    zpp_test_skip("%s needs an NVIDIA GPU and none is visible here (a build "
+                                  "without CUDA, no driver, or CUDA_VISIBLE_DEVICES empty); "
+                                  "run `ctest -L gpu` on a GPU machine",
+                                  zpp__current);
+                if (zpp_test_rank == 0) {
+                    printf("[ SKIP ] %s: no GPU visible\n", zpp__current);
+                    fflush(stdout);
+                }
+                skipped++;
+                continue;
+            }
+        }
         if (zpp_test_rank == 0) {
             printf("[ RUN  ] %s (seed %llu)\n", zpp__current, (unsigned long long)zpp__seed);
             fflush(stdout);
@@ -167,6 +209,10 @@ int main(int argc, char **argv) {
         }
         ran++;
     }
+    if (skipped)
+        zpp_test_skip("%d GPU case(s) of this program did not run: no NVIDIA GPU is visible "
+                      "here; run `ctest -L gpu` on a GPU machine",
+                      skipped);
     if (ran == 0 && left_out == 0) {
         fprintf(stderr, "no test named '%s'\n", only ? only : "");
         return 1;

@@ -8,8 +8,15 @@
  *     )
  *
  * A case that needs an NVIDIA GPU is listed as ZPP_TEST_GPU(fn) instead:
- * the same entry for the program, and tests/CMakeLists.txt (which reads the
- * case names from this list for CASES_FROM_SOURCE tests) labels it gpu.
+ * tests/CMakeLists.txt (which reads the case names from this list for
+ * CASES_FROM_SOURCE tests) labels it gpu, and where no GPU is visible the
+ * harness skips it (zpp_test_skip) instead of running it.
+ *
+ * Skipping: a test that cannot run here calls zpp_test_skip("why; what to
+ * do"), which prints one line "SKIP: ..." and exits with ctest's skip code
+ * 77 (every test has SKIP_RETURN_CODE 77); scripts/check-skips.sh then
+ * fails the CPU suite that skipped it. It ends the whole program, so a case
+ * that may skip is its own ctest test (CASE / CASES_FROM_SOURCE).
  * A case that needs the library's test-only fault hooks (docs/fault-hooks.md)
  * is listed as ZPP_TEST_HOOKS(fn): CMake registers it only in a build with
  * -DZPP_FAULT_HOOKS=ON; in a library without them the harness leaves it out
@@ -32,12 +39,13 @@
 typedef struct zpp_test_entry {
     const char *name;
     void (*fn)(void);
+    int needs_gpu;
     int needs_hooks;
 } zpp_test_entry;
 
-#define ZPP_TEST(fn) {#fn, fn, 0}
-#define ZPP_TEST_GPU(fn) {#fn, fn, 0}
-#define ZPP_TEST_HOOKS(fn) {#fn, fn, 1}
+#define ZPP_TEST(fn) {#fn, fn, 0, 0}
+#define ZPP_TEST_GPU(fn) {#fn, fn, 1, 0}
+#define ZPP_TEST_HOOKS(fn) {#fn, fn, 0, 1}
 #define ZPP_TESTS(...)                                                        \
     const zpp_test_entry zpp_test_list[] = {__VA_ARGS__};                     \
     const size_t zpp_test_count = sizeof zpp_test_list / sizeof zpp_test_list[0];
@@ -57,6 +65,14 @@ void zpp_test_fail(const char *file, int line, const char *cond, const char *fmt
     do {                                                                      \
         if (!(cond)) zpp_test_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__); \
     } while (0)
+
+/* ctest's skip code: zpp_test() sets SKIP_RETURN_CODE to it. */
+#define ZPP_TEST_SKIP_CODE 77
+
+/* Prints "SKIP: <reason>" (rank 0; the reason says what is missing and what
+ * to do), finalizes MPI in an MPI test and exits ZPP_TEST_SKIP_CODE. Under
+ * MPI every rank must call it, having reached the same decision. */
+void zpp_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 /* Asserts a zpp call succeeds, printing zpp_last_error() otherwise. */
 #define EXPECT_OK(call)                                                       \
@@ -89,8 +105,9 @@ uint64_t zpp_rng_u64(zpp_rng *r);
 double zpp_rng_uniform(zpp_rng *r);   /* [0, 1) */
 double zpp_rng_normal(zpp_rng *r);    /* N(0, 1) */
 
-/* Path of a file in ../shared/data, or NULL if the folder is not there. */
-const char *zpp_test_shared_data(const char *name, char *buf, size_t cap);
+/* Path of tests/data/<name> of the source tree (the test data kept in the
+ * repository); fails the test when it cannot be read: it is never absent. */
+const char *zpp_test_data(const char *name, char *buf, size_t cap);
 
 /* n bytes of zeroed host memory (at least 1), or the case fails saying so. */
 void *zpp_test_malloc(size_t n);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine's prefetch and reduction depths, A/B over the emulated link (one device call):
-#   bash bench/train/depth_ab.sh   (carry .deps/ with the cJSON packages, .peers/ for the GPU tests' text)
+#   bash bench/train/depth_ab.sh   (carry .deps/ with the cJSON packages)
 # GPT 1.31B mb4, 2 ranks as 2 emulated nodes on one GPU, ZeRO++ and ZeRO-3 at depths 2/2 (default),
 # 1/1 (the old schedule) and 3/3, 6 steps each with --profile; then `ctest -L gpu` with the time left.
 # Writes summary.txt and gpu_tests.log to $OUT.
@@ -9,7 +9,6 @@ cd "$(dirname "$0")/../.." || exit 1
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; S=$OUT/summary.txt; W=/tmp/work; mkdir -p $W
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export ZPP_SHARED_DATA=$PWD/.peers/data
 mkdir -p /tmp/cjson && for f in .deps/*.deb; do dpkg -x "$f" /tmp/cjson; done
 export CJSON_ROOT=/tmp/cjson/usr
 echo "$(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) $(lscpu | grep 'Model name' | tr -s ' ')" | tee $S
