@@ -43,7 +43,14 @@ static int exact_numbers(cJSON *item) {
                 if (strtod(text, NULL) == c->valuedouble) break;
             }
             cJSON *raw = cJSON_CreateRaw(text);
-            if (!raw || !cJSON_ReplaceItemViaPointer(item, c, raw)) {
+            if (!raw) return 0;
+            /* the raw item takes over the number's key (replacing by pointer
+             * does not carry it; replacing by name could hit a duplicate) */
+            raw->string = c->string;
+            raw->type |= c->type & cJSON_StringIsConst;
+            c->string = NULL;
+            c->type &= ~cJSON_StringIsConst;
+            if (!cJSON_ReplaceItemViaPointer(item, c, raw)) { /* cannot fail: c is a child */
                 cJSON_Delete(raw);
                 return 0;
             }
