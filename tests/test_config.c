@@ -900,6 +900,27 @@ static void test_config_diff(void) {
         b.train_steps = steps;
         b.data_order = a.data_order == ZPP_DATA_ORDER_SHUFFLED ? ZPP_DATA_ORDER_SEQUENTIAL
                                                                : ZPP_DATA_ORDER_SHUFFLED;
+        b.optimizer.weight_decay = a.optimizer.weight_decay + 0.5;
+        b.gradient_clipping = a.gradient_clipping + 1;
+        b.optimizer.beta2 = a.optimizer.beta2 / 2;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 6, "trial %d: %s", trial, out);
+        EXPECT(strstr(out, "optimizer.params.weight_decay: ") && strstr(out, "gradient_clipping: ") &&
+                   strstr(out, "optimizer.params.betas: "),
+               "%s", out);
+        /* another schedule: its type, and its params that differ */
+        b = a;
+        b.scheduler.type = a.scheduler.type == ZPP_SCHED_WARMUP_LR ? ZPP_SCHED_WARMUP_DECAY_LR
+                                                                   : ZPP_SCHED_WARMUP_LR;
+        b.scheduler.warmup_max_lr = 1e-3;
+        b.scheduler.warmup_min_lr = 0;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) >= 1 &&
+                   strstr(out, "scheduler.type: ") == out,
+               "trial %d: %s", trial, out);
+        b = a;
+        b.optimizer.lr = lr;
+        b.train_steps = steps;
+        b.data_order = a.data_order == ZPP_DATA_ORDER_SHUFFLED ? ZPP_DATA_ORDER_SEQUENTIAL
+                                                               : ZPP_DATA_ORDER_SHUFFLED;
         EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 3, "trial %d: %s", trial, out);
         char want[256];
         snprintf(want, sizeof want, "zeropp.train_steps: %d -> %d\n", a.train_steps, steps);

@@ -802,9 +802,9 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     } else if (st == ZPP_OK && ef_here && !ef_same) {
         size_t k = strlen(note);
         snprintf(note + k, cap > k ? cap - k : 0,
-                 "error feedback buffers start from zero (they were saved for %d ranks, "
+                 "error feedback buffers start from zero (they were saved for %d rank%s, "
                  "node size %d)\n",
-                 m.world_size, m.node_size);
+                 m.world_size, m.world_size == 1 ? "" : "s", m.node_size);
     }
     /* install only when every rank has everything */
     st = zpp_comm_agree_world(st);
