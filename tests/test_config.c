@@ -50,6 +50,12 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
     return strcmp(a->ignored, b->ignored) == 0 ZPP_CONFIG_KEYS(CMP_KEY);
 }
+/* Names the fields that differ, on stderr (for a failure's message). */
+#define DIFF_KEY(path, kind, field, lo, hi, def, sched, doc)                                  \
+    if (!(1 CMP_##kind(field))) fprintf(stderr, "  differs: %s\n", path);
+static void cfg_print_differences(const zpp_train_config *a, const zpp_train_config *b) {
+    ZPP_CONFIG_KEYS(DIFF_KEY)
+}
 
 /* Every key of the table, by kind, for the tests that walk it. */
 #define KEY_ENTRY(path, kind, field, lo, hi, def, sched, doc) {path, #kind},
@@ -412,8 +418,9 @@ static void test_validation_errors(void) {
                       "'optimizer.params.weight_decay' must be >= 0");
     expect_load_fails("{\"gradient_clipping\": -1}", ZPP_ERR_CONFIG,
                       "'gradient_clipping' must be >= 0");
-    expect_load_fails("{\"zero_optimization\": {\"zero_hpz_partition_size\": 0}}", ZPP_ERR_CONFIG,
-                      "'zero_optimization.zero_hpz_partition_size' is 0");
+    /* 0 is the node (resolved by the trainer); below it nothing */
+    expect_load_fails("{\"zero_optimization\": {\"zero_hpz_partition_size\": -1}}",
+                      ZPP_ERR_CONFIG, "'zero_optimization.zero_hpz_partition_size' is -1");
     expect_load_fails("{\"zero_optimization\": {\"zeropp_prefetch_depth\": 9}}",
                       ZPP_ERR_CONFIG, "'zero_optimization.zeropp_prefetch_depth' is 9");
     expect_load_fails("{\"zero_optimization\": {\"stage3_max_reuse_distance\": -1}}",
@@ -601,6 +608,10 @@ static void test_resolve_batch(void) {
     EXPECT_MSG("zero_hpz_partition_size 4 does not divide world size 6");
     EXPECT_OK(zpp_train_config_resolve(&cfg, 8));
     EXPECT_STATUS(zpp_train_config_resolve(&cfg, 0), ZPP_ERR_INVALID);
+    /* 0 is the node, whatever it is: any world */
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.zero.hpz_partition_size = 0;
+    EXPECT_OK(zpp_train_config_resolve(&cfg, 7));
 }
 
 /* Relative closeness for values computed by the same double formula in a
@@ -705,6 +716,270 @@ static void test_lr_schedule(void) {
     EXPECT(zpp_train_lr(&cfg, 10) == 0);
 }
 
+/* ---- Writing a config back, overriding keys, listing what changed -------- */
+
+/* A random valid config in which every key has a fresh value where the
+ * config uses it: one of the four schedules (its own params only), error
+ * feedback on or off (its params only when on), batch sizes given or left
+ * to be derived. */
+static void random_config(zpp_rng *r, zpp_train_config *c) {
+    EXPECT_OK(zpp_train_config_defaults(c));
+    if (irand(r, 0, 1)) c->train_micro_batch_size_per_gpu = irand(r, 1, 16);
+    if (irand(r, 0, 1)) c->gradient_accumulation_steps = irand(r, 1, 8);
+    if (irand(r, 0, 2) == 0) c->train_batch_size = irand(r, 1, 512);
+    c->steps_per_print = irand(r, 0, 100);
+    c->gradient_clipping = zpp_rng_uniform(r) * 3;
+    c->optimizer.lr = 1e-6 + zpp_rng_uniform(r) * 1e-2;
+    c->optimizer.beta1 = zpp_rng_uniform(r) * 0.999;
+    c->optimizer.beta2 = zpp_rng_uniform(r) * 0.999;
+    c->optimizer.eps = 1e-12 + zpp_rng_uniform(r) * 1e-6;
+    c->optimizer.weight_decay = zpp_rng_uniform(r) * 0.2;
+    c->scheduler.type = (zpp_sched_type)irand(r, 0, 3);
+    if (c->scheduler.type != ZPP_SCHED_NONE) {
+        c->scheduler.warmup_type = (zpp_warmup_type)irand(r, 0, 1);
+        c->scheduler.warmup_num_steps = irand(r, 0, 300);
+        if (c->scheduler.type != ZPP_SCHED_WARMUP_LR && irand(r, 0, 1))
+            c->scheduler.total_num_steps = c->scheduler.warmup_num_steps + irand(r, 1, 1000);
+        if (c->scheduler.type != ZPP_SCHED_WARMUP_COSINE_LR) {
+            c->scheduler.warmup_max_lr = 1e-5 + zpp_rng_uniform(r) * 1e-2;
+            c->scheduler.warmup_min_lr = zpp_rng_uniform(r) * c->scheduler.warmup_max_lr;
+        } else {
+            c->scheduler.warmup_min_ratio = zpp_rng_uniform(r);
+            c->scheduler.cos_min_ratio = zpp_rng_uniform(r);
+        }
+    }
+    if (irand(r, 0, 1)) c->bf16 = 1;
+    else if (irand(r, 0, 1)) {
+        c->fp16.enabled = 1;
+        c->fp16.loss_scale = irand(r, 0, 1) ? 0 : 1 + zpp_rng_uniform(r) * 1e4;
+        c->fp16.initial_scale_power = irand(r, 0, 32);
+        c->fp16.loss_scale_window = irand(r, 1, 5000);
+        c->fp16.hysteresis = irand(r, 1, 8);
+        c->fp16.consecutive_hysteresis = irand(r, 0, 1);
+        c->fp16.min_loss_scale = 0.25 + zpp_rng_uniform(r);
+    }
+    c->zero.quantized_weights = irand(r, 0, 1);
+    c->zero.hpz_partition_size = irand(r, 0, 8);
+    c->zero.quantized_gradients = irand(r, 0, 1);
+    c->zero.max_reuse_distance = (long long)(zpp_rng_u64(r) >> 30);
+    c->zero.prefetch_depth = irand(r, 1, 8);
+    c->zero.reduce_depth = irand(r, 1, 8);
+    if (c->zero.quantized_gradients) {
+        c->zero.grad_stochastic = irand(r, 0, 1);
+        if ((c->zero.loco = irand(r, 0, 1))) {
+            c->zero.loco_err_beta = zpp_rng_uniform(r);
+            c->zero.loco_reset_T = irand(r, 1, 5000);
+        }
+    }
+    c->zero.quantize_vectors = irand(r, 0, 1);
+    c->model.n_head = irand(r, 1, 8);
+    c->model.n_embd = c->model.n_head * irand(r, 1, 16);
+    c->model.n_layer = irand(r, 1, 12);
+    c->model.seq_len = irand(r, 1, 1024);
+    c->model.vocab_size = irand(r, 1, 60000);
+    c->model.real_vocab_size = irand(r, 0, c->model.vocab_size);
+    c->train_steps = irand(r, 1, 100000);
+    c->seed = zpp_rng_u64(r) >> 11;
+    c->eval_every = irand(r, 0, 500);
+    c->eval_batches = irand(r, 1, 64);
+    c->max_consecutive_skips = irand(r, 1, 20);
+    c->keep_checkpoints = irand(r, 1, 9);
+    c->collective_timeout_s = zpp_rng_uniform(r) * 1000;
+    c->data_order = (zpp_data_order)irand(r, 0, 1);
+    c->weight_decay_all = irand(r, 0, 1);
+    EXPECT_OK(zpp_train_config_validate(c));
+}
+
+/* What a checkpoint keeps of a config (zpp_train_config_to_json) reads back
+ * into the same config, field for field, for random configs: every number
+ * exact. A key the config does not use (a param of another scheduler, error
+ * feedback's while it is off, a batch size left to be derived) is not in
+ * the text. */
+static void test_config_json_round_trip(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(7));
+    for (int trial = 0; trial < 300; trial++) {
+        zpp_train_config c, back;
+        random_config(&r, &c);
+        char *text = zpp_train_config_to_json(&c);
+        EXPECT(text != NULL);
+        EXPECT_OK(zpp_train_config_defaults(&back));
+        zpp_status st = zpp_train_config_load_string(text, &back);
+        EXPECT(st == ZPP_OK, "%s does not load: %s", text, zpp_last_error());
+        if (!cfg_equal(&c, &back)) cfg_print_differences(&c, &back);
+        EXPECT(cfg_equal(&c, &back), "trial %d: %s reads back differently", trial, text);
+        if (c.scheduler.type == ZPP_SCHED_NONE) EXPECT(!strstr(text, "\"scheduler\""), "%s", text);
+        if (c.scheduler.type == ZPP_SCHED_WARMUP_LR)
+            EXPECT(!strstr(text, "cos_min_ratio") && !strstr(text, "total_num_steps"), "%s", text);
+        if (!c.zero.loco) EXPECT(!strstr(text, "zeropp_loco_param"), "%s", text);
+        if (!c.train_batch_size) EXPECT(!strstr(text, "train_batch_size"), "%s", text);
+        free(text);
+    }
+}
+
+/* --set: a key by its dotted path, over what was there; a later one of the
+ * same key wins; words bare; all checked together; an unknown key named
+ * with the likeliest one meant; on any error nothing changes. */
+static void test_config_set(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(8));
+    for (int trial = 0; trial < 50; trial++) {
+        zpp_train_config c, want;
+        random_config(&r, &c);
+        want = c;
+        double lr = 1e-6 + zpp_rng_uniform(&r), b2 = zpp_rng_uniform(&r) * 0.999;
+        int qw = irand(&r, 0, 1), layers = irand(&r, 1, 40);
+        char a0[96], a1[96], a2[96], a3[96];
+        snprintf(a0, sizeof a0, "optimizer.params.lr=%.17g", 2 * lr); /* overridden below */
+        snprintf(a1, sizeof a1, "optimizer.params.lr=%.17g", lr);
+        snprintf(a2, sizeof a2, "zero_optimization.zero_quantized_weights=%s",
+                 qw ? "true" : "false");
+        snprintf(a3, sizeof a3, "model.n_layer=%d", layers);
+        const char *betas = "optimizer.params.betas=[0.5, 0.25]";
+        char b2s[96];
+        snprintf(b2s, sizeof b2s, "optimizer.params.betas=[0.5,%.17g]", b2);
+        const char *sets[] = {a0, a2, betas, a1, a3, b2s};
+        EXPECT_OK(zpp_train_config_set(&c, sets, 6));
+        want.optimizer.lr = lr;
+        want.optimizer.beta1 = 0.5;
+        want.optimizer.beta2 = b2;
+        want.zero.quantized_weights = qw;
+        want.model.n_layer = layers;
+        if (!cfg_equal(&c, &want)) cfg_print_differences(&c, &want);
+        EXPECT(cfg_equal(&c, &want), "trial %d: --set did not give the expected config", trial);
+    }
+    zpp_train_config c, before;
+    EXPECT_OK(zpp_train_config_defaults(&c));
+    /* a word bare, then that schedule's params; fp16 on with bf16 off, at once */
+    const char *ok[] = {"scheduler.type=WarmupCosineLR", "scheduler.params.cos_min_ratio=0.25",
+                        "bf16.enabled=true", "fp16.enabled=true", "bf16.enabled=false",
+                        "zeropp.data_order=sequential", "zero_optimization.zero_quantized_gradients=true",
+                        "zero_optimization.zeropp_loco_param={\"reset_T\": 7}"};
+    EXPECT_OK(zpp_train_config_set(&c, ok, 8));
+    EXPECT(c.scheduler.type == ZPP_SCHED_WARMUP_COSINE_LR && c.scheduler.cos_min_ratio == 0.25 &&
+           c.fp16.enabled && !c.bf16 && c.data_order == ZPP_DATA_ORDER_SEQUENTIAL &&
+           c.zero.loco && c.zero.loco_reset_T == 7);
+    before = c;
+    const struct {
+        const char *set, *needle;
+    } bad[] = {
+        {"optimizer.params.lrr=1", "did you mean 'optimizer.params.lr'?"},
+        {"zero_optimization.stge=3", "did you mean 'zero_optimization.stage'?"},
+        {"lr=1", "did you mean 'optimizer.params.lr'?"},
+        {"zeropp.train_step=5", "did you mean 'zeropp.train_steps'?"},
+        {"zzzz.qqqq=1", "unknown key 'zzzz'"},
+        {"optimizer.params.lr=fast", "'fast' is not a value"},
+        {"optimizer.params.lr=\"1\"", "'optimizer.params.lr' must be a number"},
+        {"optimizer.params.lr=0", "must be > 0"},
+        {"model.n_layer=1.5", "must be an integer"},
+        {"scheduler.type=Cosine", "WarmupCosineLR"},
+        {"bf16.enabled=true", "both true"},
+        {"noequals", "KEY=VALUE"},
+        {"=3", "KEY=VALUE"},
+        {"model.n_layer=", "KEY=VALUE"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        zpp_error_clear();
+        const char *one[] = {bad[i].set};
+        EXPECT(zpp_train_config_set(&c, one, 1) != ZPP_OK, "--set %s was taken", bad[i].set);
+        EXPECT(HAS(bad[i].needle) && HAS("--set"), "--set %s: '%s' lacks '%s'", bad[i].set,
+               zpp_last_error(), bad[i].needle);
+        EXPECT(cfg_equal(&c, &before), "--set %s changed the config", bad[i].set);
+    }
+    /* nothing close: no guess */
+    const char *far[] = {"zzzz=1"};
+    EXPECT(zpp_train_config_set(&c, far, 1) == ZPP_ERR_CONFIG && !HAS("did you mean"),
+           "'%s'", zpp_last_error());
+}
+
+/* zpp_train_config_diff names exactly the keys that were changed, once
+ * each, as "key: old -> new" (words unquoted), and nothing for equal
+ * configs. */
+static void test_config_diff(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    char out[8192];
+    for (int trial = 0; trial < 100; trial++) {
+        zpp_train_config a, b;
+        random_config(&r, &a);
+        b = a;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 0 && out[0] == '\0', "%s", out);
+        double lr = a.optimizer.lr * 2;
+        int steps = a.train_steps + irand(&r, 1, 1000);
+        b.optimizer.lr = lr;
+        b.train_steps = steps;
+        b.data_order = a.data_order == ZPP_DATA_ORDER_SHUFFLED ? ZPP_DATA_ORDER_SEQUENTIAL
+                                                               : ZPP_DATA_ORDER_SHUFFLED;
+        b.optimizer.weight_decay = a.optimizer.weight_decay + 0.5;
+        b.gradient_clipping = a.gradient_clipping + 1;
+        b.optimizer.beta2 = a.optimizer.beta2 / 2;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 6, "trial %d: %s", trial, out);
+        EXPECT(strstr(out, "optimizer.params.weight_decay: ") && strstr(out, "gradient_clipping: ") &&
+                   strstr(out, "optimizer.params.betas: "),
+               "%s", out);
+        /* another schedule: its type, and its params that differ */
+        b = a;
+        b.scheduler.type = a.scheduler.type == ZPP_SCHED_WARMUP_LR ? ZPP_SCHED_WARMUP_DECAY_LR
+                                                                   : ZPP_SCHED_WARMUP_LR;
+        b.scheduler.warmup_max_lr = 1e-3;
+        b.scheduler.warmup_min_lr = 0;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) >= 1 &&
+                   strstr(out, "scheduler.type: ") == out,
+               "trial %d: %s", trial, out);
+        b = a;
+        b.optimizer.lr = lr;
+        b.train_steps = steps;
+        b.data_order = a.data_order == ZPP_DATA_ORDER_SHUFFLED ? ZPP_DATA_ORDER_SEQUENTIAL
+                                                               : ZPP_DATA_ORDER_SHUFFLED;
+        EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 3, "trial %d: %s", trial, out);
+        char want[256];
+        snprintf(want, sizeof want, "zeropp.train_steps: %d -> %d\n", a.train_steps, steps);
+        EXPECT(strstr(out, want), "'%s' not in %s", want, out);
+        snprintf(want, sizeof want, "zeropp.data_order: %s -> %s\n",
+                 zpp_data_order_name(a.data_order), zpp_data_order_name(b.data_order));
+        EXPECT(strstr(out, want), "'%s' not in %s", want, out);
+        const char *p = strstr(out, "optimizer.params.lr: ");
+        EXPECT(p, "%s", out);
+        double x = 0, y = 0;
+        EXPECT(sscanf(p, "optimizer.params.lr: %lf -> %lf", &x, &y) == 2 && x == a.optimizer.lr &&
+                   y == lr,
+               "%s: the numbers do not read back exactly", out);
+    }
+    /* a schedule switched off: its type's line only */
+    zpp_train_config a, b;
+    EXPECT_OK(zpp_train_config_defaults(&a));
+    EXPECT_OK(zpp_train_config_load_string(
+        "{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"cos_min_ratio\": 0.5}}}",
+        &a));
+    EXPECT_OK(zpp_train_config_defaults(&b));
+    EXPECT(zpp_train_config_diff(&a, &b, out, sizeof out) == 1 &&
+               !strcmp(out, "scheduler.type: WarmupCosineLR -> none\n"),
+           "%s", out);
+    /* the schedule's length: N, or the run's steps, for decaying ones only */
+    EXPECT(zpp_train_schedule_length(&b) == 0);
+    a.train_steps = 321;
+    EXPECT(zpp_train_schedule_length(&a) == 321);
+    a.scheduler.total_num_steps = 77;
+    EXPECT(zpp_train_schedule_length(&a) == 77);
+    a.scheduler.type = ZPP_SCHED_WARMUP_LR;
+    EXPECT(zpp_train_schedule_length(&a) == 0);
+}
+
+/* A mistyped key in a file is named with the key most likely meant. */
+static void test_unknown_key_suggestion(void) {
+    expect_load_fails("{\"zero_optimization\": {\"stge\": 3}}", ZPP_ERR_CONFIG,
+                      "did you mean 'zero_optimization.stage'?");
+    expect_load_fails("{\"lr\": 0.1}", ZPP_ERR_CONFIG, "did you mean 'optimizer.params.lr'?");
+    expect_load_fails("{\"model\": {\"n_layers\": 2}}", ZPP_ERR_CONFIG,
+                      "did you mean 'model.n_layer'?");
+    expect_load_fails("{\"zeropp\": {\"eval_evry\": 2}}", ZPP_ERR_CONFIG,
+                      "did you mean 'zeropp.eval_every'?");
+    expect_load_fails("{\"bf16\": {\"enable\": true}}", ZPP_ERR_CONFIG,
+                      "did you mean 'bf16.enabled'?");
+    zpp_train_config c;
+    EXPECT_OK(zpp_train_config_defaults(&c));
+    EXPECT(zpp_train_config_load_string("{\"model\": {\"qqqqqqq\": 2}}", &c) == ZPP_ERR_CONFIG &&
+               !HAS("did you mean"),
+           "%s", zpp_last_error());
+}
+
 /* docs/config.md is what the key table writes (the table is the source). */
 static char *slurp(FILE *f, size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -760,4 +1035,8 @@ ZPP_TESTS(
     ZPP_TEST(test_resolve_batch),
     ZPP_TEST(test_lr_schedule),
     ZPP_TEST(test_keys_doc_current),
+    ZPP_TEST(test_config_json_round_trip),
+    ZPP_TEST(test_config_set),
+    ZPP_TEST(test_config_diff),
+    ZPP_TEST(test_unknown_key_suggestion),
 )

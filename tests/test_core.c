@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/suggest.h"
 #include "device/device.h"
 #include "testlib.h"
 
@@ -75,5 +76,66 @@ static void test_host_memory(void) {
     zpp_device_destroy(d);
 }
 
+/* The edit distance (core/suggest.h) against the textbook full-table
+ * recurrence (optimal string alignment), on random strings of a small
+ * alphabet (so that matches and transpositions occur); then the suggestion
+ * rule on names one typo away from a list's entries. */
+static size_t osa_reference(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    static size_t d[40][40];
+    for (size_t i = 0; i <= n; i++) d[i][0] = i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            size_t best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + (a[i - 1] != b[j - 1]) < best)
+                best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+static void test_edit_distance_and_suggest(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(3));
+    char a[40], b[40];
+    for (int trial = 0; trial < 2000; trial++) {
+        size_t n = zpp_rng_u64(&r) % 12, m = zpp_rng_u64(&r) % 12;
+        for (size_t i = 0; i < n; i++) a[i] = (char)('a' + zpp_rng_u64(&r) % 3);
+        for (size_t j = 0; j < m; j++) b[j] = (char)('a' + zpp_rng_u64(&r) % 3);
+        a[n] = b[m] = '\0';
+        size_t got = zpp_edit_distance(a, b), want = osa_reference(a, b);
+        EXPECT(got == want, "'%s' vs '%s': %zu, reference %zu", a, b, got, want);
+        EXPECT(zpp_edit_distance(b, a) == got, "not symmetric: '%s' '%s'", a, b);
+    }
+    /* a name with one random typo (a letter changed, dropped, added or two
+     * swapped) suggests itself among unrelated names; nothing close, nothing */
+    const char *names[] = {"--steps", "--seed", "--config", "--resume", "--metrics"};
+    for (int trial = 0; trial < 200; trial++) {
+        const char *w = names[zpp_rng_u64(&r) % 5];
+        size_t n = strlen(w), at = 2 + zpp_rng_u64(&r) % (n - 3);
+        char t[40];
+        memcpy(t, w, n + 1);
+        switch (zpp_rng_u64(&r) % 4) {
+        case 0: t[at] = t[at] == 'x' ? 'y' : 'x'; break;
+        case 1: memmove(t + at, t + at + 1, n - at); break;
+        case 2: memmove(t + at + 1, t + at, n - at + 1), t[at] = 'q'; break;
+        default: {
+            char c = t[at];
+            t[at] = t[at + 1];
+            t[at + 1] = c;
+        }
+        }
+        const char *s = zpp_suggest(t, names, 5);
+        EXPECT(s && zpp_edit_distance(t, s) <= 1, "'%s' (from %s) suggests %s", t, w,
+               s ? s : "nothing");
+    }
+    EXPECT(zpp_suggest("--bogus", names, 5) == NULL, "--bogus suggests something");
+    EXPECT(zpp_suggest("x", names, 5) == NULL);
+}
+
 ZPP_TESTS(ZPP_TEST(test_status_and_messages), ZPP_TEST(test_bf16_round_to_nearest_even),
-          ZPP_TEST(test_host_memory))
+          ZPP_TEST(test_host_memory), ZPP_TEST(test_edit_distance_and_suggest))

@@ -525,8 +525,75 @@ static void test_plan_sweep_chart(void) {
     unlink(png);
 }
 
+/* `zeropp ARGS`: the exit code, stdout and stderr in files. */
+static int run_cli_files(const char *args, const char *out, const char *err) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", getenv("ZPP_CLI"), args, out, err);
+    int rc = system(cmd);
+    EXPECT(rc != -1 && WIFEXITED(rc), "%s", cmd);
+    return WEXITSTATUS(rc);
+}
+
+/* help, --version and bench's usage exit 0 and say what was asked; an
+ * unknown command, benchmark or top-level option exits 2 naming the one
+ * meant. --version lists the backends and CPU paths compiled in. */
+static void test_cli_help_version(void) {
+    char out[512], err[512];
+    zpp_test_tmp_path("cli_out.txt", out);
+    zpp_test_tmp_path("cli_err.txt", err);
+    const struct {
+        const char *args;
+        int code;
+        const char *in_out, *in_err;
+    } cases[] = {
+        {"help", 0, "zeropp help [COMMAND]", NULL},
+        {"--help", 0, "usage:", NULL},
+        {"help train", 0, "--resume DIR", NULL},
+        {"help eval", 0, "--split val", NULL},
+        {"help plan", 0, "usage", NULL},
+        {"help bench", 0, "zeropp bench quant", NULL},
+        {"help bench quant", 0, "--bits", NULL},
+        {"help help", 0, "usage:", NULL},
+        {"bench --help", 0, "zeropp bench comm", NULL},
+        {"bench -h", 0, "zeropp bench quant", NULL},
+        {"eval --help", 0, "zeropp eval DIR", NULL},
+        {"--version", 0, "communication: MPI", NULL},
+        {"bench", 2, NULL, "name a benchmark"},
+        {"bench qaunt", 2, NULL, "did you mean 'quant'?"},
+        {"trian", 2, NULL, "did you mean 'train'?"},
+        {"help trian", 2, NULL, "did you mean 'train'?"},
+        {"--verison", 2, NULL, "did you mean '--version'?"},
+        {"", 2, NULL, "usage:"},
+        {"plan --parmas 1M --world 2", 2, NULL, "did you mean --params?"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run_cli_files(cases[i].args, out, err);
+        EXPECT(rc == cases[i].code, "zeropp %s: exit %d, want %d; see %s", cases[i].args, rc,
+               cases[i].code, err);
+        if (cases[i].in_out)
+            EXPECT(zpp_test_count_lines(out, cases[i].in_out) >= 1, "zeropp %s: no '%s' in %s",
+                   cases[i].args, cases[i].in_out, out);
+        if (cases[i].in_err)
+            EXPECT(zpp_test_count_lines(err, cases[i].in_err) >= 1, "zeropp %s: no '%s' in %s",
+                   cases[i].args, cases[i].in_err, err);
+    }
+    EXPECT(run_cli_files("--version", out, err) == 0);
+    EXPECT(zpp_test_count_lines(out, "zeropp ") >= 1 && zpp_test_count_lines(out, "compute: host") == 1 &&
+               zpp_test_count_lines(out, "CPU kernel paths: generic") == 1 &&
+               zpp_test_count_lines(out, "in use: ") == 1,
+           "--version lacks a line; see %s", out);
+    /* what it says of CUDA is what this build has */
+#ifdef ZPP_HAVE_CUDA
+    EXPECT(zpp_test_count_lines(out, "architectures") == 1 && zpp_test_count_lines(out, "NCCL") == 1,
+           "a CUDA build's --version names no architectures or NCCL; see %s", out);
+#else
+    EXPECT(zpp_test_count_lines(out, "built without CUDA") == 2, "see %s", out);
+#endif
+}
+
 ZPP_TESTS(ZPP_TEST(test_bench_comm_acceptance), ZPP_TEST(test_bench_comm_tight_bounds),
           ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas),
           ZPP_TEST(test_plan_all_modes), ZPP_TEST(test_plan_predict_json),
           ZPP_TEST(test_plan_pick_json), ZPP_TEST(test_plan_pick_restricted),
-          ZPP_TEST(test_plan_sweep), ZPP_TEST(test_plan_sweep_chart))
+          ZPP_TEST(test_plan_sweep), ZPP_TEST(test_plan_sweep_chart),
+          ZPP_TEST(test_cli_help_version))

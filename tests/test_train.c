@@ -21,6 +21,7 @@
 
 #include "device/device.h"
 #include "model/gpt2.h"
+#include "train/config.h"
 
 #include "testlib.h"
 
@@ -1580,8 +1581,9 @@ static void failed_save_keeps_previous(int injected) {
     EXPECT(rc != 0, "the step-6 save %s did not fail the run",
            injected ? "with ZPP_FAULT=save_fail@6" : "with a file in its way");
     EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
-               zpp_test_count_lines(err, "checkpoint") == 1,
-           "expected one line about the checkpoint; see %s", err);
+               zpp_test_count_lines(err, "checkpoint") == 1 &&
+               zpp_test_count_lines(err, "checkpoint: checkpoint") == 0,
+           "expected one line about the checkpoint (saying so once); see %s", err);
     EXPECT(ckpt_dir_valid(dir, W, 3, why, sizeof why), "after a failed save: %s", why);
     if (injected) {
         snprintf(p, sizeof p, "%s/step-00000006", dir);
@@ -1670,7 +1672,7 @@ static void test_checkpoint_reshard(void) {
                    s + 21, got[s], full[20 + s]);
         }
         char want[64];
-        snprintf(want, sizeof want, "ranks 4 -> %d", W);
+        snprintf(want, sizeof want, "ranks: 4 -> %d", W);
         EXPECT(W == 4 ? zpp_test_count_lines(out, "changed since the save") == 0
                       : zpp_test_count_lines(out, want) == 1,
                "%d ranks: the resume did not report '%s'; see %s", W, want, out);
@@ -1715,9 +1717,12 @@ static void test_checkpoint_resume_checks_model(void) {
                            zpp_test_tmp_path("shape_err.txt", err));
     EXPECT(rc == 0, "resume with ZeRO++ switched on failed; see %s", err);
     EXPECT(zpp_test_count_lines(out, "changed since the save") == 1 &&
-               zpp_test_count_lines(out, "mode zero3 -> qwz+qgz") == 1 &&
-               zpp_test_count_lines(out, "node size 2 -> 1") == 1,
-           "the resume did not report the changed mode and node size in one line; see %s", out);
+               zpp_test_count_lines(out, "ZeRO++ mode: zero3 -> qwz+qgz") == 1 &&
+               zpp_test_count_lines(out, "node size: 2 -> 1") == 1 &&
+               zpp_test_count_lines(out, "zero_optimization.zero_quantized_weights: false -> "
+                                         "true") == 1,
+           "the resume did not report the changed mode, keys and node size in one note; see %s",
+           out);
 }
 
 /* `--save` into a folder that cannot be created fails before step 1 (one
@@ -2101,6 +2106,271 @@ static void test_profile_metrics(void) {
            "profile fields without --profile");
 }
 
+/* ---- Resume and eval that remember (issue 28), resume that notices (29) ----
+ * A 2-rank run on a text file of random words, WarmupCosineLR over the
+ * run's own length (total_num_steps 0), ZeRO++ with hpZ sized from the node
+ * (zero_hpz_partition_size 0), checkpoints every 4 of 8 steps. */
+
+#define RW_STEPS 8
+#define RW_T 16 /* model_json's seq_len at width 32 */
+
+static const char *rw_extra =
+    "\"train_micro_batch_size_per_gpu\": 2, \"scheduler\": {\"type\": \"WarmupCosineLR\","
+    " \"params\": {\"warmup_num_steps\": 2, \"warmup_type\": \"linear\", \"cos_min_ratio\": 0.1}},"
+    " \"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
+    " \"zero_hpz_partition_size\": 0, \"zero_quantized_gradients\": true}";
+
+/* A text of random words (fresh each run); returns its length in bytes. */
+static size_t write_random_text(const char *path, uint64_t stream) {
+    static const char *words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran",
+                                  "to", "its", "red", "ball", "under", "green", "tree", "while",
+                                  "birds", "sang", "softly"};
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
+    static char text[48000];
+    size_t n = 0;
+    while (n + 16 < sizeof text) {
+        const char *w = words[zpp_rng_u64(&r) % 20];
+        n += (size_t)snprintf(text + n, sizeof text - n, "%s%s", w,
+                              zpp_rng_u64(&r) % 9 ? " " : ".\n");
+    }
+    zpp_test_write_file(path, text, n);
+    return n;
+}
+
+/* Runs `[mpirun -np np] zeropp ARGS` (np 0: no launcher), stdout and
+ * stderr to files; returns the exit code. */
+static int run_zeropp(int np, const char *args, const char *out, const char *err) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    char cmd[4096], launch[1024] = "";
+    if (np > 0)
+        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out, err);
+    int rc = system(cmd);
+    EXPECT(rc != -1 && WIFEXITED(rc), "system() failed: %s", cmd);
+    EXPECT(WEXITSTATUS(rc) != 124, "timed out (hang?): %s", cmd);
+    return WEXITSTATUS(rc);
+}
+
+/* A file's text, NUL-terminated (free it). */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "r");
+    EXPECT(f != NULL, "cannot open %s: %s", path, strerror(errno));
+    char *text = malloc(1 << 16);
+    EXPECT(text != NULL);
+    size_t n = fread(text, 1, (1 << 16) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return text;
+}
+
+/* The number after "key": in a JSON line. */
+static double json_field(const char *text, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(text, k);
+    EXPECT(p != NULL, "no %s in %s", k, text);
+    return strtod(p + strlen(k), NULL);
+}
+
+/* The run every case below starts from: config `cfg`, data `data`, 8 steps
+ * with a checkpoint every 4 in `dir`, metrics in `met` (losses in full). */
+static void rw_fixture(const char *tag, char *cfg, char *data, char *dir, char *met,
+                       double *full, const char *more) {
+    char json[2048], args[4096], name[64];
+    model_json(json, sizeof json, 0, rw_extra);
+    snprintf(name, sizeof name, "%s.json", tag);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
+    snprintf(name, sizeof name, "%s.txt", tag);
+    write_random_text(zpp_test_tmp_path(name, data), 21);
+    snprintf(name, sizeof name, "%s_ckpt", tag);
+    zpp_test_tmp_path(name, dir);
+    snprintf(name, sizeof name, "%s_full.jsonl", tag);
+    snprintf(args, sizeof args,
+             "--config %s --data %s --steps %d --save %s --save-every 4 --metrics %s %s", cfg,
+             data, RW_STEPS, dir, zpp_test_tmp_path(name, met), more);
+    train_ok(2, args);
+    EXPECT(zpp_test_read_metric(met, "loss", full, MAX_STEPS) == RW_STEPS);
+}
+
+/* `--resume DIR` alone continues with everything the checkpoint was saved
+ * with — model, optimizer, schedule and its length, ZeRO++ options, data
+ * file, seed — bit for bit as the run that never stopped, and has nothing
+ * to note. */
+static void test_resume_without_config_bitwise(void) {
+    char cfg[512], data[512], dir[512], met[512], args[4096], out[512], err[512];
+    double full[MAX_STEPS], got[MAX_STEPS];
+    rw_fixture("rw", cfg, data, dir, met, full, "");
+    EXPECT(zpp_test_count_lines(met, "\"mode\":\"qwz+hpz+qgz\"") == RW_STEPS,
+           "hpZ sized from the node did not run; see %s", met);
+    snprintf(args, sizeof args, "train --quiet --resume %s/step-00000004 --metrics %s", dir,
+             zpp_test_tmp_path("rw_resumed.jsonl", met));
+    int rc = run_zeropp(2, args, zpp_test_tmp_path("rw_out.txt", out),
+                        zpp_test_tmp_path("rw_err.txt", err));
+    EXPECT(rc == 0, "resume without --config: exit %d; see %s", rc, err);
+    EXPECT(zpp_test_read_metric(met, "loss", got, MAX_STEPS) == RW_STEPS - 4,
+           "the resumed run did not take its length from the checkpoint; see %s", met);
+    for (int i = 0; i < RW_STEPS - 4; i++)
+        EXPECT(got[i] == full[4 + i], "step %d: resumed %a, uninterrupted %a", 5 + i, got[i],
+               full[4 + i]);
+    EXPECT(zpp_test_count_lines(met, "\"mode\":\"qwz+hpz+qgz\"") == RW_STEPS - 4);
+    EXPECT(zpp_test_count_lines(out, "resumed from") == 1 &&
+               zpp_test_count_lines(out, "changed since the save") == 0 &&
+               zpp_test_count_lines(out, "raw text data") == 1,
+           "expected a quiet resume on the saved text file; see %s", out);
+}
+
+/* What changed since the save is listed in one note: a --set lr and
+ * --steps 16 (key: old -> new each, and the lr of step 5 before and after,
+ * as zpp_train_lr gives it under each config, with the cosine's new length);
+ * a --config with other betas and data order and another --data file (the
+ * config wins). Another model shape is refused. */
+static void test_resume_note_lists_changes(void) {
+    char cfg[512], data[512], dir[512], met[512], args[4096], out[512], err[512], sub[600];
+    double full[MAX_STEPS], lr[MAX_STEPS];
+    rw_fixture("note", cfg, data, dir, met, full, "");
+    snprintf(sub, sizeof sub, "%s/step-00000004", dir);
+    snprintf(args, sizeof args,
+             "train --quiet --resume %s --set optimizer.params.lr=0.004 --steps 16 --metrics %s",
+             sub, zpp_test_tmp_path("note_resumed.jsonl", met));
+    int rc = run_zeropp(2, args, zpp_test_tmp_path("note_out.txt", out),
+                        zpp_test_tmp_path("note_err.txt", err));
+    EXPECT(rc == 0, "resume with a new lr and length: exit %d; see %s", rc, err);
+    /* the schedule function itself, under the saved config and this one */
+    char json[2048];
+    model_json(json, sizeof json, 0, rw_extra);
+    zpp_train_config was, is;
+    EXPECT_OK(zpp_train_config_defaults(&was));
+    EXPECT_OK(zpp_train_config_load_string(json, &was));
+    was.train_steps = RW_STEPS;
+    is = was;
+    is.optimizer.lr = 0.004;
+    is.train_steps = 16;
+    const double a = zpp_train_lr(&was, 4), b = zpp_train_lr(&is, 4);
+    char line[256];
+    snprintf(line, sizeof line,
+             "  lr at step 5, the first trained now: %.6g -> %.6g (x%.3g); the WarmupCosineLR "
+             "schedule's length: 8 -> 16 steps",
+             a, b, b / a);
+    EXPECT(zpp_test_count_lines(out, "resume: changed since the save:") == 1 &&
+               zpp_test_count_lines(out, "  optimizer.params.lr: 0.001 -> 0.004") == 1 &&
+               zpp_test_count_lines(out, "  zeropp.train_steps: 8 -> 16") == 1 &&
+               zpp_test_count_lines(out, line) == 1,
+           "the note lacks a line (expected, among others, '%s'); see %s", line, out);
+    EXPECT(zpp_test_count_lines(out, " -> ") == 3, "the note lists more than changed; see %s",
+           out);
+    EXPECT(zpp_test_read_metric(met, "lr", lr, MAX_STEPS) == 12);
+    EXPECT(fabs(lr[0] - b) <= 1e-5 * b, "step 5 ran at lr %g; the note says %g", lr[0], b);
+
+    /* --config wins over the saved config; another data file */
+    char cfg2[512], json2[2048], data2[512];
+    snprintf(json2, sizeof json2, "%s", json);
+    subst(json2, sizeof json2, "[0.9, 0.95]", "[0.8, 0.9]");
+    subst(json2, sizeof json2, "\"seed\": 7", "\"seed\": 7, \"data_order\": \"sequential\"");
+    write_text(zpp_test_tmp_path("note2.json", cfg2), "%s", json2);
+    write_random_text(zpp_test_tmp_path("note_other.txt", data2), 22);
+    snprintf(args, sizeof args, "train --quiet --resume %s --config %s --data %s --steps 8", sub,
+             cfg2, data2);
+    rc = run_zeropp(2, args, out, err);
+    EXPECT(rc == 0, "resume with --config: exit %d; see %s", rc, err);
+    EXPECT(zpp_test_count_lines(out, "  optimizer.params.betas: [0.9, 0.95] -> [0.8, 0.9]") == 1 &&
+               zpp_test_count_lines(out, "  zeropp.data_order: shuffled -> sequential") == 1 &&
+               zpp_test_count_lines(out, "note_other.txt") == 1 &&
+               zpp_test_count_lines(out, "lr at step") == 0,
+           "the note does not list the config's changes (and only them); see %s", out);
+    /* the model's shape cannot change */
+    snprintf(args, sizeof args, "--resume %s --set model.n_layer=3 --steps 8", sub);
+    expect_clean_failure(2, args, "n_layer");
+}
+
+/* `zeropp eval DIR` scores the checkpoint on the held-out split of its own
+ * data: on the ranks that trained it, the run's last validation loss bit
+ * for bit; perplexity = exp(loss); the split named and sized. One rank
+ * scores the same batches (the sum in another order); --split train reads
+ * the first part of the file. */
+static void test_eval_checkpoint(void) {
+    char cfg[512], data[512], dir[512], met[512], args[4096], out[512], err[512];
+    double full[MAX_STEPS], val[MAX_STEPS];
+    rw_fixture("ev", cfg, data, dir, met, full, "--eval-every 4");
+    EXPECT(zpp_test_read_metric(met, "val_loss", val, MAX_STEPS) == 2);
+    struct stat sb;
+    EXPECT(stat(data, &sb) == 0);
+    const size_t n = (size_t)sb.st_size;
+    const size_t n_val = n / 10 > RW_T + 1 ? n / 10 : RW_T + 1, n_train = n - n_val;
+    snprintf(args, sizeof args, "eval %s --json", dir);
+    int rc = run_zeropp(2, args, zpp_test_tmp_path("ev_out.txt", out),
+                        zpp_test_tmp_path("ev_err.txt", err));
+    EXPECT(rc == 0, "eval: exit %d; see %s", rc, err);
+    char *j = read_text(out);
+    const double loss = json_field(j, "loss"), ppl = json_field(j, "perplexity");
+    EXPECT(loss == val[1], "eval on 2 ranks %.9g, the run's last validation loss %.9g", loss,
+           val[1]);
+    EXPECT(fabs(ppl - exp(loss)) <= 1e-8 * exp(loss), "perplexity %.9g, exp(loss) %.9g", ppl,
+           exp(loss));
+    EXPECT(strstr(j, "\"split\":\"val\"") && json_field(j, "step") == RW_STEPS &&
+               json_field(j, "split_begin") == (double)n_train &&
+               json_field(j, "split_end") == (double)n && json_field(j, "batches") == 8 &&
+               json_field(j, "tokens") == 8 * 2 * RW_T,
+           "the held-out split of %zu bytes is [%zu, %zu), 4 x 2 batches; got %s", n, n_train, n,
+           j);
+    free(j);
+    /* one rank, for people */
+    snprintf(args, sizeof args, "eval %s", dir);
+    EXPECT(run_zeropp(0, args, out, err) == 0, "eval on one rank failed; see %s", err);
+    char want[160];
+    snprintf(want, sizeof want, "the last tenth, bytes [%zu, %zu)", n_train, n);
+    EXPECT(zpp_test_count_lines(out, "held-out split") == 1 &&
+               zpp_test_count_lines(out, want) == 1 &&
+               zpp_test_count_lines(out, "perplexity") == 1,
+           "eval does not say what it read ('%s'); see %s", want, out);
+    j = read_text(out);
+    const char *p = strstr(j, "\nloss ");
+    EXPECT(p != NULL, "no loss line in %s", out);
+    double l1 = strtod(p + 6, NULL);
+    EXPECT(fabs(l1 - val[1]) <= 1e-5 * val[1], "one rank: %.9g vs %.9g", l1, val[1]);
+    free(j);
+    /* the training split */
+    snprintf(args, sizeof args, "eval %s --split train --json", dir);
+    EXPECT(run_zeropp(0, args, out, err) == 0, "eval --split train failed; see %s", err);
+    j = read_text(out);
+    EXPECT(strstr(j, "\"split\":\"train\"") && json_field(j, "split_begin") == 0 &&
+               json_field(j, "split_end") == (double)n_train && json_field(j, "loss") > 0,
+           "%s", j);
+    free(j);
+    /* not a checkpoint: one line */
+    snprintf(args, sizeof args, "eval %s", data);
+    EXPECT(run_zeropp(0, args, out, err) != 0 && zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "is not a checkpoint") == 1,
+           "eval of a text file; see %s", err);
+}
+
+/* --set overrides a config key without a file (the effect in the metrics:
+ * the lr, the mode); an unknown key, or flag, fails with the likeliest one
+ * meant. The header counts one rank as one rank. */
+static void test_set_and_did_you_mean(void) {
+    char met[512], args[2048], out[512], err[512];
+    snprintf(args, sizeof args,
+             "--set optimizer.params.lr=0.0123 --set zero_optimization.zero_quantized_weights=true "
+             "--steps 2 --metrics %s",
+             zpp_test_tmp_path("set.jsonl", met));
+    train_ok(2, args);
+    double lr[MAX_STEPS];
+    EXPECT(zpp_test_read_metric(met, "lr", lr, MAX_STEPS) == 2 && lr[0] == 0.0123 &&
+               lr[1] == 0.0123 && zpp_test_count_lines(met, "\"mode\":\"qwz\"") == 2,
+           "--set did not reach the run; see %s", met);
+    expect_clean_failure(2, "--set zero_optimization.zero_quantized_weight=true --steps 2",
+                         "did you mean 'zero_optimization.zero_quantized_weights'?");
+    expect_clean_failure(2, "--set optimizer.params.lr=fast --steps 2", "'fast' is not a value");
+    expect_clean_failure(2, "--stpes 2", "did you mean --steps?");
+    snprintf(args, sizeof args, "train --steps 1");
+    EXPECT(run_zeropp(1, args, zpp_test_tmp_path("one_out.txt", out),
+                      zpp_test_tmp_path("one_err.txt", err)) == 0);
+    EXPECT(zpp_test_count_lines(out, "train: 1 rank = 1 node of 1,") == 1 &&
+               zpp_test_count_lines(out, "x 1 rank,") == 1 &&
+               zpp_test_count_lines(out, "1 ranks") == 0,
+           "the header miscounts one rank; see %s", out);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
@@ -2122,4 +2392,6 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),
           ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),
-          ZPP_TEST(test_json_strict))
+          ZPP_TEST(test_json_strict), ZPP_TEST(test_resume_without_config_bitwise),
+          ZPP_TEST(test_resume_note_lists_changes), ZPP_TEST(test_eval_checkpoint),
+          ZPP_TEST(test_set_and_did_you_mean))

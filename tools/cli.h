@@ -3,12 +3,16 @@
 #ifndef ZPP_TOOLS_CLI_H
 #define ZPP_TOOLS_CLI_H
 
+#include <stdio.h>
+
 int zpp_cli_train(int argc, char **argv);
 int zpp_cli_bench_quant(int argc, char **argv);
 int zpp_cli_bench_comm(int argc, char **argv);
 int zpp_cli_plan(int argc, char **argv);
 int zpp_cli_export(int argc, char **argv); /* llmc.c */
-int zpp_cli_eval(int argc, char **argv);   /* llmc.c */
+int zpp_cli_eval(int argc, char **argv);   /* llmc.c: of an llm.c model file */
+int zpp_cli_eval_checkpoint(int argc, char **argv); /* eval.c: of a checkpoint, under MPI */
+void zpp_cli_eval_usage(FILE *f);                  /* eval.c: both forms */
 int zpp_cli_plot(int argc, char **argv);
 int zpp_cli_sample(int argc, char **argv); /* sample.c */
 int zpp_cli_tokenize(int argc, char **argv);
@@ -39,7 +43,9 @@ void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s);
  * for a rank that cannot finish together with the others (a collective
  * timed out, so a peer is stalled and MPI_Finalize would wait for it). */
 void zpp_cli_abort(int code) __attribute__((noreturn));
-/* Prints "zeropp: <context>: <zpp_last_error()>" to stderr, returns 1. */
+/* Prints "zeropp: <context>: <zpp_last_error()>" to stderr (the context
+ * left out where the message starts with it, as "checkpoint: cannot write"
+ * does), returns 1. */
 int zpp_cli_fail(const char *context, int status);
 /* Every count on the command line (--params, --n, --steps, ...) is read by
  * this one parser (ZPP_CLI_COUNT_HELP is the line the usage texts print):
@@ -64,16 +70,27 @@ int zpp_cli_parse_range(const char *s, long long lo, long long hi, long long *ou
  * Integers are counts (zpp_cli_parse_count) range-checked for the field
  * they land in: INT -> int, LONG -> long, SIZE -> size_t, U64 -> uint64_t,
  * within [lo, hi] (the message gives the range). An unknown option is named
- * unknown wherever it is on the line; a value option at the end of the line
- * "needs a value". */
+ * unknown wherever it is on the line, with the closest known option when
+ * one is a typo away ("did you mean --steps?"); a value option at the end
+ * of the line "needs a value". */
 typedef enum zpp_cli_kind {
     ZPP_CLI_FLAG, /* int *dst = 1 */
     ZPP_CLI_STR,  /* const char **dst */
     ZPP_CLI_INT,  /* int *dst */
     ZPP_CLI_LONG, /* long *dst */
     ZPP_CLI_SIZE, /* size_t *dst */
-    ZPP_CLI_U64   /* uint64_t *dst (unsigned long long) */
+    ZPP_CLI_U64,  /* uint64_t *dst (unsigned long long) */
+    ZPP_CLI_LIST, /* zpp_cli_list *dst: a repeatable string option, every value kept */
+    ZPP_CLI_POS   /* const char **dst: the one argument that is not an option
+                     (name: what it is, "DIR", for messages) */
 } zpp_cli_kind;
+
+/* The values of a repeatable option, in command-line order. */
+#define ZPP_CLI_LIST_CAP 64
+typedef struct zpp_cli_list {
+    const char *v[ZPP_CLI_LIST_CAP];
+    int n;
+} zpp_cli_list;
 typedef struct zpp_cli_opt {
     const char *name; /* "--steps" */
     zpp_cli_kind kind;

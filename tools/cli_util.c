@@ -10,11 +10,16 @@
 #include <time.h>
 
 #include "cli.h"
+#include "core/suggest.h"
 #include "zeropp.h"
 
 int zpp_cli_fail(const char *context, int status) {
-    fprintf(stderr, "zeropp: %s: %s\n", context,
-            zpp_last_error()[0] ? zpp_last_error() : zpp_status_str((zpp_status)status));
+    const char *msg = zpp_last_error()[0] ? zpp_last_error() : zpp_status_str((zpp_status)status);
+    size_t n = strlen(context);
+    if (!strncmp(msg, context, n) && msg[n] == ':') /* not "checkpoint: checkpoint: ..." */
+        fprintf(stderr, "zeropp: %s\n", msg);
+    else
+        fprintf(stderr, "zeropp: %s: %s\n", context, msg);
     return 1;
 }
 
@@ -116,8 +121,22 @@ int zpp_cli_parse_range(const char *s, long long lo, long long hi, long long *ou
 
 static const zpp_cli_opt *find_opt(const zpp_cli_opt *opts, int n, const char *name, size_t len) {
     for (int k = 0; k < n; k++)
-        if (strlen(opts[k].name) == len && !strncmp(opts[k].name, name, len)) return &opts[k];
+        if (opts[k].kind != ZPP_CLI_POS && strlen(opts[k].name) == len &&
+            !strncmp(opts[k].name, name, len))
+            return &opts[k];
     return NULL;
+}
+
+/* The option a mistyped one most likely meant, or NULL. */
+static const char *guess_opt(const zpp_cli_opt *opts, int n, const char *name, size_t len) {
+    char word[128];
+    snprintf(word, sizeof word, "%.*s", (int)len, name);
+    const char *names[128];
+    int k = 0;
+    for (int i = 0; i < n && k < 128; i++)
+        if (opts[i].kind != ZPP_CLI_POS) names[k++] = opts[i].name;
+    names[k < 128 ? k : 127] = "--help";
+    return zpp_suggest(word, names, (size_t)(k < 128 ? k + 1 : 128));
 }
 
 int zpp_cli_parse_opts(const char *cmd, int argc, char **argv, const zpp_cli_opt *opts, int n,
@@ -137,10 +156,25 @@ int zpp_cli_parse_opts(const char *cmd, int argc, char **argv, const zpp_cli_opt
         const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
         size_t len = eq ? (size_t)(eq - a) : strlen(a);
         const zpp_cli_opt *o = find_opt(opts, n, a, len);
+        if (!o && strncmp(a, "-", 1)) { /* the positional argument, if one is taken */
+            const zpp_cli_opt *pos = NULL;
+            for (int k = 0; k < n && !pos; k++)
+                if (opts[k].kind == ZPP_CLI_POS) pos = &opts[k];
+            if (pos && !*(const char **)pos->dst) {
+                *(const char **)pos->dst = a;
+                continue;
+            }
+            if (pos)
+                ZPP__ERR("unexpected argument '%s': %s is already '%s' (see zeropp %s --help)",
+                         a, pos->name, *(const char **)pos->dst, cmd);
+            ZPP__ERR("unexpected argument '%s' (options start with --; see zeropp %s --help)", a,
+                     cmd);
+        }
         if (!o) {
-            if (strncmp(a, "-", 1))
-                ZPP__ERR("unexpected argument '%s' (options start with --; see zeropp %s --help)",
-                         a, cmd);
+            const char *guess = guess_opt(opts, n, a, len);
+            if (guess)
+                ZPP__ERR("unknown option '%.*s': did you mean %s? (see zeropp %s --help)",
+                         (int)len, a, guess, cmd);
             ZPP__ERR("unknown option '%.*s' (see zeropp %s --help)", (int)len, a, cmd);
         }
         if (o->kind == ZPP_CLI_FLAG) {
@@ -163,6 +197,13 @@ int zpp_cli_parse_opts(const char *cmd, int argc, char **argv, const zpp_cli_opt
         if (o->kind == ZPP_CLI_STR) {
             if (!v[0]) ZPP__ERR("%s needs a value, got ''", o->name);
             *(const char **)o->dst = v;
+            continue;
+        }
+        if (o->kind == ZPP_CLI_LIST) {
+            zpp_cli_list *l = o->dst;
+            if (!v[0]) ZPP__ERR("%s needs a value, got ''", o->name);
+            if (l->n == ZPP_CLI_LIST_CAP) ZPP__ERR("more than %d %s", ZPP_CLI_LIST_CAP, o->name);
+            l->v[l->n++] = v;
             continue;
         }
         /* the range, never past what the field holds */

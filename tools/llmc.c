@@ -73,18 +73,6 @@ int zpp_cli_export(int argc, char **argv) {
     return st == ZPP_OK ? 0 : zpp_cli_fail("export", st);
 }
 
-static void eval_usage(FILE *f) {
-    fprintf(f,
-            "usage: zeropp eval --init-from FILE --data TOKENS --batch-size B --batches K\n"
-            "                   [--device cpu|gpu] [--json]\n"
-            "  The mean loss of the llm.c GPT-2 model FILE over K batches of B sequences of\n"
-            "  T tokens (T: the model's max_seq_len), in fp32. Batch i is tokens\n"
-            "  [i*B*T, (i+1)*B*T) of TOKENS (an llm.c token file, or raw text: bytes), with\n"
-            "  the targets one token later, as llm.c's DataLoader reads them from the start;\n"
-            "  TOKENS needs K*B*T + 1 tokens. --device gpu runs the CUDA model on GPU 0.\n"
-            "  --json prints {\"loss\": ...}.\n");
-}
-
 int zpp_cli_eval(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *device = "cpu";
     int batch = 0, batches = 0, json = 0;
@@ -98,7 +86,7 @@ int zpp_cli_eval(int argc, char **argv) {
     };
     int pr = zpp_cli_parse_opts("eval", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
     if (pr > 0) {
-        eval_usage(stdout);
+        zpp_cli_eval_usage(stdout);
         return 0;
     }
     if (pr < 0) return 2;
@@ -123,6 +111,9 @@ int zpp_cli_eval(int argc, char **argv) {
     if (json)
         printf("{\"loss\": %.9g, \"batches\": %d, \"batch_size\": %d}\n", loss, batches, batch);
     else
-        printf("loss %.6f (mean of %d batches of %d sequences)\n", loss, batches, batch);
+        printf("loss %.6f (mean of %d batches of %d sequences, read from the start of %s: for a "
+               "file zeropp trained on, that is its training split; `zeropp eval DIR` scores a "
+               "checkpoint on the held-out split)\n",
+               loss, batches, batch, data);
     return 0;
 }

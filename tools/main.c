@@ -1,12 +1,17 @@
-/* tools/main.c — `zeropp train | eval | export | bench | plan | plot | tokenize`. The one place that
- * initialises and finalises MPI: the commands that run over ranks (train,
- * bench comm) start it here; the library reaches it through comm/ only. */
+/* tools/main.c — `zeropp train | eval | export | sample | tokenize | bench | plan | plot | help`.
+ * The one place that initialises and finalises MPI: the commands that run
+ * over ranks (train, eval of a checkpoint, bench comm) start it here; the
+ * library reaches it through comm/ only. */
 #include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "comm/comm.h"
+#include "core/cpu.h"
+#include "core/suggest.h"
+#include "device/device.h"
 #include "zeropp.h"
 
 static void usage(FILE *f) {
@@ -14,26 +19,35 @@ static void usage(FILE *f) {
             "zeropp %s — ZeRO-3 training with the ZeRO++ communication optimizations\n"
             "\n"
             "usage:\n"
-            "  zeropp train [--config FILE] [--data FILE] [--steps N] ...   train GPT-2 "
-            "(under mpirun)\n"
+            "  zeropp train [--config FILE] [--data FILE] [--steps N] [--set KEY=VALUE] ...\n"
+            "                                  train GPT-2 (under mpirun for several ranks)\n"
+            "  zeropp train --resume DIR [--steps N] ...   continue a checkpoint with the\n"
+            "                                  settings it was saved with\n"
             "  zeropp train --init-from MODEL.bin ...   start from an llm.c model file\n"
-            "  zeropp eval --init-from MODEL.bin --data TOKENS --batch-size B --batches K "
-            "[--json]\n"
+            "  zeropp eval DIR [--split val|train] [--json]   loss and perplexity of a\n"
+            "                                  checkpoint on its held-out (or training) data\n"
+            "  zeropp eval --init-from MODEL.bin --data TOKENS --batch-size B --batches K\n"
             "  zeropp export --from DIR --to MODEL.bin [--dtype fp32|bf16]   checkpoint -> "
             "llm.c\n"
-            "  zeropp sample --from DIR|MODEL.bin [--prompt TEXT] [--max-new-tokens N] ...   "
-            "generate text\n"
             "  zeropp bench quant [--dtype bf16] [--bits 8] [--block B] [--n N] [--json]\n"
             "  zeropp bench comm --params P [--units U] [--node-size S] [--json]\n"
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
             "  zeropp plot METRICS.jsonl... --out FILE.png   loss, tokens/s, traffic (gnuplot)\n"
-            "  zeropp tokenize --vocab vocab.json --merges merges.txt IN.txt OUT.bin   GPT-2 "
-            "BPE\n"
+            "  zeropp help [COMMAND]           this text, or a command's options\n"
+            "  zeropp --version                the version and what this build runs on\n"
             "\n"
-            "Run `zeropp COMMAND --help` for a command's options.\n"
+            "Run `zeropp help COMMAND` (or `zeropp COMMAND --help`) for a command's options.\n"
             "Counts (--params, --n, --steps, ...) take suffixes:\n"
             "  " ZPP_CLI_COUNT_HELP ".\n",
             zpp_version());
+}
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: zeropp bench quant [options]   quantization kernels: GB/s and error\n"
+            "       mpirun -np W zeropp bench comm --params P [options]   the collectives of\n"
+            "                                      every mode, timed and checked\n"
+            "Run `zeropp bench quant --help` or `zeropp bench comm --help` for the options.\n");
 }
 
 void zpp_cli_abort(int code) {
@@ -53,30 +67,114 @@ static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
     return rc;
 }
 
+/* `zeropp --version`: what was compiled in, so a user can tell a CPU-only
+ * build from a GPU one without running it. */
+static int version(void) {
+    printf("zeropp %s\n", zpp_version());
+    char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+    int len = 0;
+    MPI_Get_library_version(mpi, &len); /* callable before MPI_Init */
+    mpi[strcspn(mpi, "\n,")] = '\0';    /* its first line or clause */
+    printf("  communication: MPI (%s)", mpi[0] ? mpi : "unknown library");
+    const char *nccl = zpp_comm_nccl_build();
+    printf(", %s\n", nccl ? nccl : "no NCCL (built without CUDA)");
+    const char *cuda = zpp_device_cuda_build();
+    printf("  compute: host (OpenBLAS), %s\n", cuda ? cuda : "no GPU backend (built without CUDA)");
+    printf("  CPU kernel paths:");
+    for (int i = 0; i < ZPP_CPU_ISA_COUNT; i++)
+        if (i == ZPP_CPU_GENERIC || ZPP_CPU_X86_PATHS)
+            printf("%s %s%s", i ? "," : "", zpp_cpu_isa_name((zpp_cpu_isa)i),
+                   zpp_cpu_isa_supported((zpp_cpu_isa)i) ? "" : " (not on this CPU)");
+    printf("; in use: %s (ZPP_CPU_ISA=generic|avx2|avx512 caps it)\n",
+           zpp_cpu_isa_name(zpp_cpu_isa_active()));
+    return 0;
+}
+
+static const char *const commands[] = {"train", "eval",     "export", "sample", "tokenize",
+                                       "bench", "plan",     "plot",   "help"};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static int unknown(const char *what, const char *word, const char *const *known, size_t n) {
+    const char *guess = zpp_suggest(word, known, n);
+    if (guess) fprintf(stderr, "zeropp: unknown %s '%s': did you mean '%s'?\n\n", what, word, guess);
+    else fprintf(stderr, "zeropp: unknown %s '%s'\n\n", what, word);
+    return 2;
+}
+
+/* `zeropp eval` of a checkpoint runs over ranks (the trainer's machinery);
+ * of an llm.c model file (--init-from) in one process without MPI. */
+static int eval_of_model_file(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--init-from", 11) || !strcmp(argv[i], "--help") ||
+            !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+static int dispatch(int argc, char **argv);
+
+/* `zeropp help [COMMAND]`: the overview, or COMMAND --help. */
+static int help(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc > 3 || (argc == 3 && strcmp(argv[1], "bench"))) {
+        fprintf(stderr, "zeropp help: takes one command (zeropp help train)\n");
+        return 2;
+    }
+    char help_flag[] = "--help";
+    char *args[4] = {argv[1], argc == 3 ? argv[2] : help_flag, help_flag, NULL};
+    if (!strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    return dispatch(argc == 3 ? 3 : 2, args);
+}
+
+/* argv[0] is the command's name. */
+static int dispatch(int argc, char **argv) {
+    const char *c = argv[0];
+    if (!strcmp(c, "train")) return with_mpi(zpp_cli_train, argc, argv);
+    if (!strcmp(c, "plan")) return zpp_cli_plan(argc, argv);
+    if (!strcmp(c, "export")) return zpp_cli_export(argc, argv);
+    if (!strcmp(c, "eval"))
+        return eval_of_model_file(argc, argv) ? zpp_cli_eval(argc, argv)
+                                              : with_mpi(zpp_cli_eval_checkpoint, argc, argv);
+    if (!strcmp(c, "plot")) return zpp_cli_plot(argc, argv);
+    if (!strcmp(c, "sample")) return zpp_cli_sample(argc, argv);
+    if (!strcmp(c, "tokenize")) return zpp_cli_tokenize(argc, argv);
+    if (!strcmp(c, "help")) return help(argc, argv);
+    if (!strcmp(c, "bench")) {
+        static const char *const benches[] = {"quant", "comm"};
+        if (argc >= 2 && !strcmp(argv[1], "quant")) return zpp_cli_bench_quant(argc - 1, argv + 1);
+        if (argc >= 2 && !strcmp(argv[1], "comm"))
+            return with_mpi(zpp_cli_bench_comm, argc - 1, argv + 1);
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+            bench_usage(stdout);
+            return 0;
+        }
+        if (argc >= 2 && argv[1][0] != '-') unknown("benchmark", argv[1], benches, 2);
+        else fprintf(stderr, "zeropp bench: name a benchmark: quant or comm\n\n");
+        bench_usage(stderr);
+        return 2;
+    }
+    unknown("command", c, commands, N_COMMANDS);
+    usage(stderr);
+    return 2;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "--version")) {
-        printf("zeropp %s\n", zpp_version());
-        return 0;
-    }
-    if (!strcmp(argv[1], "train")) return with_mpi(zpp_cli_train, argc - 1, argv + 1);
-    if (!strcmp(argv[1], "plan")) return zpp_cli_plan(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "export")) return zpp_cli_export(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "eval")) return zpp_cli_eval(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "plot")) return zpp_cli_plot(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "sample")) return zpp_cli_sample(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "tokenize")) return zpp_cli_tokenize(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "bench")) {
-        if (argc >= 3 && !strcmp(argv[2], "quant")) return zpp_cli_bench_quant(argc - 2, argv + 2);
-        if (argc >= 3 && !strcmp(argv[2], "comm"))
-            return with_mpi(zpp_cli_bench_comm, argc - 2, argv + 2);
-        fprintf(stderr, "zeropp bench: name a benchmark: quant or comm\n");
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) return version();
+    if (argv[1][0] == '-') {
+        static const char *const top[] = {"--help", "--version"};
+        unknown("option", argv[1], top, 2);
+        usage(stderr);
         return 2;
     }
-    fprintf(stderr, "zeropp: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 2;
+    return dispatch(argc - 1, argv + 1);
 }

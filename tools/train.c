@@ -25,6 +25,7 @@ typedef struct train_args {
     int profile;
     double collective_timeout; /* seconds; < 0: not given */
     int data_order;            /* zpp_data_order; < 0: not given */
+    zpp_cli_list sets;         /* --set KEY=VALUE, in order */
 } train_args;
 
 typedef struct run_summary {
@@ -47,6 +48,10 @@ static void usage(FILE *f) {
             "usage: mpirun -np N zeropp train [options]\n"
             "  --config FILE     DeepSpeed-style JSON config (every key: docs/config.md or\n"
             "                    --list-config-keys; an example: examples/zeropp.json)\n"
+            "  --set KEY=VALUE   override one config key by its dotted path, after --config\n"
+            "                    (or the resumed checkpoint's config); repeatable:\n"
+            "                    --set optimizer.params.lr=3e-4\n"
+            "                    --set zero_optimization.zero_quantized_weights=true\n"
             "  --data FILE       llm.c token file (.bin) or any text file; default: a "
             "built-in synthetic corpus\n"
             "  --steps N         optimizer steps (overrides zeropp.train_steps); 0 with --save\n"
@@ -73,7 +78,12 @@ static void usage(FILE *f) {
             "                    its padded vocabulary rows stay outside the softmax\n"
             "  --resume DIR      continue from the newest checkpoint published in DIR (or from\n"
             "                    the step folder DIR), on any number of ranks; the same ranks\n"
-            "                    continue bit for bit. A checkpoint at or past --steps is an\n"
+            "                    continue bit for bit. Without --config the run takes the\n"
+            "                    config the checkpoint was saved with, and without --data its\n"
+            "                    data file; what differs from the save (a --set, --steps, ...)\n"
+            "                    is listed in one \"changed since the save\" note, with the lr\n"
+            "                    of the first step before and after. A different model shape\n"
+            "                    or dtype is refused. A checkpoint at or past --steps is an\n"
             "                    error (exit 1): nothing would be trained\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
@@ -128,6 +138,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
         {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
         {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
+        {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
     };
     int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                                 print);
@@ -302,7 +313,14 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         }
         if (rank == 0) printf("resumed from %s after step %d\n", a->resume, start);
         const char *note = zpp_trainer_resume_note(t);
-        if (rank == 0 && note[0]) printf("resume: changed since the save: %s\n", note);
+        if (rank == 0 && note[0]) { /* one note, a line per change */
+            printf("resume: changed since the save:\n");
+            for (const char *p = note; *p;) {
+                size_t n = strcspn(p, "\n");
+                printf("  %.*s\n", (int)n, p);
+                p += n + (p[n] == '\n');
+            }
+        }
         if (start >= cfg->train_steps) {
             zpp_trainer_destroy(t);
             return report("resume",
@@ -321,12 +339,13 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     }
     int tty = rank == 0 && !a->quiet && progress_wanted();
     if (rank == 0) {
-        printf("%s: %d ranks = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
-               "%s data (%zu tokens), global batch %d = %d x %d accum x %d ranks, %s\n",
-               label ? label : "train", in->world_size, in->nodes, in->nodes == 1 ? "" : "s",
-               in->node_size, in->n_params, cfg->model.n_layer, cfg->model.n_embd,
-               in->seq_len, zpp_data_kind_name(in->data.kind), in->data.n_tokens,
-               in->global_batch, in->micro_batch, in->accum, in->world_size,
+        printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
+               "%s data (%zu tokens), global batch %d = %d x %d accum x %d rank%s, %s\n",
+               label ? label : "train", in->world_size, in->world_size == 1 ? "" : "s",
+               in->nodes, in->nodes == 1 ? "" : "s", in->node_size, in->n_params,
+               cfg->model.n_layer, cfg->model.n_embd, in->seq_len,
+               zpp_data_kind_name(in->data.kind), in->data.n_tokens, in->global_batch,
+               in->micro_batch, in->accum, in->world_size, in->world_size == 1 ? "" : "s",
                cfg->bf16 ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
         fflush(stdout);
     }
@@ -501,24 +520,59 @@ int zpp_cli_train(int argc, char **argv) {
     zpp_status st = zpp_train_config_defaults(&cfg);
     zpp_comm_world_set_timeout(a.collective_timeout >= 0 ? a.collective_timeout
                                                          : cfg.collective_timeout_s);
-    /* --init-from: the shape comes from the llm.c file; a model section of
-     * the config loads over it and must leave it as it was. */
+    /* The config, in order: the defaults; the llm.c file's shape
+     * (--init-from) or the checkpoint's own config (--resume without
+     * --config); the --config file; each --set; then the flags. A model
+     * section loaded over an llm.c shape must leave it as it was. */
     const char *stage = "config";
     zpp_llmc_file *llmc = NULL;
+    zpp_trainer_saved_run saved;
+    memset(&saved, 0, sizeof saved);
     if (st == ZPP_OK && a.init_from) {
         stage = "init-from";
         st = zpp_llmc_open(a.init_from, &llmc);
         if (st == ZPP_OK) cfg.model = zpp_llmc_get_info(llmc)->model;
         if (st == ZPP_OK) stage = "config";
     }
+    if (st == ZPP_OK && a.resume) {
+        /* read even with --config: the data file it trained on */
+        zpp_train_config from_ckpt;
+        stage = "resume";
+        st = zpp_trainer_config_from_checkpoint(a.resume, &from_ckpt, &saved);
+        if (st == ZPP_OK && !a.config) cfg = from_ckpt;
+        if (st == ZPP_OK) stage = "config";
+    }
     if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
+    if (st == ZPP_OK && a.sets.n) {
+        stage = "--set";
+        st = zpp_train_config_set(&cfg, a.sets.v, a.sets.n);
+    }
     if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg.model);
     zpp_llmc_close(llmc);
+    /* the data the checkpoint trained on, unless --data names another */
+    if (st == ZPP_OK && a.resume && !a.data && saved.data_path) {
+        a.data = saved.data_path;
+        if (access(a.data, R_OK) != 0)
+            st = zpp_error(ZPP_ERR_IO,
+                           "checkpoint %s was trained on %s, which cannot be read (%s); pass "
+                           "--data FILE to continue on another file",
+                           a.resume, a.data, strerror(errno));
+    }
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
         rc = report(stage, st);
         goto done;
     }
+    if (rank == 0 && a.resume && !a.config && !saved.has_config)
+        printf("note: %s was saved before checkpoints kept their config: its model shape, "
+               "dtype, global batch and seed are used, and the defaults for the rest (optimizer, "
+               "schedule, ZeRO++ options); give --config with the file it was trained with to "
+               "continue it as it was\n",
+               a.resume);
+    if (rank == 0 && a.resume && !a.data && !saved.has_data)
+        printf("note: %s does not record its training data: this run reads the built-in "
+               "synthetic corpus; give --data FILE to continue on yours\n",
+               a.resume);
     if (a.steps >= 0) cfg.train_steps = (int)a.steps;
     if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
     if (a.sample_every >= 0) cfg.sample_every = (int)a.sample_every;
@@ -591,6 +645,7 @@ int zpp_cli_train(int argc, char **argv) {
 
 done:
     if (metrics) fclose(metrics);
+    free(saved.data_path);
     fflush(stdout);
     return rc;
 }

@@ -194,6 +194,9 @@ int zpp_comm_world_size(void);
 /* 1 when a launcher (mpirun, mpiexec) started this process, 0 for a
  * process started alone (an MPI singleton). Local; reads the environment. */
 int zpp_comm_launched(void);
+/* The NCCL the NCCL backend was built against ("NCCL 2.28.3"), for
+ * `zeropp --version`; NULL in a build without it. */
+const char *zpp_comm_nccl_build(void);
 
 /* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */

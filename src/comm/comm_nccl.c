@@ -1216,3 +1216,9 @@ fail:
     MPI_Comm_free(&mc);
     return st;
 }
+
+const char *zpp_comm_nccl_build(void) {
+    static char text[64];
+    snprintf(text, sizeof text, "NCCL %d.%d.%d", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    return text;
+}

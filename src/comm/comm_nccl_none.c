@@ -10,3 +10,5 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
                      "topology: the NCCL backend needs a build with CUDA and NCCL; rebuild "
                      "with nvcc and NCCL available, or use the MPI backend");
 }
+
+const char *zpp_comm_nccl_build(void) { return NULL; }

@@ -156,6 +156,10 @@ zpp_status zpp_device_create_host(zpp_device **d_p);
 zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p);
 /* GPUs this process sees (0 in a build without CUDA). */
 int zpp_device_gpu_count(void);
+/* What the GPU backend was built with, for `zeropp --version`: "CUDA 12.4
+ * runtime, architectures 80,90" (the CUDA architectures CMake compiled the
+ * kernels for); NULL in a build without CUDA. Touches no GPU. */
+const char *zpp_device_cuda_build(void);
 /* Frees the scratch pool, the flag and the streams; NULL is ignored. */
 void zpp_device_destroy(zpp_device *d);
 /* The device's name for people, NUL-terminated in buf (cut to cap - 1

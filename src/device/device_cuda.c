@@ -292,6 +292,19 @@ static const zpp_device_ops zpp__cuda_ops = {
     .destroy = cu_destroy,
 };
 
+/* CMake passes the architectures it compiled for (CMAKE_CUDA_ARCHITECTURES,
+ * commas for semicolons). */
+#ifndef ZPP_CUDA_ARCHS
+#define ZPP_CUDA_ARCHS "unknown"
+#endif
+
+const char *zpp_device_cuda_build(void) {
+    static char text[160];
+    snprintf(text, sizeof text, "CUDA %d.%d runtime, kernels for architectures %s",
+             CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, ZPP_CUDA_ARCHS);
+    return text;
+}
+
 int zpp_device_gpu_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -14,3 +14,5 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
 }
 
 int zpp_device_gpu_count(void) { return 0; }
+
+const char *zpp_device_cuda_build(void) { return NULL; }

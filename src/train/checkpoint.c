@@ -175,6 +175,22 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
         cJSON_AddItemToArray(units, cJSON_CreateNumber((double)numel));
     }
     if (loco_on(e)) cJSON_AddBoolToObject(j, "loco", 1);
+    if (m->config) { /* the whole config, for a resume without --config */
+        char *text = zpp_train_config_to_json(m->config); /* exact numbers: raw */
+        cJSON *c = text ? cJSON_AddRawToObject(j, "config", text) : NULL;
+        free(text);
+        if (!c) {
+            cJSON_Delete(j);
+            return NULL;
+        }
+    }
+    if (m->data_kind) {
+        cJSON *d = cJSON_AddObjectToObject(j, "data");
+        if (m->data_path) cJSON_AddStringToObject(d, "path", m->data_path);
+        else cJSON_AddNullToObject(d, "path");
+        cJSON_AddStringToObject(d, "kind", m->data_kind);
+        cJSON_AddNumberToObject(d, "tokens", (double)m->data_tokens);
+    }
     cJSON *files = cJSON_AddArrayToObject(j, "files");
     for (int r = 0; r < m->world_size; r++) {
         char name[32];
@@ -225,7 +241,7 @@ static void published_folder(const char *dir, char *out, size_t cap) {
     if (join(path, dir, CKPT_POINTER) == ZPP_OK && manifest_read(path, &m, &found) == ZPP_OK &&
         found)
         snprintf(out, cap, "%s", m.folder);
-    free(m.numel);
+    zpp_ckpt_manifest_free(&m);
 }
 
 /* ---- Rank files -------------------------------------------------------------- */
@@ -660,18 +676,63 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
     }
     note[0] = '\0';
     size_t k = 0;
+    /* one line each, "what: saved -> now" */
 #define NOTE(...)                                                                    \
     do {                                                                             \
-        if (k < cap) k += (size_t)snprintf(note + k, cap - k, "%s", k ? ", " : "");  \
         if (k < cap) k += (size_t)snprintf(note + k, cap - k, __VA_ARGS__);          \
+        if (k < cap) k += (size_t)snprintf(note + k, cap - k, "\n");                 \
     } while (0)
-    if (m->world_size != r->world_size) NOTE("ranks %d -> %d", m->world_size, r->world_size);
-    if (m->node_size != r->node_size) NOTE("node size %d -> %d", m->node_size, r->node_size);
-    if (strcmp(m->mode, r->mode)) NOTE("mode %s -> %s", m->mode, r->mode);
+    zpp_train_config saved;
+    int have_saved = 0;
+    if (m->config && r->config) {
+        have_saved = zpp_train_config_defaults(&saved) == ZPP_OK &&
+                     zpp_train_config_load_string(m->config, &saved) == ZPP_OK;
+        if (have_saved && k < cap) {
+            zpp_train_config_diff(&saved, r->config, note + k, cap - k);
+            k += strlen(note + k);
+        } else if (!have_saved) {
+            NOTE("(the saved config could not be read, so its settings are not compared: %s)",
+                 zpp_last_error());
+        }
+    } else if (r->config) {
+        NOTE("(saved before checkpoints kept their config: only the model, dtype, ranks, mode, "
+             "global batch and seed are compared)");
+    }
+    if (m->world_size != r->world_size) NOTE("ranks: %d -> %d", m->world_size, r->world_size);
+    if (m->node_size != r->node_size) NOTE("node size: %d -> %d", m->node_size, r->node_size);
+    if (strcmp(m->mode, r->mode)) NOTE("ZeRO++ mode: %s -> %s", m->mode, r->mode);
     if (m->train_batch_size != r->train_batch_size)
-        NOTE("global batch %d -> %d", m->train_batch_size, r->train_batch_size);
-    if (m->seed != r->seed)
-        NOTE("seed %llu -> %llu", (unsigned long long)m->seed, (unsigned long long)r->seed);
+        NOTE("global batch: %d -> %d sequences", m->train_batch_size, r->train_batch_size);
+    if (!have_saved && m->seed != r->seed)
+        NOTE("zeropp.seed: %llu -> %llu", (unsigned long long)m->seed,
+             (unsigned long long)r->seed);
+    if (m->has_data && r->data_kind) {
+        const char *was = m->data_path ? m->data_path : "the built-in synthetic corpus";
+        const char *is = r->data_path ? r->data_path : "the built-in synthetic corpus";
+        if (strcmp(was, is)) NOTE("data: %s -> %s", was, is);
+        else if (m->data_tokens != (double)r->data_tokens)
+            NOTE("data: %s changed: %.0f -> %zu tokens", is, m->data_tokens, r->data_tokens);
+    }
+    /* The learning rate of the first step trained now, under each config:
+     * a schedule that takes its length from the run (total_num_steps 0)
+     * stretches when --steps grows, and the lr jumps where it resumes. */
+    if (have_saved) {
+        const double was = zpp_train_lr(&saved, m->step), is = zpp_train_lr(r->config, m->step);
+        const int n_was = zpp_train_schedule_length(&saved);
+        const int n_is = zpp_train_schedule_length(r->config);
+        if (was != is || n_was != n_is) {
+            char ratio[32] = "";
+            if (was > 0 && was != is) snprintf(ratio, sizeof ratio, " (x%.3g)", is / was);
+            char len[160] = "";
+            if (n_was && n_is && n_was != n_is)
+                snprintf(len, sizeof len, "; the %s schedule's length: %d -> %d steps%s",
+                         zpp_sched_type_name(r->config->scheduler.type), n_was, n_is,
+                         r->config->scheduler.total_num_steps ? ""
+                                                              : " (zeropp.train_steps, --steps)");
+            NOTE("lr at step %d, the first trained now: %.6g -> %.6g%s%s", m->step + 1, was, is,
+                 ratio, len);
+        }
+    }
 #undef NOTE
     return ZPP_OK;
 }
@@ -730,15 +791,15 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     }
     if (st == ZPP_OK && ef_here != m.loco) {
         size_t k = strlen(note);
-        snprintf(note + k, cap > k ? cap - k : 0, "%serror feedback %s", k ? ", " : "",
+        snprintf(note + k, cap > k ? cap - k : 0, "error feedback %s\n",
                  ef_here ? "buffers start from zero (the checkpoint has none)"
                          : "buffers of the checkpoint not used (error feedback is off)");
     } else if (st == ZPP_OK && ef_here && !ef_same) {
         size_t k = strlen(note);
         snprintf(note + k, cap > k ? cap - k : 0,
-                 "%serror feedback buffers start from zero (they were saved for %d ranks, "
-                 "node size %d)",
-                 k ? ", " : "", m.world_size, m.node_size);
+                 "error feedback buffers start from zero (they were saved for %d rank%s, "
+                 "node size %d)\n",
+                 m.world_size, m.world_size == 1 ? "" : "s", m.node_size);
     }
     /* install only when every rank has everything */
     st = zpp_comm_agree_world(st);
@@ -758,9 +819,20 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     if (st == ZPP_OK) *step_p = m.step;
     for (int u = 0; sg && u < n_units; u++) free(sg[u].x);
     free(sg);
-    free(m.numel);
+    zpp_ckpt_manifest_free(&m);
     free(folder);
     free(path);
+    return st;
+}
+
+zpp_status zpp_checkpoint_read_manifest(const char *dir, zpp_ckpt_manifest *m) {
+    char *folder = malloc(CKPT_PATH);
+    if (!folder) {
+        memset(m, 0, sizeof *m);
+        return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    zpp_status st = locate(dir, m, folder);
+    free(folder);
     return st;
 }
 

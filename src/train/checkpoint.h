@@ -30,7 +30,13 @@
  * "node_size", "mode", "dtype" ("bf16" | "fp32"), "model": {"n_layer",
  * "n_head", "n_embd", "seq_len", "vocab_size", "real_vocab_size" (absent
  * in older manifests: = vocab_size)}, "train_batch_size", "seed",
- * "units": [numel of each unit], "files": [rank file names]}.
+ * "units": [numel of each unit], "files": [rank file names],
+ * "config": {the saving run's whole config, as a config file holds it:
+ * zpp_train_config_to_json}, "data": {"path": absolute path or null (the
+ * synthetic corpus), "kind", "tokens"}}. "config" and "data" are absent in
+ * manifests written before 2026-12-03: such a checkpoint still loads, and a
+ * resume without --config takes only the model shape, dtype, global batch
+ * and seed from it (zpp_trainer_config_from_checkpoint says so).
  *
  * RANK FILE (native little-endian), the ranges the saving rank owned:
  *   "ZPPCKPT2" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
@@ -50,9 +56,15 @@
  *
  * CHECKS on load: the model shape (n_layer, n_head, n_embd, seq_len,
  * vocab_size, real_vocab_size), the working dtype and every unit's size must match
- * (ZPP_ERR_CONFIG naming the key and both values). What may change — the
- * ZeRO++ options, the rank count, the node size, the global batch, the
- * seed — is described in a note (zpp_checkpoint_load's `note`).
+ * (ZPP_ERR_CONFIG naming the key and both values): the saved tensors have
+ * no meaning under another shape or dtype. Everything else may change and
+ * is described in a note (zpp_checkpoint_load's `note`), one line each:
+ * every config key whose value differs ("optimizer.params.lr: 0.001 ->
+ * 0.002", zpp_train_config_diff), the rank count, node size, ZeRO++ mode,
+ * global batch, training data, error-feedback buffers, and, when the
+ * learning rate of the first step to be trained moves (a new lr, or a
+ * decaying schedule whose length changed with zeropp.train_steps), that
+ * lr under the saved config and under this one.
  *
  * Every function is collective over the world (zpp_comm_agree_world) and
  * returns the same status on every rank; nothing prints.
@@ -66,6 +78,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "train/ckpt_manifest.h"
+#include "train/config.h"
 
 #define ZPP_CKPT_FORMAT 2
 
@@ -77,6 +90,14 @@ typedef struct zpp_ckpt_meta {
     zpp_gpt2_config model;
     int train_batch_size;
     uint64_t seed;
+    /* The run's config as given (before zpp_train_config_resolve: batch
+     * sizes the user left to be derived stay 0), saved whole and compared
+     * key by key on load; NULL: neither. */
+    const zpp_train_config *config;
+    /* The training data: its absolute path (NULL: the built-in synthetic
+     * corpus), kind name and size in tokens; data_kind NULL: not saved. */
+    const char *data_path, *data_kind;
+    size_t data_tokens;
 } zpp_ckpt_meta;
 
 /* Creates DIR (and its parents) and checks that a file can be written in
@@ -97,6 +118,11 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
  * Collective; on error the engine is unchanged. */
 zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
                                int *step_p, char *note, size_t cap);
+
+/* Reads the manifest of the checkpoint of DIR (its published one, or the
+ * step folder DIR) without its rank files. Not collective; free it with
+ * zpp_ckpt_manifest_free. */
+zpp_status zpp_checkpoint_read_manifest(const char *dir, zpp_ckpt_manifest *m);
 
 /* Reads the fp32 master weights of the checkpoint of DIR (its published
  * one, or the step folder DIR) whole, outside a run: for tools that convert

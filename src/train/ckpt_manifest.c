@@ -2,6 +2,7 @@
 #include "train/ckpt_manifest.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,66 @@ static int get_str(const cJSON *o, const char *key, char *out, size_t cap) {
     if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return 0;
     memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
     return 1;
+}
+
+/* Replaces every number under `item` by its exact text (a raw item):
+ * cJSON would print 15 digits wherever they read back within an ulp, and a
+ * resumed run must get the saved config's numbers bit for bit. */
+static int exact_numbers(cJSON *item) {
+    for (cJSON *c = item->child; c; c = c->next) {
+        if (cJSON_IsNumber(c)) {
+            char text[40];
+            for (int digits = 15; digits <= 17; digits++) {
+                snprintf(text, sizeof text, "%.*g", digits, c->valuedouble);
+                if (strtod(text, NULL) == c->valuedouble) break;
+            }
+            cJSON *raw = cJSON_CreateRaw(text);
+            if (!raw) return 0;
+            /* the raw item takes over the number's key (replacing by pointer
+             * does not carry it; replacing by name could hit a duplicate) */
+            raw->string = c->string;
+            raw->type |= c->type & cJSON_StringIsConst;
+            c->string = NULL;
+            c->type &= ~cJSON_StringIsConst;
+            if (!cJSON_ReplaceItemViaPointer(item, c, raw)) { /* cannot fail: c is a child */
+                cJSON_Delete(raw);
+                return 0;
+            }
+            c = raw;
+        } else if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && !exact_numbers(c)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The optional members: "config" (an object, kept as text for
+ * train/config.c to read) and "data" ({"path": string or null, "kind",
+ * "tokens"}). Sets the message and returns ZPP_ERR_FORMAT when one is
+ * there but malformed. */
+static zpp_status zpp__manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifest *m) {
+    cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    if (cfg && !cJSON_IsObject(cfg))
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: config is not an object", name);
+    if (data) {
+        const cJSON *path = cJSON_GetObjectItemCaseSensitive(data, "path");
+        double tokens = 0;
+        if (!cJSON_IsObject(data) || !(cJSON_IsNull(path) || cJSON_IsString(path)) ||
+            !get_str(data, "kind", m->data_kind, sizeof m->data_kind) ||
+            !get_num(data, "tokens", 0, 9007199254740992.0, &tokens))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "checkpoint manifest %s: data is not {\"path\", \"kind\", "
+                             "\"tokens\"}",
+                             name);
+        m->has_data = 1;
+        m->data_tokens = tokens;
+        if (cJSON_IsString(path) && !(m->data_path = strdup(path->valuestring)))
+            return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    if (cfg && (!exact_numbers(cfg) || !(m->config = cJSON_PrintUnformatted(cfg))))
+        return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    return ZPP_OK;
 }
 
 zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *name,
@@ -98,6 +159,8 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint manifest %s counts %d updates and %d skips in %d steps",
                        name, c->updates, c->skipped_total, m->step);
+    } else if ((st = zpp__manifest_optional(j, name, m)) != ZPP_OK) {
+        /* the message is set */
     } else {
         c->step = m->step;
         c->loss_scale = (float)scale;
@@ -121,5 +184,9 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
 
 void zpp_ckpt_manifest_free(zpp_ckpt_manifest *m) {
     free(m->numel);
+    cJSON_free(m->config);
+    free(m->data_path);
     m->numel = NULL;
+    m->config = NULL;
+    m->data_path = NULL;
 }

@@ -21,6 +21,13 @@ typedef struct zpp_ckpt_manifest {
     size_t *numel;           /* n_units unit sizes */
     int loco;                /* "loco": true: error-feedback files loco-NNNNN.ckpt, one a
                                 rank, in this world_size and node_size's layout */
+    /* Optional (absent in manifests written before them): */
+    char *config;            /* "config": the saving run's config as JSON text
+                                (zpp_train_config_to_json), or NULL */
+    int has_data;            /* "data" present: */
+    char *data_path;         /*   "path": the token file (absolute), NULL = synthetic */
+    char data_kind[16];      /*   "kind": zpp_data_kind_name */
+    double data_tokens;      /*   "tokens": its size in tokens */
 } zpp_ckpt_manifest;
 
 /* Parses the NUL-terminated JSON `text` of a manifest of format `format`;

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "core/suggest.h"
 #include "train/config_keys.h"
 
 #define ZPP__PATH_CAP 160
@@ -238,10 +239,36 @@ static zpp_status zpp__check_duplicate(const zpp__cfgctx *c, const cJSON *obj,
     return ZPP_OK;
 }
 
-/* "unknown key 'a.b' (known here: c, d (and DeepSpeed knobs accepted and
- * ignored: e, f))": the keys of the table in the object `parent`. */
+/* The key the user most likely meant by the unknown `path` in `parent`
+ * (NULL if none is close): a key of the same object whose name is a typo
+ * away ("stge" -> "stage"); else a key elsewhere with exactly this name ("lr"
+ * at the top level -> "optimizer.params.lr"); else the closest full path. */
+static const zpp__key *zpp__suggest_key(const char *path, const char *parent) {
+    const char *name = strrchr(path, '.') ? strrchr(path, '.') + 1 : path;
+    const zpp__key *best = NULL;
+    size_t best_d = (size_t)-1, d = 0;
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        if (k->kind == ZPP_CFG_IGNORED || !zpp__key_in(k, parent)) continue;
+        if (zpp_suggest_close(name, zpp__key_name(k), &d) && d < best_d) best = k, best_d = d;
+    }
+    if (best) return best;
+    for (size_t i = 0; i < ZPP__NKEYS; i++)
+        if (zpp__keys[i].kind != ZPP_CFG_IGNORED && !strcmp(zpp__key_name(&zpp__keys[i]), name))
+            return &zpp__keys[i];
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        if (k->kind != ZPP_CFG_IGNORED && zpp_suggest_close(path, k->path, &d) && d < best_d)
+            best = k, best_d = d;
+    }
+    return best;
+}
+
+/* "unknown key 'a.b' (did you mean 'a.c'? known here: c, d (and DeepSpeed
+ * knobs accepted and ignored: e, f))": the keys of the table in the object
+ * `parent`. */
 static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const char *parent) {
-    char known[1024] = "", ignored[1024] = "";
+    char known[1024] = "", ignored[1024] = "", hint[ZPP__PATH_CAP + 24] = "";
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
         const zpp__key *k = &zpp__keys[i];
         if (!zpp__key_in(k, parent)) continue;
@@ -249,9 +276,12 @@ static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const cha
         size_t len = strlen(list);
         snprintf(list + len, sizeof known - len, "%s%s", len ? ", " : "", zpp__key_name(k));
     }
-    return zpp_error(ZPP_ERR_CONFIG, "%s: unknown key '%s' (known here: %s%s%s%s)", c->src, path,
-                     known, ignored[0] ? " (and DeepSpeed knobs accepted and ignored: " : "",
-                     ignored, ignored[0] ? ")" : "");
+    const zpp__key *guess = zpp__suggest_key(path, parent);
+    if (guess) snprintf(hint, sizeof hint, "did you mean '%s'? ", guess->path);
+    return zpp_error(ZPP_ERR_CONFIG, "%s: unknown key '%s' (%sknown here: %s%s%s%s)", c->src,
+                     path, hint, known,
+                     ignored[0] ? " (and DeepSpeed knobs accepted and ignored: " : "", ignored,
+                     ignored[0] ? ")" : "");
 }
 
 /* Records an accepted-but-ignored DeepSpeed key once in cfg->ignored. */
@@ -527,7 +557,6 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     ZPP__POS(m->vocab_size, "model.vocab_size");
     ZPP__POS(cfg->train_steps, "zeropp.train_steps");
     ZPP__POS(cfg->eval_batches, "zeropp.eval_batches");
-    ZPP__POS(cfg->zero.hpz_partition_size, "zero_optimization.zero_hpz_partition_size");
 #undef ZPP__POS
     if (m->n_embd % m->n_head)
         return zpp_error(ZPP_ERR_CONFIG,
@@ -542,6 +571,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (cfg->train_batch_size < 0 || cfg->train_micro_batch_size_per_gpu < 0 ||
         cfg->gradient_accumulation_steps < 0)
         return zpp_error(ZPP_ERR_CONFIG, "batch sizes must be >= 1 (0 = derive)");
+    if (cfg->zero.hpz_partition_size < 0)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zero_optimization.zero_hpz_partition_size' must be >= 0 (0 = the "
+                         "node, 1 = off), got %d",
+                         cfg->zero.hpz_partition_size);
     if (cfg->eval_every < 0 || cfg->steps_per_print < 0)
         return zpp_error(ZPP_ERR_CONFIG, "'%s' must be >= 0 (0 = never)",
                          cfg->eval_every < 0 ? "zeropp.eval_every" : "steps_per_print");
@@ -944,6 +978,252 @@ out:
 }
 
 /* ------------------------------------------------------------------------ */
+/* Writing a config back: JSON, and what changed between two                  */
+/* ------------------------------------------------------------------------ */
+
+/* Whether key k holds a value that the config uses: a scheduler param of
+ * the scheduler type in force, a member of a feature object that is on
+ * (zeropp_loco_param's err_beta only while the feedback is on), a batch size
+ * that is given (0 = derived is not a value), not an ignored knob. */
+/* Whether key k lies inside a feature object that is off in cfg (a
+ * zeropp_loco_param member while the feedback is off). */
+static int zpp__key_in_off_object(const zpp__key *k, const zpp_train_config *cfg) {
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *o = &zpp__keys[i];
+        size_t n = strlen(o->path);
+        if (o->kind == ZPP_CFG_OBJECT_ON && !*ZPP__AT(cfg, o, int) &&
+            !strncmp(k->path, o->path, n) && k->path[n] == '.')
+            return 1;
+    }
+    return 0;
+}
+
+static int zpp__key_in_effect(const zpp__key *k, const zpp_train_config *cfg) {
+    if (k->kind == ZPP_CFG_IGNORED || k->kind == ZPP_CFG_OBJECT) return 0;
+    if (cfg->scheduler.type == ZPP_SCHED_NONE && !strncmp(k->path, "scheduler.", 10)) return 0;
+    if (k->sched && !(k->sched & (1u << cfg->scheduler.type))) return 0;
+    if (zpp__key_in_off_object(k, cfg)) return 0;
+    if ((k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64) &&
+        (k->kind == ZPP_CFG_INT ? (long long)*ZPP__AT(cfg, k, int)
+                                : *ZPP__AT(cfg, k, long long)) < k->lo)
+        return 0;
+    return 1;
+}
+
+/* The shortest "%.Ng" that reads back as exactly v. */
+static void zpp__num_text(char *buf, size_t cap, double v) {
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+/* Key k's value as JSON text (a string quoted), or "derived" / "off" where
+ * the key is not in effect. */
+static void zpp__value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf,
+                            size_t cap) {
+    char a[40], b[40];
+    if (!zpp__key_in_effect(k, cfg)) {
+        const char *why = "(unset)";
+        if (k->kind == ZPP_CFG_SCHED_TYPE) why = "\"none\"";
+        else if (zpp__key_in_off_object(k, cfg)) why = "(off)";
+        else if ((k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64) && k->def[0] < (double)k->lo)
+            why = "derived";
+        snprintf(buf, cap, "%s", why);
+        return;
+    }
+    switch (k->kind) {
+    case ZPP_CFG_INT:
+    case ZPP_CFG_STAGE: snprintf(buf, cap, "%d", *ZPP__AT(cfg, k, int)); break;
+    case ZPP_CFG_I64: snprintf(buf, cap, "%lld", *ZPP__AT(cfg, k, long long)); break;
+    case ZPP_CFG_SEED:
+        snprintf(buf, cap, "%llu", (unsigned long long)*ZPP__AT(cfg, k, uint64_t));
+        break;
+    case ZPP_CFG_NUM: zpp__num_text(buf, cap, *ZPP__AT(cfg, k, double)); break;
+    case ZPP_CFG_BOOL:
+    case ZPP_CFG_OBJECT_ON:
+        snprintf(buf, cap, "%s", *ZPP__AT(cfg, k, int) ? "true" : "false");
+        break;
+    case ZPP_CFG_BETAS:
+        zpp__num_text(a, sizeof a, cfg->optimizer.beta1);
+        zpp__num_text(b, sizeof b, cfg->optimizer.beta2);
+        snprintf(buf, cap, "[%s, %s]", a, b);
+        break;
+    case ZPP_CFG_OPT_TYPE: snprintf(buf, cap, "\"AdamW\""); break;
+    case ZPP_CFG_SCHED_TYPE:
+        snprintf(buf, cap, "\"%s\"", zpp_sched_type_name(cfg->scheduler.type));
+        break;
+    case ZPP_CFG_WARMUP_TYPE:
+        snprintf(buf, cap, "\"%s\"",
+                 cfg->scheduler.warmup_type == ZPP_WARMUP_LINEAR ? "linear" : "log");
+        break;
+    case ZPP_CFG_DATA_ORDER:
+        snprintf(buf, cap, "\"%s\"", zpp_data_order_name(*ZPP__AT(cfg, k, zpp_data_order)));
+        break;
+    case ZPP_CFG_OBJECT:
+    case ZPP_CFG_IGNORED: buf[0] = '\0'; break;
+    }
+}
+
+/* The object at dotted `parent` under root, made where missing. */
+static cJSON *zpp__json_object_at(cJSON *root, const char *parent) {
+    cJSON *o = root;
+    char part[ZPP__PATH_CAP];
+    for (const char *p = parent; o && *p;) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        snprintf(part, sizeof part, "%.*s", (int)n, p);
+        cJSON *next = cJSON_GetObjectItemCaseSensitive(o, part);
+        if (!cJSON_IsObject(next)) {
+            if (next) cJSON_DeleteItemFromObjectCaseSensitive(o, part);
+            next = cJSON_AddObjectToObject(o, part);
+        }
+        o = next;
+        p = dot ? dot + 1 : p + n;
+    }
+    return o;
+}
+
+char *zpp_train_config_to_json(const zpp_train_config *cfg) {
+    if (!cfg) return NULL;
+    cJSON *root = cJSON_CreateObject();
+    int ok = root != NULL;
+    for (size_t i = 0; ok && i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        if (!zpp__key_in_effect(k, cfg)) continue;
+        char parent[ZPP__PATH_CAP], text[96];
+        size_t plen = (size_t)(zpp__key_name(k) - k->path);
+        snprintf(parent, sizeof parent, "%.*s", (int)(plen ? plen - 1 : 0), k->path);
+        cJSON *o = zpp__json_object_at(root, parent);
+        if (k->kind == ZPP_CFG_OBJECT_ON) { /* present = on */
+            if (*ZPP__AT(cfg, k, int)) ok = o && zpp__json_object_at(o, zpp__key_name(k));
+            continue;
+        }
+        /* the value's own text, verbatim: cJSON prints a number with 15
+         * digits when that reads back within an ulp, which is not exact */
+        zpp__value_text(k, cfg, text, sizeof text);
+        ok = o && cJSON_AddRawToObject(o, zpp__key_name(k), text);
+    }
+    char *out = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!out) return NULL;
+    char *copy = strdup(out); /* plain free() for the caller, not cJSON_free */
+    cJSON_free(out);
+    return copy;
+}
+
+int zpp_train_config_diff(const zpp_train_config *old, const zpp_train_config *now, char *out,
+                          size_t cap) {
+    int n = 0;
+    size_t k_out = 0;
+    if (cap) out[0] = '\0';
+    for (size_t i = 0; i < ZPP__NKEYS; i++) {
+        const zpp__key *k = &zpp__keys[i];
+        /* the keys this run uses, and those the saved one used that are
+         * not part of a scheduler or feature now gone (its switch says it) */
+        if (k->kind == ZPP_CFG_IGNORED || k->kind == ZPP_CFG_OBJECT) continue;
+        int gone = k->sched || zpp__key_in_off_object(k, now) ||
+                   (now->scheduler.type == ZPP_SCHED_NONE && !strncmp(k->path, "scheduler.", 10) &&
+                    k->kind != ZPP_CFG_SCHED_TYPE);
+        if (!zpp__key_in_effect(k, now) && (gone || !zpp__key_in_effect(k, old))) continue;
+        char a[96], b[96];
+        zpp__value_text(k, old, a, sizeof a);
+        zpp__value_text(k, now, b, sizeof b);
+        if (!strcmp(a, b)) continue;
+        /* strings without their quotes: this is for people */
+        char *pa = a, *pb = b;
+        if (pa[0] == '"') pa++, pa[strlen(pa) - 1] = '\0';
+        if (pb[0] == '"') pb++, pb[strlen(pb) - 1] = '\0';
+        if (k_out < cap)
+            k_out += (size_t)snprintf(out + k_out, cap - k_out, "%s: %s -> %s\n", k->path, pa, pb);
+        n++;
+    }
+    return n;
+}
+
+int zpp_train_schedule_length(const zpp_train_config *cfg) {
+    const zpp_sched_type t = cfg->scheduler.type;
+    if (t != ZPP_SCHED_WARMUP_DECAY_LR && t != ZPP_SCHED_WARMUP_COSINE_LR) return 0;
+    return zpp__sched_total(cfg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* --set KEY=VALUE                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* The key at a full dotted path, or NULL. */
+static const zpp__key *zpp__key_at(const char *path) {
+    for (size_t i = 0; i < ZPP__NKEYS; i++)
+        if (!strcmp(zpp__keys[i].path, path)) return &zpp__keys[i];
+    return NULL;
+}
+
+/* Puts the value of one "KEY=VALUE" into the tree at its dotted path. */
+static zpp_status zpp__set_one(cJSON *root, const char *assignment) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment || eq[1] == '\0')
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--set takes KEY=VALUE with KEY a dotted config path (--set "
+                         "optimizer.params.lr=3e-4), got '%s'",
+                         assignment);
+    char path[ZPP__PATH_CAP];
+    if ((size_t)(eq - assignment) >= sizeof path)
+        return zpp_error(ZPP_ERR_CONFIG, "--set: key '%.*s...' is too long", 40, assignment);
+    snprintf(path, sizeof path, "%.*s", (int)(eq - assignment), assignment);
+    const char *value = eq + 1;
+    const zpp__key *k = zpp__key_at(path);
+    /* A string key takes a bare word (--set scheduler.type=WarmupLR); any
+     * other value is JSON: a number, true/false, [a, b], {}. */
+    int word = k && (k->kind == ZPP_CFG_OPT_TYPE || k->kind == ZPP_CFG_SCHED_TYPE ||
+                     k->kind == ZPP_CFG_WARMUP_TYPE || k->kind == ZPP_CFG_DATA_ORDER) &&
+               value[0] != '"';
+    cJSON *v = NULL;
+    if (word) {
+        v = cJSON_CreateString(value);
+    } else if ((v = cJSON_Parse(value)) != NULL) {
+        /* the text as given, not cJSON's 15-digit rendering of its number */
+        cJSON_Delete(v);
+        v = cJSON_CreateRaw(value);
+    }
+    if (!v)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--set %s: '%s' is not a value (a number, true or false, [a, b], or "
+                         "\"text\"); '%s' takes a value of type %s",
+                         path, value, path, k ? zpp__kind_doc(k->kind) : "a JSON value");
+    const char *dot = strrchr(path, '.');
+    char parent[ZPP__PATH_CAP];
+    snprintf(parent, sizeof parent, "%.*s", dot ? (int)(dot - path) : 0, path);
+    cJSON *o = zpp__json_object_at(root, parent);
+    const char *name = dot ? dot + 1 : path;
+    if (o && cJSON_GetObjectItemCaseSensitive(o, name)) /* a later --set of a key wins */
+        cJSON_DeleteItemFromObjectCaseSensitive(o, name);
+    if (!o || !cJSON_AddItemToObject(o, name, v)) {
+        cJSON_Delete(v);
+        return zpp_error(ZPP_ERR_NOMEM, "--set: out of memory");
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_train_config_set(zpp_train_config *cfg, const char *const *assignments, int n) {
+    if (!cfg || (n > 0 && !assignments))
+        return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_set: NULL argument");
+    if (n <= 0) return ZPP_OK;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return zpp_error(ZPP_ERR_NOMEM, "--set: out of memory");
+    zpp_status st = ZPP_OK;
+    for (int i = 0; i < n && st == ZPP_OK; i++) st = zpp__set_one(root, assignments[i]);
+    char *text = st == ZPP_OK ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (st != ZPP_OK) return st;
+    if (!text) return zpp_error(ZPP_ERR_NOMEM, "--set: out of memory");
+    /* one load of all of them, so that settings that must change together
+     * (bf16 off, fp16 on) are checked together */
+    st = zpp__load(text, "--set", cfg);
+    cJSON_free(text);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Batch geometry                                                            */
 /* ------------------------------------------------------------------------ */
 
@@ -991,8 +1271,8 @@ zpp_status zpp_train_config_resolve(zpp_train_config *cfg, int world_size) {
     }
     if (tbs > INT_MAX)
         return zpp_error(ZPP_ERR_CONFIG, "train_batch_size %lld is too large", tbs);
-    int hpz = cfg->zero.hpz_partition_size;
-    if (hpz < 1 || world_size % hpz)
+    int hpz = cfg->zero.hpz_partition_size; /* 0: the node, whatever it is */
+    if (hpz < 0 || (hpz > 0 && world_size % hpz))
         return zpp_error(ZPP_ERR_CONFIG,
                          "zero_optimization.zero_hpz_partition_size %d does not divide world "
                          "size %d; it is the number of ranks per node",

@@ -192,6 +192,40 @@ double zpp_train_lr(const zpp_train_config *cfg, long step);
 /* Writes the key reference (Markdown, docs/config.md) from the key table. */
 void zpp_train_config_write_keys(FILE *f);
 
+/* Applies command-line overrides, each "KEY=VALUE" with KEY a dotted path of
+ * the key table ("optimizer.params.lr=3e-4", "zero_optimization.
+ * zero_quantized_weights=true"), in order (a later one of the same key
+ * wins), over the current values of *cfg, and validates the result: the
+ * same type and range checks as a file's keys, in one load, so settings
+ * that must change together are checked together. VALUE is JSON (a number,
+ * true/false, [0.9, 0.95], {} for a feature object such as
+ * zeropp_loco_param); keys that take a word take it bare
+ * (scheduler.type=WarmupCosineLR). An unknown key is ZPP_ERR_CONFIG naming
+ * it, with the likeliest intended key ("did you mean ..."); on any error
+ * *cfg is untouched. Messages name the source "--set". */
+zpp_status zpp_train_config_set(zpp_train_config *cfg, const char *const *assignments, int n);
+
+/* The config as a JSON text that zpp_train_config_load_string reads back
+ * (over the defaults) into an equal config: every key in effect (a
+ * scheduler's params only for its type, a feature object's members only
+ * while it is on, batch sizes only where given rather than derived, no
+ * ignored knobs). Numbers round-trip exactly. NULL when out of memory;
+ * free() it. Checkpoints keep a run's config this way. */
+char *zpp_train_config_to_json(const zpp_train_config *cfg);
+
+/* Writes one line "key: old -> new\n" for every key of the table whose
+ * value differs between `old` and `now` (the keys `now` uses, and the ones
+ * `old` used that no scheduler or feature switch of `now` accounts for),
+ * in table order, into out (cap bytes, NUL-terminated, cut when full).
+ * Returns the number of such keys. */
+int zpp_train_config_diff(const zpp_train_config *old, const zpp_train_config *now, char *out,
+                          size_t cap);
+
+/* The length N of a decaying schedule (WarmupDecayLR, WarmupCosineLR):
+ * total_num_steps, or train_steps where that is 0; 0 for schedules that
+ * do not decay (none, WarmupLR), whose lr does not depend on N. */
+int zpp_train_schedule_length(const zpp_train_config *cfg);
+
 /* "shuffled" / "sequential", and back (ZPP_ERR_CONFIG naming the word). */
 const char *zpp_data_order_name(zpp_data_order order);
 zpp_status zpp_data_order_parse(const char *name, zpp_data_order *order_p);

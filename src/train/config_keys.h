@@ -115,9 +115,10 @@
       "3 only (zeropp implements ZeRO stage 3)")                                                  \
     X("zero_optimization.zero_quantized_weights", BOOL, zero.quantized_weights, 0, 0, (0), 0,     \
       "qwZ: int8 block-quantized weight all-gather")                                              \
-    X("zero_optimization.zero_hpz_partition_size", INT, zero.hpz_partition_size, 1, INT_MAX, (1), \
+    X("zero_optimization.zero_hpz_partition_size", INT, zero.hpz_partition_size, 0, INT_MAX, (1), \
       0, "hpZ: > 1 enables it with this many ranks per node (also the emulated node size); "      \
-         "1 = off")                                                                               \
+         "0 = the node, whatever it is (--node-size, else the ranks the launcher put on one "     \
+         "host; off where that is 1 rank); 1 = off")                                              \
     X("zero_optimization.zero_quantized_gradients", BOOL, zero.quantized_gradients, 0, 0, (0), 0, \
       "qgZ: int4 hierarchical gradient reduce-scatter")                                           \
     X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,             \

@@ -481,20 +481,32 @@ zpp_status zpp_data_batch(const zpp_data *d, uint64_t step, int micro_step, int 
     return ZPP_OK;
 }
 
-zpp_status zpp_data_val_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
-                              int32_t *targets) {
-    if (!d || !tokens || !targets)
-        return zpp_error(ZPP_ERR_INVALID, "zpp_data_val_batch: NULL argument");
-    if (B < 1) return zpp_error(ZPP_ERR_INVALID, "zpp_data_val_batch: batch %d < 1", B);
-    const uint64_t K = d->K_val;
+/* Batch `index` of B fixed windows of T + 1 tokens: windows
+ * (index * B + b) mod K, window w starting at base + w * T. */
+static zpp_status zpp__window_batch(const zpp_data *d, size_t base, uint64_t K, uint64_t index,
+                                    int B, int32_t *tokens, int32_t *targets, const char *fn) {
+    if (!d || !tokens || !targets) return zpp_error(ZPP_ERR_INVALID, "%s: NULL argument", fn);
+    if (B < 1) return zpp_error(ZPP_ERR_INVALID, "%s: batch %d < 1", fn, B);
     /* (index * B + b) mod K, computed without overflowing index * B. */
     const uint64_t first = ((index % K) * ((uint64_t)B % K)) % K;
     for (int b = 0; b < B; b++) {
         const uint64_t w = (first + (uint64_t)b) % K;
-        ZPP_CHECK(zpp__read_seq(d, d->n_train + (size_t)w * (size_t)d->T,
-                                tokens + (size_t)b * d->T, targets + (size_t)b * d->T));
+        ZPP_CHECK(zpp__read_seq(d, base + (size_t)w * (size_t)d->T, tokens + (size_t)b * d->T,
+                                targets + (size_t)b * d->T));
     }
     return ZPP_OK;
+}
+
+zpp_status zpp_data_val_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
+                              int32_t *targets) {
+    return zpp__window_batch(d, d ? d->n_train : 0, d ? d->K_val : 1, index, B, tokens, targets,
+                             "zpp_data_val_batch");
+}
+
+zpp_status zpp_data_train_eval_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
+                                     int32_t *targets) {
+    return zpp__window_batch(d, 0, d ? d->K : 1, index, B, tokens, targets,
+                             "zpp_data_train_eval_batch");
 }
 
 /* ------------------------------------------------------------------------ */

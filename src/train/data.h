@@ -75,6 +75,8 @@
  *   windows starting at n_train + k * T (no shuffling). Validation batch
  *   `index` of B sequences holds windows (index * B + b) mod K_val. To
  *   spread an evaluation over ranks, give rank r the indices r, r + world, ..
+ *   (`zeropp eval --split train` reads the training split the same way,
+ *   zpp_data_train_eval_batch).
  */
 #ifndef ZPP_TRAIN_DATA_H
 #define ZPP_TRAIN_DATA_H
@@ -144,6 +146,13 @@ size_t zpp_data_sample_start(const zpp_data *data, uint64_t sample);
  * held-out tail only. */
 zpp_status zpp_data_val_batch(const zpp_data *data, uint64_t index, int B, int32_t *tokens,
                               int32_t *targets);
+
+/* Batch `index` of B sequences of the training split read as the
+ * validation split is (for scoring a model on the text it trained on, not
+ * for training): windows (index * B + b) mod K, window k starting at token
+ * k * T, in order (no shuffling, no epoch offset). */
+zpp_status zpp_data_train_eval_batch(const zpp_data *data, uint64_t index, int B,
+                                     int32_t *tokens, int32_t *targets);
 
 /* Sizes and kind. */
 zpp_data_info zpp_data_get_info(const zpp_data *data);

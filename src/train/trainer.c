@@ -1,6 +1,8 @@
 /* train/trainer.c — wires config, topology, model, engine and data. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "train/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,8 @@
 
 struct zpp_trainer {
     zpp_train_config cfg;
+    zpp_train_config cfg_given; /* before resolving: what a checkpoint keeps */
+    char *data_path;            /* absolute (realpath), NULL: synthetic */
     zpp_topo *topo;
     zpp_model *model;
     zpp_engine *engine;
@@ -28,9 +32,10 @@ struct zpp_trainer {
     int step;
     uint64_t val_index;
     const int32_t *sample_window; /* zpp_trainer_sample's sequence of the moment */
+    int eval_train;               /* the evaluation reads the training split */
     /* checkpoints: the save test hooks (trainer.h), the last resume's note */
     zpp_fault fault;
-    char resume_note[512];
+    char resume_note[4096];
 };
 
 static double now_s(void) {
@@ -89,7 +94,9 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     ZPP_CHECK(zpp_train_config_resolve(c, world));
 
     /* The node size: the flag, else hpZ's partition size, else the launcher.
-     * hpZ partitions inside a node, so both must agree. */
+     * hpZ partitions inside a node, so both must agree; a partition size of
+     * 0 is the node, whatever it turns out to be (resolved below). */
+    const int hpz_node = c->zero.hpz_partition_size == 0;
     int hpz = c->zero.hpz_partition_size > 1;
     if (node_size == 0 && hpz) node_size = c->zero.hpz_partition_size;
     if (hpz && node_size != c->zero.hpz_partition_size)
@@ -121,8 +128,16 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
         ZPP_CHECK(zpp_device_create_host(&t->dev));
     }
     ZPP_CHECK(zpp_topo_create(&to, &t->topo));
+    if (hpz_node) {
+        c->zero.hpz_partition_size = t->topo->node_size;
+        hpz = t->topo->node_size > 1;
+    }
 
     ZPP_CHECK(zpp_data_open(o->data_path, c, &t->data));
+    /* where the data is, for a checkpoint: a resume from elsewhere finds it */
+    if (o->data_path && !(t->data_path = realpath(o->data_path, NULL)))
+        return zpp_error(ZPP_ERR_IO, "cannot resolve the path of data file %s: %s", o->data_path,
+                         strerror(errno));
     zpp_data_info di = zpp_data_get_info(t->data);
     if (di.vocab > c->model.vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
@@ -199,6 +214,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
     zpp_trainer *t = calloc(1, sizeof *t);
     if (!t) return zpp_comm_agree_world(zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory"));
     t->cfg = *cfg;
+    t->cfg_given = *cfg;
     /* The one deadline: the world's agreements and the topology's waits. */
     zpp_comm_world_set_timeout(cfg->collective_timeout_s);
     zpp_status st = zpp_comm_agree_world(build(t, opts));
@@ -219,6 +235,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     zpp_device_destroy(t->dev); /* last: everything above used it */
     free(t->tokens);
     free(t->targets);
+    free(t->data_path);
     free(t);
 }
 
@@ -240,9 +257,11 @@ static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
 static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
     (void)micro;
-    ZPP_CHECK(zpp_comm_agree_world(zpp_data_val_batch(t->data, t->val_index,
-                                                      t->info.micro_batch, t->tokens,
-                                                      t->targets)));
+    ZPP_CHECK(zpp_comm_agree_world(
+        t->eval_train ? zpp_data_train_eval_batch(t->data, t->val_index, t->info.micro_batch,
+                                                  t->tokens, t->targets)
+                      : zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch,
+                                           t->tokens, t->targets)));
     return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
 }
 
@@ -278,7 +297,13 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
 }
 
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p) {
-    int n = t->cfg.eval_batches > 0 ? t->cfg.eval_batches : 1;
+    return zpp_trainer_evaluate(t, 0, t->cfg.eval_batches, val_loss_p, volume_p);
+}
+
+zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, float *loss_p,
+                                zpp_volume *volume_p) {
+    int n = batches > 0 ? batches : 1;
+    t->eval_train = train_split != 0;
     double sum = 0.0;
     zpp_volume vol;
     memset(&vol, 0, sizeof vol);
@@ -295,7 +320,7 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volum
             vol.calls[ph] += ev->calls[ph];
         }
     }
-    *val_loss_p = (float)(sum / n);
+    *loss_p = (float)(sum / n);
     if (volume_p) *volume_p = vol;
     return ZPP_OK;
 }
@@ -314,6 +339,10 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.model = t->cfg.model;
     m.train_batch_size = t->cfg.train_batch_size;
     m.seed = t->cfg.seed;
+    m.config = &t->cfg_given;
+    m.data_path = t->data_path;
+    m.data_kind = zpp_data_kind_name(t->info.data.kind);
+    m.data_tokens = t->info.data.n_tokens;
     return m;
 }
 
@@ -387,4 +416,39 @@ zpp_status zpp_trainer_sample(zpp_trainer *t, const zpp_sample_opts *o, const in
     (void)m->ops->keep_logits(m, -1); /* the training forwards keep nothing */
     t->sample_window = NULL;
     return zpp_comm_agree_world(st);
+}
+
+zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config *cfg,
+                                              zpp_trainer_saved_run *run) {
+    zpp_ckpt_manifest m;
+    memset(run, 0, sizeof *run);
+    ZPP_CHECK(zpp_checkpoint_read_manifest(dir, &m));
+    zpp_train_config c;
+    zpp_status st = zpp_train_config_defaults(&c);
+    if (st == ZPP_OK && m.config) {
+        st = zpp_train_config_load_string(m.config, &c);
+        if (st != ZPP_OK)
+            st = zpp_error_context(st, "the config saved in checkpoint %s cannot be read; "
+                                       "give --config",
+                                   dir);
+    } else if (st == ZPP_OK) {
+        /* saved before checkpoints kept their config: what the manifest has */
+        c.model = m.model;
+        c.bf16 = !strcmp(m.dtype, "bf16");
+        c.fp16.enabled = !strcmp(m.dtype, "fp16");
+        c.train_batch_size = m.train_batch_size;
+        c.seed = m.seed;
+        st = zpp_train_config_validate(&c);
+    }
+    if (st == ZPP_OK && m.data_path && !(run->data_path = strdup(m.data_path)))
+        st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
+    if (st == ZPP_OK) {
+        run->step = m.step;
+        run->world_size = m.world_size;
+        run->has_config = m.config != NULL;
+        run->has_data = m.has_data;
+        *cfg = c;
+    }
+    zpp_ckpt_manifest_free(&m);
+    return st;
 }

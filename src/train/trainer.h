@@ -87,6 +87,14 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
  * volume_p is not NULL, the bytes those evaluations moved (counted apart
  * from every step's). */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
+/* The same over `batches` micro-batches a rank (rank r of W reads batches
+ * r, r + W, ...: batches * W in all) of the held-out split
+ * (zpp_data_val_batch), or of the training split read in order
+ * (train_split; zpp_data_train_eval_batch): the mean of the batches'
+ * losses. zpp_trainer_eval is this with the held-out split and
+ * cfg.eval_batches. Collective. */
+zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, float *loss_p,
+                                zpp_volume *volume_p);
 
 /* Checkpoints (train/checkpoint.h: the layout and formats): each save is a
  * new step folder of `dir`, published by rank 0 with one atomic rename of
@@ -95,11 +103,14 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volum
  * zeropp.keep_checkpoints are kept. `steps_done` is the number of optimizer
  * steps taken; a resumed run continues at that step (the data order and the
  * learning rate are functions of the step), on any world and node size:
- * bit for bit on the same world. Loading refuses another model shape or
- * working dtype with one line naming the key; what may differ (ranks, node
- * size, ZeRO++ options, global batch, seed) is described by
- * zpp_trainer_resume_note ("" if nothing). Collective; every rank returns
- * the same status.
+ * bit for bit on the same world. A save keeps the run's whole config (as
+ * given, before batch sizes were derived) and where its data is. Loading
+ * refuses another model shape or working dtype with one line naming the
+ * key; everything else that differs (every config key, ranks, node size,
+ * ZeRO++ mode, global batch, data, and the lr of the first step trained
+ * when it moves) is described by zpp_trainer_resume_note, one
+ * "what: saved -> now" line each ("" if nothing; checkpoint.h). Collective;
+ * every rank returns the same status.
  *
  * Test hooks, only in a library built with -DZPP_FAULT_HOOKS=ON
  * (docs/fault-hooks.md): ZPP_FAULT=save_fail@STEP makes the last rank's
@@ -110,6 +121,28 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volum
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
 const char *zpp_trainer_resume_note(const zpp_trainer *t);
+/* What a checkpoint says of the run that saved it (besides its config). */
+typedef struct zpp_trainer_saved_run {
+    int step, world_size; /* steps taken; the saving run's ranks */
+    int has_config;       /* 0: saved before checkpoints kept their config */
+    int has_data;         /* 0: its data was not recorded (as has_config) */
+    char *data_path;      /* its data file, absolute; NULL: the synthetic corpus (or
+                             not recorded). free() it */
+} zpp_trainer_saved_run;
+
+/* The config to continue the checkpoint of DIR (its published one, or the
+ * step folder DIR) with, when no --config is given: the defaults, then the
+ * config the saving run used (checkpoint.h, "config"), as given to it
+ * (batch sizes it derived stay derived). A checkpoint saved before configs
+ * were kept gives the defaults with its model shape, working dtype, global
+ * batch and seed, and run->has_config = 0 (the caller says so: the rest,
+ * the optimizer and the schedule among it, are the defaults). Reads files
+ * only: not collective (every rank reads the same ones; agree on the
+ * status). On error *cfg and *run are untouched but for run->data_path =
+ * NULL. */
+zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config *cfg,
+                                              zpp_trainer_saved_run *run);
+
 /* Creates `dir` (with its parents) and checks it is writable, before any
  * training. Collective. */
 zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir);
