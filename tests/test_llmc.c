@@ -407,8 +407,10 @@ static double read_json_loss(const char *path) {
  * each of its sums of at most 4C = 96 terms rounds to ~1e-7 relative, a
  * loss of a few nats carries ~1e-6 of it (measured: ~1e-8), so 1e-4
  * relative is the issue's bound with a wide margin. The same data through
- * the padded softmax (all Vp columns) must miss by far more: the check can
- * see the padded rows. fp32 and bf16 files alike (the bf16 values, widened). */
+ * the padded softmax (all Vp columns) must miss by ten times that bound, so
+ * the check can see the padded rows (11 random rows among 48 add
+ * log(1 + their share of the softmax's sum): 0.35-15% of the loss over
+ * seeds, so 1% failed now and then). fp32 and bf16 files alike (the bf16 values, widened). */
 static void check_eval(int bf16, uint64_t stream, const char *device) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
     llmc_model m = model_make(&r, bf16);
@@ -437,7 +439,7 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
            "softmax %.6f\n",
            device, bf16 ? "bf16" : "fp32", got, want, rel, padded);
     EXPECT(rel <= 1e-4, "eval loss %.9g vs reference %.9g: rel %.2e > 1e-4", got, want, rel);
-    EXPECT(fabs(padded - want) > 100 * 1e-4 * want, "the padded rows do not move the loss: the "
+    EXPECT(fabs(padded - want) > 10 * 1e-4 * want, "the padded rows do not move the loss: the "
            "check is blind to them");
     free(x), free(y), free(toks);
     model_free(&m);
