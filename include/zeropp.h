@@ -20,8 +20,8 @@
  * Contents: status codes; element types; block quantization (the wire
  * layout of a quantized tensor); training a model of your own with ZeRO-3
  * or ZeRO++ (devices, topology, the model interface, the engine).
- * examples/custom_model.c trains a small MLP with it, and README.md's
- * "Use it as a library" says how to build against an installed copy.
+ * examples/custom_model.c trains a small MLP with it, and docs/library.md
+ * says how to build against an installed copy.
  */
 #ifndef ZEROPP_H
 #define ZEROPP_H

@@ -22,7 +22,7 @@ static void test_count_suffixes(void) {
     expect_count("0", 0);
     expect_count("7", 7);
     expect_count("10000000", 10000000);
-    /* Decimal suffixes: model sizes as the README quotes them. */
+    /* Decimal suffixes: model sizes as the docs quote them. */
     expect_count("1k", 1000);
     expect_count("1K", 1000);
     expect_count("1M", 1000000);
