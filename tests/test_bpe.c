@@ -28,6 +28,7 @@
 #include "testlib.h"
 #include "train/bpe.h"
 #include "train/data.h"
+#include "train/tokfile.h"
 
 #define EXPECT_MSG(sub)                                                        \
     EXPECT(strstr(zpp_last_error(), (sub)) != NULL, "message '%s' lacks '%s'", \
@@ -1044,6 +1045,78 @@ static void test_tool_writes_what_the_loader_reads(void) {
     }
 }
 
+/* The tokenizer note beside a token file: written and read back; none is
+ * "not found", not an error; a malformed note, one of another kind, and one
+ * whose token count is not the file's (stale) are refused, naming it. */
+static void test_tokfile_note(void) {
+    char bin[512], note[600];
+    zpp_test_tmp_path("noted.bin", bin);
+    EXPECT_OK(zpp_tokfile_note_path(bin, note, sizeof note));
+    EXPECT(strlen(note) == strlen(bin) + 5 && !strcmp(note + strlen(bin), ".json"), "%s", note);
+    zpp_tokfile *f = NULL;
+    EXPECT_OK(zpp_tokfile_create(bin, &f));
+    const int32_t ids[5] = {1, 2, 300, 4, 5};
+    EXPECT_OK(zpp_tokfile_append(f, ids, 5));
+    EXPECT_OK(zpp_tokfile_finish(f, NULL));
+    zpp_tokfile_note n;
+    int found = 1;
+    EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));
+    EXPECT(!found && !n.vocab && !n.merges, "a note where none was written");
+    char vocab[] = "/some/where/\"odd\" vocab.json", merges[] = "/else/merges.txt";
+    zpp_tokfile_note w = {vocab, merges, 320, 5};
+    EXPECT_OK(zpp_tokfile_note_write(bin, &w));
+    EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));
+    EXPECT(found && !strcmp(n.vocab, vocab) && !strcmp(n.merges, merges) && n.vocab_size == 320 &&
+               n.tokens == 5,
+           "read back %s %s %d %zu", n.vocab, n.merges, (int)n.vocab_size, n.tokens);
+    zpp_tokfile_note_free(&n);
+    EXPECT(!n.vocab && !n.merges);
+    /* stale: the file holds 5 tokens */
+    w.tokens = 6;
+    EXPECT_OK(zpp_tokfile_note_write(bin, &w));
+    EXPECT_STATUS(zpp_tokfile_note_read(bin, &n, &found), ZPP_ERR_FORMAT);
+    EXPECT(!found && !n.vocab, "a stale note was taken");
+    EXPECT_MSG("is stale");
+    EXPECT_MSG(note);
+    static const struct {
+        const char *text, *msg;
+    } bad[] = {
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
+         ",\"vocab_size\":3",
+         "not a JSON object"},
+        {"{\"tokenizer\":\"hf\",\"vocab\":\"v\",\"merges\":\"m\""
+         ",\"vocab_size\":3,\"tokens\":5}",
+         "\"tokenizer\" is not"},
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"\",\"merges\":\"m\""
+         ",\"vocab_size\":3,\"tokens\":5}",
+         "\"vocab\" is not a file"},
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\""
+         ",\"vocab_size\":3,\"tokens\":5}",
+         "\"merges\" is not a file"},
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
+         ",\"vocab_size\":3.5,\"tokens\":5}",
+         "\"vocab_size\" is not a count"},
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
+         ",\"vocab_size\":70000,\"tokens\":5}",
+         "\"vocab_size\" is not a count"},
+        {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
+         ",\"vocab_size\":3,\"tokens\":-5}",
+         "\"tokens\" is not a count"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        zpp_test_write_file(note, bad[i].text, strlen(bad[i].text));
+        EXPECT_STATUS(zpp_tokfile_note_read(bin, &n, &found), ZPP_ERR_FORMAT);
+        EXPECT(!found && !n.vocab && !n.merges, "case %zu was taken", i);
+        EXPECT_MSG(bad[i].msg);
+    }
+    /* a note beside a file that is no token file */
+    zpp_test_write_file(bin, "plain text", 10);
+    w.tokens = 5;
+    EXPECT_OK(zpp_tokfile_note_write(bin, &w));
+    EXPECT_STATUS(zpp_tokfile_note_read(bin, &n, &found), ZPP_ERR_FORMAT);
+    EXPECT_MSG("is no llm.c token file");
+}
+
 ZPP_TESTS(
     ZPP_TEST(test_byte_alphabet),
     ZPP_TEST(test_pretokenize_known),
@@ -1054,4 +1127,5 @@ ZPP_TESTS(
     ZPP_TEST(test_malformed_files),
     ZPP_TEST(test_core_checks),
     ZPP_TEST(test_tool_writes_what_the_loader_reads),
+    ZPP_TEST(test_tokfile_note),
 )

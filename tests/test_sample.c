@@ -12,8 +12,11 @@
  * equals the trainer's sample (the engine's exact gathers over 2 ranks
  * against the checkpoint put together on one), and equals the same weights
  * saved by 1 rank and read from an llm.c file; bad inputs fail with a line
- * that says what to do. (The logits a sample reads are checked in
- * test_gpt2.c and test_gpt2_cuda.c.)
+ * that says what to do. A BPE model (the tokenizer in tests/data/
+ * shakespeare-bpe): `zeropp tokenize` notes its tokenizer, the trainer's
+ * samples and `zeropp sample` print text in it, exactly the tokenizer's
+ * decoding of the ids drawn, and encode the prompt with it. (The logits a
+ * sample reads are checked in test_gpt2.c and test_gpt2_cuda.c.)
  *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
@@ -26,7 +29,9 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "train/bpe.h"
 #include "train/sample.h"
+#include "train/tokfile.h"
 #include "testlib.h"
 
 /* ---- The draw ----------------------------------------------------------------- */
@@ -574,7 +579,159 @@ static void test_bad_inputs(void) {
     expect_refused(args, "--temperature expects a number >= 0");
     snprintf(args, sizeof args, "--from %s --device tpu", dir);
     expect_refused(args, "--device takes cpu or gpu");
-    expect_refused("--prompt hi", "needs --from");
+    expect_refused("--prompt hi", "name the model");
+    snprintf(args, sizeof args, "%s --from %s", dir, dir);
+    expect_refused(args, "both name the model");
+}
+
+/* ---- A BPE model ------------------------------------------------------------------ */
+
+/* "12,7,503\n" -> ids; returns how many. */
+static int parse_id_list(const char *s, int32_t *ids, int cap) {
+    int n = 0;
+    while (*s && *s != '\n') {
+        char *end = NULL;
+        long v = strtol(s, &end, 10);
+        EXPECT(end != s && (*end == ',' || *end == '\n' || !*end), "not an id list: '%s'", s);
+        EXPECT(n < cap, "more than %d ids", cap);
+        ids[n++] = (int32_t)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+#define BPE_PROMPT "<|endoftext|>ROMEO: the man"
+#define BPE_NEW 40
+
+/* `zeropp tokenize` with the tokenizer in tests/data (320 tokens: the 256
+ * bytes, 63 merges learned on Tiny Shakespeare, <|endoftext|>) on 30 kB of
+ * Tiny Shakespeare, 3 steps of a tiny model on it with a sample at the end;
+ * then the samples are that tokenizer's text. */
+static void test_sample_bpe(void) {
+    char vocab[512], merges[512], shakes[512], text[512], bin[512], note[512], cfg[512],
+        dir[512], log[512], err[512], out[512];
+    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
+    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
+    zpp_test_data("tinyshakespeare.txt", shakes, sizeof shakes);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_gpt2(vocab, merges, &bpe));
+    EXPECT(zpp_bpe_vocab_size(bpe) == 320, "%d tokens", (int)zpp_bpe_vocab_size(bpe));
+    size_t n_all = 0;
+    char *all = read_all(shakes, &n_all);
+    const size_t n_text = 30000;
+    zpp_test_write_file(zpp_test_tmp_path("shakes.txt", text), all, n_text);
+    zpp_bpe_ids toks = {0};
+    EXPECT_OK(zpp_bpe_encode(bpe, all, n_text, 0, &toks, NULL));
+    free(all);
+
+    /* tokenize: the token file and its note, naming the files absolutely */
+    zpp_test_tmp_path("shakes.bin", bin);
+    EXPECT(run_cli(0, zpp_test_tmp_path("tok.out", out), zpp_test_tmp_path("tok.err", err),
+                   "tokenize --vocab %s --merges %s %s %s", vocab, merges, text, bin) == 0,
+           "zeropp tokenize failed: %s", err);
+    zpp_tokfile_note nt;
+    int found = 0;
+    EXPECT_OK(zpp_tokfile_note_read(bin, &nt, &found));
+    char *rv = realpath(vocab, NULL), *rm = realpath(merges, NULL);
+    EXPECT(found && !strcmp(nt.vocab, rv) && !strcmp(nt.merges, rm) && nt.vocab_size == 320 &&
+               nt.tokens == toks.n,
+           "the note names %s, %s, %d tokens, a file of %zu", found ? nt.vocab : "-",
+           found ? nt.merges : "-", (int)nt.vocab_size, nt.tokens);
+    zpp_tokfile_note_free(&nt);
+    free(rv), free(rm);
+
+    /* 3 steps on 1 rank, a checkpoint and a sample at the end */
+    const char *json = "{\"train_micro_batch_size_per_gpu\": 2,"
+                       " \"model\": {\"n_layer\": 1, \"n_head\": 2, \"n_embd\": 32,"
+                       " \"seq_len\": 32, \"vocab_size\": 320},"
+                       " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}},"
+                       " \"zeropp\": {\"eval_every\": 0, \"seed\": 7, \"sample_tokens\": 16}}";
+    zpp_test_write_file(zpp_test_tmp_path("bpe.json", cfg), json, strlen(json));
+    zpp_test_tmp_path("ckpt-bpe", dir);
+    EXPECT(run_cli(0, zpp_test_tmp_path("bpe-train.log", log), err,
+                   "train --config %s --data %s --steps 3 --sample-every 3 --save %s", cfg, bin,
+                   dir) == 0,
+           "training failed: %s", err);
+    /* the trainer's sample: its prompt (the first 16 tokens of the held-out
+     * tenth, n_val = max(floor(n / 10), T + 1) at the end) as text */
+    {
+        const size_t n_val = toks.n / 10 > 33 ? toks.n / 10 : 33;
+        char *want = NULL, *got = NULL;
+        size_t nw = 0, ng = 0;
+        EXPECT_OK(zpp_bpe_decode(bpe, toks.ids + (toks.n - n_val), 16, &want, &nw));
+        got = read_all(log, &ng);
+        const char *rule = strstr(got, "sample at step 3 (16 tokens after the first 16");
+        EXPECT(rule != NULL, "no sample in the log: %s", got);
+        rule = strstr(rule, "\n---\n");
+        EXPECT(rule && !strncmp(rule + 5, want, nw),
+               "the sample's prompt is not the tokenizer's text '%s': %s", want, got);
+        free(want), free(got);
+    }
+    free(toks.ids);
+
+    /* zeropp sample: text with the files named, ids with --ids, the same
+     * text through the note */
+    size_t na = 0, nb = 0, nc = 0;
+    char *a = sample(dir, &na, "--vocab %s --merges %s --prompt '%s' --max-new-tokens %d --seed 5",
+                     vocab, merges, BPE_PROMPT, BPE_NEW);
+    char *b = sample(dir, &nb, "--vocab %s --merges %s --prompt '%s' --max-new-tokens %d --seed 5 "
+                     "--ids", vocab, merges, BPE_PROMPT, BPE_NEW);
+    char *c = sample(dir, &nc, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+    EXPECT(nc == na && !memcmp(a, c, na), "through the note: '%s', with the files: '%s'", c, a);
+    /* the prompt: the tokenizer's encoding (special tokens too), which
+     * decodes back to the prompt, and the output starts with it */
+    zpp_bpe_ids pe = {0};
+    EXPECT_OK(zpp_bpe_encode(bpe, BPE_PROMPT, strlen(BPE_PROMPT), ZPP_BPE_SPECIAL, &pe, NULL));
+    EXPECT(pe.n < strlen(BPE_PROMPT) - 12 && pe.ids[0] == 319,
+           "the prompt is %zu tokens (<|endoftext|> and merges expected)", pe.n);
+    int32_t ids[256];
+    const int n = parse_id_list(b, ids, 256);
+    EXPECT(n == (int)pe.n + BPE_NEW, "--ids printed %d ids: '%s'", n, b);
+    for (size_t i = 0; i < pe.n; i++)
+        EXPECT(ids[i] == pe.ids[i], "prompt token %zu: %d, the tokenizer's %d", i, (int)ids[i],
+               (int)pe.ids[i]);
+    /* the text is exactly the tokenizer's decoding of the ids drawn */
+    char *want = NULL;
+    size_t nw = 0;
+    EXPECT_OK(zpp_bpe_decode(bpe, ids, (size_t)n, &want, &nw));
+    EXPECT(na == nw + 1 && !memcmp(a, want, nw) && a[nw] == '\n',
+           "printed '%s', the tokenizer decodes the ids to '%s'", a, want);
+    EXPECT(!strncmp(a, BPE_PROMPT, strlen(BPE_PROMPT)), "the output does not start with the "
+           "prompt: '%s'", a);
+    free(want), free(pe.ids), free(a), free(b), free(c);
+
+    /* no tokenizer: the hint, unless ids are asked for */
+    zpp_tokfile_note_path(bin, note, sizeof note);
+    char moved[600];
+    snprintf(moved, sizeof moved, "%s.moved", note);
+    EXPECT(rename(note, moved) == 0);
+    char args[2048];
+    snprintf(args, sizeof args, "%s --prompt hi", dir);
+    expect_refused(args, "pass --vocab vocab.json --merges merges.txt");
+    snprintf(args, sizeof args, "%s --prompt-ids 3,300", dir);
+    expect_refused(args, "no tokenizer note");
+    a = sample(dir, &na, "--prompt-ids 3,300 --ids --max-new-tokens 4");
+    EXPECT(parse_id_list(a, ids, 256) == 6 && ids[0] == 3 && ids[1] == 300, "'%s'", a);
+    free(a);
+    /* a stale note: the token file is not the one it describes */
+    {
+        size_t nn = 0;
+        char *t = read_all(moved, &nn);
+        char *cnt = strstr(t, "\"tokens\":");
+        EXPECT(cnt != NULL, "%s", t);
+        cnt[strlen("\"tokens\":")] = cnt[strlen("\"tokens\":")] == '9' ? '8' : '9';
+        zpp_test_write_file(note, t, nn);
+        free(t);
+        expect_refused(args, "is stale");
+    }
+    /* a tokenizer larger than the model's vocabulary */
+    char dir0[512];
+    initial_checkpoint(dir0);
+    snprintf(args, sizeof args, "%s --vocab %s --merges %s", dir0, vocab, merges);
+    expect_refused(args, "has 320 tokens, more than the 256 of the model");
+    snprintf(args, sizeof args, "%s --vocab %s", dir0, vocab);
+    expect_refused(args, "give both");
+    zpp_bpe_destroy(bpe);
 }
 
 /* On a GPU: the CUDA model samples from the same checkpoint, echoes the
@@ -594,5 +751,5 @@ static void test_sample_gpu(void) {
 ZPP_TESTS(ZPP_TEST(test_greedy_is_argmax), ZPP_TEST(test_top_k_stays_in_top),
           ZPP_TEST(test_frequencies_match_softmax), ZPP_TEST(test_stream_is_the_seeds),
           ZPP_TEST(test_generation_window), ZPP_TEST(test_rejects_bad_input), ZPP_TEST(test_text),
-          ZPP_TEST(test_sample_command), ZPP_TEST(test_bad_inputs),
+          ZPP_TEST(test_sample_command), ZPP_TEST(test_bad_inputs), ZPP_TEST(test_sample_bpe),
           ZPP_TEST_GPU(test_sample_gpu))

@@ -36,6 +36,11 @@ void zpp_cli_sample_result_free(zpp_cli_sample_result *s);
 void zpp_cli_sample_json(FILE *f, const zpp_cli_sample_result *s);
 /* The log: the prompt and the sample between two rules. */
 void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s);
+/* Before training, on rank 0: where `data` is a token file with a tokenizer
+ * note (`zeropp tokenize`, train/tokfile.h) and the model's vocabulary is
+ * not bytes, the samples above print as text in that tokenizer (ids
+ * otherwise; a note that cannot be used is said on stdout, once). */
+void zpp_cli_sample_use_data_tokenizer(const char *data, const zpp_gpt2_config *model);
 
 /* ---- helpers (cli_util.c) ---- */
 #include <stddef.h>

@@ -14,29 +14,111 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "train/bpe.h"
 #include "train/sample.h"
+#include "train/tokfile.h"
 #include "train/trainer.h"
 
 /* ---- The decoder ---------------------------------------------------------------
  *
  * Which text a model's tokens are: bytes for a byte-level model (vocabulary
- * 256, what `zeropp train` trains on raw text), none otherwise (the ids are
- * printed, in the form --prompt-ids takes).
- *
- * THE PLACE FOR A TOKENIZER. GPT-2's BPE (`--vocab vocab.json --merges
- * merges.txt`) plugs in as one more zpp_sample_decoder: an adapter
- *     static zpp_status bpe_decoder(void *tok, const int32_t *ids, size_t n,
- *                                   char *out, size_t cap, size_t *len_p)
- * that calls zpp_bpe_decode on (tok, ids, n) and copies its bytes into out
- * (ZPP_ERR_NOMEM with the length needed when cap is short), and in
- * zpp_cli_sample below two ZPP_CLI_STR options, the tokenizer loaded from
- * them, and `dec = (zpp_sample_decoder){bpe_decoder, tok}` in place of
- * sample_decoder_for's answer; --prompt TEXT would then encode with it. A
- * decoder is called one token at a time as the tokens come (BPE maps each
- * token to its own bytes, so that is exact). */
+ * 256, what `zeropp train` trains on raw text); for any other, the BPE
+ * tokenizer its data was made with (GPT-2's files, train/bpe.h): given as
+ * --vocab and --merges, or found through the checkpoint's data file, whose
+ * note (`zeropp tokenize` writes OUT.bin.json, train/tokfile.h) names them.
+ * Without one the ids are printed, in the form --prompt-ids takes. A decoder
+ * is called one token at a time as the tokens come: BPE maps each token to
+ * bytes of its own, so that is exact (a character cut between two tokens is
+ * written whole once both are). */
 static const zpp_sample_decoder kByteDecoder = {zpp_sample_decode_bytes, NULL};
 
+/* A BPE tokenizer's decoder: each token's bytes. An id the tokenizer has no
+ * token for (a model whose vocabulary is larger than the tokenizer's, its
+ * spare ids barely trained) is written "<|id|>". */
+static zpp_status bpe_decode(void *ctx, const int32_t *ids, size_t n, char *out, size_t cap,
+                             size_t *len_p) {
+    const zpp_bpe *bpe = ctx;
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        char unk[24];
+        size_t k = 0;
+        const void *b = zpp_bpe_token_bytes(bpe, ids[i], &k);
+        if (!b) {
+            k = (size_t)snprintf(unk, sizeof unk, "<|%d|>", (int)ids[i]);
+            b = unk;
+        }
+        if (len + k <= cap) memcpy(out + len, b, k);
+        len += k;
+    }
+    *len_p = len;
+    if (len > cap) return zpp_error(ZPP_ERR_NOMEM, "decode: %zu bytes do not fit in %zu", len, cap);
+    return ZPP_OK;
+}
+
+/* Loads the tokenizer for a model of real vocabulary V: GPT-2's two files;
+ * `origin` says where their names came from, for messages. */
+static zpp_status load_tokenizer(const char *vocab, const char *merges, int V, const char *model,
+                                 const char *origin, zpp_bpe **bpe_p) {
+    zpp_bpe *bpe = NULL;
+    zpp_status st = zpp_bpe_load_gpt2(vocab, merges, &bpe);
+    if (st != ZPP_OK) return origin ? zpp_error_context(st, "%s", origin) : st;
+    const int32_t n = zpp_bpe_vocab_size(bpe);
+    if (n > V) {
+        zpp_bpe_destroy(bpe);
+        return zpp_error(ZPP_ERR_INVALID,
+                         "the tokenizer %s has %d tokens, more than the %d of the model %s: it is "
+                         "not the tokenizer the model's data was made with%s%s",
+                         vocab, (int)n, V, model, origin ? "; " : "", origin ? origin : "");
+    }
+    *bpe_p = bpe;
+    return ZPP_OK;
+}
+
+/* The tokenizer noted beside `data` (train/tokfile.h), for a model of real
+ * vocabulary V; *bpe_p stays NULL where there is no note. */
+static zpp_status noted_tokenizer(const char *data, int V, const char *model, zpp_bpe **bpe_p) {
+    zpp_tokfile_note note;
+    int found = 0;
+    ZPP_CHECK(zpp_tokfile_note_read(data, &note, &found));
+    if (!found) return ZPP_OK;
+    char origin[4400], path[4096];
+    zpp_tokfile_note_path(data, path, sizeof path);
+    snprintf(origin, sizeof origin,
+             "(the tokenizer named by %s, the note beside the model's data; pass --vocab and "
+             "--merges to name it yourself)",
+             path);
+    zpp_status st = load_tokenizer(note.vocab, note.merges, V, model, origin, bpe_p);
+    zpp_tokfile_note_free(&note);
+    return st;
+}
+
+/* ---- zeropp train --sample-every: the tokenizer of the run's data ----------------- */
+
+static zpp_bpe *g_train_bpe; /* rank 0's, for the run's samples; NULL: bytes or ids */
+static zpp_sample_decoder g_train_dec;
+
+static void free_train_tokenizer(void) {
+    zpp_bpe_destroy(g_train_bpe);
+    g_train_bpe = NULL;
+    g_train_dec.decode = NULL;
+}
+
+void zpp_cli_sample_use_data_tokenizer(const char *data, const zpp_gpt2_config *model) {
+    const int V = zpp_gpt2_real_vocab(model);
+    if (!data || V == 256 || g_train_bpe) return;
+    zpp_bpe *bpe = NULL;
+    if (noted_tokenizer(data, V, "being trained", &bpe) != ZPP_OK) {
+        printf("note: samples print token ids: %s\n", zpp_last_error());
+        return;
+    }
+    if (!bpe) return;
+    g_train_bpe = bpe;
+    g_train_dec = (zpp_sample_decoder){bpe_decode, bpe};
+    atexit(free_train_tokenizer);
+}
+
 static const zpp_sample_decoder *sample_decoder_for(int real_vocab) {
+    if (g_train_dec.decode) return &g_train_dec;
     return real_vocab == 256 ? &kByteDecoder : NULL;
 }
 
@@ -196,15 +278,24 @@ void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s) {
 
 static void sample_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp sample --from DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
+            "usage: zeropp sample DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
+            "                     [--vocab vocab.json --merges merges.txt] [--ids]\n"
             "                     [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
             "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16]\n"
-            "  Continues a prompt with a trained GPT-2 and prints the prompt and what follows:\n"
-            "  as text for a byte-level model (vocabulary 256), as token ids otherwise.\n"
-            "  --from PATH         a checkpoint folder (`zeropp train --save DIR`: its published\n"
+            "  Continues a prompt with a trained GPT-2 and prints the prompt and what follows,\n"
+            "  as text: bytes for a byte-level model (vocabulary 256), else the BPE tokenizer\n"
+            "  its data was made with.\n"
+            "  DIR, --from PATH    a checkpoint folder (`zeropp train --save DIR`: its published\n"
             "                      checkpoint, or a step folder), put together on this one rank\n"
             "                      from every rank file that saved it; or an llm.c model file\n"
-            "  --prompt TEXT       the prompt's bytes (byte-level models); default a newline\n"
+            "  --vocab FILE        GPT-2's tokenizer files (vocab.json, merges.txt; both), for a\n"
+            "  --merges FILE       model whose vocabulary is not bytes. Not needed for a\n"
+            "                      checkpoint trained on a file `zeropp tokenize` made: the note\n"
+            "                      it left beside it (OUT.bin.json) names them\n"
+            "  --ids               print token ids (comma-separated) instead of text\n"
+            "  --prompt TEXT       the prompt, encoded as the model's data was (bytes, or the\n"
+            "                      tokenizer; \"<|endoftext|>\" is its special token); default a\n"
+            "                      newline\n"
             "  --prompt-ids LIST   the prompt as token ids, comma-separated (any vocabulary)\n"
             "  --max-new-tokens N  tokens to add (default %d)\n"
             "  --temperature T     0 = the most likely token each time; 1 (default) = the\n"
@@ -250,15 +341,34 @@ static int parse_ids(const char *s, int32_t **ids_p, int *n_p) {
     return 0;
 }
 
+/* The tokenizer for the model in `from` (real vocabulary V, `step` < 0 for an
+ * llm.c model file): --vocab/--merges, else for a checkpoint the note beside
+ * its data file; *bpe_p NULL where there is neither. *data_p (malloc'd, or
+ * NULL): the checkpoint's data file, for the message that asks for one. */
+static zpp_status find_tokenizer(const char *from, int step, int V, const char *vocab,
+                                 const char *merges, zpp_bpe **bpe_p, char **data_p) {
+    if (vocab) return load_tokenizer(vocab, merges, V, from, NULL, bpe_p);
+    if (step < 0 || V == 256) return ZPP_OK;
+    zpp_train_config cfg;
+    zpp_trainer_saved_run saved;
+    ZPP_CHECK(zpp_trainer_config_from_checkpoint(from, &cfg, &saved));
+    *data_p = saved.data_path;
+    return saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
+}
+
 int zpp_cli_sample(int argc, char **argv) {
-    const char *from = NULL, *prompt = NULL, *prompt_ids = NULL, *temp = NULL, *device = "cpu",
-               *dtype_name = NULL;
-    int max_new = SAMPLE_DEFAULT_TOKENS, top_k = -1;
+    const char *from = NULL, *pos = NULL, *prompt = NULL, *prompt_ids = NULL, *temp = NULL,
+               *device = "cpu", *dtype_name = NULL, *vocab = NULL, *merges = NULL;
+    int max_new = SAMPLE_DEFAULT_TOKENS, top_k = -1, print_ids = 0;
     unsigned long long seed = SAMPLE_DEFAULT_SEED;
     const zpp_cli_opt opts[] = {
+        {"DIR", ZPP_CLI_POS, &pos, 0, 0},
         {"--from", ZPP_CLI_STR, &from, 0, 0},
         {"--prompt", ZPP_CLI_STR, &prompt, 0, 0},
         {"--prompt-ids", ZPP_CLI_STR, &prompt_ids, 0, 0},
+        {"--vocab", ZPP_CLI_STR, &vocab, 0, 0},
+        {"--merges", ZPP_CLI_STR, &merges, 0, 0},
+        {"--ids", ZPP_CLI_FLAG, &print_ids, 0, 0},
         {"--max-new-tokens", ZPP_CLI_INT, &max_new, 0, 1 << 24},
         {"--temperature", ZPP_CLI_STR, &temp, 0, 0},
         {"--top-k", ZPP_CLI_INT, &top_k, 0, INT_MAX},
@@ -272,14 +382,25 @@ int zpp_cli_sample(int argc, char **argv) {
         return 0;
     }
     if (pr < 0) return 2;
+    if (pos && from) {
+        fprintf(stderr, "zeropp sample: '%s' and --from %s both name the model; give one\n", pos,
+                from);
+        return 2;
+    }
+    if (pos) from = pos;
     if (!from) {
-        fprintf(stderr, "zeropp sample: needs --from DIR (a checkpoint folder) or --from "
-                        "MODEL.bin (an llm.c model file)\n");
+        fprintf(stderr, "zeropp sample: name the model: a checkpoint folder (zeropp sample DIR) "
+                        "or an llm.c model file (zeropp sample MODEL.bin)\n");
         return 2;
     }
     if (prompt && prompt_ids) {
         fprintf(stderr, "zeropp sample: --prompt and --prompt-ids both give the prompt; give "
                         "one\n");
+        return 2;
+    }
+    if (!vocab != !merges) {
+        fprintf(stderr, "zeropp sample: --vocab and --merges name GPT-2's two tokenizer files "
+                        "(vocab.json and merges.txt); give both\n");
         return 2;
     }
     double temperature = 1.0;
@@ -321,30 +442,59 @@ int zpp_cli_sample(int argc, char **argv) {
         return zpp_cli_fail("sample", st);
     }
     const int V = zpp_gpt2_real_vocab(&cfg);
-    const zpp_sample_decoder *dec = sample_decoder_for(V);
-    int rc = 0;
-    if (prompt && !dec) {
-        fprintf(stderr, "zeropp sample: --prompt is text, for byte-level models (vocabulary 256); "
-                        "%s has a vocabulary of %d: give the prompt as --prompt-ids\n", from, V);
+    /* The tokenizer, where text is asked for: printed, or the prompt's. */
+    zpp_bpe *bpe = NULL;
+    char *data = NULL;
+    if (!print_ids || !prompt_ids) st = find_tokenizer(from, step, V, vocab, merges, &bpe, &data);
+    int rc = st == ZPP_OK ? 0 : zpp_cli_fail("sample", st);
+    zpp_sample_decoder bpe_dec = {bpe_decode, bpe};
+    const zpp_sample_decoder *dec = bpe ? &bpe_dec : V == 256 ? &kByteDecoder : NULL;
+    if (rc == 0 && !dec && !(print_ids && prompt_ids)) {
+        char where[4200] = "";
+        if (data)
+            snprintf(where, sizeof where, " (its data, %s, has no tokenizer note %s.json)", data,
+                     data);
+        fprintf(stderr,
+                "zeropp sample: %s has a vocabulary of %d tokens, not bytes, and no tokenizer is "
+                "known for it%s: pass --vocab vocab.json --merges merges.txt, the tokenizer its "
+                "data was made with, to %s, or --ids with --prompt-ids to work in token ids\n",
+                from, V, where, prompt || !prompt_ids ? "encode the prompt and print text"
+                                                      : "print text");
         rc = 2;
-    } else if (top_k > V) {
+    } else if (rc == 0 && top_k > V) {
         fprintf(stderr, "zeropp sample: --top-k %d is more than the vocabulary of %s (%d tokens); "
                         "give 1..%d\n", top_k, from, V, V);
         rc = 2;
     }
+    if (rc == 0 && bpe && zpp_bpe_vocab_size(bpe) < V && !print_ids)
+        fprintf(stderr, "zeropp sample: note: the tokenizer has %d tokens, the model %d: a token "
+                        "past %d prints as <|id|>\n",
+                (int)zpp_bpe_vocab_size(bpe), V, (int)zpp_bpe_vocab_size(bpe) - 1);
     if (!ids && rc == 0) { /* the prompt's text, or the default */
         const char *text = prompt ? prompt : "\n";
-        n_ids = (int)strlen(text);
-        if (!dec && !prompt) {
-            fprintf(stderr, "zeropp sample: %s has a vocabulary of %d, not bytes: give the "
-                            "prompt as --prompt-ids\n", from, V);
-            rc = 2;
-        } else if (!(ids = malloc((size_t)n_ids * sizeof *ids))) {
+        const size_t len = strlen(text);
+        if (bpe) {
+            zpp_bpe_ids enc = {0};
+            st = zpp_bpe_encode(bpe, text, len, ZPP_BPE_SPECIAL, &enc, NULL);
+            if (st == ZPP_OK && enc.n > (size_t)INT_MAX)
+                st = zpp_error(ZPP_ERR_INVALID, "--prompt: too long");
+            if (st != ZPP_OK) {
+                free(enc.ids);
+                rc = zpp_cli_fail("sample", st);
+            } else {
+                ids = enc.ids;
+                n_ids = (int)enc.n;
+            }
+        } else if (len > (size_t)INT_MAX) {
+            rc = zpp_cli_fail("sample", zpp_error(ZPP_ERR_INVALID, "--prompt: too long"));
+        } else if (!(ids = malloc((len ? len : 1) * sizeof *ids))) {
             rc = zpp_cli_fail("sample", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
-        } else {
+        } else { /* bytes (the check above leaves no other case) */
+            n_ids = (int)len;
             for (int i = 0; i < n_ids; i++) ids[i] = (unsigned char)text[i];
         }
     }
+    if (print_ids) dec = NULL;
     zpp_device *dev = NULL;
     zpp_sample_model *sm = NULL;
     int32_t *gen = NULL;
@@ -379,6 +529,8 @@ int zpp_cli_sample(int argc, char **argv) {
     zpp_sample_weights_free(&cfg, units);
     zpp_sample_model_destroy(sm);
     zpp_device_destroy(dev);
+    zpp_bpe_destroy(bpe);
+    free(data);
     free(gen);
     free(ids);
     return rc;

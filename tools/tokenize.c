@@ -1,6 +1,10 @@
 /* tools/tokenize.c — `zeropp tokenize`: text to an llm.c token file with
  * GPT-2's byte-level BPE (train/bpe.h), streamed: the text is read a few MB
- * at a time, so its size is not bounded by memory. One process, no MPI. */
+ * at a time, so its size is not bounded by memory. One process, no MPI.
+ * Beside the token file it writes a note naming the tokenizer
+ * (train/tokfile.h), which `zeropp sample` and `zeropp train
+ * --sample-every` read to print a model's tokens as text. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +31,10 @@ static void tokenize_usage(FILE *f) {
             "  --cache PIECES    encoded pieces (words) remembered (default 524288; 0: none)\n"
             "  --buffer BYTES    read the text this much at a time (default 4Mi; it grows to\n"
             "                    hold a longer piece, such as one run of whitespace)\n"
-            "  OUT.bin is written whole or not at all (a temporary file, then a rename).\n");
+            "  OUT.bin is written whole or not at all (a temporary file, then a rename).\n"
+            "  OUT.bin.json notes which tokenizer made it (the two files' absolute paths), so\n"
+            "  that `zeropp sample` on a model trained on OUT.bin prints text without being\n"
+            "  given --vocab and --merges again.\n");
 }
 
 /* Splits argv into the options (for zpp_cli_parse_opts) and the positional
@@ -165,10 +172,24 @@ int zpp_cli_tokenize(int argc, char **argv) {
     if (in && in != stdin) fclose(in);
     zpp_bpe_destroy(bpe);
     if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
+    /* the note: which tokenizer these ids are (both files were just read) */
+    zpp_tokfile_note note = {realpath(vocab, NULL), realpath(merges, NULL), n_vocab, tokens};
+    char note_path[4096] = "";
+    if (!note.vocab || !note.merges)
+        st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s",
+                       note.vocab ? merges : vocab, strerror(errno));
+    if (st == ZPP_OK) st = zpp_tokfile_note_path(out_path, note_path, sizeof note_path);
+    if (st == ZPP_OK) st = zpp_tokfile_note_write(out_path, &note);
+    zpp_tokfile_note_free(&note);
+    if (st != ZPP_OK) {
+        fprintf(stderr, "zeropp tokenize: %s is written, but not the note naming its tokenizer: "
+                        "zeropp sample will need --vocab and --merges\n", out_path);
+        return zpp_cli_fail("tokenize", st);
+    }
     const double s = (zpp_cli_now_ms() - t0) / 1e3;
     printf("wrote %s: %zu tokens from %zu bytes of %s (%.2f bytes a token), vocabulary %d, "
-           "in %.1f s (%.1f MB/s)\n",
+           "in %.1f s (%.1f MB/s); its tokenizer noted in %s\n",
            out_path, tokens, bytes, in_path, (double)bytes / (double)tokens, (int)n_vocab, s,
-           s > 0 ? (double)bytes / 1e6 / s : 0.0);
+           s > 0 ? (double)bytes / 1e6 / s : 0.0, note_path);
     return 0;
 }

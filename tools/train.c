@@ -580,6 +580,8 @@ int zpp_cli_train(int argc, char **argv) {
     if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
     if (a.data_order >= 0) cfg.data_order = (zpp_data_order)a.data_order;
     if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;
+    /* samples of a BPE model print as text in the tokenizer noted beside its data */
+    if (rank == 0 && cfg.sample_every > 0) zpp_cli_sample_use_data_tokenizer(a.data, &cfg.model);
     if (rank == 0 && cfg.ignored[0])
         printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
     st = ZPP_OK;

@@ -39,6 +39,38 @@ zpp_status zpp_tokfile_finish(zpp_tokfile *f, size_t *count_p);
 /* Removes the temporary file and frees f; NULL is ignored. */
 void zpp_tokfile_abort(zpp_tokfile *f);
 
+/* ---- The tokenizer note: which tokenizer made a token file -----------------
+ *
+ * Token ids mean nothing without the tokenizer that made them, and an llm.c
+ * token file does not say which one it was. So `zeropp tokenize` writes,
+ * beside OUT.bin, a note OUT.bin.json:
+ *     {"tokenizer": "gpt2-bpe", "vocab": "/abs/vocab.json",
+ *      "merges": "/abs/merges.txt", "vocab_size": 320, "tokens": 750080}
+ * and what turns a model's ids back into text finds it through the data
+ * file a checkpoint records (`zeropp sample DIR`, `zeropp train
+ * --sample-every`) without being told. The paths are absolute, as the files
+ * were when OUT.bin was written; "tokens" is OUT.bin's token count then, so
+ * a note beside a token file that something else has rewritten since (a
+ * count that differs) is not believed. */
+typedef struct zpp_tokfile_note {
+    char *vocab, *merges; /* GPT-2's two files (absolute paths); malloc'd */
+    int32_t vocab_size;   /* the tokenizer's (zpp_bpe_vocab_size) */
+    size_t tokens;        /* the token file's count */
+} zpp_tokfile_note;
+
+/* The note's path for a token file: "BIN_PATH.json" into buf[0..cap)
+ * (ZPP_ERR_INVALID when it does not fit). */
+zpp_status zpp_tokfile_note_path(const char *bin_path, char *buf, size_t cap);
+/* Writes the note of bin_path (a temporary file, then a rename; ZPP_ERR_IO
+ * naming it). The paths are written as given: make them absolute first. */
+zpp_status zpp_tokfile_note_write(const char *bin_path, const zpp_tokfile_note *note);
+/* Reads the note of the token file bin_path: *found_p = 1 and *note filled
+ * (free it with zpp_tokfile_note_free), or *found_p = 0 and *note zeroed
+ * when there is none. ZPP_ERR_FORMAT naming the note when it is malformed,
+ * or stale: bin_path is not a token file of the note's token count. */
+zpp_status zpp_tokfile_note_read(const char *bin_path, zpp_tokfile_note *note, int *found_p);
+void zpp_tokfile_note_free(zpp_tokfile_note *note);
+
 #ifdef __cplusplus
 }
 #endif
