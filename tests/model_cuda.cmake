@@ -4,6 +4,11 @@
 if(ZPP_HAVE_CUDA)
   zpp_test(test_gpt2_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt2_cuda.c
            LABELS gpu TIMEOUT 300 ENV OPENBLAS_NUM_THREADS=1)
+  # The attention of GPUs below compute capability 8.0 (the GEMM path), on
+  # whatever GPU runs the tests (docs/gpus.md, "Attention"); also a case of
+  # the whole program above.
+  zpp_test(test_gpt2_cuda CASE test_attention_gemm_matches_cpu LABELS gpu TIMEOUT 300
+           ENV OPENBLAS_NUM_THREADS=1 ZPP_ATTENTION=gemm)
 endif()
 
 # The fused causal attention (src/model/attention_cuda.cu), forward and

@@ -93,6 +93,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "device/device_caps.h"
 #include "model/attention_cuda.h"
 #include "cuda_testlib.h"
 #include "testlib.h"
@@ -109,8 +110,24 @@
  * copies and sets. */
 
 static zpp_device *dev; /* GPU 0, for the running test */
+static int dev_cc;      /* its compute capability, 10 * major + minor */
 
-static void dev_open(void) { dev = zpp_test_gpu_open("test_attention_cuda checks GPU kernels"); }
+/* The kernels need compute capability 8.0: below, a case that runs them
+ * skips (the model takes its GEMM path there, which test_gpt2_cuda checks),
+ * and test_refusals checks that they refuse. */
+static void dev_open_for(int runs_kernels) {
+    dev = zpp_test_gpu_open("test_attention_cuda checks GPU kernels");
+    int major = 0, minor = 0;
+    EXPECT_OK(zpp_device_compute_capability(dev, &major, &minor));
+    dev_cc = 10 * major + minor;
+    if (runs_kernels && dev_cc < ZPP_CC_BF16)
+        zpp_test_skip("the fused attention needs compute capability 8.0 or newer and GPU 0 is "
+                      "%d.%d; the model uses its GEMM attention there "
+                      "(test_gpt2_cuda.test_attention_gemm_matches_cpu)",
+                      major, minor);
+}
+
+static void dev_open(void) { dev_open_for(1); }
 
 static void dev_close(void) {
     EXPECT_OK(zpp_device_sync(dev, NULL));
@@ -475,7 +492,7 @@ static void test_deterministic(void) {
 /* Unsupported head sizes and bad arguments are refused before any launch,
  * with a message. */
 static void test_refusals(void) {
-    dev_open();
+    dev_open_for(0);
     EXPECT_OK(zpp_attn_supported(64));
     EXPECT_OK(zpp_attn_supported(128));
     static const int bad_hs[] = {48, 0, -64, 32, 80, 96, 256};
@@ -506,6 +523,13 @@ static void test_refusals(void) {
     EXPECT_STATUS(zpp_attn_backward(p.d_dqkv.p, (char *)p.d_dy.p + 4, qkv, y, lse, ds, 1, 16, 2,
                                     64, st),
                   ZPP_ERR_INVALID);
+    if (dev_cc < ZPP_CC_BF16) { /* a GPU below 8.0: good arguments, refused all the same */
+        zpp_error_clear();
+        EXPECT_STATUS(zpp_attn_forward(y, lse, qkv, 1, 16, 2, 64, st), ZPP_ERR_UNSUPPORTED);
+        EXPECT(strstr(zpp_last_error(), "compute capability 8.0"), "%s", zpp_last_error());
+        EXPECT_STATUS(zpp_attn_backward(p.d_dqkv.p, p.d_dy.p, qkv, y, lse, ds, 1, 16, 2, 64, st),
+                      ZPP_ERR_UNSUPPORTED);
+    }
     /* nothing was launched: the outputs are still poison */
     unsigned char *h = zpp_test_malloc(p.d_y.bytes);
     dbuf_get(&p.d_y, h, "y");

@@ -64,7 +64,13 @@
  * buffers before it returns, that bad tokens/targets/pointers and calls out
  * of order are refused, and that SGD with the CUDA gradients trains.
  *
- * Needs an NVIDIA GPU (label "gpu"); without one it fails saying so. */
+ * On a GPU below compute capability 8.0 (Volta, Turing) the CUDA model
+ * refuses bf16 (device_caps.h): the bf16 configurations are left out there,
+ * saying so, and the rest runs; the attention those GPUs take, the GEMM
+ * path, is checked on any GPU by test_attention_gemm_matches_cpu
+ * (ZPP_ATTENTION=gemm, model/attention_path.h).
+ *
+ * Needs an NVIDIA GPU (label "gpu"); without one it skips saying so. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +80,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "device/device_caps.h"
 #include "model/gpt2.h"
 #include "model/model.h"
 #include "cuda_testlib.h"
@@ -96,6 +103,28 @@ static double loss_tol(zpp_dtype dt) {
 
 static zpp_device *gpu_open(void) {
     return zpp_test_gpu_open("test_gpt2_cuda checks the CUDA GPT-2");
+}
+
+/* GPU 0's compute capability, 10 * major + minor (asked once). */
+static int gpu_cc(void) {
+    static int cc = -1;
+    if (cc < 0) {
+        zpp_device *d = gpu_open();
+        int major = 0, minor = 0;
+        EXPECT_OK(zpp_device_compute_capability(d, &major, &minor));
+        zpp_device_destroy(d);
+        cc = 10 * major + minor;
+    }
+    return cc;
+}
+
+/* Whether the CUDA model computes in dt on GPU 0: not bf16 below 8.0
+ * (device_caps.h), where the configuration `what` is left out, saying so. */
+static int dtype_here(zpp_dtype dt, const char *what) {
+    if (dt != ZPP_BF16 || gpu_cc() >= ZPP_CC_BF16) return 1;
+    printf("  %s: left out, bf16 needs compute capability 8.0 and GPU 0 is %d.%d\n", what,
+           gpu_cc() / 10, gpu_cc() % 10);
+    return 0;
 }
 
 static void *xcalloc(size_t n, size_t size) {
@@ -392,6 +421,7 @@ static void expect_padded_rows_zero(const twin *t, const char *what) {
  * Parameters: the init, moved by twin_perturb. */
 static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int token_range,
                          uint64_t stream_id, int own_stream) {
+    if (!dtype_here(dt, "check_config")) return;
     twin t = twin_make(cfg, dt, max_batch, own_stream);
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream_id));
     twin_init(&t, zpp_rng_u64(&r));
@@ -528,7 +558,7 @@ static void test_accumulation_and_scale(void) {
 static void test_determinism(void) {
     zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0};
     int Bmax = 4, B = 3;
-    twin t = twin_make(cfg, ZPP_BF16, Bmax, 1);
+    twin t = twin_make(cfg, dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16, Bmax, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
     twin_init(&t, zpp_rng_u64(&r));
     size_t n = (size_t)Bmax * cfg.seq_len;
@@ -722,9 +752,10 @@ static void test_sgd_reduces_loss(void) {
 static void test_loss_at_init_and_speed(void) {
     zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0};
     int B = 8, T = cfg.seq_len, V = cfg.vocab_size, L = cfg.n_layer;
+    const zpp_dtype dt = dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16;
     zpp_device *dev = gpu_open();
     zpp_model *m = NULL;
-    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, ZPP_BF16, B, dev, &m));
+    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, dt, B, dev, &m));
     zpp_rng r = zpp_rng_make(zpp_test_seed(12));
     uint64_t seed = zpp_rng_u64(&r);
     void **dp = xcalloc((size_t)m->n_units, sizeof *dp);
@@ -732,9 +763,9 @@ static void test_loss_at_init_and_speed(void) {
     for (int u = 0; u < m->n_units; u++) {
         size_t k = m->unit_numel[u];
         float *h = xcalloc(k, sizeof(float));
-        zpp_bf16 *hb = xcalloc(k, sizeof(zpp_bf16));
+        uint16_t *hb = xcalloc(k, sizeof(uint16_t));
         EXPECT_OK(m->ops->init_params(m, u, 0, k, h, seed));
-        for (size_t i = 0; i < k; i++) hb[i] = zpp_f32_to_bf16(h[i]);
+        for (size_t i = 0; i < k; i++) zpp_store_f32(hb, dt, i, h[i]);
         dp[u] = dalloc(dev, k * 2);
         dg[u] = dalloc(dev, k * 4);
         EXPECT_OK(zpp_device_copy(dev, dp[u], hb, k * 2));
@@ -766,8 +797,9 @@ static void test_loss_at_init_and_speed(void) {
     double C = cfg.n_embd;
     double flops = 6.0 * n * (L * 12.0 * C * C + V * C) + 12.0 * n * L * T * C;
     printf("  loss at init %.5f (ln V %.5f); forward+backward L=%d C=%d H=%d T=%d V=%d B=%d "
-           "bf16 params: %.2f ms (best of 5), %.1f TFLOP/s\n",
-           loss, lnv, L, cfg.n_embd, cfg.n_head, T, V, B, best * 1e3, flops / best * 1e-12);
+           "%s params: %.2f ms (best of 5), %.1f TFLOP/s\n",
+           loss, lnv, L, cfg.n_embd, cfg.n_head, T, V, B, zpp_dtype_name(dt), best * 1e3,
+           flops / best * 1e-12);
     for (int u = 0; u < m->n_units; u++) {
         zpp_device_free(dev, dp[u]);
         zpp_device_free(dev, dg[u]);
@@ -789,6 +821,7 @@ static void test_loss_at_init_and_speed(void) {
  * protocol's refusals. */
 static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int B,
                               uint64_t stream_id) {
+    if (!dtype_here(dt, "check_logits_rows")) return;
     twin t = twin_make(cfg, dt, max_batch, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream_id));
     twin_init(&t, zpp_rng_u64(&r));
@@ -842,9 +875,76 @@ static void test_logits_row_matches_cpu(void) {
     check_logits_rows((zpp_gpt2_config){2, 3, 48, 19, 101, 0}, ZPP_BF16, 2, 1, 26);
 }
 
+/* GPU memory a CUDA model of cfg takes (its arena and cuBLASLt workspace,
+ * allocated through the device at create): made, measured, destroyed. */
+static size_t cuda_model_bytes(zpp_device *d, zpp_gpt2_config cfg, zpp_dtype dt, int max_batch) {
+    size_t before = 0, after = 0, peak = 0;
+    zpp_device_mem_stats(d, &before, &peak);
+    zpp_model *m = NULL;
+    EXPECT_OK(zpp_gpt2_cuda_create(&cfg, dt, max_batch, d, &m));
+    zpp_device_mem_stats(d, &after, &peak);
+    m->ops->destroy(m);
+    return after - before;
+}
+
+/* ZPP_ATTENTION=gemm (model/attention_path.h): the models with head sizes
+ * 64 and 128 in bf16, which take the fused attention on a GPU of compute
+ * capability 8.0 or newer, take the GEMM path instead (the one GPUs below
+ * 8.0 take, with fp16 there) and match the CPU reference within the same
+ * bounds as test_matches_cpu_bf16_fp16; then fp16 on the same shape.
+ * That the variable took effect shows in memory: the GEMM path keeps the
+ * probabilities, L x B x H x T x T values in bf16, where the fused one keeps
+ * a log-sum-exp per row. An unknown value is refused when the model is made.
+ * The variable is set here (ctest sets it too), so the case means the same
+ * when the whole program runs. */
+static void test_attention_gemm_matches_cpu(void) {
+    char saved[64] = "";
+    const char *env = getenv("ZPP_ATTENTION");
+    const int had = env != NULL;
+    if (had) snprintf(saved, sizeof saved, "%s", env);
+    EXPECT(setenv("ZPP_ATTENTION", "gemm", 1) == 0, "setenv");
+    /* the shapes of test_matches_cpu_bf16_fp16 that are fused there */
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0}, ZPP_BF16, 3, 128, 8, 1);
+    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0}, ZPP_BF16, 2, 96, 9, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0}, ZPP_FP16, 3, 128, 14, 0);
+
+    zpp_device *d = gpu_open();
+    const zpp_gpt2_config cfg = {2, 2, 128, 80, 128, 0};
+    const int L = 2, Bm = 3, H = 2, T = 80;
+    if (gpu_cc() >= ZPP_CC_BF16) {
+        const size_t gemm = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
+        EXPECT(unsetenv("ZPP_ATTENTION") == 0, "unsetenv");
+        const size_t fused = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
+        const size_t probs = (size_t)L * Bm * H * T * T * 2;
+        printf("  model memory: %zu bytes with ZPP_ATTENTION=gemm, %zu unset (fused); the "
+               "probabilities alone are %zu\n",
+               gemm, fused, probs);
+        EXPECT(gemm >= fused + probs,
+               "ZPP_ATTENTION=gemm did not take the GEMM path: the model takes %zu bytes, %zu "
+               "without it; the GEMM path keeps %zu bytes of probabilities more",
+               gemm, fused, probs);
+    } else {
+        /* below 8.0 the model refuses bf16, saying what to use */
+        zpp_model *m = NULL;
+        zpp_error_clear();
+        EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, ZPP_BF16, Bm, d, &m), ZPP_ERR_UNSUPPORTED);
+        EXPECT(strstr(zpp_last_error(), "bf16 needs compute capability 8.0") &&
+                   strstr(zpp_last_error(), "fp16"),
+               "%s", zpp_last_error());
+    }
+    EXPECT(setenv("ZPP_ATTENTION", "flash", 1) == 0, "setenv");
+    zpp_model *m = NULL;
+    zpp_error_clear();
+    EXPECT_STATUS(zpp_gpt2_cuda_create(&cfg, ZPP_FP16, Bm, d, &m), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "ZPP_ATTENTION=flash"), "%s", zpp_last_error());
+    zpp_device_destroy(d);
+    if (had) EXPECT(setenv("ZPP_ATTENTION", saved, 1) == 0, "setenv");
+    else EXPECT(unsetenv("ZPP_ATTENTION") == 0, "unsetenv");
+}
+
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
           ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_in_chunks_matches_cpu),
           ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),
           ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed),
-          ZPP_TEST_GPU(test_logits_row_matches_cpu))
+          ZPP_TEST_GPU(test_logits_row_matches_cpu), ZPP_TEST_GPU(test_attention_gemm_matches_cpu))

@@ -329,6 +329,21 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
                          ordinal, n - 1);
     cudaError_t e = cudaSetDevice(ordinal);
     if (e != cudaSuccess) return cu_fail(e, "device: selecting the GPU");
+    /* A build without code for this GPU would fail at its first kernel:
+     * say so here, with what it was built for (docs/gpus.md). */
+    e = (cudaError_t)zpp_dcu_image_check();
+    if (e != cudaSuccess) {
+        int major = 0, minor = 0;
+        (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+        (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal);
+        (void)cudaGetLastError();
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "device: GPU %d (compute capability %d.%d) cannot run this build's "
+                         "kernels (%s), built for CUDA architectures %s; rebuild with "
+                         "-DCMAKE_CUDA_ARCHITECTURES=%d%d or see docs/gpus.md",
+                         ordinal, major, minor, cudaGetErrorString(e), ZPP_CUDA_ARCHS, major,
+                         minor);
+    }
     zpp_device *d = calloc(1, sizeof *d);
     cuda_impl *im = calloc(1, sizeof *im);
     if (!d || !im) {

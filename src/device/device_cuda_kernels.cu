@@ -32,6 +32,13 @@ extern "C" zpp_status zpp_dcu_add(void *stream, float *acc, const float *x, size
     return launch_status("add");
 }
 
+extern "C" int zpp_dcu_image_check(void) {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, zpp_dcu_add_kernel);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return (int)e;
+}
+
 /* Sum of squares: per-thread double partials, a block reduction in shared
  * memory, one atomicAdd per block into a double. The order of the block
  * sums varies from run to run: the GPU's norm agrees with the host's to

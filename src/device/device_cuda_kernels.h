@@ -14,6 +14,10 @@ extern "C" {
 #endif
 
 zpp_status zpp_dcu_add(void *stream, float *acc, const float *x, size_t n);
+/* Whether the current GPU can run this build's kernels: cudaSuccess (0), or
+ * the cudaError_t of asking for one kernel's attributes (no image in the
+ * build for the GPU's architecture, docs/gpus.md). Clears the error. */
+int zpp_dcu_image_check(void);
 /* Enqueues the sum into *tmp_dev (a double in device memory), copies it to
  * *sum_p and waits for the stream. */
 zpp_status zpp_dcu_sumsq(void *stream, const float *x, size_t n, double *tmp_dev, double *sum_p);

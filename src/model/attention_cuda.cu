@@ -104,7 +104,16 @@
  * a swapped fragment register, a wrong ldmatrix address, a missing
  * __syncthreads / __syncwarp / cp.async wait, an unscaled dK, ...) fails it.
  * What it cannot see: the real hardware's rounding inside the tensor cores
- * and MUFU (covered by the test's bounds), timing, and bank conflicts. */
+ * and MUFU (covered by the test's bounds), timing, and bank conflicts.
+ *
+ * ARCHITECTURES. cp.async and mma.sync with bf16 operands need compute
+ * capability 8.0 (Ampere); a build also compiles this file for older ones
+ * (75-real in the portable default, docs/gpus.md), where every kernel but
+ * dsum is a stub that traps (so a new kernel that forgets the guard fails
+ * to compile there, in ptxas, not at run time). The host side never
+ * launches one there: zpp_attn_forward / _backward refuse a GPU below 8.0
+ * (ZPP_ERR_UNSUPPORTED), and the model takes its GEMM path on such a GPU
+ * (attention_path.h). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -114,6 +123,15 @@
 
 #include "core/error.h"
 #include "model/attention_cuda.h"
+#include "model/attention_path.h"
+
+/* Compiling device code for an architecture without cp.async and bf16
+ * mma.sync (below sm_80): the kernels are stubs (ARCHITECTURES above). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define ZPP_ATTN_STUB 1
+/* (the helpers only the real kernels call go unreferenced there) */
+#pragma nv_diag_suppress 177
+#endif
 
 namespace {
 
@@ -362,6 +380,9 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_fwd_kernel(uint16_t *__restrict__ y, float *__restrict__ lse,
                     const uint16_t *__restrict__ qkv, int T, int H) {
+#ifdef ZPP_ATTN_STUB
+    __trap();
+#else
     constexpr int LD = row_ld(HS), BR = FwdTile<HS>::BR, BC = FwdTile<HS>::BC;
     constexpr int NT = BC / 8, DT = HS / 8;
     constexpr uint32_t kTileBytes = BC * LD * 2;
@@ -481,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int r = 0; r < 2; r++)
             if (row[r] < T) lse[(size_t)bh * T + row[r]] = (m[r] + log2f(l[r])) * kLn2;
     }
+#endif
 }
 
 /* ---- backward: D = rowsum(dY o Y) -------------------------------------------
@@ -522,6 +544,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     attn_dkdv_kernel(uint16_t *__restrict__ dqkv, const uint16_t *__restrict__ dy,
                      const uint16_t *__restrict__ qkv, const float *__restrict__ lse,
                      const float *__restrict__ dsum, int T, int H) {
+#ifdef ZPP_ATTN_STUB
+    __trap();
+#else
     constexpr int LD = row_ld(HS), BC = DkdvTile<HS>::BC, BR = DkdvTile<HS>::BR;
     constexpr int NT = BR / 8, DT = HS / 8;
     constexpr uint32_t kTileBytes = BR * LD * 2;
@@ -615,6 +640,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     store_rows<HS>(dKg, ld, k0 + warp * 16, T, sK + warp * 16 * LD, dk, inv_sqrt_hs(HS),
                    inv_sqrt_hs(HS), lane);
     store_rows<HS>(dKg + C, ld, k0 + warp * 16, T, sV + warp * 16 * LD, dv, 1.0f, 1.0f, lane);
+#endif
 }
 
 /* ---- backward: dQ -------------------------------------------------------------
@@ -625,6 +651,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     attn_dq_kernel(uint16_t *__restrict__ dqkv, const uint16_t *__restrict__ dy,
                    const uint16_t *__restrict__ qkv, const float *__restrict__ lse,
                    const float *__restrict__ dsum, int T, int H) {
+#ifdef ZPP_ATTN_STUB
+    __trap();
+#else
     constexpr int LD = row_ld(HS), BR = DqTile<HS>::BR, BC = DqTile<HS>::BC;
     constexpr int NT = BC / 8, DT = HS / 8;
     constexpr uint32_t kTileBytes = BC * LD * 2;
@@ -711,6 +740,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     /* sQ rows warp*16.. were read only by this warp: staging for its rows */
     store_rows<HS>(dqkv + (size_t)b * T * ld + (size_t)h * HS, ld, q0 + warp * 16, T,
                    sQ + warp * 16 * LD, dq, inv_sqrt_hs(HS), inv_sqrt_hs(HS), lane);
+#endif
 }
 
 /* ==== end of kernels ====================================================== */
@@ -755,6 +785,29 @@ zpp_status check_shape(const char *what, int B, int T, int H, int hs) {
     if ((T + 63) / 64 > 65535)
         return zpp_error(ZPP_ERR_INVALID, "%s: T = %d is too long for the grid (at most %d)",
                          what, T, 65535 * 64);
+    return ZPP_OK;
+}
+
+/* The current GPU can run the kernels (ARCHITECTURES at the top): asked at
+ * every call, two attribute reads and no GPU work; the rule is
+ * attention_path.h's, so the message is the one the model would give. */
+zpp_status check_arch(const char *what, int hs) {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return zpp_error(ZPP_ERR_CUDA, "%s: the GPU's compute capability: %s (%s)", what,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    zpp_attn_path path;
+    char why[256];
+    const zpp_status st =
+        zpp_attn_path_pick("fused", ZPP_BF16, hs, major, minor, &path, why, sizeof why);
+    if (st != ZPP_OK) return zpp_error(st, "%s: %s", what, why);
     return ZPP_OK;
 }
 
@@ -816,7 +869,7 @@ zpp_status backward_hs(void *dqkv, const void *dy, const void *qkv, const void *
 } /* namespace */
 
 extern "C" zpp_status zpp_attn_supported(int hs) {
-    if (hs == 64 || hs == 128) return ZPP_OK;
+    if (zpp_attn_head_size_fused(hs)) return ZPP_OK;
     return zpp_error(ZPP_ERR_UNSUPPORTED,
                      "fused attention: head size %d is not supported (64 or 128); use the "
                      "unfused (GEMM) attention path",
@@ -830,6 +883,7 @@ extern "C" zpp_status zpp_attn_forward(void *y, float *lse, const void *qkv, int
     ZPP_CHECK(check_ptr(what, "y", y, 16));
     ZPP_CHECK(check_ptr(what, "lse", lse, 4));
     ZPP_CHECK(check_ptr(what, "qkv", qkv, 16));
+    ZPP_CHECK(check_arch(what, hs));
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     return hs == 64 ? forward_hs<64>(y, lse, qkv, B, T, H, st)
                     : forward_hs<128>(y, lse, qkv, B, T, H, st);
@@ -846,6 +900,7 @@ extern "C" zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *
     ZPP_CHECK(check_ptr(what, "y", y, 16));
     ZPP_CHECK(check_ptr(what, "lse", lse, 4));
     ZPP_CHECK(check_ptr(what, "dsum", dsum, 4));
+    ZPP_CHECK(check_arch(what, hs));
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     return hs == 64 ? backward_hs<64>(dqkv, dy, qkv, y, lse, dsum, B, T, H, st)
                     : backward_hs<128>(dqkv, dy, qkv, y, lse, dsum, B, T, H, st);

@@ -40,10 +40,12 @@
  * accumulates into the caller's gradient).
  *
  * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
- * 1.31B model), attention is fused (attention_cuda.cu, FlashAttention-2
+ * 1.31B model), on a GPU of compute capability 8.0 or newer, attention is
+ * fused (attention_cuda.cu, FlashAttention-2
  * style): no T x T matrix is stored, only a log-sum-exp per row and head,
  * and the backward recomputes the probabilities. Otherwise (fp32, fp16,
- * other head sizes), it is per (sequence, head) with strided-batched GEMMs
+ * other head sizes, older GPUs, or ZPP_ATTENTION=gemm: attention_path.h
+ * decides, once, at create), it is per (sequence, head) with strided-batched GEMMs
  * that read the heads in place from the qkv rows (leading dimension 3C,
  * head h at column h*hs): batched over heads, looping over sequences, or
  * the other way round, whichever launches fewer GEMMs. Q K^T is computed
@@ -81,6 +83,10 @@
  * recomputed; otherwise the extra cost is the classifier's forward GEMM
  * over the other chunks (about 1% of a GPT 1.31B step).
  *
+ * GPUS. bf16 needs compute capability 8.0 (cuBLASLt's bf16 products, the
+ * fused attention): create refuses it on an older GPU, saying to use fp16
+ * (with loss scaling) or fp32 (device_caps.h; docs/gpus.md).
+ *
  * MEMORY. All device memory is allocated at create, in one arena (the
  * activations of gpt2_acts below, each buffer in its own dtype), plus a
  * 32 MiB cuBLASLt workspace and pinned host staging for the batch and the
@@ -110,6 +116,8 @@
 #include "model/model.h"
 #include "model/gpt2.h"
 #include "model/attention_cuda.h"
+#include "model/attention_path.h"
+#include "device/device_caps.h"
 
 namespace {
 
@@ -608,7 +616,7 @@ struct gpt2_cuda {
     zpp_gpt2_layout lay;
     zpp_gpt2_stages stages;
     size_t nmax;          /* max_batch * T */
-    int fused_attn;       /* attention by attention_cuda.cu (bf16, head size 64 or 128) */
+    int fused_attn;       /* attention by attention_cuda.cu (attention_path.h) */
     size_t es;            /* bytes of one E element */
     cudaDataType_t et;    /* E for cuBLASLt */
     cudaStream_t stream;
@@ -1479,6 +1487,17 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
                          "gpt2 cuda create: the CUDA model needs a GPU device "
                          "(zpp_device_create_gpu)%s",
                          dev ? "; for the host device use zpp_gpt2_cpu_create" : "");
+    /* What this GPU can do: the dtype (bf16 from 8.0), and the attention
+     * path (ZPP_ATTENTION, the one place it is read; attention_path.h). */
+    int cc_major = 0, cc_minor = 0;
+    ZPP_CHECK(zpp_device_compute_capability(dev, &cc_major, &cc_minor));
+    char why[320];
+    zpp_status cst = zpp_device_dtype_check(cc_major, cc_minor, param_dtype, why, sizeof why);
+    if (cst != ZPP_OK) return zpp_error(cst, "gpt2 cuda create: %s", why);
+    zpp_attn_path attn = ZPP_ATTN_GEMM;
+    cst = zpp_attn_path_pick(getenv("ZPP_ATTENTION"), param_dtype, cfg->n_embd / cfg->n_head,
+                             cc_major, cc_minor, &attn, why, sizeof why);
+    if (cst != ZPP_OK) return zpp_error(cst, "gpt2 cuda create: %s", why);
 
     gpt2_cuda *g = (gpt2_cuda *)calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
@@ -1500,10 +1519,9 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
     g->es = zpp_dtype_size(param_dtype);
-    /* The fused attention is bf16 with head size 64 or 128; anything else
-     * (fp32, fp16, other head sizes) takes the GEMM path. */
-    g->fused_attn = param_dtype == ZPP_BF16 &&
-                    zpp_attn_supported(cfg->n_embd / cfg->n_head) == ZPP_OK;
+    /* The fused attention is bf16 with head size 64 or 128 on compute
+     * capability 8.0+; anything else takes the GEMM path (attention_path.h). */
+    g->fused_attn = attn == ZPP_ATTN_FUSED;
     g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
             : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;

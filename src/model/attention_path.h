@@ -1,0 +1,47 @@
+/* model/attention_path.h — which attention the CUDA GPT-2 runs (docs/gpus.md,
+ * "Attention").
+ *
+ * Two implementations compute the same causal self-attention:
+ *   fused  attention_cuda.cu, FlashAttention-2 style: bf16 only, head size
+ *          64 or 128, compute capability 8.0 or newer (cp.async and bf16
+ *          mma.sync); no T x T matrix in memory;
+ *   gemm   gpt2_cuda.cu: strided-batched cuBLASLt products and a causal
+ *          softmax kernel, any dtype, head size and GPU, keeping the
+ *          T x T probabilities per (sequence, head, layer).
+ * The choice is made once, when the model is created, from the ZPP_ATTENTION
+ * environment variable (read there, passed here):
+ *   unset, "" or "auto"  fused where it can run, else gemm;
+ *   "gemm"               gemm (on any GPU: how the fallback of GPUs below
+ *                        8.0 is tested on a newer one);
+ *   "fused"              fused, or an error saying why it cannot run.
+ * A pure function, so the rule is tested on the CPU (tests/test_gpu_arch.c). */
+#ifndef ZPP_MODEL_ATTENTION_PATH_H
+#define ZPP_MODEL_ATTENTION_PATH_H
+
+#include <stddef.h>
+
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum zpp_attn_path { ZPP_ATTN_GEMM = 0, ZPP_ATTN_FUSED = 1 } zpp_attn_path;
+
+/* The head sizes the fused kernels are compiled for. */
+static inline int zpp_attn_head_size_fused(int hs) { return hs == 64 || hs == 128; }
+
+/* The path for `mode` (ZPP_ATTENTION's value, NULL when unset), a model in
+ * `dtype` with head size hs, on a GPU of compute capability
+ * cc_major.cc_minor: *path_p and ZPP_OK; ZPP_ERR_UNSUPPORTED when "fused"
+ * is asked for where it cannot run, ZPP_ERR_INVALID for another mode, with
+ * the reason in msg (NUL-terminated, cut to n - 1 bytes; "" on success).
+ * Pure: records no error, touches no GPU. */
+zpp_status zpp_attn_path_pick(const char *mode, zpp_dtype dtype, int hs, int cc_major,
+                              int cc_minor, zpp_attn_path *path_p, char *msg, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
