@@ -151,6 +151,7 @@ static void test_every_key_parsed(void) {
         if (sr)
             strcat(loco_txt, ",\n      \"zeropp_grad_stochastic_rounding\": true");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1);
+        double peak = trial % 3 ? zpp_rng_uniform(&r) * 2000 : 0; /* 0 = the GPU's preset */
         char json[4096];
         snprintf(json, sizeof json,
                  "{\n"
@@ -183,14 +184,15 @@ static void test_every_key_parsed(void) {
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
                  "      \"sample_every\": %d, \"sample_tokens\": %d,\n"
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
-                 "      \"data_order\": \"%s\", \"weight_decay_all\": %s}\n"
+                 "      \"data_order\": \"%s\", \"weight_decay_all\": %s,\n"
+                 "      \"peak_tflops\": %.17g}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
                  real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sequential ? "sequential" : "shuffled",
-                 decay_all ? "true" : "false");
+                 decay_all ? "true" : "false", peak);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -220,7 +222,7 @@ static void test_every_key_parsed(void) {
                cfg.collective_timeout_s == cts);
         EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
-               cfg.weight_decay_all == decay_all);
+               cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
@@ -464,6 +466,8 @@ static void test_validation_errors(void) {
                       "'zeropp.sample_every' is -1");
     expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,
                       "'zeropp.collective_timeout_s' must be >= 0 seconds");
+    expect_load_fails("{\"zeropp\": {\"peak_tflops\": -1}}", ZPP_ERR_CONFIG,
+                      "'zeropp.peak_tflops' must be >= 0");
     expect_load_fails("{\"zeropp\": {\"data_order\": \"random\"}}", ZPP_ERR_CONFIG,
                       "'zeropp.data_order' is 'random'; use \"shuffled\" or \"sequential\"");
     expect_load_fails("{\"zeropp\": {\"data_order\": 1}}", ZPP_ERR_CONFIG, "a string");
@@ -785,6 +789,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->max_consecutive_skips = irand(r, 1, 20);
     c->keep_checkpoints = irand(r, 1, 9);
     c->collective_timeout_s = zpp_rng_uniform(r) * 1000;
+    c->peak_tflops = irand(r, 0, 1) ? zpp_rng_uniform(r) * 1000 : 0;
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);
     EXPECT_OK(zpp_train_config_validate(c));

@@ -103,21 +103,8 @@ static void plan_usage(FILE *f) {
             "and memory against it with gnuplot.\n");
 }
 
-/* GPU presets: datasheet dense fp16/bf16 tensor-core peak (TFLOP/s, no
- * sparsity) and NVLink bandwidth per GPU per direction (Gb/s). */
-typedef struct gpu_preset {
-    const char *name;
-    double peak_tflops, nvlink_gbps, mem_gib, hbm_gbs;
-} gpu_preset;
-static const gpu_preset gpu_presets[] = {
-    /* Memory: the datasheet's GB, read as GiB (what --pick's budget is in). */
-    /* HBM: the datasheet's GB/s (V100 SXM2/3 32 GB HBM2 900, A100 80 GB SXM
-     * HBM2e 2039, H100 SXM HBM3 3350, H200 HBM3e 4800). */
-    {"v100", 125, 1200, 32, 900}, /* V100 SXM2/3: 125 TFLOPS tensor; NVLink 300 GB/s both ways */
-    {"a100", 312, 2400, 80, 2039}, /* A100 SXM: 312 bf16; NVLink 600 GB/s both ways */
-    {"h100", 989, 3600, 80, 3350}, /* H100 SXM: 989 bf16 dense; NVLink 900 GB/s both ways */
-    {"h200", 989, 3600, 141, 4800}, /* H200 SXM: same compute and NVLink as H100 SXM */
-};
+/* GPU presets: plan/cost.h (zpp_cost_gpus), shared with `zeropp train`'s
+ * MFU. */
 /* Achieved / datasheet HBM rate of our quantization kernels: on one H200 a
  * device-to-device copy ran at 4227 GB/s (0.88 of 4800) and quantize /
  * dequantize at 0.86-0.91 of the copy (bench/RESULTS.md, 2026-11-30), so
@@ -634,18 +621,16 @@ int zpp_cli_plan(int argc, char **argv) {
         }
         tokens = ci.seq_len; /* micro-batch 1, for the checks below; the pick varies it */
     }
-    const gpu_preset *gp = &gpu_presets[3];
+    const zpp_cost_gpu *gp = zpp_cost_gpu_by_name("h200");
     if (gpu_s) {
-        gp = NULL;
-        for (size_t i = 0; i < sizeof gpu_presets / sizeof gpu_presets[0]; i++)
-            if (strcmp(gpu_s, gpu_presets[i].name) == 0) gp = &gpu_presets[i];
+        gp = zpp_cost_gpu_by_name(gpu_s);
         if (!gp) {
             fprintf(stderr, "zeropp plan: unknown --gpu '%s'; use v100, a100, h100 or h200\n",
                     gpu_s);
             return 2;
         }
     }
-    if (!tflops) tflops = gp->peak_tflops * PLAN_GPU_EFFICIENCY;
+    if (!tflops) tflops = gp->tensor_tflops * PLAN_GPU_EFFICIENCY;
     if (hbm < 0) hbm = gp->hbm_gbs;
     if (!intra) intra = gp->nvlink_gbps;
     int timed = tokens > 0;

@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "comm/comm.h"
 #include "core/error.h"
+#include "plan/cost.h"
 #include "train/llmc.h"
 #include "train/trainer.h"
 
@@ -24,6 +26,7 @@ typedef struct train_args {
     int quiet;
     int profile;
     double collective_timeout; /* seconds; < 0: not given */
+    double peak_tflops;        /* --peak-tflops; <= 0: not given */
     int data_order;            /* zpp_data_order; < 0: not given */
     zpp_cli_list sets;         /* --set KEY=VALUE, in order */
 } train_args;
@@ -94,10 +97,18 @@ static void usage(FILE *f) {
             "  --collective-timeout S  seconds a rank waits for its peers in a collective\n"
             "                    before the job stops (a rank stalled or died); 0 = forever\n"
             "                    (overrides zeropp.collective_timeout_s, default 600)\n"
+            "  --peak-tflops X   peak TFLOP/s of one rank's device, for the MFU of the log and\n"
+            "                    the metrics (overrides zeropp.peak_tflops; default: the GPU's\n"
+            "                    preset when its name is known, bf16/fp16 tensor or fp32 peak;\n"
+            "                    none on CPU ranks: MFU n/a)\n"
             "Options take their value as --name VALUE or --name=VALUE; counts take\n"
             "suffixes (" ZPP_CLI_COUNT_HELP ").\n"
-            "A progress bar is drawn when stdout is a terminal; under mpirun set\n"
-            "ZPP_PROGRESS=1 to ask for it (scripts/demo.sh does).\n");
+            "The log (docs/logs.md says what every line and metrics field means): a header\n"
+            "naming the mode, precision, devices and the FLOPs counted per token; a line per\n"
+            "step (loss, lr, tokens/s, TFLOP/s a rank, MFU, bytes moved); a line per saved\n"
+            "checkpoint; a summary at the end. Rank 0 draws a progress bar with an ETA when\n"
+            "its output reaches a terminal (under mpirun: when mpirun's does);\n"
+            "ZPP_PROGRESS=0 turns it off, ZPP_PROGRESS=1 draws it anyway.\n");
 }
 
 /* The largest seed: counts are exact up to 2^53. */
@@ -112,8 +123,9 @@ static int parse_args(int argc, char **argv, train_args *a) {
     a->save_every = 0;
     const int print = zpp_comm_world_rank() == 0;
     int list_keys = 0;
-    const char *device = NULL, *timeout = NULL, *order = NULL;
+    const char *device = NULL, *timeout = NULL, *order = NULL, *peak = NULL;
     a->collective_timeout = -1.0;
+    a->peak_tflops = -1.0;
     a->data_order = -1;
     const zpp_cli_opt opts[] = {
         {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
@@ -138,6 +150,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
         {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
         {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
+        {"--peak-tflops", ZPP_CLI_STR, &peak, 0, 0},
         {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
     };
     int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
@@ -161,6 +174,17 @@ static int parse_args(int argc, char **argv, train_args *a) {
             return -1;
         }
         a->collective_timeout = sec;
+    }
+    if (peak) {
+        char *end = NULL;
+        double x = strtod(peak, &end);
+        if (end == peak || *end || !isfinite(x) || !(x > 0)) {
+            if (print)
+                fprintf(stderr, "zeropp train: --peak-tflops expects a peak TFLOP/s > 0 of one "
+                        "rank's device, got '%s'\n", peak);
+            return -1;
+        }
+        a->peak_tflops = x;
     }
     if (order) {
         zpp_data_order o;
@@ -199,10 +223,40 @@ static int parse_args(int argc, char **argv, train_args *a) {
     return 0;
 }
 
+/* ---- The progress bar (rank 0) ------------------------------------------ */
+
+/* One line, redrawn in place with \r; any other line printed while it is
+ * up clears it first (bar_clear), so a log line never lands in the middle
+ * of the bar. */
+typedef struct progress_bar {
+    int on;
+    int len;           /* characters of the bar now on the line; 0: none */
+    double last;       /* when the previous step ended (now_s) */
+    double sum;        /* wall seconds of the steps after the first */
+    int n, first_done; /* steps in sum; the first has been timed and dropped */
+} progress_bar;
+
+static progress_bar bar; /* the one bar: report() clears it too */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bar_clear(void) {
+    if (bar.len) printf("\r%*s\r", bar.len, "");
+    bar.len = 0;
+}
+
 /* Prints the message of a failed call, once: the trainer's calls agree
  * over the world, so every rank holds the same status and message (the
  * lowest failing rank's), and rank 0 prints it. */
 static int report(const char *context, zpp_status st) {
+    if (zpp_comm_world_rank() == 0) {
+        bar_clear();
+        fflush(stdout);
+    }
     if (st == ZPP_ERR_TIMEOUT) {
         /* Not agreed: the rank that stalled cannot answer. Each rank that
          * timed out says so, and the job is brought down (MPI_Finalize
@@ -216,22 +270,98 @@ static int report(const char *context, zpp_status st) {
     return 1;
 }
 
-/* Under mpirun a rank's stdout is a pipe or pty of Open MPI's whatever the
- * user's terminal is, so isatty() cannot tell: there ZPP_PROGRESS=1 (set by
- * scripts/demo.sh when its own stdout is a terminal) asks for the bar, and
- * ZPP_PROGRESS=0 always turns it off. */
-static int progress_wanted(void) {
-    const char *env = getenv("ZPP_PROGRESS");
-    if (env) return env[0] == '1';
-    if (zpp_comm_launched()) return 0;
-    return isatty(STDOUT_FILENO);
+/* Where file descriptor `fd` of process `pid` leads: 't' a terminal
+ * (/dev/pts/N, /dev/ttyN), 'p' a pipe or socket (output that something
+ * forwards), 'o' anything else (a file, /dev/null) or unreadable. */
+static char fd_kind(long pid, int fd) {
+    char path[64], dst[256];
+    snprintf(path, sizeof path, "/proc/%ld/fd/%d", pid, fd);
+    ssize_t n = readlink(path, dst, sizeof dst - 1);
+    if (n <= 0) return 'o';
+    dst[n] = '\0';
+    if (!strncmp(dst, "/dev/pts/", 9) || !strncmp(dst, "/dev/tty", 8)) return 't';
+    if (!strncmp(dst, "pipe:", 5) || !strncmp(dst, "socket:", 7)) return 'p';
+    return 'o';
 }
 
-static void progress(int step, int total, float loss) {
+/* The parent of `pid` (field 4 of /proc/PID/stat, after the command in
+ * parentheses, which may itself hold spaces), or 0. */
+static long parent_of(long pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    long ppid = 0;
+    if (!p || sscanf(p + 1, " %*c %ld", &ppid) != 1) return 0;
+    return ppid;
+}
+
+/* Whether rank 0's output reaches a terminal. Alone, isatty says it.
+ * Under mpirun it cannot: Open MPI hands each rank a pty of its own even
+ * when mpirun writes into a file (checked with Open MPI 4.1), so the
+ * answer is mpirun's: walk up the parents (Linux /proc) past those whose
+ * stdout is a pipe or socket (mpirun forwarding to `tee`, a launcher
+ * daemon) to the first whose stdout is a terminal (draw) or anything else
+ * (a file, /dev/null: don't). Stdout, not stdin: `mpirun ... > log` from
+ * an interactive shell has a terminal for stdin and must not get the bar
+ * in its log. ZPP_PROGRESS=1 / =0 decide instead of all this. */
+static int progress_wanted(void) {
+    const char *env = getenv("ZPP_PROGRESS");
+    if (env && env[0]) return env[0] == '1';
+    if (!zpp_comm_launched()) return isatty(STDOUT_FILENO);
+    long pid = parent_of((long)getpid());
+    for (int depth = 0; pid > 1 && depth < 16; depth++) {
+        char k = fd_kind(pid, 1);
+        if (k != 'p') return k == 't';
+        pid = parent_of(pid);
+    }
+    return 0;
+}
+
+/* "1h02m", "3m05s", "12s". */
+static void fmt_duration(char *buf, size_t cap, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, cap, "%lds", t);
+}
+
+/* Times the step that just ended (the whole loop iteration: the step, and
+ * any evaluation, save or sample in it), dropping the first, which pays
+ * one-time costs: the ETA is the mean of the rest times the steps left. */
+static void bar_time_step(void) {
+    double t = now_s();
+    if (bar.first_done) {
+        bar.sum += t - bar.last;
+        bar.n++;
+    }
+    bar.first_done = 1;
+    bar.last = t;
+}
+
+static void bar_draw(int step, int total, float loss) {
+    if (!bar.on) return;
+    char line[160], eta[32] = "--";
     int width = 30, done = (int)((long)width * step / total);
-    printf("\r[");
-    for (int i = 0; i < width; i++) putchar(i < done ? '#' : '.');
-    printf("] %d/%d loss %.4f", step, total, (double)loss);
+    int k = 0;
+    line[k++] = '[';
+    for (int i = 0; i < width; i++) line[k++] = i < done ? '#' : '.';
+    line[k] = '\0';
+    double mean = bar.n ? bar.sum / bar.n : 0.0;
+    if (bar.n) fmt_duration(eta, sizeof eta, mean * (total - step));
+    char pace[32] = "";
+    if (bar.n && mean < 1.0) snprintf(pace, sizeof pace, " | %.0f ms/step", mean * 1e3);
+    else if (bar.n) snprintf(pace, sizeof pace, " | %.2f s/step", mean);
+    k += snprintf(line + k, sizeof line - (size_t)k, "] %d/%d loss %.4f%s | ETA %s", step,
+                  total, (double)loss, pace, eta);
+    if (k > (int)sizeof line - 1) k = (int)sizeof line - 1;
+    printf("\r%s", line);
+    if (bar.len > k) printf("%*s\r%s", bar.len - k, "", line); /* a shorter line: wipe the tail */
+    bar.len = k;
     fflush(stdout);
 }
 
@@ -292,9 +422,159 @@ static void prof_print(const prof_sum *ps) {
            ps->peak / 1e6);
 }
 
+/* ---- The header, the save line and the summary (docs/logs.md) ------------ */
+
+/* "ZeRO-3", or "ZeRO++ (qwZ, hpZ partition 2, qgZ)" naming exactly the
+ * optimizations that are on, then what changes qgZ's or the vectors'
+ * arithmetic. */
+static void mode_text(const zpp_trainer_info *in, const zpp_train_config *cfg, char *buf,
+                      size_t cap) {
+    if (!in->qwz && !in->hpz_partition && !in->qgz) {
+        snprintf(buf, cap, "ZeRO-3");
+        return;
+    }
+    char hpz[48] = "";
+    if (in->hpz_partition) snprintf(hpz, sizeof hpz, "hpZ partition %d", in->hpz_partition);
+    const char *parts[3] = {in->qwz ? "qwZ" : "", hpz, in->qgz ? "qgZ" : ""};
+    size_t k = (size_t)snprintf(buf, cap, "ZeRO++ (");
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (parts[i][0] && k < cap)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%s", n++ ? ", " : "", parts[i]);
+    if (k < cap) k += (size_t)snprintf(buf + k, cap - k, ")");
+    if (in->qgz && cfg->zero.loco && k < cap)
+        k += (size_t)snprintf(buf + k, cap - k, " + error feedback");
+    if (in->qgz && cfg->zero.grad_stochastic && k < cap)
+        k += (size_t)snprintf(buf + k, cap - k, " + stochastic rounding");
+    if ((in->qwz || in->qgz) && cfg->zero.quantize_vectors && k < cap)
+        snprintf(buf + k, cap - k, " + vectors quantized");
+}
+
+/* The peak one rank's device can do, for MFU: --peak-tflops, else
+ * zeropp.peak_tflops, else the preset of the GPU's name for the run's
+ * dtype; 0 (MFU n/a) on CPU ranks or an unknown GPU. `why` says where it
+ * came from, for the header. */
+static double peak_tflops(const train_args *a, const zpp_train_config *cfg,
+                          const zpp_trainer_info *in, char *why, size_t cap) {
+    if (a->peak_tflops > 0) {
+        snprintf(why, cap, "--peak-tflops");
+        return a->peak_tflops;
+    }
+    if (cfg->peak_tflops > 0) {
+        snprintf(why, cap, "zeropp.peak_tflops");
+        return cfg->peak_tflops;
+    }
+    const zpp_cost_gpu *g = in->gpu ? zpp_cost_gpu_for_device(in->device) : NULL;
+    if (g) {
+        snprintf(why, cap, "%s preset, %s", g->name,
+                 in->dtype == ZPP_FP32 ? "fp32 without TF32" : "bf16/fp16 tensor cores, dense");
+        return zpp_cost_gpu_peak_tflops(g, in->dtype);
+    }
+    if (in->gpu)
+        snprintf(why, cap, "no preset for %.*s: --peak-tflops or zeropp.peak_tflops gives one",
+                 (int)(cap > 64 ? cap - 64 : 1), in->device);
+    else
+        snprintf(why, cap, "CPU ranks: --peak-tflops or zeropp.peak_tflops gives one");
+    return 0.0;
+}
+
+static void print_header(const char *label, const zpp_train_config *cfg,
+                         const zpp_trainer_info *in, double fpt, double peak, const char *why) {
+    const char *dt = zpp_dtype_name(in->dtype);
+    char mode[160];
+    mode_text(in, cfg, mode, sizeof mode);
+    printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
+           "%s data (%zu tokens), global batch %d = %d x %d accum x %d rank%s, %s\n",
+           label ? label : "train", in->world_size, in->world_size == 1 ? "" : "s", in->nodes,
+           in->nodes == 1 ? "" : "s", in->node_size, in->n_params, cfg->model.n_layer,
+           cfg->model.n_embd, in->seq_len, zpp_data_kind_name(in->data.kind), in->data.n_tokens,
+           in->global_batch, in->micro_batch, in->accum, in->world_size,
+           in->world_size == 1 ? "" : "s", dt);
+    if (in->gpu)
+        printf("mode: %s, %s, %d rank%s on %s (one GPU a rank, NCCL)\n", mode, dt,
+               in->world_size, in->world_size == 1 ? "" : "s", in->device);
+    else
+        printf("mode: %s, %s, %d rank%s on CPU (host memory, MPI)\n", mode, dt, in->world_size,
+               in->world_size == 1 ? "" : "s");
+    printf("flops: %.0f per token = 6 x %zu params + 12 x %d layers x %d wide x T=%d "
+           "(forward + backward), %.4g per step; ",
+           fpt, in->n_params, cfg->model.n_layer, cfg->model.n_embd, in->seq_len,
+           fpt * in->global_batch * in->seq_len);
+    if (peak > 0) printf("peak %.6g TFLOP/s a rank (%s)\n", peak, why);
+    else printf("peak n/a (%s), so MFU n/a\n", why);
+}
+
+/* Bytes as MB for a person: 3 significant digits below 100 MB. */
+static void fmt_mb(char *buf, size_t cap, double bytes) {
+    double mb = bytes / 1e6;
+    snprintf(buf, cap, mb < 100 ? "%.3g MB" : "%.0f MB", mb);
+}
+
+static void print_saved(int step, const zpp_ckpt_saved *sv) {
+    char mb[32];
+    fmt_mb(mb, sizeof mb, sv->bytes);
+    bar_clear();
+    if (step == 0) /* --steps 0 */
+        printf("saved the initial weights (step 0) to %s (%s, %.2f s)\n", sv->folder, mb,
+               sv->seconds);
+    else
+        printf("saved step %d to %s (%s, %.2f s)\n", step, sv->folder, mb, sv->seconds);
+    fflush(stdout);
+}
+
+/* The run's totals for the summary: steps after the first are "timed". */
+typedef struct run_totals {
+    double t0;                 /* run() entered (now_s) */
+    int steps, first_step;     /* steps trained in this run, the first (1-based) */
+    double timed_s, timed_tokens; /* the steps after the first: their time and tokens */
+    int timed;
+    double first_s;               /* the first step's time: the rate of a 1-step run */
+    float loss;                /* the last step's */
+    float val, best_val;       /* the last and the lowest validation loss; < 0: none */
+    int val_step, best_step;
+    char ckpt[ZPP_CKPT_PATH_MAX]; /* the last save's folder; "" none */
+} run_totals;
+
+static void print_summary(const run_totals *rt, const zpp_trainer_info *in, double fpt,
+                          double peak) {
+    bar_clear();
+    char wall[32];
+    const double secs = now_s() - rt->t0, step_tokens = (double)in->global_batch * in->seq_len;
+    if (secs < 60) snprintf(wall, sizeof wall, "%.1fs", secs);
+    else fmt_duration(wall, sizeof wall, secs);
+    const int last = rt->first_step + rt->steps - 1;
+    printf("summary: %d step%s (%d-%d) in %s wall, %.0f tokens\n", rt->steps,
+           rt->steps == 1 ? "" : "s", rt->first_step, last, wall, rt->steps * step_tokens);
+    /* the mean rate of the steps after the first (it pays one-time costs),
+     * or the first alone when it is the only one */
+    const double ts = rt->timed ? rt->timed_s : rt->first_s;
+    if (ts > 0) {
+        double tps = (rt->timed ? rt->timed_tokens : step_tokens) / ts;
+        double tflops = fpt * tps / in->world_size / 1e12;
+        char rng[48];
+        if (!rt->timed) snprintf(rng, sizeof rng, "step %d alone", rt->first_step);
+        else if (rt->timed == 1) snprintf(rng, sizeof rng, "step %d", last);
+        else snprintf(rng, sizeof rng, "steps %d-%d", rt->first_step + 1, last);
+        printf("  tokens/s          %.0f (%s: their tokens / their time)\n", tps, rng);
+        printf("  TFLOP/s a rank    %.4g", tflops);
+        if (peak > 0) printf(" | MFU %.2f%% of %.6g\n", 100.0 * tflops / peak, peak);
+        else printf(" | MFU n/a\n");
+    }
+    printf("  final train loss  %.4f (step %d)\n", (double)rt->loss, last);
+    if (rt->val >= 0)
+        printf("  val loss          %.4f (step %d), best %.4f (step %d)\n", (double)rt->val,
+               rt->val_step, (double)rt->best_val, rt->best_step);
+    if (rt->ckpt[0]) printf("  checkpoint        %s\n", rt->ckpt);
+    fflush(stdout);
+}
+
 static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
                FILE *metrics, run_summary *sum) {
     int rank = zpp_comm_world_rank();
+    run_totals rt;
+    memset(&rt, 0, sizeof rt);
+    rt.t0 = now_s();
+    rt.val = rt.best_val = -1.0f;
     zpp_trainer *t = NULL;
     zpp_trainer_opts to = {a->data,    a->node_size, a->gpu, a->emulate_nodes,
                            a->profile, a->init_from};
@@ -337,16 +617,16 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             return report("checkpoint", st);
         }
     }
-    int tty = rank == 0 && !a->quiet && progress_wanted();
+    memset(&bar, 0, sizeof bar);
+    bar.on = rank == 0 && !a->quiet && progress_wanted();
+    bar.last = now_s();
+    /* FLOPs a token (the planner's count) and the peak MFU is taken of */
+    const double fpt = zpp_cost_flops_per_token((double)in->n_params, cfg->model.n_layer,
+                                                cfg->model.n_embd, in->seq_len);
+    char why[256];
+    const double peak = peak_tflops(a, cfg, in, why, sizeof why);
     if (rank == 0) {
-        printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
-               "%s data (%zu tokens), global batch %d = %d x %d accum x %d rank%s, %s\n",
-               label ? label : "train", in->world_size, in->world_size == 1 ? "" : "s",
-               in->nodes, in->nodes == 1 ? "" : "s", in->node_size, in->n_params,
-               cfg->model.n_layer, cfg->model.n_embd, in->seq_len,
-               zpp_data_kind_name(in->data.kind), in->data.n_tokens, in->global_batch,
-               in->micro_batch, in->accum, in->world_size, in->world_size == 1 ? "" : "s",
-               cfg->bf16 ? "bf16" : cfg->fp16.enabled ? "fp16" : "fp32");
+        print_header(label, cfg, in, fpt, peak, why);
         fflush(stdout);
     }
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;
@@ -354,6 +634,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     prof_sum prof;
     memset(&prof, 0, sizeof prof);
     float loss = 0.0f, val = -1.0f;
+    rt.first_step = start + 1;
     for (int s = start; s < cfg->train_steps; s++) {
         zpp_trainer_step_result r;
         st = zpp_trainer_step(t, s, &r);
@@ -374,23 +655,45 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                 return report("validation", st);
             }
             val = v;
+            if (rt.best_val < 0 || v < rt.best_val) {
+                rt.best_val = v;
+                rt.best_step = s + 1;
+            }
+            rt.val = v;
+            rt.val_step = s + 1;
         }
         double cross = zpp_volume_cross_total(&r.stats.volume);
         double intra = zpp_volume_intra_total(&r.stats.volume);
+        const double step_tokens = (double)in->global_batch * in->seq_len;
         if (s > start) { /* the first step pays one-time costs */
             ms_sum += r.seconds * 1e3;
             tps_sum += r.tokens_per_s;
             timed++;
         }
+        if (s > start) {
+            rt.timed_s += r.seconds;
+            rt.timed_tokens += step_tokens;
+            rt.timed++;
+        } else {
+            rt.first_s = r.seconds;
+        }
+        rt.steps++;
+        rt.loss = loss;
+        /* achieved model FLOP/s of one rank, and its share of the peak */
+        const double tflops = fpt * r.tokens_per_s / in->world_size / 1e12;
+        const double mfu = peak > 0 ? tflops / peak : NAN;
         cross_sum += cross;
         intra_sum += intra;
         if (r.stats.profile.valid) prof_add(&prof, s, start, &r);
-        if (a->save && ((a->save_every && (s + 1) % a->save_every == 0) || last)) {
-            st = zpp_trainer_save(t, a->save, s + 1);
+        zpp_ckpt_saved sv; /* printed after the step's line */
+        int saved = a->save && ((a->save_every && (s + 1) % a->save_every == 0) || last);
+        if (saved) {
+            st = zpp_trainer_save(t, a->save, s + 1, &sv);
             if (st != ZPP_OK) {
                 zpp_trainer_destroy(t);
                 return report("checkpoint", st);
             }
+            snprintf(rt.ckpt, sizeof rt.ckpt, "%s", sv.folder);
         }
         /* a sample: every rank takes part (the engine gathers the weights) */
         zpp_cli_sample_result smp = {0};
@@ -406,16 +709,17 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             continue;
         }
         if (metrics) {
-            char lb[32], nb[32];
+            char lb[32], nb[32], mb[32];
             fprintf(metrics,
                     "{\"step\":%d,\"mode\":\"%s\",\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
                     "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
                     "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
-                    "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f",
+                    "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
+                    "\"tflops\":%.6g,\"mfu\":%s",
                     s + 1, in->mode, json_num(lb, sizeof lb, "%.9g", loss), (double)r.stats.lr,
                     json_num(nb, sizeof nb, "%.6g", r.stats.grad_norm), r.tokens_per_s,
                     r.seconds * 1e3, cross, intra, r.device_peak_bytes, r.device_live_bytes,
-                    r.device_used_bytes);
+                    r.device_used_bytes, tflops, json_num(mb, sizeof mb, "%.6g", mfu));
             json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
             json_profile_fields(metrics, &r);
             if (eval)
@@ -430,11 +734,14 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         int print = !a->quiet && cfg->steps_per_print > 0 &&
                     ((s + 1) % cfg->steps_per_print == 0 || s == 0 || last);
         if (print || eval) {
-            if (tty) printf("\r%70s\r", ""); /* clear the bar */
+            bar_clear();
             printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
-                   "cross-node %.3f MB | intra-node %.3f MB",
+                   "%.3g TFLOP/s/rank | MFU ",
                    s + 1, (double)loss, (double)r.stats.lr, (double)r.stats.grad_norm,
-                   r.tokens_per_s, cross / 1e6, intra / 1e6);
+                   r.tokens_per_s, tflops);
+            if (peak > 0) printf("%.2f%%", 100.0 * mfu);
+            else printf("n/a");
+            printf(" | cross-node %.3f MB | intra-node %.3f MB", cross / 1e6, intra / 1e6);
             if (cfg->fp16.enabled) printf(" | loss scale %g", (double)r.stats.loss_scale);
             if (r.stats.skipped) printf(" | skipped (non-finite gradient)");
             if (r.stats.profile.valid)
@@ -445,23 +752,29 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
             printf("\n");
         }
         if (smp.gen) {
-            if (tty) printf("\r%70s\r", "");
+            bar_clear();
             zpp_cli_sample_print(stdout, s + 1, &smp);
             zpp_cli_sample_result_free(&smp);
         }
-        if (tty) progress(s + 1, cfg->train_steps, loss);
+        if (saved) print_saved(s + 1, &sv);
+        bar_time_step();
+        bar_draw(s + 1, cfg->train_steps, loss);
         fflush(stdout);
     }
     if (a->save && cfg->train_steps == 0) { /* --steps 0: the initial weights */
-        st = zpp_trainer_save(t, a->save, 0);
+        zpp_ckpt_saved sv;
+        st = zpp_trainer_save(t, a->save, 0, &sv);
         if (st != ZPP_OK) {
             zpp_trainer_destroy(t);
             return report("checkpoint", st);
         }
-        if (rank == 0) printf("saved the initial weights (step 0) to %s\n", a->save);
+        if (rank == 0) print_saved(0, &sv);
     }
-    if (tty) printf("\n");
-    if (rank == 0) prof_print(&prof);
+    if (rank == 0) {
+        bar_clear();
+        if (rt.steps > 0) print_summary(&rt, in, fpt, peak);
+        prof_print(&prof);
+    }
     if (sum) {
         snprintf(sum->mode, sizeof sum->mode, "%s", in->mode);
         sum->train_loss = loss;

@@ -138,14 +138,60 @@ double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab) {
     return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
 }
 
+double zpp_cost_flops_per_token(double params, int n_layer, int n_embd, int seq_len) {
+    /* A matrix product of an m x k by a k x n matrix takes 2 m k n FLOPs
+     * (a multiply and an add per term). Per token, each weight w takes part
+     * in one product forward: 2 FLOPs per parameter. The backward makes two
+     * products of the same size, the input's gradient and the weight's:
+     * 4 more. So 6 params per token (biases and LayerNorm gains do far
+     * fewer and are counted the same: they are 0.1% of the parameters).
+     * Attention adds two products with no parameters, per layer: the scores
+     * Q K^T (a token's query against T keys of C channels, 2 T C) and the
+     * mix P V (2 T C): 4 T C forward, twice that backward, 12 L C T in all.
+     * The full T x T is counted though causal attention needs half of it,
+     * as fsdp_gpt.py, nanoGPT and PaLM's MFU do. */
+    double attn = n_layer > 0 ? 12.0 * n_layer * (double)n_embd * (double)seq_len : 0;
+    return 6.0 * params + attn;
+}
+
 double zpp_cost_step_flops(const zpp_cost_in *in) {
-    /* Per token: 2 FLOPs per parameter forward (a multiply-add), 4 backward
-     * (gradient of the input and of the weight) = 6 P; attention's two
-     * products Q K^T and P V, 2 x 2 T C each per layer forward (counting the
-     * full T x T, as fsdp_gpt.py does), times 3 for forward + backward =
-     * 12 L C T. */
-    double attn = in->n_layer > 0 ? 12.0 * in->n_layer * in->n_embd * (double)in->seq_len : 0;
-    return in->tokens_per_gpu * (6.0 * in->params + attn);
+    return in->tokens_per_gpu *
+           zpp_cost_flops_per_token(in->params, in->n_layer, in->n_embd, in->seq_len);
+}
+
+/* Datasheets (dense, SXM): V100 SXM2 125 TFLOPS fp16 tensor (it has no
+ * bf16: its fp16 figure stands for both), 15.7 fp32; A100 SXM 312 bf16,
+ * 19.5 fp32; H100 SXM 989 bf16, 67 fp32; H200 SXM the H100's compute.
+ * NVLink: V100 300 GB/s both ways, A100 600, H100 and H200 900. HBM: V100
+ * 32 GB HBM2 900 GB/s, A100 80 GB HBM2e 2039, H100 80 GB HBM3 3350, H200
+ * 141 GB HBM3e 4800. */
+static const zpp_cost_gpu gpu_presets[] = {
+    {"v100", "V100", 125, 15.7, 1200, 32, 900},
+    {"a100", "A100", 312, 19.5, 2400, 80, 2039},
+    {"h100", "H100", 989, 67, 3600, 80, 3350},
+    {"h200", "H200", 989, 67, 3600, 141, 4800},
+};
+#define GPU_PRESETS ((int)(sizeof gpu_presets / sizeof gpu_presets[0]))
+
+const zpp_cost_gpu *zpp_cost_gpus(int *n_p) {
+    if (n_p) *n_p = GPU_PRESETS;
+    return gpu_presets;
+}
+
+const zpp_cost_gpu *zpp_cost_gpu_by_name(const char *name) {
+    for (int i = 0; name && i < GPU_PRESETS; i++)
+        if (!strcmp(name, gpu_presets[i].name)) return &gpu_presets[i];
+    return NULL;
+}
+
+const zpp_cost_gpu *zpp_cost_gpu_for_device(const char *device_name) {
+    for (int i = 0; device_name && i < GPU_PRESETS; i++)
+        if (strstr(device_name, gpu_presets[i].match)) return &gpu_presets[i];
+    return NULL;
+}
+
+double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd) {
+    return wd == ZPP_FP32 ? g->fp32_tflops : g->tensor_tflops;
 }
 
 double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {

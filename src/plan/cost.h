@@ -138,9 +138,49 @@ zpp_cost_in zpp_cost_in_default(void);
  * V*C + T*C + 2C + L*(12C^2 + 13C). */
 double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab);
 
-/* FLOPs of one step per GPU: tokens x (6 params + 12 L C T), the count of
- * ../shared/bench/fsdp_gpt.py (forward 1/3, backward 2/3). */
+/* Model FLOPs of one token, forward and backward, of a GPT with `params`
+ * parameters, n_layer blocks n_embd wide and sequences of seq_len tokens:
+ *     6 params + 12 n_layer n_embd seq_len
+ * (cost.c derives it). The parameter term is every weight's matrix product
+ * (the tied head's too: wte is used twice, counted once as the head's
+ * product, as nanoGPT and PaLM count); the attention term is the two T x T
+ * products, which have no parameters. n_layer <= 0: the parameter term
+ * alone (a model without a GPT shape). What MFU and `zeropp train`'s
+ * TFLOP/s are computed from (docs/logs.md). */
+double zpp_cost_flops_per_token(double params, int n_layer, int n_embd, int seq_len);
+
+/* FLOPs of one step per GPU: tokens_per_gpu x zpp_cost_flops_per_token,
+ * the count of ../shared/bench/fsdp_gpt.py (forward 1/3, backward 2/3). */
 double zpp_cost_step_flops(const zpp_cost_in *in);
+
+/* ---- GPU presets (`zeropp plan --gpu`, `zeropp train`'s MFU) -------------
+ *
+ * Datasheet figures of the SXM parts, per GPU: dense (no sparsity) peaks.
+ * `tensor_tflops` is the fp16/bf16 tensor-core peak (what a bf16 or fp16
+ * run's GEMMs use); `fp32_tflops` the plain fp32 FMA peak, not TF32: the
+ * CUDA GPT-2 computes fp32 without TF32 (gpt2_cuda.cu, PRECISION), so an
+ * fp32 run's ceiling is the CUDA cores'. PCIe and NVL parts have lower
+ * clocks: give their peak by hand (--peak-tflops). */
+typedef struct zpp_cost_gpu {
+    const char *name;      /* the --gpu name: "v100", "a100", "h100", "h200" */
+    const char *match;     /* found in the CUDA device name: "V100", "A100", ... */
+    double tensor_tflops;  /* dense fp16 / bf16 tensor cores */
+    double fp32_tflops;    /* fp32 FMA on the CUDA cores (no TF32) */
+    double nvlink_gbps;    /* NVLink per GPU per direction, Gb/s */
+    double mem_gib;        /* memory: the datasheet's GB, read as GiB */
+    double hbm_gbs;        /* memory bandwidth, datasheet GB/s */
+} zpp_cost_gpu;
+
+/* The presets in a fixed order (v100, a100, h100, h200), *n_p of them. */
+const zpp_cost_gpu *zpp_cost_gpus(int *n_p);
+/* The preset of --gpu NAME (exact), or NULL. */
+const zpp_cost_gpu *zpp_cost_gpu_by_name(const char *name);
+/* The preset whose `match` the device name contains ("NVIDIA H200" ->
+ * h200), or NULL (the host, an unknown GPU, NULL). */
+const zpp_cost_gpu *zpp_cost_gpu_for_device(const char *device_name);
+/* The peak FLOP/s (TFLOP/s) of a preset for a run in working dtype `wd`:
+ * tensor_tflops for bf16 and fp16, fp32_tflops for fp32. */
+double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd);
 
 /* Activation bytes of the CUDA GPT-2 for `tokens` tokens of one rank, bf16
  * or fp16 working dtype, fused attention (gpt2_cuda.cu plan()). */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm/comm.h"
@@ -484,9 +485,32 @@ static void prune(const char *dir, const char *published, int keep) {
     free(ents);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Bytes of the regular files of a folder (a step folder holds no
+ * folders). */
+static double folder_bytes(const char *path) {
+    double sum = 0;
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    struct dirent *de;
+    char f[CKPT_PATH];
+    struct stat sb;
+    while ((de = readdir(d)))
+        if (join(f, path, de->d_name) == ZPP_OK && stat(f, &sb) == 0 && S_ISREG(sb.st_mode))
+            sum += (double)sb.st_size;
+    closedir(d);
+    return sum;
+}
+
 zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
-                               int keep, const zpp_fault *fault) {
+                               int keep, const zpp_fault *fault, zpp_ckpt_saved *saved) {
     const int rank = meta->world_rank;
+    const double t0 = now_s();
     char published[256], name[64], folder[CKPT_PATH], path[CKPT_PATH];
     /* Every rank reads the published folder's name before rank 0 changes
      * anything, so all pick the same new one. */
@@ -543,7 +567,19 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
         if (st == ZPP_OK) prune(dir, name, keep < 1 ? 1 : keep);
         else remove_folder(folder);
     }
-    return zpp_comm_agree_world(st);
+    st = zpp_comm_agree_world(st);
+    if (st != ZPP_OK || !saved) return st;
+    /* rank 0 counts (it published the folder); the largest of the ranks'
+     * values is rank 0's, since the others hold 0 */
+    double bytes = rank == 0 ? folder_bytes(folder) : 0.0, secs = rank == 0 ? now_s() - t0 : 0.0;
+    st = zpp_comm_max_world(&bytes);
+    if (st == ZPP_OK) st = zpp_comm_max_world(&secs);
+    if (st == ZPP_OK) {
+        snprintf(saved->folder, sizeof saved->folder, "%s", folder);
+        saved->bytes = bytes;
+        saved->seconds = secs;
+    }
+    return st;
 }
 
 /* ---- Load ------------------------------------------------------------------ */

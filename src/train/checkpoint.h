@@ -104,12 +104,23 @@ typedef struct zpp_ckpt_meta {
  * it. Collective. */
 zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank);
 
+/* What a save wrote, for the log line a person reads ("saved step N to
+ * DIR (X MB, Y s)", docs/logs.md). The same on every rank. */
+#define ZPP_CKPT_PATH_MAX 4096
+typedef struct zpp_ckpt_saved {
+    char folder[ZPP_CKPT_PATH_MAX]; /* the published step folder: DIR/step-00000040 */
+    double bytes;                   /* every file of the folder, all ranks' together */
+    double seconds;                 /* the save's wall time on rank 0, publish included */
+} zpp_ckpt_saved;
+
 /* Saves the engine's state as a new step folder of DIR and publishes it;
  * keeps the newest `keep` (>= 1) complete folders. `fault` (NULL: none) is
  * the save_fail / save_kill test hook (core/fault.h), which never fires in a
- * release build. Collective. */
+ * release build. `saved` (NULL: not wanted) is filled on success. The
+ * bytes are counted by rank 0 in the published folder (the ranks' files
+ * and the manifest) and handed to every rank. Collective. */
 zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
-                               int keep, const zpp_fault *fault);
+                               int keep, const zpp_fault *fault, zpp_ckpt_saved *saved);
 
 /* Loads the published checkpoint of DIR (or the step folder DIR) into the
  * engine, after checking it against `meta` (this run; meta->step ignored).

@@ -608,6 +608,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'zeropp.collective_timeout_s' must be >= 0 seconds (0 = wait forever), "
                          "got %g",
                          cfg->collective_timeout_s);
+    if (!(cfg->peak_tflops >= 0) || !isfinite(cfg->peak_tflops))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zeropp.peak_tflops' must be >= 0 TFLOP/s (0 = the GPU's preset), "
+                         "got %g",
+                         cfg->peak_tflops);
     if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
         return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
                          cfg->gradient_clipping);

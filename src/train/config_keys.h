@@ -194,6 +194,9 @@
     X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
       "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
       ">= 0; 0 = wait forever; --collective-timeout")                                             \
+    X("zeropp.peak_tflops", NUM, peak_tflops, 0, 0, (0), 0,                                     \
+      "peak TFLOP/s of one rank's device for MFU, >= 0; 0 = the GPU's preset when its name is "  \
+      "known (bf16/fp16 tensor or fp32 peak), else no MFU; --peak-tflops (docs/logs.md)")         \
     X("zeropp.data_order", DATA_ORDER, data_order, 0, 0, (0), 0,                                  \
       "\"shuffled\" (a keyed permutation of windows) | \"sequential\" (step s reads tokens "       \
       "[s G T, (s+1) G T] of the training split as llm.c's DataLoader; --data-order)")            \

@@ -205,6 +205,12 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
     in->data = di;
     in->mode = mode_name(c, t->mode, sizeof t->mode);
+    in->qwz = c->zero.quantized_weights != 0;
+    in->hpz_partition = hpz ? c->zero.hpz_partition_size : 0;
+    in->qgz = c->zero.quantized_gradients != 0;
+    in->dtype = wd;
+    in->gpu = o->gpu != 0;
+    ZPP_CHECK(zpp_device_name(t->dev, in->device, sizeof in->device));
     /* the save hooks (trainer.h), read once; the engine's kind is ignored */
     return zpp_fault_from_env(&t->fault);
 }
@@ -350,9 +356,10 @@ zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir) {
     return zpp_checkpoint_check_dir(dir, t->info.world_rank);
 }
 
-zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done) {
+zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done,
+                            zpp_ckpt_saved *saved) {
     zpp_ckpt_meta m = ckpt_meta(t, steps_done);
-    return zpp_checkpoint_save(t->engine, &m, dir, t->cfg.keep_checkpoints, &t->fault);
+    return zpp_checkpoint_save(t->engine, &m, dir, t->cfg.keep_checkpoints, &t->fault, saved);
 }
 
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) {

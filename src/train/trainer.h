@@ -5,6 +5,7 @@
 #define ZPP_TRAIN_TRAINER_H
 
 #include "engine/engine.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/sample.h"
@@ -17,6 +18,12 @@ typedef struct zpp_trainer_info {
     size_t n_params;       /* model parameters (unpadded) */
     zpp_data_info data;
     const char *mode;      /* "zero3", "qwz", "qwz+hpz+qgz", ... */
+    /* The resolved ZeRO++ options, for the log's header: hpz_partition is
+     * the ranks sharing a secondary copy (0: hpZ off). */
+    int qwz, hpz_partition, qgz;
+    zpp_dtype dtype;       /* the working dtype */
+    int gpu;               /* 1: one GPU per rank; 0: host ranks */
+    char device[128];      /* this rank's device name: "host", "NVIDIA H200" */
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
@@ -96,7 +103,9 @@ zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volum
 zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, float *loss_p,
                                 zpp_volume *volume_p);
 
-/* Checkpoints (train/checkpoint.h: the layout and formats): each save is a
+/* Checkpoints (train/checkpoint.h: the layout and formats; `saved`, NULL
+ * or filled on success, says where the save went, its bytes and seconds,
+ * zpp_ckpt_saved): each save is a
  * new step folder of `dir`, published by rank 0 with one atomic rename of
  * dir/checkpoint.json once every rank's file is written and fsynced; the
  * previous checkpoint stays valid until then, and the newest
@@ -118,7 +127,8 @@ zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, fl
  * ZPP_FAULT=save_kill@STEP makes rank 1 (rank 0 when alone) write half its
  * file of that save and end with status 137, as a rank killed mid-save.
  * Read once, at zpp_trainer_create (core/fault.h). */
-zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done);
+zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done,
+                            zpp_ckpt_saved *saved);
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p);
 const char *zpp_trainer_resume_note(const zpp_trainer *t);
 /* What a checkpoint says of the run that saved it (besides its config). */
