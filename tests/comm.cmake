@@ -8,3 +8,5 @@ zpp_test(test_comm SOURCES ${ZPP_COMM_TEST_SOURCES} NP 3 TIMEOUT 120)
 zpp_test(test_comm SOURCES ${ZPP_COMM_TEST_SOURCES} NP 4 TIMEOUT 180)
 zpp_test(test_comm SOURCES ${ZPP_COMM_TEST_SOURCES} NP 6 TIMEOUT 180)
 zpp_test(test_comm SOURCES ${ZPP_COMM_TEST_SOURCES} NP 8 TIMEOUT 240)
+# The NCCL host identities of emulated nodes (comm/hostid.h): pure, no MPI.
+zpp_test(test_hostid SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_hostid.c CASES_FROM_SOURCE)

@@ -29,7 +29,10 @@
  * NCCL_HOSTID per node) cannot follow an ordinary topology in one process.
  * ctest therefore runs each test function as its own process (CASE lines in
  * comm_nccl.cmake); test_nccl_emulated_nodes (2 emulated nodes of 1 rank,
- * which talk over NCCL's socket transport) needs that.
+ * which talk over NCCL's socket transport) needs that, and so does
+ * test_nccl_emulated_nodes_of_two (also run at 4 ranks: 2 nodes of 2, whose
+ * ranks share the GPU on a host with one, each then its own NCCL host; it
+ * also checks qwZ, hpZ and qgZ against the MPI backend byte for byte).
  *
  * Not tested: an error code returned by NCCL itself (the NCCLCHECK path with
  * NCCL's message). NCCL's own argument checks are all preceded by the
@@ -49,6 +52,7 @@
 
 #include <unistd.h>
 
+#include "collectives/coll_data.h"
 #include "collectives/collectives.h"
 #include "comm/comm.h"
 #include "core/dtype.h"
@@ -914,6 +918,134 @@ static void test_nccl_reduce_beside_gathers(void) {
     }
 }
 
+/* ---- Hierarchical collectives against the MPI backend -------------------------
+ * qwZ's gather keeping hpZ's secondary shard, hpZ's gather of secondary
+ * shards inside the node, and qgZ's two-hop reduction (stochastic int4), on
+ * the NCCL topology and on an MPI topology of the same nodes with host
+ * buffers and the host device. Every output must be the same bytes on both:
+ * the quantization kernels equal the CPU's bit for bit (test_quant_cuda),
+ * every sum is one of our kernels, in the same order on both, and the
+ * exchanges only move bytes. The collectives' byte counts must be equal too. */
+
+enum { HIER_UNITS = 4 };
+static const size_t hier_numel[HIER_UNITS] = {((size_t)1 << 18) + 7, 40001, 1000, 3};
+
+/* The record of one unit: gathered (bf16, padded), gathered again from the
+ * secondary shards (bf16, padded), reduced shard (fp32). */
+static size_t hier_unit_bytes(const zpp_partition *p) { return 4 * p->padded + 4 * p->shard_len; }
+
+static size_t hier_bytes(const zpp_topo *t) {
+    size_t b = 0;
+    for (int u = 0; u < HIER_UNITS; u++) {
+        zpp_partition p = zpp_partition_make(hier_numel[u], t);
+        b += hier_unit_bytes(&p);
+    }
+    return b;
+}
+
+/* Runs the three collectives on every unit; rec (host, hier_bytes) gets the
+ * record, *vol the collectives' volume. */
+static void hier_run(zpp_topo *t, zpp_device *d, unsigned char *rec, zpp_volume *vol) {
+    zpp_coll_opts o = zpp_coll_opts_default();
+    o.grad_spec.stochastic = 1;
+    zpp_coll *c = NULL;
+    EXPECT_OK(zpp_coll_create(t, &o, d, &c));
+    zpp_coll_set_round(c, 3);
+    const uint64_t seed = zpp_test_seed(0x41e2);
+    size_t at = 0;
+    for (int u = 0; u < HIER_UNITS; u++) {
+        const zpp_partition p = zpp_partition_make(hier_numel[u], t);
+        uint16_t *hs = host_alloc(p.shard_len * 2), *hg = host_alloc(p.padded * 2);
+        for (size_t i = 0; i < p.shard_len; i++)
+            zpp_store_f32(hs, ZPP_BF16, i,
+                          zpp_coll_data_weight(seed, (uint64_t)u,
+                                               (size_t)t->world_rank * p.shard_len + i, p.numel,
+                                               ZPP_BF16));
+        for (size_t i = 0; i < p.padded; i++)
+            zpp_store_f32(hg, ZPP_BF16, i,
+                          zpp_coll_data_grad(seed, (uint64_t)u, t->world_rank, i, p.numel,
+                                             ZPP_BF16, 0));
+        void *shard, *full, *sec, *full2, *grad, *red;
+        EXPECT_OK(zpp_device_alloc(d, p.shard_len * 2, &shard));
+        EXPECT_OK(zpp_device_alloc(d, p.padded * 2, &full));
+        EXPECT_OK(zpp_device_alloc(d, p.sec_len * 2, &sec));
+        EXPECT_OK(zpp_device_alloc(d, p.padded * 2, &full2));
+        EXPECT_OK(zpp_device_alloc(d, p.padded * 2, &grad));
+        EXPECT_OK(zpp_device_alloc(d, p.shard_len * 4, &red));
+        EXPECT_OK(zpp_device_copy(d, shard, hs, p.shard_len * 2));
+        EXPECT_OK(zpp_device_copy(d, grad, hg, p.padded * 2));
+        zpp_coll_op *op = NULL;
+        EXPECT_OK(zpp_coll_gather_start(c, &p, ZPP_GATHER_QWZ, ZPP_BF16, shard, full, sec,
+                                        ZPP_PHASE_FWD_GATHER, &op));
+        EXPECT_OK(zpp_coll_finish(c, op));
+        EXPECT_OK(zpp_coll_gather_secondary_start(c, &p, ZPP_BF16, sec, full2,
+                                                  ZPP_PHASE_BWD_GATHER, &op));
+        EXPECT_OK(zpp_coll_finish(c, op));
+        EXPECT_OK(zpp_coll_reduce_start(c, &p, ZPP_REDUCE_QGZ, ZPP_BF16, grad, red, &op));
+        EXPECT_OK(zpp_coll_finish(c, op));
+        EXPECT_OK(zpp_device_copy(d, rec + at, full, p.padded * 2));
+        EXPECT_OK(zpp_device_copy(d, rec + at + p.padded * 2, full2, p.padded * 2));
+        EXPECT_OK(zpp_device_copy(d, rec + at + p.padded * 4, red, p.shard_len * 4));
+        at += hier_unit_bytes(&p);
+        void *bufs[6] = {shard, full, sec, full2, grad, red};
+        for (int k = 0; k < 6; k++) zpp_device_free(d, bufs[k]);
+        free(hs);
+        free(hg);
+    }
+    EXPECT_OK(zpp_device_sync(d, NULL));
+    *vol = *zpp_coll_volume(c);
+    zpp_coll_destroy(c);
+}
+
+/* The NCCL topology of cx against an MPI one of the same node size. */
+static void check_hierarchical_matches_mpi(ctx *cx) {
+    zpp_topo *t = cx->topo;
+    const size_t bytes = hier_bytes(t);
+    unsigned char *got = host_alloc(bytes), *want = host_alloc(bytes);
+    zpp_volume vg, vw;
+    hier_run(t, cx->dev, got, &vg);
+    zpp_device *host = NULL;
+    EXPECT_OK(zpp_device_create_host(&host));
+    zpp_topo_opts o = {ZPP_BACKEND_MPI, t->node_size, NULL, 0, 0.0};
+    zpp_topo *mt = NULL;
+    EXPECT_OK(zpp_topo_create(&o, &mt));
+    EXPECT(mt->node == t->node && mt->local_rank == t->local_rank && mt->nodes == t->nodes,
+           "MPI topology: node %d local %d of %d nodes; NCCL: node %d local %d of %d", mt->node,
+           mt->local_rank, mt->nodes, t->node, t->local_rank, t->nodes);
+    hier_run(mt, host, want, &vw);
+    zpp_topo_destroy(mt);
+    zpp_device_destroy(host);
+    static const char *const part_name[3] = {"the qwZ gather", "the hpZ gather of secondary "
+                                             "shards", "the qgZ reduction"};
+    size_t at = 0;
+    for (int u = 0; u < HIER_UNITS; u++) {
+        const zpp_partition p = zpp_partition_make(hier_numel[u], t);
+        const size_t len[3] = {p.padded * 2, p.padded * 2, p.shard_len * 4};
+        for (int k = 0; k < 3; k++) {
+            size_t first = len[k];
+            for (size_t i = 0; i < len[k] && first == len[k]; i++)
+                if (got[at + i] != want[at + i]) first = i;
+            EXPECT(first == len[k],
+                   "rank %d (node %d of %d), unit %d (%zu elements): %s differs from the MPI "
+                   "backend's at byte %zu of %zu (0x%02x, MPI 0x%02x)",
+                   t->world_rank, t->node, t->nodes, u, p.numel, part_name[k], first, len[k],
+                   got[at + first], want[at + first]);
+            at += len[k];
+        }
+    }
+    for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++)
+        EXPECT(vg.cross_node_bytes[ph] == vw.cross_node_bytes[ph] &&
+                   vg.intra_node_bytes[ph] == vw.intra_node_bytes[ph] &&
+                   vg.calls[ph] == vw.calls[ph],
+               "%s: NCCL %.0f cross + %.0f intra bytes in %llu calls, MPI %.0f + %.0f in %llu",
+               zpp_phase_name((zpp_phase)ph), vg.cross_node_bytes[ph],
+               vg.intra_node_bytes[ph], (unsigned long long)vg.calls[ph],
+               vw.cross_node_bytes[ph], vw.intra_node_bytes[ph],
+               (unsigned long long)vw.calls[ph]);
+    free(got);
+    free(want);
+}
+
 /* ---- Tests ------------------------------------------------------------------- */
 
 /* One node of every rank (NVLink between the GPUs). */
@@ -1135,10 +1267,64 @@ static void test_nccl_emulated_nodes(void) {
     zpp_device_destroy(dev);
 }
 
-/* The emulated-nodes test comes last: see its comment. */
+/* Emulated nodes of 2 ranks: 4 ranks as 2 nodes (at 2 ranks, one node of 2;
+ * comm_nccl.cmake runs it at both). With one GPU the two ranks of a node
+ * share it, which NCCL refuses within one host ("Duplicate GPU detected"),
+ * so each is an NCCL host of its own, "<prefix>-zppnode<n>-r<local>"
+ * (sockets between all of them), and the topology's note says so; with more
+ * GPUs a node's ranks have their own and the node keeps one id. Either way
+ * the topology stays nodes of 2: intra has the node's 2 ranks (hpZ's
+ * gather, qgZ's first all-to-all), inter one rank per node. Every operation
+ * on the six communicators against the host reference, then the
+ * hierarchical collectives against the MPI backend's bytes. Needs a process
+ * of its own, as test_nccl_emulated_nodes. */
+static void test_nccl_emulated_nodes_of_two(void) {
+    if (nccl_used)
+        zpp_test_skip("test_nccl_emulated_nodes_of_two: NCCL already ran in this process; run "
+                      "it alone: mpirun -np 4 <this program> test_nccl_emulated_nodes_of_two");
+    const int W = world_size();
+    EXPECT(W % 2 == 0, "test_nccl_emulated_nodes_of_two needs an even number of ranks, not %d",
+           W);
+    /* a node's two ranks are consecutive on the host: GPUs local % gpus */
+    const int shared = gpus_here() < 2;
+    ctx cx;
+    ctx_open(&cx, 2, 1);
+    const zpp_topo *t = cx.topo;
+    const char *hid = getenv("NCCL_HOSTID");
+    char want[64];
+    if (shared)
+        snprintf(want, sizeof want, "-zppnode%d-r%d", t->node, t->local_rank);
+    else
+        snprintf(want, sizeof want, "-zppnode%d", t->node);
+    const size_t hl = hid ? strlen(hid) : 0, wl = strlen(want);
+    EXPECT(hid && hl > wl && strcmp(hid + hl - wl, want) == 0,
+           "rank %d: NCCL_HOSTID is '%s', expected it to end in '%s' (%d GPU(s) here)",
+           zpp_test_rank, hid ? hid : "(unset)", want, gpus_here());
+    if (shared) {
+        char stays[96];
+        snprintf(stays, sizeof stays, "as a separate host; the topology stays %d node%s of 2",
+                 t->nodes, t->nodes == 1 ? "" : "s");
+        EXPECT(strncmp(t->note, "ranks of node 0 share GPU ", 26) == 0 &&
+                   strstr(t->note, stays) != NULL,
+               "rank %d: note '%s'", zpp_test_rank, t->note);
+    } else {
+        EXPECT(t->note[0] == '\0', "rank %d: note '%s' with a GPU per rank", zpp_test_rank,
+               t->note);
+    }
+    check_all_ops(&cx);
+    check_hierarchical_matches_mpi(&cx);
+    ctx_close(&cx);
+    /* A second topology of the same emulation takes the same ids. */
+    ctx_open(&cx, 2, 1);
+    check_allgather(&cx, WHICH_INTRA, 1, 1);
+    check_alltoall(&cx, WHICH_INTER, 1);
+    ctx_close(&cx);
+}
+
+/* The emulated-nodes tests come last: see their comments. */
 ZPP_TESTS(ZPP_TEST_GPU(test_nccl_one_node), ZPP_TEST_GPU(test_nccl_nodes_of_one),
           ZPP_TEST_GPU(test_nccl_invalid_arguments), ZPP_TEST_GPU(test_nccl_hostid_fixed_per_process),
           ZPP_TEST_GPU(test_nccl_timeout_reports_instead_of_hanging),
           ZPP_TEST_GPU(test_nccl_watchdog_ends_a_stalled_sync),
           ZPP_TEST_GPU(test_nccl_reduce_beside_gathers),
-          ZPP_TEST_GPU(test_nccl_emulated_nodes), )
+          ZPP_TEST_GPU(test_nccl_emulated_nodes), ZPP_TEST_GPU(test_nccl_emulated_nodes_of_two), )

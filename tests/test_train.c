@@ -28,6 +28,8 @@
 #define MAX_STEPS 512
 
 static void expect_clean_failure(int np, const char *args, const char *needle);
+static int run_train_env(int np, const char *fault, const char *args, const char *out,
+                         const char *err);
 static const char *ckpt_rank_path(const char *dir, int r, char *out);
 
 
@@ -1146,6 +1148,50 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     EXPECT(manifest_step(dir) == -1, "a checkpoint was written by a failed run in %s", dir);
 }
 
+/* GPU against CPU, the bounds of test_gpu_matches_cpu (below, which says
+ * why they hold): trains the 64-wide bf16 GPT with `zero` (a
+ * zero_optimization entry) for 6 steps on np ranks, with `args` (the node
+ * size) on the CPU and with `args` plus `gpu_args` on the GPU; the GPU run's
+ * stdout goes to gpu_out (NULL: nowhere). Every step's loss within 1e-3 of
+ * the CPU's (step 1 within 2^-8), the same cross- and intra-node bytes
+ * exactly, the profile fields sound, and the loss falls. */
+static void expect_gpu_matches_cpu(const char *name, int np, const char *zero, const char *args,
+                                   const char *gpu_args, const char *gpu_out) {
+    const int steps = 6;
+    double loss[2][MAX_STEPS], cross[2][MAX_STEPS], intra[2][MAX_STEPS];
+    for (int gpu = 0; gpu < 2; gpu++) {
+        char cfg[512], met[512], err[512], json[2048], extra[512], cmd[2048], file[64];
+        snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 4, %s", zero);
+        model_json_w(json, sizeof json, 64, 1, extra);
+        snprintf(file, sizeof file, "gpu_%s.json", name);
+        write_text(zpp_test_tmp_path(file, cfg), "%s", json);
+        snprintf(file, sizeof file, "gpu_%s_%d.jsonl", name, gpu);
+        zpp_test_tmp_path(file, met);
+        snprintf(cmd, sizeof cmd, "--config %s --steps %d %s --device %s%s --profile --metrics %s",
+                 cfg, steps, args, gpu ? "gpu" : "cpu", gpu ? gpu_args : "", met);
+        int rc = run_train_env(np, NULL, cmd, gpu ? gpu_out : NULL,
+                               zpp_test_tmp_path("err.txt", err));
+        EXPECT(rc == 0, "%s on the %s: exit %d; stderr in %s", name, gpu ? "GPU" : "CPU", rc,
+               err);
+        EXPECT(zpp_test_read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
+        EXPECT(zpp_test_read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
+        EXPECT(zpp_test_read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
+        expect_profile_fields(met, steps);
+    }
+    printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n", name,
+           loss[0][0], loss[1][0], steps, loss[0][steps - 1], loss[1][steps - 1]);
+    EXPECT(fabs(loss[1][0] - loss[0][0]) <= 0x1p-8 * loss[0][0], "%s step 1: %.9g vs %.9g", name,
+           loss[1][0], loss[0][0]);
+    for (int s = 0; s < steps; s++) {
+        EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-3 * loss[0][s],
+               "%s step %d: gpu %.9g vs cpu %.9g", name, s + 1, loss[1][s], loss[0][s]);
+        EXPECT(cross[1][s] == cross[0][s] && intra[1][s] == intra[0][s],
+               "%s step %d: %.0f + %.0f cross- + intra-node bytes vs %.0f + %.0f", name, s + 1,
+               cross[1][s], intra[1][s], cross[0][s], intra[0][s]);
+    }
+    EXPECT(loss[1][steps - 1] < loss[1][0], "%s: the loss did not fall", name);
+}
+
 /* GPU (label gpu, 2 GPUs or 1): `--device gpu` trains like `--device cpu`.
  * Two runs of each: ZeRO-3 with both ranks on one node (NVLink), and qwZ +
  * qgZ with each rank its own emulated node (NCCL over sockets between them).
@@ -1169,54 +1215,46 @@ static void test_gpu_matches_cpu(void) {
         printf("  not run (it needs 2 GPUs, NVLink): zero3 on one node of 2 ranks; this host shows "
                "%d GPU, so zero3 runs as 2 emulated nodes sharing it\n",
                zpp_device_gpu_count());
-    const char *runs[][3] = {
-        {"zero3", "\"zero_optimization\": {\"stage\": 3}",
-         one_gpu ? "--node-size 1" : "--node-size 2"},
-        {"qwz_qgz",
-         "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": true,"
-         " \"zero_quantized_gradients\": true}",
-         "--node-size 1"},
-    };
-    const int steps = 6;
-    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        double loss[2][MAX_STEPS], cross[2][MAX_STEPS], intra[2][MAX_STEPS];
-        for (int gpu = 0; gpu < 2; gpu++) {
-            char cfg[512], met[512], err[512], json[2048], extra[512], args[2048], name[64];
-            snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 4, %s",
-                     runs[r][1]);
-            model_json_w(json, sizeof json, 64, 1, extra);
-            snprintf(name, sizeof name, "gpu_%s.json", runs[r][0]);
-            write_text(zpp_test_tmp_path(name, cfg), "%s", json);
-            snprintf(name, sizeof name, "gpu_%s_%d.jsonl", runs[r][0], gpu);
-            zpp_test_tmp_path(name, met);
-            snprintf(args, sizeof args,
-                     "--config %s --steps %d %s --device %s%s --profile --metrics %s", cfg,
-                     steps, runs[r][2], gpu ? "gpu" : "cpu",
-                     gpu && !strcmp(runs[r][2], "--node-size 1") ? " --emulate-nodes" : "",
-                     met);
-            int rc = run_train(2, args, zpp_test_tmp_path("err.txt", err));
-            EXPECT(rc == 0, "%s on the %s: exit %d; stderr in %s", runs[r][0],
-                   gpu ? "GPU" : "CPU", rc, err);
-            EXPECT(zpp_test_read_metric(met, "loss", loss[gpu], MAX_STEPS) == steps);
-            EXPECT(zpp_test_read_metric(met, "cross_node_bytes", cross[gpu], MAX_STEPS) == steps);
-            EXPECT(zpp_test_read_metric(met, "intra_node_bytes", intra[gpu], MAX_STEPS) == steps);
-            expect_profile_fields(met, steps);
-        }
-        printf("  %-7s step 1 loss: cpu %.9g gpu %.9g; step %d: cpu %.9g gpu %.9g\n",
-               runs[r][0], loss[0][0], loss[1][0], steps, loss[0][steps - 1],
-               loss[1][steps - 1]);
-        EXPECT(fabs(loss[1][0] - loss[0][0]) <= 0x1p-8 * loss[0][0], "%s step 1: %.9g vs %.9g",
-               runs[r][0], loss[1][0], loss[0][0]);
-        for (int s = 0; s < steps; s++) {
-            EXPECT(fabs(loss[1][s] - loss[0][s]) <= 1e-3 * loss[0][s],
-                   "%s step %d: gpu %.9g vs cpu %.9g", runs[r][0], s + 1, loss[1][s],
-                   loss[0][s]);
-            EXPECT(cross[1][s] == cross[0][s] && intra[1][s] == intra[0][s],
-                   "%s step %d: %.0f + %.0f cross- + intra-node bytes vs %.0f + %.0f",
-                   runs[r][0], s + 1, cross[1][s], intra[1][s], cross[0][s], intra[0][s]);
-        }
-        EXPECT(loss[1][steps - 1] < loss[1][0], "%s: the loss did not fall", runs[r][0]);
-    }
+    expect_gpu_matches_cpu("zero3", 2, "\"zero_optimization\": {\"stage\": 3}",
+                           one_gpu ? "--node-size 1" : "--node-size 2",
+                           one_gpu ? " --emulate-nodes" : "", NULL);
+    expect_gpu_matches_cpu("qwz_qgz", 2,
+                           "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": "
+                           "true, \"zero_quantized_gradients\": true}",
+                           "--node-size 1", " --emulate-nodes", NULL);
+}
+
+/* GPU (label gpu, 1 GPU or more): all three of ZeRO++ (qwZ, hpZ's
+ * secondary shards gathered inside the node, qgZ's two hops) on 4 ranks as
+ * 2 emulated nodes of 2 trains like the CPU, within test_gpu_matches_cpu's
+ * bounds (issue 28 item 5). On one GPU the two ranks of each node share it,
+ * which NCCL refuses within one host: each such rank becomes an NCCL host
+ * of its own (sockets between all four; comm/hostid.h) while hpZ and qgZ
+ * still see 2 nodes of 2, and rank 0 prints one note saying so. With 2 or
+ * more GPUs a node's ranks have GPUs of their own and no note is printed. */
+static void test_gpu_hpz_nodes_of_two_matches_cpu(void) {
+    char out[512];
+    expect_gpu_matches_cpu("hpz_2x2", 4,
+                           "\"zero_optimization\": {\"stage\": 3, \"zero_quantized_weights\": "
+                           "true, \"zero_hpz_partition_size\": 2, "
+                           "\"zero_quantized_gradients\": true}",
+                           "--node-size 2", " --emulate-nodes",
+                           zpp_test_tmp_path("gpu_hpz_2x2.out", out));
+    const int shared = zpp_device_gpu_count() == 1;
+    char met[512];
+    zpp_test_tmp_path("gpu_hpz_2x2_1.jsonl", met);
+    EXPECT(zpp_test_count_lines(met, "\"mode\":\"qwz+hpz+qgz\"") == 6,
+           "the GPU run's steps are not all qwz+hpz+qgz; see %s", met);
+    EXPECT(zpp_test_count_lines(out, "4 ranks = 2 nodes of 2") == 1,
+           "the GPU run's header does not say 2 nodes of 2; see %s", out);
+    EXPECT(zpp_test_count_lines(out, "share GPU") == shared,
+           "%d GPU(s): expected %d note(s) of ranks sharing a GPU; see %s",
+           zpp_device_gpu_count(), shared, out);
+    if (shared)
+        EXPECT(zpp_test_count_lines(out, "note: ranks of node 0 share GPU ") == 1 &&
+                   zpp_test_count_lines(out, "each talks over sockets, as a separate host; the "
+                                             "topology stays 2 nodes of 2") == 1,
+               "the note is not the expected one; see %s", out);
 }
 
 /* GPU (label gpu): ZeRO++ learns as well as ZeRO-3 on the GPU, where the
@@ -2376,7 +2414,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss), ZPP_TEST(test_demo_summary),
-          ZPP_TEST_GPU(test_gpu_matches_cpu),
+          ZPP_TEST_GPU(test_gpu_matches_cpu), ZPP_TEST_GPU(test_gpu_hpz_nodes_of_two_matches_cpu),
           ZPP_TEST_GPU(test_gpu_zeropp_matches_zero3_validation_loss),
           ZPP_TEST(test_profile_metrics), ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),

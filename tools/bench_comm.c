@@ -851,6 +851,7 @@ int zpp_cli_bench_comm(int argc, char **argv) {
                 if (o.mode_on[m]) print_json(&b, zpp_coll_mode_get(m), &res[m], z3, plain, backend);
         } else {
             print_table(&b, res, plain, backend);
+            if (b.topo->note[0]) printf("note: %s\n", b.topo->note);
         }
         fflush(stdout);
         if (!all_ok)

@@ -161,6 +161,8 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
         const char *unit = d->kind == ZPP_DATA_RAW_TEXT ? "bytes" : "tokens";
         printf("eval: checkpoint %s (step %d), GPT-2 %zu params, %d rank%s\n", a.dir, step,
                in->n_params, world, world == 1 ? "" : "s");
+        const char *comm_note = zpp_trainer_comm_note(t);
+        if (comm_note[0]) printf("note: %s\n", comm_note);
         printf("data: %s (%s, %zu %s); %s: %s %s [%zu, %zu)\n", what,
                zpp_data_kind_name(d->kind), d->n_tokens, unit,
                train_split ? "the training split (--split train)"

@@ -70,7 +70,8 @@ static void usage(FILE *f) {
             "  --node-size S     ranks per (emulated) node; must divide the world size\n"
             "  --device D        cpu (host ranks, MPI) or gpu (one GPU per rank, NCCL)\n"
             "  --emulate-nodes   gpu: a distinct NCCL_HOSTID per node, so nodes talk over\n"
-            "                    sockets (launch with mpirun --bind-to none)\n"
+            "                    sockets (launch with mpirun --bind-to none); ranks of a node\n"
+            "                    that share a GPU each get their own (docs/emulated-nodes.md)\n"
             "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K);\n"
             "                    DIR is created (and checked writable) before step 1; each save\n"
             "                    is a new DIR/step-N folder, published atomically; the newest\n"
@@ -627,6 +628,8 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     const double peak = peak_tflops(a, cfg, in, why, sizeof why);
     if (rank == 0) {
         print_header(label, cfg, in, fpt, peak, why);
+        const char *comm_note = zpp_trainer_comm_note(t);
+        if (comm_note[0]) printf("note: %s\n", comm_note);
         fflush(stdout);
     }
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;

@@ -125,6 +125,12 @@ typedef struct zpp_topo {
      * STREAMS AND ORDERING). On MPI they are world, intra and inter
      * themselves (the host blocks in each wait; nothing would overlap). */
     zpp_comm *red_world, *red_intra, *red_inter;
+    /* What the backend changed about how the ranks talk, for people (the
+     * trainer prints it); "" when nothing. NCCL with emulated nodes whose
+     * ranks share a GPU: "ranks of node 0 share GPU 0000:1b:00.0: each talks
+     * over sockets, as a separate host; the topology stays 2 nodes of 2"
+     * (comm/hostid.h). The same on every rank. */
+    char note[320];
 } zpp_topo;
 
 typedef enum zpp_backend_kind { ZPP_BACKEND_MPI = 0, ZPP_BACKEND_NCCL = 1 } zpp_backend_kind;
@@ -138,7 +144,12 @@ typedef struct zpp_topo_opts {
      * ordered against its compute stream and use its events. Not owned. */
     zpp_device *device;
     /* NCCL only: 1 sets a distinct NCCL_HOSTID per emulated node before NCCL
-     * initialises, so emulated nodes talk over NCCL's network transport. */
+     * initialises, so emulated nodes talk over NCCL's network transport.
+     * Where ranks of one node share a GPU (NCCL refuses two ranks of one
+     * host on one GPU), each rank of that node gets an NCCL_HOSTID of its
+     * own instead, and talks to the others over sockets too; the topology
+     * (node, local_rank, intra, inter) stays as node_size says, and
+     * zpp_topo.note says so (comm/hostid.h). */
     int emulate_nodes;
     /* Seconds any wait on these communicators may last before it returns
      * ZPP_ERR_TIMEOUT (see "Deadlines" above); 0 = wait forever. The

@@ -2,9 +2,13 @@
  * ordered against the caller's compute stream.
  *
  * SETUP (zpp_comm_nccl_create_topo, collective over MPI_COMM_WORLD)
- *   1. Local: check the rank's GPU (opts->device, a zpp_device), pin
- *      NCCL_NVLS_ENABLE=0, and for emulated
- *      nodes set NCCL_HOSTID to one value per emulated node. NCCL reads
+ *   1. Check the rank's GPU (opts->device, a zpp_device) and exchange, over
+ *      MPI, every rank's host prefix and GPU PCI bus id (comm/hostid.h).
+ *      Then, locally: pin NCCL_NVLS_ENABLE=0, and for emulated nodes set
+ *      NCCL_HOSTID to one value per emulated node, or one per rank for a
+ *      node whose ranks share a GPU (NCCL refuses two ranks of one host on
+ *      one GPU; as hosts of their own they talk over sockets, and
+ *      zpp_topo.note says so; the topology itself is unchanged). NCCL reads
  *      NCCL_HOSTID once per process (its host hash is computed under a
  *      once-flag at the first init), so the first topology of a process fixes
  *      it: a later topology that needs another value is refused with
@@ -143,9 +147,10 @@
  * above for what it shares.
  *
  * KNOBS (environment, read in zpp__nccl_env_read only):
- *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values
- *                           (default: this host's name, so ranks on
- *                           different real hosts never share an id)
+ *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values,
+ *                           <prefix>-zppnode<n>[-r<local>] (default: this
+ *                           host's name, so ranks on different real hosts
+ *                           never share an id; comm/hostid.h)
  *   ZPP_NCCL_TIMEOUT_S      when set, overrides the topology's deadline
  *                           (zpp_topo_opts.timeout_s, the trainer's
  *                           zeropp.collective_timeout_s) for the NCCL
@@ -173,6 +178,7 @@
 
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
+#include "comm/hostid.h"
 #include "core/error.h"
 #include "device/device.h"
 
@@ -182,7 +188,7 @@
 /* ---- Knobs ------------------------------------------------------------- */
 
 typedef struct zpp__nccl_env {
-    char hostid_prefix[128];
+    char hostid_prefix[ZPP_HOSTID_PREFIX_CAP];
     double timeout_s; /* ZPP_NCCL_TIMEOUT_S; < 0: not set (the topology's) */
     int req_pool;
     int reduce_stream; /* ZPP_NCCL_REDUCE_STREAM: 0 = one stream for all */
@@ -291,7 +297,7 @@ struct zpp__nccl_comm {
 
 /* NCCL_HOSTID of this process, fixed by its first topology (see top). */
 static int zpp__nccl_process_started;
-static char zpp__nccl_process_hostid[192];
+static char zpp__nccl_process_hostid[ZPP_HOSTID_CAP];
 
 /* ---- Errors -------------------------------------------------------------- */
 
@@ -900,12 +906,36 @@ static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, const char *sta
     return zpp_error_context(st, "nccl setup (%s)", stage);
 }
 
-/* Chooses this process's NCCL_HOSTID before NCCL first reads it. */
+/* The rank's GPU, checked, and what the others need to know of it to tell
+ * whether it shares that GPU with a rank of its node (comm/hostid.h). */
+static zpp_status zpp__nccl_identify(const zpp_topo *topo, const zpp_topo_opts *opts,
+                                     const zpp__nccl_env *env, zpp_hostid_rank *me) {
+    static const char op[] = "nccl setup";
+    zpp_device *d = opts->device;
+    if (!d || d->mem != ZPP_MEM_DEVICE || d->ordinal < 0)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "%s: rank %d has no GPU in the topology options (device %s); the NCCL "
+                         "backend needs the rank's GPU: create it with zpp_device_create_gpu "
+                         "and pass it as opts->device, or use the MPI backend",
+                         op, topo->world_rank, !d ? "NULL" : d->ops ? d->ops->name : "?");
+    memset(me, 0, sizeof *me);
+    snprintf(me->prefix, sizeof me->prefix, "%s", env->hostid_prefix);
+    zpp_status st = zpp_device_gpu_bus_id(d->ordinal, me->bus_id, sizeof me->bus_id);
+    if (st != ZPP_OK) return zpp_error_context(st, "%s: rank %d", op, topo->world_rank);
+    return ZPP_OK;
+}
+
+/* Chooses this process's NCCL_HOSTID before NCCL first reads it: with
+ * emulated nodes, the node's or (ranks sharing a GPU) the rank's own, from
+ * every rank's identity `ids` (comm/hostid.h). */
 static zpp_status zpp__nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *opts,
-                                   const zpp__nccl_env *env) {
+                                   const zpp_hostid_rank *ids) {
     char want[sizeof zpp__nccl_process_hostid] = "";
-    if (opts->emulate_nodes)
-        snprintf(want, sizeof want, "%s-zppnode%d", env->hostid_prefix, topo->node);
+    if (opts->emulate_nodes) {
+        zpp_status st = zpp_hostid_emulated(ids, topo->world_size, topo->node_size,
+                                            topo->world_rank, want, sizeof want, NULL);
+        if (st != ZPP_OK) return zpp_error_context(st, "nccl setup");
+    }
     if (zpp__nccl_process_started) {
         if (strcmp(want, zpp__nccl_process_hostid) != 0)
             return zpp_error(ZPP_ERR_STATE,
@@ -925,19 +955,14 @@ static zpp_status zpp__nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *op
     return ZPP_OK;
 }
 
-/* Everything this rank can set up without its peers. */
+/* Everything this rank can set up without its peers, once every rank's
+ * identity `ids` is known (the device was checked by zpp__nccl_identify). */
 static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opts *opts,
-                                        const zpp__nccl_env *env, zpp__nccl_shared **sh_p) {
+                                        const zpp__nccl_env *env, const zpp_hostid_rank *ids,
+                                        zpp__nccl_shared **sh_p) {
     static const char op[] = "nccl setup";
     zpp_device *d = opts->device;
-    if (!d || d->mem != ZPP_MEM_DEVICE || d->ordinal < 0)
-        return zpp_error(ZPP_ERR_CONFIG,
-                         "%s: rank %d has no GPU in the topology options (device %s); the NCCL "
-                         "backend needs the rank's GPU: create it with zpp_device_create_gpu "
-                         "and pass it as opts->device, or use the MPI backend",
-                         op, topo->world_rank, !d ? "NULL" : d->ops ? d->ops->name : "?");
-
-    ZPP_CHECK(zpp__nccl_hostid(topo, opts, env));
+    ZPP_CHECK(zpp__nccl_hostid(topo, opts, ids));
     int version = 0;
     NCCLCHECK(NULL, ncclGetVersion(&version), op);
     if (version < ZPP__NCCL_MIN_VERSION)
@@ -1109,6 +1134,7 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         {"inter (reduce)", local, node, node, topo->nodes, ZPP__NCCL_REDUCE, &topo->red_inter},
     };
     zpp__nccl_shared *sh = NULL;
+    zpp_hostid_rank *ids = NULL;
     ncclComm_t nccl[ZPP__NCCL_COMMS] = {NULL};
     zpp_comm *made[ZPP__NCCL_COMMS] = {NULL};
     ncclResult_t r;
@@ -1134,8 +1160,29 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
                          mr);
     }
 
-    /* 1. Device, NCCL_HOSTID, streams and buffers. */
-    st = zpp__nccl_setup_local(topo, opts, &env, &sh);
+    /* 1. The rank's GPU and every rank's identity (host prefix, GPU bus id:
+     * comm/hostid.h), then NCCL_HOSTID, streams and buffers. The exchange
+     * runs whatever the options, so that every rank makes the same MPI
+     * calls even if they disagree on emulate_nodes. */
+    ids = calloc((size_t)topo->world_size, sizeof *ids);
+    st = ids ? zpp__nccl_identify(topo, opts, &env, &ids[rank])
+             : zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the GPU", timeout_s), st, fail);
+    mr = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ids, (int)sizeof *ids, MPI_BYTE, mc);
+    st = mr == MPI_SUCCESS
+             ? ZPP_OK
+             : zpp_error(ZPP_ERR_COMM,
+                         "%s: MPI_Allgather of the ranks' GPU bus ids failed (MPI error %d)", op,
+                         mr);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "exchanging the GPU bus ids", timeout_s), st, fail);
+    topo->note[0] = '\0';
+    st = ZPP_OK;
+    if (opts->emulate_nodes)
+        st = zpp_hostid_note(ids, topo->world_size, topo->node_size, topo->note,
+                             sizeof topo->note);
+    if (st == ZPP_OK) st = zpp__nccl_setup_local(topo, opts, &env, ids, &sh);
+    free(ids);
+    ids = NULL;
     ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment",
                                    timeout_s),
                    st, fail);
@@ -1213,6 +1260,8 @@ fail:
         zpp__nccl_mpi_free(&mpi[i]);
     }
     zpp__nccl_shared_release(sh);
+    free(ids);
+    topo->note[0] = '\0';
     MPI_Comm_free(&mc);
     return st;
 }

@@ -156,6 +156,13 @@ zpp_status zpp_device_create_host(zpp_device **d_p);
 zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p);
 /* GPUs this process sees (0 in a build without CUDA). */
 int zpp_device_gpu_count(void);
+/* The PCI bus id of GPU `ordinal` ("0000:1b:00.0", lower case) into buf,
+ * NUL-terminated: two processes on one host see one GPU when their ids are
+ * equal, whatever CUDA_VISIBLE_DEVICES numbers it (the NCCL backend uses it
+ * to find ranks sharing a GPU). ZPP_ERR_UNSUPPORTED in a build without
+ * CUDA, ZPP_ERR_CUDA for a GPU CUDA cannot name, ZPP_ERR_INVALID when buf
+ * is NULL or cannot hold the id. */
+zpp_status zpp_device_gpu_bus_id(int ordinal, char *buf, size_t cap);
 /* What the GPU backend was built with, for `zeropp --version`: "CUDA 12.4
  * runtime, architectures 80,90" (the CUDA architectures CMake compiled the
  * kernels for); NULL in a build without CUDA. Touches no GPU. */

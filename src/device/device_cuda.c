@@ -314,6 +314,27 @@ int zpp_device_gpu_count(void) {
     return n;
 }
 
+/* The PCI bus id of a GPU, lower case ("0000:1b:00.0"), as lspci shows it. */
+zpp_status zpp_device_gpu_bus_id(int ordinal, char *buf, size_t cap) {
+    if (!buf || cap == 0)
+        return zpp_error(ZPP_ERR_INVALID, "device: bus id of GPU %d: no buffer", ordinal);
+    buf[0] = '\0';
+    char id[64];
+    cudaError_t e = cudaDeviceGetPCIBusId(id, (int)sizeof id, ordinal);
+    if (e != cudaSuccess) return cu_fail(e, "device: the GPU's PCI bus id");
+    id[sizeof id - 1] = '\0';
+    int n = snprintf(buf, cap, "%s", id);
+    if (n < 0 || (size_t)n >= cap) {
+        buf[0] = '\0';
+        return zpp_error(ZPP_ERR_INVALID,
+                         "device: bus id %s of GPU %d needs %d bytes, the buffer holds %zu", id,
+                         ordinal, n + 1, cap);
+    }
+    for (char *c = buf; *c; c++)
+        if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+    return ZPP_OK;
+}
+
 zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
     if (!d_p) return zpp_error(ZPP_ERR_INVALID, "device: d_p is NULL; pass where to store it");
     int n = zpp_device_gpu_count();

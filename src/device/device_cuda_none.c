@@ -16,3 +16,10 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
 int zpp_device_gpu_count(void) { return 0; }
 
 const char *zpp_device_cuda_build(void) { return NULL; }
+
+zpp_status zpp_device_gpu_bus_id(int ordinal, char *buf, size_t cap) {
+    if (buf && cap) buf[0] = '\0';
+    return zpp_error(ZPP_ERR_UNSUPPORTED,
+                     "device: the bus id of GPU %d was asked for, but this build has no CUDA",
+                     ordinal);
+}

@@ -247,6 +247,10 @@ void zpp_trainer_destroy(zpp_trainer *t) {
 
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
 
+const char *zpp_trainer_comm_note(const zpp_trainer *t) {
+    return t && t->topo ? t->topo->note : "";
+}
+
 static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
     zpp_trainer *t = ctx;
     /* Every rank reads its batch here, at the same micro-step: agree, so a

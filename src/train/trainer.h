@@ -81,6 +81,11 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
 void zpp_trainer_destroy(zpp_trainer *t);
 
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
+/* What the communication backend changed about how the ranks talk (the
+ * topology's note, comm.h: ranks of an emulated node sharing a GPU each
+ * talk over sockets as a separate host), one line for people; "" when
+ * nothing. The same on every rank. */
+const char *zpp_trainer_comm_note(const zpp_trainer *t);
 
 /* Runs optimizer step `step` (0-based). A step with NaN or Inf gradients
  * (an fp16 overflow too) is skipped: ZPP_OK with result_p->stats.skipped
