@@ -2426,8 +2426,8 @@ static void test_checkpoint_two_jobs_one_folder(void) {
         else if (waitpid(a, NULL, WNOHANG) == a) ended = 1;
         else usleep(100000);
     }
-    EXPECT(holder != NULL, "the first job %s no %s; see %s", ended ? "ended with" : "wrote in 120 s",
-           lock, errA);
+    EXPECT(holder != NULL, "the first job %s no %s; see %s",
+           ended ? "ended with" : "wrote in 120 s", lock, errA);
     const char *p = strstr(holder, "\"pid\":");
     EXPECT(p != NULL, "no pid in %s: %s", lock, holder);
     char pid[64], run[17];
@@ -2603,6 +2603,60 @@ static void test_checkpoint_stale_lock_taken_over(void) {
     EXPECT(ckpt_dir_valid(dir, 2, 4, why, sizeof why), "after the refused run: %s", why);
 }
 
+
+/* A checkpoint of format 2 (before run ids: "ZPPCKPT2" rank files, a
+ * manifest without run_id, sums or checksum), made here from a format-3
+ * one, still resumes, bit for bit as the format-3 one does. */
+static void test_checkpoint_format2_still_loads(void) {
+    char cfg[512], json[2048], args[2048], dir[512], met3[512], met2[512], path[700];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("fmt2.json", cfg), "%s", json);
+    zpp_test_tmp_path("fmt2_ckpt", dir);
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
+    train_ok(2, args);
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
+             zpp_test_tmp_path("fmt3.jsonl", met3));
+    train_ok(2, args);
+    for (int r = 0; r < 2; r++) { /* the header without its run id, summed again */
+        unsigned char *b;
+        size_t n;
+        snprintf(path, sizeof path, "%s/step-00000003/rank-%05d.ckpt", dir, r);
+        read_all(path, &b, &n);
+        EXPECT(n > 48 && !memcmp(b, "ZPPCKPT3", 8), "%s is not of format 3", path);
+        memcpy(b, "ZPPCKPT2", 8);
+        memmove(b + 32, b + 40, n - 40);
+        n -= 8;
+        uint64_t h = 14695981039346656037ull;
+        for (size_t i = 0; i < n - 8; i++) h = (h ^ b[i]) * 1099511628211ull;
+        memcpy(b + n - 8, &h, 8);
+        zpp_test_write_file(path, b, n);
+        free(b);
+    }
+    for (int k = 0; k < 2; k++) { /* the manifest without run_id, sums, checksum */
+        if (k == 0) snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+        else snprintf(path, sizeof path, "%s/step-00000003/manifest.json", dir);
+        char *t = read_text(path), *p = strstr(t, "\"format\":3"), *q, *e;
+        EXPECT(p != NULL, "no format 3 in %s", path);
+        p[9] = '2';
+        p = strstr(t, ",\"run_id\":\""), q = strstr(t, ",\"files\":");
+        EXPECT(p && q && q > p, "no run_id before files in %s", path);
+        memmove(p, q, strlen(q) + 1);
+        p = strstr(t, ",\"sums\":"), e = strrchr(t, '}');
+        EXPECT(p && e && e > p, "no sums in %s", path);
+        memmove(p, e, strlen(e) + 1);
+        write_text(path, "%s", t);
+        free(t);
+    }
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
+             zpp_test_tmp_path("fmt2.jsonl", met2));
+    train_ok(2, args);
+    double l3[MAX_STEPS], l2[MAX_STEPS];
+    EXPECT(zpp_test_read_metric(met3, "loss", l3, MAX_STEPS) == 2 &&
+           zpp_test_read_metric(met2, "loss", l2, MAX_STEPS) == 2);
+    EXPECT(l3[0] == l2[0] && l3[1] == l2[1], "format 2 resumed to %a %a, format 3 to %a %a",
+           l2[0], l2[1], l3[0], l3[1]);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
@@ -2629,4 +2683,5 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_set_and_did_you_mean), ZPP_TEST(test_checkpoint_two_jobs_one_folder),
           ZPP_TEST(test_checkpoint_mixed_runs_refused),
           ZPP_TEST(test_checkpoint_manifest_flipped_byte),
-          ZPP_TEST(test_checkpoint_stale_lock_taken_over))
+          ZPP_TEST(test_checkpoint_stale_lock_taken_over),
+          ZPP_TEST(test_checkpoint_format2_still_loads))

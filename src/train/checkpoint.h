@@ -50,11 +50,12 @@
  *
  * RANK FILE (native little-endian), the ranges the saving rank owned:
  *   "ZPPCKPT3" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
- *   u64 step, u64 run_id (absent in format 2's "ZPPCKPT2"), then for each unit: u64 numel, u64 begin, u64 count,
- *   f32 master[count], f32 m[count], f32 v[count]; then u64 FNV-1a of every
- *   byte before. Rank r of W holds [r * L, min((r + 1) * L, numel)) of each
- *   unpadded unit, L = ceil(numel / W): no padding, so the files do not
- *   depend on how the units were padded.
+ *   u64 step, u64 run_id (absent in format 2's "ZPPCKPT2"), then for each
+ *   unit: u64 numel, u64 begin, u64 count, f32 master[count], f32 m[count],
+ *   f32 v[count]; then u64 FNV-1a of every byte before. Rank r of W holds
+ *   [r * L, min((r + 1) * L, numel)) of each unpadded unit,
+ *   L = ceil(numel / W): no padding, so the files do not depend on how the
+ *   units were padded.
  *
  * RESHARDING: a run of any world size and node size (CPU or GPU) loads a
  * checkpoint: each rank reads the saved files whose ranges overlap its own
