@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -535,13 +537,14 @@ static void read_all(const char *path, unsigned char **buf_p, size_t *n_p) {
 }
 
 /* One rank file of a checkpoint, as train/checkpoint.h documents it:
- *   "ZPPCKPT2", u32 world_size, u32 rank, u32 n_units, u32 0, u64 step,
- *   per unit: u64 numel, u64 begin, u64 count, f32 master[count], f32 m[..],
- *   f32 v[..], then u64 FNV-1a of every byte before. */
+ *   "ZPPCKPT3", u32 world_size, u32 rank, u32 n_units, u32 0, u64 step,
+ *   u64 run_id (not in format 2's "ZPPCKPT2"), per unit: u64 numel,
+ *   u64 begin, u64 count, f32 master[count], f32 m[..], f32 v[..], then u64
+ *   FNV-1a of every byte before. */
 #define MAX_UNITS 16
 typedef struct ckpt {
     uint32_t world, rank, n_units;
-    uint64_t step;
+    uint64_t step, run_id;
     size_t numel[MAX_UNITS], begin[MAX_UNITS];
     size_t len[MAX_UNITS];      /* count: the elements this file holds */
     float *state[MAX_UNITS][3]; /* master, m, v */
@@ -586,15 +589,15 @@ static int ckpt_read(const char *path, ckpt *c, char *why, size_t cap) {
     if (!f) return snprintf(why, cap, "cannot open %s", path), 0;
     fclose(f);
     unsigned char *b;
-    size_t n, off = 32;
+    size_t n, off = 40;
     read_all(path, &b, &n);
     uint32_t zero = 1;
-    if (n < 40 || memcmp(b, "ZPPCKPT2", 8) != 0) {
+    if (n < 48 || memcmp(b, "ZPPCKPT3", 8) != 0) {
         snprintf(why, cap, "%s: no magic", path);
         goto bad;
     }
     memcpy(&c->world, b + 8, 4), memcpy(&c->rank, b + 12, 4), memcpy(&c->n_units, b + 16, 4);
-    memcpy(&zero, b + 20, 4), memcpy(&c->step, b + 24, 8);
+    memcpy(&zero, b + 20, 4), memcpy(&c->step, b + 24, 8), memcpy(&c->run_id, b + 32, 8);
     if (zero != 0 || c->n_units == 0 || c->n_units > MAX_UNITS) {
         snprintf(why, cap, "%s: bad header", path);
         goto bad;
@@ -2409,6 +2412,289 @@ static void test_set_and_did_you_mean(void) {
            "the header miscounts one rank; see %s", out);
 }
 
+
+/* ---- One --save folder, one run (issue 29) -------------------------------- */
+
+/* The "run_id" of a manifest file (16 hex digits) into out. */
+static const char *manifest_run_id(const char *path, char *out) {
+    char *t = read_text(path);
+    const char *p = strstr(t, "\"run_id\":\"");
+    EXPECT(p != NULL, "no run_id in %s", path);
+    snprintf(out, 17, "%.16s", p + 10);
+    free(t);
+    return out;
+}
+
+static void copy_file(const char *from, const char *to) {
+    unsigned char *b;
+    size_t n;
+    read_all(from, &b, &n);
+    zpp_test_write_file(to, b, n);
+    free(b);
+}
+
+/* Two jobs on one --save folder: while the first runs (it holds
+ * DIR/.zeropp.lock), the second stops at start with one line naming the
+ * holder's run, pid and host, and writes nothing; the first ends normally
+ * with its checkpoints intact and removes its lock. */
+static void test_checkpoint_two_jobs_one_folder(void) {
+    char cfg[512], json[2048], args[2048], dir[512], lock[700], errA[512], err[512], cmd[4096];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("twojobs.json", cfg), "%s", json);
+    zpp_test_tmp_path("twojobs_ckpt", dir);
+    snprintf(lock, sizeof lock, "%s/.zeropp.lock", dir);
+    const int steps = 10000; /* about 10 s: the second job starts in about 1 */
+    snprintf(cmd, sizeof cmd,
+             "timeout 240 %s --oversubscribe --bind-to none -np 2 %s train --quiet --config %s "
+             "--steps %d --save-every 1000 --save %s >/dev/null 2>%s",
+             getenv("ZPP_MPIEXEC"), getenv("ZPP_CLI"), cfg, steps, dir,
+             zpp_test_tmp_path("twojobs_a_err.txt", errA));
+    pid_t a = fork();
+    EXPECT(a >= 0, "fork: %s", strerror(errno));
+    if (a == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* the first job's lock, written */
+    char *holder = NULL;
+    int ended = 0;
+    for (int i = 0; i < 1200 && !holder && !ended; i++) {
+        struct stat sb;
+        if (stat(lock, &sb) == 0 && sb.st_size > 0) holder = read_text(lock);
+        else if (waitpid(a, NULL, WNOHANG) == a) ended = 1;
+        else usleep(100000);
+    }
+    EXPECT(holder != NULL, "the first job %s no %s; see %s",
+           ended ? "ended with" : "wrote in 120 s", lock, errA);
+    const char *p = strstr(holder, "\"pid\":");
+    EXPECT(p != NULL, "no pid in %s: %s", lock, holder);
+    char pid[64], run[17];
+    snprintf(pid, sizeof pid, "pid %ld on host", strtol(p + 6, NULL, 10));
+    p = strstr(holder, "\"run_id\":\"");
+    EXPECT(p != NULL, "no run_id in %s: %s", lock, holder);
+    snprintf(run, sizeof run, "%.16s", p + 10);
+    free(holder);
+    /* the second job, on the same folder */
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
+    int rc = run_train(2, args, zpp_test_tmp_path("twojobs_b_err.txt", err));
+    EXPECT(waitpid(a, NULL, WNOHANG) == 0,
+           "the first job ended before the second was checked: lengthen it");
+    EXPECT(rc != 0, "the second job on %s succeeded while the first ran", dir);
+    EXPECT(zpp_test_count_lines(err, "zeropp") == 1 &&
+               zpp_test_count_lines(err, "is in use by run") == 1 &&
+               zpp_test_count_lines(err, run) == 1 && zpp_test_count_lines(err, pid) == 1 &&
+               zpp_test_count_lines(err, "pass another --save") == 1,
+           "expected one line naming run %s (%s ...); see %s", run, pid, err);
+    int status = 0;
+    EXPECT(waitpid(a, &status, 0) == a && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+           "the first job failed (status %d); see %s", status, errA);
+    char why[1024];
+    EXPECT(ckpt_dir_valid(dir, 2, steps, why, sizeof why), "the first job's checkpoint: %s", why);
+    char mpath[700], mrun[17];
+    snprintf(mpath, sizeof mpath, "%s/checkpoint.json", dir);
+    EXPECT(!strcmp(manifest_run_id(mpath, mrun), run), "the checkpoint is run %s's, not %s's",
+           mrun, run);
+    EXPECT(access(lock, F_OK) != 0, "%s stayed after the run", lock);
+}
+
+/* A step folder holding a rank file of another run (two jobs that raced
+ * into one folder) is refused at resume with one line naming the file and
+ * both run ids; so is a folder whose manifest is another run's, beside the
+ * pointer. Each run (the same config, another seed) has an id of its own;
+ * a resumed run keeps the id of the run it continues. */
+static void test_checkpoint_mixed_runs_refused(void) {
+    char cfg[512], json[2048], args[2048], a[512], b[512], from[700], to[700], err[512];
+    char ida[17], idb[17], mp[700], line[256];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("mixed.json", cfg), "%s", json);
+    zpp_test_tmp_path("mixed_a", a);
+    zpp_test_tmp_path("mixed_b", b);
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, a);
+    train_ok(2, args);
+    snprintf(args, sizeof args, "--config %s --steps 3 --seed 8 --save %s", cfg, b);
+    train_ok(2, args);
+    snprintf(mp, sizeof mp, "%s/checkpoint.json", a);
+    manifest_run_id(mp, ida);
+    snprintf(mp, sizeof mp, "%s/checkpoint.json", b);
+    manifest_run_id(mp, idb);
+    EXPECT(strcmp(ida, idb) != 0, "two fresh runs share run id %s", ida);
+    /* a resume continues run A: its next checkpoint keeps A's id */
+    char c[512], idc[17];
+    zpp_test_tmp_path("mixed_c", c);
+    snprintf(args, sizeof args, "--config %s --steps 4 --resume %s --save %s", cfg, a, c);
+    train_ok(2, args);
+    snprintf(mp, sizeof mp, "%s/checkpoint.json", c);
+    EXPECT(!strcmp(manifest_run_id(mp, idc), ida), "the resumed run saved as %s, not %s", idc,
+           ida);
+    /* rank 1's file of run B in run A's step folder */
+    snprintf(from, sizeof from, "%s/step-00000003/rank-00001.ckpt", b);
+    snprintf(to, sizeof to, "%s/step-00000003/rank-00001.ckpt", a);
+    copy_file(from, to);
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s", cfg, a);
+    expect_clean_failure(2, args, "mixes two runs");
+    zpp_test_tmp_path("bad_err.txt", err);
+    snprintf(line, sizeof line, "was saved by run %s", idb);
+    EXPECT(zpp_test_count_lines(err, line) == 1 && zpp_test_count_lines(err, ida) == 1 &&
+               zpp_test_count_lines(err, "step-00000003/rank-00001.ckpt") == 1 &&
+               zpp_test_count_lines(err, "step-00000003/manifest.json") == 1,
+           "the line names neither the file nor both runs (%s, %s); see %s", ida, idb, err);
+    /* the step folder's manifest of run B beside A's pointer */
+    snprintf(from, sizeof from, "%s/step-00000003/manifest.json", b);
+    snprintf(to, sizeof to, "%s/step-00000003/manifest.json", a);
+    copy_file(from, to);
+    expect_clean_failure(2, args, "differ");
+    EXPECT(zpp_test_count_lines(err, ida) == 1 && zpp_test_count_lines(err, idb) == 1,
+           "the line does not name both runs (%s, %s); see %s", ida, idb, err);
+}
+
+/* Flips one byte of a file: the digit after `key` goes one down (or up). */
+static void flip_digit(const char *path, const char *key) {
+    unsigned char *b;
+    size_t n;
+    read_all(path, &b, &n);
+    b[n] = '\0';
+    char *p = strstr((char *)b, key);
+    EXPECT(p != NULL, "no %s in %s", key, path);
+    p += strlen(key);
+    EXPECT(*p >= '0' && *p <= '9', "no digit after %s in %s", key, path);
+    *p = *p == '0' ? '1' : (char)(*p - 1);
+    zpp_test_write_file(path, b, n);
+    free(b);
+}
+
+/* One byte changed in a manifest (AdamW's update count, which would
+ * otherwise load and silently change the bias correction) is caught by the
+ * manifest's own checksum, in the pointer and in a step folder's copy,
+ * with one line naming the file; so is a rank file that is intact but not
+ * the one its manifest records. */
+static void test_checkpoint_manifest_flipped_byte(void) {
+    char cfg[512], json[2048], args[2048], dir[512], p[700], q[700], keep[700];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("flip.json", cfg), "%s", json);
+    zpp_test_tmp_path("flip_ckpt", dir);
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
+    train_ok(2, args);
+    snprintf(p, sizeof p, "%s/checkpoint.json", dir);
+    copy_file(p, zpp_test_tmp_path("flip_keep.json", keep));
+    flip_digit(p, "\"updates\":");
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s", cfg, dir);
+    expect_clean_failure(2, args, "checkpoint.json is damaged");
+    copy_file(keep, p);
+    snprintf(q, sizeof q, "%s/step-00000003/manifest.json", dir);
+    flip_digit(q, "\"updates\":");
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s/step-00000003", cfg, dir);
+    expect_clean_failure(2, args, "manifest.json is damaged");
+    copy_file(keep, q);
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s", cfg, dir);
+    train_ok(2, args); /* restored: it loads */
+}
+
+/* A lock file left by a process that is gone, or one whose lock nobody
+ * holds, is taken over with one note naming its run; a held one (this test
+ * holds it) is never broken. */
+static void test_checkpoint_stale_lock_taken_over(void) {
+    char cfg[512], json[2048], args[2048], dir[512], lock[700], out[512], err[512], host[256];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("stale.json", cfg), "%s", json);
+    zpp_test_tmp_path("stale_ckpt", dir);
+    EXPECT(mkdir(dir, 0777) == 0 || errno == EEXIST);
+    snprintf(lock, sizeof lock, "%s/.zeropp.lock", dir);
+    EXPECT(gethostname(host, sizeof host) == 0);
+    pid_t dead = fork(); /* a pid that was and is no more */
+    if (dead == 0) _exit(0);
+    EXPECT(dead > 0 && waitpid(dead, NULL, 0) == dead);
+    write_text(lock,
+               "{\"run_id\":\"00000000deadbeef\",\"host\":\"%s\",\"pid\":%ld,\"started\":1,"
+               "\"since\":\"1970-01-01 00:00:01 UTC\"}\n",
+               host, (long)dead);
+    snprintf(args, sizeof args, "train --config %s --steps 2 --save %s", cfg, dir);
+    EXPECT(run_zeropp(2, args, zpp_test_tmp_path("stale_out.txt", out),
+                      zpp_test_tmp_path("stale_err.txt", err)) == 0,
+           "the run did not take over a dead process's lock; see %s", err);
+    EXPECT(zpp_test_count_lines(out, "took over the stale lock") == 1 &&
+               zpp_test_count_lines(out, "run 00000000deadbeef") == 1 &&
+               zpp_test_count_lines(out, "that process is gone") == 1,
+           "expected one note naming run 00000000deadbeef; see %s", out);
+    EXPECT(access(lock, F_OK) != 0, "%s stayed after the run", lock);
+    /* a live pid (this one) that does not hold the lock: stale too */
+    write_text(lock,
+               "{\"run_id\":\"00000000cafef00d\",\"host\":\"%s\",\"pid\":%ld,\"started\":1,"
+               "\"since\":\"1970-01-01 00:00:01 UTC\"}\n",
+               host, (long)getpid());
+    snprintf(args, sizeof args, "train --config %s --steps 4 --resume %s --save %s", cfg, dir,
+             dir);
+    EXPECT(run_zeropp(2, args, out, err) == 0, "the resume did not take over; see %s", err);
+    EXPECT(zpp_test_count_lines(out, "took over the stale lock") == 1 &&
+               zpp_test_count_lines(out, "it was no longer held") == 1,
+           "expected one note; see %s", out);
+    /* held (by this process): never broken, and nothing written */
+    write_text(lock,
+               "{\"run_id\":\"00000000feedface\",\"host\":\"%s\",\"pid\":%ld,\"started\":1,"
+               "\"since\":\"1970-01-01 00:00:01 UTC\"}\n",
+               host, (long)getpid());
+    int fd = open(lock, O_RDWR);
+    EXPECT(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "cannot lock %s", lock);
+    snprintf(args, sizeof args, "--config %s --steps 6 --resume %s --save %s", cfg, dir, dir);
+    expect_clean_failure(2, args, "is in use by run 00000000feedface");
+    close(fd);
+    char why[1024];
+    EXPECT(ckpt_dir_valid(dir, 2, 4, why, sizeof why), "after the refused run: %s", why);
+}
+
+
+/* A checkpoint of format 2 (before run ids: "ZPPCKPT2" rank files, a
+ * manifest without run_id, sums or checksum), made here from a format-3
+ * one, still resumes, bit for bit as the format-3 one does. */
+static void test_checkpoint_format2_still_loads(void) {
+    char cfg[512], json[2048], args[2048], dir[512], met3[512], met2[512], path[700];
+    model_json(json, sizeof json, 0, "");
+    write_text(zpp_test_tmp_path("fmt2.json", cfg), "%s", json);
+    zpp_test_tmp_path("fmt2_ckpt", dir);
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
+    train_ok(2, args);
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
+             zpp_test_tmp_path("fmt3.jsonl", met3));
+    train_ok(2, args);
+    for (int r = 0; r < 2; r++) { /* the header without its run id, summed again */
+        unsigned char *b;
+        size_t n;
+        snprintf(path, sizeof path, "%s/step-00000003/rank-%05d.ckpt", dir, r);
+        read_all(path, &b, &n);
+        EXPECT(n > 48 && !memcmp(b, "ZPPCKPT3", 8), "%s is not of format 3", path);
+        memcpy(b, "ZPPCKPT2", 8);
+        memmove(b + 32, b + 40, n - 40);
+        n -= 8;
+        uint64_t h = 14695981039346656037ull;
+        for (size_t i = 0; i < n - 8; i++) h = (h ^ b[i]) * 1099511628211ull;
+        memcpy(b + n - 8, &h, 8);
+        zpp_test_write_file(path, b, n);
+        free(b);
+    }
+    for (int k = 0; k < 2; k++) { /* the manifest without run_id, sums, checksum */
+        if (k == 0) snprintf(path, sizeof path, "%s/checkpoint.json", dir);
+        else snprintf(path, sizeof path, "%s/step-00000003/manifest.json", dir);
+        char *t = read_text(path), *p = strstr(t, "\"format\":3"), *q, *e;
+        EXPECT(p != NULL, "no format 3 in %s", path);
+        p[9] = '2';
+        p = strstr(t, ",\"run_id\":\""), q = strstr(t, ",\"files\":");
+        EXPECT(p && q && q > p, "no run_id before files in %s", path);
+        memmove(p, q, strlen(q) + 1);
+        p = strstr(t, ",\"sums\":"), e = strrchr(t, '}');
+        EXPECT(p && e && e > p, "no sums in %s", path);
+        memmove(p, e, strlen(e) + 1);
+        write_text(path, "%s", t);
+        free(t);
+    }
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
+             zpp_test_tmp_path("fmt2.jsonl", met2));
+    train_ok(2, args);
+    double l3[MAX_STEPS], l2[MAX_STEPS];
+    EXPECT(zpp_test_read_metric(met3, "loss", l3, MAX_STEPS) == 2 &&
+           zpp_test_read_metric(met2, "loss", l2, MAX_STEPS) == 2);
+    EXPECT(l3[0] == l2[0] && l3[1] == l2[1], "format 2 resumed to %a %a, format 3 to %a %a",
+           l2[0], l2[1], l3[0], l3[1]);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
@@ -2432,4 +2718,8 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),
           ZPP_TEST(test_json_strict), ZPP_TEST(test_resume_without_config_bitwise),
           ZPP_TEST(test_resume_note_lists_changes), ZPP_TEST(test_eval_checkpoint),
-          ZPP_TEST(test_set_and_did_you_mean))
+          ZPP_TEST(test_set_and_did_you_mean), ZPP_TEST(test_checkpoint_two_jobs_one_folder),
+          ZPP_TEST(test_checkpoint_mixed_runs_refused),
+          ZPP_TEST(test_checkpoint_manifest_flipped_byte),
+          ZPP_TEST(test_checkpoint_stale_lock_taken_over),
+          ZPP_TEST(test_checkpoint_format2_still_loads))

@@ -73,8 +73,9 @@ static void usage(FILE *f) {
             "                    sockets (launch with mpirun --bind-to none); ranks of a node\n"
             "                    that share a GPU each get their own (docs/emulated-nodes.md)\n"
             "  --save DIR        write a checkpoint to DIR at the end (and every --save-every K);\n"
-            "                    DIR is created (and checked writable) before step 1; each save\n"
-            "                    is a new DIR/step-N folder, published atomically; the newest\n"
+            "                    DIR is created before step 1 and locked for the run (a second\n"
+            "                    job on DIR stops at start); each save is a new DIR/step-N\n"
+            "                    folder, published atomically; the newest\n"
             "                    zeropp.keep_checkpoints (2) stay\n"
             "  --save-every K    also checkpoint every K steps (needs --save)\n"
             "  --init-from FILE  start from an llm.c GPT-2 model file (fp32 or bf16): the model's\n"
@@ -586,6 +587,16 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     if (a->init_from && rank == 0)
         printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
                zpp_gpt2_real_vocab(&cfg->model), cfg->model.vocab_size);
+    if (a->save) { /* a folder that cannot take the checkpoint, or that another
+                    * run holds, fails now: before the resume reads it */
+        st = zpp_trainer_check_save_dir(t, a->save);
+        if (st != ZPP_OK) {
+            zpp_trainer_destroy(t);
+            return report("checkpoint", st);
+        }
+        if (rank == 0 && zpp_trainer_save_dir_note(t)[0])
+            printf("note: %s\n", zpp_trainer_save_dir_note(t));
+    }
     if (a->resume) {
         st = zpp_trainer_load(t, a->resume, &start);
         if (st != ZPP_OK) {
@@ -611,13 +622,6 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
                                     a->resume, start, cfg->train_steps));
         }
     }
-    if (a->save) { /* a folder that cannot take the checkpoint fails now */
-        st = zpp_trainer_check_save_dir(t, a->save);
-        if (st != ZPP_OK) {
-            zpp_trainer_destroy(t);
-            return report("checkpoint", st);
-        }
-    }
     memset(&bar, 0, sizeof bar);
     bar.on = rank == 0 && !a->quiet && progress_wanted();
     bar.last = now_s();
@@ -630,6 +634,9 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         print_header(label, cfg, in, fpt, peak, why);
         const char *comm_note = zpp_trainer_comm_note(t);
         if (comm_note[0]) printf("note: %s\n", comm_note);
+        int continued = 0;
+        unsigned long long id = (unsigned long long)zpp_trainer_run_id(t, &continued);
+        printf("run %016llx%s\n", id, continued ? " (continued from the checkpoint)" : "");
         fflush(stdout);
     }
     double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;

@@ -1,4 +1,5 @@
 /* train/checkpoint.c — atomic, reshardable checkpoints (checkpoint.h). */
+#define _DEFAULT_SOURCE /* flock */
 #include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -8,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,19 +20,18 @@
 #include "core/file.h"
 #include "train/ckpt_manifest.h"
 
-#define CKPT_MAGIC "ZPPCKPT2"
-#define LOCO_MAGIC "ZPPLOCO1"
+#define CKPT_MAGIC "ZPPCKPT3" /* format 3: the header carries the run id */
+#define CKPT_MAGIC_2 "ZPPCKPT2"
+#define LOCO_MAGIC "ZPPLOCO2"
+#define LOCO_MAGIC_1 "ZPPLOCO1"
 #define CKPT_POINTER "checkpoint.json"
 #define CKPT_MANIFEST "manifest.json"
 #define CKPT_PATH 4096
-#define FNV_INIT 14695981039346656037ull
+#define FNV_INIT ZPP_FNV1A_INIT
 
 /* ---- Small file-system helpers --------------------------------------------- */
 
-static void fnv1a(uint64_t *h, const void *p, size_t n) {
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++) *h = (*h ^ c[i]) * 1099511628211ull;
-}
+static void fnv1a(uint64_t *h, const void *p, size_t n) { *h = zpp_fnv1a(*h, p, n); }
 
 static zpp_status join(char *buf, const char *a, const char *b) {
     if (snprintf(buf, CKPT_PATH, "%s/%s", a, b) >= CKPT_PATH)
@@ -131,6 +133,183 @@ zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
     return zpp_comm_agree_world(st);
 }
 
+/* ---- The run lock (checkpoint.h) -------------------------------------------- */
+
+#define LOCK_NAME ".zeropp.lock"
+
+struct zpp_ckpt_lock {
+    int fd;
+    time_t started;
+    char path[CKPT_PATH];
+};
+
+/* Who holds (or held) a lock, from its file's one JSON line. */
+typedef struct lock_holder {
+    int known; /* the file named a run */
+    char run[24], host[256], since[40];
+    long pid;
+} lock_holder;
+
+static void holder_parse(const char *text, lock_holder *h) {
+    memset(h, 0, sizeof *h);
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(j, "run_id");
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(j, "host");
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(j, "pid");
+    const cJSON *since = cJSON_GetObjectItemCaseSensitive(j, "since");
+    if (cJSON_IsString(run) && cJSON_IsString(host) && cJSON_IsNumber(pid) &&
+        pid->valuedouble >= 1 && pid->valuedouble <= 4194304.0) {
+        h->known = 1;
+        snprintf(h->run, sizeof h->run, "%.16s", run->valuestring);
+        snprintf(h->host, sizeof h->host, "%s", host->valuestring);
+        h->pid = (long)pid->valuedouble;
+        snprintf(h->since, sizeof h->since, "%s",
+                 cJSON_IsString(since) ? since->valuestring : "an unknown time");
+    }
+    cJSON_Delete(j);
+}
+
+static void holder_read(int fd, lock_holder *h) {
+    char buf[1024];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    holder_parse(buf, h);
+}
+
+/* "run X (pid P on host H, since T)" */
+static const char *holder_str(const lock_holder *h, char *out, size_t cap) {
+    if (h->known)
+        snprintf(out, cap, "run %s (pid %ld on host %s, since %s)", h->run, h->pid, h->host,
+                 h->since);
+    else snprintf(out, cap, "another run");
+    return out;
+}
+
+/* Whether the holder is a process of this host that no longer exists. */
+static int holder_gone(const lock_holder *h) {
+    char host[256] = "";
+    if (!h->known || gethostname(host, sizeof host) != 0) return 0;
+    host[sizeof host - 1] = '\0';
+    return !strcmp(host, h->host) && kill((pid_t)h->pid, 0) != 0 && errno == ESRCH;
+}
+
+static zpp_status lock_write(int fd, const char *path, uint64_t run_id, time_t now) {
+    char host[256] = "?", since[40] = "", text[512];
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = '\0';
+    struct tm tm;
+    if (gmtime_r(&now, &tm)) strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    cJSON *j = cJSON_CreateObject();
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)run_id);
+    cJSON_AddStringToObject(j, "run_id", hex);
+    cJSON_AddStringToObject(j, "host", host);
+    cJSON_AddNumberToObject(j, "pid", (double)getpid());
+    cJSON_AddNumberToObject(j, "started", (double)now);
+    cJSON_AddStringToObject(j, "since", since);
+    char *line = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!line) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+    int n = snprintf(text, sizeof text, "%s\n", line);
+    cJSON_free(line);
+    if (n >= (int)sizeof text) n = (int)sizeof text - 1;
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n || fsync(fd) != 0)
+        return zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory: %s: %s", path,
+                         strerror(errno));
+    return ZPP_OK;
+}
+
+/* Rank 0's part of zpp_checkpoint_lock. */
+static zpp_status lock_take(const char *dir, uint64_t run_id, zpp_ckpt_lock *l, char *note,
+                            size_t cap) {
+    ZPP_CHECK(make_dirs(dir));
+    ZPP_CHECK(join(l->path, dir, LOCK_NAME));
+    char who[600];
+    lock_holder h;
+    for (int attempt = 0; attempt < 16; attempt++) {
+        int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory %s: %s: %s", dir,
+                             l->path, strerror(errno));
+        int locks = 1;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int err = errno;
+            if (err == EWOULDBLOCK) { /* held: a live run */
+                holder_read(fd, &h);
+                close(fd);
+                return zpp_error(ZPP_ERR_STATE, "%s is in use by %s; wait for it or pass another "
+                                 "--save", dir, holder_str(&h, who, sizeof who));
+            }
+            if (err != ENOLCK && err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) {
+                close(fd);
+                return zpp_error(ZPP_ERR_IO, "cannot lock %s: %s", l->path, strerror(err));
+            }
+            locks = 0; /* no file locks here (an NFS mount without them): the file alone */
+        }
+        /* The file locked must still be the one at the path: a holder that
+         * ended removed it, and the next run makes a new one. */
+        struct stat a, b;
+        if (fstat(fd, &a) != 0 || stat(l->path, &b) != 0 || a.st_dev != b.st_dev ||
+            a.st_ino != b.st_ino) {
+            close(fd);
+            continue;
+        }
+        holder_read(fd, &h);
+        if (!locks && h.known && !holder_gone(&h)) {
+            close(fd);
+            return zpp_error(ZPP_ERR_STATE,
+                             "%s is in use by %s, as far as %s says (file locks do not work "
+                             "on this file system, so whether it still runs cannot be told); "
+                             "wait for it, remove %s if it has ended, or pass another --save",
+                             dir, holder_str(&h, who, sizeof who), l->path, l->path);
+        }
+        if (h.known)
+            snprintf(note, cap,
+                     "took over the stale lock %s of %s: %s", l->path,
+                     holder_str(&h, who, sizeof who),
+                     holder_gone(&h) ? "that process is gone" : "it was no longer held");
+        l->started = time(NULL);
+        zpp_status st = lock_write(fd, l->path, run_id, l->started);
+        if (st != ZPP_OK) {
+            close(fd);
+            return st;
+        }
+        l->fd = fd;
+        return ZPP_OK;
+    }
+    return zpp_error(ZPP_ERR_STATE, "cannot take %s: other runs keep replacing it", l->path);
+}
+
+zpp_status zpp_checkpoint_lock(const char *dir, int world_rank, uint64_t run_id,
+                               zpp_ckpt_lock **lock_p, char *note, size_t cap) {
+    zpp_status st = ZPP_OK;
+    zpp_ckpt_lock *l = NULL;
+    *lock_p = NULL;
+    if (cap) note[0] = '\0';
+    if (world_rank == 0) {
+        l = calloc(1, sizeof *l);
+        if (!l) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        if (st == ZPP_OK) l->fd = -1, st = lock_take(dir, run_id, l, note, cap);
+    }
+    st = zpp_comm_agree_world(st);
+    if (st == ZPP_OK) *lock_p = l;
+    else zpp_checkpoint_unlock(l);
+    return st;
+}
+
+zpp_status zpp_checkpoint_lock_set_run(zpp_ckpt_lock *l, uint64_t run_id) {
+    return l && l->fd >= 0 ? lock_write(l->fd, l->path, run_id, l->started) : ZPP_OK;
+}
+
+void zpp_checkpoint_unlock(zpp_ckpt_lock *l) {
+    if (!l) return;
+    if (l->fd >= 0) {
+        unlink(l->path); /* while held: the next run makes a new file */
+        close(l->fd);
+    }
+    free(l);
+}
+
 /* ---- The manifest ---------------------------------------------------------- */
 
 typedef zpp_ckpt_manifest manifest; /* ckpt_manifest.h parses it */
@@ -142,7 +321,13 @@ static int loco_on(const zpp_engine *e) {
            li > 0;
 }
 
-static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e) {
+static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+/* The manifest of a save, sealed with its checksum: `rank_sums` and
+ * `loco_sums` (NULL: no loco files) are the files' checksums. */
+static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e,
+                           const uint64_t *rank_sums, const uint64_t *loco_sums) {
+    char hex[17];
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", m->step);
     cJSON_AddNumberToObject(j, "format", ZPP_CKPT_FORMAT);
@@ -192,12 +377,21 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
         cJSON_AddStringToObject(d, "kind", m->data_kind);
         cJSON_AddNumberToObject(d, "tokens", (double)m->data_tokens);
     }
+    hex64(hex, m->run_id);
+    cJSON_AddStringToObject(j, "run_id", hex);
     cJSON *files = cJSON_AddArrayToObject(j, "files");
+    cJSON *sums = cJSON_AddObjectToObject(j, "sums");
+    cJSON *rs = cJSON_AddArrayToObject(sums, "rank");
+    cJSON *ls = loco_sums ? cJSON_AddArrayToObject(sums, "loco") : NULL;
     for (int r = 0; r < m->world_size; r++) {
         char name[32];
         snprintf(name, sizeof name, "rank-%05d.ckpt", r);
         cJSON_AddItemToArray(files, cJSON_CreateString(name));
+        hex64(hex, rank_sums[r]);
+        cJSON_AddItemToArray(rs, cJSON_CreateString(hex));
+        if (ls) hex64(hex, loco_sums[r]), cJSON_AddItemToArray(ls, cJSON_CreateString(hex));
     }
+    cJSON_AddStringToObject(j, "checksum", "0000000000000000"); /* last: sealed below */
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!text) return NULL;
@@ -206,14 +400,20 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     char *out = malloc(n + 2);
     if (out) memcpy(out, text, n), out[n] = '\n', out[n + 1] = '\0';
     cJSON_free(text);
+    if (out && !zpp_ckpt_manifest_seal(out)) { /* cannot fail: the field is last */
+        free(out);
+        return NULL;
+    }
     return out;
 }
 
 /* Reads and parses a manifest file; *found_p = 0 when the file does not
- * exist (no error set then). */
-static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
+ * exist (no error set then). With text_p, *text_p is its text (free it). */
+static zpp_status manifest_read_text(const char *path, manifest *m, int *found_p,
+                                     char **text_p) {
     memset(m, 0, sizeof *m);
     *found_p = 0;
+    if (text_p) *text_p = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0) {
         if (errno == ENOENT || errno == ENOTDIR) return ZPP_OK;
@@ -229,8 +429,13 @@ static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
     if (!buf) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     buf[n] = '\0';
     zpp_status st = zpp_ckpt_manifest_parse(buf, ZPP_CKPT_FORMAT, path, m);
-    free(buf);
+    if (st == ZPP_OK && text_p) *text_p = buf;
+    else free(buf);
     return st;
+}
+
+static zpp_status manifest_read(const char *path, manifest *m, int *found_p) {
+    return manifest_read_text(path, m, found_p, NULL);
 }
 
 /* The folder of the published checkpoint of DIR ("" if none). */
@@ -294,7 +499,7 @@ static zpp_status file_read(ckpt_file *c, void *p, size_t n) {
 static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, const char *path,
                                   int kill) {
     const int n_units = zpp_engine_unit_count(e);
-    size_t max_count = 1, total = 40;
+    size_t max_count = 1, total = 48;
     for (int u = 0; u < n_units; u++) {
         size_t numel = 0, b = 0, c = 0;
         ZPP_CHECK(zpp_engine_shard_range(e, u, &numel, &b, &c));
@@ -311,10 +516,11 @@ static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     }
     uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
                         (uint32_t)n_units, 0};
-    uint64_t step = (uint64_t)meta->step;
+    uint64_t step = (uint64_t)meta->step, run = meta->run_id;
     ZPP_CHECK_GOTO(file_write(&c, CKPT_MAGIC, 8), st, out);
     ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, &run, sizeof run), st, out);
     for (int u = 0; u < n_units; u++) {
         size_t numel = 0, begin = 0, count = 0;
         ZPP_CHECK_GOTO(zpp_engine_shard_range(e, u, &numel, &begin, &count), st, out);
@@ -350,10 +556,11 @@ static zpp_status write_loco_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     }
     uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
                         (uint32_t)meta->node_size, (uint32_t)n_units};
-    uint64_t step = (uint64_t)meta->step;
+    uint64_t step = (uint64_t)meta->step, run = meta->run_id;
     ZPP_CHECK_GOTO(file_write(&c, LOCO_MAGIC, 8), st, out);
     ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, &run, sizeof run), st, out);
     for (int u = 0; u < n_units; u++) {
         size_t li = 0, le = 0;
         ZPP_CHECK_GOTO(zpp_engine_loco_lens(e, u, &li, &le), st, out);
@@ -369,6 +576,53 @@ out:
     return st;
 }
 
+/* The manifest beside a file of a step folder (messages name it). */
+static const char *manifest_beside(const char *path, char *out) {
+    const char *slash = strrchr(path, '/');
+    int n = slash ? (int)(slash - path) : 0;
+    snprintf(out, CKPT_PATH, "%.*s%s" CKPT_MANIFEST, n, path, slash ? "/" : "");
+    return out;
+}
+
+/* The magic of a file of a step folder: `magic` for a manifest of format 3,
+ * `magic_old` for format 2; the other one means files of two saves. */
+static zpp_status check_magic(const char *path, const char *got, const manifest *m,
+                              const char *magic, const char *magic_old, const char *what) {
+    const char *want = m->format >= 3 ? magic : magic_old;
+    if (memcmp(got, want, 8) == 0) return ZPP_OK;
+    char mp[CKPT_PATH];
+    if (memcmp(got, magic, 8) == 0 || memcmp(got, magic_old, 8) == 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint file %s is of format %d, its manifest %s of format %d: the "
+                         "folder holds files of two saves",
+                         path, m->format >= 3 ? 2 : 3, manifest_beside(path, mp), m->format);
+    return zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp %s (bad magic)", path, what);
+}
+
+/* Format 3: the run that wrote a file must be the manifest's. */
+static zpp_status check_run(const char *path, const manifest *m, uint64_t run, uint64_t step) {
+    if (run == m->run_id) return ZPP_OK;
+    char mp[CKPT_PATH];
+    return zpp_error(ZPP_ERR_FORMAT,
+                     "checkpoint file %s was saved by run %016llx (step %llu), its manifest %s "
+                     "by run %016llx (step %d): the folder mixes two runs' files (two jobs "
+                     "saving into one --save folder?); resume from a checkpoint of one run",
+                     path, (unsigned long long)run, (unsigned long long)step,
+                     manifest_beside(path, mp), (unsigned long long)m->run_id, m->step);
+}
+
+/* Format 3: a file's checksum must be the one its manifest records. */
+static zpp_status check_sum(const char *path, const manifest *m, const uint64_t *sums, int q,
+                            uint64_t got) {
+    if (!sums || sums[q] == got) return ZPP_OK;
+    char mp[CKPT_PATH];
+    return zpp_error(ZPP_ERR_FORMAT,
+                     "checkpoint file %s has checksum %016llx, its manifest %s records "
+                     "%016llx: it is not the file saved with that manifest",
+                     path, (unsigned long long)got, manifest_beside(path, mp),
+                     (unsigned long long)sums[q]);
+}
+
 /* Reads this rank's error-feedback file into host arrays (bufs[u]: the
  * unit's intra then inter buffer), checking that it was written by rank
  * `rank` of the same layout at the manifest's step. */
@@ -380,14 +634,16 @@ static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_
     char magic[8];
     uint32_t head[4];
     uint64_t step;
+    uint64_t run = 0;
     ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
-    if (memcmp(magic, LOCO_MAGIC, 8) != 0) {
-        st = zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp error-feedback file (bad magic)",
-                       path);
-        goto out;
-    }
+    ZPP_CHECK_GOTO(check_magic(path, magic, m, LOCO_MAGIC, LOCO_MAGIC_1, "error-feedback file"),
+                   st, out);
     ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
+    if (m->format >= 3) {
+        ZPP_CHECK_GOTO(file_read(&c, &run, sizeof run), st, out);
+        ZPP_CHECK_GOTO(check_run(path, m, run, step), st, out);
+    }
     if (head[0] != (uint32_t)m->world_size || head[1] != (uint32_t)r->world_rank ||
         head[2] != (uint32_t)m->node_size || head[3] != (uint32_t)m->n_units ||
         step != (uint64_t)m->step) {
@@ -416,12 +672,33 @@ static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_
     if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint file %s is damaged (checksum or length mismatch)", path);
+    else st = check_sum(path, m, m->loco_sums, r->world_rank, got);
 out:
     fclose(c.f);
     return st;
 }
 
 /* ---- Save ------------------------------------------------------------------ */
+
+/* The checksums the rank and error-feedback files of a finished save end
+ * with (their last 8 bytes), for the manifest: sums[r], and sums[W + r]
+ * with loco files. */
+static zpp_status read_sums(const char *folder, int W, int loco, uint64_t *sums) {
+    for (int k = 0; k < (loco ? 2 : 1) * W; k++) {
+        char fname[32], path[CKPT_PATH];
+        snprintf(fname, sizeof fname, "%s-%05d.ckpt", k < W ? "rank" : "loco", k % W);
+        ZPP_CHECK(join(path, folder, fname));
+        FILE *f = fopen(path, "rb");
+        int ok = f && fseek(f, -(long)sizeof sums[k], SEEK_END) == 0 &&
+                 fread(&sums[k], sizeof sums[k], 1, f) == 1;
+        int err = errno;
+        if (f) fclose(f);
+        if (!ok)
+            return zpp_error(ZPP_ERR_IO, "checkpoint: cannot read back %s: %s", path,
+                             f ? "too short" : strerror(err));
+    }
+    return ZPP_OK;
+}
 
 /* Deletes every step folder of DIR but the published one and the newest
  * keep - 1 other complete ones; leftovers of failed saves go too. */
@@ -555,8 +832,14 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
 
     /* Publish: the folder's manifest, then the pointer, by one rename. */
     if (rank == 0) {
-        char *text = manifest_text(meta, name, e);
-        if (!text) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        const int loco = loco_on(e);
+        uint64_t *sums = calloc(2 * (size_t)W, sizeof *sums);
+        char *text = NULL;
+        if (!sums) st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        if (st == ZPP_OK) st = read_sums(folder, W, loco, sums);
+        if (st == ZPP_OK && !(text = manifest_text(meta, name, e, sums, loco ? sums + W : NULL)))
+            st = zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        free(sums);
         if (st == ZPP_OK) st = join(path, folder, CKPT_MANIFEST);
         if (st == ZPP_OK) st = write_synced(path, text, 0);
         if (st == ZPP_OK) st = fsync_dir(folder);
@@ -601,13 +884,16 @@ static zpp_status read_rank_file(const char *path, const manifest *m, int q, sta
     char magic[8];
     uint32_t head[4];
     uint64_t step;
+    uint64_t run = 0;
     ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
-    if (memcmp(magic, CKPT_MAGIC, 8) != 0) {
-        st = zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp checkpoint file (bad magic)", path);
-        goto out;
-    }
+    ZPP_CHECK_GOTO(check_magic(path, magic, m, CKPT_MAGIC, CKPT_MAGIC_2, "checkpoint file"), st,
+                   out);
     ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
+    if (m->format >= 3) {
+        ZPP_CHECK_GOTO(file_read(&c, &run, sizeof run), st, out);
+        ZPP_CHECK_GOTO(check_run(path, m, run, step), st, out);
+    }
     if (head[0] != (uint32_t)m->world_size || head[1] != (uint32_t)q ||
         head[2] != (uint32_t)m->n_units || step != (uint64_t)m->step) {
         st = zpp_error(ZPP_ERR_FORMAT,
@@ -651,6 +937,7 @@ static zpp_status read_rank_file(const char *path, const manifest *m, int q, sta
     if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint file %s is damaged (checksum or length mismatch)", path);
+    else st = check_sum(path, m, m->rank_sums, q, got);
 out:
     fclose(c.f);
     free(buf);
@@ -661,9 +948,37 @@ out:
 static zpp_status locate(const char *dir, manifest *m, char *folder) {
     char path[CKPT_PATH];
     int found = 0;
+    char *text = NULL;
     ZPP_CHECK(join(path, dir, CKPT_POINTER));
-    ZPP_CHECK(manifest_read(path, m, &found));
-    if (found) return join(folder, dir, m->folder);
+    ZPP_CHECK(manifest_read_text(path, m, &found, &text));
+    if (found) {
+        /* The pointer is a copy of its folder's manifest: a folder that
+         * another save replaced (another run's) is not resumed. */
+        char *mine = NULL, *mpath = malloc(CKPT_PATH);
+        manifest fm;
+        int there = 0;
+        memset(&fm, 0, sizeof fm);
+        zpp_status st = mpath ? join(folder, dir, m->folder)
+                              : zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
+        if (st == ZPP_OK) st = join(mpath, folder, CKPT_MANIFEST);
+        if (st == ZPP_OK) st = manifest_read_text(mpath, &fm, &there, &mine);
+        if (st == ZPP_OK && !there)
+            st = zpp_error(ZPP_ERR_FORMAT, "%s names folder %s, which has no %s", path,
+                           m->folder, CKPT_MANIFEST);
+        else if (st == ZPP_OK && strcmp(text, mine) != 0)
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "%s (run %016llx, step %d) and %s (run %016llx, step %d) differ: "
+                           "the folder was replaced by another save (two jobs saving into "
+                           "one --save folder?)",
+                           path, (unsigned long long)m->run_id, m->step, mpath,
+                           (unsigned long long)fm.run_id, fm.step);
+        zpp_ckpt_manifest_free(&fm);
+        free(mine);
+        free(text);
+        free(mpath);
+        if (st != ZPP_OK) zpp_ckpt_manifest_free(m);
+        return st;
+    }
     ZPP_CHECK(join(path, dir, CKPT_MANIFEST));
     ZPP_CHECK(manifest_read(path, m, &found));
     if (found) {
@@ -774,7 +1089,7 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
 }
 
 zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
-                               int *step_p, char *note, size_t cap) {
+                               int *step_p, uint64_t *run_id_p, char *note, size_t cap) {
     manifest m;
     char *folder = malloc(CKPT_PATH), *path = malloc(CKPT_PATH);
     const int n_units = zpp_engine_unit_count(e);
@@ -853,6 +1168,7 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     if (st == ZPP_OK) st = zpp_engine_set_counters(e, &m.ctr);
     st = zpp_comm_agree_world(st);
     if (st == ZPP_OK) *step_p = m.step;
+    if (st == ZPP_OK && run_id_p) *run_id_p = m.run_id;
     for (int u = 0; sg && u < n_units; u++) free(sg[u].x);
     free(sg);
     zpp_ckpt_manifest_free(&m);

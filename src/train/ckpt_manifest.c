@@ -8,6 +8,107 @@
 
 #include "core/error.h"
 
+uint64_t zpp_fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+#define SUM_KEY "\"checksum\":\""
+
+/* Where the 16 digits of the manifest's own checksum are: the last
+ * "checksum":" of the text, followed by 16 characters, "} and at most a
+ * newline (NULL if the text does not end so). */
+static char *checksum_digits(const char *text) {
+    const char *at = NULL;
+    for (const char *p = strstr(text, SUM_KEY); p; p = strstr(p + 1, SUM_KEY)) at = p;
+    if (!at) return NULL;
+    const char *d = at + strlen(SUM_KEY);
+    for (int i = 0; i < 16; i++)
+        if (!d[i]) return NULL;
+    const char *tail = d + 16;
+    if (strcmp(tail, "\"}") != 0 && strcmp(tail, "\"}\n") != 0) return NULL;
+    return (char *)d;
+}
+
+static uint64_t manifest_sum(const char *text, const char *digits) {
+    static const char zeros[16] = "0000000000000000";
+    uint64_t h = zpp_fnv1a(ZPP_FNV1A_INIT, text, (size_t)(digits - text));
+    h = zpp_fnv1a(h, zeros, 16);
+    return zpp_fnv1a(h, digits + 16, strlen(digits + 16));
+}
+
+int zpp_ckpt_manifest_seal(char *text) {
+    char *d = checksum_digits(text), hex[17];
+    if (!d) return 0;
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)manifest_sum(text, d));
+    memcpy(d, hex, 16);
+    return 1;
+}
+
+/* A 64-bit value written as exactly 16 lowercase hex digits. */
+static int parse_hex64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (s[16]) return 0;
+    *out = v;
+    return 1;
+}
+
+static int get_hex64(const cJSON *o, const char *key, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) && parse_hex64(v->valuestring, out);
+}
+
+/* An array of n 16-hex-digit strings, into a new array. */
+static int get_sums(const cJSON *o, const char *key, int n, uint64_t **out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n) return 0;
+    if (!(*out = calloc((size_t)n, sizeof **out))) return 0;
+    for (int i = 0; i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsString(x) || !parse_hex64(x->valuestring, &(*out)[i])) return 0;
+    }
+    return 1;
+}
+
+/* The manifest's own checksum, when it has one (format 3), checked before
+ * its JSON is read: a damaged manifest is named as such whatever byte
+ * changed. *has_p: whether it has one. */
+static zpp_status manifest_checksum(const char *text, const char *name, int *has_p) {
+    const char *d = checksum_digits(text);
+    char want[17] = "";
+    uint64_t stored = 0;
+    *has_p = d != NULL;
+    if (!d) return ZPP_OK;
+    snprintf(want, sizeof want, "%.16s", d);
+    const uint64_t sum = manifest_sum(text, d);
+    if (!parse_hex64(want, &stored) || sum != stored)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint manifest %s is damaged: its checksum says %s, its bytes "
+                         "give %016llx",
+                         name, want, (unsigned long long)sum);
+    return ZPP_OK;
+}
+
+/* Format 3's members: the run id and the files' sums. */
+static zpp_status manifest_v3(const cJSON *j, const char *name, zpp_ckpt_manifest *m) {
+    const cJSON *sums = cJSON_GetObjectItemCaseSensitive(j, "sums");
+    if (!get_hex64(j, "run_id", &m->run_id) || !cJSON_IsObject(sums) ||
+        !get_sums(sums, "rank", m->world_size, &m->rank_sums) ||
+        (m->loco && !get_sums(sums, "loco", m->world_size, &m->loco_sums)))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint manifest %s is malformed (run_id or sums missing or not "
+                         "16 hex digits each)",
+                         name);
+    return ZPP_OK;
+}
+
 /* An integral number in [lo, hi] (doubles hold every integer up to 2^53,
  * so the check comes before any conversion). */
 static int get_num(const cJSON *o, const char *key, double lo, double hi, double *out) {
@@ -94,6 +195,8 @@ static zpp_status zpp__manifest_optional(cJSON *j, const char *name, zpp_ckpt_ma
 zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *name,
                                    zpp_ckpt_manifest *m) {
     memset(m, 0, sizeof *m);
+    int has_sum = 0;
+    ZPP_CHECK(manifest_checksum(text, name, &has_sum));
     cJSON *j = cJSON_Parse(text);
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
@@ -110,10 +213,14 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
                        "checkpoint manifest %s has no format: it was written by an older "
                        "zeropp (one file per rank, format 1), which this one does not read",
                        name);
-    } else if (m->format != format) {
+    } else if (m->format < 2 || m->format > format) {
         st = zpp_error(ZPP_ERR_FORMAT,
-                       "checkpoint manifest %s has format %d; this zeropp reads format %d",
+                       "checkpoint manifest %s has format %d; this zeropp reads formats 2 to %d",
                        name, m->format, format);
+    } else if (m->format >= 3 && !has_sum) {
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "checkpoint manifest %s is damaged: it does not end with its checksum",
+                       name);
     } else if (!get_int(j, "step", 0, &m->step) || !get_int(j, "world_size", 1, &m->world_size) ||
                !get_int(j, "node_size", 1, &m->node_size) ||
                !get_int(j, "train_batch_size", 1, &m->train_batch_size) ||
@@ -176,6 +283,7 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
                                name, u);
             else m->numel[u] = (size_t)x->valuedouble;
         }
+        if (st == ZPP_OK && m->format >= 3) st = manifest_v3(j, name, m);
     }
     cJSON_Delete(j);
     if (st != ZPP_OK) zpp_ckpt_manifest_free(m);
@@ -186,6 +294,9 @@ void zpp_ckpt_manifest_free(zpp_ckpt_manifest *m) {
     free(m->numel);
     cJSON_free(m->config);
     free(m->data_path);
+    free(m->rank_sums);
+    free(m->loco_sums);
+    m->rank_sums = m->loco_sums = NULL;
     m->numel = NULL;
     m->config = NULL;
     m->data_path = NULL;

@@ -28,12 +28,29 @@ typedef struct zpp_ckpt_manifest {
     char *data_path;         /*   "path": the token file (absolute), NULL = synthetic */
     char data_kind[16];      /*   "kind": zpp_data_kind_name */
     double data_tokens;      /*   "tokens": its size in tokens */
+    /* Format 3 (2026-12-03, issue 29); 0 / NULL in format 2: */
+    uint64_t run_id;         /* "run_id": the run (lineage) that saved it, 16 hex digits */
+    uint64_t *rank_sums;     /* "sums": {"rank": [...]}: each rank file's FNV-1a (its
+                                last 8 bytes), world_size of them */
+    uint64_t *loco_sums;     /*   "loco": [...] the error-feedback files' (with loco) */
 } zpp_ckpt_manifest;
 
-/* Parses the NUL-terminated JSON `text` of a manifest of format `format`;
- * `name` (a path) is for messages. Every number is range-checked before it
- * is converted. ZPP_ERR_FORMAT with one line on anything malformed; on
- * success free it with zpp_ckpt_manifest_free. */
+/* FNV-1a 64, continuing from h (start: ZPP_FNV1A_INIT): the checksum of
+ * rank files and manifests. */
+#define ZPP_FNV1A_INIT 14695981039346656037ull
+uint64_t zpp_fnv1a(uint64_t h, const void *p, size_t n);
+
+/* A format-3 manifest ends with "checksum":"<16 hex digits>"}: the FNV-1a
+ * of the manifest's bytes with those 16 digits read as '0'. Seal fills them
+ * in `text` (written with 16 '0's there); 0 if `text` has no such field. */
+int zpp_ckpt_manifest_seal(char *text);
+
+/* Parses the NUL-terminated JSON `text` of a manifest of format 2 up to
+ * `format` (format 3 and later: its checksum must hold, and run_id and the
+ * file sums are required); `name` (a path) is for messages. Every number is
+ * range-checked before it is converted. ZPP_ERR_FORMAT with one line on
+ * anything malformed or damaged; on success free it with
+ * zpp_ckpt_manifest_free. */
 zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *name,
                                    zpp_ckpt_manifest *m);
 void zpp_ckpt_manifest_free(zpp_ckpt_manifest *m);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "core/error.h"
@@ -36,7 +37,40 @@ struct zpp_trainer {
     /* checkpoints: the save test hooks (trainer.h), the last resume's note */
     zpp_fault fault;
     char resume_note[4096];
+    /* the run id (trainer.h) and the --save folder's lock */
+    uint64_t run_id;
+    int run_continued;
+    zpp_ckpt_lock *lock;
+    char lock_note[1024];
 };
+
+/* A fresh run id on rank 0 (the kernel's randomness, mixed with the time and
+ * the pid should /dev/urandom be unreadable), shared with every rank: two
+ * halves through the world's max (the others offer -1). Collective. */
+static zpp_status make_run_id(uint64_t *id_p) {
+    uint64_t id = 0;
+    if (zpp_comm_world_rank() == 0) {
+        FILE *f = fopen("/dev/urandom", "rb");
+        if (!f || fread(&id, sizeof id, 1, f) != 1) id = 0;
+        if (f) fclose(f);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t z = id ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^
+                     ((uint64_t)getpid() << 40);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        id = z ^ (z >> 31);
+        if (!id) id = 1;
+    }
+    uint64_t out = 0;
+    for (int half = 0; half < 2; half++) {
+        double d = zpp_comm_world_rank() == 0 ? (double)((id >> (32 * half)) & 0xffffffffu) : -1.0;
+        ZPP_CHECK(zpp_comm_max_world(&d));
+        out |= (uint64_t)d << (32 * half);
+    }
+    *id_p = out;
+    return ZPP_OK;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -224,6 +258,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
     /* The one deadline: the world's agreements and the topology's waits. */
     zpp_comm_world_set_timeout(cfg->collective_timeout_s);
     zpp_status st = zpp_comm_agree_world(build(t, opts));
+    if (st == ZPP_OK) st = make_run_id(&t->run_id);
     if (st != ZPP_OK) {
         zpp_trainer_destroy(t);
         return st;
@@ -234,6 +269,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
 
 void zpp_trainer_destroy(zpp_trainer *t) {
     if (!t) return;
+    zpp_checkpoint_unlock(t->lock);
     zpp_engine_destroy(t->engine);
     if (t->model) t->model->ops->destroy(t->model);
     zpp_data_close(t->data);
@@ -353,11 +389,22 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.data_path = t->data_path;
     m.data_kind = zpp_data_kind_name(t->info.data.kind);
     m.data_tokens = t->info.data.n_tokens;
+    m.run_id = t->run_id;
     return m;
 }
 
 zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir) {
-    return zpp_checkpoint_check_dir(dir, t->info.world_rank);
+    zpp_checkpoint_unlock(t->lock);
+    t->lock = NULL;
+    return zpp_checkpoint_lock(dir, t->info.world_rank, t->run_id, &t->lock, t->lock_note,
+                               sizeof t->lock_note);
+}
+
+const char *zpp_trainer_save_dir_note(const zpp_trainer *t) { return t->lock_note; }
+
+uint64_t zpp_trainer_run_id(const zpp_trainer *t, int *continued_p) {
+    if (continued_p) *continued_p = t->run_continued;
+    return t->run_id;
 }
 
 zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done,
@@ -368,8 +415,14 @@ zpp_status zpp_trainer_save(zpp_trainer *t, const char *dir, int steps_done,
 
 zpp_status zpp_trainer_load(zpp_trainer *t, const char *dir, int *steps_done_p) {
     zpp_ckpt_meta m = ckpt_meta(t, 0);
-    return zpp_checkpoint_load(t->engine, &m, dir, steps_done_p, t->resume_note,
-                               sizeof t->resume_note);
+    uint64_t run = 0;
+    zpp_status st = zpp_checkpoint_load(t->engine, &m, dir, steps_done_p, &run, t->resume_note,
+                                        sizeof t->resume_note);
+    if (st == ZPP_OK && run) { /* its lineage, in the lock too */
+        t->run_id = run, t->run_continued = 1;
+        st = zpp_comm_agree_world(zpp_checkpoint_lock_set_run(t->lock, run));
+    }
+    return st;
 }
 
 const char *zpp_trainer_resume_note(const zpp_trainer *t) { return t->resume_note; }

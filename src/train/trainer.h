@@ -158,9 +158,21 @@ typedef struct zpp_trainer_saved_run {
 zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config *cfg,
                                               zpp_trainer_saved_run *run);
 
-/* Creates `dir` (with its parents) and checks it is writable, before any
- * training. Collective. */
+/* Creates `dir` (with its parents) and takes its run lock
+ * (train/checkpoint.h, zpp_checkpoint_lock), held until
+ * zpp_trainer_destroy, before any training: a folder another live run holds
+ * is refused (ZPP_ERR_STATE, one line naming the holder), a stale lock is
+ * taken over and zpp_trainer_save_dir_note says whose it was (rank 0; ""
+ * otherwise). Call it before zpp_trainer_load, so that a folder in use is
+ * refused before anything of it is read (the load rewrites the lock with
+ * the run id it continues). Collective. */
 zpp_status zpp_trainer_check_save_dir(zpp_trainer *t, const char *dir);
+const char *zpp_trainer_save_dir_note(const zpp_trainer *t);
+/* The run id (checkpoint.h, RUN IDENTITY) every save of this trainer
+ * writes: made at random on rank 0 by zpp_trainer_create and shared; a
+ * zpp_trainer_load of a checkpoint that has one replaces it with that one
+ * (a resume continues its run) and then *continued_p (if not NULL) is 1. */
+uint64_t zpp_trainer_run_id(const zpp_trainer *t, int *continued_p);
 
 /* Samples while training (zeropp.sample_every; train/sample.h has the
  * generation and the draw). The prompt: the first tokens of the held-out
