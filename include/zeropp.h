@@ -75,7 +75,11 @@ ZPP_API const char *zpp_status_str(zpp_status status);
 
 /* The message of the last error raised on this thread, with its context
  * ("quantize: block size 12 is not a multiple of 8; use 32, 64, ..."), or ""
- * if none. Valid until the next failing call on this thread. */
+ * if none. Valid until the next failing call on this thread. The first
+ * failure's message is kept: cleanup after a failure (the engine completing
+ * what was in flight, a destroy) leaves it alone, and after a
+ * ZPP_ERR_TIMEOUT (fatal for the job) the timeout's message stays for the
+ * rest of the thread's life, whatever fails after it. */
 ZPP_API const char *zpp_last_error(void);
 
 /* Records a message for zpp_last_error() (printf format) and returns

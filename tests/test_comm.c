@@ -30,6 +30,11 @@ int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm) {
     if (rc == MPI_SUCCESS) live_comms++;
     return rc;
 }
+int MPI_Comm_idup(MPI_Comm comm, MPI_Comm *newcomm, MPI_Request *req) {
+    int rc = PMPI_Comm_idup(comm, newcomm, req);
+    if (rc == MPI_SUCCESS) live_comms++;
+    return rc;
+}
 int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm) {
     int rc = PMPI_Comm_split(comm, color, key, newcomm);
     if (rc == MPI_SUCCESS && *newcomm != MPI_COMM_NULL) live_comms++;
@@ -820,8 +825,22 @@ static void test_collective_timeout(void) {
         EXPECT(took >= 0.95 && took < 3.8, "timed out after %.2f s", took);
         /* waiting sleeps between tests: no core kept busy (MPI_Wait spun) */
         EXPECT(cpu < 0.5 * took, "%.2f s of CPU in a %.2f s wait", cpu, took);
+        /* who did not arrive: rank 0, sleeping (in no collective) */
+        EXPECT(strstr(msg, "; rank 0 did not arrive (pid ") &&
+                   strstr(msg, "is in no collective") && !strstr(msg, "rank 1 did not"),
+               "message '%s'", msg);
+        char first[1024];
+        snprintf(first, sizeof first, "%s", msg);
+        /* the refusal names what timed out; the message stays the first
+         * failure's (a timeout latches until cleared) */
         EXPECT_STATUS(zpp_comm_barrier(t->world), ZPP_ERR_STATE);
-        EXPECT(strstr(zpp_last_error(), "timed out earlier") != NULL, "'%s'", zpp_last_error());
+        EXPECT(strcmp(zpp_last_error(), first) == 0, "'%s'", zpp_last_error());
+        zpp_error_clear();
+        EXPECT_STATUS(zpp_comm_barrier(t->world), ZPP_ERR_STATE);
+        EXPECT(strstr(zpp_last_error(), "refused, since mpi allgather #2") &&
+                   strstr(zpp_last_error(), "timed out on it earlier"),
+               "'%s'", zpp_last_error());
+        zpp_error_clear();
         zpp_error(ZPP_ERR_TIMEOUT, "own timeout");
         double a0 = MPI_Wtime();
         EXPECT_STATUS(zpp_comm_agree(t->world, ZPP_ERR_TIMEOUT), ZPP_ERR_TIMEOUT);
@@ -838,10 +857,41 @@ static void test_collective_timeout(void) {
     EXPECT_OK(zpp_comm_wait(t->intra, req));
     MPI_Barrier(MPI_COMM_WORLD);
     zpp_topo_destroy(t);
+    zpp_error_clear(); /* the timeout latched its message */
+}
+
+/* Setup has the deadline too (issue 29): with a 1 s deadline, rank 0
+ * calls zpp_topo_create 3 s after the others. They return ZPP_ERR_TIMEOUT
+ * naming the setup step, well before rank 0 arrives, instead of hanging
+ * in a blocking split; rank 0, late, times out at a later step of its own
+ * (its peers have left). */
+static void test_topology_setup_timeout(void) {
+    int W = world_size(), rank = zpp_test_rank;
+    if (W < 2 || W > 16) return;
+    zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = 1, .timeout_s = 1.0};
+    zpp_topo *t = NULL;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        struct timespec late = {3, 0};
+        nanosleep(&late, NULL);
+    }
+    zpp_error_clear();
+    double t0 = MPI_Wtime();
+    zpp_status st = zpp_topo_create(&o, &t);
+    double took = MPI_Wtime() - t0;
+    const char *msg = zpp_last_error();
+    EXPECT(st == ZPP_ERR_TIMEOUT && t == NULL, "rank %d: %s '%s'", rank, zpp_status_str(st),
+           msg);
+    EXPECT(strstr(msg, "topology setup (") && strstr(msg, "no peer answered for 1 s"),
+           "rank %d: '%s'", rank, msg);
+    if (rank != 0) EXPECT(took >= 0.95 && took < 2.8, "timed out after %.2f s", took);
+    if (rank <= 1) printf("  rank %d after %.1f s: %s\n", rank, took, msg);
+    MPI_Barrier(MPI_COMM_WORLD);
+    zpp_error_clear();
 }
 
 ZPP_TESTS(ZPP_TEST(test_every_node_size), ZPP_TEST(test_zero_sizes),
           ZPP_TEST_HOOKS(test_large_count_path), ZPP_TEST(test_bad_node_size),
           ZPP_TEST(test_options_disagree), ZPP_TEST(test_launcher_node_size),
           ZPP_TEST(test_invalid_arguments), ZPP_TEST(test_agree_world),
-          ZPP_TEST(test_collective_timeout))
+          ZPP_TEST(test_collective_timeout), ZPP_TEST(test_topology_setup_timeout))

@@ -28,6 +28,37 @@ static void test_status_and_messages(void) {
     EXPECT(strstr(zpp_last_error(), "int3") != NULL);
 }
 
+/* The first failure's message is the one kept (issue 29): cleanup runs
+ * held, and a timeout latches until cleared. */
+static void test_first_failure_kept(void) {
+    zpp_error_clear();
+    zpp_error(ZPP_ERR_COMM, "first");
+    zpp_error_hold();
+    zpp_error_hold(); /* nests */
+    EXPECT_STATUS(zpp_error(ZPP_ERR_STATE, "cleanup"), ZPP_ERR_STATE);
+    EXPECT_STATUS(zpp_error_context(ZPP_ERR_STATE, "ctx"), ZPP_ERR_STATE);
+    EXPECT_STATUS(zpp_error_append(ZPP_ERR_STATE, "more"), ZPP_ERR_STATE);
+    zpp_error_release();
+    zpp_error(ZPP_ERR_STATE, "still held");
+    zpp_error_release();
+    EXPECT(strcmp(zpp_last_error(), "first") == 0, "got '%s'", zpp_last_error());
+    zpp_error_release(); /* unbalanced: harmless */
+    zpp_error(ZPP_ERR_COMM, "second"); /* not held: replaces */
+    EXPECT(strcmp(zpp_last_error(), "second") == 0, "got '%s'", zpp_last_error());
+    /* a timeout latches: later errors return their status, the message stays */
+    zpp_error(ZPP_ERR_TIMEOUT, "allgather timed out");
+    EXPECT_STATUS(zpp_error(ZPP_ERR_STATE, "refused"), ZPP_ERR_STATE);
+    EXPECT_STATUS(zpp_error(ZPP_ERR_TIMEOUT, "another timeout"), ZPP_ERR_TIMEOUT);
+    zpp_error_context(ZPP_ERR_TIMEOUT, "step %d", 3); /* context still goes in front */
+    zpp_error_append(ZPP_ERR_TIMEOUT, "(detail)");
+    EXPECT(strcmp(zpp_last_error(), "step 3: allgather timed out (detail)") == 0, "got '%s'",
+           zpp_last_error());
+    zpp_error_clear();
+    zpp_error(ZPP_ERR_STATE, "after clear");
+    EXPECT(strcmp(zpp_last_error(), "after clear") == 0, "got '%s'", zpp_last_error());
+    zpp_error_clear();
+}
+
 /* bf16 rounding: compare against a double-precision round-half-even of the
  * 8-bit-mantissa value on fresh random fp32 bit patterns. */
 static void test_bf16_round_to_nearest_even(void) {
@@ -137,5 +168,6 @@ static void test_edit_distance_and_suggest(void) {
     EXPECT(zpp_suggest("x", names, 5) == NULL);
 }
 
-ZPP_TESTS(ZPP_TEST(test_status_and_messages), ZPP_TEST(test_bf16_round_to_nearest_even),
+ZPP_TESTS(ZPP_TEST(test_status_and_messages), ZPP_TEST(test_first_failure_kept),
+          ZPP_TEST(test_bf16_round_to_nearest_even),
           ZPP_TEST(test_host_memory), ZPP_TEST(test_edit_distance_and_suggest))

@@ -1818,20 +1818,33 @@ static double mono_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void test_stalled_rank_times_out(void) {
-    enum { W = 4, STALLED = 2 };
-    char cfg[512], json[2048], met[512], err[512], pids[512], cmd[4096];
+/* Launches `zeropp train ARGS --steps 1000000 --metrics ...` on W ranks
+ * (stderr to `err`, named after `tag`), waits until two steps are logged,
+ * stops rank `stalled` with SIGSTOP and waits up to `bound` s for mpirun and
+ * every live rank to end. Then continues and kills the stopped rank, and
+ * checks that mpirun failed and no rank is left. Returns the seconds from
+ * the stop to the end. */
+static double stall_one_rank(int W, int stalled, const char *tag, const char *args,
+                             double bound, char *err) {
+    enum { MAXW = 8 };
+    char cfg[512], json[2048], met[512], pids[512], cmd[4096], name[128];
     const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
     EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    EXPECT(W <= MAXW && stalled < W);
     model_json(json, sizeof json, 0, "\"train_micro_batch_size_per_gpu\": 2");
-    write_text(zpp_test_tmp_path("stall.json", cfg), "%s", json);
-    zpp_test_tmp_path("stall_pid", pids);
+    snprintf(name, sizeof name, "%s.json", tag);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
+    snprintf(name, sizeof name, "%s_pid", tag);
+    zpp_test_tmp_path(name, pids);
+    snprintf(name, sizeof name, "%s.jsonl", tag);
+    zpp_test_tmp_path(name, met);
+    snprintf(name, sizeof name, "%s_err.txt", tag);
+    zpp_test_tmp_path(name, err);
     snprintf(cmd, sizeof cmd,
              "exec %s --oversubscribe --bind-to none -np %d sh -c 'echo $$ > "
              "%s.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}; exec %s train --quiet --config %s "
-             "--steps 1000000 --collective-timeout 10 --metrics %s' >/dev/null 2>%s",
-             mpi, W, pids, cli, cfg, zpp_test_tmp_path("stall.jsonl", met),
-             zpp_test_tmp_path("stall_err.txt", err));
+             "--steps 1000000 %s --metrics %s' >/dev/null 2>%s",
+             mpi, W, pids, cli, cfg, args, met, err);
     pid_t job = fork();
     EXPECT(job >= 0, "fork: %s", strerror(errno));
     if (job == 0) {
@@ -1841,7 +1854,7 @@ static void test_stalled_rank_times_out(void) {
     }
     setpgid(job, job);
     /* Training runs: every pid is known and two steps are logged. */
-    pid_t rank_pid[W] = {0};
+    pid_t rank_pid[MAXW] = {0};
     double t0 = mono_s();
     int ready = 0;
     while (!ready && mono_s() - t0 < 180) {
@@ -1869,13 +1882,13 @@ static void test_stalled_rank_times_out(void) {
     if (!ready) kill(-job, SIGKILL);
     EXPECT(ready, "training did not start within 180 s; see %s", err);
 
-    EXPECT(kill(rank_pid[STALLED], SIGSTOP) == 0, "SIGSTOP rank %d: %s", STALLED,
+    EXPECT(kill(rank_pid[stalled], SIGSTOP) == 0, "SIGSTOP rank %d: %s", stalled,
            strerror(errno));
     double stopped = mono_s();
     int status = 0, done = 0;
-    while (mono_s() - stopped < 40) {
+    while (mono_s() - stopped < bound) {
         int live = 0;
-        for (int r = 0; r < W; r++) live += r != STALLED && pid_alive(rank_pid[r]);
+        for (int r = 0; r < W; r++) live += r != stalled && pid_alive(rank_pid[r]);
         pid_t w = done ? job : waitpid(job, &status, WNOHANG);
         if (w == job) done = 1;
         if (done && !live) break;
@@ -1883,17 +1896,17 @@ static void test_stalled_rank_times_out(void) {
     }
     double took = mono_s() - stopped;
     int live = 0;
-    for (int r = 0; r < W; r++) live += r != STALLED && pid_alive(rank_pid[r]);
+    for (int r = 0; r < W; r++) live += r != stalled && pid_alive(rank_pid[r]);
     /* whatever happened, leave nothing behind */
-    kill(rank_pid[STALLED], SIGCONT);
-    if (pid_alive(rank_pid[STALLED])) kill(rank_pid[STALLED], SIGKILL);
+    kill(rank_pid[stalled], SIGCONT);
+    if (pid_alive(rank_pid[stalled])) kill(rank_pid[stalled], SIGKILL);
     if (!done) {
         kill(-job, SIGCONT);
         kill(-job, SIGKILL);
         waitpid(job, &status, 0);
     }
     EXPECT(done && live == 0, "%d live rank(s) still running %.0f s after rank %d stopped "
-           "(mpirun %s); see %s", live, took, STALLED, done ? "ended" : "still running", err);
+           "(mpirun %s); see %s", live, took, stalled, done ? "ended" : "still running", err);
     EXPECT(!(WIFEXITED(status) && WEXITSTATUS(status) == 0), "mpirun exited 0 after a stall");
     for (double t1 = mono_s(); mono_s() - t1 < 10;) {
         int any = 0;
@@ -1903,6 +1916,23 @@ static void test_stalled_rank_times_out(void) {
     }
     for (int r = 0; r < W; r++)
         EXPECT(!pid_alive(rank_pid[r]), "rank %d (pid %d) is still running", r, (int)rank_pid[r]);
+    return took;
+}
+
+/* Whether a line names the collective that timed out (or was refused). */
+static int names_collective(const char *line) {
+    static const char *const ops[] = {"allgather", "reduce_scatter", "alltoall",
+                                      "allreduce", "broadcast",      "barrier",
+                                      "agree",     "max over the world", "topology setup"};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strstr(line, ops[i])) return 1;
+    return 0;
+}
+
+static void test_stalled_rank_times_out(void) {
+    enum { W = 4, STALLED = 2 };
+    char err[512];
+    double took = stall_one_rank(W, STALLED, "stall", "--collective-timeout 10", 40, err);
     /* the line: which collective, where, for how long, at which step */
     FILE *f = fopen(err, "r");
     EXPECT(f != NULL, "no stderr file %s", err);
@@ -1913,13 +1943,50 @@ static void test_stalled_rank_times_out(void) {
     EXPECT(line[0], "no line names the timeout; see %s", err);
     EXPECT(strstr(line, "(a rank stalled or died); every rank stops") &&
                strstr(line, " communicator (") && strstr(line, " bytes)") &&
-               (strstr(line, "allgather") || strstr(line, "reduce_scatter") ||
-                strstr(line, "alltoall") || strstr(line, "allreduce") ||
-                strstr(line, "broadcast") || strstr(line, "barrier") ||
-                strstr(line, "agree") || strstr(line, "max over the world")),
+               names_collective(line),
            "the line does not name the collective: %s", line);
     EXPECT(strstr(line, "step ") != NULL, "the line does not name the step: %s", line);
     printf("  stopped rank %d; every rank gone after %.1f s\n  %s", STALLED, took, line);
+}
+
+/* ---- Stalls that say where (issue 29) ----------------------------------------
+ * 4 ranks on two emulated nodes with qgZ (its all-to-alls run on intra and
+ * inter, so one stopped rank holds up three communicators) and a 2 s
+ * deadline; rank 2 is stopped. The job must end within 30 s, every line
+ * the tool prints must name the collective that timed out (not a later
+ * refusal's "destroy the topology"), and at least one must name the
+ * stopped rank. Before, the cleanup's message replaced the timeout's in
+ * most runs, and no run named the rank. */
+static void test_stalled_rank_named(void) {
+    enum { W = 4, STALLED = 2 };
+    char err[512];
+    double took = stall_one_rank(W, STALLED, "stall_named",
+                                 "--collective-timeout 2 --node-size 2 "
+                                 "--set zero_optimization.zero_quantized_gradients=true",
+                                 30, err);
+    FILE *f = fopen(err, "r");
+    EXPECT(f != NULL, "no stderr file %s", err);
+    char l[4096], who[4096] = "";
+    int lines = 0;
+    while (fgets(l, sizeof l, f)) {
+        if (strncmp(l, "zeropp", 6) != 0) continue; /* mpirun's own notes */
+        lines++;
+        EXPECT(strstr(l, "no peer answered for 2 s") && names_collective(l) &&
+                   strstr(l, " communicator (") && strstr(l, "step "),
+               "a line does not name the timed-out collective, its communicator and step: %s",
+               l);
+        EXPECT(!strstr(l, "destroy the topology"), "a cleanup's line: %s", l);
+        char needle[64], entered[64];
+        snprintf(needle, sizeof needle, "rank %d did not arrive (pid ", STALLED);
+        snprintf(entered, sizeof entered, "rank %d entered it but pid ", STALLED);
+        if ((strstr(l, needle) || strstr(l, entered)) && strstr(l, "is stopped"))
+            snprintf(who, sizeof who, "%s", l);
+    }
+    fclose(f);
+    EXPECT(lines > 0, "no line says why the job stopped; see %s", err);
+    EXPECT(who[0], "no line names the stopped rank %d; see %s", STALLED, err);
+    printf("  stopped rank %d; every rank gone after %.1f s; %d line(s)\n  %s", STALLED, took,
+           lines, who);
 }
 
 /* ---- Hostile input (issue 14): numbers, flags, files, JSON ----------------- */
@@ -2713,6 +2780,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
+          ZPP_TEST(test_stalled_rank_named),
           ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),
           ZPP_TEST(test_cli_integers_range_checked), ZPP_TEST(test_cli_flag_syntax),
           ZPP_TEST(test_fifo_inputs_refused), ZPP_TEST(test_data_truncated_during_run),

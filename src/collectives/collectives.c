@@ -198,9 +198,11 @@ static void zpp__op_drain(zpp_coll *c, zpp_coll_op *op) {
 }
 
 static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
+    zpp_error_hold(); /* cleanup: a failure's message stays the failure's */
     zpp__op_drain(c, op);
     for (int k = 0; k < ZPP__OP_BUFS; k++) zpp_device_scratch_put(c->dev, op->bp[k]);
     free(op);
+    zpp_error_release();
 }
 
 static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partition *p,

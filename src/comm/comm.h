@@ -24,11 +24,15 @@
  * zpp_comm_wait, the barrier, the agreement) gives up after
  * zpp_topo_opts.timeout_s seconds without completion (0 = wait forever)
  * and returns ZPP_ERR_TIMEOUT naming the operation, the communicator
- * (world, intra or inter), its size in bytes and the deadline. A timeout
+ * (world, intra or inter), its size in bytes, the deadline and the ranks
+ * that did not arrive (comm/progress.h: as far as this host can see, with
+ * why: stopped, exited, or waiting elsewhere for whom). A timeout
  * is fatal for the job: a peer rank stalled or died, the operation is left
  * unfinished inside the backend (MPI may still write the receive buffer
  * later, so keep it alive; NCCL's communicators are aborted), the
- * communicator refuses further work (ZPP_ERR_STATE), and the caller should
+ * communicator refuses further work (ZPP_ERR_STATE, naming the operation
+ * that timed out; a wait on it tests once and does not wait again), and
+ * the thread's message stays the timeout's (core/error.h), and the caller should
  * stop the job (tools/ aborts it) rather than agree: zpp_comm_agree with a
  * local ZPP_ERR_TIMEOUT returns it at once, since a stalled peer cannot
  * answer. Waiting ranks poll with short sleeps, so they do not keep a core
@@ -131,6 +135,9 @@ typedef struct zpp_topo {
      * over sockets, as a separate host; the topology stays 2 nodes of 2"
      * (comm/hostid.h). The same on every rank. */
     char note[320];
+    /* This host's progress board (comm/progress.h): who arrived, for the
+     * timeouts' messages. NULL when shared memory could not be had. */
+    struct zpp_progress *progress;
 } zpp_topo;
 
 typedef enum zpp_backend_kind { ZPP_BACKEND_MPI = 0, ZPP_BACKEND_NCCL = 1 } zpp_backend_kind;
@@ -164,6 +171,15 @@ typedef struct zpp_topo_opts {
  * be equal everywhere), every check is computed identically on all ranks,
  * and each step that can fail locally is followed by an agreement, so a
  * bad input fails everywhere instead of hanging some ranks.
+ *
+ * Setup has the same deadline as the operations (opts->timeout_s; 0 =
+ * forever): every blocking MPI step (duplicating and splitting the world)
+ * is preceded by a non-blocking barrier polled until the deadline, and
+ * the agreements are polled too, so a rank that never arrives makes the
+ * others return ZPP_ERR_TIMEOUT "topology setup (<what was being set
+ * up>): ..." naming the ranks that did not arrive (as far as this host can
+ * see), instead of hanging. The NCCL backend gates its NCCL inits the same
+ * way (a rank that stalls inside ncclCommInitRank itself is not covered).
  *
  * Errors (ZPP_ERR_INVALID): node_size < 0; node_size not dividing the world
  * (the message names both numbers and lists node sizes that divide it);

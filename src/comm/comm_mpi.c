@@ -15,7 +15,10 @@
  * operation, the communicator and its size, and the communicator refuses
  * further work: a started collective cannot be cancelled in MPI, so its
  * request is abandoned inside MPI (which may still complete it, and write
- * its receive buffer, should the stalled peer come back). Polling rather
+ * its receive buffer, should the stalled peer come back). Every operation
+ * is counted on the topology's progress board (comm/progress.h) when it
+ * starts, and a waiting rank marks where it waits, so the timeout's
+ * message can name the ranks that did not arrive. Polling rather
  * than MPI_Wait also keeps a waiting rank off the CPU: the first 2 ms
  * yield between tests (latency), later tests are 50 us, then 1 ms, apart.
  *
@@ -54,6 +57,9 @@ typedef struct zpp__mpi {
     double timeout_s; /* 0: wait forever */
     char name[16];    /* "world", "intra", "inter" (topo.c), or "" */
     int broken;       /* a wait timed out: refuse further work */
+    char why[160];    /* which operation timed out, for the refusals after it */
+    zpp_progress *prog; /* the topology's progress board, or NULL */
+    int kind;           /* this communicator on it (ZPP_PROG_*) */
 } zpp__mpi;
 
 struct zpp_comm_req {
@@ -62,6 +68,7 @@ struct zpp_comm_req {
     zpp__mpi *owner;   /* its communicator's deadline and name */
     const char *op;
     size_t bytes;      /* per rank, for the timeout's message */
+    zpp_prog_at at;    /* where it stands on the progress board */
 };
 
 /* The world forms' deadline (zpp_comm_world_set_timeout). */
@@ -102,28 +109,54 @@ static void zpp__pause(double waited_s) {
     nanosleep(&ts, NULL);
 }
 
-zpp_status zpp__comm_mpi_poll(void *reqv, double timeout_s, const char *op, const char *name,
+zpp_status zpp__comm_mpi_poll(void *req, double timeout_s, const char *op, const char *name,
                               size_t bytes) {
+    return zpp__comm_mpi_poll_at(req, timeout_s, op, name, bytes, NULL);
+}
+
+zpp_status zpp__comm_mpi_poll_at(void *reqv, double timeout_s, const char *op, const char *name,
+                                 size_t bytes, const zpp_prog_at *at) {
     MPI_Request *req = reqv;
     double t0 = zpp__now_s();
+    zpp__progress_wait_begin(at, op);
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return zpp__mpi_fail(rc, op);
-        if (done) return ZPP_OK;
+        if (rc != MPI_SUCCESS) {
+            zpp__progress_wait_end(at);
+            return zpp__mpi_fail(rc, op);
+        }
+        if (done) {
+            zpp__progress_wait_end(at);
+            return ZPP_OK;
+        }
         double waited = zpp__now_s() - t0;
         if (timeout_s > 0.0 && waited >= timeout_s) {
             /* A started collective cannot be cancelled or freed (MPI-3.1
              * 5.12): it stays inside MPI, which completes it if the peers
-             * ever arrive. */
+             * ever arrive. The slot still says where this rank waits: it
+             * never leaves (the job stops). */
             *req = MPI_REQUEST_NULL;
+            char who[512];
+            zpp__progress_explain(at, who, sizeof who);
             return zpp_error(ZPP_ERR_TIMEOUT,
                              "mpi %s on the %s communicator (%zu bytes): no peer "
-                             "answered for %g s (a rank stalled or died); every rank stops",
-                             op, name && name[0] ? name : "unnamed", bytes, timeout_s);
+                             "answered for %g s (a rank stalled or died); every rank stops%s",
+                             op, name && name[0] ? name : "unnamed", bytes, timeout_s, who);
         }
         zpp__pause(waited);
     }
+}
+
+zpp_status zpp__comm_mpi_gate(const void *mpi_comm, double timeout_s, const char *stage,
+                              zpp_progress *p) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Ibarrier(*(const MPI_Comm *)mpi_comm, &req);
+    if (rc != MPI_SUCCESS) return zpp__mpi_fail(rc, "setup gate");
+    zpp_prog_at at = zpp__progress_enter(p, ZPP_PROG_SETUP);
+    char op[160];
+    snprintf(op, sizeof op, "topology setup (every rank arriving for %s)", stage);
+    return zpp__comm_mpi_poll_at(&req, timeout_s, op, "world", 0, &at);
 }
 
 /* ---- bf16 / fp16 / blob sum ops --------------------------------------- */
@@ -293,20 +326,36 @@ static MPI_Comm zpp__comm_of(zpp_comm *c) { return zpp__mpi_of(c)->comm; }
 
 /* A communicator whose wait timed out holds an abandoned collective: any
  * later operation on it would be matched against that one. */
-static zpp_status zpp__usable(zpp_comm *c, const char *op) {
-    zpp__mpi *m = zpp__mpi_of(c);
-    if (m->broken)
-        return zpp_error(ZPP_ERR_STATE,
-                         "mpi %s: the %s communicator timed out earlier and holds an unfinished "
-                         "collective; destroy the topology (the job should stop)",
-                         op, m->name[0] ? m->name : "unnamed");
-    return ZPP_OK;
+static zpp_status zpp__refuse(zpp__mpi *m, const char *op) {
+    return zpp_error(ZPP_ERR_STATE,
+                     "mpi %s on the %s communicator: refused, since %s timed out on it earlier "
+                     "and is still unfinished (a rank stalled or died); every rank stops",
+                     op, m->name[0] ? m->name : "unnamed", m->why);
 }
 
-/* Polls `req` until done or the communicator's deadline. */
-static zpp_status zpp__complete(zpp__mpi *m, MPI_Request *req, const char *op, size_t bytes) {
-    zpp_status st = zpp__comm_mpi_poll(req, m->timeout_s, op, m->name, bytes);
-    if (st == ZPP_ERR_TIMEOUT) m->broken = 1;
+static zpp_status zpp__usable(zpp_comm *c, const char *op) {
+    zpp__mpi *m = zpp__mpi_of(c);
+    return m->broken ? zpp__refuse(m, op) : ZPP_OK;
+}
+
+/* Polls `req` until done or the communicator's deadline. On a
+ * communicator that already timed out, one test: an operation started
+ * before the stall may be done; any other cannot finish, and waiting a
+ * second deadline for it would only delay the stop. */
+static zpp_status zpp__complete(zpp__mpi *m, MPI_Request *req, const char *op, size_t bytes,
+                                const zpp_prog_at *at) {
+    if (m->broken) {
+        int done = 0;
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return ZPP_OK;
+        *req = MPI_REQUEST_NULL; /* abandoned, as the first one */
+        return zpp__refuse(m, op);
+    }
+    zpp_status st = zpp__comm_mpi_poll_at(req, m->timeout_s, op, m->name, bytes, at);
+    if (st == ZPP_ERR_TIMEOUT) {
+        m->broken = 1;
+        snprintf(m->why, sizeof m->why, "mpi %s #%llu (%zu bytes)", op,
+                 (unsigned long long)(at ? at->seq : 0), bytes);
+    }
     return st;
 }
 
@@ -321,6 +370,7 @@ static zpp_status zpp__req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
     r->owner = NULL;
     r->op = "";
     r->bytes = 0;
+    r->at = (zpp_prog_at){NULL, 0, 0};
     *out = r;
     return ZPP_OK;
 }
@@ -337,6 +387,13 @@ static zpp_status zpp__start(zpp_comm *c, const char *op, size_t n, MPI_Datatype
     return st;
 }
 
+/* Counts the operation on the progress board (after its checks passed:
+ * every member counts the same calls). */
+static zpp_prog_at zpp__enter(zpp_comm *c) {
+    zpp__mpi *m = zpp__mpi_of(c);
+    return zpp__progress_enter(m->prog, m->kind);
+}
+
 /* After the MPI_I* call `rc` that filled `mreq`: hands the request (and
  * blob type) to the caller for an asynchronous call; for a blocking one
  * completes it (before the deadline) and frees everything. */
@@ -348,15 +405,17 @@ static zpp_status zpp__finish(zpp_comm *c, int rc, const char *what, size_t byte
         free(r);
         return zpp__mpi_fail(rc, what);
     }
+    zpp_prog_at at = zpp__enter(c);
     if (r) {
         if (b->blob) r->type = b->type;
         r->owner = zpp__mpi_of(c);
         r->op = what;
         r->bytes = bytes;
+        r->at = at;
         *req_p = r;
         return ZPP_OK;
     }
-    zpp_status st = zpp__complete(zpp__mpi_of(c), mreq, what, bytes);
+    zpp_status st = zpp__complete(zpp__mpi_of(c), mreq, what, bytes, &at);
     zpp__mpi_buf_free(b); /* MPI keeps a type an abandoned operation still uses */
     return st;
 }
@@ -430,7 +489,7 @@ static zpp_status zpp__agree(zpp_comm *c, zpp_status st) {
     /* Its abandoned collective would be matched against the agreement's:
      * this rank's own answer is all it can give. */
     if (m->broken) return st != ZPP_OK ? st : zpp__usable(c, "agree");
-    zpp_status got = zpp__comm_mpi_agree(&m->comm, st, m->timeout_s, m->name);
+    zpp_status got = zpp__comm_mpi_agree_at(&m->comm, st, m->timeout_s, m->name, m->prog, m->kind);
     /* the agreement's own timeout leaves an abandoned collective too */
     if (got == ZPP_ERR_TIMEOUT && st != ZPP_ERR_TIMEOUT) m->broken = 1;
     return got;
@@ -452,12 +511,13 @@ static zpp_status zpp__barrier(zpp_comm *c) {
     ZPP_CHECK(zpp__usable(c, op));
     MPI_Request mr = MPI_REQUEST_NULL;
     ZPP__MPI_CHECK(MPI_Ibarrier(zpp__comm_of(c), &mr), op);
-    return zpp__complete(zpp__mpi_of(c), &mr, op, 0);
+    zpp_prog_at at = zpp__enter(c);
+    return zpp__complete(zpp__mpi_of(c), &mr, op, 0, &at);
 }
 
 static zpp_status zpp__wait(zpp_comm_req *r) {
     if (!r) return ZPP_OK;
-    zpp_status st = zpp__complete(r->owner, &r->req, r->op, r->bytes);
+    zpp_status st = zpp__complete(r->owner, &r->req, r->op, r->bytes, &r->at);
     if (r->type != MPI_DATATYPE_NULL) MPI_Type_free(&r->type);
     free(r);
     return st;
@@ -521,6 +581,9 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     m->timeout_s = 0.0;
     m->name[0] = '\0';
     m->broken = 0;
+    m->why[0] = '\0';
+    m->prog = NULL;
+    m->kind = -1;
     c->ops = &zpp__mpi_ops;
     c->mem = ZPP_MEM_HOST;
     c->rank = rank;
@@ -536,6 +599,12 @@ void zpp__comm_mpi_configure(zpp_comm *c, const char *name, double timeout_s) {
     m->timeout_s = timeout_s > 0.0 ? timeout_s : 0.0;
 }
 
+void zpp__comm_mpi_set_progress(zpp_comm *c, zpp_progress *p, int comm) {
+    zpp__mpi *m = c->impl;
+    m->prog = p;
+    m->kind = comm;
+}
+
 /* ---- Failing together ------------------------------------------------------ */
 
 /* The message of the lowest failing rank travels whole: zpp_last_error()
@@ -546,8 +615,8 @@ void zpp__comm_mpi_configure(zpp_comm *c, const char *name, double timeout_s) {
  * recorded): keep this rank's own reason. */
 static zpp_status zpp__agree_fail(zpp_status failed, zpp_status local, const char *own) {
     if (local == ZPP_OK) return failed;
-    return zpp_error_context(failed, "%s (this rank had failed before: %s)", zpp_last_error(),
-                             own[0] ? own : zpp_status_str(local));
+    return zpp_error_append(failed, "(this rank had failed before: %s)",
+                            own[0] ? own : zpp_status_str(local));
 }
 
 /* What one agreement moves. On the heap: after a timeout MPI keeps the
@@ -563,9 +632,15 @@ typedef struct zpp__agree_buf {
 
 zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st, double timeout_s,
                                const char *name) {
+    return zpp__comm_mpi_agree_at(mpi_comm, st, timeout_s, name, NULL, -1);
+}
+
+zpp_status zpp__comm_mpi_agree_at(const void *mpi_comm, zpp_status st, double timeout_s,
+                                  const char *name, zpp_progress *p, int kind) {
     /* A rank that timed out stops at once: the peer it waited for cannot
      * answer an agreement either. */
     if (st == ZPP_ERR_TIMEOUT) return st;
+    zpp_prog_at at = zpp__progress_enter(p, kind);
     MPI_Comm comm = *(const MPI_Comm *)mpi_comm;
     char own[ZPP__AGREE_MSG] = "";
     if (st != ZPP_OK) snprintf(own, sizeof own, "%s", zpp_last_error());
@@ -585,8 +660,8 @@ zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st, double timeo
         free(a);
         return zpp__agree_fail(zpp__mpi_fail(rc, "error agreement"), st, own);
     }
-    zpp_status pst = zpp__comm_mpi_poll(&req, timeout_s, "agree (the lowest failing rank)",
-                                        name, sizeof a->mine);
+    zpp_status pst = zpp__comm_mpi_poll_at(&req, timeout_s, "agree (the lowest failing rank)",
+                                           name, sizeof a->mine, &at);
     if (pst != ZPP_OK) {
         if (pst != ZPP_ERR_TIMEOUT) free(a);
         return zpp__agree_fail(pst, st, own);
@@ -602,7 +677,8 @@ zpp_status zpp__comm_mpi_agree(const void *mpi_comm, zpp_status st, double timeo
     }
     rc = MPI_Ibcast(&a->why, (int)sizeof a->why, MPI_BYTE, a->first, comm, &req);
     if (rc == MPI_SUCCESS)
-        pst = zpp__comm_mpi_poll(&req, timeout_s, "agree (its message)", name, sizeof a->why);
+        pst = zpp__comm_mpi_poll_at(&req, timeout_s, "agree (its message)", name,
+                                    sizeof a->why, &at);
     else
         pst = zpp__mpi_fail(rc, "error agreement");
     if (pst != ZPP_OK) {
@@ -635,7 +711,8 @@ zpp_status zpp_comm_agree_world(zpp_status st) {
     zpp_status ready = zpp__world_ready("comm agree_world");
     if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
     MPI_Comm world = MPI_COMM_WORLD;
-    return zpp__comm_mpi_agree(&world, st, zpp__world_timeout_s, "world (MPI_COMM_WORLD)");
+    return zpp__comm_mpi_agree_at(&world, st, zpp__world_timeout_s, "world (MPI_COMM_WORLD)",
+                                  zpp__progress_current(), ZPP_PROG_LAUNCH);
 }
 
 void zpp_comm_world_set_timeout(double timeout_s) {
@@ -657,8 +734,9 @@ zpp_status zpp_comm_max_world(double *value) {
         free(v);
         return zpp__mpi_fail(rc, "max over the world");
     }
-    zpp_status st = zpp__comm_mpi_poll(&req, zpp__world_timeout_s, "max over the world",
-                                       "world (MPI_COMM_WORLD)", sizeof *v);
+    zpp_prog_at at = zpp__progress_enter(zpp__progress_current(), ZPP_PROG_LAUNCH);
+    zpp_status st = zpp__comm_mpi_poll_at(&req, zpp__world_timeout_s, "max over the world",
+                                          "world (MPI_COMM_WORLD)", sizeof *v, &at);
     if (st == ZPP_ERR_TIMEOUT) return st; /* v stays with MPI */
     if (st == ZPP_OK) *value = *v;
     free(v);

@@ -114,7 +114,9 @@
  *   the thread aborts all the NCCL communicators (ncclCommAbort makes their
  *   kernels return, so every host wait behind them ends) and records why:
  *   from then on every call of the topology returns ZPP_ERR_TIMEOUT with
- *   that message, naming the operation, the communicator and its bytes.
+ *   that message, naming the operation, the communicator and its bytes,
+ *   and the ranks that never enqueued it (each operation is counted on the
+ *   topology's progress board, comm/progress.h, at its enqueue).
  *   With two streams the FIFO is not the order in which the operations
  *   end, but its oldest unfinished one always gets to start: everything it
  *   waits for (earlier operations on its stream, and those the compute
@@ -241,6 +243,7 @@ typedef struct zpp__nccl_track {
     const char *op, *comm;
     size_t bytes;
     double t_started; /* when the watchdog first saw `start` passed; 0: not yet */
+    zpp_prog_at at;   /* where it stands on the progress board (comm/progress.h) */
 } zpp__nccl_track;
 
 /* An in-flight operation: the event recorded on the comm stream after it. */
@@ -282,6 +285,7 @@ struct zpp__nccl_shared {
     zpp__nccl_track *cur;     /* the operation being enqueued */
     zpp_status fired;         /* ZPP_ERR_TIMEOUT once the watchdog aborted all */
     char why[768];
+    zpp_progress *prog;       /* the topology's progress board, or NULL */
 };
 
 struct zpp__nccl_comm {
@@ -293,6 +297,7 @@ struct zpp__nccl_comm {
     int broken;      /* a fatal NCCL error was seen: abort at destroy */
     const char *name;
     char why[384];   /* the watchdog's reason when it aborted this one alone */
+    int kind;        /* ZPP_PROG_WORLD ... ZPP_PROG_RED_INTER: its progress counter */
 };
 
 /* NCCL_HOSTID of this process, fixed by its first topology (see top). */
@@ -453,6 +458,8 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t byt
     sh->cur->op = op;
     sh->cur->comm = nc->name;
     sh->cur->bytes = bytes;
+    /* counted at the enqueue: a stalled peer never gets here */
+    sh->cur->at = zpp__progress_enter(sh->prog, nc->kind);
     st = zpp_device_event_record(sh->dev, sh->ready, sh->compute);
     if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, nc->stream, sh->ready);
     if (st == ZPP_OK) st = zpp_device_event_record(sh->dev, sh->cur->start, nc->stream);
@@ -512,14 +519,18 @@ static zpp_status zpp__nccl_abandon(zpp__nccl_comm *nc, zpp_comm_req *q, zpp_sta
     return st;
 }
 
-/* The timeout's message, the same from every path. */
+/* The timeout's message, the same from every path, with the ranks that
+ * did not enqueue the collective (comm/progress.h). */
 static zpp_status zpp__nccl_timeout(const zpp__nccl_shared *sh, const char *op,
-                                    const char *comm, size_t bytes, const char *how) {
+                                    const char *comm, size_t bytes, const char *how,
+                                    const zpp_prog_at *at) {
+    char who[512];
+    zpp__progress_explain(at, who, sizeof who);
     return zpp_error(ZPP_ERR_TIMEOUT,
                      "%s on the %s communicator (%zu bytes): no peer answered for %g s (a rank "
-                     "stalled or died); every rank stops%s%s",
+                     "stalled or died); every rank stops%s%s%s",
                      op, comm, bytes, sh->timeout_s, how,
-                     sh->env.timeout_s >= 0.0 ? " (deadline from ZPP_NCCL_TIMEOUT_S)" : "");
+                     sh->env.timeout_s >= 0.0 ? " (deadline from ZPP_NCCL_TIMEOUT_S)" : "", who);
 }
 
 /* Aborts every NCCL communicator of the topology (sh->lock held): their
@@ -565,6 +576,8 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
             zpp__nccl_track_put(sh, t);
             continue;
         }
+        /* what this rank's peers see it waiting in (comm/progress.h) */
+        zpp__progress_wait_begin(&t->at, t->op);
         if (t->t_started == 0.0) {
             int started = 0;
             if (zpp_device_event_query(sh->dev, t->start, &started) == ZPP_OK && started)
@@ -572,13 +585,15 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
         }
         if (sh->timeout_s > 0.0 && t->t_started > 0.0 && now - t->t_started > sh->timeout_s) {
             zpp__nccl_timeout(sh, t->op, t->comm, t->bytes,
-                              "; the watchdog aborted the topology's NCCL communicators");
+                              "; the watchdog aborted the topology's NCCL communicators", &t->at);
             snprintf(sh->why, sizeof sh->why, "%s", zpp_last_error());
             sh->fired = ZPP_ERR_TIMEOUT;
             zpp__nccl_abort_all(sh);
         }
         return;
     }
+    const zpp_prog_at none = {sh->prog, 0, 0};
+    zpp__progress_wait_end(&none); /* nothing unfinished */
 }
 
 static void *zpp__nccl_watchdog_main(void *arg) {
@@ -613,7 +628,7 @@ static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
  * state: on a failure (or the deadline) the communicator is aborted, which
  * makes its spinning kernels return, and the call reports instead of hanging. */
 static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
-                                      const char *op, size_t bytes) {
+                                      const char *op, size_t bytes, const zpp_prog_at *at) {
     zpp__nccl_shared *sh = nc->sh;
     double t0 = zpp__now_s();
     for (unsigned long spin = 0;; spin++) {
@@ -625,7 +640,7 @@ static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
         st = zpp__nccl_check_async(nc, op);
         if (st == ZPP_OK && sh->timeout_s > 0.0 && (spin & 255) == 0 &&
             zpp__now_s() - t0 > sh->timeout_s)
-            st = zpp__nccl_timeout(sh, op, nc->name, bytes, "");
+            st = zpp__nccl_timeout(sh, op, nc->name, bytes, "", at);
         if (st != ZPP_OK) {
             if (nc->nccl) ncclCommAbort(nc->nccl);
             nc->nccl = NULL;
@@ -766,7 +781,8 @@ static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int 
 /* Host-side, over the MPI communicator of the same ranks (see the top). */
 static zpp_status zpp__nccl_agree_op(zpp_comm *c, zpp_status st) {
     zpp__nccl_comm *nc = c->impl;
-    return zpp__comm_mpi_agree(&nc->mpi, st, nc->sh->timeout_s, nc->name);
+    return zpp__comm_mpi_agree_at(&nc->mpi, st, nc->sh->timeout_s, nc->name, nc->sh->prog,
+                                  nc->kind);
 }
 
 /* Every rank has entered the barrier once a one-element all-reduce over the
@@ -777,6 +793,8 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     zpp__nccl_shared *sh = nc->sh;
     pthread_mutex_lock(&sh->lock);
     zpp_status st = zpp__nccl_usable(nc, op);
+    zpp_prog_at at = {NULL, 0, 0};
+    if (st == ZPP_OK) at = zpp__progress_enter(sh->prog, nc->kind);
     if (st == ZPP_OK && !nc->one) {
         /* Max rather than sum: whatever the staging int holds cannot overflow. */
         ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax,
@@ -789,7 +807,7 @@ static zpp_status zpp__nccl_barrier(zpp_comm *c) {
     }
     pthread_mutex_unlock(&sh->lock);
     ZPP_CHECK(st);
-    return zpp__nccl_host_wait(nc, sh->host_done, op, sizeof(int));
+    return zpp__nccl_host_wait(nc, sh->host_done, op, sizeof(int), &at);
 }
 
 static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
@@ -899,9 +917,10 @@ static const zpp_comm_ops zpp__nccl_ops = {
 /* Every rank learns whether any rank failed a step, and if so the first
  * failing rank's status and message (the one protocol, comm_internal.h),
  * with the step named in front. */
-static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_status local, const char *stage,
-                                  double timeout_s) {
-    zpp_status st = zpp__comm_mpi_agree(&mc, local, timeout_s, "world (NCCL setup)");
+static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_progress *p, zpp_status local,
+                                  const char *stage, double timeout_s) {
+    zpp_status st =
+        zpp__comm_mpi_agree_at(&mc, local, timeout_s, "world (NCCL setup)", p, ZPP_PROG_SETUP);
     if (st == ZPP_OK) return ZPP_OK;
     return zpp_error_context(st, "nccl setup (%s)", stage);
 }
@@ -1167,31 +1186,36 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     ids = calloc((size_t)topo->world_size, sizeof *ids);
     st = ids ? zpp__nccl_identify(topo, opts, &env, &ids[rank])
              : zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the GPU", timeout_s), st, fail);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st, "checking the GPU", timeout_s), st,
+                   fail);
     mr = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ids, (int)sizeof *ids, MPI_BYTE, mc);
     st = mr == MPI_SUCCESS
              ? ZPP_OK
              : zpp_error(ZPP_ERR_COMM,
                          "%s: MPI_Allgather of the ranks' GPU bus ids failed (MPI error %d)", op,
                          mr);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "exchanging the GPU bus ids", timeout_s), st, fail);
+    ZPP_CHECK_GOTO(
+        zpp__nccl_agree(mc, topo->progress, st, "exchanging the GPU bus ids", timeout_s), st,
+        fail);
     topo->note[0] = '\0';
     st = ZPP_OK;
     if (opts->emulate_nodes)
         st = zpp_hostid_note(ids, topo->world_size, topo->node_size, topo->note,
                              sizeof topo->note);
     if (st == ZPP_OK) st = zpp__nccl_setup_local(topo, opts, &env, ids, &sh);
+    if (st == ZPP_OK) sh->prog = topo->progress;
     free(ids);
     ids = NULL;
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "setting up the GPU and the NCCL environment",
-                                   timeout_s),
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st,
+                                   "setting up the GPU and the NCCL environment", timeout_s),
                    st, fail);
 
     /* 2. The world communicator (none at world 1: ONE RANK). The id
      * travels with a flag, so that a failure on rank 0 stops everyone at
      * the broadcast. */
     const int world_one = topo->world_size == 1;
-    struct {
+    /* static: after a timeout MPI may still write it */
+    static struct {
         ncclUniqueId id;
         int ok;
     } boot;
@@ -1204,20 +1228,37 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         else
             st = zpp__nccl_fail(NULL, r, op, "ncclGetUniqueId");
     }
-    mr = MPI_Bcast(&boot, (int)sizeof boot, MPI_BYTE, 0, mc);
+    /* Polled until the deadline, like every setup step before an NCCL
+     * init (each agreement below gates the blocking NCCL call after it). */
+    MPI_Request breq = MPI_REQUEST_NULL;
+    mr = MPI_Ibcast(&boot, (int)sizeof boot, MPI_BYTE, 0, mc, &breq);
+    if (mr == MPI_SUCCESS) {
+        zpp_prog_at at = zpp__progress_enter(topo->progress, ZPP_PROG_SETUP);
+        zpp_status bst = zpp__comm_mpi_poll_at(&breq, timeout_s,
+                                               "nccl setup (broadcasting the NCCL unique id)",
+                                               "world", sizeof boot, &at);
+        if (bst == ZPP_ERR_TIMEOUT) { /* boot stays with MPI (static): abandoned */
+            st = bst;
+            goto fail;
+        }
+        if (bst != ZPP_OK) mr = MPI_ERR_OTHER;
+    }
     if (st == ZPP_OK && mr != MPI_SUCCESS)
         st = zpp_error(ZPP_ERR_COMM, "%s: MPI_Bcast of the NCCL unique id failed (MPI error %d)",
                        op, mr);
     /* rank 0's own failure reaches everyone through the agreement */
     if (st == ZPP_OK && rank != 0 && !boot.ok && !world_one) st = ZPP_ERR_COMM;
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the NCCL unique id", timeout_s), st, fail);
+    ZPP_CHECK_GOTO(
+        zpp__nccl_agree(mc, topo->progress, st, "creating the NCCL unique id", timeout_s), st,
+        fail);
 
     r = world_one ? ncclSuccess : ncclCommInitRank(&nccl[0], topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
         nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "creating the world NCCL communicator", timeout_s),
+    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st,
+                                   "creating the world NCCL communicator", timeout_s),
                    st, fail);
 
     /* 3. The splits, in the same order on every rank (each is collective
@@ -1231,7 +1272,7 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
             nccl[i] = NULL;
         }
         snprintf(stage, sizeof stage, "splitting the NCCL %s communicator", part[i].name);
-        ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, stage, timeout_s), st, fail);
+        ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st, stage, timeout_s), st, fail);
     }
 
     /* 4. Check the numbering and wrap the communicators (each takes over
@@ -1244,8 +1285,12 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
             st = zpp__nccl_wrap(nccl[i], mpi[i], sh, part[i].name, part[i].rank, part[i].size,
                                 part[i].stream, &made[i]);
         if (st == ZPP_OK) mpi[i] = MPI_COMM_NULL;
+        /* part[] is in ZPP_PROG_WORLD ... ZPP_PROG_RED_INTER order */
+        if (st == ZPP_OK) ((zpp__nccl_comm *)made[i]->impl)->kind = ZPP_PROG_WORLD + i;
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, st, "checking the NCCL communicators", timeout_s), st, fail);
+    ZPP_CHECK_GOTO(
+        zpp__nccl_agree(mc, topo->progress, st, "checking the NCCL communicators", timeout_s),
+        st, fail);
 
     zpp__nccl_shared_release(sh); /* the comms hold their own references */
     MPI_Comm_free(&mc);

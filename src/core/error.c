@@ -8,6 +8,8 @@
 #define ZPP_MSG_CAP 1024
 
 static _Thread_local char zpp__msg[ZPP_MSG_CAP];
+static _Thread_local int zpp__held;    /* zpp_error_hold depth */
+static _Thread_local int zpp__latched; /* a timeout's message is kept */
 
 const char *zpp_status_str(zpp_status status) {
     switch (status) {
@@ -22,9 +24,20 @@ const char *zpp_status_str(zpp_status status) {
 
 const char *zpp_last_error(void) { return zpp__msg; }
 
-void zpp_error_clear(void) { zpp__msg[0] = '\0'; }
+void zpp_error_clear(void) {
+    zpp__msg[0] = '\0';
+    zpp__latched = 0;
+}
+
+void zpp_error_hold(void) { zpp__held++; }
+
+void zpp_error_release(void) {
+    if (zpp__held > 0) zpp__held--;
+}
 
 zpp_status zpp_error(zpp_status status, const char *fmt, ...) {
+    if (zpp__held || zpp__latched) return status; /* the first failure stays */
+    if (status == ZPP_ERR_TIMEOUT) zpp__latched = 1;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(zpp__msg, sizeof zpp__msg, fmt, ap);
@@ -32,7 +45,20 @@ zpp_status zpp_error(zpp_status status, const char *fmt, ...) {
     return status;
 }
 
+zpp_status zpp_error_append(zpp_status status, const char *fmt, ...) {
+    if (zpp__held) return status;
+    size_t k = strlen(zpp__msg);
+    if (k + 2 >= sizeof zpp__msg) return status;
+    zpp__msg[k] = ' ';
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(zpp__msg + k + 1, sizeof zpp__msg - k - 1, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
 zpp_status zpp_error_context(zpp_status status, const char *fmt, ...) {
+    if (zpp__held) return status;
     char prefix[256];
     char old[ZPP_MSG_CAP];
     va_list ap;

@@ -31,8 +31,29 @@ zpp_status zpp_error(zpp_status status, const char *fmt, ...) ZPP_PRINTF(2, 3);
 zpp_status zpp_error_context(zpp_status status, const char *fmt, ...)
     ZPP_PRINTF(2, 3);
 
-/* Clears the message (used by tests). */
+/* Clears the message, and the latch below (tests; a caller that handled a
+ * timeout and goes on). */
 void zpp_error_clear(void);
+
+/* The first failure's message is the one the user sees.
+ *
+ * 1. A timeout latches: once this thread has recorded a ZPP_ERR_TIMEOUT
+ *    message, zpp_error() leaves it in place (and still returns its own
+ *    status) until zpp_error_clear(). A timeout is fatal for the job
+ *    (comm/comm.h), so whatever fails after it (a communicator refusing
+ *    work, a cleanup's wait) is its consequence, not news.
+ *    zpp_error_context() still prepends to it (the trainer adds the step).
+ * 2. Cleanup holds: between zpp_error_hold() and zpp_error_release() (they
+ *    nest) neither zpp_error() nor zpp_error_context() touches the
+ *    message. Every cleanup path that may fail after a first failure (the
+ *    engine's drain, the destroy functions) runs held, so the message of
+ *    the failure that started it survives. */
+void zpp_error_hold(void);
+void zpp_error_release(void);
+
+/* Appends " text" to the current message (held: nothing) and returns
+ * status: a detail after the message, where context would go before it. */
+zpp_status zpp_error_append(zpp_status status, const char *fmt, ...) ZPP_PRINTF(2, 3);
 
 #ifdef __cplusplus
 }

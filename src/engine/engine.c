@@ -455,6 +455,7 @@ fail:
 
 void zpp_engine_destroy(zpp_engine *e) {
     if (!e) return;
+    zpp_error_hold(); /* teardown after a failure keeps its message */
     if (e->units) {
         for (int i = 0; i < e->model->n_units; i++) {
             unit_state *u = &e->units[i];
@@ -473,6 +474,7 @@ void zpp_engine_destroy(zpp_engine *e) {
     free(e->units);
     zpp_coll_destroy(e->coll);
     free(e);
+    zpp_error_release();
 }
 
 /* ---- Gathers ------------------------------------------------------------- */
@@ -588,7 +590,10 @@ static zpp_status reduce_finish_oldest(zpp_engine *e) {
 static zpp_status reduce_finish_all(zpp_engine *e) {
     zpp_status st = ZPP_OK;
     while (e->n_reductions) {
+        /* after a failure the rest is cleanup: the first message stays */
+        if (st != ZPP_OK) zpp_error_hold();
         zpp_status r = reduce_finish_oldest(e);
+        if (st != ZPP_OK) zpp_error_release();
         if (st == ZPP_OK) st = r;
     }
     return st;
@@ -751,6 +756,7 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
 /* Completes whatever is in flight and drops gathered units: after an error,
  * so that the next call starts clean. */
 static void drain(zpp_engine *e) {
+    zpp_error_hold(); /* the error that called for it keeps its message */
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         release(e, i);
@@ -759,6 +765,7 @@ static void drain(zpp_engine *e) {
         u->grad_full = NULL;
     }
     reduce_finish_all(e);
+    zpp_error_release();
 }
 
 zpp_status zpp_engine_forward(zpp_engine *e, float *loss_p) {

@@ -269,6 +269,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
 
 void zpp_trainer_destroy(zpp_trainer *t) {
     if (!t) return;
+    zpp_error_hold(); /* teardown after a failure keeps its message */
     zpp_checkpoint_unlock(t->lock);
     zpp_engine_destroy(t->engine);
     if (t->model) t->model->ops->destroy(t->model);
@@ -279,6 +280,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     free(t->targets);
     free(t->data_path);
     free(t);
+    zpp_error_release();
 }
 
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
