@@ -20,6 +20,8 @@
 # packages in .deps/ (apt-get download libcjson1 libcjson-dev libpcre2-dev
 # libpcre2-8-0), as for bench/gpu/run.sh.
 #   TEST_LIMIT=s   the time limit of one ctest run (default 900)
+#   TESTS=regex    only the GPU tests whose names match (ctest -R), e.g. to
+#                  check a second architecture list on the kernels alone
 #   JOBS=n         build jobs (default: every core)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,7 +71,8 @@ for spec in "$@"; do
   built=$(( SECONDS - t0 ))
   "$dir/zeropp" --version > "$L/version.txt" 2>&1
   t1=$SECONDS
-  (cd "$dir" && timeout "${TEST_LIMIT:-900}" ctest -L gpu --output-on-failure) > "$L/ctest.log" 2>&1
+  (cd "$dir" && timeout "${TEST_LIMIT:-900}" ctest -L gpu ${TESTS:+-R "$TESTS"} \
+                 --output-on-failure) > "$L/ctest.log" 2>&1
   trc=$?
   summary=$(grep -E "tests passed|tests failed" "$L/ctest.log" | tail -1)
   skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .*\(Skipped\)$' "$L/ctest.log")
