@@ -49,7 +49,7 @@ static void test_dtype_by_capability(void) {
                 continue;
             }
             /* the message names this GPU's capability */
-            char cap[16];
+            char cap[32]; /* room for any two ints */
             snprintf(cap, sizeof cap, "is %d.%d", kGpus[i].major, kGpus[i].minor);
             EXPECT(strstr(msg, cap), "%s: message does not say '%s': %s", kGpus[i].name, cap,
                    msg);
