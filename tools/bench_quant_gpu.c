@@ -217,7 +217,7 @@ typedef struct ghost {
     } while (0)
 
 /* Setup: the two quantization specs (the --bits/--block one, and qgZ's
- * int4 one) and the buffer sizes. */
+ * int4 one). */
 static void gbench_specs(gbench *g, const zpp_bench_quant_args *a) {
     g->a = a;
     g->spec = zpp_quant_spec_default(a->bits);
@@ -230,6 +230,7 @@ static void gbench_specs(gbench *g, const zpp_bench_quant_args *a) {
     g->spec4.seed = 67890;
 }
 
+/* Setup: the buffer sizes, and whether n makes the 16 qgZ chunks. */
 static void gbench_sizes(gbench *g) {
     const size_t n = g->a->n;
     g->es = zpp_dtype_size(g->a->dtype);
