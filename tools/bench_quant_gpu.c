@@ -54,6 +54,8 @@ typedef struct gbench {
     zpp_quant_spec spec4; /* the qgZ kernels */
     size_t es, xbytes, qbytes;
     size_t cl, qb4;       /* qgZ chunk length and its int4 quantized size */
+    size_t rbytes, dbytes; /* reorder output (16 chunks), sum output (8) */
+    int qgz;               /* the input makes 16 chunks: the qgZ rows run */
     float red_scale;
     zpp_device *dev;
     void *x, *y, *q, *r, *d;
@@ -197,185 +199,234 @@ static void print_row(const gbench *g, const row *w, double copy_gbps) {
                gbps / copy_gbps, w->rel, w->correct ? "yes" : "NO");
 }
 
-int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
-    gbench g;
-    memset(&g, 0, sizeof g);
-    g.a = a;
-    g.spec = zpp_quant_spec_default(a->bits);
-    g.spec.block = a->block ? a->block : g.spec.block;
-    g.spec.stochastic = a->stochastic;
-    g.spec.seed = 12345;
-    g.spec4 = zpp_quant_spec_default(4);
-    if (a->bits == 4) g.spec4.block = g.spec.block;
-    g.spec4.stochastic = a->stochastic;
-    g.spec4.seed = 67890;
-    zpp_status s = zpp_quant_spec_check(&g.spec);
-    if (s != ZPP_OK) return zpp_cli_fail("bench quant", s);
-    if (zpp_dtype_size(a->dtype) == 0 || a->n == 0) {
-        fprintf(stderr, "zeropp bench quant: need a dtype and n > 0\n");
-        return 1;
-    }
+/* Host buffers: the input, the GPU's results downloaded, and the CPU
+ * reference's (the qgZ ones only when the input makes 16 chunks). */
+typedef struct ghost {
+    void *x, *y, *y_cpu;
+    unsigned char *q, *q_cpu;
+    unsigned char *r, *r_cpu, *d, *d_cpu;
+    float *red, *red_cpu, *tmp;
+} ghost;
 
-    int rc = 1;
-    if ((s = zpp_device_create_gpu(0, &g.dev)) != ZPP_OK)
-        return zpp_cli_fail("bench quant: --device gpu", s);
+/* Fails the bench with `what` when `call` fails (a function returning the
+ * bench's exit code). */
+#define GB_CHECK(call, what)                                                  \
+    do {                                                                      \
+        zpp_status gb_s_ = (call);                                            \
+        if (gb_s_ != ZPP_OK) return zpp_cli_fail(what, gb_s_);                \
+    } while (0)
 
-    const size_t n = a->n;
-    g.es = zpp_dtype_size(a->dtype);
-    g.xbytes = n * g.es;
-    g.qbytes = zpp_quant_bytes(n, &g.spec);
-    g.cl = n / ZPP_GB_RANKS;
-    g.qb4 = zpp_quant_bytes(g.cl, &g.spec4);
-    g.red_scale = 1.0f / ZPP_GB_RANKS;
-    const int qgz = g.cl > 0;
-    const size_t rbytes = g.qb4 * ZPP_GB_RANKS, dbytes = g.qb4 * (ZPP_GB_RANKS / 2);
+/* Setup: the two quantization specs (the --bits/--block one, and qgZ's
+ * int4 one). */
+static void gbench_specs(gbench *g, const zpp_bench_quant_args *a) {
+    g->a = a;
+    g->spec = zpp_quant_spec_default(a->bits);
+    g->spec.block = a->block ? a->block : g->spec.block;
+    g->spec.stochastic = a->stochastic;
+    g->spec.seed = 12345;
+    g->spec4 = zpp_quant_spec_default(4);
+    if (a->bits == 4) g->spec4.block = g->spec.block;
+    g->spec4.stochastic = a->stochastic;
+    g->spec4.seed = 67890;
+}
 
-    /* host buffers */
+/* Setup: the buffer sizes, and whether n makes the 16 qgZ chunks. */
+static void gbench_sizes(gbench *g) {
+    const size_t n = g->a->n;
+    g->es = zpp_dtype_size(g->a->dtype);
+    g->xbytes = n * g->es;
+    g->qbytes = zpp_quant_bytes(n, &g->spec);
+    g->cl = n / ZPP_GB_RANKS;
+    g->qb4 = zpp_quant_bytes(g->cl, &g->spec4);
+    g->red_scale = 1.0f / ZPP_GB_RANKS;
+    g->qgz = g->cl > 0;
+    g->rbytes = g->qb4 * ZPP_GB_RANKS;
+    g->dbytes = g->qb4 * (ZPP_GB_RANKS / 2);
+}
+
+/* Setup: the host buffers, and the input filled. */
+static int gbench_host_alloc(const gbench *g, ghost *h) {
+    const size_t n = g->a->n;
     /* an odd number of blocks, so that the 16 qgZ chunks (a power of two
      * apart when n is) do not all hold the same values */
-    size_t period = (((size_t)1 << 24) / g.spec.block | 1) * g.spec.block;
+    size_t period = (((size_t)1 << 24) / g->spec.block | 1) * g->spec.block;
     if (period > n) period = n;
-    void *hx = malloc(g.xbytes), *hy = malloc(g.xbytes), *hy_cpu = malloc(g.xbytes);
-    unsigned char *hq = malloc(g.qbytes), *hq_cpu = malloc(g.qbytes);
-    unsigned char *hr = NULL, *hr_cpu = NULL, *hd = NULL, *hd_cpu = NULL;
-    float *hred = NULL, *hred_cpu = NULL, *tmp = NULL;
-    if (qgz) {
-        hr = malloc(rbytes), hr_cpu = malloc(rbytes), hd = malloc(dbytes),
-        hd_cpu = malloc(dbytes);
-        hred = malloc(g.cl * 4), hred_cpu = malloc(g.cl * 4), tmp = malloc(g.cl * 4);
+    h->x = malloc(g->xbytes), h->y = malloc(g->xbytes), h->y_cpu = malloc(g->xbytes);
+    h->q = malloc(g->qbytes), h->q_cpu = malloc(g->qbytes);
+    if (g->qgz) {
+        h->r = malloc(g->rbytes), h->r_cpu = malloc(g->rbytes), h->d = malloc(g->dbytes),
+        h->d_cpu = malloc(g->dbytes);
+        h->red = malloc(g->cl * 4), h->red_cpu = malloc(g->cl * 4), h->tmp = malloc(g->cl * 4);
     }
-    int cpu_ok = hx && hy && hy_cpu && hq && hq_cpu &&
-                 (!qgz || (hr && hr_cpu && hd && hd_cpu && hred && hred_cpu && tmp));
+    int cpu_ok = h->x && h->y && h->y_cpu && h->q && h->q_cpu &&
+                 (!g->qgz || (h->r && h->r_cpu && h->d && h->d_cpu && h->red && h->red_cpu &&
+                              h->tmp));
     if (!cpu_ok) {
         fprintf(stderr, "zeropp bench quant: out of host memory for n = %zu\n", n);
-        goto out;
+        return 1;
     }
-    fill_normal(hx, a->dtype, n, period);
+    fill_normal(h->x, g->a->dtype, n, period);
+    return 0;
+}
 
-    /* device buffers */
-#define CK(call, what)                                                        \
-    do {                                                                      \
-        if ((s = (call)) != ZPP_OK) {                                         \
-            rc = zpp_cli_fail(what, s);                                       \
-            goto out;                                                         \
-        }                                                                     \
-    } while (0)
-    CK(zpp_device_alloc(g.dev, g.xbytes, &g.x), "allocating the input");
-    CK(zpp_device_alloc(g.dev, g.xbytes, &g.y), "allocating the output");
-    CK(zpp_device_alloc(g.dev, g.qbytes, &g.q), "allocating the quantized buffer");
-    if (qgz) {
-        CK(zpp_device_alloc(g.dev, rbytes, &g.r), "allocating the reorder output");
-        CK(zpp_device_alloc(g.dev, dbytes, &g.d), "allocating the sum output");
-        CK(zpp_device_alloc(g.dev, g.cl * 4, (void **)&g.red), "allocating the reduce output");
+/* Setup: the device buffers, the input uploaded, the outputs touched. */
+static int gbench_device_alloc(gbench *g, const ghost *h) {
+    GB_CHECK(zpp_device_alloc(g->dev, g->xbytes, &g->x), "allocating the input");
+    GB_CHECK(zpp_device_alloc(g->dev, g->xbytes, &g->y), "allocating the output");
+    GB_CHECK(zpp_device_alloc(g->dev, g->qbytes, &g->q), "allocating the quantized buffer");
+    if (g->qgz) {
+        GB_CHECK(zpp_device_alloc(g->dev, g->rbytes, &g->r), "allocating the reorder output");
+        GB_CHECK(zpp_device_alloc(g->dev, g->dbytes, &g->d), "allocating the sum output");
+        GB_CHECK(zpp_device_alloc(g->dev, g->cl * 4, (void **)&g->red),
+                 "allocating the reduce output");
     }
-    CK(zpp_device_copy(g.dev, g.x, hx, g.xbytes), "uploading the input");
-    CK(zpp_device_set(g.dev, g.y, 0, g.xbytes), "touching the output");
-    CK(zpp_device_set(g.dev, g.q, 0, g.qbytes), "touching the quantized buffer");
+    GB_CHECK(zpp_device_copy(g->dev, g->x, h->x, g->xbytes), "uploading the input");
+    GB_CHECK(zpp_device_set(g->dev, g->y, 0, g->xbytes), "touching the output");
+    GB_CHECK(zpp_device_set(g->dev, g->q, 0, g->qbytes), "touching the quantized buffer");
+    return 0;
+}
 
-    /* timing; the ops run in pipeline order, so each reads its
-     * predecessor's output */
-    row rows[OP_COUNT];
+/* Timing: the copy, then every op; the ops run in pipeline order, so each
+ * reads its predecessor's output. */
+static int gbench_time(gbench *g, row rows[OP_COUNT], int *nrows_p, double *copy_gbps_p) {
     int nrows = 0;
     double copy_ms = 0;
-    if (op_time(&g, OP_COPY, &copy_ms)) goto out;
-    const double copy_gbps = 2.0 * (double)g.xbytes / (copy_ms * 1e-3) * 1e-9;
+    if (op_time(g, OP_COPY, &copy_ms)) return 1;
+    *copy_gbps_p = 2.0 * (double)g->xbytes / (copy_ms * 1e-3) * 1e-9;
     for (int op = OP_QUANT; op < OP_COUNT; op++) {
-        if (op >= OP_REORDER && !qgz) break;
+        if (op >= OP_REORDER && !g->qgz) break;
         row *w = &rows[nrows++];
         memset(w, 0, sizeof *w);
         w->op = op;
-        w->bits = op <= OP_DEQUANT ? g.spec.bits : 4;
-        w->block = op <= OP_DEQUANT ? g.spec.block : g.spec4.block;
-        if (op_time(&g, op, &w->ms)) goto out;
+        w->bits = op <= OP_DEQUANT ? g->spec.bits : 4;
+        w->block = op <= OP_DEQUANT ? g->spec.block : g->spec4.block;
+        if (op_time(g, op, &w->ms)) return 1;
         switch (op) {
         case OP_QUANT:
-        case OP_DEQUANT: w->bytes = (double)(g.xbytes + g.qbytes); break;
-        case OP_REORDER: w->bytes = (double)(g.cl * ZPP_GB_RANKS * g.es + rbytes); break;
-        case OP_DSR: w->bytes = (double)(rbytes + dbytes); break;
-        default: w->bytes = (double)(dbytes + g.cl * 4); break;
+        case OP_DEQUANT: w->bytes = (double)(g->xbytes + g->qbytes); break;
+        case OP_REORDER: w->bytes = (double)(g->cl * ZPP_GB_RANKS * g->es + g->rbytes); break;
+        case OP_DSR: w->bytes = (double)(g->rbytes + g->dbytes); break;
+        default: w->bytes = (double)(g->dbytes + g->cl * 4); break;
         }
     }
-    int flag = 0;
-    CK(zpp_device_nonfinite_take(g.dev, &flag), "reading the non-finite flag");
+    *nrows_p = nrows;
+    return 0;
+}
 
-    /* correctness on the whole buffers, and accuracy */
-    CK(zpp_device_copy(g.dev, hq, g.q, g.qbytes), "downloading");
-    CK(zpp_device_copy(g.dev, hy, g.y, g.xbytes), "downloading");
+/* Checks of quantize and dequantize: the GPU's bytes against quant.c's;
+ * the accuracy of the round trip (hy) against the input. */
+static void gbench_check_quant(const gbench *g, ghost *h, row *w, l2acc *l) {
+    const zpp_bench_quant_args *a = g->a;
+    const size_t n = a->n;
+    zpp_status s;
+    if (w->op == OP_QUANT) {
+        s = zpp_quantize(h->x, a->dtype, n, &g->spec, h->q_cpu);
+        w->correct = s == ZPP_OK && same_bytes(h->q, h->q_cpu, g->qbytes, "quantize");
+    } else {
+        s = zpp_dequantize(h->q_cpu, n, &g->spec, a->dtype, h->y_cpu);
+        w->correct = s == ZPP_OK && same_values(h->y, h->y_cpu, n, a->dtype, "dequantize");
+    }
+    for (size_t k = 0; k < n; k++)
+        l2_add(l, zpp_load_f32(h->y, a->dtype, k), zpp_load_f32(h->x, a->dtype, k));
+}
+
+/* Check of reorder_quantize: each output slot dequantized against the input
+ * chunk it holds. */
+static int gbench_check_reorder(const gbench *g, ghost *h, row *w, l2acc *l) {
+    const zpp_bench_quant_args *a = g->a;
+    GB_CHECK(zpp_device_copy(g->dev, h->r, g->r, g->rbytes), "downloading");
+    zpp_status s = zpp_quant_reorder_quantize(h->x, a->dtype, g->cl, ZPP_GB_NODES, ZPP_GB_LOCAL,
+                                              &g->spec4, h->r_cpu);
+    w->correct = s == ZPP_OK && same_bytes(h->r, h->r_cpu, g->rbytes, "reorder_quantize");
+    for (size_t p = 0; p < ZPP_GB_RANKS; p++) {
+        zpp_dequantize(h->r_cpu + p * g->qb4, g->cl, &g->spec4, ZPP_FP32, h->tmp);
+        const size_t src = reorder_src(p) * g->cl;
+        for (size_t k = 0; k < g->cl; k++)
+            l2_add(l, h->tmp[k], zpp_load_f32(h->x, a->dtype, src + k));
+    }
+    return 0;
+}
+
+/* Check of dequant_sum_requant: each output chunk dequantized against the
+ * exact sum of the two input chunks it stands for. */
+static int gbench_check_dsr(const gbench *g, ghost *h, row *w, l2acc *l) {
+    const zpp_bench_quant_args *a = g->a;
+    GB_CHECK(zpp_device_copy(g->dev, h->d, g->d, g->dbytes), "downloading");
+    zpp_status s = zpp_quant_cpu_dequant_sum_requant(h->r_cpu, 2, ZPP_GB_RANKS / 2, g->cl, 0,
+                                                     g->cl, &g->spec4, &g->spec4, h->d_cpu);
+    w->correct = s == ZPP_OK && same_bytes(h->d, h->d_cpu, g->dbytes, "dequant_sum_requant");
+    /* output chunk c = input 0 chunk c + input 1 chunk c, i.e. slots
+     * c and c + 8 of the reorder output */
+    for (size_t c = 0; c < ZPP_GB_RANKS / 2; c++) {
+        zpp_dequantize(h->d_cpu + c * g->qb4, g->cl, &g->spec4, ZPP_FP32, h->tmp);
+        const size_t s0 = reorder_src(c) * g->cl;
+        const size_t s1 = reorder_src(c + ZPP_GB_RANKS / 2) * g->cl;
+        for (size_t k = 0; k < g->cl; k++)
+            l2_add(l, h->tmp[k],
+                   (double)zpp_load_f32(h->x, a->dtype, s0 + k) +
+                       (double)zpp_load_f32(h->x, a->dtype, s1 + k));
+    }
+    return 0;
+}
+
+/* Check of dequant_reduce: against (1/16) * the exact sum of every rank's
+ * chunk. */
+static int gbench_check_reduce(const gbench *g, ghost *h, row *w, l2acc *l) {
+    const zpp_bench_quant_args *a = g->a;
+    GB_CHECK(zpp_device_copy(g->dev, h->red, g->red, g->cl * 4), "downloading");
+    zpp_status s = zpp_quant_cpu_dequant_reduce(h->d_cpu, ZPP_GB_RANKS / 2, g->cl, &g->spec4,
+                                                g->red_scale, h->red_cpu);
+    w->correct =
+        s == ZPP_OK && same_values(h->red, h->red_cpu, g->cl, ZPP_FP32, "dequant_reduce");
+    /* every rank's chunk once: out = (1/16) * sum over all chunks */
+    for (size_t k = 0; k < g->cl; k++) {
+        double ex = 0;
+        for (size_t r = 0; r < ZPP_GB_RANKS; r++)
+            ex += zpp_load_f32(h->x, a->dtype, r * g->cl + k);
+        l2_add(l, h->red[k], ex * g->red_scale);
+    }
+    return 0;
+}
+
+/* Correctness on the whole buffers, and accuracy, of every timed op, in
+ * pipeline order (each CPU reference reads its predecessor's). */
+static int gbench_check(const gbench *g, ghost *h, row *rows, int nrows) {
+    GB_CHECK(zpp_device_copy(g->dev, h->q, g->q, g->qbytes), "downloading");
+    GB_CHECK(zpp_device_copy(g->dev, h->y, g->y, g->xbytes), "downloading");
     for (int i = 0; i < nrows; i++) {
         row *w = &rows[i];
         l2acc l = {0, 0};
+        int rc = 0;
         switch (w->op) {
         case OP_QUANT:
-            s = zpp_quantize(hx, a->dtype, n, &g.spec, hq_cpu);
-            w->correct = s == ZPP_OK && same_bytes(hq, hq_cpu, g.qbytes, "quantize");
-            for (size_t k = 0; k < n; k++)
-                l2_add(&l, zpp_load_f32(hy, a->dtype, k), zpp_load_f32(hx, a->dtype, k));
-            break;
-        case OP_DEQUANT:
-            s = zpp_dequantize(hq_cpu, n, &g.spec, a->dtype, hy_cpu);
-            w->correct = s == ZPP_OK && same_values(hy, hy_cpu, n, a->dtype, "dequantize");
-            for (size_t k = 0; k < n; k++)
-                l2_add(&l, zpp_load_f32(hy, a->dtype, k), zpp_load_f32(hx, a->dtype, k));
-            break;
-        case OP_REORDER:
-            CK(zpp_device_copy(g.dev, hr, g.r, rbytes), "downloading");
-            s = zpp_quant_reorder_quantize(hx, a->dtype, g.cl, ZPP_GB_NODES, ZPP_GB_LOCAL,
-                                           &g.spec4, hr_cpu);
-            w->correct = s == ZPP_OK && same_bytes(hr, hr_cpu, rbytes, "reorder_quantize");
-            for (size_t p = 0; p < ZPP_GB_RANKS; p++) {
-                zpp_dequantize(hr_cpu + p * g.qb4, g.cl, &g.spec4, ZPP_FP32, tmp);
-                const size_t src = reorder_src(p) * g.cl;
-                for (size_t k = 0; k < g.cl; k++)
-                    l2_add(&l, tmp[k], zpp_load_f32(hx, a->dtype, src + k));
-            }
-            break;
-        case OP_DSR:
-            CK(zpp_device_copy(g.dev, hd, g.d, dbytes), "downloading");
-            s = zpp_quant_cpu_dequant_sum_requant(hr_cpu, 2, ZPP_GB_RANKS / 2, g.cl, 0, g.cl,
-                                                  &g.spec4, &g.spec4, hd_cpu);
-            w->correct = s == ZPP_OK && same_bytes(hd, hd_cpu, dbytes, "dequant_sum_requant");
-            /* output chunk c = input 0 chunk c + input 1 chunk c, i.e. slots
-             * c and c + 8 of the reorder output */
-            for (size_t c = 0; c < ZPP_GB_RANKS / 2; c++) {
-                zpp_dequantize(hd_cpu + c * g.qb4, g.cl, &g.spec4, ZPP_FP32, tmp);
-                const size_t s0 = reorder_src(c) * g.cl;
-                const size_t s1 = reorder_src(c + ZPP_GB_RANKS / 2) * g.cl;
-                for (size_t k = 0; k < g.cl; k++)
-                    l2_add(&l, tmp[k],
-                           (double)zpp_load_f32(hx, a->dtype, s0 + k) +
-                               (double)zpp_load_f32(hx, a->dtype, s1 + k));
-            }
-            break;
-        default:
-            CK(zpp_device_copy(g.dev, hred, g.red, g.cl * 4), "downloading");
-            s = zpp_quant_cpu_dequant_reduce(hd_cpu, ZPP_GB_RANKS / 2, g.cl, &g.spec4,
-                                             g.red_scale, hred_cpu);
-            w->correct = s == ZPP_OK && same_values(hred, hred_cpu, g.cl, ZPP_FP32,
-                                                    "dequant_reduce");
-            /* every rank's chunk once: out = (1/16) * sum over all chunks */
-            for (size_t k = 0; k < g.cl; k++) {
-                double ex = 0;
-                for (size_t r = 0; r < ZPP_GB_RANKS; r++)
-                    ex += zpp_load_f32(hx, a->dtype, r * g.cl + k);
-                l2_add(&l, hred[k], ex * g.red_scale);
-            }
-            break;
+        case OP_DEQUANT: gbench_check_quant(g, h, w, &l); break;
+        case OP_REORDER: rc = gbench_check_reorder(g, h, w, &l); break;
+        case OP_DSR: rc = gbench_check_dsr(g, h, w, &l); break;
+        default: rc = gbench_check_reduce(g, h, w, &l); break;
         }
+        if (rc) return rc;
         w->rel = l2_rel(&l);
     }
+    return 0;
+}
 
-    if (!a->json) {
+/* Printing: the table's header (text only), a row per op, and the verdict;
+ * the exit code is 1 if anything is incorrect or the non-finite flag was
+ * raised. */
+static int gbench_print(const gbench *g, const row *rows, int nrows, double copy_gbps,
+                        int flag) {
+    if (!g->a->json) {
         char name[256];
-        if (zpp_device_name(g.dev, name, sizeof name) != ZPP_OK)
-            snprintf(name, sizeof name, "%s", g.dev->ops->name);
+        if (zpp_device_name(g->dev, name, sizeof name) != ZPP_OK)
+            snprintf(name, sizeof name, "%s", g->dev->ops->name);
         printf("device: %s (GPU %d); copy: %.1f GB/s (read + write of %zu bytes)\n", name,
-               g.dev->ordinal, copy_gbps, g.xbytes);
+               g->dev->ordinal, copy_gbps, g->xbytes);
         printf("%-20s %-5s %4s %7s %11s %9s %9s %9s %6s %11s %s\n", "op", "dtype", "bits",
                "block", "n", "ms", "GB/s", "copy GB/s", "ratio", "rel_l2_err", "correct");
     }
-    rc = 0;
+    int rc = 0;
     for (int i = 0; i < nrows; i++) {
-        print_row(&g, &rows[i], copy_gbps);
+        print_row(g, &rows[i], copy_gbps);
         if (!rows[i].correct) rc = 1;
     }
     if (flag) {
@@ -383,17 +434,49 @@ int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
         rc = 1;
     }
     if (rc) fprintf(stderr, "zeropp bench quant: GPU results differ from the CPU reference\n");
-#undef CK
-out:
-    zpp_device_free(g.dev, g.red);
-    zpp_device_free(g.dev, g.d);
-    zpp_device_free(g.dev, g.r);
-    zpp_device_free(g.dev, g.q);
-    zpp_device_free(g.dev, g.y);
-    zpp_device_free(g.dev, g.x);
-    zpp_device_destroy(g.dev);
-    free(tmp), free(hred_cpu), free(hred), free(hd_cpu), free(hd), free(hr_cpu), free(hr);
-    free(hq_cpu), free(hq), free(hy_cpu), free(hy), free(hx);
     return rc;
 }
 
+static void gbench_free(gbench *g, ghost *h) {
+    zpp_device_free(g->dev, g->red);
+    zpp_device_free(g->dev, g->d);
+    zpp_device_free(g->dev, g->r);
+    zpp_device_free(g->dev, g->q);
+    zpp_device_free(g->dev, g->y);
+    zpp_device_free(g->dev, g->x);
+    zpp_device_destroy(g->dev);
+    free(h->tmp), free(h->red_cpu), free(h->red), free(h->d_cpu), free(h->d), free(h->r_cpu),
+        free(h->r);
+    free(h->q_cpu), free(h->q), free(h->y_cpu), free(h->y), free(h->x);
+}
+
+int zpp_bench_quant_gpu(const zpp_bench_quant_args *a) {
+    gbench g;
+    memset(&g, 0, sizeof g);
+    gbench_specs(&g, a);
+    zpp_status s = zpp_quant_spec_check(&g.spec);
+    if (s != ZPP_OK) return zpp_cli_fail("bench quant", s);
+    if (zpp_dtype_size(a->dtype) == 0 || a->n == 0) {
+        fprintf(stderr, "zeropp bench quant: need a dtype and n > 0\n");
+        return 1;
+    }
+    if ((s = zpp_device_create_gpu(0, &g.dev)) != ZPP_OK)
+        return zpp_cli_fail("bench quant: --device gpu", s);
+    gbench_sizes(&g);
+
+    ghost h;
+    memset(&h, 0, sizeof h);
+    row rows[OP_COUNT];
+    int nrows = 0, flag = 0;
+    double copy_gbps = 0;
+    int rc = gbench_host_alloc(&g, &h);
+    if (!rc) rc = gbench_device_alloc(&g, &h);
+    if (!rc) rc = gbench_time(&g, rows, &nrows, &copy_gbps);
+    if (!rc && (s = zpp_device_nonfinite_take(g.dev, &flag)) != ZPP_OK)
+        rc = zpp_cli_fail("reading the non-finite flag", s);
+    if (!rc) rc = gbench_check(&g, &h, rows, nrows);
+    if (!rc) rc = gbench_print(&g, rows, nrows, copy_gbps, flag);
+    gbench_free(&g, &h);
+    return rc;
+}
+#undef GB_CHECK

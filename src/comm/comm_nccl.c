@@ -1126,24 +1126,35 @@ typedef struct zpp__nccl_part {
     zpp_comm **out;
 } zpp__nccl_part;
 
-zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) {
-    static const char op[] = "nccl setup";
-    if (!topo || !opts)
-        return zpp_error(ZPP_ERR_INVALID, "%s: NULL topology or options", op);
+/* Everything zpp_comm_nccl_create_topo builds, in the order its steps build
+ * it; zpp__nccl_setup_undo takes down whatever of it is still held. */
+typedef struct zpp__nccl_setup {
+    zpp_topo *topo;
+    const zpp_topo_opts *opts;
     zpp__nccl_env env;
-    zpp__nccl_env_read(&env);
-    /* the setup's agreements wait as long as the operations will */
-    const double timeout_s = env.timeout_s >= 0.0 ? env.timeout_s
-                             : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
+    double timeout_s; /* the setup's agreements wait as long as the operations will */
+    zpp__nccl_part part[ZPP__NCCL_COMMS];
+    /* A private duplicate of the world whose errors return instead of
+     * aborting the job, for the agreements and the id broadcast; and the
+     * MPI twins of the NCCL communicators (same ranks, same order), which
+     * their ops->agree runs on (errors return on these too: they inherit
+     * mc's handler). */
+    MPI_Comm mc, mpi[ZPP__NCCL_COMMS];
+    zpp__nccl_shared *sh; /* the setup's own reference */
+    ncclComm_t nccl[ZPP__NCCL_COMMS];
+    zpp_comm *made[ZPP__NCCL_COMMS]; /* each owns its nccl[i] and its MPI twin */
+} zpp__nccl_setup;
+
+/* The six communicators. Consecutive ranks share a node, so color = node
+ * with key = local rank numbers the node's ranks by local index, and
+ * color = local rank with key = node numbers each "rail" by node; color 0
+ * with key = rank duplicates the world. [0] is the world itself
+ * (ncclCommInitRank); the others are split from it. The last three are the
+ * reductions' (zpp_topo.red_*): the same ranks in the same order on their
+ * own stream. */
+static void zpp__nccl_plan(zpp_topo *topo, zpp__nccl_part part[ZPP__NCCL_COMMS]) {
     const int rank = topo->world_rank, node = topo->node, local = topo->local_rank;
-    /* Consecutive ranks share a node, so color = node with key = local rank
-     * numbers the node's ranks by local index, and color = local rank with
-     * key = node numbers each "rail" by node; color 0 with key = rank
-     * duplicates the world. [0] is the world itself (ncclCommInitRank); the
-     * others are split from it. The last three are the reductions'
-     * (zpp_topo.red_*): the same ranks in the same order on their own
-     * stream. */
-    const zpp__nccl_part part[ZPP__NCCL_COMMS] = {
+    const zpp__nccl_part plan[ZPP__NCCL_COMMS] = {
         {"world", 0, rank, rank, topo->world_size, ZPP__NCCL_GATHER, &topo->world},
         {"intra", node, local, local, topo->node_size, ZPP__NCCL_GATHER, &topo->intra},
         {"inter", local, node, node, topo->nodes, ZPP__NCCL_GATHER, &topo->inter},
@@ -1152,75 +1163,79 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
          &topo->red_intra},
         {"inter (reduce)", local, node, node, topo->nodes, ZPP__NCCL_REDUCE, &topo->red_inter},
     };
-    zpp__nccl_shared *sh = NULL;
-    zpp_hostid_rank *ids = NULL;
-    ncclComm_t nccl[ZPP__NCCL_COMMS] = {NULL};
-    zpp_comm *made[ZPP__NCCL_COMMS] = {NULL};
-    ncclResult_t r;
-    zpp_status st;
-    char stage[96];
+    memcpy(part, plan, sizeof plan);
+}
 
-    /* A private duplicate of the world whose errors return instead of
-     * aborting the job, for the agreements and the id broadcast; and the
-     * MPI twins of the NCCL communicators (same ranks, same order), which
-     * their ops->agree runs on (errors return on these too: they inherit
-     * mc's handler). */
-    MPI_Comm mc = MPI_COMM_NULL, mpi[ZPP__NCCL_COMMS];
-    for (int i = 0; i < ZPP__NCCL_COMMS; i++) mpi[i] = MPI_COMM_NULL;
-    int mr = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
-    if (mr == MPI_SUCCESS) mr = MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+/* Step 0: the private MPI world and the MPI twins of the six communicators
+ * (MPI collectives, the same on every rank). */
+static zpp_status zpp__nccl_mpi_groups(zpp__nccl_setup *s) {
+    static const char op[] = "nccl setup";
+    int mr = MPI_Comm_dup(MPI_COMM_WORLD, &s->mc);
+    if (mr == MPI_SUCCESS) mr = MPI_Comm_set_errhandler(s->mc, MPI_ERRORS_RETURN);
     for (int i = 0; i < ZPP__NCCL_COMMS && mr == MPI_SUCCESS; i++)
-        mr = MPI_Comm_split(mc, part[i].color, part[i].key, &mpi[i]);
-    if (mr != MPI_SUCCESS) {
-        for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) zpp__nccl_mpi_free(&mpi[i]);
-        zpp__nccl_mpi_free(&mc);
+        mr = MPI_Comm_split(s->mc, s->part[i].color, s->part[i].key, &s->mpi[i]);
+    if (mr != MPI_SUCCESS)
         return zpp_error(ZPP_ERR_COMM,
                          "%s: duplicating and splitting the MPI world failed (MPI error %d)", op,
                          mr);
-    }
+    return ZPP_OK;
+}
 
-    /* 1. The rank's GPU and every rank's identity (host prefix, GPU bus id:
-     * comm/hostid.h), then NCCL_HOSTID, streams and buffers. The exchange
-     * runs whatever the options, so that every rank makes the same MPI
-     * calls even if they disagree on emulate_nodes. */
-    ids = calloc((size_t)topo->world_size, sizeof *ids);
-    st = ids ? zpp__nccl_identify(topo, opts, &env, &ids[rank])
-             : zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st, "checking the GPU", timeout_s), st,
-                   fail);
-    mr = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ids, (int)sizeof *ids, MPI_BYTE, mc);
+/* Step 1: the rank's GPU and every rank's identity (host prefix, GPU bus
+ * id: comm/hostid.h), then NCCL_HOSTID, streams and buffers (s->sh). The
+ * exchange runs whatever the options, so that every rank makes the same
+ * MPI calls even if they disagree on emulate_nodes. Three agreements. */
+static zpp_status zpp__nccl_identify_hosts(zpp__nccl_setup *s) {
+    static const char op[] = "nccl setup";
+    zpp_topo *topo = s->topo;
+    zpp_hostid_rank *ids = calloc((size_t)topo->world_size, sizeof *ids);
+    zpp_status st = ids ? zpp__nccl_identify(topo, s->opts, &s->env, &ids[topo->world_rank])
+                        : zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
+    ZPP_CHECK_GOTO(zpp__nccl_agree(s->mc, topo->progress, st, "checking the GPU", s->timeout_s),
+                   st, out);
+    int mr =
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ids, (int)sizeof *ids, MPI_BYTE, s->mc);
     st = mr == MPI_SUCCESS
              ? ZPP_OK
              : zpp_error(ZPP_ERR_COMM,
                          "%s: MPI_Allgather of the ranks' GPU bus ids failed (MPI error %d)", op,
                          mr);
     ZPP_CHECK_GOTO(
-        zpp__nccl_agree(mc, topo->progress, st, "exchanging the GPU bus ids", timeout_s), st,
-        fail);
+        zpp__nccl_agree(s->mc, topo->progress, st, "exchanging the GPU bus ids", s->timeout_s),
+        st, out);
     topo->note[0] = '\0';
     st = ZPP_OK;
-    if (opts->emulate_nodes)
+    if (s->opts->emulate_nodes)
         st = zpp_hostid_note(ids, topo->world_size, topo->node_size, topo->note,
                              sizeof topo->note);
-    if (st == ZPP_OK) st = zpp__nccl_setup_local(topo, opts, &env, ids, &sh);
-    if (st == ZPP_OK) sh->prog = topo->progress;
+    if (st == ZPP_OK) st = zpp__nccl_setup_local(topo, s->opts, &s->env, ids, &s->sh);
+    if (st == ZPP_OK) s->sh->prog = topo->progress;
     free(ids);
     ids = NULL;
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st,
-                                   "setting up the GPU and the NCCL environment", timeout_s),
-                   st, fail);
+    st = zpp__nccl_agree(s->mc, topo->progress, st,
+                         "setting up the GPU and the NCCL environment", s->timeout_s);
+out:
+    free(ids);
+    return st;
+}
 
-    /* 2. The world communicator (none at world 1: ONE RANK). The id
-     * travels with a flag, so that a failure on rank 0 stops everyone at
-     * the broadcast. */
-    const int world_one = topo->world_size == 1;
+/* Step 2: the world communicator (none at world 1: ONE RANK). Rank 0 makes
+ * the ncclUniqueId and MPI hands it out; the id travels with a flag, so
+ * that a failure on rank 0 stops everyone at the broadcast. Two
+ * agreements, unless the broadcast times out (then every rank's poll does,
+ * and no agreement could complete either). */
+static zpp_status zpp__nccl_create_world(zpp__nccl_setup *s) {
+    static const char op[] = "nccl setup";
+    zpp_topo *topo = s->topo;
+    const int rank = topo->world_rank, world_one = topo->world_size == 1;
     /* static: after a timeout MPI may still write it */
     static struct {
         ncclUniqueId id;
         int ok;
     } boot;
     memset(&boot, 0, sizeof boot);
-    st = ZPP_OK;
+    zpp_status st = ZPP_OK;
+    ncclResult_t r;
     if (rank == 0 && !world_one) {
         r = ncclGetUniqueId(&boot.id);
         if (r == ncclSuccess)
@@ -1231,16 +1246,14 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
     /* Polled until the deadline, like every setup step before an NCCL
      * init (each agreement below gates the blocking NCCL call after it). */
     MPI_Request breq = MPI_REQUEST_NULL;
-    mr = MPI_Ibcast(&boot, (int)sizeof boot, MPI_BYTE, 0, mc, &breq);
+    int mr = MPI_Ibcast(&boot, (int)sizeof boot, MPI_BYTE, 0, s->mc, &breq);
     if (mr == MPI_SUCCESS) {
         zpp_prog_at at = zpp__progress_enter(topo->progress, ZPP_PROG_SETUP);
-        zpp_status bst = zpp__comm_mpi_poll_at(&breq, timeout_s,
+        zpp_status bst = zpp__comm_mpi_poll_at(&breq, s->timeout_s,
                                                "nccl setup (broadcasting the NCCL unique id)",
                                                "world", sizeof boot, &at);
-        if (bst == ZPP_ERR_TIMEOUT) { /* boot stays with MPI (static): abandoned */
-            st = bst;
-            goto fail;
-        }
+        if (bst == ZPP_ERR_TIMEOUT) /* boot stays with MPI (static): abandoned */
+            return bst;
         if (bst != ZPP_OK) mr = MPI_ERR_OTHER;
     }
     if (st == ZPP_OK && mr != MPI_SUCCESS)
@@ -1248,66 +1261,99 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
                        op, mr);
     /* rank 0's own failure reaches everyone through the agreement */
     if (st == ZPP_OK && rank != 0 && !boot.ok && !world_one) st = ZPP_ERR_COMM;
-    ZPP_CHECK_GOTO(
-        zpp__nccl_agree(mc, topo->progress, st, "creating the NCCL unique id", timeout_s), st,
-        fail);
+    ZPP_CHECK(
+        zpp__nccl_agree(s->mc, topo->progress, st, "creating the NCCL unique id", s->timeout_s));
 
-    r = world_one ? ncclSuccess : ncclCommInitRank(&nccl[0], topo->world_size, boot.id, rank);
+    r = world_one ? ncclSuccess : ncclCommInitRank(&s->nccl[0], topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
         st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
-        nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
+        s->nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
     }
-    ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st,
-                                   "creating the world NCCL communicator", timeout_s),
-                   st, fail);
+    return zpp__nccl_agree(s->mc, topo->progress, st, "creating the world NCCL communicator",
+                           s->timeout_s);
+}
 
-    /* 3. The splits, in the same order on every rank (each is collective
-     * over the world). */
+/* Step 3: the node (intra) and rail (inter) groups and the reductions'
+ * three, split from the world in the same order on every rank (each split
+ * is collective over the world), one agreement after each. */
+static zpp_status zpp__nccl_split_groups(zpp__nccl_setup *s) {
+    static const char op[] = "nccl setup";
+    char stage[96];
     for (int i = 1; i < ZPP__NCCL_COMMS; i++) {
-        st = ZPP_OK;
-        if (part[i].size == 1) continue; /* the same on every rank: ONE RANK */
-        r = ncclCommSplit(nccl[0], part[i].color, part[i].key, &nccl[i], NULL);
+        const zpp__nccl_part *p = &s->part[i];
+        zpp_status st = ZPP_OK;
+        if (p->size == 1) continue; /* the same on every rank: ONE RANK */
+        ncclResult_t r = ncclCommSplit(s->nccl[0], p->color, p->key, &s->nccl[i], NULL);
         if (r != ncclSuccess) {
             st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit");
-            nccl[i] = NULL;
+            s->nccl[i] = NULL;
         }
-        snprintf(stage, sizeof stage, "splitting the NCCL %s communicator", part[i].name);
-        ZPP_CHECK_GOTO(zpp__nccl_agree(mc, topo->progress, st, stage, timeout_s), st, fail);
+        snprintf(stage, sizeof stage, "splitting the NCCL %s communicator", p->name);
+        ZPP_CHECK(zpp__nccl_agree(s->mc, s->topo->progress, st, stage, s->timeout_s));
     }
-
-    /* 4. Check the numbering and wrap the communicators (each takes over
-     * its NCCL handle and its MPI twin). */
-    st = ZPP_OK;
-    for (int i = 0; i < ZPP__NCCL_COMMS && st == ZPP_OK; i++) {
-        if (part[i].size > 1)
-            st = zpp__nccl_check_split(nccl[i], part[i].name, part[i].rank, part[i].size);
-        if (st == ZPP_OK)
-            st = zpp__nccl_wrap(nccl[i], mpi[i], sh, part[i].name, part[i].rank, part[i].size,
-                                part[i].stream, &made[i]);
-        if (st == ZPP_OK) mpi[i] = MPI_COMM_NULL;
-        /* part[] is in ZPP_PROG_WORLD ... ZPP_PROG_RED_INTER order */
-        if (st == ZPP_OK) ((zpp__nccl_comm *)made[i]->impl)->kind = ZPP_PROG_WORLD + i;
-    }
-    ZPP_CHECK_GOTO(
-        zpp__nccl_agree(mc, topo->progress, st, "checking the NCCL communicators", timeout_s),
-        st, fail);
-
-    zpp__nccl_shared_release(sh); /* the comms hold their own references */
-    MPI_Comm_free(&mc);
-    for (int i = 0; i < ZPP__NCCL_COMMS; i++) *part[i].out = made[i];
     return ZPP_OK;
+}
 
-fail:
-    /* Abort, not destroy: destroying may wait for peers that gave up. The
-     * splits go first, the world they came from last. */
-    for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) {
-        zpp__nccl_discard(made[i], nccl[i]);
-        zpp__nccl_mpi_free(&mpi[i]);
+/* Step 4: check the numbering and wrap the communicators (each takes over
+ * its NCCL handle and its MPI twin, and is counted on the topology's
+ * progress board as its kind); one agreement. */
+static zpp_status zpp__nccl_wrap_groups(zpp__nccl_setup *s) {
+    zpp_status st = ZPP_OK;
+    for (int i = 0; i < ZPP__NCCL_COMMS && st == ZPP_OK; i++) {
+        const zpp__nccl_part *p = &s->part[i];
+        if (p->size > 1) st = zpp__nccl_check_split(s->nccl[i], p->name, p->rank, p->size);
+        if (st == ZPP_OK)
+            st = zpp__nccl_wrap(s->nccl[i], s->mpi[i], s->sh, p->name, p->rank, p->size,
+                                p->stream, &s->made[i]);
+        if (st == ZPP_OK) s->mpi[i] = MPI_COMM_NULL;
+        /* part[] is in ZPP_PROG_WORLD ... ZPP_PROG_RED_INTER order */
+        if (st == ZPP_OK) ((zpp__nccl_comm *)s->made[i]->impl)->kind = ZPP_PROG_WORLD + i;
     }
-    zpp__nccl_shared_release(sh);
-    free(ids);
-    topo->note[0] = '\0';
-    MPI_Comm_free(&mc);
+    return zpp__nccl_agree(s->mc, s->topo->progress, st, "checking the NCCL communicators",
+                           s->timeout_s);
+}
+
+/* The one cleanup, for success and failure alike: whatever the steps built
+ * and no output took over. Abort, not destroy: destroying may wait for
+ * peers that gave up. The splits go first, the world they came from last;
+ * then the setup's reference to the shared state (the comms hold their
+ * own) and the private world. */
+static void zpp__nccl_setup_undo(zpp__nccl_setup *s) {
+    for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) {
+        zpp__nccl_discard(s->made[i], s->nccl[i]);
+        zpp__nccl_mpi_free(&s->mpi[i]);
+    }
+    zpp__nccl_shared_release(s->sh);
+    zpp__nccl_mpi_free(&s->mc);
+}
+
+zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) {
+    static const char op[] = "nccl setup";
+    if (!topo || !opts)
+        return zpp_error(ZPP_ERR_INVALID, "%s: NULL topology or options", op);
+    zpp__nccl_setup s = {.topo = topo, .opts = opts, .mc = MPI_COMM_NULL};
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) s.mpi[i] = MPI_COMM_NULL;
+    zpp__nccl_env_read(&s.env);
+    s.timeout_s = s.env.timeout_s >= 0.0 ? s.env.timeout_s
+                  : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
+    zpp__nccl_plan(topo, s.part);
+
+    /* After every step that can fail on one rank only, the ranks agree, in
+     * the same order everywhere (SETUP above). */
+    zpp_status st;
+    ZPP_CHECK_GOTO(zpp__nccl_mpi_groups(&s), st, out);
+    ZPP_CHECK_GOTO(zpp__nccl_identify_hosts(&s), st, out);
+    ZPP_CHECK_GOTO(zpp__nccl_create_world(&s), st, out);
+    ZPP_CHECK_GOTO(zpp__nccl_split_groups(&s), st, out);
+    ZPP_CHECK_GOTO(zpp__nccl_wrap_groups(&s), st, out);
+    for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
+        *s.part[i].out = s.made[i];
+        s.made[i] = NULL;
+        s.nccl[i] = NULL; /* owned by the output now */
+    }
+out:
+    zpp__nccl_setup_undo(&s);
+    if (st != ZPP_OK) topo->note[0] = '\0';
     return st;
 }
 

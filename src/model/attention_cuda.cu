@@ -375,7 +375,142 @@ __device__ __forceinline__ void store_rows(uint16_t *g, size_t ldg, int grow0, i
 }
 
 /* ---- forward ----------------------------------------------------------------
- * grid (B*H, ceil(T/64)); CTA (bh, y) owns query tile nq-1-y. */
+ * grid (B*H, ceil(T/64)); CTA (bh, y) owns query tile nq-1-y. The kernel is
+ * three stages, each a helper below (inlined, so the code is one function):
+ * fwd_load_q, then fwd_kv_tile for each key tile up to the diagonal, then
+ * fwd_epilogue. */
+
+/* Stage 1: the CTA's Q tile (rows q0..q0+BR-1) and key tile 0 (K and V)
+ * into shared memory, then this warp's 16 query rows as the A fragments of
+ * every k-step of Q K^T, kept in registers for all the key tiles. */
+template <int HS>
+__device__ __forceinline__ void fwd_load_q(uint32_t (&qf)[HS / 16][4], uint32_t aQ, uint32_t aK,
+                                           uint32_t aV, const uint16_t *Qg, const uint16_t *Kg,
+                                           const uint16_t *Vg, size_t ld, int q0, int T,
+                                           int warp, int lane) {
+    constexpr int LD = row_ld(HS), BR = FwdTile<HS>::BR, BC = FwdTile<HS>::BC;
+    load_rows<HS, BR>(aQ, Qg, ld, q0, T);
+    load_rows<HS, BC>(aK, Kg, ld, 0, T);
+    load_rows<HS, BC>(aV, Vg, ld, 0, T);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) ldsm_x4(a_addr(aQ, LD, warp * 16, ks * 16, lane), qf[ks]);
+}
+
+/* S = Q K^T for this warp's 16 rows x BC keys of key tile kt (K at kb); on
+ * the diagonal tile (kt == qt; BR == BC) key > query is masked to -inf. */
+template <int HS>
+__device__ __forceinline__ void fwd_scores(float (&s)[FwdTile<HS>::BC / 8][4],
+                                           const uint32_t (&qf)[HS / 16][4], uint32_t kb, int kt,
+                                           int qt, const int (&row)[2], int lane, int tq) {
+    constexpr int LD = row_ld(HS), BC = FwdTile<HS>::BC, NT = BC / 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bk[4];
+            ldsm_x4(bnk_addr(kb, LD, np * 16, ks * 16, lane), bk);
+            mma_bf16(s[2 * np], qf[ks], bk[0], bk[1]);
+            mma_bf16(s[2 * np + 1], qf[ks], bk[2], bk[3]);
+        }
+    }
+    if (kt == qt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kt * BC + nt * 8 + 2 * tq + (e & 1) > row[e >> 1]) s[nt][e] = -INFINITY;
+    }
+}
+
+/* The online softmax step (THE MATH): the tile's row maxima raise the
+ * running max m to m', the old sum l and output o are rescaled by
+ * exp2(m - m'), and the scores s become P = exp2(x - m') (x = S c), added
+ * into l. */
+template <int HS>
+__device__ __forceinline__ void fwd_softmax_rescale(float (&s)[FwdTile<HS>::BC / 8][4],
+                                                    float (&o)[HS / 8][4], float (&m)[2],
+                                                    float (&l)[2], float c) {
+    constexpr int NT = FwdTile<HS>::BC / 8, DT = HS / 8;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        /* a row lives in the 4 lanes of a quad */
+        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 1));
+        mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r] * c);
+        base[r] = mn == -INFINITY ? 0.0f : mn;
+        const float corr = exp2f(m[r] - base[r]); /* 0 on the first tile */
+        m[r] = mn;
+        l[r] *= corr;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][2 * r] *= corr;
+            o[dt][2 * r + 1] *= corr;
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[nt][e] = exp2f(s[nt][e] * c - base[e >> 1]); /* masked: exp2(-inf) = 0 */
+            l[e >> 1] += s[nt][e];
+        }
+}
+
+/* Stage 2, once per key tile kt = 0..qt (K at kb, V at vb, already in
+ * shared memory): scores, online softmax, then O += P V (P rounded to bf16
+ * as the operand). */
+template <int HS>
+__device__ __forceinline__ void fwd_kv_tile(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qf)[HS / 16][4], uint32_t kb,
+                                            uint32_t vb, int kt, int qt, const int (&row)[2],
+                                            float c, int lane, int tq) {
+    constexpr int NT = FwdTile<HS>::BC / 8;
+    float s[NT][4];
+    fwd_scores<HS>(s, qf, kb, kt, qt, row, lane, tq);
+    fwd_softmax_rescale<HS>(s, o, m, l, c);
+    mma_xv<HS, NT>(o, s, vb, lane);
+}
+
+/* Stage 3: the row sums l completed over the quad, Y = O / l into the
+ * warp's 16 rows of the query tile at q0 (sequence b, head h; through the
+ * warp's own smem rows of sQ), and lse = (m + log2 l) ln 2 of the real rows
+ * by one lane per quad. */
+template <int HS>
+__device__ __forceinline__ void fwd_epilogue(uint16_t *y, float *lse, int b, int h, int bh,
+                                             int q0, int T, size_t C, uint16_t *sQ,
+                                             const float (&o)[HS / 8][4], const float (&m)[2],
+                                             float (&l)[2], const int (&row)[2], int warp,
+                                             int lane, int tq) {
+    constexpr int LD = row_ld(HS);
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += shfl_xor(l[r], 1);
+        l[r] += shfl_xor(l[r], 2);
+        inv[r] = 1.0f / l[r];
+    }
+    store_rows<HS>(y + (size_t)b * T * C + (size_t)h * HS, C, q0 + warp * 16, T,
+                   sQ + warp * 16 * LD, o, inv[0], inv[1], lane);
+    if (tq == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (row[r] < T) lse[(size_t)bh * T + row[r]] = (m[r] + log2f(l[r])) * kLn2;
+    }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_fwd_kernel(uint16_t *__restrict__ y, float *__restrict__ lse,
@@ -384,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __trap();
 #else
     constexpr int LD = row_ld(HS), BR = FwdTile<HS>::BR, BC = FwdTile<HS>::BC;
-    constexpr int NT = BC / 8, DT = HS / 8;
+    constexpr int DT = HS / 8;
     constexpr uint32_t kTileBytes = BC * LD * 2;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int g8 = lane >> 2, tq = lane & 3;
@@ -397,17 +532,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     uint16_t *sQ = static_cast<uint16_t *>(dyn_smem());
     const uint32_t aQ = smem_u32(sQ), aK = aQ + BR * LD * 2, aV = aK + 2 * kTileBytes;
 
-    load_rows<HS, BR>(aQ, Qg, ld, q0, T);
-    load_rows<HS, BC>(aK, Kg, ld, 0, T);
-    load_rows<HS, BC>(aV, Vg, ld, 0, T);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    /* this warp's 16 query rows, as A fragments for all of Q K^T */
     uint32_t qf[HS / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < HS / 16; ks++) ldsm_x4(a_addr(aQ, LD, warp * 16, ks * 16, lane), qf[ks]);
+    fwd_load_q<HS>(qf, aQ, aK, aV, Qg, Kg, Vg, ld, q0, T, warp, lane);
 
     const float c = kLog2e * inv_sqrt_hs(HS); /* x = S_ij * c, in log2 units */
     const int row[2] = {q0 + warp * 16 + g8, q0 + warp * 16 + g8 + 8};
@@ -427,81 +553,13 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         cp_async_commit();
 
-        /* S = Q K^T for this warp's 16 rows x BC keys */
-        float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                uint32_t bk[4];
-                ldsm_x4(bnk_addr(kb, LD, np * 16, ks * 16, lane), bk);
-                mma_bf16(s[2 * np], qf[ks], bk[0], bk[1]);
-                mma_bf16(s[2 * np + 1], qf[ks], bk[2], bk[3]);
-            }
-        }
-        if (kt == qt) { /* the diagonal tile (BR == BC): key > query is masked */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (kt * BC + nt * 8 + 2 * tq + (e & 1) > row[e >> 1]) s[nt][e] = -INFINITY;
-        }
-
-        /* online softmax: new max, rescale the old sum and output, P */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-        }
-        float base[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            /* a row lives in the 4 lanes of a quad */
-            mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 1));
-            mx[r] = fmaxf(mx[r], shfl_xor(mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r] * c);
-            base[r] = mn == -INFINITY ? 0.0f : mn;
-            const float corr = exp2f(m[r] - base[r]); /* 0 on the first tile */
-            m[r] = mn;
-            l[r] *= corr;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][2 * r] *= corr;
-                o[dt][2 * r + 1] *= corr;
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] = exp2f(s[nt][e] * c - base[e >> 1]); /* masked: exp2(-inf) = 0 */
-                l[e >> 1] += s[nt][e];
-            }
-
-        /* O += P V (P rounded to bf16 as the operand) */
-        mma_xv<HS, NT>(o, s, vb, lane);
+        fwd_kv_tile<HS>(o, m, l, qf, kb, vb, kt, qt, row, c, lane, tq);
 
         cp_async_wait<0>(); /* the next tile has landed (this thread's part) */
         __syncthreads();    /* ... everyone's; and this tile's buffers are free */
     }
 
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += shfl_xor(l[r], 1);
-        l[r] += shfl_xor(l[r], 2);
-        inv[r] = 1.0f / l[r];
-    }
-    store_rows<HS>(y + (size_t)b * T * C + (size_t)h * HS, C, q0 + warp * 16, T,
-                   sQ + warp * 16 * LD, o, inv[0], inv[1], lane);
-    if (tq == 0) {
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (row[r] < T) lse[(size_t)bh * T + row[r]] = (m[r] + log2f(l[r])) * kLn2;
-    }
+    fwd_epilogue<HS>(y, lse, b, h, bh, q0, T, C, sQ, o, m, l, row, warp, lane, tq);
 #endif
 }
 

@@ -545,8 +545,10 @@ static int zpp__sched_total(const zpp_train_config *cfg) {
                                               : cfg->train_steps;
 }
 
-zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
-    if (!cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_validate: cfg is NULL");
+/* The model's shape and the run's step counts: every count at least 1, the
+ * heads splitting the channels evenly, the real vocabulary inside the
+ * padded one. */
+static zpp_status zpp__validate_shape(const zpp_train_config *cfg) {
     const zpp_gpt2_config *m = &cfg->model;
 #define ZPP__POS(val, key)                                                     \
     if ((val) < 1) return zpp_error(ZPP_ERR_CONFIG, "'%s' must be >= 1, got %d", key, (int)(val))
@@ -568,6 +570,12 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'model.real_vocab_size' %d is outside 0..'model.vocab_size' %d; the "
                          "softmax runs over the first real_vocab_size rows of the embedding",
                          m->real_vocab_size, m->vocab_size);
+    return ZPP_OK;
+}
+
+/* The batch sizes (0 = derived from the others), the hpZ partition, and how
+ * often the run evaluates, prints and samples. */
+static zpp_status zpp__validate_batches_and_periods(const zpp_train_config *cfg) {
     if (cfg->train_batch_size < 0 || cfg->train_micro_batch_size_per_gpu < 0 ||
         cfg->gradient_accumulation_steps < 0)
         return zpp_error(ZPP_ERR_CONFIG, "batch sizes must be >= 1 (0 = derive)");
@@ -584,10 +592,13 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'zeropp.sample_every' %d must be >= 0 (0 = never) and "
                          "'zeropp.sample_tokens' %d in 1..65536",
                          cfg->sample_every, cfg->sample_tokens);
+    return ZPP_OK;
+}
 
-    /* AdamW: lr > 0; betas in [0, 1) so the moment averages forget (and the
-     * bias corrections 1 - beta^t stay nonzero); eps > 0 keeps the division
-     * by sqrt(v) + eps finite. */
+/* AdamW: lr > 0; betas in [0, 1) so the moment averages forget (and the
+ * bias corrections 1 - beta^t stay nonzero); eps > 0 keeps the division
+ * by sqrt(v) + eps finite. */
+static zpp_status zpp__validate_optimizer(const zpp_train_config *cfg) {
     const double lr = cfg->optimizer.lr, b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
     if (!(lr > 0) || !isfinite(lr))
         return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.lr' must be > 0, got %g", lr);
@@ -603,6 +614,12 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->optimizer.weight_decay >= 0) || !isfinite(cfg->optimizer.weight_decay))
         return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.weight_decay' must be >= 0, got %g",
                          cfg->optimizer.weight_decay);
+    return ZPP_OK;
+}
+
+/* The run's non-negative real knobs: the collectives' deadline, the peak
+ * the MFU is measured against, and the gradient clipping norm. */
+static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
     if (!(cfg->collective_timeout_s >= 0) || !isfinite(cfg->collective_timeout_s))
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zeropp.collective_timeout_s' must be >= 0 seconds (0 = wait forever), "
@@ -616,6 +633,12 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
         return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
                          cfg->gradient_clipping);
+    return ZPP_OK;
+}
+
+/* qgZ's options: error feedback (LoCo) and stochastic rounding both act on
+ * the int4 gradients, so they need qgZ on. */
+static zpp_status zpp__validate_qgz(const zpp_train_config *cfg) {
     if (cfg->zero.loco &&
         (!(cfg->zero.loco_err_beta >= 0 && cfg->zero.loco_err_beta <= 1)))
         return zpp_error(ZPP_ERR_CONFIG,
@@ -632,6 +655,11 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'zero_optimization.zeropp_grad_stochastic_rounding' sets how qgZ rounds "
                          "its int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
                          "true or drop it");
+    return ZPP_OK;
+}
+
+/* Mixed precision: at most one of fp16 and bf16, and fp16's loss scales. */
+static zpp_status zpp__validate_precision(const zpp_train_config *cfg) {
     if (cfg->fp16.enabled && cfg->bf16)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");
@@ -641,12 +669,12 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!(cfg->fp16.min_loss_scale > 0) || cfg->fp16.min_loss_scale > 3e38)
         return zpp_error(ZPP_ERR_CONFIG, "'fp16.min_loss_scale' must be > 0, got %g",
                          cfg->fp16.min_loss_scale);
+    return ZPP_OK;
+}
 
-    if (cfg->zero.stage != 3)
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "zero_optimization.stage is %d; zeropp implements stage 3 only",
-                         cfg->zero.stage);
-
+/* The learning-rate schedule: its type, its step counts, and the lr bounds
+ * (WarmupLR, WarmupDecayLR) or ratios (WarmupCosineLR) of its type. */
+static zpp_status zpp__validate_scheduler(const zpp_train_config *cfg) {
     const zpp_sched_type t = cfg->scheduler.type;
     if (t < ZPP_SCHED_NONE || t > ZPP_SCHED_WARMUP_COSINE_LR)
         return zpp_error(ZPP_ERR_CONFIG, "scheduler type %d is not valid", (int)t);
@@ -686,6 +714,24 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
                          "'scheduler.params.warmup_num_steps' (%d) for %s",
                          N, W, zpp_sched_type_name(t));
     return ZPP_OK;
+}
+
+/* The sections are checked in a fixed order and the first problem found is
+ * the one reported, so a config with several gets the same message every
+ * time. */
+zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
+    if (!cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_validate: cfg is NULL");
+    ZPP_CHECK(zpp__validate_shape(cfg));
+    ZPP_CHECK(zpp__validate_batches_and_periods(cfg));
+    ZPP_CHECK(zpp__validate_optimizer(cfg));
+    ZPP_CHECK(zpp__validate_run_limits(cfg));
+    ZPP_CHECK(zpp__validate_qgz(cfg));
+    ZPP_CHECK(zpp__validate_precision(cfg));
+    if (cfg->zero.stage != 3)
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "zero_optimization.stage is %d; zeropp implements stage 3 only",
+                         cfg->zero.stage);
+    return zpp__validate_scheduler(cfg);
 }
 
 /* ------------------------------------------------------------------------ */
