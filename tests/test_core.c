@@ -1,9 +1,12 @@
 /* test_core.c — status codes, error messages, dtype conversions, host memory
- * (through the host device; the device itself is tested in test_device.c). */
+ * (through the host device; the device itself is tested in test_device.c),
+ * the environment table. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/suggest.h"
 #include "device/device.h"
@@ -168,6 +171,35 @@ static void test_edit_distance_and_suggest(void) {
     EXPECT(zpp_suggest("x", names, 5) == NULL);
 }
 
+/* core/env.h: names unique, a value read when asked for (empty = unset),
+ * and a default that never replaces what the user set. */
+static void test_environment_table(void) {
+    for (int a = 0; a < ZPP_ENV_COUNT; a++) {
+        EXPECT(zpp_env_doc((zpp_env_var)a)[0] != '\0', "%s has no doc", zpp_env_name((zpp_env_var)a));
+        for (int b = a + 1; b < ZPP_ENV_COUNT; b++)
+            EXPECT(strcmp(zpp_env_name((zpp_env_var)a), zpp_env_name((zpp_env_var)b)) != 0,
+                   "%s twice in the table", zpp_env_name((zpp_env_var)a));
+    }
+    /* A fresh random value each run, so no stale environment can pass. */
+    zpp_rng r = zpp_rng_make(zpp_test_seed(5));
+    char mine[32];
+    snprintf(mine, sizeof mine, "%llu", (unsigned long long)(zpp_rng_u64(&r) % 1000000 + 2));
+    const char *nvls = zpp_env_name(ZPP_ENV_NCCL_NVLS_ENABLE);
+    setenv(nvls, mine, 1);
+    EXPECT(zpp_env_default(ZPP_ENV_NCCL_NVLS_ENABLE, "0") == 0);
+    EXPECT(strcmp(getenv(nvls), mine) == 0, "the user's %s=%s became %s", nvls, mine,
+           getenv(nvls));
+    EXPECT(strcmp(zpp_env_get(ZPP_ENV_NCCL_NVLS_ENABLE), mine) == 0);
+    setenv(nvls, "", 1);
+    EXPECT(zpp_env_get(ZPP_ENV_NCCL_NVLS_ENABLE) == NULL, "an empty value counts as set");
+    unsetenv(nvls);
+    EXPECT(zpp_env_get(ZPP_ENV_NCCL_NVLS_ENABLE) == NULL);
+    EXPECT(zpp_env_default(ZPP_ENV_NCCL_NVLS_ENABLE, "0") == 0);
+    EXPECT(getenv(nvls) && strcmp(getenv(nvls), "0") == 0, "unset %s was not defaulted", nvls);
+    EXPECT(zpp_env_get(ZPP_ENV_COUNT) == NULL && zpp_env_get((zpp_env_var)-1) == NULL);
+}
+
 ZPP_TESTS(ZPP_TEST(test_status_and_messages), ZPP_TEST(test_first_failure_kept),
           ZPP_TEST(test_bf16_round_to_nearest_even),
-          ZPP_TEST(test_host_memory), ZPP_TEST(test_edit_distance_and_suggest))
+          ZPP_TEST(test_host_memory), ZPP_TEST(test_edit_distance_and_suggest),
+          ZPP_TEST(test_environment_table))

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "comm/comm.h"
 #include "core/cpu.h"
+#include "core/env.h"
 #include "core/suggest.h"
 #include "device/device.h"
 #include "zeropp.h"
@@ -37,6 +38,7 @@ static void usage(FILE *f) {
             "  zeropp plan --params P --world W --node-size S   cross-node bytes per step\n"
             "  zeropp plot METRICS.jsonl... --out FILE.png   loss, tokens/s, traffic (gnuplot)\n"
             "  zeropp help [COMMAND]           this text, or a command's options\n"
+            "  zeropp help env                 the environment variables zeropp reads\n"
             "  zeropp --version                the version and what this build runs on\n"
             "\n"
             "Run `zeropp help COMMAND` (or `zeropp COMMAND --help`) for a command's options.\n"
@@ -116,12 +118,42 @@ static int eval_of_model_file(int argc, char **argv) {
 
 static int dispatch(int argc, char **argv);
 
+/* `text` indented by `indent` spaces, broken at spaces before `width`. */
+static void print_wrapped(const char *text, int indent, int width) {
+    const char *p = text;
+    while (*p) {
+        int room = width - indent, n = (int)strlen(p);
+        if (n > room) {
+            n = room;
+            while (n > 0 && p[n] != ' ') n--;
+            if (n == 0) n = room; /* a word longer than a line */
+        }
+        printf("%*s%.*s\n", indent, "", n, p);
+        p += n;
+        while (*p == ' ') p++;
+    }
+}
+
+/* `zeropp help env`: core/env.h's table, each variable with what it does
+ * and its value in this environment. */
+static int env_help(void) {
+    printf("Environment variables zeropp reads (options and config keys come first; these\n"
+           "reach a process before any option can):\n");
+    for (int v = 0; v < ZPP_ENV_COUNT; v++) {
+        const char *now = zpp_env_get((zpp_env_var)v);
+        printf("\n  %s%s%s\n", zpp_env_name((zpp_env_var)v), now ? "=" : "", now ? now : "");
+        print_wrapped(zpp_env_doc((zpp_env_var)v), 6, 80);
+    }
+    return 0;
+}
+
 /* `zeropp help [COMMAND]`: the overview, or COMMAND --help. */
 static int help(int argc, char **argv) {
     if (argc < 2) {
         usage(stdout);
         return 0;
     }
+    if (argc == 2 && !strcmp(argv[1], "env")) return env_help();
     if (argc > 3 || (argc == 3 && strcmp(argv[1], "bench"))) {
         fprintf(stderr, "zeropp help: takes one command (zeropp help train)\n");
         return 2;

@@ -49,6 +49,7 @@
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/fault.h"
 
@@ -766,5 +767,6 @@ int zpp_comm_world_size(void) {
 
 int zpp_comm_launched(void) {
     /* Open MPI's launcher, and MPICH's (hydra) */
-    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+    return zpp_env_get(ZPP_ENV_OMPI_COMM_WORLD_SIZE) != NULL ||
+           zpp_env_get(ZPP_ENV_PMI_SIZE) != NULL;
 }

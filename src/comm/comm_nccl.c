@@ -148,7 +148,7 @@
  * locked; NCCL wants the same). The watchdog is the only other thread; see
  * above for what it shares.
  *
- * KNOBS (environment, read in zpp__nccl_env_read only):
+ * KNOBS (environment, read through core/env.h in zpp__nccl_env_read only):
  *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values,
  *                           <prefix>-zppnode<n>[-r<local>] (default: this
  *                           host's name, so ranks on different real hosts
@@ -162,8 +162,10 @@
  *                           gathers' stream (one stream for all six, as
  *                           before 2026-12: for measuring what the second
  *                           stream gains, and for tests); default 1
- *   NCCL_NVLS_ENABLE        forced to "0" (NVLink multicast can take shared
- *                           GPUs out of service; DESIGN.md §6)
+ *   NCCL_NVLS_ENABLE        set to "0" when unset (NVLink multicast can take
+ *                           shared GPUs out of service; DESIGN.md §6); a
+ *                           value the user set is kept
+ * (core/env.h has the table of every variable zeropp reads.)
  */
 #include <limits.h>
 #include <pthread.h>
@@ -181,6 +183,7 @@
 #include "comm/comm.h"
 #include "comm/comm_internal.h"
 #include "comm/hostid.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "device/device.h"
 
@@ -196,11 +199,11 @@ typedef struct zpp__nccl_env {
     int reduce_stream; /* ZPP_NCCL_REDUCE_STREAM: 0 = one stream for all */
 } zpp__nccl_env;
 
-/* Reads every environment knob of this backend, and pins NCCL_NVLS_ENABLE
- * to "0" before NCCL can read it. */
+/* Reads every environment knob of this backend, and sets NCCL_NVLS_ENABLE
+ * to "0" before NCCL can read it, unless the user set it. */
 static void zpp__nccl_env_read(zpp__nccl_env *env) {
-    const char *s = getenv("ZPP_NCCL_HOSTID_PREFIX");
-    if (s && s[0]) {
+    const char *s = zpp_env_get(ZPP_ENV_NCCL_HOSTID_PREFIX);
+    if (s) {
         snprintf(env->hostid_prefix, sizeof env->hostid_prefix, "%s", s);
     } else if (gethostname(env->hostid_prefix, sizeof env->hostid_prefix) != 0) {
         snprintf(env->hostid_prefix, sizeof env->hostid_prefix, "zpp-host");
@@ -208,26 +211,26 @@ static void zpp__nccl_env_read(zpp__nccl_env *env) {
     env->hostid_prefix[sizeof env->hostid_prefix - 1] = '\0';
 
     env->timeout_s = -1.0;
-    s = getenv("ZPP_NCCL_TIMEOUT_S");
-    if (s && s[0]) {
+    s = zpp_env_get(ZPP_ENV_NCCL_TIMEOUT_S);
+    if (s) {
         double t = strtod(s, NULL);
         if (t >= 0.0) env->timeout_s = t; /* (NaN is not) */
     }
 
     env->req_pool = 16;
-    s = getenv("ZPP_NCCL_REQ_POOL");
-    if (s && s[0]) {
+    s = zpp_env_get(ZPP_ENV_NCCL_REQ_POOL);
+    if (s) {
         long n = strtol(s, NULL, 10);
         if (n >= 0 && n <= 4096) env->req_pool = (int)n;
     }
 
-    s = getenv("ZPP_NCCL_REDUCE_STREAM");
+    s = zpp_env_get(ZPP_ENV_NCCL_REDUCE_STREAM);
     env->reduce_stream = !(s && strcmp(s, "0") == 0);
 
-    /* Never let NVLink SHARP (multicast) switch on: a program using it can
-     * put the host's GPUs, which others share, out of service. */
-    s = getenv("NCCL_NVLS_ENABLE");
-    if (!s || strcmp(s, "0") != 0) setenv("NCCL_NVLS_ENABLE", "0", 1);
+    /* NVLink SHARP (multicast) stays off unless the user asks for it: a
+     * program using it can put the host's GPUs, which others share, out of
+     * service. A value the user set is theirs to keep. */
+    (void)zpp_env_default(ZPP_ENV_NCCL_NVLS_ENABLE, "0");
 }
 
 /* ---- State --------------------------------------------------------------- */
@@ -967,7 +970,7 @@ static zpp_status zpp__nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *op
                                                          : "(as launched)");
         return ZPP_OK;
     }
-    if (want[0] && setenv("NCCL_HOSTID", want, 1) != 0)
+    if (want[0] && zpp_env_set(ZPP_ENV_NCCL_HOSTID, want) != 0)
         return zpp_error(ZPP_ERR_CONFIG, "nccl setup: could not set NCCL_HOSTID=%s", want);
     memcpy(zpp__nccl_process_hostid, want, sizeof want);
     zpp__nccl_process_started = 1;

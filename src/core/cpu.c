@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 
 static const char *const zpp__isa_names[ZPP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
@@ -36,7 +37,7 @@ int zpp_cpu_isa_supported(zpp_cpu_isa isa) {
 
 static zpp_cpu_isa zpp__isa_choose(void) {
     int cap = ZPP_CPU_ISA_COUNT - 1;
-    const char *env = getenv("ZPP_CPU_ISA");
+    const char *env = zpp_env_get(ZPP_ENV_CPU_ISA);
     if (env)
         for (int i = 0; i < ZPP_CPU_ISA_COUNT; i++)
             if (!strcmp(env, zpp__isa_names[i])) cap = i;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/error.h"
 
 int zpp_fault_hooks_built(void) { return 1; }
@@ -34,8 +35,8 @@ static int zpp__fault_step(const char **s, int *out) {
 
 zpp_status zpp_fault_from_env(zpp_fault *f_p) {
     zpp_fault f = {ZPP_FAULT_NONE, 0, 0};
-    const char *env = getenv("ZPP_FAULT");
-    if (env && env[0]) {
+    const char *env = zpp_env_get(ZPP_ENV_FAULT);
+    if (env) {
         const char *at = strchr(env, '@');
         for (size_t i = 0; at && i < sizeof zpp__fault_kinds / sizeof zpp__fault_kinds[0]; i++)
             if ((size_t)(at - env) == strlen(zpp__fault_kinds[i].name) &&
