@@ -909,124 +909,118 @@ static void print_comparison(const run_summary *r, int n, int profiled) {
                r[1].cross_bytes / r[0].cross_bytes);
 }
 
-int zpp_cli_train(int argc, char **argv) {
-    train_args a;
-    int pr = parse_args(argc, argv, &a);
-    if (pr != 0) return pr > 0 ? 0 : 2;
-    /* MPI is initialised by main.c. */
-    int rank = zpp_comm_world_rank(), world = zpp_comm_world_size(), rc = 0;
-    FILE *metrics = NULL;
-
-    zpp_train_config cfg;
-    zpp_status st = zpp_train_config_defaults(&cfg);
-    zpp_comm_world_set_timeout(a.collective_timeout >= 0 ? a.collective_timeout
-                                                         : cfg.collective_timeout_s);
-    /* The config, in order: the defaults; the llm.c file's shape
-     * (--init-from) or the checkpoint's own config (--resume without
-     * --config); the --config file; each --set; then the flags. A model
-     * section loaded over an llm.c shape must leave it as it was. */
-    const char *stage = "config";
+/* The config, in order: the defaults; the llm.c file's shape (--init-from)
+ * or the checkpoint's own config (--resume without --config); the --config
+ * file; each --set. A model section loaded over an llm.c shape must leave
+ * it as it was. With --resume and no --data, a->data becomes the data file
+ * the checkpoint trained on (held in *saved). Not agreed: *stage names
+ * what failed on this rank. */
+static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_saved_run *saved,
+                              const char **stage) {
+    zpp_status st = zpp_train_config_defaults(cfg);
+    zpp_comm_world_set_timeout(a->collective_timeout >= 0 ? a->collective_timeout
+                                                          : cfg->collective_timeout_s);
+    *stage = "config";
     zpp_llmc_file *llmc = NULL;
-    zpp_trainer_saved_run saved;
-    memset(&saved, 0, sizeof saved);
-    if (st == ZPP_OK && a.init_from) {
-        stage = "init-from";
-        st = zpp_llmc_open(a.init_from, &llmc);
-        if (st == ZPP_OK) cfg.model = zpp_llmc_get_info(llmc)->model;
-        if (st == ZPP_OK) stage = "config";
+    if (st == ZPP_OK && a->init_from) {
+        *stage = "init-from";
+        st = zpp_llmc_open(a->init_from, &llmc);
+        if (st == ZPP_OK) cfg->model = zpp_llmc_get_info(llmc)->model;
+        if (st == ZPP_OK) *stage = "config";
     }
-    if (st == ZPP_OK && a.resume) {
+    if (st == ZPP_OK && a->resume) {
         /* read even with --config: the data file it trained on */
         zpp_train_config from_ckpt;
-        stage = "resume";
-        st = zpp_trainer_config_from_checkpoint(a.resume, &from_ckpt, &saved);
-        if (st == ZPP_OK && !a.config) cfg = from_ckpt;
-        if (st == ZPP_OK) stage = "config";
+        *stage = "resume";
+        st = zpp_trainer_config_from_checkpoint(a->resume, &from_ckpt, saved);
+        if (st == ZPP_OK && !a->config) *cfg = from_ckpt;
+        if (st == ZPP_OK) *stage = "config";
     }
-    if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
-    if (st == ZPP_OK && a.sets.n) {
-        stage = "--set";
-        st = zpp_train_config_set(&cfg, a.sets.v, a.sets.n);
+    if (st == ZPP_OK && a->config) st = zpp_train_config_load_file(a->config, cfg);
+    if (st == ZPP_OK && a->sets.n) {
+        *stage = "--set";
+        st = zpp_train_config_set(cfg, a->sets.v, a->sets.n);
     }
-    if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg.model);
+    if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
-    if (st == ZPP_OK && a.resume && !a.data && saved.data_path) {
-        a.data = saved.data_path;
-        if (access(a.data, R_OK) != 0)
+    if (st == ZPP_OK && a->resume && !a->data && saved->data_path) {
+        a->data = saved->data_path;
+        if (access(a->data, R_OK) != 0)
             st = zpp_error(ZPP_ERR_IO,
                            "checkpoint %s was trained on %s, which cannot be read (%s); pass "
                            "--data FILE to continue on another file",
-                           a.resume, a.data, strerror(errno));
+                           a->resume, a->data, strerror(errno));
     }
-    st = zpp_comm_agree_world(st);
-    if (st != ZPP_OK) {
-        rc = report(stage, st);
-        goto done;
-    }
-    if (rank == 0 && a.resume && !a.config && !saved.has_config)
+    return st;
+}
+
+/* Rank 0: what a resume from an older checkpoint takes from the defaults. */
+static void print_resume_notes(const train_args *a, const zpp_trainer_saved_run *saved) {
+    if (a->resume && !a->config && !saved->has_config)
         printf("note: %s was saved before checkpoints kept their config: its model shape, "
                "dtype, global batch and seed are used, and the defaults for the rest (optimizer, "
                "schedule, ZeRO++ options); give --config with the file it was trained with to "
                "continue it as it was\n",
-               a.resume);
-    if (rank == 0 && a.resume && !a.data && !saved.has_data)
+               a->resume);
+    if (a->resume && !a->data && !saved->has_data)
         printf("note: %s does not record its training data: this run reads the built-in "
                "synthetic corpus; give --data FILE to continue on yours\n",
-               a.resume);
-    if (a.steps >= 0) cfg.train_steps = (int)a.steps;
-    if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
-    if (a.sample_every >= 0) cfg.sample_every = (int)a.sample_every;
-    if (a.sample_tokens > 0) cfg.sample_tokens = (int)a.sample_tokens;
-    if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
-    if (a.data_order >= 0) cfg.data_order = (zpp_data_order)a.data_order;
-    if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;
-    /* samples of a BPE model print as text in the tokenizer noted beside its data */
-    if (rank == 0 && cfg.sample_every > 0) zpp_cli_sample_use_data_tokenizer(a.data, &cfg.model);
-    if (rank == 0 && cfg.ignored[0])
-        printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
-    st = ZPP_OK;
-    if (rank == 0 && a.metrics) {
-        metrics = fopen(a.metrics, "w");
-        if (!metrics)
-            st = zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a.metrics,
-                           strerror(errno));
-    }
-    st = zpp_comm_agree_world(st);
-    if (st != ZPP_OK) {
-        rc = report("train", st);
-        goto done;
-    }
+               a->resume);
+}
 
-    if (!a.demo) {
-        rc = run(&cfg, &a, NULL, metrics, NULL);
-        goto done;
-    }
+/* The flags, last: over the config and the checkpoint's. */
+static void apply_flags(const train_args *a, zpp_train_config *cfg) {
+    if (a->steps >= 0) cfg->train_steps = (int)a->steps;
+    if (a->eval_every >= 0) cfg->eval_every = (int)a->eval_every;
+    if (a->sample_every >= 0) cfg->sample_every = (int)a->sample_every;
+    if (a->sample_tokens > 0) cfg->sample_tokens = (int)a->sample_tokens;
+    if (a->seed >= 0) cfg->seed = (uint64_t)a->seed;
+    if (a->data_order >= 0) cfg->data_order = (zpp_data_order)a->data_order;
+    if (a->collective_timeout >= 0) cfg->collective_timeout_s = a->collective_timeout;
+}
 
-    /* The demo: the same model, data and seed, first with plain ZeRO-3, then
-     * with all three ZeRO++ optimizations, on emulated nodes. */
-    if (a.node_size == 0) a.node_size = world % 2 == 0 ? world / 2 : 1;
-    if (!a.config) {
-        if (a.steps <= 0) cfg.train_steps = 300;
-        if (a.eval_every < 0) cfg.eval_every = 100;
-        cfg.steps_per_print = 50;
-        cfg.train_micro_batch_size_per_gpu = 4;
-        cfg.scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
-        cfg.scheduler.warmup_type = ZPP_WARMUP_LINEAR;
-        cfg.scheduler.warmup_num_steps = 20;
-        cfg.optimizer.lr = 2e-3;
-        cfg.gradient_clipping = 1.0;
-        cfg.bf16 = 1;
-        cfg.model.n_layer = 4;
-        cfg.model.n_embd = 128;
-        cfg.model.n_head = 4;
-        /* This model is small enough that DeepSpeed's reuse rule (1e9
-         * parameters) would keep every unit gathered from the forward to
-         * its backward: no backward gather at all, nothing for hpZ to do.
-         * Distance 0 shows what a model too large to keep gathered does,
-         * a gather in each pass: the paper's 3M against 0.75M. */
-        cfg.zero.max_reuse_distance = 0;
-    }
+/* Rank 0 opens --metrics; not agreed. */
+static zpp_status open_metrics(const train_args *a, FILE **metrics_p) {
+    if (zpp_comm_world_rank() != 0 || !a->metrics) return ZPP_OK;
+    *metrics_p = fopen(a->metrics, "w");
+    if (!*metrics_p)
+        return zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a->metrics,
+                         strerror(errno));
+    return ZPP_OK;
+}
+
+/* The demo's model and schedule, where no --config gives them. */
+static void demo_defaults(const train_args *a, zpp_train_config *cfg) {
+    if (a->steps <= 0) cfg->train_steps = 300;
+    if (a->eval_every < 0) cfg->eval_every = 100;
+    cfg->steps_per_print = 50;
+    cfg->train_micro_batch_size_per_gpu = 4;
+    cfg->scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
+    cfg->scheduler.warmup_type = ZPP_WARMUP_LINEAR;
+    cfg->scheduler.warmup_num_steps = 20;
+    cfg->optimizer.lr = 2e-3;
+    cfg->gradient_clipping = 1.0;
+    cfg->bf16 = 1;
+    cfg->model.n_layer = 4;
+    cfg->model.n_embd = 128;
+    cfg->model.n_head = 4;
+    /* This model is small enough that DeepSpeed's reuse rule (1e9
+     * parameters) would keep every unit gathered from the forward to
+     * its backward: no backward gather at all, nothing for hpZ to do.
+     * Distance 0 shows what a model too large to keep gathered does,
+     * a gather in each pass: the paper's 3M against 0.75M. */
+    cfg->zero.max_reuse_distance = 0;
+}
+
+/* The demo: the same model, data and seed, first with plain ZeRO-3, then
+ * with all three ZeRO++ optimizations, on emulated nodes; then the two
+ * side by side. 0, or 1 after report. */
+static int run_demo(const zpp_train_config *given, train_args *a, FILE *metrics) {
+    const int rank = zpp_comm_world_rank(), world = zpp_comm_world_size();
+    zpp_train_config cfg = *given;
+    if (a->node_size == 0) a->node_size = world % 2 == 0 ? world / 2 : 1;
+    if (!a->config) demo_defaults(a, &cfg);
     run_summary sums[2];
     memset(sums, 0, sizeof sums);
     zpp_train_config c0 = cfg, c1 = cfg;
@@ -1035,18 +1029,48 @@ int zpp_cli_train(int argc, char **argv) {
     c0.zero.quantized_gradients = 0;
     c0.zero.loco = 0; /* error feedback belongs to qgZ */
     c1.zero.quantized_weights = 1;
-    c1.zero.hpz_partition_size = a.node_size > 1 ? a.node_size : 1;
+    c1.zero.hpz_partition_size = a->node_size > 1 ? a->node_size : 1;
     c1.zero.quantized_gradients = 1;
     sums[0].label = "ZeRO-3";
     sums[1].label = "ZeRO++";
-    rc = run(&c0, &a, "ZeRO-3", metrics, &sums[0]);
+    int rc = run(&c0, a, "ZeRO-3", metrics, &sums[0]);
     if (rc == 0) {
         if (rank == 0) printf("\n");
-        rc = run(&c1, &a, "ZeRO++", metrics, &sums[1]);
+        rc = run(&c1, a, "ZeRO++", metrics, &sums[1]);
     }
-    if (rc == 0 && rank == 0) print_comparison(sums, 2, a.profile);
+    if (rc == 0 && rank == 0) print_comparison(sums, 2, a->profile);
+    return rc;
+}
 
-done:
+int zpp_cli_train(int argc, char **argv) {
+    train_args a;
+    int pr = parse_args(argc, argv, &a);
+    if (pr != 0) return pr > 0 ? 0 : 2;
+    /* MPI is initialised by main.c. */
+    int rank = zpp_comm_world_rank(), rc = 0;
+    FILE *metrics = NULL;
+    zpp_train_config cfg;
+    zpp_trainer_saved_run saved;
+    memset(&saved, 0, sizeof saved);
+    const char *stage = "config";
+    zpp_status st = zpp_comm_agree_world(load_config(&a, &cfg, &saved, &stage));
+    if (st != ZPP_OK) {
+        rc = report(stage, st);
+        goto out;
+    }
+    if (rank == 0) print_resume_notes(&a, &saved);
+    apply_flags(&a, &cfg);
+    /* samples of a BPE model print as text in the tokenizer noted beside its data */
+    if (rank == 0 && cfg.sample_every > 0) zpp_cli_sample_use_data_tokenizer(a.data, &cfg.model);
+    if (rank == 0 && cfg.ignored[0])
+        printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
+    st = zpp_comm_agree_world(open_metrics(&a, &metrics));
+    if (st != ZPP_OK) {
+        rc = report("train", st);
+        goto out;
+    }
+    rc = a.demo ? run_demo(&cfg, &a, metrics) : run(&cfg, &a, NULL, metrics, NULL);
+out:
     if (metrics) fclose(metrics);
     free(saved.data_path);
     fflush(stdout);
