@@ -116,56 +116,11 @@ static void usage(FILE *f) {
 /* The largest seed: counts are exact up to 2^53. */
 #define TRAIN_SEED_MAX (1ll << 53)
 
-/* Prints argument errors on rank 0 only: every rank parses the same line
- * and reaches the same verdict, so they agree without a collective. */
-static int parse_args(int argc, char **argv, train_args *a) {
-    memset(a, 0, sizeof *a);
-    a->steps = a->eval_every = a->seed = -1;
-    a->sample_every = a->sample_tokens = -1;
-    a->save_every = 0;
-    const int print = zpp_comm_world_rank() == 0;
-    int list_keys = 0;
-    const char *device = NULL, *timeout = NULL, *order = NULL, *peak = NULL;
-    a->collective_timeout = -1.0;
-    a->peak_tflops = -1.0;
-    a->data_order = -1;
-    const zpp_cli_opt opts[] = {
-        {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
-        {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
-        {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
-        {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
-        {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
-        {"--config", ZPP_CLI_STR, &a->config, 0, 0},
-        {"--data", ZPP_CLI_STR, &a->data, 0, 0},
-        {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
-        {"--device", ZPP_CLI_STR, &device, 0, 0},
-        {"--data-order", ZPP_CLI_STR, &order, 0, 0},
-        {"--save", ZPP_CLI_STR, &a->save, 0, 0},
-        {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
-        {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
-        /* step counts land in int (zpp_train_config.train_steps and co.) */
-        {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
-        {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
-        {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
-        {"--sample-every", ZPP_CLI_LONG, &a->sample_every, 0, INT_MAX},
-        {"--sample-tokens", ZPP_CLI_LONG, &a->sample_tokens, 1, 65536},
-        {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
-        {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
-        {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
-        {"--peak-tflops", ZPP_CLI_STR, &peak, 0, 0},
-        {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
-    };
-    int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
-                                print);
-    if (pr > 0) {
-        if (print) usage(stdout);
-        return 1;
-    }
-    if (pr < 0) return -1;
-    if (list_keys) {
-        if (print) zpp_train_config_write_keys(stdout); /* docs/config.md */
-        return 1;
-    }
+/* The options parse_args takes as text: --collective-timeout, --peak-tflops,
+ * --data-order and --device, into a. 0, or -1 after printing (print) what
+ * is wrong. */
+static int parse_values(train_args *a, const char *timeout, const char *peak, const char *order,
+                        const char *device, int print) {
     if (timeout) {
         char *end = NULL;
         double sec = strtod(timeout, &end);
@@ -206,6 +161,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
         a->gpu = !strcmp(device, "gpu");
     }
+    return 0;
+}
+
+/* Options that do not go together: 0, or -1 after printing (print) why. */
+static int check_combinations(const train_args *a, int print) {
     if (a->save_every && !a->save) {
         if (print) fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
         return -1;
@@ -223,6 +183,61 @@ static int parse_args(int argc, char **argv, train_args *a) {
         return -1;
     }
     return 0;
+}
+
+/* 0: train; 1: done (--help, --list-config-keys); -1: a wrong command
+ * line. Prints argument errors on rank 0 only: every rank parses the same
+ * line and reaches the same verdict, so they agree without a collective. */
+static int parse_args(int argc, char **argv, train_args *a) {
+    memset(a, 0, sizeof *a);
+    a->steps = a->eval_every = a->seed = -1;
+    a->sample_every = a->sample_tokens = -1;
+    a->save_every = 0;
+    const int print = zpp_comm_world_rank() == 0;
+    int list_keys = 0;
+    const char *device = NULL, *timeout = NULL, *order = NULL, *peak = NULL;
+    a->collective_timeout = -1.0;
+    a->peak_tflops = -1.0;
+    a->data_order = -1;
+    const zpp_cli_opt opts[] = {
+        {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
+        {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
+        {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
+        {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
+        {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
+        {"--config", ZPP_CLI_STR, &a->config, 0, 0},
+        {"--data", ZPP_CLI_STR, &a->data, 0, 0},
+        {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--data-order", ZPP_CLI_STR, &order, 0, 0},
+        {"--save", ZPP_CLI_STR, &a->save, 0, 0},
+        {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
+        {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
+        /* step counts land in int (zpp_train_config.train_steps and co.) */
+        {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
+        {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
+        {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
+        {"--sample-every", ZPP_CLI_LONG, &a->sample_every, 0, INT_MAX},
+        {"--sample-tokens", ZPP_CLI_LONG, &a->sample_tokens, 1, 65536},
+        {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
+        {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
+        {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds: parse_values */
+        {"--peak-tflops", ZPP_CLI_STR, &peak, 0, 0},
+        {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                                print);
+    if (pr > 0) {
+        if (print) usage(stdout);
+        return 1;
+    }
+    if (pr < 0) return -1;
+    if (list_keys) {
+        if (print) zpp_train_config_write_keys(stdout); /* docs/config.md */
+        return 1;
+    }
+    if (parse_values(a, timeout, peak, order, device, print) != 0) return -1;
+    return check_combinations(a, print);
 }
 
 /* ---- The progress bar (rank 0) ------------------------------------------ */
