@@ -345,16 +345,25 @@ static int run_gnuplot(const char *gnuplot, const char *script_path) {
     return ok ? 0 : -1;
 }
 
-int zpp_cli_plot(int argc, char **argv) {
+/* What `zeropp plot` was asked. */
+typedef struct plot_args {
     char *files[PLOT_MAX_FILES], *labels[PLOT_MAX_FILES];
-    int n_files = 0, n_labels = 0;
-    const char *out = NULL, *title = NULL;
-    long long width = 1200, height = 900;
+    int n_files, n_labels;
+    const char *out, *title; /* title NULL: one naming the runs */
+    long long width, height;
+} plot_args;
+
+/* The options: 0 to plot, 1 after --help, -1 after saying on stderr what is
+ * wrong with the command line. */
+static int parse_plot_args(int argc, char **argv, plot_args *pa) {
+    memset(pa, 0, sizeof *pa);
+    pa->width = 1200;
+    pa->height = 900;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             plot_usage(stdout);
-            return 0;
+            return 1;
         }
         if (!strncmp(a, "--", 2)) {
             static const char *const opts[] = {"--out", "--label", "--title", "--width",
@@ -364,89 +373,78 @@ int zpp_cli_plot(int argc, char **argv) {
                 if (!strcmp(a, opts[k])) o = k;
             if (o < 0) {
                 fprintf(stderr, "zeropp plot: unknown option '%s' (see zeropp plot --help)\n", a);
-                return 2;
+                return -1;
             }
             if (i + 1 >= argc || !argv[i + 1][0]) {
                 fprintf(stderr, "zeropp plot: %s needs a value\n", a);
-                return 2;
+                return -1;
             }
             char *v = argv[++i];
-            if (o == 0) out = v;
+            if (o == 0) pa->out = v;
             else if (o == 1) {
-                if (n_labels == PLOT_MAX_FILES) {
+                if (pa->n_labels == PLOT_MAX_FILES) {
                     fprintf(stderr, "zeropp plot: more than %d --label\n", PLOT_MAX_FILES);
-                    return 2;
+                    return -1;
                 }
-                labels[n_labels++] = v;
-            } else if (o == 2) title = v;
-            else if (zpp_cli_parse_range(v, 100, 10000, o == 3 ? &width : &height)) {
+                pa->labels[pa->n_labels++] = v;
+            } else if (o == 2) pa->title = v;
+            else if (zpp_cli_parse_range(v, 100, 10000, o == 3 ? &pa->width : &pa->height)) {
                 fprintf(stderr, "zeropp plot: %s expects pixels in [100, 10000], got '%s'\n", a,
                         v);
-                return 2;
+                return -1;
             }
             continue;
         }
-        if (n_files == PLOT_MAX_FILES) {
+        if (pa->n_files == PLOT_MAX_FILES) {
             fprintf(stderr, "zeropp plot: more than %d metrics files; plot fewer at a time\n",
                     PLOT_MAX_FILES);
-            return 2;
+            return -1;
         }
-        files[n_files++] = argv[i];
+        pa->files[pa->n_files++] = argv[i];
     }
-    if (n_files == 0 || !out) {
+    if (pa->n_files == 0 || !pa->out) {
         fprintf(stderr, "zeropp plot: %s (see zeropp plot --help)\n",
-                n_files == 0 ? "name at least one metrics file" : "--out FILE.png is required");
-        return 2;
+                pa->n_files == 0 ? "name at least one metrics file" : "--out FILE.png is required");
+        return -1;
     }
-    if (n_labels > n_files) {
+    if (pa->n_labels > pa->n_files) {
         fprintf(stderr, "zeropp plot: %d --label for %d files; give at most one per file\n",
-                n_labels, n_files);
-        return 2;
+                pa->n_labels, pa->n_files);
+        return -1;
     }
-    /* The input first: a bad file is named whether or not gnuplot is here. */
-    static plot_data d; /* runs: a few KiB each; static keeps the stack small */
-    memset(&d, 0, sizeof d);
-    int rc = 0;
-    for (int i = 0; i < n_files && rc == 0; i++) rc = read_metrics(files[i], i, &d);
-    if (rc != 0) {
-        plot_data_free(&d);
-        return 1;
-    }
-    char gnuplot[4096];
-    if (!find_gnuplot(gnuplot, sizeof gnuplot)) {
-        fprintf(stderr, "zeropp plot: gnuplot not found on PATH; install it: apt-get install "
-                        "gnuplot-nox\n");
-        plot_data_free(&d);
-        return 1;
-    }
-    name_runs(&d, files, n_files, labels, n_labels);
-    char deftitle[512];
-    if (!title) {
-        int at = snprintf(deftitle, sizeof deftitle, "zeropp training:");
-        for (int i = 0; i < d.n_runs && at < (int)sizeof deftitle; i++)
-            at += snprintf(deftitle + at, sizeof deftitle - (size_t)at, "%s %s",
-                           i ? "," : "", d.runs[i].label);
-        title = deftitle;
-    }
+    return 0;
+}
 
-    /* The picture goes to OUT.tmp-XXXXXX beside OUT (same file system, so
-     * rename is atomic), the script to a temporary file. */
+/* "zeropp training: RUN, RUN", into buf. */
+static const char *default_title(const plot_data *d, char *buf, size_t cap) {
+    int at = snprintf(buf, cap, "zeropp training:");
+    for (int i = 0; i < d->n_runs && at < (int)cap; i++)
+        at += snprintf(buf + at, cap - (size_t)at, "%s %s", i ? "," : "", d->runs[i].label);
+    return buf;
+}
+
+/* The picture: gnuplot draws into OUT.tmp-XXXXXX beside OUT (same file
+ * system, so rename is atomic) from a script in a temporary file, and the
+ * picture is renamed onto OUT only when it succeeded. 0, or 1 after saying
+ * what failed; no temporary file stays either way. */
+static int draw(const plot_data *d, const char *gnuplot, const char *out, const char *title,
+                int width, int height) {
+    int rc = 1, png_fd = -1, script_fd = -1;
     size_t ol = strlen(out);
     char *tmp_png = malloc(ol + 16), script[4096];
     const char *tmpdir = getenv("TMPDIR");
     snprintf(script, sizeof script, "%s/zeropp-plot-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+    FILE *sf = NULL;
+    struct stat sb;
     if (!tmp_png) {
-        plot_data_free(&d);
         fprintf(stderr, "zeropp plot: out of memory\n");
-        return 1;
+        goto out;
     }
     snprintf(tmp_png, ol + 16, "%s.tmp-XXXXXX", out);
-    int png_fd = mkstemp(tmp_png);
+    png_fd = mkstemp(tmp_png);
     if (png_fd < 0) {
         fprintf(stderr, "zeropp plot: cannot write beside %s: %s\n", out, strerror(errno));
-        free(tmp_png);
-        plot_data_free(&d);
-        return 1;
+        goto out;
     }
     /* mkstemp makes the file private (0600); the picture gets the mode a
      * new file would (0666 less the umask). */
@@ -454,40 +452,72 @@ int zpp_cli_plot(int argc, char **argv) {
     umask(um);
     fchmod(png_fd, 0666 & ~um); /* a failure only leaves the mode private */
     close(png_fd);
-    int script_fd = mkstemp(script);
-    FILE *sf = script_fd >= 0 ? fdopen(script_fd, "w") : NULL;
+    script_fd = mkstemp(script);
+    sf = script_fd >= 0 ? fdopen(script_fd, "w") : NULL;
     if (!sf) {
         fprintf(stderr, "zeropp plot: cannot write the temporary file %s: %s\n", script,
                 strerror(errno));
-        rc = 1;
-    } else {
-        write_script(sf, &d, tmp_png, title, (int)width, (int)height);
-        if (fclose(sf) != 0) {
-            fprintf(stderr, "zeropp plot: writing %s: %s\n", script, strerror(errno));
-            rc = 1;
-        }
+        goto out;
     }
-    struct stat sb;
-    if (rc == 0 && run_gnuplot(gnuplot, script) != 0) {
+    write_script(sf, d, tmp_png, title, width, height);
+    if (fclose(sf) != 0) {
+        fprintf(stderr, "zeropp plot: writing %s: %s\n", script, strerror(errno));
+        goto out;
+    }
+    if (run_gnuplot(gnuplot, script) != 0) {
         fprintf(stderr, "zeropp plot: gnuplot failed (its messages are above); %s not written\n",
                 out);
-        rc = 1;
-    } else if (rc == 0 && (stat(tmp_png, &sb) != 0 || sb.st_size == 0)) {
+        goto out;
+    }
+    if (stat(tmp_png, &sb) != 0 || sb.st_size == 0) {
         fprintf(stderr, "zeropp plot: gnuplot wrote no picture; %s not written\n", out);
-        rc = 1;
-    } else if (rc == 0 && rename(tmp_png, out) != 0) {
+        goto out;
+    }
+    if (rename(tmp_png, out) != 0) {
         fprintf(stderr, "zeropp plot: cannot write %s: %s\n", out, strerror(errno));
-        rc = 1;
+        goto out;
     }
-    if (rc != 0) unlink(tmp_png);
+    rc = 0;
+out:
+    if (rc != 0 && png_fd >= 0) unlink(tmp_png); /* made, and not renamed onto OUT */
     if (script_fd >= 0) unlink(script);
-    if (rc == 0) {
-        printf("wrote %s: %d run%s (", out, d.n_runs, d.n_runs == 1 ? "" : "s");
-        for (int i = 0; i < d.n_runs; i++)
-            printf("%s%s, %zu steps", i ? "; " : "", d.runs[i].label, d.runs[i].n);
-        printf(")\n");
-    }
     free(tmp_png);
+    return rc;
+}
+
+/* "wrote OUT: 2 runs (RUN, 12 steps; RUN, 12 steps)". */
+static void print_written(const char *out, const plot_data *d) {
+    printf("wrote %s: %d run%s (", out, d->n_runs, d->n_runs == 1 ? "" : "s");
+    for (int i = 0; i < d->n_runs; i++)
+        printf("%s%s, %zu steps", i ? "; " : "", d->runs[i].label, d->runs[i].n);
+    printf(")\n");
+}
+
+int zpp_cli_plot(int argc, char **argv) {
+    plot_args pa;
+    int pr = parse_plot_args(argc, argv, &pa);
+    if (pr != 0) return pr > 0 ? 0 : 2;
+    static plot_data d; /* runs: a few KiB each; static keeps the stack small */
+    memset(&d, 0, sizeof d);
+    char gnuplot[4096], deftitle[512];
+    int rc = 0;
+    /* The input first: a bad file is named whether or not gnuplot is here. */
+    for (int i = 0; i < pa.n_files && rc == 0; i++) rc = read_metrics(pa.files[i], i, &d);
+    if (rc != 0) {
+        rc = 1;
+        goto out;
+    }
+    if (!find_gnuplot(gnuplot, sizeof gnuplot)) {
+        fprintf(stderr, "zeropp plot: gnuplot not found on PATH; install it: apt-get install "
+                        "gnuplot-nox\n");
+        rc = 1;
+        goto out;
+    }
+    name_runs(&d, pa.files, pa.n_files, pa.labels, pa.n_labels);
+    const char *title = pa.title ? pa.title : default_title(&d, deftitle, sizeof deftitle);
+    rc = draw(&d, gnuplot, pa.out, title, (int)pa.width, (int)pa.height);
+    if (rc == 0) print_written(pa.out, &d);
+out:
     plot_data_free(&d);
     return rc;
 }

@@ -356,182 +356,242 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
     return saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
 }
 
-int zpp_cli_sample(int argc, char **argv) {
-    const char *from = NULL, *pos = NULL, *prompt = NULL, *prompt_ids = NULL, *temp = NULL,
-               *device = "cpu", *dtype_name = NULL, *vocab = NULL, *merges = NULL;
-    int max_new = SAMPLE_DEFAULT_TOKENS, top_k = -1, print_ids = 0;
-    unsigned long long seed = SAMPLE_DEFAULT_SEED;
+/* What `zeropp sample` was asked, checked. */
+typedef struct sample_args {
+    const char *from; /* the model: DIR or --from */
+    const char *prompt, *prompt_ids, *device, *dtype_name, *vocab, *merges;
+    int max_new, top_k, print_ids; /* top_k -1: not given */
+    unsigned long long seed;
+    double temperature;
+    zpp_dtype dtype; /* --dtype, when dtype_name */
+} sample_args;
+
+/* The options: 0 to sample, 1 after --help, -1 after saying on stderr what
+ * is wrong with the command line. */
+static int parse_sample_args(int argc, char **argv, sample_args *sa) {
+    const char *pos = NULL, *temp = NULL;
+    memset(sa, 0, sizeof *sa);
+    sa->device = "cpu";
+    sa->max_new = SAMPLE_DEFAULT_TOKENS;
+    sa->top_k = -1;
+    sa->seed = SAMPLE_DEFAULT_SEED;
     const zpp_cli_opt opts[] = {
         {"DIR", ZPP_CLI_POS, &pos, 0, 0},
-        {"--from", ZPP_CLI_STR, &from, 0, 0},
-        {"--prompt", ZPP_CLI_STR, &prompt, 0, 0},
-        {"--prompt-ids", ZPP_CLI_STR, &prompt_ids, 0, 0},
-        {"--vocab", ZPP_CLI_STR, &vocab, 0, 0},
-        {"--merges", ZPP_CLI_STR, &merges, 0, 0},
-        {"--ids", ZPP_CLI_FLAG, &print_ids, 0, 0},
-        {"--max-new-tokens", ZPP_CLI_INT, &max_new, 0, 1 << 24},
+        {"--from", ZPP_CLI_STR, &sa->from, 0, 0},
+        {"--prompt", ZPP_CLI_STR, &sa->prompt, 0, 0},
+        {"--prompt-ids", ZPP_CLI_STR, &sa->prompt_ids, 0, 0},
+        {"--vocab", ZPP_CLI_STR, &sa->vocab, 0, 0},
+        {"--merges", ZPP_CLI_STR, &sa->merges, 0, 0},
+        {"--ids", ZPP_CLI_FLAG, &sa->print_ids, 0, 0},
+        {"--max-new-tokens", ZPP_CLI_INT, &sa->max_new, 0, 1 << 24},
         {"--temperature", ZPP_CLI_STR, &temp, 0, 0},
-        {"--top-k", ZPP_CLI_INT, &top_k, 0, INT_MAX},
-        {"--seed", ZPP_CLI_U64, &seed, 0, 1ll << 53},
-        {"--device", ZPP_CLI_STR, &device, 0, 0},
-        {"--dtype", ZPP_CLI_STR, &dtype_name, 0, 0},
+        {"--top-k", ZPP_CLI_INT, &sa->top_k, 0, INT_MAX},
+        {"--seed", ZPP_CLI_U64, &sa->seed, 0, 1ll << 53},
+        {"--device", ZPP_CLI_STR, &sa->device, 0, 0},
+        {"--dtype", ZPP_CLI_STR, &sa->dtype_name, 0, 0},
     };
     int pr = zpp_cli_parse_opts("sample", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
     if (pr > 0) {
         sample_usage(stdout);
-        return 0;
+        return 1;
     }
-    if (pr < 0) return 2;
-    if (pos && from) {
+    if (pr < 0) return -1;
+    if (pos && sa->from) {
         fprintf(stderr, "zeropp sample: '%s' and --from %s both name the model; give one\n", pos,
-                from);
-        return 2;
+                sa->from);
+        return -1;
     }
-    if (pos) from = pos;
-    if (!from) {
+    if (pos) sa->from = pos;
+    if (!sa->from) {
         fprintf(stderr, "zeropp sample: name the model: a checkpoint folder (zeropp sample DIR) "
                         "or an llm.c model file (zeropp sample MODEL.bin)\n");
-        return 2;
+        return -1;
     }
-    if (prompt && prompt_ids) {
+    if (sa->prompt && sa->prompt_ids) {
         fprintf(stderr, "zeropp sample: --prompt and --prompt-ids both give the prompt; give "
                         "one\n");
-        return 2;
+        return -1;
     }
-    if (!vocab != !merges) {
+    if (!sa->vocab != !sa->merges) {
         fprintf(stderr, "zeropp sample: --vocab and --merges name GPT-2's two tokenizer files "
                         "(vocab.json and merges.txt); give both\n");
-        return 2;
+        return -1;
     }
-    double temperature = 1.0;
+    sa->temperature = 1.0;
     if (temp) {
         char *end = NULL;
-        temperature = strtod(temp, &end);
-        if (end == temp || *end || !isfinite(temperature) || temperature < 0) {
+        sa->temperature = strtod(temp, &end);
+        if (end == temp || *end || !isfinite(sa->temperature) || sa->temperature < 0) {
             fprintf(stderr, "zeropp sample: --temperature expects a number >= 0 (0 = the most "
                             "likely token, 1 = the model's distribution), got '%s'\n", temp);
-            return 2;
+            return -1;
         }
     }
-    if (top_k == 0) {
+    if (sa->top_k == 0) {
         fprintf(stderr, "zeropp sample: --top-k 0 leaves no token to draw; give 1 or more, or "
                         "leave --top-k out to draw from the whole vocabulary\n");
-        return 2;
+        return -1;
     }
-    if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
-        fprintf(stderr, "zeropp sample: --device takes cpu or gpu, not '%s'\n", device);
-        return 2;
+    if (strcmp(sa->device, "cpu") && strcmp(sa->device, "gpu")) {
+        fprintf(stderr, "zeropp sample: --device takes cpu or gpu, not '%s'\n", sa->device);
+        return -1;
     }
-    zpp_dtype dtype = ZPP_FP32;
-    if (dtype_name && zpp_dtype_parse(dtype_name, &dtype) != ZPP_OK) {
+    sa->dtype = ZPP_FP32;
+    if (sa->dtype_name && zpp_dtype_parse(sa->dtype_name, &sa->dtype) != ZPP_OK) {
         fprintf(stderr, "zeropp sample: --dtype takes fp32, bf16 or fp16, not '%s'\n",
-                dtype_name);
-        return 2;
+                sa->dtype_name);
+        return -1;
     }
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids) != 0) return 2;
+    return 0;
+}
 
-    zpp_gpt2_config cfg;
-    zpp_dtype saved = ZPP_FP32;
-    int step = 0;
-    float **units = NULL;
-    zpp_status st = zpp_sample_read_weights(from, &cfg, &saved, &step, &units);
-    if (st != ZPP_OK) {
-        free(ids);
-        return zpp_cli_fail("sample", st);
-    }
-    const int V = zpp_gpt2_real_vocab(&cfg);
-    /* The tokenizer, where text is asked for: printed, or the prompt's. */
-    zpp_bpe *bpe = NULL;
-    char *data = NULL;
-    if (!print_ids || !prompt_ids) st = find_tokenizer(from, step, V, vocab, merges, &bpe, &data);
-    int rc = st == ZPP_OK ? 0 : zpp_cli_fail("sample", st);
-    zpp_sample_decoder bpe_dec = {bpe_decode, bpe};
-    const zpp_sample_decoder *dec = bpe ? &bpe_dec : V == 256 ? &kByteDecoder : NULL;
-    if (rc == 0 && !dec && !(print_ids && prompt_ids)) {
+/* The tokenizer, where text is asked for (printed, or the prompt's), and
+ * the checks that need the model's vocabulary V. 0, 1 (a failure, said) or
+ * 2 (a command line this model cannot take, said). */
+static int load_text_form(const sample_args *sa, int V, int step, zpp_bpe **bpe_p,
+                          char **data_p) {
+    zpp_status st = ZPP_OK;
+    if (!sa->print_ids || !sa->prompt_ids)
+        st = find_tokenizer(sa->from, step, V, sa->vocab, sa->merges, bpe_p, data_p);
+    if (st != ZPP_OK) return zpp_cli_fail("sample", st);
+    const zpp_bpe *bpe = *bpe_p;
+    const int has_decoder = bpe || V == 256;
+    if (!has_decoder && !(sa->print_ids && sa->prompt_ids)) {
         char where[4200] = "";
-        if (data)
-            snprintf(where, sizeof where, " (its data, %s, has no tokenizer note %s.json)", data,
-                     data);
+        if (*data_p)
+            snprintf(where, sizeof where, " (its data, %s, has no tokenizer note %s.json)",
+                     *data_p, *data_p);
         fprintf(stderr,
                 "zeropp sample: %s has a vocabulary of %d tokens, not bytes, and no tokenizer is "
                 "known for it%s: pass --vocab vocab.json --merges merges.txt, the tokenizer its "
                 "data was made with, to %s, or --ids with --prompt-ids to work in token ids\n",
-                from, V, where, prompt || !prompt_ids ? "encode the prompt and print text"
-                                                      : "print text");
-        rc = 2;
-    } else if (rc == 0 && top_k > V) {
-        fprintf(stderr, "zeropp sample: --top-k %d is more than the vocabulary of %s (%d tokens); "
-                        "give 1..%d\n", top_k, from, V, V);
-        rc = 2;
+                sa->from, V, where, sa->prompt || !sa->prompt_ids
+                                        ? "encode the prompt and print text"
+                                        : "print text");
+        return 2;
     }
-    if (rc == 0 && bpe && zpp_bpe_vocab_size(bpe) < V && !print_ids)
+    if (sa->top_k > V) {
+        fprintf(stderr, "zeropp sample: --top-k %d is more than the vocabulary of %s (%d tokens); "
+                        "give 1..%d\n", sa->top_k, sa->from, V, V);
+        return 2;
+    }
+    if (bpe && zpp_bpe_vocab_size(bpe) < V && !sa->print_ids)
         fprintf(stderr, "zeropp sample: note: the tokenizer has %d tokens, the model %d: a token "
                         "past %d prints as <|id|>\n",
                 (int)zpp_bpe_vocab_size(bpe), V, (int)zpp_bpe_vocab_size(bpe) - 1);
-    if (!ids && rc == 0) { /* the prompt's text, or the default */
-        const char *text = prompt ? prompt : "\n";
-        const size_t len = strlen(text);
-        if (bpe) {
-            zpp_bpe_ids enc = {0};
-            st = zpp_bpe_encode(bpe, text, len, ZPP_BPE_SPECIAL, &enc, NULL);
-            if (st == ZPP_OK && enc.n > (size_t)INT_MAX)
-                st = zpp_error(ZPP_ERR_INVALID, "--prompt: too long");
-            if (st != ZPP_OK) {
-                free(enc.ids);
-                rc = zpp_cli_fail("sample", st);
-            } else {
-                ids = enc.ids;
-                n_ids = (int)enc.n;
-            }
-        } else if (len > (size_t)INT_MAX) {
-            rc = zpp_cli_fail("sample", zpp_error(ZPP_ERR_INVALID, "--prompt: too long"));
-        } else if (!(ids = malloc((len ? len : 1) * sizeof *ids))) {
-            rc = zpp_cli_fail("sample", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
-        } else { /* bytes (the check above leaves no other case) */
-            n_ids = (int)len;
-            for (int i = 0; i < n_ids; i++) ids[i] = (unsigned char)text[i];
+    return 0;
+}
+
+/* The prompt's text (or the default, a newline) as ids (malloc'd): the
+ * tokenizer's encoding, or its bytes for a byte-level model (the checks of
+ * load_text_form leave no other case). */
+static zpp_status encode_prompt(const char *prompt, zpp_bpe *bpe, int32_t **ids_p, int *n_p) {
+    const char *text = prompt ? prompt : "\n";
+    const size_t len = strlen(text);
+    if (bpe) {
+        zpp_bpe_ids enc = {0};
+        zpp_status st = zpp_bpe_encode(bpe, text, len, ZPP_BPE_SPECIAL, &enc, NULL);
+        if (st == ZPP_OK && enc.n > (size_t)INT_MAX)
+            st = zpp_error(ZPP_ERR_INVALID, "--prompt: too long");
+        if (st != ZPP_OK) {
+            free(enc.ids);
+            return st;
         }
+        *ids_p = enc.ids;
+        *n_p = (int)enc.n;
+        return ZPP_OK;
     }
-    if (print_ids) dec = NULL;
+    if (len > (size_t)INT_MAX) return zpp_error(ZPP_ERR_INVALID, "--prompt: too long");
+    int32_t *ids = malloc((len ? len : 1) * sizeof *ids);
+    if (!ids) return zpp_error(ZPP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) ids[i] = (unsigned char)text[i];
+    *ids_p = ids;
+    *n_p = (int)len;
+    return ZPP_OK;
+}
+
+/* The work: the model on its device (the weights `units` are freed here,
+ * once it holds them), the checks of the prompt and options (before
+ * anything prints), then the prompt and each new token printed as it
+ * comes, through `dec` (NULL: ids). 0, or 1 after saying what failed. */
+static int generate(const sample_args *sa, const zpp_gpt2_config *cfg, zpp_dtype saved,
+                    float **units, const zpp_sample_decoder *dec, const int32_t *ids, int n_ids) {
+    const int V = zpp_gpt2_real_vocab(cfg);
     zpp_device *dev = NULL;
     zpp_sample_model *sm = NULL;
     int32_t *gen = NULL;
-    if (rc == 0) {
-        st = strcmp(device, "gpu") ? zpp_device_create_host(&dev) : zpp_device_create_gpu(0, &dev);
+    zpp_status st = strcmp(sa->device, "gpu") ? zpp_device_create_host(&dev)
+                                              : zpp_device_create_gpu(0, &dev);
+    if (st == ZPP_OK)
+        st = zpp_sample_model_create(cfg, sa->dtype_name ? sa->dtype : saved, dev,
+                                     (const float *const *)units, &sm);
+    zpp_sample_weights_free(cfg, units);
+    if (st == ZPP_OK && !(gen = malloc(((size_t)sa->max_new + 1) * sizeof *gen)))
+        st = zpp_error(ZPP_ERR_NOMEM, "out of memory");
+    sample_printer p = {stdout, dec, 0};
+    zpp_sample_opts o = {sa->temperature, sa->top_k > 0 ? sa->top_k : 0, (uint64_t)sa->seed};
+    /* the checks of the prompt and options come before anything prints */
+    if (st == ZPP_OK) st = zpp_sample_opts_check(&o, V);
+    for (int i = 0; st == ZPP_OK && i < n_ids; i++)
+        if (ids[i] >= V)
+            st = zpp_error(ZPP_ERR_INVALID,
+                           "prompt token %d at position %d is outside the vocabulary 0..%d of %s",
+                           (int)ids[i], i, V - 1, sa->from);
+    if (st == ZPP_OK) {
+        zpp_sample_source src = zpp_sample_model_source(sm);
+        st = print_tokens(&p, ids, (size_t)n_ids);
         if (st == ZPP_OK)
-            st = zpp_sample_model_create(&cfg, dtype_name ? dtype : saved, dev,
-                                         (const float *const *)units, &sm);
-        zpp_sample_weights_free(&cfg, units);
-        units = NULL;
-        if (st == ZPP_OK && !(gen = malloc(((size_t)max_new + 1) * sizeof *gen)))
-            st = zpp_error(ZPP_ERR_NOMEM, "out of memory");
-        sample_printer p = {stdout, dec, 0};
-        zpp_sample_opts o = {temperature, top_k > 0 ? top_k : 0, (uint64_t)seed};
-        /* the checks of the prompt and options come before anything prints */
-        if (st == ZPP_OK) st = zpp_sample_opts_check(&o, V);
-        for (int i = 0; st == ZPP_OK && i < n_ids; i++)
-            if (ids[i] >= V)
-                st = zpp_error(ZPP_ERR_INVALID,
-                               "prompt token %d at position %d is outside the vocabulary 0..%d of "
-                               "%s",
-                               (int)ids[i], i, V - 1, from);
-        if (st == ZPP_OK) {
-            zpp_sample_source src = zpp_sample_model_source(sm);
-            st = print_tokens(&p, ids, (size_t)n_ids);
-            if (st == ZPP_OK)
-                st = zpp_sample_generate(&src, &o, ids, n_ids, max_new, print_token, &p, gen);
-            fputc('\n', stdout);
-        }
-        rc = st == ZPP_OK ? 0 : zpp_cli_fail("sample", st);
+            st = zpp_sample_generate(&src, &o, ids, n_ids, sa->max_new, print_token, &p, gen);
+        fputc('\n', stdout);
     }
-    zpp_sample_weights_free(&cfg, units);
+    const int rc = st == ZPP_OK ? 0 : zpp_cli_fail("sample", st);
     zpp_sample_model_destroy(sm);
     zpp_device_destroy(dev);
+    free(gen);
+    return rc;
+}
+
+int zpp_cli_sample(int argc, char **argv) {
+    sample_args sa;
+    int pr = parse_sample_args(argc, argv, &sa);
+    if (pr != 0) return pr > 0 ? 0 : 2;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (sa.prompt_ids && parse_ids(sa.prompt_ids, &ids, &n_ids) != 0) return 2;
+
+    zpp_gpt2_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    zpp_dtype saved = ZPP_FP32;
+    int step = 0, rc = 0;
+    float **units = NULL;
+    zpp_bpe *bpe = NULL;
+    char *data = NULL;
+    zpp_status st = zpp_sample_read_weights(sa.from, &cfg, &saved, &step, &units);
+    if (st != ZPP_OK) {
+        rc = zpp_cli_fail("sample", st);
+        goto out;
+    }
+    const int V = zpp_gpt2_real_vocab(&cfg);
+    rc = load_text_form(&sa, V, step, &bpe, &data);
+    if (rc != 0) goto out;
+    if (!ids) { /* the prompt's text, or the default */
+        st = encode_prompt(sa.prompt, bpe, &ids, &n_ids);
+        if (st != ZPP_OK) {
+            rc = zpp_cli_fail("sample", st);
+            goto out;
+        }
+    }
+    zpp_sample_decoder bpe_dec = {bpe_decode, bpe};
+    const zpp_sample_decoder *dec = sa.print_ids ? NULL
+                                    : bpe        ? &bpe_dec
+                                    : V == 256   ? &kByteDecoder
+                                                 : NULL;
+    rc = generate(&sa, &cfg, saved, units, dec, ids, n_ids);
+    units = NULL; /* generate freed them */
+out:
+    zpp_sample_weights_free(&cfg, units);
     zpp_bpe_destroy(bpe);
     free(data);
-    free(gen);
     free(ids);
     return rc;
 }

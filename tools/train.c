@@ -116,56 +116,11 @@ static void usage(FILE *f) {
 /* The largest seed: counts are exact up to 2^53. */
 #define TRAIN_SEED_MAX (1ll << 53)
 
-/* Prints argument errors on rank 0 only: every rank parses the same line
- * and reaches the same verdict, so they agree without a collective. */
-static int parse_args(int argc, char **argv, train_args *a) {
-    memset(a, 0, sizeof *a);
-    a->steps = a->eval_every = a->seed = -1;
-    a->sample_every = a->sample_tokens = -1;
-    a->save_every = 0;
-    const int print = zpp_comm_world_rank() == 0;
-    int list_keys = 0;
-    const char *device = NULL, *timeout = NULL, *order = NULL, *peak = NULL;
-    a->collective_timeout = -1.0;
-    a->peak_tflops = -1.0;
-    a->data_order = -1;
-    const zpp_cli_opt opts[] = {
-        {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
-        {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
-        {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
-        {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
-        {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
-        {"--config", ZPP_CLI_STR, &a->config, 0, 0},
-        {"--data", ZPP_CLI_STR, &a->data, 0, 0},
-        {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
-        {"--device", ZPP_CLI_STR, &device, 0, 0},
-        {"--data-order", ZPP_CLI_STR, &order, 0, 0},
-        {"--save", ZPP_CLI_STR, &a->save, 0, 0},
-        {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
-        {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
-        /* step counts land in int (zpp_train_config.train_steps and co.) */
-        {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
-        {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
-        {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
-        {"--sample-every", ZPP_CLI_LONG, &a->sample_every, 0, INT_MAX},
-        {"--sample-tokens", ZPP_CLI_LONG, &a->sample_tokens, 1, 65536},
-        {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
-        {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
-        {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds, below */
-        {"--peak-tflops", ZPP_CLI_STR, &peak, 0, 0},
-        {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
-    };
-    int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
-                                print);
-    if (pr > 0) {
-        if (print) usage(stdout);
-        return 1;
-    }
-    if (pr < 0) return -1;
-    if (list_keys) {
-        if (print) zpp_train_config_write_keys(stdout); /* docs/config.md */
-        return 1;
-    }
+/* The options parse_args takes as text: --collective-timeout, --peak-tflops,
+ * --data-order and --device, into a. 0, or -1 after printing (print) what
+ * is wrong. */
+static int parse_values(train_args *a, const char *timeout, const char *peak, const char *order,
+                        const char *device, int print) {
     if (timeout) {
         char *end = NULL;
         double sec = strtod(timeout, &end);
@@ -206,6 +161,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
         }
         a->gpu = !strcmp(device, "gpu");
     }
+    return 0;
+}
+
+/* Options that do not go together: 0, or -1 after printing (print) why. */
+static int check_combinations(const train_args *a, int print) {
     if (a->save_every && !a->save) {
         if (print) fprintf(stderr, "zeropp train: --save-every needs --save DIR\n");
         return -1;
@@ -223,6 +183,61 @@ static int parse_args(int argc, char **argv, train_args *a) {
         return -1;
     }
     return 0;
+}
+
+/* 0: train; 1: done (--help, --list-config-keys); -1: a wrong command
+ * line. Prints argument errors on rank 0 only: every rank parses the same
+ * line and reaches the same verdict, so they agree without a collective. */
+static int parse_args(int argc, char **argv, train_args *a) {
+    memset(a, 0, sizeof *a);
+    a->steps = a->eval_every = a->seed = -1;
+    a->sample_every = a->sample_tokens = -1;
+    a->save_every = 0;
+    const int print = zpp_comm_world_rank() == 0;
+    int list_keys = 0;
+    const char *device = NULL, *timeout = NULL, *order = NULL, *peak = NULL;
+    a->collective_timeout = -1.0;
+    a->peak_tflops = -1.0;
+    a->data_order = -1;
+    const zpp_cli_opt opts[] = {
+        {"--list-config-keys", ZPP_CLI_FLAG, &list_keys, 0, 0},
+        {"--demo", ZPP_CLI_FLAG, &a->demo, 0, 0},
+        {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
+        {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
+        {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
+        {"--config", ZPP_CLI_STR, &a->config, 0, 0},
+        {"--data", ZPP_CLI_STR, &a->data, 0, 0},
+        {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
+        {"--device", ZPP_CLI_STR, &device, 0, 0},
+        {"--data-order", ZPP_CLI_STR, &order, 0, 0},
+        {"--save", ZPP_CLI_STR, &a->save, 0, 0},
+        {"--resume", ZPP_CLI_STR, &a->resume, 0, 0},
+        {"--init-from", ZPP_CLI_STR, &a->init_from, 0, 0},
+        /* step counts land in int (zpp_train_config.train_steps and co.) */
+        {"--save-every", ZPP_CLI_LONG, &a->save_every, 1, INT_MAX},
+        {"--steps", ZPP_CLI_LONG, &a->steps, 0, INT_MAX},
+        {"--eval-every", ZPP_CLI_LONG, &a->eval_every, 0, INT_MAX},
+        {"--sample-every", ZPP_CLI_LONG, &a->sample_every, 0, INT_MAX},
+        {"--sample-tokens", ZPP_CLI_LONG, &a->sample_tokens, 1, 65536},
+        {"--seed", ZPP_CLI_LONG, &a->seed, 0, TRAIN_SEED_MAX},
+        {"--node-size", ZPP_CLI_INT, &a->node_size, 1, INT_MAX},
+        {"--collective-timeout", ZPP_CLI_STR, &timeout, 0, 0}, /* seconds: parse_values */
+        {"--peak-tflops", ZPP_CLI_STR, &peak, 0, 0},
+        {"--set", ZPP_CLI_LIST, &a->sets, 0, 0},
+    };
+    int pr = zpp_cli_parse_opts("train", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                                print);
+    if (pr > 0) {
+        if (print) usage(stdout);
+        return 1;
+    }
+    if (pr < 0) return -1;
+    if (list_keys) {
+        if (print) zpp_train_config_write_keys(stdout); /* docs/config.md */
+        return 1;
+    }
+    if (parse_values(a, timeout, peak, order, device, print) != 0) return -1;
+    return check_combinations(a, print);
 }
 
 /* ---- The progress bar (rank 0) ------------------------------------------ */
@@ -570,234 +585,312 @@ static void print_summary(const run_totals *rt, const zpp_trainer_info *in, doub
     fflush(stdout);
 }
 
-static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
-               FILE *metrics, run_summary *sum) {
-    int rank = zpp_comm_world_rank();
-    run_totals rt;
-    memset(&rt, 0, sizeof rt);
-    rt.t0 = now_s();
-    rt.val = rt.best_val = -1.0f;
-    zpp_trainer *t = NULL;
+/* ---- One run: set up, the step loop, the end ------------------------------ */
+
+/* What a run keeps from its start to its end. */
+typedef struct train_run {
+    const zpp_train_config *cfg;
+    const train_args *a;
+    zpp_trainer *t;
+    const zpp_trainer_info *in;
+    int rank;
+    int start;        /* the steps done before this run: 0, or the checkpoint's */
+    double fpt, peak; /* FLOPs a token (the planner's count) and the peak MFU is taken of */
+    run_totals rt;    /* for the summary */
+    /* for the demo's comparison (run_summary) */
+    double ms_sum, tps_sum; /* the steps after the first (it pays one-time costs) */
+    int timed;
+    double cross_sum, intra_sum;
+    float loss, val; /* the last step's, the last validation's (< 0: none) */
+    prof_sum prof;
+} train_run;
+
+/* One step's results, carried from the step to its log. */
+typedef struct step_out {
+    int s;                 /* the step's index from 0; it is step s + 1 in the log */
+    int last, eval, saved; /* the run's last step; validated; checkpointed */
+    zpp_trainer_step_result r;
+    float val;           /* the validation loss, when eval */
+    zpp_volume ev;       /* the validation's bytes */
+    double cross, intra; /* the step's bytes */
+    double tflops, mfu;  /* achieved model FLOP/s of one rank, and its share of the peak */
+    zpp_ckpt_saved sv;   /* printed after the step's line */
+    zpp_cli_sample_result smp;
+} step_out;
+
+/* --resume: the checkpoint's state, what changed since its save, and a
+ * refusal when it is at or past the last step (nothing would be trained). */
+static zpp_status run_resume(train_run *tr) {
+    const train_args *a = tr->a;
+    ZPP_CHECK(zpp_trainer_load(tr->t, a->resume, &tr->start));
+    if (tr->rank == 0) printf("resumed from %s after step %d\n", a->resume, tr->start);
+    const char *note = zpp_trainer_resume_note(tr->t);
+    if (tr->rank == 0 && note[0]) { /* one note, a line per change */
+        printf("resume: changed since the save:\n");
+        for (const char *p = note; *p;) {
+            size_t n = strcspn(p, "\n");
+            printf("  %.*s\n", (int)n, p);
+            p += n + (p[n] == '\n');
+        }
+    }
+    if (tr->start >= tr->cfg->train_steps)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "the checkpoint in %s is at step %d and the run ends at step %d: "
+                         "nothing to train; raise --steps",
+                         a->resume, tr->start, tr->cfg->train_steps);
+    return ZPP_OK;
+}
+
+/* Set up: the trainer, then the save folder, then the resume. *ctx names
+ * the stage that failed, for report. */
+static zpp_status run_open(train_run *tr, const char **ctx) {
+    const train_args *a = tr->a;
     zpp_trainer_opts to = {a->data,    a->node_size, a->gpu, a->emulate_nodes,
                            a->profile, a->init_from};
-    zpp_status st = zpp_trainer_create(cfg, &to, &t);
-    if (st != ZPP_OK) return report("train", st);
-    const zpp_trainer_info *in = zpp_trainer_get_info(t);
-    int start = 0;
-    if (a->init_from && rank == 0)
+    *ctx = "train";
+    ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
+    tr->in = zpp_trainer_get_info(tr->t);
+    if (a->init_from && tr->rank == 0)
         printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
-               zpp_gpt2_real_vocab(&cfg->model), cfg->model.vocab_size);
+               zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);
     if (a->save) { /* a folder that cannot take the checkpoint, or that another
                     * run holds, fails now: before the resume reads it */
-        st = zpp_trainer_check_save_dir(t, a->save);
-        if (st != ZPP_OK) {
-            zpp_trainer_destroy(t);
-            return report("checkpoint", st);
-        }
-        if (rank == 0 && zpp_trainer_save_dir_note(t)[0])
-            printf("note: %s\n", zpp_trainer_save_dir_note(t));
+        *ctx = "checkpoint";
+        ZPP_CHECK(zpp_trainer_check_save_dir(tr->t, a->save));
+        if (tr->rank == 0 && zpp_trainer_save_dir_note(tr->t)[0])
+            printf("note: %s\n", zpp_trainer_save_dir_note(tr->t));
     }
     if (a->resume) {
-        st = zpp_trainer_load(t, a->resume, &start);
-        if (st != ZPP_OK) {
-            zpp_trainer_destroy(t);
-            return report("resume", st);
-        }
-        if (rank == 0) printf("resumed from %s after step %d\n", a->resume, start);
-        const char *note = zpp_trainer_resume_note(t);
-        if (rank == 0 && note[0]) { /* one note, a line per change */
-            printf("resume: changed since the save:\n");
-            for (const char *p = note; *p;) {
-                size_t n = strcspn(p, "\n");
-                printf("  %.*s\n", (int)n, p);
-                p += n + (p[n] == '\n');
-            }
-        }
-        if (start >= cfg->train_steps) {
-            zpp_trainer_destroy(t);
-            return report("resume",
-                          zpp_error(ZPP_ERR_CONFIG,
-                                    "the checkpoint in %s is at step %d and the run ends at "
-                                    "step %d: nothing to train; raise --steps",
-                                    a->resume, start, cfg->train_steps));
-        }
+        *ctx = "resume";
+        ZPP_CHECK(run_resume(tr));
     }
+    return ZPP_OK;
+}
+
+/* Before the first step: the progress bar, the FLOPs and the peak, and
+ * the header on rank 0. */
+static void run_begin(train_run *tr, const char *label) {
+    const zpp_train_config *cfg = tr->cfg;
+    const zpp_trainer_info *in = tr->in;
     memset(&bar, 0, sizeof bar);
-    bar.on = rank == 0 && !a->quiet && progress_wanted();
+    bar.on = tr->rank == 0 && !tr->a->quiet && progress_wanted();
     bar.last = now_s();
     /* FLOPs a token (the planner's count) and the peak MFU is taken of */
-    const double fpt = zpp_cost_flops_per_token((double)in->n_params, cfg->model.n_layer,
-                                                cfg->model.n_embd, in->seq_len);
+    tr->fpt = zpp_cost_flops_per_token((double)in->n_params, cfg->model.n_layer,
+                                       cfg->model.n_embd, in->seq_len);
     char why[256];
-    const double peak = peak_tflops(a, cfg, in, why, sizeof why);
-    if (rank == 0) {
-        print_header(label, cfg, in, fpt, peak, why);
-        const char *comm_note = zpp_trainer_comm_note(t);
+    tr->peak = peak_tflops(tr->a, cfg, in, why, sizeof why);
+    if (tr->rank == 0) {
+        print_header(label, cfg, in, tr->fpt, tr->peak, why);
+        const char *comm_note = zpp_trainer_comm_note(tr->t);
         if (comm_note[0]) printf("note: %s\n", comm_note);
         int continued = 0;
-        unsigned long long id = (unsigned long long)zpp_trainer_run_id(t, &continued);
+        unsigned long long id = (unsigned long long)zpp_trainer_run_id(tr->t, &continued);
         printf("run %016llx%s\n", id, continued ? " (continued from the checkpoint)" : "");
         fflush(stdout);
     }
-    double ms_sum = 0.0, cross_sum = 0.0, intra_sum = 0.0, tps_sum = 0.0;
-    int timed = 0;
-    prof_sum prof;
-    memset(&prof, 0, sizeof prof);
-    float loss = 0.0f, val = -1.0f;
-    rt.first_step = start + 1;
-    for (int s = start; s < cfg->train_steps; s++) {
-        zpp_trainer_step_result r;
-        st = zpp_trainer_step(t, s, &r);
-        if (st != ZPP_OK) {
-            zpp_trainer_destroy(t);
-            return report("train", st);
-        }
-        loss = r.stats.loss;
-        int last = s + 1 == cfg->train_steps;
-        int eval = cfg->eval_every > 0 && ((s + 1) % cfg->eval_every == 0 || last);
-        float v = -1.0f;
-        zpp_volume ev;
-        memset(&ev, 0, sizeof ev);
-        if (eval) {
-            st = zpp_trainer_eval(t, &v, &ev);
-            if (st != ZPP_OK) {
-                zpp_trainer_destroy(t);
-                return report("validation", st);
-            }
-            val = v;
-            if (rt.best_val < 0 || v < rt.best_val) {
-                rt.best_val = v;
-                rt.best_step = s + 1;
-            }
-            rt.val = v;
-            rt.val_step = s + 1;
-        }
-        double cross = zpp_volume_cross_total(&r.stats.volume);
-        double intra = zpp_volume_intra_total(&r.stats.volume);
-        const double step_tokens = (double)in->global_batch * in->seq_len;
-        if (s > start) { /* the first step pays one-time costs */
-            ms_sum += r.seconds * 1e3;
-            tps_sum += r.tokens_per_s;
-            timed++;
-        }
-        if (s > start) {
-            rt.timed_s += r.seconds;
-            rt.timed_tokens += step_tokens;
-            rt.timed++;
-        } else {
-            rt.first_s = r.seconds;
-        }
-        rt.steps++;
-        rt.loss = loss;
-        /* achieved model FLOP/s of one rank, and its share of the peak */
-        const double tflops = fpt * r.tokens_per_s / in->world_size / 1e12;
-        const double mfu = peak > 0 ? tflops / peak : NAN;
-        cross_sum += cross;
-        intra_sum += intra;
-        if (r.stats.profile.valid) prof_add(&prof, s, start, &r);
-        zpp_ckpt_saved sv; /* printed after the step's line */
-        int saved = a->save && ((a->save_every && (s + 1) % a->save_every == 0) || last);
-        if (saved) {
-            st = zpp_trainer_save(t, a->save, s + 1, &sv);
-            if (st != ZPP_OK) {
-                zpp_trainer_destroy(t);
-                return report("checkpoint", st);
-            }
-            snprintf(rt.ckpt, sizeof rt.ckpt, "%s", sv.folder);
-        }
-        /* a sample: every rank takes part (the engine gathers the weights) */
-        zpp_cli_sample_result smp = {0};
-        if (cfg->sample_every > 0 && ((s + 1) % cfg->sample_every == 0 || last)) {
-            st = zpp_cli_sample_trainer(t, cfg, &smp);
-            if (st != ZPP_OK) {
-                zpp_trainer_destroy(t);
-                return report("sample", st);
-            }
-        }
-        if (rank != 0) {
-            zpp_cli_sample_result_free(&smp);
-            continue;
-        }
-        if (metrics) {
-            char lb[32], nb[32], mb[32];
-            fprintf(metrics,
-                    "{\"step\":%d,\"mode\":\"%s\",\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
-                    "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
-                    "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
-                    "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
-                    "\"tflops\":%.6g,\"mfu\":%s",
-                    s + 1, in->mode, json_num(lb, sizeof lb, "%.9g", loss), (double)r.stats.lr,
-                    json_num(nb, sizeof nb, "%.6g", r.stats.grad_norm), r.tokens_per_s,
-                    r.seconds * 1e3, cross, intra, r.device_peak_bytes, r.device_live_bytes,
-                    r.device_used_bytes, tflops, json_num(mb, sizeof mb, "%.6g", mfu));
-            json_skip_fields(metrics, &r.stats, cfg->fp16.enabled);
-            json_profile_fields(metrics, &r);
-            if (eval)
-                fprintf(metrics,
-                        ",\"val_loss\":%.9g,\"val_cross_node_bytes\":%.0f,"
-                        "\"val_intra_node_bytes\":%.0f",
-                        (double)v, zpp_volume_cross_total(&ev), zpp_volume_intra_total(&ev));
-            if (smp.gen) zpp_cli_sample_json(metrics, &smp); /* last: the longest field */
-            fprintf(metrics, "}\n");
-            fflush(metrics);
-        }
-        int print = !a->quiet && cfg->steps_per_print > 0 &&
-                    ((s + 1) % cfg->steps_per_print == 0 || s == 0 || last);
-        if (print || eval) {
-            bar_clear();
-            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
-                   "%.3g TFLOP/s/rank | MFU ",
-                   s + 1, (double)loss, (double)r.stats.lr, (double)r.stats.grad_norm,
-                   r.tokens_per_s, tflops);
-            if (peak > 0) printf("%.2f%%", 100.0 * mfu);
-            else printf("n/a");
-            printf(" | cross-node %.3f MB | intra-node %.3f MB", cross / 1e6, intra / 1e6);
-            if (cfg->fp16.enabled) printf(" | loss scale %g", (double)r.stats.loss_scale);
-            if (r.stats.skipped) printf(" | skipped (non-finite gradient)");
-            if (r.stats.profile.valid)
-                printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)",
-                       r.stats.profile.compute_ms, r.stats.profile.exposed_comm_ms,
-                       r.exposed_comm_ms_max);
-            if (eval) printf(" | val loss %.4f", (double)v);
-            printf("\n");
-        }
-        if (smp.gen) {
-            bar_clear();
-            zpp_cli_sample_print(stdout, s + 1, &smp);
-            zpp_cli_sample_result_free(&smp);
-        }
-        if (saved) print_saved(s + 1, &sv);
-        bar_time_step();
-        bar_draw(s + 1, cfg->train_steps, loss);
-        fflush(stdout);
+    tr->rt.first_step = tr->start + 1;
+}
+
+/* The step's share of the totals (the summary's, the demo's) and its rates;
+ * the first step pays one-time costs, so the rates are of the steps after. */
+static void run_tally(train_run *tr, step_out *so) {
+    const zpp_trainer_step_result *r = &so->r;
+    const zpp_trainer_info *in = tr->in;
+    run_totals *rt = &tr->rt;
+    tr->loss = r->stats.loss;
+    so->cross = zpp_volume_cross_total(&r->stats.volume);
+    so->intra = zpp_volume_intra_total(&r->stats.volume);
+    const double step_tokens = (double)in->global_batch * in->seq_len;
+    if (so->s > tr->start) {
+        tr->ms_sum += r->seconds * 1e3;
+        tr->tps_sum += r->tokens_per_s;
+        tr->timed++;
+        rt->timed_s += r->seconds;
+        rt->timed_tokens += step_tokens;
+        rt->timed++;
+    } else {
+        rt->first_s = r->seconds;
     }
-    if (a->save && cfg->train_steps == 0) { /* --steps 0: the initial weights */
-        zpp_ckpt_saved sv;
-        st = zpp_trainer_save(t, a->save, 0, &sv);
-        if (st != ZPP_OK) {
-            zpp_trainer_destroy(t);
-            return report("checkpoint", st);
+    rt->steps++;
+    rt->loss = tr->loss;
+    /* achieved model FLOP/s of one rank, and its share of the peak */
+    so->tflops = tr->fpt * r->tokens_per_s / in->world_size / 1e12;
+    so->mfu = tr->peak > 0 ? so->tflops / tr->peak : NAN;
+    tr->cross_sum += so->cross;
+    tr->intra_sum += so->intra;
+    if (r->stats.profile.valid) prof_add(&tr->prof, so->s, tr->start, r);
+}
+
+/* Step s on every rank: train, then when due validate, checkpoint and
+ * sample (each a collective). *ctx names the stage that failed. */
+static zpp_status run_step(train_run *tr, int s, step_out *so, const char **ctx) {
+    const zpp_train_config *cfg = tr->cfg;
+    const train_args *a = tr->a;
+    memset(so, 0, sizeof *so);
+    so->s = s;
+    so->val = -1.0f;
+    so->last = s + 1 == cfg->train_steps;
+    so->eval = cfg->eval_every > 0 && ((s + 1) % cfg->eval_every == 0 || so->last);
+    *ctx = "train";
+    ZPP_CHECK(zpp_trainer_step(tr->t, s, &so->r));
+    if (so->eval) {
+        *ctx = "validation";
+        ZPP_CHECK(zpp_trainer_eval(tr->t, &so->val, &so->ev));
+        tr->val = so->val;
+        if (tr->rt.best_val < 0 || so->val < tr->rt.best_val) {
+            tr->rt.best_val = so->val;
+            tr->rt.best_step = s + 1;
         }
-        if (rank == 0) print_saved(0, &sv);
+        tr->rt.val = so->val;
+        tr->rt.val_step = s + 1;
     }
-    if (rank == 0) {
+    run_tally(tr, so);
+    so->saved = a->save && ((a->save_every && (s + 1) % a->save_every == 0) || so->last);
+    if (so->saved) {
+        *ctx = "checkpoint";
+        ZPP_CHECK(zpp_trainer_save(tr->t, a->save, s + 1, &so->sv));
+        snprintf(tr->rt.ckpt, sizeof tr->rt.ckpt, "%s", so->sv.folder);
+    }
+    /* a sample: every rank takes part (the engine gathers the weights) */
+    if (cfg->sample_every > 0 && ((s + 1) % cfg->sample_every == 0 || so->last)) {
+        *ctx = "sample";
+        ZPP_CHECK(zpp_cli_sample_trainer(tr->t, cfg, &so->smp));
+    }
+    return ZPP_OK;
+}
+
+/* The step's metrics line (docs/logs.md), rank 0. */
+static void write_metrics_line(FILE *metrics, const train_run *tr, const step_out *so) {
+    const zpp_trainer_step_result *r = &so->r;
+    char lb[32], nb[32], mb[32];
+    fprintf(metrics,
+            "{\"step\":%d,\"mode\":\"%s\",\"loss\":%s,\"lr\":%.6g,\"grad_norm\":%s,"
+            "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"cross_node_bytes\":%.0f,"
+            "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
+            "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
+            "\"tflops\":%.6g,\"mfu\":%s",
+            so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss),
+            (double)r->stats.lr, json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm),
+            r->tokens_per_s, r->seconds * 1e3, so->cross, so->intra, r->device_peak_bytes,
+            r->device_live_bytes, r->device_used_bytes, so->tflops,
+            json_num(mb, sizeof mb, "%.6g", so->mfu));
+    json_skip_fields(metrics, &r->stats, tr->cfg->fp16.enabled);
+    json_profile_fields(metrics, r);
+    if (so->eval)
+        fprintf(metrics,
+                ",\"val_loss\":%.9g,\"val_cross_node_bytes\":%.0f,"
+                "\"val_intra_node_bytes\":%.0f",
+                (double)so->val, zpp_volume_cross_total(&so->ev), zpp_volume_intra_total(&so->ev));
+    if (so->smp.gen) zpp_cli_sample_json(metrics, &so->smp); /* last: the longest field */
+    fprintf(metrics, "}\n");
+    fflush(metrics);
+}
+
+/* The step's log line (docs/logs.md), rank 0. */
+static void print_step_line(const train_run *tr, const step_out *so) {
+    const zpp_trainer_step_result *r = &so->r;
+    bar_clear();
+    printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
+           "%.3g TFLOP/s/rank | MFU ",
+           so->s + 1, (double)tr->loss, (double)r->stats.lr, (double)r->stats.grad_norm,
+           r->tokens_per_s, so->tflops);
+    if (tr->peak > 0) printf("%.2f%%", 100.0 * so->mfu);
+    else printf("n/a");
+    printf(" | cross-node %.3f MB | intra-node %.3f MB", so->cross / 1e6, so->intra / 1e6);
+    if (tr->cfg->fp16.enabled) printf(" | loss scale %g", (double)r->stats.loss_scale);
+    if (r->stats.skipped) printf(" | skipped (non-finite gradient)");
+    if (r->stats.profile.valid)
+        printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)",
+               r->stats.profile.compute_ms, r->stats.profile.exposed_comm_ms,
+               r->exposed_comm_ms_max);
+    if (so->eval) printf(" | val loss %.4f", (double)so->val);
+    printf("\n");
+}
+
+/* Everything step s shows, rank 0: the metrics line, the log line (every
+ * steps_per_print steps, the first, the last, and with a validation), the
+ * sample, the save line, the progress bar. */
+static void log_step(const train_run *tr, const step_out *so, FILE *metrics) {
+    const zpp_train_config *cfg = tr->cfg;
+    const int s = so->s;
+    if (metrics) write_metrics_line(metrics, tr, so);
+    int print = !tr->a->quiet && cfg->steps_per_print > 0 &&
+                ((s + 1) % cfg->steps_per_print == 0 || s == 0 || so->last);
+    if (print || so->eval) print_step_line(tr, so);
+    if (so->smp.gen) {
         bar_clear();
-        if (rt.steps > 0) print_summary(&rt, in, fpt, peak);
-        prof_print(&prof);
+        zpp_cli_sample_print(stdout, s + 1, &so->smp);
     }
-    if (sum) {
-        snprintf(sum->mode, sizeof sum->mode, "%s", in->mode);
-        sum->train_loss = loss;
-        sum->val_loss = val;
-        sum->cross_bytes = cross_sum / cfg->train_steps;
-        sum->intra_bytes = intra_sum / cfg->train_steps;
-        sum->step_ms = timed ? ms_sum / timed : 0.0;
-        sum->tokens_per_s = timed ? tps_sum / timed : 0.0;
-        sum->compute_ms = prof.n ? prof.compute / prof.n : 0.0;
-        sum->exposed_ms = prof.n ? prof.exposed / prof.n : 0.0;
+    if (so->saved) print_saved(s + 1, &so->sv);
+    bar_time_step();
+    bar_draw(s + 1, cfg->train_steps, tr->loss);
+    fflush(stdout);
+}
+
+/* After the last step: --steps 0's checkpoint of the initial weights, then
+ * on rank 0 the summary and --profile's figures. *ctx names the stage that
+ * failed. */
+static zpp_status run_finish(train_run *tr, const char **ctx) {
+    const train_args *a = tr->a;
+    if (a->save && tr->cfg->train_steps == 0) { /* --steps 0: the initial weights */
+        zpp_ckpt_saved sv;
+        *ctx = "checkpoint";
+        ZPP_CHECK(zpp_trainer_save(tr->t, a->save, 0, &sv));
+        if (tr->rank == 0) print_saved(0, &sv);
     }
-    zpp_trainer_destroy(t);
-    return 0;
+    if (tr->rank == 0) {
+        bar_clear();
+        if (tr->rt.steps > 0) print_summary(&tr->rt, tr->in, tr->fpt, tr->peak);
+        prof_print(&tr->prof);
+    }
+    return ZPP_OK;
+}
+
+/* The run's column of the demo's comparison. */
+static void run_summarize(const train_run *tr, run_summary *sum) {
+    const zpp_train_config *cfg = tr->cfg;
+    snprintf(sum->mode, sizeof sum->mode, "%s", tr->in->mode);
+    sum->train_loss = tr->loss;
+    sum->val_loss = tr->val;
+    sum->cross_bytes = tr->cross_sum / cfg->train_steps;
+    sum->intra_bytes = tr->intra_sum / cfg->train_steps;
+    sum->step_ms = tr->timed ? tr->ms_sum / tr->timed : 0.0;
+    sum->tokens_per_s = tr->timed ? tr->tps_sum / tr->timed : 0.0;
+    sum->compute_ms = tr->prof.n ? tr->prof.compute / tr->prof.n : 0.0;
+    sum->exposed_ms = tr->prof.n ? tr->prof.exposed / tr->prof.n : 0.0;
+}
+
+/* One training run: 0, or 1 after printing what failed (once, rank 0).
+ * `label` names it in the header (the demo's two runs), `sum` (or NULL)
+ * takes its column of the demo's comparison. */
+static int run(const zpp_train_config *cfg, const train_args *a, const char *label,
+               FILE *metrics, run_summary *sum) {
+    train_run tr;
+    memset(&tr, 0, sizeof tr);
+    tr.cfg = cfg;
+    tr.a = a;
+    tr.rank = zpp_comm_world_rank();
+    tr.rt.t0 = now_s();
+    tr.rt.val = tr.rt.best_val = -1.0f;
+    tr.val = -1.0f;
+    const char *ctx = "train";
+    zpp_status st = run_open(&tr, &ctx);
+    if (st != ZPP_OK) goto out;
+    run_begin(&tr, label);
+    for (int s = tr.start; s < cfg->train_steps; s++) {
+        step_out so;
+        st = run_step(&tr, s, &so, &ctx);
+        if (st == ZPP_OK && tr.rank == 0) log_step(&tr, &so, metrics);
+        zpp_cli_sample_result_free(&so.smp);
+        if (st != ZPP_OK) goto out;
+    }
+    st = run_finish(&tr, &ctx);
+    if (st == ZPP_OK && sum) run_summarize(&tr, sum);
+out:
+    /* the trainer goes first: report may end the job (a timeout) */
+    zpp_trainer_destroy(tr.t);
+    return st == ZPP_OK ? 0 : report(ctx, st);
 }
 
 static void print_comparison(const run_summary *r, int n, int profiled) {
@@ -831,124 +924,118 @@ static void print_comparison(const run_summary *r, int n, int profiled) {
                r[1].cross_bytes / r[0].cross_bytes);
 }
 
-int zpp_cli_train(int argc, char **argv) {
-    train_args a;
-    int pr = parse_args(argc, argv, &a);
-    if (pr != 0) return pr > 0 ? 0 : 2;
-    /* MPI is initialised by main.c. */
-    int rank = zpp_comm_world_rank(), world = zpp_comm_world_size(), rc = 0;
-    FILE *metrics = NULL;
-
-    zpp_train_config cfg;
-    zpp_status st = zpp_train_config_defaults(&cfg);
-    zpp_comm_world_set_timeout(a.collective_timeout >= 0 ? a.collective_timeout
-                                                         : cfg.collective_timeout_s);
-    /* The config, in order: the defaults; the llm.c file's shape
-     * (--init-from) or the checkpoint's own config (--resume without
-     * --config); the --config file; each --set; then the flags. A model
-     * section loaded over an llm.c shape must leave it as it was. */
-    const char *stage = "config";
+/* The config, in order: the defaults; the llm.c file's shape (--init-from)
+ * or the checkpoint's own config (--resume without --config); the --config
+ * file; each --set. A model section loaded over an llm.c shape must leave
+ * it as it was. With --resume and no --data, a->data becomes the data file
+ * the checkpoint trained on (held in *saved). Not agreed: *stage names
+ * what failed on this rank. */
+static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_saved_run *saved,
+                              const char **stage) {
+    zpp_status st = zpp_train_config_defaults(cfg);
+    zpp_comm_world_set_timeout(a->collective_timeout >= 0 ? a->collective_timeout
+                                                          : cfg->collective_timeout_s);
+    *stage = "config";
     zpp_llmc_file *llmc = NULL;
-    zpp_trainer_saved_run saved;
-    memset(&saved, 0, sizeof saved);
-    if (st == ZPP_OK && a.init_from) {
-        stage = "init-from";
-        st = zpp_llmc_open(a.init_from, &llmc);
-        if (st == ZPP_OK) cfg.model = zpp_llmc_get_info(llmc)->model;
-        if (st == ZPP_OK) stage = "config";
+    if (st == ZPP_OK && a->init_from) {
+        *stage = "init-from";
+        st = zpp_llmc_open(a->init_from, &llmc);
+        if (st == ZPP_OK) cfg->model = zpp_llmc_get_info(llmc)->model;
+        if (st == ZPP_OK) *stage = "config";
     }
-    if (st == ZPP_OK && a.resume) {
+    if (st == ZPP_OK && a->resume) {
         /* read even with --config: the data file it trained on */
         zpp_train_config from_ckpt;
-        stage = "resume";
-        st = zpp_trainer_config_from_checkpoint(a.resume, &from_ckpt, &saved);
-        if (st == ZPP_OK && !a.config) cfg = from_ckpt;
-        if (st == ZPP_OK) stage = "config";
+        *stage = "resume";
+        st = zpp_trainer_config_from_checkpoint(a->resume, &from_ckpt, saved);
+        if (st == ZPP_OK && !a->config) *cfg = from_ckpt;
+        if (st == ZPP_OK) *stage = "config";
     }
-    if (st == ZPP_OK && a.config) st = zpp_train_config_load_file(a.config, &cfg);
-    if (st == ZPP_OK && a.sets.n) {
-        stage = "--set";
-        st = zpp_train_config_set(&cfg, a.sets.v, a.sets.n);
+    if (st == ZPP_OK && a->config) st = zpp_train_config_load_file(a->config, cfg);
+    if (st == ZPP_OK && a->sets.n) {
+        *stage = "--set";
+        st = zpp_train_config_set(cfg, a->sets.v, a->sets.n);
     }
-    if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg.model);
+    if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
-    if (st == ZPP_OK && a.resume && !a.data && saved.data_path) {
-        a.data = saved.data_path;
-        if (access(a.data, R_OK) != 0)
+    if (st == ZPP_OK && a->resume && !a->data && saved->data_path) {
+        a->data = saved->data_path;
+        if (access(a->data, R_OK) != 0)
             st = zpp_error(ZPP_ERR_IO,
                            "checkpoint %s was trained on %s, which cannot be read (%s); pass "
                            "--data FILE to continue on another file",
-                           a.resume, a.data, strerror(errno));
+                           a->resume, a->data, strerror(errno));
     }
-    st = zpp_comm_agree_world(st);
-    if (st != ZPP_OK) {
-        rc = report(stage, st);
-        goto done;
-    }
-    if (rank == 0 && a.resume && !a.config && !saved.has_config)
+    return st;
+}
+
+/* Rank 0: what a resume from an older checkpoint takes from the defaults. */
+static void print_resume_notes(const train_args *a, const zpp_trainer_saved_run *saved) {
+    if (a->resume && !a->config && !saved->has_config)
         printf("note: %s was saved before checkpoints kept their config: its model shape, "
                "dtype, global batch and seed are used, and the defaults for the rest (optimizer, "
                "schedule, ZeRO++ options); give --config with the file it was trained with to "
                "continue it as it was\n",
-               a.resume);
-    if (rank == 0 && a.resume && !a.data && !saved.has_data)
+               a->resume);
+    if (a->resume && !a->data && !saved->has_data)
         printf("note: %s does not record its training data: this run reads the built-in "
                "synthetic corpus; give --data FILE to continue on yours\n",
-               a.resume);
-    if (a.steps >= 0) cfg.train_steps = (int)a.steps;
-    if (a.eval_every >= 0) cfg.eval_every = (int)a.eval_every;
-    if (a.sample_every >= 0) cfg.sample_every = (int)a.sample_every;
-    if (a.sample_tokens > 0) cfg.sample_tokens = (int)a.sample_tokens;
-    if (a.seed >= 0) cfg.seed = (uint64_t)a.seed;
-    if (a.data_order >= 0) cfg.data_order = (zpp_data_order)a.data_order;
-    if (a.collective_timeout >= 0) cfg.collective_timeout_s = a.collective_timeout;
-    /* samples of a BPE model print as text in the tokenizer noted beside its data */
-    if (rank == 0 && cfg.sample_every > 0) zpp_cli_sample_use_data_tokenizer(a.data, &cfg.model);
-    if (rank == 0 && cfg.ignored[0])
-        printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
-    st = ZPP_OK;
-    if (rank == 0 && a.metrics) {
-        metrics = fopen(a.metrics, "w");
-        if (!metrics)
-            st = zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a.metrics,
-                           strerror(errno));
-    }
-    st = zpp_comm_agree_world(st);
-    if (st != ZPP_OK) {
-        rc = report("train", st);
-        goto done;
-    }
+               a->resume);
+}
 
-    if (!a.demo) {
-        rc = run(&cfg, &a, NULL, metrics, NULL);
-        goto done;
-    }
+/* The flags, last: over the config and the checkpoint's. */
+static void apply_flags(const train_args *a, zpp_train_config *cfg) {
+    if (a->steps >= 0) cfg->train_steps = (int)a->steps;
+    if (a->eval_every >= 0) cfg->eval_every = (int)a->eval_every;
+    if (a->sample_every >= 0) cfg->sample_every = (int)a->sample_every;
+    if (a->sample_tokens > 0) cfg->sample_tokens = (int)a->sample_tokens;
+    if (a->seed >= 0) cfg->seed = (uint64_t)a->seed;
+    if (a->data_order >= 0) cfg->data_order = (zpp_data_order)a->data_order;
+    if (a->collective_timeout >= 0) cfg->collective_timeout_s = a->collective_timeout;
+}
 
-    /* The demo: the same model, data and seed, first with plain ZeRO-3, then
-     * with all three ZeRO++ optimizations, on emulated nodes. */
-    if (a.node_size == 0) a.node_size = world % 2 == 0 ? world / 2 : 1;
-    if (!a.config) {
-        if (a.steps <= 0) cfg.train_steps = 300;
-        if (a.eval_every < 0) cfg.eval_every = 100;
-        cfg.steps_per_print = 50;
-        cfg.train_micro_batch_size_per_gpu = 4;
-        cfg.scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
-        cfg.scheduler.warmup_type = ZPP_WARMUP_LINEAR;
-        cfg.scheduler.warmup_num_steps = 20;
-        cfg.optimizer.lr = 2e-3;
-        cfg.gradient_clipping = 1.0;
-        cfg.bf16 = 1;
-        cfg.model.n_layer = 4;
-        cfg.model.n_embd = 128;
-        cfg.model.n_head = 4;
-        /* This model is small enough that DeepSpeed's reuse rule (1e9
-         * parameters) would keep every unit gathered from the forward to
-         * its backward: no backward gather at all, nothing for hpZ to do.
-         * Distance 0 shows what a model too large to keep gathered does,
-         * a gather in each pass: the paper's 3M against 0.75M. */
-        cfg.zero.max_reuse_distance = 0;
-    }
+/* Rank 0 opens --metrics; not agreed. */
+static zpp_status open_metrics(const train_args *a, FILE **metrics_p) {
+    if (zpp_comm_world_rank() != 0 || !a->metrics) return ZPP_OK;
+    *metrics_p = fopen(a->metrics, "w");
+    if (!*metrics_p)
+        return zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a->metrics,
+                         strerror(errno));
+    return ZPP_OK;
+}
+
+/* The demo's model and schedule, where no --config gives them. */
+static void demo_defaults(const train_args *a, zpp_train_config *cfg) {
+    if (a->steps <= 0) cfg->train_steps = 300;
+    if (a->eval_every < 0) cfg->eval_every = 100;
+    cfg->steps_per_print = 50;
+    cfg->train_micro_batch_size_per_gpu = 4;
+    cfg->scheduler.type = ZPP_SCHED_WARMUP_COSINE_LR;
+    cfg->scheduler.warmup_type = ZPP_WARMUP_LINEAR;
+    cfg->scheduler.warmup_num_steps = 20;
+    cfg->optimizer.lr = 2e-3;
+    cfg->gradient_clipping = 1.0;
+    cfg->bf16 = 1;
+    cfg->model.n_layer = 4;
+    cfg->model.n_embd = 128;
+    cfg->model.n_head = 4;
+    /* This model is small enough that DeepSpeed's reuse rule (1e9
+     * parameters) would keep every unit gathered from the forward to
+     * its backward: no backward gather at all, nothing for hpZ to do.
+     * Distance 0 shows what a model too large to keep gathered does,
+     * a gather in each pass: the paper's 3M against 0.75M. */
+    cfg->zero.max_reuse_distance = 0;
+}
+
+/* The demo: the same model, data and seed, first with plain ZeRO-3, then
+ * with all three ZeRO++ optimizations, on emulated nodes; then the two
+ * side by side. 0, or 1 after report. */
+static int run_demo(const zpp_train_config *given, train_args *a, FILE *metrics) {
+    const int rank = zpp_comm_world_rank(), world = zpp_comm_world_size();
+    zpp_train_config cfg = *given;
+    if (a->node_size == 0) a->node_size = world % 2 == 0 ? world / 2 : 1;
+    if (!a->config) demo_defaults(a, &cfg);
     run_summary sums[2];
     memset(sums, 0, sizeof sums);
     zpp_train_config c0 = cfg, c1 = cfg;
@@ -957,18 +1044,48 @@ int zpp_cli_train(int argc, char **argv) {
     c0.zero.quantized_gradients = 0;
     c0.zero.loco = 0; /* error feedback belongs to qgZ */
     c1.zero.quantized_weights = 1;
-    c1.zero.hpz_partition_size = a.node_size > 1 ? a.node_size : 1;
+    c1.zero.hpz_partition_size = a->node_size > 1 ? a->node_size : 1;
     c1.zero.quantized_gradients = 1;
     sums[0].label = "ZeRO-3";
     sums[1].label = "ZeRO++";
-    rc = run(&c0, &a, "ZeRO-3", metrics, &sums[0]);
+    int rc = run(&c0, a, "ZeRO-3", metrics, &sums[0]);
     if (rc == 0) {
         if (rank == 0) printf("\n");
-        rc = run(&c1, &a, "ZeRO++", metrics, &sums[1]);
+        rc = run(&c1, a, "ZeRO++", metrics, &sums[1]);
     }
-    if (rc == 0 && rank == 0) print_comparison(sums, 2, a.profile);
+    if (rc == 0 && rank == 0) print_comparison(sums, 2, a->profile);
+    return rc;
+}
 
-done:
+int zpp_cli_train(int argc, char **argv) {
+    train_args a;
+    int pr = parse_args(argc, argv, &a);
+    if (pr != 0) return pr > 0 ? 0 : 2;
+    /* MPI is initialised by main.c. */
+    int rank = zpp_comm_world_rank(), rc = 0;
+    FILE *metrics = NULL;
+    zpp_train_config cfg;
+    zpp_trainer_saved_run saved;
+    memset(&saved, 0, sizeof saved);
+    const char *stage = "config";
+    zpp_status st = zpp_comm_agree_world(load_config(&a, &cfg, &saved, &stage));
+    if (st != ZPP_OK) {
+        rc = report(stage, st);
+        goto out;
+    }
+    if (rank == 0) print_resume_notes(&a, &saved);
+    apply_flags(&a, &cfg);
+    /* samples of a BPE model print as text in the tokenizer noted beside its data */
+    if (rank == 0 && cfg.sample_every > 0) zpp_cli_sample_use_data_tokenizer(a.data, &cfg.model);
+    if (rank == 0 && cfg.ignored[0])
+        printf("note: DeepSpeed keys accepted and ignored: %s\n", cfg.ignored);
+    st = zpp_comm_agree_world(open_metrics(&a, &metrics));
+    if (st != ZPP_OK) {
+        rc = report("train", st);
+        goto out;
+    }
+    rc = a.demo ? run_demo(&cfg, &a, metrics) : run(&cfg, &a, NULL, metrics, NULL);
+out:
     if (metrics) fclose(metrics);
     free(saved.data_path);
     fflush(stdout);
