@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/env.h"
 
 #define PLOT_MAX_FILES 64
 #define PLOT_MAX_RUNS 128
@@ -194,7 +195,7 @@ static void name_runs(plot_data *d, char **files, int n_files, char **labels, in
 
 /* gnuplot's path, or NULL: the PATH search execvp would do. */
 static int find_gnuplot(char *buf, size_t cap) {
-    const char *path = getenv("PATH");
+    const char *path = zpp_env_get(ZPP_ENV_PATH);
     if (!path) return 0;
     while (*path) {
         size_t n = strcspn(path, ":");
@@ -432,7 +433,7 @@ static int draw(const plot_data *d, const char *gnuplot, const char *out, const 
     int rc = 1, png_fd = -1, script_fd = -1;
     size_t ol = strlen(out);
     char *tmp_png = malloc(ol + 16), script[4096];
-    const char *tmpdir = getenv("TMPDIR");
+    const char *tmpdir = zpp_env_get(ZPP_ENV_TMPDIR);
     snprintf(script, sizeof script, "%s/zeropp-plot-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
     FILE *sf = NULL;
     struct stat sb;

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "comm/comm.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "plan/cost.h"
 #include "train/llmc.h"
@@ -327,8 +328,8 @@ static long parent_of(long pid) {
  * an interactive shell has a terminal for stdin and must not get the bar
  * in its log. ZPP_PROGRESS=1 / =0 decide instead of all this. */
 static int progress_wanted(void) {
-    const char *env = getenv("ZPP_PROGRESS");
-    if (env && env[0]) return env[0] == '1';
+    const char *env = zpp_env_get(ZPP_ENV_PROGRESS);
+    if (env) return env[0] == '1';
     if (!zpp_comm_launched()) return isatty(STDOUT_FILENO);
     long pid = parent_of((long)getpid());
     for (int depth = 0; pid > 1 && depth < 16; depth++) {
