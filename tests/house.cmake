@@ -12,3 +12,11 @@ add_test(NAME test_env_table
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_env_table.sh ${CMAKE_SOURCE_DIR}
                  $<TARGET_FILE:zeropp_cli>)
 set_tests_properties(test_env_table PROPERTIES LABELS tools TIMEOUT 60)
+
+# Preemption (issue 29): SIGTERM, SIGINT and SIGUSR1 stop a 4-rank run after
+# its step, with a checkpoint that resumes bit for bit (tests/test_preempt.sh).
+add_test(NAME test_preempt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_preempt.sh $<TARGET_FILE:zeropp_cli>
+                 ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/test_preempt)
+set_tests_properties(test_preempt PROPERTIES LABELS "train;mpi" TIMEOUT 600 PROCESSORS 2
+                     ENVIRONMENT "${ZPP_TEST_ENV};OMP_NUM_THREADS=1")

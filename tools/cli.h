@@ -5,6 +5,10 @@
 
 #include <stdio.h>
 
+/* The exit status of a run stopped by SIGTERM, SIGINT or SIGUSR1 at a step
+ * boundary, after its checkpoint (docs/checkpoints.md, "Preemption"):
+ * sysexits.h's EX_TEMPFAIL, "try again later". */
+#define ZPP_CLI_EXIT_INTERRUPTED 75
 int zpp_cli_train(int argc, char **argv);
 int zpp_cli_bench_quant(int argc, char **argv);
 int zpp_cli_bench_comm(int argc, char **argv);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +112,11 @@ static void usage(FILE *f) {
             "step (loss, lr, tokens/s, TFLOP/s a rank, MFU, bytes moved); a line per saved\n"
             "checkpoint; a summary at the end. Rank 0 draws a progress bar with an ETA when\n"
             "its output reaches a terminal (under mpirun: when mpirun's does);\n"
-            "ZPP_PROGRESS=0 turns it off, ZPP_PROGRESS=1 draws it anyway.\n");
+            "ZPP_PROGRESS=0 turns it off, ZPP_PROGRESS=1 draws it anyway.\n"
+            "SIGTERM, SIGINT or SIGUSR1 stops the run after the step in progress, with a\n"
+            "checkpoint of that step (with --save), and exit status 75; a second signal\n"
+            "ends it at once. Under Open MPI's mpirun send SIGUSR1 (docs/checkpoints.md,\n"
+            "\"Preemption\").\n");
 }
 
 /* The largest seed: counts are exact up to 2^53. */
@@ -862,6 +867,86 @@ static void run_summarize(const train_run *tr, run_summary *sum) {
     sum->exposed_ms = tr->prof.n ? tr->prof.exposed / tr->prof.n : 0.0;
 }
 
+/* ---- Preemption -------------------------------------------------------------
+ * Schedulers warn before they kill: srun sends SIGTERM and, asked with
+ * --signal, SIGUSR1 ahead of time; a terminal sends SIGINT; Open MPI's
+ * mpirun forwards SIGUSR1 as it is and SIGTERM with a SIGKILL a second
+ * later. The first of these only sets stop_signal. After each step every
+ * rank learns the largest signal any rank got (a max over the world, so all
+ * stop after the same step), a checkpoint of that step is saved when
+ * --save is given, and the run ends with ZPP_CLI_EXIT_INTERRUPTED. A second
+ * signal takes the signal's default action at once. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    if (stop_signal) { /* the second: now (both calls are async-signal-safe) */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    stop_signal = sig;
+}
+
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGUSR1};
+#define N_STOP_SIGNALS (int)(sizeof stop_signals / sizeof stop_signals[0])
+
+/* Installs on_stop_signal, keeping the handlers it replaces in old[]. */
+static void catch_stop_signals(struct sigaction old[N_STOP_SIGNALS]) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* a read or a wait in progress goes on */
+    stop_signal = 0;
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &sa, &old[i]);
+}
+
+static void restore_stop_signals(const struct sigaction old[N_STOP_SIGNALS]) {
+    for (int i = 0; i < N_STOP_SIGNALS; i++) sigaction(stop_signals[i], &old[i], NULL);
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGTERM  ? "SIGTERM"
+           : sig == SIGINT ? "SIGINT"
+           : sig == SIGUSR1 ? "SIGUSR1"
+                            : "a signal";
+}
+
+/* The signal that stops the run after this step on every rank, 0 for none.
+ * Collective. */
+static zpp_status stop_agreed(int *sig_p) {
+    double sig = (double)stop_signal;
+    ZPP_CHECK(zpp_comm_max_world(&sig));
+    *sig_p = (int)sig;
+    return ZPP_OK;
+}
+
+/* Stopped by `sig` after step s + 1: that step's checkpoint (unless the
+ * step saved one already, or there is no --save), the line that says so,
+ * the summary. *ctx names the stage that failed. */
+static zpp_status run_interrupted(train_run *tr, const step_out *so, int sig, const char **ctx) {
+    const train_args *a = tr->a;
+    const int step = so->s + 1;
+    zpp_ckpt_saved sv = so->sv;
+    if (a->save && !so->saved) {
+        *ctx = "checkpoint";
+        ZPP_CHECK(zpp_trainer_save(tr->t, a->save, step, &sv));
+        if (tr->rank == 0) print_saved(step, &sv);
+    }
+    if (tr->rank == 0) {
+        bar_clear();
+        if (a->save)
+            printf("interrupted at step %d by %s: saved to %s; continue with --resume %s\n", step,
+                   signal_name(sig), sv.folder, a->save);
+        else
+            printf("interrupted at step %d by %s: nothing saved (no --save)\n", step,
+                   signal_name(sig));
+        if (tr->rt.steps > 0) print_summary(&tr->rt, tr->in, tr->fpt, tr->peak);
+        fflush(stdout);
+    }
+    return ZPP_OK;
+}
+
 /* One training run: 0, or 1 after printing what failed (once, rank 0).
  * `label` names it in the header (the demo's two runs), `sum` (or NULL)
  * takes its column of the demo's comparison. */
@@ -876,6 +961,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
     tr.rt.val = tr.rt.best_val = -1.0f;
     tr.val = -1.0f;
     const char *ctx = "train";
+    int sig = 0; /* the signal that stopped the run after a step */
     zpp_status st = run_open(&tr, &ctx);
     if (st != ZPP_OK) goto out;
     run_begin(&tr, label);
@@ -885,13 +971,19 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         if (st == ZPP_OK && tr.rank == 0) log_step(&tr, &so, metrics);
         zpp_cli_sample_result_free(&so.smp);
         if (st != ZPP_OK) goto out;
+        ctx = "train";
+        st = stop_agreed(&sig);
+        if (st == ZPP_OK && so.last) sig = 0; /* the run has ended anyway */
+        if (st == ZPP_OK && sig) st = run_interrupted(&tr, &so, sig, &ctx);
+        if (st != ZPP_OK || sig) goto out;
     }
     st = run_finish(&tr, &ctx);
     if (st == ZPP_OK && sum) run_summarize(&tr, sum);
 out:
     /* the trainer goes first: report may end the job (a timeout) */
     zpp_trainer_destroy(tr.t);
-    return st == ZPP_OK ? 0 : report(ctx, st);
+    if (st != ZPP_OK) return report(ctx, st);
+    return sig ? ZPP_CLI_EXIT_INTERRUPTED : 0;
 }
 
 static void print_comparison(const run_summary *r, int n, int profiled) {
@@ -1085,7 +1177,10 @@ int zpp_cli_train(int argc, char **argv) {
         rc = report("train", st);
         goto out;
     }
+    struct sigaction old[N_STOP_SIGNALS];
+    catch_stop_signals(old);
     rc = a.demo ? run_demo(&cfg, &a, metrics) : run(&cfg, &a, NULL, metrics, NULL);
+    restore_stop_signals(old);
 out:
     if (metrics) fclose(metrics);
     free(saved.data_path);
