@@ -1,6 +1,8 @@
 /* model/gpt2.c — what the CPU and CUDA GPT-2 share (gpt2.h): the
  * configuration check, the parameter layout, the initial values, the units
- * and stages, and the plan of the activation arena. */
+ * and stages, and the plan of the activation arena. Both models build on
+ * this file, so it calls neither: the factory that picks one of them is
+ * gpt2_factory.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -390,19 +392,4 @@ zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *
     y.fch = a->fch + k * N * 4 * C;
     y.fcg = a->fcg + k * N * 4 * C;
     return y;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The factory                                                               */
-/* ------------------------------------------------------------------------ */
-
-zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
-                           zpp_device *dev, zpp_model **model_p) {
-    if (!dev)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 create: no device; create one with zpp_device_create_host or "
-                         "zpp_device_create_gpu");
-    if (dev->mem == ZPP_MEM_HOST)
-        return zpp_gpt2_cpu_create(cfg, param_dtype, max_batch, model_p);
-    return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
 }

@@ -1,15 +1,17 @@
-/* model/gpt2.h — what the GPT-2 models share (gpt2.c): the parameter
- * layout and initialisation, for the CPU reference (gpt2_cpu.c), the CUDA
- * model (gpt2_cuda.cu) and anything else that needs to find a tensor inside
- * a unit (checkpoints, tests); and the CPU model's activations (the CUDA
- * model keeps its own, each buffer in the dtype it needs: gpt2_cuda.cu).
+/* model/gpt2.h — the GPT-2 family: its shape (zpp_gpt2_config), its
+ * factories (gpt2_factory.c: the CPU reference gpt2_cpu.c, the CUDA model
+ * gpt2_cuda.cu, and the one that picks between them for a device), and what
+ * the two models share (gpt2.c): the parameter layout and initialisation,
+ * for them and for anything else that needs to find a tensor inside a unit
+ * (checkpoints, llm.c files, tests); and the CPU model's activations (the
+ * CUDA model keeps its own, each buffer in the dtype it needs).
  *
  * Units (each one flat buffer, gathered whole by the engine):
  *
  *   unit 0       embeddings + final norm (the LM head is tied to wte)
  *                  wte    V x C      token embedding; also the LM head (rows
  *                                    past real_vocab_size: padding, outside
- *                                    the softmax, model.h)
+ *                                    the softmax: zpp_gpt2_config)
  *                  wpe    T x C      position embedding
  *                  lnf_w  C          final LayerNorm weight
  *                  lnf_b  C          final LayerNorm bias
@@ -51,11 +53,59 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device/device.h"
 #include "model/model.h"
+#include "zeropp.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* GPT-2 shape, from the config's "model" section.
+ *
+ * real_vocab_size: the tokens the model predicts. The token embedding (and
+ * the tied LM head) has vocab_size rows, so the logits have vocab_size
+ * columns, but the softmax and the cross-entropy run over the first
+ * real_vocab_size of them only; the rest are padding (llm.c pads GPT-2's
+ * 50257 tokens to 50304 rows for its kernels: its vocab_size is our
+ * real_vocab_size, its padded_vocab_size our vocab_size). Padded columns
+ * get a zero gradient, so their rows of wte only ever decay. Targets must
+ * lie below real_vocab_size. 0 means vocab_size (no padding). */
+typedef struct zpp_gpt2_config {
+    int n_layer, n_head, n_embd, seq_len, vocab_size;
+    int real_vocab_size;
+} zpp_gpt2_config;
+
+/* real_vocab_size with 0 read as vocab_size. */
+static inline int zpp_gpt2_real_vocab(const zpp_gpt2_config *cfg) {
+    return cfg->real_vocab_size > 0 ? cfg->real_vocab_size : cfg->vocab_size;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The factories (gpt2_factory.c picks one for a device)                     */
+/* ------------------------------------------------------------------------ */
+
+/* The CPU reference GPT-2 (OpenBLAS). param_dtype is ZPP_FP32 or ZPP_BF16;
+ * max_batch is the largest micro-batch set_batch will get. */
+zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                               int max_batch, zpp_model **model_p);
+
+/* The CUDA GPT-2 (cuBLASLt), with the same units, stages, parameter layout
+ * and initialisation as the CPU reference; params, grads and activations in
+ * the GPU's memory; every kernel enqueued on dev's compute stream. set_batch
+ * takes host tokens. ZPP_ERR_UNSUPPORTED in a build without CUDA
+ * (gpt2_cuda_none.c). */
+zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* The GPT-2 for `dev`: the CPU reference for the host backend, the CUDA
+ * model for a GPU. */
+zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
+                           zpp_device *dev, zpp_model **model_p);
+
+/* ------------------------------------------------------------------------ */
+/* What the two models share (gpt2.c)                                        */
+/* ------------------------------------------------------------------------ */
 
 /* Offsets (in elements) of each tensor inside its unit. */
 typedef struct zpp_gpt2_layout {
