@@ -54,6 +54,7 @@
 #include <stdint.h>
 
 #include "device/device.h"
+#include "model/decoder.h"
 #include "model/family.h"
 #include "model/model.h"
 #include "zeropp.h"
@@ -183,41 +184,6 @@ zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dty
 void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                         int max_batch, const zpp_gpt2_stages *s);
 
-/* The order of calls both models enforce (model.h): set_batch, then the
- * forward of stages 0..S-1 in order, then the backward of S-1..0. */
-typedef struct zpp_gpt2_calls {
-    int B, have_batch, have_targets;
-    int fwd_next; /* the forward stage expected next (any forward may restart at 0) */
-    int bwd_next; /* the backward stage expected next; -1: none until a full forward */
-    int keep_row; /* keep_logits's row, -1 none (set -1 at create; kept across batches) */
-    int kept;     /* the last forward's head kept that row's logits */
-} zpp_gpt2_calls;
-
-/* A batch of B sequences was accepted (set_batch): the forward starts over at
- * stage 0 and no backward is due until it completes. */
-void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets);
-
-/* The checks of set_batch, forward and backward, the same for both models;
- * `who` names the model in the messages ("gpt2", "gpt2 cuda"). Batch: B in
- * 1..max_batch, every token and target inside the vocabulary. Forward: the
- * stage exists, a batch is set, the order holds, params given. Backward:
- * the stage exists and comes in order, targets for the last stage, params
- * (except for stage 0, whose backward reads none) and grads given. */
-zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
-                                const int32_t *targets, int B, const char *who);
-zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                  const void *params, const char *who);
-zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                   const void *params, const float *grads, const char *who);
-/* keep_logits and logits (model.h): the row is -1 or inside max_batch
- * sequences; logits needs a forward whose head kept the row, and `out`. */
-zpp_status zpp_gpt2_check_keep_logits(const zpp_model *m, int row, const char *who);
-zpp_status zpp_gpt2_check_logits(const zpp_model *m, const zpp_gpt2_calls *c, const float *out,
-                                 const char *who);
-/* Whether the head of a forward of c->B sequences keeps a row of
- * [r0, r0 + rows): the row's offset in that range, or -1. */
-int zpp_gpt2_kept_in(const zpp_gpt2_calls *c, int seq_len, int r0, int rows);
-
 /* The activations the CPU model keeps for the backward, and its backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
  * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */
@@ -252,21 +218,8 @@ typedef struct zpp_gpt2_layer {
 zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
                                  int max_batch, int l);
 
-/* A bump allocator over one block of floats, run twice: with base NULL it
- * only counts (used), then over the block it hands out the same pointers.
- * Every buffer starts on a multiple of `align` floats. A size that
- * overflows sets `overflow` and returns NULL. */
-typedef struct zpp_gpt2_arena {
-    float *base;
-    size_t used;  /* floats */
-    size_t align; /* floats, >= 1 */
-    int overflow;
-} zpp_gpt2_arena;
-
-float *zpp_gpt2_arena_take(zpp_gpt2_arena *a, size_t rows, size_t width);
-
 /* Takes the buffers of zpp_gpt2_acts from `a`, in a fixed order. */
-void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_arena *a,
+void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_arena *a,
                         zpp_gpt2_acts *acts);
 
 #ifdef __cplusplus

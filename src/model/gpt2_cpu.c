@@ -66,7 +66,7 @@ typedef struct gpt2_cpu {
     float *arena;
     /* batch */
     int32_t *tokens, *targets;
-    zpp_gpt2_calls calls; /* gpt2.h */
+    zpp_decoder_calls calls; /* decoder.h */
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
@@ -335,7 +335,7 @@ static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->act.lnf, C,
                 w + g->lay.wte, C, 0.0f, g->act.probs, V);
     /* the row a sampler asked for, before the softmax overwrites it */
-    const int k = zpp_gpt2_kept_in(&g->calls, g->cfg.seq_len, 0, n);
+    const int k = zpp_decoder_kept_in(&g->calls, g->cfg.seq_len, 0, n);
     if (k >= 0) {
         memcpy(g->kept, g->act.probs + (size_t)k * V, (size_t)V * sizeof(float));
         g->calls.kept = 1;
@@ -439,11 +439,11 @@ static zpp_status gpt2_op_init_params(zpp_model *m, int unit, size_t offset, siz
 static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets,
                                     int B) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_batch(m, tokens, targets, B, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_batch(m, tokens, targets, B, "gpt2"));
     size_t n = (size_t)B * g->cfg.seq_len;
     memcpy(g->tokens, tokens, n * sizeof(int32_t));
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
-    zpp_gpt2_calls_new_batch(&g->calls, B, targets != NULL);
+    zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     return ZPP_OK;
 }
@@ -451,7 +451,7 @@ static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const i
 static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_forward(m, &g->calls, stage, params, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_forward(m, &g->calls, stage, params, "gpt2"));
     g->calls.bwd_next = -1;
     if (stage == 0) {
         g->loss = NAN;
@@ -473,7 +473,7 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
                                    float loss_scale) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "gpt2"));
     if (stage == S - 1) gpt2_head_backward(g, gpt2_params_f32(g, 0, params), grads, loss_scale);
     else if (stage == 0) gpt2_embed_backward(g, grads); /* needs no parameters */
     else gpt2_block_backward(g, stage, gpt2_params_f32(g, stage, params), grads);
@@ -483,7 +483,7 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
 
 static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_keep_logits(m, row, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "gpt2"));
     g->calls.keep_row = row;
     g->calls.kept = 0;
     return ZPP_OK;
@@ -491,7 +491,7 @@ static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
 
 static zpp_status gpt2_op_logits(zpp_model *m, float *out) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_logits(m, &g->calls, out, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2"));
     memcpy(out, g->kept, (size_t)g->cfg.vocab_size * sizeof(float));
     return ZPP_OK;
 }
@@ -520,16 +520,16 @@ static const zpp_model_ops gpt2_cpu_ops = {
 /* Carves the arena (gpt2.h), each buffer on a 64-byte boundary: the shared
  * activations, then what only this model keeps. Pass 1 (base NULL) only
  * counts; pass 2 hands out pointers. */
-static void gpt2_plan(gpt2_cpu *g, zpp_gpt2_arena *a) {
+static void gpt2_plan(gpt2_cpu *g, zpp_arena *a) {
     size_t N = g->nmax, T = (size_t)g->cfg.seq_len;
     size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
                                                              : g->lay.block_numel;
-    g->tokens = (int32_t *)zpp_gpt2_arena_take(a, N, 1); /* int32 fits a float slot */
-    g->targets = (int32_t *)zpp_gpt2_arena_take(a, N, 1);
+    g->tokens = (int32_t *)zpp_arena_take(a, N, 1); /* int32 fits a float slot */
+    g->targets = (int32_t *)zpp_arena_take(a, N, 1);
     zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
-    g->datt = zpp_gpt2_arena_take(a, T, T);
-    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
-    g->kept = zpp_gpt2_arena_take(a, 1, (size_t)g->cfg.vocab_size);
+    g->datt = zpp_arena_take(a, T, T);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_arena_take(a, maxunit, 1);
+    g->kept = zpp_arena_take(a, 1, (size_t)g->cfg.vocab_size);
 }
 
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
@@ -551,7 +551,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
 
-    zpp_gpt2_arena plan = {NULL, 0, 16, 0};
+    zpp_arena plan = {NULL, 0, 16, 0};
     gpt2_plan(g, &plan);
     if (plan.overflow) {
         st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: activation memory for max_batch %d "
@@ -571,7 +571,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
         goto fail;
     }
     g->arena = arena;
-    plan = (zpp_gpt2_arena){g->arena, 0, 16, 0};
+    plan = (zpp_arena){g->arena, 0, 16, 0};
     gpt2_plan(g, &plan);
     g->loss = NAN;
     g->calls.fwd_next = 0;
