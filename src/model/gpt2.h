@@ -105,16 +105,13 @@ zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtyp
 zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
                            zpp_device *dev, zpp_model **model_p);
 
-/* The "gpt2" family's factory (family.h): the GPT-2 of a generic decoder
- * shape, by zpp_gpt2_config_of_shape and zpp_gpt2_create. */
+/* The "gpt2" family's factory (family.h): zpp_gpt2_create of a generic
+ * decoder shape. GPT-2 gives every head its own keys and values (n_kv_head
+ * 0 or n_head) and its MLP is 4 n_embd wide (n_ffn 0 or 4 n_embd): other
+ * values are refused with ZPP_ERR_CONFIG naming the field; the rest of the
+ * shape is checked as zpp_gpt2_config_check checks it. */
 zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                   int max_batch, zpp_device *dev, zpp_model **model_p);
-
-/* GPT-2's config of a generic shape: every head its own keys and values
- * (n_kv_head 0 or n_head) and an MLP 4 n_embd wide (n_ffn 0 or 4 n_embd),
- * else ZPP_ERR_CONFIG naming the field; the other fields copied, to be
- * checked by zpp_gpt2_config_check. */
-zpp_status zpp_gpt2_config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_config *cfg_p);
 
 /* ------------------------------------------------------------------------ */
 /* What the two models share (gpt2.c)                                        */

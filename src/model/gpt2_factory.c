@@ -17,7 +17,8 @@ zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, in
     return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
 }
 
-zpp_status zpp_gpt2_config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_config *cfg_p) {
+/* GPT-2's config of a generic shape (gpt2.h, zpp_gpt2_family_create). */
+static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_config *cfg_p) {
     if (shape->n_kv_head != 0 && shape->n_kv_head != shape->n_head)
         return zpp_error(ZPP_ERR_CONFIG,
                          "gpt2: n_kv_head %d differs from n_head %d; GPT-2 gives every head "
@@ -41,6 +42,6 @@ zpp_status zpp_gpt2_config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_con
 zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                   int max_batch, zpp_device *dev, zpp_model **model_p) {
     zpp_gpt2_config cfg;
-    ZPP_CHECK(zpp_gpt2_config_of_shape(shape, &cfg));
+    ZPP_CHECK(config_of_shape(shape, &cfg));
     return zpp_gpt2_create(&cfg, param_dtype, max_batch, dev, model_p);
 }

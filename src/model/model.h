@@ -13,8 +13,8 @@
  * accumulated (+=) into a full unit buffer of fp32 in the same memory.
  *
  * This header names no model family. What makes a model (its shape, its
- * units' layout, its factory) is the family's: model/family.h creates one by
- * name, model/gpt2.h is GPT-2's. */
+ * units' layout, its factory) is its family's, and model/family.h creates
+ * one by the family's name. */
 #ifndef ZPP_MODEL_MODEL_H
 #define ZPP_MODEL_MODEL_H
 
