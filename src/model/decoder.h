@@ -6,19 +6,14 @@
  * first thing in their ops; the engine, the trainer and the tests then meet
  * one behaviour on a misuse, whichever model they drive.
  *
- * The arithmetic a second family shares with GPT-2 is still written inside
- * GPT-2's models, static, where it will be lifted from as that family needs
- * it:
- *   gpt2_cpu.c    linear_forward/backward (y = x W^T + b, cblas_sgemm),
- *                 layernorm_forward/backward, attention_forward/backward
- *                 (causal, one key/value head per query head), and the
- *                 head's softmax and cross-entropy over real_vocab_size
- *                 columns inside gpt2_head_forward/backward;
- *   gpt2_cuda.cu  the cuBLASLt path (gemm, mm, linear_forward/backward, and
- *                 attn_gemm with causal_softmax_kernel: the gemm attention),
- *                 layernorm_*_kernel, cross_entropy_forward/backward_kernel;
- *   attention_cuda.cu  the fused causal attention, already apart
- *                 (attention_cuda.h; which path runs: attention_path.h). */
+ * The arithmetic a second family shares with GPT-2: the CPU reference's is
+ * apart already (cpu_kernels.h: linear layers, LayerNorm, causal attention,
+ * softmax with cross-entropy); the CUDA model's is still static inside
+ * gpt2_cuda.cu, to be lifted out as that family needs it: the cuBLASLt path
+ * (gemm, mm, linear_forward/backward, and attn_gemm with
+ * causal_softmax_kernel: the gemm attention), layernorm_*_kernel and
+ * cross_entropy_forward/backward_kernel. The fused causal attention is
+ * apart too (attention_cuda.h; which path runs: attention_path.h). */
 #ifndef ZPP_MODEL_DECODER_H
 #define ZPP_MODEL_DECODER_H
 
