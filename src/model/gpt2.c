@@ -1,12 +1,15 @@
 /* model/gpt2.c — what the CPU and CUDA GPT-2 share (gpt2.h): the
  * configuration check, the parameter layout, the initial values, the units
- * and stages, and the plan of the activation arena. */
+ * and stages, and the plan of the activation arena. Both models build on
+ * this file, so it calls neither: the factory that picks one of them is
+ * gpt2_factory.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "core/error.h"
 #include "core/random.h"
+#include "model/decoder.h"
 #include "model/gpt2.h"
 
 #define GPT2_INIT_STD 0.02
@@ -192,15 +195,7 @@ void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
 zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                  int max_batch, const char *who) {
     ZPP_CHECK(zpp_gpt2_config_check(cfg));
-    if (param_dtype != ZPP_FP32 && param_dtype != ZPP_BF16 && param_dtype != ZPP_FP16)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s create: param dtype %d is not a dtype; use fp32, bf16 or fp16",
-                         who, (int)param_dtype);
-    if (max_batch < 1 || max_batch > INT32_MAX / cfg->seq_len)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s create: max_batch %d is out of range; use 1..%d for seq_len %d",
-                         who, max_batch, INT32_MAX / cfg->seq_len, cfg->seq_len);
-    return ZPP_OK;
+    return zpp_decoder_check_create(param_dtype, max_batch, cfg->seq_len, who);
 }
 
 void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
@@ -220,154 +215,36 @@ void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype p
 }
 
 /* ------------------------------------------------------------------------ */
-/* The call protocol                                                         */
-/* ------------------------------------------------------------------------ */
-
-zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
-                                const int32_t *targets, int B, const char *who) {
-    int T = m->seq_len, V = m->vocab_size, Vr = m->real_vocab_size;
-    if (B < 1 || B > m->max_batch)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s set_batch: batch %d is outside 1..%d (the max_batch the model "
-                         "was created for)", who, B, m->max_batch);
-    if (!tokens) return zpp_error(ZPP_ERR_INVALID, "%s set_batch: tokens is NULL", who);
-    size_t n = (size_t)B * T;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return zpp_error(ZPP_ERR_INVALID,
-                             "%s set_batch: token %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             who, (int)tokens[i], i, i / T, i % T, V - 1);
-        /* a target must be a column the softmax runs over */
-        if (targets && (targets[i] < 0 || targets[i] >= Vr))
-            return zpp_error(ZPP_ERR_INVALID,
-                             "%s set_batch: target %d at position %zu (sequence %zu, "
-                             "offset %zu) is outside the vocabulary 0..%d",
-                             who, (int)targets[i], i, i / T, i % T, Vr - 1);
-    }
-    return ZPP_OK;
-}
-
-void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets) {
-    c->B = B;
-    c->have_batch = 1;
-    c->have_targets = have_targets;
-    c->fwd_next = 0;
-    c->bwd_next = -1;
-    c->kept = 0;
-}
-
-zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                  const void *params, const char *who) {
-    int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID, "%s forward: stage %d does not exist; use 0..%d",
-                         who, stage, S - 1);
-    if (!c->have_batch)
-        return zpp_error(ZPP_ERR_STATE, "%s forward: no batch; call set_batch first", who);
-    if (stage != 0 && stage != c->fwd_next)
-        return zpp_error(ZPP_ERR_STATE,
-                         "%s forward: stage %d out of order (expected %d); run the stages "
-                         "0..%d in order", who, stage, c->fwd_next, S - 1);
-    if (!params) return zpp_error(ZPP_ERR_INVALID, "%s forward: params is NULL", who);
-    return ZPP_OK;
-}
-
-zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                   const void *params, const float *grads, const char *who) {
-    int S = m->n_stages;
-    if (stage < 0 || stage >= S)
-        return zpp_error(ZPP_ERR_INVALID, "%s backward: stage %d does not exist; use 0..%d",
-                         who, stage, S - 1);
-    if (stage != c->bwd_next || c->bwd_next < 0)
-        return zpp_error(ZPP_ERR_STATE,
-                         "%s backward: stage %d out of order (expected %d); run forward "
-                         "through stage %d, then backward from %d down to 0", who, stage,
-                         c->bwd_next, S - 1, S - 1);
-    if (stage == S - 1 && !c->have_targets)
-        return zpp_error(ZPP_ERR_STATE,
-                         "%s backward: the batch has no targets; pass targets to set_batch",
-                         who);
-    /* Stage 0's backward (the embedding scatter) reads no parameters, so
-     * params may be NULL there (bwd_reads_params): the engine skips that
-     * gather. */
-    if ((!params && m->bwd_reads_params[stage]) || !grads)
-        return zpp_error(ZPP_ERR_INVALID, "%s backward: params or grads is NULL", who);
-    return ZPP_OK;
-}
-
-zpp_status zpp_gpt2_check_keep_logits(const zpp_model *m, int row, const char *who) {
-    const long long rows = (long long)m->max_batch * m->seq_len;
-    if (row < -1 || row >= rows)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "%s keep_logits: row %d is outside 0..%lld (max_batch %d x seq_len "
-                         "%d), or -1 for none", who, row, rows - 1, m->max_batch, m->seq_len);
-    return ZPP_OK;
-}
-
-zpp_status zpp_gpt2_check_logits(const zpp_model *m, const zpp_gpt2_calls *c, const float *out,
-                                 const char *who) {
-    if (!out) return zpp_error(ZPP_ERR_INVALID, "%s logits: out is NULL", who);
-    if (c->keep_row < 0)
-        return zpp_error(ZPP_ERR_STATE,
-                         "%s logits: no row kept; call keep_logits(row) before the forward", who);
-    if (!c->kept)
-        return zpp_error(ZPP_ERR_STATE,
-                         "%s logits: the last forward kept no logits of row %d; run a forward "
-                         "through its last stage (%d) on a batch of more than %d rows",
-                         who, c->keep_row, m->n_stages - 1, c->keep_row);
-    return ZPP_OK;
-}
-
-int zpp_gpt2_kept_in(const zpp_gpt2_calls *c, int seq_len, int r0, int rows) {
-    const long long n = (long long)c->B * seq_len;
-    if (c->keep_row < r0 || c->keep_row >= r0 + rows || c->keep_row >= n) return -1;
-    return c->keep_row - r0;
-}
-
-/* ------------------------------------------------------------------------ */
 /* The activation arena                                                      */
 /* ------------------------------------------------------------------------ */
 
-float *zpp_gpt2_arena_take(zpp_gpt2_arena *a, size_t rows, size_t width) {
-    size_t n;
-    if (a->overflow || __builtin_mul_overflow(rows, width, &n) ||
-        n > SIZE_MAX / 8 - a->used) {
-        a->overflow = 1;
-        return NULL;
-    }
-    float *p = a->base ? a->base + a->used : NULL;
-    a->used += (n + a->align - 1) / a->align * a->align;
-    return p;
-}
-
-void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_arena *a,
+void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_arena *a,
                         zpp_gpt2_acts *x) {
     size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
     size_t T = (size_t)cfg->seq_len, H = (size_t)cfg->n_head, Bm = (size_t)max_batch;
     size_t N = Bm * T;
-    x->res = zpp_gpt2_arena_take(a, (L + 1) * N, C);
-    x->ln1 = zpp_gpt2_arena_take(a, L * N, C);
-    x->ln1_mean = zpp_gpt2_arena_take(a, L, N);
-    x->ln1_rstd = zpp_gpt2_arena_take(a, L, N);
-    x->qkv = zpp_gpt2_arena_take(a, L * N, 3 * C);
-    x->att = zpp_gpt2_arena_take(a, L * Bm * H, T * T);
-    x->atty = zpp_gpt2_arena_take(a, L * N, C);
-    x->mid = zpp_gpt2_arena_take(a, L * N, C);
-    x->ln2 = zpp_gpt2_arena_take(a, L * N, C);
-    x->ln2_mean = zpp_gpt2_arena_take(a, L, N);
-    x->ln2_rstd = zpp_gpt2_arena_take(a, L, N);
-    x->fch = zpp_gpt2_arena_take(a, L * N, 4 * C);
-    x->fcg = zpp_gpt2_arena_take(a, L * N, 4 * C);
-    x->lnf = zpp_gpt2_arena_take(a, N, C);
-    x->lnf_mean = zpp_gpt2_arena_take(a, N, 1);
-    x->lnf_rstd = zpp_gpt2_arena_take(a, N, 1);
-    x->probs = zpp_gpt2_arena_take(a, N, V);
-    x->losses = zpp_gpt2_arena_take(a, N, 1);
-    x->dres = zpp_gpt2_arena_take(a, N, C);
-    x->dc = zpp_gpt2_arena_take(a, N, C);
-    x->dqkv = zpp_gpt2_arena_take(a, N, 3 * C);
-    x->dfc = zpp_gpt2_arena_take(a, N, 4 * C);
+    x->res = zpp_arena_take(a, (L + 1) * N, C);
+    x->ln1 = zpp_arena_take(a, L * N, C);
+    x->ln1_mean = zpp_arena_take(a, L, N);
+    x->ln1_rstd = zpp_arena_take(a, L, N);
+    x->qkv = zpp_arena_take(a, L * N, 3 * C);
+    x->att = zpp_arena_take(a, L * Bm * H, T * T);
+    x->atty = zpp_arena_take(a, L * N, C);
+    x->mid = zpp_arena_take(a, L * N, C);
+    x->ln2 = zpp_arena_take(a, L * N, C);
+    x->ln2_mean = zpp_arena_take(a, L, N);
+    x->ln2_rstd = zpp_arena_take(a, L, N);
+    x->fch = zpp_arena_take(a, L * N, 4 * C);
+    x->fcg = zpp_arena_take(a, L * N, 4 * C);
+    x->lnf = zpp_arena_take(a, N, C);
+    x->lnf_mean = zpp_arena_take(a, N, 1);
+    x->lnf_rstd = zpp_arena_take(a, N, 1);
+    x->probs = zpp_arena_take(a, N, V);
+    x->losses = zpp_arena_take(a, N, 1);
+    x->dres = zpp_arena_take(a, N, C);
+    x->dc = zpp_arena_take(a, N, C);
+    x->dqkv = zpp_arena_take(a, N, 3 * C);
+    x->dfc = zpp_arena_take(a, N, 4 * C);
 }
 
 zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
@@ -390,19 +267,4 @@ zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *
     y.fch = a->fch + k * N * 4 * C;
     y.fcg = a->fcg + k * N * 4 * C;
     return y;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The factory                                                               */
-/* ------------------------------------------------------------------------ */
-
-zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
-                           zpp_device *dev, zpp_model **model_p) {
-    if (!dev)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 create: no device; create one with zpp_device_create_host or "
-                         "zpp_device_create_gpu");
-    if (dev->mem == ZPP_MEM_HOST)
-        return zpp_gpt2_cpu_create(cfg, param_dtype, max_batch, model_p);
-    return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
 }

@@ -1,15 +1,17 @@
-/* model/gpt2.h — what the GPT-2 models share (gpt2.c): the parameter
- * layout and initialisation, for the CPU reference (gpt2_cpu.c), the CUDA
- * model (gpt2_cuda.cu) and anything else that needs to find a tensor inside
- * a unit (checkpoints, tests); and the CPU model's activations (the CUDA
- * model keeps its own, each buffer in the dtype it needs: gpt2_cuda.cu).
+/* model/gpt2.h — the GPT-2 family: its shape (zpp_gpt2_config), its
+ * factories (gpt2_factory.c: the CPU reference gpt2_cpu.c, the CUDA model
+ * gpt2_cuda.cu, and the one that picks between them for a device), and what
+ * the two models share (gpt2.c): the parameter layout and initialisation,
+ * for them and for anything else that needs to find a tensor inside a unit
+ * (checkpoints, llm.c files, tests); and the CPU model's activations (the
+ * CUDA model keeps its own, each buffer in the dtype it needs).
  *
  * Units (each one flat buffer, gathered whole by the engine):
  *
  *   unit 0       embeddings + final norm (the LM head is tied to wte)
  *                  wte    V x C      token embedding; also the LM head (rows
  *                                    past real_vocab_size: padding, outside
- *                                    the softmax, model.h)
+ *                                    the softmax: zpp_gpt2_config)
  *                  wpe    T x C      position embedding
  *                  lnf_w  C          final LayerNorm weight
  *                  lnf_b  C          final LayerNorm bias
@@ -51,11 +53,69 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device/device.h"
+#include "model/decoder.h"
+#include "model/family.h"
 #include "model/model.h"
+#include "zeropp.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* GPT-2 shape, from the config's "model" section.
+ *
+ * real_vocab_size: the tokens the model predicts. The token embedding (and
+ * the tied LM head) has vocab_size rows, so the logits have vocab_size
+ * columns, but the softmax and the cross-entropy run over the first
+ * real_vocab_size of them only; the rest are padding (llm.c pads GPT-2's
+ * 50257 tokens to 50304 rows for its kernels: its vocab_size is our
+ * real_vocab_size, its padded_vocab_size our vocab_size). Padded columns
+ * get a zero gradient, so their rows of wte only ever decay. Targets must
+ * lie below real_vocab_size. 0 means vocab_size (no padding). */
+typedef struct zpp_gpt2_config {
+    int n_layer, n_head, n_embd, seq_len, vocab_size;
+    int real_vocab_size;
+} zpp_gpt2_config;
+
+/* real_vocab_size with 0 read as vocab_size. */
+static inline int zpp_gpt2_real_vocab(const zpp_gpt2_config *cfg) {
+    return cfg->real_vocab_size > 0 ? cfg->real_vocab_size : cfg->vocab_size;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The factories (gpt2_factory.c picks one for a device)                     */
+/* ------------------------------------------------------------------------ */
+
+/* The CPU reference GPT-2 (OpenBLAS). param_dtype is ZPP_FP32 or ZPP_BF16;
+ * max_batch is the largest micro-batch set_batch will get. */
+zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                               int max_batch, zpp_model **model_p);
+
+/* The CUDA GPT-2 (cuBLASLt), with the same units, stages, parameter layout
+ * and initialisation as the CPU reference; params, grads and activations in
+ * the GPU's memory; every kernel enqueued on dev's compute stream. set_batch
+ * takes host tokens. ZPP_ERR_UNSUPPORTED in a build without CUDA
+ * (gpt2_cuda_none.c). */
+zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
+                                int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* The GPT-2 for `dev`: the CPU reference for the host backend, the CUDA
+ * model for a GPU. */
+zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
+                           zpp_device *dev, zpp_model **model_p);
+
+/* The "gpt2" family's factory (family.h): zpp_gpt2_create of a generic
+ * decoder shape. GPT-2 gives every head its own keys and values (n_kv_head
+ * 0 or n_head) and its MLP is 4 n_embd wide (n_ffn 0 or 4 n_embd): other
+ * values are refused with ZPP_ERR_CONFIG naming the field; the rest of the
+ * shape is checked as zpp_gpt2_config_check checks it. */
+zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
+                                  int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* ------------------------------------------------------------------------ */
+/* What the two models share (gpt2.c)                                        */
+/* ------------------------------------------------------------------------ */
 
 /* Offsets (in elements) of each tensor inside its unit. */
 typedef struct zpp_gpt2_layout {
@@ -121,41 +181,6 @@ zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dty
 void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                         int max_batch, const zpp_gpt2_stages *s);
 
-/* The order of calls both models enforce (model.h): set_batch, then the
- * forward of stages 0..S-1 in order, then the backward of S-1..0. */
-typedef struct zpp_gpt2_calls {
-    int B, have_batch, have_targets;
-    int fwd_next; /* the forward stage expected next (any forward may restart at 0) */
-    int bwd_next; /* the backward stage expected next; -1: none until a full forward */
-    int keep_row; /* keep_logits's row, -1 none (set -1 at create; kept across batches) */
-    int kept;     /* the last forward's head kept that row's logits */
-} zpp_gpt2_calls;
-
-/* A batch of B sequences was accepted (set_batch): the forward starts over at
- * stage 0 and no backward is due until it completes. */
-void zpp_gpt2_calls_new_batch(zpp_gpt2_calls *c, int B, int have_targets);
-
-/* The checks of set_batch, forward and backward, the same for both models;
- * `who` names the model in the messages ("gpt2", "gpt2 cuda"). Batch: B in
- * 1..max_batch, every token and target inside the vocabulary. Forward: the
- * stage exists, a batch is set, the order holds, params given. Backward:
- * the stage exists and comes in order, targets for the last stage, params
- * (except for stage 0, whose backward reads none) and grads given. */
-zpp_status zpp_gpt2_check_batch(const zpp_model *m, const int32_t *tokens,
-                                const int32_t *targets, int B, const char *who);
-zpp_status zpp_gpt2_check_forward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                  const void *params, const char *who);
-zpp_status zpp_gpt2_check_backward(const zpp_model *m, const zpp_gpt2_calls *c, int stage,
-                                   const void *params, const float *grads, const char *who);
-/* keep_logits and logits (model.h): the row is -1 or inside max_batch
- * sequences; logits needs a forward whose head kept the row, and `out`. */
-zpp_status zpp_gpt2_check_keep_logits(const zpp_model *m, int row, const char *who);
-zpp_status zpp_gpt2_check_logits(const zpp_model *m, const zpp_gpt2_calls *c, const float *out,
-                                 const char *who);
-/* Whether the head of a forward of c->B sequences keeps a row of
- * [r0, r0 + rows): the row's offset in that range, or -1. */
-int zpp_gpt2_kept_in(const zpp_gpt2_calls *c, int seq_len, int r0, int rows);
-
 /* The activations the CPU model keeps for the backward, and its backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
  * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */
@@ -190,21 +215,8 @@ typedef struct zpp_gpt2_layer {
 zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
                                  int max_batch, int l);
 
-/* A bump allocator over one block of floats, run twice: with base NULL it
- * only counts (used), then over the block it hands out the same pointers.
- * Every buffer starts on a multiple of `align` floats. A size that
- * overflows sets `overflow` and returns NULL. */
-typedef struct zpp_gpt2_arena {
-    float *base;
-    size_t used;  /* floats */
-    size_t align; /* floats, >= 1 */
-    int overflow;
-} zpp_gpt2_arena;
-
-float *zpp_gpt2_arena_take(zpp_gpt2_arena *a, size_t rows, size_t width);
-
 /* Takes the buffers of zpp_gpt2_acts from `a`, in a fixed order. */
-void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_gpt2_arena *a,
+void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_arena *a,
                         zpp_gpt2_acts *acts);
 
 #ifdef __cplusplus

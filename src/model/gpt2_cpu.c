@@ -1,5 +1,8 @@
 /* model/gpt2_cpu.c — the CPU reference GPT-2, fp32 arithmetic, matrix
- * products through OpenBLAS (cblas_sgemm).
+ * products through OpenBLAS (cblas_sgemm). The pieces that are no one
+ * family's (linear layers, LayerNorm, causal attention, softmax with
+ * cross-entropy) are cpu_kernels.c's; this file composes them into GPT-2's
+ * stages and holds what is GPT-2's own.
  *
  * The math, per micro-batch of B sequences of T tokens (N = B*T rows):
  *
@@ -47,10 +50,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "model/cpu_kernels.h"
 #include "model/gpt2.h"
 #include "model/model.h"
-
-#define GPT2_LN_EPS 1e-5f
 
 /* ------------------------------------------------------------------------ */
 /* The model object                                                          */
@@ -66,7 +68,7 @@ typedef struct gpt2_cpu {
     float *arena;
     /* batch */
     int32_t *tokens, *targets;
-    zpp_gpt2_calls calls; /* gpt2.h */
+    zpp_decoder_calls calls; /* decoder.h */
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
@@ -75,90 +77,7 @@ typedef struct gpt2_cpu {
     float loss;
 } gpt2_cpu;
 
-/* ---- building blocks (all on the first n rows) ---- */
-
-/* out[n x OC] (= or +=) inp[n x IC] W^T + bias, W is [OC][IC]. */
-static void linear_forward(float *out, const float *inp, const float *W, const float *bias,
-                           int n, int IC, int OC, int accumulate) {
-    for (int r = 0; r < n; r++) {
-        float *o = out + (size_t)r * OC;
-        if (accumulate)
-            for (int j = 0; j < OC; j++) o[j] += bias[j];
-        else
-            memcpy(o, bias, (size_t)OC * sizeof(float));
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp, IC, W, IC,
-                1.0f, out, OC);
-}
-
-/* For out = inp W^T + b:
- *   d inp = d out W          (n x OC)(OC x IC)   overwritten
- *   d W  += d out^T inp      (OC x n)(n x IC)
- *   d b  += sum over rows of d out */
-static void linear_backward(float *dinp, float *dW, float *db, const float *dout,
-                            const float *inp, const float *W, int n, int IC, int OC) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, W, IC,
-                0.0f, dinp, IC);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC,
-                1.0f, dW, IC);
-    for (int r = 0; r < n; r++) {
-        const float *d = dout + (size_t)r * OC;
-        for (int j = 0; j < OC; j++) db[j] += d[j];
-    }
-}
-
-/* LayerNorm over the last dimension; keeps mean and 1/std for backward.
- * Two passes (mean, then the mean of squared deviations) so a large mean
- * does not cancel the variance. */
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int n, int C) {
-    for (int r = 0; r < n; r++) {
-        const float *x = inp + (size_t)r * C;
-        float *o = out + (size_t)r * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            v += d * d;
-        }
-        v /= (float)C;
-        float s = 1.0f / sqrtf(v + GPT2_LN_EPS);
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[r] = m;
-        rstd[r] = s;
-    }
-}
-
-/* With xh = (x - mean) * rstd and y = xh * w + b, g = dy * w:
- *   d w += dy * xh,  d b += dy
- *   d x += rstd * (g - mean(g) - xh * mean(g * xh))
- * (the two means remove the components of g along the directions that the
- * normalisation projects out: a shift of x and a rescaling of x - mean). */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int n, int C) {
-    for (int r = 0; r < n; r++) {
-        const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
-        float *dx = dinp + (size_t)r * C;
-        float m = mean[r], s = rstd[r];
-        float gmean = 0.0f, gxmean = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float xh = (x[c] - m) * s, g = dy[c] * w[c];
-            gmean += g;
-            gxmean += g * xh;
-        }
-        gmean /= (float)C;
-        gxmean /= (float)C;
-        for (int c = 0; c < C; c++) {
-            float xh = (x[c] - m) * s, g = dy[c] * w[c];
-            dw[c] += dy[c] * xh;
-            db[c] += dy[c];
-            dx[c] += s * (g - gmean - xh * gxmean);
-        }
-    }
-}
+/* ---- the tanh GELU, GPT-2's (the rest of the arithmetic: cpu_kernels.h) ---- */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
@@ -183,82 +102,6 @@ static void gelu_backward(float *d, const float *inp, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float u = inp[i], s = gelu_sigmoid(u);
         d[i] *= s + u * 2.0f * s * (1.0f - s) * GELU_K * (1.0f + 3.0f * GELU_A * u * u);
-    }
-}
-
-/* Causal self-attention for B sequences. qkv rows are [q | k | v], each C
- * wide, head h at columns h*hs..(h+1)*hs-1 of each part. Per (b, h):
- *   P = softmax_rows(Q K^T / sqrt(hs)) with P[t][t2] = 0 for t2 > t
- *   Y = P V
- * Q K^T and P V go through sgemm with leading dimensions 3C / C, so no
- * head is copied; the upper triangle is computed and then zeroed (half the
- * flops of Q K^T wasted, in exchange for BLAS speed). Work O(B H T^2 hs). */
-static void attention_forward(float *y, float *att, const float *qkv, int B, int T, int C,
-                              int H) {
-    int hs = C / H, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *K = Q + C, *Vv = Q + 2 * C;
-            float *P = att + ((size_t)b * H + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, C3, K,
-                        C3, 0.0f, P, T);
-            for (int t = 0; t < T; t++) {
-                float *p = P + (size_t)t * T;
-                float mx = p[0];
-                for (int t2 = 1; t2 <= t; t2++) mx = p[t2] > mx ? p[t2] : mx;
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    p[t2] = expf(p[t2] - mx);
-                    sum += p[t2];
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) p[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++) p[t2] = 0.0f;
-            }
-            float *Y = y + (size_t)b * T * C + (size_t)h * hs;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, Vv,
-                        C3, 0.0f, Y, C);
-        }
-    }
-}
-
-/* Backward of attention_forward, writing (not accumulating) dqkv:
- *   dP = dY V^T,   dV = P^T dY
- *   dS = P * (dP - rowsum(P * dP))         (softmax Jacobian, row by row)
- *   dQ = dS K / sqrt(hs),   dK = dS^T Q / sqrt(hs)
- * Masked entries have P = 0, so their dS is 0 and they contribute nothing.
- * dS overwrites dP in the T x T scratch. */
-static void attention_backward(float *dqkv, float *scratch, const float *dy, const float *att,
-                               const float *qkv, int B, int T, int C, int H) {
-    int hs = C / H, C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-            const float *Q = qkv + qoff, *K = Q + C, *Vv = Q + 2 * C;
-            float *dQ = dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
-            const float *P = att + ((size_t)b * H + h) * T * T;
-            const float *dY = dy + (size_t)b * T * C + (size_t)h * hs;
-            float *dS = scratch;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dY, C, Vv, C3,
-                        0.0f, dS, T);
-            for (int t = 0; t < T; t++) {
-                const float *p = P + (size_t)t * T;
-                float *d = dS + (size_t)t * T;
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) dot += p[t2] * d[t2];
-                for (int t2 = 0; t2 <= t; t2++) d[t2] = p[t2] * (d[t2] - dot);
-                for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, K,
-                        C3, 0.0f, dQ, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, Q, C3,
-                        0.0f, dK, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dY, C,
-                        0.0f, dV, C3);
-        }
     }
 }
 
@@ -308,82 +151,57 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
     size_t sC = (size_t)C;
     const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
-    layernorm_forward(y.ln1, y.ln1m, y.ln1r, y.x, w + L->ln1_w, w + L->ln1_b, n, C);
-    linear_forward(y.qkv, y.ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
-    attention_forward(y.atty, y.att, y.qkv, B, T, C, H);
+    zpp_cpu_layernorm_forward(y.ln1, y.ln1m, y.ln1r, y.x, w + L->ln1_w, w + L->ln1_b, n, C);
+    zpp_cpu_linear_forward(y.qkv, y.ln1, w + L->qkv_w, w + L->qkv_b, n, C, 3 * C, 0);
+    zpp_cpu_attention_forward(y.atty, y.att, y.qkv, B, T, C, H);
     memcpy(y.mid, y.x, (size_t)n * sC * sizeof(float));
-    linear_forward(y.mid, y.atty, w + L->proj_w, w + L->proj_b, n, C, C, 1);
-    layernorm_forward(y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C);
-    linear_forward(y.fch, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
+    zpp_cpu_linear_forward(y.mid, y.atty, w + L->proj_w, w + L->proj_b, n, C, C, 1);
+    zpp_cpu_layernorm_forward(y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C);
+    zpp_cpu_linear_forward(y.fch, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
     gelu_forward(y.fcg, y.fch, (size_t)n * 4 * sC);
     memcpy(y.out, y.mid, (size_t)n * sC * sizeof(float));
-    linear_forward(y.out, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
+    zpp_cpu_linear_forward(y.out, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
 }
 
-/* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy.
- * loss_i = logsumexp(logits_i) - logits_i[target] is evaluated as
- * log(sum exp(l - max)) - (l[target] - max), which neither overflows nor
- * takes the log of an underflowed probability. The softmax runs over the
- * first Vr = real_vocab_size columns (model.h); the padded columns Vr..V-1
- * get probability 0, so the backward's d logits are 0 there. */
+/* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy over the
+ * first real_vocab_size columns (model.h; cpu_kernels.c has the formula). */
 static void gpt2_head_forward(gpt2_cpu *g, const float *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, Vr = g->base.real_vocab_size,
         L = g->cfg.n_layer, n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
-                      w + g->lay.lnf_b, n, C);
+    zpp_cpu_layernorm_forward(g->act.lnf, g->act.lnf_mean, g->act.lnf_rstd, x, w + g->lay.lnf_w,
+                              w + g->lay.lnf_b, n, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, g->act.lnf, C,
                 w + g->lay.wte, C, 0.0f, g->act.probs, V);
     /* the row a sampler asked for, before the softmax overwrites it */
-    const int k = zpp_gpt2_kept_in(&g->calls, g->cfg.seq_len, 0, n);
+    const int k = zpp_decoder_kept_in(&g->calls, g->cfg.seq_len, 0, n);
     if (k >= 0) {
         memcpy(g->kept, g->act.probs + (size_t)k * V, (size_t)V * sizeof(float));
         g->calls.kept = 1;
     }
-    double total = 0.0;
-    for (int r = 0; r < n; r++) {
-        float *p = g->act.probs + (size_t)r * V;
-        float mx = p[0];
-        for (int v = 1; v < Vr; v++) mx = p[v] > mx ? p[v] : mx;
-        float lt = g->calls.have_targets ? p[g->targets[r]] - mx : 0.0f;
-        float sum = 0.0f;
-        for (int v = 0; v < Vr; v++) {
-            p[v] = expf(p[v] - mx);
-            sum += p[v];
-        }
-        float inv = 1.0f / sum;
-        for (int v = 0; v < Vr; v++) p[v] *= inv;
-        for (int v = Vr; v < V; v++) p[v] = 0.0f;
-        g->act.losses[r] = logf(sum) - lt;
-        total += g->act.losses[r];
-    }
+    const int32_t *targets = g->calls.have_targets ? g->targets : NULL;
+    double total = zpp_cpu_cross_entropy_forward(g->act.probs, g->act.losses, targets, n, V, Vr);
     g->loss = g->calls.have_targets ? (float)(total / n) : NAN;
 }
 
-/* d loss_i / d logits_i = softmax_i - onehot(target_i) (0 in the padded
- * columns, whose probabilities the forward zeroed); the mean over n
- * rows and the loss scale multiply it by loss_scale / n. Overwrites the
- * probabilities (backward of this stage happens once per forward). Then
+/* d logits = (softmax - onehot(target)) times loss_scale / n (the mean over
+ * n rows and the loss scale), over the probabilities (backward of this
+ * stage happens once per forward). Then
  *   d wte  += dlogits^T lnf        (V x n)(n x C)
  *   d lnf   = dlogits wte          (n x V)(V x C)
  * and the final LayerNorm's backward starts dres. */
 static void gpt2_head_backward(gpt2_cpu *g, const float *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
-    float f = loss_scale / (float)n;
-    for (int r = 0; r < n; r++) {
-        float *p = g->act.probs + (size_t)r * V;
-        p[g->targets[r]] -= 1.0f;
-        for (int v = 0; v < V; v++) p[v] *= f;
-    }
+    zpp_cpu_cross_entropy_backward(g->act.probs, g->targets, n, V, loss_scale / (float)n);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, g->act.probs, V, g->act.lnf,
                 C, 1.0f, gr + g->lay.wte, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, g->act.probs, V,
                 w + g->lay.wte, C, 0.0f, g->act.dc, C);
     memset(g->act.dres, 0, (size_t)n * C * sizeof(float));
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    layernorm_backward(g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
-                       w + g->lay.lnf_w, g->act.lnf_mean, g->act.lnf_rstd, n, C);
+    zpp_cpu_layernorm_backward(g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
+                               w + g->lay.lnf_w, g->act.lnf_mean, g->act.lnf_rstd, n, C);
 }
 
 /* Reverse of gpt2_block_forward. On entry dres = d loss / d out; on exit
@@ -396,21 +214,21 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg, w + L->fc2_w, n,
-                    4 * C, C);
+    zpp_cpu_linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg,
+                            w + L->fc2_w, n, 4 * C, C);
     gelu_backward(g->act.dfc, y.fch, (size_t)n * 4 * sC);
-    linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, y.ln2, w + L->fc_w, n, C,
-                    4 * C);
-    layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, y.mid, w + L->ln2_w,
-                       y.ln2m, y.ln2r, n, C);
+    zpp_cpu_linear_backward(g->act.dc, gr + L->fc_w, gr + L->fc_b, g->act.dfc, y.ln2, w + L->fc_w,
+                            n, C, 4 * C);
+    zpp_cpu_layernorm_backward(g->act.dres, gr + L->ln2_w, gr + L->ln2_b, g->act.dc, y.mid,
+                               w + L->ln2_w, y.ln2m, y.ln2r, n, C);
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, y.atty, w + L->proj_w,
-                    n, C, C);
-    attention_backward(g->act.dqkv, g->datt, g->act.dc, y.att, y.qkv, B, T, C, H);
-    linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, y.ln1, w + L->qkv_w, n, C,
-                    3 * C);
-    layernorm_backward(g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, y.x, w + L->ln1_w,
-                       y.ln1m, y.ln1r, n, C);
+    zpp_cpu_linear_backward(g->act.dc, gr + L->proj_w, gr + L->proj_b, g->act.dres, y.atty,
+                            w + L->proj_w, n, C, C);
+    zpp_cpu_attention_backward(g->act.dqkv, g->datt, g->act.dc, y.att, y.qkv, B, T, C, H);
+    zpp_cpu_linear_backward(g->act.dc, gr + L->qkv_w, gr + L->qkv_b, g->act.dqkv, y.ln1,
+                            w + L->qkv_w, n, C, 3 * C);
+    zpp_cpu_layernorm_backward(g->act.dres, gr + L->ln1_w, gr + L->ln1_b, g->act.dc, y.x,
+                               w + L->ln1_w, y.ln1m, y.ln1r, n, C);
 }
 
 /* x0 = wte[token] + wpe[t]: each row's gradient goes to its token's and its
@@ -439,11 +257,11 @@ static zpp_status gpt2_op_init_params(zpp_model *m, int unit, size_t offset, siz
 static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets,
                                     int B) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_batch(m, tokens, targets, B, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_batch(m, tokens, targets, B, "gpt2"));
     size_t n = (size_t)B * g->cfg.seq_len;
     memcpy(g->tokens, tokens, n * sizeof(int32_t));
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
-    zpp_gpt2_calls_new_batch(&g->calls, B, targets != NULL);
+    zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     return ZPP_OK;
 }
@@ -451,7 +269,7 @@ static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const i
 static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_forward(m, &g->calls, stage, params, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_forward(m, &g->calls, stage, params, "gpt2"));
     g->calls.bwd_next = -1;
     if (stage == 0) {
         g->loss = NAN;
@@ -473,7 +291,7 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
                                    float loss_scale) {
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "gpt2"));
     if (stage == S - 1) gpt2_head_backward(g, gpt2_params_f32(g, 0, params), grads, loss_scale);
     else if (stage == 0) gpt2_embed_backward(g, grads); /* needs no parameters */
     else gpt2_block_backward(g, stage, gpt2_params_f32(g, stage, params), grads);
@@ -483,7 +301,7 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
 
 static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_keep_logits(m, row, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "gpt2"));
     g->calls.keep_row = row;
     g->calls.kept = 0;
     return ZPP_OK;
@@ -491,7 +309,7 @@ static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
 
 static zpp_status gpt2_op_logits(zpp_model *m, float *out) {
     gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_gpt2_check_logits(m, &g->calls, out, "gpt2"));
+    ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2"));
     memcpy(out, g->kept, (size_t)g->cfg.vocab_size * sizeof(float));
     return ZPP_OK;
 }
@@ -520,16 +338,16 @@ static const zpp_model_ops gpt2_cpu_ops = {
 /* Carves the arena (gpt2.h), each buffer on a 64-byte boundary: the shared
  * activations, then what only this model keeps. Pass 1 (base NULL) only
  * counts; pass 2 hands out pointers. */
-static void gpt2_plan(gpt2_cpu *g, zpp_gpt2_arena *a) {
+static void gpt2_plan(gpt2_cpu *g, zpp_arena *a) {
     size_t N = g->nmax, T = (size_t)g->cfg.seq_len;
     size_t maxunit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
                                                              : g->lay.block_numel;
-    g->tokens = (int32_t *)zpp_gpt2_arena_take(a, N, 1); /* int32 fits a float slot */
-    g->targets = (int32_t *)zpp_gpt2_arena_take(a, N, 1);
+    g->tokens = (int32_t *)zpp_arena_take(a, N, 1); /* int32 fits a float slot */
+    g->targets = (int32_t *)zpp_arena_take(a, N, 1);
     zpp_gpt2_acts_plan(&g->cfg, g->base.max_batch, a, &g->act);
-    g->datt = zpp_gpt2_arena_take(a, T, T);
-    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_gpt2_arena_take(a, maxunit, 1);
-    g->kept = zpp_gpt2_arena_take(a, 1, (size_t)g->cfg.vocab_size);
+    g->datt = zpp_arena_take(a, T, T);
+    g->wbuf = g->base.param_dtype == ZPP_FP32 ? NULL : zpp_arena_take(a, maxunit, 1);
+    g->kept = zpp_arena_take(a, 1, (size_t)g->cfg.vocab_size);
 }
 
 zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
@@ -551,7 +369,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
 
-    zpp_gpt2_arena plan = {NULL, 0, 16, 0};
+    zpp_arena plan = {NULL, 0, 16, 0};
     gpt2_plan(g, &plan);
     if (plan.overflow) {
         st = zpp_error(ZPP_ERR_NOMEM, "gpt2 create: activation memory for max_batch %d "
@@ -571,7 +389,7 @@ zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype
         goto fail;
     }
     g->arena = arena;
-    plan = (zpp_gpt2_arena){g->arena, 0, 16, 0};
+    plan = (zpp_arena){g->arena, 0, 16, 0};
     gpt2_plan(g, &plan);
     g->loss = NAN;
     g->calls.fwd_next = 0;

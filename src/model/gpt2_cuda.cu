@@ -636,7 +636,7 @@ struct gpt2_cuda {
     int32_t *h_count;  /* V counters for the counting sort */
     float *h_losses;   /* pinned, nmax */
     cudaEvent_t staged; /* the last copy out of h_ints has been done */
-    zpp_gpt2_calls calls; /* gpt2.h */
+    zpp_decoder_calls calls; /* decoder.h */
     gpt2_acts act;
 
     float loss;
@@ -1113,7 +1113,7 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
         const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
         ZPP_CHECK(head_logits(g, w, r0, rows));
         /* the row a sampler asked for, while its chunk is in the buffer */
-        const int k = zpp_gpt2_kept_in(&g->calls, g->cfg.seq_len, r0, rows);
+        const int k = zpp_decoder_kept_in(&g->calls, g->cfg.seq_len, r0, rows);
         if (k >= 0) {
             CU_CHECK(cudaMemcpyAsync(g->act.kept, g->act.logits + (size_t)k * V,
                                      (size_t)V * sizeof(float), cudaMemcpyDeviceToDevice,
@@ -1224,7 +1224,7 @@ zpp_status op_init_params(zpp_model *m, int unit, size_t offset, size_t count, f
 zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets, int B) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int T = g->cfg.seq_len, V = g->cfg.vocab_size;
-    ZPP_CHECK(zpp_gpt2_check_batch(m, tokens, targets, B, "gpt2 cuda"));
+    ZPP_CHECK(zpp_decoder_check_batch(m, tokens, targets, B, "gpt2 cuda"));
     size_t n = (size_t)B * T;
     /* The previous batch's copy must have left the staging buffer. */
     CU_CHECK(cudaEventSynchronize(g->staged), "set_batch: wait for the previous batch copy");
@@ -1264,7 +1264,7 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
     g->d_seg_start = g->d_seg_tok + k;
     g->d_pos = g->d_seg_start + k + 1;
     g->n_seg = k;
-    zpp_gpt2_calls_new_batch(&g->calls, B, targets != NULL);
+    zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     g->loss_pending = 0;
     return ZPP_OK;
@@ -1273,7 +1273,7 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
 zpp_status op_forward(zpp_model *m, int stage, const void *params) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_forward(m, &g->calls, stage, params, "gpt2 cuda"));
+    ZPP_CHECK(zpp_decoder_check_forward(m, &g->calls, stage, params, "gpt2 cuda"));
     ZPP_CHECK(check_device_ptr(params, "forward", "params"));
     g->calls.bwd_next = -1;
     g->loss_pending = 0;
@@ -1317,7 +1317,7 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
                        float loss_scale) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int S = m->n_stages;
-    ZPP_CHECK(zpp_gpt2_check_backward(m, &g->calls, stage, params, grads, "gpt2 cuda"));
+    ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "gpt2 cuda"));
     if (params) ZPP_CHECK(check_device_ptr(params, "backward", "params"));
     ZPP_CHECK(check_device_ptr(grads, "backward", "grads"));
     if (stage == S - 1) {
@@ -1333,7 +1333,7 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
 
 zpp_status op_keep_logits(zpp_model *m, int row) {
     gpt2_cuda *g = (gpt2_cuda *)m;
-    ZPP_CHECK(zpp_gpt2_check_keep_logits(m, row, "gpt2 cuda"));
+    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "gpt2 cuda"));
     g->calls.keep_row = row;
     g->calls.kept = 0;
     return ZPP_OK;
@@ -1343,7 +1343,7 @@ zpp_status op_keep_logits(zpp_model *m, int row) {
  * forward that kept them, and a wait for it. */
 zpp_status op_logits(zpp_model *m, float *out) {
     gpt2_cuda *g = (gpt2_cuda *)m;
-    ZPP_CHECK(zpp_gpt2_check_logits(m, &g->calls, out, "gpt2 cuda"));
+    ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2 cuda"));
     CU_CHECK(cudaMemcpyAsync(out, g->act.kept, (size_t)g->cfg.vocab_size * sizeof(float),
                              cudaMemcpyDeviceToHost, g->stream),
              "logits: copy to the host");
@@ -1376,66 +1376,66 @@ const zpp_model_ops gpt2_cuda_ops = {
 /* ---- create ---- */
 
 /* rows x width elements of E from the arena (whose unit is a float). */
-static void *take_e(const gpt2_cuda *g, zpp_gpt2_arena *a, size_t rows, size_t width) {
+static void *take_e(const gpt2_cuda *g, zpp_arena *a, size_t rows, size_t width) {
     size_t n;
     if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8) {
         a->overflow = 1;
         return NULL;
     }
-    return zpp_gpt2_arena_take(a, (n * g->es + sizeof(float) - 1) / sizeof(float), 1);
+    return zpp_arena_take(a, (n * g->es + sizeof(float) - 1) / sizeof(float), 1);
 }
 
 /* Carves the arena, each buffer on a 256-byte boundary (what cuBLASLt
  * likes best): the batch's ints, then gpt2_acts. Pass 1 (base NULL)
  * counts; pass 2 hands out pointers. */
-static void plan(gpt2_cuda *g, zpp_gpt2_arena *a) {
+static void plan(gpt2_cuda *g, zpp_arena *a) {
     size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head;
     size_t L = (size_t)g->cfg.n_layer, V = (size_t)g->cfg.vocab_size;
     size_t N = g->nmax, Bm = (size_t)g->base.max_batch;
     const int f32 = g->base.param_dtype == ZPP_FP32;
     gpt2_acts *x = &g->act;
-    g->d_ints = (int32_t *)zpp_gpt2_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
-    x->res = zpp_gpt2_arena_take(a, (L + 1) * N, C);
-    x->ln1m = zpp_gpt2_arena_take(a, L, N);
-    x->ln1r = zpp_gpt2_arena_take(a, L, N);
+    g->d_ints = (int32_t *)zpp_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
+    x->res = zpp_arena_take(a, (L + 1) * N, C);
+    x->ln1m = zpp_arena_take(a, L, N);
+    x->ln1r = zpp_arena_take(a, L, N);
     x->qkv = take_e(g, a, L * N, 3 * C);
     if (g->fused_attn) {
-        x->att_lse = zpp_gpt2_arena_take(a, L * Bm * H, T);
-        x->att_dsum = zpp_gpt2_arena_take(a, Bm * H, T);
+        x->att_lse = zpp_arena_take(a, L * Bm * H, T);
+        x->att_dsum = zpp_arena_take(a, Bm * H, T);
     } else {
         x->att = take_e(g, a, L * Bm * H, T * T);
-        x->score = zpp_gpt2_arena_take(a, Bm * H, T * T);
+        x->score = zpp_arena_take(a, Bm * H, T * T);
         x->dscore = take_e(g, a, Bm * H, T * T);
     }
     x->atty = take_e(g, a, L * N, C);
-    x->mid = zpp_gpt2_arena_take(a, L * N, C);
-    x->ln2m = zpp_gpt2_arena_take(a, L, N);
-    x->ln2r = zpp_gpt2_arena_take(a, L, N);
+    x->mid = zpp_arena_take(a, L * N, C);
+    x->ln2m = zpp_arena_take(a, L, N);
+    x->ln2r = zpp_arena_take(a, L, N);
     x->fch = take_e(g, a, L * N, 4 * C);
     x->lnf = take_e(g, a, N, C);
     x->ln = take_e(g, a, N, C);
     x->fcg = take_e(g, a, N, 4 * C);
-    x->lnfm = zpp_gpt2_arena_take(a, N, 1);
-    x->lnfr = zpp_gpt2_arena_take(a, N, 1);
-    x->logits = zpp_gpt2_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
-    x->lse = zpp_gpt2_arena_take(a, N, 1);
-    x->losses = zpp_gpt2_arena_take(a, N, 1);
-    x->kept = zpp_gpt2_arena_take(a, 1, V);
-    x->dres = zpp_gpt2_arena_take(a, N, C);
+    x->lnfm = zpp_arena_take(a, N, 1);
+    x->lnfr = zpp_arena_take(a, N, 1);
+    x->logits = zpp_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
+    x->lse = zpp_arena_take(a, N, 1);
+    x->losses = zpp_arena_take(a, N, 1);
+    x->kept = zpp_arena_take(a, 1, V);
+    x->dres = zpp_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
-    x->dc = zpp_gpt2_arena_take(a, N, C);
+    x->dc = zpp_arena_take(a, N, C);
     x->datty = take_e(g, a, N, C);
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
-    x->dyxh = zpp_gpt2_arena_take(a, N, C);
-    x->ones = zpp_gpt2_arena_take(a, N, 1);
+    x->dyxh = zpp_arena_take(a, N, C);
+    x->ones = zpp_arena_take(a, N, 1);
     x->ones_e = f32 ? x->ones : take_e(g, a, N, 1);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
  * the cuBLASLt handle. On failure the caller's destroy frees what exists. */
 static zpp_status create_device_state(gpt2_cuda *g) {
-    zpp_gpt2_arena p = {NULL, 0, 64, 0};
+    zpp_arena p = {NULL, 0, 64, 0};
     plan(g, &p);
     if (p.overflow)
         return zpp_error(ZPP_ERR_NOMEM,
@@ -1449,7 +1449,7 @@ static zpp_status create_device_state(gpt2_cuda *g) {
                                  "seq_len %d (use a smaller max_batch)",
                                  g->base.max_batch, g->cfg.seq_len);
     g->arena = (float *)arena;
-    p = zpp_gpt2_arena{g->arena, 0, 64, 0};
+    p = zpp_arena{g->arena, 0, 64, 0};
     plan(g, &p);
     ZPP_CHECK(zpp_device_alloc(g->dev, kWorkspaceBytes, &g->workspace));
     void *h = NULL;

@@ -1,7 +1,7 @@
 /* model/gpt2_cuda_none.c — the CUDA GPT-2 in a build without CUDA (CMake
  * compiles this file instead of gpt2_cuda.cu). */
 #include "core/error.h"
-#include "model/model.h"
+#include "model/gpt2.h"
 
 zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                 int max_batch, zpp_device *dev, zpp_model **model_p) {

@@ -1,16 +1,20 @@
-/* model/model.h — how the engine drives a model.
+/* model/model.h — how the engine drives a model: any decoder over tokens.
  *
  * The engine owns the parameters (sharded, gathered per unit); the model
  * owns activations and the arithmetic. A model splits its parameters into
  * units (flat buffers gathered together) and its computation into stages,
  * each stage using exactly one unit's parameters. Forward runs stages
  * 0..n_stages-1, backward runs them in reverse. A unit may serve several
- * stages (GPT-2's token embedding is used by the first stage and, tied, by
- * the LM head in the last).
+ * stages (a token embedding tied to the LM head is used by the first stage
+ * and by the last).
  *
  * Parameters reach the model as a full unit buffer in the working dtype
  * (bf16 or fp32) in the memory of the model's device; gradients are
- * accumulated (+=) into a full unit buffer of fp32 in the same memory. */
+ * accumulated (+=) into a full unit buffer of fp32 in the same memory.
+ *
+ * This header names no model family. What makes a model (its shape, its
+ * units' layout, its factory) is its family's, and model/family.h creates
+ * one by the family's name. */
 #ifndef ZPP_MODEL_MODEL_H
 #define ZPP_MODEL_MODEL_H
 
@@ -77,9 +81,18 @@ struct zpp_model {
     /* Per stage: 1 if its backward reads the unit's parameters, 0 if it
      * needs none (the engine then gathers nothing for it and passes NULL). */
     const unsigned char *bwd_reads_params;
+    /* The decoder's token interface: a batch is max_batch or fewer sequences
+     * of seq_len token ids, each below vocab_size, with targets below
+     * real_vocab_size; the logits have vocab_size columns, of which the
+     * softmax reads the first real_vocab_size (the rest are padding rows of
+     * the embedding, kept for the kernels' sake). Every decoder over tokens
+     * has these, whatever its blocks hold, and callers that know no family
+     * read them: the trainer sizes its batches with seq_len, the sampler
+     * reads vocab_size logits and draws among real_vocab_size. The engine
+     * reads none of them; a user model of zeropp.h leaves them 0. */
     int seq_len;              /* T */
     int vocab_size;           /* rows of the token embedding, columns of the logits */
-    int real_vocab_size;      /* the softmax's columns, 1..vocab_size (zpp_gpt2_config) */
+    int real_vocab_size;      /* the softmax's columns, 1..vocab_size */
     int max_batch;            /* B the activations were sized for */
     /* The matrices: the element ranges of each unit that hold tensors of
      * two or more dimensions, sorted and disjoint: unit u's are
@@ -96,44 +109,6 @@ struct zpp_model {
     const zpp_elem_range *const *matrix_ranges;
     void *impl;
 };
-
-/* GPT-2 shape, from the config's "model" section.
- *
- * real_vocab_size: the tokens the model predicts. The token embedding (and
- * the tied LM head) has vocab_size rows, so the logits have vocab_size
- * columns, but the softmax and the cross-entropy run over the first
- * real_vocab_size of them only; the rest are padding (llm.c pads GPT-2's
- * 50257 tokens to 50304 rows for its kernels: its vocab_size is our
- * real_vocab_size, its padded_vocab_size our vocab_size). Padded columns
- * get a zero gradient, so their rows of wte only ever decay. Targets must
- * lie below real_vocab_size. 0 means vocab_size (no padding). */
-typedef struct zpp_gpt2_config {
-    int n_layer, n_head, n_embd, seq_len, vocab_size;
-    int real_vocab_size;
-} zpp_gpt2_config;
-
-/* real_vocab_size with 0 read as vocab_size. */
-static inline int zpp_gpt2_real_vocab(const zpp_gpt2_config *cfg) {
-    return cfg->real_vocab_size > 0 ? cfg->real_vocab_size : cfg->vocab_size;
-}
-
-/* The CPU reference GPT-2 (OpenBLAS). param_dtype is ZPP_FP32 or ZPP_BF16;
- * max_batch is the largest micro-batch set_batch will get. */
-zpp_status zpp_gpt2_cpu_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
-                               int max_batch, zpp_model **model_p);
-
-/* The CUDA GPT-2 (cuBLASLt), with the same units, stages, parameter layout
- * and initialisation as the CPU reference; params, grads and activations in
- * the GPU's memory; every kernel enqueued on dev's compute stream. set_batch
- * takes host tokens. ZPP_ERR_UNSUPPORTED in a build without CUDA
- * (gpt2_cuda_none.c). */
-zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
-                                int max_batch, zpp_device *dev, zpp_model **model_p);
-
-/* The GPT-2 for `dev`: the CPU reference for the host backend, the CUDA
- * model for a GPU. */
-zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
-                           zpp_device *dev, zpp_model **model_p);
 
 #ifdef __cplusplus
 }

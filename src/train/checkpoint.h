@@ -95,7 +95,7 @@
 
 #include "core/fault.h"
 #include "engine/engine.h"
-#include "model/model.h"
+#include "model/gpt2.h"
 #include "train/ckpt_manifest.h"
 #include "train/config.h"
 

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "model/model.h"
+#include "model/gpt2.h"
 #include "zeropp.h"
 
 typedef struct zpp_ckpt_manifest {

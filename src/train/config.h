@@ -56,7 +56,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/model.h"
+#include "model/gpt2.h"
 #include "zeropp.h"
 
 #ifdef __cplusplus

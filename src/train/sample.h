@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #include "device/device.h"
-#include "model/model.h"
+#include "model/gpt2.h"
 #include "zeropp.h"
 
 #ifdef __cplusplus

@@ -1,0 +1,64 @@
+/* model/family.h — model families by name, and the shape they are made of.
+ *
+ * A family is one kind of decoder: the blocks it stacks, how it lays its
+ * parameters out in units and initialises them, its CPU and CUDA models.
+ * Each family registers one factory under its name (family.c's table:
+ * "gpt2"; "llama" joins it the same way), so a caller that holds only a
+ * name and a shape (a config's "model" section, a checkpoint's manifest)
+ * creates any of them, then drives the model through model.h alone.
+ *
+ * The shape is one struct for every family, not a config per family behind
+ * a void pointer: with a pointer, each caller would have to know every
+ * family's type, which is what a registry by name is for not knowing; and
+ * the decoders trained here differ in a few numbers, not in what a shape
+ * is. A number some family does not vary is 0, "the family's own", and a
+ * family refuses a value it cannot build, naming the field (GPT-2 has no
+ * grouped-query attention and a 4 n_embd MLP, so n_kv_head must be 0 or
+ * n_head, n_ffn 0 or 4 n_embd). A knob of one family only (Llama's RoPE
+ * base, its norm epsilon, an untied head) joins the struct the same way,
+ * 0 = the family's default, refused by the families that have no such
+ * knob. */
+#ifndef ZPP_MODEL_FAMILY_H
+#define ZPP_MODEL_FAMILY_H
+
+#include "device/device.h"
+#include "model/model.h"
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The shape of a decoder over tokens: n_layer blocks over a residual stream
+ * n_embd wide, each attention (n_head query heads of n_embd / n_head
+ * channels, sharing n_kv_head key/value heads) and an MLP n_ffn wide. */
+typedef struct zpp_decoder_shape {
+    int n_layer;
+    int n_head;
+    int n_kv_head;       /* a divisor of n_head (grouped-query attention); 0 = n_head */
+    int n_embd;
+    int n_ffn;           /* the MLP's hidden width; 0 = the family's (GPT-2: 4 n_embd) */
+    int seq_len;         /* T, the longest sequence (model.h) */
+    int vocab_size;      /* rows of the token embedding, padding included (model.h) */
+    int real_vocab_size; /* the softmax's columns, 1..vocab_size; 0 = vocab_size */
+} zpp_decoder_shape;
+
+/* What a family registers: its model of `shape` for `dev` (the CPU model on
+ * the host backend, the CUDA model on a GPU), in the working dtype
+ * param_dtype, for micro-batches of up to max_batch sequences. */
+typedef zpp_status (*zpp_model_factory)(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
+                                        int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* The model of family `family` ("gpt2"), made by its factory. ZPP_ERR_CONFIG
+ * for a name no family registered, the message listing those that did;
+ * whatever the family's factory returns otherwise (ZPP_ERR_CONFIG for a
+ * shape it cannot build). *model_p is set on success only. */
+zpp_status zpp_model_family_create(const char *family, const zpp_decoder_shape *shape,
+                                   zpp_dtype param_dtype, int max_batch, zpp_device *dev,
+                                   zpp_model **model_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,47 @@
+/* model/gpt2_factory.c — the GPT-2 for a device: the CPU reference
+ * (gpt2_cpu.c) on the host backend, the CUDA model (gpt2_cuda.cu, or its
+ * stand-in gpt2_cuda_none.c) on a GPU. The one file that depends on both
+ * models; they depend only on what they share (gpt2.c). And the "gpt2"
+ * family's factory (family.h), from a generic decoder shape. */
+#include "core/error.h"
+#include "model/gpt2.h"
+
+zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, int max_batch,
+                           zpp_device *dev, zpp_model **model_p) {
+    if (!dev)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "gpt2 create: no device; create one with zpp_device_create_host or "
+                         "zpp_device_create_gpu");
+    if (dev->mem == ZPP_MEM_HOST)
+        return zpp_gpt2_cpu_create(cfg, param_dtype, max_batch, model_p);
+    return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
+}
+
+/* GPT-2's config of a generic shape (gpt2.h, zpp_gpt2_family_create). */
+static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_config *cfg_p) {
+    if (shape->n_kv_head != 0 && shape->n_kv_head != shape->n_head)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "gpt2: n_kv_head %d differs from n_head %d; GPT-2 gives every head "
+                         "its own keys and values (use 0 or n_head)",
+                         shape->n_kv_head, shape->n_head);
+    const long long ffn = 4LL * shape->n_embd;
+    if (shape->n_ffn != 0 && shape->n_ffn != ffn)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "gpt2: n_ffn %d is not 4 x n_embd = %lld; GPT-2's MLP is 4 n_embd wide "
+                         "(use 0 or %lld)",
+                         shape->n_ffn, ffn, ffn);
+    *cfg_p = (zpp_gpt2_config){.n_layer = shape->n_layer,
+                               .n_head = shape->n_head,
+                               .n_embd = shape->n_embd,
+                               .seq_len = shape->seq_len,
+                               .vocab_size = shape->vocab_size,
+                               .real_vocab_size = shape->real_vocab_size};
+    return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
+                                  int max_batch, zpp_device *dev, zpp_model **model_p) {
+    zpp_gpt2_config cfg;
+    ZPP_CHECK(config_of_shape(shape, &cfg));
+    return zpp_gpt2_create(&cfg, param_dtype, max_batch, dev, model_p);
+}
