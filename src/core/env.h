@@ -53,6 +53,10 @@
     X(ZPP_ENV_PATH, "PATH", "where `zeropp plot` looks for gnuplot")                          \
     X(ZPP_ENV_TMPDIR, "TMPDIR", "where `zeropp plot` writes its gnuplot script (default /tmp)")
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum zpp_env_var {
 #define ZPP_ENV_ID(id, name, doc) id,
     ZPP_ENV_VARS(ZPP_ENV_ID)
@@ -71,5 +75,9 @@ int zpp_env_set(zpp_env_var v, const char *value);
 /* Sets v to `value` unless it is set already (the user's value is kept);
  * 0 on success, -1 when setenv fails. */
 int zpp_env_default(zpp_env_var v, const char *value);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -110,6 +110,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "device/device.h"
 #include "zeropp.h"
@@ -1495,8 +1496,8 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     zpp_status cst = zpp_device_dtype_check(cc_major, cc_minor, param_dtype, why, sizeof why);
     if (cst != ZPP_OK) return zpp_error(cst, "gpt2 cuda create: %s", why);
     zpp_attn_path attn = ZPP_ATTN_GEMM;
-    cst = zpp_attn_path_pick(getenv("ZPP_ATTENTION"), param_dtype, cfg->n_embd / cfg->n_head,
-                             cc_major, cc_minor, &attn, why, sizeof why);
+    cst = zpp_attn_path_pick(zpp_env_get(ZPP_ENV_ATTENTION), param_dtype,
+                             cfg->n_embd / cfg->n_head, cc_major, cc_minor, &attn, why, sizeof why);
     if (cst != ZPP_OK) return zpp_error(cst, "gpt2 cuda create: %s", why);
 
     gpt2_cuda *g = (gpt2_cuda *)calloc(1, sizeof *g);
