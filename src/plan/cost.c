@@ -611,6 +611,52 @@ static int filter_has(const int *list, int n, int x) {
     return 0;
 }
 
+/* A filter's lists: micro-batches (when searched: `list`) positive and
+ * ascending, hpZ sizes dividing the node of S ranks. */
+static zpp_status pick_filter_check(const zpp_cost_pick_filter *f, int list, int S) {
+    for (int i = 0; list && i < f->n_micro_batches; i++)
+        if (f->micro_batches[i] <= 0 || (i && f->micro_batches[i] <= f->micro_batches[i - 1]))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: micro-batch list entry %d is %d; give positive micro-"
+                             "batches in ascending order",
+                             i + 1, f->micro_batches[i]);
+    for (int i = 0; f->hpz_sizes && i < f->n_hpz_sizes; i++)
+        if (f->hpz_sizes[i] < 2 || S % f->hpz_sizes[i])
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: hpZ partition size %d does not divide the node of %d "
+                             "ranks (or is below 2); give divisors of the node size",
+                             f->hpz_sizes[i], S);
+    return ZPP_OK;
+}
+
+/* Why the search stopped at r->best's micro-batch: the next one (the next
+ * entry of a searched list `f`, else twice the best's) priced for the
+ * winner's mode and H, its memory and whether that fits. Nothing without a
+ * GPT shape. */
+static zpp_status pick_next(const zpp_cost_in *in, double mem_budget,
+                            const zpp_cost_pick_filter *f, zpp_cost_pick_result *r) {
+    if (in->n_layer <= 0) return ZPP_OK;
+    r->next_micro_batch = 0;
+    if (f) { /* the next entry after the best's, if any */
+        for (int i = 0; i < f->n_micro_batches; i++)
+            if (f->micro_batches[i] > r->best.micro_batch) {
+                r->next_micro_batch = f->micro_batches[i];
+                break;
+            }
+    } else {
+        r->next_micro_batch = 2 * r->best.micro_batch;
+    }
+    if (!r->next_micro_batch) return ZPP_OK;
+    zpp_cost_in c = *in;
+    zpp_cost_out o;
+    c.hpz_size = r->best.hpz_size;
+    c.tokens_per_gpu = (double)r->next_micro_batch * in->seq_len;
+    ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r->best.mode), &o));
+    r->next_mem_bytes = o.mem_bytes_per_rank;
+    r->next_fits = o.mem_bytes_per_rank <= mem_budget;
+    return ZPP_OK;
+}
+
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p) {
     return zpp_cost_pick_only(in, mem_budget, max_micro_batch, NULL, out_p);
@@ -627,18 +673,7 @@ zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_
     const zpp_cost_pick_filter none = {0, NULL, 0, NULL, 0};
     const zpp_cost_pick_filter *f = filter ? filter : &none;
     const int list = gpt && f->micro_batches && f->n_micro_batches > 0;
-    for (int i = 0; list && i < f->n_micro_batches; i++)
-        if (f->micro_batches[i] <= 0 || (i && f->micro_batches[i] <= f->micro_batches[i - 1]))
-            return zpp_error(ZPP_ERR_INVALID,
-                             "pick: micro-batch list entry %d is %d; give positive micro-"
-                             "batches in ascending order",
-                             i + 1, f->micro_batches[i]);
-    for (int i = 0; f->hpz_sizes && i < f->n_hpz_sizes; i++)
-        if (f->hpz_sizes[i] < 2 || S % f->hpz_sizes[i])
-            return zpp_error(ZPP_ERR_INVALID,
-                             "pick: hpZ partition size %d does not divide the node of %d "
-                             "ranks (or is below 2); give divisors of the node size",
-                             f->hpz_sizes[i], S);
+    ZPP_CHECK(pick_filter_check(f, list, S));
     zpp_cost_pick_result r;
     memset(&r, 0, sizeof r);
     zpp_cost_choice best_of[ZPP_COLL_MODE_COUNT], smallest;
@@ -714,25 +749,7 @@ zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_
     r.has_zero3 = has[0];
     r.zero3 = best_of[0];
 
-    if (list) { /* the next entry after the best's, if any */
-        r.next_micro_batch = 0;
-        for (int i = 0; i < f->n_micro_batches; i++)
-            if (f->micro_batches[i] > r.best.micro_batch) {
-                r.next_micro_batch = f->micro_batches[i];
-                break;
-            }
-    } else if (gpt) {
-        r.next_micro_batch = 2 * r.best.micro_batch;
-    }
-    if (gpt && r.next_micro_batch) { /* the winner one micro-batch up: why the search stopped */
-        zpp_cost_in c = *in;
-        zpp_cost_out o;
-        c.hpz_size = r.best.hpz_size;
-        c.tokens_per_gpu = (double)r.next_micro_batch * in->seq_len;
-        ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r.best.mode), &o));
-        r.next_mem_bytes = o.mem_bytes_per_rank;
-        r.next_fits = o.mem_bytes_per_rank <= mem_budget;
-    }
+    ZPP_CHECK(pick_next(in, mem_budget, list ? f : NULL, &r));
     *out_p = r;
     return ZPP_OK;
 }
@@ -1001,21 +1018,11 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     return ZPP_OK;
 }
 
-zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
-                              zpp_cost_calib *out_p) {
-    if (!path || !out_p || !(latency_s >= 0))
-        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
-    if (model && !(model->params >= 1))
-        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
-    FILE *f;
-    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
-    zpp_cost_calib c;
-    calib_acc *a = calloc(1, sizeof *a);
-    memset(&c, 0, sizeof c);
-    if (!a) {
-        fclose(f);
-        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
-    }
+/* Every line of the file into the sums (a) and the counts (c): bench comm
+ * lines and train lines; blank lines skipped; anything else refused naming
+ * the line. */
+static zpp_status calib_read(FILE *f, const char *path, double latency_s,
+                             const zpp_cost_in *model, calib_acc *a, zpp_cost_calib *c) {
     char *buf = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -1040,15 +1047,15 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
                            path, line);
         } else if (cJSON_IsString(bench) && strcmp(bench->valuestring, "comm") == 0) {
             int iu = 0, xu = 0;
-            st = calib_comm_line(o, path, line, latency_s, a, &c, &iu, &xu);
-            c.lines++;
-            c.intra_lines += iu;
-            c.inter_lines += xu;
+            st = calib_comm_line(o, path, line, latency_s, a, c, &iu, &xu);
+            c->lines++;
+            c->intra_lines += iu;
+            c->inter_lines += xu;
         } else if (!bench && cJSON_GetObjectItemCaseSensitive(o, "step_ms")) {
             int used = 0;
             st = calib_train_line(o, path, line, model, a, &used);
-            c.lines++;
-            c.train_lines += used;
+            c->lines++;
+            c->train_lines += used;
         } else {
             st = zpp_error(ZPP_ERR_FORMAT,
                            "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
@@ -1061,30 +1068,26 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
     if (st == ZPP_OK && ferror(f))
         st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
     free(buf);
-    fclose(f);
-    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
-        st = zpp_error(ZPP_ERR_FORMAT,
-                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
-                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
-                       "lines past step 1",
-                       path, c.lines);
-    /* Lines of runs on these ranks: the wall step less the collectives'
-     * measured time in that mode (per parameter x the model's parameters)
-     * is the pace at which the group computes: it holds the ranks' sharing
-     * of the cores and each wait for the slowest rank. */
-    for (int i = 0; st == ZPP_OK && i < a->ntrain; i++) {
+    return st;
+}
+
+/* Train lines of runs on these ranks: the wall step less the collectives'
+ * measured time in that mode (per parameter x the model's parameters) is
+ * the pace at which the group computes: it holds the ranks' sharing of the
+ * cores and each wait for the slowest rank. */
+static zpp_status calib_train_pace(calib_acc *a, const char *path, const zpp_cost_in *model,
+                                   const zpp_cost_calib *c) {
+    for (int i = 0; i < a->ntrain; i++) {
         const int mi = a->mode[i];
         if (mi < 0 || a->profiled[i]) continue;
-        if (!c.has_mode[mi] || c.coll_world != model->world ||
-            c.coll_node_size != model->node_size) {
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
-                           "needs that mode's `zeropp bench comm --json` line from the same "
-                           "ranks (world %d, node size %d) in the file",
-                           path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
-                           model->world, model->node_size);
-            break;
-        }
+        if (!c->has_mode[mi] || c->coll_world != model->world ||
+            c->coll_node_size != model->node_size)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
+                             "needs that mode's `zeropp bench comm --json` line from the same "
+                             "ranks (world %d, node size %d) in the file",
+                             path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
+                             model->world, model->node_size);
         /* bench comm gathers every unit again in its backward, so its
          * backward-gather time per parameter is per parameter moved; the
          * train run moved it only for the units the reuse rule did not keep
@@ -1096,26 +1099,53 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
         for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * moved[k];
         a->sec[i] -= coll;
         if (!(a->sec[i] > 0))
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "calibrate: %s line %d: the step is no longer than its mode's "
-                           "measured collectives (%.4f s): measure both on the same ranks",
-                           path, a->line[i], coll);
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: the step is no longer than its mode's "
+                             "measured collectives (%.4f s): measure both on the same ranks",
+                             path, a->line[i], coll);
     }
-    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
-    if (st != ZPP_OK) {
-        free(a);
-        return st;
-    }
-    if (c.intra_lines) c.intra_bps = a->intra_bytes / a->intra_s;
-    if (c.inter_lines) {
-        c.inter_bps = a->cross_bytes / a->cross_s;
+    return ZPP_OK;
+}
+
+/* The link rates (pooled: total bytes over total time) and each measured
+ * mode's phase times per parameter. */
+static void calib_rates(const calib_acc *a, zpp_cost_calib *c) {
+    if (c->intra_lines) c->intra_bps = a->intra_bytes / a->intra_s;
+    if (c->inter_lines) {
+        c->inter_bps = a->cross_bytes / a->cross_s;
         /* Bound by the intra-node link when its term alone fills the time. */
-        if (c.intra_lines && a->cross_intra / c.intra_bps >= a->cross_s) c.inter_lower_bound = 1;
+        if (c->intra_lines && a->cross_intra / c->intra_bps >= a->cross_s)
+            c->inter_lower_bound = 1;
     }
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
         for (int k = 0; k < 3; k++)
-            if (c.has_mode[m]) c.coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+            if (c->has_mode[m]) c->coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
+                              zpp_cost_calib *out_p) {
+    if (!path || !out_p || !(latency_s >= 0))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    if (model && !(model->params >= 1))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
+    FILE *f;
+    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
+    zpp_cost_calib c;
+    memset(&c, 0, sizeof c);
+    calib_acc *a = calloc(1, sizeof *a);
+    zpp_status st = a ? calib_read(f, path, latency_s, model, a, &c)
+                      : zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
+    fclose(f);
+    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
+                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
+                       "lines past step 1",
+                       path, c.lines);
+    if (st == ZPP_OK) st = calib_train_pace(a, path, model, &c);
+    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
+    if (st == ZPP_OK) calib_rates(a, &c);
     free(a);
-    *out_p = c;
-    return ZPP_OK;
+    if (st == ZPP_OK) *out_p = c;
+    return st;
 }
