@@ -368,14 +368,16 @@ static int sweep_chart(const sweep_point *pt, int n, const char *xname, const ch
     return 0;
 }
 
-/* "NAME=A..B" into name (32 bytes), a and b; -1 with a message unless NAME
- * is world or inter-gbps and 0 < A <= B. strtod would read "25." of
- * "25..800", so the text is split at the dots first. */
+#define SWEEP_NAME_CAP 32
+
+/* "NAME=A..B" into name (SWEEP_NAME_CAP bytes), a and b; -1 with a
+ * message unless NAME is world or inter-gbps and 0 < A <= B. strtod would
+ * read "25." of "25..800", so the text is split at the dots first. */
 static int sweep_parse(const char *spec, char *name, double *a, double *b) {
     char lo[64] = "", hi[64] = "";
     const char *eq = strchr(spec, '='), *dots = eq ? strstr(eq, "..") : NULL;
-    int ok = eq && dots && (size_t)(eq - spec) < 32 && (size_t)(dots - eq - 1) < sizeof lo &&
-             strlen(dots + 2) < sizeof hi;
+    int ok = eq && dots && (size_t)(eq - spec) < SWEEP_NAME_CAP &&
+             (size_t)(dots - eq - 1) < sizeof lo && strlen(dots + 2) < sizeof hi;
     name[0] = 0;
     if (ok) {
         memcpy(name, spec, (size_t)(eq - spec));
@@ -449,7 +451,7 @@ static void sweep_print(const sweep_point *pt, int n, const char *name, const ch
  * SWEEP_MAX points), printed, and drawn with --chart. */
 static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *chart, int json,
                       double link_eff) {
-    char name[32];
+    char name[SWEEP_NAME_CAP];
     double a = 0, b = 0;
     if (sweep_parse(spec, name, &a, &b)) return 2;
     const int is_world = strcmp(name, "world") == 0;
@@ -498,8 +500,8 @@ typedef struct plan_opts {
     int world, node_size, units, json, micro_batch, qgz_overlap, pick, serial, link_per_comm,
         recompute;
     zpp_dtype dtype;
-    /* The options taking a number or a list, as given (NULL: not given): a
-     * check or a clash names the flag the user wrote. */
+    /* The options that take text (numbers, lists, names, paths), as given
+     * (NULL: not given): a check or a clash names the flag the user wrote. */
     const char *dtype_s, *model_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
         *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s, *hbm_s, *hbm_eff_s,
         *modes_s, *mbs_s, *hpzs_s;
