@@ -368,30 +368,92 @@ static int sweep_chart(const sweep_point *pt, int n, const char *xname, const ch
     return 0;
 }
 
-static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *chart, int json,
-                      double link_eff) {
-    /* NAME=A..B; strtod would read "25." of "25..800", so split first. */
-    char name[32] = "", lo[64] = "", hi[64] = "";
+#define SWEEP_NAME_CAP 32
+
+/* "NAME=A..B" into name (SWEEP_NAME_CAP bytes), a and b; -1 with a
+ * message unless NAME is world or inter-gbps and 0 < A <= B. strtod would
+ * read "25." of "25..800", so the text is split at the dots first. */
+static int sweep_parse(const char *spec, char *name, double *a, double *b) {
+    char lo[64] = "", hi[64] = "";
     const char *eq = strchr(spec, '='), *dots = eq ? strstr(eq, "..") : NULL;
-    double a = 0, b = 0;
-    int ok = eq && dots && (size_t)(eq - spec) < sizeof name &&
+    int ok = eq && dots && (size_t)(eq - spec) < SWEEP_NAME_CAP &&
              (size_t)(dots - eq - 1) < sizeof lo && strlen(dots + 2) < sizeof hi;
+    name[0] = 0;
     if (ok) {
         memcpy(name, spec, (size_t)(eq - spec));
+        name[eq - spec] = 0;
         memcpy(lo, eq + 1, (size_t)(dots - eq - 1));
         strcpy(hi, dots + 2);
         char *e1, *e2;
-        a = strtod(lo, &e1);
-        b = strtod(hi, &e2);
+        *a = strtod(lo, &e1);
+        *b = strtod(hi, &e2);
         ok = lo[0] && hi[0] && !*e1 && !*e2;
     }
-    if (!ok || (strcmp(name, "world") != 0 && strcmp(name, "inter-gbps") != 0) || !(a > 0) ||
-        !(b >= a) || !isfinite(b)) {
+    if (!ok || (strcmp(name, "world") != 0 && strcmp(name, "inter-gbps") != 0) || !(*a > 0) ||
+        !(*b >= *a) || !isfinite(*b)) {
         fprintf(stderr, "zeropp plan: --sweep '%s': give world=A..B or inter-gbps=A..B with "
                         "0 < A <= B (e.g. world=64..16384)\n",
                 spec);
-        return 2;
+        return -1;
     }
+    return 0;
+}
+
+/* The sweep's n points: one JSON line per point and mode, or a table of
+ * each mode's step, ZeRO-3's and ZeRO++'s tokens/s per GPU, the speedup,
+ * ZeRO++'s exposed share and memory per rank. */
+static void sweep_print(const sweep_point *pt, int n, const char *name, const char *spec,
+                        const zpp_cost_in *base, int json) {
+    const double GiB = 1073741824.0;
+    const int is_world = strcmp(name, "world") == 0;
+    if (json) {
+        for (int i = 0; i < n; i++)
+            for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+                const zpp_cost_out *o = &pt[i].o[m];
+                double w = is_world ? pt[i].x : base->world;
+                printf("{\"plan\":\"sweep\",\"sweep\":\"%s\",\"x\":%.10g,\"mode\":\"%s\","
+                       "\"world\":%.0f,\"step_s\":%.9g,\"compute_s\":%.9g,\"exposed_comm_s\":"
+                       "%.9g,\"tokens_per_s\":%.9g,\"tokens_per_s_per_gpu\":%.9g,"
+                       "\"tflops_per_gpu\":%.9g,\"speedup_vs_zero3\":%.9g,"
+                       "\"cross_node_bytes\":%.17g,\"mem_bytes_per_rank\":%.17g}\n",
+                       name, pt[i].x, zpp_coll_mode_get(m)->name, w, o->step_s, o->compute_s,
+                       o->exposed_comm_s, o->tokens_per_s, o->tokens_per_s / w,
+                       o->tflops_per_gpu, pt[i].o[0].step_s / o->step_s, o->cross_node_bytes,
+                       o->mem_bytes_per_rank);
+            }
+        return;
+    }
+    printf("zeropp plan --sweep %s: %.4g parameters, %.0f tokens per GPU, node of %d%s\n", spec,
+           base->params, base->tokens_per_gpu, base->node_size,
+           is_world ? "" : "; cross-node rate x --link-eff");
+    printf("%10s | %-47s | %-35s | %s\n", "", "step time, ms", "tokens/s per GPU",
+           "mem/rank GiB");
+    printf("%10s | %9s %9s %9s %9s %9s | %8s %8s %8s %8s | %6s %6s %6s\n", name, "zero3", "qwz",
+           "hpz", "qgz", "zeropp", "zero3", "zeropp", "speedup", "exposed", "zero3", "hpz",
+           "zeropp");
+    for (int i = 0; i < n; i++) {
+        const zpp_cost_out *o = pt[i].o;
+        double w = is_world ? pt[i].x : base->world;
+        printf("%10.6g | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.0f %8.0f %7.2fx %7.0f%% | %6.2f "
+               "%6.2f %6.2f\n",
+               pt[i].x, o[0].step_s * 1e3, o[1].step_s * 1e3, o[2].step_s * 1e3,
+               o[3].step_s * 1e3, o[4].step_s * 1e3, o[0].tokens_per_s / w,
+               o[4].tokens_per_s / w, o[0].step_s / o[4].step_s,
+               100 * o[4].exposed_comm_s / o[4].step_s, o[0].mem_bytes_per_rank / GiB,
+               o[2].mem_bytes_per_rank / GiB, o[4].mem_bytes_per_rank / GiB);
+    }
+    printf("(speedup: ZeRO++ over ZeRO-3; exposed: ZeRO++'s communication not hidden, "
+           "share of its step)\n");
+    if (n == SWEEP_MAX) printf("(stopped at %d points)\n", SWEEP_MAX);
+}
+
+/* --sweep NAME=A..B: every mode priced at A, 2A, 4A, ... up to B (at most
+ * SWEEP_MAX points), printed, and drawn with --chart. */
+static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *chart, int json,
+                      double link_eff) {
+    char name[SWEEP_NAME_CAP];
+    double a = 0, b = 0;
+    if (sweep_parse(spec, name, &a, &b)) return 2;
     const int is_world = strcmp(name, "world") == 0;
     sweep_point pt[SWEEP_MAX];
     int n = 0;
@@ -415,47 +477,7 @@ static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *cha
                 return 2;
             }
     }
-    const double GiB = 1073741824.0;
-    if (json) {
-        for (int i = 0; i < n; i++)
-            for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-                const zpp_cost_out *o = &pt[i].o[m];
-                double w = is_world ? pt[i].x : base->world;
-                printf("{\"plan\":\"sweep\",\"sweep\":\"%s\",\"x\":%.10g,\"mode\":\"%s\","
-                       "\"world\":%.0f,\"step_s\":%.9g,\"compute_s\":%.9g,\"exposed_comm_s\":"
-                       "%.9g,\"tokens_per_s\":%.9g,\"tokens_per_s_per_gpu\":%.9g,"
-                       "\"tflops_per_gpu\":%.9g,\"speedup_vs_zero3\":%.9g,"
-                       "\"cross_node_bytes\":%.17g,\"mem_bytes_per_rank\":%.17g}\n",
-                       name, pt[i].x, zpp_coll_mode_get(m)->name, w, o->step_s, o->compute_s,
-                       o->exposed_comm_s, o->tokens_per_s, o->tokens_per_s / w,
-                       o->tflops_per_gpu, pt[i].o[0].step_s / o->step_s, o->cross_node_bytes,
-                       o->mem_bytes_per_rank);
-            }
-    } else {
-        printf("zeropp plan --sweep %s: %.4g parameters, %.0f tokens per GPU, node of %d%s\n",
-               spec, base->params, base->tokens_per_gpu, base->node_size,
-               is_world ? "" : "; cross-node rate x --link-eff");
-        printf("%10s | %-47s | %-35s | %s\n", "", "step time, ms", "tokens/s per GPU",
-               "mem/rank GiB");
-        printf("%10s | %9s %9s %9s %9s %9s | %8s %8s %8s %8s | %6s %6s %6s\n", name, "zero3",
-               "qwz", "hpz", "qgz", "zeropp", "zero3", "zeropp", "speedup", "exposed", "zero3",
-               "hpz", "zeropp");
-        for (int i = 0; i < n; i++) {
-            const zpp_cost_out *o = pt[i].o;
-            double w = is_world ? pt[i].x : base->world;
-            printf("%10.6g | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.0f %8.0f %7.2fx %7.0f%% | %6.2f "
-                   "%6.2f %6.2f\n",
-                   pt[i].x, o[0].step_s * 1e3, o[1].step_s * 1e3, o[2].step_s * 1e3,
-                   o[3].step_s * 1e3, o[4].step_s * 1e3, o[0].tokens_per_s / w,
-                   o[4].tokens_per_s / w, o[0].step_s / o[4].step_s,
-                   100 * o[4].exposed_comm_s / o[4].step_s, o[0].mem_bytes_per_rank / GiB,
-                   o[2].mem_bytes_per_rank / GiB, o[4].mem_bytes_per_rank / GiB);
-        }
-        printf("(speedup: ZeRO++ over ZeRO-3; exposed: ZeRO++'s communication not hidden, "
-               "share of its step)\n");
-    }
-    if (n == SWEEP_MAX && !json)
-        printf("(stopped at %d points)\n", SWEEP_MAX);
+    sweep_print(pt, n, name, spec, base, json);
     if (chart) {
         int rc = sweep_chart(pt, n, name, chart, base);
         if (rc) return rc;
@@ -464,50 +486,76 @@ static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *cha
     return 0;
 }
 
-int zpp_cli_plan(int argc, char **argv) {
-    size_t params = 0, reuse = 1000000000; /* DeepSpeed's stage3_max_reuse_distance */
-    int world = 0, node_size = 0, units = 0, json = 0, micro_batch = 0, qgz_overlap = 0,
-        pick = 0, serial = 0, link_per_comm = 0;
-    zpp_dtype dtype = ZPP_BF16;
-    const char *dtype_s = NULL, *model_s = NULL, *gpu_s = NULL, *tok_s = NULL, *tf_s = NULL,
-               *inter_s = NULL, *intra_s = NULL, *eff_s = NULL, *lat_s = NULL, *mem_s = NULL,
-               *cal_s = NULL, *rpd_s = NULL, *opt_s = NULL, *sweep_s = NULL, *chart_s = NULL, *expf_s = NULL,
-               *hbm_s = NULL, *hbm_eff_s = NULL, *modes_s = NULL, *mbs_s = NULL, *hpzs_s = NULL;
-    int recompute = 0;
+/* ---- the command -------------------------------------------------------------
+ * zpp_cli_plan runs five steps, each a function below: the options (parsed,
+ * then checked), the machine (GPU preset, links), the calibration, then one
+ * of three answers: a sweep, a pick, or the step table (text or JSON). A
+ * step returns PLAN_GO to go on, or the exit code with its message printed. */
+
+#define PLAN_GO (-1)
+#define PLAN_LIST_MAX 32 /* entries of --micro-batches, --hpz-sizes */
+
+typedef struct plan_opts {
+    size_t params, reuse;
+    int world, node_size, units, json, micro_batch, qgz_overlap, pick, serial, link_per_comm,
+        recompute;
+    zpp_dtype dtype;
+    /* The options that take text (numbers, lists, names, paths), as given
+     * (NULL: not given): a check or a clash names the flag the user wrote. */
+    const char *dtype_s, *model_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
+        *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s, *hbm_s, *hbm_eff_s,
+        *modes_s, *mbs_s, *hpzs_s;
+    /* Their values, defaults filled in. hbm < 0: the --gpu preset's. */
+    double tokens, tflops, inter, intra, eff, lat, mem_gb, rpd, opt_ns, expf, hbm, hbm_eff;
+    int mbs[PLAN_LIST_MAX], hpzs[PLAN_LIST_MAX], n_mbs, n_hpzs;
+    unsigned modes;          /* --modes as a mask of mode indices; 0: all */
+    const zpp_cost_gpu *gpu; /* the --gpu preset (h200 by default) */
+    int timed;               /* tokens given: step times predicted */
+} plan_opts;
+
+/* Options, step 1: the flags into `o`, --dtype, and the model (--params or
+ * --model's GPT shape, which goes into ci) on --world ranks. --help prints
+ * the usage and exits 0. */
+static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
+    memset(o, 0, sizeof *o);
+    o->reuse = 1000000000; /* DeepSpeed's stage3_max_reuse_distance */
+    o->dtype = ZPP_BF16;
+    o->inter = 400, o->eff = 0.8, o->lat = 5, o->rpd = 1, o->hbm = -1;
+    o->hbm_eff = PLAN_HBM_EFFICIENCY;
     const zpp_cli_opt cli_opts[] = {
-        {"--json", ZPP_CLI_FLAG, &json, 0, 0},
-        {"--params", ZPP_CLI_SIZE, &params, 1, 1ll << 53},
-        {"--world", ZPP_CLI_INT, &world, 1, 1 << 24},
-        {"--node-size", ZPP_CLI_INT, &node_size, 1, 1 << 24},
-        {"--units", ZPP_CLI_INT, &units, 1, 1 << 24},
-        {"--dtype", ZPP_CLI_STR, &dtype_s, 0, 0},
-        {"--model", ZPP_CLI_STR, &model_s, 0, 0},
-        {"--tokens-per-gpu", ZPP_CLI_STR, &tok_s, 0, 0},
-        {"--micro-batch", ZPP_CLI_INT, &micro_batch, 1, 1 << 24},
-        {"--gpu", ZPP_CLI_STR, &gpu_s, 0, 0},
-        {"--tflops", ZPP_CLI_STR, &tf_s, 0, 0},
-        {"--inter-gbps", ZPP_CLI_STR, &inter_s, 0, 0},
-        {"--intra-gbps", ZPP_CLI_STR, &intra_s, 0, 0},
-        {"--link-eff", ZPP_CLI_STR, &eff_s, 0, 0},
-        {"--latency-us", ZPP_CLI_STR, &lat_s, 0, 0},
-        {"--qgz-overlap", ZPP_CLI_FLAG, &qgz_overlap, 0, 0},
-        {"--pick", ZPP_CLI_FLAG, &pick, 0, 0},
-        {"--mem-gb", ZPP_CLI_STR, &mem_s, 0, 0},
-        {"--calibrate", ZPP_CLI_STR, &cal_s, 0, 0},
-        {"--ranks-per-device", ZPP_CLI_STR, &rpd_s, 0, 0},
-        {"--serial", ZPP_CLI_FLAG, &serial, 0, 0},
-        {"--link-per-comm", ZPP_CLI_FLAG, &link_per_comm, 0, 0},
-        {"--opt-ns", ZPP_CLI_STR, &opt_s, 0, 0},
-        {"--exposed-frac", ZPP_CLI_STR, &expf_s, 0, 0},
-        {"--sweep", ZPP_CLI_STR, &sweep_s, 0, 0},
-        {"--chart", ZPP_CLI_STR, &chart_s, 0, 0},
-        {"--reuse-distance", ZPP_CLI_SIZE, &reuse, 0, 1ll << 53},
-        {"--recompute", ZPP_CLI_FLAG, &recompute, 0, 0},
-        {"--hbm-gbs", ZPP_CLI_STR, &hbm_s, 0, 0},
-        {"--hbm-eff", ZPP_CLI_STR, &hbm_eff_s, 0, 0},
-        {"--modes", ZPP_CLI_STR, &modes_s, 0, 0},
-        {"--micro-batches", ZPP_CLI_STR, &mbs_s, 0, 0},
-        {"--hpz-sizes", ZPP_CLI_STR, &hpzs_s, 0, 0},
+        {"--json", ZPP_CLI_FLAG, &o->json, 0, 0},
+        {"--params", ZPP_CLI_SIZE, &o->params, 1, 1ll << 53},
+        {"--world", ZPP_CLI_INT, &o->world, 1, 1 << 24},
+        {"--node-size", ZPP_CLI_INT, &o->node_size, 1, 1 << 24},
+        {"--units", ZPP_CLI_INT, &o->units, 1, 1 << 24},
+        {"--dtype", ZPP_CLI_STR, &o->dtype_s, 0, 0},
+        {"--model", ZPP_CLI_STR, &o->model_s, 0, 0},
+        {"--tokens-per-gpu", ZPP_CLI_STR, &o->tok_s, 0, 0},
+        {"--micro-batch", ZPP_CLI_INT, &o->micro_batch, 1, 1 << 24},
+        {"--gpu", ZPP_CLI_STR, &o->gpu_s, 0, 0},
+        {"--tflops", ZPP_CLI_STR, &o->tf_s, 0, 0},
+        {"--inter-gbps", ZPP_CLI_STR, &o->inter_s, 0, 0},
+        {"--intra-gbps", ZPP_CLI_STR, &o->intra_s, 0, 0},
+        {"--link-eff", ZPP_CLI_STR, &o->eff_s, 0, 0},
+        {"--latency-us", ZPP_CLI_STR, &o->lat_s, 0, 0},
+        {"--qgz-overlap", ZPP_CLI_FLAG, &o->qgz_overlap, 0, 0},
+        {"--pick", ZPP_CLI_FLAG, &o->pick, 0, 0},
+        {"--mem-gb", ZPP_CLI_STR, &o->mem_s, 0, 0},
+        {"--calibrate", ZPP_CLI_STR, &o->cal_s, 0, 0},
+        {"--ranks-per-device", ZPP_CLI_STR, &o->rpd_s, 0, 0},
+        {"--serial", ZPP_CLI_FLAG, &o->serial, 0, 0},
+        {"--link-per-comm", ZPP_CLI_FLAG, &o->link_per_comm, 0, 0},
+        {"--opt-ns", ZPP_CLI_STR, &o->opt_s, 0, 0},
+        {"--exposed-frac", ZPP_CLI_STR, &o->expf_s, 0, 0},
+        {"--sweep", ZPP_CLI_STR, &o->sweep_s, 0, 0},
+        {"--chart", ZPP_CLI_STR, &o->chart_s, 0, 0},
+        {"--reuse-distance", ZPP_CLI_SIZE, &o->reuse, 0, 1ll << 53},
+        {"--recompute", ZPP_CLI_FLAG, &o->recompute, 0, 0},
+        {"--hbm-gbs", ZPP_CLI_STR, &o->hbm_s, 0, 0},
+        {"--hbm-eff", ZPP_CLI_STR, &o->hbm_eff_s, 0, 0},
+        {"--modes", ZPP_CLI_STR, &o->modes_s, 0, 0},
+        {"--micro-batches", ZPP_CLI_STR, &o->mbs_s, 0, 0},
+        {"--hpz-sizes", ZPP_CLI_STR, &o->hpzs_s, 0, 0},
     };
     int pr = zpp_cli_parse_opts("plan", argc, argv, cli_opts,
                                 (int)(sizeof cli_opts / sizeof cli_opts[0]), 1);
@@ -516,316 +564,299 @@ int zpp_cli_plan(int argc, char **argv) {
         return 0;
     }
     if (pr < 0) return 2;
-    if (dtype_s && zpp_dtype_parse(dtype_s, &dtype) != ZPP_OK)
+    if (o->dtype_s && zpp_dtype_parse(o->dtype_s, &o->dtype) != ZPP_OK)
         return zpp_cli_fail("plan: --dtype", 1);
-    zpp_cost_in ci = zpp_cost_in_default();
-    if (model_s) {
-        if (sscanf(model_s, "%d,%d,%d,%d", &ci.n_layer, &ci.n_embd, &ci.seq_len, &ci.vocab) != 4 ||
-            ci.n_layer <= 0 || ci.n_embd <= 0 || ci.seq_len <= 0 || ci.vocab <= 0) {
+    *ci = zpp_cost_in_default();
+    if (o->model_s) {
+        if (sscanf(o->model_s, "%d,%d,%d,%d", &ci->n_layer, &ci->n_embd, &ci->seq_len,
+                   &ci->vocab) != 4 ||
+            ci->n_layer <= 0 || ci->n_embd <= 0 || ci->seq_len <= 0 || ci->vocab <= 0) {
             fprintf(stderr, "zeropp plan: --model '%s': give n_layer,n_embd,seq_len,vocab, "
                             "four positive integers (GPT-2 124M: 12,768,1024,50257)\n",
-                    model_s);
+                    o->model_s);
             return 2;
         }
-        if (params) {
+        if (o->params) {
             fprintf(stderr, "zeropp plan: give --params or --model, not both\n");
             return 2;
         }
-        params = (size_t)zpp_cost_gpt_params(ci.n_layer, ci.n_embd, ci.seq_len, ci.vocab);
-        if (!units) units = ci.n_layer + 1;
+        o->params = (size_t)zpp_cost_gpt_params(ci->n_layer, ci->n_embd, ci->seq_len, ci->vocab);
+        if (!o->units) o->units = ci->n_layer + 1;
     }
-    if (!units) units = 8;
-    if (!params || !world) {
+    if (!o->units) o->units = 8;
+    if (!o->params || !o->world) {
         fprintf(stderr, "zeropp plan: --params (or --model) and --world are required\n\n");
         plan_usage(stderr);
         return 2;
     }
-    if (!node_size) node_size = world;
-    double tokens = 0, tflops = 0, inter = 400, intra = 0, eff = 0.8, lat = 5, mem_gb = 0,
-           rpd = 1, opt_ns = 0, expf = 0, hbm = -1, hbm_eff = PLAN_HBM_EFFICIENCY;
-    int mbs[32], hpzs[32], n_mbs = 0, n_hpzs = 0;
-    unsigned modes = 0;
-    if (parse_pos("--hbm-gbs", hbm_s, &hbm) || parse_pos("--hbm-eff", hbm_eff_s, &hbm_eff) ||
-        parse_modes(modes_s, &modes) ||
-        parse_int_list("--micro-batches", mbs_s, mbs, 32, &n_mbs) ||
-        parse_int_list("--hpz-sizes", hpzs_s, hpzs, 32, &n_hpzs))
+    if (!o->node_size) o->node_size = o->world;
+    return PLAN_GO;
+}
+
+/* Options, step 2: the numbers and lists read, and the combinations that
+ * make no sense refused, each with what to do instead. Then the tokens a
+ * GPU processes: --tokens-per-gpu, or --micro-batch x seq_len. */
+static int plan_check(plan_opts *o, const zpp_cost_in *ci) {
+    if (parse_pos("--hbm-gbs", o->hbm_s, &o->hbm) ||
+        parse_pos("--hbm-eff", o->hbm_eff_s, &o->hbm_eff) || parse_modes(o->modes_s, &o->modes) ||
+        parse_int_list("--micro-batches", o->mbs_s, o->mbs, PLAN_LIST_MAX, &o->n_mbs) ||
+        parse_int_list("--hpz-sizes", o->hpzs_s, o->hpzs, PLAN_LIST_MAX, &o->n_hpzs))
         return 2;
-    if (!(hbm_eff > 0) || hbm_eff > 1) {
-        fprintf(stderr, "zeropp plan: --hbm-eff is in (0, 1]\n");
-        return 2;
-    }
-    if ((modes_s || mbs_s || hpzs_s) && !pick) {
-        fprintf(stderr, "zeropp plan: --modes, --micro-batches and --hpz-sizes restrict --pick; "
-                        "add --pick\n");
-        return 2;
-    }
-    if (mbs_s && (!model_s || micro_batch)) {
-        fprintf(stderr, "zeropp plan: --micro-batches needs --model and replaces --micro-batch\n");
-        return 2;
-    }
-    if (parse_pos("--tokens-per-gpu", tok_s, &tokens) || parse_pos("--tflops", tf_s, &tflops) ||
-        parse_pos("--inter-gbps", inter_s, &inter) || parse_pos("--intra-gbps", intra_s, &intra) ||
-        parse_pos("--link-eff", eff_s, &eff) || parse_pos("--latency-us", lat_s, &lat) ||
-        parse_pos("--mem-gb", mem_s, &mem_gb) || parse_pos("--ranks-per-device", rpd_s, &rpd) ||
-        parse_pos("--opt-ns", opt_s, &opt_ns) || parse_pos("--exposed-frac", expf_s, &expf))
-        return 2;
-    if (expf > 1 || (expf_s && serial)) {
-        fprintf(stderr, "zeropp plan: --exposed-frac is in [0, 1] and not with --serial "
-                        "(which is 1)\n");
+    const char *why = NULL; /* the first combination refused */
+    if (!(o->hbm_eff > 0) || o->hbm_eff > 1)
+        why = "--hbm-eff is in (0, 1]";
+    else if ((o->modes_s || o->mbs_s || o->hpzs_s) && !o->pick)
+        why = "--modes, --micro-batches and --hpz-sizes restrict --pick; add --pick";
+    else if (o->mbs_s && (!o->model_s || o->micro_batch))
+        why = "--micro-batches needs --model and replaces --micro-batch";
+    if (why) {
+        fprintf(stderr, "zeropp plan: %s\n", why);
         return 2;
     }
-    if (rpd_s && !(rpd >= 1)) {
-        fprintf(stderr, "zeropp plan: --ranks-per-device must be >= 1 (ranks sharing one "
-                        "device; 4 ranks on 2 cores: 2)\n");
+    if (parse_pos("--tokens-per-gpu", o->tok_s, &o->tokens) ||
+        parse_pos("--tflops", o->tf_s, &o->tflops) ||
+        parse_pos("--inter-gbps", o->inter_s, &o->inter) ||
+        parse_pos("--intra-gbps", o->intra_s, &o->intra) ||
+        parse_pos("--link-eff", o->eff_s, &o->eff) ||
+        parse_pos("--latency-us", o->lat_s, &o->lat) ||
+        parse_pos("--mem-gb", o->mem_s, &o->mem_gb) ||
+        parse_pos("--ranks-per-device", o->rpd_s, &o->rpd) ||
+        parse_pos("--opt-ns", o->opt_s, &o->opt_ns) ||
+        parse_pos("--exposed-frac", o->expf_s, &o->expf))
+        return 2;
+    if (o->expf > 1 || (o->expf_s && o->serial))
+        why = "--exposed-frac is in [0, 1] and not with --serial (which is 1)";
+    else if (o->rpd_s && !(o->rpd >= 1))
+        why = "--ranks-per-device must be >= 1 (ranks sharing one device; "
+              "4 ranks on 2 cores: 2)";
+    else if (o->chart_s && !o->sweep_s)
+        why = "--chart draws a --sweep; add --sweep";
+    else if (o->sweep_s && o->pick)
+        why = "give --sweep or --pick, not both";
+    else if (o->mem_s && !o->pick)
+        why = "--mem-gb is the budget of --pick; add --pick";
+    else if (o->pick && !o->model_s && !o->tok_s)
+        why = "--pick needs --model (micro-batches searched) or --tokens-per-gpu (tokens fixed)";
+    else if (o->pick && o->mem_s && !(o->mem_gb > 0))
+        why = "--mem-gb must be > 0";
+    else if (o->pick && o->micro_batch && !o->model_s)
+        why = "--micro-batch with --pick caps the micro-batch search, which needs --model";
+    else if (o->micro_batch && !o->pick && (!o->model_s || o->tok_s))
+        why = "--micro-batch needs --model (tokens = B x seq_len) and replaces --tokens-per-gpu";
+    else if (o->pick && o->model_s && o->tok_s)
+        why = "--pick with --model searches the micro-batch; drop --tokens-per-gpu "
+              "(--micro-batch B caps the search at B)";
+    if (why) {
+        fprintf(stderr, "zeropp plan: %s\n", why);
         return 2;
     }
-    if (chart_s && !sweep_s) {
-        fprintf(stderr, "zeropp plan: --chart draws a --sweep; add --sweep\n");
-        return 2;
-    }
-    if (sweep_s && pick) {
-        fprintf(stderr, "zeropp plan: give --sweep or --pick, not both\n");
-        return 2;
-    }
-    if (mem_s && !pick) {
-        fprintf(stderr, "zeropp plan: --mem-gb is the budget of --pick; add --pick\n");
-        return 2;
-    }
-    if (pick && !model_s && !tok_s) {
-        fprintf(stderr, "zeropp plan: --pick needs --model (micro-batches searched) or "
-                        "--tokens-per-gpu (tokens fixed)\n");
-        return 2;
-    }
-    if (pick && mem_s && !(mem_gb > 0)) {
-        fprintf(stderr, "zeropp plan: --mem-gb must be > 0\n");
-        return 2;
-    }
-    if (pick && micro_batch && !model_s) {
-        fprintf(stderr, "zeropp plan: --micro-batch with --pick caps the micro-batch search, "
-                        "which needs --model\n");
-        return 2;
-    }
-    if (micro_batch && !pick) {
-        if (!model_s || tok_s) {
-            fprintf(stderr, "zeropp plan: --micro-batch needs --model (tokens = B x seq_len) "
-                            "and replaces --tokens-per-gpu\n");
-            return 2;
-        }
-        tokens = (double)micro_batch * ci.seq_len;
-    }
-    if (pick && model_s) {
-        if (tok_s) {
-            fprintf(stderr, "zeropp plan: --pick with --model searches the micro-batch; drop "
-                            "--tokens-per-gpu (--micro-batch B caps the search at B)\n");
-            return 2;
-        }
-        tokens = ci.seq_len; /* micro-batch 1, for the checks below; the pick varies it */
-    }
-    const zpp_cost_gpu *gp = zpp_cost_gpu_by_name("h200");
-    if (gpu_s) {
-        gp = zpp_cost_gpu_by_name(gpu_s);
-        if (!gp) {
+    if (o->micro_batch && !o->pick) o->tokens = (double)o->micro_batch * ci->seq_len;
+    if (o->pick && o->model_s)
+        o->tokens = ci->seq_len; /* micro-batch 1, for the checks below; the pick varies it */
+    return PLAN_GO;
+}
+
+/* The machine: the --gpu preset's FLOP/s, HBM and NVLink rates where no
+ * flag set them, and the model and its links into ci (line rates x
+ * --link-eff; --calibrate may replace them). */
+static int plan_machine(plan_opts *o, zpp_cost_in *ci) {
+    o->gpu = zpp_cost_gpu_by_name("h200");
+    if (o->gpu_s) {
+        o->gpu = zpp_cost_gpu_by_name(o->gpu_s);
+        if (!o->gpu) {
             fprintf(stderr, "zeropp plan: unknown --gpu '%s'; use v100, a100, h100 or h200\n",
-                    gpu_s);
+                    o->gpu_s);
             return 2;
         }
     }
-    if (!tflops) tflops = gp->tensor_tflops * PLAN_GPU_EFFICIENCY;
-    if (hbm < 0) hbm = gp->hbm_gbs;
-    if (!intra) intra = gp->nvlink_gbps;
-    int timed = tokens > 0;
-    if (timed && (!(inter > 0) || !(intra > 0) || !(eff > 0) || eff > 1 || !(tflops > 0))) {
+    if (!o->tflops) o->tflops = o->gpu->tensor_tflops * PLAN_GPU_EFFICIENCY;
+    if (o->hbm < 0) o->hbm = o->gpu->hbm_gbs;
+    if (!o->intra) o->intra = o->gpu->nvlink_gbps;
+    o->timed = o->tokens > 0;
+    if (o->timed && (!(o->inter > 0) || !(o->intra > 0) || !(o->eff > 0) || o->eff > 1 ||
+                     !(o->tflops > 0))) {
         fprintf(stderr, "zeropp plan: bandwidths and --tflops must be > 0 and --link-eff in "
                         "(0, 1]\n");
         return 2;
     }
-    ci.params = (double)params;
-    ci.reuse_distance = (double)reuse;
-    ci.units = units;
-    ci.world = world;
-    ci.node_size = node_size;
-    ci.dtype = dtype;
-    ci.tokens_per_gpu = tokens;
-    ci.inter_bps = inter * 1e9 / 8 * eff;
-    ci.intra_bps = intra * 1e9 / 8 * eff;
-    zpp_cost_calib cal;
-    memset(&cal, 0, sizeof cal);
-    if (cal_s) { /* measured rates replace the line rates (already achieved: no --link-eff) */
-        if (zpp_cost_calibrate(cal_s, lat * 1e-6, &ci, &cal) != ZPP_OK) {
-            fprintf(stderr, "zeropp plan: %s\n", zpp_last_error());
-            return 2;
-        }
-        if ((cal.inter_bps > 0 && inter_s) || (cal.intra_bps > 0 && intra_s)) {
-            fprintf(stderr, "zeropp plan: --calibrate measured the %s bandwidth that --%s-gbps "
-                            "also sets; drop one\n",
-                    cal.inter_bps > 0 && inter_s ? "cross-node" : "intra-node",
-                    cal.inter_bps > 0 && inter_s ? "inter" : "intra");
-            return 2;
-        }
-        if ((cal.flops_per_s > 0 && tf_s) || (cal.train_points > 1 && opt_s)) {
-            fprintf(stderr, "zeropp plan: --calibrate measured the %s that --%s also sets; "
-                            "drop one\n",
-                    cal.flops_per_s > 0 && tf_s ? "compute rate" : "optimizer time",
-                    cal.flops_per_s > 0 && tf_s ? "tflops" : "opt-ns");
-            return 2;
-        }
-        if (cal.inter_bps > 0) ci.inter_bps = cal.inter_bps;
-        if (cal.intra_bps > 0) ci.intra_bps = cal.intra_bps;
-        if (cal.flops_per_s > 0) {
-            tflops = cal.flops_per_s / 1e12;
-            if (cal.train_points > 1) opt_ns = cal.opt_s_per_param * 1e9;
-        }
-        if (cal.coll_world) ci.calib = &cal;
-        if (cal.train_world > 1 && rpd_s && rpd > 1) {
-            fprintf(stderr, "zeropp plan: the train lines come from runs on these ranks, so "
-                            "their rate already holds the device sharing; drop "
-                            "--ranks-per-device\n");
-            return 2;
-        }
-        if (!json) {
-            char x[96], y[96];
-            if (cal.inter_bps > 0)
-                snprintf(x, sizeof x, "%.2f Gb/s per node from ZeRO-3's gathers%s",
-                         cal.inter_bps * 8 / 1e9,
-                         cal.inter_lower_bound ? " (a lower bound: intra-node bound)" : "");
-            else
-                snprintf(x, sizeof x, "not measured (--inter-gbps)");
-            if (cal.intra_bps > 0)
-                snprintf(y, sizeof y, "%.2f Gb/s per GPU from hpZ's backward gathers",
-                         cal.intra_bps * 8 / 1e9);
-            else
-                snprintf(y, sizeof y, "not measured (--intra-gbps)");
-            printf("calibrated from %s (%d lines): cross-node %s; intra-node %s; latency "
-                   "%.1f us from --latency-us (one message size cannot separate it)\n",
-                   cal_s, cal.lines, x, y, lat);
-            if (cal.coll_world) {
-                int used = cal.coll_world == world && cal.coll_node_size == node_size;
-                printf("measured collective times (world %d, node size %d, %d units): %s\n",
-                       cal.coll_world, cal.coll_node_size, cal.coll_units,
-                       used ? "used for the modes measured"
-                            : "not used (another world or node size: the link formula)");
-            }
-            if (cal.flops_per_s > 0)
-                printf("compute from %d train steps of %d-rank runs at %d token count%s: %.4g "
-                       "TFLOP/s%s\n",
-                       cal.train_lines, cal.train_world, cal.train_points,
-                       cal.train_points == 1 ? "" : "s", cal.flops_per_s / 1e12,
-                       cal.train_points > 1 ? ", optimizer fitted" : " (optimizer folded in)");
-        }
-    }
-    ci.latency_s = lat * 1e-6;
-    ci.flops_per_s = tflops * 1e12;
-    ci.qgz_inter_exposed = !qgz_overlap;
-    ci.ranks_per_device = rpd;
-    ci.serial = serial;
-    ci.exposed_frac = expf;
-    ci.link_per_comm = link_per_comm;
-    ci.opt_s_per_param = opt_ns * 1e-9;
-    ci.hbm_bps = hbm * 1e9 * hbm_eff;
-    ci.recompute = recompute;
-    if (sweep_s) {
-        if (!timed) {
-            fprintf(stderr, "zeropp plan: --sweep predicts step times; give --tokens-per-gpu "
-                            "or --micro-batch\n");
-            return 2;
-        }
-        return plan_sweep(&ci, sweep_s, chart_s, json, cal.inter_bps > 0 ? 1.0 : eff);
-    }
-    if (pick) {
-        int from_preset = !mem_s;
-        if (from_preset) mem_gb = gp->mem_gib;
-        zpp_cost_pick_filter filter = {modes, n_mbs ? mbs : NULL, n_mbs, n_hpzs ? hpzs : NULL,
-                                       n_hpzs};
-        return plan_pick(&ci, mem_gb, from_preset ? gp->name : NULL, micro_batch, &filter,
-                         json);
-    }
-    zpp_cost_out co[ZPP_COLL_MODE_COUNT];
-    memset(co, 0, sizeof co);
+    ci->params = (double)o->params;
+    ci->reuse_distance = (double)o->reuse;
+    ci->units = o->units;
+    ci->world = o->world;
+    ci->node_size = o->node_size;
+    ci->dtype = o->dtype;
+    ci->tokens_per_gpu = o->tokens;
+    ci->inter_bps = o->inter * 1e9 / 8 * o->eff;
+    ci->intra_bps = o->intra * 1e9 / 8 * o->eff;
+    return PLAN_GO;
+}
 
-    zpp_coll_opts opts = zpp_coll_opts_default();
-    zpp_volume v[ZPP_COLL_MODE_COUNT];
-    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-        /* volume.c's replay less the backward gathers the reuse rule saves */
-        int st = zpp_cost_volume(&ci, zpp_coll_mode_get(m), &v[m]);
-        if (st == ZPP_OK && timed) st = zpp_cost_step(&ci, zpp_coll_mode_get(m), &co[m]);
-        if (st != ZPP_OK) {
-            fprintf(stderr, "zeropp %s\n", zpp_last_error()); /* "plan: ..." */
-            return 2;
-        }
+/* What --calibrate measured, in a few lines of text (not with --json). */
+static void calib_print(const plan_opts *o, const zpp_cost_calib *cal) {
+    char x[96], y[96];
+    if (cal->inter_bps > 0)
+        snprintf(x, sizeof x, "%.2f Gb/s per node from ZeRO-3's gathers%s",
+                 cal->inter_bps * 8 / 1e9,
+                 cal->inter_lower_bound ? " (a lower bound: intra-node bound)" : "");
+    else
+        snprintf(x, sizeof x, "not measured (--inter-gbps)");
+    if (cal->intra_bps > 0)
+        snprintf(y, sizeof y, "%.2f Gb/s per GPU from hpZ's backward gathers",
+                 cal->intra_bps * 8 / 1e9);
+    else
+        snprintf(y, sizeof y, "not measured (--intra-gbps)");
+    printf("calibrated from %s (%d lines): cross-node %s; intra-node %s; latency "
+           "%.1f us from --latency-us (one message size cannot separate it)\n",
+           o->cal_s, cal->lines, x, y, o->lat);
+    if (cal->coll_world) {
+        int used = cal->coll_world == o->world && cal->coll_node_size == o->node_size;
+        printf("measured collective times (world %d, node size %d, %d units): %s\n",
+               cal->coll_world, cal->coll_node_size, cal->coll_units,
+               used ? "used for the modes measured"
+                    : "not used (another world or node size: the link formula)");
     }
-    int nodes = world / node_size, kept = zpp_cost_kept_units(&ci);
-    double z3 = zpp_volume_cross_total(&v[0]);
-    const zpp_phase ph[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER, ZPP_PHASE_GRAD_REDUCE};
+    if (cal->flops_per_s > 0)
+        printf("compute from %d train steps of %d-rank runs at %d token count%s: %.4g "
+               "TFLOP/s%s\n",
+               cal->train_lines, cal->train_world, cal->train_points,
+               cal->train_points == 1 ? "" : "s", cal->flops_per_s / 1e12,
+               cal->train_points > 1 ? ", optimizer fitted" : " (optimizer folded in)");
+}
 
-    if (json) {
-        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-            cJSON *o = cJSON_CreateObject();
-            if (!o) return zpp_cli_fail("plan: out of memory", 1);
-            cJSON_AddStringToObject(o, "plan", "step");
-            cJSON_AddStringToObject(o, "mode", zpp_coll_mode_get(m)->name);
-            cJSON_AddNumberToObject(o, "params", (double)params);
-            cJSON_AddNumberToObject(o, "units", units);
-            cJSON_AddNumberToObject(o, "reuse_distance", (double)reuse);
-            cJSON_AddNumberToObject(o, "kept_units", kept);
-            cJSON_AddNumberToObject(o, "world", world);
-            cJSON_AddNumberToObject(o, "node_size", node_size);
-            cJSON_AddNumberToObject(o, "nodes", nodes);
-            cJSON_AddStringToObject(o, "dtype", zpp_dtype_name(dtype));
-            cJSON_AddNumberToObject(o, "cross_node_bytes", zpp_volume_cross_total(&v[m]));
-            cJSON_AddNumberToObject(o, "intra_node_bytes", zpp_volume_intra_total(&v[m]));
-            cJSON_AddNumberToObject(o, "cross_vs_zero3",
-                                    z3 > 0 ? zpp_volume_cross_total(&v[m]) / z3 : 0.0);
-            for (int k = 0; k < 3; k++) {
-                char key[64];
-                const char *pn = zpp_phase_name(ph[k]);
-                snprintf(key, sizeof key, "%s_cross_bytes", pn);
-                cJSON_AddNumberToObject(o, key, v[m].cross_node_bytes[ph[k]]);
-                snprintf(key, sizeof key, "%s_intra_bytes", pn);
-                cJSON_AddNumberToObject(o, key, v[m].intra_node_bytes[ph[k]]);
-                snprintf(key, sizeof key, "%s_payload_bytes", pn);
-                cJSON_AddNumberToObject(o, key, v[m].payload_bytes[ph[k]]);
-            }
-            if (timed) {
-                const zpp_cost_out *c = &co[m];
-                cJSON_AddNumberToObject(o, "tokens_per_gpu", tokens);
-                cJSON_AddNumberToObject(o, "inter_bps", ci.inter_bps);
-                cJSON_AddNumberToObject(o, "intra_bps", ci.intra_bps);
-                cJSON_AddNumberToObject(o, "step_s", c->step_s);
-                cJSON_AddNumberToObject(o, "fwd_s", c->fwd_s);
-                cJSON_AddNumberToObject(o, "bwd_s", c->bwd_s);
-                cJSON_AddNumberToObject(o, "compute_s", c->compute_s);
-                cJSON_AddNumberToObject(o, "opt_s", c->opt_s);
-                cJSON_AddNumberToObject(o, "quant_s", c->quant_s);
-                cJSON_AddNumberToObject(o, "exposed_comm_s", c->exposed_comm_s);
-                cJSON_AddNumberToObject(o, "tokens_per_s", c->tokens_per_s);
-                cJSON_AddNumberToObject(o, "tflops_per_gpu", c->tflops_per_gpu);
-                cJSON_AddNumberToObject(o, "speedup_vs_zero3", co[0].step_s / c->step_s);
-                cJSON_AddNumberToObject(o, "mem_bytes_per_rank", c->mem_bytes_per_rank);
-                cJSON_AddNumberToObject(o, "mem_acts_bytes", c->mem_acts);
-                cJSON_AddNumberToObject(o, "mem_kept_bytes", c->mem_kept);
-                cJSON_AddBoolToObject(o, "mem_acts_known", c->mem_acts_known);
-            }
-            char *s = cJSON_PrintUnformatted(o);
-            if (s) printf("%s\n", s);
-            cJSON_free(s);
-            cJSON_Delete(o);
-        }
-        return 0;
+/* --calibrate FILE: the measured rates replace the line rates (already
+ * achieved: no --link-eff), the compute rate --tflops, the fitted optimizer
+ * time --opt-ns; a flag for something the file measured is refused. ci
+ * keeps a pointer to cal. */
+static int plan_calibrate(plan_opts *o, zpp_cost_in *ci, zpp_cost_calib *cal) {
+    if (zpp_cost_calibrate(o->cal_s, o->lat * 1e-6, ci, cal) != ZPP_OK) {
+        fprintf(stderr, "zeropp plan: %s\n", zpp_last_error());
+        return 2;
     }
+    const int inter_clash = cal->inter_bps > 0 && o->inter_s;
+    if (inter_clash || (cal->intra_bps > 0 && o->intra_s)) {
+        fprintf(stderr, "zeropp plan: --calibrate measured the %s bandwidth that --%s-gbps "
+                        "also sets; drop one\n",
+                inter_clash ? "cross-node" : "intra-node", inter_clash ? "inter" : "intra");
+        return 2;
+    }
+    const int tflops_clash = cal->flops_per_s > 0 && o->tf_s;
+    if (tflops_clash || (cal->train_points > 1 && o->opt_s)) {
+        fprintf(stderr, "zeropp plan: --calibrate measured the %s that --%s also sets; "
+                        "drop one\n",
+                tflops_clash ? "compute rate" : "optimizer time",
+                tflops_clash ? "tflops" : "opt-ns");
+        return 2;
+    }
+    if (cal->inter_bps > 0) ci->inter_bps = cal->inter_bps;
+    if (cal->intra_bps > 0) ci->intra_bps = cal->intra_bps;
+    if (cal->flops_per_s > 0) {
+        o->tflops = cal->flops_per_s / 1e12;
+        if (cal->train_points > 1) o->opt_ns = cal->opt_s_per_param * 1e9;
+    }
+    if (cal->coll_world) ci->calib = cal;
+    if (cal->train_world > 1 && o->rpd_s && o->rpd > 1) {
+        fprintf(stderr, "zeropp plan: the train lines come from runs on these ranks, so "
+                        "their rate already holds the device sharing; drop "
+                        "--ranks-per-device\n");
+        return 2;
+    }
+    if (!o->json) calib_print(o, cal);
+    return PLAN_GO;
+}
 
+/* The schedule: how the machine runs a step (DESIGN.md section 11). */
+static void plan_schedule(const plan_opts *o, zpp_cost_in *ci) {
+    ci->latency_s = o->lat * 1e-6;
+    ci->flops_per_s = o->tflops * 1e12;
+    ci->qgz_inter_exposed = !o->qgz_overlap;
+    ci->ranks_per_device = o->rpd;
+    ci->serial = o->serial;
+    ci->exposed_frac = o->expf;
+    ci->link_per_comm = o->link_per_comm;
+    ci->opt_s_per_param = o->opt_ns * 1e-9;
+    ci->hbm_bps = o->hbm * 1e9 * o->hbm_eff;
+    ci->recompute = o->recompute;
+}
+
+/* ---- the step table: each mode's bytes, and with tokens its times ---- */
+
+/* The three phases in the order of the table and the JSON keys. */
+static const zpp_phase plan_phases[3] = {ZPP_PHASE_FWD_GATHER, ZPP_PHASE_BWD_GATHER,
+                                         ZPP_PHASE_GRAD_REDUCE};
+
+/* Mode m's object: its bytes per phase, and with tokens (o->timed) its
+ * predicted step. NULL when out of memory. */
+static cJSON *step_json(const plan_opts *o, const zpp_cost_in *ci, const zpp_volume *v,
+                        const zpp_cost_out *co, int m) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    const double z3 = zpp_volume_cross_total(&v[0]);
+    cJSON_AddStringToObject(j, "plan", "step");
+    cJSON_AddStringToObject(j, "mode", zpp_coll_mode_get(m)->name);
+    cJSON_AddNumberToObject(j, "params", (double)o->params);
+    cJSON_AddNumberToObject(j, "units", o->units);
+    cJSON_AddNumberToObject(j, "reuse_distance", (double)o->reuse);
+    cJSON_AddNumberToObject(j, "kept_units", zpp_cost_kept_units(ci));
+    cJSON_AddNumberToObject(j, "world", o->world);
+    cJSON_AddNumberToObject(j, "node_size", o->node_size);
+    cJSON_AddNumberToObject(j, "nodes", o->world / o->node_size);
+    cJSON_AddStringToObject(j, "dtype", zpp_dtype_name(o->dtype));
+    cJSON_AddNumberToObject(j, "cross_node_bytes", zpp_volume_cross_total(&v[m]));
+    cJSON_AddNumberToObject(j, "intra_node_bytes", zpp_volume_intra_total(&v[m]));
+    cJSON_AddNumberToObject(j, "cross_vs_zero3",
+                            z3 > 0 ? zpp_volume_cross_total(&v[m]) / z3 : 0.0);
+    for (int k = 0; k < 3; k++) {
+        char key[64];
+        const zpp_phase ph = plan_phases[k];
+        const char *pn = zpp_phase_name(ph);
+        snprintf(key, sizeof key, "%s_cross_bytes", pn);
+        cJSON_AddNumberToObject(j, key, v[m].cross_node_bytes[ph]);
+        snprintf(key, sizeof key, "%s_intra_bytes", pn);
+        cJSON_AddNumberToObject(j, key, v[m].intra_node_bytes[ph]);
+        snprintf(key, sizeof key, "%s_payload_bytes", pn);
+        cJSON_AddNumberToObject(j, key, v[m].payload_bytes[ph]);
+    }
+    if (!o->timed) return j;
+    const zpp_cost_out *c = &co[m];
+    cJSON_AddNumberToObject(j, "tokens_per_gpu", o->tokens);
+    cJSON_AddNumberToObject(j, "inter_bps", ci->inter_bps);
+    cJSON_AddNumberToObject(j, "intra_bps", ci->intra_bps);
+    cJSON_AddNumberToObject(j, "step_s", c->step_s);
+    cJSON_AddNumberToObject(j, "fwd_s", c->fwd_s);
+    cJSON_AddNumberToObject(j, "bwd_s", c->bwd_s);
+    cJSON_AddNumberToObject(j, "compute_s", c->compute_s);
+    cJSON_AddNumberToObject(j, "opt_s", c->opt_s);
+    cJSON_AddNumberToObject(j, "quant_s", c->quant_s);
+    cJSON_AddNumberToObject(j, "exposed_comm_s", c->exposed_comm_s);
+    cJSON_AddNumberToObject(j, "tokens_per_s", c->tokens_per_s);
+    cJSON_AddNumberToObject(j, "tflops_per_gpu", c->tflops_per_gpu);
+    cJSON_AddNumberToObject(j, "speedup_vs_zero3", co[0].step_s / c->step_s);
+    cJSON_AddNumberToObject(j, "mem_bytes_per_rank", c->mem_bytes_per_rank);
+    cJSON_AddNumberToObject(j, "mem_acts_bytes", c->mem_acts);
+    cJSON_AddNumberToObject(j, "mem_kept_bytes", c->mem_kept);
+    cJSON_AddBoolToObject(j, "mem_acts_known", c->mem_acts_known);
+    return j;
+}
+
+/* The text table of bytes per node, cross-node and intra-node by phase. */
+static void print_bytes(const plan_opts *o, const zpp_cost_in *ci, const zpp_volume *v) {
+    const zpp_coll_opts opts = zpp_coll_opts_default();
+    const int nodes = o->world / o->node_size, kept = zpp_cost_kept_units(ci);
+    const double z3 = zpp_volume_cross_total(&v[0]);
+    const zpp_phase *ph = plan_phases;
     printf("zeropp plan: %zu parameters (%s) in %d units, world %d = %d node%s x %d rank%s\n",
-           params, zpp_dtype_name(dtype), units, world, nodes, nodes == 1 ? "" : "s", node_size,
-           node_size == 1 ? "" : "s");
+           o->params, zpp_dtype_name(o->dtype), o->units, o->world, nodes, nodes == 1 ? "" : "s",
+           o->node_size, o->node_size == 1 ? "" : "s");
     printf("bytes per node per step (DESIGN.md section 5; qwZ int8 block %zu, qgZ int4 block "
            "%zu, scales and padding included)\n",
            opts.weight_spec.block, opts.grad_spec.block);
     if (kept)
         printf("backward: the last %d of %d units stay gathered from the forward, no backward "
                "gather (--reuse-distance %zu; 0 gathers each again)\n\n",
-               kept, units, reuse);
+               kept, o->units, o->reuse);
     else
         printf("backward: every unit gathered again (%s)\n\n",
-               world == 1 ? "one rank" : "--reuse-distance 0");
+               o->world == 1 ? "one rank" : "--reuse-distance 0");
     printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "", "cross-node", "", "",
            "", "", "intra-node", "", "", "");
     printf("%-7s | %11s %11s %11s %11s %8s | %11s %11s %11s %11s\n", "mode", "fwd gather",
@@ -844,50 +875,117 @@ int zpp_cli_plan(int argc, char **argv) {
                zpp_cli_bytes(v[m].intra_node_bytes[ph[2]], b[6], 32),
                zpp_cli_bytes(zpp_volume_intra_total(&v[m]), b[7], 32));
     }
-    if (timed) {
-        char links[160];
-        if (cal_s) /* achieved rates, whichever the file measured */
-            snprintf(links, sizeof links,
-                     "cross-node %.2f Gb/s per node, intra-node %.2f Gb/s per GPU (achieved)",
-                     ci.inter_bps * 8 / 1e9, ci.intra_bps * 8 / 1e9);
-        else
-            snprintf(links, sizeof links,
-                     "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
-                     "efficiency)",
-                     inter, intra, eff);
-        printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.4g TFLOP/s "
-               "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
-               tokens, tflops, links, lat, qgz_overlap ? "pipelined" : "exposed (as run today)");
-        printf("quantization kernels at %.0f GB/s of HBM (x %.2f)%s\n", hbm, hbm_eff,
-               recompute ? "; the backward recomputes the forward (--recompute)" : "");
-        if (serial || link_per_comm || rpd > 1 || opt_ns > 0 || ci.calib)
-            printf("schedule: %s; %g rank%s per device; %s; optimizer %.3g ns per parameter of "
-                   "a shard%s\n",
-                   serial ? "compute and communication take turns (--serial)"
-                          : "communication under compute",
-                   rpd, rpd == 1 ? "" : "s",
-                   link_per_comm ? "a link per communicator" : "concurrent collectives share "
-                                                               "the link",
-                   opt_ns,
-                   ci.calib && ci.calib->coll_world == world && ci.calib->coll_node_size == node_size
-                       ? "; measured collective times"
-                       : "");
-        printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute",
-               "exposed", "tokens/s", "TFLOP/s", "speedup", "mem/rank");
-        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
-            const zpp_cost_out *c = &co[m];
-            char b[32];
-            printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.3g %7.2fx | %12s%s\n",
-                   zpp_coll_mode_get(m)->name, c->step_s * 1e3, c->compute_s * 1e3,
-                   c->exposed_comm_s * 1e3, c->tokens_per_s, c->tflops_per_gpu,
-                   co[0].step_s / c->step_s, zpp_cli_bytes(c->mem_bytes_per_rank, b, 32),
-                   c->mem_acts_known ? "" : " + acts");
-        }
-        if (!co[0].mem_acts_known)
-            printf("memory without activations: pass --model for the GPT-2 activation count\n");
+}
+
+/* The text table of predicted steps, after the machine it assumes. */
+static void print_times(const plan_opts *o, const zpp_cost_in *ci, const zpp_cost_out *co) {
+    char links[160];
+    if (o->cal_s) /* achieved rates, whichever the file measured */
+        snprintf(links, sizeof links,
+                 "cross-node %.2f Gb/s per node, intra-node %.2f Gb/s per GPU (achieved)",
+                 ci->inter_bps * 8 / 1e9, ci->intra_bps * 8 / 1e9);
+    else
+        snprintf(links, sizeof links,
+                 "cross-node %.0f Gb/s per node, intra-node %.0f Gb/s per GPU (x %.2f link "
+                 "efficiency)",
+                 o->inter, o->intra, o->eff);
+    printf("\npredicted step (DESIGN.md section 11): %.0f tokens per GPU, %.4g TFLOP/s "
+           "achieved per GPU, %s, latency %.1f us per step; qgZ cross-node step %s\n",
+           o->tokens, o->tflops, links, o->lat,
+           o->qgz_overlap ? "pipelined" : "exposed (as run today)");
+    printf("quantization kernels at %.0f GB/s of HBM (x %.2f)%s\n", o->hbm, o->hbm_eff,
+           o->recompute ? "; the backward recomputes the forward (--recompute)" : "");
+    if (o->serial || o->link_per_comm || o->rpd > 1 || o->opt_ns > 0 || ci->calib)
+        printf("schedule: %s; %g rank%s per device; %s; optimizer %.3g ns per parameter of "
+               "a shard%s\n",
+               o->serial ? "compute and communication take turns (--serial)"
+                         : "communication under compute",
+               o->rpd, o->rpd == 1 ? "" : "s",
+               o->link_per_comm ? "a link per communicator"
+                                : "concurrent collectives share the link",
+               o->opt_ns,
+               ci->calib && ci->calib->coll_world == o->world &&
+                       ci->calib->coll_node_size == o->node_size
+                   ? "; measured collective times"
+                   : "");
+    printf("%-7s | %10s %10s %10s %12s %9s %8s | %12s\n", "mode", "step", "compute", "exposed",
+           "tokens/s", "TFLOP/s", "speedup", "mem/rank");
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        const zpp_cost_out *c = &co[m];
+        char b[32];
+        printf("%-7s | %8.1fms %8.1fms %8.1fms %12.0f %9.3g %7.2fx | %12s%s\n",
+               zpp_coll_mode_get(m)->name, c->step_s * 1e3, c->compute_s * 1e3,
+               c->exposed_comm_s * 1e3, c->tokens_per_s, c->tflops_per_gpu,
+               co[0].step_s / c->step_s, zpp_cli_bytes(c->mem_bytes_per_rank, b, 32),
+               c->mem_acts_known ? "" : " + acts");
     }
-    if (nodes == 1)
+    if (!co[0].mem_acts_known)
+        printf("memory without activations: pass --model for the GPT-2 activation count\n");
+}
+
+/* Every mode priced (volume.c's replay less the backward gathers the reuse
+ * rule saves; with tokens, zpp_cost_step), then printed: one JSON object
+ * per mode, or the tables. */
+static int plan_step(const plan_opts *o, const zpp_cost_in *ci) {
+    zpp_cost_out co[ZPP_COLL_MODE_COUNT];
+    zpp_volume v[ZPP_COLL_MODE_COUNT];
+    memset(co, 0, sizeof co);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        int st = zpp_cost_volume(ci, zpp_coll_mode_get(m), &v[m]);
+        if (st == ZPP_OK && o->timed) st = zpp_cost_step(ci, zpp_coll_mode_get(m), &co[m]);
+        if (st != ZPP_OK) {
+            fprintf(stderr, "zeropp %s\n", zpp_last_error()); /* "plan: ..." */
+            return 2;
+        }
+    }
+    if (o->json) {
+        for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+            cJSON *j = step_json(o, ci, v, co, m);
+            if (!j) return zpp_cli_fail("plan: out of memory", 1);
+            char *s = cJSON_PrintUnformatted(j);
+            if (s) printf("%s\n", s);
+            cJSON_free(s);
+            cJSON_Delete(j);
+        }
+        return 0;
+    }
+    print_bytes(o, ci, v);
+    if (o->timed) print_times(o, ci, co);
+    if (o->world / o->node_size == 1)
         printf("\none node: nothing crosses a node boundary; pass --node-size to split the "
                "world into nodes\n");
     return 0;
+}
+
+/* `zeropp plan`: the options, the machine, the calibration, then a sweep, a
+ * pick or the step table. Nothing to free: one exit, the first step that
+ * ends the command gives the code. */
+int zpp_cli_plan(int argc, char **argv) {
+    plan_opts o;
+    zpp_cost_in ci;
+    zpp_cost_calib cal; /* ci.calib points here */
+    memset(&cal, 0, sizeof cal);
+    int rc = plan_parse(argc, argv, &o, &ci);
+    if (rc == PLAN_GO) rc = plan_check(&o, &ci);
+    if (rc == PLAN_GO) rc = plan_machine(&o, &ci);
+    if (rc == PLAN_GO && o.cal_s) rc = plan_calibrate(&o, &ci, &cal);
+    if (rc == PLAN_GO) {
+        plan_schedule(&o, &ci);
+        if (o.sweep_s && !o.timed) {
+            fprintf(stderr, "zeropp plan: --sweep predicts step times; give --tokens-per-gpu "
+                            "or --micro-batch\n");
+            rc = 2;
+        } else if (o.sweep_s) {
+            rc = plan_sweep(&ci, o.sweep_s, o.chart_s, o.json, cal.inter_bps > 0 ? 1.0 : o.eff);
+        } else if (o.pick) {
+            const int from_preset = !o.mem_s; /* the budget: --mem-gb, or the GPU's memory */
+            zpp_cost_pick_filter filter = {o.modes, o.n_mbs ? o.mbs : NULL, o.n_mbs,
+                                           o.n_hpzs ? o.hpzs : NULL, o.n_hpzs};
+            rc = plan_pick(&ci, from_preset ? o.gpu->mem_gib : o.mem_gb,
+                           from_preset ? o.gpu->name : NULL, o.micro_batch, &filter, o.json);
+        } else {
+            rc = plan_step(&o, &ci);
+        }
+    }
+    return rc;
 }

@@ -360,9 +360,9 @@ static void unit_cost_make(const zpp_cost_in *in, const zpp_coll_mode *mode, siz
     }
 }
 
-zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
-                         zpp_cost_out *out_p) {
-    if (!in || !mode || !out_p) return zpp_error(ZPP_ERR_INVALID, "cost: a NULL argument");
+/* The inputs zpp_cost_step refuses, with what to give instead. */
+static zpp_status step_check(const zpp_cost_in *in, const zpp_coll_mode *mode) {
+    if (!in || !mode) return zpp_error(ZPP_ERR_INVALID, "cost: a NULL argument");
     if (in->world <= 0 || in->node_size <= 0 || in->world % in->node_size != 0)
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: node size %d does not divide the world of %d ranks; pick a "
@@ -394,55 +394,53 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
                          in->hpz_size, in->node_size);
     ZPP_CHECK(zpp_quant_spec_check(&in->coll.weight_spec));
     ZPP_CHECK(zpp_quant_spec_check(&in->coll.grad_spec));
+    return ZPP_OK;
+}
 
-    const int K = in->units, W = in->world, N = W / in->node_size;
-    const size_t P = (size_t)in->params;
-    const double e = (double)zpp_dtype_size(in->dtype);
-    zpp_cost_out o;
-    memset(&o, 0, sizeof o);
-    o.flops_per_gpu = zpp_cost_step_flops(in);
-    /* Ranks sharing one device compute at their share of its rate. */
-    const double share = in->ranks_per_device > 1 ? in->ranks_per_device : 1;
-    const double model_s = o.flops_per_gpu / in->flops_per_s * share;
-    /* With activation checkpointing the backward first recomputes its
-     * unit's forward: its compute is the forward's third plus its own two. */
-    const double fwd_c = model_s / 3, bwd_c = model_s * (in->recompute ? 1.0 : 2.0 / 3);
+/* What the forward and backward recurrences of one step share. */
+typedef struct step_ctx {
+    const zpp_cost_in *in;
+    const zpp_coll_mode *mode;
+    int K;               /* units */
+    int kept;            /* units kept..K-1 stay gathered from forward to backward */
+    size_t P;            /* parameters */
+    double share;        /* ranks sharing the device: each computes at 1/share of its rate */
+    double fwd_c, bwd_c; /* the whole model's forward and backward compute, seconds */
+} step_ctx;
 
-    /* The reuse rule: units kept..K-1 stay gathered from their forward stage
-     * into their backward stage and make no backward gather. */
-    const int n_kept = zpp_cost_kept_units(in), kept = K - n_kept;
-    o.kept_units = n_kept;
+/* Unit i's collectives (gathered again in the backward unless kept). */
+static void step_unit(const step_ctx *s, int i, unit_cost *u) {
+    unit_cost_make(s->in, s->mode, zpp_plan_unit_numel(s->P, s->K, i), i < s->kept, u);
+}
 
-    /* Forward, units 0..K-1: stage i computes f_i while the gather of the
-     * next stage's unit travels (engine.c forward: gather_start(s+1) before
-     * stage s's kernels), and the next stage starts when both are done:
-     *     T_fwd = g_0 + sum_i max(f_i, g_{i+1}),
-     * where after the last forward stage the "next" gather is the first
-     * backward unit's (none when it stays gathered: the engine starts no
-     * backward gather in the forward). The first gather has nothing under it. */
-    double t = 0, comm = 0, maxnumel = 0, shard_sum = 0, sec_sum = 0, kept_padded = 0;
-    unit_cost first, cur;
-    unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, 0), 0 < kept, &first);
+/* Forward, units 0..K-1: stage i computes f_i while the gather of the next
+ * stage's unit travels (engine.c forward: gather_start(s+1) before stage s's
+ * kernels), and the next stage starts when both are done:
+ *     T_fwd = g_0 + sum_i max(f_i, g_{i+1}),
+ * where after the last forward stage the "next" gather is the first backward
+ * unit's (none when it stays gathered: the engine starts no backward gather
+ * in the forward). The first gather has nothing under it. Each unit's
+ * collectives are made here once, so their bytes and their time back to
+ * back (comm_s) are summed here too. Sets fwd_s, comm_s, the forward's part
+ * of quant_s and the bytes. */
+static void step_forward(const step_ctx *s, zpp_cost_out *o) {
+    const zpp_cost_in *in = s->in;
+    const double share = s->share;
+    unit_cost cur;
+    step_unit(s, 0, &cur);
     /* q: the kernels of the collective priced with the stage (unit_cost_make:
      * they add to it, never hide); the device's share like compute. */
-    double quant = first.qf * share;
-    t = link_time(first.fwd) + first.qf * share;
-    cur = first;
-    for (int i = 0; i < K; i++) {
-        size_t n = zpp_plan_unit_numel(P, K, i);
-        zpp_partition p = zpp_partition_make_shape(n, W, N);
-        shard_sum += (double)p.shard_len;
-        sec_sum += (double)(W / hpz_group(in)) * (double)p.shard_len; /* p.sec_len when H = S */
-        if ((double)p.padded > maxnumel) maxnumel = (double)p.padded;
-        if (i >= kept && i < K - 1) kept_padded += (double)p.padded;
-        o.cross_node_bytes += cur.cross;
-        o.intra_node_bytes += cur.intra;
+    double quant = cur.qf * share, comm = 0;
+    double t = link_time(cur.fwd) + cur.qf * share;
+    for (int i = 0; i < s->K; i++) {
+        o->cross_node_bytes += cur.cross;
+        o->intra_node_bytes += cur.intra;
         comm += link_time(cur.fwd) + link_time(cur.bwd) + link_time(cur.red_ov) +
                 link_time(cur.red_exp) + (cur.qf + cur.qb + cur.qr) * share;
-        double f = fwd_c * (double)n / in->params;
+        double f = s->fwd_c * (double)zpp_plan_unit_numel(s->P, s->K, i) / in->params;
         unit_cost next = cur;
-        if (i + 1 < K) {
-            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, i + 1), i + 1 < kept, &next);
+        if (i + 1 < s->K) {
+            step_unit(s, i + 1, &next);
             t += stage_time(in, f, link_time(next.fwd)) + next.qf * share;
             quant += next.qf * share;
         } else { /* unit K-1: the first backward unit */
@@ -451,86 +449,146 @@ zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
         }
         cur = next;
     }
-    o.fwd_s = t;
+    o->fwd_s = t;
+    o->comm_s = comm;
+    o->quant_s = quant;
+}
 
-    /* Backward, units K-1..0: stage j computes b_j while two things travel
-     * on two streams: the gather for stage j+1 and the reduction of the unit
-     * of stage j-1 (engine.c backward: reduce_start(u) completes the previous
-     * reduction after stage j's kernels are enqueued, so the compute stream
-     * waits for it before stage j+1):
-     *     T_bwd = sum_j [ max(b_j, conc(h_{j+1}, r_{j-1})) + x_{j-1} ] + r_{K-1} + x_{K-1},
-     * conc = the two sharing the links, x = a reduction's exposed part (qgZ's
-     * cross-node step as run today). The last reduction has nothing under it.
-     * A kept unit's h is 0: the first gathered unit's gather travels under
-     * the last kept stage, one ahead as everywhere in the recurrence (the
-     * engine starts it earlier, passing over resident units; not modelled). */
+/* Backward, units K-1..0: stage j computes b_j while two things travel on
+ * two streams: the gather for stage j+1 and the reduction of the unit of
+ * stage j-1 (engine.c backward: reduce_start(u) completes the previous
+ * reduction after stage j's kernels are enqueued, so the compute stream
+ * waits for it before stage j+1):
+ *     T_bwd = sum_j [ max(b_j, conc(h_{j+1}, r_{j-1})) + x_{j-1} ] + r_{K-1} + x_{K-1},
+ * conc = the two sharing the links, x = a reduction's exposed part (qgZ's
+ * cross-node step as run today). The last reduction has nothing under it.
+ * A kept unit's h is 0: the first gathered unit's gather travels under the
+ * last kept stage, one ahead as everywhere in the recurrence (the engine
+ * starts it earlier, passing over resident units; not modelled). Sets bwd_s
+ * and adds the backward's kernels to quant_s. */
+static void step_backward(const step_ctx *s, zpp_cost_out *o) {
+    const zpp_cost_in *in = s->in;
+    const int K = s->K;
     link_t red_ov = link_none, red_exp = link_none;
     double tb = 0, red_q = 0;
     for (int j = 0; j < K; j++) {
         int u = K - 1 - j;
         unit_cost me, nx;
-        unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u), u < kept, &me);
+        step_unit(s, u, &me);
         link_t gnext = link_none;
         double gq = 0;
         if (j + 1 < K) {
-            unit_cost_make(in, mode, zpp_plan_unit_numel(P, K, u - 1), u - 1 < kept, &nx);
+            step_unit(s, u - 1, &nx);
             gnext = nx.bwd;
-            gq = nx.qb * share;
+            gq = nx.qb * s->share;
         }
-        double b = bwd_c * (double)zpp_plan_unit_numel(P, K, u) / in->params;
+        double b = s->bwd_c * (double)zpp_plan_unit_numel(s->P, K, u) / in->params;
         tb += stage_time(in, b, link_concurrent(in, gnext, red_ov)) + link_time(red_exp) + gq +
               red_q;
-        quant += gq + red_q;
+        o->quant_s += gq + red_q;
         red_ov = me.red_ov;
         red_exp = me.red_exp;
-        red_q = me.qr * share;
+        red_q = me.qr * s->share;
     }
     tb += link_time(red_ov) + link_time(red_exp) + red_q;
-    quant += red_q;
-    o.bwd_s = tb;
-    o.quant_s = quant;
-    /* The optimizer step after the backward, on the rank's shards (the
-     * norm's all-reduce of a few floats is left out). */
-    o.opt_s = in->opt_s_per_param * shard_sum * share;
-    o.compute_s = fwd_c + bwd_c + o.opt_s;
-    o.step_s = o.fwd_s + o.bwd_s + o.opt_s;
-    o.comm_s = comm;
-    o.exposed_comm_s = o.step_s - o.compute_s;
-    o.tokens_per_s = (double)W * in->tokens_per_gpu / o.step_s;
-    o.tflops_per_gpu = o.flops_per_gpu / o.step_s / 1e12;
+    o->quant_s += red_q;
+    o->bwd_s = tb;
+}
 
-    /* Memory per rank. Persistent: per element of the rank's shards, fp32
-     * master + Adam m + v + fp32 gradient accumulator (16 bytes; no
-     * working-dtype copy: a gather rounds the master); with hpZ, the secondary shard of every
-     * unit, kept from the forward to the backward: sec_len = N x shard_len
-     * elements of e bytes each (1/S of the model per rank: 2P/S in bf16;
-     * with a partition of H ranks, W/H shards: 2P/H).
-     * Transient at the backward's peak (the largest unit U, padded): the
-     * gathered units in E (the current one and prefetch_depth ahead), the
-     * current unit's full fp32 gradient, and for each of the reduce_depth
-     * reductions in flight a unit's gradient in E and its fp32 reduced
-     * shard (at world 1 only the gathered units: the backward adds into the
-     * accumulator, engine.c's alone()); the quantized wire buffers (qwZ: one quantized copy per gather in flight, qgZ: two
-     * int4 copies of the unit) are added at their zpp_quant_bytes size.
-     * Kept units (the reuse rule): at the forward->backward boundary, the
-     * first backward stage's unit (K-1, the "current" above) and the other
-     * kept units are all gathered, each held from its forward stage to its
-     * backward stage: the peak grows by those others, padded, in E. */
-    o.mem_shard_state = 16 * shard_sum;
-    o.mem_kept = e * kept_padded;
-    o.mem_secondary = mode->hpz ? e * sec_sum : 0;
-    double U = maxnumel, su = U / W;
+/* The rank's part of every unit, in elements: what the optimizer steps and
+ * the memory holds. */
+typedef struct step_shards {
+    double shard;       /* its shards */
+    double secondary;   /* its hpZ secondary shards (p.sec_len when H = S) */
+    double max_padded;  /* the largest unit, padded */
+    double kept_padded; /* the kept units but the last, padded: held at the boundary */
+} step_shards;
+
+/* Sums them over the units, in unit order. */
+static void step_shards_sum(const step_ctx *s, step_shards *sh) {
+    const int W = s->in->world, N = W / s->in->node_size, H = hpz_group(s->in);
+    memset(sh, 0, sizeof *sh);
+    for (int i = 0; i < s->K; i++) {
+        zpp_partition p = zpp_partition_make_shape(zpp_plan_unit_numel(s->P, s->K, i), W, N);
+        sh->shard += (double)p.shard_len;
+        sh->secondary += (double)(W / H) * (double)p.shard_len;
+        if ((double)p.padded > sh->max_padded) sh->max_padded = (double)p.padded;
+        if (i >= s->kept && i < s->K - 1) sh->kept_padded += (double)p.padded;
+    }
+}
+
+/* Memory per rank. Persistent: per element of the rank's shards, fp32
+ * master + Adam m + v + fp32 gradient accumulator (16 bytes; no
+ * working-dtype copy: a gather rounds the master); with hpZ, the secondary
+ * shard of every unit, kept from the forward to the backward: sec_len = N x
+ * shard_len elements of e bytes each (1/S of the model per rank: 2P/S in
+ * bf16; with a partition of H ranks, W/H shards: 2P/H).
+ * Transient at the backward's peak (the largest unit U, padded): the
+ * gathered units in E (the current one and prefetch_depth ahead), the
+ * current unit's full fp32 gradient, and for each of the reduce_depth
+ * reductions in flight a unit's gradient in E and its fp32 reduced shard (at
+ * world 1 only the gathered units: the backward adds into the accumulator,
+ * engine.c's alone()); the quantized wire buffers (qwZ: one quantized copy
+ * per gather in flight, qgZ: two int4 copies of the unit) are added at their
+ * zpp_quant_bytes size.
+ * Kept units (the reuse rule): at the forward->backward boundary, the first
+ * backward stage's unit (K-1, the "current" above) and the other kept units
+ * are all gathered, each held from its forward stage to its backward stage:
+ * the peak grows by those others, padded, in E. */
+static void step_memory(const zpp_cost_in *in, const zpp_coll_mode *mode, const step_shards *sh,
+                        zpp_cost_out *o) {
+    const int W = in->world;
+    const double e = (double)zpp_dtype_size(in->dtype);
+    o->mem_shard_state = 16 * sh->shard;
+    o->mem_kept = e * sh->kept_padded;
+    o->mem_secondary = mode->hpz ? e * sh->secondary : 0;
+    double U = sh->max_padded, su = U / W;
     const double ahead = in->prefetch_depth > 0 ? in->prefetch_depth : 2;
     const double flying = in->reduce_depth > 0 ? in->reduce_depth : 2;
-    o.mem_transient = (1 + ahead) * e * U + (W > 1 ? 4 * U + flying * (e * U + 4 * su) : 0);
+    o->mem_transient = (1 + ahead) * e * U + (W > 1 ? 4 * U + flying * (e * U + 4 * su) : 0);
     if (mode->gather == ZPP_GATHER_QWZ)
-        o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
+        o->mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
     if (mode->reduce == ZPP_REDUCE_QGZ)
-        o.mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.grad_spec);
-    o.mem_acts_known = in->n_layer > 0;
-    o.mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
-    o.mem_bytes_per_rank =
-        o.mem_shard_state + o.mem_secondary + o.mem_transient + o.mem_kept + o.mem_acts;
+        o->mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.grad_spec);
+    o->mem_acts_known = in->n_layer > 0;
+    o->mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
+    o->mem_bytes_per_rank =
+        o->mem_shard_state + o->mem_secondary + o->mem_transient + o->mem_kept + o->mem_acts;
+}
+
+zpp_status zpp_cost_step(const zpp_cost_in *in, const zpp_coll_mode *mode,
+                         zpp_cost_out *out_p) {
+    if (!out_p) return zpp_error(ZPP_ERR_INVALID, "cost: a NULL argument");
+    ZPP_CHECK(step_check(in, mode));
+    zpp_cost_out o;
+    memset(&o, 0, sizeof o);
+    o.flops_per_gpu = zpp_cost_step_flops(in);
+    /* Ranks sharing one device compute at their share of its rate. */
+    step_ctx s = {.in = in, .mode = mode, .K = in->units, .P = (size_t)in->params,
+                  .share = in->ranks_per_device > 1 ? in->ranks_per_device : 1};
+    const double model_s = o.flops_per_gpu / in->flops_per_s * s.share;
+    /* With activation checkpointing the backward first recomputes its
+     * unit's forward: its compute is the forward's third plus its own two. */
+    s.fwd_c = model_s / 3;
+    s.bwd_c = model_s * (in->recompute ? 1.0 : 2.0 / 3);
+    /* The reuse rule: units kept..K-1 stay gathered from their forward stage
+     * into their backward stage and make no backward gather. */
+    o.kept_units = zpp_cost_kept_units(in);
+    s.kept = s.K - o.kept_units;
+
+    step_forward(&s, &o);
+    step_backward(&s, &o);
+    step_shards sh;
+    step_shards_sum(&s, &sh);
+    /* The optimizer step after the backward, on the rank's shards (the
+     * norm's all-reduce of a few floats is left out). */
+    o.opt_s = in->opt_s_per_param * sh.shard * s.share;
+    o.compute_s = s.fwd_c + s.bwd_c + o.opt_s;
+    o.step_s = o.fwd_s + o.bwd_s + o.opt_s;
+    o.exposed_comm_s = o.step_s - o.compute_s;
+    o.tokens_per_s = (double)in->world * in->tokens_per_gpu / o.step_s;
+    o.tflops_per_gpu = o.flops_per_gpu / o.step_s / 1e12;
+    step_memory(in, mode, &sh, &o);
     *out_p = o;
     return ZPP_OK;
 }
@@ -553,6 +611,52 @@ static int filter_has(const int *list, int n, int x) {
     return 0;
 }
 
+/* A filter's lists: micro-batches (when searched: `list`) positive and
+ * ascending, hpZ sizes dividing the node of S ranks. */
+static zpp_status pick_filter_check(const zpp_cost_pick_filter *f, int list, int S) {
+    for (int i = 0; list && i < f->n_micro_batches; i++)
+        if (f->micro_batches[i] <= 0 || (i && f->micro_batches[i] <= f->micro_batches[i - 1]))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: micro-batch list entry %d is %d; give positive micro-"
+                             "batches in ascending order",
+                             i + 1, f->micro_batches[i]);
+    for (int i = 0; f->hpz_sizes && i < f->n_hpz_sizes; i++)
+        if (f->hpz_sizes[i] < 2 || S % f->hpz_sizes[i])
+            return zpp_error(ZPP_ERR_INVALID,
+                             "pick: hpZ partition size %d does not divide the node of %d "
+                             "ranks (or is below 2); give divisors of the node size",
+                             f->hpz_sizes[i], S);
+    return ZPP_OK;
+}
+
+/* Why the search stopped at r->best's micro-batch: the next one (the next
+ * entry of a searched list `f`, else twice the best's) priced for the
+ * winner's mode and H, its memory and whether that fits. Nothing without a
+ * GPT shape. */
+static zpp_status pick_next(const zpp_cost_in *in, double mem_budget,
+                            const zpp_cost_pick_filter *f, zpp_cost_pick_result *r) {
+    if (in->n_layer <= 0) return ZPP_OK;
+    r->next_micro_batch = 0;
+    if (f) { /* the next entry after the best's, if any */
+        for (int i = 0; i < f->n_micro_batches; i++)
+            if (f->micro_batches[i] > r->best.micro_batch) {
+                r->next_micro_batch = f->micro_batches[i];
+                break;
+            }
+    } else {
+        r->next_micro_batch = 2 * r->best.micro_batch;
+    }
+    if (!r->next_micro_batch) return ZPP_OK;
+    zpp_cost_in c = *in;
+    zpp_cost_out o;
+    c.hpz_size = r->best.hpz_size;
+    c.tokens_per_gpu = (double)r->next_micro_batch * in->seq_len;
+    ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r->best.mode), &o));
+    r->next_mem_bytes = o.mem_bytes_per_rank;
+    r->next_fits = o.mem_bytes_per_rank <= mem_budget;
+    return ZPP_OK;
+}
+
 zpp_status zpp_cost_pick(const zpp_cost_in *in, double mem_budget, int max_micro_batch,
                          zpp_cost_pick_result *out_p) {
     return zpp_cost_pick_only(in, mem_budget, max_micro_batch, NULL, out_p);
@@ -569,18 +673,7 @@ zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_
     const zpp_cost_pick_filter none = {0, NULL, 0, NULL, 0};
     const zpp_cost_pick_filter *f = filter ? filter : &none;
     const int list = gpt && f->micro_batches && f->n_micro_batches > 0;
-    for (int i = 0; list && i < f->n_micro_batches; i++)
-        if (f->micro_batches[i] <= 0 || (i && f->micro_batches[i] <= f->micro_batches[i - 1]))
-            return zpp_error(ZPP_ERR_INVALID,
-                             "pick: micro-batch list entry %d is %d; give positive micro-"
-                             "batches in ascending order",
-                             i + 1, f->micro_batches[i]);
-    for (int i = 0; f->hpz_sizes && i < f->n_hpz_sizes; i++)
-        if (f->hpz_sizes[i] < 2 || S % f->hpz_sizes[i])
-            return zpp_error(ZPP_ERR_INVALID,
-                             "pick: hpZ partition size %d does not divide the node of %d "
-                             "ranks (or is below 2); give divisors of the node size",
-                             f->hpz_sizes[i], S);
+    ZPP_CHECK(pick_filter_check(f, list, S));
     zpp_cost_pick_result r;
     memset(&r, 0, sizeof r);
     zpp_cost_choice best_of[ZPP_COLL_MODE_COUNT], smallest;
@@ -656,25 +749,7 @@ zpp_status zpp_cost_pick_only(const zpp_cost_in *in, double mem_budget, int max_
     r.has_zero3 = has[0];
     r.zero3 = best_of[0];
 
-    if (list) { /* the next entry after the best's, if any */
-        r.next_micro_batch = 0;
-        for (int i = 0; i < f->n_micro_batches; i++)
-            if (f->micro_batches[i] > r.best.micro_batch) {
-                r.next_micro_batch = f->micro_batches[i];
-                break;
-            }
-    } else if (gpt) {
-        r.next_micro_batch = 2 * r.best.micro_batch;
-    }
-    if (gpt && r.next_micro_batch) { /* the winner one micro-batch up: why the search stopped */
-        zpp_cost_in c = *in;
-        zpp_cost_out o;
-        c.hpz_size = r.best.hpz_size;
-        c.tokens_per_gpu = (double)r.next_micro_batch * in->seq_len;
-        ZPP_CHECK(zpp_cost_step(&c, zpp_coll_mode_get(r.best.mode), &o));
-        r.next_mem_bytes = o.mem_bytes_per_rank;
-        r.next_fits = o.mem_bytes_per_rank <= mem_budget;
-    }
+    ZPP_CHECK(pick_next(in, mem_budget, list ? f : NULL, &r));
     *out_p = r;
     return ZPP_OK;
 }
@@ -943,21 +1018,11 @@ static zpp_status calib_compute(calib_acc *a, const char *path, const zpp_cost_i
     return ZPP_OK;
 }
 
-zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
-                              zpp_cost_calib *out_p) {
-    if (!path || !out_p || !(latency_s >= 0))
-        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
-    if (model && !(model->params >= 1))
-        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
-    FILE *f;
-    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
-    zpp_cost_calib c;
-    calib_acc *a = calloc(1, sizeof *a);
-    memset(&c, 0, sizeof c);
-    if (!a) {
-        fclose(f);
-        return zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
-    }
+/* Every line of the file into the sums (a) and the counts (c): bench comm
+ * lines and train lines; blank lines skipped; anything else refused naming
+ * the line. */
+static zpp_status calib_read(FILE *f, const char *path, double latency_s,
+                             const zpp_cost_in *model, calib_acc *a, zpp_cost_calib *c) {
     char *buf = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -982,15 +1047,15 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
                            path, line);
         } else if (cJSON_IsString(bench) && strcmp(bench->valuestring, "comm") == 0) {
             int iu = 0, xu = 0;
-            st = calib_comm_line(o, path, line, latency_s, a, &c, &iu, &xu);
-            c.lines++;
-            c.intra_lines += iu;
-            c.inter_lines += xu;
+            st = calib_comm_line(o, path, line, latency_s, a, c, &iu, &xu);
+            c->lines++;
+            c->intra_lines += iu;
+            c->inter_lines += xu;
         } else if (!bench && cJSON_GetObjectItemCaseSensitive(o, "step_ms")) {
             int used = 0;
             st = calib_train_line(o, path, line, model, a, &used);
-            c.lines++;
-            c.train_lines += used;
+            c->lines++;
+            c->train_lines += used;
         } else {
             st = zpp_error(ZPP_ERR_FORMAT,
                            "calibrate: %s line %d: not a `zeropp bench comm --json` line (no "
@@ -1003,30 +1068,26 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
     if (st == ZPP_OK && ferror(f))
         st = zpp_error(ZPP_ERR_IO, "calibrate: cannot read '%s': %s", path, strerror(errno));
     free(buf);
-    fclose(f);
-    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
-        st = zpp_error(ZPP_ERR_FORMAT,
-                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
-                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
-                       "lines past step 1",
-                       path, c.lines);
-    /* Lines of runs on these ranks: the wall step less the collectives'
-     * measured time in that mode (per parameter x the model's parameters)
-     * is the pace at which the group computes: it holds the ranks' sharing
-     * of the cores and each wait for the slowest rank. */
-    for (int i = 0; st == ZPP_OK && i < a->ntrain; i++) {
+    return st;
+}
+
+/* Train lines of runs on these ranks: the wall step less the collectives'
+ * measured time in that mode (per parameter x the model's parameters) is
+ * the pace at which the group computes: it holds the ranks' sharing of the
+ * cores and each wait for the slowest rank. */
+static zpp_status calib_train_pace(calib_acc *a, const char *path, const zpp_cost_in *model,
+                                   const zpp_cost_calib *c) {
+    for (int i = 0; i < a->ntrain; i++) {
         const int mi = a->mode[i];
         if (mi < 0 || a->profiled[i]) continue;
-        if (!c.has_mode[mi] || c.coll_world != model->world ||
-            c.coll_node_size != model->node_size) {
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
-                           "needs that mode's `zeropp bench comm --json` line from the same "
-                           "ranks (world %d, node size %d) in the file",
-                           path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
-                           model->world, model->node_size);
-            break;
-        }
+        if (!c->has_mode[mi] || c->coll_world != model->world ||
+            c->coll_node_size != model->node_size)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: a train step of a %d-rank run in mode %s "
+                             "needs that mode's `zeropp bench comm --json` line from the same "
+                             "ranks (world %d, node size %d) in the file",
+                             path, a->line[i], model->world, zpp_coll_mode_get(mi)->name,
+                             model->world, model->node_size);
         /* bench comm gathers every unit again in its backward, so its
          * backward-gather time per parameter is per parameter moved; the
          * train run moved it only for the units the reuse rule did not keep
@@ -1038,26 +1099,53 @@ zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost
         for (int k = 0; k < 3; k++) coll += a->coll_s[mi][k] / a->coll_params[mi] * moved[k];
         a->sec[i] -= coll;
         if (!(a->sec[i] > 0))
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "calibrate: %s line %d: the step is no longer than its mode's "
-                           "measured collectives (%.4f s): measure both on the same ranks",
-                           path, a->line[i], coll);
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "calibrate: %s line %d: the step is no longer than its mode's "
+                             "measured collectives (%.4f s): measure both on the same ranks",
+                             path, a->line[i], coll);
     }
-    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
-    if (st != ZPP_OK) {
-        free(a);
-        return st;
-    }
-    if (c.intra_lines) c.intra_bps = a->intra_bytes / a->intra_s;
-    if (c.inter_lines) {
-        c.inter_bps = a->cross_bytes / a->cross_s;
+    return ZPP_OK;
+}
+
+/* The link rates (pooled: total bytes over total time) and each measured
+ * mode's phase times per parameter. */
+static void calib_rates(const calib_acc *a, zpp_cost_calib *c) {
+    if (c->intra_lines) c->intra_bps = a->intra_bytes / a->intra_s;
+    if (c->inter_lines) {
+        c->inter_bps = a->cross_bytes / a->cross_s;
         /* Bound by the intra-node link when its term alone fills the time. */
-        if (c.intra_lines && a->cross_intra / c.intra_bps >= a->cross_s) c.inter_lower_bound = 1;
+        if (c->intra_lines && a->cross_intra / c->intra_bps >= a->cross_s)
+            c->inter_lower_bound = 1;
     }
     for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++)
         for (int k = 0; k < 3; k++)
-            if (c.has_mode[m]) c.coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+            if (c->has_mode[m]) c->coll_s_per_param[m][k] = a->coll_s[m][k] / a->coll_params[m];
+}
+
+zpp_status zpp_cost_calibrate(const char *path, double latency_s, const zpp_cost_in *model,
+                              zpp_cost_calib *out_p) {
+    if (!path || !out_p || !(latency_s >= 0))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: a NULL argument or a negative latency");
+    if (model && !(model->params >= 1))
+        return zpp_error(ZPP_ERR_INVALID, "calibrate: the model has no parameters");
+    FILE *f;
+    ZPP_CHECK(zpp_fopen_regular(path, "calibration", &f));
+    zpp_cost_calib c;
+    memset(&c, 0, sizeof c);
+    calib_acc *a = calloc(1, sizeof *a);
+    zpp_status st = a ? calib_read(f, path, latency_s, model, a, &c)
+                      : zpp_error(ZPP_ERR_NOMEM, "calibrate: no memory");
+    fclose(f);
+    if (st == ZPP_OK && !c.intra_lines && !c.inter_lines && !c.coll_world && !a->ntrain)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "calibrate: %s: %d lines, none to derive a rate from; it needs "
+                       "`zeropp bench comm --json` lines or world-1 `zeropp train --metrics` "
+                       "lines past step 1",
+                       path, c.lines);
+    if (st == ZPP_OK) st = calib_train_pace(a, path, model, &c);
+    if (st == ZPP_OK && a->ntrain) st = calib_compute(a, path, model, &c);
+    if (st == ZPP_OK) calib_rates(a, &c);
     free(a);
-    *out_p = c;
-    return ZPP_OK;
+    if (st == ZPP_OK) *out_p = c;
+    return st;
 }
