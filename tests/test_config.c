@@ -135,6 +135,7 @@ static void test_every_key_parsed(void) {
         long long seed = (long long)(zpp_rng_u64(&r) >> 11); /* < 2^53 */
         int linear = irand(&r, 0, 1);
         double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
+        double sts = trial % 3 ? zpp_rng_uniform(&r) * 7200 : 0;
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8), qvec = irand(&r, 0, 1);
         /* qgZ error feedback needs qgZ; the last trial (the coverage text) has both */
@@ -184,6 +185,7 @@ static void test_every_key_parsed(void) {
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
                  "      \"sample_every\": %d, \"sample_tokens\": %d,\n"
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
+                 "      \"save_timeout_s\": %.17g,\n"
                  "      \"data_order\": \"%s\", \"weight_decay_all\": %s,\n"
                  "      \"peak_tflops\": %.17g}\n"
                  "}\n",
@@ -191,7 +193,7 @@ static void test_every_key_parsed(void) {
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
-                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sequential ? "sequential" : "shuffled",
+                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
@@ -219,7 +221,7 @@ static void test_every_key_parsed(void) {
                cfg.model.vocab_size == vocab && cfg.model.real_vocab_size == real_vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
-               cfg.collective_timeout_s == cts);
+               cfg.collective_timeout_s == cts && cfg.save_timeout_s == sts);
         EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
                cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak);
@@ -466,6 +468,8 @@ static void test_validation_errors(void) {
                       "'zeropp.sample_every' is -1");
     expect_load_fails("{\"zeropp\": {\"collective_timeout_s\": -1}}", ZPP_ERR_CONFIG,
                       "'zeropp.collective_timeout_s' must be >= 0 seconds");
+    expect_load_fails("{\"zeropp\": {\"save_timeout_s\": -0.5}}", ZPP_ERR_CONFIG,
+                      "'zeropp.save_timeout_s' must be >= 0 seconds");
     expect_load_fails("{\"zeropp\": {\"peak_tflops\": -1}}", ZPP_ERR_CONFIG,
                       "'zeropp.peak_tflops' must be >= 0");
     expect_load_fails("{\"zeropp\": {\"data_order\": \"random\"}}", ZPP_ERR_CONFIG,
@@ -789,6 +793,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->max_consecutive_skips = irand(r, 1, 20);
     c->keep_checkpoints = irand(r, 1, 9);
     c->collective_timeout_s = zpp_rng_uniform(r) * 1000;
+    c->save_timeout_s = irand(r, 0, 1) ? zpp_rng_uniform(r) * 7200 : 0;
     c->peak_tflops = irand(r, 0, 1) ? zpp_rng_uniform(r) * 1000 : 0;
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);

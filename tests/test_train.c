@@ -1672,6 +1672,39 @@ static void test_checkpoint_killed_save_keeps_previous(void) {
     printf("  rank 1 killed mid-save at step 6: step 3 stayed published, resumed bit for bit\n");
 }
 
+/* A slow save is not a stalled rank (issue 29): the last rank's write of
+ * the step-3 save waits 8 s (ZPP_FAULT=save_slow@3) under a collective
+ * deadline of 5 s, and the run finishes with both checkpoints; the save
+ * waits on its own deadline, zeropp.save_timeout_s, which when shorter than
+ * the delay (3 s) does end the run, with the step-3 folder unpublished. */
+static void test_slow_save_outlives_collective_timeout(void) {
+    const int W = 2;
+    char cfg[512], err[512], json[2048], args[2048], dir[512], why[800];
+    model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
+    write_text(zpp_test_tmp_path("slowsave.json", cfg), "%s", json);
+    zpp_test_tmp_path("slowsave", dir);
+    snprintf(args, sizeof args,
+             "--config %s --steps 4 --save %s --save-every 3 --collective-timeout 5", cfg, dir);
+    int rc = run_train_env(W, "save_slow@3", args, NULL, zpp_test_tmp_path("slowsave_err.txt", err));
+    EXPECT(rc == 0, "an 8 s save under a 5 s collective deadline ended the run: exit %d (%s)", rc,
+           err);
+    EXPECT(ckpt_dir_valid(dir, W, 4, why, sizeof why), "after the slow save: %s", why);
+    char p[700];
+    snprintf(p, sizeof p, "%s/step-00000003/manifest.json", dir);
+    EXPECT(access(p, F_OK) == 0, "the slow step-3 save left no checkpoint: no %s", p);
+
+    zpp_test_tmp_path("slowsave_short", dir);
+    snprintf(args, sizeof args,
+             "--config %s --steps 4 --save %s --save-every 3 --collective-timeout 5 "
+             "--set zeropp.save_timeout_s=3",
+             cfg, dir);
+    rc = run_train_env(W, "save_slow@3", args, NULL, zpp_test_tmp_path("slowsave_err2.txt", err));
+    EXPECT(rc != 0, "an 8 s save under zeropp.save_timeout_s 3 finished");
+    snprintf(p, sizeof p, "%s/checkpoint.json", dir);
+    EXPECT(access(p, F_OK) != 0, "a save past its deadline was published: %s", p);
+    printf("  an 8 s save: done under a 5 s collective deadline, stopped by a 3 s save deadline\n");
+}
+
 /* Checkpoints do not depend on the world size. fp32 ZeRO-3, global batch
  * 12 (micro-batch 1, accumulation 12 / W): 40 steps on 4 ranks, saving
  * every 20 (the step-20 folder stays: keep_checkpoints 2). Resumed from it
@@ -2778,6 +2811,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_checkpoint_failed_save_keeps_previous),
           ZPP_TEST_HOOKS(test_checkpoint_injected_save_failure_keeps_previous),
           ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
+          ZPP_TEST_HOOKS(test_slow_save_outlives_collective_timeout),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
           ZPP_TEST(test_stalled_rank_named),

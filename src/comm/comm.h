@@ -205,6 +205,10 @@ zpp_status zpp_comm_agree(zpp_comm *c, zpp_status st);
 /* The same over every rank the launcher started (MPI_COMM_WORLD), for the
  * steps before a topology exists (reading a config, opening a file). */
 zpp_status zpp_comm_agree_world(zpp_status st);
+/* The same with its own deadline (seconds; 0 = forever) instead of the
+ * world's: for waits that are not a peer's collective, such as the other
+ * ranks' disk writes of a checkpoint. */
+zpp_status zpp_comm_agree_world_within(zpp_status st, double timeout_s);
 /* The maximum of a double over every rank the launcher started (the
  * slowest rank's time, say). Blocking, on the host. */
 zpp_status zpp_comm_max_world(double *value);

@@ -716,6 +716,15 @@ zpp_status zpp_comm_agree_world(zpp_status st) {
                                   zpp__progress_current(), ZPP_PROG_LAUNCH);
 }
 
+zpp_status zpp_comm_agree_world_within(zpp_status st, double timeout_s) {
+    zpp_status ready = zpp__world_ready("comm agree_world");
+    if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
+    MPI_Comm world = MPI_COMM_WORLD;
+    return zpp__comm_mpi_agree_at(&world, st, timeout_s > 0.0 ? timeout_s : 0.0,
+                                  "world (MPI_COMM_WORLD)", zpp__progress_current(),
+                                  ZPP_PROG_LAUNCH);
+}
+
 void zpp_comm_world_set_timeout(double timeout_s) {
     zpp__world_timeout_s = timeout_s > 0.0 ? timeout_s : 0.0; /* NaN: 0 */
 }

@@ -4,8 +4,11 @@
  * file); the environment is for what must reach a process before any
  * option can: a test's choice of CPU path, an emulated node's NCCL host
  * id, a watchdog's deadline for a job already written. Each variable is
- * read here and nowhere else (test_env checks the tree), and documented
- * once, below; `zeropp help env` prints this table with the values set.
+ * read here and nowhere else (test_env_table checks the tree), and
+ * documented once, below; `zeropp help env` prints this table with the
+ * values set. One exception: ZPP_FAULT, the tests' fault injection, is read
+ * by core/fault_hooks.c, which only test builds compile, so a release
+ * library holds no trace of it (docs/fault-hooks.md).
  *
  * Values are read when asked for, not cached: a test may set one between
  * two calls. An empty value counts as unset. */
@@ -43,9 +46,6 @@
     X(ZPP_ENV_NCCL_NVLS_ENABLE, "NCCL_NVLS_ENABLE",                                           \
       "NCCL's NVLink multicast: zeropp sets it to 0 when unset (multicast can take GPUs "     \
       "that others share out of service); a value you set is kept")                           \
-    X(ZPP_ENV_FAULT, "ZPP_FAULT",                                                             \
-      "test builds only (-DZPP_FAULT_HOOKS=ON): a fault to inject, KIND@STEP "                \
-      "(docs/fault-hooks.md)")                                                                \
     X(ZPP_ENV_OMPI_COMM_WORLD_SIZE, "OMPI_COMM_WORLD_SIZE",                                   \
       "set by Open MPI's mpirun: the process was launched as one of several ranks")           \
     X(ZPP_ENV_PMI_SIZE, "PMI_SIZE",                                                           \

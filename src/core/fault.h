@@ -16,7 +16,10 @@
  *   save_fail@S      the save after S steps fails on the last rank (an
  *                    injected I/O error);
  *   save_kill@S      rank 1 (rank 0 alone) writes half its file of that save
- *                    and the process ends with status 137, as after kill -9.
+ *                    and the process ends with status 137, as after kill -9;
+ *   save_slow@S      the last rank waits ZPP_FAULT_SLOW_SAVE_S seconds before
+ *                    it writes its file of the save after S steps (a slow
+ *                    disk: the save must outlast the collective deadline).
  * Unset or empty: no fault, and each check costs a call a step. */
 #ifndef ZPP_CORE_FAULT_H
 #define ZPP_CORE_FAULT_H
@@ -30,8 +33,13 @@ typedef enum zpp_fault_kind {
     ZPP_FAULT_NONE = 0,
     ZPP_FAULT_NONFINITE,
     ZPP_FAULT_SAVE_FAIL,
-    ZPP_FAULT_SAVE_KILL
+    ZPP_FAULT_SAVE_KILL,
+    ZPP_FAULT_SAVE_SLOW
 } zpp_fault_kind;
+
+/* save_slow's delay: the 8 s of an fsync that issue 29 saw end a run whose
+ * collectives wait 5. */
+#define ZPP_FAULT_SLOW_SAVE_S 8
 
 typedef struct zpp_fault {
     zpp_fault_kind kind;
@@ -49,11 +57,16 @@ zpp_status zpp_fault_from_env(zpp_fault *f_p);
 
 /* Whether fault `f` of `kind` fires on `rank` (of `world`) at `step`: the
  * one place that says which rank is hit (nonfinite: rank 0; save_fail: the
- * last rank; save_kill: rank 1, or 0 alone). f may be NULL (never). */
+ * last rank; save_kill: rank 1, or 0 alone; save_slow: the last rank). f may
+ * be NULL (never). */
 int zpp_fault_fires(const zpp_fault *f, zpp_fault_kind kind, int step, int rank, int world);
 
 /* save_fail: the error the save of `path` after `step` steps returns. */
 zpp_status zpp_fault_save_error(const char *path, int step);
+
+/* save_slow: sleeps ZPP_FAULT_SLOW_SAVE_S seconds (nothing without the
+ * hooks). */
+void zpp_fault_slow_save(void);
 
 /* save_kill: writes the first n bytes of p to f, flushes them and ends the
  * process with status 137, leaving a half-written file as a killed rank

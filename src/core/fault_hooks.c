@@ -3,12 +3,13 @@
  * holds every fault the library can inject, and its one exit. */
 #include "core/fault.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "core/env.h"
 #include "core/error.h"
 
 int zpp_fault_hooks_built(void) { return 1; }
@@ -20,6 +21,7 @@ static const struct {
     {"nonfinite", ZPP_FAULT_NONFINITE},
     {"save_fail", ZPP_FAULT_SAVE_FAIL},
     {"save_kill", ZPP_FAULT_SAVE_KILL},
+    {"save_slow", ZPP_FAULT_SAVE_SLOW},
 };
 
 /* A decimal step in [1, INT_MAX] at *s; advances *s. */
@@ -35,8 +37,8 @@ static int zpp__fault_step(const char **s, int *out) {
 
 zpp_status zpp_fault_from_env(zpp_fault *f_p) {
     zpp_fault f = {ZPP_FAULT_NONE, 0, 0};
-    const char *env = zpp_env_get(ZPP_ENV_FAULT);
-    if (env) {
+    const char *env = getenv("ZPP_FAULT"); /* not in core/env.h: test builds only */
+    if (env && env[0]) {
         const char *at = strchr(env, '@');
         for (size_t i = 0; at && i < sizeof zpp__fault_kinds / sizeof zpp__fault_kinds[0]; i++)
             if ((size_t)(at - env) == strlen(zpp__fault_kinds[i].name) &&
@@ -52,7 +54,8 @@ zpp_status zpp_fault_from_env(zpp_fault *f_p) {
         if (!ok || *s)
             return zpp_error(ZPP_ERR_CONFIG,
                              "ZPP_FAULT='%s': expected nonfinite@STEP, nonfinite@FIRST-LAST, "
-                             "save_fail@STEP or save_kill@STEP (steps count from 1)",
+                             "save_fail@STEP, save_kill@STEP or save_slow@STEP (steps count "
+                             "from 1)",
                              env);
     }
     *f_p = f;
@@ -66,6 +69,7 @@ int zpp_fault_fires(const zpp_fault *f, zpp_fault_kind kind, int step, int rank,
     case ZPP_FAULT_NONFINITE: return rank == 0;
     case ZPP_FAULT_SAVE_FAIL: return rank == world - 1;
     case ZPP_FAULT_SAVE_KILL: return rank == (world > 1 ? 1 : 0);
+    case ZPP_FAULT_SAVE_SLOW: return rank == world - 1;
     default: return 0;
     }
 }
@@ -74,6 +78,12 @@ zpp_status zpp_fault_save_error(const char *path, int step) {
     return zpp_error(ZPP_ERR_IO,
                      "checkpoint: cannot write %s: injected failure (ZPP_FAULT=save_fail@%d)",
                      path, step);
+}
+
+void zpp_fault_slow_save(void) {
+    struct timespec left = {ZPP_FAULT_SLOW_SAVE_S, 0};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
 }
 
 zpp_status zpp_fault_kill_mid_write(FILE *f, const void *p, size_t n) {

@@ -28,6 +28,8 @@ zpp_status zpp_fault_save_error(const char *path, int step) { return zpp__no_hoo
 
 zpp_status zpp_fault_kill_mid_write(FILE *f, const void *p, size_t n) { return zpp__no_hooks(); }
 
+void zpp_fault_slow_save(void) {}
+
 int zpp_fault_mpi_max_count(void) { return INT_MAX; }
 
 zpp_status zpp_fault_set_mpi_max_count(int max_count) { return zpp__no_hooks(); }

@@ -113,24 +113,71 @@ static zpp_status write_synced(const char *path, const char *text, int atomic) {
     return ZPP_OK;
 }
 
+/* Whether this rank can write in `dir`: a file of its own made, written,
+ * closed and removed. */
+static zpp_status probe_write(const char *dir, int world_rank) {
+    char probe[CKPT_PATH], name[48];
+    snprintf(name, sizeof name, ".zeropp-probe-%d", world_rank);
+    ZPP_CHECK(join(probe, dir, name));
+    FILE *f = fopen(probe, "w");
+    int ok = f && fputc('x', f) != EOF;
+    int err = errno;
+    if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
+    remove(probe);
+    if (!ok)
+        return zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory %s%s: %s", dir,
+                         world_rank ? " from this rank" : "", strerror(err));
+    return ZPP_OK;
+}
+
+/* Whether this rank sees the file rank 0 wrote in `dir` with `token` in
+ * it: the ranks save into one folder, and rank 0 reads all their files. */
+static zpp_status probe_shared(const char *dir, int world_rank, long long token) {
+    char probe[CKPT_PATH], host[64] = "?";
+    ZPP_CHECK(join(probe, dir, ".zeropp-probe-shared"));
+    FILE *f = fopen(probe, "r");
+    long long seen = -1;
+    if (f) {
+        if (fscanf(f, "%lld", &seen) != 1) seen = -1;
+        fclose(f);
+    }
+    if (seen == token) return ZPP_OK;
+    gethostname(host, sizeof host - 1);
+    return zpp_error(ZPP_ERR_IO,
+                     "checkpoint directory %s is not shared: rank %d (host %s) does not see the "
+                     "file rank 0 wrote there. Every rank writes its part of a checkpoint into "
+                     "the one folder; give --save a folder on a filesystem all nodes mount",
+                     dir, world_rank, host);
+}
+
 zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
-    zpp_status st = ZPP_OK;
-    if (world_rank == 0) {
+    /* Rank 0 makes the folder and leaves a token there; every rank then
+     * checks that it sees that token (one shared folder, not one per node)
+     * and that it can write a file of its own. */
+    char shared[CKPT_PATH];
+    double token = 0.0;
+    zpp_status st = join(shared, dir, ".zeropp-probe-shared");
+    if (st == ZPP_OK && world_rank == 0) {
         st = make_dirs(dir);
-        char probe[CKPT_PATH];
-        if (st == ZPP_OK) st = join(probe, dir, ".zpp-write-test");
+        /* A number no earlier run left there: the time and the pid. */
+        token = (double)(((long long)time(NULL) % 100000000LL) * 100000LL + getpid() % 100000);
         if (st == ZPP_OK) {
-            FILE *f = fopen(probe, "w");
-            int ok = f && fputc('x', f) != EOF;
-            int err = errno;
-            if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
-            remove(probe);
-            if (!ok)
+            char text[32];
+            snprintf(text, sizeof text, "%lld\n", (long long)token);
+            st = write_synced(shared, text, 0);
+            if (st != ZPP_OK)
                 st = zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory %s: %s", dir,
-                               strerror(err));
+                               zpp_last_error());
         }
     }
-    return zpp_comm_agree_world(st);
+    st = zpp_comm_agree_world(st);
+    if (st == ZPP_OK) st = zpp_comm_max_world(&token); /* rank 0's; the others hold 0 */
+    if (st != ZPP_OK) return st;
+    st = probe_shared(dir, world_rank, (long long)token);
+    if (st == ZPP_OK) st = probe_write(dir, world_rank);
+    st = zpp_comm_agree_world(st);
+    if (world_rank == 0) remove(shared);
+    return st;
 }
 
 /* ---- The run lock (checkpoint.h) -------------------------------------------- */
@@ -784,9 +831,19 @@ static double folder_bytes(const char *path) {
     return sum;
 }
 
+/* How long the ranks wait for each other's disk work in a save: the run's
+ * zeropp.save_timeout_s, not its collective deadline. A slow disk (a
+ * network filesystem's fsync, one rank's writes queued behind another job's)
+ * is not a stalled peer, and a save that took longer than a collective may
+ * must not end the run. Without the run's config, the world's deadline. */
+static double save_deadline(const zpp_ckpt_meta *meta) {
+    return meta->config ? meta->config->save_timeout_s : zpp_comm_world_timeout();
+}
+
 zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const char *dir,
                                int keep, const zpp_fault *fault, zpp_ckpt_saved *saved) {
     const int rank = meta->world_rank;
+    const double deadline = save_deadline(meta);
     const double t0 = now_s();
     char published[256], name[64], folder[CKPT_PATH], path[CKPT_PATH];
     /* Every rank reads the published folder's name before rank 0 changes
@@ -806,14 +863,16 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
                                strerror(errno));
         }
     }
-    ZPP_CHECK(zpp_comm_agree_world(st));
+    ZPP_CHECK(zpp_comm_agree_world_within(st, deadline));
 
     /* Every rank's file, written and fsynced (or the save_fail / save_kill
-     * test hook on its rank). */
+     * test hook on its rank; save_slow delays it). */
     const int W = meta->world_size;
     char fname[32];
     snprintf(fname, sizeof fname, "rank-%05d.ckpt", rank);
     st = join(path, folder, fname);
+    if (st == ZPP_OK && zpp_fault_fires(fault, ZPP_FAULT_SAVE_SLOW, meta->step, rank, W))
+        zpp_fault_slow_save();
     if (st == ZPP_OK && zpp_fault_fires(fault, ZPP_FAULT_SAVE_FAIL, meta->step, rank, W))
         st = zpp_fault_save_error(path, meta->step);
     else if (st == ZPP_OK)
@@ -824,7 +883,7 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
         st = join(path, folder, fname);
         if (st == ZPP_OK) st = write_loco_file(e, meta, path);
     }
-    st = zpp_comm_agree_world(st);
+    st = zpp_comm_agree_world_within(st, deadline);
     if (st != ZPP_OK) {
         if (rank == 0) remove_folder(folder); /* the previous checkpoint stays published */
         return st;
@@ -850,7 +909,7 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
         if (st == ZPP_OK) prune(dir, name, keep < 1 ? 1 : keep);
         else remove_folder(folder);
     }
-    st = zpp_comm_agree_world(st);
+    st = zpp_comm_agree_world_within(st, deadline);
     if (st != ZPP_OK || !saved) return st;
     /* rank 0 counts (it published the folder); the largest of the ranks'
      * values is rank 0's, since the others hold 0 */

@@ -617,7 +617,7 @@ static zpp_status zpp__validate_optimizer(const zpp_train_config *cfg) {
     return ZPP_OK;
 }
 
-/* The run's non-negative real knobs: the collectives' deadline, the peak
+/* The run's non-negative real knobs: the collectives' and saves' deadlines, the peak
  * the MFU is measured against, and the gradient clipping norm. */
 static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
     if (!(cfg->collective_timeout_s >= 0) || !isfinite(cfg->collective_timeout_s))
@@ -625,6 +625,11 @@ static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
                          "'zeropp.collective_timeout_s' must be >= 0 seconds (0 = wait forever), "
                          "got %g",
                          cfg->collective_timeout_s);
+    if (!(cfg->save_timeout_s >= 0) || !isfinite(cfg->save_timeout_s))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'zeropp.save_timeout_s' must be >= 0 seconds (0 = wait forever), "
+                         "got %g",
+                         cfg->save_timeout_s);
     if (!(cfg->peak_tflops >= 0) || !isfinite(cfg->peak_tflops))
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zeropp.peak_tflops' must be >= 0 TFLOP/s (0 = the GPU's preset), "

@@ -143,6 +143,7 @@ typedef struct zpp_train_config {
     zpp_data_order data_order; /* zeropp.data_order, --data-order */
     int weight_decay_all; /* 1: decay every parameter (DeepSpeed); 0: the matrices */
     double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
+    double save_timeout_s; /* deadline of a checkpoint's writes on every rank; 0 = forever */
     double peak_tflops; /* one rank's device peak for MFU; 0 = its preset, if known */
 
     /* DeepSpeed keys accepted but ignored, as "a, b.c" ("" if none). */

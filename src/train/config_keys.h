@@ -194,6 +194,10 @@
     X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
       "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
       ">= 0; 0 = wait forever; --collective-timeout")                                             \
+    X("zeropp.save_timeout_s", NUM, save_timeout_s, 0, 0, (1800), 0,                              \
+      "seconds the ranks wait for each other's checkpoint files to be written and synced, "      \
+      ">= 0; 0 = wait forever. A save's disk time is not a stall: it is outside "                 \
+      "zeropp.collective_timeout_s")                                                              \
     X("zeropp.peak_tflops", NUM, peak_tflops, 0, 0, (0), 0,                                     \
       "peak TFLOP/s of one rank's device for MFU, >= 0; 0 = the GPU's preset when its name is "  \
       "known (bf16/fp16 tensor or fp32 peak), else no MFU; --peak-tflops (docs/logs.md)")         \
