@@ -90,15 +90,18 @@ grep -q "\"folder\": *\"$(basename "$step_dir")\"" ck/checkpoint.json ||
 echo "   stopped after step $n, saved"
 # Resumed 4 steps further, against a run that never stopped.
 m=$((n + 4))
-timeout 300 "${mpirun4[@]}" "$zeropp" "${train[@]}" --resume ck --steps $m --metrics r.jsonl \
+# (--metrics a.jsonl again: a resume continues the file.)
+timeout 300 "${mpirun4[@]}" "$zeropp" "${train[@]}" --resume ck --steps $m --metrics a.jsonl \
   >r.log 2>&1 || { cat r.log >&2; fail "the resume failed"; }
 timeout 300 "${mpirun4[@]}" "$zeropp" "${train[@]}" --steps $m --metrics ref.jsonl \
   >ref.log 2>&1 || { cat ref.log >&2; fail "the uninterrupted run failed"; }
-[ "$(losses r.jsonl | wc -l)" -eq 4 ] || fail "the resume trained $(losses r.jsonl | wc -l) steps, not 4"
-diff <(losses r.jsonl) <(losses ref.jsonl | tail -4) >/dev/null ||
-  fail "the resumed losses differ from the uninterrupted run's: $(diff <(losses r.jsonl) <(losses ref.jsonl | tail -4))"
-diff <(losses a.jsonl) <(losses ref.jsonl | head -"$n") >/dev/null ||
-  fail "the interrupted run's losses differ from the uninterrupted run's"
+[ "$(losses a.jsonl | wc -l)" -eq "$m" ] ||
+  fail "the metrics file holds $(losses a.jsonl | wc -l) steps after the resume, not $m"
+[ "$(grep -c '"resumed_from"' a.jsonl)" -eq 1 ] &&
+  grep -q "^{\"step\":$((n + 1)),.*\"resumed_from\":$n" a.jsonl ||
+  fail "step $((n + 1)) is not the one line marked resumed_from $n"
+diff <(losses a.jsonl) <(losses ref.jsonl) >/dev/null ||
+  fail "the losses differ from the uninterrupted run's: $(diff <(losses a.jsonl) <(losses ref.jsonl))"
 echo "   resumed to step $m: the losses of steps 1-$m are the uninterrupted run's, bit for bit"
 
 echo "== b. SIGTERM to the launcher"

@@ -1728,8 +1728,10 @@ static void test_checkpoint_reshard(void) {
     const int worlds[] = {2, 3, 4};
     for (int w = 0; w < 3; w++) {
         const int W = worlds[w];
+        char mname[64]; /* one file a world: a resume continues its metrics file */
+        snprintf(mname, sizeof mname, "reshard_resumed_%d.jsonl", W);
         snprintf(args, sizeof args, "--config %s --steps 40 --resume %s --metrics %s", cfg, sub,
-                 zpp_test_tmp_path("reshard_resumed.jsonl", met));
+                 zpp_test_tmp_path(mname, met));
         int rc = run_train_env(W, NULL, args, zpp_test_tmp_path("reshard_out.txt", out),
                                zpp_test_tmp_path("reshard_err.txt", err));
         EXPECT(rc == 0, "resume on %d ranks: exit %d; see %s", W, rc, err);

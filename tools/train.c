@@ -788,6 +788,8 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
                 ",\"val_loss\":%.9g,\"val_cross_node_bytes\":%.0f,"
                 "\"val_intra_node_bytes\":%.0f",
                 (double)so->val, zpp_volume_cross_total(&so->ev), zpp_volume_intra_total(&so->ev));
+    if (tr->a->resume && so->s == tr->start) /* the first step after a resume */
+        fprintf(metrics, ",\"resumed_from\":%d", tr->start);
     if (so->smp.gen) zpp_cli_sample_json(metrics, &so->smp); /* last: the longest field */
     fprintf(metrics, "}\n");
     fflush(metrics);
@@ -1091,7 +1093,8 @@ static void apply_flags(const train_args *a, zpp_train_config *cfg) {
 /* Rank 0 opens --metrics; not agreed. */
 static zpp_status open_metrics(const train_args *a, FILE **metrics_p) {
     if (zpp_comm_world_rank() != 0 || !a->metrics) return ZPP_OK;
-    *metrics_p = fopen(a->metrics, "w");
+    /* A resumed run continues the file (its first line says so). */
+    *metrics_p = fopen(a->metrics, a->resume ? "a" : "w");
     if (!*metrics_p)
         return zpp_error(ZPP_ERR_IO, "cannot write metrics file %s: %s", a->metrics,
                          strerror(errno));
