@@ -136,6 +136,7 @@ static void test_every_key_parsed(void) {
         int linear = irand(&r, 0, 1);
         double cts = trial % 4 ? zpp_rng_uniform(&r) * 3600 : 0; /* 0 = wait forever */
         double sts = trial % 3 ? zpp_rng_uniform(&r) * 7200 : 0;
+        int prune = irand(&r, 0, 1);
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8), qvec = irand(&r, 0, 1);
         /* qgZ error feedback needs qgZ; the last trial (the coverage text) has both */
@@ -185,7 +186,7 @@ static void test_every_key_parsed(void) {
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
                  "      \"sample_every\": %d, \"sample_tokens\": %d,\n"
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
-                 "      \"save_timeout_s\": %.17g,\n"
+                 "      \"save_timeout_s\": %.17g, \"prune_newer\": %s,\n"
                  "      \"data_order\": \"%s\", \"weight_decay_all\": %s,\n"
                  "      \"peak_tflops\": %.17g}\n"
                  "}\n",
@@ -193,7 +194,7 @@ static void test_every_key_parsed(void) {
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
-                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, sequential ? "sequential" : "shuffled",
+                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, prune ? "true" : "false", sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
@@ -221,7 +222,8 @@ static void test_every_key_parsed(void) {
                cfg.model.vocab_size == vocab && cfg.model.real_vocab_size == real_vocab);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
-               cfg.collective_timeout_s == cts && cfg.save_timeout_s == sts);
+               cfg.collective_timeout_s == cts && cfg.save_timeout_s == sts &&
+               cfg.prune_newer == prune);
         EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
                cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak);
@@ -794,6 +796,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->keep_checkpoints = irand(r, 1, 9);
     c->collective_timeout_s = zpp_rng_uniform(r) * 1000;
     c->save_timeout_s = irand(r, 0, 1) ? zpp_rng_uniform(r) * 7200 : 0;
+    c->prune_newer = irand(r, 0, 1);
     c->peak_tflops = irand(r, 0, 1) ? zpp_rng_uniform(r) * 1000 : 0;
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);

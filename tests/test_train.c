@@ -1705,6 +1705,34 @@ static void test_slow_save_outlives_collective_timeout(void) {
     printf("  an 8 s save: done under a 5 s collective deadline, stopped by a 3 s save deadline\n");
 }
 
+/* Resuming an older step folder into the same --save folder (issue 29):
+ * the step folders newer than it, another line of the run's history, stay
+ * at the resumed run's first save and the one it resumed from is kept as
+ * the newest before it; with --prune-newer the newer ones go. */
+static void test_resume_older_keeps_newer(void) {
+    const int W = 2;
+    char cfg[512], json[2048], args[2048], dir[512], p[700];
+    model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
+    write_text(zpp_test_tmp_path("prunenewer.json", cfg), "%s", json);
+    for (int prune = 0; prune <= 1; prune++) {
+        zpp_test_tmp_path(prune ? "prunenewer_yes" : "prunenewer_no", dir);
+        snprintf(args, sizeof args, "--config %s --steps 6 --save %s --save-every 2", cfg, dir);
+        train_ok(W, args); /* leaves step-4 and step-6 (keep_checkpoints 2) */
+        snprintf(args, sizeof args,
+                 "--config %s --steps 5 --resume %s/step-00000004 --save %s --save-every 1%s",
+                 cfg, dir, dir, prune ? " --prune-newer" : "");
+        train_ok(W, args); /* saves step 5 */
+        const int want[3][2] = {{4, 1}, {5, 1}, {6, !prune}};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/step-%08d/manifest.json", dir, want[i][0]);
+            EXPECT((access(p, F_OK) == 0) == want[i][1], "%s: step %d %s after the resume",
+                   prune ? "--prune-newer" : "by default", want[i][0],
+                   want[i][1] ? "is gone" : "is still there");
+        }
+    }
+    printf("  resumed from step 4 over step 6: step 6 stays, or goes with --prune-newer\n");
+}
+
 /* Checkpoints do not depend on the world size. fp32 ZeRO-3, global batch
  * 12 (micro-batch 1, accumulation 12 / W): 40 steps on 4 ranks, saving
  * every 20 (the step-20 folder stays: keep_checkpoints 2). Resumed from it
@@ -2814,7 +2842,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST_HOOKS(test_checkpoint_injected_save_failure_keeps_previous),
           ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST_HOOKS(test_slow_save_outlives_collective_timeout),
-          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_checkpoint_resume_checks_model),
+          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_resume_older_keeps_newer), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
           ZPP_TEST(test_stalled_rank_named),
           ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),

@@ -30,6 +30,7 @@ typedef struct train_args {
     double collective_timeout; /* seconds; < 0: not given */
     double peak_tflops;        /* --peak-tflops; <= 0: not given */
     int data_order;            /* zpp_data_order; < 0: not given */
+    int prune_newer;           /* --prune-newer */
     zpp_cli_list sets;         /* --set KEY=VALUE, in order */
 } train_args;
 
@@ -92,6 +93,9 @@ static void usage(FILE *f) {
             "                    of the first step before and after. A different model shape\n"
             "                    or dtype is refused. A checkpoint at or past --steps is an\n"
             "                    error (exit 1): nothing would be trained\n"
+            "  --prune-newer     resumed from an older checkpoint into the same --save folder,\n"
+            "                    delete the step folders newer than it at the first save\n"
+            "                    (default: they stay; zeropp.prune_newer)\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
             "  --profile         time each step: compute and exposed communication (the time\n"
@@ -211,6 +215,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--quiet", ZPP_CLI_FLAG, &a->quiet, 0, 0},
         {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
         {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
+        {"--prune-newer", ZPP_CLI_FLAG, &a->prune_newer, 0, 0},
         {"--config", ZPP_CLI_STR, &a->config, 0, 0},
         {"--data", ZPP_CLI_STR, &a->data, 0, 0},
         {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
@@ -1088,6 +1093,7 @@ static void apply_flags(const train_args *a, zpp_train_config *cfg) {
     if (a->seed >= 0) cfg->seed = (uint64_t)a->seed;
     if (a->data_order >= 0) cfg->data_order = (zpp_data_order)a->data_order;
     if (a->collective_timeout >= 0) cfg->collective_timeout_s = a->collective_timeout;
+    if (a->prune_newer) cfg->prune_newer = 1;
 }
 
 /* Rank 0 opens --metrics; not agreed. */

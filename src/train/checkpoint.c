@@ -749,7 +749,12 @@ static zpp_status read_sums(const char *folder, int W, int loco, uint64_t *sums)
 
 /* Deletes every step folder of DIR but the published one and the newest
  * keep - 1 other complete ones; leftovers of failed saves go too. */
-static void prune(const char *dir, const char *published, int keep) {
+/* Keeps the published folder `published` and the newest keep - 1 complete
+ * folders before it, and deletes the rest. Folders of later steps than the
+ * published one (left by a run that went further before this one resumed
+ * from an older checkpoint) are another line of the run's history: they
+ * stay, uncounted, unless prune_newer. */
+static void prune(const char *dir, const char *published, int keep, int prune_newer) {
     DIR *d = opendir(dir);
     if (!d) return;
     typedef struct entry {
@@ -782,12 +787,20 @@ static void prune(const char *dir, const char *published, int keep) {
                       access(m, F_OK) == 0;
     }
     closedir(d);
+    long pub_step = -1;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(ents[i].name, published)) pub_step = ents[i].step;
+    for (size_t i = 0; i < n; i++)
+        if (ents[i].step > pub_step) {
+            if (prune_newer) ents[i].complete = 0; /* not kept: deleted below */
+            else ents[i].name[0] = '\0';          /* stays */
+        }
     int kept = 1; /* the published one */
     for (;;) {    /* the newest complete unpublished ones, keep - 1 of them */
         entry *best = NULL;
         for (size_t i = 0; i < n; i++) {
             entry *x = &ents[i];
-            if (!x->complete || !strcmp(x->name, published)) continue;
+            if (!x->complete || !x->name[0] || !strcmp(x->name, published)) continue;
             if (!best || x->step > best->step || (x->step == best->step && x->sub > best->sub))
                 best = x;
         }
@@ -906,7 +919,8 @@ zpp_status zpp_checkpoint_save(zpp_engine *e, const zpp_ckpt_meta *meta, const c
         if (st == ZPP_OK) st = write_synced(path, text, 1);
         if (st == ZPP_OK) st = fsync_dir(dir);
         free(text);
-        if (st == ZPP_OK) prune(dir, name, keep < 1 ? 1 : keep);
+        if (st == ZPP_OK)
+            prune(dir, name, keep < 1 ? 1 : keep, meta->config && meta->config->prune_newer);
         else remove_folder(folder);
     }
     st = zpp_comm_agree_world_within(st, deadline);

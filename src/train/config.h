@@ -140,6 +140,7 @@ typedef struct zpp_train_config {
     int steps_per_print; /* DeepSpeed key; 0 = never */
     int max_consecutive_skips; /* non-finite steps in a row before the run stops */
     int keep_checkpoints; /* --save keeps the newest N step folders */
+    int prune_newer;      /* 1: a save deletes step folders newer than itself */
     zpp_data_order data_order; /* zeropp.data_order, --data-order */
     int weight_decay_all; /* 1: decay every parameter (DeepSpeed); 0: the matrices */
     double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */

@@ -194,6 +194,9 @@
     X("zeropp.collective_timeout_s", NUM, collective_timeout_s, 0, 0, (600), 0,                   \
       "seconds a rank waits in a collective before it stops the job (a peer stalled or died), "   \
       ">= 0; 0 = wait forever; --collective-timeout")                                             \
+    X("zeropp.prune_newer", BOOL, prune_newer, 0, 0, (0), 0,                                      \
+      "true: a run resumed from an older checkpoint deletes the step folders newer than it at "   \
+      "its first save; false: they stay, apart from the kept ones; --prune-newer")               \
     X("zeropp.save_timeout_s", NUM, save_timeout_s, 0, 0, (1800), 0,                              \
       "seconds the ranks wait for each other's checkpoint files to be written and synced, "      \
       ">= 0; 0 = wait forever. A save's disk time is not a stall: it is outside "                 \
