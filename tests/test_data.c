@@ -167,7 +167,8 @@ static void test_llmc_bad_header(void) {
 }
 
 /* A binary file whose first int32 is not the magic is a damaged token file,
- * an error naming the magic; a text file is raw text, bytes as tokens. */
+ * an error naming the magic, wherever its first NUL byte is (the whole file
+ * is read); a text file is raw text, bytes as tokens. */
 static void test_wrong_magic(void) {
     uint16_t tok[200];
     for (int i = 0; i < 200; i++) tok[i] = (uint16_t)(i * 3);
@@ -179,6 +180,29 @@ static void test_wrong_magic(void) {
     EXPECT(strstr(zpp_last_error(), "magic") != NULL, "message: %s", zpp_last_error());
     EXPECT(d == NULL);
     unlink(path);
+
+    /* Text up to a NUL byte at a random offset past the first KiB, or
+     * past the first MiB-long read: not text. */
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    for (int trial = 0; trial < 2; trial++) {
+        const size_t len = trial ? (3u << 20) : 5000;
+        char *big = malloc(len);
+        for (size_t i = 0; i < len; i++) big[i] = (char)('a' + i % 26);
+        const size_t at = 1024 + zpp_rng_u64(&r) % (len - 1024);
+        big[at] = '\0';
+        strcpy(path, "/tmp/zpp_test_data_XXXXXX");
+        int bfd = mkstemp(path);
+        EXPECT(write(bfd, big, len) == (ssize_t)len);
+        close(bfd);
+        free(big);
+        EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_FORMAT);
+        char want[64];
+        snprintf(want, sizeof want, "a NUL byte at offset %zu", at);
+        EXPECT(strstr(zpp_last_error(), want) != NULL, "message: %s (want '%s')",
+               zpp_last_error(), want);
+        EXPECT(d == NULL);
+        unlink(path);
+    }
 
     /* Text whose first four bytes are anything: raw text. */
     strcpy(path, "/tmp/zpp_test_data_XXXXXX");
@@ -619,13 +643,21 @@ static void test_sequential_order(void) {
         unlink(path);
     }
     /* A split that holds no whole step is refused at open (the config's
-     * batch) and at a batch of a larger world, naming the sizes. */
+     * batch), in either order, naming the sizes, and at a batch of a larger
+     * world. */
     char path[64];
     write_identity(path, 100); /* n_val 10, n_train 90 */
     zpp_train_config cfg = sequential_cfg(8, 12, 1, 1); /* 12 x 8 + 1 = 97 > 89 */
     zpp_data *d = NULL;
-    EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_CONFIG);
-    EXPECT_MSG("fewer than one step");
+    for (int order = 0; order < 2; order++) {
+        cfg.data_order = order ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED;
+        EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_CONFIG);
+        EXPECT_MSG("holds 100 tokens; its training split (all but the held-out tenth, 90 "
+                   "tokens) is shorter than one step, which reads train_batch_size 12 x seq_len "
+                   "8 + 1 = 97 tokens");
+        EXPECT(d == NULL);
+    }
+    cfg.data_order = ZPP_DATA_ORDER_SEQUENTIAL;
     cfg = sequential_cfg(8, 5, 1, 1); /* 41 tokens: fits */
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
     int32_t x[40], y[40];

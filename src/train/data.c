@@ -225,6 +225,25 @@ static zpp_status zpp__open_file(zpp_data *d, const char *path) {
     return ZPP_OK;
 }
 
+/* The offset of the file's first NUL byte into *at_p (file_len when it
+ * holds none), reading it in large chunks. */
+static zpp_status zpp__find_nul(zpp_data *d, size_t *at_p) {
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
+    zpp_status st = ZPP_OK;
+    size_t at = d->file_len;
+    for (size_t off = 0; off < d->file_len && st == ZPP_OK && at == d->file_len; off += CHUNK) {
+        const size_t m = d->file_len - off < CHUNK ? d->file_len - off : CHUNK;
+        st = zpp__pread_all(d, buf, m, off);
+        const uint8_t *z = st == ZPP_OK ? memchr(buf, 0, m) : NULL;
+        if (z) at = off + (size_t)(z - buf);
+    }
+    free(buf);
+    if (st == ZPP_OK) *at_p = at;
+    return st;
+}
+
 /* Recognises an llm.c token file and points d at its tokens, checking the
  * header, the size and every token against vocab_size. Returns ZPP_OK with
  * *is_llmc_p = 0 when the magic does not match and the file is text (then
@@ -238,15 +257,18 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
     ZPP_CHECK(zpp__pread_all(d, b, head, 0));
     *is_llmc_p = 0;
     if (d->file_len < 4 || zpp__le32(b) != ZPP_DATA_LLMC_MAGIC) {
-        /* Not llm.c. Text never holds NUL bytes; a file that does within its
-         * first KiB is binary — most likely a token file with a wrong or
-         * damaged header — and reading it as text would train on garbage. */
-        if (memchr(b, 0, head))
+        /* Not llm.c. Text never holds NUL bytes; a file that does anywhere
+         * is binary (most likely a token file with a wrong or damaged
+         * header) and reading it as text would train on garbage. */
+        size_t nul = 0;
+        ZPP_CHECK(zpp__find_nul(d, &nul));
+        if (nul < d->file_len)
             return zpp_error(ZPP_ERR_FORMAT,
                              "data '%s' is not an llm.c token file (its magic is %u, expected "
-                             "%d) and not text (it holds NUL bytes); check the file",
+                             "%d) and not text (it holds a NUL byte at offset %zu); check the "
+                             "file",
                              path, d->file_len >= 4 ? (unsigned)zpp__le32(b) : 0u,
-                             ZPP_DATA_LLMC_MAGIC);
+                             ZPP_DATA_LLMC_MAGIC, nul);
         return ZPP_OK;
     }
     *is_llmc_p = 1;
@@ -384,14 +406,15 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
     d->K = (d->n_train - 1) / (size_t)T;
     d->slack = d->n_train - 1 - d->K * (size_t)T;
     d->K_val = (d->n_val - 1) / (size_t)T;
-    if (d->order == ZPP_DATA_ORDER_SEQUENTIAL && cfg->train_batch_size > 0 &&
-        (d->n_train - 1) / (size_t)T < (size_t)cfg->train_batch_size) {
+    /* A step reads train_batch_size distinct sequences in either order; a
+     * training split with fewer would repeat some within one step. */
+    if (cfg->train_batch_size > 0 && d->K < (size_t)cfg->train_batch_size) {
         st = zpp_error(ZPP_ERR_CONFIG,
-                       "data '%s': its training split holds %zu tokens, fewer than one step of "
-                       "the sequential order reads (train_batch_size %d x seq_len %d + 1 = "
-                       "%zu); use more data, a smaller batch, or zeropp.data_order "
-                       "\"shuffled\"",
-                       name, d->n_train, cfg->train_batch_size, T,
+                       "data '%s' holds %zu tokens; its training split (all but the held-out "
+                       "tenth, %zu tokens) is shorter than one step, which reads "
+                       "train_batch_size %d x seq_len %d + 1 = %zu tokens; use more data, a "
+                       "smaller batch or a smaller model.seq_len",
+                       name, d->n, d->n_train, cfg->train_batch_size, T,
                        (size_t)cfg->train_batch_size * (size_t)T + 1);
         goto fail;
     }
