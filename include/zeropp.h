@@ -422,19 +422,26 @@ ZPP_API zpp_status zpp_mode_parse(const char *name, int *mode_p);
 /* "zero3", "zeropp", or the list ("qwz+hpz"); "?" for an invalid mode. */
 ZPP_API const char *zpp_mode_name(int mode);
 
+/* The deepest prefetch and reduction pipelines (prefetch_depth, reduce_depth). */
+#define ZPP_ENGINE_MAX_DEPTH 8
+
+/* Every option of the engine; zpp_engine_open refuses a value outside the
+ * range given here with ZPP_ERR_INVALID, naming the field and its range. */
 typedef struct zpp_engine_config {
     int mode;                  /* ZPP_MODE_* flags; default ZPP_MODE_ZERO3 */
     zpp_dtype work_dtype;      /* gathered weights and reduced gradients;
                                   default ZPP_BF16 (the model's param_dtype) */
-    /* AdamW with decoupled weight decay; defaults 0.9, 0.95, 1e-8, 0 */
+    /* AdamW with decoupled weight decay; defaults 0.9, 0.95, 1e-8, 0. Betas
+     * in [0, 1), eps > 0, weight_decay >= 0. */
     float beta1, beta2, eps, weight_decay;
     float grad_clip;           /* max global gradient norm, 0 = off; default 1 */
     uint64_t seed;             /* handed to init_params; default 1234 */
-    /* fp16: a static loss scale > 0, or 0 for the dynamic scaler (starts at
-     * 2^16, halves on overflow, doubles after 1000 good steps). Default 1. */
+    /* fp16: a static loss scale > 0, or 0 for the dynamic scaler (below).
+     * Default 1. */
     float loss_scale;
     /* A step whose gradients hold NaN or Inf is skipped on every rank; this
-     * many skipped in a row fail the update with ZPP_ERR_NONFINITE.
+     * many skipped in a row (>= 1) fail the update with ZPP_ERR_NONFINITE.
+     * With the dynamic scaler an overflow counts only at min_loss_scale.
      * Default 5. */
     int max_consecutive_skips;
     zpp_quant_spec weight_quant; /* qwZ: int8, default block */
@@ -445,6 +452,41 @@ typedef struct zpp_engine_config {
      * stage3_max_reuse_distance, default 1e9. 0 gathers a unit for every
      * stage that uses it, apart from consecutive ones. */
     size_t max_reuse_distance;
+    /* 1: weight_decay on every parameter; 0 (default): only on the
+     * model's matrices when it names them (GPT-2's), else on every one. */
+    int decay_all;
+    /* Units gathered ahead of the one computing, and gradient reductions in
+     * flight, each in [1, ZPP_ENGINE_MAX_DEPTH]; default 2 and 2. Each step
+     * of depth costs a gathered unit (or a unit's reduction buffers) of
+     * memory; the results are the same bits at any depth. */
+    int prefetch_depth, reduce_depth;
+    /* The dynamic loss scaler (loss_scale 0; DeepSpeed's fp16 keys): it
+     * starts at 2^initial_scale_power (in [0, 127], default 16), halves at
+     * the hysteresis-th overflow (>= 1, default 2; consecutive_hysteresis 1:
+     * any good step restores it, 0 (default): only a doubling does), never
+     * below min_loss_scale (> 0, default 1), and doubles after
+     * loss_scale_window (>= 1, default 1000) steps without overflow. */
+    int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
+    float min_loss_scale;
+    /* qgZ error feedback (LoCo; needs ZPP_MODE_QGZ): loco 1 keeps, per unit,
+     * the quantization error of qgZ's two hops and feeds it into the next
+     * reduction, as e <- loco_err_beta e + (1 - loco_err_beta) (x - Q(x))
+     * (err_beta in [0, 1], default 0.8); the buffers are cleared after every
+     * loco_reset_T-th step (>= 1, default 1024) and after a skipped step.
+     * Costs about 4 (1 + 1/node_size) bytes a parameter a rank. Default 0. */
+    int loco;
+    float loco_err_beta;
+    int loco_reset_T;
+    /* 0 (default): the elements outside the model's matrices (its vectors:
+     * biases, norms) travel at full precision under qwZ and qgZ, as in
+     * DeepSpeed, at one all-reduce of them a step each way; 1: they are
+     * quantized with the matrices. Nothing changes for a model that names
+     * no matrices. */
+    int quantize_vectors;
+    /* 1: time each step's compute and exposed communication
+     * (zpp_update_stats' *_ms); costs two timing events a collective wait.
+     * The same on every rank. Default 0. */
+    int profile;
 } zpp_engine_config;
 
 /* The defaults listed above. */
@@ -454,8 +496,9 @@ ZPP_API zpp_engine_config zpp_engine_config_default(void);
  * initialises them through init_params. topo, model and dev are borrowed
  * and must outlive the engine; model and topology must be made for `dev`.
  * Collective. ZPP_ERR_INVALID for a bad config (unknown mode bits, a
- * work_dtype other than the model's, a bad quantization spec, a NULL
- * argument), ZPP_ERR_NOMEM when the shards do not fit. */
+ * work_dtype other than the model's, a field outside its range, loco
+ * without ZPP_MODE_QGZ, a bad quantization spec, a NULL argument),
+ * ZPP_ERR_NOMEM when the shards do not fit. */
 ZPP_API zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
                                    const zpp_engine_config *cfg, zpp_engine **engine_p);
 /* Frees the shards; NULL is ignored. */
@@ -485,6 +528,11 @@ typedef struct zpp_update_stats {
     /* Bytes this step moved per node since the last update: across nodes,
      * and inside a node (gathers, reductions, norms). */
     double cross_node_bytes, intra_node_bytes;
+    /* With cfg.profile, this rank's step from its first forward to the end
+     * of the update: stream_ms = compute_ms + exposed_comm_ms, the time the
+     * compute stream (the host thread on the host) stood waiting for a
+     * collective it could not hide; all 0 without. */
+    double stream_ms, compute_ms, exposed_comm_ms;
 } zpp_update_stats;
 
 /* The optimizer step: global gradient norm, clipping, AdamW at learning

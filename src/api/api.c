@@ -259,63 +259,39 @@ zpp_status zpp_mode_parse(const char *name, int *mode_p) {
 }
 
 zpp_engine_config zpp_engine_config_default(void) {
-    zpp_engine_opts o = zpp_engine_opts_default();
     zpp_engine_config c;
     memset(&c, 0, sizeof c);
     c.mode = ZPP_MODE_ZERO3;
-    c.work_dtype = o.work_dtype;
-    c.beta1 = o.beta1;
-    c.beta2 = o.beta2;
-    c.eps = o.eps;
-    c.weight_decay = o.weight_decay;
-    c.grad_clip = o.grad_clip;
-    c.seed = o.seed;
-    c.loss_scale = o.loss_scale;
-    c.max_consecutive_skips = o.max_consecutive_skips;
-    c.weight_quant = o.coll.weight_spec;
-    c.grad_quant = o.coll.grad_spec;
-    c.max_reuse_distance = o.max_reuse_distance;
+    zpp_coll_opts coll = zpp_coll_opts_default();
+    c.weight_quant = coll.weight_spec;
+    c.grad_quant = coll.grad_spec;
+#define ZPP_EOPT_SET_(name, type, def, check, lo, hi, when, range) c.name = (type)(def);
+    ZPP_ENGINE_OPTIONS(ZPP_EOPT_SET_)
+#undef ZPP_EOPT_SET_
     return c;
 }
 
 static int finite_in(float x, float lo, float hi) { return isfinite(x) && x >= lo && x <= hi; }
 
-/* The public config as the engine's options; the checks the engine leaves
- * to its callers. */
+/* The public config as the engine's options: the mode bits, the specs, and
+ * every option of the table by its one name; then the one range check
+ * (zpp_engine_create makes it again, after the ranks agree on this one). */
 static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *o) {
     if (c->mode < 0 || c->mode > ZPP_MODE_ZEROPP)
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: mode %d has bits other than ZPP_MODE_QWZ, ZPP_MODE_HPZ and "
                          "ZPP_MODE_QGZ",
                          c->mode);
-    if (!finite_in(c->beta1, 0.0f, 0.999999f) || !finite_in(c->beta2, 0.0f, 0.999999f))
-        return zpp_error(ZPP_ERR_INVALID, "engine: beta1 %g and beta2 %g must lie in [0, 1)",
-                         (double)c->beta1, (double)c->beta2);
-    if (!(c->eps > 0.0f) || !isfinite(c->eps))
-        return zpp_error(ZPP_ERR_INVALID, "engine: eps %g must be finite and > 0",
-                         (double)c->eps);
-    if (!finite_in(c->weight_decay, 0.0f, INFINITY) || !finite_in(c->grad_clip, 0.0f, INFINITY))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: weight_decay %g and grad_clip %g must be finite and >= 0 "
-                         "(grad_clip 0: no clipping)",
-                         (double)c->weight_decay, (double)c->grad_clip);
     *o = zpp_engine_opts_default();
     o->gather = (c->mode & ZPP_MODE_QWZ) ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     o->hpz = (c->mode & ZPP_MODE_HPZ) != 0;
     o->reduce = (c->mode & ZPP_MODE_QGZ) ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
-    o->work_dtype = c->work_dtype;
-    o->beta1 = c->beta1;
-    o->beta2 = c->beta2;
-    o->eps = c->eps;
-    o->weight_decay = c->weight_decay;
-    o->grad_clip = c->grad_clip;
-    o->seed = c->seed;
-    o->loss_scale = c->loss_scale;
-    o->max_consecutive_skips = c->max_consecutive_skips;
-    o->max_reuse_distance = c->max_reuse_distance;
     o->coll.weight_spec = c->weight_quant;
     o->coll.grad_spec = c->grad_quant;
-    return ZPP_OK;
+#define ZPP_EOPT_COPY_(name, type, def, check, lo, hi, when, range) o->name = c->name;
+    ZPP_ENGINE_OPTIONS(ZPP_EOPT_COPY_)
+#undef ZPP_EOPT_COPY_
+    return zpp_engine_opts_check(o);
 }
 
 zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
@@ -357,6 +333,9 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
         stats_p->loss_scale = s.loss_scale;
         stats_p->cross_node_bytes = zpp_volume_cross_total(&s.volume);
         stats_p->intra_node_bytes = zpp_volume_intra_total(&s.volume);
+        stats_p->stream_ms = s.profile.stream_ms;
+        stats_p->compute_ms = s.profile.compute_ms;
+        stats_p->exposed_comm_ms = s.profile.exposed_comm_ms;
     }
     return ZPP_OK;
 }

@@ -29,9 +29,8 @@
 
 #include "collectives/collectives.h"
 #include "comm/comm.h"
+#include "engine/options.h"
 #include "model/model.h"
-
-#define ZPP_ENGINE_MAX_DEPTH 8
 
 typedef struct zpp_engine_opts {
     zpp_gather_mode gather;  /* forward (and non-hpZ backward) gathers */
@@ -121,10 +120,17 @@ typedef struct zpp_engine_opts {
     int profile;
 } zpp_engine_opts;
 
-/* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype,
- * max_consecutive_skips 5, static loss scale 1 (DeepSpeed's dynamic
- * defaults preset: 16, 1000, 2, min 1). */
+/* The defaults of engine/options.h (AdamW GPT-2 style, bf16 working
+ * dtype, max_consecutive_skips 5, static loss scale 1 with DeepSpeed's
+ * dynamic defaults preset: 16, 1000, 2, min 1), ZeRO-3 baseline, the
+ * collectives' default quantization specs. */
 zpp_engine_opts zpp_engine_opts_default(void);
+/* ZPP_ERR_INVALID, naming the option and its range, for an option outside
+ * its range in the table (engine/options.h, where it applies), a working
+ * dtype other than bf16, fp16 and fp32, or loco without the qgZ reduce.
+ * zpp_engine_create checks with it; so does zpp_engine_open, before its
+ * ranks agree. */
+zpp_status zpp_engine_opts_check(const zpp_engine_opts *opts);
 
 /* Where this rank's step went (opts.profile), measured on the compute
  * stream (device.h, "Profiling") from the step's first forward to the end
