@@ -338,6 +338,10 @@ typedef struct zpp_topo_info {
 } zpp_topo_info;
 /* Fills *info_p. */
 ZPP_API void zpp_topo_get_info(const zpp_topo *topo, zpp_topo_info *info_p);
+/* What the communication backend changed about how the ranks talk, one
+ * line for people (ranks of an emulated node sharing a GPU each talk over
+ * sockets as a separate host), or "" when nothing. Never NULL. */
+ZPP_API const char *zpp_topo_note(const zpp_topo *topo);
 
 /* Every rank of MPI_COMM_WORLD returns ZPP_OK when all passed ZPP_OK, else
  * the status of the lowest-numbered rank that failed, with its message
@@ -562,6 +566,50 @@ ZPP_API zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t 
  * moments, to host arrays of count floats each. */
 ZPP_API zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m,
                                         float *v);
+/* Installs host arrays of `count` floats each as this rank's master weights
+ * and AdamW moments of the unit (the rest of its shard, padding, stays 0),
+ * clears its gradient and drops every gathered or secondary copy, so the
+ * next gathers round the new master: a checkpoint's restore, or weights of
+ * your own. Local. */
+ZPP_API zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master,
+                                        const float *m, const float *v);
+/* The model's units (the n_units of its description). */
+ZPP_API int zpp_engine_unit_count(const zpp_engine *e);
+
+/* What a checkpoint keeps beside the shards, so that a run resumed after
+ * skipped steps or under fp16 loss scaling continues as the uninterrupted
+ * one: AdamW's bias correction counts updates, not steps, and the loss
+ * scaler's state decides the next scale. (A run of consecutive skips starts
+ * again from zero on resume.) */
+typedef struct zpp_engine_counters {
+    int step;          /* optimizer steps taken, skipped ones included */
+    int updates;       /* AdamW updates: the bias-correction step */
+    int skipped_total; /* steps skipped */
+    float loss_scale;  /* the current loss scale (1 without fp16) */
+    int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
+} zpp_engine_counters;
+/* Fills *c_p. Local. */
+ZPP_API void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
+/* Installs saved counters (the scaler's only under the dynamic scaler: a
+ * static scale is this run's config). ZPP_ERR_INVALID when they cannot come
+ * from a run (negative counts, more updates or skips than steps, a scale
+ * that is not finite and positive). Local. */
+ZPP_API zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
+
+/* Error-feedback state (cfg.loco), per rank and unit. Unlike the optimizer's
+ * it is not cut by element ranges: the intra buffer covers this rank's
+ * whole gradient and the inter buffer its node's partial sums, in the
+ * layout of this world and node size, so it can only be restored on the
+ * same world and node size (clear it otherwise). *intra_p and *inter_p
+ * (floats) are 0 when error feedback is off. Local. */
+ZPP_API zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
+                                        size_t *inter_p);
+/* Copies the unit's two buffers to / from host arrays of those lengths. */
+ZPP_API zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter);
+ZPP_API zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra,
+                                       const float *inter);
+/* Zeroes every unit's buffers (what loco_reset_T does). */
+ZPP_API zpp_status zpp_engine_loco_clear(zpp_engine *e);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,8 @@ void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
     info_p->local_rank = t->local_rank;
 }
 
+const char *zpp_topo_note(const zpp_topo *t) { return t ? t->note : ""; }
+
 /* ---- A model of the user's own ---------------------------------------------- */
 
 /* The model ops over a zpp_model_desc: m->impl is the user_model. */

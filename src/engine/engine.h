@@ -247,47 +247,10 @@ const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
  * secondary shard marked invalid (the next gathers round the restored
  * master), so a resumed run continues bit for bit.
  */
-int zpp_engine_unit_count(const zpp_engine *e);
-zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
-                                  size_t *begin_p, size_t *count_p);
-/* Copies this rank's `count` elements of the unit's master, m and v to the
- * host arrays (each `count` floats), through the device. */
-zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m, float *v);
-/* Installs `count` elements of each (host arrays) as this rank's shard. */
-zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
-                                const float *v);
-/* Optimizer steps taken, skipped ones included. */
-int zpp_engine_steps_taken(const zpp_engine *e);
-
-/* The counters a checkpoint carries beside the shards, so that a run
- * resumed after skipped steps or under fp16 loss scaling continues as the
- * uninterrupted one: AdamW's bias correction counts updates, not steps, and
- * the loss scaler's state decides the next scale. (A run of consecutive
- * skips starts again from zero on resume.) */
-typedef struct zpp_engine_counters {
-    int step;          /* optimizer steps taken, skipped ones included */
-    int updates;       /* AdamW updates: the bias-correction step */
-    int skipped_total; /* steps skipped */
-    float loss_scale;  /* the current loss scale (1 without fp16) */
-    int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
-} zpp_engine_counters;
-void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
-/* ZPP_ERR_INVALID when they cannot come from a run (negative counts, more
- * updates or skips than steps, a scale that is not finite and positive). */
-zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
-
-/* Error-feedback state (opts.loco), per rank and unit: not resharded like
- * the optimizer's, since every rank's buffers cover its whole gradient (the
- * intra buffer) and its nodes' partial sums (the inter buffer) in the
- * layout of this world and node size (zpp_qgz_feedback). *intra_p and
- * *inter_p are 0 when error feedback is off. */
-zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
-                                size_t *inter_p);
-/* Copies the unit's buffers to / from host arrays of those lengths. */
-zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter);
-zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra, const float *inter);
-/* Zeroes every unit's buffers (what reset_T does; a resume under another
- * world or node size). */
-zpp_status zpp_engine_loco_clear(zpp_engine *e);
+/* zpp_engine_shard_range, zpp_engine_state_get and _set,
+ * zpp_engine_unit_count, zpp_engine_steps_taken, the counters
+ * (zpp_engine_counters, zpp_engine_get_counters and _set) and the
+ * error-feedback state (zpp_engine_loco_lens, _get, _set, _clear) are
+ * declared in zeropp.h, the API the trainer uses too. */
 
 #endif

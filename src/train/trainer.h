@@ -57,7 +57,7 @@ typedef struct zpp_trainer_opts {
     /* GPU: a distinct NCCL_HOSTID per emulated node (DESIGN.md §6). */
     int emulate_nodes;
     /* 1: time each step's compute and exposed communication
-     * (zpp_engine_opts.profile). The same on every rank. */
+     * (zpp_engine_config.profile). The same on every rank. */
     int profile;
     /* An llm.c GPT-2 model file (train/llmc.h) to start from instead of the
      * seeded init: each rank reads its shards' elements, the moments start
