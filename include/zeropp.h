@@ -523,6 +523,11 @@ ZPP_API zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
 /* The loss scale the next backward should apply (1 unless fp16 scaling). */
 ZPP_API float zpp_engine_loss_scale(const zpp_engine *e);
 
+/* The parts of a step that move bytes, indexing the *_phase_bytes arrays
+ * below: [0] forward gathers, [1] backward gathers, [2] gradient
+ * reductions, [3] the rest (the norm, the loss, the vectors' all-reduces). */
+#define ZPP_STEP_PHASES 4
+
 typedef struct zpp_update_stats {
     float loss;               /* the `loss` passed, averaged over the world */
     float grad_norm;          /* global gradient norm before clipping */
@@ -530,13 +535,22 @@ typedef struct zpp_update_stats {
     int skipped_total;        /* steps skipped so far */
     float loss_scale;         /* the scale this step's gradients carried */
     /* Bytes this step moved per node since the last update: across nodes,
-     * and inside a node (gathers, reductions, norms). */
+     * and inside a node (gathers, reductions, norms); then the same split
+     * by phase (ZPP_STEP_PHASES; they add up to the totals). */
     double cross_node_bytes, intra_node_bytes;
-    /* With cfg.profile, this rank's step from its first forward to the end
-     * of the update: stream_ms = compute_ms + exposed_comm_ms, the time the
-     * compute stream (the host thread on the host) stood waiting for a
-     * collective it could not hide; all 0 without. */
+    double cross_node_phase_bytes[ZPP_STEP_PHASES], intra_node_phase_bytes[ZPP_STEP_PHASES];
+    /* With cfg.profile (profiled 1), this rank's step from its first
+     * forward to the end of the update: stream_ms = compute_ms +
+     * exposed_comm_ms, the time the compute stream (the host thread on the
+     * host) stood waiting for a collective it could not hide; profile_waits
+     * the waits timed. All 0 without. */
+    int profiled;
     double stream_ms, compute_ms, exposed_comm_ms;
+    int profile_waits;
+    /* The sum of squares of every fp32 master weight after the step, over
+     * the world: a monitoring figure, computed only when the environment
+     * holds ZPP_PARAM_SUMSQ=1 when the engine is opened; NaN otherwise. */
+    double param_sumsq;
 } zpp_update_stats;
 
 /* The optimizer step: global gradient norm, clipping, AdamW at learning
@@ -554,6 +568,12 @@ ZPP_API zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss,
  * of their int8 rendering, at ZeRO-3's gather bytes. A backward needs a new
  * forward after it. Collective. */
 ZPP_API zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p);
+/* The bytes per node the last zpp_engine_evaluate moved, across nodes and
+ * inside a node, by phase (ZPP_STEP_PHASES: its gathers under [0], the
+ * loss's all-reduce under [3]); zeros before the first. An evaluation's
+ * bytes are never counted in a step's. Local. */
+ZPP_API void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],
+                                   double intra_node[ZPP_STEP_PHASES]);
 /* Optimizer steps taken, skipped ones included. */
 ZPP_API int zpp_engine_steps_taken(const zpp_engine *e);
 
@@ -568,9 +588,9 @@ ZPP_API zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, 
                                         float *v);
 /* Installs host arrays of `count` floats each as this rank's master weights
  * and AdamW moments of the unit (the rest of its shard, padding, stays 0),
- * clears its gradient and drops every gathered or secondary copy, so the
- * next gathers round the new master: a checkpoint's restore, or weights of
- * your own. Local. */
+ * clears its gradient and marks the hpZ secondary copy stale, so that the
+ * next gathers round the new master; a backward needs a new forward after
+ * it. A checkpoint's restore, or weights of your own. Local. */
 ZPP_API zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master,
                                         const float *m, const float *v);
 /* The model's units (the n_units of its description). */

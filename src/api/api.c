@@ -7,10 +7,11 @@
  * includes zeropp.h), and this file adds only what turns public types into
  * internal ones: the device's backend picks the communication backend, a
  * zpp_model_desc becomes the engine's zpp_model (its callbacks behind the
- * model ops table), a zpp_engine_config becomes zpp_engine_opts, and
- * zpp_step_stats shrinks to zpp_update_stats. Every function that creates
- * something collectively agrees on its status over the world, so a bad
- * argument on one rank fails every rank instead of hanging the others. */
+ * model ops table), a zpp_engine_config becomes zpp_engine_opts (by the
+ * option table, engine/options.h), and zpp_step_stats shrinks to
+ * zpp_update_stats. Every function that creates something collectively
+ * agrees on its status over the world, so a bad argument on one rank fails
+ * every rank instead of hanging the others. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +318,19 @@ zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
     return ZPP_OK;
 }
 
+/* The public phases are the internal ones, in their order. */
+_Static_assert(ZPP_STEP_PHASES == ZPP_PHASE_COUNT && ZPP_PHASE_FWD_GATHER == 0 &&
+                   ZPP_PHASE_BWD_GATHER == 1 && ZPP_PHASE_GRAD_REDUCE == 2 &&
+                   ZPP_PHASE_OTHER == 3,
+               "zeropp.h's ZPP_STEP_PHASES order is collectives.h's zpp_phase");
+
+static void volume_by_phase(const zpp_volume *v, double *cross, double *intra) {
+    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+        cross[ph] = v->cross_node_bytes[ph];
+        intra[ph] = v->intra_node_bytes[ph];
+    }
+}
+
 zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_stats *stats_p) {
     zpp_status st = ZPP_OK;
     if (!e) st = zpp_error(ZPP_ERR_INVALID, "engine: update without an engine");
@@ -328,6 +342,7 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
     memset(&s, 0, sizeof s);
     ZPP_CHECK(zpp_engine_optimizer_step(e, lr, loss, &s));
     if (stats_p) {
+        memset(stats_p, 0, sizeof *stats_p);
         stats_p->loss = s.loss;
         stats_p->grad_norm = s.grad_norm;
         stats_p->skipped = s.skipped;
@@ -335,9 +350,14 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
         stats_p->loss_scale = s.loss_scale;
         stats_p->cross_node_bytes = zpp_volume_cross_total(&s.volume);
         stats_p->intra_node_bytes = zpp_volume_intra_total(&s.volume);
+        volume_by_phase(&s.volume, stats_p->cross_node_phase_bytes,
+                        stats_p->intra_node_phase_bytes);
+        stats_p->profiled = s.profile.valid;
         stats_p->stream_ms = s.profile.stream_ms;
         stats_p->compute_ms = s.profile.compute_ms;
         stats_p->exposed_comm_ms = s.profile.exposed_comm_ms;
+        stats_p->profile_waits = s.profile.waits;
+        stats_p->param_sumsq = s.param_sumsq;
     }
     return ZPP_OK;
 }
@@ -348,4 +368,10 @@ static zpp_status batch_in_place(void *ctx, int micro, zpp_model *model) { retur
 zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p) {
     if (!e || !loss_p) return zpp_error(ZPP_ERR_INVALID, "engine: engine and loss_p are required");
     return zpp_engine_eval(e, batch_in_place, NULL, loss_p);
+}
+
+void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],
+                           double intra_node[ZPP_STEP_PHASES]) {
+    if (!e || !cross_node || !intra_node) return;
+    volume_by_phase(zpp_engine_eval_volume(e), cross_node, intra_node);
 }

@@ -33,7 +33,6 @@ struct zpp_trainer {
     /* batch callback state */
     int step;
     uint64_t val_index;
-    const int32_t *sample_window; /* zpp_trainer_sample's sequence of the moment */
     int eval_train;               /* the evaluation reads the training split */
     /* checkpoints: the save test hooks (trainer.h), the last resume's note */
     zpp_fault fault;
@@ -311,35 +310,75 @@ const char *zpp_trainer_comm_note(const zpp_trainer *t) {
     return t ? zpp_topo_note(t->topo) : "";
 }
 
-static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
-    zpp_trainer *t = ctx;
-    /* Every rank reads its batch here, at the same micro-step: agree, so a
-     * read that fails on one rank (a data file shrinking under the run)
-     * fails every rank here rather than leaving the others in a collective. */
+/* Micro-batch `micro` of the step into the model. Every rank reads its batch
+ * here, at the same micro-step: agree, so a read that fails on one rank (a
+ * data file shrinking under the run) fails every rank here rather than
+ * leaving the others in a collective. */
+static zpp_status train_batch(zpp_trainer *t, int micro) {
     ZPP_CHECK(zpp_comm_agree_world(zpp_data_batch(t->data, (uint64_t)t->step, micro,
                                                   t->info.world_rank, t->info.world_size,
                                                   t->tokens, t->targets)));
-    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+    return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
 }
 
 /* Validation micro-batch v of rank r is held-out batch v * world + r, so
  * the ranks together cover eval_batches * world distinct batches. */
-static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
-    zpp_trainer *t = ctx;
-    (void)micro;
+static zpp_status val_batch(zpp_trainer *t) {
     ZPP_CHECK(zpp_comm_agree_world(
         t->eval_train ? zpp_data_train_eval_batch(t->data, t->val_index, t->info.micro_batch,
                                                   t->tokens, t->targets)
                       : zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch,
                                            t->tokens, t->targets)));
-    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+    return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
+}
+
+/* What the public update reports, as the step's stats (engine/step_stats.h). */
+static void step_stats_from(const zpp_update_stats *u, float lr, zpp_step_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->loss = u->loss;
+    s->grad_norm = u->grad_norm;
+    s->lr = lr;
+    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+        s->volume.cross_node_bytes[ph] = u->cross_node_phase_bytes[ph];
+        s->volume.intra_node_bytes[ph] = u->intra_node_phase_bytes[ph];
+    }
+    s->skipped = u->skipped;
+    s->skipped_total = u->skipped_total;
+    s->loss_scale = u->loss_scale;
+    s->param_sumsq = u->param_sumsq;
+    s->profile.valid = u->profiled;
+    s->profile.stream_ms = u->stream_ms;
+    s->profile.exposed_comm_ms = u->exposed_comm_ms;
+    s->profile.compute_ms = u->compute_ms;
+    s->profile.waits = u->profile_waits;
+}
+
+/* One optimizer step through the public pieces: forward and backward of
+ * each micro-batch, its mean loss scaled by 1/accum so that the summed
+ * gradient is that of the mean over the rank's micro-batches (the
+ * reduction then averages over ranks: the gradient of the global batch's
+ * mean loss), then the update. */
+static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p) {
+    const int accum = t->info.accum;
+    float loss_sum = 0.0f;
+    for (int a = 0; a < accum; a++) {
+        float loss = 0.0f;
+        ZPP_CHECK(train_batch(t, a));
+        ZPP_CHECK(zpp_engine_forward(t->engine, &loss));
+        ZPP_CHECK(zpp_engine_backward(t->engine, zpp_engine_loss_scale(t->engine) / (float)accum));
+        loss_sum += loss;
+    }
+    zpp_update_stats u;
+    ZPP_CHECK(zpp_engine_update(t->engine, lr, loss_sum / (float)accum, &u));
+    step_stats_from(&u, lr, stats_p);
+    return ZPP_OK;
 }
 
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r) {
     t->step = step;
     float lr = (float)zpp_train_lr(&t->cfg, step);
     double t0 = now_s();
-    zpp_status st = zpp_engine_step(t->engine, t->info.accum, lr, train_batch, t, &r->stats);
+    zpp_status st = engine_step(t, lr, &r->stats);
     st = zpp_comm_agree_world(st);
     double dt = now_s() - t0;
     if (st == ZPP_OK) st = zpp_comm_max_world(&dt);
@@ -380,14 +419,15 @@ zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, fl
     for (int v = 0; v < n; v++) {
         float loss = 0.0f;
         t->val_index = (uint64_t)v * (uint64_t)t->info.world_size + (uint64_t)t->info.world_rank;
-        ZPP_CHECK(zpp_comm_agree_world(zpp_engine_eval(t->engine, val_batch, t, &loss)));
+        zpp_status st = val_batch(t);
+        if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
+        ZPP_CHECK(zpp_comm_agree_world(st));
         sum += loss;
-        const zpp_volume *ev = zpp_engine_eval_volume(t->engine);
-        for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++) {
-            vol.cross_node_bytes[ph] += ev->cross_node_bytes[ph];
-            vol.intra_node_bytes[ph] += ev->intra_node_bytes[ph];
-            vol.payload_bytes[ph] += ev->payload_bytes[ph];
-            vol.calls[ph] += ev->calls[ph];
+        double cross[ZPP_STEP_PHASES], intra[ZPP_STEP_PHASES];
+        zpp_engine_eval_bytes(t->engine, cross, intra);
+        for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+            vol.cross_node_bytes[ph] += cross[ph];
+            vol.intra_node_bytes[ph] += intra[ph];
         }
     }
     *loss_p = (float)(sum / n);
@@ -469,19 +509,14 @@ void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p) 
     *n_p = n;
 }
 
-static zpp_status sample_batch(void *ctx, int micro, zpp_model *m) {
-    (void)micro;
-    return m->ops->set_batch(m, ((zpp_trainer *)ctx)->sample_window, NULL, 1);
-}
-
 /* zpp_sample_source's logits: one sequence through the engine. */
 static zpp_status sample_logits(void *ctx, const int32_t *window, int n, float *out) {
     zpp_trainer *t = ctx;
     zpp_model *m = t->model;
     float loss = 0.0f; /* NaN: the sequence has no targets */
-    t->sample_window = window;
     zpp_status st = m->ops->keep_logits(m, n - 1);
-    if (st == ZPP_OK) st = zpp_engine_eval(t->engine, sample_batch, t, &loss);
+    if (st == ZPP_OK) st = m->ops->set_batch(m, window, NULL, 1);
+    if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
     if (st == ZPP_OK) st = m->ops->logits(m, out);
     /* the draw's one failure, found here where the ranks agree on it, so no
      * rank leaves the loop while the others start the next forward */
@@ -502,7 +537,6 @@ zpp_status zpp_trainer_sample(zpp_trainer *t, const zpp_sample_opts *o, const in
     zpp_sample_source src = {m->seq_len, m->vocab_size, m->real_vocab_size, sample_logits, t};
     zpp_status st = zpp_sample_generate(&src, o, prompt, n_prompt, max_new, NULL, NULL, out);
     (void)m->ops->keep_logits(m, -1); /* the training forwards keep nothing */
-    t->sample_window = NULL;
     return zpp_comm_agree_world(st);
 }
 

@@ -4,7 +4,7 @@
 #ifndef ZPP_TRAIN_TRAINER_H
 #define ZPP_TRAIN_TRAINER_H
 
-#include "engine/engine.h"
+#include "engine/step_stats.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -95,7 +95,7 @@ const char *zpp_trainer_comm_note(const zpp_trainer *t);
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
 
 /* Validation loss over cfg.eval_batches held-out micro-batches, on the
- * weights gathered exactly (zpp_engine_eval: not qwZ's int8 ones), and, if
+ * weights gathered exactly (zpp_engine_evaluate: not qwZ's int8 ones), and, if
  * volume_p is not NULL, the bytes those evaluations moved (counted apart
  * from every step's). */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
@@ -182,7 +182,7 @@ uint64_t zpp_trainer_run_id(const zpp_trainer *t, int *continued_p);
 void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p);
 /* max_new tokens drawn after prompt[0..n_prompt) into out, from the
  * weights training holds: each token is one evaluation-style forward of one
- * sequence through the engine (zpp_engine_eval: every unit gathered
+ * sequence through the engine (zpp_engine_evaluate: every unit gathered
  * exactly, in the working dtype, on every rank, its bytes outside the
  * step's), and the logits of its last position. Every rank computes the
  * same logits from the same gathered weights and draws the same tokens;
