@@ -328,6 +328,14 @@ ZPP_API zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p);
  * placement unequal or not consecutive per host. */
 ZPP_API zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s,
                                  zpp_topo **topo_p);
+/* zpp_topo_open, where on a GPU emulate_nodes 1 gives each node of
+ * node_size ranks its own NCCL host identity (NCCL_HOSTID), so that its
+ * ranks reach the other nodes over sockets, as separate machines would,
+ * rather than through the host's shared memory and NVLink
+ * (docs/emulated-nodes.md; launch with mpirun --bind-to none). 0, or the
+ * host: zpp_topo_open. Collective. */
+ZPP_API zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                          int emulate_nodes, zpp_topo **topo_p);
 /* Frees the communicators; NULL is ignored. Collective for NCCL. */
 ZPP_API void zpp_topo_destroy(zpp_topo *topo);
 

@@ -50,6 +50,11 @@ void *zpp_device_stream(const zpp_device *d) { return d ? d->stream : NULL; }
 /* ---- Topology ------------------------------------------------------------- */
 
 zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
+    return zpp_topo_open_emulated(dev, node_size, timeout_s, 0, topo_p);
+}
+
+zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                  int emulate_nodes, zpp_topo **topo_p) {
     zpp_status st = ZPP_OK;
     if (!dev || !topo_p)
         st = zpp_error(ZPP_ERR_INVALID, "topology: dev and topo_p are required");
@@ -61,10 +66,12 @@ zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_t
     ZPP_CHECK(zpp_comm_agree_world(st));
     zpp_topo_opts o;
     memset(&o, 0, sizeof o);
-    o.backend = dev->mem == ZPP_MEM_HOST ? ZPP_BACKEND_MPI : ZPP_BACKEND_NCCL;
+    const int gpu = dev->mem != ZPP_MEM_HOST;
+    o.backend = gpu ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
     o.node_size = node_size;
-    o.device = dev->mem == ZPP_MEM_HOST ? NULL : dev;
+    o.device = gpu ? dev : NULL;
     o.timeout_s = timeout_s;
+    o.emulate_nodes = gpu && emulate_nodes;
     return zpp_topo_create(&o, topo_p); /* agrees itself */
 }
 

@@ -178,18 +178,14 @@ static zpp_status build_topology(zpp_trainer *t, const zpp_trainer_opts *o, int 
      * (its refusal of a GPU-less machine said in the command line's words). */
     zpp_status st = zpp_device_create_for_rank(o->gpu != 0, &t->dev);
     if (st == ZPP_ERR_CUDA && zpp_device_gpu_count() <= 0)
-        return zpp_error(ZPP_ERR_CUDA,
-                         "--device gpu, but no GPU is visible (or this build has no "
-                         "CUDA); run with --device cpu or on a machine with NVIDIA GPUs");
-    ZPP_CHECK(st);
-    zpp_topo_opts to;
-    memset(&to, 0, sizeof to);
-    to.backend = o->gpu ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
-    to.node_size = node_size;
-    to.timeout_s = c->collective_timeout_s;
-    to.device = o->gpu ? t->dev : NULL;
-    to.emulate_nodes = o->gpu ? o->emulate_nodes : 0;
-    ZPP_CHECK(zpp_topo_create(&to, &t->topo));
+        st = zpp_error(ZPP_ERR_CUDA,
+                       "--device gpu, but no GPU is visible (or this build has no "
+                       "CUDA); run with --device cpu or on a machine with NVIDIA GPUs");
+    /* agreed before the topology's collectives, which a rank without its
+     * device would leave the others waiting in */
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    ZPP_CHECK(zpp_topo_open_emulated(t->dev, node_size, c->collective_timeout_s,
+                                     o->emulate_nodes, &t->topo));
     zpp_topo_get_info(t->topo, &t->topo_info);
     if (hpz_node) {
         c->zero.hpz_partition_size = t->topo_info.node_size;
