@@ -22,24 +22,38 @@ zpp_engine_opts zpp_engine_opts_default(void) {
     return o;
 }
 
-/* Whether v passes a check of the table. */
-static int in_range(const char *check, double v, double lo, double hi) {
-    if (!strcmp(check, "ANY")) return 1;
+/* The table's range tests (its `check` column). */
+typedef enum check_kind {
+    CHECK_ANY,
+    CHECK_INT,
+    CHECK_GE,
+    CHECK_GT,
+    CHECK_UNIT,
+    CHECK_IN
+} check_kind;
+
+/* Whether v passes a test of the table. */
+static int in_range(check_kind check, double v, double lo, double hi) {
+    if (check == CHECK_ANY) return 1;
     if (!isfinite(v)) return 0;
-    if (!strcmp(check, "INT") || !strcmp(check, "IN")) return v >= lo && v <= hi;
-    if (!strcmp(check, "GE")) return v >= lo;
-    if (!strcmp(check, "GT")) return v > lo && v <= hi;
-    return v >= lo && v < hi; /* UNIT */
+    switch (check) {
+    case CHECK_GE: return v >= lo;
+    case CHECK_GT: return v > lo && v <= hi;
+    case CHECK_UNIT: return v >= lo && v < hi;
+    default: return v >= lo && v <= hi; /* INT, IN */
+    }
 }
 
 typedef struct option_row {
-    const char *name, *check, *range;
+    const char *name;
+    check_kind check;
+    const char *range;
     double lo, hi;
 } option_row;
 
 static const option_row kOptions[ZPP_EOPT_COUNT] = {
 #define ZPP_EOPT_ROW_(name, type, def, check, lo, hi, when, range)                              \
-    {#name, #check, range, (double)(lo), (double)(hi)},
+    {#name, CHECK_##check, range, (double)(lo), (double)(hi)},
     ZPP_ENGINE_OPTIONS(ZPP_EOPT_ROW_)
 #undef ZPP_EOPT_ROW_
 };
@@ -51,7 +65,7 @@ zpp_status zpp_engine_opt_check(zpp_engine_opt_id id, double v, const char *key)
     if (in_range(r->check, v, r->lo, r->hi)) return ZPP_OK;
     char ints[64];
     const char *range = r->range;
-    if (!strcmp(r->check, "INT")) {
+    if (r->check == CHECK_INT) {
         snprintf(ints, sizeof ints, "in [%.0f, %.0f]", r->lo, r->hi);
         range = ints;
     }
