@@ -27,6 +27,8 @@ typedef struct zpp_trainer_info {
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
+    /* From the public zpp_update_stats: its volume holds the cross- and
+     * intra-node bytes by phase (payload_bytes and calls stay 0). */
     zpp_step_stats stats;
     double seconds;        /* wall time of the step, slowest rank */
     double tokens_per_s;   /* global tokens / seconds */
@@ -96,8 +98,9 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
 
 /* Validation loss over cfg.eval_batches held-out micro-batches, on the
  * weights gathered exactly (zpp_engine_evaluate: not qwZ's int8 ones), and, if
- * volume_p is not NULL, the bytes those evaluations moved (counted apart
- * from every step's). */
+ * volume_p is not NULL, the bytes those evaluations moved, by phase
+ * (zpp_engine_eval_bytes: cross- and intra-node, counted apart from every
+ * step's; payload_bytes and calls stay 0). */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
 /* The same over `batches` micro-batches a rank (rank r of W reads batches
  * r, r + W, ...: batches * W in all) of the held-out split
