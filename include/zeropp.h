@@ -328,6 +328,14 @@ ZPP_API zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p);
  * placement unequal or not consecutive per host. */
 ZPP_API zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s,
                                  zpp_topo **topo_p);
+/* zpp_topo_open, where on a GPU emulate_nodes 1 gives each node of
+ * node_size ranks its own NCCL host identity (NCCL_HOSTID), so that its
+ * ranks reach the other nodes over sockets, as separate machines would,
+ * rather than through the host's shared memory and NVLink
+ * (docs/emulated-nodes.md; launch with mpirun --bind-to none). 0, or the
+ * host: zpp_topo_open. Collective. */
+ZPP_API zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                          int emulate_nodes, zpp_topo **topo_p);
 /* Frees the communicators; NULL is ignored. Collective for NCCL. */
 ZPP_API void zpp_topo_destroy(zpp_topo *topo);
 
@@ -338,6 +346,10 @@ typedef struct zpp_topo_info {
 } zpp_topo_info;
 /* Fills *info_p. */
 ZPP_API void zpp_topo_get_info(const zpp_topo *topo, zpp_topo_info *info_p);
+/* What the communication backend changed about how the ranks talk, one
+ * line for people (ranks of an emulated node sharing a GPU each talk over
+ * sockets as a separate host), or "" when nothing. Never NULL. */
+ZPP_API const char *zpp_topo_note(const zpp_topo *topo);
 
 /* Every rank of MPI_COMM_WORLD returns ZPP_OK when all passed ZPP_OK, else
  * the status of the lowest-numbered rank that failed, with its message
@@ -422,19 +434,26 @@ ZPP_API zpp_status zpp_mode_parse(const char *name, int *mode_p);
 /* "zero3", "zeropp", or the list ("qwz+hpz"); "?" for an invalid mode. */
 ZPP_API const char *zpp_mode_name(int mode);
 
+/* The deepest prefetch and reduction pipelines (prefetch_depth, reduce_depth). */
+#define ZPP_ENGINE_MAX_DEPTH 8
+
+/* Every option of the engine; zpp_engine_open refuses a value outside the
+ * range given here with ZPP_ERR_INVALID, naming the field and its range. */
 typedef struct zpp_engine_config {
     int mode;                  /* ZPP_MODE_* flags; default ZPP_MODE_ZERO3 */
     zpp_dtype work_dtype;      /* gathered weights and reduced gradients;
                                   default ZPP_BF16 (the model's param_dtype) */
-    /* AdamW with decoupled weight decay; defaults 0.9, 0.95, 1e-8, 0 */
+    /* AdamW with decoupled weight decay; defaults 0.9, 0.95, 1e-8, 0. Betas
+     * in [0, 1), eps > 0, weight_decay >= 0. */
     float beta1, beta2, eps, weight_decay;
     float grad_clip;           /* max global gradient norm, 0 = off; default 1 */
     uint64_t seed;             /* handed to init_params; default 1234 */
-    /* fp16: a static loss scale > 0, or 0 for the dynamic scaler (starts at
-     * 2^16, halves on overflow, doubles after 1000 good steps). Default 1. */
+    /* fp16: a static loss scale > 0, or 0 for the dynamic scaler (below).
+     * Default 1. */
     float loss_scale;
     /* A step whose gradients hold NaN or Inf is skipped on every rank; this
-     * many skipped in a row fail the update with ZPP_ERR_NONFINITE.
+     * many skipped in a row (>= 1) fail the update with ZPP_ERR_NONFINITE.
+     * With the dynamic scaler an overflow counts only at min_loss_scale.
      * Default 5. */
     int max_consecutive_skips;
     zpp_quant_spec weight_quant; /* qwZ: int8, default block */
@@ -445,6 +464,41 @@ typedef struct zpp_engine_config {
      * stage3_max_reuse_distance, default 1e9. 0 gathers a unit for every
      * stage that uses it, apart from consecutive ones. */
     size_t max_reuse_distance;
+    /* 1: weight_decay on every parameter; 0 (default): only on the
+     * model's matrices when it names them (GPT-2's), else on every one. */
+    int decay_all;
+    /* Units gathered ahead of the one computing, and gradient reductions in
+     * flight, each in [1, ZPP_ENGINE_MAX_DEPTH]; default 2 and 2. Each step
+     * of depth costs a gathered unit (or a unit's reduction buffers) of
+     * memory; the results are the same bits at any depth. */
+    int prefetch_depth, reduce_depth;
+    /* The dynamic loss scaler (loss_scale 0; DeepSpeed's fp16 keys): it
+     * starts at 2^initial_scale_power (in [0, 127], default 16), halves at
+     * the hysteresis-th overflow (>= 1, default 2; consecutive_hysteresis 1:
+     * any good step restores it, 0 (default): only a doubling does), never
+     * below min_loss_scale (> 0, default 1), and doubles after
+     * loss_scale_window (>= 1, default 1000) steps without overflow. */
+    int initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis;
+    float min_loss_scale;
+    /* qgZ error feedback (LoCo; needs ZPP_MODE_QGZ): loco 1 keeps, per unit,
+     * the quantization error of qgZ's two hops and feeds it into the next
+     * reduction, as e <- loco_err_beta e + (1 - loco_err_beta) (x - Q(x))
+     * (err_beta in [0, 1], default 0.8); the buffers are cleared after every
+     * loco_reset_T-th step (>= 1, default 1024) and after a skipped step.
+     * Costs about 4 (1 + 1/node_size) bytes a parameter a rank. Default 0. */
+    int loco;
+    float loco_err_beta;
+    int loco_reset_T;
+    /* 0 (default): the elements outside the model's matrices (its vectors:
+     * biases, norms) travel at full precision under qwZ and qgZ, as in
+     * DeepSpeed, at one all-reduce of them a step each way; 1: they are
+     * quantized with the matrices. Nothing changes for a model that names
+     * no matrices. */
+    int quantize_vectors;
+    /* 1: time each step's compute and exposed communication
+     * (zpp_update_stats' *_ms); costs two timing events a collective wait.
+     * The same on every rank. Default 0. */
+    int profile;
 } zpp_engine_config;
 
 /* The defaults listed above. */
@@ -454,8 +508,9 @@ ZPP_API zpp_engine_config zpp_engine_config_default(void);
  * initialises them through init_params. topo, model and dev are borrowed
  * and must outlive the engine; model and topology must be made for `dev`.
  * Collective. ZPP_ERR_INVALID for a bad config (unknown mode bits, a
- * work_dtype other than the model's, a bad quantization spec, a NULL
- * argument), ZPP_ERR_NOMEM when the shards do not fit. */
+ * work_dtype other than the model's, a field outside its range, loco
+ * without ZPP_MODE_QGZ, a bad quantization spec, a NULL argument),
+ * ZPP_ERR_NOMEM when the shards do not fit. */
 ZPP_API zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
                                    const zpp_engine_config *cfg, zpp_engine **engine_p);
 /* Frees the shards; NULL is ignored. */
@@ -476,6 +531,11 @@ ZPP_API zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
 /* The loss scale the next backward should apply (1 unless fp16 scaling). */
 ZPP_API float zpp_engine_loss_scale(const zpp_engine *e);
 
+/* The parts of a step that move bytes, indexing the *_phase_bytes arrays
+ * below: [0] forward gathers, [1] backward gathers, [2] gradient
+ * reductions, [3] the rest (the norm, the loss, the vectors' all-reduces). */
+#define ZPP_STEP_PHASES 4
+
 typedef struct zpp_update_stats {
     float loss;               /* the `loss` passed, averaged over the world */
     float grad_norm;          /* global gradient norm before clipping */
@@ -483,8 +543,22 @@ typedef struct zpp_update_stats {
     int skipped_total;        /* steps skipped so far */
     float loss_scale;         /* the scale this step's gradients carried */
     /* Bytes this step moved per node since the last update: across nodes,
-     * and inside a node (gathers, reductions, norms). */
+     * and inside a node (gathers, reductions, norms); then the same split
+     * by phase (ZPP_STEP_PHASES; they add up to the totals). */
     double cross_node_bytes, intra_node_bytes;
+    double cross_node_phase_bytes[ZPP_STEP_PHASES], intra_node_phase_bytes[ZPP_STEP_PHASES];
+    /* With cfg.profile (profiled 1), this rank's step from its first
+     * forward to the end of the update: stream_ms = compute_ms +
+     * exposed_comm_ms, the time the compute stream (the host thread on the
+     * host) stood waiting for a collective it could not hide; profile_waits
+     * the waits timed. All 0 without. */
+    int profiled;
+    double stream_ms, compute_ms, exposed_comm_ms;
+    int profile_waits;
+    /* The sum of squares of every fp32 master weight after the step, over
+     * the world: a monitoring figure, computed only when the environment
+     * holds ZPP_PARAM_SUMSQ=1 when the engine is opened; NaN otherwise. */
+    double param_sumsq;
 } zpp_update_stats;
 
 /* The optimizer step: global gradient norm, clipping, AdamW at learning
@@ -502,6 +576,12 @@ ZPP_API zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss,
  * of their int8 rendering, at ZeRO-3's gather bytes. A backward needs a new
  * forward after it. Collective. */
 ZPP_API zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p);
+/* The bytes per node the last zpp_engine_evaluate moved, across nodes and
+ * inside a node, by phase (ZPP_STEP_PHASES: its gathers under [0], the
+ * loss's all-reduce under [3]); zeros before the first. An evaluation's
+ * bytes are never counted in a step's. Local. */
+ZPP_API void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],
+                                   double intra_node[ZPP_STEP_PHASES]);
 /* Optimizer steps taken, skipped ones included. */
 ZPP_API int zpp_engine_steps_taken(const zpp_engine *e);
 
@@ -514,6 +594,50 @@ ZPP_API zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t 
  * moments, to host arrays of count floats each. */
 ZPP_API zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m,
                                         float *v);
+/* Installs host arrays of `count` floats each as this rank's master weights
+ * and AdamW moments of the unit (the rest of its shard, padding, stays 0),
+ * clears its gradient and marks the hpZ secondary copy stale, so that the
+ * next gathers round the new master; a backward needs a new forward after
+ * it. A checkpoint's restore, or weights of your own. Local. */
+ZPP_API zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master,
+                                        const float *m, const float *v);
+/* The model's units (the n_units of its description). */
+ZPP_API int zpp_engine_unit_count(const zpp_engine *e);
+
+/* What a checkpoint keeps beside the shards, so that a run resumed after
+ * skipped steps or under fp16 loss scaling continues as the uninterrupted
+ * one: AdamW's bias correction counts updates, not steps, and the loss
+ * scaler's state decides the next scale. (A run of consecutive skips starts
+ * again from zero on resume.) */
+typedef struct zpp_engine_counters {
+    int step;          /* optimizer steps taken, skipped ones included */
+    int updates;       /* AdamW updates: the bias-correction step */
+    int skipped_total; /* steps skipped */
+    float loss_scale;  /* the current loss scale (1 without fp16) */
+    int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
+} zpp_engine_counters;
+/* Fills *c_p. Local. */
+ZPP_API void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
+/* Installs saved counters (the scaler's only under the dynamic scaler: a
+ * static scale is this run's config). ZPP_ERR_INVALID when they cannot come
+ * from a run (negative counts, more updates or skips than steps, a scale
+ * that is not finite and positive). Local. */
+ZPP_API zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
+
+/* Error-feedback state (cfg.loco), per rank and unit. Unlike the optimizer's
+ * it is not cut by element ranges: the intra buffer covers this rank's
+ * whole gradient and the inter buffer its node's partial sums, in the
+ * layout of this world and node size, so it can only be restored on the
+ * same world and node size (clear it otherwise). *intra_p and *inter_p
+ * (floats) are 0 when error feedback is off. Local. */
+ZPP_API zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
+                                        size_t *inter_p);
+/* Copies the unit's two buffers to / from host arrays of those lengths. */
+ZPP_API zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter);
+ZPP_API zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra,
+                                       const float *inter);
+/* Zeroes every unit's buffers (what loco_reset_T does). */
+ZPP_API zpp_status zpp_engine_loco_clear(zpp_engine *e);
 
 #ifdef __cplusplus
 }

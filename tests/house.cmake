@@ -20,3 +20,11 @@ add_test(NAME test_preempt
                  ${CMAKE_SOURCE_DIR} ${MPIEXEC_EXECUTABLE} ${CMAKE_CURRENT_BINARY_DIR}/test_preempt)
 set_tests_properties(test_preempt PROPERTIES LABELS "train;mpi" TIMEOUT 600 PROCESSORS 2
                      ENVIRONMENT "${ZPP_TEST_ENV};OMP_NUM_THREADS=1")
+
+# The trainer and the tools are clients of the public API (issue 32): no
+# include of engine/engine.h in src/train/ or tools/, and no call of a
+# zpp_engine_* function that include/zeropp.h (or the option table,
+# src/engine/options.h) does not declare (tests/test_engine_api_only.sh).
+add_test(NAME test_engine_api_only
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_api_only.sh ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_engine_api_only PROPERTIES LABELS tools TIMEOUT 60)

@@ -408,6 +408,68 @@ static void test_fail_together(void) {
     fixture_close(&f);
 }
 
+/* Every engine option is reachable from the public config, with the
+ * defaults and ranges of the engine's one table: each refusal names the
+ * field; the scaler's ranges apply only to the dynamic scaler; LoCo's
+ * buffers and the counters come back through the public calls. */
+static void test_every_option_reachable(void) {
+    fixture f;
+    fixture_open(&f, 20, ZPP_FP32, 0, 0);
+    zpp_engine_config cfg = zpp_engine_config_default();
+    EXPECT(cfg.prefetch_depth == 2 && cfg.reduce_depth == 2 && cfg.loco == 0 &&
+               cfg.loco_err_beta == 0.8f && cfg.loco_reset_T == 1024 &&
+               cfg.initial_scale_power == 16 && cfg.loss_scale_window == 1000 &&
+               cfg.hysteresis == 2 && cfg.min_loss_scale == 1.0f && cfg.decay_all == 0 &&
+               cfg.quantize_vectors == 0 && cfg.profile == 0,
+           "defaults: depths %d/%d, err_beta %g, reset_T %d", cfg.prefetch_depth,
+           cfg.reduce_depth, (double)cfg.loco_err_beta, cfg.loco_reset_T);
+    cfg.work_dtype = ZPP_FP32;
+    zpp_engine *e = NULL;
+#define REFUSED(edit, want)                                                                     \
+    do {                                                                                        \
+        zpp_engine_config c = cfg;                                                              \
+        edit;                                                                                   \
+        EXPECT_STATUS(zpp_engine_open(f.topo, f.model, f.dev, &c, &e), ZPP_ERR_INVALID);        \
+        EXPECT(e == NULL && strstr(zpp_last_error(), want), "%s: '%s' lacks '%s'", #edit,       \
+               zpp_last_error(), want);                                                         \
+    } while (0)
+    REFUSED(c.prefetch_depth = 0, "prefetch_depth 0");
+    REFUSED(c.reduce_depth = ZPP_ENGINE_MAX_DEPTH + 1, "reduce_depth 9");
+    REFUSED(c.loco = 1, "error feedback");
+    REFUSED((c.mode = ZPP_MODE_QGZ, c.loco = 1, c.loco_err_beta = 1.5f), "loco_err_beta 1.5");
+    REFUSED((c.mode = ZPP_MODE_QGZ, c.loco = 1, c.loco_reset_T = 0), "loco_reset_T 0");
+    REFUSED((c.loss_scale = 0.0f, c.hysteresis = 0), "hysteresis 0");
+    REFUSED(c.max_consecutive_skips = 0, "max_consecutive_skips 0");
+    REFUSED(c.eps = 0.0f, "eps 0");
+#undef REFUSED
+    /* a static scale leaves the dynamic scaler's fields alone */
+    zpp_engine_config c = cfg;
+    c.hysteresis = 0;
+    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &c, &e));
+    zpp_engine_destroy(e);
+    /* LoCo on, one step: its buffers and the counters, through zeropp.h */
+    c = cfg;
+    c.mode = ZPP_MODE_QGZ;
+    c.loco = 1;
+    c.prefetch_depth = 1;
+    c.reduce_depth = 3;
+    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &c, &e));
+    size_t intra = 0, inter = 0;
+    EXPECT_OK(zpp_engine_loco_lens(e, 0, &intra, &inter));
+    EXPECT(intra > 0 && zpp_engine_unit_count(e) >= 1, "loco buffers of %zu", intra);
+    set_step(&f.L, 0);
+    float loss = 0.0f;
+    EXPECT_OK(zpp_engine_forward(e, &loss));
+    EXPECT_OK(zpp_engine_backward(e, zpp_engine_loss_scale(e)));
+    EXPECT_OK(zpp_engine_update(e, 0.01f, loss, NULL));
+    zpp_engine_counters ctr;
+    zpp_engine_get_counters(e, &ctr);
+    EXPECT(ctr.step == 1 && ctr.updates == 1 && ctr.skipped_total == 0, "counters %d/%d/%d",
+           ctr.step, ctr.updates, ctr.skipped_total);
+    zpp_engine_destroy(e);
+    fixture_close(&f);
+}
+
 /* Where a rank is comes from MPI's shared-memory split of the world, not
  * from a launcher's environment, so srun places ranks as mpirun does. Here
  * every rank runs on this host: the launcher's variables are faked with
@@ -482,4 +544,5 @@ static void test_placement_from_mpi(void) {
 
 ZPP_TESTS(ZPP_TEST(test_first_step_closed_form), ZPP_TEST(test_every_mode_trains),
           ZPP_TEST(test_mode_names), ZPP_TEST(test_model_desc_refused),
-          ZPP_TEST(test_fail_together), ZPP_TEST(test_placement_from_mpi))
+          ZPP_TEST(test_fail_together), ZPP_TEST(test_every_option_reachable),
+          ZPP_TEST(test_placement_from_mpi))

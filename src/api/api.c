@@ -7,10 +7,11 @@
  * includes zeropp.h), and this file adds only what turns public types into
  * internal ones: the device's backend picks the communication backend, a
  * zpp_model_desc becomes the engine's zpp_model (its callbacks behind the
- * model ops table), a zpp_engine_config becomes zpp_engine_opts, and
- * zpp_step_stats shrinks to zpp_update_stats. Every function that creates
- * something collectively agrees on its status over the world, so a bad
- * argument on one rank fails every rank instead of hanging the others. */
+ * model ops table), a zpp_engine_config becomes zpp_engine_opts (by the
+ * option table, engine/options.h), and zpp_step_stats shrinks to
+ * zpp_update_stats. Every function that creates something collectively
+ * agrees on its status over the world, so a bad argument on one rank fails
+ * every rank instead of hanging the others. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,11 @@ void *zpp_device_stream(const zpp_device *d) { return d ? d->stream : NULL; }
 /* ---- Topology ------------------------------------------------------------- */
 
 zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
+    return zpp_topo_open_emulated(dev, node_size, timeout_s, 0, topo_p);
+}
+
+zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                  int emulate_nodes, zpp_topo **topo_p) {
     zpp_status st = ZPP_OK;
     if (!dev || !topo_p)
         st = zpp_error(ZPP_ERR_INVALID, "topology: dev and topo_p are required");
@@ -60,10 +66,12 @@ zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_t
     ZPP_CHECK(zpp_comm_agree_world(st));
     zpp_topo_opts o;
     memset(&o, 0, sizeof o);
-    o.backend = dev->mem == ZPP_MEM_HOST ? ZPP_BACKEND_MPI : ZPP_BACKEND_NCCL;
+    const int gpu = dev->mem != ZPP_MEM_HOST;
+    o.backend = gpu ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
     o.node_size = node_size;
-    o.device = dev->mem == ZPP_MEM_HOST ? NULL : dev;
+    o.device = gpu ? dev : NULL;
     o.timeout_s = timeout_s;
+    o.emulate_nodes = gpu && emulate_nodes;
     return zpp_topo_create(&o, topo_p); /* agrees itself */
 }
 
@@ -76,6 +84,8 @@ void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
     info_p->node = t->node;
     info_p->local_rank = t->local_rank;
 }
+
+const char *zpp_topo_note(const zpp_topo *t) { return t ? t->note : ""; }
 
 /* ---- A model of the user's own ---------------------------------------------- */
 
@@ -259,63 +269,39 @@ zpp_status zpp_mode_parse(const char *name, int *mode_p) {
 }
 
 zpp_engine_config zpp_engine_config_default(void) {
-    zpp_engine_opts o = zpp_engine_opts_default();
     zpp_engine_config c;
     memset(&c, 0, sizeof c);
     c.mode = ZPP_MODE_ZERO3;
-    c.work_dtype = o.work_dtype;
-    c.beta1 = o.beta1;
-    c.beta2 = o.beta2;
-    c.eps = o.eps;
-    c.weight_decay = o.weight_decay;
-    c.grad_clip = o.grad_clip;
-    c.seed = o.seed;
-    c.loss_scale = o.loss_scale;
-    c.max_consecutive_skips = o.max_consecutive_skips;
-    c.weight_quant = o.coll.weight_spec;
-    c.grad_quant = o.coll.grad_spec;
-    c.max_reuse_distance = o.max_reuse_distance;
+    zpp_coll_opts coll = zpp_coll_opts_default();
+    c.weight_quant = coll.weight_spec;
+    c.grad_quant = coll.grad_spec;
+#define ZPP_EOPT_SET_(name, type, def, check, lo, hi, when, range) c.name = (type)(def);
+    ZPP_ENGINE_OPTIONS(ZPP_EOPT_SET_)
+#undef ZPP_EOPT_SET_
     return c;
 }
 
 static int finite_in(float x, float lo, float hi) { return isfinite(x) && x >= lo && x <= hi; }
 
-/* The public config as the engine's options; the checks the engine leaves
- * to its callers. */
+/* The public config as the engine's options: the mode bits, the specs, and
+ * every option of the table by its one name; then the one range check
+ * (zpp_engine_create makes it again, after the ranks agree on this one). */
 static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *o) {
     if (c->mode < 0 || c->mode > ZPP_MODE_ZEROPP)
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: mode %d has bits other than ZPP_MODE_QWZ, ZPP_MODE_HPZ and "
                          "ZPP_MODE_QGZ",
                          c->mode);
-    if (!finite_in(c->beta1, 0.0f, 0.999999f) || !finite_in(c->beta2, 0.0f, 0.999999f))
-        return zpp_error(ZPP_ERR_INVALID, "engine: beta1 %g and beta2 %g must lie in [0, 1)",
-                         (double)c->beta1, (double)c->beta2);
-    if (!(c->eps > 0.0f) || !isfinite(c->eps))
-        return zpp_error(ZPP_ERR_INVALID, "engine: eps %g must be finite and > 0",
-                         (double)c->eps);
-    if (!finite_in(c->weight_decay, 0.0f, INFINITY) || !finite_in(c->grad_clip, 0.0f, INFINITY))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: weight_decay %g and grad_clip %g must be finite and >= 0 "
-                         "(grad_clip 0: no clipping)",
-                         (double)c->weight_decay, (double)c->grad_clip);
     *o = zpp_engine_opts_default();
     o->gather = (c->mode & ZPP_MODE_QWZ) ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     o->hpz = (c->mode & ZPP_MODE_HPZ) != 0;
     o->reduce = (c->mode & ZPP_MODE_QGZ) ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
-    o->work_dtype = c->work_dtype;
-    o->beta1 = c->beta1;
-    o->beta2 = c->beta2;
-    o->eps = c->eps;
-    o->weight_decay = c->weight_decay;
-    o->grad_clip = c->grad_clip;
-    o->seed = c->seed;
-    o->loss_scale = c->loss_scale;
-    o->max_consecutive_skips = c->max_consecutive_skips;
-    o->max_reuse_distance = c->max_reuse_distance;
     o->coll.weight_spec = c->weight_quant;
     o->coll.grad_spec = c->grad_quant;
-    return ZPP_OK;
+#define ZPP_EOPT_COPY_(name, type, def, check, lo, hi, when, range) o->name = c->name;
+    ZPP_ENGINE_OPTIONS(ZPP_EOPT_COPY_)
+#undef ZPP_EOPT_COPY_
+    return zpp_engine_opts_check(o);
 }
 
 zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
@@ -339,6 +325,19 @@ zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
     return ZPP_OK;
 }
 
+/* The public phases are the internal ones, in their order. */
+_Static_assert(ZPP_STEP_PHASES == ZPP_PHASE_COUNT && ZPP_PHASE_FWD_GATHER == 0 &&
+                   ZPP_PHASE_BWD_GATHER == 1 && ZPP_PHASE_GRAD_REDUCE == 2 &&
+                   ZPP_PHASE_OTHER == 3,
+               "zeropp.h's ZPP_STEP_PHASES order is collectives.h's zpp_phase");
+
+static void volume_by_phase(const zpp_volume *v, double *cross, double *intra) {
+    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+        cross[ph] = v->cross_node_bytes[ph];
+        intra[ph] = v->intra_node_bytes[ph];
+    }
+}
+
 zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_stats *stats_p) {
     zpp_status st = ZPP_OK;
     if (!e) st = zpp_error(ZPP_ERR_INVALID, "engine: update without an engine");
@@ -350,6 +349,7 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
     memset(&s, 0, sizeof s);
     ZPP_CHECK(zpp_engine_optimizer_step(e, lr, loss, &s));
     if (stats_p) {
+        memset(stats_p, 0, sizeof *stats_p);
         stats_p->loss = s.loss;
         stats_p->grad_norm = s.grad_norm;
         stats_p->skipped = s.skipped;
@@ -357,6 +357,14 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
         stats_p->loss_scale = s.loss_scale;
         stats_p->cross_node_bytes = zpp_volume_cross_total(&s.volume);
         stats_p->intra_node_bytes = zpp_volume_intra_total(&s.volume);
+        volume_by_phase(&s.volume, stats_p->cross_node_phase_bytes,
+                        stats_p->intra_node_phase_bytes);
+        stats_p->profiled = s.profile.valid;
+        stats_p->stream_ms = s.profile.stream_ms;
+        stats_p->compute_ms = s.profile.compute_ms;
+        stats_p->exposed_comm_ms = s.profile.exposed_comm_ms;
+        stats_p->profile_waits = s.profile.waits;
+        stats_p->param_sumsq = s.param_sumsq;
     }
     return ZPP_OK;
 }
@@ -367,4 +375,10 @@ static zpp_status batch_in_place(void *ctx, int micro, zpp_model *model) { retur
 zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p) {
     if (!e || !loss_p) return zpp_error(ZPP_ERR_INVALID, "engine: engine and loss_p are required");
     return zpp_engine_eval(e, batch_in_place, NULL, loss_p);
+}
+
+void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],
+                           double intra_node[ZPP_STEP_PHASES]) {
+    if (!e || !cross_node || !intra_node) return;
+    volume_by_phase(zpp_engine_eval_volume(e), cross_node, intra_node);
 }

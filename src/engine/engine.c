@@ -85,33 +85,6 @@ struct zpp_engine {
     int n_reductions;
 };
 
-zpp_engine_opts zpp_engine_opts_default(void) {
-    zpp_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.gather = ZPP_GATHER_BASELINE;
-    o.hpz = 0;
-    o.reduce = ZPP_REDUCE_BASELINE;
-    o.work_dtype = ZPP_BF16;
-    o.beta1 = 0.9f;
-    o.beta2 = 0.95f;
-    o.eps = 1e-8f;
-    o.weight_decay = 0.0f;
-    o.grad_clip = 1.0f;
-    o.max_reuse_distance = 1000000000; /* DeepSpeed's default */
-    o.prefetch_depth = 2;
-    o.reduce_depth = 2;
-    o.seed = 1234;
-    o.coll = zpp_coll_opts_default();
-    o.max_consecutive_skips = 5;
-    o.loss_scale = 1.0f;
-    o.initial_scale_power = 16;
-    o.loss_scale_window = 1000;
-    o.hysteresis = 2;
-    o.consecutive_hysteresis = 0;
-    o.min_loss_scale = 1.0f;
-    return o;
-}
-
 static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
     size_t fbytes = p->shard_len * sizeof(float);
@@ -373,36 +346,7 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         return zpp_error(ZPP_ERR_INVALID,
                          "engine: no device; create one with zpp_device_create_host or "
                          "zpp_device_create_gpu");
-    if (opts->work_dtype != ZPP_BF16 && opts->work_dtype != ZPP_FP16 &&
-        opts->work_dtype != ZPP_FP32)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: working dtype must be bf16, fp16 or fp32, not %s",
-                         zpp_dtype_name(opts->work_dtype));
-    if (opts->prefetch_depth < 1 || opts->prefetch_depth > ZPP_ENGINE_MAX_DEPTH ||
-        opts->reduce_depth < 1 || opts->reduce_depth > ZPP_ENGINE_MAX_DEPTH)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: prefetch_depth %d and reduce_depth %d must lie in [1, %d]",
-                         opts->prefetch_depth, opts->reduce_depth, ZPP_ENGINE_MAX_DEPTH);
-    if (opts->max_consecutive_skips < 1 || !(opts->loss_scale >= 0.0f) ||
-        !isfinite(opts->loss_scale) ||
-        (opts->loss_scale == 0.0f &&
-         (opts->initial_scale_power < 0 || opts->initial_scale_power > 127 ||
-          opts->loss_scale_window < 1 || opts->hysteresis < 1 ||
-          !(opts->min_loss_scale > 0.0f) || !isfinite(opts->min_loss_scale))))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: max_consecutive_skips must be >= 1, loss_scale finite and "
-                         ">= 0, and a dynamic scale needs initial_scale_power in [0, 127], "
-                         "loss_scale_window >= 1, hysteresis >= 1, min_loss_scale > 0");
-    if (opts->loco && opts->reduce != ZPP_REDUCE_QGZ)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: error feedback (zeropp_loco_param) corrects qgZ's "
-                         "quantization; enable zero_quantized_gradients or drop it");
-    if (opts->loco && (!(opts->loco_err_beta >= 0.0f && opts->loco_err_beta <= 1.0f) ||
-                       opts->loco_reset_T < 1))
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: zeropp_loco_param needs err_beta in [0, 1] (got %g) and "
-                         "reset_T >= 1 (got %d)",
-                         (double)opts->loco_err_beta, opts->loco_reset_T);
+    ZPP_CHECK(zpp_engine_opts_check(opts)); /* engine/options.h */
     zpp_fault fault;
     ZPP_CHECK(zpp_fault_from_env(&fault));
     if (model->param_dtype != opts->work_dtype)

@@ -29,9 +29,9 @@
 
 #include "collectives/collectives.h"
 #include "comm/comm.h"
+#include "engine/options.h"
+#include "engine/step_stats.h"
 #include "model/model.h"
-
-#define ZPP_ENGINE_MAX_DEPTH 8
 
 typedef struct zpp_engine_opts {
     zpp_gather_mode gather;  /* forward (and non-hpZ backward) gathers */
@@ -121,43 +121,19 @@ typedef struct zpp_engine_opts {
     int profile;
 } zpp_engine_opts;
 
-/* AdamW defaults (GPT-2 style), ZeRO-3 baseline, bf16 working dtype,
- * max_consecutive_skips 5, static loss scale 1 (DeepSpeed's dynamic
- * defaults preset: 16, 1000, 2, min 1). */
+/* The defaults of engine/options.h (AdamW GPT-2 style, bf16 working
+ * dtype, max_consecutive_skips 5, static loss scale 1 with DeepSpeed's
+ * dynamic defaults preset: 16, 1000, 2, min 1), ZeRO-3 baseline, the
+ * collectives' default quantization specs. */
 zpp_engine_opts zpp_engine_opts_default(void);
+/* ZPP_ERR_INVALID, naming the option and its range, for an option outside
+ * its range in the table (engine/options.h, where it applies), a working
+ * dtype other than bf16, fp16 and fp32, or loco without the qgZ reduce.
+ * zpp_engine_create checks with it; so does zpp_engine_open, before its
+ * ranks agree. */
+zpp_status zpp_engine_opts_check(const zpp_engine_opts *opts);
 
-/* Where this rank's step went (opts.profile), measured on the compute
- * stream (device.h, "Profiling") from the step's first forward to the end
- * of its optimizer step (the batch callbacks of later micro-batches
- * included). On a GPU, stream_ms is the compute stream's time and
- * exposed_comm_ms the part it stood waiting for a collective it could not
- * hide behind kernels; on the host backend both are the calling thread's
- * wall time, exposed_comm_ms its time inside collectives' completions
- * (waiting for MPI, and the dequantization or sums that follow it there). */
-typedef struct zpp_engine_profile {
-    int valid;              /* 1 when opts.profile, else every field is 0 */
-    double stream_ms;       /* = compute_ms + exposed_comm_ms */
-    double exposed_comm_ms;
-    double compute_ms;      /* the rest: kernels, and gaps where the stream
-                               waited for the host (launches, host reads) */
-    int waits;              /* waits timed: on the host one per completed
-                               collective, on a GPU one per event wait (a
-                               qgZ reduction in slabs makes several) */
-} zpp_engine_profile;
-
-typedef struct zpp_step_stats {
-    float loss;            /* mean over the global batch */
-    float grad_norm;       /* global norm before clipping */
-    float lr;
-    zpp_volume volume;     /* this step's bytes per node, by phase */
-    int skipped;           /* 1: non-finite gradients, no update (see opts) */
-    int skipped_total;     /* steps skipped since the engine was created */
-    float loss_scale;      /* the scale this step's gradients carried */
-    /* Sum of squares of every fp32 master weight after the step, over the
-     * world: only when ZPP_PARAM_SUMSQ=1 (engine_create), else NAN. */
-    double param_sumsq;
-    zpp_engine_profile profile; /* opts.profile, else valid 0 */
-} zpp_step_stats;
+/* zpp_engine_profile and zpp_step_stats: engine/step_stats.h. */
 
 typedef struct zpp_engine zpp_engine;
 
@@ -241,47 +217,10 @@ const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
  * secondary shard marked invalid (the next gathers round the restored
  * master), so a resumed run continues bit for bit.
  */
-int zpp_engine_unit_count(const zpp_engine *e);
-zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
-                                  size_t *begin_p, size_t *count_p);
-/* Copies this rank's `count` elements of the unit's master, m and v to the
- * host arrays (each `count` floats), through the device. */
-zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m, float *v);
-/* Installs `count` elements of each (host arrays) as this rank's shard. */
-zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
-                                const float *v);
-/* Optimizer steps taken, skipped ones included. */
-int zpp_engine_steps_taken(const zpp_engine *e);
-
-/* The counters a checkpoint carries beside the shards, so that a run
- * resumed after skipped steps or under fp16 loss scaling continues as the
- * uninterrupted one: AdamW's bias correction counts updates, not steps, and
- * the loss scaler's state decides the next scale. (A run of consecutive
- * skips starts again from zero on resume.) */
-typedef struct zpp_engine_counters {
-    int step;          /* optimizer steps taken, skipped ones included */
-    int updates;       /* AdamW updates: the bias-correction step */
-    int skipped_total; /* steps skipped */
-    float loss_scale;  /* the current loss scale (1 without fp16) */
-    int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
-} zpp_engine_counters;
-void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
-/* ZPP_ERR_INVALID when they cannot come from a run (negative counts, more
- * updates or skips than steps, a scale that is not finite and positive). */
-zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
-
-/* Error-feedback state (opts.loco), per rank and unit: not resharded like
- * the optimizer's, since every rank's buffers cover its whole gradient (the
- * intra buffer) and its nodes' partial sums (the inter buffer) in the
- * layout of this world and node size (zpp_qgz_feedback). *intra_p and
- * *inter_p are 0 when error feedback is off. */
-zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
-                                size_t *inter_p);
-/* Copies the unit's buffers to / from host arrays of those lengths. */
-zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter);
-zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra, const float *inter);
-/* Zeroes every unit's buffers (what reset_T does; a resume under another
- * world or node size). */
-zpp_status zpp_engine_loco_clear(zpp_engine *e);
+/* zpp_engine_shard_range, zpp_engine_state_get and _set,
+ * zpp_engine_unit_count, zpp_engine_steps_taken, the counters
+ * (zpp_engine_counters, zpp_engine_get_counters and _set) and the
+ * error-feedback state (zpp_engine_loco_lens, _get, _set, _clear) are
+ * declared in zeropp.h, the API the trainer uses too. */
 
 #endif

@@ -94,10 +94,10 @@
 #include <stdint.h>
 
 #include "core/fault.h"
-#include "engine/engine.h"
 #include "model/gpt2.h"
 #include "train/ckpt_manifest.h"
 #include "train/config.h"
+#include "zeropp.h"
 
 #define ZPP_CKPT_FORMAT 3
 

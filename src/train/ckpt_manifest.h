@@ -7,14 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/engine.h"
 #include "model/gpt2.h"
 #include "zeropp.h"
 
 typedef struct zpp_ckpt_manifest {
     int step, format, world_size, node_size, train_batch_size, n_units;
     char dtype[8];           /* the working dtype's name: "bf16", "fp16", "fp32" */
-    zpp_engine_counters ctr; /* engine.h: updates, skips, the loss scaler */
+    zpp_engine_counters ctr; /* zeropp.h: updates, skips, the loss scaler */
     uint64_t seed;
     char folder[256], mode[64];
     zpp_gpt2_config model;

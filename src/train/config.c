@@ -602,23 +602,17 @@ static zpp_status zpp__validate_optimizer(const zpp_train_config *cfg) {
     const double lr = cfg->optimizer.lr, b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
     if (!(lr > 0) || !isfinite(lr))
         return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.lr' must be > 0, got %g", lr);
-    if (!(b1 >= 0 && b1 < 1))
-        return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.betas[0]' must be in [0, 1), got %g",
-                         b1);
-    if (!(b2 >= 0 && b2 < 1))
-        return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.betas[1]' must be in [0, 1), got %g",
-                         b2);
-    if (!(cfg->optimizer.eps > 0) || !isfinite(cfg->optimizer.eps))
-        return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.eps' must be > 0, got %g",
-                         cfg->optimizer.eps);
-    if (!(cfg->optimizer.weight_decay >= 0) || !isfinite(cfg->optimizer.weight_decay))
-        return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.weight_decay' must be >= 0, got %g",
-                         cfg->optimizer.weight_decay);
+    /* the engine's ranges (engine/options.h), named by their keys */
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_beta1, b1, "optimizer.params.betas[0]"));
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_beta2, b2, "optimizer.params.betas[1]"));
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_eps, cfg->optimizer.eps, "optimizer.params.eps"));
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_weight_decay, cfg->optimizer.weight_decay,
+                                   "optimizer.params.weight_decay"));
     return ZPP_OK;
 }
 
-/* The run's non-negative real knobs: the collectives' and saves' deadlines, the peak
- * the MFU is measured against, and the gradient clipping norm. */
+/* The run's non-negative real knobs: the collectives' and saves' deadlines,
+ * the peak the MFU is measured against, and the gradient clipping norm. */
 static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
     if (!(cfg->collective_timeout_s >= 0) || !isfinite(cfg->collective_timeout_s))
         return zpp_error(ZPP_ERR_CONFIG,
@@ -635,21 +629,17 @@ static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
                          "'zeropp.peak_tflops' must be >= 0 TFLOP/s (0 = the GPU's preset), "
                          "got %g",
                          cfg->peak_tflops);
-    if (!(cfg->gradient_clipping >= 0) || !isfinite(cfg->gradient_clipping))
-        return zpp_error(ZPP_ERR_CONFIG, "'gradient_clipping' must be >= 0 (0 = off), got %g",
-                         cfg->gradient_clipping);
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_grad_clip, cfg->gradient_clipping,
+                                   "gradient_clipping"));
     return ZPP_OK;
 }
 
 /* qgZ's options: error feedback (LoCo) and stochastic rounding both act on
  * the int4 gradients, so they need qgZ on. */
 static zpp_status zpp__validate_qgz(const zpp_train_config *cfg) {
-    if (cfg->zero.loco &&
-        (!(cfg->zero.loco_err_beta >= 0 && cfg->zero.loco_err_beta <= 1)))
-        return zpp_error(ZPP_ERR_CONFIG,
-                         "'zero_optimization.zeropp_loco_param.err_beta' must be in [0, 1] (the "
-                         "weight of the old error in the error buffer's average), got %g",
-                         cfg->zero.loco_err_beta);
+    if (cfg->zero.loco)
+        ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_loco_err_beta, cfg->zero.loco_err_beta,
+                                       "zero_optimization.zeropp_loco_param.err_beta"));
     if (cfg->zero.loco && !cfg->zero.quantized_gradients)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zero_optimization.zeropp_loco_param' (error feedback) corrects qgZ's "
@@ -668,12 +658,10 @@ static zpp_status zpp__validate_precision(const zpp_train_config *cfg) {
     if (cfg->fp16.enabled && cfg->bf16)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");
-    if (!(cfg->fp16.loss_scale >= 0))
-        return zpp_error(ZPP_ERR_CONFIG, "'fp16.loss_scale' must be >= 0 (0 = dynamic), got %g",
-                         cfg->fp16.loss_scale);
-    if (!(cfg->fp16.min_loss_scale > 0) || cfg->fp16.min_loss_scale > 3e38)
-        return zpp_error(ZPP_ERR_CONFIG, "'fp16.min_loss_scale' must be > 0, got %g",
-                         cfg->fp16.min_loss_scale);
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_loss_scale, cfg->fp16.loss_scale,
+                                   "fp16.loss_scale"));
+    ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_min_loss_scale, cfg->fp16.min_loss_scale,
+                                   "fp16.min_loss_scale"));
     return ZPP_OK;
 }
 

@@ -21,6 +21,14 @@
  * A new key is one line here (plus, for a new kind, its case in config.c);
  * cross-key checks stay in zpp_train_config_validate.
  *
+ * A key that sets an engine option takes its default and integer range from
+ * the engine's table (engine/options.h: ZPP_EOPT_DEFAULT, _LO, _HI), and
+ * zpp_train_config_validate checks its other ranges there too
+ * (zpp_engine_opt_check). Where DeepSpeed's (or torch's) default differs
+ * from the library's, the key keeps DeepSpeed's: betas[1] 0.999 (0.95),
+ * weight_decay 0.01 (0), gradient_clipping 0 (1), fp16.loss_scale 0
+ * (dynamic; the library's 1 is static).
+ *
  * Kinds: OBJECT (a JSON object of further keys), INT (int field, integer in
  * [lo, hi]), I64 (long long field), SEED (uint64_t field), NUM (double
  * field, finite; its range is checked by zpp_train_config_validate and
@@ -37,6 +45,7 @@
 
 #include <limits.h>
 
+#include "engine/options.h"
 #include "train/config.h"
 
 /* Which scheduler types take a param (DeepSpeed's constructor arguments). */
@@ -51,11 +60,11 @@
 /* clang-format off */
 #define ZPP_CONFIG_KEYS(X)                                                                        \
     X("train_batch_size", INT, train_batch_size, 1, INT_MAX, (0), 0,                              \
-      "sequences per optimizer step, all ranks (= micro * accumulation * world)")                  \
+      "sequences per optimizer step, all ranks (= micro * accumulation * world)")                 \
     X("train_micro_batch_size_per_gpu", INT, train_micro_batch_size_per_gpu, 1, INT_MAX, (0), 0,  \
-      "sequences per rank per micro-step (8 when no batch key is given)")            \
+      "sequences per rank per micro-step (8 when no batch key is given)")                         \
     X("gradient_accumulation_steps", INT, gradient_accumulation_steps, 1, INT_MAX, (0), 0,        \
-      "micro-steps per optimizer step")                                              \
+      "micro-steps per optimizer step")                                                           \
     X("steps_per_print", INT, steps_per_print, 0, INT_MAX, (10), 0,                               \
       "log every N steps (0 = never)")                                                            \
     X("gradient_clipping", NUM, gradient_clipping, 0, 0, (0), 0,                                  \
@@ -66,9 +75,9 @@
       "\"AdamW\" only (any case): Adam with decoupled weight decay")                              \
     X("optimizer.params", OBJECT, none, 0, 0, (0), 0, "AdamW's hyperparameters")                  \
     X("optimizer.params.lr", NUM, optimizer.lr, 0, 0, (1e-3), 0, "learning rate, > 0")            \
-    X("optimizer.params.betas", BETAS, optimizer.beta1, 0, 0, (0.9, 0.999), 0,                    \
+    X("optimizer.params.betas", BETAS, optimizer.beta1, 0, 0, (ZPP_EOPT_DEFAULT(beta1), 0.999), 0, \
       "[beta1, beta2], each in [0, 1)")                                                           \
-    X("optimizer.params.eps", NUM, optimizer.eps, 0, 0, (1e-8), 0, "> 0")                         \
+    X("optimizer.params.eps", NUM, optimizer.eps, 0, 0, (ZPP_EOPT_DEFAULT(eps)), 0, "> 0")        \
     X("optimizer.params.weight_decay", NUM, optimizer.weight_decay, 0, 0, (0.01), 0,              \
       ">= 0, decoupled (AdamW); on GPT-2's matrices only unless zeropp.weight_decay_all")         \
     X("scheduler", OBJECT, none, 0, 0, (0), 0,                                                    \
@@ -94,20 +103,25 @@
       ZPP_CFG_S_RATIOS, "WarmupCosineLR: in [0, 1]")                                              \
     X("bf16", OBJECT, none, 0, 0, (0), 0, "bf16 training")                                        \
     X("bf16.enabled", BOOL, bf16, 0, 0, (0), 0, "gathered parameters and compute in bf16")        \
-    X("fp16", OBJECT, none, 0, 0, (0), 0, "fp16 training with loss scaling (DeepSpeed's keys)")  \
+    X("fp16", OBJECT, none, 0, 0, (0), 0, "fp16 training with loss scaling (DeepSpeed's keys)")   \
     X("fp16.enabled", BOOL, fp16.enabled, 0, 0, (0), 0,                                           \
       "gathered parameters and reduced gradients in fp16, loss scaled; not with bf16")            \
     X("fp16.loss_scale", NUM, fp16.loss_scale, 0, 0, (0), 0,                                      \
       "0 = dynamic loss scaling; > 0 = this static scale")                                        \
-    X("fp16.initial_scale_power", INT, fp16.initial_scale_power, 0, 127, (16), 0,                 \
+    X("fp16.initial_scale_power", INT, fp16.initial_scale_power, ZPP_EOPT_LO(initial_scale_power), \
+      ZPP_EOPT_HI(initial_scale_power), (ZPP_EOPT_DEFAULT(initial_scale_power)), 0,               \
       "dynamic: the scale starts at 2^this")                                                      \
-    X("fp16.loss_scale_window", INT, fp16.loss_scale_window, 1, INT_MAX, (1000), 0,               \
+    X("fp16.loss_scale_window", INT, fp16.loss_scale_window, ZPP_EOPT_LO(loss_scale_window),      \
+      ZPP_EOPT_HI(loss_scale_window), (ZPP_EOPT_DEFAULT(loss_scale_window)), 0,                   \
       "dynamic: double the scale after this many steps without overflow")                         \
-    X("fp16.hysteresis", INT, fp16.hysteresis, 1, INT_MAX, (2), 0,                                \
+    X("fp16.hysteresis", INT, fp16.hysteresis, ZPP_EOPT_LO(hysteresis), ZPP_EOPT_HI(hysteresis),  \
+      (ZPP_EOPT_DEFAULT(hysteresis)), 0,                                                          \
       "dynamic: halve the scale at the N-th overflow (each one after, until the next doubling)")  \
-    X("fp16.consecutive_hysteresis", BOOL, fp16.consecutive_hysteresis, 0, 0, (0), 0,             \
+    X("fp16.consecutive_hysteresis", BOOL, fp16.consecutive_hysteresis, 0, 0,                     \
+      (ZPP_EOPT_DEFAULT(consecutive_hysteresis)), 0,                                              \
       "dynamic: any step without overflow restores the hysteresis")                               \
-    X("fp16.min_loss_scale", NUM, fp16.min_loss_scale, 0, 0, (1), 0,                              \
+    X("fp16.min_loss_scale", NUM, fp16.min_loss_scale, 0, 0,                                      \
+      (ZPP_EOPT_DEFAULT(min_loss_scale)), 0,                                                      \
       "dynamic: the scale's floor, > 0; overflows there count as skips (max_consecutive_skips)")  \
     X("fp16.auto_cast", IGNORED, none, 0, 0, (0), 0, "DeepSpeed fp16 loss-scale knob")            \
     X("zero_optimization", OBJECT, none, 0, 0, (0), 0, "ZeRO: stage 3 and the ZeRO++ options")    \
@@ -122,27 +136,33 @@
     X("zero_optimization.zero_quantized_gradients", BOOL, zero.quantized_gradients, 0, 0, (0), 0, \
       "qgZ: int4 hierarchical gradient reduce-scatter")                                           \
     X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,             \
-      ZPP_CFG_I53, (1000000000), 0,                                                               \
+      ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(max_reuse_distance)), 0,                                     \
       "keep a gathered unit for its next use, in the same pass or (over more than one rank) in "  \
       "the backward after the forward, when it comes within this many parameters of other "       \
       "units (DeepSpeed's meaning); 0 = gather for every use")                                    \
-    X("zero_optimization.zeropp_prefetch_depth", INT, zero.prefetch_depth, 1, 8, (2), 0,          \
+    X("zero_optimization.zeropp_prefetch_depth", INT, zero.prefetch_depth,                        \
+      ZPP_EOPT_LO(prefetch_depth), ZPP_EOPT_HI(prefetch_depth),                                   \
+      (ZPP_EOPT_DEFAULT(prefetch_depth)), 0,                                                      \
       "zeropp: units gathered ahead of the one computing (forward and backward); each costs a "   \
       "gathered unit of memory")                                                                  \
-    X("zero_optimization.zeropp_reduce_depth", INT, zero.reduce_depth, 1, 8, (2), 0,              \
+    X("zero_optimization.zeropp_reduce_depth", INT, zero.reduce_depth,                            \
+      ZPP_EOPT_LO(reduce_depth), ZPP_EOPT_HI(reduce_depth), (ZPP_EOPT_DEFAULT(reduce_depth)), 0,  \
       "zeropp: gradient reductions in flight; each costs a unit's reduction buffers")             \
-    X("zero_optimization.zeropp_loco_param", OBJECT_ON, zero.loco, 0, 0, (0), 0,                 \
-      "qgZ error feedback (LoCo, DeepSpeed's key): the intra- and inter-node quantization "        \
+    X("zero_optimization.zeropp_loco_param", OBJECT_ON, zero.loco, 0, 0, (0), 0,                  \
+      "qgZ error feedback (LoCo, DeepSpeed's key): the intra- and inter-node quantization "       \
       "errors of the last reduction are fed into the next; costs 4 (1 + 1/S) bytes a parameter "  \
       "a rank (docs/quantization.md); needs zero_quantized_gradients")                            \
-    X("zero_optimization.zeropp_loco_param.err_beta", NUM, zero.loco_err_beta, 0, 0, (0.8), 0,    \
+    X("zero_optimization.zeropp_loco_param.err_beta", NUM, zero.loco_err_beta, 0, 0,              \
+      (ZPP_EOPT_DEFAULT(loco_err_beta)), 0,                                                       \
       "error buffer e <- err_beta e + (1 - err_beta) (x - Q(x)), in [0, 1]")                      \
-    X("zero_optimization.zeropp_loco_param.reset_T", INT, zero.loco_reset_T, 1, INT_MAX, (1024),  \
-      0, "clear the error buffers after every reset_T optimizer steps")                           \
+    X("zero_optimization.zeropp_loco_param.reset_T", INT, zero.loco_reset_T,                      \
+      ZPP_EOPT_LO(loco_reset_T), ZPP_EOPT_HI(loco_reset_T), (ZPP_EOPT_DEFAULT(loco_reset_T)), 0,  \
+      "clear the error buffers after every reset_T optimizer steps")                              \
     X("zero_optimization.zeropp_grad_stochastic_rounding", BOOL, zero.grad_stochastic, 0, 0, (0), \
       0, "zeropp: qgZ rounds its int4 gradients stochastically (unbiased) instead of to the "     \
-      "nearest step (docs/quantization.md, Rounding); needs zero_quantized_gradients")           \
-    X("zero_optimization.zeropp_quantize_vectors", BOOL, zero.quantize_vectors, 0, 0, (0), 0,     \
+      "nearest step (docs/quantization.md, Rounding); needs zero_quantized_gradients")            \
+    X("zero_optimization.zeropp_quantize_vectors", BOOL, zero.quantize_vectors, 0, 0,             \
+      (ZPP_EOPT_DEFAULT(quantize_vectors)), 0,                                                    \
       "zeropp: qwZ and qgZ quantize biases and LayerNorm parameters too; by default they travel " \
       "at full precision, as in DeepSpeed (one all-reduce of them a step each way)")              \
     X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")     \
@@ -164,7 +184,7 @@
       "DeepSpeed tuning knob")                                                                    \
     X("zero_optimization.stage3_gather_16bit_weights_on_model_save", IGNORED, none, 0, 0, (0), 0, \
       "DeepSpeed tuning knob")                                                                    \
-    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the GPT-2 shape (n_embd % n_head == 0)")     \
+    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the GPT-2 shape (n_embd % n_head == 0)")      \
     X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0, "transformer blocks")              \
     X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0, "attention heads")                   \
     X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \
@@ -175,17 +195,20 @@
       "padded vocabulary); 0 = vocab_size")                                                       \
     X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                    \
     X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")     \
-    X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (1234), 0, "initialisation and data order")      \
+    X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(seed)), 0,                     \
+      "initialisation and data order")                                                            \
     X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
       "validate every N steps; 0 = never")                                                        \
     X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0,                               \
       "micro-batches per validation")                                                             \
     X("zeropp.sample_every", INT, sample_every, 0, INT_MAX, (0), 0,                               \
-      "print a sample every N steps (and put it in the metrics; docs/sampling.md); 0 = never; "  \
+      "print a sample every N steps (and put it in the metrics; docs/sampling.md); 0 = never; "   \
       "--sample-every")                                                                           \
     X("zeropp.sample_tokens", INT, sample_tokens, 1, 65536, (64), 0,                              \
       "new tokens per sample; --sample-tokens")                                                   \
-    X("zeropp.max_consecutive_skips", INT, max_consecutive_skips, 1, INT_MAX, (5), 0,             \
+    X("zeropp.max_consecutive_skips", INT, max_consecutive_skips,                                 \
+      ZPP_EOPT_LO(max_consecutive_skips), ZPP_EOPT_HI(max_consecutive_skips),                     \
+      (ZPP_EOPT_DEFAULT(max_consecutive_skips)), 0,                                               \
       "a step with NaN/Inf gradients is skipped (no update; the lr schedule still advances); "    \
       "stop after this many in a row. No DeepSpeed equivalent: DeepSpeed skips fp16 overflows "   \
       "only, and fails at min_loss_scale")                                                        \
@@ -201,13 +224,14 @@
       "seconds the ranks wait for each other's checkpoint files to be written and synced, "      \
       ">= 0; 0 = wait forever. A save's disk time is not a stall: it is outside "                 \
       "zeropp.collective_timeout_s")                                                              \
-    X("zeropp.peak_tflops", NUM, peak_tflops, 0, 0, (0), 0,                                     \
-      "peak TFLOP/s of one rank's device for MFU, >= 0; 0 = the GPU's preset when its name is "  \
+    X("zeropp.peak_tflops", NUM, peak_tflops, 0, 0, (0), 0,                                       \
+      "peak TFLOP/s of one rank's device for MFU, >= 0; 0 = the GPU's preset when its name is "   \
       "known (bf16/fp16 tensor or fp32 peak), else no MFU; --peak-tflops (docs/logs.md)")         \
     X("zeropp.data_order", DATA_ORDER, data_order, 0, 0, (0), 0,                                  \
-      "\"shuffled\" (a keyed permutation of windows) | \"sequential\" (step s reads tokens "       \
+      "\"shuffled\" (a keyed permutation of windows) | \"sequential\" (step s reads tokens "      \
       "[s G T, (s+1) G T] of the training split as llm.c's DataLoader; --data-order)")            \
-    X("zeropp.weight_decay_all", BOOL, weight_decay_all, 0, 0, (0), 0,                            \
+    X("zeropp.weight_decay_all", BOOL, weight_decay_all, 0, 0,                                    \
+      (ZPP_EOPT_DEFAULT(decay_all)), 0,                                                           \
       "true: weight decay on every parameter (DeepSpeed); false: on the matrices only (GPT-2's "  \
       "wte, wpe, attention and MLP weights; llm.c, nanoGPT)")
 /* clang-format on */

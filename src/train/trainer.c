@@ -22,6 +22,7 @@ struct zpp_trainer {
     zpp_train_config cfg_given; /* before resolving: what a checkpoint keeps */
     char *data_path;            /* absolute (realpath), NULL: synthetic */
     zpp_topo *topo;
+    zpp_topo_info topo_info;
     zpp_model *model;
     zpp_engine *engine;
     zpp_data *data;
@@ -32,7 +33,6 @@ struct zpp_trainer {
     /* batch callback state */
     int step;
     uint64_t val_index;
-    const int32_t *sample_window; /* zpp_trainer_sample's sequence of the moment */
     int eval_train;               /* the evaluation reads the training split */
     /* checkpoints: the save test hooks (trainer.h), the last resume's note */
     zpp_fault fault;
@@ -121,15 +121,50 @@ static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
     return st;
 }
 
-static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
+/* The engine's options from the config, as the public API takes them: the
+ * trainer opens its engine as any program would (zpp_engine_open), so the
+ * config file, the public config and their checks cannot drift apart. */
+static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_dtype wd,
+                                       int profile) {
+    zpp_engine_config ec = zpp_engine_config_default();
+    ec.mode = (c->zero.quantized_weights ? ZPP_MODE_QWZ : 0) | (hpz ? ZPP_MODE_HPZ : 0) |
+              (c->zero.quantized_gradients ? ZPP_MODE_QGZ : 0);
+    ec.work_dtype = wd;
+    ec.beta1 = (float)c->optimizer.beta1;
+    ec.beta2 = (float)c->optimizer.beta2;
+    ec.eps = (float)c->optimizer.eps;
+    ec.weight_decay = (float)c->optimizer.weight_decay;
+    ec.decay_all = c->weight_decay_all;
+    ec.grad_clip = (float)c->gradient_clipping;
+    ec.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
+    ec.prefetch_depth = c->zero.prefetch_depth;
+    ec.reduce_depth = c->zero.reduce_depth;
+    ec.loco = c->zero.loco;
+    ec.loco_err_beta = (float)c->zero.loco_err_beta;
+    ec.loco_reset_T = c->zero.loco_reset_T;
+    ec.quantize_vectors = c->zero.quantize_vectors;
+    ec.grad_quant.stochastic = c->zero.grad_stochastic;
+    ec.seed = c->seed;
+    ec.max_consecutive_skips = c->max_consecutive_skips;
+    ec.profile = profile;
+    if (c->fp16.enabled) { /* loss scaling: DeepSpeed's fp16 keys */
+        ec.loss_scale = (float)c->fp16.loss_scale;
+        ec.initial_scale_power = c->fp16.initial_scale_power;
+        ec.loss_scale_window = c->fp16.loss_scale_window;
+        ec.hysteresis = c->fp16.hysteresis;
+        ec.consecutive_hysteresis = c->fp16.consecutive_hysteresis;
+        ec.min_loss_scale = (float)c->fp16.min_loss_scale;
+    }
+    return ec;
+}
+
+/* The rank's device and the topology over it. The node size: the flag,
+ * else hpZ's partition size, else the launcher. hpZ partitions inside a
+ * node, so both must agree; a partition size of 0 is the node, whatever it
+ * turns out to be (resolved here). Sets *hpz_p: hpZ on. */
+static zpp_status build_topology(zpp_trainer *t, const zpp_trainer_opts *o, int *hpz_p) {
     zpp_train_config *c = &t->cfg;
     int node_size = o->node_size;
-    int world = zpp_comm_world_size();
-    ZPP_CHECK(zpp_train_config_resolve(c, world));
-
-    /* The node size: the flag, else hpZ's partition size, else the launcher.
-     * hpZ partitions inside a node, so both must agree; a partition size of
-     * 0 is the node, whatever it turns out to be (resolved below). */
     const int hpz_node = c->zero.hpz_partition_size == 0;
     int hpz = c->zero.hpz_partition_size > 1;
     if (node_size == 0 && hpz) node_size = c->zero.hpz_partition_size;
@@ -138,35 +173,31 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
                          "zero_optimization.zero_hpz_partition_size %d differs from the "
                          "node size %d; hpZ partitions inside a node, so set them equal",
                          c->zero.hpz_partition_size, node_size);
-    zpp_topo_opts to;
-    memset(&to, 0, sizeof to);
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = node_size;
-    to.timeout_s = c->collective_timeout_s;
-    if (o->gpu) {
-        /* The rank's GPU, with its compute stream, exists before NCCL
-         * starts: the launcher's local rank modulo the GPUs it sees,
-         * whatever node size is emulated. */
-        int local = 0, local_size = 0;
-        ZPP_CHECK(zpp_comm_launch_local(&local, &local_size));
-        int gpus = zpp_device_gpu_count();
-        if (gpus <= 0)
-            return zpp_error(ZPP_ERR_CUDA,
-                             "--device gpu, but no GPU is visible (or this build has no "
-                             "CUDA); run with --device cpu or on a machine with NVIDIA GPUs");
-        ZPP_CHECK(zpp_device_create_gpu(local % gpus, &t->dev));
-        to.backend = ZPP_BACKEND_NCCL;
-        to.device = t->dev;
-        to.emulate_nodes = o->emulate_nodes;
-    } else {
-        ZPP_CHECK(zpp_device_create_host(&t->dev));
-    }
-    ZPP_CHECK(zpp_topo_create(&to, &t->topo));
+    /* The rank's GPU, with its compute stream, exists before NCCL starts:
+     * zpp_device_create_for_rank picks it, whatever node size is emulated
+     * (its refusal of a GPU-less machine said in the command line's words). */
+    zpp_status st = zpp_device_create_for_rank(o->gpu != 0, &t->dev);
+    if (st == ZPP_ERR_CUDA && zpp_device_gpu_count() <= 0)
+        st = zpp_error(ZPP_ERR_CUDA,
+                       "--device gpu, but no GPU is visible (or this build has no "
+                       "CUDA); run with --device cpu or on a machine with NVIDIA GPUs");
+    /* agreed before the topology's collectives, which a rank without its
+     * device would leave the others waiting in */
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    ZPP_CHECK(zpp_topo_open_emulated(t->dev, node_size, c->collective_timeout_s,
+                                     o->emulate_nodes, &t->topo));
+    zpp_topo_get_info(t->topo, &t->topo_info);
     if (hpz_node) {
-        c->zero.hpz_partition_size = t->topo->node_size;
-        hpz = t->topo->node_size > 1;
+        c->zero.hpz_partition_size = t->topo_info.node_size;
+        hpz = t->topo_info.node_size > 1;
     }
+    *hpz_p = hpz;
+    return ZPP_OK;
+}
 
+/* The data (its vocabulary checked against the model's) and the model. */
+static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zpp_dtype wd) {
+    zpp_train_config *c = &t->cfg;
     ZPP_CHECK(zpp_data_open(o->data_path, c, &t->data));
     /* where the data is, for a checkpoint: a resume from elsewhere finds it */
     if (o->data_path && !(t->data_path = realpath(o->data_path, NULL)))
@@ -184,67 +215,53 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
                          "the data has tokens up to %d but model.real_vocab_size is %d (the "
                          "rows past it are padding); use data of that vocabulary",
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
+    return zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
+}
 
-    zpp_dtype wd = c->bf16 ? ZPP_BF16 : c->fp16.enabled ? ZPP_FP16 : ZPP_FP32;
-    ZPP_CHECK(zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev,
-                              &t->model));
-    zpp_engine_opts eo = zpp_engine_opts_default();
-    eo.gather = c->zero.quantized_weights ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
-    eo.hpz = hpz;
-    eo.reduce = c->zero.quantized_gradients ? ZPP_REDUCE_QGZ : ZPP_REDUCE_BASELINE;
-    eo.work_dtype = wd;
-    eo.beta1 = (float)c->optimizer.beta1;
-    eo.beta2 = (float)c->optimizer.beta2;
-    eo.eps = (float)c->optimizer.eps;
-    eo.weight_decay = (float)c->optimizer.weight_decay;
-    eo.decay_all = c->weight_decay_all;
-    eo.grad_clip = (float)c->gradient_clipping;
-    eo.max_reuse_distance = (size_t)c->zero.max_reuse_distance;
-    eo.prefetch_depth = c->zero.prefetch_depth;
-    eo.reduce_depth = c->zero.reduce_depth;
-    eo.loco = c->zero.loco;
-    eo.loco_err_beta = (float)c->zero.loco_err_beta;
-    eo.loco_reset_T = c->zero.loco_reset_T;
-    eo.quantize_vectors = c->zero.quantize_vectors;
-    eo.coll.grad_spec.stochastic = c->zero.grad_stochastic;
-    eo.seed = c->seed;
-    eo.max_consecutive_skips = c->max_consecutive_skips;
-    eo.profile = o->profile;
-    if (c->fp16.enabled) { /* loss scaling: DeepSpeed's fp16 keys */
-        eo.loss_scale = (float)c->fp16.loss_scale;
-        eo.initial_scale_power = c->fp16.initial_scale_power;
-        eo.loss_scale_window = c->fp16.loss_scale_window;
-        eo.hysteresis = c->fp16.hysteresis;
-        eo.consecutive_hysteresis = c->fp16.consecutive_hysteresis;
-        eo.min_loss_scale = (float)c->fp16.min_loss_scale;
-    }
-    ZPP_CHECK(zpp_engine_create(t->topo, t->model, &eo, t->dev, &t->engine));
-    if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
-
-    size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
-    t->tokens = malloc(bt * sizeof *t->tokens);
-    t->targets = malloc(bt * sizeof *t->targets);
-    if (!t->tokens || !t->targets) return zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-
+/* What the log's header shows (trainer.h). */
+static zpp_status fill_info(zpp_trainer *t, const zpp_trainer_opts *o, int hpz, zpp_dtype wd) {
+    const zpp_train_config *c = &t->cfg;
     zpp_trainer_info *in = &t->info;
-    in->world_size = t->topo->world_size;
-    in->world_rank = t->topo->world_rank;
-    in->node_size = t->topo->node_size;
-    in->nodes = t->topo->nodes;
+    in->world_size = t->topo_info.world_size;
+    in->world_rank = t->topo_info.world_rank;
+    in->node_size = t->topo_info.node_size;
+    in->nodes = t->topo_info.nodes;
     in->micro_batch = c->train_micro_batch_size_per_gpu;
     in->accum = c->gradient_accumulation_steps;
     in->global_batch = c->train_batch_size;
     in->seq_len = c->model.seq_len;
     in->n_params = 0;
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
-    in->data = di;
+    in->data = zpp_data_get_info(t->data);
     in->mode = mode_name(c, t->mode, sizeof t->mode);
     in->qwz = c->zero.quantized_weights != 0;
     in->hpz_partition = hpz ? c->zero.hpz_partition_size : 0;
     in->qgz = c->zero.quantized_gradients != 0;
     in->dtype = wd;
     in->gpu = o->gpu != 0;
-    ZPP_CHECK(zpp_device_name(t->dev, in->device, sizeof in->device));
+    return zpp_device_name(t->dev, in->device, sizeof in->device);
+}
+
+/* Device, topology, data and model; then, once every rank has them (a
+ * failure on one is agreed, so that no rank waits in the engine's
+ * collectives for it), the engine, through the public API. */
+static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
+    zpp_train_config *c = &t->cfg;
+    ZPP_CHECK(zpp_train_config_resolve(c, zpp_comm_world_size()));
+    int hpz = 0;
+    const zpp_dtype wd = c->bf16 ? ZPP_BF16 : c->fp16.enabled ? ZPP_FP16 : ZPP_FP32;
+    zpp_status st = build_topology(t, o, &hpz);
+    if (st == ZPP_OK) st = build_data_model(t, o, wd);
+    ZPP_CHECK(zpp_comm_agree_world(st));
+    const zpp_engine_config ec = engine_config(c, hpz, wd, o->profile);
+    ZPP_CHECK(zpp_engine_open(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
+    if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
+
+    size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
+    t->tokens = malloc(bt * sizeof *t->tokens);
+    t->targets = malloc(bt * sizeof *t->targets);
+    if (!t->tokens || !t->targets) return zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
+    ZPP_CHECK(fill_info(t, o, hpz, wd));
     /* the save hooks (trainer.h), read once; the engine's kind is ignored */
     return zpp_fault_from_env(&t->fault);
 }
@@ -286,38 +303,78 @@ void zpp_trainer_destroy(zpp_trainer *t) {
 const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
 
 const char *zpp_trainer_comm_note(const zpp_trainer *t) {
-    return t && t->topo ? t->topo->note : "";
+    return t ? zpp_topo_note(t->topo) : "";
 }
 
-static zpp_status train_batch(void *ctx, int micro, zpp_model *m) {
-    zpp_trainer *t = ctx;
-    /* Every rank reads its batch here, at the same micro-step: agree, so a
-     * read that fails on one rank (a data file shrinking under the run)
-     * fails every rank here rather than leaving the others in a collective. */
+/* Micro-batch `micro` of the step into the model. Every rank reads its batch
+ * here, at the same micro-step: agree, so a read that fails on one rank (a
+ * data file shrinking under the run) fails every rank here rather than
+ * leaving the others in a collective. */
+static zpp_status train_batch(zpp_trainer *t, int micro) {
     ZPP_CHECK(zpp_comm_agree_world(zpp_data_batch(t->data, (uint64_t)t->step, micro,
                                                   t->info.world_rank, t->info.world_size,
                                                   t->tokens, t->targets)));
-    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+    return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
 }
 
 /* Validation micro-batch v of rank r is held-out batch v * world + r, so
  * the ranks together cover eval_batches * world distinct batches. */
-static zpp_status val_batch(void *ctx, int micro, zpp_model *m) {
-    zpp_trainer *t = ctx;
-    (void)micro;
+static zpp_status val_batch(zpp_trainer *t) {
     ZPP_CHECK(zpp_comm_agree_world(
         t->eval_train ? zpp_data_train_eval_batch(t->data, t->val_index, t->info.micro_batch,
                                                   t->tokens, t->targets)
                       : zpp_data_val_batch(t->data, t->val_index, t->info.micro_batch,
                                            t->tokens, t->targets)));
-    return m->ops->set_batch(m, t->tokens, t->targets, t->info.micro_batch);
+    return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
+}
+
+/* What the public update reports, as the step's stats (engine/step_stats.h). */
+static void step_stats_from(const zpp_update_stats *u, float lr, zpp_step_stats *s) {
+    memset(s, 0, sizeof *s);
+    s->loss = u->loss;
+    s->grad_norm = u->grad_norm;
+    s->lr = lr;
+    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+        s->volume.cross_node_bytes[ph] = u->cross_node_phase_bytes[ph];
+        s->volume.intra_node_bytes[ph] = u->intra_node_phase_bytes[ph];
+    }
+    s->skipped = u->skipped;
+    s->skipped_total = u->skipped_total;
+    s->loss_scale = u->loss_scale;
+    s->param_sumsq = u->param_sumsq;
+    s->profile.valid = u->profiled;
+    s->profile.stream_ms = u->stream_ms;
+    s->profile.exposed_comm_ms = u->exposed_comm_ms;
+    s->profile.compute_ms = u->compute_ms;
+    s->profile.waits = u->profile_waits;
+}
+
+/* One optimizer step through the public pieces: forward and backward of
+ * each micro-batch, its mean loss scaled by 1/accum so that the summed
+ * gradient is that of the mean over the rank's micro-batches (the
+ * reduction then averages over ranks: the gradient of the global batch's
+ * mean loss), then the update. */
+static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p) {
+    const int accum = t->info.accum;
+    float loss_sum = 0.0f;
+    for (int a = 0; a < accum; a++) {
+        float loss = 0.0f;
+        ZPP_CHECK(train_batch(t, a));
+        ZPP_CHECK(zpp_engine_forward(t->engine, &loss));
+        ZPP_CHECK(zpp_engine_backward(t->engine, zpp_engine_loss_scale(t->engine) / (float)accum));
+        loss_sum += loss;
+    }
+    zpp_update_stats u;
+    ZPP_CHECK(zpp_engine_update(t->engine, lr, loss_sum / (float)accum, &u));
+    step_stats_from(&u, lr, stats_p);
+    return ZPP_OK;
 }
 
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r) {
     t->step = step;
     float lr = (float)zpp_train_lr(&t->cfg, step);
     double t0 = now_s();
-    zpp_status st = zpp_engine_step(t->engine, t->info.accum, lr, train_batch, t, &r->stats);
+    zpp_status st = engine_step(t, lr, &r->stats);
     st = zpp_comm_agree_world(st);
     double dt = now_s() - t0;
     if (st == ZPP_OK) st = zpp_comm_max_world(&dt);
@@ -358,14 +415,15 @@ zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, fl
     for (int v = 0; v < n; v++) {
         float loss = 0.0f;
         t->val_index = (uint64_t)v * (uint64_t)t->info.world_size + (uint64_t)t->info.world_rank;
-        ZPP_CHECK(zpp_comm_agree_world(zpp_engine_eval(t->engine, val_batch, t, &loss)));
+        zpp_status st = val_batch(t);
+        if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
+        ZPP_CHECK(zpp_comm_agree_world(st));
         sum += loss;
-        const zpp_volume *ev = zpp_engine_eval_volume(t->engine);
-        for (int ph = 0; ph < ZPP_PHASE_COUNT; ph++) {
-            vol.cross_node_bytes[ph] += ev->cross_node_bytes[ph];
-            vol.intra_node_bytes[ph] += ev->intra_node_bytes[ph];
-            vol.payload_bytes[ph] += ev->payload_bytes[ph];
-            vol.calls[ph] += ev->calls[ph];
+        double cross[ZPP_STEP_PHASES], intra[ZPP_STEP_PHASES];
+        zpp_engine_eval_bytes(t->engine, cross, intra);
+        for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
+            vol.cross_node_bytes[ph] += cross[ph];
+            vol.intra_node_bytes[ph] += intra[ph];
         }
     }
     *loss_p = (float)(sum / n);
@@ -447,19 +505,14 @@ void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p) 
     *n_p = n;
 }
 
-static zpp_status sample_batch(void *ctx, int micro, zpp_model *m) {
-    (void)micro;
-    return m->ops->set_batch(m, ((zpp_trainer *)ctx)->sample_window, NULL, 1);
-}
-
 /* zpp_sample_source's logits: one sequence through the engine. */
 static zpp_status sample_logits(void *ctx, const int32_t *window, int n, float *out) {
     zpp_trainer *t = ctx;
     zpp_model *m = t->model;
     float loss = 0.0f; /* NaN: the sequence has no targets */
-    t->sample_window = window;
     zpp_status st = m->ops->keep_logits(m, n - 1);
-    if (st == ZPP_OK) st = zpp_engine_eval(t->engine, sample_batch, t, &loss);
+    if (st == ZPP_OK) st = m->ops->set_batch(m, window, NULL, 1);
+    if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
     if (st == ZPP_OK) st = m->ops->logits(m, out);
     /* the draw's one failure, found here where the ranks agree on it, so no
      * rank leaves the loop while the others start the next forward */
@@ -480,7 +533,6 @@ zpp_status zpp_trainer_sample(zpp_trainer *t, const zpp_sample_opts *o, const in
     zpp_sample_source src = {m->seq_len, m->vocab_size, m->real_vocab_size, sample_logits, t};
     zpp_status st = zpp_sample_generate(&src, o, prompt, n_prompt, max_new, NULL, NULL, out);
     (void)m->ops->keep_logits(m, -1); /* the training forwards keep nothing */
-    t->sample_window = NULL;
     return zpp_comm_agree_world(st);
 }
 

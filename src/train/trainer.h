@@ -4,7 +4,7 @@
 #ifndef ZPP_TRAIN_TRAINER_H
 #define ZPP_TRAIN_TRAINER_H
 
-#include "engine/engine.h"
+#include "engine/step_stats.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -27,6 +27,8 @@ typedef struct zpp_trainer_info {
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
+    /* From the public zpp_update_stats: its volume holds the cross- and
+     * intra-node bytes by phase (payload_bytes and calls stay 0). */
     zpp_step_stats stats;
     double seconds;        /* wall time of the step, slowest rank */
     double tokens_per_s;   /* global tokens / seconds */
@@ -57,7 +59,7 @@ typedef struct zpp_trainer_opts {
     /* GPU: a distinct NCCL_HOSTID per emulated node (DESIGN.md §6). */
     int emulate_nodes;
     /* 1: time each step's compute and exposed communication
-     * (zpp_engine_opts.profile). The same on every rank. */
+     * (zpp_engine_config.profile). The same on every rank. */
     int profile;
     /* An llm.c GPT-2 model file (train/llmc.h) to start from instead of the
      * seeded init: each rank reads its shards' elements, the moments start
@@ -95,9 +97,10 @@ const char *zpp_trainer_comm_note(const zpp_trainer *t);
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
 
 /* Validation loss over cfg.eval_batches held-out micro-batches, on the
- * weights gathered exactly (zpp_engine_eval: not qwZ's int8 ones), and, if
- * volume_p is not NULL, the bytes those evaluations moved (counted apart
- * from every step's). */
+ * weights gathered exactly (zpp_engine_evaluate: not qwZ's int8 ones), and, if
+ * volume_p is not NULL, the bytes those evaluations moved, by phase
+ * (zpp_engine_eval_bytes: cross- and intra-node, counted apart from every
+ * step's; payload_bytes and calls stay 0). */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
 /* The same over `batches` micro-batches a rank (rank r of W reads batches
  * r, r + W, ...: batches * W in all) of the held-out split
@@ -182,7 +185,7 @@ uint64_t zpp_trainer_run_id(const zpp_trainer *t, int *continued_p);
 void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p);
 /* max_new tokens drawn after prompt[0..n_prompt) into out, from the
  * weights training holds: each token is one evaluation-style forward of one
- * sequence through the engine (zpp_engine_eval: every unit gathered
+ * sequence through the engine (zpp_engine_evaluate: every unit gathered
  * exactly, in the working dtype, on every rank, its bytes outside the
  * step's), and the logits of its last position. Every rank computes the
  * same logits from the same gathered weights and draws the same tokens;
