@@ -1733,6 +1733,26 @@ static void test_resume_older_keeps_newer(void) {
     printf("  resumed from step 4 over step 6: step 6 stays, or goes with --prune-newer\n");
 }
 
+/* zeropp.eval_batches past what the held-out split holds (issue 29: 1e9
+ * ran for hours over a few batches) is capped at the batches that cover
+ * it once over the ranks, with a note naming both; the run ends at once. */
+static void test_eval_batches_capped(void) {
+    const int W = 2;
+    char cfg[512], json[2048], args[2048], out[512], err[512];
+    model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
+    write_text(zpp_test_tmp_path("evalcap.json", cfg), "%s", json);
+    snprintf(args, sizeof args,
+             "--config %s --steps 1 --eval-every 1 --set zeropp.eval_batches=1000000000", cfg);
+    int rc = run_train_env(W, NULL, args, zpp_test_tmp_path("evalcap_out.txt", out),
+                           zpp_test_tmp_path("evalcap_err.txt", err));
+    EXPECT(rc == 0, "exit %d; see %s", rc, err);
+    EXPECT(zpp_test_count_lines(out, "note: zeropp.eval_batches 1000000000 is more than the "
+                                     "held-out split holds") == 1,
+           "no note of the cap in %s", out);
+    EXPECT(zpp_test_count_lines(out, "val loss") >= 1, "no validation in %s", out);
+    printf("  eval_batches 1e9: capped, with its note\n");
+}
+
 /* Checkpoints do not depend on the world size. fp32 ZeRO-3, global batch
  * 12 (micro-batch 1, accumulation 12 / W): 40 steps on 4 ranks, saving
  * every 20 (the step-20 folder stays: keep_checkpoints 2). Resumed from it
@@ -2842,7 +2862,8 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST_HOOKS(test_checkpoint_injected_save_failure_keeps_previous),
           ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST_HOOKS(test_slow_save_outlives_collective_timeout),
-          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_resume_older_keeps_newer), ZPP_TEST(test_checkpoint_resume_checks_model),
+          ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_resume_older_keeps_newer),
+          ZPP_TEST(test_eval_batches_capped), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
           ZPP_TEST(test_stalled_rank_named),
           ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),

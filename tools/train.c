@@ -695,6 +695,8 @@ static void run_begin(train_run *tr, const char *label) {
         print_header(label, cfg, in, tr->fpt, tr->peak, why);
         const char *comm_note = zpp_trainer_comm_note(tr->t);
         if (comm_note[0]) printf("note: %s\n", comm_note);
+        const char *eval_note = zpp_trainer_eval_note(tr->t);
+        if (cfg->eval_every > 0 && eval_note[0]) printf("note: %s\n", eval_note);
         int continued = 0;
         unsigned long long id = (unsigned long long)zpp_trainer_run_id(tr->t, &continued);
         printf("run %016llx%s\n", id, continued ? " (continued from the checkpoint)" : "");

@@ -200,7 +200,8 @@
     X("zeropp.eval_every", INT, eval_every, 0, INT_MAX, (50), 0,                                  \
       "validate every N steps; 0 = never")                                                        \
     X("zeropp.eval_batches", INT, eval_batches, 1, INT_MAX, (4), 0,                               \
-      "micro-batches per validation")                                                             \
+      "micro-batches a rank per validation, at most as many as cover the held-out split once "  \
+      "(more are capped, with a note)")                                                           \
     X("zeropp.sample_every", INT, sample_every, 0, INT_MAX, (0), 0,                               \
       "print a sample every N steps (and put it in the metrics; docs/sampling.md); 0 = never; "   \
       "--sample-every")                                                                           \

@@ -42,6 +42,8 @@ struct zpp_trainer {
     int run_continued;
     zpp_ckpt_lock *lock;
     char lock_note[1024];
+    int eval_batches;       /* cfg.eval_batches, capped at what the held-out split holds */
+    char eval_note[512];
 };
 
 /* A fresh run id on rank 0 (the kernel's randomness, mixed with the time and
@@ -242,6 +244,29 @@ static zpp_status fill_info(zpp_trainer *t, const zpp_trainer_opts *o, int hpz, 
     return zpp_device_name(t->dev, in->device, sizeof in->device);
 }
 
+/* An evaluation's batches a rank, at most as many as cover the held-out
+ * split once over all ranks: batch v of rank r holds windows
+ * ((v W + r) B + b) mod K_val, so more batches only score the same
+ * windows again (zeropp.eval_batches of 1e9 would take hours over a split
+ * of a few batches). The cap is said in a note. */
+static void cap_eval_batches(zpp_trainer *t) {
+    const size_t K = t->info.data.val_windows;
+    const size_t per = (size_t)t->info.world_size * (size_t)t->info.micro_batch;
+    const size_t cap = K / per + (K % per != 0);
+    t->eval_batches = t->cfg.eval_batches;
+    if (cap >= 1 && (size_t)t->eval_batches > cap) {
+        snprintf(t->eval_note, sizeof t->eval_note,
+                 "zeropp.eval_batches %d is more than the held-out split holds: its %zu "
+                 "sequences fill %zu micro-batches of %d on each of %d rank%s, so each "
+                 "evaluation scores %zu a rank",
+                 t->cfg.eval_batches, K, cap, t->info.micro_batch, t->info.world_size,
+                 t->info.world_size == 1 ? "" : "s", cap);
+        t->eval_batches = (int)cap;
+    }
+}
+
+const char *zpp_trainer_eval_note(const zpp_trainer *t) { return t ? t->eval_note : ""; }
+
 /* Device, topology, data and model; then, once every rank has them (a
  * failure on one is agreed, so that no rank waits in the engine's
  * collectives for it), the engine, through the public API. */
@@ -262,6 +287,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     t->targets = malloc(bt * sizeof *t->targets);
     if (!t->tokens || !t->targets) return zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
     ZPP_CHECK(fill_info(t, o, hpz, wd));
+    cap_eval_batches(t);
     /* the save hooks (trainer.h), read once; the engine's kind is ignored */
     return zpp_fault_from_env(&t->fault);
 }
@@ -402,7 +428,7 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
 }
 
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p) {
-    return zpp_trainer_evaluate(t, 0, t->cfg.eval_batches, val_loss_p, volume_p);
+    return zpp_trainer_evaluate(t, 0, t->eval_batches, val_loss_p, volume_p);
 }
 
 zpp_status zpp_trainer_evaluate(zpp_trainer *t, int train_split, int batches, float *loss_p,

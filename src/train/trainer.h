@@ -96,12 +96,15 @@ const char *zpp_trainer_comm_note(const zpp_trainer *t);
  * learning rate is a function of `step`, skipped steps included. */
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *result_p);
 
-/* Validation loss over cfg.eval_batches held-out micro-batches, on the
+/* Validation loss over cfg.eval_batches held-out micro-batches a rank (at
+ * most as many as cover the held-out split once; zpp_trainer_eval_note
+ * says when they were capped, "" otherwise), on the
  * weights gathered exactly (zpp_engine_evaluate: not qwZ's int8 ones), and, if
  * volume_p is not NULL, the bytes those evaluations moved, by phase
  * (zpp_engine_eval_bytes: cross- and intra-node, counted apart from every
  * step's; payload_bytes and calls stay 0). */
 zpp_status zpp_trainer_eval(zpp_trainer *t, float *val_loss_p, zpp_volume *volume_p);
+const char *zpp_trainer_eval_note(const zpp_trainer *t);
 /* The same over `batches` micro-batches a rank (rank r of W reads batches
  * r, r + W, ...: batches * W in all) of the held-out split
  * (zpp_data_val_batch), or of the training split read in order
