@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "device/device.h"
@@ -365,7 +366,7 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     e->opts = *opts;
     e->dev = dev;
     e->fault = fault;
-    const char *psum = getenv("ZPP_PARAM_SUMSQ");
+    const char *psum = zpp_env_get(ZPP_ENV_PARAM_SUMSQ);
     e->param_sumsq = psum && !strcmp(psum, "1");
     e->dynamic = opts->loss_scale == 0.0f;
     e->scale = e->dynamic ? ldexpf(1.0f, opts->initial_scale_power) : opts->loss_scale;
