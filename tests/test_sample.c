@@ -535,7 +535,11 @@ static const char *initial_checkpoint(char *dir) {
     char cfg[512], data[512], out[512], err[512];
     zpp_test_tmp_path("ckpt0", dir);
     zpp_test_tmp_path("corpus0.txt", data);
-    zpp_test_write_file(data, "the quick brown fox jumps over the lazy dog\n", 44);
+    /* ten lines: a training split of at least one step (8 x 8 + 1 tokens) */
+    char text[441];
+    for (int i = 0; i < 10; i++)
+        memcpy(text + 44 * i, "the quick brown fox jumps over the lazy dog\n", 44);
+    zpp_test_write_file(data, text, 440);
     const char *json = "{\"model\": {\"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16,"
                        " \"seq_len\": 8, \"vocab_size\": 256}}";
     zpp_test_write_file(zpp_test_tmp_path("cfg0.json", cfg), json, strlen(json));
