@@ -781,14 +781,18 @@ static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
     return adamw_piece(e, u, pos, len, aw, 0);
 }
 
-zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
-                                     zpp_step_stats *stats_p) {
-    /* Nothing gathered may outlive the weights it was gathered from (a
-     * forward whose backward never came leaves its last unit gathered). */
+/* ---- The optimizer step ------------------------------------------------------
+ * norm -> skip or update -> scaler -> error feedback -> stats, in that order
+ * (DESIGN.md §3, "The optimizer step, exactly"). */
+
+/* Before the step: nothing gathered may outlive the weights it was gathered
+ * from (a forward whose backward never came leaves its last unit
+ * gathered), every reduction is complete, and the nonfinite test hook
+ * (engine.h) writes its NaN into rank 0's gradient. */
+static zpp_status step_settle(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish_all(e));
     if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
-    /* The nonfinite test hook (engine.h): a NaN in rank 0's gradient. */
     if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
                         e->topo->world_size)) {
         const float nan = NAN;
@@ -798,9 +802,17 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                 break;
             }
     }
-    /* Global gradient norm: each rank's shard sums of squares, summed over
-     * the world (shards are disjoint, padding is zero). The loss rides along
-     * in the same all-reduce. */
+    return ZPP_OK;
+}
+
+/* red[0] <- the world's sum of squared (scaled) gradients, red[1] <- the
+ * world's sum of the ranks' losses, in one all-reduce. Each rank sums the
+ * squares of its shards (shards are disjoint, padding is zero). A
+ * non-finite value a quantizer met since the last step (device.h; the
+ * engine is the flag's one reader) makes this rank's sum infinite, so the
+ * all-reduce carries it to every rank at no extra bytes and all skip the
+ * step together, before any weight changes. */
+static zpp_status step_sumsq(zpp_engine *e, float loss, float red[2]) {
     double sq = 0.0;
     for (int i = 0; i < e->model->n_units; i++) {
         double s = 0.0;
@@ -808,98 +820,93 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         ZPP_CHECK(zpp_device_sumsq(e->dev, u->grad_acc, u->part.shard_len, &s));
         sq += s;
     }
-    /* Non-finite values met by a quantizer since the last step (device.h):
-     * the engine is the flag's one reader. A raised flag makes this rank's
-     * sum of squares infinite, so the all-reduce carries it to every rank
-     * (at no extra bytes) and all skip the step together, before any weight
-     * changes. */
     int raised = 0;
     ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
     if (raised) sq = INFINITY;
-    float red[2] = {(float)sq, loss};
-    ZPP_CHECK(coll_allreduce(e, red, 2));
-    /* The gradients carry the loss scale: the norm and clipping are of the
-     * unscaled gradients, and AdamW's grad_scale folds in 1/scale. */
-    const float used_scale = e->scale;
-    float norm = sqrtf(red[0]);
-    const int overflow = !isfinite(norm);
-    if (!overflow && used_scale != 1.0f) norm /= used_scale;
-    e->step++;
-    if (overflow) {
-        /* Skipped: no update, moments and bias-correction step untouched,
-         * weights (and so the hpZ secondary shards) unchanged. */
-        for (int i = 0; i < e->model->n_units; i++) {
-            unit_state *u = &e->units[i];
-            ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-        }
-        e->skipped_total++;
-        /* An overflow the scaler answers by lowering the scale is not
-         * counted; a static scale, or a dynamic one at its floor, is. */
-        const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
-        if (e->dynamic) {
-            if (e->opts.hysteresis == 1 || e->hyst == 1)
-                e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
-            else
-                e->hyst--;
-            e->last_overflow = e->iter;
-        }
-        if (counted) {
-            if (e->consec++ == 0) e->consec_first = e->step;
-            if (e->consec >= e->opts.max_consecutive_skips) {
-                e->forward_ready = 0;
-                e->volume_fresh = 0;
-                if (e->consec == 1)
-                    return zpp_error(ZPP_ERR_NONFINITE,
-                                     "engine: non-finite gradient (NaN or Inf) at step %d, "
-                                     "step skipped and max_consecutive_skips (1) reached; "
-                                     "lower the learning rate (resume from the last "
-                                     "checkpoint) or check the data and initialisation",
-                                     e->step);
-                return zpp_error(ZPP_ERR_NONFINITE,
-                                 "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d "
-                                 "consecutive steps skipped (zeropp.max_consecutive_skips); "
-                                 "lower the learning rate (resume from the last checkpoint) "
-                                 "or check the data and initialisation",
-                                 e->consec_first, e->step, e->consec);
-            }
-        }
-    } else {
-        e->consec = 0;
-        /* Clipping as torch.nn.utils.clip_grad_norm_: coefficient
-         * max_norm / (norm + 1e-6), applied only when below 1 (the 1e-6
-         * keeps a zero norm finite). */
-        float scale = 1.0f;
-        if (e->opts.grad_clip > 0.0f) {
-            const float coef = e->opts.grad_clip / (norm + 1e-6f);
-            if (coef < 1.0f) scale = coef;
-        }
-        if (used_scale != 1.0f) scale /= used_scale;
-        e->updates++;
-        zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
-                             e->opts.weight_decay, scale, e->updates};
-        for (int i = 0; i < e->model->n_units; i++) {
-            unit_state *u = &e->units[i];
-            ZPP_CHECK(adamw_unit(e, i, &aw));
-            ZPP_CHECK(
-                zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-            /* The weights changed: the secondary copy is stale. */
-            u->secondary_valid = 0;
-        }
-        e->vec.weights_fresh = 0;
-        if (e->dynamic) {
-            if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-            if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
-                if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-                e->scale *= 2.0f;
-            }
+    red[0] = (float)sq;
+    red[1] = loss;
+    return coll_allreduce(e, red, 2);
+}
+
+static zpp_status zero_grads(zpp_engine *e, int i) {
+    unit_state *u = &e->units[i];
+    return zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float));
+}
+
+/* A skipped step (a non-finite norm): no update, AdamW's moments and its
+ * bias-correction step untouched, weights (and so the hpZ secondary
+ * shards) unchanged; the gradients are dropped. The dynamic scaler halves
+ * the scale (after `hysteresis` overflows), never below min_loss_scale.
+ * An overflow the scaler answers by lowering the scale is not counted; a
+ * static scale, or a dynamic one at its floor, is, and
+ * max_consecutive_skips counted in a row end the run. */
+static zpp_status step_skip(zpp_engine *e) {
+    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(zero_grads(e, i));
+    e->skipped_total++;
+    const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
+    if (e->dynamic) {
+        if (e->opts.hysteresis == 1 || e->hyst == 1)
+            e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
+        else
+            e->hyst--;
+        e->last_overflow = e->iter;
+    }
+    if (!counted) return ZPP_OK;
+    if (e->consec++ == 0) e->consec_first = e->step;
+    if (e->consec < e->opts.max_consecutive_skips) return ZPP_OK;
+    e->forward_ready = 0;
+    e->volume_fresh = 0;
+    if (e->consec == 1)
+        return zpp_error(ZPP_ERR_NONFINITE,
+                         "engine: non-finite gradient (NaN or Inf) at step %d, step skipped and "
+                         "max_consecutive_skips (1) reached; lower the learning rate (resume "
+                         "from the last checkpoint) or check the data and initialisation",
+                         e->step);
+    return zpp_error(ZPP_ERR_NONFINITE,
+                     "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d consecutive "
+                     "steps skipped (zeropp.max_consecutive_skips); lower the learning rate "
+                     "(resume from the last checkpoint) or check the data and initialisation",
+                     e->consec_first, e->step, e->consec);
+}
+
+/* An update. The gradients carry the loss scale s, and `norm` is already
+ * of the unscaled ones. Clipping as torch.nn.utils.clip_grad_norm_: the
+ * coefficient c = max_norm / (norm + 1e-6), applied only when below 1 (the
+ * 1e-6 keeps a zero norm finite); AdamW then reads each gradient times
+ * grad_scale = c / s. The dynamic scaler doubles the scale after
+ * loss_scale_window steps without an overflow. */
+static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_scale) {
+    e->consec = 0;
+    float scale = 1.0f;
+    if (e->opts.grad_clip > 0.0f) {
+        const float coef = e->opts.grad_clip / (norm + 1e-6f);
+        if (coef < 1.0f) scale = coef;
+    }
+    if (used_scale != 1.0f) scale /= used_scale;
+    e->updates++;
+    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps, e->opts.weight_decay,
+                         scale, e->updates};
+    for (int i = 0; i < e->model->n_units; i++) {
+        ZPP_CHECK(adamw_unit(e, i, &aw));
+        ZPP_CHECK(zero_grads(e, i));
+        e->units[i].secondary_valid = 0; /* the weights changed: the secondary copy is stale */
+    }
+    e->vec.weights_fresh = 0;
+    if (e->dynamic) {
+        if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+        if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
+            if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+            e->scale *= 2.0f;
         }
     }
-    if (e->dynamic) e->iter++;
-    /* Error feedback restarts every loco_reset_T steps, and after a skipped
-     * step (its gradient was thrown away, and so is what it left behind). */
-    if (e->opts.loco && (overflow || e->step % e->opts.loco_reset_T == 0))
-        ZPP_CHECK(zpp_engine_loco_clear(e));
-    e->forward_ready = 0;
+    return ZPP_OK;
+}
+
+/* What the step reports: the mean loss, the norm, the bytes, the scale it
+ * ran with; with profiling the step's compute and exposed communication;
+ * with ZPP_PARAM_SUMSQ the squared norm of the weights (one all-reduce). */
+static zpp_status step_report(zpp_engine *e, float lr, const float red[2], float norm,
+                              int overflow, float used_scale, zpp_step_stats *stats_p) {
     if (stats_p) {
         stats_p->loss = red[1] / (float)e->topo->world_size;
         stats_p->grad_norm = norm;
@@ -939,6 +946,27 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         stats_p->param_sumsq = pf;
     }
     return ZPP_OK;
+}
+
+zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
+                                     zpp_step_stats *stats_p) {
+    ZPP_CHECK(step_settle(e));
+    float red[2];
+    ZPP_CHECK(step_sumsq(e, loss, red));
+    /* The norm and clipping are of the unscaled gradients. */
+    const float used_scale = e->scale;
+    float norm = sqrtf(red[0]);
+    const int overflow = !isfinite(norm);
+    if (!overflow && used_scale != 1.0f) norm /= used_scale;
+    e->step++;
+    ZPP_CHECK(overflow ? step_skip(e) : step_update(e, lr, norm, used_scale));
+    if (e->dynamic) e->iter++;
+    /* Error feedback restarts every loco_reset_T steps, and after a skipped
+     * step (its gradient was thrown away, and so is what it left behind). */
+    if (e->opts.loco && (overflow || e->step % e->opts.loco_reset_T == 0))
+        ZPP_CHECK(zpp_engine_loco_clear(e));
+    e->forward_ready = 0;
+    return step_report(e, lr, red, norm, overflow, used_scale, stats_p);
 }
 
 float zpp_engine_loss_scale(const zpp_engine *e) { return e->scale; }
