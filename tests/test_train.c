@@ -1733,6 +1733,36 @@ static void test_resume_older_keeps_newer(void) {
     printf("  resumed from step 4 over step 6: step 6 stays, or goes with --prune-newer\n");
 }
 
+/* A --save folder that is not one folder for every rank (node-local
+ * disks; issue 29: such a run trained up to its first save and died there)
+ * is refused before step 1, naming the rank that does not see it. Two
+ * ranks launched side by side (mpirun's A : B form), each given its own
+ * folder, stand for two nodes with a disk each. */
+static void test_save_folder_not_shared(void) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    char cfg[512], json[2048], a[512], b[512], met[512], err[512], cmd[4096];
+    model_json(json, sizeof json, 1, "\"train_micro_batch_size_per_gpu\": 2");
+    write_text(zpp_test_tmp_path("notshared.json", cfg), "%s", json);
+    zpp_test_tmp_path("notshared_a", a);
+    zpp_test_tmp_path("notshared_b", b);
+    zpp_test_tmp_path("notshared.jsonl", met);
+    snprintf(cmd, sizeof cmd,
+             "timeout 240 %s --oversubscribe --bind-to none -np 1 %s train --quiet --config %s "
+             "--steps 2 --metrics %s --save %s : -np 1 %s train --quiet --config %s --steps 2 "
+             "--save %s >/dev/null 2>%s",
+             mpi, cli, cfg, met, a, cli, cfg, b, zpp_test_tmp_path("notshared_err.txt", err));
+    int rc = system(cmd);
+    EXPECT(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && WEXITSTATUS(rc) != 124,
+           "a save folder rank 1 does not share ran (or hung): %s", cmd);
+    char want[700];
+    snprintf(want, sizeof want, "checkpoint directory %s is not shared: rank 1", b);
+    EXPECT(zpp_test_count_lines(err, want) >= 1, "no line '%s' in %s", want, err);
+    EXPECT(zpp_test_count_lines(met, "\"step\"") == 0, "steps trained before the refusal (%s)",
+           met);
+    printf("  a save folder rank 1 does not see: refused before step 1\n");
+}
+
 /* zeropp.eval_batches past what the held-out split holds (issue 29: 1e9
  * ran for hours over a few batches) is capped at the batches that cover
  * it once over the ranks, with a note naming both; the run ends at once. */
@@ -2863,7 +2893,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST_HOOKS(test_checkpoint_killed_save_keeps_previous),
           ZPP_TEST_HOOKS(test_slow_save_outlives_collective_timeout),
           ZPP_TEST(test_checkpoint_reshard), ZPP_TEST(test_resume_older_keeps_newer),
-          ZPP_TEST(test_eval_batches_capped), ZPP_TEST(test_checkpoint_resume_checks_model),
+          ZPP_TEST(test_eval_batches_capped), ZPP_TEST(test_save_folder_not_shared), ZPP_TEST(test_checkpoint_resume_checks_model),
           ZPP_TEST(test_checkpoint_cli_checks), ZPP_TEST(test_stalled_rank_times_out),
           ZPP_TEST(test_stalled_rank_named),
           ZPP_TEST_HOOKS(test_resume_after_skips_bitwise),

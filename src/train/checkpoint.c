@@ -339,6 +339,9 @@ zpp_status zpp_checkpoint_lock(const char *dir, int world_rank, uint64_t run_id,
         if (st == ZPP_OK) l->fd = -1, st = lock_take(dir, run_id, l, note, cap);
     }
     st = zpp_comm_agree_world(st);
+    /* Every rank, not rank 0 alone: one folder they all share and write in
+     * (a node-local folder would fail only at the first save). */
+    if (st == ZPP_OK) st = zpp_checkpoint_check_dir(dir, world_rank);
     if (st == ZPP_OK) *lock_p = l;
     else zpp_checkpoint_unlock(l);
     return st;

@@ -120,8 +120,10 @@ typedef struct zpp_ckpt_meta {
     uint64_t run_id; /* the run (lineage): written into every file of a save */
 } zpp_ckpt_meta;
 
-/* Creates DIR (and its parents) and checks that a file can be written in
- * it. Collective. */
+/* Creates DIR (and its parents) and checks, on every rank, that the rank
+ * sees a file rank 0 writes there (one folder all ranks share) and can
+ * write one of its own. zpp_checkpoint_lock calls it once the lock is
+ * held. Collective. */
 zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank);
 
 /* What a save wrote, for the log line a person reads ("saved step N to
