@@ -836,14 +836,21 @@ static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
     return adamw_piece(e, u, pos, len, aw, 0);
 }
 
-zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
-                                     zpp_step_stats *stats_p) {
-    /* Nothing gathered may outlive the weights it was gathered from (a
-     * forward whose backward never came leaves its last unit gathered). */
+/* ---- The optimizer step, in its named pieces ----------------------------------
+ * settle (release, reductions, the fault hook) -> global norm -> either skip
+ * (scaler backs off) or clip + AdamW (scaler may grow) -> LoCo reset -> stats.
+ * Every piece keeps the floating-point operations of the single function it
+ * came from, in the same order: the bits do not change. */
+
+/* Brings every gradient to its shard: nothing gathered may outlive the
+ * weights it was gathered from (a forward whose backward never came leaves
+ * its last unit gathered), every reduction in flight lands, and qgZ's
+ * full-precision vector gradients are summed. The nonfinite test hook
+ * (engine.h) then puts a NaN in rank 0's gradient. */
+static zpp_status step_settle_gradients(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
     ZPP_CHECK(reduce_finish_all(e));
     if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
-    /* The nonfinite test hook (engine.h): a NaN in rank 0's gradient. */
     if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
                         e->topo->world_size)) {
         const float nan = NAN;
@@ -853,9 +860,19 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                 break;
             }
     }
-    /* Global gradient norm: each rank's shard sums of squares, summed over
-     * the world (shards are disjoint, padding is zero). The loss rides along
-     * in the same all-reduce. */
+    return ZPP_OK;
+}
+
+/* Global gradient norm: ||g|| = sqrt(sum over ranks of each shard's sum of
+ * squares), since the shards are disjoint and their padding is zero. Each
+ * rank sums its units in double, rounds once to float, and the all-reduce
+ * adds the ranks; the loss rides along in the same all-reduce, so on return
+ * sums[0] is the world's sum of squares and sums[1] the world's loss sum.
+ * Non-finite values met by a quantizer since the last step (device.h; the
+ * engine is the flag's one reader) make this rank's sum infinite, so the
+ * all-reduce carries the flag to every rank at no extra bytes and all skip
+ * the step together, before any weight changes. */
+static zpp_status step_global_sumsq(zpp_engine *e, float loss, float sums[2]) {
     double sq = 0.0;
     for (int i = 0; i < e->model->n_units; i++) {
         double s = 0.0;
@@ -863,136 +880,170 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         ZPP_CHECK(zpp_device_sumsq(e->dev, u->grad_acc, u->part.shard_len, &s));
         sq += s;
     }
-    /* Non-finite values met by a quantizer since the last step (device.h):
-     * the engine is the flag's one reader. A raised flag makes this rank's
-     * sum of squares infinite, so the all-reduce carries it to every rank
-     * (at no extra bytes) and all skip the step together, before any weight
-     * changes. */
     int raised = 0;
     ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
     if (raised) sq = INFINITY;
-    float red[2] = {(float)sq, loss};
-    ZPP_CHECK(coll_allreduce(e, red, 2));
+    sums[0] = (float)sq;
+    sums[1] = loss;
+    return coll_allreduce(e, sums, 2);
+}
+
+/* Zeroes every unit's accumulated gradient shard for the next step. */
+static zpp_status zero_grads(zpp_engine *e) {
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
+    }
+    return ZPP_OK;
+}
+
+/* The loss scaler after an overflow (DeepSpeed's DynamicLossScaler): with
+ * hysteresis h, the scale halves (never below min_loss_scale) at the h-th
+ * overflow since it last grew; earlier ones only spend hysteresis. */
+static void scaler_on_overflow(zpp_engine *e) {
+    if (!e->dynamic) return;
+    if (e->opts.hysteresis == 1 || e->hyst == 1)
+        e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
+    else
+        e->hyst--;
+    e->last_overflow = e->iter;
+}
+
+/* The loss scaler after an update: hysteresis refills (every update when
+ * consecutive_hysteresis, else when the scale grows), and the scale doubles
+ * after loss_scale_window iterations without an overflow. */
+static void scaler_on_update(zpp_engine *e) {
+    if (!e->dynamic) return;
+    if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+    if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
+        if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
+        e->scale *= 2.0f;
+    }
+}
+
+/* A skipped step: no update, moments and bias-correction step untouched,
+ * weights (and so the hpZ secondary shards) unchanged; the gradients are
+ * thrown away. An overflow the scaler answers by lowering the scale is not
+ * counted; a static scale, or a dynamic one at its floor, is, and
+ * max_consecutive_skips counted skips in a row end training with
+ * ZPP_ERR_NONFINITE. */
+static zpp_status step_skip(zpp_engine *e) {
+    ZPP_CHECK(zero_grads(e));
+    e->skipped_total++;
+    const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
+    scaler_on_overflow(e);
+    if (!counted) return ZPP_OK;
+    if (e->consec++ == 0) e->consec_first = e->step;
+    if (e->consec < e->opts.max_consecutive_skips) return ZPP_OK;
+    e->forward_ready = 0;
+    e->volume_fresh = 0;
+    if (e->consec == 1)
+        return zpp_error(ZPP_ERR_NONFINITE,
+                         "engine: non-finite gradient (NaN or Inf) at step %d, "
+                         "step skipped and max_consecutive_skips (1) reached; "
+                         "lower the learning rate (resume from the last "
+                         "checkpoint) or check the data and initialisation",
+                         e->step);
+    return zpp_error(ZPP_ERR_NONFINITE,
+                     "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d "
+                     "consecutive steps skipped (zeropp.max_consecutive_skips); "
+                     "lower the learning rate (resume from the last checkpoint) "
+                     "or check the data and initialisation",
+                     e->consec_first, e->step, e->consec);
+}
+
+/* An update: clipping as torch.nn.utils.clip_grad_norm_, coefficient
+ * grad_clip / (norm + 1e-6) applied only when below 1 (the 1e-6 keeps a zero
+ * norm finite), with `norm` the unscaled norm. The gradients still carry the
+ * loss scale, so AdamW's grad_scale is clip / used_scale. AdamW's bias
+ * correction divides the moments by 1 - beta^t with t = `updates`, the
+ * updates taken (skipped steps excluded). */
+static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_scale) {
+    e->consec = 0;
+    float scale = 1.0f;
+    if (e->opts.grad_clip > 0.0f) {
+        const float coef = e->opts.grad_clip / (norm + 1e-6f);
+        if (coef < 1.0f) scale = coef;
+    }
+    if (used_scale != 1.0f) scale /= used_scale;
+    e->updates++;
+    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
+                         e->opts.weight_decay, scale, e->updates};
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(adamw_unit(e, i, &aw));
+        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
+        /* The weights changed: the secondary copy is stale. */
+        u->secondary_valid = 0;
+    }
+    e->vec.weights_fresh = 0;
+    scaler_on_update(e);
+    return ZPP_OK;
+}
+
+/* Closes the step's profile window (opts.profile) into `r`: the stream's
+ * time, the part of it spent waiting on communication, and the rest. */
+static zpp_status step_profile(zpp_engine *e, zpp_engine_profile *r) {
+    zpp_device_profile p;
+    ZPP_CHECK(zpp_device_profile_end(e->dev, &p));
+    r->valid = 1;
+    r->stream_ms = p.total_ms;
+    r->exposed_comm_ms = p.stalled_ms;
+    /* (the waits lie inside the window; the max only absorbs the events'
+     * rounding) */
+    r->compute_ms = p.total_ms > p.stalled_ms ? p.total_ms - p.stalled_ms : 0.0;
+    r->waits = p.stalls;
+    return ZPP_OK;
+}
+
+/* ZPP_PARAM_SUMSQ: the world's sum of squares of the masters (each rank's
+ * shards in double, rounded once to float, then all-reduced). */
+static zpp_status step_param_sumsq(zpp_engine *e, double *sumsq_p) {
+    double ps = 0.0;
+    for (int i = 0; i < e->model->n_units; i++) {
+        double s = 0.0;
+        ZPP_CHECK(zpp_device_sumsq(e->dev, e->units[i].master, e->units[i].part.shard_len, &s));
+        ps += s;
+    }
+    float pf = (float)ps;
+    ZPP_CHECK(coll_allreduce(e, &pf, 1));
+    *sumsq_p = pf;
+    return ZPP_OK;
+}
+
+zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
+                                     zpp_step_stats *stats_p) {
+    /* Nothing to clean up on failure: each piece returns at once. */
+    ZPP_CHECK(step_settle_gradients(e));
+    float sums[2];
+    ZPP_CHECK(step_global_sumsq(e, loss, sums));
     /* The gradients carry the loss scale: the norm and clipping are of the
-     * unscaled gradients, and AdamW's grad_scale folds in 1/scale. */
+     * unscaled gradients. */
     const float used_scale = e->scale;
-    float norm = sqrtf(red[0]);
+    float norm = sqrtf(sums[0]);
     const int overflow = !isfinite(norm);
     if (!overflow && used_scale != 1.0f) norm /= used_scale;
     e->step++;
-    if (overflow) {
-        /* Skipped: no update, moments and bias-correction step untouched,
-         * weights (and so the hpZ secondary shards) unchanged. */
-        for (int i = 0; i < e->model->n_units; i++) {
-            unit_state *u = &e->units[i];
-            ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-        }
-        e->skipped_total++;
-        /* An overflow the scaler answers by lowering the scale is not
-         * counted; a static scale, or a dynamic one at its floor, is. */
-        const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
-        if (e->dynamic) {
-            if (e->opts.hysteresis == 1 || e->hyst == 1)
-                e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
-            else
-                e->hyst--;
-            e->last_overflow = e->iter;
-        }
-        if (counted) {
-            if (e->consec++ == 0) e->consec_first = e->step;
-            if (e->consec >= e->opts.max_consecutive_skips) {
-                e->forward_ready = 0;
-                e->volume_fresh = 0;
-                if (e->consec == 1)
-                    return zpp_error(ZPP_ERR_NONFINITE,
-                                     "engine: non-finite gradient (NaN or Inf) at step %d, "
-                                     "step skipped and max_consecutive_skips (1) reached; "
-                                     "lower the learning rate (resume from the last "
-                                     "checkpoint) or check the data and initialisation",
-                                     e->step);
-                return zpp_error(ZPP_ERR_NONFINITE,
-                                 "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d "
-                                 "consecutive steps skipped (zeropp.max_consecutive_skips); "
-                                 "lower the learning rate (resume from the last checkpoint) "
-                                 "or check the data and initialisation",
-                                 e->consec_first, e->step, e->consec);
-            }
-        }
-    } else {
-        e->consec = 0;
-        /* Clipping as torch.nn.utils.clip_grad_norm_: coefficient
-         * max_norm / (norm + 1e-6), applied only when below 1 (the 1e-6
-         * keeps a zero norm finite). */
-        float scale = 1.0f;
-        if (e->opts.grad_clip > 0.0f) {
-            const float coef = e->opts.grad_clip / (norm + 1e-6f);
-            if (coef < 1.0f) scale = coef;
-        }
-        if (used_scale != 1.0f) scale /= used_scale;
-        e->updates++;
-        zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
-                             e->opts.weight_decay, scale, e->updates};
-        for (int i = 0; i < e->model->n_units; i++) {
-            unit_state *u = &e->units[i];
-            ZPP_CHECK(adamw_unit(e, i, &aw));
-            ZPP_CHECK(
-                zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-            /* The weights changed: the secondary copy is stale. */
-            u->secondary_valid = 0;
-        }
-        e->vec.weights_fresh = 0;
-        if (e->dynamic) {
-            if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-            if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
-                if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-                e->scale *= 2.0f;
-            }
-        }
-    }
+    ZPP_CHECK(overflow ? step_skip(e) : step_update(e, lr, norm, used_scale));
     if (e->dynamic) e->iter++;
     /* Error feedback restarts every loco_reset_T steps, and after a skipped
      * step (its gradient was thrown away, and so is what it left behind). */
     if (e->opts.loco && (overflow || e->step % e->opts.loco_reset_T == 0))
         ZPP_CHECK(zpp_engine_loco_clear(e));
     e->forward_ready = 0;
-    if (stats_p) {
-        stats_p->loss = red[1] / (float)e->topo->world_size;
-        stats_p->grad_norm = norm;
-        stats_p->lr = lr;
-        stats_p->volume = *zpp_coll_volume(e->coll);
-        stats_p->skipped = overflow;
-        stats_p->skipped_total = e->skipped_total;
-        stats_p->loss_scale = used_scale;
-        stats_p->param_sumsq = NAN;
-        memset(&stats_p->profile, 0, sizeof stats_p->profile);
-    }
     e->volume_fresh = 0;
-    if (e->opts.profile) {
-        zpp_device_profile p;
-        ZPP_CHECK(zpp_device_profile_end(e->dev, &p));
-        if (stats_p) {
-            zpp_engine_profile *r = &stats_p->profile;
-            r->valid = 1;
-            r->stream_ms = p.total_ms;
-            r->exposed_comm_ms = p.stalled_ms;
-            /* (the waits lie inside the window; the max only absorbs the
-             * events' rounding) */
-            r->compute_ms = p.total_ms > p.stalled_ms ? p.total_ms - p.stalled_ms : 0.0;
-            r->waits = p.stalls;
-        }
-    }
-    if (e->param_sumsq && stats_p) {
-        double ps = 0.0;
-        for (int i = 0; i < e->model->n_units; i++) {
-            double s = 0.0;
-            ZPP_CHECK(zpp_device_sumsq(e->dev, e->units[i].master, e->units[i].part.shard_len,
-                                       &s));
-            ps += s;
-        }
-        float pf = (float)ps;
-        ZPP_CHECK(coll_allreduce(e, &pf, 1));
-        stats_p->param_sumsq = pf;
-    }
+    zpp_step_stats stats = {0};
+    stats.loss = sums[1] / (float)e->topo->world_size;
+    stats.grad_norm = norm;
+    stats.lr = lr;
+    stats.volume = *zpp_coll_volume(e->coll);
+    stats.skipped = overflow;
+    stats.skipped_total = e->skipped_total;
+    stats.loss_scale = used_scale;
+    stats.param_sumsq = NAN;
+    if (e->opts.profile) ZPP_CHECK(step_profile(e, &stats.profile));
+    if (e->param_sumsq && stats_p) ZPP_CHECK(step_param_sumsq(e, &stats.param_sumsq));
+    if (stats_p) *stats_p = stats;
     return ZPP_OK;
 }
 
