@@ -1,6 +1,8 @@
-/* engine/engine.c — the ZeRO-3 step: gather, compute, release, reduce,
- * AdamW on shards. See engine.h for the schedule. */
-#include "engine/engine.h"
+/* engine/engine.c — the ZeRO-3 schedule: units, the full-precision
+ * vectors, gather, compute, release, reduce, and evaluation. The optimizer
+ * step is in step.c, checkpoint access in state.c (engine_internal.h).
+ * See engine.h for the schedule. */
+#include "engine/engine_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -11,80 +13,6 @@
 #include "core/fault.h"
 #include "device/device.h"
 
-/* Transient buffers (gathered units, full gradients, reduction inputs and
- * outputs) live only while a unit is in use. They come from the device's
- * scratch pool, each with the bytes of the dtype it holds, so the peak is a
- * few units in their own dtype, never the model. */
-
-/* ---- Per-unit state -------------------------------------------------------- */
-typedef struct unit_state {
-    zpp_partition part;
-    /* sharded, persistent */
-    float *master, *m, *v, *grad_acc; /* fp32, shard_len */
-    void *secondary;                  /* hpZ: working dtype, sec_len */
-    int secondary_valid;
-    /* transient */
-    void *full;               /* gathered unit (padded, working dtype) */
-    zpp_coll_op *gather_op;   /* gather in flight into `full` */
-    int gather_int8;          /* it came through qwZ: its vectors to be set */
-    float *grad_full;         /* fp32 full gradient during backward */
-    int first_stage;          /* the first stage that uses this unit */
-    /* qgZ error feedback (opts.loco): persistent, per rank, fp32 */
-    float *ef_intra, *ef_inter;
-    size_t ef_intra_len, ef_inter_len;
-    int vec_first, vec_count; /* its pieces of the vectors (vec_state) */
-} unit_state;
-
-/* The model's vectors at full precision under qwZ and qgZ (engine.h,
- * quantize_vectors). Every vector range of every unit is a piece, packed
- * one after the other into buffers of `numel` elements that every rank
- * holds whole: a unit's elements [begin, begin + len) are packed elements
- * [at, at + len). */
-typedef struct vec_piece {
-    size_t begin, len, at;
-} vec_piece;
-
-typedef struct vec_state {
-    vec_piece *pieces;
-    int n_pieces;
-    size_t numel;
-    void *weights;     /* qwZ: the vectors in the working dtype, or NULL */
-    int weights_fresh; /* they are the current masters' */
-    float *grads;      /* qgZ: the step's local gradient sums, fp32, or NULL */
-} vec_state;
-
-struct zpp_engine {
-    zpp_topo *topo;
-    zpp_model *model;
-    zpp_engine_opts opts;
-    zpp_device *dev;   /* not owned */
-    zpp_coll *coll;
-    unit_state *units;
-    vec_state vec;
-    int step;          /* optimizer steps taken, skipped ones included */
-    int updates;       /* AdamW updates: the bias-correction step */
-    int skipped_total; /* steps skipped */
-    int consec, consec_first; /* counted skips in a row, the first one's step */
-    /* loss scaler (DeepSpeed's DynamicLossScaler when dynamic) */
-    int dynamic;
-    float scale;
-    int hyst, iter, last_overflow;
-    /* read once at create (engine.h) */
-    zpp_fault fault;        /* test hook (core/fault.h): kind NONE in a release build */
-    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1: a monitoring stat, every build */
-    int forward_ready; /* a forward ran under the current weights */
-    int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
-    zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
-    int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
-    /* The reductions in flight, oldest first (at most opts.reduce_depth). */
-    struct reduction {
-        zpp_coll_op *op;
-        int unit;
-        void *in;   /* scratch holding the reduction input */
-        float *out; /* scratch, shard_len fp32 */
-    } reductions[ZPP_ENGINE_MAX_DEPTH];
-    int n_reductions;
-};
 
 static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
@@ -156,7 +84,7 @@ static zpp_status coll_finish(zpp_engine *e, zpp_coll_op *op) {
     return st;
 }
 
-static zpp_status coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
+zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
     zpp_device_host_wait_begin(e->dev);
     zpp_status st = zpp_coll_allreduce_sum(e->coll, host_values, n);
     zpp_device_host_wait_end(e->dev);
@@ -315,7 +243,7 @@ static zpp_status vec_take_grads(zpp_engine *e, int ui) {
 /* At the optimizer step: the vectors' gradients summed over the world,
  * averaged (the fp32 * 1/W of every reduction), and each rank's own added
  * into its shards' accumulators, where qgZ left zeros. */
-static zpp_status vec_reduce_grads(zpp_engine *e) {
+zpp_status engine_vec_reduce_grads(zpp_engine *e) {
     vec_state *v = &e->vec;
     zpp_device_host_wait_begin(e->dev);
     zpp_status st = zpp_coll_allreduce_device(e->coll, v->grads, v->numel, ZPP_FP32,
@@ -495,7 +423,7 @@ static zpp_status gather_wait(zpp_engine *e, int ui, zpp_phase phase) {
     return ZPP_OK;
 }
 
-static zpp_status release(zpp_engine *e, int ui) {
+zpp_status engine_release(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
     if (u->gather_op) {
         zpp_coll_op *op = u->gather_op;
@@ -532,7 +460,7 @@ static zpp_status reduce_finish_oldest(zpp_engine *e) {
     return st;
 }
 
-static zpp_status reduce_finish_all(zpp_engine *e) {
+zpp_status engine_reduce_finish_all(zpp_engine *e) {
     zpp_status st = ZPP_OK;
     while (e->n_reductions) {
         /* after a failure the rest is cleanup: the first message stays */
@@ -650,7 +578,7 @@ static zpp_status forward(zpp_engine *e, float *loss_p, int with_backward) {
         /* Release unless a later use comes soon; the last stage's unit
          * always stays for the first backward stage (or the caller's
          * release after an evaluation). */
-        if (s + 1 < S && !reused_soon(e, s, with_backward)) ZPP_CHECK(release(e, ui));
+        if (s + 1 < S && !reused_soon(e, s, with_backward)) ZPP_CHECK(engine_release(e, ui));
     }
     *loss_p = m->ops->loss(m);
     return ZPP_OK;
@@ -686,16 +614,16 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
         }
         ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
         if (s == u->first_stage) {
-            ZPP_CHECK(release(e, ui));
+            ZPP_CHECK(engine_release(e, ui));
             if (alone(e))
                 u->grad_full = NULL;
             else
                 ZPP_CHECK(reduce_start(e, ui));
         } else if (!reused_soon(e, 2 * S - 1 - s, 0)) {
-            ZPP_CHECK(release(e, ui));
+            ZPP_CHECK(engine_release(e, ui));
         }
     }
-    return reduce_finish_all(e);
+    return engine_reduce_finish_all(e);
 }
 
 /* Completes whatever is in flight and drops gathered units: after an error,
@@ -704,12 +632,12 @@ static void drain(zpp_engine *e) {
     zpp_error_hold(); /* the error that called for it keeps its message */
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
-        release(e, i);
+        engine_release(e, i);
         if (u->grad_full != u->grad_acc) /* at world 1 it is the accumulator */
             zpp_device_scratch_put(e->dev, u->grad_full);
         u->grad_full = NULL;
     }
-    reduce_finish_all(e);
+    engine_reduce_finish_all(e);
     zpp_error_release();
 }
 
@@ -743,251 +671,6 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
     return st;
 }
 
-/* AdamW on unit `ui`'s shard, with weight decay only on the elements the
- * model says decay (model.h, matrix_ranges; all of them when it names none
- * or opts.decay_all). The shard [r * shard_len, (r + 1) * shard_len) of
- * the unit is cut at the matrix ranges it meets, and each piece is one
- * AdamW call with weight_decay or 0: the per-element arithmetic is the
- * same, so a piece gives the bits one call would (GPT-2: at most nine
- * calls for a block, where the shard crosses all four matrices). The
- * padding past numel lies outside every range: 0 stays 0 either way. */
-static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t to,
-                              const zpp_adamw_args *aw, int decay) {
-    if (to <= from) return ZPP_OK;
-    zpp_adamw_args a = *aw;
-    if (!decay) a.weight_decay = 0.0f;
-    return zpp_device_adamw(e->dev, u->master + from, u->m + from, u->v + from,
-                            u->grad_acc + from, to - from, &a, NULL, e->opts.work_dtype);
-}
-
-static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
-    unit_state *u = &e->units[ui];
-    const zpp_model *m = e->model;
-    const size_t len = u->part.shard_len;
-    if (e->opts.decay_all || !m->matrix_ranges || aw->weight_decay == 0.0f)
-        return adamw_piece(e, u, 0, len, aw, 1);
-    const size_t begin = (size_t)e->topo->world_rank * len; /* in the unit */
-    size_t pos = 0;                                          /* in the shard */
-    for (int k = 0; k < m->n_matrix_ranges[ui]; k++) {
-        const zpp_elem_range r = m->matrix_ranges[ui][k];
-        if (r.end <= begin + pos) continue;
-        if (r.begin >= begin + len) break;
-        const size_t lo = r.begin > begin + pos ? r.begin - begin : pos;
-        const size_t hi = r.end < begin + len ? r.end - begin : len;
-        ZPP_CHECK(adamw_piece(e, u, pos, lo, aw, 0));
-        ZPP_CHECK(adamw_piece(e, u, lo, hi, aw, 1));
-        pos = hi;
-    }
-    return adamw_piece(e, u, pos, len, aw, 0);
-}
-
-/* ---- The optimizer step ------------------------------------------------------
- * norm -> skip or update -> scaler -> error feedback -> stats, in that order
- * (DESIGN.md §3, "The optimizer step, exactly"). */
-
-/* Before the step: nothing gathered may outlive the weights it was gathered
- * from (a forward whose backward never came leaves its last unit
- * gathered), every reduction is complete, and the nonfinite test hook
- * (engine.h) writes its NaN into rank 0's gradient. */
-static zpp_status step_settle(zpp_engine *e) {
-    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(release(e, i));
-    ZPP_CHECK(reduce_finish_all(e));
-    if (e->vec.grads) ZPP_CHECK(vec_reduce_grads(e));
-    if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
-                        e->topo->world_size)) {
-        const float nan = NAN;
-        for (int i = 0; i < e->model->n_units; i++)
-            if (e->units[i].part.shard_len) {
-                ZPP_CHECK(zpp_device_copy(e->dev, e->units[i].grad_acc, &nan, sizeof nan));
-                break;
-            }
-    }
-    return ZPP_OK;
-}
-
-/* red[0] <- the world's sum of squared (scaled) gradients, red[1] <- the
- * world's sum of the ranks' losses, in one all-reduce. Each rank sums the
- * squares of its shards (shards are disjoint, padding is zero). A
- * non-finite value a quantizer met since the last step (device.h; the
- * engine is the flag's one reader) makes this rank's sum infinite, so the
- * all-reduce carries it to every rank at no extra bytes and all skip the
- * step together, before any weight changes. */
-static zpp_status step_sumsq(zpp_engine *e, float loss, float red[2]) {
-    double sq = 0.0;
-    for (int i = 0; i < e->model->n_units; i++) {
-        double s = 0.0;
-        unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_device_sumsq(e->dev, u->grad_acc, u->part.shard_len, &s));
-        sq += s;
-    }
-    int raised = 0;
-    ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
-    if (raised) sq = INFINITY;
-    red[0] = (float)sq;
-    red[1] = loss;
-    return coll_allreduce(e, red, 2);
-}
-
-static zpp_status zero_grads(zpp_engine *e, int i) {
-    unit_state *u = &e->units[i];
-    return zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float));
-}
-
-/* A skipped step (a non-finite norm): no update, AdamW's moments and its
- * bias-correction step untouched, weights (and so the hpZ secondary
- * shards) unchanged; the gradients are dropped. The dynamic scaler halves
- * the scale (after `hysteresis` overflows), never below min_loss_scale.
- * An overflow the scaler answers by lowering the scale is not counted; a
- * static scale, or a dynamic one at its floor, is, and
- * max_consecutive_skips counted in a row end the run. */
-static zpp_status step_skip(zpp_engine *e) {
-    for (int i = 0; i < e->model->n_units; i++) ZPP_CHECK(zero_grads(e, i));
-    e->skipped_total++;
-    const int counted = !e->dynamic || e->scale <= e->opts.min_loss_scale;
-    if (e->dynamic) {
-        if (e->opts.hysteresis == 1 || e->hyst == 1)
-            e->scale = fmaxf(e->scale * 0.5f, e->opts.min_loss_scale);
-        else
-            e->hyst--;
-        e->last_overflow = e->iter;
-    }
-    if (!counted) return ZPP_OK;
-    if (e->consec++ == 0) e->consec_first = e->step;
-    if (e->consec < e->opts.max_consecutive_skips) return ZPP_OK;
-    e->forward_ready = 0;
-    e->volume_fresh = 0;
-    if (e->consec == 1)
-        return zpp_error(ZPP_ERR_NONFINITE,
-                         "engine: non-finite gradient (NaN or Inf) at step %d, step skipped and "
-                         "max_consecutive_skips (1) reached; lower the learning rate (resume "
-                         "from the last checkpoint) or check the data and initialisation",
-                         e->step);
-    return zpp_error(ZPP_ERR_NONFINITE,
-                     "engine: non-finite gradients (NaN or Inf) at steps %d-%d: %d consecutive "
-                     "steps skipped (zeropp.max_consecutive_skips); lower the learning rate "
-                     "(resume from the last checkpoint) or check the data and initialisation",
-                     e->consec_first, e->step, e->consec);
-}
-
-/* An update. The gradients carry the loss scale s, and `norm` is already
- * of the unscaled ones. Clipping as torch.nn.utils.clip_grad_norm_: the
- * coefficient c = max_norm / (norm + 1e-6), applied only when below 1 (the
- * 1e-6 keeps a zero norm finite); AdamW then reads each gradient times
- * grad_scale = c / s. The dynamic scaler doubles the scale after
- * loss_scale_window steps without an overflow. */
-static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_scale) {
-    e->consec = 0;
-    float scale = 1.0f;
-    if (e->opts.grad_clip > 0.0f) {
-        const float coef = e->opts.grad_clip / (norm + 1e-6f);
-        if (coef < 1.0f) scale = coef;
-    }
-    if (used_scale != 1.0f) scale /= used_scale;
-    e->updates++;
-    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps, e->opts.weight_decay,
-                         scale, e->updates};
-    for (int i = 0; i < e->model->n_units; i++) {
-        ZPP_CHECK(adamw_unit(e, i, &aw));
-        ZPP_CHECK(zero_grads(e, i));
-        e->units[i].secondary_valid = 0; /* the weights changed: the secondary copy is stale */
-    }
-    e->vec.weights_fresh = 0;
-    if (e->dynamic) {
-        if (e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-        if ((e->iter - e->last_overflow) % e->opts.loss_scale_window == 0) {
-            if (!e->opts.consecutive_hysteresis) e->hyst = e->opts.hysteresis;
-            e->scale *= 2.0f;
-        }
-    }
-    return ZPP_OK;
-}
-
-/* What the step reports: the mean loss, the norm, the bytes, the scale it
- * ran with; with profiling the step's compute and exposed communication;
- * with ZPP_PARAM_SUMSQ the squared norm of the weights (one all-reduce). */
-static zpp_status step_report(zpp_engine *e, float lr, const float red[2], float norm,
-                              int overflow, float used_scale, zpp_step_stats *stats_p) {
-    if (stats_p) {
-        stats_p->loss = red[1] / (float)e->topo->world_size;
-        stats_p->grad_norm = norm;
-        stats_p->lr = lr;
-        stats_p->volume = *zpp_coll_volume(e->coll);
-        stats_p->skipped = overflow;
-        stats_p->skipped_total = e->skipped_total;
-        stats_p->loss_scale = used_scale;
-        stats_p->param_sumsq = NAN;
-        memset(&stats_p->profile, 0, sizeof stats_p->profile);
-    }
-    e->volume_fresh = 0;
-    if (e->opts.profile) {
-        zpp_device_profile p;
-        ZPP_CHECK(zpp_device_profile_end(e->dev, &p));
-        if (stats_p) {
-            zpp_engine_profile *r = &stats_p->profile;
-            r->valid = 1;
-            r->stream_ms = p.total_ms;
-            r->exposed_comm_ms = p.stalled_ms;
-            /* (the waits lie inside the window; the max only absorbs the
-             * events' rounding) */
-            r->compute_ms = p.total_ms > p.stalled_ms ? p.total_ms - p.stalled_ms : 0.0;
-            r->waits = p.stalls;
-        }
-    }
-    if (e->param_sumsq && stats_p) {
-        double ps = 0.0;
-        for (int i = 0; i < e->model->n_units; i++) {
-            double s = 0.0;
-            ZPP_CHECK(zpp_device_sumsq(e->dev, e->units[i].master, e->units[i].part.shard_len,
-                                       &s));
-            ps += s;
-        }
-        float pf = (float)ps;
-        ZPP_CHECK(coll_allreduce(e, &pf, 1));
-        stats_p->param_sumsq = pf;
-    }
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
-                                     zpp_step_stats *stats_p) {
-    ZPP_CHECK(step_settle(e));
-    float red[2];
-    ZPP_CHECK(step_sumsq(e, loss, red));
-    /* The norm and clipping are of the unscaled gradients. */
-    const float used_scale = e->scale;
-    float norm = sqrtf(red[0]);
-    const int overflow = !isfinite(norm);
-    if (!overflow && used_scale != 1.0f) norm /= used_scale;
-    e->step++;
-    ZPP_CHECK(overflow ? step_skip(e) : step_update(e, lr, norm, used_scale));
-    if (e->dynamic) e->iter++;
-    /* Error feedback restarts every loco_reset_T steps, and after a skipped
-     * step (its gradient was thrown away, and so is what it left behind). */
-    if (e->opts.loco && (overflow || e->step % e->opts.loco_reset_T == 0))
-        ZPP_CHECK(zpp_engine_loco_clear(e));
-    e->forward_ready = 0;
-    return step_report(e, lr, red, norm, overflow, used_scale, stats_p);
-}
-
-float zpp_engine_loss_scale(const zpp_engine *e) { return e->scale; }
-
-zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
-                           void *ctx, zpp_step_stats *stats_p) {
-    if (accum < 1) return zpp_error(ZPP_ERR_INVALID, "engine: accumulation steps must be >= 1");
-    float loss_sum = 0.0f;
-    for (int a = 0; a < accum; a++) {
-        float loss = 0.0f;
-        ZPP_CHECK(batch(ctx, a, e->model));
-        ZPP_CHECK(zpp_engine_forward(e, &loss));
-        /* Each micro-batch's mean loss is scaled by 1/accum so the summed
-         * gradient is that of the mean over the rank's micro-batches; the
-         * reduction then averages over ranks: the gradient of the global
-         * batch's mean loss. */
-        ZPP_CHECK(zpp_engine_backward(e, e->scale / (float)accum));
-        loss_sum += loss;
-    }
-    return zpp_engine_optimizer_step(e, lr, loss_sum / (float)accum, stats_p);
-}
 
 zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
                            float *loss_p) {
@@ -999,7 +682,7 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
     /* Units a training forward left gathered (for its backward, which the
      * evaluation cancels) hold qwZ's weights: dropped, gathered again. */
     zpp_status st = ZPP_OK;
-    for (int i = 0; i < e->model->n_units && st == ZPP_OK; i++) st = release(e, i);
+    for (int i = 0; i < e->model->n_units && st == ZPP_OK; i++) st = engine_release(e, i);
     float loss = 0.0f;
     if (st == ZPP_OK) st = batch(ctx, 0, e->model);
     if (st == ZPP_OK) {
@@ -1009,11 +692,11 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
         st = forward(e, &loss, 0);
     }
     for (int i = 0; i < e->model->n_units; i++) {
-        zpp_status r = release(e, i);
+        zpp_status r = engine_release(e, i);
         if (st == ZPP_OK) st = r;
     }
     e->evaluating = 0;
-    if (st == ZPP_OK) st = coll_allreduce(e, &loss, 1);
+    if (st == ZPP_OK) st = engine_coll_allreduce(e, &loss, 1);
     e->eval_volume = *zpp_coll_volume(e->coll);
     zpp_coll_volume_set(e->coll, &step_volume);
     ZPP_CHECK(st);
@@ -1022,124 +705,3 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
 }
 
 const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e) { return &e->eval_volume; }
-
-/* ---- Checkpoint state ------------------------------------------------------ */
-
-int zpp_engine_steps_taken(const zpp_engine *e) { return e->step; }
-
-int zpp_engine_unit_count(const zpp_engine *e) { return e->model->n_units; }
-
-zpp_status zpp_engine_shard_range(const zpp_engine *e, int unit, size_t *numel_p,
-                                  size_t *begin_p, size_t *count_p) {
-    if (unit < 0 || unit >= e->model->n_units)
-        return zpp_error(ZPP_ERR_INVALID, "engine: unit %d of %d", unit, e->model->n_units);
-    const zpp_partition *p = &e->units[unit].part;
-    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
-    size_t count = begin < p->numel ? p->numel - begin : 0;
-    if (count > p->shard_len) count = p->shard_len;
-    if (begin > p->numel) begin = p->numel;
-    *numel_p = p->numel;
-    *begin_p = begin;
-    *count_p = count;
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m, float *v) {
-    size_t numel = 0, begin = 0, count = 0;
-    ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
-    unit_state *u = &e->units[unit];
-    float *const src[3] = {u->master, u->m, u->v};
-    float *const dst[3] = {master, m, v};
-    for (int k = 0; k < 3 && count; k++)
-        ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
-                                const float *v) {
-    size_t numel = 0, begin = 0, count = 0;
-    ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
-    unit_state *u = &e->units[unit];
-    const size_t len = u->part.shard_len;
-    float *const dst[3] = {u->master, u->m, u->v};
-    const float *const src[3] = {master, m, v};
-    for (int k = 0; k < 3; k++) {
-        if (count) ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
-        /* the padding stays zero, whatever the shards were before */
-        if (count < len)
-            ZPP_CHECK(zpp_device_set(e->dev, dst[k] + count, 0, (len - count) * sizeof(float)));
-    }
-    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
-    u->secondary_valid = 0;
-    e->vec.weights_fresh = 0;
-    e->forward_ready = 0;
-    return ZPP_OK;
-}
-
-void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p) {
-    zpp_engine_counters c = {e->step, e->updates, e->skipped_total, e->scale,
-                             e->hyst,  e->iter,    e->last_overflow};
-    *c_p = c;
-}
-
-zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c) {
-    if (c->step < 0 || c->updates < 0 || c->skipped_total < 0 || c->updates > c->step ||
-        c->skipped_total > c->step || !(c->loss_scale > 0.0f) || !isfinite(c->loss_scale) ||
-        c->scaler_hysteresis < 0 || c->scaler_iter < 0)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "engine: counters that no run can reach (step %d, updates %d, skipped "
-                         "%d, loss scale %g); the checkpoint is damaged",
-                         c->step, c->updates, c->skipped_total, (double)c->loss_scale);
-    e->step = c->step;
-    e->updates = c->updates;
-    e->skipped_total = c->skipped_total;
-    e->consec = 0;
-    /* A static scale comes from this run's config, a dynamic one from the
-     * saved scaler. */
-    if (e->dynamic) {
-        e->scale = c->loss_scale;
-        e->hyst = c->scaler_hysteresis;
-        e->iter = c->scaler_iter;
-        e->last_overflow = c->scaler_last_overflow;
-    }
-    e->forward_ready = 0;
-    return ZPP_OK;
-}
-
-/* ---- Error-feedback state ---------------------------------------------------- */
-
-zpp_status zpp_engine_loco_lens(const zpp_engine *e, int unit, size_t *intra_p,
-                                size_t *inter_p) {
-    if (unit < 0 || unit >= e->model->n_units)
-        return zpp_error(ZPP_ERR_INVALID, "engine: unit %d of %d", unit, e->model->n_units);
-    *intra_p = e->units[unit].ef_intra ? e->units[unit].ef_intra_len : 0;
-    *inter_p = e->units[unit].ef_inter ? e->units[unit].ef_inter_len : 0;
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_loco_get(zpp_engine *e, int unit, float *intra, float *inter) {
-    size_t li = 0, le = 0;
-    ZPP_CHECK(zpp_engine_loco_lens(e, unit, &li, &le));
-    if (li) ZPP_CHECK(zpp_device_copy(e->dev, intra, e->units[unit].ef_intra, li * sizeof(float)));
-    if (le) ZPP_CHECK(zpp_device_copy(e->dev, inter, e->units[unit].ef_inter, le * sizeof(float)));
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_loco_set(zpp_engine *e, int unit, const float *intra, const float *inter) {
-    size_t li = 0, le = 0;
-    ZPP_CHECK(zpp_engine_loco_lens(e, unit, &li, &le));
-    if (li) ZPP_CHECK(zpp_device_copy(e->dev, e->units[unit].ef_intra, intra, li * sizeof(float)));
-    if (le) ZPP_CHECK(zpp_device_copy(e->dev, e->units[unit].ef_inter, inter, le * sizeof(float)));
-    return ZPP_OK;
-}
-
-zpp_status zpp_engine_loco_clear(zpp_engine *e) {
-    for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
-        if (u->ef_intra)
-            ZPP_CHECK(zpp_device_set(e->dev, u->ef_intra, 0, u->ef_intra_len * sizeof(float)));
-        if (u->ef_inter)
-            ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
-    }
-    return ZPP_OK;
-}

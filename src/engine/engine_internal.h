@@ -1,0 +1,100 @@
+/* engine/engine_internal.h — what the engine's files share, private to
+ * src/engine/: the engine's structs (their layout stays out of engine.h)
+ * and the few schedule helpers the step and the evaluation call.
+ *   engine.c  create/destroy, units, the full-precision vectors, the
+ *             gather/release/reduce schedule, forward/backward, evaluation
+ *   step.c    the optimizer step: norm, loss scaler, skip, clip + AdamW, stats
+ *   state.c   checkpoint access: shard ranges, masters and moments,
+ *             counters, LoCo error-feedback buffers */
+#ifndef ZPP_ENGINE_INTERNAL_H
+#define ZPP_ENGINE_INTERNAL_H
+
+#include "core/fault.h"
+#include "engine/engine.h"
+
+/* Transient buffers (gathered units, full gradients, reduction inputs and
+ * outputs) live only while a unit is in use. They come from the device's
+ * scratch pool, each with the bytes of the dtype it holds, so the peak is a
+ * few units in their own dtype, never the model. */
+
+/* ---- Per-unit state -------------------------------------------------------- */
+typedef struct unit_state {
+    zpp_partition part;
+    /* sharded, persistent */
+    float *master, *m, *v, *grad_acc; /* fp32, shard_len */
+    void *secondary;                  /* hpZ: working dtype, sec_len */
+    int secondary_valid;
+    /* transient */
+    void *full;               /* gathered unit (padded, working dtype) */
+    zpp_coll_op *gather_op;   /* gather in flight into `full` */
+    int gather_int8;          /* it came through qwZ: its vectors to be set */
+    float *grad_full;         /* fp32 full gradient during backward */
+    int first_stage;          /* the first stage that uses this unit */
+    /* qgZ error feedback (opts.loco): persistent, per rank, fp32 */
+    float *ef_intra, *ef_inter;
+    size_t ef_intra_len, ef_inter_len;
+    int vec_first, vec_count; /* its pieces of the vectors (vec_state) */
+} unit_state;
+
+/* The model's vectors at full precision under qwZ and qgZ (engine.h,
+ * quantize_vectors). Every vector range of every unit is a piece, packed
+ * one after the other into buffers of `numel` elements that every rank
+ * holds whole: a unit's elements [begin, begin + len) are packed elements
+ * [at, at + len). */
+typedef struct vec_piece {
+    size_t begin, len, at;
+} vec_piece;
+
+typedef struct vec_state {
+    vec_piece *pieces;
+    int n_pieces;
+    size_t numel;
+    void *weights;     /* qwZ: the vectors in the working dtype, or NULL */
+    int weights_fresh; /* they are the current masters' */
+    float *grads;      /* qgZ: the step's local gradient sums, fp32, or NULL */
+} vec_state;
+
+struct zpp_engine {
+    zpp_topo *topo;
+    zpp_model *model;
+    zpp_engine_opts opts;
+    zpp_device *dev;   /* not owned */
+    zpp_coll *coll;
+    unit_state *units;
+    vec_state vec;
+    int step;          /* optimizer steps taken, skipped ones included */
+    int updates;       /* AdamW updates: the bias-correction step */
+    int skipped_total; /* steps skipped */
+    int consec, consec_first; /* counted skips in a row, the first one's step */
+    /* loss scaler (DeepSpeed's DynamicLossScaler when dynamic) */
+    int dynamic;
+    float scale;
+    int hyst, iter, last_overflow;
+    /* read once at create (engine.h) */
+    zpp_fault fault;        /* test hook (core/fault.h): kind NONE in a release build */
+    int param_sumsq;        /* ZPP_PARAM_SUMSQ=1: a monitoring stat, every build */
+    int forward_ready; /* a forward ran under the current weights */
+    int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
+    zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
+    int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
+    /* The reductions in flight, oldest first (at most opts.reduce_depth). */
+    struct reduction {
+        zpp_coll_op *op;
+        int unit;
+        void *in;   /* scratch holding the reduction input */
+        float *out; /* scratch, shard_len fp32 */
+    } reductions[ZPP_ENGINE_MAX_DEPTH];
+    int n_reductions;
+};
+
+/* The all-reduce (sum) of n host floats over the world. */
+zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n);
+/* qgZ: sums the step's full-precision vector gradients over the world into
+ * the shards. */
+zpp_status engine_vec_reduce_grads(zpp_engine *e);
+/* Drops unit `ui`'s gathered copy (and any gather in flight into it). */
+zpp_status engine_release(zpp_engine *e, int ui);
+/* Waits for every reduction in flight and adds it into its shard. */
+zpp_status engine_reduce_finish_all(zpp_engine *e);
+
+#endif
