@@ -37,8 +37,7 @@ typedef enum zpp_fault_kind {
     ZPP_FAULT_SAVE_SLOW
 } zpp_fault_kind;
 
-/* save_slow's delay: the 8 s of an fsync that issue 29 saw end a run whose
- * collectives wait 5. */
+/* save_slow's delay: an 8 s fsync, longer than a 5 s collective deadline. */
 #define ZPP_FAULT_SLOW_SAVE_S 8
 
 typedef struct zpp_fault {

@@ -178,14 +178,9 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
 /* The loss scale the next backward should apply (1 unless configured). */
 float zpp_engine_loss_scale(const zpp_engine *e);
 
-/* Supplies micro-batch `micro` (0..accum-1) of the step to the model via
+/* Supplies micro-batch `micro` of a pass to the model via
  * model->ops->set_batch. */
 typedef zpp_status (*zpp_engine_batch_fn)(void *ctx, int micro, zpp_model *model);
-
-/* One optimizer step over `accum` micro-batches at learning rate `lr`:
- * forward and backward of each micro-batch, then the optimizer step. */
-zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
-                           void *ctx, zpp_step_stats *stats_p);
 
 /* Mean loss of a forward pass on the batch `batch(ctx, 0, model)` sets,
  * averaged over the world. No gradients, no state change (the hpZ

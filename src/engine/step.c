@@ -260,21 +260,3 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
 }
 
 float zpp_engine_loss_scale(const zpp_engine *e) { return e->scale; }
-
-zpp_status zpp_engine_step(zpp_engine *e, int accum, float lr, zpp_engine_batch_fn batch,
-                           void *ctx, zpp_step_stats *stats_p) {
-    if (accum < 1) return zpp_error(ZPP_ERR_INVALID, "engine: accumulation steps must be >= 1");
-    float loss_sum = 0.0f;
-    for (int a = 0; a < accum; a++) {
-        float loss = 0.0f;
-        ZPP_CHECK(batch(ctx, a, e->model));
-        ZPP_CHECK(zpp_engine_forward(e, &loss));
-        /* Each micro-batch's mean loss is scaled by 1/accum so the summed
-         * gradient is that of the mean over the rank's micro-batches; the
-         * reduction then averages over ranks: the gradient of the global
-         * batch's mean loss. */
-        ZPP_CHECK(zpp_engine_backward(e, e->scale / (float)accum));
-        loss_sum += loss;
-    }
-    return zpp_engine_optimizer_step(e, lr, loss_sum / (float)accum, stats_p);
-}

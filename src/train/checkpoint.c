@@ -165,9 +165,9 @@ zpp_status zpp_checkpoint_check_dir(const char *dir, int world_rank) {
             char text[32];
             snprintf(text, sizeof text, "%lld\n", (long long)token);
             st = write_synced(shared, text, 0);
+            /* (the message's own buffer cannot be an argument of zpp_error) */
             if (st != ZPP_OK)
-                st = zpp_error(ZPP_ERR_IO, "cannot write in checkpoint directory %s: %s", dir,
-                               zpp_last_error());
+                st = zpp_error_context(st, "cannot write in checkpoint directory %s", dir);
         }
     }
     st = zpp_comm_agree_world(st);
