@@ -499,6 +499,13 @@ typedef struct zpp_engine_config {
      * (zpp_update_stats' *_ms); costs two timing events a collective wait.
      * The same on every rank. Default 0. */
     int profile;
+    /* 1 (default): in a world of one rank with the plain gather (no qwZ,
+     * no hpZ), the weights stay on the device in work_dtype between steps
+     * (2 bytes a parameter in bf16), written by AdamW as it updates the
+     * masters; forward and backward read them as they are, instead of
+     * rounding the fp32 masters twice a step. 0: no copy is kept (the
+     * memory for a model that only just fits). Same bits either way. */
+    int resident_weights;
 } zpp_engine_config;
 
 /* The defaults listed above. */

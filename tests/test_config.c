@@ -139,6 +139,7 @@ static void test_every_key_parsed(void) {
         int prune = irand(&r, 0, 1);
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8), qvec = irand(&r, 0, 1);
+        int resw = irand(&r, 0, 1);
         /* qgZ error feedback needs qgZ; the last trial (the coverage text) has both */
         if (trial == 19) qg = 1;
         double ebeta = zpp_rng_uniform(&r);
@@ -179,7 +180,7 @@ static void test_every_key_parsed(void) {
                  "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
                  "      \"stage3_max_reuse_distance\": %lld,\n"
                  "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d,\n"
-                 "      \"zeropp_quantize_vectors\": %s%s},\n"
+                 "      \"zeropp_quantize_vectors\": %s, \"zeropp_resident_weights\": %s%s},\n"
                  "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
@@ -193,7 +194,7 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, qvec ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
+                 reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
                  real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, prune ? "true" : "false", sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak);
         zpp_train_config cfg, from_str;
@@ -213,7 +214,7 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.bf16 == bf16 && cfg.zero.stage == 3 && cfg.zero.quantized_weights == qw &&
                cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
                cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
-               cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec &&
+               cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec && cfg.zero.resident_weights == resw &&
                cfg.zero.grad_stochastic == sr);
         EXPECT(cfg.zero.loco == loco && (!loco || (cfg.zero.loco_err_beta == ebeta &&
                                                    cfg.zero.loco_reset_T == resetT)));

@@ -141,7 +141,28 @@ static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_ar
     dev_get(d, v2, dv, n * 4);
     EXPECT(!memcmp(p2, p1, n * 4) && !memcmp(m2, m1, n * 4) && !memcmp(v2, v1, n * 4),
            "AdamW without a working copy differs from AdamW with one (t %d)", a->step);
-    free(p2), free(m2), free(v2);
+    /* Clearing the gradient as it is read (the engine's use): the same
+     * step, bit for bit, and a zero gradient left behind. */
+    zpp_adamw_args ac = *a;
+    ac.clear_grad = 1;
+    EXPECT_OK(zpp_device_copy(d, dp, p, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dm, m, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dv, v, n * 4));
+    EXPECT_OK(zpp_device_adamw(d, dp, dm, dv, dg, n, &ac, dw, wdt));
+    dev_get(d, p2, dp, n * 4);
+    dev_get(d, m2, dm, n * 4);
+    dev_get(d, v2, dv, n * 4);
+    EXPECT(!memcmp(p2, p1, n * 4) && !memcmp(m2, m1, n * 4) && !memcmp(v2, v1, n * 4),
+           "AdamW clearing its gradient differs from AdamW keeping it (t %d)", a->step);
+    void *w2 = zpp_test_malloc(n * 4);
+    dev_get(d, w2, dw, n * zpp_dtype_size(wdt));
+    EXPECT(!memcmp(w2, w1, n * zpp_dtype_size(wdt)),
+           "AdamW clearing its gradient wrote another working copy (t %d)", a->step);
+    dev_get(d, m2, dg, n * 4);
+    for (size_t i = 0; i < n; i++)
+        EXPECT(m2[i] == 0.0f && !signbit(m2[i]), "gradient %zu left at %g after clear_grad", i,
+               (double)m2[i]);
+    free(w2), free(p2), free(m2), free(v2);
     zpp_device_free(d, dp);
     zpp_device_free(d, dm);
     zpp_device_free(d, dv);
@@ -163,11 +184,11 @@ static void test_adamw_matches_reference(void) {
     for (size_t ti = 0; ti < sizeof steps / sizeof steps[0]; ti++)
         for (size_t ei = 0; ei < 2; ei++)
             for (size_t si = 0; si < 2; si++, k++) {
-                zpp_adamw_args a = {1e-2f, 0.9f, 0.999f, eps[ei], 0.1f, scales[si], steps[ti]};
+                zpp_adamw_args a = {1e-2f, 0.9f, 0.999f, eps[ei], 0.1f, scales[si], steps[ti], 0};
                 adamw_case(d, &rng, 1000 + (size_t)k * 37, &a, wdts[k % 3]);
             }
     /* betas of the trainer's default config */
-    zpp_adamw_args a = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.5f, 7};
+    zpp_adamw_args a = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.5f, 7, 0};
     adamw_case(d, &rng, 4097, &a, ZPP_BF16);
     zpp_device_destroy(d);
 }
@@ -196,6 +217,21 @@ static void test_add_sumsq_convert(void) {
     EXPECT(fabs(got - sq) <= (double)n * DBL_EPSILON * asq, "sumsq %.17g vs %.17g", got, sq);
     EXPECT_OK(zpp_device_sumsq(d, dx, 0, &got));
     EXPECT(got == 0.0, "sumsq of nothing is %g", got);
+    /* Several arrays in one call (the engine's norm over its units): each
+     * sum as the single call gives it, within the same bound, an empty one
+     * zero. */
+    {
+        const size_t cut = n / 3;
+        const float *xs[3] = {dx, dx + cut, dx};
+        const size_t ns[3] = {cut, n - cut, 0};
+        double sums[3] = {-1, -1, -1}, want[2] = {0, 0};
+        for (size_t i = 0; i < n; i++) want[i >= cut] += (double)x[i] * x[i];
+        EXPECT_OK(zpp_device_sumsq_many(d, xs, ns, 3, sums));
+        for (int j = 0; j < 2; j++)
+            EXPECT(fabs(sums[j] - want[j]) <= (double)n * DBL_EPSILON * want[j],
+                   "sumsq_many[%d] %.17g vs %.17g", j, sums[j], want[j]);
+        EXPECT(sums[2] == 0.0, "sumsq_many of nothing is %g", sums[2]);
+    }
     void *db = dev_put(d, NULL, n * 2);
     EXPECT_OK(zpp_device_convert(d, dx, ZPP_FP32, db, ZPP_BF16, n, 0.5f));
     uint16_t *hb = zpp_test_malloc(n * 2);
@@ -374,7 +410,7 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_convert(d, x, ZPP_FP32, x, ZPP_BF16, 16, 1.0f), "in-place");
     EXPECT_INVALID(zpp_device_add(d, NULL, f, 4), "accumulator");
     EXPECT_INVALID(zpp_device_sumsq(d, f, 4, NULL), "sum_p");
-    zpp_adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0};
+    zpp_adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0, 0};
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "step 0");
     a.step = 1;
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, NULL, x, ZPP_FP32), "zpp_adamw_args");

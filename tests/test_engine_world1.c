@@ -28,7 +28,7 @@ typedef struct fixture {
     zpp_engine_opts eo;
 } fixture;
 
-static void setup(fixture *f) {
+static void setup_with(fixture *f, int resident) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
@@ -42,8 +42,11 @@ static void setup(fixture *f) {
     f->eo.grad_clip = 0.0f; /* AdamW then sees the gradient itself (grad_scale 1) */
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     f->eo.seed = zpp_rng_u64(&r);
+    f->eo.resident_weights = resident;
     EXPECT_OK(zpp_engine_create(f->topo, f->model, &f->eo, f->dev, &f->engine));
 }
+
+static void setup(fixture *f) { setup_with(f, 1); }
 
 static void teardown(fixture *f) {
     zpp_engine_destroy(f->engine);
@@ -142,38 +145,101 @@ static void test_gradient_is_the_models(void) {
     }
 }
 
-/* Every scratch buffer after whole steps is some unit's bf16 size (padded
- * * 2): the gathered units, and nothing of the gradients'. The peak above
- * the shards is the pool itself, plus the all-reduce's few bytes. */
-static void test_step_leases_gathers_only(void) {
-    fixture f;
-    setup(&f);
-    const zpp_model *m = f.model;
-    zpp_rng r = zpp_rng_make(zpp_test_seed(20));
-    size_t now0 = 0, peak0 = 0, now = 0, peak = 0, nb = 0, bytes = 0;
-    zpp_device_mem_stats(f.dev, &now0, &peak0);
-    for (int step = 0; step < 2; step++) {
-        int32_t tok[kN], tgt[kN];
-        random_batch(&r, tok, tgt);
-        float loss = 0.0f;
-        EXPECT_OK(f.model->ops->set_batch(f.model, tok, tgt, kB));
-        EXPECT_OK(zpp_engine_forward(f.engine, &loss));
-        EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
-    }
-    zpp_device_scratch_stats(f.dev, &nb, &bytes);
-    zpp_device_mem_stats(f.dev, &now, &peak);
-    EXPECT(nb >= 1, "no scratch after two steps");
-    for (size_t i = 0; i < f.dev->pool_len; i++) {
-        size_t cap = f.dev->pool[i].cap;
-        int is_unit = 0;
-        for (int u = 0; u < m->n_units; u++)
-            is_unit |= cap == zpp_partition_make(m->unit_numel[u], f.topo).padded * 2;
-        EXPECT(is_unit, "scratch buffer %zu holds %zu bytes, no unit's bf16 size", i, cap);
-    }
-    EXPECT(peak - now0 <= bytes + 64, "step peak %zu bytes above the shards, the pool holds %zu",
-           peak - now0, bytes);
-    teardown(&f);
+/* One training step of the fixture's engine on a random batch. */
+static float train_step(fixture *f, zpp_rng *r) {
+    int32_t tok[kN], tgt[kN];
+    random_batch(r, tok, tgt);
+    float loss = 0.0f;
+    EXPECT_OK(f->model->ops->set_batch(f->model, tok, tgt, kB));
+    EXPECT_OK(zpp_engine_forward(f->engine, &loss));
+    EXPECT_OK(zpp_engine_backward(f->engine, 1.0f));
+    EXPECT_OK(zpp_engine_optimizer_step(f->engine, 1e-3f, loss, NULL));
+    return loss;
 }
 
-ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only))
+/* Every scratch buffer after whole steps is some unit's bf16 size (padded
+ * * 2) without resident weights: the gathered units, and nothing of the
+ * gradients'; with them (the default), no unit's at all: the model reads
+ * the resident copies. The peak above the shards (and resident copies) is
+ * the pool itself, plus the all-reduce's few bytes. */
+static void test_step_leases_gathers_only(void) {
+    for (int resident = 0; resident < 2; resident++) {
+        fixture f;
+        setup_with(&f, resident);
+        const zpp_model *m = f.model;
+        zpp_rng r = zpp_rng_make(zpp_test_seed(20));
+        size_t now0 = 0, peak0 = 0, now = 0, peak = 0, nb = 0, bytes = 0;
+        zpp_device_mem_stats(f.dev, &now0, &peak0);
+        for (int step = 0; step < 2; step++) train_step(&f, &r);
+        zpp_device_scratch_stats(f.dev, &nb, &bytes);
+        zpp_device_mem_stats(f.dev, &now, &peak);
+        EXPECT(nb >= 1, "no scratch after two steps");
+        size_t smallest = SIZE_MAX;
+        for (int u = 0; u < m->n_units; u++) {
+            const size_t b = zpp_partition_make(m->unit_numel[u], f.topo).padded * 2;
+            if (b < smallest) smallest = b;
+        }
+        for (size_t i = 0; i < f.dev->pool_len; i++) {
+            size_t cap = f.dev->pool[i].cap;
+            int is_unit = 0;
+            for (int u = 0; u < m->n_units; u++)
+                is_unit |= cap == zpp_partition_make(m->unit_numel[u], f.topo).padded * 2;
+            if (resident)
+                EXPECT(cap < smallest, "resident weights, yet scratch buffer %zu holds %zu bytes",
+                       i, cap);
+            else
+                EXPECT(is_unit, "scratch buffer %zu holds %zu bytes, no unit's bf16 size", i,
+                       cap);
+        }
+        EXPECT(peak - now0 <= bytes + 64,
+               "step peak %zu bytes above the shards, the pool holds %zu (resident %d)",
+               peak - now0, bytes, resident);
+        teardown(&f);
+    }
+}
+
+/* Resident weights change no bit: two engines, with and without, trained on
+ * the same batches give the same losses and masters, also after both are
+ * handed the same new masters (as a checkpoint does), which must make the
+ * resident copy stale (state.c) rather than leave the old weights in use. */
+static void test_resident_weights_same_bits(void) {
+    fixture a, b;
+    setup_with(&a, 1);
+    setup_with(&b, 0);
+    zpp_rng ra = zpp_rng_make(zpp_test_seed(30)), rb = ra;
+    zpp_rng rs = zpp_rng_make(zpp_test_seed(31));
+    const zpp_model *m = a.model;
+    for (int step = 0; step < 5; step++) {
+        if (step == 3) { /* new masters and moments for both */
+            for (int u = 0; u < m->n_units; u++) {
+                size_t numel = 0, begin = 0, count = 0;
+                EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
+                float *w = calloc(count ? count : 1, 3 * sizeof *w);
+                for (size_t i = 0; i < 3 * count; i++)
+                    w[i] = (float)(0.02 * zpp_rng_normal(&rs)) * (i < 2 * count ? 1 : 0);
+                EXPECT_OK(zpp_engine_state_set(a.engine, u, w, w + count, w + 2 * count));
+                EXPECT_OK(zpp_engine_state_set(b.engine, u, w, w + count, w + 2 * count));
+                free(w);
+            }
+        }
+        const float la = train_step(&a, &ra), lb = train_step(&b, &rb);
+        EXPECT(!memcmp(&la, &lb, sizeof la), "step %d: loss %.9g with resident weights, %.9g "
+               "without", step, (double)la, (double)lb);
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
+        float *wa = calloc(count ? count : 1, 3 * sizeof *wa);
+        float *wb = calloc(count ? count : 1, 3 * sizeof *wb);
+        EXPECT_OK(zpp_engine_state_get(a.engine, u, wa, wa + count, wa + 2 * count));
+        EXPECT_OK(zpp_engine_state_get(b.engine, u, wb, wb + count, wb + 2 * count));
+        EXPECT(!memcmp(wa, wb, 3 * count * sizeof *wa),
+               "unit %d: masters or moments differ with resident weights", u);
+        free(wa), free(wb);
+    }
+    teardown(&a);
+    teardown(&b);
+}
+
+ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only),
+          ZPP_TEST(test_resident_weights_same_bits))

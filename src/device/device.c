@@ -667,20 +667,30 @@ zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n) {
 }
 
 zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
-    const char *what = "sum of squares";
-    size_t bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    if (!sum_p) return zpp_error(ZPP_ERR_INVALID, "%s: sum_p is NULL", what);
-    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
-    ZPP_CHECK(zpp__ptr(what, x, "the input", n));
-    if (n == 0) {
-        *sum_p = 0.0;
-        return ZPP_OK;
-    }
-    return d->ops->sumsq(d, x, n, sum_p);
+    if (!sum_p) return zpp_error(ZPP_ERR_INVALID, "sum of squares: sum_p is NULL");
+    return zpp_device_sumsq_many(d, &x, &n, 1, sum_p);
 }
 
-zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const size_t *n, int k,
+                                 double *sums) {
+    const char *what = "sum of squares";
+    ZPP_CHECK(zpp__dev(d, what));
+    if (k < 0 || (k && (!x || !n || !sums)))
+        return zpp_error(ZPP_ERR_INVALID, "%s: %d arrays; pass k >= 0 and x, n, sums for them",
+                         what, k);
+    int work = 0;
+    for (int j = 0; j < k; j++) {
+        size_t bytes = 0;
+        ZPP_CHECK(zpp__mul(what, n[j], sizeof(float), &bytes));
+        ZPP_CHECK(zpp__ptr(what, x[j], "the input", n[j]));
+        sums[j] = 0.0;
+        work |= n[j] != 0;
+    }
+    if (!work) return ZPP_OK;
+    return d->ops->sumsq(d, x, n, k, sums);
+}
+
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype) {
     const char *what = "AdamW";

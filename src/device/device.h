@@ -51,6 +51,10 @@ typedef struct zpp_adamw_args {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* clipping coefficient, applied to g first */
     int step;         /* 1-based, for bias correction */
+    /* 1: grad[i] = 0 once read, so the accumulator is ready for the next
+     * step's sums in the same pass over memory (the line is already in
+     * cache: the zeroing costs no read, and no pass of its own). */
+    int clear_grad;
 } zpp_adamw_args;
 
 /* The backend table. Streams are the backend's native handles (a
@@ -105,8 +109,9 @@ typedef struct zpp_device_ops {
     zpp_status (*convert)(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
                           zpp_dtype out_dtype, size_t n, float scale);
     zpp_status (*add)(zpp_device *d, float *acc, const float *x, size_t n);
-    zpp_status (*sumsq)(zpp_device *d, const float *x, size_t n, double *sum_p);
-    zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, const float *grad,
+    zpp_status (*sumsq)(zpp_device *d, const float *const *x, const size_t *n, int k,
+                        double *sums);
+    zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, float *grad,
                         size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
     void (*destroy)(zpp_device *d);
 } zpp_device_ops;
@@ -329,10 +334,18 @@ zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype,
 zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n);
 /* Sum of x[i]^2 in double, returned to the host (waits for the stream). */
 zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p);
+/* The same for k arrays at once: sums[j] is array j's sum of squares. One
+ * wait for the stream in all, not one an array: the host has the next
+ * kernels queued while the device works (the optimizer step's norm over
+ * every unit). */
+zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const size_t *n, int k,
+                                 double *sums);
 /* AdamW over a shard (zpp_adamw_args), then the working copy: `work`
  * receives the new parameters rounded to work_dtype, or nothing when NULL
- * (the engine rounds at gather time instead, keeping no working copy). */
-zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+ * (the engine then rounds at gather time, keeping no working copy). One
+ * pass: 16 bytes read and 12 written an element, plus the copy's 2 (bf16)
+ * and, with clear_grad, the gradient's 4. */
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype);
 

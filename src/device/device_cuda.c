@@ -16,7 +16,8 @@
 #include "quant/quant_cuda.h"
 
 typedef struct cuda_impl {
-    double *sumsq; /* one double in device memory, for zpp_dcu_sumsq */
+    double *sumsq;  /* sumsq_cap doubles in device memory, for zpp_dcu_sumsq */
+    int sumsq_cap;
 } cuda_impl;
 
 static zpp_status cu_fail(cudaError_t e, const char *what) {
@@ -240,12 +241,24 @@ static zpp_status cu_add(zpp_device *d, float *acc, const float *x, size_t n) {
     return zpp_dcu_add(d->stream, acc, x, n);
 }
 
-static zpp_status cu_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
+static zpp_status cu_sumsq(zpp_device *d, const float *const *x, const size_t *n, int k,
+                          double *sums) {
     cuda_impl *im = d->impl;
-    return zpp_dcu_sumsq(d->stream, x, n, im->sumsq, sum_p);
+    if (k > im->sumsq_cap) { /* once per engine: it asks for every unit at once */
+        double *grown = NULL;
+        cudaError_t e = cudaMalloc((void **)&grown, (size_t)k * sizeof(double));
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return cu_fail(e, "sum of squares: its accumulators");
+        }
+        (void)cudaFree(im->sumsq); /* waits for the work that used it */
+        im->sumsq = grown;
+        im->sumsq_cap = k;
+    }
+    return zpp_dcu_sumsq(d->stream, x, n, k, im->sumsq, sums);
 }
 
-static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
                            size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype) {
     return zpp_dcu_adamw(d->stream, param, m, v, grad, n, a, work, work_dtype);
 }
@@ -383,6 +396,7 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
     if (e == cudaSuccess) {
         d->stream = (void *)s;
         e = cudaMalloc((void **)&im->sumsq, sizeof(double));
+        im->sumsq_cap = 1;
     }
     if (e != cudaSuccess) {
         zpp_status st = cu_fail(e, "device: the compute stream");

@@ -58,29 +58,30 @@ __global__ void zpp_dcu_sumsq_kernel(const float *x, size_t n, double *out) {
     if (threadIdx.x == 0) atomicAdd(out, part[0]);
 }
 
-extern "C" zpp_status zpp_dcu_sumsq(void *stream, const float *x, size_t n, double *tmp_dev,
-                                    double *sum_p) {
+extern "C" zpp_status zpp_dcu_sumsq(void *stream, const float *const *x, const size_t *n, int k,
+                                    double *tmp_dev, double *sums) {
     cudaStream_t s = (cudaStream_t)stream;
-    double h = 0.0;
-    cudaError_t e = cudaMemsetAsync(tmp_dev, 0, sizeof(double), s);
+    cudaError_t e = cudaMemsetAsync(tmp_dev, 0, (size_t)k * sizeof(double), s);
     if (e != cudaSuccess) return zpp_error(ZPP_ERR_CUDA, "sum of squares: %s", cudaGetErrorString(e));
-    if (n) zpp_dcu_sumsq_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n, tmp_dev);
-    zpp_status st = launch_status("sum of squares");
-    if (st != ZPP_OK) return st;
-    e = cudaMemcpyAsync(&h, tmp_dev, sizeof(double), cudaMemcpyDeviceToHost, s);
+    for (int j = 0; j < k; j++) {
+        if (n[j]) zpp_dcu_sumsq_kernel<<<grid_for(n[j], 256), 256, 0, s>>>(x[j], n[j], tmp_dev + j);
+        zpp_status st = launch_status("sum of squares");
+        if (st != ZPP_OK) return st;
+    }
+    e = cudaMemcpyAsync(sums, tmp_dev, (size_t)k * sizeof(double), cudaMemcpyDeviceToHost, s);
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     if (e != cudaSuccess) return zpp_error(ZPP_ERR_CUDA, "sum of squares: %s", cudaGetErrorString(e));
-    *sum_p = h;
     return ZPP_OK;
 }
 
 /* The host loop's expressions, in the same order (device_host.c); c1, c2
  * are the bias corrections, computed once on the host as there. */
-__global__ void zpp_dcu_adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n,
+__global__ void zpp_dcu_adamw_kernel(float *param, float *m, float *v, float *grad, size_t n,
                                      zpp_adamw_args a, float c1, float c2, void *work, int dt) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float g = a.grad_scale * grad[i];
+        if (a.clear_grad) grad[i] = 0.0f;
         float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
         float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
         m[i] = mi;
@@ -96,7 +97,7 @@ __global__ void zpp_dcu_adamw_kernel(float *param, float *m, float *v, const flo
 }
 
 extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v,
-                                    const float *grad, size_t n, const zpp_adamw_args *a,
+                                    float *grad, size_t n, const zpp_adamw_args *a,
                                     void *work, zpp_dtype work_dtype) {
     if (n == 0) return ZPP_OK;
     float c1 = 1.0f - powf(a->beta1, (float)a->step);

@@ -211,15 +211,18 @@ static zpp_status host_add(zpp_device *d, float *acc, const float *x, size_t n) 
 
 /* In double, in index order: the engine's gradient norm, and through it
  * the clipping coefficient, depends on the order. */
-static zpp_status host_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
+static zpp_status host_sumsq(zpp_device *d, const float *const *x, const size_t *n, int k,
+                             double *sums) {
     (void)d;
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    *sum_p = s;
+    for (int j = 0; j < k; j++) {
+        double s = 0.0;
+        for (size_t i = 0; i < n[j]; i++) s += (double)x[j][i] * x[j][i];
+        sums[j] = s;
+    }
     return ZPP_OK;
 }
 
-static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, const float *grad,
+static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
                              size_t n, const zpp_adamw_args *a, void *work,
                              zpp_dtype work_dtype) {
     (void)d;
@@ -228,6 +231,7 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, co
     const float c2 = 1.0f - powf(b2, (float)a->step);
     for (size_t i = 0; i < n; i++) {
         float g = a->grad_scale * grad[i];
+        if (a->clear_grad) grad[i] = 0.0f;
         float mi = b1 * m[i] + (1.0f - b1) * g;
         float vi = b2 * v[i] + (1.0f - b2) * g * g;
         m[i] = mi;

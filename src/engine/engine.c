@@ -58,6 +58,7 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
 }
 
 static void free_unit(zpp_engine *e, unit_state *u) {
+    zpp_device_free(e->dev, u->resident);
     zpp_device_free(e->dev, u->master);
     zpp_device_free(e->dev, u->m);
     zpp_device_free(e->dev, u->v);
@@ -101,6 +102,41 @@ zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
  * the gradient is not rounded to the working dtype for a wire it never
  * takes. */
 static int alone(const zpp_engine *e) { return e->topo->world_size == 1; }
+
+/* ---- Resident weights (opts.resident_weights) -------------------------------
+ * At world 1 a "gather" is a rounding of the fp32 master into the working
+ * dtype, done for the forward and again for the backward: 6 bytes an
+ * element each time (4 read, 2 written), 12 a step, where AdamW could write
+ * the rounded copy as it writes the master (2 bytes, in the pass it makes
+ * anyway). Keeping that copy costs its 2 bytes an element of memory; the
+ * weights the model reads are the same bits (the same rounding of the same
+ * master). Only at world 1 with the plain gather: qwZ's int8 rendering and
+ * hpZ's secondary shards are made at gather time from the master. */
+static zpp_status resident_create(zpp_engine *e) {
+    const zpp_engine_opts *o = &e->opts;
+    if (!o->resident_weights || !alone(e) || o->gather != ZPP_GATHER_BASELINE || o->hpz)
+        return ZPP_OK;
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(zpp_device_alloc(e->dev, work_bytes(e, u), &u->resident));
+        u->resident_valid = 0; /* rounded from the master at its first use */
+    }
+    return ZPP_OK;
+}
+
+/* Makes the resident copy of unit ui the gathered unit, rounding the master
+ * into it first when it is stale (after init or a checkpoint's masters). At
+ * world 1 the shard is the whole padded unit, its padding zero. */
+static zpp_status resident_use(zpp_engine *e, int ui) {
+    unit_state *u = &e->units[ui];
+    if (!u->resident_valid) {
+        ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, u->resident,
+                                     e->opts.work_dtype, u->part.shard_len, 1.0f));
+        u->resident_valid = 1;
+    }
+    u->full = u->resident;
+    return ZPP_OK;
+}
 
 /* ---- Vectors at full precision (engine.h, quantize_vectors) ----------------
  * A LayerNorm gain (about 1) in an int8 block of weights of std 0.02 sets
@@ -318,6 +354,7 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
     }
     for (int i = 0; i < model->n_units; i++)
         ZPP_CHECK_GOTO(alloc_unit(e, &e->units[i], i), st, fail);
+    ZPP_CHECK_GOTO(resident_create(e), st, fail);
     ZPP_CHECK_GOTO(vec_create(e), st, fail);
     *engine_p = e;
     return ZPP_OK;
@@ -333,8 +370,8 @@ void zpp_engine_destroy(zpp_engine *e) {
         for (int i = 0; i < e->model->n_units; i++) {
             unit_state *u = &e->units[i];
             if (u->gather_op) zpp_coll_finish(e->coll, u->gather_op);
+            if (u->full != u->resident) zpp_device_scratch_put(e->dev, u->full);
             free_unit(e, u);
-            zpp_device_scratch_put(e->dev, u->full);
             zpp_device_scratch_put(e->dev, u->grad_full);
         }
     }
@@ -359,6 +396,7 @@ void zpp_engine_destroy(zpp_engine *e) {
 static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
     unit_state *u = &e->units[ui];
     if (u->full) return ZPP_OK;
+    if (u->resident) return resident_use(e, ui);
     /* The vectors' copy a gather through int8 will read: refreshed once
      * after the weights change, before the first such gather. */
     if (e->vec.weights && !e->vec.weights_fresh && !e->evaluating) ZPP_CHECK(vec_refresh(e));
@@ -430,7 +468,7 @@ zpp_status engine_release(zpp_engine *e, int ui) {
         u->gather_op = NULL;
         ZPP_CHECK(coll_finish(e, op));
     }
-    zpp_device_scratch_put(e->dev, u->full);
+    if (u->full != u->resident) zpp_device_scratch_put(e->dev, u->full);
     u->full = NULL;
     return ZPP_OK;
 }

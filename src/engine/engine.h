@@ -119,6 +119,9 @@ typedef struct zpp_engine_opts {
      * per wait for a collective, and a host wait for the compute stream at
      * the end of each optimizer step. Default 0. */
     int profile;
+    /* World 1, plain gather, no hpZ: keep each unit in the working dtype
+     * between steps (zeropp.h, zpp_engine_config.resident_weights). */
+    int resident_weights;
 } zpp_engine_opts;
 
 /* The defaults of engine/options.h (AdamW GPT-2 style, bf16 working

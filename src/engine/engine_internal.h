@@ -24,6 +24,12 @@ typedef struct unit_state {
     float *master, *m, *v, *grad_acc; /* fp32, shard_len */
     void *secondary;                  /* hpZ: working dtype, sec_len */
     int secondary_valid;
+    /* The whole unit in the working dtype, kept between steps (world 1,
+     * plain gather, opts.resident_weights; else NULL): `full` points at it
+     * instead of at a gathered buffer. AdamW writes it as it updates the
+     * master; it is stale only after the masters were set (state.c). */
+    void *resident;
+    int resident_valid;
     /* transient */
     void *full;               /* gathered unit (padded, working dtype) */
     zpp_coll_op *gather_op;   /* gather in flight into `full` */

@@ -55,6 +55,7 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
     }
     ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
     u->secondary_valid = 0;
+    u->resident_valid = 0;
     e->vec.weights_fresh = 0;
     e->forward_ready = 0;
     return ZPP_OK;

@@ -3,6 +3,7 @@
  * with non-finite gradients, or update), clipping and AdamW on each
  * rank's shards, the LoCo reset and the step's stats. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -23,8 +24,11 @@ static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t 
     if (to <= from) return ZPP_OK;
     zpp_adamw_args a = *aw;
     if (!decay) a.weight_decay = 0.0f;
+    /* the resident copy (engine.c) is written in the same pass */
+    void *work = u->resident ? (char *)u->resident + from * zpp_dtype_size(e->opts.work_dtype)
+                             : NULL;
     return zpp_device_adamw(e->dev, u->master + from, u->m + from, u->v + from,
-                            u->grad_acc + from, to - from, &a, NULL, e->opts.work_dtype);
+                            u->grad_acc + from, to - from, &a, work, e->opts.work_dtype);
 }
 
 static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
@@ -85,19 +89,34 @@ static zpp_status step_settle_gradients(zpp_engine *e) {
  * all-reduce carries the flag to every rank at no extra bytes and all skip
  * the step together, before any weight changes. */
 static zpp_status step_global_sumsq(zpp_engine *e, float loss, float sums[2]) {
-    double sq = 0.0;
-    for (int i = 0; i < e->model->n_units; i++) {
-        double s = 0.0;
-        unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_device_sumsq(e->dev, u->grad_acc, u->part.shard_len, &s));
-        sq += s;
+    const int n = e->model->n_units;
+    const float **x = malloc((size_t)n * sizeof *x);
+    size_t *len = malloc((size_t)n * sizeof *len);
+    double *s = malloc((size_t)n * sizeof *s);
+    zpp_status st = ZPP_OK;
+    if (!x || !len || !s) {
+        st = zpp_error(ZPP_ERR_NOMEM, "engine: out of host memory for the gradient norm");
+        goto out;
     }
+    for (int i = 0; i < n; i++) {
+        x[i] = e->units[i].grad_acc;
+        len[i] = e->units[i].part.shard_len;
+    }
+    /* one wait for the device, not one a unit */
+    ZPP_CHECK_GOTO(zpp_device_sumsq_many(e->dev, x, len, n, s), st, out);
+    double sq = 0.0;
+    for (int i = 0; i < n; i++) sq += s[i];
     int raised = 0;
-    ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
+    ZPP_CHECK_GOTO(zpp_device_nonfinite_take(e->dev, &raised), st, out);
     if (raised) sq = INFINITY;
     sums[0] = (float)sq;
     sums[1] = loss;
-    return engine_coll_allreduce(e, sums, 2);
+    st = engine_coll_allreduce(e, sums, 2);
+out:
+    free(x);
+    free(len);
+    free(s);
+    return st;
 }
 
 /* Zeroes every unit's accumulated gradient shard for the next step. */
@@ -179,14 +198,14 @@ static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_sc
     }
     if (used_scale != 1.0f) scale /= used_scale;
     e->updates++;
+    /* clear_grad: AdamW leaves the accumulators zeroed for the next step */
     zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
-                         e->opts.weight_decay, scale, e->updates};
+                         e->opts.weight_decay, scale, e->updates, 1};
     for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
         ZPP_CHECK(adamw_unit(e, i, &aw));
-        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
-        /* The weights changed: the secondary copy is stale. */
-        u->secondary_valid = 0;
+        /* The weights changed: the secondary copy is stale (the resident
+         * one was written with them). */
+        e->units[i].secondary_valid = 0;
     }
     e->vec.weights_fresh = 0;
     scaler_on_update(e);

@@ -145,6 +145,7 @@ static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_d
     ec.loco_err_beta = (float)c->zero.loco_err_beta;
     ec.loco_reset_T = c->zero.loco_reset_T;
     ec.quantize_vectors = c->zero.quantize_vectors;
+    ec.resident_weights = c->zero.resident_weights;
     ec.grad_quant.stochastic = c->zero.grad_stochastic;
     ec.seed = c->seed;
     ec.max_consecutive_skips = c->max_consecutive_skips;
