@@ -75,20 +75,29 @@ extern "C" zpp_status zpp_dcu_sumsq(void *stream, const float *const *x, const s
 }
 
 /* The host loop's expressions, in the same order (device_host.c); c1, c2
- * are the bias corrections, computed once on the host as there. */
-__global__ void zpp_dcu_adamw_kernel(float *param, float *m, float *v, float *grad, size_t n,
-                                     zpp_adamw_args a, float c1, float c2, void *work, int dt) {
+ * are the bias corrections, computed once on the host as there. The four
+ * arrays (and the working copy) never overlap: __restrict__ lets every load
+ * of an element issue before any store, so each thread keeps its four
+ * reads in flight together. Without it a store to one array had to land
+ * before the next array's load (they might alias), and the loop ran at
+ * memory latency, not bandwidth: writing the cleared gradient back made the
+ * step several times slower than a separate memset. */
+__global__ void zpp_dcu_adamw_kernel(float *__restrict__ param, float *__restrict__ m,
+                                     float *__restrict__ v, float *__restrict__ grad, size_t n,
+                                     zpp_adamw_args a, float c1, float c2,
+                                     void *__restrict__ work, int dt) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float g = a.grad_scale * grad[i];
-        if (a.clear_grad) grad[i] = 0.0f;
-        float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-        float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
+        const float g0 = grad[i], m0 = m[i], v0 = v[i], p0 = param[i];
+        float g = a.grad_scale * g0;
+        float mi = a.beta1 * m0 + (1.0f - a.beta1) * g;
+        float vi = a.beta2 * v0 + (1.0f - a.beta2) * g * g;
+        float p = p0;
+        p -= a.lr * ((mi / c1) / (sqrtf(vi / c2) + a.eps) + a.weight_decay * p);
         m[i] = mi;
         v[i] = vi;
-        float p = param[i];
-        p -= a.lr * ((mi / c1) / (sqrtf(vi / c2) + a.eps) + a.weight_decay * p);
         param[i] = p;
+        if (a.clear_grad) grad[i] = 0.0f;
         if (!work) continue;
         if (dt == ZPP_BF16) ((__nv_bfloat16 *)work)[i] = __float2bfloat16_rn(p);
         else if (dt == ZPP_FP16) ((__half *)work)[i] = __float2half_rn(p);
