@@ -19,3 +19,11 @@ if(ZPP_HAVE_CUDA)
   zpp_test(test_attention_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_attention_cuda.c
            CASES_FROM_SOURCE TIMEOUT 600)
 endif()
+
+# Initial weights drawn on the GPU (init_params_device of gpt2_cuda.cu)
+# against the host's init_params, bit for bit: every unit, every rank's
+# shard, random slices. Each ZPP_TEST_GPU case is its own test, labelled gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_gpt2_init_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt2_init_cuda.c
+           CASES_FROM_SOURCE TIMEOUT 300)
+endif()
