@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/random.h"
 #include "device/device.h"
 #include "model/gpt2.h"
 #include "model/model.h"
@@ -121,6 +122,59 @@ static void test_device_init_matches_host(void) {
     check_model(&wide, &r);
 }
 
+/* normal_cuda.cu */
+int zpp_test_normal_parts_device(const double *u1, const double *u2, double *log_u1,
+                                 double *cos_u2, double *z, size_t n);
+
+/* The doubles under the weights: log u1, cos 2 pi u2 and the Box-Muller
+ * sample, on the device and on the host, equal bit for bit, for random
+ * (u1, u2) on Box-Muller's grid and the ends of its range. */
+static void test_normal_parts_match_host(void) {
+    zpp_device *dev = zpp_test_gpu_open("test_gpt2_init_cuda checks the device's normal sample");
+    zpp_rng r = zpp_rng_make(zpp_test_seed(2));
+    const size_t n = (size_t)1 << 22;
+    double *h[5], *d[5]; /* u1, u2, log u1, cos 2 pi u2, z */
+    for (int k = 0; k < 5; k++) {
+        h[k] = zpp_test_malloc(n * sizeof(double));
+        EXPECT_OK(zpp_device_alloc(dev, n * sizeof(double), (void **)&d[k]));
+    }
+    for (size_t i = 0; i < n; i++) {
+        h[0][i] = (double)((zpp_rng_u64(&r) >> 11) + 1) * 0x1.0p-53;
+        h[1][i] = (double)(zpp_rng_u64(&r) >> 11) * 0x1.0p-53;
+    }
+    const double ends[][2] = {{1.0, 0.0}, {0x1.0p-53, 0.25}, {0.5, 0.5}, {1.0 - 0x1.0p-53, 0.75},
+                              {0x1.6a09e667f3bcdp-1, 1.0 - 0x1.0p-53}, {0.125, 0.125}};
+    for (size_t e = 0; e < sizeof ends / sizeof ends[0]; e++) {
+        h[0][e] = ends[e][0];
+        h[1][e] = ends[e][1];
+    }
+    EXPECT_OK(zpp_device_copy(dev, d[0], h[0], n * sizeof(double)));
+    EXPECT_OK(zpp_device_copy(dev, d[1], h[1], n * sizeof(double)));
+    EXPECT_OK(zpp_device_sync(dev, NULL));
+    int e = zpp_test_normal_parts_device(d[0], d[1], d[2], d[3], d[4], n);
+    EXPECT(e == 0, "normal kernel: CUDA error %d", e);
+    const char *what[5] = {"", "", "log u1", "cos 2 pi u2", "Box-Muller z"};
+    double *back = zpp_test_malloc(n * sizeof(double));
+    for (int k = 2; k < 5; k++) {
+        EXPECT_OK(zpp_device_copy(dev, back, d[k], n * sizeof(double)));
+        for (size_t i = 0; i < n; i++) {
+            double want = k == 2 ? zpp_log_positive(h[0][i])
+                          : k == 3 ? zpp_cos_2pi(h[1][i])
+                                   : zpp_box_muller(h[0][i], h[1][i]);
+            EXPECT(memcmp(&back[i], &want, sizeof want) == 0,
+                   "%s at u1 = %a, u2 = %a: device %a, host %a", what[k], h[0][i], h[1][i],
+                   back[i], want);
+        }
+    }
+    printf("  %zu samples: log, cos and Box-Muller equal on device and host\n", n);
+    free(back);
+    for (int k = 0; k < 5; k++) {
+        free(h[k]);
+        zpp_device_free(dev, d[k]);
+    }
+    zpp_device_destroy(dev);
+}
+
 static void test_device_init_refuses(void) {
     const zpp_gpt2_config cfg = {2, 3, 21, 13, 37, 0};
     init_fixture f;
@@ -139,4 +193,5 @@ static void test_device_init_refuses(void) {
     fixture_close(&f);
 }
 
-ZPP_TESTS(ZPP_TEST_GPU(test_device_init_matches_host), ZPP_TEST_GPU(test_device_init_refuses))
+ZPP_TESTS(ZPP_TEST_GPU(test_normal_parts_match_host), ZPP_TEST_GPU(test_device_init_matches_host),
+          ZPP_TEST_GPU(test_device_init_refuses))
