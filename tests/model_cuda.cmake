@@ -19,3 +19,13 @@ if(ZPP_HAVE_CUDA)
   zpp_test(test_attention_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_attention_cuda.c
            CASES_FROM_SOURCE TIMEOUT 600)
 endif()
+
+# Initial weights drawn on the GPU (init_params_device of gpt2_cuda.cu)
+# against the host's init_params, bit for bit: every unit, every rank's
+# shard, random slices; and the doubles of the normal sample under them
+# (core/random.h, evaluated by normal_cuda.cu's kernel). Each ZPP_TEST_GPU
+# case is its own test, labelled gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_gpt2_init_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt2_init_cuda.c
+           ${CMAKE_CURRENT_SOURCE_DIR}/normal_cuda.cu CASES_FROM_SOURCE TIMEOUT 300)
+endif()

@@ -652,6 +652,22 @@ static zpp_status run_resume(train_run *tr) {
     return ZPP_OK;
 }
 
+/* Setting up longer than this many seconds gets its line. */
+#define SETUP_LINE_S 2.0
+
+/* Rank 0's line saying where a slow setup's time went (docs/logs.md). */
+static void print_setup(const zpp_trainer_info *in, const char *init_from) {
+    double total = in->setup_ranks_s + in->setup_model_s + in->setup_engine_s +
+                   in->setup_init_from_s;
+    if (total <= SETUP_LINE_S) return;
+    printf("set up in %.1f s: ranks and device %.1f s, data and model %.1f s, engine %.1f s "
+           "(initial weights drawn on the %s)",
+           total, in->setup_ranks_s, in->setup_model_s, in->setup_engine_s,
+           in->init_on_device ? "GPU" : "host");
+    if (init_from) printf(", llm.c model file %.1f s", in->setup_init_from_s);
+    printf("\n");
+}
+
 /* Set up: the trainer, then the save folder, then the resume. *ctx names
  * the stage that failed, for report. */
 static zpp_status run_open(train_run *tr, const char **ctx) {
@@ -661,6 +677,7 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
     *ctx = "train";
     ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
     tr->in = zpp_trainer_get_info(tr->t);
+    if (tr->rank == 0) print_setup(tr->in, a->init_from);
     if (a->init_from && tr->rank == 0)
         printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
                zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);

@@ -14,6 +14,36 @@
 #include "device/device.h"
 
 
+/* Initial values of this rank's slice [r * shard_len, ...) of the unit,
+ * clipped to the real elements, into its fp32 master shard; the padding
+ * stays zero forever (its gradients are zero and AdamW maps 0 to 0). A
+ * model that draws them on its device (init_params_device) writes them in
+ * place; otherwise they are drawn into host memory and copied. Either way
+ * each value is a pure function of (seed, unit, index): the same bits. */
+static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
+    const zpp_partition *p = &u->part;
+    size_t fbytes = p->shard_len * sizeof(float);
+    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
+    size_t count = begin < p->numel ? p->numel - begin : 0;
+    if (count > p->shard_len) count = p->shard_len;
+    const zpp_model_ops *ops = e->model->ops;
+    if (ops->init_params_device) {
+        if (count < p->shard_len)
+            ZPP_CHECK(zpp_device_set(e->dev, u->master + count, 0, fbytes - count * sizeof(float)));
+        if (!count) return ZPP_OK;
+        return ops->init_params_device(e->model, index, begin, count, u->master, e->opts.seed);
+    }
+    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
+    zpp_status st = ZPP_OK;
+    if (count) st = ops->init_params(e->model, index, begin, count, host, e->opts.seed);
+    /* The copy must land before `host` is freed: a copy from host memory
+     * has read its source when it returns. */
+    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
+    free(host);
+    return st;
+}
+
 static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
     size_t fbytes = p->shard_len * sizeof(float);
@@ -24,22 +54,7 @@ static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
     if (e->opts.hpz)
         ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * zpp_dtype_size(e->opts.work_dtype),
                                    &u->secondary));
-
-    /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
-     * clipped to the real elements; the padding stays zero forever (its
-     * gradients are zero and AdamW maps 0 to 0). */
-    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
-    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
-    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
-    size_t count = begin < p->numel ? p->numel - begin : 0;
-    if (count > p->shard_len) count = p->shard_len;
-    zpp_status st = ZPP_OK;
-    if (count) st = e->model->ops->init_params(e->model, index, begin, count, host, e->opts.seed);
-    /* The copy must land before `host` is freed: a copy from host memory
-     * has read its source when it returns. */
-    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
-    free(host);
-    ZPP_CHECK(st);
+    ZPP_CHECK(init_master(e, u, index));
     ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
     ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
     if (e->opts.loco) {

@@ -3,7 +3,6 @@
  * and stages, and the plan of the activation arena. Both models build on
  * this file, so it calls neither: the factory that picks one of them is
  * gpt2_factory.c. */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -11,8 +10,6 @@
 #include "core/random.h"
 #include "model/decoder.h"
 #include "model/gpt2.h"
-
-#define GPT2_INIT_STD 0.02
 
 /* ------------------------------------------------------------------------ */
 /* Configuration, layout, initialisation                                     */
@@ -83,49 +80,8 @@ size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit) {
     return unit == 0 ? l.embed_numel : l.block_numel;
 }
 
-/* A standard normal that depends only on (seed, unit, index).
- *
- * Each unit gets its own key; the two uniforms of element i are the
- * splitmix64 stream of that key at positions 2i+1 and 2i+2. Box-Muller then
- * maps two independent U(0,1] to one N(0,1):
- *     z = sqrt(-2 ln u1) cos(2 pi u2)
- * u1 is never 0 (the +1 below), so the log is finite; |z| <= sqrt(2 ln 2^53)
- * ~ 8.6. Evaluated in double and rounded once to fp32. */
-static double gpt2_normal(uint64_t seed, int unit, size_t index) {
-    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
-    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
-    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
-    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
-    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1) */
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *l, int unit,
-                          size_t i, uint64_t seed) {
-    double std = 0.0, one = 0.0;
-    if (unit == 0) {
-        if (i < l->lnf_w) std = GPT2_INIT_STD;          /* wte, wpe */
-        else if (i < l->lnf_b) one = 1.0;               /* lnf_w */
-    } else {
-        double resid_std = GPT2_INIT_STD / sqrt(2.0 * cfg->n_layer);
-        if (i < l->ln1_b) one = 1.0;                    /* ln1_w */
-        else if (i < l->qkv_w) {}                       /* ln1_b */
-        else if (i < l->qkv_b) std = GPT2_INIT_STD;     /* qkv_w */
-        else if (i < l->proj_w) {}                      /* qkv_b */
-        else if (i < l->proj_b) std = resid_std;        /* proj_w */
-        else if (i < l->ln2_w) {}                       /* proj_b */
-        else if (i < l->ln2_b) one = 1.0;               /* ln2_w */
-        else if (i < l->fc_w) {}                        /* ln2_b */
-        else if (i < l->fc_b) std = GPT2_INIT_STD;      /* fc_w */
-        else if (i < l->fc2_w) {}                       /* fc_b */
-        else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
-    }
-    if (std == 0.0) return (float)one;
-    return (float)(std * gpt2_normal(seed, unit, i));
-}
-
-zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
-                              size_t count, float *out, uint64_t seed) {
+zpp_status zpp_gpt2_init_check(const zpp_gpt2_config *cfg, int unit, size_t offset,
+                               size_t count, zpp_gpt2_layout *layout_p) {
     ZPP_CHECK(zpp_gpt2_config_check(cfg));
     if (unit < 0 || unit > cfg->n_layer)
         return zpp_error(ZPP_ERR_INVALID, "gpt2 init: unit %d does not exist; use 0..%d",
@@ -137,6 +93,14 @@ zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offse
         return zpp_error(ZPP_ERR_INVALID,
                          "gpt2 init: elements [%zu, %zu + %zu) exceed unit %d of %zu elements",
                          offset, offset, count, unit, numel);
+    *layout_p = l;
+    return ZPP_OK;
+}
+
+zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
+                              size_t count, float *out, uint64_t seed) {
+    zpp_gpt2_layout l;
+    ZPP_CHECK(zpp_gpt2_init_check(cfg, unit, offset, count, &l));
     if (count && !out) return zpp_error(ZPP_ERR_INVALID, "gpt2 init: out is NULL");
     for (size_t k = 0; k < count; k++)
         out[k] = zpp_gpt2_init_value(cfg, &l, unit, offset + k, seed);

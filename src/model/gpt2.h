@@ -53,6 +53,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/random.h"
 #include "device/device.h"
 #include "model/decoder.h"
 #include "model/family.h"
@@ -139,10 +140,63 @@ void zpp_gpt2_layout_make(const zpp_gpt2_config *cfg, zpp_gpt2_layout *layout_p)
 /* Elements of `unit` (0 for the embeddings, 1..n_layer for blocks). */
 size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit);
 
-/* Initial value of element `index` of `unit`. Pure function of
- * (cfg shape, seed, unit, index). */
-float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *layout,
-                          int unit, size_t index, uint64_t seed);
+/* ---- Initial values ------------------------------------------------------
+ * Host C and CUDA device code (ZPP_HD): the CPU model fills host memory
+ * with them, one element at a time (zpp_gpt2_init_fill), and the CUDA model
+ * fills its shard in device memory, one thread per element
+ * (init_params_device in gpt2_cuda.cu). Both evaluate these very
+ * functions, whose arithmetic is rounded the same way on either side
+ * (core/random.h), so they write the same bits. */
+
+#define ZPP_GPT2_INIT_STD 0.02
+
+/* A standard normal that depends only on (seed, unit, index).
+ *
+ * Each unit gets its own key; the two uniforms of element i are the
+ * splitmix64 stream of that key at positions 2i+1 and 2i+2, and Box-Muller
+ * (zpp_box_muller) maps them to one N(0, 1). u1 is never 0 (the +1 below),
+ * so the log is finite; |z| <= sqrt(2 ln 2^53) ~ 8.6. */
+ZPP_HD double zpp_gpt2_normal(uint64_t seed, int unit, size_t index) {
+    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
+    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
+    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
+    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1], exact */
+    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1), exact */
+    return zpp_box_muller(u1, u2);
+}
+
+/* Initial value of element `i` of `unit` (layout from
+ * zpp_gpt2_layout_make): a pure function of (cfg shape, seed, unit, i).
+ * The normal is scaled in double and rounded once to fp32. */
+ZPP_HD float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layout *l,
+                                 int unit, size_t i, uint64_t seed) {
+    double std = 0.0, one = 0.0;
+    if (unit == 0) {
+        if (i < l->lnf_w) std = ZPP_GPT2_INIT_STD;      /* wte, wpe */
+        else if (i < l->lnf_b) one = 1.0;               /* lnf_w */
+    } else {
+        double resid_std = ZPP_DDIV(ZPP_GPT2_INIT_STD, ZPP_DSQRT(2.0 * cfg->n_layer));
+        if (i < l->ln1_b) one = 1.0;                    /* ln1_w */
+        else if (i < l->qkv_w) {}                       /* ln1_b */
+        else if (i < l->qkv_b) std = ZPP_GPT2_INIT_STD; /* qkv_w */
+        else if (i < l->proj_w) {}                      /* qkv_b */
+        else if (i < l->proj_b) std = resid_std;        /* proj_w */
+        else if (i < l->ln2_w) {}                       /* proj_b */
+        else if (i < l->ln2_b) one = 1.0;               /* ln2_w */
+        else if (i < l->fc_w) {}                        /* ln2_b */
+        else if (i < l->fc_b) std = ZPP_GPT2_INIT_STD;  /* fc_w */
+        else if (i < l->fc2_w) {}                       /* fc_b */
+        else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
+    }
+    if (std == 0.0) return (float)one;
+    return (float)ZPP_DMUL(std, zpp_gpt2_normal(seed, unit, i));
+}
+
+/* Checks that [offset, offset + count) lies inside `unit` of a checked
+ * configuration and fills its layout: ZPP_ERR_INVALID naming the unit or
+ * range otherwise. What every init_params of a GPT-2 model checks first. */
+zpp_status zpp_gpt2_init_check(const zpp_gpt2_config *cfg, int unit, size_t offset,
+                               size_t count, zpp_gpt2_layout *layout_p);
 
 /* Writes elements [offset, offset + count) of `unit`'s initial values into
  * out (host fp32). ZPP_ERR_INVALID if the unit or range is out of bounds. */

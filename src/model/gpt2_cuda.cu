@@ -1217,9 +1217,36 @@ static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
 
 zpp_status op_init_params(zpp_model *m, int unit, size_t offset, size_t count, float *out,
                           uint64_t seed) {
-    /* Host fp32 (the engine copies it to the device): the CPU's helper, so
-     * both models start from the same bits. */
+    /* Host fp32: the CPU's helper, so both models start from the same bits.
+     * The engine takes op_init_params_device (below) instead: the same
+     * values, drawn on the GPU. */
     return zpp_gpt2_init_fill(&((gpt2_cuda *)m)->cfg, unit, offset, count, out, seed);
+}
+
+/* Element offset + k of the unit's initial values into out[k], for every k
+ * < count, grid-stride: the host's zpp_gpt2_init_value itself (gpt2.h),
+ * whose double arithmetic rounds as the host's does (core/random.h). */
+__global__ void init_params_kernel(zpp_gpt2_config cfg, zpp_gpt2_layout lay, int unit,
+                                   size_t offset, size_t count, float *out, uint64_t seed) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < count; k += stride)
+        out[k] = zpp_gpt2_init_value(&cfg, &lay, unit, offset + k, seed);
+}
+
+/* The same values as op_init_params, drawn on the GPU into device memory:
+ * GPT 6.7B over 8 ranks is 840 million values a shard, about 25 s of one
+ * host thread at every start, and milliseconds here. */
+zpp_status op_init_params_device(zpp_model *m, int unit, size_t offset, size_t count,
+                                 float *dev_out, uint64_t seed) {
+    gpt2_cuda *g = (gpt2_cuda *)m;
+    zpp_gpt2_layout lay;
+    ZPP_CHECK(zpp_gpt2_init_check(&g->cfg, unit, offset, count, &lay));
+    if (!count) return ZPP_OK;
+    ZPP_CHECK(check_device_ptr(dev_out, "init_params_device", "dev_out"));
+    init_params_kernel<<<grid_for(count), kThreads, 0, g->stream>>>(g->cfg, lay, unit, offset,
+                                                                    count, dev_out, seed);
+    LAUNCH_CHECK("init_params_device");
+    return ZPP_OK;
 }
 
 zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets, int B) {
@@ -1372,6 +1399,7 @@ void op_destroy(zpp_model *m) {
 const zpp_model_ops gpt2_cuda_ops = {
     op_init_params, op_set_batch, op_forward,  op_loss,
     op_backward,    op_destroy,   op_keep_logits, op_logits,
+    op_init_params_device,
 };
 
 /* ---- create ---- */

@@ -68,6 +68,16 @@ typedef struct zpp_model_ops {
      * user model of zeropp.h). */
     zpp_status (*keep_logits)(zpp_model *m, int row);
     zpp_status (*logits)(zpp_model *m, float *out);
+    /* Optional: init_params's values, bit for bit, written straight into
+     * dev_out, fp32 memory of the model's device (ZPP_MEM_DEVICE), by work
+     * enqueued on the device's compute stream (so ordered before whatever
+     * the caller enqueues there next); it may return before they are
+     * written. The engine uses it when present: a large model then starts
+     * without drawing billions of values on one host thread and copying
+     * them over. NULL in a model without it (the CPU model, a user model
+     * of zeropp.h): the engine calls init_params and copies. */
+    zpp_status (*init_params_device)(zpp_model *m, int unit, size_t offset, size_t count,
+                                     float *dev_out, uint64_t seed);
 } zpp_model_ops;
 
 struct zpp_model {

@@ -276,18 +276,28 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     ZPP_CHECK(zpp_train_config_resolve(c, zpp_comm_world_size()));
     int hpz = 0;
     const zpp_dtype wd = c->bf16 ? ZPP_BF16 : c->fp16.enabled ? ZPP_FP16 : ZPP_FP32;
+    double t0 = now_s();
     zpp_status st = build_topology(t, o, &hpz);
+    double t1 = now_s();
     if (st == ZPP_OK) st = build_data_model(t, o, wd);
     ZPP_CHECK(zpp_comm_agree_world(st));
+    double t2 = now_s();
     const zpp_engine_config ec = engine_config(c, hpz, wd, o->profile);
     ZPP_CHECK(zpp_engine_open(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
+    double t3 = now_s();
     if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
+    double t4 = now_s();
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);
     t->targets = malloc(bt * sizeof *t->targets);
     if (!t->tokens || !t->targets) return zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
     ZPP_CHECK(fill_info(t, o, hpz, wd));
+    t->info.setup_ranks_s = t1 - t0;
+    t->info.setup_model_s = t2 - t1;
+    t->info.setup_engine_s = t3 - t2;
+    t->info.setup_init_from_s = t4 - t3;
+    t->info.init_on_device = t->model->ops->init_params_device != NULL;
     cap_eval_batches(t);
     /* the save hooks (trainer.h), read once; the engine's kind is ignored */
     return zpp_fault_from_env(&t->fault);

@@ -24,6 +24,13 @@ typedef struct zpp_trainer_info {
     zpp_dtype dtype;       /* the working dtype */
     int gpu;               /* 1: one GPU per rank; 0: host ranks */
     char device[128];      /* this rank's device name: "host", "NVIDIA H200" */
+    /* Where zpp_trainer_create spent its time, in seconds (for the log's
+     * setup line): the ranks and the device (communicators, GPU context),
+     * the data and the model, the engine (shards, and this rank's initial
+     * weights: drawn on the device when init_on_device, else on the host
+     * and copied), and --init-from's file. */
+    double setup_ranks_s, setup_model_s, setup_engine_s, setup_init_from_s;
+    int init_on_device;
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
