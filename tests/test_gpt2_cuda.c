@@ -513,7 +513,7 @@ static void test_head_in_chunks_matches_cpu(void) {
  * 2e-5 * max|5 g1|. Forgetting to accumulate (4 g1) or to scale (2 g1)
  * misses by >= 20% of max|g|. The two losses must be bit-identical. */
 static void test_accumulation_and_scale(void) {
-    zpp_gpt2_config cfg = {2, 3, 48, 19, 101, 0};
+    zpp_gpt2_config cfg = {2, 3, 48, 19, 101, 0, 0};
     int B = 3;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(7));
@@ -556,7 +556,7 @@ static void test_accumulation_and_scale(void) {
 /* Same inputs, same bits: no atomics, cached cuBLASLt algorithms. A
  * different, larger batch in between must not leak into the repeat. */
 static void test_determinism(void) {
-    zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0};
+    zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0, 0};
     int Bmax = 4, B = 3;
     twin t = twin_make(cfg, dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16, Bmax, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
@@ -595,7 +595,7 @@ static void test_determinism(void) {
  * soon as it returns. Overwriting them before the forward (which runs
  * asynchronously) must not change the loss. */
 static void test_set_batch_copies(void) {
-    zpp_gpt2_config cfg = {1, 4, 64, 32, 128, 0};
+    zpp_gpt2_config cfg = {1, 4, 64, 32, 128, 0, 0};
     int B = 4;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(9));
@@ -622,7 +622,7 @@ static void test_set_batch_copies(void) {
  * of order are state errors; host pointers are refused before any kernel
  * can fault on them. */
 static void test_rejects_bad_input(void) {
-    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0};
+    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0, 0};
     int B = 2, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_model *m = t.gpu;
@@ -691,7 +691,7 @@ static void test_rejects_bad_input(void) {
  * its initial ln 64 (a 2-layer model memorising 64 random targets). The
  * CPU model runs the same steps alongside; its losses are printed. */
 static void test_sgd_reduces_loss(void) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0};
     int B = 4, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
@@ -750,7 +750,7 @@ static void test_sgd_reduces_loss(void) {
  * 0.007. So loss - ln V ~ 0.05 +- 0.01 (the CPU model on this shape, 12
  * seeds: 0.036 .. 0.060); we accept -0.06 .. 0.12 as there. */
 static void test_loss_at_init_and_speed(void) {
-    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0};
+    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0, 0};
     int B = 8, T = cfg.seq_len, V = cfg.vocab_size, L = cfg.n_layer;
     const zpp_dtype dt = dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16;
     zpp_device *dev = gpu_open();
@@ -909,7 +909,7 @@ static void test_attention_gemm_matches_cpu(void) {
     check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0}, ZPP_FP16, 3, 128, 14, 0);
 
     zpp_device *d = gpu_open();
-    const zpp_gpt2_config cfg = {2, 2, 128, 80, 128, 0};
+    const zpp_gpt2_config cfg = {2, 2, 128, 80, 128, 0, 0};
     const int L = 2, Bm = 3, H = 2, T = 80;
     if (gpu_cc() >= ZPP_CC_BF16) {
         const size_t gemm = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
