@@ -13,7 +13,8 @@
  *   - the memory: the CPU model's activations are (L-1) block slabs fewer,
  *     the size of a slab written out from the kernels' needs; the CUDA
  *     model's device allocation shrinks by (L-1) of its slabs, and the
- *     planner's activation count (zpp_cost_gpt_act_bytes) by as much.
+ *     planner's activation count (zpp_cost_gpt_act_bytes) by as much, and
+ *     the "gpt2" family's factory passes the flag on.
  *
  * Batches are fresh random tokens each run (zpp_test_seed). */
 #include <math.h>
@@ -27,6 +28,7 @@
 #include "device/device.h"
 #include "device/device_caps.h"
 #include "engine/engine.h"
+#include "model/family.h"
 #include "model/gpt2.h"
 #include "plan/cost.h"
 #include "cuda_testlib.h"
@@ -392,6 +394,21 @@ static void test_cuda_model_same_bits(void) {
         }
         size_t bytes[2];
         pair t = pair_make(cfg, dts[d], dev, bytes);
+        /* the "gpt2" family's factory passes the flag on: its model takes
+         * the checkpointed model's memory */
+        const zpp_decoder_shape shape = {.n_layer = cfg.n_layer, .n_head = cfg.n_head,
+                                         .n_embd = cfg.n_embd, .seq_len = cfg.seq_len,
+                                         .vocab_size = cfg.vocab_size,
+                                         .real_vocab_size = cfg.real_vocab_size, .recompute = 1};
+        size_t before = 0, after = 0;
+        zpp_model *named = NULL;
+        zpp_device_mem_stats(dev, &before, NULL);
+        EXPECT_OK(zpp_model_family_create("gpt2", &shape, dts[d], kMaxBatch, dev, &named));
+        zpp_device_mem_stats(dev, &after, NULL);
+        named->ops->destroy(named);
+        EXPECT(after - before == bytes[1], "%s: the family's checkpointed model takes %zu bytes, "
+                                           "zpp_gpt2_create's %zu",
+               zpp_dtype_name(dts[d]), after - before, bytes[1]);
         const size_t e = zpp_dtype_size(dts[d]), L = (size_t)cfg.n_layer;
         const size_t want = cuda_saved_bytes(&cfg, kMaxBatch, e, dts[d] == ZPP_BF16);
         EXPECT(bytes[0] - bytes[1] == want, "%s: checkpointing saves %zu device bytes, want %zu",
