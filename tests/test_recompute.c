@@ -367,10 +367,14 @@ static void test_engine_same_bits(void) {
 static size_t cuda_saved_bytes(const zpp_gpt2_config *c, int Bm, size_t e, int fused) {
     const size_t C = (size_t)c->n_embd, T = (size_t)c->seq_len, H = (size_t)c->n_head;
     const size_t N = (size_t)Bm * T, bh = (size_t)Bm * H, L = (size_t)c->n_layer;
-    const size_t bufs[9] = {4 * N, 4 * N, 3 * N * C * e, fused ? 4 * bh * T : bh * T * T * e,
-                            N * C * e, 4 * N * C,   4 * N,   4 * N, 4 * N * C * e};
+    const size_t att = fused ? 4 * bh * T : bh * T * T * e;
+    const size_t bufs[9] = {4 * N,     4 * N,     3 * N * C * e, att,          N * C * e,
+                            4 * N * C, 4 * N,     4 * N,         4 * N * C * e};
     size_t sum = 0;
-    for (int i = 0; i < 9; i++) sum += (L * bufs[i] + 255) / 256 * 256 - (bufs[i] + 255) / 256 * 256;
+    for (int i = 0; i < 9; i++) {
+        const size_t all = (L * bufs[i] + 255) / 256 * 256, one = (bufs[i] + 255) / 256 * 256;
+        sum += all - one;
+    }
     return sum;
 }
 
