@@ -153,7 +153,7 @@ static void test_every_key_parsed(void) {
                      ebeta, resetT);
         if (sr)
             strcat(loco_txt, ",\n      \"zeropp_grad_stochastic_rounding\": true");
-        int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1);
+        int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1), ckpt = irand(&r, 0, 1);
         double peak = trial % 3 ? zpp_rng_uniform(&r) * 2000 : 0; /* 0 = the GPU's preset */
         char json[4096];
         snprintf(json, sizeof json,
@@ -189,14 +189,14 @@ static void test_every_key_parsed(void) {
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
                  "      \"save_timeout_s\": %.17g, \"prune_newer\": %s,\n"
                  "      \"data_order\": \"%s\", \"weight_decay_all\": %s,\n"
-                 "      \"peak_tflops\": %.17g}\n"
+                 "      \"peak_tflops\": %.17g, \"activation_checkpointing\": %s}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
                  real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, prune ? "true" : "false", sequential ? "sequential" : "shuffled",
-                 decay_all ? "true" : "false", peak);
+                 decay_all ? "true" : "false", peak, ckpt ? "true" : "false");
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -227,7 +227,8 @@ static void test_every_key_parsed(void) {
                cfg.prune_newer == prune);
         EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
-               cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak);
+               cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak &&
+               cfg.activation_checkpointing == ckpt);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
@@ -801,6 +802,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->peak_tflops = irand(r, 0, 1) ? zpp_rng_uniform(r) * 1000 : 0;
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);
+    c->activation_checkpointing = irand(r, 0, 1);
     EXPECT_OK(zpp_train_config_validate(c));
 }
 

@@ -1225,7 +1225,8 @@ static void test_kernel_time(void) {
 
 /* Activation checkpointing: the backward recomputes the forward, so the
  * compute is 4/3 of the model's; at world 1 (nothing to communicate) the
- * step is exactly that; the FLOP count (and TFLOP/s of the model) stays. */
+ * step is exactly that; the FLOP count (and TFLOP/s of the model) stays;
+ * the activation memory is the checkpointed model's. */
 static void test_recompute(void) {
     zpp_cost_in in = small_in();
     in.world = in.node_size = 1;
@@ -1242,6 +1243,14 @@ static void test_recompute(void) {
     EXPECT(fabs(b.fwd_s - model_s / 3) <= 1e-12 * model_s &&
                fabs(b.bwd_s - model_s) <= 1e-12 * model_s,
            "recompute: forward %.9g, backward %.9g of %.9g", b.fwd_s, b.bwd_s, model_s);
+    /* Activations: a layer keeps its fp32 residual input alone (4C bytes a
+     * token), the rest being one layer's slab all share (gpt2_cuda.cu,
+     * CHECKPOINTING): L-1 slabs of mid 4C, qkv + atty + fch 8C e, LayerNorm
+     * statistics 16 and the fused attention's lse 4H bytes a token fewer. */
+    const double C = in.n_embd, e = (double)zpp_dtype_size(in.dtype), H = floor(C / 64);
+    const double want = (in.n_layer - 1) * in.tokens_per_gpu * (4 * C + 8 * C * e + 16 + 4 * H);
+    EXPECT(fabs(a.mem_acts - b.mem_acts - want) <= 1e-12 * a.mem_acts,
+           "recompute saves %.0f bytes of activations, want %.0f", a.mem_acts - b.mem_acts, want);
 }
 
 /* A restricted pick chooses the fastest fitting candidate among those

@@ -242,6 +242,42 @@ static void test_header_names_mode(void) {
     free(text);
 }
 
+/* Activation checkpointing, by the flag (1 rank) and by the config key
+ * (2 ranks, ZeRO++): the header's model names it, a run without it names
+ * nothing, and every step's loss (the metrics' %.9g, a float exactly) is
+ * the run's without it. */
+static void test_header_names_checkpointing(void) {
+    char cfg[512], out[512], met[2][512], args[2048], line[1024];
+    const char *zero = "\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 3,"
+                       " \"zero_quantized_weights\": true, \"zero_quantized_gradients\": true}";
+    for (int np = 1; np <= 2; np++) {
+        model_cfg("ckpt.json", np == 1 ? "" : zero, cfg);
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "ckpt%d_%d.jsonl", np, k);
+            snprintf(args, sizeof args, "--config %s --steps 3 --metrics %s%s", cfg,
+                     zpp_test_tmp_path(name, met[k]),
+                     !k ? "" : np == 1 ? " --recompute"
+                                       : " --set zeropp.activation_checkpointing=true");
+            snprintf(name, sizeof name, "ckpt%d_%d", np, k);
+            train_ok(name, "", np, args, out);
+            char *text = read_text(out);
+            EXPECT(line_starting(text, "train: ", 0, line, sizeof line), "see %s", out);
+            EXPECT(!strstr(line, "activation checkpointing") == !k &&
+                       (!k || strstr(line, ", T=16, activation checkpointing), ")),
+                   "%s: the header's model says '%s'; see %s", args, line, out);
+            free(text);
+        }
+        double loss[2][MAX_STEPS];
+        for (int k = 0; k < 2; k++)
+            EXPECT(zpp_test_read_metric(met[k], "loss", loss[k], MAX_STEPS) == 3, "%s", met[k]);
+        for (int s = 0; s < 3; s++)
+            EXPECT(loss[0][s] == loss[1][s],
+                   "%d rank(s), step %d: loss %.9g with checkpointing, %.9g without", np, s + 1,
+                   loss[1][s], loss[0][s]);
+    }
+}
+
 /* ---- Save lines, summary, TFLOP/s and MFU ---------------------------------- */
 
 /* The bytes of the regular files of a folder. */
@@ -531,5 +567,6 @@ static void test_progress_bar(void) {
 }
 
 ZPP_TESTS(ZPP_TEST(test_flops_per_token), ZPP_TEST(test_gpu_presets),
-          ZPP_TEST(test_header_names_mode), ZPP_TEST(test_save_lines), ZPP_TEST(test_summary),
+          ZPP_TEST(test_header_names_mode), ZPP_TEST(test_header_names_checkpointing),
+          ZPP_TEST(test_save_lines), ZPP_TEST(test_summary),
           ZPP_TEST(test_metrics_tflops_mfu), ZPP_TEST(test_progress_bar))

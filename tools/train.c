@@ -31,6 +31,7 @@ typedef struct train_args {
     double peak_tflops;        /* --peak-tflops; <= 0: not given */
     int data_order;            /* zpp_data_order; < 0: not given */
     int prune_newer;           /* --prune-newer */
+    int recompute;             /* --recompute */
     zpp_cli_list sets;         /* --set KEY=VALUE, in order */
 } train_args;
 
@@ -96,6 +97,10 @@ static void usage(FILE *f) {
             "  --prune-newer     resumed from an older checkpoint into the same --save folder,\n"
             "                    delete the step folders newer than it at the first save\n"
             "                    (default: they stay; zeropp.prune_newer)\n"
+            "  --recompute       activation checkpointing: each block keeps only its input\n"
+            "                    and recomputes the rest in its backward (one block's\n"
+            "                    activations in memory instead of every block's, for one more\n"
+            "                    forward; the same bits; zeropp.activation_checkpointing)\n"
             "  --demo            train with ZeRO-3, then ZeRO++ (qwZ+hpZ+qgZ), and compare\n"
             "  --quiet           no per-step log lines\n"
             "  --profile         time each step: compute and exposed communication (the time\n"
@@ -216,6 +221,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         {"--profile", ZPP_CLI_FLAG, &a->profile, 0, 0},
         {"--emulate-nodes", ZPP_CLI_FLAG, &a->emulate_nodes, 0, 0},
         {"--prune-newer", ZPP_CLI_FLAG, &a->prune_newer, 0, 0},
+        {"--recompute", ZPP_CLI_FLAG, &a->recompute, 0, 0},
         {"--config", ZPP_CLI_STR, &a->config, 0, 0},
         {"--data", ZPP_CLI_STR, &a->data, 0, 0},
         {"--metrics", ZPP_CLI_STR, &a->metrics, 0, 0},
@@ -511,11 +517,13 @@ static void print_header(const char *label, const zpp_train_config *cfg,
     const char *dt = zpp_dtype_name(in->dtype);
     char mode[160];
     mode_text(in, cfg, mode, sizeof mode);
-    printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d), "
+    printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d%s), "
            "%s data (%zu tokens), global batch %d = %d x %d accum x %d rank%s, %s\n",
            label ? label : "train", in->world_size, in->world_size == 1 ? "" : "s", in->nodes,
            in->nodes == 1 ? "" : "s", in->node_size, in->n_params, cfg->model.n_layer,
-           cfg->model.n_embd, in->seq_len, zpp_data_kind_name(in->data.kind), in->data.n_tokens,
+           cfg->model.n_embd, in->seq_len,
+           cfg->activation_checkpointing ? ", activation checkpointing" : "",
+           zpp_data_kind_name(in->data.kind), in->data.n_tokens,
            in->global_batch, in->micro_batch, in->accum, in->world_size,
            in->world_size == 1 ? "" : "s", dt);
     if (in->gpu)
@@ -1113,6 +1121,7 @@ static void apply_flags(const train_args *a, zpp_train_config *cfg) {
     if (a->data_order >= 0) cfg->data_order = (zpp_data_order)a->data_order;
     if (a->collective_timeout >= 0) cfg->collective_timeout_s = a->collective_timeout;
     if (a->prune_newer) cfg->prune_newer = 1;
+    if (a->recompute) cfg->activation_checkpointing = 1;
 }
 
 /* Rank 0 opens --metrics; not agreed. */

@@ -41,6 +41,10 @@ typedef struct zpp_decoder_shape {
     int seq_len;         /* T, the longest sequence (model.h) */
     int vocab_size;      /* rows of the token embedding, padding included (model.h) */
     int real_vocab_size; /* the softmax's columns, 1..vocab_size; 0 = vocab_size */
+    /* Not the shape but how a model keeps it: 1 = activation checkpointing
+     * (each block keeps its input and recomputes the rest in its backward;
+     * gpt2.h, zpp_gpt2_config.recompute), 0 = off. */
+    int recompute;
 } zpp_decoder_shape;
 
 /* What a family registers: its model of `shape` for `dev` (the CPU model on

@@ -187,19 +187,23 @@ void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_arena *a,
     size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, V = (size_t)cfg->vocab_size;
     size_t T = (size_t)cfg->seq_len, H = (size_t)cfg->n_head, Bm = (size_t)max_batch;
     size_t N = Bm * T;
+    /* Every block's input stays, and the last block's output (the head's
+     * input); the rest of a block's activations are L slabs, or one shared
+     * slab that each block's backward refills (recompute). */
+    const size_t S = cfg->recompute ? 1 : L;
     x->res = zpp_arena_take(a, (L + 1) * N, C);
-    x->ln1 = zpp_arena_take(a, L * N, C);
-    x->ln1_mean = zpp_arena_take(a, L, N);
-    x->ln1_rstd = zpp_arena_take(a, L, N);
-    x->qkv = zpp_arena_take(a, L * N, 3 * C);
-    x->att = zpp_arena_take(a, L * Bm * H, T * T);
-    x->atty = zpp_arena_take(a, L * N, C);
-    x->mid = zpp_arena_take(a, L * N, C);
-    x->ln2 = zpp_arena_take(a, L * N, C);
-    x->ln2_mean = zpp_arena_take(a, L, N);
-    x->ln2_rstd = zpp_arena_take(a, L, N);
-    x->fch = zpp_arena_take(a, L * N, 4 * C);
-    x->fcg = zpp_arena_take(a, L * N, 4 * C);
+    x->ln1 = zpp_arena_take(a, S * N, C);
+    x->ln1_mean = zpp_arena_take(a, S, N);
+    x->ln1_rstd = zpp_arena_take(a, S, N);
+    x->qkv = zpp_arena_take(a, S * N, 3 * C);
+    x->att = zpp_arena_take(a, S * Bm * H, T * T);
+    x->atty = zpp_arena_take(a, S * N, C);
+    x->mid = zpp_arena_take(a, S * N, C);
+    x->ln2 = zpp_arena_take(a, S * N, C);
+    x->ln2_mean = zpp_arena_take(a, S, N);
+    x->ln2_rstd = zpp_arena_take(a, S, N);
+    x->fch = zpp_arena_take(a, S * N, 4 * C);
+    x->fcg = zpp_arena_take(a, S * N, 4 * C);
     x->lnf = zpp_arena_take(a, N, C);
     x->lnf_mean = zpp_arena_take(a, N, 1);
     x->lnf_rstd = zpp_arena_take(a, N, 1);
@@ -214,10 +218,11 @@ void zpp_gpt2_acts_plan(const zpp_gpt2_config *cfg, int max_batch, zpp_arena *a,
 zpp_gpt2_layer zpp_gpt2_layer_of(const zpp_gpt2_acts *a, const zpp_gpt2_config *cfg,
                                  int max_batch, int l) {
     const size_t C = (size_t)cfg->n_embd, T = (size_t)cfg->seq_len, H = (size_t)cfg->n_head;
-    const size_t N = (size_t)max_batch * T, k = (size_t)(l - 1); /* slab of block l */
+    const size_t N = (size_t)max_batch * T, r = (size_t)(l - 1); /* block l's residual in */
+    const size_t k = cfg->recompute ? 0 : r;                      /* its activations' slab */
     zpp_gpt2_layer y;
-    y.x = a->res + k * N * C;
-    y.out = a->res + (k + 1) * N * C;
+    y.x = a->res + r * N * C;
+    y.out = a->res + (r + 1) * N * C;
     y.ln1 = a->ln1 + k * N * C;
     y.ln1m = a->ln1_mean + k * N;
     y.ln1r = a->ln1_rstd + k * N;

@@ -77,6 +77,15 @@ extern "C" {
 typedef struct zpp_gpt2_config {
     int n_layer, n_head, n_embd, seq_len, vocab_size;
     int real_vocab_size;
+    /* Activation checkpointing (1; 0 = off), not part of the shape: a
+     * block's forward keeps only its input (the residual stream entering
+     * it), and its backward first runs the block's forward again into one
+     * block's worth of activations shared by all blocks. The re-run is the
+     * first run's arithmetic on the same inputs, so losses and gradients are
+     * bit for bit those without it; the cost is one more forward of every
+     * block but the last (whose activations are still there). Checkpoints
+     * and llm.c files do not record it. */
+    int recompute;
 } zpp_gpt2_config;
 
 /* real_vocab_size with 0 read as vocab_size. */
@@ -237,7 +246,9 @@ void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype p
 
 /* The activations the CPU model keeps for the backward, and its backward
  * scratch, for max_batch sequences: N = max_batch * seq_len rows, and the
- * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width). */
+ * per-layer buffers are n_layer slabs of N rows (layer l at l * N * width).
+ * With cfg->recompute the per-layer buffers but the residual stream are one
+ * slab, shared by every block (zpp_gpt2_layer_of): (L-1) slabs fewer. */
 typedef struct zpp_gpt2_acts {
     float *res;                       /* (L+1) x N x C: res[0] = embedding, res[l] = block l out */
     float *ln1, *ln1_mean, *ln1_rstd; /* L x N x C; L x N; L x N */
@@ -259,7 +270,9 @@ typedef struct zpp_gpt2_acts {
 
 /* Block l's (1..n_layer) slices of the activations, as the CPU model indexes
  * them: its input and output on the residual stream and what its backward
- * needs (LayerNorm means and reciprocal deviations as ln1m/ln1r, ln2m/ln2r). */
+ * needs (LayerNorm means and reciprocal deviations as ln1m/ln1r, ln2m/ln2r).
+ * With cfg->recompute every block's slices but x and out are the one shared
+ * slab. */
 typedef struct zpp_gpt2_layer {
     const float *x; /* res[l-1] */
     float *out;     /* res[l] */

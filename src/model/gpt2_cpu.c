@@ -33,6 +33,13 @@
  *               scratch N*(C + C + 3C + 4C) + T*T + V (the row of logits
  *               keep_logits asks for, copied before the softmax overwrites
  *               it), plus one unit in fp32 when params are bf16 or fp16.
+ * With activation checkpointing (cfg.recompute, gpt2.h) a block keeps only
+ * its input on the residual stream (N*C, already counted above as the
+ * previous block's output or the embedding's): the rest, 15*N*C + 4N +
+ * max_batch*H*T*T, is one slab all blocks share, so the model holds (L-1)
+ * of those fewer. Each block's backward first runs the block's forward
+ * again up to gelu (all but the fc2 product, whose output it does not
+ * read), except the last block's, whose activations are still in the slab.
  *
  * Determinism: every loop runs in a fixed order on one thread, so the result
  * is a function of the inputs and of the OpenBLAS build and thread count:
@@ -70,6 +77,9 @@ typedef struct gpt2_cpu {
     int32_t *tokens, *targets;
     zpp_decoder_calls calls; /* decoder.h */
     zpp_gpt2_acts act; /* activations and backward scratch (gpt2.h) */
+    /* The block whose activations the per-layer buffers hold when they are
+     * one shared slab (cfg.recompute); 0: none. */
+    int slab_block;
     float *datt;     /* T x T */
     float *wbuf;     /* fp32 copy of a bf16/fp16 unit (NULL for fp32 params) */
     float *kept;     /* V: the logits of calls.keep_row (model.h, keep_logits) */
@@ -145,7 +155,11 @@ static void gpt2_embed_forward(gpt2_cpu *g, const void *params) {
     }
 }
 
-static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
+/* Block l's forward up to what its backward reads: the activations from
+ * LN1(x) to gelu (y.fcg), not its output. Run by the forward, and again by
+ * the backward with checkpointing (gpt2_block_recompute): the same calls on
+ * the same input and weights, so the same bits. */
+static void gpt2_block_activations(gpt2_cpu *g, int l, const float *w) {
     const zpp_gpt2_layout *L = &g->lay;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, B = g->calls.B, n = B * T;
     size_t sC = (size_t)C;
@@ -159,8 +173,26 @@ static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
     zpp_cpu_layernorm_forward(y.ln2, y.ln2m, y.ln2r, y.mid, w + L->ln2_w, w + L->ln2_b, n, C);
     zpp_cpu_linear_forward(y.fch, y.ln2, w + L->fc_w, w + L->fc_b, n, C, 4 * C, 0);
     gelu_forward(y.fcg, y.fch, (size_t)n * 4 * sC);
-    memcpy(y.out, y.mid, (size_t)n * sC * sizeof(float));
+    g->slab_block = l;
+}
+
+/* The block's output on the residual stream: out = mid + fcg Wfc2^T + bfc2. */
+static void gpt2_block_forward(gpt2_cpu *g, int l, const float *w) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int C = g->cfg.n_embd, n = g->calls.B * g->cfg.seq_len;
+    const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
+    gpt2_block_activations(g, l, w);
+    memcpy(y.out, y.mid, (size_t)n * C * sizeof(float));
     zpp_cpu_linear_forward(y.out, y.fcg, w + L->fc2_w, w + L->fc2_b, n, 4 * C, C, 1);
+}
+
+/* With checkpointing, block l's activations before its backward: the
+ * shared slab holds another block's (every block's forward wrote it in
+ * turn) unless l is the last block to have run its forward. The residual
+ * entering l (y.x, kept) and the weights the backward gets (the unit the
+ * forward read) make them again. */
+static void gpt2_block_recompute(gpt2_cpu *g, int l, const float *w) {
+    if (g->cfg.recompute && g->slab_block != l) gpt2_block_activations(g, l, w);
 }
 
 /* Final LayerNorm, logits = lnf wte^T, softmax and cross-entropy over the
@@ -213,6 +245,7 @@ static void gpt2_block_backward(gpt2_cpu *g, int l, const float *w, float *gr) {
     size_t sC = (size_t)C;
     const zpp_gpt2_layer y = zpp_gpt2_layer_of(&g->act, &g->cfg, g->base.max_batch, l);
 
+    gpt2_block_recompute(g, l, w);
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
     zpp_cpu_linear_backward(g->act.dfc, gr + L->fc2_w, gr + L->fc2_b, g->act.dres, y.fcg,
                             w + L->fc2_w, n, 4 * C, C);
@@ -263,6 +296,7 @@ static zpp_status gpt2_op_set_batch(zpp_model *m, const int32_t *tokens, const i
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
     zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
+    g->slab_block = 0;
     return ZPP_OK;
 }
 

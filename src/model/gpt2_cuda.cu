@@ -72,6 +72,23 @@
  * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
  * elementwise passes.
  *
+ * CHECKPOINTING. With cfg.recompute (gpt2.h) a block keeps only its input,
+ * the fp32 residual stream entering it (res, kept whole as without it):
+ * the rest of its activations (LayerNorm statistics, qkv, the attention's
+ * lse or P, atty, mid, fch) are one slab shared by every block, and a
+ * block's backward first runs block_activations again into it, the very
+ * kernels and GEMMs of its forward on the same input, weights and buffers,
+ * hence the same bits; the last block's is skipped, its activations still
+ * being there. Against a run without checkpointing (block l in slab l-1)
+ * the GEMMs have the same shapes, and the same operand alignments (what
+ * picks the cached cuBLASLt algorithm, ptr_align: up to 256 bytes) when
+ * the slabs' byte strides are multiples of 256: N C a multiple of 128 (and
+ * on the GEMM attention path max_batch H T T too), as in every GPT shape
+ * run here; otherwise slab 0's better alignment may pick an algorithm that
+ * rounds differently. Per token and layer that keeps 4C bytes of the 8C +
+ * 8C e + 16 + (4H fused | H T e GEMM path) held without it (res, mid; qkv,
+ * atty, fch; LayerNorm statistics; lse or P), plus one slab of the rest.
+ *
  * HEAD. The classifier's logits (N x V in fp32: 0.8 GB for GPT 1.31B at
  * micro-batch 4, the largest activation) are never held whole. The
  * forward computes them kHeadRows rows at a time, keeping only each row's
@@ -646,6 +663,9 @@ struct gpt2_cuda {
      * or -1 when the buffer holds none (the backward has overwritten it
      * with d logits). */
     int head_rows_kept;
+    /* With cfg.recompute: the block whose activations the shared slab
+     * holds (CHECKPOINTING); 0: none. */
+    int slab_block;
 };
 
 /* Element i of an E buffer (or of a unit of parameters in E). */
@@ -1046,10 +1066,11 @@ struct layer_acts {
 static layer_acts layer_of(const gpt2_cuda *g, int l) {
     const gpt2_acts *a = &g->act;
     const size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len;
-    const size_t H = (size_t)g->cfg.n_head, N = g->nmax, k = (size_t)(l - 1);
+    const size_t H = (size_t)g->cfg.n_head, N = g->nmax, r = (size_t)(l - 1);
+    const size_t k = g->cfg.recompute ? 0 : r; /* the slab of block l's activations */
     layer_acts y;
-    y.x = a->res + k * N * C;
-    y.out = a->res + (k + 1) * N * C;
+    y.x = a->res + r * N * C;
+    y.out = a->res + (r + 1) * N * C;
     y.mid = a->mid + k * N * C;
     y.ln1m = a->ln1m + k * N;
     y.ln1r = a->ln1r + k * N;
@@ -1073,7 +1094,9 @@ static zpp_status embed_forward(gpt2_cuda *g, const void *w) {
     return ZPP_OK;
 }
 
-static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
+/* Block l's forward up to what its backward reads (through gelu, not the
+ * output): by the forward, and again by the backward with checkpointing. */
+static zpp_status block_activations(gpt2_cuda *g, int l, const void *w) {
     const zpp_gpt2_layout *L = &g->lay;
     gpt2_acts *a = &g->act;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
@@ -1092,8 +1115,18 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
     ZPP_CHECK(linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
                              C, 4 * C, "fc forward"));
     ZPP_CHECK(gelu_forward(g, y.fch, n));
-    return linear_forward(g, y.out, f32, y.mid, a->fcg, eat(g, w, L->fc2_w), eat(g, w, L->fc2_b),
-                          n, 4 * C, C, "fc2 forward");
+    g->slab_block = l;
+    return ZPP_OK;
+}
+
+/* The block's output: out = mid + fcg Wfc2^T + bfc2. */
+static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
+    const zpp_gpt2_layout *L = &g->lay;
+    int C = g->cfg.n_embd, n = g->calls.B * g->cfg.seq_len;
+    const layer_acts y = layer_of(g, l);
+    ZPP_CHECK(block_activations(g, l, w));
+    return linear_forward(g, y.out, CUDA_R_32F, y.mid, g->act.fcg, eat(g, w, L->fc2_w),
+                          eat(g, w, L->fc2_b), n, 4 * C, C, "fc2 forward");
 }
 
 /* Logits of rows [r0, r0 + rows) into the chunk buffer: lnf W_te^T. */
@@ -1169,6 +1202,9 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     const layer_acts y = layer_of(g, l);
     const cudaDataType_t et = g->et, f32 = CUDA_R_32F;
 
+    /* With checkpointing, block l's activations again, unless the shared
+     * slab still holds them (l ran its forward last). */
+    if (g->cfg.recompute && g->slab_block != l) ZPP_CHECK(block_activations(g, l, w));
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
     ZPP_CHECK(round_dres(g, n));
     ZPP_CHECK(gelu_forward(g, y.fch, n));
@@ -1295,6 +1331,7 @@ zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targ
     zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     g->loss_pending = 0;
+    g->slab_block = 0;
     return ZPP_OK;
 }
 
@@ -1422,25 +1459,28 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     size_t L = (size_t)g->cfg.n_layer, V = (size_t)g->cfg.vocab_size;
     size_t N = g->nmax, Bm = (size_t)g->base.max_batch;
     const int f32 = g->base.param_dtype == ZPP_FP32;
+    /* Per-layer buffers: L slabs, or with checkpointing one shared slab
+     * (CHECKPOINTING); res keeps every block's input either way. */
+    const size_t S = g->cfg.recompute ? 1 : L;
     gpt2_acts *x = &g->act;
     g->d_ints = (int32_t *)zpp_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
     x->res = zpp_arena_take(a, (L + 1) * N, C);
-    x->ln1m = zpp_arena_take(a, L, N);
-    x->ln1r = zpp_arena_take(a, L, N);
-    x->qkv = take_e(g, a, L * N, 3 * C);
+    x->ln1m = zpp_arena_take(a, S, N);
+    x->ln1r = zpp_arena_take(a, S, N);
+    x->qkv = take_e(g, a, S * N, 3 * C);
     if (g->fused_attn) {
-        x->att_lse = zpp_arena_take(a, L * Bm * H, T);
+        x->att_lse = zpp_arena_take(a, S * Bm * H, T);
         x->att_dsum = zpp_arena_take(a, Bm * H, T);
     } else {
-        x->att = take_e(g, a, L * Bm * H, T * T);
+        x->att = take_e(g, a, S * Bm * H, T * T);
         x->score = zpp_arena_take(a, Bm * H, T * T);
         x->dscore = take_e(g, a, Bm * H, T * T);
     }
-    x->atty = take_e(g, a, L * N, C);
-    x->mid = zpp_arena_take(a, L * N, C);
-    x->ln2m = zpp_arena_take(a, L, N);
-    x->ln2r = zpp_arena_take(a, L, N);
-    x->fch = take_e(g, a, L * N, 4 * C);
+    x->atty = take_e(g, a, S * N, C);
+    x->mid = zpp_arena_take(a, S * N, C);
+    x->ln2m = zpp_arena_take(a, S, N);
+    x->ln2r = zpp_arena_take(a, S, N);
+    x->fch = take_e(g, a, S * N, 4 * C);
     x->lnf = take_e(g, a, N, C);
     x->ln = take_e(g, a, N, C);
     x->fcg = take_e(g, a, N, 4 * C);

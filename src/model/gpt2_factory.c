@@ -35,7 +35,8 @@ static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_confi
                                .n_embd = shape->n_embd,
                                .seq_len = shape->seq_len,
                                .vocab_size = shape->vocab_size,
-                               .real_vocab_size = shape->real_vocab_size};
+                               .real_vocab_size = shape->real_vocab_size,
+                               .recompute = shape->recompute};
     return ZPP_OK;
 }
 

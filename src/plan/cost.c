@@ -204,6 +204,11 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * attention output C, MLP hidden 4C in E (8C e); the fused attention's
      * log-sum-exp per head, fp32 (4H). */
     double per_layer = 8 * C + 8 * C * e + 16 + 4 * H;
+    /* With activation checkpointing a layer keeps only its residual input
+     * (4C); the rest is one layer's slab, shared, that each backward
+     * refills (gpt2_cuda.cu, CHECKPOINTING). */
+    const double slab = in->recompute ? per_layer - 4 * C : 0;
+    if (in->recompute) per_layer = 4 * C;
     /* Per token once: the last residual (4C); final LayerNorm out, one
      * layer's recompute scratch ln and fcg (C + C + 4C in E); lse, loss,
      * LayerNorm stats (16); the backward's
@@ -214,7 +219,8 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     if (e == 4) once -= C * e + e;
     /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
     const double logits = 4 * V * fmin(tokens, 1024);
-    return tokens * (L * per_layer + once) + logits + 32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+    return tokens * (L * per_layer + slab + once) + logits +
+           32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
 
 /* Ranks sharing one hpZ secondary copy: hpz_size, or the node by default. */

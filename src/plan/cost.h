@@ -183,7 +183,9 @@ const zpp_cost_gpu *zpp_cost_gpu_for_device(const char *device_name);
 double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd);
 
 /* Activation bytes of the CUDA GPT-2 for `tokens` tokens of one rank, bf16
- * or fp16 working dtype, fused attention (gpt2_cuda.cu plan()). */
+ * or fp16 working dtype, fused attention (gpt2_cuda.cu plan()); with
+ * in->recompute, its checkpointed layout (every layer's residual input and
+ * one layer's slab of the rest). */
 double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
 
 /* How many units stay gathered from the forward into the backward under

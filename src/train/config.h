@@ -144,6 +144,9 @@ typedef struct zpp_train_config {
     int prune_newer;      /* 1: a save deletes step folders newer than itself */
     zpp_data_order data_order; /* zeropp.data_order, --data-order */
     int weight_decay_all; /* 1: decay every parameter (DeepSpeed); 0: the matrices */
+    /* 1: the model's activation checkpointing (zpp_gpt2_config.recompute);
+     * not part of `model`, the shape a checkpoint or an llm.c file gives */
+    int activation_checkpointing;
     double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
     double save_timeout_s; /* deadline of a checkpoint's writes on every rank; 0 = forever */
     double peak_tflops; /* one rank's device peak for MFU; 0 = its preset, if known */

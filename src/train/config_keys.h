@@ -239,7 +239,11 @@
     X("zeropp.weight_decay_all", BOOL, weight_decay_all, 0, 0,                                    \
       (ZPP_EOPT_DEFAULT(decay_all)), 0,                                                           \
       "true: weight decay on every parameter (DeepSpeed); false: on the matrices only (GPT-2's "  \
-      "wte, wpe, attention and MLP weights; llm.c, nanoGPT)")
+      "wte, wpe, attention and MLP weights; llm.c, nanoGPT)")                                     \
+    X("zeropp.activation_checkpointing", BOOL, activation_checkpointing, 0, 0, (0), 0,            \
+      "true: each transformer block keeps only its input from the forward and recomputes the "    \
+      "rest in the backward (one block's activations instead of n_layer, for a forward more); "   \
+      "the same losses and weights, bit for bit; --recompute")
 /* clang-format on */
 
 #endif

@@ -218,7 +218,10 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                          "the data has tokens up to %d but model.real_vocab_size is %d (the "
                          "rows past it are padding); use data of that vocabulary",
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
-    return zpp_gpt2_create(&c->model, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
+    /* the shape, and how the model keeps its activations */
+    zpp_gpt2_config mc = c->model;
+    mc.recompute = c->activation_checkpointing;
+    return zpp_gpt2_create(&mc, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
 }
 
 /* What the log's header shows (trainer.h). */
