@@ -1253,6 +1253,46 @@ static void test_recompute(void) {
            "recompute saves %.0f bytes of activations, want %.0f", a.mem_acts - b.mem_acts, want);
 }
 
+/* Resident weights (engine.c): at world 1 with the plain gather and no
+ * hpZ the model stays whole in the working dtype (e bytes a padded
+ * parameter, mem_kept) and no unit is gathered into scratch (the transient
+ * loses its (1 + prefetch_depth) gathered units); under qwZ or hpZ, or over
+ * more than one rank, nothing changes. Times never change. */
+static void test_resident_weights(void) {
+    zpp_cost_in in = small_in();
+    in.world = in.node_size = 1;
+    const double e = (double)zpp_dtype_size(in.dtype);
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        const zpp_coll_mode *md = zpp_coll_mode_get(m);
+        zpp_cost_in r = in;
+        r.resident_weights = 1;
+        zpp_cost_out a = cost(&in, m), b = cost(&r, m);
+        const int applies = md->gather == ZPP_GATHER_BASELINE && !md->hpz;
+        double padded = 0, largest = 0;
+        for (int i = 0; i < in.units; i++) {
+            const double p = (double)zpp_partition_make_shape(
+                                 zpp_plan_unit_numel((size_t)in.params, in.units, i), 1, 1)
+                                 .padded;
+            padded += p;
+            if (p > largest) largest = p;
+        }
+        const double ahead = in.prefetch_depth > 0 ? in.prefetch_depth : 2;
+        const double want_kept = applies ? e * padded : 0;
+        const double want_fall = applies ? (1 + ahead) * e * largest : 0;
+        EXPECT(b.mem_kept == want_kept && fabs(a.mem_transient - b.mem_transient - want_fall) <=
+                                              1e-12 * a.mem_transient,
+               "%s: kept %.0f (want %.0f), transient fell by %.0f (want %.0f)", md->name,
+               b.mem_kept, want_kept, a.mem_transient - b.mem_transient, want_fall);
+        EXPECT(a.step_s == b.step_s, "%s: resident weights changed the time", md->name);
+    }
+    zpp_cost_in w2 = in;
+    w2.world = w2.node_size = 2;
+    zpp_cost_in w2r = w2;
+    w2r.resident_weights = 1;
+    zpp_cost_out a = cost(&w2, 0), b = cost(&w2r, 0);
+    EXPECT(!memcmp(&a, &b, sizeof a), "world 2: resident weights changed the plan");
+}
+
 /* A restricted pick chooses the fastest fitting candidate among those
  * allowed (checked against a loop over them), never another; bad lists
  * are refused. */
@@ -1485,5 +1525,5 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_schedules), ZPP_TEST(test_calibrated_collectives),
           ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
           ZPP_TEST(test_unhidden_parts), ZPP_TEST(test_kernel_bytes),
-          ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute),
+          ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute), ZPP_TEST(test_resident_weights),
           ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp))

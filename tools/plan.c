@@ -776,6 +776,7 @@ static void plan_schedule(const plan_opts *o, zpp_cost_in *ci) {
     ci->opt_s_per_param = o->opt_ns * 1e-9;
     ci->hbm_bps = o->hbm * 1e9 * o->hbm_eff;
     ci->recompute = o->recompute;
+    ci->resident_weights = zpp_engine_config_default().resident_weights;
 }
 
 /* ---- the step table: each mode's bytes, and with tokens its times ---- */

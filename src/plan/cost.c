@@ -552,6 +552,10 @@ static void step_memory(const zpp_cost_in *in, const zpp_coll_mode *mode, const 
     const double ahead = in->prefetch_depth > 0 ? in->prefetch_depth : 2;
     const double flying = in->reduce_depth > 0 ? in->reduce_depth : 2;
     o->mem_transient = (1 + ahead) * e * U + (W > 1 ? 4 * U + flying * (e * U + 4 * su) : 0);
+    if (in->resident_weights && W == 1 && mode->gather == ZPP_GATHER_BASELINE && !mode->hpz) {
+        o->mem_kept = e * sh->shard; /* every unit, resident (engine.c) */
+        o->mem_transient -= (1 + ahead) * e * U;
+    }
     if (mode->gather == ZPP_GATHER_QWZ)
         o->mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);
     if (mode->reduce == ZPP_REDUCE_QGZ)

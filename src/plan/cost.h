@@ -104,6 +104,11 @@ typedef struct zpp_cost_in {
      * step's 4/3). flops_per_gpu and tflops_per_gpu stay the model's 6 P
      * count (Megatron's "TFLOPs" count the recompute: 4/3 of ours). */
     int recompute;
+    /* 1: the engine's resident weights (zeropp.h, resident_weights; the
+     * trainer's default): at world 1 with the plain gather and no hpZ the
+     * whole model stays in the working dtype between steps (mem_kept) and
+     * no unit is gathered into scratch. 0: as without them. */
+    int resident_weights;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
