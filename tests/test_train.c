@@ -537,10 +537,11 @@ static void read_all(const char *path, unsigned char **buf_p, size_t *n_p) {
 }
 
 /* One rank file of a checkpoint, as train/checkpoint.h documents it:
- *   "ZPPCKPT3", u32 world_size, u32 rank, u32 n_units, u32 0, u64 step,
+ *   "ZPPCKPT4", u32 world_size, u32 rank, u32 n_units, u32 0, u64 step,
  *   u64 run_id (not in format 2's "ZPPCKPT2"), per unit: u64 numel,
  *   u64 begin, u64 count, f32 master[count], f32 m[..], f32 v[..], then u64
- *   FNV-1a of every byte before. */
+ *   checksum of every byte before (zpp_test_checksum_ref; FNV-1a in
+ *   formats 2 and 3). */
 #define MAX_UNITS 16
 typedef struct ckpt {
     uint32_t world, rank, n_units;
@@ -592,7 +593,7 @@ static int ckpt_read(const char *path, ckpt *c, char *why, size_t cap) {
     size_t n, off = 40;
     read_all(path, &b, &n);
     uint32_t zero = 1;
-    if (n < 48 || memcmp(b, "ZPPCKPT3", 8) != 0) {
+    if (n < 48 || memcmp(b, "ZPPCKPT4", 8) != 0) {
         snprintf(why, cap, "%s: no magic", path);
         goto bad;
     }
@@ -616,8 +617,7 @@ static int ckpt_read(const char *path, ckpt *c, char *why, size_t cap) {
         }
     }
     if (off + 8 != n) goto short_;
-    uint64_t h = 14695981039346656037ull, sum;
-    for (size_t i = 0; i < off; i++) h = (h ^ b[i]) * 1099511628211ull;
+    uint64_t h = zpp_test_checksum_ref(b, off), sum;
     memcpy(&sum, b + off, 8);
     if (h != sum) {
         snprintf(why, cap, "%s: checksum %016llx, stored %016llx", path, (unsigned long long)h,
@@ -2822,58 +2822,104 @@ static void test_checkpoint_stale_lock_taken_over(void) {
 }
 
 
-/* A checkpoint of format 2 (before run ids: "ZPPCKPT2" rank files, a
- * manifest without run_id, sums or checksum), made here from a format-3
- * one, still resumes, bit for bit as the format-3 one does. */
-static void test_checkpoint_format2_still_loads(void) {
-    char cfg[512], json[2048], args[2048], dir[512], met3[512], met2[512], path[700];
-    model_json(json, sizeof json, 0, "");
-    write_text(zpp_test_tmp_path("fmt2.json", cfg), "%s", json);
-    zpp_test_tmp_path("fmt2_ckpt", dir);
-    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
-    train_ok(2, args);
-    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
-             zpp_test_tmp_path("fmt3.jsonl", met3));
-    train_ok(2, args);
-    for (int r = 0; r < 2; r++) { /* the header without its run id, summed again */
+/* Rewrites the rank files of the checkpoint in DIR/step-00000003 (2 ranks,
+ * saved in format 4) as format `format` writes them: magic, run id (not in
+ * format 2), FNV-1a as their last 8 bytes; sums[r] receives each file's. */
+static void ckpt_files_as(const char *dir, int format, uint64_t sums[2]) {
+    char path[700];
+    for (int r = 0; r < 2; r++) {
         unsigned char *b;
         size_t n;
         snprintf(path, sizeof path, "%s/step-00000003/rank-%05d.ckpt", dir, r);
         read_all(path, &b, &n);
-        EXPECT(n > 48 && !memcmp(b, "ZPPCKPT3", 8), "%s is not of format 3", path);
-        memcpy(b, "ZPPCKPT2", 8);
-        memmove(b + 32, b + 40, n - 40);
-        n -= 8;
-        uint64_t h = 14695981039346656037ull;
-        for (size_t i = 0; i < n - 8; i++) h = (h ^ b[i]) * 1099511628211ull;
-        memcpy(b + n - 8, &h, 8);
+        EXPECT(n > 48 && !memcmp(b, "ZPPCKPT4", 8), "%s is not of format 4", path);
+        memcpy(b, format == 2 ? "ZPPCKPT2" : "ZPPCKPT3", 8);
+        if (format == 2) { /* the header without its run id */
+            memmove(b + 32, b + 40, n - 40);
+            n -= 8;
+        }
+        sums[r] = zpp_test_fnv1a(b, n - 8);
+        memcpy(b + n - 8, &sums[r], 8);
         zpp_test_write_file(path, b, n);
         free(b);
     }
-    for (int k = 0; k < 2; k++) { /* the manifest without run_id, sums, checksum */
+}
+
+/* The manifest's own checksum as format 3 seals it: FNV-1a of its text
+ * with the 16 digits read as zeros. */
+static void manifest_reseal(char *t) {
+    char *d = NULL, hex[17];
+    for (char *p = strstr(t, "\"checksum\":\""); p; p = strstr(p + 1, "\"checksum\":\"")) d = p;
+    EXPECT(d != NULL, "no checksum in the manifest");
+    d += strlen("\"checksum\":\"");
+    memset(d, '0', 16);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)zpp_test_fnv1a(t, strlen(t)));
+    memcpy(d, hex, 16);
+}
+
+/* Saves 3 steps on 2 ranks, resumes to 5 (metrics in met_now); rewrites the
+ * checkpoint as format `format` (rank files by ckpt_files_as; the pointer
+ * and the manifest: format 2 without run_id, sums and checksum, format 3
+ * with the files' FNV-1a sums and resealed); resumes to 5 again and expects
+ * the same losses, bit for bit. */
+static void check_old_format_loads(int format) {
+    char cfg[512], json[2048], args[2048], dir[512], met_now[512], met_old[512], path[700];
+    char name[64];
+    model_json(json, sizeof json, 0, "");
+    snprintf(name, sizeof name, "fmt%d.json", format);
+    write_text(zpp_test_tmp_path(name, cfg), "%s", json);
+    snprintf(name, sizeof name, "fmt%d_ckpt", format);
+    zpp_test_tmp_path(name, dir);
+    snprintf(args, sizeof args, "--config %s --steps 3 --save %s", cfg, dir);
+    train_ok(2, args);
+    snprintf(name, sizeof name, "fmt%d_now.jsonl", format);
+    snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
+             zpp_test_tmp_path(name, met_now));
+    train_ok(2, args);
+    uint64_t sums[2];
+    ckpt_files_as(dir, format, sums);
+    for (int k = 0; k < 2; k++) {
         if (k == 0) snprintf(path, sizeof path, "%s/checkpoint.json", dir);
         else snprintf(path, sizeof path, "%s/step-00000003/manifest.json", dir);
-        char *t = read_text(path), *p = strstr(t, "\"format\":3"), *q, *e;
-        EXPECT(p != NULL, "no format 3 in %s", path);
-        p[9] = '2';
-        p = strstr(t, ",\"run_id\":\""), q = strstr(t, ",\"files\":");
-        EXPECT(p && q && q > p, "no run_id before files in %s", path);
-        memmove(p, q, strlen(q) + 1);
-        p = strstr(t, ",\"sums\":"), e = strrchr(t, '}');
-        EXPECT(p && e && e > p, "no sums in %s", path);
-        memmove(p, e, strlen(e) + 1);
+        char *t = read_text(path), *p = strstr(t, "\"format\":4"), *q, *e;
+        EXPECT(p != NULL, "no format 4 in %s", path);
+        p[9] = (char)('0' + format);
+        if (format == 2) { /* without run_id, sums, checksum */
+            p = strstr(t, ",\"run_id\":\""), q = strstr(t, ",\"files\":");
+            EXPECT(p && q && q > p, "no run_id before files in %s", path);
+            memmove(p, q, strlen(q) + 1);
+            p = strstr(t, ",\"sums\":"), e = strrchr(t, '}');
+            EXPECT(p && e && e > p, "no sums in %s", path);
+            memmove(p, e, strlen(e) + 1);
+        } else { /* the rank files' FNV-1a sums, the manifest resealed */
+            p = strstr(t, "\"rank\":[\"");
+            EXPECT(p != NULL, "no rank sums in %s", path);
+            for (int r = 0; r < 2; r++) {
+                char hex[17];
+                snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sums[r]);
+                memcpy(p + strlen("\"rank\":[\"") + r * 19, hex, 16);
+            }
+            manifest_reseal(t);
+        }
         write_text(path, "%s", t);
         free(t);
     }
+    snprintf(name, sizeof name, "fmt%d_old.jsonl", format);
     snprintf(args, sizeof args, "--config %s --steps 5 --resume %s --metrics %s", cfg, dir,
-             zpp_test_tmp_path("fmt2.jsonl", met2));
+             zpp_test_tmp_path(name, met_old));
     train_ok(2, args);
-    double l3[MAX_STEPS], l2[MAX_STEPS];
-    EXPECT(zpp_test_read_metric(met3, "loss", l3, MAX_STEPS) == 2 &&
-           zpp_test_read_metric(met2, "loss", l2, MAX_STEPS) == 2);
-    EXPECT(l3[0] == l2[0] && l3[1] == l2[1], "format 2 resumed to %a %a, format 3 to %a %a",
-           l2[0], l2[1], l3[0], l3[1]);
+    double l4[MAX_STEPS], lo[MAX_STEPS];
+    EXPECT(zpp_test_read_metric(met_now, "loss", l4, MAX_STEPS) == 2 &&
+           zpp_test_read_metric(met_old, "loss", lo, MAX_STEPS) == 2);
+    EXPECT(l4[0] == lo[0] && l4[1] == lo[1], "format %d resumed to %a %a, format 4 to %a %a",
+           format, lo[0], lo[1], l4[0], l4[1]);
 }
+
+/* Checkpoints of formats 2 (before run ids: "ZPPCKPT2" rank files, a
+ * manifest without run_id, sums or checksum) and 3 (FNV-1a sums), made here
+ * from a format-4 one, still resume, bit for bit as the format-4 one does. */
+static void test_checkpoint_format2_still_loads(void) { check_old_format_loads(2); }
+static void test_checkpoint_format3_still_loads(void) { check_old_format_loads(3); }
 
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
@@ -2905,4 +2951,5 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_checkpoint_mixed_runs_refused),
           ZPP_TEST(test_checkpoint_manifest_flipped_byte),
           ZPP_TEST(test_checkpoint_stale_lock_taken_over),
-          ZPP_TEST(test_checkpoint_format2_still_loads))
+          ZPP_TEST(test_checkpoint_format2_still_loads),
+          ZPP_TEST(test_checkpoint_format3_still_loads))

@@ -220,3 +220,30 @@ int main(int argc, char **argv) {
     zpp_test_finalize();
     return 0;
 }
+
+static uint64_t ref_fmix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t zpp_test_checksum_ref(const void *p, size_t n) {
+    const size_t words = (n + 31) / 32 * 4;
+    uint64_t *w = calloc(words ? words : 1, sizeof *w), lane[4] = {0, 0, 0, 0};
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) w[i / 8] |= (uint64_t)b[i] << (8 * (i % 8));
+    for (size_t i = 0; i < words; i++) {
+        uint64_t x = lane[i % 4] ^ w[i];
+        lane[i % 4] = ((x << 29) | (x >> 35)) * 0x9e3779b97f4a7c15ull;
+    }
+    free(w);
+    uint64_t h = 0;
+    for (int j = 0; j < 4; j++) h = ref_fmix(h ^ lane[j]);
+    return ref_fmix(h ^ (uint64_t)n);
+}
+
+uint64_t zpp_test_fnv1a(const void *p, size_t n) {
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}

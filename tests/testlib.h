@@ -119,6 +119,14 @@ void *zpp_test_malloc(size_t n);
 const char *zpp_test_tmp_path(const char *name, char *buf);
 /* Writes n bytes to path, or fails the test. */
 void zpp_test_write_file(const char *path, const void *data, size_t n);
+/* The checksum of checkpoint files of format 4 (core/checksum.h), written
+ * from its definition and nothing of src/: the n bytes zero-padded to whole
+ * 32-byte blocks, 8-byte little-endian word i stepped into lane i mod 4 as
+ * lane = rotl(lane ^ word, 29) * 0x9e3779b97f4a7c15, the lanes folded with
+ * splitmix64's finaliser, then the byte count. */
+uint64_t zpp_test_checksum_ref(const void *p, size_t n);
+/* FNV-1a 64 of n bytes (checkpoint formats 2 and 3, manifests). */
+uint64_t zpp_test_fnv1a(const void *p, size_t n);
 /* The number after "key": on each line of a metrics file (zeropp train
  * --metrics), in line order, into out[0..cap); returns how many. */
 int zpp_test_read_metric(const char *path, const char *key, double *out, int cap);

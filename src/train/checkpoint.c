@@ -17,21 +17,22 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/checksum.h"
 #include "core/file.h"
 #include "train/ckpt_manifest.h"
 
-#define CKPT_MAGIC "ZPPCKPT3" /* format 3: the header carries the run id */
-#define CKPT_MAGIC_2 "ZPPCKPT2"
-#define LOCO_MAGIC "ZPPLOCO2"
-#define LOCO_MAGIC_1 "ZPPLOCO1"
+/* The files' magic by format: 3 added the run id to the header, 4 sums the
+ * bytes with zpp_checksum instead of FNV-1a (core/checksum.h). */
+static const char *const kCkptMagic[ZPP_CKPT_FORMAT + 1] = {
+    [2] = "ZPPCKPT2", [3] = "ZPPCKPT3", [4] = "ZPPCKPT4"};
+static const char *const kLocoMagic[ZPP_CKPT_FORMAT + 1] = {
+    [2] = "ZPPLOCO1", [3] = "ZPPLOCO2", [4] = "ZPPLOCO3"};
 #define CKPT_POINTER "checkpoint.json"
 #define CKPT_MANIFEST "manifest.json"
 #define CKPT_PATH 4096
 #define FNV_INIT ZPP_FNV1A_INIT
 
 /* ---- Small file-system helpers --------------------------------------------- */
-
-static void fnv1a(uint64_t *h, const void *p, size_t n) { *h = zpp_fnv1a(*h, p, n); }
 
 static zpp_status join(char *buf, const char *a, const char *b) {
     if (snprintf(buf, CKPT_PATH, "%s/%s", a, b) >= CKPT_PATH)
@@ -504,17 +505,28 @@ static void published_folder(const char *dir, char *out, size_t cap) {
 
 typedef struct ckpt_file {
     FILE *f;
-    uint64_t hash;
+    uint64_t hash; /* FNV-1a of the bytes so far (formats 2, 3) */
     const char *path;
     size_t written, kill_at; /* kill_at: the save_kill hook ends the rank here */
+    int words;               /* format 4: `sum` is the file's checksum, not `hash` */
+    zpp_checksum sum;
 } ckpt_file;
+
+static void sum_add(ckpt_file *c, const void *p, size_t n) {
+    if (c->words) zpp_checksum_add(&c->sum, p, n);
+    else c->hash = zpp_fnv1a(c->hash, p, n);
+}
+
+static uint64_t sum_value(const ckpt_file *c) {
+    return c->words ? zpp_checksum_value(&c->sum) : c->hash;
+}
 
 static zpp_status file_write(ckpt_file *c, const void *p, size_t n) {
     if (c->kill_at && c->written + n >= c->kill_at) /* returns only without hooks */
         return zpp_fault_kill_mid_write(c->f, p, c->kill_at - c->written);
     if (fwrite(p, 1, n, c->f) != n)
         return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path, strerror(errno));
-    fnv1a(&c->hash, p, n);
+    sum_add(c, p, n);
     c->written += n;
     return ZPP_OK;
 }
@@ -522,7 +534,7 @@ static zpp_status file_write(ckpt_file *c, const void *p, size_t n) {
 /* Ends a file being written: its checksum (the hash of every byte before
  * it), then flushed to the disk. */
 static zpp_status file_seal(ckpt_file *c) {
-    uint64_t sum = c->hash;
+    uint64_t sum = sum_value(c);
     ZPP_CHECK(file_write(c, &sum, sizeof sum));
     if (fflush(c->f) != 0 || fsync(fileno(c->f)) != 0)
         return zpp_error(ZPP_ERR_IO, "checkpoint: cannot write %s: %s", c->path,
@@ -542,7 +554,7 @@ static zpp_status file_close(ckpt_file *c, zpp_status st) {
 static zpp_status file_read(ckpt_file *c, void *p, size_t n) {
     if (fread(p, 1, n, c->f) != n)
         return zpp_error(ZPP_ERR_FORMAT, "checkpoint file %s is truncated", c->path);
-    fnv1a(&c->hash, p, n);
+    sum_add(c, p, n);
     return ZPP_OK;
 }
 
@@ -558,7 +570,8 @@ static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     }
     float *host = malloc(3 * max_count * sizeof(float));
     if (!host) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-    ckpt_file c = {fopen(path, "wb"), FNV_INIT, path, 0, kill ? total / 2 : 0};
+    ckpt_file c = {.f = fopen(path, "wb"), .hash = FNV_INIT, .path = path,
+                   .kill_at = kill ? total / 2 : 0, .words = 1};
     zpp_status st = ZPP_OK;
     if (!c.f) {
         st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
@@ -567,7 +580,7 @@ static zpp_status write_rank_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
                         (uint32_t)n_units, 0};
     uint64_t step = (uint64_t)meta->step, run = meta->run_id;
-    ZPP_CHECK_GOTO(file_write(&c, CKPT_MAGIC, 8), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, kCkptMagic[ZPP_CKPT_FORMAT], 8), st, out);
     ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &run, sizeof run), st, out);
@@ -598,7 +611,7 @@ static zpp_status write_loco_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     }
     float *host = malloc(max_len * sizeof(float));
     if (!host) return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-    ckpt_file c = {fopen(path, "wb"), FNV_INIT, path, 0, 0};
+    ckpt_file c = {.f = fopen(path, "wb"), .hash = FNV_INIT, .path = path, .words = 1};
     zpp_status st = ZPP_OK;
     if (!c.f) {
         st = zpp_error(ZPP_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
@@ -607,7 +620,7 @@ static zpp_status write_loco_file(zpp_engine *e, const zpp_ckpt_meta *meta, cons
     uint32_t head[4] = {(uint32_t)meta->world_size, (uint32_t)meta->world_rank,
                         (uint32_t)meta->node_size, (uint32_t)n_units};
     uint64_t step = (uint64_t)meta->step, run = meta->run_id;
-    ZPP_CHECK_GOTO(file_write(&c, LOCO_MAGIC, 8), st, out);
+    ZPP_CHECK_GOTO(file_write(&c, kLocoMagic[ZPP_CKPT_FORMAT], 8), st, out);
     ZPP_CHECK_GOTO(file_write(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &step, sizeof step), st, out);
     ZPP_CHECK_GOTO(file_write(&c, &run, sizeof run), st, out);
@@ -634,18 +647,18 @@ static const char *manifest_beside(const char *path, char *out) {
     return out;
 }
 
-/* The magic of a file of a step folder: `magic` for a manifest of format 3,
- * `magic_old` for format 2; the other one means files of two saves. */
+/* The magic of a file of a step folder: magics[format] for its manifest's
+ * format; another format's magic means files of two saves. */
 static zpp_status check_magic(const char *path, const char *got, const manifest *m,
-                              const char *magic, const char *magic_old, const char *what) {
-    const char *want = m->format >= 3 ? magic : magic_old;
-    if (memcmp(got, want, 8) == 0) return ZPP_OK;
+                              const char *const magics[ZPP_CKPT_FORMAT + 1], const char *what) {
+    if (memcmp(got, magics[m->format], 8) == 0) return ZPP_OK;
     char mp[CKPT_PATH];
-    if (memcmp(got, magic, 8) == 0 || memcmp(got, magic_old, 8) == 0)
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "checkpoint file %s is of format %d, its manifest %s of format %d: the "
-                         "folder holds files of two saves",
-                         path, m->format >= 3 ? 2 : 3, manifest_beside(path, mp), m->format);
+    for (int f = 2; f <= ZPP_CKPT_FORMAT; f++)
+        if (memcmp(got, magics[f], 8) == 0)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "checkpoint file %s is of format %d, its manifest %s of format %d: "
+                             "the folder holds files of two saves",
+                             path, f, manifest_beside(path, mp), m->format);
     return zpp_error(ZPP_ERR_FORMAT, "%s is not a zeropp %s (bad magic)", path, what);
 }
 
@@ -678,7 +691,7 @@ static zpp_status check_sum(const char *path, const manifest *m, const uint64_t 
  * `rank` of the same layout at the manifest's step. */
 static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_ckpt_meta *r,
                                  zpp_engine *e, float **bufs) {
-    ckpt_file c = {NULL, FNV_INIT, path, 0, 0};
+    ckpt_file c = {.hash = FNV_INIT, .path = path, .words = m->format >= 4};
     ZPP_CHECK(zpp_fopen_regular(path, "checkpoint error-feedback file", &c.f));
     zpp_status st = ZPP_OK;
     char magic[8];
@@ -686,8 +699,7 @@ static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_
     uint64_t step;
     uint64_t run = 0;
     ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
-    ZPP_CHECK_GOTO(check_magic(path, magic, m, LOCO_MAGIC, LOCO_MAGIC_1, "error-feedback file"),
-                   st, out);
+    ZPP_CHECK_GOTO(check_magic(path, magic, m, kLocoMagic, "error-feedback file"), st, out);
     ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
     if (m->format >= 3) {
@@ -718,7 +730,7 @@ static zpp_status read_loco_file(const char *path, const manifest *m, const zpp_
         }
         ZPP_CHECK_GOTO(file_read(&c, bufs[u], (li + le) * sizeof(float)), st, out);
     }
-    uint64_t want = c.hash, got = 0;
+    uint64_t want = sum_value(&c), got = 0;
     if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint file %s is damaged (checksum or length mismatch)", path);
@@ -953,7 +965,7 @@ typedef struct stage {
 /* Reads saved rank file q (of `world` ranks) and copies what overlaps this
  * rank's ranges into the stage; checks the header and the checksum. */
 static zpp_status read_rank_file(const char *path, const manifest *m, int q, stage *sg) {
-    ckpt_file c = {NULL, FNV_INIT, path, 0, 0};
+    ckpt_file c = {.hash = FNV_INIT, .path = path, .words = m->format >= 4};
     ZPP_CHECK(zpp_fopen_regular(path, "checkpoint file", &c.f));
     float *buf = NULL;
     zpp_status st = ZPP_OK;
@@ -962,8 +974,7 @@ static zpp_status read_rank_file(const char *path, const manifest *m, int q, sta
     uint64_t step;
     uint64_t run = 0;
     ZPP_CHECK_GOTO(file_read(&c, magic, 8), st, out);
-    ZPP_CHECK_GOTO(check_magic(path, magic, m, CKPT_MAGIC, CKPT_MAGIC_2, "checkpoint file"), st,
-                   out);
+    ZPP_CHECK_GOTO(check_magic(path, magic, m, kCkptMagic, "checkpoint file"), st, out);
     ZPP_CHECK_GOTO(file_read(&c, head, sizeof head), st, out);
     ZPP_CHECK_GOTO(file_read(&c, &step, sizeof step), st, out);
     if (m->format >= 3) {
@@ -1009,7 +1020,7 @@ static zpp_status read_rank_file(const char *path, const manifest *m, int q, sta
                        (hi - lo) * sizeof(float));
         }
     }
-    uint64_t want = c.hash, got = 0;
+    uint64_t want = sum_value(&c), got = 0;
     if (fread(&got, 1, sizeof got, c.f) != sizeof got || got != want || fgetc(c.f) != EOF)
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint file %s is damaged (checksum or length mismatch)", path);

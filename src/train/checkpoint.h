@@ -41,18 +41,23 @@
  * {"rank": [each rank file's checksum, its last 8 bytes, 16 hex digits],
  * "loco": [the same of the loco files, with "loco"]}, "checksum": 16 hex
  * digits, last: the FNV-1a 64 of the manifest's bytes with these 16 read
- * as '0' (ckpt_manifest.h)}. Format 2 (before 2026-12-03, issue 29) had no
- * run_id, sums or checksum and "ZPPCKPT2" rank files; it still loads.
+ * as '0' (ckpt_manifest.h)}. Format 3 (2026-12-03 to 12-04) summed its
+ * files with FNV-1a ("ZPPCKPT3", "ZPPLOCO2"), format 2 (before 2026-12-03,
+ * issue 29) had no run_id, sums or checksum and "ZPPCKPT2" rank files; both
+ * still load.
  * "config" and "data" are absent in
  * manifests written before 2026-12-03: such a checkpoint still loads, and a
  * resume without --config takes only the model shape, dtype, global batch
  * and seed from it (zpp_trainer_config_from_checkpoint says so).
  *
  * RANK FILE (native little-endian), the ranges the saving rank owned:
- *   "ZPPCKPT3" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
+ *   "ZPPCKPT4" (8 bytes), u32 world_size, u32 rank, u32 n_units, u32 0,
  *   u64 step, u64 run_id (absent in format 2's "ZPPCKPT2"), then for each
  *   unit: u64 numel, u64 begin, u64 count, f32 master[count], f32 m[count],
- *   f32 v[count]; then u64 FNV-1a of every byte before. Rank r of W holds
+ *   f32 v[count]; then u64 zpp_checksum of every byte before
+ *   (core/checksum.h: about as fast as a memory copy, where FNV-1a, which
+ *   formats 2 and 3 used, held a large save or resume to about one byte
+ *   per multiply's latency; bench/RESULTS.md). Rank r of W holds
  *   [r * L, min((r + 1) * L, numel)) of each unpadded unit,
  *   L = ceil(numel / W): no padding, so the files do not depend on how the
  *   units were padded.
@@ -99,7 +104,7 @@
 #include "train/config.h"
 #include "zeropp.h"
 
-#define ZPP_CKPT_FORMAT 3
+#define ZPP_CKPT_FORMAT 4
 
 typedef struct zpp_ckpt_meta {
     int step;          /* optimizer steps taken */

@@ -29,13 +29,13 @@ typedef struct zpp_ckpt_manifest {
     double data_tokens;      /*   "tokens": its size in tokens */
     /* Format 3 (2026-12-03, issue 29); 0 / NULL in format 2: */
     uint64_t run_id;         /* "run_id": the run (lineage) that saved it, 16 hex digits */
-    uint64_t *rank_sums;     /* "sums": {"rank": [...]}: each rank file's FNV-1a (its
+    uint64_t *rank_sums;     /* "sums": {"rank": [...]}: each rank file's checksum (its
                                 last 8 bytes), world_size of them */
     uint64_t *loco_sums;     /*   "loco": [...] the error-feedback files' (with loco) */
 } zpp_ckpt_manifest;
 
 /* FNV-1a 64, continuing from h (start: ZPP_FNV1A_INIT): the checksum of
- * rank files and manifests. */
+ * manifests, and of the rank files of formats 2 and 3. */
 #define ZPP_FNV1A_INIT 14695981039346656037ull
 uint64_t zpp_fnv1a(uint64_t h, const void *p, size_t n);
 
