@@ -343,8 +343,8 @@ zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const siz
 /* AdamW over a shard (zpp_adamw_args), then the working copy: `work`
  * receives the new parameters rounded to work_dtype, or nothing when NULL
  * (the engine then rounds at gather time, keeping no working copy). The
- * arrays must not overlap. One pass: 16 bytes read and 12 written an element, plus the copy's 2 (bf16)
- * and, with clear_grad, the gradient's 4. */
+ * arrays must not overlap. One pass: 16 bytes read and 12 written an
+ * element, plus the copy's 2 (bf16) and, with clear_grad, the gradient's 4. */
 zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype);

@@ -79,6 +79,34 @@ static zpp_status step_settle_gradients(zpp_engine *e) {
     return ZPP_OK;
 }
 
+/* The sum of squares of this rank's shards of every unit, the masters or
+ * the gradients: each unit's in double, added in unit order. Every unit's
+ * sum is queued before the one wait for the device. */
+static zpp_status shards_sumsq(zpp_engine *e, int masters, double *sq_p) {
+    const int n = e->model->n_units;
+    const float **x = calloc((size_t)n, sizeof *x);
+    size_t *len = calloc((size_t)n, sizeof *len);
+    double *s = calloc((size_t)n, sizeof *s);
+    zpp_status st = ZPP_OK;
+    if (!x || !len || !s) {
+        st = zpp_error(ZPP_ERR_NOMEM, "engine: out of host memory for a norm");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        x[i] = masters ? e->units[i].master : e->units[i].grad_acc;
+        len[i] = e->units[i].part.shard_len;
+    }
+    ZPP_CHECK_GOTO(zpp_device_sumsq_many(e->dev, x, len, n, s), st, out);
+    double sq = 0.0;
+    for (int i = 0; i < n; i++) sq += s[i];
+    *sq_p = sq;
+out:
+    free(x);
+    free(len);
+    free(s);
+    return st;
+}
+
 /* Global gradient norm: ||g|| = sqrt(sum over ranks of each shard's sum of
  * squares), since the shards are disjoint and their padding is zero. Each
  * rank sums its units in double, rounds once to float, and the all-reduce
@@ -89,34 +117,14 @@ static zpp_status step_settle_gradients(zpp_engine *e) {
  * all-reduce carries the flag to every rank at no extra bytes and all skip
  * the step together, before any weight changes. */
 static zpp_status step_global_sumsq(zpp_engine *e, float loss, float sums[2]) {
-    const int n = e->model->n_units;
-    const float **x = malloc((size_t)n * sizeof *x);
-    size_t *len = malloc((size_t)n * sizeof *len);
-    double *s = malloc((size_t)n * sizeof *s);
-    zpp_status st = ZPP_OK;
-    if (!x || !len || !s) {
-        st = zpp_error(ZPP_ERR_NOMEM, "engine: out of host memory for the gradient norm");
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        x[i] = e->units[i].grad_acc;
-        len[i] = e->units[i].part.shard_len;
-    }
-    /* one wait for the device, not one a unit */
-    ZPP_CHECK_GOTO(zpp_device_sumsq_many(e->dev, x, len, n, s), st, out);
     double sq = 0.0;
-    for (int i = 0; i < n; i++) sq += s[i];
+    ZPP_CHECK(shards_sumsq(e, 0, &sq));
     int raised = 0;
-    ZPP_CHECK_GOTO(zpp_device_nonfinite_take(e->dev, &raised), st, out);
+    ZPP_CHECK(zpp_device_nonfinite_take(e->dev, &raised));
     if (raised) sq = INFINITY;
     sums[0] = (float)sq;
     sums[1] = loss;
-    st = engine_coll_allreduce(e, sums, 2);
-out:
-    free(x);
-    free(len);
-    free(s);
-    return st;
+    return engine_coll_allreduce(e, sums, 2);
 }
 
 /* Zeroes every unit's accumulated gradient shard for the next step. */
@@ -231,11 +239,7 @@ static zpp_status step_profile(zpp_engine *e, zpp_engine_profile *r) {
  * shards in double, rounded once to float, then all-reduced). */
 static zpp_status step_param_sumsq(zpp_engine *e, double *sumsq_p) {
     double ps = 0.0;
-    for (int i = 0; i < e->model->n_units; i++) {
-        double s = 0.0;
-        ZPP_CHECK(zpp_device_sumsq(e->dev, e->units[i].master, e->units[i].part.shard_len, &s));
-        ps += s;
-    }
+    ZPP_CHECK(shards_sumsq(e, 1, &ps));
     float pf = (float)ps;
     ZPP_CHECK(engine_coll_allreduce(e, &pf, 1));
     *sumsq_p = pf;
