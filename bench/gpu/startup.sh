@@ -10,7 +10,7 @@
 #                    kept: 2 bytes a parameter less)
 #   CONFIG=path      another model
 #   BUILD=dir, DEVICE=cpu   another build, the CPU (to try the script)
-# Needs a build in build-gpu (bench/gpu/world1_race.sh or train_compare.sh
+# Needs a build in build-gpu (bench/train/race.sh prep or train_compare.sh
 # make one); prints a summary line to $OUT/startup.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

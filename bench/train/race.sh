@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
 # The end-to-end race: `zeropp train --device gpu` (ZeRO-3 and ZeRO++ = qwZ + qgZ)
-# against PyTorch FSDP2 and DeepSpeed 0.19.8 (ZeRO-3, ZeRO++), one after the other
-# in the same call on the same GPU machine, with the same model shape and batch.
+# against PyTorch FSDP2 and DeepSpeed 0.19.8 (ZeRO-3, ZeRO++), and on one GPU against
+# llm.c (the C/CUDA GPT-2 trainer), one after the other in the same call on the same
+# GPU machine, with the same model shape and batch.
 #
 #   bash bench/train/race.sh PART...       PART is one of
-#     prep           build build-gpu/zeropp; install the DeepSpeed wheels and
-#                    JIT-build its quantizer op (both kept in build-gpu/ for the
-#                    next call on a warm machine); every part does this itself
-#                    when it needs it, prep just does it up front
+#     prep           build build-gpu/zeropp and llm.c (build-gpu/llmc); install the
+#                    DeepSpeed wheels and JIT-build its quantizer op (all kept in
+#                    build-gpu/ for the next call on a warm machine); every part
+#                    does this itself when it needs it, prep just does it up front
 #     linkcheck      PyTorch's NCCL all-gather / reduce-scatter / all-to-all
 #                    between the 2 emulated nodes on the call's link, with
 #                    NCCL's default socket settings and with the race's (SOCKS)
 #     world1         1 GPU, world 1 (compute alone): GPT 1.31B mb4 and GPT-2 124M
 #                    mb8, ours (ZeRO-3 config) and FSDP2 (DS1=1: DeepSpeed ZeRO-3 too)
+#     world1llmc     1 GPU, world 1: ours against llm.c on llm.c's shapes, GPT 1.31B
+#                    mb4 (16 heads of 128) and GPT-2 124M mb8 (12 heads of 64: ours
+#                    with the h64 variant)
 #     nodes2 [mbN..] 2 ranks as 2 emulated nodes, GPT 1.31B at each micro-batch
 #                    given (default mb1 mb4): ours ZeRO-3 and ZeRO++, FSDP2,
 #                    DeepSpeed ZeRO-3 and ZeRO++, each at its defaults
 #     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM[+VARIANT...], e.g.
 #                    nodes2-1p3b-mb4-ds_zeropp+rbs1e7 (SYSTEM: ours_zero3
-#                    ours_zeropp fsdp2 ds_zero3 ds_zeropp; MODEL: 1p3b 124m)
+#                    ours_zeropp fsdp2 ds_zero3 ds_zeropp llmc; MODEL: 1p3b 124m;
+#                    llmc at world1 only)
 #   VARIANTs, each a setting of the system's own (the race compares every
 #   system at the best variant it ran in the call; the report says which):
 #     ours:     keep       stage3_max_reuse_distance 1e12: every unit gathered in
 #                          the forward stays for its backward (no backward gathers)
+#               h64        heads of 64 (n_head = D / 64), llm.c's GPT-2 shape; the
+#                          configs and fsdp_gpt.py use heads of 128
 #     fsdp2:    raf0|raf1  reshard_after_forward False|True (default True)
 #               compile    torch.compile each block (costs ~1 min of start-up)
 #     ds_*:     rbsX       reduce_bucket_size X (default 5e8; ZeRO++'s tutorial: 1e7)
@@ -73,7 +80,7 @@ OUT=${OUT:-$ROOT/race-out}; mkdir -p "$OUT"
 TSV=$OUT/race.tsv
 STEPS=${STEPS:-8} WARM=3 RUN_TMO=${RUN_TMO:-240} BUDGET=${BUDGET:-570} JIT_TMO=${JIT_TMO:-300}
 MIN_RUN=${MIN_RUN:-60} DRY=${DRY:-0} DS1=${DS1:-0} LINK=${LINK:-25gbit} SOCKS=${SOCKS:-4x4}
-PEERS=$ROOT/.peers EMU=$ROOT/.peers/deepspeed/emu_rank.sh
+PEERS=$ROOT/.peers EMU=$ROOT/.peers/deepspeed/emu_rank.sh LLMC_BUILD=$ROOT/build-gpu/llmc
 SITE=$ROOT/build-gpu/peers/site
 [ "$STEPS" -gt "$WARM" ] || { echo "STEPS must exceed $WARM (fsdp_gpt.py drops 3 warm-up steps)"; exit 2; }
 [[ $SOCKS =~ ^([0-9]+)x([0-9]+)$ ]] || { echo "SOCKS must be THREADSxSOCKETS, e.g. 4x4"; exit 2; }
@@ -113,6 +120,8 @@ while [ $# -gt 0 ]; do
     nodes2) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 4)
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
+    world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
+                       world1-124m-mb8-llmc) ;;
     world1-*|nodes2-*) RUNS+=("$1") ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
   esac
@@ -159,15 +168,25 @@ Q().load(verbose=True); print('QUANTIZER_JIT_OK')" > "$OUT/jit.log" 2>&1
   if grep -q QUANTIZER_JIT_OK "$OUT/jit.log"; then DS_ZPP_OK=1; say "peers: quantizer op ready in $(( SECONDS - t ))s"
   else say "peers: quantizer op build FAILED (see peers-setup.log): DeepSpeed ZeRO++ runs are skipped"; fi
 }
-need_ours=$PREP need_ds=$PREP need_zpp=$PREP
+need_ours=$PREP need_ds=$PREP need_zpp=$PREP need_llmc=$PREP
 for r in "${RUNS[@]}"; do case $r in
-  *-ours_*) need_ours=1 ;; *-ds_zeropp*) need_ds=1 need_zpp=1 ;; *-ds_*) need_ds=1 ;; esac; done
+  *-ours_*) need_ours=1 ;; *-ds_zeropp*) need_ds=1 need_zpp=1 ;; *-ds_*) need_ds=1 ;;
+  *-llmc*) need_llmc=1 ;; esac; done
+LLMC_OK=0
+llmc_build() { # llm.c's own build (minutes: cuDNN's frontend), once, kept in build-gpu/llmc
+  [ -x "$LLMC_BUILD/train_gpt2cu" ] && return 0
+  [ -f "$PEERS/llmc/llmc_peer.sh" ] || { say "no .peers/llmc: run bench/train/stage_peers.sh"; return 1; }
+  mkdir -p "$(dirname "$LLMC_BUILD")"
+  BUILD=$LLMC_BUILD RUNS=" " bash "$PEERS/llmc/llmc_peer.sh" > "$OUT/llmc-build.log" 2>&1
+}
 BUILD_OK=0
 if [ "$DRY" = 1 ]; then
-  say "DRY: would build build-gpu (ours=$need_ours), set up the peers (ds=$need_ds, quantizer=$need_zpp)"
-  BUILD_OK=1 DS_OK=1 DS_ZPP_OK=1
+  say "DRY: would build build-gpu (ours=$need_ours, llm.c=$need_llmc), set up the peers" \
+      "(ds=$need_ds, quantizer=$need_zpp)"
+  BUILD_OK=1 DS_OK=1 DS_ZPP_OK=1 LLMC_OK=1
 else
   [ "$need_ours" = 1 ] && { build & bpid=$!; }
+  [ "$need_llmc" = 1 ] && { llmc_build & lpid=$!; }
   if [ "$need_ds" = 1 ]; then
     if [ -f "$EMU" ]; then peers_setup "$need_zpp"
     else say "no .peers/: run bench/train/stage_peers.sh where ../shared/bench is, and carry .peers"; fi
@@ -175,6 +194,10 @@ else
   if [ "$need_ours" = 1 ]; then
     if wait "$bpid"; then BUILD_OK=1; say "build-gpu/zeropp ready at ${SECONDS}s"
     else say "build FAILED:"; tail -20 "$OUT/build.log" | tee -a "$OUT/race.txt"; fi
+  fi
+  if [ "$need_llmc" = 1 ]; then
+    if wait "$lpid"; then LLMC_OK=1; say "llm.c ready at ${SECONDS}s"
+    else say "llm.c build FAILED:"; tail -20 "$OUT/llmc-build.log" | tee -a "$OUT/race.txt"; fi
   fi
 fi
 
@@ -258,6 +281,7 @@ run_one() {
       local edits=(-e "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/")
       for v in "${vs[@]}"; do case $v in
         keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
+        h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
         *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
       sed -E "${edits[@]}" "bench/train/gpt_${model}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config
@@ -290,6 +314,11 @@ run_one() {
       local xs=("${XS[@]}"); for e in "${envs[@]}"; do xs+=(-x "${e%%=*}"); done
       cmd=(env "${envs[@]}" mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${xs[@]}"
            "${LINK_RANK[@]}" bash "$EMU" python3 "$script") ;;
+    llmc)
+      [ "$np" = 1 ] || { say "$name: llm.c runs at world1 only"; return; }
+      [ "$LLMC_OK" = 1 ] || status=build_failed
+      local lm=d12; [ "$model" = 1p3b ] && lm=gpt3:c2048
+      cmd=(env BUILD="$LLMC_BUILD" RUNS="$lm:$mb" STEPS="$STEPS" WARM="$WARM" bash "$PEERS/llmc/llmc_peer.sh") ;;
     *) say "$name: unknown system"; return ;;
   esac
   local t1=$SECONDS rc=0 mem="" src="" net="" m=$OUT/mem/$name lb0 lmb=""
@@ -300,7 +329,7 @@ run_one() {
     lb0=$(link_bytes)
     measure "${cmd[@]}"
     # as ds_peer.sh does: a peer that died at start under mpirun gets one more go under torchrun
-    if [[ $sys != ours_* ]] && [ "$rc" != 0 ] && [ $(( SECONDS - t1 )) -lt 60 ] && [ "$(tmo)" -ge "$MIN_RUN" ] &&
+    if [[ $sys != ours_* ]] && [ "$base" != llmc ] && [ "$rc" != 0 ] && [ $(( SECONDS - t1 )) -lt 60 ] && [ "$(tmo)" -ge "$MIN_RUN" ] &&
        command -v torchrun > /dev/null &&
        ! grep -qE '^(FSDP2|DS mode=)' "$log"; then
       say "   mpirun: died at start (rc=$rc), again under torchrun"; mv "$log" "$log.mpirun"
@@ -318,6 +347,7 @@ run_one() {
               outside=$(sed -n 's/.*"device_live_bytes":\([0-9]*\),"device_used_bytes":\([0-9]*\).*/\1 \2/p' "$met" |
                         awk '{d = ($2 - $1) / 1048576; if (d > m) m = d} END {if (m) printf "%.0f", m}')
               note="skipped=$(grep -c '"skipped":true' "$met" 2> /dev/null)${outside:+ used-ours=${outside}MiB}" ;;
+      llmc) tok=$(sed -n 's/^llmc .* tok_s=\([0-9.]*\).*/\1/p' "$log" | tail -1) ;;
       *) local line; line=$(grep -E '^(FSDP2|DS mode=)' "$log" | tail -1)
          tok=$(sed -n 's/.* tok_s=\([0-9.]*\).*/\1/p' <<< "$line")
          self=$(sed -n 's/.* mem_GiB=\([0-9.]*\).*/\1/p' <<< "$line" | awk '{printf "%.0f", $1 * 1024}')

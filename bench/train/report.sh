@@ -53,7 +53,7 @@ function lnk(call) { return (call in link) ? link[call] : "-" }
 function tgt(t) { return t == 0 ? "—" : sprintf("≥ %.1f×", t) }
 BEGIN {
   name["ours_zero3"] = "ours ZeRO-3"; name["ours_zeropp"] = "ours ZeRO++"; name["fsdp2"] = "FSDP2"
-  name["ds_zero3"] = "DeepSpeed ZeRO-3"; name["ds_zeropp"] = "DeepSpeed ZeRO++"
+  name["ds_zero3"] = "DeepSpeed ZeRO-3"; name["ds_zeropp"] = "DeepSpeed ZeRO++"; name["llmc"] = "llm.c"
   ns = split("ours_zeropp ours_zero3 fsdp2 ds_zeropp ds_zero3", S, " ")
   sname["world1|1p3b|4"] = "1 GPU, GPT 1.31B, mb 4"; sname["world1|124m|8"] = "1 GPU, GPT-2 124M, mb 8"
   sname["nodes2|1p3b|1"] = "2 nodes, GPT 1.31B, mb 1"; sname["nodes2|1p3b|4"] = "2 nodes, GPT 1.31B, mb 4"
@@ -64,6 +64,9 @@ BEGIN {
   nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp fsdp2 1.6";     nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp ds_zeropp 1.5"
   nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp ours_zero3 1.8"; nk++; K[nk] = "nodes2|1p3b|4 ours_zero3 fsdp2 0"
   nk++; K[nk] = "world1|1p3b|4 ours_zero3 fsdp2 1.0";      nk++; K[nk] = "world1|124m|8 ours_zero3 fsdp2 1.1"
+  # against llm.c (issue 30); at 124M ours on llm.c's heads of 64 (race.sh's h64 variant:
+  # the variant column says which of ours ran fastest in the call)
+  nk++; K[nk] = "world1|1p3b|4 ours_zero3 llmc 1.05";      nk++; K[nk] = "world1|124m|8 ours_zero3 llmc 1.05"
 }
 END {
   if (bad) exit 1
