@@ -588,15 +588,18 @@ static char *join(const char *dir, const char *name) {
 
 /* The shard each tensor goes to, filling shards in the order given: a
  * tensor starts a new shard when it would take the current one past `limit`
- * (as transformers' split_torch_state_dict_into_shards). Returns the count. */
+ * (as transformers' split_torch_state_dict_into_shards), and one larger
+ * than the limit has a shard of its own. Returns the count. */
 static int assign_shards(const zpp_st_source *s, size_t n, size_t limit, int *shard) {
-    int k = 0;
-    size_t used = 0;
+    int k = 0, held = 0, closed = 0; /* the current shard: tensors, and full */
+    size_t used = 0;                 /* and its bytes */
     for (size_t i = 0; i < n; i++) {
         const size_t b = source_bytes(&s[i]);
-        if (used > 0 && (used >= limit || b > limit - used)) k++, used = 0;
+        const int alone = b > limit;
+        if (held > 0 && (closed || alone || b > limit - used)) k++, used = 0, held = 0;
         shard[i] = k;
-        used += b;
+        used += b, held++;
+        closed = alone; /* nothing joins a tensor past the limit */
     }
     return n ? k + 1 : 1;
 }
