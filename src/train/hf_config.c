@@ -367,13 +367,25 @@ zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg) {
 
 /* ---- Writing ------------------------------------------------------------------- */
 
+/* key: v, printed with the fewest significant digits (15, 16 or 17) that
+ * read back as the same double: cJSON's own printing compares the reading
+ * with a tolerance, and parse(write(x)) must be x bit for bit. */
+static int add_double(cJSON *o, const char *key, double v) {
+    char s[32];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(s, sizeof s, "%.*g", digits, v);
+        if (strtod(s, NULL) == v) break;
+    }
+    return cJSON_AddRawToObject(o, key, s) != NULL;
+}
+
 /* rope_scaling as an object, or null. */
 static cJSON *rope_json(const zpp_hf_rope_scaling *r) {
     if (!r->llama3) return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
-    if (o && cJSON_AddNumberToObject(o, "factor", r->factor) &&
-        cJSON_AddNumberToObject(o, "high_freq_factor", r->high_freq_factor) &&
-        cJSON_AddNumberToObject(o, "low_freq_factor", r->low_freq_factor) &&
+    if (o && add_double(o, "factor", r->factor) &&
+        add_double(o, "high_freq_factor", r->high_freq_factor) &&
+        add_double(o, "low_freq_factor", r->low_freq_factor) &&
         cJSON_AddNumberToObject(o, "original_max_position_embeddings",
                                 r->original_max_position_embeddings) &&
         cJSON_AddStringToObject(o, "rope_type", "llama3"))
@@ -404,7 +416,7 @@ zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
         const void *p = (const char *)c + fields[i].offset;
         ok = fields[i].type == F_INT ? !!cJSON_AddNumberToObject(j, fields[i].key, *(const int *)p)
              : fields[i].type == F_DOUBLE
-                 ? !!cJSON_AddNumberToObject(j, fields[i].key, *(const double *)p)
+                 ? add_double(j, fields[i].key, *(const double *)p)
                  : !!cJSON_AddBoolToObject(j, fields[i].key, *(const int *)p);
     }
     cJSON *items[3] = {rope_json(&c->rope_scaling),
