@@ -475,6 +475,19 @@ static int by_source_name(const void *a, const void *b) {
                   (*(const zpp_st_source *const *)b)->name);
 }
 
+/* A JSON array of integers printed exactly: cJSON prints numbers past
+ * 2^31 with 15 significant digits, which is not exact from 10^15 on. */
+static cJSON *int_array(const uint64_t *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        char s[24];
+        snprintf(s, sizeof s, "%llu", (unsigned long long)v[i]);
+        cJSON *x = cJSON_CreateRaw(s);
+        if (!x || !cJSON_AddItemToArray(a, x)) cJSON_Delete(x), cJSON_Delete(a), a = NULL;
+    }
+    return a;
+}
+
 /* The header's text: {"__metadata__":{"format":"pt"}, then each tensor in
  * `order` with its offsets}, padded with spaces to a multiple of 8 bytes so
  * the buffer (after the 8-byte length) starts 8-aligned. */
@@ -491,10 +504,10 @@ static zpp_status header_text(const zpp_st_source *const *order, size_t n, char 
     for (size_t i = 0; i < n; i++) {
         const zpp_st_source *s = order[i];
         const size_t bytes = source_bytes(s);
-        double shape[ZPP_ST_MAX_DIMS], offsets[2] = {(double)at, (double)(at + bytes)};
-        for (int d = 0; d < s->ndim; d++) shape[d] = (double)s->shape[d];
-        cJSON *e = cJSON_CreateObject(), *sh = cJSON_CreateDoubleArray(shape, s->ndim);
-        cJSON *off = cJSON_CreateDoubleArray(offsets, 2);
+        uint64_t shape[ZPP_ST_MAX_DIMS], offsets[2] = {at, at + bytes};
+        for (int d = 0; d < s->ndim; d++) shape[d] = (uint64_t)s->shape[d];
+        cJSON *e = cJSON_CreateObject(), *sh = int_array(shape, s->ndim);
+        cJSON *off = int_array(offsets, 2);
         const int made = e && sh && off && cJSON_AddStringToObject(e, "dtype",
                                                                    zpp_st_dtype_name(s->dtype));
         if (!made || !cJSON_AddItemToObject(e, "shape", sh)) cJSON_Delete(sh), sh = NULL;
@@ -613,9 +626,11 @@ static zpp_status write_index(const char *dir, const zpp_st_source *s, size_t n,
     char *text = NULL, *path = join(dir, ZPP_ST_INDEX_NAME);
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += source_bytes(&s[i]);
+    char total_text[24];
+    snprintf(total_text, sizeof total_text, "%zu", total);
     zpp_status st = ZPP_OK;
     if (!j || !order || !path || !(meta = cJSON_AddObjectToObject(j, "metadata")) ||
-        !cJSON_AddNumberToObject(meta, "total_size", (double)total) ||
+        !cJSON_AddRawToObject(meta, "total_size", total_text) || /* exact, as int_array */
         !(map = cJSON_AddObjectToObject(j, "weight_map"))) {
         st = zpp_error(ZPP_ERR_NOMEM, "safetensors: out of memory");
         goto out;
