@@ -206,7 +206,8 @@ static void test_read_f32(void) {
     void *data[3];
     for (int k = 0; k < 3; k++) {
         data[k] = zpp_test_malloc(4 * n);
-        for (size_t i = 0; i < n; i++) zpp_store_f32(data[k], ours[k], i, (float)zpp_rng_normal(&r));
+        for (size_t i = 0; i < n; i++)
+            zpp_store_f32(data[k], ours[k], i, (float)zpp_rng_normal(&r));
         s[k] = (zpp_st_source){.name = (const char *[]){"a", "b", "c"}[k], .dtype = dts[k],
                                .ndim = 1, .shape = {(int64_t)n}, .data = data[k]};
     }

@@ -343,8 +343,8 @@ zpp_status zpp_hf_config_check(const zpp_hf_config *c, const char *what) {
     return ZPP_OK;
 }
 
-zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg) {
-    if (!path || !cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
+zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
+    if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
     FILE *f = NULL;
     ZPP_CHECK(zpp_fopen_regular(path, "config", &f));
     char *text = malloc(CONFIG_MAX_BYTES + 1);
@@ -359,7 +359,7 @@ zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg) {
                        path);
     if (st == ZPP_OK) {
         text[n] = 0;
-        st = zpp_hf_config_parse(text, path, cfg);
+        st = zpp_hf_config_parse(text, path, cfg_p);
     }
     free(text);
     return st;

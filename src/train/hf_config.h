@@ -27,8 +27,8 @@
  * head_dim, KV not dividing H).
  *
  * zpp_hf_config_write writes every field above, so that reading what it
- * wrote gives the same struct, bit for bit (doubles print with 17
- * significant digits when fewer would not round-trip). Errors: ZPP_ERR_IO,
+ * wrote gives the same struct, bit for bit (each double printed with the
+ * fewest digits, 15 to 17, that read back as it). Errors: ZPP_ERR_IO,
  * ZPP_ERR_FORMAT (not JSON, or a value of the wrong type), ZPP_ERR_CONFIG
  * (a value or key this model does not take). Nothing prints. */
 #ifndef ZPP_TRAIN_HF_CONFIG_H
@@ -79,9 +79,9 @@ typedef struct zpp_hf_config {
 
 /* Parses the JSON text of a config.json; `what` names it in messages (its
  * path). */
-zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config *cfg);
+zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config *cfg_p);
 /* Reads and parses the file `path`. */
-zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg);
+zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p);
 /* Checks the shape rules above (zpp_hf_config_parse calls it). */
 zpp_status zpp_hf_config_check(const zpp_hf_config *cfg, const char *what);
 /* The JSON text of cfg (malloc'd, free() it), checked first. */
