@@ -129,7 +129,8 @@ static void test_llama_1b(void) {
                                   "\"hidden_size\": 96, \"intermediate_size\": 200, "
                                   "\"num_hidden_layers\": 2, \"num_attention_heads\": 6, "
                                   "\"vocab_size\": 300, \"eos_token_id\": 2, "
-                                  "\"rope_scaling\": null, \"head_dim\": null}",
+                                  "\"rope_scaling\": null, \"head_dim\": null, "
+                                  "\"is_llama_config\": true, \"rope_interleaved\": false}",
                                   "small", &c));
     EXPECT(c.num_key_value_heads == 6 && c.head_dim == 16 && c.max_position_embeddings == 2048);
     EXPECT(c.rms_norm_eps == 1e-6 && c.rope_theta == 10000 && !c.rope_scaling.llama3);
@@ -172,6 +173,8 @@ static void test_refusals(void) {
         {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", ZPP_ERR_CONFIG,
          "hidden_act must be \"silu\""},
         {"\"mlp_bias\": false", "\"mlp_bias\": true", ZPP_ERR_CONFIG, "mlp_bias must be false"},
+        {"\"use_cache\": true", "\"rope_interleaved\": true", ZPP_ERR_CONFIG,
+         "rope_interleaved must be false"},
         {"\"model_type\": \"llama\"", "\"model_type\": \"mistral\"", ZPP_ERR_CONFIG,
          "model_type must be \"llama\""},
         {"\"head_dim\": 64, ", "", ZPP_OK, NULL}, /* 2048 / 32: fine */

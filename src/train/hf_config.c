@@ -56,18 +56,21 @@ static const char *const special_keys[] = {"architectures", "rope_scaling", "tor
                                            "dtype",         "bos_token_id", "eos_token_id"};
 
 /* Keys that must hold one value, the one this model computes with: a
- * string, a boolean false or the number 0. */
+ * string, a boolean false or the number 0. rope_interleaved (SmolLM's
+ * configs) false is HF's rotate-half pairing (i, i + head_dim / 2). */
 static const struct {
     const char *key, *string;
-} fixed_keys[] = {{"model_type", "llama"}, {"hidden_act", "silu"}, {"mlp_bias", NULL},
-                  {"attention_dropout", NULL}};
+} fixed_keys[] = {{"model_type", "llama"},   {"hidden_act", "silu"},
+                  {"mlp_bias", NULL},        {"attention_dropout", NULL},
+                  {"rope_interleaved", NULL}};
 
 /* Bookkeeping that does not change the math: accepted and ignored.
  * pretraining_tp > 1 only splits transformers' matmuls into slices of the
  * same sum. */
 static const char *const ignored_keys[] = {
     "_name_or_path", "transformers_version", "initializer_range", "use_cache",
-    "pad_token_id",  "pretraining_tp",       "output_attentions", "output_hidden_states"};
+    "pad_token_id",  "pretraining_tp",       "output_attentions", "output_hidden_states",
+    "is_llama_config"};
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
