@@ -1,0 +1,461 @@
+/* train/hf_config.c — a Hugging Face Llama-family config.json (hf_config.h). */
+#include "train/hf_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/file.h"
+
+#define CONFIG_MAX_BYTES (1u << 20) /* a config.json is a few KB */
+
+/* The one architecture this reader maps. Others of the family map onto the
+ * same fields: MistralForCausalLM (adds sliding_window: refuse it unless it
+ * is null or covers max_position_embeddings) and Qwen2ForCausalLM (q/k/v
+ * biases, i.e. attention_bias without the o bias; also sliding-window
+ * keys). Each needs its keys added here and its names in the tensor map. */
+static const char *const known_architectures[] = {"LlamaForCausalLM"};
+
+/* ---- The plain fields: ints, doubles, booleans --------------------------------- */
+
+enum { F_INT, F_DOUBLE, F_BOOL };
+
+typedef struct field {
+    const char *key;
+    int type;
+    size_t offset; /* in zpp_hf_config */
+    int required;
+} field;
+
+#define FIELD(key, type, required) {#key, type, offsetof(zpp_hf_config, key), required}
+static const field fields[] = {
+    FIELD(hidden_size, F_INT, 1),
+    FIELD(intermediate_size, F_INT, 1),
+    FIELD(num_hidden_layers, F_INT, 1),
+    FIELD(num_attention_heads, F_INT, 1),
+    FIELD(num_key_value_heads, F_INT, 0),
+    FIELD(head_dim, F_INT, 0),
+    FIELD(vocab_size, F_INT, 1),
+    FIELD(max_position_embeddings, F_INT, 0),
+    FIELD(rms_norm_eps, F_DOUBLE, 0),
+    FIELD(rope_theta, F_DOUBLE, 0),
+    FIELD(tie_word_embeddings, F_BOOL, 0),
+    FIELD(attention_bias, F_BOOL, 0),
+};
+#undef FIELD
+enum { N_FIELDS = sizeof fields / sizeof fields[0] };
+
+/* Keys handled one by one below (the parse functions name them). */
+static const char *const special_keys[] = {"architectures", "rope_scaling", "torch_dtype",
+                                           "dtype",         "bos_token_id", "eos_token_id"};
+
+/* Keys that must hold one value, the one this model computes with: a
+ * string, a boolean false or the number 0. rope_interleaved (SmolLM's
+ * configs) false is HF's rotate-half pairing (i, i + head_dim / 2). */
+static const struct {
+    const char *key, *string;
+} fixed_keys[] = {{"model_type", "llama"},   {"hidden_act", "silu"},
+                  {"mlp_bias", NULL},        {"attention_dropout", NULL},
+                  {"rope_interleaved", NULL}};
+
+/* Bookkeeping that does not change the math: accepted and ignored.
+ * pretraining_tp > 1 only splits transformers' matmuls into slices of the
+ * same sum. */
+static const char *const ignored_keys[] = {
+    "_name_or_path", "transformers_version", "initializer_range", "use_cache",
+    "pad_token_id",  "pretraining_tp",       "output_attentions", "output_hidden_states",
+    "is_llama_config"};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static int in_list(const char *key, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(key, list[i])) return 1;
+    return 0;
+}
+
+/* A JSON integer within int's range. */
+static int json_int(const cJSON *v, int *out) {
+    if (!cJSON_IsNumber(v)) return 0;
+    const double d = v->valuedouble;
+    if (!(d >= -2147483648.0 && d <= 2147483647.0) || d != floor(d)) return 0;
+    *out = (int)d;
+    return 1;
+}
+
+static zpp_status parse_field(const cJSON *v, const field *f, const char *what,
+                              zpp_hf_config *cfg) {
+    void *p = (char *)cfg + f->offset;
+    int ok = 0;
+    if (f->type == F_INT) ok = json_int(v, p);
+    else if (f->type == F_DOUBLE && cJSON_IsNumber(v)) ok = 1, *(double *)p = v->valuedouble;
+    else if (f->type == F_BOOL && cJSON_IsBool(v)) ok = 1, *(int *)p = cJSON_IsTrue(v);
+    if (!ok)
+        return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"%s\" is not %s", what, f->key,
+                         f->type == F_INT      ? "an integer"
+                         : f->type == F_DOUBLE ? "a number"
+                                               : "true or false");
+    return ZPP_OK;
+}
+
+/* ---- The special keys ---------------------------------------------------------- */
+
+static zpp_status parse_architectures(const cJSON *v, const char *what, zpp_hf_config *cfg) {
+    const cJSON *a = cJSON_GetArrayItem(v, 0);
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 1 || !cJSON_IsString(a))
+        return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"architectures\" is not a list of one "
+                                         "name",
+                         what);
+    if (!in_list(a->valuestring, known_architectures, COUNT(known_architectures)))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': architecture '%s' is not supported; "
+                                         "zeropp reads LlamaForCausalLM",
+                         what, a->valuestring);
+    snprintf(cfg->architecture, sizeof cfg->architecture, "%s", a->valuestring);
+    return ZPP_OK;
+}
+
+/* null, {"rope_type": "default"}, or Llama 3.1's llama3 scaling with its
+ * four numbers. */
+static zpp_status parse_rope_scaling(const cJSON *v, const char *what, zpp_hf_config *cfg) {
+    zpp_hf_rope_scaling *r = &cfg->rope_scaling;
+    memset(r, 0, sizeof *r);
+    if (cJSON_IsNull(v)) return ZPP_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(v, "type"); /* the older name */
+    if (!cJSON_IsObject(v) || !cJSON_IsString(type))
+        return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"rope_scaling\" is not null or an "
+                                         "object with a \"rope_type\"",
+                         what);
+    if (!strcmp(type->valuestring, "default")) return ZPP_OK; /* no scaling */
+    if (strcmp(type->valuestring, "llama3"))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': rope_scaling type '%s' is not supported; "
+                                         "zeropp implements llama3 (or none)",
+                         what, type->valuestring);
+    const struct {
+        const char *key;
+        double *d;
+        int *i;
+    } k[] = {{"factor", &r->factor, NULL},
+             {"low_freq_factor", &r->low_freq_factor, NULL},
+             {"high_freq_factor", &r->high_freq_factor, NULL},
+             {"original_max_position_embeddings", NULL, &r->original_max_position_embeddings}};
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        size_t j = 0;
+        while (j < COUNT(k) && strcmp(e->string, k[j].key)) j++;
+        if (j == COUNT(k) && strcmp(e->string, "rope_type") && strcmp(e->string, "type"))
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': unknown key rope_scaling.%s", what,
+                             e->string);
+    }
+    for (size_t j = 0; j < COUNT(k); j++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(v, k[j].key);
+        const int ok = k[j].i ? json_int(x, k[j].i) : cJSON_IsNumber(x);
+        if (!ok)
+            return zpp_error(ZPP_ERR_FORMAT, "config '%s': rope_scaling.%s is %s", what,
+                             k[j].key, x ? "not a number" : "missing (llama3 needs it)");
+        if (k[j].d) *k[j].d = x->valuedouble;
+    }
+    r->llama3 = 1;
+    return ZPP_OK;
+}
+
+static zpp_status parse_dtype(const cJSON *v, const char *key, const char *what,
+                              zpp_hf_config *cfg) {
+    static const struct {
+        const char *name;
+        zpp_dtype dtype;
+    } d[] = {{"float32", ZPP_FP32}, {"bfloat16", ZPP_BF16}, {"float16", ZPP_FP16}};
+    for (size_t i = 0; i < COUNT(d) && cJSON_IsString(v); i++)
+        if (!strcmp(v->valuestring, d[i].name)) {
+            cfg->torch_dtype = d[i].dtype;
+            return ZPP_OK;
+        }
+    return zpp_error(ZPP_ERR_CONFIG, "config '%s': %s '%s' is not float32, bfloat16 or float16",
+                     what, key, cJSON_IsString(v) ? v->valuestring : "(not a string)");
+}
+
+/* bos_token_id: an int or null; eos_token_id: an int, a list of ints, or
+ * null. */
+static zpp_status parse_token_ids(const cJSON *j, const char *what, zpp_hf_config *cfg) {
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(j, "bos_token_id");
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    cfg->bos_token_id = -1;
+    if (bos && !cJSON_IsNull(bos) && !json_int(bos, &cfg->bos_token_id))
+        return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"bos_token_id\" is not an integer", what);
+    if (!eos || cJSON_IsNull(eos)) return ZPP_OK;
+    cfg->eos_is_list = cJSON_IsArray(eos);
+    const int n = cfg->eos_is_list ? cJSON_GetArraySize(eos) : 1;
+    if (n < 1 || n > ZPP_HF_MAX_EOS)
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': \"eos_token_id\" lists %d ids; give 1 to "
+                                         "%d",
+                         what, n, ZPP_HF_MAX_EOS);
+    for (int i = 0; i < n; i++)
+        if (!json_int(cfg->eos_is_list ? cJSON_GetArrayItem(eos, i) : eos,
+                      &cfg->eos_token_id[i]))
+            return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"eos_token_id\" is not an integer or "
+                                             "a list of them",
+                             what);
+    cfg->n_eos = n;
+    return ZPP_OK;
+}
+
+/* Whether parse_keys saw the field `key` (with a value, not null). */
+static int seen_key(const int *seen, const char *key) {
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (!strcmp(fields[i].key, key)) return seen[i];
+    return 0;
+}
+
+/* A key of fixed_keys holding its one value. */
+static zpp_status parse_fixed(const cJSON *v, size_t i, const char *what) {
+    const char *want = fixed_keys[i].string;
+    const int ok = want ? cJSON_IsString(v) && !strcmp(v->valuestring, want)
+                        : cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
+    if (!ok)
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': %s must be %s%s%s for this model", what,
+                         fixed_keys[i].key, want ? "\"" : "", want ? want : "false (or 0)",
+                         want ? "\"" : "");
+    return ZPP_OK;
+}
+
+/* Every key of the object, each to its parser; an unknown one refused. */
+static zpp_status parse_keys(const cJSON *j, const char *what, zpp_hf_config *cfg, int *seen) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, j) {
+        const char *key = e->string;
+        size_t i = 0;
+        while (i < N_FIELDS && strcmp(key, fields[i].key)) i++;
+        if (i < N_FIELDS) {
+            seen[i] = !cJSON_IsNull(e) || fields[i].required; /* null: the default */
+            if (seen[i]) ZPP_CHECK(parse_field(e, &fields[i], what, cfg));
+            continue;
+        }
+        for (i = 0; i < COUNT(fixed_keys) && strcmp(key, fixed_keys[i].key); i++) continue;
+        if (i < COUNT(fixed_keys)) {
+            ZPP_CHECK(parse_fixed(e, i, what));
+            continue;
+        }
+        if (!strcmp(key, "architectures")) ZPP_CHECK(parse_architectures(e, what, cfg));
+        else if (!strcmp(key, "rope_scaling")) ZPP_CHECK(parse_rope_scaling(e, what, cfg));
+        else if (!strcmp(key, "torch_dtype") || !strcmp(key, "dtype")) {
+            if (!cJSON_IsNull(e)) ZPP_CHECK(parse_dtype(e, key, what, cfg));
+        } else if (!in_list(key, special_keys, COUNT(special_keys)) &&
+                   !in_list(key, ignored_keys, COUNT(ignored_keys)))
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': unknown key \"%s\"; zeropp reads "
+                                             "Llama-family configs (hf_config.h lists the keys)",
+                             what, key);
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config *cfg_p) {
+    if (!text || !what || !cfg_p)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_parse: NULL argument");
+    cJSON *j = cJSON_Parse(text);
+    zpp_hf_config cfg = {.max_position_embeddings = 2048, /* LlamaConfig's defaults */
+                         .rms_norm_eps = 1e-6,
+                         .rope_theta = 10000.0,
+                         .torch_dtype = ZPP_FP32,
+                         .bos_token_id = -1};
+    int seen[N_FIELDS] = {0};
+    zpp_status st = ZPP_OK;
+    if (!cJSON_IsObject(j)) {
+        st = zpp_error(ZPP_ERR_FORMAT, "config '%s' is not a JSON object", what);
+        goto out;
+    }
+    ZPP_CHECK_GOTO(parse_keys(j, what, &cfg, seen), st, out);
+    ZPP_CHECK_GOTO(parse_token_ids(j, what, &cfg), st, out);
+    if (!cfg.architecture[0]) {
+        st = zpp_error(ZPP_ERR_FORMAT, "config '%s': \"architectures\" is missing; a Llama "
+                                       "config names LlamaForCausalLM",
+                       what);
+        goto out;
+    }
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (fields[i].required && !seen[i]) {
+            st = zpp_error(ZPP_ERR_FORMAT, "config '%s': \"%s\" is missing", what, fields[i].key);
+            goto out;
+        }
+    if (!seen_key(seen, "num_key_value_heads")) /* absent: no grouping */
+        cfg.num_key_value_heads = cfg.num_attention_heads;
+    if (!seen_key(seen, "head_dim") && cfg.num_attention_heads > 0) {
+        if (cfg.hidden_size % cfg.num_attention_heads) {
+            st = zpp_error(ZPP_ERR_CONFIG, "config '%s': num_attention_heads %d does not divide "
+                                           "hidden_size %d, and head_dim is not given",
+                           what, cfg.num_attention_heads, cfg.hidden_size);
+            goto out;
+        }
+        cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+    }
+    ZPP_CHECK_GOTO(zpp_hf_config_check(&cfg, what), st, out);
+    *cfg_p = cfg;
+out:
+    cJSON_Delete(j);
+    return st;
+}
+
+zpp_status zpp_hf_config_check(const zpp_hf_config *c, const char *what) {
+    if (!c || !what) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_check: NULL argument");
+    if (!in_list(c->architecture, known_architectures, COUNT(known_architectures)))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': architecture '%s' is not supported; "
+                                         "zeropp reads LlamaForCausalLM",
+                         what, c->architecture);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const void *p = (const char *)c + fields[i].offset;
+        const int bad = fields[i].type == F_INT      ? *(const int *)p < 1
+                        : fields[i].type == F_DOUBLE ? !(*(const double *)p > 0 &&
+                                                         isfinite(*(const double *)p))
+                                                     : 0;
+        if (bad)
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': %s must be positive", what,
+                             fields[i].key);
+    }
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': num_key_value_heads %d does not divide "
+                                         "num_attention_heads %d (each K/V head serves a whole "
+                                         "group of query heads)",
+                         what, c->num_key_value_heads, c->num_attention_heads);
+    const zpp_hf_rope_scaling *r = &c->rope_scaling;
+    if (r->llama3 && !(r->factor > 0 && r->low_freq_factor > 0 &&
+                       r->high_freq_factor > r->low_freq_factor &&
+                       r->original_max_position_embeddings > 0 && isfinite(r->factor) &&
+                       isfinite(r->high_freq_factor)))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': rope_scaling needs factor > 0, "
+                                         "high_freq_factor > low_freq_factor > 0 and "
+                                         "original_max_position_embeddings > 0 (llama3 divides "
+                                         "by high - low)",
+                         what);
+    if (c->torch_dtype != ZPP_FP32 && c->torch_dtype != ZPP_BF16 && c->torch_dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': torch_dtype %d is no dtype", what,
+                         (int)c->torch_dtype);
+    if (c->bos_token_id < -1 || c->n_eos < 0 || c->n_eos > ZPP_HF_MAX_EOS ||
+        (c->n_eos > 1 && !c->eos_is_list))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': bos_token_id or eos_token_id is out of "
+                                         "range",
+                         what);
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_id[i] < 0)
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': eos_token_id %d is negative", what,
+                             c->eos_token_id[i]);
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
+    if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
+    FILE *f = NULL;
+    ZPP_CHECK(zpp_fopen_regular(path, "config", &f));
+    char *text = malloc(CONFIG_MAX_BYTES + 1);
+    const size_t n = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, f) : 0;
+    const int err = ferror(f);
+    fclose(f);
+    zpp_status st = ZPP_OK;
+    if (!text) st = zpp_error(ZPP_ERR_NOMEM, "config: out of memory");
+    else if (err) st = zpp_error(ZPP_ERR_IO, "cannot read config '%s'", path);
+    else if (n > CONFIG_MAX_BYTES)
+        st = zpp_error(ZPP_ERR_FORMAT, "config '%s' is larger than 1 MiB: not a config.json",
+                       path);
+    if (st == ZPP_OK) {
+        text[n] = 0;
+        st = zpp_hf_config_parse(text, path, cfg_p);
+    }
+    free(text);
+    return st;
+}
+
+/* ---- Writing ------------------------------------------------------------------- */
+
+/* key: v, printed with the fewest significant digits (15, 16 or 17) that
+ * read back as the same double: cJSON's own printing compares the reading
+ * with a tolerance, and parse(write(x)) must be x bit for bit. */
+static int add_double(cJSON *o, const char *key, double v) {
+    char s[32];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(s, sizeof s, "%.*g", digits, v);
+        if (strtod(s, NULL) == v) break;
+    }
+    return cJSON_AddRawToObject(o, key, s) != NULL;
+}
+
+/* rope_scaling as an object, or null. */
+static cJSON *rope_json(const zpp_hf_rope_scaling *r) {
+    if (!r->llama3) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    if (o && add_double(o, "factor", r->factor) &&
+        add_double(o, "high_freq_factor", r->high_freq_factor) &&
+        add_double(o, "low_freq_factor", r->low_freq_factor) &&
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                r->original_max_position_embeddings) &&
+        cJSON_AddStringToObject(o, "rope_type", "llama3"))
+        return o;
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* The id fields: bos an int or null, eos an int, a list or null. */
+static cJSON *eos_json(const zpp_hf_config *c) {
+    if (!c->n_eos) return cJSON_CreateNull();
+    if (!c->eos_is_list) return cJSON_CreateNumber(c->eos_token_id[0]);
+    return cJSON_CreateIntArray(c->eos_token_id, c->n_eos);
+}
+
+zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
+    if (!text_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_format: NULL argument");
+    ZPP_CHECK(zpp_hf_config_check(c, "(to write)"));
+    static const char *const dtype_names[] = {[ZPP_FP32] = "float32", [ZPP_BF16] = "bfloat16",
+                                              [ZPP_FP16] = "float16"};
+    cJSON *j = cJSON_CreateObject(), *arch = cJSON_CreateStringArray(
+                                                 (const char *const[]){c->architecture}, 1);
+    int ok = j && arch && cJSON_AddItemToObject(j, "architectures", arch);
+    if (!ok) cJSON_Delete(arch);
+    ok = ok && cJSON_AddStringToObject(j, "model_type", "llama") &&
+         cJSON_AddStringToObject(j, "hidden_act", "silu") && cJSON_AddFalseToObject(j, "mlp_bias");
+    for (size_t i = 0; ok && i < N_FIELDS; i++) { /* the plain fields, in the table's order */
+        const void *p = (const char *)c + fields[i].offset;
+        ok = fields[i].type == F_INT ? !!cJSON_AddNumberToObject(j, fields[i].key, *(const int *)p)
+             : fields[i].type == F_DOUBLE
+                 ? add_double(j, fields[i].key, *(const double *)p)
+                 : !!cJSON_AddBoolToObject(j, fields[i].key, *(const int *)p);
+    }
+    cJSON *items[3] = {rope_json(&c->rope_scaling),
+                       c->bos_token_id < 0 ? cJSON_CreateNull()
+                                           : cJSON_CreateNumber(c->bos_token_id),
+                       eos_json(c)};
+    const char *keys[3] = {"rope_scaling", "bos_token_id", "eos_token_id"};
+    for (int i = 0; i < 3; i++)
+        if (!ok || !items[i] || !cJSON_AddItemToObject(j, keys[i], items[i]))
+            ok = 0, cJSON_Delete(items[i]);
+    ok = ok && cJSON_AddStringToObject(j, "torch_dtype", dtype_names[c->torch_dtype]);
+    char *json = ok ? cJSON_Print(j) : NULL, *text = json ? strdup(json) : NULL;
+    cJSON_free(json); /* the caller frees with free() */
+    cJSON_Delete(j);
+    if (!text) return zpp_error(ZPP_ERR_NOMEM, "config: out of memory");
+    *text_p = text;
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_config_write(const char *path, const zpp_hf_config *cfg) {
+    if (!path || strlen(path) >= 4096)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_write: no path, or one too long");
+    char *text = NULL;
+    ZPP_CHECK(zpp_hf_config_format(cfg, &text));
+    char tmp[4096 + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
+             fsync(fileno(f)) == 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
+    free(text);
+    if (!ok) {
+        if (f) remove(tmp);
+        return zpp_error(ZPP_ERR_IO, "cannot write config '%s': %s", path, strerror(e));
+    }
+    return ZPP_OK;
+}
