@@ -1,7 +1,8 @@
-/* engine/engine.c — the ZeRO-3 schedule: units, the full-precision
- * vectors, gather, compute, release, reduce, and evaluation. The optimizer
- * step is in step.c, checkpoint access in state.c (engine_internal.h).
- * See engine.h for the schedule. */
+/* engine/engine.c — the ZeRO-3 schedule: create and destroy, gather,
+ * compute, release, reduce, forward and backward, and evaluation. The
+ * units' memory is in units.c, the full-precision vectors in vectors.c, the
+ * optimizer step in step.c, checkpoint access in state.c
+ * (engine_internal.h). See engine.h for the schedule. */
 #include "engine/engine_internal.h"
 
 #include <math.h>
@@ -12,81 +13,6 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "device/device.h"
-
-
-/* Initial values of this rank's slice [r * shard_len, ...) of the unit,
- * clipped to the real elements, into its fp32 master shard; the padding
- * stays zero forever (its gradients are zero and AdamW maps 0 to 0). A
- * model that draws them on its device (init_params_device) writes them in
- * place; otherwise they are drawn into host memory and copied. Either way
- * each value is a pure function of (seed, unit, index): the same bits. */
-static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
-    const zpp_partition *p = &u->part;
-    size_t fbytes = p->shard_len * sizeof(float);
-    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
-    size_t count = begin < p->numel ? p->numel - begin : 0;
-    if (count > p->shard_len) count = p->shard_len;
-    const zpp_model_ops *ops = e->model->ops;
-    if (ops->init_params_device) {
-        if (count < p->shard_len)
-            ZPP_CHECK(zpp_device_set(e->dev, u->master + count, 0, fbytes - count * sizeof(float)));
-        if (!count) return ZPP_OK;
-        return ops->init_params_device(e->model, index, begin, count, u->master, e->opts.seed);
-    }
-    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
-    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
-    zpp_status st = ZPP_OK;
-    if (count) st = ops->init_params(e->model, index, begin, count, host, e->opts.seed);
-    /* The copy must land before `host` is freed: a copy from host memory
-     * has read its source when it returns. */
-    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
-    free(host);
-    return st;
-}
-
-static zpp_status alloc_unit(zpp_engine *e, unit_state *u, int index) {
-    const zpp_partition *p = &u->part;
-    size_t fbytes = p->shard_len * sizeof(float);
-    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->master));
-    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->m));
-    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->v));
-    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->grad_acc));
-    if (e->opts.hpz)
-        ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * zpp_dtype_size(e->opts.work_dtype),
-                                   &u->secondary));
-    ZPP_CHECK(init_master(e, u, index));
-    ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
-    ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
-    if (e->opts.loco) {
-        zpp_qgz_feedback_lens(p, e->topo->nodes, e->topo->node_size, &u->ef_intra_len,
-                              &u->ef_inter_len);
-        ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_intra_len * sizeof(float),
-                                   (void **)&u->ef_intra));
-        ZPP_CHECK(zpp_device_set(e->dev, u->ef_intra, 0, u->ef_intra_len * sizeof(float)));
-        if (u->ef_inter_len) {
-            ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_inter_len * sizeof(float),
-                                       (void **)&u->ef_inter));
-            ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
-        }
-    }
-    return zpp_device_set(e->dev, u->grad_acc, 0, fbytes);
-}
-
-static void free_unit(zpp_engine *e, unit_state *u) {
-    zpp_device_free(e->dev, u->resident);
-    zpp_device_free(e->dev, u->master);
-    zpp_device_free(e->dev, u->m);
-    zpp_device_free(e->dev, u->v);
-    zpp_device_free(e->dev, u->grad_acc);
-    zpp_device_free(e->dev, u->secondary);
-    zpp_device_free(e->dev, u->ef_intra);
-    zpp_device_free(e->dev, u->ef_inter);
-}
-
-/* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
-static size_t work_bytes(const zpp_engine *e, const unit_state *u) {
-    return u->part.padded * zpp_dtype_size(e->opts.work_dtype);
-}
 
 /* Completing a collective, and the norm's all-reduce, are where the host
  * backend's calling thread, its compute stream, blocks on its peers: a
@@ -105,216 +31,6 @@ zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
     zpp_status st = zpp_coll_allreduce_sum(e->coll, host_values, n);
     zpp_device_host_wait_end(e->dev);
     return st;
-}
-
-/* A world of one rank reduces nothing: the mean of one gradient is itself,
- * and nothing goes on a wire. The model's backward then adds straight into
- * the unit's fp32 accumulator (it accumulates, model.h), so no full
- * gradient, no working-dtype copy for a wire and no reduction output are
- * held: at world 1 those were the largest transients of the step (GPT
- * 1.31B's embedding unit alone held 0.4 GB of full gradient through the
- * whole backward, and 1 GB at its reduction). It is also the exact sum:
- * the gradient is not rounded to the working dtype for a wire it never
- * takes. */
-static int alone(const zpp_engine *e) { return e->topo->world_size == 1; }
-
-/* ---- Resident weights (opts.resident_weights) -------------------------------
- * At world 1 a "gather" is a rounding of the fp32 master into the working
- * dtype, done for the forward and again for the backward: 6 bytes an
- * element each time (4 read, 2 written), 12 a step, where AdamW could write
- * the rounded copy as it writes the master (2 bytes, in the pass it makes
- * anyway). Keeping that copy costs its 2 bytes an element of memory; the
- * weights the model reads are the same bits (the same rounding of the same
- * master). Only at world 1 with the plain gather: qwZ's int8 rendering and
- * hpZ's secondary shards are made at gather time from the master. */
-static zpp_status resident_create(zpp_engine *e) {
-    const zpp_engine_opts *o = &e->opts;
-    if (!o->resident_weights || !alone(e) || o->gather != ZPP_GATHER_BASELINE || o->hpz)
-        return ZPP_OK;
-    for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_device_alloc(e->dev, work_bytes(e, u), &u->resident));
-        u->resident_valid = 0; /* rounded from the master at its first use */
-    }
-    return ZPP_OK;
-}
-
-/* Makes the resident copy of unit ui the gathered unit, rounding the master
- * into it first when it is stale (after init or a checkpoint's masters). At
- * world 1 the shard is the whole padded unit, its padding zero. */
-static zpp_status resident_use(zpp_engine *e, int ui) {
-    unit_state *u = &e->units[ui];
-    if (!u->resident_valid) {
-        ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, u->resident,
-                                     e->opts.work_dtype, u->part.shard_len, 1.0f));
-        u->resident_valid = 1;
-    }
-    u->full = u->resident;
-    return ZPP_OK;
-}
-
-/* ---- Vectors at full precision (engine.h, quantize_vectors) ----------------
- * A LayerNorm gain (about 1) in an int8 block of weights of std 0.02 sets
- * the block's step to 1/127 of itself, 16 times the weights' own; in an
- * int4 block of gradients, a bias's gradient (a sum over every token) can
- * round its neighbours to zero. DeepSpeed never quantizes either: 1-D
- * gradients are reduced unquantized, and small parameters persist whole.
- * Here both become one all-reduce of the packed vectors a step each. */
-
-/* The vectors of unit ui: the gaps between its matrix ranges (at most one
- * more than the ranges; vec_create sized the array for that). */
-static void vec_add_unit(zpp_engine *e, int ui) {
-    const zpp_model *m = e->model;
-    unit_state *u = &e->units[ui];
-    vec_state *v = &e->vec;
-    u->vec_first = v->n_pieces;
-    size_t pos = 0;
-    for (int k = 0; k <= m->n_matrix_ranges[ui]; k++) {
-        const int last = k == m->n_matrix_ranges[ui];
-        const size_t end = last ? m->unit_numel[ui] : m->matrix_ranges[ui][k].begin;
-        if (end > pos) {
-            v->pieces[v->n_pieces++] = (vec_piece){pos, end - pos, v->numel};
-            v->numel += end - pos;
-        }
-        if (!last) pos = m->matrix_ranges[ui][k].end;
-    }
-    u->vec_count = v->n_pieces - u->vec_first;
-}
-
-static zpp_status vec_create(zpp_engine *e) {
-    const zpp_engine_opts *o = &e->opts;
-    const zpp_model *m = e->model;
-    const int weights = o->gather == ZPP_GATHER_QWZ;
-    const int grads = o->reduce == ZPP_REDUCE_QGZ && !alone(e);
-    if (o->quantize_vectors || !m->matrix_ranges || (!weights && !grads)) return ZPP_OK;
-    vec_state *v = &e->vec;
-    size_t most = 0;
-    for (int i = 0; i < m->n_units; i++) most += (size_t)m->n_matrix_ranges[i] + 1;
-    v->pieces = calloc(most, sizeof *v->pieces);
-    if (!v->pieces) return zpp_error(ZPP_ERR_NOMEM, "engine: out of memory for vectors");
-    for (int i = 0; i < m->n_units; i++) vec_add_unit(e, i);
-    if (v->numel == 0) return ZPP_OK;
-    if (weights)
-        ZPP_CHECK(zpp_device_alloc(e->dev, v->numel * zpp_dtype_size(o->work_dtype),
-                                   &v->weights));
-    if (grads) {
-        ZPP_CHECK(zpp_device_alloc(e->dev, v->numel * sizeof(float), (void **)&v->grads));
-        ZPP_CHECK(zpp_device_set(e->dev, v->grads, 0, v->numel * sizeof(float)));
-    }
-    return ZPP_OK;
-}
-
-static void vec_destroy(zpp_engine *e) {
-    zpp_device_free(e->dev, e->vec.weights);
-    zpp_device_free(e->dev, e->vec.grads);
-    free(e->vec.pieces);
-}
-
-/* Piece p of unit u cut to this rank's shard: unit elements [*lo, *hi)
- * (empty when *hi <= *lo); the shard starts at unit element *base. */
-static void vec_own(const zpp_engine *e, const unit_state *u, const vec_piece *p, size_t *lo,
-                    size_t *hi, size_t *base) {
-    *base = (size_t)e->topo->world_rank * u->part.shard_len;
-    *lo = p->begin > *base ? p->begin : *base;
-    const size_t end = p->begin + p->len, shard_end = *base + u->part.shard_len;
-    *hi = end < shard_end ? end : shard_end;
-}
-
-/* The vectors of the current masters into every rank's copy: each rank
- * writes its shards' vectors, rounded to the working dtype, into zeros, and
- * the all-reduce adds them up (x + 0 is exact in any dtype). */
-static zpp_status vec_refresh(zpp_engine *e) {
-    vec_state *v = &e->vec;
-    const zpp_dtype dt = e->opts.work_dtype;
-    const size_t ds = zpp_dtype_size(dt);
-    ZPP_CHECK(zpp_device_set(e->dev, v->weights, 0, v->numel * ds));
-    for (int i = 0; i < e->model->n_units; i++) {
-        const unit_state *u = &e->units[i];
-        for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
-            const vec_piece *p = &v->pieces[k];
-            size_t lo, hi, base;
-            vec_own(e, u, p, &lo, &hi, &base);
-            if (hi > lo)
-                ZPP_CHECK(zpp_device_convert(e->dev, u->master + (lo - base), ZPP_FP32,
-                                             (char *)v->weights + (p->at + lo - p->begin) * ds,
-                                             dt, hi - lo, 1.0f));
-        }
-    }
-    zpp_device_host_wait_begin(e->dev);
-    zpp_status st = zpp_coll_allreduce_device(e->coll, v->weights, v->numel, dt,
-                                              ZPP_PHASE_FWD_GATHER);
-    zpp_device_host_wait_end(e->dev);
-    ZPP_CHECK(st);
-    v->weights_fresh = 1;
-    return ZPP_OK;
-}
-
-/* Before qwZ quantizes this rank's shard of unit ui (`own`, in the working
- * dtype): zeros in place of its vectors, so that the int8 blocks are scaled
- * by the matrices' weights alone. */
-static zpp_status vec_zero_own(zpp_engine *e, int ui, void *own) {
-    const unit_state *u = &e->units[ui];
-    const size_t ds = zpp_dtype_size(e->opts.work_dtype);
-    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
-        size_t lo, hi, base;
-        vec_own(e, u, &e->vec.pieces[k], &lo, &hi, &base);
-        if (hi > lo) ZPP_CHECK(zpp_device_set(e->dev, (char *)own + (lo - base) * ds, 0,
-                                              (hi - lo) * ds));
-    }
-    return ZPP_OK;
-}
-
-/* A unit gathered through int8 gets its vectors from the copy. */
-static zpp_status vec_set_gathered(zpp_engine *e, int ui) {
-    const vec_state *v = &e->vec;
-    const unit_state *u = &e->units[ui];
-    const size_t ds = zpp_dtype_size(e->opts.work_dtype);
-    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
-        const vec_piece *p = &v->pieces[k];
-        ZPP_CHECK(zpp_device_copy(e->dev, (char *)u->full + p->begin * ds,
-                                  (const char *)v->weights + p->at * ds, p->len * ds));
-    }
-    return ZPP_OK;
-}
-
-/* Before qgZ quantizes unit ui's full gradient: its vectors' gradients go
- * into the step's fp32 sums, and zeros take their place (zero quantizes to
- * zero exactly, and error feedback then holds zero there too). */
-static zpp_status vec_take_grads(zpp_engine *e, int ui) {
-    const vec_state *v = &e->vec;
-    const unit_state *u = &e->units[ui];
-    for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
-        const vec_piece *p = &v->pieces[k];
-        ZPP_CHECK(zpp_device_add(e->dev, v->grads + p->at, u->grad_full + p->begin, p->len));
-        ZPP_CHECK(zpp_device_set(e->dev, u->grad_full + p->begin, 0, p->len * sizeof(float)));
-    }
-    return ZPP_OK;
-}
-
-/* At the optimizer step: the vectors' gradients summed over the world,
- * averaged (the fp32 * 1/W of every reduction), and each rank's own added
- * into its shards' accumulators, where qgZ left zeros. */
-zpp_status engine_vec_reduce_grads(zpp_engine *e) {
-    vec_state *v = &e->vec;
-    zpp_device_host_wait_begin(e->dev);
-    zpp_status st = zpp_coll_allreduce_device(e->coll, v->grads, v->numel, ZPP_FP32,
-                                              ZPP_PHASE_GRAD_REDUCE);
-    zpp_device_host_wait_end(e->dev);
-    ZPP_CHECK(st);
-    ZPP_CHECK(zpp_device_convert(e->dev, v->grads, ZPP_FP32, v->grads, ZPP_FP32, v->numel,
-                                 1.0f / (float)e->topo->world_size));
-    for (int i = 0; i < e->model->n_units; i++) {
-        unit_state *u = &e->units[i];
-        for (int k = u->vec_first; k < u->vec_first + u->vec_count; k++) {
-            const vec_piece *p = &v->pieces[k];
-            size_t lo, hi, base;
-            vec_own(e, u, p, &lo, &hi, &base);
-            if (hi > lo)
-                ZPP_CHECK(zpp_device_add(e->dev, u->grad_acc + (lo - base),
-                                         v->grads + p->at + (lo - p->begin), hi - lo));
-        }
-    }
-    return zpp_device_set(e->dev, v->grads, 0, v->numel * sizeof(float));
 }
 
 zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
@@ -368,9 +84,9 @@ zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_
         if (u->first_stage < 0) u->first_stage = s;
     }
     for (int i = 0; i < model->n_units; i++)
-        ZPP_CHECK_GOTO(alloc_unit(e, &e->units[i], i), st, fail);
-    ZPP_CHECK_GOTO(resident_create(e), st, fail);
-    ZPP_CHECK_GOTO(vec_create(e), st, fail);
+        ZPP_CHECK_GOTO(engine_unit_alloc(e, &e->units[i], i), st, fail);
+    ZPP_CHECK_GOTO(engine_resident_create(e), st, fail);
+    ZPP_CHECK_GOTO(engine_vec_create(e), st, fail);
     *engine_p = e;
     return ZPP_OK;
 fail:
@@ -386,7 +102,7 @@ void zpp_engine_destroy(zpp_engine *e) {
             unit_state *u = &e->units[i];
             if (u->gather_op) zpp_coll_finish(e->coll, u->gather_op);
             if (u->full != u->resident) zpp_device_scratch_put(e->dev, u->full);
-            free_unit(e, u);
+            engine_unit_free(e, u);
             zpp_device_scratch_put(e->dev, u->grad_full);
         }
     }
@@ -395,7 +111,7 @@ void zpp_engine_destroy(zpp_engine *e) {
         zpp_device_scratch_put(e->dev, e->reductions[k].in);
         zpp_device_scratch_put(e->dev, e->reductions[k].out);
     }
-    vec_destroy(e);
+    engine_vec_destroy(e);
     free(e->units);
     zpp_coll_destroy(e->coll);
     free(e);
@@ -411,11 +127,11 @@ void zpp_engine_destroy(zpp_engine *e) {
 static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
     unit_state *u = &e->units[ui];
     if (u->full) return ZPP_OK;
-    if (u->resident) return resident_use(e, ui);
+    if (u->resident) return engine_resident_use(e, ui);
     /* The vectors' copy a gather through int8 will read: refreshed once
      * after the weights change, before the first such gather. */
-    if (e->vec.weights && !e->vec.weights_fresh && !e->evaluating) ZPP_CHECK(vec_refresh(e));
-    ZPP_CHECK(zpp_device_scratch_get(e->dev, work_bytes(e, u), &u->full));
+    if (e->vec.weights && !e->vec.weights_fresh && !e->evaluating) ZPP_CHECK(engine_vec_refresh(e));
+    ZPP_CHECK(zpp_device_scratch_get(e->dev, engine_work_bytes(e, u), &u->full));
     zpp_status st;
     if (phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz) {
         /* the secondary shard holds what the forward's gather brought */
@@ -450,7 +166,7 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
         void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
         st = zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
                                 u->part.shard_len, 1.0f);
-        if (st == ZPP_OK && u->gather_int8 && e->vec.weights) st = vec_zero_own(e, ui, own);
+        if (st == ZPP_OK && u->gather_int8 && e->vec.weights) st = engine_vec_zero_own(e, ui, own);
         if (st == ZPP_OK)
             st = zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own,
                                        u->full, sec, phase, &u->gather_op);
@@ -471,7 +187,7 @@ static zpp_status gather_wait(zpp_engine *e, int ui, zpp_phase phase) {
         zpp_coll_op *op = u->gather_op;
         u->gather_op = NULL;
         ZPP_CHECK(coll_finish(e, op));
-        if (u->gather_int8 && e->vec.weights) ZPP_CHECK(vec_set_gathered(e, ui));
+        if (u->gather_int8 && e->vec.weights) ZPP_CHECK(engine_vec_set_gathered(e, ui));
     }
     return ZPP_OK;
 }
@@ -535,11 +251,11 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
     if (e->n_reductions >= e->opts.reduce_depth) ZPP_CHECK(reduce_finish_oldest(e));
     struct reduction r = {NULL, ui, NULL, NULL};
-    if (e->vec.grads) ZPP_CHECK(vec_take_grads(e, ui));
+    if (e->vec.grads) ZPP_CHECK(engine_vec_take_grads(e, ui));
     zpp_status st =
         zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float), (void **)&r.out);
     if (st == ZPP_OK && e->opts.work_dtype != ZPP_FP32) {
-        st = zpp_device_scratch_get(e->dev, work_bytes(e, u), &r.in);
+        st = zpp_device_scratch_get(e->dev, engine_work_bytes(e, u), &r.in);
         if (st == ZPP_OK)
             st = zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, r.in, e->opts.work_dtype,
                                     u->part.padded, 1.0f);
@@ -656,7 +372,7 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
             k++;
         }
         if (!u->grad_full) {
-            if (alone(e)) {
+            if (engine_alone(e)) {
                 u->grad_full = u->grad_acc; /* the model adds straight into the sum */
             } else {
                 ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
@@ -668,7 +384,7 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
         ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
         if (s == u->first_stage) {
             ZPP_CHECK(engine_release(e, ui));
-            if (alone(e))
+            if (engine_alone(e))
                 u->grad_full = NULL;
             else
                 ZPP_CHECK(reduce_start(e, ui));

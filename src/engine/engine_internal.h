@@ -1,8 +1,10 @@
 /* engine/engine_internal.h — what the engine's files share, private to
  * src/engine/: the engine's structs (their layout stays out of engine.h)
  * and the few schedule helpers the step and the evaluation call.
- *   engine.c  create/destroy, units, the full-precision vectors, the
- *             gather/release/reduce schedule, forward/backward, evaluation
+ *   engine.c  create/destroy, the gather/release/reduce schedule,
+ *             forward/backward, evaluation
+ *   units.c   each unit's memory, initial values, resident weights
+ *   vectors.c the full-precision vectors under qwZ and qgZ
  *   step.c    the optimizer step: norm, loss scaler, skip, clip + AdamW, stats
  *   state.c   checkpoint access: shard ranges, masters and moments,
  *             counters, LoCo error-feedback buffers */
@@ -92,6 +94,43 @@ struct zpp_engine {
     } reductions[ZPP_ENGINE_MAX_DEPTH];
     int n_reductions;
 };
+
+/* A world of one rank reduces nothing: the mean of one gradient is itself,
+ * and nothing goes on a wire. The model's backward then adds straight into
+ * the unit's fp32 accumulator (it accumulates, model.h), so no full
+ * gradient, no working-dtype copy for a wire and no reduction output are
+ * held: at world 1 those were the largest transients of the step (GPT
+ * 1.31B's embedding unit alone held 0.4 GB of full gradient through the
+ * whole backward, and 1 GB at its reduction). It is also the exact sum:
+ * the gradient is not rounded to the working dtype for a wire it never
+ * takes. */
+static inline int engine_alone(const zpp_engine *e) { return e->topo->world_size == 1; }
+
+/* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
+static inline size_t engine_work_bytes(const zpp_engine *e, const unit_state *u) {
+    return u->part.padded * zpp_dtype_size(e->opts.work_dtype);
+}
+
+/* units.c: allocates unit `index`'s shards on this rank and sets their
+ * initial values (moments, accumulator and LoCo buffers zero); frees them. */
+zpp_status engine_unit_alloc(zpp_engine *e, unit_state *u, int index);
+void engine_unit_free(zpp_engine *e, unit_state *u);
+/* units.c: the resident copies (opts.resident_weights), when they apply;
+ * unit ui's copy as its gathered unit, rounded from the master if stale. */
+zpp_status engine_resident_create(zpp_engine *e);
+zpp_status engine_resident_use(zpp_engine *e, int ui);
+
+/* vectors.c (opts.quantize_vectors off): the packed vectors' buffers; the
+ * working-dtype copy refreshed from the masters after an update; zeros in
+ * place of unit ui's vectors in its own block of a gather through int8
+ * (`own`), and the vectors set into its gathered copy after; unit ui's
+ * vector gradients taken out of its full gradient before qgZ. */
+zpp_status engine_vec_create(zpp_engine *e);
+void engine_vec_destroy(zpp_engine *e);
+zpp_status engine_vec_refresh(zpp_engine *e);
+zpp_status engine_vec_zero_own(zpp_engine *e, int ui, void *own);
+zpp_status engine_vec_set_gathered(zpp_engine *e, int ui);
+zpp_status engine_vec_take_grads(zpp_engine *e, int ui);
 
 /* The all-reduce (sum) of n host floats over the world. */
 zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n);

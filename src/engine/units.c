@@ -1,0 +1,113 @@
+/* engine/units.c — each unit's memory on this rank: its fp32 master,
+ * moments and gradient accumulator, the hpZ secondary shard, the LoCo
+ * buffers, their initial values, and the resident working-dtype copy of
+ * world 1 (engine_internal.h). */
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "device/device.h"
+#include "engine/engine_internal.h"
+
+/* Initial values of this rank's slice [r * shard_len, ...) of the unit,
+ * clipped to the real elements, into its fp32 master shard; the padding
+ * stays zero forever (its gradients are zero and AdamW maps 0 to 0). A
+ * model that draws them on its device (init_params_device) writes them in
+ * place; otherwise they are drawn into host memory and copied. Either way
+ * each value is a pure function of (seed, unit, index): the same bits. */
+static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
+    const zpp_partition *p = &u->part;
+    size_t fbytes = p->shard_len * sizeof(float);
+    size_t begin = (size_t)e->topo->world_rank * p->shard_len;
+    size_t count = begin < p->numel ? p->numel - begin : 0;
+    if (count > p->shard_len) count = p->shard_len;
+    const zpp_model_ops *ops = e->model->ops;
+    if (ops->init_params_device) {
+        if (count < p->shard_len)
+            ZPP_CHECK(zpp_device_set(e->dev, u->master + count, 0, fbytes - count * sizeof(float)));
+        if (!count) return ZPP_OK;
+        return ops->init_params_device(e->model, index, begin, count, u->master, e->opts.seed);
+    }
+    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
+    zpp_status st = ZPP_OK;
+    if (count) st = ops->init_params(e->model, index, begin, count, host, e->opts.seed);
+    /* The copy must land before `host` is freed: a copy from host memory
+     * has read its source when it returns. */
+    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
+    free(host);
+    return st;
+}
+
+zpp_status engine_unit_alloc(zpp_engine *e, unit_state *u, int index) {
+    const zpp_partition *p = &u->part;
+    size_t fbytes = p->shard_len * sizeof(float);
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->master));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->m));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->v));
+    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->grad_acc));
+    if (e->opts.hpz)
+        ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * zpp_dtype_size(e->opts.work_dtype),
+                                   &u->secondary));
+    ZPP_CHECK(init_master(e, u, index));
+    ZPP_CHECK(zpp_device_set(e->dev, u->m, 0, fbytes));
+    ZPP_CHECK(zpp_device_set(e->dev, u->v, 0, fbytes));
+    if (e->opts.loco) {
+        zpp_qgz_feedback_lens(p, e->topo->nodes, e->topo->node_size, &u->ef_intra_len,
+                              &u->ef_inter_len);
+        ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_intra_len * sizeof(float),
+                                   (void **)&u->ef_intra));
+        ZPP_CHECK(zpp_device_set(e->dev, u->ef_intra, 0, u->ef_intra_len * sizeof(float)));
+        if (u->ef_inter_len) {
+            ZPP_CHECK(zpp_device_alloc(e->dev, u->ef_inter_len * sizeof(float),
+                                       (void **)&u->ef_inter));
+            ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
+        }
+    }
+    return zpp_device_set(e->dev, u->grad_acc, 0, fbytes);
+}
+
+void engine_unit_free(zpp_engine *e, unit_state *u) {
+    zpp_device_free(e->dev, u->resident);
+    zpp_device_free(e->dev, u->master);
+    zpp_device_free(e->dev, u->m);
+    zpp_device_free(e->dev, u->v);
+    zpp_device_free(e->dev, u->grad_acc);
+    zpp_device_free(e->dev, u->secondary);
+    zpp_device_free(e->dev, u->ef_intra);
+    zpp_device_free(e->dev, u->ef_inter);
+}
+
+/* ---- Resident weights (opts.resident_weights) -------------------------------
+ * At world 1 a "gather" is a rounding of the fp32 master into the working
+ * dtype, done for the forward and again for the backward: 6 bytes an
+ * element each time (4 read, 2 written), 12 a step, where AdamW could write
+ * the rounded copy as it writes the master (2 bytes, in the pass it makes
+ * anyway). Keeping that copy costs its 2 bytes an element of memory; the
+ * weights the model reads are the same bits (the same rounding of the same
+ * master). Only at world 1 with the plain gather: qwZ's int8 rendering and
+ * hpZ's secondary shards are made at gather time from the master. */
+zpp_status engine_resident_create(zpp_engine *e) {
+    const zpp_engine_opts *o = &e->opts;
+    if (!o->resident_weights || !engine_alone(e) || o->gather != ZPP_GATHER_BASELINE || o->hpz)
+        return ZPP_OK;
+    for (int i = 0; i < e->model->n_units; i++) {
+        unit_state *u = &e->units[i];
+        ZPP_CHECK(zpp_device_alloc(e->dev, engine_work_bytes(e, u), &u->resident));
+        u->resident_valid = 0; /* rounded from the master at its first use */
+    }
+    return ZPP_OK;
+}
+
+/* Makes the resident copy of unit ui the gathered unit, rounding the master
+ * into it first when it is stale (after init or a checkpoint's masters). At
+ * world 1 the shard is the whole padded unit, its padding zero. */
+zpp_status engine_resident_use(zpp_engine *e, int ui) {
+    unit_state *u = &e->units[ui];
+    if (!u->resident_valid) {
+        ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, u->resident,
+                                     e->opts.work_dtype, u->part.shard_len, 1.0f));
+        u->resident_valid = 1;
+    }
+    u->full = u->resident;
+    return ZPP_OK;
+}
