@@ -120,10 +120,54 @@ void zpp_engine_destroy(zpp_engine *e) {
 
 /* ---- Gathers ------------------------------------------------------------- */
 
-/* Starts gathering unit `ui` if it is neither gathered nor on its way.
- * Forward gathers use the configured path and, with hpZ, refresh the
- * secondary shard; backward gathers with hpZ read the secondary shard inside
- * the node, and an invalid one is an error, never stale weights. */
+/* A backward gather with hpZ: from the secondary shards inside the node,
+ * which hold what the forward's gather brought; an invalid one is an
+ * error, never stale weights. */
+static zpp_status gather_from_secondary(zpp_engine *e, int ui, zpp_phase phase) {
+    unit_state *u = &e->units[ui];
+    u->gather_int8 = e->opts.gather == ZPP_GATHER_QWZ;
+    if (!u->secondary_valid)
+        return zpp_error(ZPP_ERR_STATE,
+                         "hpZ: the secondary shard of unit %d is invalid (the optimizer step "
+                         "replaced the weights since the forward gather); run a forward pass "
+                         "before the backward",
+                         ui);
+    return zpp_coll_gather_secondary_start(e->coll, &u->part, e->opts.work_dtype, u->secondary,
+                                           u->full, phase, &u->gather_op);
+}
+
+/* Every other gather: from the masters, by the configured path (a forward
+ * gather with hpZ also refreshes the secondary shard). */
+static zpp_status gather_from_master(zpp_engine *e, int ui, zpp_phase phase) {
+    unit_state *u = &e->units[ui];
+    /* Past world 1 no working-dtype copy of the shard is kept (2 bytes a
+     * parameter a rank; world 1's resident copy is units.c's): the fp32
+     * master, rounded into this rank's block of the gathered buffer, is
+     * the gather's input, in place. The rounding is the one AdamW's
+     * working copy had, so the gathered weights are the same bits. */
+    /* An evaluation gathers the weights exactly, in the working dtype:
+     * the model it scores is the one training holds (the fp32 master, as
+     * a checkpoint saves it, rounded to bf16), not qwZ's int8 rendering
+     * of it; and it leaves the hpZ secondary shards alone (no backward
+     * follows it). It costs ZeRO-3's bytes, on evaluations only. */
+    const zpp_gather_mode mode = e->evaluating ? ZPP_GATHER_BASELINE : e->opts.gather;
+    u->gather_int8 = mode == ZPP_GATHER_QWZ;
+    void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER && !e->evaluating) ? u->secondary
+                                                                                 : NULL;
+    const size_t own_offset = (size_t)e->topo->world_rank * u->part.shard_len;
+    void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
+    ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
+                                 u->part.shard_len, 1.0f));
+    if (u->gather_int8 && e->vec.weights) ZPP_CHECK(engine_vec_zero_own(e, ui, own));
+    ZPP_CHECK(zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own, u->full, sec,
+                                    phase, &u->gather_op));
+    if (sec) u->secondary_valid = 1;
+    return ZPP_OK;
+}
+
+/* Starts gathering unit `ui` if it is neither gathered nor on its way, into
+ * a scratch buffer that goes back to the pool if the start fails (at world
+ * 1 with resident weights, the resident copy instead). */
 static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
     unit_state *u = &e->units[ui];
     if (u->full) return ZPP_OK;
@@ -132,46 +176,9 @@ static zpp_status gather_start(zpp_engine *e, int ui, zpp_phase phase) {
      * after the weights change, before the first such gather. */
     if (e->vec.weights && !e->vec.weights_fresh && !e->evaluating) ZPP_CHECK(engine_vec_refresh(e));
     ZPP_CHECK(zpp_device_scratch_get(e->dev, engine_work_bytes(e, u), &u->full));
-    zpp_status st;
-    if (phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz) {
-        /* the secondary shard holds what the forward's gather brought */
-        u->gather_int8 = e->opts.gather == ZPP_GATHER_QWZ;
-        if (!u->secondary_valid) {
-            st = zpp_error(ZPP_ERR_STATE,
-                           "hpZ: the secondary shard of unit %d is invalid (the optimizer "
-                           "step replaced the weights since the forward gather); run a "
-                           "forward pass before the backward",
-                           ui);
-        } else {
-            st = zpp_coll_gather_secondary_start(e->coll, &u->part, e->opts.work_dtype,
-                                                 u->secondary, u->full, phase, &u->gather_op);
-        }
-    } else {
-        /* No working-dtype copy of the shard is kept (in bf16 it would cost
-         * 2 bytes a parameter, the whole model's worth at world 1): the fp32
-         * master, rounded into this rank's block of the gathered buffer, is
-         * the gather's input, in place. The rounding is the one AdamW's
-         * working copy had, so the gathered weights are the same bits. */
-        /* An evaluation gathers the weights exactly, in the working dtype:
-         * the model it scores is the one training holds (the fp32 master, as
-         * a checkpoint saves it, rounded to bf16), not qwZ's int8 rendering
-         * of it; and it leaves the hpZ secondary shards alone (no backward
-         * follows it). It costs ZeRO-3's bytes, on evaluations only. */
-        const zpp_gather_mode mode = e->evaluating ? ZPP_GATHER_BASELINE : e->opts.gather;
-        u->gather_int8 = mode == ZPP_GATHER_QWZ;
-        void *sec = (e->opts.hpz && phase == ZPP_PHASE_FWD_GATHER && !e->evaluating)
-                        ? u->secondary
-                        : NULL;
-        const size_t own_offset = (size_t)e->topo->world_rank * u->part.shard_len;
-        void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
-        st = zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
-                                u->part.shard_len, 1.0f);
-        if (st == ZPP_OK && u->gather_int8 && e->vec.weights) st = engine_vec_zero_own(e, ui, own);
-        if (st == ZPP_OK)
-            st = zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own,
-                                       u->full, sec, phase, &u->gather_op);
-        if (st == ZPP_OK && sec) u->secondary_valid = 1;
-    }
+    const zpp_status st = phase == ZPP_PHASE_BWD_GATHER && e->opts.hpz
+                              ? gather_from_secondary(e, ui, phase)
+                              : gather_from_master(e, ui, phase);
     if (st != ZPP_OK) {
         zpp_device_scratch_put(e->dev, u->full);
         u->full = NULL;
@@ -252,32 +259,33 @@ static zpp_status reduce_start(zpp_engine *e, int ui) {
     if (e->n_reductions >= e->opts.reduce_depth) ZPP_CHECK(reduce_finish_oldest(e));
     struct reduction r = {NULL, ui, NULL, NULL};
     if (e->vec.grads) ZPP_CHECK(engine_vec_take_grads(e, ui));
-    zpp_status st =
-        zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float), (void **)&r.out);
-    if (st == ZPP_OK && e->opts.work_dtype != ZPP_FP32) {
-        st = zpp_device_scratch_get(e->dev, engine_work_bytes(e, u), &r.in);
-        if (st == ZPP_OK)
-            st = zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, r.in, e->opts.work_dtype,
-                                    u->part.padded, 1.0f);
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(
+        zpp_device_scratch_get(e->dev, u->part.shard_len * sizeof(float), (void **)&r.out), st,
+        fail);
+    if (e->opts.work_dtype != ZPP_FP32) {
+        ZPP_CHECK_GOTO(zpp_device_scratch_get(e->dev, engine_work_bytes(e, u), &r.in), st, fail);
+        ZPP_CHECK_GOTO(zpp_device_convert(e->dev, u->grad_full, ZPP_FP32, r.in,
+                                          e->opts.work_dtype, u->part.padded, 1.0f),
+                       st, fail);
         /* Once converted the full gradient is not needed (that kernel, on
          * the compute stream, was its one reader). */
-        if (st == ZPP_OK) zpp_device_scratch_put(e->dev, u->grad_full);
-    } else if (st == ZPP_OK) {
+        zpp_device_scratch_put(e->dev, u->grad_full);
+    } else {
         r.in = u->grad_full; /* fp32: the reduction reads it directly */
     }
-    if (st == ZPP_OK) {
-        u->grad_full = NULL;
-        zpp_qgz_feedback fb = {u->ef_intra, u->ef_inter, e->opts.loco_err_beta};
-        st = zpp_coll_reduce_start_ef(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype,
-                                      r.in, r.out, u->ef_intra ? &fb : NULL, &r.op);
-    }
-    if (st != ZPP_OK) {
-        if (r.in != u->grad_full) zpp_device_scratch_put(e->dev, r.in);
-        zpp_device_scratch_put(e->dev, r.out);
-        return st;
-    }
+    u->grad_full = NULL;
+    zpp_qgz_feedback fb = {u->ef_intra, u->ef_inter, e->opts.loco_err_beta};
+    ZPP_CHECK_GOTO(zpp_coll_reduce_start_ef(e->coll, &u->part, e->opts.reduce, e->opts.work_dtype,
+                                            r.in, r.out, u->ef_intra ? &fb : NULL, &r.op),
+                   st, fail);
     e->reductions[e->n_reductions++] = r;
     return ZPP_OK;
+fail:
+    /* the full gradient, while the unit still holds it, is drain()'s to free */
+    if (r.in != u->grad_full) zpp_device_scratch_put(e->dev, r.in);
+    zpp_device_scratch_put(e->dev, r.out);
+    return st;
 }
 
 /* ---- Forward and backward -------------------------------------------------- */
@@ -395,6 +403,16 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
     return engine_reduce_finish_all(e);
 }
 
+/* Releases every unit; returns st, or the first release's failure when st
+ * is ZPP_OK. */
+static zpp_status release_all(zpp_engine *e, zpp_status st) {
+    for (int i = 0; i < e->model->n_units; i++) {
+        zpp_status r = engine_release(e, i);
+        if (st == ZPP_OK) st = r;
+    }
+    return st;
+}
+
 /* Completes whatever is in flight and drops gathered units: after an error,
  * so that the next call starts clean. */
 static void drain(zpp_engine *e) {
@@ -450,21 +468,17 @@ zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
     zpp_coll_volume_reset(e->coll);
     /* Units a training forward left gathered (for its backward, which the
      * evaluation cancels) hold qwZ's weights: dropped, gathered again. */
-    zpp_status st = ZPP_OK;
-    for (int i = 0; i < e->model->n_units && st == ZPP_OK; i++) st = engine_release(e, i);
+    zpp_status st = release_all(e, ZPP_OK);
     float loss = 0.0f;
-    if (st == ZPP_OK) st = batch(ctx, 0, e->model);
-    if (st == ZPP_OK) {
-        /* Its activations are not for a backward. */
-        e->forward_ready = 0;
-        e->evaluating = 1;
-        st = forward(e, &loss, 0);
-    }
-    for (int i = 0; i < e->model->n_units; i++) {
-        zpp_status r = engine_release(e, i);
-        if (st == ZPP_OK) st = r;
-    }
+    if (st != ZPP_OK) goto out;
+    ZPP_CHECK_GOTO(batch(ctx, 0, e->model), st, out);
+    /* Its activations are not for a backward. */
+    e->forward_ready = 0;
+    e->evaluating = 1;
+    st = forward(e, &loss, 0);
     e->evaluating = 0;
+out:
+    st = release_all(e, st);
     if (st == ZPP_OK) st = engine_coll_allreduce(e, &loss, 1);
     e->eval_volume = *zpp_coll_volume(e->coll);
     zpp_coll_volume_set(e->coll, &step_volume);
