@@ -264,6 +264,25 @@ static void tv_build(tvocab *v, zpp_rng *r, const pcre2_code *re, int n, int n_r
         n_seq = k;
     }
     for (int m = 0; m < n_random; m++) tv_merge(v, irand(r, 0, v->n - 1), irand(r, 0, v->n - 1));
+    /* Tokens only ignore_merges reaches: a piece of three tokens A B C
+     * gets (A, B), then (B, C) and (A, BC); merging stops at AB C, while
+     * the whole piece is the token ABC. Pieces from a fresh text. */
+    buf text = {0};
+    random_text(r, &text, 3000, 0, 0);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    for (size_t at = 0, added = 0;
+         added < 40 && pcre2_match(re, text.b, text.n, at, PCRE2_NOTEMPTY, md, NULL) >= 0;) {
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        int t3[TOK_BYTES * 4];
+        size_t k = 0;
+        if (ov[1] - ov[0] < TOK_BYTES) ref_piece(v, text.b + ov[0], ov[1] - ov[0], t3, &k);
+        at = ov[1];
+        if (k != 3) continue;
+        const int ab = tv_merge(v, t3[0], t3[1]), bc = ab < 0 ? -1 : tv_merge(v, t3[1], t3[2]);
+        if (bc >= 0 && tv_merge(v, t3[0], bc) >= 0) added++;
+    }
+    pcre2_match_data_free(md);
+    free(text.b);
     for (int k = 0; k < N_SPECIALS; k++) {
         tok *t = &v->t[v->n++];
         t->len = (int)strlen(SPECIALS[k]);
