@@ -20,6 +20,7 @@
  *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -611,6 +612,35 @@ static int parse_id_list(const char *s, int32_t *ids, int cap) {
  * bytes, 63 merges learned on Tiny Shakespeare, <|endoftext|>) on 30 kB of
  * Tiny Shakespeare, 3 steps of a tiny model on it with a sample at the end;
  * then the samples are that tokenizer's text. */
+/* GPT-2's two files as one Hugging Face tokenizer.json (ByteLevel with
+ * GPT-2's regex, <|endoftext|> an added token that model.vocab holds too,
+ * as the "gpt2" repository's file has it), written to `path`. */
+static void write_tokenizer_json(const char *vocab, const char *merges, char *path) {
+    size_t nv = 0, nm = 0;
+    char *v = read_all(vocab, &nv), *m = read_all(merges, &nm);
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens"), *eot = cJSON_CreateObject();
+    cJSON *vj = cJSON_Parse(v);
+    EXPECT(vj != NULL, "%s is not JSON", vocab);
+    cJSON_AddNumberToObject(eot, "id", cJSON_GetObjectItem(vj, "<|endoftext|>")->valuedouble);
+    cJSON_AddStringToObject(eot, "content", "<|endoftext|>");
+    cJSON_AddTrueToObject(eot, "special");
+    cJSON_AddItemToArray(added, eot);
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pt, "type", "ByteLevel");
+    cJSON_AddFalseToObject(pt, "add_prefix_space");
+    cJSON_AddTrueToObject(pt, "use_regex");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", vj);
+    cJSON *ml = cJSON_AddArrayToObject(model, "merges");
+    for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n"))
+        if (strncmp(line, "#version", 8)) cJSON_AddItemToArray(ml, cJSON_CreateString(line));
+    char *text = cJSON_Print(root);
+    zpp_test_write_file(zpp_test_tmp_path("tokenizer.json", path), text, strlen(text));
+    cJSON_free(text), cJSON_Delete(root), free(v), free(m);
+}
+
 static void test_sample_bpe(void) {
     char vocab[512], merges[512], shakes[512], text[512], bin[512], note[512], cfg[512],
         dir[512], log[512], err[512], out[512];
@@ -682,6 +712,16 @@ static void test_sample_bpe(void) {
                      "--ids", vocab, merges, BPE_PROMPT, BPE_NEW);
     char *c = sample(dir, &nc, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
     EXPECT(nc == na && !memcmp(a, c, na), "through the note: '%s', with the files: '%s'", c, a);
+    { /* the same tokenizer as a tokenizer.json */
+        char tj[512];
+        size_t nd = 0;
+        write_tokenizer_json(vocab, merges, tj);
+        char *d = sample(dir, &nd, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5",
+                         tj, BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == na && !memcmp(a, d, na), "with --tokenizer: '%s', with the files: '%s'", d,
+               a);
+        free(d);
+    }
     /* the prompt: the tokenizer's encoding (special tokens too), which
      * decodes back to the prompt, and the output starts with it */
     zpp_bpe_ids pe = {0};
