@@ -716,10 +716,27 @@ static void test_sample_bpe(void) {
         char tj[512];
         size_t nd = 0;
         write_tokenizer_json(vocab, merges, tj);
+        /* token for token GPT-2's files' encoding of the text, specials on */
+        zpp_bpe *hf = NULL;
+        EXPECT_OK(zpp_bpe_load_hf(tj, &hf));
+        size_t nt = 0;
+        char *t = read_all(text, &nt);
+        zpp_bpe_ids x = {0}, y = {0};
+        EXPECT_OK(zpp_bpe_encode(bpe, t, nt, ZPP_BPE_SPECIAL, &x, NULL));
+        EXPECT_OK(zpp_bpe_encode(hf, t, nt, ZPP_BPE_SPECIAL, &y, NULL));
+        EXPECT(x.n == y.n && !memcmp(x.ids, y.ids, x.n * sizeof *x.ids),
+               "the tokenizer.json gives %zu tokens, the two files %zu", y.n, x.n);
+        free(x.ids), free(y.ids), free(t);
+        zpp_bpe_destroy(hf);
         char *d = sample(dir, &nd, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5",
                          tj, BPE_PROMPT, BPE_NEW);
         EXPECT(nd == na && !memcmp(a, d, na), "with --tokenizer: '%s', with the files: '%s'", d,
                a);
+        free(d);
+        d = sample(dir, &nd, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5 --ids",
+                   tj, BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == nb && !memcmp(b, d, nb), "with --tokenizer: ids %s, with the files: %s", d,
+               b);
         free(d);
     }
     /* the prompt: the tokenizer's encoding (special tokens too), which
