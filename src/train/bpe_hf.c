@@ -38,7 +38,7 @@ typedef struct hf_form {
 /* The tokens, their bytes in one block. */
 typedef struct hf_vocab {
     zpp_bpe_token *tokens;
-    size_t n, cap;
+    size_t n;
     uint8_t *arena;
     size_t arena_used;
 } hf_vocab;
@@ -189,7 +189,6 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
     }
     v->tokens = calloc(n ? n : 1, sizeof *v->tokens);
     v->arena = malloc(bytes ? bytes : 1);
-    v->cap = n;
     if (!v->tokens || !v->arena)
         return zpp_error(ZPP_ERR_NOMEM, "out of memory for tokenizer '%s'", path);
     for (const cJSON *e = vocab->child; e; e = e->next) {
@@ -205,8 +204,9 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
         if (r != 0) return zpp_bpe_alphabet_error(r, "tokenizer", path, "model.vocab token",
                                                   e->string);
         if (!len)
-            return zpp_error(ZPP_ERR_FORMAT, "tokenizer '%s': model.vocab: an empty token has id %d",
-                             path, (int)id);
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "tokenizer '%s': model.vocab: an empty token has id %d", path,
+                             (int)id);
         v->tokens[v->n++] = (zpp_bpe_token){at, len, id, 0};
         v->arena_used += len;
     }
@@ -336,26 +336,27 @@ zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
     ZPP_CHECK(zpp_bpe_read_file(path, "tokenizer", &buf, &len));
     cJSON *root = cJSON_ParseWithLength(buf, len);
     free(buf);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "tokenizer '%s' is not a JSON object; is it a Hugging Face "
-                         "tokenizer.json, whole (not cut short)?",
-                         path);
-    }
     const cJSON *model = item(root, "model"), *added = item(root, "added_tokens");
     hf_form form = {0};
     hf_vocab v = {0};
     zpp_bpe_merge *merges = NULL;
     size_t n_merges = 0;
     zpp_bpe *vocab = NULL, *bpe = NULL;
-    zpp_status st = check_model(model, path, &form);
+    zpp_bpe_desc d = {0};
+    zpp_status st = ZPP_OK;
+    if (!cJSON_IsObject(root))
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "tokenizer '%s' is not a JSON object; is it a Hugging Face "
+                       "tokenizer.json, whole (not cut short)?",
+                       path);
+    if (st == ZPP_OK) st = check_model(model, path, &form);
     if (st == ZPP_OK) st = read_pre_tokenizer(root, path, &form);
     if (st == ZPP_OK) st = read_model_vocab(item(model, "vocab"), added, path, &v);
     if (st == ZPP_OK) st = read_added_tokens(added, path, &v);
     if (st != ZPP_OK) goto out;
     /* The vocabulary alone first, to look the merges' tokens up in. */
-    zpp_bpe_desc d = {.tokens = v.tokens, .n_tokens = v.n};
+    d.tokens = v.tokens;
+    d.n_tokens = v.n;
     st = zpp_bpe_create(&d, &vocab);
     if (st != ZPP_OK) {
         zpp_error_context(st, "tokenizer '%s' (model.vocab and added_tokens)", path);

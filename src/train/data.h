@@ -8,9 +8,10 @@
  *      Llama 3's; train/tokfile.h writes it only when an id needs it; the
  *      rest of the header is zeros in both). A file with the magic but
  *      another version, or whose size is not 1024 + 2 * count (version 2:
- *      4 * count) bytes, is an error (ZPP_ERR_FORMAT) giving the numbers. Every token is checked
- *      against cfg->model.vocab_size when the file is opened (ZPP_ERR_CONFIG
- *      naming the first bad token's index and value).
+ *      4 * count) bytes, is an error (ZPP_ERR_FORMAT) giving the numbers.
+ *      Every token is checked against cfg->model.vocab_size when the file
+ *      is opened (ZPP_ERR_CONFIG naming the first bad token's index and
+ *      value).
  *   2. Any other file: raw bytes, one token per byte (needs vocab_size >=
  *      256, else ZPP_ERR_CONFIG). An empty file is ZPP_ERR_FORMAT.
  *   3. path == NULL: a built-in synthetic corpus of ZPP_DATA_SYNTH_TOKENS
