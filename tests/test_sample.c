@@ -738,6 +738,17 @@ static void test_sample_bpe(void) {
         EXPECT(nd == nb && !memcmp(b, d, nb), "with --tokenizer: ids %s, with the files: %s", d,
                b);
         free(d);
+        /* and through a note naming it (what `tokenize --tokenizer` leaves) */
+        zpp_tokfile_note gpt2_note, hf_note = {NULL, NULL, 320, 0, tj};
+        EXPECT_OK(zpp_tokfile_note_read(bin, &gpt2_note, &found));
+        hf_note.tokens = gpt2_note.tokens;
+        EXPECT_OK(zpp_tokfile_note_write(bin, &hf_note));
+        d = sample(dir, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == na && !memcmp(a, d, na), "through an hf-bpe note: '%s', with the files: '%s'",
+               d, a);
+        free(d);
+        EXPECT_OK(zpp_tokfile_note_write(bin, &gpt2_note)); /* as it was */
+        zpp_tokfile_note_free(&gpt2_note);
     }
     /* the prompt: the tokenizer's encoding (special tokens too), which
      * decodes back to the prompt, and the output starts with it */
