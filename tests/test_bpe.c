@@ -1020,7 +1020,8 @@ static void test_tool_writes_what_the_loader_reads(void) {
     EXPECT(run_cli(args, msg, sizeof msg) == 2 && strstr(msg, "is the input file"), "%s", msg);
     snprintf(args, sizeof args, "--vocab %s %s %s", vp, in, out);
     EXPECT(run_cli(args, msg, sizeof msg) == 2 && strstr(msg, "needs --vocab"), "%s", msg);
-    /* a vocabulary past uint16 is refused before anything is written */
+    /* a vocabulary past uint16 is taken: its id 70000 makes OUT.bin a
+     * version-2 token file (uint32 tokens, test_bpe_hf.c) */
     {
         buf j = {0};
         FILE *f = fopen(vp, "rb");
@@ -1036,11 +1037,22 @@ static void test_tool_writes_what_the_loader_reads(void) {
         char bigv[512];
         zpp_test_tmp_path("big_vocab.json", bigv);
         zpp_test_write_file(bigv, big.b, big.n);
-        snprintf(args, sizeof args, "--vocab %s --merges %s %s %s", bigv, mp, in, out);
-        EXPECT(run_cli(args, msg, sizeof msg) == 1 && strstr(msg, "ids up to 70000") &&
-                   strstr(msg, "uint16"),
-               "%s", msg);
-        EXPECT(!exists(out));
+        zpp_test_write_file(in, "x<|endoftext|>y<|endoftext|>z", 29);
+        snprintf(args, sizeof args, "--vocab %s --merges %s --allow-special %s %s", bigv, mp, in,
+                 out);
+        EXPECT(run_cli(args, msg, sizeof msg) == 0 && strstr(msg, "vocabulary 70001"), "%s",
+               msg);
+        zpp_train_config cfg;
+        EXPECT_OK(zpp_train_config_defaults(&cfg));
+        cfg.model.seq_len = 1;
+        cfg.model.vocab_size = 70001;
+        cfg.train_micro_batch_size_per_gpu = 1;
+        EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
+        zpp_data *d = NULL;
+        EXPECT_OK(zpp_data_open(out, &cfg, &d));
+        EXPECT(zpp_data_get_info(d).n_tokens == 5 && zpp_data_token(d, 1) == 70000 &&
+               zpp_data_token(d, 3) == 70000);
+        zpp_data_close(d);
         free(j.b), free(big.b);
     }
 }
@@ -1063,7 +1075,7 @@ static void test_tokfile_note(void) {
     EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));
     EXPECT(!found && !n.vocab && !n.merges, "a note where none was written");
     char vocab[] = "/some/where/\"odd\" vocab.json", merges[] = "/else/merges.txt";
-    zpp_tokfile_note w = {vocab, merges, 320, 5};
+    zpp_tokfile_note w = {vocab, merges, 320, 5, NULL};
     EXPECT_OK(zpp_tokfile_note_write(bin, &w));
     EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));
     EXPECT(found && !strcmp(n.vocab, vocab) && !strcmp(n.merges, merges) && n.vocab_size == 320 &&
@@ -1097,7 +1109,7 @@ static void test_tokfile_note(void) {
          ",\"vocab_size\":3.5,\"tokens\":5}",
          "\"vocab_size\" is not a count"},
         {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
-         ",\"vocab_size\":70000,\"tokens\":5}",
+         ",\"vocab_size\":16777217,\"tokens\":5}",
          "\"vocab_size\" is not a count"},
         {"{\"tokenizer\":\"gpt2-bpe\",\"vocab\":\"v\",\"merges\":\"m\""
          ",\"vocab_size\":3,\"tokens\":-5}",

@@ -139,10 +139,10 @@ static void test_llmc_bad_header(void) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 7);
     char path[64];
     zpp_data *d = NULL;
-    /* Right magic, wrong version. */
-    write_llmc(path, ZPP_DATA_LLMC_MAGIC, 2, 100, tok, 100);
+    /* Right magic, wrong version (2 is uint32 tokens, test_tokfile_u32). */
+    write_llmc(path, ZPP_DATA_LLMC_MAGIC, 3, 100, tok, 100);
     EXPECT_STATUS(zpp_data_open(path, &cfg, &d), ZPP_ERR_FORMAT);
-    EXPECT_MSG("version 2 is not supported; expected version 1");
+    EXPECT_MSG("version 3 is not supported; expected version 1");
     unlink(path);
     /* Header promises 100 tokens, file holds 97. */
     write_llmc(path, ZPP_DATA_LLMC_MAGIC, 1, 100, tok, 97);

@@ -20,6 +20,7 @@
  *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -611,6 +612,35 @@ static int parse_id_list(const char *s, int32_t *ids, int cap) {
  * bytes, 63 merges learned on Tiny Shakespeare, <|endoftext|>) on 30 kB of
  * Tiny Shakespeare, 3 steps of a tiny model on it with a sample at the end;
  * then the samples are that tokenizer's text. */
+/* GPT-2's two files as one Hugging Face tokenizer.json (ByteLevel with
+ * GPT-2's regex, <|endoftext|> an added token that model.vocab holds too,
+ * as the "gpt2" repository's file has it), written to `path`. */
+static void write_tokenizer_json(const char *vocab, const char *merges, char *path) {
+    size_t nv = 0, nm = 0;
+    char *v = read_all(vocab, &nv), *m = read_all(merges, &nm);
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens"), *eot = cJSON_CreateObject();
+    cJSON *vj = cJSON_Parse(v);
+    EXPECT(vj != NULL, "%s is not JSON", vocab);
+    cJSON_AddNumberToObject(eot, "id", cJSON_GetObjectItem(vj, "<|endoftext|>")->valuedouble);
+    cJSON_AddStringToObject(eot, "content", "<|endoftext|>");
+    cJSON_AddTrueToObject(eot, "special");
+    cJSON_AddItemToArray(added, eot);
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pt, "type", "ByteLevel");
+    cJSON_AddFalseToObject(pt, "add_prefix_space");
+    cJSON_AddTrueToObject(pt, "use_regex");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", vj);
+    cJSON *ml = cJSON_AddArrayToObject(model, "merges");
+    for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n"))
+        if (strncmp(line, "#version", 8)) cJSON_AddItemToArray(ml, cJSON_CreateString(line));
+    char *text = cJSON_Print(root);
+    zpp_test_write_file(zpp_test_tmp_path("tokenizer.json", path), text, strlen(text));
+    cJSON_free(text), cJSON_Delete(root), free(v), free(m);
+}
+
 static void test_sample_bpe(void) {
     char vocab[512], merges[512], shakes[512], text[512], bin[512], note[512], cfg[512],
         dir[512], log[512], err[512], out[512];
@@ -682,6 +712,44 @@ static void test_sample_bpe(void) {
                      "--ids", vocab, merges, BPE_PROMPT, BPE_NEW);
     char *c = sample(dir, &nc, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
     EXPECT(nc == na && !memcmp(a, c, na), "through the note: '%s', with the files: '%s'", c, a);
+    { /* the same tokenizer as a tokenizer.json */
+        char tj[512];
+        size_t nd = 0;
+        write_tokenizer_json(vocab, merges, tj);
+        /* token for token GPT-2's files' encoding of the text, specials on */
+        zpp_bpe *hf = NULL;
+        EXPECT_OK(zpp_bpe_load_hf(tj, &hf));
+        size_t nt = 0;
+        char *t = read_all(text, &nt);
+        zpp_bpe_ids x = {0}, y = {0};
+        EXPECT_OK(zpp_bpe_encode(bpe, t, nt, ZPP_BPE_SPECIAL, &x, NULL));
+        EXPECT_OK(zpp_bpe_encode(hf, t, nt, ZPP_BPE_SPECIAL, &y, NULL));
+        EXPECT(x.n == y.n && !memcmp(x.ids, y.ids, x.n * sizeof *x.ids),
+               "the tokenizer.json gives %zu tokens, the two files %zu", y.n, x.n);
+        free(x.ids), free(y.ids), free(t);
+        zpp_bpe_destroy(hf);
+        char *d = sample(dir, &nd, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5",
+                         tj, BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == na && !memcmp(a, d, na), "with --tokenizer: '%s', with the files: '%s'", d,
+               a);
+        free(d);
+        d = sample(dir, &nd, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5 --ids",
+                   tj, BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == nb && !memcmp(b, d, nb), "with --tokenizer: ids %s, with the files: %s", d,
+               b);
+        free(d);
+        /* and through a note naming it (what `tokenize --tokenizer` leaves) */
+        zpp_tokfile_note gpt2_note, hf_note = {NULL, NULL, 320, 0, tj};
+        EXPECT_OK(zpp_tokfile_note_read(bin, &gpt2_note, &found));
+        hf_note.tokens = gpt2_note.tokens;
+        EXPECT_OK(zpp_tokfile_note_write(bin, &hf_note));
+        d = sample(dir, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+        EXPECT(nd == na && !memcmp(a, d, na), "through an hf-bpe note: '%s', with the files: '%s'",
+               d, a);
+        free(d);
+        EXPECT_OK(zpp_tokfile_note_write(bin, &gpt2_note)); /* as it was */
+        zpp_tokfile_note_free(&gpt2_note);
+    }
     /* the prompt: the tokenizer's encoding (special tokens too), which
      * decodes back to the prompt, and the output starts with it */
     zpp_bpe_ids pe = {0};

@@ -11,3 +11,7 @@ if(DEFINED ENV{ZPP_GPT2_TOKENIZER_DIR})
   zpp_test(test_bpe_gpt2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_bpe_gpt2.c TIMEOUT 60
            LABELS text ENV ZPP_GPT2_TOKENIZER_DIR=$ENV{ZPP_GPT2_TOKENIZER_DIR})
 endif()
+# Hugging Face tokenizer.json, uint32 token files (version 2) and
+# `zeropp tokenize --tokenizer`.
+zpp_test(test_bpe_hf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_bpe_hf.c CASES_FROM_SOURCE
+         TIMEOUT 120 ENV ZPP_CLI=$<TARGET_FILE:zeropp_cli> LABELS text)

@@ -23,8 +23,9 @@
  *
  * Which text a model's tokens are: bytes for a byte-level model (vocabulary
  * 256, what `zeropp train` trains on raw text); for any other, the BPE
- * tokenizer its data was made with (GPT-2's files, train/bpe.h): given as
- * --vocab and --merges, or found through the checkpoint's data file, whose
+ * tokenizer its data was made with (GPT-2's files or a Hugging Face
+ * tokenizer.json, train/bpe.h): given as --vocab and --merges, or
+ * --tokenizer, or found through the checkpoint's data file, whose
  * note (`zeropp tokenize` writes OUT.bin.json, train/tokfile.h) names them.
  * Without one the ids are printed, in the form --prompt-ids takes. A decoder
  * is called one token at a time as the tokens come: BPE maps each token to
@@ -55,12 +56,13 @@ static zpp_status bpe_decode(void *ctx, const int32_t *ids, size_t n, char *out,
     return ZPP_OK;
 }
 
-/* Loads the tokenizer for a model of real vocabulary V: GPT-2's two files;
- * `origin` says where their names came from, for messages. */
-static zpp_status load_tokenizer(const char *vocab, const char *merges, int V, const char *model,
-                                 const char *origin, zpp_bpe **bpe_p) {
+/* Loads the tokenizer for a model of real vocabulary V: a tokenizer.json
+ * (json), else GPT-2's two files; `origin` says where their names came
+ * from, for messages. */
+static zpp_status load_tokenizer(const char *json, const char *vocab, const char *merges, int V,
+                                 const char *model, const char *origin, zpp_bpe **bpe_p) {
     zpp_bpe *bpe = NULL;
-    zpp_status st = zpp_bpe_load_gpt2(vocab, merges, &bpe);
+    zpp_status st = json ? zpp_bpe_load_hf(json, &bpe) : zpp_bpe_load_gpt2(vocab, merges, &bpe);
     if (st != ZPP_OK) return origin ? zpp_error_context(st, "%s", origin) : st;
     const int32_t n = zpp_bpe_vocab_size(bpe);
     if (n > V) {
@@ -68,7 +70,8 @@ static zpp_status load_tokenizer(const char *vocab, const char *merges, int V, c
         return zpp_error(ZPP_ERR_INVALID,
                          "the tokenizer %s has %d tokens, more than the %d of the model %s: it is "
                          "not the tokenizer the model's data was made with%s%s",
-                         vocab, (int)n, V, model, origin ? "; " : "", origin ? origin : "");
+                         json ? json : vocab, (int)n, V, model, origin ? "; " : "",
+                         origin ? origin : "");
     }
     *bpe_p = bpe;
     return ZPP_OK;
@@ -84,10 +87,11 @@ static zpp_status noted_tokenizer(const char *data, int V, const char *model, zp
     char origin[4400], path[4096];
     zpp_tokfile_note_path(data, path, sizeof path);
     snprintf(origin, sizeof origin,
-             "(the tokenizer named by %s, the note beside the model's data; pass --vocab and "
-             "--merges to name it yourself)",
-             path);
-    zpp_status st = load_tokenizer(note.vocab, note.merges, V, model, origin, bpe_p);
+             "(the tokenizer named by %s, the note beside the model's data; pass %s to name it "
+             "yourself)",
+             path, note.tokenizer_json ? "--tokenizer" : "--vocab and --merges");
+    zpp_status st =
+        load_tokenizer(note.tokenizer_json, note.vocab, note.merges, V, model, origin, bpe_p);
     zpp_tokfile_note_free(&note);
     return st;
 }
@@ -280,6 +284,7 @@ static void sample_usage(FILE *f) {
     fprintf(f,
             "usage: zeropp sample DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
             "                     [--vocab vocab.json --merges merges.txt] [--ids]\n"
+            "                     [--tokenizer tokenizer.json]\n"
             "                     [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
             "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16]\n"
             "  Continues a prompt with a trained GPT-2 and prints the prompt and what follows,\n"
@@ -292,6 +297,8 @@ static void sample_usage(FILE *f) {
             "  --merges FILE       model whose vocabulary is not bytes. Not needed for a\n"
             "                      checkpoint trained on a file `zeropp tokenize` made: the note\n"
             "                      it left beside it (OUT.bin.json) names them\n"
+            "  --tokenizer FILE    a Hugging Face tokenizer.json (byte-level BPE), instead of\n"
+            "                      --vocab and --merges\n"
             "  --ids               print token ids (comma-separated) instead of text\n"
             "  --prompt TEXT       the prompt, encoded as the model's data was (bytes, or the\n"
             "                      tokenizer; \"<|endoftext|>\" is its special token); default a\n"
@@ -342,12 +349,14 @@ static int parse_ids(const char *s, int32_t **ids_p, int *n_p) {
 }
 
 /* The tokenizer for the model in `from` (real vocabulary V, `step` < 0 for an
- * llm.c model file): --vocab/--merges, else for a checkpoint the note beside
- * its data file; *bpe_p NULL where there is neither. *data_p (malloc'd, or
- * NULL): the checkpoint's data file, for the message that asks for one. */
-static zpp_status find_tokenizer(const char *from, int step, int V, const char *vocab,
-                                 const char *merges, zpp_bpe **bpe_p, char **data_p) {
-    if (vocab) return load_tokenizer(vocab, merges, V, from, NULL, bpe_p);
+ * llm.c model file): --tokenizer or --vocab/--merges, else for a checkpoint
+ * the note beside its data file; *bpe_p NULL where there is neither.
+ * *data_p (malloc'd, or NULL): the checkpoint's data file, for the message
+ * that asks for one. */
+static zpp_status find_tokenizer(const char *from, int step, int V, const char *json,
+                                 const char *vocab, const char *merges, zpp_bpe **bpe_p,
+                                 char **data_p) {
+    if (json || vocab) return load_tokenizer(json, vocab, merges, V, from, NULL, bpe_p);
     if (step < 0 || V == 256) return ZPP_OK;
     zpp_train_config cfg;
     zpp_trainer_saved_run saved;
@@ -359,7 +368,7 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
 /* What `zeropp sample` was asked, checked. */
 typedef struct sample_args {
     const char *from; /* the model: DIR or --from */
-    const char *prompt, *prompt_ids, *device, *dtype_name, *vocab, *merges;
+    const char *prompt, *prompt_ids, *device, *dtype_name, *vocab, *merges, *json;
     int max_new, top_k, print_ids; /* top_k -1: not given */
     unsigned long long seed;
     double temperature;
@@ -382,6 +391,7 @@ static int parse_sample_args(int argc, char **argv, sample_args *sa) {
         {"--prompt-ids", ZPP_CLI_STR, &sa->prompt_ids, 0, 0},
         {"--vocab", ZPP_CLI_STR, &sa->vocab, 0, 0},
         {"--merges", ZPP_CLI_STR, &sa->merges, 0, 0},
+        {"--tokenizer", ZPP_CLI_STR, &sa->json, 0, 0},
         {"--ids", ZPP_CLI_FLAG, &sa->print_ids, 0, 0},
         {"--max-new-tokens", ZPP_CLI_INT, &sa->max_new, 0, 1 << 24},
         {"--temperature", ZPP_CLI_STR, &temp, 0, 0},
@@ -415,6 +425,11 @@ static int parse_sample_args(int argc, char **argv, sample_args *sa) {
     if (!sa->vocab != !sa->merges) {
         fprintf(stderr, "zeropp sample: --vocab and --merges name GPT-2's two tokenizer files "
                         "(vocab.json and merges.txt); give both\n");
+        return -1;
+    }
+    if (sa->json && sa->vocab) {
+        fprintf(stderr, "zeropp sample: --tokenizer names the whole tokenizer; give it or "
+                        "--vocab and --merges, not both\n");
         return -1;
     }
     sa->temperature = 1.0;
@@ -452,7 +467,7 @@ static int load_text_form(const sample_args *sa, int V, int step, zpp_bpe **bpe_
                           char **data_p) {
     zpp_status st = ZPP_OK;
     if (!sa->print_ids || !sa->prompt_ids)
-        st = find_tokenizer(sa->from, step, V, sa->vocab, sa->merges, bpe_p, data_p);
+        st = find_tokenizer(sa->from, step, V, sa->json, sa->vocab, sa->merges, bpe_p, data_p);
     if (st != ZPP_OK) return zpp_cli_fail("sample", st);
     const zpp_bpe *bpe = *bpe_p;
     const int has_decoder = bpe || V == 256;

@@ -1,5 +1,6 @@
 /* tools/tokenize.c — `zeropp tokenize`: text to an llm.c token file with
- * GPT-2's byte-level BPE (train/bpe.h), streamed: the text is read a few MB
+ * a byte-level BPE (train/bpe.h: GPT-2's files, or a Hugging Face
+ * tokenizer.json such as Llama 3's), streamed: the text is read a few MB
  * at a time, so its size is not bounded by memory. One process, no MPI.
  * Beside the token file it writes a note naming the tokenizer
  * (train/tokfile.h), which `zeropp sample` and `zeropp train
@@ -21,11 +22,16 @@ static void tokenize_usage(FILE *f) {
     fprintf(f,
             "usage: zeropp tokenize --vocab vocab.json --merges merges.txt [--allow-special]\n"
             "                       IN.txt OUT.bin\n"
+            "       zeropp tokenize --tokenizer tokenizer.json [--allow-special] IN.txt OUT.bin\n"
             "  Encodes the text IN.txt (\"-\": standard input) with GPT-2's byte-level BPE and\n"
             "  writes OUT.bin, an llm.c token file (uint16 tokens) that `zeropp train --data`\n"
             "  reads; the trainer holds out its last tenth for validation. vocab.json and\n"
             "  merges.txt are GPT-2's tokenizer files (docs/data.md says where to get them).\n"
             "  Any bytes are taken: decoding the tokens gives IN.txt back byte for byte.\n"
+            "  --tokenizer FILE  a Hugging Face tokenizer.json of a byte-level BPE (Llama 3's,\n"
+            "                    GPT-2's), instead of --vocab and --merges; ids past 65535 make\n"
+            "                    OUT.bin a version-2 token file (uint32 tokens, docs/data.md);\n"
+            "                    --allow-special then matches its added tokens\n"
             "  --allow-special   the text \"<|endoftext|>\" becomes GPT-2's end-of-text token\n"
             "                    (50256), e.g. between documents; without it, it is plain text\n"
             "  --cache PIECES    encoded pieces (words) remembered (default 524288; 0: none)\n"
@@ -100,24 +106,64 @@ static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, uns
     return st;
 }
 
+/* The tokenizer: a tokenizer.json, or GPT-2's two files. */
+static zpp_status load_tokenizer(const char *json, const char *vocab, const char *merges,
+                                 size_t cache, zpp_bpe **bpe_p) {
+    zpp_bpe *bpe = NULL;
+    ZPP_CHECK(json ? zpp_bpe_load_hf(json, &bpe) : zpp_bpe_load_gpt2(vocab, merges, &bpe));
+    zpp_status st = ZPP_OK;
+    if (cache != ZPP_BPE_CACHE_DEFAULT) st = zpp_bpe_set_cache(bpe, cache);
+    if (st != ZPP_OK) {
+        zpp_bpe_destroy(bpe);
+        return st;
+    }
+    *bpe_p = bpe;
+    return ZPP_OK;
+}
+
+/* The note beside out_path naming the tokenizer (its files' absolute
+ * paths) into note_path[4096]. */
+static zpp_status write_note(const char *out_path, const char *json, const char *vocab,
+                             const char *merges, int32_t n_vocab, size_t tokens,
+                             char *note_path) {
+    zpp_tokfile_note note = {NULL, NULL, n_vocab, tokens, NULL};
+    zpp_status st = ZPP_OK;
+    if (json) {
+        if (!(note.tokenizer_json = realpath(json, NULL)))
+            st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s", json,
+                           strerror(errno));
+    } else {
+        note.vocab = realpath(vocab, NULL), note.merges = realpath(merges, NULL);
+        if (!note.vocab || !note.merges)
+            st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s",
+                           note.vocab ? merges : vocab, strerror(errno));
+    }
+    if (st == ZPP_OK) st = zpp_tokfile_note_path(out_path, note_path, 4096);
+    if (st == ZPP_OK) st = zpp_tokfile_note_write(out_path, &note);
+    zpp_tokfile_note_free(&note);
+    return st;
+}
+
 int zpp_cli_tokenize(int argc, char **argv) {
-    const char *vocab = NULL, *merges = NULL;
+    const char *vocab = NULL, *merges = NULL, *json = NULL;
     int allow_special = 0;
     size_t buffer = (size_t)4 << 20, cache = ZPP_BPE_CACHE_DEFAULT;
     const zpp_cli_opt opts[] = {
         {"--vocab", ZPP_CLI_STR, &vocab, 0, 0},
         {"--merges", ZPP_CLI_STR, &merges, 0, 0},
+        {"--tokenizer", ZPP_CLI_STR, &json, 0, 0},
         {"--allow-special", ZPP_CLI_FLAG, &allow_special, 0, 0},
         {"--buffer", ZPP_CLI_SIZE, &buffer, 1, (long long)1 << 32},
         {"--cache", ZPP_CLI_SIZE, &cache, 0, ZPP_BPE_CACHE_MAX},
     };
-    static const char *const value_opts[] = {"--vocab", "--merges", "--buffer", "--cache"};
+    static const char *const value_opts[] = {"--vocab", "--merges", "--buffer", "--cache",
+                                             "--tokenizer"};
     char **optv = malloc((size_t)(argc + 1) * sizeof *optv);
     char *pos[2];
     int optc = 0, n_pos = 0;
     if (!optv) return zpp_cli_fail("tokenize", zpp_error(ZPP_ERR_NOMEM, "out of memory"));
-    const int split = split_args(argc, argv, value_opts, 4, optv, &optc, pos, &n_pos);
-    const int pr = split ? -1 : zpp_cli_parse_opts("tokenize", optc, optv, opts, 5, 1);
+    const int split = split_args(argc, argv, value_opts, 5, optv, &optc, pos, &n_pos);
+    const int pr = split ? -1 : zpp_cli_parse_opts("tokenize", optc, optv, opts, 6, 1);
     free(optv);
     if (pr > 0) {
         tokenize_usage(stdout);
@@ -125,9 +171,14 @@ int zpp_cli_tokenize(int argc, char **argv) {
     }
     if (split) fprintf(stderr, "zeropp tokenize: more than two files named; give IN.txt OUT.bin\n");
     if (pr < 0) return 2;
-    if (!vocab || !merges || n_pos != 2) {
-        fprintf(stderr, "zeropp tokenize: needs --vocab FILE, --merges FILE, IN.txt and OUT.bin "
-                        "(see zeropp tokenize --help)\n");
+    if (json && (vocab || merges)) {
+        fprintf(stderr, "zeropp tokenize: --tokenizer names the whole tokenizer; give it or "
+                        "--vocab and --merges, not both\n");
+        return 2;
+    }
+    if ((!json && (!vocab || !merges)) || n_pos != 2) {
+        fprintf(stderr, "zeropp tokenize: needs %s, IN.txt and OUT.bin (see zeropp tokenize "
+                        "--help)\n", json ? "--tokenizer FILE" : "--vocab FILE, --merges FILE");
         return 2;
     }
     const char *in_path = pos[0], *out_path = pos[1];
@@ -141,19 +192,9 @@ int zpp_cli_tokenize(int argc, char **argv) {
     }
     const double t0 = zpp_cli_now_ms();
     zpp_bpe *bpe = NULL;
-    zpp_status st = zpp_bpe_load_gpt2(vocab, merges, &bpe);
+    zpp_status st = load_tokenizer(json, vocab, merges, cache, &bpe);
     if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
     const int32_t n_vocab = zpp_bpe_vocab_size(bpe);
-    if (cache != ZPP_BPE_CACHE_DEFAULT) st = zpp_bpe_set_cache(bpe, cache);
-    if (st == ZPP_OK && n_vocab - 1 > ZPP_TOKFILE_MAX_ID)
-        st = zpp_error(ZPP_ERR_UNSUPPORTED,
-                       "vocab '%s' has ids up to %d, but an llm.c token file stores uint16 ids "
-                       "(up to %d); vocabularies of more than 65,536 tokens are not supported yet",
-                       vocab, (int)n_vocab - 1, ZPP_TOKFILE_MAX_ID);
-    if (st != ZPP_OK) {
-        zpp_bpe_destroy(bpe);
-        return zpp_cli_fail("tokenize", st);
-    }
     FILE *in = stdin;
     if (strcmp(in_path, "-")) st = zpp_fopen_regular(in_path, "text", &in);
     zpp_tokfile *out = NULL;
@@ -172,18 +213,13 @@ int zpp_cli_tokenize(int argc, char **argv) {
     if (in && in != stdin) fclose(in);
     zpp_bpe_destroy(bpe);
     if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
-    /* the note: which tokenizer these ids are (both files were just read) */
-    zpp_tokfile_note note = {realpath(vocab, NULL), realpath(merges, NULL), n_vocab, tokens};
+    /* the note: which tokenizer these ids are (its files were just read) */
     char note_path[4096] = "";
-    if (!note.vocab || !note.merges)
-        st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s",
-                       note.vocab ? merges : vocab, strerror(errno));
-    if (st == ZPP_OK) st = zpp_tokfile_note_path(out_path, note_path, sizeof note_path);
-    if (st == ZPP_OK) st = zpp_tokfile_note_write(out_path, &note);
-    zpp_tokfile_note_free(&note);
+    st = write_note(out_path, json, vocab, merges, n_vocab, tokens, note_path);
     if (st != ZPP_OK) {
         fprintf(stderr, "zeropp tokenize: %s is written, but not the note naming its tokenizer: "
-                        "zeropp sample will need --vocab and --merges\n", out_path);
+                        "zeropp sample will need %s\n", out_path,
+                json ? "--tokenizer" : "--vocab and --merges");
         return zpp_cli_fail("tokenize", st);
     }
     const double s = (zpp_cli_now_ms() - t0) / 1e3;

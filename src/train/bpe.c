@@ -76,6 +76,7 @@ struct zpp_bpe {
     int32_t *vocab_slots;
     size_t vocab_mask;
     int32_t byte_id[256];
+    int whole_pieces; /* zpp_bpe_desc.whole_pieces */
     /* special tokens, longest first (for a leftmost-longest search) */
     int32_t *special_ids;
     size_t n_special, special_max_len;
@@ -339,6 +340,7 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     zpp_bpe *bpe = calloc(1, sizeof *bpe);
     if (!bpe) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory");
     bpe->cache_limit = desc->cache_pieces ? desc->cache_pieces : ZPP_BPE_CACHE_DEFAULT;
+    bpe->whole_pieces = desc->whole_pieces ? 1 : 0;
     zpp_status st = build_vocab(bpe, desc);
     if (st == ZPP_OK) st = build_merges(bpe, desc);
     if (st == ZPP_OK && desc->pattern) st = build_regex(bpe, desc->pattern);
@@ -551,6 +553,14 @@ static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe
         ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + 1, sizeof *out->ids));
         out->ids[out->n++] = bpe->byte_id[p[0]];
         return ZPP_OK;
+    }
+    if (bpe->whole_pieces) { /* a piece that is a token is that token */
+        const int32_t id = zpp_bpe_find(bpe, p, n);
+        if (id >= 0 && !bpe->tok_special[id]) {
+            ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + 1, sizeof *out->ids));
+            out->ids[out->n++] = id;
+            return ZPP_OK;
+        }
     }
     const int cacheable = bpe->cache_limit && n <= CACHE_MAX_PIECE;
     uint64_t h = 0;

@@ -115,6 +115,11 @@ typedef struct zpp_bpe_desc {
     size_t n_merges;
     const char *pattern;         /* PCRE2 pattern, UTF-8; NULL: text is not split */
     size_t cache_pieces;         /* 0: ZPP_BPE_CACHE_DEFAULT */
+    /* 1: a text piece whose bytes are an ordinary token becomes that token
+     * without merging (Hugging Face's model.ignore_merges, which Llama 3
+     * sets: its merge list does not rebuild every token it holds). 0: every
+     * piece goes through the merges (GPT-2). */
+    int whole_pieces;
 } zpp_bpe_desc;
 
 /* Builds a tokenizer. ZPP_ERR_FORMAT, naming the entry, when: a token is
@@ -140,6 +145,22 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p);
  * is the special token. Errors (ZPP_ERR_IO, ZPP_ERR_FORMAT) name the file,
  * and the line or entry, and what to do. */
 zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zpp_bpe **bpe_p);
+
+/* Loads a Hugging Face tokenizer.json of a byte-level BPE (bpe_hf.c says
+ * which keys it reads): model.type "BPE", its vocab (token -> id, tokens in
+ * GPT-2's byte alphabet as above) and merges (each "LEFT RIGHT" or
+ * ["LEFT", "RIGHT"]; rank = position), model.ignore_merges (whole_pieces);
+ * added_tokens, all of them special tokens (so their text is only matched
+ * with ZPP_BPE_SPECIAL); the pre_tokenizer ByteLevel (GPT-2's pattern with
+ * use_regex, no split without) or Sequence [Split (a {"Regex": ...} pattern,
+ * behavior "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2
+ * write it. ZPP_ERR_UNSUPPORTED naming the key for anything else: another
+ * model type, model.byte_fallback (SentencePiece-style <0x41> tokens:
+ * Llama 2, TinyLlama), dropout or subword affixes, a normalizer (Qwen2's
+ * NFC), another pre-tokenizer, added tokens that strip the text around
+ * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming the file and the entry. The
+ * post_processor's tokens (a leading <|begin_of_text|>) are not added. */
+zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p);
 
 /* Frees; NULL is ignored. */
 void zpp_bpe_destroy(zpp_bpe *bpe);

@@ -10,12 +10,13 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "train/bpe.h"
+#include "train/bpe_files.h"
 
 /* Tokenizer files are a few MB; anything past this is not one. */
 #define MAX_FILE_BYTES ((size_t)1 << 30)
 
-/* The whole file, NUL-terminated. */
-static zpp_status read_whole(const char *path, const char *what, char **buf_p, size_t *len_p) {
+/* (bpe_files.h) */
+zpp_status zpp_bpe_read_file(const char *path, const char *what, char **buf_p, size_t *len_p) {
     int fd = -1;
     struct stat sb;
     ZPP_CHECK(zpp_open_regular(path, what, &fd, &sb));
@@ -78,11 +79,7 @@ static size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
     return len;
 }
 
-/* A token as GPT-2's files write it (one printable character a byte) back
- * to its bytes; out holds at least n bytes. 0 on success; -1 for bytes that
- * are not UTF-8; else the first character outside the alphabet (+1, so a
- * NUL is told from success). */
-static int64_t gpt2_to_bytes(const char *s, size_t n, uint8_t *out, size_t *out_n) {
+int64_t zpp_bpe_gpt2_string_bytes(const char *s, size_t n, uint8_t *out, size_t *out_n) {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0;
@@ -97,8 +94,8 @@ static int64_t gpt2_to_bytes(const char *s, size_t n, uint8_t *out, size_t *out_
     return 0;
 }
 
-static zpp_status alphabet_error(int64_t r, const char *what, const char *path, const char *where,
-                                 const char *tok) {
+zpp_status zpp_bpe_alphabet_error(int64_t r, const char *what, const char *path,
+                                  const char *where, const char *tok) {
     if (r < 0)
         return zpp_error(ZPP_ERR_FORMAT, "%s '%s': %s \"%.40s\" is not valid UTF-8", what, path,
                          where, tok);
@@ -114,7 +111,7 @@ static zpp_status read_vocab(const char *path, zpp_bpe_token **tokens_p, size_t 
                              uint8_t **arena_p) {
     char *buf = NULL;
     size_t len = 0;
-    ZPP_CHECK(read_whole(path, "vocab", &buf, &len));
+    ZPP_CHECK(zpp_bpe_read_file(path, "vocab", &buf, &len));
     cJSON *root = cJSON_ParseWithLength(buf, len);
     zpp_status st = ZPP_OK;
     if (!root) {
@@ -157,9 +154,9 @@ static zpp_status read_vocab(const char *path, zpp_bpe_token **tokens_p, size_t 
         }
         const size_t klen = strlen(e->string);
         size_t blen = 0;
-        const int64_t r = gpt2_to_bytes(e->string, klen, arena + off, &blen);
+        const int64_t r = zpp_bpe_gpt2_string_bytes(e->string, klen, arena + off, &blen);
         if (r != 0) {
-            st = alphabet_error(r, "vocab", path, "token", e->string);
+            st = zpp_bpe_alphabet_error(r, "vocab", path, "token", e->string);
             break;
         }
         if (!blen) {
@@ -188,7 +185,7 @@ static zpp_status read_merges(const char *path, const zpp_bpe *vocab, zpp_bpe_me
                               size_t *n_p, size_t *first_line_p, uint8_t *made) {
     char *buf = NULL;
     size_t len = 0;
-    ZPP_CHECK(read_whole(path, "merges", &buf, &len));
+    ZPP_CHECK(zpp_bpe_read_file(path, "merges", &buf, &len));
     size_t cap = 1;
     for (size_t i = 0; i < len; i++) cap += buf[i] == '\n';
     zpp_bpe_merge *merges = malloc(cap * sizeof *merges);
@@ -231,12 +228,12 @@ static zpp_status read_merges(const char *path, const zpp_bpe *vocab, zpp_bpe_me
         int32_t id[2];
         size_t blen[2];
         for (int k = 0; k < 2 && st == ZPP_OK; k++) {
-            const int64_t r = gpt2_to_bytes(part[k], strlen(part[k]), tmp + (k ? blen[0] : 0),
-                                            &blen[k]);
+            const int64_t r = zpp_bpe_gpt2_string_bytes(part[k], strlen(part[k]),
+                                                        tmp + (k ? blen[0] : 0), &blen[k]);
             char where[48];
             snprintf(where, sizeof where, "line %zu: token", line);
             if (r != 0) {
-                st = alphabet_error(r, "merges", path, where, part[k]);
+                st = zpp_bpe_alphabet_error(r, "merges", path, where, part[k]);
                 break;
             }
             id[k] = zpp_bpe_find(vocab, tmp + (k ? blen[0] : 0), blen[k]);

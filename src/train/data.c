@@ -15,7 +15,7 @@
 struct zpp_data {
     zpp_data_kind kind;
     const uint8_t *tok; /* synthetic: the first token (in memory), else NULL */
-    int elem;           /* 1 (raw text, synthetic) or 2 (llm.c uint16) */
+    int elem;           /* bytes a token: 1 (raw text, synthetic), 2 or 4 (llm.c v1, v2) */
     size_t n, n_train, n_val;
     size_t K, K_val; /* training / validation windows */
     size_t slack;    /* n_train - 1 - K * T: room to shift the window grid */
@@ -77,6 +77,11 @@ static uint64_t zpp__permute(uint64_t i, uint64_t K, uint64_t key) {
 
 static inline int32_t zpp__tok_at(const uint8_t *b, int elem, size_t i) {
     if (elem == 1) return b[i];
+    if (elem == 4) { /* (a value past INT32_MAX comes out negative: the open refuses it) */
+        const uint8_t *p = b + 4 * i;
+        return (int32_t)(p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                         (uint32_t)p[3] << 24);
+    }
     const uint8_t *p = b + 2 * i;
     return (int32_t)(p[0] | (uint32_t)p[1] << 8);
 }
@@ -112,13 +117,25 @@ static zpp_status zpp__pread_all(const zpp_data *d, void *buf, size_t n, size_t 
 
 /* Sequence [start, start + T]: tokens[t] = token start + t, targets[t] =
  * token start + t + 1. A file's T + 1 tokens come with one pread into the
- * tokens buffer ((T + 1) * elem <= 4 T bytes for T >= 1), then widen in
- * place from the back (int32 t lies at bytes >= 4 t, beyond the elem bytes
- * of tokens < t). */
+ * tokens buffer ((T + 1) * elem <= 4 T bytes for T >= 1 and elem <= 2),
+ * then widen in place from the back (int32 t lies at bytes >= 4 t, beyond
+ * the elem bytes of tokens < t). uint32 tokens (elem 4) are T + 1 int32,
+ * one more than the buffer: the last comes with a read of its own. */
 static zpp_status zpp__read_seq(const zpp_data *d, size_t start, int32_t *tokens,
                                 int32_t *targets) {
     const int T = d->T;
     const uint8_t *src = d->tok ? d->tok + (size_t)d->elem * start : NULL;
+    if (!src && d->elem == 4) {
+        const size_t off = d->tok_off + 4 * start;
+        uint8_t last[4];
+        ZPP_CHECK(zpp__pread_all(d, tokens, 4 * (size_t)T, off));
+        ZPP_CHECK(zpp__pread_all(d, last, 4, off + 4 * (size_t)T));
+        src = (const uint8_t *)tokens;
+        for (int t = 0; t + 1 < T; t++) targets[t] = zpp__tok_at(src, 4, (size_t)t + 1);
+        targets[T - 1] = zpp__tok_at(last, 4, 0);
+        for (int t = 0; t < T; t++) tokens[t] = zpp__tok_at(src, 4, (size_t)t); /* in place */
+        return ZPP_OK;
+    }
     if (!src) {
         ZPP_CHECK(zpp__pread_all(d, tokens, (size_t)(T + 1) * (size_t)d->elem,
                                  d->tok_off + (size_t)d->elem * start));
@@ -278,16 +295,17 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
                          "less than the %zu-byte header: truncated",
                          path, ZPP_DATA_LLMC_MAGIC, d->file_len, header_bytes);
     uint32_t version = zpp__le32(b + 4);
-    if (version != ZPP_DATA_LLMC_VERSION)
+    if (version != ZPP_DATA_LLMC_VERSION && version != ZPP_DATA_LLMC_VERSION_U32)
         return zpp_error(ZPP_ERR_FORMAT,
                          "data '%s': llm.c token file version %u is not supported; expected "
-                         "version %d (uint16 GPT-2 tokens)",
-                         path, version, ZPP_DATA_LLMC_VERSION);
+                         "version %d (uint16 GPT-2 tokens) or %d (uint32 tokens)",
+                         path, version, ZPP_DATA_LLMC_VERSION, ZPP_DATA_LLMC_VERSION_U32);
+    const size_t elem = version == ZPP_DATA_LLMC_VERSION_U32 ? 4 : 2;
     int32_t count = (int32_t)zpp__le32(b + 8);
     if (count < 0)
         return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c header token count %d is negative",
                          path, (int)count);
-    size_t want = header_bytes + 2 * (size_t)count;
+    size_t want = header_bytes + elem * (size_t)count;
     if (d->file_len != want)
         return zpp_error(ZPP_ERR_FORMAT,
                          "data '%s': llm.c header says %d tokens (%zu bytes with the header) "
@@ -296,28 +314,28 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
                          d->file_len < want ? "truncated" : "trailing bytes after the tokens");
     if (count == 0) return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c file holds no tokens", path);
     d->kind = ZPP_DATA_LLMC;
-    d->elem = 2;
+    d->elem = (int)elem;
     d->tok_off = header_bytes;
     d->n = (size_t)count;
     /* One pass over the tokens, in chunks: a token past the embedding table
      * would index out of bounds in the model, so refuse it here with its
      * position. */
     enum { CHUNK = 1 << 19 }; /* tokens per read */
-    uint8_t *buf = malloc(2 * (size_t)CHUNK);
+    uint8_t *buf = malloc(elem * (size_t)CHUNK);
     if (!buf) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
     int32_t maxtok = 0;
     zpp_status st = ZPP_OK;
     for (size_t i0 = 0; i0 < d->n && st == ZPP_OK; i0 += CHUNK) {
         const size_t m = d->n - i0 < CHUNK ? d->n - i0 : CHUNK;
-        st = zpp__pread_all(d, buf, 2 * m, header_bytes + 2 * i0);
+        st = zpp__pread_all(d, buf, elem * m, header_bytes + elem * i0);
         for (size_t i = 0; i < m && st == ZPP_OK; i++) {
-            int32_t t = zpp__tok_at(buf, 2, i);
-            if (t >= vocab_size)
+            int32_t t = zpp__tok_at(buf, (int)elem, i);
+            if (t < 0 || t >= vocab_size) /* (negative: a uint32 past INT32_MAX) */
                 st = zpp_error(ZPP_ERR_CONFIG,
-                               "data '%s': token %zu has value %d, not below model.vocab_size "
+                               "data '%s': token %zu has value %u, not below model.vocab_size "
                                "%d; raise model.vocab_size (GPT-2 uses 50257) or check the "
                                "file",
-                               path, i0 + i, (int)t, vocab_size);
+                               path, i0 + i, (unsigned)t, vocab_size);
             if (t > maxtok) maxtok = t;
         }
     }
@@ -555,7 +573,7 @@ zpp_data_info zpp_data_get_info(const zpp_data *d) {
 int32_t zpp_data_token(const zpp_data *d, size_t i) {
     if (i >= d->n) return -1;
     if (d->tok) return zpp__tok_at(d->tok, d->elem, i);
-    uint8_t b[2];
+    uint8_t b[4];
     if (zpp__pread_all(d, b, (size_t)d->elem, d->tok_off + (size_t)d->elem * i) != ZPP_OK)
         return -1;
     return zpp__tok_at(b, d->elem, 0);

@@ -2,12 +2,16 @@
  *
  * SOURCES (zpp_data_open picks by content, not by file name):
  *   1. llm.c token file: a header of 256 little-endian int32 (header[0] =
- *      20240520 magic, header[1] = 1 version, header[2] = token count), then
- *      that many little-endian uint16 tokens. A file with the magic but
- *      another version, or whose size is not 1024 + 2 * count bytes, is an
- *      error (ZPP_ERR_FORMAT) giving the numbers. Every token is checked
- *      against cfg->model.vocab_size when the file is opened (ZPP_ERR_CONFIG
- *      naming the first bad token's index and value).
+ *      20240520 magic, header[1] = version, header[2] = token count), then
+ *      that many little-endian tokens: uint16 in version 1 (llm.c's own),
+ *      uint32 in version 2 (ours, for vocabularies past 65,536 such as
+ *      Llama 3's; train/tokfile.h writes it only when an id needs it; the
+ *      rest of the header is zeros in both). A file with the magic but
+ *      another version, or whose size is not 1024 + 2 * count (version 2:
+ *      4 * count) bytes, is an error (ZPP_ERR_FORMAT) giving the numbers.
+ *      Every token is checked against cfg->model.vocab_size when the file
+ *      is opened (ZPP_ERR_CONFIG naming the first bad token's index and
+ *      value).
  *   2. Any other file: raw bytes, one token per byte (needs vocab_size >=
  *      256, else ZPP_ERR_CONFIG). An empty file is ZPP_ERR_FORMAT.
  *   3. path == NULL: a built-in synthetic corpus of ZPP_DATA_SYNTH_TOKENS
@@ -92,7 +96,8 @@ extern "C" {
 #endif
 
 #define ZPP_DATA_LLMC_MAGIC 20240520
-#define ZPP_DATA_LLMC_VERSION 1
+#define ZPP_DATA_LLMC_VERSION 1 /* uint16 tokens (llm.c's) */
+#define ZPP_DATA_LLMC_VERSION_U32 2 /* uint32 tokens (ours, for vocabularies past 65,536) */
 #define ZPP_DATA_LLMC_HEADER_INTS 256
 #define ZPP_DATA_SYNTH_TOKENS 262144 /* 2^18 */
 

@@ -3,6 +3,13 @@
  * magic 20240520, version 1, token count; then the tokens as little-endian
  * uint16). `zeropp tokenize` writes them.
  *
+ * Ids past 65535 (Llama 3's vocabulary is 128,256) do not fit a uint16:
+ * the first such id appended turns the file into version 2, whose header
+ * is the same but for the version and whose tokens are little-endian
+ * uint32 (the tokens already written are rewritten wider, in place). So a
+ * file whose ids all fit is version 1, byte for byte llm.c's, whatever the
+ * vocabulary; zpp_data_open reads both.
+ *
  * The file appears whole or not at all: tokens go to "PATH.tmp.<pid>" in
  * the same folder, and zpp_tokfile_finish writes the header, syncs the file
  * and renames it over PATH. A failed or aborted write removes the
@@ -19,7 +26,7 @@
 extern "C" {
 #endif
 
-/* The largest id a version-1 file can hold (uint16). */
+/* The largest id a version-1 file can hold (uint16); past it, version 2. */
 #define ZPP_TOKFILE_MAX_ID 65535
 
 typedef struct zpp_tokfile zpp_tokfile;
@@ -27,7 +34,7 @@ typedef struct zpp_tokfile zpp_tokfile;
 /* Starts a token file for `path` (ZPP_ERR_IO naming the folder when the
  * temporary file cannot be made there). */
 zpp_status zpp_tokfile_create(const char *path, zpp_tokfile **f_p);
-/* Appends ids[0, n). ZPP_ERR_INVALID for an id outside [0, 65535] or a file
+/* Appends ids[0, n). ZPP_ERR_INVALID for a negative id or a file
  * past 2^31 - 1 tokens (the header's count is an int32); ZPP_ERR_IO. After a
  * failure only zpp_tokfile_abort is left to call. */
 zpp_status zpp_tokfile_append(zpp_tokfile *f, const int32_t *ids, size_t n);
@@ -51,11 +58,14 @@ void zpp_tokfile_abort(zpp_tokfile *f);
  * --sample-every`) without being told. The paths are absolute, as the files
  * were when OUT.bin was written; "tokens" is OUT.bin's token count then, so
  * a note beside a token file that something else has rewritten since (a
- * count that differs) is not believed. */
+ * count that differs) is not believed. A Hugging Face tokenizer.json is
+ * noted as {"tokenizer": "hf-bpe", "file": "/abs/tokenizer.json",
+ * "vocab_size": ..., "tokens": ...}. */
 typedef struct zpp_tokfile_note {
     char *vocab, *merges; /* GPT-2's two files (absolute paths); malloc'd */
     int32_t vocab_size;   /* the tokenizer's (zpp_bpe_vocab_size) */
     size_t tokens;        /* the token file's count */
+    char *tokenizer_json; /* or, set instead of vocab and merges, a tokenizer.json */
 } zpp_tokfile_note;
 
 /* The note's path for a token file: "BIN_PATH.json" into buf[0..cap)

@@ -1,0 +1,740 @@
+/* test_bpe_hf.c — Hugging Face tokenizer.json (src/train/bpe_hf.c), token
+ * files of uint32 ids (tokfile.c, data.c: version 2) and `zeropp tokenize
+ * --tokenizer`.
+ *
+ * Each case writes its own tokenizer.json, shaped like Llama 3's: a
+ * vocabulary whose 256 byte tokens have shuffled ids, merges learnt here
+ * from a random corpus (the most frequent adjacent pair, again and again)
+ * then a few random ones in any order, the Llama 3 Split regex followed by
+ * ByteLevel, and added tokens such as "<|begin_of_text|>" at ids past
+ * 65535. The reference encoder is written here from the definition and
+ * shares nothing with the library but PCRE2 (the regex engine both use):
+ * cut out special tokens leftmost first, longest at one place; cut the rest
+ * into the regex's matches and the runs between them; in each piece start
+ * from one symbol a byte, find the adjacent pair of lowest rank, merge all
+ * its occurrences left to right, repeat (O(n^2), per piece). Texts are fresh
+ * each run (ZPP_TEST_SEED replays one); ZPP_CLI comes from ctest. */
+#define _GNU_SOURCE /* realpath */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "core/error.h"
+#include "testlib.h"
+#include "train/bpe.h"
+#include "train/data.h"
+#include "train/tokfile.h"
+
+#define EXPECT_MSG(sub)                                                        \
+    EXPECT(strstr(zpp_last_error(), (sub)) != NULL, "message '%s' lacks '%s'", \
+           zpp_last_error(), (sub))
+
+/* Llama 3's pre-tokenization regex, as its tokenizer.json has it. */
+static const char *const LLAMA3_PATTERN =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static int irand(zpp_rng *r, int lo, int hi) { /* [lo, hi] */
+    return lo + (int)(zpp_rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- the test's tokenizer ---- */
+#define MAX_TOK 1024
+#define MAX_MERGES 768
+#define TOK_BYTES 64
+typedef struct tok {
+    uint8_t b[TOK_BYTES];
+    int len, id, special;
+    int in_model; /* a special token model.vocab holds too (GPT-2's <|endoftext|>) */
+} tok;
+typedef struct tvocab {
+    tok t[MAX_TOK];
+    int n;
+    int left[MAX_MERGES], right[MAX_MERGES], result[MAX_MERGES]; /* indexes into t */
+    int n_merges;
+    int byte_tok[256]; /* index of each byte's token */
+    int whole;         /* ignore_merges */
+} tvocab;
+
+static int tv_find(const tvocab *v, const uint8_t *b, int len) {
+    for (int i = 0; i < v->n; i++)
+        if (v->t[i].len == len && !memcmp(v->t[i].b, b, (size_t)len)) return i;
+    return -1;
+}
+
+/* Adds merge (l, r) and its token; -1 if it is too long or already there. */
+static int tv_merge(tvocab *v, int l, int r) {
+    const int len = v->t[l].len + v->t[r].len;
+    if (len > TOK_BYTES || v->n == MAX_TOK || v->n_merges == MAX_MERGES) return -1;
+    uint8_t b[TOK_BYTES];
+    memcpy(b, v->t[l].b, (size_t)v->t[l].len);
+    memcpy(b + v->t[l].len, v->t[r].b, (size_t)v->t[r].len);
+    if (tv_find(v, b, len) >= 0) return -1;
+    for (int k = 0; k < v->n_merges; k++)
+        if (v->left[k] == l && v->right[k] == r) return -1;
+    tok *t = &v->t[v->n];
+    memcpy(t->b, b, (size_t)len);
+    t->len = len, t->id = v->n, t->special = 0; /* ids of merged tokens: their index */
+    v->left[v->n_merges] = l, v->right[v->n_merges] = r, v->result[v->n_merges] = v->n;
+    v->n_merges++;
+    return v->n++;
+}
+
+/* ---- the reference encoder ---- */
+
+static int rank_of(const tvocab *v, int l, int r) {
+    for (int k = 0; k < v->n_merges; k++)
+        if (v->left[k] == l && v->right[k] == r) return k;
+    return -1;
+}
+
+/* One piece: token indexes appended to out. */
+static void ref_piece(const tvocab *v, const uint8_t *p, size_t n, int *out, size_t *n_out) {
+    const int whole = v->whole && n <= TOK_BYTES ? tv_find(v, p, (int)n) : -1;
+    if (whole >= 0 && !v->t[whole].special) {
+        out[(*n_out)++] = whole;
+        return;
+    }
+    int *sym = malloc(n * sizeof *sym), *next = malloc(n * sizeof *next);
+    size_t m = n;
+    for (size_t i = 0; i < n; i++) sym[i] = v->byte_tok[p[i]];
+    for (;;) {
+        int best = -1;
+        for (size_t i = 0; i + 1 < m; i++) {
+            const int r = rank_of(v, sym[i], sym[i + 1]);
+            if (r >= 0 && (best < 0 || r < best)) best = r;
+        }
+        if (best < 0) break;
+        size_t k = 0;
+        for (size_t i = 0; i < m;) {
+            if (i + 1 < m && sym[i] == v->left[best] && sym[i + 1] == v->right[best]) {
+                next[k++] = v->result[best];
+                i += 2;
+            } else {
+                next[k++] = sym[i++];
+            }
+        }
+        memcpy(sym, next, k * sizeof *sym);
+        m = k;
+    }
+    for (size_t i = 0; i < m; i++) out[(*n_out)++] = sym[i];
+    free(sym), free(next);
+}
+
+/* Ordinary text: the regex's matches and the runs between them. */
+static void ref_text(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n, int *out,
+                     size_t *n_out) {
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    size_t s = 0;
+    while (s < n) {
+        const int rc = pcre2_match(re, t, n, s, PCRE2_NOTEMPTY, md, NULL);
+        if (rc < 0) break;
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        if (ov[0] > s) ref_piece(v, t + s, ov[0] - s, out, n_out);
+        ref_piece(v, t + ov[0], ov[1] - ov[0], out, n_out);
+        s = ov[1];
+    }
+    if (s < n) ref_piece(v, t + s, n - s, out, n_out);
+    pcre2_match_data_free(md);
+}
+
+/* The whole text; out holds at least n entries (ids, not indexes). */
+static size_t ref_encode(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n,
+                         int special, int32_t *ids) {
+    int *out = malloc((n + 1) * sizeof *out);
+    size_t n_out = 0, start = 0;
+    for (size_t i = 0; special && i < n;) {
+        int hit = -1;
+        for (int k = 0; k < v->n; k++) /* the longest special token starting at i */
+            if (v->t[k].special && (size_t)v->t[k].len <= n - i &&
+                !memcmp(t + i, v->t[k].b, (size_t)v->t[k].len) &&
+                (hit < 0 || v->t[k].len > v->t[hit].len))
+                hit = k;
+        if (hit < 0) {
+            i++;
+            continue;
+        }
+        ref_text(v, re, t + start, i - start, out, &n_out);
+        out[n_out++] = hit;
+        i += (size_t)v->t[hit].len;
+        start = i;
+    }
+    ref_text(v, re, t + start, n - start, out, &n_out);
+    for (size_t i = 0; i < n_out; i++) ids[i] = v->t[out[i]].id;
+    free(out);
+    return n_out;
+}
+
+static pcre2_code *compile_pattern(void) {
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)LLAMA3_PATTERN, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at,
+                                   NULL);
+    EXPECT(re != NULL, "the Llama 3 pattern does not compile at %zu", (size_t)at);
+    return re;
+}
+
+/* ---- random text ---- */
+typedef struct buf {
+    uint8_t *b;
+    size_t n, cap;
+} buf;
+static void put(buf *s, const void *p, size_t n) {
+    if (s->n + n + 1 > s->cap) {
+        s->cap = 2 * (s->n + n + 1);
+        s->b = realloc(s->b, s->cap);
+        EXPECT(s->b != NULL);
+    }
+    memcpy(s->b + s->n, p, n);
+    s->n += n;
+    s->b[s->n] = 0;
+}
+static void puts_(buf *s, const char *t) { put(s, t, strlen(t)); }
+
+static const char *const WORDS[] = {
+    "the", "The", " the", "and", " and", "ing", "token", "tokenizer", "llama", "Llama",
+    "café", "naïve", "中文", "日本語", "ÀÉÎ", "🙂", "über", "x", "12345", "7", "'s",
+    "'ll", "'RE", "don't", "e.g.", "(a)", "!!", "...", "—", "\t", "\n", "\r\n", "  ", "   ",
+    " \n ", "$", "3.14", "über-", "ß"};
+static const char *const SPECIALS[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
+                                       "<|reserved|>", "<|reserved|>!", "<|endoftext|>"};
+/* ids of SPECIALS (the last one is in model.vocab too, as in GPT-2's file) */
+static const int SPECIAL_IDS[] = {128000, 128001, 128009, 70000, 70001, -1};
+#define N_SPECIALS 6
+
+/* Words, spaces, (with specials) special tokens' text and (with invalid)
+ * bytes that are no UTF-8. */
+static void random_text(zpp_rng *r, buf *s, size_t target, int invalid, int specials) {
+    static const uint8_t bad[][2] = {{0xFF, 1}, {0xC3, 1}, {0x80, 1}, {0xE4, 1}, {0xF0, 1}};
+    while (s->n < target) {
+        const int pick = irand(r, 0, 99);
+        if (pick < 6 && specials) puts_(s, SPECIALS[irand(r, 0, N_SPECIALS - 1)]);
+        else if (pick < 10 && invalid) put(s, bad[irand(r, 0, 4)], 1);
+        else if (pick < 14) puts_(s, "<|");
+        else if (pick < 40) puts_(s, " ");
+        else puts_(s, WORDS[irand(r, 0, (int)(sizeof WORDS / sizeof *WORDS) - 1)]);
+    }
+}
+
+/* ---- building the tokenizer ---- */
+
+/* Learns n merges from a random corpus (the most frequent adjacent pair),
+ * adds n_random random ones, then triples that only ignore_merges reaches,
+ * and the special tokens (at most 256 + 300 + 60 + 120 + 6 < MAX_TOK). */
+static void tv_build(tvocab *v, zpp_rng *r, const pcre2_code *re, int n, int n_random) {
+    memset(v, 0, sizeof *v);
+    int perm[256];
+    for (int i = 0; i < 256; i++) perm[i] = i;
+    for (int i = 255; i > 0; i--) { /* byte tokens' ids: shuffled */
+        const int j = irand(r, 0, i), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int b = 0; b < 256; b++) {
+        v->t[b] = (tok){.len = 1, .id = perm[b]};
+        v->t[b].b[0] = (uint8_t)b;
+        v->byte_tok[b] = b;
+    }
+    v->n = 256; /* merged tokens take ids 256.. (their index): perm is onto [0, 256) */
+    buf corpus = {0};
+    random_text(r, &corpus, 4000, 0, 0); /* (merges never make a special token) */
+    /* the corpus as byte tokens (no merges yet); pairs are counted across
+     * pieces too: such merges are merely never used, which is allowed */
+    int *seq = malloc((corpus.n + 1) * sizeof *seq);
+    size_t n_seq = 0;
+    ref_text(v, re, corpus.b, corpus.n, seq, &n_seq);
+    int *count = malloc((size_t)MAX_TOK * MAX_TOK * sizeof *count);
+    for (int m = 0; m < n; m++) {
+        memset(count, 0, (size_t)v->n * MAX_TOK * sizeof *count);
+        int best_l = -1, best_r = -1, best = 1;
+        for (size_t i = 0; i + 1 < n_seq; i++) {
+            const int c = ++count[seq[i] * MAX_TOK + seq[i + 1]];
+            if (c > best) best = c, best_l = seq[i], best_r = seq[i + 1];
+        }
+        if (best_l < 0) break;
+        const int made = tv_merge(v, best_l, best_r);
+        if (made < 0) break;
+        size_t k = 0;
+        for (size_t i = 0; i < n_seq;)
+            if (i + 1 < n_seq && seq[i] == best_l && seq[i + 1] == best_r) seq[k++] = made, i += 2;
+            else seq[k++] = seq[i++];
+        n_seq = k;
+    }
+    for (int m = 0; m < n_random; m++) tv_merge(v, irand(r, 0, v->n - 1), irand(r, 0, v->n - 1));
+    /* Tokens only ignore_merges reaches: a piece of three tokens A B C
+     * gets (A, B), then (B, C) and (A, BC); merging stops at AB C, while
+     * the whole piece is the token ABC. Pieces from a fresh text. */
+    buf text = {0};
+    random_text(r, &text, 3000, 0, 0);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    for (size_t at = 0, added = 0;
+         added < 40 && pcre2_match(re, text.b, text.n, at, PCRE2_NOTEMPTY, md, NULL) >= 0;) {
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        int t3[TOK_BYTES * 4];
+        size_t k = 0;
+        if (ov[1] - ov[0] < TOK_BYTES) ref_piece(v, text.b + ov[0], ov[1] - ov[0], t3, &k);
+        at = ov[1];
+        if (k != 3) continue;
+        const int ab = tv_merge(v, t3[0], t3[1]), bc = ab < 0 ? -1 : tv_merge(v, t3[1], t3[2]);
+        if (bc >= 0 && tv_merge(v, t3[0], bc) >= 0) added++;
+    }
+    pcre2_match_data_free(md);
+    free(text.b);
+    for (int k = 0; k < N_SPECIALS; k++) {
+        tok *t = &v->t[v->n++];
+        t->len = (int)strlen(SPECIALS[k]);
+        memcpy(t->b, SPECIALS[k], (size_t)t->len);
+        t->id = SPECIAL_IDS[k] >= 0 ? SPECIAL_IDS[k] : v->n - 1;
+        t->special = 1;
+        t->in_model = SPECIAL_IDS[k] < 0;
+    }
+    free(count), free(seq), free(corpus.b);
+}
+
+/* A token in GPT-2's byte alphabet: the bytes '!'..'~', 0xA1..0xAC,
+ * 0xAE..0xFF stand for themselves, the other 68, in order, for U+0100... */
+static void put_alphabet(buf *s, const uint8_t *b, int len) {
+    for (int i = 0; i < len; i++) {
+        const int c = b[i];
+        unsigned cp = (unsigned)c;
+        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE)) {
+            cp = 0x100;
+            for (int d = 0; d < c; d++)
+                if (!((d >= 0x21 && d <= 0x7E) || (d >= 0xA1 && d <= 0xAC) || d >= 0xAE)) cp++;
+        }
+        uint8_t u[2];
+        if (cp < 0x80) u[0] = (uint8_t)cp, put(s, u, 1);
+        else u[0] = (uint8_t)(0xC0 | cp >> 6), u[1] = (uint8_t)(0x80 | (cp & 0x3F)), put(s, u, 2);
+    }
+}
+
+static char *alphabet_str(const tok *t) {
+    buf s = {0};
+    put_alphabet(&s, t->b, t->len);
+    if (!s.b) put(&s, "", 0);
+    return (char *)s.b;
+}
+
+/* The tokenizer as a cJSON tree; pairs: merges as ["L", "R"], else "L R". */
+static cJSON *tv_json(const tvocab *v, int pairs) {
+    cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < v->n; i++) {
+        if (!v->t[i].special) continue;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", v->t[i].id);
+        char content[TOK_BYTES + 1];
+        memcpy(content, v->t[i].b, (size_t)v->t[i].len);
+        content[v->t[i].len] = 0;
+        cJSON_AddStringToObject(a, "content", content);
+        cJSON_AddFalseToObject(a, "single_word"), cJSON_AddFalseToObject(a, "lstrip");
+        cJSON_AddFalseToObject(a, "rstrip"), cJSON_AddFalseToObject(a, "normalized");
+        cJSON_AddTrueToObject(a, "special");
+        cJSON_AddItemToArray(added, a);
+    }
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pt, "type", "Sequence");
+    cJSON *list = cJSON_AddArrayToObject(pt, "pretokenizers"), *split = cJSON_CreateObject(),
+          *bl = cJSON_CreateObject();
+    cJSON_AddStringToObject(split, "type", "Split");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(split, "pattern"), "Regex", LLAMA3_PATTERN);
+    cJSON_AddStringToObject(split, "behavior", "Isolated");
+    cJSON_AddFalseToObject(split, "invert");
+    cJSON_AddStringToObject(bl, "type", "ByteLevel");
+    cJSON_AddFalseToObject(bl, "add_prefix_space"), cJSON_AddTrueToObject(bl, "trim_offsets");
+    cJSON_AddFalseToObject(bl, "use_regex");
+    cJSON_AddItemToArray(list, split), cJSON_AddItemToArray(list, bl);
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout"), cJSON_AddNullToObject(model, "unk_token");
+    cJSON_AddNullToObject(model, "continuing_subword_prefix");
+    cJSON_AddNullToObject(model, "end_of_word_suffix");
+    cJSON_AddFalseToObject(model, "fuse_unk"), cJSON_AddFalseToObject(model, "byte_fallback");
+    cJSON_AddBoolToObject(model, "ignore_merges", v->whole);
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int i = 0; i < v->n; i++) {
+        if (v->t[i].special && !v->t[i].in_model) continue;
+        char *k = alphabet_str(&v->t[i]);
+        cJSON_AddNumberToObject(vocab, k, v->t[i].id);
+        free(k);
+    }
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    for (int m = 0; m < v->n_merges; m++) {
+        char *l = alphabet_str(&v->t[v->left[m]]), *r = alphabet_str(&v->t[v->right[m]]);
+        if (pairs) {
+            const char *both[2] = {l, r};
+            cJSON_AddItemToArray(merges, cJSON_CreateStringArray(both, 2));
+        } else {
+            char *s = malloc(strlen(l) + strlen(r) + 2);
+            sprintf(s, "%s %s", l, r);
+            cJSON_AddItemToArray(merges, cJSON_CreateString(s));
+            free(s);
+        }
+        free(l), free(r);
+    }
+    return root;
+}
+
+static void write_json(const cJSON *j, const char *name, char *path) {
+    zpp_test_tmp_path(name, path);
+    char *text = cJSON_Print(j);
+    zpp_test_write_file(path, text, strlen(text));
+    cJSON_free(text);
+}
+
+static zpp_bpe *load_tv(const tvocab *v, int pairs, const char *name) {
+    char path[512];
+    cJSON *j = tv_json(v, pairs);
+    write_json(j, name, path);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(path, &bpe));
+    return bpe;
+}
+
+/* ---- the cases ---- */
+
+static void expect_same(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want,
+                        const buf *text, int trial) {
+    size_t i = 0;
+    while (i < n_got && i < n_want && got[i] == want[i]) i++;
+    EXPECT(n_got == n_want && i == n_got,
+           "trial %d: %zu tokens, the reference %zu; first difference at token %zu (%d vs %d) "
+           "of a %zu-byte text",
+           trial, n_got, n_want, i, i < n_got ? (int)got[i] : -1,
+           i < n_want ? (int)want[i] : -1, text->n);
+}
+
+/* Random texts encode as the reference does, with and without special
+ * tokens, and decode back byte for byte; for merges of both forms and with
+ * ignore_merges on and off. */
+static void test_matches_reference(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(1));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    for (int trial = 0; trial < 6; trial++) {
+        tv_build(&v, &r, re, irand(&r, 50, 300), irand(&r, 0, 60));
+        v.whole = trial % 2;
+        zpp_bpe *bpe = load_tv(&v, trial % 3 == 0, "tokenizer.json");
+        EXPECT(zpp_bpe_merge_count(bpe) == (size_t)v.n_merges, "%zu merges, wrote %d",
+               zpp_bpe_merge_count(bpe), v.n_merges);
+        for (int text_i = 0; text_i < 8; text_i++) {
+            buf t = {0};
+            random_text(&r, &t, (size_t)irand(&r, 1, 3000), text_i % 2, 1);
+            for (int special = 0; special < 2; special++) {
+                int32_t *want = malloc((t.n + 1) * sizeof *want);
+                const size_t n_want = ref_encode(&v, re, t.b, t.n, special, want);
+                zpp_bpe_ids got = {0};
+                EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, special ? ZPP_BPE_SPECIAL : 0, &got,
+                                         NULL));
+                expect_same(got.ids, got.n, want, n_want, &t, trial);
+                char *back = NULL;
+                size_t n_back = 0;
+                EXPECT_OK(zpp_bpe_decode(bpe, got.ids, got.n, &back, &n_back));
+                EXPECT(n_back == t.n && !memcmp(back, t.b, t.n), "trial %d: decoding differs",
+                       trial);
+                free(back), free(got.ids), free(want);
+            }
+            free(t.b);
+        }
+        zpp_bpe_destroy(bpe);
+    }
+    pcre2_code_free(re);
+}
+
+/* "LEFT RIGHT" and ["LEFT", "RIGHT"] are one table; ignore_merges turns a
+ * piece that is a token into that token, even where merging would not. */
+static void test_merge_forms_and_ignore_merges(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(2));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    tv_build(&v, &r, re, 200, 40);
+    zpp_bpe *a = load_tv(&v, 0, "strings.json"), *b = load_tv(&v, 1, "pairs.json");
+    buf t = {0};
+    random_text(&r, &t, 5000, 1, 1);
+    zpp_bpe_ids ia = {0}, ib = {0};
+    EXPECT_OK(zpp_bpe_encode(a, t.b, t.n, ZPP_BPE_SPECIAL, &ia, NULL));
+    EXPECT_OK(zpp_bpe_encode(b, t.b, t.n, ZPP_BPE_SPECIAL, &ib, NULL));
+    expect_same(ia.ids, ia.n, ib.ids, ib.n, &t, 0);
+    zpp_bpe_destroy(a), zpp_bpe_destroy(b);
+    free(ia.ids), free(ib.ids), free(t.b);
+    /* "qzw": (q, z) ranks first, then (z, w), then (q, zw): merging stops
+     * at "qz" "w"; with ignore_merges the piece is the token "qzw" */
+    memset(&v, 0, sizeof v);
+    for (int c = 0; c < 256; c++) v.t[c] = (tok){.len = 1, .id = c}, v.t[c].b[0] = (uint8_t)c;
+    for (int c = 0; c < 256; c++) v.byte_tok[c] = c;
+    v.n = 256;
+    const int qz = tv_merge(&v, 'q', 'z'), zw = tv_merge(&v, 'z', 'w');
+    const int qzw = tv_merge(&v, 'q', zw);
+    EXPECT(qz > 0 && qzw > 0);
+    for (int whole = 0; whole < 2; whole++) {
+        v.whole = whole;
+        zpp_bpe *bpe = load_tv(&v, whole, "qzw.json");
+        zpp_bpe_ids ids = {0};
+        EXPECT_OK(zpp_bpe_encode(bpe, "qzw", 3, 0, &ids, NULL));
+        EXPECT(whole ? ids.n == 1 && ids.ids[0] == qzw
+                     : ids.n == 2 && ids.ids[0] == qz && ids.ids[1] == 'w',
+               "ignore_merges %d: %zu tokens, first %d", whole, ids.n, (int)ids.ids[0]);
+        free(ids.ids);
+        zpp_bpe_destroy(bpe);
+    }
+    pcre2_code_free(re);
+}
+
+/* Each thing the loader does not do is refused, naming the key. */
+static void test_refusals(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(3));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    tv_build(&v, &r, re, 40, 0);
+    static const struct {
+        const char *where, *key, *value, *msg;
+        zpp_status st;
+    } cases[] = {
+        {"model", "type", "\"WordPiece\"", "model.type is \"WordPiece\"", ZPP_ERR_UNSUPPORTED},
+        {"model", "byte_fallback", "true", "model.byte_fallback", ZPP_ERR_UNSUPPORTED},
+        {"model", "dropout", "0.1", "model.dropout", ZPP_ERR_UNSUPPORTED},
+        {"model", "continuing_subword_prefix", "\"##\"", "model.continuing_subword_prefix",
+         ZPP_ERR_UNSUPPORTED},
+        {"", "normalizer", "{\"type\": \"NFC\"}", "normalizer \"NFC\"", ZPP_ERR_UNSUPPORTED},
+        {"", "pre_tokenizer", "{\"type\": \"Whitespace\"}", "pre_tokenizer Whitespace",
+         ZPP_ERR_UNSUPPORTED},
+        {"", "pre_tokenizer", "null", "pre_tokenizer null", ZPP_ERR_UNSUPPORTED},
+        {"", "pre_tokenizer",
+         "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"use_regex\": true}",
+         "add_prefix_space", ZPP_ERR_UNSUPPORTED},
+        {"pre", "behavior", "\"Removed\"", "behavior \"Removed\"", ZPP_ERR_UNSUPPORTED},
+        {"pre", "pattern", "{\"String\": \" \"}", "{\"Regex\": ...}", ZPP_ERR_UNSUPPORTED},
+        {"pre", "pattern", "{\"Regex\": \"(\"}", "does not compile", ZPP_ERR_FORMAT},
+        {"added", "lstrip", "true", "has lstrip true", ZPP_ERR_UNSUPPORTED},
+        {"merge", "", "\"a\"", "model.merges[0] is neither", ZPP_ERR_FORMAT},
+        {"merge", "", "[\"a\", \"\\u0100\\u0100\"]", "its right token is not in model.vocab",
+         ZPP_ERR_FORMAT},
+        {"merge", "", "\"a \\u00ad\"", "U+00AD", ZPP_ERR_FORMAT},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        cJSON *j = tv_json(&v, 0), *at = j;
+        if (!strcmp(cases[c].where, "model")) at = cJSON_GetObjectItem(j, "model");
+        if (!strcmp(cases[c].where, "pre"))
+            at = cJSON_GetArrayItem(
+                cJSON_GetObjectItem(cJSON_GetObjectItem(j, "pre_tokenizer"), "pretokenizers"), 0);
+        if (!strcmp(cases[c].where, "added"))
+            at = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "added_tokens"), 0);
+        cJSON *value = cJSON_Parse(cases[c].value);
+        EXPECT(value != NULL, "case %zu", c);
+        if (!strcmp(cases[c].where, "merge")) {
+            cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "merges");
+            cJSON_InsertItemInArray(merges, 0, value);
+        } else {
+            cJSON_DeleteItemFromObject(at, cases[c].key);
+            cJSON_AddItemToObject(at, cases[c].key, value);
+        }
+        char path[512];
+        write_json(j, "bad.json", path);
+        cJSON_Delete(j);
+        zpp_bpe *bpe = NULL;
+        EXPECT_STATUS(zpp_bpe_load_hf(path, &bpe), cases[c].st);
+        EXPECT(bpe == NULL, "case %zu", c);
+        EXPECT_MSG(cases[c].msg);
+        EXPECT_MSG(path);
+    }
+    char path[512];
+    zpp_test_tmp_path("cut.json", path);
+    const char *cut = "{\"model\": {\"type\": \"BPE\"";
+    zpp_test_write_file(path, cut, strlen(cut));
+    zpp_bpe *bpe = NULL;
+    EXPECT_STATUS(zpp_bpe_load_hf(path, &bpe), ZPP_ERR_FORMAT);
+    EXPECT_MSG("not a JSON object");
+    pcre2_code_free(re);
+}
+
+/* ---- token files of uint32 ids ---- */
+
+static uint8_t *read_all(const char *path, size_t *n_p) {
+    FILE *f = fopen(path, "rb");
+    EXPECT(f != NULL, "cannot open %s", path);
+    buf b = {0};
+    uint8_t chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) put(&b, chunk, k);
+    fclose(f);
+    *n_p = b.n;
+    return b.b;
+}
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Every token of `path` through the trainer's loader: one at a time, and
+ * in the batches of sequences it reads (seq_len T). */
+static void expect_loader_reads(const char *path, const int32_t *ids, size_t n, int vocab, int T) {
+    zpp_train_config cfg;
+    EXPECT_OK(zpp_train_config_defaults(&cfg));
+    cfg.model.seq_len = T;
+    cfg.model.vocab_size = vocab;
+    cfg.train_micro_batch_size_per_gpu = 3;
+    cfg.gradient_accumulation_steps = 1;
+    EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
+    zpp_data *d = NULL;
+    EXPECT_OK(zpp_data_open(path, &cfg, &d));
+    const zpp_data_info info = zpp_data_get_info(d);
+    EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == n, "%zu tokens, wrote %zu",
+           info.n_tokens, n);
+    for (size_t i = 0; i < n; i++)
+        EXPECT(zpp_data_token(d, i) == ids[i], "token %zu: %d, wrote %d", i,
+               (int)zpp_data_token(d, i), (int)ids[i]);
+    int32_t *x = malloc(3 * (size_t)T * sizeof *x), *y = malloc(3 * (size_t)T * sizeof *y);
+    for (uint64_t step = 0; step < 6; step++) {
+        EXPECT_OK(zpp_data_batch(d, step, 0, 0, 1, x, y));
+        for (int b = 0; b < 3; b++) {
+            const size_t p = zpp_data_sample_start(d, step * 3 + (uint64_t)b);
+            for (int t = 0; t < T; t++)
+                EXPECT(x[b * T + t] == ids[p + (size_t)t] && y[b * T + t] == ids[p + (size_t)t + 1],
+                       "step %d row %d position %d", (int)step, b, t);
+        }
+    }
+    free(x), free(y);
+    zpp_data_close(d);
+}
+
+/* Appends ids in random-sized calls. */
+static void write_tokfile(zpp_rng *r, const char *path, const int32_t *ids, size_t n) {
+    zpp_tokfile *f = NULL;
+    EXPECT_OK(zpp_tokfile_create(path, &f));
+    for (size_t i = 0; i < n;) {
+        const size_t want = (size_t)irand(r, 0, 3000), k = want < n - i ? want : n - i;
+        EXPECT_OK(zpp_tokfile_append(f, ids + i, k));
+        i += k;
+    }
+    size_t count = 0;
+    EXPECT_OK(zpp_tokfile_finish(f, &count));
+    EXPECT(count == n);
+}
+
+/* The first id past 65535 makes the file version 2 (the tokens before it,
+ * thousands of them, rewritten as uint32); it reads back through the data
+ * loader. A file of ids up to 65535 stays version 1, llm.c's bytes. */
+static void test_tokfile_u32(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(4));
+    char path[512];
+    zpp_test_tmp_path("wide.bin", path);
+    for (int trial = 0; trial < 4; trial++) {
+        const size_t n = (size_t)irand(&r, 200, 40000), first_big = (size_t)irand(&r, 0, 150) *
+                                                                     (trial % 2 ? 1 : 100) % n;
+        const int vocab = irand(&r, 65537, 1 << 24);
+        int32_t *ids = malloc(n * sizeof *ids);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (int32_t)(zpp_rng_u64(&r) % (uint64_t)(i < first_big ? 65536 : vocab));
+        ids[first_big] = irand(&r, 65536, vocab - 1);
+        write_tokfile(&r, path, ids, n);
+        size_t len = 0;
+        uint8_t *b = read_all(path, &len);
+        EXPECT(len == 1024 + 4 * n && le32(b) == 20240520 && le32(b + 4) == 2 && le32(b + 8) == n,
+               "%zu bytes, header %u %u %u", len, le32(b), le32(b + 4), le32(b + 8));
+        for (size_t i = 12; i < 1024; i++) EXPECT(b[i] == 0, "header byte %zu", i);
+        for (size_t i = 0; i < n; i++)
+            EXPECT(le32(b + 1024 + 4 * i) == (uint32_t)ids[i], "token %zu", i);
+        free(b);
+        expect_loader_reads(path, ids, n, vocab, irand(&r, 1, 40));
+        free(ids);
+    }
+    /* version 1: header then uint16, as llm.c writes it */
+    const size_t n = 5000;
+    int32_t *ids = malloc(n * sizeof *ids);
+    buf want = {0};
+    uint8_t header[1024] = {0};
+    const uint32_t h[3] = {20240520, 1, (uint32_t)n};
+    for (int k = 0; k < 12; k++) header[k] = (uint8_t)(h[k / 4] >> (8 * (k % 4)));
+    put(&want, header, sizeof header);
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = i == 7 ? 65535 : (int32_t)(zpp_rng_u64(&r) % 65536);
+        const uint8_t le[2] = {(uint8_t)ids[i], (uint8_t)(ids[i] >> 8)};
+        put(&want, le, 2);
+    }
+    write_tokfile(&r, path, ids, n);
+    size_t len = 0;
+    uint8_t *b = read_all(path, &len);
+    EXPECT(len == want.n && !memcmp(b, want.b, len), "a version-1 file differs from llm.c's");
+    free(b), free(want.b), free(ids);
+    /* a negative id is still refused */
+    zpp_tokfile *f = NULL;
+    EXPECT_OK(zpp_tokfile_create(path, &f));
+    const int32_t bad[2] = {70000, -3};
+    EXPECT_STATUS(zpp_tokfile_append(f, bad, 2), ZPP_ERR_INVALID);
+    EXPECT_MSG("token 1 is -3");
+    zpp_tokfile_abort(f);
+}
+
+/* ---- the command ---- */
+
+static int run_cli(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s tokenize %s 2>&1", getenv("ZPP_CLI"), args);
+    FILE *p = popen(cmd, "r");
+    EXPECT(p != NULL, "popen %s", cmd);
+    const size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    const int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* `zeropp tokenize --tokenizer` writes zpp_bpe_encode's ids (version 2 when
+ * a special token past 65535 is among them) and notes the tokenizer.json. */
+static void test_tool_tokenizer_json(void) {
+    EXPECT(getenv("ZPP_CLI") != NULL, "ZPP_CLI is not set (ctest sets it)");
+    zpp_rng r = zpp_rng_make(zpp_test_seed(5));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    tv_build(&v, &r, re, 150, 10);
+    v.whole = 1;
+    char tj[512], in[512], out[512], args[4096], msg[8192];
+    cJSON *j = tv_json(&v, 1);
+    write_json(j, "tool.json", tj);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
+    zpp_test_tmp_path("in.txt", in);
+    zpp_test_tmp_path("out.bin", out);
+    for (int special = 0; special < 2; special++) {
+        buf t = {0};
+        puts_(&t, "<|begin_of_text|>");
+        random_text(&r, &t, (size_t)irand(&r, 2000, 20000), 1, 1);
+        zpp_test_write_file(in, t.b, t.n);
+        snprintf(args, sizeof args, "--tokenizer %s %s--buffer 64 %s %s", tj,
+                 special ? "--allow-special " : "", in, out);
+        EXPECT(run_cli(args, msg, sizeof msg) == 0, "zeropp tokenize %s: %s", args, msg);
+        zpp_bpe_ids want = {0};
+        EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, special ? ZPP_BPE_SPECIAL : 0, &want, NULL));
+        size_t len = 0;
+        uint8_t *b = read_all(out, &len);
+        EXPECT(le32(b + 4) == (special ? 2u : 1u), "version %u", le32(b + 4));
+        free(b);
+        expect_loader_reads(out, want.ids, want.n, zpp_bpe_vocab_size(bpe), 8);
+        zpp_tokfile_note note;
+        int found = 0;
+        EXPECT_OK(zpp_tokfile_note_read(out, &note, &found));
+        char *abs = realpath(tj, NULL);
+        EXPECT(found && note.tokenizer_json && !strcmp(note.tokenizer_json, abs) && !note.vocab &&
+                   note.vocab_size == zpp_bpe_vocab_size(bpe) && note.tokens == want.n,
+               "the note names %s", note.tokenizer_json ? note.tokenizer_json : "nothing");
+        free(abs), free(want.ids), free(t.b);
+        zpp_tokfile_note_free(&note);
+    }
+    snprintf(args, sizeof args, "--tokenizer %s --vocab %s %s %s", tj, tj, in, out);
+    EXPECT(run_cli(args, msg, sizeof msg) == 2 && strstr(msg, "not both"), "%s", msg);
+    zpp_bpe_destroy(bpe);
+    pcre2_code_free(re);
+}
+
+ZPP_TESTS(
+    ZPP_TEST(test_matches_reference),
+    ZPP_TEST(test_merge_forms_and_ignore_merges),
+    ZPP_TEST(test_refusals),
+    ZPP_TEST(test_tokfile_u32),
+    ZPP_TEST(test_tool_tokenizer_json),
+)
