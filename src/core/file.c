@@ -55,3 +55,35 @@ zpp_status zpp_fopen_regular(const char *path, const char *what, FILE **f_p) {
     *f_p = f;
     return ZPP_OK;
 }
+
+zpp_status zpp_pread_all(int fd, const char *path, void *buf, size_t n, size_t off) {
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return zpp_error(ZPP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
+        if (k == 0)
+            return zpp_error(ZPP_ERR_IO, "'%s' ends at byte %zu while reading it: the file "
+                                         "shrank", path, off);
+        p += k, n -= (size_t)k, off += (size_t)k;
+    }
+    return ZPP_OK;
+}
+
+zpp_status zpp_write_text_atomic(const char *path, const char *text, const char *what) {
+    char tmp[4096 + 32];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return zpp_error(ZPP_ERR_INVALID, "cannot write %s '%s': the path is too long", what,
+                         path);
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
+             fsync(fileno(f)) == 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
+    if (!ok) {
+        if (f) remove(tmp);
+        return zpp_error(ZPP_ERR_IO, "cannot write %s '%s': %s", what, path, strerror(e));
+    }
+    return ZPP_OK;
+}

@@ -1,7 +1,9 @@
 /* core/file.h — opening input files the user names (config, data,
  * checkpoints) without blocking and without surprises: a FIFO, a directory
  * or a device is refused with one clear line instead of blocking forever in
- * open() (a FIFO with no writer) or being read as a file. */
+ * open() (a FIFO with no writer) or being read as a file. And the two ways
+ * every file format here reads and writes: whole byte ranges at an offset,
+ * and small text files that appear whole or not at all. */
 #ifndef ZPP_CORE_FILE_H
 #define ZPP_CORE_FILE_H
 
@@ -18,5 +20,16 @@
 zpp_status zpp_open_regular(const char *path, const char *what, int *fd_p, struct stat *sb_p);
 /* The same as a FILE * ("rb"). */
 zpp_status zpp_fopen_regular(const char *path, const char *what, FILE **f_p);
+
+/* Bytes [off, off + n) of the open file fd into buf, all of them (pread,
+ * retried on EINTR and short reads), or ZPP_ERR_IO naming `path`: the
+ * system's reason, or the byte where the file ended (it shrank). */
+zpp_status zpp_pread_all(int fd, const char *path, void *buf, size_t n, size_t off);
+
+/* Writes `text` and a newline to `path` whole or not at all: into
+ * "<path>.tmp.<pid>" in the same folder, flushed to the disk, then renamed
+ * over `path`. On failure the temporary file is removed and ZPP_ERR_IO
+ * reads "cannot write <what> '<path>': <reason>". */
+zpp_status zpp_write_text_atomic(const char *path, const char *text, const char *what);
 
 #endif

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -444,18 +443,7 @@ zpp_status zpp_hf_config_write(const char *path, const zpp_hf_config *cfg) {
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_write: no path, or one too long");
     char *text = NULL;
     ZPP_CHECK(zpp_hf_config_format(cfg, &text));
-    char tmp[4096 + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
-             fsync(fileno(f)) == 0;
-    int e = errno;
-    if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
-    if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
+    const zpp_status st = zpp_write_text_atomic(path, text, "config");
     free(text);
-    if (!ok) {
-        if (f) remove(tmp);
-        return zpp_error(ZPP_ERR_IO, "cannot write config '%s': %s", path, strerror(e));
-    }
-    return ZPP_OK;
+    return st;
 }

@@ -71,21 +71,6 @@ static uint32_t le32(const uint8_t *b) {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-/* n bytes at `off`, all of them, or an error naming the file. */
-static zpp_status pread_all(int fd, const char *path, void *buf, size_t n, size_t off) {
-    uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t k = pread(fd, p, n, (off_t)off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return zpp_error(ZPP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
-        if (k == 0)
-            return zpp_error(ZPP_ERR_IO, "'%s' ends at byte %zu while reading it: the file "
-                                         "shrank", path, off);
-        p += k, n -= (size_t)k, off += (size_t)k;
-    }
-    return ZPP_OK;
-}
-
 /* The header's shape, checked: positive fields, heads dividing channels,
  * V <= Vp, and our model's limits. */
 static zpp_status header_shape(const char *path, const uint8_t *h, zpp_gpt2_config *m) {
@@ -143,7 +128,7 @@ zpp_status zpp_llmc_open(const char *path, zpp_llmc_file **file_p) {
                        path, len, LLMC_HEADER_BYTES);
         goto fail;
     }
-    ZPP_CHECK_GOTO(pread_all(fd, path, h, len < sizeof h ? len : sizeof h, 0), st, fail);
+    ZPP_CHECK_GOTO(zpp_pread_all(fd, path, h, len < sizeof h ? len : sizeof h, 0), st, fail);
     const uint32_t magic = le32(h);
     if (magic != ZPP_LLMC_MODEL_MAGIC) {
         st = zpp_error(ZPP_ERR_FORMAT, "'%s' is not an llm.c model file: magic %u, expected %d%s",
@@ -214,10 +199,10 @@ static zpp_status read_elems(zpp_llmc_file *f, size_t first, size_t n, float *ou
     const size_t es = zpp_dtype_size(f->info.dtype);
     const size_t base = LLMC_HEADER_BYTES + es * first;
     if (f->info.dtype == ZPP_FP32) /* the file is little-endian fp32, as this host */
-        return pread_all(f->fd, f->path, out, 4 * n, base);
+        return zpp_pread_all(f->fd, f->path, out, 4 * n, base);
     for (size_t i = 0; i < n; i += LLMC_CHUNK) {
         const size_t k = n - i < LLMC_CHUNK ? n - i : LLMC_CHUNK;
-        ZPP_CHECK(pread_all(f->fd, f->path, stage, 2 * k, base + 2 * i));
+        ZPP_CHECK(zpp_pread_all(f->fd, f->path, stage, 2 * k, base + 2 * i));
         for (size_t j = 0; j < k; j++) out[i + j] = zpp_bf16_to_f32(stage[j]);
     }
     return ZPP_OK;
@@ -377,7 +362,7 @@ static zpp_status tokens_open(const char *path, token_file *tf) {
     const size_t len = (size_t)sb.st_size;
     uint8_t h[LLMC_HEADER_BYTES];
     const size_t head = len < sizeof h ? len : sizeof h;
-    ZPP_CHECK(pread_all(tf->fd, path, h, head, 0));
+    ZPP_CHECK(zpp_pread_all(tf->fd, path, h, head, 0));
     if (len < 4 || le32(h) != LLMC_TOKENS_MAGIC) {
         if (memchr(h, 0, head))
             return zpp_error(ZPP_ERR_FORMAT,
@@ -409,7 +394,7 @@ static zpp_status tokens_read(const token_file *tf, size_t first, size_t n, int3
     uint8_t *raw = (uint8_t *)out; /* read into the buffer's tail, widen from the front */
     const size_t bytes = tf->elem * n;
     uint8_t *src = raw + 4 * n - bytes;
-    ZPP_CHECK(pread_all(tf->fd, tf->path, src, bytes, tf->off + tf->elem * first));
+    ZPP_CHECK(zpp_pread_all(tf->fd, tf->path, src, bytes, tf->off + tf->elem * first));
     /* out[i] covers bytes [4i, 4i + 4) and source i starts at byte (4 - e) n + e i,
      * at or past 4i (where out[0..i-1] end) as i <= n: no source is overwritten
      * before it is read */

@@ -76,21 +76,6 @@ struct zpp_st_file {
     char **meta; /* key, value, key, value, ... */
 };
 
-/* n bytes at `off`, all of them, or an error naming the file. */
-static zpp_status pread_all(int fd, const char *path, void *buf, size_t n, size_t off) {
-    uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t k = pread(fd, p, n, (off_t)off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return zpp_error(ZPP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
-        if (k == 0)
-            return zpp_error(ZPP_ERR_IO, "'%s' ends at byte %zu while reading it: the file "
-                                         "shrank", path, off);
-        p += k, n -= (size_t)k, off += (size_t)k;
-    }
-    return ZPP_OK;
-}
-
 /* A JSON number that is an integer in [0, 2^53], into *out. */
 static int json_count(const cJSON *v, size_t *out) {
     if (!cJSON_IsNumber(v)) return 0;
@@ -277,7 +262,7 @@ static zpp_status read_header(zpp_st_file *f, size_t len) {
         return zpp_error(ZPP_ERR_FORMAT, "'%s' is not a safetensors file: %zu bytes, shorter than "
                                          "the 8-byte header length",
                          f->path, len);
-    ZPP_CHECK(pread_all(f->fd, f->path, b, 8, 0));
+    ZPP_CHECK(zpp_pread_all(f->fd, f->path, b, 8, 0));
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
     if (n > ZPP_ST_MAX_HEADER || n > len - 8)
@@ -288,7 +273,7 @@ static zpp_status read_header(zpp_st_file *f, size_t len) {
                                                : "past the end of the file");
     char *text = malloc(n + 1);
     if (!text) return zpp_error(ZPP_ERR_NOMEM, "safetensors: out of memory");
-    zpp_status st = pread_all(f->fd, f->path, text, n, 8);
+    zpp_status st = zpp_pread_all(f->fd, f->path, text, n, 8);
     text[n] = 0;
     f->data_start = 8 + (size_t)n;
     if (st == ZPP_OK) st = parse_header(f, text, n, len - f->data_start);
@@ -357,7 +342,7 @@ zpp_status zpp_st_read(zpp_st_file *f, const zpp_st_tensor *t, size_t offset, si
         return zpp_error(ZPP_ERR_INVALID,
                          "zpp_st_read: bytes [%zu, +%zu) are outside tensor '%s' of %zu bytes",
                          offset, n, t->name, bytes);
-    return pread_all(f->fd, f->path, out, n, f->data_start + t->begin + offset);
+    return zpp_pread_all(f->fd, f->path, out, n, f->data_start + t->begin + offset);
 }
 
 zpp_status zpp_st_read_f32(zpp_st_file *f, const zpp_st_tensor *t, size_t first, size_t count,

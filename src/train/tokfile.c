@@ -207,11 +207,10 @@ void zpp_tokfile_note_free(zpp_tokfile_note *note) {
 }
 
 zpp_status zpp_tokfile_note_write(const char *bin_path, const zpp_tokfile_note *note) {
-    char path[4096], tmp[4096 + 32];
+    char path[4096];
     if (!note || (!note->tokenizer_json && (!note->vocab || !note->merges)))
         return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_note_write: no tokenizer files");
     ZPP_CHECK(zpp_tokfile_note_path(bin_path, path, sizeof path));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     cJSON *j = cJSON_CreateObject();
     char *text = NULL;
     const int hf = note->tokenizer_json != NULL;
@@ -224,19 +223,9 @@ zpp_status zpp_tokfile_note_write(const char *bin_path, const zpp_tokfile_note *
         text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!text) return zpp_error(ZPP_ERR_NOMEM, "token file note: out of memory");
-    FILE *f = fopen(tmp, "w");
-    int ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
-             fsync(fileno(f)) == 0;
-    int e = errno;
-    if (f && fclose(f) != 0 && ok) ok = 0, e = errno;
-    if (ok && rename(tmp, path) != 0) ok = 0, e = errno;
+    const zpp_status st = zpp_write_text_atomic(path, text, "the tokenizer note");
     cJSON_free(text);
-    if (!ok) {
-        if (f) remove(tmp);
-        return zpp_error(ZPP_ERR_IO, "cannot write the tokenizer note '%s': %s", path,
-                         strerror(e));
-    }
-    return ZPP_OK;
+    return st;
 }
 
 /* The token count in the header of the llm.c token file `path`, or -1 when
