@@ -2,7 +2,6 @@
 #include "train/hf_config.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
