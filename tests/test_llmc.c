@@ -199,6 +199,20 @@ static void tokens_write(const char *path, zpp_rng *r, size_t n, int range, uint
     free(b);
 }
 
+/* The same tokens as a version-2 token file (uint32 tokens, ours). */
+static void tokens_write_u32(const char *path, const uint16_t *toks, size_t n) {
+    size_t bytes = 1024 + 4 * n;
+    unsigned char *b = zpp_test_malloc(bytes);
+    int32_t h[256] = {20240520, 2, (int32_t)n};
+    memcpy(b, h, sizeof h);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t t = toks[i];
+        memcpy(b + 1024 + 4 * i, &t, 4);
+    }
+    zpp_test_write_file(path, b, bytes);
+    free(b);
+}
+
 /* A fresh model of the shape under test. */
 static llmc_model model_make(zpp_rng *r, int bf16) {
     llmc_model m;
@@ -441,6 +455,14 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
     EXPECT(rel <= 1e-4, "eval loss %.9g vs reference %.9g: rel %.2e > 1e-4", got, want, rel);
     EXPECT(fabs(padded - want) > 10 * 1e-4 * want, "the padded rows do not move the loss: the "
            "check is blind to them");
+    /* The same tokens in a version-2 file (uint32): the same loss, bit for bit. */
+    tokens_write_u32(zpp_test_tmp_path("ev_tok32.bin", tok), toks, n);
+    rc = run_cli(0, out, err,
+                 "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
+                 f, tok, B, K, device);
+    EXPECT(rc == 0, "eval of a version-2 token file failed (%d); see %s", rc, err);
+    const double got32 = read_json_loss(out);
+    EXPECT(got32 == got, "version-2 tokens: loss %.17g, version 1 %.17g", got32, got);
     free(x), free(y), free(toks);
     model_free(&m);
 }

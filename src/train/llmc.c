@@ -12,10 +12,10 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "model/gpt2.h"
+#include "train/data.h"
 
 #define LLMC_HEADER_BYTES (4 * ZPP_LLMC_HEADER_INTS)
-#define LLMC_TOKENS_MAGIC 20240520 /* train/data.h: llm.c's token files */
-#define LLMC_TOKENS_VERSION 1
+#define LLMC_TOKENS_MAGIC ZPP_DATA_LLMC_MAGIC /* train/data.h: llm.c's token files */
 #define LLMC_CHUNK 65536 /* elements per read or write through the staging buffer */
 
 /* ---- The tensors, in llm.c's order ------------------------------------------ */
@@ -375,21 +375,27 @@ static zpp_status tokens_open(const char *path, token_file *tf) {
     if (len < LLMC_HEADER_BYTES)
         return zpp_error(ZPP_ERR_FORMAT, "llm.c token file '%s' is truncated: %zu bytes, shorter "
                                          "than its %d-byte header", path, len, LLMC_HEADER_BYTES);
-    if (le32(h + 4) != LLMC_TOKENS_VERSION)
-        return zpp_error(ZPP_ERR_FORMAT, "llm.c token file '%s' has version %u; expected %d",
-                         path, (unsigned)le32(h + 4), LLMC_TOKENS_VERSION);
+    const uint32_t version = le32(h + 4);
+    if (version != ZPP_DATA_LLMC_VERSION && version != ZPP_DATA_LLMC_VERSION_U32)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "llm.c token file '%s' has version %u; expected %d (uint16 tokens) or "
+                         "%d (uint32)",
+                         path, (unsigned)version, ZPP_DATA_LLMC_VERSION,
+                         ZPP_DATA_LLMC_VERSION_U32);
+    const size_t elem = version == ZPP_DATA_LLMC_VERSION ? 2 : 4;
     const int32_t count = (int32_t)le32(h + 8);
-    const size_t want = LLMC_HEADER_BYTES + 2 * (size_t)(count < 0 ? 0 : count);
+    const size_t want = LLMC_HEADER_BYTES + elem * (size_t)(count < 0 ? 0 : count);
     if (count < 0 || len != want)
         return zpp_error(ZPP_ERR_FORMAT,
                          "llm.c token file '%s' has %zu bytes, but its header's %d tokens need "
                          "%zu",
                          path, len, (int)count, want);
-    tf->n = (size_t)count, tf->off = LLMC_HEADER_BYTES, tf->elem = 2;
+    tf->n = (size_t)count, tf->off = LLMC_HEADER_BYTES, tf->elem = elem;
     return ZPP_OK;
 }
 
-/* Tokens [first, first + n) as int32 (little-endian uint16 or bytes). */
+/* Tokens [first, first + n) as int32 (little-endian uint32 or uint16, or
+ * bytes). */
 static zpp_status tokens_read(const token_file *tf, size_t first, size_t n, int32_t *out) {
     uint8_t *raw = (uint8_t *)out; /* read into the buffer's tail, widen from the front */
     const size_t bytes = tf->elem * n;
@@ -399,7 +405,9 @@ static zpp_status tokens_read(const token_file *tf, size_t first, size_t n, int3
      * at or past 4i (where out[0..i-1] end) as i <= n: no source is overwritten
      * before it is read */
     for (size_t i = 0; i < n; i++)
-        out[i] = tf->elem == 2 ? (int32_t)(src[2 * i] | src[2 * i + 1] << 8) : (int32_t)src[i];
+        out[i] = tf->elem == 4   ? (int32_t)le32(src + 4 * i)
+                 : tf->elem == 2 ? (int32_t)(src[2 * i] | src[2 * i + 1] << 8)
+                                 : (int32_t)src[i];
     return ZPP_OK;
 }
 

@@ -28,7 +28,8 @@
  * GELU, the LM head tied to wte.
  *
  * TOKEN FILE (for zpp_llmc_eval): llm.c's, 256 int32 (magic 20240520,
- * version 1, token count) then uint16 tokens, as train/data.h reads it;
+ * version 1, token count) then uint16 tokens, or our version 2 with uint32
+ * tokens, as train/data.h reads them;
  * any other file is raw text, one token per byte (data.h's rule: a file
  * holding a NUL byte in its first KiB without the magic is refused).
  *
