@@ -229,7 +229,7 @@ static run_result train(zpp_device *dev, zpp_topo *topo, int mode, int steps, fl
     cfg.work_dtype = m.dtype;
     cfg.weight_decay = 0.0f;
     zpp_engine *eng = NULL;
-    CHECK(zpp_engine_open(topo, model, dev, &cfg, &eng));
+    CHECK(zpp_engine_create(topo, model, dev, &cfg, &eng));
 
     zpp_topo_info ti;
     zpp_topo_get_info(topo, &ti);
@@ -285,7 +285,7 @@ int main(int argc, char **argv) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
     CHECK(zpp_device_create_host(&dev));
-    CHECK(zpp_topo_open(dev, node_size, 120.0, &topo));
+    CHECK(zpp_topo_create(dev, node_size, 120.0, &topo));
     zpp_topo_info ti;
     zpp_topo_get_info(topo, &ti);
     if (g_rank == 0)

@@ -1054,10 +1054,10 @@ static void test_tokfile_note(void) {
     EXPECT_OK(zpp_tokfile_note_path(bin, note, sizeof note));
     EXPECT(strlen(note) == strlen(bin) + 5 && !strcmp(note + strlen(bin), ".json"), "%s", note);
     zpp_tokfile *f = NULL;
-    EXPECT_OK(zpp_tokfile_create(bin, &f));
+    EXPECT_OK(zpp_tokfile_open(bin, &f));
     const int32_t ids[5] = {1, 2, 300, 4, 5};
     EXPECT_OK(zpp_tokfile_append(f, ids, 5));
-    EXPECT_OK(zpp_tokfile_finish(f, NULL));
+    EXPECT_OK(zpp_tokfile_close(f, NULL));
     zpp_tokfile_note n;
     int found = 1;
     EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));

@@ -36,9 +36,9 @@ static void setup_engine(fixture *f, zpp_dtype dtype, const zpp_engine_opts *eo,
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 2;
     EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
     EXPECT_OK(zpp_gpt2_create(&kModel, dtype, 2, f->dev, &f->model));
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, eo, f->dev, &f->engine));
+    EXPECT_OK(zpp_engine_create_with_opts(f->topo, f->model, eo, f->dev, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
         f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
@@ -506,8 +506,9 @@ static void test_depths_give_the_same_bits(void) {
         eo.prefetch_depth = bad[b][0];
         eo.reduce_depth = bad[b][1];
         zpp_engine *e = NULL;
-        EXPECT(zpp_engine_create(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
-               "depths %d/%d accepted", bad[b][0], bad[b][1]);
+        EXPECT(
+            zpp_engine_create_with_opts(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
+            "depths %d/%d accepted", bad[b][0], bad[b][1]);
     }
     teardown(&f);
 }

@@ -34,7 +34,7 @@ static void setup(fixture *f) {
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 1;
     EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
     EXPECT(f->topo->world_size == 1, "needs one rank, has %d", f->topo->world_size);
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->model));
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
@@ -42,7 +42,7 @@ static void setup(fixture *f) {
     f->eo.grad_clip = 0.0f; /* AdamW then sees the gradient itself (grad_scale 1) */
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     f->eo.seed = zpp_rng_u64(&r);
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, &f->eo, f->dev, &f->engine));
+    EXPECT_OK(zpp_engine_create_with_opts(f->topo, f->model, &f->eo, f->dev, &f->engine));
 }
 
 static void teardown(fixture *f) {

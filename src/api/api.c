@@ -49,12 +49,12 @@ void *zpp_device_stream(const zpp_device *d) { return d ? d->stream : NULL; }
 
 /* ---- Topology ------------------------------------------------------------- */
 
-zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
-    return zpp_topo_open_emulated(dev, node_size, timeout_s, 0, topo_p);
+zpp_status zpp_topo_create(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
+    return zpp_topo_create_emulated(dev, node_size, timeout_s, 0, topo_p);
 }
 
-zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
-                                  int emulate_nodes, zpp_topo **topo_p) {
+zpp_status zpp_topo_create_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                    int emulate_nodes, zpp_topo **topo_p) {
     zpp_status st = ZPP_OK;
     if (!dev || !topo_p)
         st = zpp_error(ZPP_ERR_INVALID, "topology: dev and topo_p are required");
@@ -72,7 +72,7 @@ zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout
     o.device = gpu ? dev : NULL;
     o.timeout_s = timeout_s;
     o.emulate_nodes = gpu && emulate_nodes;
-    return zpp_topo_create(&o, topo_p); /* agrees itself */
+    return zpp_topo_create_with_opts(&o, topo_p); /* agrees itself */
 }
 
 void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
@@ -285,7 +285,7 @@ static int finite_in(float x, float lo, float hi) { return isfinite(x) && x >= l
 
 /* The public config as the engine's options: the mode bits, the specs, and
  * every option of the table by its one name; then the one range check
- * (zpp_engine_create makes it again, after the ranks agree on this one). */
+ * (zpp_engine_create_with_opts makes it again, after the ranks agree on this one). */
 static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *o) {
     if (c->mode < 0 || c->mode > ZPP_MODE_ZEROPP)
         return zpp_error(ZPP_ERR_INVALID,
@@ -304,8 +304,8 @@ static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *
     return zpp_engine_opts_check(o);
 }
 
-zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
-                           const zpp_engine_config *cfg, zpp_engine **engine_p) {
+zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, zpp_device *dev,
+                             const zpp_engine_config *cfg, zpp_engine **engine_p) {
     zpp_engine_opts o = zpp_engine_opts_default();
     zpp_status st = ZPP_OK;
     if (!topo || !model || !dev || !cfg || !engine_p)
@@ -315,7 +315,7 @@ zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
         st = engine_opts_from(cfg, &o);
     ZPP_CHECK(zpp_comm_agree_world(st));
     zpp_engine *e = NULL;
-    st = zpp_engine_create(topo, model, &o, dev, &e);
+    st = zpp_engine_create_with_opts(topo, model, &o, dev, &e);
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
         zpp_engine_destroy(e);

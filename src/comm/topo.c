@@ -205,7 +205,7 @@ static zpp_status zpp__topo_check_opts(int bad_ptrs, int ns_max, int ns_min, int
     return ZPP_OK;
 }
 
-zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p) {
+zpp_status zpp_topo_create_with_opts(const zpp_topo_opts *opts, zpp_topo **topo_p) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
@@ -313,7 +313,7 @@ zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p) {
     MPI_Comm host = MPI_COMM_NULL;
     world = MPI_COMM_NULL;
     int local = 0, size = 0;
-    /* On a private duplicate whose errors return, as zpp_topo_create does,
+    /* On a private duplicate whose errors return, as zpp_topo_create_with_opts does,
      * before the world forms' deadline (zpp_comm_world_set_timeout): the
      * split that follows blocks, so every rank must be there first. */
     const double timeout_s = zpp_comm_world_timeout();

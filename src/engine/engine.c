@@ -266,8 +266,9 @@ zpp_status engine_vec_reduce_grads(zpp_engine *e) {
     return zpp_device_set(e->dev, v->grads, 0, v->numel * sizeof(float));
 }
 
-zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             zpp_device *dev, zpp_engine **engine_p) {
+zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
+                                       const zpp_engine_opts *opts, zpp_device *dev,
+                                       zpp_engine **engine_p) {
     if (!topo || !model || !opts || !engine_p)
         return zpp_error(ZPP_ERR_INVALID, "engine: topology, model, options and engine_p are "
                                           "required");

@@ -129,7 +129,7 @@ zpp_engine_opts zpp_engine_opts_default(void);
 /* ZPP_ERR_INVALID, naming the option and its range, for an option outside
  * its range in the table (engine/options.h, where it applies), a working
  * dtype other than bf16, fp16 and fp32, or loco without the qgZ reduce.
- * zpp_engine_create checks with it; so does zpp_engine_open, before its
+ * zpp_engine_create_with_opts checks with it; so does zpp_engine_create, before its
  * ranks agree. */
 zpp_status zpp_engine_opts_check(const zpp_engine_opts *opts);
 
@@ -140,8 +140,9 @@ typedef struct zpp_engine zpp_engine;
 /* The engine keeps pointers to topo, model and dev; all three outlive it.
  * `dev` is the rank's compute backend (its memory kind must be the model's
  * and the communicators'). Collective over the world. */
-zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             zpp_device *dev, zpp_engine **engine_p);
+zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
+                                       const zpp_engine_opts *opts, zpp_device *dev,
+                                       zpp_engine **engine_p);
 void zpp_engine_destroy(zpp_engine *e);
 
 /* The step in pieces, as DeepSpeed's engine offers it (forward, backward,
@@ -170,9 +171,9 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
  *
  * Test hook, only in a library built with -DZPP_FAULT_HOOKS=ON
  * (docs/fault-hooks.md): ZPP_FAULT=nonfinite@S (or @S-E), read once by
- * zpp_engine_create, writes a NaN into rank 0's gradient accumulator before
+ * zpp_engine_create_with_opts, writes a NaN into rank 0's gradient accumulator before
  * the norm at 1-based step S (through E). A malformed value fails
- * zpp_engine_create (core/fault.h). */
+ * zpp_engine_create_with_opts (core/fault.h). */
 zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
                                      zpp_step_stats *stats_p);
 /* The loss scale the next backward should apply (1 unless configured). */

@@ -124,7 +124,7 @@ static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
 }
 
 /* The engine's options from the config, as the public API takes them: the
- * trainer opens its engine as any program would (zpp_engine_open), so the
+ * trainer opens its engine as any program would (zpp_engine_create), so the
  * config file, the public config and their checks cannot drift apart. */
 static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_dtype wd,
                                        int profile) {
@@ -186,8 +186,8 @@ static zpp_status build_topology(zpp_trainer *t, const zpp_trainer_opts *o, int 
     /* agreed before the topology's collectives, which a rank without its
      * device would leave the others waiting in */
     ZPP_CHECK(zpp_comm_agree_world(st));
-    ZPP_CHECK(zpp_topo_open_emulated(t->dev, node_size, c->collective_timeout_s,
-                                     o->emulate_nodes, &t->topo));
+    ZPP_CHECK(zpp_topo_create_emulated(t->dev, node_size, c->collective_timeout_s, o->emulate_nodes,
+                                       &t->topo));
     zpp_topo_get_info(t->topo, &t->topo_info);
     if (hpz_node) {
         c->zero.hpz_partition_size = t->topo_info.node_size;
@@ -279,7 +279,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     if (st == ZPP_OK) st = build_data_model(t, o, wd);
     ZPP_CHECK(zpp_comm_agree_world(st));
     const zpp_engine_config ec = engine_config(c, hpz, wd, o->profile);
-    ZPP_CHECK(zpp_engine_open(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
+    ZPP_CHECK(zpp_engine_create(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
     if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
