@@ -403,7 +403,7 @@ static const char *json_num(char *buf, size_t cap, const char *fmt, double v) {
     return buf;
 }
 
-static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
+static void json_skip_fields(FILE *f, const zpp_update_stats *st, int fp16) {
     fprintf(f, ",\"skipped\":%s,\"skipped_total\":%d", st->skipped ? "true" : "false",
             st->skipped_total);
     if (fp16) fprintf(f, ",\"loss_scale\":%.17g", (double)st->loss_scale);
@@ -411,17 +411,17 @@ static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
 }
 
 /* --profile's fields: rank 0's compute stream, and the most exposed
- * communication of any rank (engine.h, zpp_engine_profile). */
+ * communication of any rank (zeropp.h, zpp_update_stats). */
 static void json_profile_fields(FILE *f, const zpp_trainer_step_result *r) {
-    const zpp_engine_profile *p = &r->stats.profile;
-    if (!p->valid) return;
+    const zpp_update_stats *p = &r->stats;
+    if (!p->profiled) return;
     fprintf(f, ",\"stream_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
             "\"exposed_comm_ms_max\":%.3f",
             p->stream_ms, p->compute_ms, p->exposed_comm_ms, r->exposed_comm_ms_max);
 }
 
 static void prof_add(prof_sum *ps, int step, int start, const zpp_trainer_step_result *r) {
-    const zpp_engine_profile *p = &r->stats.profile;
+    const zpp_update_stats *p = &r->stats;
     if (step == start + 1) memset(ps, 0, sizeof *ps); /* drop the first step */
     ps->stream += p->stream_ms;
     ps->compute += p->compute_ms;
@@ -712,8 +712,8 @@ static void run_tally(train_run *tr, step_out *so) {
     const zpp_trainer_info *in = tr->in;
     run_totals *rt = &tr->rt;
     tr->loss = r->stats.loss;
-    so->cross = zpp_volume_cross_total(&r->stats.volume);
-    so->intra = zpp_volume_intra_total(&r->stats.volume);
+    so->cross = r->stats.cross_node_bytes;
+    so->intra = r->stats.intra_node_bytes;
     const double step_tokens = (double)in->global_batch * in->seq_len;
     if (so->s > tr->start) {
         tr->ms_sum += r->seconds * 1e3;
@@ -732,7 +732,7 @@ static void run_tally(train_run *tr, step_out *so) {
     so->mfu = tr->peak > 0 ? so->tflops / tr->peak : NAN;
     tr->cross_sum += so->cross;
     tr->intra_sum += so->intra;
-    if (r->stats.profile.valid) prof_add(&tr->prof, so->s, tr->start, r);
+    if (r->stats.profiled) prof_add(&tr->prof, so->s, tr->start, r);
 }
 
 /* Step s on every rank: train, then when due validate, checkpoint and
@@ -783,11 +783,10 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
             "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
             "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
             "\"tflops\":%.6g,\"mfu\":%s",
-            so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss),
-            (double)r->stats.lr, json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm),
-            r->tokens_per_s, r->seconds * 1e3, so->cross, so->intra, r->device_peak_bytes,
-            r->device_live_bytes, r->device_used_bytes, so->tflops,
-            json_num(mb, sizeof mb, "%.6g", so->mfu));
+            so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss), (double)r->lr,
+            json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm), r->tokens_per_s, r->seconds * 1e3,
+            so->cross, so->intra, r->device_peak_bytes, r->device_live_bytes, r->device_used_bytes,
+            so->tflops, json_num(mb, sizeof mb, "%.6g", so->mfu));
     json_skip_fields(metrics, &r->stats, tr->cfg->fp16.enabled);
     json_profile_fields(metrics, r);
     if (so->eval)
@@ -806,19 +805,19 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
 static void print_step_line(const train_run *tr, const step_out *so) {
     const zpp_trainer_step_result *r = &so->r;
     bar_clear();
-    printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
-           "%.3g TFLOP/s/rank | MFU ",
-           so->s + 1, (double)tr->loss, (double)r->stats.lr, (double)r->stats.grad_norm,
-           r->tokens_per_s, so->tflops);
+    printf(
+        "step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
+        "%.3g TFLOP/s/rank | MFU ",
+        so->s + 1, (double)tr->loss, (double)r->lr, (double)r->stats.grad_norm, r->tokens_per_s,
+        so->tflops);
     if (tr->peak > 0) printf("%.2f%%", 100.0 * so->mfu);
     else printf("n/a");
     printf(" | cross-node %.3f MB | intra-node %.3f MB", so->cross / 1e6, so->intra / 1e6);
     if (tr->cfg->fp16.enabled) printf(" | loss scale %g", (double)r->stats.loss_scale);
     if (r->stats.skipped) printf(" | skipped (non-finite gradient)");
-    if (r->stats.profile.valid)
-        printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)",
-               r->stats.profile.compute_ms, r->stats.profile.exposed_comm_ms,
-               r->exposed_comm_ms_max);
+    if (r->stats.profiled)
+        printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)", r->stats.compute_ms,
+               r->stats.exposed_comm_ms, r->exposed_comm_ms_max);
     if (so->eval) printf(" | val loss %.4f", (double)so->val);
     printf("\n");
 }

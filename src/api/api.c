@@ -8,7 +8,7 @@
  * internal ones: the device's backend picks the communication backend, a
  * zpp_model_desc becomes the engine's zpp_model (its callbacks behind the
  * model ops table), a zpp_engine_config becomes zpp_engine_opts (by the
- * option table, engine/options.h), and zpp_step_stats shrinks to
+ * option table, engine/options.h), and zpp_engine_update_stats shrinks to
  * zpp_update_stats. Every function that creates something collectively
  * agrees on its status over the world, so a bad argument on one rank fails
  * every rank instead of hanging the others. */
@@ -345,9 +345,9 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
         st = zpp_error(ZPP_ERR_INVALID, "engine: learning rate %g must be finite and >= 0",
                        (double)lr);
     ZPP_CHECK(zpp_comm_agree_world(st));
-    zpp_step_stats s;
+    zpp_engine_update_stats s;
     memset(&s, 0, sizeof s);
-    ZPP_CHECK(zpp_engine_optimizer_step(e, lr, loss, &s));
+    ZPP_CHECK(zpp_engine_update_with_stats(e, lr, loss, &s));
     if (stats_p) {
         memset(stats_p, 0, sizeof *stats_p);
         stats_p->loss = s.loss;
@@ -374,7 +374,7 @@ static zpp_status batch_in_place(void *ctx, int micro, zpp_model *model) { retur
 
 zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p) {
     if (!e || !loss_p) return zpp_error(ZPP_ERR_INVALID, "engine: engine and loss_p are required");
-    return zpp_engine_eval(e, batch_in_place, NULL, loss_p);
+    return zpp_engine_evaluate_with_batch(e, batch_in_place, NULL, loss_p);
 }
 
 void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],

@@ -673,8 +673,8 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
 }
 
 
-zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
-                           float *loss_p) {
+zpp_status zpp_engine_evaluate_with_batch(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
+                                          float *loss_p) {
     /* The evaluation's bytes are its own (zpp_engine_eval_volume): the
      * step's counters are put back afterwards, so an evaluation between two
      * micro-batches of a step does not show in the step's bytes. */

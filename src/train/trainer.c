@@ -354,33 +354,12 @@ static zpp_status val_batch(zpp_trainer *t) {
     return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
 }
 
-/* What the public update reports, as the step's stats (engine/step_stats.h). */
-static void step_stats_from(const zpp_update_stats *u, float lr, zpp_step_stats *s) {
-    memset(s, 0, sizeof *s);
-    s->loss = u->loss;
-    s->grad_norm = u->grad_norm;
-    s->lr = lr;
-    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
-        s->volume.cross_node_bytes[ph] = u->cross_node_phase_bytes[ph];
-        s->volume.intra_node_bytes[ph] = u->intra_node_phase_bytes[ph];
-    }
-    s->skipped = u->skipped;
-    s->skipped_total = u->skipped_total;
-    s->loss_scale = u->loss_scale;
-    s->param_sumsq = u->param_sumsq;
-    s->profile.valid = u->profiled;
-    s->profile.stream_ms = u->stream_ms;
-    s->profile.exposed_comm_ms = u->exposed_comm_ms;
-    s->profile.compute_ms = u->compute_ms;
-    s->profile.waits = u->profile_waits;
-}
-
 /* One optimizer step through the public pieces: forward and backward of
  * each micro-batch, its mean loss scaled by 1/accum so that the summed
  * gradient is that of the mean over the rank's micro-batches (the
  * reduction then averages over ranks: the gradient of the global batch's
  * mean loss), then the update. */
-static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p) {
+static zpp_status engine_step(zpp_trainer *t, float lr, zpp_update_stats *stats_p) {
     const int accum = t->info.accum;
     float loss_sum = 0.0f;
     for (int a = 0; a < accum; a++) {
@@ -390,16 +369,14 @@ static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p)
         ZPP_CHECK(zpp_engine_backward(t->engine, zpp_engine_loss_scale(t->engine) / (float)accum));
         loss_sum += loss;
     }
-    zpp_update_stats u;
-    ZPP_CHECK(zpp_engine_update(t->engine, lr, loss_sum / (float)accum, &u));
-    step_stats_from(&u, lr, stats_p);
-    return ZPP_OK;
+    return zpp_engine_update(t->engine, lr, loss_sum / (float)accum, stats_p);
 }
 
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r) {
     t->step = step;
     float lr = (float)zpp_train_lr(&t->cfg, step);
     double t0 = now_s();
+    r->lr = lr;
     zpp_status st = engine_step(t, lr, &r->stats);
     st = zpp_comm_agree_world(st);
     double dt = now_s() - t0;
@@ -419,8 +396,8 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
         if (st == ZPP_OK) st = zpp_comm_max_world(&r->device_live_bytes);
     }
     /* every rank profiles or none (trainer.h) */
-    r->exposed_comm_ms_max = r->stats.profile.exposed_comm_ms;
-    if (st == ZPP_OK && r->stats.profile.valid) st = zpp_comm_max_world(&r->exposed_comm_ms_max);
+    r->exposed_comm_ms_max = r->stats.exposed_comm_ms;
+    if (st == ZPP_OK && r->stats.profiled) st = zpp_comm_max_world(&r->exposed_comm_ms_max);
     /* a timeout is not agreed (the stalled peer cannot answer), in any of
      * the step's collectives: this rank names the step itself */
     if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "step %d", step + 1);

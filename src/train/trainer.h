@@ -4,7 +4,7 @@
 #ifndef ZPP_TRAIN_TRAINER_H
 #define ZPP_TRAIN_TRAINER_H
 
-#include "engine/step_stats.h"
+#include "collectives/collectives.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -27,9 +27,8 @@ typedef struct zpp_trainer_info {
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
-    /* From the public zpp_update_stats: its volume holds the cross- and
-     * intra-node bytes by phase (payload_bytes and calls stay 0). */
-    zpp_step_stats stats;
+    zpp_update_stats stats; /* what the public update reported */
+    float lr;               /* the step's learning rate */
     double seconds;        /* wall time of the step, slowest rank */
     double tokens_per_s;   /* global tokens / seconds */
     /* The most bytes allocated through any rank's device since it was
@@ -44,7 +43,7 @@ typedef struct zpp_trainer_step_result {
      * difference is what the CUDA context, the libraries and NCCL take. */
     double device_used_bytes, device_live_bytes;
     /* With opts.profile: the most exposed communication of any rank
-     * (stats.profile holds this rank's; engine.h). */
+     * (stats.exposed_comm_ms holds this rank's). */
     double exposed_comm_ms_max;
 } zpp_trainer_step_result;
 
