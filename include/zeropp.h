@@ -344,8 +344,8 @@ typedef struct zpp_topo_info {
     int nodes, node_size;       /* world_size = nodes * node_size */
     int node, local_rank;       /* world_rank = node * node_size + local_rank */
 } zpp_topo_info;
-/* Fills *info_p. */
-ZPP_API void zpp_topo_get_info(const zpp_topo *topo, zpp_topo_info *info_p);
+/* This rank's place in the topology (zeros for a NULL topo). */
+ZPP_API zpp_topo_info zpp_topo_info_get(const zpp_topo *topo);
 /* What the communication backend changed about how the ranks talk, one
  * line for people (ranks of an emulated node sharing a GPU each talk over
  * sockets as a separate host), or "" when nothing. Never NULL. */
@@ -616,13 +616,13 @@ typedef struct zpp_engine_counters {
     float loss_scale;  /* the current loss scale (1 without fp16) */
     int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
 } zpp_engine_counters;
-/* Fills *c_p. Local. */
-ZPP_API void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
+/* The engine's counters now. Local. */
+ZPP_API zpp_engine_counters zpp_engine_counters_get(const zpp_engine *e);
 /* Installs saved counters (the scaler's only under the dynamic scaler: a
  * static scale is this run's config). ZPP_ERR_INVALID when they cannot come
  * from a run (negative counts, more updates or skips than steps, a scale
  * that is not finite and positive). Local. */
-ZPP_API zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
+ZPP_API zpp_status zpp_engine_counters_set(zpp_engine *e, const zpp_engine_counters *c);
 
 /* Error-feedback state (cfg.loco), per rank and unit. Unlike the optimizer's
  * it is not cut by element ranges: the intra buffer covers this rank's

@@ -462,8 +462,7 @@ static void test_every_option_reachable(void) {
     EXPECT_OK(zpp_engine_forward(e, &loss));
     EXPECT_OK(zpp_engine_backward(e, zpp_engine_loss_scale(e)));
     EXPECT_OK(zpp_engine_update(e, 0.01f, loss, NULL));
-    zpp_engine_counters ctr;
-    zpp_engine_get_counters(e, &ctr);
+    zpp_engine_counters ctr = zpp_engine_counters_get(e);
     EXPECT(ctr.step == 1 && ctr.updates == 1 && ctr.skipped_total == 0, "counters %d/%d/%d",
            ctr.step, ctr.updates, ctr.skipped_total);
     zpp_engine_destroy(e);
@@ -509,8 +508,7 @@ static void test_placement_from_mpi(void) {
     EXPECT(zpp_device_ordinal(dev) == -1 && zpp_device_stream(dev) == NULL, "host device");
     zpp_topo *t = NULL;
     EXPECT_OK(zpp_topo_create(dev, 0, 60.0, &t));
-    zpp_topo_info ti;
-    zpp_topo_get_info(t, &ti);
+    zpp_topo_info ti = zpp_topo_info_get(t);
     EXPECT(ti.world_size == world && ti.world_rank == rank && ti.node_size == shm_size &&
                ti.nodes == world / shm_size && ti.local_rank == shm_rank &&
                ti.node == rank / shm_size,
@@ -518,7 +516,7 @@ static void test_placement_from_mpi(void) {
            ti.world_rank, ti.nodes, ti.node_size, ti.node, ti.local_rank);
     zpp_topo_destroy(t);
     EXPECT_OK(zpp_topo_create(dev, 2, 60.0, &t));
-    zpp_topo_get_info(t, &ti);
+    ti = zpp_topo_info_get(t);
     EXPECT(ti.node_size == 2 && ti.nodes == world / 2 && ti.node == rank / 2 &&
                ti.local_rank == rank % 2,
            "node size 2: nodes %d of %d, node %d local %d", ti.nodes, ti.node_size, ti.node,

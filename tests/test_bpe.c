@@ -995,7 +995,7 @@ static void test_tool_writes_what_the_loader_reads(void) {
         EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
         zpp_data *d = NULL;
         EXPECT_OK(zpp_data_open(out, &cfg, &d));
-        const zpp_data_info info = zpp_data_get_info(d);
+        const zpp_data_info info = zpp_data_info_get(d);
         EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == want.n, "%zu tokens, expected %zu",
                info.n_tokens, want.n);
         for (size_t i = 0; i < want.n; i++)

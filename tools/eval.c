@@ -142,7 +142,7 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
         free(saved.data_path);
         return fail("eval", st);
     }
-    const zpp_trainer_info *in = zpp_trainer_get_info(t);
+    const zpp_trainer_info *in = zpp_trainer_info_get(t);
     const zpp_data_info *d = &in->data;
     const size_t begin = train_split ? 0 : d->n_train;
     const size_t end = train_split ? d->n_train : d->n_tokens;

@@ -660,7 +660,7 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
                            a->profile, a->init_from};
     *ctx = "train";
     ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
-    tr->in = zpp_trainer_get_info(tr->t);
+    tr->in = zpp_trainer_info_get(tr->t);
     if (a->init_from && tr->rank == 0)
         printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
                zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);
@@ -1041,7 +1041,7 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     if (st == ZPP_OK && a->init_from) {
         *stage = "init-from";
         st = zpp_llmc_open(a->init_from, &llmc);
-        if (st == ZPP_OK) cfg->model = zpp_llmc_get_info(llmc)->model;
+        if (st == ZPP_OK) cfg->model = zpp_llmc_info_get(llmc)->model;
         if (st == ZPP_OK) *stage = "config";
     }
     if (st == ZPP_OK && a->resume) {

@@ -75,14 +75,16 @@ zpp_status zpp_topo_create_emulated(zpp_device *dev, int node_size, double timeo
     return zpp_topo_create_with_opts(&o, topo_p); /* agrees itself */
 }
 
-void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
-    if (!t || !info_p) return;
-    info_p->world_size = t->world_size;
-    info_p->world_rank = t->world_rank;
-    info_p->nodes = t->nodes;
-    info_p->node_size = t->node_size;
-    info_p->node = t->node;
-    info_p->local_rank = t->local_rank;
+zpp_topo_info zpp_topo_info_get(const zpp_topo *t) {
+    zpp_topo_info info = {0};
+    if (!t) return info;
+    info.world_size = t->world_size;
+    info.world_rank = t->world_rank;
+    info.nodes = t->nodes;
+    info.node_size = t->node_size;
+    info.node = t->node;
+    info.local_rank = t->local_rank;
+    return info;
 }
 
 const char *zpp_topo_note(const zpp_topo *t) { return t ? t->note : ""; }

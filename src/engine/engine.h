@@ -249,7 +249,7 @@ const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
  */
 /* zpp_engine_shard_range, zpp_engine_state_get and _set,
  * zpp_engine_unit_count, zpp_engine_steps_taken, the counters
- * (zpp_engine_counters, zpp_engine_get_counters and _set) and the
+ * (zpp_engine_counters, zpp_engine_counters_get and _set) and the
  * error-feedback state (zpp_engine_loco_lens, _get, _set, _clear) are
  * declared in zeropp.h, the API the trainer uses too. */
 

@@ -532,7 +532,7 @@ zpp_status zpp_data_train_eval_batch(const zpp_data *d, uint64_t index, int B, i
 /* Queries                                                                   */
 /* ------------------------------------------------------------------------ */
 
-zpp_data_info zpp_data_get_info(const zpp_data *d) {
+zpp_data_info zpp_data_info_get(const zpp_data *d) {
     zpp_data_info info = {
         .kind = d->kind,
         .n_tokens = d->n,

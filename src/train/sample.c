@@ -269,7 +269,7 @@ static zpp_status read_llmc(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype 
                             int *step_p, float ***units_p) {
     zpp_llmc_file *f = NULL;
     ZPP_CHECK(zpp_llmc_open(path, &f));
-    const zpp_llmc_info *in = zpp_llmc_get_info(f);
+    const zpp_llmc_info *in = zpp_llmc_info_get(f);
     const zpp_gpt2_config cfg = in->model;
     const int nu = cfg.n_layer + 1;
     float **units = calloc((size_t)nu, sizeof *units);

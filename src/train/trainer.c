@@ -188,7 +188,7 @@ static zpp_status build_topology(zpp_trainer *t, const zpp_trainer_opts *o, int 
     ZPP_CHECK(zpp_comm_agree_world(st));
     ZPP_CHECK(zpp_topo_create_emulated(t->dev, node_size, c->collective_timeout_s, o->emulate_nodes,
                                        &t->topo));
-    zpp_topo_get_info(t->topo, &t->topo_info);
+    t->topo_info = zpp_topo_info_get(t->topo);
     if (hpz_node) {
         c->zero.hpz_partition_size = t->topo_info.node_size;
         hpz = t->topo_info.node_size > 1;
@@ -205,7 +205,7 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
     if (o->data_path && !(t->data_path = realpath(o->data_path, NULL)))
         return zpp_error(ZPP_ERR_IO, "cannot resolve the path of data file %s: %s", o->data_path,
                          strerror(errno));
-    zpp_data_info di = zpp_data_get_info(t->data);
+    zpp_data_info di = zpp_data_info_get(t->data);
     if (di.vocab > c->model.vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
                          "the data has tokens up to %d but model.vocab_size is %d; set "
@@ -234,7 +234,7 @@ static zpp_status fill_info(zpp_trainer *t, const zpp_trainer_opts *o, int hpz, 
     in->seq_len = c->model.seq_len;
     in->n_params = 0;
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
-    in->data = zpp_data_get_info(t->data);
+    in->data = zpp_data_info_get(t->data);
     in->mode = mode_name(c, t->mode, sizeof t->mode);
     in->qwz = c->zero.quantized_weights != 0;
     in->hpz_partition = hpz ? c->zero.hpz_partition_size : 0;
@@ -326,7 +326,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     zpp_error_release();
 }
 
-const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
+const zpp_trainer_info *zpp_trainer_info_get(const zpp_trainer *t) { return &t->info; }
 
 const char *zpp_trainer_comm_note(const zpp_trainer *t) {
     return t ? zpp_topo_note(t->topo) : "";
@@ -493,7 +493,7 @@ const char *zpp_trainer_resume_note(const zpp_trainer *t) { return t->resume_not
 /* ---- Samples (trainer.h, train/sample.h) --------------------------------------- */
 
 void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p) {
-    const zpp_data_info di = zpp_data_get_info(t->data);
+    const zpp_data_info di = zpp_data_info_get(t->data);
     int n = t->info.seq_len - 1 < ZPP_TRAINER_SAMPLE_PROMPT ? t->info.seq_len - 1
                                                             : ZPP_TRAINER_SAMPLE_PROMPT;
     if (n < 1) n = 1;

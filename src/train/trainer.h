@@ -81,7 +81,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
                               zpp_trainer **trainer_p);
 void zpp_trainer_destroy(zpp_trainer *t);
 
-const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
+const zpp_trainer_info *zpp_trainer_info_get(const zpp_trainer *t);
 /* What the communication backend changed about how the ranks talk (the
  * topology's note, comm.h: ranks of an emulated node sharing a GPU each
  * talk over sockets as a separate host), one line for people; "" when
