@@ -58,6 +58,24 @@ static int split_args(int argc, char **argv, const char *const *value_opts, int 
     return 0;
 }
 
+/* Writes OUT.bin's tokenizer note (train/tokfile.h): the absolute paths of
+ * the two files that made its ids; note_path gets the note's name. */
+static zpp_status write_note(const char *out_path, const char *vocab, const char *merges,
+                             int32_t n_vocab, size_t tokens, char *note_path, size_t cap) {
+    zpp_tokfile_note note = {realpath(vocab, NULL), realpath(merges, NULL), n_vocab, tokens};
+    zpp_status st = ZPP_OK;
+    if (!note.vocab || !note.merges) {
+        st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s",
+                       note.vocab ? merges : vocab, strerror(errno));
+        goto out;
+    }
+    ZPP_CHECK_GOTO(zpp_tokfile_note_path(out_path, note_path, cap), st, out);
+    st = zpp_tokfile_note_write(out_path, &note);
+out:
+    zpp_tokfile_note_free(&note);
+    return st;
+}
+
 /* Encodes everything `in` gives into `out`, a buffer at a time; *bytes_p is
  * the text's size. */
 static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, unsigned flags,
@@ -155,32 +173,27 @@ int zpp_cli_tokenize(int argc, char **argv) {
         return zpp_cli_fail("tokenize", st);
     }
     FILE *in = stdin;
-    if (strcmp(in_path, "-")) st = zpp_fopen_regular(in_path, "text", &in);
     zpp_tokfile *out = NULL;
-    if (st == ZPP_OK) st = zpp_tokfile_open(out_path, &out);
     size_t bytes = 0, tokens = 0;
-    if (st == ZPP_OK)
-        st = encode_stream(bpe, in, in_path, allow_special ? ZPP_BPE_SPECIAL : 0, buffer, out,
-                           &bytes);
-    if (st == ZPP_OK && bytes == 0)
+    if (strcmp(in_path, "-")) ZPP_CHECK_GOTO(zpp_fopen_regular(in_path, "text", &in), st, done);
+    ZPP_CHECK_GOTO(zpp_tokfile_open(out_path, &out), st, done);
+    ZPP_CHECK_GOTO(
+        encode_stream(bpe, in, in_path, allow_special ? ZPP_BPE_SPECIAL : 0, buffer, out, &bytes),
+        st, done);
+    if (bytes == 0) {
         st = zpp_error(ZPP_ERR_INVALID, "'%s' holds no text: nothing to tokenize", in_path);
-    if (st == ZPP_OK) {
-        st = zpp_tokfile_close(out, &tokens);
-        out = NULL;
+        goto done;
     }
+    st = zpp_tokfile_close(out, &tokens);
+    out = NULL; /* closed, or dropped on failure */
+done:
     zpp_tokfile_abort(out);
     if (in && in != stdin) fclose(in);
     zpp_bpe_destroy(bpe);
     if (st != ZPP_OK) return zpp_cli_fail("tokenize", st);
     /* the note: which tokenizer these ids are (both files were just read) */
-    zpp_tokfile_note note = {realpath(vocab, NULL), realpath(merges, NULL), n_vocab, tokens};
     char note_path[4096] = "";
-    if (!note.vocab || !note.merges)
-        st = zpp_error(ZPP_ERR_IO, "cannot resolve the path of '%s': %s",
-                       note.vocab ? merges : vocab, strerror(errno));
-    if (st == ZPP_OK) st = zpp_tokfile_note_path(out_path, note_path, sizeof note_path);
-    if (st == ZPP_OK) st = zpp_tokfile_note_write(out_path, &note);
-    zpp_tokfile_note_free(&note);
+    st = write_note(out_path, vocab, merges, n_vocab, tokens, note_path, sizeof note_path);
     if (st != ZPP_OK) {
         fprintf(stderr, "zeropp tokenize: %s is written, but not the note naming its tokenizer: "
                         "zeropp sample will need --vocab and --merges\n", out_path);

@@ -102,12 +102,13 @@ zpp_status zpp_tokfile_append(zpp_tokfile *f, const int32_t *ids, size_t n) {
 zpp_status zpp_tokfile_close(zpp_tokfile *f, size_t *count_p) {
     if (!f) return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_finish: NULL file");
     zpp_status st = ZPP_OK;
-    if (f->failed) st = zpp_error(ZPP_ERR_STATE, "token file '%s': an append failed", f->path);
-    else if (!f->count)
+    if (f->failed) {
+        st = zpp_error(ZPP_ERR_STATE, "token file '%s': an append failed", f->path);
+        goto out;
+    }
+    if (!f->count) {
         st = zpp_error(ZPP_ERR_INVALID, "token file '%s': no tokens to write", f->path);
-    if (st != ZPP_OK) {
-        zpp_tokfile_abort(f);
-        return st;
+        goto out;
     }
     uint8_t h[12];
     put32(h, ZPP_DATA_LLMC_MAGIC);
@@ -122,14 +123,14 @@ zpp_status zpp_tokfile_close(zpp_tokfile *f, size_t *count_p) {
     if (ok && rename(f->tmp, f->path) != 0) ok = 0, e = errno;
     if (!ok) {
         st = zpp_error(ZPP_ERR_IO, "cannot write token file '%s': %s", f->path, strerror(e));
-        zpp_tokfile_abort(f);
-        return st;
+        goto out;
     }
     if (count_p) *count_p = f->count;
     free(f->tmp);
-    f->tmp = NULL;
-    zpp_tokfile_abort(f); /* frees (the file is in place) */
-    return ZPP_OK;
+    f->tmp = NULL; /* the file is in place: nothing for abort to remove */
+out:
+    zpp_tokfile_abort(f); /* frees f (and on failure removes the temporary file) */
+    return st;
 }
 
 /* ---- The tokenizer note ---------------------------------------------------- */
@@ -247,25 +248,29 @@ zpp_status zpp_tokfile_note_read(const char *bin_path, zpp_tokfile_note *note, i
     zpp_status st = ZPP_OK;
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
     double vocab_size = 0, tokens = 0;
-    if (!cJSON_IsObject(j))
+    long long have = 0;
+    if (!cJSON_IsObject(j)) {
         st = zpp_error(ZPP_ERR_FORMAT, "tokenizer note '%s' is not a JSON object", path);
-    else if (!cJSON_IsString(kind) || strcmp(kind->valuestring, NOTE_KIND))
+        goto out;
+    }
+    if (!cJSON_IsString(kind) || strcmp(kind->valuestring, NOTE_KIND)) {
         st = zpp_error(ZPP_ERR_FORMAT, "tokenizer note '%s': \"tokenizer\" is not \"%s\"",
                        path, NOTE_KIND);
-    if (st == ZPP_OK) st = note_string(j, "vocab", path, &note->vocab);
-    if (st == ZPP_OK) st = note_string(j, "merges", path, &note->merges);
-    if (st == ZPP_OK) st = note_count(j, "vocab_size", path, ZPP_TOKFILE_MAX_ID + 1, &vocab_size);
-    if (st == ZPP_OK) st = note_count(j, "tokens", path, (double)INT32_MAX, &tokens);
-    cJSON_Delete(j);
-    if (st == ZPP_OK) {
-        const long long have = header_count(bin_path);
-        if (have != (long long)tokens)
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "tokenizer note '%s' is stale: it describes a token file of %.0f "
-                           "tokens, and '%s' %s since; remove the note, or tokenize again",
-                           path, tokens, bin_path,
-                           have < 0 ? "is no llm.c token file" : "has been rewritten");
+        goto out;
     }
+    ZPP_CHECK_GOTO(note_string(j, "vocab", path, &note->vocab), st, out);
+    ZPP_CHECK_GOTO(note_string(j, "merges", path, &note->merges), st, out);
+    ZPP_CHECK_GOTO(note_count(j, "vocab_size", path, ZPP_TOKFILE_MAX_ID + 1, &vocab_size), st, out);
+    ZPP_CHECK_GOTO(note_count(j, "tokens", path, (double)INT32_MAX, &tokens), st, out);
+    have = header_count(bin_path);
+    if (have != (long long)tokens)
+        st = zpp_error(ZPP_ERR_FORMAT,
+                       "tokenizer note '%s' is stale: it describes a token file of %.0f "
+                       "tokens, and '%s' %s since; remove the note, or tokenize again",
+                       path, tokens, bin_path,
+                       have < 0 ? "is no llm.c token file" : "has been rewritten");
+out:
+    cJSON_Delete(j);
     if (st != ZPP_OK) {
         zpp_tokfile_note_free(note);
         return st;
