@@ -102,21 +102,25 @@ static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
     zpp_llmc_file *f = NULL;
     float *x = NULL, *zero = NULL;
     ZPP_CHECK(zpp_llmc_open(path, &f));
-    zpp_status st = zpp_llmc_check_model(f, &t->cfg.model);
-    size_t most = 1;
-    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+    zpp_status st = ZPP_OK;
+    size_t most = 1; /* the largest shard: one buffer serves every unit */
+    ZPP_CHECK_GOTO(zpp_llmc_check_model(f, &t->cfg.model), st, out);
+    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
         size_t numel = 0, begin = 0, count = 0;
-        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
         if (count > most) most = count;
     }
-    if (st == ZPP_OK && (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))))
+    if (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))) {
         st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
-        if (st == ZPP_OK) st = zpp_llmc_read_unit(f, u, begin, count, x);
-        if (st == ZPP_OK) st = zpp_engine_state_set(t->engine, u, x, zero, zero);
+        goto out;
     }
+    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
+        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, begin, count, x), st, out);
+        ZPP_CHECK_GOTO(zpp_engine_state_set(t->engine, u, x, zero, zero), st, out);
+    }
+out:
     free(x);
     free(zero);
     zpp_llmc_close(f);
@@ -513,17 +517,21 @@ static zpp_status sample_logits(void *ctx, const int32_t *window, int n, float *
     zpp_trainer *t = ctx;
     zpp_model *m = t->model;
     float loss = 0.0f; /* NaN: the sequence has no targets */
-    zpp_status st = m->ops->keep_logits(m, n - 1);
-    if (st == ZPP_OK) st = m->ops->set_batch(m, window, NULL, 1);
-    if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
-    if (st == ZPP_OK) st = m->ops->logits(m, out);
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(m->ops->keep_logits(m, n - 1), st, agree);
+    ZPP_CHECK_GOTO(m->ops->set_batch(m, window, NULL, 1), st, agree);
+    ZPP_CHECK_GOTO(zpp_engine_evaluate(t->engine, &loss), st, agree);
+    ZPP_CHECK_GOTO(m->ops->logits(m, out), st, agree);
     /* the draw's one failure, found here where the ranks agree on it, so no
      * rank leaves the loop while the others start the next forward */
-    for (int v = 0; st == ZPP_OK && v < m->real_vocab_size; v++)
-        if (!isfinite(out[v]))
+    for (int v = 0; v < m->real_vocab_size; v++)
+        if (!isfinite(out[v])) {
             st = zpp_error(ZPP_ERR_NONFINITE,
                            "sample: the logit of token %d is %g; the weights are not finite", v,
                            (double)out[v]);
+            break;
+        }
+agree:
     return zpp_comm_agree_world(st);
 }
 
@@ -545,31 +553,35 @@ zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config 
     memset(run, 0, sizeof *run);
     ZPP_CHECK(zpp_checkpoint_read_manifest(dir, &m));
     zpp_train_config c;
-    zpp_status st = zpp_train_config_defaults(&c);
-    if (st == ZPP_OK && m.config) {
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(zpp_train_config_defaults(&c), st, out);
+    if (m.config) {
         st = zpp_train_config_load_string(m.config, &c);
-        if (st != ZPP_OK)
+        if (st != ZPP_OK) {
             st = zpp_error_context(st, "the config saved in checkpoint %s cannot be read; "
                                        "give --config",
                                    dir);
-    } else if (st == ZPP_OK) {
+            goto out;
+        }
+    } else {
         /* saved before checkpoints kept their config: what the manifest has */
         c.model = m.model;
         c.bf16 = !strcmp(m.dtype, "bf16");
         c.fp16.enabled = !strcmp(m.dtype, "fp16");
         c.train_batch_size = m.train_batch_size;
         c.seed = m.seed;
-        st = zpp_train_config_validate(&c);
+        ZPP_CHECK_GOTO(zpp_train_config_validate(&c), st, out);
     }
-    if (st == ZPP_OK && m.data_path && !(run->data_path = strdup(m.data_path)))
+    if (m.data_path && !(run->data_path = strdup(m.data_path))) {
         st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-    if (st == ZPP_OK) {
-        run->step = m.step;
-        run->world_size = m.world_size;
-        run->has_config = m.config != NULL;
-        run->has_data = m.has_data;
-        *cfg = c;
+        goto out;
     }
+    run->step = m.step;
+    run->world_size = m.world_size;
+    run->has_config = m.config != NULL;
+    run->has_data = m.has_data;
+    *cfg = c;
+out:
     zpp_ckpt_manifest_free(&m);
     return st;
 }
