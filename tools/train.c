@@ -783,10 +783,11 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
             "\"intra_node_bytes\":%.0f,\"device_peak_bytes\":%.0f,"
             "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
             "\"tflops\":%.6g,\"mfu\":%s",
-            so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss), (double)r->lr,
-            json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm), r->tokens_per_s, r->seconds * 1e3,
-            so->cross, so->intra, r->device_peak_bytes, r->device_live_bytes, r->device_used_bytes,
-            so->tflops, json_num(mb, sizeof mb, "%.6g", so->mfu));
+            so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss),
+            (double)r->lr, json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm),
+            r->tokens_per_s, r->seconds * 1e3, so->cross, so->intra, r->device_peak_bytes,
+            r->device_live_bytes, r->device_used_bytes, so->tflops,
+            json_num(mb, sizeof mb, "%.6g", so->mfu));
     json_skip_fields(metrics, &r->stats, tr->cfg->fp16.enabled);
     json_profile_fields(metrics, r);
     if (so->eval)
@@ -805,11 +806,10 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
 static void print_step_line(const train_run *tr, const step_out *so) {
     const zpp_trainer_step_result *r = &so->r;
     bar_clear();
-    printf(
-        "step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
-        "%.3g TFLOP/s/rank | MFU ",
-        so->s + 1, (double)tr->loss, (double)r->lr, (double)r->stats.grad_norm, r->tokens_per_s,
-        so->tflops);
+    printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
+           "%.3g TFLOP/s/rank | MFU ",
+           so->s + 1, (double)tr->loss, (double)r->lr, (double)r->stats.grad_norm,
+           r->tokens_per_s, so->tflops);
     if (tr->peak > 0) printf("%.2f%%", 100.0 * so->mfu);
     else printf("n/a");
     printf(" | cross-node %.3f MB | intra-node %.3f MB", so->cross / 1e6, so->intra / 1e6);
