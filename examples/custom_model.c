@@ -229,10 +229,9 @@ static run_result train(zpp_device *dev, zpp_topo *topo, int mode, int steps, fl
     cfg.work_dtype = m.dtype;
     cfg.weight_decay = 0.0f;
     zpp_engine *eng = NULL;
-    CHECK(zpp_engine_open(topo, model, dev, &cfg, &eng));
+    CHECK(zpp_engine_create(topo, model, dev, &cfg, &eng));
 
-    zpp_topo_info ti;
-    zpp_topo_get_info(topo, &ti);
+    zpp_topo_info ti = zpp_topo_info_get(topo);
     run_result r = {0};
     double first = 0.0, last = 0.0, bytes = 0.0;
     const int avg = 10; /* steps averaged at each end */
@@ -285,9 +284,8 @@ int main(int argc, char **argv) {
     zpp_device *dev = NULL;
     zpp_topo *topo = NULL;
     CHECK(zpp_device_create_host(&dev));
-    CHECK(zpp_topo_open(dev, node_size, 120.0, &topo));
-    zpp_topo_info ti;
-    zpp_topo_get_info(topo, &ti);
+    CHECK(zpp_topo_create(dev, node_size, 120.0, &topo));
+    zpp_topo_info ti = zpp_topo_info_get(topo);
     if (g_rank == 0)
         printf("zeropp %s: a 2-layer MLP (%d parameters) on %d ranks, %d nodes of %d\n",
                zpp_version(), U0_N + U1_N, ti.world_size, ti.nodes, ti.node_size);

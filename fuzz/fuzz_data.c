@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (zpp_train_config_resolve(&cfg, 2) != ZPP_OK) abort();
     zpp_data *d = NULL;
     if (zpp_data_open(path, &cfg, &d) != ZPP_OK) return 0;
-    const zpp_data_info in = zpp_data_get_info(d);
+    const zpp_data_info in = zpp_data_info_get(d);
     const int T = in.seq_len, B = in.micro_batch;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T * (size_t)B);
     int32_t *tgt = malloc(sizeof(int32_t) * (size_t)T * (size_t)B);

@@ -245,11 +245,11 @@ ZPP_API zpp_status zpp_quant_dequant_sum_requant(const void *const *in, int k,
  *
  *     MPI_Init(&argc, &argv);
  *     zpp_device *dev;    zpp_device_create_host(&dev);      (or a GPU)
- *     zpp_topo *topo;     zpp_topo_open(dev, node_size, 0.0, &topo);
+ *     zpp_topo *topo;     zpp_topo_create(dev, node_size, 0.0, &topo);
  *     zpp_model *model;   zpp_model_create(&desc, dev, &model);
  *     zpp_engine_config cfg = zpp_engine_config_default();
  *     cfg.mode = ZPP_MODE_ZEROPP;
- *     zpp_engine *eng;    zpp_engine_open(topo, model, dev, &cfg, &eng);
+ *     zpp_engine *eng;    zpp_engine_create(topo, model, dev, &cfg, &eng);
  *     for each step:
  *         put this rank's micro-batch where your forward callback reads it
  *         zpp_engine_forward(eng, &loss);
@@ -326,16 +326,16 @@ ZPP_API zpp_status zpp_comm_launch_local(int *local_rank_p, int *local_size_p);
  * ZPP_ERR_INVALID: node_size negative or not dividing the world (the
  * message lists sizes that do), different on some rank, or the launcher's
  * placement unequal or not consecutive per host. */
-ZPP_API zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s,
-                                 zpp_topo **topo_p);
-/* zpp_topo_open, where on a GPU emulate_nodes 1 gives each node of
+ZPP_API zpp_status zpp_topo_create(zpp_device *dev, int node_size, double timeout_s,
+                                   zpp_topo **topo_p);
+/* zpp_topo_create, where on a GPU emulate_nodes 1 gives each node of
  * node_size ranks its own NCCL host identity (NCCL_HOSTID), so that its
  * ranks reach the other nodes over sockets, as separate machines would,
  * rather than through the host's shared memory and NVLink
  * (docs/emulated-nodes.md; launch with mpirun --bind-to none). 0, or the
- * host: zpp_topo_open. Collective. */
-ZPP_API zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
-                                          int emulate_nodes, zpp_topo **topo_p);
+ * host: zpp_topo_create. Collective. */
+ZPP_API zpp_status zpp_topo_create_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                            int emulate_nodes, zpp_topo **topo_p);
 /* Frees the communicators; NULL is ignored. Collective for NCCL. */
 ZPP_API void zpp_topo_destroy(zpp_topo *topo);
 
@@ -344,8 +344,8 @@ typedef struct zpp_topo_info {
     int nodes, node_size;       /* world_size = nodes * node_size */
     int node, local_rank;       /* world_rank = node * node_size + local_rank */
 } zpp_topo_info;
-/* Fills *info_p. */
-ZPP_API void zpp_topo_get_info(const zpp_topo *topo, zpp_topo_info *info_p);
+/* This rank's place in the topology (zeros for a NULL topo). */
+ZPP_API zpp_topo_info zpp_topo_info_get(const zpp_topo *topo);
 /* What the communication backend changed about how the ranks talk, one
  * line for people (ranks of an emulated node sharing a GPU each talk over
  * sockets as a separate host), or "" when nothing. Never NULL. */
@@ -405,7 +405,7 @@ typedef struct zpp_model_desc {
     void (*destroy)(void *user);
 } zpp_model_desc;
 
-/* Wraps a description as a model for zpp_engine_open. The arrays of `desc`
+/* Wraps a description as a model for zpp_engine_create. The arrays of `desc`
  * are copied; `user` is borrowed (freed by desc->destroy, if given, when
  * the model is destroyed). Local. ZPP_ERR_INVALID, naming the field, for a
  * missing callback, no units or stages, an empty unit, a stage_unit out of
@@ -437,7 +437,7 @@ ZPP_API const char *zpp_mode_name(int mode);
 /* The deepest prefetch and reduction pipelines (prefetch_depth, reduce_depth). */
 #define ZPP_ENGINE_MAX_DEPTH 8
 
-/* Every option of the engine; zpp_engine_open refuses a value outside the
+/* Every option of the engine; zpp_engine_create refuses a value outside the
  * range given here with ZPP_ERR_INVALID, naming the field and its range. */
 typedef struct zpp_engine_config {
     int mode;                  /* ZPP_MODE_* flags; default ZPP_MODE_ZERO3 */
@@ -518,8 +518,8 @@ ZPP_API zpp_engine_config zpp_engine_config_default(void);
  * work_dtype other than the model's, a field outside its range, loco
  * without ZPP_MODE_QGZ, a bad quantization spec, a NULL argument),
  * ZPP_ERR_NOMEM when the shards do not fit. */
-ZPP_API zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
-                                   const zpp_engine_config *cfg, zpp_engine **engine_p);
+ZPP_API zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, zpp_device *dev,
+                                     const zpp_engine_config *cfg, zpp_engine **engine_p);
 /* Frees the shards; NULL is ignored. */
 ZPP_API void zpp_engine_destroy(zpp_engine *e);
 
@@ -623,13 +623,13 @@ typedef struct zpp_engine_counters {
     float loss_scale;  /* the current loss scale (1 without fp16) */
     int scaler_hysteresis, scaler_iter, scaler_last_overflow; /* dynamic scaler */
 } zpp_engine_counters;
-/* Fills *c_p. Local. */
-ZPP_API void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p);
+/* The engine's counters now. Local. */
+ZPP_API zpp_engine_counters zpp_engine_counters_get(const zpp_engine *e);
 /* Installs saved counters (the scaler's only under the dynamic scaler: a
  * static scale is this run's config). ZPP_ERR_INVALID when they cannot come
  * from a run (negative counts, more updates or skips than steps, a scale
  * that is not finite and positive). Local. */
-ZPP_API zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c);
+ZPP_API zpp_status zpp_engine_counters_set(zpp_engine *e, const zpp_engine_counters *c);
 
 /* Error-feedback state (cfg.loco), per rank and unit. Unlike the optimizer's
  * it is not cut by element ranges: the intra buffer covers this rank's

@@ -18,7 +18,7 @@ static inline void zpp_test_open_world(int node_size, zpp_device **dev_p, zpp_to
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = node_size;
     EXPECT_OK(zpp_device_create_host(dev_p));
-    EXPECT_OK(zpp_topo_create(&to, topo_p));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, topo_p));
 }
 
 static inline void zpp_test_close_world(zpp_device *dev, zpp_topo *topo) {
@@ -32,7 +32,7 @@ static inline void zpp_test_open_run(zpp_test_run *r, const zpp_gpt2_config *cfg
                                      zpp_dtype dtype, int max_batch, zpp_topo *topo,
                                      zpp_device *dev, const zpp_engine_opts *eo) {
     EXPECT_OK(zpp_gpt2_create(cfg, dtype, max_batch, dev, &r->model));
-    EXPECT_OK(zpp_engine_create(topo, r->model, eo, dev, &r->engine));
+    EXPECT_OK(zpp_engine_create_with_opts(topo, r->model, eo, dev, &r->engine));
 }
 
 static inline void zpp_test_close_run(zpp_test_run *r) {

@@ -155,7 +155,7 @@ static void fixture_open(fixture *f, int n, zpp_dtype dtype, int node_size, int 
                         .destroy = lin_destroy};
     f->desc = d;
     EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_open(f->dev, node_size, 60.0, &f->topo));
+    EXPECT_OK(zpp_topo_create(f->dev, node_size, 60.0, &f->topo));
     EXPECT_OK(zpp_model_create(&f->desc, f->dev, &f->model));
 }
 
@@ -221,7 +221,7 @@ static void test_first_step_closed_form(void) {
     cfg.weight_decay = 0.1f;
     cfg.seed = zpp_test_seed(2);
     zpp_engine *e = NULL;
-    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e));
+    EXPECT_OK(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e));
 
     double *w0 = zpp_test_malloc((size_t)L->n * sizeof *w0);
     double *g = zpp_test_malloc((size_t)L->n * sizeof *g);
@@ -280,7 +280,7 @@ static void test_every_mode_trains(void) {
         cfg.seed = 7;
         cfg.max_reuse_distance = 0;
         zpp_engine *e = NULL;
-        EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e));
+        EXPECT_OK(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e));
         double first = 0.0, last = 0.0, bytes = 0.0;
         const int steps = 60;
         for (int s = 0; s < steps; s++) {
@@ -378,19 +378,19 @@ static void test_fail_together(void) {
     cfg.work_dtype = ZPP_FP32;
     if (rank == 2) cfg.beta1 = 1.5f;
     zpp_engine *e = NULL;
-    EXPECT_STATUS(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
     EXPECT(e == NULL && strstr(zpp_last_error(), "beta1 1.5"), "'%s'", zpp_last_error());
     cfg.beta1 = 0.9f;
     if (rank == 1) cfg.mode = 8;
-    EXPECT_STATUS(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "mode 8"), "'%s'", zpp_last_error());
     cfg.mode = ZPP_MODE_ZERO3;
     cfg.work_dtype = ZPP_BF16; /* the model takes fp32 */
-    EXPECT_STATUS(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "fp32") && strstr(zpp_last_error(), "bf16"), "'%s'",
            zpp_last_error());
     cfg.work_dtype = ZPP_FP32;
-    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &cfg, &e));
+    EXPECT_OK(zpp_engine_create(f.topo, f.model, f.dev, &cfg, &e));
     set_step(&f.L, 0);
     float loss = 0.0f;
     EXPECT_STATUS(zpp_engine_backward(e, 1.0f), ZPP_ERR_STATE); /* no forward yet */
@@ -403,7 +403,7 @@ static void test_fail_together(void) {
     zpp_engine_destroy(e);
     /* a bad deadline */
     zpp_topo *t = NULL;
-    EXPECT_STATUS(zpp_topo_open(f.dev, 0, rank == 0 ? -1.0 : 1.0, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create(f.dev, 0, rank == 0 ? -1.0 : 1.0, &t), ZPP_ERR_INVALID);
     EXPECT(t == NULL && strstr(zpp_last_error(), "timeout_s -1"), "'%s'", zpp_last_error());
     fixture_close(&f);
 }
@@ -425,13 +425,13 @@ static void test_every_option_reachable(void) {
            cfg.reduce_depth, (double)cfg.loco_err_beta, cfg.loco_reset_T);
     cfg.work_dtype = ZPP_FP32;
     zpp_engine *e = NULL;
-#define REFUSED(edit, want)                                                                     \
-    do {                                                                                        \
-        zpp_engine_config c = cfg;                                                              \
-        edit;                                                                                   \
-        EXPECT_STATUS(zpp_engine_open(f.topo, f.model, f.dev, &c, &e), ZPP_ERR_INVALID);        \
-        EXPECT(e == NULL && strstr(zpp_last_error(), want), "%s: '%s' lacks '%s'", #edit,       \
-               zpp_last_error(), want);                                                         \
+#define REFUSED(edit, want)                                                                \
+    do {                                                                                   \
+        zpp_engine_config c = cfg;                                                         \
+        edit;                                                                              \
+        EXPECT_STATUS(zpp_engine_create(f.topo, f.model, f.dev, &c, &e), ZPP_ERR_INVALID); \
+        EXPECT(e == NULL && strstr(zpp_last_error(), want), "%s: '%s' lacks '%s'", #edit,  \
+               zpp_last_error(), want);                                                    \
     } while (0)
     REFUSED(c.prefetch_depth = 0, "prefetch_depth 0");
     REFUSED(c.reduce_depth = ZPP_ENGINE_MAX_DEPTH + 1, "reduce_depth 9");
@@ -445,7 +445,7 @@ static void test_every_option_reachable(void) {
     /* a static scale leaves the dynamic scaler's fields alone */
     zpp_engine_config c = cfg;
     c.hysteresis = 0;
-    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &c, &e));
+    EXPECT_OK(zpp_engine_create(f.topo, f.model, f.dev, &c, &e));
     zpp_engine_destroy(e);
     /* LoCo on, one step: its buffers and the counters, through zeropp.h */
     c = cfg;
@@ -453,7 +453,7 @@ static void test_every_option_reachable(void) {
     c.loco = 1;
     c.prefetch_depth = 1;
     c.reduce_depth = 3;
-    EXPECT_OK(zpp_engine_open(f.topo, f.model, f.dev, &c, &e));
+    EXPECT_OK(zpp_engine_create(f.topo, f.model, f.dev, &c, &e));
     size_t intra = 0, inter = 0;
     EXPECT_OK(zpp_engine_loco_lens(e, 0, &intra, &inter));
     EXPECT(intra > 0 && zpp_engine_unit_count(e) >= 1, "loco buffers of %zu", intra);
@@ -462,8 +462,7 @@ static void test_every_option_reachable(void) {
     EXPECT_OK(zpp_engine_forward(e, &loss));
     EXPECT_OK(zpp_engine_backward(e, zpp_engine_loss_scale(e)));
     EXPECT_OK(zpp_engine_update(e, 0.01f, loss, NULL));
-    zpp_engine_counters ctr;
-    zpp_engine_get_counters(e, &ctr);
+    zpp_engine_counters ctr = zpp_engine_counters_get(e);
     EXPECT(ctr.step == 1 && ctr.updates == 1 && ctr.skipped_total == 0, "counters %d/%d/%d",
            ctr.step, ctr.updates, ctr.skipped_total);
     zpp_engine_destroy(e);
@@ -508,17 +507,16 @@ static void test_placement_from_mpi(void) {
     EXPECT_OK(zpp_device_create_host(&dev));
     EXPECT(zpp_device_ordinal(dev) == -1 && zpp_device_stream(dev) == NULL, "host device");
     zpp_topo *t = NULL;
-    EXPECT_OK(zpp_topo_open(dev, 0, 60.0, &t));
-    zpp_topo_info ti;
-    zpp_topo_get_info(t, &ti);
+    EXPECT_OK(zpp_topo_create(dev, 0, 60.0, &t));
+    zpp_topo_info ti = zpp_topo_info_get(t);
     EXPECT(ti.world_size == world && ti.world_rank == rank && ti.node_size == shm_size &&
                ti.nodes == world / shm_size && ti.local_rank == shm_rank &&
                ti.node == rank / shm_size,
            "as launched: world %d rank %d, nodes %d of %d, node %d local %d", ti.world_size,
            ti.world_rank, ti.nodes, ti.node_size, ti.node, ti.local_rank);
     zpp_topo_destroy(t);
-    EXPECT_OK(zpp_topo_open(dev, 2, 60.0, &t));
-    zpp_topo_get_info(t, &ti);
+    EXPECT_OK(zpp_topo_create(dev, 2, 60.0, &t));
+    ti = zpp_topo_info_get(t);
     EXPECT(ti.node_size == 2 && ti.nodes == world / 2 && ti.node == rank / 2 &&
                ti.local_rank == rank % 2,
            "node size 2: nodes %d of %d, node %d local %d", ti.nodes, ti.node_size, ti.node,

@@ -995,7 +995,7 @@ static void test_tool_writes_what_the_loader_reads(void) {
         EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
         zpp_data *d = NULL;
         EXPECT_OK(zpp_data_open(out, &cfg, &d));
-        const zpp_data_info info = zpp_data_get_info(d);
+        const zpp_data_info info = zpp_data_info_get(d);
         EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == want.n, "%zu tokens, expected %zu",
                info.n_tokens, want.n);
         for (size_t i = 0; i < want.n; i++)
@@ -1050,7 +1050,7 @@ static void test_tool_writes_what_the_loader_reads(void) {
         EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
         zpp_data *d = NULL;
         EXPECT_OK(zpp_data_open(out, &cfg, &d));
-        EXPECT(zpp_data_get_info(d).n_tokens == 5 && zpp_data_token(d, 1) == 70000 &&
+        EXPECT(zpp_data_info_get(d).n_tokens == 5 && zpp_data_token(d, 1) == 70000 &&
                zpp_data_token(d, 3) == 70000);
         zpp_data_close(d);
         free(j.b), free(big.b);
@@ -1066,10 +1066,10 @@ static void test_tokfile_note(void) {
     EXPECT_OK(zpp_tokfile_note_path(bin, note, sizeof note));
     EXPECT(strlen(note) == strlen(bin) + 5 && !strcmp(note + strlen(bin), ".json"), "%s", note);
     zpp_tokfile *f = NULL;
-    EXPECT_OK(zpp_tokfile_create(bin, &f));
+    EXPECT_OK(zpp_tokfile_open(bin, &f));
     const int32_t ids[5] = {1, 2, 300, 4, 5};
     EXPECT_OK(zpp_tokfile_append(f, ids, 5));
-    EXPECT_OK(zpp_tokfile_finish(f, NULL));
+    EXPECT_OK(zpp_tokfile_close(f, NULL));
     zpp_tokfile_note n;
     int found = 1;
     EXPECT_OK(zpp_tokfile_note_read(bin, &n, &found));

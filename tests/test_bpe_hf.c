@@ -582,7 +582,7 @@ static void expect_loader_reads(const char *path, const int32_t *ids, size_t n, 
     EXPECT_OK(zpp_train_config_resolve(&cfg, 1));
     zpp_data *d = NULL;
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
-    const zpp_data_info info = zpp_data_get_info(d);
+    const zpp_data_info info = zpp_data_info_get(d);
     EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == n, "%zu tokens, wrote %zu",
            info.n_tokens, n);
     for (size_t i = 0; i < n; i++)
@@ -605,14 +605,14 @@ static void expect_loader_reads(const char *path, const int32_t *ids, size_t n, 
 /* Appends ids in random-sized calls. */
 static void write_tokfile(zpp_rng *r, const char *path, const int32_t *ids, size_t n) {
     zpp_tokfile *f = NULL;
-    EXPECT_OK(zpp_tokfile_create(path, &f));
+    EXPECT_OK(zpp_tokfile_open(path, &f));
     for (size_t i = 0; i < n;) {
         const size_t want = (size_t)irand(r, 0, 3000), k = want < n - i ? want : n - i;
         EXPECT_OK(zpp_tokfile_append(f, ids + i, k));
         i += k;
     }
     size_t count = 0;
-    EXPECT_OK(zpp_tokfile_finish(f, &count));
+    EXPECT_OK(zpp_tokfile_close(f, &count));
     EXPECT(count == n);
 }
 
@@ -663,7 +663,7 @@ static void test_tokfile_u32(void) {
     free(b), free(want.b), free(ids);
     /* a negative id is still refused */
     zpp_tokfile *f = NULL;
-    EXPECT_OK(zpp_tokfile_create(path, &f));
+    EXPECT_OK(zpp_tokfile_open(path, &f));
     const int32_t bad[2] = {70000, -3};
     EXPECT_STATUS(zpp_tokfile_append(f, bad, 2), ZPP_ERR_INVALID);
     EXPECT_MSG("token 1 is -3");

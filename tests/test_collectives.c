@@ -44,7 +44,7 @@ static int world_size(void) {
     o.backend = ZPP_BACKEND_MPI;
     o.node_size = 1;
     zpp_topo *t;
-    EXPECT_OK(zpp_topo_create(&o, &t));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &t));
     int w = t->world_size;
     zpp_topo_destroy(t);
     return w;
@@ -63,7 +63,7 @@ static zpp_topo *topo_make(int node_size) {
     o.backend = ZPP_BACKEND_MPI;
     o.node_size = node_size;
     zpp_topo *t;
-    EXPECT_OK(zpp_topo_create(&o, &t));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &t));
     EXPECT(t->nodes * t->node_size == t->world_size, "failed");
     return t;
 }

@@ -452,7 +452,7 @@ static void check_overlap(const group *g, uint64_t tag, size_t n) {
 static zpp_topo *topo_make(int node_size) {
     zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = node_size};
     zpp_topo *t = NULL;
-    EXPECT_OK(zpp_topo_create(&o, &t));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &t));
     EXPECT(t && t->world && t->intra && t->inter);
     return t;
 }
@@ -564,7 +564,7 @@ static void expect_not_dividing(int S, int W) {
     int comms0 = live_comms;
     zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = S};
     zpp_topo *t = (zpp_topo *)&o; /* must stay untouched */
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     EXPECT(t == (zpp_topo *)&o, "topo_p was written on failure");
     char want[128];
     snprintf(want, sizeof want, "node size %d does not divide the world size %d", S, W);
@@ -590,15 +590,15 @@ static void test_bad_node_size(void) {
     }
     zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = -2};
     zpp_topo *t = NULL;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "-2") != NULL, "'%s'", zpp_last_error());
     o.node_size = 1;
     o.backend = (zpp_backend_kind)5;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     EXPECT(t == NULL);
 #ifndef ZPP_HAVE_CUDA
     o.backend = ZPP_BACKEND_NCCL;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_UNSUPPORTED);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_UNSUPPORTED);
     EXPECT(strstr(zpp_last_error(), "NCCL") != NULL, "'%s'", zpp_last_error());
 #endif
 }
@@ -611,19 +611,20 @@ static void test_options_disagree(void) {
     int comms0 = live_comms;
     zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = zpp_test_rank == 0 ? 1 : W};
     zpp_topo *t = NULL;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "node_size differs") != NULL, "'%s'", zpp_last_error());
     /* node_size 0 on one rank only: must not leave the others in the
      * launcher's shared-memory split */
     o.node_size = zpp_test_rank == W - 1 ? 0 : 1;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     o.node_size = 1;
     o.backend = zpp_test_rank == 0 ? ZPP_BACKEND_NCCL : ZPP_BACKEND_MPI;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_INVALID);
     EXPECT(strstr(zpp_last_error(), "backend differs") != NULL, "'%s'", zpp_last_error());
     /* a NULL output on one rank */
     o.backend = ZPP_BACKEND_MPI;
-    EXPECT_STATUS(zpp_topo_create(&o, zpp_test_rank == W - 1 ? NULL : &t), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, zpp_test_rank == W - 1 ? NULL : &t),
+                  ZPP_ERR_INVALID);
     EXPECT(t == NULL);
     EXPECT(live_comms == comms0);
 }
@@ -795,7 +796,7 @@ static void test_collective_timeout(void) {
     static char send[32], recv[32 * 16];
     zpp_topo_opts o = {.backend = ZPP_BACKEND_MPI, .node_size = 1, .timeout_s = 1.0};
     zpp_topo *t = NULL;
-    EXPECT_OK(zpp_topo_create(&o, &t));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &t));
     memset(send, rank + 1, sizeof send);
     EXPECT_OK(zpp_comm_allgather(t->world, send, recv, sizeof send, NULL)); /* in time */
     EXPECT(recv[(W - 1) * 32] == W);
@@ -861,7 +862,7 @@ static void test_collective_timeout(void) {
 }
 
 /* Setup has the deadline too (issue 29): with a 1 s deadline, rank 0
- * calls zpp_topo_create 3 s after the others. They return ZPP_ERR_TIMEOUT
+ * calls zpp_topo_create_with_opts 3 s after the others. They return ZPP_ERR_TIMEOUT
  * naming the setup step, well before rank 0 arrives, instead of hanging
  * in a blocking split; rank 0, late, times out at a later step of its own
  * (its peers have left). */
@@ -877,7 +878,7 @@ static void test_topology_setup_timeout(void) {
     }
     zpp_error_clear();
     double t0 = MPI_Wtime();
-    zpp_status st = zpp_topo_create(&o, &t);
+    zpp_status st = zpp_topo_create_with_opts(&o, &t);
     double took = MPI_Wtime() - t0;
     const char *msg = zpp_last_error();
     EXPECT(st == ZPP_ERR_TIMEOUT && t == NULL, "rank %d: %s '%s'", rank, zpp_status_str(st),

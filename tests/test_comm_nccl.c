@@ -150,7 +150,7 @@ static void ctx_open(ctx *cx, int node_size, int emulate) {
     EXPECT_OK(zpp_device_set(cx->dev, cx->busy_a, 1, BUSY_BYTES));
     cur_dev = cx->dev;
     zpp_topo_opts o = {ZPP_BACKEND_NCCL, node_size, cx->dev, emulate, 0.0};
-    EXPECT_OK(zpp_topo_create(&o, &cx->topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &cx->topo));
     const zpp_topo *t = cx->topo;
     /* (no '%' inside EXPECT's condition: it becomes part of the format) */
     int w = world_size(), want_node = zpp_test_rank / node_size;
@@ -1008,7 +1008,7 @@ static void check_hierarchical_matches_mpi(ctx *cx) {
     EXPECT_OK(zpp_device_create_host(&host));
     zpp_topo_opts o = {ZPP_BACKEND_MPI, t->node_size, NULL, 0, 0.0};
     zpp_topo *mt = NULL;
-    EXPECT_OK(zpp_topo_create(&o, &mt));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &mt));
     EXPECT(mt->node == t->node && mt->local_rank == t->local_rank && mt->nodes == t->nodes,
            "MPI topology: node %d local %d of %d nodes; NCCL: node %d local %d of %d", mt->node,
            mt->local_rank, mt->nodes, t->node, t->local_rank, t->nodes);
@@ -1113,7 +1113,7 @@ static void test_nccl_hostid_fixed_per_process(void) {
     EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
     zpp_topo_opts o = {ZPP_BACKEND_NCCL, 1, dev, 1, 0.0};
     zpp_topo *t = NULL;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_STATE);
     EXPECT(t == NULL, "topology returned on failure");
     EXPECT(strstr(zpp_last_error(), "NCCL_HOSTID") != NULL, "message: %s", zpp_last_error());
     zpp_device_destroy(dev);
@@ -1263,7 +1263,7 @@ static void test_nccl_emulated_nodes(void) {
     EXPECT_OK(zpp_device_create_gpu(pick_device(), &dev));
     zpp_topo_opts o = {ZPP_BACKEND_NCCL, world_size(), dev, 0, 0.0};
     zpp_topo *t = NULL;
-    EXPECT_STATUS(zpp_topo_create(&o, &t), ZPP_ERR_STATE);
+    EXPECT_STATUS(zpp_topo_create_with_opts(&o, &t), ZPP_ERR_STATE);
     EXPECT(strstr(zpp_last_error(), "NCCL_HOSTID") != NULL, "message: %s", zpp_last_error());
     zpp_device_destroy(dev);
 }

@@ -107,7 +107,7 @@ static void test_llmc_roundtrip(void) {
         zpp_data *d;
         EXPECT_OK(zpp_data_open(path, &cfg, &d));
         unlink(path); /* the mapping stays valid */
-        zpp_data_info info = zpp_data_get_info(d);
+        zpp_data_info info = zpp_data_info_get(d);
         EXPECT(info.kind == ZPP_DATA_LLMC && info.n_tokens == n);
         EXPECT(info.vocab == maxtok + 1);
         EXPECT(info.n_train + info.n_val == n && info.seq_len == T && info.micro_batch == 3 &&
@@ -213,8 +213,8 @@ static void test_wrong_magic(void) {
     close(fd);
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
     unlink(path);
-    EXPECT(zpp_data_get_info(d).kind == ZPP_DATA_RAW_TEXT);
-    EXPECT(zpp_data_get_info(d).n_tokens == 600 && zpp_data_get_info(d).vocab == 256);
+    EXPECT(zpp_data_info_get(d).kind == ZPP_DATA_RAW_TEXT);
+    EXPECT(zpp_data_info_get(d).n_tokens == 600 && zpp_data_info_get(d).vocab == 256);
     EXPECT(zpp_data_token(d, 27) == 'b');
     zpp_data_close(d);
 }
@@ -240,7 +240,7 @@ static void test_token_out_of_vocab(void) {
     /* vocab_size one above the largest token opens. */
     cfg.model.vocab_size = 65536;
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
-    EXPECT(zpp_data_get_info(d).vocab == (badval > vocab ? badval : vocab) + 1);
+    EXPECT(zpp_data_info_get(d).vocab == (badval > vocab ? badval : vocab) + 1);
     zpp_data_close(d);
     unlink(path);
     free(tok);
@@ -260,7 +260,7 @@ static void test_raw_text(void) {
     EXPECT(fread(text, 1, size, f) == size);
     fclose(f);
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
-    zpp_data_info info = zpp_data_get_info(d);
+    zpp_data_info info = zpp_data_info_get(d);
     EXPECT(info.kind == ZPP_DATA_RAW_TEXT && info.n_tokens == size && info.vocab == 256);
     /* The split: the last tenth held out. */
     EXPECT(info.n_val == size / 10 && info.n_train == size - size / 10);
@@ -302,9 +302,9 @@ static void test_synthetic(void) {
     zpp_data *d1, *d2;
     EXPECT_OK(zpp_data_open(NULL, &c1, &d1));
     EXPECT_OK(zpp_data_open(NULL, &c2, &d2));
-    const size_t n = zpp_data_get_info(d1).n_tokens;
-    EXPECT(n >= 200000 && n == ZPP_DATA_SYNTH_TOKENS && zpp_data_get_info(d2).n_tokens == n);
-    EXPECT(zpp_data_get_info(d1).kind == ZPP_DATA_SYNTHETIC && zpp_data_get_info(d1).vocab == 128);
+    const size_t n = zpp_data_info_get(d1).n_tokens;
+    EXPECT(n >= 200000 && n == ZPP_DATA_SYNTH_TOKENS && zpp_data_info_get(d2).n_tokens == n);
+    EXPECT(zpp_data_info_get(d1).kind == ZPP_DATA_SYNTHETIC && zpp_data_info_get(d1).vocab == 128);
     /* The same text whatever the config; only a fixed alphabet of 29. */
     static const char alphabet[] = "abcdefghijklmnopqrstuvwxyz .\n";
     int idx[128];
@@ -379,7 +379,7 @@ static void test_global_batch_invariance(void) {
             zpp_train_config cfg = make_cfg(T, 65536, micro, accum, seed);
             zpp_data *d;
             EXPECT_OK(zpp_data_open(path, &cfg, &d));
-            const size_t n_train = zpp_data_get_info(d).n_train;
+            const size_t n_train = zpp_data_info_get(d).n_train;
             int filled[8] = {0};
             for (int a = 0; a < accum; a++)
                 for (int rank = 0; rank < world; rank++) {
@@ -443,7 +443,7 @@ static void test_epochs_are_permutations(void) {
         zpp_data *d;
         EXPECT_OK(zpp_data_open(path, &cfg, &d));
         unlink(path);
-        zpp_data_info info = zpp_data_get_info(d);
+        zpp_data_info info = zpp_data_info_get(d);
         const size_t K = info.train_windows;
         EXPECT(K == (info.n_train - 1) / (size_t)T && K >= 1);
         uint8_t *seen = calloc(K, 1);
@@ -480,7 +480,7 @@ static void test_validation_split(void) {
         zpp_data *d;
         EXPECT_OK(zpp_data_open(path, &cfg, &d));
         unlink(path);
-        zpp_data_info info = zpp_data_get_info(d);
+        zpp_data_info info = zpp_data_info_get(d);
         const size_t want_val = n / 10 > (size_t)T + 1 ? n / 10 : (size_t)T + 1;
         EXPECT(info.n_val == want_val && info.n_train == n - want_val);
         EXPECT(info.val_windows == (info.n_val - 1) / (size_t)T && info.val_windows >= 1);
@@ -531,7 +531,7 @@ static void test_too_small(void) {
     write_identity(path, 2 * (size_t)(T + 1));
     EXPECT_OK(zpp_data_open(path, &cfg, &d));
     unlink(path);
-    zpp_data_info info = zpp_data_get_info(d);
+    zpp_data_info info = zpp_data_info_get(d);
     EXPECT(info.n_train == (size_t)T + 1 && info.n_val == (size_t)T + 1 &&
            info.train_windows == 1 && info.val_windows == 1);
     int32_t *x = malloc((size_t)T * sizeof *x), *y = malloc((size_t)T * sizeof *y);
@@ -602,7 +602,7 @@ static void test_sequential_order(void) {
         cfg.seed = zpp_rng_u64(&r) >> 11; /* plays no part */
         zpp_data *d = NULL;
         EXPECT_OK(zpp_data_open(path, &cfg, &d));
-        const zpp_data_info info = zpp_data_get_info(d);
+        const zpp_data_info info = zpp_data_info_get(d);
         const size_t E = (info.n_train - 1) / (G * T);
         EXPECT(E >= (size_t)E_want && E <= (size_t)E_want + 1, "E %zu, wanted %d", E, E_want);
         int32_t *x = malloc((size_t)micro * T * sizeof *x), *y = malloc((size_t)micro * T * sizeof *y);

@@ -36,9 +36,9 @@ static void setup_engine(fixture *f, zpp_dtype dtype, const zpp_engine_opts *eo,
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 2;
     EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
     EXPECT_OK(zpp_gpt2_create(&kModel, dtype, 2, f->dev, &f->model));
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, eo, f->dev, &f->engine));
+    EXPECT_OK(zpp_engine_create_with_opts(f->topo, f->model, eo, f->dev, &f->engine));
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream + (uint64_t)f->topo->world_rank));
     for (int i = 0; i < 32; i++) {
         f->tokens[i] = (int32_t)(zpp_rng_u64(&r) % 64);
@@ -86,14 +86,14 @@ static void test_backward_needs_current_forward(void) {
         EXPECT_STATUS(zpp_engine_backward(f.engine, 1.0f), ZPP_ERR_STATE);
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT(isfinite(loss) && loss > 0, "loss %g", (double)loss);
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, NULL));
         EXPECT_STATUS(zpp_engine_backward(f.engine, 1.0f), ZPP_ERR_STATE);
         EXPECT(strstr(zpp_last_error(), "forward") != NULL, "message: %s", zpp_last_error());
         /* the proper order works afterwards */
-        zpp_step_stats st;
+        zpp_engine_update_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, &st));
         EXPECT(st.grad_norm > 0 && isfinite(st.grad_norm));
         teardown(&f);
     }
@@ -121,10 +121,10 @@ static void test_step_volumes_by_mode(void) {
         eo.max_reuse_distance = 0;
         setup_engine(&f, ZPP_BF16, &eo, 100);
         float loss;
-        zpp_step_stats st;
+        zpp_engine_update_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, &st));
         v[m] = st.volume;
         teardown(&f);
     }
@@ -188,10 +188,10 @@ static void test_gathers_follow_reuse_across_the_step(void) {
         EXPECT(m->bwd_reads_params && m->bwd_reads_params[0] == 0, "GPT-2 stage 0 reads params?");
         for (int s = 1; s < S; s++) EXPECT(m->bwd_reads_params[s] == 1, "stage %d", s);
         float loss;
-        zpp_step_stats st;
+        zpp_engine_update_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, &st));
         /* the use order: forward 0..S-1, backward S-1..1 */
         int use[2 * 8], n_use = 0;
         for (int s = 0; s < S; s++) use[n_use++] = s;
@@ -276,7 +276,7 @@ static void test_bf16_units_take_bf16_bytes(void) {
     EXPECT(now - now0 == bytes && peak == now, "memory grew by %zu for %zu bytes of scratch",
            now - now0, bytes);
     EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+    EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, NULL));
     zpp_device_mem_stats(f.dev, &now, &peak);
     size_t shard = 0;
     for (int u = 0; u < m->n_units; u++) {
@@ -296,7 +296,7 @@ static void test_bf16_units_take_bf16_bytes(void) {
     for (int step = 0; step < 3; step++) {
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, NULL));
         zpp_device_scratch_stats(f.dev, &nb, &bytes);
         zpp_device_mem_stats(f.dev, &now, &peak);
         if (step > 0)
@@ -326,8 +326,8 @@ static void test_nonfinite_skips_the_step_everywhere(void) {
         unsigned char q[64];
         EXPECT_OK(zpp_device_quantize_chunks(f.dev, x, ZPP_FP32, 1, 8, &sp, q));
     }
-    zpp_step_stats st;
-    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+    zpp_engine_update_stats st;
+    EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, &st));
     EXPECT(st.skipped == 1 && st.skipped_total == 1 && !isfinite(st.grad_norm),
            "skipped %d (total %d), norm %g", st.skipped, st.skipped_total, (double)st.grad_norm);
     EXPECT(zpp_engine_steps_taken(f.engine) == 1, "the skipped step did not count");
@@ -335,7 +335,7 @@ static void test_nonfinite_skips_the_step_everywhere(void) {
     EXPECT(loss2 == loss, "the weights changed at a skipped step: loss %.9g -> %.9g",
            (double)loss, (double)loss2);
     EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-    EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss2, &st));
+    EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss2, &st));
     EXPECT(st.skipped == 0 && st.skipped_total == 1 && isfinite(st.grad_norm), "failed");
     EXPECT_OK(zpp_engine_forward(f.engine, &loss2));
     EXPECT(loss2 != loss, "no update after the skipped step");
@@ -352,7 +352,7 @@ static void test_scratch_settles_with_zeropp(void) {
         float loss;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, NULL));
         zpp_device_scratch_stats(f.dev, &nb, &bytes);
         zpp_device_mem_stats(f.dev, NULL, &peak);
         if (step > 1)
@@ -380,12 +380,12 @@ static void sleep_ms(long ms) {
  * forward and backward, as a straggler computing longer would. */
 static zpp_engine_profile profiled_step(fixture *f, int slow, long delay_ms, double *wall_ms) {
     float loss;
-    zpp_step_stats st;
+    zpp_engine_update_stats st;
     double t0 = now_ms();
     EXPECT_OK(zpp_engine_forward(f->engine, &loss));
     if (f->topo->world_rank == slow) sleep_ms(delay_ms);
     EXPECT_OK(zpp_engine_backward(f->engine, 1.0f));
-    EXPECT_OK(zpp_engine_optimizer_step(f->engine, 1e-3f, loss, &st));
+    EXPECT_OK(zpp_engine_update_with_stats(f->engine, 1e-3f, loss, &st));
     if (wall_ms) *wall_ms = now_ms() - t0;
     return st.profile;
 }
@@ -468,7 +468,7 @@ static void test_depths_give_the_same_bits(void) {
                 float loss;
                 EXPECT_OK(zpp_engine_forward(f.engine, &loss));
                 EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-                EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-2f, loss, NULL));
+                EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-2f, loss, NULL));
                 if (d == 0) loss0[step] = loss;
                 EXPECT(!memcmp(&loss, &loss0[step], sizeof loss),
                        "%s, depth %d: step %d loss %.9g, depth 11 gave %.9g",
@@ -506,8 +506,9 @@ static void test_depths_give_the_same_bits(void) {
         eo.prefetch_depth = bad[b][0];
         eo.reduce_depth = bad[b][1];
         zpp_engine *e = NULL;
-        EXPECT(zpp_engine_create(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
-               "depths %d/%d accepted", bad[b][0], bad[b][1]);
+        EXPECT(
+            zpp_engine_create_with_opts(f.topo, f.model, &eo, f.dev, &e) == ZPP_ERR_INVALID && !e,
+            "depths %d/%d accepted", bad[b][0], bad[b][1]);
     }
     teardown(&f);
 }
@@ -558,10 +559,10 @@ static void test_weight_decay_mask(void) {
             EXPECT_OK(zpp_engine_state_get(f.engine, u, p0[u], m[u], v[u]));
         }
         float loss;
-        zpp_step_stats st;
+        zpp_engine_update_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, lr, loss, &st));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, lr, loss, &st));
         const float c1 = 1.0f - powf(eo.beta1, 1.0f), c2 = 1.0f - powf(eo.beta2, 1.0f);
         long seen[2] = {0, 0}, bad = 0; /* [decayed?]: elements where wd' mattered */
         for (int u = 0; u < U; u++) {
@@ -615,10 +616,10 @@ static void test_clipping_coefficient(void) {
         if (run == 2) eo.grad_clip = 2.0f * ref_norm;
         setup_fp32(&f, &eo);
         float loss;
-        zpp_step_stats st;
+        zpp_engine_update_stats st;
         EXPECT_OK(zpp_engine_forward(f.engine, &loss));
         EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, &st));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, &st));
         const int U = zpp_engine_unit_count(f.engine);
         if (run == 0) ref_norm = st.grad_norm;
         EXPECT(st.grad_norm == ref_norm, "the norm before clipping changed: %.9g vs %.9g",

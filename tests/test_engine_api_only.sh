@@ -40,14 +40,14 @@ check() {
 mkdir -p "$tmp/include" "$tmp/src/engine" "$tmp/src/train" "$tmp/tools"
 cp "$src/include/zeropp.h" "$tmp/include/"
 cp "$src/src/engine/options.h" "$tmp/src/engine/"
-printf '#include "engine/engine.h"\nint f(zpp_engine *e) { return zpp_engine_optimizer_step(e, 1); }\n' \
+printf '#include "engine/engine.h"\nint f(zpp_engine *e) { return zpp_engine_update_with_stats(e, 1); }\n' \
   > "$tmp/src/train/bad.c"
 printf '#include "zeropp.h"\nint g(zpp_engine *e) { return zpp_engine_steps_taken(e); }\n' \
   > "$tmp/tools/good.c"
 rc=0
 out=$(check "$tmp") || rc=$?
 if [ "$rc" -eq 0 ] || ! grep -q 'src/train/bad.c: includes engine/engine.h' <<<"$out" ||
-   ! grep -q 'src/train/bad.c: calls zpp_engine_optimizer_step,' <<<"$out" || grep -q 'good.c' <<<"$out"; then
+   ! grep -q 'src/train/bad.c: calls zpp_engine_update_with_stats,' <<<"$out" || grep -q 'good.c' <<<"$out"; then
   echo "FAIL: the made-up tree was not refused as it should be:"
   echo "$out"
   exit 1

@@ -110,12 +110,12 @@ static void test_zeropp_evaluates_the_exact_weights(void) {
         if (round == 1) {
             for (int k = 0; k < 2; k++) {
                 EXPECT_OK(zpp_engine_backward(runs[k].engine, 1.0f));
-                EXPECT_OK(zpp_engine_optimizer_step(runs[k].engine, 0.0f, train_loss[k], NULL));
+                EXPECT_OK(zpp_engine_update_with_stats(runs[k].engine, 0.0f, train_loss[k], NULL));
             }
         }
         float eval_loss[2];
         for (int k = 0; k < 2; k++)
-            EXPECT_OK(zpp_engine_eval(runs[k].engine, set_batch, &b, &eval_loss[k]));
+            EXPECT_OK(zpp_engine_evaluate_with_batch(runs[k].engine, set_batch, &b, &eval_loss[k]));
         EXPECT(!memcmp(&eval_loss[0], &eval_loss[1], sizeof(float)),
                "round %d: ZeRO++ evaluates to %.9g, ZeRO-3 to %.9g on the same masters "
                "(ZeRO++'s training forward gave %.9g)",
@@ -156,14 +156,16 @@ static void test_eval_leaves_training_alone(void) {
     random_batch(&held_out, 4000, topo->world_rank);
     for (int step = 0; step < 2; step++) {
         random_batch(&b, 5000 + 10 * (uint64_t)step, topo->world_rank);
-        zpp_step_stats st[2];
+        zpp_engine_update_stats st[2];
         for (int k = 0; k < 2; k++) {
             float loss, ev;
             EXPECT_OK(set_batch(&b, 0, runs[k].model));
             EXPECT_OK(zpp_engine_forward(runs[k].engine, &loss));
             EXPECT_OK(zpp_engine_backward(runs[k].engine, 1.0f));
-            if (k == 1) EXPECT_OK(zpp_engine_eval(runs[k].engine, set_batch, &held_out, &ev));
-            EXPECT_OK(zpp_engine_optimizer_step(runs[k].engine, 1e-2f, loss, &st[k]));
+            if (k == 1)
+                EXPECT_OK(
+                    zpp_engine_evaluate_with_batch(runs[k].engine, set_batch, &held_out, &ev));
+            EXPECT_OK(zpp_engine_update_with_stats(runs[k].engine, 1e-2f, loss, &st[k]));
         }
         EXPECT(same_volume(&st[0].volume, &st[1].volume),
                "step %d: %.0f cross-node bytes with an evaluation inside, %.0f without", step,

@@ -185,7 +185,7 @@ static void test_qwz_vectors_exact_neighbours_fine(void) {
                    vec_total);
             EXPECT(mat_over > 0, "quantize_vectors: no matrix element rounded coarser");
         }
-        EXPECT_OK(zpp_engine_optimizer_step(r.engine, 0.0f, loss, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(r.engine, 0.0f, loss, NULL));
         probe_detach(r.model);
         zpp_test_close_run(&r);
     }
@@ -224,7 +224,7 @@ static void test_qgz_vector_gradients_exact(void) {
                 EXPECT_OK(zpp_engine_backward(runs[k].engine, 0.5f));
                 loss[k] += 0.5f * l;
             }
-            EXPECT_OK(zpp_engine_optimizer_step(runs[k].engine, 1e-3f, loss[k], NULL));
+            EXPECT_OK(zpp_engine_update_with_stats(runs[k].engine, 1e-3f, loss[k], NULL));
         }
         const zpp_model *m = runs[0].model;
         size_t vec_over = 0, vec_total = 0, mat_far = 0;

@@ -34,7 +34,7 @@ static void setup_with(fixture *f, int resident) {
     to.backend = ZPP_BACKEND_MPI;
     to.node_size = 1;
     EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create(&to, &f->topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
     EXPECT(f->topo->world_size == 1, "needs one rank, has %d", f->topo->world_size);
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->model));
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
@@ -43,7 +43,7 @@ static void setup_with(fixture *f, int resident) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     f->eo.seed = zpp_rng_u64(&r);
     f->eo.resident_weights = resident;
-    EXPECT_OK(zpp_engine_create(f->topo, f->model, &f->eo, f->dev, &f->engine));
+    EXPECT_OK(zpp_engine_create_with_opts(f->topo, f->model, &f->eo, f->dev, &f->engine));
 }
 
 static void setup(fixture *f) { setup_with(f, 1); }
@@ -113,7 +113,7 @@ static void test_gradient_is_the_models(void) {
             EXPECT_OK(zpp_engine_backward(f.engine, 1.0f));
             ref_micro_batch(&f, w, g, tok, tgt);
         }
-        EXPECT_OK(zpp_engine_optimizer_step(f.engine, 1e-3f, loss, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(f.engine, 1e-3f, loss, NULL));
         const float c = 1.0f - f.eo.beta1;
         size_t bad = 0, total = 0;
         for (int u = 0; u < m->n_units; u++) {
@@ -153,7 +153,7 @@ static float train_step(fixture *f, zpp_rng *r) {
     EXPECT_OK(f->model->ops->set_batch(f->model, tok, tgt, kB));
     EXPECT_OK(zpp_engine_forward(f->engine, &loss));
     EXPECT_OK(zpp_engine_backward(f->engine, 1.0f));
-    EXPECT_OK(zpp_engine_optimizer_step(f->engine, 1e-3f, loss, NULL));
+    EXPECT_OK(zpp_engine_update_with_stats(f->engine, 1e-3f, loss, NULL));
     return loss;
 }
 

@@ -50,7 +50,7 @@ static zpp_topo *topo_make(int node_size) {
     o.backend = ZPP_BACKEND_MPI;
     o.node_size = node_size;
     zpp_topo *t;
-    EXPECT_OK(zpp_topo_create(&o, &t));
+    EXPECT_OK(zpp_topo_create_with_opts(&o, &t));
     return t;
 }
 

@@ -271,7 +271,7 @@ static void engine_run(const zpp_gpt2_config *cfg, zpp_dtype dtype, const mode *
     zpp_engine *eng = NULL;
     if (!to.node_size) MPI_Comm_size(MPI_COMM_WORLD, &to.node_size);
     EXPECT_OK(zpp_device_create_host(&dev));
-    EXPECT_OK(zpp_topo_create(&to, &topo));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &topo));
     zpp_engine_opts eo = zpp_engine_opts_default();
     eo.gather = md->qwz ? ZPP_GATHER_QWZ : ZPP_GATHER_BASELINE;
     eo.hpz = md->hpz;
@@ -281,7 +281,7 @@ static void engine_run(const zpp_gpt2_config *cfg, zpp_dtype dtype, const mode *
     zpp_rng sr = zpp_rng_make(zpp_test_seed(21));
     eo.seed = zpp_rng_u64(&sr);
     EXPECT_OK(zpp_gpt2_create(cfg, dtype, kMaxBatch, dev, &model));
-    EXPECT_OK(zpp_engine_create(topo, model, &eo, dev, &eng));
+    EXPECT_OK(zpp_engine_create_with_opts(topo, model, &eo, dev, &eng));
     const int T = cfg->seq_len;
     int32_t *tok = xcalloc((size_t)kMaxBatch * T, sizeof *tok);
     int32_t *tgt = xcalloc((size_t)kMaxBatch * T, sizeof *tgt);
@@ -297,7 +297,7 @@ static void engine_run(const zpp_gpt2_config *cfg, zpp_dtype dtype, const mode *
             EXPECT_OK(zpp_engine_backward(eng, 0.5f));
             sum += loss[2 * step + micro];
         }
-        EXPECT_OK(zpp_engine_optimizer_step(eng, 1e-2f, sum / 2, NULL));
+        EXPECT_OK(zpp_engine_update_with_stats(eng, 1e-2f, sum / 2, NULL));
     }
     size_t total = 0;
     float *master = NULL;

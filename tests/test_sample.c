@@ -330,7 +330,7 @@ static char *read_all(const char *path, size_t *n_p) {
 }
 
 /* The run under test: 2 layers of 32 channels, T = 32, bytes; qwZ and qgZ
- * (the sample's gathers must be exact anyway: engine.h, zpp_engine_eval). */
+ * (the sample's gathers must be exact anyway: engine.h, zpp_engine_evaluate_with_batch). */
 #define RUN_T 32
 #define RUN_SEED 4242
 #define RUN_STEPS 3

@@ -253,7 +253,7 @@ static zpp_status setup(bench_ctx *b) {
     } else if ((st = zpp_device_create_host(&b->dev)) != ZPP_OK) {
         return st;
     }
-    st = zpp_topo_create(&to, &b->topo);
+    st = zpp_topo_create_with_opts(&to, &b->topo);
     if (st != ZPP_OK) return st;
     b->rank = b->topo->world_rank;
     b->W = b->topo->world_size;

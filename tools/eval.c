@@ -97,6 +97,45 @@ static int fail(const char *context, zpp_status st) {
     return 1;
 }
 
+/* The result, rank 0: one JSON object (--json) or the lines for people. */
+static void print_eval(const eval_args *a, zpp_trainer *t, const char *data, long long batches,
+                       int step, float loss) {
+    const int world = zpp_comm_world_size(), train_split = !strcmp(a->split, "train");
+    const zpp_trainer_info *in = zpp_trainer_info_get(t);
+    const zpp_data_info *d = &in->data;
+    const size_t begin = train_split ? 0 : d->n_train;
+    const size_t end = train_split ? d->n_train : d->n_tokens;
+    const size_t windows = train_split ? d->train_windows : d->val_windows;
+    const long long seqs = batches * in->micro_batch;
+    const double ppl = exp((double)loss);
+    if (a->json) {
+        printf(
+            "{\"checkpoint\":\"%s\",\"step\":%d,\"split\":\"%s\",\"loss\":%.9g,"
+            "\"perplexity\":%.9g,\"batches\":%lld,\"sequences\":%lld,\"tokens\":%lld,"
+            "\"split_begin\":%zu,\"split_end\":%zu}\n",
+            a->dir, step, a->split, (double)loss, ppl, batches, seqs, seqs * (long long)in->seq_len,
+            begin, end);
+    } else {
+        const char *what = data ? data : "the built-in synthetic corpus";
+        const char *unit = d->kind == ZPP_DATA_RAW_TEXT ? "bytes" : "tokens";
+        printf("eval: checkpoint %s (step %d), GPT-2 %zu params, %d rank%s\n", a->dir, step,
+               in->n_params, world, world == 1 ? "" : "s");
+        const char *comm_note = zpp_trainer_comm_note(t);
+        if (comm_note[0]) printf("note: %s\n", comm_note);
+        printf("data: %s (%s, %zu %s); %s: %s %s [%zu, %zu)\n", what, zpp_data_kind_name(d->kind),
+               d->n_tokens, unit,
+               train_split ? "the training split (--split train)"
+                           : "the held-out split (--split val), never trained on",
+               train_split ? "all but the last tenth," : "the last tenth,", unit, begin, end);
+        printf("read %lld batch%s of %d sequences of %d tokens: %lld tokens", batches,
+               batches == 1 ? "" : "es", in->micro_batch, in->seq_len,
+               seqs * (long long)in->seq_len);
+        if ((unsigned long long)seqs > windows)
+            printf(" (the split holds %zu sequences: the batches past them repeat them)", windows);
+        printf("\nloss %.6f | perplexity %.4f\n", (double)loss, ppl);
+    }
+}
+
 int zpp_cli_eval_checkpoint(int argc, char **argv) {
     const int rank = zpp_comm_world_rank(), world = zpp_comm_world_size();
     eval_args a;
@@ -130,52 +169,15 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     long long total = a.batches ? a.batches : (long long)cfg.eval_batches * saved.world_size;
     const int per_rank = (int)((total + world - 1) / world);
     zpp_trainer *t = NULL;
-    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0,
-                           NULL};
-    st = zpp_trainer_create(&cfg, &to, &t);
+    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0, NULL};
     int step = 0;
-    if (st == ZPP_OK) st = zpp_trainer_load(t, a.dir, &step);
     float loss = 0.0f;
-    if (st == ZPP_OK) st = zpp_trainer_evaluate(t, train_split, per_rank, &loss, NULL);
-    if (st != ZPP_OK) {
-        zpp_trainer_destroy(t);
-        free(saved.data_path);
-        return fail("eval", st);
-    }
-    const zpp_trainer_info *in = zpp_trainer_get_info(t);
-    const zpp_data_info *d = &in->data;
-    const size_t begin = train_split ? 0 : d->n_train;
-    const size_t end = train_split ? d->n_train : d->n_tokens;
-    const size_t windows = train_split ? d->train_windows : d->val_windows;
-    const long long batches = (long long)per_rank * world;
-    const long long seqs = batches * in->micro_batch;
-    const double ppl = exp((double)loss);
-    if (rank == 0 && a.json) {
-        printf("{\"checkpoint\":\"%s\",\"step\":%d,\"split\":\"%s\",\"loss\":%.9g,"
-               "\"perplexity\":%.9g,\"batches\":%lld,\"sequences\":%lld,\"tokens\":%lld,"
-               "\"split_begin\":%zu,\"split_end\":%zu}\n",
-               a.dir, step, a.split, (double)loss, ppl, batches, seqs,
-               seqs * (long long)in->seq_len, begin, end);
-    } else if (rank == 0) {
-        const char *what = data ? data : "the built-in synthetic corpus";
-        const char *unit = d->kind == ZPP_DATA_RAW_TEXT ? "bytes" : "tokens";
-        printf("eval: checkpoint %s (step %d), GPT-2 %zu params, %d rank%s\n", a.dir, step,
-               in->n_params, world, world == 1 ? "" : "s");
-        const char *comm_note = zpp_trainer_comm_note(t);
-        if (comm_note[0]) printf("note: %s\n", comm_note);
-        printf("data: %s (%s, %zu %s); %s: %s %s [%zu, %zu)\n", what,
-               zpp_data_kind_name(d->kind), d->n_tokens, unit,
-               train_split ? "the training split (--split train)"
-                           : "the held-out split (--split val), never trained on",
-               train_split ? "all but the last tenth," : "the last tenth,", unit, begin, end);
-        printf("read %lld batch%s of %d sequences of %d tokens: %lld tokens", batches,
-               batches == 1 ? "" : "es", in->micro_batch, in->seq_len,
-               seqs * (long long)in->seq_len);
-        if ((unsigned long long)seqs > windows)
-            printf(" (the split holds %zu sequences: the batches past them repeat them)", windows);
-        printf("\nloss %.6f | perplexity %.4f\n", (double)loss, ppl);
-    }
+    ZPP_CHECK_GOTO(zpp_trainer_create(&cfg, &to, &t), st, out);
+    ZPP_CHECK_GOTO(zpp_trainer_load(t, a.dir, &step), st, out);
+    ZPP_CHECK_GOTO(zpp_trainer_evaluate(t, train_split, per_rank, &loss, NULL), st, out);
+    if (rank == 0) print_eval(&a, t, data, (long long)per_rank * world, step, loss);
+out:
     zpp_trainer_destroy(t);
     free(saved.data_path);
-    return 0;
+    return st == ZPP_OK ? 0 : fail("eval", st);
 }

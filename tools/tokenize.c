@@ -198,7 +198,7 @@ int zpp_cli_tokenize(int argc, char **argv) {
     FILE *in = stdin;
     if (strcmp(in_path, "-")) st = zpp_fopen_regular(in_path, "text", &in);
     zpp_tokfile *out = NULL;
-    if (st == ZPP_OK) st = zpp_tokfile_create(out_path, &out);
+    if (st == ZPP_OK) st = zpp_tokfile_open(out_path, &out);
     size_t bytes = 0, tokens = 0;
     if (st == ZPP_OK)
         st = encode_stream(bpe, in, in_path, allow_special ? ZPP_BPE_SPECIAL : 0, buffer, out,
@@ -206,7 +206,7 @@ int zpp_cli_tokenize(int argc, char **argv) {
     if (st == ZPP_OK && bytes == 0)
         st = zpp_error(ZPP_ERR_INVALID, "'%s' holds no text: nothing to tokenize", in_path);
     if (st == ZPP_OK) {
-        st = zpp_tokfile_finish(out, &tokens);
+        st = zpp_tokfile_close(out, &tokens);
         out = NULL;
     }
     zpp_tokfile_abort(out);

@@ -409,7 +409,7 @@ static const char *json_num(char *buf, size_t cap, const char *fmt, double v) {
     return buf;
 }
 
-static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
+static void json_skip_fields(FILE *f, const zpp_update_stats *st, int fp16) {
     fprintf(f, ",\"skipped\":%s,\"skipped_total\":%d", st->skipped ? "true" : "false",
             st->skipped_total);
     if (fp16) fprintf(f, ",\"loss_scale\":%.17g", (double)st->loss_scale);
@@ -417,17 +417,17 @@ static void json_skip_fields(FILE *f, const zpp_step_stats *st, int fp16) {
 }
 
 /* --profile's fields: rank 0's compute stream, and the most exposed
- * communication of any rank (engine.h, zpp_engine_profile). */
+ * communication of any rank (zeropp.h, zpp_update_stats). */
 static void json_profile_fields(FILE *f, const zpp_trainer_step_result *r) {
-    const zpp_engine_profile *p = &r->stats.profile;
-    if (!p->valid) return;
+    const zpp_update_stats *p = &r->stats;
+    if (!p->profiled) return;
     fprintf(f, ",\"stream_ms\":%.3f,\"compute_ms\":%.3f,\"exposed_comm_ms\":%.3f,"
             "\"exposed_comm_ms_max\":%.3f",
             p->stream_ms, p->compute_ms, p->exposed_comm_ms, r->exposed_comm_ms_max);
 }
 
 static void prof_add(prof_sum *ps, int step, int start, const zpp_trainer_step_result *r) {
-    const zpp_engine_profile *p = &r->stats.profile;
+    const zpp_update_stats *p = &r->stats;
     if (step == start + 1) memset(ps, 0, sizeof *ps); /* drop the first step */
     ps->stream += p->stream_ms;
     ps->compute += p->compute_ms;
@@ -684,7 +684,7 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
                            a->profile, a->init_from};
     *ctx = "train";
     ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
-    tr->in = zpp_trainer_get_info(tr->t);
+    tr->in = zpp_trainer_info_get(tr->t);
     if (tr->rank == 0) print_setup(tr->in, a->init_from);
     if (a->init_from && tr->rank == 0)
         printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
@@ -737,8 +737,8 @@ static void run_tally(train_run *tr, step_out *so) {
     const zpp_trainer_info *in = tr->in;
     run_totals *rt = &tr->rt;
     tr->loss = r->stats.loss;
-    so->cross = zpp_volume_cross_total(&r->stats.volume);
-    so->intra = zpp_volume_intra_total(&r->stats.volume);
+    so->cross = r->stats.cross_node_bytes;
+    so->intra = r->stats.intra_node_bytes;
     const double step_tokens = (double)in->global_batch * in->seq_len;
     if (so->s > tr->start) {
         tr->ms_sum += r->seconds * 1e3;
@@ -757,7 +757,7 @@ static void run_tally(train_run *tr, step_out *so) {
     so->mfu = tr->peak > 0 ? so->tflops / tr->peak : NAN;
     tr->cross_sum += so->cross;
     tr->intra_sum += so->intra;
-    if (r->stats.profile.valid) prof_add(&tr->prof, so->s, tr->start, r);
+    if (r->stats.profiled) prof_add(&tr->prof, so->s, tr->start, r);
 }
 
 /* Step s on every rank: train, then when due validate, checkpoint and
@@ -809,7 +809,7 @@ static void write_metrics_line(FILE *metrics, const train_run *tr, const step_ou
             "\"device_live_bytes\":%.0f,\"device_used_bytes\":%.0f,"
             "\"tflops\":%.6g,\"mfu\":%s",
             so->s + 1, tr->in->mode, json_num(lb, sizeof lb, "%.9g", tr->loss),
-            (double)r->stats.lr, json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm),
+            (double)r->lr, json_num(nb, sizeof nb, "%.6g", r->stats.grad_norm),
             r->tokens_per_s, r->seconds * 1e3, so->cross, so->intra, r->device_peak_bytes,
             r->device_live_bytes, r->device_used_bytes, so->tflops,
             json_num(mb, sizeof mb, "%.6g", so->mfu));
@@ -833,17 +833,16 @@ static void print_step_line(const train_run *tr, const step_out *so) {
     bar_clear();
     printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
            "%.3g TFLOP/s/rank | MFU ",
-           so->s + 1, (double)tr->loss, (double)r->stats.lr, (double)r->stats.grad_norm,
+           so->s + 1, (double)tr->loss, (double)r->lr, (double)r->stats.grad_norm,
            r->tokens_per_s, so->tflops);
     if (tr->peak > 0) printf("%.2f%%", 100.0 * so->mfu);
     else printf("n/a");
     printf(" | cross-node %.3f MB | intra-node %.3f MB", so->cross / 1e6, so->intra / 1e6);
     if (tr->cfg->fp16.enabled) printf(" | loss scale %g", (double)r->stats.loss_scale);
     if (r->stats.skipped) printf(" | skipped (non-finite gradient)");
-    if (r->stats.profile.valid)
-        printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)",
-               r->stats.profile.compute_ms, r->stats.profile.exposed_comm_ms,
-               r->exposed_comm_ms_max);
+    if (r->stats.profiled)
+        printf(" | compute %.1f ms | exposed comm %.1f ms (max rank %.1f)", r->stats.compute_ms,
+               r->stats.exposed_comm_ms, r->exposed_comm_ms_max);
     if (so->eval) printf(" | val loss %.4f", (double)so->val);
     printf("\n");
 }
@@ -1067,7 +1066,7 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     if (st == ZPP_OK && a->init_from) {
         *stage = "init-from";
         st = zpp_llmc_open(a->init_from, &llmc);
-        if (st == ZPP_OK) cfg->model = zpp_llmc_get_info(llmc)->model;
+        if (st == ZPP_OK) cfg->model = zpp_llmc_info_get(llmc)->model;
         if (st == ZPP_OK) *stage = "config";
     }
     if (st == ZPP_OK && a->resume) {

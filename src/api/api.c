@@ -8,7 +8,7 @@
  * internal ones: the device's backend picks the communication backend, a
  * zpp_model_desc becomes the engine's zpp_model (its callbacks behind the
  * model ops table), a zpp_engine_config becomes zpp_engine_opts (by the
- * option table, engine/options.h), and zpp_step_stats shrinks to
+ * option table, engine/options.h), and zpp_engine_update_stats shrinks to
  * zpp_update_stats. Every function that creates something collectively
  * agrees on its status over the world, so a bad argument on one rank fails
  * every rank instead of hanging the others. */
@@ -49,12 +49,12 @@ void *zpp_device_stream(const zpp_device *d) { return d ? d->stream : NULL; }
 
 /* ---- Topology ------------------------------------------------------------- */
 
-zpp_status zpp_topo_open(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
-    return zpp_topo_open_emulated(dev, node_size, timeout_s, 0, topo_p);
+zpp_status zpp_topo_create(zpp_device *dev, int node_size, double timeout_s, zpp_topo **topo_p) {
+    return zpp_topo_create_emulated(dev, node_size, timeout_s, 0, topo_p);
 }
 
-zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout_s,
-                                  int emulate_nodes, zpp_topo **topo_p) {
+zpp_status zpp_topo_create_emulated(zpp_device *dev, int node_size, double timeout_s,
+                                    int emulate_nodes, zpp_topo **topo_p) {
     zpp_status st = ZPP_OK;
     if (!dev || !topo_p)
         st = zpp_error(ZPP_ERR_INVALID, "topology: dev and topo_p are required");
@@ -72,17 +72,19 @@ zpp_status zpp_topo_open_emulated(zpp_device *dev, int node_size, double timeout
     o.device = gpu ? dev : NULL;
     o.timeout_s = timeout_s;
     o.emulate_nodes = gpu && emulate_nodes;
-    return zpp_topo_create(&o, topo_p); /* agrees itself */
+    return zpp_topo_create_with_opts(&o, topo_p); /* agrees itself */
 }
 
-void zpp_topo_get_info(const zpp_topo *t, zpp_topo_info *info_p) {
-    if (!t || !info_p) return;
-    info_p->world_size = t->world_size;
-    info_p->world_rank = t->world_rank;
-    info_p->nodes = t->nodes;
-    info_p->node_size = t->node_size;
-    info_p->node = t->node;
-    info_p->local_rank = t->local_rank;
+zpp_topo_info zpp_topo_info_get(const zpp_topo *t) {
+    zpp_topo_info info = {0};
+    if (!t) return info;
+    info.world_size = t->world_size;
+    info.world_rank = t->world_rank;
+    info.nodes = t->nodes;
+    info.node_size = t->node_size;
+    info.node = t->node;
+    info.local_rank = t->local_rank;
+    return info;
 }
 
 const char *zpp_topo_note(const zpp_topo *t) { return t ? t->note : ""; }
@@ -285,7 +287,7 @@ static int finite_in(float x, float lo, float hi) { return isfinite(x) && x >= l
 
 /* The public config as the engine's options: the mode bits, the specs, and
  * every option of the table by its one name; then the one range check
- * (zpp_engine_create makes it again, after the ranks agree on this one). */
+ * (zpp_engine_create_with_opts makes it again, after the ranks agree on this one). */
 static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *o) {
     if (c->mode < 0 || c->mode > ZPP_MODE_ZEROPP)
         return zpp_error(ZPP_ERR_INVALID,
@@ -304,8 +306,8 @@ static zpp_status engine_opts_from(const zpp_engine_config *c, zpp_engine_opts *
     return zpp_engine_opts_check(o);
 }
 
-zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
-                           const zpp_engine_config *cfg, zpp_engine **engine_p) {
+zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, zpp_device *dev,
+                             const zpp_engine_config *cfg, zpp_engine **engine_p) {
     zpp_engine_opts o = zpp_engine_opts_default();
     zpp_status st = ZPP_OK;
     if (!topo || !model || !dev || !cfg || !engine_p)
@@ -315,7 +317,7 @@ zpp_status zpp_engine_open(zpp_topo *topo, zpp_model *model, zpp_device *dev,
         st = engine_opts_from(cfg, &o);
     ZPP_CHECK(zpp_comm_agree_world(st));
     zpp_engine *e = NULL;
-    st = zpp_engine_create(topo, model, &o, dev, &e);
+    st = zpp_engine_create_with_opts(topo, model, &o, dev, &e);
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
         zpp_engine_destroy(e);
@@ -345,9 +347,9 @@ zpp_status zpp_engine_update(zpp_engine *e, float lr, float loss, zpp_update_sta
         st = zpp_error(ZPP_ERR_INVALID, "engine: learning rate %g must be finite and >= 0",
                        (double)lr);
     ZPP_CHECK(zpp_comm_agree_world(st));
-    zpp_step_stats s;
+    zpp_engine_update_stats s;
     memset(&s, 0, sizeof s);
-    ZPP_CHECK(zpp_engine_optimizer_step(e, lr, loss, &s));
+    ZPP_CHECK(zpp_engine_update_with_stats(e, lr, loss, &s));
     if (stats_p) {
         memset(stats_p, 0, sizeof *stats_p);
         stats_p->loss = s.loss;
@@ -374,7 +376,7 @@ static zpp_status batch_in_place(void *ctx, int micro, zpp_model *model) { retur
 
 zpp_status zpp_engine_evaluate(zpp_engine *e, float *loss_p) {
     if (!e || !loss_p) return zpp_error(ZPP_ERR_INVALID, "engine: engine and loss_p are required");
-    return zpp_engine_eval(e, batch_in_place, NULL, loss_p);
+    return zpp_engine_evaluate_with_batch(e, batch_in_place, NULL, loss_p);
 }
 
 void zpp_engine_eval_bytes(const zpp_engine *e, double cross_node[ZPP_STEP_PHASES],

@@ -4,21 +4,21 @@
  * device's pool, every quantization, dtype conversion and copy is a
  * zpp_device_* call (the CPU reference on the host backend, CUDA kernels on
  * a GPU's compute stream), and every communication backend call goes
- * through zpp__call, which records its volume (volume.c) as it starts it.
+ * through group_call, which records its volume (volume.c) as it starts it.
  *
  * Ordering on a GPU: kernels run on the device's compute stream, the one
  * the NCCL backend orders its collectives against (zpp_topo_opts.device):
  * a collective runs after the work already enqueued there, and what is
  * enqueued after its completion runs after it (comm.h). Gathers and
  * reductions run on two communication streams (the reductions on the
- * topology's red_* communicators, zpp__comm), concurrently with each other.
+ * topology's red_* communicators, group_comm), concurrently with each other.
  *
  * Scratch across the streams. A scratch buffer goes back to the pool
- * (zpp__op_free, and the engine's puts) only after every exchange that
+ * (op_free, and the engine's puts) only after every exchange that
  * reads or writes it has been completed, i.e. after the compute stream was
  * made to wait on that exchange's end (zpp_comm_wait: op->req at
- * zpp_coll_finish, each slab's request at zpp__slab_wait, or
- * zpp__op_drain on an error path). Kernels that use it are on the compute
+ * zpp_coll_finish, each slab's request at slab_wait, or
+ * op_drain on an error path). Kernels that use it are on the compute
  * stream itself. So when the pool hands it to a new user, every earlier
  * user is ordered before the compute stream's current end: a kernel of
  * the new user is enqueued behind it, and an exchange of the new user, on
@@ -111,7 +111,7 @@ typedef struct zpp__slab {
     size_t first, len, q, at;
 } zpp__slab;
 
-static zpp__slab zpp__slab_get(const zpp_coll_op *op, int k) {
+static zpp__slab slab_get(const zpp_coll_op *op, int k) {
     zpp__slab s;
     size_t n = op->part.shard_len;
     s.first = (size_t)k * op->slab_len;
@@ -134,7 +134,7 @@ static zpp__slab zpp__slab_get(const zpp_coll_op *op, int k) {
  * that sat idle while another moved data runs measurably slower
  * (bench/RESULTS.md, fourth session, "Figures the collectives' comments
  * carried"). */
-static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g, zpp_phase phase) {
+static zpp_comm *group_comm(const zpp_coll *c, zpp__group g, zpp_phase phase) {
     const zpp_topo *t = c->topo;
     const int red = phase == ZPP_PHASE_GRAD_REDUCE;
     if (g == ZPP__WORLD || (g == ZPP__INTER && t->node_size == 1) ||
@@ -144,7 +144,7 @@ static zpp_comm *zpp__comm(const zpp_coll *c, zpp__group g, zpp_phase phase) {
     return red ? t->red_inter : t->inter;
 }
 
-static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
+static zpp_group_shape group_shape(const zpp_coll *c, zpp__group g) {
     const zpp_topo *t = c->topo;
     return g == ZPP__WORLD   ? zpp_group_world(t->nodes, t->node_size)
            : g == ZPP__INTRA ? zpp_group_intra(t->node_size)
@@ -155,11 +155,11 @@ static zpp_group_shape zpp__shape(const zpp_coll *c, zpp__group g) {
  * under `phase`, then makes it. `n` is bytes for all-gather (per rank) and
  * all-to-all (per peer), elements of dtype for reduce-scatter (per rank) and
  * all-reduce. */
-static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call_kind kind,
-                            const void *send, void *recv, size_t n, zpp_dtype dtype,
-                            zpp_comm_req **req_p) {
-    zpp_comm *m = zpp__comm(c, g, phase);
-    zpp_group_shape shape = zpp__shape(c, g);
+static zpp_status group_call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call_kind kind,
+                             const void *send, void *recv, size_t n, zpp_dtype dtype,
+                             zpp_comm_req **req_p) {
+    zpp_comm *m = group_comm(c, g, phase);
+    zpp_group_shape shape = group_shape(c, g);
     zpp_status st;
     size_t bytes = n;
     switch (kind) {
@@ -183,30 +183,30 @@ static zpp_status zpp__call(zpp_coll *c, zpp__group g, zpp_phase phase, zpp_call
 }
 
 /* Leases op buffer slot k from the device's scratch pool. */
-static zpp_status zpp__op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t bytes) {
+static zpp_status op_lease(zpp_coll *c, zpp_coll_op *op, int k, size_t bytes) {
     return zpp_device_scratch_get(c->dev, bytes, &op->bp[k]);
 }
 
 /* Completes every slab exchange still in flight (after an error: their
  * buffers go back to the pool only after that). */
-static void zpp__op_drain(zpp_coll *c, zpp_coll_op *op) {
-    zpp_comm *m = zpp__comm(c, op->group, op->phase);
+static void op_drain(zpp_coll *c, zpp_coll_op *op) {
+    zpp_comm *m = group_comm(c, op->group, op->phase);
     for (int k = 0; k < op->slabs; k++) {
         if (op->slab_req[k]) (void)zpp_comm_wait(m, op->slab_req[k]);
         op->slab_req[k] = NULL;
     }
 }
 
-static void zpp__op_free(zpp_coll *c, zpp_coll_op *op) {
+static void op_free(zpp_coll *c, zpp_coll_op *op) {
     zpp_error_hold(); /* cleanup: a failure's message stays the failure's */
-    zpp__op_drain(c, op);
+    op_drain(c, op);
     for (int k = 0; k < ZPP__OP_BUFS; k++) zpp_device_scratch_put(c->dev, op->bp[k]);
     free(op);
     zpp_error_release();
 }
 
-static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partition *p,
-                              zpp_dtype dtype, zpp_phase phase, zpp_coll_op **op_p) {
+static zpp_status op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partition *p, zpp_dtype dtype,
+                         zpp_phase phase, zpp_coll_op **op_p) {
     zpp_coll_op *op = calloc(1, sizeof *op);
     if (!op) return zpp_error(ZPP_ERR_NOMEM, "collectives: out of memory for an operation");
     op->kind = p->numel ? kind : ZPP__OP_EMPTY;
@@ -218,7 +218,7 @@ static zpp_status zpp__op_new(zpp_coll *c, zpp__op_kind kind, const zpp_partitio
 }
 
 /* A stream-ordered copy inside the device's memory. */
-static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t bytes) {
+static zpp_status coll_copy(zpp_coll *c, void *dst, const void *src, size_t bytes) {
     return zpp_device_copy(c->dev, dst, src, bytes);
 }
 
@@ -234,36 +234,36 @@ static zpp_status zpp__copy(zpp_coll *c, void *dst, const void *src, size_t byte
  *     connections busy than grouped send/recv, and is faster;
  *   - over NVLink it went the other way: the all-gather and copy made qgZ
  *     slower than the all-to-all (bench/RESULTS.md, fourth session). */
-static int zpp__as_allgather(const zpp_coll *c, zpp__group g) {
-    return g == ZPP__INTER && zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE)->size == 2;
+static int as_allgather(const zpp_coll *c, zpp__group g) {
+    return g == ZPP__INTER && group_comm(c, g, ZPP_PHASE_GRAD_REDUCE)->size == 2;
 }
 
-static zpp_status zpp__exchange_start(zpp_coll *c, zpp__group g, const void *send, void *recv,
-                                      size_t q, zpp_dtype dtype, zpp_comm_req **req_p) {
-    const zpp_comm *m = zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE);
-    if (!zpp__as_allgather(c, g))
-        return zpp__call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, send, recv, q, dtype,
-                         req_p);
+static zpp_status exchange_start(zpp_coll *c, zpp__group g, const void *send, void *recv, size_t q,
+                                 zpp_dtype dtype, zpp_comm_req **req_p) {
+    const zpp_comm *m = group_comm(c, g, ZPP_PHASE_GRAD_REDUCE);
+    if (!as_allgather(c, g))
+        return group_call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, send, recv, q, dtype,
+                          req_p);
     const char *to_other = (const char *)send + (size_t)(1 - m->rank) * q;
-    return zpp__call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLGATHER, to_other, recv, q, dtype,
-                     req_p);
+    return group_call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLGATHER, to_other, recv, q, dtype,
+                      req_p);
 }
 
 /* After the exchange has completed: between two members, this member's slot
  * holds what it sent away; put its own block there. */
-static zpp_status zpp__exchange_finish(zpp_coll *c, zpp__group g, const void *send, void *recv,
-                                       size_t q) {
-    const zpp_comm *m = zpp__comm(c, g, ZPP_PHASE_GRAD_REDUCE);
-    if (!zpp__as_allgather(c, g)) return ZPP_OK;
+static zpp_status exchange_finish(zpp_coll *c, zpp__group g, const void *send, void *recv,
+                                  size_t q) {
+    const zpp_comm *m = group_comm(c, g, ZPP_PHASE_GRAD_REDUCE);
+    if (!as_allgather(c, g)) return ZPP_OK;
     size_t me = (size_t)m->rank * q;
-    return zpp__copy(c, (char *)recv + me, (const char *)send + me, q);
+    return coll_copy(c, (char *)recv + me, (const char *)send + me, q);
 }
 
 /* A spec for one quantizing call: with stochastic rounding, a fresh stream
  * per call and per rank (the streams are indexed by element position, so
  * ranks sharing a seed would round their errors the same way and the
  * errors would not average out). Deterministic: same calls, same seeds. */
-static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, uint64_t salt) {
+static zpp_quant_spec seeded_spec(const zpp_coll *c, const zpp_quant_spec *s, uint64_t salt) {
     zpp_quant_spec q = *s;
     if (q.stochastic) {
         q.seed = zpp_mix64(zpp_mix64(s->seed ^ c->round) ^ (c->seq * ZPP_GOLDEN64) ^
@@ -272,7 +272,7 @@ static zpp_quant_spec zpp__seeded(const zpp_coll *c, const zpp_quant_spec *s, ui
     return q;
 }
 
-static zpp_status zpp__check_part(const zpp_coll *c, const zpp_partition *p, const char *what) {
+static zpp_status check_part(const zpp_coll *c, const zpp_partition *p, const char *what) {
     zpp_partition want = zpp_partition_make(p->numel, c->topo);
     if (p->shard_len != want.shard_len || p->padded != want.padded || p->sec_len != want.sec_len)
         return zpp_error(ZPP_ERR_INVALID,
@@ -326,10 +326,10 @@ zpp_status zpp_coll_gather_start(zpp_coll *c, const zpp_partition *p, zpp_gather
         return zpp_error(ZPP_ERR_INVALID, "gather: unknown mode %d", (int)mode);
     size_t ds = zpp_dtype_size(dtype);
     if (!ds) return zpp_error(ZPP_ERR_INVALID, "gather: unknown dtype %d", (int)dtype);
-    ZPP_CHECK(zpp__check_part(c, p, "gather"));
+    ZPP_CHECK(check_part(c, p, "gather"));
 
     zpp_coll_op *op = NULL;
-    ZPP_CHECK(zpp__op_new(c, ZPP__OP_GATHER, p, dtype, phase, &op));
+    ZPP_CHECK(op_new(c, ZPP__OP_GATHER, p, dtype, phase, &op));
     op->gather = mode;
     op->full = full;
     op->secondary = secondary;
@@ -339,28 +339,28 @@ zpp_status zpp_coll_gather_start(zpp_coll *c, const zpp_partition *p, zpp_gather
     if (op->kind == ZPP__OP_EMPTY) goto done;
     size_t n = p->shard_len;
     if (mode == ZPP_GATHER_BASELINE) {
-        ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, shard, full, n * ds,
-                                 dtype, &op->req),
+        ZPP_CHECK_GOTO(group_call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, shard, full, n * ds,
+                                  dtype, &op->req),
                        st, fail);
         goto done;
     }
     /* qwZ: own shard -> one int8 chunk of qb bytes (payload, scales,
      * padding: the wire layout), all-gathered; dequantized at finish. */
-    op->spec = zpp__seeded(c, &c->opts.weight_spec, 1);
+    op->spec = seeded_spec(c, &c->opts.weight_spec, 1);
     size_t qb = zpp_quant_bytes(n, &op->spec);
     size_t W = (size_t)c->topo->world_size;
-    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, qb), st, fail);
-    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qb), st, fail);
+    ZPP_CHECK_GOTO(op_lease(c, op, 0, qb), st, fail);
+    ZPP_CHECK_GOTO(op_lease(c, op, 1, W * qb), st, fail);
     ZPP_CHECK_GOTO(zpp_device_quantize_chunks(c->dev, shard, dtype, 1, n, &op->spec, op->bp[0]),
                    st, fail);
-    ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, op->bp[0], op->bp[1], qb,
-                             dtype, &op->req),
+    ZPP_CHECK_GOTO(group_call(c, ZPP__WORLD, phase, ZPP_CALL_ALLGATHER, op->bp[0], op->bp[1], qb,
+                              dtype, &op->req),
                    st, fail);
 done:
     *op_p = op;
     return ZPP_OK;
 fail:
-    zpp__op_free(c, op);
+    op_free(c, op);
     return zpp_error_context(st, "gather (%s) of %zu elements",
                              mode == ZPP_GATHER_QWZ ? "qwZ" : "baseline", p->numel);
 }
@@ -373,9 +373,9 @@ zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
                          "secondary gather: secondary, full buffer and op_p are required");
     size_t ds = zpp_dtype_size(dtype);
     if (!ds) return zpp_error(ZPP_ERR_INVALID, "secondary gather: unknown dtype %d", (int)dtype);
-    ZPP_CHECK(zpp__check_part(c, p, "secondary gather"));
+    ZPP_CHECK(check_part(c, p, "secondary gather"));
     zpp_coll_op *op = NULL;
-    ZPP_CHECK(zpp__op_new(c, ZPP__OP_GATHER_SECONDARY, p, dtype, phase, &op));
+    ZPP_CHECK(op_new(c, ZPP__OP_GATHER_SECONDARY, p, dtype, phase, &op));
     op->full = full;
     op->group = ZPP__INTRA;
     c->seq++;
@@ -383,10 +383,10 @@ zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
         /* Secondary shard s is the slice [s * sec_len, (s+1) * sec_len) of the
          * padded unit, so the node's S secondaries in local order are the whole
          * unit: one all-gather inside the node, nothing crosses it. */
-        zpp_status st = zpp__call(c, ZPP__INTRA, phase, ZPP_CALL_ALLGATHER, secondary, full,
-                                  p->sec_len * ds, dtype, &op->req);
+        zpp_status st = group_call(c, ZPP__INTRA, phase, ZPP_CALL_ALLGATHER, secondary, full,
+                                   p->sec_len * ds, dtype, &op->req);
         if (st != ZPP_OK) {
-            zpp__op_free(c, op);
+            op_free(c, op);
             return zpp_error_context(st, "secondary gather of %zu elements", p->numel);
         }
     }
@@ -418,7 +418,7 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
         return zpp_error(ZPP_ERR_INVALID, "reduce: unknown mode %d", (int)mode);
     size_t ds = zpp_dtype_size(dtype);
     if (!ds) return zpp_error(ZPP_ERR_INVALID, "reduce: unknown dtype %d", (int)dtype);
-    ZPP_CHECK(zpp__check_part(c, p, "reduce"));
+    ZPP_CHECK(check_part(c, p, "reduce"));
     if (fb) {
         size_t li = 0, le = 0;
         zpp_qgz_feedback_lens(p, c->topo->nodes, c->topo->node_size, &li, &le);
@@ -437,7 +437,7 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
     }
 
     zpp_coll_op *op = NULL;
-    ZPP_CHECK(zpp__op_new(c, ZPP__OP_REDUCE, p, dtype, ZPP_PHASE_GRAD_REDUCE, &op));
+    ZPP_CHECK(op_new(c, ZPP__OP_REDUCE, p, dtype, ZPP_PHASE_GRAD_REDUCE, &op));
     op->reduce = mode;
     if (fb) op->fb_on = 1, op->fb = *fb;
     op->shard_out = shard_out;
@@ -451,12 +451,12 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
          * finish. An fp32 gradient lands in shard_out directly. */
         void *recv = shard_out;
         if (dtype != ZPP_FP32) {
-            ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, n * ds), st, fail);
+            ZPP_CHECK_GOTO(op_lease(c, op, 0, n * ds), st, fail);
             recv = op->bp[0];
         }
         op->group = ZPP__WORLD;
-        ZPP_CHECK_GOTO(zpp__call(c, ZPP__WORLD, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_REDUCE_SCATTER,
-                                 full_grad, recv, n, dtype, &op->req),
+        ZPP_CHECK_GOTO(group_call(c, ZPP__WORLD, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_REDUCE_SCATTER,
+                                  full_grad, recv, n, dtype, &op->req),
                        st, fail);
         goto done;
     }
@@ -464,28 +464,28 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
      * each quantized to int4 on its own, reordered so that local rank s
      * receives, from each node peer, the chunks of all ranks with local
      * index s in node order (zpp_quant_reorder_quantize); slab by slab. */
-    op->spec = zpp__seeded(c, &c->opts.grad_spec, 2);
+    op->spec = seeded_spec(c, &c->opts.grad_spec, 2);
     op->slabs = zpp_qgz_slabs(n, t->nodes, &c->opts, &op->slab_len);
     size_t qg = zpp_quant_bytes(n, &op->spec);
     size_t W = (size_t)t->world_size, N = (size_t)t->nodes;
-    ZPP_CHECK_GOTO(zpp__op_lease(c, op, 0, W * qg), st, fail);
+    ZPP_CHECK_GOTO(op_lease(c, op, 0, W * qg), st, fail);
     if (t->node_size > 1) {
         /* Step 2: all-to-all inside the node, nodes * q bytes to each peer. */
-        ZPP_CHECK_GOTO(zpp__op_lease(c, op, 1, W * qg), st, fail);
+        ZPP_CHECK_GOTO(op_lease(c, op, 1, W * qg), st, fail);
         op->stage = ZPP__QGZ_INTRA;
         op->group = ZPP__INTRA;
     } else if (t->nodes > 1) {
         /* One rank per node: the intra-node exchange is a self-copy, and a
          * dequantize-sum of one input followed by a requantization would only
          * add error; the node-ordered chunks go straight to step 4. */
-        ZPP_CHECK_GOTO(zpp__op_lease(c, op, 2, N * qg), st, fail);
+        ZPP_CHECK_GOTO(op_lease(c, op, 2, N * qg), st, fail);
         op->stage = ZPP__QGZ_INTER;
         op->group = ZPP__INTER;
     } else {
         op->stage = ZPP__QGZ_LOCAL;
     }
     for (int k = 0; k < op->slabs; k++) {
-        zpp__slab s = zpp__slab_get(op, k);
+        zpp__slab s = slab_get(op, k);
         char *q = (char *)op->bp[0] + W * s.at;
         if (op->fb_on)
             st = zpp_device_ef_reorder_quantize(c->dev, full_grad, dtype, op->fb.intra,
@@ -496,31 +496,31 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
                                              t->nodes, t->node_size, &op->spec, q);
         if (st != ZPP_OK) goto fail;
         if (op->stage == ZPP__QGZ_INTRA)
-            st = zpp__exchange_start(c, ZPP__INTRA, q, (char *)op->bp[1] + W * s.at, N * s.q,
-                                     dtype, &op->slab_req[k]);
+            st = exchange_start(c, ZPP__INTRA, q, (char *)op->bp[1] + W * s.at, N * s.q, dtype,
+                                &op->slab_req[k]);
         else if (op->stage == ZPP__QGZ_INTER)
-            st = zpp__exchange_start(c, ZPP__INTER, q, (char *)op->bp[2] + N * s.at, s.q, dtype,
-                                     &op->slab_req[k]);
+            st = exchange_start(c, ZPP__INTER, q, (char *)op->bp[2] + N * s.at, s.q, dtype,
+                                &op->slab_req[k]);
         if (st != ZPP_OK) goto fail;
     }
 done:
     *op_p = op;
     return ZPP_OK;
 fail:
-    zpp__op_free(c, op);
+    op_free(c, op);
     return zpp_error_context(st, "reduce (%s) of %zu elements",
                              mode == ZPP_REDUCE_QGZ ? "qgZ" : "baseline", p->numel);
 }
 
 /* Waits for slab k's exchange (intra- or inter-node). */
-static zpp_status zpp__slab_wait(zpp_coll *c, zpp_coll_op *op, int k) {
-    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group, op->phase), op->slab_req[k]);
+static zpp_status slab_wait(zpp_coll *c, zpp_coll_op *op, int k) {
+    zpp_status st = zpp_comm_wait(group_comm(c, op->group, op->phase), op->slab_req[k]);
     op->slab_req[k] = NULL;
     return st;
 }
 
 /* The rest of a qgZ reduction, slab by slab as each exchange arrives. */
-static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
+static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     const zpp_topo *t = c->topo;
     size_t n = op->part.shard_len, N = (size_t)t->nodes, S = (size_t)t->node_size;
     size_t W = N * S;
@@ -528,21 +528,21 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     const zpp_quant_spec *gs = &op->spec;
     if (op->stage != ZPP__QGZ_INTRA || N == 1) {
         for (int k = 0; k < op->slabs; k++) {
-            zpp__slab s = zpp__slab_get(op, k);
+            zpp__slab s = slab_get(op, k);
             const char *q = (const char *)op->bp[0] + W * s.at; /* LOCAL: a world of one */
             size_t inputs = 1;
             if (op->stage == ZPP__QGZ_INTER) {
                 /* Step 5: the N node partial sums (here each from one rank). */
-                ZPP_CHECK(zpp__slab_wait(c, op, k));
+                ZPP_CHECK(slab_wait(c, op, k));
                 q = (const char *)op->bp[2] + N * s.at;
-                ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTER, (const char *)op->bp[0] + W * s.at,
-                                               (char *)q, s.q));
+                ZPP_CHECK(exchange_finish(c, ZPP__INTER, (const char *)op->bp[0] + W * s.at,
+                                          (char *)q, s.q));
                 inputs = N;
             } else if (op->stage == ZPP__QGZ_INTRA) {
                 /* One node: the node sum is the world sum; dequantize, sum in
                  * fp32 and average in one pass (no requantization). bp[1]
                  * holds S inputs, one per node peer. */
-                ZPP_CHECK(zpp__slab_wait(c, op, k));
+                ZPP_CHECK(slab_wait(c, op, k));
                 q = (const char *)op->bp[1] + W * s.at;
                 inputs = S;
             }
@@ -556,13 +556,13 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
      * Step 3: per destination node, the node's partial sum in fp32,
      * requantized to int4 (a second rounding, bounded by half a step of the
      * sum's block). */
-    zpp_quant_spec rs = zpp__seeded(c, &c->opts.grad_spec, 3);
+    zpp_quant_spec rs = seeded_spec(c, &c->opts.grad_spec, 3);
     size_t qg = zpp_quant_bytes(n, gs);
-    ZPP_CHECK(zpp__op_lease(c, op, 2, N * qg));
-    ZPP_CHECK(zpp__op_lease(c, op, 3, N * qg));
+    ZPP_CHECK(op_lease(c, op, 2, N * qg));
+    ZPP_CHECK(op_lease(c, op, 3, N * qg));
     for (int k = 0; k < op->slabs; k++) {
-        zpp__slab s = zpp__slab_get(op, k);
-        ZPP_CHECK(zpp__slab_wait(c, op, k));
+        zpp__slab s = slab_get(op, k);
+        ZPP_CHECK(slab_wait(c, op, k));
         char *sum = (char *)op->bp[2] + N * s.at;
         const char *in = (const char *)op->bp[1] + W * s.at;
         if (op->fb_on)
@@ -573,15 +573,14 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
             ZPP_CHECK(zpp_device_dequant_sum_requant(c->dev, in, (int)S, N, n, s.first, s.len,
                                                      gs, &rs, sum));
         /* Step 4: chunk m goes to the rank with my local index on node m. */
-        ZPP_CHECK(zpp__exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q,
-                                      op->dtype, &op->slab_req[k]));
+        ZPP_CHECK(exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q, op->dtype,
+                                 &op->slab_req[k]));
     }
     for (int k = 0; k < op->slabs; k++) {
-        zpp__slab s = zpp__slab_get(op, k);
-        ZPP_CHECK(zpp__slab_wait(c, op, k));
+        zpp__slab s = slab_get(op, k);
+        ZPP_CHECK(slab_wait(c, op, k));
         char *sums = (char *)op->bp[3] + N * s.at;
-        ZPP_CHECK(zpp__exchange_finish(c, ZPP__INTER, (const char *)op->bp[2] + N * s.at, sums,
-                                       s.q));
+        ZPP_CHECK(exchange_finish(c, ZPP__INTER, (const char *)op->bp[2] + N * s.at, sums, s.q));
         /* Step 5: sum the N node partial sums and average over the WORLD,
          * once: each element is the sum of W contributions, so 1/W (not 1/N,
          * not 1/node_size) makes it the data-parallel mean. */
@@ -595,7 +594,7 @@ static zpp_status zpp__qgz_finish(zpp_coll *c, zpp_coll_op *op) {
 
 zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
     if (!c || !op) return zpp_error(ZPP_ERR_INVALID, "finish: no operation");
-    zpp_status st = zpp_comm_wait(zpp__comm(c, op->group, op->phase), op->req);
+    zpp_status st = zpp_comm_wait(group_comm(c, op->group, op->phase), op->req);
     op->req = NULL;
     if (st != ZPP_OK) goto out;
     const zpp_partition *p = &op->part;
@@ -614,7 +613,7 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
         if (op->secondary) {
             /* hpZ: keep this rank's 1/S slice of the unit for the backward. */
             size_t off = (size_t)c->topo->local_rank * p->sec_len * ds;
-            st = zpp__copy(c, op->secondary, (const char *)op->full + off, p->sec_len * ds);
+            st = coll_copy(c, op->secondary, (const char *)op->full + off, p->sec_len * ds);
         }
         break;
     case ZPP__OP_REDUCE:
@@ -623,14 +622,14 @@ zpp_status zpp_coll_finish(zpp_coll *c, zpp_coll_op *op) {
             st = zpp_device_convert(c->dev, sum, op->dtype, op->shard_out, ZPP_FP32,
                                     p->shard_len, 1.0f / (float)c->topo->world_size);
         } else {
-            st = zpp__qgz_finish(c, op);
+            st = qgz_finish(c, op);
         }
         break;
     }
 out:
     if (st != ZPP_OK)
         st = zpp_error_context(st, "finishing a collective of %zu elements", op->part.numel);
-    zpp__op_free(c, op);
+    op_free(c, op);
     return st;
 }
 
@@ -660,7 +659,7 @@ zpp_status zpp_coll_allreduce_device(zpp_coll *c, void *values, size_t n, zpp_dt
     if (!c || (n && !values) || phase < 0 || phase >= ZPP_PHASE_COUNT)
         return zpp_error(ZPP_ERR_INVALID, "allreduce: values and a phase are required");
     if (n == 0) return ZPP_OK;
-    return zpp__call(c, ZPP__WORLD, phase, ZPP_CALL_ALLREDUCE, values, values, n, dtype, NULL);
+    return group_call(c, ZPP__WORLD, phase, ZPP_CALL_ALLREDUCE, values, values, n, dtype, NULL);
 }
 
 void zpp_coll_set_round(zpp_coll *c, uint64_t round) {

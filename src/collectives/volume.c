@@ -108,29 +108,29 @@ zpp_coll_opts zpp_coll_opts_default(void) {
     return o;
 }
 
-static size_t zpp__ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
+static size_t ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
 
 int zpp_qgz_slabs(size_t shard_len, int nodes, const zpp_coll_opts *opts, size_t *slab_p) {
     size_t n = shard_len, align = 4 * opts->grad_spec.block;
     size_t want = opts->grad_slab, cap = ZPP_QGZ_MAX_SLABS;
     if (want == 0 && nodes > 1) want = SIZE_MAX;
     if (want == 0) {
-        want = zpp__ceil_div(n, ZPP_QGZ_AUTO_SLABS);
+        want = ceil_div(n, ZPP_QGZ_AUTO_SLABS);
         if (want < ZPP_QGZ_AUTO_MIN) want = ZPP_QGZ_AUTO_MIN;
     }
     if (n == 0 || want >= n) {
         *slab_p = n;
         return 1;
     }
-    size_t least = zpp__ceil_div(n, cap);
+    size_t least = ceil_div(n, cap);
     if (want < least) want = least;
-    size_t slab = zpp__ceil_div(want, align) * align;
+    size_t slab = ceil_div(want, align) * align;
     if (slab >= n) {
         *slab_p = n;
         return 1;
     }
     *slab_p = slab;
-    return (int)zpp__ceil_div(n, slab);
+    return (int)ceil_div(n, slab);
 }
 
 /* ---- Plans: the same calls the live operations make --------------------
@@ -179,7 +179,7 @@ void zpp_plan_reduce(zpp_volume *v, const zpp_partition *p, int nodes, int node_
             zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLTOALL, &intra,
                                 (size_t)nodes * qg);
         /* between two nodes the exchange runs as an all-gather of the one
-         * block for the other node (collectives.c, zpp__exchange_start): the
+         * block for the other node (collectives.c, exchange_start): the
          * same wire bytes */
         if (nodes > 1)
             zpp_volume_add_call(v, ZPP_PHASE_GRAD_REDUCE,
@@ -187,7 +187,7 @@ void zpp_plan_reduce(zpp_volume *v, const zpp_partition *p, int nodes, int node_
     }
 }
 
-static const zpp_coll_mode zpp__modes[ZPP_COLL_MODE_COUNT] = {
+static const zpp_coll_mode kModes[ZPP_COLL_MODE_COUNT] = {
     {"zero3", ZPP_GATHER_BASELINE, 0, ZPP_REDUCE_BASELINE},
     {"qwz", ZPP_GATHER_QWZ, 0, ZPP_REDUCE_BASELINE},
     {"hpz", ZPP_GATHER_BASELINE, 1, ZPP_REDUCE_BASELINE},
@@ -196,13 +196,13 @@ static const zpp_coll_mode zpp__modes[ZPP_COLL_MODE_COUNT] = {
 };
 
 const zpp_coll_mode *zpp_coll_mode_get(int i) {
-    return i >= 0 && i < ZPP_COLL_MODE_COUNT ? &zpp__modes[i] : NULL;
+    return i >= 0 && i < ZPP_COLL_MODE_COUNT ? &kModes[i] : NULL;
 }
 
 zpp_status zpp_coll_mode_parse(const char *name, const zpp_coll_mode **mode_p) {
     for (int i = 0; name && i < ZPP_COLL_MODE_COUNT; i++) {
-        if (strcmp(name, zpp__modes[i].name) == 0) {
-            *mode_p = &zpp__modes[i];
+        if (strcmp(name, kModes[i].name) == 0) {
+            *mode_p = &kModes[i];
             return ZPP_OK;
         }
     }

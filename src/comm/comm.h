@@ -186,7 +186,7 @@ typedef struct zpp_topo_opts {
  * options differing across ranks; with node_size 0, a launcher placement
  * whose shared-memory nodes are unequal or not consecutive ranks.
  * ZPP_ERR_UNSUPPORTED: ZPP_BACKEND_NCCL in a build without NCCL. */
-zpp_status zpp_topo_create(const zpp_topo_opts *opts, zpp_topo **topo_p);
+zpp_status zpp_topo_create_with_opts(const zpp_topo_opts *opts, zpp_topo **topo_p);
 void zpp_topo_destroy(zpp_topo *topo);
 
 /* Where the launcher put this rank: its index among the ranks it started on
@@ -229,7 +229,7 @@ int zpp_comm_launched(void);
  * `zeropp --version`; NULL in a build without it. */
 const char *zpp_comm_nccl_build(void);
 
-/* Backends (called by zpp_topo_create). `mpi_comm` is an MPI_Comm passed as
+/* Backends (called by zpp_topo_create_with_opts). `mpi_comm` is an MPI_Comm passed as
  * a pointer to keep mpi.h out of this header. */
 /* Collective over `mpi_comm`: duplicates it (the zpp_comm owns the
  * duplicate, with MPI_ERRORS_RETURN, so every MPI error comes back as
@@ -243,9 +243,9 @@ const char *zpp_comm_nccl_build(void);
  * flat array. So every size works; nothing is split into several messages. */
 zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p);
 /* Creates the world NCCL communicator, its intra/inter splits and the
- * reductions' three (red_*) in one go. Called by zpp_topo_create with every
+ * reductions' three (red_*) in one go. Called by zpp_topo_create_with_opts with every
  * size/rank field of `topo` already set and the six comms NULL; on failure
- * it must leave each of them NULL or a valid comm (zpp_topo_create destroys
+ * it must leave each of them NULL or a valid comm (zpp_topo_create_with_opts destroys
  * the non-NULL ones). In a build without NCCL (comm_nccl_none.c) it returns
  * ZPP_ERR_UNSUPPORTED. */
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts);

@@ -55,11 +55,11 @@ zpp_status zpp__comm_mpi_gate(const void *mpi_comm, double timeout_s, const char
                               zpp_progress *p);
 
 /* The MPI backend's communicator name ("world", "intra", "inter"; "" until
- * set) and deadline, set by zpp_topo_create right after
+ * set) and deadline, set by zpp_topo_create_with_opts right after
  * zpp_comm_mpi_create. */
 void zpp__comm_mpi_configure(zpp_comm *c, const char *name, double timeout_s);
 /* Counts the communicator's collectives as `comm` on the progress board
- * `p` (may be NULL). Set by zpp_topo_create. */
+ * `p` (may be NULL). Set by zpp_topo_create_with_opts. */
 void zpp__comm_mpi_set_progress(zpp_comm *c, zpp_progress *p, int comm);
 
 #endif

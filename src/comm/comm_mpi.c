@@ -73,11 +73,11 @@ struct zpp_comm_req {
 };
 
 /* The world forms' deadline (zpp_comm_world_set_timeout). */
-static double zpp__world_timeout_s = 0.0;
+static double world_timeout_s = 0.0;
 
 /* ---- Errors ----------------------------------------------------------- */
 
-static zpp_status zpp__mpi_fail(int rc, const char *what) {
+static zpp_status mpi_fail(int rc, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", rc);
@@ -87,21 +87,21 @@ static zpp_status zpp__mpi_fail(int rc, const char *what) {
                      what, msg);
 }
 
-#define ZPP__MPI_CHECK(call, what)                                            \
-    do {                                                                      \
-        int zpp_rc_ = (call);                                                 \
-        if (zpp_rc_ != MPI_SUCCESS) return zpp__mpi_fail(zpp_rc_, what);      \
+#define ZPP__MPI_CHECK(call, what)                                  \
+    do {                                                            \
+        int zpp_rc_ = (call);                                       \
+        if (zpp_rc_ != MPI_SUCCESS) return mpi_fail(zpp_rc_, what); \
     } while (0)
 
 /* ---- Completing a request before a deadline ---------------------------- */
 
-static double zpp__now_s(void) {
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void zpp__pause(double waited_s) {
+static void poll_pause(double waited_s) {
     if (waited_s < 2e-3) {
         sched_yield();
         return;
@@ -118,20 +118,20 @@ zpp_status zpp__comm_mpi_poll(void *req, double timeout_s, const char *op, const
 zpp_status zpp__comm_mpi_poll_at(void *reqv, double timeout_s, const char *op, const char *name,
                                  size_t bytes, const zpp_prog_at *at) {
     MPI_Request *req = reqv;
-    double t0 = zpp__now_s();
+    double t0 = now_s();
     zpp__progress_wait_begin(at, op);
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
             zpp__progress_wait_end(at);
-            return zpp__mpi_fail(rc, op);
+            return mpi_fail(rc, op);
         }
         if (done) {
             zpp__progress_wait_end(at);
             return ZPP_OK;
         }
-        double waited = zpp__now_s() - t0;
+        double waited = now_s() - t0;
         if (timeout_s > 0.0 && waited >= timeout_s) {
             /* A started collective cannot be cancelled or freed (MPI-3.1
              * 5.12): it stays inside MPI, which completes it if the peers
@@ -145,7 +145,7 @@ zpp_status zpp__comm_mpi_poll_at(void *reqv, double timeout_s, const char *op, c
                              "answered for %g s (a rank stalled or died); every rank stops%s",
                              op, name && name[0] ? name : "unnamed", bytes, timeout_s, who);
         }
-        zpp__pause(waited);
+        poll_pause(waited);
     }
 }
 
@@ -153,7 +153,7 @@ zpp_status zpp__comm_mpi_gate(const void *mpi_comm, double timeout_s, const char
                               zpp_progress *p) {
     MPI_Request req = MPI_REQUEST_NULL;
     int rc = MPI_Ibarrier(*(const MPI_Comm *)mpi_comm, &req);
-    if (rc != MPI_SUCCESS) return zpp__mpi_fail(rc, "setup gate");
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "setup gate");
     zpp_prog_at at = zpp__progress_enter(p, ZPP_PROG_SETUP);
     char op[160];
     snprintf(op, sizeof op, "topology setup (every rank arriving for %s)", stage);
@@ -162,74 +162,74 @@ zpp_status zpp__comm_mpi_gate(const void *mpi_comm, double timeout_s, const char
 
 /* ---- bf16 / fp16 / blob sum ops --------------------------------------- */
 
-static MPI_Op zpp__op_sum_f32 = MPI_OP_NULL; /* for fp32 blobs */
-static MPI_Op zpp__op_sum_bf16 = MPI_OP_NULL;
-static MPI_Op zpp__op_sum_fp16 = MPI_OP_NULL;
-static int zpp__ops_ready = 0;
+static MPI_Op op_sum_f32 = MPI_OP_NULL; /* for fp32 blobs */
+static MPI_Op op_sum_bf16 = MPI_OP_NULL;
+static MPI_Op op_sum_fp16 = MPI_OP_NULL;
+static int ops_ready = 0;
 
 /* Number of `elem`-byte values in *len elements of *dt. */
-static size_t zpp__op_count(const int *len, MPI_Datatype *dt, size_t elem) {
+static size_t op_count(const int *len, MPI_Datatype *dt, size_t elem) {
     if (*dt == MPI_UINT16_T || *dt == MPI_FLOAT) return (size_t)*len;
     MPI_Count sz = 0;
     MPI_Type_size_x(*dt, &sz); /* a blob: its whole size in bytes */
     return (size_t)*len * (size_t)sz / elem;
 }
 
-static void zpp__sum_f32(void *in, void *inout, int *len, MPI_Datatype *dt) {
+static void sum_f32(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const float *a = in;
     float *b = inout;
-    size_t n = zpp__op_count(len, dt, 4);
+    size_t n = op_count(len, dt, 4);
     for (size_t i = 0; i < n; i++) b[i] += a[i];
 }
 
 /* One combination: fp32 sum of the two 16-bit values, rounded once. */
-static void zpp__sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const zpp_bf16 *a = in;
     zpp_bf16 *b = inout;
-    size_t n = zpp__op_count(len, dt, 2);
+    size_t n = op_count(len, dt, 2);
     for (size_t i = 0; i < n; i++)
         b[i] = zpp_f32_to_bf16(zpp_bf16_to_f32(a[i]) + zpp_bf16_to_f32(b[i]));
 }
 
-static void zpp__sum_fp16(void *in, void *inout, int *len, MPI_Datatype *dt) {
+static void sum_fp16(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const zpp_fp16 *a = in;
     zpp_fp16 *b = inout;
-    size_t n = zpp__op_count(len, dt, 2);
+    size_t n = op_count(len, dt, 2);
     for (size_t i = 0; i < n; i++)
         b[i] = zpp_f32_to_fp16(zpp_fp16_to_f32(a[i]) + zpp_fp16_to_f32(b[i]));
 }
 
-static void zpp__ops_free(void) {
-    MPI_Op *ops[] = {&zpp__op_sum_f32, &zpp__op_sum_bf16, &zpp__op_sum_fp16};
+static void ops_free(void) {
+    MPI_Op *ops[] = {&op_sum_f32, &op_sum_bf16, &op_sum_fp16};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (*ops[i] != MPI_OP_NULL) MPI_Op_free(ops[i]);
-    zpp__ops_ready = 0;
+    ops_ready = 0;
 }
 
-static int zpp__ops_delete_cb(MPI_Comm comm, int keyval, void *attr, void *extra) {
-    zpp__ops_free();
+static int ops_delete_cb(MPI_Comm comm, int keyval, void *attr, void *extra) {
+    ops_free();
     return MPI_SUCCESS;
 }
 
 /* Creates the sum ops once per MPI lifetime (zpp_comm_mpi_create runs
  * collectively from one thread, so no lock). */
-static zpp_status zpp__ops_init(void) {
-    if (zpp__ops_ready) return ZPP_OK;
-    int rc = MPI_Op_create(zpp__sum_f32, 1, &zpp__op_sum_f32);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(zpp__sum_bf16, 1, &zpp__op_sum_bf16);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(zpp__sum_fp16, 1, &zpp__op_sum_fp16);
+static zpp_status ops_init(void) {
+    if (ops_ready) return ZPP_OK;
+    int rc = MPI_Op_create(sum_f32, 1, &op_sum_f32);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(sum_bf16, 1, &op_sum_bf16);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(sum_fp16, 1, &op_sum_fp16);
     int key = MPI_KEYVAL_INVALID;
     if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, zpp__ops_delete_cb, &key, NULL);
+        rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, ops_delete_cb, &key, NULL);
     if (rc == MPI_SUCCESS) {
         rc = MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL);
         MPI_Comm_free_keyval(&key); /* the attribute keeps it alive */
     }
     if (rc != MPI_SUCCESS) {
-        zpp__ops_free();
-        return zpp__mpi_fail(rc, "sum op setup");
+        ops_free();
+        return mpi_fail(rc, "sum op setup");
     }
-    zpp__ops_ready = 1;
+    ops_ready = 1;
     return ZPP_OK;
 }
 
@@ -242,8 +242,7 @@ typedef struct zpp__mpi_buf {
 } zpp__mpi_buf;
 
 /* Describes n elements of `elem` (elem_size bytes each) for MPI. */
-static zpp_status zpp__mpi_buf_make(size_t n, MPI_Datatype elem, size_t elem_size,
-                                    zpp__mpi_buf *b) {
+static zpp_status mpi_buf_make(size_t n, MPI_Datatype elem, size_t elem_size, zpp__mpi_buf *b) {
     /* INT_MAX, or less when a test lowered it (core/fault.h: only with hooks) */
     size_t max = (size_t)zpp_fault_mpi_max_count();
     if (n <= max) {
@@ -288,7 +287,7 @@ static zpp_status zpp__mpi_buf_make(size_t n, MPI_Datatype elem, size_t elem_siz
     if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
     if (rc != MPI_SUCCESS) {
         if (blob != MPI_DATATYPE_NULL) MPI_Type_free(&blob);
-        return zpp__mpi_fail(rc, "large-count datatype");
+        return mpi_fail(rc, "large-count datatype");
     }
     b->count = 1;
     b->type = blob;
@@ -296,13 +295,13 @@ static zpp_status zpp__mpi_buf_make(size_t n, MPI_Datatype elem, size_t elem_siz
     return ZPP_OK;
 }
 
-static void zpp__mpi_buf_free(zpp__mpi_buf *b) {
+static void mpi_buf_free(zpp__mpi_buf *b) {
     if (b->blob) MPI_Type_free(&b->type);
     b->blob = 0;
 }
 
 /* The MPI element type of a dtype (checked by the front). */
-static void zpp__mpi_dtype(zpp_dtype dtype, MPI_Datatype *type_p, size_t *size_p) {
+static void mpi_dtype(zpp_dtype dtype, MPI_Datatype *type_p, size_t *size_p) {
     if (dtype == ZPP_FP32) {
         *type_p = MPI_FLOAT;
         *size_p = 4;
@@ -312,44 +311,44 @@ static void zpp__mpi_dtype(zpp_dtype dtype, MPI_Datatype *type_p, size_t *size_p
     }
 }
 
-static MPI_Op zpp__mpi_sum_op(zpp_dtype dtype, int blob) {
+static MPI_Op mpi_sum_op(zpp_dtype dtype, int blob) {
     switch (dtype) {
-    case ZPP_BF16: return zpp__op_sum_bf16;
-    case ZPP_FP16: return zpp__op_sum_fp16;
-    default: return blob ? zpp__op_sum_f32 : MPI_SUM;
+    case ZPP_BF16: return op_sum_bf16;
+    case ZPP_FP16: return op_sum_fp16;
+    default: return blob ? op_sum_f32 : MPI_SUM;
     }
 }
 
 /* ---- Starting and finishing operations -------------------------------- */
 
-static zpp__mpi *zpp__mpi_of(zpp_comm *c) { return c->impl; }
-static MPI_Comm zpp__comm_of(zpp_comm *c) { return zpp__mpi_of(c)->comm; }
+static zpp__mpi *mpi_of(zpp_comm *c) { return c->impl; }
+static MPI_Comm comm_of(zpp_comm *c) { return mpi_of(c)->comm; }
 
 /* A communicator whose wait timed out holds an abandoned collective: any
  * later operation on it would be matched against that one. */
-static zpp_status zpp__refuse(zpp__mpi *m, const char *op) {
+static zpp_status mpi_refuse(zpp__mpi *m, const char *op) {
     return zpp_error(ZPP_ERR_STATE,
                      "mpi %s on the %s communicator: refused, since %s timed out on it earlier "
                      "and is still unfinished (a rank stalled or died); every rank stops",
                      op, m->name[0] ? m->name : "unnamed", m->why);
 }
 
-static zpp_status zpp__usable(zpp_comm *c, const char *op) {
-    zpp__mpi *m = zpp__mpi_of(c);
-    return m->broken ? zpp__refuse(m, op) : ZPP_OK;
+static zpp_status mpi_usable(zpp_comm *c, const char *op) {
+    zpp__mpi *m = mpi_of(c);
+    return m->broken ? mpi_refuse(m, op) : ZPP_OK;
 }
 
 /* Polls `req` until done or the communicator's deadline. On a
  * communicator that already timed out, one test: an operation started
  * before the stall may be done; any other cannot finish, and waiting a
  * second deadline for it would only delay the stop. */
-static zpp_status zpp__complete(zpp__mpi *m, MPI_Request *req, const char *op, size_t bytes,
-                                const zpp_prog_at *at) {
+static zpp_status mpi_complete(zpp__mpi *m, MPI_Request *req, const char *op, size_t bytes,
+                               const zpp_prog_at *at) {
     if (m->broken) {
         int done = 0;
         if (MPI_Test(req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return ZPP_OK;
         *req = MPI_REQUEST_NULL; /* abandoned, as the first one */
-        return zpp__refuse(m, op);
+        return mpi_refuse(m, op);
     }
     zpp_status st = zpp__comm_mpi_poll_at(req, m->timeout_s, op, m->name, bytes, at);
     if (st == ZPP_ERR_TIMEOUT) {
@@ -361,7 +360,7 @@ static zpp_status zpp__complete(zpp__mpi *m, MPI_Request *req, const char *op, s
 }
 
 /* Allocates the request of an asynchronous call (NULL when blocking). */
-static zpp_status zpp__req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
+static zpp_status req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
     *out = NULL;
     if (!req_p) return ZPP_OK;
     zpp_comm_req *r = malloc(sizeof *r);
@@ -378,53 +377,52 @@ static zpp_status zpp__req_new(zpp_comm_req **req_p, zpp_comm_req **out) {
 
 /* Starts an operation: checks the communicator, describes `n` elements of
  * `elem` and takes a request when the caller wants one. */
-static zpp_status zpp__start(zpp_comm *c, const char *op, size_t n, MPI_Datatype elem,
-                             size_t elem_size, zpp__mpi_buf *b, zpp_comm_req **req_p,
-                             zpp_comm_req **r_p) {
-    ZPP_CHECK(zpp__usable(c, op));
-    ZPP_CHECK(zpp__mpi_buf_make(n, elem, elem_size, b));
-    zpp_status st = zpp__req_new(req_p, r_p);
-    if (st != ZPP_OK) zpp__mpi_buf_free(b);
+static zpp_status mpi_start(zpp_comm *c, const char *op, size_t n, MPI_Datatype elem,
+                            size_t elem_size, zpp__mpi_buf *b, zpp_comm_req **req_p,
+                            zpp_comm_req **r_p) {
+    ZPP_CHECK(mpi_usable(c, op));
+    ZPP_CHECK(mpi_buf_make(n, elem, elem_size, b));
+    zpp_status st = req_new(req_p, r_p);
+    if (st != ZPP_OK) mpi_buf_free(b);
     return st;
 }
 
 /* Counts the operation on the progress board (after its checks passed:
  * every member counts the same calls). */
-static zpp_prog_at zpp__enter(zpp_comm *c) {
-    zpp__mpi *m = zpp__mpi_of(c);
+static zpp_prog_at mpi_enter(zpp_comm *c) {
+    zpp__mpi *m = mpi_of(c);
     return zpp__progress_enter(m->prog, m->kind);
 }
 
 /* After the MPI_I* call `rc` that filled `mreq`: hands the request (and
  * blob type) to the caller for an asynchronous call; for a blocking one
  * completes it (before the deadline) and frees everything. */
-static zpp_status zpp__finish(zpp_comm *c, int rc, const char *what, size_t bytes,
-                              zpp__mpi_buf *b, MPI_Request *mreq, zpp_comm_req *r,
-                              zpp_comm_req **req_p) {
+static zpp_status mpi_finish(zpp_comm *c, int rc, const char *what, size_t bytes, zpp__mpi_buf *b,
+                             MPI_Request *mreq, zpp_comm_req *r, zpp_comm_req **req_p) {
     if (rc != MPI_SUCCESS) {
-        zpp__mpi_buf_free(b);
+        mpi_buf_free(b);
         free(r);
-        return zpp__mpi_fail(rc, what);
+        return mpi_fail(rc, what);
     }
-    zpp_prog_at at = zpp__enter(c);
+    zpp_prog_at at = mpi_enter(c);
     if (r) {
         if (b->blob) r->type = b->type;
-        r->owner = zpp__mpi_of(c);
+        r->owner = mpi_of(c);
         r->op = what;
         r->bytes = bytes;
         r->at = at;
         *req_p = r;
         return ZPP_OK;
     }
-    zpp_status st = zpp__complete(zpp__mpi_of(c), mreq, what, bytes, &at);
-    zpp__mpi_buf_free(b); /* MPI keeps a type an abandoned operation still uses */
+    zpp_status st = mpi_complete(mpi_of(c), mreq, what, bytes, &at);
+    mpi_buf_free(b); /* MPI keeps a type an abandoned operation still uses */
     return st;
 }
 
 /* ---- Operations -------------------------------------------------------- */
 
-static zpp_status zpp__allgather(zpp_comm *c, const void *send, void *recv,
-                                 size_t bytes_per_rank, zpp_comm_req **req_p) {
+static zpp_status mpi_allgather(zpp_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                                zpp_comm_req **req_p) {
     static const char op[] = "allgather";
     /* In place: this rank's input already sits at its block of the output. */
     int in_place = bytes_per_rank &&
@@ -432,99 +430,98 @@ static zpp_status zpp__allgather(zpp_comm *c, const void *send, void *recv,
     zpp__mpi_buf b;
     zpp_comm_req *r;
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP_CHECK(zpp__start(c, op, bytes_per_rank, MPI_BYTE, 1, &b, req_p, &r));
+    ZPP_CHECK(mpi_start(c, op, bytes_per_rank, MPI_BYTE, 1, &b, req_p, &r));
     const void *s = in_place ? MPI_IN_PLACE : send;
-    int rc = MPI_Iallgather(s, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c),
-                            r ? &r->req : &mr);
-    return zpp__finish(c, rc, op, bytes_per_rank * (size_t)c->size, &b, &mr, r, req_p);
+    int rc =
+        MPI_Iallgather(s, b.count, b.type, recv, b.count, b.type, comm_of(c), r ? &r->req : &mr);
+    return mpi_finish(c, rc, op, bytes_per_rank * (size_t)c->size, &b, &mr, r, req_p);
 }
 
-static zpp_status zpp__reduce_scatter(zpp_comm *c, const void *send, void *recv,
-                                      size_t count_per_rank, zpp_dtype dtype,
-                                      zpp_comm_req **req_p) {
+static zpp_status mpi_reduce_scatter(zpp_comm *c, const void *send, void *recv,
+                                     size_t count_per_rank, zpp_dtype dtype, zpp_comm_req **req_p) {
     static const char op[] = "reduce_scatter";
     MPI_Datatype et = MPI_DATATYPE_NULL;
     size_t es = 0;
-    zpp__mpi_dtype(dtype, &et, &es);
+    mpi_dtype(dtype, &et, &es);
     zpp__mpi_buf b;
     zpp_comm_req *r;
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP_CHECK(zpp__start(c, op, count_per_rank, et, es, &b, req_p, &r));
-    MPI_Op mop = zpp__mpi_sum_op(dtype, b.blob);
-    int rc = MPI_Ireduce_scatter_block(send, recv, b.count, b.type, mop, zpp__comm_of(c),
-                                       r ? &r->req : &mr);
-    return zpp__finish(c, rc, op, count_per_rank * es * (size_t)c->size, &b, &mr, r, req_p);
+    ZPP_CHECK(mpi_start(c, op, count_per_rank, et, es, &b, req_p, &r));
+    MPI_Op mop = mpi_sum_op(dtype, b.blob);
+    int rc =
+        MPI_Ireduce_scatter_block(send, recv, b.count, b.type, mop, comm_of(c), r ? &r->req : &mr);
+    return mpi_finish(c, rc, op, count_per_rank * es * (size_t)c->size, &b, &mr, r, req_p);
 }
 
-static zpp_status zpp__alltoall(zpp_comm *c, const void *send, void *recv,
-                                size_t bytes_per_peer, zpp_comm_req **req_p) {
+static zpp_status mpi_alltoall(zpp_comm *c, const void *send, void *recv, size_t bytes_per_peer,
+                               zpp_comm_req **req_p) {
     static const char op[] = "alltoall";
     zpp__mpi_buf b;
     zpp_comm_req *r;
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP_CHECK(zpp__start(c, op, bytes_per_peer, MPI_BYTE, 1, &b, req_p, &r));
-    int rc = MPI_Ialltoall(send, b.count, b.type, recv, b.count, b.type, zpp__comm_of(c),
-                           r ? &r->req : &mr);
-    return zpp__finish(c, rc, op, bytes_per_peer * (size_t)c->size, &b, &mr, r, req_p);
+    ZPP_CHECK(mpi_start(c, op, bytes_per_peer, MPI_BYTE, 1, &b, req_p, &r));
+    int rc =
+        MPI_Ialltoall(send, b.count, b.type, recv, b.count, b.type, comm_of(c), r ? &r->req : &mr);
+    return mpi_finish(c, rc, op, bytes_per_peer * (size_t)c->size, &b, &mr, r, req_p);
 }
 
-static zpp_status zpp__allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
-                                 zpp_dtype dtype, zpp_comm_req **req_p) {
+static zpp_status mpi_allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
+                                zpp_dtype dtype, zpp_comm_req **req_p) {
     static const char op[] = "allreduce";
     MPI_Datatype et = MPI_DATATYPE_NULL;
     size_t es = 0;
-    zpp__mpi_dtype(dtype, &et, &es);
+    mpi_dtype(dtype, &et, &es);
     int in_place = send == recv;
     zpp__mpi_buf b;
     zpp_comm_req *r;
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP_CHECK(zpp__start(c, op, count, et, es, &b, req_p, &r));
+    ZPP_CHECK(mpi_start(c, op, count, et, es, &b, req_p, &r));
     const void *s = in_place ? MPI_IN_PLACE : send;
-    MPI_Op mop = zpp__mpi_sum_op(dtype, b.blob);
-    int rc = MPI_Iallreduce(s, recv, b.count, b.type, mop, zpp__comm_of(c), r ? &r->req : &mr);
-    return zpp__finish(c, rc, op, count * es, &b, &mr, r, req_p);
+    MPI_Op mop = mpi_sum_op(dtype, b.blob);
+    int rc = MPI_Iallreduce(s, recv, b.count, b.type, mop, comm_of(c), r ? &r->req : &mr);
+    return mpi_finish(c, rc, op, count * es, &b, &mr, r, req_p);
 }
 
-static zpp_status zpp__agree(zpp_comm *c, zpp_status st) {
-    zpp__mpi *m = zpp__mpi_of(c);
+static zpp_status mpi_agree(zpp_comm *c, zpp_status st) {
+    zpp__mpi *m = mpi_of(c);
     /* Its abandoned collective would be matched against the agreement's:
      * this rank's own answer is all it can give. */
-    if (m->broken) return st != ZPP_OK ? st : zpp__usable(c, "agree");
+    if (m->broken) return st != ZPP_OK ? st : mpi_usable(c, "agree");
     zpp_status got = zpp__comm_mpi_agree_at(&m->comm, st, m->timeout_s, m->name, m->prog, m->kind);
     /* the agreement's own timeout leaves an abandoned collective too */
     if (got == ZPP_ERR_TIMEOUT && st != ZPP_ERR_TIMEOUT) m->broken = 1;
     return got;
 }
 
-static zpp_status zpp__broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
-                                 zpp_comm_req **req_p) {
+static zpp_status mpi_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
+                                zpp_comm_req **req_p) {
     static const char op[] = "broadcast";
     zpp__mpi_buf b;
     zpp_comm_req *r;
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP_CHECK(zpp__start(c, op, bytes, MPI_BYTE, 1, &b, req_p, &r));
-    int rc = MPI_Ibcast(buf, b.count, b.type, root, zpp__comm_of(c), r ? &r->req : &mr);
-    return zpp__finish(c, rc, op, bytes, &b, &mr, r, req_p);
+    ZPP_CHECK(mpi_start(c, op, bytes, MPI_BYTE, 1, &b, req_p, &r));
+    int rc = MPI_Ibcast(buf, b.count, b.type, root, comm_of(c), r ? &r->req : &mr);
+    return mpi_finish(c, rc, op, bytes, &b, &mr, r, req_p);
 }
 
-static zpp_status zpp__barrier(zpp_comm *c) {
+static zpp_status mpi_barrier(zpp_comm *c) {
     static const char op[] = "barrier";
-    ZPP_CHECK(zpp__usable(c, op));
+    ZPP_CHECK(mpi_usable(c, op));
     MPI_Request mr = MPI_REQUEST_NULL;
-    ZPP__MPI_CHECK(MPI_Ibarrier(zpp__comm_of(c), &mr), op);
-    zpp_prog_at at = zpp__enter(c);
-    return zpp__complete(zpp__mpi_of(c), &mr, op, 0, &at);
+    ZPP__MPI_CHECK(MPI_Ibarrier(comm_of(c), &mr), op);
+    zpp_prog_at at = mpi_enter(c);
+    return mpi_complete(mpi_of(c), &mr, op, 0, &at);
 }
 
-static zpp_status zpp__wait(zpp_comm_req *r) {
+static zpp_status mpi_wait(zpp_comm_req *r) {
     if (!r) return ZPP_OK;
-    zpp_status st = zpp__complete(r->owner, &r->req, r->op, r->bytes, &r->at);
+    zpp_status st = mpi_complete(r->owner, &r->req, r->op, r->bytes, &r->at);
     if (r->type != MPI_DATATYPE_NULL) MPI_Type_free(&r->type);
     free(r);
     return st;
 }
 
-static void zpp__destroy(zpp_comm *c) {
+static void mpi_destroy(zpp_comm *c) {
     if (!c) return;
     zpp__mpi *m = c->impl;
     int finalized = 0;
@@ -536,17 +533,17 @@ static void zpp__destroy(zpp_comm *c) {
     free(c);
 }
 
-static const zpp_comm_ops zpp__mpi_ops = {
+static const zpp_comm_ops kMpiOps = {
     .name = "mpi",
-    .allgather = zpp__allgather,
-    .reduce_scatter = zpp__reduce_scatter,
-    .alltoall = zpp__alltoall,
-    .allreduce = zpp__allreduce,
-    .agree = zpp__agree,
-    .broadcast = zpp__broadcast,
-    .barrier = zpp__barrier,
-    .wait = zpp__wait,
-    .destroy = zpp__destroy,
+    .allgather = mpi_allgather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .alltoall = mpi_alltoall,
+    .allreduce = mpi_allreduce,
+    .agree = mpi_agree,
+    .broadcast = mpi_broadcast,
+    .barrier = mpi_barrier,
+    .wait = mpi_wait,
+    .destroy = mpi_destroy,
 };
 
 zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
@@ -558,7 +555,7 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     if (!inited || finalized)
         return zpp_error(ZPP_ERR_STATE, "comm_mpi_create: MPI is not initialised; call MPI_Init "
                          "first (and create communicators before MPI_Finalize)");
-    ZPP_CHECK(zpp__ops_init());
+    ZPP_CHECK(ops_init());
     /* The duplicate is ours: its own matching space, and errors returned. */
     MPI_Comm dup = MPI_COMM_NULL;
     ZPP__MPI_CHECK(MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &dup), "comm dup");
@@ -568,7 +565,7 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(dup, &size);
     if (rc != MPI_SUCCESS) {
         MPI_Comm_free(&dup);
-        return zpp__mpi_fail(rc, "comm setup");
+        return mpi_fail(rc, "comm setup");
     }
     zpp_comm *c = malloc(sizeof *c);
     zpp__mpi *m = malloc(sizeof *m);
@@ -585,7 +582,7 @@ zpp_status zpp_comm_mpi_create(const void *mpi_comm, zpp_comm **comm_p) {
     m->why[0] = '\0';
     m->prog = NULL;
     m->kind = -1;
-    c->ops = &zpp__mpi_ops;
+    c->ops = &kMpiOps;
     c->mem = ZPP_MEM_HOST;
     c->rank = rank;
     c->size = size;
@@ -614,7 +611,7 @@ void zpp__comm_mpi_set_progress(zpp_comm *c, zpp_progress *p, int comm) {
 
 /* The agreement failed (an MPI error, or its own deadline, already
  * recorded): keep this rank's own reason. */
-static zpp_status zpp__agree_fail(zpp_status failed, zpp_status local, const char *own) {
+static zpp_status agree_fail(zpp_status failed, zpp_status local, const char *own) {
     if (local == ZPP_OK) return failed;
     return zpp_error_append(failed, "(this rank had failed before: %s)",
                             own[0] ? own : zpp_status_str(local));
@@ -648,10 +645,9 @@ zpp_status zpp__comm_mpi_agree_at(const void *mpi_comm, zpp_status st, double ti
     int rank = 0, size = 1;
     int rc = MPI_Comm_rank(comm, &rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
-    if (rc != MPI_SUCCESS) return zpp__agree_fail(zpp__mpi_fail(rc, "error agreement"), st, own);
+    if (rc != MPI_SUCCESS) return agree_fail(mpi_fail(rc, "error agreement"), st, own);
     zpp__agree_buf *a = calloc(1, sizeof *a);
-    if (!a)
-        return zpp__agree_fail(zpp_error(ZPP_ERR_NOMEM, "agree: out of memory"), st, own);
+    if (!a) return agree_fail(zpp_error(ZPP_ERR_NOMEM, "agree: out of memory"), st, own);
     /* 1. The lowest failing rank, or `size` when none failed. */
     a->mine = st != ZPP_OK ? rank : size;
     a->first = size;
@@ -659,13 +655,13 @@ zpp_status zpp__comm_mpi_agree_at(const void *mpi_comm, zpp_status st, double ti
     rc = MPI_Iallreduce(&a->mine, &a->first, 1, MPI_INT, MPI_MIN, comm, &req);
     if (rc != MPI_SUCCESS) {
         free(a);
-        return zpp__agree_fail(zpp__mpi_fail(rc, "error agreement"), st, own);
+        return agree_fail(mpi_fail(rc, "error agreement"), st, own);
     }
     zpp_status pst = zpp__comm_mpi_poll_at(&req, timeout_s, "agree (the lowest failing rank)",
                                            name, sizeof a->mine, &at);
     if (pst != ZPP_OK) {
         if (pst != ZPP_ERR_TIMEOUT) free(a);
-        return zpp__agree_fail(pst, st, own);
+        return agree_fail(pst, st, own);
     }
     if (a->first == size) {
         free(a);
@@ -681,10 +677,10 @@ zpp_status zpp__comm_mpi_agree_at(const void *mpi_comm, zpp_status st, double ti
         pst = zpp__comm_mpi_poll_at(&req, timeout_s, "agree (its message)", name,
                                     sizeof a->why, &at);
     else
-        pst = zpp__mpi_fail(rc, "error agreement");
+        pst = mpi_fail(rc, "error agreement");
     if (pst != ZPP_OK) {
         if (pst != ZPP_ERR_TIMEOUT) free(a);
-        return zpp__agree_fail(pst, st, own);
+        return agree_fail(pst, st, own);
     }
     a->why.msg[sizeof a->why.msg - 1] = '\0';
     /* 3. The same status and message on every rank. */
@@ -698,7 +694,7 @@ zpp_status zpp__comm_mpi_agree_at(const void *mpi_comm, zpp_status st, double ti
  * confused with other traffic, and MPI_COMM_WORLD's error handler stays the
  * application's. Return codes are still checked (they come back when the
  * application asked MPI to return errors). */
-static zpp_status zpp__world_ready(const char *op) {
+static zpp_status world_ready(const char *op) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
@@ -709,15 +705,15 @@ static zpp_status zpp__world_ready(const char *op) {
 }
 
 zpp_status zpp_comm_agree_world(zpp_status st) {
-    zpp_status ready = zpp__world_ready("comm agree_world");
+    zpp_status ready = world_ready("comm agree_world");
     if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
     MPI_Comm world = MPI_COMM_WORLD;
-    return zpp__comm_mpi_agree_at(&world, st, zpp__world_timeout_s, "world (MPI_COMM_WORLD)",
+    return zpp__comm_mpi_agree_at(&world, st, world_timeout_s, "world (MPI_COMM_WORLD)",
                                   zpp__progress_current(), ZPP_PROG_LAUNCH);
 }
 
 zpp_status zpp_comm_agree_world_within(zpp_status st, double timeout_s) {
-    zpp_status ready = zpp__world_ready("comm agree_world");
+    zpp_status ready = world_ready("comm agree_world");
     if (ready != ZPP_OK) return st != ZPP_OK ? st : ready;
     MPI_Comm world = MPI_COMM_WORLD;
     return zpp__comm_mpi_agree_at(&world, st, timeout_s > 0.0 ? timeout_s : 0.0,
@@ -726,14 +722,14 @@ zpp_status zpp_comm_agree_world_within(zpp_status st, double timeout_s) {
 }
 
 void zpp_comm_world_set_timeout(double timeout_s) {
-    zpp__world_timeout_s = timeout_s > 0.0 ? timeout_s : 0.0; /* NaN: 0 */
+    world_timeout_s = timeout_s > 0.0 ? timeout_s : 0.0; /* NaN: 0 */
 }
 
-double zpp_comm_world_timeout(void) { return zpp__world_timeout_s; }
+double zpp_comm_world_timeout(void) { return world_timeout_s; }
 
 zpp_status zpp_comm_max_world(double *value) {
     if (!value) return zpp_error(ZPP_ERR_INVALID, "comm max_world: value is NULL");
-    ZPP_CHECK(zpp__world_ready("comm max_world"));
+    ZPP_CHECK(world_ready("comm max_world"));
     /* On the heap: an abandoned request may still write it (see agree). */
     double *v = malloc(sizeof *v);
     if (!v) return zpp_error(ZPP_ERR_NOMEM, "comm max_world: out of memory");
@@ -742,10 +738,10 @@ zpp_status zpp_comm_max_world(double *value) {
     int rc = MPI_Iallreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &req);
     if (rc != MPI_SUCCESS) {
         free(v);
-        return zpp__mpi_fail(rc, "max over the world");
+        return mpi_fail(rc, "max over the world");
     }
     zpp_prog_at at = zpp__progress_enter(zpp__progress_current(), ZPP_PROG_LAUNCH);
-    zpp_status st = zpp__comm_mpi_poll_at(&req, zpp__world_timeout_s, "max over the world",
+    zpp_status st = zpp__comm_mpi_poll_at(&req, world_timeout_s, "max over the world",
                                           "world (MPI_COMM_WORLD)", sizeof *v, &at);
     if (st == ZPP_ERR_TIMEOUT) return st; /* v stays with MPI */
     if (st == ZPP_OK) *value = *v;
@@ -755,7 +751,7 @@ zpp_status zpp_comm_max_world(double *value) {
 
 /* Quietly: these must not touch zpp_last_error (tools ask for the rank to
  * decide who prints it). */
-static int zpp__world_up(void) {
+static int world_up(void) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
@@ -764,13 +760,13 @@ static int zpp__world_up(void) {
 
 int zpp_comm_world_rank(void) {
     int rank = 0;
-    if (zpp__world_up()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (world_up()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     return rank;
 }
 
 int zpp_comm_world_size(void) {
     int size = 1;
-    if (zpp__world_up()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (world_up()) MPI_Comm_size(MPI_COMM_WORLD, &size);
     return size;
 }
 

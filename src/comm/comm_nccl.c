@@ -148,7 +148,7 @@
  * locked; NCCL wants the same). The watchdog is the only other thread; see
  * above for what it shares.
  *
- * KNOBS (environment, read through core/env.h in zpp__nccl_env_read only):
+ * KNOBS (environment, read through core/env.h in nccl_env_read only):
  *   ZPP_NCCL_HOSTID_PREFIX  prefix of the emulated NCCL_HOSTID values,
  *                           <prefix>-zppnode<n>[-r<local>] (default: this
  *                           host's name, so ranks on different real hosts
@@ -201,7 +201,7 @@ typedef struct zpp__nccl_env {
 
 /* Reads every environment knob of this backend, and sets NCCL_NVLS_ENABLE
  * to "0" before NCCL can read it, unless the user set it. */
-static void zpp__nccl_env_read(zpp__nccl_env *env) {
+static void nccl_env_read(zpp__nccl_env *env) {
     const char *s = zpp_env_get(ZPP_ENV_NCCL_HOSTID_PREFIX);
     if (s) {
         snprintf(env->hostid_prefix, sizeof env->hostid_prefix, "%s", s);
@@ -304,53 +304,49 @@ struct zpp__nccl_comm {
 };
 
 /* NCCL_HOSTID of this process, fixed by its first topology (see top). */
-static int zpp__nccl_process_started;
-static char zpp__nccl_process_hostid[ZPP_HOSTID_CAP];
+static int nccl_process_started;
+static char nccl_process_hostid[ZPP_HOSTID_CAP];
 
 /* ---- Errors -------------------------------------------------------------- */
 
 /* Errors after which a communicator cannot be trusted again. Argument and
  * usage errors are reported before anything is enqueued and leave it usable. */
-static int zpp__nccl_fatal(ncclResult_t r) {
+static int nccl_fatal(ncclResult_t r) {
     return r == ncclUnhandledCudaError || r == ncclSystemError || r == ncclInternalError ||
            r == ncclRemoteError;
 }
 
 /* Records "<op>: NCCL error <name> (<NCCL's own message>)". */
-static zpp_status zpp__nccl_fail(zpp__nccl_comm *nc, ncclResult_t r, const char *op,
-                                 const char *call) {
+static zpp_status nccl_fail(zpp__nccl_comm *nc, ncclResult_t r, const char *op, const char *call) {
     const char *last = ncclGetLastError(nc ? nc->nccl : NULL);
-    if (nc && zpp__nccl_fatal(r)) nc->broken = 1;
-    return zpp_error(ZPP_ERR_COMM,
-                     "%s: NCCL error %s (%s) in %s%s", op, ncclGetErrorString(r),
+    if (nc && nccl_fatal(r)) nc->broken = 1;
+    return zpp_error(ZPP_ERR_COMM, "%s: NCCL error %s (%s) in %s%s", op, ncclGetErrorString(r),
                      last && last[0] ? last : "no further detail from NCCL", call,
-                     zpp__nccl_fatal(r) ? "; rerun with NCCL_DEBUG=WARN for NCCL's log" : "");
+                     nccl_fatal(r) ? "; rerun with NCCL_DEBUG=WARN for NCCL's log" : "");
 }
 
-#define NCCLCHECK(nc, call, op)                                               \
-    do {                                                                      \
-        ncclResult_t nccl_r_ = (call);                                        \
-        if (nccl_r_ != ncclSuccess) return zpp__nccl_fail((nc), nccl_r_, (op), #call); \
+#define NCCLCHECK(nc, call, op)                                                   \
+    do {                                                                          \
+        ncclResult_t nccl_r_ = (call);                                            \
+        if (nccl_r_ != ncclSuccess) return nccl_fail((nc), nccl_r_, (op), #call); \
     } while (0)
 
 /* A failed device call (its front recorded why): add which operation. */
-static zpp_status zpp__dev_fail(zpp_status st, const char *op, const char *what) {
+static zpp_status dev_fail(zpp_status st, const char *op, const char *what) {
     return zpp_error_context(st, "%s: %s", op, what);
 }
 
-#define DEVCHECK(call, op)                                                    \
-    do {                                                                      \
-        zpp_status dev_st_ = (call);                                          \
-        if (dev_st_ != ZPP_OK) return zpp__dev_fail(dev_st_, (op), #call);   \
+#define DEVCHECK(call, op)                                            \
+    do {                                                              \
+        zpp_status dev_st_ = (call);                                  \
+        if (dev_st_ != ZPP_OK) return dev_fail(dev_st_, (op), #call); \
     } while (0)
 
 /* The native stream handle NCCL takes: the communicator's. */
-static cudaStream_t zpp__nccl_stream(const zpp__nccl_comm *nc) {
-    return (cudaStream_t)nc->stream;
-}
+static cudaStream_t nccl_stream(const zpp__nccl_comm *nc) { return (cudaStream_t)nc->stream; }
 
 /* The NCCL type of a reduction dtype (checked by the front). */
-static ncclDataType_t zpp__nccl_dtype(zpp_dtype dtype) {
+static ncclDataType_t nccl_dtype(zpp_dtype dtype) {
     switch (dtype) {
     case ZPP_BF16: return ncclBfloat16;
     case ZPP_FP16: return ncclFloat16;
@@ -358,7 +354,7 @@ static ncclDataType_t zpp__nccl_dtype(zpp_dtype dtype) {
     }
 }
 
-static double zpp__now_s(void) {
+static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -366,13 +362,13 @@ static double zpp__now_s(void) {
 
 /* ---- Requests ------------------------------------------------------------ */
 
-static zpp_status zpp__nccl_req_make(zpp__nccl_shared *sh, const char *op) {
+static zpp_status nccl_req_make(zpp__nccl_shared *sh, const char *op) {
     zpp_comm_req *q = calloc(1, sizeof *q);
     if (!q) return zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory for a request", op);
     zpp_status st = zpp_device_event_create(sh->dev, 0, &q->done);
     if (st != ZPP_OK) {
         free(q);
-        return zpp__dev_fail(st, op, "creating a request's event");
+        return dev_fail(st, op, "creating a request's event");
     }
     q->next_all = sh->all_reqs;
     sh->all_reqs = q;
@@ -381,8 +377,8 @@ static zpp_status zpp__nccl_req_make(zpp__nccl_shared *sh, const char *op) {
     return ZPP_OK;
 }
 
-static zpp_status zpp__nccl_req_get(zpp__nccl_shared *sh, const char *op, zpp_comm_req **q_p) {
-    if (!sh->free_reqs) ZPP_CHECK(zpp__nccl_req_make(sh, op)); /* slow path only */
+static zpp_status nccl_req_get(zpp__nccl_shared *sh, const char *op, zpp_comm_req **q_p) {
+    if (!sh->free_reqs) ZPP_CHECK(nccl_req_make(sh, op)); /* slow path only */
     zpp_comm_req *q = sh->free_reqs;
     sh->free_reqs = q->next_free;
     q->next_free = NULL;
@@ -390,7 +386,7 @@ static zpp_status zpp__nccl_req_get(zpp__nccl_shared *sh, const char *op, zpp_co
     return ZPP_OK;
 }
 
-static void zpp__nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
+static void nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
     q->owner = NULL;
     q->next_free = sh->free_reqs;
     sh->free_reqs = q;
@@ -399,7 +395,7 @@ static void zpp__nccl_req_put(zpp__nccl_shared *sh, zpp_comm_req *q) {
 /* ---- Starting and finishing an operation ---------------------------------- */
 
 /* (with sh->lock held) */
-static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
+static zpp_status nccl_usable(zpp__nccl_comm *nc, const char *op) {
     if (nc->sh->fired != ZPP_OK) return zpp_error(nc->sh->fired, "%s", nc->sh->why);
     if (nc->why[0]) return zpp_error(ZPP_ERR_COMM, "%s: %s", op, nc->why);
     if (nc->broken || (!nc->nccl && !nc->one))
@@ -412,8 +408,7 @@ static zpp_status zpp__nccl_usable(zpp__nccl_comm *nc, const char *op) {
 
 /* ---- The watchdog's FIFO (sh->lock held) ---------------------------------- */
 
-static zpp_status zpp__nccl_track_get(zpp__nccl_shared *sh, const char *op,
-                                      zpp__nccl_track **t_p) {
+static zpp_status nccl_track_get(zpp__nccl_shared *sh, const char *op, zpp__nccl_track **t_p) {
     zpp__nccl_track *t = sh->track_free;
     if (t) {
         sh->track_free = t->next;
@@ -425,7 +420,7 @@ static zpp_status zpp__nccl_track_get(zpp__nccl_shared *sh, const char *op,
         if (st != ZPP_OK) {
             if (t->start) zpp_device_event_destroy(sh->dev, t->start);
             free(t);
-            return zpp__dev_fail(st, op, "creating the watchdog's events");
+            return dev_fail(st, op, "creating the watchdog's events");
         }
         t->next_all = sh->track_all;
         sh->track_all = t;
@@ -436,7 +431,7 @@ static zpp_status zpp__nccl_track_get(zpp__nccl_shared *sh, const char *op,
     return ZPP_OK;
 }
 
-static void zpp__nccl_track_put(zpp__nccl_shared *sh, zpp__nccl_track *t) {
+static void nccl_track_put(zpp__nccl_shared *sh, zpp__nccl_track *t) {
     t->next = sh->track_free;
     sh->track_free = t;
 }
@@ -444,17 +439,17 @@ static void zpp__nccl_track_put(zpp__nccl_shared *sh, zpp__nccl_track *t) {
 /* Orders the comm stream after the work already on the compute stream,
  * takes a request if the caller wants one, and marks the start of the
  * operation for the watchdog. On success sh->lock stays held until
- * zpp__nccl_end or zpp__nccl_abandon. */
-static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t bytes,
-                                  zpp_comm_req **req_p, zpp_comm_req **q_p) {
+ * nccl_end or nccl_abandon. */
+static zpp_status nccl_begin(zpp__nccl_comm *nc, const char *op, size_t bytes, zpp_comm_req **req_p,
+                             zpp_comm_req **q_p) {
     zpp__nccl_shared *sh = nc->sh;
     *q_p = NULL;
     pthread_mutex_lock(&sh->lock);
-    zpp_status st = zpp__nccl_usable(nc, op);
-    if (st == ZPP_OK && req_p) st = zpp__nccl_req_get(sh, op, q_p);
-    if (st == ZPP_OK) st = zpp__nccl_track_get(sh, op, &sh->cur);
+    zpp_status st = nccl_usable(nc, op);
+    if (st == ZPP_OK && req_p) st = nccl_req_get(sh, op, q_p);
+    if (st == ZPP_OK) st = nccl_track_get(sh, op, &sh->cur);
     if (st != ZPP_OK) {
-        if (*q_p) zpp__nccl_req_put(sh, *q_p);
+        if (*q_p) nccl_req_put(sh, *q_p);
         pthread_mutex_unlock(&sh->lock);
         return st;
     }
@@ -467,11 +462,11 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t byt
     if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, nc->stream, sh->ready);
     if (st == ZPP_OK) st = zpp_device_event_record(sh->dev, sh->cur->start, nc->stream);
     if (st != ZPP_OK) {
-        if (*q_p) zpp__nccl_req_put(sh, *q_p);
-        zpp__nccl_track_put(sh, sh->cur);
+        if (*q_p) nccl_req_put(sh, *q_p);
+        nccl_track_put(sh, sh->cur);
         sh->cur = NULL;
         pthread_mutex_unlock(&sh->lock);
-        return zpp__dev_fail(st, op, "ordering the comm stream after the compute stream");
+        return dev_fail(st, op, "ordering the comm stream after the compute stream");
     }
     return ZPP_OK;
 }
@@ -479,8 +474,8 @@ static zpp_status zpp__nccl_begin(zpp__nccl_comm *nc, const char *op, size_t byt
 /* Marks the end of the enqueued work: hands the operation to the
  * watchdog, hands out the request, or (blocking form) orders the compute
  * stream after it right away. Releases sh->lock. */
-static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req *q,
-                                zpp_comm_req **req_p) {
+static zpp_status nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req *q,
+                           zpp_comm_req **req_p) {
     zpp__nccl_shared *sh = nc->sh;
     zpp__nccl_track *t = sh->cur;
     sh->cur = NULL;
@@ -490,14 +485,14 @@ static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req
         else sh->fifo_head = t;
         sh->fifo_tail = t;
     } else {
-        zpp__nccl_track_put(sh, t); /* not followed; the op itself went on */
+        nccl_track_put(sh, t); /* not followed; the op itself went on */
     }
     if (q) {
         st = zpp_device_event_record(sh->dev, q->done, nc->stream);
         if (st != ZPP_OK) {
-            zpp__nccl_req_put(sh, q);
+            nccl_req_put(sh, q);
             pthread_mutex_unlock(&sh->lock);
-            return zpp__dev_fail(st, op, "recording the end of the collective");
+            return dev_fail(st, op, "recording the end of the collective");
         }
         q->owner = nc;
         *req_p = q;
@@ -507,16 +502,15 @@ static zpp_status zpp__nccl_end(zpp__nccl_comm *nc, const char *op, zpp_comm_req
     st = zpp_device_event_record(sh->dev, sh->done_now, nc->stream);
     if (st == ZPP_OK) st = zpp_device_event_wait(sh->dev, sh->compute, sh->done_now);
     pthread_mutex_unlock(&sh->lock);
-    if (st != ZPP_OK)
-        return zpp__dev_fail(st, op, "ordering the compute stream after the comm stream");
+    if (st != ZPP_OK) return dev_fail(st, op, "ordering the compute stream after the comm stream");
     return ZPP_OK;
 }
 
 /* Gives a request back after a failed enqueue. Releases sh->lock. */
-static zpp_status zpp__nccl_abandon(zpp__nccl_comm *nc, zpp_comm_req *q, zpp_status st) {
+static zpp_status nccl_abandon(zpp__nccl_comm *nc, zpp_comm_req *q, zpp_status st) {
     zpp__nccl_shared *sh = nc->sh;
-    if (q) zpp__nccl_req_put(sh, q);
-    if (sh->cur) zpp__nccl_track_put(sh, sh->cur);
+    if (q) nccl_req_put(sh, q);
+    if (sh->cur) nccl_track_put(sh, sh->cur);
     sh->cur = NULL;
     pthread_mutex_unlock(&sh->lock);
     return st;
@@ -524,9 +518,8 @@ static zpp_status zpp__nccl_abandon(zpp__nccl_comm *nc, zpp_comm_req *q, zpp_sta
 
 /* The timeout's message, the same from every path, with the ranks that
  * did not enqueue the collective (comm/progress.h). */
-static zpp_status zpp__nccl_timeout(const zpp__nccl_shared *sh, const char *op,
-                                    const char *comm, size_t bytes, const char *how,
-                                    const zpp_prog_at *at) {
+static zpp_status nccl_timeout(const zpp__nccl_shared *sh, const char *op, const char *comm,
+                               size_t bytes, const char *how, const zpp_prog_at *at) {
     char who[512];
     zpp__progress_explain(at, who, sizeof who);
     return zpp_error(ZPP_ERR_TIMEOUT,
@@ -538,7 +531,7 @@ static zpp_status zpp__nccl_timeout(const zpp__nccl_shared *sh, const char *op,
 
 /* Aborts every NCCL communicator of the topology (sh->lock held): their
  * kernels return, so nothing waits behind them any more. */
-static void zpp__nccl_abort_all(zpp__nccl_shared *sh) {
+static void nccl_abort_all(zpp__nccl_shared *sh) {
     for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
         zpp__nccl_comm *c = sh->comms[i];
         if (!c) continue;
@@ -550,7 +543,7 @@ static void zpp__nccl_abort_all(zpp__nccl_shared *sh) {
 
 /* One look (sh->lock held): the oldest unfinished operation and the
  * asynchronous errors. */
-static void zpp__nccl_watch(zpp__nccl_shared *sh) {
+static void nccl_watch(zpp__nccl_shared *sh) {
     if (sh->fired != ZPP_OK) return;
     for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
         zpp__nccl_comm *c = sh->comms[i];
@@ -568,7 +561,7 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
             c->broken = 1;
         }
     }
-    double now = zpp__now_s();
+    double now = now_s();
     while (sh->fifo_head) {
         zpp__nccl_track *t = sh->fifo_head;
         int done = 0;
@@ -576,7 +569,7 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
         if (done) {
             sh->fifo_head = t->next;
             if (!sh->fifo_head) sh->fifo_tail = NULL;
-            zpp__nccl_track_put(sh, t);
+            nccl_track_put(sh, t);
             continue;
         }
         /* what this rank's peers see it waiting in (comm/progress.h) */
@@ -587,11 +580,11 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
                 t->t_started = now;
         }
         if (sh->timeout_s > 0.0 && t->t_started > 0.0 && now - t->t_started > sh->timeout_s) {
-            zpp__nccl_timeout(sh, t->op, t->comm, t->bytes,
-                              "; the watchdog aborted the topology's NCCL communicators", &t->at);
+            nccl_timeout(sh, t->op, t->comm, t->bytes,
+                         "; the watchdog aborted the topology's NCCL communicators", &t->at);
             snprintf(sh->why, sizeof sh->why, "%s", zpp_last_error());
             sh->fired = ZPP_ERR_TIMEOUT;
-            zpp__nccl_abort_all(sh);
+            nccl_abort_all(sh);
         }
         return;
     }
@@ -599,7 +592,7 @@ static void zpp__nccl_watch(zpp__nccl_shared *sh) {
     zpp__progress_wait_end(&none); /* nothing unfinished */
 }
 
-static void *zpp__nccl_watchdog_main(void *arg) {
+static void *nccl_watchdog_main(void *arg) {
     zpp__nccl_shared *sh = arg;
     (void)zpp_device_bind_thread(sh->dev); /* its events live on the rank's GPU */
     for (;;) {
@@ -608,7 +601,7 @@ static void *zpp__nccl_watchdog_main(void *arg) {
         /* try-lock: the calling thread may sit inside an NCCL call */
         if (pthread_mutex_trylock(&sh->lock) != 0) continue;
         int stop = sh->watchdog_stop;
-        if (!stop) zpp__nccl_watch(sh);
+        if (!stop) nccl_watch(sh);
         pthread_mutex_unlock(&sh->lock);
         if (stop) return NULL;
     }
@@ -616,13 +609,13 @@ static void *zpp__nccl_watchdog_main(void *arg) {
 
 /* Reports an asynchronous NCCL failure (a peer or the network died);
  * sh->lock held. */
-static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
+static zpp_status nccl_check_async(zpp__nccl_comm *nc, const char *op) {
     ncclResult_t ar = ncclSuccess;
-    if (!nc->nccl) return zpp__nccl_usable(nc, op);
+    if (!nc->nccl) return nccl_usable(nc, op);
     NCCLCHECK(nc, ncclCommGetAsyncError(nc->nccl, &ar), op);
     if (ar != ncclSuccess && ar != ncclInProgress) {
         nc->broken = 1;
-        return zpp__nccl_fail(nc, ar, op, "an asynchronous operation");
+        return nccl_fail(nc, ar, op, "an asynchronous operation");
     }
     return ZPP_OK;
 }
@@ -630,20 +623,20 @@ static zpp_status zpp__nccl_check_async(zpp__nccl_comm *nc, const char *op) {
 /* Blocks the host until `ev` completes, watching NCCL's asynchronous error
  * state: on a failure (or the deadline) the communicator is aborted, which
  * makes its spinning kernels return, and the call reports instead of hanging. */
-static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
-                                      const char *op, size_t bytes, const zpp_prog_at *at) {
+static zpp_status nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev, const char *op,
+                                 size_t bytes, const zpp_prog_at *at) {
     zpp__nccl_shared *sh = nc->sh;
-    double t0 = zpp__now_s();
+    double t0 = now_s();
     for (unsigned long spin = 0;; spin++) {
         int done = 0;
         zpp_status st = zpp_device_event_query(sh->dev, ev, &done);
-        if (st != ZPP_OK) return zpp__dev_fail(st, op, "waiting for the comm stream");
+        if (st != ZPP_OK) return dev_fail(st, op, "waiting for the comm stream");
         if (done) return ZPP_OK;
         pthread_mutex_lock(&sh->lock);
-        st = zpp__nccl_check_async(nc, op);
+        st = nccl_check_async(nc, op);
         if (st == ZPP_OK && sh->timeout_s > 0.0 && (spin & 255) == 0 &&
-            zpp__now_s() - t0 > sh->timeout_s)
-            st = zpp__nccl_timeout(sh, op, nc->name, bytes, "", at);
+            now_s() - t0 > sh->timeout_s)
+            st = nccl_timeout(sh, op, nc->name, bytes, "", at);
         if (st != ZPP_OK) {
             if (nc->nccl) ncclCommAbort(nc->nccl);
             nc->nccl = NULL;
@@ -659,60 +652,56 @@ static zpp_status zpp__nccl_host_wait(zpp__nccl_comm *nc, zpp_device_event *ev,
 
 /* An operation over one rank (ONE RANK above): its output is its input,
  * copied on the communicator's stream unless in place. Ends what
- * zpp__nccl_begin started. */
-static zpp_status zpp__nccl_one_copy(zpp__nccl_comm *nc, const char *op, void *recv,
-                                     const void *send, size_t bytes, zpp_comm_req *q,
-                                     zpp_comm_req **req_p) {
+ * nccl_begin started. */
+static zpp_status nccl_one_copy(zpp__nccl_comm *nc, const char *op, void *recv, const void *send,
+                                size_t bytes, zpp_comm_req *q, zpp_comm_req **req_p) {
     zpp_status st = zpp_device_copy_on(nc->sh->dev, recv, send, bytes, nc->stream);
-    if (st != ZPP_OK) return zpp__nccl_abandon(nc, q, zpp__dev_fail(st, op, "the local copy"));
-    return zpp__nccl_end(nc, op, q, req_p);
+    if (st != ZPP_OK) return nccl_abandon(nc, q, dev_fail(st, op, "the local copy"));
+    return nccl_end(nc, op, q, req_p);
 }
 
-static zpp_status zpp__nccl_allgather(zpp_comm *c, const void *send, void *recv,
-                                      size_t bytes_per_rank, zpp_comm_req **req_p) {
+static zpp_status nccl_allgather(zpp_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                                 zpp_comm_req **req_p) {
     static const char op[] = "nccl allgather";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_rank * (size_t)c->size, req_p, &q));
-    if (nc->one) return zpp__nccl_one_copy(nc, op, recv, send, bytes_per_rank, q, req_p);
+    ZPP_CHECK(nccl_begin(nc, op, bytes_per_rank * (size_t)c->size, req_p, &q));
+    if (nc->one) return nccl_one_copy(nc, op, recv, send, bytes_per_rank, q, req_p);
     if (bytes_per_rank) {
         /* Bytes as ncclUint8: `count` is then the byte count per rank. */
-        ncclResult_t r = ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl,
-                                       zpp__nccl_stream(nc));
-        if (r != ncclSuccess)
-            return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllGather"));
+        ncclResult_t r =
+            ncclAllGather(send, recv, bytes_per_rank, ncclUint8, nc->nccl, nccl_stream(nc));
+        if (r != ncclSuccess) return nccl_abandon(nc, q, nccl_fail(nc, r, op, "ncclAllGather"));
     }
-    return zpp__nccl_end(nc, op, q, req_p);
+    return nccl_end(nc, op, q, req_p);
 }
 
-static zpp_status zpp__nccl_reduce_scatter(zpp_comm *c, const void *send, void *recv,
-                                           size_t count_per_rank, zpp_dtype dtype,
-                                           zpp_comm_req **req_p) {
+static zpp_status nccl_reduce_scatter(zpp_comm *c, const void *send, void *recv,
+                                      size_t count_per_rank, zpp_dtype dtype,
+                                      zpp_comm_req **req_p) {
     static const char op[] = "nccl reduce_scatter";
     zpp__nccl_comm *nc = c->impl;
-    ncclDataType_t t = zpp__nccl_dtype(dtype);
+    ncclDataType_t t = nccl_dtype(dtype);
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, count_per_rank * zpp_dtype_size(dtype) * (size_t)c->size,
-                              req_p, &q));
+    ZPP_CHECK(
+        nccl_begin(nc, op, count_per_rank * zpp_dtype_size(dtype) * (size_t)c->size, req_p, &q));
     if (nc->one)
-        return zpp__nccl_one_copy(nc, op, recv, send, count_per_rank * zpp_dtype_size(dtype), q,
-                                  req_p);
+        return nccl_one_copy(nc, op, recv, send, count_per_rank * zpp_dtype_size(dtype), q, req_p);
     if (count_per_rank) {
-        ncclResult_t r = ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl,
-                                           zpp__nccl_stream(nc));
-        if (r != ncclSuccess)
-            return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclReduceScatter"));
+        ncclResult_t r =
+            ncclReduceScatter(send, recv, count_per_rank, t, ncclSum, nc->nccl, nccl_stream(nc));
+        if (r != ncclSuccess) return nccl_abandon(nc, q, nccl_fail(nc, r, op, "ncclReduceScatter"));
     }
-    return zpp__nccl_end(nc, op, q, req_p);
+    return nccl_end(nc, op, q, req_p);
 }
 
-static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
-                                     size_t bytes_per_peer, zpp_comm_req **req_p) {
+static zpp_status nccl_alltoall(zpp_comm *c, const void *send, void *recv, size_t bytes_per_peer,
+                                zpp_comm_req **req_p) {
     static const char op[] = "nccl alltoall";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes_per_peer * (size_t)c->size, req_p, &q));
-    if (nc->one) return zpp__nccl_one_copy(nc, op, recv, send, bytes_per_peer, q, req_p);
+    ZPP_CHECK(nccl_begin(nc, op, bytes_per_peer * (size_t)c->size, req_p, &q));
+    if (nc->one) return nccl_one_copy(nc, op, recv, send, bytes_per_peer, q, req_p);
     if (bytes_per_peer) {
         /* One group of point-to-point pairs; NCCL schedules them together,
          * so the order of the pairs cannot deadlock. The pair with oneself is
@@ -720,18 +709,17 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
         const char *s = send;
         char *d = recv;
         ncclResult_t r = ncclGroupStart();
-        if (r != ncclSuccess)
-            return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclGroupStart"));
+        if (r != ncclSuccess) return nccl_abandon(nc, q, nccl_fail(nc, r, op, "ncclGroupStart"));
         const char *call = NULL;
         for (int p = 0; p < c->size; p++) {
             r = ncclSend(s + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         zpp__nccl_stream(nc));
+                         nccl_stream(nc));
             if (r != ncclSuccess) {
                 call = "ncclSend";
                 break;
             }
             r = ncclRecv(d + (size_t)p * bytes_per_peer, bytes_per_peer, ncclUint8, p, nc->nccl,
-                         zpp__nccl_stream(nc));
+                         nccl_stream(nc));
             if (r != ncclSuccess) {
                 call = "ncclRecv";
                 break;
@@ -743,46 +731,41 @@ static zpp_status zpp__nccl_alltoall(zpp_comm *c, const void *send, void *recv,
             r = r_end;
             call = "ncclGroupEnd";
         }
-        if (call) return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, call));
+        if (call) return nccl_abandon(nc, q, nccl_fail(nc, r, op, call));
     }
-    return zpp__nccl_end(nc, op, q, req_p);
+    return nccl_end(nc, op, q, req_p);
 }
 
-static zpp_status zpp__nccl_allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
-                                      zpp_dtype dtype, zpp_comm_req **req_p) {
+static zpp_status nccl_allreduce(zpp_comm *c, const void *send, void *recv, size_t count,
+                                 zpp_dtype dtype, zpp_comm_req **req_p) {
     static const char op[] = "nccl allreduce";
     zpp__nccl_comm *nc = c->impl;
-    ncclDataType_t t = zpp__nccl_dtype(dtype);
+    ncclDataType_t t = nccl_dtype(dtype);
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, count * zpp_dtype_size(dtype), req_p, &q));
-    if (nc->one)
-        return zpp__nccl_one_copy(nc, op, recv, send, count * zpp_dtype_size(dtype), q, req_p);
+    ZPP_CHECK(nccl_begin(nc, op, count * zpp_dtype_size(dtype), req_p, &q));
+    if (nc->one) return nccl_one_copy(nc, op, recv, send, count * zpp_dtype_size(dtype), q, req_p);
     if (count) {
-        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl,
-                                       zpp__nccl_stream(nc));
-        if (r != ncclSuccess)
-            return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclAllReduce"));
+        ncclResult_t r = ncclAllReduce(send, recv, count, t, ncclSum, nc->nccl, nccl_stream(nc));
+        if (r != ncclSuccess) return nccl_abandon(nc, q, nccl_fail(nc, r, op, "ncclAllReduce"));
     }
-    return zpp__nccl_end(nc, op, q, req_p);
+    return nccl_end(nc, op, q, req_p);
 }
 
-static zpp_status zpp__nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
-                                      zpp_comm_req **req_p) {
+static zpp_status nccl_broadcast(zpp_comm *c, void *buf, size_t bytes, int root,
+                                 zpp_comm_req **req_p) {
     static const char op[] = "nccl broadcast";
     zpp__nccl_comm *nc = c->impl;
     zpp_comm_req *q;
-    ZPP_CHECK(zpp__nccl_begin(nc, op, bytes, req_p, &q));
+    ZPP_CHECK(nccl_begin(nc, op, bytes, req_p, &q));
     if (bytes && !nc->one) { /* one rank: the root's buffer is the result */
-        ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl,
-                                       zpp__nccl_stream(nc));
-        if (r != ncclSuccess)
-            return zpp__nccl_abandon(nc, q, zpp__nccl_fail(nc, r, op, "ncclBroadcast"));
+        ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl, nccl_stream(nc));
+        if (r != ncclSuccess) return nccl_abandon(nc, q, nccl_fail(nc, r, op, "ncclBroadcast"));
     }
-    return zpp__nccl_end(nc, op, q, req_p);
+    return nccl_end(nc, op, q, req_p);
 }
 
 /* Host-side, over the MPI communicator of the same ranks (see the top). */
-static zpp_status zpp__nccl_agree_op(zpp_comm *c, zpp_status st) {
+static zpp_status nccl_agree_op(zpp_comm *c, zpp_status st) {
     zpp__nccl_comm *nc = c->impl;
     return zpp__comm_mpi_agree_at(&nc->mpi, st, nc->sh->timeout_s, nc->name, nc->sh->prog,
                                   nc->kind);
@@ -790,30 +773,30 @@ static zpp_status zpp__nccl_agree_op(zpp_comm *c, zpp_status st) {
 
 /* Every rank has entered the barrier once a one-element all-reduce over the
  * group has completed: no rank's contribution is missing. */
-static zpp_status zpp__nccl_barrier(zpp_comm *c) {
+static zpp_status nccl_barrier(zpp_comm *c) {
     static const char op[] = "nccl barrier";
     zpp__nccl_comm *nc = c->impl;
     zpp__nccl_shared *sh = nc->sh;
     pthread_mutex_lock(&sh->lock);
-    zpp_status st = zpp__nccl_usable(nc, op);
+    zpp_status st = nccl_usable(nc, op);
     zpp_prog_at at = {NULL, 0, 0};
     if (st == ZPP_OK) at = zpp__progress_enter(sh->prog, nc->kind);
     if (st == ZPP_OK && !nc->one) {
         /* Max rather than sum: whatever the staging int holds cannot overflow. */
-        ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax,
-                                       nc->nccl, zpp__nccl_stream(nc));
-        if (r != ncclSuccess) st = zpp__nccl_fail(nc, r, op, "ncclAllReduce");
+        ncclResult_t r = ncclAllReduce(sh->dev_int, sh->dev_int, 1, ncclInt32, ncclMax, nc->nccl,
+                                       nccl_stream(nc));
+        if (r != ncclSuccess) st = nccl_fail(nc, r, op, "ncclAllReduce");
     }
     if (st == ZPP_OK) {
         st = zpp_device_event_record(sh->dev, sh->host_done, nc->stream);
-        if (st != ZPP_OK) st = zpp__dev_fail(st, op, "recording the barrier's end");
+        if (st != ZPP_OK) st = dev_fail(st, op, "recording the barrier's end");
     }
     pthread_mutex_unlock(&sh->lock);
     ZPP_CHECK(st);
-    return zpp__nccl_host_wait(nc, sh->host_done, op, sizeof(int), &at);
+    return nccl_host_wait(nc, sh->host_done, op, sizeof(int), &at);
 }
 
-static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
+static zpp_status nccl_wait(zpp_comm_req *req) {
     static const char op[] = "nccl wait";
     if (!req) return ZPP_OK;
     zpp__nccl_comm *nc = req->owner;
@@ -821,21 +804,19 @@ static zpp_status zpp__nccl_wait(zpp_comm_req *req) {
         return zpp_error(ZPP_ERR_STATE, "%s: request is not in flight (waited twice?)", op);
     zpp__nccl_shared *sh = nc->sh;
     zpp_status st = zpp_device_event_wait(sh->dev, sh->compute, req->done);
-    zpp__nccl_req_put(sh, req); /* completed and freed, whatever happens next */
-    if (st != ZPP_OK)
-        return zpp__dev_fail(st, op, "ordering the compute stream after the collective");
+    nccl_req_put(sh, req); /* completed and freed, whatever happens next */
+    if (st != ZPP_OK) return dev_fail(st, op, "ordering the compute stream after the collective");
     /* Cheap (an atomic read): surfaces a dead peer, or the watchdog's
      * abort, at the next wait. */
     pthread_mutex_lock(&sh->lock);
-    st = sh->fired != ZPP_OK ? zpp_error(sh->fired, "%s", sh->why)
-                             : zpp__nccl_check_async(nc, op);
+    st = sh->fired != ZPP_OK ? zpp_error(sh->fired, "%s", sh->why) : nccl_check_async(nc, op);
     pthread_mutex_unlock(&sh->lock);
     return st;
 }
 
 /* ---- Teardown ------------------------------------------------------------- */
 
-static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
+static void nccl_shared_release(zpp__nccl_shared *sh) {
     if (!sh || --sh->refs > 0) return;
     zpp_device *d = sh->dev;
     if (sh->watchdog_running) {
@@ -868,7 +849,7 @@ static void zpp__nccl_shared_release(zpp__nccl_shared *sh) {
 }
 
 /* Aborting never waits for peers; destroying flushes outstanding work. */
-static void zpp__nccl_comm_close(ncclComm_t comm, int broken) {
+static void nccl_comm_close(ncclComm_t comm, int broken) {
     if (!comm) return;
     ncclResult_t ar = ncclSuccess;
     if (!broken && ncclCommGetAsyncError(comm, &ar) != ncclSuccess) broken = 1;
@@ -878,7 +859,7 @@ static void zpp__nccl_comm_close(ncclComm_t comm, int broken) {
         ncclCommAbort(comm);
 }
 
-static void zpp__nccl_destroy(zpp_comm *c) {
+static void nccl_destroy(zpp_comm *c) {
     if (!c) return;
     zpp__nccl_comm *nc = c->impl;
     if (nc) {
@@ -892,8 +873,8 @@ static void zpp__nccl_destroy(zpp_comm *c) {
         }
         /* NCCL tears a communicator down on its own device; the device
          * backend's calls below name theirs. */
-        zpp__nccl_comm_close(nc->nccl, nc->broken);
-        zpp__nccl_shared_release(nc->sh);
+        nccl_comm_close(nc->nccl, nc->broken);
+        nccl_shared_release(nc->sh);
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized && nc->mpi != MPI_COMM_NULL) MPI_Comm_free(&nc->mpi);
@@ -902,17 +883,17 @@ static void zpp__nccl_destroy(zpp_comm *c) {
     free(c);
 }
 
-static const zpp_comm_ops zpp__nccl_ops = {
+static const zpp_comm_ops kNcclOps = {
     .name = "nccl",
-    .allgather = zpp__nccl_allgather,
-    .reduce_scatter = zpp__nccl_reduce_scatter,
-    .alltoall = zpp__nccl_alltoall,
-    .allreduce = zpp__nccl_allreduce,
-    .agree = zpp__nccl_agree_op,
-    .broadcast = zpp__nccl_broadcast,
-    .barrier = zpp__nccl_barrier,
-    .wait = zpp__nccl_wait,
-    .destroy = zpp__nccl_destroy,
+    .allgather = nccl_allgather,
+    .reduce_scatter = nccl_reduce_scatter,
+    .alltoall = nccl_alltoall,
+    .allreduce = nccl_allreduce,
+    .agree = nccl_agree_op,
+    .broadcast = nccl_broadcast,
+    .barrier = nccl_barrier,
+    .wait = nccl_wait,
+    .destroy = nccl_destroy,
 };
 
 /* ---- Setup ---------------------------------------------------------------- */
@@ -920,8 +901,8 @@ static const zpp_comm_ops zpp__nccl_ops = {
 /* Every rank learns whether any rank failed a step, and if so the first
  * failing rank's status and message (the one protocol, comm_internal.h),
  * with the step named in front. */
-static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_progress *p, zpp_status local,
-                                  const char *stage, double timeout_s) {
+static zpp_status nccl_agree(MPI_Comm mc, zpp_progress *p, zpp_status local, const char *stage,
+                             double timeout_s) {
     zpp_status st =
         zpp__comm_mpi_agree_at(&mc, local, timeout_s, "world (NCCL setup)", p, ZPP_PROG_SETUP);
     if (st == ZPP_OK) return ZPP_OK;
@@ -930,8 +911,8 @@ static zpp_status zpp__nccl_agree(MPI_Comm mc, zpp_progress *p, zpp_status local
 
 /* The rank's GPU, checked, and what the others need to know of it to tell
  * whether it shares that GPU with a rank of its node (comm/hostid.h). */
-static zpp_status zpp__nccl_identify(const zpp_topo *topo, const zpp_topo_opts *opts,
-                                     const zpp__nccl_env *env, zpp_hostid_rank *me) {
+static zpp_status nccl_identify(const zpp_topo *topo, const zpp_topo_opts *opts,
+                                const zpp__nccl_env *env, zpp_hostid_rank *me) {
     static const char op[] = "nccl setup";
     zpp_device *d = opts->device;
     if (!d || d->mem != ZPP_MEM_DEVICE || d->ordinal < 0)
@@ -950,41 +931,40 @@ static zpp_status zpp__nccl_identify(const zpp_topo *topo, const zpp_topo_opts *
 /* Chooses this process's NCCL_HOSTID before NCCL first reads it: with
  * emulated nodes, the node's or (ranks sharing a GPU) the rank's own, from
  * every rank's identity `ids` (comm/hostid.h). */
-static zpp_status zpp__nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *opts,
-                                   const zpp_hostid_rank *ids) {
-    char want[sizeof zpp__nccl_process_hostid] = "";
+static zpp_status nccl_hostid(const zpp_topo *topo, const zpp_topo_opts *opts,
+                              const zpp_hostid_rank *ids) {
+    char want[sizeof nccl_process_hostid] = "";
     if (opts->emulate_nodes) {
         zpp_status st = zpp_hostid_emulated(ids, topo->world_size, topo->node_size,
                                             topo->world_rank, want, sizeof want, NULL);
         if (st != ZPP_OK) return zpp_error_context(st, "nccl setup");
     }
-    if (zpp__nccl_process_started) {
-        if (strcmp(want, zpp__nccl_process_hostid) != 0)
+    if (nccl_process_started) {
+        if (strcmp(want, nccl_process_hostid) != 0)
             return zpp_error(ZPP_ERR_STATE,
                              "nccl setup: this topology needs NCCL_HOSTID '%s' but NCCL already "
                              "runs in this process with '%s' (NCCL reads it once per process); "
                              "build topologies with a different emulate_nodes/node_size in a "
                              "new process",
                              want[0] ? want : "(as launched)",
-                             zpp__nccl_process_hostid[0] ? zpp__nccl_process_hostid
-                                                         : "(as launched)");
+                             nccl_process_hostid[0] ? nccl_process_hostid : "(as launched)");
         return ZPP_OK;
     }
     if (want[0] && zpp_env_set(ZPP_ENV_NCCL_HOSTID, want) != 0)
         return zpp_error(ZPP_ERR_CONFIG, "nccl setup: could not set NCCL_HOSTID=%s", want);
-    memcpy(zpp__nccl_process_hostid, want, sizeof want);
-    zpp__nccl_process_started = 1;
+    memcpy(nccl_process_hostid, want, sizeof want);
+    nccl_process_started = 1;
     return ZPP_OK;
 }
 
 /* Everything this rank can set up without its peers, once every rank's
- * identity `ids` is known (the device was checked by zpp__nccl_identify). */
-static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opts *opts,
-                                        const zpp__nccl_env *env, const zpp_hostid_rank *ids,
-                                        zpp__nccl_shared **sh_p) {
+ * identity `ids` is known (the device was checked by nccl_identify). */
+static zpp_status nccl_setup_local(const zpp_topo *topo, const zpp_topo_opts *opts,
+                                   const zpp__nccl_env *env, const zpp_hostid_rank *ids,
+                                   zpp__nccl_shared **sh_p) {
     static const char op[] = "nccl setup";
     zpp_device *d = opts->device;
-    ZPP_CHECK(zpp__nccl_hostid(topo, opts, ids));
+    ZPP_CHECK(nccl_hostid(topo, opts, ids));
     int version = 0;
     NCCLCHECK(NULL, ncclGetVersion(&version), op);
     if (version < ZPP__NCCL_MIN_VERSION)
@@ -1024,7 +1004,7 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
     else if ((st = zpp_device_set(d, sh->dev_int, 0, sizeof(int))) != ZPP_OK)
         what = "clearing the barrier's word";
     if (what) {
-        st = zpp__dev_fail(st, op, what);
+        st = dev_fail(st, op, what);
         goto fail;
     }
     /* Order the comm streams after the compute stream once now (the word
@@ -1041,8 +1021,8 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
                                op, d->ordinal);
         goto fail;
     }
-    for (int i = 0; i < env->req_pool; i++) ZPP_CHECK_GOTO(zpp__nccl_req_make(sh, op), st, fail);
-    if (pthread_create(&sh->watchdog, NULL, zpp__nccl_watchdog_main, sh) != 0) {
+    for (int i = 0; i < env->req_pool; i++) ZPP_CHECK_GOTO(nccl_req_make(sh, op), st, fail);
+    if (pthread_create(&sh->watchdog, NULL, nccl_watchdog_main, sh) != 0) {
         st = zpp_error(ZPP_ERR_STATE, "%s: cannot start the watchdog thread", op);
         goto fail;
     }
@@ -1050,14 +1030,13 @@ static zpp_status zpp__nccl_setup_local(const zpp_topo *topo, const zpp_topo_opt
     *sh_p = sh;
     return ZPP_OK;
 fail:
-    zpp__nccl_shared_release(sh);
+    nccl_shared_release(sh);
     return st;
 }
 
 /* Wraps an NCCL communicator as a zpp_comm (takes a reference on sh). */
-static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared *sh,
-                                 const char *name, int rank, int size, int stream,
-                                 zpp_comm **c_p) {
+static zpp_status nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared *sh, const char *name,
+                            int rank, int size, int stream, zpp_comm **c_p) {
     zpp_comm *c = calloc(1, sizeof *c);
     zpp__nccl_comm *nc = calloc(1, sizeof *nc);
     if (!c || !nc) {
@@ -1079,7 +1058,7 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared
             break;
         }
     pthread_mutex_unlock(&sh->lock);
-    c->ops = &zpp__nccl_ops;
+    c->ops = &kNcclOps;
     c->mem = ZPP_MEM_DEVICE;
     c->rank = rank;
     c->size = size;
@@ -1089,8 +1068,8 @@ static zpp_status zpp__nccl_wrap(ncclComm_t comm, MPI_Comm mpi, zpp__nccl_shared
 }
 
 /* Checks that NCCL numbered a split the way the topology says. */
-static zpp_status zpp__nccl_check_split(ncclComm_t comm, const char *name, int want_rank,
-                                        int want_size) {
+static zpp_status nccl_check_split(ncclComm_t comm, const char *name, int want_rank,
+                                   int want_size) {
     static const char op[] = "nccl setup";
     int rank = -1, size = -1;
     NCCLCHECK(NULL, ncclCommUserRank(comm, &rank), op);
@@ -1104,17 +1083,17 @@ static zpp_status zpp__nccl_check_split(ncclComm_t comm, const char *name, int w
 
 /* Undoes a half-built communicator on the failure path: the wrapper if it
  * was made (it owns the NCCL handle then), else the bare handle. */
-static void zpp__nccl_discard(zpp_comm *c, ncclComm_t comm) {
+static void nccl_discard(zpp_comm *c, ncclComm_t comm) {
     if (c) {
         ((zpp__nccl_comm *)c->impl)->broken = 1;
-        zpp__nccl_destroy(c);
+        nccl_destroy(c);
     } else if (comm) {
         ncclCommAbort(comm);
     }
 }
 
 /* Frees an MPI communicator that no zpp_comm took over. */
-static void zpp__nccl_mpi_free(MPI_Comm *mc) {
+static void nccl_mpi_free(MPI_Comm *mc) {
     if (*mc != MPI_COMM_NULL) MPI_Comm_free(mc);
 }
 
@@ -1130,7 +1109,7 @@ typedef struct zpp__nccl_part {
 } zpp__nccl_part;
 
 /* Everything zpp_comm_nccl_create_topo builds, in the order its steps build
- * it; zpp__nccl_setup_undo takes down whatever of it is still held. */
+ * it; nccl_setup_undo takes down whatever of it is still held. */
 typedef struct zpp__nccl_setup {
     zpp_topo *topo;
     const zpp_topo_opts *opts;
@@ -1155,7 +1134,7 @@ typedef struct zpp__nccl_setup {
  * (ncclCommInitRank); the others are split from it. The last three are the
  * reductions' (zpp_topo.red_*): the same ranks in the same order on their
  * own stream. */
-static void zpp__nccl_plan(zpp_topo *topo, zpp__nccl_part part[ZPP__NCCL_COMMS]) {
+static void nccl_plan(zpp_topo *topo, zpp__nccl_part part[ZPP__NCCL_COMMS]) {
     const int rank = topo->world_rank, node = topo->node, local = topo->local_rank;
     const zpp__nccl_part plan[ZPP__NCCL_COMMS] = {
         {"world", 0, rank, rank, topo->world_size, ZPP__NCCL_GATHER, &topo->world},
@@ -1171,7 +1150,7 @@ static void zpp__nccl_plan(zpp_topo *topo, zpp__nccl_part part[ZPP__NCCL_COMMS])
 
 /* Step 0: the private MPI world and the MPI twins of the six communicators
  * (MPI collectives, the same on every rank). */
-static zpp_status zpp__nccl_mpi_groups(zpp__nccl_setup *s) {
+static zpp_status nccl_mpi_groups(zpp__nccl_setup *s) {
     static const char op[] = "nccl setup";
     int mr = MPI_Comm_dup(MPI_COMM_WORLD, &s->mc);
     if (mr == MPI_SUCCESS) mr = MPI_Comm_set_errhandler(s->mc, MPI_ERRORS_RETURN);
@@ -1188,14 +1167,14 @@ static zpp_status zpp__nccl_mpi_groups(zpp__nccl_setup *s) {
  * id: comm/hostid.h), then NCCL_HOSTID, streams and buffers (s->sh). The
  * exchange runs whatever the options, so that every rank makes the same
  * MPI calls even if they disagree on emulate_nodes. Three agreements. */
-static zpp_status zpp__nccl_identify_hosts(zpp__nccl_setup *s) {
+static zpp_status nccl_identify_hosts(zpp__nccl_setup *s) {
     static const char op[] = "nccl setup";
     zpp_topo *topo = s->topo;
     zpp_hostid_rank *ids = calloc((size_t)topo->world_size, sizeof *ids);
-    zpp_status st = ids ? zpp__nccl_identify(topo, s->opts, &s->env, &ids[topo->world_rank])
+    zpp_status st = ids ? nccl_identify(topo, s->opts, &s->env, &ids[topo->world_rank])
                         : zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", op);
-    ZPP_CHECK_GOTO(zpp__nccl_agree(s->mc, topo->progress, st, "checking the GPU", s->timeout_s),
-                   st, out);
+    ZPP_CHECK_GOTO(nccl_agree(s->mc, topo->progress, st, "checking the GPU", s->timeout_s), st,
+                   out);
     int mr =
         MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, ids, (int)sizeof *ids, MPI_BYTE, s->mc);
     st = mr == MPI_SUCCESS
@@ -1204,19 +1183,18 @@ static zpp_status zpp__nccl_identify_hosts(zpp__nccl_setup *s) {
                          "%s: MPI_Allgather of the ranks' GPU bus ids failed (MPI error %d)", op,
                          mr);
     ZPP_CHECK_GOTO(
-        zpp__nccl_agree(s->mc, topo->progress, st, "exchanging the GPU bus ids", s->timeout_s),
-        st, out);
+        nccl_agree(s->mc, topo->progress, st, "exchanging the GPU bus ids", s->timeout_s), st, out);
     topo->note[0] = '\0';
     st = ZPP_OK;
     if (s->opts->emulate_nodes)
         st = zpp_hostid_note(ids, topo->world_size, topo->node_size, topo->note,
                              sizeof topo->note);
-    if (st == ZPP_OK) st = zpp__nccl_setup_local(topo, s->opts, &s->env, ids, &s->sh);
+    if (st == ZPP_OK) st = nccl_setup_local(topo, s->opts, &s->env, ids, &s->sh);
     if (st == ZPP_OK) s->sh->prog = topo->progress;
     free(ids);
     ids = NULL;
-    st = zpp__nccl_agree(s->mc, topo->progress, st,
-                         "setting up the GPU and the NCCL environment", s->timeout_s);
+    st = nccl_agree(s->mc, topo->progress, st, "setting up the GPU and the NCCL environment",
+                    s->timeout_s);
 out:
     free(ids);
     return st;
@@ -1227,7 +1205,7 @@ out:
  * that a failure on rank 0 stops everyone at the broadcast. Two
  * agreements, unless the broadcast times out (then every rank's poll does,
  * and no agreement could complete either). */
-static zpp_status zpp__nccl_create_world(zpp__nccl_setup *s) {
+static zpp_status nccl_create_world(zpp__nccl_setup *s) {
     static const char op[] = "nccl setup";
     zpp_topo *topo = s->topo;
     const int rank = topo->world_rank, world_one = topo->world_size == 1;
@@ -1244,7 +1222,7 @@ static zpp_status zpp__nccl_create_world(zpp__nccl_setup *s) {
         if (r == ncclSuccess)
             boot.ok = 1;
         else
-            st = zpp__nccl_fail(NULL, r, op, "ncclGetUniqueId");
+            st = nccl_fail(NULL, r, op, "ncclGetUniqueId");
     }
     /* Polled until the deadline, like every setup step before an NCCL
      * init (each agreement below gates the blocking NCCL call after it). */
@@ -1264,22 +1242,21 @@ static zpp_status zpp__nccl_create_world(zpp__nccl_setup *s) {
                        op, mr);
     /* rank 0's own failure reaches everyone through the agreement */
     if (st == ZPP_OK && rank != 0 && !boot.ok && !world_one) st = ZPP_ERR_COMM;
-    ZPP_CHECK(
-        zpp__nccl_agree(s->mc, topo->progress, st, "creating the NCCL unique id", s->timeout_s));
+    ZPP_CHECK(nccl_agree(s->mc, topo->progress, st, "creating the NCCL unique id", s->timeout_s));
 
     r = world_one ? ncclSuccess : ncclCommInitRank(&s->nccl[0], topo->world_size, boot.id, rank);
     if (r != ncclSuccess) {
-        st = zpp__nccl_fail(NULL, r, op, "ncclCommInitRank");
+        st = nccl_fail(NULL, r, op, "ncclCommInitRank");
         s->nccl[0] = NULL; /* NCCL cleans up after a failed blocking init */
     }
-    return zpp__nccl_agree(s->mc, topo->progress, st, "creating the world NCCL communicator",
-                           s->timeout_s);
+    return nccl_agree(s->mc, topo->progress, st, "creating the world NCCL communicator",
+                      s->timeout_s);
 }
 
 /* Step 3: the node (intra) and rail (inter) groups and the reductions'
  * three, split from the world in the same order on every rank (each split
  * is collective over the world), one agreement after each. */
-static zpp_status zpp__nccl_split_groups(zpp__nccl_setup *s) {
+static zpp_status nccl_split_groups(zpp__nccl_setup *s) {
     static const char op[] = "nccl setup";
     char stage[96];
     for (int i = 1; i < ZPP__NCCL_COMMS; i++) {
@@ -1288,11 +1265,11 @@ static zpp_status zpp__nccl_split_groups(zpp__nccl_setup *s) {
         if (p->size == 1) continue; /* the same on every rank: ONE RANK */
         ncclResult_t r = ncclCommSplit(s->nccl[0], p->color, p->key, &s->nccl[i], NULL);
         if (r != ncclSuccess) {
-            st = zpp__nccl_fail(NULL, r, op, "ncclCommSplit");
+            st = nccl_fail(NULL, r, op, "ncclCommSplit");
             s->nccl[i] = NULL;
         }
         snprintf(stage, sizeof stage, "splitting the NCCL %s communicator", p->name);
-        ZPP_CHECK(zpp__nccl_agree(s->mc, s->topo->progress, st, stage, s->timeout_s));
+        ZPP_CHECK(nccl_agree(s->mc, s->topo->progress, st, stage, s->timeout_s));
     }
     return ZPP_OK;
 }
@@ -1300,20 +1277,20 @@ static zpp_status zpp__nccl_split_groups(zpp__nccl_setup *s) {
 /* Step 4: check the numbering and wrap the communicators (each takes over
  * its NCCL handle and its MPI twin, and is counted on the topology's
  * progress board as its kind); one agreement. */
-static zpp_status zpp__nccl_wrap_groups(zpp__nccl_setup *s) {
+static zpp_status nccl_wrap_groups(zpp__nccl_setup *s) {
     zpp_status st = ZPP_OK;
     for (int i = 0; i < ZPP__NCCL_COMMS && st == ZPP_OK; i++) {
         const zpp__nccl_part *p = &s->part[i];
-        if (p->size > 1) st = zpp__nccl_check_split(s->nccl[i], p->name, p->rank, p->size);
+        if (p->size > 1) st = nccl_check_split(s->nccl[i], p->name, p->rank, p->size);
         if (st == ZPP_OK)
-            st = zpp__nccl_wrap(s->nccl[i], s->mpi[i], s->sh, p->name, p->rank, p->size,
-                                p->stream, &s->made[i]);
+            st = nccl_wrap(s->nccl[i], s->mpi[i], s->sh, p->name, p->rank, p->size, p->stream,
+                           &s->made[i]);
         if (st == ZPP_OK) s->mpi[i] = MPI_COMM_NULL;
         /* part[] is in ZPP_PROG_WORLD ... ZPP_PROG_RED_INTER order */
         if (st == ZPP_OK) ((zpp__nccl_comm *)s->made[i]->impl)->kind = ZPP_PROG_WORLD + i;
     }
-    return zpp__nccl_agree(s->mc, s->topo->progress, st, "checking the NCCL communicators",
-                           s->timeout_s);
+    return nccl_agree(s->mc, s->topo->progress, st, "checking the NCCL communicators",
+                      s->timeout_s);
 }
 
 /* The one cleanup, for success and failure alike: whatever the steps built
@@ -1321,13 +1298,13 @@ static zpp_status zpp__nccl_wrap_groups(zpp__nccl_setup *s) {
  * peers that gave up. The splits go first, the world they came from last;
  * then the setup's reference to the shared state (the comms hold their
  * own) and the private world. */
-static void zpp__nccl_setup_undo(zpp__nccl_setup *s) {
+static void nccl_setup_undo(zpp__nccl_setup *s) {
     for (int i = ZPP__NCCL_COMMS - 1; i >= 0; i--) {
-        zpp__nccl_discard(s->made[i], s->nccl[i]);
-        zpp__nccl_mpi_free(&s->mpi[i]);
+        nccl_discard(s->made[i], s->nccl[i]);
+        nccl_mpi_free(&s->mpi[i]);
     }
-    zpp__nccl_shared_release(s->sh);
-    zpp__nccl_mpi_free(&s->mc);
+    nccl_shared_release(s->sh);
+    nccl_mpi_free(&s->mc);
 }
 
 zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) {
@@ -1336,26 +1313,26 @@ zpp_status zpp_comm_nccl_create_topo(zpp_topo *topo, const zpp_topo_opts *opts) 
         return zpp_error(ZPP_ERR_INVALID, "%s: NULL topology or options", op);
     zpp__nccl_setup s = {.topo = topo, .opts = opts, .mc = MPI_COMM_NULL};
     for (int i = 0; i < ZPP__NCCL_COMMS; i++) s.mpi[i] = MPI_COMM_NULL;
-    zpp__nccl_env_read(&s.env);
+    nccl_env_read(&s.env);
     s.timeout_s = s.env.timeout_s >= 0.0 ? s.env.timeout_s
                   : opts->timeout_s > 0.0 ? opts->timeout_s : 0.0;
-    zpp__nccl_plan(topo, s.part);
+    nccl_plan(topo, s.part);
 
     /* After every step that can fail on one rank only, the ranks agree, in
      * the same order everywhere (SETUP above). */
     zpp_status st;
-    ZPP_CHECK_GOTO(zpp__nccl_mpi_groups(&s), st, out);
-    ZPP_CHECK_GOTO(zpp__nccl_identify_hosts(&s), st, out);
-    ZPP_CHECK_GOTO(zpp__nccl_create_world(&s), st, out);
-    ZPP_CHECK_GOTO(zpp__nccl_split_groups(&s), st, out);
-    ZPP_CHECK_GOTO(zpp__nccl_wrap_groups(&s), st, out);
+    ZPP_CHECK_GOTO(nccl_mpi_groups(&s), st, out);
+    ZPP_CHECK_GOTO(nccl_identify_hosts(&s), st, out);
+    ZPP_CHECK_GOTO(nccl_create_world(&s), st, out);
+    ZPP_CHECK_GOTO(nccl_split_groups(&s), st, out);
+    ZPP_CHECK_GOTO(nccl_wrap_groups(&s), st, out);
     for (int i = 0; i < ZPP__NCCL_COMMS; i++) {
         *s.part[i].out = s.made[i];
         s.made[i] = NULL;
         s.nccl[i] = NULL; /* owned by the output now */
     }
 out:
-    zpp__nccl_setup_undo(&s);
+    nccl_setup_undo(&s);
     if (st != ZPP_OK) topo->note[0] = '\0';
     return st;
 }

@@ -46,22 +46,22 @@ struct zpp_progress {
 };
 
 /* Operations by code, for the wait state another rank reads. */
-static const char *const zpp__prog_ops[] = {
-    "a collective", "allgather", "reduce_scatter", "alltoall", "allreduce", "broadcast",
-    "barrier",      "agree",     "max",            "setup step"};
+static const char *const kProgOps[] = {"a collective", "allgather", "reduce_scatter", "alltoall",
+                                       "allreduce",    "broadcast", "barrier",        "agree",
+                                       "max",          "setup step"};
 
-static int zpp__prog_op_code(const char *op) {
+static int prog_op_code(const char *op) {
     if (!op) return 0;
-    for (int i = (int)(sizeof zpp__prog_ops / sizeof zpp__prog_ops[0]) - 1; i > 0; i--)
-        if (strstr(op, zpp__prog_ops[i])) return i;
+    for (int i = (int)(sizeof kProgOps / sizeof kProgOps[0]) - 1; i > 0; i--)
+        if (strstr(op, kProgOps[i])) return i;
     if (strstr(op, "topology") || strstr(op, "setup")) return 9;
     return 0;
 }
 
-static zpp_progress *zpp__prog_current;
-static uint64_t zpp__prog_launch_seq; /* MPI_COMM_WORLD operations of this process */
+static zpp_progress *prog_current;
+static uint64_t prog_launch_seq; /* MPI_COMM_WORLD operations of this process */
 
-zpp_progress *zpp__progress_current(void) { return zpp__prog_current; }
+zpp_progress *zpp__progress_current(void) { return prog_current; }
 
 const char *zpp__progress_comm_name(int comm) {
     static const char *const names[ZPP_PROG_COMMS] = {
@@ -70,13 +70,13 @@ const char *zpp__progress_comm_name(int comm) {
     return comm >= 0 && comm < ZPP_PROG_COMMS ? names[comm] : "unnamed";
 }
 
-static zpp__prog_slot *zpp__prog_slot_at(const zpp_progress *p, int i) {
+static zpp__prog_slot *prog_slot_at(const zpp_progress *p, int i) {
     return (zpp__prog_slot *)(void *)(p->base + ZPP__PROG_HEADER + (size_t)i * ZPP__PROG_SLOT);
 }
 
 /* ---- Setup ------------------------------------------------------------------ */
 
-static zpp_status zpp__prog_poll(MPI_Request *req, double timeout_s, const char *what) {
+static zpp_status prog_poll(MPI_Request *req, double timeout_s, const char *what) {
     return zpp__comm_mpi_poll(req, timeout_s, what, "world", 0);
 }
 
@@ -89,8 +89,7 @@ zpp_status zpp__progress_create(const void *base_comm, double timeout_s, zpp_pro
     /* MPI_Comm_split_type blocks: everyone must be there first. */
     MPI_Request req = MPI_REQUEST_NULL;
     if (MPI_Ibarrier(base, &req) != MPI_SUCCESS) return ZPP_OK;
-    ZPP_CHECK(zpp__prog_poll(&req, timeout_s,
-                             "topology setup (every rank arriving to find its host)"));
+    ZPP_CHECK(prog_poll(&req, timeout_s, "topology setup (every rank arriving to find its host)"));
     MPI_Comm host = MPI_COMM_NULL;
     if (MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) !=
         MPI_SUCCESS)
@@ -118,7 +117,7 @@ zpp_status zpp__progress_create(const void *base_comm, double timeout_s, zpp_pro
     }
     zpp_status st = ZPP_OK;
     if (MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, host, &req) == MPI_SUCCESS)
-        st = zpp__prog_poll(&req, timeout_s, "topology setup (sharing the progress board)");
+        st = prog_poll(&req, timeout_s, "topology setup (sharing the progress board)");
     else
         name[0] = '\0';
     name[sizeof name - 1] = '\0';
@@ -141,13 +140,13 @@ zpp_status zpp__progress_create(const void *base_comm, double timeout_s, zpp_pro
             p->world_rank = rank;
             p->world_size = size;
             p->node_size = 0;
-            zpp__prog_slot *s = zpp__prog_slot_at(p, hr);
+            zpp__prog_slot *s = prog_slot_at(p, hr);
             atomic_store_explicit(&s->world_rank, rank, memory_order_relaxed);
             atomic_store_explicit(&s->pid, (int32_t)getpid(), memory_order_relaxed);
             atomic_store_explicit(&s->wait_comm, -1, memory_order_relaxed);
             for (int c = 0; c < ZPP_PROG_COMMS; c++)
                 atomic_store_explicit(&s->entered[c], 0, memory_order_relaxed);
-            atomic_store_explicit(&s->entered[ZPP_PROG_LAUNCH], zpp__prog_launch_seq,
+            atomic_store_explicit(&s->entered[ZPP_PROG_LAUNCH], prog_launch_seq,
                                   memory_order_relaxed);
             atomic_thread_fence(memory_order_seq_cst);
         }
@@ -156,7 +155,7 @@ zpp_status zpp__progress_create(const void *base_comm, double timeout_s, zpp_pro
      * own mapping failed still takes part, so no one waits for it. */
     if (st == ZPP_OK) {
         if (MPI_Ibarrier(host, &req) == MPI_SUCCESS)
-            st = zpp__prog_poll(&req, timeout_s, "topology setup (mapping the progress board)");
+            st = prog_poll(&req, timeout_s, "topology setup (mapping the progress board)");
     }
     if (hr == 0 && name[0]) shm_unlink(name);
     MPI_Comm_free(&host);
@@ -166,8 +165,8 @@ zpp_status zpp__progress_create(const void *base_comm, double timeout_s, zpp_pro
         return st;
     }
     if (p) {
-        p->prev_current = zpp__prog_current;
-        zpp__prog_current = p;
+        p->prev_current = prog_current;
+        prog_current = p;
     }
     *p_p = p;
     return ZPP_OK;
@@ -180,7 +179,7 @@ void zpp__progress_set_geometry(zpp_progress *p, int node_size) {
 void zpp__progress_destroy(zpp_progress *p) {
     if (!p) return;
     /* out of the chain of current boards */
-    for (zpp_progress **q = &zpp__prog_current; *q; q = &(*q)->prev_current)
+    for (zpp_progress **q = &prog_current; *q; q = &(*q)->prev_current)
         if (*q == p) {
             *q = p->prev_current;
             break;
@@ -198,42 +197,41 @@ zpp_prog_at zpp__progress_enter(zpp_progress *p, int comm) {
         return at;
     }
     if (comm == ZPP_PROG_LAUNCH)
-        at.seq = ++zpp__prog_launch_seq;
+        at.seq = ++prog_launch_seq;
     else if (p)
         at.seq = ++p->count[comm];
     if (p)
-        atomic_store_explicit(&zpp__prog_slot_at(p, p->mine)->entered[comm], at.seq,
+        atomic_store_explicit(&prog_slot_at(p, p->mine)->entered[comm], at.seq,
                               memory_order_relaxed);
     return at;
 }
 
 void zpp__progress_wait_begin(const zpp_prog_at *at, const char *op) {
     if (!at || !at->p) return;
-    zpp__prog_slot *s = zpp__prog_slot_at(at->p, at->p->mine);
-    atomic_store_explicit(&s->wait_op, zpp__prog_op_code(op), memory_order_relaxed);
+    zpp__prog_slot *s = prog_slot_at(at->p, at->p->mine);
+    atomic_store_explicit(&s->wait_op, prog_op_code(op), memory_order_relaxed);
     atomic_store_explicit(&s->wait_seq, at->seq, memory_order_relaxed);
     atomic_store_explicit(&s->wait_comm, at->comm, memory_order_relaxed);
 }
 
 void zpp__progress_wait_end(const zpp_prog_at *at) {
     if (!at || !at->p) return;
-    atomic_store_explicit(&zpp__prog_slot_at(at->p, at->p->mine)->wait_comm, -1,
-                          memory_order_relaxed);
+    atomic_store_explicit(&prog_slot_at(at->p, at->p->mine)->wait_comm, -1, memory_order_relaxed);
 }
 
 /* ---- Explaining a timeout ---------------------------------------------------- */
 
 /* The slot of world rank r on this host, or NULL. */
-static zpp__prog_slot *zpp__prog_find(const zpp_progress *p, int r) {
+static zpp__prog_slot *prog_find(const zpp_progress *p, int r) {
     for (int i = 0; i < p->n; i++) {
-        zpp__prog_slot *s = zpp__prog_slot_at(p, i);
+        zpp__prog_slot *s = prog_slot_at(p, i);
         if (atomic_load_explicit(&s->world_rank, memory_order_relaxed) == r) return s;
     }
     return NULL;
 }
 
 /* Whether world rank r is a member of `comm` as seen from world rank self. */
-static int zpp__prog_member(const zpp_progress *p, int comm, int self, int r) {
+static int prog_member(const zpp_progress *p, int comm, int self, int r) {
     const int ns = p->node_size;
     switch (comm) {
     case ZPP_PROG_INTRA:
@@ -249,8 +247,8 @@ typedef struct zpp__prog_text {
     size_t cap, len;
 } zpp__prog_text;
 
-static void zpp__prog_put(zpp__prog_text *t, const char *fmt, ...) ZPP_PRINTF(2, 3);
-static void zpp__prog_put(zpp__prog_text *t, const char *fmt, ...) {
+static void prog_put(zpp__prog_text *t, const char *fmt, ...) ZPP_PRINTF(2, 3);
+static void prog_put(zpp__prog_text *t, const char *fmt, ...) {
     if (t->len + 1 >= t->cap) return;
     va_list ap;
     va_start(ap, fmt);
@@ -261,7 +259,7 @@ static void zpp__prog_put(zpp__prog_text *t, const char *fmt, ...) {
 
 /* The process state from /proc: 'T' stopped, 't' traced, 'Z'/'X' dead,
  * 0 gone, '?' unknown. */
-static char zpp__prog_pid_state(int pid) {
+static char prog_pid_state(int pid) {
     if (pid <= 0) return '?';
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -274,41 +272,43 @@ static char zpp__prog_pid_state(int pid) {
     return q && q[1] == ' ' && q[2] ? q[2] : '?';
 }
 
-static void zpp__prog_missing(const zpp_progress *p, int comm, uint64_t seq, int self,
-                              int depth, unsigned char *seen, zpp__prog_text *t);
+static void prog_missing(const zpp_progress *p, int comm, uint64_t seq, int self, int depth,
+                         unsigned char *seen, zpp__prog_text *t);
 
 /* Why world rank r (on this host, slot s) is not there. */
-static void zpp__prog_why(const zpp_progress *p, int r, zpp__prog_slot *s, int depth,
-                          unsigned char *seen, zpp__prog_text *t) {
+static void prog_why(const zpp_progress *p, int r, zpp__prog_slot *s, int depth,
+                     unsigned char *seen, zpp__prog_text *t) {
     int pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
-    char state = zpp__prog_pid_state(pid);
+    char state = prog_pid_state(pid);
     if (state == 'T' || state == 't') {
-        zpp__prog_put(t, "pid %d is stopped: SIGSTOP or a debugger", pid);
+        prog_put(t, "pid %d is stopped: SIGSTOP or a debugger", pid);
         return;
     }
     const int gone = state == 0 || state == 'Z' || state == 'X';
     int wc = atomic_load_explicit(&s->wait_comm, memory_order_relaxed);
     if (wc < 0 || wc >= ZPP_PROG_COMMS) {
         if (gone)
-            zpp__prog_put(t, "pid %d has exited", pid);
+            prog_put(t, "pid %d has exited", pid);
         else
-            zpp__prog_put(t, "pid %d is in no collective: computing, or stuck outside the "
-                             "communication layer", pid);
+            prog_put(t,
+                     "pid %d is in no collective: computing, or stuck outside the "
+                     "communication layer",
+                     pid);
         return;
     }
     /* A rank that timed out leaves its slot saying where it waited, so
      * the chain can be followed past a rank that has already stopped. */
     int op = atomic_load_explicit(&s->wait_op, memory_order_relaxed);
     uint64_t ws = atomic_load_explicit(&s->wait_seq, memory_order_relaxed);
-    if (op < 0 || op >= (int)(sizeof zpp__prog_ops / sizeof zpp__prog_ops[0])) op = 0;
-    if (gone) zpp__prog_put(t, "pid %d has exited; ", pid);
-    zpp__prog_put(t, "it %s in %s #%llu on the %s communicator", gone ? "waited" : "waits",
-                  zpp__prog_ops[op], (unsigned long long)ws, zpp__progress_comm_name(wc));
+    if (op < 0 || op >= (int)(sizeof kProgOps / sizeof kProgOps[0])) op = 0;
+    if (gone) prog_put(t, "pid %d has exited; ", pid);
+    prog_put(t, "it %s in %s #%llu on the %s communicator", gone ? "waited" : "waits", kProgOps[op],
+             (unsigned long long)ws, zpp__progress_comm_name(wc));
     if (depth < 3) {
         size_t before = t->len;
-        zpp__prog_put(t, ", where ");
+        prog_put(t, ", where ");
         size_t mark = t->len;
-        zpp__prog_missing(p, wc, ws, r, depth + 1, seen, t);
+        prog_missing(p, wc, ws, r, depth + 1, seen, t);
         if (t->len == mark) { /* nothing to add */
             t->len = before;
             t->out[before] = '\0';
@@ -318,12 +318,12 @@ static void zpp__prog_why(const zpp_progress *p, int r, zpp__prog_slot *s, int d
 
 /* Lists the members of `comm` (as seen from world rank self) that have
  * entered fewer than `seq` of its collectives. */
-static void zpp__prog_missing(const zpp_progress *p, int comm, uint64_t seq, int self,
-                              int depth, unsigned char *seen, zpp__prog_text *t) {
+static void prog_missing(const zpp_progress *p, int comm, uint64_t seq, int self, int depth,
+                         unsigned char *seen, zpp__prog_text *t) {
     int shown = 0, hidden = 0, first_hidden = -1;
     for (int r = 0; r < p->world_size; r++) {
-        if (r == self || !zpp__prog_member(p, comm, self, r)) continue;
-        zpp__prog_slot *s = zpp__prog_find(p, r);
+        if (r == self || !prog_member(p, comm, self, r)) continue;
+        zpp__prog_slot *s = prog_find(p, r);
         if (!s) {
             if (hidden++ == 0) first_hidden = r;
             continue;
@@ -334,33 +334,35 @@ static void zpp__prog_missing(const zpp_progress *p, int comm, uint64_t seq, int
              * has exited since is most often a peer that timed out and
              * stopped the job: not named.) */
             int pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
-            char state = zpp__prog_pid_state(pid);
+            char state = prog_pid_state(pid);
             if ((state == 'T' || state == 't') && shown < 4) {
-                zpp__prog_put(t, "%srank %d entered it but pid %d is stopped: SIGSTOP or a "
-                                 "debugger", shown ? "; " : "", r, pid);
+                prog_put(t,
+                         "%srank %d entered it but pid %d is stopped: SIGSTOP or a "
+                         "debugger",
+                         shown ? "; " : "", r, pid);
                 shown++;
                 seen[r] = 1;
             }
             continue;
         }
         if (shown == 4) {
-            zpp__prog_put(t, ", ...");
+            prog_put(t, ", ...");
             shown++;
             continue;
         }
         if (shown > 4) continue;
-        zpp__prog_put(t, "%srank %d did not arrive", shown ? "; " : "", r);
+        prog_put(t, "%srank %d did not arrive", shown ? "; " : "", r);
         shown++;
         if (seen[r]) continue; /* already explained */
         seen[r] = 1;
-        zpp__prog_put(t, " (");
-        zpp__prog_why(p, r, s, depth, seen, t);
-        zpp__prog_put(t, ")");
+        prog_put(t, " (");
+        prog_why(p, r, s, depth, seen, t);
+        prog_put(t, ")");
     }
     if (hidden)
-        zpp__prog_put(t, "%s%d rank%s on other hosts (rank %d%s) cannot be seen from here",
-                      shown ? "; " : "", hidden, hidden == 1 ? "" : "s", first_hidden,
-                      hidden > 1 ? ", ..." : "");
+        prog_put(t, "%s%d rank%s on other hosts (rank %d%s) cannot be seen from here",
+                 shown ? "; " : "", hidden, hidden == 1 ? "" : "s", first_hidden,
+                 hidden > 1 ? ", ..." : "");
 }
 
 void zpp__progress_explain(const zpp_prog_at *at, char *out, size_t cap) {
@@ -372,26 +374,28 @@ void zpp__progress_explain(const zpp_prog_at *at, char *out, size_t cap) {
     if (!seen) return;
     seen[p->world_rank] = 1;
     zpp__prog_text t = {out, cap, 0};
-    zpp__prog_put(&t, "; ");
+    prog_put(&t, "; ");
     size_t mark = t.len;
-    zpp__prog_missing(p, at->comm, at->seq, p->world_rank, 0, seen, &t);
+    prog_missing(p, at->comm, at->seq, p->world_rank, 0, seen, &t);
     if (t.len == mark) {
         int exited = 0;
         for (int i = 0; i < p->n; i++) {
-            const zpp__prog_slot *s = zpp__prog_slot_at(p, i);
+            const zpp__prog_slot *s = prog_slot_at(p, i);
             int r = atomic_load_explicit(&s->world_rank, memory_order_relaxed);
-            char state = zpp__prog_pid_state(atomic_load_explicit(&s->pid, memory_order_relaxed));
-            exited += r != p->world_rank && zpp__prog_member(p, at->comm, p->world_rank, r) &&
+            char state = prog_pid_state(atomic_load_explicit(&s->pid, memory_order_relaxed));
+            exited += r != p->world_rank && prog_member(p, at->comm, p->world_rank, r) &&
                       (state == 0 || state == 'Z' || state == 'X');
         }
         if (exited)
-            zpp__prog_put(&t, "every rank of this host entered it (#%llu), and %d of them %s "
-                              "exited since (the job is stopping, or they died in it)",
-                          (unsigned long long)at->seq, exited, exited == 1 ? "has" : "have");
+            prog_put(&t,
+                     "every rank of this host entered it (#%llu), and %d of them %s "
+                     "exited since (the job is stopping, or they died in it)",
+                     (unsigned long long)at->seq, exited, exited == 1 ? "has" : "have");
         else
-            zpp__prog_put(&t, "every rank of this host entered it (#%llu): the stall is inside "
-                              "the transport, or a peer died in it",
-                          (unsigned long long)at->seq);
+            prog_put(&t,
+                     "every rank of this host entered it (#%llu): the stall is inside "
+                     "the transport, or a peer died in it",
+                     (unsigned long long)at->seq);
     }
     free(seen);
 }

@@ -9,16 +9,16 @@
 #include "core/env.h"
 #include "core/error.h"
 
-static const char *const zpp__isa_names[ZPP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
+static const char *const kIsaNames[ZPP_CPU_ISA_COUNT] = {"generic", "avx2", "avx512"};
 
 /* -1 until the first zpp_cpu_isa_active; then the path in use. Atomic so
  * threads that quantize at the same time all read a whole value; the first
  * ones may each compute it, and they compute the same. */
-static atomic_int zpp__isa_now = -1;
+static atomic_int isa_now = -1;
 
 const char *zpp_cpu_isa_name(zpp_cpu_isa isa) {
     if ((int)isa < 0 || (int)isa >= ZPP_CPU_ISA_COUNT) return "unknown";
-    return zpp__isa_names[isa];
+    return kIsaNames[isa];
 }
 
 int zpp_cpu_isa_supported(zpp_cpu_isa isa) {
@@ -35,22 +35,22 @@ int zpp_cpu_isa_supported(zpp_cpu_isa isa) {
     }
 }
 
-static zpp_cpu_isa zpp__isa_choose(void) {
+static zpp_cpu_isa isa_choose(void) {
     int cap = ZPP_CPU_ISA_COUNT - 1;
     const char *env = zpp_env_get(ZPP_ENV_CPU_ISA);
     if (env)
         for (int i = 0; i < ZPP_CPU_ISA_COUNT; i++)
-            if (!strcmp(env, zpp__isa_names[i])) cap = i;
+            if (!strcmp(env, kIsaNames[i])) cap = i;
     for (int i = cap; i > 0; i--)
         if (zpp_cpu_isa_supported((zpp_cpu_isa)i)) return (zpp_cpu_isa)i;
     return ZPP_CPU_GENERIC;
 }
 
 zpp_cpu_isa zpp_cpu_isa_active(void) {
-    int now = atomic_load_explicit(&zpp__isa_now, memory_order_relaxed);
+    int now = atomic_load_explicit(&isa_now, memory_order_relaxed);
     if (now < 0) {
-        now = (int)zpp__isa_choose();
-        atomic_store_explicit(&zpp__isa_now, now, memory_order_relaxed);
+        now = (int)isa_choose();
+        atomic_store_explicit(&isa_now, now, memory_order_relaxed);
     }
     return (zpp_cpu_isa)now;
 }
@@ -61,6 +61,6 @@ zpp_status zpp_cpu_isa_set(zpp_cpu_isa isa) {
                          "CPU kernels: the %s path is not available on this CPU or in this "
                          "build; use one of those zpp_cpu_isa_supported accepts",
                          zpp_cpu_isa_name(isa));
-    atomic_store_explicit(&zpp__isa_now, (int)isa, memory_order_relaxed);
+    atomic_store_explicit(&isa_now, (int)isa, memory_order_relaxed);
     return ZPP_OK;
 }

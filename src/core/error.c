@@ -7,9 +7,9 @@
 
 #define ZPP_MSG_CAP 1024
 
-static _Thread_local char zpp__msg[ZPP_MSG_CAP];
-static _Thread_local int zpp__held;    /* zpp_error_hold depth */
-static _Thread_local int zpp__latched; /* a timeout's message is kept */
+static _Thread_local char last_msg[ZPP_MSG_CAP];
+static _Thread_local int hold_depth; /* zpp_error_hold depth */
+static _Thread_local int latched;    /* a timeout's message is kept */
 
 const char *zpp_status_str(zpp_status status) {
     switch (status) {
@@ -22,61 +22,61 @@ const char *zpp_status_str(zpp_status status) {
     return "unknown status";
 }
 
-const char *zpp_last_error(void) { return zpp__msg; }
+const char *zpp_last_error(void) { return last_msg; }
 
 void zpp_error_clear(void) {
-    zpp__msg[0] = '\0';
-    zpp__latched = 0;
+    last_msg[0] = '\0';
+    latched = 0;
 }
 
-void zpp_error_hold(void) { zpp__held++; }
+void zpp_error_hold(void) { hold_depth++; }
 
 void zpp_error_release(void) {
-    if (zpp__held > 0) zpp__held--;
+    if (hold_depth > 0) hold_depth--;
 }
 
 zpp_status zpp_error(zpp_status status, const char *fmt, ...) {
-    if (zpp__held || zpp__latched) return status; /* the first failure stays */
-    if (status == ZPP_ERR_TIMEOUT) zpp__latched = 1;
+    if (hold_depth || latched) return status; /* the first failure stays */
+    if (status == ZPP_ERR_TIMEOUT) latched = 1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(zpp__msg, sizeof zpp__msg, fmt, ap);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
     va_end(ap);
     return status;
 }
 
 zpp_status zpp_error_append(zpp_status status, const char *fmt, ...) {
-    if (zpp__held) return status;
-    size_t k = strlen(zpp__msg);
-    if (k + 2 >= sizeof zpp__msg) return status;
-    zpp__msg[k] = ' ';
+    if (hold_depth) return status;
+    size_t k = strlen(last_msg);
+    if (k + 2 >= sizeof last_msg) return status;
+    last_msg[k] = ' ';
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(zpp__msg + k + 1, sizeof zpp__msg - k - 1, fmt, ap);
+    vsnprintf(last_msg + k + 1, sizeof last_msg - k - 1, fmt, ap);
     va_end(ap);
     return status;
 }
 
 zpp_status zpp_error_context(zpp_status status, const char *fmt, ...) {
-    if (zpp__held) return status;
+    if (hold_depth) return status;
     char prefix[256];
     char old[ZPP_MSG_CAP];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    memcpy(old, zpp__msg, sizeof old);
+    memcpy(old, last_msg, sizeof old);
     const char *rest = old[0] ? old : zpp_status_str(status);
     /* Truncation is acceptable: the prefix is short and the message ends in
      * the least important detail. */
     size_t k = strlen(prefix);
-    if (k > sizeof zpp__msg - 3) k = sizeof zpp__msg - 3;
-    memcpy(zpp__msg, prefix, k);
-    memcpy(zpp__msg + k, ": ", 2);
-    size_t room = sizeof zpp__msg - k - 3, r = strlen(rest);
+    if (k > sizeof last_msg - 3) k = sizeof last_msg - 3;
+    memcpy(last_msg, prefix, k);
+    memcpy(last_msg + k, ": ", 2);
+    size_t room = sizeof last_msg - k - 3, r = strlen(rest);
     if (r > room) r = room;
-    memcpy(zpp__msg + k + 2, rest, r);
-    zpp__msg[k + 2 + r] = '\0';
+    memcpy(last_msg + k + 2, rest, r);
+    last_msg[k + 2 + r] = '\0';
     return status;
 }
 

@@ -25,7 +25,7 @@ static const struct {
 };
 
 /* A decimal step in [1, INT_MAX] at *s; advances *s. */
-static int zpp__fault_step(const char **s, int *out) {
+static int fault_step(const char **s, int *out) {
     if (**s < '0' || **s > '9') return -1;
     char *end = NULL;
     long v = strtol(*s, &end, 10);
@@ -45,11 +45,11 @@ zpp_status zpp_fault_from_env(zpp_fault *f_p) {
                 !strncmp(env, zpp__fault_kinds[i].name, (size_t)(at - env)))
                 f.kind = zpp__fault_kinds[i].kind;
         const char *s = at ? at + 1 : env;
-        int ok = f.kind != ZPP_FAULT_NONE && zpp__fault_step(&s, &f.first) == 0;
+        int ok = f.kind != ZPP_FAULT_NONE && fault_step(&s, &f.first) == 0;
         f.last = f.first;
         if (ok && *s == '-') {
             s++;
-            ok = zpp__fault_step(&s, &f.last) == 0 && f.last >= f.first;
+            ok = fault_step(&s, &f.last) == 0 && f.last >= f.first;
         }
         if (!ok || *s)
             return zpp_error(ZPP_ERR_CONFIG,
@@ -92,11 +92,11 @@ zpp_status zpp_fault_kill_mid_write(FILE *f, const void *p, size_t n) {
     _exit(137); /* as kill -9 leaves it: no atexit handlers, no cleanup */
 }
 
-static int zpp__mpi_max_count = INT_MAX;
+static int mpi_max_count = INT_MAX;
 
-int zpp_fault_mpi_max_count(void) { return zpp__mpi_max_count; }
+int zpp_fault_mpi_max_count(void) { return mpi_max_count; }
 
 zpp_status zpp_fault_set_mpi_max_count(int max_count) {
-    zpp__mpi_max_count = max_count > 0 ? max_count : INT_MAX;
+    mpi_max_count = max_count > 0 ? max_count : INT_MAX;
     return ZPP_OK;
 }

@@ -18,18 +18,18 @@ int zpp_fault_fires(const zpp_fault *f, zpp_fault_kind kind, int step, int rank,
     return 0;
 }
 
-static zpp_status zpp__no_hooks(void) {
+static zpp_status no_hooks(void) {
     return zpp_error(ZPP_ERR_UNSUPPORTED, "this library was built without test hooks; "
                                           "configure with the fault-hooks option on "
                                           "(docs/fault-hooks.md)");
 }
 
-zpp_status zpp_fault_save_error(const char *path, int step) { return zpp__no_hooks(); }
+zpp_status zpp_fault_save_error(const char *path, int step) { return no_hooks(); }
 
-zpp_status zpp_fault_kill_mid_write(FILE *f, const void *p, size_t n) { return zpp__no_hooks(); }
+zpp_status zpp_fault_kill_mid_write(FILE *f, const void *p, size_t n) { return no_hooks(); }
 
 void zpp_fault_slow_save(void) {}
 
 int zpp_fault_mpi_max_count(void) { return INT_MAX; }
 
-zpp_status zpp_fault_set_mpi_max_count(int max_count) { return zpp__no_hooks(); }
+zpp_status zpp_fault_set_mpi_max_count(int max_count) { return no_hooks(); }

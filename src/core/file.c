@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-static const char *zpp__file_type(mode_t m) {
+static const char *file_type(mode_t m) {
     if (S_ISFIFO(m)) return "a FIFO (named pipe)";
     if (S_ISDIR(m)) return "a directory";
     if (S_ISCHR(m)) return "a character device";
@@ -32,8 +32,8 @@ zpp_status zpp_open_regular(const char *path, const char *what, int *fd_p, struc
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return zpp_error(ZPP_ERR_IO, "%s '%s' is %s, not a regular file; give a file", what,
-                         path, zpp__file_type(sb.st_mode));
+        return zpp_error(ZPP_ERR_IO, "%s '%s' is %s, not a regular file; give a file", what, path,
+                         file_type(sb.st_mode));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);

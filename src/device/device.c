@@ -18,7 +18,7 @@
 
 /* ---- Argument checks ------------------------------------------------------ */
 
-static zpp_status zpp__dev(const zpp_device *d, const char *what) {
+static zpp_status check_dev(const zpp_device *d, const char *what) {
     if (!d || !d->ops)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s: no device; create one with zpp_device_create_host or "
@@ -29,7 +29,7 @@ static zpp_status zpp__dev(const zpp_device *d, const char *what) {
 
 /* *r = a * b, or ZPP_ERR_INVALID when it does not fit a size_t: a count
  * that wraps around would pass every later check and overrun a buffer. */
-static zpp_status zpp__mul(const char *what, size_t a, size_t b, size_t *r) {
+static zpp_status checked_mul(const char *what, size_t a, size_t b, size_t *r) {
     if (a && b > SIZE_MAX / a)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s: %zu x %zu elements overflow a size_t; the sizes are wrong "
@@ -39,28 +39,28 @@ static zpp_status zpp__mul(const char *what, size_t a, size_t b, size_t *r) {
     return ZPP_OK;
 }
 
-static zpp_status zpp__ptr(const char *what, const void *p, const char *name, size_t n) {
+static zpp_status check_ptr(const char *what, const void *p, const char *name, size_t n) {
     if (!p && n)
         return zpp_error(ZPP_ERR_INVALID, "%s: %s is NULL but %zu elements were asked for", what,
                          name, n);
     return ZPP_OK;
 }
 
-static zpp_status zpp__dtype(const char *what, zpp_dtype dtype) {
+static zpp_status check_dtype(const char *what, zpp_dtype dtype) {
     if (zpp_dtype_size(dtype) == 0)
         return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use ZPP_FP32, ZPP_BF16 or ZPP_FP16",
                          what, (int)dtype);
     return ZPP_OK;
 }
 
-static zpp_status zpp__spec(const char *what, const zpp_quant_spec *spec) {
+static zpp_status check_spec(const char *what, const zpp_quant_spec *spec) {
     if (!spec) return zpp_error(ZPP_ERR_INVALID, "%s: the quantization spec is NULL", what);
     zpp_status st = zpp_quant_spec_check(spec);
     if (st != ZPP_OK) return zpp_error_context(st, "%s", what);
     return ZPP_OK;
 }
 
-static zpp_status zpp__slab(const char *what, size_t chunk_len, size_t first, size_t len) {
+static zpp_status check_slab(const char *what, size_t chunk_len, size_t first, size_t len) {
     if (first > chunk_len || len > chunk_len - first)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s: slab [%zu, %zu) runs past a chunk of %zu elements; keep "
@@ -72,10 +72,10 @@ static zpp_status zpp__slab(const char *what, size_t chunk_len, size_t first, si
 /* ---- Creating and destroying ------------------------------------------------ */
 
 /* Profiling (below): event_wait and destroy use it. */
-static int zpp__stream_is_caller(const zpp_device *d);
-static int zpp__prof_open(const zpp_device *d);
-static void zpp__prof_mark(zpp_device *d);
-static void zpp__prof_free(zpp_device *d);
+static int stream_is_caller(const zpp_device *d);
+static int prof_open(const zpp_device *d);
+static void prof_mark(zpp_device *d);
+static void prof_free(zpp_device *d);
 
 zpp_status zpp__device_publish(zpp_device *d, zpp_device **d_p) {
     /* The flag is not counted in mem_now: it is the device's own. */
@@ -99,7 +99,7 @@ void zpp_device_destroy(zpp_device *d) {
          * freed goes back with them, so no allocation outlives its device. */
         for (size_t i = 0; i < d->live_len; i++) d->ops->free(d, d->live[i].p);
         if (d->nonfinite) d->ops->free(d, d->nonfinite);
-        if (d->prof) zpp__prof_free(d);
+        if (d->prof) prof_free(d);
         d->ops->destroy(d);
     }
     free(d->pool);
@@ -108,7 +108,7 @@ void zpp_device_destroy(zpp_device *d) {
 }
 
 zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap) {
-    ZPP_CHECK(zpp__dev(d, "name"));
+    ZPP_CHECK(check_dev(d, "name"));
     if (!buf || cap == 0)
         return zpp_error(ZPP_ERR_INVALID, "name: no room for it (buf %s, cap %zu)",
                          buf ? "given" : "NULL", cap);
@@ -118,14 +118,14 @@ zpp_status zpp_device_name(const zpp_device *d, char *buf, size_t cap) {
 /* ---- Memory ---------------------------------------------------------------- */
 
 zpp_status zpp_device_driver_used(const zpp_device *d, size_t *used_p) {
-    ZPP_CHECK(zpp__dev(d, "driver_used"));
+    ZPP_CHECK(check_dev(d, "driver_used"));
     if (!used_p)
         return zpp_error(ZPP_ERR_INVALID, "driver_used: used_p is NULL; pass where to store it");
     return d->ops->driver_used(d, used_p);
 }
 
 zpp_status zpp_device_alloc(zpp_device *d, size_t bytes, void **p_p) {
-    ZPP_CHECK(zpp__dev(d, "alloc"));
+    ZPP_CHECK(check_dev(d, "alloc"));
     if (!p_p) return zpp_error(ZPP_ERR_INVALID, "alloc: p_p is NULL; pass where to store the pointer");
     if (d->live_len == d->live_cap) {
         size_t cap = d->live_cap ? 2 * d->live_cap : 64;
@@ -160,7 +160,7 @@ void zpp_device_free(zpp_device *d, void *p) {
 }
 
 zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t bytes) {
-    ZPP_CHECK(zpp__dev(d, "copy"));
+    ZPP_CHECK(check_dev(d, "copy"));
     if (bytes && (!dst || !src))
         return zpp_error(ZPP_ERR_INVALID, "copy: %s is NULL but %zu bytes were asked for",
                          dst ? "the source" : "the destination", bytes);
@@ -170,7 +170,7 @@ zpp_status zpp_device_copy(zpp_device *d, void *dst, const void *src, size_t byt
 
 zpp_status zpp_device_copy_on(zpp_device *d, void *dst, const void *src, size_t bytes,
                               void *stream) {
-    ZPP_CHECK(zpp__dev(d, "copy_on"));
+    ZPP_CHECK(check_dev(d, "copy_on"));
     if (bytes && (!dst || !src))
         return zpp_error(ZPP_ERR_INVALID, "copy_on: %s is NULL but %zu bytes were asked for",
                          dst ? "the source" : "the destination", bytes);
@@ -185,7 +185,7 @@ zpp_status zpp_device_copy_on(zpp_device *d, void *dst, const void *src, size_t 
 }
 
 zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes) {
-    ZPP_CHECK(zpp__dev(d, "set"));
+    ZPP_CHECK(check_dev(d, "set"));
     if (bytes && !p)
         return zpp_error(ZPP_ERR_INVALID, "set: the buffer is NULL but %zu bytes were asked for",
                          bytes);
@@ -201,7 +201,7 @@ zpp_status zpp_device_set(zpp_device *d, void *p, int value, size_t bytes) {
  * not linger. Freeing first keeps the peak down; on a GPU cudaFree waits
  * for the work in flight that may still read the old buffer. */
 zpp_status zpp_device_scratch_get(zpp_device *d, size_t bytes, void **p_p) {
-    ZPP_CHECK(zpp__dev(d, "scratch"));
+    ZPP_CHECK(check_dev(d, "scratch"));
     if (!p_p) return zpp_error(ZPP_ERR_INVALID, "scratch: p_p is NULL; pass where to store the pointer");
     long fit = -1, any = -1;
     for (size_t i = 0; i < d->pool_len; i++) {
@@ -269,12 +269,12 @@ void zpp_device_mem_stats(const zpp_device *d, size_t *now_p, size_t *peak_p) {
 /* ---- Streams and events ------------------------------------------------------ */
 
 zpp_status zpp_device_sync(zpp_device *d, void *stream) {
-    ZPP_CHECK(zpp__dev(d, "sync"));
+    ZPP_CHECK(check_dev(d, "sync"));
     return d->ops->sync(d, stream);
 }
 
 zpp_status zpp_device_stream_create(zpp_device *d, void **stream_p) {
-    ZPP_CHECK(zpp__dev(d, "stream create"));
+    ZPP_CHECK(check_dev(d, "stream create"));
     if (!stream_p) return zpp_error(ZPP_ERR_INVALID, "stream create: stream_p is NULL");
     return d->ops->stream_create(d, stream_p);
 }
@@ -284,7 +284,7 @@ void zpp_device_stream_destroy(zpp_device *d, void *stream) {
 }
 
 zpp_status zpp_device_event_create(zpp_device *d, int timing, zpp_device_event **ev_p) {
-    ZPP_CHECK(zpp__dev(d, "event create"));
+    ZPP_CHECK(check_dev(d, "event create"));
     if (!ev_p) return zpp_error(ZPP_ERR_INVALID, "event create: ev_p is NULL");
     return d->ops->event_create(d, timing, ev_p);
 }
@@ -294,31 +294,30 @@ void zpp_device_event_destroy(zpp_device *d, zpp_device_event *ev) {
 }
 
 zpp_status zpp_device_event_record(zpp_device *d, zpp_device_event *ev, void *stream) {
-    ZPP_CHECK(zpp__dev(d, "event record"));
+    ZPP_CHECK(check_dev(d, "event record"));
     if (!ev) return zpp_error(ZPP_ERR_INVALID, "event record: the event is NULL");
     return d->ops->event_record(d, ev, stream);
 }
 
 zpp_status zpp_device_event_wait(zpp_device *d, void *stream, zpp_device_event *ev) {
-    ZPP_CHECK(zpp__dev(d, "event wait"));
+    ZPP_CHECK(check_dev(d, "event wait"));
     if (!ev) return zpp_error(ZPP_ERR_INVALID, "event wait: the event is NULL");
     /* The compute stream waiting for another stream's work: a stall, timed
      * while a profile window is open (see Profiling, below). */
-    const int timed = zpp__prof_open(d) && !zpp__stream_is_caller(d) &&
-                      (!stream || stream == d->stream);
-    if (timed) zpp__prof_mark(d);
+    const int timed = prof_open(d) && !stream_is_caller(d) && (!stream || stream == d->stream);
+    if (timed) prof_mark(d);
     zpp_status st = d->ops->event_wait(d, stream, ev);
-    if (timed) zpp__prof_mark(d);
+    if (timed) prof_mark(d);
     return st;
 }
 
 zpp_status zpp_device_bind_thread(zpp_device *d) {
-    ZPP_CHECK(zpp__dev(d, "bind thread"));
+    ZPP_CHECK(check_dev(d, "bind thread"));
     return d->ops->bind_thread(d);
 }
 
 zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done_p) {
-    ZPP_CHECK(zpp__dev(d, "event query"));
+    ZPP_CHECK(check_dev(d, "event query"));
     if (!ev || !done_p)
         return zpp_error(ZPP_ERR_INVALID, "event query: the event and done_p are required");
     return d->ops->event_query(d, ev, done_p);
@@ -326,7 +325,7 @@ zpp_status zpp_device_event_query(zpp_device *d, zpp_device_event *ev, int *done
 
 zpp_status zpp_device_event_elapsed_ms(zpp_device *d, zpp_device_event *start,
                                        zpp_device_event *end, float *ms_p) {
-    ZPP_CHECK(zpp__dev(d, "event elapsed"));
+    ZPP_CHECK(check_dev(d, "event elapsed"));
     if (!start || !end || !ms_p)
         return zpp_error(ZPP_ERR_INVALID,
                          "event elapsed: the start and end events and ms_p are required");
@@ -349,25 +348,25 @@ struct zpp_device_prof {
 
 /* The host backend runs its work on the calling thread: that thread is its
  * compute stream, and its event waits never wait. */
-static int zpp__stream_is_caller(const zpp_device *d) { return d->mem == ZPP_MEM_HOST; }
+static int stream_is_caller(const zpp_device *d) { return d->mem == ZPP_MEM_HOST; }
 
-static int zpp__prof_open(const zpp_device *d) { return d->prof && d->prof->open; }
+static int prof_open(const zpp_device *d) { return d->prof && d->prof->open; }
 
-static void zpp__prof_spoil(zpp_device_prof *p, zpp_status st, const char *why) {
+static void prof_spoil(zpp_device_prof *p, zpp_status st, const char *why) {
     if (p->failed != ZPP_OK) return;
     p->failed = st;
     snprintf(p->why, sizeof p->why, "%s", why);
 }
 
 /* Records the next timing event of the window on the compute stream. */
-static void zpp__prof_mark(zpp_device *d) {
+static void prof_mark(zpp_device *d) {
     zpp_device_prof *p = d->prof;
     if (p->failed != ZPP_OK) return;
     if (p->used == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 64;
         zpp_device_event **ev = realloc(p->ev, cap * sizeof *ev);
         if (!ev) {
-            zpp__prof_spoil(p, ZPP_ERR_NOMEM, "out of host memory for timing events");
+            prof_spoil(p, ZPP_ERR_NOMEM, "out of host memory for timing events");
             return;
         }
         memset(ev + p->cap, 0, (cap - p->cap) * sizeof *ev);
@@ -378,13 +377,13 @@ static void zpp__prof_mark(zpp_device *d) {
     if (!p->ev[p->used]) st = d->ops->event_create(d, 1, &p->ev[p->used]);
     if (st == ZPP_OK) st = d->ops->event_record(d, p->ev[p->used], NULL);
     if (st != ZPP_OK) {
-        zpp__prof_spoil(p, st, zpp_last_error());
+        prof_spoil(p, st, zpp_last_error());
         return;
     }
     p->used++;
 }
 
-static void zpp__prof_free(zpp_device *d) {
+static void prof_free(zpp_device *d) {
     zpp_device_prof *p = d->prof;
     for (size_t i = 0; i < p->cap; i++)
         if (p->ev[i]) d->ops->event_destroy(d, p->ev[i]);
@@ -394,7 +393,7 @@ static void zpp__prof_free(zpp_device *d) {
 }
 
 zpp_status zpp_device_profile_begin(zpp_device *d) {
-    ZPP_CHECK(zpp__dev(d, "profile"));
+    ZPP_CHECK(check_dev(d, "profile"));
     if (!d->prof) {
         d->prof = calloc(1, sizeof *d->prof);
         if (!d->prof) return zpp_error(ZPP_ERR_NOMEM, "profile: out of host memory");
@@ -404,7 +403,7 @@ zpp_status zpp_device_profile_begin(zpp_device *d) {
     p->in_host_wait = 0;
     p->failed = ZPP_OK;
     p->open = 1;
-    zpp__prof_mark(d);
+    prof_mark(d);
     if (p->failed != ZPP_OK) {
         p->open = 0;
         return zpp_error(p->failed, "profile: the start of the window: %s", p->why);
@@ -413,18 +412,18 @@ zpp_status zpp_device_profile_begin(zpp_device *d) {
 }
 
 zpp_status zpp_device_profile_end(zpp_device *d, zpp_device_profile *profile_p) {
-    ZPP_CHECK(zpp__dev(d, "profile"));
+    ZPP_CHECK(check_dev(d, "profile"));
     if (!profile_p) return zpp_error(ZPP_ERR_INVALID, "profile end: profile_p is NULL");
     zpp_device_prof *p = d->prof;
     if (!p || !p->open)
         return zpp_error(ZPP_ERR_STATE,
                          "profile end: no profile window is open; call zpp_device_profile_begin "
                          "first");
-    zpp__prof_mark(d);
+    prof_mark(d);
     p->open = 0;
     if (p->in_host_wait)
-        zpp__prof_spoil(p, ZPP_ERR_STATE,
-                        "a host wait was begun and not ended (zpp_device_host_wait_end)");
+        prof_spoil(p, ZPP_ERR_STATE,
+                   "a host wait was begun and not ended (zpp_device_host_wait_end)");
     if (p->failed != ZPP_OK)
         return zpp_error(p->failed, "profile: a timing event of the window was lost, so it "
                                     "cannot be summed: %s", p->why);
@@ -443,31 +442,31 @@ zpp_status zpp_device_profile_end(zpp_device *d, zpp_device_profile *profile_p) 
 }
 
 void zpp_device_host_wait_begin(zpp_device *d) {
-    if (!d || !zpp__prof_open(d) || !zpp__stream_is_caller(d)) return;
+    if (!d || !prof_open(d) || !stream_is_caller(d)) return;
     if (d->prof->in_host_wait)
-        zpp__prof_spoil(d->prof, ZPP_ERR_STATE,
-                        "a host wait was begun inside another (zpp_device_host_wait_begin "
-                        "twice)");
+        prof_spoil(d->prof, ZPP_ERR_STATE,
+                   "a host wait was begun inside another (zpp_device_host_wait_begin "
+                   "twice)");
     d->prof->in_host_wait = 1;
-    zpp__prof_mark(d);
+    prof_mark(d);
 }
 
 void zpp_device_host_wait_end(zpp_device *d) {
-    if (!d || !zpp__prof_open(d) || !zpp__stream_is_caller(d)) return;
+    if (!d || !prof_open(d) || !stream_is_caller(d)) return;
     if (!d->prof->in_host_wait) {
-        zpp__prof_spoil(d->prof, ZPP_ERR_STATE,
-                        "a host wait was ended that had not begun (zpp_device_host_wait_end "
-                        "without _begin)");
+        prof_spoil(d->prof, ZPP_ERR_STATE,
+                   "a host wait was ended that had not begun (zpp_device_host_wait_end "
+                   "without _begin)");
         return;
     }
     d->prof->in_host_wait = 0;
-    zpp__prof_mark(d);
+    prof_mark(d);
 }
 
 /* ---- The non-finite flag ---------------------------------------------------- */
 
 zpp_status zpp_device_nonfinite_take(zpp_device *d, int *raised_p) {
-    ZPP_CHECK(zpp__dev(d, "non-finite flag"));
+    ZPP_CHECK(check_dev(d, "non-finite flag"));
     if (!raised_p) return zpp_error(ZPP_ERR_INVALID, "non-finite flag: raised_p is NULL");
     int flag = 0;
     /* A copy to host memory waits for the compute stream: every kernel
@@ -485,13 +484,13 @@ zpp_status zpp_device_quantize_chunks(zpp_device *d, const void *in, zpp_dtype d
                                       const zpp_quant_spec *spec, void *out) {
     const char *what = "quantize";
     size_t n = 0, bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, spec));
-    ZPP_CHECK(zpp__dtype(what, dtype));
-    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
-    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_spec(what, spec));
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(checked_mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(checked_mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(check_ptr(what, in, "the input", n));
+    ZPP_CHECK(check_ptr(what, out, "the output", n));
     if (n == 0) return ZPP_OK;
     return d->ops->quantize_chunks(d, in, dtype, n_chunks, chunk_len, spec, out);
 }
@@ -501,13 +500,13 @@ zpp_status zpp_device_dequantize_chunks(zpp_device *d, const void *q, size_t n_c
                                         zpp_dtype dtype, void *out) {
     const char *what = "dequantize";
     size_t n = 0, bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, spec));
-    ZPP_CHECK(zpp__dtype(what, dtype));
-    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
-    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
-    ZPP_CHECK(zpp__ptr(what, q, "the input", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_spec(what, spec));
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(checked_mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(checked_mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(check_ptr(what, q, "the input", n));
+    ZPP_CHECK(check_ptr(what, out, "the output", n));
     if (n == 0) return ZPP_OK;
     return d->ops->dequantize_chunks(d, q, n_chunks, chunk_len, spec, dtype, out);
 }
@@ -515,25 +514,24 @@ zpp_status zpp_device_dequantize_chunks(zpp_device *d, const void *q, size_t n_c
 /* The arguments of a reorder-quantize, plain (has_err 0) or with error
  * feedback (err: one float per input element). *n_out_p: the elements
  * written (0: nothing to do). */
-static zpp_status zpp__reorder_args(const char *what, zpp_device *d, const void *in,
-                                    zpp_dtype dtype, int has_err, const float *err,
-                                    size_t chunk_len, size_t first, size_t len, int nodes,
-                                    int local, const zpp_quant_spec *spec, const void *out,
-                                    size_t *n_out_p) {
+static zpp_status reorder_args(const char *what, zpp_device *d, const void *in, zpp_dtype dtype,
+                               int has_err, const float *err, size_t chunk_len, size_t first,
+                               size_t len, int nodes, int local, const zpp_quant_spec *spec,
+                               const void *out, size_t *n_out_p) {
     size_t ranks = 0, n = 0, bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, spec));
-    ZPP_CHECK(zpp__dtype(what, dtype));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_spec(what, spec));
+    ZPP_CHECK(check_dtype(what, dtype));
     if (nodes < 1 || local < 1)
         return zpp_error(ZPP_ERR_INVALID, "%s: nodes %d and local %d must both be >= 1", what,
                          nodes, local);
-    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
-    ZPP_CHECK(zpp__mul(what, (size_t)nodes, (size_t)local, &ranks));
-    ZPP_CHECK(zpp__mul(what, ranks, chunk_len, &n));
-    ZPP_CHECK(zpp__mul(what, n, zpp_dtype_size(dtype), &bytes));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
-    if (has_err) ZPP_CHECK(zpp__ptr(what, err, "the error buffer", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", ranks * len));
+    ZPP_CHECK(check_slab(what, chunk_len, first, len));
+    ZPP_CHECK(checked_mul(what, (size_t)nodes, (size_t)local, &ranks));
+    ZPP_CHECK(checked_mul(what, ranks, chunk_len, &n));
+    ZPP_CHECK(checked_mul(what, n, zpp_dtype_size(dtype), &bytes));
+    ZPP_CHECK(check_ptr(what, in, "the input", n));
+    if (has_err) ZPP_CHECK(check_ptr(what, err, "the error buffer", n));
+    ZPP_CHECK(check_ptr(what, out, "the output", ranks * len));
     *n_out_p = ranks * len;
     return ZPP_OK;
 }
@@ -542,34 +540,33 @@ zpp_status zpp_device_reorder_quantize(zpp_device *d, const void *in, zpp_dtype 
                                        size_t chunk_len, size_t first, size_t len, int nodes,
                                        int local, const zpp_quant_spec *spec, void *out) {
     size_t n_out = 0;
-    ZPP_CHECK(zpp__reorder_args("reorder-quantize", d, in, dtype, 0, NULL, chunk_len, first,
-                                len, nodes, local, spec, out, &n_out));
+    ZPP_CHECK(reorder_args("reorder-quantize", d, in, dtype, 0, NULL, chunk_len, first, len, nodes,
+                           local, spec, out, &n_out));
     if (n_out == 0) return ZPP_OK;
     return d->ops->reorder_quantize(d, in, dtype, chunk_len, first, len, nodes, local, spec, out);
 }
 
 /* The arguments of a dequant-sum-requant, plain (has_err 0) or with error
  * feedback (err: one float per element of the n_chunks whole chunks). */
-static zpp_status zpp__dsr_args(const char *what, zpp_device *d, const void *in, int k,
-                                size_t n_chunks, size_t chunk_len, size_t first, size_t len,
-                                const zpp_quant_spec *in_spec, const zpp_quant_spec *out_spec,
-                                int has_err, const float *err, const void *out,
-                                size_t *n_out_p) {
+static zpp_status dsr_args(const char *what, zpp_device *d, const void *in, int k, size_t n_chunks,
+                           size_t chunk_len, size_t first, size_t len,
+                           const zpp_quant_spec *in_spec, const zpp_quant_spec *out_spec,
+                           int has_err, const float *err, const void *out, size_t *n_out_p) {
     size_t whole = 0, n = 0, all = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, in_spec));
-    ZPP_CHECK(zpp__spec(what, out_spec));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_spec(what, in_spec));
+    ZPP_CHECK(check_spec(what, out_spec));
     if (k < 1)
         return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
-    ZPP_CHECK(zpp__slab(what, chunk_len, first, len));
+    ZPP_CHECK(check_slab(what, chunk_len, first, len));
     /* chunk_len places elements in the random stream: chunks * chunk_len
      * must be a valid index even though only the slabs are touched. */
-    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &whole));
-    ZPP_CHECK(zpp__mul(what, n_chunks, len, &n));
-    ZPP_CHECK(zpp__mul(what, n, (size_t)k, &all));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", all));
-    if (has_err) ZPP_CHECK(zpp__ptr(what, err, "the error buffer", whole));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    ZPP_CHECK(checked_mul(what, n_chunks, chunk_len, &whole));
+    ZPP_CHECK(checked_mul(what, n_chunks, len, &n));
+    ZPP_CHECK(checked_mul(what, n, (size_t)k, &all));
+    ZPP_CHECK(check_ptr(what, in, "the input", all));
+    if (has_err) ZPP_CHECK(check_ptr(what, err, "the error buffer", whole));
+    ZPP_CHECK(check_ptr(what, out, "the output", n));
     *n_out_p = n;
     return ZPP_OK;
 }
@@ -579,14 +576,14 @@ zpp_status zpp_device_dequant_sum_requant(zpp_device *d, const void *in, int k,
                                           size_t len, const zpp_quant_spec *in_spec,
                                           const zpp_quant_spec *out_spec, void *out) {
     size_t n = 0;
-    ZPP_CHECK(zpp__dsr_args("dequant-sum-requant", d, in, k, n_chunks, chunk_len, first, len,
-                            in_spec, out_spec, 0, NULL, out, &n));
+    ZPP_CHECK(dsr_args("dequant-sum-requant", d, in, k, n_chunks, chunk_len, first, len, in_spec,
+                       out_spec, 0, NULL, out, &n));
     if (n == 0) return ZPP_OK;
     return d->ops->dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
                                        out_spec, out);
 }
 
-static zpp_status zpp__beta(const char *what, float beta) {
+static zpp_status check_beta(const char *what, float beta) {
     if (!(beta >= 0.0f && beta <= 1.0f))
         return zpp_error(ZPP_ERR_INVALID, "%s: err_beta %g is outside [0, 1]", what,
                          (double)beta);
@@ -599,9 +596,9 @@ zpp_status zpp_device_ef_reorder_quantize(zpp_device *d, const void *in, zpp_dty
                                           const zpp_quant_spec *spec, void *out) {
     const char *what = "error-feedback reorder-quantize";
     size_t n_out = 0;
-    ZPP_CHECK(zpp__reorder_args(what, d, in, dtype, 1, err, chunk_len, first, len, nodes, local,
-                                spec, out, &n_out));
-    ZPP_CHECK(zpp__beta(what, beta));
+    ZPP_CHECK(reorder_args(what, d, in, dtype, 1, err, chunk_len, first, len, nodes, local, spec,
+                           out, &n_out));
+    ZPP_CHECK(check_beta(what, beta));
     if (n_out == 0) return ZPP_OK;
     return d->ops->ef_reorder_quantize(d, in, dtype, err, beta, chunk_len, first, len, nodes,
                                        local, spec, out);
@@ -614,9 +611,9 @@ zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int 
                                              float beta, void *out) {
     const char *what = "error-feedback dequant-sum-requant";
     size_t n = 0;
-    ZPP_CHECK(zpp__dsr_args(what, d, in, k, n_chunks, chunk_len, first, len, in_spec, out_spec,
-                            1, err, out, &n));
-    ZPP_CHECK(zpp__beta(what, beta));
+    ZPP_CHECK(dsr_args(what, d, in, k, n_chunks, chunk_len, first, len, in_spec, out_spec, 1, err,
+                       out, &n));
+    ZPP_CHECK(check_beta(what, beta));
     if (n == 0) return ZPP_OK;
     return d->ops->ef_dequant_sum_requant(d, in, k, n_chunks, chunk_len, first, len, in_spec,
                                           out_spec, err, beta, out);
@@ -627,12 +624,12 @@ zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chun
                                      float *out) {
     const char *what = "dequant-reduce";
     size_t n = 0, bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__spec(what, spec));
-    ZPP_CHECK(zpp__mul(what, n_chunks, chunk_len, &n));
-    ZPP_CHECK(zpp__mul(what, chunk_len, sizeof(float), &bytes));
-    ZPP_CHECK(zpp__ptr(what, q, "the input", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", chunk_len));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_spec(what, spec));
+    ZPP_CHECK(checked_mul(what, n_chunks, chunk_len, &n));
+    ZPP_CHECK(checked_mul(what, chunk_len, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, q, "the input", n));
+    ZPP_CHECK(check_ptr(what, out, "the output", chunk_len));
     if (chunk_len == 0) return ZPP_OK;
     return d->ops->dequant_reduce(d, q, n_chunks, chunk_len, spec, scale, out);
 }
@@ -641,12 +638,12 @@ zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype,
                               zpp_dtype out_dtype, size_t n, float scale) {
     const char *what = "convert";
     size_t bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__dtype(what, in_dtype));
-    ZPP_CHECK(zpp__dtype(what, out_dtype));
-    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
-    ZPP_CHECK(zpp__ptr(what, in, "the input", n));
-    ZPP_CHECK(zpp__ptr(what, out, "the output", n));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(check_dtype(what, in_dtype));
+    ZPP_CHECK(check_dtype(what, out_dtype));
+    ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, in, "the input", n));
+    ZPP_CHECK(check_ptr(what, out, "the output", n));
     if (in == out && in_dtype != out_dtype && n > 0)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s: in-place conversion from %s to %s; use separate buffers", what,
@@ -658,10 +655,10 @@ zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype,
 zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n) {
     const char *what = "add";
     size_t bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
-    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
-    ZPP_CHECK(zpp__ptr(what, acc, "the accumulator", n));
-    ZPP_CHECK(zpp__ptr(what, x, "the input", n));
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, acc, "the accumulator", n));
+    ZPP_CHECK(check_ptr(what, x, "the input", n));
     if (n == 0) return ZPP_OK;
     return d->ops->add(d, acc, x, n);
 }
@@ -674,15 +671,15 @@ zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum
 zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const size_t *n, int k,
                                  double *sums) {
     const char *what = "sum of squares";
-    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(check_dev(d, what));
     if (k < 0 || (k && (!x || !n || !sums)))
         return zpp_error(ZPP_ERR_INVALID, "%s: %d arrays; pass k >= 0 and x, n, sums for them",
                          what, k);
     int work = 0;
     for (int j = 0; j < k; j++) {
         size_t bytes = 0;
-        ZPP_CHECK(zpp__mul(what, n[j], sizeof(float), &bytes));
-        ZPP_CHECK(zpp__ptr(what, x[j], "the input", n[j]));
+        ZPP_CHECK(checked_mul(what, n[j], sizeof(float), &bytes));
+        ZPP_CHECK(check_ptr(what, x[j], "the input", n[j]));
         sums[j] = 0.0;
         work |= n[j] != 0;
     }
@@ -695,19 +692,19 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, flo
                             zpp_dtype work_dtype) {
     const char *what = "AdamW";
     size_t bytes = 0;
-    ZPP_CHECK(zpp__dev(d, what));
+    ZPP_CHECK(check_dev(d, what));
     if (!a) return zpp_error(ZPP_ERR_INVALID, "%s: the arguments (zpp_adamw_args) are NULL", what);
     if (a->step < 1)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s: step %d; steps count from 1 (bias correction divides by "
                          "1 - beta^step)",
                          what, a->step);
-    ZPP_CHECK(zpp__mul(what, n, sizeof(float), &bytes));
-    ZPP_CHECK(zpp__ptr(what, param, "the parameters", n));
-    ZPP_CHECK(zpp__ptr(what, m, "the first moment", n));
-    ZPP_CHECK(zpp__ptr(what, v, "the second moment", n));
-    ZPP_CHECK(zpp__ptr(what, grad, "the gradient", n));
-    if (work) ZPP_CHECK(zpp__dtype(what, work_dtype));
+    ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, param, "the parameters", n));
+    ZPP_CHECK(check_ptr(what, m, "the first moment", n));
+    ZPP_CHECK(check_ptr(what, v, "the second moment", n));
+    ZPP_CHECK(check_ptr(what, grad, "the gradient", n));
+    if (work) ZPP_CHECK(check_dtype(what, work_dtype));
     if (n == 0) return ZPP_OK;
     return d->ops->adamw(d, param, m, v, grad, n, a, work, work_dtype);
 }

@@ -272,7 +272,7 @@ static void cu_destroy(zpp_device *d) {
     if (d->stream) (void)cudaStreamDestroy((cudaStream_t)d->stream);
 }
 
-static const zpp_device_ops zpp__cuda_ops = {
+static const zpp_device_ops kCudaOps = {
     .name = "cuda",
     .alloc = cu_alloc,
     .free = cu_free,
@@ -385,7 +385,7 @@ zpp_status zpp_device_create_gpu(int ordinal, zpp_device **d_p) {
         free(im);
         return zpp_error(ZPP_ERR_NOMEM, "device: out of host memory");
     }
-    d->ops = &zpp__cuda_ops;
+    d->ops = &kCudaOps;
     d->mem = ZPP_MEM_DEVICE;
     d->ordinal = ordinal;
     d->impl = im;

@@ -24,7 +24,7 @@ struct zpp_device_event {
     double ms;
 };
 
-static double zpp__now_ms(void) {
+static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
@@ -102,7 +102,7 @@ static void host_event_destroy(zpp_device *d, zpp_device_event *ev) {
 static zpp_status host_event_record(zpp_device *d, zpp_device_event *ev, void *stream) {
     (void)d;
     (void)stream;
-    ev->ms = zpp__now_ms();
+    ev->ms = now_ms();
     return ZPP_OK;
 }
 
@@ -259,7 +259,7 @@ static zpp_status host_driver_used(const zpp_device *d, size_t *used_p) {
 
 static void host_destroy(zpp_device *d) { (void)d; }
 
-static const zpp_device_ops zpp__host_ops = {
+static const zpp_device_ops kHostOps = {
     .name = "host",
     .alloc = host_alloc,
     .free = host_free,
@@ -296,7 +296,7 @@ zpp_status zpp_device_create_host(zpp_device **d_p) {
     if (!d_p) return zpp_error(ZPP_ERR_INVALID, "device: d_p is NULL; pass where to store it");
     zpp_device *d = calloc(1, sizeof *d);
     if (!d) return zpp_error(ZPP_ERR_NOMEM, "device: out of host memory");
-    d->ops = &zpp__host_ops;
+    d->ops = &kHostOps;
     d->mem = ZPP_MEM_HOST;
     d->ordinal = -1;
     return zpp__device_publish(d, d_p);

@@ -33,8 +33,9 @@ zpp_status engine_coll_allreduce(zpp_engine *e, float *host_values, size_t n) {
     return st;
 }
 
-zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             zpp_device *dev, zpp_engine **engine_p) {
+zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
+                                       const zpp_engine_opts *opts, zpp_device *dev,
+                                       zpp_engine **engine_p) {
     if (!topo || !model || !opts || !engine_p)
         return zpp_error(ZPP_ERR_INVALID, "engine: topology, model, options and engine_p are "
                                           "required");
@@ -459,8 +460,8 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale) {
 }
 
 
-zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
-                           float *loss_p) {
+zpp_status zpp_engine_evaluate_with_batch(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
+                                          float *loss_p) {
     /* The evaluation's bytes are its own (zpp_engine_eval_volume): the
      * step's counters are put back afterwards, so an evaluation between two
      * micro-batches of a step does not show in the step's bytes. */

@@ -30,7 +30,6 @@
 #include "collectives/collectives.h"
 #include "comm/comm.h"
 #include "engine/options.h"
-#include "engine/step_stats.h"
 #include "model/model.h"
 
 typedef struct zpp_engine_opts {
@@ -115,9 +114,9 @@ typedef struct zpp_engine_opts {
      * quantized with the matrices, in the same blocks. Nothing changes
      * without qwZ or qgZ, or for a model that names no matrix ranges. */
     int quantize_vectors;
-    /* 1: time each step (zpp_step_stats.profile). Costs two timing events
-     * per wait for a collective, and a host wait for the compute stream at
-     * the end of each optimizer step. Default 0. */
+    /* 1: time each step (zpp_engine_update_stats.profile). Costs two
+     * timing events per wait for a collective, and a host wait for the
+     * compute stream at the end of each optimizer step. Default 0. */
     int profile;
     /* World 1, plain gather, no hpZ: keep each unit in the working dtype
      * between steps (zeropp.h, zpp_engine_config.resident_weights). */
@@ -132,19 +131,54 @@ zpp_engine_opts zpp_engine_opts_default(void);
 /* ZPP_ERR_INVALID, naming the option and its range, for an option outside
  * its range in the table (engine/options.h, where it applies), a working
  * dtype other than bf16, fp16 and fp32, or loco without the qgZ reduce.
- * zpp_engine_create checks with it; so does zpp_engine_open, before its
+ * zpp_engine_create_with_opts checks with it; so does zpp_engine_create, before its
  * ranks agree. */
 zpp_status zpp_engine_opts_check(const zpp_engine_opts *opts);
 
-/* zpp_engine_profile and zpp_step_stats: engine/step_stats.h. */
+/* Where this rank's step went (opts.profile), measured on the compute
+ * stream (device.h, "Profiling") from the step's first forward to the end
+ * of its optimizer step (the batch callbacks of later micro-batches
+ * included). On a GPU, stream_ms is the compute stream's time and
+ * exposed_comm_ms the part it stood waiting for a collective it could not
+ * hide behind kernels; on the host backend both are the calling thread's
+ * wall time, exposed_comm_ms its time inside collectives' completions
+ * (waiting for MPI, and the dequantization or sums that follow it there). */
+typedef struct zpp_engine_profile {
+    int valid;              /* 1 when opts.profile, else every field is 0 */
+    double stream_ms;       /* = compute_ms + exposed_comm_ms */
+    double exposed_comm_ms;
+    double compute_ms;      /* the rest: kernels, and gaps where the stream
+                               waited for the host (launches, host reads) */
+    int waits;              /* waits timed: on the host one per completed
+                               collective, on a GPU one per event wait (a
+                               qgZ reduction in slabs makes several) */
+} zpp_engine_profile;
+
+/* What one update reports (zpp_engine_update_with_stats): the bytes by
+ * phase and the profile whole; the public zpp_update_stats is cut from it
+ * (api/api.c). */
+typedef struct zpp_engine_update_stats {
+    float loss;            /* mean over the global batch */
+    float grad_norm;       /* global norm before clipping */
+    float lr;
+    zpp_volume volume;     /* this step's bytes per node, by phase */
+    int skipped;           /* 1: non-finite gradients, no update (see opts) */
+    int skipped_total;     /* steps skipped since the engine was created */
+    float loss_scale;      /* the scale this step's gradients carried */
+    /* Sum of squares of every fp32 master weight after the step, over the
+     * world: only when ZPP_PARAM_SUMSQ=1 (engine_create), else NAN. */
+    double param_sumsq;
+    zpp_engine_profile profile; /* opts.profile, else valid 0 */
+} zpp_engine_update_stats;
 
 typedef struct zpp_engine zpp_engine;
 
 /* The engine keeps pointers to topo, model and dev; all three outlive it.
  * `dev` is the rank's compute backend (its memory kind must be the model's
  * and the communicators'). Collective over the world. */
-zpp_status zpp_engine_create(zpp_topo *topo, zpp_model *model, const zpp_engine_opts *opts,
-                             zpp_device *dev, zpp_engine **engine_p);
+zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
+                                       const zpp_engine_opts *opts, zpp_device *dev,
+                                       zpp_engine **engine_p);
 void zpp_engine_destroy(zpp_engine *e);
 
 /* The step in pieces, as DeepSpeed's engine offers it (forward, backward,
@@ -153,7 +187,8 @@ void zpp_engine_destroy(zpp_engine *e);
  *   zpp_engine_backward   runs the stages in reverse and reduces each unit's
  *                         gradient (scaled by loss_scale, e.g. 1/accum) into
  *                         the fp32 shard gradients;
- *   zpp_engine_optimizer_step  global norm, clipping, AdamW, and the new
+ *   zpp_engine_update_with_stats
+ *                         global norm, clipping, AdamW, and the new
  *                         working shards; the secondary shards go stale.
  * A backward needs the forward of the same micro-batch under the same
  * weights: calling it without one, or after an optimizer step, is
@@ -173,11 +208,11 @@ zpp_status zpp_engine_backward(zpp_engine *e, float loss_scale);
  *
  * Test hook, only in a library built with -DZPP_FAULT_HOOKS=ON
  * (docs/fault-hooks.md): ZPP_FAULT=nonfinite@S (or @S-E), read once by
- * zpp_engine_create, writes a NaN into rank 0's gradient accumulator before
+ * zpp_engine_create_with_opts, writes a NaN into rank 0's gradient accumulator before
  * the norm at 1-based step S (through E). A malformed value fails
- * zpp_engine_create (core/fault.h). */
-zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
-                                     zpp_step_stats *stats_p);
+ * zpp_engine_create_with_opts (core/fault.h). */
+zpp_status zpp_engine_update_with_stats(zpp_engine *e, float lr, float loss,
+                                        zpp_engine_update_stats *stats_p);
 /* The loss scale the next backward should apply (1 unless configured). */
 float zpp_engine_loss_scale(const zpp_engine *e);
 
@@ -196,9 +231,9 @@ typedef zpp_status (*zpp_engine_batch_fn)(void *ctx, int micro, zpp_model *model
  * of its int8 rendering, and equals ZeRO-3's on the same masters bit for
  * bit. An evaluation thus moves ZeRO-3's forward-gather bytes; they are
  * counted apart (zpp_engine_eval_volume) and never in a step's volume. */
-zpp_status zpp_engine_eval(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
-                           float *loss_p);
-/* Bytes the last zpp_engine_eval moved (its gathers under
+zpp_status zpp_engine_evaluate_with_batch(zpp_engine *e, zpp_engine_batch_fn batch, void *ctx,
+                                          float *loss_p);
+/* Bytes the last zpp_engine_evaluate_with_batch moved (its gathers under
  * ZPP_PHASE_FWD_GATHER, the loss's all-reduce under ZPP_PHASE_OTHER); zero
  * before the first. */
 const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
@@ -217,7 +252,7 @@ const zpp_volume *zpp_engine_eval_volume(const zpp_engine *e);
  */
 /* zpp_engine_shard_range, zpp_engine_state_get and _set,
  * zpp_engine_unit_count, zpp_engine_steps_taken, the counters
- * (zpp_engine_counters, zpp_engine_get_counters and _set) and the
+ * (zpp_engine_counters, zpp_engine_counters_get and _set) and the
  * error-feedback state (zpp_engine_loco_lens, _get, _set, _clear) are
  * declared in zeropp.h, the API the trainer uses too. */
 

@@ -82,8 +82,8 @@ struct zpp_engine {
     zpp_fault fault;        /* test hook (core/fault.h): kind NONE in a release build */
     int param_sumsq;        /* ZPP_PARAM_SUMSQ=1: a monitoring stat, every build */
     int forward_ready; /* a forward ran under the current weights */
-    int evaluating;    /* inside zpp_engine_eval: gathers are exact (gather_start) */
-    zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_eval) */
+    int evaluating;    /* inside zpp_engine_evaluate_with_batch: gathers are exact (gather_start) */
+    zpp_volume eval_volume; /* what the last evaluation moved (zpp_engine_evaluate_with_batch) */
     int volume_fresh;  /* the step's accounting (volume counts, profile window) is open */
     /* The reductions in flight, oldest first (at most opts.reduce_depth). */
     struct reduction {

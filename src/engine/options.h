@@ -18,7 +18,7 @@
  *          (INT ranges are written from lo and hi)
  * From it come zpp_engine_opts_default, zpp_engine_config_default (api.c),
  * the public config's copy into the options (api.c), the one range check
- * (zpp_engine_opts_check, used by zpp_engine_open and zpp_engine_create)
+ * (zpp_engine_opts_check, used by zpp_engine_create and zpp_engine_create_with_opts)
  * and the per-key checks of the trainer's config (zpp_engine_opt_check,
  * config.c), and the config file's defaults and integer ranges of the keys
  * that set an engine option (config_keys.h: ZPP_EOPT_DEFAULT, _LO, _HI).

@@ -61,13 +61,13 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
     return ZPP_OK;
 }
 
-void zpp_engine_get_counters(const zpp_engine *e, zpp_engine_counters *c_p) {
+zpp_engine_counters zpp_engine_counters_get(const zpp_engine *e) {
     zpp_engine_counters c = {e->step, e->updates, e->skipped_total, e->scale,
                              e->hyst,  e->iter,    e->last_overflow};
-    *c_p = c;
+    return c;
 }
 
-zpp_status zpp_engine_set_counters(zpp_engine *e, const zpp_engine_counters *c) {
+zpp_status zpp_engine_counters_set(zpp_engine *e, const zpp_engine_counters *c) {
     if (c->step < 0 || c->updates < 0 || c->skipped_total < 0 || c->updates > c->step ||
         c->skipped_total > c->step || !(c->loss_scale > 0.0f) || !isfinite(c->loss_scale) ||
         c->scaler_hysteresis < 0 || c->scaler_iter < 0)

@@ -246,8 +246,8 @@ static zpp_status step_param_sumsq(zpp_engine *e, double *sumsq_p) {
     return ZPP_OK;
 }
 
-zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
-                                     zpp_step_stats *stats_p) {
+zpp_status zpp_engine_update_with_stats(zpp_engine *e, float lr, float loss,
+                                        zpp_engine_update_stats *stats_p) {
     /* Nothing to clean up on failure: each piece returns at once. */
     ZPP_CHECK(step_settle_gradients(e));
     float sums[2];
@@ -267,7 +267,7 @@ zpp_status zpp_engine_optimizer_step(zpp_engine *e, float lr, float loss,
         ZPP_CHECK(zpp_engine_loco_clear(e));
     e->forward_ready = 0;
     e->volume_fresh = 0;
-    zpp_step_stats stats = {0};
+    zpp_engine_update_stats stats = {0};
     stats.loss = sums[1] / (float)e->topo->world_size;
     stats.grad_norm = norm;
     stats.lr = lr;

@@ -37,7 +37,7 @@ typedef struct zpp_cost_in {
     zpp_dtype dtype;        /* working dtype (bf16 / fp16: 2 bytes) */
     zpp_coll_opts coll;     /* quantization specs and qgZ slabs, as the collectives use */
     /* Schedule of qgZ's cross-node step with more than one rank per node:
-     * 1 = as engine.c + collectives.c run it today (zpp__qgz_finish starts
+     * 1 = as engine.c + collectives.c run it today (qgz_finish starts
      * the inter-node exchange behind the next stage's kernels and waits for
      * it: exposed); 0 = pipelined under the next stage like the other
      * reductions (DeepSpeed's schedule; DESIGN.md §3 describes the fix). */

@@ -44,7 +44,7 @@
 
 /* The loops of the instruction set in use: one relaxed atomic load per call
  * (a call quantizes a whole tensor, so the dispatch costs nothing). */
-static const zpp_quant_kernels *zpp__k(void) {
+static const zpp_quant_kernels *active_kernels(void) {
     switch (zpp_cpu_isa_active()) {
 #if ZPP_CPU_X86_PATHS
     case ZPP_CPU_AVX512: return &zpp_quant_kernels_avx512;
@@ -99,7 +99,7 @@ size_t zpp_quant_num_blocks(size_t n, size_t block) { return zpp_ql_num_blocks(n
 
 size_t zpp_quant_bytes(size_t n, const zpp_quant_spec *spec) { return zpp_ql_bytes(n, spec); }
 
-static zpp_status zpp__check_dtype(const char *what, zpp_dtype dtype) {
+static zpp_status check_dtype(const char *what, zpp_dtype dtype) {
     if (zpp_dtype_size(dtype) == 0)
         return zpp_error(ZPP_ERR_INVALID, "%s: unknown dtype %d; use ZPP_FP32, ZPP_BF16 or "
                                           "ZPP_FP16",
@@ -107,12 +107,12 @@ static zpp_status zpp__check_dtype(const char *what, zpp_dtype dtype) {
     return ZPP_OK;
 }
 
-static zpp_status zpp__check_ptr(const char *what, const void *p, const char *name, size_t n) {
+static zpp_status check_ptr(const char *what, const void *p, const char *name, size_t n) {
     if (!p && n > 0) return zpp_error(ZPP_ERR_INVALID, "%s: %s is NULL", what, name);
     return ZPP_OK;
 }
 
-static zpp_status zpp__nonfinite(const char *what, uint64_t index) {
+static zpp_status nonfinite_error(const char *what, uint64_t index) {
     return zpp_error(ZPP_ERR_NONFINITE,
                      "%s: element %llu is NaN or Inf (the first one); its block is stored "
                      "with a NaN scale and dequantizes to NaN, the other blocks are "
@@ -124,30 +124,30 @@ static zpp_status zpp__nonfinite(const char *what, uint64_t index) {
 zpp_status zpp_quantize(const void *x, zpp_dtype dtype, size_t n, const zpp_quant_spec *spec,
                         void *out) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_dtype("quantize", dtype));
-    ZPP_CHECK(zpp__check_ptr("quantize", x, "input", n));
-    ZPP_CHECK(zpp__check_ptr("quantize", out, "output", n));
-    uint64_t bad = zpp__k()->quantize(x, dtype, n, spec, 0, out);
-    if (bad != ZPP__NONE) return zpp__nonfinite("quantize", bad);
+    ZPP_CHECK(check_dtype("quantize", dtype));
+    ZPP_CHECK(check_ptr("quantize", x, "input", n));
+    ZPP_CHECK(check_ptr("quantize", out, "output", n));
+    uint64_t bad = active_kernels()->quantize(x, dtype, n, spec, 0, out);
+    if (bad != ZPP__NONE) return nonfinite_error("quantize", bad);
     return ZPP_OK;
 }
 
 zpp_status zpp_dequantize(const void *q, size_t n, const zpp_quant_spec *spec, zpp_dtype dtype,
                           void *y) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_dtype("dequantize", dtype));
-    ZPP_CHECK(zpp__check_ptr("dequantize", q, "input", n));
-    ZPP_CHECK(zpp__check_ptr("dequantize", y, "output", n));
-    zpp__k()->dequantize(q, n, spec, dtype, y);
+    ZPP_CHECK(check_dtype("dequantize", dtype));
+    ZPP_CHECK(check_ptr("dequantize", q, "input", n));
+    ZPP_CHECK(check_ptr("dequantize", y, "output", n));
+    active_kernels()->dequantize(q, n, spec, dtype, y);
     return ZPP_OK;
 }
 
 zpp_status zpp_dequantize_accumulate(const void *q, size_t n, const zpp_quant_spec *spec,
                                      float *acc) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_ptr("dequantize-accumulate", q, "input", n));
-    ZPP_CHECK(zpp__check_ptr("dequantize-accumulate", acc, "accumulator", n));
-    zpp__k()->accumulate(q, n, spec, 0, n, acc);
+    ZPP_CHECK(check_ptr("dequantize-accumulate", q, "input", n));
+    ZPP_CHECK(check_ptr("dequantize-accumulate", acc, "accumulator", n));
+    active_kernels()->accumulate(q, n, spec, 0, n, acc);
     return ZPP_OK;
 }
 
@@ -159,18 +159,18 @@ zpp_status zpp_quant_cpu_quantize_chunks(const void *in, zpp_dtype dtype, size_t
                                          size_t chunk_len, const zpp_quant_spec *spec,
                                          void *out) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_dtype("quantize", dtype));
-    ZPP_CHECK(zpp__check_ptr("quantize", in, "input", n_chunks * chunk_len));
-    ZPP_CHECK(zpp__check_ptr("quantize", out, "output", n_chunks * chunk_len));
+    ZPP_CHECK(check_dtype("quantize", dtype));
+    ZPP_CHECK(check_ptr("quantize", in, "input", n_chunks * chunk_len));
+    ZPP_CHECK(check_ptr("quantize", out, "output", n_chunks * chunk_len));
     const size_t es = zpp_dtype_size(dtype), qb = zpp_quant_bytes(chunk_len, spec);
-    const zpp_quant_kernels *kern = zpp__k();
+    const zpp_quant_kernels *kern = active_kernels();
     uint64_t first_bad = ZPP__NONE;
     for (size_t c = 0; c < n_chunks; c++) {
         uint64_t bad = kern->quantize((const char *)in + c * chunk_len * es, dtype, chunk_len,
                                       spec, (uint64_t)c * chunk_len, (char *)out + c * qb);
         if (bad != ZPP__NONE && first_bad == ZPP__NONE) first_bad = bad;
     }
-    if (first_bad != ZPP__NONE) return zpp__nonfinite("quantize", first_bad);
+    if (first_bad != ZPP__NONE) return nonfinite_error("quantize", first_bad);
     return ZPP_OK;
 }
 
@@ -178,11 +178,11 @@ zpp_status zpp_quant_cpu_dequantize_chunks(const void *q, size_t n_chunks, size_
                                            const zpp_quant_spec *spec, zpp_dtype dtype,
                                            void *out) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_dtype("dequantize", dtype));
-    ZPP_CHECK(zpp__check_ptr("dequantize", q, "input", n_chunks * chunk_len));
-    ZPP_CHECK(zpp__check_ptr("dequantize", out, "output", n_chunks * chunk_len));
+    ZPP_CHECK(check_dtype("dequantize", dtype));
+    ZPP_CHECK(check_ptr("dequantize", q, "input", n_chunks * chunk_len));
+    ZPP_CHECK(check_ptr("dequantize", out, "output", n_chunks * chunk_len));
     const size_t es = zpp_dtype_size(dtype), qb = zpp_quant_bytes(chunk_len, spec);
-    const zpp_quant_kernels *kern = zpp__k();
+    const zpp_quant_kernels *kern = active_kernels();
     for (size_t c = 0; c < n_chunks; c++)
         kern->dequantize((const uint8_t *)q + c * qb, chunk_len, spec, dtype,
                          (char *)out + c * chunk_len * es);
@@ -196,8 +196,7 @@ zpp_status zpp_quant_reorder_quantize(const void *x, zpp_dtype dtype, size_t chu
                                           spec, out);
 }
 
-static zpp_status zpp__check_slab(const char *what, size_t chunk_len, size_t first,
-                                  size_t len) {
+static zpp_status check_slab(const char *what, size_t chunk_len, size_t first, size_t len) {
     if (first > chunk_len || len > chunk_len - first)
         return zpp_error(ZPP_ERR_INVALID, "%s: slab [%zu, %zu) runs past a chunk of %zu elements",
                          what, first, first + len, chunk_len);
@@ -208,17 +207,17 @@ zpp_status zpp_quant_cpu_reorder_quantize(const void *x, zpp_dtype dtype, size_t
                                           size_t first, size_t len, int nodes, int local,
                                           const zpp_quant_spec *spec, void *out) {
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_dtype("reorder-quantize", dtype));
+    ZPP_CHECK(check_dtype("reorder-quantize", dtype));
     if (nodes < 1 || local < 1)
         return zpp_error(ZPP_ERR_INVALID,
                          "reorder-quantize: nodes %d and local %d must both be >= 1", nodes,
                          local);
-    ZPP_CHECK(zpp__check_slab("reorder-quantize", chunk_len, first, len));
+    ZPP_CHECK(check_slab("reorder-quantize", chunk_len, first, len));
     size_t n = (size_t)nodes * (size_t)local * len;
-    ZPP_CHECK(zpp__check_ptr("reorder-quantize", x, "input", n));
-    ZPP_CHECK(zpp__check_ptr("reorder-quantize", out, "output", n));
+    ZPP_CHECK(check_ptr("reorder-quantize", x, "input", n));
+    ZPP_CHECK(check_ptr("reorder-quantize", out, "output", n));
     const size_t es = zpp_dtype_size(dtype), qb = zpp_quant_bytes(len, spec);
-    const zpp_quant_kernels *kern = zpp__k();
+    const zpp_quant_kernels *kern = active_kernels();
     uint64_t first_bad = ZPP__NONE;
     size_t slot = 0;
     for (int dl = 0; dl < local; dl++) {
@@ -231,7 +230,7 @@ zpp_status zpp_quant_cpu_reorder_quantize(const void *x, zpp_dtype dtype, size_t
                 first_bad = bad;
         }
     }
-    if (first_bad != ZPP__NONE) return zpp__nonfinite("reorder-quantize", first_bad);
+    if (first_bad != ZPP__NONE) return nonfinite_error("reorder-quantize", first_bad);
     return ZPP_OK;
 }
 
@@ -240,22 +239,21 @@ zpp_status zpp_quant_cpu_reorder_quantize(const void *x, zpp_dtype dtype, size_t
  * base + j * stride when ins is NULL. Chunks of chunk_len elements (the
  * slab's own length); element i of chunk c draws the stochastic index
  * c * idx_stride + idx_first + i. */
-static zpp_status zpp__dsr(const void *const *ins, const uint8_t *base, size_t stride, int k,
-                           size_t n_chunks, size_t chunk_len, size_t idx_stride,
-                           size_t idx_first, const zpp_quant_spec *in_spec,
-                           const zpp_quant_spec *out_spec, void *out) {
+static zpp_status dsr(const void *const *ins, const uint8_t *base, size_t stride, int k,
+                      size_t n_chunks, size_t chunk_len, size_t idx_stride, size_t idx_first,
+                      const zpp_quant_spec *in_spec, const zpp_quant_spec *out_spec, void *out) {
     const char *what = "dequant-sum-requant";
     ZPP_CHECK(zpp_quant_spec_check(in_spec));
     ZPP_CHECK(zpp_quant_spec_check(out_spec));
     if (k < 1) return zpp_error(ZPP_ERR_INVALID, "%s: k = %d inputs; need at least 1", what, k);
     size_t n = n_chunks * chunk_len;
-    ZPP_CHECK(zpp__check_ptr(what, out, "output", n));
+    ZPP_CHECK(check_ptr(what, out, "output", n));
     if (n == 0) return ZPP_OK;
     if (ins) {
         for (int j = 0; j < k; j++)
             if (!ins[j]) return zpp_error(ZPP_ERR_INVALID, "%s: input %d is NULL", what, j);
     } else {
-        ZPP_CHECK(zpp__check_ptr(what, base, "input", n));
+        ZPP_CHECK(check_ptr(what, base, "input", n));
     }
 
     /* The loop sums one output block in fp32 at a time (it stays in cache
@@ -269,11 +267,11 @@ static zpp_status zpp__dsr(const void *const *ins, const uint8_t *base, size_t s
             return zpp_error(ZPP_ERR_NOMEM, "%s: could not allocate %zu bytes of scratch", what,
                              cap * sizeof *sum);
     }
-    uint64_t first_bad = zpp__k()->sum_requant(ins, base, stride, k, n_chunks, chunk_len,
-                                                idx_stride, idx_first, in_spec, out_spec, sum,
-                                                out);
+    uint64_t first_bad =
+        active_kernels()->sum_requant(ins, base, stride, k, n_chunks, chunk_len, idx_stride,
+                                      idx_first, in_spec, out_spec, sum, out);
     if (sum != stack_sum) free(sum);
-    if (first_bad != ZPP__NONE) return zpp__nonfinite(what, first_bad);
+    if (first_bad != ZPP__NONE) return nonfinite_error(what, first_bad);
     return ZPP_OK;
 }
 
@@ -281,17 +279,16 @@ zpp_status zpp_quant_dequant_sum_requant(const void *const *in, int k, size_t n_
                                          size_t chunk_len, const zpp_quant_spec *in_spec,
                                          const zpp_quant_spec *out_spec, void *out) {
     if (!in) return zpp_error(ZPP_ERR_INVALID, "dequant-sum-requant: input list is NULL");
-    return zpp__dsr(in, NULL, 0, k, n_chunks, chunk_len, chunk_len, 0, in_spec, out_spec, out);
+    return dsr(in, NULL, 0, k, n_chunks, chunk_len, chunk_len, 0, in_spec, out_spec, out);
 }
 
 zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chunks,
                                              size_t chunk_len, size_t first, size_t len,
                                              const zpp_quant_spec *in_spec,
                                              const zpp_quant_spec *out_spec, void *out) {
-    ZPP_CHECK(zpp__check_slab("dequant-sum-requant", chunk_len, first, len));
+    ZPP_CHECK(check_slab("dequant-sum-requant", chunk_len, first, len));
     size_t stride = in_spec ? n_chunks * zpp_quant_bytes(len, in_spec) : 0;
-    return zpp__dsr(NULL, in, stride, k, n_chunks, len, chunk_len, first, in_spec, out_spec,
-                    out);
+    return dsr(NULL, in, stride, k, n_chunks, len, chunk_len, first, in_spec, out_spec, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -302,24 +299,24 @@ zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t c
                                         const zpp_quant_spec *spec, float scale, float *out) {
     const char *what = "dequant-reduce";
     ZPP_CHECK(zpp_quant_spec_check(spec));
-    ZPP_CHECK(zpp__check_ptr(what, out, "output", chunk_len));
-    ZPP_CHECK(zpp__check_ptr(what, q, "input", n_chunks * chunk_len));
-    zpp__k()->dequant_reduce(q, n_chunks, chunk_len, spec, scale, out);
+    ZPP_CHECK(check_ptr(what, out, "output", chunk_len));
+    ZPP_CHECK(check_ptr(what, q, "input", n_chunks * chunk_len));
+    active_kernels()->dequant_reduce(q, n_chunks, chunk_len, spec, scale, out);
     return ZPP_OK;
 }
 
 zpp_status zpp_quant_cpu_convert(const void *in, zpp_dtype in_dtype, void *out,
                                  zpp_dtype out_dtype, size_t n, float scale) {
-    ZPP_CHECK(zpp__check_dtype("convert", in_dtype));
-    ZPP_CHECK(zpp__check_dtype("convert", out_dtype));
-    ZPP_CHECK(zpp__check_ptr("convert", in, "input", n));
-    ZPP_CHECK(zpp__check_ptr("convert", out, "output", n));
+    ZPP_CHECK(check_dtype("convert", in_dtype));
+    ZPP_CHECK(check_dtype("convert", out_dtype));
+    ZPP_CHECK(check_ptr("convert", in, "input", n));
+    ZPP_CHECK(check_ptr("convert", out, "output", n));
     if (in == out && in_dtype != out_dtype && n > 0)
         return zpp_error(ZPP_ERR_INVALID,
                          "convert: in-place conversion from %s to %s; use separate buffers",
                          zpp_dtype_name(in_dtype), zpp_dtype_name(out_dtype));
     /* The kernel reads a whole tile before writing it, so in == out is safe. */
-    zpp__k()->convert(in, in_dtype, out, out_dtype, n, scale);
+    active_kernels()->convert(in, in_dtype, out, out_dtype, n, scale);
     return ZPP_OK;
 }
 
@@ -328,7 +325,7 @@ zpp_status zpp_quant_cpu_convert(const void *in, zpp_dtype in_dtype, void *out,
  * corrected copy of a slab one chunk at a time. */
 zpp_status zpp_quant_cpu_quantize_at(const void *x, zpp_dtype dtype, size_t n,
                                      const zpp_quant_spec *spec, uint64_t idx0, void *out) {
-    uint64_t bad = zpp__k()->quantize(x, dtype, n, spec, idx0, out);
-    if (bad != ZPP__NONE) return zpp__nonfinite("quantize", bad);
+    uint64_t bad = active_kernels()->quantize(x, dtype, n, spec, idx0, out);
+    if (bad != ZPP__NONE) return nonfinite_error("quantize", bad);
     return ZPP_OK;
 }

@@ -30,7 +30,7 @@ typedef struct zpp_quant_kernels {
      * [e0, e1); e0 a multiple of 8. */
     void (*accumulate)(const uint8_t *q, size_t n, const zpp_quant_spec *spec, size_t e0, size_t e1,
                        float *acc);
-    /* The body of dequant-sum-requant (quant.c, zpp__dsr): input j is
+    /* The body of dequant-sum-requant (quant.c, dsr): input j is
      * ins[j], or base + j * stride when ins is NULL; `sum` holds
      * min(out_spec->block, chunk_len) floats. Returns as quantize. */
     uint64_t (*sum_requant)(const void *const *ins, const uint8_t *base, size_t stride, int k,

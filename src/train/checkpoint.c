@@ -387,8 +387,7 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     cJSON_AddNumberToObject(j, "node_size", m->node_size);
     cJSON_AddStringToObject(j, "mode", m->mode);
     cJSON_AddStringToObject(j, "dtype", zpp_dtype_name(m->dtype));
-    zpp_engine_counters c;
-    zpp_engine_get_counters(e, &c);
+    zpp_engine_counters c = zpp_engine_counters_get(e);
     cJSON *en = cJSON_AddObjectToObject(j, "engine");
     cJSON_AddNumberToObject(en, "updates", c.updates);
     cJSON_AddNumberToObject(en, "skipped_total", c.skipped_total);
@@ -1252,7 +1251,7 @@ zpp_status zpp_checkpoint_load(zpp_engine *e, const zpp_ckpt_meta *meta, const c
     }
     for (int u = 0; ef && u < n_units; u++) free(ef[u]);
     free(ef);
-    if (st == ZPP_OK) st = zpp_engine_set_counters(e, &m.ctr);
+    if (st == ZPP_OK) st = zpp_engine_counters_set(e, &m.ctr);
     st = zpp_comm_agree_world(st);
     if (st == ZPP_OK) *step_p = m.step;
     if (st == ZPP_OK && run_id_p) *run_id_p = m.run_id;

@@ -167,7 +167,7 @@ static int exact_numbers(cJSON *item) {
  * train/config.c to read) and "data" ({"path": string or null, "kind",
  * "tokens"}). Sets the message and returns ZPP_ERR_FORMAT when one is
  * there but malformed. */
-static zpp_status zpp__manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifest *m) {
+static zpp_status manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifest *m) {
     cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
     if (cfg && !cJSON_IsObject(cfg))
@@ -266,7 +266,7 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint manifest %s counts %d updates and %d skips in %d steps",
                        name, c->updates, c->skipped_total, m->step);
-    } else if ((st = zpp__manifest_optional(j, name, m)) != ZPP_OK) {
+    } else if ((st = manifest_optional(j, name, m)) != ZPP_OK) {
         /* the message is set */
     } else {
         c->step = m->step;

@@ -81,26 +81,25 @@ typedef struct zpp__key {
 #define ZPP__DEF(...) {__VA_ARGS__}
 #define ZPP__KEY(path, kind, field, lo, hi, def, sched, doc)                   \
     {path, ZPP_CFG_##kind, ZPP__OFF_##kind(field), lo, hi, ZPP__DEF def, sched, doc},
-static const zpp__key zpp__keys[] = {ZPP_CONFIG_KEYS(ZPP__KEY)};
+static const zpp__key kKeys[] = {ZPP_CONFIG_KEYS(ZPP__KEY)};
 #undef ZPP__KEY
-#define ZPP__NKEYS (sizeof zpp__keys / sizeof zpp__keys[0])
+#define ZPP__NKEYS (sizeof kKeys / sizeof kKeys[0])
 
 /* The key's name within its object, and whether the object is `parent`. */
-static const char *zpp__key_name(const zpp__key *k) {
+static const char *key_name(const zpp__key *k) {
     const char *dot = strrchr(k->path, '.');
     return dot ? dot + 1 : k->path;
 }
 
-static int zpp__key_in(const zpp__key *k, const char *parent) {
-    size_t n = (size_t)(zpp__key_name(k) - k->path);
+static int key_in(const zpp__key *k, const char *parent) {
+    size_t n = (size_t)(key_name(k) - k->path);
     if (n == 0) return parent[0] == '\0';
     return strlen(parent) == n - 1 && strncmp(k->path, parent, n - 1) == 0;
 }
 
-static const zpp__key *zpp__key_find(const char *parent, const char *name) {
+static const zpp__key *key_find(const char *parent, const char *name) {
     for (size_t i = 0; i < ZPP__NKEYS; i++)
-        if (zpp__key_in(&zpp__keys[i], parent) && strcmp(zpp__key_name(&zpp__keys[i]), name) == 0)
-            return &zpp__keys[i];
+        if (key_in(&kKeys[i], parent) && strcmp(key_name(&kKeys[i]), name) == 0) return &kKeys[i];
     return NULL;
 }
 
@@ -118,7 +117,7 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
      * one is given. ZeRO: DeepSpeed's reuse distance, 1e9. Model: a GPT
      * small enough to train on a laptop CPU in a demo, over bytes. */
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
+        const zpp__key *k = &kKeys[i];
         switch (k->kind) {
         case ZPP_CFG_INT:
         case ZPP_CFG_BOOL:
@@ -164,7 +163,7 @@ const char *zpp_sched_type_name(zpp_sched_type type) {
 /* Typed getters: each names the key's path and the expected type            */
 /* ------------------------------------------------------------------------ */
 
-static const char *zpp__json_type(const cJSON *it) {
+static const char *json_type(const cJSON *it) {
     if (cJSON_IsBool(it)) return "a boolean";
     if (cJSON_IsNull(it)) return "null";
     if (cJSON_IsNumber(it)) return "a number";
@@ -174,21 +173,21 @@ static const char *zpp__json_type(const cJSON *it) {
     return "an invalid value";
 }
 
-static void zpp__path_join(char *out, const char *prefix, const char *key) {
+static void path_join(char *out, const char *prefix, const char *key) {
     if (prefix[0]) snprintf(out, ZPP__PATH_CAP, "%s.%s", prefix, key);
     else snprintf(out, ZPP__PATH_CAP, "%s", key);
 }
 
-static zpp_status zpp__type_error(const zpp__cfgctx *c, const char *path, const char *want,
-                                  const cJSON *it) {
+static zpp_status type_error(const zpp__cfgctx *c, const char *path, const char *want,
+                             const cJSON *it) {
     return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' must be %s, got %s", c->src, path, want,
-                     zpp__json_type(it));
+                     json_type(it));
 }
 
 /* An integer in [lo, hi]. JSON has only doubles; 3.0 is accepted, 3.5 not. */
-static zpp_status zpp__get_int(const zpp__cfgctx *c, const cJSON *it, const char *path,
-                               long long lo, long long hi, long long *out) {
-    if (!cJSON_IsNumber(it)) return zpp__type_error(c, path, "an integer", it);
+static zpp_status get_int(const zpp__cfgctx *c, const cJSON *it, const char *path, long long lo,
+                          long long hi, long long *out) {
+    if (!cJSON_IsNumber(it)) return type_error(c, path, "an integer", it);
     double v = it->valuedouble;
     if (!isfinite(v) || v != floor(v))
         return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' must be an integer, got %g", c->src, path,
@@ -200,39 +199,36 @@ static zpp_status zpp__get_int(const zpp__cfgctx *c, const cJSON *it, const char
     return ZPP_OK;
 }
 
-static zpp_status zpp__get_num(const zpp__cfgctx *c, const cJSON *it, const char *path,
-                               double *out) {
-    if (!cJSON_IsNumber(it)) return zpp__type_error(c, path, "a number", it);
+static zpp_status get_num(const zpp__cfgctx *c, const cJSON *it, const char *path, double *out) {
+    if (!cJSON_IsNumber(it)) return type_error(c, path, "a number", it);
     if (!isfinite(it->valuedouble))
         return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' must be finite", c->src, path);
     *out = it->valuedouble;
     return ZPP_OK;
 }
 
-static zpp_status zpp__get_bool(const zpp__cfgctx *c, const cJSON *it, const char *path,
-                                int *out) {
-    if (!cJSON_IsBool(it)) return zpp__type_error(c, path, "a boolean (true/false)", it);
+static zpp_status get_bool(const zpp__cfgctx *c, const cJSON *it, const char *path, int *out) {
+    if (!cJSON_IsBool(it)) return type_error(c, path, "a boolean (true/false)", it);
     *out = cJSON_IsTrue(it) ? 1 : 0;
     return ZPP_OK;
 }
 
-static zpp_status zpp__get_str(const zpp__cfgctx *c, const cJSON *it, const char *path,
-                               const char **out) {
-    if (!cJSON_IsString(it) || !it->valuestring)
-        return zpp__type_error(c, path, "a string", it);
+static zpp_status get_str(const zpp__cfgctx *c, const cJSON *it, const char *path,
+                          const char **out) {
+    if (!cJSON_IsString(it) || !it->valuestring) return type_error(c, path, "a string", it);
     *out = it->valuestring;
     return ZPP_OK;
 }
 
-static zpp_status zpp__want_object(const zpp__cfgctx *c, const cJSON *it, const char *path) {
-    if (!cJSON_IsObject(it)) return zpp__type_error(c, path, "an object", it);
+static zpp_status want_object(const zpp__cfgctx *c, const cJSON *it, const char *path) {
+    if (!cJSON_IsObject(it)) return type_error(c, path, "an object", it);
     return ZPP_OK;
 }
 
 /* A member name seen twice in one object is an error: JSON allows it, but
  * which value wins would be a guess. */
-static zpp_status zpp__check_duplicate(const zpp__cfgctx *c, const cJSON *obj,
-                                       const cJSON *it, const char *path) {
+static zpp_status check_duplicate(const zpp__cfgctx *c, const cJSON *obj, const cJSON *it,
+                                  const char *path) {
     for (const cJSON *p = obj->child; p && p != it; p = p->next)
         if (p->string && strcmp(p->string, it->string) == 0)
             return zpp_error(ZPP_ERR_CONFIG, "%s: duplicate key '%s'", c->src, path);
@@ -243,21 +239,21 @@ static zpp_status zpp__check_duplicate(const zpp__cfgctx *c, const cJSON *obj,
  * (NULL if none is close): a key of the same object whose name is a typo
  * away ("stge" -> "stage"); else a key elsewhere with exactly this name ("lr"
  * at the top level -> "optimizer.params.lr"); else the closest full path. */
-static const zpp__key *zpp__suggest_key(const char *path, const char *parent) {
+static const zpp__key *suggest_key(const char *path, const char *parent) {
     const char *name = strrchr(path, '.') ? strrchr(path, '.') + 1 : path;
     const zpp__key *best = NULL;
     size_t best_d = (size_t)-1, d = 0;
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
-        if (k->kind == ZPP_CFG_IGNORED || !zpp__key_in(k, parent)) continue;
-        if (zpp_suggest_close(name, zpp__key_name(k), &d) && d < best_d) best = k, best_d = d;
+        const zpp__key *k = &kKeys[i];
+        if (k->kind == ZPP_CFG_IGNORED || !key_in(k, parent)) continue;
+        if (zpp_suggest_close(name, key_name(k), &d) && d < best_d) best = k, best_d = d;
     }
     if (best) return best;
     for (size_t i = 0; i < ZPP__NKEYS; i++)
-        if (zpp__keys[i].kind != ZPP_CFG_IGNORED && !strcmp(zpp__key_name(&zpp__keys[i]), name))
-            return &zpp__keys[i];
+        if (kKeys[i].kind != ZPP_CFG_IGNORED && !strcmp(key_name(&kKeys[i]), name))
+            return &kKeys[i];
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
+        const zpp__key *k = &kKeys[i];
         if (k->kind != ZPP_CFG_IGNORED && zpp_suggest_close(path, k->path, &d) && d < best_d)
             best = k, best_d = d;
     }
@@ -267,16 +263,16 @@ static const zpp__key *zpp__suggest_key(const char *path, const char *parent) {
 /* "unknown key 'a.b' (did you mean 'a.c'? known here: c, d (and DeepSpeed
  * knobs accepted and ignored: e, f))": the keys of the table in the object
  * `parent`. */
-static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const char *parent) {
+static zpp_status unknown_key(const zpp__cfgctx *c, const char *path, const char *parent) {
     char known[1024] = "", ignored[1024] = "", hint[ZPP__PATH_CAP + 24] = "";
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
-        if (!zpp__key_in(k, parent)) continue;
+        const zpp__key *k = &kKeys[i];
+        if (!key_in(k, parent)) continue;
         char *list = k->kind == ZPP_CFG_IGNORED ? ignored : known;
         size_t len = strlen(list);
-        snprintf(list + len, sizeof known - len, "%s%s", len ? ", " : "", zpp__key_name(k));
+        snprintf(list + len, sizeof known - len, "%s%s", len ? ", " : "", key_name(k));
     }
-    const zpp__key *guess = zpp__suggest_key(path, parent);
+    const zpp__key *guess = suggest_key(path, parent);
     if (guess) snprintf(hint, sizeof hint, "did you mean '%s'? ", guess->path);
     return zpp_error(ZPP_ERR_CONFIG, "%s: unknown key '%s' (%sknown here: %s%s%s%s)", c->src,
                      path, hint, known,
@@ -285,7 +281,7 @@ static zpp_status zpp__unknown(const zpp__cfgctx *c, const char *path, const cha
 }
 
 /* Records an accepted-but-ignored DeepSpeed key once in cfg->ignored. */
-static void zpp__note_ignored(zpp_train_config *cfg, const char *path) {
+static void note_ignored(zpp_train_config *cfg, const char *path) {
     size_t n = strlen(path), len = strlen(cfg->ignored);
     for (const char *p = cfg->ignored; (p = strstr(p, path)) != NULL; p += n) {
         int starts = p == cfg->ignored || p[-1] == ' ';
@@ -305,29 +301,29 @@ static void zpp__note_ignored(zpp_train_config *cfg, const char *path) {
 /* ------------------------------------------------------------------------ */
 
 /* Joins the member's dotted path into `path` and refuses duplicates. */
-static zpp_status zpp__member(const zpp__cfgctx *c, const cJSON *obj, const cJSON *it,
-                              const char *prefix, char *path) {
-    zpp__path_join(path, prefix, it->string ? it->string : "");
-    return zpp__check_duplicate(c, obj, it, path);
+static zpp_status parse_member(const zpp__cfgctx *c, const cJSON *obj, const cJSON *it,
+                               const char *prefix, char *path) {
+    path_join(path, prefix, it->string ? it->string : "");
+    return check_duplicate(c, obj, it, path);
 }
 
-static zpp_status zpp__parse_betas(const zpp__cfgctx *c, const cJSON *it, const char *path) {
+static zpp_status parse_betas(const zpp__cfgctx *c, const cJSON *it, const char *path) {
     if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2)
         return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' must be an array of 2 numbers [beta1, beta2]",
                          c->src, path);
     char p0[ZPP__PATH_CAP + 4], p1[ZPP__PATH_CAP + 4];
     snprintf(p0, sizeof p0, "%s[0]", path);
     snprintf(p1, sizeof p1, "%s[1]", path);
-    ZPP_CHECK(zpp__get_num(c, cJSON_GetArrayItem(it, 0), p0, &c->cfg->optimizer.beta1));
-    ZPP_CHECK(zpp__get_num(c, cJSON_GetArrayItem(it, 1), p1, &c->cfg->optimizer.beta2));
+    ZPP_CHECK(get_num(c, cJSON_GetArrayItem(it, 0), p0, &c->cfg->optimizer.beta1));
+    ZPP_CHECK(get_num(c, cJSON_GetArrayItem(it, 1), p1, &c->cfg->optimizer.beta2));
     return ZPP_OK;
 }
 
-static zpp_status zpp__parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix);
+static zpp_status parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix);
 
 /* One key's value, found in the table as `k`. */
-static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON *it,
-                                 const char *path) {
+static zpp_status parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON *it,
+                            const char *path) {
     zpp_train_config *cfg = c->cfg;
     if (k->sched && k->kind != ZPP_CFG_OBJECT && k->kind != ZPP_CFG_OBJECT_ON) {
         zpp_sched_type t = cfg->scheduler.type;
@@ -337,35 +333,34 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
     }
     switch (k->kind) {
     case ZPP_CFG_OBJECT_ON: /* its presence turns the feature on */
-        ZPP_CHECK(zpp__want_object(c, it, path));
+        ZPP_CHECK(want_object(c, it, path));
         *ZPP__AT(cfg, k, int) = 1;
-        return zpp__parse_object(c, it, path);
+        return parse_object(c, it, path);
     case ZPP_CFG_OBJECT:
-        ZPP_CHECK(zpp__want_object(c, it, path));
+        ZPP_CHECK(want_object(c, it, path));
         if (k->sched && !(k->sched & (1u << cfg->scheduler.type)))
             return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' given without 'scheduler.type'", c->src,
                              path);
-        return zpp__parse_object(c, it, path);
+        return parse_object(c, it, path);
     case ZPP_CFG_INT: {
         long long v = 0;
-        ZPP_CHECK(zpp__get_int(c, it, path, k->lo, k->hi, &v));
+        ZPP_CHECK(get_int(c, it, path, k->lo, k->hi, &v));
         *ZPP__AT(cfg, k, int) = (int)v;
         return ZPP_OK;
     }
-    case ZPP_CFG_I64:
-        return zpp__get_int(c, it, path, k->lo, k->hi, ZPP__AT(cfg, k, long long));
+    case ZPP_CFG_I64: return get_int(c, it, path, k->lo, k->hi, ZPP__AT(cfg, k, long long));
     case ZPP_CFG_SEED: {
         long long v = 0;
-        ZPP_CHECK(zpp__get_int(c, it, path, k->lo, k->hi, &v));
+        ZPP_CHECK(get_int(c, it, path, k->lo, k->hi, &v));
         *ZPP__AT(cfg, k, uint64_t) = (uint64_t)v;
         return ZPP_OK;
     }
-    case ZPP_CFG_NUM: return zpp__get_num(c, it, path, ZPP__AT(cfg, k, double));
-    case ZPP_CFG_BOOL: return zpp__get_bool(c, it, path, ZPP__AT(cfg, k, int));
-    case ZPP_CFG_BETAS: return zpp__parse_betas(c, it, path);
+    case ZPP_CFG_NUM: return get_num(c, it, path, ZPP__AT(cfg, k, double));
+    case ZPP_CFG_BOOL: return get_bool(c, it, path, ZPP__AT(cfg, k, int));
+    case ZPP_CFG_BETAS: return parse_betas(c, it, path);
     case ZPP_CFG_OPT_TYPE: {
         const char *t = NULL;
-        ZPP_CHECK(zpp__get_str(c, it, path, &t));
+        ZPP_CHECK(get_str(c, it, path, &t));
         if (strcasecmp(t, "AdamW") != 0)
             return zpp_error(ZPP_ERR_UNSUPPORTED,
                              "%s: %s '%s' is not supported; zeropp implements \"AdamW\" (Adam "
@@ -376,7 +371,7 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
     case ZPP_CFG_SCHED_TYPE: {
         const char *t = NULL;
         zpp_sched_type *out = ZPP__AT(cfg, k, zpp_sched_type);
-        ZPP_CHECK(zpp__get_str(c, it, path, &t));
+        ZPP_CHECK(get_str(c, it, path, &t));
         if (strcasecmp(t, "WarmupLR") == 0) *out = ZPP_SCHED_WARMUP_LR;
         else if (strcasecmp(t, "WarmupDecayLR") == 0) *out = ZPP_SCHED_WARMUP_DECAY_LR;
         else if (strcasecmp(t, "WarmupCosineLR") == 0) *out = ZPP_SCHED_WARMUP_COSINE_LR;
@@ -390,7 +385,7 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
     case ZPP_CFG_WARMUP_TYPE: {
         const char *w = NULL;
         zpp_warmup_type *out = ZPP__AT(cfg, k, zpp_warmup_type);
-        ZPP_CHECK(zpp__get_str(c, it, path, &w));
+        ZPP_CHECK(get_str(c, it, path, &w));
         if (strcmp(w, "log") == 0) *out = ZPP_WARMUP_LOG;
         else if (strcmp(w, "linear") == 0) *out = ZPP_WARMUP_LINEAR;
         else
@@ -400,7 +395,7 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
     }
     case ZPP_CFG_DATA_ORDER: {
         const char *w = NULL;
-        ZPP_CHECK(zpp__get_str(c, it, path, &w));
+        ZPP_CHECK(get_str(c, it, path, &w));
         return zpp_data_order_parse(w, ZPP__AT(cfg, k, zpp_data_order)) == ZPP_OK
                    ? ZPP_OK
                    : zpp_error(ZPP_ERR_CONFIG,
@@ -409,7 +404,7 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
     }
     case ZPP_CFG_STAGE: {
         long long v = 0;
-        ZPP_CHECK(zpp__get_int(c, it, path, INT_MIN, INT_MAX, &v));
+        ZPP_CHECK(get_int(c, it, path, INT_MIN, INT_MAX, &v));
         if (v != 3)
             return zpp_error(ZPP_ERR_UNSUPPORTED,
                              "%s: %s is %lld; zeropp implements ZeRO stage 3 only (set "
@@ -418,43 +413,43 @@ static zpp_status zpp__parse_key(const zpp__cfgctx *c, const zpp__key *k, const 
         *ZPP__AT(cfg, k, int) = 3;
         return ZPP_OK;
     }
-    case ZPP_CFG_IGNORED: zpp__note_ignored(cfg, path); return ZPP_OK;
+    case ZPP_CFG_IGNORED: note_ignored(cfg, path); return ZPP_OK;
     }
     return zpp_error(ZPP_ERR_STATE, "config: key '%s' of unknown kind %d", path, (int)k->kind);
 }
 
 /* Every member of the object at `prefix` ("" = top level), in file order.
  * A SCHED_TYPE key is read first: it decides which params are valid. */
-static zpp_status zpp__parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix) {
+static zpp_status parse_object(const zpp__cfgctx *c, const cJSON *obj, const char *prefix) {
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
-        if (k->kind != ZPP_CFG_SCHED_TYPE || !zpp__key_in(k, prefix)) continue;
-        const cJSON *first = cJSON_GetObjectItemCaseSensitive(obj, zpp__key_name(k));
-        if (first) ZPP_CHECK(zpp__parse_key(c, k, first, k->path));
+        const zpp__key *k = &kKeys[i];
+        if (k->kind != ZPP_CFG_SCHED_TYPE || !key_in(k, prefix)) continue;
+        const cJSON *first = cJSON_GetObjectItemCaseSensitive(obj, key_name(k));
+        if (first) ZPP_CHECK(parse_key(c, k, first, k->path));
     }
     for (const cJSON *it = obj->child; it; it = it->next) {
         char path[ZPP__PATH_CAP];
-        ZPP_CHECK(zpp__member(c, obj, it, prefix, path));
-        const zpp__key *k = zpp__key_find(prefix, it->string ? it->string : "");
-        if (!k) return zpp__unknown(c, path, prefix);
+        ZPP_CHECK(parse_member(c, obj, it, prefix, path));
+        const zpp__key *k = key_find(prefix, it->string ? it->string : "");
+        if (!k) return unknown_key(c, path, prefix);
         if (k->kind == ZPP_CFG_SCHED_TYPE) continue;
-        ZPP_CHECK(zpp__parse_key(c, k, it, path));
+        ZPP_CHECK(parse_key(c, k, it, path));
     }
     return ZPP_OK;
 }
 
-static zpp_status zpp__parse_root(const zpp__cfgctx *c, const cJSON *root) {
+static zpp_status parse_root(const zpp__cfgctx *c, const cJSON *root) {
     if (!cJSON_IsObject(root))
-        return zpp_error(ZPP_ERR_CONFIG, "%s: the top level must be a JSON object, got %s",
-                         c->src, zpp__json_type(root));
-    return zpp__parse_object(c, root, "");
+        return zpp_error(ZPP_ERR_CONFIG, "%s: the top level must be a JSON object, got %s", c->src,
+                         json_type(root));
+    return parse_object(c, root, "");
 }
 
 /* ------------------------------------------------------------------------ */
 /* The key reference (docs/config.md)                                        */
 /* ------------------------------------------------------------------------ */
 
-static const char *zpp__kind_doc(zpp__kind kind) {
+static const char *kind_doc(zpp__kind kind) {
     switch (kind) {
     case ZPP_CFG_OBJECT: return "object";
     case ZPP_CFG_OBJECT_ON: return "object (present = on)";
@@ -474,7 +469,7 @@ static const char *zpp__kind_doc(zpp__kind kind) {
     return "?";
 }
 
-static void zpp__write_default(FILE *f, const zpp__key *k) {
+static void write_default(FILE *f, const zpp__key *k) {
     switch (k->kind) {
     case ZPP_CFG_INT:
     case ZPP_CFG_I64:
@@ -520,9 +515,9 @@ void zpp_train_config_write_keys(FILE *f) {
             "| key | type | default | range | meaning |\n"
             "|---|---|---|---|---|\n");
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
-        fprintf(f, "| `%s` | %s | ", k->path, zpp__kind_doc(k->kind));
-        zpp__write_default(f, k);
+        const zpp__key *k = &kKeys[i];
+        fprintf(f, "| `%s` | %s | ", k->path, kind_doc(k->kind));
+        write_default(f, k);
         fprintf(f, " | ");
         if (k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64 || k->kind == ZPP_CFG_SEED) {
             if (k->hi == INT_MAX) fprintf(f, ">= %lld", k->lo);
@@ -540,7 +535,7 @@ void zpp_train_config_write_keys(FILE *f) {
 /* Validation                                                                */
 /* ------------------------------------------------------------------------ */
 
-static int zpp__sched_total(const zpp_train_config *cfg) {
+static int sched_total(const zpp_train_config *cfg) {
     return cfg->scheduler.total_num_steps > 0 ? cfg->scheduler.total_num_steps
                                               : cfg->train_steps;
 }
@@ -548,7 +543,7 @@ static int zpp__sched_total(const zpp_train_config *cfg) {
 /* The model's shape and the run's step counts: every count at least 1, the
  * heads splitting the channels evenly, the real vocabulary inside the
  * padded one. */
-static zpp_status zpp__validate_shape(const zpp_train_config *cfg) {
+static zpp_status validate_shape(const zpp_train_config *cfg) {
     const zpp_gpt2_config *m = &cfg->model;
 #define ZPP__POS(val, key)                                                     \
     if ((val) < 1) return zpp_error(ZPP_ERR_CONFIG, "'%s' must be >= 1, got %d", key, (int)(val))
@@ -575,7 +570,7 @@ static zpp_status zpp__validate_shape(const zpp_train_config *cfg) {
 
 /* The batch sizes (0 = derived from the others), the hpZ partition, and how
  * often the run evaluates, prints and samples. */
-static zpp_status zpp__validate_batches_and_periods(const zpp_train_config *cfg) {
+static zpp_status validate_batches_and_periods(const zpp_train_config *cfg) {
     if (cfg->train_batch_size < 0 || cfg->train_micro_batch_size_per_gpu < 0 ||
         cfg->gradient_accumulation_steps < 0)
         return zpp_error(ZPP_ERR_CONFIG, "batch sizes must be >= 1 (0 = derive)");
@@ -598,7 +593,7 @@ static zpp_status zpp__validate_batches_and_periods(const zpp_train_config *cfg)
 /* AdamW: lr > 0; betas in [0, 1) so the moment averages forget (and the
  * bias corrections 1 - beta^t stay nonzero); eps > 0 keeps the division
  * by sqrt(v) + eps finite. */
-static zpp_status zpp__validate_optimizer(const zpp_train_config *cfg) {
+static zpp_status validate_optimizer(const zpp_train_config *cfg) {
     const double lr = cfg->optimizer.lr, b1 = cfg->optimizer.beta1, b2 = cfg->optimizer.beta2;
     if (!(lr > 0) || !isfinite(lr))
         return zpp_error(ZPP_ERR_CONFIG, "'optimizer.params.lr' must be > 0, got %g", lr);
@@ -613,7 +608,7 @@ static zpp_status zpp__validate_optimizer(const zpp_train_config *cfg) {
 
 /* The run's non-negative real knobs: the collectives' and saves' deadlines,
  * the peak the MFU is measured against, and the gradient clipping norm. */
-static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
+static zpp_status validate_run_limits(const zpp_train_config *cfg) {
     if (!(cfg->collective_timeout_s >= 0) || !isfinite(cfg->collective_timeout_s))
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zeropp.collective_timeout_s' must be >= 0 seconds (0 = wait forever), "
@@ -636,7 +631,7 @@ static zpp_status zpp__validate_run_limits(const zpp_train_config *cfg) {
 
 /* qgZ's options: error feedback (LoCo) and stochastic rounding both act on
  * the int4 gradients, so they need qgZ on. */
-static zpp_status zpp__validate_qgz(const zpp_train_config *cfg) {
+static zpp_status validate_qgz(const zpp_train_config *cfg) {
     if (cfg->zero.loco)
         ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_loco_err_beta, cfg->zero.loco_err_beta,
                                        "zero_optimization.zeropp_loco_param.err_beta"));
@@ -654,7 +649,7 @@ static zpp_status zpp__validate_qgz(const zpp_train_config *cfg) {
 }
 
 /* Mixed precision: at most one of fp16 and bf16, and fp16's loss scales. */
-static zpp_status zpp__validate_precision(const zpp_train_config *cfg) {
+static zpp_status validate_precision(const zpp_train_config *cfg) {
     if (cfg->fp16.enabled && cfg->bf16)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'fp16.enabled' and 'bf16.enabled' are both true; enable one of them");
@@ -667,7 +662,7 @@ static zpp_status zpp__validate_precision(const zpp_train_config *cfg) {
 
 /* The learning-rate schedule: its type, its step counts, and the lr bounds
  * (WarmupLR, WarmupDecayLR) or ratios (WarmupCosineLR) of its type. */
-static zpp_status zpp__validate_scheduler(const zpp_train_config *cfg) {
+static zpp_status validate_scheduler(const zpp_train_config *cfg) {
     const zpp_sched_type t = cfg->scheduler.type;
     if (t < ZPP_SCHED_NONE || t > ZPP_SCHED_WARMUP_COSINE_LR)
         return zpp_error(ZPP_ERR_CONFIG, "scheduler type %d is not valid", (int)t);
@@ -714,17 +709,17 @@ static zpp_status zpp__validate_scheduler(const zpp_train_config *cfg) {
  * time. */
 zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_validate: cfg is NULL");
-    ZPP_CHECK(zpp__validate_shape(cfg));
-    ZPP_CHECK(zpp__validate_batches_and_periods(cfg));
-    ZPP_CHECK(zpp__validate_optimizer(cfg));
-    ZPP_CHECK(zpp__validate_run_limits(cfg));
-    ZPP_CHECK(zpp__validate_qgz(cfg));
-    ZPP_CHECK(zpp__validate_precision(cfg));
+    ZPP_CHECK(validate_shape(cfg));
+    ZPP_CHECK(validate_batches_and_periods(cfg));
+    ZPP_CHECK(validate_optimizer(cfg));
+    ZPP_CHECK(validate_run_limits(cfg));
+    ZPP_CHECK(validate_qgz(cfg));
+    ZPP_CHECK(validate_precision(cfg));
     if (cfg->zero.stage != 3)
         return zpp_error(ZPP_ERR_UNSUPPORTED,
                          "zero_optimization.stage is %d; zeropp implements stage 3 only",
                          cfg->zero.stage);
-    return zpp__validate_scheduler(cfg);
+    return validate_scheduler(cfg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -732,7 +727,7 @@ zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
 /* ------------------------------------------------------------------------ */
 
 /* 1-based line and column of byte `pos` of `text`. */
-static void zpp__line_col(const char *text, const char *pos, int *line_p, int *col_p) {
+static void line_col(const char *text, const char *pos, int *line_p, int *col_p) {
     int line = 1, col = 1;
     for (const char *p = text; p < pos && *p; p++) {
         if (*p == '\n') {
@@ -757,7 +752,7 @@ static void zpp__line_col(const char *text, const char *pos, int *line_p, int *c
  * one line giving the byte offset, on: numbers outside the JSON grammar
  * (leading zeros, a sign '+', a bare '.', an empty exponent), \u0000 in a
  * string, raw control characters in a string and bad escapes. (Duplicate
- * keys are refused by the walk over the parsed tree, zpp__check_duplicate,
+ * keys are refused by the walk over the parsed tree, check_duplicate,
  * with the key's dotted path.)
  */
 #define ZPP__JSON_DEPTH 512
@@ -767,10 +762,10 @@ typedef struct zpp__scan {
     zpp_status st;
 } zpp__scan;
 
-static int zpp__scan_fail(zpp__scan *s, const char *at, const char *fmt, const char *arg) {
+static int scan_fail(zpp__scan *s, const char *at, const char *fmt, const char *arg) {
     if (s->st != ZPP_OK) return -1;
     int line, col;
-    zpp__line_col(s->text, at, &line, &col);
+    line_col(s->text, at, &line, &col);
     char why[160];
     snprintf(why, sizeof why, fmt, arg);
     s->st = zpp_error(ZPP_ERR_FORMAT, "%s: invalid JSON at line %d, column %d (byte offset %zu): %s",
@@ -778,24 +773,26 @@ static int zpp__scan_fail(zpp__scan *s, const char *at, const char *fmt, const c
     return -1;
 }
 
-static void zpp__scan_ws(zpp__scan *s) {
+static void scan_ws(zpp__scan *s) {
     while (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r') s->p++;
 }
 
-static int zpp__is_hex(char c) {
+static int is_hex(char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
 /* A string at s->p (on its '"'); leaves s->p past the closing quote. */
-static int zpp__scan_string(zpp__scan *s) {
+static int scan_string(zpp__scan *s) {
     const char *q = s->p + 1;
     for (;;) {
         unsigned char c = (unsigned char)*q;
-        if (c == '\0') return zpp__scan_fail(s, s->p, "%sunterminated string", "");
+        if (c == '\0') return scan_fail(s, s->p, "%sunterminated string", "");
         if (c == '"') break;
         if (c < 0x20)
-            return zpp__scan_fail(s, q, "%sa raw control character in a string (write it as "
-                                  "an escape, e.g. \\n)", "");
+            return scan_fail(s, q,
+                             "%sa raw control character in a string (write it as "
+                             "an escape, e.g. \\n)",
+                             "");
         if (c != '\\') {
             q++;
             continue;
@@ -803,23 +800,24 @@ static int zpp__scan_string(zpp__scan *s) {
         char e = q[1];
         if (e == 'u') {
             for (int k = 2; k < 6; k++)
-                if (!zpp__is_hex(q[k]))
-                    return zpp__scan_fail(s, q, "%sa \\u escape needs 4 hex digits", "");
+                if (!is_hex(q[k])) return scan_fail(s, q, "%sa \\u escape needs 4 hex digits", "");
             if (q[2] == '0' && q[3] == '0' && q[4] == '0' && q[5] == '0')
-                return zpp__scan_fail(s, q, "%sa string holds \\u0000 (a NUL character); no "
-                                      "key or value may contain one", "");
+                return scan_fail(s, q,
+                                 "%sa string holds \\u0000 (a NUL character); no "
+                                 "key or value may contain one",
+                                 "");
             q += 6;
         } else if (e && strchr("\"\\/bfnrt", e)) {
             q += 2;
         } else {
-            return zpp__scan_fail(s, q, "%sunknown escape in a string", "");
+            return scan_fail(s, q, "%sunknown escape in a string", "");
         }
     }
     s->p = q + 1;
     return 0;
 }
 
-static int zpp__scan_number(zpp__scan *s) {
+static int scan_number(zpp__scan *s) {
     const char *q = s->p, *start = s->p;
     char tok[32];
     size_t k = 0;
@@ -830,48 +828,47 @@ static int zpp__scan_number(zpp__scan *s) {
     if (*q == '0') {
         q++;
         if (*q >= '0' && *q <= '9')
-            return zpp__scan_fail(s, start, "number '%s' has a leading zero (write 1, not 01)",
-                                  tok);
+            return scan_fail(s, start, "number '%s' has a leading zero (write 1, not 01)", tok);
     } else if (*q >= '1' && *q <= '9') {
         while (*q >= '0' && *q <= '9') q++;
     } else {
-        return zpp__scan_fail(s, start, "'%s' is not a JSON number", tok);
+        return scan_fail(s, start, "'%s' is not a JSON number", tok);
     }
     if (*q == '.') {
         q++;
         if (!(*q >= '0' && *q <= '9'))
-            return zpp__scan_fail(s, start, "number '%s' needs digits after its '.'", tok);
+            return scan_fail(s, start, "number '%s' needs digits after its '.'", tok);
         while (*q >= '0' && *q <= '9') q++;
     }
     if (*q == 'e' || *q == 'E') {
         q++;
         if (*q == '+' || *q == '-') q++;
         if (!(*q >= '0' && *q <= '9'))
-            return zpp__scan_fail(s, start, "number '%s' needs digits in its exponent", tok);
+            return scan_fail(s, start, "number '%s' needs digits in its exponent", tok);
         while (*q >= '0' && *q <= '9') q++;
     }
     s->p = q;
     return 0;
 }
 
-static int zpp__scan_value(zpp__scan *s, int depth);
+static int scan_value(zpp__scan *s, int depth);
 
-static int zpp__scan_object(zpp__scan *s, int depth) {
+static int scan_object(zpp__scan *s, int depth) {
     s->p++; /* '{' */
-    zpp__scan_ws(s);
+    scan_ws(s);
     if (*s->p == '}') {
         s->p++;
         return 0;
     }
     for (;;) {
-        zpp__scan_ws(s);
-        if (*s->p != '"') return zpp__scan_fail(s, s->p, "%sexpected a key (a string)", "");
-        if (zpp__scan_string(s)) return -1;
-        zpp__scan_ws(s);
-        if (*s->p != ':') return zpp__scan_fail(s, s->p, "%sexpected ':' after a key", "");
+        scan_ws(s);
+        if (*s->p != '"') return scan_fail(s, s->p, "%sexpected a key (a string)", "");
+        if (scan_string(s)) return -1;
+        scan_ws(s);
+        if (*s->p != ':') return scan_fail(s, s->p, "%sexpected ':' after a key", "");
         s->p++;
-        if (zpp__scan_value(s, depth + 1)) return -1;
-        zpp__scan_ws(s);
+        if (scan_value(s, depth + 1)) return -1;
+        scan_ws(s);
         if (*s->p == ',') {
             s->p++;
             continue;
@@ -880,20 +877,20 @@ static int zpp__scan_object(zpp__scan *s, int depth) {
             s->p++;
             return 0;
         }
-        return zpp__scan_fail(s, s->p, "%sexpected ',' or '}' in an object", "");
+        return scan_fail(s, s->p, "%sexpected ',' or '}' in an object", "");
     }
 }
 
-static int zpp__scan_array(zpp__scan *s, int depth) {
+static int scan_array(zpp__scan *s, int depth) {
     s->p++; /* '[' */
-    zpp__scan_ws(s);
+    scan_ws(s);
     if (*s->p == ']') {
         s->p++;
         return 0;
     }
     for (;;) {
-        if (zpp__scan_value(s, depth + 1)) return -1;
-        zpp__scan_ws(s);
+        if (scan_value(s, depth + 1)) return -1;
+        scan_ws(s);
         if (*s->p == ',') {
             s->p++;
             continue;
@@ -902,19 +899,18 @@ static int zpp__scan_array(zpp__scan *s, int depth) {
             s->p++;
             return 0;
         }
-        return zpp__scan_fail(s, s->p, "%sexpected ',' or ']' in an array", "");
+        return scan_fail(s, s->p, "%sexpected ',' or ']' in an array", "");
     }
 }
 
-static int zpp__scan_value(zpp__scan *s, int depth) {
-    if (depth > ZPP__JSON_DEPTH)
-        return zpp__scan_fail(s, s->p, "%snested too deeply", "");
-    zpp__scan_ws(s);
+static int scan_value(zpp__scan *s, int depth) {
+    if (depth > ZPP__JSON_DEPTH) return scan_fail(s, s->p, "%snested too deeply", "");
+    scan_ws(s);
     const char c = *s->p;
-    if (c == '{') return zpp__scan_object(s, depth);
-    if (c == '[') return zpp__scan_array(s, depth);
-    if (c == '"') return zpp__scan_string(s);
-    if (c == '-' || (c >= '0' && c <= '9')) return zpp__scan_number(s);
+    if (c == '{') return scan_object(s, depth);
+    if (c == '[') return scan_array(s, depth);
+    if (c == '"') return scan_string(s);
+    if (c == '-' || (c >= '0' && c <= '9')) return scan_number(s);
     static const char *const lit[] = {"true", "false", "null"};
     for (int i = 0; i < 3; i++) {
         size_t n = strlen(lit[i]);
@@ -923,21 +919,21 @@ static int zpp__scan_value(zpp__scan *s, int depth) {
             return 0;
         }
     }
-    return zpp__scan_fail(s, s->p, "%sexpected a value", "");
+    return scan_fail(s, s->p, "%sexpected a value", "");
 }
 
 /* ZPP_OK when `json` is one strict JSON value (and nothing else), else
  * ZPP_ERR_FORMAT with the line, column and byte offset. */
-static zpp_status zpp__json_strict(const char *json, const char *src) {
+static zpp_status json_strict(const char *json, const char *src) {
     zpp__scan s = {json, json, src, ZPP_OK};
-    if (zpp__scan_value(&s, 0) == 0) {
-        zpp__scan_ws(&s);
-        if (*s.p) zpp__scan_fail(&s, s.p, "%stext after the JSON value", "");
+    if (scan_value(&s, 0) == 0) {
+        scan_ws(&s);
+        if (*s.p) scan_fail(&s, s.p, "%stext after the JSON value", "");
     }
     return s.st;
 }
 
-static zpp_status zpp__load(const char *json, const char *src, zpp_train_config *cfg) {
+static zpp_status load_json(const char *json, const char *src, zpp_train_config *cfg) {
     if (!json || !cfg) return zpp_error(ZPP_ERR_INVALID, "config: NULL argument");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
@@ -945,7 +941,7 @@ static zpp_status zpp__load(const char *json, const char *src, zpp_train_config 
         const char *at = end ? end : cJSON_GetErrorPtr();
         if (!at) at = json;
         int line, col;
-        zpp__line_col(json, at, &line, &col);
+        line_col(json, at, &line, &col);
         char near[24];
         size_t k = 0;
         for (const char *p = at; *p && *p != '\n' && k < sizeof near - 1; p++) near[k++] = *p;
@@ -957,14 +953,14 @@ static zpp_status zpp__load(const char *json, const char *src, zpp_train_config 
                          "end of input)", src, line, col);
     }
     /* cJSON's verdict (and its messages) first; then what it lets through */
-    zpp_status st = zpp__json_strict(json, src);
+    zpp_status st = json_strict(json, src);
     if (st != ZPP_OK) {
         cJSON_Delete(root);
         return st;
     }
     zpp_train_config tmp = *cfg;
     zpp__cfgctx c = {src, &tmp};
-    st = zpp__parse_root(&c, root);
+    st = parse_root(&c, root);
     cJSON_Delete(root);
     if (st != ZPP_OK) return st;
     st = zpp_train_config_validate(&tmp);
@@ -974,7 +970,7 @@ static zpp_status zpp__load(const char *json, const char *src, zpp_train_config 
 }
 
 zpp_status zpp_train_config_load_string(const char *json, zpp_train_config *cfg) {
-    return zpp__load(json, "<string>", cfg);
+    return load_json(json, "<string>", cfg);
 }
 
 zpp_status zpp_train_config_load_file(const char *path, zpp_train_config *cfg) {
@@ -1014,7 +1010,7 @@ zpp_status zpp_train_config_load_file(const char *path, zpp_train_config *cfg) {
                        "not a JSON text file", path, strlen(buf));
         goto out;
     }
-    st = zpp__load(buf, path, cfg);
+    st = load_json(buf, path, cfg);
 out:
     free(buf);
     fclose(f);
@@ -1031,9 +1027,9 @@ out:
  * that is given (0 = derived is not a value), not an ignored knob. */
 /* Whether key k lies inside a feature object that is off in cfg (a
  * zeropp_loco_param member while the feedback is off). */
-static int zpp__key_in_off_object(const zpp__key *k, const zpp_train_config *cfg) {
+static int key_in_off_object(const zpp__key *k, const zpp_train_config *cfg) {
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *o = &zpp__keys[i];
+        const zpp__key *o = &kKeys[i];
         size_t n = strlen(o->path);
         if (o->kind == ZPP_CFG_OBJECT_ON && !*ZPP__AT(cfg, o, int) &&
             !strncmp(k->path, o->path, n) && k->path[n] == '.')
@@ -1042,11 +1038,11 @@ static int zpp__key_in_off_object(const zpp__key *k, const zpp_train_config *cfg
     return 0;
 }
 
-static int zpp__key_in_effect(const zpp__key *k, const zpp_train_config *cfg) {
+static int key_in_effect(const zpp__key *k, const zpp_train_config *cfg) {
     if (k->kind == ZPP_CFG_IGNORED || k->kind == ZPP_CFG_OBJECT) return 0;
     if (cfg->scheduler.type == ZPP_SCHED_NONE && !strncmp(k->path, "scheduler.", 10)) return 0;
     if (k->sched && !(k->sched & (1u << cfg->scheduler.type))) return 0;
-    if (zpp__key_in_off_object(k, cfg)) return 0;
+    if (key_in_off_object(k, cfg)) return 0;
     if ((k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64) &&
         (k->kind == ZPP_CFG_INT ? (long long)*ZPP__AT(cfg, k, int)
                                 : *ZPP__AT(cfg, k, long long)) < k->lo)
@@ -1055,7 +1051,7 @@ static int zpp__key_in_effect(const zpp__key *k, const zpp_train_config *cfg) {
 }
 
 /* The shortest "%.Ng" that reads back as exactly v. */
-static void zpp__num_text(char *buf, size_t cap, double v) {
+static void num_text(char *buf, size_t cap, double v) {
     for (int digits = 6; digits <= 17; digits++) {
         snprintf(buf, cap, "%.*g", digits, v);
         if (strtod(buf, NULL) == v) return;
@@ -1064,13 +1060,13 @@ static void zpp__num_text(char *buf, size_t cap, double v) {
 
 /* Key k's value as JSON text (a string quoted), or "derived" / "off" where
  * the key is not in effect. */
-static void zpp__value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf,
-                            size_t cap) {
+static void value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf, size_t cap) {
     char a[40], b[40];
-    if (!zpp__key_in_effect(k, cfg)) {
+    if (!key_in_effect(k, cfg)) {
         const char *why = "(unset)";
         if (k->kind == ZPP_CFG_SCHED_TYPE) why = "\"none\"";
-        else if (zpp__key_in_off_object(k, cfg)) why = "(off)";
+        else if (key_in_off_object(k, cfg))
+            why = "(off)";
         else if ((k->kind == ZPP_CFG_INT || k->kind == ZPP_CFG_I64) && k->def[0] < (double)k->lo)
             why = "derived";
         snprintf(buf, cap, "%s", why);
@@ -1083,14 +1079,14 @@ static void zpp__value_text(const zpp__key *k, const zpp_train_config *cfg, char
     case ZPP_CFG_SEED:
         snprintf(buf, cap, "%llu", (unsigned long long)*ZPP__AT(cfg, k, uint64_t));
         break;
-    case ZPP_CFG_NUM: zpp__num_text(buf, cap, *ZPP__AT(cfg, k, double)); break;
+    case ZPP_CFG_NUM: num_text(buf, cap, *ZPP__AT(cfg, k, double)); break;
     case ZPP_CFG_BOOL:
     case ZPP_CFG_OBJECT_ON:
         snprintf(buf, cap, "%s", *ZPP__AT(cfg, k, int) ? "true" : "false");
         break;
     case ZPP_CFG_BETAS:
-        zpp__num_text(a, sizeof a, cfg->optimizer.beta1);
-        zpp__num_text(b, sizeof b, cfg->optimizer.beta2);
+        num_text(a, sizeof a, cfg->optimizer.beta1);
+        num_text(b, sizeof b, cfg->optimizer.beta2);
         snprintf(buf, cap, "[%s, %s]", a, b);
         break;
     case ZPP_CFG_OPT_TYPE: snprintf(buf, cap, "\"AdamW\""); break;
@@ -1110,7 +1106,7 @@ static void zpp__value_text(const zpp__key *k, const zpp_train_config *cfg, char
 }
 
 /* The object at dotted `parent` under root, made where missing. */
-static cJSON *zpp__json_object_at(cJSON *root, const char *parent) {
+static cJSON *json_object_at(cJSON *root, const char *parent) {
     cJSON *o = root;
     char part[ZPP__PATH_CAP];
     for (const char *p = parent; o && *p;) {
@@ -1133,20 +1129,20 @@ char *zpp_train_config_to_json(const zpp_train_config *cfg) {
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
     for (size_t i = 0; ok && i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
-        if (!zpp__key_in_effect(k, cfg)) continue;
+        const zpp__key *k = &kKeys[i];
+        if (!key_in_effect(k, cfg)) continue;
         char parent[ZPP__PATH_CAP], text[96];
-        size_t plen = (size_t)(zpp__key_name(k) - k->path);
+        size_t plen = (size_t)(key_name(k) - k->path);
         snprintf(parent, sizeof parent, "%.*s", (int)(plen ? plen - 1 : 0), k->path);
-        cJSON *o = zpp__json_object_at(root, parent);
+        cJSON *o = json_object_at(root, parent);
         if (k->kind == ZPP_CFG_OBJECT_ON) { /* present = on */
-            if (*ZPP__AT(cfg, k, int)) ok = o && zpp__json_object_at(o, zpp__key_name(k));
+            if (*ZPP__AT(cfg, k, int)) ok = o && json_object_at(o, key_name(k));
             continue;
         }
         /* the value's own text, verbatim: cJSON prints a number with 15
          * digits when that reads back within an ulp, which is not exact */
-        zpp__value_text(k, cfg, text, sizeof text);
-        ok = o && cJSON_AddRawToObject(o, zpp__key_name(k), text);
+        value_text(k, cfg, text, sizeof text);
+        ok = o && cJSON_AddRawToObject(o, key_name(k), text);
     }
     char *out = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
@@ -1162,17 +1158,17 @@ int zpp_train_config_diff(const zpp_train_config *old, const zpp_train_config *n
     size_t k_out = 0;
     if (cap) out[0] = '\0';
     for (size_t i = 0; i < ZPP__NKEYS; i++) {
-        const zpp__key *k = &zpp__keys[i];
+        const zpp__key *k = &kKeys[i];
         /* the keys this run uses, and those the saved one used that are
          * not part of a scheduler or feature now gone (its switch says it) */
         if (k->kind == ZPP_CFG_IGNORED || k->kind == ZPP_CFG_OBJECT) continue;
-        int gone = k->sched || zpp__key_in_off_object(k, now) ||
+        int gone = k->sched || key_in_off_object(k, now) ||
                    (now->scheduler.type == ZPP_SCHED_NONE && !strncmp(k->path, "scheduler.", 10) &&
                     k->kind != ZPP_CFG_SCHED_TYPE);
-        if (!zpp__key_in_effect(k, now) && (gone || !zpp__key_in_effect(k, old))) continue;
+        if (!key_in_effect(k, now) && (gone || !key_in_effect(k, old))) continue;
         char a[96], b[96];
-        zpp__value_text(k, old, a, sizeof a);
-        zpp__value_text(k, now, b, sizeof b);
+        value_text(k, old, a, sizeof a);
+        value_text(k, now, b, sizeof b);
         if (!strcmp(a, b)) continue;
         /* strings without their quotes: this is for people */
         char *pa = a, *pb = b;
@@ -1188,7 +1184,7 @@ int zpp_train_config_diff(const zpp_train_config *old, const zpp_train_config *n
 int zpp_train_schedule_length(const zpp_train_config *cfg) {
     const zpp_sched_type t = cfg->scheduler.type;
     if (t != ZPP_SCHED_WARMUP_DECAY_LR && t != ZPP_SCHED_WARMUP_COSINE_LR) return 0;
-    return zpp__sched_total(cfg);
+    return sched_total(cfg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1196,14 +1192,14 @@ int zpp_train_schedule_length(const zpp_train_config *cfg) {
 /* ------------------------------------------------------------------------ */
 
 /* The key at a full dotted path, or NULL. */
-static const zpp__key *zpp__key_at(const char *path) {
+static const zpp__key *key_at(const char *path) {
     for (size_t i = 0; i < ZPP__NKEYS; i++)
-        if (!strcmp(zpp__keys[i].path, path)) return &zpp__keys[i];
+        if (!strcmp(kKeys[i].path, path)) return &kKeys[i];
     return NULL;
 }
 
 /* Puts the value of one "KEY=VALUE" into the tree at its dotted path. */
-static zpp_status zpp__set_one(cJSON *root, const char *assignment) {
+static zpp_status set_one(cJSON *root, const char *assignment) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment || eq[1] == '\0')
         return zpp_error(ZPP_ERR_CONFIG,
@@ -1215,7 +1211,7 @@ static zpp_status zpp__set_one(cJSON *root, const char *assignment) {
         return zpp_error(ZPP_ERR_CONFIG, "--set: key '%.*s...' is too long", 40, assignment);
     snprintf(path, sizeof path, "%.*s", (int)(eq - assignment), assignment);
     const char *value = eq + 1;
-    const zpp__key *k = zpp__key_at(path);
+    const zpp__key *k = key_at(path);
     /* A string key takes a bare word (--set scheduler.type=WarmupLR); any
      * other value is JSON: a number, true/false, [a, b], {}. */
     int word = k && (k->kind == ZPP_CFG_OPT_TYPE || k->kind == ZPP_CFG_SCHED_TYPE ||
@@ -1233,11 +1229,11 @@ static zpp_status zpp__set_one(cJSON *root, const char *assignment) {
         return zpp_error(ZPP_ERR_CONFIG,
                          "--set %s: '%s' is not a value (a number, true or false, [a, b], or "
                          "\"text\"); '%s' takes a value of type %s",
-                         path, value, path, k ? zpp__kind_doc(k->kind) : "a JSON value");
+                         path, value, path, k ? kind_doc(k->kind) : "a JSON value");
     const char *dot = strrchr(path, '.');
     char parent[ZPP__PATH_CAP];
     snprintf(parent, sizeof parent, "%.*s", dot ? (int)(dot - path) : 0, path);
-    cJSON *o = zpp__json_object_at(root, parent);
+    cJSON *o = json_object_at(root, parent);
     const char *name = dot ? dot + 1 : path;
     if (o && cJSON_GetObjectItemCaseSensitive(o, name)) /* a later --set of a key wins */
         cJSON_DeleteItemFromObjectCaseSensitive(o, name);
@@ -1255,14 +1251,14 @@ zpp_status zpp_train_config_set(zpp_train_config *cfg, const char *const *assign
     cJSON *root = cJSON_CreateObject();
     if (!root) return zpp_error(ZPP_ERR_NOMEM, "--set: out of memory");
     zpp_status st = ZPP_OK;
-    for (int i = 0; i < n && st == ZPP_OK; i++) st = zpp__set_one(root, assignments[i]);
+    for (int i = 0; i < n && st == ZPP_OK; i++) st = set_one(root, assignments[i]);
     char *text = st == ZPP_OK ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (st != ZPP_OK) return st;
     if (!text) return zpp_error(ZPP_ERR_NOMEM, "--set: out of memory");
     /* one load of all of them, so that settings that must change together
      * (bf16 off, fp16 on) are checked together */
-    st = zpp__load(text, "--set", cfg);
+    st = load_json(text, "--set", cfg);
     cJSON_free(text);
     return st;
 }
@@ -1349,7 +1345,7 @@ double zpp_train_lr(const zpp_train_config *cfg, long step) {
     const zpp_sched_type t = cfg->scheduler.type;
     if (t == ZPP_SCHED_NONE) return cfg->optimizer.lr;
     const long W = cfg->scheduler.warmup_num_steps;
-    const long N = zpp__sched_total(cfg);
+    const long N = sched_total(cfg);
     /* g: how far through the warm-up, 0 at s = 0, 1 from s = W on. The log
      * form rises fast and flattens (ln(s+1)/ln(W) reaches 1 at s = W - 1). */
     double g = 1.0;

@@ -35,8 +35,7 @@ struct zpp_data {
 /* Hashing and the keyed permutation                                         */
 /* ------------------------------------------------------------------------ */
 
-
-static uint64_t zpp__key(uint64_t seed, uint64_t epoch, uint64_t what) {
+static uint64_t feistel_key(uint64_t seed, uint64_t epoch, uint64_t what) {
     return zpp_hash64(zpp_hash64(seed ^ (what * 0xd1342543de82ef95ull)) + epoch);
 }
 
@@ -44,7 +43,7 @@ static uint64_t zpp__key(uint64_t seed, uint64_t epoch, uint64_t what) {
  * four rounds of (L, R) <- (R, L xor F(R)). Each round is invertible
  * whatever F is (L = R' xor F(L')), so the whole map is a bijection of
  * [0, 4^h): a pseudo-random permutation chosen by `key`, with no table. */
-static uint64_t zpp__feistel(uint64_t x, int h, uint64_t key) {
+static uint64_t feistel(uint64_t x, int h, uint64_t key) {
     const uint64_t mask = (1ull << h) - 1;
     uint64_t L = x >> h, R = x & mask;
     for (uint64_t round = 0; round < 4; round++) {
@@ -61,12 +60,12 @@ static uint64_t zpp__feistel(uint64_t x, int h, uint64_t key) {
  * cycle of i inside the big permutation reaches the next element of [0, K)
  * on that cycle, which keeps the map one-to-one. 4^h < 4K, so the expected
  * number of walks is below 4. */
-static uint64_t zpp__permute(uint64_t i, uint64_t K, uint64_t key) {
+static uint64_t permute(uint64_t i, uint64_t K, uint64_t key) {
     int h = 1;
     while (h < 32 && (1ull << (2 * h)) < K) h++;
     uint64_t y = i;
     do {
-        y = zpp__feistel(y, h, key);
+        y = feistel(y, h, key);
     } while (y >= K);
     return y;
 }
@@ -75,7 +74,7 @@ static uint64_t zpp__permute(uint64_t i, uint64_t K, uint64_t key) {
 /* Token access                                                              */
 /* ------------------------------------------------------------------------ */
 
-static inline int32_t zpp__tok_at(const uint8_t *b, int elem, size_t i) {
+static inline int32_t tok_at(const uint8_t *b, int elem, size_t i) {
     if (elem == 1) return b[i];
     if (elem == 4) { /* (a value past INT32_MAX comes out negative: the open refuses it) */
         const uint8_t *p = b + 4 * i;
@@ -89,7 +88,7 @@ static inline int32_t zpp__tok_at(const uint8_t *b, int elem, size_t i) {
 /* Reads bytes [off, off + n) of the data file (off counted from the file's
  * start) into buf: all of them, or ZPP_ERR_IO naming the file and, when it
  * shrank since it was opened, its old and new sizes. */
-static zpp_status zpp__pread_all(const zpp_data *d, void *buf, size_t n, size_t off) {
+static zpp_status pread_all(const zpp_data *d, void *buf, size_t n, size_t off) {
     uint8_t *b = buf;
     while (n > 0) {
         ssize_t got = pread(d->fd, b, n, (off_t)off);
@@ -121,32 +120,32 @@ static zpp_status zpp__pread_all(const zpp_data *d, void *buf, size_t n, size_t 
  * then widen in place from the back (int32 t lies at bytes >= 4 t, beyond
  * the elem bytes of tokens < t). uint32 tokens (elem 4) are T + 1 int32,
  * one more than the buffer: the last comes with a read of its own. */
-static zpp_status zpp__read_seq(const zpp_data *d, size_t start, int32_t *tokens,
+static zpp_status read_seq(const zpp_data *d, size_t start, int32_t *tokens,
                                 int32_t *targets) {
     const int T = d->T;
     const uint8_t *src = d->tok ? d->tok + (size_t)d->elem * start : NULL;
     if (!src && d->elem == 4) {
         const size_t off = d->tok_off + 4 * start;
         uint8_t last[4];
-        ZPP_CHECK(zpp__pread_all(d, tokens, 4 * (size_t)T, off));
-        ZPP_CHECK(zpp__pread_all(d, last, 4, off + 4 * (size_t)T));
+        ZPP_CHECK(pread_all(d, tokens, 4 * (size_t)T, off));
+        ZPP_CHECK(pread_all(d, last, 4, off + 4 * (size_t)T));
         src = (const uint8_t *)tokens;
-        for (int t = 0; t + 1 < T; t++) targets[t] = zpp__tok_at(src, 4, (size_t)t + 1);
-        targets[T - 1] = zpp__tok_at(last, 4, 0);
-        for (int t = 0; t < T; t++) tokens[t] = zpp__tok_at(src, 4, (size_t)t); /* in place */
+        for (int t = 0; t + 1 < T; t++) targets[t] = tok_at(src, 4, (size_t)t + 1);
+        targets[T - 1] = tok_at(last, 4, 0);
+        for (int t = 0; t < T; t++) tokens[t] = tok_at(src, 4, (size_t)t); /* in place */
         return ZPP_OK;
     }
     if (!src) {
-        ZPP_CHECK(zpp__pread_all(d, tokens, (size_t)(T + 1) * (size_t)d->elem,
-                                 d->tok_off + (size_t)d->elem * start));
+        ZPP_CHECK(pread_all(d, tokens, (size_t)(T + 1) * (size_t)d->elem,
+                            d->tok_off + (size_t)d->elem * start));
         src = (const uint8_t *)tokens;
     }
-    for (int t = 0; t < T; t++) targets[t] = zpp__tok_at(src, d->elem, (size_t)t + 1);
-    for (int t = T - 1; t >= 0; t--) tokens[t] = zpp__tok_at(src, d->elem, (size_t)t);
+    for (int t = 0; t < T; t++) targets[t] = tok_at(src, d->elem, (size_t)t + 1);
+    for (int t = T - 1; t >= 0; t--) tokens[t] = tok_at(src, d->elem, (size_t)t);
     return ZPP_OK;
 }
 
-static uint32_t zpp__le32(const uint8_t *p) {
+static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
@@ -169,9 +168,9 @@ static uint32_t zpp__le32(const uint8_t *p) {
 #define ZPP__SYN_SEED 0x7a65726f70702121ull /* fixed: the same text for every config */
 
 /* Uniform in [0, 1) from the top 53 bits. */
-static double zpp__rng_unit(uint64_t *s) { return (double)(zpp_splitmix64(s) >> 11) * 0x1.0p-53; }
+static double rng_unit(uint64_t *s) { return (double)(zpp_splitmix64(s) >> 11) * 0x1.0p-53; }
 
-static void zpp__synth_generate(uint8_t *out, size_t n) {
+static void synth_generate(uint8_t *out, size_t n) {
     uint64_t s = ZPP__SYN_SEED;
     char words[ZPP__SYN_WORDS][8];
     int len[ZPP__SYN_WORDS];
@@ -203,13 +202,13 @@ static void zpp__synth_generate(uint8_t *out, size_t n) {
     while (i < n) {
         for (int c = 0; c < len[w] && i < n; c++) out[i++] = (uint8_t)words[w][c];
         if (i >= n) break;
-        if (zpp__rng_unit(&s) < 0.2) {
+        if (rng_unit(&s) < 0.2) {
             out[i++] = '.';
-            if (i < n) out[i++] = zpp__rng_unit(&s) < 0.25 ? '\n' : ' ';
+            if (i < n) out[i++] = rng_unit(&s) < 0.25 ? '\n' : ' ';
             w = (int)(zpp_splitmix64(&s) % ZPP__SYN_STARTERS);
         } else {
             out[i++] = ' ';
-            double u = zpp__rng_unit(&s);
+            double u = rng_unit(&s);
             int k = 0;
             while (k < ZPP__SYN_SUCC - 1 && u >= cum[k]) k++;
             w = succ[w][k];
@@ -232,7 +231,7 @@ const char *zpp_data_kind_name(zpp_data_kind kind) {
 
 /* Opens `path` (a regular file: a FIFO is refused without blocking); an
  * empty file is refused (there is nothing to train on). */
-static zpp_status zpp__open_file(zpp_data *d, const char *path) {
+static zpp_status open_file(zpp_data *d, const char *path) {
     struct stat sb;
     ZPP_CHECK(zpp_open_regular(path, "data", &d->fd, &sb));
     d->path = strdup(path);
@@ -244,7 +243,7 @@ static zpp_status zpp__open_file(zpp_data *d, const char *path) {
 
 /* The offset of the file's first NUL byte into *at_p (file_len when it
  * holds none), reading it in large chunks. */
-static zpp_status zpp__find_nul(zpp_data *d, size_t *at_p) {
+static zpp_status find_nul(zpp_data *d, size_t *at_p) {
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = malloc(CHUNK);
     if (!buf) return zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
@@ -252,7 +251,7 @@ static zpp_status zpp__find_nul(zpp_data *d, size_t *at_p) {
     size_t at = d->file_len;
     for (size_t off = 0; off < d->file_len && st == ZPP_OK && at == d->file_len; off += CHUNK) {
         const size_t m = d->file_len - off < CHUNK ? d->file_len - off : CHUNK;
-        st = zpp__pread_all(d, buf, m, off);
+        st = pread_all(d, buf, m, off);
         const uint8_t *z = st == ZPP_OK ? memchr(buf, 0, m) : NULL;
         if (z) at = off + (size_t)(z - buf);
     }
@@ -265,27 +264,26 @@ static zpp_status zpp__find_nul(zpp_data *d, size_t *at_p) {
  * header, the size and every token against vocab_size. Returns ZPP_OK with
  * *is_llmc_p = 0 when the magic does not match and the file is text (then
  * it is raw text); a binary file with a wrong magic is an error. */
-static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
-                                 int *is_llmc_p) {
+static zpp_status open_llmc(zpp_data *d, const char *path, int vocab_size, int *is_llmc_p) {
     const size_t header_bytes = 4 * ZPP_DATA_LLMC_HEADER_INTS;
     /* the first KiB: the header, and where text is told from binary */
     uint8_t b[1024];
     const size_t head = d->file_len < sizeof b ? d->file_len : sizeof b;
-    ZPP_CHECK(zpp__pread_all(d, b, head, 0));
+    ZPP_CHECK(pread_all(d, b, head, 0));
     *is_llmc_p = 0;
-    if (d->file_len < 4 || zpp__le32(b) != ZPP_DATA_LLMC_MAGIC) {
+    if (d->file_len < 4 || le32(b) != ZPP_DATA_LLMC_MAGIC) {
         /* Not llm.c. Text never holds NUL bytes; a file that does anywhere
          * is binary (most likely a token file with a wrong or damaged
          * header) and reading it as text would train on garbage. */
         size_t nul = 0;
-        ZPP_CHECK(zpp__find_nul(d, &nul));
+        ZPP_CHECK(find_nul(d, &nul));
         if (nul < d->file_len)
             return zpp_error(ZPP_ERR_FORMAT,
                              "data '%s' is not an llm.c token file (its magic is %u, expected "
                              "%d) and not text (it holds a NUL byte at offset %zu); check the "
                              "file",
-                             path, d->file_len >= 4 ? (unsigned)zpp__le32(b) : 0u,
-                             ZPP_DATA_LLMC_MAGIC, nul);
+                             path, d->file_len >= 4 ? (unsigned)le32(b) : 0u, ZPP_DATA_LLMC_MAGIC,
+                             nul);
         return ZPP_OK;
     }
     *is_llmc_p = 1;
@@ -294,14 +292,14 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
                          "data '%s' starts with the llm.c magic %d but has only %zu bytes, "
                          "less than the %zu-byte header: truncated",
                          path, ZPP_DATA_LLMC_MAGIC, d->file_len, header_bytes);
-    uint32_t version = zpp__le32(b + 4);
+    uint32_t version = le32(b + 4);
     if (version != ZPP_DATA_LLMC_VERSION && version != ZPP_DATA_LLMC_VERSION_U32)
         return zpp_error(ZPP_ERR_FORMAT,
                          "data '%s': llm.c token file version %u is not supported; expected "
                          "version %d (uint16 GPT-2 tokens) or %d (uint32 tokens)",
                          path, version, ZPP_DATA_LLMC_VERSION, ZPP_DATA_LLMC_VERSION_U32);
     const size_t elem = version == ZPP_DATA_LLMC_VERSION_U32 ? 4 : 2;
-    int32_t count = (int32_t)zpp__le32(b + 8);
+    int32_t count = (int32_t)le32(b + 8);
     if (count < 0)
         return zpp_error(ZPP_ERR_FORMAT, "data '%s': llm.c header token count %d is negative",
                          path, (int)count);
@@ -327,9 +325,9 @@ static zpp_status zpp__open_llmc(zpp_data *d, const char *path, int vocab_size,
     zpp_status st = ZPP_OK;
     for (size_t i0 = 0; i0 < d->n && st == ZPP_OK; i0 += CHUNK) {
         const size_t m = d->n - i0 < CHUNK ? d->n - i0 : CHUNK;
-        st = zpp__pread_all(d, buf, elem * m, header_bytes + elem * i0);
+        st = pread_all(d, buf, elem * m, header_bytes + elem * i0);
         for (size_t i = 0; i < m && st == ZPP_OK; i++) {
-            int32_t t = zpp__tok_at(buf, (int)elem, i);
+            int32_t t = tok_at(buf, (int)elem, i);
             if (t < 0 || t >= vocab_size) /* (negative: a uint32 past INT32_MAX) */
                 st = zpp_error(ZPP_ERR_CONFIG,
                                "data '%s': token %zu has value %u, not below model.vocab_size "
@@ -370,9 +368,9 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
     d->fd = -1;
 
     if (path) {
-        ZPP_CHECK_GOTO(zpp__open_file(d, path), st, fail);
+        ZPP_CHECK_GOTO(open_file(d, path), st, fail);
         int is_llmc;
-        ZPP_CHECK_GOTO(zpp__open_llmc(d, path, vocab_size, &is_llmc), st, fail);
+        ZPP_CHECK_GOTO(open_llmc(d, path, vocab_size, &is_llmc), st, fail);
         if (!is_llmc) {
             if (vocab_size < 256) {
                 st = zpp_error(ZPP_ERR_CONFIG,
@@ -400,7 +398,7 @@ zpp_status zpp_data_open(const char *path, const zpp_train_config *cfg, zpp_data
             st = zpp_error(ZPP_ERR_NOMEM, "zpp_data_open: out of memory");
             goto fail;
         }
-        zpp__synth_generate(d->owned, ZPP_DATA_SYNTH_TOKENS);
+        synth_generate(d->owned, ZPP_DATA_SYNTH_TOKENS);
         d->kind = ZPP_DATA_SYNTHETIC;
         d->elem = 1;
         d->tok = d->owned;
@@ -457,16 +455,16 @@ void zpp_data_close(zpp_data *d) {
 
 size_t zpp_data_sample_start(const zpp_data *d, uint64_t sample) {
     const uint64_t K = d->K, epoch = sample / K, i = sample % K;
-    const uint64_t w = zpp__permute(i, K, zpp__key(d->seed, epoch, 1));
-    const uint64_t off = zpp__key(d->seed, epoch, 2) % ((uint64_t)d->slack + 1);
+    const uint64_t w = permute(i, K, feistel_key(d->seed, epoch, 1));
+    const uint64_t off = feistel_key(d->seed, epoch, 2) % ((uint64_t)d->slack + 1);
     return (size_t)(off + w * (uint64_t)d->T);
 }
 
 /* The sequential order (data.h): step s reads block s mod E of G T tokens
  * (+1 for the last target), E = floor((n_train - 1) / (G T)) whole blocks
  * in the split; sequence j is tokens [j T, j T + T] of the block. */
-static zpp_status zpp__sequential_start(const zpp_data *d, uint64_t step, uint64_t G,
-                                        uint64_t j, size_t *start_p) {
+static zpp_status sequential_start(const zpp_data *d, uint64_t step, uint64_t G, uint64_t j,
+                                   size_t *start_p) {
     const uint64_t T = (uint64_t)d->T, rows = ((uint64_t)d->n_train - 1) / T;
     if (G > rows)
         return zpp_error(ZPP_ERR_CONFIG,
@@ -490,13 +488,13 @@ zpp_status zpp_data_sequence(const zpp_data *d, uint64_t step, uint64_t global_b
                          (unsigned long long)j, (unsigned long long)global_batch);
     if (d->order == ZPP_DATA_ORDER_SEQUENTIAL) {
         size_t start = 0;
-        ZPP_CHECK(zpp__sequential_start(d, step, global_batch, j, &start));
-        return zpp__read_seq(d, start, tokens, targets);
+        ZPP_CHECK(sequential_start(d, step, global_batch, j, &start));
+        return read_seq(d, start, tokens, targets);
     }
     if (step > (UINT64_MAX - j) / global_batch)
         return zpp_error(ZPP_ERR_INVALID, "zpp_data_sequence: step %llu overflows the sample "
                          "counter", (unsigned long long)step);
-    return zpp__read_seq(d, zpp_data_sample_start(d, step * global_batch + j), tokens, targets);
+    return read_seq(d, zpp_data_sample_start(d, step * global_batch + j), tokens, targets);
 }
 
 zpp_status zpp_data_batch(const zpp_data *d, uint64_t step, int micro_step, int rank,
@@ -524,37 +522,36 @@ zpp_status zpp_data_batch(const zpp_data *d, uint64_t step, int micro_step, int 
 
 /* Batch `index` of B fixed windows of T + 1 tokens: windows
  * (index * B + b) mod K, window w starting at base + w * T. */
-static zpp_status zpp__window_batch(const zpp_data *d, size_t base, uint64_t K, uint64_t index,
-                                    int B, int32_t *tokens, int32_t *targets, const char *fn) {
+static zpp_status window_batch(const zpp_data *d, size_t base, uint64_t K, uint64_t index, int B,
+                               int32_t *tokens, int32_t *targets, const char *fn) {
     if (!d || !tokens || !targets) return zpp_error(ZPP_ERR_INVALID, "%s: NULL argument", fn);
     if (B < 1) return zpp_error(ZPP_ERR_INVALID, "%s: batch %d < 1", fn, B);
     /* (index * B + b) mod K, computed without overflowing index * B. */
     const uint64_t first = ((index % K) * ((uint64_t)B % K)) % K;
     for (int b = 0; b < B; b++) {
         const uint64_t w = (first + (uint64_t)b) % K;
-        ZPP_CHECK(zpp__read_seq(d, base + (size_t)w * (size_t)d->T, tokens + (size_t)b * d->T,
-                                targets + (size_t)b * d->T));
+        ZPP_CHECK(read_seq(d, base + (size_t)w * (size_t)d->T, tokens + (size_t)b * d->T,
+                           targets + (size_t)b * d->T));
     }
     return ZPP_OK;
 }
 
 zpp_status zpp_data_val_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
                               int32_t *targets) {
-    return zpp__window_batch(d, d ? d->n_train : 0, d ? d->K_val : 1, index, B, tokens, targets,
-                             "zpp_data_val_batch");
+    return window_batch(d, d ? d->n_train : 0, d ? d->K_val : 1, index, B, tokens, targets,
+                        "zpp_data_val_batch");
 }
 
 zpp_status zpp_data_train_eval_batch(const zpp_data *d, uint64_t index, int B, int32_t *tokens,
                                      int32_t *targets) {
-    return zpp__window_batch(d, 0, d ? d->K : 1, index, B, tokens, targets,
-                             "zpp_data_train_eval_batch");
+    return window_batch(d, 0, d ? d->K : 1, index, B, tokens, targets, "zpp_data_train_eval_batch");
 }
 
 /* ------------------------------------------------------------------------ */
 /* Queries                                                                   */
 /* ------------------------------------------------------------------------ */
 
-zpp_data_info zpp_data_get_info(const zpp_data *d) {
+zpp_data_info zpp_data_info_get(const zpp_data *d) {
     zpp_data_info info = {
         .kind = d->kind,
         .n_tokens = d->n,
@@ -572,9 +569,9 @@ zpp_data_info zpp_data_get_info(const zpp_data *d) {
 
 int32_t zpp_data_token(const zpp_data *d, size_t i) {
     if (i >= d->n) return -1;
-    if (d->tok) return zpp__tok_at(d->tok, d->elem, i);
+    if (d->tok) return tok_at(d->tok, d->elem, i);
     uint8_t b[4];
-    if (zpp__pread_all(d, b, (size_t)d->elem, d->tok_off + (size_t)d->elem * i) != ZPP_OK)
+    if (pread_all(d, b, (size_t)d->elem, d->tok_off + (size_t)d->elem * i) != ZPP_OK)
         return -1;
-    return zpp__tok_at(b, d->elem, 0);
+    return tok_at(b, d->elem, 0);
 }

@@ -160,7 +160,7 @@ zpp_status zpp_data_train_eval_batch(const zpp_data *data, uint64_t index, int B
                                      int32_t *tokens, int32_t *targets);
 
 /* Sizes and kind. */
-zpp_data_info zpp_data_get_info(const zpp_data *data);
+zpp_data_info zpp_data_info_get(const zpp_data *data);
 /* Token at absolute index i < n_tokens (for tests and tools). */
 int32_t zpp_data_token(const zpp_data *data, size_t i);
 

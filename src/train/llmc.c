@@ -183,7 +183,7 @@ fail:
     return st;
 }
 
-const zpp_llmc_info *zpp_llmc_get_info(const zpp_llmc_file *f) { return &f->info; }
+const zpp_llmc_info *zpp_llmc_info_get(const zpp_llmc_file *f) { return &f->info; }
 
 void zpp_llmc_close(zpp_llmc_file *f) {
     if (!f) return;

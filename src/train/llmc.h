@@ -72,7 +72,7 @@ size_t zpp_llmc_param_count(const zpp_gpt2_config *model);
 /* Opens a model file and checks its magic, version, shape (a valid GPT-2,
  * V <= Vp) and size. */
 zpp_status zpp_llmc_open(const char *path, zpp_llmc_file **file_p);
-const zpp_llmc_info *zpp_llmc_get_info(const zpp_llmc_file *f);
+const zpp_llmc_info *zpp_llmc_info_get(const zpp_llmc_file *f);
 void zpp_llmc_close(zpp_llmc_file *f); /* NULL is ignored */
 
 /* Elements [begin, begin + count) of our unit `unit` (0..L, the layout of

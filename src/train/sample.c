@@ -170,33 +170,38 @@ zpp_status zpp_sample_model_create(const zpp_gpt2_config *cfg, zpp_dtype dtype, 
     zpp_sample_model *sm = calloc(1, sizeof *sm);
     if (!sm) return zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
     sm->dev = dev;
-    zpp_status st = zpp_gpt2_create(cfg, dtype, 1, dev, &sm->m);
-    if (st == ZPP_OK && (!sm->m->ops->keep_logits || !sm->m->ops->logits))
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(zpp_gpt2_create(cfg, dtype, 1, dev, &sm->m), st, fail);
+    if (!sm->m->ops->keep_logits || !sm->m->ops->logits) {
         st = zpp_error(ZPP_ERR_UNSUPPORTED, "sample model: the model gives no logits");
-    if (st == ZPP_OK && !(sm->params = calloc((size_t)sm->m->n_units, sizeof *sm->params)))
+        goto fail;
+    }
+    if (!(sm->params = calloc((size_t)sm->m->n_units, sizeof *sm->params))) {
         st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
+        goto fail;
+    }
     const size_t es = zpp_dtype_size(dtype);
-    for (int u = 0; st == ZPP_OK && u < sm->m->n_units; u++) {
+    for (int u = 0; u < sm->m->n_units; u++) {
         const size_t k = sm->m->unit_numel[u];
         void *host = dtype == ZPP_FP32 ? (void *)units[u] : malloc(k * es);
         if (!host) {
             st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
-            break;
+            goto fail;
         }
         if (host != (const void *)units[u])
             for (size_t i = 0; i < k; i++) zpp_store_f32(host, dtype, i, units[u][i]);
         st = zpp_device_alloc(dev, k * es, &sm->params[u]);
         if (st == ZPP_OK) st = zpp_device_copy(dev, sm->params[u], host, k * es);
-        if (host != (const void *)units[u]) free(host);
+        if (host != (const void *)units[u]) free(host); /* copied or not */
+        if (st != ZPP_OK) goto fail;
     }
     /* the copies have read the host buffers before the caller frees them */
-    if (st == ZPP_OK) st = zpp_device_sync(dev, NULL);
-    if (st != ZPP_OK) {
-        zpp_sample_model_destroy(sm);
-        return st;
-    }
+    ZPP_CHECK_GOTO(zpp_device_sync(dev, NULL), st, fail);
     *model_p = sm;
     return ZPP_OK;
+fail:
+    zpp_sample_model_destroy(sm);
+    return st;
 }
 
 void zpp_sample_model_destroy(zpp_sample_model *sm) {
@@ -239,25 +244,32 @@ static zpp_status read_checkpoint(const char *dir, zpp_gpt2_config *cfg_p, zpp_d
     float **units = NULL;
     ZPP_CHECK(zpp_checkpoint_read_masters(dir, &m, &units));
     /* the manifest's shape must be the units it lists (as `zeropp export`) */
-    zpp_status st = zpp_gpt2_config_check(&m.model);
-    if (st == ZPP_OK && m.n_units != m.model.n_layer + 1)
+    zpp_status st = ZPP_OK;
+    zpp_dtype dt = ZPP_FP32;
+    ZPP_CHECK_GOTO(zpp_gpt2_config_check(&m.model), st, out);
+    if (m.n_units != m.model.n_layer + 1) {
         st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers", dir,
                        m.n_units, m.model.n_layer);
-    for (int u = 0; st == ZPP_OK && u < m.n_units; u++)
-        if (m.numel[u] != zpp_gpt2_unit_numel(&m.model, u))
+        goto out;
+    }
+    for (int u = 0; u < m.n_units; u++)
+        if (m.numel[u] != zpp_gpt2_unit_numel(&m.model, u)) {
             st = zpp_error(ZPP_ERR_FORMAT,
                            "checkpoint %s: unit %d has %zu parameters; its model's has %zu", dir,
                            u, m.numel[u], zpp_gpt2_unit_numel(&m.model, u));
-    zpp_dtype dt = ZPP_FP32;
-    if (st == ZPP_OK && zpp_dtype_parse(m.dtype, &dt) != ZPP_OK)
+            goto out;
+        }
+    if (zpp_dtype_parse(m.dtype, &dt) != ZPP_OK) {
         st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s: working dtype '%s' is not a dtype", dir,
                        m.dtype);
-    if (st == ZPP_OK) {
-        *cfg_p = m.model;
-        *dtype_p = dt;
-        *step_p = m.step;
-        *units_p = units;
-    } else {
+        goto out;
+    }
+    *cfg_p = m.model;
+    *dtype_p = dt;
+    *step_p = m.step;
+    *units_p = units;
+out:
+    if (st != ZPP_OK) {
         for (int u = 0; u < m.n_units; u++) free(units[u]);
         free(units);
     }
@@ -269,26 +281,29 @@ static zpp_status read_llmc(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype 
                             int *step_p, float ***units_p) {
     zpp_llmc_file *f = NULL;
     ZPP_CHECK(zpp_llmc_open(path, &f));
-    const zpp_llmc_info *in = zpp_llmc_get_info(f);
+    const zpp_llmc_info *in = zpp_llmc_info_get(f);
     const zpp_gpt2_config cfg = in->model;
     const int nu = cfg.n_layer + 1;
     float **units = calloc((size_t)nu, sizeof *units);
-    zpp_status st = units ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
-    for (int u = 0; st == ZPP_OK && u < nu; u++) {
+    zpp_status st = ZPP_OK;
+    if (!units) {
+        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+        goto out;
+    }
+    for (int u = 0; u < nu; u++) {
         const size_t k = zpp_gpt2_unit_numel(&cfg, u);
-        if (!(units[u] = malloc(k * sizeof(float))))
+        if (!(units[u] = malloc(k * sizeof(float)))) {
             st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
-        else
-            st = zpp_llmc_read_unit(f, u, 0, k, units[u]);
+            goto out;
+        }
+        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, 0, k, units[u]), st, out);
     }
-    if (st == ZPP_OK) {
-        *cfg_p = cfg;
-        *dtype_p = in->dtype;
-        *step_p = -1;
-        *units_p = units;
-    } else {
-        zpp_sample_weights_free(&cfg, units);
-    }
+    *cfg_p = cfg;
+    *dtype_p = in->dtype;
+    *step_p = -1;
+    *units_p = units;
+out:
+    if (st != ZPP_OK) zpp_sample_weights_free(&cfg, units);
     zpp_llmc_close(f);
     return st;
 }

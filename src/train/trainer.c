@@ -102,21 +102,25 @@ static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
     zpp_llmc_file *f = NULL;
     float *x = NULL, *zero = NULL;
     ZPP_CHECK(zpp_llmc_open(path, &f));
-    zpp_status st = zpp_llmc_check_model(f, &t->cfg.model);
-    size_t most = 1;
-    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+    zpp_status st = ZPP_OK;
+    size_t most = 1; /* the largest shard: one buffer serves every unit */
+    ZPP_CHECK_GOTO(zpp_llmc_check_model(f, &t->cfg.model), st, out);
+    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
         size_t numel = 0, begin = 0, count = 0;
-        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
         if (count > most) most = count;
     }
-    if (st == ZPP_OK && (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))))
+    if (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))) {
         st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
-        if (st == ZPP_OK) st = zpp_llmc_read_unit(f, u, begin, count, x);
-        if (st == ZPP_OK) st = zpp_engine_state_set(t->engine, u, x, zero, zero);
+        goto out;
     }
+    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
+        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, begin, count, x), st, out);
+        ZPP_CHECK_GOTO(zpp_engine_state_set(t->engine, u, x, zero, zero), st, out);
+    }
+out:
     free(x);
     free(zero);
     zpp_llmc_close(f);
@@ -124,7 +128,7 @@ static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
 }
 
 /* The engine's options from the config, as the public API takes them: the
- * trainer opens its engine as any program would (zpp_engine_open), so the
+ * trainer opens its engine as any program would (zpp_engine_create), so the
  * config file, the public config and their checks cannot drift apart. */
 static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_dtype wd,
                                        int profile) {
@@ -187,9 +191,9 @@ static zpp_status build_topology(zpp_trainer *t, const zpp_trainer_opts *o, int 
     /* agreed before the topology's collectives, which a rank without its
      * device would leave the others waiting in */
     ZPP_CHECK(zpp_comm_agree_world(st));
-    ZPP_CHECK(zpp_topo_open_emulated(t->dev, node_size, c->collective_timeout_s,
-                                     o->emulate_nodes, &t->topo));
-    zpp_topo_get_info(t->topo, &t->topo_info);
+    ZPP_CHECK(zpp_topo_create_emulated(t->dev, node_size, c->collective_timeout_s, o->emulate_nodes,
+                                       &t->topo));
+    t->topo_info = zpp_topo_info_get(t->topo);
     if (hpz_node) {
         c->zero.hpz_partition_size = t->topo_info.node_size;
         hpz = t->topo_info.node_size > 1;
@@ -206,7 +210,7 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
     if (o->data_path && !(t->data_path = realpath(o->data_path, NULL)))
         return zpp_error(ZPP_ERR_IO, "cannot resolve the path of data file %s: %s", o->data_path,
                          strerror(errno));
-    zpp_data_info di = zpp_data_get_info(t->data);
+    zpp_data_info di = zpp_data_info_get(t->data);
     if (di.vocab > c->model.vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
                          "the data has tokens up to %d but model.vocab_size is %d; set "
@@ -238,7 +242,7 @@ static zpp_status fill_info(zpp_trainer *t, const zpp_trainer_opts *o, int hpz, 
     in->seq_len = c->model.seq_len;
     in->n_params = 0;
     for (int u = 0; u < t->model->n_units; u++) in->n_params += t->model->unit_numel[u];
-    in->data = zpp_data_get_info(t->data);
+    in->data = zpp_data_info_get(t->data);
     in->mode = mode_name(c, t->mode, sizeof t->mode);
     in->qwz = c->zero.quantized_weights != 0;
     in->hpz_partition = hpz ? c->zero.hpz_partition_size : 0;
@@ -286,7 +290,7 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     ZPP_CHECK(zpp_comm_agree_world(st));
     double t2 = now_s();
     const zpp_engine_config ec = engine_config(c, hpz, wd, o->profile);
-    ZPP_CHECK(zpp_engine_open(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
+    ZPP_CHECK(zpp_engine_create(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
     double t3 = now_s();
     if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
     double t4 = now_s();
@@ -340,7 +344,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     zpp_error_release();
 }
 
-const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t) { return &t->info; }
+const zpp_trainer_info *zpp_trainer_info_get(const zpp_trainer *t) { return &t->info; }
 
 const char *zpp_trainer_comm_note(const zpp_trainer *t) {
     return t ? zpp_topo_note(t->topo) : "";
@@ -368,33 +372,12 @@ static zpp_status val_batch(zpp_trainer *t) {
     return t->model->ops->set_batch(t->model, t->tokens, t->targets, t->info.micro_batch);
 }
 
-/* What the public update reports, as the step's stats (engine/step_stats.h). */
-static void step_stats_from(const zpp_update_stats *u, float lr, zpp_step_stats *s) {
-    memset(s, 0, sizeof *s);
-    s->loss = u->loss;
-    s->grad_norm = u->grad_norm;
-    s->lr = lr;
-    for (int ph = 0; ph < ZPP_STEP_PHASES; ph++) {
-        s->volume.cross_node_bytes[ph] = u->cross_node_phase_bytes[ph];
-        s->volume.intra_node_bytes[ph] = u->intra_node_phase_bytes[ph];
-    }
-    s->skipped = u->skipped;
-    s->skipped_total = u->skipped_total;
-    s->loss_scale = u->loss_scale;
-    s->param_sumsq = u->param_sumsq;
-    s->profile.valid = u->profiled;
-    s->profile.stream_ms = u->stream_ms;
-    s->profile.exposed_comm_ms = u->exposed_comm_ms;
-    s->profile.compute_ms = u->compute_ms;
-    s->profile.waits = u->profile_waits;
-}
-
 /* One optimizer step through the public pieces: forward and backward of
  * each micro-batch, its mean loss scaled by 1/accum so that the summed
  * gradient is that of the mean over the rank's micro-batches (the
  * reduction then averages over ranks: the gradient of the global batch's
  * mean loss), then the update. */
-static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p) {
+static zpp_status engine_step(zpp_trainer *t, float lr, zpp_update_stats *stats_p) {
     const int accum = t->info.accum;
     float loss_sum = 0.0f;
     for (int a = 0; a < accum; a++) {
@@ -404,16 +387,14 @@ static zpp_status engine_step(zpp_trainer *t, float lr, zpp_step_stats *stats_p)
         ZPP_CHECK(zpp_engine_backward(t->engine, zpp_engine_loss_scale(t->engine) / (float)accum));
         loss_sum += loss;
     }
-    zpp_update_stats u;
-    ZPP_CHECK(zpp_engine_update(t->engine, lr, loss_sum / (float)accum, &u));
-    step_stats_from(&u, lr, stats_p);
-    return ZPP_OK;
+    return zpp_engine_update(t->engine, lr, loss_sum / (float)accum, stats_p);
 }
 
 zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r) {
     t->step = step;
     float lr = (float)zpp_train_lr(&t->cfg, step);
     double t0 = now_s();
+    r->lr = lr;
     zpp_status st = engine_step(t, lr, &r->stats);
     st = zpp_comm_agree_world(st);
     double dt = now_s() - t0;
@@ -433,8 +414,8 @@ zpp_status zpp_trainer_step(zpp_trainer *t, int step, zpp_trainer_step_result *r
         if (st == ZPP_OK) st = zpp_comm_max_world(&r->device_live_bytes);
     }
     /* every rank profiles or none (trainer.h) */
-    r->exposed_comm_ms_max = r->stats.profile.exposed_comm_ms;
-    if (st == ZPP_OK && r->stats.profile.valid) st = zpp_comm_max_world(&r->exposed_comm_ms_max);
+    r->exposed_comm_ms_max = r->stats.exposed_comm_ms;
+    if (st == ZPP_OK && r->stats.profiled) st = zpp_comm_max_world(&r->exposed_comm_ms_max);
     /* a timeout is not agreed (the stalled peer cannot answer), in any of
      * the step's collectives: this rank names the step itself */
     if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "step %d", step + 1);
@@ -530,7 +511,7 @@ const char *zpp_trainer_resume_note(const zpp_trainer *t) { return t->resume_not
 /* ---- Samples (trainer.h, train/sample.h) --------------------------------------- */
 
 void zpp_trainer_sample_prompt(const zpp_trainer *t, int32_t *prompt, int *n_p) {
-    const zpp_data_info di = zpp_data_get_info(t->data);
+    const zpp_data_info di = zpp_data_info_get(t->data);
     int n = t->info.seq_len - 1 < ZPP_TRAINER_SAMPLE_PROMPT ? t->info.seq_len - 1
                                                             : ZPP_TRAINER_SAMPLE_PROMPT;
     if (n < 1) n = 1;
@@ -550,17 +531,21 @@ static zpp_status sample_logits(void *ctx, const int32_t *window, int n, float *
     zpp_trainer *t = ctx;
     zpp_model *m = t->model;
     float loss = 0.0f; /* NaN: the sequence has no targets */
-    zpp_status st = m->ops->keep_logits(m, n - 1);
-    if (st == ZPP_OK) st = m->ops->set_batch(m, window, NULL, 1);
-    if (st == ZPP_OK) st = zpp_engine_evaluate(t->engine, &loss);
-    if (st == ZPP_OK) st = m->ops->logits(m, out);
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(m->ops->keep_logits(m, n - 1), st, agree);
+    ZPP_CHECK_GOTO(m->ops->set_batch(m, window, NULL, 1), st, agree);
+    ZPP_CHECK_GOTO(zpp_engine_evaluate(t->engine, &loss), st, agree);
+    ZPP_CHECK_GOTO(m->ops->logits(m, out), st, agree);
     /* the draw's one failure, found here where the ranks agree on it, so no
      * rank leaves the loop while the others start the next forward */
-    for (int v = 0; st == ZPP_OK && v < m->real_vocab_size; v++)
-        if (!isfinite(out[v]))
+    for (int v = 0; v < m->real_vocab_size; v++)
+        if (!isfinite(out[v])) {
             st = zpp_error(ZPP_ERR_NONFINITE,
                            "sample: the logit of token %d is %g; the weights are not finite", v,
                            (double)out[v]);
+            break;
+        }
+agree:
     return zpp_comm_agree_world(st);
 }
 
@@ -582,31 +567,35 @@ zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config 
     memset(run, 0, sizeof *run);
     ZPP_CHECK(zpp_checkpoint_read_manifest(dir, &m));
     zpp_train_config c;
-    zpp_status st = zpp_train_config_defaults(&c);
-    if (st == ZPP_OK && m.config) {
+    zpp_status st = ZPP_OK;
+    ZPP_CHECK_GOTO(zpp_train_config_defaults(&c), st, out);
+    if (m.config) {
         st = zpp_train_config_load_string(m.config, &c);
-        if (st != ZPP_OK)
+        if (st != ZPP_OK) {
             st = zpp_error_context(st, "the config saved in checkpoint %s cannot be read; "
                                        "give --config",
                                    dir);
-    } else if (st == ZPP_OK) {
+            goto out;
+        }
+    } else {
         /* saved before checkpoints kept their config: what the manifest has */
         c.model = m.model;
         c.bf16 = !strcmp(m.dtype, "bf16");
         c.fp16.enabled = !strcmp(m.dtype, "fp16");
         c.train_batch_size = m.train_batch_size;
         c.seed = m.seed;
-        st = zpp_train_config_validate(&c);
+        ZPP_CHECK_GOTO(zpp_train_config_validate(&c), st, out);
     }
-    if (st == ZPP_OK && m.data_path && !(run->data_path = strdup(m.data_path)))
+    if (m.data_path && !(run->data_path = strdup(m.data_path))) {
         st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-    if (st == ZPP_OK) {
-        run->step = m.step;
-        run->world_size = m.world_size;
-        run->has_config = m.config != NULL;
-        run->has_data = m.has_data;
-        *cfg = c;
+        goto out;
     }
+    run->step = m.step;
+    run->world_size = m.world_size;
+    run->has_config = m.config != NULL;
+    run->has_data = m.has_data;
+    *cfg = c;
+out:
     zpp_ckpt_manifest_free(&m);
     return st;
 }

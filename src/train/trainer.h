@@ -4,7 +4,7 @@
 #ifndef ZPP_TRAIN_TRAINER_H
 #define ZPP_TRAIN_TRAINER_H
 
-#include "engine/step_stats.h"
+#include "collectives/collectives.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -34,9 +34,8 @@ typedef struct zpp_trainer_info {
 } zpp_trainer_info;
 
 typedef struct zpp_trainer_step_result {
-    /* From the public zpp_update_stats: its volume holds the cross- and
-     * intra-node bytes by phase (payload_bytes and calls stay 0). */
-    zpp_step_stats stats;
+    zpp_update_stats stats; /* what the public update reported */
+    float lr;               /* the step's learning rate */
     double seconds;        /* wall time of the step, slowest rank */
     double tokens_per_s;   /* global tokens / seconds */
     /* The most bytes allocated through any rank's device since it was
@@ -51,7 +50,7 @@ typedef struct zpp_trainer_step_result {
      * difference is what the CUDA context, the libraries and NCCL take. */
     double device_used_bytes, device_live_bytes;
     /* With opts.profile: the most exposed communication of any rank
-     * (stats.profile holds this rank's; engine.h). */
+     * (stats.exposed_comm_ms holds this rank's). */
     double exposed_comm_ms_max;
 } zpp_trainer_step_result;
 
@@ -89,7 +88,7 @@ zpp_status zpp_trainer_create(const zpp_train_config *cfg, const zpp_trainer_opt
                               zpp_trainer **trainer_p);
 void zpp_trainer_destroy(zpp_trainer *t);
 
-const zpp_trainer_info *zpp_trainer_get_info(const zpp_trainer *t);
+const zpp_trainer_info *zpp_trainer_info_get(const zpp_trainer *t);
 /* What the communication backend changed about how the ranks talk (the
  * topology's note, comm.h: ranks of an emulated node sharing a GPU each
  * talk over sockets as a separate host), one line for people; "" when
