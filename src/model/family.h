@@ -45,6 +45,16 @@ typedef struct zpp_decoder_shape {
      * (each block keeps its input and recomputes the rest in its backward;
      * gpt2.h, zpp_gpt2_config.recompute), 0 = off. */
     int recompute;
+    /* Llama's knobs (llama.h), 0 = the default; GPT-2 refuses any other
+     * value, naming the field. */
+    double rope_theta; /* the rotary base: 0 = 10000 (HF's default) */
+    double norm_eps;   /* RMSNorm's epsilon: 0 = 1e-5 */
+    int untied_head;   /* 1: the output head is a matrix of its own; 0: the token embedding */
+    int qkv_bias;      /* 1: q, k and v projections have biases (HF attention_bias) */
+    /* Llama 3's rope_scaling of type llama3 (HF _compute_llama3_parameters):
+     * rope_factor 0 = no scaling; else all four are set. */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
 } zpp_decoder_shape;
 
 /* What a family registers: its model of `shape` for `dev` (the CPU model on
