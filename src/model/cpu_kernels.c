@@ -1,7 +1,7 @@
 /* model/cpu_kernels.c — the CPU reference's arithmetic that any decoder
  * family composes (cpu_kernels.h): matrix products through OpenBLAS,
- * LayerNorm, causal attention, softmax with cross-entropy. fp32, every
- * loop in a fixed order on one thread (gpt2_cpu.c, "Determinism"). */
+ * LayerNorm, RMSNorm, causal attention, softmax with cross-entropy. fp32,
+ * every loop in a fixed order on one thread (gpt2_cpu.c, "Determinism"). */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>

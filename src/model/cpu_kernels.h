@@ -3,7 +3,8 @@
  * a decoder's CPU model composes its blocks and its head from. fp32, on
  * the first n rows of row-major buffers, never allocating; GPT-2's CPU
  * model (gpt2_cpu.c) is built from them, and keeps only what is GPT-2's
- * own (the learned position embedding, the tanh GELU, the tied head).
+ * own (the learned position embedding, the tanh GELU, the tied head), and
+ * so is Llama's (llama_cpu.c: its own are RoPE and SwiGLU).
  * The CUDA model's counterparts are still inside gpt2_cuda.cu (decoder.h
  * lists them). */
 #ifndef ZPP_MODEL_CPU_KERNELS_H

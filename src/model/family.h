@@ -3,7 +3,7 @@
  * A family is one kind of decoder: the blocks it stacks, how it lays its
  * parameters out in units and initialises them, its CPU and CUDA models.
  * Each family registers one factory under its name (family.c's table:
- * "gpt2"; "llama" joins it the same way), so a caller that holds only a
+ * "gpt2", "llama"), so a caller that holds only a
  * name and a shape (a config's "model" section, a checkpoint's manifest)
  * creates any of them, then drives the model through model.h alone.
  *
@@ -63,7 +63,7 @@ typedef struct zpp_decoder_shape {
 typedef zpp_status (*zpp_model_factory)(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                         int max_batch, zpp_device *dev, zpp_model **model_p);
 
-/* The model of family `family` ("gpt2"), made by its factory. ZPP_ERR_CONFIG
+/* The model of family `family` ("gpt2", "llama"), made by its factory. ZPP_ERR_CONFIG
  * for a name no family registered, the message listing those that did;
  * whatever the family's factory returns otherwise (ZPP_ERR_CONFIG for a
  * shape it cannot build). *model_p is set on success only. */
