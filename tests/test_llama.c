@@ -221,7 +221,8 @@ static double ref_forward(const ref_shape *s, double *const *w, const int32_t *t
     const ref_layout lo = ref_layout_of(s);
     const int C = s->C, V = s->V, n = B * s->T;
     for (int row = 0; row < n; row++)
-        for (int c = 0; c < C; c++) r->x[(size_t)row * C + c] = w[0][lo.wte + (size_t)tok[row] * C + c];
+        for (int c = 0; c < C; c++)
+            r->x[(size_t)row * C + c] = w[0][lo.wte + (size_t)tok[row] * C + c];
     for (int l = 0; l < s->L; l++) ref_block(s, &lo, w[l + 1], r, l, B);
     const double *head = w[0] + (s->untied ? lo.head : lo.wte);
     double total = 0.0;
@@ -317,7 +318,8 @@ static void ref_block_back(const ref_shape *s, const ref_layout *lo, const doubl
     memset(dv, 0, (size_t)n * Ck * sizeof(double));
     for (int row = 0; row < n; row++) {
         double *dmid = dX + (size_t)row * C, dm[256], dg[256], du[256], dh2[256];
-        const double *g = AT(r->g, l, n, F) + (size_t)row * F, *u = AT(r->u, l, n, F) + (size_t)row * F;
+        const double *g = AT(r->g, l, n, F) + (size_t)row * F;
+        const double *u = AT(r->u, l, n, F) + (size_t)row * F;
         const double *h2 = AT(r->h2, l, n, C) + (size_t)row * C;
         memset(dm, 0, sizeof dm);
         memset(dh2, 0, sizeof dh2);
@@ -496,7 +498,8 @@ static float model_run(const ref_case *c, const case_data *d, zpp_dtype dtype, f
         memset(grads[u], 0, d->numel[u] * sizeof(float));
     }
     EXPECT_OK(m->ops->set_batch(m, d->tok, d->tgt, c->B));
-    for (int st = 0; st < m->n_stages; st++) EXPECT_OK(m->ops->forward(m, st, p[m->stage_unit[st]]));
+    for (int st = 0; st < m->n_stages; st++)
+        EXPECT_OK(m->ops->forward(m, st, p[m->stage_unit[st]]));
     const float loss = m->ops->loss(m);
     for (int st = m->n_stages - 1; st >= 0; st--)
         EXPECT_OK(m->ops->backward(m, st, p[m->stage_unit[st]], grads[m->stage_unit[st]], 1.0f));

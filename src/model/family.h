@@ -50,7 +50,7 @@ typedef struct zpp_decoder_shape {
     double rope_theta; /* the rotary base: 0 = 10000 (HF's default) */
     double norm_eps;   /* RMSNorm's epsilon: 0 = 1e-5 */
     int untied_head;   /* 1: the output head is a matrix of its own; 0: the token embedding */
-    int qkv_bias;      /* 1: q, k and v projections have biases (HF attention_bias) */
+    int qkv_bias;      /* 1: q, k and v projections have biases (not o: Qwen2's) */
     /* Llama 3's rope_scaling of type llama3 (HF _compute_llama3_parameters):
      * rope_factor 0 = no scaling; else all four are set. */
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;

@@ -29,6 +29,10 @@
  * down_proj). q, k and v are adjacent so one product makes all three, and
  * so are gate and up; an importer of HF files concatenates them.
  *
+ * The biases are q, k and v's only (qkv_bias, as Qwen2 has them); HF's
+ * Llama attention_bias = true also gives o_proj one, which this layout has
+ * no room for yet.
+ *
  * Stages as GPT-2's: 0 = embedding (unit 0; its backward reads no
  * parameters), 1..L = blocks, L+1 = final RMSNorm + head + loss (unit 0).
  *
@@ -139,7 +143,8 @@ void zpp_llama_base_fill(zpp_model *base, const zpp_llama_config *cfg, zpp_dtype
 void zpp_llama_rope_inv_freq(const zpp_llama_config *cfg, double *inv_freq);
 
 /* The CPU reference Llama (llama_cpu.c), for the host backend; param_dtype
- * fp32, bf16 or fp16, the arithmetic fp32. */
+ * fp32, bf16 or fp16, the arithmetic fp32. cfg as zpp_llama_config_of_shape
+ * made it (this checks only the dtype and max_batch). */
 zpp_status zpp_llama_cpu_create(const zpp_llama_config *cfg, zpp_dtype param_dtype,
                                 int max_batch, zpp_model **model_p);
 

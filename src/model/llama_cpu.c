@@ -378,7 +378,8 @@ static const zpp_model_ops llama_cpu_ops = {
  * same pointers. */
 static void plan(llama_cpu *g, zpp_arena *ar) {
     const size_t N = g->nmax, L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd;
-    const size_t F = (size_t)g->cfg.n_ffn, T = (size_t)g->cfg.seq_len, V = (size_t)g->cfg.vocab_size;
+    const size_t F = (size_t)g->cfg.n_ffn, T = (size_t)g->cfg.seq_len;
+    const size_t V = (size_t)g->cfg.vocab_size;
     const size_t H = (size_t)g->cfg.n_head, Wq = (size_t)g->wqkv, hd = C / H;
     const size_t unit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
                                                                 : g->lay.block_numel;
