@@ -4,9 +4,10 @@
  * (rotate-half, llama3 scaling), grouped-query causal attention, SwiGLU,
  * head (tied or untied), cross-entropy, and the backward of all of it by
  * hand. The reference's gradient is checked against its own central finite
- * differences, the model's loss and every gradient against the reference's;
- * bf16 parameters give the fp32 model's bits; the factory refuses shapes it
- * cannot build, naming the field, and GPT-2 refuses Llama's knobs. */
+ * differences, the model's loss, every gradient and a kept row of logits
+ * against the reference's; bf16 parameters give the fp32 model's bits; the
+ * factory refuses shapes it cannot build, naming the field, and GPT-2
+ * refuses Llama's knobs. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -621,6 +622,42 @@ static void test_half_params_give_fp32_bits(void) {
     case_data_free(&d);
 }
 
+/* keep_logits / logits (model.h): the kept row's logits, all vocab_size
+ * columns, are the reference's head output for that row (same bound as the
+ * gradients: the logits are a product of the forward's every step). */
+static void test_kept_logits_match_reference(void) {
+    const ref_case *c = &kCases[2]; /* untied, padded vocabulary */
+    const int n = c->B * c->s.T, V = c->s.V, C = c->s.C, row = n - 2;
+    case_data d;
+    case_data_make(&d, c, 500);
+    ref_acts r;
+    ref_acts_alloc(&r, &c->s, n, c->B);
+    ref_forward(&c->s, d.pd, d.tok, d.tgt, c->B, &r);
+    const ref_layout lo = ref_layout_of(&c->s);
+    double *want = dalloc((size_t)V);
+    matvec(want, d.pd[0] + lo.head, NULL, r.hf + (size_t)row * C, V, C);
+
+    zpp_device *dev;
+    zpp_model *m;
+    EXPECT_OK(zpp_device_create_host(&dev));
+    const zpp_decoder_shape shape = shape_of(&c->s);
+    EXPECT_OK(zpp_model_family_create("llama", &shape, ZPP_FP32, c->B, dev, &m));
+    EXPECT_OK(m->ops->keep_logits(m, row));
+    EXPECT_OK(m->ops->set_batch(m, d.tok, NULL, c->B));
+    for (int st = 0; st < m->n_stages; st++)
+        EXPECT_OK(m->ops->forward(m, st, d.pf[m->stage_unit[st]]));
+    float *got = zpp_test_malloc((size_t)V * sizeof(float));
+    EXPECT_OK(m->ops->logits(m, got));
+    const double e = unit_error(got, want, (size_t)V);
+    EXPECT(e <= 300 * 0x1.0p-24, "row %d's logits: error %.3g of the largest", row, e);
+    free(got);
+    free(want);
+    m->ops->destroy(m);
+    zpp_device_destroy(dev);
+    ref_acts_free(&r);
+    case_data_free(&d);
+}
+
 static void expect_refused(const char *family, const zpp_decoder_shape *s, const char *needle) {
     zpp_device *dev;
     EXPECT_OK(zpp_device_create_host(&dev));
@@ -691,4 +728,5 @@ static void test_defaults_and_init(void) {
 
 ZPP_TESTS(ZPP_TEST(test_reference_matches_finite_differences),
           ZPP_TEST(test_model_matches_reference), ZPP_TEST(test_half_params_give_fp32_bits),
-          ZPP_TEST(test_bad_shapes_refused), ZPP_TEST(test_defaults_and_init))
+          ZPP_TEST(test_kept_logits_match_reference), ZPP_TEST(test_bad_shapes_refused),
+          ZPP_TEST(test_defaults_and_init))
