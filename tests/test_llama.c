@@ -483,11 +483,13 @@ static void case_data_free(case_data *d) {
 /* The model's loss and gradients (fp32, added into zeroed buffers) of the
  * case's parameters given in `dtype` (fp32, or bf16 holding the same
  * values when they are bf16 values). */
-static float model_run(const ref_case *c, const case_data *d, zpp_dtype dtype, float **grads) {
+static float model_run_with(const ref_case *c, const case_data *d, zpp_dtype dtype,
+                            int recompute, float **grads) {
     zpp_device *dev;
     zpp_model *m;
     EXPECT_OK(zpp_device_create_host(&dev));
-    const zpp_decoder_shape shape = shape_of(&c->s);
+    zpp_decoder_shape shape = shape_of(&c->s);
+    shape.recompute = recompute;
     EXPECT_OK(zpp_model_family_create("llama", &shape, dtype, c->B, dev, &m));
     EXPECT(m->n_units == d->n_units, "units %d, want %d", m->n_units, d->n_units);
     void *p[8];
@@ -508,6 +510,10 @@ static float model_run(const ref_case *c, const case_data *d, zpp_dtype dtype, f
     m->ops->destroy(m);
     zpp_device_destroy(dev);
     return loss;
+}
+
+static float model_run(const ref_case *c, const case_data *d, zpp_dtype dtype, float **grads) {
+    return model_run_with(c, d, dtype, 0, grads);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -592,6 +598,33 @@ static void test_model_matches_reference(void) {
             free(g[q]);
         }
         ref_acts_free(&r);
+        case_data_free(&d);
+    }
+}
+
+/* Activation checkpointing recomputes each block's forward in its backward:
+ * the same loss and gradients, bit for bit, on every case of two blocks. */
+static void test_recompute_gives_the_same_bits(void) {
+    for (size_t k = 0; k < N_CASES; k++) {
+        const ref_case *c = &kCases[k];
+        if (c->s.L < 2) continue;
+        case_data d;
+        case_data_make(&d, c, 600 + k);
+        float *g0[8], *g1[8];
+        for (int q = 0; q < d.n_units; q++) {
+            g0[q] = zpp_test_malloc(d.numel[q] * sizeof(float));
+            g1[q] = zpp_test_malloc(d.numel[q] * sizeof(float));
+        }
+        const float l0 = model_run_with(c, &d, ZPP_FP32, 0, g0);
+        const float l1 = model_run_with(c, &d, ZPP_FP32, 1, g1);
+        EXPECT(!memcmp(&l0, &l1, sizeof l0), "case %zu: loss %.9g with recompute, %.9g without",
+               k, (double)l1, (double)l0);
+        for (int q = 0; q < d.n_units; q++) {
+            EXPECT(!memcmp(g0[q], g1[q], d.numel[q] * sizeof(float)),
+                   "case %zu: unit %d's gradient differs with recompute", k, q);
+            free(g0[q]);
+            free(g1[q]);
+        }
         case_data_free(&d);
     }
 }
@@ -683,8 +716,8 @@ static void test_bad_shapes_refused(void) {
     s.rope_factor = 8.0; /* without its bands */
     expect_refused("llama", &s, "rope_low_freq_factor");
     s = ok;
-    s.recompute = 1;
-    expect_refused("llama", &s, "recompute");
+    s.recompute = 2;
+    expect_refused("llama", &s, "recompute 2");
     const zpp_decoder_shape gpt2 = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4,
                                     .vocab_size = 10};
     const char *knob[5] = {"rope_theta", "norm_eps", "untied_head", "qkv_bias", "rope_factor"};
@@ -728,5 +761,6 @@ static void test_defaults_and_init(void) {
 
 ZPP_TESTS(ZPP_TEST(test_reference_matches_finite_differences),
           ZPP_TEST(test_model_matches_reference), ZPP_TEST(test_half_params_give_fp32_bits),
-          ZPP_TEST(test_kept_logits_match_reference), ZPP_TEST(test_bad_shapes_refused),
+          ZPP_TEST(test_recompute_gives_the_same_bits), ZPP_TEST(test_kept_logits_match_reference),
+          ZPP_TEST(test_bad_shapes_refused),
           ZPP_TEST(test_defaults_and_init))

@@ -86,10 +86,6 @@ static zpp_status check_knobs(const zpp_llama_config *c) {
 
 zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_config *cfg_p) {
     if (!shape || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "llama: shape or cfg_p is NULL");
-    if (shape->recompute)
-        return zpp_error(ZPP_ERR_CONFIG, "llama: recompute %d is not supported by the Llama "
-                                         "model yet; use 0",
-                         shape->recompute);
     zpp_llama_config c = {
         .n_layer = shape->n_layer,
         .n_head = shape->n_head,
@@ -107,6 +103,7 @@ zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_c
         .rope_low_freq_factor = shape->rope_low_freq_factor,
         .rope_high_freq_factor = shape->rope_high_freq_factor,
         .rope_original_max_pos = shape->rope_original_max_pos,
+        .recompute = shape->recompute,
     };
     if (c.untied_head != 0 && c.untied_head != 1)
         return zpp_error(ZPP_ERR_CONFIG, "llama: untied_head %d is not a switch; use 0 or 1",
@@ -114,6 +111,9 @@ zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_c
     if (c.qkv_bias != 0 && c.qkv_bias != 1)
         return zpp_error(ZPP_ERR_CONFIG, "llama: qkv_bias %d is not a switch; use 0 or 1",
                          c.qkv_bias);
+    if (c.recompute != 0 && c.recompute != 1)
+        return zpp_error(ZPP_ERR_CONFIG, "llama: recompute %d is not a switch; use 0 or 1",
+                         c.recompute);
     ZPP_CHECK(check_sizes(&c));
     ZPP_CHECK(check_knobs(&c));
     *cfg_p = c;

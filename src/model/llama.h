@@ -66,6 +66,10 @@ typedef struct zpp_llama_config {
     int untied_head, qkv_bias;
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_pos;
+    /* Activation checkpointing (1; 0 = off), as GPT-2's (gpt2.h): a block
+     * keeps its input only and its backward runs its forward again first,
+     * the same arithmetic on the same inputs, so the same bits. */
+    int recompute;
 } zpp_llama_config;
 
 /* The "llama" family's defaults for the 0s of a shape: n_kv_head = n_head,
@@ -74,8 +78,8 @@ typedef struct zpp_llama_config {
  * then every field checked (ZPP_ERR_CONFIG naming it): sizes in range,
  * n_head dividing n_embd, n_kv_head dividing n_head, an even head dim
  * (RoPE turns pairs), a rope scaling with factor > 0, 0 < low_freq_factor <
- * high_freq_factor and original_max_pos >= 1, and no recompute (this model
- * has no activation checkpointing yet). *cfg_p is set on success only. */
+ * high_freq_factor and original_max_pos >= 1, recompute 0 or 1. *cfg_p is
+ * set on success only. */
 zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_config *cfg_p);
 
 /* Offsets (in elements) of each tensor inside its unit; head and the

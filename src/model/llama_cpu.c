@@ -34,7 +34,12 @@
  * embedding reads its B*T rows straight from the working dtype, the other
  * stages convert their whole unit into one buffer, as gpt2_cpu.c does.
  * Activations for max_batch x T are allocated once, in one arena, at
- * create; forward and backward never allocate. Every loop runs in a fixed
+ * create; forward and backward never allocate. With activation
+ * checkpointing (cfg.recompute) a block keeps only its input on the
+ * residual stream; the rest of its activations live in one slab all blocks
+ * share, and its backward first runs its forward again up to SwiGLU
+ * (unless it was the last block forward, whose activations are still
+ * there): the same calls on the same inputs, so the same bits. Every loop runs in a fixed
  * order on one thread (gpt2_cpu.c, "Determinism"). */
 #include <cblas.h>
 #include <math.h>
@@ -48,7 +53,9 @@
 #include "model/llama.h"
 
 /* What the model keeps, for max_batch sequences: N = max_batch * T rows;
- * per-block buffers are L slabs (block l's at (l-1) * rows * width). */
+ * per-block buffers are L slabs (block l's at (l-1) * rows * width), or
+ * one slab that every block shares with cfg.recompute (the residual stream
+ * res keeps all L+1 either way: each block's input is its checkpoint). */
 typedef struct llama_acts {
     float *res;         /* (L+1) x N x C: res[0] embedding, res[l] block l's output */
     float *h1, *r1;     /* L x N x C, L x N: RMS1 output and its 1/rms */
@@ -83,6 +90,7 @@ typedef struct llama_cpu {
     float *wbuf;                /* one unit in fp32 (bf16/fp16 params), else NULL */
     float *kept;                /* vocab_size: keep_logits's row */
     float loss;
+    int slab_block; /* with recompute, the block whose activations the slab holds (0: none) */
 } llama_cpu;
 
 /* Block l's slices of the per-block buffers. */
@@ -93,11 +101,12 @@ typedef struct llama_layer {
 
 static llama_layer layer_of(const llama_cpu *g, int l) {
     const size_t N = g->nmax, C = (size_t)g->cfg.n_embd, F = (size_t)g->cfg.n_ffn;
-    const size_t T = (size_t)g->cfg.seq_len, k = (size_t)(l - 1);
+    const size_t T = (size_t)g->cfg.seq_len, r = (size_t)(l - 1);
+    const size_t k = g->cfg.recompute ? 0 : r; /* the slab */
     const size_t att = (size_t)g->base.max_batch * (size_t)g->cfg.n_head * T * T;
     llama_layer y;
-    y.x = g->a.res + k * N * C;
-    y.out = g->a.res + (k + 1) * N * C;
+    y.x = g->a.res + r * N * C;
+    y.out = g->a.res + (r + 1) * N * C;
     y.h1 = g->a.h1 + k * N * C;
     y.r1 = g->a.r1 + k * N;
     y.qkv = g->a.qkv + k * N * (size_t)g->wqkv;
@@ -185,7 +194,10 @@ static void embed_forward(llama_cpu *g, const void *params) {
     }
 }
 
-static void block_forward(llama_cpu *g, int l, const float *w) {
+/* Block l's forward up to what its backward reads (everything but its
+ * output): run by the forward, and again by the backward with recompute
+ * (block_backward), the same calls on the same input and weights. */
+static void block_activations(llama_cpu *g, int l, const float *w) {
     const zpp_llama_layout *L = &g->lay;
     const int T = g->cfg.seq_len, C = g->cfg.n_embd, F = g->cfg.n_ffn, H = g->cfg.n_head,
               KV = g->cfg.n_kv_head, B = g->calls.B, n = B * T, hd = C / H;
@@ -204,8 +216,16 @@ static void block_forward(llama_cpu *g, int l, const float *w) {
     zpp_cpu_rmsnorm_forward(y.h2, y.r2, y.mid, w + L->norm2, n, C, eps);
     zpp_cpu_linear_forward(y.gu, y.h2, w + L->wgu, NULL, n, C, 2 * F, 0);
     swiglu_forward(y.act, y.gu, n, F);
+    g->slab_block = l;
+}
+
+/* The block's output on the residual stream: out = mid + act Wdown^T. */
+static void block_forward(llama_cpu *g, int l, const float *w) {
+    const int C = g->cfg.n_embd, F = g->cfg.n_ffn, n = g->calls.B * g->cfg.seq_len;
+    const llama_layer y = layer_of(g, l);
+    block_activations(g, l, w);
     memcpy(y.out, y.mid, (size_t)n * C * sizeof(float));
-    zpp_cpu_linear_forward(y.out, y.act, w + L->wdown, NULL, n, F, C, 1);
+    zpp_cpu_linear_forward(y.out, y.act, w + g->lay.wdown, NULL, n, F, C, 1);
 }
 
 /* The head's weight: its own matrix when untied, else the embedding. */
@@ -260,6 +280,9 @@ static void block_backward(llama_cpu *g, int l, const float *w, float *gr) {
               KV = g->cfg.n_kv_head, B = g->calls.B, n = B * T, hd = C / H;
     const llama_layer y = layer_of(g, l);
     llama_acts *a = &g->a;
+    /* with recompute, the shared slab holds another block's activations
+     * unless l ran its forward last: its kept input makes them again */
+    if (g->cfg.recompute && g->slab_block != l) block_activations(g, l, w);
     /* MLP branch */
     zpp_cpu_linear_backward(a->dact, gr + L->wdown, NULL, a->dres, y.act, w + L->wdown, n, F, C);
     swiglu_backward(a->dgu, a->dact, y.gu, n, F);
@@ -302,6 +325,7 @@ static zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_
     if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
     zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
+    g->slab_block = 0;
     return ZPP_OK;
 }
 
@@ -383,20 +407,21 @@ static void plan(llama_cpu *g, zpp_arena *ar) {
     const size_t H = (size_t)g->cfg.n_head, Wq = (size_t)g->wqkv, hd = C / H;
     const size_t unit = g->lay.embed_numel > g->lay.block_numel ? g->lay.embed_numel
                                                                 : g->lay.block_numel;
+    const size_t S = g->cfg.recompute ? 1 : L; /* slabs of per-block buffers */
     llama_acts *a = &g->a;
     g->tokens = (int32_t *)zpp_arena_take(ar, N, 1); /* int32 fits a float slot */
     g->targets = (int32_t *)zpp_arena_take(ar, N, 1);
     a->res = zpp_arena_take(ar, (L + 1) * N, C);
-    a->h1 = zpp_arena_take(ar, L * N, C);
-    a->r1 = zpp_arena_take(ar, L, N);
-    a->qkv = zpp_arena_take(ar, L * N, Wq);
-    a->att = zpp_arena_take(ar, L * (size_t)g->base.max_batch * H, T * T);
-    a->atty = zpp_arena_take(ar, L * N, C);
-    a->mid = zpp_arena_take(ar, L * N, C);
-    a->h2 = zpp_arena_take(ar, L * N, C);
-    a->r2 = zpp_arena_take(ar, L, N);
-    a->gu = zpp_arena_take(ar, L * N, 2 * F);
-    a->act = zpp_arena_take(ar, L * N, F);
+    a->h1 = zpp_arena_take(ar, S * N, C);
+    a->r1 = zpp_arena_take(ar, S, N);
+    a->qkv = zpp_arena_take(ar, S * N, Wq);
+    a->att = zpp_arena_take(ar, S * (size_t)g->base.max_batch * H, T * T);
+    a->atty = zpp_arena_take(ar, S * N, C);
+    a->mid = zpp_arena_take(ar, S * N, C);
+    a->h2 = zpp_arena_take(ar, S * N, C);
+    a->r2 = zpp_arena_take(ar, S, N);
+    a->gu = zpp_arena_take(ar, S * N, 2 * F);
+    a->act = zpp_arena_take(ar, S * N, F);
     a->hf = zpp_arena_take(ar, N, C);
     a->rf = zpp_arena_take(ar, N, 1);
     a->probs = zpp_arena_take(ar, N, V);
