@@ -159,8 +159,9 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     } else if (rank == 0) {
         const char *what = data ? data : "the built-in synthetic corpus";
         const char *unit = d->kind == ZPP_DATA_RAW_TEXT ? "bytes" : "tokens";
-        printf("eval: checkpoint %s (step %d), GPT-2 %zu params, %d rank%s\n", a.dir, step,
-               in->n_params, world, world == 1 ? "" : "s");
+        printf("eval: checkpoint %s (step %d), %s %zu params, %d rank%s\n", a.dir, step,
+               cfg.model_family == ZPP_FAMILY_LLAMA ? "Llama" : "GPT-2", in->n_params, world,
+               world == 1 ? "" : "s");
         const char *comm_note = zpp_trainer_comm_note(t);
         if (comm_note[0]) printf("note: %s\n", comm_note);
         printf("data: %s (%s, %zu %s); %s: %s %s [%zu, %zu)\n", what,
