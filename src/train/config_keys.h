@@ -36,7 +36,8 @@
  * to 1; absent = 0: DeepSpeed's "param" objects that switch a feature on), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), DATA_ORDER
- * (zpp_data_order: "shuffled" | "sequential"), STAGE (must be 3),
+ * (zpp_data_order: "shuffled" | "sequential"), FAMILY (zpp_model_family_id:
+ * "gpt2" | "llama"), STAGE (must be 3),
  * IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
