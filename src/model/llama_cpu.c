@@ -207,8 +207,8 @@ static void block_activations(llama_cpu *g, int l, const float *w) {
     zpp_cpu_rmsnorm_forward(y.h1, y.r1, y.x, w + L->norm1, n, C, eps);
     zpp_cpu_linear_forward(y.qkv, y.h1, w + L->wqkv, g->cfg.qkv_bias ? w + L->bqkv : NULL, n, C,
                            g->wqkv, 0);
-    rope_apply(g, y.qkv, n, g->wqkv, 0, H, 1.0f);      /* q */
-    rope_apply(g, y.qkv, n, g->wqkv, C, KV, 1.0f);     /* k */
+    rope_apply(g, y.qkv, n, g->wqkv, 0, H, 1.0f);  /* q */
+    rope_apply(g, y.qkv, n, g->wqkv, C, KV, 1.0f); /* k */
     zpp_cpu_gqa_attention_forward(y.atty, y.att, y.qkv, B, T, H, KV, hd);
     memcpy(y.mid, y.x, (size_t)n * C * sizeof(float));
     zpp_cpu_linear_forward(y.mid, y.atty, w + L->wo, NULL, n, C, C, 1);
