@@ -44,6 +44,7 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_SCHED_TYPE CMP_FIELD
 #define CMP_WARMUP_TYPE CMP_FIELD
 #define CMP_DATA_ORDER CMP_FIELD
+#define CMP_FAMILY CMP_FIELD
 #define CMP_STAGE CMP_FIELD
 #define CMP_IGNORED CMP_NONE
 #define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
@@ -154,6 +155,17 @@ static void test_every_key_parsed(void) {
         if (sr)
             strcat(loco_txt, ",\n      \"zeropp_grad_stochastic_rounding\": true");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1), ckpt = irand(&r, 0, 1);
+        /* model.family: a llama takes its keys (their values are the
+         * factory's to check) and samples nothing; a gpt2 takes them as 0 */
+        const int llama = irand(&r, 0, 1);
+        const int kvh = llama ? irand(&r, 0, n_head) : 0, ffn = llama ? irand(&r, 0, 1000) : 0;
+        const int untied = llama ? irand(&r, 0, 1) : 0, qkvb = llama ? irand(&r, 0, 1) : 0;
+        const int rorig = llama ? irand(&r, 0, 100000) : 0;
+        const double theta = llama ? 1 + zpp_rng_uniform(&r) * 1e6 : 0;
+        const double neps = llama ? zpp_rng_uniform(&r) * 1e-4 : 0;
+        const double rf = llama ? zpp_rng_uniform(&r) * 8 : 0;
+        const double rlo = llama ? zpp_rng_uniform(&r) : 0, rhi = llama ? 1 + rlo : 0;
+        if (llama) se = 0;
         double peak = trial % 3 ? zpp_rng_uniform(&r) * 2000 : 0; /* 0 = the GPU's preset */
         char json[4096];
         snprintf(json, sizeof json,
@@ -181,8 +193,14 @@ static void test_every_key_parsed(void) {
                  "      \"stage3_max_reuse_distance\": %lld,\n"
                  "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d,\n"
                  "      \"zeropp_quantize_vectors\": %s, \"zeropp_resident_weights\": %s%s},\n"
-                 "  \"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
-                 "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d},\n"
+                 "  \"model\": {\"family\": \"%s\",\n"
+                 "      \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
+                 "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d,\n"
+                 "      \"n_kv_head\": %d, \"n_ffn\": %d, \"rope_theta\": %.17g,\n"
+                 "      \"norm_eps\": %.17g,\n"
+                 "      \"untied_head\": %s, \"qkv_bias\": %s, \"rope_factor\": %.17g,\n"
+                 "      \"rope_low_freq_factor\": %.17g, \"rope_high_freq_factor\": %.17g,\n"
+                 "      \"rope_original_max_pos\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
                  "      \"eval_batches\": %d, \"max_consecutive_skips\": 5,\n"
                  "      \"sample_every\": %d, \"sample_tokens\": %d,\n"
@@ -194,8 +212,11 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt, n_layer, n_head, n_embd, seq_len, vocab,
-                 real_vocab, steps, seed, ev, eb, se, stok, kc, cts, sts, prune ? "true" : "false", sequential ? "sequential" : "shuffled",
+                 reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt,
+                 llama ? "llama" : "gpt2", n_layer, n_head, n_embd, seq_len, vocab, real_vocab,
+                 kvh, ffn, theta, neps, untied ? "true" : "false", qkvb ? "true" : "false", rf,
+                 rlo, rhi, rorig, steps, seed, ev, eb, se, stok, kc, cts, sts,
+                 prune ? "true" : "false", sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak, ckpt ? "true" : "false");
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
@@ -221,6 +242,12 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
                cfg.model.n_embd == n_embd && cfg.model.seq_len == seq_len &&
                cfg.model.vocab_size == vocab && cfg.model.real_vocab_size == real_vocab);
+        const zpp_decoder_shape *x = &cfg.model_ext;
+        EXPECT(cfg.model_family == (llama ? ZPP_FAMILY_LLAMA : ZPP_FAMILY_GPT2) &&
+               x->n_kv_head == kvh && x->n_ffn == ffn && x->rope_theta == theta &&
+               x->norm_eps == neps && x->untied_head == untied && x->qkv_bias == qkvb &&
+               x->rope_factor == rf && x->rope_low_freq_factor == rlo &&
+               x->rope_high_freq_factor == rhi && x->rope_original_max_pos == rorig);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&
                cfg.eval_batches == eb && cfg.keep_checkpoints == kc &&
                cfg.collective_timeout_s == cts && cfg.save_timeout_s == sts &&
@@ -411,6 +438,13 @@ static void test_validation_errors(void) {
     expect_load_fails("{\"model\": {\"n_layer\": 0}}", ZPP_ERR_CONFIG,
                       "'model.n_layer' is 0; it must be in [1, ");
     expect_load_fails("{\"model\": {\"seq_len\": -3}}", ZPP_ERR_CONFIG, "'model.seq_len' is -3");
+    /* model.family: another name, a llama key for a gpt2, a llama sampling */
+    expect_load_fails("{\"model\": {\"family\": \"gpt-2\"}}", ZPP_ERR_CONFIG,
+                      "is 'gpt-2'; use \"gpt2\" or \"llama\"");
+    expect_load_fails("{\"model\": {\"rope_theta\": 500000}}", ZPP_ERR_CONFIG,
+                      "'model.rope_theta' is a key of the llama family");
+    expect_load_fails("{\"model\": {\"family\": \"llama\"}, \"zeropp\": {\"sample_every\": 5}}",
+                      ZPP_ERR_CONFIG, "sampling a llama model is not supported");
     expect_load_fails("{\"train_batch_size\": 0}", ZPP_ERR_CONFIG, "'train_batch_size' is 0");
     expect_load_fails("{\"optimizer\": {\"params\": {\"lr\": 0}}}", ZPP_ERR_CONFIG,
                       "'optimizer.params.lr' must be > 0");

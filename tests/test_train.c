@@ -2921,6 +2921,41 @@ static void check_old_format_loads(int format) {
 static void test_checkpoint_format2_still_loads(void) { check_old_format_loads(2); }
 static void test_checkpoint_format3_still_loads(void) { check_old_format_loads(3); }
 
+/* model.family "llama" (src/model/llama.h) trains through `zeropp train`:
+ * 3 steps of ZeRO-3 on 2 ranks give the losses of 1 rank on the same
+ * global batch, within the fp32 bound of test_zero3_matches_single_rank_fp32
+ * (only the order of the gradient sums differs), and the loss falls. */
+static void test_llama_family_trains(void) {
+    const int steps = 3;
+    double loss[2][MAX_STEPS];
+    for (int k = 0; k < 2; k++) {
+        const int world = k + 1;
+        char cfg[512], met[512], err[512], args[2048], name[64];
+        snprintf(name, sizeof name, "llama_w%d.json", world);
+        write_text(zpp_test_tmp_path(name, cfg),
+                   "{\"model\": {\"family\": \"llama\", \"n_layer\": 2, \"n_head\": 4,"
+                   " \"n_kv_head\": 2, \"n_embd\": 32, \"n_ffn\": 48, \"seq_len\": 16,"
+                   " \"vocab_size\": 256, \"untied_head\": true, \"qkv_bias\": true,"
+                   " \"rope_theta\": 500000, \"rope_factor\": 8, \"rope_low_freq_factor\": 1,"
+                   " \"rope_high_freq_factor\": 4, \"rope_original_max_pos\": 8},"
+                   " \"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": %d,"
+                   " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003}},"
+                   " \"zeropp\": {\"eval_every\": 0, \"seed\": 7}}",
+                   8 / world);
+        snprintf(name, sizeof name, "llama_w%d.jsonl", world);
+        zpp_test_tmp_path(name, met);
+        snprintf(args, sizeof args, "--config %s --steps %d --metrics %s", cfg, steps, met);
+        const int rc = run_train(world, args, zpp_test_tmp_path("err.txt", err));
+        EXPECT(rc == 0, "a llama on %d ranks failed (exit %d); stderr in %s", world, rc, err);
+        EXPECT(zpp_test_read_metric(met, "loss", loss[k], MAX_STEPS) == steps);
+    }
+    for (int s = 0; s < steps; s++)
+        EXPECT(isfinite(loss[0][s]) && fabs(loss[1][s] - loss[0][s]) <= 1e-5 * fabs(loss[0][s]),
+               "step %d: loss %.9g on 2 ranks, %.9g on 1", s + 1, loss[1][s], loss[0][s]);
+    EXPECT(loss[0][steps - 1] < loss[0][0], "the loss did not fall: %.6g -> %.6g", loss[0][0],
+           loss[0][steps - 1]);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
@@ -2952,4 +2987,4 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_checkpoint_manifest_flipped_byte),
           ZPP_TEST(test_checkpoint_stale_lock_taken_over),
           ZPP_TEST(test_checkpoint_format2_still_loads),
-          ZPP_TEST(test_checkpoint_format3_still_loads))
+          ZPP_TEST(test_checkpoint_format3_still_loads), ZPP_TEST(test_llama_family_trains))

@@ -98,8 +98,8 @@ static int fail(const char *context, zpp_status st) {
 }
 
 /* The result, rank 0: one JSON object (--json) or the lines for people. */
-static void print_eval(const eval_args *a, zpp_trainer *t, const char *data, long long batches,
-                       int step, float loss) {
+static void print_eval(const eval_args *a, zpp_trainer *t, const char *family, const char *data,
+                       long long batches, int step, float loss) {
     const int world = zpp_comm_world_size(), train_split = !strcmp(a->split, "train");
     const zpp_trainer_info *in = zpp_trainer_info_get(t);
     const zpp_data_info *d = &in->data;
@@ -118,7 +118,7 @@ static void print_eval(const eval_args *a, zpp_trainer *t, const char *data, lon
     } else {
         const char *what = data ? data : "the built-in synthetic corpus";
         const char *unit = d->kind == ZPP_DATA_RAW_TEXT ? "bytes" : "tokens";
-        printf("eval: checkpoint %s (step %d), GPT-2 %zu params, %d rank%s\n", a->dir, step,
+        printf("eval: checkpoint %s (step %d), %s %zu params, %d rank%s\n", a->dir, step, family,
                in->n_params, world, world == 1 ? "" : "s");
         const char *comm_note = zpp_trainer_comm_note(t);
         if (comm_note[0]) printf("note: %s\n", comm_note);
@@ -175,7 +175,9 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     ZPP_CHECK_GOTO(zpp_trainer_create(&cfg, &to, &t), st, out);
     ZPP_CHECK_GOTO(zpp_trainer_load(t, a.dir, &step), st, out);
     ZPP_CHECK_GOTO(zpp_trainer_evaluate(t, train_split, per_rank, &loss, NULL), st, out);
-    if (rank == 0) print_eval(&a, t, data, (long long)per_rank * world, step, loss);
+    if (rank == 0)
+        print_eval(&a, t, cfg.model_family == ZPP_FAMILY_LLAMA ? "Llama" : "GPT-2", data,
+                   (long long)per_rank * world, step, loss);
 out:
     zpp_trainer_destroy(t);
     free(saved.data_path);

@@ -517,10 +517,12 @@ static void print_header(const char *label, const zpp_train_config *cfg,
     const char *dt = zpp_dtype_name(in->dtype);
     char mode[160];
     mode_text(in, cfg, mode, sizeof mode);
-    printf("%s: %d rank%s = %d node%s of %d, GPT-2 %zu params (%d layers, %d wide, T=%d%s), "
+    printf("%s: %d rank%s = %d node%s of %d, %s %zu params (%d layers, %d wide, T=%d%s), "
            "%s data (%zu tokens), global batch %d = %d x %d accum x %d rank%s, %s\n",
            label ? label : "train", in->world_size, in->world_size == 1 ? "" : "s", in->nodes,
-           in->nodes == 1 ? "" : "s", in->node_size, in->n_params, cfg->model.n_layer,
+           in->nodes == 1 ? "" : "s", in->node_size,
+           cfg->model_family == ZPP_FAMILY_LLAMA ? "Llama" : "GPT-2", in->n_params,
+           cfg->model.n_layer,
            cfg->model.n_embd, in->seq_len,
            cfg->activation_checkpointing ? ", activation checkpointing" : "",
            zpp_data_kind_name(in->data.kind), in->data.n_tokens,

@@ -1,7 +1,7 @@
 /* model/cpu_kernels.c — the CPU reference's arithmetic that any decoder
  * family composes (cpu_kernels.h): matrix products through OpenBLAS,
- * LayerNorm, causal attention, softmax with cross-entropy. fp32, every
- * loop in a fixed order on one thread (gpt2_cpu.c, "Determinism"). */
+ * LayerNorm, RMSNorm, causal attention, softmax with cross-entropy. fp32,
+ * every loop in a fixed order on one thread (gpt2_cpu.c, "Determinism"). */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -9,15 +9,19 @@
 
 #include "model/cpu_kernels.h"
 
-/* out[n x OC] (= or +=) inp[n x IC] W^T + bias, W is [OC][IC]. */
+/* out[n x OC] (= or +=) inp[n x IC] W^T + bias, W is [OC][IC]; bias NULL:
+ * none. */
 void zpp_cpu_linear_forward(float *out, const float *inp, const float *W, const float *bias, int n,
                             int IC, int OC, int accumulate) {
     for (int r = 0; r < n; r++) {
         float *o = out + (size_t)r * OC;
-        if (accumulate)
+        if (!bias) {
+            if (!accumulate) memset(o, 0, (size_t)OC * sizeof(float));
+        } else if (accumulate) {
             for (int j = 0; j < OC; j++) o[j] += bias[j];
-        else
+        } else {
             memcpy(o, bias, (size_t)OC * sizeof(float));
+        }
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, OC, IC, 1.0f, inp, IC, W, IC,
                 1.0f, out, OC);
@@ -33,7 +37,7 @@ void zpp_cpu_linear_backward(float *dinp, float *dW, float *db, const float *dou
                 dinp, IC);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC,
                 1.0f, dW, IC);
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; db && r < n; r++) {
         const float *d = dout + (size_t)r * OC;
         for (int j = 0; j < OC; j++) db[j] += d[j];
     }
@@ -92,23 +96,28 @@ void zpp_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *
     }
 }
 
-/* Causal self-attention for B sequences. qkv rows are [q | k | v], each C
- * wide, head h at columns h*hs..(h+1)*hs-1 of each part. Per (b, h):
+/* Causal self-attention for B sequences, grouped-query. A qkv row is
+ * [q | k | v]: H query heads, then KV key heads, then KV value heads, each
+ * hs wide (W = (H + 2 KV) hs floats); query head h reads key/value head
+ * h / (H / KV), so a group of H / KV query heads shares one (KV = H: every
+ * head its own, GPT-2's multi-head attention). Per (b, h):
  *   P = softmax_rows(Q K^T / sqrt(hs)) with P[t][t2] = 0 for t2 > t
  *   Y = P V
- * Q K^T and P V go through sgemm with leading dimensions 3C / C, so no
+ * Q K^T and P V go through sgemm with leading dimensions W / H hs, so no
  * head is copied; the upper triangle is computed and then zeroed (half the
  * flops of Q K^T wasted, in exchange for BLAS speed). Work O(B H T^2 hs). */
-void zpp_cpu_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
-    int hs = C / H, C3 = 3 * C;
+void zpp_cpu_gqa_attention_forward(float *y, float *att, const float *qkv, int B, int T, int H,
+                                   int KV, int hs) {
+    const int C = H * hs, W = (H + 2 * KV) * hs, group = H / KV;
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
-            const float *Q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *K = Q + C, *Vv = Q + 2 * C;
+            const float *row0 = qkv + (size_t)b * T * W;
+            const float *Q = row0 + (size_t)h * hs;
+            const float *K = row0 + C + (size_t)(h / group) * hs, *Vv = K + (size_t)KV * hs;
             float *P = att + ((size_t)b * H + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, C3, K,
-                        C3, 0.0f, P, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, W, K, W,
+                        0.0f, P, T);
             for (int t = 0; t < T; t++) {
                 float *p = P + (size_t)t * T;
                 float mx = p[0];
@@ -123,31 +132,41 @@ void zpp_cpu_attention_forward(float *y, float *att, const float *qkv, int B, in
                 for (int t2 = t + 1; t2 < T; t2++) p[t2] = 0.0f;
             }
             float *Y = y + (size_t)b * T * C + (size_t)h * hs;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, Vv,
-                        C3, 0.0f, Y, C);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, Vv, W,
+                        0.0f, Y, C);
         }
     }
 }
 
-/* Backward of zpp_cpu_attention_forward, writing (not accumulating) dqkv:
+void zpp_cpu_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
+    zpp_cpu_gqa_attention_forward(y, att, qkv, B, T, H, H, C / H);
+}
+
+/* Backward of zpp_cpu_gqa_attention_forward, writing (not accumulating)
+ * dqkv:
  *   dP = dY V^T,   dV = P^T dY
  *   dS = P * (dP - rowsum(P * dP))         (softmax Jacobian, row by row)
  *   dQ = dS K / sqrt(hs),   dK = dS^T Q / sqrt(hs)
+ * A shared key/value head gets the sum of its group's dK and dV: the first
+ * query head of the group writes them (beta 0), the others add (beta 1).
  * Masked entries have P = 0, so their dS is 0 and they contribute nothing.
  * dS overwrites dP in the T x T scratch. */
-void zpp_cpu_attention_backward(float *dqkv, float *scratch, const float *dy, const float *att,
-                                const float *qkv, int B, int T, int C, int H) {
-    int hs = C / H, C3 = 3 * C;
+void zpp_cpu_gqa_attention_backward(float *dqkv, float *scratch, const float *dy,
+                                    const float *att, const float *qkv, int B, int T, int H,
+                                    int KV, int hs) {
+    const int C = H * hs, W = (H + 2 * KV) * hs, group = H / KV;
     float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
-            size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-            const float *Q = qkv + qoff, *K = Q + C, *Vv = Q + 2 * C;
-            float *dQ = dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
+            const size_t row0 = (size_t)b * T * W, qoff = row0 + (size_t)h * hs;
+            const size_t koff = row0 + C + (size_t)(h / group) * hs, voff = koff + (size_t)KV * hs;
+            const float *Q = qkv + qoff, *K = qkv + koff, *Vv = qkv + voff;
+            float *dQ = dqkv + qoff, *dK = dqkv + koff, *dV = dqkv + voff;
+            const float beta = h % group == 0 ? 0.0f : 1.0f;
             const float *P = att + ((size_t)b * H + h) * T * T;
             const float *dY = dy + (size_t)b * T * C + (size_t)h * hs;
             float *dS = scratch;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dY, C, Vv, C3,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dY, C, Vv, W,
                         0.0f, dS, T);
             for (int t = 0; t < T; t++) {
                 const float *p = P + (size_t)t * T;
@@ -157,12 +176,54 @@ void zpp_cpu_attention_backward(float *dqkv, float *scratch, const float *dy, co
                 for (int t2 = 0; t2 <= t; t2++) d[t2] = p[t2] * (d[t2] - dot);
                 for (int t2 = t + 1; t2 < T; t2++) d[t2] = 0.0f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, K,
-                        C3, 0.0f, dQ, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, Q, C3,
-                        0.0f, dK, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dS, T, K, W,
+                        0.0f, dQ, W);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dS, T, Q, W,
+                        beta, dK, W);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dY, C,
-                        0.0f, dV, C3);
+                        beta, dV, W);
+        }
+    }
+}
+
+void zpp_cpu_attention_backward(float *dqkv, float *scratch, const float *dy, const float *att,
+                                const float *qkv, int B, int T, int C, int H) {
+    zpp_cpu_gqa_attention_backward(dqkv, scratch, dy, att, qkv, B, T, H, H, C / H);
+}
+
+/* RMSNorm of each row: y = x * r * w with r = 1 / sqrt(mean(x^2) + eps)
+ * (no centring, no bias: Llama's norm); keeps r for the backward. */
+void zpp_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int n,
+                             int C, float eps) {
+    for (int r = 0; r < n; r++) {
+        const float *x = inp + (size_t)r * C;
+        float *o = out + (size_t)r * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) o[c] = x[c] * s * w[c];
+        rstd[r] = s;
+    }
+}
+
+/* With xh = x * r and g = dy * w: d w += dy * xh, and since
+ * d r / d x = -r^3 x / C,
+ *   d x += r * (g - xh * mean(g * xh))
+ * (the mean removes the component of g along x, the direction the
+ * normalisation divides out). */
+void zpp_cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, const float *rstd, int n, int C) {
+    for (int r = 0; r < n; r++) {
+        const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
+        float *dx = dinp + (size_t)r * C;
+        const float s = rstd[r];
+        float gxmean = 0.0f;
+        for (int c = 0; c < C; c++) gxmean += dy[c] * w[c] * x[c] * s;
+        gxmean /= (float)C;
+        for (int c = 0; c < C; c++) {
+            float xh = x[c] * s;
+            dw[c] += dy[c] * xh;
+            dx[c] += s * (dy[c] * w[c] - xh * gxmean);
         }
     }
 }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/family.h"
 #include "model/gpt2.h"
+#include "model/llama.h"
 
 typedef struct model_family {
     const char *name;
@@ -14,6 +15,7 @@ typedef struct model_family {
 
 static const model_family kFamilies[] = {
     {"gpt2", zpp_gpt2_family_create},
+    {"llama", zpp_llama_family_create},
 };
 #define N_FAMILIES (sizeof kFamilies / sizeof kFamilies[0])
 

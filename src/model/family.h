@@ -3,7 +3,7 @@
  * A family is one kind of decoder: the blocks it stacks, how it lays its
  * parameters out in units and initialises them, its CPU and CUDA models.
  * Each family registers one factory under its name (family.c's table:
- * "gpt2"; "llama" joins it the same way), so a caller that holds only a
+ * "gpt2", "llama"), so a caller that holds only a
  * name and a shape (a config's "model" section, a checkpoint's manifest)
  * creates any of them, then drives the model through model.h alone.
  *
@@ -45,6 +45,16 @@ typedef struct zpp_decoder_shape {
      * (each block keeps its input and recomputes the rest in its backward;
      * gpt2.h, zpp_gpt2_config.recompute), 0 = off. */
     int recompute;
+    /* Llama's knobs (llama.h), 0 = the default; GPT-2 refuses any other
+     * value, naming the field. */
+    double rope_theta; /* the rotary base: 0 = 10000 (HF's default) */
+    double norm_eps;   /* RMSNorm's epsilon: 0 = 1e-5 */
+    int untied_head;   /* 1: the output head is a matrix of its own; 0: the token embedding */
+    int qkv_bias;      /* 1: q, k and v projections have biases (not o: Qwen2's) */
+    /* Llama 3's rope_scaling of type llama3 (HF _compute_llama3_parameters):
+     * rope_factor 0 = no scaling; else all four are set. */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_pos;
 } zpp_decoder_shape;
 
 /* What a family registers: its model of `shape` for `dev` (the CPU model on
@@ -53,7 +63,7 @@ typedef struct zpp_decoder_shape {
 typedef zpp_status (*zpp_model_factory)(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                         int max_batch, zpp_device *dev, zpp_model **model_p);
 
-/* The model of family `family` ("gpt2"), made by its factory. ZPP_ERR_CONFIG
+/* The model of family `family` ("gpt2", "llama"), made by its factory. ZPP_ERR_CONFIG
  * for a name no family registered, the message listing those that did;
  * whatever the family's factory returns otherwise (ZPP_ERR_CONFIG for a
  * shape it cannot build). *model_p is set on success only. */

@@ -17,8 +17,29 @@ zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, in
     return zpp_gpt2_cuda_create(cfg, param_dtype, max_batch, dev, model_p);
 }
 
+/* Llama's knobs (family.h) mean nothing to GPT-2: LayerNorm (no RMSNorm
+ * epsilon to choose), learned positions (no rotary base or scaling), a head
+ * tied to wte, biases everywhere. Any value but the default is refused. */
+static zpp_status refuse_llama_knobs(const zpp_decoder_shape *shape) {
+    const char *field = shape->rope_theta != 0.0              ? "rope_theta"
+                        : shape->norm_eps != 0.0              ? "norm_eps"
+                        : shape->untied_head != 0             ? "untied_head"
+                        : shape->qkv_bias != 0                ? "qkv_bias"
+                        : shape->rope_factor != 0.0           ? "rope_factor"
+                        : shape->rope_low_freq_factor != 0.0  ? "rope_low_freq_factor"
+                        : shape->rope_high_freq_factor != 0.0 ? "rope_high_freq_factor"
+                        : shape->rope_original_max_pos != 0   ? "rope_original_max_pos"
+                                                              : NULL;
+    if (!field) return ZPP_OK;
+    return zpp_error(ZPP_ERR_CONFIG,
+                     "gpt2: %s is set, but it is a Llama knob GPT-2 does not have; leave it 0 "
+                     "or use the family \"llama\"",
+                     field);
+}
+
 /* GPT-2's config of a generic shape (gpt2.h, zpp_gpt2_family_create). */
 static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_config *cfg_p) {
+    ZPP_CHECK(refuse_llama_knobs(shape));
     if (shape->n_kv_head != 0 && shape->n_kv_head != shape->n_head)
         return zpp_error(ZPP_ERR_CONFIG,
                          "gpt2: n_kv_head %d differs from n_head %d; GPT-2 gives every head "

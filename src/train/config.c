@@ -48,6 +48,7 @@ typedef enum zpp__kind {
     ZPP_CFG_SCHED_TYPE,
     ZPP_CFG_WARMUP_TYPE,
     ZPP_CFG_DATA_ORDER,
+    ZPP_CFG_FAMILY,
     ZPP_CFG_STAGE,
     ZPP_CFG_IGNORED
 } zpp__kind;
@@ -76,6 +77,7 @@ typedef struct zpp__key {
 #define ZPP__OFF_SCHED_TYPE ZPP__FIELD
 #define ZPP__OFF_WARMUP_TYPE ZPP__FIELD
 #define ZPP__OFF_DATA_ORDER ZPP__FIELD
+#define ZPP__OFF_FAMILY ZPP__FIELD
 #define ZPP__OFF_STAGE ZPP__FIELD
 #define ZPP__OFF_IGNORED ZPP__NOFIELD
 #define ZPP__DEF(...) {__VA_ARGS__}
@@ -138,6 +140,9 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
             break;
         case ZPP_CFG_DATA_ORDER:
             *ZPP__AT(cfg, k, zpp_data_order) = (zpp_data_order)(int)k->def[0];
+            break;
+        case ZPP_CFG_FAMILY:
+            *ZPP__AT(cfg, k, zpp_model_family_id) = (zpp_model_family_id)(int)k->def[0];
             break;
         case ZPP_CFG_OBJECT:
         case ZPP_CFG_OPT_TYPE:
@@ -402,6 +407,17 @@ static zpp_status parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON
                                "%s: '%s' is '%s'; use \"shuffled\" or \"sequential\"", c->src,
                                path, w);
     }
+    case ZPP_CFG_FAMILY: {
+        const char *w = NULL;
+        zpp_model_family_id *out = ZPP__AT(cfg, k, zpp_model_family_id);
+        ZPP_CHECK(get_str(c, it, path, &w));
+        if (strcmp(w, "gpt2") == 0) *out = ZPP_FAMILY_GPT2;
+        else if (strcmp(w, "llama") == 0) *out = ZPP_FAMILY_LLAMA;
+        else
+            return zpp_error(ZPP_ERR_CONFIG, "%s: '%s' is '%s'; use \"gpt2\" or \"llama\"",
+                             c->src, path, w);
+        return ZPP_OK;
+    }
     case ZPP_CFG_STAGE: {
         long long v = 0;
         ZPP_CHECK(get_int(c, it, path, INT_MIN, INT_MAX, &v));
@@ -463,7 +479,8 @@ static const char *kind_doc(zpp__kind kind) {
     case ZPP_CFG_OPT_TYPE:
     case ZPP_CFG_SCHED_TYPE:
     case ZPP_CFG_WARMUP_TYPE:
-    case ZPP_CFG_DATA_ORDER: return "string";
+    case ZPP_CFG_DATA_ORDER:
+    case ZPP_CFG_FAMILY: return "string";
     case ZPP_CFG_IGNORED: return "any";
     }
     return "?";
@@ -490,6 +507,9 @@ static void write_default(FILE *f, const zpp__key *k) {
     case ZPP_CFG_OBJECT_ON: fprintf(f, "absent (off)"); break;
     case ZPP_CFG_DATA_ORDER:
         fprintf(f, "\"%s\"", zpp_data_order_name((zpp_data_order)(int)k->def[0]));
+        break;
+    case ZPP_CFG_FAMILY:
+        fprintf(f, "\"%s\"", zpp_model_family_name((zpp_model_family_id)(int)k->def[0]));
         break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: fprintf(f, "-"); break;
@@ -566,6 +586,38 @@ static zpp_status validate_shape(const zpp_train_config *cfg) {
                          "softmax runs over the first real_vocab_size rows of the embedding",
                          m->real_vocab_size, m->vocab_size);
     return ZPP_OK;
+}
+
+/* model.family's own keys: Llama's knobs are refused for GPT-2 (it has
+ * none of them: the path names the key), and a Llama run cannot sample yet
+ * (the sampler builds a GPT-2). The knobs' values are checked by the
+ * family's factory (model/llama.h), which names the field. */
+static zpp_status validate_family(const zpp_train_config *cfg) {
+    const zpp_decoder_shape *x = &cfg->model_ext;
+    if (cfg->model_family == ZPP_FAMILY_LLAMA) {
+        if (cfg->sample_every > 0)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "'zeropp.sample_every' %d: sampling a llama model is not supported "
+                             "yet; set it to 0",
+                             cfg->sample_every);
+        return ZPP_OK;
+    }
+    const char *key = x->n_kv_head ? "model.n_kv_head"
+                      : x->n_ffn ? "model.n_ffn"
+                      : x->rope_theta != 0.0 ? "model.rope_theta"
+                      : x->norm_eps != 0.0 ? "model.norm_eps"
+                      : x->untied_head ? "model.untied_head"
+                      : x->qkv_bias ? "model.qkv_bias"
+                      : x->rope_factor != 0.0 ? "model.rope_factor"
+                      : x->rope_low_freq_factor != 0.0 ? "model.rope_low_freq_factor"
+                      : x->rope_high_freq_factor != 0.0 ? "model.rope_high_freq_factor"
+                      : x->rope_original_max_pos ? "model.rope_original_max_pos"
+                                                 : NULL;
+    if (!key) return ZPP_OK;
+    return zpp_error(ZPP_ERR_CONFIG,
+                     "'%s' is a key of the llama family, but 'model.family' is \"gpt2\"; set "
+                     "\"family\": \"llama\" or remove the key",
+                     key);
 }
 
 /* The batch sizes (0 = derived from the others), the hpZ partition, and how
@@ -710,6 +762,7 @@ static zpp_status validate_scheduler(const zpp_train_config *cfg) {
 zpp_status zpp_train_config_validate(const zpp_train_config *cfg) {
     if (!cfg) return zpp_error(ZPP_ERR_INVALID, "zpp_train_config_validate: cfg is NULL");
     ZPP_CHECK(validate_shape(cfg));
+    ZPP_CHECK(validate_family(cfg));
     ZPP_CHECK(validate_batches_and_periods(cfg));
     ZPP_CHECK(validate_optimizer(cfg));
     ZPP_CHECK(validate_run_limits(cfg));
@@ -1100,6 +1153,10 @@ static void value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf
     case ZPP_CFG_DATA_ORDER:
         snprintf(buf, cap, "\"%s\"", zpp_data_order_name(*ZPP__AT(cfg, k, zpp_data_order)));
         break;
+    case ZPP_CFG_FAMILY:
+        snprintf(buf, cap, "\"%s\"",
+                 zpp_model_family_name(*ZPP__AT(cfg, k, zpp_model_family_id)));
+        break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: buf[0] = '\0'; break;
     }
@@ -1215,7 +1272,8 @@ static zpp_status set_one(cJSON *root, const char *assignment) {
     /* A string key takes a bare word (--set scheduler.type=WarmupLR); any
      * other value is JSON: a number, true/false, [a, b], {}. */
     int word = k && (k->kind == ZPP_CFG_OPT_TYPE || k->kind == ZPP_CFG_SCHED_TYPE ||
-                     k->kind == ZPP_CFG_WARMUP_TYPE || k->kind == ZPP_CFG_DATA_ORDER) &&
+                     k->kind == ZPP_CFG_WARMUP_TYPE || k->kind == ZPP_CFG_DATA_ORDER ||
+                     k->kind == ZPP_CFG_FAMILY) &&
                value[0] != '"';
     cJSON *v = NULL;
     if (word) {
@@ -1329,6 +1387,10 @@ zpp_status zpp_train_config_resolve(zpp_train_config *cfg, int world_size) {
 
 const char *zpp_data_order_name(zpp_data_order order) {
     return order == ZPP_DATA_ORDER_SEQUENTIAL ? "sequential" : "shuffled";
+}
+
+const char *zpp_model_family_name(zpp_model_family_id family) {
+    return family == ZPP_FAMILY_LLAMA ? "llama" : "gpt2";
 }
 
 zpp_status zpp_data_order_parse(const char *name, zpp_data_order *order_p) {

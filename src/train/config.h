@@ -79,6 +79,9 @@ typedef enum zpp_data_order {
     ZPP_DATA_ORDER_SEQUENTIAL = 1
 } zpp_data_order;
 
+/* model.family: the decoder the run trains (model/family.h's names). */
+typedef enum zpp_model_family_id { ZPP_FAMILY_GPT2 = 0, ZPP_FAMILY_LLAMA = 1 } zpp_model_family_id;
+
 #define ZPP_TRAIN_DEFAULT_MICRO_BATCH 8 /* when no batch key is given at all */
 #define ZPP_TRAIN_IGNORED_CAP 512
 
@@ -130,6 +133,11 @@ typedef struct zpp_train_config {
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size, real_vocab_size */
+    zpp_model_family_id model_family;
+    /* The shape's fields `model` has no room for (Llama's: n_kv_head, n_ffn,
+     * rope_*, norm_eps, untied_head, qkv_bias; 0 = the family's default);
+     * the rest of it is `model`'s and stays 0 here. */
+    zpp_decoder_shape model_ext;
 
     /* ---- zeropp extensions */
     int train_steps;
@@ -235,6 +243,7 @@ int zpp_train_schedule_length(const zpp_train_config *cfg);
 
 /* "shuffled" / "sequential", and back (ZPP_ERR_CONFIG naming the word). */
 const char *zpp_data_order_name(zpp_data_order order);
+const char *zpp_model_family_name(zpp_model_family_id family);
 zpp_status zpp_data_order_parse(const char *name, zpp_data_order *order_p);
 
 /* "WarmupCosineLR" etc.; "none" for ZPP_SCHED_NONE. */

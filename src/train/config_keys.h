@@ -36,7 +36,8 @@
  * to 1; absent = 0: DeepSpeed's "param" objects that switch a feature on), BOOL (int field, 0/1), BETAS ([beta1, beta2]),
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), DATA_ORDER
- * (zpp_data_order: "shuffled" | "sequential"), STAGE (must be 3),
+ * (zpp_data_order: "shuffled" | "sequential"), FAMILY (zpp_model_family_id:
+ * "gpt2" | "llama"), STAGE (must be 3),
  * IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
@@ -189,7 +190,7 @@
       "DeepSpeed tuning knob")                                                                    \
     X("zero_optimization.stage3_gather_16bit_weights_on_model_save", IGNORED, none, 0, 0, (0), 0, \
       "DeepSpeed tuning knob")                                                                    \
-    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the GPT-2 shape (n_embd % n_head == 0)")      \
+    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the decoder's shape (n_embd % n_head == 0)")  \
     X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0, "transformer blocks")              \
     X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0, "attention heads")                   \
     X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \
@@ -198,6 +199,28 @@
     X("model.real_vocab_size", INT, model.real_vocab_size, 0, INT_MAX, (0), 0,                    \
       "tokens the softmax runs over, <= vocab_size; the rows past it are padding (llm.c's "       \
       "padded vocabulary); 0 = vocab_size")                                                       \
+    X("model.family", FAMILY, model_family, 0, 0, (ZPP_FAMILY_GPT2), 0,                           \
+      "the decoder: \"gpt2\" or \"llama\" (src/model/llama.h); the keys below are llama's")       \
+    X("model.n_kv_head", INT, model_ext.n_kv_head, 0, INT_MAX, (0), 0,                            \
+      "llama: key/value heads, a divisor of n_head (grouped-query attention); 0 = n_head")        \
+    X("model.n_ffn", INT, model_ext.n_ffn, 0, INT_MAX, (0), 0,                                    \
+      "llama: the SwiGLU MLP's width; 0 = 8 n_embd / 3 rounded up to a multiple of 256")          \
+    X("model.rope_theta", NUM, model_ext.rope_theta, 0, 0, (0), 0,                                \
+      "llama: RoPE's base, > 1; 0 = 10000")                                                       \
+    X("model.norm_eps", NUM, model_ext.norm_eps, 0, 0, (0), 0,                                    \
+      "llama: RMSNorm's epsilon, > 0; 0 = 1e-5")                                                  \
+    X("model.untied_head", BOOL, model_ext.untied_head, 0, 0, (0), 0,                             \
+      "llama: an output head of its own (false: the token embedding's)")                          \
+    X("model.qkv_bias", BOOL, model_ext.qkv_bias, 0, 0, (0), 0,                                   \
+      "llama: biases on the q, k and v projections")                                              \
+    X("model.rope_factor", NUM, model_ext.rope_factor, 0, 0, (0), 0,                              \
+      "llama: Llama 3's rope_scaling factor; 0 = no scaling")                                     \
+    X("model.rope_low_freq_factor", NUM, model_ext.rope_low_freq_factor, 0, 0, (0), 0,            \
+      "llama: its low_freq_factor, in (0, high)")                                                 \
+    X("model.rope_high_freq_factor", NUM, model_ext.rope_high_freq_factor, 0, 0, (0), 0,          \
+      "llama: its high_freq_factor, > low")                                                       \
+    X("model.rope_original_max_pos", INT, model_ext.rope_original_max_pos, 0, INT_MAX, (0), 0,    \
+      "llama: its original_max_position_embeddings")                                              \
     X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                    \
     X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")     \
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(seed)), 0,                     \

@@ -101,6 +101,11 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
 static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
     zpp_llmc_file *f = NULL;
     float *x = NULL, *zero = NULL;
+    if (t->cfg.model_family != ZPP_FAMILY_GPT2)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--init-from: an llm.c file holds a GPT-2, but 'model.family' is "
+                         "\"%s\"; drop --init-from or train a gpt2",
+                         zpp_model_family_name(t->cfg.model_family));
     ZPP_CHECK(zpp_llmc_open(path, &f));
     zpp_status st = ZPP_OK;
     size_t most = 1; /* the largest shard: one buffer serves every unit */
@@ -225,7 +230,19 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
     /* the shape, and how the model keeps its activations */
     zpp_gpt2_config mc = c->model;
     mc.recompute = c->activation_checkpointing;
-    return zpp_gpt2_create(&mc, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
+    if (c->model_family == ZPP_FAMILY_GPT2)
+        return zpp_gpt2_create(&mc, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
+    /* another family: the generic shape, `model`'s fields and model_ext's */
+    zpp_decoder_shape shape = c->model_ext;
+    shape.n_layer = mc.n_layer;
+    shape.n_head = mc.n_head;
+    shape.n_embd = mc.n_embd;
+    shape.seq_len = mc.seq_len;
+    shape.vocab_size = mc.vocab_size;
+    shape.real_vocab_size = mc.real_vocab_size;
+    shape.recompute = mc.recompute;
+    return zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
+                                   c->train_micro_batch_size_per_gpu, t->dev, &t->model);
 }
 
 /* What the log's header shows (trainer.h). */

@@ -1,0 +1,20 @@
+/* model/llama_factory.c — the "llama" family's factory (family.h): a
+ * Llama of a generic decoder shape, for a device. Only the CPU reference
+ * exists so far (llama_cpu.c); a GPU is refused until the CUDA model
+ * joins it here. */
+#include "core/error.h"
+#include "model/llama.h"
+
+zpp_status zpp_llama_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
+                                   int max_batch, zpp_device *dev, zpp_model **model_p) {
+    if (!dev)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "llama create: no device; create one with zpp_device_create_host");
+    zpp_llama_config cfg;
+    ZPP_CHECK(zpp_llama_config_of_shape(shape, &cfg));
+    if (dev->mem != ZPP_MEM_HOST)
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "llama create: there is no CUDA Llama model yet; run the Llama on the "
+                         "host device (the CPU model)");
+    return zpp_llama_cpu_create(&cfg, param_dtype, max_batch, model_p);
+}
