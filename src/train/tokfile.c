@@ -36,7 +36,7 @@ void zpp_tokfile_abort(zpp_tokfile *f) {
 }
 
 zpp_status zpp_tokfile_open(const char *path, zpp_tokfile **f_p) {
-    if (!path || !*path || !f_p) return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_create: no path");
+    if (!path || !*path || !f_p) return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_open: no path");
     zpp_tokfile *f = calloc(1, sizeof *f);
     const size_t n = strlen(path) + 32;
     if (f) f->path = strdup(path), f->tmp = malloc(n);
@@ -149,7 +149,7 @@ zpp_status zpp_tokfile_append(zpp_tokfile *f, const int32_t *ids, size_t n) {
 }
 
 zpp_status zpp_tokfile_close(zpp_tokfile *f, size_t *count_p) {
-    if (!f) return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_finish: NULL file");
+    if (!f) return zpp_error(ZPP_ERR_INVALID, "zpp_tokfile_close: NULL file");
     zpp_status st = ZPP_OK;
     if (f->failed) st = zpp_error(ZPP_ERR_STATE, "token file '%s': an append failed", f->path);
     else if (!f->count)
