@@ -947,11 +947,14 @@ static const char *signal_name(int sig) {
                             : "a signal";
 }
 
-/* The signal that stops the run after this step on every rank, 0 for none.
- * Collective. */
-static zpp_status stop_agreed(int *sig_p) {
+/* The signal that stops the run after step `step` on every rank, 0 for
+ * none. Collective. */
+static zpp_status stop_agreed(int step, int *sig_p) {
     double sig = (double)stop_signal;
-    ZPP_CHECK(zpp_comm_max_world(&sig));
+    const zpp_status st = zpp_comm_max_world(&sig);
+    /* a rank that stalls between steps is met here first: say after which */
+    if (st == ZPP_ERR_TIMEOUT) return zpp_error_context(st, "after step %d", step);
+    ZPP_CHECK(st);
     *sig_p = (int)sig;
     return ZPP_OK;
 }
@@ -1007,7 +1010,7 @@ static int run(const zpp_train_config *cfg, const train_args *a, const char *lab
         zpp_cli_sample_result_free(&so.smp);
         if (st != ZPP_OK) goto out;
         ctx = "train";
-        st = stop_agreed(&sig);
+        st = stop_agreed(so.s + 1, &sig);
         if (st == ZPP_OK && so.last) sig = 0; /* the run has ended anyway */
         if (st == ZPP_OK && sig) st = run_interrupted(&tr, &so, sig, &ctx);
         if (st != ZPP_OK || sig) goto out;
