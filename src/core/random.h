@@ -183,6 +183,22 @@ ZPP_HD double zpp_box_muller(double u1, double u2) {
     return ZPP_DMUL(ZPP_DSQRT(ZPP_DMUL(-2.0, zpp_log_positive(u1))), zpp_cos_2pi(u2));
 }
 
+/* A standard normal that depends only on (seed, unit, index): every model
+ * family's initial weights, the same bits on host and device.
+ *
+ * Each unit gets its own key; the two uniforms of element i are the
+ * splitmix64 stream of that key at positions 2i+1 and 2i+2, and Box-Muller
+ * (zpp_box_muller) maps them to one N(0, 1). u1 is never 0 (the +1 below),
+ * so the log is finite; |z| <= sqrt(2 ln 2^53) ~ 8.6. */
+ZPP_HD double zpp_param_normal(uint64_t seed, int unit, size_t index) {
+    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
+    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
+    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
+    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1], exact */
+    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1), exact */
+    return zpp_box_muller(u1, u2);
+}
+
 #if !defined(__CUDACC__)
 #include "zeropp.h"
 /* n samples of N(0, 1) (Box-Muller on the splitmix64 stream from `seed`),

@@ -159,21 +159,6 @@ size_t zpp_gpt2_unit_numel(const zpp_gpt2_config *cfg, int unit);
 
 #define ZPP_GPT2_INIT_STD 0.02
 
-/* A standard normal that depends only on (seed, unit, index).
- *
- * Each unit gets its own key; the two uniforms of element i are the
- * splitmix64 stream of that key at positions 2i+1 and 2i+2, and Box-Muller
- * (zpp_box_muller) maps them to one N(0, 1). u1 is never 0 (the +1 below),
- * so the log is finite; |z| <= sqrt(2 ln 2^53) ~ 8.6. */
-ZPP_HD double zpp_gpt2_normal(uint64_t seed, int unit, size_t index) {
-    uint64_t key = zpp_mix64(seed ^ zpp_mix64((uint64_t)(unit + 1) * 0xd1342543de82ef95ull));
-    uint64_t h1 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 1));
-    uint64_t h2 = zpp_mix64(key + ZPP_GOLDEN64 * (2 * (uint64_t)index + 2));
-    double u1 = (double)((h1 >> 11) + 1) * 0x1.0p-53; /* (0, 1], exact */
-    double u2 = (double)(h2 >> 11) * 0x1.0p-53;       /* [0, 1), exact */
-    return zpp_box_muller(u1, u2);
-}
-
 /* Initial value of element `i` of `unit` (layout from
  * zpp_gpt2_layout_make): a pure function of (cfg shape, seed, unit, i).
  * The normal is scaled in double and rounded once to fp32. */
@@ -198,7 +183,7 @@ ZPP_HD float zpp_gpt2_init_value(const zpp_gpt2_config *cfg, const zpp_gpt2_layo
         else if (i < l->fc2_b) std = resid_std;         /* fc2_w */
     }
     if (std == 0.0) return (float)one;
-    return (float)ZPP_DMUL(std, zpp_gpt2_normal(seed, unit, i));
+    return (float)ZPP_DMUL(std, zpp_param_normal(seed, unit, i));
 }
 
 /* Checks that [offset, offset + count) lies inside `unit` of a checked

@@ -39,7 +39,7 @@
  * Initialisation (HF's _init_weights, initializer_range 0.02): every
  * matrix N(0, 0.02^2) (wte included; HF does not shrink the residual
  * projections as GPT-2 does), RMSNorm gains 1, biases 0. Each value is a
- * pure function of (seed, unit, index), drawn by zpp_gpt2_normal (the
+ * pure function of (seed, unit, index), drawn by zpp_param_normal (the
  * counter-hashed Box-Muller normal, the same bits on host and device). */
 #ifndef ZPP_MODEL_LLAMA_H
 #define ZPP_MODEL_LLAMA_H
@@ -49,7 +49,6 @@
 
 #include "core/random.h"
 #include "model/family.h"
-#include "model/gpt2.h"
 #include "model/model.h"
 #include "zeropp.h"
 
@@ -111,7 +110,7 @@ ZPP_HD float zpp_llama_init_value(const zpp_llama_layout *l, int unit, size_t i,
         else matrix = 1;                         /* wgate, wup, wdown */
     }
     if (!matrix) return (float)one;
-    return (float)ZPP_DMUL(ZPP_LLAMA_INIT_STD, zpp_gpt2_normal(seed, unit, i));
+    return (float)ZPP_DMUL(ZPP_LLAMA_INIT_STD, zpp_param_normal(seed, unit, i));
 }
 
 /* Elements [offset, offset + count) of unit's initial values into out
