@@ -2,6 +2,8 @@
  * model shares (decoder.h). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "model/decoder.h"
@@ -96,12 +98,15 @@ zpp_status zpp_decoder_check_backward(const zpp_model *m, const zpp_decoder_call
     return ZPP_OK;
 }
 
-zpp_status zpp_decoder_check_keep_logits(const zpp_model *m, int row, const char *who) {
+zpp_status zpp_decoder_keep_logits(const zpp_model *m, zpp_decoder_calls *c, int row,
+                                   const char *who) {
     const long long rows = (long long)m->max_batch * m->seq_len;
     if (row < -1 || row >= rows)
         return zpp_error(ZPP_ERR_INVALID,
                          "%s keep_logits: row %d is outside 0..%lld (max_batch %d x seq_len "
                          "%d), or -1 for none", who, row, rows - 1, m->max_batch, m->seq_len);
+    c->keep_row = row;
+    c->kept = 0;
     return ZPP_OK;
 }
 
@@ -116,6 +121,13 @@ zpp_status zpp_decoder_check_logits(const zpp_model *m, const zpp_decoder_calls 
                          "%s logits: the last forward kept no logits of row %d; run a forward "
                          "through its last stage (%d) on a batch of more than %d rows",
                          who, c->keep_row, m->n_stages - 1, c->keep_row);
+    return ZPP_OK;
+}
+
+zpp_status zpp_decoder_logits_host(const zpp_model *m, const zpp_decoder_calls *c,
+                                   const float *kept, float *out, const char *who) {
+    ZPP_CHECK(zpp_decoder_check_logits(m, c, out, who));
+    memcpy(out, kept, (size_t)m->vocab_size * sizeof(float));
     return ZPP_OK;
 }
 
@@ -139,4 +151,52 @@ float *zpp_arena_take(zpp_arena *a, size_t rows, size_t width) {
     float *p = a->base ? a->base + a->used : NULL;
     a->used += (n + a->align - 1) / a->align * a->align;
     return p;
+}
+
+zpp_status zpp_decoder_tables_make(int n_layer, const char *who, zpp_decoder_tables *t) {
+    const size_t L = (size_t)n_layer;
+    t->unit_numel = calloc(L + 1, sizeof *t->unit_numel);
+    t->stage_unit = calloc(L + 2, sizeof *t->stage_unit);
+    t->bwd_reads_params = calloc(L + 2, 1);
+    t->n_matrix_ranges = calloc(L + 1, sizeof *t->n_matrix_ranges);
+    t->matrix_ranges = calloc(L + 1, sizeof *t->matrix_ranges);
+    if (!t->unit_numel || !t->stage_unit || !t->bwd_reads_params || !t->n_matrix_ranges ||
+        !t->matrix_ranges) {
+        zpp_decoder_tables_free(t);
+        return zpp_error(ZPP_ERR_NOMEM, "%s: out of host memory", who);
+    }
+    for (int k = 1; k <= n_layer; k++) t->stage_unit[k] = k;
+    t->stage_unit[0] = t->stage_unit[n_layer + 1] = 0;
+    for (int k = 1; k <= n_layer + 1; k++) t->bwd_reads_params[k] = 1;
+    return ZPP_OK;
+}
+
+void zpp_decoder_tables_free(zpp_decoder_tables *t) {
+    free(t->unit_numel);
+    free(t->stage_unit);
+    free(t->bwd_reads_params);
+    free(t->n_matrix_ranges);
+    free(t->matrix_ranges);
+    t->unit_numel = NULL;
+    t->stage_unit = NULL;
+    t->bwd_reads_params = NULL;
+    t->n_matrix_ranges = NULL;
+    t->matrix_ranges = NULL;
+}
+
+void zpp_decoder_base_fill(zpp_model *base, const zpp_decoder_tables *t, int n_layer,
+                           zpp_dtype param_dtype, int max_batch, int seq_len, int vocab_size,
+                           int real_vocab_size) {
+    base->param_dtype = param_dtype;
+    base->n_units = n_layer + 1;
+    base->unit_numel = t->unit_numel;
+    base->n_stages = n_layer + 2;
+    base->stage_unit = t->stage_unit;
+    base->bwd_reads_params = t->bwd_reads_params;
+    base->seq_len = seq_len;
+    base->vocab_size = vocab_size;
+    base->real_vocab_size = real_vocab_size;
+    base->max_batch = max_batch;
+    base->n_matrix_ranges = t->n_matrix_ranges;
+    base->matrix_ranges = (const zpp_elem_range *const *)t->matrix_ranges;
 }

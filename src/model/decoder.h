@@ -1,7 +1,8 @@
 /* model/decoder.h — what every family's models share, whatever their
  * blocks compute (decoder.c): the order of calls model.h prescribes and the
  * checks of each call's arguments, with the same messages for every model
- * (`who` names it), and the arena their activations are carved from. A
+ * (`who` names it), the arena their activations are carved from, and the
+ * unit and stage tables they hand the engine. A
  * family's CPU and CUDA models hold a zpp_decoder_calls each and call these
  * first thing in their ops; the engine, the trainer and the tests then meet
  * one behaviour on a misuse, whichever model they drive.
@@ -59,11 +60,16 @@ zpp_status zpp_decoder_check_forward(const zpp_model *m, const zpp_decoder_calls
                                      const void *params, const char *who);
 zpp_status zpp_decoder_check_backward(const zpp_model *m, const zpp_decoder_calls *c, int stage,
                                       const void *params, const float *grads, const char *who);
-/* keep_logits and logits (model.h): the row is -1 or inside max_batch
- * sequences; logits needs a forward whose head kept the row, and `out`. */
-zpp_status zpp_decoder_check_keep_logits(const zpp_model *m, int row, const char *who);
+/* keep_logits (model.h), whole: the row is -1 or inside max_batch
+ * sequences, and the next forward's head keeps it. logits: the checks
+ * (a forward whose head kept the row, and `out`); logits_host also copies
+ * the kept row (vocab_size floats in host memory, a CPU model's). */
+zpp_status zpp_decoder_keep_logits(const zpp_model *m, zpp_decoder_calls *c, int row,
+                                   const char *who);
 zpp_status zpp_decoder_check_logits(const zpp_model *m, const zpp_decoder_calls *c,
                                     const float *out, const char *who);
+zpp_status zpp_decoder_logits_host(const zpp_model *m, const zpp_decoder_calls *c,
+                                   const float *kept, float *out, const char *who);
 /* Whether the head of a forward of c->B sequences keeps a row of
  * [r0, r0 + rows): the row's offset in that range, or -1. */
 int zpp_decoder_kept_in(const zpp_decoder_calls *c, int seq_len, int r0, int rows);
@@ -80,6 +86,32 @@ typedef struct zpp_arena {
 } zpp_arena;
 
 float *zpp_arena_take(zpp_arena *a, size_t rows, size_t width);
+
+/* The tables a decoder of L blocks hands the engine (model.h), the same for
+ * every family: unit 0 the embedding (and the head), units 1..L the blocks;
+ * stages 0 (the embedding, whose backward scatters row gradients and reads
+ * no parameters), 1..L (the blocks) and L+1 (the head and the loss, unit 0
+ * again). The family fills unit_numel and points each unit's matrix ranges
+ * into arrays of its own. */
+typedef struct zpp_decoder_tables {
+    size_t *unit_numel;              /* L+1 */
+    int *stage_unit;                 /* L+2 */
+    unsigned char *bwd_reads_params; /* L+2: 0 for stage 0 only */
+    int *n_matrix_ranges;            /* L+1 */
+    const zpp_elem_range **matrix_ranges;
+} zpp_decoder_tables;
+
+/* Allocates the tables of n_layer blocks, stage_unit and bwd_reads_params
+ * filled; ZPP_ERR_NOMEM naming `who` leaves nothing allocated. Free with
+ * zpp_decoder_tables_free (all pointers NULL after; NULL ones ignored). */
+zpp_status zpp_decoder_tables_make(int n_layer, const char *who, zpp_decoder_tables *t);
+void zpp_decoder_tables_free(zpp_decoder_tables *t);
+
+/* Fills every field of a zpp_model but ops, mem and impl from the tables
+ * of n_layer blocks (they must outlive the model) and the rest given. */
+void zpp_decoder_base_fill(zpp_model *base, const zpp_decoder_tables *t, int n_layer,
+                           zpp_dtype param_dtype, int max_batch, int seq_len, int vocab_size,
+                           int real_vocab_size);
 
 #ifdef __cplusplus
 }

@@ -109,20 +109,9 @@ zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offse
 
 zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s) {
     int L = cfg->n_layer;
-    s->unit_numel = calloc((size_t)L + 1, sizeof *s->unit_numel);
-    s->stage_unit = calloc((size_t)L + 2, sizeof *s->stage_unit);
-    s->bwd_reads_params = calloc((size_t)L + 2, 1);
-    s->n_matrix_ranges = calloc((size_t)L + 1, sizeof *s->n_matrix_ranges);
-    s->matrix_ranges = calloc((size_t)L + 1, sizeof *s->matrix_ranges);
-    if (!s->unit_numel || !s->stage_unit || !s->bwd_reads_params || !s->n_matrix_ranges ||
-        !s->matrix_ranges) {
-        zpp_gpt2_stages_free(s);
-        return zpp_error(ZPP_ERR_NOMEM, "gpt2: out of host memory");
-    }
-    for (int u = 0; u <= L; u++) s->unit_numel[u] = zpp_gpt2_unit_numel(cfg, u);
-    for (int l = 1; l <= L; l++) s->stage_unit[l] = l;
-    s->stage_unit[0] = s->stage_unit[L + 1] = 0;
-    for (int k = 1; k <= L + 1; k++) s->bwd_reads_params[k] = 1;
+    zpp_decoder_tables *t = &s->t;
+    ZPP_CHECK(zpp_decoder_tables_make(L, "gpt2", t));
+    for (int u = 0; u <= L; u++) t->unit_numel[u] = zpp_gpt2_unit_numel(cfg, u);
     /* The matrices (tensors of two or more dimensions). Only they decay,
      * as llm.c and nanoGPT do: shrinking a LayerNorm gain or a bias towards
      * 0 is not the regularisation weight decay is for. And only they are
@@ -134,27 +123,16 @@ zpp_status zpp_gpt2_stages_make(const zpp_gpt2_config *cfg, zpp_gpt2_stages *s) 
     s->block_matrices[1] = (zpp_elem_range){lo.proj_w, lo.proj_b};
     s->block_matrices[2] = (zpp_elem_range){lo.fc_w, lo.fc_b};
     s->block_matrices[3] = (zpp_elem_range){lo.fc2_w, lo.fc2_b};
-    s->n_matrix_ranges[0] = 1;
-    s->matrix_ranges[0] = s->embed_matrices;
+    t->n_matrix_ranges[0] = 1;
+    t->matrix_ranges[0] = s->embed_matrices;
     for (int u = 1; u <= L; u++) {
-        s->n_matrix_ranges[u] = 4;
-        s->matrix_ranges[u] = s->block_matrices;
+        t->n_matrix_ranges[u] = 4;
+        t->matrix_ranges[u] = s->block_matrices;
     }
     return ZPP_OK;
 }
 
-void zpp_gpt2_stages_free(zpp_gpt2_stages *s) {
-    free(s->unit_numel);
-    free(s->stage_unit);
-    free(s->bwd_reads_params);
-    free(s->n_matrix_ranges);
-    free(s->matrix_ranges);
-    s->n_matrix_ranges = NULL;
-    s->matrix_ranges = NULL;
-    s->unit_numel = NULL;
-    s->stage_unit = NULL;
-    s->bwd_reads_params = NULL;
-}
+void zpp_gpt2_stages_free(zpp_gpt2_stages *s) { zpp_decoder_tables_free(&s->t); }
 
 zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                                  int max_batch, const char *who) {
@@ -164,18 +142,8 @@ zpp_status zpp_gpt2_create_check(const zpp_gpt2_config *cfg, zpp_dtype param_dty
 
 void zpp_gpt2_base_fill(zpp_model *base, const zpp_gpt2_config *cfg, zpp_dtype param_dtype,
                         int max_batch, const zpp_gpt2_stages *s) {
-    base->param_dtype = param_dtype;
-    base->n_units = cfg->n_layer + 1;
-    base->unit_numel = s->unit_numel;
-    base->n_stages = cfg->n_layer + 2;
-    base->stage_unit = s->stage_unit;
-    base->bwd_reads_params = s->bwd_reads_params;
-    base->seq_len = cfg->seq_len;
-    base->vocab_size = cfg->vocab_size;
-    base->real_vocab_size = zpp_gpt2_real_vocab(cfg);
-    base->max_batch = max_batch;
-    base->n_matrix_ranges = s->n_matrix_ranges;
-    base->matrix_ranges = (const zpp_elem_range *const *)s->matrix_ranges;
+    zpp_decoder_base_fill(base, &s->t, cfg->n_layer, param_dtype, max_batch, cfg->seq_len,
+                          cfg->vocab_size, zpp_gpt2_real_vocab(cfg));
 }
 
 /* ------------------------------------------------------------------------ */

@@ -197,23 +197,18 @@ zpp_status zpp_gpt2_init_check(const zpp_gpt2_config *cfg, int unit, size_t offs
 zpp_status zpp_gpt2_init_fill(const zpp_gpt2_config *cfg, int unit, size_t offset,
                               size_t count, float *out, uint64_t seed);
 
-/* The units and stages of the zpp_model interface (see the top):
- * unit_numel[L+1], stage_unit[L+2], and bwd_reads_params[L+2], which is 0
- * for stage 0 only (the embedding's backward scatters row gradients and
- * reads no parameters); and the matrix ranges of the L+1 units (wte + wpe,
- * qkv_w, proj_w, fc_w, fc2_w). The struct must not move after
- * zpp_gpt2_stages_make: matrix_ranges points into it. zpp_gpt2_stages_make
- * allocates them (ZPP_ERR_NOMEM leaves nothing allocated);
- * zpp_gpt2_stages_free frees them. */
+/* The units and stages of the zpp_model interface (see the top): the
+ * decoder tables every family has (decoder.h: unit_numel[L+1],
+ * stage_unit[L+2], bwd_reads_params[L+2], 0 for stage 0 only) and GPT-2's
+ * matrix ranges of the L+1 units (wte + wpe, qkv_w, proj_w, fc_w, fc2_w).
+ * The struct must not move after zpp_gpt2_stages_make: matrix_ranges
+ * points into it. zpp_gpt2_stages_make allocates them (ZPP_ERR_NOMEM leaves
+ * nothing allocated); zpp_gpt2_stages_free frees them. */
 typedef struct zpp_gpt2_stages {
-    size_t *unit_numel;
-    int *stage_unit;
-    unsigned char *bwd_reads_params;
+    zpp_decoder_tables t; /* decoder.h: every family's tables */
     /* The matrix ranges (model.h): unit 0's one range, wte and wpe (they are
      * adjacent), and every block's four, qkv_w, proj_w, fc_w, fc2_w; the
      * per-unit arrays point into them. */
-    int *n_matrix_ranges;
-    const zpp_elem_range **matrix_ranges;
     zpp_elem_range embed_matrices[1], block_matrices[4];
 } zpp_gpt2_stages;
 

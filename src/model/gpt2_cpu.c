@@ -135,7 +135,7 @@ static void gpt2_to_f32(float *dst, const void *src, zpp_dtype dtype, size_t off
  * whole unit converted into wbuf. */
 static const float *gpt2_params_f32(gpt2_cpu *g, int unit, const void *params) {
     if (g->base.param_dtype == ZPP_FP32) return (const float *)params;
-    gpt2_to_f32(g->wbuf, params, g->base.param_dtype, 0, g->stages.unit_numel[unit]);
+    gpt2_to_f32(g->wbuf, params, g->base.param_dtype, 0, g->stages.t.unit_numel[unit]);
     return g->wbuf;
 }
 
@@ -334,18 +334,12 @@ static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, 
 }
 
 static zpp_status gpt2_op_keep_logits(zpp_model *m, int row) {
-    gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "gpt2"));
-    g->calls.keep_row = row;
-    g->calls.kept = 0;
-    return ZPP_OK;
+    return zpp_decoder_keep_logits(m, &((gpt2_cpu *)m)->calls, row, "gpt2");
 }
 
 static zpp_status gpt2_op_logits(zpp_model *m, float *out) {
-    gpt2_cpu *g = (gpt2_cpu *)m;
-    ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2"));
-    memcpy(out, g->kept, (size_t)g->cfg.vocab_size * sizeof(float));
-    return ZPP_OK;
+    const gpt2_cpu *g = (const gpt2_cpu *)m;
+    return zpp_decoder_logits_host(m, &g->calls, g->kept, out, "gpt2");
 }
 
 static void gpt2_op_destroy(zpp_model *m) {

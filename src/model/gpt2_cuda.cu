@@ -1397,11 +1397,7 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
 }
 
 zpp_status op_keep_logits(zpp_model *m, int row) {
-    gpt2_cuda *g = (gpt2_cuda *)m;
-    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "gpt2 cuda"));
-    g->calls.keep_row = row;
-    g->calls.kept = 0;
-    return ZPP_OK;
+    return zpp_decoder_keep_logits(m, &((gpt2_cuda *)m)->calls, row, "gpt2 cuda");
 }
 
 /* One device-to-host copy of V floats on the compute stream, behind the

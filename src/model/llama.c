@@ -165,23 +165,11 @@ zpp_status zpp_llama_init_fill(const zpp_llama_config *cfg, int unit, size_t off
 
 zpp_status zpp_llama_stages_make(const zpp_llama_config *cfg, zpp_llama_stages *s) {
     const int L = cfg->n_layer;
-    s->unit_numel = calloc((size_t)L + 1, sizeof *s->unit_numel);
-    s->stage_unit = calloc((size_t)L + 2, sizeof *s->stage_unit);
-    s->bwd_reads_params = calloc((size_t)L + 2, 1);
-    s->n_matrix_ranges = calloc((size_t)L + 1, sizeof *s->n_matrix_ranges);
-    s->matrix_ranges = calloc((size_t)L + 1, sizeof *s->matrix_ranges);
-    if (!s->unit_numel || !s->stage_unit || !s->bwd_reads_params || !s->n_matrix_ranges ||
-        !s->matrix_ranges) {
-        zpp_llama_stages_free(s);
-        return zpp_error(ZPP_ERR_NOMEM, "llama: out of host memory");
-    }
+    zpp_decoder_tables *t = &s->t;
+    ZPP_CHECK(zpp_decoder_tables_make(L, "llama", t));
     zpp_llama_layout lo;
     zpp_llama_layout_make(cfg, &lo);
-    for (int u = 0; u <= L; u++) s->unit_numel[u] = u == 0 ? lo.embed_numel : lo.block_numel;
-    for (int k = 1; k <= L; k++) s->stage_unit[k] = k;
-    s->stage_unit[0] = s->stage_unit[L + 1] = 0;
-    /* stage 0's backward scatters row gradients into wte and reads nothing */
-    for (int k = 1; k <= L + 1; k++) s->bwd_reads_params[k] = 1;
+    for (int u = 0; u <= L; u++) t->unit_numel[u] = u == 0 ? lo.embed_numel : lo.block_numel;
     /* The matrices decay and are quantized (model.h); RMSNorm gains and
      * biases are vectors. */
     s->embed_matrices[0] = (zpp_elem_range){lo.wte, lo.norm_f};
@@ -189,42 +177,21 @@ zpp_status zpp_llama_stages_make(const zpp_llama_config *cfg, zpp_llama_stages *
     s->block_matrices[0] = (zpp_elem_range){lo.wqkv, lo.bqkv};
     s->block_matrices[1] = (zpp_elem_range){lo.wo, lo.norm2};
     s->block_matrices[2] = (zpp_elem_range){lo.wgu, lo.block_numel};
-    s->n_matrix_ranges[0] = cfg->untied_head ? 2 : 1;
-    s->matrix_ranges[0] = s->embed_matrices;
+    t->n_matrix_ranges[0] = cfg->untied_head ? 2 : 1;
+    t->matrix_ranges[0] = s->embed_matrices;
     for (int u = 1; u <= L; u++) {
-        s->n_matrix_ranges[u] = 3;
-        s->matrix_ranges[u] = s->block_matrices;
+        t->n_matrix_ranges[u] = 3;
+        t->matrix_ranges[u] = s->block_matrices;
     }
     return ZPP_OK;
 }
 
-void zpp_llama_stages_free(zpp_llama_stages *s) {
-    free(s->unit_numel);
-    free(s->stage_unit);
-    free(s->bwd_reads_params);
-    free(s->n_matrix_ranges);
-    free(s->matrix_ranges);
-    s->unit_numel = NULL;
-    s->stage_unit = NULL;
-    s->bwd_reads_params = NULL;
-    s->n_matrix_ranges = NULL;
-    s->matrix_ranges = NULL;
-}
+void zpp_llama_stages_free(zpp_llama_stages *s) { zpp_decoder_tables_free(&s->t); }
 
 void zpp_llama_base_fill(zpp_model *base, const zpp_llama_config *cfg, zpp_dtype param_dtype,
                          int max_batch, const zpp_llama_stages *s) {
-    base->param_dtype = param_dtype;
-    base->n_units = cfg->n_layer + 1;
-    base->unit_numel = s->unit_numel;
-    base->n_stages = cfg->n_layer + 2;
-    base->stage_unit = s->stage_unit;
-    base->bwd_reads_params = s->bwd_reads_params;
-    base->seq_len = cfg->seq_len;
-    base->vocab_size = cfg->vocab_size;
-    base->real_vocab_size = cfg->real_vocab_size;
-    base->max_batch = max_batch;
-    base->n_matrix_ranges = s->n_matrix_ranges;
-    base->matrix_ranges = (const zpp_elem_range *const *)s->matrix_ranges;
+    zpp_decoder_base_fill(base, &s->t, cfg->n_layer, param_dtype, max_batch, cfg->seq_len,
+                          cfg->vocab_size, cfg->real_vocab_size);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "core/random.h"
+#include "model/decoder.h"
 #include "model/family.h"
 #include "model/model.h"
 #include "zeropp.h"
@@ -123,11 +124,7 @@ zpp_status zpp_llama_init_fill(const zpp_llama_config *cfg, int unit, size_t off
  * struct must not move after zpp_llama_stages_make: matrix_ranges points
  * into it. ZPP_ERR_NOMEM leaves nothing allocated. */
 typedef struct zpp_llama_stages {
-    size_t *unit_numel;
-    int *stage_unit;
-    unsigned char *bwd_reads_params;
-    int *n_matrix_ranges;
-    const zpp_elem_range **matrix_ranges;
+    zpp_decoder_tables t; /* decoder.h: every family's tables */
     zpp_elem_range embed_matrices[2], block_matrices[3];
 } zpp_llama_stages;
 

@@ -127,7 +127,7 @@ static llama_layer layer_of(const llama_cpu *g, int l) {
 static const float *params_f32(llama_cpu *g, int unit, const void *params) {
     const zpp_dtype dt = g->base.param_dtype;
     if (dt == ZPP_FP32) return (const float *)params;
-    const size_t n = g->stages.unit_numel[unit];
+    const size_t n = g->stages.t.unit_numel[unit];
     for (size_t i = 0; i < n; i++) g->wbuf[i] = zpp_load_f32(params, dt, i);
     return g->wbuf;
 }
@@ -363,18 +363,12 @@ static zpp_status op_backward(zpp_model *m, int stage, const void *params, float
 }
 
 static zpp_status op_keep_logits(zpp_model *m, int row) {
-    llama_cpu *g = (llama_cpu *)m;
-    ZPP_CHECK(zpp_decoder_check_keep_logits(m, row, "llama"));
-    g->calls.keep_row = row;
-    g->calls.kept = 0;
-    return ZPP_OK;
+    return zpp_decoder_keep_logits(m, &((llama_cpu *)m)->calls, row, "llama");
 }
 
 static zpp_status op_logits(zpp_model *m, float *out) {
-    llama_cpu *g = (llama_cpu *)m;
-    ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "llama"));
-    memcpy(out, g->kept, (size_t)g->cfg.vocab_size * sizeof(float));
-    return ZPP_OK;
+    const llama_cpu *g = (const llama_cpu *)m;
+    return zpp_decoder_logits_host(m, &g->calls, g->kept, out, "llama");
 }
 
 static void op_destroy(zpp_model *m) {
