@@ -168,9 +168,9 @@
       "at full precision, as in DeepSpeed (one all-reduce of them a step each way)")              \
     X("zero_optimization.zeropp_resident_weights", BOOL, zero.resident_weights, 0, 0,             \
       (ZPP_EOPT_DEFAULT(resident_weights)), 0,                                                    \
-      "zeropp: on one GPU (world 1, no qwZ or hpZ) keep the weights in bf16 between steps, "      \
-      "written by AdamW, so no step rounds the fp32 masters again; 2 bytes a parameter; false "   \
-      "for a model that only just fits")                                                          \
+      "zeropp: in a world of one rank (no qwZ or hpZ) keep the weights in the working dtype "     \
+      "between steps, written by AdamW, so no step rounds the fp32 masters again; 2 bytes a "     \
+      "parameter in bf16; false for a model that only just fits")                                 \
     X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")     \
     X("zero_optimization.contiguous_gradients", IGNORED, none, 0, 0, (0), 0,                      \
       "DeepSpeed tuning knob")                                                                    \

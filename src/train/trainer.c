@@ -227,20 +227,18 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                          "the data has tokens up to %d but model.real_vocab_size is %d (the "
                          "rows past it are padding); use data of that vocabulary",
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
-    /* the shape, and how the model keeps its activations */
-    zpp_gpt2_config mc = c->model;
-    mc.recompute = c->activation_checkpointing;
-    if (c->model_family == ZPP_FAMILY_GPT2)
-        return zpp_gpt2_create(&mc, wd, c->train_micro_batch_size_per_gpu, t->dev, &t->model);
-    /* another family: the generic shape, `model`'s fields and model_ext's */
+    /* Every family through its factory (family.h): the generic shape,
+     * `model`'s fields and model_ext's (zero for GPT-2: the config refuses
+     * Llama keys there), and how the model keeps its activations. */
+    const zpp_gpt2_config *mc = &c->model;
     zpp_decoder_shape shape = c->model_ext;
-    shape.n_layer = mc.n_layer;
-    shape.n_head = mc.n_head;
-    shape.n_embd = mc.n_embd;
-    shape.seq_len = mc.seq_len;
-    shape.vocab_size = mc.vocab_size;
-    shape.real_vocab_size = mc.real_vocab_size;
-    shape.recompute = mc.recompute;
+    shape.n_layer = mc->n_layer;
+    shape.n_head = mc->n_head;
+    shape.n_embd = mc->n_embd;
+    shape.seq_len = mc->seq_len;
+    shape.vocab_size = mc->vocab_size;
+    shape.real_vocab_size = mc->real_vocab_size;
+    shape.recompute = c->activation_checkpointing;
     return zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
                                    c->train_micro_batch_size_per_gpu, t->dev, &t->model);
 }
