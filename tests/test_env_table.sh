@@ -27,8 +27,10 @@ count=$(echo "$names" | wc -l)
 value="v$RANDOM$RANDOM"
 out=$(ZPP_NCCL_HOSTID_PREFIX=$value "$zeropp" help env)
 for n in $names; do
-  echo "$out" | grep -qE "^  $n(=|\$)" || { echo "FAIL: zeropp help env does not list $n"; exit 1; }
+  # (a here-string, not a pipe: grep -q may exit before echo has written, and
+  # pipefail would take echo's SIGPIPE for a missing name)
+  grep -qE "^  $n(=|\$)" <<< "$out" || { echo "FAIL: zeropp help env does not list $n"; exit 1; }
 done
-echo "$out" | grep -qx "  ZPP_NCCL_HOSTID_PREFIX=$value" ||
+grep -qx "  ZPP_NCCL_HOSTID_PREFIX=$value" <<< "$out" ||
   { echo "FAIL: zeropp help env does not show the value ZPP_NCCL_HOSTID_PREFIX=$value"; exit 1; }
 echo "ok: $count variables, each read through core/env.h and listed by zeropp help env"
