@@ -34,10 +34,13 @@
  * the CPU's cblas_sgemm calls) and does that translation in one place.
  * Algorithms come from cublasLtMatmulAlgoGetHeuristic with the pointers'
  * real alignments (offsets inside a unit need not be 256-byte aligned) and
- * are cached per shape, so a steady state does no heuristic queries. Bias
- * gradients and LayerNorm weight gradients are column sums, computed as a
- * product with a vector of ones (one more GEMM, deterministic, beta = 1
- * accumulates into the caller's gradient).
+ * are cached per shape, so a steady state does no heuristic queries. A
+ * linear layer's bias (and, on the residual stream, the residual itself
+ * as the C that beta = 1 scales) joins its forward product in cuBLASLt's
+ * epilogue, so each output is written once. Bias
+ * gradients and LayerNorm weight gradients are column sums, by a kernel of
+ * their own in a fixed order (colsum_acc), added into the caller's
+ * gradient.
  *
  * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
  * 1.31B model), on a GPU of compute capability 8.0 or newer, attention is
@@ -89,16 +92,15 @@
  * 8C e + 16 + (4H fused | H T e GEMM path) held without it (res, mid; qkv,
  * atty, fch; LayerNorm statistics; lse or P), plus one slab of the rest.
  *
- * HEAD. The classifier's logits (N x V in fp32: 0.8 GB for GPT 1.31B at
+ * HEAD. The classifier's fp32 logits (N x V: 0.8 GB for GPT 1.31B at
  * micro-batch 4, the largest activation) are never held whole. The
- * forward computes them kHeadRows rows at a time, keeping only each row's
- * log-sum-exp and loss; the backward computes each chunk's logits again
- * (the same GEMM call on the same rows, so the same bits), turns them into
- * d logits in place, and adds the chunk's share of d wte and writes its
- * rows of d lnf. The forward's last chunk is still in the buffer when the
- * backward starts, so with one chunk (N <= kHeadRows) nothing is
- * recomputed; otherwise the extra cost is the classifier's forward GEMM
- * over the other chunks (about 1% of a GPT 1.31B step).
+ * forward computes them kHeadRows rows at a time and reads each chunk
+ * once for its rows' log-sum-exp and loss and, with targets, for their
+ * d logits = softmax - onehot, stored in E for every row (half the bytes
+ * of the fp32 logits with bf16): the backward's two products then run
+ * over all N rows at once, with the factor loss_scale / n as their alpha,
+ * and nothing is computed twice. (Scaling in the product rather than
+ * before rounding keeps d logits in [-1, 1], inside fp16's range too.)
  *
  * GPUS. bf16 needs compute capability 8.0 (cuBLASLt's bf16 products, the
  * fused attention): create refuses it on an older GPU, saying to use fp16
@@ -145,8 +147,10 @@ constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
 constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;
 constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
-constexpr int kHeadRows = 1024;                 /* logits rows held at once (HEAD) */
+constexpr int kHeadRows = 512;                  /* fp32 logits rows held at once (HEAD) */
 constexpr int kGemmCache = 512;                 /* cached algorithms */
+constexpr int kColsumCtas = 512;                /* CTAs a column sum aims for */
+constexpr size_t kColsumParts = (size_t)kColsumCtas * kThreads; /* partials per sum */
 constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
 
 /* ------------------------------------------------------------------------ */
@@ -224,11 +228,6 @@ __device__ __forceinline__ void store8(__half *p, const float (&f)[8]) {
 #pragma unroll
     for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
     *(uint4 *)p = u;
-}
-
-template <typename E>
-__global__ void fill_kernel(E *dst, float v, size_t n) {
-    for (size_t i = global_tid(); i < n; i += grid_threads()) st(dst, i, v);
 }
 
 /* fp32 -> E (the residual gradient, before it enters products). */
@@ -343,18 +342,17 @@ __global__ void layernorm_recompute_kernel(E *out, const float *inp, const float
 
 /* layernorm_backward, one warp per row. With xh = (x - mean) rstd and
  * g = dy * w:  dx += rstd (g - mean(g) - xh mean(g xh)). The weight and bias
- * gradients are column sums of dy*xh and dy over the rows: this kernel
- * writes dy*xh to `dyxh` and the caller sums columns with a GEMM. All fp32
- * but the weight. */
+ * gradients are column sums of dy*xh and dy over the rows
+ * (colsum_part_kernel). All fp32 but the weight. */
 template <typename E>
-__global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float *dout,
-                                          const float *inp, const E *w, const float *mean,
-                                          const float *rstd, size_t n, int C) {
+__global__ void layernorm_backward_kernel(float *dinp, const float *dout, const float *inp,
+                                          const E *w, const float *mean, const float *rstd,
+                                          size_t n, int C) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= n) return;
     const float *x = inp + row * C, *dy = dout + row * C;
-    float *dx = dinp + row * C, *px = dyxh + row * C;
+    float *dx = dinp + row * C;
     float m = mean[row], s = rstd[row];
     float gm = 0.0f, gxm = 0.0f;
     for (int c = lane; c < C; c += 32) {
@@ -367,11 +365,49 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dyxh, const float 
     for (int c = lane; c < C; c += 32) {
         float xh = (x[c] - m) * s, g = dy[c] * ld(w, c);
         dx[c] += s * (g - gm - xh * gxm);
-        px[c] = dy[c] * xh;
     }
 }
 
-/* The start of linear_forward: out = bias broadcast over rows, or
+/* Column sums, deterministic and without atomics, in two kernels:
+ * colsum_part_kernel's CTA (cx, cy) sums column c = cx * blockDim.x + tid
+ * over rows [cy R, (cy + 1) R) into part[cy W + c], rows in order; then
+ * colsum_finish_kernel adds the partials of each column, chunks in order,
+ * into the gradient. Threads run along a row, so every load is coalesced.
+ * A bias gradient sums dy; with the LayerNorm's statistics (mean != NULL)
+ * the kernel sums dy * xh into part and dy into part_b (weight and bias).
+ * The same shape always splits the same way, hence the same bits. */
+template <typename T>
+__global__ void colsum_part_kernel(float *part, float *part_b, const T *dy, const float *x,
+                                   const float *mean, const float *rstd, int n, int W, int R) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= W) return;
+    int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
+    float sw = 0.0f, sb = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        float d = ld(dy, (size_t)r * W + c);
+        if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
+        sb += d;
+    }
+    if (mean) part[(size_t)blockIdx.y * W + c] = sw;
+    (mean ? part_b : part)[(size_t)blockIdx.y * W + c] = sb;
+}
+
+__global__ void colsum_finish_kernel(float *acc, const float *part, int chunks, int W) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= W) return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++) s += part[(size_t)k * W + c];
+    acc[c] += s;
+}
+
+/* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
+ * whose epilogue takes the bias in the output's type. */
+template <typename E>
+__global__ void widen_kernel(float *dst, const E *src, int n) {
+    for (int i = (int)global_tid(); i < n; i += (int)grid_threads()) dst[i] = ld(src, i);
+}
+
+/* linear_forward without the bias epilogue: out = bias broadcast over rows, or
  * out = resid + bias (the CPU's memcpy of the residual, then += bias); the
  * GEMM then adds the product with beta = 1. O is fp32 for outputs on the
  * residual stream, E for the others (a bias in E is exact in E). */
@@ -493,16 +529,22 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     m = mx;
 }
 
-/* gpt2_head_forward's softmax and cross-entropy, one CTA per row, in one
- * read of the fp32 logits (nothing is written back):
- *   lse = log sum_v exp(l_v),  loss = lse - l_target.
- * lse is kept for the backward, which forms the probabilities exp(l - lse)
- * itself. Without targets the loss column holds lse - max (the CPU's value;
- * the mean is NaN). Rows are V wide; the softmax runs over the first Vr
- * (real_vocab_size, model.h), the rest are padding. */
-__global__ void cross_entropy_forward_kernel(const float *logits, float *lse, float *losses,
-                                             const int32_t *targets, int V, int Vr) {
-    __shared__ float sm[32], ss[32];
+/* gpt2_head_forward's softmax and cross-entropy, one CTA per row of a
+ * chunk of fp32 logits:
+ *   lse = log sum_v exp(l_v),  loss = lse - l_target,
+ * and, when dlog is given (a forward with targets, which a backward may
+ * follow), the row's d logits up to the factor loss_scale / n that the
+ * backward's products apply as their alpha:
+ *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
+ * The row is read twice: once for the online softmax statistics, once for
+ * the probabilities (a CTA's row, 4V bytes, is still in L2). Without
+ * targets the loss column holds lse - max (the CPU's value; the mean is
+ * NaN). Rows are V wide; the softmax runs over the first Vr
+ * (real_vocab_size, model.h), the rest are padding, whose d logits are 0. */
+template <typename E>
+__global__ void cross_entropy_kernel(const float *logits, float *lse, float *losses,
+                                     const int32_t *targets, E *dlog, int V, int Vr) {
+    __shared__ float sm[32], ss[32], z_row;
     size_t r = blockIdx.x;
     const float *l = logits + r * V;
     float m = -INFINITY, s = 0.0f;
@@ -527,46 +569,15 @@ __global__ void cross_entropy_forward_kernel(const float *logits, float *lse, fl
         float ls = logf(s);
         lse[r] = m + ls;
         losses[r] = targets ? m + ls - l[targets[r]] : ls;
+        z_row = m + ls;
     }
-}
-
-/* gpt2_head_backward's first step: d logits = (softmax - onehot(target))
- * * loss_scale / n, from the fp32 logits and lse, written IN PLACE as E
- * with a row stride of V fp32 = (4 / sizeof E) V elements of E: row r's
- * output starts where its logits start and takes the first sizeof(E)/4 of
- * their bytes. Element v's output lands on bytes the row has already read
- * (2v < 4v for 2-byte E, the same slot for fp32), so the row is done in
- * chunks of blockDim.x * kCeUnroll elements: every thread reads its part
- * of the chunk into registers, the CTA synchronises, then writes. The
- * chunk's writes end before the next chunk's reads begin (byte 2(k+1)S <=
- * 4(k+1)S), and the CTAs own disjoint rows: no other hazard. The padded
- * columns v >= Vr are outside the softmax: their d logits are 0. */
-constexpr int kCeUnroll = 8;
-
-template <typename E>
-__global__ void cross_entropy_backward_kernel(float *logits, const float *lse,
-                                              const int32_t *targets, int V, int Vr, float f) {
-    size_t r = blockIdx.x;
-    const float *l = logits + r * V;
-    E *d = (E *)(void *)(logits + r * V);
-    const float z = lse[r];
+    if (!dlog) return;
+    __syncthreads();
+    const float z = z_row;
     const int tg = targets[r];
-    const int S = blockDim.x * kCeUnroll;
-    for (int base = 0; base < V; base += S) {
-        float x[kCeUnroll];
-#pragma unroll
-        for (int k = 0; k < kCeUnroll; k++) {
-            int v = base + k * blockDim.x + threadIdx.x;
-            x[k] = v < V ? l[v] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < kCeUnroll; k++) {
-            int v = base + k * blockDim.x + threadIdx.x;
-            if (v < V)
-                st(d, v, v < Vr ? (expf(x[k] - z) - (v == tg ? 1.0f : 0.0f)) * f : 0.0f);
-        }
-    }
+    E *d = dlog + r * V;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -591,9 +602,9 @@ struct gpt2_acts {
     void *fch;                 /* E  L x N x 4C: fc output, before gelu */
     void *lnf;                 /* E  N x C */
     float *lnfm, *lnfr;        /*    N */
-    float *logits;             /*    min(N, kHeadRows) x V: one chunk of rows (HEAD);
-                                     in the backward d logits in E, in place (row
-                                     stride V fp32 = (4 / sizeof E) V elements of E) */
+    float *logits;             /*    min(N, kHeadRows) x V: one chunk of rows (HEAD) */
+    void *dlogits;             /* E  N x V: d logits / (loss_scale / n), from the
+                                     forward for the backward (HEAD) */
     float *lse;                /*    N: log-sum-exp of each row of logits */
     float *losses;             /*    N */
     float *kept;               /*    V: the logits of calls.keep_row (keep_logits) */
@@ -611,21 +622,30 @@ struct gpt2_acts {
     float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
     void *dscore;              /* E  max_batch x H x T x T: d S */
     float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
-    float *dyxh;               /*    N x C: LayerNorm backward's dy * xhat */
-    float *ones;               /*    N: column sums of fp32 rows */
-    void *ones_e;              /* E  N: column sums of E rows (ones if fp32) */
+    float *colsum_part;        /*    2 max(kColsumParts, 4C): column sums' partials */
+    float *bias32;             /*    4C: a bias widened to fp32 (linear_forward) */
 };
 
 struct gemm_key {
     int64_t lda, ldb, ldc, sA, sB, sC;
     int32_t ta, tb, M, N, K, batch;
-    uint32_t alA, alB, alC, atype, ctype, pad;
+    uint32_t alA, alB, alC, atype, ctype, bias; /* bias: its alignment, 0 without */
 };
 
 struct gemm_entry {
     gemm_key key;
     cublasLtMatmulAlgo_t algo;
-    int used;
+    int used; /* 1: algo is cuBLASLt's pick; 2: cuBLASLt has none (an epilogue's) */
+};
+
+/* What a product adds besides alpha op(A) op(B) + beta C (gemm_ex). */
+struct gemm_epilogue {
+    /* N values in the output's type, one per column of C, added in the
+     * product's epilogue (cuBLASLt's EPILOGUE_BIAS); NULL: none. */
+    const void *bias;
+    /* The C that beta scales when it is not the output (cuBLASLt reads C
+     * and writes D); NULL: the output itself. */
+    const void *c_in;
 };
 
 struct gpt2_cuda {
@@ -659,10 +679,7 @@ struct gpt2_cuda {
 
     float loss;
     int loss_pending; /* losses are on the device, not yet summed */
-    /* First row of the chunk whose logits the forward left in act.logits,
-     * or -1 when the buffer holds none (the backward has overwritten it
-     * with d logits). */
-    int head_rows_kept;
+    int dlogits_ready; /* the last forward with targets wrote act.dlogits */
     /* With cfg.recompute: the block whose activations the shared slab
      * holds (CHECKPOINTING); 0: none. */
     int slab_block;
@@ -756,10 +773,13 @@ static uint32_t ptr_align(const void *p, int64_t stride, int batch, size_t bytes
  * sA / sB / sC elements. A and B are in `at` (E, or fp32 for the column
  * sums of fp32 rows); C is in ct (E or fp32). Accumulation is fp32. See the
  * header for the column-major translation. */
-static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
-                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
-                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
-                       int64_t sC, int batch, const char *what) {
+static zpp_status gemm_ex(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb,
+                          int M, int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                          const void *B, int64_t ldb, int64_t sB, float beta, void *C,
+                          int64_t ldc, int64_t sC, int batch, const gemm_epilogue *epi,
+                          const char *what) {
+    const void *bias = epi ? epi->bias : NULL;
+    const void *c_in = epi && epi->c_in ? epi->c_in : C;
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.lda = lda;
@@ -779,6 +799,7 @@ static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int t
     key.alC = ptr_align(C, sC, batch, type_bytes(ct));
     key.atype = (uint32_t)at;
     key.ctype = (uint32_t)ct;
+    key.bias = bias ? ptr_align(bias, 0, 1, type_bytes(ct)) : 0;
 
     /* cuBLASLt operand 1 is our B, operand 2 our A, output our C^T. */
     cublasLtMatmulDescOpaque_t desc;
@@ -789,6 +810,16 @@ static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int t
              what);
     LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2),
              what);
+    if (bias) { /* one value per row of cuBLASLt's D (our C^T): per column of C */
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        int32_t bt = (int32_t)ct;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
+                                                sizeof ep), what);
+        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias), what);
+        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                sizeof bt), what);
+    }
     /* Stored shapes (before the op), column-major: B row-major K x N is
      * N x K; B row-major N x K (tb) is K x N; likewise for A. */
     LT_CHECK(cublasLtMatrixLayoutInit(&l1, at, tb ? (uint64_t)K : (uint64_t)N,
@@ -835,9 +866,13 @@ static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int t
                      &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.alC, 4), what);
         cublasLtMatmulHeuristicResult_t res;
         int found = 0;
-        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, &desc, &l1, &l2, &lc, &lc, &pref, 1, &res,
-                                                &found), what);
-        if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g->lt, &desc, &l1, &l2, &lc, &lc, &pref,
+                                                           1, &res, &found);
+        if (bias && (hs != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS))
+            found = -1; /* no algorithm with the epilogue: cached, the caller adds the bias */
+        else
+            LT_CHECK(hs, what);
+        if (found == 0 || (found > 0 && res.state != CUBLAS_STATUS_SUCCESS))
             return zpp_error(ZPP_ERR_CUDA,
                              "gpt2 cuda: %s: cuBLASLt has no algorithm for the row-major "
                              "product %s%s M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d "
@@ -853,13 +888,24 @@ static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int t
             g->cache_next = (g->cache_next + 1) % kGemmCache;
         }
         g->cache[slot].key = key;
-        g->cache[slot].algo = res.algo;
-        g->cache[slot].used = 1;
+        if (found > 0) g->cache[slot].algo = res.algo;
+        g->cache[slot].used = found > 0 ? 1 : 2;
         hit = &g->cache[slot];
     }
-    LT_CHECK(cublasLtMatmul(g->lt, &desc, &alpha, B, &l1, A, &l2, &beta, C, &lc, C, &lc,
+    if (hit->used == 2)
+        return zpp_error(ZPP_ERR_UNSUPPORTED, "gpt2 cuda: %s: cuBLASLt has no algorithm that "
+                         "adds the bias in the product", what);
+    LT_CHECK(cublasLtMatmul(g->lt, &desc, &alpha, B, &l1, A, &l2, &beta, c_in, &lc, C, &lc,
                             &hit->algo, g->workspace, kWorkspaceBytes, g->stream), what);
     return ZPP_OK;
+}
+
+static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
+                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
+                       int64_t sC, int batch, const char *what) {
+    return gemm_ex(g, at, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC,
+                   batch, NULL, what);
 }
 
 /* Plain (unbatched) row-major product of E operands. */
@@ -870,20 +916,35 @@ static zpp_status mm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float al
                 what);
 }
 
-/* colsum[W] += sum over n rows of X (n x W, row-major, in E): ones^T X,
- * accumulated in fp32. */
-static zpp_status colsum_acc(gpt2_cuda *g, float *colsum, const void *X, int n, int W,
-                             const char *what) {
-    return mm(g, 0, 0, 1, W, n, 1.0f, g->act.ones_e, n, X, W, 1.0f, colsum, CUDA_R_32F, W,
-              what);
+/* Rows per chunk of a column sum: enough chunks that the partial sums
+ * fill the GPU (about kColsumCtas CTAs), at most kColsumParts W partials. */
+static int colsum_rows(int n, int W) {
+    int cx = (W + kThreads - 1) / kThreads;
+    int chunks = (kColsumCtas + cx - 1) / cx;
+    if ((size_t)chunks * W > (size_t)kColsumParts) chunks = (int)(kColsumParts / W);
+    if (chunks < 1) chunks = 1;
+    if (chunks > n) chunks = n;
+    return (n + chunks - 1) / chunks;
 }
 
-/* The same for fp32 rows (the residual gradient, the LayerNorm backward's
- * products): fp32 operands whatever E is, so nothing is rounded. */
-static zpp_status colsum_acc_f32(gpt2_cuda *g, float *colsum, const float *X, int n, int W,
-                                 const char *what) {
-    return gemm(g, CUDA_R_32F, CUDA_R_32F, 0, 0, 1, W, n, 1.0f, g->act.ones, n, 0, X, W, 0,
-                1.0f, colsum, W, 0, 1, what);
+/* db[W] += column sums of the n rows of dy (n x W, row-major, fp32 or E);
+ * with mean (the LayerNorm's backward, x its input): also
+ * dw[W] += column sums of dy * (x - mean) rstd. colsum_part_kernel. */
+template <typename T>
+static zpp_status colsum_acc(gpt2_cuda *g, float *db, float *dw, const T *dy, const float *x,
+                             const float *mean, const float *rstd, int n, int W,
+                             const char *what) {
+    int R = colsum_rows(n, W), chunks = (n + R - 1) / R;
+    dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
+    float *pw = g->act.colsum_part, *pb = pw + (size_t)chunks * W;
+    colsum_part_kernel<T><<<grid, kThreads, 0, g->stream>>>(mean ? pw : pb, pb, dy, x, mean,
+                                                              rstd, n, W, R);
+    LAUNCH_CHECK(what);
+    unsigned gw = (unsigned)((W + kThreads - 1) / kThreads);
+    if (mean) colsum_finish_kernel<<<gw, kThreads, 0, g->stream>>>(dw, pw, chunks, W);
+    colsum_finish_kernel<<<gw, kThreads, 0, g->stream>>>(db, pb, chunks, W);
+    LAUNCH_CHECK(what);
+    return ZPP_OK;
 }
 
 /* One attention product for every (sequence b, head h): operand X of
@@ -918,11 +979,26 @@ static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, f
 
 /* ---- building blocks (first n = B*T rows) ---- */
 
-/* linear_forward: out = [resid +] bias, then out += inp W^T. inp, W and
- * bias are in E; out is fp32 (ot = CUDA_R_32F, the residual stream) or E. */
+/* linear_forward: out = [resid +] inp W^T + bias. inp, W and bias are in
+ * E; out is fp32 (ot = CUDA_R_32F, the residual stream) or E. The bias
+ * and the residual (beta = 1 on resid as cuBLASLt's C) join the product in
+ * its epilogue, so out is written once; where cuBLASLt has no algorithm
+ * for that, rows_init_kernel writes [resid +] bias first and the product
+ * adds to it. */
 static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, const float *resid,
                                  const void *inp, const void *W, const void *bias, int n, int IC,
                                  int OC, const char *what) {
+    const void *b = bias;
+    if (ot == CUDA_R_32F && g->et != CUDA_R_32F) { /* the epilogue's bias is in out's type */
+        WITH_E(g, widen_kernel<<<grid_for((size_t)OC), kThreads, 0, g->stream>>>(
+                      g->act.bias32, (const E *)bias, OC));
+        LAUNCH_CHECK(what);
+        b = g->act.bias32;
+    }
+    gemm_epilogue epi = {b, resid};
+    zpp_status st = gemm_ex(g, g->et, ot, 0, 1, n, OC, IC, 1.0f, inp, IC, 0, W, IC, 0,
+                            resid ? 1.0f : 0.0f, out, OC, 0, 1, &epi, what);
+    if (st != ZPP_ERR_UNSUPPORTED) return st;
     bool v = OC % 8 == 0 && vec8_ok(out, resid, bias);
     unsigned grid = grid_for(v ? (size_t)n * OC / 8 : (size_t)n * OC);
     if (ot == CUDA_R_32F)
@@ -944,8 +1020,9 @@ static zpp_status linear_backward(gpt2_cuda *g, void *dinp, cudaDataType_t it, f
                                   const char *what) {
     ZPP_CHECK(mm(g, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, it, IC, what));
     ZPP_CHECK(mm(g, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC, what));
-    return dout_f32 ? colsum_acc_f32(g, db, dout_f32, n, OC, what)
-                    : colsum_acc(g, db, dout, n, OC, what);
+    if (dout_f32) return colsum_acc(g, db, NULL, dout_f32, NULL, NULL, NULL, n, OC, what);
+    WITH_E(g, ZPP_CHECK(colsum_acc(g, db, NULL, (const E *)dout, NULL, NULL, NULL, n, OC, what)));
+    return ZPP_OK;
 }
 
 static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float *rstd,
@@ -962,10 +1039,9 @@ static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float
                                      const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C) {
     WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-                  dinp, g->act.dyxh, dout, inp, (const E *)w, mean, rstd, (size_t)n, C));
+                  dinp, dout, inp, (const E *)w, mean, rstd, (size_t)n, C));
     LAUNCH_CHECK("layernorm backward");
-    ZPP_CHECK(colsum_acc_f32(g, dw, g->act.dyxh, n, C, "layernorm weight gradient"));
-    return colsum_acc_f32(g, db, dout, n, C, "layernorm bias gradient");
+    return colsum_acc(g, db, dw, dout, inp, mean, rstd, n, C, "layernorm weight gradient");
 }
 
 /* The residual gradient rounded to E for the products that read it (a
@@ -1142,7 +1218,8 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnfm, g->act.lnfr, x,
                                 eat(g, w, g->lay.lnf_w), eat(g, w, g->lay.lnf_b), n, C));
-    g->head_rows_kept = -1;
+    const int targets = g->calls.have_targets;
+    g->dlogits_ready = 0;
     for (int r0 = 0; r0 < n; r0 += kHeadRows) {
         const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
         ZPP_CHECK(head_logits(g, w, r0, rows));
@@ -1155,37 +1232,33 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
                      "keep a row of logits");
             g->calls.kept = 1;
         }
-        cross_entropy_forward_kernel<<<(unsigned)rows, kThreads, 0, g->stream>>>(
-            g->act.logits, g->act.lse + r0, g->act.losses + r0,
-            g->calls.have_targets ? g->d_targets + r0 : NULL, V, g->base.real_vocab_size);
+        WITH_E(g, cross_entropy_kernel<E><<<(unsigned)rows, kThreads, 0, g->stream>>>(
+                      g->act.logits, g->act.lse + r0, g->act.losses + r0,
+                      targets ? g->d_targets + r0 : NULL,
+                      targets ? (E *)eat(g, g->act.dlogits, (size_t)r0 * V) : NULL, V,
+                      g->base.real_vocab_size));
         LAUNCH_CHECK("softmax cross-entropy");
-        g->head_rows_kept = r0;
     }
+    g->dlogits_ready = targets;
     return ZPP_OK;
 }
 
-/* Chunk by chunk, the last first (its logits are still in the buffer):
- * d logits, then  d wte += dlogits^T lnf,  d lnf = dlogits wte; then the
- * final LayerNorm's backward starts dres. */
+/* From the forward's d logits (HEAD), all rows in two products scaled by
+ * f = loss_scale / n:  d wte += f dlogits^T lnf,  d lnf = f dlogits wte;
+ * then the final LayerNorm's backward starts dres. */
 static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
+    if (!g->dlogits_ready)
+        return zpp_error(ZPP_ERR_STATE,
+                         "gpt2 cuda backward: the head's gradient comes from the last forward, "
+                         "which has not run with this batch's targets; run forward again");
+    g->dlogits_ready = 0;
     float f = loss_scale / (float)n;
-    const void *dl = g->act.logits;
-    const int ldl = V * (int)(sizeof(float) / g->es); /* the in-place rows' stride */
-    for (int r0 = (n - 1) / kHeadRows * kHeadRows; r0 >= 0; r0 -= kHeadRows) {
-        const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
-        if (r0 != g->head_rows_kept) ZPP_CHECK(head_logits(g, w, r0, rows));
-        g->head_rows_kept = -1;
-        WITH_E(g, cross_entropy_backward_kernel<E><<<(unsigned)rows, kThreads, 0, g->stream>>>(
-                      g->act.logits, g->act.lse + r0, g->d_targets + r0, V,
-                      g->base.real_vocab_size, f));
-        LAUNCH_CHECK("cross-entropy backward");
-        ZPP_CHECK(mm(g, 1, 0, V, C, rows, 1.0f, dl, ldl, eat(g, g->act.lnf, (size_t)r0 * C), C,
-                     1.0f, gr + g->lay.wte, CUDA_R_32F, C, "LM head weight gradient"));
-        ZPP_CHECK(mm(g, 0, 0, rows, C, V, 1.0f, dl, ldl, eat(g, w, g->lay.wte), C, 0.0f,
-                     g->act.dc + (size_t)r0 * C, CUDA_R_32F, C, "LM head input gradient"));
-    }
+    ZPP_CHECK(mm(g, 1, 0, V, C, n, f, g->act.dlogits, V, g->act.lnf, C, 1.0f, gr + g->lay.wte,
+                 CUDA_R_32F, C, "LM head weight gradient"));
+    ZPP_CHECK(mm(g, 0, 0, n, C, V, f, g->act.dlogits, V, eat(g, w, g->lay.wte), C, 0.0f,
+                 g->act.dc, CUDA_R_32F, C, "LM head input gradient"));
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
@@ -1483,6 +1556,7 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
     x->logits = zpp_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
+    x->dlogits = take_e(g, a, N, V);
     x->lse = zpp_arena_take(a, N, 1);
     x->losses = zpp_arena_take(a, N, 1);
     x->kept = zpp_arena_take(a, 1, V);
@@ -1492,9 +1566,8 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->datty = take_e(g, a, N, C);
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
-    x->dyxh = zpp_arena_take(a, N, C);
-    x->ones = zpp_arena_take(a, N, 1);
-    x->ones_e = f32 ? x->ones : take_e(g, a, N, 1);
+    x->colsum_part = zpp_arena_take(a, 2, kColsumParts > 4 * C ? kColsumParts : 4 * C);
+    x->bias32 = zpp_arena_take(a, 4, C);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
@@ -1526,11 +1599,6 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
              "create: batch copy event");
     LT_CHECK(cublasLtCreate(&g->lt), "create: cuBLASLt handle");
-    fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(g->act.ones, 1.0f, g->nmax);
-    if (g->act.ones_e != g->act.ones)
-        WITH_E(g, fill_kernel<<<grid_for(g->nmax), kThreads, 0, g->stream>>>(
-                      (E *)g->act.ones_e, 1.0f, g->nmax));
-    LAUNCH_CHECK("create: ones vectors");
     return ZPP_OK;
 }
 
@@ -1590,7 +1658,6 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
             : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;
-    g->head_rows_kept = -1;
     g->calls.fwd_next = 0;
     g->calls.bwd_next = -1;
     g->calls.keep_row = -1;

@@ -212,13 +212,14 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     /* Per token once: the last residual (4C); final LayerNorm out, one
      * layer's recompute scratch ln and fcg (C + C + 4C in E); lse, loss,
      * LayerNorm stats (16); the backward's
-     * scratch: dres, dc, dyxh fp32 (12C), dres_e, datty, dqkv, dfc in E
-     * (9C e; dres_e aliases dres when E is fp32); tokens and targets
-     * ints (20), ones (4 + e), the attention's dsum per head (4H). */
-    double once = 16 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 + e + 4 * H;
-    if (e == 4) once -= C * e + e;
-    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
-    const double logits = 4 * V * fmin(tokens, 1024);
+     * scratch: dres, dc fp32 (8C), dres_e, datty, dqkv, dfc in E (9C e;
+     * dres_e aliases dres when E is fp32); tokens and targets ints (20),
+     * the attention's dsum per head (4H); the d logits the forward leaves
+     * for the backward, in E (V e). */
+    double once = 12 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 * H + V * e;
+    if (e == 4) once -= C * e;
+    /* The fp32 logits of at most 512 rows at once (gpt2_cuda.cu, HEAD). */
+    const double logits = 4 * V * fmin(tokens, 512);
     return tokens * (L * per_layer + slab + once) + logits +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
