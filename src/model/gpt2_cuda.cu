@@ -147,7 +147,7 @@ constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
 constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;
 constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
-constexpr int kHeadRows = 512;                  /* fp32 logits rows held at once (HEAD) */
+constexpr int kHeadRows = 1024;                 /* fp32 logits rows held at once (HEAD) */
 constexpr int kGemmCache = 512;                 /* cached algorithms */
 constexpr int kColsumCtas = 512;                /* CTAs a column sum aims for */
 constexpr size_t kColsumParts = (size_t)kColsumCtas * kThreads; /* partials per sum */
@@ -291,23 +291,47 @@ __device__ __forceinline__ float ln_apply(float x, float m, float r, float w, fl
  * cancel the variance); the normalised row is stored in E. */
 template <typename E>
 __global__ void layernorm_forward_kernel(E *out, float *mean, float *rstd, const float *inp,
-                                         const E *w, const E *b, size_t n, int C) {
+                                         const E *w, const E *b, size_t n, int C, bool vec) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= n) return; /* the whole warp leaves together */
     const float *x = inp + row * C;
     E *o = out + row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += x[c];
-    float m = warp_sum(s) / (float)C;
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = x[c] - m;
-        v += d * d;
+    float s = 0.0f, v = 0.0f, m, r;
+    if (vec) { /* C % 8 == 0, 16-byte aligned: lane reads 8 columns at a time */
+        float f[8], fw[8], fb[8];
+        for (int c = 8 * lane; c < C; c += 256) {
+            load8(x + c, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += f[k];
+        }
+        m = warp_sum(s) / (float)C;
+        for (int c = 8 * lane; c < C; c += 256) {
+            load8(x + c, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += (f[k] - m) * (f[k] - m);
+        }
+        v = warp_sum(v) / (float)C;
+        r = 1.0f / sqrtf(v + kLnEps);
+        for (int c = 8 * lane; c < C; c += 256) {
+            load8(x + c, f);
+            load8(w + c, fw);
+            load8(b + c, fb);
+#pragma unroll
+            for (int k = 0; k < 8; k++) f[k] = ln_apply(f[k], m, r, fw[k], fb[k]);
+            store8(o + c, f);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) s += x[c];
+        m = warp_sum(s) / (float)C;
+        for (int c = lane; c < C; c += 32) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        v = warp_sum(v) / (float)C;
+        r = 1.0f / sqrtf(v + kLnEps);
+        for (int c = lane; c < C; c += 32) st(o, c, ln_apply(x[c], m, r, ld(w, c), ld(b, c)));
     }
-    v = warp_sum(v) / (float)C;
-    float r = 1.0f / sqrtf(v + kLnEps);
-    for (int c = lane; c < C; c += 32) st(o, c, ln_apply(x[c], m, r, ld(w, c), ld(b, c)));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -343,11 +367,11 @@ __global__ void layernorm_recompute_kernel(E *out, const float *inp, const float
 /* layernorm_backward, one warp per row. With xh = (x - mean) rstd and
  * g = dy * w:  dx += rstd (g - mean(g) - xh mean(g xh)). The weight and bias
  * gradients are column sums of dy*xh and dy over the rows
- * (colsum_part_kernel). All fp32 but the weight. */
+ * (colsum_kernel). All fp32 but the weight. */
 template <typename E>
 __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const float *inp,
                                           const E *w, const float *mean, const float *rstd,
-                                          size_t n, int C) {
+                                          size_t n, int C, bool vec) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= n) return;
@@ -355,6 +379,35 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
     float *dx = dinp + row * C;
     float m = mean[row], s = rstd[row];
     float gm = 0.0f, gxm = 0.0f;
+    if (vec) { /* C % 8 == 0, 16-byte aligned: lane reads 8 columns at a time */
+        float fx[8], fd[8], fw[8], fo[8];
+        for (int c = 8 * lane; c < C; c += 256) {
+            load8(x + c, fx);
+            load8(dy + c, fd);
+            load8(w + c, fw);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float xh = (fx[k] - m) * s, g = fd[k] * fw[k];
+                gm += g;
+                gxm += g * xh;
+            }
+        }
+        gm = warp_sum(gm) / (float)C;
+        gxm = warp_sum(gxm) / (float)C;
+        for (int c = 8 * lane; c < C; c += 256) {
+            load8(x + c, fx);
+            load8(dy + c, fd);
+            load8(w + c, fw);
+            load8(dx + c, fo);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float xh = (fx[k] - m) * s, g = fd[k] * fw[k];
+                fo[k] += s * (g - gm - xh * gxm);
+            }
+            store8(dx + c, fo);
+        }
+        return;
+    }
     for (int c = lane; c < C; c += 32) {
         float xh = (x[c] - m) * s, g = dy[c] * ld(w, c);
         gm += g;
@@ -368,36 +421,51 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
     }
 }
 
-/* Column sums, deterministic and without atomics, in two kernels:
- * colsum_part_kernel's CTA (cx, cy) sums column c = cx * blockDim.x + tid
- * over rows [cy R, (cy + 1) R) into part[cy W + c], rows in order; then
- * colsum_finish_kernel adds the partials of each column, chunks in order,
- * into the gradient. Threads run along a row, so every load is coalesced.
- * A bias gradient sums dy; with the LayerNorm's statistics (mean != NULL)
- * the kernel sums dy * xh into part and dy into part_b (weight and bias).
- * The same shape always splits the same way, hence the same bits. */
+/* Column sums, deterministic: CTA (cx, cy) sums column
+ * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
+ * into its partial; the last CTA of column block cx to finish (a counter
+ * per block, taken after a fence that publishes the partials) adds the
+ * partials of its columns, chunks in order, into the gradient and resets
+ * the counter for the next sum. Whichever CTA finishes last, the sums and
+ * their order are the same: the same shape gives the same bits. Threads
+ * run along a row, so every load is coalesced. A bias gradient sums dy
+ * into db; with the LayerNorm's statistics (mean != NULL) also
+ * dy * (x - mean) rstd into dw (weight and bias). */
 template <typename T>
-__global__ void colsum_part_kernel(float *part, float *part_b, const T *dy, const float *x,
-                                   const float *mean, const float *rstd, int n, int W, int R) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= W) return;
-    int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
-    float sw = 0.0f, sb = 0.0f;
-    for (int r = r0; r < r1; r++) {
-        float d = ld(dy, (size_t)r * W + c);
-        if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
-        sb += d;
+__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
+                              const float *x, const float *mean, const float *rstd, int n, int W,
+                              int R) {
+    __shared__ bool last;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, chunks = (int)gridDim.y;
+    float *pw = part, *pb = part + (size_t)chunks * W;
+    if (c < W) {
+        int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
+        float sw = 0.0f, sb = 0.0f;
+#pragma unroll 4
+        for (int r = r0; r < r1; r++) {
+            float d = ld(dy, (size_t)r * W + c);
+            if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
+            sb += d;
+        }
+        if (mean) pw[(size_t)blockIdx.y * W + c] = sw;
+        pb[(size_t)blockIdx.y * W + c] = sb;
     }
-    if (mean) part[(size_t)blockIdx.y * W + c] = sw;
-    (mean ? part_b : part)[(size_t)blockIdx.y * W + c] = sb;
-}
-
-__global__ void colsum_finish_kernel(float *acc, const float *part, int chunks, int W) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= W) return;
-    float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += part[(size_t)k * W + c];
-    acc[c] += s;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)chunks - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (c < W) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int k = 0; k < chunks; k++) {
+            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
+            tb += __ldcg(pb + (size_t)k * W + c);
+        }
+        if (mean) dw[c] += tw;
+        db[c] += tb;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0;
 }
 
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
@@ -537,24 +605,45 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
  * backward's products apply as their alpha:
  *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
  * The row is read twice: once for the online softmax statistics, once for
- * the probabilities (a CTA's row, 4V bytes, is still in L2). Without
+ * the probabilities (a CTA's row, 4V bytes, is still in L2); with vec
+ * (V % 8 == 0, aligned rows) 8 columns at a time, so each thread has 16
+ * bytes in flight per load instead of 4: the kernel is bound by how many
+ * loads are in flight, not by arithmetic. Without
  * targets the loss column holds lse - max (the CPU's value; the mean is
  * NaN). Rows are V wide; the softmax runs over the first Vr
  * (real_vocab_size, model.h), the rest are padding, whose d logits are 0. */
 template <typename E>
 __global__ void cross_entropy_kernel(const float *logits, float *lse, float *losses,
-                                     const int32_t *targets, E *dlog, int V, int Vr) {
+                                     const int32_t *targets, E *dlog, int V, int Vr, bool vec) {
     __shared__ float sm[32], ss[32], z_row;
     size_t r = blockIdx.x;
     const float *l = logits + r * V;
     float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
-        float x = l[v];
-        if (x > m) {
-            s = s * expf(m - x) + 1.0f;
-            m = x;
-        } else {
-            s += expf(x - m);
+    if (vec) {
+        for (int v0 = 8 * threadIdx.x; v0 < Vr; v0 += 8 * blockDim.x) {
+            float f[8], mx = -INFINITY;
+            load8(l + v0, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (v0 + k >= Vr) f[k] = -INFINITY; /* padding: outside the softmax */
+                mx = fmaxf(mx, f[k]);
+            }
+            if (mx > m) {
+                s *= expf(m - mx);
+                m = mx;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += expf(f[k] - m);
+        }
+    } else {
+        for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
+            float x = l[v];
+            if (x > m) {
+                s = s * expf(m - x) + 1.0f;
+                m = x;
+            } else {
+                s += expf(x - m);
+            }
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -576,6 +665,19 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
     const float z = z_row;
     const int tg = targets[r];
     E *d = dlog + r * V;
+    if (vec) {
+        for (int v0 = 8 * threadIdx.x; v0 < V; v0 += 8 * blockDim.x) {
+            float f[8];
+            load8(l + v0, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int v = v0 + k;
+                f[k] = v < Vr ? expf(f[k] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f;
+            }
+            store8(d + v0, f);
+        }
+        return;
+    }
     for (int v = threadIdx.x; v < V; v += blockDim.x)
         st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
 }
@@ -623,6 +725,7 @@ struct gpt2_acts {
     void *dscore;              /* E  max_batch x H x T x T: d S */
     float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
     float *colsum_part;        /*    2 max(kColsumParts, 4C): column sums' partials */
+    unsigned *colsum_count;    /*    4C / kThreads + 1: finished chunks per column block */
     float *bias32;             /*    4C: a bias widened to fp32 (linear_forward) */
 };
 
@@ -929,20 +1032,16 @@ static int colsum_rows(int n, int W) {
 
 /* db[W] += column sums of the n rows of dy (n x W, row-major, fp32 or E);
  * with mean (the LayerNorm's backward, x its input): also
- * dw[W] += column sums of dy * (x - mean) rstd. colsum_part_kernel. */
+ * dw[W] += column sums of dy * (x - mean) rstd. colsum_kernel. */
 template <typename T>
 static zpp_status colsum_acc(gpt2_cuda *g, float *db, float *dw, const T *dy, const float *x,
                              const float *mean, const float *rstd, int n, int W,
                              const char *what) {
     int R = colsum_rows(n, W), chunks = (n + R - 1) / R;
     dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
-    float *pw = g->act.colsum_part, *pb = pw + (size_t)chunks * W;
-    colsum_part_kernel<T><<<grid, kThreads, 0, g->stream>>>(mean ? pw : pb, pb, dy, x, mean,
-                                                              rstd, n, W, R);
-    LAUNCH_CHECK(what);
-    unsigned gw = (unsigned)((W + kThreads - 1) / kThreads);
-    if (mean) colsum_finish_kernel<<<gw, kThreads, 0, g->stream>>>(dw, pw, chunks, W);
-    colsum_finish_kernel<<<gw, kThreads, 0, g->stream>>>(db, pb, chunks, W);
+    colsum_kernel<T><<<grid, kThreads, 0, g->stream>>>(db, dw, g->act.colsum_part,
+                                                         g->act.colsum_count, dy, x, mean, rstd,
+                                                         n, W, R);
     LAUNCH_CHECK(what);
     return ZPP_OK;
 }
@@ -1029,7 +1128,8 @@ static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float 
                                     const float *inp, const void *w, const void *b, int n,
                                     int C) {
     WITH_E(g, layernorm_forward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-                  (E *)out, mean, rstd, inp, (const E *)w, (const E *)b, (size_t)n, C));
+                  (E *)out, mean, rstd, inp, (const E *)w, (const E *)b, (size_t)n, C,
+                  C % 8 == 0 && vec8_ok(out, inp, w, b)));
     LAUNCH_CHECK("layernorm forward");
     return ZPP_OK;
 }
@@ -1039,7 +1139,8 @@ static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float
                                      const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C) {
     WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-                  dinp, dout, inp, (const E *)w, mean, rstd, (size_t)n, C));
+                  dinp, dout, inp, (const E *)w, mean, rstd, (size_t)n, C,
+                  C % 8 == 0 && vec8_ok(dinp, dout, inp, w)));
     LAUNCH_CHECK("layernorm backward");
     return colsum_acc(g, db, dw, dout, inp, mean, rstd, n, C, "layernorm weight gradient");
 }
@@ -1236,7 +1337,8 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
                       g->act.logits, g->act.lse + r0, g->act.losses + r0,
                       targets ? g->d_targets + r0 : NULL,
                       targets ? (E *)eat(g, g->act.dlogits, (size_t)r0 * V) : NULL, V,
-                      g->base.real_vocab_size));
+                      g->base.real_vocab_size,
+                      V % 8 == 0 && vec8_ok(g->act.logits, g->act.dlogits)));
         LAUNCH_CHECK("softmax cross-entropy");
     }
     g->dlogits_ready = targets;
@@ -1567,6 +1669,7 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
     x->colsum_part = zpp_arena_take(a, 2, kColsumParts > 4 * C ? kColsumParts : 4 * C);
+    x->colsum_count = (unsigned *)zpp_arena_take(a, 4 * C / kThreads + 1, 1); /* fits a float slot */
     x->bias32 = zpp_arena_take(a, 4, C);
 }
 
@@ -1599,6 +1702,9 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
              "create: batch copy event");
     LT_CHECK(cublasLtCreate(&g->lt), "create: cuBLASLt handle");
+    CU_CHECK(cudaMemsetAsync(g->act.colsum_count, 0, (4 * g->cfg.n_embd / kThreads + 1) *
+                                                         sizeof(unsigned), g->stream),
+             "create: column sum counters");
     return ZPP_OK;
 }
 

@@ -218,8 +218,8 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * for the backward, in E (V e). */
     double once = 12 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 * H + V * e;
     if (e == 4) once -= C * e;
-    /* The fp32 logits of at most 512 rows at once (gpt2_cuda.cu, HEAD). */
-    const double logits = 4 * V * fmin(tokens, 512);
+    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
+    const double logits = 4 * V * fmin(tokens, 1024);
     return tokens * (L * per_layer + slab + once) + logits +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
