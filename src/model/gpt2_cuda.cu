@@ -37,10 +37,10 @@
  * are cached per shape, so a steady state does no heuristic queries. A
  * linear layer's bias (and, on the residual stream, the residual itself
  * as the C that beta = 1 scales) joins its forward product in cuBLASLt's
- * epilogue, so each output is written once. Bias
- * gradients and LayerNorm weight gradients are column sums, by a kernel of
- * their own in a fixed order (colsum_acc), added into the caller's
- * gradient.
+ * epilogue, so each output is written once. Bias gradients and LayerNorm
+ * weight gradients are column sums, by a kernel of their own in a fixed
+ * order, added into the caller's gradient. The code of all this is shared
+ * with every CUDA model: cuda_ops.h.
  *
  * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
  * 1.31B model), on a GPU of compute capability 8.0 or newer, attention is
@@ -136,22 +136,17 @@
 #include "model/model.h"
 #include "model/gpt2.h"
 #include "model/attention_cuda.h"
+#include "model/cuda_elem.cuh"
+#include "model/cuda_ops.h"
 #include "model/attention_path.h"
 #include "device/device_caps.h"
 
 namespace {
 
-constexpr int kThreads = 256;                   /* threads per CTA */
-constexpr int kRowsPerCta = kThreads / 32;      /* warp-per-row kernels */
 constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
 constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;
-constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
 constexpr int kHeadRows = 1024;                 /* fp32 logits rows held at once (HEAD) */
-constexpr int kGemmCache = 512;                 /* cached algorithms */
-constexpr int kColsumCtas = 512;                /* CTAs a column sum aims for */
-constexpr size_t kColsumParts = (size_t)kColsumCtas * kThreads; /* partials per sum */
-constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
 
 /* ------------------------------------------------------------------------ */
 /* Kernels. Each has the CPU function it mirrors named in its comment. E is  */
@@ -159,91 +154,6 @@ constexpr unsigned kMaxGrid = 65535u * 32u;     /* grid-stride beyond this */
 /* into fp32, computed in fp32, and rounded once when stored.                */
 /* ------------------------------------------------------------------------ */
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ size_t global_tid() {
-    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t grid_threads() { return (size_t)gridDim.x * blockDim.x; }
-
-/* Loads widen exactly; stores round to nearest even. */
-__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16 *p, size_t i) {
-    return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
-
-/* Eight consecutive elements at once (16-byte accesses: the elementwise
- * kernels are bound by memory, and 2-byte accesses waste most of each
- * transaction). p must be 16-byte aligned; the launchers check (vec8_ok). */
-__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
-    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&f)[8]) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 t = __bfloat1622float2(h[k]);
-        f[2 * k] = t.x, f[2 * k + 1] = t.y;
-    }
-}
-__device__ __forceinline__ void load8(const __half *p, float (&f)[8]) {
-    uint4 u = *(const uint4 *)p;
-    const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 t = __half22float2(h[k]);
-        f[2 * k] = t.x, f[2 * k + 1] = t.y;
-    }
-}
-__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
-    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-__device__ __forceinline__ void store8(__nv_bfloat16 *p, const float (&f)[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-    *(uint4 *)p = u;
-}
-__device__ __forceinline__ void store8(__half *p, const float (&f)[8]) {
-    uint4 u;
-    __half2 *h = (__half2 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
-    *(uint4 *)p = u;
-}
-
-/* fp32 -> E (the residual gradient, before it enters products). */
-template <typename E>
-__global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
-    size_t n8 = vec ? n / 8 : 0;
-    for (size_t i = global_tid(); i < n8; i += grid_threads()) {
-        float x[8];
-        load8(src + 8 * i, x);
-        store8(dst + 8 * i, x);
-    }
-    for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
-}
-
-/* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
- * the CPU: bit-identical). */
 template <typename E>
 __global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wte, const E *wpe,
                                      size_t n, int T, int C) {
@@ -421,88 +331,6 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
     }
 }
 
-/* Column sums, deterministic: CTA (cx, cy) sums column
- * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
- * into its partial; the last CTA of column block cx to finish (a counter
- * per block, taken after a fence that publishes the partials) adds the
- * partials of its columns, chunks in order, into the gradient and resets
- * the counter for the next sum. Whichever CTA finishes last, the sums and
- * their order are the same: the same shape gives the same bits. Threads
- * run along a row, so every load is coalesced. A bias gradient sums dy
- * into db; with the LayerNorm's statistics (mean != NULL) also
- * dy * (x - mean) rstd into dw (weight and bias). */
-template <typename T>
-__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
-                              const float *x, const float *mean, const float *rstd, int n, int W,
-                              int R) {
-    __shared__ bool last;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, chunks = (int)gridDim.y;
-    float *pw = part, *pb = part + (size_t)chunks * W;
-    if (c < W) {
-        int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
-        float sw = 0.0f, sb = 0.0f;
-#pragma unroll 4
-        for (int r = r0; r < r1; r++) {
-            float d = ld(dy, (size_t)r * W + c);
-            if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
-            sb += d;
-        }
-        if (mean) pw[(size_t)blockIdx.y * W + c] = sw;
-        pb[(size_t)blockIdx.y * W + c] = sb;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)chunks - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (c < W) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int k = 0; k < chunks; k++) {
-            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
-            tb += __ldcg(pb + (size_t)k * W + c);
-        }
-        if (mean) dw[c] += tw;
-        db[c] += tb;
-    }
-    if (threadIdx.x == 0) count[blockIdx.x] = 0;
-}
-
-/* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
- * whose epilogue takes the bias in the output's type. */
-template <typename E>
-__global__ void widen_kernel(float *dst, const E *src, int n) {
-    for (int i = (int)global_tid(); i < n; i += (int)grid_threads()) dst[i] = ld(src, i);
-}
-
-/* linear_forward without the bias epilogue: out = bias broadcast over rows, or
- * out = resid + bias (the CPU's memcpy of the residual, then += bias); the
- * GEMM then adds the product with beta = 1. O is fp32 for outputs on the
- * residual stream, E for the others (a bias in E is exact in E). */
-template <typename O, typename E>
-__global__ void rows_init_kernel(O *out, const float *resid, const E *bias, size_t n, int W,
-                                 bool vec) {
-    size_t total = n * (size_t)W;
-    if (vec) { /* W % 8 == 0 */
-        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
-            size_t e = 8 * i;
-            float x[8], r[8];
-            load8(bias + e % (size_t)W, x);
-            if (resid) {
-                load8(resid + e, r);
-#pragma unroll
-                for (int k = 0; k < 8; k++) x[k] = r[k] + x[k];
-            }
-            store8(out + e, x);
-        }
-        return;
-    }
-    for (size_t i = global_tid(); i < total; i += grid_threads()) {
-        float b = ld(bias, i % (size_t)W);
-        st(out, i, resid ? resid[i] + b : b);
-    }
-}
-
 /* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3). */
 __device__ __forceinline__ float gelu_sigmoid(float u) {
     float z = kGeluK * (u + kGeluA * u * u * u);
@@ -588,100 +416,6 @@ __global__ void causal_softmax_backward_kernel(E *dscore, const float *dprob, co
     for (int j = t + 1 + lane; j < T; j += 32) st(d, j, 0.0f);
 }
 
-/* Online softmax statistics: (m, s) stands for s * e^m; merging two
- * keeps the larger exponent, so nothing overflows. */
-__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
-    float mx = fmaxf(m, m2);
-    if (mx == -INFINITY) return; /* both empty */
-    s = s * expf(m - mx) + s2 * expf(m2 - mx);
-    m = mx;
-}
-
-/* gpt2_head_forward's softmax and cross-entropy, one CTA per row of a
- * chunk of fp32 logits:
- *   lse = log sum_v exp(l_v),  loss = lse - l_target,
- * and, when dlog is given (a forward with targets, which a backward may
- * follow), the row's d logits up to the factor loss_scale / n that the
- * backward's products apply as their alpha:
- *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
- * The row is read twice: once for the online softmax statistics, once for
- * the probabilities (a CTA's row, 4V bytes, is still in L2); with vec
- * (V % 8 == 0, aligned rows) 8 columns at a time, so each thread has 16
- * bytes in flight per load instead of 4: the kernel is bound by how many
- * loads are in flight, not by arithmetic. Without
- * targets the loss column holds lse - max (the CPU's value; the mean is
- * NaN). Rows are V wide; the softmax runs over the first Vr
- * (real_vocab_size, model.h), the rest are padding, whose d logits are 0. */
-template <typename E>
-__global__ void cross_entropy_kernel(const float *logits, float *lse, float *losses,
-                                     const int32_t *targets, E *dlog, int V, int Vr, bool vec) {
-    __shared__ float sm[32], ss[32], z_row;
-    size_t r = blockIdx.x;
-    const float *l = logits + r * V;
-    float m = -INFINITY, s = 0.0f;
-    if (vec) {
-        for (int v0 = 8 * threadIdx.x; v0 < Vr; v0 += 8 * blockDim.x) {
-            float f[8], mx = -INFINITY;
-            load8(l + v0, f);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                if (v0 + k >= Vr) f[k] = -INFINITY; /* padding: outside the softmax */
-                mx = fmaxf(mx, f[k]);
-            }
-            if (mx > m) {
-                s *= expf(m - mx);
-                m = mx;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) s += expf(f[k] - m);
-        }
-    } else {
-        for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
-            float x = l[v];
-            if (x > m) {
-                s = s * expf(m - x) + 1.0f;
-                m = x;
-            } else {
-                s += expf(x - m);
-            }
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        lse_merge(m, s, m2, s2);
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) sm[warp] = m, ss[warp] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < nw; w++) lse_merge(m, s, sm[w], ss[w]);
-        float ls = logf(s);
-        lse[r] = m + ls;
-        losses[r] = targets ? m + ls - l[targets[r]] : ls;
-        z_row = m + ls;
-    }
-    if (!dlog) return;
-    __syncthreads();
-    const float z = z_row;
-    const int tg = targets[r];
-    E *d = dlog + r * V;
-    if (vec) {
-        for (int v0 = 8 * threadIdx.x; v0 < V; v0 += 8 * blockDim.x) {
-            float f[8];
-            load8(l + v0, f);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                int v = v0 + k;
-                f[k] = v < Vr ? expf(f[k] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f;
-            }
-            store8(d + v0, f);
-        }
-        return;
-    }
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
-}
-
 /* ------------------------------------------------------------------------ */
 /* The model object                                                          */
 /* ------------------------------------------------------------------------ */
@@ -724,31 +458,6 @@ struct gpt2_acts {
     float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
     void *dscore;              /* E  max_batch x H x T x T: d S */
     float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
-    float *colsum_part;        /*    2 max(kColsumParts, 4C): column sums' partials */
-    unsigned *colsum_count;    /*    4C / kThreads + 1: finished chunks per column block */
-    float *bias32;             /*    4C: a bias widened to fp32 (linear_forward) */
-};
-
-struct gemm_key {
-    int64_t lda, ldb, ldc, sA, sB, sC;
-    int32_t ta, tb, M, N, K, batch;
-    uint32_t alA, alB, alC, atype, ctype, bias; /* bias: its alignment, 0 without */
-};
-
-struct gemm_entry {
-    gemm_key key;
-    cublasLtMatmulAlgo_t algo;
-    int used; /* 1: algo is cuBLASLt's pick; 2: cuBLASLt has none (an epilogue's) */
-};
-
-/* What a product adds besides alpha op(A) op(B) + beta C (gemm_ex). */
-struct gemm_epilogue {
-    /* N values in the output's type, one per column of C, added in the
-     * product's epilogue (cuBLASLt's EPILOGUE_BIAS); NULL: none. */
-    const void *bias;
-    /* The C that beta scales when it is not the output (cuBLASLt reads C
-     * and writes D); NULL: the output itself. */
-    const void *c_in;
 };
 
 struct gpt2_cuda {
@@ -761,10 +470,7 @@ struct gpt2_cuda {
     size_t es;            /* bytes of one E element */
     cudaDataType_t et;    /* E for cuBLASLt */
     cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *workspace;
-    gemm_entry *cache; /* kGemmCache entries */
-    int cache_next;    /* round-robin victim when full */
+    zpp_cu cu;            /* cuBLASLt, its cache, the shared ops' scratch (cuda_ops.h) */
 
     zpp_device *dev; /* allocates the arena and workspace (counted in its peak) */
     float *arena; /* device */
@@ -793,54 +499,20 @@ static inline void *eat(const gpt2_cuda *g, const void *p, size_t i) {
     return (char *)p + i * g->es;
 }
 
-/* Runs `...` with E typedef'd to the model's working dtype: the one place
- * that turns the runtime dtype into a kernel's template argument. */
-#define WITH_E(g, ...)                                                  \
-    do {                                                                \
-        switch ((g)->base.param_dtype) {                                \
-        case ZPP_BF16: { typedef __nv_bfloat16 E; __VA_ARGS__; } break; \
-        case ZPP_FP16: { typedef __half E; __VA_ARGS__; } break;        \
-        default: { typedef float E; __VA_ARGS__; } break;               \
-        }                                                               \
-    } while (0)
+/* Runs `...` with E typedef'd to the model's working dtype (cuda_elem.cuh). */
+#define WITH_E(g, ...) ZPP_WITH_E((g)->base.param_dtype, __VA_ARGS__)
 
 /* ---- error plumbing ---- */
 
-#define CU_CHECK(call, what)                                                              \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess)                                                            \
-            return zpp_error(e_ == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA, \
-                             "gpt2 cuda: %s: %s", what, cudaGetErrorString(e_));          \
-    } while (0)
-
-#define LT_CHECK(call, what)                                                              \
-    do {                                                                                  \
-        cublasStatus_t s_ = (call);                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                  \
-            return zpp_error(ZPP_ERR_CUDA, "gpt2 cuda: %s: cuBLASLt %s (%s)", what,       \
-                             cublasLtGetStatusName(s_), cublasLtGetStatusString(s_));     \
-    } while (0)
+#define CU_CHECK(call, what) ZPP_CU_CHECK("gpt2 cuda", call, what)
 
 /* After a kernel launch: a bad configuration shows up here; a fault while
  * running shows up at the next synchronising call (loss()). */
 #define LAUNCH_CHECK(what) CU_CHECK(cudaGetLastError(), what)
 
-static unsigned grid_for(size_t n) {
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b > kMaxGrid) b = kMaxGrid;
-    return b ? (unsigned)b : 1u;
-}
-
-/* Whether the 8-wide (16-byte) accesses may be used on these pointers
- * (NULL counts as aligned). */
-static bool vec8_ok(const void *a, const void *b, const void *c = NULL, const void *d = NULL) {
-    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15u) == 0;
-}
-
-static unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
-    return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
-}
+static unsigned grid_for(size_t n) { return zpp_cu_grid_for(n); }
+static unsigned grid_rows(size_t rows) { return zpp_cu_grid_rows(rows); }
+#define vec8_ok zpp_cu_vec8_ok
 
 /* The model works on device memory; a host pointer would fault inside a
  * kernel and poison the context, so it is refused up front. */
@@ -859,191 +531,22 @@ static zpp_status check_device_ptr(const void *p, const char *op, const char *na
     return ZPP_OK;
 }
 
-/* ---- GEMM through cuBLASLt ---- */
+/* ---- products (cuda_ops.h) ---- */
 
 static size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-/* Largest power of two (<= 256) dividing the address and, for a batch, the
- * byte stride between matrices: the alignment cuBLASLt may assume. */
-static uint32_t ptr_align(const void *p, int64_t stride, int batch, size_t bytes) {
-    uint64_t v = (uint64_t)(uintptr_t)p | 256u;
-    if (batch > 1) v |= (uint64_t)stride * bytes;
-    return (uint32_t)(v & (~v + 1));
-}
-
-/* Row-major C[M x N] = alpha op(A) op(B) + beta C, op(A) M x K, op(B) K x N
- * (ta / tb: 1 = transposed, as CblasTrans), `batch` matrices apart by
- * sA / sB / sC elements. A and B are in `at` (E, or fp32 for the column
- * sums of fp32 rows); C is in ct (E or fp32). Accumulation is fp32. See the
- * header for the column-major translation. */
-static zpp_status gemm_ex(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb,
-                          int M, int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
-                          const void *B, int64_t ldb, int64_t sB, float beta, void *C,
-                          int64_t ldc, int64_t sC, int batch, const gemm_epilogue *epi,
-                          const char *what) {
-    const void *bias = epi ? epi->bias : NULL;
-    const void *c_in = epi && epi->c_in ? epi->c_in : C;
-    gemm_key key;
-    memset(&key, 0, sizeof key);
-    key.lda = lda;
-    key.ldb = ldb;
-    key.ldc = ldc;
-    key.sA = batch > 1 ? sA : 0;
-    key.sB = batch > 1 ? sB : 0;
-    key.sC = batch > 1 ? sC : 0;
-    key.ta = ta;
-    key.tb = tb;
-    key.M = M;
-    key.N = N;
-    key.K = K;
-    key.batch = batch;
-    key.alA = ptr_align(A, sA, batch, type_bytes(at));
-    key.alB = ptr_align(B, sB, batch, type_bytes(at));
-    key.alC = ptr_align(C, sC, batch, type_bytes(ct));
-    key.atype = (uint32_t)at;
-    key.ctype = (uint32_t)ct;
-    key.bias = bias ? ptr_align(bias, 0, 1, type_bytes(ct)) : 0;
-
-    /* cuBLASLt operand 1 is our B, operand 2 our A, output our C^T. */
-    cublasLtMatmulDescOpaque_t desc;
-    cublasLtMatrixLayoutOpaque_t l1, l2, lc;
-    LT_CHECK(cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
-    cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1),
-             what);
-    LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2),
-             what);
-    if (bias) { /* one value per row of cuBLASLt's D (our C^T): per column of C */
-        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-        int32_t bt = (int32_t)ct;
-        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
-                                                sizeof ep), what);
-        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof bias), what);
-        LT_CHECK(cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                sizeof bt), what);
-    }
-    /* Stored shapes (before the op), column-major: B row-major K x N is
-     * N x K; B row-major N x K (tb) is K x N; likewise for A. */
-    LT_CHECK(cublasLtMatrixLayoutInit(&l1, at, tb ? (uint64_t)K : (uint64_t)N,
-                                      tb ? (uint64_t)N : (uint64_t)K, ldb), what);
-    LT_CHECK(cublasLtMatrixLayoutInit(&l2, at, ta ? (uint64_t)M : (uint64_t)K,
-                                      ta ? (uint64_t)K : (uint64_t)M, lda), what);
-    LT_CHECK(cublasLtMatrixLayoutInit(&lc, ct, (uint64_t)N, (uint64_t)M, ldc), what);
-    if (batch > 1) {
-        int32_t bc = batch;
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&l1, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                                  sizeof bc), what);
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&l2, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                                  sizeof bc), what);
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(&lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                                  sizeof bc), what);
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
-                     &l1, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB, sizeof sB), what);
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
-                     &l2, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA, sizeof sA), what);
-        LT_CHECK(cublasLtMatrixLayoutSetAttribute(
-                     &lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sC, sizeof sC), what);
-    }
-
-    gemm_entry *hit = NULL;
-    for (int i = 0; i < kGemmCache && g->cache[i].used; i++)
-        if (memcmp(&g->cache[i].key, &key, sizeof key) == 0) {
-            hit = &g->cache[i];
-            break;
-        }
-    if (!hit) {
-        cublasLtMatmulPreferenceOpaque_t pref;
-        LT_CHECK(cublasLtMatmulPreferenceInit(&pref), what);
-        uint64_t ws = kWorkspaceBytes;
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                     &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), what);
-        /* operand 1 is B, operand 2 is A */
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.alB, 4), what);
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.alA, 4), what);
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.alC, 4), what);
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                     &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.alC, 4), what);
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g->lt, &desc, &l1, &l2, &lc, &lc, &pref,
-                                                           1, &res, &found);
-        if (bias && (hs != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS))
-            found = -1; /* no algorithm with the epilogue: cached, the caller adds the bias */
-        else
-            LT_CHECK(hs, what);
-        if (found == 0 || (found > 0 && res.state != CUBLAS_STATUS_SUCCESS))
-            return zpp_error(ZPP_ERR_CUDA,
-                             "gpt2 cuda: %s: cuBLASLt has no algorithm for the row-major "
-                             "product %s%s M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d "
-                             "(operands %s, output %s)",
-                             what, ta ? "A^T" : "A", tb ? "B^T" : "B", M, N, K, (long long)lda,
-                             (long long)ldb, (long long)ldc, batch,
-                             at == CUDA_R_32F ? "fp32" : zpp_dtype_name(g->base.param_dtype),
-                             ct == CUDA_R_32F ? "fp32" : zpp_dtype_name(g->base.param_dtype));
-        int slot = 0;
-        while (slot < kGemmCache && g->cache[slot].used) slot++;
-        if (slot == kGemmCache) { /* full: replace round-robin */
-            slot = g->cache_next;
-            g->cache_next = (g->cache_next + 1) % kGemmCache;
-        }
-        g->cache[slot].key = key;
-        if (found > 0) g->cache[slot].algo = res.algo;
-        g->cache[slot].used = found > 0 ? 1 : 2;
-        hit = &g->cache[slot];
-    }
-    if (hit->used == 2)
-        return zpp_error(ZPP_ERR_UNSUPPORTED, "gpt2 cuda: %s: cuBLASLt has no algorithm that "
-                         "adds the bias in the product", what);
-    LT_CHECK(cublasLtMatmul(g->lt, &desc, &alpha, B, &l1, A, &l2, &beta, c_in, &lc, C, &lc,
-                            &hit->algo, g->workspace, kWorkspaceBytes, g->stream), what);
-    return ZPP_OK;
-}
 
 static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
                        int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
                        const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
                        int64_t sC, int batch, const char *what) {
-    return gemm_ex(g, at, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC,
-                   batch, NULL, what);
+    return zpp_cu_gemm(&g->cu, at, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C,
+                       ldc, sC, batch, NULL, what);
 }
 
-/* Plain (unbatched) row-major product of E operands. */
 static zpp_status mm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
                      cudaDataType_t ct, int ldc, const char *what) {
-    return gemm(g, g->et, ct, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1,
-                what);
-}
-
-/* Rows per chunk of a column sum: enough chunks that the partial sums
- * fill the GPU (about kColsumCtas CTAs), at most kColsumParts W partials. */
-static int colsum_rows(int n, int W) {
-    int cx = (W + kThreads - 1) / kThreads;
-    int chunks = (kColsumCtas + cx - 1) / cx;
-    if ((size_t)chunks * W > (size_t)kColsumParts) chunks = (int)(kColsumParts / W);
-    if (chunks < 1) chunks = 1;
-    if (chunks > n) chunks = n;
-    return (n + chunks - 1) / chunks;
-}
-
-/* db[W] += column sums of the n rows of dy (n x W, row-major, fp32 or E);
- * with mean (the LayerNorm's backward, x its input): also
- * dw[W] += column sums of dy * (x - mean) rstd. colsum_kernel. */
-template <typename T>
-static zpp_status colsum_acc(gpt2_cuda *g, float *db, float *dw, const T *dy, const float *x,
-                             const float *mean, const float *rstd, int n, int W,
-                             const char *what) {
-    int R = colsum_rows(n, W), chunks = (n + R - 1) / R;
-    dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
-    colsum_kernel<T><<<grid, kThreads, 0, g->stream>>>(db, dw, g->act.colsum_part,
-                                                         g->act.colsum_count, dy, x, mean, rstd,
-                                                         n, W, R);
-    LAUNCH_CHECK(what);
-    return ZPP_OK;
+    return zpp_cu_mm(&g->cu, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ct, ldc, what);
 }
 
 /* One attention product for every (sequence b, head h): operand X of
@@ -1078,50 +581,18 @@ static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, f
 
 /* ---- building blocks (first n = B*T rows) ---- */
 
-/* linear_forward: out = [resid +] inp W^T + bias. inp, W and bias are in
- * E; out is fp32 (ot = CUDA_R_32F, the residual stream) or E. The bias
- * and the residual (beta = 1 on resid as cuBLASLt's C) join the product in
- * its epilogue, so out is written once; where cuBLASLt has no algorithm
- * for that, rows_init_kernel writes [resid +] bias first and the product
- * adds to it. */
 static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, const float *resid,
                                  const void *inp, const void *W, const void *bias, int n, int IC,
                                  int OC, const char *what) {
-    const void *b = bias;
-    if (ot == CUDA_R_32F && g->et != CUDA_R_32F) { /* the epilogue's bias is in out's type */
-        WITH_E(g, widen_kernel<<<grid_for((size_t)OC), kThreads, 0, g->stream>>>(
-                      g->act.bias32, (const E *)bias, OC));
-        LAUNCH_CHECK(what);
-        b = g->act.bias32;
-    }
-    gemm_epilogue epi = {b, resid};
-    zpp_status st = gemm_ex(g, g->et, ot, 0, 1, n, OC, IC, 1.0f, inp, IC, 0, W, IC, 0,
-                            resid ? 1.0f : 0.0f, out, OC, 0, 1, &epi, what);
-    if (st != ZPP_ERR_UNSUPPORTED) return st;
-    bool v = OC % 8 == 0 && vec8_ok(out, resid, bias);
-    unsigned grid = grid_for(v ? (size_t)n * OC / 8 : (size_t)n * OC);
-    if (ot == CUDA_R_32F)
-        WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
-                      (float *)out, resid, (const E *)bias, (size_t)n, OC, v));
-    else
-        WITH_E(g, rows_init_kernel<<<grid, kThreads, 0, g->stream>>>(
-                      (E *)out, resid, (const E *)bias, (size_t)n, OC, v));
-    LAUNCH_CHECK(what);
-    return mm(g, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, ot, OC, what);
+    return zpp_cu_linear_forward(&g->cu, out, ot, resid, inp, W, bias, n, IC, OC, what);
 }
 
-/* linear_backward: d inp = d out W (overwritten, in it = fp32 or E);
- * d W += d out^T inp; d b += column sums of d out (from dout_f32, the
- * unrounded fp32 gradient, when the caller has one). */
 static zpp_status linear_backward(gpt2_cuda *g, void *dinp, cudaDataType_t it, float *dW,
                                   float *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, int n, int IC, int OC,
                                   const char *what) {
-    ZPP_CHECK(mm(g, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, it, IC, what));
-    ZPP_CHECK(mm(g, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC, what));
-    if (dout_f32) return colsum_acc(g, db, NULL, dout_f32, NULL, NULL, NULL, n, OC, what);
-    WITH_E(g, ZPP_CHECK(colsum_acc(g, db, NULL, (const E *)dout, NULL, NULL, NULL, n, OC, what)));
-    return ZPP_OK;
+    return zpp_cu_linear_backward(&g->cu, dinp, it, dW, db, dout, dout_f32, inp, W, n, IC, OC,
+                                  what);
 }
 
 static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float *rstd,
@@ -1142,19 +613,15 @@ static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float
                   dinp, dout, inp, (const E *)w, mean, rstd, (size_t)n, C,
                   C % 8 == 0 && vec8_ok(dinp, dout, inp, w)));
     LAUNCH_CHECK("layernorm backward");
-    return colsum_acc(g, db, dw, dout, inp, mean, rstd, n, C, "layernorm weight gradient");
+    return zpp_cu_colsum(&g->cu, db, dw, dout, CUDA_R_32F, inp, mean, rstd, n, C,
+                         "layernorm weight gradient");
 }
 
 /* The residual gradient rounded to E for the products that read it (a
  * no-op when E is fp32: dres_e is dres). */
 static zpp_status round_dres(gpt2_cuda *g, int n) {
-    if (g->et == CUDA_R_32F) return ZPP_OK;
-    size_t k = (size_t)n * g->cfg.n_embd;
-    bool v = vec8_ok(g->act.dres_e, g->act.dres);
-    WITH_E(g, round_kernel<<<grid_for(v ? k / 8 : k), kThreads, 0, g->stream>>>(
-                  (E *)g->act.dres_e, g->act.dres, k, v));
-    LAUNCH_CHECK("round the residual gradient");
-    return ZPP_OK;
+    return zpp_cu_round(&g->cu, g->act.dres_e, g->act.dres, (size_t)n * g->cfg.n_embd,
+                        "round the residual gradient");
 }
 
 /* The scratch LayerNorm output (act.ln) of n rows of inp, again. */
@@ -1333,13 +800,10 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
                      "keep a row of logits");
             g->calls.kept = 1;
         }
-        WITH_E(g, cross_entropy_kernel<E><<<(unsigned)rows, kThreads, 0, g->stream>>>(
-                      g->act.logits, g->act.lse + r0, g->act.losses + r0,
-                      targets ? g->d_targets + r0 : NULL,
-                      targets ? (E *)eat(g, g->act.dlogits, (size_t)r0 * V) : NULL, V,
-                      g->base.real_vocab_size,
-                      V % 8 == 0 && vec8_ok(g->act.logits, g->act.dlogits)));
-        LAUNCH_CHECK("softmax cross-entropy");
+        ZPP_CHECK(zpp_cu_cross_entropy(&g->cu, g->act.logits, g->act.lse + r0,
+                                       g->act.losses + r0, targets ? g->d_targets + r0 : NULL,
+                                       targets ? eat(g, g->act.dlogits, (size_t)r0 * V) : NULL,
+                                       rows, V, g->base.real_vocab_size));
     }
     g->dlogits_ready = targets;
     return ZPP_OK;
@@ -1593,13 +1057,11 @@ void op_destroy(zpp_model *m) {
     /* Work in flight may still use the buffers; errors are moot here. */
     if (g->arena) (void)cudaStreamSynchronize(g->stream);
     if (g->staged) (void)cudaEventDestroy(g->staged);
-    if (g->lt) (void)cublasLtDestroy(g->lt);
-    zpp_device_free(g->dev, g->workspace);
+    zpp_cu_free(&g->cu);
     zpp_device_free(g->dev, g->arena);
     if (g->h_losses) (void)cudaFreeHost(g->h_losses);
     if (g->h_ints) (void)cudaFreeHost(g->h_ints);
     free(g->h_count);
-    free(g->cache);
     zpp_gpt2_stages_free(&g->stages);
     free(g);
 }
@@ -1668,9 +1130,6 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->datty = take_e(g, a, N, C);
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
-    x->colsum_part = zpp_arena_take(a, 2, kColsumParts > 4 * C ? kColsumParts : 4 * C);
-    x->colsum_count = (unsigned *)zpp_arena_take(a, 4 * C / kThreads + 1, 1); /* fits a float slot */
-    x->bias32 = zpp_arena_take(a, 4, C);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
@@ -1692,7 +1151,7 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     g->arena = (float *)arena;
     p = zpp_arena{g->arena, 0, 64, 0};
     plan(g, &p);
-    ZPP_CHECK(zpp_device_alloc(g->dev, kWorkspaceBytes, &g->workspace));
+    ZPP_CHECK(zpp_cu_init(&g->cu, g->dev, g->base.param_dtype, 4 * g->cfg.n_embd, "gpt2 cuda"));
     void *h = NULL;
     CU_CHECK(cudaMallocHost(&h, (5 * g->nmax + 1) * sizeof(int32_t)),
              "create: pinned staging for the batch");
@@ -1701,10 +1160,6 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     g->h_losses = (float *)h;
     CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
              "create: batch copy event");
-    LT_CHECK(cublasLtCreate(&g->lt), "create: cuBLASLt handle");
-    CU_CHECK(cudaMemsetAsync(g->act.colsum_count, 0, (4 * g->cfg.n_embd / kThreads + 1) *
-                                                         sizeof(unsigned), g->stream),
-             "create: column sum counters");
     return ZPP_OK;
 }
 
@@ -1745,9 +1200,8 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     zpp_gpt2_layout_make(cfg, &g->lay);
     g->dev = dev;
     g->stream = (cudaStream_t)dev->stream; /* the device's compute stream */
-    g->cache = (gemm_entry *)calloc(kGemmCache, sizeof *g->cache);
     g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);
-    if (!g->cache || !g->h_count || zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {
+    if (!g->h_count || zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {
         op_destroy(&g->base);
         return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     }

@@ -1,0 +1,548 @@
+/* model/cuda_ops.cu — the operations every CUDA decoder shares
+ * (cuda_ops.h): products through cuBLASLt, column sums, the classifier's
+ * softmax cross-entropy, rounding into the working dtype. The math and
+ * its precision are gpt2_cuda.cu's header comment (GEMMs, HEAD,
+ * DETERMINISM); this file is the code. */
+#include "model/cuda_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/cuda_elem.cuh"
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
+constexpr int kGemmCache = 512;                 /* cached algorithms */
+constexpr int kColsumCtas = 512;                /* CTAs a column sum aims for */
+constexpr size_t kColsumParts = (size_t)kColsumCtas * kThreads; /* partials per sum */
+
+struct gemm_key {
+    int64_t lda, ldb, ldc, sA, sB, sC;
+    int32_t ta, tb, M, N, K, batch;
+    uint32_t alA, alB, alC, atype, ctype, bias; /* bias: its alignment, 0 without */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* fp32 -> E (the residual gradient, before it enters products). */
+template <typename E>
+__global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
+    size_t n8 = vec ? n / 8 : 0;
+    for (size_t i = global_tid(); i < n8; i += grid_threads()) {
+        float x[8];
+        load8(src + 8 * i, x);
+        store8(dst + 8 * i, x);
+    }
+    for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
+}
+
+/* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
+ * the CPU: bit-identical). */
+/* Column sums, deterministic: CTA (cx, cy) sums column
+ * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
+ * into its partial; the last CTA of column block cx to finish (a counter
+ * per block, taken after a fence that publishes the partials) adds the
+ * partials of its columns, chunks in order, into the gradient and resets
+ * the counter for the next sum. Whichever CTA finishes last, the sums and
+ * their order are the same: the same shape gives the same bits. Threads
+ * run along a row, so every load is coalesced. A bias gradient sums dy
+ * into db; with the LayerNorm's statistics (mean != NULL) also
+ * dy * (x - mean) rstd into dw (weight and bias). */
+template <typename T>
+__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
+                              const float *x, const float *mean, const float *rstd, int n, int W,
+                              int R) {
+    __shared__ bool last;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, chunks = (int)gridDim.y;
+    float *pw = part, *pb = part + (size_t)chunks * W;
+    if (c < W) {
+        int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
+        float sw = 0.0f, sb = 0.0f;
+#pragma unroll 4
+        for (int r = r0; r < r1; r++) {
+            float d = ld(dy, (size_t)r * W + c);
+            if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
+            sb += d;
+        }
+        if (mean) pw[(size_t)blockIdx.y * W + c] = sw;
+        pb[(size_t)blockIdx.y * W + c] = sb;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)chunks - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (c < W) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int k = 0; k < chunks; k++) {
+            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
+            tb += __ldcg(pb + (size_t)k * W + c);
+        }
+        if (mean) dw[c] += tw;
+        db[c] += tb;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0;
+}
+
+/* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
+ * whose epilogue takes the bias in the output's type. */
+template <typename E>
+__global__ void widen_kernel(float *dst, const E *src, int n) {
+    for (int i = (int)global_tid(); i < n; i += (int)grid_threads()) dst[i] = ld(src, i);
+}
+
+/* linear_forward without the bias epilogue: out = bias broadcast over rows, or
+ * out = resid + bias (the CPU's memcpy of the residual, then += bias); the
+ * GEMM then adds the product with beta = 1. O is fp32 for outputs on the
+ * residual stream, E for the others (a bias in E is exact in E). */
+template <typename O, typename E>
+__global__ void rows_init_kernel(O *out, const float *resid, const E *bias, size_t n, int W,
+                                 bool vec) {
+    size_t total = n * (size_t)W;
+    if (vec) { /* W % 8 == 0 */
+        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
+            size_t e = 8 * i;
+            float x[8], r[8];
+            load8(bias + e % (size_t)W, x);
+            if (resid) {
+                load8(resid + e, r);
+#pragma unroll
+                for (int k = 0; k < 8; k++) x[k] = r[k] + x[k];
+            }
+            store8(out + e, x);
+        }
+        return;
+    }
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        float b = ld(bias, i % (size_t)W);
+        st(out, i, resid ? resid[i] + b : b);
+    }
+}
+
+/* Online softmax statistics: (m, s) stands for s * e^m; merging two
+ * keeps the larger exponent, so nothing overflows. */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    if (mx == -INFINITY) return; /* both empty */
+    s = s * expf(m - mx) + s2 * expf(m2 - mx);
+    m = mx;
+}
+
+/* gpt2_head_forward's softmax and cross-entropy, one CTA per row of a
+ * chunk of fp32 logits:
+ *   lse = log sum_v exp(l_v),  loss = lse - l_target,
+ * and, when dlog is given (a forward with targets, which a backward may
+ * follow), the row's d logits up to the factor loss_scale / n that the
+ * backward's products apply as their alpha:
+ *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
+ * The row is read twice: once for the online softmax statistics, once for
+ * the probabilities (a CTA's row, 4V bytes, is still in L2); with vec
+ * (V % 8 == 0, aligned rows) 8 columns at a time, so each thread has 16
+ * bytes in flight per load instead of 4: the kernel is bound by how many
+ * loads are in flight, not by arithmetic. Without
+ * targets the loss column holds lse - max (the CPU's value; the mean is
+ * NaN). Rows are V wide; the softmax runs over the first Vr
+ * (real_vocab_size, model.h), the rest are padding, whose d logits are 0. */
+template <typename E>
+__global__ void cross_entropy_kernel(const float *logits, float *lse, float *losses,
+                                     const int32_t *targets, E *dlog, int V, int Vr, bool vec) {
+    __shared__ float sm[32], ss[32], z_row;
+    size_t r = blockIdx.x;
+    const float *l = logits + r * V;
+    float m = -INFINITY, s = 0.0f;
+    if (vec) {
+        for (int v0 = 8 * threadIdx.x; v0 < Vr; v0 += 8 * blockDim.x) {
+            float f[8], mx = -INFINITY;
+            load8(l + v0, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (v0 + k >= Vr) f[k] = -INFINITY; /* padding: outside the softmax */
+                mx = fmaxf(mx, f[k]);
+            }
+            if (mx > m) {
+                s *= expf(m - mx);
+                m = mx;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += expf(f[k] - m);
+        }
+    } else {
+        for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
+            float x = l[v];
+            if (x > m) {
+                s = s * expf(m - x) + 1.0f;
+                m = x;
+            } else {
+                s += expf(x - m);
+            }
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sm[warp] = m, ss[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < nw; w++) lse_merge(m, s, sm[w], ss[w]);
+        float ls = logf(s);
+        lse[r] = m + ls;
+        losses[r] = targets ? m + ls - l[targets[r]] : ls;
+        z_row = m + ls;
+    }
+    if (!dlog) return;
+    __syncthreads();
+    const float z = z_row;
+    const int tg = targets[r];
+    E *d = dlog + r * V;
+    if (vec) {
+        for (int v0 = 8 * threadIdx.x; v0 < V; v0 += 8 * blockDim.x) {
+            float f[8];
+            load8(l + v0, f);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int v = v0 + k;
+                f[k] = v < Vr ? expf(f[k] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f;
+            }
+            store8(d + v0, f);
+        }
+        return;
+    }
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
+}
+
+}  // namespace
+
+struct zpp_cu_gemm_entry {
+    gemm_key key;
+    cublasLtMatmulAlgo_t algo;
+    int used; /* 1: algo is cuBLASLt's pick; 2: cuBLASLt has none (an epilogue's) */
+};
+
+/* ------------------------------------------------------------------------ */
+/* The context                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Scratch floats: 2 max(kColsumParts, W) partials, W / kThreads + 1
+ * counters (unsigned, in float slots), W for a widened bias. */
+static size_t scratch_floats(int max_width) {
+    size_t W = (size_t)max_width;
+    return 2 * (kColsumParts > W ? kColsumParts : W) + (W / kThreads + 1) + W;
+}
+
+size_t zpp_cu_bytes(int max_width) {
+    return kWorkspaceBytes + scratch_floats(max_width) * sizeof(float);
+}
+
+zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_width,
+                       const char *who) {
+    memset(cu, 0, sizeof *cu);
+    cu->dev = dev;
+    cu->stream = (cudaStream_t)dev->stream; /* the device's compute stream */
+    cu->dtype = dtype;
+    cu->et = dtype == ZPP_BF16 ? CUDA_R_16BF : dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
+    cu->es = zpp_dtype_size(dtype);
+    cu->who = who;
+    cu->max_width = max_width;
+    cu->cache = (zpp_cu_gemm_entry *)calloc(kGemmCache, sizeof *cu->cache);
+    if (!cu->cache) return zpp_error(ZPP_ERR_NOMEM, "%s: create: out of host memory", who);
+    ZPP_CHECK(zpp_device_alloc(dev, kWorkspaceBytes, &cu->workspace));
+    void *s = NULL;
+    ZPP_CHECK(zpp_device_alloc(dev, scratch_floats(max_width) * sizeof(float), &s));
+    cu->scratch = (float *)s;
+    size_t W = (size_t)max_width, parts = 2 * (kColsumParts > W ? kColsumParts : W);
+    cu->colsum_part = cu->scratch;
+    cu->colsum_count = (unsigned *)(cu->scratch + parts);
+    cu->bias32 = cu->scratch + parts + (W / kThreads + 1);
+    ZPP_CU_CHECK(who, cudaMemsetAsync(cu->colsum_count, 0, (W / kThreads + 1) * sizeof(unsigned),
+                                      cu->stream), "create: column sum counters");
+    ZPP_LT_CHECK(who, cublasLtCreate(&cu->lt), "create: cuBLASLt handle");
+    return ZPP_OK;
+}
+
+void zpp_cu_free(zpp_cu *cu) {
+    if (cu->lt) (void)cublasLtDestroy(cu->lt);
+    if (cu->dev) {
+        zpp_device_free(cu->dev, cu->workspace);
+        zpp_device_free(cu->dev, cu->scratch);
+    }
+    free(cu->cache);
+    memset(cu, 0, sizeof *cu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Products                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+/* Largest power of two (<= 256) dividing the address and, for a batch, the
+ * byte stride between matrices: the alignment cuBLASLt may assume. */
+static uint32_t ptr_align(const void *p, int64_t stride, int batch, size_t bytes) {
+    uint64_t v = (uint64_t)(uintptr_t)p | 256u;
+    if (batch > 1) v |= (uint64_t)stride * bytes;
+    return (uint32_t)(v & (~v + 1));
+}
+
+/* A cuBLASLt call's description: the product's descriptor (compute and
+ * scale fp32, the transposes, the bias epilogue) and the three layouts.
+ * cuBLASLt is column-major: the row-major C = op(A) op(B) is computed as
+ * the column-major C^T = op(B)^T op(A)^T, so its first operand (l1) is our
+ * B, its second (l2) our A, and its m, n are our N, M (gpt2_cuda.cu, GEMMs). */
+struct gemm_desc {
+    cublasLtMatmulDescOpaque_t op;
+    cublasLtMatrixLayoutOpaque_t l1, l2, lc;
+};
+
+#define LT(call) ZPP_LT_CHECK(cu->who, call, what)
+
+static zpp_status describe(zpp_cu *cu, gemm_desc *d, cudaDataType_t at, cudaDataType_t ct,
+                           int ta, int tb, int M, int N, int K, int64_t lda, int64_t sA,
+                           int64_t ldb, int64_t sB, int64_t ldc, int64_t sC, int batch,
+                           const void *bias, const char *what) {
+    cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT(cublasLtMatmulDescInit(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
+    LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
+    if (bias) { /* one value per row of cuBLASLt's D (our C^T): per column of C */
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        int32_t bt = (int32_t)ct;
+        LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                          sizeof bias));
+        LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                          sizeof bt));
+    }
+    /* Stored shapes (before the op), column-major: B row-major K x N is
+     * N x K; B row-major N x K (tb) is K x N; likewise for A. */
+    LT(cublasLtMatrixLayoutInit(&d->l1, at, tb ? (uint64_t)K : (uint64_t)N,
+                                tb ? (uint64_t)N : (uint64_t)K, ldb));
+    LT(cublasLtMatrixLayoutInit(&d->l2, at, ta ? (uint64_t)M : (uint64_t)K,
+                                ta ? (uint64_t)K : (uint64_t)M, lda));
+    LT(cublasLtMatrixLayoutInit(&d->lc, ct, (uint64_t)N, (uint64_t)M, ldc));
+    if (batch > 1) {
+        int32_t bc = batch;
+        cublasLtMatrixLayoutOpaque_t *l[3] = {&d->l1, &d->l2, &d->lc};
+        const int64_t stride[3] = {sB, sA, sC};
+        for (int i = 0; i < 3; i++) {
+            LT(cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                sizeof bc));
+            LT(cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride[i], sizeof stride[i]));
+        }
+    }
+    return ZPP_OK;
+}
+
+/* The cached algorithm for key, asking cuBLASLt's heuristic on a miss
+ * (with the pointers' real alignments). An epilogue cuBLASLt cannot do is
+ * cached too (used 2), so the caller's fallback costs no second query. */
+static zpp_status find_algo(zpp_cu *cu, const gemm_key *key, gemm_desc *d,
+                            zpp_cu_gemm_entry **hit_p, const char *what) {
+    for (int i = 0; i < kGemmCache && cu->cache[i].used; i++)
+        if (memcmp(&cu->cache[i].key, key, sizeof *key) == 0) {
+            *hit_p = &cu->cache[i];
+            return ZPP_OK;
+        }
+    cublasLtMatmulPreferenceOpaque_t pref;
+    uint64_t ws = kWorkspaceBytes;
+    LT(cublasLtMatmulPreferenceInit(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws));
+    /* operand 1 is B, operand 2 is A */
+    LT(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                            &key->alB, 4));
+    LT(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                            &key->alA, 4));
+    LT(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                            &key->alC, 4));
+    LT(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                            &key->alC, 4));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, &d->op, &d->l1, &d->l2, &d->lc,
+                                                       &d->lc, &pref, 1, &res, &found);
+    const bool ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (!ok && !key->bias) {
+        LT(hs);
+        return zpp_error(ZPP_ERR_CUDA,
+                         "%s: %s: cuBLASLt has no algorithm for the row-major product %s%s "
+                         "M=%d N=%d K=%d lda=%lld ldb=%lld ldc=%lld batch %d (operands %s, "
+                         "output %s)",
+                         cu->who, what, key->ta ? "A^T" : "A", key->tb ? "B^T" : "B", key->M,
+                         key->N, key->K, (long long)key->lda, (long long)key->ldb,
+                         (long long)key->ldc, key->batch,
+                         key->atype == CUDA_R_32F ? "fp32" : zpp_dtype_name(cu->dtype),
+                         key->ctype == CUDA_R_32F ? "fp32" : zpp_dtype_name(cu->dtype));
+    }
+    int slot = 0;
+    while (slot < kGemmCache && cu->cache[slot].used) slot++;
+    if (slot == kGemmCache) { /* full: replace round-robin */
+        slot = cu->cache_next;
+        cu->cache_next = (cu->cache_next + 1) % kGemmCache;
+    }
+    cu->cache[slot].key = *key;
+    if (ok) cu->cache[slot].algo = res.algo;
+    cu->cache[slot].used = ok ? 1 : 2;
+    *hit_p = &cu->cache[slot];
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_gemm(zpp_cu *cu, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
+                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
+                       int64_t sC, int batch, const zpp_cu_epilogue *epi, const char *what) {
+    const void *bias = epi ? epi->bias : NULL;
+    const void *c_in = epi && epi->c_in ? epi->c_in : C;
+    gemm_key key;
+    memset(&key, 0, sizeof key);
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.sA = batch > 1 ? sA : 0;
+    key.sB = batch > 1 ? sB : 0;
+    key.sC = batch > 1 ? sC : 0;
+    key.ta = ta;
+    key.tb = tb;
+    key.M = M;
+    key.N = N;
+    key.K = K;
+    key.batch = batch;
+    key.alA = ptr_align(A, sA, batch, type_bytes(at));
+    key.alB = ptr_align(B, sB, batch, type_bytes(at));
+    key.alC = ptr_align(C, sC, batch, type_bytes(ct));
+    key.atype = (uint32_t)at;
+    key.ctype = (uint32_t)ct;
+    key.bias = bias ? ptr_align(bias, 0, 1, type_bytes(ct)) : 0;
+    gemm_desc d;
+    ZPP_CHECK(describe(cu, &d, at, ct, ta, tb, M, N, K, lda, sA, ldb, sB, ldc, sC, batch, bias,
+                       what));
+    zpp_cu_gemm_entry *hit = NULL;
+    ZPP_CHECK(find_algo(cu, &key, &d, &hit, what));
+    if (hit->used == 2)
+        return zpp_error(ZPP_ERR_UNSUPPORTED, "%s: %s: cuBLASLt has no algorithm that adds "
+                         "the bias in the product", cu->who, what);
+    LT(cublasLtMatmul(cu->lt, &d.op, &alpha, B, &d.l1, A, &d.l2, &beta, c_in, &d.lc, C, &d.lc,
+                      &hit->algo, cu->workspace, kWorkspaceBytes, cu->stream));
+    return ZPP_OK;
+}
+
+#undef LT
+
+zpp_status zpp_cu_mm(zpp_cu *cu, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                     int lda, const void *B, int ldb, float beta, void *C, cudaDataType_t ct,
+                     int ldc, const char *what) {
+    return zpp_cu_gemm(cu, cu->et, ct, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc,
+                       0, 1, NULL, what);
+}
+
+/* Rows per chunk of a column sum: enough chunks that the partial sums
+ * fill the GPU (about kColsumCtas CTAs), at most max(kColsumParts, W)
+ * partials. */
+static int colsum_rows(int n, int W) {
+    int cx = (W + kThreads - 1) / kThreads;
+    int chunks = (kColsumCtas + cx - 1) / cx;
+    if ((size_t)chunks * W > (size_t)kColsumParts) chunks = (int)(kColsumParts / W);
+    if (chunks < 1) chunks = 1;
+    if (chunks > n) chunks = n;
+    return (n + chunks - 1) / chunks;
+}
+
+zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaDataType_t dt,
+                         const float *x, const float *mean, const float *rstd, int n, int W,
+                         const char *what) {
+    if (W > cu->max_width)
+        return zpp_error(ZPP_ERR_INVALID, "%s: %s: column sum of rows %d wide, above the %d "
+                         "the context was made for", cu->who, what, W, cu->max_width);
+    if (n <= 0 || W <= 0) return ZPP_OK;
+    int R = colsum_rows(n, W), chunks = (n + R - 1) / R;
+    dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
+    if (dt == CUDA_R_32F)
+        colsum_kernel<float><<<grid, kThreads, 0, cu->stream>>>(
+            db, dw, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n, W, R);
+    else
+        ZPP_WITH_E(cu->dtype, colsum_kernel<E><<<grid, kThreads, 0, cu->stream>>>(
+                                  db, dw, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
+                                  mean, rstd, n, W, R));
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
+    return ZPP_OK;
+}
+
+/* The bias and the residual (beta = 1 on resid as cuBLASLt's C) join the
+ * product in its epilogue, so out is written once; where cuBLASLt has no
+ * algorithm for that, rows_init_kernel writes [resid +] bias first and the
+ * product adds to it. */
+zpp_status zpp_cu_linear_forward(zpp_cu *cu, void *out, cudaDataType_t ot, const float *resid,
+                                 const void *inp, const void *W, const void *bias, int n, int IC,
+                                 int OC, const char *what) {
+    const void *b = bias;
+    if (bias && ot == CUDA_R_32F && cu->et != CUDA_R_32F) { /* the epilogue's bias: out's type */
+        if (OC > cu->max_width)
+            return zpp_error(ZPP_ERR_INVALID, "%s: %s: a bias of %d, above the %d the context "
+                             "was made for", cu->who, what, OC, cu->max_width);
+        ZPP_WITH_E(cu->dtype, widen_kernel<<<zpp_cu_grid_for((size_t)OC), kThreads, 0,
+                                             cu->stream>>>(cu->bias32, (const E *)bias, OC));
+        ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
+        b = cu->bias32;
+    }
+    const float beta = resid ? 1.0f : 0.0f;
+    zpp_cu_epilogue epi = {b, resid};
+    zpp_status st = zpp_cu_gemm(cu, cu->et, ot, 0, 1, n, OC, IC, 1.0f, inp, IC, 0, W, IC, 0, beta,
+                                out, OC, 0, 1, &epi, what);
+    if (st != ZPP_ERR_UNSUPPORTED || !bias) return st;
+    const bool v = OC % 8 == 0 && zpp_cu_vec8_ok(out, resid, bias);
+    const unsigned grid = zpp_cu_grid_for(v ? (size_t)n * OC / 8 : (size_t)n * OC);
+    if (ot == CUDA_R_32F)
+        ZPP_WITH_E(cu->dtype, rows_init_kernel<<<grid, kThreads, 0, cu->stream>>>(
+                                  (float *)out, resid, (const E *)bias, (size_t)n, OC, v));
+    else
+        ZPP_WITH_E(cu->dtype, rows_init_kernel<<<grid, kThreads, 0, cu->stream>>>(
+                                  (E *)out, resid, (const E *)bias, (size_t)n, OC, v));
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
+    return zpp_cu_mm(cu, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, ot, OC, what);
+}
+
+zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
+                                  float *db, const void *dout, const float *dout_f32,
+                                  const void *inp, const void *W, int n, int IC, int OC,
+                                  const char *what) {
+    ZPP_CHECK(zpp_cu_mm(cu, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, it, IC, what));
+    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC,
+                        what));
+    if (!db) return ZPP_OK;
+    return dout_f32 ? zpp_cu_colsum(cu, db, NULL, dout_f32, CUDA_R_32F, NULL, NULL, NULL, n, OC,
+                                    what)
+                    : zpp_cu_colsum(cu, db, NULL, dout, cu->et, NULL, NULL, NULL, n, OC, what);
+}
+
+zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, float *losses,
+                                const int32_t *targets, void *dlog, int rows, int V, int Vr) {
+    if (rows <= 0) return ZPP_OK;
+    const bool v = V % 8 == 0 && zpp_cu_vec8_ok(logits, dlog);
+    ZPP_WITH_E(cu->dtype, cross_entropy_kernel<E><<<(unsigned)rows, kThreads, 0, cu->stream>>>(
+                              logits, lse, losses, targets, (E *)dlog, V, Vr, v));
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), "softmax cross-entropy");
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_round(zpp_cu *cu, void *dst, const float *src, size_t n, const char *what) {
+    if (cu->et == CUDA_R_32F) {
+        if (dst != src)
+            ZPP_CU_CHECK(cu->who, cudaMemcpyAsync(dst, src, n * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, cu->stream), what);
+        return ZPP_OK;
+    }
+    const bool v = zpp_cu_vec8_ok(dst, src);
+    ZPP_WITH_E(cu->dtype, round_kernel<<<zpp_cu_grid_for(v ? n / 8 : n), kThreads, 0,
+                                         cu->stream>>>((E *)dst, src, n, v));
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
+    return ZPP_OK;
+}

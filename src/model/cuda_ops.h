@@ -1,0 +1,117 @@
+/* model/cuda_ops.h — what every CUDA decoder (gpt2_cuda.cu, the Llama's)
+ * computes the same way: matrix products through cuBLASLt, with a bias in
+ * the epilogue and an algorithm cache; column sums (bias and norm weight
+ * gradients) in a fixed order; the classifier's softmax cross-entropy and
+ * d logits; rounding fp32 rows into the working dtype. Included by CUDA
+ * sources only (it names CUDA types); cuda_ops.cu holds the code and the
+ * header comment of gpt2_cuda.cu the math (GEMMs, HEAD, DETERMINISM).
+ *
+ * Every call enqueues on the context's stream, returns without waiting and
+ * allocates nothing; the context is made once per model (zpp_cu_init) and
+ * owns the cuBLASLt handle and workspace, the cache and the scratch of the
+ * column sums. Element types: E is the working dtype (cu->et: fp32, bf16
+ * or fp16), "fp32" means fp32 whatever E is. */
+#ifndef ZPP_MODEL_CUDA_OPS_H
+#define ZPP_MODEL_CUDA_OPS_H
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "device/device.h"
+#include "zeropp.h"
+
+typedef struct zpp_cu_gemm_entry zpp_cu_gemm_entry;
+
+typedef struct zpp_cu {
+    zpp_device *dev;      /* allocates the workspace and scratch (counted in its peak) */
+    cudaStream_t stream;  /* the device's compute stream */
+    zpp_dtype dtype;      /* E */
+    cudaDataType_t et;    /* E for cuBLASLt */
+    size_t es;            /* bytes of one E element */
+    const char *who;      /* the model's name, first in every message ("gpt2 cuda") */
+    cublasLtHandle_t lt;
+    void *workspace;
+    zpp_cu_gemm_entry *cache; /* kGemmCache entries */
+    int cache_next;           /* round-robin victim when full */
+    float *scratch;       /* column sums' partials and counters, a widened bias */
+    float *colsum_part;
+    unsigned *colsum_count;
+    float *bias32;
+    int max_width;        /* widest row a column sum or a widened bias takes */
+} zpp_cu;
+
+/* Makes the context: cuBLASLt, its workspace, the algorithm cache and the
+ * scratch for rows up to max_width wide. On failure zpp_cu_free frees what
+ * exists. */
+zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_width,
+                       const char *who);
+void zpp_cu_free(zpp_cu *cu);
+
+/* Bytes of device memory zpp_cu_init allocates (the planner's count). */
+size_t zpp_cu_bytes(int max_width);
+
+/* What a product adds besides alpha op(A) op(B) + beta C (zpp_cu_gemm). */
+typedef struct zpp_cu_epilogue {
+    /* N values in C's type, one per column of C, added in the product's
+     * epilogue (cuBLASLt's EPILOGUE_BIAS); NULL: none. */
+    const void *bias;
+    /* The C that beta scales when it is not the output (cuBLASLt reads C
+     * and writes D); NULL: the output itself. */
+    const void *c_in;
+} zpp_cu_epilogue;
+
+/* Row-major C[M x N] = alpha op(A) op(B) + beta C [+ bias], op(A) M x K,
+ * op(B) K x N (ta / tb: 1 = transposed, as CblasTrans), `batch` matrices
+ * apart by sA / sB / sC elements; A and B in at, C in ct (E or fp32),
+ * accumulation in fp32. ZPP_ERR_UNSUPPORTED, and nothing done, when
+ * cuBLASLt has no algorithm for the epilogue asked for. */
+zpp_status zpp_cu_gemm(zpp_cu *cu, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
+                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
+                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
+                       int64_t sC, int batch, const zpp_cu_epilogue *epi, const char *what);
+
+/* The plain product of E operands into C of type ct. */
+zpp_status zpp_cu_mm(zpp_cu *cu, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                     int lda, const void *B, int ldb, float beta, void *C, cudaDataType_t ct,
+                     int ldc, const char *what);
+
+/* out (n x OC, fp32 or E as ot) = [resid +] inp W^T [+ bias]: inp n x IC,
+ * W OC x IC and bias OC in E; resid fp32 (ot fp32 only), bias NULL for
+ * none. Written once: bias and residual join the product's epilogue, or,
+ * where cuBLASLt has no algorithm for it, are written first and the
+ * product added to them. */
+zpp_status zpp_cu_linear_forward(zpp_cu *cu, void *out, cudaDataType_t ot, const float *resid,
+                                 const void *inp, const void *W, const void *bias, int n, int IC,
+                                 int OC, const char *what);
+
+/* d inp (n x IC, fp32 or E as it) = d out W, overwritten; d W += d out^T
+ * inp; d b += column sums of d out (from dout_f32, the unrounded fp32
+ * gradient, when the caller has one; db NULL: no bias). dout in E. */
+zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
+                                  float *db, const void *dout, const float *dout_f32,
+                                  const void *inp, const void *W, int n, int IC, int OC,
+                                  const char *what);
+
+/* db[W] += column sums of the n rows of dy (n x W, of type dt: fp32 or E);
+ * with mean (a norm's backward, x its fp32 input): also
+ * dw[W] += column sums of dy * (x - mean) rstd (mean NULL: dw untouched).
+ * W <= max_width. Same shape, same bits. */
+zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaDataType_t dt,
+                         const float *x, const float *mean, const float *rstd, int n, int W,
+                         const char *what);
+
+/* The classifier's softmax cross-entropy over `rows` rows of fp32 logits
+ * (rows x V, the first Vr columns real, the rest padding):
+ * lse[r] = log sum exp, losses[r] = lse - logit of targets[r] (targets
+ * NULL: lse - max, no target); with dlog (rows x V in E, needs targets):
+ * dlog = softmax - onehot, the d logits up to the factor the backward's
+ * products apply. */
+zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, float *losses,
+                                const int32_t *targets, void *dlog, int rows, int V, int Vr);
+
+/* dst (E) = src (fp32), n elements, rounded to nearest even (a copy when E
+ * is fp32). */
+zpp_status zpp_cu_round(zpp_cu *cu, void *dst, const float *src, size_t n, const char *what);
+
+#endif
