@@ -1,0 +1,241 @@
+/* model/llama_kernels_cuda.cu — RMSNorm, rotary position embedding and
+ * SwiGLU on the GPU (llama_kernels_cuda.h gives the API and layouts), each
+ * the CUDA twin of a CPU reference function named in its comment, with the
+ * same expressions in the same order so that they round alike.
+ *
+ * PRECISION. Inputs are widened to fp32 exactly, every operation is fp32,
+ * and each output is rounded to its dtype once. Per-row statistics (RMSNorm's
+ * sum of squares) are warp sums; column sums (RMSNorm's weight gradient)
+ * run over a fixed chunking of the rows, then over the chunks in order.
+ * tests/test_llama_kernels_cuda.c derives each kernel's error bound from
+ * these roundings.
+ *
+ * DETERMINISM. No atomics: every output element is written by one thread
+ * after a sum in a fixed order (the warp's shuffle tree, a chunk's rows in
+ * order, the chunks in order), so the same inputs give the same bits.
+ *
+ * SHAPES. Warp-per-row kernels launch 8 rows per CTA; elementwise kernels
+ * use a grid-stride loop over 64-bit indices, so any n x width that fits
+ * in memory is covered. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/llama_kernels_cuda.h"
+
+namespace {
+
+constexpr int kThreads = 256;              /* threads per CTA */
+constexpr int kRowsPerCta = kThreads / 32; /* warp-per-row kernels */
+constexpr int kChunkRows = 64;             /* rows per partial column sum */
+
+/* ==== element access ====================================================== */
+
+/* Loads widen exactly; stores round to nearest even. */
+__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ size_t global_tid() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+/* ==== RMSNorm ============================================================= */
+
+/* zpp_cpu_rmsnorm_forward, one warp per row: ss = sum x^2 (the warp's
+ * fixed shuffle tree), r = 1 / sqrt(ss / C + eps) (eps inside the root,
+ * after the mean, as the CPU and HF's LlamaRMSNorm), y = x r w in E. */
+template <typename E>
+__global__ void rmsnorm_forward_kernel(E *out, float *rstd, const float *inp, const E *w,
+                                       size_t n, int C, float eps) {
+    const size_t row = global_tid() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= n) return; /* the whole warp leaves together */
+    const float *x = inp + row * C;
+    E *o = out + row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+    ss = warp_sum(ss);
+    const float s = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int c = lane; c < C; c += 32) st(o, c, x[c] * s * ld(w, c));
+    if (lane == 0) rstd[row] = s;
+}
+
+/* zpp_cpu_rmsnorm_backward's input gradient, one warp per row. With
+ * xh = x r and g = dy w, y = xh w depends on x directly and through r,
+ * d r / d x_c = -r^3 x_c / C, so
+ *   d x += r (g - xh mean(g xh))
+ * (the mean removes g's component along x, the direction the
+ * normalisation divides out). */
+template <typename E>
+__global__ void rmsnorm_backward_dx_kernel(float *dinp, const float *dout, const float *inp,
+                                           const E *w, const float *rstd, size_t n, int C) {
+    const size_t row = global_tid() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *x = inp + row * C, *dy = dout + row * C;
+    float *dx = dinp + row * C;
+    const float s = rstd[row];
+    float gx = 0.0f;
+    for (int c = lane; c < C; c += 32) gx += dy[c] * ld(w, c) * x[c] * s;
+    const float gxmean = warp_sum(gx) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        const float xh = x[c] * s;
+        dx[c] += s * (dy[c] * ld(w, c) - xh * gxmean);
+    }
+}
+
+/* The gain's gradient, stage 1: chunk k = blockIdx.y sums dy * xh over its
+ * rows k*kChunkRows .. (ascending) for column c, into partial[k][c]. A CTA's
+ * threads read consecutive columns of one row at a time (coalesced). */
+__global__ void rmsnorm_dw_partial_kernel(float *partial, const float *dout, const float *inp,
+                                          const float *rstd, size_t n, int C) {
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= C) return;
+    const size_t r0 = (size_t)blockIdx.y * kChunkRows;
+    const size_t r1 = r0 + kChunkRows < n ? r0 + kChunkRows : n;
+    float acc = 0.0f;
+    for (size_t r = r0; r < r1; r++) {
+        const float xh = inp[r * C + c] * rstd[r];
+        acc += dout[r * C + c] * xh;
+    }
+    partial[(size_t)blockIdx.y * C + c] = acc;
+}
+
+/* Stage 2: dw[c] += the chunks' partial sums, chunk 0 first. */
+__global__ void rmsnorm_dw_sum_kernel(float *dw, const float *partial, int chunks, int C) {
+    const int c = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int k = 0; k < chunks; k++) acc += partial[(size_t)k * C + c];
+    dw[c] += acc;
+}
+
+/* ==== host side =========================================================== */
+
+zpp_status launch_status(const char *what) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return zpp_error(ZPP_ERR_CUDA, "%s: kernel launch failed: %s (%s)", what,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+    return ZPP_OK;
+}
+
+unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
+    return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
+}
+
+size_t dtype_bytes(zpp_dtype dt) { return dt == ZPP_FP32 ? 4 : 2; }
+
+zpp_status check_dtype(const char *what, zpp_dtype dt) {
+    if (dt != ZPP_FP32 && dt != ZPP_BF16 && dt != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID, "%s: dtype %d is not fp32, bf16 or fp16", what,
+                         (int)dt);
+    return ZPP_OK;
+}
+
+/* Non-NULL and aligned to its element (the kernels read single elements). */
+zpp_status check_ptr(const char *what, const char *name, const void *p, size_t align) {
+    if (!p) return zpp_error(ZPP_ERR_INVALID, "%s: %s is NULL", what, name);
+    if ((uintptr_t)p % align)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: %s at %p is not %zu-byte aligned (its element's size); pass "
+                         "whole elements of a cudaMalloc'd buffer",
+                         what, name, p, align);
+    return ZPP_OK;
+}
+
+zpp_status check_rows(const char *what, int n, int C) {
+    if (n < 1 || C < 1)
+        return zpp_error(ZPP_ERR_INVALID, "%s: n = %d rows of C = %d; each must be >= 1", what,
+                         n, C);
+    return ZPP_OK;
+}
+
+/* Runs `...` with E typedef'd to the CUDA type of `dt` (checked before). */
+#define WITH_E(dt, ...)                                                 \
+    do {                                                                \
+        switch (dt) {                                                   \
+        case ZPP_BF16: { typedef __nv_bfloat16 E; __VA_ARGS__; } break; \
+        case ZPP_FP16: { typedef __half E; __VA_ARGS__; } break;        \
+        default: { typedef float E; __VA_ARGS__; } break;               \
+        }                                                               \
+    } while (0)
+
+int rms_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
+
+} /* namespace */
+
+extern "C" zpp_status zpp_llama_rmsnorm_forward(void *out, float *rstd, const float *inp,
+                                                const void *w, int n, int C, float eps,
+                                                zpp_dtype dtype, void *stream) {
+    const char *what = "llama rmsnorm forward";
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(check_rows(what, n, C));
+    if (!(eps > 0.0f) || !isfinite(eps))
+        return zpp_error(ZPP_ERR_INVALID, "%s: eps %g must be finite and positive", what,
+                         (double)eps);
+    const size_t eb = dtype_bytes(dtype);
+    ZPP_CHECK(check_ptr(what, "out", out, eb));
+    ZPP_CHECK(check_ptr(what, "rstd", rstd, 4));
+    ZPP_CHECK(check_ptr(what, "inp", inp, 4));
+    ZPP_CHECK(check_ptr(what, "w", w, eb));
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    WITH_E(dtype, rmsnorm_forward_kernel<E><<<grid_rows((size_t)n), kThreads, 0, st>>>(
+                      static_cast<E *>(out), rstd, inp, static_cast<const E *>(w), (size_t)n,
+                      C, eps));
+    return launch_status(what);
+}
+
+extern "C" size_t zpp_llama_rmsnorm_backward_scratch(int n, int C) {
+    if (n < 1 || C < 1) return 0;
+    return (size_t)rms_chunks(n) * (size_t)C;
+}
+
+extern "C" zpp_status zpp_llama_rmsnorm_backward(float *dinp, float *dw, float *scratch,
+                                                 const float *dout, const float *inp,
+                                                 const void *w, const float *rstd, int n, int C,
+                                                 zpp_dtype dtype, void *stream) {
+    const char *what = "llama rmsnorm backward";
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(check_rows(what, n, C));
+    ZPP_CHECK(check_ptr(what, "dinp", dinp, 4));
+    ZPP_CHECK(check_ptr(what, "dw", dw, 4));
+    ZPP_CHECK(check_ptr(what, "scratch", scratch, 4));
+    ZPP_CHECK(check_ptr(what, "dout", dout, 4));
+    ZPP_CHECK(check_ptr(what, "inp", inp, 4));
+    ZPP_CHECK(check_ptr(what, "w", w, dtype_bytes(dtype)));
+    ZPP_CHECK(check_ptr(what, "rstd", rstd, 4));
+    const int chunks = rms_chunks(n);
+    if (chunks > 65535)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: n = %d rows is more than the weight gradient's grid holds (%d)",
+                         what, n, 65535 * kChunkRows);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    WITH_E(dtype, rmsnorm_backward_dx_kernel<E><<<grid_rows((size_t)n), kThreads, 0, st>>>(
+                      dinp, dout, inp, static_cast<const E *>(w), rstd, (size_t)n, C));
+    ZPP_CHECK(launch_status("llama rmsnorm backward (input gradient)"));
+    const unsigned col_blocks = (unsigned)((C + kThreads - 1) / kThreads);
+    rmsnorm_dw_partial_kernel<<<dim3(col_blocks, (unsigned)chunks), kThreads, 0, st>>>(
+        scratch, dout, inp, rstd, (size_t)n, C);
+    ZPP_CHECK(launch_status("llama rmsnorm backward (gain gradient, per chunk)"));
+    rmsnorm_dw_sum_kernel<<<col_blocks, kThreads, 0, st>>>(dw, scratch, chunks, C);
+    return launch_status("llama rmsnorm backward (gain gradient, sum of chunks)");
+}
