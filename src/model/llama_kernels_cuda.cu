@@ -33,6 +33,7 @@ namespace {
 constexpr int kThreads = 256;              /* threads per CTA */
 constexpr int kRowsPerCta = kThreads / 32; /* warp-per-row kernels */
 constexpr int kChunkRows = 64;             /* rows per partial column sum */
+constexpr unsigned kMaxGrid = 65535u * 32u; /* grid-stride beyond this */
 
 /* ==== element access ====================================================== */
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ size_t global_tid() {
     return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 }
+__device__ __forceinline__ size_t grid_threads() { return (size_t)gridDim.x * blockDim.x; }
 
 /* ==== RMSNorm ============================================================= */
 
@@ -128,6 +130,33 @@ __global__ void rmsnorm_dw_sum_kernel(float *dw, const float *partial, int chunk
     dw[c] += acc;
 }
 
+/* ==== rotary position embedding ========================================== */
+
+/* llama_cpu.c's rope_apply, one thread per (row, head, pair i): q heads
+ * 0..H-1 and k heads H..H+KV-1 are adjacent in a row, head h at column
+ * h hd, so `heads` = H + KV covers exactly the rotated ones. sign = +1
+ * turns by the angle, -1 back (the backward). The products and sums are
+ * the _rn intrinsics, which nvcc never contracts into an FMA: each is
+ * rounded once, as the CPU (built with -ffp-contract=off) rounds them. */
+template <typename E>
+__global__ void rope_kernel(E *qkv, const float *cos_t, const float *sin_t, size_t n, int T,
+                            int heads, int hd, size_t W, float sign) {
+    const int half = hd / 2;
+    const size_t total = n * (size_t)heads * (size_t)half;
+    for (size_t idx = global_tid(); idx < total; idx += grid_threads()) {
+        const int i = (int)(idx % (size_t)half);
+        const size_t rest = idx / (size_t)half;
+        const int h = (int)(rest % (size_t)heads);
+        const size_t r = rest / (size_t)heads;
+        const size_t p = r % (size_t)T;
+        const float c = cos_t[p * half + i], s = sign * sin_t[p * half + i];
+        E *v = qkv + r * W + (size_t)h * hd;
+        const float a = ld(v, i), b = ld(v, i + half);
+        st(v, i, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+        st(v, i + half, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    }
+}
+
 /* ==== host side =========================================================== */
 
 zpp_status launch_status(const char *what) {
@@ -140,6 +169,12 @@ zpp_status launch_status(const char *what) {
 
 unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
     return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
+}
+
+unsigned grid_for(size_t n) { /* grid-stride kernels */
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b > kMaxGrid) b = kMaxGrid;
+    return b ? (unsigned)b : 1u;
 }
 
 size_t dtype_bytes(zpp_dtype dt) { return dt == ZPP_FP32 ? 4 : 2; }
@@ -238,4 +273,39 @@ extern "C" zpp_status zpp_llama_rmsnorm_backward(float *dinp, float *dw, float *
     ZPP_CHECK(launch_status("llama rmsnorm backward (gain gradient, per chunk)"));
     rmsnorm_dw_sum_kernel<<<col_blocks, kThreads, 0, st>>>(dw, scratch, chunks, C);
     return launch_status("llama rmsnorm backward (gain gradient, sum of chunks)");
+}
+
+/* The shape checks and the launch of both directions of RoPE. */
+static zpp_status rope_run(const char *what, void *qkv, const float *cos_t, const float *sin_t,
+                           int B, int T, int H, int KV, int hd, zpp_dtype dtype, float sign,
+                           void *stream) {
+    ZPP_CHECK(check_dtype(what, dtype));
+    if (B < 1 || T < 1 || H < 1 || KV < 1 || KV > H || hd < 2 || hd % 2)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: B = %d, T = %d, H = %d, KV = %d, hd = %d; need B, T, H >= 1, "
+                         "1 <= KV <= H and an even hd >= 2 (RoPE turns channel pairs)",
+                         what, B, T, H, KV, hd);
+    ZPP_CHECK(check_ptr(what, "qkv", qkv, dtype_bytes(dtype)));
+    ZPP_CHECK(check_ptr(what, "cos_t", cos_t, 4));
+    ZPP_CHECK(check_ptr(what, "sin_t", sin_t, 4));
+    const size_t n = (size_t)B * (size_t)T, W = (size_t)(H + 2 * KV) * (size_t)hd;
+    const size_t pairs = n * (size_t)(H + KV) * (size_t)(hd / 2);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    WITH_E(dtype, rope_kernel<E><<<grid_for(pairs), kThreads, 0, st>>>(
+                      static_cast<E *>(qkv), cos_t, sin_t, n, T, H + KV, hd, W, sign));
+    return launch_status(what);
+}
+
+extern "C" zpp_status zpp_llama_rope_forward(void *qkv, const float *cos_t, const float *sin_t,
+                                             int B, int T, int H, int KV, int hd,
+                                             zpp_dtype dtype, void *stream) {
+    return rope_run("llama rope forward", qkv, cos_t, sin_t, B, T, H, KV, hd, dtype, 1.0f,
+                    stream);
+}
+
+extern "C" zpp_status zpp_llama_rope_backward(void *dqkv, const float *cos_t, const float *sin_t,
+                                              int B, int T, int H, int KV, int hd,
+                                              zpp_dtype dtype, void *stream) {
+    return rope_run("llama rope backward", dqkv, cos_t, sin_t, B, T, H, KV, hd, dtype, -1.0f,
+                    stream);
 }

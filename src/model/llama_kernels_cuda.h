@@ -52,6 +52,23 @@ zpp_status zpp_llama_rmsnorm_backward(float *dinp, float *dw, float *scratch, co
                                       const float *inp, const void *w, const float *rstd, int n,
                                       int C, zpp_dtype dtype, void *stream);
 
+/* ---- rotary position embedding (llama_cpu.c's rope_apply) ----
+ * In place on the q and k heads of qkv (E, B*T rows of (H + 2 KV) hd; the
+ * v heads are not touched): pair (i, i + hd/2) of every head of row
+ * n = b*T + t turns by the angle of position t, HF's rotate-half
+ *   (a, b) -> (a cos - b sin, b cos + a sin),
+ * with cos_t, sin_t (fp32, T x hd/2 each, row t = position t) the host's
+ * zpp_llama_rope_tables (llama.h: rope_theta and the llama3 scaling)
+ * copied to the device once. hd must be even, 1 <= KV <= H. */
+zpp_status zpp_llama_rope_forward(void *qkv, const float *cos_t, const float *sin_t, int B,
+                                  int T, int H, int KV, int hd, zpp_dtype dtype, void *stream);
+
+/* The backward, in place on d qkv (the same layout): a rotation's inverse
+ * is its transpose, the turn by minus the angle, (a, b) -> (a cos + b sin,
+ * b cos - a sin); d v passes through untouched. */
+zpp_status zpp_llama_rope_backward(void *dqkv, const float *cos_t, const float *sin_t, int B,
+                                   int T, int H, int KV, int hd, zpp_dtype dtype, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
