@@ -157,6 +157,122 @@ __global__ void rope_kernel(E *qkv, const float *cos_t, const float *sin_t, size
     }
 }
 
+/* ==== SwiGLU ============================================================== */
+
+/* Eight consecutive elements at once (16-byte accesses: SwiGLU is bound by
+ * memory, and 2-byte accesses waste most of each transaction); p 16-byte
+ * aligned (the launcher checks). */
+__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+template <typename H2, typename E>
+__device__ __forceinline__ void load8_16(const E *p, float (&f)[8], float2 (*widen)(H2)) {
+    const uint4 u = *(const uint4 *)p;
+    const H2 *h = (const H2 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 t = widen(h[k]);
+        f[2 * k] = t.x, f[2 * k + 1] = t.y;
+    }
+}
+__device__ __forceinline__ float2 widen_bf(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 widen_h(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&f)[8]) {
+    load8_16<__nv_bfloat162>(p, f, widen_bf);
+}
+__device__ __forceinline__ void load8(const __half *p, float (&f)[8]) {
+    load8_16<__half2>(p, f, widen_h);
+}
+__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
+    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16 *p, const float (&f)[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    *(uint4 *)p = u;
+}
+__device__ __forceinline__ void store8(__half *p, const float (&f)[8]) {
+    uint4 u;
+    __half2 *h = (__half2 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+    *(uint4 *)p = u;
+}
+
+/* sigmoid(g) = 1 / (1 + e^-g), as the CPU writes it (expf: within 2 ulp
+ * here, 1 in glibc). For g < -88 e^-g overflows to inf and s = 0, the
+ * right limit. */
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+/* The CPU's expressions, each product and sum rounded once (the _rn
+ * intrinsics are never contracted into FMAs). */
+__device__ __forceinline__ float swiglu_value(float g, float up) {
+    return __fmul_rn(__fmul_rn(g, sigmoid(g)), up);
+}
+__device__ __forceinline__ void swiglu_grads(float d, float g, float up, float &dg, float &du) {
+    const float s = sigmoid(g);
+    du = __fmul_rn(__fmul_rn(d, g), s);
+    const float slope = __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))); /* silu'(g) / s */
+    dg = __fmul_rn(__fmul_rn(__fmul_rn(d, up), s), slope);
+}
+
+/* swiglu_forward: element (r, j) of act from gate (r, j) and up (r, F + j);
+ * vec: F % 8 == 0 and 16-byte aligned buffers, eight at a time (a group of
+ * eight lies inside one row). */
+template <typename E>
+__global__ void swiglu_forward_kernel(E *act, const E *gu, size_t n, int F, bool vec) {
+    const size_t total = n * (size_t)F;
+    if (vec) {
+        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
+            const size_t e = 8 * i, r = e / (size_t)F, j = e % (size_t)F;
+            float g[8], u[8];
+            load8(gu + r * 2 * F + j, g);
+            load8(gu + r * 2 * F + F + j, u);
+#pragma unroll
+            for (int k = 0; k < 8; k++) g[k] = swiglu_value(g[k], u[k]);
+            store8(act + e, g);
+        }
+        return;
+    }
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        const size_t r = i / (size_t)F, j = i % (size_t)F;
+        st(act, i, swiglu_value(ld(gu, r * 2 * F + j), ld(gu, r * 2 * F + F + j)));
+    }
+}
+
+/* swiglu_backward: [d gate | d up] of row r from dact and gu. */
+template <typename E>
+__global__ void swiglu_backward_kernel(E *dgu, const E *dact, const E *gu, size_t n, int F,
+                                       bool vec) {
+    const size_t total = n * (size_t)F;
+    if (vec) {
+        for (size_t i = global_tid(); i < total / 8; i += grid_threads()) {
+            const size_t e = 8 * i, r = e / (size_t)F, j = e % (size_t)F;
+            const size_t gate = r * 2 * F + j;
+            float d[8], g[8], u[8], dg[8], du[8];
+            load8(dact + e, d);
+            load8(gu + gate, g);
+            load8(gu + gate + F, u);
+#pragma unroll
+            for (int k = 0; k < 8; k++) swiglu_grads(d[k], g[k], u[k], dg[k], du[k]);
+            store8(dgu + gate, dg);
+            store8(dgu + gate + F, du);
+        }
+        return;
+    }
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        const size_t r = i / (size_t)F, j = i % (size_t)F, gate = r * 2 * F + j;
+        float dg, du;
+        swiglu_grads(ld(dact, i), ld(gu, gate), ld(gu, gate + F), dg, du);
+        st(dgu, gate, dg);
+        st(dgu, gate + F, du);
+    }
+}
+
 /* ==== host side =========================================================== */
 
 zpp_status launch_status(const char *what) {
@@ -308,4 +424,43 @@ extern "C" zpp_status zpp_llama_rope_backward(void *dqkv, const float *cos_t, co
                                               zpp_dtype dtype, void *stream) {
     return rope_run("llama rope backward", dqkv, cos_t, sin_t, B, T, H, KV, hd, dtype, -1.0f,
                     stream);
+}
+
+/* Whether the 8-wide (16-byte) accesses may be used: rows of F split into
+ * whole groups of eight, and every buffer 16-byte aligned. */
+static bool swiglu_vec(int F, const void *a, const void *b, const void *c = NULL) {
+    return F % 8 == 0 && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15u) == 0;
+}
+
+extern "C" zpp_status zpp_llama_swiglu_forward(void *act, const void *gu, int n, int F,
+                                               zpp_dtype dtype, void *stream) {
+    const char *what = "llama swiglu forward";
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(check_rows(what, n, F));
+    ZPP_CHECK(check_ptr(what, "act", act, dtype_bytes(dtype)));
+    ZPP_CHECK(check_ptr(what, "gu", gu, dtype_bytes(dtype)));
+    const size_t total = (size_t)n * (size_t)F;
+    const bool v = swiglu_vec(F, act, gu);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    WITH_E(dtype, swiglu_forward_kernel<E><<<grid_for(v ? total / 8 : total), kThreads, 0, st>>>(
+                      static_cast<E *>(act), static_cast<const E *>(gu), (size_t)n, F, v));
+    return launch_status(what);
+}
+
+extern "C" zpp_status zpp_llama_swiglu_backward(void *dgu, const void *dact, const void *gu,
+                                                int n, int F, zpp_dtype dtype, void *stream) {
+    const char *what = "llama swiglu backward";
+    ZPP_CHECK(check_dtype(what, dtype));
+    ZPP_CHECK(check_rows(what, n, F));
+    ZPP_CHECK(check_ptr(what, "dgu", dgu, dtype_bytes(dtype)));
+    ZPP_CHECK(check_ptr(what, "dact", dact, dtype_bytes(dtype)));
+    ZPP_CHECK(check_ptr(what, "gu", gu, dtype_bytes(dtype)));
+    const size_t total = (size_t)n * (size_t)F;
+    const bool v = swiglu_vec(F, dgu, dact, gu);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    WITH_E(dtype,
+           swiglu_backward_kernel<E><<<grid_for(v ? total / 8 : total), kThreads, 0, st>>>(
+               static_cast<E *>(dgu), static_cast<const E *>(dact), static_cast<const E *>(gu),
+               (size_t)n, F, v));
+    return launch_status(what);
 }

@@ -69,6 +69,19 @@ zpp_status zpp_llama_rope_forward(void *qkv, const float *cos_t, const float *si
 zpp_status zpp_llama_rope_backward(void *dqkv, const float *cos_t, const float *sin_t, int B,
                                    int T, int H, int KV, int hd, zpp_dtype dtype, void *stream);
 
+/* ---- SwiGLU (llama_cpu.c's swiglu_forward / _backward) ----
+ * act (E, n x F) = silu(gate) * up from gu (E, n rows [gate | up] of 2F,
+ * the one product with the concatenated [Wgate | Wup]), silu(u) =
+ * u sigmoid(u). */
+zpp_status zpp_llama_swiglu_forward(void *act, const void *gu, int n, int F, zpp_dtype dtype,
+                                    void *stream);
+
+/* dgu (E, n rows [d gate | d up] of 2F, written, not accumulated) from
+ * dact (E, n x F) and the forward's gu: with s = sigmoid(gate),
+ *   d up = dact silu(gate),  d gate = dact up s (1 + gate (1 - s)). */
+zpp_status zpp_llama_swiglu_backward(void *dgu, const void *dact, const void *gu, int n, int F,
+                                     zpp_dtype dtype, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
