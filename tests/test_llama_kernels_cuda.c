@@ -49,10 +49,13 @@
  *      |dg~ - dg| <= |d up s| (10 w |q| + |g| (6 w s + 2 w |1 - s|))
  *                    + u_E |dg| + tiny_E.
  *
- * Also: each backward run twice on the same inputs gives the same bytes
- * (RMSNorm's gain gradient is a sum over rows: the one place an unordered
- * reduction could creep in); RoPE leaves v bit for bit; the refusals (bad
- * dtype, shapes, NULL and misaligned pointers) launch nothing.
+ * Also: RoPE in fp32 is the CPU model's, bit for bit (same table, same
+ * expressions, each operation rounded once: the kernel's _rn intrinsics
+ * and the C code's -ffp-contract=off); each backward run twice on the same
+ * inputs gives the same bytes (RMSNorm's gain gradient is a sum over rows:
+ * the one place an unordered reduction could creep in); RoPE leaves v bit
+ * for bit; the refusals (bad dtype, shapes, NULL and misaligned pointers)
+ * launch nothing.
  *
  * Needs an NVIDIA GPU (label "gpu"); without one it skips, saying so. */
 #include <math.h>
@@ -339,9 +342,12 @@ static zpp_llama_config rope_config(rope_case c) {
 }
 
 /* got (a whole qkv of E) against in turned by sign * the angles: q and k
- * heads within the bound of the header comment, v heads bit for bit. */
-static void rope_check(zpp_dtype dt, rope_case c, const double *inv_freq, const void *in,
-                       const void *got, double sign, const char *ctx) {
+ * heads within the bound of the header comment, v heads bit for bit; in
+ * fp32 also bit for bit the CPU model's rope_apply (the same fp32 table,
+ * the same expressions, each operation rounded once on both sides). */
+static void rope_check(zpp_dtype dt, rope_case c, const double *inv_freq, const float *cos_t,
+                       const float *sin_t, const void *in, const void *got, double sign,
+                       const char *ctx) {
     const size_t half = (size_t)c.hd / 2, Wd = (size_t)(c.H + 2 * c.KV) * c.hd;
     const size_t rot = (size_t)(c.H + c.KV) * c.hd, es = zpp_dtype_size(dt);
     const double W = W_F32, uE = unit_roundoff(dt);
@@ -355,6 +361,18 @@ static void rope_check(zpp_dtype dt, rope_case c, const double *inv_freq, const 
                 const size_t ia = r * Wd + h * c.hd + i, ib = ia + half;
                 const double a = ld_e(in, dt, ia), b = ld_e(in, dt, ib);
                 const double o[2] = {a * cs - b * sn, b * cs + a * sn};
+                if (dt == ZPP_FP32) {
+                    const float fc = cos_t[(size_t)p * half + i];
+                    const float fs = (float)sign * sin_t[(size_t)p * half + i];
+                    const float fa = (float)a, fb = (float)b;
+                    const float cpu[2] = {fa * fc - fb * fs, fb * fc + fa * fs};
+                    for (int k = 0; k < 2; k++) {
+                        const float gf = zpp_load_f32(got, dt, k ? ib : ia);
+                        EXPECT(memcmp(&gf, &cpu[k], 4) == 0,
+                               "%s: element %zu = %.9g, the CPU's rope_apply gives %.9g", ctx,
+                               k ? ib : ia, (double)gf, (double)cpu[k]);
+                    }
+                }
                 /* the two products of each output, |x cos| + |y sin|: the
                  * table's rounding (w of cos, sin) and the products' own */
                 const double prod[2] = {fabs(a * cs) + fabs(b * sn), fabs(b * cs) + fabs(a * sn)};
@@ -393,7 +411,7 @@ static void rope_case_run(zpp_dtype dt, rope_case c, uint64_t seed) {
     EXPECT_OK(zpp_llama_rope_forward(d_q.p, d_cos.p, d_sin.p, c.B, c.T, c.H, c.KV, c.hd, dt,
                                      dev->stream));
     dbuf_get(&d_q, got, "qkv");
-    rope_check(dt, c, inv_freq, in, got, 1.0, ctx);
+    rope_check(dt, c, inv_freq, cos_t, sin_t, in, got, 1.0, ctx);
 
     for (int run = 0; run < 2; run++) { /* the backward, twice: the same bytes */
         dbuf_put(&d_q, in);
@@ -401,7 +419,7 @@ static void rope_case_run(zpp_dtype dt, rope_case c, uint64_t seed) {
                                           dev->stream));
         dbuf_get(&d_q, run ? got2 : got, "dqkv");
     }
-    rope_check(dt, c, inv_freq, in, got, -1.0, ctx);
+    rope_check(dt, c, inv_freq, cos_t, sin_t, in, got, -1.0, ctx);
     expect_same_bytes(got, got2, nq * es, "rope backward");
 
     dbuf_free(&d_cos), dbuf_free(&d_sin), dbuf_free(&d_q);
