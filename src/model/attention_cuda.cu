@@ -47,7 +47,11 @@
  * walks the query tiles of each of the G heads in turn (head h0 first),
  * adding into the same registers, so the order of the sum is fixed. With
  * KV = H (G = 1, GPT-2) every walk, load and sum is the one it was before
- * GQA: the same bits.
+ * GQA: the same bits. The price: dkdv has G times fewer CTAs, each G times
+ * longer, so few (sequence, key/value head) pairs leave SMs idle at the end
+ * (B = 1, KV = 8, T = 2048: 256 CTAs, the first walking 4 x 32 query
+ * tiles). Splitting a group over CTAs would need each one's fp32 partial
+ * dK, dV in memory and a pass that adds them in order: not done.
  *
  * THE KERNELS. 4 warps (128 threads) per CTA; a warp owns 16 rows of the
  * CTA's tile (the M of mma.m16n8k16), so everything a warp computes from a
