@@ -1,12 +1,18 @@
 /* model/llama_kernels_cuda.cu — RMSNorm, rotary position embedding and
  * SwiGLU on the GPU (llama_kernels_cuda.h gives the API and layouts), each
  * the CUDA twin of a CPU reference function named in its comment, with the
- * same expressions in the same order so that they round alike.
+ * same formula written the same way.
  *
  * PRECISION. Inputs are widened to fp32 exactly, every operation is fp32,
  * and each output is rounded to its dtype once. Per-row statistics (RMSNorm's
  * sum of squares) are warp sums; column sums (RMSNorm's weight gradient)
- * run over a fixed chunking of the rows, then over the chunks in order.
+ * run over a fixed chunking of the rows, then over the chunks in order:
+ * other orders than the CPU's, so RMSNorm agrees with it to rounding, not
+ * to the bit (nvcc also fuses its products into following adds, one
+ * rounding fewer). RoPE and SwiGLU write every product and sum as an _rn
+ * intrinsic, which nvcc never fuses, so each is rounded once as in the
+ * CPU's C (-ffp-contract=off): RoPE in fp32 gives the CPU's bits, SwiGLU
+ * too but for expf (CUDA's within 2 ulp, glibc's within 1).
  * tests/test_llama_kernels_cuda.c derives each kernel's error bound from
  * these roundings.
  *
