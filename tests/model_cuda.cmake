@@ -29,3 +29,12 @@ if(ZPP_HAVE_CUDA)
   zpp_test(test_gpt2_init_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gpt2_init_cuda.c
            ${CMAKE_CURRENT_SOURCE_DIR}/normal_cuda.cu CASES_FROM_SOURCE TIMEOUT 300)
 endif()
+
+# The Llama family's own kernels (src/model/llama_kernels_cuda.cu: RMSNorm,
+# RoPE, SwiGLU, forward and backward) in fp32, bf16 and fp16 against float64
+# references with derived error bounds; backward bit-identical on repeat;
+# refusals. Each ZPP_TEST_GPU case is its own test, labelled gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_llama_kernels_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llama_kernels_cuda.c
+           CASES_FROM_SOURCE TIMEOUT 300)
+endif()

@@ -77,6 +77,15 @@
  *  figure printed next to each ratio is the largest error over the largest
  *  reference magnitude of that output (expect a few 1e-3: bf16).
  *
+ * Grouped queries (KV key/value heads shared by H / KV query heads each):
+ * the same reference with query head h reading key/value head h / (H / KV),
+ * and a shared head's dK, dV the sum over its group (the bound's sums run
+ * over all G (T - j) terms, added in fp32 before one bf16 rounding); and
+ * bitwise, y, lse and dQ equal those of the multi-head problem whose k / v
+ * heads are copies for every query head (the same arithmetic per query
+ * head). Multi-head (KV = H) is GPT-2's path: with a group of one, every
+ * kernel walks, loads and sums as before grouped queries existed.
+ *
  * Also checked: bitwise determinism (forward and backward each run twice
  * on the same inputs give the same bytes), the refusals (head size 48 and
  * other unsupported sizes, NULL and misaligned pointers, empty shapes), and
@@ -185,11 +194,14 @@ static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
 typedef struct attn_case {
     int B, T, H, hs;
     double amp; /* q is amp * N(0, 1): larger means sharper softmax rows */
+    int KV;     /* key/value heads (grouped queries); 0: H, multi-head */
 } attn_case;
+
+static int kv_heads(const attn_case *c) { return c->KV ? c->KV : c->H; }
 
 typedef struct problem {
     attn_case c;
-    size_t N, C;            /* rows B*T, channels H*hs */
+    size_t N, C, W;         /* rows B*T, channels H*hs, qkv row (H + 2 KV) hs */
     uint16_t *qkv, *dy;     /* host inputs (bf16) */
     uint16_t *y, *dqkv;     /* host copies of the outputs */
     float *lse;
@@ -202,7 +214,8 @@ static problem problem_make(attn_case c, uint64_t seed) {
     p.c = c;
     p.N = (size_t)c.B * c.T;
     p.C = (size_t)c.H * c.hs;
-    size_t nqkv = p.N * 3 * p.C, ny = p.N * p.C, nl = (size_t)c.B * c.H * c.T;
+    p.W = p.C + 2 * (size_t)kv_heads(&c) * c.hs;
+    size_t nqkv = p.N * p.W, ny = p.N * p.C, nl = (size_t)c.B * c.H * c.T;
     p.qkv = zpp_test_malloc(nqkv * 2);
     p.dy = zpp_test_malloc(ny * 2);
     p.y = zpp_test_malloc(ny * 2);
@@ -210,9 +223,9 @@ static problem problem_make(attn_case c, uint64_t seed) {
     p.lse = zpp_test_malloc(nl * sizeof(float));
     zpp_rng r = zpp_rng_make(seed);
     for (size_t n = 0; n < p.N; n++)
-        for (size_t col = 0; col < 3 * p.C; col++) {
+        for (size_t col = 0; col < p.W; col++) {
             double a = col < p.C ? c.amp : 1.0;
-            p.qkv[n * 3 * p.C + col] = zpp_f32_to_bf16((float)(a * zpp_rng_normal(&r)));
+            p.qkv[n * p.W + col] = zpp_f32_to_bf16((float)(a * zpp_rng_normal(&r)));
         }
     for (size_t i = 0; i < ny; i++) p.dy[i] = zpp_f32_to_bf16((float)zpp_rng_normal(&r));
     p.d_qkv = dbuf_make(nqkv * 2);
@@ -235,8 +248,8 @@ static void problem_free(problem *p) {
 static void run_forward(problem *p) {
     dbuf_poison(&p->d_y);
     dbuf_poison(&p->d_lse);
-    EXPECT_OK(zpp_attn_forward(p->d_y.p, p->d_lse.p, p->d_qkv.p, p->c.B, p->c.T, p->c.H,
-                               p->c.hs, dev->stream));
+    EXPECT_OK(zpp_attn_gqa_forward(p->d_y.p, p->d_lse.p, p->d_qkv.p, p->c.B, p->c.T, p->c.H,
+                                   kv_heads(&p->c), p->c.hs, dev->stream));
     dbuf_get(&p->d_y, p->y, "y");
     dbuf_get(&p->d_lse, p->lse, "lse");
 }
@@ -245,8 +258,9 @@ static void run_forward(problem *p) {
 static void run_backward(problem *p) {
     dbuf_poison(&p->d_dqkv);
     dbuf_poison(&p->d_dsum);
-    EXPECT_OK(zpp_attn_backward(p->d_dqkv.p, p->d_dy.p, p->d_qkv.p, p->d_y.p, p->d_lse.p,
-                                p->d_dsum.p, p->c.B, p->c.T, p->c.H, p->c.hs, dev->stream));
+    EXPECT_OK(zpp_attn_gqa_backward(p->d_dqkv.p, p->d_dy.p, p->d_qkv.p, p->d_y.p, p->d_lse.p,
+                                    p->d_dsum.p, p->c.B, p->c.T, p->c.H, kv_heads(&p->c),
+                                    p->c.hs, dev->stream));
     dbuf_get(&p->d_dqkv, p->dqkv, "dqkv");
 }
 
@@ -273,9 +287,9 @@ static void check_elem(worst *w, const attn_case *c, int b, int h, int row, int 
     double err = fabs(gpu - ref);
     if (!(err <= bound))
         zpp_test_fail(__FILE__, __LINE__, NULL,
-                      "B=%d T=%d H=%d hs=%d amp=%g: %s[b=%d, h=%d, row %d, col %d] = %.9g, "
-                      "reference %.9g: error %.3g > bound %.3g",
-                      c->B, c->T, c->H, c->hs, c->amp, w->name, b, h, row, col, gpu, ref, err,
+                      "B=%d T=%d H=%d KV=%d hs=%d amp=%g: %s[b=%d, h=%d, row %d, col %d] = "
+                      "%.9g, reference %.9g: error %.3g > bound %.3g",
+                      c->B, c->T, c->H, kv_heads(c), c->hs, c->amp, w->name, b, h, row, col, gpu, ref, err,
                       bound);
     double ratio = bound > 0 ? err / bound : 0.0;
     if (ratio > w->ratio) {
@@ -299,7 +313,13 @@ static double bf(uint16_t x) { return (double)zpp_bf16_to_f32(x); }
 static void check_problem(const problem *p, int bwd, const char *label) {
     const attn_case *c = &p->c;
     const int T = c->T, hs = c->hs;
-    const size_t C = p->C, C3 = 3 * C;
+    /* query head h reads key/value head h / G; a shared head's dK, dV sum
+     * its group's terms (ak*, av*: the sums and their bounds' sums, G query
+     * heads of fp32 accumulation before one bf16 rounding) */
+    const int G = c->H / kv_heads(c);
+    const size_t C = p->C, C3 = p->W, Ck = (size_t)kv_heads(c) * hs;
+    double *akr = xcalloc((size_t)T * hs, 8), *akb = xcalloc((size_t)T * hs, 8),
+           *avr = xcalloc((size_t)T * hs, 8), *avb = xcalloc((size_t)T * hs, 8);
     const double sc = 1.0 / sqrt((double)hs), u = U_BF16, w = U_F32;
     double *q = zpp_test_malloc((size_t)T * hs * sizeof(double)), *k = zpp_test_malloc((size_t)T * hs * 8),
            *v = zpp_test_malloc((size_t)T * hs * 8), *g = zpp_test_malloc((size_t)T * hs * 8),
@@ -317,8 +337,8 @@ static void check_problem(const problem *p, int bwd, const char *label) {
                 size_t n = (size_t)b * T + t;
                 for (int d = 0; d < hs; d++) {
                     q[(size_t)t * hs + d] = bf(p->qkv[n * C3 + (size_t)h * hs + d]);
-                    k[(size_t)t * hs + d] = bf(p->qkv[n * C3 + C + (size_t)h * hs + d]);
-                    v[(size_t)t * hs + d] = bf(p->qkv[n * C3 + 2 * C + (size_t)h * hs + d]);
+                    k[(size_t)t * hs + d] = bf(p->qkv[n * C3 + C + (size_t)(h / G) * hs + d]);
+                    v[(size_t)t * hs + d] = bf(p->qkv[n * C3 + C + Ck + (size_t)(h / G) * hs + d]);
                     g[(size_t)t * hs + d] = bf(p->dy[n * C + (size_t)h * hs + d]);
                     yg[(size_t)t * hs + d] = bf(p->y[n * C + (size_t)h * hs + d]);
                 }
@@ -405,9 +425,14 @@ static void check_problem(const problem *p, int bwd, const char *label) {
                     check_elem(&wq, c, b, h, i, d, gv, r, bnd);
                 }
             }
-            /* dK_j = c sum_{i>=j} dS_ij q_i, dV_j = sum_{i>=j} P_ij dy_i */
+            /* dK_j = c sum_h sum_{i>=j} dS_ij q_i, dV_j = sum_h sum_{i>=j} P_ij dy_i
+             * over the G query heads h of the group */
+            if (h % G == 0) {
+                memset(akr, 0, (size_t)T * hs * 8), memset(akb, 0, (size_t)T * hs * 8);
+                memset(avr, 0, (size_t)T * hs * 8), memset(avb, 0, (size_t)T * hs * 8);
+            }
             for (int j = 0; j < T; j++) {
-                double nterm = 2.0 * (T - j + 2) * w;
+                double nterm = 2.0 * ((double)G * (T - j) + 2) * w;
                 for (int d = 0; d < hs; d++) {
                     double rk = 0, bk = 0, rv = 0, bv = 0;
                     for (int i = j; i < T; i++) {
@@ -418,34 +443,43 @@ static void check_problem(const problem *p, int bwd, const char *label) {
                         rv += P[ij] * gi;
                         bv += P[ij] * fabs(gi) * (u + eP[ij] + nterm);
                     }
-                    rk *= sc;
-                    bk = SECOND_ORDER * (sc * bk + (u + 2 * w) * fabs(rk));
-                    bv = SECOND_ORDER * (bv + u * fabs(rv));
-                    double gk = bf(p->dqkv[(base + j) * C3 + C + (size_t)h * hs + d]);
-                    double gvv = bf(p->dqkv[(base + j) * C3 + 2 * C + (size_t)h * hs + d]);
-                    check_elem(&wk, c, b, h, j, d, gk, rk, bk);
-                    check_elem(&wv, c, b, h, j, d, gvv, rv, bv);
+                    const size_t jd = (size_t)j * hs + d;
+                    akr[jd] += rk, akb[jd] += bk, avr[jd] += rv, avb[jd] += bv;
                 }
             }
+            if (h % G != G - 1) continue;
+            for (int j = 0; j < T; j++)
+                for (int d = 0; d < hs; d++) {
+                    const size_t jd = (size_t)j * hs + d, kvh = (size_t)(h / G);
+                    double rk = sc * akr[jd], rv = avr[jd];
+                    double bk = SECOND_ORDER * (sc * akb[jd] + (u + 2 * w) * fabs(rk));
+                    double bv = SECOND_ORDER * (avb[jd] + u * fabs(rv));
+                    double gk = bf(p->dqkv[(base + j) * C3 + C + kvh * hs + d]);
+                    double gvv = bf(p->dqkv[(base + j) * C3 + C + Ck + kvh * hs + d]);
+                    check_elem(&wk, c, b, (int)kvh, j, d, gk, rk, bk);
+                    check_elem(&wv, c, b, (int)kvh, j, d, gvv, rv, bv);
+                }
         }
-    printf("  %s B=%d T=%d H=%d hs=%d amp=%g:\n", label, c->B, T, c->H, hs, c->amp);
+    printf("  %s B=%d T=%d H=%d KV=%d hs=%d amp=%g:\n", label, c->B, T, c->H, kv_heads(c), hs,
+           c->amp);
     worst_print(&wy), worst_print(&wl);
     if (bwd) worst_print(&wq), worst_print(&wk), worst_print(&wv);
     free(q), free(k), free(v), free(g), free(yt), free(yg);
     free(S), free(P), free(E), free(dS), free(eS), free(eP), free(lse);
+    free(akr), free(akb), free(avr), free(avb);
 }
 
 /* ---- the tests ------------------------------------------------------------------------- */
 
 static const attn_case accuracy_cases[] = {
-    {1, 77, 2, 64, 1.0},   /* ragged: one and a bit tiles, B = 1 */
-    {2, 200, 3, 128, 1.0}, /* ragged, B > 1, several heads */
-    {3, 64, 2, 64, 4.0},   /* exactly one tile, sharp rows */
-    {2, 1, 2, 128, 1.0},   /* T = 1: one key per row */
-    {1, 333, 2, 128, 3.0}, /* ragged, sharp, 6 tiles */
-    {2, 200, 2, 64, 2.0},
-    {1, 129, 1, 128, 1.0}, /* one row past a tile */
-    {1, 1024, 1, 64, 1.5}, /* long: 16 tiles of online softmax */
+    {1, 77, 2, 64, 1.0, 0},   /* ragged: one and a bit tiles, B = 1 */
+    {2, 200, 3, 128, 1.0, 0}, /* ragged, B > 1, several heads */
+    {3, 64, 2, 64, 4.0, 0},   /* exactly one tile, sharp rows */
+    {2, 1, 2, 128, 1.0, 0},   /* T = 1: one key per row */
+    {1, 333, 2, 128, 3.0, 0}, /* ragged, sharp, 6 tiles */
+    {2, 200, 2, 64, 2.0, 0},
+    {1, 129, 1, 128, 1.0, 0}, /* one row past a tile */
+    {1, 1024, 1, 64, 1.5, 0}, /* long: 16 tiles of online softmax */
 };
 
 static void test_matches_reference(void) {
@@ -460,15 +494,84 @@ static void test_matches_reference(void) {
     dev_close();
 }
 
+/* Grouped queries (Llama's GQA): groups of 4 and 2 query heads per key/value
+ * head, multi-query (KV = 1), hs 64 and 128, ragged and whole tiles. */
+static const attn_case gqa_cases[] = {
+    {1, 200, 8, 64, 2.0, 2},  /* 4:1, ragged */
+    {2, 77, 4, 128, 1.0, 2},  /* 2:1, B > 1 */
+    {1, 130, 4, 64, 1.5, 1},  /* multi-query */
+    {2, 64, 8, 128, 3.0, 2},  /* 4:1, one tile, sharp */
+    {1, 333, 4, 128, 1.0, 1}, /* multi-query, 6 tiles */
+};
+
+static void test_gqa_matches_reference(void) {
+    dev_open();
+    for (size_t i = 0; i < sizeof gqa_cases / sizeof gqa_cases[0]; i++) {
+        problem p = problem_make(gqa_cases[i], zpp_test_seed(400 + i));
+        run_forward(&p);
+        run_backward(&p);
+        check_problem(&p, 1, "gqa fwd+bwd");
+        problem_free(&p);
+    }
+    dev_close();
+}
+
+/* A grouped-query problem is the multi-head one whose key/value heads are
+ * copied to every query head of their group: per query head the kernels do
+ * the same arithmetic on the same numbers, so y, lse and dQ must be the
+ * same bytes (dK, dV differ: the group's sum is rounded once, not per
+ * head; test_gqa_matches_reference bounds them). The grouped backward is
+ * also run twice: the same bytes. */
+static void test_gqa_equals_copied_heads(void) {
+    dev_open();
+    static const attn_case cases[] = {{2, 150, 8, 64, 2.0, 2}, {1, 200, 4, 128, 1.5, 1}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        attn_case cm = cases[ci];
+        cm.KV = 0;
+        problem g = problem_make(cases[ci], zpp_test_seed(500 + ci));
+        problem m = problem_make(cm, zpp_test_seed(600 + ci));
+        const int G = g.c.H / g.c.KV;
+        const size_t Ck = (size_t)g.c.KV * g.c.hs, hs = (size_t)g.c.hs;
+        for (size_t n = 0; n < g.N; n++) { /* m's row: g's q, each k / v head G times */
+            memcpy(m.qkv + n * m.W, g.qkv + n * g.W, g.C * 2);
+            for (size_t h = 0; h < (size_t)g.c.H; h++) {
+                const size_t src = n * g.W + g.C + (h / G) * hs;
+                memcpy(m.qkv + n * m.W + g.C + h * hs, g.qkv + src, hs * 2);
+                memcpy(m.qkv + n * m.W + 2 * g.C + h * hs, g.qkv + src + Ck, hs * 2);
+            }
+        }
+        memcpy(m.dy, g.dy, g.N * g.C * 2);
+        dbuf_put(&m.d_qkv, m.qkv), dbuf_put(&m.d_dy, m.dy);
+        run_forward(&g), run_forward(&m);
+        run_backward(&g), run_backward(&m);
+        const size_t nl = (size_t)g.c.B * g.c.H * g.c.T * sizeof(float);
+        EXPECT(memcmp(g.y, m.y, g.N * g.C * 2) == 0, "case %zu: y differs from copied heads", ci);
+        EXPECT(memcmp(g.lse, m.lse, nl) == 0, "case %zu: lse differs from copied heads", ci);
+        for (size_t n = 0; n < g.N; n++)
+            EXPECT(memcmp(g.dqkv + n * g.W, m.dqkv + n * m.W, g.C * 2) == 0,
+                   "case %zu: row %zu: dQ differs from copied heads", ci, n);
+        uint16_t *d1 = zpp_test_malloc(g.N * g.W * 2);
+        memcpy(d1, g.dqkv, g.N * g.W * 2);
+        run_backward(&g);
+        EXPECT(memcmp(d1, g.dqkv, g.N * g.W * 2) == 0, "case %zu: two grouped backwards differ",
+               ci);
+        printf("  B=%d T=%d H=%d KV=%d hs=%d: y, lse, dQ as copied heads; backward repeatable\n",
+               g.c.B, g.c.T, g.c.H, g.c.KV, g.c.hs);
+        free(d1);
+        problem_free(&g), problem_free(&m);
+    }
+    dev_close();
+}
+
 /* Forward twice, backward twice, same inputs: the same bytes. The second
  * runs start from poisoned outputs, so nothing is left over from the first. */
 static void test_deterministic(void) {
     dev_open();
-    static const attn_case cases[] = {{2, 300, 2, 128, 2.0}, {3, 250, 2, 64, 2.0}};
+    static const attn_case cases[] = {{2, 300, 2, 128, 2.0, 0}, {3, 250, 2, 64, 2.0, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         problem p = problem_make(cases[i], zpp_test_seed(200 + i));
         size_t ny = p.N * p.C * 2, nl = (size_t)p.c.B * p.c.H * p.c.T * sizeof(float),
-               nqkv = p.N * 3 * p.C * 2;
+               nqkv = p.N * p.W * 2;
         run_forward(&p);
         run_backward(&p);
         uint16_t *y1 = zpp_test_malloc(ny), *dqkv1 = zpp_test_malloc(nqkv);
@@ -501,7 +604,7 @@ static void test_refusals(void) {
         EXPECT_STATUS(zpp_attn_supported(bad_hs[i]), ZPP_ERR_UNSUPPORTED);
         EXPECT(strstr(zpp_last_error(), "head size") != NULL, "message: %s", zpp_last_error());
     }
-    problem p = problem_make((attn_case){1, 16, 2, 64, 1.0}, zpp_test_seed(300));
+    problem p = problem_make((attn_case){1, 16, 2, 64, 1.0, 0}, zpp_test_seed(300));
     void *st = dev->stream;
     char *y = p.d_y.p, *qkv = p.d_qkv.p;
     float *lse = p.d_lse.p, *ds = p.d_dsum.p;
@@ -523,6 +626,13 @@ static void test_refusals(void) {
     EXPECT_STATUS(zpp_attn_backward(p.d_dqkv.p, (char *)p.d_dy.p + 4, qkv, y, lse, ds, 1, 16, 2,
                                     64, st),
                   ZPP_ERR_INVALID);
+    /* grouped queries: KV must divide H */
+    zpp_error_clear();
+    EXPECT_STATUS(zpp_attn_gqa_forward(y, lse, qkv, 1, 16, 2, 3, 64, st), ZPP_ERR_INVALID);
+    EXPECT(strstr(zpp_last_error(), "divide") != NULL, "message: %s", zpp_last_error());
+    EXPECT_STATUS(zpp_attn_gqa_forward(y, lse, qkv, 1, 16, 2, 0, 64, st), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_attn_gqa_backward(p.d_dqkv.p, p.d_dy.p, qkv, y, lse, ds, 1, 16, 4, 3, 64, st),
+                  ZPP_ERR_INVALID);
     if (dev_cc < ZPP_CC_BF16) { /* a GPU below 8.0: good arguments, refused all the same */
         zpp_error_clear();
         EXPECT_STATUS(zpp_attn_forward(y, lse, qkv, 1, 16, 2, 64, st), ZPP_ERR_UNSUPPORTED);
@@ -541,4 +651,5 @@ static void test_refusals(void) {
 }
 
 ZPP_TESTS(ZPP_TEST_GPU(test_refusals), ZPP_TEST_GPU(test_matches_reference),
-          ZPP_TEST_GPU(test_deterministic))
+          ZPP_TEST_GPU(test_deterministic), ZPP_TEST_GPU(test_gqa_matches_reference),
+          ZPP_TEST_GPU(test_gqa_equals_copied_heads))

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/family.h"
+#include "model/llama.h"
 #include "model/model.h"
 #include "testlib.h"
 
@@ -759,8 +760,35 @@ static void test_defaults_and_init(void) {
     zpp_device_destroy(dev);
 }
 
+/* The RoPE tables every model turns q and k by (zpp_llama_rope_tables: the
+ * CPU model's, and the CUDA kernels' upload): entry (p, i) is the double
+ * cos / sin of p * inv_freq[i] rounded once to fp32, exactly, here with
+ * the llama3 scaling on; a table of no rows or a NULL one is refused. */
+static void test_rope_tables(void) {
+    zpp_llama_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_head = 4, cfg.n_embd = 4 * 64, cfg.rope_theta = 500000.0, cfg.rope_factor = 8.0;
+    cfg.rope_low_freq_factor = 1.0, cfg.rope_high_freq_factor = 4.0;
+    cfg.rope_original_max_pos = 32;
+    enum { T = 100, HALF = 32 };
+    double inv_freq[HALF];
+    float *c = zpp_test_malloc(T * HALF * sizeof(float)), *sn = zpp_test_malloc(T * HALF * 4);
+    zpp_llama_rope_inv_freq(&cfg, inv_freq);
+    EXPECT_OK(zpp_llama_rope_tables(&cfg, T, c, sn));
+    for (int p = 0; p < T; p++)
+        for (int i = 0; i < HALF; i++) {
+            const double a = (double)p * inv_freq[i];
+            EXPECT(c[p * HALF + i] == (float)cos(a) && sn[p * HALF + i] == (float)sin(a),
+                   "position %d pair %d: cos %.9g sin %.9g, want %.9g %.9g", p, i,
+                   (double)c[p * HALF + i], (double)sn[p * HALF + i], cos(a), sin(a));
+        }
+    EXPECT_STATUS(zpp_llama_rope_tables(&cfg, 0, c, sn), ZPP_ERR_INVALID);
+    EXPECT_STATUS(zpp_llama_rope_tables(&cfg, T, NULL, sn), ZPP_ERR_INVALID);
+    free(c), free(sn);
+}
+
 ZPP_TESTS(ZPP_TEST(test_reference_matches_finite_differences),
           ZPP_TEST(test_model_matches_reference), ZPP_TEST(test_half_params_give_fp32_bits),
           ZPP_TEST(test_recompute_gives_the_same_bits), ZPP_TEST(test_kept_logits_match_reference),
           ZPP_TEST(test_bad_shapes_refused),
-          ZPP_TEST(test_defaults_and_init))
+          ZPP_TEST(test_defaults_and_init), ZPP_TEST(test_rope_tables))

@@ -39,6 +39,20 @@
  * 5, but every output element is written once, by one thread, after a
  * fixed-order sum: the same inputs give the same bits.
  *
+ * GROUPED QUERIES (Llama's GQA). With KV key/value heads for H query heads
+ * (G = H / KV), query head h attends with key/value head h / G. The forward
+ * and dq read that head's K and V (the only change: where K and V are);
+ * dK and dV of a shared head are sums over its G query heads, which dkdv
+ * forms without atomics: one CTA per (sequence, key/value head, key tile)
+ * walks the query tiles of each of the G heads in turn (head h0 first),
+ * adding into the same registers, so the order of the sum is fixed. With
+ * KV = H (G = 1, GPT-2) every walk, load and sum is the one it was before
+ * GQA: the same bits. The price: dkdv has G times fewer CTAs, each G times
+ * longer, so few (sequence, key/value head) pairs leave SMs idle at the end
+ * (B = 1, KV = 8, T = 2048: 256 CTAs, the first walking 4 x 32 query
+ * tiles). Splitting a group over CTAs would need each one's fp32 partial
+ * dK, dV in memory and a pass that adds them in order: not done.
+ *
  * THE KERNELS. 4 warps (128 threads) per CTA; a warp owns 16 rows of the
  * CTA's tile (the M of mma.m16n8k16), so everything a warp computes from a
  * score tile (its row maxima and sums, its P and dS fragments) stays in its
@@ -87,8 +101,8 @@
  * tests/test_attention_cuda.c derives the error bounds from these roundings.
  *
  * COMPILED (nvcc 13.0, sm_90, -Xptxas -v): no kernel has a stack frame or
- * spills. Registers (hs 64 | hs 128): fwd 168 | 239, dkdv 211 | 248,
- * dq 191 | 185, dsum 26. __launch_bounds__(128, 2) lets ptxas use up to 255
+ * spills. Registers (hs 64 | hs 128): fwd 168 | 239, dkdv 215 | 254,
+ * dq 190 | 184, dsum 26. __launch_bounds__(128, 2) lets ptxas use up to 255
  * (without it, dq<128> was squeezed to 168 registers and spilled), which
  * with the shared memory above means 2 CTAs (8 warps) per SM on an H100 /
  * H200 (3 for fwd<64>).
@@ -374,6 +388,14 @@ __device__ __forceinline__ void store_rows(uint16_t *g, size_t ldg, int grow0, i
     }
 }
 
+/* Key head j of sequence b in a qkv of row stride ld whose H query heads
+ * take the first C = H HS columns (its value head is KV HS further). */
+template <int HS>
+__device__ __forceinline__ const uint16_t *kv_head(const uint16_t *qkv, int b, int T, size_t ld,
+                                                   size_t C, int j) {
+    return qkv + (size_t)b * T * ld + C + (size_t)j * HS;
+}
+
 /* ---- forward ----------------------------------------------------------------
  * grid (B*H, ceil(T/64)); CTA (bh, y) owns query tile nq-1-y. The kernel is
  * three stages, each a helper below (inlined, so the code is one function):
@@ -514,7 +536,7 @@ __device__ __forceinline__ void fwd_epilogue(uint16_t *y, float *lse, int b, int
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_fwd_kernel(uint16_t *__restrict__ y, float *__restrict__ lse,
-                    const uint16_t *__restrict__ qkv, int T, int H) {
+                    const uint16_t *__restrict__ qkv, int T, int H, int KV) {
 #ifdef ZPP_ATTN_STUB
     __trap();
 #else
@@ -525,9 +547,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int g8 = lane >> 2, tq = lane & 3;
     const int bh = (int)blockIdx.x, b = bh / H, h = bh - b * H;
     const int qt = (int)gridDim.y - 1 - (int)blockIdx.y, q0 = qt * BR;
-    const size_t C = (size_t)H * HS, ld = 3 * C;
+    const size_t C = (size_t)H * HS, ld = C + 2 * (size_t)KV * HS;
     const uint16_t *Qg = qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const uint16_t *Kg = Qg + C, *Vg = Qg + 2 * C;
+    const uint16_t *Kg = kv_head<HS>(qkv, b, T, ld, C, h / (H / KV)), *Vg = Kg + (size_t)KV * HS;
 
     uint16_t *sQ = static_cast<uint16_t *>(dyn_smem());
     const uint32_t aQ = smem_u32(sQ), aK = aQ + BR * LD * 2, aV = aK + 2 * kTileBytes;
@@ -595,13 +617,17 @@ __global__ void __launch_bounds__(kDsumThreads)
 }
 
 /* ---- backward: dK, dV -------------------------------------------------------
- * grid (B*H, ceil(T/64)); CTA (bh, y) owns keys 64y .. 64y+63 (warp w: 16 of
- * them) and walks the query tiles from the one holding key 64y to the end. */
+ * grid (B*KV, ceil(T/64)); CTA (b*KV + j, y) owns keys 64y .. 64y+63 (warp
+ * w: 16 of them) of key/value head j and walks, for each query head of its
+ * group (h = jG .. jG+G-1, G = H / KV, in that order), the query tiles from
+ * the one holding key 64y to the end: dK and dV of a shared head are the
+ * sums over its group, added in registers in that fixed order (GROUPED
+ * QUERIES at the top). With G = 1 this is one head's walk, as before. */
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_dkdv_kernel(uint16_t *__restrict__ dqkv, const uint16_t *__restrict__ dy,
                      const uint16_t *__restrict__ qkv, const float *__restrict__ lse,
-                     const float *__restrict__ dsum, int T, int H) {
+                     const float *__restrict__ dsum, int T, int H, int KV) {
 #ifdef ZPP_ATTN_STUB
     __trap();
 #else
@@ -610,14 +636,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     constexpr uint32_t kTileBytes = BR * LD * 2;
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int g8 = lane >> 2, tq = lane & 3;
-    const int bh = (int)blockIdx.x, b = bh / H, h = bh - b * H;
+    const int bj = (int)blockIdx.x, b = bj / KV, j = bj - b * KV, G = H / KV, h0 = j * G;
     const int k0 = (int)blockIdx.y * BC;
     const int nq = (T + BR - 1) / BR, qt0 = k0 / BR;
-    const size_t C = (size_t)H * HS, ld = 3 * C;
-    const uint16_t *Qg = qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const uint16_t *Kg = Qg + C, *Vg = Qg + 2 * C;
-    const uint16_t *dYg = dy + (size_t)b * T * C + (size_t)h * HS;
-    const float *lse_bh = lse + (size_t)bh * T, *dsum_bh = dsum + (size_t)bh * T;
+    const size_t C = (size_t)H * HS, ld = C + 2 * (size_t)KV * HS;
+    /* the group's first query head; head h0 + gi is gi HS columns (q, dY)
+     * or gi T entries (lse, D) further */
+    const uint16_t *Qg = qkv + (size_t)b * T * ld + (size_t)h0 * HS;
+    const uint16_t *Kg = kv_head<HS>(qkv, b, T, ld, C, j), *Vg = Kg + (size_t)KV * HS;
+    const uint16_t *dYg = dy + (size_t)b * T * C + (size_t)h0 * HS;
+    const size_t bh0 = (size_t)b * H + h0;
+    const float *lse_bh = lse + bh0 * T, *dsum_bh = dsum + bh0 * T;
 
     uint16_t *sK = static_cast<uint16_t *>(dyn_smem());
     uint16_t *sV = sK + BC * LD, *sQ = sV + BC * LD, *sdY = sQ + 2 * BR * LD;
@@ -642,15 +671,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
 
-    for (int qt = qt0; qt < nq; qt++) {
-        const int buf = (qt - qt0) & 1, q0 = qt * BR;
+    /* step `it` is query head h0 + gi, tile qt: gi = it / (nq - qt0) */
+    const int steps = G * (nq - qt0);
+    for (int it = 0, gi = 0, qt = qt0; it < steps; it++) {
+        const int buf = it & 1, q0 = qt * BR;
         const uint32_t qb = aQ + (uint32_t)buf * kTileBytes, yb = adY + (uint32_t)buf * kTileBytes;
         const float *L = sL + buf * BR, *D = sD + buf * BR;
-        if (qt + 1 < nq) { /* prefetch the next query tile into the other buffer */
-            const int nb = buf ^ 1;
-            load_rows<HS, BR>(aQ + (uint32_t)nb * kTileBytes, Qg, ld, q0 + BR, T);
-            load_rows<HS, BR>(adY + (uint32_t)nb * kTileBytes, dYg, C, q0 + BR, T);
-            load_stats<BR>(sL + nb * BR, sD + nb * BR, lse_bh, dsum_bh, q0 + BR, T);
+        if (it + 1 < steps) { /* prefetch the next step's tile into the other buffer */
+            const int nb = buf ^ 1, last = qt + 1 == nq;
+            const int ng = last ? gi + 1 : gi, nq0 = last ? qt0 * BR : q0 + BR;
+            load_rows<HS, BR>(aQ + (uint32_t)nb * kTileBytes, Qg + (size_t)ng * HS, ld, nq0, T);
+            load_rows<HS, BR>(adY + (uint32_t)nb * kTileBytes, dYg + (size_t)ng * HS, C, nq0, T);
+            load_stats<BR>(sL + nb * BR, sD + nb * BR, lse_bh + (size_t)ng * T,
+                           dsum_bh + (size_t)ng * T, nq0, T);
         }
         cp_async_commit();
 
@@ -691,13 +724,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 
         cp_async_wait<0>();
         __syncthreads();
+        if (++qt == nq) qt = qt0, gi++;
     }
 
     /* sK / sV rows warp*16.. were read only by this warp: staging for its rows */
-    uint16_t *dKg = dqkv + (size_t)b * T * ld + C + (size_t)h * HS;
+    uint16_t *dKg = dqkv + (Kg - qkv);
     store_rows<HS>(dKg, ld, k0 + warp * 16, T, sK + warp * 16 * LD, dk, inv_sqrt_hs(HS),
                    inv_sqrt_hs(HS), lane);
-    store_rows<HS>(dKg + C, ld, k0 + warp * 16, T, sV + warp * 16 * LD, dv, 1.0f, 1.0f, lane);
+    store_rows<HS>(dKg + (size_t)KV * HS, ld, k0 + warp * 16, T, sV + warp * 16 * LD, dv, 1.0f,
+                   1.0f, lane);
 #endif
 }
 
@@ -708,7 +743,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads, 2)
     attn_dq_kernel(uint16_t *__restrict__ dqkv, const uint16_t *__restrict__ dy,
                    const uint16_t *__restrict__ qkv, const float *__restrict__ lse,
-                   const float *__restrict__ dsum, int T, int H) {
+                   const float *__restrict__ dsum, int T, int H, int KV) {
 #ifdef ZPP_ATTN_STUB
     __trap();
 #else
@@ -720,9 +755,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int bh = (int)blockIdx.x, b = bh / H, h = bh - b * H;
     const int qt = (int)gridDim.y - 1 - (int)blockIdx.y, q0 = qt * BR;
     const int kt_last = ((q0 + BR < T ? q0 + BR : T) - 1) / BC;
-    const size_t C = (size_t)H * HS, ld = 3 * C;
+    const size_t C = (size_t)H * HS, ld = C + 2 * (size_t)KV * HS;
     const uint16_t *Qg = qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const uint16_t *Kg = Qg + C, *Vg = Qg + 2 * C;
+    const uint16_t *Kg = kv_head<HS>(qkv, b, T, ld, C, h / (H / KV)), *Vg = Kg + (size_t)KV * HS;
     const uint16_t *dYg = dy + (size_t)b * T * C + (size_t)h * HS;
 
     uint16_t *sQ = static_cast<uint16_t *>(dyn_smem());
@@ -828,10 +863,15 @@ zpp_status allow_smem(Kernel kernel, size_t bytes, const char *what) {
     return ZPP_OK;
 }
 
-zpp_status check_shape(const char *what, int B, int T, int H, int hs) {
+zpp_status check_shape(const char *what, int B, int T, int H, int KV, int hs) {
     if (B < 1 || T < 1 || H < 1)
         return zpp_error(ZPP_ERR_INVALID, "%s: B = %d, T = %d, H = %d; each must be >= 1", what,
                          B, T, H);
+    if (KV < 1 || H % KV != 0)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: KV = %d key/value heads must be >= 1 and divide H = %d (each "
+                         "serves H / KV query heads)",
+                         what, KV, H);
     if (hs != 64 && hs != 128)
         return zpp_error(ZPP_ERR_UNSUPPORTED,
                          "%s: head size %d is not supported by the fused kernels (64 or 128); "
@@ -880,20 +920,21 @@ zpp_status check_ptr(const char *what, const char *name, const void *p, unsigned
 }
 
 template <int HS>
-zpp_status forward_hs(void *y, float *lse, const void *qkv, int B, int T, int H,
+zpp_status forward_hs(void *y, float *lse, const void *qkv, int B, int T, int H, int KV,
                       cudaStream_t st) {
     const char *what = "attention forward";
     constexpr size_t smem = FwdTile<HS>::smem;
     ZPP_CHECK(allow_smem(attn_fwd_kernel<HS>, smem, what));
     const dim3 grid((unsigned)(B * H), (unsigned)((T + FwdTile<HS>::BR - 1) / FwdTile<HS>::BR));
     attn_fwd_kernel<HS><<<grid, kThreads, smem, st>>>(
-        static_cast<uint16_t *>(y), lse, static_cast<const uint16_t *>(qkv), T, H);
+        static_cast<uint16_t *>(y), lse, static_cast<const uint16_t *>(qkv), T, H, KV);
     return launch_status(what);
 }
 
 template <int HS>
 zpp_status backward_hs(void *dqkv, const void *dy, const void *qkv, const void *y,
-                       const float *lse, float *dsum, int B, int T, int H, cudaStream_t st) {
+                       const float *lse, float *dsum, int B, int T, int H, int KV,
+                       cudaStream_t st) {
     const uint16_t *dy16 = static_cast<const uint16_t *>(dy);
     const uint16_t *qkv16 = static_cast<const uint16_t *>(qkv);
     uint16_t *dqkv16 = static_cast<uint16_t *>(dqkv);
@@ -910,17 +951,18 @@ zpp_status backward_hs(void *dqkv, const void *dy, const void *qkv, const void *
     const char *what_kv = "attention backward (dK, dV)";
     constexpr size_t smem_kv = DkdvTile<HS>::smem;
     ZPP_CHECK(allow_smem(attn_dkdv_kernel<HS>, smem_kv, what_kv));
-    const dim3 grid_kv((unsigned)(B * H),
+    const dim3 grid_kv((unsigned)(B * KV),
                        (unsigned)((T + DkdvTile<HS>::BC - 1) / DkdvTile<HS>::BC));
     attn_dkdv_kernel<HS><<<grid_kv, kThreads, smem_kv, st>>>(dqkv16, dy16, qkv16, lse, dsum, T,
-                                                            H);
+                                                            H, KV);
     ZPP_CHECK(launch_status(what_kv));
 
     const char *what_q = "attention backward (dQ)";
     constexpr size_t smem_q = DqTile<HS>::smem;
     ZPP_CHECK(allow_smem(attn_dq_kernel<HS>, smem_q, what_q));
     const dim3 grid_q((unsigned)(B * H), (unsigned)((T + DqTile<HS>::BR - 1) / DqTile<HS>::BR));
-    attn_dq_kernel<HS><<<grid_q, kThreads, smem_q, st>>>(dqkv16, dy16, qkv16, lse, dsum, T, H);
+    attn_dq_kernel<HS><<<grid_q, kThreads, smem_q, st>>>(dqkv16, dy16, qkv16, lse, dsum, T, H,
+                                                         KV);
     return launch_status(what_q);
 }
 
@@ -934,24 +976,24 @@ extern "C" zpp_status zpp_attn_supported(int hs) {
                      hs);
 }
 
-extern "C" zpp_status zpp_attn_forward(void *y, float *lse, const void *qkv, int B, int T, int H,
-                                       int hs, void *stream) {
+extern "C" zpp_status zpp_attn_gqa_forward(void *y, float *lse, const void *qkv, int B, int T,
+                                           int H, int KV, int hs, void *stream) {
     const char *what = "attention forward";
-    ZPP_CHECK(check_shape(what, B, T, H, hs));
+    ZPP_CHECK(check_shape(what, B, T, H, KV, hs));
     ZPP_CHECK(check_ptr(what, "y", y, 16));
     ZPP_CHECK(check_ptr(what, "lse", lse, 4));
     ZPP_CHECK(check_ptr(what, "qkv", qkv, 16));
     ZPP_CHECK(check_arch(what, hs));
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    return hs == 64 ? forward_hs<64>(y, lse, qkv, B, T, H, st)
-                    : forward_hs<128>(y, lse, qkv, B, T, H, st);
+    return hs == 64 ? forward_hs<64>(y, lse, qkv, B, T, H, KV, st)
+                    : forward_hs<128>(y, lse, qkv, B, T, H, KV, st);
 }
 
-extern "C" zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *qkv,
-                                        const void *y, const float *lse, float *dsum, int B,
-                                        int T, int H, int hs, void *stream) {
+extern "C" zpp_status zpp_attn_gqa_backward(void *dqkv, const void *dy, const void *qkv,
+                                            const void *y, const float *lse, float *dsum, int B,
+                                            int T, int H, int KV, int hs, void *stream) {
     const char *what = "attention backward";
-    ZPP_CHECK(check_shape(what, B, T, H, hs));
+    ZPP_CHECK(check_shape(what, B, T, H, KV, hs));
     ZPP_CHECK(check_ptr(what, "dqkv", dqkv, 16));
     ZPP_CHECK(check_ptr(what, "dy", dy, 16));
     ZPP_CHECK(check_ptr(what, "qkv", qkv, 16));
@@ -960,6 +1002,19 @@ extern "C" zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *
     ZPP_CHECK(check_ptr(what, "dsum", dsum, 4));
     ZPP_CHECK(check_arch(what, hs));
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    return hs == 64 ? backward_hs<64>(dqkv, dy, qkv, y, lse, dsum, B, T, H, st)
-                    : backward_hs<128>(dqkv, dy, qkv, y, lse, dsum, B, T, H, st);
+    return hs == 64 ? backward_hs<64>(dqkv, dy, qkv, y, lse, dsum, B, T, H, KV, st)
+                    : backward_hs<128>(dqkv, dy, qkv, y, lse, dsum, B, T, H, KV, st);
+}
+
+/* Multi-head attention is the grouped-query one with every head its own
+ * key and value (KV = H): the same kernels, the same arithmetic. */
+extern "C" zpp_status zpp_attn_forward(void *y, float *lse, const void *qkv, int B, int T, int H,
+                                       int hs, void *stream) {
+    return zpp_attn_gqa_forward(y, lse, qkv, B, T, H, H, hs, stream);
+}
+
+extern "C" zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *qkv,
+                                        const void *y, const float *lse, float *dsum, int B,
+                                        int T, int H, int hs, void *stream) {
+    return zpp_attn_gqa_backward(dqkv, dy, qkv, y, lse, dsum, B, T, H, H, hs, stream);
 }

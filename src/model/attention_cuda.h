@@ -1,13 +1,18 @@
-/* model/attention_cuda.h — fused causal self-attention for the CUDA GPT-2
- * (FlashAttention-2 style, bf16 tensor cores; attention_cuda.cu says how).
+/* model/attention_cuda.h — fused causal self-attention for the CUDA models
+ * (FlashAttention-2 style, bf16 tensor cores; attention_cuda.cu says how):
+ * multi-head (GPT-2) and grouped-query (Llama: KV key/value heads shared by
+ * H query heads, H % KV == 0, query head h reading key/value head
+ * h / (H / KV); KV = H is multi-head, KV = 1 multi-query).
  *
- * Layouts (the model's, rows n = b*T + t for B sequences of T tokens,
- * C = H*hs, all row-major bf16):
- *   qkv   N x 3C   columns [0,C) q, [C,2C) k, [2C,3C) v; head h at columns
- *                  h*hs .. h*hs+hs-1 inside each third
+ * Layouts (the models', rows n = b*T + t for B sequences of T tokens,
+ * C = H*hs, Ck = KV*hs, all row-major bf16):
+ *   qkv   N x (C + 2Ck)  columns [0,C) q, [C,C+Ck) k, [C+Ck,C+2Ck) v; head
+ *                  h at columns h*hs .. h*hs+hs-1 inside each part (llama.h's
+ *                  [q | k | v] row; with KV = H GPT-2's N x 3C)
  *   y     N x C    head h at columns h*hs
  *   dy    N x C    as y
- *   dqkv  N x 3C   as qkv
+ *   dqkv  N x (C + 2Ck)  as qkv; d k and d v of a shared head are the sums
+ *                  over its H / KV query heads, in a fixed order
  *   lse   B*H*T    fp32, entry (b*H + h)*T + t: the natural log of
  *                  sum_{j<=t} exp(q_t . k_j / sqrt(hs)), written by the
  *                  forward, read by the backward
@@ -22,7 +27,8 @@
  * every call enqueues on `stream` (a cudaStream_t; NULL is the legacy
  * default stream), returns without synchronising, and allocates nothing.
  * Launch errors come back as ZPP_ERR_CUDA; a fault while running shows up
- * at the stream's next synchronisation. Head sizes 64 and 128 only:
+ * at the stream's next synchronisation. Head sizes (hd, Llama's head dim)
+ * 64 and 128 only:
  * anything else is ZPP_ERR_UNSUPPORTED (the model then takes its GEMM
  * path); zpp_attn_supported asks without doing anything. The current GPU
  * must have compute capability 8.0 or newer: below, forward and backward
@@ -48,6 +54,15 @@ zpp_status zpp_attn_forward(void *y, float *lse, const void *qkv, int B, int T, 
 zpp_status zpp_attn_backward(void *dqkv, const void *dy, const void *qkv, const void *y,
                              const float *lse, float *dsum, int B, int T, int H, int hs,
                              void *stream);
+
+/* The same with KV key/value heads (1 <= KV, H % KV == 0, else
+ * ZPP_ERR_INVALID): zpp_attn_forward / _backward are these with KV = H,
+ * and give the same bits as before grouped queries existed. */
+zpp_status zpp_attn_gqa_forward(void *y, float *lse, const void *qkv, int B, int T, int H,
+                                int KV, int hs, void *stream);
+zpp_status zpp_attn_gqa_backward(void *dqkv, const void *dy, const void *qkv, const void *y,
+                                 const float *lse, float *dsum, int B, int T, int H, int KV,
+                                 int hs, void *stream);
 
 #ifdef __cplusplus
 }

@@ -223,3 +223,21 @@ void zpp_llama_rope_inv_freq(const zpp_llama_config *cfg, double *inv_freq) {
         inv_freq[i] = f;
     }
 }
+
+zpp_status zpp_llama_rope_tables(const zpp_llama_config *cfg, int T, float *cos_t, float *sin_t) {
+    if (!cfg || !cos_t || !sin_t || T < 1)
+        return zpp_error(ZPP_ERR_INVALID, "llama rope tables: cfg, cos_t or sin_t is NULL, or "
+                                          "T = %d < 1", T);
+    const int half = cfg->n_embd / cfg->n_head / 2;
+    double *inv_freq = malloc((size_t)half * sizeof *inv_freq);
+    if (!inv_freq) return zpp_error(ZPP_ERR_NOMEM, "llama rope tables: out of host memory");
+    zpp_llama_rope_inv_freq(cfg, inv_freq);
+    for (int p = 0; p < T; p++)
+        for (int i = 0; i < half; i++) {
+            const double angle = (double)p * inv_freq[i];
+            cos_t[(size_t)p * half + i] = (float)cos(angle);
+            sin_t[(size_t)p * half + i] = (float)sin(angle);
+        }
+    free(inv_freq);
+    return ZPP_OK;
+}

@@ -142,6 +142,14 @@ void zpp_llama_base_fill(zpp_model *base, const zpp_llama_config *cfg, zpp_dtype
  * In double; the CPU model rounds its cos/sin tables once from them. */
 void zpp_llama_rope_inv_freq(const zpp_llama_config *cfg, double *inv_freq);
 
+/* The cos and sin tables of positions 0..T-1, row-major T x hd/2 each:
+ * cos_t[p * hd/2 + i] = cos(p * inv_freq[i]), the angle and its cosine in
+ * double, rounded once to fp32 (sin alike). The one table every model
+ * turns q and k by (the CPU model's rows, the CUDA kernels' upload), so
+ * both rotate by the same fp32 numbers. ZPP_ERR_NOMEM when hd/2 doubles
+ * cannot be had; ZPP_ERR_INVALID for T < 1 or NULL tables. */
+zpp_status zpp_llama_rope_tables(const zpp_llama_config *cfg, int T, float *cos_t, float *sin_t);
+
 /* The CPU reference Llama (llama_cpu.c), for the host backend; param_dtype
  * fp32, bf16 or fp16, the arithmetic fp32. cfg as zpp_llama_config_of_shape
  * made it (this checks only the dtype and max_batch). */

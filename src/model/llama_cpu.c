@@ -432,21 +432,10 @@ static void plan(llama_cpu *g, zpp_arena *ar) {
     g->kept = zpp_arena_take(ar, 1, V);
 }
 
-/* cos and sin of every position's angles, p * inv_freq[i], in double and
- * rounded once to fp32. */
+/* cos and sin of every position's angles (llama.c, shared with the CUDA
+ * kernels' table). */
 static zpp_status rope_tables(llama_cpu *g) {
-    const int T = g->cfg.seq_len, half = g->cfg.n_embd / g->cfg.n_head / 2;
-    double *inv_freq = malloc((size_t)half * sizeof *inv_freq);
-    if (!inv_freq) return zpp_error(ZPP_ERR_NOMEM, "llama create: out of host memory");
-    zpp_llama_rope_inv_freq(&g->cfg, inv_freq);
-    for (int p = 0; p < T; p++)
-        for (int i = 0; i < half; i++) {
-            const double angle = (double)p * inv_freq[i];
-            g->rope_cos[(size_t)p * half + i] = (float)cos(angle);
-            g->rope_sin[(size_t)p * half + i] = (float)sin(angle);
-        }
-    free(inv_freq);
-    return ZPP_OK;
+    return zpp_llama_rope_tables(&g->cfg, g->cfg.seq_len, g->rope_cos, g->rope_sin);
 }
 
 /* The arena, counted then carved; ZPP_ERR_NOMEM when it overflows or
