@@ -32,38 +32,12 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "model/cuda_elem.cuh"
 #include "model/llama_kernels_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 256;              /* threads per CTA */
-constexpr int kRowsPerCta = kThreads / 32; /* warp-per-row kernels */
-constexpr int kChunkRows = 64;             /* rows per partial column sum */
-constexpr unsigned kMaxGrid = 65535u * 32u; /* grid-stride beyond this */
-
-/* ==== element access ====================================================== */
-
-/* Loads widen exactly; stores round to nearest even. */
-__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16 *p, size_t i) {
-    return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ size_t global_tid() {
-    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t grid_threads() { return (size_t)gridDim.x * blockDim.x; }
+constexpr int kChunkRows = 64; /* rows per partial column sum */
 
 /* ==== RMSNorm ============================================================= */
 
@@ -165,50 +139,6 @@ __global__ void rope_kernel(E *qkv, const float *cos_t, const float *sin_t, size
 
 /* ==== SwiGLU ============================================================== */
 
-/* Eight consecutive elements at once (16-byte accesses: SwiGLU is bound by
- * memory, and 2-byte accesses waste most of each transaction); p 16-byte
- * aligned (the launcher checks). */
-__device__ __forceinline__ void load8(const float *p, float (&f)[8]) {
-    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-template <typename H2, typename E>
-__device__ __forceinline__ void load8_16(const E *p, float (&f)[8], float2 (*widen)(H2)) {
-    const uint4 u = *(const uint4 *)p;
-    const H2 *h = (const H2 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 t = widen(h[k]);
-        f[2 * k] = t.x, f[2 * k + 1] = t.y;
-    }
-}
-__device__ __forceinline__ float2 widen_bf(__nv_bfloat162 h) { return __bfloat1622float2(h); }
-__device__ __forceinline__ float2 widen_h(__half2 h) { return __half22float2(h); }
-__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float (&f)[8]) {
-    load8_16<__nv_bfloat162>(p, f, widen_bf);
-}
-__device__ __forceinline__ void load8(const __half *p, float (&f)[8]) {
-    load8_16<__half2>(p, f, widen_h);
-}
-__device__ __forceinline__ void store8(float *p, const float (&f)[8]) {
-    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-__device__ __forceinline__ void store8(__nv_bfloat16 *p, const float (&f)[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-    *(uint4 *)p = u;
-}
-__device__ __forceinline__ void store8(__half *p, const float (&f)[8]) {
-    uint4 u;
-    __half2 *h = (__half2 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
-    *(uint4 *)p = u;
-}
-
 /* sigmoid(g) = 1 / (1 + e^-g), as the CPU writes it (expf: within 2 ulp
  * here, 1 in glibc). For g < -88 e^-g overflows to inf and s = 0, the
  * right limit. */
@@ -289,15 +219,8 @@ zpp_status launch_status(const char *what) {
     return ZPP_OK;
 }
 
-unsigned grid_rows(size_t rows) { /* warp-per-row kernels */
-    return (unsigned)((rows + kRowsPerCta - 1) / kRowsPerCta);
-}
-
-unsigned grid_for(size_t n) { /* grid-stride kernels */
-    size_t b = (n + kThreads - 1) / kThreads;
-    if (b > kMaxGrid) b = kMaxGrid;
-    return b ? (unsigned)b : 1u;
-}
+unsigned grid_rows(size_t rows) { return zpp_cu_grid_rows(rows); }
+unsigned grid_for(size_t n) { return zpp_cu_grid_for(n); }
 
 size_t dtype_bytes(zpp_dtype dt) { return dt == ZPP_FP32 ? 4 : 2; }
 
@@ -327,14 +250,7 @@ zpp_status check_rows(const char *what, int n, int C) {
 }
 
 /* Runs `...` with E typedef'd to the CUDA type of `dt` (checked before). */
-#define WITH_E(dt, ...)                                                 \
-    do {                                                                \
-        switch (dt) {                                                   \
-        case ZPP_BF16: { typedef __nv_bfloat16 E; __VA_ARGS__; } break; \
-        case ZPP_FP16: { typedef __half E; __VA_ARGS__; } break;        \
-        default: { typedef float E; __VA_ARGS__; } break;               \
-        }                                                               \
-    } while (0)
+#define WITH_E(dt, ...) ZPP_WITH_E(dt, __VA_ARGS__)
 
 int rms_chunks(int n) { return (n + kChunkRows - 1) / kChunkRows; }
 
