@@ -219,6 +219,33 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
         st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
 }
 
+/* x0 = wte[token] (+ wpe[row % T]), fp32 rows. */
+template <typename E>
+__global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wte, const E *wpe,
+                                     size_t n, int T, int C) {
+    size_t total = n * (size_t)C;
+    for (size_t i = global_tid(); i < total; i += grid_threads()) {
+        size_t r = i / (size_t)C, c = i % (size_t)C;
+        float x = ld(wte, (size_t)tok[r] * C + c);
+        out[i] = wpe ? x + ld(wpe, (r % T) * C + c) : x;
+    }
+}
+
+/* The token embedding's backward: block s owns distinct token seg_tok[s]
+ * and adds its rows pos[seg_start[s] .. seg_start[s+1]) (ascending) into
+ * d wte[token]: no two blocks touch the same row, no atomics. */
+__global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const int32_t *seg_tok,
+                                          const int32_t *seg_start, const int32_t *pos, int C) {
+    int s = blockIdx.x;
+    int a = seg_start[s], e = seg_start[s + 1];
+    float *row = dwte + (size_t)seg_tok[s] * C;
+    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
+        float acc = row[c];
+        for (int k = a; k < e; k++) acc += dres[(size_t)pos[k] * C + c];
+        row[c] = acc;
+    }
+}
+
 }  // namespace
 
 struct zpp_cu_gemm_entry {
@@ -544,5 +571,179 @@ zpp_status zpp_cu_round(zpp_cu *cu, void *dst, const float *src, size_t n, const
     ZPP_WITH_E(cu->dtype, round_kernel<<<zpp_cu_grid_for(v ? n / 8 : n), kThreads, 0,
                                          cu->stream>>>((E *)dst, src, n, v));
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The token side                                                            */
+/* ------------------------------------------------------------------------ */
+
+zpp_status zpp_cu_batch_init(zpp_cu_batch *b, zpp_cu *cu, size_t nmax, int vocab) {
+    memset(b, 0, sizeof *b);
+    b->nmax = nmax;
+    b->vocab = vocab;
+    const size_t ints = 5 * nmax + 1;
+    b->h_count = (int32_t *)calloc((size_t)vocab, sizeof *b->h_count);
+    if (!b->h_count) return zpp_error(ZPP_ERR_NOMEM, "%s: create: out of host memory", cu->who);
+    void *p = NULL;
+    ZPP_CHECK(zpp_device_alloc(cu->dev, ints * sizeof(int32_t), &p));
+    b->d_ints = (int32_t *)p;
+    ZPP_CU_CHECK(cu->who, cudaMallocHost(&p, ints * sizeof(int32_t)),
+                 "create: pinned staging for the batch");
+    b->h_ints = (int32_t *)p;
+    ZPP_CU_CHECK(cu->who, cudaMallocHost(&p, nmax * sizeof(float)),
+                 "create: pinned staging for losses");
+    b->h_losses = (float *)p;
+    ZPP_CU_CHECK(cu->who, cudaEventCreateWithFlags(&b->staged, cudaEventDisableTiming),
+                 "create: batch copy event");
+    return ZPP_OK;
+}
+
+void zpp_cu_batch_free(zpp_cu_batch *b, zpp_cu *cu) {
+    if (b->staged) (void)cudaEventDestroy(b->staged);
+    if (b->h_losses) (void)cudaFreeHost(b->h_losses);
+    if (b->h_ints) (void)cudaFreeHost(b->h_ints);
+    if (cu->dev) zpp_device_free(cu->dev, b->d_ints);
+    free(b->h_count);
+    memset(b, 0, sizeof *b);
+}
+
+zpp_status zpp_cu_batch_set(zpp_cu *cu, zpp_cu_batch *b, const int32_t *tokens,
+                            const int32_t *targets, size_t n) {
+    const int V = b->vocab;
+    /* The previous batch's copy must have left the staging buffer. */
+    ZPP_CU_CHECK(cu->who, cudaEventSynchronize(b->staged),
+                 "set_batch: wait for the previous batch copy");
+    /* Staging layout (int32): tokens[n] targets[n] seg_tok[k] seg_start[k+1]
+     * pos[n], k = distinct tokens. Counting sort of positions by token:
+     * stable, so each token's positions stay ascending. */
+    int32_t *h = b->h_ints;
+    memcpy(h, tokens, n * sizeof(int32_t));
+    if (targets) memcpy(h + n, targets, n * sizeof(int32_t));
+    else memset(h + n, 0, n * sizeof(int32_t));
+    int32_t *cnt = b->h_count;
+    memset(cnt, 0, (size_t)V * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) cnt[tokens[i]]++;
+    int32_t *seg_tok = h + 2 * n;
+    int k = 0;
+    for (int v = 0; v < V; v++)
+        if (cnt[v]) seg_tok[k++] = v;
+    int32_t *seg_start = seg_tok + k, *pos = seg_start + k + 1;
+    int32_t off = 0;
+    for (int s = 0; s < k; s++) {
+        int v = seg_tok[s];
+        seg_start[s] = off;
+        off += cnt[v];
+        cnt[v] = seg_start[s]; /* now: the next free slot of token v */
+    }
+    seg_start[k] = off;
+    for (size_t i = 0; i < n; i++) pos[cnt[tokens[i]]++] = (int32_t)i;
+
+    size_t total = 3 * n + 2 * (size_t)k + 1;
+    ZPP_CU_CHECK(cu->who, cudaMemcpyAsync(b->d_ints, h, total * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, cu->stream),
+                 "set_batch: copy the batch to the device");
+    ZPP_CU_CHECK(cu->who, cudaEventRecord(b->staged, cu->stream), "set_batch: record the copy");
+    b->d_tokens = b->d_ints;
+    b->d_targets = b->d_ints + n;
+    b->d_seg_tok = b->d_ints + 2 * n;
+    b->d_seg_start = b->d_seg_tok + k;
+    b->d_pos = b->d_seg_start + k + 1;
+    b->n_seg = k;
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_embed_forward(zpp_cu *cu, const zpp_cu_batch *b, float *out, const void *wte,
+                                const void *wpe, size_t n, int T, int C) {
+    ZPP_WITH_E(cu->dtype, embed_forward_kernel<<<zpp_cu_grid_for(n * C), kThreads, 0,
+                                                 cu->stream>>>(out, b->d_tokens, (const E *)wte,
+                                                               (const E *)wpe, n, T, C));
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), "embedding forward");
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, float *dwte,
+                                 const float *dres, int C) {
+    if (b->n_seg == 0) return ZPP_OK;
+    unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
+    if (cy > 65535u) cy = 65535u;
+    dim3 grid((unsigned)b->n_seg, cy);
+    embed_backward_wte_kernel<<<grid, kThreads, 0, cu->stream>>>(dwte, dres, b->d_seg_tok,
+                                                                  b->d_seg_start, b->d_pos, C);
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), "token embedding backward");
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, size_t n,
+                            float *mean) {
+    cudaError_t e = cudaMemcpyAsync(b->h_losses, losses, n * sizeof(float),
+                                    cudaMemcpyDeviceToHost, cu->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cu->stream);
+    if (e != cudaSuccess) {
+        *mean = NAN;
+        return zpp_error(ZPP_ERR_CUDA, "%s loss: %s (a kernel of this micro-batch failed)",
+                         cu->who, cudaGetErrorString(e));
+    }
+    double total = 0.0;
+    for (size_t r = 0; r < n; r++) total += b->h_losses[r];
+    *mean = (float)(total / (double)n);
+    return ZPP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The classifier                                                            */
+/* ------------------------------------------------------------------------ */
+
+zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
+                               const int32_t *targets, int n, int C, int V, int Vr,
+                               zpp_decoder_calls *calls, int T) {
+    h->dlogits_ready = 0;
+    for (int r0 = 0; r0 < n; r0 += h->chunk_rows) {
+        const int rows = n - r0 < h->chunk_rows ? n - r0 : h->chunk_rows;
+        ZPP_CHECK(zpp_cu_mm(cu, 0, 1, rows, V, C, 1.0f, (const char *)hf + (size_t)r0 * C * cu->es,
+                            C, Wh, C, 0.0f, h->logits, CUDA_R_32F, V, "logits"));
+        /* the row a sampler asked for, while its chunk is in the buffer */
+        const int k = zpp_decoder_kept_in(calls, T, r0, rows);
+        if (k >= 0) {
+            ZPP_CU_CHECK(cu->who, cudaMemcpyAsync(h->kept, h->logits + (size_t)k * V,
+                                                  (size_t)V * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, cu->stream),
+                         "keep a row of logits");
+            calls->kept = 1;
+        }
+        ZPP_CHECK(zpp_cu_cross_entropy(
+            cu, h->logits, h->lse + r0, h->losses + r0, targets ? targets + r0 : NULL,
+            targets ? (char *)h->dlogits + (size_t)r0 * V * cu->es : NULL, rows, V, Vr));
+    }
+    h->dlogits_ready = targets != NULL;
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
+                                float *dWh, float *dhf, int n, int C, int V, float f) {
+    if (!h->dlogits_ready)
+        return zpp_error(ZPP_ERR_STATE,
+                         "%s backward: the head's gradient comes from the last forward, which "
+                         "has not run with this batch's targets; run forward again", cu->who);
+    h->dlogits_ready = 0;
+    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, V, C, n, f, h->dlogits, V, hf, C, 1.0f, dWh, CUDA_R_32F, C,
+                        "head weight gradient"));
+    return zpp_cu_mm(cu, 0, 0, n, C, V, f, h->dlogits, V, Wh, C, 0.0f, dhf, CUDA_R_32F, C,
+                     "head input gradient");
+}
+
+zpp_status zpp_cu_check_device_ptr(const char *who, const void *p, const char *op,
+                                   const char *name) {
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return zpp_error(ZPP_ERR_INVALID, "%s %s: %s %p is not a CUDA pointer (%s)", who, op,
+                         name, p, cudaGetErrorString(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s %s: %s %p is host memory; the CUDA model takes device memory "
+                         "(its mem is ZPP_MEM_DEVICE)", who, op, name, p);
     return ZPP_OK;
 }

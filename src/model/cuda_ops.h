@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "device/device.h"
+#include "model/decoder.h"
 #include "zeropp.h"
 
 typedef struct zpp_cu_gemm_entry zpp_cu_gemm_entry;
@@ -113,5 +114,77 @@ zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, flo
 /* dst (E) = src (fp32), n elements, rounded to nearest even (a copy when E
  * is fp32). */
 zpp_status zpp_cu_round(zpp_cu *cu, void *dst, const float *src, size_t n, const char *what);
+
+/* ---- the token side of every decoder ---- */
+
+/* A micro-batch on the device: tokens, targets, and the grouping of
+ * positions by token that makes the token embedding's backward a
+ * deterministic gather (positions of each distinct token ascending, found
+ * by a stable counting sort on the host at zpp_cu_batch_set). */
+typedef struct zpp_cu_batch {
+    size_t nmax;                 /* rows it holds: max_batch * seq_len */
+    int vocab;
+    int32_t *d_ints;             /* device: 5 nmax + 1 */
+    int32_t *h_ints;             /* pinned staging, 5 nmax + 1 */
+    int32_t *h_count;            /* vocab counters of the counting sort */
+    float *h_losses;             /* pinned, nmax */
+    cudaEvent_t staged;          /* the last copy out of h_ints has been done */
+    const int32_t *d_tokens, *d_targets, *d_seg_tok, *d_seg_start, *d_pos;
+    int n_seg;                   /* distinct tokens of the batch */
+} zpp_cu_batch;
+
+zpp_status zpp_cu_batch_init(zpp_cu_batch *b, zpp_cu *cu, size_t nmax, int vocab);
+void zpp_cu_batch_free(zpp_cu_batch *b, zpp_cu *cu);
+
+/* Copies n tokens and targets (NULL: none, zeros on the device) into the
+ * staging and on to the device, after the previous batch's copy left it;
+ * the caller may reuse its buffers at once. */
+zpp_status zpp_cu_batch_set(zpp_cu *cu, zpp_cu_batch *b, const int32_t *tokens,
+                            const int32_t *targets, size_t n);
+
+/* out (fp32, n x C) = wte[token] (+ wpe[row % T] when wpe is not NULL);
+ * wte, wpe in E. */
+zpp_status zpp_cu_embed_forward(zpp_cu *cu, const zpp_cu_batch *b, float *out, const void *wte,
+                                const void *wpe, size_t n, int T, int C);
+
+/* dwte[token] += dres[row] over the batch's rows, each token's rows in
+ * ascending order (one CTA per distinct token: no atomics). */
+zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, float *dwte,
+                                 const float *dres, int C);
+
+/* The mean of n per-row losses on the device, in double in row order (the
+ * CPU's sum): one copy to the host and a wait. */
+zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, size_t n,
+                            float *mean);
+
+/* ---- the classifier of every decoder (gpt2_cuda.cu, HEAD) ---- */
+
+typedef struct zpp_cu_head {
+    float *logits;     /* chunk_rows x V fp32: one chunk of logits */
+    int chunk_rows;
+    float *lse, *losses; /* nmax each */
+    void *dlogits;     /* E, nmax x V: softmax - onehot, for the backward */
+    float *kept;       /* V: the logits of the row a sampler asked for */
+    int dlogits_ready; /* the last forward with targets wrote dlogits */
+} zpp_cu_head;
+
+/* logits = hf Wh^T chunk by chunk (hf E n x C, Wh E V x C), each chunk's
+ * rows' lse and loss and, with targets (device, n), their d logits; the
+ * row a sampler asked for (calls, sequences of T; decoder.h) is copied
+ * into kept while its chunk is there. */
+zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
+                               const int32_t *targets, int n, int C, int V, int Vr,
+                               zpp_decoder_calls *calls, int T);
+
+/* From the forward's d logits, f = loss_scale / n:
+ * dWh += f dlogits^T hf (fp32), dhf = f dlogits Wh (fp32, overwritten).
+ * ZPP_ERR_STATE when the last forward wrote none. */
+zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
+                                float *dWh, float *dhf, int n, int C, int V, float f);
+
+/* ZPP_OK when p is device (or managed) memory; a host pointer would fault
+ * inside a kernel and poison the context, so models refuse it up front. */
+zpp_status zpp_cu_check_device_ptr(const char *who, const void *p, const char *op,
+                                   const char *name);
 
 #endif

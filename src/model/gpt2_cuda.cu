@@ -154,16 +154,6 @@ constexpr int kHeadRows = 1024;                 /* fp32 logits rows held at once
 /* into fp32, computed in fp32, and rounded once when stored.                */
 /* ------------------------------------------------------------------------ */
 
-template <typename E>
-__global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wte, const E *wpe,
-                                     size_t n, int T, int C) {
-    size_t total = n * (size_t)C;
-    for (size_t i = global_tid(); i < total; i += grid_threads()) {
-        size_t r = i / (size_t)C, c = i % (size_t)C;
-        out[i] = ld(wte, (size_t)tok[r] * C + c) + ld(wpe, (r % T) * C + c);
-    }
-}
-
 /* gpt2_embed_backward, position part: d wpe[t] += sum over sequences b of
  * dres[b*T + t], b ascending (the CPU's order). One thread per (t, c). */
 __global__ void embed_backward_wpe_kernel(float *dwpe, const float *dres, int B, int T, int C) {
@@ -172,21 +162,6 @@ __global__ void embed_backward_wpe_kernel(float *dwpe, const float *dres, int B,
         float acc = dwpe[i];
         for (int b = 0; b < B; b++) acc += dres[(size_t)b * TC + i];
         dwpe[i] = acc;
-    }
-}
-
-/* gpt2_embed_backward, token part: block s owns distinct token seg_tok[s]
- * and adds its rows pos[seg_start[s] .. seg_start[s+1]) (ascending) into
- * d wte[token]: no two blocks touch the same row, no atomics. */
-__global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const int32_t *seg_tok,
-                                          const int32_t *seg_start, const int32_t *pos, int C) {
-    int s = blockIdx.x;
-    int a = seg_start[s], e = seg_start[s + 1];
-    float *row = dwte + (size_t)seg_tok[s] * C;
-    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
-        float acc = row[c];
-        for (int k = a; k < e; k++) acc += dres[(size_t)pos[k] * C + c];
-        row[c] = acc;
     }
 }
 
@@ -438,12 +413,6 @@ struct gpt2_acts {
     void *fch;                 /* E  L x N x 4C: fc output, before gelu */
     void *lnf;                 /* E  N x C */
     float *lnfm, *lnfr;        /*    N */
-    float *logits;             /*    min(N, kHeadRows) x V: one chunk of rows (HEAD) */
-    void *dlogits;             /* E  N x V: d logits / (loss_scale / n), from the
-                                     forward for the backward (HEAD) */
-    float *lse;                /*    N: log-sum-exp of each row of logits */
-    float *losses;             /*    N */
-    float *kept;               /*    V: the logits of calls.keep_row (keep_logits) */
     /* One layer's worth, written in the forward and rewritten in the
      * backward from what is kept (RECOMPUTE in the header): */
     void *ln;                  /* E  N x C: a block's LayerNorm output */
@@ -474,21 +443,13 @@ struct gpt2_cuda {
 
     zpp_device *dev; /* allocates the arena and workspace (counted in its peak) */
     float *arena; /* device */
-    /* batch (device int32, carved from the arena; pointers set by set_batch) */
-    int32_t *d_ints;
-    const int32_t *d_tokens, *d_targets, *d_seg_tok, *d_seg_start, *d_pos;
-    int n_seg; /* distinct tokens of the batch */
-    /* host side of the batch */
-    int32_t *h_ints;   /* pinned staging, 5*nmax + 1 */
-    int32_t *h_count;  /* V counters for the counting sort */
-    float *h_losses;   /* pinned, nmax */
-    cudaEvent_t staged; /* the last copy out of h_ints has been done */
+    zpp_cu_batch batch; /* tokens, targets, the embedding backward's grouping */
+    zpp_cu_head head;   /* the classifier's buffers (HEAD), carved from the arena */
     zpp_decoder_calls calls; /* decoder.h */
     gpt2_acts act;
 
     float loss;
     int loss_pending; /* losses are on the device, not yet summed */
-    int dlogits_ready; /* the last forward with targets wrote act.dlogits */
     /* With cfg.recompute: the block whose activations the shared slab
      * holds (CHECKPOINTING); 0: none. */
     int slab_block;
@@ -514,21 +475,8 @@ static unsigned grid_for(size_t n) { return zpp_cu_grid_for(n); }
 static unsigned grid_rows(size_t rows) { return zpp_cu_grid_rows(rows); }
 #define vec8_ok zpp_cu_vec8_ok
 
-/* The model works on device memory; a host pointer would fault inside a
- * kernel and poison the context, so it is refused up front. */
 static zpp_status check_device_ptr(const void *p, const char *op, const char *name) {
-    cudaPointerAttributes a;
-    cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return zpp_error(ZPP_ERR_INVALID, "gpt2 cuda %s: %s %p is not a CUDA pointer (%s)", op,
-                         name, p, cudaGetErrorString(e));
-    }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "gpt2 cuda %s: %s %p is host memory; the CUDA model takes device "
-                         "memory (its mem is ZPP_MEM_DEVICE)", op, name, p);
-    return ZPP_OK;
+    return zpp_cu_check_device_ptr("gpt2 cuda", p, op, name);
 }
 
 /* ---- products (cuda_ops.h) ---- */
@@ -541,12 +489,6 @@ static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int t
                        int64_t sC, int batch, const char *what) {
     return zpp_cu_gemm(&g->cu, at, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C,
                        ldc, sC, batch, NULL, what);
-}
-
-static zpp_status mm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
-                     const void *A, int lda, const void *B, int ldb, float beta, void *C,
-                     cudaDataType_t ct, int ldc, const char *what) {
-    return zpp_cu_mm(&g->cu, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ct, ldc, what);
 }
 
 /* One attention product for every (sequence b, head h): operand X of
@@ -731,11 +673,8 @@ static layer_acts layer_of(const gpt2_cuda *g, int l) {
 static zpp_status embed_forward(gpt2_cuda *g, const void *w) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
     size_t n = (size_t)g->calls.B * T;
-    WITH_E(g, embed_forward_kernel<<<grid_for(n * C), kThreads, 0, g->stream>>>(
-                  g->act.res, g->d_tokens, (const E *)eat(g, w, g->lay.wte),
-                  (const E *)eat(g, w, g->lay.wpe), n, T, C));
-    LAUNCH_CHECK("embedding forward");
-    return ZPP_OK;
+    return zpp_cu_embed_forward(&g->cu, &g->batch, g->act.res, eat(g, w, g->lay.wte),
+                                eat(g, w, g->lay.wpe), n, T, C);
 }
 
 /* Block l's forward up to what its backward reads (through gelu, not the
@@ -773,40 +712,16 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
                           eat(g, w, L->fc2_b), n, 4 * C, C, "fc2 forward");
 }
 
-/* Logits of rows [r0, r0 + rows) into the chunk buffer: lnf W_te^T. */
-static zpp_status head_logits(gpt2_cuda *g, const void *w, int r0, int rows) {
-    int C = g->cfg.n_embd, V = g->cfg.vocab_size;
-    return mm(g, 0, 1, rows, V, C, 1.0f, eat(g, g->act.lnf, (size_t)r0 * C), C,
-              eat(g, w, g->lay.wte), C, 0.0f, g->act.logits, CUDA_R_32F, V, "logits");
-}
-
+/* The final LayerNorm, then the classifier over wte (HEAD; cuda_ops.h). */
 static zpp_status head_forward(gpt2_cuda *g, const void *w) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     ZPP_CHECK(layernorm_forward(g, g->act.lnf, g->act.lnfm, g->act.lnfr, x,
                                 eat(g, w, g->lay.lnf_w), eat(g, w, g->lay.lnf_b), n, C));
-    const int targets = g->calls.have_targets;
-    g->dlogits_ready = 0;
-    for (int r0 = 0; r0 < n; r0 += kHeadRows) {
-        const int rows = n - r0 < kHeadRows ? n - r0 : kHeadRows;
-        ZPP_CHECK(head_logits(g, w, r0, rows));
-        /* the row a sampler asked for, while its chunk is in the buffer */
-        const int k = zpp_decoder_kept_in(&g->calls, g->cfg.seq_len, r0, rows);
-        if (k >= 0) {
-            CU_CHECK(cudaMemcpyAsync(g->act.kept, g->act.logits + (size_t)k * V,
-                                     (size_t)V * sizeof(float), cudaMemcpyDeviceToDevice,
-                                     g->stream),
-                     "keep a row of logits");
-            g->calls.kept = 1;
-        }
-        ZPP_CHECK(zpp_cu_cross_entropy(&g->cu, g->act.logits, g->act.lse + r0,
-                                       g->act.losses + r0, targets ? g->d_targets + r0 : NULL,
-                                       targets ? eat(g, g->act.dlogits, (size_t)r0 * V) : NULL,
-                                       rows, V, g->base.real_vocab_size));
-    }
-    g->dlogits_ready = targets;
-    return ZPP_OK;
+    return zpp_cu_head_forward(&g->cu, &g->head, g->act.lnf, eat(g, w, g->lay.wte),
+                               g->calls.have_targets ? g->batch.d_targets : NULL, n, C, V,
+                               g->base.real_vocab_size, &g->calls, g->cfg.seq_len);
 }
 
 /* From the forward's d logits (HEAD), all rows in two products scaled by
@@ -815,16 +730,9 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
 static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
-    if (!g->dlogits_ready)
-        return zpp_error(ZPP_ERR_STATE,
-                         "gpt2 cuda backward: the head's gradient comes from the last forward, "
-                         "which has not run with this batch's targets; run forward again");
-    g->dlogits_ready = 0;
-    float f = loss_scale / (float)n;
-    ZPP_CHECK(mm(g, 1, 0, V, C, n, f, g->act.dlogits, V, g->act.lnf, C, 1.0f, gr + g->lay.wte,
-                 CUDA_R_32F, C, "LM head weight gradient"));
-    ZPP_CHECK(mm(g, 0, 0, n, C, V, f, g->act.dlogits, V, eat(g, w, g->lay.wte), C, 0.0f,
-                 g->act.dc, CUDA_R_32F, C, "LM head input gradient"));
+    ZPP_CHECK(zpp_cu_head_backward(&g->cu, &g->head, g->act.lnf, eat(g, w, g->lay.wte),
+                                   gr + g->lay.wte, g->act.dc, n, C, V,
+                                   loss_scale / (float)n));
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
@@ -879,13 +787,7 @@ static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
     embed_backward_wpe_kernel<<<grid_for((size_t)T * C), kThreads, 0, g->stream>>>(
         gr + g->lay.wpe, g->act.dres, g->calls.B, T, C);
     LAUNCH_CHECK("position embedding backward");
-    unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
-    if (cy > 65535u) cy = 65535u;
-    dim3 grid((unsigned)g->n_seg, cy);
-    embed_backward_wte_kernel<<<grid, kThreads, 0, g->stream>>>(
-        gr + g->lay.wte, g->act.dres, g->d_seg_tok, g->d_seg_start, g->d_pos, C);
-    LAUNCH_CHECK("token embedding backward");
-    return ZPP_OK;
+    return zpp_cu_embed_backward(&g->cu, &g->batch, gr + g->lay.wte, g->act.dres, C);
 }
 
 /* ---- ops ---- */
@@ -926,47 +828,10 @@ zpp_status op_init_params_device(zpp_model *m, int unit, size_t offset, size_t c
 
 zpp_status op_set_batch(zpp_model *m, const int32_t *tokens, const int32_t *targets, int B) {
     gpt2_cuda *g = (gpt2_cuda *)m;
-    int T = g->cfg.seq_len, V = g->cfg.vocab_size;
+    int T = g->cfg.seq_len;
     ZPP_CHECK(zpp_decoder_check_batch(m, tokens, targets, B, "gpt2 cuda"));
     size_t n = (size_t)B * T;
-    /* The previous batch's copy must have left the staging buffer. */
-    CU_CHECK(cudaEventSynchronize(g->staged), "set_batch: wait for the previous batch copy");
-
-    /* Staging layout (int32): tokens[n] targets[n] seg_tok[k] seg_start[k+1]
-     * pos[n], k = distinct tokens. Counting sort of positions by token:
-     * stable, so each token's positions stay ascending. */
-    int32_t *h = g->h_ints;
-    memcpy(h, tokens, n * sizeof(int32_t));
-    if (targets) memcpy(h + n, targets, n * sizeof(int32_t));
-    else memset(h + n, 0, n * sizeof(int32_t));
-    int32_t *cnt = g->h_count;
-    memset(cnt, 0, (size_t)V * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) cnt[tokens[i]]++;
-    int32_t *seg_tok = h + 2 * n;
-    int k = 0;
-    for (int v = 0; v < V; v++)
-        if (cnt[v]) seg_tok[k++] = v;
-    int32_t *seg_start = seg_tok + k, *pos = seg_start + k + 1;
-    int32_t off = 0;
-    for (int s = 0; s < k; s++) {
-        int v = seg_tok[s];
-        seg_start[s] = off;
-        off += cnt[v];
-        cnt[v] = seg_start[s]; /* now: the next free slot of token v */
-    }
-    seg_start[k] = off;
-    for (size_t i = 0; i < n; i++) pos[cnt[tokens[i]]++] = (int32_t)i;
-
-    size_t total = 3 * n + 2 * (size_t)k + 1;
-    CU_CHECK(cudaMemcpyAsync(g->d_ints, h, total * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             g->stream), "set_batch: copy the batch to the device");
-    CU_CHECK(cudaEventRecord(g->staged, g->stream), "set_batch: record the copy");
-    g->d_tokens = g->d_ints;
-    g->d_targets = g->d_ints + n;
-    g->d_seg_tok = g->d_ints + 2 * n;
-    g->d_seg_start = g->d_seg_tok + k;
-    g->d_pos = g->d_seg_start + k + 1;
-    g->n_seg = k;
+    ZPP_CHECK(zpp_cu_batch_set(&g->cu, &g->batch, tokens, targets, n));
     zpp_decoder_calls_new_batch(&g->calls, B, targets != NULL);
     g->loss = NAN;
     g->loss_pending = 0;
@@ -1004,17 +869,8 @@ float op_loss(zpp_model *m) {
     g->loss_pending = 0;
     if (!g->calls.have_targets) return g->loss = NAN;
     size_t n = (size_t)g->calls.B * g->cfg.seq_len;
-    cudaError_t e = cudaMemcpyAsync(g->h_losses, g->act.losses, n * sizeof(float),
-                                    cudaMemcpyDeviceToHost, g->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-    if (e != cudaSuccess) {
-        zpp_error(ZPP_ERR_CUDA, "gpt2 cuda loss: %s (a kernel of this micro-batch failed)",
-                  cudaGetErrorString(e));
-        return g->loss = NAN;
-    }
-    double total = 0.0;
-    for (size_t r = 0; r < n; r++) total += g->h_losses[r];
-    return g->loss = (float)(total / (double)n);
+    (void)zpp_cu_mean_loss(&g->cu, &g->batch, g->head.losses, n, &g->loss); /* NAN on error */
+    return g->loss;
 }
 
 zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads,
@@ -1044,7 +900,7 @@ zpp_status op_keep_logits(zpp_model *m, int row) {
 zpp_status op_logits(zpp_model *m, float *out) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2 cuda"));
-    CU_CHECK(cudaMemcpyAsync(out, g->act.kept, (size_t)g->cfg.vocab_size * sizeof(float),
+    CU_CHECK(cudaMemcpyAsync(out, g->head.kept, (size_t)g->cfg.vocab_size * sizeof(float),
                              cudaMemcpyDeviceToHost, g->stream),
              "logits: copy to the host");
     CU_CHECK(cudaStreamSynchronize(g->stream), "logits: wait for the forward");
@@ -1056,12 +912,9 @@ void op_destroy(zpp_model *m) {
     if (!g) return;
     /* Work in flight may still use the buffers; errors are moot here. */
     if (g->arena) (void)cudaStreamSynchronize(g->stream);
-    if (g->staged) (void)cudaEventDestroy(g->staged);
+    zpp_cu_batch_free(&g->batch, &g->cu);
     zpp_cu_free(&g->cu);
     zpp_device_free(g->dev, g->arena);
-    if (g->h_losses) (void)cudaFreeHost(g->h_losses);
-    if (g->h_ints) (void)cudaFreeHost(g->h_ints);
-    free(g->h_count);
     zpp_gpt2_stages_free(&g->stages);
     free(g);
 }
@@ -1096,7 +949,6 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
      * (CHECKPOINTING); res keeps every block's input either way. */
     const size_t S = g->cfg.recompute ? 1 : L;
     gpt2_acts *x = &g->act;
-    g->d_ints = (int32_t *)zpp_arena_take(a, 5 * N + 1, 1); /* int32 fits a float slot */
     x->res = zpp_arena_take(a, (L + 1) * N, C);
     x->ln1m = zpp_arena_take(a, S, N);
     x->ln1r = zpp_arena_take(a, S, N);
@@ -1119,11 +971,12 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->fcg = take_e(g, a, N, 4 * C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    x->logits = zpp_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
-    x->dlogits = take_e(g, a, N, V);
-    x->lse = zpp_arena_take(a, N, 1);
-    x->losses = zpp_arena_take(a, N, 1);
-    x->kept = zpp_arena_take(a, 1, V);
+    g->head.chunk_rows = kHeadRows;
+    g->head.logits = zpp_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
+    g->head.dlogits = take_e(g, a, N, V);
+    g->head.lse = zpp_arena_take(a, N, 1);
+    g->head.losses = zpp_arena_take(a, N, 1);
+    g->head.kept = zpp_arena_take(a, 1, V);
     x->dres = zpp_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
     x->dc = zpp_arena_take(a, N, C);
@@ -1152,15 +1005,7 @@ static zpp_status create_device_state(gpt2_cuda *g) {
     p = zpp_arena{g->arena, 0, 64, 0};
     plan(g, &p);
     ZPP_CHECK(zpp_cu_init(&g->cu, g->dev, g->base.param_dtype, 4 * g->cfg.n_embd, "gpt2 cuda"));
-    void *h = NULL;
-    CU_CHECK(cudaMallocHost(&h, (5 * g->nmax + 1) * sizeof(int32_t)),
-             "create: pinned staging for the batch");
-    g->h_ints = (int32_t *)h;
-    CU_CHECK(cudaMallocHost(&h, g->nmax * sizeof(float)), "create: pinned staging for losses");
-    g->h_losses = (float *)h;
-    CU_CHECK(cudaEventCreateWithFlags(&g->staged, cudaEventDisableTiming),
-             "create: batch copy event");
-    return ZPP_OK;
+    return zpp_cu_batch_init(&g->batch, &g->cu, g->nmax, g->cfg.vocab_size);
 }
 
 } /* namespace */
@@ -1200,8 +1045,7 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     zpp_gpt2_layout_make(cfg, &g->lay);
     g->dev = dev;
     g->stream = (cudaStream_t)dev->stream; /* the device's compute stream */
-    g->h_count = (int32_t *)calloc((size_t)cfg->vocab_size, sizeof *g->h_count);
-    if (!g->h_count || zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {
+    if (zpp_gpt2_stages_make(cfg, &g->stages) != ZPP_OK) {
         op_destroy(&g->base);
         return zpp_error(ZPP_ERR_NOMEM, "gpt2 cuda create: out of host memory");
     }
