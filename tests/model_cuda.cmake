@@ -38,3 +38,13 @@ if(ZPP_HAVE_CUDA)
   zpp_test(test_llama_kernels_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llama_kernels_cuda.c
            CASES_FROM_SOURCE TIMEOUT 300)
 endif()
+
+# The CUDA Llama (src/model/llama_cuda.cu) against the CPU reference: loss
+# and every gradient within bounds derived from bf16's rounding (GQA, head
+# dims 64 and 128, biases, tied and untied heads); same bits on repeat and
+# with checkpointing; the initial weights drawn on the GPU; refusals. Each
+# ZPP_TEST_GPU case is its own test, labelled gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_llama_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llama_cuda.c
+           CASES_FROM_SOURCE TIMEOUT 300 ENV OPENBLAS_NUM_THREADS=1)
+endif()

@@ -1,8 +1,9 @@
 /* model/llama.h — the Llama family (Meta's Llama 2/3 decoder, as Hugging
  * Face's LlamaForCausalLM computes it): its config (zpp_llama_config, from
  * the generic zpp_decoder_shape), the parameter layout in units, the
- * initial values, the units and stages (llama.c), and the CPU reference
- * model (llama_cpu.c), picked by the factory (llama_factory.c).
+ * initial values, the units and stages (llama.c), the CPU reference
+ * model (llama_cpu.c) and the CUDA model (llama_cuda.cu), picked by the
+ * factory (llama_factory.c).
  *
  * Units (each one flat buffer, gathered whole by the engine), with C =
  * n_embd, V = vocab_size, H = n_head, KV = n_kv_head, hd = C / H (the head
@@ -156,8 +157,14 @@ zpp_status zpp_llama_rope_tables(const zpp_llama_config *cfg, int T, float *cos_
 zpp_status zpp_llama_cpu_create(const zpp_llama_config *cfg, zpp_dtype param_dtype,
                                 int max_batch, zpp_model **model_p);
 
+/* The CUDA Llama (llama_cuda.cu; llama_cuda_none.c in a build without
+ * CUDA): bf16 with a head dim of 64 or 128 (its fused attention), other
+ * dtypes and head dims refused (ZPP_ERR_UNSUPPORTED, naming the CPU model). */
+zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dtype param_dtype,
+                                 int max_batch, zpp_device *dev, zpp_model **model_p);
+
 /* The "llama" family's factory (family.h): the CPU model on the host
- * backend; ZPP_ERR_UNSUPPORTED on a GPU (no CUDA Llama yet). */
+ * backend, the CUDA model on a GPU. */
 zpp_status zpp_llama_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                    int max_batch, zpp_device *dev, zpp_model **model_p);
 

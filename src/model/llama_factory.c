@@ -1,7 +1,7 @@
 /* model/llama_factory.c — the "llama" family's factory (family.h): a
- * Llama of a generic decoder shape, for a device. Only the CPU reference
- * exists so far (llama_cpu.c); a GPU is refused until the CUDA model
- * joins it here. */
+ * Llama of a generic decoder shape, for a device: the CPU reference
+ * (llama_cpu.c) on the host backend, the CUDA model (llama_cuda.cu, or its
+ * stand-in llama_cuda_none.c) on a GPU. */
 #include "core/error.h"
 #include "model/llama.h"
 
@@ -13,8 +13,6 @@ zpp_status zpp_llama_family_create(const zpp_decoder_shape *shape, zpp_dtype par
     zpp_llama_config cfg;
     ZPP_CHECK(zpp_llama_config_of_shape(shape, &cfg));
     if (dev->mem != ZPP_MEM_HOST)
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "llama create: there is no CUDA Llama model yet; run the Llama on the "
-                         "host device (the CPU model)");
+        return zpp_llama_cuda_create(&cfg, param_dtype, max_batch, dev, model_p);
     return zpp_llama_cpu_create(&cfg, param_dtype, max_batch, model_p);
 }
