@@ -1151,21 +1151,36 @@ static void test_nonfinite_gradient_fails_cleanly(void) {
     EXPECT(manifest_step(dir) == -1, "a checkpoint was written by a failed run in %s", dir);
 }
 
+/* The Llama that the GPU tests train: GQA 2:1 with head dim 64 (the fused
+ * attention's), untied head, llama3 rope scaling; bf16. */
+#define GPU_LLAMA_JSON                                                                          \
+    "{\"model\": {\"family\": \"llama\", \"n_layer\": 2, \"n_head\": 2, \"n_kv_head\": 1,"      \
+    " \"n_embd\": 128, \"n_ffn\": 256, \"seq_len\": 32, \"vocab_size\": 256,"                   \
+    " \"untied_head\": true, \"rope_theta\": 500000, \"rope_factor\": 8,"                        \
+    " \"rope_low_freq_factor\": 1, \"rope_high_freq_factor\": 4, \"rope_original_max_pos\": 16},"   \
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001,"                          \
+    " \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.01}},"                           \
+    " \"gradient_clipping\": 1.0, \"bf16\": {\"enabled\": true},"                                \
+    " \"zeropp\": {\"eval_every\": 0, \"seed\": 7}, %s}"
+
 /* GPU against CPU, the bounds of test_gpu_matches_cpu (below, which says
- * why they hold): trains the 64-wide bf16 GPT with `zero` (a
- * zero_optimization entry) for 6 steps on np ranks, with `args` (the node
- * size) on the CPU and with `args` plus `gpu_args` on the GPU; the GPU run's
- * stdout goes to gpu_out (NULL: nowhere). Every step's loss within 1e-3 of
- * the CPU's (step 1 within 2^-8), the same cross- and intra-node bytes
- * exactly, the profile fields sound, and the loss falls. */
-static void expect_gpu_matches_cpu(const char *name, int np, const char *zero, const char *args,
-                                   const char *gpu_args, const char *gpu_out) {
+ * why they hold): trains the 64-wide bf16 GPT (llama: GPU_LLAMA_JSON's
+ * Llama instead) with `zero` (a zero_optimization entry) for 6 steps on np
+ * ranks, with `args` (the node size) on the CPU and with `args` plus
+ * `gpu_args` on the GPU; the GPU run's stdout goes to gpu_out (NULL:
+ * nowhere). Every step's loss within 1e-3 of the CPU's (step 1 within
+ * 2^-8), the same cross- and intra-node bytes exactly, the profile fields
+ * sound, and the loss falls. */
+static void expect_family_gpu_matches_cpu(int llama, const char *name, int np, const char *zero,
+                                          const char *args, const char *gpu_args,
+                                          const char *gpu_out) {
     const int steps = 6;
     double loss[2][MAX_STEPS], cross[2][MAX_STEPS], intra[2][MAX_STEPS];
     for (int gpu = 0; gpu < 2; gpu++) {
         char cfg[512], met[512], err[512], json[2048], extra[512], cmd[2048], file[64];
         snprintf(extra, sizeof extra, "\"train_micro_batch_size_per_gpu\": 4, %s", zero);
-        model_json_w(json, sizeof json, 64, 1, extra);
+        if (llama) snprintf(json, sizeof json, GPU_LLAMA_JSON, extra);
+        else model_json_w(json, sizeof json, 64, 1, extra);
         snprintf(file, sizeof file, "gpu_%s.json", name);
         write_text(zpp_test_tmp_path(file, cfg), "%s", json);
         snprintf(file, sizeof file, "gpu_%s_%d.jsonl", name, gpu);
@@ -1193,6 +1208,25 @@ static void expect_gpu_matches_cpu(const char *name, int np, const char *zero, c
                cross[1][s], intra[1][s], cross[0][s], intra[0][s]);
     }
     EXPECT(loss[1][steps - 1] < loss[1][0], "%s: the loss did not fall", name);
+}
+
+static void expect_gpu_matches_cpu(const char *name, int np, const char *zero, const char *args,
+                                   const char *gpu_args, const char *gpu_out) {
+    expect_family_gpu_matches_cpu(0, name, np, zero, args, gpu_args, gpu_out);
+}
+
+/* GPU (label gpu): the CUDA Llama (llama_cuda.cu) trains like the CPU one,
+ * within test_gpu_matches_cpu's bounds (test_llama_cuda derives the same u
+ * for one step of the Llama's model): world 1 with ZeRO-3, and 2 ranks as
+ * 2 emulated nodes with qwZ + qgZ. */
+static void test_gpu_llama_matches_cpu(void) {
+    expect_family_gpu_matches_cpu(1, "llama_world1", 1, "\"zero_optimization\": {\"stage\": 3}",
+                                  "", "", NULL);
+    expect_family_gpu_matches_cpu(1, "llama_qwz_qgz", 2,
+                                  "\"zero_optimization\": {\"stage\": 3, "
+                                  "\"zero_quantized_weights\": true, "
+                                  "\"zero_quantized_gradients\": true}",
+                                  "--node-size 1", " --emulate-nodes", NULL);
 }
 
 /* GPU (label gpu, 2 GPUs or 1): `--device gpu` trains like `--device cpu`.
@@ -2961,7 +2995,7 @@ ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_r
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
           ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss), ZPP_TEST(test_demo_summary),
-          ZPP_TEST_GPU(test_gpu_matches_cpu), ZPP_TEST_GPU(test_gpu_hpz_nodes_of_two_matches_cpu),
+          ZPP_TEST_GPU(test_gpu_matches_cpu), ZPP_TEST_GPU(test_gpu_llama_matches_cpu), ZPP_TEST_GPU(test_gpu_hpz_nodes_of_two_matches_cpu),
           ZPP_TEST_GPU(test_gpu_zeropp_matches_zero3_validation_loss),
           ZPP_TEST(test_profile_metrics), ZPP_TEST(test_zero3_matches_single_rank_params),
           ZPP_TEST(test_qgz_grad_norm_matches_single_rank), ZPP_TEST(test_adamw_first_step),
