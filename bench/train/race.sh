@@ -17,13 +17,16 @@
 #     world1llmc     1 GPU, world 1: ours against llm.c on llm.c's shapes, GPT 1.31B
 #                    mb4 (16 heads of 128) and GPT-2 124M mb8 (12 heads of 64: ours
 #                    with the h64 variant)
+#     llama          1 GPU, world 1: a Llama-3.2-1B shape (16 x 2048, 32 heads, 8 KV
+#                    heads, FF 8192, V 128256, T 2048) mb1, ours (ZeRO-3) and FSDP2
+#                    (fsdp_llama.py)
 #     nodes2 [mbN..] 2 ranks as 2 emulated nodes, GPT 1.31B at each micro-batch
 #                    given (default mb1 mb4): ours ZeRO-3 and ZeRO++, FSDP2,
 #                    DeepSpeed ZeRO-3 and ZeRO++, each at its defaults
 #     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM[+VARIANT...], e.g.
 #                    nodes2-1p3b-mb4-ds_zeropp+rbs1e7 (SYSTEM: ours_zero3
-#                    ours_zeropp fsdp2 ds_zero3 ds_zeropp llmc; MODEL: 1p3b 124m;
-#                    llmc at world1 only)
+#                    ours_zeropp fsdp2 ds_zero3 ds_zeropp llmc; MODEL: 1p3b 124m
+#                    llama1b; llmc at world1 only, DeepSpeed GPT only)
 #   VARIANTs, each a setting of the system's own (the race compares every
 #   system at the best variant it ran in the call; the report says which):
 #     ours:     keep       stage3_max_reuse_distance 1e12: every unit gathered in
@@ -122,6 +125,7 @@ while [ $# -gt 0 ]; do
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
+    llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
     world1-*|nodes2-*) RUNS+=("$1") ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
   esac
@@ -269,7 +273,9 @@ run_one() {
   local name=$1 setting model mb sys base D L np rpg envs=() cmd=() script="" status="" tok="" self="" note=""
   IFS=- read -r setting model mb sys <<< "$name"; mb=${mb#mb}
   base=${sys%%+*}; local variant=${sys#"$base"}; variant=${variant#+}; local vs; IFS=+ read -ra vs <<< "$variant"
-  case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; *) say "$name: unknown model"; return ;; esac
+  local T=1024 cfg=gpt_$model
+  case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; llama1b) D=2048 L=16 T=2048 cfg=llama_1b ;;
+    *) say "$name: unknown model"; return ;; esac
   case $setting in world1) np=1 ;; nodes2) np=2 ;; *) say "$name: unknown setting"; return ;; esac
   rpg=$(( np > NG ? (np + NG - 1) / NG : 1 ))  # ranks sharing one GPU
   local log=$OUT/$name.log met=$OUT/$name.jsonl v
@@ -283,14 +289,15 @@ run_one() {
         keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
         h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
         *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
-      sed -E "${edits[@]}" "bench/train/gpt_${model}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
+      sed -E "${edits[@]}" "bench/train/${cfg}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config
       cmd=(mpirun --allow-run-as-root --bind-to none --oversubscribe -np "$np" "${XS[@]}" "${LINK_RANK[@]}"
            build-gpu/zeropp train --device gpu --config "$OUT/$name.json" --steps "$STEPS" --quiet --metrics "$met")
       [ "$np" -gt 1 ] && cmd+=(--node-size 1 --emulate-nodes) ;;
     fsdp2|ds_zero3|ds_zeropp)
       script=$PEERS/fsdp_gpt.py
-      envs=(D="$D" L="$L" B="$mb" T=1024 STEPS="$STEPS" WARM="$WARM" TAG="$name"
+      [ "$model" = llama1b ] && script=$PEERS/fsdp_llama.py  # its defaults are the Llama-3.2-1B shape
+      envs=(D="$D" L="$L" B="$mb" T="$T" STEPS="$STEPS" WARM="$WARM" TAG="$name"
             MASTER_ADDR=127.0.0.1 MASTER_PORT="$PORT" GPUS_PER_NODE=1
             OMP_NUM_THREADS=4)  # ds_peer.sh's; ours runs as train_compare.sh does
       if [ "$base" = fsdp2 ]; then
@@ -301,6 +308,7 @@ run_one() {
         envs+=(RAF=$raf COMPILE=$compile)
       else
         script=$PEERS/deepspeed/ds_gpt.py; envs+=(MODE="${base#ds_}" HPZ=1 PYTHONPATH="$SITE")
+        [ "$model" = llama1b ] && { say "$name: the DeepSpeed peer trains the GPT only"; return; }
         local extra; read -ra extra <<< "${DS_ENV:-}"; envs+=("${extra[@]}")  # e.g. DS_ENV="LSP=12 PBS=2e8"
         for v in "${vs[@]}"; do case $v in
           rbs[0-9]*) envs+=(RBS="${v#rbs}") ;;
