@@ -258,11 +258,18 @@ struct zpp_cu_gemm_entry {
 /* The context                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* Scratch floats: 2 max(kColsumParts, W) partials, W / kThreads + 1
- * counters (unsigned, in float slots), W for a widened bias. */
-static size_t scratch_floats(int max_width) {
+/* The scratch, in floats, each part on a 256-byte boundary (cuBLASLt
+ * picks slower kernels for a bias that is not 16-byte aligned): 2
+ * max(kColsumParts, W) partials, W / kThreads + 1 counters (unsigned, in
+ * float slots), W for a widened bias. */
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+static size_t scratch_parts(int max_width) {
     size_t W = (size_t)max_width;
-    return 2 * (kColsumParts > W ? kColsumParts : W) + (W / kThreads + 1) + W;
+    return round64(2 * (kColsumParts > W ? kColsumParts : W));
+}
+static size_t scratch_counters(int max_width) { return round64((size_t)max_width / kThreads + 1); }
+static size_t scratch_floats(int max_width) {
+    return scratch_parts(max_width) + scratch_counters(max_width) + round64((size_t)max_width);
 }
 
 size_t zpp_cu_bytes(int max_width) {
@@ -285,11 +292,11 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
     void *s = NULL;
     ZPP_CHECK(zpp_device_alloc(dev, scratch_floats(max_width) * sizeof(float), &s));
     cu->scratch = (float *)s;
-    size_t W = (size_t)max_width, parts = 2 * (kColsumParts > W ? kColsumParts : W);
+    const size_t parts = scratch_parts(max_width), counters = scratch_counters(max_width);
     cu->colsum_part = cu->scratch;
     cu->colsum_count = (unsigned *)(cu->scratch + parts);
-    cu->bias32 = cu->scratch + parts + (W / kThreads + 1);
-    ZPP_CU_CHECK(who, cudaMemsetAsync(cu->colsum_count, 0, (W / kThreads + 1) * sizeof(unsigned),
+    cu->bias32 = cu->scratch + parts + counters;
+    ZPP_CU_CHECK(who, cudaMemsetAsync(cu->colsum_count, 0, counters * sizeof(unsigned),
                                       cu->stream), "create: column sum counters");
     ZPP_LT_CHECK(who, cublasLtCreate(&cu->lt), "create: cuBLASLt handle");
     return ZPP_OK;
