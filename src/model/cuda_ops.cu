@@ -41,8 +41,6 @@ __global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
     for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
 }
 
-/* gpt2_embed_forward: x0[r] = wte[token[r]] + wpe[r mod T] (one add, as
- * the CPU: bit-identical). */
 /* Column sums, deterministic: CTA (cx, cy) sums column
  * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
  * into its partial; the last CTA of column block cx to finish (a counter
@@ -219,7 +217,8 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
         st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
 }
 
-/* x0 = wte[token] (+ wpe[row % T]), fp32 rows. */
+/* x0[r] = wte[token[r]] (+ wpe[r mod T]: GPT-2's one add, as its CPU
+ * model: bit-identical), fp32 rows. */
 template <typename E>
 __global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wte, const E *wpe,
                                      size_t n, int T, int C) {
@@ -270,10 +269,6 @@ static size_t scratch_parts(int max_width) {
 static size_t scratch_counters(int max_width) { return round64((size_t)max_width / kThreads + 1); }
 static size_t scratch_floats(int max_width) {
     return scratch_parts(max_width) + scratch_counters(max_width) + round64((size_t)max_width);
-}
-
-size_t zpp_cu_bytes(int max_width) {
-    return kWorkspaceBytes + scratch_floats(max_width) * sizeof(float);
 }
 
 zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_width,

@@ -49,9 +49,6 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
                        const char *who);
 void zpp_cu_free(zpp_cu *cu);
 
-/* Bytes of device memory zpp_cu_init allocates (the planner's count). */
-size_t zpp_cu_bytes(int max_width);
-
 /* What a product adds besides alpha op(A) op(B) + beta C (zpp_cu_gemm). */
 typedef struct zpp_cu_epilogue {
     /* N values in C's type, one per column of C, added in the product's
