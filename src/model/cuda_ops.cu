@@ -734,6 +734,14 @@ zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, cons
                      "head input gradient");
 }
 
+zpp_status zpp_cu_head_logits_host(zpp_cu *cu, const zpp_cu_head *h, int V, float *out) {
+    ZPP_CU_CHECK(cu->who, cudaMemcpyAsync(out, h->kept, (size_t)V * sizeof(float),
+                                          cudaMemcpyDeviceToHost, cu->stream),
+                 "logits: copy to the host");
+    ZPP_CU_CHECK(cu->who, cudaStreamSynchronize(cu->stream), "logits: wait for the forward");
+    return ZPP_OK;
+}
+
 zpp_status zpp_cu_check_device_ptr(const char *who, const void *p, const char *op,
                                    const char *name) {
     cudaPointerAttributes a;

@@ -179,6 +179,10 @@ zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const
 zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
                                 float *dWh, float *dhf, int n, int C, int V, float f);
 
+/* The V logits the last forward kept (h->kept) into host memory out: one
+ * copy on the stream, behind that forward, and a wait for it. */
+zpp_status zpp_cu_head_logits_host(zpp_cu *cu, const zpp_cu_head *h, int V, float *out);
+
 /* ZPP_OK when p is device (or managed) memory; a host pointer would fault
  * inside a kernel and poison the context, so models refuse it up front. */
 zpp_status zpp_cu_check_device_ptr(const char *who, const void *p, const char *op,

@@ -87,6 +87,10 @@ typedef struct zpp_arena {
 
 float *zpp_arena_take(zpp_arena *a, size_t rows, size_t width);
 
+/* rows x width elements of elem_bytes each (a working dtype's 2 or 4),
+ * rounded up to whole floats: the arena's unit. */
+void *zpp_arena_take_bytes(zpp_arena *a, size_t rows, size_t width, size_t elem_bytes);
+
 /* The tables a decoder of L blocks hands the engine (model.h), the same for
  * every family: unit 0 the embedding (and the head), units 1..L the blocks;
  * stages 0 (the embedding, whose backward scatters row gradients and reads

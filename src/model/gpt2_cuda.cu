@@ -895,16 +895,10 @@ zpp_status op_keep_logits(zpp_model *m, int row) {
     return zpp_decoder_keep_logits(m, &((gpt2_cuda *)m)->calls, row, "gpt2 cuda");
 }
 
-/* One device-to-host copy of V floats on the compute stream, behind the
- * forward that kept them, and a wait for it. */
 zpp_status op_logits(zpp_model *m, float *out) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, "gpt2 cuda"));
-    CU_CHECK(cudaMemcpyAsync(out, g->head.kept, (size_t)g->cfg.vocab_size * sizeof(float),
-                             cudaMemcpyDeviceToHost, g->stream),
-             "logits: copy to the host");
-    CU_CHECK(cudaStreamSynchronize(g->stream), "logits: wait for the forward");
-    return ZPP_OK;
+    return zpp_cu_head_logits_host(&g->cu, &g->head, g->cfg.vocab_size, out);
 }
 
 void op_destroy(zpp_model *m) {
@@ -927,14 +921,9 @@ const zpp_model_ops gpt2_cuda_ops = {
 
 /* ---- create ---- */
 
-/* rows x width elements of E from the arena (whose unit is a float). */
+/* rows x width elements of E from the arena. */
 static void *take_e(const gpt2_cuda *g, zpp_arena *a, size_t rows, size_t width) {
-    size_t n;
-    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8) {
-        a->overflow = 1;
-        return NULL;
-    }
-    return zpp_arena_take(a, (n * g->es + sizeof(float) - 1) / sizeof(float), 1);
+    return zpp_arena_take_bytes(a, rows, width, g->es);
 }
 
 /* Carves the arena, each buffer on a 256-byte boundary (what cuBLASLt

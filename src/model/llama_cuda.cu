@@ -348,11 +348,7 @@ zpp_status op_keep_logits(zpp_model *m, int row) {
 zpp_status op_logits(zpp_model *m, float *out) {
     llama_cuda *g = (llama_cuda *)m;
     ZPP_CHECK(zpp_decoder_check_logits(m, &g->calls, out, kWho));
-    CU_CHECK(cudaMemcpyAsync(out, g->head.kept, (size_t)g->cfg.vocab_size * sizeof(float),
-                             cudaMemcpyDeviceToHost, g->stream),
-             "logits: copy to the host");
-    CU_CHECK(cudaStreamSynchronize(g->stream), "logits: wait for the forward");
-    return ZPP_OK;
+    return zpp_cu_head_logits_host(&g->cu, &g->head, g->cfg.vocab_size, out);
 }
 
 void op_destroy(zpp_model *m) {
@@ -374,13 +370,9 @@ const zpp_model_ops llama_cuda_ops = {
 
 /* ---- create ---- */
 
-static void *take_e(const llama_cuda *g, zpp_arena *ar, size_t rows, size_t width) {
-    size_t n;
-    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8) {
-        ar->overflow = 1;
-        return NULL;
-    }
-    return zpp_arena_take(ar, (n * g->es + sizeof(float) - 1) / sizeof(float), 1);
+/* rows x width elements of E from the arena. */
+static void *take_e(const llama_cuda *g, zpp_arena *a, size_t rows, size_t width) {
+    return zpp_arena_take_bytes(a, rows, width, g->es);
 }
 
 /* Carves the arena (each buffer on a 256-byte boundary): pass 1 (base
