@@ -20,6 +20,8 @@
 #     llama          1 GPU, world 1: a Llama-3.2-1B shape (16 x 2048, 32 heads, 8 KV
 #                    heads, FF 8192, V 128256, T 2048) mb1, ours (ZeRO-3) and FSDP2
 #                    (fsdp_llama.py)
+#     llamanodes [mbN..] the same Llama on 2 ranks as 2 emulated nodes at each
+#                    micro-batch given (default mb1 mb2): ours ZeRO-3 and ZeRO++, FSDP2
 #     nodes2 [mbN..] 2 ranks as 2 emulated nodes, GPT 1.31B at each micro-batch
 #                    given (default mb1 mb4): ours ZeRO-3 and ZeRO++, FSDP2,
 #                    DeepSpeed ZeRO-3 and ZeRO++, each at its defaults
@@ -126,13 +128,17 @@ while [ $# -gt 0 ]; do
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
     llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
+    llamanodes) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
+            [ ${#mbs[@]} -gt 0 ] || mbs=(1 2)
+            for m in "${mbs[@]}"; do for s in ours_zero3 ours_zeropp fsdp2; do
+              RUNS+=("nodes2-llama1b-mb$m-$s"); done; done ;;
     world1-*|nodes2-*) RUNS+=("$1") ;;
     *) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
   esac
   shift
 done
 [ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || [ "$LINKCHECK" = 1 ] ||
-  { echo "nothing to run: $0 prep|linkcheck|world1|nodes2 [mbN]|RUN..."; exit 2; }
+  { echo "nothing to run: $0 prep|linkcheck|world1|world1llmc|llama|nodes2 [mbN]|llamanodes [mbN]|RUN..."; exit 2; }
 say() { echo "$*" | tee -a "$OUT/race.txt"; }
 left() { echo $(( BUDGET - SECONDS )); }
 say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
