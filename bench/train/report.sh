@@ -50,7 +50,7 @@ FNR == 1 {
 }
 function b(call, set, sys) { return ((call, set, sys) in best) ? best[call, set, sys] : 0 }
 function lnk(call) { return (call in link) ? link[call] : "-" }
-function tgt(t) { return t == 0 ? "—" : sprintf("≥ %.1f×", t) }
+function tgt(t) { return t == 0 ? "—" : sprintf("≥ %g×", t) }
 BEGIN {
   name["ours_zero3"] = "ours ZeRO-3"; name["ours_zeropp"] = "ours ZeRO++"; name["fsdp2"] = "FSDP2"
   name["ds_zero3"] = "DeepSpeed ZeRO-3"; name["ds_zeropp"] = "DeepSpeed ZeRO++"; name["llmc"] = "llm.c"
@@ -64,9 +64,15 @@ BEGIN {
   nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp fsdp2 1.6";     nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp ds_zeropp 1.5"
   nk++; K[nk] = "nodes2|1p3b|4 ours_zeropp ours_zero3 1.8"; nk++; K[nk] = "nodes2|1p3b|4 ours_zero3 fsdp2 0"
   nk++; K[nk] = "world1|1p3b|4 ours_zero3 fsdp2 1.0";      nk++; K[nk] = "world1|124m|8 ours_zero3 fsdp2 1.1"
-  # against llm.c (issue 30); at 124M ours on llm.c's heads of 64 (race.sh's h64 variant:
-  # the variant column says which of ours ran fastest in the call)
+  # against llm.c (issue 30); at 124M ours on the heads of 64 that llm.c has (the h64
+  # variant of race.sh: the variant column says which of ours ran fastest in the call).
+  # No apostrophes in this awk program: it is one single-quoted shell word.
   nk++; K[nk] = "world1|1p3b|4 ours_zero3 llmc 1.05";      nk++; K[nk] = "world1|124m|8 ours_zero3 llmc 1.05"
+  # the Llama-3.2-1B shape against FSDP2 (issue 31)
+  sname["world1|llama1b|1"] = "1 GPU, Llama 1B, mb 1"
+  sname["nodes2|llama1b|1"] = "2 nodes, Llama 1B, mb 1"; sname["nodes2|llama1b|2"] = "2 nodes, Llama 1B, mb 2"
+  nk++; K[nk] = "world1|llama1b|1 ours_zero3 fsdp2 1.3"
+  nk++; K[nk] = "nodes2|llama1b|1 ours_zeropp fsdp2 2.0";  nk++; K[nk] = "nodes2|llama1b|2 ours_zeropp fsdp2 2.0"
 }
 END {
   if (bad) exit 1
