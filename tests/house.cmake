@@ -28,3 +28,9 @@ set_tests_properties(test_preempt PROPERTIES LABELS "train;mpi" TIMEOUT 600 PROC
 add_test(NAME test_engine_api_only
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_api_only.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_engine_api_only PROPERTIES LABELS tools TIMEOUT 60)
+
+# The benchmark scripts parse, and bench/train/report.sh computes the race's
+# ratios and their targets from a made-up race.tsv (tests/test_bench_scripts.sh).
+add_test(NAME test_bench_scripts
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_scripts.sh ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_bench_scripts PROPERTIES LABELS tools TIMEOUT 60)
