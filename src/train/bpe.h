@@ -191,20 +191,30 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p);
  * and the line or entry, and what to do. */
 zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zpp_bpe **bpe_p);
 
-/* Loads a Hugging Face tokenizer.json of a byte-level BPE (bpe_hf.c says
- * which keys it reads): model.type "BPE", its vocab (token -> id, tokens in
- * GPT-2's byte alphabet as above) and merges (each "LEFT RIGHT" or
- * ["LEFT", "RIGHT"]; rank = position), model.ignore_merges (whole_pieces);
- * added_tokens, all of them special tokens (so their text is only matched
- * with ZPP_BPE_SPECIAL); the pre_tokenizer ByteLevel (GPT-2's pattern with
- * use_regex, no split without) or Sequence [Split (a {"Regex": ...} pattern,
- * behavior "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2
- * write it. ZPP_ERR_UNSUPPORTED naming the key for anything else: another
- * model type, model.byte_fallback (SentencePiece-style <0x41> tokens:
- * Llama 2, TinyLlama), dropout or subword affixes, a normalizer (Qwen2's
- * NFC), another pre-tokenizer, added tokens that strip the text around
- * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming the file and the entry. The
- * post_processor's tokens (a leading <|begin_of_text|>) are not added. */
+/* Loads a Hugging Face tokenizer.json of a BPE (bpe_hf.c says which keys
+ * it reads), of either kind:
+ *   byte-level: model.type "BPE", its vocab (token -> id, tokens in GPT-2's
+ *     byte alphabet as above) and merges (each "LEFT RIGHT" or ["LEFT",
+ *     "RIGHT"]; rank = position), model.ignore_merges (whole_pieces); the
+ *     pre_tokenizer ByteLevel (GPT-2's pattern with use_regex, no split
+ *     without) or Sequence [Split (a {"Regex": ...} pattern, behavior
+ *     "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2 write
+ *     it; normalizer null;
+ *   SentencePiece-style (zpp_bpe_chars; Llama 2, TinyLlama, Mistral 7B
+ *     v0.1): vocab and merges in raw UTF-8 with "▁" for spaces,
+ *     model.byte_fallback (the tokens <0x00>..<0xFF>), unk_token, fuse_unk;
+ *     the normalizer Sequence [Prepend "▁", Replace " " -> "▁"] with a null
+ *     pre_tokenizer (ZPP_BPE_PREPEND_EVERY), or a null normalizer with the
+ *     pre_tokenizer Metaspace (replacement "▁", prepend_scheme "first",
+ *     "always" or "never", split).
+ * added_tokens are all special tokens (so their text is only matched with
+ * ZPP_BPE_SPECIAL). ZPP_ERR_UNSUPPORTED naming the key for anything else:
+ * another model type, dropout or subword affixes, byte_fallback in a
+ * byte-level file, another normalizer (Qwen2's NFC) or pre-tokenizer, added
+ * tokens that strip the text around them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
+ * the file and the entry. The post_processor's tokens (a leading
+ * <|begin_of_text|> or <s>) are not added, and the decoder is not read
+ * (decoding is the one bpe.h describes for the kind). */
 zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p);
 
 /* Frees; NULL is ignored. */
