@@ -1,6 +1,7 @@
 /* tools/tokenize.c — `zeropp tokenize`: text to an llm.c token file with
- * a byte-level BPE (train/bpe.h: GPT-2's files, or a Hugging Face
- * tokenizer.json such as Llama 3's), streamed: the text is read a few MB
+ * a BPE (train/bpe.h: GPT-2's files, or a Hugging Face tokenizer.json,
+ * byte-level such as Llama 3's or SentencePiece-style such as Llama 2's),
+ * streamed: the text is read a few MB
  * at a time, so its size is not bounded by memory. One process, no MPI.
  * Beside the token file it writes a note naming the tokenizer
  * (train/tokfile.h), which `zeropp sample` and `zeropp train
