@@ -13,7 +13,11 @@
  * into the regex's matches and the runs between them; in each piece start
  * from one symbol a byte, find the adjacent pair of lowest rank, merge all
  * its occurrences left to right, repeat (O(n^2), per piece). Texts are fresh
- * each run (ZPP_TEST_SEED replays one); ZPP_CLI comes from ctest. */
+ * each run (ZPP_TEST_SEED replays one); ZPP_CLI comes from ctest.
+ * SentencePiece-style files (byte fallback, "▁" spaces: Llama 2's) are
+ * checked on a small hand-made vocabulary whose encodings the cases derive
+ * by hand, and by decoding random text back (tests/hf/tokenizer_ref.py
+ * compares with Hugging Face's own library on a machine that has it). */
 #define _GNU_SOURCE /* realpath */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
@@ -731,10 +735,415 @@ static void test_tool_tokenizer_json(void) {
     pcre2_code_free(re);
 }
 
+/* ---- SentencePiece-style files (Llama 2, TinyLlama, Mistral 7B v0.1) ----
+ *
+ * The tokenizer these cases write: <unk> 0, <s> 1, </s> 2 (added tokens,
+ * special), the byte tokens <0x00>..<0xFF> at 3..258 (byte b is id 3 + b),
+ * the characters SP_CHARS from 259 on, then one token per merge of
+ * SP_MERGES in rank order (merge k makes id 259 + N_SP_CHARS + k). */
+#define SP "\xE2\x96\x81" /* "▁" */
+static const char *const SP_CHARS[] = {SP, "a", "b", "d", "e", "h", "l", "o",
+                                       "r", "w", "\xC3\xA9" /* é */, "\xE4\xBD\xA0" /* 你 */, ","};
+#define N_SP_CHARS 13
+static const char *const SP_MERGES[][2] = {
+    {"l", "l"},             /* r0: ll */
+    {SP, "h"},              /* r1: ▁h */
+    {"e", "ll"},            /* r2: ell */
+    {SP "h", "ell"},        /* r3: ▁hell */
+    {SP "hell", "o"},       /* r4: ▁hello */
+    {"o", "r"},             /* r5: or */
+    {SP, "w"},              /* r6: ▁w */
+    {SP "w", "or"},         /* r7: ▁wor */
+    {"a", "a"},             /* r8: aa */
+    {"h", "e"},             /* r9: he */
+    {SP, "a"},              /* r10: ▁a */
+    {"b", "\xC3\xA9"},      /* r11: bé */
+};
+#define N_SP_MERGES 12
+enum { UNK = 0, BOS = 1, EOS = 2 };
+#define BYTE_TOK(b) (3 + (b))
+/* the id of a character of SP_CHARS, or of merge k's result */
+static int sp_char(const char *c) {
+    for (int i = 0; i < N_SP_CHARS; i++)
+        if (!strcmp(SP_CHARS[i], c)) return 259 + i;
+    EXPECT(0, "no character %s", c);
+    return -1;
+}
+#define SP_MERGED(k) (259 + N_SP_CHARS + (k))
+
+/* How the file writes its spaces. */
+typedef enum sp_form { FORM_PREPEND, FORM_META_FIRST, FORM_META_ALWAYS, FORM_META_NEVER } sp_form;
+
+/* The tokenizer.json above, in form `form` (Metaspace with `split`). */
+static cJSON *sp_json(sp_form form, int split, int byte_fallback, int fuse_unk) {
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout");
+    cJSON_AddStringToObject(model, "unk_token", "<unk>");
+    cJSON_AddBoolToObject(model, "fuse_unk", fuse_unk);
+    cJSON_AddBoolToObject(model, "byte_fallback", byte_fallback);
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    cJSON_AddNumberToObject(vocab, "<unk>", UNK);
+    cJSON_AddNumberToObject(vocab, "<s>", BOS);
+    cJSON_AddNumberToObject(vocab, "</s>", EOS);
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        cJSON_AddNumberToObject(vocab, name, BYTE_TOK(b));
+    }
+    for (int i = 0; i < N_SP_CHARS; i++) cJSON_AddNumberToObject(vocab, SP_CHARS[i], 259 + i);
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    for (int k = 0; k < N_SP_MERGES; k++) {
+        char joined[64], spaced[64];
+        snprintf(joined, sizeof joined, "%s%s", SP_MERGES[k][0], SP_MERGES[k][1]);
+        snprintf(spaced, sizeof spaced, "%s %s", SP_MERGES[k][0], SP_MERGES[k][1]);
+        cJSON_AddNumberToObject(vocab, joined, SP_MERGED(k));
+        cJSON_AddItemToArray(merges, cJSON_CreateString(spaced));
+    }
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+    static const char *const names[] = {"<unk>", "<s>", "</s>"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", i);
+        cJSON_AddStringToObject(t, "content", names[i]);
+        cJSON_AddBoolToObject(t, "lstrip", 0);
+        cJSON_AddBoolToObject(t, "normalized", 0);
+        cJSON_AddBoolToObject(t, "special", 1);
+        cJSON_AddItemToArray(added, t);
+    }
+    if (form == FORM_PREPEND) { /* Llama 2's */
+        cJSON *norm = cJSON_AddObjectToObject(root, "normalizer"), *p = cJSON_CreateObject(),
+              *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(norm, "type", "Sequence");
+        cJSON_AddStringToObject(p, "type", "Prepend");
+        cJSON_AddStringToObject(p, "prepend", SP);
+        cJSON_AddStringToObject(r, "type", "Replace");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(r, "pattern"), "String", " ");
+        cJSON_AddStringToObject(r, "content", SP);
+        cJSON *list = cJSON_AddArrayToObject(norm, "normalizers");
+        cJSON_AddItemToArray(list, p);
+        cJSON_AddItemToArray(list, r);
+        cJSON_AddNullToObject(root, "pre_tokenizer");
+    } else {
+        static const char *const schemes[] = {"", "first", "always", "never"};
+        cJSON_AddNullToObject(root, "normalizer");
+        cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+        cJSON_AddStringToObject(pt, "type", "Metaspace");
+        cJSON_AddStringToObject(pt, "replacement", SP);
+        cJSON_AddStringToObject(pt, "prepend_scheme", schemes[form]);
+        cJSON_AddBoolToObject(pt, "split", split);
+    }
+    return root;
+}
+
+static zpp_bpe *load_sp(sp_form form, int split, int byte_fallback, int fuse_unk) {
+    char path[512];
+    cJSON *j = sp_json(form, split, byte_fallback, fuse_unk);
+    write_json(j, "sp.json", path);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(path, &bpe));
+    return bpe;
+}
+
+/* Encodes `text` and compares with want[0, n) (-1 ends the list). */
+static void expect_tokens(zpp_bpe *bpe, const char *text, unsigned flags, const int *want,
+                          const char *what) {
+    zpp_bpe_ids got = {0};
+    EXPECT_OK(zpp_bpe_encode(bpe, text, strlen(text), flags, &got, NULL));
+    size_t n = 0;
+    while (want[n] >= 0) n++;
+    size_t i = 0;
+    while (i < got.n && i < n && got.ids[i] == want[i]) i++;
+    EXPECT(got.n == n && i == n, "%s: %zu tokens (want %zu), first difference at %zu: %d vs %d",
+           what, got.n, n, i, i < got.n ? (int)got.ids[i] : -1, i < n ? want[i] : -1);
+    free(got.ids);
+}
+
+static void expect_decodes(const zpp_bpe *bpe, const int *ids, const char *want, const char *what) {
+    size_t n = 0;
+    while (ids[n] >= 0) n++;
+    int32_t id32[64];
+    for (size_t i = 0; i < n; i++) id32[i] = ids[i];
+    char *text = NULL;
+    size_t len = 0;
+    EXPECT_OK(zpp_bpe_decode(bpe, id32, n, &text, &len));
+    EXPECT(len == strlen(want) && !memcmp(text, want, len), "%s: decodes to \"%s\", want \"%s\"",
+           what, text, want);
+    free(text);
+}
+
+/* Encodings derived by hand from the rules (bpe.h): merges by rank, every
+ * occurrence of the lowest-ranked pair left to right; byte fallback; the
+ * "▁" prepended; special tokens. */
+static void test_sentencepiece_by_hand(void) {
+    const int SPC = sp_char(SP), A = sp_char("a"), B = sp_char("b"), D = sp_char("d");
+    const int H = sp_char("h"), L = sp_char("l"), O = sp_char("o");
+    const int LL = SP_MERGED(0), ELL = SP_MERGED(2), HELLO = SP_MERGED(4), WOR = SP_MERGED(7);
+    const int AA = SP_MERGED(8), SPA = SP_MERGED(10), BE = SP_MERGED(11);
+    (void)LL;
+    zpp_bpe *pre = load_sp(FORM_PREPEND, 0, 1, 1);
+    /* "hello world" -> "▁hello▁world" -> ▁ h e l l o ▁ w o r l d. By rank:
+     * r0 ll; r1 ▁h; r2 e+ll = ell; r3 ▁h+ell; r4 ▁hell+o = ▁hello; r5 or;
+     * r6 ▁w; r7 ▁w+or = ▁wor; (▁wor, l) and (l, d) have no merge. */
+    const int hello_world[] = {HELLO, WOR, L, D, -1};
+    expect_tokens(pre, "hello world", 0, hello_world, "prepend: hello world");
+    expect_decodes(pre, hello_world, "hello world", "prepend: hello world");
+    /* "aaa" -> ▁ a a a: (a, a) r8 ranks below (▁, a) r10, and its two
+     * occurrences overlap: the left one merges -> ▁ aa a; no more merges. */
+    const int aaa[] = {SPC, AA, A, -1};
+    expect_tokens(pre, "aaa", 0, aaa, "prepend: aaa");
+    /* "abé😀" -> ▁ a b é and 😀 (F0 9F 98 80), no token: its four byte
+     * tokens. r10 ▁a, then r11 b+é = bé; nothing merges with byte tokens. */
+    const int emoji[] = {SPA, BE, BYTE_TOK(0xF0), BYTE_TOK(0x9F), BYTE_TOK(0x98),
+                         BYTE_TOK(0x80), -1};
+    expect_tokens(pre, "ab\xC3\xA9\xF0\x9F\x98\x80", 0, emoji, "prepend: byte fallback");
+    expect_decodes(pre, emoji, "ab\xC3\xA9\xF0\x9F\x98\x80", "prepend: byte fallback");
+    /* Special tokens cut the text first; Prepend puts a "▁" in front of
+     * each segment: "<s>hello</s>" -> <s> ▁hello </s>. */
+    const int special[] = {BOS, HELLO, EOS, -1};
+    expect_tokens(pre, "<s>hello</s>", ZPP_BPE_SPECIAL, special, "prepend: special tokens");
+    /* Without ZPP_BPE_SPECIAL "<s>" is text: "<", "s", ">" have no tokens
+     * (byte fallback). ▁ < s > h e l l o < / s >: r0 ll, then (h, e) r9
+     * loses to (e, ll) r2 -> h ell o, and (h, ell) has no merge. */
+    const int plain[] = {SPC, BYTE_TOK('<'), BYTE_TOK('s'), BYTE_TOK('>'), H, ELL, O,
+                         BYTE_TOK('<'), BYTE_TOK('/'), BYTE_TOK('s'), BYTE_TOK('>'), -1};
+    expect_tokens(pre, "<s>hello</s>", 0, plain, "prepend: special text as text");
+    /* Prepend is unconditional: " hello" -> "▁▁hello" -> ▁ ▁hello; decoding
+     * drops the one space it added. */
+    const int lead[] = {SPC, HELLO, -1};
+    expect_tokens(pre, " hello", 0, lead, "prepend: leading space");
+    expect_decodes(pre, lead, " hello", "prepend: leading space");
+    /* Each token's text: "▁" is a space, a byte token its byte. */
+    size_t k = 0;
+    const uint8_t *t = zpp_bpe_token_bytes(pre, HELLO, &k);
+    EXPECT(k == 6 && !memcmp(t, " hello", 6), "the text of ▁hello");
+    t = zpp_bpe_token_bytes(pre, BYTE_TOK('A'), &k);
+    EXPECT(k == 1 && t[0] == 'A', "the text of <0x41>");
+    zpp_bpe_destroy(pre);
+
+    /* Metaspace "first": a "▁" before the text's start only, none before a
+     * segment that starts with a space: <s> h ell o </s> (as above, r2
+     * before r9), and " hello" is ▁hello alone. */
+    zpp_bpe *first = load_sp(FORM_META_FIRST, 1, 1, 1);
+    expect_tokens(first, "hello world", 0, hello_world, "first: hello world");
+    const int first_special[] = {BOS, H, ELL, O, EOS, -1};
+    expect_tokens(first, "<s>hello</s>", ZPP_BPE_SPECIAL, first_special, "first: special");
+    const int first_lead[] = {HELLO, -1};
+    expect_tokens(first, " hello", 0, first_lead, "first: leading space");
+    /* Metaspace's split: a piece starts at each space, the first one gets
+     * the "▁": "hello world" -> "▁hello", "▁world"; "a  b" -> "▁a", "▁",
+     * "▁b" (Prepend's file, unsplit: one piece) */
+    zpp_bpe_pieces pieces = {0};
+    EXPECT_OK(zpp_bpe_split(first, "hello world", 11, 0, &pieces, NULL));
+    EXPECT(pieces.n == 2 && pieces.pieces[0].start == 0 && pieces.pieces[0].len == 5 &&
+               pieces.pieces[0].prefixed && pieces.pieces[1].start == 5 &&
+               pieces.pieces[1].len == 6 && !pieces.pieces[1].prefixed,
+           "first: %zu pieces of \"hello world\"", pieces.n);
+    pieces.n = 0;
+    EXPECT_OK(zpp_bpe_split(first, "a  b", 4, 0, &pieces, NULL));
+    EXPECT(pieces.n == 3 && pieces.pieces[1].start == 1 && pieces.pieces[1].len == 1 &&
+               pieces.pieces[2].start == 2 && pieces.pieces[2].len == 2,
+           "first: %zu pieces of \"a  b\"", pieces.n);
+    zpp_bpe *unsplit = load_sp(FORM_PREPEND, 0, 1, 1);
+    pieces.n = 0;
+    EXPECT_OK(zpp_bpe_split(unsplit, "a  b", 4, 0, &pieces, NULL));
+    EXPECT(pieces.n == 1 && pieces.pieces[0].len == 4 && pieces.pieces[0].prefixed,
+           "prepend: %zu pieces of \"a  b\"", pieces.n);
+    zpp_bpe_destroy(unsplit);
+    free(pieces.pieces);
+    /* the text continues an earlier call's: no "▁" in front */
+    const int cont[] = {H, ELL, O, -1};
+    expect_tokens(first, "hello", ZPP_BPE_CONTINUED, cont, "first: continued");
+    zpp_bpe_destroy(first);
+    /* "always": before every segment that does not start with a space */
+    zpp_bpe *always = load_sp(FORM_META_ALWAYS, 0, 1, 1);
+    expect_tokens(always, "<s>hello</s>", ZPP_BPE_SPECIAL, special, "always: special");
+    zpp_bpe_destroy(always);
+    /* "never": no "▁" in front, none dropped when decoding */
+    zpp_bpe *never = load_sp(FORM_META_NEVER, 1, 1, 1);
+    expect_tokens(never, "hello", 0, cont, "never: hello");
+    expect_decodes(never, lead, "  hello", "never: decoding");
+    zpp_bpe_destroy(never);
+
+    /* No byte fallback: a character with no token is <unk>, a run of them
+     * one <unk> with fuse_unk. "a😀😀b" -> ▁ a ? ? b -> ▁a <unk> b. */
+    for (int fuse = 0; fuse < 2; fuse++) {
+        zpp_bpe *unk = load_sp(FORM_PREPEND, 0, 0, fuse);
+        const int fused[] = {SPA, UNK, B, -1}, unfused[] = {SPA, UNK, UNK, B, -1};
+        expect_tokens(unk, "a\xF0\x9F\x98\x80\xF0\x9F\x98\x80" "b", 0, fuse ? fused : unfused,
+                      fuse ? "fuse_unk" : "no fuse_unk");
+        zpp_bpe_destroy(unk);
+    }
+}
+
+/* Random UTF-8 text: the characters of the vocabulary, spaces, others
+ * (CJK, emoji, any code point), and with `invalid` bytes that are no UTF-8.
+ * Never U+2581 itself (it decodes as a space, as in Hugging Face). */
+static void random_sp_text(zpp_rng *r, buf *s, size_t target, int invalid) {
+    static const char *const words[] = {"hello", "world", "aaa", "b\xC3\xA9", "\xE4\xBD\xA0",
+                                        "or", "ll", ",", "\xF0\x9F\x99\x82", "\xE4\xB8\xAD",
+                                        "\n", "\t", "<s>", "Z"};
+    while (s->n < target) {
+        const int pick = irand(r, 0, 99);
+        if (pick < 25) puts_(s, " ");
+        else if (pick < 35) { /* any code point but surrogates and U+2581 */
+            uint32_t cp = (uint32_t)irand(r, 1, 0x10FFFF);
+            if ((cp >= 0xD800 && cp < 0xE000) || cp == 0x2581) cp = 'q';
+            uint8_t u[4];
+            size_t n = 0;
+            if (cp < 0x80) u[n++] = (uint8_t)cp;
+            else if (cp < 0x800) u[n++] = (uint8_t)(0xC0 | cp >> 6), u[n++] = (uint8_t)(0x80 | (cp & 63));
+            else if (cp < 0x10000)
+                u[n++] = (uint8_t)(0xE0 | cp >> 12), u[n++] = (uint8_t)(0x80 | (cp >> 6 & 63)),
+                u[n++] = (uint8_t)(0x80 | (cp & 63));
+            else
+                u[n++] = (uint8_t)(0xF0 | cp >> 18), u[n++] = (uint8_t)(0x80 | (cp >> 12 & 63)),
+                u[n++] = (uint8_t)(0x80 | (cp >> 6 & 63)), u[n++] = (uint8_t)(0x80 | (cp & 63));
+            put(s, u, n);
+        } else if (pick < 40 && invalid) {
+            static const uint8_t bad[] = {0xFF, 0xC3, 0x80, 0xE4, 0xF0, 0xED};
+            put(s, &bad[irand(r, 0, 5)], 1);
+        } else {
+            puts_(s, words[irand(r, 0, (int)(sizeof words / sizeof *words) - 1)]);
+        }
+    }
+}
+
+/* The two ways files write the spaces give the same tokens (text that does
+ * not start with a space, no special tokens: where Prepend and Metaspace
+ * differ by definition), with and without Metaspace's split (no merge of
+ * this vocabulary makes a token with a "▁" inside); and decoding gives the
+ * text back byte for byte, for any bytes with byte fallback. */
+static void test_sentencepiece_forms_and_round_trip(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(6));
+    zpp_bpe *forms[4] = {load_sp(FORM_PREPEND, 0, 1, 1), load_sp(FORM_META_FIRST, 1, 1, 1),
+                         load_sp(FORM_META_FIRST, 0, 1, 1), load_sp(FORM_META_ALWAYS, 1, 1, 1)};
+    for (int trial = 0; trial < 40; trial++) {
+        buf t = {0};
+        puts_(&t, "hello"); /* (not a space first) */
+        random_sp_text(&r, &t, (size_t)irand(&r, 1, 2000), trial % 2);
+        zpp_bpe_ids ids[4] = {{0}};
+        for (int f = 0; f < 4; f++) {
+            EXPECT_OK(zpp_bpe_encode(forms[f], t.b, t.n, 0, &ids[f], NULL));
+            if (f) expect_same(ids[f].ids, ids[f].n, ids[0].ids, ids[0].n, &t, trial);
+            char *back = NULL;
+            size_t n_back = 0;
+            EXPECT_OK(zpp_bpe_decode(forms[f], ids[f].ids, ids[f].n, &back, &n_back));
+            EXPECT(n_back == t.n && !memcmp(back, t.b, t.n),
+                   "trial %d form %d: decoding gives %zu bytes of %zu, not the text", trial, f,
+                   n_back, t.n);
+            free(back);
+        }
+        for (int f = 0; f < 4; f++) free(ids[f].ids);
+        free(t.b);
+    }
+    /* Prepend's round trip holds for any text, a leading space too */
+    for (int trial = 0; trial < 20; trial++) {
+        buf t = {0};
+        random_sp_text(&r, &t, (size_t)irand(&r, 1, 500), 1);
+        zpp_bpe_ids ids = {0};
+        EXPECT_OK(zpp_bpe_encode(forms[0], t.b, t.n, 0, &ids, NULL));
+        char *back = NULL;
+        size_t n_back = 0;
+        EXPECT_OK(zpp_bpe_decode(forms[0], ids.ids, ids.n, &back, &n_back));
+        EXPECT(n_back == t.n && !memcmp(back, t.b, t.n), "trial %d: decoding differs", trial);
+        free(back), free(ids.ids), free(t.b);
+    }
+    for (int f = 0; f < 4; f++) zpp_bpe_destroy(forms[f]);
+}
+
+/* What the SentencePiece-style reading does not do is refused, naming it. */
+static void test_sentencepiece_refusals(void) {
+    static const struct {
+        sp_form form;
+        const char *where, *key, *value, *msg;
+        zpp_status st;
+    } cases[] = {
+        {FORM_PREPEND, "normalizer", "type", "\"NFKC\"", "normalizer \"NFKC\"",
+         ZPP_ERR_UNSUPPORTED},
+        {FORM_PREPEND, "", "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\"}",
+         "pre_tokenizer Metaspace after Llama 2's normalizer", ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "pre_tokenizer", "replacement", "\"_\"", "replacement",
+         ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "pre_tokenizer", "prepend_scheme", "\"sometimes\"",
+         "prepend_scheme \"sometimes\"", ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "model", "ignore_merges", "true", "model.ignore_merges",
+         ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "model", "dropout", "0.1", "model.dropout", ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "model", "continuing_subword_prefix", "\"##\"",
+         "model.continuing_subword_prefix", ZPP_ERR_UNSUPPORTED},
+        {FORM_META_FIRST, "model", "unk_token", "\"<nope>\"", "model.unk_token \"<nope>\"",
+         ZPP_ERR_FORMAT},
+        {FORM_META_FIRST, "vocab", "<0x41>", "", "no \"<0x41>\"", ZPP_ERR_FORMAT},
+        {FORM_META_FIRST, "", "pre_tokenizer", "{\"type\": \"ByteLevel\"}", "model.byte_fallback",
+         ZPP_ERR_UNSUPPORTED},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        cJSON *j = sp_json(cases[c].form, 1, 1, 1), *at = j;
+        if (!strcmp(cases[c].where, "vocab"))
+            at = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "vocab");
+        else if (cases[c].where[0])
+            at = cJSON_GetObjectItem(j, cases[c].where);
+        cJSON_DeleteItemFromObject(at, cases[c].key);
+        if (cases[c].value[0]) {
+            cJSON *value = cJSON_Parse(cases[c].value);
+            EXPECT(value != NULL, "case %zu", c);
+            cJSON_AddItemToObject(at, cases[c].key, value);
+        }
+        char path[512];
+        write_json(j, "sp_bad.json", path);
+        cJSON_Delete(j);
+        zpp_bpe *bpe = NULL;
+        EXPECT_STATUS(zpp_bpe_load_hf(path, &bpe), cases[c].st);
+        EXPECT(bpe == NULL, "case %zu", c);
+        EXPECT_MSG(cases[c].msg);
+        EXPECT_MSG(path);
+    }
+}
+
+/* `zeropp tokenize` streams a SentencePiece-style file (a buffer of 64
+ * bytes: special tokens and pieces cut across reads) into the tokens of
+ * encoding the text at once. */
+static void test_tool_sentencepiece(void) {
+    EXPECT(getenv("ZPP_CLI") != NULL, "ZPP_CLI is not set (ctest sets it)");
+    zpp_rng r = zpp_rng_make(zpp_test_seed(7));
+    char tj[512], in[512], out[512], args[4096], msg[8192];
+    zpp_test_tmp_path("sp_in.txt", in);
+    zpp_test_tmp_path("sp_out.bin", out);
+    for (int form = FORM_PREPEND; form <= FORM_META_NEVER; form++) {
+        cJSON *j = sp_json((sp_form)form, form != FORM_META_ALWAYS, 1, 1);
+        write_json(j, "sp_tool.json", tj);
+        cJSON_Delete(j);
+        zpp_bpe *bpe = NULL;
+        EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
+        for (int special = 0; special < 2; special++) {
+            buf t = {0};
+            while (t.n < 6000) { /* special tokens right before words, to cut after */
+                random_sp_text(&r, &t, t.n + (size_t)irand(&r, 1, 200), 1);
+                puts_(&t, irand(&r, 0, 1) ? "</s>hello" : "<s>world");
+            }
+            zpp_test_write_file(in, t.b, t.n);
+            snprintf(args, sizeof args, "--tokenizer %s %s--buffer 64 %s %s", tj,
+                     special ? "--allow-special " : "", in, out);
+            EXPECT(run_cli(args, msg, sizeof msg) == 0, "zeropp tokenize %s: %s", args, msg);
+            zpp_bpe_ids want = {0};
+            EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, special ? ZPP_BPE_SPECIAL : 0, &want, NULL));
+            expect_loader_reads(out, want.ids, want.n, zpp_bpe_vocab_size(bpe), 8);
+            free(want.ids), free(t.b);
+        }
+        zpp_bpe_destroy(bpe);
+    }
+}
+
 ZPP_TESTS(
     ZPP_TEST(test_matches_reference),
     ZPP_TEST(test_merge_forms_and_ignore_merges),
     ZPP_TEST(test_refusals),
     ZPP_TEST(test_tokfile_u32),
     ZPP_TEST(test_tool_tokenizer_json),
+    ZPP_TEST(test_sentencepiece_by_hand),
+    ZPP_TEST(test_sentencepiece_forms_and_round_trip),
+    ZPP_TEST(test_sentencepiece_refusals),
+    ZPP_TEST(test_tool_sentencepiece),
 )

@@ -1,6 +1,7 @@
 /* tools/tokenize.c — `zeropp tokenize`: text to an llm.c token file with
- * a byte-level BPE (train/bpe.h: GPT-2's files, or a Hugging Face
- * tokenizer.json such as Llama 3's), streamed: the text is read a few MB
+ * a BPE (train/bpe.h: GPT-2's files, or a Hugging Face tokenizer.json,
+ * byte-level such as Llama 3's or SentencePiece-style such as Llama 2's),
+ * streamed: the text is read a few MB
  * at a time, so its size is not bounded by memory. One process, no MPI.
  * Beside the token file it writes a note naming the tokenizer
  * (train/tokfile.h), which `zeropp sample` and `zeropp train
@@ -27,9 +28,12 @@ static void tokenize_usage(FILE *f) {
             "  writes OUT.bin, an llm.c token file (uint16 tokens) that `zeropp train --data`\n"
             "  reads; the trainer holds out its last tenth for validation. vocab.json and\n"
             "  merges.txt are GPT-2's tokenizer files (docs/data.md says where to get them).\n"
-            "  Any bytes are taken: decoding the tokens gives IN.txt back byte for byte.\n"
-            "  --tokenizer FILE  a Hugging Face tokenizer.json of a byte-level BPE (Llama 3's,\n"
-            "                    GPT-2's), instead of --vocab and --merges; ids past 65535 make\n"
+            "  Any bytes are taken: decoding the tokens gives IN.txt back byte for byte\n"
+            "  (a byte-level BPE; docs/data.md says when a SentencePiece-style one does).\n"
+            "  --tokenizer FILE  a Hugging Face tokenizer.json of a BPE, instead of --vocab and\n"
+            "                    --merges: byte-level (Llama 3's, GPT-2's) or SentencePiece-\n"
+            "                    style with byte fallback (Llama 2's, Mistral's, TinyLlama's;\n"
+            "                    docs/data.md lists the forms read); ids past 65535 make\n"
             "                    OUT.bin a version-2 token file (uint32 tokens, docs/data.md);\n"
             "                    --allow-special then matches its added tokens\n"
             "  --allow-special   the text \"<|endoftext|>\" becomes GPT-2's end-of-text token\n"
@@ -68,7 +72,7 @@ static int split_args(int argc, char **argv, const char *const *value_opts, int 
  * the text's size. */
 static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, unsigned flags,
                                 size_t cap, zpp_tokfile *out, size_t *bytes_p) {
-    size_t have = 0, total = 0;
+    size_t have = 0, total = 0, encoded = 0; /* encoded: bytes of text already consumed */
     char *buf = malloc(cap);
     zpp_bpe_ids ids = {0};
     zpp_status st = buf ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "out of memory");
@@ -88,12 +92,17 @@ static zpp_status encode_stream(zpp_bpe *bpe, FILE *in, const char *in_name, uns
         if (st != ZPP_OK) break;
         size_t used = have;
         ids.n = 0;
-        st = zpp_bpe_encode(bpe, buf, have, flags | (eof ? 0 : ZPP_BPE_PARTIAL), &ids, &used);
+        /* (CONTINUED: the buffer's start is not the text's, for a tokenizer
+         * that puts a "▁" before the text's first word only) */
+        st = zpp_bpe_encode(bpe, buf, have,
+                            flags | (eof ? 0 : ZPP_BPE_PARTIAL) | (encoded ? ZPP_BPE_CONTINUED : 0),
+                            &ids, &used);
         if (st == ZPP_OK) st = zpp_tokfile_append(out, ids.ids, ids.n);
         if (st != ZPP_OK) break;
         /* what is not final yet goes to the front, for the next read */
         memmove(buf, buf + used, have - used);
         have -= used;
+        encoded += used;
         if (!eof && have == cap) { /* one piece longer than the buffer: grow it */
             char *b = realloc(buf, 2 * cap);
             if (!b) st = zpp_error(ZPP_ERR_NOMEM, "out of memory for a %zu-byte piece", have);

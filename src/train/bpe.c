@@ -77,6 +77,16 @@ struct zpp_bpe {
     size_t vocab_mask;
     int32_t byte_id[256];
     int whole_pieces; /* zpp_bpe_desc.whole_pieces */
+    /* SentencePiece-style (zpp_bpe_desc.chars; bpe.h): is_chars 0 for
+     * byte-level */
+    int is_chars;
+    zpp_bpe_chars chars;
+    /* What each token decodes to: the tok_* tables themselves for
+     * byte-level; for SentencePiece-style its text ("▁" a space, "<0x41>"
+     * the byte 0x41), in tables of its own. */
+    const size_t *text_off;
+    const uint32_t *text_len;
+    const uint8_t *text_bytes;
     /* special tokens, longest first (for a leftmost-longest search) */
     int32_t *special_ids;
     size_t n_special, special_max_len;
@@ -155,6 +165,8 @@ void zpp_bpe_destroy(zpp_bpe *bpe) {
     if (bpe->mctx) pcre2_match_context_free(bpe->mctx);
     if (bpe->jit_stack) pcre2_jit_stack_free(bpe->jit_stack);
     if (bpe->re) pcre2_code_free(bpe->re);
+    if (bpe->is_chars) /* (else they alias the tok_* tables) */
+        free((void *)bpe->text_off), free((void *)bpe->text_len), free((void *)bpe->text_bytes);
     free(bpe->tok_off), free(bpe->tok_len), free(bpe->tok_special), free(bpe->tok_bytes);
     free(bpe->vocab_slots), free(bpe->special_ids);
     free(bpe->merge_result), free(bpe->pairs);
@@ -228,8 +240,9 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
             bpe->special_ids[j] = bpe->special_ids[j - 1];
         bpe->special_ids[j] = id;
     }
-    /* Byte-level: every byte must be a token, or some text has no encoding. */
-    for (int b = 0; b < 256; b++) {
+    /* Byte-level: every byte must be a token, or some text has no encoding.
+     * (SentencePiece-style vocabularies have byte fallback instead.) */
+    for (int b = 0; b < 256 && !d->chars; b++) {
         const uint8_t byte = (uint8_t)b;
         const int32_t id = zpp_bpe_find(bpe, &byte, 1);
         if (id < 0 || bpe->tok_special[id])
@@ -331,6 +344,81 @@ static zpp_status build_regex(zpp_bpe *bpe, const char *pattern) {
     return ZPP_OK;
 }
 
+/* 1 when `id` is a token and not a special one. */
+static int is_ordinary(const zpp_bpe *bpe, int32_t id) {
+    return id >= 0 && id < bpe->n_ids && bpe->tok_len[id] && !bpe->tok_special[id];
+}
+
+/* A token's text, SentencePiece-style: a byte token its byte, a special
+ * token its content, any other its bytes with each "▁" a space. */
+static size_t token_text(const zpp_bpe *bpe, int32_t id, const uint8_t *byte_of, uint8_t *out) {
+    const uint8_t *b = bpe->tok_bytes + bpe->tok_off[id];
+    const size_t n = bpe->tok_len[id];
+    if (byte_of[id >> 3] & (1u << (id & 7))) { /* one of "<0x00>".."<0xFF>" */
+        for (int k = 0; k < 256; k++)
+            if (bpe->chars.byte_tokens[k] == id) out[0] = (uint8_t)k;
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!bpe->tok_special[id] && i + 3 <= n && !memcmp(b + i, ZPP_BPE_SPACE, 3)) {
+            out[o++] = ' ';
+            i += 2;
+        } else {
+            out[o++] = b[i];
+        }
+    }
+    return o;
+}
+
+/* desc->chars: checks it and builds the tables of what tokens decode to. */
+static zpp_status build_chars(zpp_bpe *bpe, const zpp_bpe_desc *d) {
+    const zpp_bpe_chars *c = d->chars;
+    if (d->pattern || d->whole_pieces)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: a SentencePiece-style tokenizer (chars) "
+                         "has no pattern and no whole_pieces; it splits at spaces");
+    if (c->prepend < ZPP_BPE_PREPEND_NEVER || c->prepend > ZPP_BPE_PREPEND_EVERY ||
+        (c->prepend == ZPP_BPE_PREPEND_EVERY && c->split))
+        return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: chars.prepend %d%s is not one of "
+                         "zpp_bpe_prepend", (int)c->prepend,
+                         c->split ? " with split (EVERY is for unsplit text)" : "");
+    bpe->is_chars = 1;
+    bpe->chars = *c;
+    if (c->unk >= 0 && (c->unk >= bpe->n_ids || !bpe->tok_len[c->unk]))
+        return zpp_error(ZPP_ERR_FORMAT, "bpe: the unknown token's id %d is no token", (int)c->unk);
+    const size_t n = (size_t)bpe->n_ids;
+    uint8_t *byte_of = calloc(n / 8 + 1, 1); /* a bit per id: a byte token */
+    if (!byte_of) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory");
+    for (int k = 0; k < 256 && c->byte_fallback; k++) {
+        const int32_t id = c->byte_tokens[k];
+        if (!is_ordinary(bpe, id)) {
+            free(byte_of);
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: the byte token <0x%02X> (id %d) is no ordinary "
+                             "token; byte fallback needs all 256", k, (int)id);
+        }
+        byte_of[id >> 3] |= (uint8_t)(1u << (id & 7));
+    }
+    size_t total = 0; /* a text is never longer than the token ("▁" -> " ") */
+    for (size_t id = 0; id < n; id++) total += bpe->tok_len[id];
+    size_t *off = calloc(n ? n : 1, sizeof *off);
+    uint32_t *len = calloc(n ? n : 1, sizeof *len);
+    uint8_t *bytes = malloc(total ? total : 1);
+    bpe->text_off = off, bpe->text_len = len, bpe->text_bytes = bytes;
+    if (!off || !len || !bytes) {
+        free(byte_of);
+        return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for the tokens' text");
+    }
+    size_t o = 0;
+    for (size_t id = 0; id < n; id++) {
+        if (!bpe->tok_len[id]) continue;
+        off[id] = o;
+        len[id] = (uint32_t)token_text(bpe, (int32_t)id, byte_of, bytes + o);
+        o += len[id];
+    }
+    free(byte_of);
+    return ZPP_OK;
+}
+
 zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     if (!desc || !bpe_p || (desc->n_tokens && !desc->tokens) || (desc->n_merges && !desc->merges))
         return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: NULL argument");
@@ -343,7 +431,10 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     bpe->whole_pieces = desc->whole_pieces ? 1 : 0;
     zpp_status st = build_vocab(bpe, desc);
     if (st == ZPP_OK) st = build_merges(bpe, desc);
+    if (st == ZPP_OK && desc->chars) st = build_chars(bpe, desc);
     if (st == ZPP_OK && desc->pattern) st = build_regex(bpe, desc->pattern);
+    if (st == ZPP_OK && !bpe->is_chars) /* byte-level tokens decode to their bytes */
+        bpe->text_off = bpe->tok_off, bpe->text_len = bpe->tok_len, bpe->text_bytes = bpe->tok_bytes;
     if (st != ZPP_OK) {
         zpp_bpe_destroy(bpe);
         return st;
@@ -357,8 +448,8 @@ size_t zpp_bpe_merge_count(const zpp_bpe *bpe) { return bpe ? bpe->n_merges : 0;
 
 const uint8_t *zpp_bpe_token_bytes(const zpp_bpe *bpe, int32_t id, size_t *len_p) {
     if (!bpe || id < 0 || id >= bpe->n_ids || !bpe->tok_len[id]) return NULL;
-    if (len_p) *len_p = bpe->tok_len[id];
-    return bpe->tok_bytes + bpe->tok_off[id];
+    if (len_p) *len_p = bpe->text_len[id];
+    return bpe->text_bytes + bpe->text_off[id];
 }
 
 /* ---- the piece cache ---------------------------------------------------- */
@@ -493,9 +584,10 @@ static inline void queue_pair(zpp_bpe *bpe, int32_t i, size_t *hn) {
     if (r != NO_RANK) heap_push(bpe->heap, hn, (uint64_t)(uint32_t)r << 32 | (uint32_t)i);
 }
 
-/* Merges the piece's n >= 2 bytes; appends the final symbols to out.
+/* Merges the piece's n >= 1 symbols sym[0, n); appends the final ones to
+ * out.
  *
- * Symbols form a linked list indexed by the position of their first byte
+ * Symbols form a linked list indexed by their first symbol's position
  * (a merge keeps the left symbol's index and unlinks the right one).
  * prank[i] is the rank of the pair (symbol i, its successor), NO_RANK for
  * none or for an unlinked symbol; the heap holds (rank, i) entries, some
@@ -509,17 +601,10 @@ static inline void queue_pair(zpp_bpe *bpe, int32_t i, size_t *hn) {
  * in "a a a"), and the pairs it creates contain the new symbol, so none of
  * them is r's pair (the new symbol is longer than either part): the round
  * merges exactly the occurrences GPT-2's left-to-right pass does. */
-static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
-    if (n >= (size_t)INT32_MAX)
-        return zpp_error(ZPP_ERR_INVALID,
-                         "bpe: a piece of %zu bytes (one run of letters, digits, symbols or "
-                         "whitespace) is too long to merge; split the text",
-                         n);
-    ZPP_CHECK(ensure_scratch(bpe, n));
+static zpp_status merge_symbols(zpp_bpe *bpe, size_t n, zpp_bpe_ids *out) {
     int32_t *sym = bpe->sym, *prev = bpe->prev, *next = bpe->next, *prank = bpe->prank;
     size_t hn = 0;
     for (size_t i = 0; i < n; i++) {
-        sym[i] = bpe->byte_id[p[i]];
         prev[i] = (int32_t)i - 1;
         next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
@@ -546,6 +631,18 @@ static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_
     ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + n_sym, sizeof *out->ids));
     for (int32_t i = 0; i >= 0; i = next[i]) out->ids[out->n++] = sym[i];
     return ZPP_OK;
+}
+
+/* Merges a byte-level piece of n >= 2 bytes: one symbol a byte. */
+static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
+    if (n >= (size_t)INT32_MAX)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "bpe: a piece of %zu bytes (one run of letters, digits, symbols or "
+                         "whitespace) is too long to merge; split the text",
+                         n);
+    ZPP_CHECK(ensure_scratch(bpe, n));
+    for (size_t i = 0; i < n; i++) bpe->sym[i] = bpe->byte_id[p[i]];
+    return merge_symbols(bpe, n, out);
 }
 
 static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
@@ -581,10 +678,98 @@ static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe
     return ZPP_OK;
 }
 
+/* ---- SentencePiece-style pieces (bpe.h, zpp_bpe_chars) ------------------ */
+
+/* The length of the UTF-8 character at p[0, n): 2 to 4 for a well-formed
+ * sequence (no overlong form, surrogate or code point past U+10FFFF), else
+ * 1 (ASCII, or a byte that is not UTF-8, which counts as a character). */
+static size_t utf8_char_len(const uint8_t *p, size_t n) {
+    const uint8_t c = p[0];
+    const size_t need = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
+                      : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    if (need == 1 || need > n) return 1;
+    for (size_t i = 1; i < need; i++)
+        if ((p[i] & 0xC0) != 0x80) return 1;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] >= 0x90))
+        return 1;
+    return need;
+}
+
+/* Appends the initial symbols of one character c[0, k) at sym[*m]: its
+ * token; else its bytes' tokens (byte fallback); else the unknown token,
+ * once for a run of them with fuse_unk (*unk_run: the last symbol was one). */
+static zpp_status push_char(zpp_bpe *bpe, const uint8_t *c, size_t k, size_t *m, int *unk_run) {
+    const int32_t id = zpp_bpe_find(bpe, c, k);
+    if (id >= 0 && !bpe->tok_special[id]) {
+        bpe->sym[(*m)++] = id;
+        *unk_run = 0;
+        return ZPP_OK;
+    }
+    if (bpe->chars.byte_fallback) {
+        for (size_t i = 0; i < k; i++) bpe->sym[(*m)++] = bpe->chars.byte_tokens[c[i]];
+        *unk_run = 0;
+        return ZPP_OK;
+    }
+    if (bpe->chars.unk < 0) {
+        char shown[32];
+        return zpp_error(ZPP_ERR_INVALID,
+                         "bpe: the character \"%s\" has no token, and the tokenizer has neither "
+                         "byte fallback nor an unknown token to write it with",
+                         show(c, k, shown, sizeof shown));
+    }
+    if (!(bpe->chars.fuse_unk && *unk_run)) bpe->sym[(*m)++] = bpe->chars.unk;
+    *unk_run = 1;
+    return ZPP_OK;
+}
+
+/* Encodes a piece p[0, n) of a segment, with a "▁" in front when
+ * `prefixed`: one symbol a character (a space is "▁"), then the merges. */
+static zpp_status encode_chars(zpp_bpe *bpe, const uint8_t *p, size_t n, int prefixed,
+                               zpp_bpe_ids *out) {
+    static const uint8_t space[3] = {0xE2, 0x96, 0x81}; /* ZPP_BPE_SPACE */
+    if (n >= (size_t)INT32_MAX / 4)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "bpe: a piece of %zu bytes is too long to merge; split the text (its "
+                         "tokenizer does not split at spaces)",
+                         n);
+    /* (a prefixed piece is not cached: its key would be its bytes alone) */
+    const int cacheable = bpe->cache_limit && n <= CACHE_MAX_PIECE && !prefixed;
+    uint64_t h = 0;
+    if (cacheable) {
+        h = hash_bytes(p, n);
+        size_t k = 0;
+        const int32_t *ids = cache_get(bpe, p, n, h, &k);
+        if (ids) {
+            ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + k, sizeof *out->ids));
+            memcpy(out->ids + out->n, ids, k * sizeof *ids);
+            out->n += k;
+            return ZPP_OK;
+        }
+    }
+    /* at most 3 symbols a byte (a space's "▁" in byte tokens), 3 more for
+     * the prefix */
+    ZPP_CHECK(ensure_scratch(bpe, 3 * n + 3));
+    size_t m = 0;
+    int unk_run = 0;
+    if (prefixed) ZPP_CHECK(push_char(bpe, space, 3, &m, &unk_run));
+    for (size_t i = 0; i < n;) {
+        const size_t k = p[i] == ' ' ? 1 : utf8_char_len(p + i, n - i);
+        ZPP_CHECK(p[i] == ' ' ? push_char(bpe, space, 3, &m, &unk_run)
+                              : push_char(bpe, p + i, k, &m, &unk_run));
+        i += k;
+    }
+    const size_t first = out->n;
+    if (m) ZPP_CHECK(merge_symbols(bpe, m, out));
+    if (cacheable) cache_insert(bpe, p, n, h, out->ids + first, out->n - first);
+    return ZPP_OK;
+}
+
 /* ---- pre-tokenization --------------------------------------------------- */
 
+/* prefixed: a SentencePiece-style piece that gets a "▁" in front */
 typedef zpp_status (*piece_fn)(void *ctx, const uint8_t *text, size_t start, size_t len,
-                               int32_t special);
+                               int32_t special, int prefixed);
 
 /* The end of the last complete UTF-8 character of t[0, n): a lead byte in
  * the last three whose sequence runs past n is held back (its character
@@ -615,7 +800,7 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
             return ZPP_OK;
         }
         *done_p = b;
-        return fn(ctx, text, a, b - a, -1);
+        return fn(ctx, text, a, b - a, -1, 0);
     }
     const uint8_t *subject = text + a;
     const size_t len = partial ? complete_utf8_end(subject, b - a) : b - a;
@@ -627,8 +812,8 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
         if (rc >= 0) {
             const size_t ms = ov[0], me = ov[1];
             /* bytes no match covers (invalid UTF-8) are a piece of their own */
-            if (ms > s) ZPP_CHECK(fn(ctx, text, a + s, ms - s, -1));
-            ZPP_CHECK(fn(ctx, text, a + ms, me - ms, -1));
+            if (ms > s) ZPP_CHECK(fn(ctx, text, a + s, ms - s, -1, 0));
+            ZPP_CHECK(fn(ctx, text, a + ms, me - ms, -1, 0));
             s = me;
             continue;
         }
@@ -636,7 +821,7 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
             /* No match starts anywhere in [s, len): final, the rest is one
              * piece; partial, more text could still extend it. */
             if (partial) break;
-            ZPP_CHECK(fn(ctx, text, a + s, len - s, -1));
+            ZPP_CHECK(fn(ctx, text, a + s, len - s, -1, 0));
             s = len;
             break;
         }
@@ -648,9 +833,48 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
                          "text: %s",
                          a + s, b - a, (const char *)msg);
     }
-    if (!partial && s < b - a) ZPP_CHECK(fn(ctx, text, a + s, b - a - s, -1));
+    if (!partial && s < b - a) ZPP_CHECK(fn(ctx, text, a + s, b - a - s, -1, 0));
     *done_p = partial ? a + s : b;
     return ZPP_OK;
+}
+
+/* 1 when text[i, b) starts with a space, ' ' or "▁". */
+static int space_at(const uint8_t *t, size_t i, size_t b) {
+    return t[i] == ' ' || (b - i >= 3 && !memcmp(t + i, ZPP_BPE_SPACE, 3));
+}
+
+/* Cuts a SentencePiece-style segment text[a, b) (no special token inside)
+ * into pieces: the whole, or with chars.split a piece starting at each
+ * space (Metaspace's split, "MergedWithNext": the "▁" begins the piece).
+ * The first piece is prefixed as chars.prepend says; at_start: the segment
+ * begins the text. Partial: the last piece is held back (more text may
+ * lengthen it). */
+static zpp_status split_spaces(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t b, int partial,
+                               int at_start, piece_fn fn, void *ctx, size_t *done_p) {
+    if (a == b) {
+        *done_p = b;
+        return ZPP_OK;
+    }
+    const zpp_bpe_prepend pp = bpe->chars.prepend;
+    const int spaced = space_at(text, a, b);
+    int prefixed = pp == ZPP_BPE_PREPEND_EVERY ||
+                   (!spaced && (pp == ZPP_BPE_PREPEND_ALWAYS || (pp == ZPP_BPE_PREPEND_FIRST && at_start)));
+    size_t start = a;
+    for (size_t i = a + 1; bpe->chars.split && i < b; i++)
+        if (space_at(text, i, b)) {
+            ZPP_CHECK(fn(ctx, text, start, i - start, -1, prefixed));
+            prefixed = 0;
+            start = i;
+        }
+    *done_p = partial ? start : b;
+    return partial ? ZPP_OK : fn(ctx, text, start, b - start, -1, prefixed);
+}
+
+/* One segment of ordinary text, as the tokenizer's kind cuts it. */
+static zpp_status split_segment(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t b, int partial,
+                                int at_start, piece_fn fn, void *ctx, size_t *done_p) {
+    if (bpe->is_chars) return split_spaces(bpe, text, a, b, partial, at_start, fn, ctx, done_p);
+    return split_text(bpe, text, a, b, partial, fn, ctx, done_p);
 }
 
 /* The special token at text[i, ...) (the longest that fits), or -1. */
@@ -685,6 +909,7 @@ static size_t special_prefix_at(const zpp_bpe *bpe, const uint8_t *text, size_t 
 static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
                        void *ctx, size_t *consumed_p) {
     const int partial = (flags & ZPP_BPE_PARTIAL) != 0;
+    const int continued = (flags & ZPP_BPE_CONTINUED) != 0;
     const int specials = (flags & ZPP_BPE_SPECIAL) && bpe->n_special;
     size_t pos = 0;
     while (pos < len) {
@@ -701,14 +926,15 @@ static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned f
         const size_t hold = partial && specials ? special_prefix_at(bpe, text, pos, len) : len;
         if (id >= 0 && q < hold) {
             size_t done = 0;
-            ZPP_CHECK(split_text(bpe, text, pos, q, 0, fn, ctx, &done));
-            ZPP_CHECK(fn(ctx, text, q, bpe->tok_len[id], id));
+            ZPP_CHECK(split_segment(bpe, text, pos, q, 0, pos == 0 && !continued, fn, ctx, &done));
+            ZPP_CHECK(fn(ctx, text, q, bpe->tok_len[id], id, 0));
             pos = q + bpe->tok_len[id];
             continue;
         }
         const size_t end = hold < q ? hold : q; /* (q = len when none was found) */
         size_t done = pos;
-        ZPP_CHECK(split_text(bpe, text, pos, end, partial, fn, ctx, &done));
+        ZPP_CHECK(split_segment(bpe, text, pos, end, partial, pos == 0 && !continued, fn, ctx,
+                                &done));
         pos = done;
         break;
     }
@@ -722,13 +948,14 @@ typedef struct encode_ctx {
 } encode_ctx;
 
 static zpp_status encode_cb(void *c, const uint8_t *text, size_t start, size_t len,
-                            int32_t special) {
+                            int32_t special, int prefixed) {
     encode_ctx *e = c;
     if (special >= 0) {
         ZPP_CHECK(grow((void **)&e->out->ids, &e->out->cap, e->out->n + 1, sizeof(int32_t)));
         e->out->ids[e->out->n++] = special;
         return ZPP_OK;
     }
+    if (e->bpe->is_chars) return encode_chars(e->bpe, text + start, len, prefixed, e->out);
     return encode_piece(e->bpe, text + start, len, e->out);
 }
 
@@ -736,7 +963,7 @@ static zpp_status check_call(const char *fn, const zpp_bpe *bpe, const void *tex
                              unsigned flags, const void *out, const size_t *consumed_p) {
     if (!bpe || !out || (len && !text))
         return zpp_error(ZPP_ERR_INVALID, "%s: NULL argument", fn);
-    if (flags & ~(ZPP_BPE_SPECIAL | ZPP_BPE_PARTIAL))
+    if (flags & ~(ZPP_BPE_SPECIAL | ZPP_BPE_PARTIAL | ZPP_BPE_CONTINUED))
         return zpp_error(ZPP_ERR_INVALID, "%s: unknown flags 0x%x", fn, flags);
     if ((flags & ZPP_BPE_PARTIAL) && !consumed_p)
         return zpp_error(ZPP_ERR_INVALID, "%s: ZPP_BPE_PARTIAL needs consumed_p", fn);
@@ -759,11 +986,11 @@ zpp_status zpp_bpe_encode(zpp_bpe *bpe, const void *text, size_t len, unsigned f
 }
 
 static zpp_status split_cb(void *c, const uint8_t *text, size_t start, size_t len,
-                           int32_t special) {
+                           int32_t special, int prefixed) {
     (void)text;
     zpp_bpe_pieces *out = c;
     ZPP_CHECK(grow((void **)&out->pieces, &out->cap, out->n + 1, sizeof *out->pieces));
-    out->pieces[out->n++] = (zpp_bpe_piece){start, len, special};
+    out->pieces[out->n++] = (zpp_bpe_piece){start, len, special, prefixed};
     return ZPP_OK;
 }
 
@@ -794,14 +1021,20 @@ zpp_status zpp_bpe_decode(const zpp_bpe *bpe, const int32_t *ids, size_t n, char
                              "bpe decode: id %d at position %zu is no token of this vocabulary "
                              "(ids run to %d); was it made with another tokenizer?",
                              (int)ids[i], i, (int)bpe->n_ids - 1);
-        total += bpe->tok_len[ids[i]];
+        total += bpe->text_len[ids[i]];
     }
     char *t = malloc(total + 1);
     if (!t) return zpp_error(ZPP_ERR_NOMEM, "bpe decode: out of memory for %zu bytes", total);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(t + o, bpe->tok_bytes + bpe->tok_off[ids[i]], bpe->tok_len[ids[i]]);
-        o += bpe->tok_len[ids[i]];
+        memcpy(t + o, bpe->text_bytes + bpe->text_off[ids[i]], bpe->text_len[ids[i]]);
+        o += bpe->text_len[ids[i]];
+    }
+    /* The "▁" that encoding put in front comes back a space: drop it
+     * (Hugging Face's Strip of one leading space). */
+    if (bpe->is_chars && bpe->chars.prepend != ZPP_BPE_PREPEND_NEVER && o && t[0] == ' ') {
+        memmove(t, t + 1, o - 1);
+        o--;
     }
     t[o] = 0;
     *text_p = t;

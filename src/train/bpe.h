@@ -108,6 +108,47 @@ typedef struct zpp_bpe_merge {
 } zpp_bpe_merge;
 
 /* What zpp_bpe_create copies (the caller's arrays may go afterwards). */
+/* SentencePiece-style BPE (Hugging Face's conversions of Llama 2, TinyLlama,
+ * Mistral 7B v0.1): tokens are raw UTF-8 text whose spaces are written
+ * ZPP_BPE_SPACE ("\u2581", "▁"), and a piece starts as one symbol per
+ * Unicode character, not per byte:
+ *   - a space is the character "▁"; a character that is a token is that
+ *     token; one that is not becomes its UTF-8 bytes as the byte tokens
+ *     "<0x00>".."<0xFF>" (byte fallback), or, without them, the unknown
+ *     token (consecutive unknown characters one token with fuse_unk). A
+ *     byte that is not valid UTF-8 counts as a character of its own, so
+ *     with byte fallback any bytes decode back to themselves;
+ *   - the text between special tokens (a segment) may get a "▁" put in
+ *     front (prepend, below), and with `split` it is cut before each space
+ *     (each "▁" starts a piece: "a b" -> "▁a", "▁b");
+ *   - the merges then run over the symbols as for bytes.
+ * Decoding gives each token's text ("▁" as a space, a byte token as its
+ * byte, a special token its content) and, when a "▁" is prepended, drops
+ * one leading space of the whole (Hugging Face's decoder Sequence
+ * [Replace, ByteFallback, Fuse, Strip]). */
+#define ZPP_BPE_SPACE "\xE2\x96\x81"
+typedef enum zpp_bpe_prepend {
+    ZPP_BPE_PREPEND_NEVER = 0,
+    /* every segment that does not start with a space (Metaspace "always") */
+    ZPP_BPE_PREPEND_ALWAYS,
+    /* the segment at the start of the text only, if it does not start with
+     * a space (Metaspace "first"); see ZPP_BPE_CONTINUED */
+    ZPP_BPE_PREPEND_FIRST,
+    /* every segment, even one starting with a space (the normalizer Prepend
+     * of Llama 2's file); not with split */
+    ZPP_BPE_PREPEND_EVERY,
+} zpp_bpe_prepend;
+typedef struct zpp_bpe_chars {
+    /* the ids of "<0x00>".."<0xFF>", all 256 of them; or byte_fallback 0 */
+    int byte_fallback;
+    int32_t byte_tokens[256];
+    int32_t unk;  /* the unknown token's id; -1: none (a character with no
+                   * token and no byte fallback is then an error) */
+    int fuse_unk; /* 1: a run of unknown characters is one unknown token */
+    zpp_bpe_prepend prepend;
+    int split;    /* 1: a piece starts at each space */
+} zpp_bpe_chars;
+
 typedef struct zpp_bpe_desc {
     const zpp_bpe_token *tokens;
     size_t n_tokens;
@@ -120,6 +161,10 @@ typedef struct zpp_bpe_desc {
      * sets: its merge list does not rebuild every token it holds). 0: every
      * piece goes through the merges (GPT-2). */
     int whole_pieces;
+    /* NULL: byte-level (above). Else SentencePiece-style, copied; pattern
+     * must be NULL and whole_pieces 0, and the 256 single bytes need not
+     * be tokens. */
+    const zpp_bpe_chars *chars;
 } zpp_bpe_desc;
 
 /* Builds a tokenizer. ZPP_ERR_FORMAT, naming the entry, when: a token is
@@ -146,20 +191,30 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p);
  * and the line or entry, and what to do. */
 zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zpp_bpe **bpe_p);
 
-/* Loads a Hugging Face tokenizer.json of a byte-level BPE (bpe_hf.c says
- * which keys it reads): model.type "BPE", its vocab (token -> id, tokens in
- * GPT-2's byte alphabet as above) and merges (each "LEFT RIGHT" or
- * ["LEFT", "RIGHT"]; rank = position), model.ignore_merges (whole_pieces);
- * added_tokens, all of them special tokens (so their text is only matched
- * with ZPP_BPE_SPECIAL); the pre_tokenizer ByteLevel (GPT-2's pattern with
- * use_regex, no split without) or Sequence [Split (a {"Regex": ...} pattern,
- * behavior "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2
- * write it. ZPP_ERR_UNSUPPORTED naming the key for anything else: another
- * model type, model.byte_fallback (SentencePiece-style <0x41> tokens:
- * Llama 2, TinyLlama), dropout or subword affixes, a normalizer (Qwen2's
- * NFC), another pre-tokenizer, added tokens that strip the text around
- * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming the file and the entry. The
- * post_processor's tokens (a leading <|begin_of_text|>) are not added. */
+/* Loads a Hugging Face tokenizer.json of a BPE (bpe_hf.c says which keys
+ * it reads), of either kind:
+ *   byte-level: model.type "BPE", its vocab (token -> id, tokens in GPT-2's
+ *     byte alphabet as above) and merges (each "LEFT RIGHT" or ["LEFT",
+ *     "RIGHT"]; rank = position), model.ignore_merges (whole_pieces); the
+ *     pre_tokenizer ByteLevel (GPT-2's pattern with use_regex, no split
+ *     without) or Sequence [Split (a {"Regex": ...} pattern, behavior
+ *     "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2 write
+ *     it; normalizer null;
+ *   SentencePiece-style (zpp_bpe_chars; Llama 2, TinyLlama, Mistral 7B
+ *     v0.1): vocab and merges in raw UTF-8 with "▁" for spaces,
+ *     model.byte_fallback (the tokens <0x00>..<0xFF>), unk_token, fuse_unk;
+ *     the normalizer Sequence [Prepend "▁", Replace " " -> "▁"] with a null
+ *     pre_tokenizer (ZPP_BPE_PREPEND_EVERY), or a null normalizer with the
+ *     pre_tokenizer Metaspace (replacement "▁", prepend_scheme "first",
+ *     "always" or "never", split).
+ * added_tokens are all special tokens (so their text is only matched with
+ * ZPP_BPE_SPECIAL). ZPP_ERR_UNSUPPORTED naming the key for anything else:
+ * another model type, dropout or subword affixes, byte_fallback in a
+ * byte-level file, another normalizer (Qwen2's NFC) or pre-tokenizer, added
+ * tokens that strip the text around them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
+ * the file and the entry. The post_processor's tokens (a leading
+ * <|begin_of_text|> or <s>) are not added, and the decoder is not read
+ * (decoding is the one bpe.h describes for the kind). */
 zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p);
 
 /* Frees; NULL is ignored. */
@@ -171,8 +226,10 @@ int32_t zpp_bpe_vocab_size(const zpp_bpe *bpe);
 size_t zpp_bpe_merge_count(const zpp_bpe *bpe);
 /* The id of the token whose bytes are these, or -1. */
 int32_t zpp_bpe_find(const zpp_bpe *bpe, const void *bytes, size_t len);
-/* The bytes of token `id` (not NUL-terminated) and their count; NULL when
- * no token has that id. For printing tokens one at a time as they come. */
+/* The bytes token `id` decodes to (not NUL-terminated) and their count;
+ * NULL when no token has that id. For printing tokens one at a time as they
+ * come. Byte-level: the token's bytes; SentencePiece-style: its text (no
+ * leading space is dropped here). */
 const uint8_t *zpp_bpe_token_bytes(const zpp_bpe *bpe, int32_t id, size_t *len_p);
 /* Sets how many encoded pieces the cache keeps (0: none, which the
  * benchmark uses to time the merging itself). Clears it. */
@@ -181,6 +238,9 @@ zpp_status zpp_bpe_set_cache(zpp_bpe *bpe, size_t pieces);
 /* ---- Encoding ---- */
 #define ZPP_BPE_SPECIAL 1u /* special tokens' text becomes their ids */
 #define ZPP_BPE_PARTIAL 2u /* more text follows: produce only final tokens */
+/* The text continues text encoded by an earlier call (streaming): it is not
+ * the start of the text, for ZPP_BPE_PREPEND_FIRST. */
+#define ZPP_BPE_CONTINUED 4u
 
 /* A growing array of ids; start from {0} and free(ids) when done. */
 typedef struct zpp_bpe_ids {
@@ -201,6 +261,7 @@ zpp_status zpp_bpe_encode(zpp_bpe *bpe, const void *text, size_t len, unsigned f
 typedef struct zpp_bpe_piece {
     size_t start, len;
     int32_t special; /* the special token's id, or -1 for text */
+    int prefixed;    /* SentencePiece-style: a "▁" goes in front of the piece */
 } zpp_bpe_piece;
 typedef struct zpp_bpe_pieces {
     zpp_bpe_piece *pieces;
@@ -210,7 +271,8 @@ zpp_status zpp_bpe_split(zpp_bpe *bpe, const void *text, size_t len, unsigned fl
                          zpp_bpe_pieces *out, size_t *consumed_p);
 
 /* ---- Decoding ---- */
-/* The bytes of ids[0, n), end to end, in a new buffer of *len_p + 1 bytes
+/* The text of ids[0, n) (zpp_bpe_token_bytes end to end; SentencePiece-
+ * style without the leading space a prepended "▁" gave), in a new buffer of *len_p + 1 bytes
  * (NUL-terminated for convenience; the text may hold NULs and, cut between
  * tokens, need not be valid UTF-8); free() it. Special tokens give their
  * text. ZPP_ERR_INVALID naming the first id that is no token. */

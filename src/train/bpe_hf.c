@@ -1,12 +1,15 @@
 /* train/bpe_hf.c — Hugging Face's tokenizer.json (bpe.h, zpp_bpe_load_hf),
- * read into the byte-level core.
+ * read into the BPE core.
  *
  * A tokenizer.json is one JSON object; of it we read
  *   model            {"type": "BPE", "vocab": {token: id}, "merges": [...],
- *                    "ignore_merges": bool, ...}: tokens written in GPT-2's
- *                    printable byte alphabet (bpe_files.h), merges ranked by
+ *                    "ignore_merges": bool, "byte_fallback": bool,
+ *                    "unk_token", "fuse_unk", ...}: merges ranked by
  *                    position, each "LEFT RIGHT" (older files) or
- *                    ["LEFT", "RIGHT"] (newer ones);
+ *                    ["LEFT", "RIGHT"] (newer ones); tokens written in
+ *                    GPT-2's printable byte alphabet (bpe_files.h) for a
+ *                    byte-level BPE, in raw UTF-8 with "▁" for a space for
+ *                    a SentencePiece-style one;
  *   added_tokens     [{"id", "content", "special", ...}]: tokens matched in
  *                    the text before it is split, their content raw UTF-8
  *                    (not in the byte alphabet); they become the core's
@@ -14,12 +17,20 @@
  *   pre_tokenizer    how text is cut into pieces: ByteLevel (GPT-2's regex
  *                    when use_regex), or Sequence [Split, ByteLevel] where
  *                    the Split's regex cuts and ByteLevel (use_regex false)
- *                    only maps bytes to the alphabet (Llama 3, Qwen2);
- *   normalizer       must be null: one that rewrites the text (NFC, say)
- *                    would need Unicode tables we do not carry.
- * post_processor (which adds <|begin_of_text|> in front) and decoder (for
- * byte-level files, the same byte mapping back) are not read: encoding
- * gives the text's tokens alone, decoding gives the bytes of the tokens. */
+ *                    only maps bytes to the alphabet (Llama 3, Qwen2); or
+ *                    Metaspace (SentencePiece-style: spaces as "▁", one
+ *                    put in front, pieces starting at each "▁");
+ *   normalizer       null, or Llama 2's Sequence [Prepend "▁", Replace " "
+ *                    -> "▁"] (SentencePiece-style, pre_tokenizer null):
+ *                    others (NFC, say) would need Unicode tables we do not
+ *                    carry.
+ * The kind is told by the normalizer and pre_tokenizer: the SentencePiece
+ * forms make it SentencePiece-style (bpe.h, zpp_bpe_chars), the others
+ * byte-level. post_processor (which adds <|begin_of_text|> or <s> in front)
+ * and decoder are not read: encoding gives the text's tokens alone;
+ * decoding is the core's for the kind (for SentencePiece-style files it is
+ * what their decoder Sequence [Replace "▁" -> " ", ByteFallback, Fuse,
+ * Strip one leading space] does). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +44,11 @@
 typedef struct hf_form {
     const char *pattern; /* into the parsed JSON, or ZPP_BPE_GPT2_PATTERN; NULL: no split */
     int whole_pieces;    /* model.ignore_merges */
+    /* SentencePiece-style (bpe.h, zpp_bpe_chars): tokens in raw UTF-8 with
+     * "▁" for spaces; else byte-level */
+    int sentencepiece;
+    zpp_bpe_chars chars; /* prepend and split; the ids once the vocabulary is read */
+    const char *unk;     /* model.unk_token, or NULL */
 } hf_form;
 
 /* The tokens, their bytes in one block. */
@@ -79,12 +95,22 @@ static zpp_status check_model(const cJSON *model, const char *path, hf_form *for
                          "tokenizer '%s': model.type is \"%s\"; only \"BPE\" (byte-level, as "
                          "GPT-2, Llama 3 and Qwen2 have) is supported",
                          path, type_of(model) ? type_of(model) : "(none)");
-    if (is_set(model, "byte_fallback"))
+    if (is_set(model, "byte_fallback") && !form->sentencepiece)
         return zpp_error(ZPP_ERR_UNSUPPORTED,
                          "tokenizer '%s': model.byte_fallback is set (SentencePiece-style "
-                         "<0x41> byte tokens, as Llama 2 and TinyLlama have); only byte-level "
-                         "BPE, where each byte is a token of its own, is supported",
+                         "<0x41> byte tokens) but the text is not written SentencePiece's way; "
+                         "byte fallback is supported with the normalizer Sequence [Prepend "
+                         "\"\u2581\", Replace \" \" -> \"\u2581\"] or the pre_tokenizer Metaspace",
                          path);
+    if (form->sentencepiece && cJSON_IsTrue(item(model, "ignore_merges")))
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "tokenizer '%s': model.ignore_merges is true in a SentencePiece-style "
+                         "tokenizer; only false is supported there",
+                         path);
+    const cJSON *unk = item(model, "unk_token");
+    form->unk = cJSON_IsString(unk) ? unk->valuestring : NULL;
+    form->chars.byte_fallback = cJSON_IsTrue(item(model, "byte_fallback"));
+    form->chars.fuse_unk = cJSON_IsTrue(item(model, "fuse_unk"));
     /* each of these changes which tokens come out */
     static const char *const changes[] = {"dropout", "continuing_subword_prefix",
                                           "end_of_word_suffix"};
@@ -137,15 +163,77 @@ static zpp_status read_split(const cJSON *j, const char *path, const char **patt
     return ZPP_OK;
 }
 
-/* normalizer and pre_tokenizer -> form->pattern. */
+#define SPACE_MARK "\u2581" /* "▁", SentencePiece's space (ZPP_BPE_SPACE) */
+
+static int string_is(const cJSON *j, const char *s) {
+    return cJSON_IsString(j) && !strcmp(j->valuestring, s);
+}
+
+/* Llama 2's normalizer: Sequence [Prepend "▁", Replace " " -> "▁"] (in
+ * either order: the prepended "▁" is no space), every segment of text
+ * between special tokens prefixed. 1 when `norm` is that. */
+static int is_llama2_normalizer(const cJSON *norm) {
+    const cJSON *list = item(norm, "normalizers");
+    if (!type_is(norm, "Sequence") || cJSON_GetArraySize(list) != 2) return 0;
+    int prepend = 0, replace = 0;
+    for (const cJSON *n = list->child; n; n = n->next) {
+        if (type_is(n, "Prepend") && string_is(item(n, "prepend"), SPACE_MARK)) prepend++;
+        if (type_is(n, "Replace") && string_is(item(item(n, "pattern"), "String"), " ") &&
+            string_is(item(n, "content"), SPACE_MARK))
+            replace++;
+    }
+    return prepend == 1 && replace == 1;
+}
+
+/* Metaspace: spaces as "▁", a "▁" put in front as prepend_scheme says
+ * (older files: add_prefix_space true is "always"), and with split (the
+ * default) a piece starting at each "▁". */
+static zpp_status read_metaspace(const cJSON *pt, const char *path, hf_form *form) {
+    const cJSON *scheme = item(pt, "prepend_scheme"), *split = item(pt, "split");
+    if (!string_is(item(pt, "replacement"), SPACE_MARK))
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "tokenizer '%s': pre_tokenizer Metaspace has a replacement other than "
+                         "\"" SPACE_MARK "\"; only \"" SPACE_MARK "\" is supported",
+                         path);
+    if (string_is(scheme, "first")) form->chars.prepend = ZPP_BPE_PREPEND_FIRST;
+    else if (string_is(scheme, "always")) form->chars.prepend = ZPP_BPE_PREPEND_ALWAYS;
+    else if (string_is(scheme, "never")) form->chars.prepend = ZPP_BPE_PREPEND_NEVER;
+    else if (scheme)
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "tokenizer '%s': pre_tokenizer Metaspace has prepend_scheme \"%s\"; "
+                         "only \"first\", \"always\" or \"never\" is supported",
+                         path, cJSON_IsString(scheme) ? scheme->valuestring : "?");
+    else
+        form->chars.prepend = is_set(pt, "add_prefix_space") ? ZPP_BPE_PREPEND_ALWAYS
+                                                             : ZPP_BPE_PREPEND_NEVER;
+    form->chars.split = !cJSON_IsFalse(split); /* default true */
+    form->sentencepiece = 1;
+    return ZPP_OK;
+}
+
+/* normalizer and pre_tokenizer -> form->pattern, or SentencePiece's
+ * spaces (form->sentencepiece, form->chars). */
 static zpp_status read_pre_tokenizer(const cJSON *root, const char *path, hf_form *form) {
     const cJSON *norm = item(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm))
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "tokenizer '%s': normalizer \"%s\" rewrites the text before it is split; "
-                         "only tokenizers whose normalizer is null are supported",
-                         path, type_of(norm) ? type_of(norm) : "?");
     const cJSON *pt = item(root, "pre_tokenizer"), *list = item(pt, "pretokenizers");
+    if (norm && !cJSON_IsNull(norm)) {
+        if (!is_llama2_normalizer(norm))
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "tokenizer '%s': normalizer \"%s\" rewrites the text before it is "
+                             "split; only a null normalizer, or Sequence [Prepend \"" SPACE_MARK
+                             "\", Replace \" \" -> \"" SPACE_MARK "\"] (Llama 2's), is supported",
+                             path, type_of(norm) ? type_of(norm) : "?");
+        if (pt && !cJSON_IsNull(pt))
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "tokenizer '%s': pre_tokenizer %s after Llama 2's normalizer "
+                             "(Prepend, Replace); only a null pre_tokenizer is supported there",
+                             path, type_of(pt) ? type_of(pt) : "?");
+        form->sentencepiece = 1;
+        form->chars.prepend = ZPP_BPE_PREPEND_EVERY;
+        form->chars.split = 0;
+        return ZPP_OK;
+    }
+    if (type_is(pt, "Metaspace")) return read_metaspace(pt, path, form);
     int use_regex = 0;
     if (type_is(pt, "ByteLevel")) {
         ZPP_CHECK(read_byte_level(pt, path, &use_regex));
@@ -165,8 +253,9 @@ static zpp_status read_pre_tokenizer(const cJSON *root, const char *path, hf_for
         return ZPP_OK;
     }
     return zpp_error(ZPP_ERR_UNSUPPORTED,
-                     "tokenizer '%s': pre_tokenizer %s%s is not supported; only ByteLevel, or "
-                     "Sequence [Split (a Regex, Isolated), ByteLevel (use_regex false)]",
+                     "tokenizer '%s': pre_tokenizer %s%s is not supported; only ByteLevel, "
+                     "Sequence [Split (a Regex, Isolated), ByteLevel (use_regex false)] or "
+                     "Metaspace",
                      path, type_of(pt) ? type_of(pt) : "null",
                      type_is(pt, "Sequence") ? " (of other steps)" : "");
 }
@@ -180,7 +269,7 @@ static int32_t json_id(const cJSON *v) {
 
 /* model.vocab -> v (room is made for the added tokens too). */
 static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const char *path,
-                                   hf_vocab *v) {
+                                   int raw, hf_vocab *v) {
     size_t n = 0, bytes = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) n++, bytes += strlen(e->string);
     for (const cJSON *e = cJSON_IsArray(added) ? added->child : NULL; e; e = e->next) {
@@ -200,9 +289,14 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
                              path, e->string, ZPP_BPE_MAX_ID);
         uint8_t *at = v->arena + v->arena_used;
         size_t len = 0;
-        const int64_t r = zpp_bpe_gpt2_string_bytes(e->string, strlen(e->string), at, &len);
-        if (r != 0) return zpp_bpe_alphabet_error(r, "tokenizer", path, "model.vocab token",
-                                                  e->string);
+        if (raw) { /* SentencePiece-style: the text itself */
+            len = strlen(e->string);
+            memcpy(at, e->string, len);
+        } else {
+            const int64_t r = zpp_bpe_gpt2_string_bytes(e->string, strlen(e->string), at, &len);
+            if (r != 0) return zpp_bpe_alphabet_error(r, "tokenizer", path, "model.vocab token",
+                                                      e->string);
+        }
         if (!len)
             return zpp_error(ZPP_ERR_FORMAT,
                              "tokenizer '%s': model.vocab: an empty token has id %d", path,
@@ -260,7 +354,7 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_voc
 
 /* The two tokens of merge k, decoded to bytes end to end in *tmp (grown as
  * needed), with their lengths. */
-static zpp_status merge_parts(const cJSON *e, size_t k, const char *path, uint8_t **tmp,
+static zpp_status merge_parts(const cJSON *e, size_t k, const char *path, int raw, uint8_t **tmp,
                               size_t *tmp_cap, size_t len[2]) {
     const char *part[2] = {NULL, NULL};
     size_t plen[2] = {0, 0};
@@ -283,7 +377,11 @@ static zpp_status merge_parts(const cJSON *e, size_t k, const char *path, uint8_
         if (!t) return zpp_error(ZPP_ERR_NOMEM, "out of memory for tokenizer '%s'", path);
         *tmp = t, *tmp_cap = plen[0] + plen[1];
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && raw; i++) { /* SentencePiece-style: the text itself */
+        memcpy(*tmp + (i ? len[0] : 0), part[i], plen[i]);
+        len[i] = plen[i];
+    }
+    for (int i = 0; i < 2 && !raw; i++) {
         const int64_t r = zpp_bpe_gpt2_string_bytes(part[i], plen[i], *tmp + (i ? len[0] : 0),
                                                     &len[i]);
         if (r != 0) {
@@ -297,7 +395,7 @@ static zpp_status merge_parts(const cJSON *e, size_t k, const char *path, uint8_
 }
 
 /* model.merges -> id pairs, looked up in `vocab` (the vocabulary alone). */
-static zpp_status read_merges(const cJSON *list, const zpp_bpe *vocab, const char *path,
+static zpp_status read_merges(const cJSON *list, const zpp_bpe *vocab, const char *path, int raw,
                               zpp_bpe_merge **merges_p, size_t *n_p) {
     const size_t n = (size_t)cJSON_GetArraySize(list);
     zpp_bpe_merge *merges = malloc((n ? n : 1) * sizeof *merges);
@@ -307,7 +405,7 @@ static zpp_status read_merges(const cJSON *list, const zpp_bpe *vocab, const cha
                                                 path);
     for (const cJSON *e = list->child; e && st == ZPP_OK; e = e->next, k++) {
         size_t len[2] = {0, 0};
-        st = merge_parts(e, k, path, &tmp, &tmp_cap, len);
+        st = merge_parts(e, k, path, raw, &tmp, &tmp_cap, len);
         int32_t id[2] = {-1, -1};
         for (int i = 0; i < 2 && st == ZPP_OK; i++) {
             id[i] = zpp_bpe_find(vocab, tmp + (i ? len[0] : 0), len[i]);
@@ -326,6 +424,28 @@ static zpp_status read_merges(const cJSON *list, const zpp_bpe *vocab, const cha
     }
     *merges_p = merges;
     *n_p = n;
+    return ZPP_OK;
+}
+
+/* SentencePiece-style: the ids of "<0x00>".."<0xFF>" (with byte fallback)
+ * and of model.unk_token, looked up in `vocab`. */
+static zpp_status find_char_tokens(const zpp_bpe *vocab, const char *path, hf_form *form) {
+    for (int b = 0; b < 256 && form->chars.byte_fallback; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        form->chars.byte_tokens[b] = zpp_bpe_find(vocab, name, 6);
+        if (form->chars.byte_tokens[b] < 0)
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "tokenizer '%s': model.byte_fallback is true but model.vocab has no "
+                             "\"%s\"; byte fallback needs all 256 tokens <0x00>..<0xFF>",
+                             path, name);
+    }
+    form->chars.unk = form->unk ? zpp_bpe_find(vocab, form->unk, strlen(form->unk)) : -1;
+    if (form->unk && form->chars.unk < 0)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "tokenizer '%s': model.unk_token \"%.40s\" is in neither model.vocab nor "
+                         "added_tokens",
+                         path, form->unk);
     return ZPP_OK;
 }
 
@@ -349,21 +469,28 @@ zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
                        "tokenizer '%s' is not a JSON object; is it a Hugging Face "
                        "tokenizer.json, whole (not cut short)?",
                        path);
-    if (st == ZPP_OK) st = check_model(model, path, &form);
     if (st == ZPP_OK) st = read_pre_tokenizer(root, path, &form);
-    if (st == ZPP_OK) st = read_model_vocab(item(model, "vocab"), added, path, &v);
+    if (st == ZPP_OK) st = check_model(model, path, &form);
+    if (st == ZPP_OK)
+        st = read_model_vocab(item(model, "vocab"), added, path, form.sentencepiece, &v);
     if (st == ZPP_OK) st = read_added_tokens(added, path, &v);
     if (st != ZPP_OK) goto out;
     /* The vocabulary alone first, to look the merges' tokens up in. */
     d.tokens = v.tokens;
     d.n_tokens = v.n;
+    const zpp_bpe_chars bare = {.unk = -1}; /* (SentencePiece-style: no byte check) */
+    d.chars = form.sentencepiece ? &bare : NULL;
     st = zpp_bpe_create(&d, &vocab);
     if (st != ZPP_OK) {
         zpp_error_context(st, "tokenizer '%s' (model.vocab and added_tokens)", path);
         goto out;
     }
-    st = read_merges(item(model, "merges"), vocab, path, &merges, &n_merges);
+    if (form.sentencepiece) st = find_char_tokens(vocab, path, &form);
+    if (st == ZPP_OK)
+        st = read_merges(item(model, "merges"), vocab, path, form.sentencepiece, &merges,
+                         &n_merges);
     if (st != ZPP_OK) goto out;
+    d.chars = form.sentencepiece ? &form.chars : NULL;
     d.merges = merges;
     d.n_merges = n_merges;
     d.pattern = form.pattern;
