@@ -112,6 +112,11 @@ typedef struct zpp_ckpt_meta {
     const char *mode;  /* "zero3", "qwz+hpz+qgz", ... */
     zpp_dtype dtype;   /* the working dtype */
     zpp_gpt2_config model;
+    /* The family ("gpt2", "llama": family.h) and, for llama, its knobs
+     * (ext's n_kv_head, n_ffn, rope_*, norm_eps, untied_head, qkv_bias, as
+     * zpp_llama_config_of_shape resolved them: no 0 left to a default). */
+    const char *family;
+    zpp_decoder_shape ext;
     int train_batch_size;
     uint64_t seed;
     /* The run's config as given (before zpp_train_config_resolve: batch

@@ -521,6 +521,18 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.mode = t->info.mode;
     m.dtype = t->cfg.bf16 ? ZPP_BF16 : t->cfg.fp16.enabled ? ZPP_FP16 : ZPP_FP32;
     m.model = t->cfg.model;
+    m.family = zpp_model_family_name(t->cfg.model_family);
+    zpp_llama_config lc;
+    const zpp_decoder_shape shape = model_shape(&t->cfg);
+    if (t->cfg.model_family == ZPP_FAMILY_LLAMA && zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK) {
+        /* resolved: a default and its value written out compare equal */
+        m.ext.n_kv_head = lc.n_kv_head, m.ext.n_ffn = lc.n_ffn;
+        m.ext.rope_theta = lc.rope_theta, m.ext.norm_eps = lc.norm_eps;
+        m.ext.untied_head = lc.untied_head, m.ext.qkv_bias = lc.qkv_bias;
+        m.ext.rope_factor = lc.rope_factor, m.ext.rope_low_freq_factor = lc.rope_low_freq_factor;
+        m.ext.rope_high_freq_factor = lc.rope_high_freq_factor;
+        m.ext.rope_original_max_pos = lc.rope_original_max_pos;
+    }
     m.train_batch_size = t->cfg.train_batch_size;
     m.seed = t->cfg.seed;
     m.config = &t->cfg_given;
