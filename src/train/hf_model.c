@@ -142,7 +142,7 @@ static size_t layer_slots(const zpp_llama_config *c, const zpp_llama_layout *l, 
 zpp_status zpp_hf_slots(const zpp_llama_config *c, zpp_hf_slot **slots_p, size_t *n_p) {
     zpp_llama_layout l;
     zpp_llama_layout_make(c, &l);
-    const size_t per_layer = 12, n_max = 3 + per_layer * (size_t)c->n_layer;
+    const size_t per_layer = 13, n_max = 3 + per_layer * (size_t)c->n_layer; /* with biases */
     zpp_hf_slot *s = calloc(n_max, sizeof *s);
     if (!s) return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
     size_t n = 0;
