@@ -29,7 +29,9 @@
 
 #include "core/dtype.h"
 #include "testlib.h"
+#include "model/llama.h"
 #include "train/hf_config.h"
+#include "train/hf_model.h"
 #include "train/safetensors.h"
 
 /* ---- Files and commands -------------------------------------------------------- */
@@ -421,6 +423,87 @@ static void test_other_order(void) {
     llama_free(&m);
 }
 
+/* ---- Where each tensor lands ---------------------------------------------------- */
+
+/* The tensor called `suffix` (of layer l, or -1 for a model-wide one). */
+static const hf_tensor *find(const hf_llama *m, int l, const char *suffix) {
+    char name[96];
+    if (l < 0) snprintf(name, sizeof name, "%s", suffix);
+    else snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);
+    for (int k = 0; k < m->n; k++)
+        if (!strcmp(m->t[k].name, name)) return &m->t[k];
+    EXPECT(0, "no tensor %s", name);
+    return NULL;
+}
+
+/* Copies t's values to unit + at, returns the next offset. */
+static size_t put(float *unit, size_t at, const hf_tensor *t) {
+    memcpy(unit + at, t->x, t->numel * sizeof(float));
+    return at + t->numel;
+}
+
+/* The units of model/llama.h's layout, built here from its table (unit 0:
+ * wte (Vp rows, the padding zero), norm_f, head (Vp rows); a block: norm1,
+ * [q | k | v] rows, their biases, wo, norm2, [gate | up] rows, down), each
+ * read through zpp_hf_model_read_unit whole and in random ranges: a round
+ * trip cannot see a mapping that import and export get wrong alike (k and
+ * v swapped both ways), this can. Vocabulary padded from 37 to 48. */
+static void test_unit_layout(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    hf_llama m = llama_make(&r, 1);
+    char dir[512];
+    llama_write(&m, 1, zpp_test_tmp_path("layout_in", dir), 3000, NULL);
+    zpp_hf_model *hm = NULL;
+    EXPECT(zpp_hf_model_open(dir, &hm) == ZPP_OK, "%s", zpp_last_error());
+    const int Vp = 48;
+    zpp_decoder_shape shape = {.n_layer = L, .n_head = H, .n_kv_head = KV, .n_embd = C,
+                               .n_ffn = F, .seq_len = T, .vocab_size = Vp, .real_vocab_size = V,
+                               .rope_theta = 500000.0, .norm_eps = 1e-5, .untied_head = 1,
+                               .qkv_bias = 1};
+    zpp_llama_config lc;
+    EXPECT(zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK, "%s", zpp_last_error());
+    zpp_llama_layout lay;
+    zpp_llama_layout_make(&lc, &lay);
+    for (int u = 0; u <= L; u++) {
+        const size_t numel = u ? lay.block_numel : lay.embed_numel;
+        float *want = zpp_test_malloc(numel * sizeof(float)), *got = zpp_test_malloc(numel * 4);
+        memset(want, 0, numel * sizeof(float));
+        size_t at = 0;
+        if (u == 0) {
+            put(want, 0, find(&m, -1, "model.embed_tokens.weight")); /* rows V..Vp-1: zero */
+            at = put(want, (size_t)Vp * C, find(&m, -1, "model.norm.weight"));
+            put(want, at, find(&m, -1, "lm_head.weight"));
+            at += (size_t)Vp * C;
+        } else {
+            const int l = u - 1;
+            static const char *const order[] = {
+                "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+                "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                "mlp.down_proj.weight"};
+            for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
+                at = put(want, at, find(&m, l, order[k]));
+        }
+        EXPECT(at == numel, "unit %d: the test's layout has %zu elements, llama.h's %zu", u, at,
+               numel);
+        EXPECT(zpp_hf_model_read_unit(hm, &lc, u, 0, numel, got) == ZPP_OK, "%s",
+               zpp_last_error());
+        for (size_t i = 0; i < numel; i++)
+            EXPECT(got[i] == want[i], "unit %d element %zu: %g, expected %g", u, i,
+                   (double)got[i], (double)want[i]);
+        for (int rep = 0; rep < 20; rep++) { /* a rank's shard: any range */
+            const size_t b = zpp_rng_u64(&r) % numel, c = zpp_rng_u64(&r) % (numel - b + 1);
+            EXPECT(zpp_hf_model_read_unit(hm, &lc, u, b, c, got) == ZPP_OK);
+            EXPECT(!memcmp(got, want + b, c * sizeof(float)), "unit %d [%zu, +%zu) differs", u, b,
+                   c);
+        }
+        free(want), free(got);
+    }
+    zpp_hf_model_close(hm);
+    llama_free(&m);
+}
+
 /* ---- Checkpoints of a llama: reshard, refuse another model --------------------- */
 
 /* `zeropp eval --json`'s loss. */
@@ -566,5 +649,5 @@ static void test_refusals(void) {
 
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
-          ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order),
+          ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
           ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals))
