@@ -78,8 +78,10 @@
  * pointer that differs from its folder's manifest, and a manifest whose
  * checksum does not hold.
  *
- * CHECKS on load: the model shape (n_layer, n_head, n_embd, seq_len,
- * vocab_size, real_vocab_size), the working dtype and every unit's size must match
+ * CHECKS on load: the model family and shape (n_layer, n_head, n_embd, seq_len,
+ * vocab_size, real_vocab_size; a llama's n_kv_head, n_ffn, rope_theta,
+ * norm_eps, untied_head, qkv_bias, rope_*: the manifest's "model" keeps
+ * them, ckpt_manifest.h), the working dtype and every unit's size must match
  * (ZPP_ERR_CONFIG naming the key and both values): the saved tensors have
  * no meaning under another shape or dtype. Everything else may change and
  * is described in a note (zpp_checkpoint_load's `note`), one line each:
