@@ -644,6 +644,9 @@ static void test_refusals(void) {
     zpp_test_write_file(zpp_test_tmp_path("bad_cfg.json", other), bad_cfg, strlen(bad_cfg));
     expect_import_refused("config", dir, tok, other,
                           "'model.n_layer' is 3 in the config but 2 in");
+    bad_cfg = "{\"model\": {\"seq_len\": 16, \"family\": \"gpt2\"}}";
+    zpp_test_write_file(other, bad_cfg, strlen(bad_cfg));
+    expect_import_refused("family", dir, tok, other, "sets 'model.family' to \"gpt2\"");
     llama_free(&m);
 }
 

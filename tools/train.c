@@ -1062,6 +1062,28 @@ static void print_comparison(const run_summary *r, int n, int profiled) {
                r[1].cross_bytes / r[0].cross_bytes);
 }
 
+/* A config over config.json's shape that failed: when it names another
+ * family, the config's checks refused the llama keys config.json set
+ * ("'model.n_kv_head' is a key of the llama family"), which the user never
+ * wrote; say what they did write instead. Probed by loading the config and
+ * the --set keys over the defaults with the family llama: the family
+ * changes only if they name it. Otherwise st, its message kept. */
+static zpp_status hf_family_refusal(const train_args *a, zpp_status st) {
+    zpp_train_config probe;
+    zpp_error_hold(); /* the probe's own errors do not replace st's message */
+    int other = zpp_train_config_defaults(&probe) == ZPP_OK;
+    probe.model_family = ZPP_FAMILY_LLAMA;
+    if (other && a->config) other = zpp_train_config_load_file(a->config, &probe) == ZPP_OK;
+    if (other && a->sets.n) other = zpp_train_config_set(&probe, a->sets.v, a->sets.n) == ZPP_OK;
+    other = other && probe.model_family != ZPP_FAMILY_LLAMA;
+    zpp_error_release();
+    if (!other) return st;
+    return zpp_error(ZPP_ERR_CONFIG,
+                     "--init-from %s is a Hugging Face Llama, but the config sets "
+                     "'model.family' to \"%s\"; drop the key or set it to \"llama\"",
+                     a->init_from, zpp_model_family_name(probe.model_family));
+}
+
 /* The config, in order: the defaults; the llm.c file's or config.json's
  * shape (--init-from)
  * or the checkpoint's own config (--resume without --config); the --config
@@ -1102,6 +1124,7 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
         st = zpp_train_config_set(cfg, a->sets.v, a->sets.n);
     }
     if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
+    if (st != ZPP_OK && is_hf) st = hf_family_refusal(a, st);
     if (st == ZPP_OK && is_hf) st = zpp_hf_check_shape(&hf, cfg, a->init_from);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
