@@ -109,6 +109,9 @@ typedef struct hf_llama {
  * zero (the model has none: it must be, hf_model.h). */
 enum { MAT, EMB, GAIN, BIAS, ZERO };
 
+/* The files' dtype by code: 0 fp32, 1 bf16, 2 fp16 (the flag "bf16" below). */
+static zpp_dtype dt_of(int code) { return code == 1 ? ZPP_BF16 : code == 2 ? ZPP_FP16 : ZPP_FP32; }
+
 static void add(hf_llama *m, zpp_rng *r, int bf16, int kind, const char *name, int64_t rows,
                 int64_t cols) {
     hf_tensor *t = &m->t[m->n++];
@@ -124,7 +127,10 @@ static void add(hf_llama *m, zpp_rng *r, int bf16, int kind, const char *name, i
                          : kind == GAIN ? 1.0 + 0.3 * z
                          : kind == BIAS ? 0.1 * z
                                         : 0.0;
-        t->x[i] = bf16 ? zpp_bf16_to_f32(zpp_f32_to_bf16((float)v)) : (float)v;
+        t->x[i] = (float)v;
+        float h = 0; /* rounded to the file's dtype, here, once (room for any) */
+        zpp_store_f32(&h, dt_of(bf16), 0, (float)v);
+        if (bf16) t->x[i] = zpp_load_f32(&h, dt_of(bf16), 0);
     }
 }
 
@@ -165,7 +171,7 @@ static hf_llama llama_make(zpp_rng *r, int bf16) {
     c->vocab_size = V, c->max_position_embeddings = MAX_T;
     c->rms_norm_eps = 1e-5, c->rope_theta = 500000.0;
     c->attention_bias = 1, c->tie_word_embeddings = 0;
-    c->torch_dtype = bf16 ? ZPP_BF16 : ZPP_FP32;
+    c->torch_dtype = dt_of(bf16);
     c->bos_token_id = 1, c->n_eos = 1, c->eos_token_id[0] = 2;
     return m;
 }
@@ -174,7 +180,9 @@ static void llama_free(hf_llama *m) {
     for (int i = 0; i < m->n; i++) free(m->t[i].x);
 }
 
-static zpp_st_dtype st_dtype(int bf16) { return bf16 ? ZPP_ST_BF16 : ZPP_ST_F32; }
+static zpp_st_dtype st_dtype(int bf16) {
+    return bf16 == 1 ? ZPP_ST_BF16 : bf16 == 2 ? ZPP_ST_F16 : ZPP_ST_F32;
+}
 
 /* The folder `dir` (made here): config.json and the tensors in `order`
  * (NULL: the state_dict's), shards above max_shard bytes (0: one file). */
@@ -190,7 +198,7 @@ static void llama_write(const hf_llama *m, int bf16, const char *dir, size_t max
         const hf_tensor *t = &m->t[order ? order[k] : k];
         bytes[k] = zpp_test_malloc(t->numel * 4);
         for (size_t i = 0; i < t->numel; i++)
-            zpp_store_f32(bytes[k], bf16 ? ZPP_BF16 : ZPP_FP32, i, t->x[i]);
+            zpp_store_f32(bytes[k], dt_of(bf16), i, t->x[i]);
         s[k] = (zpp_st_source){.name = t->name, .dtype = st_dtype(bf16), .ndim = t->ndim,
                                .data = bytes[k]};
         s[k].shape[0] = t->shape[0], s[k].shape[1] = t->shape[1];
@@ -347,10 +355,10 @@ static void check_roundtrip(int bf16, size_t max_shard, int np, uint64_t stream,
     run_files(&r, tag, tok, cfg);
     snprintf(name, sizeof name, "%s_ckpt", tag);
     import_save(np, dir, tok, cfg, zpp_test_tmp_path(name, ckpt),
-                bf16 ? "--set bf16.enabled=true" : "");
+                bf16 == 1 ? "--set bf16.enabled=true" : "");
     snprintf(name, sizeof name, "%s_back", tag);
-    snprintf(args, sizeof args, "--max-shard-size %zu --hf-config %s/config.json",
-             max_shard ? max_shard : (size_t)1 << 40, dir);
+    snprintf(args, sizeof args, "--max-shard-size %zu --hf-config %s/config.json%s",
+             max_shard ? max_shard : (size_t)1 << 40, dir, bf16 == 2 ? " --dtype fp16" : "");
     export_hf(ckpt, zpp_test_tmp_path(name, back), args); /* the dtype: the run's */
     expect_same_folder(dir, back);
     int files = 0, tensors = 0;
@@ -374,6 +382,8 @@ static void test_roundtrip_bf16_single(void) { check_roundtrip(1, 0, 3, 2, "b16s
 /* shards of 6 KB: some tensors alone past the limit, others grouped */
 static void test_roundtrip_fp32_sharded(void) { check_roundtrip(0, 6000, 3, 3, "f32x"); }
 static void test_roundtrip_bf16_sharded(void) { check_roundtrip(1, 3000, 2, 4, "b16x"); }
+/* fp16 files: widened exactly into an fp32 run, rounded back exactly */
+static void test_roundtrip_fp16_sharded(void) { check_roundtrip(2, 3000, 2, 10, "f16x"); }
 
 /* Import on 1 and on 4 ranks gives the same parameters (the same export
  * bytes), and those are the file's values: an fp32 export of a bf16 folder
@@ -541,6 +551,20 @@ static void test_checkpoint_reshard_and_refusals(void) {
     EXPECT(fabs(l1 - l2) <= 1e-6 * l2 && fabs(l3 - l2) <= 1e-6 * l2,
            "losses on 1, 2, 3 ranks: %.9g %.9g %.9g", l1, l2, l3);
     char other[512], out[512], err[512];
+    /* export: into an existing folder refused, nothing written beside it;
+     * --format llmc refused for a llama */
+    zpp_test_tmp_path("ck_out.txt", out), zpp_test_tmp_path("ck_err.txt", err);
+    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format hf", ckpt, dir) != 0,
+           "export over an existing folder succeeded");
+    EXPECT(zpp_test_count_lines(err, "exists; give a new folder") == 1, "see %s", err);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls -d %s.tmp.* >/dev/null 2>&1", dir);
+    EXPECT(system(cmd) != 0, "export left a temporary folder beside %s", dir);
+    zpp_test_tmp_path("ck_llmc.bin", other);
+    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format llmc", ckpt, other) != 0 &&
+               zpp_test_count_lines(err, "holds a llama; --format llmc writes GPT-2s only") == 1,
+           "--format llmc of a llama: see %s", err);
+    EXPECT(!exists(other), "%s was written", other);
     struct {
         const char *config, *needle;
     } bad[] = {{"{\"model\": {\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 32, \"seq_len\": 16, "
@@ -654,5 +678,6 @@ static void test_refusals(void) {
 
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
+          ZPP_TEST(test_roundtrip_fp16_sharded),
           ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
           ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals))
