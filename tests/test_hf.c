@@ -601,7 +601,8 @@ static void expect_import_refused(const char *what, const char *dir, const char 
     const int rc = run_cli(0, out, err, "train --quiet --init-from %s --data %s --config %s "
                            "--steps 0 --save %s", dir, tok, cfg, ckpt);
     EXPECT(rc != 0, "%s: the import succeeded", what);
-    const int lines = zpp_test_count_lines(err, "zeropp"), named = zpp_test_count_lines(err, needle);
+    const int lines = zpp_test_count_lines(err, "zeropp");
+    const int named = zpp_test_count_lines(err, needle);
     EXPECT(lines == 1 && named == 1, "%s: %d error lines, %d naming '%s'; see %s", what, lines,
            named, needle, err);
     EXPECT(!exists(ckpt) || zpp_test_count_lines(out, "saved") == 0, "%s: something was saved",

@@ -17,8 +17,9 @@
 
 static void export_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp export --from DIR --to PATH [--format llmc|hf] [--dtype fp32|bf16]\n"
-            "                     [--max-shard-size BYTES] [--hf-config config.json]\n"
+            "usage: zeropp export --from DIR --to PATH [--format llmc|hf]\n"
+            "                     [--dtype fp32|bf16|fp16] [--max-shard-size BYTES]\n"
+            "                     [--hf-config config.json]\n"
             "  Writes the fp32 master weights of the checkpoint in DIR (its published one, or\n"
             "  the step folder DIR).\n"
             "  --format llmc (the default for a GPT-2): an llm.c GPT-2 model file PATH,\n"

@@ -678,7 +678,8 @@ static void print_setup(const zpp_trainer_info *in, const char *init_from) {
            total, in->setup_ranks_s, in->setup_model_s, in->setup_engine_s,
            in->init_on_device ? "GPU" : "host");
     if (init_from)
-        printf(", %s %.1f s", zpp_hf_is_model_dir(init_from) ? "Hugging Face model" : "llm.c model file",
+        printf(", %s %.1f s",
+               zpp_hf_is_model_dir(init_from) ? "Hugging Face model" : "llm.c model file",
                in->setup_init_from_s);
     printf("\n");
 }

@@ -293,7 +293,8 @@ static zpp_status check_zero_tensors(zpp_hf_model *m) {
     for (size_t j = 0; j < m->n_slots && st == ZPP_OK; j++) {
         if (!m->slots[j].zero_tensor) continue;
         const size_t n = m->slots[j].numel;
-        if (!x && !(x = malloc(n * sizeof *x))) return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+        if (!x && !(x = malloc(n * sizeof *x))) /* every o_proj bias has C elements */
+            return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
         st = zpp_st_read_f32(m->slot_file[j], m->slot_tensor[j], 0, n, x);
         for (size_t i = 0; i < n && st == ZPP_OK; i++)
             if (x[i] != 0.0f)

@@ -524,7 +524,8 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.family = zpp_model_family_name(t->cfg.model_family);
     zpp_llama_config lc;
     const zpp_decoder_shape shape = model_shape(&t->cfg);
-    if (t->cfg.model_family == ZPP_FAMILY_LLAMA && zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK) {
+    if (t->cfg.model_family == ZPP_FAMILY_LLAMA &&
+        zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK) {
         /* resolved: a default and its value written out compare equal */
         m.ext.n_kv_head = lc.n_kv_head, m.ext.n_ffn = lc.n_ffn;
         m.ext.rope_theta = lc.rope_theta, m.ext.norm_eps = lc.norm_eps;
