@@ -33,7 +33,11 @@
  * MANIFEST (JSON): {"step", "format": 3, "folder", "world_size",
  * "node_size", "mode", "dtype" ("bf16" | "fp32"), "model": {"n_layer",
  * "n_head", "n_embd", "seq_len", "vocab_size", "real_vocab_size" (absent
- * in older manifests: = vocab_size)}, "train_batch_size", "seed",
+ * in older manifests: = vocab_size), "family" ("gpt2" | "llama"; absent
+ * in older ones: gpt2), and a llama's "n_kv_head", "n_ffn", "rope_theta",
+ * "norm_eps", "untied_head", "qkv_bias", "rope_factor",
+ * "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_pos"
+ * (resolved: no 0 standing for a default)}, "train_batch_size", "seed",
  * "units": [numel of each unit], "files": [rank file names],
  * "config": {the saving run's whole config, as a config file holds it:
  * zpp_train_config_to_json}, "data": {"path": absolute path or null (the
