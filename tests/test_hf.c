@@ -341,6 +341,95 @@ static int validate_file(const char *path) {
     return k;
 }
 
+/* The tensor names and byte counts of one safetensors file (its header). */
+static cJSON *header_of(const char *path) {
+    size_t n;
+    unsigned char *b = read_file(path, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+    cJSON *j = cJSON_ParseWithLength((const char *)b + 8, (size_t)hl);
+    free(b);
+    EXPECT(cJSON_IsObject(j), "%s: no header", path);
+    return j;
+}
+
+/* model.safetensors.index.json as transformers writes it: metadata
+ * .total_size the bytes of every tensor, weight_map naming for each tensor
+ * the shard whose header holds it, and every tensor of every shard. */
+static void validate_index(const char *dir, int tensors) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(j, "metadata"), "total_size");
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    EXPECT(cJSON_IsNumber(total) && cJSON_IsObject(map), "%s: no total_size or weight_map", path);
+    EXPECT(cJSON_GetArraySize(map) == tensors, "%s maps %d tensors, the shards hold %d", path,
+           cJSON_GetArraySize(map), tensors);
+    double bytes = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        EXPECT(cJSON_IsString(e), "%s: weight_map[%s]", path, e->string);
+        char shard[1024];
+        snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
+        cJSON *h = header_of(shard);
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(h, e->string), "data_offsets");
+        EXPECT(cJSON_GetArraySize(off) == 2, "%s: %s is not in %s", path, e->string, shard);
+        bytes += cJSON_GetArrayItem(off, 1)->valuedouble - cJSON_GetArrayItem(off, 0)->valuedouble;
+        cJSON_Delete(h);
+    }
+    EXPECT(bytes == total->valuedouble, "%s: total_size %.0f, the tensors %.0f bytes", path,
+           total->valuedouble, bytes);
+    cJSON_Delete(j);
+}
+
+/* config.json with what transformers' LlamaConfig reads to build this
+ * model: architectures ["LlamaForCausalLM"], model_type "llama", the sizes
+ * as integers of this shape, the flags as booleans, torch_dtype the
+ * tensors'. */
+static void validate_config(const char *dir, const char *torch_dtype) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    EXPECT(cJSON_GetArraySize(arch) == 1 &&
+               !strcmp(cJSON_GetArrayItem(arch, 0)->valuestring, "LlamaForCausalLM"),
+           "%s: architectures", path);
+    const struct {
+        const char *key;
+        int value;
+    } ints[] = {{"hidden_size", C},        {"intermediate_size", F}, {"num_hidden_layers", L},
+                {"num_attention_heads", H}, {"num_key_value_heads", KV}, {"head_dim", HD},
+                {"vocab_size", V}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, ints[i].key);
+        EXPECT(cJSON_IsNumber(v) && v->valuedouble == ints[i].value, "%s: %s is not %d", path,
+               ints[i].key, ints[i].value);
+    }
+    const char *strs[][2] = {{"model_type", "llama"}, {"hidden_act", "silu"},
+                             {"torch_dtype", torch_dtype}};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, strs[i][0]);
+        EXPECT(cJSON_IsString(v) && !strcmp(v->valuestring, strs[i][1]), "%s: %s is not %s", path,
+               strs[i][0], strs[i][1]);
+    }
+    EXPECT(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")) &&
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "attention_bias")) &&
+               cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "rope_theta")) &&
+               cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")),
+           "%s: tie_word_embeddings, attention_bias, rope_theta or rms_norm_eps", path);
+    cJSON_Delete(j);
+}
+
 /* ---- Round trips ----------------------------------------------------------------- */
 
 /* Import on np ranks, save step 0, export: the folder comes back byte for
@@ -372,6 +461,8 @@ static void check_roundtrip(int bf16, size_t max_shard, int np, uint64_t stream,
     }
     if (d) closedir(d);
     EXPECT(tensors == m.n, "the export's files hold %d tensors, the model %d", tensors, m.n);
+    if (files > 1) validate_index(back, tensors);
+    validate_config(back, bf16 == 1 ? "bfloat16" : bf16 == 2 ? "float16" : "float32");
     EXPECT(max_shard == 0 ? files == 1 : files > 2, "%d files for a limit of %zu bytes", files,
            max_shard);
     llama_free(&m);
