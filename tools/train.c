@@ -1101,12 +1101,14 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     zpp_llmc_file *llmc = NULL;
     zpp_hf_config hf;
     const int is_hf = a->init_from && zpp_hf_is_model_dir(a->init_from);
+    int hf_applied = 0; /* config.json's shape is in cfg: what fails next is the config's */
     if (st == ZPP_OK && a->init_from) {
         char path[4096];
         *stage = "init-from";
         snprintf(path, sizeof path, "%s/config.json", a->init_from);
         if (is_hf) st = zpp_hf_config_read(path, &hf); /* config.json's shape */
         if (st == ZPP_OK && is_hf) st = zpp_hf_apply_shape(&hf, cfg);
+        hf_applied = st == ZPP_OK && is_hf;
         if (!is_hf) st = zpp_llmc_open(a->init_from, &llmc);
         if (st == ZPP_OK && llmc) cfg->model = zpp_llmc_info_get(llmc)->model;
         if (st == ZPP_OK) *stage = "config";
@@ -1125,7 +1127,7 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
         st = zpp_train_config_set(cfg, a->sets.v, a->sets.n);
     }
     if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
-    if (st != ZPP_OK && is_hf) st = hf_family_refusal(a, st);
+    if (st != ZPP_OK && hf_applied) st = hf_family_refusal(a, st);
     if (st == ZPP_OK && is_hf) st = zpp_hf_check_shape(&hf, cfg, a->init_from);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
