@@ -748,6 +748,17 @@ static void test_refusals(void) {
     llama_write(&m, 1, zpp_test_tmp_path("bad_obias", dir), 0, NULL);
     expect_import_refused("o bias", dir, tok, cfg, "o_proj.bias' has a nonzero element 3");
     m.t[8].x[3] = 0.0f;
+    /* a dtype the model has no use for: the first tensor's F32 made I32 in
+     * the header (same width: the file stays valid safetensors) */
+    llama_write(&m, 0, zpp_test_tmp_path("bad_dtype", dir), 0, NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unsigned char *h = read_file(path, &n);
+    char *f32 = memmem(h, n, "\"F32\"", 5);
+    EXPECT(f32, "no F32 in %s", path);
+    f32[1] = 'I';
+    zpp_test_write_file(path, h, n);
+    free(h);
+    expect_import_refused("dtype", dir, tok, cfg, "is I32; zeropp reads BF16, F16 or F32");
     /* a truncated file */
     llama_write(&m, 1, zpp_test_tmp_path("bad_trunc", dir), 0, NULL);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
