@@ -1,4 +1,5 @@
-/* tools/llmc.c — `zeropp export` (a checkpoint to an llm.c model file) and
+/* tools/llmc.c — `zeropp export` (a checkpoint to an llm.c model file, or
+ * a llama to a Hugging Face folder) and
  * `zeropp eval` (the mean loss of an llm.c model file on a token file).
  * Both run in one process, without MPI (train/llmc.h has the formats). */
 #include <limits.h>
@@ -11,25 +12,144 @@
 #include "device/device.h"
 #include "model/gpt2.h"
 #include "train/checkpoint.h"
+#include "train/hf_model.h"
 #include "train/llmc.h"
 
 static void export_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp export --from DIR --to FILE [--dtype fp32|bf16]\n"
+            "usage: zeropp export --from DIR --to PATH [--format llmc|hf]\n"
+            "                     [--dtype fp32|bf16|fp16] [--max-shard-size BYTES]\n"
+            "                     [--hf-config config.json]\n"
             "  Writes the fp32 master weights of the checkpoint in DIR (its published one, or\n"
-            "  the step folder DIR) as an llm.c GPT-2 model file: version 3 with fp32\n"
-            "  parameters (the default), or version 5 with bf16 (rounded to nearest even).\n"
-            "  A checkpoint of `zeropp train --init-from F --steps 0 --save DIR` exports F\n"
-            "  back byte for byte (a bf16 F with --dtype bf16). FILE is written whole or not\n"
-            "  at all (through FILE.tmp and a rename).\n");
+            "  the step folder DIR).\n"
+            "  --format llmc (the default for a GPT-2): an llm.c GPT-2 model file PATH,\n"
+            "  version 3 with fp32 parameters (the default), or version 5 with bf16 (rounded\n"
+            "  to nearest even). A checkpoint of `zeropp train --init-from F --steps 0 --save\n"
+            "  DIR` exports F back byte for byte (a bf16 F with --dtype bf16). PATH is\n"
+            "  written whole or not at all (through PATH.tmp and a rename).\n"
+            "  --format hf (the default for a llama): a Hugging Face LlamaForCausalLM folder\n"
+            "  PATH (new): config.json and model.safetensors, or shards of at most\n"
+            "  --max-shard-size bytes (default 5G, as transformers; " ZPP_CLI_COUNT_HELP ")\n"
+            "  named model-0000K-of-0000N.safetensors with model.safetensors.index.json;\n"
+            "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype. config.json's\n"
+            "  max_position_embeddings is the run's seq_len and it has no token ids, unless\n"
+            "  --hf-config names the config.json the model came from (its shape must be the\n"
+            "  checkpoint's): then those are its. Written into PATH.tmp.<pid>, renamed to\n"
+            "  PATH at the end: a failure leaves no PATH.\n");
+}
+
+/* The checkpoint's GPT-2 as an llm.c file. */
+static zpp_status export_llmc(const char *from, const char *to, const zpp_ckpt_manifest *m,
+                              float **units, const char *dtype) {
+    /* the manifest's shape must be the units it lists */
+    zpp_status st = zpp_gpt2_config_check(&m->model);
+    if (st == ZPP_OK && m->n_units != m->model.n_layer + 1)
+        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers",
+                       from, m->n_units, m->model.n_layer);
+    for (int u = 0; st == ZPP_OK && u < m->n_units; u++)
+        if (m->numel[u] != zpp_gpt2_unit_numel(&m->model, u))
+            st = zpp_error(ZPP_ERR_FORMAT,
+                           "checkpoint %s: unit %d has %zu parameters; its model's has %zu", from,
+                           u, m->numel[u], zpp_gpt2_unit_numel(&m->model, u));
+    const zpp_dtype dt = strcmp(dtype, "bf16") ? ZPP_FP32 : ZPP_BF16;
+    if (st == ZPP_OK && !strcmp(dtype, "fp16"))
+        st = zpp_error(ZPP_ERR_CONFIG, "--dtype fp16: llm.c files hold fp32 or bf16");
+    if (st == ZPP_OK) st = zpp_llmc_write(to, &m->model, dt, (const float *const *)units);
+    if (st == ZPP_OK)
+        printf("wrote %s: llm.c GPT-2 (version %d, %s), %d layers, %d heads, %d channels, "
+               "max T %d, vocabulary %d padded to %d, from step %d of %s\n",
+               to, dt == ZPP_FP32 ? ZPP_LLMC_VERSION_FP32 : ZPP_LLMC_VERSION_BF16, dtype,
+               m->model.n_layer, m->model.n_head, m->model.n_embd, m->model.seq_len,
+               zpp_gpt2_real_vocab(&m->model), m->model.vocab_size, m->step, from);
+    return st;
+}
+
+/* The llama of a manifest, its units checked against the layout. */
+static zpp_status manifest_llama(const char *from, const zpp_ckpt_manifest *m,
+                                 zpp_llama_config *lc) {
+    zpp_decoder_shape shape = m->ext;
+    shape.n_layer = m->model.n_layer, shape.n_head = m->model.n_head;
+    shape.n_embd = m->model.n_embd, shape.seq_len = m->model.seq_len;
+    shape.vocab_size = m->model.vocab_size;
+    shape.real_vocab_size = zpp_gpt2_real_vocab(&m->model);
+    ZPP_CHECK(zpp_llama_config_of_shape(&shape, lc));
+    zpp_llama_layout l;
+    zpp_llama_layout_make(lc, &l);
+    if (m->n_units != lc->n_layer + 1)
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its llama has %d layers",
+                         from, m->n_units, lc->n_layer);
+    for (int u = 0; u < m->n_units; u++)
+        if (m->numel[u] != (u ? l.block_numel : l.embed_numel))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "checkpoint %s: unit %d has %zu parameters; its llama's has %zu",
+                             from, u, m->numel[u], u ? l.block_numel : l.embed_numel);
+    return ZPP_OK;
+}
+
+/* config.json of the export: from the checkpoint's llama, with the fields a
+ * checkpoint does not keep from --hf-config when given (whose shape must
+ * be the checkpoint's). */
+static zpp_status export_hf_config(const zpp_llama_config *lc, const char *like,
+                                   zpp_hf_config *hf) {
+    zpp_hf_config_of_llama(lc, lc->seq_len, hf);
+    if (!like) return ZPP_OK;
+    zpp_hf_config given;
+    ZPP_CHECK(zpp_hf_config_read(like, &given));
+    const zpp_hf_rope_scaling *a = &given.rope_scaling, *b = &hf->rope_scaling;
+    const int same =
+        given.hidden_size == hf->hidden_size &&
+        given.intermediate_size == hf->intermediate_size &&
+        given.num_hidden_layers == hf->num_hidden_layers &&
+        given.num_attention_heads == hf->num_attention_heads &&
+        given.num_key_value_heads == hf->num_key_value_heads && given.head_dim == hf->head_dim &&
+        given.vocab_size == hf->vocab_size && given.rms_norm_eps == hf->rms_norm_eps &&
+        given.rope_theta == hf->rope_theta && a->llama3 == b->llama3 &&
+        (!a->llama3 || (a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+                        a->high_freq_factor == b->high_freq_factor &&
+                        a->original_max_position_embeddings ==
+                            b->original_max_position_embeddings)) &&
+        given.tie_word_embeddings == hf->tie_word_embeddings &&
+        given.attention_bias == hf->attention_bias;
+    if (!same)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--hf-config %s describes another model than the checkpoint's (its "
+                         "sizes, rope or norm differ); give the config.json it was imported from",
+                         like);
+    *hf = given;
+    return ZPP_OK;
+}
+
+/* The checkpoint's llama as a Hugging Face folder. */
+static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_manifest *m,
+                            float **units, const char *dtype, size_t max_shard,
+                            const char *like) {
+    zpp_llama_config lc;
+    zpp_hf_config hf;
+    ZPP_CHECK(manifest_llama(from, m, &lc));
+    ZPP_CHECK(export_hf_config(&lc, like, &hf));
+    const char *name = dtype ? dtype : m->dtype;
+    zpp_dtype dt = ZPP_FP32;
+    if (!strcmp(name, "bf16")) dt = ZPP_BF16;
+    else if (!strcmp(name, "fp16")) dt = ZPP_FP16;
+    int shards = 0;
+    ZPP_CHECK(zpp_hf_export(to, &lc, &hf, (const float *const *)units, dt, max_shard, &shards));
+    printf("wrote %s: Hugging Face LlamaForCausalLM (%s, %d file%s%s), %d layers, %d heads "
+           "(%d key/value), %d channels, vocabulary %d, from step %d of %s\n",
+           to, name, shards, shards == 1 ? "" : "s", shards == 1 ? "" : " and the index",
+           lc.n_layer, lc.n_head, lc.n_kv_head, lc.n_embd, lc.real_vocab_size, m->step, from);
+    return ZPP_OK;
 }
 
 int zpp_cli_export(int argc, char **argv) {
-    const char *from = NULL, *to = NULL, *dtype = "fp32";
+    const char *from = NULL, *to = NULL, *dtype = NULL, *format = NULL, *like = NULL;
+    size_t max_shard = 5000000000u; /* transformers' "5GB" */
     const zpp_cli_opt opts[] = {
         {"--from", ZPP_CLI_STR, &from, 0, 0},
         {"--to", ZPP_CLI_STR, &to, 0, 0},
         {"--dtype", ZPP_CLI_STR, &dtype, 0, 0},
+        {"--format", ZPP_CLI_STR, &format, 0, 0},
+        {"--max-shard-size", ZPP_CLI_SIZE, &max_shard, 1, (long long)1 << 50},
+        {"--hf-config", ZPP_CLI_STR, &like, 0, 0},
     };
     int pr = zpp_cli_parse_opts("export", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
     if (pr > 0) {
@@ -38,35 +158,28 @@ int zpp_cli_export(int argc, char **argv) {
     }
     if (pr < 0) return 2;
     if (!from || !to) {
-        fprintf(stderr, "zeropp export: needs --from DIR and --to FILE\n");
+        fprintf(stderr, "zeropp export: needs --from DIR and --to PATH\n");
         return 2;
     }
-    if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) {
-        fprintf(stderr, "zeropp export: --dtype takes fp32 or bf16, not '%s'\n", dtype);
+    if (dtype && strcmp(dtype, "fp32") && strcmp(dtype, "bf16") && strcmp(dtype, "fp16")) {
+        fprintf(stderr, "zeropp export: --dtype takes fp32, bf16 or fp16, not '%s'\n", dtype);
+        return 2;
+    }
+    if (format && strcmp(format, "llmc") && strcmp(format, "hf")) {
+        fprintf(stderr, "zeropp export: --format takes llmc or hf, not '%s'\n", format);
         return 2;
     }
     zpp_ckpt_manifest m;
     float **units = NULL;
     zpp_status st = zpp_checkpoint_read_masters(from, &m, &units);
     if (st != ZPP_OK) return zpp_cli_fail("export", st);
-    /* the manifest's shape must be the units it lists */
-    st = zpp_gpt2_config_check(&m.model);
-    if (st == ZPP_OK && m.n_units != m.model.n_layer + 1)
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers",
-                       from, m.n_units, m.model.n_layer);
-    for (int u = 0; st == ZPP_OK && u < m.n_units; u++)
-        if (m.numel[u] != zpp_gpt2_unit_numel(&m.model, u))
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "checkpoint %s: unit %d has %zu parameters; its model's has %zu", from,
-                           u, m.numel[u], zpp_gpt2_unit_numel(&m.model, u));
-    const zpp_dtype dt = strcmp(dtype, "bf16") ? ZPP_FP32 : ZPP_BF16;
-    if (st == ZPP_OK) st = zpp_llmc_write(to, &m.model, dt, (const float *const *)units);
-    if (st == ZPP_OK)
-        printf("wrote %s: llm.c GPT-2 (version %d, %s), %d layers, %d heads, %d channels, "
-               "max T %d, vocabulary %d padded to %d, from step %d of %s\n",
-               to, dt == ZPP_FP32 ? ZPP_LLMC_VERSION_FP32 : ZPP_LLMC_VERSION_BF16, dtype,
-               m.model.n_layer, m.model.n_head, m.model.n_embd, m.model.seq_len,
-               zpp_gpt2_real_vocab(&m.model), m.model.vocab_size, m.step, from);
+    const int llama = !strcmp(m.family, "llama");
+    if (!format) format = llama ? "hf" : "llmc";
+    if (strcmp(format, llama ? "hf" : "llmc"))
+        st = zpp_error(ZPP_ERR_CONFIG, "checkpoint %s holds a %s; --format %s writes %s only",
+                       from, m.family, format, llama ? "GPT-2s" : "llamas");
+    else if (llama) st = export_hf(from, to, &m, units, dtype, max_shard, like);
+    else st = export_llmc(from, to, &m, units, dtype ? dtype : "fp32");
     for (int u = 0; u < m.n_units; u++) free(units[u]);
     free(units);
     zpp_ckpt_manifest_free(&m);

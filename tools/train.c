@@ -15,6 +15,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "plan/cost.h"
+#include "train/hf_model.h"
 #include "train/llmc.h"
 #include "train/trainer.h"
 
@@ -84,7 +85,9 @@ static void usage(FILE *f) {
             "  --save-every K    also checkpoint every K steps (needs --save)\n"
             "  --init-from FILE  start from an llm.c GPT-2 model file (fp32 or bf16): the model's\n"
             "                    shape comes from it (a model section in --config must agree);\n"
-            "                    its padded vocabulary rows stay outside the softmax\n"
+            "                    its padded vocabulary rows stay outside the softmax; or a\n"
+            "                    Hugging Face Llama folder (config.json + safetensors): its\n"
+            "                    config.json sets the shape (docs/training.md)\n"
             "  --resume DIR      continue from the newest checkpoint published in DIR (or from\n"
             "                    the step folder DIR), on any number of ranks; the same ranks\n"
             "                    continue bit for bit. Without --config the run takes the\n"
@@ -674,7 +677,10 @@ static void print_setup(const zpp_trainer_info *in, const char *init_from) {
            "(initial weights drawn on the %s)",
            total, in->setup_ranks_s, in->setup_model_s, in->setup_engine_s,
            in->init_on_device ? "GPU" : "host");
-    if (init_from) printf(", llm.c model file %.1f s", in->setup_init_from_s);
+    if (init_from)
+        printf(", %s %.1f s",
+               zpp_hf_is_model_dir(init_from) ? "Hugging Face model" : "llm.c model file",
+               in->setup_init_from_s);
     printf("\n");
 }
 
@@ -689,7 +695,9 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
     tr->in = zpp_trainer_info_get(tr->t);
     if (tr->rank == 0) print_setup(tr->in, a->init_from);
     if (a->init_from && tr->rank == 0)
-        printf("starting from llm.c model file %s (vocabulary %d, padded to %d)\n", a->init_from,
+        printf("starting from %s %s (vocabulary %d, padded to %d)\n",
+               zpp_hf_is_model_dir(a->init_from) ? "Hugging Face Llama" : "llm.c model file",
+               a->init_from,
                zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);
     if (a->save) { /* a folder that cannot take the checkpoint, or that another
                     * run holds, fails now: before the resume reads it */
@@ -1055,7 +1063,30 @@ static void print_comparison(const run_summary *r, int n, int profiled) {
                r[1].cross_bytes / r[0].cross_bytes);
 }
 
-/* The config, in order: the defaults; the llm.c file's shape (--init-from)
+/* A config over config.json's shape that failed: when it names another
+ * family, the config's checks refused the llama keys config.json set
+ * ("'model.n_kv_head' is a key of the llama family"), which the user never
+ * wrote; say what they did write instead. Probed by loading the config and
+ * the --set keys over the defaults with the family llama: the family
+ * changes only if they name it. Otherwise st, its message kept. */
+static zpp_status hf_family_refusal(const train_args *a, zpp_status st) {
+    zpp_train_config probe;
+    zpp_error_hold(); /* the probe's own errors do not replace st's message */
+    int other = zpp_train_config_defaults(&probe) == ZPP_OK;
+    probe.model_family = ZPP_FAMILY_LLAMA;
+    if (other && a->config) other = zpp_train_config_load_file(a->config, &probe) == ZPP_OK;
+    if (other && a->sets.n) other = zpp_train_config_set(&probe, a->sets.v, a->sets.n) == ZPP_OK;
+    other = other && probe.model_family != ZPP_FAMILY_LLAMA;
+    zpp_error_release();
+    if (!other) return st;
+    return zpp_error(ZPP_ERR_CONFIG,
+                     "--init-from %s is a Hugging Face Llama, but the config sets "
+                     "'model.family' to \"%s\"; drop the key or set it to \"llama\"",
+                     a->init_from, zpp_model_family_name(probe.model_family));
+}
+
+/* The config, in order: the defaults; the llm.c file's or config.json's
+ * shape (--init-from)
  * or the checkpoint's own config (--resume without --config); the --config
  * file; each --set. A model section loaded over an llm.c shape must leave
  * it as it was. With --resume and no --data, a->data becomes the data file
@@ -1068,10 +1099,18 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
                                                           : cfg->collective_timeout_s);
     *stage = "config";
     zpp_llmc_file *llmc = NULL;
+    zpp_hf_config hf;
+    const int is_hf = a->init_from && zpp_hf_is_model_dir(a->init_from);
+    int hf_applied = 0; /* config.json's shape is in cfg: what fails next is the config's */
     if (st == ZPP_OK && a->init_from) {
+        char path[4096];
         *stage = "init-from";
-        st = zpp_llmc_open(a->init_from, &llmc);
-        if (st == ZPP_OK) cfg->model = zpp_llmc_info_get(llmc)->model;
+        snprintf(path, sizeof path, "%s/config.json", a->init_from);
+        if (is_hf) st = zpp_hf_config_read(path, &hf); /* config.json's shape */
+        if (st == ZPP_OK && is_hf) st = zpp_hf_apply_shape(&hf, cfg);
+        hf_applied = st == ZPP_OK && is_hf;
+        if (!is_hf) st = zpp_llmc_open(a->init_from, &llmc);
+        if (st == ZPP_OK && llmc) cfg->model = zpp_llmc_info_get(llmc)->model;
         if (st == ZPP_OK) *stage = "config";
     }
     if (st == ZPP_OK && a->resume) {
@@ -1088,6 +1127,8 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
         st = zpp_train_config_set(cfg, a->sets.v, a->sets.n);
     }
     if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
+    if (st != ZPP_OK && hf_applied) st = hf_family_refusal(a, st);
+    if (st == ZPP_OK && is_hf) st = zpp_hf_check_shape(&hf, cfg, a->init_from);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
     if (st == ZPP_OK && a->resume && !a->data && saved->data_path) {

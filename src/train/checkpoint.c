@@ -374,6 +374,35 @@ static int loco_on(const zpp_engine *e) {
 
 static void hex64(char *out, uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
 
+/* key: v with the fewest digits (15 to 17) that read back as v: a resumed
+ * llama must compare its rope_theta and norm_eps bit for bit. */
+static void add_exact(cJSON *o, const char *key, double v) {
+    char s[32];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(s, sizeof s, "%.*g", digits, v);
+        if (strtod(s, NULL) == v) break;
+    }
+    cJSON_AddRawToObject(o, key, s);
+}
+
+/* "model"'s family and, for a llama, its knobs (ckpt_manifest.h). */
+static void add_family(cJSON *mo, const zpp_ckpt_meta *m) {
+    const char *family = m->family ? m->family : "gpt2";
+    cJSON_AddStringToObject(mo, "family", family);
+    if (strcmp(family, "llama")) return;
+    const zpp_decoder_shape *x = &m->ext;
+    cJSON_AddNumberToObject(mo, "n_kv_head", x->n_kv_head);
+    cJSON_AddNumberToObject(mo, "n_ffn", x->n_ffn);
+    add_exact(mo, "rope_theta", x->rope_theta);
+    add_exact(mo, "norm_eps", x->norm_eps);
+    cJSON_AddBoolToObject(mo, "untied_head", x->untied_head);
+    cJSON_AddBoolToObject(mo, "qkv_bias", x->qkv_bias);
+    add_exact(mo, "rope_factor", x->rope_factor);
+    add_exact(mo, "rope_low_freq_factor", x->rope_low_freq_factor);
+    add_exact(mo, "rope_high_freq_factor", x->rope_high_freq_factor);
+    cJSON_AddNumberToObject(mo, "rope_original_max_pos", x->rope_original_max_pos);
+}
+
 /* The manifest of a save, sealed with its checksum: `rank_sums` and
  * `loco_sums` (NULL: no loco files) are the files' checksums. */
 static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp_engine *e,
@@ -402,6 +431,7 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
     cJSON_AddNumberToObject(mo, "seq_len", m->model.seq_len);
     cJSON_AddNumberToObject(mo, "vocab_size", m->model.vocab_size);
     cJSON_AddNumberToObject(mo, "real_vocab_size", zpp_gpt2_real_vocab(&m->model));
+    add_family(mo, m);
     cJSON_AddNumberToObject(j, "train_batch_size", m->train_batch_size);
     cJSON_AddNumberToObject(j, "seed", (double)m->seed);
     cJSON *units = cJSON_AddArrayToObject(j, "units");
@@ -1076,6 +1106,33 @@ static zpp_status locate(const char *dir, manifest *m, char *folder) {
                                                : "no such directory");
 }
 
+/* A llama's knobs must match (the family does, checked first): each
+ * changes what the saved weights compute. */
+static zpp_status compare_llama(const char *dir, const manifest *m, const zpp_ckpt_meta *r) {
+    if (strcmp(m->family, "llama")) return ZPP_OK;
+    const zpp_decoder_shape *a = &m->ext, *b = &r->ext;
+    const struct {
+        const char *key;
+        double saved, now;
+    } k[] = {{"model.n_kv_head", a->n_kv_head, b->n_kv_head},
+             {"model.n_ffn", a->n_ffn, b->n_ffn},
+             {"model.rope_theta", a->rope_theta, b->rope_theta},
+             {"model.norm_eps", a->norm_eps, b->norm_eps},
+             {"model.untied_head", a->untied_head, b->untied_head},
+             {"model.qkv_bias", a->qkv_bias, b->qkv_bias},
+             {"model.rope_factor", a->rope_factor, b->rope_factor},
+             {"model.rope_low_freq_factor", a->rope_low_freq_factor, b->rope_low_freq_factor},
+             {"model.rope_high_freq_factor", a->rope_high_freq_factor, b->rope_high_freq_factor},
+             {"model.rope_original_max_pos", a->rope_original_max_pos, b->rope_original_max_pos}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].saved != k[i].now)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "checkpoint %s was saved with %s %.17g, this run has %.17g; resume "
+                             "with the model shape it was saved with",
+                             dir, k[i].key, k[i].saved, k[i].now);
+    return ZPP_OK;
+}
+
 /* The model and dtype must match; the rest is noted. */
 static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_meta *r,
                           const zpp_engine *e, char *note, size_t cap) {
@@ -1089,12 +1146,19 @@ static zpp_status compare(const char *dir, const manifest *m, const zpp_ckpt_met
                  {"model.vocab_size", m->model.vocab_size, r->model.vocab_size},
                  {"model.real_vocab_size", zpp_gpt2_real_vocab(&m->model),
                   zpp_gpt2_real_vocab(&r->model)}};
+    const char *family = r->family ? r->family : "gpt2";
+    if (strcmp(m->family, family))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "checkpoint %s holds a %s, this run trains a %s; set 'model.family' to "
+                         "\"%s\" (and its shape) to resume it",
+                         dir, m->family, family, m->family);
     for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
         if (shape[i].saved != shape[i].now)
             return zpp_error(ZPP_ERR_CONFIG,
                              "checkpoint %s was saved with %s %d, this run has %s %d; resume "
                              "with the model shape it was saved with",
                              dir, shape[i].key, shape[i].saved, shape[i].key, shape[i].now);
+    ZPP_CHECK(compare_llama(dir, m, r));
     if (strcmp(m->dtype, zpp_dtype_name(r->dtype)) != 0)
         return zpp_error(ZPP_ERR_CONFIG,
                          "checkpoint %s was saved with working dtype %s, this run uses %s; set "

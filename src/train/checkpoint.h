@@ -33,7 +33,11 @@
  * MANIFEST (JSON): {"step", "format": 3, "folder", "world_size",
  * "node_size", "mode", "dtype" ("bf16" | "fp32"), "model": {"n_layer",
  * "n_head", "n_embd", "seq_len", "vocab_size", "real_vocab_size" (absent
- * in older manifests: = vocab_size)}, "train_batch_size", "seed",
+ * in older manifests: = vocab_size), "family" ("gpt2" | "llama"; absent
+ * in older ones: gpt2), and a llama's "n_kv_head", "n_ffn", "rope_theta",
+ * "norm_eps", "untied_head", "qkv_bias", "rope_factor",
+ * "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_pos"
+ * (resolved: no 0 standing for a default)}, "train_batch_size", "seed",
  * "units": [numel of each unit], "files": [rank file names],
  * "config": {the saving run's whole config, as a config file holds it:
  * zpp_train_config_to_json}, "data": {"path": absolute path or null (the
@@ -78,8 +82,10 @@
  * pointer that differs from its folder's manifest, and a manifest whose
  * checksum does not hold.
  *
- * CHECKS on load: the model shape (n_layer, n_head, n_embd, seq_len,
- * vocab_size, real_vocab_size), the working dtype and every unit's size must match
+ * CHECKS on load: the model family and shape (n_layer, n_head, n_embd, seq_len,
+ * vocab_size, real_vocab_size; a llama's n_kv_head, n_ffn, rope_theta,
+ * norm_eps, untied_head, qkv_bias, rope_*: the manifest's "model" keeps
+ * them, ckpt_manifest.h), the working dtype and every unit's size must match
  * (ZPP_ERR_CONFIG naming the key and both values): the saved tensors have
  * no meaning under another shape or dtype. Everything else may change and
  * is described in a note (zpp_checkpoint_load's `note`), one line each:
@@ -112,6 +118,11 @@ typedef struct zpp_ckpt_meta {
     const char *mode;  /* "zero3", "qwz+hpz+qgz", ... */
     zpp_dtype dtype;   /* the working dtype */
     zpp_gpt2_config model;
+    /* The family ("gpt2", "llama": family.h) and, for llama, its knobs
+     * (ext's n_kv_head, n_ffn, rope_*, norm_eps, untied_head, qkv_bias, as
+     * zpp_llama_config_of_shape resolved them: no 0 left to a default). */
+    const char *family;
+    zpp_decoder_shape ext;
     int train_batch_size;
     uint64_t seed;
     /* The run's config as given (before zpp_train_config_resolve: batch

@@ -132,6 +132,37 @@ static int get_str(const cJSON *o, const char *key, char *out, size_t cap) {
     return 1;
 }
 
+/* "model"'s family and a llama's knobs (ckpt_manifest.h). */
+static zpp_status manifest_family(const cJSON *mo, const char *name, zpp_ckpt_manifest *m) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(mo, "family");
+    snprintf(m->family, sizeof m->family, "gpt2");
+    if (!f) return ZPP_OK;
+    if (!cJSON_IsString(f) || (strcmp(f->valuestring, "gpt2") && strcmp(f->valuestring, "llama")))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint manifest %s: model.family is not \"gpt2\" or \"llama\"",
+                         name);
+    snprintf(m->family, sizeof m->family, "%s", f->valuestring);
+    if (strcmp(m->family, "llama")) return ZPP_OK;
+    zpp_decoder_shape *x = &m->ext;
+    const cJSON *ut = cJSON_GetObjectItemCaseSensitive(mo, "untied_head");
+    const cJSON *qb = cJSON_GetObjectItemCaseSensitive(mo, "qkv_bias");
+    if (!get_int(mo, "n_kv_head", 1, &x->n_kv_head) || !get_int(mo, "n_ffn", 1, &x->n_ffn) ||
+        !get_num(mo, "rope_theta", 0, 1e300, &x->rope_theta) ||
+        !get_num(mo, "norm_eps", 0, 1e300, &x->norm_eps) ||
+        !get_num(mo, "rope_factor", 0, 1e300, &x->rope_factor) ||
+        !get_num(mo, "rope_low_freq_factor", 0, 1e300, &x->rope_low_freq_factor) ||
+        !get_num(mo, "rope_high_freq_factor", 0, 1e300, &x->rope_high_freq_factor) ||
+        !get_int(mo, "rope_original_max_pos", 0, &x->rope_original_max_pos) ||
+        !cJSON_IsBool(ut) || !cJSON_IsBool(qb))
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint manifest %s: a llama model lacks one of n_kv_head, n_ffn, "
+                         "rope_theta, norm_eps, untied_head, qkv_bias, rope_* (or has one out of "
+                         "range)",
+                         name);
+    x->untied_head = cJSON_IsTrue(ut), x->qkv_bias = cJSON_IsTrue(qb);
+    return ZPP_OK;
+}
+
 /* Replaces every number under `item` by its exact text (a raw item):
  * cJSON would print 15 digits wherever they read back within an ulp, and a
  * resumed run must get the saved config's numbers bit for bit. */
@@ -266,6 +297,8 @@ zpp_status zpp_ckpt_manifest_parse(const char *text, int format, const char *nam
         st = zpp_error(ZPP_ERR_FORMAT,
                        "checkpoint manifest %s counts %d updates and %d skips in %d steps",
                        name, c->updates, c->skipped_total, m->step);
+    } else if ((st = manifest_family(mo, name, m)) != ZPP_OK) {
+        /* the message is set */
     } else if ((st = manifest_optional(j, name, m)) != ZPP_OK) {
         /* the message is set */
     } else {

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/family.h"
 #include "model/gpt2.h"
 #include "zeropp.h"
 
@@ -17,6 +18,13 @@ typedef struct zpp_ckpt_manifest {
     uint64_t seed;
     char folder[256], mode[64];
     zpp_gpt2_config model;
+    /* "model"."family" ("gpt2" when absent: manifests before it held GPT-2s
+     * only) and a llama's knobs, "model"."n_kv_head", "n_ffn",
+     * "rope_theta", "norm_eps", "untied_head", "qkv_bias", "rope_factor",
+     * "rope_low_freq_factor", "rope_high_freq_factor",
+     * "rope_original_max_pos" (required for llama, into ext; 0 for gpt2). */
+    char family[8];
+    zpp_decoder_shape ext;
     size_t *numel;           /* n_units unit sizes */
     int loco;                /* "loco": true: error-feedback files loco-NNNNN.ckpt, one a
                                 rank, in this world_size and node_size's layout */

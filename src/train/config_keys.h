@@ -190,7 +190,9 @@
       "DeepSpeed tuning knob")                                                                    \
     X("zero_optimization.stage3_gather_16bit_weights_on_model_save", IGNORED, none, 0, 0, (0), 0, \
       "DeepSpeed tuning knob")                                                                    \
-    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the decoder's shape (n_embd % n_head == 0)")  \
+    X("model", OBJECT, none, 0, 0, (0), 0,                                                        \
+      "zeropp: the decoder's shape (n_embd % n_head == 0); `--init-from` a Hugging Face folder "  \
+      "sets it from config.json (docs/training.md)")                                              \
     X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0, "transformer blocks")              \
     X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0, "attention heads")                   \
     X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \

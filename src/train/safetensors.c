@@ -14,7 +14,6 @@
 #include "core/error.h"
 #include "core/file.h"
 
-#define ST_CHUNK 65536 /* elements per read through the staging buffer */
 /* Integers a JSON number (a double in cJSON) holds exactly. */
 #define ST_MAX_JSON_INT 9007199254740992.0 /* 2^53 */
 
@@ -360,17 +359,18 @@ zpp_status zpp_st_read_f32(zpp_st_file *f, const zpp_st_tensor *t, size_t first,
                          "safetensors file '%s': tensor '%s' is %s; only BF16, F16 and F32 "
                          "tensors convert to fp32",
                          f->path, t->name, zpp_st_dtype_name(t->dtype));
+    /* One read for the whole range, into the upper half of out, widened
+     * front to back in place: writing out[i] (bytes [4i, 4i + 4)) touches
+     * only 16-bit elements j <= i (at bytes 2 count + 2 j), already read. */
     const zpp_dtype from = t->dtype == ZPP_ST_BF16 ? ZPP_BF16 : ZPP_FP16;
-    uint16_t *stage = malloc(2 * ST_CHUNK);
-    if (!stage) return zpp_error(ZPP_ERR_NOMEM, "zpp_st_read_f32: out of memory");
-    zpp_status st = ZPP_OK;
-    for (size_t i = 0; i < count && st == ZPP_OK; i += ST_CHUNK) {
-        const size_t k = count - i < ST_CHUNK ? count - i : ST_CHUNK;
-        st = zpp_st_read(f, t, 2 * (first + i), 2 * k, stage);
-        for (size_t j = 0; j < k && st == ZPP_OK; j++) out[i + j] = zpp_load_f32(stage, from, j);
+    unsigned char *half = (unsigned char *)out + 2 * count;
+    ZPP_CHECK(zpp_st_read(f, t, 2 * first, 2 * count, half));
+    for (size_t i = 0; i < count; i++) {
+        uint16_t h;
+        memcpy(&h, half + 2 * i, 2);
+        out[i] = zpp_load_f32(&h, from, 0);
     }
-    free(stage);
-    return st;
+    return ZPP_OK;
 }
 
 /* ---- Writing ------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include "core/fault.h"
 #include "device/device.h"
 #include "train/checkpoint.h"
+#include "train/hf_model.h"
 #include "train/llmc.h"
 
 struct zpp_trainer {
@@ -132,6 +133,55 @@ out:
     return st;
 }
 
+/* The generic shape of the run's model (family.h): `model`'s fields and
+ * model_ext's (zero for GPT-2: the config refuses Llama keys there), and
+ * how the model keeps its activations. */
+static zpp_decoder_shape model_shape(const zpp_train_config *c) {
+    const zpp_gpt2_config *mc = &c->model;
+    zpp_decoder_shape shape = c->model_ext;
+    shape.n_layer = mc->n_layer;
+    shape.n_head = mc->n_head;
+    shape.n_embd = mc->n_embd;
+    shape.seq_len = mc->seq_len;
+    shape.vocab_size = mc->vocab_size;
+    shape.real_vocab_size = mc->real_vocab_size;
+    shape.recompute = c->activation_checkpointing;
+    return shape;
+}
+
+/* --init-from DIR, a Hugging Face Llama (train/hf_model.h): this rank's
+ * shard of every unit, each HF tensor that overlaps it read from its file
+ * (those bytes only), widened to fp32; the moments start at zero. The
+ * run's shape was set from config.json and checked (tools/train.c), so a
+ * mismatch here is a caller's mistake, still refused. */
+static zpp_status init_from_hf(zpp_trainer *t, const char *dir) {
+    zpp_hf_model *m = NULL;
+    float *x = NULL, *zero = NULL;
+    zpp_llama_config lc;
+    const zpp_decoder_shape shape = model_shape(&t->cfg);
+    ZPP_CHECK(zpp_llama_config_of_shape(&shape, &lc));
+    ZPP_CHECK(zpp_hf_model_open(dir, &m));
+    zpp_status st = zpp_hf_check_shape(zpp_hf_model_config(m), &t->cfg, dir);
+    size_t most = 1; /* the largest shard: one buffer serves every unit */
+    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        if (count > most) most = count;
+    }
+    if (st == ZPP_OK && (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))))
+        st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
+    for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
+        if (st == ZPP_OK) st = zpp_hf_model_read_unit(m, &lc, u, begin, count, x);
+        if (st == ZPP_OK) st = zpp_engine_state_set(t->engine, u, x, zero, zero);
+    }
+    free(x);
+    free(zero);
+    zpp_hf_model_close(m);
+    return st;
+}
+
 /* The engine's options from the config, as the public API takes them: the
  * trainer opens its engine as any program would (zpp_engine_create), so the
  * config file, the public config and their checks cannot drift apart. */
@@ -227,18 +277,8 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                          "the data has tokens up to %d but model.real_vocab_size is %d (the "
                          "rows past it are padding); use data of that vocabulary",
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
-    /* Every family through its factory (family.h): the generic shape,
-     * `model`'s fields and model_ext's (zero for GPT-2: the config refuses
-     * Llama keys there), and how the model keeps its activations. */
-    const zpp_gpt2_config *mc = &c->model;
-    zpp_decoder_shape shape = c->model_ext;
-    shape.n_layer = mc->n_layer;
-    shape.n_head = mc->n_head;
-    shape.n_embd = mc->n_embd;
-    shape.seq_len = mc->seq_len;
-    shape.vocab_size = mc->vocab_size;
-    shape.real_vocab_size = mc->real_vocab_size;
-    shape.recompute = c->activation_checkpointing;
+    /* Every family through its factory (family.h). */
+    const zpp_decoder_shape shape = model_shape(c);
     return zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
                                    c->train_micro_batch_size_per_gpu, t->dev, &t->model);
 }
@@ -307,7 +347,9 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
     const zpp_engine_config ec = engine_config(c, hpz, wd, o->profile);
     ZPP_CHECK(zpp_engine_create(t->topo, t->model, t->dev, &ec, &t->engine)); /* agrees */
     double t3 = now_s();
-    if (o->init_from) ZPP_CHECK(init_from_llmc(t, o->init_from));
+    if (o->init_from) /* a Hugging Face folder, or an llm.c file */
+        ZPP_CHECK(zpp_hf_is_model_dir(o->init_from) ? init_from_hf(t, o->init_from)
+                                                    : init_from_llmc(t, o->init_from));
     double t4 = now_s();
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
@@ -479,6 +521,19 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.mode = t->info.mode;
     m.dtype = t->cfg.bf16 ? ZPP_BF16 : t->cfg.fp16.enabled ? ZPP_FP16 : ZPP_FP32;
     m.model = t->cfg.model;
+    m.family = zpp_model_family_name(t->cfg.model_family);
+    zpp_llama_config lc;
+    const zpp_decoder_shape shape = model_shape(&t->cfg);
+    if (t->cfg.model_family == ZPP_FAMILY_LLAMA &&
+        zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK) {
+        /* resolved: a default and its value written out compare equal */
+        m.ext.n_kv_head = lc.n_kv_head, m.ext.n_ffn = lc.n_ffn;
+        m.ext.rope_theta = lc.rope_theta, m.ext.norm_eps = lc.norm_eps;
+        m.ext.untied_head = lc.untied_head, m.ext.qkv_bias = lc.qkv_bias;
+        m.ext.rope_factor = lc.rope_factor, m.ext.rope_low_freq_factor = lc.rope_low_freq_factor;
+        m.ext.rope_high_freq_factor = lc.rope_high_freq_factor;
+        m.ext.rope_original_max_pos = lc.rope_original_max_pos;
+    }
     m.train_batch_size = t->cfg.train_batch_size;
     m.seed = t->cfg.seed;
     m.config = &t->cfg_given;

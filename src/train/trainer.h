@@ -67,10 +67,11 @@ typedef struct zpp_trainer_opts {
     /* 1: time each step's compute and exposed communication
      * (zpp_engine_config.profile). The same on every rank. */
     int profile;
-    /* An llm.c GPT-2 model file (train/llmc.h) to start from instead of the
-     * seeded init: each rank reads its shards' elements, the moments start
-     * at zero. cfg->model must be the file's shape (ZPP_ERR_CONFIG naming
-     * the key otherwise). NULL: the seeded init. */
+    /* An llm.c GPT-2 model file (train/llmc.h), or a Hugging Face Llama
+     * folder (train/hf_model.h: a folder with config.json), to start from
+     * instead of the seeded init: each rank reads its shards' elements, the
+     * moments start at zero. cfg must have the file's shape (ZPP_ERR_CONFIG
+     * naming the key otherwise). NULL: the seeded init. */
     const char *init_from;
 } zpp_trainer_opts;
 

@@ -1,0 +1,496 @@
+/* train/hf_model.c — a Hugging Face Llama folder onto the llama units and
+ * back (hf_model.h). */
+#define _XOPEN_SOURCE 700 /* getpid, rename */
+#include "train/hf_model.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/gpt2.h"
+
+#define HF_PATH 4096
+
+/* ---- The shape ------------------------------------------------------------------- */
+
+int zpp_hf_is_model_dir(const char *path) {
+    char p[HF_PATH];
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+    snprintf(p, sizeof p, "%s/config.json", path);
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+zpp_status zpp_hf_apply_shape(const zpp_hf_config *hf, zpp_train_config *cfg) {
+    if (hf->head_dim * hf->num_attention_heads != hf->hidden_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "config.json: head_dim %d is not hidden_size %d / num_attention_heads "
+                         "%d; zeropp's llama takes the head dim n_embd / n_head",
+                         hf->head_dim, hf->hidden_size, hf->num_attention_heads);
+    cfg->model_family = ZPP_FAMILY_LLAMA;
+    cfg->model.n_layer = hf->num_hidden_layers;
+    cfg->model.n_head = hf->num_attention_heads;
+    cfg->model.n_embd = hf->hidden_size;
+    cfg->model.vocab_size = hf->vocab_size;
+    cfg->model.real_vocab_size = hf->vocab_size;
+    zpp_decoder_shape *x = &cfg->model_ext;
+    x->n_kv_head = hf->num_key_value_heads;
+    x->n_ffn = hf->intermediate_size;
+    x->rope_theta = hf->rope_theta;
+    x->norm_eps = hf->rms_norm_eps;
+    x->untied_head = !hf->tie_word_embeddings;
+    x->qkv_bias = hf->attention_bias;
+    const zpp_hf_rope_scaling *r = &hf->rope_scaling;
+    x->rope_factor = r->llama3 ? r->factor : 0.0;
+    x->rope_low_freq_factor = r->llama3 ? r->low_freq_factor : 0.0;
+    x->rope_high_freq_factor = r->llama3 ? r->high_freq_factor : 0.0;
+    x->rope_original_max_pos = r->llama3 ? r->original_max_position_embeddings : 0;
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_check_shape(const zpp_hf_config *hf, const zpp_train_config *cfg,
+                              const char *dir) {
+    zpp_train_config want = *cfg;
+    ZPP_CHECK(zpp_hf_apply_shape(hf, &want));
+    if (cfg->model_family != ZPP_FAMILY_LLAMA)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--init-from %s is a Hugging Face Llama, but 'model.family' is \"%s\"; "
+                         "drop the key or set it to \"llama\"",
+                         dir, zpp_model_family_name(cfg->model_family));
+    const zpp_decoder_shape *a = &want.model_ext, *b = &cfg->model_ext;
+    const struct {
+        const char *key;
+        double file, run;
+    } k[] = {{"model.n_layer", want.model.n_layer, cfg->model.n_layer},
+             {"model.n_head", want.model.n_head, cfg->model.n_head},
+             {"model.n_embd", want.model.n_embd, cfg->model.n_embd},
+             {"model.real_vocab_size", hf->vocab_size, zpp_gpt2_real_vocab(&cfg->model)},
+             {"model.n_kv_head", a->n_kv_head, b->n_kv_head},
+             {"model.n_ffn", a->n_ffn, b->n_ffn},
+             {"model.rope_theta", a->rope_theta, b->rope_theta},
+             {"model.norm_eps", a->norm_eps, b->norm_eps},
+             {"model.untied_head", a->untied_head, b->untied_head},
+             {"model.qkv_bias", a->qkv_bias, b->qkv_bias},
+             {"model.rope_factor", a->rope_factor, b->rope_factor},
+             {"model.rope_low_freq_factor", a->rope_low_freq_factor, b->rope_low_freq_factor},
+             {"model.rope_high_freq_factor", a->rope_high_freq_factor, b->rope_high_freq_factor},
+             {"model.rope_original_max_pos", a->rope_original_max_pos, b->rope_original_max_pos}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (k[i].file != k[i].run)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "'%s' is %.17g in the config but %.17g in %s/config.json, which "
+                             "defines the model's shape; drop the key or set it to %.17g",
+                             k[i].key, k[i].run, k[i].file, dir, k[i].file);
+    if (cfg->model.vocab_size < hf->vocab_size)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'model.vocab_size' %d is below the %d rows of %s's embedding; drop "
+                         "the key or pad it to at least %d",
+                         cfg->model.vocab_size, hf->vocab_size, dir, hf->vocab_size);
+    return ZPP_OK;
+}
+
+/* ---- The slots ------------------------------------------------------------------- */
+
+static zpp_hf_slot slot(const char *name, int unit, size_t offset, int64_t rows, int64_t cols) {
+    zpp_hf_slot s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.name, sizeof s.name, "%s", name);
+    s.unit = unit, s.offset = offset;
+    s.ndim = cols ? 2 : 1;
+    s.shape[0] = rows, s.shape[1] = cols;
+    s.numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    return s;
+}
+
+/* Layer N's slots (unit N + 1) into s, in transformers' module order:
+ * self_attn q, k, v, o, mlp gate, up, down, then the two norms. */
+static size_t layer_slots(const zpp_llama_config *c, const zpp_llama_layout *l, int N,
+                          zpp_hf_slot *s) {
+    const int64_t C = c->n_embd, Ck = (int64_t)c->n_kv_head * (C / c->n_head), F = c->n_ffn;
+    const int u = N + 1;
+    char p[64], name[96];
+    snprintf(p, sizeof p, "model.layers.%d.", N);
+    size_t n = 0;
+#define SLOT(suffix, off, rows, cols) \
+    (snprintf(name, sizeof name, "%s%s", p, suffix), s[n++] = slot(name, u, off, rows, cols))
+    SLOT("self_attn.q_proj.weight", l->wqkv, C, C);
+    if (c->qkv_bias) SLOT("self_attn.q_proj.bias", l->bqkv, C, 0);
+    SLOT("self_attn.k_proj.weight", l->wqkv + (size_t)(C * C), Ck, C);
+    if (c->qkv_bias) SLOT("self_attn.k_proj.bias", l->bqkv + (size_t)C, Ck, 0);
+    SLOT("self_attn.v_proj.weight", l->wqkv + (size_t)((C + Ck) * C), Ck, C);
+    if (c->qkv_bias) SLOT("self_attn.v_proj.bias", l->bqkv + (size_t)(C + Ck), Ck, 0);
+    SLOT("self_attn.o_proj.weight", l->wo, C, C);
+    if (c->qkv_bias) { /* HF Llama's attention_bias gives o_proj one: zeros here */
+        SLOT("self_attn.o_proj.bias", 0, C, 0);
+        s[n - 1].zero_tensor = 1;
+    }
+    SLOT("mlp.gate_proj.weight", l->wgu, F, C);
+    SLOT("mlp.up_proj.weight", l->wgu + (size_t)(F * C), F, C);
+    SLOT("mlp.down_proj.weight", l->wdown, C, F);
+    SLOT("input_layernorm.weight", l->norm1, C, 0);
+    SLOT("post_attention_layernorm.weight", l->norm2, C, 0);
+#undef SLOT
+    return n;
+}
+
+zpp_status zpp_hf_slots(const zpp_llama_config *c, zpp_hf_slot **slots_p, size_t *n_p) {
+    zpp_llama_layout l;
+    zpp_llama_layout_make(c, &l);
+    const size_t per_layer = 13, n_max = 3 + per_layer * (size_t)c->n_layer; /* with biases */
+    zpp_hf_slot *s = calloc(n_max, sizeof *s);
+    if (!s) return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+    size_t n = 0;
+    s[n++] = slot("model.embed_tokens.weight", 0, l.wte, c->real_vocab_size, c->n_embd);
+    for (int N = 0; N < c->n_layer; N++) n += layer_slots(c, &l, N, s + n);
+    s[n++] = slot("model.norm.weight", 0, l.norm_f, c->n_embd, 0);
+    if (c->untied_head) s[n++] = slot("lm_head.weight", 0, l.head, c->real_vocab_size, c->n_embd);
+    *slots_p = s, *n_p = n;
+    return ZPP_OK;
+}
+
+/* ---- Reading a folder ------------------------------------------------------------ */
+
+struct zpp_hf_model {
+    char *dir;
+    zpp_hf_config hf;
+    zpp_llama_config cfg; /* of config.json alone: vocab_size = the file's rows */
+    size_t n_files;
+    zpp_st_file **files;
+    zpp_hf_slot *slots;
+    size_t n_slots;
+    zpp_st_file **slot_file; /* where each slot's tensor is */
+    const zpp_st_tensor **slot_tensor;
+};
+
+const zpp_hf_config *zpp_hf_model_config(const zpp_hf_model *m) { return &m->hf; }
+
+const char *zpp_hf_model_dtype(const zpp_hf_model *m) {
+    return m->n_slots ? zpp_st_dtype_name(m->slot_tensor[0]->dtype) : "";
+}
+
+void zpp_hf_model_close(zpp_hf_model *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->n_files; i++) zpp_st_close(m->files[i]);
+    free(m->files);
+    free(m->slots);
+    free(m->slot_file);
+    free(m->slot_tensor);
+    free(m->dir);
+    free(m);
+}
+
+/* The safetensors files: model.safetensors, or those the index names. */
+static zpp_status open_files(zpp_hf_model *m) {
+    char path[HF_PATH];
+    snprintf(path, sizeof path, "%s/%s", m->dir, ZPP_ST_INDEX_NAME);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        snprintf(path, sizeof path, "%s/%s", m->dir, ZPP_ST_SINGLE_NAME);
+        if (!(m->files = calloc(1, sizeof *m->files)))
+            return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+        ZPP_CHECK(zpp_st_open(path, &m->files[0]));
+        m->n_files = 1;
+        return ZPP_OK;
+    }
+    zpp_st_index *x = NULL;
+    ZPP_CHECK(zpp_st_index_open(path, &x));
+    zpp_status st = ZPP_OK;
+    const size_t nf = zpp_st_index_files(x);
+    if (!(m->files = calloc(nf + 1, sizeof *m->files)))
+        st = zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+    for (size_t i = 0; i < nf && st == ZPP_OK; i++) {
+        snprintf(path, sizeof path, "%s/%s", m->dir, zpp_st_index_file(x, i));
+        st = zpp_st_open(path, &m->files[i]);
+        if (st == ZPP_OK) m->n_files++;
+    }
+    /* every tensor of a shard is in the index under that shard */
+    for (size_t i = 0; i < m->n_files && st == ZPP_OK; i++)
+        for (size_t k = 0; k < zpp_st_count(m->files[i]) && st == ZPP_OK; k++) {
+            const char *name = zpp_st_tensor_at(m->files[i], k)->name;
+            const char *in = zpp_st_index_find(x, name);
+            if (!in || strcmp(in, zpp_st_index_file(x, i)))
+                st = zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is in %s, but the index %s",
+                               m->dir, name, zpp_st_index_file(x, i),
+                               in ? "names another file" : "does not list it");
+        }
+    zpp_st_index_close(x);
+    return st;
+}
+
+/* Names a folder may hold that map to nothing (hf_model.h). */
+static int ignored_name(const zpp_hf_model *m, const char *name) {
+    const char *tail = ".self_attn.rotary_emb.inv_freq";
+    const size_t n = strlen(name), k = strlen(tail);
+    if (n > k && !strcmp(name + n - k, tail) && !strncmp(name, "model.layers.", 13)) return 1;
+    return !m->cfg.untied_head && !strcmp(name, "lm_head.weight");
+}
+
+/* The slot called `name`, or -1: a scan, quadratic over all tensors, but a
+ * 70B Llama has 723 of them, a few hundred thousand comparisons at open. */
+static long find_slot(const zpp_hf_model *m, const char *name) {
+    for (size_t i = 0; i < m->n_slots; i++)
+        if (!strcmp(m->slots[i].name, name)) return (long)i;
+    return -1;
+}
+
+/* One tensor of the files against its slot: shape and dtype. */
+static zpp_status check_tensor(const zpp_hf_slot *s, const zpp_st_file *f,
+                               const zpp_st_tensor *t) {
+    if (t->dtype != ZPP_ST_BF16 && t->dtype != ZPP_ST_F16 && t->dtype != ZPP_ST_F32)
+        return zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is %s; zeropp reads BF16, F16 or F32",
+                         zpp_st_path(f), t->name, zpp_st_dtype_name(t->dtype));
+    int same = t->ndim == s->ndim;
+    for (int d = 0; same && d < s->ndim; d++) same = t->shape[d] == s->shape[d];
+    if (!same)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "%s: tensor '%s' has shape [%lld%s%lld], config.json's model needs "
+                         "[%lld%s%lld]",
+                         zpp_st_path(f), t->name, (long long)t->shape[0],
+                         t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
+                         (long long)s->shape[0], s->ndim > 1 ? ", " : "",
+                         s->ndim > 1 ? (long long)s->shape[1] : 0LL);
+    return ZPP_OK;
+}
+
+/* Every tensor of every file is a slot (or ignored), every slot is found. */
+static zpp_status match_tensors(zpp_hf_model *m) {
+    for (size_t i = 0; i < m->n_files; i++)
+        for (size_t k = 0; k < zpp_st_count(m->files[i]); k++) {
+            const zpp_st_tensor *t = zpp_st_tensor_at(m->files[i], k);
+            const long j = find_slot(m, t->name);
+            if (j < 0 && ignored_name(m, t->name)) continue;
+            if (j < 0)
+                return zpp_error(ZPP_ERR_FORMAT,
+                                 "%s: tensor '%s' is no part of a LlamaForCausalLM of this "
+                                 "config.json (hf_model.h lists the names zeropp maps)",
+                                 zpp_st_path(m->files[i]), t->name);
+            if (m->slot_tensor[j])
+                return zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is in two files",
+                                 m->dir, t->name);
+            ZPP_CHECK(check_tensor(&m->slots[j], m->files[i], t));
+            m->slot_file[j] = m->files[i], m->slot_tensor[j] = t;
+        }
+    for (size_t j = 0; j < m->n_slots; j++)
+        if (!m->slot_tensor[j])
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "%s: tensor '%s' is missing; config.json's model needs it", m->dir,
+                             m->slots[j].name);
+    return ZPP_OK;
+}
+
+/* o_proj's biases (attention_bias): this layout has none, so only zeros
+ * map onto it exactly. */
+static zpp_status check_zero_tensors(zpp_hf_model *m) {
+    float *x = NULL;
+    zpp_status st = ZPP_OK;
+    for (size_t j = 0; j < m->n_slots && st == ZPP_OK; j++) {
+        if (!m->slots[j].zero_tensor) continue;
+        const size_t n = m->slots[j].numel;
+        if (!x && !(x = malloc(n * sizeof *x))) /* every o_proj bias has C elements */
+            return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+        st = zpp_st_read_f32(m->slot_file[j], m->slot_tensor[j], 0, n, x);
+        for (size_t i = 0; i < n && st == ZPP_OK; i++)
+            if (x[i] != 0.0f)
+                st = zpp_error(ZPP_ERR_FORMAT,
+                               "%s: tensor '%s' has a nonzero element %zu (%g); zeropp's llama "
+                               "has q/k/v biases but none on o_proj",
+                               m->dir, m->slots[j].name, i, (double)x[i]);
+    }
+    free(x);
+    return st;
+}
+
+zpp_status zpp_hf_model_open(const char *dir, zpp_hf_model **model_p) {
+    if (!dir || !model_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_model_open: NULL argument");
+    zpp_hf_model *m = calloc(1, sizeof *m);
+    char path[HF_PATH];
+    zpp_status st = ZPP_OK;
+    if (!m || !(m->dir = strdup(dir))) {
+        free(m);
+        return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    zpp_train_config tc;
+    ZPP_CHECK_GOTO(zpp_hf_config_read(path, &m->hf), st, out);
+    ZPP_CHECK_GOTO(zpp_train_config_defaults(&tc), st, out);
+    ZPP_CHECK_GOTO(zpp_hf_apply_shape(&m->hf, &tc), st, out);
+    zpp_decoder_shape shape = tc.model_ext;
+    shape.n_layer = tc.model.n_layer, shape.n_head = tc.model.n_head;
+    shape.n_embd = tc.model.n_embd, shape.seq_len = 1;
+    shape.vocab_size = shape.real_vocab_size = tc.model.vocab_size;
+    ZPP_CHECK_GOTO(zpp_llama_config_of_shape(&shape, &m->cfg), st, out);
+    ZPP_CHECK_GOTO(zpp_hf_slots(&m->cfg, &m->slots, &m->n_slots), st, out);
+    m->slot_file = calloc(m->n_slots, sizeof *m->slot_file);
+    m->slot_tensor = calloc(m->n_slots, sizeof *m->slot_tensor);
+    if (!m->slot_file || !m->slot_tensor) {
+        st = zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
+        goto out;
+    }
+    ZPP_CHECK_GOTO(open_files(m), st, out);
+    ZPP_CHECK_GOTO(match_tensors(m), st, out);
+    ZPP_CHECK_GOTO(check_zero_tensors(m), st, out);
+    *model_p = m;
+out:
+    if (st != ZPP_OK) zpp_hf_model_close(m);
+    return st;
+}
+
+zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, int unit,
+                                  size_t begin, size_t count, float *out) {
+    zpp_llama_layout l;
+    zpp_llama_layout_make(cfg, &l);
+    const size_t numel = unit == 0 ? l.embed_numel : l.block_numel;
+    if (unit < 0 || unit > cfg->n_layer || begin > numel || count > numel - begin)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_model_read_unit: unit %d [%zu, +%zu) is out "
+                                          "of range", unit, begin, count);
+    if (cfg->n_layer != m->cfg.n_layer || cfg->n_embd != m->cfg.n_embd ||
+        cfg->real_vocab_size != m->cfg.real_vocab_size || cfg->untied_head != m->cfg.untied_head ||
+        cfg->qkv_bias != m->cfg.qkv_bias || cfg->n_ffn != m->cfg.n_ffn ||
+        cfg->n_kv_head != m->cfg.n_kv_head)
+        return zpp_error(ZPP_ERR_CONFIG, "%s: the run's model is not config.json's", m->dir);
+    /* padded rows (and anything no tensor covers) start at zero */
+    memset(out, 0, count * sizeof *out);
+    zpp_hf_slot *slots = NULL;
+    size_t n = 0;
+    ZPP_CHECK(zpp_hf_slots(cfg, &slots, &n)); /* the run's offsets: its vocab_size */
+    zpp_status st = ZPP_OK;
+    for (size_t j = 0; j < n && st == ZPP_OK; j++) {
+        const zpp_hf_slot *s = &slots[j];
+        if (s->unit != unit || s->zero_tensor) continue;
+        const size_t lo = s->offset > begin ? s->offset : begin;
+        const size_t hi_s = s->offset + s->numel, hi_r = begin + count;
+        const size_t hi = hi_s < hi_r ? hi_s : hi_r;
+        if (lo >= hi) continue;
+        /* the same order of names in both slot lists: j is m's slot j */
+        st = zpp_st_read_f32(m->slot_file[j], m->slot_tensor[j], lo - s->offset, hi - lo,
+                             out + (lo - begin));
+    }
+    free(slots);
+    return st;
+}
+
+/* ---- Writing a folder ------------------------------------------------------------ */
+
+void zpp_hf_config_of_llama(const zpp_llama_config *c, int max_position_embeddings,
+                            zpp_hf_config *hf) {
+    memset(hf, 0, sizeof *hf);
+    snprintf(hf->architecture, sizeof hf->architecture, "LlamaForCausalLM");
+    hf->hidden_size = c->n_embd;
+    hf->intermediate_size = c->n_ffn;
+    hf->num_hidden_layers = c->n_layer;
+    hf->num_attention_heads = c->n_head;
+    hf->num_key_value_heads = c->n_kv_head;
+    hf->head_dim = c->n_embd / c->n_head;
+    hf->vocab_size = c->real_vocab_size;
+    hf->max_position_embeddings = max_position_embeddings;
+    hf->rms_norm_eps = c->norm_eps;
+    hf->rope_theta = c->rope_theta;
+    hf->rope_scaling.llama3 = c->rope_factor != 0.0;
+    hf->rope_scaling.factor = c->rope_factor;
+    hf->rope_scaling.low_freq_factor = c->rope_low_freq_factor;
+    hf->rope_scaling.high_freq_factor = c->rope_high_freq_factor;
+    hf->rope_scaling.original_max_position_embeddings = c->rope_original_max_pos;
+    hf->tie_word_embeddings = !c->untied_head;
+    hf->attention_bias = c->qkv_bias;
+    hf->torch_dtype = ZPP_FP32;
+    hf->bos_token_id = -1;
+}
+
+typedef struct fill_ctx {
+    const float *x; /* the slot's elements; NULL: zeros */
+    zpp_dtype dtype;
+} fill_ctx;
+
+/* Bytes [offset, offset + n) of a slot in the export dtype: fp32 as held,
+ * bf16 and fp16 rounded to nearest even (core/dtype.h). */
+static zpp_status fill_slot(void *vctx, size_t offset, size_t n, void *out) {
+    const fill_ctx *c = vctx;
+    const size_t es = zpp_dtype_size(c->dtype), first = offset / es, count = n / es;
+    for (size_t i = 0; i < count; i++)
+        zpp_store_f32(out, c->dtype, i, c->x ? c->x[first + i] : 0.0f);
+    return ZPP_OK;
+}
+
+/* Removes the files of folder `dir` (written by this process) and it. */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    char p[HF_PATH + 256]; /* a d_name is at most 255 bytes */
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* The sources of every slot, their fills in ctx. */
+static zpp_status export_sources(const zpp_llama_config *cfg, const float *const *units,
+                                 zpp_dtype dtype, zpp_st_source **src_p, fill_ctx **ctx_p,
+                                 size_t *n_p) {
+    zpp_hf_slot *s = NULL;
+    size_t n = 0;
+    ZPP_CHECK(zpp_hf_slots(cfg, &s, &n));
+    zpp_st_source *src = calloc(n, sizeof *src);
+    fill_ctx *ctx = calloc(n, sizeof *ctx);
+    char *names = malloc(n * sizeof s->name);
+    if (!src || !ctx || !names) {
+        free(s), free(src), free(ctx), free(names);
+        return zpp_error(ZPP_ERR_NOMEM, "hf export: out of memory");
+    }
+    const zpp_st_dtype sd = dtype == ZPP_BF16 ? ZPP_ST_BF16 : dtype == ZPP_FP16 ? ZPP_ST_F16
+                                                                                : ZPP_ST_F32;
+    for (size_t j = 0; j < n; j++) {
+        char *name = names + j * sizeof s->name; /* freed with src[0].name */
+        memcpy(name, s[j].name, sizeof s->name);
+        ctx[j] = (fill_ctx){s[j].zero_tensor ? NULL : units[s[j].unit] + s[j].offset, dtype};
+        src[j] = (zpp_st_source){.name = name, .dtype = sd, .ndim = s[j].ndim, .fill = fill_slot,
+                                 .ctx = &ctx[j]};
+        src[j].shape[0] = s[j].shape[0], src[j].shape[1] = s[j].shape[1];
+        if (dtype == ZPP_FP32 && ctx[j].x) src[j].data = ctx[j].x; /* as held: no copy */
+    }
+    free(s);
+    *src_p = src, *ctx_p = ctx, *n_p = n;
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
+                         const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
+                         int *shards_p) {
+    if (!dir || !cfg || !hf || !units || strlen(dir) > HF_PATH - 64)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: NULL argument or a path too long");
+    if (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: dtype %d is not fp32, bf16 or fp16",
+                         (int)dtype);
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        return zpp_error(ZPP_ERR_IO, "export: %s exists; give a new folder (the export writes "
+                                     "it whole, or not at all)", dir);
+    zpp_hf_config c = *hf;
+    c.torch_dtype = dtype;
+    char tmp[HF_PATH], path[HF_PATH + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (mkdir(tmp, 0777) != 0)
+        return zpp_error(ZPP_ERR_IO, "export: cannot create %s: %s", tmp, strerror(errno));
+    zpp_st_source *src = NULL;
+    fill_ctx *ctx = NULL;
+    size_t n = 0;
+    zpp_status st = export_sources(cfg, units, dtype, &src, &ctx, &n);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    if (st == ZPP_OK) st = zpp_hf_config_write(path, &c);
+    if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, max_shard_bytes, shards_p);
+    if (st == ZPP_OK && rename(tmp, dir) != 0)
+        st = zpp_error(ZPP_ERR_IO, "export: cannot rename %s to %s: %s", tmp, dir,
+                       strerror(errno));
+    if (st != ZPP_OK) remove_dir(tmp);
+    if (src) free((char *)src[0].name);
+    free(src);
+    free(ctx);
+    return st;
+}

@@ -1,0 +1,134 @@
+/* train/hf_model.h — a Hugging Face Llama folder (config.json and its
+ * safetensors) mapped onto the llama family's units (model/llama.h), in
+ * and out: `zeropp train --init-from DIR` and `zeropp export --format hf`.
+ *
+ * THE FOLDER: config.json (train/hf_config.h: LlamaForCausalLM) and either
+ * model.safetensors or model.safetensors.index.json with the shards it
+ * names (train/safetensors.h). Tensors in BF16, F16 or F32, any order, in
+ * any file.
+ *
+ * THE SHAPE comes from config.json: hidden_size -> model.n_embd,
+ * num_hidden_layers -> n_layer, num_attention_heads -> n_head,
+ * num_key_value_heads -> n_kv_head, intermediate_size -> n_ffn,
+ * vocab_size -> real_vocab_size (and vocab_size, unless the run pads it),
+ * rope_theta, rms_norm_eps -> norm_eps, tie_word_embeddings -> !untied_head,
+ * attention_bias -> qkv_bias, rope_scaling (llama3) -> rope_factor,
+ * rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos.
+ * zpp_hf_apply_shape writes these into a run's config before the user's
+ * --config and --set are read over it; zpp_hf_check_shape then refuses, with
+ * one line naming the key and both values, a config that changed any of
+ * them. Left to the run: model.seq_len (T; RoPE has no table to outgrow),
+ * and model.vocab_size, which may pad the embedding past the file's rows
+ * (those rows start at zero, outside the softmax). A head_dim other than
+ * hidden_size / num_attention_heads is refused: the layout's head dim is
+ * n_embd / n_head.
+ *
+ * THE NAMES, with N = 0..L-1 the layer (unit N + 1) and V the file's
+ * vocabulary (the padded rows of a larger model.vocab_size are no tensor):
+ *   model.embed_tokens.weight            [V, C]   unit 0's wte, rows 0..V-1
+ *   model.norm.weight                    [C]      norm_f
+ *   lm_head.weight                       [V, C]   head (untied only)
+ *   model.layers.N.input_layernorm.weight           [C]   norm1
+ *   model.layers.N.self_attn.{q,k,v}_proj.weight    [H hd | KV hd, C]  wqkv's
+ *                                                   three row blocks
+ *   model.layers.N.self_attn.{q,k,v}_proj.bias      bqkv's (attention_bias)
+ *   model.layers.N.self_attn.o_proj.weight          [C, C]  wo
+ *   model.layers.N.self_attn.o_proj.bias            [C]     attention_bias:
+ *       transformers' Llama gives o_proj a bias too; this layout has none,
+ *       so it must be all zeros on import, and is written as zeros
+ *   model.layers.N.post_attention_layernorm.weight  [C]   norm2
+ *   model.layers.N.mlp.{gate,up}_proj.weight        [F, C]  wgu's two halves
+ *   model.layers.N.mlp.down_proj.weight             [C, F]  wdown
+ * Row-major [out][in] in both, so each HF tensor is one contiguous range
+ * of one unit. Ignored: model.layers.N.self_attn.rotary_emb.inv_freq (a
+ * buffer older transformers saved; RoPE's frequencies come from the
+ * config) and lm_head.weight of a tied model (transformers ties it to the
+ * embedding on load). Any other name, a missing tensor, another shape or
+ * dtype is refused with one line naming it.
+ *
+ * Errors: ZPP_ERR_IO, ZPP_ERR_FORMAT (the files), ZPP_ERR_CONFIG (the
+ * shape). Nothing prints. */
+#ifndef ZPP_TRAIN_HF_MODEL_H
+#define ZPP_TRAIN_HF_MODEL_H
+
+#include <stddef.h>
+
+#include "model/llama.h"
+#include "train/config.h"
+#include "train/hf_config.h"
+#include "train/safetensors.h"
+#include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when `path` is a folder holding config.json (a Hugging Face model), 0
+ * otherwise (an llm.c file, or nothing). */
+int zpp_hf_is_model_dir(const char *path);
+
+/* config.json's shape into cfg: model.family llama and the keys above
+ * (ZPP_ERR_CONFIG for a head_dim this layout cannot hold). */
+zpp_status zpp_hf_apply_shape(const zpp_hf_config *hf, zpp_train_config *cfg);
+/* ZPP_ERR_CONFIG, naming the key, config.json's value and cfg's, when cfg
+ * changed what zpp_hf_apply_shape set (model.vocab_size may only grow);
+ * `dir` names the folder. */
+zpp_status zpp_hf_check_shape(const zpp_hf_config *hf, const zpp_train_config *cfg,
+                              const char *dir);
+
+/* One HF tensor's place in the units: elements [offset, offset + numel) of
+ * `unit` are the tensor `name` (row-major, shape[0..ndim)), or zeros of no
+ * tensor when name[0] is 0 (o_proj's bias: `zero_tensor`, in no unit). */
+typedef struct zpp_hf_slot {
+    char name[96];
+    int unit;
+    size_t offset, numel;
+    int ndim;
+    int64_t shape[2];
+    int zero_tensor; /* 1: no unit holds it; must read as zeros, is written as zeros */
+} zpp_hf_slot;
+
+/* The slots of a Llama of config `cfg` (vocab: the file's rows, cfg's
+ * real_vocab_size) in transformers' state_dict order (the order
+ * save_pretrained fills shards in); *n_p of them into a malloc'd array. */
+zpp_status zpp_hf_slots(const zpp_llama_config *cfg, zpp_hf_slot **slots_p, size_t *n_p);
+
+typedef struct zpp_hf_model zpp_hf_model;
+
+/* Opens folder `dir`: config.json, the index if any, every safetensors
+ * file's header, and checks that the tensors are exactly the slots of
+ * config.json's Llama (names, shapes, dtypes; o_proj biases all zero). */
+zpp_status zpp_hf_model_open(const char *dir, zpp_hf_model **model_p);
+void zpp_hf_model_close(zpp_hf_model *m); /* NULL is ignored */
+const zpp_hf_config *zpp_hf_model_config(const zpp_hf_model *m);
+/* The dtype the tensors are stored in (the first one's), for messages. */
+const char *zpp_hf_model_dtype(const zpp_hf_model *m);
+
+/* Elements [begin, begin + count) of `unit` of a Llama of config `cfg` (the
+ * run's: its vocab_size may pad the file's) as fp32 into out: each HF
+ * tensor that overlaps the range is read from its file (those bytes only),
+ * padded rows are zero. */
+zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, int unit,
+                                  size_t begin, size_t count, float *out);
+
+/* Writes a Llama of config `cfg` whose units are units[0..L] (fp32, whole)
+ * into the folder `dir` as dtype (ZPP_FP32, ZPP_BF16 rounded to nearest
+ * even, ZPP_FP16): config.json from `hf` (its shape fields must be cfg's;
+ * torch_dtype is set to dtype) and the safetensors (zpp_st_write_dir:
+ * one file, or shards of at most max_shard_bytes and the index). The files
+ * go into DIR.tmp.<pid>, renamed to DIR at the end: DIR must not exist, and
+ * a failure leaves no DIR. *shards_p (may be NULL): files written. */
+zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
+                         const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
+                         int *shards_p);
+
+/* The HF config of a Llama `cfg` with max_position_embeddings and the
+ * token ids given (what a checkpoint does not keep). */
+void zpp_hf_config_of_llama(const zpp_llama_config *cfg, int max_position_embeddings,
+                            zpp_hf_config *hf_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,786 @@
+/* test_hf.c — Hugging Face Llama folders through the zeropp command, as a
+ * user runs it: `zeropp train --init-from DIR`, `zeropp export --format hf`
+ * and `zeropp eval` (src/train/hf_model.h).
+ *
+ * The folders are written here with fresh random values each run: the
+ * tensor list (names, shapes, transformers' state_dict order) is the
+ * test's own, from LlamaForCausalLM's modules, not hf_model.c's; the files
+ * go through the safetensors writer (tested on its own in
+ * test_safetensors.c). The shape makes mapping mistakes show: grouped-query
+ * attention 4:2, an untied head, q/k/v biases with o_proj's zero bias,
+ * shards of the ranks cutting through tensors, rows of different tensors of
+ * different sizes. Importing and exporting back must give the same bytes,
+ * so a tensor read from the wrong place, a transposed slice or a lost row
+ * changes the export. The exported headers are checked by a validator of
+ * the test's own, from the format's rules.
+ *
+ * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "testlib.h"
+#include "model/llama.h"
+#include "train/hf_config.h"
+#include "train/hf_model.h"
+#include "train/safetensors.h"
+
+/* ---- Files and commands -------------------------------------------------------- */
+
+static unsigned char *read_file(const char *path, size_t *n_p) {
+    FILE *f = fopen(path, "rb");
+    EXPECT(f != NULL, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *p = zpp_test_malloc((size_t)n + 1);
+    EXPECT(fread(p, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    *n_p = (size_t)n;
+    return p;
+}
+
+static int exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Files a and b hold the same bytes. */
+static void expect_same_file(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = read_file(a, &na), *y = read_file(b, &nb);
+    size_t at = 0;
+    while (at < na && at < nb && x[at] == y[at]) at++;
+    EXPECT(na == nb && at == na, "%s (%zu bytes) and %s (%zu bytes) differ at byte %zu", a, na,
+           b, nb, at);
+    free(x), free(y);
+}
+
+/* Runs `zeropp ARGS` (under mpirun with np ranks when np > 0), stdout to
+ * out_path, stderr to err_path, with a hang guard; returns the exit code. */
+static int run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    char args[4096], launch[512] = "", cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    if (np > 0)
+        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
+             err_path);
+    int rc = system(cmd);
+    EXPECT(rc != -1, "system() failed");
+    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+    EXPECT(code != 124, "timed out (hang?): %s", cmd);
+    return code;
+}
+
+/* ---- A random Llama in Hugging Face's layout ----------------------------------- */
+
+enum { L = 2, C = 32, H = 4, KV = 2, HD = C / H, F = 48, V = 37, T = 16, MAX_T = 2 * T };
+
+typedef struct hf_tensor {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    float *x; /* values, each exactly representable in the file's dtype */
+} hf_tensor;
+
+typedef struct hf_llama {
+    int n;
+    hf_tensor t[4 + 14 * L];
+    zpp_hf_config cfg;
+} hf_llama;
+
+/* Kinds of values: matrices 0.25 N (attention logits far from uniform),
+ * embeddings 0.5 N, norm gains 1 + 0.3 N, biases 0.1 N; o_proj's bias is
+ * zero (the model has none: it must be, hf_model.h). */
+enum { MAT, EMB, GAIN, BIAS, ZERO };
+
+/* The files' dtype by code: 0 fp32, 1 bf16, 2 fp16 (the flag "bf16" below). */
+static zpp_dtype dt_of(int code) { return code == 1 ? ZPP_BF16 : code == 2 ? ZPP_FP16 : ZPP_FP32; }
+
+static void add(hf_llama *m, zpp_rng *r, int bf16, int kind, const char *name, int64_t rows,
+                int64_t cols) {
+    hf_tensor *t = &m->t[m->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = cols ? 2 : 1;
+    t->shape[0] = rows, t->shape[1] = cols;
+    t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    t->x = zpp_test_malloc(t->numel * sizeof(float));
+    for (size_t i = 0; i < t->numel; i++) {
+        const double z = zpp_rng_normal(r);
+        const double v = kind == MAT    ? 0.25 * z
+                         : kind == EMB  ? 0.5 * z
+                         : kind == GAIN ? 1.0 + 0.3 * z
+                         : kind == BIAS ? 0.1 * z
+                                        : 0.0;
+        t->x[i] = (float)v;
+        float h = 0; /* rounded to the file's dtype, here, once (room for any) */
+        zpp_store_f32(&h, dt_of(bf16), 0, (float)v);
+        if (bf16) t->x[i] = zpp_load_f32(&h, dt_of(bf16), 0);
+    }
+}
+
+/* LlamaForCausalLM's state_dict, in its order: the embedding, each layer's
+ * self_attn (q, k, v, o, each weight then bias), mlp (gate, up, down) and
+ * its two norms, the final norm, the head. */
+static hf_llama llama_make(zpp_rng *r, int bf16) {
+    hf_llama m;
+    memset(&m, 0, sizeof m);
+    add(&m, r, bf16, EMB, "model.embed_tokens.weight", V, C);
+    char n[96];
+    for (int l = 0; l < L; l++) {
+        static const char *const proj[4] = {"q", "k", "v", "o"};
+        for (int p = 0; p < 4; p++) {
+            const int64_t rows = p == 1 || p == 2 ? KV * HD : C;
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s_proj.weight", l, proj[p]);
+            add(&m, r, bf16, MAT, n, rows, C);
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s_proj.bias", l, proj[p]);
+            add(&m, r, bf16, p == 3 ? ZERO : BIAS, n, rows, 0);
+        }
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.weight", l);
+        add(&m, r, bf16, MAT, n, F, C);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.weight", l);
+        add(&m, r, bf16, MAT, n, F, C);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", l);
+        add(&m, r, bf16, MAT, n, C, F);
+        snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+        add(&m, r, bf16, GAIN, n, C, 0);
+        snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", l);
+        add(&m, r, bf16, GAIN, n, C, 0);
+    }
+    add(&m, r, bf16, GAIN, "model.norm.weight", C, 0);
+    add(&m, r, bf16, EMB, "lm_head.weight", V, C);
+    zpp_hf_config *c = &m.cfg;
+    snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
+    c->hidden_size = C, c->intermediate_size = F, c->num_hidden_layers = L;
+    c->num_attention_heads = H, c->num_key_value_heads = KV, c->head_dim = HD;
+    c->vocab_size = V, c->max_position_embeddings = MAX_T;
+    c->rms_norm_eps = 1e-5, c->rope_theta = 500000.0;
+    c->attention_bias = 1, c->tie_word_embeddings = 0;
+    c->torch_dtype = dt_of(bf16);
+    c->bos_token_id = 1, c->n_eos = 1, c->eos_token_id[0] = 2;
+    return m;
+}
+
+static void llama_free(hf_llama *m) {
+    for (int i = 0; i < m->n; i++) free(m->t[i].x);
+}
+
+static zpp_st_dtype st_dtype(int bf16) {
+    return bf16 == 1 ? ZPP_ST_BF16 : bf16 == 2 ? ZPP_ST_F16 : ZPP_ST_F32;
+}
+
+/* The folder `dir` (made here): config.json and the tensors in `order`
+ * (NULL: the state_dict's), shards above max_shard bytes (0: one file). */
+static void llama_write(const hf_llama *m, int bf16, const char *dir, size_t max_shard,
+                        const int *order) {
+    EXPECT(mkdir(dir, 0777) == 0, "cannot make %s", dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    EXPECT(zpp_hf_config_write(path, &m->cfg) == ZPP_OK, "%s", zpp_last_error());
+    zpp_st_source s[4 + 14 * L];
+    void *bytes[4 + 14 * L];
+    for (int k = 0; k < m->n; k++) {
+        const hf_tensor *t = &m->t[order ? order[k] : k];
+        bytes[k] = zpp_test_malloc(t->numel * 4);
+        for (size_t i = 0; i < t->numel; i++)
+            zpp_store_f32(bytes[k], dt_of(bf16), i, t->x[i]);
+        s[k] = (zpp_st_source){.name = t->name, .dtype = st_dtype(bf16), .ndim = t->ndim,
+                               .data = bytes[k]};
+        s[k].shape[0] = t->shape[0], s[k].shape[1] = t->shape[1];
+    }
+    EXPECT(zpp_st_write_dir(dir, s, (size_t)m->n, max_shard, NULL) == ZPP_OK, "%s",
+           zpp_last_error());
+    for (int k = 0; k < m->n; k++) free(bytes[k]);
+}
+
+/* An llm.c token file of n tokens below V, and a config for the runs:
+ * T-token sequences, 2 a micro-batch. */
+static void run_files(zpp_rng *r, const char *tag, char *tok, char *cfg) {
+    char name[64];
+    snprintf(name, sizeof name, "%s_tok.bin", tag);
+    zpp_test_tmp_path(name, tok);
+    const size_t n = 4000, bytes = 1024 + 2 * n;
+    unsigned char *b = zpp_test_malloc(bytes);
+    int32_t h[256] = {20240520, 1, (int32_t)n};
+    memcpy(b, h, sizeof h);
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t x = (uint16_t)(zpp_rng_u64(r) % V);
+        memcpy(b + 1024 + 2 * i, &x, 2);
+    }
+    zpp_test_write_file(tok, b, bytes);
+    free(b);
+    snprintf(name, sizeof name, "%s_cfg.json", tag);
+    zpp_test_tmp_path(name, cfg);
+    char text[256];
+    snprintf(text, sizeof text,
+             "{\"model\": {\"seq_len\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n", T);
+    zpp_test_write_file(cfg, text, strlen(text));
+}
+
+/* Imports `dir` on np ranks and saves step 0 into ckpt. */
+static void import_save(int np, const char *dir, const char *tok, const char *cfg,
+                        const char *ckpt, const char *extra) {
+    char out[512], err[512];
+    zpp_test_tmp_path("import_out.txt", out), zpp_test_tmp_path("import_err.txt", err);
+    const int rc = run_cli(np, out, err,
+                           "train --quiet --init-from %s --data %s --config %s --steps 0 "
+                           "--save %s %s",
+                           dir, tok, cfg, ckpt, extra);
+    EXPECT(rc == 0, "train --init-from %s on %d ranks failed (%d); see %s", dir, np, rc, err);
+    EXPECT(zpp_test_count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
+}
+
+static void export_hf(const char *ckpt, const char *to, const char *args) {
+    char out[512], err[512];
+    zpp_test_tmp_path("export_out.txt", out), zpp_test_tmp_path("export_err.txt", err);
+    const int rc = run_cli(0, out, err, "export --from %s --to %s --format hf %s", ckpt, to, args);
+    EXPECT(rc == 0, "export of %s failed (%d); see %s", ckpt, rc, err);
+}
+
+/* Every file of folder a is in folder b with the same bytes, and b has no
+ * other (the names listed with ls). */
+static void expect_same_folder(const char *a, const char *b) {
+    char cmd[2048], la[512], lb[512];
+    zpp_test_tmp_path("ls_a.txt", la), zpp_test_tmp_path("ls_b.txt", lb);
+    snprintf(cmd, sizeof cmd, "ls %s > %s && ls %s > %s", a, la, b, lb);
+    EXPECT(system(cmd) == 0, "ls failed");
+    expect_same_file(la, lb);
+    FILE *f = fopen(la, "r");
+    char name[256];
+    while (f && fscanf(f, "%255s", name) == 1) {
+        char pa[1024], pb[1024];
+        snprintf(pa, sizeof pa, "%s/%s", a, name);
+        snprintf(pb, sizeof pb, "%s/%s", b, name);
+        expect_same_file(pa, pb);
+    }
+    if (f) fclose(f);
+}
+
+/* ---- The format's rules, checked from the bytes -------------------------------- */
+
+/* One safetensors file against the specification: an 8-byte little-endian
+ * header length N, N a multiple of 8 (the writer pads so the buffer is
+ * aligned) and within the file; N bytes of a JSON object padded with
+ * spaces; __metadata__ of string values; every other entry {"dtype",
+ * "shape", "data_offsets"} with END - BEGIN = numel * dtype size; the
+ * tensors, sorted by offset, tiling the buffer with no hole or overlap up
+ * to the end of the file. Returns how many tensors it holds. */
+static int validate_file(const char *path) {
+    size_t n;
+    unsigned char *b = read_file(path, &n);
+    EXPECT(n >= 8, "%s: shorter than the header length", path);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+    EXPECT(hl % 8 == 0 && hl <= n - 8, "%s: header length %llu", path, (unsigned long long)hl);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts((const char *)b + 8, (size_t)hl, &end, 0);
+    EXPECT(cJSON_IsObject(j), "%s: the header is not a JSON object", path);
+    for (const char *p = end; p < (const char *)b + 8 + hl; p++)
+        EXPECT(*p == ' ', "%s: header byte %zu is not padding", path, (size_t)(p - (char *)b));
+    const size_t buffer = n - 8 - (size_t)hl;
+    size_t begins[256], ends[256];
+    int k = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, j) {
+        if (!strcmp(e->string, "__metadata__")) {
+            const cJSON *v;
+            cJSON_ArrayForEach(v, e) EXPECT(cJSON_IsString(v), "%s: metadata %s", path, v->string);
+            continue;
+        }
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+        EXPECT(cJSON_IsString(dt) && cJSON_IsArray(sh) && cJSON_GetArraySize(off) == 2,
+               "%s: tensor %s lacks dtype, shape or data_offsets", path, e->string);
+        const size_t es = !strcmp(dt->valuestring, "F32")    ? 4
+                          : !strcmp(dt->valuestring, "BF16") ? 2
+                          : !strcmp(dt->valuestring, "F16")  ? 2
+                                                             : 0;
+        EXPECT(es, "%s: tensor %s has dtype %s", path, e->string, dt->valuestring);
+        size_t numel = 1;
+        const cJSON *d;
+        cJSON_ArrayForEach(d, sh) numel *= (size_t)d->valuedouble;
+        EXPECT(k < 256);
+        begins[k] = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+        ends[k] = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+        EXPECT(ends[k] - begins[k] == numel * es, "%s: tensor %s spans %zu bytes for %zu elements",
+               path, e->string, ends[k] - begins[k], numel);
+        k++;
+    }
+    /* sorted by begin (a few hundred: insertion sort), they tile [0, buffer) */
+    for (int a = 1; a < k; a++)
+        for (int c = a; c > 0 && begins[c - 1] > begins[c]; c--) {
+            size_t x = begins[c];
+            begins[c] = begins[c - 1], begins[c - 1] = x;
+            x = ends[c], ends[c] = ends[c - 1], ends[c - 1] = x;
+        }
+    size_t at = 0;
+    for (int a = 0; a < k; a++) {
+        EXPECT(begins[a] == at, "%s: the tensor at %zu does not follow the one ending at %zu",
+               path, begins[a], at);
+        at = ends[a];
+    }
+    EXPECT(at == buffer, "%s: tensors end at %zu, the buffer at %zu", path, at, buffer);
+    cJSON_Delete(j);
+    free(b);
+    return k;
+}
+
+/* The tensor names and byte counts of one safetensors file (its header). */
+static cJSON *header_of(const char *path) {
+    size_t n;
+    unsigned char *b = read_file(path, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+    cJSON *j = cJSON_ParseWithLength((const char *)b + 8, (size_t)hl);
+    free(b);
+    EXPECT(cJSON_IsObject(j), "%s: no header", path);
+    return j;
+}
+
+/* model.safetensors.index.json as transformers writes it: metadata
+ * .total_size the bytes of every tensor, weight_map naming for each tensor
+ * the shard whose header holds it, and every tensor of every shard. */
+static void validate_index(const char *dir, int tensors) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *total = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(j, "metadata"), "total_size");
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    EXPECT(cJSON_IsNumber(total) && cJSON_IsObject(map), "%s: no total_size or weight_map", path);
+    EXPECT(cJSON_GetArraySize(map) == tensors, "%s maps %d tensors, the shards hold %d", path,
+           cJSON_GetArraySize(map), tensors);
+    double bytes = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        EXPECT(cJSON_IsString(e), "%s: weight_map[%s]", path, e->string);
+        char shard[1024];
+        snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
+        cJSON *h = header_of(shard);
+        const cJSON *off = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(h, e->string), "data_offsets");
+        EXPECT(cJSON_GetArraySize(off) == 2, "%s: %s is not in %s", path, e->string, shard);
+        bytes += cJSON_GetArrayItem(off, 1)->valuedouble - cJSON_GetArrayItem(off, 0)->valuedouble;
+        cJSON_Delete(h);
+    }
+    EXPECT(bytes == total->valuedouble, "%s: total_size %.0f, the tensors %.0f bytes", path,
+           total->valuedouble, bytes);
+    cJSON_Delete(j);
+}
+
+/* config.json with what transformers' LlamaConfig reads to build this
+ * model: architectures ["LlamaForCausalLM"], model_type "llama", the sizes
+ * as integers of this shape, the flags as booleans, torch_dtype the
+ * tensors'. */
+static void validate_config(const char *dir, const char *torch_dtype) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    EXPECT(cJSON_GetArraySize(arch) == 1 &&
+               !strcmp(cJSON_GetArrayItem(arch, 0)->valuestring, "LlamaForCausalLM"),
+           "%s: architectures", path);
+    const struct {
+        const char *key;
+        int value;
+    } ints[] = {{"hidden_size", C},        {"intermediate_size", F}, {"num_hidden_layers", L},
+                {"num_attention_heads", H}, {"num_key_value_heads", KV}, {"head_dim", HD},
+                {"vocab_size", V}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, ints[i].key);
+        EXPECT(cJSON_IsNumber(v) && v->valuedouble == ints[i].value, "%s: %s is not %d", path,
+               ints[i].key, ints[i].value);
+    }
+    const char *strs[][2] = {{"model_type", "llama"}, {"hidden_act", "silu"},
+                             {"torch_dtype", torch_dtype}};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, strs[i][0]);
+        EXPECT(cJSON_IsString(v) && !strcmp(v->valuestring, strs[i][1]), "%s: %s is not %s", path,
+               strs[i][0], strs[i][1]);
+    }
+    EXPECT(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")) &&
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "attention_bias")) &&
+               cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "rope_theta")) &&
+               cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")),
+           "%s: tie_word_embeddings, attention_bias, rope_theta or rms_norm_eps", path);
+    cJSON_Delete(j);
+}
+
+/* ---- Round trips ----------------------------------------------------------------- */
+
+/* Import on np ranks, save step 0, export: the folder comes back byte for
+ * byte (config.json too, its token ids through --hf-config), and its files
+ * pass the validator. */
+static void check_roundtrip(int bf16, size_t max_shard, int np, uint64_t stream, const char *tag) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
+    hf_llama m = llama_make(&r, bf16);
+    char dir[512], ckpt[512], back[512], tok[512], cfg[512], name[64], args[700];
+    snprintf(name, sizeof name, "%s_in", tag);
+    llama_write(&m, bf16, zpp_test_tmp_path(name, dir), max_shard, NULL);
+    run_files(&r, tag, tok, cfg);
+    snprintf(name, sizeof name, "%s_ckpt", tag);
+    import_save(np, dir, tok, cfg, zpp_test_tmp_path(name, ckpt),
+                bf16 == 1 ? "--set bf16.enabled=true" : "");
+    snprintf(name, sizeof name, "%s_back", tag);
+    snprintf(args, sizeof args, "--max-shard-size %zu --hf-config %s/config.json%s",
+             max_shard ? max_shard : (size_t)1 << 40, dir, bf16 == 2 ? " --dtype fp16" : "");
+    export_hf(ckpt, zpp_test_tmp_path(name, back), args); /* the dtype: the run's */
+    expect_same_folder(dir, back);
+    int files = 0, tensors = 0;
+    DIR *d = opendir(back);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const size_t k = strlen(e->d_name);
+        if (k < 12 || strcmp(e->d_name + k - 12, ".safetensors")) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", back, e->d_name);
+        files++, tensors += validate_file(path);
+    }
+    if (d) closedir(d);
+    EXPECT(tensors == m.n, "the export's files hold %d tensors, the model %d", tensors, m.n);
+    if (files > 1) validate_index(back, tensors);
+    validate_config(back, bf16 == 1 ? "bfloat16" : bf16 == 2 ? "float16" : "float32");
+    EXPECT(max_shard == 0 ? files == 1 : files > 2, "%d files for a limit of %zu bytes", files,
+           max_shard);
+    llama_free(&m);
+}
+
+static void test_roundtrip_fp32_single(void) { check_roundtrip(0, 0, 2, 1, "f32s"); }
+static void test_roundtrip_bf16_single(void) { check_roundtrip(1, 0, 3, 2, "b16s"); }
+/* shards of 6 KB: some tensors alone past the limit, others grouped */
+static void test_roundtrip_fp32_sharded(void) { check_roundtrip(0, 6000, 3, 3, "f32x"); }
+static void test_roundtrip_bf16_sharded(void) { check_roundtrip(1, 3000, 2, 4, "b16x"); }
+/* fp16 files: widened exactly into an fp32 run, rounded back exactly */
+static void test_roundtrip_fp16_sharded(void) { check_roundtrip(2, 3000, 2, 10, "f16x"); }
+
+/* Import on 1 and on 4 ranks gives the same parameters (the same export
+ * bytes), and those are the file's values: an fp32 export of a bf16 folder
+ * is its values widened, and re-importing the export changes nothing. */
+static void test_ranks_agree(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(5));
+    hf_llama m = llama_make(&r, 1);
+    char dir[512], tok[512], cfg[512], c1[512], c4[512], e1[512], e4[512], ref[512];
+    llama_write(&m, 1, zpp_test_tmp_path("agree_in", dir), 4000, NULL);
+    run_files(&r, "agree", tok, cfg);
+    import_save(1, dir, tok, cfg, zpp_test_tmp_path("agree_c1", c1), "");
+    import_save(4, dir, tok, cfg, zpp_test_tmp_path("agree_c4", c4), "");
+    export_hf(c1, zpp_test_tmp_path("agree_e1", e1), "--dtype fp32");
+    export_hf(c4, zpp_test_tmp_path("agree_e4", e4), "--dtype fp32");
+    expect_same_folder(e1, e4);
+    /* the same values written as fp32 by the test: config.json aside (its
+     * token ids and max_position_embeddings are not the checkpoint's) */
+    m.cfg.torch_dtype = ZPP_FP32;
+    llama_write(&m, 0, zpp_test_tmp_path("agree_ref", ref), 0, NULL);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.safetensors", ref);
+    snprintf(b, sizeof b, "%s/model.safetensors", e1);
+    expect_same_file(a, b);
+    llama_free(&m);
+}
+
+/* A folder whose shards hold the tensors in another order (reversed, then
+ * shuffled) imports to the same parameters. */
+static void test_other_order(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(6));
+    hf_llama m = llama_make(&r, 0);
+    int order[4 + 14 * L];
+    for (int k = 0; k < m.n; k++) order[k] = m.n - 1 - k;
+    for (int k = m.n - 1; k > 0; k--) { /* Fisher-Yates over the reversed list */
+        const int j = (int)(zpp_rng_u64(&r) % (uint64_t)(k + 1)), x = order[k];
+        order[k] = order[j], order[j] = x;
+    }
+    char dir[512], ref[512], tok[512], cfg[512], ckpt[512], back[512];
+    llama_write(&m, 0, zpp_test_tmp_path("order_in", dir), 5000, order);
+    llama_write(&m, 0, zpp_test_tmp_path("order_ref", ref), 0, NULL);
+    run_files(&r, "order", tok, cfg);
+    import_save(2, dir, tok, cfg, zpp_test_tmp_path("order_ckpt", ckpt), "");
+    char like[600];
+    snprintf(like, sizeof like, "--hf-config %s/config.json", ref);
+    export_hf(ckpt, zpp_test_tmp_path("order_back", back), like);
+    expect_same_folder(ref, back);
+    llama_free(&m);
+}
+
+/* ---- Where each tensor lands ---------------------------------------------------- */
+
+/* The tensor called `suffix` (of layer l, or -1 for a model-wide one). */
+static const hf_tensor *find(const hf_llama *m, int l, const char *suffix) {
+    char name[96];
+    if (l < 0) snprintf(name, sizeof name, "%s", suffix);
+    else snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);
+    for (int k = 0; k < m->n; k++)
+        if (!strcmp(m->t[k].name, name)) return &m->t[k];
+    EXPECT(0, "no tensor %s", name);
+    return NULL;
+}
+
+/* Copies t's values to unit + at, returns the next offset. */
+static size_t put(float *unit, size_t at, const hf_tensor *t) {
+    memcpy(unit + at, t->x, t->numel * sizeof(float));
+    return at + t->numel;
+}
+
+/* The units of model/llama.h's layout, built here from its table (unit 0:
+ * wte (Vp rows, the padding zero), norm_f, head (Vp rows); a block: norm1,
+ * [q | k | v] rows, their biases, wo, norm2, [gate | up] rows, down), each
+ * read through zpp_hf_model_read_unit whole and in random ranges: a round
+ * trip cannot see a mapping that import and export get wrong alike (k and
+ * v swapped both ways), this can. Vocabulary padded from 37 to 48. */
+static void test_unit_layout(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    hf_llama m = llama_make(&r, 1);
+    char dir[512];
+    llama_write(&m, 1, zpp_test_tmp_path("layout_in", dir), 3000, NULL);
+    zpp_hf_model *hm = NULL;
+    EXPECT(zpp_hf_model_open(dir, &hm) == ZPP_OK, "%s", zpp_last_error());
+    const int Vp = 48;
+    zpp_decoder_shape shape = {.n_layer = L, .n_head = H, .n_kv_head = KV, .n_embd = C,
+                               .n_ffn = F, .seq_len = T, .vocab_size = Vp, .real_vocab_size = V,
+                               .rope_theta = 500000.0, .norm_eps = 1e-5, .untied_head = 1,
+                               .qkv_bias = 1};
+    zpp_llama_config lc;
+    EXPECT(zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK, "%s", zpp_last_error());
+    zpp_llama_layout lay;
+    zpp_llama_layout_make(&lc, &lay);
+    for (int u = 0; u <= L; u++) {
+        const size_t numel = u ? lay.block_numel : lay.embed_numel;
+        float *want = zpp_test_malloc(numel * sizeof(float)), *got = zpp_test_malloc(numel * 4);
+        memset(want, 0, numel * sizeof(float));
+        size_t at = 0;
+        if (u == 0) {
+            put(want, 0, find(&m, -1, "model.embed_tokens.weight")); /* rows V..Vp-1: zero */
+            at = put(want, (size_t)Vp * C, find(&m, -1, "model.norm.weight"));
+            put(want, at, find(&m, -1, "lm_head.weight"));
+            at += (size_t)Vp * C;
+        } else {
+            const int l = u - 1;
+            static const char *const order[] = {
+                "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+                "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                "mlp.down_proj.weight"};
+            for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
+                at = put(want, at, find(&m, l, order[k]));
+        }
+        EXPECT(at == numel, "unit %d: the test's layout has %zu elements, llama.h's %zu", u, at,
+               numel);
+        EXPECT(zpp_hf_model_read_unit(hm, &lc, u, 0, numel, got) == ZPP_OK, "%s",
+               zpp_last_error());
+        for (size_t i = 0; i < numel; i++)
+            EXPECT(got[i] == want[i], "unit %d element %zu: %g, expected %g", u, i,
+                   (double)got[i], (double)want[i]);
+        for (int rep = 0; rep < 20; rep++) { /* a rank's shard: any range */
+            const size_t b = zpp_rng_u64(&r) % numel, c = zpp_rng_u64(&r) % (numel - b + 1);
+            EXPECT(zpp_hf_model_read_unit(hm, &lc, u, b, c, got) == ZPP_OK);
+            EXPECT(!memcmp(got, want + b, c * sizeof(float)), "unit %d [%zu, +%zu) differs", u, b,
+                   c);
+        }
+        free(want), free(got);
+    }
+    zpp_hf_model_close(hm);
+    llama_free(&m);
+}
+
+/* ---- Checkpoints of a llama: reshard, refuse another model --------------------- */
+
+/* `zeropp eval --json`'s loss. */
+static double eval_loss(int np, const char *ckpt) {
+    char out[512], err[512];
+    zpp_test_tmp_path("eval_out.txt", out), zpp_test_tmp_path("eval_err.txt", err);
+    const int rc = run_cli(np, out, err, "eval %s --split train --batches 12 --json", ckpt);
+    EXPECT(rc == 0, "eval of %s on %d ranks failed (%d); see %s", ckpt, np, rc, err);
+    size_t n;
+    char *text = (char *)read_file(out, &n);
+    text[n] = 0;
+    const char *p = strstr(text, "\"loss\":");
+    EXPECT(p, "no loss in %s", out);
+    const double loss = strtod(p + 7, NULL);
+    free(text);
+    return loss;
+}
+
+/* A llama checkpoint saved on 2 ranks loads on 1 and 3 (eval goes through
+ * the trainer's load): the 12 batches' losses are each the same
+ * computation on the same weights, so their means differ only by the
+ * order of a 12-term sum (a few ulps); the manifest names the family, and
+ * a run of another family or knob is refused naming it. */
+static void test_checkpoint_reshard_and_refusals(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(7));
+    hf_llama m = llama_make(&r, 0);
+    char dir[512], tok[512], cfg[512], ckpt[512], mani[600];
+    llama_write(&m, 0, zpp_test_tmp_path("ck_in", dir), 0, NULL);
+    run_files(&r, "ck", tok, cfg);
+    import_save(2, dir, tok, cfg, zpp_test_tmp_path("ck_ckpt", ckpt), "");
+    snprintf(mani, sizeof mani, "%s/checkpoint.json", ckpt);
+    EXPECT(zpp_test_count_lines(mani, "\"family\":\"llama\"") == 1, "%s names no llama", mani);
+    const double l2 = eval_loss(2, ckpt), l1 = eval_loss(1, ckpt), l3 = eval_loss(3, ckpt);
+    EXPECT(isfinite(l2) && l2 > 0.5, "loss %g", l2);
+    EXPECT(fabs(l1 - l2) <= 1e-6 * l2 && fabs(l3 - l2) <= 1e-6 * l2,
+           "losses on 1, 2, 3 ranks: %.9g %.9g %.9g", l1, l2, l3);
+    char other[512], out[512], err[512];
+    /* export: into an existing folder refused, nothing written beside it;
+     * --format llmc refused for a llama */
+    zpp_test_tmp_path("ck_out.txt", out), zpp_test_tmp_path("ck_err.txt", err);
+    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format hf", ckpt, dir) != 0,
+           "export over an existing folder succeeded");
+    EXPECT(zpp_test_count_lines(err, "exists; give a new folder") == 1, "see %s", err);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls -d %s.tmp.* >/dev/null 2>&1", dir);
+    EXPECT(system(cmd) != 0, "export left a temporary folder beside %s", dir);
+    zpp_test_tmp_path("ck_llmc.bin", other);
+    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format llmc", ckpt, other) != 0 &&
+               zpp_test_count_lines(err, "holds a llama; --format llmc writes GPT-2s only") == 1,
+           "--format llmc of a llama: see %s", err);
+    EXPECT(!exists(other), "%s was written", other);
+    struct {
+        const char *config, *needle;
+    } bad[] = {{"{\"model\": {\"n_layer\": 2, \"n_head\": 4, \"n_embd\": 32, \"seq_len\": 16, "
+                "\"vocab_size\": 37}}",
+                "holds a llama, this run trains a gpt2"},
+               {"{\"model\": {\"family\": \"llama\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": "
+                "32, \"seq_len\": 16, \"vocab_size\": 37, \"n_kv_head\": 2, \"n_ffn\": 48, "
+                "\"untied_head\": true, \"qkv_bias\": true, \"norm_eps\": 1e-5, \"rope_theta\": "
+                "10000}}",
+                "model.rope_theta"}};
+    for (int i = 0; i < 2; i++) {
+        zpp_test_tmp_path("ck_other.json", other);
+        zpp_test_write_file(other, bad[i].config, strlen(bad[i].config));
+        zpp_test_tmp_path("ck_out.txt", out), zpp_test_tmp_path("ck_err.txt", err);
+        const int rc = run_cli(2, out, err, "train --quiet --resume %s --config %s --data %s "
+                               "--steps 2", ckpt, other, tok);
+        EXPECT(rc != 0, "a resume with another model succeeded");
+        EXPECT(zpp_test_count_lines(err, bad[i].needle) == 1, "no line naming '%s' in %s",
+               bad[i].needle, err);
+    }
+    llama_free(&m);
+}
+
+/* ---- Refusals ---------------------------------------------------------------------- */
+
+/* `zeropp train --init-from dir` fails with one line naming `needle` (one
+ * rank, without mpirun: the refusals agreed over ranks are the reshard
+ * case's; CI's time is small). */
+static void expect_import_refused(const char *what, const char *dir, const char *tok,
+                                  const char *cfg, const char *needle) {
+    char out[512], err[512], ckpt[512];
+    zpp_test_tmp_path("bad_out.txt", out), zpp_test_tmp_path("bad_err.txt", err);
+    zpp_test_tmp_path("bad_ckpt", ckpt);
+    const int rc = run_cli(0, out, err, "train --quiet --init-from %s --data %s --config %s "
+                           "--steps 0 --save %s", dir, tok, cfg, ckpt);
+    EXPECT(rc != 0, "%s: the import succeeded", what);
+    const int lines = zpp_test_count_lines(err, "zeropp");
+    const int named = zpp_test_count_lines(err, needle);
+    EXPECT(lines == 1 && named == 1, "%s: %d error lines, %d naming '%s'; see %s", what, lines,
+           named, needle, err);
+    EXPECT(!exists(ckpt) || zpp_test_count_lines(out, "saved") == 0, "%s: something was saved",
+           what);
+}
+
+static void test_refusals(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(8));
+    hf_llama m = llama_make(&r, 1);
+    char tok[512], cfg[512], dir[512], path[700];
+    run_files(&r, "bad", tok, cfg);
+    /* another architecture (config.json edited: the writer refuses it) */
+    llama_write(&m, 1, zpp_test_tmp_path("bad_arch", dir), 0, NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    char *at = strstr(text, "LlamaForCausalLM");
+    EXPECT(at, "no architecture in %s", path);
+    char *edited = zpp_test_malloc(n + 16);
+    snprintf(edited, n + 16, "%.*sMistralForCausalLM%s", (int)(at - text), text, at + 16);
+    zpp_test_write_file(path, edited, strlen(edited));
+    free(text), free(edited);
+    expect_import_refused("architecture", dir, tok, cfg, "MistralForCausalLM");
+    /* the tensor list as made, restored after each case (the values are shared) */
+    hf_tensor orig[4 + 14 * L];
+    const int n_orig = m.n, K1 = 1 + 13 + 2; /* layer 1's k_proj.weight */
+    memcpy(orig, m.t, sizeof orig);
+    EXPECT(strstr(m.t[K1].name, "layers.1.self_attn.k_proj.weight"), "%s", m.t[K1].name);
+    /* a missing tensor: the list without layer 1's k_proj */
+    m.t[K1] = m.t[--m.n];
+    llama_write(&m, 1, zpp_test_tmp_path("bad_missing", dir), 0, NULL);
+    expect_import_refused("missing", dir, tok, cfg,
+                          "'model.layers.1.self_attn.k_proj.weight' is missing");
+    memcpy(m.t, orig, sizeof orig), m.n = n_orig;
+    /* an unknown name (a Qwen3-style k_norm) beside the right ones */
+    snprintf(m.t[m.n].name, sizeof m.t[0].name, "model.layers.1.self_attn.k_norm.weight");
+    m.t[m.n].ndim = 1, m.t[m.n].shape[0] = HD, m.t[m.n].numel = HD;
+    m.t[m.n++].x = m.t[0].x;
+    llama_write(&m, 1, zpp_test_tmp_path("bad_unknown", dir), 0, NULL);
+    expect_import_refused("unknown", dir, tok, cfg, "'model.layers.1.self_attn.k_norm.weight'");
+    memcpy(m.t, orig, sizeof orig), m.n = n_orig;
+    /* a wrong shape: k_proj with 3 heads' rows (of its own values) */
+    m.t[K1].shape[0] = 3 * HD, m.t[K1].numel = 3 * HD * C;
+    m.t[K1].x = m.t[0].x; /* the embedding has V >= 3 HD rows of C */
+    llama_write(&m, 1, zpp_test_tmp_path("bad_shape", dir), 0, NULL);
+    expect_import_refused("shape", dir, tok, cfg, "has shape [24, 32]");
+    memcpy(m.t, orig, sizeof orig), m.n = n_orig;
+    /* a nonzero o_proj bias, which the model cannot hold */
+    m.t[8].x[3] = 0.5f;
+    EXPECT(strstr(m.t[8].name, "o_proj.bias"), "%s", m.t[8].name);
+    llama_write(&m, 1, zpp_test_tmp_path("bad_obias", dir), 0, NULL);
+    expect_import_refused("o bias", dir, tok, cfg, "o_proj.bias' has a nonzero element 3");
+    m.t[8].x[3] = 0.0f;
+    /* a dtype the model has no use for: the first tensor's F32 made I32 in
+     * the header (same width: the file stays valid safetensors) */
+    llama_write(&m, 0, zpp_test_tmp_path("bad_dtype", dir), 0, NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unsigned char *h = read_file(path, &n);
+    char *f32 = memmem(h, n, "\"F32\"", 5);
+    EXPECT(f32, "no F32 in %s", path);
+    f32[1] = 'I';
+    zpp_test_write_file(path, h, n);
+    free(h);
+    expect_import_refused("dtype", dir, tok, cfg, "is I32; zeropp reads BF16, F16 or F32");
+    /* a truncated file */
+    llama_write(&m, 1, zpp_test_tmp_path("bad_trunc", dir), 0, NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unsigned char *b = read_file(path, &n);
+    zpp_test_write_file(path, b, n - 10);
+    free(b);
+    expect_import_refused("truncated", dir, tok, cfg, "truncated or damaged");
+    /* a config that names another shape */
+    llama_write(&m, 1, zpp_test_tmp_path("bad_cfg", dir), 0, NULL);
+    char other[512];
+    const char *bad_cfg = "{\"model\": {\"seq_len\": 16, \"n_layer\": 3}}";
+    zpp_test_write_file(zpp_test_tmp_path("bad_cfg.json", other), bad_cfg, strlen(bad_cfg));
+    expect_import_refused("config", dir, tok, other,
+                          "'model.n_layer' is 3 in the config but 2 in");
+    bad_cfg = "{\"model\": {\"seq_len\": 16, \"family\": \"gpt2\"}}";
+    zpp_test_write_file(other, bad_cfg, strlen(bad_cfg));
+    expect_import_refused("family", dir, tok, other, "sets 'model.family' to \"gpt2\"");
+    llama_free(&m);
+}
+
+ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
+          ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
+          ZPP_TEST(test_roundtrip_fp16_sharded),
+          ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
+          ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals))
