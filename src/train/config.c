@@ -589,19 +589,11 @@ static zpp_status validate_shape(const zpp_train_config *cfg) {
 }
 
 /* model.family's own keys: Llama's knobs are refused for GPT-2 (it has
- * none of them: the path names the key), and a Llama run cannot sample yet
- * (the sampler builds a GPT-2). The knobs' values are checked by the
- * family's factory (model/llama.h), which names the field. */
+ * none of them: the path names the key). The knobs' values are checked by
+ * the family's factory (model/llama.h), which names the field. */
 static zpp_status validate_family(const zpp_train_config *cfg) {
     const zpp_decoder_shape *x = &cfg->model_ext;
-    if (cfg->model_family == ZPP_FAMILY_LLAMA) {
-        if (cfg->sample_every > 0)
-            return zpp_error(ZPP_ERR_CONFIG,
-                             "'zeropp.sample_every' %d: sampling a llama model is not supported "
-                             "yet; set it to 0",
-                             cfg->sample_every);
-        return ZPP_OK;
-    }
+    if (cfg->model_family == ZPP_FAMILY_LLAMA) return ZPP_OK;
     const char *key = x->n_kv_head ? "model.n_kv_head"
                       : x->n_ffn ? "model.n_ffn"
                       : x->rope_theta != 0.0 ? "model.rope_theta"
