@@ -80,7 +80,7 @@
       "[beta1, beta2], each in [0, 1)")                                                           \
     X("optimizer.params.eps", NUM, optimizer.eps, 0, 0, (ZPP_EOPT_DEFAULT(eps)), 0, "> 0")        \
     X("optimizer.params.weight_decay", NUM, optimizer.weight_decay, 0, 0, (0.01), 0,              \
-      ">= 0, decoupled (AdamW); on GPT-2's matrices only unless zeropp.weight_decay_all")         \
+      ">= 0, decoupled (AdamW); on the model's matrices only unless zeropp.weight_decay_all")     \
     X("scheduler", OBJECT, none, 0, 0, (0), 0,                                                    \
       "the learning-rate schedule (absent: constant optimizer lr)")                               \
     X("scheduler.type", SCHED_TYPE, scheduler.type, 0, 0, (0), 0,                                 \
@@ -190,37 +190,48 @@
       "DeepSpeed tuning knob")                                                                    \
     X("zero_optimization.stage3_gather_16bit_weights_on_model_save", IGNORED, none, 0, 0, (0), 0, \
       "DeepSpeed tuning knob")                                                                    \
-    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the decoder's shape (n_embd % n_head == 0)")  \
-    X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0, "transformer blocks")              \
-    X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0, "attention heads")                   \
-    X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0, "channels, a multiple of n_head")   \
-    X("model.seq_len", INT, model.seq_len, 1, INT_MAX, (64), 0, "T, tokens per sequence")         \
-    X("model.vocab_size", INT, model.vocab_size, 1, INT_MAX, (256), 0, "256 = raw bytes")         \
+    X("model", OBJECT, none, 0, 0, (0), 0, "zeropp: the decoder, its family and shape (n_embd % n_head == 0)")  \
+    X("model.n_layer", INT, model.n_layer, 1, INT_MAX, (2), 0,                                  \
+      "transformer blocks (HF: num_hidden_layers)")              \
+    X("model.n_head", INT, model.n_head, 1, INT_MAX, (4), 0,                                    \
+      "attention (query) heads (HF: num_attention_heads)")                   \
+    X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0,                                   \
+      "channels, a multiple of n_head (HF: hidden_size); llama: the head dim n_embd / n_head "     \
+      "even (RoPE turns pairs), 64 or 128 on the GPU (the CUDA Llama's fused attention)")   \
+    X("model.seq_len", INT, model.seq_len, 1, INT_MAX, (64), 0, "T, tokens per sequence (the RoPE tables' positions)")         \
+    X("model.vocab_size", INT, model.vocab_size, 1, INT_MAX, (256), 0, "rows of the token embedding (HF: vocab_size); 256 = raw bytes")         \
     X("model.real_vocab_size", INT, model.real_vocab_size, 0, INT_MAX, (0), 0,                    \
       "tokens the softmax runs over, <= vocab_size; the rows past it are padding (llm.c's "       \
       "padded vocabulary); 0 = vocab_size")                                                       \
     X("model.family", FAMILY, model_family, 0, 0, (ZPP_FAMILY_GPT2), 0,                           \
-      "the decoder: \"gpt2\" or \"llama\" (src/model/llama.h); the keys below are llama's")       \
+      "the decoder: \"gpt2\" or \"llama\" (HF LlamaForCausalLM; src/model/llama.h); the "  \
+      "keys below are llama's, refused for gpt2")       \
     X("model.n_kv_head", INT, model_ext.n_kv_head, 0, INT_MAX, (0), 0,                            \
-      "llama: key/value heads, a divisor of n_head (grouped-query attention); 0 = n_head")        \
+      "llama: key/value heads, a divisor of n_head (grouped-query attention; HF: "             \
+      "num_key_value_heads); 0 = n_head")        \
     X("model.n_ffn", INT, model_ext.n_ffn, 0, INT_MAX, (0), 0,                                    \
-      "llama: the SwiGLU MLP's width; 0 = 8 n_embd / 3 rounded up to a multiple of 256")          \
+      "llama: the SwiGLU MLP's width (HF: intermediate_size); 0 = 8 n_embd / 3 rounded up to a " \
+      "multiple of 256")          \
     X("model.rope_theta", NUM, model_ext.rope_theta, 0, 0, (0), 0,                                \
-      "llama: RoPE's base, > 1; 0 = 10000")                                                       \
+      "llama: RoPE's base, > 1 (HF: rope_theta; Llama 3: 500000); 0 = 10000")                                                       \
     X("model.norm_eps", NUM, model_ext.norm_eps, 0, 0, (0), 0,                                    \
-      "llama: RMSNorm's epsilon, > 0; 0 = 1e-5")                                                  \
+      "llama: RMSNorm's epsilon, > 0 (HF: rms_norm_eps); 0 = 1e-5")                                                  \
     X("model.untied_head", BOOL, model_ext.untied_head, 0, 0, (0), 0,                             \
-      "llama: an output head of its own (false: the token embedding's)")                          \
+      "llama: an output head of its own (HF: tie_word_embeddings false); false: the token "   \
+      "embedding's")                          \
     X("model.qkv_bias", BOOL, model_ext.qkv_bias, 0, 0, (0), 0,                                   \
-      "llama: biases on the q, k and v projections")                                              \
+      "llama: biases on the q, k and v projections (HF: attention_bias, as Qwen2 has them; an "  \
+      "o_proj bias is not supported)")                                              \
     X("model.rope_factor", NUM, model_ext.rope_factor, 0, 0, (0), 0,                              \
-      "llama: Llama 3's rope_scaling factor; 0 = no scaling")                                     \
+      "llama: Llama 3's rope_scaling (rope_type llama3) factor, > 0; 0 = no scaling; when set, " \
+      "the three below are required")                                     \
     X("model.rope_low_freq_factor", NUM, model_ext.rope_low_freq_factor, 0, 0, (0), 0,            \
-      "llama: its low_freq_factor, in (0, high)")                                                 \
+      "llama: rope_scaling's low_freq_factor, in (0, high) (Llama 3.1: 1)")                                                 \
     X("model.rope_high_freq_factor", NUM, model_ext.rope_high_freq_factor, 0, 0, (0), 0,          \
-      "llama: its high_freq_factor, > low")                                                       \
+      "llama: rope_scaling's high_freq_factor, > low (Llama 3.1: 4)")                                                       \
     X("model.rope_original_max_pos", INT, model_ext.rope_original_max_pos, 0, INT_MAX, (0), 0,    \
-      "llama: its original_max_position_embeddings")                                              \
+      "llama: rope_scaling's original_max_position_embeddings, >= 1 with rope_factor (Llama " \
+      "3.1: 8192)")                                              \
     X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                    \
     X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")     \
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(seed)), 0,                     \
@@ -262,7 +273,8 @@
     X("zeropp.weight_decay_all", BOOL, weight_decay_all, 0, 0,                                    \
       (ZPP_EOPT_DEFAULT(decay_all)), 0,                                                           \
       "true: weight decay on every parameter (DeepSpeed); false: on the matrices only (GPT-2's "  \
-      "wte, wpe, attention and MLP weights; llm.c, nanoGPT)")                                     \
+      "wte, wpe, attention and MLP weights; a Llama's embedding, head, q/k/v/o and MLP "          \
+      "weights, not its norms and biases; llm.c, nanoGPT)")                                       \
     X("zeropp.activation_checkpointing", BOOL, activation_checkpointing, 0, 0, (0), 0,            \
       "true: each transformer block keeps only its input from the forward and recomputes the "    \
       "rest in the backward (one block's activations instead of n_layer, for a forward more); "   \
