@@ -238,7 +238,7 @@ def main():
                 v[i].mul_(a.beta2).add_((1 - a.beta2) * g * g)
                 wd = a.weight_decay if decay[i] else 0.0
                 p -= a.lr * ((m[i] / c1) / ((v[i] / c2).sqrt() + a.eps) + wd * p)
-        print(json.dumps({"step": t, "loss": float(loss), "grad_norm": norm}), flush=True)
+        print(json.dumps({"step": t, "loss": float(loss.detach()), "grad_norm": norm}), flush=True)
 
 
 if __name__ == "__main__":
