@@ -417,6 +417,43 @@ ZPP_API zpp_status zpp_model_create(const zpp_model_desc *desc, zpp_device *dev,
  * the engine first. */
 ZPP_API void zpp_model_destroy(zpp_model *model);
 
+/* ---- Built-in decoders: a family picked by config -------------------------
+ *
+ * The decoders `zeropp train` trains, for a program of your own: GPT-2 and
+ * Llama (Meta's Llama 2/3 as Hugging Face's LlamaForCausalLM computes it:
+ * RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied head).
+ * The CPU model on the host device, the CUDA model on a GPU (the CUDA
+ * Llama: bf16, head dims 64 and 128). The engine drives it like a model of
+ * your own; you hand it each micro-batch with zpp_model_set_batch. */
+
+/* The decoder that `model_json` describes: the "model" section of a
+ * training config, as JSON text, with the keys of docs/config.md's model.*
+ * ("family": "gpt2" (the default) or "llama", "n_layer", "n_head",
+ * "n_kv_head", "n_embd", "n_ffn", "seq_len", "vocab_size", "rope_theta",
+ * "untied_head", ...; a key left out keeps its default), its parameters in
+ * param_dtype (the engine's work_dtype), for micro-batches of up to
+ * max_batch sequences of seq_len tokens. Example:
+ *     {"family": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32,
+ *      "n_kv_head": 8, "n_ffn": 8192, "seq_len": 2048, "vocab_size": 128256,
+ *      "rope_theta": 500000, "untied_head": true}
+ * Local. ZPP_ERR_CONFIG naming the key for text that is not a JSON object,
+ * an unknown key or family, a value out of range or a key of another
+ * family; ZPP_ERR_UNSUPPORTED for a shape or dtype the device's model
+ * cannot run; ZPP_ERR_INVALID for a NULL argument or max_batch < 1. Free
+ * with zpp_model_destroy (after the engine). */
+ZPP_API zpp_status zpp_model_create_decoder(const char *model_json, zpp_dtype param_dtype,
+                                            int max_batch, zpp_device *dev,
+                                            zpp_model **model_p);
+/* The micro-batch of a built-in decoder for the next zpp_engine_forward
+ * (or zpp_engine_evaluate): B (1..max_batch) sequences of seq_len tokens
+ * each, row-major in host memory, tokens in 0..vocab_size-1 and targets
+ * (the next tokens, in 0..the softmax's vocabulary - 1; NULL: no loss) ;
+ * copied, so the arrays may be reused at once. Local. ZPP_ERR_INVALID for
+ * a token out of range, B out of range, or a model of your own (its
+ * batch goes through your own state). */
+ZPP_API zpp_status zpp_model_set_batch(zpp_model *model, const int32_t *tokens,
+                                       const int32_t *targets, int B);
+
 /* ---- The engine: ZeRO-3 and the ZeRO++ options ---------------------------- */
 
 /* The ZeRO++ optimizations, to OR together; 0 is plain ZeRO-3. */

@@ -540,7 +540,143 @@ static void test_placement_from_mpi(void) {
     }
 }
 
+/* ---- A built-in decoder picked by config -----------------------------------
+ * zpp_model_create_decoder with a random Llama's "model" section (grouped-
+ * query heads, its own MLP width, tied or untied head, q/k/v biases or not)
+ * and with a GPT-2's: the engine's units are the family's, element for
+ * element, as the Hugging Face tensors (Llama) and GPT-2's formula count
+ * them here; the first loss on random tokens is ln V within the spread the
+ * initialisation allows (every logit is h . w with h of RMS 1 after the
+ * final norm and w ~ N(0, 0.02^2): logits of standard deviation s = 0.02
+ * sqrt(C), so the loss is ln V + s^2 / 2 less the mean target logit, whose
+ * deviation is s / sqrt(tokens); 6 of those); ZeRO++ on 2 nodes of 2 trains
+ * it (a fixed batch, memorised: the loss halves), every rank agreeing; and
+ * bad configs are refused naming the key. */
+#define DEC_T 16
+#define DEC_B 2
+
+/* Sum of the units' sizes the engine holds, and their count. */
+static double engine_params(zpp_engine *e, int *units_p) {
+    double total = 0;
+    *units_p = zpp_engine_unit_count(e);
+    for (int u = 0; u < *units_p; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(e, u, &numel, &begin, &count));
+        total += (double)numel;
+    }
+    return total;
+}
+
+static void decoder_trains(const char *json, double want_params, int L, int C, int V) {
+    zpp_device *dev = NULL;
+    zpp_topo *topo = NULL;
+    zpp_model *model = NULL;
+    zpp_engine *e = NULL;
+    EXPECT_OK(zpp_device_create_host(&dev));
+    EXPECT_OK(zpp_topo_create(dev, 2, 0.0, &topo));
+    EXPECT_OK(zpp_model_create_decoder(json, ZPP_FP32, DEC_B, dev, &model));
+    zpp_engine_config cfg = zpp_engine_config_default();
+    cfg.mode = ZPP_MODE_ZEROPP;
+    cfg.work_dtype = ZPP_FP32;
+    cfg.seed = zpp_test_seed(41);
+    EXPECT_OK(zpp_engine_create(topo, model, dev, &cfg, &e));
+    int units = 0;
+    const double P = engine_params(e, &units);
+    EXPECT(P == want_params && units == L + 1, "%s: %.0f parameters in %d units, want %.0f in %d",
+           json, P, units, want_params, L + 1);
+    /* one batch, the same on every rank: the engine's mean is each rank's */
+    int32_t tok[DEC_B * DEC_T], tgt[DEC_B * DEC_T];
+    zpp_rng g = zpp_rng_make(zpp_test_seed(42));
+    for (int i = 0; i < DEC_B * DEC_T; i++) {
+        tok[i] = (int32_t)(zpp_rng_u64(&g) % (uint64_t)V);
+        tgt[i] = (int32_t)(zpp_rng_u64(&g) % (uint64_t)V);
+    }
+    float first = 0, loss = 0;
+    for (int step = 0; step < 40; step++) {
+        EXPECT_OK(zpp_model_set_batch(model, tok, tgt, DEC_B));
+        EXPECT_OK(zpp_engine_forward(e, &loss));
+        float lo = loss, hi = loss;
+        MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+        EXPECT(lo == hi, "step %d: the ranks' losses %g and %g differ on one batch", step,
+               (double)lo, (double)hi);
+        if (step == 0) first = loss;
+        EXPECT_OK(zpp_engine_backward(e, zpp_engine_loss_scale(e)));
+        zpp_update_stats st;
+        EXPECT_OK(zpp_engine_update(e, 1e-2f, loss, &st));
+    }
+    const double s = 0.02 * sqrt((double)C);
+    const double bound = s * s / 2 + 6 * s / sqrt((double)(DEC_B * DEC_T)) + 1e-4;
+    EXPECT(fabs(first - log((double)V)) <= bound, "%s: first loss %g, ln V %g (bound %g)", json,
+           (double)first, log((double)V), bound);
+    EXPECT(loss < 0.5f * first, "%s: 40 steps on one batch: loss %g from %g", json,
+           (double)loss, (double)first);
+    zpp_engine_destroy(e);
+    zpp_model_destroy(model);
+    zpp_topo_destroy(topo);
+    zpp_device_destroy(dev);
+}
+
+static void expect_decoder_refused(const char *json, const char *needle) {
+    zpp_device *dev = NULL;
+    zpp_model *model = NULL;
+    EXPECT_OK(zpp_device_create_host(&dev));
+    zpp_status st = zpp_model_create_decoder(json, ZPP_FP32, 1, dev, &model);
+    EXPECT(st == ZPP_ERR_CONFIG && model == NULL && strstr(zpp_last_error(), needle),
+           "%s: %s (%s), want a refusal naming '%s'", json, zpp_status_str(st), zpp_last_error(),
+           needle);
+    zpp_device_destroy(dev);
+}
+
+static void test_decoder_by_config(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(40));
+    for (int it = 0; it < 3; it++) {
+        const int kv = 1 + (int)(zpp_rng_u64(&r) % 2), H = kv * (1 << (zpp_rng_u64(&r) % 3));
+        const int hd = 8 << (zpp_rng_u64(&r) % 2), C = H * hd, L = 1 + (int)(zpp_rng_u64(&r) % 2);
+        const int F = 16 + (int)(zpp_rng_u64(&r) % 64), V = 64 + (int)(zpp_rng_u64(&r) % 64);
+        const int untied = (int)(zpp_rng_u64(&r) % 2), bias = (int)(zpp_rng_u64(&r) % 2);
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"family\": \"llama\", \"n_layer\": %d, \"n_head\": %d, \"n_kv_head\": %d, "
+                 "\"n_embd\": %d, \"n_ffn\": %d, \"seq_len\": %d, \"vocab_size\": %d, "
+                 "\"untied_head\": %s, \"qkv_bias\": %s, \"rope_theta\": 500000}",
+                 L, H, kv, C, F, DEC_T, V, untied ? "true" : "false", bias ? "true" : "false");
+        /* HF's tensors: embed_tokens, per layer input_layernorm, q/k/v/o_proj
+         * (+ q/k/v biases), post_attention_layernorm, gate/up/down_proj;
+         * norm; lm_head when untied */
+        const double q = (double)C * C, k = (double)kv * hd * C, o = (double)C * C;
+        const double b = bias ? C + 2.0 * kv * hd : 0;
+        const double layer = C + q + 2 * k + b + o + C + 3.0 * F * C;
+        const double P = (double)V * C + L * layer + C + (untied ? (double)V * C : 0);
+        decoder_trains(json, P, L, C, V);
+    }
+    { /* GPT-2: V C + T C + 2 C + L (12 C^2 + 13 C) */
+        const double C = 32, L = 2, V = 96;
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"seq_len\": %d, "
+                 "\"vocab_size\": 96}", DEC_T);
+        decoder_trains(json, V * C + DEC_T * C + 2 * C + L * (12 * C * C + 13 * C), 2, 32, 96);
+    }
+    expect_decoder_refused("{\"family\": \"mistral\"}", "mistral");
+    expect_decoder_refused("{\"family\": \"llama\", \"n_head\": 4, \"n_kv_head\": 3}",
+                           "n_kv_head");
+    expect_decoder_refused("{\"rope_theta\": 500000}", "model.rope_theta");
+    expect_decoder_refused("{\"n_layers\": 2}", "model.n_layers");
+    expect_decoder_refused("[1, 2]", "not a JSON object");
+    zpp_device *dev = NULL;
+    zpp_model *model = NULL;
+    EXPECT_OK(zpp_device_create_host(&dev));
+    EXPECT(zpp_model_create_decoder("{}", ZPP_FP32, 0, dev, &model) == ZPP_ERR_INVALID);
+    EXPECT_OK(zpp_model_create_decoder("{\"family\": \"llama\"}", ZPP_FP32, 1, dev, &model));
+    int32_t bad[64] = {0};
+    bad[3] = 1 << 20; /* past the vocabulary */
+    EXPECT(zpp_model_set_batch(model, bad, NULL, 1) != ZPP_OK, "a token past the vocabulary");
+    zpp_model_destroy(model);
+    zpp_device_destroy(dev);
+}
+
 ZPP_TESTS(ZPP_TEST(test_first_step_closed_form), ZPP_TEST(test_every_mode_trains),
           ZPP_TEST(test_mode_names), ZPP_TEST(test_model_desc_refused),
           ZPP_TEST(test_fail_together), ZPP_TEST(test_every_option_reachable),
-          ZPP_TEST(test_placement_from_mpi))
+          ZPP_TEST(test_placement_from_mpi), ZPP_TEST(test_decoder_by_config))

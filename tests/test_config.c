@@ -438,13 +438,11 @@ static void test_validation_errors(void) {
     expect_load_fails("{\"model\": {\"n_layer\": 0}}", ZPP_ERR_CONFIG,
                       "'model.n_layer' is 0; it must be in [1, ");
     expect_load_fails("{\"model\": {\"seq_len\": -3}}", ZPP_ERR_CONFIG, "'model.seq_len' is -3");
-    /* model.family: another name, a llama key for a gpt2, a llama sampling */
+    /* model.family: another name, a llama key for a gpt2 */
     expect_load_fails("{\"model\": {\"family\": \"gpt-2\"}}", ZPP_ERR_CONFIG,
                       "is 'gpt-2'; use \"gpt2\" or \"llama\"");
     expect_load_fails("{\"model\": {\"rope_theta\": 500000}}", ZPP_ERR_CONFIG,
                       "'model.rope_theta' is a key of the llama family");
-    expect_load_fails("{\"model\": {\"family\": \"llama\"}, \"zeropp\": {\"sample_every\": 5}}",
-                      ZPP_ERR_CONFIG, "sampling a llama model is not supported");
     expect_load_fails("{\"train_batch_size\": 0}", ZPP_ERR_CONFIG, "'train_batch_size' is 0");
     expect_load_fails("{\"optimizer\": {\"params\": {\"lr\": 0}}}", ZPP_ERR_CONFIG,
                       "'optimizer.params.lr' must be > 0");

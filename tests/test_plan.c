@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/llama.h"
 #include "plan/cost.h"
 #include "testlib.h"
 
@@ -1515,6 +1516,143 @@ static void test_published_zeropp(void) {
 
 }
 
+/* ---- The Llama family ------------------------------------------------------
+ * A random Llama shape (grouped-query heads, an MLP width of its own, tied
+ * or untied head, q/k/v biases or not) counted three ways: the planner; the
+ * Hugging Face checkpoint's tensors, shape by shape, as LlamaForCausalLM
+ * lists them (embed_tokens, per layer input_layernorm, q/k/v/o_proj with
+ * q/k/v biases under attention_bias, post_attention_layernorm, gate/up/
+ * down_proj; norm; lm_head when untied); and the model's own units
+ * (llama.h's layout: embedding unit + L blocks). All three exact. The FLOPs
+ * a token are then 6 P + 12 L C T (the planner's convention, cost.c),
+ * checked against the products counted one by one. */
+static zpp_cost_in random_llama(zpp_rng *r, zpp_llama_config *lc_p) {
+    zpp_decoder_shape sh;
+    memset(&sh, 0, sizeof sh);
+    const int hd = 2 * (1 + (int)(zpp_rng_u64(r) % 64)); /* even: RoPE turns pairs */
+    const int kv = 1 + (int)(zpp_rng_u64(r) % 8);
+    sh.n_head = kv * (1 + (int)(zpp_rng_u64(r) % 8));
+    sh.n_kv_head = kv;
+    sh.n_embd = sh.n_head * hd;
+    sh.n_layer = 1 + (int)(zpp_rng_u64(r) % 40);
+    sh.n_ffn = zpp_rng_u64(r) % 3 ? 1 + (int)(zpp_rng_u64(r) % 20000) : 0; /* 0: the default */
+    sh.seq_len = 1 + (int)(zpp_rng_u64(r) % 8192);
+    sh.vocab_size = 1 + (int)(zpp_rng_u64(r) % 200000);
+    sh.untied_head = (int)(zpp_rng_u64(r) % 2);
+    sh.qkv_bias = (int)(zpp_rng_u64(r) % 2);
+    zpp_llama_config lc;
+    EXPECT_OK(zpp_llama_config_of_shape(&sh, &lc));
+    zpp_cost_in in = zpp_cost_in_default();
+    in.family = ZPP_COST_LLAMA;
+    in.n_layer = lc.n_layer;
+    in.n_embd = lc.n_embd;
+    in.n_head = lc.n_head;
+    in.n_kv_head = lc.n_kv_head;
+    in.n_ffn = lc.n_ffn;
+    in.seq_len = lc.seq_len;
+    in.vocab = lc.vocab_size;
+    in.untied_head = lc.untied_head;
+    in.qkv_bias = lc.qkv_bias;
+    *lc_p = lc;
+    return in;
+}
+
+static void test_llama_counts(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(31));
+    for (int it = 0; it < 500; it++) {
+        zpp_llama_config lc;
+        zpp_cost_in in = random_llama(&r, &lc);
+        const double L = lc.n_layer, C = lc.n_embd, V = lc.vocab_size, F = lc.n_ffn;
+        const double T = lc.seq_len, H = lc.n_head, KV = lc.n_kv_head, hd = C / H;
+        /* HF's tensors: [out, in] matrices and vectors */
+        const double q = H * hd * C, k = KV * hd * C, v = KV * hd * C, o = C * H * hd;
+        const double gate = F * C, up = F * C, down = C * F;
+        const double bias = lc.qkv_bias ? H * hd + 2 * KV * hd : 0;
+        const double layer = C + q + k + v + bias + o + C + gate + up + down;
+        const double head = lc.untied_head ? V * C : 0;
+        const double hf = V * C + L * layer + C + head;
+        const double P = zpp_cost_llama_params(&in);
+        EXPECT(P == hf, "it %d: planner %.0f, HF tensors %.0f", it, P, hf);
+        EXPECT(zpp_cost_shape_params(&in) == P, "it %d: shape params", it);
+        zpp_llama_layout lay;
+        zpp_llama_layout_make(&lc, &lay);
+        const double units = (double)lay.embed_numel + L * (double)lay.block_numel;
+        EXPECT(P == units, "it %d: planner %.0f, the model's units %.0f", it, P, units);
+        /* Products a token, forward: 2 per weight of every matrix that
+         * multiplies (q, k, v, o, the MLP's three, the head: wte's when
+         * tied), the scores and the mix over n_head heads and T keys; the
+         * rest (embedding rows, norms, biases) counted as products by the
+         * convention. Backward twice the forward. */
+        const double matmul = L * (q + k + v + o + gate + up + down) + V * C;
+        const double rest = P - matmul;
+        const double attn_fwd = L * H * (2 * T * hd + 2 * T * hd);
+        const double want = 3 * (2 * matmul + 2 * rest + attn_fwd);
+        const double got = zpp_cost_flops_per_token(P, lc.n_layer, lc.n_embd, lc.seq_len);
+        EXPECT(fabs(got - want) <= 1e-12 * want, "it %d: FLOPs %.6g, counted %.6g", it, got,
+               want);
+    }
+    /* Llama 3.2 1B (tied): 1,235,814,400 parameters, its published size */
+    zpp_cost_in in = zpp_cost_in_default();
+    in.family = ZPP_COST_LLAMA;
+    in.n_layer = 16, in.n_embd = 2048, in.n_head = 32, in.n_kv_head = 8, in.n_ffn = 8192;
+    in.seq_len = 2048, in.vocab = 128256;
+    EXPECT(zpp_cost_llama_params(&in) == 1235814400.0, "Llama 3.2 1B: %.0f",
+           zpp_cost_llama_params(&in));
+    /* a family that is neither, and a Llama shape with a missing width */
+    in.params = zpp_cost_llama_params(&in);
+    in.world = 1, in.node_size = 1, in.tokens_per_gpu = 2048;
+    in.inter_bps = in.intra_bps = 1e9, in.flops_per_s = 1e12;
+    zpp_cost_out out;
+    EXPECT_OK(zpp_cost_step(&in, zpp_coll_mode_get(0), &out));
+    EXPECT(out.mem_acts_known && out.mem_acts == zpp_cost_llama_act_bytes(&in, 2048));
+    zpp_cost_in bad = in;
+    bad.n_kv_head = 5;
+    EXPECT(zpp_cost_step(&bad, zpp_coll_mode_get(0), &out) == ZPP_ERR_INVALID);
+    bad = in;
+    bad.family = 7;
+    EXPECT(zpp_cost_step(&bad, zpp_coll_mode_get(0), &out) == ZPP_ERR_INVALID);
+}
+
+/* The CUDA Llama's activations: llama_cuda.cu plan()'s buffers written out
+ * here, per token (N = tokens): per layer r1, r2 (fp32), qkv (E, C + 2 Ck),
+ * lse (fp32 per head), atty (E), mid (fp32), gu (E, 2F); the residual
+ * inputs (fp32, L + 1); once hf, h, act, dres_e, datty, dqkv, dgu, dact
+ * (E), rf, dres, dc (fp32), dsum per head, dlogits (E, V), the head's lse
+ * and losses, the batch's five integers. Between two token counts past the
+ * logits' 1024-row chunk and on 64-row boundaries (the RMSNorm backward's
+ * partials: C floats a chunk) only the per-token part changes, so the
+ * difference pins it exactly. Recompute keeps one layer's slab. */
+static void test_llama_act_bytes(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(32));
+    for (int it = 0; it < 200; it++) {
+        zpp_llama_config lc;
+        zpp_cost_in in = random_llama(&r, &lc);
+        const double L = lc.n_layer, C = lc.n_embd, V = lc.vocab_size, F = lc.n_ffn;
+        const double H = lc.n_head, Wq = C + 2.0 * lc.n_kv_head * (C / H), e = 2;
+        const double layer = 4 + 4 + Wq * e + 4 * H + C * e + 4 * C + 2 * F * e;
+        const double once = C * e + 4 + C * e + F * e + 4 * C + 4 * C + C * e + C * e + Wq * e +
+                            2 * F * e + F * e + 4 * H + V * e + 4 + 4 + 5 * 4;
+        const double res = 4 * C * (L + 1);
+        const double n1 = 1024 + 64 * (double)(zpp_rng_u64(&r) % 64), n2 = n1 + 64 * 7;
+        for (int rc = 0; rc < 2; rc++) {
+            in.recompute = rc;
+            const double per_token = res + once + (rc ? 1 : L) * layer + 4 * C / 64;
+            const double d = zpp_cost_llama_act_bytes(&in, n2) - zpp_cost_llama_act_bytes(&in, n1);
+            EXPECT(fabs(d - per_token * (n2 - n1)) <= 1e-9 * d, "it %d rc %d: %.0f, plan() %.0f",
+                   it, rc, d, per_token * (n2 - n1));
+        }
+        const double tokens = (double)lc.seq_len;
+        in.recompute = 0;
+        const double full = zpp_cost_llama_act_bytes(&in, tokens);
+        in.recompute = 1;
+        const double ckpt = zpp_cost_llama_act_bytes(&in, tokens);
+        EXPECT(fabs(full - ckpt - (L - 1) * layer * tokens) <= 1e-9 * full,
+               "it %d: recompute saves %.0f, (L - 1) slabs %.0f", it, full - ckpt,
+               (L - 1) * layer * tokens);
+        EXPECT(zpp_cost_act_bytes(&in, tokens) == ckpt);
+    }
+}
+
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_overlap_bounds), ZPP_TEST(test_flops_and_rates), ZPP_TEST(test_memory),
           ZPP_TEST(test_zeropp_beats_zero3), ZPP_TEST(test_invalid),
@@ -1526,4 +1664,5 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
           ZPP_TEST(test_unhidden_parts), ZPP_TEST(test_kernel_bytes),
           ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute), ZPP_TEST(test_resident_weights),
-          ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp))
+          ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp),
+          ZPP_TEST(test_llama_counts), ZPP_TEST(test_llama_act_bytes))

@@ -15,8 +15,11 @@
  * that says what to do. A BPE model (the tokenizer in tests/data/
  * shakespeare-bpe): `zeropp tokenize` notes its tokenizer, the trainer's
  * samples and `zeropp sample` print text in it, exactly the tokenizer's
- * decoding of the ids drawn, and encode the prompt with it. (The logits a
- * sample reads are checked in test_gpt2.c and test_gpt2_cuda.c.)
+ * decoding of the ids drawn, and encode the prompt with it. A Llama the
+ * same way (its sample the trainer's; each token the draw from a direct
+ * forward's logits; eval the run's validation loss; a tokenizer.json end to
+ * end). (The logits a sample reads are checked in test_gpt2.c and
+ * test_gpt2_cuda.c.)
  *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
@@ -30,6 +33,8 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "device/device.h"
+#include "model/family.h"
 #include "train/bpe.h"
 #include "train/sample.h"
 #include "train/tokfile.h"
@@ -820,8 +825,236 @@ static void test_sample_gpu(void) {
     free(a), free(b);
 }
 
+/* ---- A Llama ---------------------------------------------------------------
+ * A tiny Llama (grouped-query 4:2, untied head, its own MLP width, rope_theta
+ * 500000) trained 3 steps on 2 ranks in fp32, with a sample and a
+ * validation loss at the last step and a checkpoint. Then:
+ * - `zeropp sample` from the checkpoint draws the trainer's own sample
+ *   (the engine's gathers over 2 ranks against the weights put together on
+ *   one, through the family's factory), token for token;
+ * - each token `zeropp sample --ids` draws is the draw (zpp_sample_pick with
+ *   u_k of the seed) from the logits of a direct forward of the whole
+ *   sequence, prompt and tokens drawn, through the llama CPU model made
+ *   here from the checkpoint's weights, read at the row before the token:
+ *   the generation's padded windows give exactly the logits of the
+ *   unpadded sequence (causal attention), and the command reads the right
+ *   family and shape;
+ * - `zeropp eval` on the same 2 ranks prints the run's last validation
+ *   loss, which the engine computed, to the last printed digit. */
+#define LLAMA_NEW 20
+#define LLAMA_PROMPT 8
+
+static void llama_train(run *r) {
+    zpp_rng g = zpp_rng_make(zpp_test_seed(31));
+    zpp_test_tmp_path("ckpt-llama", r->dir);
+    zpp_test_tmp_path("llama.json", r->cfg);
+    zpp_test_tmp_path("corpus-llama.txt", r->data);
+    zpp_test_tmp_path("metrics-llama.jsonl", r->met);
+    zpp_test_tmp_path("train-llama.log", r->log);
+    write_corpus(r, &g);
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 2, \"bf16\": {\"enabled\": false},"
+             " \"model\": {\"family\": \"llama\", \"n_layer\": 2, \"n_head\": 4,"
+             " \"n_kv_head\": 2, \"n_embd\": 32, \"n_ffn\": 48, \"seq_len\": %d,"
+             " \"vocab_size\": 256, \"untied_head\": true, \"rope_theta\": 500000},"
+             " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}},"
+             " \"zeropp\": {\"eval_every\": %d, \"seed\": %d, \"sample_tokens\": %d}}",
+             RUN_T, RUN_STEPS, RUN_SEED, RUN_TOKENS);
+    zpp_test_write_file(r->cfg, json, strlen(json));
+    char err[512];
+    int rc = run_cli(2, r->log, zpp_test_tmp_path("train-llama.err", err),
+                     "train --config %s --data %s --steps %d --sample-every %d --save %s "
+                     "--metrics %s",
+                     r->cfg, r->data, RUN_STEPS, RUN_STEPS, r->dir, r->met);
+    EXPECT(rc == 0, "training the llama failed (exit %d); stderr in %s", rc, err);
+}
+
+/* The logits of row `row` of tokens[0..n) through model m (fp32 host
+ * parameters `units`), one forward of the whole sequence. */
+static void direct_logits(zpp_model *m, float *const *units, const int32_t *tokens, int n,
+                          int row, float *out) {
+    int32_t *window = zpp_test_malloc((size_t)m->seq_len * sizeof *window);
+    for (int i = 0; i < m->seq_len; i++) window[i] = i < n ? tokens[i] : 0;
+    EXPECT_OK(m->ops->keep_logits(m, row));
+    EXPECT_OK(m->ops->set_batch(m, window, NULL, 1));
+    for (int s = 0; s < m->n_stages; s++)
+        EXPECT_OK(m->ops->forward(m, s, units[m->stage_unit[s]]));
+    EXPECT_OK(m->ops->logits(m, out));
+    free(window);
+}
+
+static void check_llama_draws(const run *r) {
+    zpp_sample_weights w;
+    EXPECT_OK(zpp_sample_read_weights(r->dir, &w));
+    EXPECT(!strcmp(w.family, "llama") && w.shape.n_kv_head == 2 && w.shape.untied_head == 1 &&
+               w.shape.n_ffn == 48 && w.shape.rope_theta == 500000 && w.dtype == ZPP_FP32 &&
+               w.step == RUN_STEPS,
+           "read %s: family %s, n_kv_head %d", r->dir, w.family, w.shape.n_kv_head);
+    /* the direct model: the shape the config says, written out here */
+    zpp_decoder_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.n_layer = 2, sh.n_head = 4, sh.n_kv_head = 2, sh.n_embd = 32, sh.n_ffn = 48;
+    sh.seq_len = RUN_T, sh.vocab_size = 256, sh.untied_head = 1, sh.rope_theta = 500000;
+    zpp_device *dev = NULL;
+    zpp_model *m = NULL;
+    zpp_sample_model *sm = NULL;
+    EXPECT_OK(zpp_device_create_host(&dev));
+    EXPECT_OK(zpp_model_family_create("llama", &sh, ZPP_FP32, 1, dev, &m));
+    EXPECT_OK(zpp_sample_model_create(&w, ZPP_FP32, dev, &sm));
+    const zpp_sample_source src = zpp_sample_model_source(sm);
+    float *padded = zpp_test_malloc(256 * sizeof *padded);
+    zpp_rng g = zpp_rng_make(zpp_test_seed(32));
+    int32_t seq[RUN_T];
+    char pids[256];
+    size_t len = 0;
+    for (int i = 0; i < LLAMA_PROMPT; i++) {
+        seq[i] = (int32_t)(zpp_rng_u64(&g) % 256);
+        len += (size_t)snprintf(pids + len, sizeof pids - len, i ? ",%d" : "%d", (int)seq[i]);
+    }
+    const uint64_t seed = zpp_rng_u64(&g) % 100000;
+    const double temps[] = {0, 0.7, 1.3};
+    float *logits = zpp_test_malloc(256 * sizeof *logits);
+    for (int ti = 0; ti < 3; ti++) {
+        size_t n = 0;
+        char *out = sample(r->dir, &n, "--prompt-ids %s --ids --max-new-tokens %d --seed %llu "
+                           "--temperature %g%s",
+                           pids, LLAMA_NEW, (unsigned long long)seed, temps[ti],
+                           ti == 2 ? " --top-k 40" : "");
+        int32_t ids[64];
+        EXPECT(parse_id_list(out, ids, 64) == LLAMA_PROMPT + LLAMA_NEW, "printed '%s'", out);
+        memcpy(seq + LLAMA_PROMPT, ids + LLAMA_PROMPT, LLAMA_NEW * sizeof *seq);
+        const zpp_sample_opts o = {temps[ti], ti == 2 ? 40 : 0, seed};
+        for (int k = 0; k < LLAMA_NEW; k++) {
+            const int at = LLAMA_PROMPT + k; /* the token drawn, from row at - 1 */
+            direct_logits(m, w.units, seq, LLAMA_PROMPT + LLAMA_NEW, at - 1, logits);
+            /* what the command's model reads: the window of the first `at`
+             * tokens, padded; the same numbers, bit for bit */
+            int32_t window[RUN_T];
+            for (int i = 0; i < RUN_T; i++) window[i] = i < at ? seq[i] : 0;
+            EXPECT_OK(src.logits(src.ctx, window, at, padded));
+            EXPECT(!memcmp(padded, logits, 256 * sizeof *padded),
+                   "token %d: the sample model's logits are not the direct forward's", k);
+            int want = -1;
+            EXPECT_OK(zpp_sample_pick(logits, 256, &o, zpp_sample_uniform(seed, (uint64_t)k),
+                                      &want));
+            EXPECT(seq[at] == want, "t %g, token %d: zeropp sample drew %d, the direct "
+                   "forward's logits %d", temps[ti], k, (int)seq[at], want);
+        }
+        free(out);
+    }
+    free(logits), free(padded);
+    zpp_sample_model_destroy(sm);
+    m->ops->destroy(m);
+    zpp_device_destroy(dev);
+    zpp_sample_weights_free(&w);
+}
+
+/* "key":number from the last line of `path` that has it, as printed. */
+static void last_value_text(const char *path, const char *key, char *out, size_t cap) {
+    size_t n = 0;
+    char *t = read_all(path, &n), *p = t, *hit = NULL;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    while ((p = strstr(p, pat))) hit = p++, (void)0;
+    EXPECT(hit != NULL, "no %s in %s", key, path);
+    hit += strlen(pat);
+    size_t k = strcspn(hit, ",}");
+    EXPECT(k < cap);
+    memcpy(out, hit, k);
+    out[k] = 0;
+    free(t);
+}
+
+static void test_sample_llama(void) {
+    run r;
+    memset(&r, 0, sizeof r);
+    llama_train(&r);
+    /* the trainer's sample at the last step, token for token */
+    int32_t ids[8][RUN_TOKENS];
+    int has[8];
+    EXPECT(read_sample_ids(r.met, ids, has, 8) == RUN_STEPS && has[RUN_STEPS - 1]);
+    char pids[256];
+    unsigned char prompt[16];
+    trainer_prompt(&r, pids, sizeof pids, prompt);
+    size_t n = 0;
+    char *a = sample(r.dir, &n, "--prompt-ids %s --max-new-tokens %d --seed %d --ids", pids,
+                     RUN_TOKENS, RUN_SEED);
+    int32_t got[64];
+    EXPECT(parse_id_list(a, got, 64) == 16 + RUN_TOKENS, "printed '%s'", a);
+    for (int k = 0; k < RUN_TOKENS; k++)
+        EXPECT(got[16 + k] == ids[RUN_STEPS - 1][k], "token %d: zeropp sample %d, the trainer %d",
+               k, (int)got[16 + k], (int)ids[RUN_STEPS - 1][k]);
+    free(a);
+    check_llama_draws(&r);
+    /* eval: the run's validation loss */
+    char out[512], err[512], want[64], have[64];
+    EXPECT(run_cli(2, zpp_test_tmp_path("eval-llama.out", out),
+                   zpp_test_tmp_path("eval-llama.err", err), "eval %s --json", r.dir) == 0,
+           "zeropp eval failed: %s", err);
+    last_value_text(r.met, "val_loss", want, sizeof want);
+    last_value_text(out, "loss", have, sizeof have);
+    EXPECT(!strcmp(want, have), "zeropp eval: loss %s, the run's val_loss %s", have, want);
+    free(r.text);
+}
+
+/* A Llama on a tokenizer.json: `zeropp tokenize --tokenizer` makes its
+ * token file (and the note naming the tokenizer), a 1-rank Llama of that
+ * vocabulary trains 2 steps on it, and `zeropp sample` prints text in that
+ * tokenizer: through the note and with --tokenizer alike, exactly the
+ * tokenizer's decoding of the ids it draws, its prompt the tokenizer's
+ * encoding. */
+static void test_sample_llama_tokenizer_json(void) {
+    char vocab[512], merges[512], shakes[512], text[512], bin[512], tj[512], cfg[512], dir[512],
+        out[512], err[512];
+    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
+    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
+    zpp_test_data("tinyshakespeare.txt", shakes, sizeof shakes);
+    write_tokenizer_json(vocab, merges, tj);
+    size_t n_all = 0;
+    char *all = read_all(shakes, &n_all);
+    zpp_test_write_file(zpp_test_tmp_path("shakes-llama.txt", text), all, 20000);
+    free(all);
+    zpp_test_tmp_path("shakes-llama.bin", bin);
+    EXPECT(run_cli(0, zpp_test_tmp_path("tokl.out", out), zpp_test_tmp_path("tokl.err", err),
+                   "tokenize --tokenizer %s %s %s", tj, text, bin) == 0,
+           "zeropp tokenize --tokenizer failed: %s", err);
+    const char *json = "{\"train_micro_batch_size_per_gpu\": 2,"
+                       " \"model\": {\"family\": \"llama\", \"n_layer\": 1, \"n_head\": 2,"
+                       " \"n_kv_head\": 1, \"n_embd\": 32, \"seq_len\": 32, \"vocab_size\": 320},"
+                       " \"zeropp\": {\"eval_every\": 0, \"seed\": 7}}";
+    zpp_test_write_file(zpp_test_tmp_path("llama-bpe.json", cfg), json, strlen(json));
+    zpp_test_tmp_path("ckpt-llama-bpe", dir);
+    EXPECT(run_cli(0, zpp_test_tmp_path("trl.out", out), err,
+                   "train --quiet --config %s --data %s --steps 2 --save %s", cfg, bin, dir) == 0,
+           "training failed: %s", err);
+    size_t na = 0, nb = 0, nc = 0;
+    char *a = sample(dir, &na, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+    char *b = sample(dir, &nb, "--tokenizer %s --prompt '%s' --max-new-tokens %d --seed 5", tj,
+                     BPE_PROMPT, BPE_NEW);
+    char *c = sample(dir, &nc, "--prompt '%s' --max-new-tokens %d --seed 5 --ids", BPE_PROMPT,
+                     BPE_NEW);
+    EXPECT(na == nb && !memcmp(a, b, na), "through the note '%s', with --tokenizer '%s'", a, b);
+    zpp_bpe *hf = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(tj, &hf));
+    zpp_bpe_ids pe = {0};
+    EXPECT_OK(zpp_bpe_encode(hf, BPE_PROMPT, strlen(BPE_PROMPT), ZPP_BPE_SPECIAL, &pe, NULL));
+    int32_t ids[256];
+    const int n = parse_id_list(c, ids, 256);
+    EXPECT(n == (int)pe.n + BPE_NEW && !memcmp(ids, pe.ids, pe.n * sizeof *ids),
+           "--ids printed %d ids, the prompt is %zu tokens: '%s'", n, pe.n, c);
+    char *want = NULL;
+    size_t nw = 0;
+    EXPECT_OK(zpp_bpe_decode(hf, ids, (size_t)n, &want, &nw));
+    EXPECT(na == nw + 1 && !memcmp(a, want, nw), "printed '%s', the tokenizer decodes '%s'", a,
+           want);
+    free(want), free(pe.ids), free(a), free(b), free(c);
+    zpp_bpe_destroy(hf);
+}
+
 ZPP_TESTS(ZPP_TEST(test_greedy_is_argmax), ZPP_TEST(test_top_k_stays_in_top),
           ZPP_TEST(test_frequencies_match_softmax), ZPP_TEST(test_stream_is_the_seeds),
           ZPP_TEST(test_generation_window), ZPP_TEST(test_rejects_bad_input), ZPP_TEST(test_text),
           ZPP_TEST(test_sample_command), ZPP_TEST(test_bad_inputs), ZPP_TEST(test_sample_bpe),
+          ZPP_TEST(test_sample_llama), ZPP_TEST(test_sample_llama_tokenizer_json),
           ZPP_TEST_GPU(test_sample_gpu))

@@ -591,9 +591,66 @@ static void test_cli_help_version(void) {
 #endif
 }
 
+/* `zeropp plan --config FILE` reads the "model" section as `zeropp train`
+ * does: a random Llama (grouped-query, its own MLP width, untied head or
+ * not) has the parameters of its Hugging Face tensors counted here, the
+ * FLOPs 6 P + 12 L C T a token, its activations counted; a GPT-2 config
+ * the --model count. */
+static void test_plan_config_family(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(31));
+    char path[512], cmd[2048];
+    zpp_test_tmp_path("plan_llama.json", path);
+    for (int it = 0; it < 4; it++) {
+        const int kv = 1 + (int)(zpp_rng_u64(&r) % 4), H = kv * (1 + (int)(zpp_rng_u64(&r) % 4));
+        const int hd = 2 * (1 + (int)(zpp_rng_u64(&r) % 32)), C = H * hd;
+        const int L = 1 + (int)(zpp_rng_u64(&r) % 8), F = 1 + (int)(zpp_rng_u64(&r) % 3000);
+        const int T = 1 + (int)(zpp_rng_u64(&r) % 512), V = 1 + (int)(zpp_rng_u64(&r) % 5000);
+        const int untied = it % 2;
+        FILE *f = fopen(path, "w");
+        EXPECT(f != NULL, "cannot write %s", path);
+        fprintf(f, "{\"model\": {\"family\": \"llama\", \"n_layer\": %d, \"n_embd\": %d, "
+                   "\"n_head\": %d, \"n_kv_head\": %d, \"n_ffn\": %d, \"seq_len\": %d, "
+                   "\"vocab_size\": %d, \"untied_head\": %s}}\n",
+                L, C, H, kv, F, T, V, untied ? "true" : "false");
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "%s plan --config %s --world 4 --micro-batch 2 --json",
+                 getenv("ZPP_CLI"), path);
+        cJSON *o[MAX_LINES];
+        int n = run_json(cmd, o, MAX_LINES);
+        EXPECT(n == 5, "%d modes", n);
+        const double dC = C, dkv = (double)kv * hd;
+        const double layer = 2 * dC + dC * dC + 2 * dkv * dC + dC * dC + 3 * dC * F;
+        const double P = (double)V * C + dC + (untied ? (double)V * C : 0) + L * layer;
+        const double flops = 2.0 * T * (6 * P + 12.0 * L * C * T);
+        for (int m = 0; m < n; m++) {
+            EXPECT(num(o[m], "params") == P, "it %d: params %.0f, HF tensors %.0f", it,
+                   num(o[m], "params"), P);
+            EXPECT(!strcmp(str(o[m], "family"), "llama"), "family %s", str(o[m], "family"));
+            EXPECT(num(o[m], "units") == L + 1, "units %.0f", num(o[m], "units"));
+            EXPECT(truth(o[m], "mem_acts_known") && num(o[m], "mem_acts_bytes") > 0);
+            double step = num(o[m], "step_s");
+            EXPECT(fabs(num(o[m], "tflops_per_gpu") * 1e12 * step - flops) <= 1e-9 * flops,
+                   "it %d: TFLOP/s", it);
+            cJSON_Delete(o[m]);
+        }
+    }
+    /* a shape the family refuses, named */
+    FILE *f = fopen(path, "w");
+    EXPECT(f != NULL);
+    fprintf(f, "{\"model\": {\"family\": \"llama\", \"n_head\": 4, \"n_kv_head\": 3}}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s plan --config %s --world 4 2>&1", getenv("ZPP_CLI"), path);
+    FILE *p = popen(cmd, "r");
+    char line[1024] = "";
+    int named = 0;
+    while (fgets(line, sizeof line, p)) named |= strstr(line, "n_kv_head") != NULL;
+    int rc = pclose(p);
+    EXPECT(WIFEXITED(rc) && WEXITSTATUS(rc) != 0 && named, "a bad n_kv_head: rc %d", rc);
+}
+
 ZPP_TESTS(ZPP_TEST(test_bench_comm_acceptance), ZPP_TEST(test_bench_comm_tight_bounds),
           ZPP_TEST(test_bench_quant_json), ZPP_TEST(test_plan_formulas),
           ZPP_TEST(test_plan_all_modes), ZPP_TEST(test_plan_predict_json),
           ZPP_TEST(test_plan_pick_json), ZPP_TEST(test_plan_pick_restricted),
           ZPP_TEST(test_plan_sweep), ZPP_TEST(test_plan_sweep_chart),
-          ZPP_TEST(test_cli_help_version))
+          ZPP_TEST(test_cli_help_version), ZPP_TEST(test_plan_config_family))

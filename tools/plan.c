@@ -17,13 +17,15 @@
 
 #include "cli.h"
 #include "collectives/collectives.h"
+#include "model/llama.h"
 #include "plan/cost.h"
+#include "train/config.h"
 #include "zeropp.h"
 
 static void plan_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp plan (--params P | --model L,C,T,V) --world W [--node-size S]\n"
-            "                   [--units U] [--dtype bf16] [--json]\n"
+            "usage: zeropp plan (--params P | --model L,C,T,V | --config FILE) --world W\n"
+            "                   [--node-size S] [--units U] [--dtype bf16] [--json]\n"
             "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
@@ -53,7 +55,10 @@ static void plan_usage(FILE *f) {
             "With --tokens-per-gpu (or --micro-batch with --model: B x T tokens) it also\n"
             "predicts each mode's step time, tokens/s, TFLOP/s per GPU and memory per rank\n"
             "(DESIGN.md section 11). --model n_layer,n_embd,seq_len,vocab is a GPT-2 shape\n"
-            "(attention FLOPs and activation memory counted). --gpu picks the FLOP/s (datasheet\n"
+            "(attention FLOPs and activation memory counted). --config FILE takes the shape\n"
+            "from a training config's \"model\" section as `zeropp train` reads it,\n"
+            "model.family included: a llama's grouped-query k and v, SwiGLU MLP, untied head\n"
+            "and q/k/v biases are counted, and its activations are the CUDA Llama's. --gpu picks the FLOP/s (datasheet\n"
             "dense fp16/bf16 peak x 0.4) and the NVLink bandwidth (default h200); --tflops\n"
             "sets the achieved TFLOP/s per GPU. --inter-gbps: Gb/s of one node's cross-node\n"
             "links together (default 400); --intra-gbps: Gb/s one GPU moves inside its node,\n"
@@ -499,10 +504,11 @@ typedef struct plan_opts {
     size_t params, reuse;
     int world, node_size, units, json, micro_batch, qgz_overlap, pick, serial, link_per_comm,
         recompute;
+    int shaped; /* a model shape is known: --model or --config */
     zpp_dtype dtype;
     /* The options that take text (numbers, lists, names, paths), as given
      * (NULL: not given): a check or a clash names the flag the user wrote. */
-    const char *dtype_s, *model_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
+    const char *dtype_s, *model_s, *config_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
         *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s, *hbm_s, *hbm_eff_s,
         *modes_s, *mbs_s, *hpzs_s;
     /* Their values, defaults filled in. hbm < 0: the --gpu preset's. */
@@ -512,6 +518,42 @@ typedef struct plan_opts {
     const zpp_cost_gpu *gpu; /* the --gpu preset (h200 by default) */
     int timed;               /* tokens given: step times predicted */
 } plan_opts;
+
+/* --config FILE: the "model" section of a training config, read as
+ * `zeropp train` reads it (defaults, then the file, then its checks):
+ * model.family and the shape, a Llama's knobs resolved by the family's own
+ * rules (zpp_llama_config_of_shape: n_kv_head, n_ffn's default, ...), and
+ * activation_checkpointing as --recompute. 0, or 1 after saying why. */
+static int plan_shape_from_config(const char *path, plan_opts *o, zpp_cost_in *ci) {
+    zpp_train_config cfg;
+    zpp_status st = zpp_train_config_defaults(&cfg);
+    if (st == ZPP_OK) st = zpp_train_config_load_file(path, &cfg);
+    if (st != ZPP_OK) return zpp_cli_fail("plan: --config", st);
+    const zpp_gpt2_config *m = &cfg.model;
+    ci->n_layer = m->n_layer;
+    ci->n_embd = m->n_embd;
+    ci->n_head = m->n_head;
+    ci->seq_len = m->seq_len;
+    ci->vocab = m->vocab_size;
+    if (cfg.activation_checkpointing) o->recompute = 1;
+    if (cfg.model_family != ZPP_FAMILY_LLAMA) return 0;
+    zpp_decoder_shape shape = cfg.model_ext;
+    shape.n_layer = m->n_layer;
+    shape.n_head = m->n_head;
+    shape.n_embd = m->n_embd;
+    shape.seq_len = m->seq_len;
+    shape.vocab_size = m->vocab_size;
+    shape.real_vocab_size = m->real_vocab_size;
+    zpp_llama_config lc;
+    st = zpp_llama_config_of_shape(&shape, &lc);
+    if (st != ZPP_OK) return zpp_cli_fail("plan: --config", st);
+    ci->family = ZPP_COST_LLAMA;
+    ci->n_kv_head = lc.n_kv_head;
+    ci->n_ffn = lc.n_ffn;
+    ci->untied_head = lc.untied_head;
+    ci->qkv_bias = lc.qkv_bias;
+    return 0;
+}
 
 /* Options, step 1: the flags into `o`, --dtype, and the model (--params or
  * --model's GPT shape, which goes into ci) on --world ranks. --help prints
@@ -530,6 +572,7 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
         {"--units", ZPP_CLI_INT, &o->units, 1, 1 << 24},
         {"--dtype", ZPP_CLI_STR, &o->dtype_s, 0, 0},
         {"--model", ZPP_CLI_STR, &o->model_s, 0, 0},
+        {"--config", ZPP_CLI_STR, &o->config_s, 0, 0},
         {"--tokens-per-gpu", ZPP_CLI_STR, &o->tok_s, 0, 0},
         {"--micro-batch", ZPP_CLI_INT, &o->micro_batch, 1, 1 << 24},
         {"--gpu", ZPP_CLI_STR, &o->gpu_s, 0, 0},
@@ -567,6 +610,19 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
     if (o->dtype_s && zpp_dtype_parse(o->dtype_s, &o->dtype) != ZPP_OK)
         return zpp_cli_fail("plan: --dtype", 1);
     *ci = zpp_cost_in_default();
+    if (o->model_s && o->config_s) {
+        fprintf(stderr, "zeropp plan: give --model or --config, not both\n");
+        return 2;
+    }
+    if (o->config_s) {
+        if (o->params) {
+            fprintf(stderr, "zeropp plan: give --params or --config, not both\n");
+            return 2;
+        }
+        if (plan_shape_from_config(o->config_s, o, ci) != 0) return 1;
+        o->params = (size_t)zpp_cost_shape_params(ci);
+        if (!o->units) o->units = ci->n_layer + 1;
+    }
     if (o->model_s) {
         if (sscanf(o->model_s, "%d,%d,%d,%d", &ci->n_layer, &ci->n_embd, &ci->seq_len,
                    &ci->vocab) != 4 ||
@@ -583,6 +639,7 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
         o->params = (size_t)zpp_cost_gpt_params(ci->n_layer, ci->n_embd, ci->seq_len, ci->vocab);
         if (!o->units) o->units = ci->n_layer + 1;
     }
+    o->shaped = o->model_s || o->config_s;
     if (!o->units) o->units = 8;
     if (!o->params || !o->world) {
         fprintf(stderr, "zeropp plan: --params (or --model) and --world are required\n\n");
@@ -607,8 +664,8 @@ static int plan_check(plan_opts *o, const zpp_cost_in *ci) {
         why = "--hbm-eff is in (0, 1]";
     else if ((o->modes_s || o->mbs_s || o->hpzs_s) && !o->pick)
         why = "--modes, --micro-batches and --hpz-sizes restrict --pick; add --pick";
-    else if (o->mbs_s && (!o->model_s || o->micro_batch))
-        why = "--micro-batches needs --model and replaces --micro-batch";
+    else if (o->mbs_s && (!o->shaped || o->micro_batch))
+        why = "--micro-batches needs --model or --config and replaces --micro-batch";
     if (why) {
         fprintf(stderr, "zeropp plan: %s\n", why);
         return 2;
@@ -635,23 +692,23 @@ static int plan_check(plan_opts *o, const zpp_cost_in *ci) {
         why = "give --sweep or --pick, not both";
     else if (o->mem_s && !o->pick)
         why = "--mem-gb is the budget of --pick; add --pick";
-    else if (o->pick && !o->model_s && !o->tok_s)
-        why = "--pick needs --model (micro-batches searched) or --tokens-per-gpu (tokens fixed)";
+    else if (o->pick && !o->shaped && !o->tok_s)
+        why = "--pick needs --model or --config (micro-batches searched) or --tokens-per-gpu (tokens fixed)";
     else if (o->pick && o->mem_s && !(o->mem_gb > 0))
         why = "--mem-gb must be > 0";
-    else if (o->pick && o->micro_batch && !o->model_s)
-        why = "--micro-batch with --pick caps the micro-batch search, which needs --model";
-    else if (o->micro_batch && !o->pick && (!o->model_s || o->tok_s))
-        why = "--micro-batch needs --model (tokens = B x seq_len) and replaces --tokens-per-gpu";
-    else if (o->pick && o->model_s && o->tok_s)
-        why = "--pick with --model searches the micro-batch; drop --tokens-per-gpu "
+    else if (o->pick && o->micro_batch && !o->shaped)
+        why = "--micro-batch with --pick caps the micro-batch search, which needs --model or --config";
+    else if (o->micro_batch && !o->pick && (!o->shaped || o->tok_s))
+        why = "--micro-batch needs --model or --config (tokens = B x seq_len) and replaces --tokens-per-gpu";
+    else if (o->pick && o->shaped && o->tok_s)
+        why = "--pick with a model shape searches the micro-batch; drop --tokens-per-gpu "
               "(--micro-batch B caps the search at B)";
     if (why) {
         fprintf(stderr, "zeropp plan: %s\n", why);
         return 2;
     }
     if (o->micro_batch && !o->pick) o->tokens = (double)o->micro_batch * ci->seq_len;
-    if (o->pick && o->model_s)
+    if (o->pick && o->shaped)
         o->tokens = ci->seq_len; /* micro-batch 1, for the checks below; the pick varies it */
     return PLAN_GO;
 }
@@ -795,6 +852,8 @@ static cJSON *step_json(const plan_opts *o, const zpp_cost_in *ci, const zpp_vol
     cJSON_AddStringToObject(j, "plan", "step");
     cJSON_AddStringToObject(j, "mode", zpp_coll_mode_get(m)->name);
     cJSON_AddNumberToObject(j, "params", (double)o->params);
+    if (o->shaped)
+        cJSON_AddStringToObject(j, "family", ci->family == ZPP_COST_LLAMA ? "llama" : "gpt2");
     cJSON_AddNumberToObject(j, "units", o->units);
     cJSON_AddNumberToObject(j, "reuse_distance", (double)o->reuse);
     cJSON_AddNumberToObject(j, "kept_units", zpp_cost_kept_units(ci));
@@ -845,8 +904,9 @@ static void print_bytes(const plan_opts *o, const zpp_cost_in *ci, const zpp_vol
     const int nodes = o->world / o->node_size, kept = zpp_cost_kept_units(ci);
     const double z3 = zpp_volume_cross_total(&v[0]);
     const zpp_phase *ph = plan_phases;
-    printf("zeropp plan: %zu parameters (%s) in %d units, world %d = %d node%s x %d rank%s\n",
-           o->params, zpp_dtype_name(o->dtype), o->units, o->world, nodes, nodes == 1 ? "" : "s",
+    printf("zeropp plan: %s%zu parameters (%s) in %d units, world %d = %d node%s x %d rank%s\n",
+           ci->family == ZPP_COST_LLAMA ? "Llama, " : "", o->params, zpp_dtype_name(o->dtype),
+           o->units, o->world, nodes, nodes == 1 ? "" : "s",
            o->node_size, o->node_size == 1 ? "" : "s");
     printf("bytes per node per step (DESIGN.md section 5; qwZ int8 block %zu, qgZ int4 block "
            "%zu, scales and padding included)\n",
@@ -921,7 +981,7 @@ static void print_times(const plan_opts *o, const zpp_cost_in *ci, const zpp_cos
                c->mem_acts_known ? "" : " + acts");
     }
     if (!co[0].mem_acts_known)
-        printf("memory without activations: pass --model for the GPT-2 activation count\n");
+        printf("memory without activations: pass --model or --config for the activation count\n");
 }
 
 /* Every mode priced (volume.c's replay less the backward gathers the reuse

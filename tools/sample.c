@@ -287,9 +287,9 @@ static void sample_usage(FILE *f) {
             "                     [--tokenizer tokenizer.json]\n"
             "                     [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
             "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16]\n"
-            "  Continues a prompt with a trained GPT-2 and prints the prompt and what follows,\n"
-            "  as text: bytes for a byte-level model (vocabulary 256), else the BPE tokenizer\n"
-            "  its data was made with.\n"
+            "  Continues a prompt with a trained model (GPT-2 or Llama) and prints the prompt\n"
+            "  and what follows, as text: bytes for a byte-level model (vocabulary 256), else\n"
+            "  the BPE tokenizer its data was made with.\n"
             "  DIR, --from PATH    a checkpoint folder (`zeropp train --save DIR`: its published\n"
             "                      checkpoint, or a step folder), put together on this one rank\n"
             "                      from every rank file that saved it; or an llm.c model file\n"
@@ -525,22 +525,21 @@ static zpp_status encode_prompt(const char *prompt, zpp_bpe *bpe, int32_t **ids_
     return ZPP_OK;
 }
 
-/* The work: the model on its device (the weights `units` are freed here,
+/* The work: the model on its device (the weights `w` are freed here,
  * once it holds them), the checks of the prompt and options (before
  * anything prints), then the prompt and each new token printed as it
  * comes, through `dec` (NULL: ids). 0, or 1 after saying what failed. */
-static int generate(const sample_args *sa, const zpp_gpt2_config *cfg, zpp_dtype saved,
-                    float **units, const zpp_sample_decoder *dec, const int32_t *ids, int n_ids) {
-    const int V = zpp_gpt2_real_vocab(cfg);
+static int generate(const sample_args *sa, zpp_sample_weights *w, const zpp_sample_decoder *dec,
+                    const int32_t *ids, int n_ids) {
+    const int V = zpp_sample_real_vocab(&w->shape);
     zpp_device *dev = NULL;
     zpp_sample_model *sm = NULL;
     int32_t *gen = NULL;
     zpp_status st = strcmp(sa->device, "gpu") ? zpp_device_create_host(&dev)
                                               : zpp_device_create_gpu(0, &dev);
     if (st == ZPP_OK)
-        st = zpp_sample_model_create(cfg, sa->dtype_name ? sa->dtype : saved, dev,
-                                     (const float *const *)units, &sm);
-    zpp_sample_weights_free(cfg, units);
+        st = zpp_sample_model_create(w, sa->dtype_name ? sa->dtype : w->dtype, dev, &sm);
+    zpp_sample_weights_free(w);
     if (st == ZPP_OK && !(gen = malloc(((size_t)sa->max_new + 1) * sizeof *gen)))
         st = zpp_error(ZPP_ERR_NOMEM, "out of memory");
     sample_printer p = {stdout, dec, 0};
@@ -574,20 +573,18 @@ int zpp_cli_sample(int argc, char **argv) {
     int n_ids = 0;
     if (sa.prompt_ids && parse_ids(sa.prompt_ids, &ids, &n_ids) != 0) return 2;
 
-    zpp_gpt2_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    zpp_dtype saved = ZPP_FP32;
-    int step = 0, rc = 0;
-    float **units = NULL;
+    zpp_sample_weights w;
+    memset(&w, 0, sizeof w);
+    int rc = 0;
     zpp_bpe *bpe = NULL;
     char *data = NULL;
-    zpp_status st = zpp_sample_read_weights(sa.from, &cfg, &saved, &step, &units);
+    zpp_status st = zpp_sample_read_weights(sa.from, &w);
     if (st != ZPP_OK) {
         rc = zpp_cli_fail("sample", st);
         goto out;
     }
-    const int V = zpp_gpt2_real_vocab(&cfg);
-    rc = load_text_form(&sa, V, step, &bpe, &data);
+    const int V = zpp_sample_real_vocab(&w.shape);
+    rc = load_text_form(&sa, V, w.step, &bpe, &data);
     if (rc != 0) goto out;
     if (!ids) { /* the prompt's text, or the default */
         st = encode_prompt(sa.prompt, bpe, &ids, &n_ids);
@@ -601,10 +598,9 @@ int zpp_cli_sample(int argc, char **argv) {
                                     : bpe        ? &bpe_dec
                                     : V == 256   ? &kByteDecoder
                                                  : NULL;
-    rc = generate(&sa, &cfg, saved, units, dec, ids, n_ids);
-    units = NULL; /* generate freed them */
+    rc = generate(&sa, &w, dec, ids, n_ids); /* frees w's units */
 out:
-    zpp_sample_weights_free(&cfg, units);
+    zpp_sample_weights_free(&w);
     zpp_bpe_destroy(bpe);
     free(data);
     free(ids);

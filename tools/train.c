@@ -1058,7 +1058,7 @@ static void print_comparison(const run_summary *r, int n, int profiled) {
     printf("\n");
     if (n == 2 && r[0].cross_bytes > 0)
         printf("\nZeRO++ sends %.3fx the cross-node bytes of ZeRO-3 (ideal: 0.25, plus "
-               "quantization scales and the biases and LayerNorm parameters, sent at full "
+               "quantization scales and the model's vectors (biases, norm gains), sent at full "
                "precision).\n",
                r[1].cross_bytes / r[0].cross_bytes);
 }

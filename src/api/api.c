@@ -12,6 +12,7 @@
  * zpp_update_stats. Every function that creates something collectively
  * agrees on its status over the world, so a bad argument on one rank fails
  * every rank instead of hanging the others. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,9 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "engine/engine.h"
+#include "model/family.h"
 #include "model/model.h"
+#include "train/config.h"
 #include "zeropp.h"
 
 /* ---- Devices ------------------------------------------------------------- */
@@ -231,6 +234,62 @@ zpp_status zpp_model_create(const zpp_model_desc *desc, zpp_device *dev, zpp_mod
 
 void zpp_model_destroy(zpp_model *model) {
     if (model) model->ops->destroy(model);
+}
+
+/* ---- Built-in decoders --------------------------------------------------------- */
+
+/* The JSON object `model_json` as a whole config, {"model": ...}, read by
+ * the config's one key table (train/config.h): its defaults, names, ranges
+ * and family checks, so the API takes exactly the keys a config file does. */
+static zpp_status model_config_of(const char *model_json, zpp_train_config *cfg) {
+    cJSON *model = cJSON_Parse(model_json);
+    if (!cJSON_IsObject(model)) {
+        cJSON_Delete(model);
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "model config: not a JSON object; give the \"model\" section of a "
+                         "config, e.g. {\"family\": \"llama\", \"n_layer\": 2}");
+    }
+    cJSON *root = cJSON_CreateObject();
+    char *text = NULL;
+    if (root && cJSON_AddItemToObject(root, "model", model)) {
+        model = NULL; /* root owns it */
+        text = cJSON_PrintUnformatted(root);
+    }
+    cJSON_Delete(model);
+    cJSON_Delete(root);
+    if (!text) return zpp_error(ZPP_ERR_NOMEM, "model config: out of memory");
+    zpp_status st = zpp_train_config_defaults(cfg);
+    if (st == ZPP_OK) st = zpp_train_config_load_string(text, cfg);
+    cJSON_free(text);
+    return st;
+}
+
+zpp_status zpp_model_create_decoder(const char *model_json, zpp_dtype param_dtype,
+                                    int max_batch, zpp_device *dev, zpp_model **model_p) {
+    if (!model_json || !dev || !model_p)
+        return zpp_error(ZPP_ERR_INVALID, "model: model_json, dev and model_p are required");
+    if (max_batch < 1)
+        return zpp_error(ZPP_ERR_INVALID, "model: max_batch %d; give 1 or more sequences",
+                         max_batch);
+    zpp_train_config cfg;
+    ZPP_CHECK(model_config_of(model_json, &cfg));
+    /* the generic shape, as the trainer makes it (trainer.c) */
+    zpp_decoder_shape shape = cfg.model_ext;
+    shape.n_layer = cfg.model.n_layer;
+    shape.n_head = cfg.model.n_head;
+    shape.n_embd = cfg.model.n_embd;
+    shape.seq_len = cfg.model.seq_len;
+    shape.vocab_size = cfg.model.vocab_size;
+    shape.real_vocab_size = cfg.model.real_vocab_size;
+    return zpp_model_family_create(zpp_model_family_name(cfg.model_family), &shape,
+                                   param_dtype, max_batch, dev, model_p);
+}
+
+zpp_status zpp_model_set_batch(zpp_model *model, const int32_t *tokens, const int32_t *targets,
+                               int B) {
+    if (!model || !tokens)
+        return zpp_error(ZPP_ERR_INVALID, "model: set_batch needs the model and its tokens");
+    return model->ops->set_batch(model, tokens, targets, B);
 }
 
 /* ---- The engine ---------------------------------------------------------------- */

@@ -138,6 +138,29 @@ double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab) {
     return V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
 }
 
+/* Whether in has a complete Llama shape (family and every width). */
+static int llama_shape(const zpp_cost_in *in) {
+    return in->family == ZPP_COST_LLAMA && in->n_layer > 0 && in->n_embd > 0 &&
+           in->n_head > 0 && in->n_kv_head > 0 && in->n_ffn > 0 && in->vocab > 0;
+}
+
+double zpp_cost_llama_params(const zpp_cost_in *in) {
+    if (!in || !llama_shape(in)) return 0;
+    const double L = in->n_layer, C = in->n_embd, V = in->vocab, F = in->n_ffn;
+    /* k and v have n_kv_head heads of the query heads' width: Ck wide each */
+    const double Ck = (double)in->n_kv_head * (double)(in->n_embd / in->n_head);
+    const double qkv = C + 2 * Ck; /* rows of the fused [q | k | v] matrix */
+    const double embed = V * C + C + (in->untied_head ? V * C : 0);
+    const double block = 2 * C + qkv * C + (in->qkv_bias ? qkv : 0) + C * C + 3 * C * F;
+    return embed + L * block;
+}
+
+double zpp_cost_shape_params(const zpp_cost_in *in) {
+    if (!in || in->n_layer <= 0) return 0;
+    if (in->family == ZPP_COST_LLAMA) return zpp_cost_llama_params(in);
+    return zpp_cost_gpt_params(in->n_layer, in->n_embd, in->seq_len, in->vocab);
+}
+
 double zpp_cost_flops_per_token(double params, int n_layer, int n_embd, int seq_len) {
     /* A matrix product of an m x k by a k x n matrix takes 2 m k n FLOPs
      * (a multiply and an add per term). Per token, each weight w takes part
@@ -149,7 +172,15 @@ double zpp_cost_flops_per_token(double params, int n_layer, int n_embd, int seq_
      * Q K^T (a token's query against T keys of C channels, 2 T C) and the
      * mix P V (2 T C): 4 T C forward, twice that backward, 12 L C T in all.
      * The full T x T is counted though causal attention needs half of it,
-     * as fsdp_gpt.py, nanoGPT and PaLM's MFU do. */
+     * as fsdp_gpt.py, nanoGPT and PaLM's MFU do.
+     * A Llama is counted the same way (fsdp_llama.py's count): grouped-
+     * query attention narrows only k and v, whose products are in the
+     * parameter term; the scores and the mix still run over n_head query
+     * heads of C / n_head channels, 4 T C a layer forward; SwiGLU's three
+     * matrices and the untied head are parameters like any other. The
+     * token embedding is a lookup, not a product, yet is counted (as the
+     * wte/wpe of GPT-2 and as fsdp_llama.py counts it), so that tokens/s
+     * and TFLOP/s compare with the peer's. */
     double attn = n_layer > 0 ? 12.0 * n_layer * (double)n_embd * (double)seq_len : 0;
     return 6.0 * params + attn;
 }
@@ -222,6 +253,43 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     const double logits = 4 * V * fmin(tokens, 1024);
     return tokens * (L * per_layer + slab + once) + logits +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+}
+
+double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
+    if (!llama_shape(in) || in->seq_len <= 0) return 0;
+    const double L = in->n_layer, C = in->n_embd, V = in->vocab, F = in->n_ffn;
+    const double H = in->n_head, T = in->seq_len, hd = (double)(in->n_embd / in->n_head);
+    const double Wq = C + 2 * (double)in->n_kv_head * hd; /* q, k, v side by side */
+    const double e = (double)zpp_dtype_size(in->dtype);
+    /* llama_cuda.cu plan(), per token. Kept for the backward, per layer:
+     * the two RMSNorms' rstd, fp32 (8); qkv after RoPE (Wq e); the fused
+     * attention's log-sum-exp per head, fp32 (4H); the attention output
+     * (C e); the mid-block residual, fp32 (4C); gate and up (2F e). With
+     * activation checkpointing one layer's slab, refilled by each
+     * backward. The residual stream's inputs to every layer and the final
+     * one, fp32, are kept either way (4C (L + 1)). */
+    const double slab = 8 + Wq * e + 4 * H + C * e + 4 * C + 2 * F * e;
+    const double layers = in->recompute ? slab : L * slab;
+    /* Once per token: the final norm's output and rstd (C e + 4), the
+     * MLP's normed input and SwiGLU output (C e + F e); the backward's
+     * scratch: dres and dc, fp32 (8C), dres_e and datty (2C e), dqkv (Wq
+     * e), dgu (2F e), dact (F e); the attention's dsum per head (4H); the
+     * d logits the forward leaves for the backward (V e); the head's lse
+     * and losses (8); the batch's five integers (cuda_ops.cu, 20). */
+    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + 4 * H + V * e + 4 + 8 + 20;
+    /* Per chunk of rows and per shape: the RMSNorm backward's partial
+     * column sums (C floats per 64 rows), the RoPE tables (T x hd/2 cos and
+     * sin, fp32), the fp32 logits of at most 1024 rows and the kept row. */
+    const double fixed = 4 * C * ceil(tokens / 64) + 4 * T * hd + 4 * V * fmin(tokens, 1024) +
+                         4 * V;
+    return tokens * (4 * C * (L + 1) + layers + once) + fixed +
+           32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+}
+
+double zpp_cost_act_bytes(const zpp_cost_in *in, double tokens) {
+    if (!in) return 0;
+    return in->family == ZPP_COST_LLAMA ? zpp_cost_llama_act_bytes(in, tokens)
+                                        : zpp_cost_gpt_act_bytes(in, tokens);
 }
 
 /* Ranks sharing one hpZ secondary copy: hpz_size, or the node by default. */
@@ -394,6 +462,14 @@ static zpp_status step_check(const zpp_cost_in *in, const zpp_coll_mode *mode) {
     if (in->n_layer > 0 && (in->n_embd <= 0 || in->seq_len <= 0 || in->vocab <= 0))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: a GPT shape needs n_layer, n_embd, seq_len and vocab all > 0");
+    if (in->n_layer > 0 && in->family == ZPP_COST_LLAMA &&
+        (!llama_shape(in) || in->n_embd % in->n_head || in->n_head % in->n_kv_head))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "cost: a Llama shape needs n_head dividing n_embd, n_kv_head dividing "
+                         "n_head and n_ffn > 0 (zpp_llama_config_of_shape resolves them)");
+    if (in->family != ZPP_COST_GPT2 && in->family != ZPP_COST_LLAMA)
+        return zpp_error(ZPP_ERR_INVALID, "cost: family %d is neither GPT-2 (0) nor Llama (1)",
+                         in->family);
     if (mode->hpz && (in->hpz_size < 0 || (in->hpz_size > 0 && in->node_size % in->hpz_size)))
         return zpp_error(ZPP_ERR_INVALID,
                          "cost: hpZ partition size %d does not divide the node size %d; pick a "
@@ -562,7 +638,7 @@ static void step_memory(const zpp_cost_in *in, const zpp_coll_mode *mode, const 
     if (mode->reduce == ZPP_REDUCE_QGZ)
         o->mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.grad_spec);
     o->mem_acts_known = in->n_layer > 0;
-    o->mem_acts = zpp_cost_gpt_act_bytes(in, in->tokens_per_gpu);
+    o->mem_acts = zpp_cost_act_bytes(in, in->tokens_per_gpu);
     o->mem_bytes_per_rank =
         o->mem_shard_state + o->mem_secondary + o->mem_transient + o->mem_kept + o->mem_acts;
 }

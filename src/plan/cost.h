@@ -26,6 +26,13 @@ typedef struct zpp_cost_in {
      * mem_acts_known says so. */
     double params;
     int n_layer, n_embd, seq_len, vocab, n_head; /* n_head 0: n_embd / 64 */
+    /* The family of that shape: 0 = GPT-2 (the fields above say it all),
+     * 1 = Llama (ZPP_COST_LLAMA), with its knobs resolved as
+     * zpp_llama_config_of_shape resolves them (n_head > 0, n_kv_head a
+     * divisor of it, n_ffn > 0): grouped-query k and v, a SwiGLU MLP n_ffn
+     * wide, an untied head or q/k/v biases when set. Ignored for GPT-2. */
+    int family;
+    int n_kv_head, n_ffn, untied_head, qkv_bias;
     int units;                                   /* equal units (zpp_plan_step's split) */
     /* Machine. */
     int world, node_size;
@@ -130,7 +137,7 @@ typedef struct zpp_cost_out {
     double mem_secondary;          /* hpZ secondary shards of every unit */
     double mem_transient;          /* gathered units, full gradient, reduction buffer */
     double mem_kept;               /* kept units held at the boundary beyond the current one */
-    double mem_acts;               /* activations (CUDA GPT-2), 0 without a shape */
+    double mem_acts;               /* activations (the CUDA model), 0 without a shape */
     int mem_acts_known;
 } zpp_cost_out;
 
@@ -142,6 +149,24 @@ zpp_cost_in zpp_cost_in_default(void);
 /* GPT-2 parameter count of a shape (DESIGN: gpt2.h units), tied head:
  * V*C + T*C + 2C + L*(12C^2 + 13C). */
 double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab);
+
+/* The families zpp_cost_in.family names. */
+#define ZPP_COST_GPT2 0
+#define ZPP_COST_LLAMA 1
+
+/* Llama parameter count of in's shape (family ZPP_COST_LLAMA; llama.h's
+ * units), with C = n_embd, hd = C / n_head, Ck = n_kv_head x hd (the width
+ * of k and of v), F = n_ffn, V = vocab, L = n_layer:
+ *     V C (embedding) + C (final norm) + [untied] V C (head)
+ *   + L (2C (two norms) + C (C + 2 Ck) (q, k, v) + [qkv_bias] (C + 2 Ck)
+ *        + C^2 (o) + 3 C F (gate, up, down)).
+ * No position table (RoPE has no parameters). 0 for a shape without
+ * n_layer, n_embd, n_head, n_kv_head, n_ffn or vocab. */
+double zpp_cost_llama_params(const zpp_cost_in *in);
+
+/* The parameters of in's shape, whichever its family (GPT-2:
+ * zpp_cost_gpt_params; Llama: zpp_cost_llama_params); 0 without a shape. */
+double zpp_cost_shape_params(const zpp_cost_in *in);
 
 /* Model FLOPs of one token, forward and backward, of a GPT with `params`
  * parameters, n_layer blocks n_embd wide and sequences of seq_len tokens:
@@ -192,6 +217,17 @@ double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd);
  * in->recompute, its checkpointed layout (every layer's residual input and
  * one layer's slab of the rest). */
 double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
+
+/* Activation bytes of the CUDA Llama for `tokens` tokens of one rank
+ * (llama_cuda.cu plan(): every buffer of its arena, the batch's integers
+ * and the cuBLASLt workspace), bf16 working dtype; with in->recompute its
+ * checkpointed layout (every layer's residual input, one layer's slab of
+ * the rest). 0 without a shape. */
+double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens);
+
+/* The activation bytes of in's family (the two above); what
+ * mem_acts holds. */
+double zpp_cost_act_bytes(const zpp_cost_in *in, double tokens);
 
 /* How many units stay gathered from the forward into the backward under
  * in->reuse_distance, on the planner's split (units 0..U-1 of

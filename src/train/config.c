@@ -516,6 +516,51 @@ static void write_default(FILE *f, const zpp__key *k) {
     }
 }
 
+/* After the table: the two families, and how a Hugging Face config.json's
+ * keys (train/hf_config.h) read as the llama keys. */
+static void write_families(FILE *f) {
+    fprintf(f,
+            "\n"
+            "## Model families\n"
+            "\n"
+            "`model.family` picks the decoder; `model.n_layer`, `n_head`, `n_embd`, `seq_len`,\n"
+            "`vocab_size` and `real_vocab_size` shape both.\n"
+            "\n"
+            "- `\"gpt2\"` (the default): learned positions, LayerNorm, GELU MLP 4 n_embd wide,\n"
+            "  biases, the head tied to the token embedding. The llama keys are refused.\n"
+            "- `\"llama\"`: Meta's Llama 2/3 as Hugging Face's `LlamaForCausalLM` computes it:\n"
+            "  RMSNorm, rotary positions (`rope_theta`, Llama 3's `rope_scaling`),\n"
+            "  grouped-query attention (`n_kv_head`), a SwiGLU MLP `n_ffn` wide, no biases but\n"
+            "  the optional q/k/v ones, the head tied or untied. The head dim is\n"
+            "  `n_embd / n_head`.\n"
+            "\n"
+            "A Hugging Face `config.json` in these keys:\n"
+            "\n"
+            "| config.json | key |\n"
+            "|---|---|\n"
+            "| `num_hidden_layers` | `model.n_layer` |\n"
+            "| `hidden_size` | `model.n_embd` |\n"
+            "| `num_attention_heads` | `model.n_head` |\n"
+            "| `num_key_value_heads` | `model.n_kv_head` |\n"
+            "| `intermediate_size` | `model.n_ffn` |\n"
+            "| `vocab_size` | `model.vocab_size` |\n"
+            "| `rope_theta` | `model.rope_theta` |\n"
+            "| `rms_norm_eps` | `model.norm_eps` |\n"
+            "| `tie_word_embeddings` | the opposite of `model.untied_head` |\n"
+            "| `attention_bias` | `model.qkv_bias` (q, k and v only) |\n"
+            "| `rope_scaling.factor`, `.low_freq_factor`, `.high_freq_factor`, "
+            "`.original_max_position_embeddings` (`rope_type` `llama3`) | `model.rope_factor`, "
+            "`model.rope_low_freq_factor`, `model.rope_high_freq_factor`, "
+            "`model.rope_original_max_pos` |\n"
+            "\n"
+            "Llama 3.2 1B, for example: `{\"family\": \"llama\", \"n_layer\": 16, "
+            "\"n_embd\": 2048,\n"
+            "\"n_head\": 32, \"n_kv_head\": 8, \"n_ffn\": 8192, \"vocab_size\": 128256, "
+            "\"rope_theta\": 500000,\n"
+            "\"rope_factor\": 32, \"rope_low_freq_factor\": 1, \"rope_high_freq_factor\": 4,\n"
+            "\"rope_original_max_pos\": 8192, \"seq_len\": 2048}` (its head is tied).\n");
+}
+
 void zpp_train_config_write_keys(FILE *f) {
     fprintf(f,
             "# Trainer configuration keys\n"
@@ -549,6 +594,7 @@ void zpp_train_config_write_keys(FILE *f) {
         }
         fprintf(f, " | %s |\n", k->doc);
     }
+    write_families(f);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -589,19 +635,11 @@ static zpp_status validate_shape(const zpp_train_config *cfg) {
 }
 
 /* model.family's own keys: Llama's knobs are refused for GPT-2 (it has
- * none of them: the path names the key), and a Llama run cannot sample yet
- * (the sampler builds a GPT-2). The knobs' values are checked by the
- * family's factory (model/llama.h), which names the field. */
+ * none of them: the path names the key). The knobs' values are checked by
+ * the family's factory (model/llama.h), which names the field. */
 static zpp_status validate_family(const zpp_train_config *cfg) {
     const zpp_decoder_shape *x = &cfg->model_ext;
-    if (cfg->model_family == ZPP_FAMILY_LLAMA) {
-        if (cfg->sample_every > 0)
-            return zpp_error(ZPP_ERR_CONFIG,
-                             "'zeropp.sample_every' %d: sampling a llama model is not supported "
-                             "yet; set it to 0",
-                             cfg->sample_every);
-        return ZPP_OK;
-    }
+    if (cfg->model_family == ZPP_FAMILY_LLAMA) return ZPP_OK;
     const char *key = x->n_kv_head ? "model.n_kv_head"
                       : x->n_ffn ? "model.n_ffn"
                       : x->rope_theta != 0.0 ? "model.rope_theta"

@@ -12,7 +12,9 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "model/gpt2.h"
+#include "model/llama.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 #include "train/llmc.h"
 
 /* ---- The draw ----------------------------------------------------------------- */
@@ -157,44 +159,57 @@ zpp_status zpp_sample_generate(const zpp_sample_source *src, const zpp_sample_op
 
 /* ---- A model held whole on one device ----------------------------------------- */
 
+int zpp_sample_real_vocab(const zpp_decoder_shape *shape) {
+    return shape->real_vocab_size > 0 ? shape->real_vocab_size : shape->vocab_size;
+}
+
 struct zpp_sample_model {
     zpp_model *m;
     zpp_device *dev;
     void **params; /* per unit, in the device's memory, in the model's dtype */
 };
 
-zpp_status zpp_sample_model_create(const zpp_gpt2_config *cfg, zpp_dtype dtype, zpp_device *dev,
-                                   const float *const *units, zpp_sample_model **model_p) {
-    if (!cfg || !dev || !units || !model_p)
+/* Unit u's values rounded to dtype, copied to a new device buffer. */
+static zpp_status upload_unit(zpp_device *dev, zpp_dtype dtype, const float *unit, size_t k,
+                              void **dst_p) {
+    const size_t es = zpp_dtype_size(dtype);
+    void *host = dtype == ZPP_FP32 ? (void *)unit : malloc(k * es);
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
+    if (host != (const void *)unit)
+        for (size_t i = 0; i < k; i++) zpp_store_f32(host, dtype, i, unit[i]);
+    zpp_status st = zpp_device_alloc(dev, k * es, dst_p);
+    if (st == ZPP_OK) st = zpp_device_copy(dev, *dst_p, host, k * es);
+    if (host != (const void *)unit) free(host); /* copied or not */
+    return st;
+}
+
+zpp_status zpp_sample_model_create(const zpp_sample_weights *w, zpp_dtype dtype,
+                                   zpp_device *dev, zpp_sample_model **model_p) {
+    if (!w || !w->units || !dev || !model_p)
         return zpp_error(ZPP_ERR_INVALID, "sample model: NULL argument");
     zpp_sample_model *sm = calloc(1, sizeof *sm);
     if (!sm) return zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
     sm->dev = dev;
+    zpp_decoder_shape shape = w->shape;
+    shape.recompute = 0; /* no backward: nothing to recompute */
     zpp_status st = ZPP_OK;
-    ZPP_CHECK_GOTO(zpp_gpt2_create(cfg, dtype, 1, dev, &sm->m), st, fail);
+    ZPP_CHECK_GOTO(zpp_model_family_create(w->family, &shape, dtype, 1, dev, &sm->m), st, fail);
     if (!sm->m->ops->keep_logits || !sm->m->ops->logits) {
         st = zpp_error(ZPP_ERR_UNSUPPORTED, "sample model: the model gives no logits");
+        goto fail;
+    }
+    if (w->n_units != sm->m->n_units) {
+        st = zpp_error(ZPP_ERR_FORMAT, "sample model: %d units of weights for a %s of %d units",
+                       w->n_units, w->family, sm->m->n_units);
         goto fail;
     }
     if (!(sm->params = calloc((size_t)sm->m->n_units, sizeof *sm->params))) {
         st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
         goto fail;
     }
-    const size_t es = zpp_dtype_size(dtype);
-    for (int u = 0; u < sm->m->n_units; u++) {
-        const size_t k = sm->m->unit_numel[u];
-        void *host = dtype == ZPP_FP32 ? (void *)units[u] : malloc(k * es);
-        if (!host) {
-            st = zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
-            goto fail;
-        }
-        if (host != (const void *)units[u])
-            for (size_t i = 0; i < k; i++) zpp_store_f32(host, dtype, i, units[u][i]);
-        st = zpp_device_alloc(dev, k * es, &sm->params[u]);
-        if (st == ZPP_OK) st = zpp_device_copy(dev, sm->params[u], host, k * es);
-        if (host != (const void *)units[u]) free(host); /* copied or not */
-        if (st != ZPP_OK) goto fail;
-    }
+    for (int u = 0; u < sm->m->n_units; u++)
+        ZPP_CHECK_GOTO(upload_unit(dev, dtype, w->units[u], sm->m->unit_numel[u], &sm->params[u]),
+                       st, fail);
     /* the copies have read the host buffers before the caller frees them */
     ZPP_CHECK_GOTO(zpp_device_sync(dev, NULL), st, fail);
     *model_p = sm;
@@ -232,94 +247,158 @@ zpp_sample_source zpp_sample_model_source(zpp_sample_model *sm) {
 
 /* ---- Reading the weights ------------------------------------------------------ */
 
-void zpp_sample_weights_free(const zpp_gpt2_config *cfg, float **units) {
-    if (!units) return;
-    for (int u = 0; u <= cfg->n_layer; u++) free(units[u]);
-    free(units);
+void zpp_sample_weights_free(zpp_sample_weights *w) {
+    if (!w || !w->units) return;
+    for (int u = 0; u < w->n_units; u++) free(w->units[u]);
+    free(w->units);
+    w->units = NULL;
 }
 
-static zpp_status read_checkpoint(const char *dir, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
-                                  int *step_p, float ***units_p) {
+/* The decoder shape of a GPT-2 config (its family's knobs 0). */
+static zpp_decoder_shape gpt2_shape(const zpp_gpt2_config *g) {
+    zpp_decoder_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.n_layer = g->n_layer;
+    sh.n_head = g->n_head;
+    sh.n_embd = g->n_embd;
+    sh.seq_len = g->seq_len;
+    sh.vocab_size = g->vocab_size;
+    sh.real_vocab_size = g->real_vocab_size;
+    return sh;
+}
+
+/* The family and shape a checkpoint trained: its kept config's "model"
+ * section (model.family and the Llama knobs), or, in a manifest without a
+ * config, a GPT-2 of the manifest's shape. The manifest's own shape must
+ * be the config's (as the trainer writes them). */
+static zpp_status checkpoint_shape(const char *dir, const zpp_ckpt_manifest *m,
+                                   zpp_sample_weights *w) {
+    snprintf(w->family, sizeof w->family, "gpt2");
+    w->shape = gpt2_shape(&m->model);
+    if (!m->config) return zpp_gpt2_config_check(&m->model);
+    zpp_train_config cfg;
+    ZPP_CHECK(zpp_train_config_defaults(&cfg));
+    zpp_status st = zpp_train_config_load_string(m->config, &cfg);
+    if (st != ZPP_OK) return zpp_error_context(st, "checkpoint %s: its config", dir);
+    snprintf(w->family, sizeof w->family, "%s", zpp_model_family_name(cfg.model_family));
+    w->shape = cfg.model_ext;
+    zpp_decoder_shape base = gpt2_shape(&cfg.model);
+    w->shape.n_layer = base.n_layer;
+    w->shape.n_head = base.n_head;
+    w->shape.n_embd = base.n_embd;
+    w->shape.seq_len = base.seq_len;
+    w->shape.vocab_size = base.vocab_size;
+    w->shape.real_vocab_size = base.real_vocab_size;
+    w->shape.recompute = 0;
+    if (cfg.model.n_layer != m->model.n_layer ||
+        cfg.model.n_embd != m->model.n_embd || cfg.model.vocab_size != m->model.vocab_size)
+        return zpp_error(ZPP_ERR_FORMAT,
+                         "checkpoint %s: its manifest's model (%d layers x %d) is not its "
+                         "config's (%d x %d)",
+                         dir, m->model.n_layer, m->model.n_embd, cfg.model.n_layer,
+                         cfg.model.n_embd);
+    return ZPP_OK;
+}
+
+/* The size of unit u of a family's shape (gpt2.h's or llama.h's layout),
+ * 0 for a unit out of range; the family's shape check's error otherwise. */
+static zpp_status family_unit_numel(const zpp_sample_weights *w, int u, size_t *numel_p) {
+    if (!strcmp(w->family, "llama")) {
+        zpp_llama_config lc;
+        ZPP_CHECK(zpp_llama_config_of_shape(&w->shape, &lc));
+        zpp_llama_layout l;
+        zpp_llama_layout_make(&lc, &l);
+        *numel_p = u == 0 ? l.embed_numel : u <= lc.n_layer ? l.block_numel : 0;
+        return ZPP_OK;
+    }
+    const zpp_decoder_shape *sh = &w->shape;
+    zpp_gpt2_config g = {sh->n_layer,    sh->n_head,          sh->n_embd, sh->seq_len,
+                         sh->vocab_size, sh->real_vocab_size, 0};
+    ZPP_CHECK(zpp_gpt2_config_check(&g));
+    *numel_p = u <= g.n_layer ? zpp_gpt2_unit_numel(&g, u) : 0;
+    return ZPP_OK;
+}
+
+static zpp_status read_checkpoint(const char *dir, zpp_sample_weights *w_p) {
     zpp_ckpt_manifest m;
-    float **units = NULL;
-    ZPP_CHECK(zpp_checkpoint_read_masters(dir, &m, &units));
+    zpp_sample_weights w;
+    memset(&w, 0, sizeof w);
+    ZPP_CHECK(zpp_checkpoint_read_masters(dir, &m, &w.units));
+    w.n_units = m.n_units;
     /* the manifest's shape must be the units it lists (as `zeropp export`) */
     zpp_status st = ZPP_OK;
-    zpp_dtype dt = ZPP_FP32;
-    ZPP_CHECK_GOTO(zpp_gpt2_config_check(&m.model), st, out);
-    if (m.n_units != m.model.n_layer + 1) {
+    ZPP_CHECK_GOTO(checkpoint_shape(dir, &m, &w), st, out);
+    if (m.n_units != w.shape.n_layer + 1) {
         st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers", dir,
-                       m.n_units, m.model.n_layer);
+                       m.n_units, w.shape.n_layer);
         goto out;
     }
-    for (int u = 0; u < m.n_units; u++)
-        if (m.numel[u] != zpp_gpt2_unit_numel(&m.model, u)) {
+    for (int u = 0; u < m.n_units; u++) {
+        size_t want = 0;
+        ZPP_CHECK_GOTO(family_unit_numel(&w, u, &want), st, out);
+        if (m.numel[u] != want) {
             st = zpp_error(ZPP_ERR_FORMAT,
-                           "checkpoint %s: unit %d has %zu parameters; its model's has %zu", dir,
-                           u, m.numel[u], zpp_gpt2_unit_numel(&m.model, u));
+                           "checkpoint %s: unit %d has %zu parameters; its %s model's has %zu",
+                           dir, u, m.numel[u], w.family, want);
             goto out;
         }
-    if (zpp_dtype_parse(m.dtype, &dt) != ZPP_OK) {
+    }
+    if (zpp_dtype_parse(m.dtype, &w.dtype) != ZPP_OK) {
         st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s: working dtype '%s' is not a dtype", dir,
                        m.dtype);
         goto out;
     }
-    *cfg_p = m.model;
-    *dtype_p = dt;
-    *step_p = m.step;
-    *units_p = units;
+    w.step = m.step;
+    *w_p = w;
 out:
-    if (st != ZPP_OK) {
-        for (int u = 0; u < m.n_units; u++) free(units[u]);
-        free(units);
-    }
+    if (st != ZPP_OK) zpp_sample_weights_free(&w);
     zpp_ckpt_manifest_free(&m);
     return st;
 }
 
-static zpp_status read_llmc(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
-                            int *step_p, float ***units_p) {
+static zpp_status read_llmc(const char *path, zpp_sample_weights *w_p) {
     zpp_llmc_file *f = NULL;
     ZPP_CHECK(zpp_llmc_open(path, &f));
     const zpp_llmc_info *in = zpp_llmc_info_get(f);
     const zpp_gpt2_config cfg = in->model;
-    const int nu = cfg.n_layer + 1;
-    float **units = calloc((size_t)nu, sizeof *units);
+    zpp_sample_weights w;
+    memset(&w, 0, sizeof w);
+    snprintf(w.family, sizeof w.family, "gpt2");
+    w.shape = gpt2_shape(&cfg);
+    w.n_units = cfg.n_layer + 1;
+    w.units = calloc((size_t)w.n_units, sizeof *w.units);
     zpp_status st = ZPP_OK;
-    if (!units) {
+    if (!w.units) {
         st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
         goto out;
     }
-    for (int u = 0; u < nu; u++) {
+    for (int u = 0; u < w.n_units; u++) {
         const size_t k = zpp_gpt2_unit_numel(&cfg, u);
-        if (!(units[u] = malloc(k * sizeof(float)))) {
+        if (!(w.units[u] = malloc(k * sizeof(float)))) {
             st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
             goto out;
         }
-        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, 0, k, units[u]), st, out);
+        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, 0, k, w.units[u]), st, out);
     }
-    *cfg_p = cfg;
-    *dtype_p = in->dtype;
-    *step_p = -1;
-    *units_p = units;
+    w.dtype = in->dtype;
+    w.step = -1;
+    *w_p = w;
 out:
-    if (st != ZPP_OK) zpp_sample_weights_free(&cfg, units);
+    if (st != ZPP_OK) zpp_sample_weights_free(&w);
     zpp_llmc_close(f);
     return st;
 }
 
-zpp_status zpp_sample_read_weights(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
-                                   int *step_p, float ***units_p) {
-    if (!path || !cfg_p || !dtype_p || !step_p || !units_p)
-        return zpp_error(ZPP_ERR_INVALID, "sample: NULL argument");
+zpp_status zpp_sample_read_weights(const char *path, zpp_sample_weights *w_p) {
+    if (!path || !w_p) return zpp_error(ZPP_ERR_INVALID, "sample: NULL argument");
     struct stat sb;
     if (stat(path, &sb) != 0)
         return zpp_error(ZPP_ERR_IO,
                          "cannot open '%s': no such file or folder; give a checkpoint folder "
                          "(zeropp train --save DIR) or an llm.c model file",
                          path);
-    if (S_ISDIR(sb.st_mode)) return read_checkpoint(path, cfg_p, dtype_p, step_p, units_p);
-    return read_llmc(path, cfg_p, dtype_p, step_p, units_p);
+    if (S_ISDIR(sb.st_mode)) return read_checkpoint(path, w_p);
+    return read_llmc(path, w_p);
 }
 
 /* ---- From tokens to text ------------------------------------------------------- */

@@ -1,4 +1,5 @@
-/* train/sample.h — text from a GPT-2: the next-token draw, the generation
+/* train/sample.h — text from a decoder of any family (GPT-2, Llama:
+ * model/family.h): the next-token draw, the generation
  * loop, and a model held whole on one device for it (`zeropp sample`; the
  * trainer's samples during training go through the engine instead,
  * zpp_trainer_sample, with the same loop and draw).
@@ -41,6 +42,7 @@
 #include <stdint.h>
 
 #include "device/device.h"
+#include "model/family.h"
 #include "model/gpt2.h"
 #include "zeropp.h"
 
@@ -93,32 +95,47 @@ zpp_status zpp_sample_generate(const zpp_sample_source *src, const zpp_sample_op
 
 /* ---- A model held whole on one device ------------------------------------ */
 
+/* A model's weights, whole, in host memory, and what they are: the family
+ * ("gpt2", "llama") and its shape (family.h; recompute 0), the dtype they
+ * were used in, the checkpoint's step, and n_units arrays of fp32 values
+ * (unit u: the family's layout of that unit, gpt2.h or llama.h). */
+typedef struct zpp_sample_weights {
+    char family[16];
+    zpp_decoder_shape shape;
+    zpp_dtype dtype; /* a checkpoint's working dtype; an llm.c file's (fp32 v3, bf16 v5) */
+    int step;        /* -1 for a model file */
+    int n_units;
+    float **units;
+} zpp_sample_weights;
+
+/* The softmax's columns of a shape: real_vocab_size, or vocab_size for 0. */
+int zpp_sample_real_vocab(const zpp_decoder_shape *shape);
+
 typedef struct zpp_sample_model zpp_sample_model;
 
-/* A GPT-2 of shape cfg on `dev` (the CPU model for the host device, the
- * CUDA model for a GPU), with max_batch 1 and parameters in `dtype` (fp32,
- * bf16 or fp16): units[u] holds unit u's zpp_gpt2_unit_numel(cfg, u) fp32
- * values, rounded to dtype (to nearest even, as the engine rounds its fp32
- * masters when it gathers) and copied to the device; the caller keeps
- * units. dev must outlive the model. */
-zpp_status zpp_sample_model_create(const zpp_gpt2_config *cfg, zpp_dtype dtype, zpp_device *dev,
-                                   const float *const *units, zpp_sample_model **model_p);
+/* The model of w's family and shape on `dev` (the CPU model for the host
+ * device, the CUDA model for a GPU; family.h's factory), with max_batch 1
+ * and parameters in `dtype` (fp32, bf16 or fp16): unit u gets w->units[u],
+ * rounded to dtype (to nearest even, as the engine rounds its fp32 masters
+ * when it gathers) and copied to the device; the caller keeps w.
+ * ZPP_ERR_FORMAT when w's unit count is not the model's. dev must outlive
+ * the model. */
+zpp_status zpp_sample_model_create(const zpp_sample_weights *w, zpp_dtype dtype,
+                                   zpp_device *dev, zpp_sample_model **model_p);
 void zpp_sample_model_destroy(zpp_sample_model *sm); /* NULL is ignored */
 /* Its source for zpp_sample_generate. */
 zpp_sample_source zpp_sample_model_source(zpp_sample_model *sm);
 
-/* The weights of `path`, whole, in host memory: a checkpoint folder (its
- * published checkpoint, or a step folder), every rank file read and put
- * together whatever the world that saved it (zpp_checkpoint_read_masters,
- * as `zeropp export` reads it), or an llm.c model file (train/llmc.h).
- * *cfg_p gets the shape, *dtype_p the dtype the weights were used in (a
- * checkpoint's working dtype; an llm.c file's: fp32 for version 3, bf16 for
- * 5) and *step_p the checkpoint's step (-1 for a model file); *units_p
- * n_layer + 1 arrays of zpp_gpt2_unit_numel floats: free them with
- * zpp_sample_weights_free. ZPP_ERR_IO when path is neither. */
-zpp_status zpp_sample_read_weights(const char *path, zpp_gpt2_config *cfg_p, zpp_dtype *dtype_p,
-                                   int *step_p, float ***units_p);
-void zpp_sample_weights_free(const zpp_gpt2_config *cfg, float **units);
+/* The weights of `path` into *w_p: a checkpoint folder (its published
+ * checkpoint, or a step folder), every rank file read and put together
+ * whatever the world that saved it (zpp_checkpoint_read_masters, as
+ * `zeropp export` reads it), the family and shape from the config it keeps
+ * (a manifest without one: a GPT-2 of the manifest's shape), each unit's
+ * size checked against the family's layout; or an llm.c model file
+ * (train/llmc.h: a GPT-2). Free with zpp_sample_weights_free. ZPP_ERR_IO
+ * when path is neither; ZPP_ERR_FORMAT for sizes that disagree. */
+zpp_status zpp_sample_read_weights(const char *path, zpp_sample_weights *w_p);
+void zpp_sample_weights_free(zpp_sample_weights *w); /* its units; NULL is ignored */
 
 /* ---- From tokens to text -------------------------------------------------- */
 

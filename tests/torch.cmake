@@ -1,0 +1,14 @@
+# The Llama against a float64 PyTorch reference (tests/torch/): fp32 ZeRO-3
+# on 1 and 4 CPU ranks, from a random Hugging Face folder that
+# llama_hf_helper writes, within 1e-5 of the reference for 10 steps.
+# PyTorch is not in CI: the test is labelled torch (scripts/test.sh leaves
+# the label out, as it leaves gpu) and skips (77) where `import torch` fails;
+# run it with `ctest -L torch`.
+add_executable(llama_hf_helper ${CMAKE_CURRENT_SOURCE_DIR}/llama_hf_helper.c)
+target_include_directories(llama_hf_helper PRIVATE ${CMAKE_SOURCE_DIR}/src)
+target_link_libraries(llama_hf_helper PRIVATE zeropp MPI::MPI_C)
+add_test(NAME test_llama_torch_parity
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torch/llama_parity.sh
+                 $<TARGET_FILE:zeropp_cli> $<TARGET_FILE:llama_hf_helper> ${MPIEXEC_EXECUTABLE})
+set_tests_properties(test_llama_torch_parity PROPERTIES LABELS torch TIMEOUT 600 PROCESSORS 2
+                     ENVIRONMENT "${ZPP_TEST_ENV}")
