@@ -537,13 +537,7 @@ static int plan_shape_from_config(const char *path, plan_opts *o, zpp_cost_in *c
     ci->vocab = m->vocab_size;
     if (cfg.activation_checkpointing) o->recompute = 1;
     if (cfg.model_family != ZPP_FAMILY_LLAMA) return 0;
-    zpp_decoder_shape shape = cfg.model_ext;
-    shape.n_layer = m->n_layer;
-    shape.n_head = m->n_head;
-    shape.n_embd = m->n_embd;
-    shape.seq_len = m->seq_len;
-    shape.vocab_size = m->vocab_size;
-    shape.real_vocab_size = m->real_vocab_size;
+    const zpp_decoder_shape shape = zpp_train_config_shape(&cfg);
     zpp_llama_config lc;
     st = zpp_llama_config_of_shape(&shape, &lc);
     if (st != ZPP_OK) return zpp_cli_fail("plan: --config", st);

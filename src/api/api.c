@@ -273,14 +273,7 @@ zpp_status zpp_model_create_decoder(const char *model_json, zpp_dtype param_dtyp
                          max_batch);
     zpp_train_config cfg;
     ZPP_CHECK(model_config_of(model_json, &cfg));
-    /* the generic shape, as the trainer makes it (trainer.c) */
-    zpp_decoder_shape shape = cfg.model_ext;
-    shape.n_layer = cfg.model.n_layer;
-    shape.n_head = cfg.model.n_head;
-    shape.n_embd = cfg.model.n_embd;
-    shape.seq_len = cfg.model.seq_len;
-    shape.vocab_size = cfg.model.vocab_size;
-    shape.real_vocab_size = cfg.model.real_vocab_size;
+    const zpp_decoder_shape shape = zpp_train_config_shape(&cfg);
     return zpp_model_family_create(zpp_model_family_name(cfg.model_family), &shape,
                                    param_dtype, max_batch, dev, model_p);
 }

@@ -63,6 +63,15 @@ typedef struct zpp_decoder_shape {
 typedef zpp_status (*zpp_model_factory)(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                         int max_batch, zpp_device *dev, zpp_model **model_p);
 
+/* The Llama knobs of a shape (the fields past the common ones), named by
+ * their config keys ("model.n_kv_head", ...) in keys[i] with their values
+ * in values[i] (integers and switches as doubles): the one list that the
+ * checks comparing two shapes walk (a checkpoint's against the run's, a
+ * Hugging Face config.json's against the run's). */
+#define ZPP_DECODER_KNOBS 10
+void zpp_decoder_shape_knobs(const zpp_decoder_shape *s, const char *keys[ZPP_DECODER_KNOBS],
+                             double values[ZPP_DECODER_KNOBS]);
+
 /* The model of family `family` ("gpt2", "llama"), made by its factory. ZPP_ERR_CONFIG
  * for a name no family registered, the message listing those that did;
  * whatever the family's factory returns otherwise (ZPP_ERR_CONFIG for a

@@ -1110,26 +1110,16 @@ static zpp_status locate(const char *dir, manifest *m, char *folder) {
  * changes what the saved weights compute. */
 static zpp_status compare_llama(const char *dir, const manifest *m, const zpp_ckpt_meta *r) {
     if (strcmp(m->family, "llama")) return ZPP_OK;
-    const zpp_decoder_shape *a = &m->ext, *b = &r->ext;
-    const struct {
-        const char *key;
-        double saved, now;
-    } k[] = {{"model.n_kv_head", a->n_kv_head, b->n_kv_head},
-             {"model.n_ffn", a->n_ffn, b->n_ffn},
-             {"model.rope_theta", a->rope_theta, b->rope_theta},
-             {"model.norm_eps", a->norm_eps, b->norm_eps},
-             {"model.untied_head", a->untied_head, b->untied_head},
-             {"model.qkv_bias", a->qkv_bias, b->qkv_bias},
-             {"model.rope_factor", a->rope_factor, b->rope_factor},
-             {"model.rope_low_freq_factor", a->rope_low_freq_factor, b->rope_low_freq_factor},
-             {"model.rope_high_freq_factor", a->rope_high_freq_factor, b->rope_high_freq_factor},
-             {"model.rope_original_max_pos", a->rope_original_max_pos, b->rope_original_max_pos}};
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        if (k[i].saved != k[i].now)
+    const char *keys[ZPP_DECODER_KNOBS];
+    double saved[ZPP_DECODER_KNOBS], now[ZPP_DECODER_KNOBS];
+    zpp_decoder_shape_knobs(&m->ext, keys, saved);
+    zpp_decoder_shape_knobs(&r->ext, keys, now);
+    for (int i = 0; i < ZPP_DECODER_KNOBS; i++)
+        if (saved[i] != now[i])
             return zpp_error(ZPP_ERR_CONFIG,
                              "checkpoint %s was saved with %s %.17g, this run has %.17g; resume "
                              "with the model shape it was saved with",
-                             dir, k[i].key, k[i].saved, k[i].now);
+                             dir, keys[i], saved[i], now[i]);
     return ZPP_OK;
 }
 

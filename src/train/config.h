@@ -163,6 +163,13 @@ typedef struct zpp_train_config {
     char ignored[ZPP_TRAIN_IGNORED_CAP];
 } zpp_train_config;
 
+/* The generic shape of the config's model (model/family.h): `model`'s
+ * fields and model_ext's (zero for GPT-2: the config refuses Llama keys
+ * there), and how the model keeps its activations
+ * (activation_checkpointing). One place for the trainer, the sampler, the
+ * planner and the C API. */
+zpp_decoder_shape zpp_train_config_shape(const zpp_train_config *c);
+
 /* Fills *cfg with the defaults of the table above (a small GPT that trains
  * on a CPU in a demo). Batch sizes are left 0 (= derive). */
 zpp_status zpp_train_config_defaults(zpp_train_config *cfg);

@@ -63,30 +63,21 @@ zpp_status zpp_hf_check_shape(const zpp_hf_config *hf, const zpp_train_config *c
                          "--init-from %s is a Hugging Face Llama, but 'model.family' is \"%s\"; "
                          "drop the key or set it to \"llama\"",
                          dir, zpp_model_family_name(cfg->model_family));
-    const zpp_decoder_shape *a = &want.model_ext, *b = &cfg->model_ext;
-    const struct {
-        const char *key;
-        double file, run;
-    } k[] = {{"model.n_layer", want.model.n_layer, cfg->model.n_layer},
-             {"model.n_head", want.model.n_head, cfg->model.n_head},
-             {"model.n_embd", want.model.n_embd, cfg->model.n_embd},
-             {"model.real_vocab_size", hf->vocab_size, zpp_gpt2_real_vocab(&cfg->model)},
-             {"model.n_kv_head", a->n_kv_head, b->n_kv_head},
-             {"model.n_ffn", a->n_ffn, b->n_ffn},
-             {"model.rope_theta", a->rope_theta, b->rope_theta},
-             {"model.norm_eps", a->norm_eps, b->norm_eps},
-             {"model.untied_head", a->untied_head, b->untied_head},
-             {"model.qkv_bias", a->qkv_bias, b->qkv_bias},
-             {"model.rope_factor", a->rope_factor, b->rope_factor},
-             {"model.rope_low_freq_factor", a->rope_low_freq_factor, b->rope_low_freq_factor},
-             {"model.rope_high_freq_factor", a->rope_high_freq_factor, b->rope_high_freq_factor},
-             {"model.rope_original_max_pos", a->rope_original_max_pos, b->rope_original_max_pos}};
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        if (k[i].file != k[i].run)
+    /* the common fields, then the Llama knobs (family.h's one list) */
+    const char *keys[4 + ZPP_DECODER_KNOBS] = {"model.n_layer", "model.n_head", "model.n_embd",
+                                               "model.real_vocab_size"};
+    double file[4 + ZPP_DECODER_KNOBS] = {want.model.n_layer, want.model.n_head,
+                                          want.model.n_embd, hf->vocab_size};
+    double run[4 + ZPP_DECODER_KNOBS] = {cfg->model.n_layer, cfg->model.n_head,
+                                         cfg->model.n_embd, zpp_gpt2_real_vocab(&cfg->model)};
+    zpp_decoder_shape_knobs(&want.model_ext, keys + 4, file + 4);
+    zpp_decoder_shape_knobs(&cfg->model_ext, keys + 4, run + 4);
+    for (int i = 0; i < 4 + ZPP_DECODER_KNOBS; i++)
+        if (file[i] != run[i])
             return zpp_error(ZPP_ERR_CONFIG,
                              "'%s' is %.17g in the config but %.17g in %s/config.json, which "
                              "defines the model's shape; drop the key or set it to %.17g",
-                             k[i].key, k[i].run, k[i].file, dir, k[i].file);
+                             keys[i], run[i], file[i], dir, file[i]);
     if (cfg->model.vocab_size < hf->vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'model.vocab_size' %d is below the %d rows of %s's embedding; drop "

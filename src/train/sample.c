@@ -281,14 +281,7 @@ static zpp_status checkpoint_shape(const char *dir, const zpp_ckpt_manifest *m,
     zpp_status st = zpp_train_config_load_string(m->config, &cfg);
     if (st != ZPP_OK) return zpp_error_context(st, "checkpoint %s: its config", dir);
     snprintf(w->family, sizeof w->family, "%s", zpp_model_family_name(cfg.model_family));
-    w->shape = cfg.model_ext;
-    zpp_decoder_shape base = gpt2_shape(&cfg.model);
-    w->shape.n_layer = base.n_layer;
-    w->shape.n_head = base.n_head;
-    w->shape.n_embd = base.n_embd;
-    w->shape.seq_len = base.seq_len;
-    w->shape.vocab_size = base.vocab_size;
-    w->shape.real_vocab_size = base.real_vocab_size;
+    w->shape = zpp_train_config_shape(&cfg);
     w->shape.recompute = 0;
     if (cfg.model.n_layer != m->model.n_layer ||
         cfg.model.n_embd != m->model.n_embd || cfg.model.vocab_size != m->model.vocab_size)

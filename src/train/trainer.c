@@ -133,22 +133,6 @@ out:
     return st;
 }
 
-/* The generic shape of the run's model (family.h): `model`'s fields and
- * model_ext's (zero for GPT-2: the config refuses Llama keys there), and
- * how the model keeps its activations. */
-static zpp_decoder_shape model_shape(const zpp_train_config *c) {
-    const zpp_gpt2_config *mc = &c->model;
-    zpp_decoder_shape shape = c->model_ext;
-    shape.n_layer = mc->n_layer;
-    shape.n_head = mc->n_head;
-    shape.n_embd = mc->n_embd;
-    shape.seq_len = mc->seq_len;
-    shape.vocab_size = mc->vocab_size;
-    shape.real_vocab_size = mc->real_vocab_size;
-    shape.recompute = c->activation_checkpointing;
-    return shape;
-}
-
 /* --init-from DIR, a Hugging Face Llama (train/hf_model.h): this rank's
  * shard of every unit, each HF tensor that overlaps it read from its file
  * (those bytes only), widened to fp32; the moments start at zero. The
@@ -158,7 +142,7 @@ static zpp_status init_from_hf(zpp_trainer *t, const char *dir) {
     zpp_hf_model *m = NULL;
     float *x = NULL, *zero = NULL;
     zpp_llama_config lc;
-    const zpp_decoder_shape shape = model_shape(&t->cfg);
+    const zpp_decoder_shape shape = zpp_train_config_shape(&t->cfg);
     ZPP_CHECK(zpp_llama_config_of_shape(&shape, &lc));
     ZPP_CHECK(zpp_hf_model_open(dir, &m));
     zpp_status st = zpp_hf_check_shape(zpp_hf_model_config(m), &t->cfg, dir);
@@ -278,7 +262,7 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                          "rows past it are padding); use data of that vocabulary",
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
     /* Every family through its factory (family.h). */
-    const zpp_decoder_shape shape = model_shape(c);
+    const zpp_decoder_shape shape = zpp_train_config_shape(c);
     return zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
                                    c->train_micro_batch_size_per_gpu, t->dev, &t->model);
 }
@@ -523,7 +507,7 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.model = t->cfg.model;
     m.family = zpp_model_family_name(t->cfg.model_family);
     zpp_llama_config lc;
-    const zpp_decoder_shape shape = model_shape(&t->cfg);
+    const zpp_decoder_shape shape = zpp_train_config_shape(&t->cfg);
     if (t->cfg.model_family == ZPP_FAMILY_LLAMA &&
         zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK) {
         /* resolved: a default and its value written out compare equal */
