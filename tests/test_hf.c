@@ -19,7 +19,6 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,27 +62,6 @@ static void expect_same_file(const char *a, const char *b) {
     EXPECT(na == nb && at == na, "%s (%zu bytes) and %s (%zu bytes) differ at byte %zu", a, na,
            b, nb, at);
     free(x), free(y);
-}
-
-/* Runs `zeropp ARGS` (under mpirun with np ranks when np > 0), stdout to
- * out_path, stderr to err_path, with a hang guard; returns the exit code. */
-static int run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
-    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
-    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
-    char args[4096], launch[512] = "", cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    if (np > 0)
-        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
-    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
-             err_path);
-    int rc = system(cmd);
-    EXPECT(rc != -1, "system() failed");
-    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    EXPECT(code != 124, "timed out (hang?): %s", cmd);
-    return code;
 }
 
 /* ---- A random Llama in Hugging Face's layout ----------------------------------- */
@@ -237,7 +215,7 @@ static void import_save(int np, const char *dir, const char *tok, const char *cf
                         const char *ckpt, const char *extra) {
     char out[512], err[512];
     zpp_test_tmp_path("import_out.txt", out), zpp_test_tmp_path("import_err.txt", err);
-    const int rc = run_cli(np, out, err,
+    const int rc = zpp_test_run_cli(np, out, err,
                            "train --quiet --init-from %s --data %s --config %s --steps 0 "
                            "--save %s %s",
                            dir, tok, cfg, ckpt, extra);
@@ -248,7 +226,7 @@ static void import_save(int np, const char *dir, const char *tok, const char *cf
 static void export_hf(const char *ckpt, const char *to, const char *args) {
     char out[512], err[512];
     zpp_test_tmp_path("export_out.txt", out), zpp_test_tmp_path("export_err.txt", err);
-    const int rc = run_cli(0, out, err, "export --from %s --to %s --format hf %s", ckpt, to, args);
+    const int rc = zpp_test_run_cli(0, out, err, "export --from %s --to %s --format hf %s", ckpt, to, args);
     EXPECT(rc == 0, "export of %s failed (%d); see %s", ckpt, rc, err);
 }
 
@@ -611,7 +589,7 @@ static void test_unit_layout(void) {
 static double eval_loss(int np, const char *ckpt) {
     char out[512], err[512];
     zpp_test_tmp_path("eval_out.txt", out), zpp_test_tmp_path("eval_err.txt", err);
-    const int rc = run_cli(np, out, err, "eval %s --split train --batches 12 --json", ckpt);
+    const int rc = zpp_test_run_cli(np, out, err, "eval %s --split train --batches 12 --json", ckpt);
     EXPECT(rc == 0, "eval of %s on %d ranks failed (%d); see %s", ckpt, np, rc, err);
     size_t n;
     char *text = (char *)read_file(out, &n);
@@ -645,14 +623,14 @@ static void test_checkpoint_reshard_and_refusals(void) {
     /* export: into an existing folder refused, nothing written beside it;
      * --format llmc refused for a llama */
     zpp_test_tmp_path("ck_out.txt", out), zpp_test_tmp_path("ck_err.txt", err);
-    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format hf", ckpt, dir) != 0,
+    EXPECT(zpp_test_run_cli(0, out, err, "export --from %s --to %s --format hf", ckpt, dir) != 0,
            "export over an existing folder succeeded");
     EXPECT(zpp_test_count_lines(err, "exists; give a new folder") == 1, "see %s", err);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "ls -d %s.tmp.* >/dev/null 2>&1", dir);
     EXPECT(system(cmd) != 0, "export left a temporary folder beside %s", dir);
     zpp_test_tmp_path("ck_llmc.bin", other);
-    EXPECT(run_cli(0, out, err, "export --from %s --to %s --format llmc", ckpt, other) != 0 &&
+    EXPECT(zpp_test_run_cli(0, out, err, "export --from %s --to %s --format llmc", ckpt, other) != 0 &&
                zpp_test_count_lines(err, "holds a llama; --format llmc writes GPT-2s only") == 1,
            "--format llmc of a llama: see %s", err);
     EXPECT(!exists(other), "%s was written", other);
@@ -670,7 +648,7 @@ static void test_checkpoint_reshard_and_refusals(void) {
         zpp_test_tmp_path("ck_other.json", other);
         zpp_test_write_file(other, bad[i].config, strlen(bad[i].config));
         zpp_test_tmp_path("ck_out.txt", out), zpp_test_tmp_path("ck_err.txt", err);
-        const int rc = run_cli(2, out, err, "train --quiet --resume %s --config %s --data %s "
+        const int rc = zpp_test_run_cli(2, out, err, "train --quiet --resume %s --config %s --data %s "
                                "--steps 2", ckpt, other, tok);
         EXPECT(rc != 0, "a resume with another model succeeded");
         EXPECT(zpp_test_count_lines(err, bad[i].needle) == 1, "no line naming '%s' in %s",
@@ -689,7 +667,7 @@ static void expect_import_refused(const char *what, const char *dir, const char 
     char out[512], err[512], ckpt[512];
     zpp_test_tmp_path("bad_out.txt", out), zpp_test_tmp_path("bad_err.txt", err);
     zpp_test_tmp_path("bad_ckpt", ckpt);
-    const int rc = run_cli(0, out, err, "train --quiet --init-from %s --data %s --config %s "
+    const int rc = zpp_test_run_cli(0, out, err, "train --quiet --init-from %s --data %s --config %s "
                            "--steps 0 --save %s", dir, tok, cfg, ckpt);
     EXPECT(rc != 0, "%s: the import succeeded", what);
     const int lines = zpp_test_count_lines(err, "zeropp");

@@ -23,7 +23,6 @@
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,27 +53,6 @@ static void *read_file(const char *path, size_t *n_p) {
 static int exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
-}
-
-/* Runs `zeropp ARGS` (under mpirun with np ranks when np > 0), stdout to
- * out_path, stderr to err_path, with a hang guard; returns the exit code. */
-static int run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
-    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
-    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
-    char args[4096], launch[512] = "", cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    if (np > 0)
-        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
-    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
-             err_path);
-    int rc = system(cmd);
-    EXPECT(rc != -1, "system() failed");
-    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    EXPECT(code != 124, "timed out (hang?): %s", cmd);
-    return code;
 }
 
 /* ---- An llm.c model, in llm.c's layout ------------------------------------------ */
@@ -334,11 +312,11 @@ static void test_roundtrip_fp32(void) {
     uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
     tokens_write(zpp_test_tmp_path("rt_tok.bin", tok), &r, 400, m.V, toks);
     zpp_test_tmp_path("rt32_out.txt", out), zpp_test_tmp_path("rt32_err.txt", err);
-    int rc = run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
+    int rc = zpp_test_run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
                      tok, zpp_test_tmp_path("rt32_ckpt", dir));
     EXPECT(rc == 0, "train --init-from --steps 0 --save failed (%d); see %s", rc, err);
     EXPECT(zpp_test_count_lines(out, "saved the initial weights (step 0)") == 1, "see %s", out);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir,
+    rc = zpp_test_run_cli(0, out, err, "export --from %s --to %s", dir,
                  zpp_test_tmp_path("rt32_back.bin", g));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     size_t nf, ng;
@@ -349,7 +327,7 @@ static void test_roundtrip_fp32(void) {
     snprintf(tmp, sizeof tmp, "%s.tmp", g);
     EXPECT(!exists(tmp), "export left %s", tmp);
 
-    rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
+    rc = zpp_test_run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
                  zpp_test_tmp_path("rt32_back16.bin", gb));
     EXPECT(rc == 0, "export --dtype bf16 failed (%d); see %s", rc, err);
     size_t nb;
@@ -384,17 +362,17 @@ static void test_roundtrip_bf16(void) {
     uint16_t *toks = zpp_test_malloc(400 * sizeof(uint16_t));
     tokens_write(zpp_test_tmp_path("rt16_tok.bin", tok), &r, 400, m.V, toks);
     zpp_test_tmp_path("rt16_out.txt", out), zpp_test_tmp_path("rt16_err.txt", err);
-    int rc = run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
+    int rc = zpp_test_run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s", f,
                      tok, zpp_test_tmp_path("rt16_ckpt", dir));
     EXPECT(rc == 0, "train failed (%d); see %s", rc, err);
-    rc = run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
+    rc = zpp_test_run_cli(0, out, err, "export --from %s --to %s --dtype bf16", dir,
                  zpp_test_tmp_path("rt16_back.bin", g));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     size_t nf, ng, n32;
     unsigned char *a = read_file(f, &nf), *b = read_file(g, &ng);
     EXPECT(nf == ng && memcmp(a, b, nf) == 0, "bf16 export (%zu bytes) differs from %s (%zu)", ng,
            f, nf);
-    rc = run_cli(0, out, err, "export --from %s --to %s", dir,
+    rc = zpp_test_run_cli(0, out, err, "export --from %s --to %s", dir,
                  zpp_test_tmp_path("rt16_back32.bin", g32));
     EXPECT(rc == 0, "export failed (%d); see %s", rc, err);
     unsigned char *c = model_bytes(&m, 3, &n32), *d = read_file(g32, &ng);
@@ -436,7 +414,7 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
     tokens_write(zpp_test_tmp_path("ev_tok.bin", tok), &r, n, m.V, toks);
     zpp_test_tmp_path("ev_out.txt", out), zpp_test_tmp_path("ev_err.txt", err);
     int rc =
-        run_cli(0, out, err,
+        zpp_test_run_cli(0, out, err,
                 "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json", f,
                 tok, B, K, device);
     EXPECT(rc == 0, "eval failed (%d); see %s", rc, err);
@@ -457,7 +435,7 @@ static void check_eval(int bf16, uint64_t stream, const char *device) {
            "check is blind to them");
     /* The same tokens in a version-2 file (uint32): the same loss, bit for bit. */
     tokens_write_u32(zpp_test_tmp_path("ev_tok32.bin", tok), toks, n);
-    rc = run_cli(0, out, err,
+    rc = zpp_test_run_cli(0, out, err,
                  "eval --init-from %s --data %s --batch-size %d --batches %d --device %s --json",
                  f, tok, B, K, device);
     EXPECT(rc == 0, "eval of a version-2 token file failed (%d); see %s", rc, err);
@@ -928,7 +906,7 @@ static void check_parity(int np, int micro, int accum, const char *device, uint6
             micro, accum, o.clip, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay);
     fclose(cf);
     zpp_test_tmp_path("par_out.txt", out), zpp_test_tmp_path("par_err.txt", err);
-    int rc = run_cli(np, out, err,
+    int rc = zpp_test_run_cli(np, out, err,
                      "train --quiet --init-from %s --config %s --data %s --steps %d "
                      "--data-order sequential --device %s --metrics %s",
                      f, cfg, tok, STEPS, device, zpp_test_tmp_path("par_metrics.jsonl", met));
@@ -978,7 +956,7 @@ static void expect_refused(const char *what, const char *args, const char *needl
     char out[512], err[512];
     zpp_test_tmp_path("bad_out.txt", out), zpp_test_tmp_path("bad_err.txt", err);
     int np = strncmp(args, "train", 5) == 0 ? 2 : 0;
-    int rc = run_cli(np, out, err, "%s", args);
+    int rc = zpp_test_run_cli(np, out, err, "%s", args);
     EXPECT(rc != 0, "%s: '%s' succeeded; expected an error naming '%s'", what, args, needle);
     int lines = zpp_test_count_lines(err, "zeropp"), named = zpp_test_count_lines(err, needle);
     EXPECT(lines == 1 && named == 1,
@@ -1047,7 +1025,7 @@ static void test_malformed_refused(void) {
             "\"vocab_size\": %d, \"real_vocab_size\": %d}}", m.L, m.NH, m.C, m.T, m.Vp, m.V);
     fclose(cf);
     char out[512], err[512];
-    int rc = run_cli(2, zpp_test_tmp_path("ok_out.txt", out), zpp_test_tmp_path("ok_err.txt", err),
+    int rc = zpp_test_run_cli(2, zpp_test_tmp_path("ok_out.txt", out), zpp_test_tmp_path("ok_err.txt", err),
                      "%s", args);
     EXPECT(rc == 0 && exists(dir), "a config of the file's own shape was refused; see %s", err);
     /* eval: more batches than the token file holds */

@@ -297,28 +297,7 @@ static void test_text(void) {
     EXPECT_STATUS(zpp_sample_text(&bytes, big, 1, &s, &n), ZPP_ERR_INVALID);
 }
 
-/* ---- The command ----------------------------------------------------------------- */
-
-/* Runs `zeropp ARGS` (under mpirun with np ranks when np > 0), stdout to
- * out_path, stderr to err_path, with a hang guard; returns the exit code. */
-static int run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
-    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
-    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
-    char args[4096], launch[512] = "", cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    if (np > 0)
-        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
-    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
-             err_path);
-    int rc = system(cmd);
-    EXPECT(rc != -1, "system() failed");
-    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    EXPECT(code != 124, "timed out (hang?): %s", cmd);
-    return code;
-}
+/* ---- Files ---------------------------------------------------------------------- */
 
 static char *read_all(const char *path, size_t *n_p) {
     FILE *f = fopen(path, "rb");
@@ -388,7 +367,7 @@ static const run *trained(void) {
              RUN_T, RUN_SEED, RUN_TOKENS);
     zpp_test_write_file(r->cfg, json, strlen(json));
     char err[512];
-    int rc = run_cli(2, r->log, zpp_test_tmp_path("train.err", err),
+    int rc = zpp_test_run_cli(2, r->log, zpp_test_tmp_path("train.err", err),
                      "train --config %s --data %s --steps %d --sample-every 2 --save %s "
                      "--metrics %s",
                      r->cfg, r->data, RUN_STEPS, r->dir, r->met);
@@ -443,7 +422,7 @@ static char *sample(const char *from, size_t *n_p, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    int rc = run_cli(0, zpp_test_tmp_path("sample.out", out),
+    int rc = zpp_test_run_cli(0, zpp_test_tmp_path("sample.out", out),
                      zpp_test_tmp_path("sample.err", err), "sample --from %s %s", from, args);
     size_t ne = 0;
     char *e = read_all(err, &ne);
@@ -506,10 +485,10 @@ static void check_same_weights_same_text(const run *r) {
     char bin[512], dir1[512], out[512], err[512];
     zpp_test_tmp_path("model.bin", bin);
     zpp_test_tmp_path("ckpt1", dir1);
-    EXPECT(run_cli(0, zpp_test_tmp_path("export.out", out), zpp_test_tmp_path("export.err", err),
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("export.out", out), zpp_test_tmp_path("export.err", err),
                    "export --from %s --to %s", r->dir, bin) == 0,
            "export failed: %s", err);
-    EXPECT(run_cli(1, zpp_test_tmp_path("init.out", out), zpp_test_tmp_path("init.err", err),
+    EXPECT(zpp_test_run_cli(1, zpp_test_tmp_path("init.out", out), zpp_test_tmp_path("init.err", err),
                    "train --quiet --config %s --data %s --init-from %s --steps 0 --save %s",
                    r->cfg, r->data, bin, dir1) == 0,
            "train --init-from --steps 0 failed: %s", err);
@@ -549,7 +528,7 @@ static const char *initial_checkpoint(char *dir) {
     const char *json = "{\"model\": {\"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16,"
                        " \"seq_len\": 8, \"vocab_size\": 256}}";
     zpp_test_write_file(zpp_test_tmp_path("cfg0.json", cfg), json, strlen(json));
-    EXPECT(run_cli(0, zpp_test_tmp_path("init0.out", out), zpp_test_tmp_path("init0.err", err),
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("init0.out", out), zpp_test_tmp_path("init0.err", err),
                    "train --quiet --config %s --data %s --steps 0 --save %s", cfg, data,
                    dir) == 0,
            "train --steps 0 failed: %s", err);
@@ -559,7 +538,7 @@ static const char *initial_checkpoint(char *dir) {
 /* Bad inputs: a clear line and a non-zero exit, nothing sampled. */
 static void expect_refused(const char *args, const char *needle) {
     char out[512], err[512];
-    int rc = run_cli(0, zpp_test_tmp_path("bad.out", out), zpp_test_tmp_path("bad.err", err),
+    int rc = zpp_test_run_cli(0, zpp_test_tmp_path("bad.out", out), zpp_test_tmp_path("bad.err", err),
                      "sample %s", args);
     size_t n = 0;
     char *e = read_all(err, &n);
@@ -665,7 +644,7 @@ static void test_sample_bpe(void) {
 
     /* tokenize: the token file and its note, naming the files absolutely */
     zpp_test_tmp_path("shakes.bin", bin);
-    EXPECT(run_cli(0, zpp_test_tmp_path("tok.out", out), zpp_test_tmp_path("tok.err", err),
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("tok.out", out), zpp_test_tmp_path("tok.err", err),
                    "tokenize --vocab %s --merges %s %s %s", vocab, merges, text, bin) == 0,
            "zeropp tokenize failed: %s", err);
     zpp_tokfile_note nt;
@@ -687,7 +666,7 @@ static void test_sample_bpe(void) {
                        " \"zeropp\": {\"eval_every\": 0, \"seed\": 7, \"sample_tokens\": 16}}";
     zpp_test_write_file(zpp_test_tmp_path("bpe.json", cfg), json, strlen(json));
     zpp_test_tmp_path("ckpt-bpe", dir);
-    EXPECT(run_cli(0, zpp_test_tmp_path("bpe-train.log", log), err,
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("bpe-train.log", log), err,
                    "train --config %s --data %s --steps 3 --sample-every 3 --save %s", cfg, bin,
                    dir) == 0,
            "training failed: %s", err);
@@ -863,7 +842,7 @@ static void llama_train(run *r) {
              RUN_T, RUN_STEPS, RUN_SEED, RUN_TOKENS);
     zpp_test_write_file(r->cfg, json, strlen(json));
     char err[512];
-    int rc = run_cli(2, r->log, zpp_test_tmp_path("train-llama.err", err),
+    int rc = zpp_test_run_cli(2, r->log, zpp_test_tmp_path("train-llama.err", err),
                      "train --config %s --data %s --steps %d --sample-every %d --save %s "
                      "--metrics %s",
                      r->cfg, r->data, RUN_STEPS, RUN_STEPS, r->dir, r->met);
@@ -989,7 +968,7 @@ static void test_sample_llama(void) {
     check_llama_draws(&r);
     /* eval: the run's validation loss */
     char out[512], err[512], want[64], have[64];
-    EXPECT(run_cli(2, zpp_test_tmp_path("eval-llama.out", out),
+    EXPECT(zpp_test_run_cli(2, zpp_test_tmp_path("eval-llama.out", out),
                    zpp_test_tmp_path("eval-llama.err", err), "eval %s --json", r.dir) == 0,
            "zeropp eval failed: %s", err);
     last_value_text(r.met, "val_loss", want, sizeof want);
@@ -1016,7 +995,7 @@ static void test_sample_llama_tokenizer_json(void) {
     zpp_test_write_file(zpp_test_tmp_path("shakes-llama.txt", text), all, 20000);
     free(all);
     zpp_test_tmp_path("shakes-llama.bin", bin);
-    EXPECT(run_cli(0, zpp_test_tmp_path("tokl.out", out), zpp_test_tmp_path("tokl.err", err),
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("tokl.out", out), zpp_test_tmp_path("tokl.err", err),
                    "tokenize --tokenizer %s %s %s", tj, text, bin) == 0,
            "zeropp tokenize --tokenizer failed: %s", err);
     const char *json = "{\"train_micro_batch_size_per_gpu\": 2,"
@@ -1025,7 +1004,7 @@ static void test_sample_llama_tokenizer_json(void) {
                        " \"zeropp\": {\"eval_every\": 0, \"seed\": 7}}";
     zpp_test_write_file(zpp_test_tmp_path("llama-bpe.json", cfg), json, strlen(json));
     zpp_test_tmp_path("ckpt-llama-bpe", dir);
-    EXPECT(run_cli(0, zpp_test_tmp_path("trl.out", out), err,
+    EXPECT(zpp_test_run_cli(0, zpp_test_tmp_path("trl.out", out), err,
                    "train --quiet --config %s --data %s --steps 2 --save %s", cfg, bin, dir) == 0,
            "training failed: %s", err);
     size_t na = 0, nb = 0, nc = 0;

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,4 +247,23 @@ uint64_t zpp_test_fnv1a(const void *p, size_t n) {
     uint64_t h = 14695981039346656037ull;
     for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
     return h;
+}
+
+int zpp_test_run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...) {
+    const char *cli = getenv("ZPP_CLI"), *mpi = getenv("ZPP_MPIEXEC");
+    EXPECT(cli && mpi, "ZPP_CLI and ZPP_MPIEXEC must be set (ctest sets them)");
+    char args[4096], launch[512] = "", cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    if (np > 0)
+        snprintf(launch, sizeof launch, "%s --oversubscribe --bind-to none -np %d ", mpi, np);
+    snprintf(cmd, sizeof cmd, "timeout 240 %s%s %s >%s 2>%s", launch, cli, args, out_path,
+             err_path);
+    int rc = system(cmd);
+    EXPECT(rc != -1, "system() failed");
+    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+    EXPECT(code != 124, "timed out (hang?): %s", cmd);
+    return code;
 }

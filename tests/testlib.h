@@ -117,6 +117,12 @@ void *zpp_test_malloc(size_t n);
  * _exits and keeps its files for the message that points at them). buf holds
  * 512 bytes. Each rank of an MPI test has a folder of its own. */
 const char *zpp_test_tmp_path(const char *name, char *buf);
+
+/* Runs `zeropp ARGS` (the CLI ctest names in ZPP_CLI; under ZPP_MPIEXEC with
+ * np ranks when np > 0), stdout to out_path, stderr to err_path, with a
+ * 240 s hang guard that fails the test; returns the exit code. */
+int zpp_test_run_cli(int np, const char *out_path, const char *err_path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Writes n bytes to path, or fails the test. */
 void zpp_test_write_file(const char *path, const void *data, size_t n);
 /* The checksum of checkpoint files of format 4 (core/checksum.h), written
