@@ -17,6 +17,8 @@
 #     world1llmc     1 GPU, world 1: ours against llm.c on llm.c's shapes, GPT 1.31B
 #                    mb4 (16 heads of 128) and GPT-2 124M mb8 (12 heads of 64: ours
 #                    with the h64 variant)
+#     big            1 GPU, world 1: GPT 6.7B (32 x 4096, 32 heads of 128) mb1, ours
+#                    (ZeRO-3, with and without resident weights) and FSDP2
 #     llama          1 GPU, world 1: a Llama-3.2-1B shape (16 x 2048, 32 heads, 8 KV
 #                    heads, FF 8192, V 128256, T 2048) mb1, ours (ZeRO-3) and FSDP2
 #                    (fsdp_llama.py)
@@ -28,13 +30,16 @@
 #     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM[+VARIANT...], e.g.
 #                    nodes2-1p3b-mb4-ds_zeropp+rbs1e7 (SYSTEM: ours_zero3
 #                    ours_zeropp fsdp2 ds_zero3 ds_zeropp llmc; MODEL: 1p3b 124m
-#                    llama1b; llmc at world1 only, DeepSpeed GPT only)
+#                    6p7b llama1b; llmc at world1 only, DeepSpeed GPT only)
 #   VARIANTs, each a setting of the system's own (the race compares every
 #   system at the best variant it ran in the call; the report says which):
 #     ours:     keep       stage3_max_reuse_distance 1e12: every unit gathered in
 #                          the forward stays for its backward (no backward gathers)
 #               h64        heads of 64 (n_head = D / 64), llm.c's GPT-2 shape; the
 #                          configs and fsdp_gpt.py use heads of 128
+#               noresident zeropp_resident_weights false: no bf16 copy of the
+#                          weights kept between steps at world 1 (2 bytes a
+#                          parameter less, for a model that only just fits)
 #     fsdp2:    raf0|raf1  reshard_after_forward False|True (default True)
 #               compile    torch.compile each block (costs ~1 min of start-up)
 #     ds_*:     rbsX       reduce_bucket_size X (default 5e8; ZeRO++'s tutorial: 1e7)
@@ -127,6 +132,7 @@ while [ $# -gt 0 ]; do
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
+    big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3) ;;
     llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
     llamanodes) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 2)
@@ -138,7 +144,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || [ "$LINKCHECK" = 1 ] ||
-  { echo "nothing to run: $0 prep|linkcheck|world1|world1llmc|llama|nodes2 [mbN]|llamanodes [mbN]|RUN..."; exit 2; }
+  { echo "nothing to run: $0 prep|linkcheck|world1|world1llmc|big|llama|nodes2 [mbN]|llamanodes [mbN]|RUN..."; exit 2; }
 say() { echo "$*" | tee -a "$OUT/race.txt"; }
 left() { echo $(( BUDGET - SECONDS )); }
 say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
@@ -280,7 +286,8 @@ run_one() {
   IFS=- read -r setting model mb sys <<< "$name"; mb=${mb#mb}
   base=${sys%%+*}; local variant=${sys#"$base"}; variant=${variant#+}; local vs; IFS=+ read -ra vs <<< "$variant"
   local T=1024 cfg=gpt_$model
-  case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; llama1b) D=2048 L=16 T=2048 cfg=llama_1b ;;
+  case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; 6p7b) D=4096 L=32 ;;
+    llama1b) D=2048 L=16 T=2048 cfg=llama_1b ;;
     *) say "$name: unknown model"; return ;; esac
   case $setting in world1) np=1 ;; nodes2) np=2 ;; *) say "$name: unknown setting"; return ;; esac
   rpg=$(( np > NG ? (np + NG - 1) / NG : 1 ))  # ranks sharing one GPU
@@ -294,6 +301,7 @@ run_one() {
       for v in "${vs[@]}"; do case $v in
         keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
         h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
+        noresident) edits+=(-e 's/("stage": *3)/\1, "zeropp_resident_weights": false/') ;;
         *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
       sed -E "${edits[@]}" "bench/train/${cfg}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config

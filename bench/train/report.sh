@@ -73,6 +73,8 @@ BEGIN {
   sname["nodes2|llama1b|1"] = "2 nodes, Llama 1B, mb 1"; sname["nodes2|llama1b|2"] = "2 nodes, Llama 1B, mb 2"
   nk++; K[nk] = "world1|llama1b|1 ours_zero3 fsdp2 1.3"
   nk++; K[nk] = "nodes2|llama1b|1 ours_zeropp fsdp2 2.0";  nk++; K[nk] = "nodes2|llama1b|2 ours_zeropp fsdp2 2.0"
+  sname["world1|6p7b|1"] = "1 GPU, GPT 6.7B, mb 1"
+  nk++; K[nk] = "world1|6p7b|1 ours_zero3 fsdp2 1.1"
 }
 END {
   if (bad) exit 1
