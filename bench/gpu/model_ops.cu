@@ -34,6 +34,12 @@ template <typename F> static void tm(const char *name, F f) {
     if (k == n_names) names[n_names++] = name, ms_sum[k] = 0;
     ms_sum[k] += ms; cudaEventDestroy(a); cudaEventDestroy(b);
 }
+static int l2_mb(void) {
+    int dev = 0, b = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&b, cudaDevAttrL2CacheSize, dev);
+    return b >> 20;
+}
 static double total_ms(int iters) {
     double t = 0; for (int k = 0; k < n_names; k++) t += ms_sum[k] / iters;
     return t;
@@ -96,5 +102,27 @@ int main(int argc, char **argv) {
     printf("block ops (sum %.3f ms per block):\n", tot);
     for (int k = 0; k < n_names; k++)
         printf("  %-12s %8.3f ms  %5.1f%%\n", names[k], ms_sum[k] / iters, 100 * ms_sum[k] / iters / tot);
+    /* The head's forward at other chunk sizes (rows of fp32 logits held at
+     * once, kHeadRows in the model, printed first). Smaller chunks that stay
+     * in L2 were slower (2026-12-04, bench/RESULTS.md): the product and the
+     * cross-entropy of a small chunk do not fill the GPU. */
+    const int model_rows = g->head.chunk_rows, sweep[] = {model_rows, 4096, 2048, 1024, 512, 256};
+    float *model_logits = g->head.logits, *big = NULL; /* room for the largest chunk */
+    if (cudaMalloc((void **)&big, (size_t)n * V * sizeof(float)) != cudaSuccess) return 1;
+    g->head.logits = big;
+    printf("head forward by chunk rows (the model's: %d; L2 %d MB):\n", model_rows, l2_mb());
+    for (int k = 0; k < (int)(sizeof sweep / sizeof *sweep); k++) {
+        if (sweep[k] > n || (k > 0 && sweep[k] == model_rows)) continue;
+        g->head.chunk_rows = sweep[k];
+        clear_times();
+        for (int it = 0; it < iters + 1; it++) {
+            if (it == 1) clear_times();
+            tm("head fwd", [&] { return head_forward(g, p[m->stage_unit[Sg - 1]]); });
+        }
+        printf("  %5d rows %8.3f ms\n", sweep[k], ms_sum[0] / iters);
+    }
+    g->head.chunk_rows = model_rows;
+    g->head.logits = model_logits;
+    cudaFree(big);
     return 0;
 }
