@@ -89,7 +89,6 @@ int main(int argc, char **argv) {
         tm("fc fwd", [&] { return linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, Ly->fc_w), eat(g, w, Ly->fc_b), n, C, 4 * C, "fc"); });
         tm("gelu fwd", [&] { return gelu_forward(g, y.fch, n); });
         tm("fc2 fwd", [&] { return linear_forward(g, y.out, f32, y.mid, a->fcg, eat(g, w, Ly->fc2_w), eat(g, w, Ly->fc2_b), n, 4 * C, C, "fc2"); });
-        tm("round dres", [&] { return round_dres(g, n); });
         tm("fc2 bwd", [&] { return linear_backward(g, a->dfc, et, grd + Ly->fc2_w, grd + Ly->fc2_b, a->dres_e, a->dres, a->fcg, eat(g, w, Ly->fc2_w), n, 4 * C, C, "fc2b"); });
         tm("ln recompute", [&] { return layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, Ly->ln2_w), eat(g, w, Ly->ln2_b), n); });
         tm("fc bwd", [&] { return linear_backward(g, a->dc, f32, grd + Ly->fc_w, grd + Ly->fc_b, a->dfc, NULL, a->ln, eat(g, w, Ly->fc_w), n, C, 4 * C, "fcb"); });

@@ -252,16 +252,20 @@ __global__ void layernorm_recompute_kernel(E *out, const float *inp, const float
 /* layernorm_backward, one warp per row. With xh = (x - mean) rstd and
  * g = dy * w:  dx += rstd (g - mean(g) - xh mean(g xh)). The weight and bias
  * gradients are column sums of dy*xh and dy over the rows
- * (colsum_kernel). All fp32 but the weight. */
+ * (colsum_kernel). All fp32 but the weight. dx is the residual gradient,
+ * which the next products read in E: with dx_e the kernel also stores it
+ * rounded there (the rounding round_kernel would do, without reading dx
+ * again in a pass of its own). */
 template <typename E>
-__global__ void layernorm_backward_kernel(float *dinp, const float *dout, const float *inp,
-                                          const E *w, const float *mean, const float *rstd,
-                                          size_t n, int C, bool vec) {
+__global__ void layernorm_backward_kernel(float *dinp, E *dinp_e, const float *dout,
+                                          const float *inp, const E *w, const float *mean,
+                                          const float *rstd, size_t n, int C, bool vec) {
     size_t row = global_tid() >> 5;
     int lane = threadIdx.x & 31;
     if (row >= n) return;
     const float *x = inp + row * C, *dy = dout + row * C;
     float *dx = dinp + row * C;
+    E *dx_e = dinp_e ? dinp_e + row * C : NULL;
     float m = mean[row], s = rstd[row];
     float gm = 0.0f, gxm = 0.0f;
     if (vec) { /* C % 8 == 0, 16-byte aligned: lane reads 8 columns at a time */
@@ -290,6 +294,7 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
                 fo[k] += s * (g - gm - xh * gxm);
             }
             store8(dx + c, fo);
+            if (dx_e) store8(dx_e + c, fo);
         }
         return;
     }
@@ -303,6 +308,7 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
     for (int c = lane; c < C; c += 32) {
         float xh = (x[c] - m) * s, g = dy[c] * ld(w, c);
         dx[c] += s * (g - gm - xh * gxm);
+        if (dx_e) st(dx_e, c, dx[c]);
     }
 }
 
@@ -419,7 +425,8 @@ struct gpt2_acts {
     void *fcg;                 /* E  N x 4C: gelu of fch */
     /* backward scratch */
     float *dres;               /*    N x C: gradient of the residual stream */
-    void *dres_e;              /* E  N x C: dres rounded for the products (dres if fp32) */
+    void *dres_e;              /* E  N x C: dres rounded for the products (dres if fp32),
+                                  stored with it by the LayerNorm backward */
     float *dc;                 /*    N x C: gradient into a LayerNorm */
     void *datty;               /* E  N x C */
     void *dqkv;                /* E  N x 3C */
@@ -547,23 +554,19 @@ static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float 
     return ZPP_OK;
 }
 
-/* d inp += ...; d w += sum dy*xh; d b += sum dy (all fp32). */
+/* d inp += ...; d w += sum dy*xh; d b += sum dy (all fp32). d inp is the
+ * residual gradient act.dres: its copy in E, act.dres_e, is written too
+ * (where E is not fp32), for the products that read it next. */
 static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float *db,
                                      const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C) {
+    void *dinp_e = dinp == g->act.dres && g->act.dres_e != (void *)dinp ? g->act.dres_e : NULL;
     WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-                  dinp, dout, inp, (const E *)w, mean, rstd, (size_t)n, C,
-                  C % 8 == 0 && vec8_ok(dinp, dout, inp, w)));
+                  dinp, (E *)dinp_e, dout, inp, (const E *)w, mean, rstd, (size_t)n, C,
+                  C % 8 == 0 && vec8_ok(dinp, dout, inp, w) && vec8_ok(dinp_e, NULL)));
     LAUNCH_CHECK("layernorm backward");
     return zpp_cu_colsum(&g->cu, db, dw, dout, CUDA_R_32F, inp, mean, rstd, n, C,
                          "layernorm weight gradient");
-}
-
-/* The residual gradient rounded to E for the products that read it (a
- * no-op when E is fp32: dres_e is dres). */
-static zpp_status round_dres(gpt2_cuda *g, int n) {
-    return zpp_cu_round(&g->cu, g->act.dres_e, g->act.dres, (size_t)n * g->cfg.n_embd,
-                        "round the residual gradient");
 }
 
 /* The scratch LayerNorm output (act.ln) of n rows of inp, again. */
@@ -752,8 +755,8 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     /* With checkpointing, block l's activations again, unless the shared
      * slab still holds them (l ran its forward last). */
     if (g->cfg.recompute && g->slab_block != l) ZPP_CHECK(block_activations(g, l, w));
-    /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))) */
-    ZPP_CHECK(round_dres(g, n));
+    /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))); dres_e is dres in E,
+     * written with it by the LayerNorm backward before (layernorm_backward) */
     ZPP_CHECK(gelu_forward(g, y.fch, n));
     ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e, a->dres,
                               a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
@@ -769,7 +772,6 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     ZPP_CHECK(layernorm_backward(g, a->dres, gr + L->ln2_w, gr + L->ln2_b, a->dc, y.mid,
                                  eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(round_dres(g, n));
     ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, gr + L->proj_b, a->dres_e,
                               a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
