@@ -41,10 +41,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "device/device.h"
 #include "device/device_caps.h"
-#include "core/env.h"
 #include "model/attention_cuda.h"
 #include "model/attention_gemm_cuda.h"
 #include "model/attention_path.h"
