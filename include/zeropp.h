@@ -422,9 +422,10 @@ ZPP_API void zpp_model_destroy(zpp_model *model);
  * The decoders `zeropp train` trains, for a program of your own: GPT-2 and
  * Llama (Meta's Llama 2/3 as Hugging Face's LlamaForCausalLM computes it:
  * RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied head).
- * The CPU model on the host device, the CUDA model on a GPU (the CUDA
- * Llama: bf16, head dims 64 and 128). The engine drives it like a model of
- * your own; you hand it each micro-batch with zpp_model_set_batch. */
+ * The CPU model on the host device, the CUDA model on a GPU (fp32, bf16 or
+ * fp16, any head size: docs/gpus.md, "Attention"). The engine drives it
+ * like a model of your own; you hand it each micro-batch with
+ * zpp_model_set_batch. */
 
 /* The decoder that `model_json` describes: the "model" section of a
  * training config, as JSON text, with the keys of docs/config.md's model.*

@@ -40,10 +40,12 @@ if(ZPP_HAVE_CUDA)
 endif()
 
 # The CUDA Llama (src/model/llama_cuda.cu) against the CPU reference: loss
-# and every gradient within bounds derived from bf16's rounding (GQA, head
-# dims 64 and 128, biases, tied and untied heads); same bits on repeat and
-# with checkpointing; the initial weights drawn on the GPU; refusals. Each
-# ZPP_TEST_GPU case is its own test, labelled gpu.
+# and every gradient within bounds derived from each dtype's rounding (bf16
+# fused and GEMM attention, fp16 and fp32 on the GEMM path; GQA 4:1, 2:1 and
+# 1:1, head dims 64, 128 and 48, biases, tied and untied heads); same bits
+# on repeat and with checkpointing on both paths; the initial weights drawn
+# on the GPU; ZPP_ATTENTION's paths and refusals. Each ZPP_TEST_GPU case is
+# its own test, labelled gpu.
 if(ZPP_HAVE_CUDA)
   zpp_test(test_llama_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llama_cuda.c
            CASES_FROM_SOURCE TIMEOUT 300 ENV OPENBLAS_NUM_THREADS=1)

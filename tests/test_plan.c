@@ -1615,23 +1615,37 @@ static void test_llama_counts(void) {
 
 /* The CUDA Llama's activations: llama_cuda.cu plan()'s buffers written out
  * here, per token (N = tokens): per layer r1, r2 (fp32), qkv (E, C + 2 Ck),
- * lse (fp32 per head), atty (E), mid (fp32), gu (E, 2F); the residual
- * inputs (fp32, L + 1); once hf, h, act, dres_e, datty, dqkv, dgu, dact
- * (E), rf, dres, dc (fp32), dsum per head, dlogits (E, V), the head's lse
- * and losses, the batch's five integers. Between two token counts past the
- * logits' 1024-row chunk and on 64-row boundaries (the RMSNorm backward's
- * partials: C floats a chunk) only the per-token part changes, so the
- * difference pins it exactly. Recompute keeps one layer's slab. */
+ * the attention's (fused: lse, fp32 per head; GEMM path: P, T values of E
+ * per head), atty (E), mid (fp32), gu (E, 2F); the residual inputs (fp32,
+ * L + 1); once hf, h, act, dres_e, datty, dqkv, dgu, dact (E), rf, dres, dc
+ * (fp32), the attention's scratch (fused: dsum per head; GEMM: the fp32
+ * scores and d S in E, T values each per head), dlogits (E, V), the head's
+ * lse and losses, the batch's five integers. The path is the model's
+ * (attention_path.h): fused for bf16 with head dim 64 or 128 only; the
+ * dtype is drawn from bf16, fp16 and fp32. Between two token counts past
+ * the logits' 1024-row chunk and on 64-row boundaries (the RMSNorm
+ * backward's partials: C floats a chunk) only the per-token part changes,
+ * so the difference pins it exactly. Recompute keeps one layer's slab. */
 static void test_llama_act_bytes(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(32));
+    const zpp_dtype dts[3] = {ZPP_BF16, ZPP_FP16, ZPP_FP32};
     for (int it = 0; it < 200; it++) {
         zpp_llama_config lc;
         zpp_cost_in in = random_llama(&r, &lc);
+        if (it % 4 == 0) { /* head dims the fused kernel takes, so both paths are hit */
+            in.n_embd = in.n_head * (it % 8 ? 64 : 128);
+            lc.n_embd = in.n_embd;
+        }
+        in.dtype = dts[zpp_rng_u64(&r) % 3];
         const double L = lc.n_layer, C = lc.n_embd, V = lc.vocab_size, F = lc.n_ffn;
-        const double H = lc.n_head, Wq = C + 2.0 * lc.n_kv_head * (C / H), e = 2;
-        const double layer = 4 + 4 + Wq * e + 4 * H + C * e + 4 * C + 2 * F * e;
+        const double H = lc.n_head, T = lc.seq_len, Wq = C + 2.0 * lc.n_kv_head * (C / H);
+        const double e = in.dtype == ZPP_FP32 ? 4 : 2;
+        const int hd = lc.n_embd / lc.n_head;
+        const int fused = in.dtype == ZPP_BF16 && (hd == 64 || hd == 128);
+        const double att = fused ? 4 * H : H * T * e, scratch = fused ? 4 * H : H * T * (4 + e);
+        const double layer = 4 + 4 + Wq * e + att + C * e + 4 * C + 2 * F * e;
         const double once = C * e + 4 + C * e + F * e + 4 * C + 4 * C + C * e + C * e + Wq * e +
-                            2 * F * e + F * e + 4 * H + V * e + 4 + 4 + 5 * 4;
+                            2 * F * e + F * e + scratch + V * e + 4 + 4 + 5 * 4;
         const double res = 4 * C * (L + 1);
         const double n1 = 1024 + 64 * (double)(zpp_rng_u64(&r) % 64), n2 = n1 + 64 * 7;
         for (int rc = 0; rc < 2; rc++) {

@@ -12,3 +12,17 @@ add_test(NAME test_llama_torch_parity
                  $<TARGET_FILE:zeropp_cli> $<TARGET_FILE:llama_hf_helper> ${MPIEXEC_EXECUTABLE})
 set_tests_properties(test_llama_torch_parity PROPERTIES LABELS torch TIMEOUT 600 PROCESSORS 2
                      ENVIRONMENT "${ZPP_TEST_ENV}")
+
+# The same reference against the CUDA Llama (`--device gpu`): fp32 ZeRO-3 on
+# 1 rank and on 2 ranks sharing the GPU as 2 emulated nodes within 1e-5,
+# bf16 on 1 rank within 1e-3, ZeRO++ (qwZ + qgZ, 2 emulated nodes, fp32)
+# step 1 within 1e-3 and every step within 2^-8 (llama_parity.sh says why).
+# Labelled gpu and torch; skips (77) without PyTorch or a GPU.
+if(ZPP_HAVE_CUDA)
+  add_test(NAME test_llama_torch_parity_gpu
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torch/llama_parity.sh
+                   $<TARGET_FILE:zeropp_cli> $<TARGET_FILE:llama_hf_helper>
+                   ${MPIEXEC_EXECUTABLE} gpu)
+  set_tests_properties(test_llama_torch_parity_gpu PROPERTIES LABELS "gpu;torch" TIMEOUT 600
+                       PROCESSORS 2 ENVIRONMENT "${ZPP_TEST_ENV}")
+endif()

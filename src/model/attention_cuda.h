@@ -29,8 +29,8 @@
  * Launch errors come back as ZPP_ERR_CUDA; a fault while running shows up
  * at the stream's next synchronisation. Head sizes (hd, Llama's head dim)
  * 64 and 128 only:
- * anything else is ZPP_ERR_UNSUPPORTED (the model then takes its GEMM
- * path); zpp_attn_supported asks without doing anything. The current GPU
+ * anything else is ZPP_ERR_UNSUPPORTED (the model then takes the GEMM
+ * path, attention_gemm_cuda.h); zpp_attn_supported asks without doing anything. The current GPU
  * must have compute capability 8.0 or newer: below, forward and backward
  * return ZPP_ERR_UNSUPPORTED (attention_path.h says which path runs where). */
 #ifndef ZPP_MODEL_ATTENTION_CUDA_H

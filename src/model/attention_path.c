@@ -1,4 +1,4 @@
-/* model/attention_path.c — which attention the CUDA GPT-2 runs
+/* model/attention_path.c — which attention the CUDA models run
  * (attention_path.h). In every build: a rule on numbers and a string. */
 #include "model/attention_path.h"
 

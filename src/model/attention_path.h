@@ -1,20 +1,23 @@
-/* model/attention_path.h — which attention the CUDA GPT-2 runs (docs/gpus.md,
- * "Attention").
+/* model/attention_path.h — which attention the CUDA models (GPT-2 and
+ * Llama) run (docs/gpus.md, "Attention").
  *
- * Two implementations compute the same causal self-attention:
+ * Two implementations compute the same causal self-attention, both with
+ * grouped-query heads (KV key/value heads shared by H query heads):
  *   fused  attention_cuda.cu, FlashAttention-2 style: bf16 only, head size
  *          64 or 128, compute capability 8.0 or newer (cp.async and bf16
  *          mma.sync); no T x T matrix in memory;
- *   gemm   gpt2_cuda.cu: strided-batched cuBLASLt products and a causal
- *          softmax kernel, any dtype, head size and GPU, keeping the
+ *   gemm   attention_gemm_cuda.cu: strided-batched cuBLASLt products and a
+ *          causal softmax kernel, any dtype, head size and GPU, keeping the
  *          T x T probabilities per (sequence, head, layer).
- * The choice is made once, when the model is created, from the ZPP_ATTENTION
+ * The choice is made once, when a model is created, from the ZPP_ATTENTION
  * environment variable (read there, passed here):
  *   unset, "" or "auto"  fused where it can run, else gemm;
  *   "gemm"               gemm (on any GPU: how the fallback of GPUs below
  *                        8.0 is tested on a newer one);
  *   "fused"              fused, or an error saying why it cannot run.
- * A pure function, so the rule is tested on the CPU (tests/test_gpu_arch.c). */
+ * The planner (plan/cost.c) applies the same rule, unset, to count a
+ * Llama's activations. A pure function, so the rule is tested on the CPU
+ * (tests/test_gpu_arch.c). */
 #ifndef ZPP_MODEL_ATTENTION_PATH_H
 #define ZPP_MODEL_ATTENTION_PATH_H
 

@@ -29,9 +29,10 @@
  * R x S matrix with leading dimension ld is, read column-major, its own
  * transpose (S x R, same ld). So the row-major product C = op(A) op(B)
  * (M x N) is computed as the column-major C^T = op(B)^T op(A)^T: cuBLASLt's
- * first operand is our B, its second our A, and its m, n are our N, M. The
- * helper gemm() takes the row-major description (exactly the arguments of
- * the CPU's cblas_sgemm calls) and does that translation in one place.
+ * first operand is our B, its second our A, and its m, n are our N, M.
+ * zpp_cu_gemm (cuda_ops.h) takes the row-major description (exactly the
+ * arguments of the CPU's cblas_sgemm calls) and does that translation in
+ * one place.
  * Algorithms come from cublasLtMatmulAlgoGetHeuristic with the pointers'
  * real alignments (offsets inside a unit need not be 256-byte aligned) and
  * are cached per shape, so a steady state does no heuristic queries. A
@@ -44,16 +45,15 @@
  *
  * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
  * 1.31B model), on a GPU of compute capability 8.0 or newer, attention is
- * fused (attention_cuda.cu, FlashAttention-2
- * style): no T x T matrix is stored, only a log-sum-exp per row and head,
- * and the backward recomputes the probabilities. Otherwise (fp32, fp16,
- * other head sizes, older GPUs, or ZPP_ATTENTION=gemm: attention_path.h
- * decides, once, at create), it is per (sequence, head) with strided-batched GEMMs
- * that read the heads in place from the qkv rows (leading dimension 3C,
- * head h at column h*hs): batched over heads, looping over sequences, or
- * the other way round, whichever launches fewer GEMMs. Q K^T is computed
- * whole into an fp32 scratch; the causal softmax writes the probabilities
- * (upper triangle zero) in E.
+ * fused (attention_cuda.cu, FlashAttention-2 style): no T x T matrix is
+ * stored, only a log-sum-exp per row and head, and the backward recomputes
+ * the probabilities. Otherwise (fp32, fp16, other head sizes, older GPUs,
+ * or ZPP_ATTENTION=gemm: attention_path.h decides, once, at create), it is
+ * the GEMM path every CUDA decoder shares (attention_gemm_cuda.h):
+ * strided-batched products per (sequence, head) that read the heads in
+ * place from the qkv rows, Q K^T whole into an fp32 scratch, and a causal
+ * softmax that writes the probabilities (upper triangle zero) in E, kept
+ * per layer for the backward.
  *
  * DETERMINISM. No atomics anywhere: every reduction has a fixed order, and
  * cuBLASLt returns the same bits for the same algorithm (cached per shape)
@@ -136,6 +136,7 @@
 #include "model/model.h"
 #include "model/gpt2.h"
 #include "model/attention_cuda.h"
+#include "model/attention_gemm_cuda.h"
 #include "model/cuda_elem.cuh"
 #include "model/cuda_ops.h"
 #include "model/attention_path.h"
@@ -355,48 +356,6 @@ __global__ void gelu_backward_kernel(E *d, const E *inp, size_t n, bool vec) {
         st(d, i, ld(d, i) * gelu_grad(ld(inp, i)));
 }
 
-/* attention_forward's softmax: rows of the (B*H) T x T fp32 score matrices
- * into probabilities in E, one warp per row; row t keeps columns 0..t
- * (causal) and zeroes the rest. The scores arrive already scaled by
- * 1/sqrt(hs) (the GEMM's alpha). */
-template <typename E>
-__global__ void causal_softmax_kernel(E *prob, const float *score, size_t rows, int T) {
-    size_t row = global_tid() >> 5;
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int t = (int)(row % (size_t)T);
-    const float *s = score + row * T;
-    E *p = prob + row * T;
-    float mx = -INFINITY;
-    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, s[j]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int j = lane; j <= t; j += 32) sum += expf(s[j] - mx);
-    float inv = 1.0f / warp_sum(sum);
-    for (int j = lane; j <= t; j += 32) st(p, j, expf(s[j] - mx) * inv);
-    for (int j = t + 1 + lane; j < T; j += 32) st(p, j, 0.0f);
-}
-
-/* attention_backward's softmax Jacobian, row by row, from d P (fp32) and
- * P (E) into d S (E):
- *   dS = P * (dP - sum_j P_j dP_j);  masked entries (P = 0) give 0. */
-template <typename E>
-__global__ void causal_softmax_backward_kernel(E *dscore, const float *dprob, const E *prob,
-                                               size_t rows, int T) {
-    size_t row = global_tid() >> 5;
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int t = (int)(row % (size_t)T);
-    const E *p = prob + row * T;
-    const float *g = dprob + row * T;
-    E *d = dscore + row * T;
-    float dot = 0.0f;
-    for (int j = lane; j <= t; j += 32) dot += ld(p, j) * g[j];
-    dot = warp_sum(dot);
-    for (int j = lane; j <= t; j += 32) st(d, j, ld(p, j) * (g[j] - dot));
-    for (int j = t + 1 + lane; j < T; j += 32) st(d, j, 0.0f);
-}
-
 /* ------------------------------------------------------------------------ */
 /* The model object                                                          */
 /* ------------------------------------------------------------------------ */
@@ -486,48 +445,6 @@ static zpp_status check_device_ptr(const void *p, const char *op, const char *na
     return zpp_cu_check_device_ptr("gpt2 cuda", p, op, name);
 }
 
-/* ---- products (cuda_ops.h) ---- */
-
-static size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-static zpp_status gemm(gpt2_cuda *g, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
-                       int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
-                       const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
-                       int64_t sC, int batch, const char *what) {
-    return zpp_cu_gemm(&g->cu, at, ct, ta, tb, M, N, K, alpha, A, lda, sA, B, ldb, sB, beta, C,
-                       ldc, sC, batch, NULL, what);
-}
-
-/* One attention product for every (sequence b, head h): operand X of
- * (b, h) starts at element b*X_sb + h*X_sh of X.p (in E). One batched GEMM
- * per sequence over the heads, or per head over the sequences, whichever
- * is fewer launches. C is in ct. */
-struct attn_operand {
-    const void *p;
-    int64_t ld, sb, sh;
-};
-
-static zpp_status attn_gemm(gpt2_cuda *g, int ta, int tb, int M, int N, int K, float alpha,
-                            attn_operand A, attn_operand B, void *C, cudaDataType_t ct,
-                            int64_t ldc, int64_t C_sb, int64_t C_sh, const char *what) {
-    int nb = g->calls.B, nh = g->cfg.n_head;
-    size_t cs = type_bytes(ct);
-    const char *a = (const char *)A.p, *b = (const char *)B.p;
-    char *c = (char *)C;
-    if (nb <= nh) {
-        for (int s = 0; s < nb; s++)
-            ZPP_CHECK(gemm(g, g->et, ct, ta, tb, M, N, K, alpha, a + s * A.sb * g->es, A.ld,
-                           A.sh, b + s * B.sb * g->es, B.ld, B.sh, 0.0f, c + s * C_sb * cs, ldc,
-                           C_sh, nh, what));
-    } else {
-        for (int h = 0; h < nh; h++)
-            ZPP_CHECK(gemm(g, g->et, ct, ta, tb, M, N, K, alpha, a + h * A.sh * g->es, A.ld,
-                           A.sb, b + h * B.sh * g->es, B.ld, B.sb, 0.0f, c + h * C_sh * cs, ldc,
-                           C_sb, nb, what));
-    }
-    return ZPP_OK;
-}
-
 /* ---- building blocks (first n = B*T rows) ---- */
 
 static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, const float *resid,
@@ -592,53 +509,32 @@ static zpp_status gelu_forward(gpt2_cuda *g, const void *fch, int n) {
     return ZPP_OK;
 }
 
-/* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V.
- * Fused (attention_cuda.cu: no T x T matrix; `att` is the layer's lse), or
- * by GEMMs: scores in fp32 (the score scratch), P (`att`) and Y in E. */
-static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
-    if (g->fused_attn)
-        return zpp_attn_forward(y, (float *)att, qkv, g->calls.B, T, H, hs, g->stream);
-    int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
-    attn_operand Vv = {eat(g, qkv, 2 * C), C3, T * C3, hs}, P = {att, T, H * TT, TT};
-    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, scale, Q, K, g->act.score, CUDA_R_32F, T, H * TT, TT,
-                        "attention Q K^T"));
-    size_t rows = (size_t)g->calls.B * H * T;
-    WITH_E(g, causal_softmax_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(
-                  (E *)att, g->act.score, rows, T));
-    LAUNCH_CHECK("attention softmax");
-    return attn_gemm(g, 0, 0, T, hs, T, 1.0f, P, Vv, y, g->et, C, (int64_t)T * C, hs,
-                     "attention P V");
+/* The shape of the GEMM attention path's calls (attention_gemm_cuda.h):
+ * multi-head, every query head its own key/value head. */
+static zpp_attn_gemm_shape attn_shape(const gpt2_cuda *g) {
+    const int H = g->cfg.n_head;
+    return zpp_attn_gemm_shape{g->calls.B, g->cfg.seq_len, H, H, g->cfg.n_embd / H};
 }
 
-/* attention_backward (writes dqkv, in E):
- *   dP = dY V^T (fp32),  dS = P * (dP - rowsum(P * dP)) (E),
- *   dQ = dS K / sqrt(hs),  dK = dS^T Q / sqrt(hs),  dV = P^T dY. */
+/* attention_forward: P = softmax(Q K^T / sqrt(hs) + causal mask), Y = P V.
+ * Fused (attention_cuda.cu: no T x T matrix; `att` is the layer's lse), or
+ * by GEMMs (attention_gemm_cuda.h): scores in fp32 (the score scratch), P
+ * (`att`) and Y in E. */
+static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
+    const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->fused_attn)
+        return zpp_attn_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.hs, g->stream);
+    return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->act.score, qkv);
+}
+
+/* attention_backward (writes dqkv, in E), fused or by GEMMs. */
 static zpp_status attention_backward(gpt2_cuda *g, void *dqkv, const void *dy, const void *att,
                                      const void *qkv, const void *y) {
-    int T = g->cfg.seq_len, C = g->cfg.n_embd, H = g->cfg.n_head, hs = C / H;
+    const zpp_attn_gemm_shape s = attn_shape(g);
     if (g->fused_attn)
-        return zpp_attn_backward(dqkv, dy, qkv, y, (const float *)att, g->act.att_dsum,
-                                 g->calls.B, T, H, hs, g->stream);
-    int64_t C3 = 3 * (int64_t)C, TT = (int64_t)T * T, TC = (int64_t)T * C;
-    float scale = 1.0f / sqrtf((float)hs);
-    attn_operand Q = {qkv, C3, T * C3, hs}, K = {eat(g, qkv, C), C3, T * C3, hs};
-    attn_operand Vv = {eat(g, qkv, 2 * C), C3, T * C3, hs}, P = {att, T, H * TT, TT};
-    attn_operand dY = {dy, C, TC, hs}, dS = {g->act.dscore, T, H * TT, TT};
-    ZPP_CHECK(attn_gemm(g, 0, 1, T, T, hs, 1.0f, dY, Vv, g->act.score, CUDA_R_32F, T, H * TT, TT,
-                        "attention backward dY V^T"));
-    size_t rows = (size_t)g->calls.B * H * T;
-    WITH_E(g, causal_softmax_backward_kernel<<<grid_rows(rows), kThreads, 0, g->stream>>>(
-                  (E *)g->act.dscore, g->act.score, (const E *)att, rows, T));
-    LAUNCH_CHECK("attention softmax backward");
-    ZPP_CHECK(attn_gemm(g, 0, 0, T, hs, T, scale, dS, K, dqkv, g->et, C3, T * C3, hs,
-                        "attention backward dS K"));
-    ZPP_CHECK(attn_gemm(g, 1, 0, T, hs, T, scale, dS, Q, eat(g, dqkv, C), g->et, C3, T * C3, hs,
-                        "attention backward dS^T Q"));
-    return attn_gemm(g, 1, 0, T, hs, T, 1.0f, P, dY, eat(g, dqkv, 2 * C), g->et, C3, T * C3, hs,
-                     "attention backward P^T dY");
+        return zpp_attn_backward(dqkv, dy, qkv, y, (const float *)att, g->act.att_dsum, s.B,
+                                 s.T, s.H, s.hs, g->stream);
+    return zpp_attn_gemm_backward(&g->cu, &s, dqkv, g->act.score, g->act.dscore, dy, att, qkv);
 }
 
 /* ---- stages ---- */

@@ -2,21 +2,26 @@
  * (llama_cpu.c, whose header writes out the math) with parameters,
  * gradients and activations in device memory. It composes what every CUDA
  * decoder shares (cuda_ops.h: products through cuBLASLt, the token
- * embedding, the classifier), the grouped-query fused attention
- * (attention_cuda.h) and the Llama's own kernels (llama_kernels_cuda.h:
- * RMSNorm, RoPE, SwiGLU).
+ * embedding, the classifier), grouped-query attention, fused
+ * (attention_cuda.h) or by GEMMs (attention_gemm_cuda.h), and the Llama's
+ * own kernels (llama_kernels_cuda.h: RMSNorm, RoPE, SwiGLU).
  *
  * PRECISION as the CUDA GPT-2 (gpt2_cuda.cu): products read E operands and
  * accumulate in fp32; what only feeds products is stored in E (the
  * RMSNorm outputs, qkv, the attention output, [gate | up] and the SwiGLU
  * output, and in the backward the gradients flowing into products); the
  * residual stream and its gradient, norm statistics, the logits and every
- * parameter gradient are fp32.
+ * parameter gradient are fp32. With E = fp32 the products are plain fp32
+ * FMA (CUBLAS_COMPUTE_32F, no TF32): the CPU model's arithmetic up to the
+ * order of summation.
  *
- * WHICH. The attention is the fused kernel, so the model runs in bf16 with
- * a head dim of 64 or 128 on compute capability 8.0 or newer (Llama 3.2
- * 1B and 3B, Llama 3 8B, TinyLlama, SmolLM: all 64 or 128); other dtypes
- * and head dims are refused at create, naming the CPU model.
+ * WHICH ATTENTION. attention_path.h picks once, at create, from the dtype,
+ * the head dim, the GPU and ZPP_ATTENTION, as for GPT-2: the fused kernel
+ * where it runs (bf16, head dim 64 or 128, compute capability 8.0+: Llama
+ * 3.2 1B and 3B, Llama 3 8B, TinyLlama, SmolLM), else the GEMM path, which
+ * takes fp32, fp16, bf16, any head dim and any GPU, and keeps the T x T
+ * probabilities of every (sequence, query head, layer) in E. bf16 itself
+ * needs compute capability 8.0 (device_caps.h), as for GPT-2.
  *
  * RECOMPUTE. A block's two RMSNorm outputs and its SwiGLU output are not
  * kept: the backward evaluates them again from what is kept (the residual
@@ -36,10 +41,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "device/device.h"
 #include "device/device_caps.h"
 #include "model/attention_cuda.h"
+#include "model/attention_gemm_cuda.h"
+#include "model/attention_path.h"
 #include "model/cuda_elem.cuh"
 #include "model/cuda_ops.h"
 #include "model/decoder.h"
@@ -61,7 +69,10 @@ struct llama_acts {
     float *res;            /*    (L+1) x N x C: res[0] embedding, res[l] block l's output */
     float *r1, *r2;        /*    S x N: the RMSNorms' 1/rms */
     void *qkv;             /* E  S x N x Wqkv: q, k rotated */
-    float *lse;            /*    S x max_batch x H x T: the attention's log-sum-exps */
+    float *lse;            /*    S x max_batch x H x T: the fused attention's log-sum-exps
+                                 (NULL on the GEMM path) */
+    void *prob;            /* E  S x max_batch x H x T x T: the GEMM path's probabilities
+                                 (NULL with the fused attention) */
     void *atty;            /* E  S x N x C: attention output before Wo */
     float *mid;            /*    S x N x C: residual after attention */
     void *gu;              /* E  S x N x 2F: [gate | up] */
@@ -77,7 +88,9 @@ struct llama_acts {
     void *dqkv;            /* E  N x Wqkv */
     void *dgu;             /* E  N x 2F */
     void *dact;            /* E  N x F */
-    float *dsum;           /*    max_batch x H x T: the attention backward's scratch */
+    float *dsum;           /*    max_batch x H x T: the fused backward's scratch */
+    float *score;          /*    max_batch x H x T x T: the GEMM path's scores, then d P */
+    void *dscore;          /* E  max_batch x H x T x T: the GEMM path's d S */
     float *rms_scratch;    /*    the RMSNorm backward's partial column sums */
     float *rope_cos, *rope_sin; /* T x hd/2 each */
 };
@@ -90,6 +103,7 @@ struct llama_cuda {
     zpp_decoder_calls calls;
     size_t nmax;       /* max_batch * seq_len */
     int wqkv, hd;      /* width of a qkv row, the head dim */
+    int fused_attn;    /* attention by attention_cuda.cu, else by GEMMs (attention_path.h) */
     size_t es;         /* bytes of an E element */
     cudaDataType_t et;
     cudaStream_t stream;
@@ -112,20 +126,22 @@ static inline void *eat(const llama_cuda *g, const void *p, size_t i) {
 /* Block l's slices of the per-block buffers. */
 struct llama_layer {
     const float *x;
-    float *out, *r1, *r2, *lse, *mid;
+    float *out, *r1, *r2, *mid;
     void *qkv, *atty, *gu;
+    void *att; /* the fused attention's fp32 lse, or the GEMM path's P in E */
 };
 
 static llama_layer layer_of(const llama_cuda *g, int l) {
     const size_t N = g->nmax, C = (size_t)g->cfg.n_embd, F = (size_t)g->cfg.n_ffn;
     const size_t r = (size_t)(l - 1), k = g->cfg.recompute ? 0 : r;
     const size_t att = (size_t)g->base.max_batch * g->cfg.n_head * g->cfg.seq_len;
+    const size_t T = (size_t)g->cfg.seq_len;
     llama_layer y;
     y.x = g->a.res + r * N * C;
     y.out = g->a.res + (r + 1) * N * C;
     y.r1 = g->a.r1 + k * N;
     y.r2 = g->a.r2 + k * N;
-    y.lse = g->a.lse + k * att;
+    y.att = g->fused_attn ? (void *)(g->a.lse + k * att) : eat(g, g->a.prob, k * att * T);
     y.mid = g->a.mid + k * N * C;
     y.qkv = eat(g, g->a.qkv, k * N * g->wqkv);
     y.atty = eat(g, g->a.atty, k * N * C);
@@ -147,6 +163,31 @@ static zpp_status rms_backward(llama_cuda *g, float *dw, const float *dout, cons
                                       g->cfg.n_embd, g->base.param_dtype, g->stream);
 }
 
+/* The attention's shape this batch: grouped-query, KV key/value heads. */
+static zpp_attn_gemm_shape attn_shape(const llama_cuda *g) {
+    return zpp_attn_gemm_shape{g->calls.B, g->cfg.seq_len, g->cfg.n_head, g->cfg.n_kv_head,
+                               g->hd};
+}
+
+/* y = softmax(Q K^T / sqrt(hd) + causal mask) V per (sequence, query head),
+ * fused (att: the lse) or by GEMMs (att: P). */
+static zpp_status attention_forward(llama_cuda *g, void *y, void *att, const void *qkv) {
+    const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->fused_attn)
+        return zpp_attn_gqa_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.KV, s.hs, g->stream);
+    return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->a.score, qkv);
+}
+
+/* d qkv (overwritten) from d y and the forward's y and att. */
+static zpp_status attention_backward(llama_cuda *g, void *dqkv, const void *dy, const void *qkv,
+                                     const void *y, const void *att) {
+    const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->fused_attn)
+        return zpp_attn_gqa_backward(dqkv, dy, qkv, y, (const float *)att, g->a.dsum, s.B, s.T,
+                                     s.H, s.KV, s.hs, g->stream);
+    return zpp_attn_gemm_backward(&g->cu, &s, dqkv, g->a.score, g->a.dscore, dy, att, qkv);
+}
+
 /* Block l's forward up to what its backward reads (through [gate | up]):
  * by the forward, and again by the backward with checkpointing. */
 static zpp_status block_activations(llama_cuda *g, int l, const void *w) {
@@ -162,7 +203,7 @@ static zpp_status block_activations(llama_cuda *g, int l, const void *w) {
                                     "qkv forward"));
     ZPP_CHECK(zpp_llama_rope_forward(y.qkv, g->a.rope_cos, g->a.rope_sin, B, T, H, KV, g->hd,
                                      dt, g->stream));
-    ZPP_CHECK(zpp_attn_gqa_forward(y.atty, y.lse, y.qkv, B, T, H, KV, g->hd, g->stream));
+    ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
     ZPP_CHECK(zpp_cu_linear_forward(&g->cu, y.mid, CUDA_R_32F, y.x, y.atty, eat(g, w, L->wo),
                                     NULL, n, C, C, "attention output forward"));
     /* MLP branch, up to [gate | up] */
@@ -237,8 +278,7 @@ static zpp_status block_backward(llama_cuda *g, int l, const void *w, float *gr)
     ZPP_CHECK(zpp_cu_linear_backward(&g->cu, a->datty, et, gr + L->wo, NULL, a->dres_e, NULL,
                                      y.atty, eat(g, w, L->wo), n, C, C,
                                      "attention output backward"));
-    ZPP_CHECK(zpp_attn_gqa_backward(a->dqkv, a->datty, y.qkv, y.atty, y.lse, a->dsum, B, T, H,
-                                    KV, g->hd, g->stream));
+    ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.qkv, y.atty, y.att));
     ZPP_CHECK(zpp_llama_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, B, T, H, KV, g->hd, dt,
                                       g->stream));
     ZPP_CHECK(rms_forward(g, a->h, y.r1, y.x, eat(g, w, L->norm1), n));
@@ -387,7 +427,13 @@ static void plan(llama_cuda *g, zpp_arena *ar) {
     a->r1 = zpp_arena_take(ar, S, N);
     a->r2 = zpp_arena_take(ar, S, N);
     a->qkv = take_e(g, ar, S * N, Wq);
-    a->lse = zpp_arena_take(ar, S * Bm * H, T);
+    if (g->fused_attn) {
+        a->lse = zpp_arena_take(ar, S * Bm * H, T);
+    } else { /* the GEMM path: P per layer, the scores and d S once */
+        a->prob = take_e(g, ar, S * Bm * H * T, T);
+        a->score = zpp_arena_take(ar, Bm * H * T, T);
+        a->dscore = take_e(g, ar, Bm * H * T, T);
+    }
     a->atty = take_e(g, ar, S * N, C);
     a->mid = zpp_arena_take(ar, S * N, C);
     a->gu = take_e(g, ar, S * N, 2 * F);
@@ -402,7 +448,7 @@ static void plan(llama_cuda *g, zpp_arena *ar) {
     a->dqkv = take_e(g, ar, N, Wq);
     a->dgu = take_e(g, ar, N, 2 * F);
     a->dact = take_e(g, ar, N, F);
-    a->dsum = zpp_arena_take(ar, Bm * H, T);
+    if (g->fused_attn) a->dsum = zpp_arena_take(ar, Bm * H, T);
     a->rms_scratch = zpp_arena_take(ar, zpp_llama_rmsnorm_backward_scratch((int)N, (int)C), 1);
     a->rope_cos = zpp_arena_take(ar, T, hd / 2);
     a->rope_sin = zpp_arena_take(ar, T, hd / 2);
@@ -455,22 +501,22 @@ static zpp_status create_device_state(llama_cuda *g) {
     return zpp_cu_batch_init(&g->batch, &g->cu, g->nmax, g->cfg.vocab_size);
 }
 
-/* What this GPU and shape can run: bf16 (compute capability 8.0+) and a
- * head dim the fused attention takes (WHICH in the header). */
-static zpp_status check_runnable(const zpp_llama_config *cfg, zpp_dtype dt, zpp_device *dev) {
+/* What this GPU and shape can run (WHICH ATTENTION in the header): the
+ * dtype (bf16 from compute capability 8.0), and the attention path
+ * (ZPP_ATTENTION read here, the one place; attention_path.h), into
+ * *fused_p. */
+static zpp_status check_runnable(const zpp_llama_config *cfg, zpp_dtype dt, zpp_device *dev,
+                                 int *fused_p) {
     int major = 0, minor = 0;
     ZPP_CHECK(zpp_device_compute_capability(dev, &major, &minor));
     char why[320];
     zpp_status st = zpp_device_dtype_check(major, minor, dt, why, sizeof why);
     if (st != ZPP_OK) return zpp_error(st, "%s create: %s", kWho, why);
-    const int hd = cfg->n_embd / cfg->n_head;
-    if (dt != ZPP_BF16 || zpp_attn_supported(hd) != ZPP_OK || major < 8)
-        return zpp_error(ZPP_ERR_UNSUPPORTED,
-                         "%s create: the CUDA Llama runs bf16 with a head dim of 64 or 128 on "
-                         "compute capability 8.0 or newer (its fused attention); this is %s "
-                         "with head dim %d on %d.%d: use bf16 and such a shape, or the CPU "
-                         "model (--device cpu)",
-                         kWho, zpp_dtype_name(dt), hd, major, minor);
+    zpp_attn_path path = ZPP_ATTN_GEMM;
+    st = zpp_attn_path_pick(zpp_env_get(ZPP_ENV_ATTENTION), dt, cfg->n_embd / cfg->n_head,
+                            major, minor, &path, why, sizeof why);
+    if (st != ZPP_OK) return zpp_error(st, "%s create: %s", kWho, why);
+    *fused_p = path == ZPP_ATTN_FUSED;
     return ZPP_OK;
 }
 
@@ -489,9 +535,11 @@ extern "C" zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dty
     if (!dev || dev->mem != ZPP_MEM_DEVICE)
         return zpp_error(ZPP_ERR_INVALID, "%s create: the CUDA model needs a GPU device "
                          "(zpp_device_create_gpu)", kWho);
-    ZPP_CHECK(check_runnable(cfg, param_dtype, dev));
+    int fused = 0;
+    ZPP_CHECK(check_runnable(cfg, param_dtype, dev, &fused));
     llama_cuda *g = (llama_cuda *)calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "%s create: out of host memory", kWho);
+    g->fused_attn = fused;
     g->cfg = *cfg;
     zpp_llama_layout_make(cfg, &g->lay);
     g->dev = dev;

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "model/attention_path.h"
 #include "plan/cost.h"
 
 /* A collective's time split by link: the two byte terms and the latency. */
@@ -261,22 +262,32 @@ double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
     const double H = in->n_head, T = in->seq_len, hd = (double)(in->n_embd / in->n_head);
     const double Wq = C + 2 * (double)in->n_kv_head * hd; /* q, k, v side by side */
     const double e = (double)zpp_dtype_size(in->dtype);
+    /* The attention the model picks on a GPU that runs the dtype
+     * (attention_path.h, ZPP_ATTENTION unset): fused for bf16 with a head
+     * dim of 64 or 128, which keeps a log-sum-exp per head and row (4H a
+     * token per layer) and a backward scratch as large (4H once); else the
+     * GEMM path, whose T x T matrices per (sequence, head) are T values a
+     * token per head: the probabilities in E per layer (H T e), the fp32
+     * scores and the d scores in E once (H T (4 + e)). */
+    const int fused = in->dtype == ZPP_BF16 && zpp_attn_head_size_fused(in->n_embd / in->n_head);
+    const double att_layer = fused ? 4 * H : H * T * e;
+    const double att_once = fused ? 4 * H : H * T * (4 + e);
     /* llama_cuda.cu plan(), per token. Kept for the backward, per layer:
-     * the two RMSNorms' rstd, fp32 (8); qkv after RoPE (Wq e); the fused
-     * attention's log-sum-exp per head, fp32 (4H); the attention output
-     * (C e); the mid-block residual, fp32 (4C); gate and up (2F e). With
-     * activation checkpointing one layer's slab, refilled by each
-     * backward. The residual stream's inputs to every layer and the final
-     * one, fp32, are kept either way (4C (L + 1)). */
-    const double slab = 8 + Wq * e + 4 * H + C * e + 4 * C + 2 * F * e;
+     * the two RMSNorms' rstd, fp32 (8); qkv after RoPE (Wq e); the
+     * attention's (att_layer); the attention output (C e); the mid-block
+     * residual, fp32 (4C); gate and up (2F e). With activation
+     * checkpointing one layer's slab, refilled by each backward. The
+     * residual stream's inputs to every layer and the final one, fp32, are
+     * kept either way (4C (L + 1)). */
+    const double slab = 8 + Wq * e + att_layer + C * e + 4 * C + 2 * F * e;
     const double layers = in->recompute ? slab : L * slab;
     /* Once per token: the final norm's output and rstd (C e + 4), the
      * MLP's normed input and SwiGLU output (C e + F e); the backward's
      * scratch: dres and dc, fp32 (8C), dres_e and datty (2C e), dqkv (Wq
-     * e), dgu (2F e), dact (F e); the attention's dsum per head (4H); the
+     * e), dgu (2F e), dact (F e); the attention's scratch (att_once); the
      * d logits the forward leaves for the backward (V e); the head's lse
      * and losses (8); the batch's five integers (cuda_ops.cu, 20). */
-    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + 4 * H + V * e + 4 + 8 + 20;
+    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + att_once + V * e + 4 + 8 + 20;
     /* Per chunk of rows and per shape: the RMSNorm backward's partial
      * column sums (C floats per 64 rows), the RoPE tables (T x hd/2 cos and
      * sin, fp32), the fp32 logits of at most 1024 rows and the kept row. */

@@ -220,9 +220,11 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens);
 
 /* Activation bytes of the CUDA Llama for `tokens` tokens of one rank
  * (llama_cuda.cu plan(): every buffer of its arena, the batch's integers
- * and the cuBLASLt workspace), bf16 working dtype; with in->recompute its
- * checkpointed layout (every layer's residual input, one layer's slab of
- * the rest). 0 without a shape. */
+ * and the cuBLASLt workspace), in in->dtype, with the attention path the
+ * model picks when ZPP_ATTENTION is unset (fused for bf16 with a head dim
+ * of 64 or 128, else the GEMM path and its T x T matrices); with
+ * in->recompute its checkpointed layout (every layer's residual input, one
+ * layer's slab of the rest). 0 without a shape. */
 double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens);
 
 /* The activation bytes of in's family (the two above); what

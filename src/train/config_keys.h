@@ -199,7 +199,8 @@
       "attention (query) heads (HF: num_attention_heads)")                                         \
     X("model.n_embd", INT, model.n_embd, 1, INT_MAX, (64), 0,                                      \
       "channels, a multiple of n_head (HF: hidden_size); llama: the head dim n_embd / n_head "     \
-      "even (RoPE turns pairs), 64 or 128 on the GPU (the CUDA Llama's fused attention)")          \
+      "even (RoPE turns pairs); on the GPU 64 or 128 take the fused attention in bf16, others "    \
+      "the GEMM path (docs/gpus.md)")                                                              \
     X("model.seq_len", INT, model.seq_len, 1, INT_MAX, (64), 0,                                    \
       "T, tokens per sequence (the RoPE tables' positions)")                                       \
     X("model.vocab_size", INT, model.vocab_size, 1, INT_MAX, (256), 0,                             \
