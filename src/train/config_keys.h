@@ -224,8 +224,10 @@
       "llama: an output head of its own (HF: tie_word_embeddings false); false: the token "        \
       "embedding's")                                                                               \
     X("model.qkv_bias", BOOL, model_ext.qkv_bias, 0, 0, (0), 0,                                    \
-      "llama: biases on the q, k and v projections (HF: attention_bias, as Qwen2 has them; an "    \
-      "o_proj bias is not supported)")                                                             \
+      "llama: biases on the q, k and v projections (Qwen2 has them; HF Llama: attention_bias)")    \
+    X("model.o_bias", BOOL, model_ext.o_bias, 0, 0, (0), 0,                                        \
+      "llama: a bias on the attention output projection (HF Llama: attention_bias, with "          \
+      "qkv_bias; Qwen2 and Mistral have none)")                                                    \
     X("model.rope_factor", NUM, model_ext.rope_factor, 0, 0, (0), 0,                               \
       "llama: Llama 3's rope_scaling (rope_type llama3) factor, > 0; 0 = no scaling; when set, "   \
       "the three below are required")                                                              \
