@@ -783,8 +783,190 @@ static void test_refusals(void) {
     llama_free(&m);
 }
 
+/* ---- Mistral and Qwen2 ------------------------------------------------------------- */
+
+/* config.json of arch by hand, as transformers' MistralConfig / Qwen2Config
+ * write it (the keys each has; window the sliding_window, 0 = null); the
+ * tensors as arch_make made them. */
+static void arch_write(const hf_llama *m, zpp_hf_arch arch, int window, const char *dir) {
+    llama_write(m, 0, dir, 0, NULL); /* its config.json replaced below */
+    char path[600], win[32], text[2048];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (window) snprintf(win, sizeof win, "%d", window);
+    else snprintf(win, sizeof win, "null");
+    snprintf(text, sizeof text,
+             "{\n  \"architectures\": [\"%s\"],\n  \"attention_dropout\": 0.0,\n"
+             "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n"
+             "  \"hidden_size\": %d,\n  \"initializer_range\": 0.02,\n"
+             "  \"intermediate_size\": %d,\n  \"max_position_embeddings\": %d,\n%s"
+             "  \"model_type\": \"%s\",\n  \"num_attention_heads\": %d,\n"
+             "  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n"
+             "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 500000.0,\n"
+             "  \"sliding_window\": %s,\n  \"tie_word_embeddings\": false,\n"
+             "  \"torch_dtype\": \"float32\",\n  \"transformers_version\": \"4.44.0\",\n"
+             "  \"use_cache\": true,\n%s  \"vocab_size\": %d\n}\n",
+             zpp_hf_arch_name(arch), C, F, MAX_T,
+             arch == ZPP_HF_QWEN2 ? "  \"max_window_layers\": 2,\n" : "",
+             arch == ZPP_HF_QWEN2 ? "qwen2" : "mistral", H, L, KV, win,
+             arch == ZPP_HF_QWEN2 ? "  \"use_sliding_window\": false,\n" : "", V);
+    zpp_test_write_file(path, text, strlen(text));
+}
+
+/* A Mistral (window 24 >= T) and a Qwen2 folder import (on 2 ranks), save
+ * and export without --hf-config as themselves: the same tensor bytes, and
+ * config.json names the architecture, its model_type and window, and no
+ * attention_bias. */
+static void check_arch_roundtrip(zpp_hf_arch arch, const char *tag, uint64_t stream) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
+    hf_llama m = arch_make(&r, 0, arch);
+    char dir[512], tok[512], cfg[512], ckpt[512], back[512], name[64], a[600], b[600];
+    snprintf(name, sizeof name, "%s_in", tag);
+    arch_write(&m, arch, arch == ZPP_HF_MISTRAL ? 24 : 64, zpp_test_tmp_path(name, dir));
+    run_files(&r, tag, tok, cfg);
+    snprintf(name, sizeof name, "%s_ckpt", tag);
+    import_save(2, dir, tok, cfg, zpp_test_tmp_path(name, ckpt), "");
+    snprintf(name, sizeof name, "%s_back", tag);
+    export_hf(ckpt, zpp_test_tmp_path(name, back), "");
+    snprintf(a, sizeof a, "%s/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/model.safetensors", back);
+    expect_same_file(a, b);
+    snprintf(b, sizeof b, "%s/config.json", back);
+    zpp_hf_config got;
+    EXPECT(zpp_hf_config_read(b, &got) == ZPP_OK, "%s", zpp_last_error());
+    EXPECT(!strcmp(got.architecture, zpp_hf_arch_name(arch)), "%s names %s", b,
+           got.architecture);
+    EXPECT(got.sliding_window == (arch == ZPP_HF_MISTRAL ? 24 : 64), "%s: sliding_window %d", b,
+           got.sliding_window);
+    EXPECT(zpp_test_count_lines(b, arch == ZPP_HF_QWEN2 ? "\"qwen2\"" : "\"mistral\"") == 1 &&
+               zpp_test_count_lines(b, "attention_bias") == 0,
+           "%s: model_type or attention_bias", b);
+    llama_free(&m);
+}
+
+static void test_mistral_roundtrip(void) { check_arch_roundtrip(ZPP_HF_MISTRAL, "mis", 11); }
+static void test_qwen2_roundtrip(void) { check_arch_roundtrip(ZPP_HF_QWEN2, "qw2", 12); }
+
+/* Mistral's and Qwen2's refusals, each one line naming what is wrong: a
+ * window shorter than the run's sequences, a Qwen2 with an o_proj bias or
+ * without its q bias, a Qwen2 sliding its window. */
+static void test_arch_refusals(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(13));
+    char tok[512], cfg[512], dir[512], path[600];
+    run_files(&r, "arf", tok, cfg);
+    hf_llama mis = arch_make(&r, 0, ZPP_HF_MISTRAL);
+    arch_write(&mis, ZPP_HF_MISTRAL, T - 1, zpp_test_tmp_path("arf_window", dir));
+    expect_import_refused("window", dir, tok, cfg, "exceeds 'model.hf_sliding_window' 15");
+    hf_llama qw = arch_make(&r, 0, ZPP_HF_QWEN2);
+    const hf_tensor q0 = qw.t[2]; /* layer 0's q_proj.bias */
+    EXPECT(strstr(q0.name, "layers.0.self_attn.q_proj.bias"), "%s", q0.name);
+    qw.t[qw.n++] = (hf_tensor){"model.layers.0.self_attn.o_proj.bias", 1, {C, 0}, C, q0.x};
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_obias", dir));
+    expect_import_refused("qwen2 o bias", dir, tok, cfg,
+                          "'model.layers.0.self_attn.o_proj.bias' is no part of a "
+                          "Qwen2ForCausalLM");
+    qw.n--;
+    qw.t[2] = qw.t[--qw.n];
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_noq", dir));
+    expect_import_refused("qwen2 q bias", dir, tok, cfg,
+                          "'model.layers.0.self_attn.q_proj.bias' is missing");
+    qw.t[qw.n++] = qw.t[2], qw.t[2] = q0;
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_slide", dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    char *at = strstr(text, "\"use_sliding_window\": false");
+    EXPECT(at, "%s", path);
+    memcpy(at + 22, "true ", 5); /* same length: "false" -> "true " */
+    zpp_test_write_file(path, text, n);
+    free(text);
+    expect_import_refused("qwen2 sliding", dir, tok, cfg, "use_sliding_window must be false");
+    llama_free(&mis);
+    llama_free(&qw);
+}
+
+/* ---- zeropp eval --init-from DIR --------------------------------------------------- */
+
+/* The CPU model's mean loss over K batches of B sequences read from the
+ * token file as llm.c's loader does (batch i: tokens [i B T, (i+1) B T],
+ * targets one later), on units built by unit_of (not the importer). */
+static double direct_loss(const hf_llama *m, const char *tok, int B, int K) {
+    zpp_decoder_shape shape = test_shape(V);
+    zpp_device *dev;
+    zpp_model *model;
+    EXPECT(zpp_device_create_host(&dev) == ZPP_OK);
+    EXPECT(zpp_model_family_create("llama", &shape, ZPP_FP32, B, dev, &model) == ZPP_OK, "%s",
+           zpp_last_error());
+    float *units[L + 1];
+    for (int u = 0; u <= L; u++) {
+        units[u] = zpp_test_malloc(model->unit_numel[u] * sizeof(float));
+        EXPECT(unit_of(m, u, V, units[u], model->unit_numel[u]) == model->unit_numel[u]);
+    }
+    size_t n;
+    unsigned char *b = read_file(tok, &n);
+    int32_t *ids = zpp_test_malloc((size_t)(B * T + 1) * sizeof(int32_t));
+    double sum = 0.0;
+    for (int i = 0; i < K; i++) {
+        for (int j = 0; j <= B * T; j++) {
+            uint16_t x;
+            memcpy(&x, b + 1024 + 2 * ((size_t)i * B * T + (size_t)j), 2);
+            ids[j] = x;
+        }
+        EXPECT(model->ops->set_batch(model, ids, ids + 1, B) == ZPP_OK);
+        for (int s = 0; s < model->n_stages; s++)
+            EXPECT(model->ops->forward(model, s, units[model->stage_unit[s]]) == ZPP_OK);
+        sum += model->ops->loss(model);
+    }
+    for (int u = 0; u <= L; u++) free(units[u]);
+    free(ids), free(b);
+    model->ops->destroy(model);
+    zpp_device_destroy(dev);
+    return sum / K;
+}
+
+/* A bf16 folder (all four biases, sharded) scored by `zeropp eval
+ * --init-from DIR` gives the loss of the CPU model on the folder's values
+ * placed by the test's own layout: a tensor read into the wrong place, a
+ * bias dropped or the batches misread moves it by far more than the
+ * printed digits' 1e-8. Without --seq-len, T is max_position_embeddings;
+ * a Mistral window below it is refused. */
+static void test_eval_init_from(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(14));
+    hf_llama m = llama_make(&r, 1);
+    char dir[512], tok[512], cfg[512], out[512], err[512];
+    llama_write(&m, 1, zpp_test_tmp_path("ev_in", dir), 3000, NULL);
+    run_files(&r, "ev", tok, cfg);
+    zpp_test_tmp_path("ev_out.txt", out), zpp_test_tmp_path("ev_err.txt", err);
+    const int rc = zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                                    "--batches 3 --seq-len %d --json", dir, tok, T);
+    EXPECT(rc == 0, "eval --init-from %s failed (%d); see %s", dir, rc, err);
+    size_t n;
+    char *text = (char *)read_file(out, &n);
+    text[n] = 0;
+    const char *p = strstr(text, "\"loss\": ");
+    EXPECT(p, "no loss in %s", out);
+    const double got = strtod(p + 8, NULL), want = direct_loss(&m, tok, 2, 3);
+    free(text);
+    EXPECT(isfinite(want) && fabs(got - want) <= 1e-7 * want, "eval %.9g, the CPU model %.9g",
+           got, want);
+    /* T = max_position_embeddings (32): 3 batches of 2 x 32 tokens fit the 4000 */
+    EXPECT(zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                            "--batches 3", dir, tok) == 0, "see %s", err);
+    hf_llama mis = arch_make(&r, 0, ZPP_HF_MISTRAL);
+    arch_write(&mis, ZPP_HF_MISTRAL, T, zpp_test_tmp_path("ev_mistral", dir));
+    EXPECT(zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                            "--batches 3", dir, tok) != 0 &&
+               zpp_test_count_lines(err, "sliding_window 16 is shorter than the run's "
+                                         "32-token sequences") == 1,
+           "eval of a Mistral past its window: see %s", err);
+    llama_free(&mis);
+    llama_free(&m);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
           ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
-          ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals))
+          ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals),
+          ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
+          ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from))
