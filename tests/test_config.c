@@ -45,6 +45,7 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_WARMUP_TYPE CMP_FIELD
 #define CMP_DATA_ORDER CMP_FIELD
 #define CMP_FAMILY CMP_FIELD
+#define CMP_HF_ARCH CMP_FIELD
 #define CMP_STAGE CMP_FIELD
 #define CMP_IGNORED CMP_NONE
 #define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
@@ -160,6 +161,8 @@ static void test_every_key_parsed(void) {
         const int llama = irand(&r, 0, 1);
         const int kvh = llama ? irand(&r, 0, n_head) : 0, ffn = llama ? irand(&r, 0, 1000) : 0;
         const int untied = llama ? irand(&r, 0, 1) : 0, qkvb = llama ? irand(&r, 0, 1) : 0;
+        const int ob = llama ? irand(&r, 0, 1) : 0, arch = llama ? irand(&r, 0, 2) : 0;
+        const int win = arch ? seq_len + irand(&r, 0, 100) : 0; /* >= seq_len: Mistral's rule */
         const int rorig = llama ? irand(&r, 0, 100000) : 0;
         const double theta = llama ? 1 + zpp_rng_uniform(&r) * 1e6 : 0;
         const double neps = llama ? zpp_rng_uniform(&r) * 1e-4 : 0;
@@ -198,7 +201,9 @@ static void test_every_key_parsed(void) {
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d,\n"
                  "      \"n_kv_head\": %d, \"n_ffn\": %d, \"rope_theta\": %.17g,\n"
                  "      \"norm_eps\": %.17g,\n"
-                 "      \"untied_head\": %s, \"qkv_bias\": %s, \"rope_factor\": %.17g,\n"
+                 "      \"untied_head\": %s, \"qkv_bias\": %s, \"o_bias\": %s,\n"
+                 "      \"hf_architecture\": \"%s\", \"hf_sliding_window\": %d,\n"
+                 "      \"rope_factor\": %.17g,\n"
                  "      \"rope_low_freq_factor\": %.17g, \"rope_high_freq_factor\": %.17g,\n"
                  "      \"rope_original_max_pos\": %d},\n"
                  "  \"zeropp\": {\"train_steps\": %d, \"seed\": %lld, \"eval_every\": %d,\n"
@@ -214,7 +219,8 @@ static void test_every_key_parsed(void) {
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
                  reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt,
                  llama ? "llama" : "gpt2", n_layer, n_head, n_embd, seq_len, vocab, real_vocab,
-                 kvh, ffn, theta, neps, untied ? "true" : "false", qkvb ? "true" : "false", rf,
+                 kvh, ffn, theta, neps, untied ? "true" : "false", qkvb ? "true" : "false",
+                 ob ? "true" : "false", zpp_hf_arch_name((zpp_hf_arch)arch), win, rf,
                  rlo, rhi, rorig, steps, seed, ev, eb, se, stok, kc, cts, sts,
                  prune ? "true" : "false", sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak, ckpt ? "true" : "false");
@@ -246,6 +252,8 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.model_family == (llama ? ZPP_FAMILY_LLAMA : ZPP_FAMILY_GPT2) &&
                x->n_kv_head == kvh && x->n_ffn == ffn && x->rope_theta == theta &&
                x->norm_eps == neps && x->untied_head == untied && x->qkv_bias == qkvb &&
+               x->o_bias == ob && cfg.hf_architecture == (zpp_hf_arch)arch &&
+               cfg.hf_sliding_window == win &&
                x->rope_factor == rf && x->rope_low_freq_factor == rlo &&
                x->rope_high_freq_factor == rhi && x->rope_original_max_pos == rorig);
         EXPECT(cfg.train_steps == steps && cfg.seed == (uint64_t)seed && cfg.eval_every == ev &&

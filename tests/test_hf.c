@@ -7,12 +7,16 @@
  * test's own, from LlamaForCausalLM's modules, not hf_model.c's; the files
  * go through the safetensors writer (tested on its own in
  * test_safetensors.c). The shape makes mapping mistakes show: grouped-query
- * attention 4:2, an untied head, q/k/v biases with o_proj's zero bias,
+ * attention 4:2, an untied head, q/k/v and o_proj biases (nonzero),
  * shards of the ranks cutting through tensors, rows of different tensors of
  * different sizes. Importing and exporting back must give the same bytes,
  * so a tensor read from the wrong place, a transposed slice or a lost row
  * changes the export. The exported headers are checked by a validator of
- * the test's own, from the format's rules.
+ * the test's own, from the format's rules. MistralForCausalLM (no biases,
+ * a sliding window) and Qwen2ForCausalLM (q/k/v biases only) folders, their
+ * config.json written by hand as transformers writes them, import and
+ * export as themselves. `zeropp eval --init-from DIR` scores a folder as
+ * the CPU model does on the units built here.
  *
  * ZPP_CLI (the zeropp command) and ZPP_MPIEXEC (mpirun) come from ctest. */
 #define _GNU_SOURCE
@@ -83,9 +87,8 @@ typedef struct hf_llama {
 } hf_llama;
 
 /* Kinds of values: matrices 0.25 N (attention logits far from uniform),
- * embeddings 0.5 N, norm gains 1 + 0.3 N, biases 0.1 N; o_proj's bias is
- * zero (the model has none: it must be, hf_model.h). */
-enum { MAT, EMB, GAIN, BIAS, ZERO };
+ * embeddings 0.5 N, norm gains 1 + 0.3 N, biases 0.1 N. */
+enum { MAT, EMB, GAIN, BIAS };
 
 /* The files' dtype by code: 0 fp32, 1 bf16, 2 fp16 (the flag "bf16" below). */
 static zpp_dtype dt_of(int code) { return code == 1 ? ZPP_BF16 : code == 2 ? ZPP_FP16 : ZPP_FP32; }
@@ -103,8 +106,7 @@ static void add(hf_llama *m, zpp_rng *r, int bf16, int kind, const char *name, i
         const double v = kind == MAT    ? 0.25 * z
                          : kind == EMB  ? 0.5 * z
                          : kind == GAIN ? 1.0 + 0.3 * z
-                         : kind == BIAS ? 0.1 * z
-                                        : 0.0;
+                                        : 0.1 * z;
         t->x[i] = (float)v;
         float h = 0; /* rounded to the file's dtype, here, once (room for any) */
         zpp_store_f32(&h, dt_of(bf16), 0, (float)v);
@@ -112,10 +114,12 @@ static void add(hf_llama *m, zpp_rng *r, int bf16, int kind, const char *name, i
     }
 }
 
-/* LlamaForCausalLM's state_dict, in its order: the embedding, each layer's
- * self_attn (q, k, v, o, each weight then bias), mlp (gate, up, down) and
- * its two norms, the final norm, the head. */
-static hf_llama llama_make(zpp_rng *r, int bf16) {
+/* The state_dict of `arch`'s model (LlamaForCausalLM with attention_bias:
+ * q, k, v and o biases; Mistral: none; Qwen2: q, k and v's), in its order:
+ * the embedding, each layer's self_attn (q, k, v, o, each weight then
+ * bias), mlp (gate, up, down) and its two norms, the final norm, the
+ * head. */
+static hf_llama arch_make(zpp_rng *r, int bf16, zpp_hf_arch arch) {
     hf_llama m;
     memset(&m, 0, sizeof m);
     add(&m, r, bf16, EMB, "model.embed_tokens.weight", V, C);
@@ -127,7 +131,8 @@ static hf_llama llama_make(zpp_rng *r, int bf16) {
             snprintf(n, sizeof n, "model.layers.%d.self_attn.%s_proj.weight", l, proj[p]);
             add(&m, r, bf16, MAT, n, rows, C);
             snprintf(n, sizeof n, "model.layers.%d.self_attn.%s_proj.bias", l, proj[p]);
-            add(&m, r, bf16, p == 3 ? ZERO : BIAS, n, rows, 0);
+            if (arch == ZPP_HF_LLAMA || (arch == ZPP_HF_QWEN2 && p < 3))
+                add(&m, r, bf16, BIAS, n, rows, 0);
         }
         snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.weight", l);
         add(&m, r, bf16, MAT, n, F, C);
@@ -143,16 +148,18 @@ static hf_llama llama_make(zpp_rng *r, int bf16) {
     add(&m, r, bf16, GAIN, "model.norm.weight", C, 0);
     add(&m, r, bf16, EMB, "lm_head.weight", V, C);
     zpp_hf_config *c = &m.cfg;
-    snprintf(c->architecture, sizeof c->architecture, "LlamaForCausalLM");
+    snprintf(c->architecture, sizeof c->architecture, "%s", zpp_hf_arch_name(arch));
     c->hidden_size = C, c->intermediate_size = F, c->num_hidden_layers = L;
     c->num_attention_heads = H, c->num_key_value_heads = KV, c->head_dim = HD;
     c->vocab_size = V, c->max_position_embeddings = MAX_T;
     c->rms_norm_eps = 1e-5, c->rope_theta = 500000.0;
-    c->attention_bias = 1, c->tie_word_embeddings = 0;
+    c->attention_bias = arch == ZPP_HF_LLAMA, c->tie_word_embeddings = 0;
     c->torch_dtype = dt_of(bf16);
     c->bos_token_id = 1, c->n_eos = 1, c->eos_token_id[0] = 2;
     return m;
 }
+
+static hf_llama llama_make(zpp_rng *r, int bf16) { return arch_make(r, bf16, ZPP_HF_LLAMA); }
 
 static void llama_free(hf_llama *m) {
     for (int i = 0; i < m->n; i++) free(m->t[i].x);
@@ -521,10 +528,43 @@ static size_t put(float *unit, size_t at, const hf_tensor *t) {
     return at + t->numel;
 }
 
+/* The llama (all four biases, untied) of the test's shape, vocabulary
+ * padded to Vp, at seq_len T. */
+static zpp_decoder_shape test_shape(int Vp) {
+    return (zpp_decoder_shape){.n_layer = L, .n_head = H, .n_kv_head = KV, .n_embd = C,
+                               .n_ffn = F, .seq_len = T, .vocab_size = Vp, .real_vocab_size = V,
+                               .rope_theta = 500000.0, .norm_eps = 1e-5, .untied_head = 1,
+                               .qkv_bias = 1, .o_bias = 1};
+}
+
+/* Unit u of m in model/llama.h's layout, as its table says (unit 0: wte
+ * (Vp rows, the padding zero), norm_f, head (Vp rows); a block: norm1,
+ * [q | k | v] rows, their biases, wo, bo, norm2, [gate | up] rows, down);
+ * returns its element count. */
+static size_t unit_of(const hf_llama *m, int u, int Vp, float *want, size_t numel) {
+    memset(want, 0, numel * sizeof(float));
+    size_t at = 0;
+    if (u == 0) {
+        put(want, 0, find(m, -1, "model.embed_tokens.weight")); /* rows V..Vp-1: zero */
+        at = put(want, (size_t)Vp * C, find(m, -1, "model.norm.weight"));
+        put(want, at, find(m, -1, "lm_head.weight"));
+        return at + (size_t)Vp * C;
+    }
+    static const char *const order[] = {
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+        "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
+        "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight"};
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
+        at = put(want, at, find(m, u - 1, order[k]));
+    return at;
+}
+
 /* The units of model/llama.h's layout, built here from its table (unit 0:
  * wte (Vp rows, the padding zero), norm_f, head (Vp rows); a block: norm1,
- * [q | k | v] rows, their biases, wo, norm2, [gate | up] rows, down), each
- * read through zpp_hf_model_read_unit whole and in random ranges: a round
+ * [q | k | v] rows, their biases, wo, bo, norm2, [gate | up] rows, down),
+ * each read through zpp_hf_model_read_unit whole and in random ranges: a round
  * trip cannot see a mapping that import and export get wrong alike (k and
  * v swapped both ways), this can. Vocabulary padded from 37 to 48. */
 static void test_unit_layout(void) {
@@ -535,10 +575,7 @@ static void test_unit_layout(void) {
     zpp_hf_model *hm = NULL;
     EXPECT(zpp_hf_model_open(dir, &hm) == ZPP_OK, "%s", zpp_last_error());
     const int Vp = 48;
-    zpp_decoder_shape shape = {.n_layer = L, .n_head = H, .n_kv_head = KV, .n_embd = C,
-                               .n_ffn = F, .seq_len = T, .vocab_size = Vp, .real_vocab_size = V,
-                               .rope_theta = 500000.0, .norm_eps = 1e-5, .untied_head = 1,
-                               .qkv_bias = 1};
+    zpp_decoder_shape shape = test_shape(Vp);
     zpp_llama_config lc;
     EXPECT(zpp_llama_config_of_shape(&shape, &lc) == ZPP_OK, "%s", zpp_last_error());
     zpp_llama_layout lay;
@@ -546,24 +583,7 @@ static void test_unit_layout(void) {
     for (int u = 0; u <= L; u++) {
         const size_t numel = u ? lay.block_numel : lay.embed_numel;
         float *want = zpp_test_malloc(numel * sizeof(float)), *got = zpp_test_malloc(numel * 4);
-        memset(want, 0, numel * sizeof(float));
-        size_t at = 0;
-        if (u == 0) {
-            put(want, 0, find(&m, -1, "model.embed_tokens.weight")); /* rows V..Vp-1: zero */
-            at = put(want, (size_t)Vp * C, find(&m, -1, "model.norm.weight"));
-            put(want, at, find(&m, -1, "lm_head.weight"));
-            at += (size_t)Vp * C;
-        } else {
-            const int l = u - 1;
-            static const char *const order[] = {
-                "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
-                "self_attn.v_proj.bias", "self_attn.o_proj.weight",
-                "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                "mlp.down_proj.weight"};
-            for (size_t k = 0; k < sizeof order / sizeof order[0]; k++)
-                at = put(want, at, find(&m, l, order[k]));
-        }
+        const size_t at = unit_of(&m, u, Vp, want, numel);
         EXPECT(at == numel, "unit %d: the test's layout has %zu elements, llama.h's %zu", u, at,
                numel);
         EXPECT(zpp_hf_model_read_unit(hm, &lc, u, 0, numel, got) == ZPP_OK, "%s",
@@ -692,10 +712,11 @@ static void test_refusals(void) {
     char *at = strstr(text, "LlamaForCausalLM");
     EXPECT(at, "no architecture in %s", path);
     char *edited = zpp_test_malloc(n + 16);
-    snprintf(edited, n + 16, "%.*sMistralForCausalLM%s", (int)(at - text), text, at + 16);
+    snprintf(edited, n + 16, "%.*sQwen3ForCausalLM%s", (int)(at - text), text, at + 16);
     zpp_test_write_file(path, edited, strlen(edited));
     free(text), free(edited);
-    expect_import_refused("architecture", dir, tok, cfg, "MistralForCausalLM");
+    expect_import_refused("architecture", dir, tok, cfg,
+                          "architecture 'Qwen3ForCausalLM' is not supported");
     /* the tensor list as made, restored after each case (the values are shared) */
     hf_tensor orig[4 + 14 * L];
     const int n_orig = m.n, K1 = 1 + 13 + 2; /* layer 1's k_proj.weight */
@@ -720,12 +741,17 @@ static void test_refusals(void) {
     llama_write(&m, 1, zpp_test_tmp_path("bad_shape", dir), 0, NULL);
     expect_import_refused("shape", dir, tok, cfg, "has shape [24, 32]");
     memcpy(m.t, orig, sizeof orig), m.n = n_orig;
-    /* a nonzero o_proj bias, which the model cannot hold */
-    m.t[8].x[3] = 0.5f;
-    EXPECT(strstr(m.t[8].name, "o_proj.bias"), "%s", m.t[8].name);
+    /* attention_bias with o_proj's bias missing, or of the wrong length */
+    EXPECT(strstr(m.t[8].name, "layers.0.self_attn.o_proj.bias"), "%s", m.t[8].name);
+    m.t[8] = m.t[--m.n];
     llama_write(&m, 1, zpp_test_tmp_path("bad_obias", dir), 0, NULL);
-    expect_import_refused("o bias", dir, tok, cfg, "o_proj.bias' has a nonzero element 3");
-    m.t[8].x[3] = 0.0f;
+    expect_import_refused("o bias missing", dir, tok, cfg,
+                          "'model.layers.0.self_attn.o_proj.bias' is missing");
+    memcpy(m.t, orig, sizeof orig), m.n = n_orig;
+    m.t[8].shape[0] = C - HD, m.t[8].numel = C - HD;
+    llama_write(&m, 1, zpp_test_tmp_path("bad_obias_len", dir), 0, NULL);
+    expect_import_refused("o bias length", dir, tok, cfg, "o_proj.bias' has shape [24]");
+    memcpy(m.t, orig, sizeof orig), m.n = n_orig;
     /* a dtype the model has no use for: the first tensor's F32 made I32 in
      * the header (same width: the file stays valid safetensors) */
     llama_write(&m, 0, zpp_test_tmp_path("bad_dtype", dir), 0, NULL);
@@ -757,8 +783,190 @@ static void test_refusals(void) {
     llama_free(&m);
 }
 
+/* ---- Mistral and Qwen2 ------------------------------------------------------------- */
+
+/* config.json of arch by hand, as transformers' MistralConfig / Qwen2Config
+ * write it (the keys each has; window the sliding_window, 0 = null); the
+ * tensors as arch_make made them. */
+static void arch_write(const hf_llama *m, zpp_hf_arch arch, int window, const char *dir) {
+    llama_write(m, 0, dir, 0, NULL); /* its config.json replaced below */
+    char path[600], win[32], text[2048];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (window) snprintf(win, sizeof win, "%d", window);
+    else snprintf(win, sizeof win, "null");
+    snprintf(text, sizeof text,
+             "{\n  \"architectures\": [\"%s\"],\n  \"attention_dropout\": 0.0,\n"
+             "  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"hidden_act\": \"silu\",\n"
+             "  \"hidden_size\": %d,\n  \"initializer_range\": 0.02,\n"
+             "  \"intermediate_size\": %d,\n  \"max_position_embeddings\": %d,\n%s"
+             "  \"model_type\": \"%s\",\n  \"num_attention_heads\": %d,\n"
+             "  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": %d,\n"
+             "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": 500000.0,\n"
+             "  \"sliding_window\": %s,\n  \"tie_word_embeddings\": false,\n"
+             "  \"torch_dtype\": \"float32\",\n  \"transformers_version\": \"4.44.0\",\n"
+             "  \"use_cache\": true,\n%s  \"vocab_size\": %d\n}\n",
+             zpp_hf_arch_name(arch), C, F, MAX_T,
+             arch == ZPP_HF_QWEN2 ? "  \"max_window_layers\": 2,\n" : "",
+             arch == ZPP_HF_QWEN2 ? "qwen2" : "mistral", H, L, KV, win,
+             arch == ZPP_HF_QWEN2 ? "  \"use_sliding_window\": false,\n" : "", V);
+    zpp_test_write_file(path, text, strlen(text));
+}
+
+/* A Mistral (window 24 >= T) and a Qwen2 folder import (on 2 ranks), save
+ * and export without --hf-config as themselves: the same tensor bytes, and
+ * config.json names the architecture, its model_type and window, and no
+ * attention_bias. */
+static void check_arch_roundtrip(zpp_hf_arch arch, const char *tag, uint64_t stream) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
+    hf_llama m = arch_make(&r, 0, arch);
+    char dir[512], tok[512], cfg[512], ckpt[512], back[512], name[64], a[600], b[600];
+    snprintf(name, sizeof name, "%s_in", tag);
+    arch_write(&m, arch, arch == ZPP_HF_MISTRAL ? 24 : 64, zpp_test_tmp_path(name, dir));
+    run_files(&r, tag, tok, cfg);
+    snprintf(name, sizeof name, "%s_ckpt", tag);
+    import_save(2, dir, tok, cfg, zpp_test_tmp_path(name, ckpt), "");
+    snprintf(name, sizeof name, "%s_back", tag);
+    export_hf(ckpt, zpp_test_tmp_path(name, back), "");
+    snprintf(a, sizeof a, "%s/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/model.safetensors", back);
+    expect_same_file(a, b);
+    snprintf(b, sizeof b, "%s/config.json", back);
+    zpp_hf_config got;
+    EXPECT(zpp_hf_config_read(b, &got) == ZPP_OK, "%s", zpp_last_error());
+    EXPECT(!strcmp(got.architecture, zpp_hf_arch_name(arch)), "%s names %s", b,
+           got.architecture);
+    EXPECT(got.sliding_window == (arch == ZPP_HF_MISTRAL ? 24 : 64), "%s: sliding_window %d", b,
+           got.sliding_window);
+    EXPECT(zpp_test_count_lines(b, arch == ZPP_HF_QWEN2 ? "\"qwen2\"" : "\"mistral\"") == 1 &&
+               zpp_test_count_lines(b, "attention_bias") == 0,
+           "%s: model_type or attention_bias", b);
+    llama_free(&m);
+}
+
+static void test_mistral_roundtrip(void) { check_arch_roundtrip(ZPP_HF_MISTRAL, "mis", 11); }
+static void test_qwen2_roundtrip(void) { check_arch_roundtrip(ZPP_HF_QWEN2, "qw2", 12); }
+
+/* Mistral's and Qwen2's refusals, each one line naming what is wrong: a
+ * window shorter than the run's sequences, a Qwen2 with an o_proj bias or
+ * without its q bias, a Qwen2 sliding its window. */
+static void test_arch_refusals(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(13));
+    char tok[512], cfg[512], dir[512], path[600];
+    run_files(&r, "arf", tok, cfg);
+    hf_llama mis = arch_make(&r, 0, ZPP_HF_MISTRAL);
+    arch_write(&mis, ZPP_HF_MISTRAL, T - 1, zpp_test_tmp_path("arf_window", dir));
+    expect_import_refused("window", dir, tok, cfg, "exceeds 'model.hf_sliding_window' 15");
+    hf_llama qw = arch_make(&r, 0, ZPP_HF_QWEN2);
+    const hf_tensor q0 = qw.t[2]; /* layer 0's q_proj.bias */
+    EXPECT(strstr(q0.name, "layers.0.self_attn.q_proj.bias"), "%s", q0.name);
+    qw.t[qw.n++] = (hf_tensor){"model.layers.0.self_attn.o_proj.bias", 1, {C, 0}, C, q0.x};
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_obias", dir));
+    expect_import_refused("qwen2 o bias", dir, tok, cfg,
+                          "'model.layers.0.self_attn.o_proj.bias' is no part of a "
+                          "Qwen2ForCausalLM");
+    qw.n--;
+    qw.t[2] = qw.t[--qw.n];
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_noq", dir));
+    expect_import_refused("qwen2 q bias", dir, tok, cfg,
+                          "'model.layers.0.self_attn.q_proj.bias' is missing");
+    qw.t[qw.n++] = qw.t[2], qw.t[2] = q0;
+    arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_slide", dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    char *at = strstr(text, "\"use_sliding_window\": false");
+    EXPECT(at, "%s", path);
+    memcpy(at + 22, "true ", 5); /* same length: "false" -> "true " */
+    zpp_test_write_file(path, text, n);
+    free(text);
+    expect_import_refused("qwen2 sliding", dir, tok, cfg, "use_sliding_window must be false");
+    llama_free(&mis);
+    llama_free(&qw);
+}
+
+/* ---- zeropp eval --init-from DIR --------------------------------------------------- */
+
+/* The CPU model's mean loss over K batches of B sequences read from the
+ * token file as llm.c's loader does (batch i: tokens [i B T, (i+1) B T],
+ * targets one later), on units built by unit_of (not the importer). */
+static double direct_loss(const hf_llama *m, const char *tok, int B, int K) {
+    zpp_decoder_shape shape = test_shape(V);
+    zpp_device *dev;
+    zpp_model *model;
+    EXPECT(zpp_device_create_host(&dev) == ZPP_OK);
+    EXPECT(zpp_model_family_create("llama", &shape, ZPP_FP32, B, dev, &model) == ZPP_OK, "%s",
+           zpp_last_error());
+    float *units[L + 1];
+    for (int u = 0; u <= L; u++) {
+        units[u] = zpp_test_malloc(model->unit_numel[u] * sizeof(float));
+        EXPECT(unit_of(m, u, V, units[u], model->unit_numel[u]) == model->unit_numel[u]);
+    }
+    size_t n;
+    unsigned char *b = read_file(tok, &n);
+    int32_t *ids = zpp_test_malloc((size_t)(B * T + 1) * sizeof(int32_t));
+    double sum = 0.0;
+    for (int i = 0; i < K; i++) {
+        for (int j = 0; j <= B * T; j++) {
+            uint16_t x;
+            memcpy(&x, b + 1024 + 2 * ((size_t)i * B * T + (size_t)j), 2);
+            ids[j] = x;
+        }
+        EXPECT(model->ops->set_batch(model, ids, ids + 1, B) == ZPP_OK);
+        for (int s = 0; s < model->n_stages; s++)
+            EXPECT(model->ops->forward(model, s, units[model->stage_unit[s]]) == ZPP_OK);
+        sum += model->ops->loss(model);
+    }
+    for (int u = 0; u <= L; u++) free(units[u]);
+    free(ids), free(b);
+    model->ops->destroy(model);
+    zpp_device_destroy(dev);
+    return sum / K;
+}
+
+/* A bf16 folder (all four biases, sharded) scored by `zeropp eval
+ * --init-from DIR` gives the loss of the CPU model on the folder's values
+ * placed by the test's own layout: a tensor read into the wrong place, a
+ * bias dropped or the batches misread moves it by far more than the
+ * printed digits' 1e-8. Without --seq-len, T is max_position_embeddings;
+ * a Mistral window below it is refused. */
+static void test_eval_init_from(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(14));
+    hf_llama m = llama_make(&r, 1);
+    char dir[512], tok[512], cfg[512], out[512], err[512];
+    llama_write(&m, 1, zpp_test_tmp_path("ev_in", dir), 3000, NULL);
+    run_files(&r, "ev", tok, cfg);
+    zpp_test_tmp_path("ev_out.txt", out), zpp_test_tmp_path("ev_err.txt", err);
+    const int rc = zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                                    "--batches 3 --seq-len %d --json", dir, tok, T);
+    EXPECT(rc == 0, "eval --init-from %s failed (%d); see %s", dir, rc, err);
+    size_t n;
+    char *text = (char *)read_file(out, &n);
+    text[n] = 0;
+    const char *p = strstr(text, "\"loss\": ");
+    EXPECT(p, "no loss in %s", out);
+    const double got = strtod(p + 8, NULL), want = direct_loss(&m, tok, 2, 3);
+    free(text);
+    EXPECT(isfinite(want) && fabs(got - want) <= 1e-7 * want, "eval %.9g, the CPU model %.9g",
+           got, want);
+    /* T = max_position_embeddings (32): 3 batches of 2 x 32 tokens fit the 4000 */
+    EXPECT(zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                            "--batches 3", dir, tok) == 0, "see %s", err);
+    hf_llama mis = arch_make(&r, 0, ZPP_HF_MISTRAL);
+    arch_write(&mis, ZPP_HF_MISTRAL, T, zpp_test_tmp_path("ev_mistral", dir));
+    EXPECT(zpp_test_run_cli(0, out, err, "eval --init-from %s --data %s --batch-size 2 "
+                            "--batches 3", dir, tok) != 0 &&
+               zpp_test_count_lines(err, "sliding_window 16 is shorter than the run's "
+                                         "32-token sequences") == 1,
+           "eval of a Mistral past its window: see %s", err);
+    llama_free(&mis);
+    llama_free(&m);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
           ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
-          ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals))
+          ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals),
+          ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
+          ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from))

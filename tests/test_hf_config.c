@@ -1,7 +1,8 @@
 /* test_hf_config.c — Llama-family config.json (src/train/hf_config.h):
- * random configs written and read back equal, field for field and bit for
- * bit; a Llama-3.2-1B-shaped file read with its defaults; every refusal,
- * the message naming the key. */
+ * random configs of the three architectures written and read back equal,
+ * field for field and bit for bit; Llama-3.2-1B-, Mistral-7B- and
+ * Qwen2.5-shaped files read with their defaults; every refusal, the
+ * message naming the key. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,8 @@ static double drand(zpp_rng *r, double hi) { return hi * (0.001 + 0.998 * zpp_rn
 static zpp_hf_config rand_config(zpp_rng *r) {
     zpp_hf_config c;
     memset(&c, 0, sizeof c);
-    strcpy(c.architecture, "LlamaForCausalLM");
+    const zpp_hf_arch arch = (zpp_hf_arch)irand(r, 0, ZPP_HF_N_ARCH - 1);
+    strcpy(c.architecture, zpp_hf_arch_name(arch));
     c.num_key_value_heads = irand(r, 1, 8);
     c.num_attention_heads = c.num_key_value_heads * irand(r, 1, 4);
     c.head_dim = 8 * irand(r, 1, 32);
@@ -42,7 +44,8 @@ static zpp_hf_config rand_config(zpp_rng *r) {
         c.rope_scaling.original_max_position_embeddings = irand(r, 1, 16384);
     }
     c.tie_word_embeddings = irand(r, 0, 1);
-    c.attention_bias = irand(r, 0, 1);
+    c.attention_bias = arch == ZPP_HF_LLAMA ? irand(r, 0, 1) : 0;
+    c.sliding_window = arch == ZPP_HF_LLAMA ? 0 : irand(r, 0, 1) * irand(r, 1, 131072);
     c.torch_dtype = (zpp_dtype)irand(r, 0, 2);
     c.bos_token_id = irand(r, -1, 200000);
     c.n_eos = irand(r, 0, ZPP_HF_MAX_EOS);
@@ -57,12 +60,14 @@ static void expect_equal(const zpp_hf_config *a, const zpp_hf_config *b) {
                       a->num_attention_heads, a->num_key_value_heads, a->head_dim, a->vocab_size,
                       a->max_position_embeddings, a->tie_word_embeddings, a->attention_bias,
                       (int)a->torch_dtype, a->bos_token_id, a->n_eos, a->eos_is_list,
-                      a->rope_scaling.llama3, a->rope_scaling.original_max_position_embeddings};
+                      a->rope_scaling.llama3, a->rope_scaling.original_max_position_embeddings,
+                      a->sliding_window};
     const int ib[] = {b->hidden_size, b->intermediate_size, b->num_hidden_layers,
                       b->num_attention_heads, b->num_key_value_heads, b->head_dim, b->vocab_size,
                       b->max_position_embeddings, b->tie_word_embeddings, b->attention_bias,
                       (int)b->torch_dtype, b->bos_token_id, b->n_eos, b->eos_is_list,
-                      b->rope_scaling.llama3, b->rope_scaling.original_max_position_embeddings};
+                      b->rope_scaling.llama3, b->rope_scaling.original_max_position_embeddings,
+                      b->sliding_window};
     for (size_t i = 0; i < sizeof ia / sizeof ia[0]; i++)
         EXPECT(ia[i] == ib[i], "int field %zu: %d != %d", i, ia[i], ib[i]);
     for (int i = 0; i < a->n_eos; i++) EXPECT(a->eos_token_id[i] == b->eos_token_id[i]);
@@ -138,14 +143,114 @@ static void test_llama_1b(void) {
     EXPECT(!c.tie_word_embeddings && !c.attention_bias);
 }
 
-/* llama_1b with `from` replaced by `to` (both must be in it). */
-static char *edit(const char *from, const char *to) {
-    const char *at = strstr(llama_1b, from);
+/* Mistral 7B v0.1's config.json: a sliding window of 4096 over 32768
+ * positions, no biases. */
+static const char *mistral_7b =
+    "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, \"eos_token_id\": 2,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768,"
+    " \"model_type\": \"mistral\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
+    " \"sliding_window\": 4096, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.34.0.dev0\", \"use_cache\": true, \"vocab_size\": 32000}";
+
+/* Qwen2.5 0.5B's config.json: q/k/v biases (no key says so), the window
+ * keys off. */
+static const char *qwen2_05b =
+    "{\"architectures\": [\"Qwen2ForCausalLM\"], \"attention_dropout\": 0.0,"
+    " \"bos_token_id\": 151643, \"eos_token_id\": 151643, \"hidden_act\": \"silu\","
+    " \"hidden_size\": 896, \"initializer_range\": 0.02, \"intermediate_size\": 4864,"
+    " \"max_position_embeddings\": 32768, \"max_window_layers\": 24, \"model_type\": \"qwen2\","
+    " \"num_attention_heads\": 14, \"num_hidden_layers\": 24, \"num_key_value_heads\": 2,"
+    " \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"sliding_window\": 32768,"
+    " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.40.1\", \"use_cache\": true, \"use_sliding_window\": false,"
+    " \"vocab_size\": 151936}";
+
+/* Mistral and Qwen2 read as the Llama they are: their biases by
+ * architecture, the window kept; a Mistral's window bounds the sequence. */
+static void test_mistral_and_qwen2(void) {
+    zpp_hf_config c;
+    int qkv = -1, o = -1;
+    EXPECT_OK(zpp_hf_config_parse(mistral_7b, "mistral-7b", &c));
+    EXPECT(zpp_hf_config_arch(&c) == ZPP_HF_MISTRAL && c.sliding_window == 4096);
+    EXPECT(c.hidden_size == 4096 && c.num_key_value_heads == 8 && c.head_dim == 128);
+    zpp_hf_biases(&c, &qkv, &o);
+    EXPECT(qkv == 0 && o == 0, "mistral biases %d %d", qkv, o);
+    EXPECT_OK(zpp_hf_check_seq_len(&c, 4096, "m"));
+    EXPECT_STATUS(zpp_hf_check_seq_len(&c, 4097, "m"), ZPP_ERR_CONFIG);
+    EXPECT_MSG("sliding_window 4096 is shorter than the run's 4097-token sequences");
+    EXPECT_OK(zpp_hf_config_parse(qwen2_05b, "qwen2", &c));
+    EXPECT(zpp_hf_config_arch(&c) == ZPP_HF_QWEN2 && c.sliding_window == 32768);
+    EXPECT(c.hidden_size == 896 && c.num_attention_heads == 14 && c.tie_word_embeddings);
+    zpp_hf_biases(&c, &qkv, &o);
+    EXPECT(qkv == 1 && o == 0, "qwen2 biases %d %d", qkv, o);
+    EXPECT_OK(zpp_hf_check_seq_len(&c, 65536, "q")); /* its window is off */
+    /* written back: the architecture's own keys, read back the same */
+    char *text = NULL;
+    EXPECT_OK(zpp_hf_config_format(&c, &text));
+    EXPECT(strstr(text, "\"model_type\":\t\"qwen2\"") && strstr(text, "\"use_sliding_window\"") &&
+               !strstr(text, "attention_bias") && !strstr(text, "mlp_bias"),
+           "%s", text);
+    zpp_hf_config back;
+    EXPECT_OK(zpp_hf_config_parse(text, "qwen2 back", &back));
+    expect_equal(&c, &back);
+    free(text);
+    /* Llama's attention_bias: all four biases */
+    EXPECT_OK(zpp_hf_config_parse(llama_1b, "llama-1b", &c));
+    c.attention_bias = 1;
+    zpp_hf_biases(&c, &qkv, &o);
+    EXPECT(qkv == 1 && o == 1, "llama biases %d %d", qkv, o);
+}
+
+/* `base` with `from` replaced by `to` (both must be in it). */
+static char *edit_of(const char *base, const char *from, const char *to) {
+    const char *at = strstr(base, from);
     EXPECT(at, "'%s' is not in the test config", from);
-    const size_t n = strlen(llama_1b) + strlen(to) + 1;
+    const size_t n = strlen(base) + strlen(to) + 1;
     char *s = zpp_test_malloc(n);
-    snprintf(s, n, "%.*s%s%s", (int)(at - llama_1b), llama_1b, to, at + strlen(from));
+    snprintf(s, n, "%.*s%s%s", (int)(at - base), base, to, at + strlen(from));
     return s;
+}
+
+static char *edit(const char *from, const char *to) { return edit_of(llama_1b, from, to); }
+
+/* The refusals of Mistral's and Qwen2's own keys, each naming the key. */
+static void test_arch_refusals(void) {
+    const struct {
+        const char *base, *from, *to;
+        const char *why;
+    } bad[] = {
+        {mistral_7b, "\"use_cache\": true", "\"attention_bias\": false",
+         "attention_bias is not a key of MistralForCausalLM"},
+        {qwen2_05b, "\"use_cache\": true", "\"attention_bias\": true",
+         "attention_bias is not a key of Qwen2ForCausalLM"},
+        {mistral_7b, "\"model_type\": \"mistral\"", "\"model_type\": \"llama\"",
+         "model_type must be \"mistral\" for MistralForCausalLM"},
+        {qwen2_05b, "\"use_sliding_window\": false", "\"use_sliding_window\": true",
+         "use_sliding_window must be false"},
+        {mistral_7b, "\"sliding_window\": 4096", "\"sliding_window\": 0",
+         "\"sliding_window\" is not null or a positive integer"},
+        {mistral_7b, "\"use_cache\": true", "\"use_sliding_window\": false",
+         "unknown key \"use_sliding_window\""},
+        {llama_1b, "\"LlamaForCausalLM\"", "\"Qwen3ForCausalLM\"",
+         "architecture 'Qwen3ForCausalLM' is not supported; zeropp reads LlamaForCausalLM, "
+         "MistralForCausalLM and Qwen2ForCausalLM"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *text = edit_of(bad[i].base, bad[i].from, bad[i].to);
+        zpp_hf_config c;
+        EXPECT(zpp_hf_config_parse(text, "edited", &c) != ZPP_OK, "case %zu was read", i);
+        EXPECT_MSG(bad[i].why);
+        free(text);
+    }
+    /* a null window: none, any sequence */
+    char *text = edit_of(mistral_7b, "\"sliding_window\": 4096", "\"sliding_window\": null");
+    zpp_hf_config c;
+    EXPECT_OK(zpp_hf_config_parse(text, "null window", &c));
+    EXPECT(c.sliding_window == 0);
+    EXPECT_OK(zpp_hf_check_seq_len(&c, 1 << 20, "m"));
+    free(text);
 }
 
 static void test_refusals(void) {
@@ -235,4 +340,6 @@ ZPP_TESTS(
     ZPP_TEST(test_roundtrip),
     ZPP_TEST(test_llama_1b),
     ZPP_TEST(test_refusals),
+    ZPP_TEST(test_mistral_and_qwen2),
+    ZPP_TEST(test_arch_refusals),
 )

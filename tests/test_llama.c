@@ -28,12 +28,13 @@ typedef struct ref_shape {
     double theta, eps;
     double factor, lo, hi; /* llama3 scaling, factor 0 = none */
     int orig;
+    int obias; /* the output projection's bias (o_bias) */
 } ref_shape;
 
 /* Offsets inside the units, as llama.h documents them. */
 typedef struct ref_layout {
     size_t wte, normf, head, n0;
-    size_t n1, wq, wk, wv, bq, bk, bv, wo, n2, wg, wu, wd, nb;
+    size_t n1, wq, wk, wv, bq, bk, bv, wo, bo, n2, wg, wu, wd, nb;
 } ref_layout;
 
 static ref_layout ref_layout_of(const ref_shape *s) {
@@ -52,7 +53,8 @@ static ref_layout ref_layout_of(const ref_shape *s) {
     l.bk = l.bq + (s->bias ? C : 0);
     l.bv = l.bk + (s->bias ? Ck : 0);
     l.wo = l.bv + (s->bias ? Ck : 0);
-    l.n2 = l.wo + C * C;
+    l.bo = l.wo + C * C;
+    l.n2 = l.bo + (s->obias ? C : 0);
     l.wg = l.n2 + C;
     l.wu = l.wg + F * C;
     l.wd = l.wu + F * C;
@@ -201,7 +203,8 @@ static void ref_block(const ref_shape *s, const ref_layout *lo, const double *w,
     for (int row = 0; row < n; row++) {
         const double *x = AT(r->x, l, n, C) + (size_t)row * C;
         double *mid = AT(r->mid, l, n, C) + (size_t)row * C, o[256], d[256];
-        matvec(o, w + lo->wo, NULL, AT(r->a, l, n, C) + (size_t)row * C, C, C);
+        matvec(o, w + lo->wo, s->obias ? w + lo->bo : NULL, AT(r->a, l, n, C) + (size_t)row * C,
+               C, C);
         for (int c = 0; c < C; c++) mid[c] = x[c] + o[c];
         double *h2 = AT(r->h2, l, n, C) + (size_t)row * C;
         r->rs2[(size_t)l * n + row] = rmsnorm(h2, mid, w + lo->n2, C, s->eps);
@@ -335,7 +338,8 @@ static void ref_block_back(const ref_shape *s, const ref_layout *lo, const doubl
         matvec_back(dh2, gw + lo->wu, NULL, du, w + lo->wu, h2, F, C);
         rmsnorm_back(dmid, gw + lo->n2, dh2, AT(r->mid, l, n, C) + (size_t)row * C, w + lo->n2,
                      r->rs2[(size_t)l * n + row], C);
-        matvec_back(da + (size_t)row * C, gw + lo->wo, NULL, dmid, w + lo->wo,
+        matvec_back(da + (size_t)row * C, gw + lo->wo, s->obias ? gw + lo->bo : NULL, dmid,
+                    w + lo->wo,
                     AT(r->a, l, n, C) + (size_t)row * C, C, C);
     }
     ref_attention_back(s, r, l, B, da, dq, dk, dv);
@@ -394,14 +398,15 @@ typedef struct ref_case {
 } ref_case;
 
 /* Odd sizes throughout; GQA 4:1, 2:1 and 1:1; head dims 8 and 16; tied and
- * untied; with and without q/k/v biases; with and without llama3 scaling,
+ * untied; with and without q/k/v biases, and the o bias with and without
+ * them; with and without llama3 scaling,
  * whose bands (orig / high .. orig / low) are placed among these head
  * dims' wavelengths so that pairs fall in all three. */
 static const ref_case kCases[] = {
-    {{2, 4, 1, 32, 24, 7, 29, 27, 0, 0, 10000.0, 1e-5, 0.0, 0.0, 0.0, 0}, 2},
-    {{1, 2, 2, 32, 19, 5, 23, 23, 1, 1, 500000.0, 1e-5, 8.0, 1.0, 4.0, 16}, 3},
-    {{2, 4, 2, 32, 40, 6, 31, 30, 1, 0, 100.0, 1e-5, 4.0, 1.0, 2.0, 20}, 1},
-    {{1, 3, 3, 48, 33, 4, 17, 17, 0, 1, 10000.0, 1e-6, 0.0, 0.0, 0.0, 0}, 2},
+    {{2, 4, 1, 32, 24, 7, 29, 27, 0, 0, 10000.0, 1e-5, 0.0, 0.0, 0.0, 0, 0}, 2},
+    {{1, 2, 2, 32, 19, 5, 23, 23, 1, 1, 500000.0, 1e-5, 8.0, 1.0, 4.0, 16, 1}, 3},
+    {{2, 4, 2, 32, 40, 6, 31, 30, 1, 0, 100.0, 1e-5, 4.0, 1.0, 2.0, 20, 1}, 1},
+    {{1, 3, 3, 48, 33, 4, 17, 17, 0, 1, 10000.0, 1e-6, 0.0, 0.0, 0.0, 0, 0}, 2},
 };
 #define N_CASES (sizeof kCases / sizeof kCases[0])
 
@@ -418,6 +423,7 @@ static zpp_decoder_shape shape_of(const ref_shape *s) {
                                .norm_eps = s->eps,
                                .untied_head = s->untied,
                                .qkv_bias = s->bias,
+                               .o_bias = s->obias,
                                .rope_factor = s->factor,
                                .rope_low_freq_factor = s->lo,
                                .rope_high_freq_factor = s->hi,
@@ -460,6 +466,7 @@ static void case_data_make(case_data *d, const ref_case *c, uint64_t stream) {
             fill_gains(d->pf[u], lo.n1, (size_t)s->C, &r);
             fill_gains(d->pf[u], lo.n2, (size_t)s->C, &r);
             for (size_t i = lo.bq; i < lo.wo; i++) d->pf[u][i] = (float)(0.2 * zpp_rng_normal(&r));
+            for (size_t i = lo.bo; i < lo.n2; i++) d->pf[u][i] = (float)(0.2 * zpp_rng_normal(&r));
         }
         for (size_t i = 0; i < d->numel[u]; i++) d->pd[u][i] = d->pf[u][i];
     }
@@ -521,12 +528,17 @@ static float model_run(const ref_case *c, const case_data *d, zpp_dtype dtype, f
 /* The tests                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* The o bias's elements in a block (0 without it). */
+static int u_bias_count(const ref_layout *lo) { return (int)(lo->n2 - lo->bo); }
+
 /* The reference's hand-written backward against central differences of its
  * own loss, (L(w + h) - L(w - h)) / 2h, on 40 random elements of every
  * unit. In double with h = 1e-5: the truncation error h^2 L''' / 6 is
  * ~1e-11 for these O(1) weights, the rounding error ~1e-16 L / h ~ 1e-11;
  * 1e-8 absolute plus 1e-6 relative is above both by a wide margin, and far
- * below any mistake in a formula (which is of the size of the gradient). */
+ * below any mistake in a formula (which is of the size of the gradient).
+ * The o bias (C of a block's thousands of elements, which random picks
+ * would seldom reach) is checked whole, beside them. */
 static void test_reference_matches_finite_differences(void) {
     for (size_t k = 0; k < N_CASES; k++) {
         const ref_case *c = &kCases[k];
@@ -538,9 +550,12 @@ static void test_reference_matches_finite_differences(void) {
         ref_backward(&c->s, d.pd, d.gd, d.tok, d.tgt, c->B, &r);
         zpp_rng rng = zpp_rng_make(zpp_test_seed(200 + k));
         const double h = 1e-5;
+        const ref_layout lo = ref_layout_of(&c->s);
+        const int n_bo = u_bias_count(&lo);
         for (int u = 0; u < d.n_units; u++)
-            for (int j = 0; j < 40; j++) {
-                const size_t i = (size_t)(zpp_rng_u64(&rng) % d.numel[u]);
+            for (int j = 0; j < 40 + (u ? n_bo : 0); j++) {
+                const size_t i = j >= 40 ? lo.bo + (size_t)(j - 40)
+                                         : (size_t)(zpp_rng_u64(&rng) % d.numel[u]);
                 const double w0 = d.pd[u][i];
                 d.pd[u][i] = w0 + h;
                 const double up = ref_forward(&c->s, d.pd, d.tok, d.tgt, c->B, &r);
@@ -592,10 +607,15 @@ static void test_model_matches_reference(void) {
         const float loss = model_run(c, &d, ZPP_FP32, g);
         EXPECT(fabs(loss - want) <= 30 * u * fabs(want), "case %zu: loss %.9g, reference %.12g",
                k, (double)loss, want);
+        const ref_layout lo = ref_layout_of(&c->s);
         for (int q = 0; q < d.n_units; q++) {
             const double e = unit_error(g[q], d.gd[q], d.numel[q]);
             EXPECT(e <= 300 * u, "case %zu unit %d: gradient error %.3g of its largest element "
                                  "(%.0f u), bound 300 u", k, q, e, e / u);
+            /* the o bias on its own: a few dozen elements a unit-wide bound could hide */
+            const double eo = q ? unit_error(g[q] + lo.bo, d.gd[q] + lo.bo, lo.n2 - lo.bo) : 0;
+            EXPECT(eo <= 300 * u, "case %zu unit %d: o bias gradient error %.3g (%.0f u)", k, q,
+                   eo, eo / u);
             free(g[q]);
         }
         ref_acts_free(&r);
@@ -719,16 +739,21 @@ static void test_bad_shapes_refused(void) {
     s = ok;
     s.recompute = 2;
     expect_refused("llama", &s, "recompute 2");
+    s = ok;
+    s.o_bias = 2;
+    expect_refused("llama", &s, "o_bias 2");
     const zpp_decoder_shape gpt2 = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4,
                                     .vocab_size = 10};
-    const char *knob[5] = {"rope_theta", "norm_eps", "untied_head", "qkv_bias", "rope_factor"};
-    for (int k = 0; k < 5; k++) {
+    const char *knob[6] = {"rope_theta", "norm_eps", "untied_head", "qkv_bias", "rope_factor",
+                           "o_bias"};
+    for (int k = 0; k < 6; k++) {
         s = gpt2;
         if (k == 0) s.rope_theta = 10000.0;
         if (k == 1) s.norm_eps = 1e-5;
         if (k == 2) s.untied_head = 1;
         if (k == 3) s.qkv_bias = 1;
         if (k == 4) s.rope_factor = 8.0;
+        if (k == 5) s.o_bias = 1;
         expect_refused("gpt2", &s, knob[k]);
     }
 }

@@ -7,7 +7,7 @@
  * off it so unit gains and zero biases hide nothing, stored in the dtype)
  * and the same batch; the tests compare the loss and every element of every
  * unit's gradient. The shapes hit grouped-query attention 4:1, 2:1 and 1:1,
- * head dims 64, 128 and 48, q/k/v biases, a tied and an untied head,
+ * head dims 64, 128 and 48, q/k/v and o biases, a tied and an untied head,
  * llama3 rope scaling, a vocabulary that is not a multiple of 8 with padded
  * columns, and a batch smaller than max_batch. The attention runs both
  * ways (attention_path.h): fused for bf16 with head dim 64 or 128, the
@@ -117,13 +117,13 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
-/* GQA 4:1, head dim 64, untied head, q/k/v biases, llama3 scaling, V not a
+/* GQA 4:1, head dim 64, untied head, q/k/v and o biases, llama3 scaling, V not a
  * multiple of 8 with padding. */
 static zpp_decoder_shape shape_gqa(void) {
     return (zpp_decoder_shape){.n_layer = 2, .n_head = 4, .n_kv_head = 1, .n_embd = 256,
                                .n_ffn = 512, .seq_len = 64, .vocab_size = 300,
                                .real_vocab_size = 290, .rope_theta = 500000.0,
-                               .untied_head = 1, .qkv_bias = 1, .rope_factor = 8.0,
+                               .untied_head = 1, .qkv_bias = 1, .o_bias = 1, .rope_factor = 8.0,
                                .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
                                .rope_original_max_pos = 32};
 }

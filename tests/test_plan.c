@@ -1540,6 +1540,7 @@ static zpp_cost_in random_llama(zpp_rng *r, zpp_llama_config *lc_p) {
     sh.vocab_size = 1 + (int)(zpp_rng_u64(r) % 200000);
     sh.untied_head = (int)(zpp_rng_u64(r) % 2);
     sh.qkv_bias = (int)(zpp_rng_u64(r) % 2);
+    sh.o_bias = (int)(zpp_rng_u64(r) % 2);
     zpp_llama_config lc;
     EXPECT_OK(zpp_llama_config_of_shape(&sh, &lc));
     zpp_cost_in in = zpp_cost_in_default();
@@ -1553,6 +1554,7 @@ static zpp_cost_in random_llama(zpp_rng *r, zpp_llama_config *lc_p) {
     in.vocab = lc.vocab_size;
     in.untied_head = lc.untied_head;
     in.qkv_bias = lc.qkv_bias;
+    in.o_bias = lc.o_bias;
     *lc_p = lc;
     return in;
 }
@@ -1567,7 +1569,7 @@ static void test_llama_counts(void) {
         /* HF's tensors: [out, in] matrices and vectors */
         const double q = H * hd * C, k = KV * hd * C, v = KV * hd * C, o = C * H * hd;
         const double gate = F * C, up = F * C, down = C * F;
-        const double bias = lc.qkv_bias ? H * hd + 2 * KV * hd : 0;
+        const double bias = (lc.qkv_bias ? H * hd + 2 * KV * hd : 0) + (lc.o_bias ? C : 0);
         const double layer = C + q + k + v + bias + o + C + gate + up + down;
         const double head = lc.untied_head ? V * C : 0;
         const double hf = V * C + L * layer + C + head;

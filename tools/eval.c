@@ -2,8 +2,8 @@
  * checkpoint on the held-out split of the data it was trained on (or its
  * training split), through the trainer's own evaluation, so a checkpoint
  * scored on the ranks that trained it gives the run's validation loss bit
- * for bit. (`zeropp eval --init-from MODEL.bin`, an llm.c model file on a
- * token file, is tools/llmc.c's.) */
+ * for bit. (`zeropp eval --init-from MODEL.bin|HF_DIR`, an llm.c model file
+ * or a Hugging Face folder on a token file, is tools/llmc.c's.) */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -34,10 +34,13 @@ void zpp_cli_eval_usage(FILE *f) {
             "  --node-size S, --device cpu|gpu, --emulate-nodes   as for zeropp train\n"
             "  --json            one line {\"loss\", \"perplexity\", \"split\", ...}\n"
             "\n"
-            "usage: zeropp eval --init-from FILE --data TOKENS --batch-size B --batches K\n"
-            "                   [--device cpu|gpu] [--json]\n"
-            "  The mean loss of the llm.c GPT-2 model FILE over K batches of B sequences of\n"
-            "  T tokens (T: the model's max_seq_len), in fp32. Batch i is tokens\n"
+            "usage: zeropp eval --init-from FILE|DIR --data TOKENS --batch-size B --batches K\n"
+            "                   [--seq-len T] [--device cpu|gpu] [--json]\n"
+            "  The mean loss of the llm.c GPT-2 model FILE (T: its max_seq_len), or of the\n"
+            "  Hugging Face folder DIR (Llama, Mistral or Qwen2, read as `zeropp train\n"
+            "  --init-from DIR` reads it; T: --seq-len, default its max_position_embeddings),\n"
+            "  over K batches of B sequences of T tokens, in fp32 (a folder on the GPU: bf16,\n"
+            "  the CUDA Llama's). Batch i is tokens\n"
             "  [i*B*T, (i+1)*B*T) of TOKENS (an llm.c token file, or raw text: bytes), with\n"
             "  the targets one token later, as llm.c's DataLoader reads them from the start\n"
             "  (no split: all of TOKENS counts); TOKENS needs K*B*T + 1 tokens. --device gpu\n"
@@ -75,8 +78,8 @@ static int parse(int argc, char **argv, eval_args *a, int print) {
     if (pr < 0) return -1;
     const char *why = NULL;
     if (!a->dir)
-        why = "name a checkpoint folder (zeropp eval DIR), or an llm.c model file with "
-              "--init-from FILE";
+        why = "name a checkpoint folder (zeropp eval DIR), or an llm.c model file or a Hugging "
+              "Face folder with --init-from";
     else if (strcmp(a->split, "val") && strcmp(a->split, "train"))
         why = "--split takes val (the held-out split) or train";
     else if (strcmp(a->device, "cpu") && strcmp(a->device, "gpu"))

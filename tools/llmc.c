@@ -1,6 +1,7 @@
 /* tools/llmc.c — `zeropp export` (a checkpoint to an llm.c model file, or
  * a llama to a Hugging Face folder) and
- * `zeropp eval` (the mean loss of an llm.c model file on a token file).
+ * `zeropp eval --init-from` (the mean loss of an llm.c model file or a
+ * Hugging Face folder on a token file).
  * Both run in one process, without MPI (train/llmc.h has the formats). */
 #include <limits.h>
 #include <stdio.h>
@@ -27,8 +28,10 @@ static void export_usage(FILE *f) {
             "  to nearest even). A checkpoint of `zeropp train --init-from F --steps 0 --save\n"
             "  DIR` exports F back byte for byte (a bf16 F with --dtype bf16). PATH is\n"
             "  written whole or not at all (through PATH.tmp and a rename).\n"
-            "  --format hf (the default for a llama): a Hugging Face LlamaForCausalLM folder\n"
-            "  PATH (new): config.json and model.safetensors, or shards of at most\n"
+            "  --format hf (the default for a llama): a Hugging Face folder PATH (new), named\n"
+            "  as the run's model.hf_architecture (LlamaForCausalLM, MistralForCausalLM or\n"
+            "  Qwen2ForCausalLM: what --init-from read): config.json and model.safetensors,\n"
+            "  or shards of at most\n"
             "  --max-shard-size bytes (default 5G, as transformers; " ZPP_CLI_COUNT_HELP ")\n"
             "  named model-0000K-of-0000N.safetensors with model.safetensors.index.json;\n"
             "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype. config.json's\n"
@@ -86,12 +89,25 @@ static zpp_status manifest_llama(const char *from, const zpp_ckpt_manifest *m,
     return ZPP_OK;
 }
 
+/* The architecture the checkpoint's run named (model.hf_architecture in
+ * the config it saved; LlamaForCausalLM without one). */
+static zpp_status manifest_arch(const zpp_ckpt_manifest *m, zpp_hf_arch *arch, int *window) {
+    *arch = ZPP_HF_LLAMA, *window = 0;
+    if (!m->config) return ZPP_OK;
+    zpp_train_config c;
+    ZPP_CHECK(zpp_train_config_defaults(&c));
+    ZPP_CHECK(zpp_train_config_load_string(m->config, &c));
+    *arch = c.hf_architecture, *window = c.hf_sliding_window;
+    return ZPP_OK;
+}
+
 /* config.json of the export: from the checkpoint's llama, with the fields a
- * checkpoint does not keep from --hf-config when given (whose shape must
- * be the checkpoint's). */
-static zpp_status export_hf_config(const zpp_llama_config *lc, const char *like,
-                                   zpp_hf_config *hf) {
-    zpp_hf_config_of_llama(lc, lc->seq_len, hf);
+ * checkpoint does not keep from --hf-config when given (whose shape and
+ * architecture must be the checkpoint's). */
+static zpp_status export_hf_config(const zpp_llama_config *lc, zpp_hf_arch arch, int window,
+                                   const char *like, zpp_hf_config *hf) {
+    ZPP_CHECK(zpp_hf_config_of_llama(lc, arch, lc->seq_len, hf));
+    hf->sliding_window = window;
     if (!like) return ZPP_OK;
     zpp_hf_config given;
     ZPP_CHECK(zpp_hf_config_read(like, &given));
@@ -110,10 +126,16 @@ static zpp_status export_hf_config(const zpp_llama_config *lc, const char *like,
                             b->original_max_position_embeddings)) &&
         given.tie_word_embeddings == hf->tie_word_embeddings &&
         given.attention_bias == hf->attention_bias;
+    if (strcmp(given.architecture, hf->architecture))
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--hf-config %s names %s, but the checkpoint's model.hf_architecture is "
+                         "%s; give the config.json it was imported from",
+                         like, given.architecture, hf->architecture);
     if (!same)
         return zpp_error(ZPP_ERR_CONFIG,
                          "--hf-config %s describes another model than the checkpoint's (its "
-                         "sizes, rope or norm differ); give the config.json it was imported from",
+                         "sizes, rope, norm or biases differ); give the config.json it was "
+                         "imported from",
                          like);
     *hf = given;
     return ZPP_OK;
@@ -125,17 +147,20 @@ static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_man
                             const char *like) {
     zpp_llama_config lc;
     zpp_hf_config hf;
+    zpp_hf_arch arch;
+    int window;
     ZPP_CHECK(manifest_llama(from, m, &lc));
-    ZPP_CHECK(export_hf_config(&lc, like, &hf));
+    ZPP_CHECK(manifest_arch(m, &arch, &window));
+    ZPP_CHECK(export_hf_config(&lc, arch, window, like, &hf));
     const char *name = dtype ? dtype : m->dtype;
     zpp_dtype dt = ZPP_FP32;
     if (!strcmp(name, "bf16")) dt = ZPP_BF16;
     else if (!strcmp(name, "fp16")) dt = ZPP_FP16;
     int shards = 0;
     ZPP_CHECK(zpp_hf_export(to, &lc, &hf, (const float *const *)units, dt, max_shard, &shards));
-    printf("wrote %s: Hugging Face LlamaForCausalLM (%s, %d file%s%s), %d layers, %d heads "
+    printf("wrote %s: Hugging Face %s (%s, %d file%s%s), %d layers, %d heads "
            "(%d key/value), %d channels, vocabulary %d, from step %d of %s\n",
-           to, name, shards, shards == 1 ? "" : "s", shards == 1 ? "" : " and the index",
+           to, hf.architecture, name, shards, shards == 1 ? "" : "s", shards == 1 ? "" : " and the index",
            lc.n_layer, lc.n_head, lc.n_kv_head, lc.n_embd, lc.real_vocab_size, m->step, from);
     return ZPP_OK;
 }
@@ -188,12 +213,13 @@ int zpp_cli_export(int argc, char **argv) {
 
 int zpp_cli_eval(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *device = "cpu";
-    int batch = 0, batches = 0, json = 0;
+    int batch = 0, batches = 0, json = 0, seq_len = 0;
     const zpp_cli_opt opts[] = {
         {"--init-from", ZPP_CLI_STR, &model, 0, 0},
         {"--data", ZPP_CLI_STR, &data, 0, 0},
         {"--batch-size", ZPP_CLI_INT, &batch, 1, INT_MAX},
         {"--batches", ZPP_CLI_INT, &batches, 1, INT_MAX},
+        {"--seq-len", ZPP_CLI_INT, &seq_len, 1, INT_MAX},
         {"--device", ZPP_CLI_STR, &device, 0, 0},
         {"--json", ZPP_CLI_FLAG, &json, 0, 0},
     };
@@ -204,8 +230,8 @@ int zpp_cli_eval(int argc, char **argv) {
     }
     if (pr < 0) return 2;
     if (!model || !data || batch < 1 || batches < 1) {
-        fprintf(stderr, "zeropp eval: needs --init-from FILE, --data TOKENS, --batch-size B and "
-                        "--batches K\n");
+        fprintf(stderr, "zeropp eval: needs --init-from FILE|DIR, --data TOKENS, --batch-size B "
+                        "and --batches K\n");
         return 2;
     }
     if (strcmp(device, "cpu") && strcmp(device, "gpu")) {
@@ -216,7 +242,7 @@ int zpp_cli_eval(int argc, char **argv) {
     zpp_status st = strcmp(device, "gpu") ? zpp_device_create_host(&dev)
                                           : zpp_device_create_gpu(0, &dev);
     if (st != ZPP_OK) return zpp_cli_fail("eval", st);
-    zpp_llmc_eval_opts eo = {batch, batches};
+    zpp_llmc_eval_opts eo = {batch, batches, seq_len};
     double loss = 0.0;
     st = zpp_llmc_eval(model, data, &eo, dev, &loss);
     zpp_device_destroy(dev);

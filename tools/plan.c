@@ -546,6 +546,7 @@ static int plan_shape_from_config(const char *path, plan_opts *o, zpp_cost_in *c
     ci->n_ffn = lc.n_ffn;
     ci->untied_head = lc.untied_head;
     ci->qkv_bias = lc.qkv_bias;
+    ci->o_bias = lc.o_bias;
     return 0;
 }
 

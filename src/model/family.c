@@ -51,11 +51,11 @@ void zpp_decoder_shape_knobs(const zpp_decoder_shape *s, const char *keys[ZPP_DE
     const char *k[ZPP_DECODER_KNOBS] = {
         "model.n_kv_head",   "model.n_ffn",       "model.rope_theta",
         "model.norm_eps",    "model.untied_head", "model.qkv_bias",
-        "model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+        "model.o_bias",      "model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
         "model.rope_original_max_pos"};
     const double v[ZPP_DECODER_KNOBS] = {
         s->n_kv_head,   s->n_ffn,    s->rope_theta,  s->norm_eps,
-        s->untied_head, s->qkv_bias, s->rope_factor, s->rope_low_freq_factor,
+        s->untied_head, s->qkv_bias, s->o_bias, s->rope_factor, s->rope_low_freq_factor,
         s->rope_high_freq_factor,    s->rope_original_max_pos};
     for (int i = 0; i < ZPP_DECODER_KNOBS; i++) keys[i] = k[i], values[i] = v[i];
 }

@@ -50,7 +50,8 @@ typedef struct zpp_decoder_shape {
     double rope_theta; /* the rotary base: 0 = 10000 (HF's default) */
     double norm_eps;   /* RMSNorm's epsilon: 0 = 1e-5 */
     int untied_head;   /* 1: the output head is a matrix of its own; 0: the token embedding */
-    int qkv_bias;      /* 1: q, k and v projections have biases (not o: Qwen2's) */
+    int qkv_bias;      /* 1: q, k and v projections have biases (Qwen2's: not o) */
+    int o_bias;        /* 1: the attention output projection has one (HF Llama attention_bias) */
     /* Llama 3's rope_scaling of type llama3 (HF _compute_llama3_parameters):
      * rope_factor 0 = no scaling; else all four are set. */
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
@@ -68,7 +69,7 @@ typedef zpp_status (*zpp_model_factory)(const zpp_decoder_shape *shape, zpp_dtyp
  * in values[i] (integers and switches as doubles): the one list that the
  * checks comparing two shapes walk (a checkpoint's against the run's, a
  * Hugging Face config.json's against the run's). */
-#define ZPP_DECODER_KNOBS 10
+#define ZPP_DECODER_KNOBS 11
 void zpp_decoder_shape_knobs(const zpp_decoder_shape *s, const char *keys[ZPP_DECODER_KNOBS],
                              double values[ZPP_DECODER_KNOBS]);
 

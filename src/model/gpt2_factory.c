@@ -25,6 +25,7 @@ static zpp_status refuse_llama_knobs(const zpp_decoder_shape *shape) {
                         : shape->norm_eps != 0.0              ? "norm_eps"
                         : shape->untied_head != 0             ? "untied_head"
                         : shape->qkv_bias != 0                ? "qkv_bias"
+                        : shape->o_bias != 0                  ? "o_bias"
                         : shape->rope_factor != 0.0           ? "rope_factor"
                         : shape->rope_low_freq_factor != 0.0  ? "rope_low_freq_factor"
                         : shape->rope_high_freq_factor != 0.0 ? "rope_high_freq_factor"

@@ -99,6 +99,7 @@ zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_c
         .norm_eps = shape->norm_eps != 0.0 ? shape->norm_eps : 1e-5,
         .untied_head = shape->untied_head,
         .qkv_bias = shape->qkv_bias,
+        .o_bias = shape->o_bias,
         .rope_factor = shape->rope_factor,
         .rope_low_freq_factor = shape->rope_low_freq_factor,
         .rope_high_freq_factor = shape->rope_high_freq_factor,
@@ -111,6 +112,9 @@ zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_c
     if (c.qkv_bias != 0 && c.qkv_bias != 1)
         return zpp_error(ZPP_ERR_CONFIG, "llama: qkv_bias %d is not a switch; use 0 or 1",
                          c.qkv_bias);
+    if (c.o_bias != 0 && c.o_bias != 1)
+        return zpp_error(ZPP_ERR_CONFIG, "llama: o_bias %d is not a switch; use 0 or 1",
+                         c.o_bias);
     if (c.recompute != 0 && c.recompute != 1)
         return zpp_error(ZPP_ERR_CONFIG, "llama: recompute %d is not a switch; use 0 or 1",
                          c.recompute);
@@ -138,6 +142,7 @@ void zpp_llama_layout_make(const zpp_llama_config *cfg, zpp_llama_layout *layout
     l.wqkv = o;   o += Cqkv * C;
     l.bqkv = o;   o += cfg->qkv_bias ? Cqkv : 0;
     l.wo = o;     o += C * C;
+    l.bo = o;     o += cfg->o_bias ? C : 0;
     l.norm2 = o;  o += C;
     l.wgu = o;    o += 2 * F * C;
     l.wdown = o;  o += C * F;
@@ -175,7 +180,7 @@ zpp_status zpp_llama_stages_make(const zpp_llama_config *cfg, zpp_llama_stages *
     s->embed_matrices[0] = (zpp_elem_range){lo.wte, lo.norm_f};
     s->embed_matrices[1] = (zpp_elem_range){lo.head, lo.embed_numel};
     s->block_matrices[0] = (zpp_elem_range){lo.wqkv, lo.bqkv};
-    s->block_matrices[1] = (zpp_elem_range){lo.wo, lo.norm2};
+    s->block_matrices[1] = (zpp_elem_range){lo.wo, lo.bo};
     s->block_matrices[2] = (zpp_elem_range){lo.wgu, lo.block_numel};
     t->n_matrix_ranges[0] = cfg->untied_head ? 2 : 1;
     t->matrix_ranges[0] = s->embed_matrices;

@@ -19,7 +19,8 @@
  *                wk      Ck x C     } one (C + 2 Ck) x C matrix: [q | k | v]
  *                wv      Ck x C    /
  *                bq, bk, bv        C + 2 Ck, only when qkv_bias
- *                wo      C x C     attention output projection (no bias)
+ *                wo      C x C     attention output projection
+ *                bo      C         its bias, only when o_bias
  *                norm2   C         MLP RMSNorm gain
  *                wgate   F x C     \  one 2F x C matrix: [gate | up]
  *                wup     F x C     /
@@ -30,9 +31,9 @@
  * down_proj). q, k and v are adjacent so one product makes all three, and
  * so are gate and up; an importer of HF files concatenates them.
  *
- * The biases are q, k and v's only (qkv_bias, as Qwen2 has them); HF's
- * Llama attention_bias = true also gives o_proj one, which this layout has
- * no room for yet.
+ * The biases are two switches: qkv_bias (q, k and v's, as Qwen2 has them)
+ * and o_bias (the output projection's); HF's Llama attention_bias = true
+ * is both.
  *
  * Stages as GPT-2's: 0 = embedding (unit 0; its backward reads no
  * parameters), 1..L = blocks, L+1 = final RMSNorm + head + loss (unit 0).
@@ -64,7 +65,7 @@ extern "C" {
 typedef struct zpp_llama_config {
     int n_layer, n_head, n_kv_head, n_embd, n_ffn, seq_len, vocab_size, real_vocab_size;
     double rope_theta, norm_eps;
-    int untied_head, qkv_bias;
+    int untied_head, qkv_bias, o_bias;
     double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_max_pos;
     /* Activation checkpointing (1; 0 = off), as GPT-2's (gpt2.h): a block
@@ -87,7 +88,7 @@ zpp_status zpp_llama_config_of_shape(const zpp_decoder_shape *shape, zpp_llama_c
  * biases are meaningful only when the config has them. */
 typedef struct zpp_llama_layout {
     size_t wte, norm_f, head, embed_numel;
-    size_t norm1, wqkv, bqkv, wo, norm2, wgu, wdown, block_numel;
+    size_t norm1, wqkv, bqkv, wo, bo, norm2, wgu, wdown, block_numel;
 } zpp_llama_layout;
 
 void zpp_llama_layout_make(const zpp_llama_config *cfg, zpp_llama_layout *layout_p);
@@ -106,8 +107,9 @@ ZPP_HD float zpp_llama_init_value(const zpp_llama_layout *l, int unit, size_t i,
     } else {
         if (i < l->wqkv) one = 1.0;              /* norm1 */
         else if (i < l->bqkv) matrix = 1;        /* wq, wk, wv */
-        else if (i < l->wo) {}                   /* biases */
-        else if (i < l->norm2) matrix = 1;       /* wo */
+        else if (i < l->wo) {}                   /* q, k, v biases */
+        else if (i < l->bo) matrix = 1;          /* wo */
+        else if (i < l->norm2) {}                /* o bias */
         else if (i < l->wgu) one = 1.0;          /* norm2 */
         else matrix = 1;                         /* wgate, wup, wdown */
     }

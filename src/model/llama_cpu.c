@@ -13,7 +13,7 @@
  *     q,k   = RoPE(q), RoPE(k)          (each head, at the row's position)
  *     a     = softmax(q k^T / sqrt(hd) + causal mask) v
  *             (query head j reads k/v head j / (H / KV))
- *     m     = x + a Wo^T
+ *     m     = x + a Wo^T (+ bo)
  *     x'    = m + (silu(RMS2(m) Wgate^T) * RMS2(m) Wup^T) Wdown^T
  *   logits  = RMSf(xL) Whead^T (Whead = wte when tied)
  *   loss    = mean_i -log softmax(logits_i)[target_i] over real_vocab_size
@@ -211,7 +211,8 @@ static void block_activations(llama_cpu *g, int l, const float *w) {
     rope_apply(g, y.qkv, n, g->wqkv, C, KV, 1.0f); /* k */
     zpp_cpu_gqa_attention_forward(y.atty, y.att, y.qkv, B, T, H, KV, hd);
     memcpy(y.mid, y.x, (size_t)n * C * sizeof(float));
-    zpp_cpu_linear_forward(y.mid, y.atty, w + L->wo, NULL, n, C, C, 1);
+    zpp_cpu_linear_forward(y.mid, y.atty, w + L->wo, g->cfg.o_bias ? w + L->bo : NULL, n, C, C,
+                           1);
     /* MLP branch: out = mid + swiglu(RMS2(mid)) Wdown^T */
     zpp_cpu_rmsnorm_forward(y.h2, y.r2, y.mid, w + L->norm2, n, C, eps);
     zpp_cpu_linear_forward(y.gu, y.h2, w + L->wgu, NULL, n, C, 2 * F, 0);
@@ -289,7 +290,8 @@ static void block_backward(llama_cpu *g, int l, const float *w, float *gr) {
     zpp_cpu_linear_backward(a->dc, gr + L->wgu, NULL, a->dgu, y.h2, w + L->wgu, n, C, 2 * F);
     zpp_cpu_rmsnorm_backward(a->dres, gr + L->norm2, a->dc, y.mid, w + L->norm2, y.r2, n, C);
     /* attention branch; the gradient of the rotated q, k turned back */
-    zpp_cpu_linear_backward(a->dc, gr + L->wo, NULL, a->dres, y.atty, w + L->wo, n, C, C);
+    zpp_cpu_linear_backward(a->dc, gr + L->wo, g->cfg.o_bias ? gr + L->bo : NULL, a->dres, y.atty,
+                            w + L->wo, n, C, C);
     zpp_cpu_gqa_attention_backward(a->dqkv, g->datt, a->dc, y.att, y.qkv, B, T, H, KV, hd);
     rope_apply(g, a->dqkv, n, g->wqkv, 0, H, -1.0f);
     rope_apply(g, a->dqkv, n, g->wqkv, C, KV, -1.0f);

@@ -205,7 +205,8 @@ static zpp_status block_activations(llama_cuda *g, int l, const void *w) {
                                      dt, g->stream));
     ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
     ZPP_CHECK(zpp_cu_linear_forward(&g->cu, y.mid, CUDA_R_32F, y.x, y.atty, eat(g, w, L->wo),
-                                    NULL, n, C, C, "attention output forward"));
+                                    g->cfg.o_bias ? eat(g, w, L->bo) : NULL, n, C, C,
+                                    "attention output forward"));
     /* MLP branch, up to [gate | up] */
     ZPP_CHECK(rms_forward(g, g->a.h, y.r2, y.mid, eat(g, w, L->norm2), n));
     ZPP_CHECK(zpp_cu_linear_forward(&g->cu, y.gu, g->et, NULL, g->a.h, eat(g, w, L->wgu), NULL,
@@ -275,7 +276,8 @@ static zpp_status block_backward(llama_cuda *g, int l, const void *w, float *gr)
     ZPP_CHECK(rms_backward(g, gr + L->norm2, a->dc, y.mid, eat(g, w, L->norm2), y.r2, n));
     /* attention branch; the gradient of the rotated q, k turned back */
     ZPP_CHECK(zpp_cu_round(&g->cu, a->dres_e, a->dres, (size_t)n * C, "round dres"));
-    ZPP_CHECK(zpp_cu_linear_backward(&g->cu, a->datty, et, gr + L->wo, NULL, a->dres_e, NULL,
+    ZPP_CHECK(zpp_cu_linear_backward(&g->cu, a->datty, et, gr + L->wo,
+                                     g->cfg.o_bias ? gr + L->bo : NULL, a->dres_e, a->dres,
                                      y.atty, eat(g, w, L->wo), n, C, C,
                                      "attention output backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.qkv, y.atty, y.att));

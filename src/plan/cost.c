@@ -152,7 +152,8 @@ double zpp_cost_llama_params(const zpp_cost_in *in) {
     const double Ck = (double)in->n_kv_head * (double)(in->n_embd / in->n_head);
     const double qkv = C + 2 * Ck; /* rows of the fused [q | k | v] matrix */
     const double embed = V * C + C + (in->untied_head ? V * C : 0);
-    const double block = 2 * C + qkv * C + (in->qkv_bias ? qkv : 0) + C * C + 3 * C * F;
+    const double block =
+        2 * C + qkv * C + (in->qkv_bias ? qkv : 0) + C * C + (in->o_bias ? C : 0) + 3 * C * F;
     return embed + L * block;
 }
 

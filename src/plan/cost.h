@@ -30,9 +30,9 @@ typedef struct zpp_cost_in {
      * 1 = Llama (ZPP_COST_LLAMA), with its knobs resolved as
      * zpp_llama_config_of_shape resolves them (n_head > 0, n_kv_head a
      * divisor of it, n_ffn > 0): grouped-query k and v, a SwiGLU MLP n_ffn
-     * wide, an untied head or q/k/v biases when set. Ignored for GPT-2. */
+     * wide, an untied head, q/k/v and o biases when set. Ignored for GPT-2. */
     int family;
-    int n_kv_head, n_ffn, untied_head, qkv_bias;
+    int n_kv_head, n_ffn, untied_head, qkv_bias, o_bias;
     int units;                                   /* equal units (zpp_plan_step's split) */
     /* Machine. */
     int world, node_size;
@@ -159,7 +159,7 @@ double zpp_cost_gpt_params(int n_layer, int n_embd, int seq_len, int vocab);
  * of k and of v), F = n_ffn, V = vocab, L = n_layer:
  *     V C (embedding) + C (final norm) + [untied] V C (head)
  *   + L (2C (two norms) + C (C + 2 Ck) (q, k, v) + [qkv_bias] (C + 2 Ck)
- *        + C^2 (o) + 3 C F (gate, up, down)).
+ *        + C^2 (o) + [o_bias] C + 3 C F (gate, up, down)).
  * No position table (RoPE has no parameters). 0 for a shape without
  * n_layer, n_embd, n_head, n_kv_head, n_ffn or vocab. */
 double zpp_cost_llama_params(const zpp_cost_in *in);

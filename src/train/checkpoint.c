@@ -397,6 +397,7 @@ static void add_family(cJSON *mo, const zpp_ckpt_meta *m) {
     add_exact(mo, "norm_eps", x->norm_eps);
     cJSON_AddBoolToObject(mo, "untied_head", x->untied_head);
     cJSON_AddBoolToObject(mo, "qkv_bias", x->qkv_bias);
+    cJSON_AddBoolToObject(mo, "o_bias", x->o_bias);
     add_exact(mo, "rope_factor", x->rope_factor);
     add_exact(mo, "rope_low_freq_factor", x->rope_low_freq_factor);
     add_exact(mo, "rope_high_freq_factor", x->rope_high_freq_factor);

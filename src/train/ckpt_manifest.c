@@ -160,6 +160,12 @@ static zpp_status manifest_family(const cJSON *mo, const char *name, zpp_ckpt_ma
                          "range)",
                          name);
     x->untied_head = cJSON_IsTrue(ut), x->qkv_bias = cJSON_IsTrue(qb);
+    /* o_bias came later: absent in older manifests, whose llamas had none */
+    const cJSON *ob = cJSON_GetObjectItemCaseSensitive(mo, "o_bias");
+    if (ob && !cJSON_IsBool(ob))
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: model.o_bias is not true or "
+                                         "false", name);
+    x->o_bias = cJSON_IsTrue(ob);
     return ZPP_OK;
 }
 

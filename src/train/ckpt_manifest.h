@@ -20,7 +20,8 @@ typedef struct zpp_ckpt_manifest {
     zpp_gpt2_config model;
     /* "model"."family" ("gpt2" when absent: manifests before it held GPT-2s
      * only) and a llama's knobs, "model"."n_kv_head", "n_ffn",
-     * "rope_theta", "norm_eps", "untied_head", "qkv_bias", "rope_factor",
+     * "rope_theta", "norm_eps", "untied_head", "qkv_bias", "o_bias" (optional:
+     * false when absent, as manifests before it), "rope_factor",
      * "rope_low_freq_factor", "rope_high_freq_factor",
      * "rope_original_max_pos" (required for llama, into ext; 0 for gpt2). */
     char family[8];

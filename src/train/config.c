@@ -49,6 +49,7 @@ typedef enum zpp__kind {
     ZPP_CFG_WARMUP_TYPE,
     ZPP_CFG_DATA_ORDER,
     ZPP_CFG_FAMILY,
+    ZPP_CFG_HF_ARCH,
     ZPP_CFG_STAGE,
     ZPP_CFG_IGNORED
 } zpp__kind;
@@ -78,6 +79,7 @@ typedef struct zpp__key {
 #define ZPP__OFF_WARMUP_TYPE ZPP__FIELD
 #define ZPP__OFF_DATA_ORDER ZPP__FIELD
 #define ZPP__OFF_FAMILY ZPP__FIELD
+#define ZPP__OFF_HF_ARCH ZPP__FIELD
 #define ZPP__OFF_STAGE ZPP__FIELD
 #define ZPP__OFF_IGNORED ZPP__NOFIELD
 #define ZPP__DEF(...) {__VA_ARGS__}
@@ -144,6 +146,7 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
         case ZPP_CFG_FAMILY:
             *ZPP__AT(cfg, k, zpp_model_family_id) = (zpp_model_family_id)(int)k->def[0];
             break;
+        case ZPP_CFG_HF_ARCH: *ZPP__AT(cfg, k, zpp_hf_arch) = (zpp_hf_arch)(int)k->def[0]; break;
         case ZPP_CFG_OBJECT:
         case ZPP_CFG_OPT_TYPE:
         case ZPP_CFG_IGNORED: break;
@@ -418,6 +421,16 @@ static zpp_status parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON
                              c->src, path, w);
         return ZPP_OK;
     }
+    case ZPP_CFG_HF_ARCH: {
+        const char *w = NULL;
+        ZPP_CHECK(get_str(c, it, path, &w));
+        if (!zpp_hf_arch_parse(w, ZPP__AT(cfg, k, zpp_hf_arch)))
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "%s: '%s' is '%s'; use \"LlamaForCausalLM\", "
+                             "\"MistralForCausalLM\" or \"Qwen2ForCausalLM\"",
+                             c->src, path, w);
+        return ZPP_OK;
+    }
     case ZPP_CFG_STAGE: {
         long long v = 0;
         ZPP_CHECK(get_int(c, it, path, INT_MIN, INT_MAX, &v));
@@ -480,7 +493,8 @@ static const char *kind_doc(zpp__kind kind) {
     case ZPP_CFG_SCHED_TYPE:
     case ZPP_CFG_WARMUP_TYPE:
     case ZPP_CFG_DATA_ORDER:
-    case ZPP_CFG_FAMILY: return "string";
+    case ZPP_CFG_FAMILY:
+    case ZPP_CFG_HF_ARCH: return "string";
     case ZPP_CFG_IGNORED: return "any";
     }
     return "?";
@@ -511,6 +525,7 @@ static void write_default(FILE *f, const zpp__key *k) {
     case ZPP_CFG_FAMILY:
         fprintf(f, "\"%s\"", zpp_model_family_name((zpp_model_family_id)(int)k->def[0]));
         break;
+    case ZPP_CFG_HF_ARCH: fprintf(f, "\"%s\"", zpp_hf_arch_name((zpp_hf_arch)(int)k->def[0])); break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: fprintf(f, "-"); break;
     }
@@ -531,8 +546,8 @@ static void write_families(FILE *f) {
             "- `\"llama\"`: Meta's Llama 2/3 as Hugging Face's `LlamaForCausalLM` computes it:\n"
             "  RMSNorm, rotary positions (`rope_theta`, Llama 3's `rope_scaling`),\n"
             "  grouped-query attention (`n_kv_head`), a SwiGLU MLP `n_ffn` wide, no biases but\n"
-            "  the optional q/k/v ones, the head tied or untied. The head dim is\n"
-            "  `n_embd / n_head`.\n"
+            "  the optional q/k/v ones (`qkv_bias`) and output projection's (`o_bias`), the\n"
+            "  head tied or untied. The head dim is `n_embd / n_head`.\n"
             "\n"
             "A Hugging Face `config.json` in these keys:\n"
             "\n"
@@ -547,7 +562,7 @@ static void write_families(FILE *f) {
             "| `rope_theta` | `model.rope_theta` |\n"
             "| `rms_norm_eps` | `model.norm_eps` |\n"
             "| `tie_word_embeddings` | the opposite of `model.untied_head` |\n"
-            "| `attention_bias` | `model.qkv_bias` (q, k and v only) |\n"
+            "| `attention_bias` | `model.qkv_bias` and `model.o_bias` |\n"
             "| `rope_scaling.factor`, `.low_freq_factor`, `.high_freq_factor`, "
             "`.original_max_position_embeddings` (`rope_type` `llama3`) | `model.rope_factor`, "
             "`model.rope_low_freq_factor`, `model.rope_high_freq_factor`, "
@@ -634,23 +649,43 @@ static zpp_status validate_shape(const zpp_train_config *cfg) {
     return ZPP_OK;
 }
 
+/* A sliding window is Mistral's and Qwen2's; a Mistral's must hold the
+ * whole sequence, as zeropp has no sliding-window attention. */
+static zpp_status hf_window_check(const zpp_train_config *cfg) {
+    const int w = cfg->hf_sliding_window;
+    if (w && cfg->hf_architecture == ZPP_HF_LLAMA)
+        return zpp_error(ZPP_ERR_CONFIG, "'model.hf_sliding_window' %d is set, but a "
+                                         "LlamaForCausalLM has none; drop the key",
+                         w);
+    if (w && cfg->hf_architecture == ZPP_HF_MISTRAL && cfg->model.seq_len > w)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'model.seq_len' %d exceeds 'model.hf_sliding_window' %d (the Mistral's "
+                         "sliding_window); zeropp has no sliding-window attention, so set "
+                         "seq_len to at most %d",
+                         cfg->model.seq_len, w, w);
+    return ZPP_OK;
+}
+
 /* model.family's own keys: Llama's knobs are refused for GPT-2 (it has
  * none of them: the path names the key). The knobs' values are checked by
  * the family's factory (model/llama.h), which names the field. */
 static zpp_status validate_family(const zpp_train_config *cfg) {
     const zpp_decoder_shape *x = &cfg->model_ext;
-    if (cfg->model_family == ZPP_FAMILY_LLAMA) return ZPP_OK;
     const char *key = x->n_kv_head ? "model.n_kv_head"
                       : x->n_ffn ? "model.n_ffn"
                       : x->rope_theta != 0.0 ? "model.rope_theta"
                       : x->norm_eps != 0.0 ? "model.norm_eps"
                       : x->untied_head ? "model.untied_head"
                       : x->qkv_bias ? "model.qkv_bias"
+                      : x->o_bias ? "model.o_bias"
                       : x->rope_factor != 0.0 ? "model.rope_factor"
                       : x->rope_low_freq_factor != 0.0 ? "model.rope_low_freq_factor"
                       : x->rope_high_freq_factor != 0.0 ? "model.rope_high_freq_factor"
                       : x->rope_original_max_pos ? "model.rope_original_max_pos"
+                      : cfg->hf_architecture != ZPP_HF_LLAMA ? "model.hf_architecture"
+                      : cfg->hf_sliding_window ? "model.hf_sliding_window"
                                                  : NULL;
+    if (cfg->model_family == ZPP_FAMILY_LLAMA) return hf_window_check(cfg);
     if (!key) return ZPP_OK;
     return zpp_error(ZPP_ERR_CONFIG,
                      "'%s' is a key of the llama family, but 'model.family' is \"gpt2\"; set "
@@ -1195,6 +1230,9 @@ static void value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf
         snprintf(buf, cap, "\"%s\"",
                  zpp_model_family_name(*ZPP__AT(cfg, k, zpp_model_family_id)));
         break;
+    case ZPP_CFG_HF_ARCH:
+        snprintf(buf, cap, "\"%s\"", zpp_hf_arch_name(*ZPP__AT(cfg, k, zpp_hf_arch)));
+        break;
     case ZPP_CFG_OBJECT:
     case ZPP_CFG_IGNORED: buf[0] = '\0'; break;
     }
@@ -1311,7 +1349,7 @@ static zpp_status set_one(cJSON *root, const char *assignment) {
      * other value is JSON: a number, true/false, [a, b], {}. */
     int word = k && (k->kind == ZPP_CFG_OPT_TYPE || k->kind == ZPP_CFG_SCHED_TYPE ||
                      k->kind == ZPP_CFG_WARMUP_TYPE || k->kind == ZPP_CFG_DATA_ORDER ||
-                     k->kind == ZPP_CFG_FAMILY) &&
+                     k->kind == ZPP_CFG_FAMILY || k->kind == ZPP_CFG_HF_ARCH) &&
                value[0] != '"';
     cJSON *v = NULL;
     if (word) {

@@ -57,6 +57,7 @@
 #include <stdio.h>
 
 #include "model/gpt2.h"
+#include "train/hf_config.h"
 #include "zeropp.h"
 
 #ifdef __cplusplus
@@ -138,6 +139,10 @@ typedef struct zpp_train_config {
      * rope_*, norm_eps, untied_head, qkv_bias; 0 = the family's default);
      * the rest of it is `model`'s and stays 0 here. */
     zpp_decoder_shape model_ext;
+    /* model.hf_architecture: the name a Hugging Face export gives the llama
+     * (set from config.json by --init-from, kept in the checkpoint) */
+    zpp_hf_arch hf_architecture;
+    int hf_sliding_window; /* model.hf_sliding_window: its sliding_window, 0 = null */
 
     /* ---- zeropp extensions */
     int train_steps;

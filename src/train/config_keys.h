@@ -37,7 +37,8 @@
  * OPT_TYPE ("AdamW" only, any case), SCHED_TYPE (zpp_sched_type, read before
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), DATA_ORDER
  * (zpp_data_order: "shuffled" | "sequential"), FAMILY (zpp_model_family_id:
- * "gpt2" | "llama"), STAGE (must be 3),
+ * "gpt2" | "llama"), HF_ARCH (zpp_hf_arch: "LlamaForCausalLM" |
+ * "MistralForCausalLM" | "Qwen2ForCausalLM"), STAGE (must be 3),
  * IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
@@ -225,8 +226,10 @@
       "llama: an output head of its own (HF: tie_word_embeddings false); false: the token "        \
       "embedding's")                                                                               \
     X("model.qkv_bias", BOOL, model_ext.qkv_bias, 0, 0, (0), 0,                                    \
-      "llama: biases on the q, k and v projections (HF: attention_bias, as Qwen2 has them; an "    \
-      "o_proj bias is not supported)")                                                             \
+      "llama: biases on the q, k and v projections (Qwen2 has them; HF Llama: attention_bias)")    \
+    X("model.o_bias", BOOL, model_ext.o_bias, 0, 0, (0), 0,                                        \
+      "llama: a bias on the attention output projection (HF Llama: attention_bias, with "          \
+      "qkv_bias; Qwen2 and Mistral have none)")                                                    \
     X("model.rope_factor", NUM, model_ext.rope_factor, 0, 0, (0), 0,                               \
       "llama: Llama 3's rope_scaling (rope_type llama3) factor, > 0; 0 = no scaling; when set, "   \
       "the three below are required")                                                              \
@@ -237,6 +240,13 @@
     X("model.rope_original_max_pos", INT, model_ext.rope_original_max_pos, 0, INT_MAX, (0), 0,     \
       "llama: rope_scaling's original_max_position_embeddings, >= 1 with rope_factor (Llama "      \
       "3.1: 8192)")                                                                                \
+    X("model.hf_architecture", HF_ARCH, hf_architecture, 0, 0, (ZPP_HF_LLAMA), 0,                  \
+      "llama: the Hugging Face architecture `zeropp export --format hf` names: "                   \
+      "\"LlamaForCausalLM\", \"MistralForCausalLM\" (no biases) or \"Qwen2ForCausalLM\" (qkv_bias, " \
+      "no o_bias); `--init-from` sets it from config.json")                                        \
+    X("model.hf_sliding_window", INT, hf_sliding_window, 0, INT_MAX, (0), 0,                       \
+      "llama: the sliding_window an export names (Mistral: model.seq_len must fit in it, as "      \
+      "zeropp attends to all earlier positions; Qwen2: kept, its window off); 0 = null")           \
     X("zeropp", OBJECT, none, 0, 0, (0), 0, "zeropp: the run")                                     \
     X("zeropp.train_steps", INT, train_steps, 1, INT_MAX, (200), 0, "optimizer steps to run")      \
     X("zeropp.seed", SEED, seed, 0, ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(seed)), 0,                      \

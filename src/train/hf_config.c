@@ -13,12 +13,48 @@
 
 #define CONFIG_MAX_BYTES (1u << 20) /* a config.json is a few KB */
 
-/* The one architecture this reader maps. Others of the family map onto the
- * same fields: MistralForCausalLM (adds sliding_window: refuse it unless it
- * is null or covers max_position_embeddings) and Qwen2ForCausalLM (q/k/v
- * biases, i.e. attention_bias without the o bias; also sliding-window
- * keys). Each needs its keys added here and its names in the tensor map. */
-static const char *const known_architectures[] = {"LlamaForCausalLM"};
+/* The architectures this reader maps (hf_config.h), by zpp_hf_arch, with
+ * the model_type transformers writes beside each. */
+static const struct {
+    const char *name, *model_type;
+} archs[ZPP_HF_N_ARCH] = {[ZPP_HF_LLAMA] = {"LlamaForCausalLM", "llama"},
+                          [ZPP_HF_MISTRAL] = {"MistralForCausalLM", "mistral"},
+                          [ZPP_HF_QWEN2] = {"Qwen2ForCausalLM", "qwen2"}};
+
+const char *zpp_hf_arch_name(zpp_hf_arch a) {
+    return (unsigned)a < ZPP_HF_N_ARCH ? archs[a].name : "(unknown)";
+}
+
+int zpp_hf_arch_parse(const char *name, zpp_hf_arch *a) {
+    for (int i = 0; name && i < ZPP_HF_N_ARCH; i++)
+        if (!strcmp(name, archs[i].name)) {
+            *a = (zpp_hf_arch)i;
+            return 1;
+        }
+    return 0;
+}
+
+zpp_hf_arch zpp_hf_config_arch(const zpp_hf_config *c) {
+    zpp_hf_arch a = ZPP_HF_LLAMA;
+    zpp_hf_arch_parse(c->architecture, &a);
+    return a;
+}
+
+void zpp_hf_biases(const zpp_hf_config *c, int *qkv_bias_p, int *o_bias_p) {
+    const zpp_hf_arch a = zpp_hf_config_arch(c);
+    *qkv_bias_p = a == ZPP_HF_QWEN2 || (a == ZPP_HF_LLAMA && c->attention_bias);
+    *o_bias_p = a == ZPP_HF_LLAMA && c->attention_bias;
+}
+
+zpp_status zpp_hf_check_seq_len(const zpp_hf_config *c, int seq_len, const char *what) {
+    if (zpp_hf_config_arch(c) != ZPP_HF_MISTRAL || !c->sliding_window ||
+        seq_len <= c->sliding_window)
+        return ZPP_OK;
+    return zpp_error(ZPP_ERR_CONFIG,
+                     "%s: sliding_window %d is shorter than the run's %d-token sequences; zeropp "
+                     "has no sliding-window attention, so set model.seq_len to at most %d",
+                     what, c->sliding_window, seq_len, c->sliding_window);
+}
 
 /* ---- The plain fields: ints, doubles, booleans --------------------------------- */
 
@@ -51,15 +87,17 @@ enum { N_FIELDS = sizeof fields / sizeof fields[0] };
 
 /* Keys handled one by one below (the parse functions name them). */
 static const char *const special_keys[] = {"architectures", "rope_scaling", "torch_dtype",
-                                           "dtype",         "bos_token_id", "eos_token_id"};
+                                           "dtype",         "bos_token_id", "eos_token_id",
+                                           "model_type"};
 
 /* Keys that must hold one value, the one this model computes with: a
  * string, a boolean false or the number 0. rope_interleaved (SmolLM's
  * configs) false is HF's rotate-half pairing (i, i + head_dim / 2). */
 static const struct {
     const char *key, *string;
-} fixed_keys[] = {{"model_type", "llama"},   {"hidden_act", "silu"},
-                  {"mlp_bias", NULL},        {"attention_dropout", NULL},
+} fixed_keys[] = {{"hidden_act", "silu"},
+                  {"mlp_bias", NULL},
+                  {"attention_dropout", NULL},
                   {"rope_interleaved", NULL}};
 
 /* Bookkeeping that does not change the math: accepted and ignored.
@@ -110,9 +148,11 @@ static zpp_status parse_architectures(const cJSON *v, const char *what, zpp_hf_c
         return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"architectures\" is not a list of one "
                                          "name",
                          what);
-    if (!in_list(a->valuestring, known_architectures, COUNT(known_architectures)))
+    zpp_hf_arch arch;
+    if (!zpp_hf_arch_parse(a->valuestring, &arch))
         return zpp_error(ZPP_ERR_CONFIG, "config '%s': architecture '%s' is not supported; "
-                                         "zeropp reads LlamaForCausalLM",
+                                         "zeropp reads LlamaForCausalLM, MistralForCausalLM and "
+                                         "Qwen2ForCausalLM",
                          what, a->valuestring);
     snprintf(cfg->architecture, sizeof cfg->architecture, "%s", a->valuestring);
     return ZPP_OK;
@@ -222,11 +262,54 @@ static zpp_status parse_fixed(const cJSON *v, size_t i, const char *what) {
     return ZPP_OK;
 }
 
+/* The keys that differ by architecture (hf_config.h): model_type, Llama's
+ * attention_bias, Mistral's and Qwen2's sliding-window keys; *handled is 1
+ * when `e` is one of them (cfg->architecture is already read). */
+static zpp_status parse_arch_key(const cJSON *e, const char *what, zpp_hf_config *cfg,
+                                 int *handled) {
+    const zpp_hf_arch a = zpp_hf_config_arch(cfg);
+    const char *key = e->string, *name = archs[a].name;
+    *handled = 1;
+    if (!strcmp(key, "model_type")) {
+        if (!cJSON_IsString(e) || strcmp(e->valuestring, archs[a].model_type))
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': model_type must be \"%s\" for %s",
+                             what, archs[a].model_type, name);
+        return ZPP_OK;
+    }
+    if (a != ZPP_HF_LLAMA && !strcmp(key, "attention_bias"))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': attention_bias is not a key of %s (%s); "
+                                         "remove it",
+                         what, name, a == ZPP_HF_QWEN2 ? "q, k and v always have biases, o none"
+                                                       : "it has no biases");
+    if (a != ZPP_HF_LLAMA && !strcmp(key, "sliding_window")) {
+        cfg->sliding_window = 0; /* null: none */
+        if (!cJSON_IsNull(e) && (!json_int(e, &cfg->sliding_window) || cfg->sliding_window < 1))
+            return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"sliding_window\" is not null or a "
+                                             "positive integer",
+                             what);
+        return ZPP_OK;
+    }
+    if (a == ZPP_HF_QWEN2 && !strcmp(key, "use_sliding_window")) {
+        if (!cJSON_IsFalse(e))
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': use_sliding_window must be false; "
+                                             "zeropp has no sliding-window attention",
+                             what);
+        return ZPP_OK;
+    }
+    /* the layers past which Qwen2 slides its window: none when it does not */
+    if (a == ZPP_HF_QWEN2 && !strcmp(key, "max_window_layers")) return ZPP_OK;
+    *handled = 0;
+    return ZPP_OK;
+}
+
 /* Every key of the object, each to its parser; an unknown one refused. */
 static zpp_status parse_keys(const cJSON *j, const char *what, zpp_hf_config *cfg, int *seen) {
     const cJSON *e;
     cJSON_ArrayForEach(e, j) {
         const char *key = e->string;
+        int handled = 0;
+        ZPP_CHECK(parse_arch_key(e, what, cfg, &handled));
+        if (handled) continue;
         size_t i = 0;
         while (i < N_FIELDS && strcmp(key, fields[i].key)) i++;
         if (i < N_FIELDS) {
@@ -239,8 +322,7 @@ static zpp_status parse_keys(const cJSON *j, const char *what, zpp_hf_config *cf
             ZPP_CHECK(parse_fixed(e, i, what));
             continue;
         }
-        if (!strcmp(key, "architectures")) ZPP_CHECK(parse_architectures(e, what, cfg));
-        else if (!strcmp(key, "rope_scaling")) ZPP_CHECK(parse_rope_scaling(e, what, cfg));
+        if (!strcmp(key, "rope_scaling")) ZPP_CHECK(parse_rope_scaling(e, what, cfg));
         else if (!strcmp(key, "torch_dtype") || !strcmp(key, "dtype")) {
             if (!cJSON_IsNull(e)) ZPP_CHECK(parse_dtype(e, key, what, cfg));
         } else if (!in_list(key, special_keys, COUNT(special_keys)) &&
@@ -267,14 +349,17 @@ zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config
         st = zpp_error(ZPP_ERR_FORMAT, "config '%s' is not a JSON object", what);
         goto out;
     }
-    ZPP_CHECK_GOTO(parse_keys(j, what, &cfg, seen), st, out);
-    ZPP_CHECK_GOTO(parse_token_ids(j, what, &cfg), st, out);
-    if (!cfg.architecture[0]) {
+    /* the architecture first: which keys the others may be depends on it */
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    if (!arch) {
         st = zpp_error(ZPP_ERR_FORMAT, "config '%s': \"architectures\" is missing; a Llama "
                                        "config names LlamaForCausalLM",
                        what);
         goto out;
     }
+    ZPP_CHECK_GOTO(parse_architectures(arch, what, &cfg), st, out);
+    ZPP_CHECK_GOTO(parse_keys(j, what, &cfg, seen), st, out);
+    ZPP_CHECK_GOTO(parse_token_ids(j, what, &cfg), st, out);
     for (size_t i = 0; i < N_FIELDS; i++)
         if (fields[i].required && !seen[i]) {
             st = zpp_error(ZPP_ERR_FORMAT, "config '%s': \"%s\" is missing", what, fields[i].key);
@@ -300,10 +385,19 @@ out:
 
 zpp_status zpp_hf_config_check(const zpp_hf_config *c, const char *what) {
     if (!c || !what) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_check: NULL argument");
-    if (!in_list(c->architecture, known_architectures, COUNT(known_architectures)))
+    zpp_hf_arch arch;
+    if (!zpp_hf_arch_parse(c->architecture, &arch))
         return zpp_error(ZPP_ERR_CONFIG, "config '%s': architecture '%s' is not supported; "
-                                         "zeropp reads LlamaForCausalLM",
+                                         "zeropp reads LlamaForCausalLM, MistralForCausalLM and "
+                                         "Qwen2ForCausalLM",
                          what, c->architecture);
+    if (arch != ZPP_HF_LLAMA && c->attention_bias)
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': %s has no attention_bias (its biases are "
+                                         "fixed); leave it 0", what, c->architecture);
+    if (c->sliding_window < 0 || (arch == ZPP_HF_LLAMA && c->sliding_window))
+        return zpp_error(ZPP_ERR_CONFIG, "config '%s': sliding_window %d: %s", what,
+                         c->sliding_window, arch == ZPP_HF_LLAMA ? "LlamaForCausalLM has none"
+                                                                 : "negative; 0 is null");
     for (size_t i = 0; i < N_FIELDS; i++) {
         const void *p = (const char *)c + fields[i].offset;
         const int bad = fields[i].type == F_INT      ? *(const int *)p < 1
@@ -348,7 +442,9 @@ zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
     if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
     FILE *f = NULL;
     ZPP_CHECK(zpp_fopen_regular(path, "config", &f));
-    char *text = malloc(CONFIG_MAX_BYTES + 1);
+    /* room for the one byte past the limit that tells a too-large file and
+     * its NUL (which GCC cannot prove is never written there) */
+    char *text = malloc(CONFIG_MAX_BYTES + 2);
     const size_t n = text ? fread(text, 1, CONFIG_MAX_BYTES + 1, f) : 0;
     const int err = ferror(f);
     fclose(f);
@@ -402,6 +498,15 @@ static cJSON *eos_json(const zpp_hf_config *c) {
     return cJSON_CreateIntArray(c->eos_token_id, c->n_eos);
 }
 
+/* Mistral's sliding_window, Qwen2's with use_sliding_window false; nothing
+ * for Llama. */
+static int add_sliding_window(cJSON *j, const zpp_hf_config *c, zpp_hf_arch a) {
+    if (a == ZPP_HF_LLAMA) return 1;
+    if (a == ZPP_HF_QWEN2 && !cJSON_AddFalseToObject(j, "use_sliding_window")) return 0;
+    return c->sliding_window ? !!cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window)
+                             : !!cJSON_AddNullToObject(j, "sliding_window");
+}
+
 zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
     if (!text_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_format: NULL argument");
     ZPP_CHECK(zpp_hf_config_check(c, "(to write)"));
@@ -411,10 +516,13 @@ zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
                                                  (const char *const[]){c->architecture}, 1);
     int ok = j && arch && cJSON_AddItemToObject(j, "architectures", arch);
     if (!ok) cJSON_Delete(arch);
-    ok = ok && cJSON_AddStringToObject(j, "model_type", "llama") &&
-         cJSON_AddStringToObject(j, "hidden_act", "silu") && cJSON_AddFalseToObject(j, "mlp_bias");
+    const zpp_hf_arch a = zpp_hf_config_arch(c);
+    ok = ok && cJSON_AddStringToObject(j, "model_type", archs[a].model_type) &&
+         cJSON_AddStringToObject(j, "hidden_act", "silu") &&
+         (a != ZPP_HF_LLAMA || cJSON_AddFalseToObject(j, "mlp_bias"));
     for (size_t i = 0; ok && i < N_FIELDS; i++) { /* the plain fields, in the table's order */
         const void *p = (const char *)c + fields[i].offset;
+        if (a != ZPP_HF_LLAMA && !strcmp(fields[i].key, "attention_bias")) continue;
         ok = fields[i].type == F_INT ? !!cJSON_AddNumberToObject(j, fields[i].key, *(const int *)p)
              : fields[i].type == F_DOUBLE
                  ? add_double(j, fields[i].key, *(const double *)p)
@@ -428,7 +536,8 @@ zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
     for (int i = 0; i < 3; i++)
         if (!ok || !items[i] || !cJSON_AddItemToObject(j, keys[i], items[i]))
             ok = 0, cJSON_Delete(items[i]);
-    ok = ok && cJSON_AddStringToObject(j, "torch_dtype", dtype_names[c->torch_dtype]);
+    ok = ok && add_sliding_window(j, c, a) &&
+         cJSON_AddStringToObject(j, "torch_dtype", dtype_names[c->torch_dtype]);
     char *json = ok ? cJSON_Print(j) : NULL, *text = json ? strdup(json) : NULL;
     cJSON_free(json); /* the caller frees with free() */
     cJSON_Delete(j);

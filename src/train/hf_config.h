@@ -1,5 +1,6 @@
 /* train/hf_config.h — a Hugging Face Llama-family config.json, read and
- * written.
+ * written: LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM, one
+ * decoder under three names (zpp_hf_arch).
  *
  * transformers describes a model by config.json beside its safetensors
  * files. For the Llama family (LlamaConfig) the keys that fix the math are:
@@ -16,11 +17,22 @@
  *   (the output head is the token embedding), attention_bias (q/k/v/o
  *   biases), torch_dtype (the dtype of the stored weights), bos_token_id and
  *   eos_token_id (an int or a list).
+ * MistralForCausalLM (model_type "mistral", MistralConfig) is the same
+ * math with no biases (no attention_bias key) and a sliding_window: null,
+ * or W, each token attending to the W last positions (itself included),
+ * which equals full causal attention for sequences of up to W tokens:
+ * zeropp has no sliding-window attention, so a run's seq_len must be <= W
+ * (zpp_hf_check_seq_len). Qwen2ForCausalLM (model_type "qwen2",
+ * Qwen2Config) always has q, k and v biases and no o bias (no
+ * attention_bias key); use_sliding_window must be false, and then
+ * sliding_window and max_window_layers change nothing (the first kept, the
+ * second ignored).
  * Defaults are LlamaConfig's where it has one that a file may leave out;
  * the sizes (hidden, intermediate, layers, heads, vocabulary) are required.
  *
  * Refused, with one line naming the key: an architecture other than
- * LlamaForCausalLM, a rope_scaling type other than llama3, a key this
+ * those three, a model_type not the architecture's, a key of another
+ * architecture (attention_bias outside Llama, sliding_window in Llama), a rope_scaling type other than llama3, a key this
  * reader does not know (it would change the model silently otherwise; the
  * harmless bookkeeping keys transformers writes are accepted and ignored),
  * and shapes that do not fit (sizes not positive, H not dividing C without
@@ -55,8 +67,16 @@ typedef struct zpp_hf_rope_scaling {
 #define ZPP_HF_MAX_EOS 8
 #define ZPP_HF_NAME_MAX 64
 
+/* The architectures read (config.json's "architectures"[0]). */
+typedef enum zpp_hf_arch { ZPP_HF_LLAMA = 0, ZPP_HF_MISTRAL = 1, ZPP_HF_QWEN2 = 2 } zpp_hf_arch;
+#define ZPP_HF_N_ARCH 3
+/* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM". */
+const char *zpp_hf_arch_name(zpp_hf_arch a);
+/* The architecture called `name`: 1 and *a set, or 0 for an unknown one. */
+int zpp_hf_arch_parse(const char *name, zpp_hf_arch *a);
+
 typedef struct zpp_hf_config {
-    char architecture[ZPP_HF_NAME_MAX]; /* "LlamaForCausalLM" */
+    char architecture[ZPP_HF_NAME_MAX]; /* zpp_hf_arch_name of one of the three */
     int hidden_size;
     int intermediate_size;
     int num_hidden_layers;
@@ -69,13 +89,24 @@ typedef struct zpp_hf_config {
     double rope_theta;           /* default 10000 */
     zpp_hf_rope_scaling rope_scaling;
     int tie_word_embeddings; /* default 0 */
-    int attention_bias;      /* default 0 */
+    int attention_bias;      /* default 0; Llama's key only (0 in the others) */
+    int sliding_window;      /* Mistral, Qwen2: W, or 0 for null (absent); 0 in Llama */
     zpp_dtype torch_dtype;   /* "bfloat16", "float16", "float32" (default) */
     int bos_token_id;        /* -1: none (null or absent) */
     int n_eos;               /* eos_token_id: 0 (null or absent), 1, or a list's length */
     int eos_is_list;         /* written back as a list when 1 */
     int eos_token_id[ZPP_HF_MAX_EOS];
 } zpp_hf_config;
+
+/* The architecture of a checked config (zpp_hf_config_check). */
+zpp_hf_arch zpp_hf_config_arch(const zpp_hf_config *cfg);
+/* The model's biases by architecture: Llama's attention_bias gives q, k, v
+ * and o one each; Mistral has none; Qwen2 has q, k and v's, never o's. */
+void zpp_hf_biases(const zpp_hf_config *cfg, int *qkv_bias_p, int *o_bias_p);
+/* ZPP_ERR_CONFIG, naming sliding_window and both numbers, when sequences of
+ * seq_len tokens do not fit in a Mistral's sliding window (zeropp attends
+ * to every earlier position); `what` names the file. */
+zpp_status zpp_hf_check_seq_len(const zpp_hf_config *cfg, int seq_len, const char *what);
 
 /* Parses the JSON text of a config.json; `what` names it in messages (its
  * path). */

@@ -45,7 +45,9 @@ zpp_status zpp_hf_apply_shape(const zpp_hf_config *hf, zpp_train_config *cfg) {
     x->rope_theta = hf->rope_theta;
     x->norm_eps = hf->rms_norm_eps;
     x->untied_head = !hf->tie_word_embeddings;
-    x->qkv_bias = hf->attention_bias;
+    zpp_hf_biases(hf, &x->qkv_bias, &x->o_bias);
+    cfg->hf_architecture = zpp_hf_config_arch(hf);
+    cfg->hf_sliding_window = hf->sliding_window;
     const zpp_hf_rope_scaling *r = &hf->rope_scaling;
     x->rope_factor = r->llama3 ? r->factor : 0.0;
     x->rope_low_freq_factor = r->llama3 ? r->low_freq_factor : 0.0;
@@ -78,6 +80,20 @@ zpp_status zpp_hf_check_shape(const zpp_hf_config *hf, const zpp_train_config *c
                              "'%s' is %.17g in the config but %.17g in %s/config.json, which "
                              "defines the model's shape; drop the key or set it to %.17g",
                              keys[i], run[i], file[i], dir, file[i]);
+    if (cfg->hf_architecture != want.hf_architecture)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'model.hf_architecture' is \"%s\" in the config but %s/config.json "
+                         "names %s; drop the key or set it to \"%s\"",
+                         zpp_hf_arch_name(cfg->hf_architecture), dir, hf->architecture,
+                         hf->architecture);
+    if (cfg->hf_sliding_window != hf->sliding_window)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "'model.hf_sliding_window' is %d in the config but %d in %s/config.json; "
+                         "drop the key",
+                         cfg->hf_sliding_window, hf->sliding_window, dir);
+    char what[HF_PATH + 16];
+    snprintf(what, sizeof what, "%s/config.json", dir);
+    ZPP_CHECK(zpp_hf_check_seq_len(hf, cfg->model.seq_len, what));
     if (cfg->model.vocab_size < hf->vocab_size)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'model.vocab_size' %d is below the %d rows of %s's embedding; drop "
@@ -100,9 +116,11 @@ static zpp_hf_slot slot(const char *name, int unit, size_t offset, int64_t rows,
 }
 
 /* Layer N's slots (unit N + 1) into s, in transformers' module order:
- * self_attn q, k, v, o, mlp gate, up, down, then the two norms. */
+ * self_attn q, k, v, o, mlp gate, up, down, then the two norms. With
+ * all_four (Llama's attention_bias) a bias the model lacks beside one it
+ * has is a zero tensor. */
 static size_t layer_slots(const zpp_llama_config *c, const zpp_llama_layout *l, int N,
-                          zpp_hf_slot *s) {
+                          int all_four, zpp_hf_slot *s) {
     const int64_t C = c->n_embd, Ck = (int64_t)c->n_kv_head * (C / c->n_head), F = c->n_ffn;
     const int u = N + 1;
     char p[64], name[96];
@@ -110,17 +128,19 @@ static size_t layer_slots(const zpp_llama_config *c, const zpp_llama_layout *l, 
     size_t n = 0;
 #define SLOT(suffix, off, rows, cols) \
     (snprintf(name, sizeof name, "%s%s", p, suffix), s[n++] = slot(name, u, off, rows, cols))
+    const int any = all_four && (c->qkv_bias || c->o_bias);
+    const int qb = c->qkv_bias || any, ob = c->o_bias || any;
+#define BIAS(suffix, have, off, rows) \
+    (SLOT(suffix, (have) ? (off) : 0, rows, 0), s[n - 1].zero_tensor = !(have))
     SLOT("self_attn.q_proj.weight", l->wqkv, C, C);
-    if (c->qkv_bias) SLOT("self_attn.q_proj.bias", l->bqkv, C, 0);
+    if (qb) BIAS("self_attn.q_proj.bias", c->qkv_bias, l->bqkv, C);
     SLOT("self_attn.k_proj.weight", l->wqkv + (size_t)(C * C), Ck, C);
-    if (c->qkv_bias) SLOT("self_attn.k_proj.bias", l->bqkv + (size_t)C, Ck, 0);
+    if (qb) BIAS("self_attn.k_proj.bias", c->qkv_bias, l->bqkv + (size_t)C, Ck);
     SLOT("self_attn.v_proj.weight", l->wqkv + (size_t)((C + Ck) * C), Ck, C);
-    if (c->qkv_bias) SLOT("self_attn.v_proj.bias", l->bqkv + (size_t)(C + Ck), Ck, 0);
+    if (qb) BIAS("self_attn.v_proj.bias", c->qkv_bias, l->bqkv + (size_t)(C + Ck), Ck);
     SLOT("self_attn.o_proj.weight", l->wo, C, C);
-    if (c->qkv_bias) { /* HF Llama's attention_bias gives o_proj one: zeros here */
-        SLOT("self_attn.o_proj.bias", 0, C, 0);
-        s[n - 1].zero_tensor = 1;
-    }
+    if (ob) BIAS("self_attn.o_proj.bias", c->o_bias, l->bo, C);
+#undef BIAS
     SLOT("mlp.gate_proj.weight", l->wgu, F, C);
     SLOT("mlp.up_proj.weight", l->wgu + (size_t)(F * C), F, C);
     SLOT("mlp.down_proj.weight", l->wdown, C, F);
@@ -130,7 +150,8 @@ static size_t layer_slots(const zpp_llama_config *c, const zpp_llama_layout *l, 
     return n;
 }
 
-zpp_status zpp_hf_slots(const zpp_llama_config *c, zpp_hf_slot **slots_p, size_t *n_p) {
+zpp_status zpp_hf_slots(const zpp_llama_config *c, int all_four, zpp_hf_slot **slots_p,
+                        size_t *n_p) {
     zpp_llama_layout l;
     zpp_llama_layout_make(c, &l);
     const size_t per_layer = 13, n_max = 3 + per_layer * (size_t)c->n_layer; /* with biases */
@@ -138,7 +159,7 @@ zpp_status zpp_hf_slots(const zpp_llama_config *c, zpp_hf_slot **slots_p, size_t
     if (!s) return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
     size_t n = 0;
     s[n++] = slot("model.embed_tokens.weight", 0, l.wte, c->real_vocab_size, c->n_embd);
-    for (int N = 0; N < c->n_layer; N++) n += layer_slots(c, &l, N, s + n);
+    for (int N = 0; N < c->n_layer; N++) n += layer_slots(c, &l, N, all_four, s + n);
     s[n++] = slot("model.norm.weight", 0, l.norm_f, c->n_embd, 0);
     if (c->untied_head) s[n++] = slot("lm_head.weight", 0, l.head, c->real_vocab_size, c->n_embd);
     *slots_p = s, *n_p = n;
@@ -151,6 +172,7 @@ struct zpp_hf_model {
     char *dir;
     zpp_hf_config hf;
     zpp_llama_config cfg; /* of config.json alone: vocab_size = the file's rows */
+    int all_four;         /* Llama's attention_bias naming (zpp_hf_slots) */
     size_t n_files;
     zpp_st_file **files;
     zpp_hf_slot *slots;
@@ -230,6 +252,12 @@ static long find_slot(const zpp_hf_model *m, const char *name) {
     return -1;
 }
 
+/* "[a]" or "[a, b]" into out. */
+static void shape_text(char *out, size_t cap, int ndim, const int64_t *shape) {
+    if (ndim > 1) snprintf(out, cap, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+    else snprintf(out, cap, "[%lld]", ndim ? (long long)shape[0] : 1LL);
+}
+
 /* One tensor of the files against its slot: shape and dtype. */
 static zpp_status check_tensor(const zpp_hf_slot *s, const zpp_st_file *f,
                                const zpp_st_tensor *t) {
@@ -238,15 +266,12 @@ static zpp_status check_tensor(const zpp_hf_slot *s, const zpp_st_file *f,
                          zpp_st_path(f), t->name, zpp_st_dtype_name(t->dtype));
     int same = t->ndim == s->ndim;
     for (int d = 0; same && d < s->ndim; d++) same = t->shape[d] == s->shape[d];
-    if (!same)
-        return zpp_error(ZPP_ERR_FORMAT,
-                         "%s: tensor '%s' has shape [%lld%s%lld], config.json's model needs "
-                         "[%lld%s%lld]",
-                         zpp_st_path(f), t->name, (long long)t->shape[0],
-                         t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL,
-                         (long long)s->shape[0], s->ndim > 1 ? ", " : "",
-                         s->ndim > 1 ? (long long)s->shape[1] : 0LL);
-    return ZPP_OK;
+    if (same) return ZPP_OK;
+    char has[64], needs[64];
+    shape_text(has, sizeof has, t->ndim, t->shape);
+    shape_text(needs, sizeof needs, s->ndim, s->shape);
+    return zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' has shape %s, config.json's model needs %s",
+                     zpp_st_path(f), t->name, has, needs);
 }
 
 /* Every tensor of every file is a slot (or ignored), every slot is found. */
@@ -258,9 +283,9 @@ static zpp_status match_tensors(zpp_hf_model *m) {
             if (j < 0 && ignored_name(m, t->name)) continue;
             if (j < 0)
                 return zpp_error(ZPP_ERR_FORMAT,
-                                 "%s: tensor '%s' is no part of a LlamaForCausalLM of this "
-                                 "config.json (hf_model.h lists the names zeropp maps)",
-                                 zpp_st_path(m->files[i]), t->name);
+                                 "%s: tensor '%s' is no part of a %s of this config.json "
+                                 "(hf_model.h lists the names zeropp maps)",
+                                 zpp_st_path(m->files[i]), t->name, m->hf.architecture);
             if (m->slot_tensor[j])
                 return zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is in two files",
                                  m->dir, t->name);
@@ -275,22 +300,24 @@ static zpp_status match_tensors(zpp_hf_model *m) {
     return ZPP_OK;
 }
 
-/* o_proj's biases (attention_bias): this layout has none, so only zeros
- * map onto it exactly. */
+/* The zero tensors (zpp_hf_slots' all_four): the model has no room for
+ * them, so only zeros map onto it exactly. config.json's own model has
+ * all four biases or none, so none arise from an import today; a caller
+ * whose run differs would meet them here. */
 static zpp_status check_zero_tensors(zpp_hf_model *m) {
     float *x = NULL;
     zpp_status st = ZPP_OK;
     for (size_t j = 0; j < m->n_slots && st == ZPP_OK; j++) {
         if (!m->slots[j].zero_tensor) continue;
         const size_t n = m->slots[j].numel;
-        if (!x && !(x = malloc(n * sizeof *x))) /* every o_proj bias has C elements */
+        if (!x && !(x = malloc((size_t)m->cfg.n_embd * sizeof *x))) /* a bias: <= C */
             return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
         st = zpp_st_read_f32(m->slot_file[j], m->slot_tensor[j], 0, n, x);
         for (size_t i = 0; i < n && st == ZPP_OK; i++)
             if (x[i] != 0.0f)
                 st = zpp_error(ZPP_ERR_FORMAT,
-                               "%s: tensor '%s' has a nonzero element %zu (%g); zeropp's llama "
-                               "has q/k/v biases but none on o_proj",
+                               "%s: tensor '%s' has a nonzero element %zu (%g), but the model "
+                               "has no such bias",
                                m->dir, m->slots[j].name, i, (double)x[i]);
     }
     free(x);
@@ -316,7 +343,8 @@ zpp_status zpp_hf_model_open(const char *dir, zpp_hf_model **model_p) {
     shape.n_embd = tc.model.n_embd, shape.seq_len = 1;
     shape.vocab_size = shape.real_vocab_size = tc.model.vocab_size;
     ZPP_CHECK_GOTO(zpp_llama_config_of_shape(&shape, &m->cfg), st, out);
-    ZPP_CHECK_GOTO(zpp_hf_slots(&m->cfg, &m->slots, &m->n_slots), st, out);
+    m->all_four = zpp_hf_config_arch(&m->hf) == ZPP_HF_LLAMA;
+    ZPP_CHECK_GOTO(zpp_hf_slots(&m->cfg, m->all_four, &m->slots, &m->n_slots), st, out);
     m->slot_file = calloc(m->n_slots, sizeof *m->slot_file);
     m->slot_tensor = calloc(m->n_slots, sizeof *m->slot_tensor);
     if (!m->slot_file || !m->slot_tensor) {
@@ -342,14 +370,15 @@ zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, 
                                           "of range", unit, begin, count);
     if (cfg->n_layer != m->cfg.n_layer || cfg->n_embd != m->cfg.n_embd ||
         cfg->real_vocab_size != m->cfg.real_vocab_size || cfg->untied_head != m->cfg.untied_head ||
-        cfg->qkv_bias != m->cfg.qkv_bias || cfg->n_ffn != m->cfg.n_ffn ||
+        cfg->qkv_bias != m->cfg.qkv_bias || cfg->o_bias != m->cfg.o_bias ||
+        cfg->n_ffn != m->cfg.n_ffn ||
         cfg->n_kv_head != m->cfg.n_kv_head)
         return zpp_error(ZPP_ERR_CONFIG, "%s: the run's model is not config.json's", m->dir);
     /* padded rows (and anything no tensor covers) start at zero */
     memset(out, 0, count * sizeof *out);
     zpp_hf_slot *slots = NULL;
     size_t n = 0;
-    ZPP_CHECK(zpp_hf_slots(cfg, &slots, &n)); /* the run's offsets: its vocab_size */
+    ZPP_CHECK(zpp_hf_slots(cfg, m->all_four, &slots, &n)); /* the run's offsets: its vocab_size */
     zpp_status st = ZPP_OK;
     for (size_t j = 0; j < n && st == ZPP_OK; j++) {
         const zpp_hf_slot *s = &slots[j];
@@ -368,10 +397,22 @@ zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, 
 
 /* ---- Writing a folder ------------------------------------------------------------ */
 
-void zpp_hf_config_of_llama(const zpp_llama_config *c, int max_position_embeddings,
-                            zpp_hf_config *hf) {
+zpp_status zpp_hf_config_of_llama(const zpp_llama_config *c, zpp_hf_arch arch,
+                                  int max_position_embeddings, zpp_hf_config *hf) {
+    /* Mistral names a llama without biases, Qwen2 one with q/k/v's only */
+    const int fits = arch == ZPP_HF_LLAMA ||
+                     (arch == ZPP_HF_MISTRAL && !c->qkv_bias && !c->o_bias) ||
+                     (arch == ZPP_HF_QWEN2 && c->qkv_bias && !c->o_bias);
+    if (!fits)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "export: a %s has %s, but this llama has qkv_bias %d and o_bias %d; "
+                         "set model.hf_architecture to \"LlamaForCausalLM\" (its "
+                         "attention_bias holds any biases)",
+                         zpp_hf_arch_name(arch),
+                         arch == ZPP_HF_MISTRAL ? "no biases" : "q/k/v biases and no o bias",
+                         c->qkv_bias, c->o_bias);
     memset(hf, 0, sizeof *hf);
-    snprintf(hf->architecture, sizeof hf->architecture, "LlamaForCausalLM");
+    snprintf(hf->architecture, sizeof hf->architecture, "%s", zpp_hf_arch_name(arch));
     hf->hidden_size = c->n_embd;
     hf->intermediate_size = c->n_ffn;
     hf->num_hidden_layers = c->n_layer;
@@ -388,9 +429,10 @@ void zpp_hf_config_of_llama(const zpp_llama_config *c, int max_position_embeddin
     hf->rope_scaling.high_freq_factor = c->rope_high_freq_factor;
     hf->rope_scaling.original_max_position_embeddings = c->rope_original_max_pos;
     hf->tie_word_embeddings = !c->untied_head;
-    hf->attention_bias = c->qkv_bias;
+    hf->attention_bias = arch == ZPP_HF_LLAMA && (c->qkv_bias || c->o_bias);
     hf->torch_dtype = ZPP_FP32;
     hf->bos_token_id = -1;
+    return ZPP_OK;
 }
 
 typedef struct fill_ctx {
@@ -422,12 +464,12 @@ static void remove_dir(const char *dir) {
 }
 
 /* The sources of every slot, their fills in ctx. */
-static zpp_status export_sources(const zpp_llama_config *cfg, const float *const *units,
-                                 zpp_dtype dtype, zpp_st_source **src_p, fill_ctx **ctx_p,
-                                 size_t *n_p) {
+static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
+                                 const float *const *units, zpp_dtype dtype,
+                                 zpp_st_source **src_p, fill_ctx **ctx_p, size_t *n_p) {
     zpp_hf_slot *s = NULL;
     size_t n = 0;
-    ZPP_CHECK(zpp_hf_slots(cfg, &s, &n));
+    ZPP_CHECK(zpp_hf_slots(cfg, all_four, &s, &n));
     zpp_st_source *src = calloc(n, sizeof *src);
     fill_ctx *ctx = calloc(n, sizeof *ctx);
     char *names = malloc(n * sizeof s->name);
@@ -459,6 +501,16 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
     if (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16)
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: dtype %d is not fp32, bf16 or fp16",
                          (int)dtype);
+    /* config.json's biases must be the model's: Llama's attention_bias any */
+    int qkv_bias, o_bias;
+    zpp_hf_biases(hf, &qkv_bias, &o_bias);
+    const int same = zpp_hf_config_arch(hf) == ZPP_HF_LLAMA
+                         ? hf->attention_bias == (cfg->qkv_bias || cfg->o_bias)
+                         : qkv_bias == cfg->qkv_bias && o_bias == cfg->o_bias;
+    if (!same)
+        return zpp_error(ZPP_ERR_CONFIG, "export: config.json's %s has other biases than the "
+                                         "model's (qkv_bias %d, o_bias %d)",
+                         hf->architecture, cfg->qkv_bias, cfg->o_bias);
     struct stat sb;
     if (stat(dir, &sb) == 0)
         return zpp_error(ZPP_ERR_IO, "export: %s exists; give a new folder (the export writes "
@@ -472,7 +524,8 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
     zpp_st_source *src = NULL;
     fill_ctx *ctx = NULL;
     size_t n = 0;
-    zpp_status st = export_sources(cfg, units, dtype, &src, &ctx, &n);
+    zpp_status st = export_sources(cfg, zpp_hf_config_arch(hf) == ZPP_HF_LLAMA, units, dtype,
+                                   &src, &ctx, &n);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (st == ZPP_OK) st = zpp_hf_config_write(path, &c);
     if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, max_shard_bytes, shards_p);

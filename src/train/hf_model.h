@@ -2,7 +2,8 @@
  * safetensors) mapped onto the llama family's units (model/llama.h), in
  * and out: `zeropp train --init-from DIR` and `zeropp export --format hf`.
  *
- * THE FOLDER: config.json (train/hf_config.h: LlamaForCausalLM) and either
+ * THE FOLDER: config.json (train/hf_config.h: LlamaForCausalLM,
+ * MistralForCausalLM or Qwen2ForCausalLM, the same tensor names) and either
  * model.safetensors or model.safetensors.index.json with the shards it
  * names (train/safetensors.h). Tensors in BF16, F16 or F32, any order, in
  * any file.
@@ -12,12 +13,16 @@
  * num_key_value_heads -> n_kv_head, intermediate_size -> n_ffn,
  * vocab_size -> real_vocab_size (and vocab_size, unless the run pads it),
  * rope_theta, rms_norm_eps -> norm_eps, tie_word_embeddings -> !untied_head,
- * attention_bias -> qkv_bias, rope_scaling (llama3) -> rope_factor,
- * rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos.
+ * the biases by architecture (zpp_hf_biases: Llama's attention_bias ->
+ * qkv_bias and o_bias, Qwen2 -> qkv_bias, Mistral none), the architecture
+ * -> model.hf_architecture (what an export names), rope_scaling (llama3)
+ * -> rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+ * rope_original_max_pos.
  * zpp_hf_apply_shape writes these into a run's config before the user's
  * --config and --set are read over it; zpp_hf_check_shape then refuses, with
  * one line naming the key and both values, a config that changed any of
- * them. Left to the run: model.seq_len (T; RoPE has no table to outgrow),
+ * them. Left to the run: model.seq_len (T; RoPE has no table to outgrow;
+ * a Mistral's sliding_window bounds it, zpp_hf_check_seq_len),
  * and model.vocab_size, which may pad the embedding past the file's rows
  * (those rows start at zero, outside the softmax). A head_dim other than
  * hidden_size / num_attention_heads is refused: the layout's head dim is
@@ -31,11 +36,12 @@
  *   model.layers.N.input_layernorm.weight           [C]   norm1
  *   model.layers.N.self_attn.{q,k,v}_proj.weight    [H hd | KV hd, C]  wqkv's
  *                                                   three row blocks
- *   model.layers.N.self_attn.{q,k,v}_proj.bias      bqkv's (attention_bias)
+ *   model.layers.N.self_attn.{q,k,v}_proj.bias      bqkv's (qkv_bias)
  *   model.layers.N.self_attn.o_proj.weight          [C, C]  wo
- *   model.layers.N.self_attn.o_proj.bias            [C]     attention_bias:
- *       transformers' Llama gives o_proj a bias too; this layout has none,
- *       so it must be all zeros on import, and is written as zeros
+ *   model.layers.N.self_attn.o_proj.bias            [C]     bo (o_bias)
+ *       A LlamaForCausalLM's attention_bias gives all four biases, so a
+ *       model with only some of them (a Qwen2-style run exported as a
+ *       Llama) writes the others as zeros (zpp_hf_slots' all_four)
  *   model.layers.N.post_attention_layernorm.weight  [C]   norm2
  *   model.layers.N.mlp.{gate,up}_proj.weight        [F, C]  wgu's two halves
  *   model.layers.N.mlp.down_proj.weight             [C, F]  wdown
@@ -77,8 +83,8 @@ zpp_status zpp_hf_check_shape(const zpp_hf_config *hf, const zpp_train_config *c
                               const char *dir);
 
 /* One HF tensor's place in the units: elements [offset, offset + numel) of
- * `unit` are the tensor `name` (row-major, shape[0..ndim)), or zeros of no
- * tensor when name[0] is 0 (o_proj's bias: `zero_tensor`, in no unit). */
+ * `unit` are the tensor `name` (row-major, shape[0..ndim)), or, with
+ * zero_tensor, a bias the model lacks, in no unit. */
 typedef struct zpp_hf_slot {
     char name[96];
     int unit;
@@ -90,14 +96,17 @@ typedef struct zpp_hf_slot {
 
 /* The slots of a Llama of config `cfg` (vocab: the file's rows, cfg's
  * real_vocab_size) in transformers' state_dict order (the order
- * save_pretrained fills shards in); *n_p of them into a malloc'd array. */
-zpp_status zpp_hf_slots(const zpp_llama_config *cfg, zpp_hf_slot **slots_p, size_t *n_p);
+ * save_pretrained fills shards in); *n_p of them into a malloc'd array.
+ * all_four: named as a LlamaForCausalLM, whose attention_bias gives q, k,
+ * v and o a bias each when it gives any, those cfg lacks zero tensors. */
+zpp_status zpp_hf_slots(const zpp_llama_config *cfg, int all_four, zpp_hf_slot **slots_p,
+                        size_t *n_p);
 
 typedef struct zpp_hf_model zpp_hf_model;
 
 /* Opens folder `dir`: config.json, the index if any, every safetensors
  * file's header, and checks that the tensors are exactly the slots of
- * config.json's Llama (names, shapes, dtypes; o_proj biases all zero). */
+ * config.json's Llama (names, shapes, dtypes; zero tensors all zero). */
 zpp_status zpp_hf_model_open(const char *dir, zpp_hf_model **model_p);
 void zpp_hf_model_close(zpp_hf_model *m); /* NULL is ignored */
 const zpp_hf_config *zpp_hf_model_config(const zpp_hf_model *m);
@@ -122,10 +131,12 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
                          const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
                          int *shards_p);
 
-/* The HF config of a Llama `cfg` with max_position_embeddings and the
- * token ids given (what a checkpoint does not keep). */
-void zpp_hf_config_of_llama(const zpp_llama_config *cfg, int max_position_embeddings,
-                            zpp_hf_config *hf_p);
+/* The HF config of a Llama `cfg` named as `arch`, with
+ * max_position_embeddings given and no token ids (what a checkpoint does
+ * not keep). ZPP_ERR_CONFIG when arch cannot name it: a Mistral has no
+ * biases, a Qwen2 q/k/v biases and no o bias. */
+zpp_status zpp_hf_config_of_llama(const zpp_llama_config *cfg, zpp_hf_arch arch,
+                                  int max_position_embeddings, zpp_hf_config *hf_p);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include "core/file.h"
 #include "model/gpt2.h"
 #include "train/data.h"
+#include "train/hf_model.h"
 
 #define LLMC_HEADER_BYTES (4 * ZPP_LLMC_HEADER_INTS)
 #define LLMC_TOKENS_MAGIC ZPP_DATA_LLMC_MAGIC /* train/data.h: llm.c's token files */
@@ -413,23 +414,88 @@ static zpp_status tokens_read(const token_file *tf, size_t first, size_t n, int3
 
 /* ---- Evaluation ----------------------------------------------------------------- */
 
+/* What eval reads a model from: an llm.c file (a GPT-2), or a Hugging Face
+ * folder (a llama, imported as `train --init-from` does: hf_model.h). */
+typedef struct eval_src {
+    zpp_llmc_file *llmc;
+    zpp_hf_model *hf;
+    zpp_llama_config lc; /* the folder's llama, at the run's seq_len */
+    zpp_dtype dtype;     /* the model's parameters: fp32; bf16 for the CUDA llama */
+} eval_src;
+
+/* The folder's shape through the import's own functions (its config.json
+ * defines it; seq_len 0: max_position_embeddings), and its model. */
+static zpp_status hf_model_make(eval_src *s, const char *dir, int seq_len, int B,
+                                zpp_device *dev, zpp_model **m) {
+    ZPP_CHECK(zpp_hf_model_open(dir, &s->hf));
+    const zpp_hf_config *hf = zpp_hf_model_config(s->hf);
+    zpp_train_config tc;
+    ZPP_CHECK(zpp_train_config_defaults(&tc));
+    ZPP_CHECK(zpp_hf_apply_shape(hf, &tc));
+    tc.model.seq_len = seq_len ? seq_len : hf->max_position_embeddings;
+    ZPP_CHECK(zpp_hf_check_shape(hf, &tc, dir));
+    const zpp_decoder_shape shape = zpp_train_config_shape(&tc);
+    ZPP_CHECK(zpp_llama_config_of_shape(&shape, &s->lc));
+    /* the CUDA llama computes in bf16 only (llama.h); the CPU one in fp32 */
+    s->dtype = dev->mem == ZPP_MEM_HOST ? ZPP_FP32 : ZPP_BF16;
+    return zpp_model_family_create("llama", &shape, s->dtype, B, dev, m);
+}
+
+static zpp_status src_open(eval_src *s, const char *path, const zpp_llmc_eval_opts *o,
+                           zpp_device *dev, zpp_model **m) {
+    memset(s, 0, sizeof *s);
+    if (zpp_hf_is_model_dir(path)) return hf_model_make(s, path, o->seq_len, o->batch_size, dev, m);
+    if (o->seq_len)
+        return zpp_error(ZPP_ERR_CONFIG, "eval: --seq-len is for a Hugging Face folder; an llm.c "
+                                         "file's T is its own");
+    ZPP_CHECK(zpp_llmc_open(path, &s->llmc));
+    s->dtype = ZPP_FP32;
+    return zpp_gpt2_create(&s->llmc->info.model, ZPP_FP32, o->batch_size, dev, m);
+}
+
+static void src_close(eval_src *s) {
+    zpp_llmc_close(s->llmc);
+    zpp_hf_model_close(s->hf);
+}
+
+/* Unit u whole into host (fp32), then in the model's dtype in place. */
+static zpp_status src_read_unit(eval_src *s, int u, size_t n, float *host) {
+    if (s->llmc) return zpp_llmc_read_unit(s->llmc, u, 0, n, host);
+    ZPP_CHECK(zpp_hf_model_read_unit(s->hf, &s->lc, u, 0, n, host));
+    for (size_t i = 0; s->dtype != ZPP_FP32 && i < n; i++) /* narrower: ahead of the read */
+        zpp_store_f32(host, s->dtype, i, host[i]);
+    return ZPP_OK;
+}
+
+/* Each unit whole, in the model's dtype, in the device's memory. */
+static zpp_status load_params(eval_src *s, zpp_model *m, zpp_device *dev, void **params,
+                              float *host) {
+    for (int u = 0; u < m->n_units; u++) {
+        const size_t bytes = m->unit_numel[u] * zpp_dtype_size(s->dtype);
+        ZPP_CHECK(zpp_device_alloc(dev, bytes, &params[u]));
+        ZPP_CHECK(src_read_unit(s, u, m->unit_numel[u], host));
+        ZPP_CHECK(zpp_device_copy(dev, params[u], host, bytes));
+    }
+    return ZPP_OK;
+}
+
 zpp_status zpp_llmc_eval(const char *model_path, const char *tokens_path,
                          const zpp_llmc_eval_opts *o, zpp_device *dev, double *loss_p) {
     if (!model_path || !tokens_path || !o || !dev || !loss_p)
         return zpp_error(ZPP_ERR_INVALID, "zpp_llmc_eval: NULL argument");
-    if (o->batch_size < 1 || o->batches < 1)
-        return zpp_error(ZPP_ERR_INVALID, "eval: batch size %d and batches %d must be >= 1",
-                         o->batch_size, o->batches);
-    zpp_llmc_file *f = NULL;
+    if (o->batch_size < 1 || o->batches < 1 || o->seq_len < 0)
+        return zpp_error(ZPP_ERR_INVALID, "eval: batch size %d and batches %d must be >= 1, "
+                                          "seq_len %d >= 0",
+                         o->batch_size, o->batches, o->seq_len);
+    eval_src src;
     zpp_model *m = NULL;
     token_file tf = {-1, NULL, 0, 0, 0};
     void **params = NULL;
     float *host = NULL;
     int32_t *buf = NULL;
-    zpp_status st = ZPP_OK;
-    ZPP_CHECK(zpp_llmc_open(model_path, &f));
-    const zpp_gpt2_config cfg = f->info.model;
-    const size_t B = (size_t)o->batch_size, T = (size_t)cfg.seq_len, K = (size_t)o->batches;
+    zpp_status st = src_open(&src, model_path, o, dev, &m);
+    if (st != ZPP_OK) goto out;
+    const size_t B = (size_t)o->batch_size, T = (size_t)m->seq_len, K = (size_t)o->batches;
     ZPP_CHECK_GOTO(tokens_open(tokens_path, &tf), st, out);
     /* batch i reads tokens [i B T, (i + 1) B T + 1) */
     if ((double)K * (double)B * (double)T + 1.0 > (double)tf.n) {
@@ -439,7 +505,6 @@ zpp_status zpp_llmc_eval(const char *model_path, const char *tokens_path,
                        tokens_path, tf.n, K, B, T, (double)K * (double)B * (double)T + 1.0);
         goto out;
     }
-    ZPP_CHECK_GOTO(zpp_gpt2_create(&cfg, ZPP_FP32, o->batch_size, dev, &m), st, out);
     params = calloc((size_t)m->n_units, sizeof *params);
     size_t most = 0;
     for (int u = 0; u < m->n_units; u++) most = m->unit_numel[u] > most ? m->unit_numel[u] : most;
@@ -449,13 +514,7 @@ zpp_status zpp_llmc_eval(const char *model_path, const char *tokens_path,
         st = zpp_error(ZPP_ERR_NOMEM, "eval: out of host memory");
         goto out;
     }
-    /* each unit whole, in fp32, in the device's memory */
-    for (int u = 0; u < m->n_units; u++) {
-        const size_t bytes = m->unit_numel[u] * sizeof(float);
-        ZPP_CHECK_GOTO(zpp_device_alloc(dev, bytes, &params[u]), st, out);
-        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, 0, m->unit_numel[u], host), st, out);
-        ZPP_CHECK_GOTO(zpp_device_copy(dev, params[u], host, bytes), st, out);
-    }
+    ZPP_CHECK_GOTO(load_params(&src, m, dev, params, host), st, out);
     double sum = 0.0;
     for (size_t i = 0; i < K; i++) {
         ZPP_CHECK_GOTO(tokens_read(&tf, i * B * T, B * T + 1, buf), st, out);
@@ -479,6 +538,6 @@ out:
     if (tf.fd >= 0) close(tf.fd);
     free(host);
     free(buf);
-    zpp_llmc_close(f);
+    src_close(&src);
     return st;
 }

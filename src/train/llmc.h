@@ -98,10 +98,14 @@ zpp_status zpp_llmc_write(const char *path, const zpp_gpt2_config *model, zpp_dt
 typedef struct zpp_llmc_eval_opts {
     int batch_size; /* B sequences per batch */
     int batches;    /* K batches */
+    int seq_len;    /* a Hugging Face folder's T; 0 = its max_position_embeddings */
 } zpp_llmc_eval_opts;
 
 /* The mean loss of K batches of the model file on `dev` (the host: the CPU
- * model; a GPU: the CUDA model), fp32 parameters. Batch i is llm.c's
+ * model; a GPU: the CUDA model), fp32 parameters. model_path may also be a
+ * Hugging Face folder (train/hf_model.h), read as `zeropp train
+ * --init-from` reads it (config.json defines the llama, at T = seq_len),
+ * its parameters fp32 on the host and bf16 on a GPU (the CUDA llama's). Batch i is llm.c's
  * DataLoader batch i from the start of the token file: inputs tokens
  * [i B T, (i + 1) B T), targets the same shifted by one, T the model's
  * seq_len; so the file needs K B T + 1 tokens. Each batch's loss is the mean

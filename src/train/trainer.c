@@ -514,6 +514,7 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
         m.ext.n_kv_head = lc.n_kv_head, m.ext.n_ffn = lc.n_ffn;
         m.ext.rope_theta = lc.rope_theta, m.ext.norm_eps = lc.norm_eps;
         m.ext.untied_head = lc.untied_head, m.ext.qkv_bias = lc.qkv_bias;
+        m.ext.o_bias = lc.o_bias;
         m.ext.rope_factor = lc.rope_factor, m.ext.rope_low_freq_factor = lc.rope_low_freq_factor;
         m.ext.rope_high_freq_factor = lc.rope_high_freq_factor;
         m.ext.rope_original_max_pos = lc.rope_original_max_pos;

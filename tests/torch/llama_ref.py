@@ -10,13 +10,13 @@ step's forward, before its update (what `zeropp train --metrics` logs).
 
 The model is LlamaForCausalLM's arithmetic written out (not transformers):
   h = embed[tokens]
-  per layer:  a = RMSNorm(h) * g1;  q, k, v = a Wq^T (+bq), a Wk^T, a Wv^T
+  per layer:  a = RMSNorm(h) * g1;  q, k, v = a Wq^T (+bq), a Wk^T (+bk), a Wv^T (+bv)
               RoPE on q and k (HF's rotate-half: channel i pairs with
               i + hd/2, turned by position * theta^(-2i/hd), Llama 3's
               rope_scaling when given); each of the n_kv_heads key/value
               heads serves n_heads / n_kv_heads consecutive query heads
               (HF's repeat_kv); causal softmax(q k^T / sqrt(hd)) v;
-              h = h + o Wo^T;  b = RMSNorm(h) * g2;
+              h = h + o Wo^T (+bo);  b = RMSNorm(h) * g2;
               h = h + (silu(b Wgate^T) * (b Wup^T)) Wdown^T
   logits = RMSNorm(h) * gf  Whead^T  (Whead = embed when tied)
   loss = mean over every token of the batch of cross-entropy
