@@ -88,6 +88,79 @@ __global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count
     if (threadIdx.x == 0) count[blockIdx.x] = 0;
 }
 
+/* colsum_kernel for rows of whole 16-byte vectors (W % 8 == 0, aligned),
+ * with the same grid and the same partials: a CTA still owns 256 columns
+ * and R rows, but its 8 warps split the rows (warp w takes rows r0 + w,
+ * r0 + w + 8, ..., in order) and each lane reads 8 adjacent columns a
+ * load, so a warp reads whole rows of 512 or 1,024 bytes and every thread
+ * has several 16-byte loads in flight (the scalar kernel, one 2- or 4-byte
+ * load a thread a row, waited on memory latency: half the bandwidth). The
+ * warps' sums meet in shared memory, added warp 0 first; the CTA's partial
+ * and the last CTA's sum over chunks are colsum_kernel's. A fixed order
+ * throughout: the same shape gives the same bits (not the scalar kernel's
+ * bits: the rows are associated differently). */
+constexpr int kColsumWarps = kThreads / 32;
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, const float *x,
+               const float *mean, const float *rstd, int n, int W, int R) {
+    __shared__ float red[2][kColsumWarps][kThreads];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = (int)gridDim.y;
+    const int c0 = blockIdx.x * kThreads + 8 * lane; /* this lane's 8 columns */
+    float sw[8] = {0}, sb[8] = {0};
+    if (c0 < W) {
+        const int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
+#pragma unroll 4
+        for (int r = r0 + warp; r < r1; r += kColsumWarps) {
+            float d[8];
+            load8(dy + (size_t)r * W + c0, d);
+            if (mean) {
+                float xv[8];
+                load8(x + (size_t)r * W + c0, xv);
+                const float m = mean[r], s = rstd[r];
+#pragma unroll
+                for (int k = 0; k < 8; k++) sw[k] += d[k] * ((xv[k] - m) * s);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) sb[k] += d[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        red[0][warp][8 * lane + k] = sw[k];
+        red[1][warp][8 * lane + k] = sb[k];
+    }
+    __syncthreads();
+    const int j = threadIdx.x, c = blockIdx.x * kThreads + j; /* one column a thread */
+    float *pw = part, *pb = part + (size_t)chunks * W;
+    if (c < W) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int w = 0; w < kColsumWarps; w++) {
+            tw += red[0][w][j];
+            tb += red[1][w][j];
+        }
+        if (mean) pw[(size_t)blockIdx.y * W + c] = tw;
+        pb[(size_t)blockIdx.y * W + c] = tb;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)chunks - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (c < W) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int k = 0; k < chunks; k++) {
+            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
+            tb += __ldcg(pb + (size_t)k * W + c);
+        }
+        if (mean) dw[c] += tw;
+        db[c] += tb;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = 0;
+}
+
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
  * whose epilogue takes the bias in the output's type. */
 template <typename E>
@@ -494,9 +567,18 @@ zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaD
     if (n <= 0 || W <= 0) return ZPP_OK;
     int R = colsum_rows(n, W), chunks = (n + R - 1) / R;
     dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
-    if (dt == CUDA_R_32F)
+    /* whole 16-byte vectors: every row starts aligned when W % 8 == 0 */
+    const bool v = W % 8 == 0 && zpp_cu_vec8_ok(dy, x);
+    if (dt == CUDA_R_32F && v)
+        colsum8_kernel<float><<<grid, kThreads, 0, cu->stream>>>(
+            db, dw, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n, W, R);
+    else if (dt == CUDA_R_32F)
         colsum_kernel<float><<<grid, kThreads, 0, cu->stream>>>(
             db, dw, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n, W, R);
+    else if (v)
+        ZPP_WITH_E(cu->dtype, colsum8_kernel<E><<<grid, kThreads, 0, cu->stream>>>(
+                                  db, dw, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
+                                  mean, rstd, n, W, R));
     else
         ZPP_WITH_E(cu->dtype, colsum_kernel<E><<<grid, kThreads, 0, cu->stream>>>(
                                   db, dw, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
