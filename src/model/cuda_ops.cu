@@ -41,34 +41,20 @@ __global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
     for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) st(dst, i, src[i]);
 }
 
-/* Column sums, deterministic: CTA (cx, cy) sums column
- * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
- * into its partial; the last CTA of column block cx to finish (a counter
- * per block, taken after a fence that publishes the partials) adds the
- * partials of its columns, chunks in order, into the gradient and resets
- * the counter for the next sum. Whichever CTA finishes last, the sums and
- * their order are the same: the same shape gives the same bits. Threads
- * run along a row, so every load is coalesced. A bias gradient sums dy
- * into db; with the LayerNorm's statistics (mean != NULL) also
- * dy * (x - mean) rstd into dw (weight and bias). */
-template <typename T>
-__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
-                              const float *x, const float *mean, const float *rstd, int n, int W,
-                              int R) {
+/* The end of every column sum: thread c of column block blockIdx.x holds
+ * its CTA's sums (tw, tb) of column c over the CTA's chunk of rows; they
+ * become the chunk's partials, and the last CTA of the column block to
+ * finish (a counter per block, taken after a fence that publishes the
+ * partials) adds the partials of its columns, chunks in order, into the
+ * gradient and resets the counter for the next sum. */
+__device__ __forceinline__ void colsum_finish(float *db, float *dw, float *part, unsigned *count,
+                                              int W, int c, float tw, float tb) {
     __shared__ bool last;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, chunks = (int)gridDim.y;
+    const int chunks = (int)gridDim.y;
     float *pw = part, *pb = part + (size_t)chunks * W;
     if (c < W) {
-        int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
-        float sw = 0.0f, sb = 0.0f;
-#pragma unroll 4
-        for (int r = r0; r < r1; r++) {
-            float d = ld(dy, (size_t)r * W + c);
-            if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
-            sb += d;
-        }
-        if (mean) pw[(size_t)blockIdx.y * W + c] = sw;
-        pb[(size_t)blockIdx.y * W + c] = sb;
+        if (dw) pw[(size_t)blockIdx.y * W + c] = tw;
+        pb[(size_t)blockIdx.y * W + c] = tb;
     }
     __threadfence();
     __syncthreads();
@@ -77,15 +63,41 @@ __global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count
     if (!last) return;
     __threadfence();
     if (c < W) {
-        float tw = 0.0f, tb = 0.0f;
+        tw = 0.0f, tb = 0.0f;
         for (int k = 0; k < chunks; k++) {
-            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
+            if (dw) tw += __ldcg(pw + (size_t)k * W + c);
             tb += __ldcg(pb + (size_t)k * W + c);
         }
-        if (mean) dw[c] += tw;
+        if (dw) dw[c] += tw;
         db[c] += tb;
     }
     if (threadIdx.x == 0) count[blockIdx.x] = 0;
+}
+
+/* Column sums, deterministic: CTA (cx, cy) sums column
+ * c = cx * blockDim.x + tid over rows [cy R, (cy + 1) R), rows in order,
+ * into its partial, and colsum_finish adds the partials. Whichever CTA
+ * finishes last, the sums and their order are the same: the same shape
+ * gives the same bits. Threads run along a row, so every load is
+ * coalesced. A bias gradient sums dy into db; with the LayerNorm's
+ * statistics (mean != NULL, dw too) also dy * (x - mean) rstd into dw
+ * (weight and bias). */
+template <typename T>
+__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
+                              const float *x, const float *mean, const float *rstd, int n, int W,
+                              int R) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    float sw = 0.0f, sb = 0.0f;
+    if (c < W) {
+        int r0 = blockIdx.y * R, r1 = min(n, r0 + R);
+#pragma unroll 4
+        for (int r = r0; r < r1; r++) {
+            float d = ld(dy, (size_t)r * W + c);
+            if (mean) sw += d * ((x[(size_t)r * W + c] - mean[r]) * rstd[r]);
+            sb += d;
+        }
+    }
+    colsum_finish(db, mean ? dw : NULL, part, count, W, c, sw, sb);
 }
 
 /* colsum_kernel for rows of whole 16-byte vectors (W % 8 == 0, aligned),
@@ -95,8 +107,8 @@ __global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count
  * load, so a warp reads whole rows of 512 or 1,024 bytes and every thread
  * has several 16-byte loads in flight (the scalar kernel, one 2- or 4-byte
  * load a thread a row, waited on memory latency: half the bandwidth). The
- * warps' sums meet in shared memory, added warp 0 first; the CTA's partial
- * and the last CTA's sum over chunks are colsum_kernel's. A fixed order
+ * warps' sums meet in shared memory, added warp 0 first; colsum_finish
+ * adds the CTAs' partials as for colsum_kernel. A fixed order
  * throughout: the same shape gives the same bits (not the scalar kernel's
  * bits: the rows are associated differently). */
 constexpr int kColsumWarps = kThreads / 32;
@@ -105,8 +117,7 @@ __global__ void __launch_bounds__(kThreads)
 colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, const float *x,
                const float *mean, const float *rstd, int n, int W, int R) {
     __shared__ float red[2][kColsumWarps][kThreads];
-    __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = (int)gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c0 = blockIdx.x * kThreads + 8 * lane; /* this lane's 8 columns */
     float sw[8] = {0}, sb[8] = {0};
     if (c0 < W) {
@@ -133,32 +144,12 @@ colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, 
     }
     __syncthreads();
     const int j = threadIdx.x, c = blockIdx.x * kThreads + j; /* one column a thread */
-    float *pw = part, *pb = part + (size_t)chunks * W;
-    if (c < W) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int w = 0; w < kColsumWarps; w++) {
-            tw += red[0][w][j];
-            tb += red[1][w][j];
-        }
-        if (mean) pw[(size_t)blockIdx.y * W + c] = tw;
-        pb[(size_t)blockIdx.y * W + c] = tb;
+    float tw = 0.0f, tb = 0.0f;
+    for (int w = 0; w < kColsumWarps; w++) {
+        tw += red[0][w][j];
+        tb += red[1][w][j];
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&count[blockIdx.x], 1u) == (unsigned)chunks - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (c < W) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int k = 0; k < chunks; k++) {
-            if (mean) tw += __ldcg(pw + (size_t)k * W + c);
-            tb += __ldcg(pb + (size_t)k * W + c);
-        }
-        if (mean) dw[c] += tw;
-        db[c] += tb;
-    }
-    if (threadIdx.x == 0) count[blockIdx.x] = 0;
+    colsum_finish(db, mean ? dw : NULL, part, count, W, c, tw, tb);
 }
 
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
