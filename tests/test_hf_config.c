@@ -233,6 +233,12 @@ static void test_arch_refusals(void) {
          "\"sliding_window\" is not null or a positive integer"},
         {mistral_7b, "\"use_cache\": true", "\"use_sliding_window\": false",
          "unknown key \"use_sliding_window\""},
+        {qwen2_05b, "\"use_cache\": true", "\"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+         "layer_types[1] is \"sliding_attention\"; zeropp has only full attention"},
+        {qwen2_05b, "\"use_cache\": true", "\"layer_types\": [\"full_attention\"]",
+         "layer_types lists 1 layers, num_hidden_layers is 24"},
+        {qwen2_05b, "\"use_cache\": true", "\"layer_types\": \"full_attention\"",
+         "\"layer_types\" is not a list"},
         {llama_1b, "\"LlamaForCausalLM\"", "\"Qwen3ForCausalLM\"",
          "architecture 'Qwen3ForCausalLM' is not supported; zeropp reads LlamaForCausalLM, "
          "MistralForCausalLM and Qwen2ForCausalLM"},
@@ -244,6 +250,16 @@ static void test_arch_refusals(void) {
         EXPECT_MSG(bad[i].why);
         free(text);
     }
+    /* layer_types, as newer transformers write them: read when every layer
+     * attends to the whole sequence */
+    char types[1024] = "\"layer_types\": [";
+    for (int l = 0; l < 24; l++) strcat(types, l ? ", \"full_attention\"" : "\"full_attention\"");
+    strcat(types, "]");
+    char *typed = edit_of(qwen2_05b, "\"use_cache\": true", types);
+    zpp_hf_config t;
+    EXPECT_OK(zpp_hf_config_parse(typed, "layer_types", &t));
+    EXPECT(t.num_hidden_layers == 24 && zpp_hf_config_arch(&t) == ZPP_HF_QWEN2);
+    free(typed);
     /* a null window: none, any sequence */
     char *text = edit_of(mistral_7b, "\"sliding_window\": 4096", "\"sliding_window\": null");
     zpp_hf_config c;

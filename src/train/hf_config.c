@@ -262,6 +262,26 @@ static zpp_status parse_fixed(const cJSON *v, size_t i, const char *what) {
     return ZPP_OK;
 }
 
+/* "layer_types": a list of "full_attention", one a layer (its length is
+ * checked against num_hidden_layers in zpp_hf_config_parse); any other
+ * kind (Qwen2's "sliding_attention") is refused, naming the layer. */
+static zpp_status parse_layer_types(const cJSON *e, const char *what) {
+    if (!cJSON_IsArray(e))
+        return zpp_error(ZPP_ERR_FORMAT, "config '%s': \"layer_types\" is not a list", what);
+    int l = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, e) {
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention"))
+            return zpp_error(ZPP_ERR_CONFIG, "config '%s': layer_types[%d] is %s%s%s; zeropp has "
+                                             "only full attention (\"full_attention\")",
+                             what, l, cJSON_IsString(t) ? "\"" : "",
+                             cJSON_IsString(t) ? t->valuestring : "not a string",
+                             cJSON_IsString(t) ? "\"" : "");
+        l++;
+    }
+    return ZPP_OK;
+}
+
 /* The keys that differ by architecture (hf_config.h): model_type, Llama's
  * attention_bias, Mistral's and Qwen2's sliding-window keys; *handled is 1
  * when `e` is one of them (cfg->architecture is already read). */
@@ -298,6 +318,9 @@ static zpp_status parse_arch_key(const cJSON *e, const char *what, zpp_hf_config
     }
     /* the layers past which Qwen2 slides its window: none when it does not */
     if (a == ZPP_HF_QWEN2 && !strcmp(key, "max_window_layers")) return ZPP_OK;
+    /* newer transformers write each layer's attention kind (Qwen2 among
+     * them): read when every layer attends to the whole sequence */
+    if (!strcmp(key, "layer_types")) return parse_layer_types(e, what);
     *handled = 0;
     return ZPP_OK;
 }
@@ -375,6 +398,13 @@ zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config
             goto out;
         }
         cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+    }
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (types && cJSON_GetArraySize(types) != cfg.num_hidden_layers) {
+        st = zpp_error(ZPP_ERR_CONFIG, "config '%s': layer_types lists %d layers, "
+                                       "num_hidden_layers is %d",
+                       what, cJSON_GetArraySize(types), cfg.num_hidden_layers);
+        goto out;
     }
     ZPP_CHECK_GOTO(zpp_hf_config_check(&cfg, what), st, out);
     *cfg_p = cfg;

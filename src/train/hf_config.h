@@ -26,13 +26,17 @@
  * Qwen2Config) always has q, k and v biases and no o bias (no
  * attention_bias key); use_sliding_window must be false, and then
  * sliding_window and max_window_layers change nothing (the first kept, the
- * second ignored).
+ * second ignored). layer_types (what newer transformers write, one
+ * attention kind a layer) is read for any of the three when it lists
+ * "full_attention" for each of num_hidden_layers layers.
  * Defaults are LlamaConfig's where it has one that a file may leave out;
  * the sizes (hidden, intermediate, layers, heads, vocabulary) are required.
  *
  * Refused, with one line naming the key: an architecture other than
  * those three, a model_type not the architecture's, a key of another
- * architecture (attention_bias outside Llama, sliding_window in Llama), a rope_scaling type other than llama3, a key this
+ * architecture (attention_bias outside Llama, sliding_window in Llama), a
+ * layer_types entry other than "full_attention", a rope_scaling type other
+ * than llama3, a key this
  * reader does not know (it would change the model silently otherwise; the
  * harmless bookkeeping keys transformers writes are accepted and ignored),
  * and shapes that do not fit (sizes not positive, H not dividing C without
