@@ -812,6 +812,39 @@ static void arch_write(const hf_llama *m, zpp_hf_arch arch, int window, const ch
     zpp_test_write_file(path, text, strlen(text));
 }
 
+/* Resumed for a step from ckpt under a --config of the user's that gives
+ * the model but not model.hf_architecture: an export is still the folder's
+ * architecture, with its window. */
+static void check_resumed_export(zpp_hf_arch arch, const char *tag, const char *tok,
+                                 const char *ckpt) {
+    char cfg[512], ckpt2[512], back[512], out[512], err[512], name[64], text[512], b[600];
+    snprintf(name, sizeof name, "%s_resume.json", tag);
+    zpp_test_tmp_path(name, cfg);
+    snprintf(text, sizeof text,
+             "{\"model\": {\"family\": \"llama\", \"n_layer\": %d, \"n_head\": %d, "
+             "\"n_kv_head\": %d, \"n_embd\": %d, \"n_ffn\": %d, \"vocab_size\": %d, "
+             "\"seq_len\": %d, \"rope_theta\": 500000, \"norm_eps\": 1e-05, "
+             "\"untied_head\": true, \"qkv_bias\": %s}, \"train_micro_batch_size_per_gpu\": 2}\n",
+             L, H, KV, C, F, V, T, arch == ZPP_HF_QWEN2 ? "true" : "false");
+    zpp_test_write_file(cfg, text, strlen(text));
+    snprintf(name, sizeof name, "%s_ckpt2", tag);
+    zpp_test_tmp_path(name, ckpt2);
+    zpp_test_tmp_path("resume_out.txt", out), zpp_test_tmp_path("resume_err.txt", err);
+    const int rc = zpp_test_run_cli(1, out, err,
+                                    "train --quiet --resume %s --config %s --data %s --steps 1 "
+                                    "--save %s",
+                                    ckpt, cfg, tok, ckpt2);
+    EXPECT(rc == 0, "resume of %s failed (%d); see %s", ckpt, rc, err);
+    snprintf(name, sizeof name, "%s_back2", tag);
+    export_hf(ckpt2, zpp_test_tmp_path(name, back), "");
+    snprintf(b, sizeof b, "%s/config.json", back);
+    zpp_hf_config got;
+    EXPECT(zpp_hf_config_read(b, &got) == ZPP_OK, "%s", zpp_last_error());
+    EXPECT(!strcmp(got.architecture, zpp_hf_arch_name(arch)) &&
+               got.sliding_window == (arch == ZPP_HF_MISTRAL ? 24 : 64),
+           "%s after a resume: %s, sliding_window %d", b, got.architecture, got.sliding_window);
+}
+
 /* A Mistral (window 24 >= T) and a Qwen2 folder import (on 2 ranks), save
  * and export without --hf-config as themselves: the same tensor bytes, and
  * config.json names the architecture, its model_type and window, and no
@@ -840,6 +873,7 @@ static void check_arch_roundtrip(zpp_hf_arch arch, const char *tag, uint64_t str
     EXPECT(zpp_test_count_lines(b, arch == ZPP_HF_QWEN2 ? "\"qwen2\"" : "\"mistral\"") == 1 &&
                zpp_test_count_lines(b, "attention_bias") == 0,
            "%s: model_type or attention_bias", b);
+    check_resumed_export(arch, tag, tok, ckpt);
     llama_free(&m);
 }
 

@@ -1087,7 +1087,8 @@ static zpp_status hf_family_refusal(const train_args *a, zpp_status st) {
 
 /* The config, in order: the defaults; the llm.c file's or config.json's
  * shape (--init-from)
- * or the checkpoint's own config (--resume without --config); the --config
+ * or the checkpoint's own config (--resume without --config; with one, its
+ * model.hf_architecture and hf_sliding_window only); the --config
  * file; each --set. A model section loaded over an llm.c shape must leave
  * it as it was. With --resume and no --data, a->data becomes the data file
  * the checkpoint trained on (held in *saved). Not agreed: *stage names
@@ -1119,6 +1120,13 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
         *stage = "resume";
         st = zpp_trainer_config_from_checkpoint(a->resume, &from_ckpt, saved);
         if (st == ZPP_OK && !a->config) *cfg = from_ckpt;
+        /* which Hugging Face architecture the weights came as is the
+         * checkpoint's, not a run setting: kept under a --config that does
+         * not name one (it may still), so an export names it */
+        if (st == ZPP_OK && a->config) {
+            cfg->hf_architecture = from_ckpt.hf_architecture;
+            cfg->hf_sliding_window = from_ckpt.hf_sliding_window;
+        }
         if (st == ZPP_OK) *stage = "config";
     }
     if (st == ZPP_OK && a->config) st = zpp_train_config_load_file(a->config, cfg);
