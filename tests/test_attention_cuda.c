@@ -110,8 +110,6 @@
 #define U_BF16 0x1p-8 /* unit roundoff of bf16 */
 #define U_F32 0x1p-24 /* unit roundoff of fp32 */
 #define SECOND_ORDER (1.0 + 0x1p-6)
-#define GUARD 256    /* poisoned bytes after every device buffer */
-#define POISON 0xFF  /* bf16 0xFFFF and fp32 0xFFFFFFFF are NaN */
 
 /* ---- device plumbing ----------------------------------------------------------
  * Memory, copies and synchronisation go through a GPU device (device.h); the
@@ -150,45 +148,6 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
-/* A device buffer of `bytes` followed by GUARD poisoned bytes. */
-typedef struct dbuf {
-    void *p;
-    size_t bytes;
-} dbuf;
-
-static dbuf dbuf_make(size_t bytes) {
-    dbuf b = {NULL, bytes};
-    EXPECT_OK(zpp_device_alloc(dev, bytes + GUARD, &b.p));
-    EXPECT_OK(zpp_device_set(dev, b.p, POISON, bytes + GUARD));
-    return b;
-}
-
-static void dbuf_free(dbuf *b) {
-    if (b->p) zpp_device_free(dev, b->p);
-    b->p = NULL;
-}
-
-static void dbuf_poison(const dbuf *b) {
-    EXPECT_OK(zpp_device_set(dev, b->p, POISON, b->bytes + GUARD));
-}
-
-static void dbuf_put(const dbuf *b, const void *h) {
-    EXPECT_OK(zpp_device_copy(dev, b->p, h, b->bytes));
-}
-
-/* Waits for the kernels, copies the buffer back, checks its guard zone. */
-static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
-    EXPECT_OK(zpp_device_sync(dev, NULL));
-    unsigned char *tmp = zpp_test_malloc(b->bytes + GUARD);
-    EXPECT_OK(zpp_device_copy(dev, tmp, b->p, b->bytes + GUARD));
-    for (size_t i = 0; i < GUARD; i++)
-        EXPECT(tmp[b->bytes + i] == POISON,
-               "%s: byte %zu past the end of the %zu-byte buffer was written (0x%02x)", ctx, i,
-               b->bytes, tmp[b->bytes + i]);
-    memcpy(h, tmp, b->bytes);
-    free(tmp);
-}
-
 /* ---- one problem: inputs, device buffers, outputs -------------------------------- */
 
 typedef struct attn_case {
@@ -205,7 +164,7 @@ typedef struct problem {
     uint16_t *qkv, *dy;     /* host inputs (bf16) */
     uint16_t *y, *dqkv;     /* host copies of the outputs */
     float *lse;
-    dbuf d_qkv, d_dy, d_y, d_lse, d_dqkv, d_dsum;
+    zpp_test_dbuf d_qkv, d_dy, d_y, d_lse, d_dqkv, d_dsum;
 } problem;
 
 static problem problem_make(attn_case c, uint64_t seed) {
@@ -228,40 +187,40 @@ static problem problem_make(attn_case c, uint64_t seed) {
             p.qkv[n * p.W + col] = zpp_f32_to_bf16((float)(a * zpp_rng_normal(&r)));
         }
     for (size_t i = 0; i < ny; i++) p.dy[i] = zpp_f32_to_bf16((float)zpp_rng_normal(&r));
-    p.d_qkv = dbuf_make(nqkv * 2);
-    p.d_dy = dbuf_make(ny * 2);
-    p.d_y = dbuf_make(ny * 2);
-    p.d_lse = dbuf_make(nl * sizeof(float));
-    p.d_dqkv = dbuf_make(nqkv * 2);
-    p.d_dsum = dbuf_make(nl * sizeof(float));
-    dbuf_put(&p.d_qkv, p.qkv);
-    dbuf_put(&p.d_dy, p.dy);
+    p.d_qkv = zpp_test_dbuf_make(dev, nqkv * 2);
+    p.d_dy = zpp_test_dbuf_make(dev, ny * 2);
+    p.d_y = zpp_test_dbuf_make(dev, ny * 2);
+    p.d_lse = zpp_test_dbuf_make(dev, nl * sizeof(float));
+    p.d_dqkv = zpp_test_dbuf_make(dev, nqkv * 2);
+    p.d_dsum = zpp_test_dbuf_make(dev, nl * sizeof(float));
+    zpp_test_dbuf_put(&p.d_qkv, p.qkv);
+    zpp_test_dbuf_put(&p.d_dy, p.dy);
     return p;
 }
 
 static void problem_free(problem *p) {
     free(p->qkv), free(p->dy), free(p->y), free(p->dqkv), free(p->lse);
-    dbuf_free(&p->d_qkv), dbuf_free(&p->d_dy), dbuf_free(&p->d_y);
-    dbuf_free(&p->d_lse), dbuf_free(&p->d_dqkv), dbuf_free(&p->d_dsum);
+    zpp_test_dbuf_free(&p->d_qkv), zpp_test_dbuf_free(&p->d_dy), zpp_test_dbuf_free(&p->d_y);
+    zpp_test_dbuf_free(&p->d_lse), zpp_test_dbuf_free(&p->d_dqkv), zpp_test_dbuf_free(&p->d_dsum);
 }
 
 static void run_forward(problem *p) {
-    dbuf_poison(&p->d_y);
-    dbuf_poison(&p->d_lse);
+    zpp_test_dbuf_poison(&p->d_y);
+    zpp_test_dbuf_poison(&p->d_lse);
     EXPECT_OK(zpp_attn_gqa_forward(p->d_y.p, p->d_lse.p, p->d_qkv.p, p->c.B, p->c.T, p->c.H,
                                    kv_heads(&p->c), p->c.hs, dev->stream));
-    dbuf_get(&p->d_y, p->y, "y");
-    dbuf_get(&p->d_lse, p->lse, "lse");
+    zpp_test_dbuf_get(&p->d_y, p->y, "y");
+    zpp_test_dbuf_get(&p->d_lse, p->lse, "lse");
 }
 
 /* Uses the forward's y and lse as they are on the device (as the model does). */
 static void run_backward(problem *p) {
-    dbuf_poison(&p->d_dqkv);
-    dbuf_poison(&p->d_dsum);
+    zpp_test_dbuf_poison(&p->d_dqkv);
+    zpp_test_dbuf_poison(&p->d_dsum);
     EXPECT_OK(zpp_attn_gqa_backward(p->d_dqkv.p, p->d_dy.p, p->d_qkv.p, p->d_y.p, p->d_lse.p,
                                     p->d_dsum.p, p->c.B, p->c.T, p->c.H, kv_heads(&p->c),
                                     p->c.hs, dev->stream));
-    dbuf_get(&p->d_dqkv, p->dqkv, "dqkv");
+    zpp_test_dbuf_get(&p->d_dqkv, p->dqkv, "dqkv");
 }
 
 /* ---- the reference and the comparison ---------------------------------------------- */
@@ -541,7 +500,7 @@ static void test_gqa_equals_copied_heads(void) {
             }
         }
         memcpy(m.dy, g.dy, g.N * g.C * 2);
-        dbuf_put(&m.d_qkv, m.qkv), dbuf_put(&m.d_dy, m.dy);
+        zpp_test_dbuf_put(&m.d_qkv, m.qkv), zpp_test_dbuf_put(&m.d_dy, m.dy);
         run_forward(&g), run_forward(&m);
         run_backward(&g), run_backward(&m);
         const size_t nl = (size_t)g.c.B * g.c.H * g.c.T * sizeof(float);
@@ -642,9 +601,9 @@ static void test_refusals(void) {
     }
     /* nothing was launched: the outputs are still poison */
     unsigned char *h = zpp_test_malloc(p.d_y.bytes);
-    dbuf_get(&p.d_y, h, "y");
+    zpp_test_dbuf_get(&p.d_y, h, "y");
     for (size_t i = 0; i < p.d_y.bytes; i++)
-        EXPECT(h[i] == POISON, "a refused call wrote y (byte %zu)", i);
+        EXPECT(h[i] == ZPP_TEST_POISON, "a refused call wrote y (byte %zu)", i);
     free(h);
     problem_free(&p);
     dev_close();

@@ -74,8 +74,6 @@
 
 #define W_F32 0x1p-24 /* unit roundoff of fp32 */
 #define SECOND_ORDER (1.0 + 0x1p-6)
-#define GUARD 256   /* poisoned bytes after every device buffer */
-#define POISON 0xFF /* NaN in fp32, bf16 and fp16 */
 
 static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
 
@@ -98,45 +96,6 @@ static void dev_close(void) {
     EXPECT_OK(zpp_device_sync(dev, NULL));
     zpp_device_destroy(dev);
     dev = NULL;
-}
-
-/* A device buffer of `bytes` followed by GUARD poisoned bytes. */
-typedef struct dbuf {
-    void *p;
-    size_t bytes;
-} dbuf;
-
-static dbuf dbuf_make(size_t bytes) {
-    dbuf b = {NULL, bytes};
-    EXPECT_OK(zpp_device_alloc(dev, bytes + GUARD, &b.p));
-    EXPECT_OK(zpp_device_set(dev, b.p, POISON, bytes + GUARD));
-    return b;
-}
-
-static void dbuf_free(dbuf *b) {
-    if (b->p) zpp_device_free(dev, b->p);
-    b->p = NULL;
-}
-
-static void dbuf_poison(const dbuf *b) {
-    EXPECT_OK(zpp_device_set(dev, b->p, POISON, b->bytes + GUARD));
-}
-
-static void dbuf_put(const dbuf *b, const void *h) {
-    EXPECT_OK(zpp_device_copy(dev, b->p, h, b->bytes));
-}
-
-/* Waits for the kernels, copies the buffer back, checks its guard zone. */
-static void dbuf_get(const dbuf *b, void *h, const char *ctx) {
-    EXPECT_OK(zpp_device_sync(dev, NULL));
-    unsigned char *tmp = zpp_test_malloc(b->bytes + GUARD);
-    EXPECT_OK(zpp_device_copy(dev, tmp, b->p, b->bytes + GUARD));
-    for (size_t i = 0; i < GUARD; i++)
-        EXPECT(tmp[b->bytes + i] == POISON,
-               "%s: byte %zu past the end of the %zu-byte buffer was written (0x%02x)", ctx, i,
-               b->bytes, tmp[b->bytes + i]);
-    memcpy(h, tmp, b->bytes);
-    free(tmp);
 }
 
 /* ---- host values ---------------------------------------------------------------------- */
@@ -250,20 +209,20 @@ static void rms_check_backward(zpp_dtype dt, rms_case c, const float *x, const v
 
 /* Device buffers of one RMSNorm case. */
 typedef struct rms_bufs {
-    dbuf x, w, out, rstd, dy, dx, dw, scratch;
+    zpp_test_dbuf x, w, out, rstd, dy, dx, dw, scratch;
 } rms_bufs;
 
 /* Runs the backward from the host's dx0 and dw0 (fresh poisoned scratch)
  * and copies dinp and dw back. */
 static void rms_run_backward(zpp_dtype dt, rms_case c, rms_bufs *b, const float *dx0,
                              const float *dw0, float *dx, float *dw) {
-    dbuf_put(&b->dx, dx0);
-    dbuf_put(&b->dw, dw0);
-    dbuf_poison(&b->scratch);
+    zpp_test_dbuf_put(&b->dx, dx0);
+    zpp_test_dbuf_put(&b->dw, dw0);
+    zpp_test_dbuf_poison(&b->scratch);
     EXPECT_OK(zpp_llama_rmsnorm_backward(b->dx.p, b->dw.p, b->scratch.p, b->dy.p, b->x.p, b->w.p,
                                          b->rstd.p, c.n, c.C, dt, dev->stream));
-    dbuf_get(&b->dx, dx, "dinp");
-    dbuf_get(&b->dw, dw, "dw");
+    zpp_test_dbuf_get(&b->dx, dx, "dinp");
+    zpp_test_dbuf_get(&b->dw, dw, "dw");
 }
 
 static void rmsnorm_case(zpp_dtype dt, rms_case c, uint64_t seed) {
@@ -286,15 +245,15 @@ static void rmsnorm_case(zpp_dtype dt, rms_case c, uint64_t seed) {
     float *rstd = zpp_test_malloc(n * sizeof(float)), *dx = zpp_test_malloc(nc * sizeof(float));
     float *dw = zpp_test_malloc(C * sizeof(float)), *dx2 = zpp_test_malloc(nc * sizeof(float));
     float *dw2 = zpp_test_malloc(C * sizeof(float));
-    rms_bufs b = {dbuf_make(nc * 4), dbuf_make(C * es), dbuf_make(nc * es), dbuf_make(n * 4),
-                  dbuf_make(nc * 4), dbuf_make(nc * 4), dbuf_make(C * 4),
-                  dbuf_make(zpp_llama_rmsnorm_backward_scratch(c.n, c.C) * 4)};
-    dbuf_put(&b.x, x), dbuf_put(&b.w, w), dbuf_put(&b.dy, dy);
+    rms_bufs b = {zpp_test_dbuf_make(dev, nc * 4), zpp_test_dbuf_make(dev, C * es), zpp_test_dbuf_make(dev, nc * es), zpp_test_dbuf_make(dev, n * 4),
+                  zpp_test_dbuf_make(dev, nc * 4), zpp_test_dbuf_make(dev, nc * 4), zpp_test_dbuf_make(dev, C * 4),
+                  zpp_test_dbuf_make(dev, zpp_llama_rmsnorm_backward_scratch(c.n, c.C) * 4)};
+    zpp_test_dbuf_put(&b.x, x), zpp_test_dbuf_put(&b.w, w), zpp_test_dbuf_put(&b.dy, dy);
 
     EXPECT_OK(zpp_llama_rmsnorm_forward(b.out.p, b.rstd.p, b.x.p, b.w.p, c.n, c.C, c.eps, dt,
                                         dev->stream));
-    dbuf_get(&b.out, out, "out");
-    dbuf_get(&b.rstd, rstd, "rstd");
+    zpp_test_dbuf_get(&b.out, out, "out");
+    zpp_test_dbuf_get(&b.rstd, rstd, "rstd");
     rms_check_forward(dt, c, x, w, out, rstd, ctx);
 
     rms_run_backward(dt, c, &b, dx0, dw0, dx, dw);
@@ -303,8 +262,8 @@ static void rmsnorm_case(zpp_dtype dt, rms_case c, uint64_t seed) {
     expect_same_bytes(dx, dx2, nc * sizeof(float), "rmsnorm backward dinp");
     expect_same_bytes(dw, dw2, C * sizeof(float), "rmsnorm backward dw");
 
-    dbuf_free(&b.x), dbuf_free(&b.w), dbuf_free(&b.out), dbuf_free(&b.rstd);
-    dbuf_free(&b.dy), dbuf_free(&b.dx), dbuf_free(&b.dw), dbuf_free(&b.scratch);
+    zpp_test_dbuf_free(&b.x), zpp_test_dbuf_free(&b.w), zpp_test_dbuf_free(&b.out), zpp_test_dbuf_free(&b.rstd);
+    zpp_test_dbuf_free(&b.dy), zpp_test_dbuf_free(&b.dx), zpp_test_dbuf_free(&b.dw), zpp_test_dbuf_free(&b.scratch);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(out), free(rstd);
     free(dx), free(dw), free(dx2), free(dw2);
 }
@@ -403,26 +362,26 @@ static void rope_case_run(zpp_dtype dt, rope_case c, uint64_t seed) {
     zpp_rng r = zpp_rng_make(seed);
     void *in = fill_e(&r, dt, nq, 1.0, 0.0);
     void *got = zpp_test_malloc(nq * es), *got2 = zpp_test_malloc(nq * es);
-    dbuf d_cos = dbuf_make((size_t)c.T * half * 4), d_sin = dbuf_make((size_t)c.T * half * 4);
-    dbuf d_q = dbuf_make(nq * es);
-    dbuf_put(&d_cos, cos_t), dbuf_put(&d_sin, sin_t);
+    zpp_test_dbuf d_cos = zpp_test_dbuf_make(dev, (size_t)c.T * half * 4), d_sin = zpp_test_dbuf_make(dev, (size_t)c.T * half * 4);
+    zpp_test_dbuf d_q = zpp_test_dbuf_make(dev, nq * es);
+    zpp_test_dbuf_put(&d_cos, cos_t), zpp_test_dbuf_put(&d_sin, sin_t);
 
-    dbuf_put(&d_q, in);
+    zpp_test_dbuf_put(&d_q, in);
     EXPECT_OK(zpp_llama_rope_forward(d_q.p, d_cos.p, d_sin.p, c.B, c.T, c.H, c.KV, c.hd, dt,
                                      dev->stream));
-    dbuf_get(&d_q, got, "qkv");
+    zpp_test_dbuf_get(&d_q, got, "qkv");
     rope_check(dt, c, inv_freq, cos_t, sin_t, in, got, 1.0, ctx);
 
     for (int run = 0; run < 2; run++) { /* the backward, twice: the same bytes */
-        dbuf_put(&d_q, in);
+        zpp_test_dbuf_put(&d_q, in);
         EXPECT_OK(zpp_llama_rope_backward(d_q.p, d_cos.p, d_sin.p, c.B, c.T, c.H, c.KV, c.hd, dt,
                                           dev->stream));
-        dbuf_get(&d_q, run ? got2 : got, "dqkv");
+        zpp_test_dbuf_get(&d_q, run ? got2 : got, "dqkv");
     }
     rope_check(dt, c, inv_freq, cos_t, sin_t, in, got, -1.0, ctx);
     expect_same_bytes(got, got2, nq * es, "rope backward");
 
-    dbuf_free(&d_cos), dbuf_free(&d_sin), dbuf_free(&d_q);
+    zpp_test_dbuf_free(&d_cos), zpp_test_dbuf_free(&d_sin), zpp_test_dbuf_free(&d_q);
     free(inv_freq), free(cos_t), free(sin_t), free(in), free(got), free(got2);
 }
 
@@ -481,21 +440,21 @@ static void swiglu_case(zpp_dtype dt, int n, int F, uint64_t seed) {
     void *dact = fill_e(&r, dt, na, 1.0, 0.0);
     void *act = zpp_test_malloc(na * es), *dgu = zpp_test_malloc(2 * na * es);
     void *dgu2 = zpp_test_malloc(2 * na * es);
-    dbuf d_gu = dbuf_make(2 * na * es), d_dact = dbuf_make(na * es), d_act = dbuf_make(na * es);
-    dbuf d_dgu = dbuf_make(2 * na * es);
-    dbuf_put(&d_gu, gu), dbuf_put(&d_dact, dact);
+    zpp_test_dbuf d_gu = zpp_test_dbuf_make(dev, 2 * na * es), d_dact = zpp_test_dbuf_make(dev, na * es), d_act = zpp_test_dbuf_make(dev, na * es);
+    zpp_test_dbuf d_dgu = zpp_test_dbuf_make(dev, 2 * na * es);
+    zpp_test_dbuf_put(&d_gu, gu), zpp_test_dbuf_put(&d_dact, dact);
 
     EXPECT_OK(zpp_llama_swiglu_forward(d_act.p, d_gu.p, n, F, dt, dev->stream));
-    dbuf_get(&d_act, act, "act");
+    zpp_test_dbuf_get(&d_act, act, "act");
     for (int run = 0; run < 2; run++) {
-        dbuf_poison(&d_dgu);
+        zpp_test_dbuf_poison(&d_dgu);
         EXPECT_OK(zpp_llama_swiglu_backward(d_dgu.p, d_dact.p, d_gu.p, n, F, dt, dev->stream));
-        dbuf_get(&d_dgu, run ? dgu2 : dgu, "dgu");
+        zpp_test_dbuf_get(&d_dgu, run ? dgu2 : dgu, "dgu");
     }
     swiglu_check(dt, n, F, gu, dact, act, dgu, ctx);
     expect_same_bytes(dgu, dgu2, 2 * na * es, "swiglu backward");
 
-    dbuf_free(&d_gu), dbuf_free(&d_dact), dbuf_free(&d_act), dbuf_free(&d_dgu);
+    zpp_test_dbuf_free(&d_gu), zpp_test_dbuf_free(&d_dact), zpp_test_dbuf_free(&d_act), zpp_test_dbuf_free(&d_dgu);
     free(gu), free(dact), free(act), free(dgu), free(dgu2);
 }
 
@@ -518,7 +477,7 @@ static void test_swiglu(void) {
 static void test_refusals(void) {
     dev_open();
     void *st = dev->stream;
-    dbuf a = dbuf_make(4096), b = dbuf_make(4096), c = dbuf_make(4096), o = dbuf_make(4096);
+    zpp_test_dbuf a = zpp_test_dbuf_make(dev, 4096), b = zpp_test_dbuf_make(dev, 4096), c = zpp_test_dbuf_make(dev, 4096), o = zpp_test_dbuf_make(dev, 4096);
     char *pa = a.p, *pb = b.p, *pc = c.p, *po = o.p;
     const zpp_dtype bad = (zpp_dtype)7;
     EXPECT_STATUS(zpp_llama_rmsnorm_forward(po, (float *)pb, (float *)pa, pc, 4, 8, 1e-5f, bad, st),
@@ -561,11 +520,11 @@ static void test_refusals(void) {
     EXPECT_STATUS(zpp_llama_swiglu_backward(po, pa, pb + 1, 4, 8, ZPP_FP16, st), ZPP_ERR_INVALID);
     EXPECT_STATUS(zpp_llama_swiglu_backward(po, pa, pb, 4, 8, bad, st), ZPP_ERR_INVALID);
     unsigned char *h = zpp_test_malloc(o.bytes);
-    dbuf_get(&o, h, "output");
+    zpp_test_dbuf_get(&o, h, "output");
     for (size_t i = 0; i < o.bytes; i++)
-        EXPECT(h[i] == POISON, "a refused call wrote its output (byte %zu)", i);
+        EXPECT(h[i] == ZPP_TEST_POISON, "a refused call wrote its output (byte %zu)", i);
     free(h);
-    dbuf_free(&a), dbuf_free(&b), dbuf_free(&c), dbuf_free(&o);
+    zpp_test_dbuf_free(&a), zpp_test_dbuf_free(&b), zpp_test_dbuf_free(&c), zpp_test_dbuf_free(&o);
     dev_close();
 }
 

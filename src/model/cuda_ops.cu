@@ -769,6 +769,15 @@ zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, si
 /* The classifier                                                            */
 /* ------------------------------------------------------------------------ */
 
+void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es) {
+    h->chunk_rows = kHeadRows;
+    h->logits = zpp_arena_take(a, nmax < (size_t)kHeadRows ? nmax : (size_t)kHeadRows, V);
+    h->dlogits = zpp_arena_take_bytes(a, nmax, V, es);
+    h->lse = zpp_arena_take(a, nmax, 1);
+    h->losses = zpp_arena_take(a, nmax, 1);
+    h->kept = zpp_arena_take(a, 1, V);
+}
+
 zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
                                const int32_t *targets, int n, int C, int V, int Vr,
                                zpp_decoder_calls *calls, int T) {

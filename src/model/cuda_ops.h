@@ -165,6 +165,13 @@ typedef struct zpp_cu_head {
     int dlogits_ready; /* the last forward with targets wrote dlogits */
 } zpp_cu_head;
 
+/* Carves the head's buffers from the decoder's arena (decoder.h; pass 1
+ * counts, pass 2 hands out): kHeadRows rows of fp32 logits at most (nmax
+ * if fewer), d logits for nmax rows in E (es bytes an element), lse and
+ * loss a row, one kept row of V. */
+enum { kHeadRows = 1024 }; /* rows of fp32 logits held at once (gpt2_cuda.cu, HEAD) */
+void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es);
+
 /* logits = hf Wh^T chunk by chunk (hf E n x C, Wh E V x C), each chunk's
  * rows' lse and loss and, with targets (device, n), their d logits; the
  * row a sampler asked for (calls, sequences of T; decoder.h) is copied

@@ -123,6 +123,11 @@ zpp_status zpp_gpt2_create(const zpp_gpt2_config *cfg, zpp_dtype param_dtype, in
 zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                   int max_batch, zpp_device *dev, zpp_model **model_p);
 
+/* The other way: sets the fields of *shape a GPT-2 config gives (layers,
+ * heads, width, sequence, vocabulary and its real size, recompute) and
+ * leaves the family knobs as they are. */
+void zpp_gpt2_shape_set(const zpp_gpt2_config *cfg, zpp_decoder_shape *shape);
+
 /* ------------------------------------------------------------------------ */
 /* What the two models share (gpt2.c)                                        */
 /* ------------------------------------------------------------------------ */

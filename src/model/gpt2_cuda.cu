@@ -147,7 +147,6 @@ namespace {
 constexpr float kLnEps = 1e-5f;                 /* as gpt2_cpu.c */
 constexpr float kGeluK = 0.7978845608028654f;   /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;
-constexpr int kHeadRows = 1024;                 /* fp32 logits rows held at once (HEAD) */
 
 /* ------------------------------------------------------------------------ */
 /* Kernels. Each has the CPU function it mirrors named in its comment. E is  */
@@ -858,12 +857,7 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->fcg = take_e(g, a, N, 4 * C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    g->head.chunk_rows = kHeadRows;
-    g->head.logits = zpp_arena_take(a, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
-    g->head.dlogits = take_e(g, a, N, V);
-    g->head.lse = zpp_arena_take(a, N, 1);
-    g->head.losses = zpp_arena_take(a, N, 1);
-    g->head.kept = zpp_arena_take(a, 1, V);
+    zpp_cu_head_take(&g->head, a, N, V, g->es);
     x->dres = zpp_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
     x->dc = zpp_arena_take(a, N, C);

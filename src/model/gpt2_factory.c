@@ -62,6 +62,16 @@ static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_confi
     return ZPP_OK;
 }
 
+void zpp_gpt2_shape_set(const zpp_gpt2_config *cfg, zpp_decoder_shape *shape) {
+    shape->n_layer = cfg->n_layer;
+    shape->n_head = cfg->n_head;
+    shape->n_embd = cfg->n_embd;
+    shape->seq_len = cfg->seq_len;
+    shape->vocab_size = cfg->vocab_size;
+    shape->real_vocab_size = cfg->real_vocab_size;
+    shape->recompute = cfg->recompute;
+}
+
 zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                   int max_batch, zpp_device *dev, zpp_model **model_p) {
     zpp_gpt2_config cfg;

@@ -160,8 +160,8 @@ zpp_status zpp_llama_cpu_create(const zpp_llama_config *cfg, zpp_dtype param_dty
                                 int max_batch, zpp_model **model_p);
 
 /* The CUDA Llama (llama_cuda.cu; llama_cuda_none.c in a build without
- * CUDA): bf16 with a head dim of 64 or 128 (its fused attention), other
- * dtypes and head dims refused (ZPP_ERR_UNSUPPORTED, naming the CPU model). */
+ * CUDA): fp32, bf16 or fp16, any head dim; the attention fused where it
+ * can run (bf16, head dim 64 or 128), by GEMMs elsewhere (attention_path.h). */
 zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dtype param_dtype,
                                  int max_batch, zpp_device *dev, zpp_model **model_p);
 
@@ -169,6 +169,12 @@ zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dtype param_dt
  * backend, the CUDA model on a GPU. */
 zpp_status zpp_llama_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                    int max_batch, zpp_device *dev, zpp_model **model_p);
+
+/* The dtype an evaluation of a Llama computes in on dev: fp32 on the host
+ * backend; bf16 on a GPU, what a Llama trains in there, with the fused
+ * attention and no T x T matrices (at a long max_position_embeddings the
+ * GEMM path's would not fit). */
+zpp_dtype zpp_llama_eval_dtype(const zpp_device *dev);
 
 #ifdef __cplusplus
 }

@@ -57,7 +57,6 @@
 
 namespace {
 
-constexpr int kHeadRows = 1024; /* fp32 logits rows held at once (gpt2_cuda.cu, HEAD) */
 constexpr const char *kWho = "llama cuda";
 
 #define CU_CHECK(call, what) ZPP_CU_CHECK(kWho, call, what)
@@ -454,12 +453,7 @@ static void plan(llama_cuda *g, zpp_arena *ar) {
     a->rms_scratch = zpp_arena_take(ar, zpp_llama_rmsnorm_backward_scratch((int)N, (int)C), 1);
     a->rope_cos = zpp_arena_take(ar, T, hd / 2);
     a->rope_sin = zpp_arena_take(ar, T, hd / 2);
-    g->head.chunk_rows = kHeadRows;
-    g->head.logits = zpp_arena_take(ar, N < (size_t)kHeadRows ? N : (size_t)kHeadRows, V);
-    g->head.dlogits = take_e(g, ar, N, V);
-    g->head.lse = zpp_arena_take(ar, N, 1);
-    g->head.losses = zpp_arena_take(ar, N, 1);
-    g->head.kept = zpp_arena_take(ar, 1, V);
+    zpp_cu_head_take(&g->head, ar, N, V, g->es);
 }
 
 /* The RoPE tables, made on the host once (llama.h: the CPU model's own). */

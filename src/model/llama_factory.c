@@ -5,6 +5,10 @@
 #include "core/error.h"
 #include "model/llama.h"
 
+zpp_dtype zpp_llama_eval_dtype(const zpp_device *dev) {
+    return dev && dev->mem != ZPP_MEM_HOST ? ZPP_BF16 : ZPP_FP32;
+}
+
 zpp_status zpp_llama_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,
                                    int max_batch, zpp_device *dev, zpp_model **model_p) {
     if (!dev)

@@ -633,6 +633,20 @@ static zpp_status merge_symbols(zpp_bpe *bpe, size_t n, zpp_bpe_ids *out) {
     return ZPP_OK;
 }
 
+/* The cached ids of piece p[0, n) (hash h) appended to out, *hit 1; *hit 0
+ * when the piece is not in the cache. */
+static zpp_status cache_append(zpp_bpe *bpe, const uint8_t *p, size_t n, uint64_t h,
+                               zpp_bpe_ids *out, int *hit) {
+    size_t k = 0;
+    const int32_t *ids = cache_get(bpe, p, n, h, &k);
+    *hit = ids != NULL;
+    if (!ids) return ZPP_OK;
+    ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + k, sizeof *out->ids));
+    memcpy(out->ids + out->n, ids, k * sizeof *ids);
+    out->n += k;
+    return ZPP_OK;
+}
+
 /* Merges a byte-level piece of n >= 2 bytes: one symbol a byte. */
 static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
     if (n >= (size_t)INT32_MAX)
@@ -663,14 +677,9 @@ static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe
     uint64_t h = 0;
     if (cacheable) {
         h = hash_bytes(p, n);
-        size_t k = 0;
-        const int32_t *ids = cache_get(bpe, p, n, h, &k);
-        if (ids) {
-            ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + k, sizeof *out->ids));
-            memcpy(out->ids + out->n, ids, k * sizeof *ids);
-            out->n += k;
-            return ZPP_OK;
-        }
+        int hit = 0;
+        ZPP_CHECK(cache_append(bpe, p, n, h, out, &hit));
+        if (hit) return ZPP_OK;
     }
     const size_t first = out->n;
     ZPP_CHECK(merge_piece(bpe, p, n, out));
@@ -738,14 +747,9 @@ static zpp_status encode_chars(zpp_bpe *bpe, const uint8_t *p, size_t n, int pre
     uint64_t h = 0;
     if (cacheable) {
         h = hash_bytes(p, n);
-        size_t k = 0;
-        const int32_t *ids = cache_get(bpe, p, n, h, &k);
-        if (ids) {
-            ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + k, sizeof *out->ids));
-            memcpy(out->ids + out->n, ids, k * sizeof *ids);
-            out->n += k;
-            return ZPP_OK;
-        }
+        int hit = 0;
+        ZPP_CHECK(cache_append(bpe, p, n, h, out, &hit));
+        if (hit) return ZPP_OK;
     }
     /* at most 3 symbols a byte (a space's "▁" in byte tokens), 3 more for
      * the prefix */

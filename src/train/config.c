@@ -1514,14 +1514,8 @@ double zpp_train_lr(const zpp_train_config *cfg, long step) {
 }
 
 zpp_decoder_shape zpp_train_config_shape(const zpp_train_config *c) {
-    const zpp_gpt2_config *mc = &c->model;
     zpp_decoder_shape shape = c->model_ext;
-    shape.n_layer = mc->n_layer;
-    shape.n_head = mc->n_head;
-    shape.n_embd = mc->n_embd;
-    shape.seq_len = mc->seq_len;
-    shape.vocab_size = mc->vocab_size;
-    shape.real_vocab_size = mc->real_vocab_size;
+    zpp_gpt2_shape_set(&c->model, &shape);
     shape.recompute = c->activation_checkpointing;
     return shape;
 }

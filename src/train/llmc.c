@@ -436,9 +436,7 @@ static zpp_status hf_model_make(eval_src *s, const char *dir, int seq_len, int B
     ZPP_CHECK(zpp_hf_check_shape(hf, &tc, dir));
     const zpp_decoder_shape shape = zpp_train_config_shape(&tc);
     ZPP_CHECK(zpp_llama_config_of_shape(&shape, &s->lc));
-    /* bf16 on the GPU (what a Llama trains in there, with the fused attention
-     * and no T x T matrices), fp32 on the CPU */
-    s->dtype = dev->mem == ZPP_MEM_HOST ? ZPP_FP32 : ZPP_BF16;
+    s->dtype = zpp_llama_eval_dtype(dev);
     return zpp_model_family_create("llama", &shape, s->dtype, B, dev, m);
 }
 

@@ -254,16 +254,13 @@ void zpp_sample_weights_free(zpp_sample_weights *w) {
     w->units = NULL;
 }
 
-/* The decoder shape of a GPT-2 config (its family's knobs 0). */
+/* The decoder shape of a GPT-2 config (its family's knobs 0; no
+ * backward: nothing to recompute). */
 static zpp_decoder_shape gpt2_shape(const zpp_gpt2_config *g) {
     zpp_decoder_shape sh;
     memset(&sh, 0, sizeof sh);
-    sh.n_layer = g->n_layer;
-    sh.n_head = g->n_head;
-    sh.n_embd = g->n_embd;
-    sh.seq_len = g->seq_len;
-    sh.vocab_size = g->vocab_size;
-    sh.real_vocab_size = g->real_vocab_size;
+    zpp_gpt2_shape_set(g, &sh);
+    sh.recompute = 0;
     return sh;
 }
 
