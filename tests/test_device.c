@@ -162,6 +162,38 @@ static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_ar
     for (size_t i = 0; i < n; i++)
         EXPECT(m2[i] == 0.0f && !signbit(m2[i]), "gradient %zu left at %g after clear_grad", i,
                (double)m2[i]);
+    /* Weight decay on three ranges only (the engine's one launch a unit):
+     * bit for bit the calls of the pieces, with weight_decay or 0. */
+    zpp_adamw_args ar = *a, ap = *a;
+    ar.n_decay = 3;
+    const size_t lo[3] = {n / 7, n / 2, n - 10}, hi[3] = {n / 3, n / 2 + 5, n};
+    for (int k = 0; k < 3; k++) ar.decay_lo[k] = lo[k], ar.decay_hi[k] = hi[k];
+    EXPECT_OK(zpp_device_copy(d, dp, p, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dm, m, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dv, v, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dg, g, n * 4));
+    EXPECT_OK(zpp_device_adamw(d, dp, dm, dv, dg, n, &ar, dw, wdt));
+    dev_get(d, p2, dp, n * 4);
+    EXPECT_OK(zpp_device_copy(d, dp, p, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dm, m, n * 4));
+    EXPECT_OK(zpp_device_copy(d, dv, v, n * 4));
+    size_t pos = 0;
+    for (int k = 0; k <= 3; k++) { /* [pos, lo) without decay, then [lo, hi) with */
+        const size_t a0 = k < 3 ? lo[k] : n;
+        ap.weight_decay = 0.0f;
+        EXPECT_OK(zpp_device_adamw(d, dp + pos, dm + pos, dv + pos, dg + pos, a0 - pos, &ap,
+                                   NULL, wdt));
+        if (k == 3) break;
+        ap.weight_decay = a->weight_decay;
+        EXPECT_OK(zpp_device_adamw(d, dp + lo[k], dm + lo[k], dv + lo[k], dg + lo[k],
+                                   hi[k] - lo[k], &ap, NULL, wdt));
+        pos = hi[k];
+    }
+    dev_get(d, m2, dp, n * 4);
+    for (size_t i = 0; i < n; i++)
+        EXPECT(!memcmp(&p2[i], &m2[i], 4),
+               "AdamW with decay ranges: p[%zu] = %.9g, the pieces' call gives %.9g (t %d)", i,
+               (double)p2[i], (double)m2[i], a->step);
     free(w2), free(p2), free(m2), free(v2);
     zpp_device_free(d, dp);
     zpp_device_free(d, dm);
@@ -184,11 +216,14 @@ static void test_adamw_matches_reference(void) {
     for (size_t ti = 0; ti < sizeof steps / sizeof steps[0]; ti++)
         for (size_t ei = 0; ei < 2; ei++)
             for (size_t si = 0; si < 2; si++, k++) {
-                zpp_adamw_args a = {1e-2f, 0.9f, 0.999f, eps[ei], 0.1f, scales[si], steps[ti], 0};
+                zpp_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = eps[ei],
+                                    .weight_decay = 0.1f, .grad_scale = scales[si],
+                                    .step = steps[ti]};
                 adamw_case(d, &rng, 1000 + (size_t)k * 37, &a, wdts[k % 3]);
             }
     /* betas of the trainer's default config */
-    zpp_adamw_args a = {3e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 0.5f, 7, 0};
+    zpp_adamw_args a = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                        .weight_decay = 0.01f, .grad_scale = 0.5f, .step = 7};
     adamw_case(d, &rng, 4097, &a, ZPP_BF16);
     zpp_device_destroy(d);
 }
@@ -410,12 +445,20 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_convert(d, x, ZPP_FP32, x, ZPP_BF16, 16, 1.0f), "in-place");
     EXPECT_INVALID(zpp_device_add(d, NULL, f, 4), "accumulator");
     EXPECT_INVALID(zpp_device_sumsq(d, f, 4, NULL), "sum_p");
-    zpp_adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 0, 0};
+    zpp_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .grad_scale = 1.0f, .step = 0};
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "step 0");
     a.step = 1;
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, NULL, x, ZPP_FP32), "zpp_adamw_args");
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, (zpp_dtype)9), "dtype");
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, NULL, 4, &a, x, ZPP_FP32), "gradient");
+    a.n_decay = ZPP_ADAMW_RANGES + 1;
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "weight-decay ranges");
+    a.n_decay = 2, a.decay_lo[0] = 0, a.decay_hi[0] = 3, a.decay_lo[1] = 2, a.decay_hi[1] = 4;
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "apart from the one");
+    a.n_decay = 1, a.decay_hi[0] = 5;
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "not inside");
+    a.n_decay = 0;
     EXPECT_INVALID(zpp_device_copy(d, NULL, x, 8), "destination");
     EXPECT_INVALID(zpp_device_set(d, NULL, 0, 8), "NULL");
     EXPECT_INVALID(zpp_device_alloc(d, 8, NULL), "p_p");

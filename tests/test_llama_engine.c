@@ -61,7 +61,9 @@ static void train_alone(zpp_device *dev, const zpp_engine_opts *eo, const int32_
         losses[s] = m->ops->loss(m);
         for (int k = m->n_stages - 1; k >= 0; k--)
             EXPECT_OK(m->ops->backward(m, k, p[m->stage_unit[k]], g[m->stage_unit[k]], 1.0f));
-        const zpp_adamw_args aw = {kLr, eo->beta1, eo->beta2, eo->eps, 0.0f, 1.0f, s + 1, 1};
+        const zpp_adamw_args aw = {.lr = kLr, .beta1 = eo->beta1, .beta2 = eo->beta2,
+                                   .eps = eo->eps, .grad_scale = 1.0f, .step = s + 1,
+                                   .clear_grad = 1};
         for (int u = 0; u < U; u++)
             EXPECT_OK(dev->ops->adamw(dev, p[u], mo[u], v[u], g[u], m->unit_numel[u], &aw,
                                       work[u], ZPP_FP32));

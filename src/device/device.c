@@ -705,6 +705,16 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, flo
     ZPP_CHECK(check_ptr(what, v, "the second moment", n));
     ZPP_CHECK(check_ptr(what, grad, "the gradient", n));
     if (work) ZPP_CHECK(check_dtype(what, work_dtype));
+    if (a->n_decay < 0 || a->n_decay > ZPP_ADAMW_RANGES)
+        return zpp_error(ZPP_ERR_INVALID, "%s: %d weight-decay ranges; 0 to %d", what,
+                         a->n_decay, ZPP_ADAMW_RANGES);
+    for (int k = 0; k < a->n_decay; k++)
+        if (a->decay_lo[k] > a->decay_hi[k] || a->decay_hi[k] > n ||
+            (k > 0 && a->decay_lo[k] < a->decay_hi[k - 1]))
+            return zpp_error(ZPP_ERR_INVALID,
+                             "%s: weight-decay range %d [%zu, %zu) is not inside the %zu "
+                             "elements, ascending and apart from the one before",
+                             what, k, a->decay_lo[k], a->decay_hi[k], n);
     if (n == 0) return ZPP_OK;
     return d->ops->adamw(d, param, m, v, grad, n, a, work, work_dtype);
 }

@@ -47,6 +47,7 @@ typedef struct zpp_device_prof zpp_device_prof; /* a profile window (device.c) *
  *   m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
  *   p = p - lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
  * then work[i] = (work_dtype) p[i], the next working copy of the shard. */
+enum { ZPP_ADAMW_RANGES = 8 }; /* decay ranges one AdamW call takes */
 typedef struct zpp_adamw_args {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* clipping coefficient, applied to g first */
@@ -55,7 +56,29 @@ typedef struct zpp_adamw_args {
      * step's sums in the same pass over memory (the line is already in
      * cache: the zeroing costs no read, and no pass of its own). */
     int clear_grad;
+    /* Where weight_decay applies: n_decay = 0, every element; otherwise
+     * only elements [decay_lo[k], decay_hi[k]) of the call, k < n_decay
+     * (ascending, disjoint), the others taking 0 (the same arithmetic, so
+     * one call gives the bits of one call per piece). Lets the engine
+     * update a whole unit, whose matrices decay and whose biases and
+     * norms do not, in one launch. */
+    int n_decay;
+    size_t decay_lo[ZPP_ADAMW_RANGES], decay_hi[ZPP_ADAMW_RANGES];
 } zpp_adamw_args;
+
+/* The weight decay of element i of a call (n_decay above). By value and
+ * over a constant count: in a kernel the ranges stay where the parameters
+ * are (an address or a variable index would copy them to local memory). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline float zpp_adamw_decay_at(zpp_adamw_args a, size_t i) {
+    if (a.n_decay == 0) return a.weight_decay;
+    float wd = 0.0f;
+    for (int k = 0; k < ZPP_ADAMW_RANGES; k++)
+        if (k < a.n_decay && i >= a.decay_lo[k] && i < a.decay_hi[k]) wd = a.weight_decay;
+    return wd;
+}
 
 /* The backend table. Streams are the backend's native handles (a
  * cudaStream_t on CUDA, NULL on the host); NULL means the compute stream. */

@@ -106,7 +106,7 @@ __global__ void zpp_dcu_adamw_kernel(float *__restrict__ param, float *__restric
         float mi = a.beta1 * m0 + (1.0f - a.beta1) * g;
         float vi = a.beta2 * v0 + (1.0f - a.beta2) * g * g;
         float p = p0;
-        p -= a.lr * ((mi / c1) / (sqrtf(vi / c2) + a.eps) + a.weight_decay * p);
+        p -= a.lr * ((mi / c1) / (sqrtf(vi / c2) + a.eps) + zpp_adamw_decay_at(a, i) * p);
         m[i] = mi;
         v[i] = vi;
         param[i] = p;

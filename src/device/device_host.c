@@ -230,6 +230,7 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, fl
     const float c1 = 1.0f - powf(b1, (float)a->step);
     const float c2 = 1.0f - powf(b2, (float)a->step);
     for (size_t i = 0; i < n; i++) {
+        const float wd = zpp_adamw_decay_at(*a, i);
         float g = a->grad_scale * grad[i];
         if (a->clear_grad) grad[i] = 0.0f;
         float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -237,7 +238,7 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, fl
         m[i] = mi;
         v[i] = vi;
         float p = param[i];
-        p -= a->lr * ((mi / c1) / (sqrtf(vi / c2) + a->eps) + a->weight_decay * p);
+        p -= a->lr * ((mi / c1) / (sqrtf(vi / c2) + a->eps) + wd * p);
         param[i] = p;
         if (work) zpp_store_f32(work, work_dtype, i, p);
     }

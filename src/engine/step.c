@@ -13,12 +13,13 @@
 
 /* AdamW on unit `ui`'s shard, with weight decay only on the elements the
  * model says decay (model.h, matrix_ranges; all of them when it names none
- * or opts.decay_all). The shard [r * shard_len, (r + 1) * shard_len) of
- * the unit is cut at the matrix ranges it meets, and each piece is one
- * AdamW call with weight_decay or 0: the per-element arithmetic is the
- * same, so a piece gives the bits one call would (GPT-2: at most nine
- * calls for a block, where the shard crosses all four matrices). The
- * padding past numel lies outside every range: 0 stays 0 either way. */
+ * or opts.decay_all). The matrix ranges the shard [r * shard_len,
+ * (r + 1) * shard_len) of the unit meets become the call's decay ranges
+ * (zpp_adamw_args.n_decay), so the whole shard is one launch; a shard that
+ * meets more ranges than one call takes is cut at them into calls with
+ * weight_decay or 0. Either way the per-element arithmetic is the same, so
+ * the bits are. The padding past numel lies outside every range: 0 stays 0
+ * either way. */
 static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t to,
                               const zpp_adamw_args *aw, int decay) {
     if (to <= from) return ZPP_OK;
@@ -31,6 +32,23 @@ static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t 
                             u->grad_acc + from, to - from, &a, work, e->opts.work_dtype);
 }
 
+/* The next of unit ui's matrix ranges (from *k on) that meets the shard
+ * [begin, begin + len) of the unit, clipped to it, in shard coordinates:
+ * [*lo, *hi); 0 when there is none. */
+static int next_decay_range(const zpp_model *m, int ui, size_t begin, size_t len, int *k,
+                            size_t *lo, size_t *hi) {
+    for (; *k < m->n_matrix_ranges[ui]; (*k)++) {
+        const zpp_elem_range r = m->matrix_ranges[ui][*k];
+        if (r.end <= begin) continue;
+        if (r.begin >= begin + len) return 0;
+        *lo = (r.begin > begin ? r.begin : begin) - begin;
+        *hi = (r.end < begin + len ? r.end : begin + len) - begin;
+        (*k)++;
+        return 1;
+    }
+    return 0;
+}
+
 static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
     unit_state *u = &e->units[ui];
     const zpp_model *m = e->model;
@@ -38,13 +56,22 @@ static zpp_status adamw_unit(zpp_engine *e, int ui, const zpp_adamw_args *aw) {
     if (e->opts.decay_all || !m->matrix_ranges || aw->weight_decay == 0.0f)
         return adamw_piece(e, u, 0, len, aw, 1);
     const size_t begin = (size_t)e->topo->world_rank * len; /* in the unit */
-    size_t pos = 0;                                          /* in the shard */
-    for (int k = 0; k < m->n_matrix_ranges[ui]; k++) {
-        const zpp_elem_range r = m->matrix_ranges[ui][k];
-        if (r.end <= begin + pos) continue;
-        if (r.begin >= begin + len) break;
-        const size_t lo = r.begin > begin + pos ? r.begin - begin : pos;
-        const size_t hi = r.end < begin + len ? r.end - begin : len;
+    zpp_adamw_args one = *aw; /* the shard in one call */
+    one.n_decay = 0;
+    size_t lo = 0, hi = 0;
+    int k = 0, count = 0;
+    while (next_decay_range(m, ui, begin, len, &k, &lo, &hi)) {
+        if (count < ZPP_ADAMW_RANGES) one.decay_lo[count] = lo, one.decay_hi[count] = hi;
+        count++;
+    }
+    if (count <= ZPP_ADAMW_RANGES) {
+        one.n_decay = count;
+        if (count == 0) one.weight_decay = 0.0f; /* no matrix in this shard */
+        return adamw_piece(e, u, 0, len, &one, 1);
+    }
+    size_t pos = 0; /* in the shard */
+    k = 0;
+    while (next_decay_range(m, ui, begin, len, &k, &lo, &hi)) {
         ZPP_CHECK(adamw_piece(e, u, pos, lo, aw, 0));
         ZPP_CHECK(adamw_piece(e, u, lo, hi, aw, 1));
         pos = hi;
@@ -207,8 +234,9 @@ static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_sc
     if (used_scale != 1.0f) scale /= used_scale;
     e->updates++;
     /* clear_grad: AdamW leaves the accumulators zeroed for the next step */
-    zpp_adamw_args aw = {lr, e->opts.beta1, e->opts.beta2, e->opts.eps,
-                         e->opts.weight_decay, scale, e->updates, 1};
+    zpp_adamw_args aw = {.lr = lr, .beta1 = e->opts.beta1, .beta2 = e->opts.beta2,
+                         .eps = e->opts.eps, .weight_decay = e->opts.weight_decay,
+                         .grad_scale = scale, .step = e->updates, .clear_grad = 1};
     for (int i = 0; i < e->model->n_units; i++) {
         ZPP_CHECK(adamw_unit(e, i, &aw));
         /* The weights changed: the secondary copy is stale (the resident
