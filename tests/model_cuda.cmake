@@ -20,6 +20,15 @@ if(ZPP_HAVE_CUDA)
            CASES_FROM_SOURCE TIMEOUT 600)
 endif()
 
+# The cuDNN attention (src/model/attention_cudnn.c, cuDNN's fused engines
+# through its backend API) against our fused kernels and a double-precision
+# reference, bitwise determinism, refusals, and both timed (printed). Only
+# in a build with cuDNN; ZPP_CUDNN_DEBUG=1 prints cuDNN's trace.
+if(ZPP_HAVE_CUDNN)
+  zpp_test(test_attention_cudnn SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_attention_cudnn.c
+           CASES_FROM_SOURCE TIMEOUT 900)
+endif()
+
 # Initial weights drawn on the GPU (init_params_device of gpt2_cuda.cu)
 # against the host's init_params, bit for bit: every unit, every rank's
 # shard, random slices; and the doubles of the normal sample under them
@@ -49,4 +58,12 @@ endif()
 if(ZPP_HAVE_CUDA)
   zpp_test(test_llama_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llama_cuda.c
            CASES_FROM_SOURCE TIMEOUT 300 ENV OPENBLAS_NUM_THREADS=1)
+endif()
+
+# The products with GPT-2's GELU in cuBLASLt's epilogue (model/cuda_ops.h),
+# forward and backward, against a double-precision reference with derived
+# bounds; that the epilogue computes the tanh form, not erf. Label gpu.
+if(ZPP_HAVE_CUDA)
+  zpp_test(test_cuda_ops SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_cuda_ops.c CASES_FROM_SOURCE
+           TIMEOUT 300)
 endif()

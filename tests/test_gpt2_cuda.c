@@ -913,16 +913,35 @@ static void test_attention_gemm_matches_cpu(void) {
     const int L = 2, Bm = 3, H = 2, T = 80;
     if (gpu_cc() >= ZPP_CC_BF16) {
         const size_t gemm = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
-        EXPECT(unsetenv("ZPP_ATTENTION") == 0, "unsetenv");
+        /* fused: unset would add cuDNN's workspace, where it runs */
+        EXPECT(setenv("ZPP_ATTENTION", "fused", 1) == 0, "setenv");
         const size_t fused = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
         const size_t probs = (size_t)L * Bm * H * T * T * 2;
-        printf("  model memory: %zu bytes with ZPP_ATTENTION=gemm, %zu unset (fused); the "
+        printf("  model memory: %zu bytes with ZPP_ATTENTION=gemm, %zu fused; the "
                "probabilities alone are %zu\n",
                gemm, fused, probs);
         EXPECT(gemm >= fused + probs,
                "ZPP_ATTENTION=gemm did not take the GEMM path: the model takes %zu bytes, %zu "
                "without it; the GEMM path keeps %zu bytes of probabilities more",
                gemm, fused, probs);
+        /* cuDNN's path (the default where it runs) holds its workspace too;
+         * a build without cuDNN refuses ZPP_ATTENTION=cudnn saying so */
+        EXPECT(setenv("ZPP_ATTENTION", "cudnn", 1) == 0, "setenv");
+        zpp_model *mc = NULL;
+        zpp_error_clear();
+        zpp_status cs = zpp_gpt2_cuda_create(&cfg, ZPP_BF16, Bm, d, &mc);
+        if (cs == ZPP_OK) {
+            mc->ops->destroy(mc);
+            const size_t cudnn = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);
+            printf("  with ZPP_ATTENTION=cudnn: %zu bytes (cuDNN's workspace %zu)\n", cudnn,
+                   cudnn - fused);
+            EXPECT(cudnn > fused, "ZPP_ATTENTION=cudnn took %zu bytes, fused %zu: no workspace",
+                   cudnn, fused);
+        } else {
+            EXPECT(cs == ZPP_ERR_UNSUPPORTED && strstr(zpp_last_error(), "cuDNN"), "%s: %s",
+                   zpp_status_str(cs), zpp_last_error());
+            printf("  ZPP_ATTENTION=cudnn refused: %s\n", zpp_last_error());
+        }
     } else {
         /* below 8.0 the model refuses bf16, saying what to use */
         zpp_model *m = NULL;

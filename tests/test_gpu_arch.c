@@ -5,7 +5,8 @@
  *     messages that name the GPU's capability and the way out;
  *   - zpp_attn_path_pick (model/attention_path.h): the fused attention
  *     only for bf16, head size 64 or 128, on 8.0 or newer, and what
- *     ZPP_ATTENTION (auto, gemm, fused, anything else) does to that;
+ *     ZPP_ATTENTION (auto: cuDNN there, gemm, fused, cudnn, anything else)
+ *     does to that;
  *   - zpp_device_compute_capability refuses the host device.
  * The GPU side of the same rules (the CUDA model refusing bf16 below 8.0,
  * ZPP_ATTENTION=gemm taking the GEMM path) is in test_gpt2_cuda.c. */
@@ -98,7 +99,7 @@ static void test_dtype_check_arguments(void) {
 static void test_attention_path_rule(void) {
     const zpp_dtype dts[] = {ZPP_FP32, ZPP_FP16, ZPP_BF16};
     const int hss[] = {16, 32, 64, 96, 128, 256};
-    const char *modes[] = {NULL, "", "auto", "gemm", "fused"};
+    const char *modes[] = {NULL, "", "auto", "gemm", "fused", "cudnn"};
     for (size_t i = 0; i < N_GPUS; i++)
         for (size_t k = 0; k < 3; k++)
             for (size_t h = 0; h < sizeof hss / sizeof hss[0]; h++)
@@ -109,24 +110,28 @@ static void test_attention_path_rule(void) {
                     const char *mode = modes[m];
                     const int gemm = mode && strcmp(mode, "gemm") == 0;
                     const int fused = mode && strcmp(mode, "fused") == 0;
+                    const int cudnn = mode && strcmp(mode, "cudnn") == 0;
                     zpp_attn_path path = (zpp_attn_path)-1;
                     char msg[256];
                     zpp_status st = zpp_attn_path_pick(mode, dts[k], hss[h], kGpus[i].major,
                                                        kGpus[i].minor, &path, msg, sizeof msg);
                     const char *what = mode ? mode : "(unset)";
-                    if (fused && !can) {
+                    if ((fused || cudnn) && !can) {
                         EXPECT(st == ZPP_ERR_UNSUPPORTED, "%s %s hs %d %s: %s", kGpus[i].name,
                                zpp_dtype_name(dts[k]), hss[h], what, zpp_status_str(st));
                         EXPECT(path == (zpp_attn_path)-1, "path set on failure");
-                        EXPECT(strstr(msg, "ZPP_ATTENTION=fused") && strstr(msg, "gemm"), "%s",
-                               msg);
+                        EXPECT(strstr(msg, fused ? "ZPP_ATTENTION=fused" : "ZPP_ATTENTION=cudnn") &&
+                                   strstr(msg, "gemm"),
+                               "%s", msg);
                         continue;
                     }
                     EXPECT(st == ZPP_OK, "%s %s hs %d %s: %s (%s)", kGpus[i].name,
                            zpp_dtype_name(dts[k]), hss[h], what, zpp_status_str(st), msg);
+                    /* auto prefers cuDNN where the fused kernels could run */
                     const zpp_attn_path want = gemm ? ZPP_ATTN_GEMM
-                                               : can ? ZPP_ATTN_FUSED
-                                                     : ZPP_ATTN_GEMM;
+                                               : !can ? ZPP_ATTN_GEMM
+                                               : fused ? ZPP_ATTN_FUSED
+                                                       : ZPP_ATTN_CUDNN;
                     EXPECT(path == want, "%s %s hs %d %s: path %d, want %d", kGpus[i].name,
                            zpp_dtype_name(dts[k]), hss[h], what, (int)path, (int)want);
                     EXPECT(msg[0] == '\0', "ok with a message: %s", msg);
@@ -146,11 +151,11 @@ static void test_attention_path_reasons(void) {
                   ZPP_ERR_UNSUPPORTED);
     EXPECT(strstr(msg, "head size is 64 or 128, and this model's is 48"), "%s", msg);
     /* anything else is a mistake, not a silent auto */
-    const char *bad[] = {"GEMM", "flash", "gemm ", "0", "cudnn"};
+    const char *bad[] = {"GEMM", "flash", "gemm ", "0", "cuDNN"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         EXPECT_STATUS(zpp_attn_path_pick(bad[i], ZPP_BF16, 64, 9, 0, &path, msg, sizeof msg),
                       ZPP_ERR_INVALID);
-        EXPECT(strstr(msg, "not one of auto, gemm, fused"), "%s: %s", bad[i], msg);
+        EXPECT(strstr(msg, "not one of auto, gemm, fused, cudnn"), "%s: %s", bad[i], msg);
     }
 }
 

@@ -86,10 +86,18 @@ int main(int argc, char **argv) {
         tm("qkv fwd", [&] { return linear_forward(g, y.qkv, et, NULL, a->ln, eat(g, w, Ly->qkv_w), eat(g, w, Ly->qkv_b), n, C, 3 * C, "qkv"); });
         tm("attn fwd", [&] { return attention_forward(g, y.atty, y.att, y.qkv); });
         tm("proj fwd", [&] { return linear_forward(g, y.mid, f32, y.x, y.atty, eat(g, w, Ly->proj_w), eat(g, w, Ly->proj_b), n, C, C, "proj"); });
-        tm("fc fwd", [&] { return linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, Ly->fc_w), eat(g, w, Ly->fc_b), n, C, 4 * C, "fc"); });
-        tm("gelu fwd", [&] { return gelu_forward(g, y.fch, n); });
+        if (g->gelu_epilogue) { // the model's ops: GELU in the products' epilogues (gpt2_cuda.cu, GELU)
+            tm("fc+gelu fwd", [&] { return zpp_cu_linear_gelu_forward(&g->cu, a->fcg, y.fch, a->ln, eat(g, w, Ly->fc_w), eat(g, w, Ly->fc_b), n, C, 4 * C, "fc"); });
+        } else {
+            tm("fc fwd", [&] { return linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, Ly->fc_w), eat(g, w, Ly->fc_b), n, C, 4 * C, "fc"); });
+            tm("gelu fwd", [&] { return gelu_forward(g, y.fch, n); });
+        }
         tm("fc2 fwd", [&] { return linear_forward(g, y.out, f32, y.mid, a->fcg, eat(g, w, Ly->fc2_w), eat(g, w, Ly->fc2_b), n, 4 * C, C, "fc2"); });
-        tm("fc2 bwd", [&] { return linear_backward(g, a->dfc, et, grd + Ly->fc2_w, grd + Ly->fc2_b, a->dres_e, a->dres, a->fcg, eat(g, w, Ly->fc2_w), n, 4 * C, C, "fc2b"); });
+        tm("gelu again", [&] { return gelu_forward(g, y.fch, n); });
+        if (g->gelu_epilogue)
+            tm("fc2+dgelu bwd", [&] { return zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, grd + Ly->fc2_w, grd + Ly->fc2_b, a->dres_e, a->dres, a->fcg, eat(g, w, Ly->fc2_w), y.fch, n, 4 * C, C, "fc2b"); });
+        else
+            tm("fc2 bwd", [&] { return linear_backward(g, a->dfc, et, grd + Ly->fc2_w, grd + Ly->fc2_b, a->dres_e, a->dres, a->fcg, eat(g, w, Ly->fc2_w), n, 4 * C, C, "fc2b"); });
         tm("ln recompute", [&] { return layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, Ly->ln2_w), eat(g, w, Ly->ln2_b), n); });
         tm("fc bwd", [&] { return linear_backward(g, a->dc, f32, grd + Ly->fc_w, grd + Ly->fc_b, a->dfc, NULL, a->ln, eat(g, w, Ly->fc_w), n, C, 4 * C, "fcb"); });
         tm("ln bwd", [&] { return layernorm_backward(g, a->dres, grd + Ly->ln2_w, grd + Ly->ln2_b, a->dc, y.mid, eat(g, w, Ly->ln2_w), y.ln2m, y.ln2r, n, C); });

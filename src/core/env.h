@@ -18,8 +18,8 @@
 /* X(id, name, what it does) */
 #define ZPP_ENV_VARS(X)                                                                       \
     X(ZPP_ENV_ATTENTION, "ZPP_ATTENTION",                                                     \
-      "the CUDA model's attention: fused, gemm or auto (default: fused where this GPU, "     \
-      "dtype and head size allow, else gemm; docs/gpus.md)")                                  \
+      "the CUDA model's attention: cudnn, fused, gemm or auto (default: cuDNN's where "      \
+      "this build, GPU, dtype and head size allow, else fused, else gemm; docs/gpus.md)")    \
     X(ZPP_ENV_CPU_ISA, "ZPP_CPU_ISA",                                                         \
       "caps the CPU kernels' instruction set: generic, avx2, avx512 or auto (default; "       \
       "every choice gives the same bits; core/cpu.h)")                                        \

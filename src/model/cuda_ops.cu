@@ -23,6 +23,7 @@ struct gemm_key {
     int64_t lda, ldb, ldc, sA, sB, sC;
     int32_t ta, tb, M, N, K, batch;
     uint32_t alA, alB, alC, atype, ctype, bias; /* bias: its alignment, 0 without */
+    uint32_t act, alX;                         /* zpp_cu_act; aux's alignment */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -397,22 +398,38 @@ struct gemm_desc {
 
 #define LT(call) ZPP_LT_CHECK(cu->who, call, what)
 
+/* cuBLASLt's epilogue for a bias and an activation (zpp_cu_act). */
+static cublasLtEpilogue_t epilogue_of(bool bias, zpp_cu_act act) {
+    if (act == ZPP_CU_ACT_GELU) return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                            : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (act == ZPP_CU_ACT_DGELU) return CUBLASLT_EPILOGUE_DGELU;
+    return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 static zpp_status describe(zpp_cu *cu, gemm_desc *d, cudaDataType_t at, cudaDataType_t ct,
                            int ta, int tb, int M, int N, int K, int64_t lda, int64_t sA,
                            int64_t ldb, int64_t sB, int64_t ldc, int64_t sC, int batch,
-                           const void *bias, const char *what) {
+                           const void *bias, zpp_cu_act act, void *aux, const char *what) {
     cublasOperation_t op1 = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op2 = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT(cublasLtMatmulDescInit(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_TRANSA, &op1, sizeof op1));
     LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_TRANSB, &op2, sizeof op2));
-    if (bias) { /* one value per row of cuBLASLt's D (our C^T): per column of C */
-        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-        int32_t bt = (int32_t)ct;
+    cublasLtEpilogue_t ep = epilogue_of(bias != NULL, act);
+    if (ep != CUBLASLT_EPILOGUE_DEFAULT)
         LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    if (bias) { /* one value per row of cuBLASLt's D (our C^T): per column of C */
+        int32_t bt = (int32_t)ct;
         LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                           sizeof bias));
         LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                           sizeof bt));
+    }
+    if (act != ZPP_CU_ACT_NONE) { /* aux is laid out as D: ldc, C's type */
+        int64_t ld = ldc;
+        LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                          &aux, sizeof aux));
+        LT(cublasLtMatmulDescSetAttribute(&d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                          sizeof ld));
     }
     /* Stored shapes (before the op), column-major: B row-major K x N is
      * N x K; B row-major N x K (tb) is K x N; likewise for A. */
@@ -464,7 +481,7 @@ static zpp_status find_algo(zpp_cu *cu, const gemm_key *key, gemm_desc *d,
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, &d->op, &d->l1, &d->l2, &d->lc,
                                                        &d->lc, &pref, 1, &res, &found);
     const bool ok = hs == CUBLAS_STATUS_SUCCESS && found >= 1 && res.state == CUBLAS_STATUS_SUCCESS;
-    if (!ok && !key->bias) {
+    if (!ok && !key->bias && !key->act) {
         LT(hs);
         return zpp_error(ZPP_ERR_CUDA,
                          "%s: %s: cuBLASLt has no algorithm for the row-major product %s%s "
@@ -495,6 +512,11 @@ zpp_status zpp_cu_gemm(zpp_cu *cu, cudaDataType_t at, cudaDataType_t ct, int ta,
                        int64_t sC, int batch, const zpp_cu_epilogue *epi, const char *what) {
     const void *bias = epi ? epi->bias : NULL;
     const void *c_in = epi && epi->c_in ? epi->c_in : C;
+    const zpp_cu_act act = epi ? epi->act : ZPP_CU_ACT_NONE;
+    void *aux = epi ? epi->aux : NULL;
+    if (act != ZPP_CU_ACT_NONE && (beta != 0.0f || batch > 1 || !aux))
+        return zpp_error(ZPP_ERR_INVALID, "%s: %s: an activation epilogue takes beta 0, one "
+                         "matrix and its aux matrix", cu->who, what);
     gemm_key key;
     memset(&key, 0, sizeof key);
     key.lda = lda;
@@ -515,14 +537,17 @@ zpp_status zpp_cu_gemm(zpp_cu *cu, cudaDataType_t at, cudaDataType_t ct, int ta,
     key.atype = (uint32_t)at;
     key.ctype = (uint32_t)ct;
     key.bias = bias ? ptr_align(bias, 0, 1, type_bytes(ct)) : 0;
+    key.act = (uint32_t)act;
+    key.alX = act != ZPP_CU_ACT_NONE ? ptr_align(aux, 0, 1, type_bytes(ct)) : 0;
     gemm_desc d;
     ZPP_CHECK(describe(cu, &d, at, ct, ta, tb, M, N, K, lda, sA, ldb, sB, ldc, sC, batch, bias,
-                       what));
+                       act, aux, what));
     zpp_cu_gemm_entry *hit = NULL;
     ZPP_CHECK(find_algo(cu, &key, &d, &hit, what));
     if (hit->used == 2)
-        return zpp_error(ZPP_ERR_UNSUPPORTED, "%s: %s: cuBLASLt has no algorithm that adds "
-                         "the bias in the product", cu->who, what);
+        return zpp_error(ZPP_ERR_UNSUPPORTED, "%s: %s: cuBLASLt has no algorithm with this "
+                         "epilogue (%s%s)", cu->who, what, bias ? "bias" : "",
+                         act == ZPP_CU_ACT_GELU ? " gelu" : act == ZPP_CU_ACT_DGELU ? " dgelu" : "");
     LT(cublasLtMatmul(cu->lt, &d.op, &alpha, B, &d.l1, A, &d.l2, &beta, c_in, &d.lc, C, &d.lc,
                       &hit->algo, cu->workspace, kWorkspaceBytes, cu->stream));
     return ZPP_OK;
@@ -612,17 +637,45 @@ zpp_status zpp_cu_linear_forward(zpp_cu *cu, void *out, cudaDataType_t ot, const
     return zpp_cu_mm(cu, 0, 1, n, OC, IC, 1.0f, inp, IC, W, IC, 1.0f, out, ot, OC, what);
 }
 
-zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
+zpp_status zpp_cu_linear_gelu_forward(zpp_cu *cu, void *out, void *pre, const void *inp,
+                                      const void *W, const void *bias, int n, int IC, int OC,
+                                      const char *what) {
+    zpp_cu_epilogue epi = {bias, NULL, ZPP_CU_ACT_GELU, pre};
+    return zpp_cu_gemm(cu, cu->et, cu->et, 0, 1, n, OC, IC, 1.0f, inp, IC, 0, W, IC, 0, 0.0f, out,
+                       OC, 0, 1, &epi, what);
+}
+
+/* d inp first, so that an epilogue cuBLASLt cannot do returns before
+ * anything is written. */
+static zpp_status linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
                                   float *db, const void *dout, const float *dout_f32,
-                                  const void *inp, const void *W, int n, int IC, int OC,
-                                  const char *what) {
-    ZPP_CHECK(zpp_cu_mm(cu, 0, 0, n, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, it, IC, what));
+                                  const void *inp, const void *W, const void *gelu_pre, int n,
+                                  int IC, int OC, const char *what) {
+    zpp_cu_epilogue epi = {NULL, NULL, gelu_pre ? ZPP_CU_ACT_DGELU : ZPP_CU_ACT_NONE,
+                           (void *)gelu_pre};
+    ZPP_CHECK(zpp_cu_gemm(cu, cu->et, it, 0, 0, n, IC, OC, 1.0f, dout, OC, 0, W, IC, 0, 0.0f, dinp,
+                          IC, 0, 1, &epi, what));
     ZPP_CHECK(zpp_cu_mm(cu, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC,
                         what));
     if (!db) return ZPP_OK;
     return dout_f32 ? zpp_cu_colsum(cu, db, NULL, dout_f32, CUDA_R_32F, NULL, NULL, NULL, n, OC,
                                     what)
                     : zpp_cu_colsum(cu, db, NULL, dout, cu->et, NULL, NULL, NULL, n, OC, what);
+}
+
+zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
+                                  float *db, const void *dout, const float *dout_f32,
+                                  const void *inp, const void *W, int n, int IC, int OC,
+                                  const char *what) {
+    return linear_backward(cu, dinp, it, dW, db, dout, dout_f32, inp, W, NULL, n, IC, OC, what);
+}
+
+zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, float *dW, float *db,
+                                        const void *dout, const float *dout_f32, const void *inp,
+                                        const void *W, const void *pre, int n, int IC, int OC,
+                                        const char *what) {
+    return linear_backward(cu, dpre, cu->et, dW, db, dout, dout_f32, inp, W, pre, n, IC, OC,
+                           what);
 }
 
 zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, float *losses,

@@ -5,6 +5,7 @@
  * d logits; rounding fp32 rows into the working dtype. Included by CUDA
  * sources only (it names CUDA types); cuda_ops.cu holds the code and the
  * header comment of gpt2_cuda.cu the math (GEMMs, HEAD, DETERMINISM).
+ * C linkage, so a C test can call it (tests/test_cuda_ops.c).
  *
  * Every call enqueues on the context's stream, returns without waiting and
  * allocates nothing; the context is made once per model (zpp_cu_init) and
@@ -21,6 +22,10 @@
 #include "device/device.h"
 #include "model/decoder.h"
 #include "zeropp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct zpp_cu_gemm_entry zpp_cu_gemm_entry;
 
@@ -49,6 +54,20 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
                        const char *who);
 void zpp_cu_free(zpp_cu *cu);
 
+/* GPT-2's GELU in a product's epilogue (zpp_cu_epilogue.act): cuBLASLt's
+ * GELU epilogues compute the tanh form gpt2_cuda.cu's kernels compute,
+ * gelu(u) = u (1 + tanh(k (u + a u^3))) / 2 (tests/test_cuda_ops.c checks
+ * the outputs against it in double). */
+typedef enum zpp_cu_act {
+    ZPP_CU_ACT_NONE = 0,
+    /* C = gelu(P) with P = alpha op(A) op(B) [+ bias]; P itself, rounded
+     * to C's type, into aux: the pre-activation a backward reads */
+    ZPP_CU_ACT_GELU = 1,
+    /* C = P gelu'(aux): the product is the gradient of gelu's output, aux
+     * the pre-activation the forward stored; C is d pre-activation */
+    ZPP_CU_ACT_DGELU = 2,
+} zpp_cu_act;
+
 /* What a product adds besides alpha op(A) op(B) + beta C (zpp_cu_gemm). */
 typedef struct zpp_cu_epilogue {
     /* N values in C's type, one per column of C, added in the product's
@@ -57,13 +76,19 @@ typedef struct zpp_cu_epilogue {
     /* The C that beta scales when it is not the output (cuBLASLt reads C
      * and writes D); NULL: the output itself. */
     const void *c_in;
+    /* An activation (above) and its M x N matrix of C's type, leading
+     * dimension ldc; act ZPP_CU_ACT_NONE: none, aux unused. Not with
+     * beta != 0 or a batch. */
+    zpp_cu_act act;
+    void *aux;
 } zpp_cu_epilogue;
 
 /* Row-major C[M x N] = alpha op(A) op(B) + beta C [+ bias], op(A) M x K,
  * op(B) K x N (ta / tb: 1 = transposed, as CblasTrans), `batch` matrices
  * apart by sA / sB / sC elements; A and B in at, C in ct (E or fp32),
  * accumulation in fp32. ZPP_ERR_UNSUPPORTED, and nothing done, when
- * cuBLASLt has no algorithm for the epilogue asked for. */
+ * cuBLASLt has no algorithm for the epilogue asked for (the caller then
+ * does it in steps). */
 zpp_status zpp_cu_gemm(zpp_cu *cu, cudaDataType_t at, cudaDataType_t ct, int ta, int tb, int M,
                        int N, int K, float alpha, const void *A, int64_t lda, int64_t sA,
                        const void *B, int64_t ldb, int64_t sB, float beta, void *C, int64_t ldc,
@@ -90,6 +115,28 @@ zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, flo
                                   float *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, int n, int IC, int OC,
                                   const char *what);
+
+/* The first half of an MLP with GPT-2's GELU in the product's epilogue:
+ * pre (n x OC, E) = inp W^T + bias and out (E) = gelu(pre), computed from
+ * the unrounded pre (so out may differ from gelu of the stored pre by one
+ * rounding). E must be bf16 or fp16 (fp32 models keep the CPU's
+ * arithmetic: the product, then gelu_forward_kernel). ZPP_ERR_UNSUPPORTED,
+ * nothing written, when cuBLASLt has no such algorithm. */
+zpp_status zpp_cu_linear_gelu_forward(zpp_cu *cu, void *out, void *pre, const void *inp,
+                                      const void *W, const void *bias, int n, int IC, int OC,
+                                      const char *what);
+
+/* zpp_cu_linear_backward of the layer after that GELU, with the GELU's
+ * backward in the first product's epilogue: dpre (n x IC, E) =
+ * (dout W) gelu'(pre) (within two roundings: cuBLASLt rounds the product
+ * first, as the separate kernel's input was); dW, db as there (inp: gelu's
+ * output).
+ * ZPP_ERR_UNSUPPORTED, nothing written, when cuBLASLt has no such
+ * algorithm. */
+zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, float *dW, float *db,
+                                        const void *dout, const float *dout_f32, const void *inp,
+                                        const void *W, const void *pre, int n, int IC, int OC,
+                                        const char *what);
 
 /* db[W] += column sums of the n rows of dy (n x W, of type dt: fp32 or E);
  * with mean (a norm's backward, x its fp32 input): also
@@ -194,5 +241,9 @@ zpp_status zpp_cu_head_logits_host(zpp_cu *cu, const zpp_cu_head *h, int V, floa
  * inside a kernel and poison the context, so models refuse it up front. */
 zpp_status zpp_cu_check_device_ptr(const char *who, const void *p, const char *op,
                                    const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

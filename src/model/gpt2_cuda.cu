@@ -43,9 +43,20 @@
  * order, added into the caller's gradient. The code of all this is shared
  * with every CUDA model: cuda_ops.h.
  *
+ * GELU. With bf16 or fp16 the MLP's GELU runs in cuBLASLt's epilogues
+ * (cuda_ops.h, zpp_cu_act): the fc product writes fch (its pre-activation,
+ * kept) and fcg = gelu(fch) in one pass, and the fc2 backward's d fcg
+ * product writes d fch = d fcg gelu'(fch) (two roundings, as the product
+ * and then a separate kernel gave: two passes over N x 4C fewer). The epilogue
+ * takes gelu of the unrounded pre-activation, so the forward's fcg and the
+ * backward's recomputed one (gelu_forward_kernel of the stored fch) may
+ * differ by one rounding. fp32 keeps the kernels: the CPU's arithmetic.
+ *
  * ATTENTION. With bf16 and a head size of 64 or 128 (GPT-2 124M and the
  * 1.31B model), on a GPU of compute capability 8.0 or newer, attention is
- * fused (attention_cuda.cu, FlashAttention-2 style): no T x T matrix is
+ * fused: cuDNN's flash-attention engines (attention_cudnn.h) where the
+ * build has cuDNN and its engines take the shape, else our kernels
+ * (attention_cuda.cu, FlashAttention-2 style). Either way no T x T matrix is
  * stored, only a log-sum-exp per row and head, and the backward recomputes
  * the probabilities. Otherwise (fp32, fp16, other head sizes, older GPUs,
  * or ZPP_ATTENTION=gemm: attention_path.h decides, once, at create), it is
@@ -71,7 +82,8 @@
  * kept for the backward: they are cheap elementwise functions of what is
  * kept (the residual stream and the LayerNorm statistics; fch), so the
  * backward evaluates them again, with the same expressions and so the
- * same bits, into one layer's scratch. That saves 6C of the 2-byte values
+ * same bits (gelu: within one rounding with the epilogue, GELU above),
+ * into one layer's scratch. That saves 6C of the 2-byte values
  * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
  * elementwise passes.
  *
@@ -136,6 +148,7 @@
 #include "model/model.h"
 #include "model/gpt2.h"
 #include "model/attention_cuda.h"
+#include "model/attention_cudnn.h"
 #include "model/attention_gemm_cuda.h"
 #include "model/cuda_elem.cuh"
 #include "model/cuda_ops.h"
@@ -401,6 +414,10 @@ struct gpt2_cuda {
     zpp_gpt2_stages stages;
     size_t nmax;          /* max_batch * T */
     int fused_attn;       /* attention by attention_cuda.cu (attention_path.h) */
+    zpp_attn_cudnn_use cudnn; /* or by cuDNN's engines, where ctx is set (same buffers) */
+    /* GELU in the fc and fc2 products' epilogues (GELU in the header):
+     * bf16 and fp16; cleared for good when cuBLASLt has no algorithm */
+    int gelu_epilogue;
     size_t es;            /* bytes of one E element */
     cudaDataType_t et;    /* E for cuBLASLt */
     cudaStream_t stream;
@@ -521,6 +538,9 @@ static zpp_attn_gemm_shape attn_shape(const gpt2_cuda *g) {
  * (`att`) and Y in E. */
 static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
     const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->cudnn.ctx)
+        return zpp_attn_cudnn_forward(g->cudnn.ctx, y, (float *)att, qkv, s.B,
+                                      g->cudnn.workspace);
     if (g->fused_attn)
         return zpp_attn_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.hs, g->stream);
     return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->act.score, qkv);
@@ -530,6 +550,9 @@ static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void
 static zpp_status attention_backward(gpt2_cuda *g, void *dqkv, const void *dy, const void *att,
                                      const void *qkv, const void *y) {
     const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->cudnn.ctx)
+        return zpp_attn_cudnn_backward(g->cudnn.ctx, dqkv, dy, qkv, y, (const float *)att, s.B,
+                                       g->cudnn.workspace);
     if (g->fused_attn)
         return zpp_attn_backward(dqkv, dy, qkv, y, (const float *)att, g->act.att_dsum, s.B,
                                  s.T, s.H, s.hs, g->stream);
@@ -593,6 +616,17 @@ static zpp_status block_activations(gpt2_cuda *g, int l, const void *w) {
                              eat(g, w, L->proj_b), n, C, C, "attention projection forward"));
     ZPP_CHECK(layernorm_forward(g, a->ln, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
                                 eat(g, w, L->ln2_b), n, C));
+    if (g->gelu_epilogue) {
+        zpp_status st = zpp_cu_linear_gelu_forward(&g->cu, a->fcg, y.fch, a->ln,
+                                                   eat(g, w, L->fc_w), eat(g, w, L->fc_b), n, C,
+                                                   4 * C, "fc forward with gelu");
+        if (st != ZPP_ERR_UNSUPPORTED) {
+            ZPP_CHECK(st);
+            g->slab_block = l;
+            return ZPP_OK;
+        }
+        g->gelu_epilogue = 0; /* cuBLASLt has none: in steps from now on */
+    }
     ZPP_CHECK(linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
                              C, 4 * C, "fc forward"));
     ZPP_CHECK(gelu_forward(g, y.fch, n));
@@ -653,13 +687,24 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))); dres_e is dres in E,
      * written with it by the LayerNorm backward before (layernorm_backward) */
     ZPP_CHECK(gelu_forward(g, y.fch, n));
-    ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e, a->dres,
-                              a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
-    size_t n4 = (size_t)n * 4 * C;
-    bool v = vec8_ok(a->dfc, y.fch);
-    WITH_E(g, gelu_backward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
-                  (E *)a->dfc, (const E *)y.fch, n4, v));
-    LAUNCH_CHECK("gelu backward");
+    zpp_status st = ZPP_ERR_UNSUPPORTED;
+    if (g->gelu_epilogue)
+        st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gr + L->fc2_w, gr + L->fc2_b,
+                                          a->dres_e, a->dres, a->fcg, eat(g, w, L->fc2_w),
+                                          y.fch, n, 4 * C, C, "fc2 backward with gelu");
+    if (st == ZPP_ERR_UNSUPPORTED) {
+        g->gelu_epilogue = 0;
+        ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e,
+                                  a->dres, a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C,
+                                  "fc2 backward"));
+        size_t n4 = (size_t)n * 4 * C;
+        bool v = vec8_ok(a->dfc, y.fch);
+        WITH_E(g, gelu_backward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
+                      (E *)a->dfc, (const E *)y.fch, n4, v));
+        LAUNCH_CHECK("gelu backward");
+    } else {
+        ZPP_CHECK(st);
+    }
     ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
                                   eat(g, w, L->ln2_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, a->ln,
@@ -805,6 +850,7 @@ void op_destroy(zpp_model *m) {
     if (g->arena) (void)cudaStreamSynchronize(g->stream);
     zpp_cu_batch_free(&g->batch, &g->cu);
     zpp_cu_free(&g->cu);
+    zpp_attn_cudnn_close(&g->cudnn);
     zpp_device_free(g->dev, g->arena);
     zpp_gpt2_stages_free(&g->stages);
     free(g);
@@ -937,9 +983,11 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->base.impl = g;
     g->nmax = (size_t)max_batch * cfg->seq_len;
     g->es = zpp_dtype_size(param_dtype);
-    /* The fused attention is bf16 with head size 64 or 128 on compute
-     * capability 8.0+; anything else takes the GEMM path (attention_path.h). */
-    g->fused_attn = attn == ZPP_ATTN_FUSED;
+    /* The fused attention (ours or cuDNN's) is bf16 with head size 64 or
+     * 128 on compute capability 8.0+; anything else takes the GEMM path
+     * (attention_path.h). */
+    g->fused_attn = attn == ZPP_ATTN_FUSED || attn == ZPP_ATTN_CUDNN;
+    g->gelu_epilogue = param_dtype != ZPP_FP32;
     g->et = param_dtype == ZPP_BF16 ? CUDA_R_16BF
             : param_dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     g->loss = NAN;
@@ -948,6 +996,10 @@ extern "C" zpp_status zpp_gpt2_cuda_create(const zpp_gpt2_config *cfg, zpp_dtype
     g->calls.keep_row = -1;
 
     st = create_device_state(g);
+    if (st == ZPP_OK && attn == ZPP_ATTN_CUDNN)
+        st = zpp_attn_cudnn_open(&g->cudnn, zpp_env_get(ZPP_ENV_ATTENTION), dev, max_batch,
+                                 cfg->seq_len, cfg->n_head, cfg->n_head,
+                                 cfg->n_embd / cfg->n_head, g->stream);
     if (st != ZPP_OK) {
         op_destroy(&g->base);
         return st;

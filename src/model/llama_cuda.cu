@@ -46,6 +46,7 @@
 #include "device/device.h"
 #include "device/device_caps.h"
 #include "model/attention_cuda.h"
+#include "model/attention_cudnn.h"
 #include "model/attention_gemm_cuda.h"
 #include "model/attention_path.h"
 #include "model/cuda_elem.cuh"
@@ -103,6 +104,7 @@ struct llama_cuda {
     size_t nmax;       /* max_batch * seq_len */
     int wqkv, hd;      /* width of a qkv row, the head dim */
     int fused_attn;    /* attention by attention_cuda.cu, else by GEMMs (attention_path.h) */
+    zpp_attn_cudnn_use cudnn; /* or by cuDNN's engines, where ctx is set (same buffers) */
     size_t es;         /* bytes of an E element */
     cudaDataType_t et;
     cudaStream_t stream;
@@ -172,6 +174,9 @@ static zpp_attn_gemm_shape attn_shape(const llama_cuda *g) {
  * fused (att: the lse) or by GEMMs (att: P). */
 static zpp_status attention_forward(llama_cuda *g, void *y, void *att, const void *qkv) {
     const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->cudnn.ctx)
+        return zpp_attn_cudnn_forward(g->cudnn.ctx, y, (float *)att, qkv, s.B,
+                                      g->cudnn.workspace);
     if (g->fused_attn)
         return zpp_attn_gqa_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.KV, s.hs, g->stream);
     return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->a.score, qkv);
@@ -181,6 +186,9 @@ static zpp_status attention_forward(llama_cuda *g, void *y, void *att, const voi
 static zpp_status attention_backward(llama_cuda *g, void *dqkv, const void *dy, const void *qkv,
                                      const void *y, const void *att) {
     const zpp_attn_gemm_shape s = attn_shape(g);
+    if (g->cudnn.ctx)
+        return zpp_attn_cudnn_backward(g->cudnn.ctx, dqkv, dy, qkv, y, (const float *)att, s.B,
+                                       g->cudnn.workspace);
     if (g->fused_attn)
         return zpp_attn_gqa_backward(dqkv, dy, qkv, y, (const float *)att, g->a.dsum, s.B, s.T,
                                      s.H, s.KV, s.hs, g->stream);
@@ -398,6 +406,7 @@ void op_destroy(zpp_model *m) {
     if (g->arena) (void)cudaStreamSynchronize(g->stream); /* work in flight uses the buffers */
     zpp_cu_batch_free(&g->batch, &g->cu);
     zpp_cu_free(&g->cu);
+    zpp_attn_cudnn_close(&g->cudnn);
     if (g->dev) zpp_device_free(g->dev, g->arena);
     zpp_llama_stages_free(&g->stages);
     free(g);
@@ -500,9 +509,9 @@ static zpp_status create_device_state(llama_cuda *g) {
 /* What this GPU and shape can run (WHICH ATTENTION in the header): the
  * dtype (bf16 from compute capability 8.0), and the attention path
  * (ZPP_ATTENTION read here, the one place; attention_path.h), into
- * *fused_p. */
+ * *path_p. */
 static zpp_status check_runnable(const zpp_llama_config *cfg, zpp_dtype dt, zpp_device *dev,
-                                 int *fused_p) {
+                                 zpp_attn_path *path_p) {
     int major = 0, minor = 0;
     ZPP_CHECK(zpp_device_compute_capability(dev, &major, &minor));
     char why[320];
@@ -512,7 +521,7 @@ static zpp_status check_runnable(const zpp_llama_config *cfg, zpp_dtype dt, zpp_
     st = zpp_attn_path_pick(zpp_env_get(ZPP_ENV_ATTENTION), dt, cfg->n_embd / cfg->n_head,
                             major, minor, &path, why, sizeof why);
     if (st != ZPP_OK) return zpp_error(st, "%s create: %s", kWho, why);
-    *fused_p = path == ZPP_ATTN_FUSED;
+    *path_p = path;
     return ZPP_OK;
 }
 
@@ -531,11 +540,11 @@ extern "C" zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dty
     if (!dev || dev->mem != ZPP_MEM_DEVICE)
         return zpp_error(ZPP_ERR_INVALID, "%s create: the CUDA model needs a GPU device "
                          "(zpp_device_create_gpu)", kWho);
-    int fused = 0;
-    ZPP_CHECK(check_runnable(cfg, param_dtype, dev, &fused));
+    zpp_attn_path path = ZPP_ATTN_GEMM;
+    ZPP_CHECK(check_runnable(cfg, param_dtype, dev, &path));
     llama_cuda *g = (llama_cuda *)calloc(1, sizeof *g);
     if (!g) return zpp_error(ZPP_ERR_NOMEM, "%s create: out of host memory", kWho);
-    g->fused_attn = fused;
+    g->fused_attn = path == ZPP_ATTN_FUSED || path == ZPP_ATTN_CUDNN; /* ours or cuDNN's */
     g->cfg = *cfg;
     zpp_llama_layout_make(cfg, &g->lay);
     g->dev = dev;
@@ -560,6 +569,9 @@ extern "C" zpp_status zpp_llama_cuda_create(const zpp_llama_config *cfg, zpp_dty
     g->calls.bwd_next = -1;
     g->calls.keep_row = -1;
     st = create_device_state(g);
+    if (st == ZPP_OK && path == ZPP_ATTN_CUDNN)
+        st = zpp_attn_cudnn_open(&g->cudnn, zpp_env_get(ZPP_ENV_ATTENTION), dev, max_batch,
+                                 cfg->seq_len, cfg->n_head, cfg->n_kv_head, g->hd, g->stream);
     if (st != ZPP_OK) {
         op_destroy(&g->base);
         return st;
