@@ -1646,8 +1646,11 @@ static void test_llama_act_bytes(void) {
         const int fused = in.dtype == ZPP_BF16 && (hd == 64 || hd == 128);
         const double att = fused ? 4 * H : H * T * e, scratch = fused ? 4 * H : H * T * (4 + e);
         const double layer = 4 + 4 + Wq * e + att + C * e + 4 * C + 2 * F * e;
+        /* with cuDNN's attention (the default on the fused path) its
+         * workspace: d P in bf16 (2 H T) and D in fp32 (4 H) a token */
+        const double cudnn = fused ? 2 * H * T + 4 * H : 0;
         const double once = C * e + 4 + C * e + F * e + 4 * C + 4 * C + C * e + C * e + Wq * e +
-                            2 * F * e + F * e + scratch + V * e + 4 + 4 + 5 * 4;
+                            2 * F * e + F * e + scratch + V * e + 4 + 4 + 5 * 4 + cudnn;
         const double res = 4 * C * (L + 1);
         const double n1 = 1024 + 64 * (double)(zpp_rng_u64(&r) % 64), n2 = n1 + 64 * 7;
         for (int rc = 0; rc < 2; rc++) {

@@ -227,6 +227,17 @@ double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd) {
     return wd == ZPP_FP32 ? g->fp32_tflops : g->tensor_tflops;
 }
 
+/* cuDNN's attention workspace per token (attention_cudnn.h; the default
+ * where the fused path runs and the build has cuDNN): its deterministic
+ * backward keeps d P, 2 bytes a (query, key) pair and head, B H T T in all,
+ * and the rowsum D, fp32 a row and head (4H); seen so with cuDNN 9.19 on
+ * an H200 (bench/RESULTS.md, 2026-12-04, fifth session). */
+static double cudnn_attn_ws(const zpp_cost_in *in, double H) {
+    const int fused = in->dtype == ZPP_BF16 && in->n_head > 0 &&
+                      zpp_attn_head_size_fused(in->n_embd / in->n_head);
+    return fused && in->seq_len > 0 ? 2 * H * in->seq_len + 4 * H : 0;
+}
+
 double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     if (in->n_layer <= 0) return 0;
     double L = in->n_layer, C = in->n_embd, V = in->vocab;
@@ -248,9 +259,10 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * scratch: dres, dc fp32 (8C), dres_e, datty, dqkv, dfc in E (9C e;
      * dres_e aliases dres when E is fp32); tokens and targets ints (20),
      * the attention's dsum per head (4H); the d logits the forward leaves
-     * for the backward, in E (V e). */
+     * for the backward, in E (V e); cuDNN's workspace (cudnn_attn_ws). */
     double once = 12 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 * H + V * e;
     if (e == 4) once -= C * e;
+    once += cudnn_attn_ws(in, H);
     /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
     const double logits = 4 * V * fmin(tokens, 1024);
     return tokens * (L * per_layer + slab + once) + logits +
@@ -287,8 +299,10 @@ double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
      * scratch: dres and dc, fp32 (8C), dres_e and datty (2C e), dqkv (Wq
      * e), dgu (2F e), dact (F e); the attention's scratch (att_once); the
      * d logits the forward leaves for the backward (V e); the head's lse
-     * and losses (8); the batch's five integers (cuda_ops.cu, 20). */
-    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + att_once + V * e + 4 + 8 + 20;
+     * and losses (8); the batch's five integers (cuda_ops.cu, 20); cuDNN's
+     * workspace (cudnn_attn_ws). */
+    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + att_once + V * e + 4 + 8 + 20 +
+                        cudnn_attn_ws(in, H);
     /* Per chunk of rows and per shape: the RMSNorm backward's partial
      * column sums (C floats per 64 rows), the RoPE tables (T x hd/2 cos and
      * sin, fp32), the fp32 logits of at most 1024 rows and the kept row. */
