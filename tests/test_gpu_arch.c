@@ -7,6 +7,8 @@
  *     only for bf16, head size 64 or 128, on 8.0 or newer, and what
  *     ZPP_ATTENTION (auto: cuDNN there, gemm, fused, cudnn, anything else)
  *     does to that;
+ *   - zpp_attn_cudnn_open hands "auto" back to the fused kernels where cuDNN
+ *     cannot build its plans, and fails "cudnn" naming cuDNN;
  *   - zpp_device_compute_capability refuses the host device.
  * The GPU side of the same rules (the CUDA model refusing bf16 below 8.0,
  * ZPP_ATTENTION=gemm taking the GEMM path) is in test_gpt2_cuda.c. */
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "device/device_caps.h"
+#include "model/attention_cudnn.h"
 #include "model/attention_path.h"
 #include "testlib.h"
 
@@ -170,6 +173,40 @@ static void test_host_has_no_capability(void) {
     zpp_device_destroy(d);
 }
 
+/* The model's half of the cuDNN choice (zpp_attn_cudnn_open): where
+ * cuDNN cannot build its plans (here: a build without cuDNN, or no GPU to
+ * build them on) "auto" hands back to the fused kernels, no error left
+ * behind, and "cudnn" fails naming cuDNN. On a machine where cuDNN does
+ * build them the context opens and closes. */
+static void test_cudnn_open_falls_back(void) {
+    zpp_device *d = NULL;
+    EXPECT_OK(zpp_device_create_host(&d));
+    const char *modes[] = {NULL, "auto", "cudnn"};
+    for (int k = 0; k < 3; k++) {
+        zpp_attn_cudnn_use u;
+        memset(&u, 0xA5, sizeof u); /* open sets every field */
+        zpp_error_clear();
+        zpp_status st = zpp_attn_cudnn_open(&u, modes[k], d, 2, 64, 4, 4, 64, NULL);
+        if (u.ctx) { /* cuDNN built its plans (a GPU and cuDNN here) */
+            EXPECT_OK(st);
+            EXPECT(u.workspace != NULL, "a context without its workspace");
+        } else if (k < 2) {
+            EXPECT(st == ZPP_OK && u.workspace == NULL, "%s: %s, workspace %p",
+                   modes[k] ? modes[k] : "(unset)", zpp_status_str(st), u.workspace);
+            EXPECT(zpp_last_error()[0] == '\0', "auto left an error behind: %s",
+                   zpp_last_error());
+        } else {
+            EXPECT(st != ZPP_OK && strstr(zpp_last_error(), "cuDNN"), "cudnn: %s: %s",
+                   zpp_status_str(st), zpp_last_error());
+        }
+        zpp_attn_cudnn_close(&u);
+        zpp_attn_cudnn_close(&u); /* twice is fine */
+        EXPECT(u.ctx == NULL && u.workspace == NULL, "close left the context");
+    }
+    zpp_device_destroy(d);
+}
+
 ZPP_TESTS(ZPP_TEST(test_dtype_by_capability), ZPP_TEST(test_bf16_message_offers_fp16_and_fp32),
           ZPP_TEST(test_dtype_check_arguments), ZPP_TEST(test_attention_path_rule),
-          ZPP_TEST(test_attention_path_reasons), ZPP_TEST(test_host_has_no_capability))
+          ZPP_TEST(test_attention_path_reasons), ZPP_TEST(test_host_has_no_capability),
+          ZPP_TEST(test_cudnn_open_falls_back))
