@@ -18,8 +18,8 @@
  * evaluation of tanh's form), and for the backward's dpre from Q = dout W:
  *   |dpre - Q gelu'(pre)| <= 2u |Q gelu'(pre)| + 1.2 eQ + 8 w |Q| (1 + pre^2)
  * (two roundings: cuBLASLt's DGELU rounds the product to the output type
- * before it multiplies, as seen on an H200: errors of 1.05 u, above one
- * rounding's u; the product and then the separate kernel round twice too)
+ * before it multiplies, so errors exceed one rounding's u (bench/RESULTS.md);
+ * the product and then the separate kernel round twice too)
  * (|gelu''| is small but gelu' is evaluated in fp32 from a cubic). gelu here
  * is the tanh form, gelu(u) = u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3))) / 2.
  * The erf form differs from it by up to 4.7e-4 near |u| = 2: with an fp32

@@ -52,6 +52,15 @@ static unsigned char *read_file(const char *path, size_t *n_p) {
     return p;
 }
 
+/* DIR/config.json (its path into path), as a NUL-terminated string of *n_p
+ * bytes; the caller frees it. */
+static char *read_config(const char *dir, char *path, size_t cap, size_t *n_p) {
+    snprintf(path, cap, "%s/config.json", dir);
+    char *text = (char *)read_file(path, n_p);
+    text[*n_p] = 0;
+    return text;
+}
+
 static int exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
@@ -379,10 +388,8 @@ static void validate_index(const char *dir, int tensors) {
  * tensors'. */
 static void validate_config(const char *dir, const char *torch_dtype) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     size_t n;
-    char *text = (char *)read_file(path, &n);
-    text[n] = 0;
+    char *text = read_config(dir, path, sizeof path, &n);
     cJSON *j = cJSON_Parse(text);
     free(text);
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
@@ -705,10 +712,8 @@ static void test_refusals(void) {
     run_files(&r, "bad", tok, cfg);
     /* another architecture (config.json edited: the writer refuses it) */
     llama_write(&m, 1, zpp_test_tmp_path("bad_arch", dir), 0, NULL);
-    snprintf(path, sizeof path, "%s/config.json", dir);
     size_t n;
-    char *text = (char *)read_file(path, &n);
-    text[n] = 0;
+    char *text = read_config(dir, path, sizeof path, &n);
     char *at = strstr(text, "LlamaForCausalLM");
     EXPECT(at, "no architecture in %s", path);
     char *edited = zpp_test_malloc(n + 16);
@@ -905,10 +910,8 @@ static void test_arch_refusals(void) {
                           "'model.layers.0.self_attn.q_proj.bias' is missing");
     qw.t[qw.n++] = qw.t[2], qw.t[2] = q0;
     arch_write(&qw, ZPP_HF_QWEN2, 0, zpp_test_tmp_path("arf_slide", dir));
-    snprintf(path, sizeof path, "%s/config.json", dir);
     size_t n;
-    char *text = (char *)read_file(path, &n);
-    text[n] = 0;
+    char *text = read_config(dir, path, sizeof path, &n);
     char *at = strstr(text, "\"use_sliding_window\": false");
     EXPECT(at, "%s", path);
     memcpy(at + 22, "true ", 5); /* same length: "false" -> "true " */

@@ -21,6 +21,7 @@
 #include <math.h>
 
 #include "core/error.h"
+#include "model/attention_cuda.h"
 #include "model/cuda_elem.cuh"
 
 namespace {
@@ -192,4 +193,28 @@ zpp_status zpp_attn_gemm_backward(zpp_cu *cu, const zpp_attn_gemm_shape *s, void
                         "attention backward dS^T Q"));
     return attn_gemm(cu, s, 1, 0, T, hs, T, 1.0f, P, dY, d.v, cu->et,
                      "attention backward P^T dY");
+}
+
+zpp_status zpp_attn_run_forward(zpp_cu *cu, const zpp_attn_cudnn_use *cudnn, int fused,
+                                const zpp_attn_gemm_shape *s, void *y, void *att, float *score,
+                                const void *qkv) {
+    if (cudnn->ctx)
+        return zpp_attn_cudnn_forward(cudnn->ctx, y, (float *)att, qkv, s->B, cudnn->workspace);
+    if (fused)
+        return zpp_attn_gqa_forward(y, (float *)att, qkv, s->B, s->T, s->H, s->KV, s->hs,
+                                    cu->stream);
+    return zpp_attn_gemm_forward(cu, s, y, att, score, qkv);
+}
+
+zpp_status zpp_attn_run_backward(zpp_cu *cu, const zpp_attn_cudnn_use *cudnn, int fused,
+                                 const zpp_attn_gemm_shape *s, void *dqkv, const void *dy,
+                                 const void *qkv, const void *y, const void *att, float *dsum,
+                                 float *score, void *dscore) {
+    if (cudnn->ctx)
+        return zpp_attn_cudnn_backward(cudnn->ctx, dqkv, dy, qkv, y, (const float *)att, s->B,
+                                       cudnn->workspace);
+    if (fused)
+        return zpp_attn_gqa_backward(dqkv, dy, qkv, y, (const float *)att, dsum, s->B, s->T,
+                                     s->H, s->KV, s->hs, cu->stream);
+    return zpp_attn_gemm_backward(cu, s, dqkv, score, dscore, dy, att, qkv);
 }

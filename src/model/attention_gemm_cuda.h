@@ -33,10 +33,14 @@
  *
  * Every call enqueues on cu's stream, returns without waiting, allocates
  * nothing; every pointer is device memory. A bad shape is ZPP_ERR_INVALID
- * before anything is launched; launch errors come back as ZPP_ERR_CUDA. */
+ * before anything is launched; launch errors come back as ZPP_ERR_CUDA.
+ *
+ * zpp_attn_run_forward / _backward (last below) are what a decoder calls:
+ * they run whichever of the three paths it picked at create. */
 #ifndef ZPP_MODEL_ATTENTION_GEMM_CUDA_H
 #define ZPP_MODEL_ATTENTION_GEMM_CUDA_H
 
+#include "model/attention_cudnn.h"
 #include "model/cuda_ops.h"
 
 /* The shape of one call: B sequences of T tokens, H query heads, KV
@@ -54,5 +58,19 @@ zpp_status zpp_attn_gemm_forward(zpp_cu *cu, const zpp_attn_gemm_shape *s, void 
 zpp_status zpp_attn_gemm_backward(zpp_cu *cu, const zpp_attn_gemm_shape *s, void *dqkv,
                                   float *score, void *dscore, const void *dy, const void *prob,
                                   const void *qkv);
+
+/* A decoder's attention by the path it picked (attention_path.h): cuDNN's
+ * engines where cudnn->ctx is set, else our fused kernels (attention_cuda.h,
+ * grouped-query form; KV = H gives the multi-head bits) when fused, else the
+ * products above. att is the layer's fp32 lse on the fused paths, its P in E
+ * on the products'; dsum is the fused backward's scratch, score and dscore
+ * the products'. */
+zpp_status zpp_attn_run_forward(zpp_cu *cu, const zpp_attn_cudnn_use *cudnn, int fused,
+                                const zpp_attn_gemm_shape *s, void *y, void *att, float *score,
+                                const void *qkv);
+zpp_status zpp_attn_run_backward(zpp_cu *cu, const zpp_attn_cudnn_use *cudnn, int fused,
+                                 const zpp_attn_gemm_shape *s, void *dqkv, const void *dy,
+                                 const void *qkv, const void *y, const void *att, float *dsum,
+                                 float *score, void *dscore);
 
 #endif

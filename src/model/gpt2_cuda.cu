@@ -147,7 +147,6 @@
 #include "zeropp.h"
 #include "model/model.h"
 #include "model/gpt2.h"
-#include "model/attention_cuda.h"
 #include "model/attention_cudnn.h"
 #include "model/attention_gemm_cuda.h"
 #include "model/cuda_elem.cuh"
@@ -538,25 +537,15 @@ static zpp_attn_gemm_shape attn_shape(const gpt2_cuda *g) {
  * (`att`) and Y in E. */
 static zpp_status attention_forward(gpt2_cuda *g, void *y, void *att, const void *qkv) {
     const zpp_attn_gemm_shape s = attn_shape(g);
-    if (g->cudnn.ctx)
-        return zpp_attn_cudnn_forward(g->cudnn.ctx, y, (float *)att, qkv, s.B,
-                                      g->cudnn.workspace);
-    if (g->fused_attn)
-        return zpp_attn_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.hs, g->stream);
-    return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->act.score, qkv);
+    return zpp_attn_run_forward(&g->cu, &g->cudnn, g->fused_attn, &s, y, att, g->act.score, qkv);
 }
 
 /* attention_backward (writes dqkv, in E), fused or by GEMMs. */
 static zpp_status attention_backward(gpt2_cuda *g, void *dqkv, const void *dy, const void *att,
                                      const void *qkv, const void *y) {
     const zpp_attn_gemm_shape s = attn_shape(g);
-    if (g->cudnn.ctx)
-        return zpp_attn_cudnn_backward(g->cudnn.ctx, dqkv, dy, qkv, y, (const float *)att, s.B,
-                                       g->cudnn.workspace);
-    if (g->fused_attn)
-        return zpp_attn_backward(dqkv, dy, qkv, y, (const float *)att, g->act.att_dsum, s.B,
-                                 s.T, s.H, s.hs, g->stream);
-    return zpp_attn_gemm_backward(&g->cu, &s, dqkv, g->act.score, g->act.dscore, dy, att, qkv);
+    return zpp_attn_run_backward(&g->cu, &g->cudnn, g->fused_attn, &s, dqkv, dy, qkv, y, att,
+                                 g->act.att_dsum, g->act.score, g->act.dscore);
 }
 
 /* ---- stages ---- */

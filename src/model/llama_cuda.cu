@@ -45,7 +45,6 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "device/device_caps.h"
-#include "model/attention_cuda.h"
 #include "model/attention_cudnn.h"
 #include "model/attention_gemm_cuda.h"
 #include "model/attention_path.h"
@@ -174,25 +173,15 @@ static zpp_attn_gemm_shape attn_shape(const llama_cuda *g) {
  * fused (att: the lse) or by GEMMs (att: P). */
 static zpp_status attention_forward(llama_cuda *g, void *y, void *att, const void *qkv) {
     const zpp_attn_gemm_shape s = attn_shape(g);
-    if (g->cudnn.ctx)
-        return zpp_attn_cudnn_forward(g->cudnn.ctx, y, (float *)att, qkv, s.B,
-                                      g->cudnn.workspace);
-    if (g->fused_attn)
-        return zpp_attn_gqa_forward(y, (float *)att, qkv, s.B, s.T, s.H, s.KV, s.hs, g->stream);
-    return zpp_attn_gemm_forward(&g->cu, &s, y, att, g->a.score, qkv);
+    return zpp_attn_run_forward(&g->cu, &g->cudnn, g->fused_attn, &s, y, att, g->a.score, qkv);
 }
 
 /* d qkv (overwritten) from d y and the forward's y and att. */
 static zpp_status attention_backward(llama_cuda *g, void *dqkv, const void *dy, const void *qkv,
                                      const void *y, const void *att) {
     const zpp_attn_gemm_shape s = attn_shape(g);
-    if (g->cudnn.ctx)
-        return zpp_attn_cudnn_backward(g->cudnn.ctx, dqkv, dy, qkv, y, (const float *)att, s.B,
-                                       g->cudnn.workspace);
-    if (g->fused_attn)
-        return zpp_attn_gqa_backward(dqkv, dy, qkv, y, (const float *)att, g->a.dsum, s.B, s.T,
-                                     s.H, s.KV, s.hs, g->stream);
-    return zpp_attn_gemm_backward(&g->cu, &s, dqkv, g->a.score, g->a.dscore, dy, att, qkv);
+    return zpp_attn_run_backward(&g->cu, &g->cudnn, g->fused_attn, &s, dqkv, dy, qkv, y, att,
+                                 g->a.dsum, g->a.score, g->a.dscore);
 }
 
 /* Block l's forward up to what its backward reads (through [gate | up]):

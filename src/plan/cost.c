@@ -230,8 +230,8 @@ double zpp_cost_gpu_peak_tflops(const zpp_cost_gpu *g, zpp_dtype wd) {
 /* cuDNN's attention workspace per token (attention_cudnn.h; the default
  * where the fused path runs and the build has cuDNN): its deterministic
  * backward keeps d P, 2 bytes a (query, key) pair and head, B H T T in all,
- * and the rowsum D, fp32 a row and head (4H); seen so with cuDNN 9.19 on
- * an H200 (bench/RESULTS.md, 2026-12-04, fifth session). */
+ * and the rowsum D, fp32 a row and head (4H), as cuDNN 9.19's engines
+ * took on Hopper (bench/RESULTS.md). */
 static double cudnn_attn_ws(const zpp_cost_in *in, double H) {
     const int fused = in->dtype == ZPP_BF16 && in->n_head > 0 &&
                       zpp_attn_head_size_fused(in->n_embd / in->n_head);
