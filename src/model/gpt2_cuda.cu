@@ -324,9 +324,15 @@ __global__ void layernorm_backward_kernel(float *dinp, E *dinp_e, const float *d
     }
 }
 
-/* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3). */
+/* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3).
+ * Where E is a 2-byte type the result is rounded to 8 (or 11) bits, so
+ * the fast exponential and reciprocal (relative errors near 2^-21) change
+ * nothing a bound sees, and the kernel, otherwise bound by its IEEE
+ * division and expf, runs at memory speed; fp32 keeps the exact forms. */
+template <typename E>
 __device__ __forceinline__ float gelu_sigmoid(float u) {
     float z = kGeluK * (u + kGeluA * u * u * u);
+    if (sizeof(E) == 2) return __frcp_rn(1.0f + __expf(-2.0f * z));
     return 1.0f / (1.0f + expf(-2.0f * z));
 }
 
@@ -337,18 +343,19 @@ __global__ void gelu_forward_kernel(E *out, const E *inp, size_t n, bool vec) {
         float u[8];
         load8(inp + 8 * i, u);
 #pragma unroll
-        for (int k = 0; k < 8; k++) u[k] *= gelu_sigmoid(u[k]);
+        for (int k = 0; k < 8; k++) u[k] *= gelu_sigmoid<E>(u[k]);
         store8(out + 8 * i, u);
     }
     for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads()) {
         float u = ld(inp, i);
-        st(out, i, u * gelu_sigmoid(u));
+        st(out, i, u * gelu_sigmoid<E>(u));
     }
 }
 
 /* gelu'(u) = s + u * 2 s (1 - s) * k (1 + 3 a u^2), in place on d. */
+template <typename E>
 __device__ __forceinline__ float gelu_grad(float u) {
-    float s = gelu_sigmoid(u);
+    float s = gelu_sigmoid<E>(u);
     return s + u * 2.0f * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * u * u);
 }
 
@@ -360,11 +367,11 @@ __global__ void gelu_backward_kernel(E *d, const E *inp, size_t n, bool vec) {
         load8(inp + 8 * i, u);
         load8(d + 8 * i, g);
 #pragma unroll
-        for (int k = 0; k < 8; k++) g[k] *= gelu_grad(u[k]);
+        for (int k = 0; k < 8; k++) g[k] *= gelu_grad<E>(u[k]);
         store8(d + 8 * i, g);
     }
     for (size_t i = 8 * n8 + global_tid(); i < n; i += grid_threads())
-        st(d, i, ld(d, i) * gelu_grad(ld(inp, i)));
+        st(d, i, ld(d, i) * gelu_grad<E>(ld(inp, i)));
 }
 
 /* ------------------------------------------------------------------------ */
