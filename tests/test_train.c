@@ -1320,8 +1320,13 @@ static void test_gpu_hpz_nodes_of_two_matches_cpu(void) {
  * difference is the quantization: qwZ's int8 weights in every gather and
  * qgZ's int4 gradients. A 4-layer, 256-wide model with T 128 trains on Tiny
  * Shakespeare for 400 steps (val loss from ~5.5 nats at the start to ~2,
- * well past unigram statistics); ZeRO++'s validation loss must be within 1%
- * of ZeRO-3's, the issue's bar for "no loss of convergence". */
+ * well past unigram statistics); ZeRO++'s validation loss must not exceed
+ * ZeRO-3's by more than 1%, the issue's bar for "no loss of convergence".
+ * One run each is one draw of the quantization's noise, which helps a
+ * trajectory as often as it hurts it: with the same seed and other kernels
+ * (2026-12-04, the LayerNorm backward in row groups) ZeRO++ ended 1.18%
+ * below ZeRO-3. So the bar is one-sided, and ZeRO++ far below ZeRO-3 (3%)
+ * is taken as a sign that the two runs differ in more than quantization. */
 static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
     char data[512];
     zpp_test_data("tinyshakespeare.txt", data, sizeof data);
@@ -1366,8 +1371,11 @@ static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
                modes[m][0], val[m], first[m]);
     }
     printf("  zeropp vs zero3 val loss: %+.2f%%\n", 100.0 * (val[1] - val[0]) / val[0]);
-    EXPECT(fabs(val[1] - val[0]) <= 0.01 * val[0], "ZeRO++ val loss %.4f vs ZeRO-3 %.4f (> 1%%)",
+    EXPECT(val[1] - val[0] <= 0.01 * val[0], "ZeRO++ val loss %.4f vs ZeRO-3 %.4f (> 1%% above)",
            val[1], val[0]);
+    EXPECT(val[0] - val[1] <= 0.03 * val[0],
+           "ZeRO++ val loss %.4f vs ZeRO-3 %.4f (> 3%% below: the runs differ in more than "
+           "quantization)", val[1], val[0]);
 }
 
 /* Trains the small fp32 GPT of model_json with `extra` keys on `world`

@@ -18,6 +18,7 @@ constexpr size_t kWorkspaceBytes = 32u << 20;   /* cuBLASLt workspace */
 constexpr int kGemmCache = 512;                 /* cached algorithms */
 constexpr int kColsumCtas = 512;                /* CTAs a column sum aims for */
 constexpr size_t kColsumParts = (size_t)kColsumCtas * kThreads; /* partials per sum */
+constexpr size_t kRowgroupParts = 4 * kColsumParts; /* G x C partials per sum (rowgroups) */
 
 struct gemm_key {
     int64_t lda, ldb, ldc, sA, sB, sC;
@@ -151,6 +152,36 @@ colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, 
         tb += red[1][w][j];
     }
     colsum_finish(db, mean ? dw : NULL, part, count, W, c, tw, tb);
+}
+
+/* zpp_cu_rowgroup_finish: a CTA owns 32 columns; warp w adds groups w,
+ * w + 32, ... of each (in order, 128-byte loads along the row; 32 warps,
+ * so each waits on few loads: G runs to several hundred), and warp 0 adds
+ * the warps' sums in warp order: a fixed order, whatever ran first. */
+constexpr int kFinishWarps = 32;
+__global__ void __launch_bounds__(32 * kFinishWarps)
+rowgroup_finish_kernel(float *dw, float *db, const float *part, int G, int C) {
+    __shared__ float red[2][kFinishWarps][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + lane;
+    float tw = 0.0f, tb = 0.0f;
+    if (c < C)
+#pragma unroll 4
+        for (int k = warp; k < G; k += kFinishWarps) {
+            tw += part[(size_t)k * C + c];
+            tb += part[(size_t)(G + k) * C + c];
+        }
+    red[0][warp][lane] = tw;
+    red[1][warp][lane] = tb;
+    __syncthreads();
+    if (warp != 0 || c >= C) return;
+    tw = 0.0f, tb = 0.0f;
+    for (int w = 0; w < kFinishWarps; w++) {
+        tw += red[0][w][lane];
+        tb += red[1][w][lane];
+    }
+    dw[c] += tw;
+    db[c] += tb;
 }
 
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
@@ -324,12 +355,13 @@ struct zpp_cu_gemm_entry {
 
 /* The scratch, in floats, each part on a 256-byte boundary (cuBLASLt
  * picks slower kernels for a bias that is not 16-byte aligned): 2
- * max(kColsumParts, W) partials, W / kThreads + 1 counters (unsigned, in
+ * max(kRowgroupParts, W) partials (a column sum uses at most kColsumParts
+ * of each half), W / kThreads + 1 counters (unsigned, in
  * float slots), W for a widened bias. */
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 static size_t scratch_parts(int max_width) {
     size_t W = (size_t)max_width;
-    return round64(2 * (kColsumParts > W ? kColsumParts : W));
+    return round64(2 * (kRowgroupParts > W ? kRowgroupParts : W));
 }
 static size_t scratch_counters(int max_width) { return round64((size_t)max_width / kThreads + 1); }
 static size_t scratch_floats(int max_width) {
@@ -359,6 +391,39 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
     ZPP_CU_CHECK(who, cudaMemsetAsync(cu->colsum_count, 0, counters * sizeof(unsigned),
                                       cu->stream), "create: column sum counters");
     ZPP_LT_CHECK(who, cublasLtCreate(&cu->lt), "create: cuBLASLt handle");
+    int dev_id = 0;
+    ZPP_CU_CHECK(who, cudaGetDevice(&dev_id), "create: the current device");
+    ZPP_CU_CHECK(who, cudaDeviceGetAttribute(&cu->sms, cudaDevAttrMultiProcessorCount, dev_id),
+                 "create: the multiprocessor count");
+    return ZPP_OK;
+}
+
+/* Enough groups for about 48 KB of loads in flight a multiprocessor (a
+ * group's threads each hold three 32-byte rows of loads), within the
+ * scratch's kRowgroupParts partials a sum. */
+int zpp_cu_rowgroups(const zpp_cu *cu, int n, int C, int threads) {
+    if (n <= 0) return 1;
+    const int per_sm = (512 + threads - 1) / threads;
+    long g = (long)cu->sms * per_sm;
+    const long cap = (long)(kRowgroupParts / (size_t)(C > 0 ? C : 1));
+    if (g > cap) g = cap;
+    if (g > n) g = n;
+    if (g < 1) g = 1;
+    const long rows = (n + g - 1) / g; /* no empty group */
+    return (int)((n + rows - 1) / rows);
+}
+
+float *zpp_cu_rowgroup_part(zpp_cu *cu) { return cu->colsum_part; }
+
+zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, int G, int C,
+                                  const char *what) {
+    if (C <= 0 || G <= 0) return ZPP_OK;
+    if ((size_t)G * (size_t)C > kRowgroupParts)
+        return zpp_error(ZPP_ERR_INVALID, "%s: %s: %d row groups of %d columns, above the %zu "
+                         "partials of the scratch", cu->who, what, G, C, kRowgroupParts);
+    rowgroup_finish_kernel<<<(unsigned)((C + 31) / 32), 32 * kFinishWarps, 0, cu->stream>>>(
+        dw, db, cu->colsum_part, G, C);
+    ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
     return ZPP_OK;
 }
 

@@ -324,6 +324,75 @@ __global__ void layernorm_backward_kernel(float *dinp, E *dinp_e, const float *d
     }
 }
 
+/* layernorm_backward_kernel with the weight and bias gradients in the same
+ * pass: dw += sum dy xh, db += sum dy over the rows. A CTA is a row group
+ * (zpp_cu_rowgroups): its threads span one row, 8 columns each (C % 8 ==
+ * 0, C <= 8 * 1024), and it walks its rows in order, so dy and xh are in
+ * registers when the sums need them: the rows are read from memory once,
+ * where the warp-per-row kernel and zpp_cu_colsum read dy and x twice
+ * more (the next row's loads are issued before this row's barrier). The row's two sums (gm, gxm) meet across warps in shared memory,
+ * added in warp order (two slots by row parity: one barrier a row); the
+ * group's column sums go to the row-group partials and
+ * zpp_cu_rowgroup_finish adds them. A fixed order throughout: the same
+ * shape and G give the same bits. */
+template <typename E>
+__global__ void __launch_bounds__(1024)
+layernorm_backward_rowgroup_kernel(float *dinp, E *dinp_e, float *part, const float *dout,
+                                   const float *inp, const E *w, const float *mean,
+                                   const float *rstd, int n, int C, int R) {
+    __shared__ float red[2][2][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int c0 = 8 * threadIdx.x;
+    const bool on = c0 < C;
+    float fw[8] = {0}, sw[8] = {0}, sb[8] = {0};
+    if (on) load8(w + c0, fw);
+    const int r0 = blockIdx.x * R, r1 = min(n, r0 + R);
+    float nx[8], ndy[8]; /* the next row's, loaded before this row's barrier */
+    if (on && r0 < r1) {
+        load8(inp + (size_t)r0 * C + c0, nx);
+        load8(dout + (size_t)r0 * C + c0, ndy);
+    }
+    int parity = 0;
+    for (int r = r0; r < r1; r++, parity ^= 1) {
+        const size_t at = (size_t)r * C + c0;
+        const float m = mean[r], s = rstd[r];
+        float xh[8], dy[8], dx[8], gm = 0.0f, gxm = 0.0f;
+        if (on) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) xh[k] = nx[k], dy[k] = ndy[k];
+            load8(dinp + at, dx);
+            if (r + 1 < r1) load8(inp + at + C, nx), load8(dout + at + C, ndy);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                xh[k] = (xh[k] - m) * s;
+                float g = dy[k] * fw[k];
+                gm += g;
+                gxm += g * xh[k];
+            }
+        }
+        gm = warp_sum(gm);
+        gxm = warp_sum(gxm);
+        if (lane == 0) red[parity][0][warp] = gm, red[parity][1][warp] = gxm;
+        __syncthreads();
+        gm = 0.0f, gxm = 0.0f;
+        for (int k = 0; k < warps; k++) gm += red[parity][0][k], gxm += red[parity][1][k];
+        gm /= (float)C;
+        gxm /= (float)C;
+        if (!on) continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            dx[k] += s * (dy[k] * fw[k] - gm - xh[k] * gxm);
+            sw[k] += dy[k] * xh[k];
+            sb[k] += dy[k];
+        }
+        store8(dinp + at, dx);
+        if (dinp_e) store8(dinp_e + at, dx);
+    }
+    if (!on) return;
+    store8(part + (size_t)blockIdx.x * C + c0, sw);
+    store8(part + (size_t)(gridDim.x + blockIdx.x) * C + c0, sb);
+}
+
 /* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3).
  * Where E is a 2-byte type the result is rounded to 8 (or 11) bits, so
  * the fast exponential and reciprocal (relative errors near 2^-21) change
@@ -500,9 +569,19 @@ static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float
                                      const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C) {
     void *dinp_e = dinp == g->act.dres && g->act.dres_e != (void *)dinp ? g->act.dres_e : NULL;
+    const bool vec = C % 8 == 0 && vec8_ok(dinp, dout, inp, w) && vec8_ok(dinp_e, NULL);
+    if (vec && C <= 8 * 1024) { /* one pass: the row-group kernel */
+        const int threads = (C / 8 + 31) / 32 * 32;
+        const int G = zpp_cu_rowgroups(&g->cu, n, C, threads), R = (n + G - 1) / G;
+        WITH_E(g, layernorm_backward_rowgroup_kernel<<<(unsigned)G, (unsigned)threads, 0,
+                                                         g->stream>>>(
+                      dinp, (E *)dinp_e, zpp_cu_rowgroup_part(&g->cu), dout, inp, (const E *)w,
+                      mean, rstd, n, C, R));
+        LAUNCH_CHECK("layernorm backward");
+        return zpp_cu_rowgroup_finish(&g->cu, dw, db, G, C, "layernorm weight gradient");
+    }
     WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
-                  dinp, (E *)dinp_e, dout, inp, (const E *)w, mean, rstd, (size_t)n, C,
-                  C % 8 == 0 && vec8_ok(dinp, dout, inp, w) && vec8_ok(dinp_e, NULL)));
+                  dinp, (E *)dinp_e, dout, inp, (const E *)w, mean, rstd, (size_t)n, C, vec));
     LAUNCH_CHECK("layernorm backward");
     return zpp_cu_colsum(&g->cu, db, dw, dout, CUDA_R_32F, inp, mean, rstd, n, C,
                          "layernorm weight gradient");
