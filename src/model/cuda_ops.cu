@@ -160,28 +160,28 @@ colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, 
  * the warps' sums in warp order: a fixed order, whatever ran first. */
 constexpr int kFinishWarps = 32;
 __global__ void __launch_bounds__(32 * kFinishWarps)
-rowgroup_finish_kernel(float *dw, float *db, const float *part, int G, int C) {
-    __shared__ float red[2][kFinishWarps][32];
+rowgroup_finish_kernel(float *dw, float *db, float *ds, bool ds_add, const float *part, int G,
+                       int C) {
+    __shared__ float red[3][kFinishWarps][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane;
-    float tw = 0.0f, tb = 0.0f;
+    float t[3] = {0.0f, 0.0f, 0.0f};
     if (c < C)
 #pragma unroll 4
         for (int k = warp; k < G; k += kFinishWarps) {
-            tw += part[(size_t)k * C + c];
-            tb += part[(size_t)(G + k) * C + c];
+            t[0] += part[(size_t)k * C + c];
+            t[1] += part[(size_t)(G + k) * C + c];
+            if (ds) t[2] += part[(size_t)(2 * G + k) * C + c];
         }
-    red[0][warp][lane] = tw;
-    red[1][warp][lane] = tb;
+    for (int j = 0; j < 3; j++) red[j][warp][lane] = t[j];
     __syncthreads();
     if (warp != 0 || c >= C) return;
-    tw = 0.0f, tb = 0.0f;
-    for (int w = 0; w < kFinishWarps; w++) {
-        tw += red[0][w][lane];
-        tb += red[1][w][lane];
-    }
-    dw[c] += tw;
-    db[c] += tb;
+    t[0] = t[1] = t[2] = 0.0f;
+    for (int w = 0; w < kFinishWarps; w++)
+        for (int j = 0; j < 3; j++) t[j] += red[j][w][lane];
+    dw[c] += t[0];
+    db[c] += t[1];
+    if (ds) ds[c] = ds_add ? ds[c] + t[2] : t[2];
 }
 
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
@@ -354,14 +354,14 @@ struct zpp_cu_gemm_entry {
 /* ------------------------------------------------------------------------ */
 
 /* The scratch, in floats, each part on a 256-byte boundary (cuBLASLt
- * picks slower kernels for a bias that is not 16-byte aligned): 2
- * max(kRowgroupParts, W) partials (a column sum uses at most kColsumParts
- * of each half), W / kThreads + 1 counters (unsigned, in
+ * picks slower kernels for a bias that is not 16-byte aligned): 3
+ * max(kRowgroupParts, W) partials (the row groups' three sums; a column
+ * sum uses at most kColsumParts of the first two), W / kThreads + 1 counters (unsigned, in
  * float slots), W for a widened bias. */
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 static size_t scratch_parts(int max_width) {
     size_t W = (size_t)max_width;
-    return round64(2 * (kRowgroupParts > W ? kRowgroupParts : W));
+    return round64(3 * (kRowgroupParts > W ? kRowgroupParts : W));
 }
 static size_t scratch_counters(int max_width) { return round64((size_t)max_width / kThreads + 1); }
 static size_t scratch_floats(int max_width) {
@@ -415,14 +415,14 @@ int zpp_cu_rowgroups(const zpp_cu *cu, int n, int C, int threads) {
 
 float *zpp_cu_rowgroup_part(zpp_cu *cu) { return cu->colsum_part; }
 
-zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, int G, int C,
-                                  const char *what) {
+zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, float *ds, int ds_add, int G,
+                                  int C, const char *what) {
     if (C <= 0 || G <= 0) return ZPP_OK;
     if ((size_t)G * (size_t)C > kRowgroupParts)
         return zpp_error(ZPP_ERR_INVALID, "%s: %s: %d row groups of %d columns, above the %zu "
                          "partials of the scratch", cu->who, what, G, C, kRowgroupParts);
     rowgroup_finish_kernel<<<(unsigned)((C + 31) / 32), 32 * kFinishWarps, 0, cu->stream>>>(
-        dw, db, cu->colsum_part, G, C);
+        dw, db, ds, ds_add != 0, cu->colsum_part, G, C);
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
     return ZPP_OK;
 }

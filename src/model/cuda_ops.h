@@ -148,18 +148,20 @@ zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaD
                          const char *what);
 
 /* Column sums made by a kernel of another op in its own pass (the
- * LayerNorm backward's weight and bias gradients, from the values it
- * holds anyway): it splits its n rows into G row groups, and group k
- * writes its sums of columns [0, C) to zpp_cu_rowgroup_part: dw's at
- * [k C, (k + 1) C), db's at [(G + k) C, (G + k + 1) C). Then
- * zpp_cu_rowgroup_finish adds the G partials of each column, groups in
- * order, into dw[C] and db[C]: the same G, the same bits.
+ * LayerNorm backward's weight and bias gradients, and the column sums of
+ * the gradient it writes, from the values it holds anyway): it splits its
+ * n rows into G row groups, and group k writes its sums of columns
+ * [0, C) to zpp_cu_rowgroup_part: sum j (0: dw, 1: db, 2: ds) at
+ * [(j G + k) C, (j G + k + 1) C). Then zpp_cu_rowgroup_finish adds the G
+ * partials of each column, groups in order, into dw[C] and db[C], and
+ * with ds (not NULL) into ds[C] (ds_add) or over it: the same G, the same
+ * bits.
  * zpp_cu_rowgroups picks G for a kernel of `threads` threads a group, to
  * fill the GPU within the scratch (at least 1, at most n). */
 int zpp_cu_rowgroups(const zpp_cu *cu, int n, int C, int threads);
 float *zpp_cu_rowgroup_part(zpp_cu *cu);
-zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, int G, int C,
-                                  const char *what);
+zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, float *ds, int ds_add, int G,
+                                  int C, const char *what);
 
 /* The classifier's softmax cross-entropy over `rows` rows of fp32 logits
  * (rows x V, the first Vr columns real, the rest padding):

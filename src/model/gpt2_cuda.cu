@@ -78,6 +78,16 @@
  * stay ascending): one CUDA block per distinct token adds that token's rows
  * in position order, the same order as the CPU's loop, into its wte row.
  *
+ * BIAS SUMS. A bias gradient is the column sum of its layer's output
+ * gradient. On the residual stream that gradient is what a LayerNorm
+ * backward has just written (d mid after ln2's: the projection's bias; d x
+ * after ln1's, d out of the block below: its fc2 bias; after the final
+ * LayerNorm's, the last block's fc2 bias), so the row-group LayerNorm
+ * backward sums its output's columns as it writes them, and those two
+ * biases need no pass of their own over n x C fp32 values (the fc2 sums
+ * wait in act.dres_sum for the block below). Where the warp-per-row
+ * kernel runs instead (C not a multiple of 8), zpp_cu_colsum sums them.
+ *
  * RECOMPUTE. A block's two LayerNorm outputs and its gelu output are not
  * kept for the backward: they are cheap elementwise functions of what is
  * kept (the residual stream and the LayerNorm statistics; fch), so the
@@ -327,24 +337,27 @@ __global__ void layernorm_backward_kernel(float *dinp, E *dinp_e, const float *d
 /* layernorm_backward_kernel with the weight and bias gradients in the same
  * pass: dw += sum dy xh, db += sum dy over the rows. A CTA is a row group
  * (zpp_cu_rowgroups): its threads span one row, 8 columns each (C % 8 ==
- * 0, C <= 8 * 1024), and it walks its rows in order, so dy and xh are in
+ * 0, C <= 8 * kRowgroupThreads), and it walks its rows in order, so dy and xh are in
  * registers when the sums need them: the rows are read from memory once,
  * where the warp-per-row kernel and zpp_cu_colsum read dy and x twice
  * more (the next row's loads are issued before this row's barrier). The row's two sums (gm, gxm) meet across warps in shared memory,
  * added in warp order (two slots by row parity: one barrier a row); the
  * group's column sums go to the row-group partials and
- * zpp_cu_rowgroup_finish adds them. A fixed order throughout: the same
+ * zpp_cu_rowgroup_finish adds them. With sum_dx the column sums of the
+ * updated dx too: the residual gradient there is the d out of the layer
+ * before (BIAS SUMS in the header). A fixed order throughout: the same
  * shape and G give the same bits. */
+constexpr int kRowgroupThreads = 512; /* C <= 8 x 512: 128 registers a thread (no spills) */
 template <typename E>
-__global__ void __launch_bounds__(1024)
-layernorm_backward_rowgroup_kernel(float *dinp, E *dinp_e, float *part, const float *dout,
-                                   const float *inp, const E *w, const float *mean,
-                                   const float *rstd, int n, int C, int R) {
+__global__ void __launch_bounds__(kRowgroupThreads)
+layernorm_backward_rowgroup_kernel(float *dinp, E *dinp_e, float *part, bool sum_dx,
+                                   const float *dout, const float *inp, const E *w,
+                                   const float *mean, const float *rstd, int n, int C, int R) {
     __shared__ float red[2][2][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int c0 = 8 * threadIdx.x;
     const bool on = c0 < C;
-    float fw[8] = {0}, sw[8] = {0}, sb[8] = {0};
+    float fw[8] = {0}, sw[8] = {0}, sb[8] = {0}, sd[8] = {0};
     if (on) load8(w + c0, fw);
     const int r0 = blockIdx.x * R, r1 = min(n, r0 + R);
     float nx[8], ndy[8]; /* the next row's, loaded before this row's barrier */
@@ -384,6 +397,7 @@ layernorm_backward_rowgroup_kernel(float *dinp, E *dinp_e, float *part, const fl
             dx[k] += s * (dy[k] * fw[k] - gm - xh[k] * gxm);
             sw[k] += dy[k] * xh[k];
             sb[k] += dy[k];
+            sd[k] += dx[k];
         }
         store8(dinp + at, dx);
         if (dinp_e) store8(dinp_e + at, dx);
@@ -391,6 +405,7 @@ layernorm_backward_rowgroup_kernel(float *dinp, E *dinp_e, float *part, const fl
     if (!on) return;
     store8(part + (size_t)blockIdx.x * C + c0, sw);
     store8(part + (size_t)(gridDim.x + blockIdx.x) * C + c0, sb);
+    if (sum_dx) store8(part + (size_t)(2 * gridDim.x + blockIdx.x) * C + c0, sd);
 }
 
 /* gelu_sigmoid: (1 + tanh z)/2 = 1/(1 + e^{-2z}), z = k (u + a u^3).
@@ -480,6 +495,7 @@ struct gpt2_acts {
     float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
     void *dscore;              /* E  max_batch x H x T x T: d S */
     float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
+    float *dres_sum;           /*    C: column sums of d out for the next fc2 bias (BIAS SUMS) */
 };
 
 struct gpt2_cuda {
@@ -510,6 +526,10 @@ struct gpt2_cuda {
     /* With cfg.recompute: the block whose activations the shared slab
      * holds (CHECKPOINTING); 0: none. */
     int slab_block;
+    /* act.dres_sum holds the column sums of the residual gradient the last
+     * LayerNorm backward left: the next block's fc2 bias gradient (BIAS
+     * SUMS). */
+    int dres_summed;
 };
 
 /* Element i of an E buffer (or of a unit of parameters in E). */
@@ -564,21 +584,29 @@ static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float 
 
 /* d inp += ...; d w += sum dy*xh; d b += sum dy (all fp32). d inp is the
  * residual gradient act.dres: its copy in E, act.dres_e, is written too
- * (where E is not fp32), for the products that read it next. */
+ * (where E is not fp32), for the products that read it next. With ds (not
+ * NULL) the column sums of the updated d inp go into ds (ds_add) or over
+ * it, where the row-group kernel runs: *summed says whether they did
+ * (BIAS SUMS in the header; the caller sums them itself otherwise). */
 static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float *db,
                                      const float *dout, const float *inp, const void *w,
-                                     const float *mean, const float *rstd, int n, int C) {
+                                     const float *mean, const float *rstd, int n, int C,
+                                     float *ds, int ds_add, int *summed) {
     void *dinp_e = dinp == g->act.dres && g->act.dres_e != (void *)dinp ? g->act.dres_e : NULL;
     const bool vec = C % 8 == 0 && vec8_ok(dinp, dout, inp, w) && vec8_ok(dinp_e, NULL);
-    if (vec && C <= 8 * 1024) { /* one pass: the row-group kernel */
+    *summed = 0;
+    if (vec && C <= 8 * kRowgroupThreads) { /* one pass: the row-group kernel */
         const int threads = (C / 8 + 31) / 32 * 32;
         const int G = zpp_cu_rowgroups(&g->cu, n, C, threads), R = (n + G - 1) / G;
         WITH_E(g, layernorm_backward_rowgroup_kernel<<<(unsigned)G, (unsigned)threads, 0,
                                                          g->stream>>>(
-                      dinp, (E *)dinp_e, zpp_cu_rowgroup_part(&g->cu), dout, inp, (const E *)w,
-                      mean, rstd, n, C, R));
+                      dinp, (E *)dinp_e, zpp_cu_rowgroup_part(&g->cu), ds != NULL, dout, inp,
+                      (const E *)w, mean, rstd, n, C, R));
         LAUNCH_CHECK("layernorm backward");
-        return zpp_cu_rowgroup_finish(&g->cu, dw, db, G, C, "layernorm weight gradient");
+        ZPP_CHECK(zpp_cu_rowgroup_finish(&g->cu, dw, db, ds, ds_add, G, C,
+                                         "layernorm weight gradient"));
+        *summed = ds != NULL;
+        return ZPP_OK;
     }
     WITH_E(g, layernorm_backward_kernel<<<grid_rows((size_t)n), kThreads, 0, g->stream>>>(
                   dinp, (E *)dinp_e, dout, inp, (const E *)w, mean, rstd, (size_t)n, C, vec));
@@ -744,7 +772,14 @@ static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float lo
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
     return layernorm_backward(g, g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
-                              eat(g, w, g->lay.lnf_w), g->act.lnfm, g->act.lnfr, n, C);
+                              eat(g, w, g->lay.lnf_w), g->act.lnfm, g->act.lnfr, n, C,
+                              g->act.dres_sum, 0, &g->dres_summed);
+}
+
+/* d b += act.dres_sum, the column sums of d out the LayerNorm backward
+ * after this layer left (BIAS SUMS). */
+__global__ void add_sums_kernel(float *db, const float *sums, int C) {
+    for (int c = (int)global_tid(); c < C; c += (int)grid_threads()) db[c] += sums[c];
 }
 
 /* Reverse of block_forward; dres = d loss / d out on entry, d loss / d x on
@@ -762,16 +797,24 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))); dres_e is dres in E,
      * written with it by the LayerNorm backward before (layernorm_backward) */
     ZPP_CHECK(gelu_forward(g, y.fch, n));
+    /* fc2's bias gradient: the sums of d out the LayerNorm backward after
+     * this block already made, or a column sum here */
+    float *fc2_db = gr + L->fc2_b;
+    if (g->dres_summed) {
+        add_sums_kernel<<<grid_for((size_t)C), kThreads, 0, g->stream>>>(fc2_db, a->dres_sum, C);
+        LAUNCH_CHECK("fc2 bias gradient");
+        fc2_db = NULL;
+        g->dres_summed = 0;
+    }
     zpp_status st = ZPP_ERR_UNSUPPORTED;
     if (g->gelu_epilogue)
-        st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gr + L->fc2_w, gr + L->fc2_b,
-                                          a->dres_e, a->dres, a->fcg, eat(g, w, L->fc2_w),
-                                          y.fch, n, 4 * C, C, "fc2 backward with gelu");
+        st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gr + L->fc2_w, fc2_db, a->dres_e,
+                                          a->dres, a->fcg, eat(g, w, L->fc2_w), y.fch, n, 4 * C,
+                                          C, "fc2 backward with gelu");
     if (st == ZPP_ERR_UNSUPPORTED) {
         g->gelu_epilogue = 0;
-        ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, gr + L->fc2_b, a->dres_e,
-                                  a->dres, a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C,
-                                  "fc2 backward"));
+        ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, fc2_db, a->dres_e, a->dres,
+                                  a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
         size_t n4 = (size_t)n * 4 * C;
         bool v = vec8_ok(a->dfc, y.fch);
         WITH_E(g, gelu_backward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
@@ -784,19 +827,23 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
                                   eat(g, w, L->ln2_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, a->ln,
                               eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
+    int summed = 0; /* the projection's bias gradient, d mid's column sums, with d mid */
     ZPP_CHECK(layernorm_backward(g, a->dres, gr + L->ln2_w, gr + L->ln2_b, a->dc, y.mid,
-                                 eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C));
+                                 eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C, gr + L->proj_b, 1,
+                                 &summed));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, gr + L->proj_b, a->dres_e,
-                              a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
+    ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, summed ? NULL : gr + L->proj_b,
+                              a->dres_e, a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty));
     ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
                                   eat(g, w, L->ln1_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, a->ln,
                               eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
+    /* d x is d out of block l - 1: its fc2 bias gradient (none below block 1) */
     return layernorm_backward(g, a->dres, gr + L->ln1_w, gr + L->ln1_b, a->dc, y.x,
-                              eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C);
+                              eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C,
+                              l > 1 ? a->dres_sum : NULL, 0, &g->dres_summed);
 }
 
 static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
@@ -985,6 +1032,7 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->datty = take_e(g, a, N, C);
     x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
+    x->dres_sum = zpp_arena_take(a, 1, C);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,
