@@ -18,7 +18,7 @@
 #                    mb4 (16 heads of 128) and GPT-2 124M mb8 (12 heads of 64: ours
 #                    with the h64 variant)
 #     big            1 GPU, world 1: GPT 6.7B (32 x 4096, 32 heads of 128) mb1, ours
-#                    (ZeRO-3, with and without resident weights) and FSDP2
+#                    (ZeRO-3, with and without resident weights), FSDP2 and llm.c
 #     llama          1 GPU, world 1: a Llama-3.2-1B shape (16 x 2048, 32 heads, 8 KV
 #                    heads, FF 8192, V 128256, T 2048) mb1, ours (ZeRO-3) and FSDP2
 #                    (fsdp_llama.py)
@@ -132,7 +132,8 @@ while [ $# -gt 0 ]; do
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
-    big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3) ;;
+    big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3
+                world1-6p7b-mb1-llmc) ;;
     llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
     llamanodes) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 2)
@@ -339,7 +340,9 @@ run_one() {
     llmc)
       [ "$np" = 1 ] || { say "$name: llm.c runs at world1 only"; return; }
       [ "$LLMC_OK" = 1 ] || status=build_failed
-      local lm=d12; [ "$model" = 1p3b ] && lm=gpt3:c2048
+      local lm  # llm.c's descriptors of these shapes (its GPT-3 table: heads of 128 at 1.3B and 6.7B)
+      case $model in 124m) lm=d12 ;; 1p3b) lm=gpt3:c2048 ;; 6p7b) lm=gpt3:c4096 ;;
+        *) say "$name: llm.c has no descriptor for $model"; return ;; esac
       cmd=(env BUILD="$LLMC_BUILD" RUNS="$lm:$mb" STEPS="$STEPS" WARM="$WARM" bash "$PEERS/llmc/llmc_peer.sh") ;;
     *) say "$name: unknown system"; return ;;
   esac
