@@ -107,6 +107,27 @@ __device__ __forceinline__ void store_work(void *work, int dt, size_t i, float p
     else ((float *)work)[i] = p;
 }
 
+/* The weight decay of the four elements at i (zpp_adamw_decay_at's
+ * values): one test a range for a quad that no range boundary cuts, the
+ * usual case, instead of four lookups. Over a constant count, as
+ * zpp_adamw_decay_at, so the ranges stay in the kernel's parameters. */
+__device__ __forceinline__ void adamw_decay_quad(const zpp_adamw_args &a, size_t i, float wd[4]) {
+    unsigned in = a.n_decay == 0 ? 0xFu : 0u; /* bit j: element i + j decays */
+#pragma unroll
+    for (int k = 0; k < ZPP_ADAMW_RANGES; k++) {
+        if (k >= a.n_decay) continue;
+        const size_t lo = a.decay_lo[k], hi = a.decay_hi[k];
+        if (i >= lo && i + 4 <= hi) {
+            in = 0xFu;
+        } else if (i + 4 > lo && i < hi) {
+            for (int j = 0; j < 4; j++)
+                if (i + j >= lo && i + j < hi) in |= 1u << j;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) wd[j] = (in >> j) & 1u ? a.weight_decay : 0.0f;
+}
+
 /* Four elements at i (a multiple of 4) in 16-byte loads and one store per
  * array: AdamW moves 34 bytes an element and does little arithmetic, so
  * what limits it is how many bytes each instruction moves. Four scalar
@@ -119,10 +140,12 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
     const float4 g4 = *(const float4 *)(grad + i);
     float4 m4 = *(const float4 *)(m + i), v4 = *(const float4 *)(v + i);
     float4 p4 = *(const float4 *)(param + i);
-    adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i), g4.x, m4.x, v4.x, p4.x);
-    adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i + 1), g4.y, m4.y, v4.y, p4.y);
-    adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i + 2), g4.z, m4.z, v4.z, p4.z);
-    adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i + 3), g4.w, m4.w, v4.w, p4.w);
+    float wd[4];
+    adamw_decay_quad(a, i, wd);
+    adamw_elem(a, c1, c2, wd[0], g4.x, m4.x, v4.x, p4.x);
+    adamw_elem(a, c1, c2, wd[1], g4.y, m4.y, v4.y, p4.y);
+    adamw_elem(a, c1, c2, wd[2], g4.z, m4.z, v4.z, p4.z);
+    adamw_elem(a, c1, c2, wd[3], g4.w, m4.w, v4.w, p4.w);
     *(float4 *)(m + i) = m4;
     *(float4 *)(v + i) = v4;
     *(float4 *)(param + i) = p4;
