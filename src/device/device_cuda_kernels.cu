@@ -152,7 +152,8 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
     if (a.clear_grad) *(float4 *)(grad + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!work) return;
     if (dt == ZPP_BF16) {
-        __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y), hi = __floats2bfloat162_rn(p4.z, p4.w);
+        __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(p4.z, p4.w);
         uint2 u;
         u.x = *(const unsigned *)&lo;
         u.y = *(const unsigned *)&hi;

@@ -356,8 +356,8 @@ struct zpp_cu_gemm_entry {
 /* The scratch, in floats, each part on a 256-byte boundary (cuBLASLt
  * picks slower kernels for a bias that is not 16-byte aligned): 3
  * max(kRowgroupParts, W) partials (the row groups' three sums; a column
- * sum uses at most kColsumParts of the first two), W / kThreads + 1 counters (unsigned, in
- * float slots), W for a widened bias. */
+ * sum uses at most kColsumParts of the first two), W / kThreads + 1
+ * counters (unsigned, in float slots), W for a widened bias. */
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 static size_t scratch_parts(int max_width) {
     size_t W = (size_t)max_width;

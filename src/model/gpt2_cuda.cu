@@ -86,7 +86,8 @@
  * backward sums its output's columns as it writes them, and those two
  * biases need no pass of their own over n x C fp32 values (the fc2 sums
  * wait in act.dres_sum for the block below). Where the warp-per-row
- * kernel runs instead (C not a multiple of 8), zpp_cu_colsum sums them.
+ * kernel runs instead (C not a multiple of 8, or above 4,096),
+ * zpp_cu_colsum sums them.
  *
  * RECOMPUTE. A block's two LayerNorm outputs and its gelu output are not
  * kept for the backward: they are cheap elementwise functions of what is
@@ -337,16 +338,17 @@ __global__ void layernorm_backward_kernel(float *dinp, E *dinp_e, const float *d
 /* layernorm_backward_kernel with the weight and bias gradients in the same
  * pass: dw += sum dy xh, db += sum dy over the rows. A CTA is a row group
  * (zpp_cu_rowgroups): its threads span one row, 8 columns each (C % 8 ==
- * 0, C <= 8 * kRowgroupThreads), and it walks its rows in order, so dy and xh are in
- * registers when the sums need them: the rows are read from memory once,
- * where the warp-per-row kernel and zpp_cu_colsum read dy and x twice
- * more (the next row's loads are issued before this row's barrier). The row's two sums (gm, gxm) meet across warps in shared memory,
- * added in warp order (two slots by row parity: one barrier a row); the
- * group's column sums go to the row-group partials and
- * zpp_cu_rowgroup_finish adds them. With sum_dx the column sums of the
- * updated dx too: the residual gradient there is the d out of the layer
- * before (BIAS SUMS in the header). A fixed order throughout: the same
- * shape and G give the same bits. */
+ * 0, C <= 8 kRowgroupThreads), and it walks its rows in order, so dy and
+ * xh are in registers when the sums need them: the rows are read from
+ * memory once, where the warp-per-row kernel and zpp_cu_colsum read dy and
+ * x twice more. The next row's loads are issued before this row's barrier.
+ * The row's two sums (gm, gxm) meet across warps in shared memory, added
+ * in warp order (two slots by row parity: one barrier a row); the group's
+ * column sums go to the row-group partials and zpp_cu_rowgroup_finish adds
+ * them. With sum_dx the column sums of the updated dx too: the residual
+ * gradient there is the d out of the layer before (BIAS SUMS in the
+ * header). A fixed order throughout: the same shape and G give the same
+ * bits. */
 constexpr int kRowgroupThreads = 512; /* C <= 8 x 512: 128 registers a thread (no spills) */
 template <typename E>
 __global__ void __launch_bounds__(kRowgroupThreads)
