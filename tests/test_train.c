@@ -1323,10 +1323,11 @@ static void test_gpu_hpz_nodes_of_two_matches_cpu(void) {
  * well past unigram statistics); ZeRO++'s validation loss must not exceed
  * ZeRO-3's by more than 1%, the issue's bar for "no loss of convergence".
  * One run each is one draw of the quantization's noise, which helps a
- * trajectory as often as it hurts it: with the same seed and other kernels
- * (2026-12-04, the LayerNorm backward in row groups) ZeRO++ ended 1.18%
- * below ZeRO-3. So the bar is one-sided, and ZeRO++ far below ZeRO-3 (3%)
- * is taken as a sign that the two runs differ in more than quantization. */
+ * trajectory as often as it hurts it: with the same seed, the bits of a
+ * new LayerNorm kernel put ZeRO++ more than 1% below ZeRO-3
+ * (bench/RESULTS.md, 2026-12-04, sixth session). So the bar is one-sided,
+ * and ZeRO++ far below ZeRO-3 (3%) is taken as a sign that the two runs
+ * differ in more than quantization. */
 static void test_gpu_zeropp_matches_zero3_validation_loss(void) {
     char data[512];
     zpp_test_data("tinyshakespeare.txt", data, sizeof data);
