@@ -94,7 +94,7 @@ static void test_llmc_roundtrip(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     for (int trial = 0; trial < 4; trial++) {
         const int vocab = irand(&r, 300, 65536), T = irand(&r, 4, 64);
-        const size_t n = (size_t)irand(&r, 4 * (T + 1), 50000);
+        const size_t n = (size_t)irand(&r, 10 * (T + 1), 50000); /* a step reads 6 sequences */
         uint16_t *tok = malloc(n * sizeof *tok);
         int maxtok = 0;
         for (size_t i = 0; i < n; i++) {
@@ -473,7 +473,7 @@ static void test_validation_split(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(5));
     for (int trial = 0; trial < 4; trial++) {
         const int T = irand(&r, 2, 64);
-        const size_t n = (size_t)irand(&r, 2 * (T + 1), 65536);
+        const size_t n = (size_t)irand(&r, 4 * (T + 1), 65536); /* a step reads 2 */
         char path[64];
         write_identity(path, n);
         zpp_train_config cfg = make_cfg(T, 65536, 2, 1, zpp_rng_u64(&r) >> 12);
