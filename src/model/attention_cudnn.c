@@ -293,6 +293,28 @@ static void red(gb *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
     op_add(g, op, "reduction operation");
 }
 
+/* The graph's intermediate steps, each into a new fp32 virtual tensor of
+ * shape sh (returned): so a builder reads one operation a line. */
+static cudnnBackendDescriptor_t pw_to(gb *g, cudnnPointwiseMode_t mode,
+                                      cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                      shape sh) {
+    cudnnBackendDescriptor_t y = vt(g, CUDNN_DATA_FLOAT, sh);
+    pw(g, mode, x, b, y);
+    return y;
+}
+static cudnnBackendDescriptor_t mm_to(gb *g, cudnnBackendDescriptor_t a,
+                                      cudnnBackendDescriptor_t b, shape sh) {
+    cudnnBackendDescriptor_t c = vt(g, CUDNN_DATA_FLOAT, sh);
+    mm(g, a, b, c);
+    return c;
+}
+static cudnnBackendDescriptor_t red_to(gb *g, cudnnReduceTensorOp_t how,
+                                       cudnnBackendDescriptor_t x, shape sh) {
+    cudnnBackendDescriptor_t y = vt(g, CUDNN_DATA_FLOAT, sh);
+    red(g, how, x, y);
+    return y;
+}
+
 /* y = x seen through other dims and strides (a transpose, no data moved). */
 static void view(gb *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
     cudnnBackendDescriptor_t op =
@@ -354,21 +376,14 @@ static void build_forward(gb *g, const dims *d) {
     cudnnBackendDescriptor_t neg_inf = scalar(g, UID_NEG_INF, "-inf");
     const shape S = sh_s(d), row = sh_row(d);
 
-    cudnnBackendDescriptor_t s0 = vt(g, CUDNN_DATA_FLOAT, S);
-    mm(g, q, kt, s0);
-    cudnnBackendDescriptor_t s1 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_MUL, s0, scale, s1);
+    cudnnBackendDescriptor_t s0 = mm_to(g, q, kt, S);
+    cudnnBackendDescriptor_t s1 = pw_to(g, CUDNN_POINTWISE_MUL, s0, scale, S);
     cudnnBackendDescriptor_t s2 = causal(g, s1, neg_inf, S);
-    cudnnBackendDescriptor_t mx = vt(g, CUDNN_DATA_FLOAT, row);
-    red(g, CUDNN_REDUCE_TENSOR_MAX, s2, mx);
-    cudnnBackendDescriptor_t s3 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_SUB, s2, mx, s3);
-    cudnnBackendDescriptor_t e = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_EXP, s3, NULL, e);
-    cudnnBackendDescriptor_t sum = vt(g, CUDNN_DATA_FLOAT, row);
-    red(g, CUDNN_REDUCE_TENSOR_ADD, e, sum);
-    cudnnBackendDescriptor_t lg = vt(g, CUDNN_DATA_FLOAT, row);
-    pw(g, CUDNN_POINTWISE_LOG, sum, NULL, lg);
+    cudnnBackendDescriptor_t mx = red_to(g, CUDNN_REDUCE_TENSOR_MAX, s2, row);
+    cudnnBackendDescriptor_t s3 = pw_to(g, CUDNN_POINTWISE_SUB, s2, mx, S);
+    cudnnBackendDescriptor_t e = pw_to(g, CUDNN_POINTWISE_EXP, s3, NULL, S);
+    cudnnBackendDescriptor_t sum = red_to(g, CUDNN_REDUCE_TENSOR_ADD, e, row);
+    cudnnBackendDescriptor_t lg = pw_to(g, CUDNN_POINTWISE_LOG, sum, NULL, row);
     pw(g, CUDNN_POINTWISE_ADD, mx, lg, lse);
     cudnnBackendDescriptor_t p = vt(g, CUDNN_DATA_BFLOAT16, S); /* the matmul's operand type */
     pw(g, CUDNN_POINTWISE_DIV, e, sum, p);
@@ -414,33 +429,23 @@ static void build_backward(gb *g, const dims *d) {
     /* D (the frontend's layout for the product: heads inside rows) */
     const shape prod = shp(d->B, d->H, d->T, d->hs, d->H * d->T * d->hs, d->T * d->hs,
                            d->H * d->hs, 1);
-    cudnnBackendDescriptor_t oy = vt(g, CUDNN_DATA_FLOAT, prod);
-    pw(g, CUDNN_POINTWISE_MUL, dO, o, oy);
-    cudnnBackendDescriptor_t rs = vt(g, CUDNN_DATA_FLOAT, row);
-    red(g, CUDNN_REDUCE_TENSOR_ADD, oy, rs);
+    cudnnBackendDescriptor_t oy = pw_to(g, CUDNN_POINTWISE_MUL, dO, o, prod);
+    cudnnBackendDescriptor_t rs = red_to(g, CUDNN_REDUCE_TENSOR_ADD, oy, row);
     pw(g, CUDNN_POINTWISE_MUL, rs, one, dsum);
 
     /* P and dV */
-    cudnnBackendDescriptor_t s0 = vt(g, CUDNN_DATA_FLOAT, S);
-    mm(g, q, kt, s0);
-    cudnnBackendDescriptor_t s1 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_MUL, s0, scale, s1);
-    cudnnBackendDescriptor_t s2 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_SUB, s1, lse, s2);
+    cudnnBackendDescriptor_t s0 = mm_to(g, q, kt, S);
+    cudnnBackendDescriptor_t s1 = pw_to(g, CUDNN_POINTWISE_MUL, s0, scale, S);
+    cudnnBackendDescriptor_t s2 = pw_to(g, CUDNN_POINTWISE_SUB, s1, lse, S);
     cudnnBackendDescriptor_t s3 = causal(g, s2, neg_inf, S);
-    cudnnBackendDescriptor_t p = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_EXP, s3, NULL, p);
+    cudnnBackendDescriptor_t p = pw_to(g, CUDNN_POINTWISE_EXP, s3, NULL, S);
     transposed_product(g, d, p, dO, dv);
 
     /* dS, dK, dQ */
-    cudnnBackendDescriptor_t dp = vt(g, CUDNN_DATA_FLOAT, S);
-    mm(g, dO, vtr, dp);
-    cudnnBackendDescriptor_t t0 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_SUB, dp, dsum, t0);
-    cudnnBackendDescriptor_t t1 = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_MUL, t0, p, t1);
-    cudnnBackendDescriptor_t ds = vt(g, CUDNN_DATA_FLOAT, S);
-    pw(g, CUDNN_POINTWISE_MUL, t1, scale, ds);
+    cudnnBackendDescriptor_t dp = mm_to(g, dO, vtr, S);
+    cudnnBackendDescriptor_t t0 = pw_to(g, CUDNN_POINTWISE_SUB, dp, dsum, S);
+    cudnnBackendDescriptor_t t1 = pw_to(g, CUDNN_POINTWISE_MUL, t0, p, S);
+    cudnnBackendDescriptor_t ds = pw_to(g, CUDNN_POINTWISE_MUL, t1, scale, S);
     transposed_product(g, d, ds, q, dk);
     cudnnBackendDescriptor_t k = vt(g, CUDNN_DATA_FLOAT, sh_kv(d)); /* K again, untransposed */
     view(g, kt, k);
