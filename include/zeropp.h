@@ -544,6 +544,16 @@ typedef struct zpp_engine_config {
      * rounding the fp32 masters twice a step. 0: no copy is kept (the
      * memory for a model that only just fits). Same bits either way. */
     int resident_weights;
+    /* 1 (default): in a world of one rank with work_dtype bf16, and a model
+     * that can write them (the built-in CUDA models that say so), the
+     * gradients are accumulated in bf16 instead of fp32: 2 bytes a
+     * parameter less, and less to write and read a step. Each add is done
+     * in fp32 and rounded once, so one backward a step gives the gradient
+     * rounded once to bf16: the precision a world of several ranks has,
+     * whose gradients travel in bf16. With several backwards a step
+     * (gradient accumulation) each adds a rounding: set 0 there (the
+     * trainer does). 0: fp32 gradients. */
+    int work_grads;
 } zpp_engine_config;
 
 /* The defaults listed above. */

@@ -142,6 +142,7 @@ static void test_every_key_parsed(void) {
         long long reuse = (long long)(zpp_rng_u64(&r) >> 24); /* < 2^40 */
         int pdepth = irand(&r, 1, 8), rdepth = irand(&r, 1, 8), qvec = irand(&r, 0, 1);
         int resw = irand(&r, 0, 1);
+        int wgr = irand(&r, 0, 1);
         /* qgZ error feedback needs qgZ; the last trial (the coverage text) has both */
         if (trial == 19) qg = 1;
         double ebeta = zpp_rng_uniform(&r);
@@ -195,7 +196,8 @@ static void test_every_key_parsed(void) {
                  "      \"overlap_comm\": true, \"reduce_bucket_size\": 5e8,\n"
                  "      \"stage3_max_reuse_distance\": %lld,\n"
                  "      \"zeropp_prefetch_depth\": %d, \"zeropp_reduce_depth\": %d,\n"
-                 "      \"zeropp_quantize_vectors\": %s, \"zeropp_resident_weights\": %s%s},\n"
+                 "      \"zeropp_quantize_vectors\": %s, \"zeropp_resident_weights\": %s,\n"
+                 "      \"zeropp_work_grads\": %s%s},\n"
                  "  \"model\": {\"family\": \"%s\",\n"
                  "      \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d,\n"
                  "      \"seq_len\": %d, \"vocab_size\": %d, \"real_vocab_size\": %d,\n"
@@ -217,7 +219,8 @@ static void test_every_key_parsed(void) {
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
                  bf16 ? "true" : "false", qw ? "true" : "false", hpz, qg ? "true" : "false",
-                 reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false", loco_txt,
+                 reuse, pdepth, rdepth, qvec ? "true" : "false", resw ? "true" : "false",
+                 wgr ? "true" : "false", loco_txt,
                  llama ? "llama" : "gpt2", n_layer, n_head, n_embd, seq_len, vocab, real_vocab,
                  kvh, ffn, theta, neps, untied ? "true" : "false", qkvb ? "true" : "false",
                  ob ? "true" : "false", zpp_hf_arch_name((zpp_hf_arch)arch), win, rf,
@@ -242,6 +245,7 @@ static void test_every_key_parsed(void) {
                cfg.zero.hpz_partition_size == hpz && cfg.zero.quantized_gradients == qg &&
                cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
                cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec && cfg.zero.resident_weights == resw &&
+               cfg.zero.work_grads == wgr &&
                cfg.zero.grad_stochastic == sr);
         EXPECT(cfg.zero.loco == loco && (!loco || (cfg.zero.loco_err_beta == ebeta &&
                                                    cfg.zero.loco_reset_T == resetT)));

@@ -1,7 +1,8 @@
 /* test_device.c — the compute backend (device.h): AdamW against a
  * double-precision reference with error bounds derived from fp32 rounding,
- * the scratch pool, memory accounting, the argument checks and the
- * non-finite flag.
+ * AdamW and sums of squares on bf16 / fp16 arrays against their fp32
+ * widenings, the scratch pool, memory accounting, the argument checks and
+ * the non-finite flag.
  *
  * The same program tests the host backend (test_device) and, with
  * ZPP_TEST_DEVICE=gpu, GPU 0 (test_device_gpu, label gpu); buffers are
@@ -228,6 +229,173 @@ static void test_adamw_matches_reference(void) {
     zpp_device_destroy(d);
 }
 
+/* ---- AdamW on 2-byte gradients ------------------------------------------------- */
+
+/* One layout of the gradient-dtype check: n elements, the fp32 arrays
+ * (parameters, moments, working copy) starting off_f elements and the
+ * gradient off_g elements into their buffers, so that off 0 with n a
+ * multiple of 4 plus a few takes the quad path and its tail, and an odd
+ * offset the scalar path; off_f 0 with off_g 2 fails only the 2-byte
+ * gradient's 8-byte alignment. */
+typedef struct gdt_layout {
+    size_t n, off_f, off_g;
+} gdt_layout;
+
+/* Runs AdamW with the gradient in `gdt` (clearing it, or not) and with the
+ * same widened values in fp32; the parameters, moments and working copy
+ * must agree bit for bit, and the 2-byte gradient be left all +0 when
+ * cleared and untouched otherwise. */
+static void adamw_grad_dtype_case(zpp_device *d, zpp_rng *rng, gdt_layout L,
+                                  const zpp_adamw_args *a, zpp_dtype gdt, int clear) {
+    const size_t n = L.n, nf = n + L.off_f, ng = n + L.off_g;
+    float *p = zpp_test_malloc(nf * 4), *m = zpp_test_malloc(nf * 4), *v = zpp_test_malloc(nf * 4);
+    float *gw = zpp_test_malloc(ng * 4); /* the 2-byte gradient, widened */
+    uint16_t *g2 = zpp_test_malloc(ng * 2), *g2b = zpp_test_malloc(ng * 2);
+    for (size_t i = 0; i < nf; i++) {
+        p[i] = (float)zpp_rng_normal(rng);
+        m[i] = (float)(0.1 * zpp_rng_normal(rng));
+        v[i] = (float)(0.01 * fabs(zpp_rng_normal(rng)));
+        if (i % 29 == 5) v[i] = 0.0f, m[i] = 0.0f;
+    }
+    for (size_t i = 0; i < ng; i++) {
+        double g = zpp_rng_normal(rng);
+        if (i % 13 == 7) g *= 1e-6; /* subnormal in fp16 */
+        if (i % 17 == 3) g = 0.0;
+        zpp_store_f32(g2, gdt, i, (float)g);
+        gw[i] = zpp_load_f32(g2, gdt, i);
+    }
+    float *dp = dev_put(d, p, nf * 4), *dm = dev_put(d, m, nf * 4), *dv = dev_put(d, v, nf * 4);
+    float *dgw = dev_put(d, gw, ng * 4);
+    uint16_t *dg2 = dev_put(d, g2, ng * 2), *dw = dev_put(d, NULL, nf * 2);
+    float *r[2][3]; /* p, m, v of the fp32 run and the 2-byte run */
+    uint16_t *w[2];
+    for (int run = 0; run < 2; run++) {
+        zpp_adamw_args ar = *a;
+        ar.grad_dtype = run ? gdt : ZPP_FP32;
+        ar.clear_grad = run ? clear : 0;
+        EXPECT_OK(zpp_device_copy(d, dp, p, nf * 4));
+        EXPECT_OK(zpp_device_copy(d, dm, m, nf * 4));
+        EXPECT_OK(zpp_device_copy(d, dv, v, nf * 4));
+        void *grad = run ? (void *)(dg2 + L.off_g) : (void *)(dgw + L.off_g);
+        EXPECT_OK(zpp_device_adamw(d, dp + L.off_f, dm + L.off_f, dv + L.off_f, grad, n, &ar,
+                                   dw + L.off_f, ZPP_BF16));
+        for (int k = 0; k < 3; k++) r[run][k] = zpp_test_malloc(nf * 4);
+        w[run] = zpp_test_malloc(nf * 2);
+        dev_get(d, r[run][0], dp, nf * 4);
+        dev_get(d, r[run][1], dm, nf * 4);
+        dev_get(d, r[run][2], dv, nf * 4);
+        dev_get(d, w[run], dw, nf * 2);
+    }
+    static const char *const names[3] = {"parameter", "first moment", "second moment"};
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < nf; i++)
+            EXPECT(!memcmp(&r[0][k][i], &r[1][k][i], 4),
+                   "%s %zu (n %zu, offsets %zu/%zu): %.9g with a %s gradient, %.9g with its "
+                   "fp32 widening (t %d)",
+                   names[k], i, n, L.off_f, L.off_g, (double)r[1][k][i], zpp_dtype_name(gdt),
+                   (double)r[0][k][i], a->step);
+    for (size_t i = 0; i < nf; i++)
+        EXPECT(w[0][i] == w[1][i], "working copy %zu: %04x with a %s gradient, %04x with fp32",
+               i, w[1][i], zpp_dtype_name(gdt), w[0][i]);
+    dev_get(d, g2b, dg2, ng * 2);
+    for (size_t i = 0; i < ng; i++) {
+        const int inside = i >= L.off_g;
+        const uint16_t want = clear && inside ? 0 : g2[i];
+        EXPECT(g2b[i] == want, "%s gradient %zu (of %zu, from %zu) is %04x after AdamW with "
+               "clear_grad %d, expected %04x",
+               zpp_dtype_name(gdt), i, ng, L.off_g, g2b[i], clear, want);
+    }
+    for (int run = 0; run < 2; run++) {
+        for (int k = 0; k < 3; k++) free(r[run][k]);
+        free(w[run]);
+    }
+    zpp_device_free(d, dp);
+    zpp_device_free(d, dm);
+    zpp_device_free(d, dv);
+    zpp_device_free(d, dgw);
+    zpp_device_free(d, dg2);
+    zpp_device_free(d, dw);
+    free(g2b), free(g2), free(gw), free(v), free(m), free(p);
+}
+
+/* bf16 and fp16 gradients (the engine's accumulator in the working dtype)
+ * give AdamW's bits of their fp32 widening: through the quad path and its
+ * tail, the scalar path (odd start and length), a gradient misaligned for
+ * the 8-byte load alone, with weight-decay ranges and clipping, clearing
+ * the gradient or not. */
+static void test_adamw_grad_dtypes(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(3));
+    const gdt_layout layouts[] = {
+        {4099, 0, 0}, {1001, 1, 1}, {1003, 0, 2}, {1002, 0, 4}, {3, 0, 0}};
+    const zpp_dtype gdts[] = {ZPP_BF16, ZPP_FP16};
+    int k = 0;
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++)
+        for (int gi = 0; gi < 2; gi++)
+            for (int clear = 0; clear < 2; clear++, k++) {
+                const size_t n = layouts[li].n;
+                zpp_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                    .eps = k % 3 ? 1e-8f : 1e-3f, .weight_decay = 0.1f,
+                                    .grad_scale = k % 2 ? 0.25f : 1.0f, .step = 1 + 7 * k};
+                if (n > 100) { /* decay on two ranges, cutting quads */
+                    a.n_decay = 2;
+                    a.decay_lo[0] = 1, a.decay_hi[0] = n / 3;
+                    a.decay_lo[1] = n / 2 + 2, a.decay_hi[1] = n - 1;
+                }
+                adamw_grad_dtype_case(d, &rng, layouts[li], &a, gdts[gi], clear);
+            }
+    zpp_device_destroy(d);
+}
+
+/* Sums of squares of bf16 and fp16 arrays equal those of their fp32
+ * widenings: on the host exactly (the same squares in the same order), on
+ * a GPU within double rounding as above. Several arrays in one call, odd
+ * lengths, starts aligned and not, one shorter than a 16-byte load, one
+ * empty. */
+static void test_sumsq_dtypes(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(4));
+    enum { K = 5 };
+    const size_t N = 120000, start[K] = {0, 1, 3, 8, 9}, len[K] = {100003, 37, 5, 8191, 0};
+    const zpp_dtype dts[] = {ZPP_BF16, ZPP_FP16};
+    float *w = zpp_test_malloc(N * 4);
+    uint16_t *h = zpp_test_malloc(N * 2);
+    for (int di = 0; di < 2; di++) {
+        for (size_t i = 0; i < N; i++) {
+            zpp_store_f32(h, dts[di], i, (float)(3.0 * zpp_rng_normal(&rng)));
+            w[i] = zpp_load_f32(h, dts[di], i);
+        }
+        uint16_t *dh = dev_put(d, h, N * 2);
+        float *dw = dev_put(d, w, N * 4);
+        const void *xh[K], *xw[K];
+        double sh[K], sw[K], want[K];
+        for (int j = 0; j < K; j++) {
+            xh[j] = dh + start[j];
+            xw[j] = dw + start[j];
+            want[j] = 0.0;
+            for (size_t i = start[j]; i < start[j] + len[j]; i++) want[j] += (double)w[i] * w[i];
+        }
+        EXPECT_OK(zpp_device_sumsq_many(d, xh, len, K, dts[di], sh));
+        EXPECT_OK(zpp_device_sumsq_many(d, xw, len, K, ZPP_FP32, sw));
+        for (int j = 0; j < K; j++) {
+            if (d->mem == ZPP_MEM_HOST)
+                EXPECT(sh[j] == sw[j] && sh[j] == want[j],
+                       "%s sumsq[%d] %.17g, of its fp32 widening %.17g, in order %.17g",
+                       zpp_dtype_name(dts[di]), j, sh[j], sw[j], want[j]);
+            else
+                EXPECT(fabs(sh[j] - want[j]) <= (double)len[j] * DBL_EPSILON * want[j],
+                       "%s sumsq[%d] %.17g vs %.17g", zpp_dtype_name(dts[di]), j, sh[j],
+                       want[j]);
+        }
+        EXPECT(sh[K - 1] == 0.0, "%s sumsq of nothing is %g", zpp_dtype_name(dts[di]),
+               sh[K - 1]);
+        zpp_device_free(d, dh);
+        zpp_device_free(d, dw);
+    }
+    free(h), free(w);
+    zpp_device_destroy(d);
+}
+
 /* ---- Vector kernels ----------------------------------------------------------- */
 
 static void test_add_sumsq_convert(void) {
@@ -257,11 +425,11 @@ static void test_add_sumsq_convert(void) {
      * zero. */
     {
         const size_t cut = n / 3;
-        const float *xs[3] = {dx, dx + cut, dx};
+        const void *xs[3] = {dx, dx + cut, dx};
         const size_t ns[3] = {cut, n - cut, 0};
         double sums[3] = {-1, -1, -1}, want[2] = {0, 0};
         for (size_t i = 0; i < n; i++) want[i >= cut] += (double)x[i] * x[i];
-        EXPECT_OK(zpp_device_sumsq_many(d, xs, ns, 3, sums));
+        EXPECT_OK(zpp_device_sumsq_many(d, xs, ns, 3, ZPP_FP32, sums));
         for (int j = 0; j < 2; j++)
             EXPECT(fabs(sums[j] - want[j]) <= (double)n * DBL_EPSILON * want[j],
                    "sumsq_many[%d] %.17g vs %.17g", j, sums[j], want[j]);
@@ -445,6 +613,12 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_convert(d, x, ZPP_FP32, x, ZPP_BF16, 16, 1.0f), "in-place");
     EXPECT_INVALID(zpp_device_add(d, NULL, f, 4), "accumulator");
     EXPECT_INVALID(zpp_device_sumsq(d, f, 4, NULL), "sum_p");
+    {
+        const void *xs[1] = {x};
+        const size_t ns[1] = {4};
+        double sums[1];
+        EXPECT_INVALID(zpp_device_sumsq_many(d, xs, ns, 1, (zpp_dtype)7, sums), "dtype 7");
+    }
     zpp_adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                         .grad_scale = 1.0f, .step = 0};
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "step 0");
@@ -452,6 +626,10 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, NULL, x, ZPP_FP32), "zpp_adamw_args");
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, (zpp_dtype)9), "dtype");
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, NULL, 4, &a, x, ZPP_FP32), "gradient");
+    a.grad_dtype = (zpp_dtype)9;
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "grad_dtype");
+    EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 0, &a, NULL, ZPP_FP32), "grad_dtype");
+    a.grad_dtype = ZPP_FP32;
     a.n_decay = ZPP_ADAMW_RANGES + 1;
     EXPECT_INVALID(zpp_device_adamw(d, f, f, f, f, 4, &a, x, ZPP_FP32), "weight-decay ranges");
     a.n_decay = 2, a.decay_lo[0] = 0, a.decay_hi[0] = 3, a.decay_lo[1] = 2, a.decay_hi[1] = 4;
@@ -640,7 +818,8 @@ static void test_profile_window(void) {
     zpp_device_destroy(d);
 }
 
-ZPP_TESTS(ZPP_TEST(test_adamw_matches_reference), ZPP_TEST(test_add_sumsq_convert),
+ZPP_TESTS(ZPP_TEST(test_adamw_matches_reference), ZPP_TEST(test_adamw_grad_dtypes),
+          ZPP_TEST(test_sumsq_dtypes), ZPP_TEST(test_add_sumsq_convert),
           ZPP_TEST(test_scratch_best_fit_and_reuse), ZPP_TEST(test_scratch_never_more_than_busy),
           ZPP_TEST(test_mem_stats), ZPP_TEST(test_argument_checks),
           ZPP_TEST(test_nonfinite_flag), ZPP_TEST(test_streams_and_events),

@@ -89,7 +89,7 @@ static zpp_status probe_forward(zpp_model *m, int stage, const void *params) {
     return g_real->forward(m, stage, params);
 }
 
-static zpp_status probe_backward(zpp_model *m, int stage, const void *params, float *grads,
+static zpp_status probe_backward(zpp_model *m, int stage, const void *params, void *grads,
                                  float loss_scale) {
     seen(1, m, stage, params);
     return g_real->backward(m, stage, params, grads, loss_scale);

@@ -5,7 +5,9 @@
  *     (not rounded to the working dtype as for a wire), for one micro-batch
  *     and for the sum of two;
  *   - a step leases scratch for gathered units only: no full gradient, no
- *     reduction input or output. */
+ *     reduction input or output;
+ * and, with a model that can write them, bf16 accumulators (work_grads)
+ * hold what fp32 ones holding the same rounded sums would. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "model/model.h"
 #include "model/gpt2.h"
 #include "testlib.h"
 
@@ -241,5 +244,221 @@ static void test_resident_weights_same_bits(void) {
     teardown(&b);
 }
 
+/* ---- bf16 gradient accumulators (opts.work_grads) ------------------------
+ * The CPU GPT-2 writes fp32 gradients only, so a wrapper gives it
+ * set_grad_dtype: its backward runs the real one into zeroed fp32 scratch
+ * and adds that into the engine's bf16 accumulator, each element rounded
+ * once, as the CUDA models do (cuda_elem.cuh, grad_add). The reference is
+ * the same wrapper told to keep fp32 accumulators but round each add to a
+ * bf16 value: the same numbers in 4 bytes. Two engines on the same batches
+ * must then agree bit for bit, which checks the engine's plumbing of a
+ * 2-byte accumulator: its size, AdamW's and the norm's reads, the clearing,
+ * and the zeroing when a checkpoint sets the masters. */
+typedef struct grad_wrap {
+    zpp_model base;         /* first: a zpp_model* is a grad_wrap* */
+    zpp_model *real;
+    zpp_dtype gd;           /* what set_grad_dtype chose */
+    int round_fp32;         /* the reference: fp32 sums of bf16 values */
+    float **scratch;        /* a unit's fresh gradient */
+    int overwrite;          /* overwrite_grads was called for this pass */
+    int *written;           /* per unit: written in this pass */
+} grad_wrap;
+
+static zpp_model *real_of(zpp_model *m) { return ((grad_wrap *)m)->real; }
+static zpp_status gw_init(zpp_model *m, int u, size_t off, size_t n, float *out, uint64_t seed) {
+    return real_of(m)->ops->init_params(real_of(m), u, off, n, out, seed);
+}
+static zpp_status gw_batch(zpp_model *m, const int32_t *tok, const int32_t *tgt, int B) {
+    return real_of(m)->ops->set_batch(real_of(m), tok, tgt, B);
+}
+static zpp_status gw_forward(zpp_model *m, int s, const void *p) {
+    return real_of(m)->ops->forward(real_of(m), s, p);
+}
+static float gw_loss(zpp_model *m) { return real_of(m)->ops->loss(real_of(m)); }
+static zpp_status gw_set_grad_dtype(zpp_model *m, zpp_dtype dt) {
+    if (dt != ZPP_FP32 && dt != ZPP_BF16) return ZPP_ERR_UNSUPPORTED;
+    ((grad_wrap *)m)->gd = dt;
+    return ZPP_OK;
+}
+/* After overwrite_grads, a unit's first write of the pass ignores what the
+ * buffer holds (model.h): the tied embedding's second stage adds. */
+static zpp_status gw_overwrite(zpp_model *m) {
+    grad_wrap *w = (grad_wrap *)m;
+    w->overwrite = 1;
+    memset(w->written, 0, (size_t)m->n_units * sizeof *w->written);
+    return ZPP_OK;
+}
+static zpp_status gw_backward(zpp_model *m, int s, const void *p, void *grads, float scale) {
+    grad_wrap *w = (grad_wrap *)m;
+    const int u = m->stage_unit[s];
+    const size_t n = m->unit_numel[u];
+    memset(w->scratch[u], 0, n * sizeof(float));
+    zpp_status st = w->real->ops->backward(w->real, s, p, w->scratch[u], scale);
+    if (st != ZPP_OK) return st;
+    const int over = w->overwrite && !w->written[u];
+    for (size_t i = 0; i < n; i++) {
+        const float sum = (over ? 0.0f : zpp_load_f32(grads, w->gd, i)) + w->scratch[u][i];
+        zpp_store_f32(grads, w->gd, i, w->round_fp32 ? zpp_bf16_to_f32(zpp_f32_to_bf16(sum)) : sum);
+    }
+    w->written[u] = 1;
+    if (s == 0) w->overwrite = 0;
+    return ZPP_OK;
+}
+static void gw_destroy(zpp_model *m) {
+    grad_wrap *w = (grad_wrap *)m;
+    for (int u = 0; u < m->n_units; u++) free(w->scratch[u]);
+    free(w->scratch);
+    free(w->written);
+    w->real->ops->destroy(w->real);
+    free(w);
+}
+static const zpp_model_ops kGradWrapOps = {
+    .init_params = gw_init, .set_batch = gw_batch, .forward = gw_forward, .loss = gw_loss,
+    .backward = gw_backward, .destroy = gw_destroy, .set_grad_dtype = gw_set_grad_dtype};
+/* The same with overwrite_grads: the engine no longer clears. */
+static const zpp_model_ops kGradWrapOverwriteOps = {
+    .init_params = gw_init, .set_batch = gw_batch, .forward = gw_forward, .loss = gw_loss,
+    .backward = gw_backward, .destroy = gw_destroy, .set_grad_dtype = gw_set_grad_dtype,
+    .overwrite_grads = gw_overwrite};
+
+/* The fixture with the wrapped model: bf16 accumulators (work_grads), or
+ * the fp32 reference that rounds each add; the bf16 one also overwrites
+ * its stale gradients instead of having AdamW clear them (overwrite). */
+static void setup_wrapped(fixture *f, int work_grads, int overwrite) {
+    memset(f, 0, sizeof *f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 1;
+    EXPECT_OK(zpp_device_create_host(&f->dev));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
+    grad_wrap *w = calloc(1, sizeof *w);
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &w->real));
+    w->base = *w->real;
+    w->base.ops = overwrite ? &kGradWrapOverwriteOps : &kGradWrapOps;
+    w->gd = ZPP_FP32;
+    w->round_fp32 = !work_grads;
+    w->written = calloc((size_t)w->base.n_units, sizeof *w->written);
+    w->scratch = calloc((size_t)w->base.n_units, sizeof *w->scratch);
+    for (int u = 0; u < w->base.n_units; u++)
+        w->scratch[u] = calloc(w->base.unit_numel[u], sizeof(float));
+    f->model = &w->base;
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
+    f->eo = zpp_engine_opts_default();
+    zpp_rng r = zpp_rng_make(zpp_test_seed(40));
+    f->eo.seed = zpp_rng_u64(&r);
+    f->eo.work_grads = work_grads;
+    EXPECT_OK(zpp_engine_create_with_opts(f->topo, f->model, &f->eo, f->dev, &f->engine));
+    EXPECT(w->gd == (work_grads ? ZPP_BF16 : ZPP_FP32), "work_grads %d: the engine asked for %s",
+           work_grads, zpp_dtype_name(w->gd));
+}
+
+/* One step of two micro-batches: the first overwrites (after an update),
+ * the second adds. */
+static float train_step2(fixture *f, zpp_rng *r) {
+    float loss = 0.0f;
+    for (int k = 0; k < 2; k++) {
+        int32_t tok[kN], tgt[kN];
+        random_batch(r, tok, tgt);
+        EXPECT_OK(f->model->ops->set_batch(f->model, tok, tgt, kB));
+        EXPECT_OK(zpp_engine_forward(f->engine, &loss));
+        EXPECT_OK(zpp_engine_backward(f->engine, 1.0f));
+    }
+    EXPECT_OK(zpp_engine_update_with_stats(f->engine, 1e-3f, loss, NULL));
+    return loss;
+}
+
+static void check_work_grads(int overwrite) {
+    fixture a, b;
+    setup_wrapped(&a, 1, overwrite);
+    setup_wrapped(&b, 0, 0);
+    const zpp_model *m = a.model;
+    /* The accumulators alone differ: 2 bytes an element less. */
+    size_t now_a = 0, now_b = 0, peak = 0, elems = 0;
+    zpp_device_mem_stats(a.dev, &now_a, &peak);
+    zpp_device_mem_stats(b.dev, &now_b, &peak);
+    for (int u = 0; u < m->n_units; u++)
+        elems += zpp_partition_make(m->unit_numel[u], a.topo).shard_len;
+    EXPECT(now_b - now_a == 2 * elems, "bf16 accumulators save %zu bytes, not 2 x %zu",
+           now_b - now_a, elems);
+    zpp_rng ra = zpp_rng_make(zpp_test_seed(41)), rb = ra;
+    zpp_rng rs = zpp_rng_make(zpp_test_seed(42));
+    for (int step = 0; step < 6; step++) {
+        if (step == 3) { /* a checkpoint's masters: the accumulators are zeroed */
+            for (int u = 0; u < m->n_units; u++) {
+                size_t numel = 0, begin = 0, count = 0;
+                EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
+                float *w = calloc(count ? count : 1, 3 * sizeof *w);
+                for (size_t i = 0; i < 3 * count; i++)
+                    w[i] = (float)(0.02 * zpp_rng_normal(&rs)) * (i < 2 * count ? 1 : 0);
+                EXPECT_OK(zpp_engine_state_set(a.engine, u, w, w + count, w + 2 * count));
+                EXPECT_OK(zpp_engine_state_set(b.engine, u, w, w + count, w + 2 * count));
+                free(w);
+            }
+        }
+        /* steps 1 and 4 accumulate two micro-batches */
+        const int two = step == 1 || step == 4;
+        const float la = two ? train_step2(&a, &ra) : train_step(&a, &ra);
+        const float lb = two ? train_step2(&b, &rb) : train_step(&b, &rb);
+        EXPECT(!memcmp(&la, &lb, sizeof la), "step %d: loss %.9g with bf16 accumulators "
+               "(overwrite %d), %.9g with fp32 ones holding the same values", step, (double)la,
+               overwrite, (double)lb);
+    }
+    for (int u = 0; u < m->n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
+        float *wa = calloc(count ? count : 1, 3 * sizeof *wa);
+        float *wb = calloc(count ? count : 1, 3 * sizeof *wb);
+        EXPECT_OK(zpp_engine_state_get(a.engine, u, wa, wa + count, wa + 2 * count));
+        EXPECT_OK(zpp_engine_state_get(b.engine, u, wb, wb + count, wb + 2 * count));
+        EXPECT(!memcmp(wa, wb, 3 * count * sizeof *wa),
+               "unit %d: masters or moments differ with bf16 accumulators (overwrite %d)", u,
+               overwrite);
+        free(wa), free(wb);
+    }
+    teardown(&a);
+    teardown(&b);
+}
+
+static void test_work_grads_bf16_accumulators(void) { check_work_grads(0); }
+
+/* With overwrite_grads the accumulators are never cleared: the pass after
+ * an update must overwrite them, and only that pass (the second
+ * micro-batch of a step adds). */
+static void test_work_grads_overwrite(void) { check_work_grads(1); }
+
+/* work_grads applies only where it is no coarser than a wire: bf16 at
+ * world 1. An fp32 engine keeps fp32 accumulators (and never asks the
+ * model for another dtype). */
+static void test_work_grads_only_bf16(void) {
+    fixture f;
+    memset(&f, 0, sizeof f);
+    zpp_topo_opts to = {0};
+    to.backend = ZPP_BACKEND_MPI;
+    to.node_size = 1;
+    EXPECT_OK(zpp_device_create_host(&f.dev));
+    EXPECT_OK(zpp_topo_create_with_opts(&to, &f.topo));
+    grad_wrap *w = calloc(1, sizeof *w);
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, kB, f.dev, &w->real));
+    w->base = *w->real;
+    w->base.ops = &kGradWrapOps;
+    w->gd = ZPP_BF16; /* must be set back to fp32 */
+    w->written = calloc((size_t)w->base.n_units, sizeof *w->written);
+    w->scratch = calloc((size_t)w->base.n_units, sizeof *w->scratch);
+    for (int u = 0; u < w->base.n_units; u++)
+        w->scratch[u] = calloc(w->base.unit_numel[u], sizeof(float));
+    f.model = &w->base;
+    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, kB, f.dev, &f.ref));
+    f.eo = zpp_engine_opts_default();
+    f.eo.work_dtype = ZPP_FP32;
+    EXPECT_OK(zpp_engine_create_with_opts(f.topo, f.model, &f.eo, f.dev, &f.engine));
+    EXPECT(w->gd == ZPP_FP32, "an fp32 engine left the model writing %s gradients",
+           zpp_dtype_name(w->gd));
+    zpp_rng r = zpp_rng_make(zpp_test_seed(43));
+    const float loss = train_step(&f, &r);
+    EXPECT(isfinite(loss), "loss %g", (double)loss);
+    teardown(&f);
+}
+
 ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only),
-          ZPP_TEST(test_resident_weights_same_bits))
+          ZPP_TEST(test_resident_weights_same_bits), ZPP_TEST(test_work_grads_bf16_accumulators),
+          ZPP_TEST(test_work_grads_overwrite), ZPP_TEST(test_work_grads_only_bf16))

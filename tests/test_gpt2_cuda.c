@@ -553,6 +553,120 @@ static void test_accumulation_and_scale(void) {
     twin_free(&t);
 }
 
+/* ---- gradients in bf16 (set_grad_dtype; the engine's work_grads) ----------
+ * The same backward into bf16 units, against fp32 units from the same
+ * inputs. Each element of a unit is added to once a backward (the tied wte
+ * twice: the head's product, then the embedding's rows), into zeros: each
+ * add is done in fp32 and rounded once (u = 2^-8), and what is rounded may
+ * differ from the fp32 unit's value by a reassociation (another cuBLASLt
+ * algorithm for a bf16 output: fp32 error, the 1e-5 x max|g| term). So
+ *   |g16 - g32| <= 2^-8 |g32| + 1e-5 max|g|                (one add)
+ *   |g16 - g32| <= 2^-8 |g32| + 2^-8 max|g| + 1e-5 max|g|   (wte: the first
+ * rounding is of the head's part, at most max|g| only without
+ * cancellation, which random inputs do not give at this size).
+ * A second backward adds into the bf16 sums (GEMMs at beta = 1): with the
+ * scale 4 the units hold 5 g within two roundings of each add. A third,
+ * after overwrite_grads, writes over those sums (OVERWRITE in
+ * gpt2_cuda.cu): g again, within the first pass's bound. Setting fp32
+ * back and overwriting garbage gives the fp32 gradient again. */
+static void check_bf16_grads(zpp_gpt2_config cfg, int B, uint64_t seed_k) {
+    twin t = twin_make(cfg, ZPP_BF16, B, 1);
+    zpp_rng r = zpp_rng_make(zpp_test_seed(seed_k));
+    twin_init(&t, zpp_rng_u64(&r));
+    const size_t n = (size_t)B * cfg.seq_len;
+    int32_t *tok = xcalloc(n, 4), *tgt = xcalloc(n, 4);
+    random_tokens(&r, tok, n, cfg.vocab_size);
+    random_tokens(&r, tgt, n, cfg.vocab_size);
+    twin_zero_grads(&t);
+    gpu_step(&t, tok, tgt, B, 1.0f);
+    float **g32 = xcalloc((size_t)t.nu, sizeof *g32);
+    void **d16 = xcalloc((size_t)t.nu, sizeof *d16);
+    zpp_bf16 *h16 = NULL;
+    size_t most = 0;
+    for (int u = 0; u < t.nu; u++) {
+        const size_t k = t.gpu->unit_numel[u];
+        g32[u] = xcalloc(k, sizeof(float));
+        memcpy(g32[u], t.gg[u], k * sizeof(float));
+        d16[u] = dalloc(t.dev, k * 2);
+        EXPECT_OK(zpp_device_set(t.dev, d16[u], 0, k * 2));
+        if (k > most) most = k;
+    }
+    h16 = xcalloc(most, 2);
+    EXPECT_STATUS(t.gpu->ops->set_grad_dtype(t.gpu, ZPP_FP16), ZPP_ERR_UNSUPPORTED);
+    EXPECT_OK(t.gpu->ops->set_grad_dtype(t.gpu, ZPP_BF16));
+    for (int pass = 1; pass <= 3; pass++) {
+        const float scale = pass == 2 ? 4.0f : 1.0f, mult = pass == 2 ? 5.0f : 1.0f;
+        if (pass == 3) EXPECT_OK(t.gpu->ops->overwrite_grads(t.gpu));
+        model_forward(t.gpu, t.dp, tok, tgt, B);
+        for (int s = t.gpu->n_stages - 1; s >= 0; s--) {
+            const int u = t.gpu->stage_unit[s];
+            EXPECT_OK(t.gpu->ops->backward(t.gpu, s, s == 0 ? NULL : t.dp[u], d16[u], scale));
+        }
+        EXPECT_OK(zpp_device_sync(t.dev, NULL));
+        for (int u = 0; u < t.nu; u++) {
+            const size_t k = t.gpu->unit_numel[u];
+            EXPECT_OK(zpp_device_copy(t.dev, h16, d16[u], k * 2));
+            double gmax = 0, worst_ratio = 0;
+            size_t worst = 0;
+            for (size_t i = 0; i < k; i++)
+                if (fabs(mult * g32[u][i]) > gmax) gmax = fabs(mult * g32[u][i]);
+            /* the roundings of the adds so far: one or two a backward */
+            const int since = pass == 2 ? 2 : 1; /* backwards since the sum began */
+            const double adds = (u == 0 ? 2.0 : 1.0) * since;
+            for (size_t i = 0; i < k; i++) {
+                const double want = mult * g32[u][i], got = zpp_bf16_to_f32(h16[i]);
+                const double bound = adds * (fabs(want) + (u == 0 || since > 1 ? gmax : 0)) /
+                                         256.0 + 1e-5 * gmax + GRAD_FLOOR;
+                const double ratio = fabs(got - want) / bound;
+                if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+            }
+            size_t li;
+            const char *name = tensor_name(&t, u, worst, &li);
+            printf("  bf16 gradients, backward %d, unit %d: max|g| %.3e, worst %.3f of the bound "
+                   "(at %s[%zu])\n", pass, u, gmax, worst_ratio, name, li);
+            EXPECT(gmax > 0, "unit %d: all-zero gradient, the test is vacuous", u);
+            EXPECT(worst_ratio <= 1.0,
+                   "backward %d, unit %d: bf16 %s[%zu] = %.9g, fp32 x %g = %.9g: outside the "
+                   "rounding bound", pass, u, name, li, (double)zpp_bf16_to_f32(h16[worst]),
+                   (double)mult, mult * (double)g32[u][worst]);
+        }
+    }
+    /* fp32 again: the first backward's bits, from zeros; and over garbage
+     * (bytes 0x41: 12.1 in every float) after overwrite_grads, the same
+     * values up to the products' algorithm for beta = 0 */
+    EXPECT_OK(t.gpu->ops->set_grad_dtype(t.gpu, ZPP_FP32));
+    twin_zero_grads(&t);
+    gpu_step(&t, tok, tgt, B, 1.0f);
+    for (int u = 0; u < t.nu; u++)
+        EXPECT(!memcmp(g32[u], t.gg[u], t.gpu->unit_numel[u] * sizeof(float)),
+               "unit %d: fp32 gradients after bf16 ones differ from before", u);
+    for (int u = 0; u < t.nu; u++)
+        EXPECT_OK(zpp_device_set(t.dev, t.dg[u], 0x41, t.gpu->unit_numel[u] * sizeof(float)));
+    EXPECT_OK(t.gpu->ops->overwrite_grads(t.gpu));
+    gpu_step(&t, tok, tgt, B, 1.0f);
+    for (int u = 0; u < t.nu; u++) {
+        const size_t k = t.gpu->unit_numel[u];
+        double gmax = 0, dmax = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (fabs(g32[u][i]) > gmax) gmax = fabs(g32[u][i]);
+            if (fabs(t.gg[u][i] - g32[u][i]) > dmax) dmax = fabs(t.gg[u][i] - g32[u][i]);
+        }
+        EXPECT(dmax <= 1e-5 * gmax, "unit %d: fp32 gradients written over garbage differ by "
+               "%.3e (max|g| %.3e)", u, dmax, gmax);
+    }
+    for (int u = 0; u < t.nu; u++) free(g32[u]), zpp_device_free(t.dev, d16[u]);
+    free(g32), free(d16), free(h16), free(tok), free(tgt);
+    twin_free(&t);
+}
+
+/* The row-group LayerNorm backward (C a multiple of 8) with its bias
+ * sums, and the warp-per-row one with column sums (C = 36). */
+static void test_bf16_gradients(void) {
+    if (!dtype_here(ZPP_BF16, "bf16 gradients")) return;
+    check_bf16_grads((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, 3, 60);
+    check_bf16_grads((zpp_gpt2_config){2, 3, 36, 19, 101, 0, 0}, 2, 61);
+}
+
 /* Same inputs, same bits: no atomics, cached cuBLASLt algorithms. A
  * different, larger batch in between must not leak into the repeat. */
 static void test_determinism(void) {
@@ -963,7 +1077,8 @@ static void test_attention_gemm_matches_cpu(void) {
 
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
           ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_in_chunks_matches_cpu),
-          ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_determinism),
+          ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_bf16_gradients),
+          ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),
           ZPP_TEST(test_sgd_reduces_loss), ZPP_TEST(test_loss_at_init_and_speed),
           ZPP_TEST_GPU(test_logits_row_matches_cpu), ZPP_TEST_GPU(test_attention_gemm_matches_cpu))

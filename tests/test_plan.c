@@ -240,7 +240,8 @@ static void test_memory(void) {
     /* fp32 master, m, v and gradient: no working-dtype copy (engine.c) */
     EXPECT(fabs(z3.mem_shard_state - 16 * P / W) <= 16.0 * in.units,
            "shard state %.0f vs 16 P / W %.0f", z3.mem_shard_state, 16 * P / W);
-    /* The CUDA model's logits alone: 4 V bytes per token. */
+    /* The CUDA model's logits alone: 4 V bytes per token (a token or two
+     * are too few for the logits to fit over the backward's scratch). */
     EXPECT(zpp_cost_gpt_act_bytes(&in, 2) - zpp_cost_gpt_act_bytes(&in, 1) > 4.0 * in.vocab,
            "activations per token below the logits");
     in.n_layer = 0; /* params only: no activation count, and it says so */
@@ -1294,6 +1295,37 @@ static void test_resident_weights(void) {
     EXPECT(!memcmp(&a, &b, sizeof a), "world 2: resident weights changed the plan");
 }
 
+/* bf16 gradient accumulators (work_grads): at world 1 in bf16 the shard
+ * state is 14 bytes a parameter instead of 16, whatever the mode; in fp32,
+ * or over two ranks, nothing changes. */
+static void test_work_grads(void) {
+    zpp_cost_in in = small_in();
+    in.world = in.node_size = 1;
+    in.dtype = ZPP_BF16;
+    for (int m = 0; m < ZPP_COLL_MODE_COUNT; m++) {
+        zpp_cost_in w = in;
+        w.work_grads = 1;
+        const zpp_cost_out a = cost(&in, m), b = cost(&w, m);
+        EXPECT(fabs(b.mem_shard_state - a.mem_shard_state * 14.0 / 16.0) <=
+                   1e-12 * a.mem_shard_state,
+               "mode %d: shard state %.0f with bf16 accumulators, %.0f without", m,
+               b.mem_shard_state, a.mem_shard_state);
+        EXPECT(b.mem_bytes_per_rank - a.mem_bytes_per_rank ==
+                   b.mem_shard_state - a.mem_shard_state,
+               "mode %d: work_grads changed more than the shard state", m);
+    }
+    for (int k = 0; k < 2; k++) {
+        zpp_cost_in o = in;
+        if (k == 0) o.dtype = ZPP_FP32;
+        else o.world = o.node_size = 2;
+        zpp_cost_in w = o;
+        w.work_grads = 1;
+        const zpp_cost_out a = cost(&o, 0), b = cost(&w, 0);
+        EXPECT(!memcmp(&a, &b, sizeof a), "%s: work_grads changed the plan",
+               k == 0 ? "fp32" : "world 2");
+    }
+}
+
 /* A restricted pick chooses the fastest fitting candidate among those
  * allowed (checked against a loop over them), never another; bad lists
  * are refused. */
@@ -1683,5 +1715,5 @@ ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),
           ZPP_TEST(test_calibrate_compute), ZPP_TEST(test_measured_gpu_steps),
           ZPP_TEST(test_unhidden_parts), ZPP_TEST(test_kernel_bytes),
           ZPP_TEST(test_kernel_time), ZPP_TEST(test_recompute), ZPP_TEST(test_resident_weights),
-          ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp),
+          ZPP_TEST(test_work_grads), ZPP_TEST(test_pick_filter), ZPP_TEST(test_published_zeropp),
           ZPP_TEST(test_llama_counts), ZPP_TEST(test_llama_act_bytes))

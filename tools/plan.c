@@ -829,6 +829,7 @@ static void plan_schedule(const plan_opts *o, zpp_cost_in *ci) {
     ci->hbm_bps = o->hbm * 1e9 * o->hbm_eff;
     ci->recompute = o->recompute;
     ci->resident_weights = zpp_engine_config_default().resident_weights;
+    ci->work_grads = zpp_engine_config_default().work_grads; /* one micro-batch a step */
 }
 
 /* ---- the step table: each mode's bytes, and with tokens its times ---- */

@@ -130,7 +130,7 @@ static float um_loss(zpp_model *m) {
     return u->desc.loss(u->desc.user);
 }
 
-static zpp_status um_backward(zpp_model *m, int stage, const void *params, float *grads,
+static zpp_status um_backward(zpp_model *m, int stage, const void *params, void *grads,
                               float loss_scale) {
     user_model *u = um_of(m);
     return u->desc.backward(u->desc.user, stage, params, grads, loss_scale);

@@ -665,29 +665,31 @@ zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n) {
 
 zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p) {
     if (!sum_p) return zpp_error(ZPP_ERR_INVALID, "sum of squares: sum_p is NULL");
-    return zpp_device_sumsq_many(d, &x, &n, 1, sum_p);
+    const void *xv = x;
+    return zpp_device_sumsq_many(d, &xv, &n, 1, ZPP_FP32, sum_p);
 }
 
-zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const size_t *n, int k,
-                                 double *sums) {
+zpp_status zpp_device_sumsq_many(zpp_device *d, const void *const *x, const size_t *n, int k,
+                                 zpp_dtype dt, double *sums) {
     const char *what = "sum of squares";
     ZPP_CHECK(check_dev(d, what));
     if (k < 0 || (k && (!x || !n || !sums)))
         return zpp_error(ZPP_ERR_INVALID, "%s: %d arrays; pass k >= 0 and x, n, sums for them",
                          what, k);
+    ZPP_CHECK(check_dtype(what, dt));
     int work = 0;
     for (int j = 0; j < k; j++) {
         size_t bytes = 0;
-        ZPP_CHECK(checked_mul(what, n[j], sizeof(float), &bytes));
+        ZPP_CHECK(checked_mul(what, n[j], zpp_dtype_size(dt), &bytes));
         ZPP_CHECK(check_ptr(what, x[j], "the input", n[j]));
         sums[j] = 0.0;
         work |= n[j] != 0;
     }
     if (!work) return ZPP_OK;
-    return d->ops->sumsq(d, x, n, k, sums);
+    return d->ops->sumsq(d, x, n, k, dt, sums);
 }
 
-zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, void *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype) {
     const char *what = "AdamW";
@@ -705,6 +707,7 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, flo
     ZPP_CHECK(check_ptr(what, v, "the second moment", n));
     ZPP_CHECK(check_ptr(what, grad, "the gradient", n));
     if (work) ZPP_CHECK(check_dtype(what, work_dtype));
+    ZPP_CHECK(check_dtype("AdamW: grad_dtype", a->grad_dtype));
     if (a->n_decay < 0 || a->n_decay > ZPP_ADAMW_RANGES)
         return zpp_error(ZPP_ERR_INVALID, "%s: %d weight-decay ranges; 0 to %d", what,
                          a->n_decay, ZPP_ADAMW_RANGES);

@@ -52,7 +52,12 @@ typedef struct zpp_adamw_args {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* clipping coefficient, applied to g first */
     int step;         /* 1-based, for bias correction */
-    /* 1: grad[i] = 0 once read, so the accumulator is ready for the next
+    /* The dtype of the gradient array: ZPP_FP32 (0, so zero-initialised
+     * args keep fp32), ZPP_BF16 or ZPP_FP16 (an accumulator in the working
+     * dtype, 2 bytes an element less). g is the value widened to fp32,
+     * which is exact, so the arithmetic is fp32's. */
+    zpp_dtype grad_dtype;
+    /* 1: grad[i] = 0 (of grad_dtype) once read, so the accumulator is ready for the next
      * step's sums in the same pass over memory (the line is already in
      * cache: the zeroing costs no read, and no pass of its own). */
     int clear_grad;
@@ -132,9 +137,9 @@ typedef struct zpp_device_ops {
     zpp_status (*convert)(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
                           zpp_dtype out_dtype, size_t n, float scale);
     zpp_status (*add)(zpp_device *d, float *acc, const float *x, size_t n);
-    zpp_status (*sumsq)(zpp_device *d, const float *const *x, const size_t *n, int k,
-                        double *sums);
-    zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, float *grad,
+    zpp_status (*sumsq)(zpp_device *d, const void *const *x, const size_t *n, int k,
+                        zpp_dtype dt, double *sums);
+    zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, void *grad,
                         size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
     void (*destroy)(zpp_device *d);
 } zpp_device_ops;
@@ -357,18 +362,23 @@ zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype,
 zpp_status zpp_device_add(zpp_device *d, float *acc, const float *x, size_t n);
 /* Sum of x[i]^2 in double, returned to the host (waits for the stream). */
 zpp_status zpp_device_sumsq(zpp_device *d, const float *x, size_t n, double *sum_p);
-/* The same for k arrays at once: sums[j] is array j's sum of squares. One
- * wait for the stream in all, not one an array: the host has the next
- * kernels queued while the device works (the optimizer step's norm over
- * every unit). */
-zpp_status zpp_device_sumsq_many(zpp_device *d, const float *const *x, const size_t *n, int k,
-                                 double *sums);
+/* The same for k arrays at once, all of dtype dt (each element widened to
+ * fp32, exactly, then squared in double): sums[j] is array j's sum of
+ * squares. One wait for the stream in all, not one an array: the host has
+ * the next kernels queued while the device works (the optimizer step's
+ * norm over every unit, of fp32 masters or of gradients in the working
+ * dtype). */
+zpp_status zpp_device_sumsq_many(zpp_device *d, const void *const *x, const size_t *n, int k,
+                                 zpp_dtype dt, double *sums);
 /* AdamW over a shard (zpp_adamw_args), then the working copy: `work`
  * receives the new parameters rounded to work_dtype, or nothing when NULL
- * (the engine then rounds at gather time, keeping no working copy). The
- * arrays must not overlap. One pass: 16 bytes read and 12 written an
- * element, plus the copy's 2 (bf16) and, with clear_grad, the gradient's 4. */
-zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
+ * (the engine then rounds at gather time, keeping no working copy). `grad`
+ * holds a->grad_dtype elements. The arrays must not overlap. One pass: 12
+ * bytes of parameter and moments read and 12 written an element, the
+ * gradient's 4 (fp32) or 2 read, plus the copy's 2 (bf16) and, with
+ * clear_grad, the gradient's 4 or 2 written: 34 bytes an element with fp32
+ * gradients, 30 with bf16 ones. */
+zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, void *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype);
 

@@ -241,8 +241,8 @@ static zpp_status cu_add(zpp_device *d, float *acc, const float *x, size_t n) {
     return zpp_dcu_add(d->stream, acc, x, n);
 }
 
-static zpp_status cu_sumsq(zpp_device *d, const float *const *x, const size_t *n, int k,
-                          double *sums) {
+static zpp_status cu_sumsq(zpp_device *d, const void *const *x, const size_t *n, int k,
+                          zpp_dtype dt, double *sums) {
     cuda_impl *im = d->impl;
     if (k > im->sumsq_cap) { /* once per engine: it asks for every unit at once */
         double *grown = NULL;
@@ -255,10 +255,10 @@ static zpp_status cu_sumsq(zpp_device *d, const float *const *x, const size_t *n
         im->sumsq = grown;
         im->sumsq_cap = k;
     }
-    return zpp_dcu_sumsq(d->stream, x, n, k, im->sumsq, sums);
+    return zpp_dcu_sumsq(d->stream, x, n, k, dt, im->sumsq, sums);
 }
 
-static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
+static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, void *grad,
                            size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype) {
     return zpp_dcu_adamw(d->stream, param, m, v, grad, n, a, work, work_dtype);
 }

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "device/device_cuda_kernels.h"
@@ -40,29 +41,63 @@ extern "C" int zpp_dcu_image_check(void) {
     return (int)e;
 }
 
+/* Gradients and the arrays whose sum of squares is asked for come in
+ * fp32, bf16 or fp16. Each element widens to fp32, exactly; the kernels
+ * are templated on the element type, so the dtype is chosen once a launch
+ * and the loops carry no branch on it. */
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+/* The two 2-byte elements of a 32-bit word (the lower one first), widened;
+ * the pointer only picks the type. bf16 is fp32's upper half. */
+__device__ __forceinline__ float2 widen2(unsigned w, const __nv_bfloat16 *) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 widen2(unsigned w, const __half *) {
+    __half2 h;
+    memcpy(&h, &w, sizeof h);
+    return __half22float2(h);
+}
+
 /* Sum of squares: per-thread double partials, a block reduction in shared
  * memory, one atomicAdd per block into a double. The order of the block
  * sums varies from run to run: the GPU's norm agrees with the host's to
  * double rounding, not bit for bit. */
-/* Sum of squares in double. With a 16-byte aligned x, four elements a load
- * (16 bytes in flight instead of 4: the kernel is bound by loads in
- * flight) into two accumulators, so the adds do not wait on each other. */
-__global__ void zpp_dcu_sumsq_kernel(const float *x, size_t n, double *out) {
+/* Sum of squares in double. With a 16-byte aligned x, 16 bytes a load
+ * (four fp32 or eight 2-byte elements: 16 bytes in flight instead of 4 or
+ * 2, and the kernel is bound by loads in flight) into two accumulators,
+ * so the adds do not wait on each other. */
+__device__ __forceinline__ void sumsq16(const float *x, size_t i, double &s, double &t) {
+    const float4 v = ((const float4 *)x)[i];
+    s += (double)v.x * v.x + (double)v.y * v.y;
+    t += (double)v.z * v.z + (double)v.w * v.w;
+}
+
+template <typename H>
+__device__ __forceinline__ void sumsq16(const H *x, size_t i, double &s, double &t) {
+    const uint4 u = ((const uint4 *)x)[i];
+    const float2 a = widen2(u.x, x), b = widen2(u.y, x), c = widen2(u.z, x), e = widen2(u.w, x);
+    s += (double)a.x * a.x + (double)a.y * a.y + (double)b.x * b.x + (double)b.y * b.y;
+    t += (double)c.x * c.x + (double)c.y * c.y + (double)e.x * e.x + (double)e.y * e.y;
+}
+
+template <typename T>
+__global__ void zpp_dcu_sumsq_kernel(const T *__restrict__ x, size_t n, double *out) {
+    constexpr size_t per = 16 / sizeof(T); /* elements a 16-byte load */
     __shared__ double part[256];
     double s = 0.0, t = 0.0;
     const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x,
                  step = (size_t)gridDim.x * blockDim.x;
     size_t tail = 0;
     if (((uintptr_t)x & 15u) == 0) {
-        const float4 *x4 = (const float4 *)x;
-        for (size_t i = i0; i < n / 4; i += step) {
-            const float4 v = x4[i];
-            s += (double)v.x * v.x + (double)v.y * v.y;
-            t += (double)v.z * v.z + (double)v.w * v.w;
-        }
-        tail = n / 4 * 4;
+        for (size_t i = i0; i < n / per; i += step) sumsq16(x, i, s, t);
+        tail = n / per * per;
     }
-    for (size_t i = tail + i0; i < n; i += step) s += (double)x[i] * x[i];
+    for (size_t i = tail + i0; i < n; i += step) {
+        const float f = to_f32(x[i]);
+        s += (double)f * f;
+    }
     part[threadIdx.x] = s + t;
     __syncthreads();
     for (unsigned k = blockDim.x / 2; k > 0; k >>= 1) {
@@ -72,13 +107,23 @@ __global__ void zpp_dcu_sumsq_kernel(const float *x, size_t n, double *out) {
     if (threadIdx.x == 0) atomicAdd(out, part[0]);
 }
 
-extern "C" zpp_status zpp_dcu_sumsq(void *stream, const float *const *x, const size_t *n, int k,
-                                    double *tmp_dev, double *sums) {
+static void sumsq_launch(cudaStream_t s, const void *x, size_t n, zpp_dtype dt, double *out) {
+    const unsigned blocks = grid_for(n, 256);
+    if (dt == ZPP_BF16)
+        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)x, n, out);
+    else if (dt == ZPP_FP16)
+        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const __half *)x, n, out);
+    else
+        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const float *)x, n, out);
+}
+
+extern "C" zpp_status zpp_dcu_sumsq(void *stream, const void *const *x, const size_t *n, int k,
+                                    zpp_dtype dt, double *tmp_dev, double *sums) {
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e = cudaMemsetAsync(tmp_dev, 0, (size_t)k * sizeof(double), s);
     if (e != cudaSuccess) return zpp_error(ZPP_ERR_CUDA, "sum of squares: %s", cudaGetErrorString(e));
     for (int j = 0; j < k; j++) {
-        if (n[j]) zpp_dcu_sumsq_kernel<<<grid_for(n[j], 256), 256, 0, s>>>(x[j], n[j], tmp_dev + j);
+        if (n[j]) sumsq_launch(s, x[j], n[j], dt, tmp_dev + j);
         zpp_status st = launch_status("sum of squares");
         if (st != ZPP_OK) return st;
     }
@@ -128,16 +173,39 @@ __device__ __forceinline__ void adamw_decay_quad(const zpp_adamw_args &a, size_t
     for (int j = 0; j < 4; j++) wd[j] = (in >> j) & 1u ? a.weight_decay : 0.0f;
 }
 
+/* The gradient's four elements at g, widened: one 16-byte load for fp32,
+ * one 8-byte load for a 2-byte dtype (the quad path's alignment); and
+ * their clearing, one store of the same width. */
+__device__ __forceinline__ float4 grad_load4(const float *g) { return *(const float4 *)g; }
+template <typename H> __device__ __forceinline__ float4 grad_load4(const H *g) {
+    const uint2 u = *(const uint2 *)g;
+    const float2 lo = widen2(u.x, g), hi = widen2(u.y, g);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ void grad_clear4(float *g) {
+    *(float4 *)g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+template <typename H> __device__ __forceinline__ void grad_clear4(H *g) {
+    *(uint2 *)g = make_uint2(0u, 0u); /* +0 in bf16 and fp16 alike */
+}
+/* One element's clearing, for the tail. */
+__device__ __forceinline__ void grad_clear1(float *g) { *g = 0.0f; }
+__device__ __forceinline__ void grad_clear1(__nv_bfloat16 *g) { *g = __float2bfloat16_rn(0.0f); }
+__device__ __forceinline__ void grad_clear1(__half *g) { *g = __float2half_rn(0.0f); }
+
 /* Four elements at i (a multiple of 4) in 16-byte loads and one store per
- * array: AdamW moves 34 bytes an element and does little arithmetic, so
- * what limits it is how many bytes each instruction moves. Four scalar
- * streams and a per-element weight-decay lookup made it issue-bound (1.28x
- * the bytes' time at GPT 1.31B). */
+ * array (8 bytes for a 2-byte gradient): AdamW moves 34 bytes an element
+ * with an fp32 gradient (30 with a bf16 one: 2 bytes less to read and 2 to
+ * clear) and does little arithmetic, so what limits it is how many bytes
+ * each instruction moves. Four scalar streams and a per-element
+ * weight-decay lookup made it issue-bound (1.28x the bytes' time at GPT
+ * 1.31B). */
+template <typename G>
 __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__restrict__ m,
-                                           float *__restrict__ v, float *__restrict__ grad,
+                                           float *__restrict__ v, G *__restrict__ grad,
                                            size_t i, const zpp_adamw_args &a, float c1, float c2,
                                            void *__restrict__ work, int dt) {
-    const float4 g4 = *(const float4 *)(grad + i);
+    const float4 g4 = grad_load4(grad + i);
     float4 m4 = *(const float4 *)(m + i), v4 = *(const float4 *)(v + i);
     float4 p4 = *(const float4 *)(param + i);
     float wd[4];
@@ -149,7 +217,7 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
     *(float4 *)(m + i) = m4;
     *(float4 *)(v + i) = v4;
     *(float4 *)(param + i) = p4;
-    if (a.clear_grad) *(float4 *)(grad + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (a.clear_grad) grad_clear4(grad + i);
     if (!work) return;
     if (dt == ZPP_BF16) {
         __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y);
@@ -176,9 +244,10 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
  * ran at memory latency, not bandwidth: writing the cleared gradient back
  * made the step several times slower than a separate memset. `quads`: the
  * first n / 4 * 4 elements go four at a time (every pointer aligned for
- * it), the rest one at a time. */
+ * it), the rest one at a time. G is the gradient's element type. */
+template <typename G>
 __global__ void zpp_dcu_adamw_kernel(float *__restrict__ param, float *__restrict__ m,
-                                     float *__restrict__ v, float *__restrict__ grad, size_t n,
+                                     float *__restrict__ v, G *__restrict__ grad, size_t n,
                                      zpp_adamw_args a, float c1, float c2,
                                      void *__restrict__ work, int dt, bool quads) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -191,26 +260,42 @@ __global__ void zpp_dcu_adamw_kernel(float *__restrict__ param, float *__restric
     }
     for (size_t i = tail + t0; i < n; i += stride) {
         float mi = m[i], vi = v[i], p = param[i];
-        adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i), grad[i], mi, vi, p);
+        adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i), to_f32(grad[i]), mi, vi, p);
         m[i] = mi;
         v[i] = vi;
         param[i] = p;
-        if (a.clear_grad) grad[i] = 0.0f;
+        if (a.clear_grad) grad_clear1(grad + i);
         if (work) store_work(work, dt, i, p);
     }
 }
 
 static bool aligned(const void *p, size_t bytes) { return ((uintptr_t)p % bytes) == 0; }
 
-extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v,
-                                    float *grad, size_t n, const zpp_adamw_args *a,
-                                    void *work, zpp_dtype work_dtype) {
+template <typename G>
+static void adamw_launch(cudaStream_t s, float *param, float *m, float *v, void *grad, size_t n,
+                         const zpp_adamw_args *a, float c1, float c2, void *work,
+                         zpp_dtype work_dtype, bool quads) {
+    zpp_dcu_adamw_kernel<G><<<grid_for(quads ? n / 4 : n, 256), 256, 0, s>>>(
+        param, m, v, (G *)grad, n, *a, c1, c2, work, (int)work_dtype, quads);
+}
+
+extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, void *grad,
+                                    size_t n, const zpp_adamw_args *a, void *work,
+                                    zpp_dtype work_dtype) {
     if (n == 0) return ZPP_OK;
     float c1 = 1.0f - powf(a->beta1, (float)a->step);
     float c2 = 1.0f - powf(a->beta2, (float)a->step);
+    /* a quad's gradient is one 16-byte (fp32) or 8-byte (2-byte dtype) access */
+    const size_t gsize = zpp_dtype_size(a->grad_dtype);
     const bool quads = aligned(param, 16) && aligned(m, 16) && aligned(v, 16) &&
-                       aligned(grad, 16) && aligned(work, 4 * zpp_dtype_size(work_dtype));
-    zpp_dcu_adamw_kernel<<<grid_for(quads ? n / 4 : n, 256), 256, 0, (cudaStream_t)stream>>>(
-        param, m, v, grad, n, *a, c1, c2, work, (int)work_dtype, quads);
+                       aligned(grad, 4 * gsize) &&
+                       (!work || aligned(work, 4 * zpp_dtype_size(work_dtype)));
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a->grad_dtype == ZPP_BF16)
+        adamw_launch<__nv_bfloat16>(s, param, m, v, grad, n, a, c1, c2, work, work_dtype, quads);
+    else if (a->grad_dtype == ZPP_FP16)
+        adamw_launch<__half>(s, param, m, v, grad, n, a, c1, c2, work, work_dtype, quads);
+    else
+        adamw_launch<float>(s, param, m, v, grad, n, a, c1, c2, work, work_dtype, quads);
     return launch_status("AdamW");
 }

@@ -18,11 +18,13 @@ zpp_status zpp_dcu_add(void *stream, float *acc, const float *x, size_t n);
  * the cudaError_t of asking for one kernel's attributes (no image in the
  * build for the GPU's architecture, docs/gpus.md). Clears the error. */
 int zpp_dcu_image_check(void);
-/* Enqueues array j's sum into tmp_dev[j] (k doubles in device memory) for
- * every j, copies the k sums to sums[] and waits for the stream once. */
-zpp_status zpp_dcu_sumsq(void *stream, const float *const *x, const size_t *n, int k,
-                         double *tmp_dev, double *sums);
-zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, float *grad,
+/* Enqueues array j's sum (its elements of dtype dt) into tmp_dev[j] (k
+ * doubles in device memory) for every j, copies the k sums to sums[] and
+ * waits for the stream once. */
+zpp_status zpp_dcu_sumsq(void *stream, const void *const *x, const size_t *n, int k,
+                         zpp_dtype dt, double *tmp_dev, double *sums);
+/* grad holds a->grad_dtype elements. */
+zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, void *grad,
                          size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
 
 #ifdef __cplusplus

@@ -210,29 +210,42 @@ static zpp_status host_add(zpp_device *d, float *acc, const float *x, size_t n) 
 }
 
 /* In double, in index order: the engine's gradient norm, and through it
- * the clipping coefficient, depends on the order. */
-static zpp_status host_sumsq(zpp_device *d, const float *const *x, const size_t *n, int k,
-                             double *sums) {
+ * the clipping coefficient, depends on the order. A 2-byte element widens
+ * to fp32 exactly, so its square is that fp32's; fp32 keeps its own loop,
+ * free of the per-element dtype switch. */
+static zpp_status host_sumsq(zpp_device *d, const void *const *x, const size_t *n, int k,
+                             zpp_dtype dt, double *sums) {
     (void)d;
     for (int j = 0; j < k; j++) {
         double s = 0.0;
-        for (size_t i = 0; i < n[j]; i++) s += (double)x[j][i] * x[j][i];
+        if (dt == ZPP_FP32) {
+            const float *xj = x[j];
+            for (size_t i = 0; i < n[j]; i++) s += (double)xj[i] * xj[i];
+        } else {
+            for (size_t i = 0; i < n[j]; i++) {
+                const float f = zpp_load_f32(x[j], dt, i);
+                s += (double)f * f;
+            }
+        }
         sums[j] = s;
     }
     return ZPP_OK;
 }
 
-static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, float *grad,
+/* grad holds a->grad_dtype elements, each widened to fp32 (exact) before
+ * the fp32 arithmetic, and cleared to that dtype's zero. */
+static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, void *grad,
                              size_t n, const zpp_adamw_args *a, void *work,
                              zpp_dtype work_dtype) {
     (void)d;
     const float b1 = a->beta1, b2 = a->beta2;
     const float c1 = 1.0f - powf(b1, (float)a->step);
     const float c2 = 1.0f - powf(b2, (float)a->step);
+    const zpp_dtype gdt = a->grad_dtype;
     for (size_t i = 0; i < n; i++) {
         const float wd = zpp_adamw_decay_at(*a, i);
-        float g = a->grad_scale * grad[i];
-        if (a->clear_grad) grad[i] = 0.0f;
+        float g = a->grad_scale * zpp_load_f32(grad, gdt, i);
+        if (a->clear_grad) zpp_store_f32(grad, gdt, i, 0.0f);
         float mi = b1 * m[i] + (1.0f - b1) * g;
         float vi = b2 * v[i] + (1.0f - b2) * g * g;
         m[i] = mi;

@@ -84,6 +84,7 @@ zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
         unit_state *u = &e->units[model->stage_unit[s]];
         if (u->first_stage < 0) u->first_stage = s;
     }
+    ZPP_CHECK_GOTO(engine_grad_dtype(e), st, fail);
     for (int i = 0; i < model->n_units; i++)
         ZPP_CHECK_GOTO(engine_unit_alloc(e, &e->units[i], i), st, fail);
     ZPP_CHECK_GOTO(engine_resident_create(e), st, fail);
@@ -231,7 +232,8 @@ static zpp_status reduce_finish_oldest(zpp_engine *e) {
     memmove(&e->reductions[0], &e->reductions[1], (size_t)e->n_reductions * sizeof r);
     unit_state *u = &e->units[r.unit];
     zpp_status st = coll_finish(e, r.op);
-    if (st == ZPP_OK) st = zpp_device_add(e->dev, u->grad_acc, r.out, u->part.shard_len);
+    /* (world > 1: the accumulator is fp32, engine_grad_dtype) */
+    if (st == ZPP_OK) st = zpp_device_add(e->dev, (float *)u->grad_acc, r.out, u->part.shard_len);
     zpp_device_scratch_put(e->dev, r.in);
     zpp_device_scratch_put(e->dev, r.out);
     return st;
@@ -365,6 +367,8 @@ static zpp_status forward(zpp_engine *e, float *loss_p, int with_backward) {
 static zpp_status backward(zpp_engine *e, float loss_scale) {
     zpp_model *m = e->model;
     const int S = m->n_stages;
+    /* at world 1, the update left stale sums in the accumulators (step.c) */
+    if (e->overwrites && e->grads_stale) ZPP_CHECK(m->ops->overwrite_grads(m));
     for (int s = S - 1; s >= 0; s--) {
         int ui = m->stage_unit[s];
         unit_state *u = &e->units[ui];
@@ -380,27 +384,22 @@ static zpp_status backward(zpp_engine *e, float loss_scale) {
             ZPP_CHECK(gather_start(e, m->stage_unit[t], ZPP_PHASE_BWD_GATHER));
             k++;
         }
-        if (!u->grad_full) {
-            if (engine_alone(e)) {
-                u->grad_full = u->grad_acc; /* the model adds straight into the sum */
-            } else {
-                ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
-                                                 (void **)&u->grad_full));
-                ZPP_CHECK(
-                    zpp_device_set(e->dev, u->grad_full, 0, u->part.padded * sizeof(float)));
-            }
+        if (!u->grad_full && !engine_alone(e)) {
+            ZPP_CHECK(zpp_device_scratch_get(e->dev, u->part.padded * sizeof(float),
+                                             (void **)&u->grad_full));
+            ZPP_CHECK(zpp_device_set(e->dev, u->grad_full, 0, u->part.padded * sizeof(float)));
         }
-        ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, u->grad_full, loss_scale));
+        /* at world 1 the model adds straight into the sum, in grad_dtype */
+        void *grads = engine_alone(e) ? u->grad_acc : (void *)u->grad_full;
+        ZPP_CHECK(m->ops->backward(m, s, reads ? u->full : NULL, grads, loss_scale));
         if (s == u->first_stage) {
             ZPP_CHECK(engine_release(e, ui));
-            if (engine_alone(e))
-                u->grad_full = NULL;
-            else
-                ZPP_CHECK(reduce_start(e, ui));
+            if (!engine_alone(e)) ZPP_CHECK(reduce_start(e, ui));
         } else if (!reused_soon(e, 2 * S - 1 - s, 0)) {
             ZPP_CHECK(engine_release(e, ui));
         }
     }
+    e->grads_stale = 0; /* (a pass that failed leaves them stale: the next overwrites) */
     return engine_reduce_finish_all(e);
 }
 
@@ -421,8 +420,7 @@ static void drain(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         engine_release(e, i);
-        if (u->grad_full != u->grad_acc) /* at world 1 it is the accumulator */
-            zpp_device_scratch_put(e->dev, u->grad_full);
+        zpp_device_scratch_put(e->dev, u->grad_full);
         u->grad_full = NULL;
     }
     engine_reduce_finish_all(e);

@@ -121,6 +121,9 @@ typedef struct zpp_engine_opts {
     /* World 1, plain gather, no hpZ: keep each unit in the working dtype
      * between steps (zeropp.h, zpp_engine_config.resident_weights). */
     int resident_weights;
+    /* World 1, bf16, a model with set_grad_dtype: gradients accumulate in
+     * bf16 (zeropp.h, zpp_engine_config.work_grads). */
+    int work_grads;
 } zpp_engine_opts;
 
 /* The defaults of engine/options.h (AdamW GPT-2 style, bf16 working

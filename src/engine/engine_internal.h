@@ -23,7 +23,8 @@
 typedef struct unit_state {
     zpp_partition part;
     /* sharded, persistent */
-    float *master, *m, *v, *grad_acc; /* fp32, shard_len */
+    float *master, *m, *v; /* fp32, shard_len */
+    void *grad_acc;        /* shard_len, in e->grad_dtype */
     void *secondary;                  /* hpZ: working dtype, sec_len */
     int secondary_valid;
     /* The whole unit in the working dtype, kept between steps (world 1,
@@ -36,7 +37,7 @@ typedef struct unit_state {
     void *full;               /* gathered unit (padded, working dtype) */
     zpp_coll_op *gather_op;   /* gather in flight into `full` */
     int gather_int8;          /* it came through qwZ: its vectors to be set */
-    float *grad_full;         /* fp32 full gradient during backward */
+    float *grad_full;         /* fp32 full gradient during backward (world > 1) */
     int first_stage;          /* the first stage that uses this unit */
     /* qgZ error feedback (opts.loco): persistent, per rank, fp32 */
     float *ef_intra, *ef_inter;
@@ -67,6 +68,12 @@ struct zpp_engine {
     zpp_model *model;
     zpp_engine_opts opts;
     zpp_device *dev;   /* not owned */
+    zpp_dtype grad_dtype; /* of every grad_acc (engine_grad_dtype) */
+    /* World 1 with a model that has overwrite_grads: AdamW leaves the
+     * accumulators as they are (stale), and the next backward pass writes
+     * over them (grads_stale). Otherwise AdamW clears them. */
+    int overwrites;
+    int grads_stale;
     zpp_coll *coll;
     unit_state *units;
     vec_state vec;
@@ -105,6 +112,22 @@ struct zpp_engine {
  * the gradient is not rounded to the working dtype for a wire it never
  * takes. */
 static inline int engine_alone(const zpp_engine *e) { return e->topo->world_size == 1; }
+
+/* The gradient accumulator's dtype: fp32, or bf16 (opts.work_grads) in a
+ * world of one rank working in bf16 whose model can write it
+ * (model.h, set_grad_dtype). Rounding each add once to bf16 is what a world
+ * of several ranks does anyway (its gradients travel in bf16), and it
+ * saves 2 bytes a parameter of memory and 4 of traffic a step (the
+ * model's adds, AdamW's read and its clearing write). fp16 keeps fp32: a
+ * loss-scaled gradient summed in fp16 overflows long before the fp32
+ * sum that a wire's conversion would flag. Chosen once at create, before
+ * the accumulators are allocated, with `overwrites`. */
+zpp_status engine_grad_dtype(zpp_engine *e);
+
+/* Bytes of n accumulator elements. */
+static inline size_t engine_grad_bytes(const zpp_engine *e, size_t n) {
+    return n * zpp_dtype_size(e->grad_dtype);
+}
 
 /* Bytes of a gathered unit (and of a reduction input) in the working dtype. */
 static inline size_t engine_work_bytes(const zpp_engine *e, const unit_state *u) {

@@ -78,6 +78,7 @@
 #define ZPP_EOPT_quantize_vectors(X)       X(quantize_vectors, int, 0, ANY, 0, 0, ALWAYS, "")
 #define ZPP_EOPT_profile(X)                X(profile, int, 0, ANY, 0, 0, ALWAYS, "")
 #define ZPP_EOPT_resident_weights(X)       X(resident_weights, int, 1, ANY, 0, 0, ALWAYS, "")
+#define ZPP_EOPT_work_grads(X)             X(work_grads, int, 1, ANY, 0, 0, ALWAYS, "")
 
 #define ZPP_ENGINE_OPTIONS(X)                                                                     \
     ZPP_EOPT_work_dtype(X) ZPP_EOPT_beta1(X) ZPP_EOPT_beta2(X) ZPP_EOPT_eps(X)                     \
@@ -87,7 +88,7 @@
     ZPP_EOPT_initial_scale_power(X) ZPP_EOPT_loss_scale_window(X) ZPP_EOPT_hysteresis(X)          \
     ZPP_EOPT_consecutive_hysteresis(X) ZPP_EOPT_min_loss_scale(X) ZPP_EOPT_loco(X)                \
     ZPP_EOPT_loco_err_beta(X) ZPP_EOPT_loco_reset_T(X) ZPP_EOPT_quantize_vectors(X)               \
-    ZPP_EOPT_profile(X) ZPP_EOPT_resident_weights(X)
+    ZPP_EOPT_profile(X) ZPP_EOPT_resident_weights(X) ZPP_EOPT_work_grads(X)
 /* clang-format on */
 
 /* One option's default and bounds, by name (constant expressions). */

@@ -53,7 +53,7 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
         if (count < len)
             ZPP_CHECK(zpp_device_set(e->dev, dst[k] + count, 0, (len - count) * sizeof(float)));
     }
-    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, len * sizeof(float)));
+    ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, engine_grad_bytes(e, len)));
     u->secondary_valid = 0;
     u->resident_valid = 0;
     e->vec.weights_fresh = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "device/device.h"
@@ -28,8 +29,10 @@ static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t 
     /* the resident copy (engine.c) is written in the same pass */
     void *work = u->resident ? (char *)u->resident + from * zpp_dtype_size(e->opts.work_dtype)
                              : NULL;
+    a.grad_dtype = e->grad_dtype;
     return zpp_device_adamw(e->dev, u->master + from, u->m + from, u->v + from,
-                            u->grad_acc + from, to - from, &a, work, e->opts.work_dtype);
+                            (char *)u->grad_acc + engine_grad_bytes(e, from), to - from, &a, work,
+                            e->opts.work_dtype);
 }
 
 /* The next of unit ui's matrix ranges (from *k on) that meets the shard
@@ -96,10 +99,12 @@ static zpp_status step_settle_gradients(zpp_engine *e) {
     if (e->vec.grads) ZPP_CHECK(engine_vec_reduce_grads(e));
     if (zpp_fault_fires(&e->fault, ZPP_FAULT_NONFINITE, e->step + 1, e->topo->world_rank,
                         e->topo->world_size)) {
-        const float nan = NAN;
+        unsigned char nan[sizeof(float)]; /* a NaN in the accumulator's dtype */
+        zpp_store_f32(nan, e->grad_dtype, 0, NAN);
         for (int i = 0; i < e->model->n_units; i++)
             if (e->units[i].part.shard_len) {
-                ZPP_CHECK(zpp_device_copy(e->dev, e->units[i].grad_acc, &nan, sizeof nan));
+                ZPP_CHECK(zpp_device_copy(e->dev, e->units[i].grad_acc, nan,
+                                          engine_grad_bytes(e, 1)));
                 break;
             }
     }
@@ -107,11 +112,11 @@ static zpp_status step_settle_gradients(zpp_engine *e) {
 }
 
 /* The sum of squares of this rank's shards of every unit, the masters or
- * the gradients: each unit's in double, added in unit order. Every unit's
- * sum is queued before the one wait for the device. */
+ * the gradients (in grad_dtype): each unit's in double, added in unit
+ * order. Every unit's sum is queued before the one wait for the device. */
 static zpp_status shards_sumsq(zpp_engine *e, int masters, double *sq_p) {
     const int n = e->model->n_units;
-    const float **x = calloc((size_t)n, sizeof *x);
+    const void **x = calloc((size_t)n, sizeof *x);
     size_t *len = calloc((size_t)n, sizeof *len);
     double *s = calloc((size_t)n, sizeof *s);
     zpp_status st = ZPP_OK;
@@ -120,10 +125,11 @@ static zpp_status shards_sumsq(zpp_engine *e, int masters, double *sq_p) {
         goto out;
     }
     for (int i = 0; i < n; i++) {
-        x[i] = masters ? e->units[i].master : e->units[i].grad_acc;
+        x[i] = masters ? (const void *)e->units[i].master : e->units[i].grad_acc;
         len[i] = e->units[i].part.shard_len;
     }
-    ZPP_CHECK_GOTO(zpp_device_sumsq_many(e->dev, x, len, n, s), st, out);
+    ZPP_CHECK_GOTO(zpp_device_sumsq_many(e->dev, x, len, n, masters ? ZPP_FP32 : e->grad_dtype, s),
+                   st, out);
     double sq = 0.0;
     for (int i = 0; i < n; i++) sq += s[i];
     *sq_p = sq;
@@ -158,7 +164,7 @@ static zpp_status step_global_sumsq(zpp_engine *e, float loss, float sums[2]) {
 static zpp_status zero_grads(zpp_engine *e) {
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
-        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, u->part.shard_len * sizeof(float)));
+        ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, engine_grad_bytes(e, u->part.shard_len)));
     }
     return ZPP_OK;
 }
@@ -233,10 +239,12 @@ static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_sc
     }
     if (used_scale != 1.0f) scale /= used_scale;
     e->updates++;
-    /* clear_grad: AdamW leaves the accumulators zeroed for the next step */
+    /* clear_grad: AdamW leaves the accumulators zeroed for the next step,
+     * unless the next backward writes over them (engine_internal.h,
+     * overwrites; model.h, overwrite_grads) */
     zpp_adamw_args aw = {.lr = lr, .beta1 = e->opts.beta1, .beta2 = e->opts.beta2,
                          .eps = e->opts.eps, .weight_decay = e->opts.weight_decay,
-                         .grad_scale = scale, .step = e->updates, .clear_grad = 1};
+                         .grad_scale = scale, .step = e->updates, .clear_grad = !e->overwrites};
     for (int i = 0; i < e->model->n_units; i++) {
         ZPP_CHECK(adamw_unit(e, i, &aw));
         /* The weights changed: the secondary copy is stale (the resident
@@ -244,6 +252,7 @@ static zpp_status step_update(zpp_engine *e, float lr, float norm, float used_sc
         e->units[i].secondary_valid = 0;
     }
     e->vec.weights_fresh = 0;
+    e->grads_stale = e->overwrites;
     scaler_on_update(e);
     return ZPP_OK;
 }

@@ -1,7 +1,7 @@
-/* engine/units.c — each unit's memory on this rank: its fp32 master,
- * moments and gradient accumulator, the hpZ secondary shard, the LoCo
- * buffers, their initial values, and the resident working-dtype copy of
- * world 1 (engine_internal.h). */
+/* engine/units.c — each unit's memory on this rank: its fp32 master and
+ * moments, its gradient accumulator (and that accumulator's dtype), the
+ * hpZ secondary shard, the LoCo buffers, their initial values, and the
+ * resident working-dtype copy of world 1 (engine_internal.h). */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -38,13 +38,27 @@ static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
     return st;
 }
 
+zpp_status engine_grad_dtype(zpp_engine *e) {
+    zpp_model *m = e->model;
+    e->grad_dtype = ZPP_FP32;
+    e->overwrites = engine_alone(e) && m->ops->overwrite_grads != NULL;
+    const int work = e->opts.work_grads && engine_alone(e) && e->opts.work_dtype == ZPP_BF16;
+    if (!m->ops->set_grad_dtype) return ZPP_OK;
+    zpp_status st = m->ops->set_grad_dtype(m, work ? ZPP_BF16 : ZPP_FP32);
+    if (st == ZPP_OK && work) e->grad_dtype = ZPP_BF16;
+    if (st == ZPP_ERR_UNSUPPORTED && work) /* the model writes fp32 only */
+        return m->ops->set_grad_dtype(m, ZPP_FP32);
+    return st;
+}
+
 zpp_status engine_unit_alloc(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
     size_t fbytes = p->shard_len * sizeof(float);
+    const size_t gbytes = engine_grad_bytes(e, p->shard_len);
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->master));
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->m));
     ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->v));
-    ZPP_CHECK(zpp_device_alloc(e->dev, fbytes, (void **)&u->grad_acc));
+    ZPP_CHECK(zpp_device_alloc(e->dev, gbytes, (void **)&u->grad_acc));
     if (e->opts.hpz)
         ZPP_CHECK(zpp_device_alloc(e->dev, p->sec_len * zpp_dtype_size(e->opts.work_dtype),
                                    &u->secondary));
@@ -63,7 +77,7 @@ zpp_status engine_unit_alloc(zpp_engine *e, unit_state *u, int index) {
             ZPP_CHECK(zpp_device_set(e->dev, u->ef_inter, 0, u->ef_inter_len * sizeof(float)));
         }
     }
-    return zpp_device_set(e->dev, u->grad_acc, 0, fbytes);
+    return zpp_device_set(e->dev, u->grad_acc, 0, gbytes);
 }
 
 void engine_unit_free(zpp_engine *e, unit_state *u) {

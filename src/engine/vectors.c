@@ -164,7 +164,7 @@ zpp_status engine_vec_reduce_grads(zpp_engine *e) {
             size_t lo, hi, base;
             vec_own(e, u, p, &lo, &hi, &base);
             if (hi > lo)
-                ZPP_CHECK(zpp_device_add(e->dev, u->grad_acc + (lo - base),
+                ZPP_CHECK(zpp_device_add(e->dev, (float *)u->grad_acc + (lo - base),
                                          v->grads + p->at + (lo - p->begin), hi - lo));
         }
     }

@@ -92,6 +92,35 @@ __device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) {
 }
 __device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
 
+/* A parameter gradient's element code, the same for every thread of a
+ * launch (no divergence): its dtype (a zpp_dtype: fp32, or the working
+ * dtype the engine chose; cuda_ops.h, zpp_cu_set_grad_dtype), with
+ * kGradFirst or'ed in when this write is the element's first of the
+ * backward pass and the buffer holds stale values (zpp_cu.grad_first):
+ * the value is stored, not added. */
+constexpr int kGradFirst = 0x100;
+static inline int grad_code(zpp_dtype gd, int first) {
+    return (int)gd | (first ? kGradFirst : 0);
+}
+
+/* Element i of a gradient, widened to fp32 (0 on its first write), and
+ * stored back rounded once; grad_add is g[i] += v in fp32. */
+__device__ __forceinline__ float grad_ld(const void *g, int gd, size_t i) {
+    if (gd & kGradFirst) return 0.0f;
+    if (gd == ZPP_BF16) return ld((const __nv_bfloat16 *)g, i);
+    if (gd == ZPP_FP16) return ld((const __half *)g, i);
+    return ((const float *)g)[i];
+}
+__device__ __forceinline__ void grad_st(void *g, int gd, size_t i, float v) {
+    gd &= ~kGradFirst;
+    if (gd == ZPP_BF16) st((__nv_bfloat16 *)g, i, v);
+    else if (gd == ZPP_FP16) st((__half *)g, i, v);
+    else ((float *)g)[i] = v;
+}
+__device__ __forceinline__ void grad_add(void *g, int gd, size_t i, float v) {
+    grad_st(g, gd, i, grad_ld(g, gd, i) + v);
+}
+
 /* Eight consecutive elements at once (16-byte accesses: the elementwise
  * kernels are bound by memory, and 2-byte accesses waste most of each
  * transaction). p must be 16-byte aligned; the launchers check (vec8_ok). */

@@ -49,8 +49,8 @@ __global__ void round_kernel(E *dst, const float *src, size_t n, bool vec) {
  * finish (a counter per block, taken after a fence that publishes the
  * partials) adds the partials of its columns, chunks in order, into the
  * gradient and resets the counter for the next sum. */
-__device__ __forceinline__ void colsum_finish(float *db, float *dw, float *part, unsigned *count,
-                                              int W, int c, float tw, float tb) {
+__device__ __forceinline__ void colsum_finish(void *db, void *dw, int gd, float *part,
+                                              unsigned *count, int W, int c, float tw, float tb) {
     __shared__ bool last;
     const int chunks = (int)gridDim.y;
     float *pw = part, *pb = part + (size_t)chunks * W;
@@ -70,8 +70,8 @@ __device__ __forceinline__ void colsum_finish(float *db, float *dw, float *part,
             if (dw) tw += __ldcg(pw + (size_t)k * W + c);
             tb += __ldcg(pb + (size_t)k * W + c);
         }
-        if (dw) dw[c] += tw;
-        db[c] += tb;
+        if (dw) grad_add(dw, gd, c, tw);
+        grad_add(db, gd, c, tb);
     }
     if (threadIdx.x == 0) count[blockIdx.x] = 0;
 }
@@ -85,9 +85,9 @@ __device__ __forceinline__ void colsum_finish(float *db, float *dw, float *part,
  * statistics (mean != NULL, dw too) also dy * (x - mean) rstd into dw
  * (weight and bias). */
 template <typename T>
-__global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy,
-                              const float *x, const float *mean, const float *rstd, int n, int W,
-                              int R) {
+__global__ void colsum_kernel(void *db, void *dw, int gd, float *part, unsigned *count,
+                              const T *dy, const float *x, const float *mean, const float *rstd,
+                              int n, int W, int R) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     float sw = 0.0f, sb = 0.0f;
     if (c < W) {
@@ -99,7 +99,7 @@ __global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count
             sb += d;
         }
     }
-    colsum_finish(db, mean ? dw : NULL, part, count, W, c, sw, sb);
+    colsum_finish(db, mean ? dw : NULL, gd, part, count, W, c, sw, sb);
 }
 
 /* colsum_kernel for rows of whole 16-byte vectors (W % 8 == 0, aligned),
@@ -116,8 +116,8 @@ __global__ void colsum_kernel(float *db, float *dw, float *part, unsigned *count
 constexpr int kColsumWarps = kThreads / 32;
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, const float *x,
-               const float *mean, const float *rstd, int n, int W, int R) {
+colsum8_kernel(void *db, void *dw, int gd, float *part, unsigned *count, const T *dy,
+               const float *x, const float *mean, const float *rstd, int n, int W, int R) {
     __shared__ float red[2][kColsumWarps][kThreads];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c0 = blockIdx.x * kThreads + 8 * lane; /* this lane's 8 columns */
@@ -151,7 +151,7 @@ colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, 
         tw += red[0][w][j];
         tb += red[1][w][j];
     }
-    colsum_finish(db, mean ? dw : NULL, part, count, W, c, tw, tb);
+    colsum_finish(db, mean ? dw : NULL, gd, part, count, W, c, tw, tb);
 }
 
 /* zpp_cu_rowgroup_finish: a CTA owns 32 columns; warp w adds groups w,
@@ -160,8 +160,8 @@ colsum8_kernel(float *db, float *dw, float *part, unsigned *count, const T *dy, 
  * the warps' sums in warp order: a fixed order, whatever ran first. */
 constexpr int kFinishWarps = 32;
 __global__ void __launch_bounds__(32 * kFinishWarps)
-rowgroup_finish_kernel(float *dw, float *db, float *ds, bool ds_add, const float *part, int G,
-                       int C) {
+rowgroup_finish_kernel(void *dw, void *db, int gd, void *ds, bool ds_add, const float *part,
+                       int G, int C) {
     __shared__ float red[3][kFinishWarps][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + lane;
@@ -179,9 +179,10 @@ rowgroup_finish_kernel(float *dw, float *db, float *ds, bool ds_add, const float
     t[0] = t[1] = t[2] = 0.0f;
     for (int w = 0; w < kFinishWarps; w++)
         for (int j = 0; j < 3; j++) t[j] += red[j][w][lane];
-    dw[c] += t[0];
-    db[c] += t[1];
-    if (ds) ds[c] = ds_add ? ds[c] + t[2] : t[2];
+    grad_add(dw, gd, c, t[0]);
+    grad_add(db, gd, c, t[1]);
+    if (ds && ds_add) grad_add(ds, gd, c, t[2]); /* a bias gradient */
+    else if (ds) ((float *)ds)[c] = t[2];        /* fp32 scratch */
 }
 
 /* dst[i] = src[i] in fp32: a bias in E for a product with an fp32 output,
@@ -329,15 +330,16 @@ __global__ void embed_forward_kernel(float *out, const int32_t *tok, const E *wt
 /* The token embedding's backward: block s owns distinct token seg_tok[s]
  * and adds its rows pos[seg_start[s] .. seg_start[s+1]) (ascending) into
  * d wte[token]: no two blocks touch the same row, no atomics. */
-__global__ void embed_backward_wte_kernel(float *dwte, const float *dres, const int32_t *seg_tok,
-                                          const int32_t *seg_start, const int32_t *pos, int C) {
+__global__ void embed_backward_wte_kernel(void *dwte, int gd, const float *dres,
+                                          const int32_t *seg_tok, const int32_t *seg_start,
+                                          const int32_t *pos, int C) {
     int s = blockIdx.x;
     int a = seg_start[s], e = seg_start[s + 1];
-    float *row = dwte + (size_t)seg_tok[s] * C;
+    const size_t row = (size_t)seg_tok[s] * C;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
-        float acc = row[c];
+        float acc = grad_ld(dwte, gd, row + c);
         for (int k = a; k < e; k++) acc += dres[(size_t)pos[k] * C + c];
-        row[c] = acc;
+        grad_st(dwte, gd, row + c, acc); /* one rounding in a 2-byte gd */
     }
 }
 
@@ -376,6 +378,9 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
     cu->dtype = dtype;
     cu->et = dtype == ZPP_BF16 ? CUDA_R_16BF : dtype == ZPP_FP16 ? CUDA_R_16F : CUDA_R_32F;
     cu->es = zpp_dtype_size(dtype);
+    cu->gdtype = ZPP_FP32;
+    cu->gt = CUDA_R_32F;
+    cu->gs = sizeof(float);
     cu->who = who;
     cu->max_width = max_width;
     cu->cache = (zpp_cu_gemm_entry *)calloc(kGemmCache, sizeof *cu->cache);
@@ -415,14 +420,25 @@ int zpp_cu_rowgroups(const zpp_cu *cu, int n, int C, int threads) {
 
 float *zpp_cu_rowgroup_part(zpp_cu *cu) { return cu->colsum_part; }
 
-zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, float *ds, int ds_add, int G,
+zpp_status zpp_cu_set_grad_dtype(zpp_cu *cu, zpp_dtype dt) {
+    if (dt != ZPP_FP32 && dt != cu->dtype)
+        return zpp_error(ZPP_ERR_UNSUPPORTED, "%s: gradients in %s; this model writes them in "
+                         "fp32 or in its working dtype (%s)", cu->who, zpp_dtype_name(dt),
+                         zpp_dtype_name(cu->dtype));
+    cu->gdtype = dt;
+    cu->gt = dt == ZPP_FP32 ? CUDA_R_32F : cu->et;
+    cu->gs = zpp_dtype_size(dt);
+    return ZPP_OK;
+}
+
+zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, void *dw, void *db, void *ds, int ds_add, int G,
                                   int C, const char *what) {
     if (C <= 0 || G <= 0) return ZPP_OK;
     if ((size_t)G * (size_t)C > kRowgroupParts)
         return zpp_error(ZPP_ERR_INVALID, "%s: %s: %d row groups of %d columns, above the %zu "
                          "partials of the scratch", cu->who, what, G, C, kRowgroupParts);
     rowgroup_finish_kernel<<<(unsigned)((C + 31) / 32), 32 * kFinishWarps, 0, cu->stream>>>(
-        dw, db, ds, ds_add != 0, cu->colsum_part, G, C);
+        dw, db, grad_code(cu->gdtype, cu->grad_first), ds, ds_add != 0, cu->colsum_part, G, C);
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
     return ZPP_OK;
 }
@@ -639,7 +655,7 @@ static int colsum_rows(int n, int W) {
     return (n + chunks - 1) / chunks;
 }
 
-zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaDataType_t dt,
+zpp_status zpp_cu_colsum(zpp_cu *cu, void *db, void *dw, const void *dy, cudaDataType_t dt,
                          const float *x, const float *mean, const float *rstd, int n, int W,
                          const char *what) {
     if (W > cu->max_width)
@@ -650,19 +666,22 @@ zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaD
     dim3 grid((unsigned)((W + kThreads - 1) / kThreads), (unsigned)chunks);
     /* whole 16-byte vectors: every row starts aligned when W % 8 == 0 */
     const bool v = W % 8 == 0 && zpp_cu_vec8_ok(dy, x);
+    const int gd = grad_code(cu->gdtype, cu->grad_first);
     if (dt == CUDA_R_32F && v)
         colsum8_kernel<float><<<grid, kThreads, 0, cu->stream>>>(
-            db, dw, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n, W, R);
+            db, dw, gd, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n,
+            W, R);
     else if (dt == CUDA_R_32F)
         colsum_kernel<float><<<grid, kThreads, 0, cu->stream>>>(
-            db, dw, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n, W, R);
+            db, dw, gd, cu->colsum_part, cu->colsum_count, (const float *)dy, x, mean, rstd, n,
+            W, R);
     else if (v)
         ZPP_WITH_E(cu->dtype, colsum8_kernel<E><<<grid, kThreads, 0, cu->stream>>>(
-                                  db, dw, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
+                                  db, dw, gd, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
                                   mean, rstd, n, W, R));
     else
         ZPP_WITH_E(cu->dtype, colsum_kernel<E><<<grid, kThreads, 0, cu->stream>>>(
-                                  db, dw, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
+                                  db, dw, gd, cu->colsum_part, cu->colsum_count, (const E *)dy, x,
                                   mean, rstd, n, W, R));
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), what);
     return ZPP_OK;
@@ -712,30 +731,30 @@ zpp_status zpp_cu_linear_gelu_forward(zpp_cu *cu, void *out, void *pre, const vo
 
 /* d inp first, so that an epilogue cuBLASLt cannot do returns before
  * anything is written. */
-static zpp_status linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
-                                  float *db, const void *dout, const float *dout_f32,
+static zpp_status linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, void *dW,
+                                  void *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, const void *gelu_pre, int n,
                                   int IC, int OC, const char *what) {
     zpp_cu_epilogue epi = {NULL, NULL, gelu_pre ? ZPP_CU_ACT_DGELU : ZPP_CU_ACT_NONE,
                            (void *)gelu_pre};
     ZPP_CHECK(zpp_cu_gemm(cu, cu->et, it, 0, 0, n, IC, OC, 1.0f, dout, OC, 0, W, IC, 0, 0.0f, dinp,
                           IC, 0, 1, &epi, what));
-    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dW, CUDA_R_32F, IC,
-                        what));
+    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, OC, IC, n, 1.0f, dout, OC, inp, IC, cu->grad_first ? 0.0f : 1.0f,
+                        dW, cu->gt, IC, what));
     if (!db) return ZPP_OK;
     return dout_f32 ? zpp_cu_colsum(cu, db, NULL, dout_f32, CUDA_R_32F, NULL, NULL, NULL, n, OC,
                                     what)
                     : zpp_cu_colsum(cu, db, NULL, dout, cu->et, NULL, NULL, NULL, n, OC, what);
 }
 
-zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
-                                  float *db, const void *dout, const float *dout_f32,
+zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, void *dW,
+                                  void *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, int n, int IC, int OC,
                                   const char *what) {
     return linear_backward(cu, dinp, it, dW, db, dout, dout_f32, inp, W, NULL, n, IC, OC, what);
 }
 
-zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, float *dW, float *db,
+zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, void *dW, void *db,
                                         const void *dout, const float *dout_f32, const void *inp,
                                         const void *W, const void *pre, int n, int IC, int OC,
                                         const char *what) {
@@ -855,14 +874,15 @@ zpp_status zpp_cu_embed_forward(zpp_cu *cu, const zpp_cu_batch *b, float *out, c
     return ZPP_OK;
 }
 
-zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, float *dwte,
+zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, void *dwte,
                                  const float *dres, int C) {
     if (b->n_seg == 0) return ZPP_OK;
     unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
     if (cy > 65535u) cy = 65535u;
     dim3 grid((unsigned)b->n_seg, cy);
-    embed_backward_wte_kernel<<<grid, kThreads, 0, cu->stream>>>(dwte, dres, b->d_seg_tok,
-                                                                  b->d_seg_start, b->d_pos, C);
+    embed_backward_wte_kernel<<<grid, kThreads, 0, cu->stream>>>(
+        dwte, grad_code(cu->gdtype, cu->grad_first), dres, b->d_seg_tok, b->d_seg_start, b->d_pos,
+        C);
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), "token embedding backward");
     return ZPP_OK;
 }
@@ -888,8 +908,20 @@ zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, si
 /* ------------------------------------------------------------------------ */
 
 void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es) {
-    h->chunk_rows = kHeadRows;
-    h->logits = zpp_arena_take(a, nmax < (size_t)kHeadRows ? nmax : (size_t)kHeadRows, V);
+    zpp_cu_head_take_over(h, a, nmax, V, es, NULL, 0);
+}
+
+void zpp_cu_head_take_over(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es,
+                           float *spare, size_t spare_floats) {
+    const size_t want = nmax < (size_t)kHeadRows ? nmax : (size_t)kHeadRows;
+    const size_t fit = V ? spare_floats / V : 0;
+    if (fit >= want / 4 && fit >= 1) { /* the spare holds a useful chunk */
+        h->chunk_rows = (int)(fit < want ? fit : want);
+        h->logits = spare;
+    } else {
+        h->chunk_rows = kHeadRows;
+        h->logits = zpp_arena_take(a, want, V);
+    }
     h->dlogits = zpp_arena_take_bytes(a, nmax, V, es);
     h->lse = zpp_arena_take(a, nmax, 1);
     h->losses = zpp_arena_take(a, nmax, 1);
@@ -922,14 +954,14 @@ zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const
 }
 
 zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
-                                float *dWh, float *dhf, int n, int C, int V, float f) {
+                                void *dWh, float *dhf, int n, int C, int V, float f) {
     if (!h->dlogits_ready)
         return zpp_error(ZPP_ERR_STATE,
                          "%s backward: the head's gradient comes from the last forward, which "
                          "has not run with this batch's targets; run forward again", cu->who);
     h->dlogits_ready = 0;
-    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, V, C, n, f, h->dlogits, V, hf, C, 1.0f, dWh, CUDA_R_32F, C,
-                        "head weight gradient"));
+    ZPP_CHECK(zpp_cu_mm(cu, 1, 0, V, C, n, f, h->dlogits, V, hf, C, cu->grad_first ? 0.0f : 1.0f,
+                        dWh, cu->gt, C, "head weight gradient"));
     return zpp_cu_mm(cu, 0, 0, n, C, V, f, h->dlogits, V, Wh, C, 0.0f, dhf, CUDA_R_32F, C,
                      "head input gradient");
 }

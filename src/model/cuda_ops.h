@@ -11,7 +11,9 @@
  * allocates nothing; the context is made once per model (zpp_cu_init) and
  * owns the cuBLASLt handle and workspace, the cache and the scratch of the
  * column sums. Element types: E is the working dtype (cu->et: fp32, bf16
- * or fp16), "fp32" means fp32 whatever E is. */
+ * or fp16), "fp32" means fp32 whatever E is, and G is the dtype of the
+ * parameter gradients (cu->gt: fp32 unless zpp_cu_set_grad_dtype chose
+ * E). */
 #ifndef ZPP_MODEL_CUDA_OPS_H
 #define ZPP_MODEL_CUDA_OPS_H
 
@@ -35,6 +37,14 @@ typedef struct zpp_cu {
     zpp_dtype dtype;      /* E */
     cudaDataType_t et;    /* E for cuBLASLt */
     size_t es;            /* bytes of one E element */
+    zpp_dtype gdtype;     /* G: the parameter gradients' dtype (fp32 or E) */
+    cudaDataType_t gt;    /* G for cuBLASLt */
+    size_t gs;            /* bytes of one G element */
+    /* 1: the calls write each gradient element for the first time in this
+     * backward pass, over stale values: they store (GEMMs at beta = 0)
+     * instead of adding. The model sets it around its writes (0 unless it
+     * was asked to overwrite; model.h, overwrite_grads). */
+    int grad_first;
     const char *who;      /* the model's name, first in every message ("gpt2 cuda") */
     cublasLtHandle_t lt;
     void *workspace;
@@ -54,6 +64,12 @@ typedef struct zpp_cu {
 zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_width,
                        const char *who);
 void zpp_cu_free(zpp_cu *cu);
+
+/* The dtype G every later call writes parameter gradients in: fp32 (the
+ * default) or E. A 2-byte G halves the gradient's memory; each add into
+ * it is done in fp32 and rounded once (the GEMMs' beta = 1 reads and
+ * rounds as cuBLASLt does). ZPP_ERR_UNSUPPORTED for anything else. */
+zpp_status zpp_cu_set_grad_dtype(zpp_cu *cu, zpp_dtype dt);
 
 /* GPT-2's GELU in a product's epilogue (zpp_cu_epilogue.act): cuBLASLt's
  * GELU epilogues compute the tanh form gpt2_cuda.cu's kernels compute,
@@ -111,9 +127,10 @@ zpp_status zpp_cu_linear_forward(zpp_cu *cu, void *out, cudaDataType_t ot, const
 
 /* d inp (n x IC, fp32 or E as it) = d out W, overwritten; d W += d out^T
  * inp; d b += column sums of d out (from dout_f32, the unrounded fp32
- * gradient, when the caller has one; db NULL: no bias). dout in E. */
-zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, float *dW,
-                                  float *db, const void *dout, const float *dout_f32,
+ * gradient, when the caller has one; db NULL: no bias). dout in E; dW, db
+ * in G. */
+zpp_status zpp_cu_linear_backward(zpp_cu *cu, void *dinp, cudaDataType_t it, void *dW,
+                                  void *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, int n, int IC, int OC,
                                   const char *what);
 
@@ -134,7 +151,7 @@ zpp_status zpp_cu_linear_gelu_forward(zpp_cu *cu, void *out, void *pre, const vo
  * output).
  * ZPP_ERR_UNSUPPORTED, nothing written, when cuBLASLt has no such
  * algorithm. */
-zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, float *dW, float *db,
+zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, void *dW, void *db,
                                         const void *dout, const float *dout_f32, const void *inp,
                                         const void *W, const void *pre, int n, int IC, int OC,
                                         const char *what);
@@ -142,8 +159,8 @@ zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, float *dW, float
 /* db[W] += column sums of the n rows of dy (n x W, of type dt: fp32 or E);
  * with mean (a norm's backward, x its fp32 input): also
  * dw[W] += column sums of dy * (x - mean) rstd (mean NULL: dw untouched).
- * W <= max_width. Same shape, same bits. */
-zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaDataType_t dt,
+ * db, dw in G. W <= max_width. Same shape, same bits. */
+zpp_status zpp_cu_colsum(zpp_cu *cu, void *db, void *dw, const void *dy, cudaDataType_t dt,
                          const float *x, const float *mean, const float *rstd, int n, int W,
                          const char *what);
 
@@ -153,14 +170,14 @@ zpp_status zpp_cu_colsum(zpp_cu *cu, float *db, float *dw, const void *dy, cudaD
  * n rows into G row groups, and group k writes its sums of columns
  * [0, C) to zpp_cu_rowgroup_part: sum j (0: dw, 1: db, 2: ds) at
  * [(j G + k) C, (j G + k + 1) C). Then zpp_cu_rowgroup_finish adds the G
- * partials of each column, groups in order, into dw[C] and db[C], and
- * with ds (not NULL) into ds[C] (ds_add) or over it: the same G, the same
- * bits.
+ * partials of each column, groups in order, into dw[C] and db[C] (in G),
+ * and with ds (not NULL) into ds[C] (ds_add: a bias gradient, in G) or
+ * over it (fp32 scratch): the same G, the same bits.
  * zpp_cu_rowgroups picks G for a kernel of `threads` threads a group, to
  * fill the GPU within the scratch (at least 1, at most n). */
 int zpp_cu_rowgroups(const zpp_cu *cu, int n, int C, int threads);
 float *zpp_cu_rowgroup_part(zpp_cu *cu);
-zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, float *dw, float *db, float *ds, int ds_add, int G,
+zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, void *dw, void *db, void *ds, int ds_add, int G,
                                   int C, const char *what);
 
 /* The classifier's softmax cross-entropy over `rows` rows of fp32 logits
@@ -209,8 +226,8 @@ zpp_status zpp_cu_embed_forward(zpp_cu *cu, const zpp_cu_batch *b, float *out, c
                                 const void *wpe, size_t n, int T, int C);
 
 /* dwte[token] += dres[row] over the batch's rows, each token's rows in
- * ascending order (one CTA per distinct token: no atomics). */
-zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, float *dwte,
+ * ascending order (one CTA per distinct token: no atomics); dwte in G. */
+zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, void *dwte,
                                  const float *dres, int C);
 
 /* The mean of n per-row losses on the device, in double in row order (the
@@ -235,6 +252,13 @@ typedef struct zpp_cu_head {
  * loss a row, one kept row of V. */
 enum { kHeadRows = 1024 }; /* rows of fp32 logits held at once (gpt2_cuda.cu, HEAD) */
 void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es);
+/* The same, but the chunk of fp32 logits lies in `spare`, spare_floats
+ * floats of the arena that the caller does not use while the head's
+ * forward runs (its backward scratch), when at least a quarter of the
+ * kHeadRows (or nmax) rows fit there: as many rows as fit, at most those.
+ * Pass 1 gives the size with spare NULL, as the arena's own. */
+void zpp_cu_head_take_over(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es,
+                           float *spare, size_t spare_floats);
 
 /* logits = hf Wh^T chunk by chunk (hf E n x C, Wh E V x C), each chunk's
  * rows' lse and loss and, with targets (device, n), their d logits; the
@@ -245,10 +269,10 @@ zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const
                                zpp_decoder_calls *calls, int T);
 
 /* From the forward's d logits, f = loss_scale / n:
- * dWh += f dlogits^T hf (fp32), dhf = f dlogits Wh (fp32, overwritten).
+ * dWh += f dlogits^T hf (G), dhf = f dlogits Wh (fp32, overwritten).
  * ZPP_ERR_STATE when the last forward wrote none. */
 zpp_status zpp_cu_head_backward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
-                                float *dWh, float *dhf, int n, int C, int V, float f);
+                                void *dWh, float *dhf, int n, int C, int V, float f);
 
 /* The V logits the last forward kept (h->kept) into host memory out: one
  * copy on the stream, behind that forward, and a wait for it. */

@@ -76,7 +76,7 @@ zpp_status zpp_decoder_check_forward(const zpp_model *m, const zpp_decoder_calls
 }
 
 zpp_status zpp_decoder_check_backward(const zpp_model *m, const zpp_decoder_calls *c, int stage,
-                                      const void *params, const float *grads, const char *who) {
+                                      const void *params, const void *grads, const char *who) {
     int S = m->n_stages;
     if (stage < 0 || stage >= S)
         return zpp_error(ZPP_ERR_INVALID, "%s backward: stage %d does not exist; use 0..%d",

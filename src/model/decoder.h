@@ -59,7 +59,7 @@ zpp_status zpp_decoder_check_batch(const zpp_model *m, const int32_t *tokens,
 zpp_status zpp_decoder_check_forward(const zpp_model *m, const zpp_decoder_calls *c, int stage,
                                      const void *params, const char *who);
 zpp_status zpp_decoder_check_backward(const zpp_model *m, const zpp_decoder_calls *c, int stage,
-                                      const void *params, const float *grads, const char *who);
+                                      const void *params, const void *grads, const char *who);
 /* keep_logits (model.h), whole: the row is -1 or inside max_batch
  * sequences, and the next forward's head keeps it. logits: the checks
  * (a forward whose head kept the row, and `out`); logits_host also copies

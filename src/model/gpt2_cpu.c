@@ -321,8 +321,9 @@ static zpp_status gpt2_op_forward(zpp_model *m, int stage, const void *params) {
 
 static float gpt2_op_loss(zpp_model *m) { return ((gpt2_cpu *)m)->loss; }
 
-static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, float *grads,
+static zpp_status gpt2_op_backward(zpp_model *m, int stage, const void *params, void *grads_v,
                                    float loss_scale) {
+    float *grads = grads_v; /* fp32: this model has no set_grad_dtype */
     gpt2_cpu *g = (gpt2_cpu *)m;
     int S = m->n_stages;
     ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "gpt2"));

@@ -18,7 +18,9 @@
  *     fp32: the residual stream and its gradient, LayerNorm statistics,
  *     the attention scores before the softmax, the logits and the loss,
  *     and every parameter gradient (accumulated by the GEMMs, beta = 1,
- *     into the engine's fp32 unit).
+ *     into the engine's fp32 unit; or, where the engine asks for it,
+ *     set_grad_dtype, into a unit in E, each add done in fp32 and rounded
+ *     once: the precision its wire has at world > 1).
  * With E = fp32 this is the CPU reference's arithmetic: plain fp32 FMA
  * (no TF32), so results differ only by the order of summation, FMA
  * contraction and expf (CUDA within 2 ulp, glibc within 1). With bf16 each
@@ -124,6 +126,20 @@
  * over all N rows at once, with the factor loss_scale / n as their alpha,
  * and nothing is computed twice. (Scaling in the product rather than
  * before rounding keeps d logits in [-1, 1], inside fp16's range too.)
+ * The chunk itself takes no memory of its own: it lies over a block's
+ * LayerNorm and gelu scratch and the backward's scratch, none of which is
+ * in use while the head's forward runs (plan; up to kHeadRows rows, as
+ * many as fit there: 1,024 at GPT 1.31B, 875 at GPT-2 124M).
+ *
+ * OVERWRITE. After the engine's update the gradient buffers hold the
+ * step's sums, which AdamW has read: rather than clear them (a pass over
+ * 2 or 4 bytes a parameter) and read them back in every beta = 1 product,
+ * the engine says so (overwrite_grads) and the next backward pass stores
+ * each element's first contribution: the weight-gradient products run at
+ * beta = 0, the column sums and the embeddings' kernels store
+ * (cuda_elem.cuh, grad_code). Every element of a unit is written once by
+ * its stage, but wte, which the head's product writes first and the token
+ * embedding's rows then add to. The values are those of adding to zeros.
  *
  * GPUS. bf16 needs compute capability 8.0 (cuBLASLt's bf16 products, the
  * fused attention): create refuses it on an older GPU, saying to use fp16
@@ -178,13 +194,15 @@ constexpr float kGeluA = 0.044715f;
 /* ------------------------------------------------------------------------ */
 
 /* gpt2_embed_backward, position part: d wpe[t] += sum over sequences b of
- * dres[b*T + t], b ascending (the CPU's order). One thread per (t, c). */
-__global__ void embed_backward_wpe_kernel(float *dwpe, const float *dres, int B, int T, int C) {
+ * dres[b*T + t], b ascending (the CPU's order), d wpe in G (cuda_ops.h).
+ * One thread per (t, c). */
+__global__ void embed_backward_wpe_kernel(void *dwpe, int gd, const float *dres, int B, int T,
+                                          int C) {
     size_t TC = (size_t)T * C;
     for (size_t i = global_tid(); i < TC; i += grid_threads()) {
-        float acc = dwpe[i];
+        float acc = grad_ld(dwpe, gd, i);
         for (int b = 0; b < B; b++) acc += dres[(size_t)b * TC + i];
-        dwpe[i] = acc;
+        grad_st(dwpe, gd, i, acc);
     }
 }
 
@@ -491,9 +509,11 @@ struct gpt2_acts {
     void *dres_e;              /* E  N x C: dres rounded for the products (dres if fp32),
                                   stored with it by the LayerNorm backward */
     float *dc;                 /*    N x C: gradient into a LayerNorm */
-    void *datty;               /* E  N x C */
-    void *dqkv;                /* E  N x 3C */
-    void *dfc;                 /* E  N x 4C */
+    void *dfc;                 /* E  N x 4C: d fch, the MLP branch's */
+    /* The attention branch's, inside dfc: the MLP's backward is done with
+     * it before the projection's backward writes datty (block_backward) */
+    void *dqkv;                /* E  N x 3C, at dfc */
+    void *datty;               /* E  N x C, at dfc + 3NC */
     float *score;              /*    max_batch x H x T x T: scores; in the backward d P */
     void *dscore;              /* E  max_batch x H x T x T: d S */
     float *att_dsum;           /*    max_batch x H x T: the fused backward's scratch */
@@ -532,11 +552,19 @@ struct gpt2_cuda {
      * LayerNorm backward left: the next block's fc2 bias gradient (BIAS
      * SUMS). */
     int dres_summed;
+    /* overwrite_grads was called: the backward pass under way writes over
+     * the engine's stale gradients (OVERWRITE) */
+    int overwrite;
 };
 
 /* Element i of an E buffer (or of a unit of parameters in E). */
 static inline void *eat(const gpt2_cuda *g, const void *p, size_t i) {
     return (char *)p + i * g->es;
+}
+
+/* Element i of a unit's gradient, in G (cuda_ops.h; fp32 or E). */
+static inline void *gat(const gpt2_cuda *g, void *grads, size_t i) {
+    return (char *)grads + i * g->cu.gs;
 }
 
 /* Runs `...` with E typedef'd to the model's working dtype (cuda_elem.cuh). */
@@ -566,8 +594,8 @@ static zpp_status linear_forward(gpt2_cuda *g, void *out, cudaDataType_t ot, con
     return zpp_cu_linear_forward(&g->cu, out, ot, resid, inp, W, bias, n, IC, OC, what);
 }
 
-static zpp_status linear_backward(gpt2_cuda *g, void *dinp, cudaDataType_t it, float *dW,
-                                  float *db, const void *dout, const float *dout_f32,
+static zpp_status linear_backward(gpt2_cuda *g, void *dinp, cudaDataType_t it, void *dW,
+                                  void *db, const void *dout, const float *dout_f32,
                                   const void *inp, const void *W, int n, int IC, int OC,
                                   const char *what) {
     return zpp_cu_linear_backward(&g->cu, dinp, it, dW, db, dout, dout_f32, inp, W, n, IC, OC,
@@ -584,16 +612,17 @@ static zpp_status layernorm_forward(gpt2_cuda *g, void *out, float *mean, float 
     return ZPP_OK;
 }
 
-/* d inp += ...; d w += sum dy*xh; d b += sum dy (all fp32). d inp is the
+/* d inp += ...; d w += sum dy*xh; d b += sum dy (d inp fp32; d w, d b in
+ * G, and ds too with ds_add, else fp32 scratch). d inp is the
  * residual gradient act.dres: its copy in E, act.dres_e, is written too
  * (where E is not fp32), for the products that read it next. With ds (not
  * NULL) the column sums of the updated d inp go into ds (ds_add) or over
  * it, where the row-group kernel runs: *summed says whether they did
  * (BIAS SUMS in the header; the caller sums them itself otherwise). */
-static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, float *dw, float *db,
+static zpp_status layernorm_backward(gpt2_cuda *g, float *dinp, void *dw, void *db,
                                      const float *dout, const float *inp, const void *w,
                                      const float *mean, const float *rstd, int n, int C,
-                                     float *ds, int ds_add, int *summed) {
+                                     void *ds, int ds_add, int *summed) {
     void *dinp_e = dinp == g->act.dres && g->act.dres_e != (void *)dinp ? g->act.dres_e : NULL;
     const bool vec = C % 8 == 0 && vec8_ok(dinp, dout, inp, w) && vec8_ok(dinp_e, NULL);
     *summed = 0;
@@ -764,29 +793,30 @@ static zpp_status head_forward(gpt2_cuda *g, const void *w) {
 /* From the forward's d logits (HEAD), all rows in two products scaled by
  * f = loss_scale / n:  d wte += f dlogits^T lnf,  d lnf = f dlogits wte;
  * then the final LayerNorm's backward starts dres. */
-static zpp_status head_backward(gpt2_cuda *g, const void *w, float *gr, float loss_scale) {
+static zpp_status head_backward(gpt2_cuda *g, const void *w, void *gr, float loss_scale) {
     int C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer,
         n = g->calls.B * g->cfg.seq_len;
     ZPP_CHECK(zpp_cu_head_backward(&g->cu, &g->head, g->act.lnf, eat(g, w, g->lay.wte),
-                                   gr + g->lay.wte, g->act.dc, n, C, V,
+                                   gat(g, gr, g->lay.wte), g->act.dc, n, C, V,
                                    loss_scale / (float)n));
     CU_CHECK(cudaMemsetAsync(g->act.dres, 0, (size_t)n * C * sizeof(float), g->stream),
              "clear the residual gradient");
     const float *x = g->act.res + (size_t)L * g->nmax * C;
-    return layernorm_backward(g, g->act.dres, gr + g->lay.lnf_w, gr + g->lay.lnf_b, g->act.dc, x,
-                              eat(g, w, g->lay.lnf_w), g->act.lnfm, g->act.lnfr, n, C,
+    return layernorm_backward(g, g->act.dres, gat(g, gr, g->lay.lnf_w),
+                              gat(g, gr, g->lay.lnf_b), g->act.dc, x, eat(g, w, g->lay.lnf_w),
+                              g->act.lnfm, g->act.lnfr, n, C,
                               g->act.dres_sum, 0, &g->dres_summed);
 }
 
 /* d b += act.dres_sum, the column sums of d out the LayerNorm backward
  * after this layer left (BIAS SUMS). */
-__global__ void add_sums_kernel(float *db, const float *sums, int C) {
-    for (int c = (int)global_tid(); c < C; c += (int)grid_threads()) db[c] += sums[c];
+__global__ void add_sums_kernel(void *db, int gd, const float *sums, int C) {
+    for (int c = (int)global_tid(); c < C; c += (int)grid_threads()) grad_add(db, gd, c, sums[c]);
 }
 
 /* Reverse of block_forward; dres = d loss / d out on entry, d loss / d x on
  * exit (residual adds pass it through, branches add theirs). */
-static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) {
+static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     const zpp_gpt2_layout *L = &g->lay;
     gpt2_acts *a = &g->act;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
@@ -801,21 +831,22 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     ZPP_CHECK(gelu_forward(g, y.fch, n));
     /* fc2's bias gradient: the sums of d out the LayerNorm backward after
      * this block already made, or a column sum here */
-    float *fc2_db = gr + L->fc2_b;
+    void *fc2_db = gat(g, gr, L->fc2_b);
     if (g->dres_summed) {
-        add_sums_kernel<<<grid_for((size_t)C), kThreads, 0, g->stream>>>(fc2_db, a->dres_sum, C);
+        add_sums_kernel<<<grid_for((size_t)C), kThreads, 0, g->stream>>>(
+            fc2_db, grad_code(g->cu.gdtype, g->cu.grad_first), a->dres_sum, C);
         LAUNCH_CHECK("fc2 bias gradient");
         fc2_db = NULL;
         g->dres_summed = 0;
     }
     zpp_status st = ZPP_ERR_UNSUPPORTED;
     if (g->gelu_epilogue)
-        st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gr + L->fc2_w, fc2_db, a->dres_e,
-                                          a->dres, a->fcg, eat(g, w, L->fc2_w), y.fch, n, 4 * C,
-                                          C, "fc2 backward with gelu");
+        st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gat(g, gr, L->fc2_w), fc2_db,
+                                          a->dres_e, a->dres, a->fcg, eat(g, w, L->fc2_w), y.fch,
+                                          n, 4 * C, C, "fc2 backward with gelu");
     if (st == ZPP_ERR_UNSUPPORTED) {
         g->gelu_epilogue = 0;
-        ZPP_CHECK(linear_backward(g, a->dfc, et, gr + L->fc2_w, fc2_db, a->dres_e, a->dres,
+        ZPP_CHECK(linear_backward(g, a->dfc, et, gat(g, gr, L->fc2_w), fc2_db, a->dres_e, a->dres,
                                   a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
         size_t n4 = (size_t)n * 4 * C;
         bool v = vec8_ok(a->dfc, y.fch);
@@ -827,33 +858,36 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, float *gr) 
     }
     ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
                                   eat(g, w, L->ln2_b), n));
-    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->fc_w, gr + L->fc_b, a->dfc, NULL, a->ln,
-                              eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->fc_w), gat(g, gr, L->fc_b), a->dfc,
+                              NULL, a->ln, eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
     int summed = 0; /* the projection's bias gradient, d mid's column sums, with d mid */
-    ZPP_CHECK(layernorm_backward(g, a->dres, gr + L->ln2_w, gr + L->ln2_b, a->dc, y.mid,
-                                 eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C, gr + L->proj_b, 1,
+    void *proj_db = gat(g, gr, L->proj_b);
+    ZPP_CHECK(layernorm_backward(g, a->dres, gat(g, gr, L->ln2_w), gat(g, gr, L->ln2_b), a->dc,
+                                 y.mid, eat(g, w, L->ln2_w), y.ln2m, y.ln2r, n, C, proj_db, 1,
                                  &summed));
     /* attention branch: mid = x + proj(attn(qkv(ln1(x)))) */
-    ZPP_CHECK(linear_backward(g, a->datty, et, gr + L->proj_w, summed ? NULL : gr + L->proj_b,
+    ZPP_CHECK(linear_backward(g, a->datty, et, gat(g, gr, L->proj_w), summed ? NULL : proj_db,
                               a->dres_e, a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty));
     ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
                                   eat(g, w, L->ln1_b), n));
-    ZPP_CHECK(linear_backward(g, a->dc, f32, gr + L->qkv_w, gr + L->qkv_b, a->dqkv, NULL, a->ln,
-                              eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
+    ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->qkv_w), gat(g, gr, L->qkv_b), a->dqkv,
+                              NULL, a->ln, eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
     /* d x is d out of block l - 1: its fc2 bias gradient (none below block 1) */
-    return layernorm_backward(g, a->dres, gr + L->ln1_w, gr + L->ln1_b, a->dc, y.x,
-                              eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C,
+    return layernorm_backward(g, a->dres, gat(g, gr, L->ln1_w), gat(g, gr, L->ln1_b), a->dc,
+                              y.x, eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C,
                               l > 1 ? a->dres_sum : NULL, 0, &g->dres_summed);
 }
 
-static zpp_status embed_backward(gpt2_cuda *g, float *gr) {
+static zpp_status embed_backward(gpt2_cuda *g, void *gr) {
     int T = g->cfg.seq_len, C = g->cfg.n_embd;
     embed_backward_wpe_kernel<<<grid_for((size_t)T * C), kThreads, 0, g->stream>>>(
-        gr + g->lay.wpe, g->act.dres, g->calls.B, T, C);
+        gat(g, gr, g->lay.wpe), grad_code(g->cu.gdtype, g->cu.grad_first), g->act.dres,
+        g->calls.B, T, C);
     LAUNCH_CHECK("position embedding backward");
-    return zpp_cu_embed_backward(&g->cu, &g->batch, gr + g->lay.wte, g->act.dres, C);
+    g->cu.grad_first = 0; /* the head's product wrote wte's first part (OVERWRITE) */
+    return zpp_cu_embed_backward(&g->cu, &g->batch, gat(g, gr, g->lay.wte), g->act.dres, C);
 }
 
 /* ---- ops ---- */
@@ -939,13 +973,14 @@ float op_loss(zpp_model *m) {
     return g->loss;
 }
 
-zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads,
+zpp_status op_backward(zpp_model *m, int stage, const void *params, void *grads,
                        float loss_scale) {
     gpt2_cuda *g = (gpt2_cuda *)m;
     int S = m->n_stages;
     ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "gpt2 cuda"));
     if (params) ZPP_CHECK(check_device_ptr(params, "backward", "params"));
     ZPP_CHECK(check_device_ptr(grads, "backward", "grads"));
+    g->cu.grad_first = g->overwrite; /* OVERWRITE in the header */
     if (stage == S - 1) {
         ZPP_CHECK(head_backward(g, params, grads, loss_scale));
     } else if (stage == 0) {
@@ -953,7 +988,18 @@ zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads
     } else {
         ZPP_CHECK(block_backward(g, stage, params, grads));
     }
+    g->cu.grad_first = 0;
+    if (stage == 0) g->overwrite = 0;
     g->calls.bwd_next = stage - 1;
+    return ZPP_OK;
+}
+
+zpp_status op_set_grad_dtype(zpp_model *m, zpp_dtype dtype) {
+    return zpp_cu_set_grad_dtype(&((gpt2_cuda *)m)->cu, dtype);
+}
+
+zpp_status op_overwrite_grads(zpp_model *m) {
+    ((gpt2_cuda *)m)->overwrite = 1;
     return ZPP_OK;
 }
 
@@ -983,7 +1029,7 @@ void op_destroy(zpp_model *m) {
 const zpp_model_ops gpt2_cuda_ops = {
     op_init_params, op_set_batch, op_forward,  op_loss,
     op_backward,    op_destroy,   op_keep_logits, op_logits,
-    op_init_params_device,
+    op_init_params_device, op_set_grad_dtype, op_overwrite_grads,
 };
 
 /* ---- create ---- */
@@ -1023,17 +1069,23 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->ln2r = zpp_arena_take(a, S, N);
     x->fch = take_e(g, a, S * N, 4 * C);
     x->lnf = take_e(g, a, N, C);
-    x->ln = take_e(g, a, N, C);
-    x->fcg = take_e(g, a, N, 4 * C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    zpp_cu_head_take(&g->head, a, N, V, g->es);
+    /* From ln to the end of dfc, nothing is in use while the head's
+     * forward runs (the last block is done with ln and fcg, and its
+     * backward makes fcg again first; the backward's scratch starts after
+     * the head's forward): its chunk of fp32 logits goes there (HEAD). */
+    const size_t spare_at = a->used;
+    x->ln = take_e(g, a, N, C);
+    x->fcg = take_e(g, a, N, 4 * C);
     x->dres = zpp_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
     x->dc = zpp_arena_take(a, N, C);
-    x->datty = take_e(g, a, N, C);
-    x->dqkv = take_e(g, a, N, 3 * C);
     x->dfc = take_e(g, a, N, 4 * C);
+    x->dqkv = x->dfc;
+    x->datty = x->dfc ? eat(g, x->dfc, N * 3 * C) : NULL; /* (pass 1 counts, base NULL) */
+    zpp_cu_head_take_over(&g->head, a, N, V, g->es, a->base ? a->base + spare_at : NULL,
+                          a->used - spare_at);
     x->dres_sum = zpp_arena_take(a, 1, C);
 }
 

@@ -352,8 +352,9 @@ static zpp_status op_forward(zpp_model *m, int stage, const void *params) {
 
 static float op_loss(zpp_model *m) { return ((llama_cpu *)m)->loss; }
 
-static zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads,
+static zpp_status op_backward(zpp_model *m, int stage, const void *params, void *grads_v,
                               float loss_scale) {
+    float *grads = grads_v; /* fp32: this model has no set_grad_dtype */
     llama_cpu *g = (llama_cpu *)m;
     const int S = m->n_stages;
     ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, "llama"));

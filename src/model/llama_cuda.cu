@@ -361,8 +361,9 @@ float op_loss(zpp_model *m) {
     return g->loss;
 }
 
-zpp_status op_backward(zpp_model *m, int stage, const void *params, float *grads,
+zpp_status op_backward(zpp_model *m, int stage, const void *params, void *grads_v,
                        float loss_scale) {
+    float *grads = (float *)grads_v; /* fp32: this model has no set_grad_dtype */
     llama_cuda *g = (llama_cuda *)m;
     const int S = m->n_stages;
     ZPP_CHECK(zpp_decoder_check_backward(m, &g->calls, stage, params, grads, kWho));

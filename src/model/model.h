@@ -10,7 +10,8 @@
  *
  * Parameters reach the model as a full unit buffer in the working dtype
  * (bf16 or fp32) in the memory of the model's device; gradients are
- * accumulated (+=) into a full unit buffer of fp32 in the same memory.
+ * accumulated (+=) into a full unit buffer of fp32 in the same memory (or
+ * of the working dtype, where the engine asked through set_grad_dtype).
  *
  * This header names no model family. What makes a model (its shape, its
  * units' layout, its factory) is its family's, and model/family.h creates
@@ -49,8 +50,9 @@ typedef struct zpp_model_ops {
     /* Mean cross-entropy of the last forward (valid after the last stage). */
     float (*loss)(zpp_model *m);
     /* Backward of stage s: accumulates d(loss * loss_scale)/d(params) into
-     * grads (fp32, full unit). The last stage starts from the loss. */
-    zpp_status (*backward)(zpp_model *m, int stage, const void *params, float *grads,
+     * grads (full unit; fp32 unless set_grad_dtype chose otherwise). The
+     * last stage starts from the loss. */
+    zpp_status (*backward)(zpp_model *m, int stage, const void *params, void *grads,
                            float loss_scale);
     void (*destroy)(zpp_model *m);
     /* Sampling: the logits of one row, without a second head.
@@ -78,6 +80,22 @@ typedef struct zpp_model_ops {
      * of zeropp.h): the engine calls init_params and copies. */
     zpp_status (*init_params_device)(zpp_model *m, int unit, size_t offset, size_t count,
                                      float *dev_out, uint64_t seed);
+    /* Optional: the dtype every later backward's `grads` are in, ZPP_FP32
+     * (what every model takes) or param_dtype; each add into a 2-byte
+     * gradient is done in fp32 and rounded once. The engine asks for
+     * param_dtype where that is no coarser than its wire (engine.h,
+     * work_grads). ZPP_ERR_UNSUPPORTED for a dtype it cannot write; NULL
+     * in a model that writes fp32 only. */
+    zpp_status (*set_grad_dtype)(zpp_model *m, zpp_dtype dtype);
+    /* Optional: the next backward pass (stages n_stages-1 down to 0) finds
+     * stale values in the grads buffers, and writes each element's first
+     * contribution over them instead of adding it; later contributions in
+     * the pass (a tied unit's second stage) add, and so does every pass
+     * after it until this is called again. The engine calls it at world 1
+     * after an update, so AdamW need not clear the gradients and the
+     * products need not read them (model.h's contract is otherwise +=).
+     * NULL in a model that only adds: the engine clears the buffers. */
+    zpp_status (*overwrite_grads)(zpp_model *m);
 } zpp_model_ops;
 
 struct zpp_model {

@@ -256,15 +256,20 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     /* Per token once: the last residual (4C); final LayerNorm out, one
      * layer's recompute scratch ln and fcg (C + C + 4C in E); lse, loss,
      * LayerNorm stats (16); the backward's
-     * scratch: dres, dc fp32 (8C), dres_e, datty, dqkv, dfc in E (9C e;
-     * dres_e aliases dres when E is fp32); tokens and targets ints (20),
-     * the attention's dsum per head (4H); the d logits the forward leaves
-     * for the backward, in E (V e); cuDNN's workspace (cudnn_attn_ws). */
-    double once = 12 * C + 6 * C * e + 9 * C * e + 16 + 20 + 4 * H + V * e;
+     * scratch: dres, dc fp32 (8C), dres_e and dfc in E (5C e; dres_e
+     * aliases dres when E is fp32; datty and dqkv lie in dfc); tokens and
+     * targets ints (20), the attention's dsum per head (4H); the d logits
+     * the forward leaves for the backward, in E (V e); cuDNN's workspace
+     * (cudnn_attn_ws). */
+    double once = 12 * C + 6 * C * e + 5 * C * e + 16 + 20 + 4 * H + V * e;
     if (e == 4) once -= C * e;
     once += cudnn_attn_ws(in, H);
-    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD). */
-    const double logits = 4 * V * fmin(tokens, 1024);
+    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD):
+     * over ln, fcg and the backward's scratch when a quarter of those rows
+     * fit there (cuda_ops.h, zpp_cu_head_take_over), else their own. */
+    const double want = fmin(tokens, 1024);
+    const double spare = tokens * (8 * C + 10 * C * e - (e == 4 ? C * e : 0));
+    const double logits = floor(spare / (4 * V)) >= fmax(1.0, floor(want / 4)) ? 0 : 4 * V * want;
     return tokens * (L * per_layer + slab + once) + logits +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
@@ -627,7 +632,8 @@ static void step_shards_sum(const step_ctx *s, step_shards *sh) {
 }
 
 /* Memory per rank. Persistent: per element of the rank's shards, fp32
- * master + Adam m + v + fp32 gradient accumulator (16 bytes; no
+ * master + Adam m + v + fp32 gradient accumulator (16 bytes; 14 with the
+ * bf16 accumulator of work_grads at world 1; no
  * working-dtype copy: a gather rounds the master); with hpZ, the secondary
  * shard of every unit, kept from the forward to the backward: sec_len = N x
  * shard_len elements of e bytes each (1/S of the model per rank: 2P/S in
@@ -648,7 +654,8 @@ static void step_memory(const zpp_cost_in *in, const zpp_coll_mode *mode, const 
                         zpp_cost_out *o) {
     const int W = in->world;
     const double e = (double)zpp_dtype_size(in->dtype);
-    o->mem_shard_state = 16 * sh->shard;
+    const int bf16_grads = in->work_grads && W == 1 && in->dtype == ZPP_BF16;
+    o->mem_shard_state = (bf16_grads ? 14 : 16) * sh->shard;
     o->mem_kept = e * sh->kept_padded;
     o->mem_secondary = mode->hpz ? e * sh->secondary : 0;
     double U = sh->max_padded, su = U / W;

@@ -116,6 +116,11 @@ typedef struct zpp_cost_in {
      * whole model stays in the working dtype between steps (mem_kept) and
      * no unit is gathered into scratch. 0: as without them. */
     int resident_weights;
+    /* 1: the engine's bf16 gradient accumulators (zeropp.h, work_grads;
+     * the trainer's default with one micro-batch a step), where they
+     * apply: world 1, dtype bf16. mem_shard_state is then 14 bytes a
+     * parameter (the accumulator 2) instead of 16. 0: fp32 accumulators. */
+    int work_grads;
 } zpp_cost_in;
 
 typedef struct zpp_cost_out {
@@ -133,7 +138,7 @@ typedef struct zpp_cost_out {
     int kept_units;                /* units not gathered again in the backward (reuse rule) */
     /* Memory per rank at the backward's peak, bytes. */
     double mem_bytes_per_rank;     /* the sum of the five below */
-    double mem_shard_state;        /* fp32 master, Adam m, v, fp32 grad accumulator */
+    double mem_shard_state;        /* fp32 master, Adam m, v, the grad accumulator */
     double mem_secondary;          /* hpZ secondary shards of every unit */
     double mem_transient;          /* gathered units, full gradient, reduction buffer */
     double mem_kept;               /* kept units held at the boundary beyond the current one */

@@ -130,6 +130,7 @@ typedef struct zpp_train_config {
         int loco_reset_T;             /* its reset_T, >= 1 */
         int quantize_vectors;         /* zeropp_quantize_vectors (engine.h) */
         int resident_weights;         /* zeropp_resident_weights (zeropp.h) */
+        int work_grads;               /* zeropp_work_grads (zeropp.h) */
         int grad_stochastic;          /* zeropp_grad_stochastic_rounding: qgZ's int4 */
     } zero;
 

@@ -172,6 +172,11 @@
       "zeropp: in a world of one rank (no qwZ or hpZ) keep the weights in the working dtype "      \
       "between steps, written by AdamW, so no step rounds the fp32 masters again; 2 bytes a "      \
       "parameter in bf16; false for a model that only just fits")                                  \
+    X("zero_optimization.zeropp_work_grads", BOOL, zero.work_grads, 0, 0,                          \
+      (ZPP_EOPT_DEFAULT(work_grads)), 0,                                                          \
+      "zeropp: in a world of one rank with bf16 and one micro-batch a step, accumulate the "      \
+      "gradients in bf16 (each add in fp32, rounded once: the precision of a bf16 wire), 2 "      \
+      "bytes a parameter less than fp32; false keeps fp32")                                        \
     X("zero_optimization.overlap_comm", IGNORED, none, 0, 0, (0), 0, "DeepSpeed tuning knob")      \
     X("zero_optimization.contiguous_gradients", IGNORED, none, 0, 0, (0), 0,                       \
       "DeepSpeed tuning knob")                                                                     \

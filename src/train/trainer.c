@@ -189,6 +189,8 @@ static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_d
     ec.loco_reset_T = c->zero.loco_reset_T;
     ec.quantize_vectors = c->zero.quantize_vectors;
     ec.resident_weights = c->zero.resident_weights;
+    /* several backwards a step would each round into a bf16 sum */
+    ec.work_grads = c->zero.work_grads && c->gradient_accumulation_steps == 1;
     ec.grad_quant.stochastic = c->zero.grad_stochastic;
     ec.seed = c->seed;
     ec.max_consecutive_skips = c->max_consecutive_skips;
