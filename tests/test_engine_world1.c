@@ -31,7 +31,8 @@ typedef struct fixture {
     zpp_engine_opts eo;
 } fixture;
 
-static void setup_with(fixture *f, int resident) {
+/* The host device and a world of one rank. */
+static void fixture_open(fixture *f) {
     memset(f, 0, sizeof *f);
     zpp_topo_opts to = {0};
     to.backend = ZPP_BACKEND_MPI;
@@ -39,6 +40,10 @@ static void setup_with(fixture *f, int resident) {
     EXPECT_OK(zpp_device_create_host(&f->dev));
     EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
     EXPECT(f->topo->world_size == 1, "needs one rank, has %d", f->topo->world_size);
+}
+
+static void setup_with(fixture *f, int resident) {
+    fixture_open(f);
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->model));
     EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
     f->eo = zpp_engine_opts_default();
@@ -160,6 +165,36 @@ static float train_step(fixture *f, zpp_rng *r) {
     return loss;
 }
 
+/* The same new masters and moments (m; v zero) for both engines, as a
+ * checkpoint hands them. */
+static void set_same_masters(fixture *a, fixture *b, zpp_rng *rs) {
+    for (int u = 0; u < a->model->n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(a->engine, u, &numel, &begin, &count));
+        float *w = calloc(count ? count : 1, 3 * sizeof *w);
+        for (size_t i = 0; i < 3 * count; i++)
+            w[i] = (float)(0.02 * zpp_rng_normal(rs)) * (i < 2 * count ? 1 : 0);
+        EXPECT_OK(zpp_engine_state_set(a->engine, u, w, w + count, w + 2 * count));
+        EXPECT_OK(zpp_engine_state_set(b->engine, u, w, w + count, w + 2 * count));
+        free(w);
+    }
+}
+
+/* The two engines' masters and moments are the same bits. */
+static void expect_same_state(fixture *a, fixture *b, const char *what) {
+    for (int u = 0; u < a->model->n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(a->engine, u, &numel, &begin, &count));
+        float *wa = calloc(count ? count : 1, 3 * sizeof *wa);
+        float *wb = calloc(count ? count : 1, 3 * sizeof *wb);
+        EXPECT_OK(zpp_engine_state_get(a->engine, u, wa, wa + count, wa + 2 * count));
+        EXPECT_OK(zpp_engine_state_get(b->engine, u, wb, wb + count, wb + 2 * count));
+        EXPECT(!memcmp(wa, wb, 3 * count * sizeof *wa), "unit %d: masters or moments differ %s",
+               u, what);
+        free(wa), free(wb);
+    }
+}
+
 /* Every scratch buffer after whole steps is some unit's bf16 size (padded
  * * 2) without resident weights: the gathered units, and nothing of the
  * gradients'; with them (the default), no unit's at all: the model reads
@@ -211,35 +246,13 @@ static void test_resident_weights_same_bits(void) {
     setup_with(&b, 0);
     zpp_rng ra = zpp_rng_make(zpp_test_seed(30)), rb = ra;
     zpp_rng rs = zpp_rng_make(zpp_test_seed(31));
-    const zpp_model *m = a.model;
     for (int step = 0; step < 5; step++) {
-        if (step == 3) { /* new masters and moments for both */
-            for (int u = 0; u < m->n_units; u++) {
-                size_t numel = 0, begin = 0, count = 0;
-                EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
-                float *w = calloc(count ? count : 1, 3 * sizeof *w);
-                for (size_t i = 0; i < 3 * count; i++)
-                    w[i] = (float)(0.02 * zpp_rng_normal(&rs)) * (i < 2 * count ? 1 : 0);
-                EXPECT_OK(zpp_engine_state_set(a.engine, u, w, w + count, w + 2 * count));
-                EXPECT_OK(zpp_engine_state_set(b.engine, u, w, w + count, w + 2 * count));
-                free(w);
-            }
-        }
+        if (step == 3) set_same_masters(&a, &b, &rs);
         const float la = train_step(&a, &ra), lb = train_step(&b, &rb);
         EXPECT(!memcmp(&la, &lb, sizeof la), "step %d: loss %.9g with resident weights, %.9g "
                "without", step, (double)la, (double)lb);
     }
-    for (int u = 0; u < m->n_units; u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
-        float *wa = calloc(count ? count : 1, 3 * sizeof *wa);
-        float *wb = calloc(count ? count : 1, 3 * sizeof *wb);
-        EXPECT_OK(zpp_engine_state_get(a.engine, u, wa, wa + count, wa + 2 * count));
-        EXPECT_OK(zpp_engine_state_get(b.engine, u, wb, wb + count, wb + 2 * count));
-        EXPECT(!memcmp(wa, wb, 3 * count * sizeof *wa),
-               "unit %d: masters or moments differ with resident weights", u);
-        free(wa), free(wb);
-    }
+    expect_same_state(&a, &b, "with resident weights");
     teardown(&a);
     teardown(&b);
 }
@@ -324,25 +337,27 @@ static const zpp_model_ops kGradWrapOverwriteOps = {
 /* The fixture with the wrapped model: bf16 accumulators (work_grads), or
  * the fp32 reference that rounds each add; the bf16 one also overwrites
  * its stale gradients instead of having AdamW clear them (overwrite). */
-static void setup_wrapped(fixture *f, int work_grads, int overwrite) {
-    memset(f, 0, sizeof *f);
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 1;
-    EXPECT_OK(zpp_device_create_host(&f->dev));
-    EXPECT_OK(zpp_topo_create_with_opts(&to, &f->topo));
+/* The wrapper over a CPU GPT-2 of dtype dt as the fixture's model, with a
+ * plain one of its own as the reference. */
+static grad_wrap *wrap_model(fixture *f, zpp_dtype dt, const zpp_model_ops *ops) {
     grad_wrap *w = calloc(1, sizeof *w);
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &w->real));
+    EXPECT_OK(zpp_gpt2_create(&kModel, dt, kB, f->dev, &w->real));
     w->base = *w->real;
-    w->base.ops = overwrite ? &kGradWrapOverwriteOps : &kGradWrapOps;
+    w->base.ops = ops;
     w->gd = ZPP_FP32;
-    w->round_fp32 = !work_grads;
     w->written = calloc((size_t)w->base.n_units, sizeof *w->written);
     w->scratch = calloc((size_t)w->base.n_units, sizeof *w->scratch);
     for (int u = 0; u < w->base.n_units; u++)
         w->scratch[u] = calloc(w->base.unit_numel[u], sizeof(float));
     f->model = &w->base;
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f->dev, &f->ref));
+    EXPECT_OK(zpp_gpt2_create(&kModel, dt, kB, f->dev, &f->ref));
+    return w;
+}
+
+static void setup_wrapped(fixture *f, int work_grads, int overwrite) {
+    fixture_open(f);
+    grad_wrap *w = wrap_model(f, ZPP_BF16, overwrite ? &kGradWrapOverwriteOps : &kGradWrapOps);
+    w->round_fp32 = !work_grads;
     f->eo = zpp_engine_opts_default();
     zpp_rng r = zpp_rng_make(zpp_test_seed(40));
     f->eo.seed = zpp_rng_u64(&r);
@@ -383,18 +398,7 @@ static void check_work_grads(int overwrite) {
     zpp_rng ra = zpp_rng_make(zpp_test_seed(41)), rb = ra;
     zpp_rng rs = zpp_rng_make(zpp_test_seed(42));
     for (int step = 0; step < 6; step++) {
-        if (step == 3) { /* a checkpoint's masters: the accumulators are zeroed */
-            for (int u = 0; u < m->n_units; u++) {
-                size_t numel = 0, begin = 0, count = 0;
-                EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
-                float *w = calloc(count ? count : 1, 3 * sizeof *w);
-                for (size_t i = 0; i < 3 * count; i++)
-                    w[i] = (float)(0.02 * zpp_rng_normal(&rs)) * (i < 2 * count ? 1 : 0);
-                EXPECT_OK(zpp_engine_state_set(a.engine, u, w, w + count, w + 2 * count));
-                EXPECT_OK(zpp_engine_state_set(b.engine, u, w, w + count, w + 2 * count));
-                free(w);
-            }
-        }
+        if (step == 3) set_same_masters(&a, &b, &rs); /* the accumulators are zeroed */
         /* steps 1 and 4 accumulate two micro-batches */
         const int two = step == 1 || step == 4;
         const float la = two ? train_step2(&a, &ra) : train_step(&a, &ra);
@@ -403,18 +407,8 @@ static void check_work_grads(int overwrite) {
                "(overwrite %d), %.9g with fp32 ones holding the same values", step, (double)la,
                overwrite, (double)lb);
     }
-    for (int u = 0; u < m->n_units; u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        EXPECT_OK(zpp_engine_shard_range(a.engine, u, &numel, &begin, &count));
-        float *wa = calloc(count ? count : 1, 3 * sizeof *wa);
-        float *wb = calloc(count ? count : 1, 3 * sizeof *wb);
-        EXPECT_OK(zpp_engine_state_get(a.engine, u, wa, wa + count, wa + 2 * count));
-        EXPECT_OK(zpp_engine_state_get(b.engine, u, wb, wb + count, wb + 2 * count));
-        EXPECT(!memcmp(wa, wb, 3 * count * sizeof *wa),
-               "unit %d: masters or moments differ with bf16 accumulators (overwrite %d)", u,
-               overwrite);
-        free(wa), free(wb);
-    }
+    expect_same_state(&a, &b, overwrite ? "with bf16 accumulators written over"
+                                        : "with bf16 accumulators");
     teardown(&a);
     teardown(&b);
 }
@@ -431,23 +425,9 @@ static void test_work_grads_overwrite(void) { check_work_grads(1); }
  * model for another dtype). */
 static void test_work_grads_only_bf16(void) {
     fixture f;
-    memset(&f, 0, sizeof f);
-    zpp_topo_opts to = {0};
-    to.backend = ZPP_BACKEND_MPI;
-    to.node_size = 1;
-    EXPECT_OK(zpp_device_create_host(&f.dev));
-    EXPECT_OK(zpp_topo_create_with_opts(&to, &f.topo));
-    grad_wrap *w = calloc(1, sizeof *w);
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, kB, f.dev, &w->real));
-    w->base = *w->real;
-    w->base.ops = &kGradWrapOps;
+    fixture_open(&f);
+    grad_wrap *w = wrap_model(&f, ZPP_FP32, &kGradWrapOps);
     w->gd = ZPP_BF16; /* must be set back to fp32 */
-    w->written = calloc((size_t)w->base.n_units, sizeof *w->written);
-    w->scratch = calloc((size_t)w->base.n_units, sizeof *w->scratch);
-    for (int u = 0; u < w->base.n_units; u++)
-        w->scratch[u] = calloc(w->base.unit_numel[u], sizeof(float));
-    f.model = &w->base;
-    EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_FP32, kB, f.dev, &f.ref));
     f.eo = zpp_engine_opts_default();
     f.eo.work_dtype = ZPP_FP32;
     EXPECT_OK(zpp_engine_create_with_opts(f.topo, f.model, &f.eo, f.dev, &f.engine));
