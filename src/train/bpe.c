@@ -220,7 +220,7 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
         memcpy(bpe->tok_bytes + off, t->bytes, t->len);
         bpe->tok_off[t->id] = off;
         bpe->tok_len[t->id] = (uint32_t)t->len;
-        bpe->tok_special[t->id] = t->special ? 1 : 0;
+        bpe->tok_special[t->id] = t->special == 2 ? 2 : t->special ? 1 : 0;
         off += t->len;
         size_t j = hash_bytes(t->bytes, t->len) & bpe->vocab_mask;
         while (bpe->vocab_slots[j] >= 0) j = (j + 1) & bpe->vocab_mask;
@@ -908,6 +908,20 @@ static size_t special_prefix_at(const zpp_bpe *bpe, const uint8_t *text, size_t 
     return len;
 }
 
+/* A special token the text names that its file matches after the
+ * normalizer (zpp_bpe_token.special 2): refused, not matched another way. */
+static zpp_status refuse_normalized(const zpp_bpe *bpe, int32_t id) {
+    const int n = (int)bpe->tok_len[id];
+    const char *t = (const char *)bpe->tok_bytes + bpe->tok_off[id];
+    return zpp_error(ZPP_ERR_UNSUPPORTED,
+                     "special token \"%.*s\" is matched after the tokenizer's normalizer "
+                     "(\"normalized\": true: as \"\u2581%.*s\", after a space), which is not "
+                     "supported; encode this text without matching special tokens (zeropp "
+                     "tokenize without --allow-special), or set its \"normalized\" to false in "
+                     "tokenizer.json",
+                     n, t, n, t);
+}
+
 /* The whole pre-tokenization: special tokens (when asked), the regex
  * between them. */
 static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
@@ -928,6 +942,7 @@ static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned f
         /* Partial: text from `hold` on may turn into a special token (or a
          * longer one than found at q) once more text arrives. */
         const size_t hold = partial && specials ? special_prefix_at(bpe, text, pos, len) : len;
+        if (id >= 0 && q < hold && bpe->tok_special[id] == 2) return refuse_normalized(bpe, id);
         if (id >= 0 && q < hold) {
             size_t done = 0;
             ZPP_CHECK(split_segment(bpe, text, pos, q, 0, pos == 0 && !continued, fn, ctx, &done));

@@ -99,7 +99,13 @@ typedef struct zpp_bpe_token {
     const uint8_t *bytes;
     size_t len;    /* >= 1 */
     int32_t id;    /* in [0, ZPP_BPE_MAX_ID], each id once; gaps are allowed */
-    int special;   /* 1: a special token (never the result of a merge) */
+    /* 1: a special token (never the result of a merge); 2: one whose file
+     * matches it after its normalizer (Hugging Face's "normalized": true
+     * under Llama 2's normalizer: "<s>" then matches as "▁<s>", only at the
+     * start or after a space, taking the space with it), which the core,
+     * matching special tokens in the raw text, does not reproduce: with
+     * ZPP_BPE_SPECIAL, a text that names it is refused, naming it. */
+    int special;
 } zpp_bpe_token;
 
 /* A merge of two token ids; its rank is its index in the list. */
@@ -208,7 +214,8 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  *     pre_tokenizer Metaspace (replacement "▁", prepend_scheme "first",
  *     "always" or "never", split).
  * added_tokens are all special tokens (so their text is only matched with
- * ZPP_BPE_SPECIAL). ZPP_ERR_UNSUPPORTED naming the key for anything else:
+ * ZPP_BPE_SPECIAL; one marked "normalized" under Llama 2's normalizer is
+ * refused there instead, zpp_bpe_token.special 2). ZPP_ERR_UNSUPPORTED naming the key for anything else:
  * another model type, dropout or subword affixes, byte_fallback in a
  * byte-level file, another normalizer (Qwen2's NFC) or pre-tokenizer, added
  * tokens that strip the text around them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming

@@ -49,6 +49,7 @@ typedef struct hf_form {
     int sentencepiece;
     zpp_bpe_chars chars; /* prepend and split; the ids once the vocabulary is read */
     const char *unk;     /* model.unk_token, or NULL */
+    int normalizer;      /* Llama 2's normalizer is there */
 } hf_form;
 
 /* The tokens, their bytes in one block. */
@@ -229,6 +230,7 @@ static zpp_status read_pre_tokenizer(const cJSON *root, const char *path, hf_for
                              "(Prepend, Replace); only a null pre_tokenizer is supported there",
                              path, type_of(pt) ? type_of(pt) : "?");
         form->sentencepiece = 1;
+        form->normalizer = 1;
         form->chars.prepend = ZPP_BPE_PREPEND_EVERY;
         form->chars.split = 0;
         return ZPP_OK;
@@ -309,8 +311,10 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
 
 /* added_tokens -> special tokens in v: an entry model.vocab already holds
  * (GPT-2's "<|endoftext|>") is marked special; the others (Llama 3's
- * "<|begin_of_text|>") are added. */
-static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_vocab *v) {
+ * "<|begin_of_text|>") are added. One matched after Llama 2's normalizer
+ * ("normalized": true) is special 2 (bpe.h, zpp_bpe_token). */
+static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_form *form,
+                                    hf_vocab *v) {
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return zpp_error(ZPP_ERR_FORMAT, "tokenizer '%s': added_tokens is not an array", path);
     const size_t n_model = v->n;
@@ -333,6 +337,8 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_voc
                                  path, content->valuestring, strips[s]);
         const char *text = content->valuestring;
         const size_t len = strlen(text);
+        /* matched in the normalized text: not our raw-text match (bpe.h) */
+        const int special = form->normalizer && is_set(e, "normalized") ? 2 : 1;
         size_t i = 0;
         while (i < n_model && v->tokens[i].id != id) i++;
         if (i < n_model) { /* in model.vocab too: the same token, now special */
@@ -341,13 +347,13 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_voc
                                  "tokenizer '%s': added token \"%.40s\" has id %d, which "
                                  "model.vocab gives to another token",
                                  path, text, (int)id);
-            v->tokens[i].special = 1;
+            v->tokens[i].special = special;
             continue;
         }
         uint8_t *at = v->arena + v->arena_used;
         memcpy(at, text, len);
         v->arena_used += len;
-        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, 1};
+        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, special};
     }
     return ZPP_OK;
 }
@@ -473,7 +479,7 @@ zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
     if (st == ZPP_OK) st = check_model(model, path, &form);
     if (st == ZPP_OK)
         st = read_model_vocab(item(model, "vocab"), added, path, form.sentencepiece, &v);
-    if (st == ZPP_OK) st = read_added_tokens(added, path, &v);
+    if (st == ZPP_OK) st = read_added_tokens(added, path, &form, &v);
     if (st != ZPP_OK) goto out;
     /* The vocabulary alone first, to look the merges' tokens up in. */
     d.tokens = v.tokens;

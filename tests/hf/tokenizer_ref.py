@@ -108,6 +108,10 @@ def main():
     from tokenizers import Tokenizer  # pip install tokenizers
 
     hf = Tokenizer.from_file(args.tokenizer)
+    # A file may store a truncation or padding for its model (GPT-2's
+    # Hugging Face file truncates to 50 tokens): the whole text is wanted.
+    hf.no_truncation()
+    hf.no_padding()
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
     if not args.allow_special:
