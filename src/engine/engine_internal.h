@@ -117,8 +117,9 @@ static inline int engine_alone(const zpp_engine *e) { return e->topo->world_size
  * world of one rank working in bf16 whose model can write it
  * (model.h, set_grad_dtype). Rounding each add once to bf16 is what a world
  * of several ranks does anyway (its gradients travel in bf16), and it
- * saves 2 bytes a parameter of memory and 4 of traffic a step (the
- * model's adds, AdamW's read and its clearing write). fp16 keeps fp32: a
+ * saves 2 bytes a parameter of memory, and 2 of traffic in each of the
+ * model's reads and writes of the sums and AdamW's read and clearing
+ * write. fp16 keeps fp32: a
  * loss-scaled gradient summed in fp16 overflows long before the fp32
  * sum that a wire's conversion would flag. Chosen once at create, before
  * the accumulators are allocated, with `overwrites`. */

@@ -93,7 +93,7 @@ typedef struct zpp_model_ops {
      * the pass (a tied unit's second stage) add, and so does every pass
      * after it until this is called again. The engine calls it at world 1
      * after an update, so AdamW need not clear the gradients and the
-     * products need not read them (model.h's contract is otherwise +=).
+     * products need not read them (backward's contract is otherwise +=).
      * NULL in a model that only adds: the engine clears the buffers. */
     zpp_status (*overwrite_grads)(zpp_model *m);
 } zpp_model_ops;
