@@ -57,9 +57,10 @@ typedef struct zpp_adamw_args {
      * dtype, 2 bytes an element less). g is the value widened to fp32,
      * which is exact, so the arithmetic is fp32's. */
     zpp_dtype grad_dtype;
-    /* 1: grad[i] = 0 (of grad_dtype) once read, so the accumulator is ready for the next
-     * step's sums in the same pass over memory (the line is already in
-     * cache: the zeroing costs no read, and no pass of its own). */
+    /* 1: grad[i] = 0 (of grad_dtype) once read, so the accumulator is
+     * ready for the next step's sums in the same pass over memory (the
+     * line is already in cache: the zeroing costs no read, and no pass of
+     * its own). */
     int clear_grad;
     /* Where weight_decay applies: n_decay = 0, every element; otherwise
      * only elements [decay_lo[k], decay_hi[k]) of the call, k < n_decay

@@ -84,7 +84,7 @@ zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
         unit_state *u = &e->units[model->stage_unit[s]];
         if (u->first_stage < 0) u->first_stage = s;
     }
-    ZPP_CHECK_GOTO(engine_grad_dtype(e), st, fail);
+    ZPP_CHECK_GOTO(engine_grad_mode(e), st, fail);
     for (int i = 0; i < model->n_units; i++)
         ZPP_CHECK_GOTO(engine_unit_alloc(e, &e->units[i], i), st, fail);
     ZPP_CHECK_GOTO(engine_resident_create(e), st, fail);
@@ -232,7 +232,7 @@ static zpp_status reduce_finish_oldest(zpp_engine *e) {
     memmove(&e->reductions[0], &e->reductions[1], (size_t)e->n_reductions * sizeof r);
     unit_state *u = &e->units[r.unit];
     zpp_status st = coll_finish(e, r.op);
-    /* (world > 1: the accumulator is fp32, engine_grad_dtype) */
+    /* (world > 1: the accumulator is fp32, engine_grad_mode) */
     if (st == ZPP_OK) st = zpp_device_add(e->dev, (float *)u->grad_acc, r.out, u->part.shard_len);
     zpp_device_scratch_put(e->dev, r.in);
     zpp_device_scratch_put(e->dev, r.out);

@@ -68,7 +68,7 @@ struct zpp_engine {
     zpp_model *model;
     zpp_engine_opts opts;
     zpp_device *dev;   /* not owned */
-    zpp_dtype grad_dtype; /* of every grad_acc (engine_grad_dtype) */
+    zpp_dtype grad_dtype; /* of every grad_acc (engine_grad_mode) */
     /* World 1 with a model that has overwrite_grads: AdamW leaves the
      * accumulators as they are (stale), and the next backward pass writes
      * over them (grads_stale). Otherwise AdamW clears them. */
@@ -113,17 +113,18 @@ struct zpp_engine {
  * takes. */
 static inline int engine_alone(const zpp_engine *e) { return e->topo->world_size == 1; }
 
-/* The gradient accumulator's dtype: fp32, or bf16 (opts.work_grads) in a
- * world of one rank working in bf16 whose model can write it
- * (model.h, set_grad_dtype). Rounding each add once to bf16 is what a world
- * of several ranks does anyway (its gradients travel in bf16), and it
- * saves 2 bytes a parameter of memory, and 2 of traffic in each of the
- * model's reads and writes of the sums and AdamW's read and clearing
- * write. fp16 keeps fp32: a
- * loss-scaled gradient summed in fp16 overflows long before the fp32
- * sum that a wire's conversion would flag. Chosen once at create, before
- * the accumulators are allocated, with `overwrites`. */
-zpp_status engine_grad_dtype(zpp_engine *e);
+/* How the gradient accumulators are kept, chosen once at create before
+ * they are allocated. Their dtype: fp32, or bf16 (opts.work_grads) in a
+ * world of one rank working in bf16 whose model can write it (model.h,
+ * set_grad_dtype). Rounding each add once to bf16 is what a world of
+ * several ranks does anyway (its gradients travel in bf16), and it saves 2
+ * bytes a parameter of memory, and 2 of traffic in each of the model's
+ * reads and writes of the sums and AdamW's read and clearing write. fp16
+ * keeps fp32: a loss-scaled gradient summed in fp16 overflows long before
+ * the fp32 sum that a wire's conversion would flag. And `overwrites`: at
+ * world 1 with a model that has overwrite_grads, AdamW does not clear
+ * them. */
+zpp_status engine_grad_mode(zpp_engine *e);
 
 /* Bytes of n accumulator elements. */
 static inline size_t engine_grad_bytes(const zpp_engine *e, size_t n) {

@@ -38,7 +38,7 @@ static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
     return st;
 }
 
-zpp_status engine_grad_dtype(zpp_engine *e) {
+zpp_status engine_grad_mode(zpp_engine *e) {
     zpp_model *m = e->model;
     e->grad_dtype = ZPP_FP32;
     e->overwrites = engine_alone(e) && m->ops->overwrite_grads != NULL;

@@ -215,10 +215,11 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  *     "always" or "never", split).
  * added_tokens are all special tokens (so their text is only matched with
  * ZPP_BPE_SPECIAL; one marked "normalized" under Llama 2's normalizer is
- * refused there instead, zpp_bpe_token.special 2). ZPP_ERR_UNSUPPORTED naming the key for anything else:
- * another model type, dropout or subword affixes, byte_fallback in a
- * byte-level file, another normalizer (Qwen2's NFC) or pre-tokenizer, added
- * tokens that strip the text around them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
+ * refused there instead, zpp_bpe_token.special 2). ZPP_ERR_UNSUPPORTED
+ * naming the key for anything else: another model type, dropout or
+ * subword affixes, byte_fallback in a byte-level file, another normalizer
+ * (Qwen2's NFC) or pre-tokenizer, added tokens that strip the text around
+ * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
  * the file and the entry. The post_processor's tokens (a leading
  * <|begin_of_text|> or <s>) are not added, and the decoder is not read
  * (decoding is the one bpe.h describes for the kind). */
