@@ -9,7 +9,9 @@
  * ByteLevel, and added tokens such as "<|begin_of_text|>" at ids past
  * 65535. The reference encoder is written here from the definition and
  * shares nothing with the library but PCRE2 (the regex engine both use):
- * cut out special tokens leftmost first, longest at one place; cut the rest
+ * cut out special tokens leftmost first, longest at one place, those marked
+ * "normalized" in a second pass over the text between the others (Hugging
+ * Face's order); cut the rest
  * into the regex's matches and the runs between them; in each piece start
  * from one symbol a byte, find the adjacent pair of lowest rank, merge all
  * its occurrences left to right, repeat (O(n^2), per piece). Texts are fresh
@@ -52,7 +54,8 @@ static int irand(zpp_rng *r, int lo, int hi) { /* [lo, hi] */
 #define TOK_BYTES 64
 typedef struct tok {
     uint8_t b[TOK_BYTES];
-    int len, id, special;
+    int len, id;
+    int special; /* 1: an added token; 2: one marked "normalized" (matched second) */
     int in_model; /* a special token model.vocab holds too (GPT-2's <|endoftext|>) */
 } tok;
 typedef struct tvocab {
@@ -146,15 +149,20 @@ static void ref_text(const tvocab *v, const pcre2_code *re, const uint8_t *t, si
     pcre2_match_data_free(md);
 }
 
-/* The whole text; out holds at least n entries (ids, not indexes). */
-static size_t ref_encode(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n,
-                         int special, int32_t *ids) {
-    int *out = malloc((n + 1) * sizeof *out);
-    size_t n_out = 0, start = 0;
-    for (size_t i = 0; special && i < n;) {
+/* Pass `pass` over t[0, n): the special tokens of that kind (1, then the
+ * "normalized" ones, 2) cut out leftmost first, the longest at one place;
+ * the text between goes to the next pass, after the second to the regex. */
+static void ref_cut(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n, int pass,
+                    int *out, size_t *n_out) {
+    if (pass > 2) {
+        ref_text(v, re, t, n, out, n_out);
+        return;
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < n;) {
         int hit = -1;
-        for (int k = 0; k < v->n; k++) /* the longest special token starting at i */
-            if (v->t[k].special && (size_t)v->t[k].len <= n - i &&
+        for (int k = 0; k < v->n; k++) /* the longest token of this pass starting at i */
+            if (v->t[k].special == pass && (size_t)v->t[k].len <= n - i &&
                 !memcmp(t + i, v->t[k].b, (size_t)v->t[k].len) &&
                 (hit < 0 || v->t[k].len > v->t[hit].len))
                 hit = k;
@@ -162,12 +170,21 @@ static size_t ref_encode(const tvocab *v, const pcre2_code *re, const uint8_t *t
             i++;
             continue;
         }
-        ref_text(v, re, t + start, i - start, out, &n_out);
-        out[n_out++] = hit;
+        ref_cut(v, re, t + start, i - start, pass + 1, out, n_out);
+        out[(*n_out)++] = hit;
         i += (size_t)v->t[hit].len;
         start = i;
     }
-    ref_text(v, re, t + start, n - start, out, &n_out);
+    ref_cut(v, re, t + start, n - start, pass + 1, out, n_out);
+}
+
+/* The whole text; out holds at least n entries (ids, not indexes). */
+static size_t ref_encode(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n,
+                         int special, int32_t *ids) {
+    int *out = malloc((n + 1) * sizeof *out);
+    size_t n_out = 0;
+    if (special) ref_cut(v, re, t, n, 1, out, &n_out);
+    else ref_text(v, re, t, n, out, &n_out);
     for (size_t i = 0; i < n_out; i++) ids[i] = v->t[out[i]].id;
     free(out);
     return n_out;
@@ -205,11 +222,13 @@ static const char *const WORDS[] = {
     "café", "naïve", "中文", "日本語", "ÀÉÎ", "🙂", "über", "x", "12345", "7", "'s",
     "'ll", "'RE", "don't", "e.g.", "(a)", "!!", "...", "—", "\t", "\n", "\r\n", "  ", "   ",
     " \n ", "$", "3.14", "über-", "ß"};
+/* ("|><|" overlaps two others written one after the other: which wins
+ * depends on which are "normalized") */
 static const char *const SPECIALS[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
-                                       "<|reserved|>", "<|reserved|>!", "<|endoftext|>"};
+                                       "<|reserved|>", "<|reserved|>!", "|><|", "<|endoftext|>"};
 /* ids of SPECIALS (the last one is in model.vocab too, as in GPT-2's file) */
-static const int SPECIAL_IDS[] = {128000, 128001, 128009, 70000, 70001, -1};
-#define N_SPECIALS 6
+static const int SPECIAL_IDS[] = {128000, 128001, 128009, 70000, 70001, 70002, -1};
+#define N_SPECIALS 7
 
 /* Words, spaces, (with specials) special tokens' text and (with invalid)
  * bytes that are no UTF-8. */
@@ -335,7 +354,8 @@ static cJSON *tv_json(const tvocab *v, int pairs) {
         content[v->t[i].len] = 0;
         cJSON_AddStringToObject(a, "content", content);
         cJSON_AddFalseToObject(a, "single_word"), cJSON_AddFalseToObject(a, "lstrip");
-        cJSON_AddFalseToObject(a, "rstrip"), cJSON_AddFalseToObject(a, "normalized");
+        cJSON_AddFalseToObject(a, "rstrip");
+        cJSON_AddBoolToObject(a, "normalized", v->t[i].special == 2);
         cJSON_AddTrueToObject(a, "special");
         cJSON_AddItemToArray(added, a);
     }
@@ -414,8 +434,8 @@ static void expect_same(const int32_t *got, size_t n_got, const int32_t *want, s
 }
 
 /* Random texts encode as the reference does, with and without special
- * tokens, and decode back byte for byte; for merges of both forms and with
- * ignore_merges on and off. */
+ * tokens (each "normalized" or not at random), and decode back byte for
+ * byte; for merges of both forms and with ignore_merges on and off. */
 static void test_matches_reference(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     pcre2_code *re = compile_pattern();
@@ -423,6 +443,8 @@ static void test_matches_reference(void) {
     for (int trial = 0; trial < 6; trial++) {
         tv_build(&v, &r, re, irand(&r, 50, 300), irand(&r, 0, 60));
         v.whole = trial % 2;
+        for (int k = 0; k < v.n; k++)
+            if (v.t[k].special) v.t[k].special = irand(&r, 1, 2);
         zpp_bpe *bpe = load_tv(&v, trial % 3 == 0, "tokenizer.json");
         EXPECT(zpp_bpe_merge_count(bpe) == (size_t)v.n_merges, "%zu merges, wrote %d",
                zpp_bpe_merge_count(bpe), v.n_merges);
@@ -1136,46 +1158,173 @@ static void test_tool_sentencepiece(void) {
     }
 }
 
-/* An added token with "normalized": true under Llama 2's normalizer is
- * matched by Hugging Face in the normalized text (as "▁<s>", after a space
- * only, taking it along), which the core does not reproduce: with
- * ZPP_BPE_SPECIAL a text naming it is refused, naming it; the same file
- * encodes text that names no such token, and any text without
- * ZPP_BPE_SPECIAL; another special token of the file still matches. Without
- * a normalizer (Metaspace) the flag changes nothing: the normalized text is
- * the text. (OpenLLaMA's file marks <s> and <unk> so.) */
+/* Marks added token `id` of an sp_json file "normalized". */
+static void sp_normalized(cJSON *j, int id) {
+    cJSON *t = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "added_tokens"), id);
+    cJSON_ReplaceItemInObject(t, "normalized", cJSON_CreateBool(1));
+}
+
+/* An added token marked "normalized" under Llama 2's normalizer is matched
+ * in the normalized text, as Hugging Face does (OpenLLaMA's file marks <s>
+ * so): its form is "▁<s>", found only where the normalizer put a "▁" (at a
+ * stretch's start) or a space was, which it takes along, and the text after
+ * it gets no "▁" in front. Each encoding is derived by hand and is the one
+ * tokenizers 0.23 gives OpenLLaMA's file for the same text. Without a
+ * normalizer (Metaspace) the flag changes only the order of the passes. */
 static void test_normalized_special_tokens(void) {
-    const int H = sp_char("h"), L = sp_char("l"), D = sp_char("d"), O = sp_char("o");
-    const int ELL = SP_MERGED(2), HELLO = SP_MERGED(4), WOR = SP_MERGED(7);
-    for (int f = 0; f < 2; f++) {
-        const sp_form form = f == 0 ? FORM_PREPEND : FORM_META_FIRST;
-        cJSON *j = sp_json(form, 0, 1, 1);
-        cJSON *bos = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "added_tokens"), BOS);
-        cJSON_ReplaceItemInObject(bos, "normalized", cJSON_CreateBool(1));
-        char path[512];
-        write_json(j, "sp_norm.json", path);
-        cJSON_Delete(j);
-        zpp_bpe *bpe = NULL;
-        EXPECT_OK(zpp_bpe_load_hf(path, &bpe));
-        const int hello_world[] = {HELLO, WOR, L, D, -1};
-        expect_tokens(bpe, "hello world", ZPP_BPE_SPECIAL, hello_world, "normalized: no <s>");
-        zpp_bpe_ids got = {0};
-        if (form == FORM_PREPEND) {
-            EXPECT_STATUS(zpp_bpe_encode(bpe, "hello <s>world", 14, ZPP_BPE_SPECIAL, &got, NULL),
-                          ZPP_ERR_UNSUPPORTED);
-            EXPECT_MSG("\"<s>\"");
-            EXPECT_MSG("normalized");
-            const int eos[] = {HELLO, EOS, -1}; /* "</s>" is normalized false */
-            expect_tokens(bpe, "hello</s>", ZPP_BPE_SPECIAL, eos, "normalized: </s> matches");
-        } else {
-            const int bos_hello[] = {BOS, H, ELL, O, -1}; /* as test_sentencepiece_by_hand */
-            expect_tokens(bpe, "<s>hello", ZPP_BPE_SPECIAL, bos_hello, "metaspace: <s> matches");
+    const int SPC = sp_char(SP), B = sp_char("b"), D = sp_char("d"), H = sp_char("h");
+    const int L = sp_char("l"), O = sp_char("o"), W = sp_char("w");
+    const int ELL = SP_MERGED(2), HELLO = SP_MERGED(4), OR = SP_MERGED(5), SPA = SP_MERGED(10);
+    cJSON *j = sp_json(FORM_PREPEND, 0, 1, 1);
+    sp_normalized(j, BOS);
+    char path[512];
+    write_json(j, "sp_norm.json", path);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(path, &bpe));
+    /* "▁hello▁<s>world": ▁hello, then ▁<s> takes the space, then "world"
+     * alone: w o r l d -> r5 or -> w or l d ((w, or) has no merge) */
+    const int after_space[] = {HELLO, BOS, W, OR, L, D, -1};
+    expect_tokens(bpe, "hello <s>world", ZPP_BPE_SPECIAL, after_space, "after a space");
+    /* at the start the prepended "▁" is its space: h e l l o -> h ell o */
+    const int at_start[] = {BOS, H, ELL, O, -1};
+    expect_tokens(bpe, "<s>hello", ZPP_BPE_SPECIAL, at_start, "at the start");
+    /* "▁▁<s>hello": the prepended "▁" is a piece alone */
+    const int two_spaces[] = {SPC, BOS, H, ELL, O, -1};
+    expect_tokens(bpe, " <s>hello", ZPP_BPE_SPECIAL, two_spaces, "a space first");
+    /* no space before it: text ("▁a<s>": ▁a, then <, s, > by byte fallback) */
+    const int no_space[] = {SPA, BYTE_TOK('<'), BYTE_TOK('s'), BYTE_TOK('>'), -1};
+    expect_tokens(bpe, "a<s>", ZPP_BPE_SPECIAL, no_space, "no space before");
+    const int twice[] = {BOS, BYTE_TOK('<'), BYTE_TOK('s'), BYTE_TOK('>'), -1};
+    expect_tokens(bpe, "<s><s>", ZPP_BPE_SPECIAL, twice, "twice");
+    /* </s> (not normalized) is cut first; each stretch is normalized alone:
+     * "hello", then " <s>" -> "▁▁<s>" */
+    const int stretches[] = {HELLO, EOS, SPC, BOS, -1};
+    expect_tokens(bpe, "hello</s> <s>", ZPP_BPE_SPECIAL, stretches, "stretches");
+    /* a "▁" in the text is the same as a space in the normalized text */
+    const int mark[] = {SPA, BOS, B, -1};
+    expect_tokens(bpe, "a" SP "<s>b", ZPP_BPE_SPECIAL, mark, "a written mark");
+    /* the pieces: the token's covers its space */
+    zpp_bpe_pieces pieces = {0};
+    EXPECT_OK(zpp_bpe_split(bpe, "hello <s>world", 14, ZPP_BPE_SPECIAL, &pieces, NULL));
+    const zpp_bpe_piece *p = pieces.pieces;
+    EXPECT(pieces.n == 3 && p[0].start == 0 && p[0].len == 5 && p[0].prefixed &&
+               p[1].start == 5 && p[1].len == 4 && p[1].special == BOS && p[2].start == 9 &&
+               p[2].len == 5 && !p[2].prefixed && p[2].special < 0,
+           "%zu pieces of \"hello <s>world\"", pieces.n);
+    free(pieces.pieces);
+    zpp_bpe_destroy(bpe);
+    /* Metaspace (no normalizer): the form is the content itself */
+    j = sp_json(FORM_META_FIRST, 0, 1, 1);
+    sp_normalized(j, BOS);
+    write_json(j, "sp_norm_meta.json", path);
+    cJSON_Delete(j);
+    EXPECT_OK(zpp_bpe_load_hf(path, &bpe));
+    expect_tokens(bpe, "<s>hello", ZPP_BPE_SPECIAL, at_start, "metaspace: <s> matches");
+    zpp_bpe_destroy(bpe);
+}
+
+/* Llama 2's normalizer by hand, the pieces a text gives: "</s>" (not
+ * normalized) is cut out of the raw text; each stretch between becomes N =
+ * "▁" + the stretch with ' ' -> "▁", at[k] being the text's offset that
+ * byte k of N came from (the prepended "▁" from the stretch's start); the
+ * forms "▁<s>▁<unk>", "▁<unk>" and "▁<s>" (of the tokens "<s> <unk>",
+ * "<unk>" and "<s>", marked normalized; longest first) are found in N by
+ * plain comparison, leftmost first, longest at one place, and mapped back. */
+static size_t ref_normalized_pieces(const uint8_t *t, size_t n, zpp_bpe_piece *out, int id2) {
+    enum { N_FORMS = 3 };
+    static const char *const forms[N_FORMS] = {SP "<s>" SP "<unk>", SP "<unk>", SP "<s>"};
+    const int ids[N_FORMS] = {id2, UNK, BOS};
+    size_t n_out = 0, a = 0;
+    uint8_t *norm = malloc(3 * n + 3);
+    size_t *at = malloc((3 * n + 4) * sizeof *at);
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && (n - i < 4 || memcmp(t + i, "</s>", 4))) continue;
+        if (i > a) { /* the stretch [a, i) */
+            size_t m = 0;
+            memcpy(norm, SP, 3), at[0] = at[1] = at[2] = a, m = 3;
+            for (size_t k = a; k < i; k++) {
+                if (t[k] == ' ') memcpy(norm + m, SP, 3), at[m] = at[m + 1] = at[m + 2] = k, m += 3;
+                else norm[m] = t[k], at[m++] = k;
+            }
+            at[m] = i;
+            size_t from = 0;
+            for (size_t k = 0; k < m;) {
+                int f = 0;
+                while (f < N_FORMS &&
+                       (strlen(forms[f]) > m - k || memcmp(norm + k, forms[f], strlen(forms[f]))))
+                    f++;
+                if (f == N_FORMS) {
+                    k++;
+                    continue;
+                }
+                const size_t end = k + strlen(forms[f]);
+                if (k > from)
+                    out[n_out++] = (zpp_bpe_piece){at[from], at[k] - at[from], -1, from == 0};
+                out[n_out++] = (zpp_bpe_piece){at[k], at[end] - at[k], ids[f], 0};
+                from = k = end;
+            }
+            if (m > from) out[n_out++] = (zpp_bpe_piece){at[from], i - at[from], -1, from == 0};
         }
-        EXPECT_OK(zpp_bpe_encode(bpe, "hello <s>world", 14, 0, &got, NULL));
-        EXPECT(got.n > 0, "normalized: the text without ZPP_BPE_SPECIAL");
-        free(got.ids);
-        zpp_bpe_destroy(bpe);
+        if (i < n) out[n_out++] = (zpp_bpe_piece){i, 4, EOS, 0};
+        a = i + 4;
+        i += 3;
     }
+    free(norm), free(at);
+    return n_out;
+}
+
+/* Random texts thick with "<s>", "</s>", "<unk>", spaces and "▁" are cut
+ * into the pieces of the reference above, and `zeropp tokenize` streaming
+ * them through a buffer of 64 bytes writes the tokens of encoding at once. */
+static void test_normalized_special_tokens_random(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(8));
+    static const char *const parts[] = {"<s>", "</s>", "<unk>", " ", "  ", SP, "a", "hello",
+                                        "<s> <unk>", "<", "s>", "\n", "\xC3\xA9"};
+    /* "<s> <unk>" takes the next free id (Hugging Face renumbers others) */
+    const int ID2 = SP_MERGED(N_SP_MERGES);
+    cJSON *j = sp_json(FORM_PREPEND, 0, 1, 1), *added = cJSON_GetObjectItem(j, "added_tokens");
+    sp_normalized(j, BOS), sp_normalized(j, UNK);
+    cJSON *extra = cJSON_Duplicate(cJSON_GetArrayItem(added, BOS), 1);
+    cJSON_ReplaceItemInObject(extra, "id", cJSON_CreateNumber(ID2));
+    cJSON_ReplaceItemInObject(extra, "content", cJSON_CreateString("<s> <unk>"));
+    cJSON_AddItemToArray(added, extra);
+    char tj[512], in[512], out[512], args[2048], msg[8192];
+    write_json(j, "sp_norm_random.json", tj);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
+    zpp_test_tmp_path("norm_in.txt", in);
+    zpp_test_tmp_path("norm_out.bin", out);
+    for (int trial = 0; trial < 30; trial++) {
+        buf t = {0};
+        const int n_parts = irand(&r, 1, trial < 20 ? 12 : 2000);
+        for (int k = 0; k < n_parts; k++) puts_(&t, parts[irand(&r, 0, 12)]);
+        zpp_bpe_piece *want = malloc((3 * t.n + 8) * sizeof *want);
+        const size_t n_want = ref_normalized_pieces(t.b, t.n, want, ID2);
+        zpp_bpe_pieces got = {0};
+        EXPECT_OK(zpp_bpe_split(bpe, t.b, t.n, ZPP_BPE_SPECIAL, &got, NULL));
+        size_t i = 0;
+        while (i < got.n && i < n_want && got.pieces[i].start == want[i].start &&
+               got.pieces[i].len == want[i].len && got.pieces[i].special == want[i].special &&
+               got.pieces[i].prefixed == want[i].prefixed)
+            i++;
+        EXPECT(got.n == n_want && i == n_want,
+               "trial %d: %zu pieces, the reference %zu; first difference at %zu of \"%s\"",
+               trial, got.n, n_want, i, (const char *)t.b);
+        if (trial >= 20) { /* long texts: streamed by the tool */
+            zpp_test_write_file(in, t.b, t.n);
+            snprintf(args, sizeof args, "--tokenizer %s --allow-special --buffer 64 %s %s", tj,
+                     in, out);
+            EXPECT(run_cli(args, msg, sizeof msg) == 0, "zeropp tokenize %s: %s", args, msg);
+            zpp_bpe_ids ids = {0};
+            EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, ZPP_BPE_SPECIAL, &ids, NULL));
+            expect_loader_reads(out, ids.ids, ids.n, zpp_bpe_vocab_size(bpe), 8);
+            free(ids.ids);
+        }
+        free(got.pieces), free(want), free(t.b);
+    }
+    zpp_bpe_destroy(bpe);
 }
 
 ZPP_TESTS(
@@ -1189,4 +1338,5 @@ ZPP_TESTS(
     ZPP_TEST(test_sentencepiece_refusals),
     ZPP_TEST(test_tool_sentencepiece),
     ZPP_TEST(test_normalized_special_tokens),
+    ZPP_TEST(test_normalized_special_tokens_random),
 )

@@ -65,6 +65,19 @@ typedef struct cache_slot {
     uint16_t n_ids;
 } cache_slot;
 
+/* The special tokens of one matching pass. Each has a form, the bytes it
+ * matches: its content, or under Llama 2's normalizer "▁" then its content
+ * with every space a "▁" (what the normalizer makes of it). Ordered longest
+ * form first, so the first that matches at a place is the longest there. */
+typedef struct special_set {
+    int32_t *ids;
+    uint8_t *forms;
+    size_t *form_off;
+    uint32_t *form_len;
+    size_t n, max_len;  /* max_len: the longest form */
+    uint8_t first[256]; /* 1 when a form starts with this byte */
+} special_set;
+
 struct zpp_bpe {
     /* vocabulary: token id -> bytes; bytes -> id through an open-addressing
      * table of ids (-1 free) */
@@ -87,10 +100,13 @@ struct zpp_bpe {
     const size_t *text_off;
     const uint32_t *text_len;
     const uint8_t *text_bytes;
-    /* special tokens, longest first (for a leftmost-longest search) */
-    int32_t *special_ids;
-    size_t n_special, special_max_len;
-    uint8_t special_first[256]; /* 1 when a special token starts with this byte */
+    /* Special tokens, in Hugging Face's two passes (bpe.h, SPECIAL TOKENS
+     * IN TEXT): `raw` (zpp_bpe_token.special 1) cut out of the text first,
+     * `normalized` (special 2) out of what lies between. norm_text: the
+     * second pass compares with the normalized text (Llama 2's normalizer,
+     * ZPP_BPE_PREPEND_EVERY), else with the text itself. */
+    special_set raw, normalized;
+    int norm_text;
     /* merges: (left, right) -> rank in a hash table; rank -> merged id */
     size_t n_merges;
     int32_t *merge_result;
@@ -168,7 +184,10 @@ void zpp_bpe_destroy(zpp_bpe *bpe) {
     if (bpe->is_chars) /* (else they alias the tok_* tables) */
         free((void *)bpe->text_off), free((void *)bpe->text_len), free((void *)bpe->text_bytes);
     free(bpe->tok_off), free(bpe->tok_len), free(bpe->tok_special), free(bpe->tok_bytes);
-    free(bpe->vocab_slots), free(bpe->special_ids);
+    free(bpe->vocab_slots);
+    special_set *sets[2] = {&bpe->raw, &bpe->normalized};
+    for (int k = 0; k < 2; k++)
+        free(sets[k]->ids), free(sets[k]->forms), free(sets[k]->form_off), free(sets[k]->form_len);
     free(bpe->merge_result), free(bpe->pairs);
     free(bpe->cache), free(bpe->ckeys), free(bpe->cids);
     free(bpe->sym), free(bpe->prev), free(bpe->next), free(bpe->prank);
@@ -201,9 +220,8 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
     bpe->tok_bytes = malloc(total ? total : 1);
     const size_t slots = pow2_at_least(2 * d->n_tokens);
     bpe->vocab_slots = malloc(slots * sizeof *bpe->vocab_slots);
-    bpe->special_ids = malloc((d->n_tokens ? d->n_tokens : 1) * sizeof *bpe->special_ids);
     if (!bpe->tok_off || !bpe->tok_len || !bpe->tok_special || !bpe->tok_bytes ||
-        !bpe->vocab_slots || !bpe->special_ids)
+        !bpe->vocab_slots)
         return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for %zu tokens", d->n_tokens);
     memset(bpe->vocab_slots, 0xFF, slots * sizeof *bpe->vocab_slots);
     bpe->vocab_mask = slots - 1;
@@ -225,20 +243,6 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
         size_t j = hash_bytes(t->bytes, t->len) & bpe->vocab_mask;
         while (bpe->vocab_slots[j] >= 0) j = (j + 1) & bpe->vocab_mask;
         bpe->vocab_slots[j] = t->id;
-        if (t->special) {
-            bpe->special_ids[bpe->n_special++] = t->id;
-            bpe->special_first[t->bytes[0]] = 1;
-            if (t->len > bpe->special_max_len) bpe->special_max_len = t->len;
-        }
-    }
-    /* Longest first, so that the first special found at a place is the
-     * longest one there (insertion sort: special tokens are few). */
-    for (size_t i = 1; i < bpe->n_special; i++) {
-        const int32_t id = bpe->special_ids[i];
-        size_t j = i;
-        for (; j > 0 && bpe->tok_len[bpe->special_ids[j - 1]] < bpe->tok_len[id]; j--)
-            bpe->special_ids[j] = bpe->special_ids[j - 1];
-        bpe->special_ids[j] = id;
     }
     /* Byte-level: every byte must be a token, or some text has no encoding.
      * (SentencePiece-style vocabularies have byte fallback instead.) */
@@ -419,6 +423,53 @@ static zpp_status build_chars(zpp_bpe *bpe, const zpp_bpe_desc *d) {
     return ZPP_OK;
 }
 
+/* The special tokens whose tok_special is `which` -> *set, each with its
+ * form (special_set): `normalize` writes "▁" then the content with every
+ * space a "▁", as Llama 2's normalizer (Prepend, Replace) makes it. */
+static zpp_status build_special_set(zpp_bpe *bpe, special_set *set, int which, int normalize) {
+    static const uint8_t mark[3] = {0xE2, 0x96, 0x81}; /* ZPP_BPE_SPACE */
+    size_t n = 0, bytes = 0;
+    for (int32_t id = 0; id < bpe->n_ids; id++)
+        if (bpe->tok_special[id] == which) n++, bytes += 3 + 3 * (size_t)bpe->tok_len[id];
+    set->ids = malloc((n ? n : 1) * sizeof *set->ids);
+    set->forms = malloc(bytes ? bytes : 1);
+    set->form_off = malloc((n ? n : 1) * sizeof *set->form_off);
+    set->form_len = malloc((n ? n : 1) * sizeof *set->form_len);
+    if (!set->ids || !set->forms || !set->form_off || !set->form_len)
+        return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for %zu special tokens", n);
+    size_t o = 0;
+    for (int32_t id = 0; id < bpe->n_ids; id++) {
+        if (bpe->tok_special[id] != which) continue;
+        const uint8_t *c = bpe->tok_bytes + bpe->tok_off[id];
+        const size_t start = o;
+        if (normalize) memcpy(set->forms + o, mark, 3), o += 3;
+        for (size_t i = 0; i < bpe->tok_len[id]; i++) {
+            if (normalize && c[i] == ' ') memcpy(set->forms + o, mark, 3), o += 3;
+            else set->forms[o++] = c[i];
+        }
+        /* Longest first (insertion sort: special tokens are few). */
+        const uint32_t len = (uint32_t)(o - start);
+        size_t k = set->n++;
+        for (; k > 0 && set->form_len[k - 1] < len; k--) {
+            set->ids[k] = set->ids[k - 1];
+            set->form_off[k] = set->form_off[k - 1];
+            set->form_len[k] = set->form_len[k - 1];
+        }
+        set->ids[k] = id, set->form_off[k] = start, set->form_len[k] = len;
+        set->first[set->forms[start]] = 1;
+        if (len > set->max_len) set->max_len = len;
+    }
+    return ZPP_OK;
+}
+
+/* Both passes' sets; after build_chars, which says whether the text is
+ * normalized. */
+static zpp_status build_specials(zpp_bpe *bpe) {
+    bpe->norm_text = bpe->is_chars && bpe->chars.prepend == ZPP_BPE_PREPEND_EVERY;
+    ZPP_CHECK(build_special_set(bpe, &bpe->raw, 1, 0));
+    return build_special_set(bpe, &bpe->normalized, 2, bpe->norm_text);
+}
+
 zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     if (!desc || !bpe_p || (desc->n_tokens && !desc->tokens) || (desc->n_merges && !desc->merges))
         return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: NULL argument");
@@ -432,6 +483,7 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     zpp_status st = build_vocab(bpe, desc);
     if (st == ZPP_OK) st = build_merges(bpe, desc);
     if (st == ZPP_OK && desc->chars) st = build_chars(bpe, desc);
+    if (st == ZPP_OK) st = build_specials(bpe);
     if (st == ZPP_OK && desc->pattern) st = build_regex(bpe, desc->pattern);
     if (st == ZPP_OK && !bpe->is_chars) /* byte-level tokens decode to their bytes */
         bpe->text_off = bpe->tok_off, bpe->text_len = bpe->tok_len, bpe->text_bytes = bpe->tok_bytes;
@@ -881,83 +933,172 @@ static zpp_status split_segment(zpp_bpe *bpe, const uint8_t *text, size_t a, siz
     return split_text(bpe, text, a, b, partial, fn, ctx, done_p);
 }
 
-/* The special token at text[i, ...) (the longest that fits), or -1. */
-static int32_t special_at(const zpp_bpe *bpe, const uint8_t *text, size_t i, size_t len) {
-    for (size_t k = 0; k < bpe->n_special; k++) {
-        const int32_t id = bpe->special_ids[k];
-        const size_t n = bpe->tok_len[id];
-        if (n <= len - i && !memcmp(text + i, bpe->tok_bytes + bpe->tok_off[id], n)) return id;
+/* ---- special tokens ----------------------------------------------------- */
+
+/* What a scan of one text carries down its passes. */
+typedef struct scan_ctx {
+    zpp_bpe *bpe;
+    const uint8_t *text;
+    int continued; /* ZPP_BPE_CONTINUED: text[0] does not start the text */
+    piece_fn fn;
+    void *ctx;
+} scan_ctx;
+
+/* The token of `set` whose form is at text[i, end) (the longest that
+ * fits), or -1; forms compared byte for byte. */
+static int32_t special_at(const special_set *set, const uint8_t *text, size_t i, size_t end) {
+    for (size_t k = 0; k < set->n; k++) {
+        const size_t n = set->form_len[k];
+        if (n <= end - i && !memcmp(text + i, set->forms + set->form_off[k], n)) return set->ids[k];
     }
     return -1;
 }
 
-/* The first i in [from, len) where text[i, len) could be the start of a
- * special token longer than what is there (partial mode holds text back
- * from there), or len. */
-static size_t special_prefix_at(const zpp_bpe *bpe, const uint8_t *text, size_t from, size_t len) {
-    const size_t lo = len > bpe->special_max_len ? len - bpe->special_max_len + 1 : 0;
-    for (size_t i = from > lo ? from : lo; i < len; i++) {
-        if (!bpe->special_first[text[i]]) continue;
-        for (size_t k = 0; k < bpe->n_special; k++) {
-            const int32_t id = bpe->special_ids[k];
-            if (bpe->tok_len[id] > len - i &&
-                !memcmp(text + i, bpe->tok_bytes + bpe->tok_off[id], len - i))
+/* The first i in [from, end) where text[i, end) could be the start of a
+ * form longer than what is there (partial mode holds text back from
+ * there), or end. */
+static size_t special_prefix_at(const special_set *set, const uint8_t *text, size_t from,
+                                size_t end) {
+    const size_t lo = end > set->max_len ? end - set->max_len + 1 : 0;
+    for (size_t i = from > lo ? from : lo; i < end; i++) {
+        if (!set->first[text[i]]) continue;
+        for (size_t k = 0; k < set->n; k++)
+            if (set->form_len[k] > end - i &&
+                !memcmp(text + i, set->forms + set->form_off[k], end - i))
                 return i;
-        }
     }
-    return len;
+    return end;
 }
 
-/* A special token the text names that its file matches after the
- * normalizer (zpp_bpe_token.special 2): refused, not matched another way. */
-static zpp_status refuse_normalized(const zpp_bpe *bpe, int32_t id) {
-    const int n = (int)bpe->tok_len[id];
-    const char *t = (const char *)bpe->tok_bytes + bpe->tok_off[id];
-    return zpp_error(ZPP_ERR_UNSUPPORTED,
-                     "special token \"%.*s\" is matched after the tokenizer's normalizer "
-                     "(\"normalized\": true: as \"\u2581%.*s\", after a space), which is not "
-                     "supported; encode this text without matching special tokens (zeropp "
-                     "tokenize without --allow-special), or set its \"normalized\" to false in "
-                     "tokenizer.json",
-                     n, t, n, t);
-}
-
-/* The whole pre-tokenization: special tokens (when asked), the regex
- * between them. */
-static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
-                       void *ctx, size_t *consumed_p) {
-    const int partial = (flags & ZPP_BPE_PARTIAL) != 0;
-    const int continued = (flags & ZPP_BPE_CONTINUED) != 0;
-    const int specials = (flags & ZPP_BPE_SPECIAL) && bpe->n_special;
-    size_t pos = 0;
-    while (pos < len) {
-        size_t q = len;
+/* One pass: the tokens of `set` cut out of text[a, b), leftmost first,
+ * longest at one place; `between` gets the text around them. Partial: what
+ * could still become a token (or a longer one) once more text comes is
+ * held back, and `between` is told the last stretch is partial. */
+typedef zpp_status (*between_fn)(const scan_ctx *s, size_t a, size_t b, int partial,
+                                 size_t *done_p);
+static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t a, size_t b,
+                               int partial, between_fn between, size_t *done_p) {
+    const uint8_t *text = s->text;
+    size_t pos = a;
+    while (pos < b) {
+        size_t q = b;
         int32_t id = -1;
-        if (specials)
-            for (size_t i = pos; i < len; i++)
-                if (bpe->special_first[text[i]] && (id = special_at(bpe, text, i, len)) >= 0) {
-                    q = i;
-                    break;
-                }
-        /* Partial: text from `hold` on may turn into a special token (or a
-         * longer one than found at q) once more text arrives. */
-        const size_t hold = partial && specials ? special_prefix_at(bpe, text, pos, len) : len;
-        if (id >= 0 && q < hold && bpe->tok_special[id] == 2) return refuse_normalized(bpe, id);
+        for (size_t i = pos; i < b; i++)
+            if (set->first[text[i]] && (id = special_at(set, text, i, b)) >= 0) {
+                q = i;
+                break;
+            }
+        /* Partial: text from `hold` on may turn into a token (or a longer
+         * one than found at q) once more text arrives. */
+        const size_t hold = partial ? special_prefix_at(set, text, pos, b) : b;
+        size_t done = pos;
         if (id >= 0 && q < hold) {
-            size_t done = 0;
-            ZPP_CHECK(split_segment(bpe, text, pos, q, 0, pos == 0 && !continued, fn, ctx, &done));
-            ZPP_CHECK(fn(ctx, text, q, bpe->tok_len[id], id, 0));
-            pos = q + bpe->tok_len[id];
+            ZPP_CHECK(between(s, pos, q, 0, &done));
+            ZPP_CHECK(s->fn(s->ctx, text, q, s->bpe->tok_len[id], id, 0));
+            pos = q + s->bpe->tok_len[id];
             continue;
         }
-        const size_t end = hold < q ? hold : q; /* (q = len when none was found) */
-        size_t done = pos;
-        ZPP_CHECK(split_segment(bpe, text, pos, end, partial, pos == 0 && !continued, fn, ctx,
-                                &done));
+        ZPP_CHECK(between(s, pos, hold < q ? hold : q, partial, &done));
         pos = done;
         break;
     }
-    if (consumed_p) *consumed_p = pos;
+    *done_p = pos;
+    return ZPP_OK;
+}
+
+/* Text with no special token in it, cut as the tokenizer's kind cuts. */
+static zpp_status plain_text(const scan_ctx *s, size_t a, size_t b, int partial, size_t *done_p) {
+    return split_segment(s->bpe, s->text, a, b, partial, a == 0 && !s->continued, s->fn, s->ctx,
+                         done_p);
+}
+
+/* The raw length of a match of the normalized form f[0, n) at text[i, b)
+ * under Llama 2's normalizer, or SIZE_MAX. In the normalized text a space
+ * is "▁" (so f's "▁" is matched by " " or "▁"), and `virt`: the "▁" the
+ * normalizer prepends stands before text[i] and matches f's first one. */
+static size_t normalized_match(const uint8_t *t, size_t i, size_t b, int virt, const uint8_t *f,
+                               size_t n) {
+    size_t j = virt ? 3 : 0, r = i;
+    while (j < n) {
+        if (n - j >= 3 && !memcmp(f + j, ZPP_BPE_SPACE, 3)) {
+            if (r == b || !space_at(t, r, b)) return SIZE_MAX;
+            r += t[r] == ' ' ? 1 : 3;
+            j += 3;
+        } else {
+            if (r == b || t[r] != f[j]) return SIZE_MAX; /* (f holds no ' ') */
+            r++, j++;
+        }
+    }
+    return r - i;
+}
+
+/* The token of `set` (normalized forms) that matches at text[i, b), the
+ * longest, with its raw length in *len_p; or -1. */
+static int32_t normalized_at(const special_set *set, const uint8_t *t, size_t i, size_t b, int virt,
+                             size_t *len_p) {
+    for (size_t k = 0; k < set->n; k++) {
+        *len_p = normalized_match(t, i, b, virt, set->forms + set->form_off[k], set->form_len[k]);
+        if (*len_p != SIZE_MAX) return set->ids[k];
+    }
+    return -1;
+}
+
+/* The second pass under Llama 2's normalizer, over a stretch text[a, b)
+ * between raw special tokens. Hugging Face matches the normalized tokens in
+ * the normalized stretch N = "▁" + the stretch with spaces as "▁": each
+ * form starts with "▁", so a match starts at the prepended "▁" (the
+ * stretch then starts with the content) or at a space, which it takes
+ * along. The text between matches is not normalized again: only the first
+ * piece, if no match took the prepended "▁", is prefixed; a piece that is
+ * that "▁" alone has no bytes of text. The stretch is one piece without
+ * matches, so partial holds it all back (as split_spaces does). */
+static zpp_status split_normalized(const scan_ctx *s, size_t a, size_t b, int partial,
+                                   size_t *done_p) {
+    const uint8_t *t = s->text;
+    *done_p = partial ? a : b;
+    if (a == b || partial) return ZPP_OK;
+    size_t from = a, len = 0; /* from: the current piece's start */
+    int prefixed = 1;
+    int32_t id = normalized_at(&s->bpe->normalized, t, a, b, 1, &len); /* at the prepended "▁" */
+    if (id >= 0) {
+        ZPP_CHECK(s->fn(s->ctx, t, a, len, id, 0));
+        prefixed = 0;
+        from = a + len;
+    }
+    for (size_t i = from; i < b;) {
+        if (!space_at(t, i, b) || (id = normalized_at(&s->bpe->normalized, t, i, b, 0, &len)) < 0) {
+            i++;
+            continue;
+        }
+        if (i > from || prefixed) ZPP_CHECK(s->fn(s->ctx, t, from, i - from, -1, prefixed));
+        ZPP_CHECK(s->fn(s->ctx, t, i, len, id, 0));
+        prefixed = 0;
+        from = i = i + len;
+    }
+    if (b > from || prefixed) ZPP_CHECK(s->fn(s->ctx, t, from, b - from, -1, prefixed));
+    return ZPP_OK;
+}
+
+/* The text between raw special tokens: the normalized ones cut out of it
+ * (second pass), the rest cut as its kind cuts. */
+static zpp_status between_raw(const scan_ctx *s, size_t a, size_t b, int partial, size_t *done_p) {
+    if (!s->bpe->normalized.n) return plain_text(s, a, b, partial, done_p);
+    if (s->bpe->norm_text) return split_normalized(s, a, b, partial, done_p);
+    return cut_specials(s, &s->bpe->normalized, a, b, partial, plain_text, done_p);
+}
+
+/* The whole pre-tokenization: special tokens (when asked), the kind's
+ * cutting between them. */
+static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
+                       void *ctx, size_t *consumed_p) {
+    const scan_ctx s = {bpe, text, (flags & ZPP_BPE_CONTINUED) != 0, fn, ctx};
+    const int partial = (flags & ZPP_BPE_PARTIAL) != 0;
+    size_t done = 0;
+    if (flags & ZPP_BPE_SPECIAL)
+        ZPP_CHECK(cut_specials(&s, &bpe->raw, 0, len, partial, between_raw, &done));
+    else
+        ZPP_CHECK(plain_text(&s, 0, len, partial, &done));
+    if (consumed_p) *consumed_p = done;
     return ZPP_OK;
 }
 

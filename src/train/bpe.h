@@ -42,7 +42,14 @@
  * becomes its id (llm.c's data preparation uses that to separate
  * documents); the text between is encoded as if each part stood alone (the
  * regex never sees across a special token), leftmost match first, the
- * longest where two start at one place.
+ * longest where two start at one place. As in Hugging Face's tokenizers
+ * this takes two passes: the tokens of zpp_bpe_token.special 1 are cut out
+ * of the text first, those of special 2 ("normalized") out of the stretches
+ * between. The second pass compares with the normalized stretch: the
+ * stretch itself, or under ZPP_BPE_PREPEND_EVERY (Llama 2's normalizer)
+ * "▁" + the stretch with each space a "▁", where the token "<s>" is
+ * "▁<s>": it matches at the stretch's start or at a space (or "▁"), which
+ * it covers, and the text after it gets no "▁" in front.
  *
  * STREAMING. With ZPP_BPE_PARTIAL the text is a prefix of a longer one:
  * only the tokens that no continuation can change are produced, and
@@ -99,12 +106,9 @@ typedef struct zpp_bpe_token {
     const uint8_t *bytes;
     size_t len;    /* >= 1 */
     int32_t id;    /* in [0, ZPP_BPE_MAX_ID], each id once; gaps are allowed */
-    /* 1: a special token (never the result of a merge); 2: one whose file
-     * matches it after its normalizer (Hugging Face's "normalized": true
-     * under Llama 2's normalizer: "<s>" then matches as "▁<s>", only at the
-     * start or after a space, taking the space with it), which the core,
-     * matching special tokens in the raw text, does not reproduce: with
-     * ZPP_BPE_SPECIAL, a text that names it is refused, naming it. */
+    /* 1: a special token (never the result of a merge); 2: one matched in
+     * the second pass, in the normalized text (Hugging Face's "normalized":
+     * true; SPECIAL TOKENS IN TEXT above). */
     int special;
 } zpp_bpe_token;
 
@@ -214,8 +218,8 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  *     pre_tokenizer Metaspace (replacement "▁", prepend_scheme "first",
  *     "always" or "never", split).
  * added_tokens are all special tokens (so their text is only matched with
- * ZPP_BPE_SPECIAL; one marked "normalized" under Llama 2's normalizer is
- * refused there instead, zpp_bpe_token.special 2). ZPP_ERR_UNSUPPORTED
+ * ZPP_BPE_SPECIAL); one marked "normalized" is zpp_bpe_token.special 2.
+ * ZPP_ERR_UNSUPPORTED
  * naming the key for anything else: another model type, dropout or
  * subword affixes, byte_fallback in a byte-level file, another normalizer
  * (Qwen2's NFC) or pre-tokenizer, added tokens that strip the text around

@@ -10,10 +10,11 @@
  *                    GPT-2's printable byte alphabet (bpe_files.h) for a
  *                    byte-level BPE, in raw UTF-8 with "▁" for a space for
  *                    a SentencePiece-style one;
- *   added_tokens     [{"id", "content", "special", ...}]: tokens matched in
- *                    the text before it is split, their content raw UTF-8
- *                    (not in the byte alphabet); they become the core's
- *                    special tokens;
+ *   added_tokens     [{"id", "content", "normalized", ...}]: tokens matched
+ *                    in the text before it is split, their content raw
+ *                    UTF-8 (not in the byte alphabet); they become the
+ *                    core's special tokens, "normalized" ones matched in a
+ *                    second pass (bpe.h);
  *   pre_tokenizer    how text is cut into pieces: ByteLevel (GPT-2's regex
  *                    when use_regex), or Sequence [Split, ByteLevel] where
  *                    the Split's regex cuts and ByteLevel (use_regex false)
@@ -311,10 +312,9 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
 
 /* added_tokens -> special tokens in v: an entry model.vocab already holds
  * (GPT-2's "<|endoftext|>") is marked special; the others (Llama 3's
- * "<|begin_of_text|>") are added. One matched after Llama 2's normalizer
+ * "<|begin_of_text|>") are added. One matched in the normalized text
  * ("normalized": true) is special 2 (bpe.h, zpp_bpe_token). */
-static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_form *form,
-                                    hf_vocab *v) {
+static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_vocab *v) {
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return zpp_error(ZPP_ERR_FORMAT, "tokenizer '%s': added_tokens is not an array", path);
     const size_t n_model = v->n;
@@ -337,8 +337,8 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_for
                                  path, content->valuestring, strips[s]);
         const char *text = content->valuestring;
         const size_t len = strlen(text);
-        /* matched in the normalized text: not our raw-text match (bpe.h) */
-        const int special = form->normalizer && is_set(e, "normalized") ? 2 : 1;
+        /* matched after the raw ones, in the normalized text (bpe.h) */
+        const int special = is_set(e, "normalized") ? 2 : 1;
         size_t i = 0;
         while (i < n_model && v->tokens[i].id != id) i++;
         if (i < n_model) { /* in model.vocab too: the same token, now special */
@@ -479,7 +479,7 @@ zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
     if (st == ZPP_OK) st = check_model(model, path, &form);
     if (st == ZPP_OK)
         st = read_model_vocab(item(model, "vocab"), added, path, form.sentencepiece, &v);
-    if (st == ZPP_OK) st = read_added_tokens(added, path, &form, &v);
+    if (st == ZPP_OK) st = read_added_tokens(added, path, &v);
     if (st != ZPP_OK) goto out;
     /* The vocabulary alone first, to look the merges' tokens up in. */
     d.tokens = v.tokens;
