@@ -33,6 +33,7 @@
 #include "testlib.h"
 #include "train/bpe.h"
 #include "train/data.h"
+#include "train/nfc.h"
 #include "train/tokfile.h"
 
 #define EXPECT_MSG(sub)                                                        \
@@ -65,6 +66,7 @@ typedef struct tvocab {
     int n_merges;
     int byte_tok[256]; /* index of each byte's token */
     int whole;         /* ignore_merges */
+    int nfc;           /* the normalizer NFC */
 } tvocab;
 
 static int tv_find(const tvocab *v, const uint8_t *b, int len) {
@@ -158,6 +160,11 @@ static void ref_cut(const tvocab *v, const pcre2_code *re, const uint8_t *t, siz
         ref_text(v, re, t, n, out, n_out);
         return;
     }
+    zpp_nfc_buf nb = {0}; /* with NFC, the normalizer's output is cut from the second pass */
+    if (pass == 2 && v->nfc) {
+        EXPECT_OK(zpp_nfc(t, n, &nb));
+        t = nb.text, n = nb.n;
+    }
     size_t start = 0;
     for (size_t i = 0; i < n;) {
         int hit = -1;
@@ -176,15 +183,24 @@ static void ref_cut(const tvocab *v, const pcre2_code *re, const uint8_t *t, siz
         start = i;
     }
     ref_cut(v, re, t + start, n - start, pass + 1, out, n_out);
+    zpp_nfc_free(&nb);
 }
 
 /* The whole text; out holds at least n entries (ids, not indexes). */
 static size_t ref_encode(const tvocab *v, const pcre2_code *re, const uint8_t *t, size_t n,
                          int special, int32_t *ids) {
-    int *out = malloc((n + 1) * sizeof *out);
+    int *out = malloc((3 * n + 1) * sizeof *out); /* (NFC may lengthen the text 3 times) */
     size_t n_out = 0;
-    if (special) ref_cut(v, re, t, n, 1, out, &n_out);
-    else ref_text(v, re, t, n, out, &n_out);
+    zpp_nfc_buf nb = {0};
+    if (special) {
+        ref_cut(v, re, t, n, 1, out, &n_out);
+    } else if (v->nfc) {
+        EXPECT_OK(zpp_nfc(t, n, &nb));
+        ref_text(v, re, nb.text, nb.n, out, &n_out);
+    } else {
+        ref_text(v, re, t, n, out, &n_out);
+    }
+    zpp_nfc_free(&nb);
     for (size_t i = 0; i < n_out; i++) ids[i] = v->t[out[i]].id;
     free(out);
     return n_out;
@@ -359,7 +375,8 @@ static cJSON *tv_json(const tvocab *v, int pairs) {
         cJSON_AddTrueToObject(a, "special");
         cJSON_AddItemToArray(added, a);
     }
-    cJSON_AddNullToObject(root, "normalizer");
+    if (v->nfc) cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "normalizer"), "type", "NFC");
+    else cJSON_AddNullToObject(root, "normalizer");
     cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
     cJSON_AddStringToObject(pt, "type", "Sequence");
     cJSON *list = cJSON_AddArrayToObject(pt, "pretokenizers"), *split = cJSON_CreateObject(),
@@ -526,7 +543,7 @@ static void test_refusals(void) {
         {"model", "dropout", "0.1", "model.dropout", ZPP_ERR_UNSUPPORTED},
         {"model", "continuing_subword_prefix", "\"##\"", "model.continuing_subword_prefix",
          ZPP_ERR_UNSUPPORTED},
-        {"", "normalizer", "{\"type\": \"NFC\"}", "normalizer \"NFC\"", ZPP_ERR_UNSUPPORTED},
+        {"", "normalizer", "{\"type\": \"NFKC\"}", "normalizer \"NFKC\"", ZPP_ERR_UNSUPPORTED},
         {"", "pre_tokenizer", "{\"type\": \"Whitespace\"}", "pre_tokenizer Whitespace",
          ZPP_ERR_UNSUPPORTED},
         {"", "pre_tokenizer", "null", "pre_tokenizer null", ZPP_ERR_UNSUPPORTED},
@@ -753,6 +770,80 @@ static void test_tool_tokenizer_json(void) {
     }
     snprintf(args, sizeof args, "--tokenizer %s --vocab %s %s %s", tj, tj, in, out);
     EXPECT(run_cli(args, msg, sizeof msg) == 2 && strstr(msg, "not both"), "%s", msg);
+    zpp_bpe_destroy(bpe);
+    pcre2_code_free(re);
+}
+
+/* The normalizer NFC (Qwen2's): random text thick with what NFC changes
+ * (decomposed letters, marks out of order, singletons, Hangul jamo, starters
+ * that compose, a mark that joins a special token's last character)
+ * encodes as the reference does on the NFC of each stretch
+ * between special tokens (some "normalized"), through zpp_bpe_encode and
+ * through `zeropp tokenize` reading 64 bytes at a time; the pieces'
+ * offsets cover the text as given, in order. */
+static void test_nfc_normalizer(void) {
+    static const char *const marks[] = {
+        "e\xCC\x81", "A\xCC\x8A", "\xE2\x84\xAB", "\xCC\x81", "o\xCC\x88\xCC\x81",
+        "e\xCC\x81\xCC\xA3", "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8",
+        "\xE0\xAD\x87\xE0\xAC\xBE", "\xCC\xA3", "\xE1\x85\xA1",
+        "\xCC\xB8" /* U+0338, which joins ">": a special token's end is no boundary */};
+    EXPECT(getenv("ZPP_CLI") != NULL, "ZPP_CLI is not set (ctest sets it)");
+    zpp_rng r = zpp_rng_make(zpp_test_seed(9));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    tv_build(&v, &r, re, 150, 10);
+    v.nfc = 1;
+    for (int k = 0; k < v.n; k++)
+        if (v.t[k].special) v.t[k].special = irand(&r, 1, 2);
+    v.t[tv_find(&v, (const uint8_t *)"<|eot_id|>", 10)].special = 2; /* (below) */
+    v.t[tv_find(&v, (const uint8_t *)"|><|", 4)].special = 2;
+    char tj[512], in[512], out[512], args[4096], msg[8192];
+    cJSON *j = tv_json(&v, 1);
+    write_json(j, "nfc.json", tj);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
+    zpp_test_tmp_path("nfc_in.txt", in);
+    zpp_test_tmp_path("nfc_out.bin", out);
+    for (int trial = 0; trial < 12; trial++) {
+        buf t = {0};
+        const size_t target = trial < 10 ? (size_t)irand(&r, 1, 400) : (size_t)irand(&r, 2000, 20000);
+        /* the tool's first 64 bytes end with "<|eot_id|>" or with the first
+         * byte of U+0338 after it, which turns it into other text */
+        if (trial >= 10) {
+            for (int k = 0; k < 53 + trial % 2; k++) puts_(&t, "a");
+            puts_(&t, "<|eot_id|>\xCC\xB8");
+        }
+        while (t.n < target)
+            if (irand(&r, 0, 2) == 0) puts_(&t, marks[irand(&r, 0, 10)]);
+            else random_text(&r, &t, t.n + (size_t)irand(&r, 1, 30), trial % 2, 1);
+        for (int special = 0; special < 2; special++) {
+            int32_t *want = malloc((3 * t.n + 1) * sizeof *want);
+            const size_t n_want = ref_encode(&v, re, t.b, t.n, special, want);
+            zpp_bpe_ids got = {0};
+            const unsigned flags = special ? ZPP_BPE_SPECIAL : 0;
+            EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, flags, &got, NULL));
+            expect_same(got.ids, got.n, want, n_want, &t, trial);
+            zpp_bpe_pieces pieces = {0};
+            EXPECT_OK(zpp_bpe_split(bpe, t.b, t.n, flags, &pieces, NULL));
+            size_t at = 0;
+            for (size_t k = 0; k < pieces.n; k++) {
+                EXPECT(pieces.pieces[k].start == at, "trial %d: piece %zu starts at %zu, not %zu",
+                       trial, k, pieces.pieces[k].start, at);
+                at += pieces.pieces[k].len;
+            }
+            EXPECT(at == t.n, "trial %d: the pieces cover %zu bytes of %zu", trial, at, t.n);
+            if (trial >= 10) {
+                zpp_test_write_file(in, t.b, t.n);
+                snprintf(args, sizeof args, "--tokenizer %s %s--buffer 64 %s %s", tj,
+                         special ? "--allow-special " : "", in, out);
+                EXPECT(run_cli(args, msg, sizeof msg) == 0, "zeropp tokenize %s: %s", args, msg);
+                expect_loader_reads(out, want, n_want, zpp_bpe_vocab_size(bpe), 8);
+            }
+            free(pieces.pieces), free(got.ids), free(want);
+        }
+        free(t.b);
+    }
     zpp_bpe_destroy(bpe);
     pcre2_code_free(re);
 }
@@ -1298,7 +1389,7 @@ static void test_normalized_special_tokens_random(void) {
     zpp_test_tmp_path("norm_out.bin", out);
     for (int trial = 0; trial < 30; trial++) {
         buf t = {0};
-        const int n_parts = irand(&r, 1, trial < 20 ? 12 : 2000);
+        const int n_parts = trial < 20 ? irand(&r, 1, 12) : irand(&r, 300, 2000);
         for (int k = 0; k < n_parts; k++) puts_(&t, parts[irand(&r, 0, 12)]);
         zpp_bpe_piece *want = malloc((3 * t.n + 8) * sizeof *want);
         const size_t n_want = ref_normalized_pieces(t.b, t.n, want, ID2);
@@ -1333,6 +1424,7 @@ ZPP_TESTS(
     ZPP_TEST(test_refusals),
     ZPP_TEST(test_tokfile_u32),
     ZPP_TEST(test_tool_tokenizer_json),
+    ZPP_TEST(test_nfc_normalizer),
     ZPP_TEST(test_sentencepiece_by_hand),
     ZPP_TEST(test_sentencepiece_forms_and_round_trip),
     ZPP_TEST(test_sentencepiece_refusals),

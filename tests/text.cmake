@@ -15,3 +15,6 @@ endif()
 # `zeropp tokenize --tokenizer`.
 zpp_test(test_bpe_hf SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_bpe_hf.c CASES_FROM_SOURCE
          TIMEOUT 120 ENV ZPP_CLI=$<TARGET_FILE:zeropp_cli> LABELS text)
+# Unicode NFC (src/train/nfc.c), the normalizer of Qwen2's tokenizer.json.
+zpp_test(test_nfc SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_nfc.c CASES_FROM_SOURCE TIMEOUT 60
+         LABELS text)

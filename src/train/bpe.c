@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "train/nfc.h"
 
 #define NO_RANK INT32_MAX
 /* Longer pieces are encoded every time: they are rare, and each would take
@@ -107,6 +108,11 @@ struct zpp_bpe {
      * ZPP_BPE_PREPEND_EVERY), else with the text itself. */
     special_set raw, normalized;
     int norm_text;
+    /* zpp_bpe_desc.nfc: stretches of text are put in NFC (nfc.h) first,
+     * into nfc_buf; the pieces of a stretch wait in nfc_pieces */
+    int nfc;
+    zpp_nfc_buf nfc_buf;
+    zpp_bpe_pieces nfc_pieces;
     /* merges: (left, right) -> rank in a hash table; rank -> merged id */
     size_t n_merges;
     int32_t *merge_result;
@@ -185,6 +191,8 @@ void zpp_bpe_destroy(zpp_bpe *bpe) {
         free((void *)bpe->text_off), free((void *)bpe->text_len), free((void *)bpe->text_bytes);
     free(bpe->tok_off), free(bpe->tok_len), free(bpe->tok_special), free(bpe->tok_bytes);
     free(bpe->vocab_slots);
+    zpp_nfc_free(&bpe->nfc_buf);
+    free(bpe->nfc_pieces.pieces);
     special_set *sets[2] = {&bpe->raw, &bpe->normalized};
     for (int k = 0; k < 2; k++)
         free(sets[k]->ids), free(sets[k]->forms), free(sets[k]->form_off), free(sets[k]->form_len);
@@ -423,11 +431,19 @@ static zpp_status build_chars(zpp_bpe *bpe, const zpp_bpe_desc *d) {
     return ZPP_OK;
 }
 
+/* How a set's forms are made from the tokens' content. */
+typedef enum form_kind {
+    FORM_AS_IS,   /* the content */
+    FORM_LLAMA2,  /* "▁" then the content with every space a "▁" (Llama 2's
+                   * normalizer: Prepend, Replace) */
+    FORM_NFC,     /* the content in NFC */
+} form_kind;
+
 /* The special tokens whose tok_special is `which` -> *set, each with its
- * form (special_set): `normalize` writes "▁" then the content with every
- * space a "▁", as Llama 2's normalizer (Prepend, Replace) makes it. */
-static zpp_status build_special_set(zpp_bpe *bpe, special_set *set, int which, int normalize) {
+ * form (special_set) of kind `kind`. */
+static zpp_status build_special_set(zpp_bpe *bpe, special_set *set, int which, form_kind kind) {
     static const uint8_t mark[3] = {0xE2, 0x96, 0x81}; /* ZPP_BPE_SPACE */
+    const int normalize = kind == FORM_LLAMA2;
     size_t n = 0, bytes = 0;
     for (int32_t id = 0; id < bpe->n_ids; id++)
         if (bpe->tok_special[id] == which) n++, bytes += 3 + 3 * (size_t)bpe->tok_len[id];
@@ -441,9 +457,14 @@ static zpp_status build_special_set(zpp_bpe *bpe, special_set *set, int which, i
     for (int32_t id = 0; id < bpe->n_ids; id++) {
         if (bpe->tok_special[id] != which) continue;
         const uint8_t *c = bpe->tok_bytes + bpe->tok_off[id];
+        size_t c_len = bpe->tok_len[id];
+        if (kind == FORM_NFC) { /* (NFC makes no text more than 3 times longer) */
+            ZPP_CHECK(zpp_nfc(c, c_len, &bpe->nfc_buf));
+            c = bpe->nfc_buf.text, c_len = bpe->nfc_buf.n;
+        }
         const size_t start = o;
         if (normalize) memcpy(set->forms + o, mark, 3), o += 3;
-        for (size_t i = 0; i < bpe->tok_len[id]; i++) {
+        for (size_t i = 0; i < c_len; i++) {
             if (normalize && c[i] == ' ') memcpy(set->forms + o, mark, 3), o += 3;
             else set->forms[o++] = c[i];
         }
@@ -466,8 +487,9 @@ static zpp_status build_special_set(zpp_bpe *bpe, special_set *set, int which, i
  * normalized. */
 static zpp_status build_specials(zpp_bpe *bpe) {
     bpe->norm_text = bpe->is_chars && bpe->chars.prepend == ZPP_BPE_PREPEND_EVERY;
-    ZPP_CHECK(build_special_set(bpe, &bpe->raw, 1, 0));
-    return build_special_set(bpe, &bpe->normalized, 2, bpe->norm_text);
+    ZPP_CHECK(build_special_set(bpe, &bpe->raw, 1, FORM_AS_IS));
+    return build_special_set(bpe, &bpe->normalized, 2,
+                             bpe->norm_text ? FORM_LLAMA2 : bpe->nfc ? FORM_NFC : FORM_AS_IS);
 }
 
 zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
@@ -480,9 +502,13 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p) {
     if (!bpe) return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory");
     bpe->cache_limit = desc->cache_pieces ? desc->cache_pieces : ZPP_BPE_CACHE_DEFAULT;
     bpe->whole_pieces = desc->whole_pieces ? 1 : 0;
+    bpe->nfc = desc->nfc ? 1 : 0;
     zpp_status st = build_vocab(bpe, desc);
     if (st == ZPP_OK) st = build_merges(bpe, desc);
     if (st == ZPP_OK && desc->chars) st = build_chars(bpe, desc);
+    if (st == ZPP_OK && desc->chars && desc->nfc)
+        st = zpp_error(ZPP_ERR_INVALID, "zpp_bpe_create: nfc is for byte-level tokenizers (chars "
+                       "is NULL)");
     if (st == ZPP_OK) st = build_specials(bpe);
     if (st == ZPP_OK && desc->pattern) st = build_regex(bpe, desc->pattern);
     if (st == ZPP_OK && !bpe->is_chars) /* byte-level tokens decode to their bytes */
@@ -823,9 +849,18 @@ static zpp_status encode_chars(zpp_bpe *bpe, const uint8_t *p, size_t n, int pre
 
 /* ---- pre-tokenization --------------------------------------------------- */
 
-/* prefixed: a SentencePiece-style piece that gets a "▁" in front */
-typedef zpp_status (*piece_fn)(void *ctx, const uint8_t *text, size_t start, size_t len,
-                               int32_t special, int prefixed);
+/* A piece: `bytes`, n of them, what its tokens encode; [start, start +
+ * len) where it lies in the caller's text (the same bytes, but for text
+ * the tokenizer's normalizer changed); special: the special token's id, or
+ * -1; prefixed: a SentencePiece-style piece that gets a "▁" in front. */
+typedef zpp_status (*piece_fn)(void *ctx, const uint8_t *bytes, size_t n, size_t start,
+                               size_t len, int32_t special, int prefixed);
+
+/* A piece of text[start, start + len) as it stands. */
+static inline zpp_status emit(piece_fn fn, void *ctx, const uint8_t *text, size_t start, size_t len,
+                              int32_t special, int prefixed) {
+    return fn(ctx, text + start, len, start, len, special, prefixed);
+}
 
 /* The end of the last complete UTF-8 character of t[0, n): a lead byte in
  * the last three whose sequence runs past n is held back (its character
@@ -856,7 +891,7 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
             return ZPP_OK;
         }
         *done_p = b;
-        return fn(ctx, text, a, b - a, -1, 0);
+        return emit(fn, ctx, text, a, b - a, -1, 0);
     }
     const uint8_t *subject = text + a;
     const size_t len = partial ? complete_utf8_end(subject, b - a) : b - a;
@@ -868,8 +903,8 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
         if (rc >= 0) {
             const size_t ms = ov[0], me = ov[1];
             /* bytes no match covers (invalid UTF-8) are a piece of their own */
-            if (ms > s) ZPP_CHECK(fn(ctx, text, a + s, ms - s, -1, 0));
-            ZPP_CHECK(fn(ctx, text, a + ms, me - ms, -1, 0));
+            if (ms > s) ZPP_CHECK(emit(fn, ctx, text, a + s, ms - s, -1, 0));
+            ZPP_CHECK(emit(fn, ctx, text, a + ms, me - ms, -1, 0));
             s = me;
             continue;
         }
@@ -877,7 +912,7 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
             /* No match starts anywhere in [s, len): final, the rest is one
              * piece; partial, more text could still extend it. */
             if (partial) break;
-            ZPP_CHECK(fn(ctx, text, a + s, len - s, -1, 0));
+            ZPP_CHECK(emit(fn, ctx, text, a + s, len - s, -1, 0));
             s = len;
             break;
         }
@@ -889,7 +924,7 @@ static zpp_status split_text(zpp_bpe *bpe, const uint8_t *text, size_t a, size_t
                          "text: %s",
                          a + s, b - a, (const char *)msg);
     }
-    if (!partial && s < b - a) ZPP_CHECK(fn(ctx, text, a + s, b - a - s, -1, 0));
+    if (!partial && s < b - a) ZPP_CHECK(emit(fn, ctx, text, a + s, b - a - s, -1, 0));
     *done_p = partial ? a + s : b;
     return ZPP_OK;
 }
@@ -918,12 +953,12 @@ static zpp_status split_spaces(zpp_bpe *bpe, const uint8_t *text, size_t a, size
     size_t start = a;
     for (size_t i = a + 1; bpe->chars.split && i < b; i++)
         if (space_at(text, i, b)) {
-            ZPP_CHECK(fn(ctx, text, start, i - start, -1, prefixed));
+            ZPP_CHECK(emit(fn, ctx, text, start, i - start, -1, prefixed));
             prefixed = 0;
             start = i;
         }
     *done_p = partial ? start : b;
-    return partial ? ZPP_OK : fn(ctx, text, start, b - start, -1, prefixed);
+    return partial ? ZPP_OK : emit(fn, ctx, text, start, b - start, -1, prefixed);
 }
 
 /* One segment of ordinary text, as the tokenizer's kind cuts it. */
@@ -994,7 +1029,7 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
         size_t done = pos;
         if (id >= 0 && q < hold) {
             ZPP_CHECK(between(s, pos, q, 0, &done));
-            ZPP_CHECK(s->fn(s->ctx, text, q, s->bpe->tok_len[id], id, 0));
+            ZPP_CHECK(emit(s->fn, s->ctx, text, q, s->bpe->tok_len[id], id, 0));
             pos = q + s->bpe->tok_len[id];
             continue;
         }
@@ -1061,7 +1096,7 @@ static zpp_status split_normalized(const scan_ctx *s, size_t a, size_t b, int pa
     int prefixed = 1;
     int32_t id = normalized_at(&s->bpe->normalized, t, a, b, 1, &len); /* at the prepended "▁" */
     if (id >= 0) {
-        ZPP_CHECK(s->fn(s->ctx, t, a, len, id, 0));
+        ZPP_CHECK(emit(s->fn, s->ctx, t, a, len, id, 0));
         prefixed = 0;
         from = a + len;
     }
@@ -1070,25 +1105,83 @@ static zpp_status split_normalized(const scan_ctx *s, size_t a, size_t b, int pa
             i++;
             continue;
         }
-        if (i > from || prefixed) ZPP_CHECK(s->fn(s->ctx, t, from, i - from, -1, prefixed));
-        ZPP_CHECK(s->fn(s->ctx, t, i, len, id, 0));
+        if (i > from || prefixed) ZPP_CHECK(emit(s->fn, s->ctx, t, from, i - from, -1, prefixed));
+        ZPP_CHECK(emit(s->fn, s->ctx, t, i, len, id, 0));
         prefixed = 0;
         from = i = i + len;
     }
-    if (b > from || prefixed) ZPP_CHECK(s->fn(s->ctx, t, from, b - from, -1, prefixed));
+    if (b > from || prefixed) ZPP_CHECK(emit(s->fn, s->ctx, t, from, b - from, -1, prefixed));
     return ZPP_OK;
 }
 
-/* The text between raw special tokens: the normalized ones cut out of it
- * (second pass), the rest cut as its kind cuts. */
-static zpp_status between_raw(const scan_ctx *s, size_t a, size_t b, int partial, size_t *done_p) {
+/* Text after its normalizer: the normalized special tokens cut out of it
+ * (the second pass), the rest cut as its kind cuts. */
+static zpp_status after_normalizer(const scan_ctx *s, size_t a, size_t b, int partial,
+                                   size_t *done_p) {
     if (!s->bpe->normalized.n) return plain_text(s, a, b, partial, done_p);
     if (s->bpe->norm_text) return split_normalized(s, a, b, partial, done_p);
     return cut_specials(s, &s->bpe->normalized, a, b, partial, plain_text, done_p);
 }
 
-/* The whole pre-tokenization: special tokens (when asked), the kind's
- * cutting between them. */
+/* Pieces of the normalized text, kept until nfc_stretch knows how many to
+ * give on. */
+static zpp_status keep_piece(void *c, const uint8_t *bytes, size_t n, size_t start, size_t len,
+                             int32_t special, int prefixed) {
+    (void)bytes, (void)n;
+    zpp_bpe_pieces *kept = c;
+    ZPP_CHECK(grow((void **)&kept->pieces, &kept->cap, kept->n + 1, sizeof *kept->pieces));
+    kept->pieces[kept->n++] = (zpp_bpe_piece){start, len, special, prefixed};
+    return ZPP_OK;
+}
+
+/* Hugging Face's normalizer NFC over text[a, b): the text is put in NFC
+ * (nfc.h), `inner` cuts the normalized text, and each piece goes on with
+ * its normalized bytes and the raw offsets it came from. Partial: only the
+ * text before the last stable boundary is normalized (what follows may
+ * still change), and the pieces go on up to the last that ends at a
+ * stable boundary, where the next call starts again. */
+static zpp_status nfc_text(const scan_ctx *s, size_t a, size_t b, int partial, between_fn inner,
+                           size_t *done_p) {
+    zpp_bpe *bpe = s->bpe;
+    const uint8_t *t = s->text;
+    const size_t end = partial ? a + zpp_nfc_stable_end(t + a, b - a) : b;
+    size_t ascii = a;
+    while (ascii < end && t[ascii] < 0x80) ascii++;
+    if (ascii == end) return inner(s, a, end, partial, done_p); /* NFC changes no ASCII */
+    zpp_nfc_buf *nb = &bpe->nfc_buf;
+    zpp_bpe_pieces *kept = &bpe->nfc_pieces;
+    ZPP_CHECK(zpp_nfc(t + a, end - a, nb));
+    kept->n = 0;
+    const scan_ctx normalized = {bpe, nb->text, 1, keep_piece, kept};
+    size_t done = 0;
+    ZPP_CHECK(inner(&normalized, 0, nb->n, partial, &done));
+    size_t give = kept->n; /* final: all of them */
+    while (partial && give > 0) {
+        const zpp_bpe_piece *p = &kept->pieces[give - 1];
+        const size_t e = p->start + p->len;
+        if (e == nb->n || zpp_nfc_stable_at(nb->text + e, nb->n - e)) break;
+        give--;
+    }
+    size_t to = 0; /* the normalized text given on: [0, to) */
+    for (size_t k = 0; k < give; k++) {
+        const zpp_bpe_piece *p = &kept->pieces[k];
+        const uint32_t from = nb->src[p->start];
+        to = p->start + p->len;
+        ZPP_CHECK(s->fn(s->ctx, nb->text + p->start, p->len, a + from, nb->src[to] - from,
+                        p->special, p->prefixed));
+    }
+    *done_p = partial ? a + nb->src[to] : b;
+    return ZPP_OK;
+}
+
+/* The text between raw special tokens, normalized, then after_normalizer. */
+static zpp_status between_raw(const scan_ctx *s, size_t a, size_t b, int partial, size_t *done_p) {
+    if (s->bpe->nfc) return nfc_text(s, a, b, partial, after_normalizer, done_p);
+    return after_normalizer(s, a, b, partial, done_p);
+}
+
+/* The whole pre-tokenization: special tokens (when asked), the normalizer,
+ * the kind's cutting. */
 static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned flags, piece_fn fn,
                        void *ctx, size_t *consumed_p) {
     const scan_ctx s = {bpe, text, (flags & ZPP_BPE_CONTINUED) != 0, fn, ctx};
@@ -1096,6 +1189,8 @@ static zpp_status scan(zpp_bpe *bpe, const uint8_t *text, size_t len, unsigned f
     size_t done = 0;
     if (flags & ZPP_BPE_SPECIAL)
         ZPP_CHECK(cut_specials(&s, &bpe->raw, 0, len, partial, between_raw, &done));
+    else if (bpe->nfc)
+        ZPP_CHECK(nfc_text(&s, 0, len, partial, plain_text, &done));
     else
         ZPP_CHECK(plain_text(&s, 0, len, partial, &done));
     if (consumed_p) *consumed_p = done;
@@ -1107,16 +1202,17 @@ typedef struct encode_ctx {
     zpp_bpe_ids *out;
 } encode_ctx;
 
-static zpp_status encode_cb(void *c, const uint8_t *text, size_t start, size_t len,
+static zpp_status encode_cb(void *c, const uint8_t *bytes, size_t n, size_t start, size_t len,
                             int32_t special, int prefixed) {
+    (void)start, (void)len;
     encode_ctx *e = c;
     if (special >= 0) {
         ZPP_CHECK(grow((void **)&e->out->ids, &e->out->cap, e->out->n + 1, sizeof(int32_t)));
         e->out->ids[e->out->n++] = special;
         return ZPP_OK;
     }
-    if (e->bpe->is_chars) return encode_chars(e->bpe, text + start, len, prefixed, e->out);
-    return encode_piece(e->bpe, text + start, len, e->out);
+    if (e->bpe->is_chars) return encode_chars(e->bpe, bytes, n, prefixed, e->out);
+    return encode_piece(e->bpe, bytes, n, e->out);
 }
 
 static zpp_status check_call(const char *fn, const zpp_bpe *bpe, const void *text, size_t len,
@@ -1145,9 +1241,9 @@ zpp_status zpp_bpe_encode(zpp_bpe *bpe, const void *text, size_t len, unsigned f
     return ZPP_OK;
 }
 
-static zpp_status split_cb(void *c, const uint8_t *text, size_t start, size_t len,
+static zpp_status split_cb(void *c, const uint8_t *bytes, size_t n, size_t start, size_t len,
                            int32_t special, int prefixed) {
-    (void)text;
+    (void)bytes, (void)n;
     zpp_bpe_pieces *out = c;
     ZPP_CHECK(grow((void **)&out->pieces, &out->cap, out->n + 1, sizeof *out->pieces));
     out->pieces[out->n++] = (zpp_bpe_piece){start, len, special, prefixed};

@@ -175,6 +175,12 @@ typedef struct zpp_bpe_desc {
      * must be NULL and whole_pieces 0, and the 256 single bytes need not
      * be tokens. */
     const zpp_bpe_chars *chars;
+    /* 1: byte-level text is put in Unicode NFC (train/nfc.h) before it is
+     * cut, each stretch between special tokens (Hugging Face's normalizer
+     * NFC: Qwen2, GPT-NeoX); then the regex and merges see the NFC text,
+     * and a special token of special 2 matches its content's NFC. The
+     * encoding is that of the NFC text, and decoding gives the NFC text. */
+    int nfc;
 } zpp_bpe_desc;
 
 /* Builds a tokenizer. ZPP_ERR_FORMAT, naming the entry, when: a token is
@@ -209,7 +215,7 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  *     pre_tokenizer ByteLevel (GPT-2's pattern with use_regex, no split
  *     without) or Sequence [Split (a {"Regex": ...} pattern, behavior
  *     "Isolated"), ByteLevel (use_regex false)], as Llama 3 and Qwen2 write
- *     it; normalizer null;
+ *     it; normalizer null, or NFC (Qwen2's; zpp_bpe_desc.nfc);
  *   SentencePiece-style (zpp_bpe_chars; Llama 2, TinyLlama, Mistral 7B
  *     v0.1): vocab and merges in raw UTF-8 with "▁" for spaces,
  *     model.byte_fallback (the tokens <0x00>..<0xFF>), unk_token, fuse_unk;
@@ -222,7 +228,7 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  * ZPP_ERR_UNSUPPORTED
  * naming the key for anything else: another model type, dropout or
  * subword affixes, byte_fallback in a byte-level file, another normalizer
- * (Qwen2's NFC) or pre-tokenizer, added tokens that strip the text around
+ * (NFKC, say) or pre-tokenizer, added tokens that strip the text around
  * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
  * the file and the entry. The post_processor's tokens (a leading
  * <|begin_of_text|> or <s>) are not added, and the decoder is not read
@@ -269,7 +275,9 @@ zpp_status zpp_bpe_encode(zpp_bpe *bpe, const void *text, size_t len, unsigned f
                           zpp_bpe_ids *out, size_t *consumed_p);
 
 /* The pre-tokenization alone: the pieces zpp_bpe_encode would encode, in
- * order, with the same flags and the same *consumed_p. */
+ * order, with the same flags and the same *consumed_p. Offsets are into
+ * `text`; with zpp_bpe_desc.nfc a piece's tokens encode the NFC of what it
+ * covers (pieces inside one run of reordered marks may cover no bytes). */
 typedef struct zpp_bpe_piece {
     size_t start, len;
     int32_t special; /* the special token's id, or -1 for text */

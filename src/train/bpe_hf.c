@@ -21,10 +21,10 @@
  *                    only maps bytes to the alphabet (Llama 3, Qwen2); or
  *                    Metaspace (SentencePiece-style: spaces as "▁", one
  *                    put in front, pieces starting at each "▁");
- *   normalizer       null, or Llama 2's Sequence [Prepend "▁", Replace " "
- *                    -> "▁"] (SentencePiece-style, pre_tokenizer null):
- *                    others (NFC, say) would need Unicode tables we do not
- *                    carry.
+ *   normalizer       null; NFC (Qwen2's, GPT-NeoX's) before a byte-level
+ *                    pre_tokenizer (nfc.h); or Llama 2's Sequence [Prepend
+ *                    "▁", Replace " " -> "▁"] (SentencePiece-style,
+ *                    pre_tokenizer null).
  * The kind is told by the normalizer and pre_tokenizer: the SentencePiece
  * forms make it SentencePiece-style (bpe.h, zpp_bpe_chars), the others
  * byte-level. post_processor (which adds <|begin_of_text|> or <s> in front)
@@ -50,7 +50,7 @@ typedef struct hf_form {
     int sentencepiece;
     zpp_bpe_chars chars; /* prepend and split; the ids once the vocabulary is read */
     const char *unk;     /* model.unk_token, or NULL */
-    int normalizer;      /* Llama 2's normalizer is there */
+    int nfc;             /* the normalizer NFC (zpp_bpe_desc.nfc) */
 } hf_form;
 
 /* The tokens, their bytes in one block. */
@@ -218,12 +218,19 @@ static zpp_status read_metaspace(const cJSON *pt, const char *path, hf_form *for
 static zpp_status read_pre_tokenizer(const cJSON *root, const char *path, hf_form *form) {
     const cJSON *norm = item(root, "normalizer");
     const cJSON *pt = item(root, "pre_tokenizer"), *list = item(pt, "pretokenizers");
-    if (norm && !cJSON_IsNull(norm)) {
+    form->nfc = type_is(norm, "NFC");
+    if (form->nfc && type_is(pt, "Metaspace"))
+        return zpp_error(ZPP_ERR_UNSUPPORTED,
+                         "tokenizer '%s': normalizer NFC before pre_tokenizer Metaspace; NFC is "
+                         "supported before the byte-level pre_tokenizers only",
+                         path);
+    if (norm && !cJSON_IsNull(norm) && !form->nfc) {
         if (!is_llama2_normalizer(norm))
             return zpp_error(ZPP_ERR_UNSUPPORTED,
                              "tokenizer '%s': normalizer \"%s\" rewrites the text before it is "
-                             "split; only a null normalizer, or Sequence [Prepend \"" SPACE_MARK
-                             "\", Replace \" \" -> \"" SPACE_MARK "\"] (Llama 2's), is supported",
+                             "split; only a null normalizer, NFC, or Sequence [Prepend \""
+                             SPACE_MARK "\", Replace \" \" -> \"" SPACE_MARK "\"] (Llama 2's), is "
+                             "supported",
                              path, type_of(norm) ? type_of(norm) : "?");
         if (pt && !cJSON_IsNull(pt))
             return zpp_error(ZPP_ERR_UNSUPPORTED,
@@ -231,7 +238,6 @@ static zpp_status read_pre_tokenizer(const cJSON *root, const char *path, hf_for
                              "(Prepend, Replace); only a null pre_tokenizer is supported there",
                              path, type_of(pt) ? type_of(pt) : "?");
         form->sentencepiece = 1;
-        form->normalizer = 1;
         form->chars.prepend = ZPP_BPE_PREPEND_EVERY;
         form->chars.split = 0;
         return ZPP_OK;
@@ -501,6 +507,7 @@ zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
     d.n_merges = n_merges;
     d.pattern = form.pattern;
     d.whole_pieces = form.whole_pieces;
+    d.nfc = form.nfc;
     st = zpp_bpe_create(&d, &bpe);
     if (st != ZPP_OK) {
         /* (merge k is model.merges[k]) */
