@@ -6,8 +6,9 @@
 # minutes on one core.
 #   scripts/fuzz.sh [MINUTES] [TARGET...]     (default: 10 minutes, all targets)
 # Needs clang with libFuzzer (clang 14 works): apt-get install clang.
-# Builds standalone into build-fuzz/ (-fsanitize=fuzzer,address,undefined;
-# only the sources the targets need, no MPI). Each target's corpus grows in
+# Builds into build-fuzz/: the library (CPU only) by CMake with clang and
+# -fsanitize=fuzzer-no-link,address,undefined, then each target linked to it
+# with -fsanitize=fuzzer,address,undefined. Each target's corpus grows in
 # build-fuzz/corpus/<target>/ (seeded from fuzz/corpus/<target>/); crashes
 # are written to build-fuzz/crashes/<target>/. A crash, once fixed, goes
 # into fuzz/corpus/<target>/ as a regression input: ctest's fuzz_replay_*
@@ -29,20 +30,19 @@ if ! command -v "$CC" >/dev/null; then
 fi
 out=build-fuzz
 mkdir -p "$out"
-flags=(-g -O1 "-fsanitize=fuzzer,address,undefined" -fno-sanitize-recover=undefined
-       -fno-omit-frame-pointer -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc)
-cjson_inc=$(pkg-config --cflags libcjson 2>/dev/null || true)
-cjson_lib=$(pkg-config --libs libcjson 2>/dev/null || echo -lcjson)
-cjson_lib="$cjson_lib $(pkg-config --libs libpcre2-8 2>/dev/null || echo -lpcre2-8)"
-common=(src/core/error.c src/core/file.c src/train/config.c)
-declare -A extra=([config]="" [data]="src/train/data.c" [manifest]="src/train/ckpt_manifest.c"
-                  [bpe]="src/train/bpe.c src/train/bpe_gpt2.c")
+sanitize=(-g -O1 -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+echo "fuzz.sh: building the library into $out/lib"
+cmake -S . -B "$out/lib" -DCMAKE_C_COMPILER="$CC" -DZPP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS="${sanitize[*]} -fsanitize=fuzzer-no-link,address,undefined" >"$out/cmake.log"
+cmake --build "$out/lib" --target zeropp -j "$(nproc)" >>"$out/cmake.log"
+deps=(-lcjson -lpcre2-8 -lopenblas -lm)
+read -r -a mpi_link <<<"$(mpicc --showme:link)"
 for t in "${targets[@]}"; do
   [ -f "fuzz/fuzz_$t.c" ] || { echo "fuzz.sh: no target fuzz/fuzz_$t.c" >&2; exit 2; }
   echo "fuzz.sh: building $out/fuzz_$t"
-  # shellcheck disable=SC2086
-  "$CC" "${flags[@]}" $cjson_inc "fuzz/fuzz_$t.c" "${common[@]}" ${extra[$t]} \
-    $cjson_lib -lm -o "$out/fuzz_$t"
+  "$CC" "${sanitize[@]}" -fsanitize=fuzzer,address,undefined -std=c11 \
+    -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc "fuzz/fuzz_$t.c" "$out/lib/libzeropp.a" \
+    "${mpi_link[@]}" "${deps[@]}" -o "$out/fuzz_$t"
 done
 status=0
 for t in "${targets[@]}"; do
