@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "core/error.h"
@@ -585,11 +586,25 @@ static void test_refusals(void) {
         EXPECT_MSG(cases[c].msg);
         EXPECT_MSG(path);
     }
-    char path[512];
+    /* a folder is read as the tokenizer.json inside it; one without says so */
+    char path[512], folder[512], inside[600];
+    zpp_test_tmp_path("model_folder", folder);
+    EXPECT(mkdir(folder, 0700) == 0, "mkdir %s", folder);
+    zpp_bpe *bpe = NULL;
+    EXPECT_STATUS(zpp_bpe_load_hf(folder, &bpe), ZPP_ERR_IO);
+    EXPECT_MSG("model_folder/tokenizer.json");
+    snprintf(inside, sizeof inside, "%s/tokenizer.json", folder);
+    cJSON *good = tv_json(&v, 0);
+    char *text = cJSON_Print(good);
+    zpp_test_write_file(inside, text, strlen(text));
+    cJSON_free(text), cJSON_Delete(good);
+    EXPECT_OK(zpp_bpe_load_hf(folder, &bpe));
+    EXPECT(zpp_bpe_merge_count(bpe) == (size_t)v.n_merges, "the folder's tokenizer");
+    zpp_bpe_destroy(bpe);
+    bpe = NULL;
     zpp_test_tmp_path("cut.json", path);
     const char *cut = "{\"model\": {\"type\": \"BPE\"";
     zpp_test_write_file(path, cut, strlen(cut));
-    zpp_bpe *bpe = NULL;
     EXPECT_STATUS(zpp_bpe_load_hf(path, &bpe), ZPP_ERR_FORMAT);
     EXPECT_MSG("not a JSON object");
     pcre2_code_free(re);

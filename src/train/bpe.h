@@ -207,8 +207,9 @@ zpp_status zpp_bpe_create(const zpp_bpe_desc *desc, zpp_bpe **bpe_p);
  * and the line or entry, and what to do. */
 zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zpp_bpe **bpe_p);
 
-/* Loads a Hugging Face tokenizer.json of a BPE (bpe_hf.c says which keys
- * it reads), of either kind:
+/* Loads a Hugging Face tokenizer.json of a BPE (path: the file, or a
+ * folder holding it, as a model's does; bpe_hf.c says which keys it
+ * reads), of either kind:
  *   byte-level: model.type "BPE", its vocab (token -> id, tokens in GPT-2's
  *     byte alphabet as above) and merges (each "LEFT RIGHT" or ["LEFT",
  *     "RIGHT"]; rank = position), model.ignore_merges (whole_pieces); the

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "train/bpe.h"
@@ -463,9 +464,21 @@ static zpp_status find_char_tokens(const zpp_bpe *vocab, const char *path, hf_fo
 
 zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p) {
     if (!path || !bpe_p) return zpp_error(ZPP_ERR_INVALID, "zpp_bpe_load_hf: NULL argument");
+    /* a model's folder: its tokenizer.json */
+    struct stat sb;
+    char *in_folder = NULL;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        if (!(in_folder = malloc(strlen(path) + sizeof "/tokenizer.json")))
+            return zpp_error(ZPP_ERR_NOMEM, "out of memory");
+        path = strcat(strcpy(in_folder, path), "/tokenizer.json");
+    }
     char *buf = NULL;
     size_t len = 0;
-    ZPP_CHECK(zpp_bpe_read_file(path, "tokenizer", &buf, &len));
+    zpp_status read = zpp_bpe_read_file(path, "tokenizer", &buf, &len);
+    if (read != ZPP_OK) {
+        free(in_folder);
+        return read;
+    }
     cJSON *root = cJSON_ParseWithLength(buf, len);
     free(buf);
     const cJSON *model = item(root, "model"), *added = item(root, "added_tokens");
@@ -521,5 +534,6 @@ out:
     free(v.tokens);
     free(v.arena);
     cJSON_Delete(root);
+    free(in_folder);
     return st;
 }
