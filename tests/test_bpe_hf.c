@@ -59,6 +59,7 @@ typedef struct tok {
     int len, id;
     int special; /* 1: an added token; 2: one marked "normalized" (matched second) */
     int in_model; /* a special token model.vocab holds too (GPT-2's <|endoftext|>) */
+    int absent;   /* left out of the file (a byte token GPT-NeoX lacks) */
 } tok;
 typedef struct tvocab {
     tok t[MAX_TOK];
@@ -399,7 +400,7 @@ static cJSON *tv_json(const tvocab *v, int pairs) {
     cJSON_AddBoolToObject(model, "ignore_merges", v->whole);
     cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
     for (int i = 0; i < v->n; i++) {
-        if (v->t[i].special && !v->t[i].in_model) continue;
+        if ((v->t[i].special && !v->t[i].in_model) || v->t[i].absent) continue;
         char *k = alphabet_str(&v->t[i]);
         cJSON_AddNumberToObject(vocab, k, v->t[i].id);
         free(k);
@@ -452,8 +453,9 @@ static void expect_same(const int32_t *got, size_t n_got, const int32_t *want, s
 }
 
 /* Random texts encode as the reference does, with and without special
- * tokens (each "normalized" or not at random), and decode back byte for
- * byte; for merges of both forms and with ignore_merges on and off. */
+ * tokens (each "normalized" or not at random, one spelling an ordinary
+ * token, as GPT-NeoX's runs of spaces do), and decode back byte for byte;
+ * for merges of both forms and with ignore_merges on and off. */
 static void test_matches_reference(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
     pcre2_code *re = compile_pattern();
@@ -463,6 +465,9 @@ static void test_matches_reference(void) {
         v.whole = trial % 2;
         for (int k = 0; k < v.n; k++)
             if (v.t[k].special) v.t[k].special = irand(&r, 1, 2);
+        tok *twin = &v.t[v.n++]; /* an added token spelling a merged one */
+        *twin = v.t[irand(&r, 256, v.n_merges > 0 ? 255 + v.n_merges : 256)];
+        twin->id = 70100, twin->special = irand(&r, 1, 2), twin->in_model = 0;
         zpp_bpe *bpe = load_tv(&v, trial % 3 == 0, "tokenizer.json");
         EXPECT(zpp_bpe_merge_count(bpe) == (size_t)v.n_merges, "%zu merges, wrote %d",
                zpp_bpe_merge_count(bpe), v.n_merges);
@@ -526,6 +531,45 @@ static void test_merge_forms_and_ignore_merges(void) {
         free(ids.ids);
         zpp_bpe_destroy(bpe);
     }
+    pcre2_code_free(re);
+}
+
+/* A vocabulary may lack the 13 bytes UTF-8 never uses (GPT-NeoX's does):
+ * UTF-8 text encodes as the reference does, text holding one of those
+ * bytes is refused naming it, and a vocabulary lacking any other byte is
+ * refused when it loads. */
+static void test_missing_bytes(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(10));
+    pcre2_code *re = compile_pattern();
+    static tvocab v;
+    tv_build(&v, &r, re, 120, 0); /* (no random merges: none may use an absent byte) */
+    for (int b = 0; b < 256; b++) v.t[b].absent = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+    zpp_bpe *bpe = load_tv(&v, 1, "no_bytes.json");
+    buf t = {0};
+    random_text(&r, &t, 3000, 0, 1);
+    int32_t *want = malloc((t.n + 1) * sizeof *want);
+    const size_t n_want = ref_encode(&v, re, t.b, t.n, 1, want);
+    zpp_bpe_ids got = {0};
+    EXPECT_OK(zpp_bpe_encode(bpe, t.b, t.n, ZPP_BPE_SPECIAL, &got, NULL));
+    expect_same(got.ids, got.n, want, n_want, &t, 0);
+    static const char *const bad[] = {"ab\xFF", "\xC0", "word \xF5\x80 word"};
+    for (int k = 0; k < 3; k++) {
+        got.n = 0;
+        EXPECT_STATUS(zpp_bpe_encode(bpe, bad[k], strlen(bad[k]), 0, &got, NULL),
+                      ZPP_ERR_INVALID);
+        EXPECT_MSG(k == 0 ? "0xFF" : k == 1 ? "0xC0" : "0xF5");
+        EXPECT(got.n == 0, "case %d: %zu tokens written", k, got.n);
+    }
+    zpp_bpe_destroy(bpe);
+    v.t['A'].absent = 1;
+    char path[512];
+    cJSON *j = tv_json(&v, 1);
+    write_json(j, "no_a.json", path);
+    cJSON_Delete(j);
+    bpe = NULL;
+    EXPECT(zpp_bpe_load_hf(path, &bpe) != ZPP_OK && bpe == NULL, "a vocabulary without 'A'");
+    EXPECT_MSG("0x41");
+    free(got.ids), free(want), free(t.b);
     pcre2_code_free(re);
 }
 
@@ -1436,6 +1480,7 @@ static void test_normalized_special_tokens_random(void) {
 ZPP_TESTS(
     ZPP_TEST(test_matches_reference),
     ZPP_TEST(test_merge_forms_and_ignore_merges),
+    ZPP_TEST(test_missing_bytes),
     ZPP_TEST(test_refusals),
     ZPP_TEST(test_tokfile_u32),
     ZPP_TEST(test_tool_tokenizer_json),

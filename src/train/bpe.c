@@ -89,7 +89,8 @@ struct zpp_bpe {
     uint8_t *tok_bytes;
     int32_t *vocab_slots;
     size_t vocab_mask;
-    int32_t byte_id[256];
+    int32_t byte_id[256]; /* -1: none (bytes_missing) */
+    int bytes_missing;
     int whole_pieces; /* zpp_bpe_desc.whole_pieces */
     /* SentencePiece-style (zpp_bpe_desc.chars; bpe.h): is_chars 0 for
      * byte-level */
@@ -239,8 +240,13 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
         if (bpe->tok_len[t->id])
             return zpp_error(ZPP_ERR_FORMAT, "bpe: id %d is given to two tokens, \"%s\" and another",
                              (int)t->id, show(t->bytes, t->len, s1, sizeof s1));
+        /* A special token may spell an ordinary one (GPT-NeoX adds runs of
+         * spaces its vocabulary holds too): it stands for those bytes only
+         * where special tokens are matched, and the look-up by bytes keeps
+         * the ordinary token, which merges make. Two of a kind are one too
+         * many. */
         const int32_t twin = zpp_bpe_find(bpe, t->bytes, t->len);
-        if (twin >= 0)
+        if (twin >= 0 && !bpe->tok_special[twin] == !t->special)
             return zpp_error(ZPP_ERR_FORMAT, "bpe: token \"%s\" is listed twice, as ids %d and %d",
                              show(t->bytes, t->len, s1, sizeof s1), (int)twin, (int)t->id);
         memcpy(bpe->tok_bytes + off, t->bytes, t->len);
@@ -248,19 +254,29 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
         bpe->tok_len[t->id] = (uint32_t)t->len;
         bpe->tok_special[t->id] = t->special == 2 ? 2 : t->special ? 1 : 0;
         off += t->len;
+        if (twin >= 0 && t->special) continue;
         size_t j = hash_bytes(t->bytes, t->len) & bpe->vocab_mask;
-        while (bpe->vocab_slots[j] >= 0) j = (j + 1) & bpe->vocab_mask;
-        bpe->vocab_slots[j] = t->id;
+        while (bpe->vocab_slots[j] >= 0 && bpe->vocab_slots[j] != twin)
+            j = (j + 1) & bpe->vocab_mask;
+        bpe->vocab_slots[j] = t->id; /* (over a special twin's slot) */
     }
-    /* Byte-level: every byte must be a token, or some text has no encoding.
-     * (SentencePiece-style vocabularies have byte fallback instead.) */
+    /* Byte-level: every byte must be a token, or some text has no encoding
+     * (SentencePiece-style vocabularies have byte fallback instead). But
+     * for the 13 that UTF-8 never uses (0xC0, 0xC1, 0xF5..0xFF), which
+     * GPT-NeoX's vocabulary lacks: text holding one is refused instead. */
     for (int b = 0; b < 256 && !d->chars; b++) {
         const uint8_t byte = (uint8_t)b;
         const int32_t id = zpp_bpe_find(bpe, &byte, 1);
+        const int never_utf8 = b == 0xC0 || b == 0xC1 || b >= 0xF5;
+        if (id < 0 && never_utf8) {
+            bpe->byte_id[b] = -1;
+            bpe->bytes_missing = 1;
+            continue;
+        }
         if (id < 0 || bpe->tok_special[id])
             return zpp_error(ZPP_ERR_FORMAT,
                              "bpe: byte 0x%02X has no %stoken; a byte-level vocabulary holds all "
-                             "256 single bytes",
+                             "256 single bytes (all but those UTF-8 never uses)",
                              b, id < 0 ? "" : "ordinary ");
         bpe->byte_id[b] = id;
     }
@@ -725,6 +741,18 @@ static zpp_status cache_append(zpp_bpe *bpe, const uint8_t *p, size_t n, uint64_
     return ZPP_OK;
 }
 
+/* With bytes_missing: ZPP_ERR_INVALID when p[0, n) holds a byte with no
+ * token. */
+static zpp_status check_bytes(const zpp_bpe *bpe, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n && bpe->bytes_missing; i++)
+        if (bpe->byte_id[p[i]] < 0)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "bpe: the text holds the byte 0x%02X, which UTF-8 never uses and "
+                             "this tokenizer has no token for; give it UTF-8 text",
+                             p[i]);
+    return ZPP_OK;
+}
+
 /* Merges a byte-level piece of n >= 2 bytes: one symbol a byte. */
 static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
     if (n >= (size_t)INT32_MAX)
@@ -732,6 +760,7 @@ static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_
                          "bpe: a piece of %zu bytes (one run of letters, digits, symbols or "
                          "whitespace) is too long to merge; split the text",
                          n);
+    ZPP_CHECK(check_bytes(bpe, p, n));
     ZPP_CHECK(ensure_scratch(bpe, n));
     for (size_t i = 0; i < n; i++) bpe->sym[i] = bpe->byte_id[p[i]];
     return merge_symbols(bpe, n, out);
@@ -739,6 +768,7 @@ static zpp_status merge_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_
 
 static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe_ids *out) {
     if (n == 1) {
+        ZPP_CHECK(check_bytes(bpe, p, 1));
         ZPP_CHECK(grow((void **)&out->ids, &out->cap, out->n + 1, sizeof *out->ids));
         out->ids[out->n++] = bpe->byte_id[p[0]];
         return ZPP_OK;

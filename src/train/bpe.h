@@ -184,8 +184,11 @@ typedef struct zpp_bpe_desc {
 } zpp_bpe_desc;
 
 /* Builds a tokenizer. ZPP_ERR_FORMAT, naming the entry, when: a token is
- * empty; an id is negative or repeats; two tokens have the same bytes; one
- * of the 256 single bytes has no token; a merge names an id that is not a
+ * empty; an id is negative or repeats; two tokens have the same bytes (but
+ * a special token and an ordinary one may); one of the 256 single bytes
+ * has no token (byte-level; but for the 13 UTF-8 never uses, 0xC0, 0xC1
+ * and 0xF5..0xFF: encoding text that holds one is then ZPP_ERR_INVALID,
+ * naming it); a merge names an id that is not a
  * token, or a special token; a pair is listed twice; a merge's result
  * (left's bytes then right's) is not in the vocabulary; the pattern does
  * not compile (PCRE2's message and offset); an id past ZPP_BPE_MAX_ID. */
