@@ -37,13 +37,15 @@ static zpp_bpe *fixed_tokenizer(int nfc) {
     zpp_bpe_merge m[N_MERGED];
     for (int i = 0; i < 256; i++) {
         bytes[i] = (uint8_t)i;
-        tok[i] = (zpp_bpe_token){&bytes[i], 1, i, 0};
+        tok[i] = (zpp_bpe_token){&bytes[i], 1, i, 0, 0};
     }
     for (int k = 0; k < N_MERGED; k++) {
-        tok[256 + k] = (zpp_bpe_token){(const uint8_t *)merged[k], strlen(merged[k]), 256 + k, 0};
+        tok[256 + k] =
+            (zpp_bpe_token){(const uint8_t *)merged[k], strlen(merged[k]), 256 + k, 0, 0};
         m[k] = (zpp_bpe_merge){parts[k][0], parts[k][1]};
     }
-    tok[256 + N_MERGED] = (zpp_bpe_token){(const uint8_t *)"<|endoftext|>", 13, 256 + N_MERGED, 1};
+    tok[256 + N_MERGED] =
+        (zpp_bpe_token){(const uint8_t *)"<|endoftext|>", 13, 256 + N_MERGED, 1, 0};
     zpp_bpe_desc d = {.tokens = tok, .n_tokens = 256 + N_MERGED + 1, .merges = m,
                       .n_merges = N_MERGED, .pattern = ZPP_BPE_GPT2_PATTERN, .nfc = nfc};
     if (zpp_bpe_create(&d, bpe) != ZPP_OK) {

@@ -86,6 +86,8 @@ struct zpp_bpe {
     size_t *tok_off;
     uint32_t *tok_len; /* 0: no token has this id */
     uint8_t *tok_special;
+    uint8_t *tok_strip; /* zpp_bpe_token.strip */
+    int any_lstrip;
     uint8_t *tok_bytes;
     int32_t *vocab_slots;
     size_t vocab_mask;
@@ -191,6 +193,7 @@ void zpp_bpe_destroy(zpp_bpe *bpe) {
     if (bpe->is_chars) /* (else they alias the tok_* tables) */
         free((void *)bpe->text_off), free((void *)bpe->text_len), free((void *)bpe->text_bytes);
     free(bpe->tok_off), free(bpe->tok_len), free(bpe->tok_special), free(bpe->tok_bytes);
+    free(bpe->tok_strip);
     free(bpe->vocab_slots);
     zpp_nfc_free(&bpe->nfc_buf);
     free(bpe->nfc_pieces.pieces);
@@ -226,11 +229,12 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
     bpe->tok_off = calloc(n ? n : 1, sizeof *bpe->tok_off);
     bpe->tok_len = calloc(n ? n : 1, sizeof *bpe->tok_len);
     bpe->tok_special = calloc(n ? n : 1, 1);
+    bpe->tok_strip = calloc(n ? n : 1, 1);
     bpe->tok_bytes = malloc(total ? total : 1);
     const size_t slots = pow2_at_least(2 * d->n_tokens);
     bpe->vocab_slots = malloc(slots * sizeof *bpe->vocab_slots);
     if (!bpe->tok_off || !bpe->tok_len || !bpe->tok_special || !bpe->tok_bytes ||
-        !bpe->vocab_slots)
+        !bpe->tok_strip || !bpe->vocab_slots)
         return zpp_error(ZPP_ERR_NOMEM, "bpe: out of memory for %zu tokens", d->n_tokens);
     memset(bpe->vocab_slots, 0xFF, slots * sizeof *bpe->vocab_slots);
     bpe->vocab_mask = slots - 1;
@@ -253,6 +257,12 @@ static zpp_status build_vocab(zpp_bpe *bpe, const zpp_bpe_desc *d) {
         bpe->tok_off[t->id] = off;
         bpe->tok_len[t->id] = (uint32_t)t->len;
         bpe->tok_special[t->id] = t->special == 2 ? 2 : t->special ? 1 : 0;
+        if (t->strip & ~(ZPP_BPE_LSTRIP | ZPP_BPE_RSTRIP) || (t->strip && t->special != 1))
+            return zpp_error(ZPP_ERR_FORMAT, "bpe: token \"%s\" has strip %d; ZPP_BPE_LSTRIP and "
+                             "ZPP_BPE_RSTRIP are for special tokens of kind 1",
+                             show(t->bytes, t->len, s1, sizeof s1), t->strip);
+        bpe->tok_strip[t->id] = (uint8_t)t->strip;
+        bpe->any_lstrip |= t->strip & ZPP_BPE_LSTRIP;
         off += t->len;
         if (twin >= 0 && t->special) continue;
         size_t j = hash_bytes(t->bytes, t->len) & bpe->vocab_mask;
@@ -1035,6 +1045,36 @@ static size_t special_prefix_at(const special_set *set, const uint8_t *text, siz
     return end;
 }
 
+/* Unicode's White_Space characters (as Rust's char::is_whitespace, which
+ * Hugging Face's lstrip and rstrip use): the byte length of the one at
+ * p[0, n); 0 if there is none; -1 if p[0, n) is cut off where it could
+ * still begin one (n may grow: partial text), or n is 0. */
+static int white_at(const uint8_t *p, size_t n) {
+    static const char *const wide[] = {
+        "\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81", "\xE2\x80\x82",
+        "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86", "\xE2\x80\x87",
+        "\xE2\x80\x88", "\xE2\x80\x89", "\xE2\x80\x8A", "\xE2\x80\xA8", "\xE2\x80\xA9",
+        "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"};
+    if (!n) return -1;
+    if (p[0] == ' ' || (p[0] >= '\t' && p[0] <= '\r')) return 1;
+    if (p[0] < 0xC2) return 0;
+    int cut = 0;
+    for (size_t k = 0; k < sizeof wide / sizeof *wide; k++) {
+        const size_t len = strlen(wide[k]);
+        if (n >= len && !memcmp(p, wide[k], len)) return (int)len;
+        if (n < len && !memcmp(p, wide[k], n)) cut = 1;
+    }
+    return cut ? -1 : 0;
+}
+
+/* The byte length of the White_Space character that ends at text[i], not
+ * starting before `lo`; or 0. */
+static size_t white_before(const uint8_t *text, size_t lo, size_t i) {
+    for (size_t len = 1; len <= 3 && len <= i - lo; len++)
+        if (white_at(text + i - len, len) == (int)len) return len;
+    return 0;
+}
+
 /* One pass: the tokens of `set` cut out of text[a, b), leftmost first,
  * longest at one place; `between` gets the text around them. Partial: what
  * could still become a token (or a longer one) once more text comes is
@@ -1044,6 +1084,7 @@ typedef zpp_status (*between_fn)(const scan_ctx *s, size_t a, size_t b, int part
 static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t a, size_t b,
                                int partial, between_fn between, size_t *done_p) {
     const uint8_t *text = s->text;
+    const zpp_bpe *bpe = s->bpe;
     size_t pos = a;
     while (pos < b) {
         size_t q = b;
@@ -1054,16 +1095,33 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
                 break;
             }
         /* Partial: text from `hold` on may turn into a token (or a longer
-         * one than found at q) once more text arrives. */
-        const size_t hold = partial ? special_prefix_at(set, text, pos, b) : b;
-        size_t done = pos;
-        if (id >= 0 && q < hold) {
-            ZPP_CHECK(between(s, pos, q, 0, &done));
-            ZPP_CHECK(emit(s->fn, s->ctx, text, q, s->bpe->tok_len[id], id, 0));
-            pos = q + s->bpe->tok_len[id];
+         * one than found at q) once more text arrives; whitespace at the
+         * end, into what an lstrip token takes. */
+        size_t hold = partial ? special_prefix_at(set, text, pos, b) : b;
+        if (partial && bpe->any_lstrip) {
+            for (size_t k = 1; hold == b && k <= 2 && k <= b - pos; k++)
+                if (white_at(text + b - k, k) < 0) hold = b - k; /* a wide space cut off */
+            for (size_t w; hold > pos && (w = white_before(text, pos, hold)) > 0;) hold -= w;
+        }
+        /* the token's span with the whitespace it takes (lstrip, rstrip) */
+        size_t from = q, to = id >= 0 ? q + bpe->tok_len[id] : b;
+        const unsigned strip = id >= 0 ? bpe->tok_strip[id] : 0;
+        while ((strip & ZPP_BPE_LSTRIP) && from > pos && white_before(text, pos, from))
+            from -= white_before(text, pos, from);
+        while ((strip & ZPP_BPE_RSTRIP) && to < b && white_at(text + to, b - to) > 0)
+            to += (size_t)white_at(text + to, b - to);
+        /* (partial: more whitespace may follow what rstrip took) */
+        const int open = partial && (strip & ZPP_BPE_RSTRIP) && white_at(text + to, b - to) < 0;
+        if (id >= 0 && q < hold && !open) {
+            size_t done = pos;
+            ZPP_CHECK(between(s, pos, from, 0, &done));
+            ZPP_CHECK(s->fn(s->ctx, text + from, to - from, from, to - from, id, 0));
+            pos = to;
             continue;
         }
-        ZPP_CHECK(between(s, pos, hold < q ? hold : q, partial, &done));
+        const size_t end = id >= 0 && from < hold ? from : hold < q ? hold : q;
+        size_t done = pos;
+        ZPP_CHECK(between(s, pos, end, partial, &done));
         pos = done;
         break;
     }

@@ -110,7 +110,15 @@ typedef struct zpp_bpe_token {
      * the second pass, in the normalized text (Hugging Face's "normalized":
      * true; SPECIAL TOKENS IN TEXT above). */
     int special;
+    /* A special token of kind 1 whose match takes the whitespace around it
+     * (Hugging Face's lstrip, rstrip: Phi-3's "<|end|>" swallows the
+     * newline after it): ZPP_BPE_LSTRIP, all the whitespace before it back
+     * to the previous special token or the text's start; ZPP_BPE_RSTRIP,
+     * all after it. Whitespace: Unicode's White_Space characters. */
+    int strip;
 } zpp_bpe_token;
+#define ZPP_BPE_LSTRIP 1
+#define ZPP_BPE_RSTRIP 2
 
 /* A merge of two token ids; its rank is its index in the list. */
 typedef struct zpp_bpe_merge {
@@ -228,13 +236,13 @@ zpp_status zpp_bpe_load_gpt2(const char *vocab_path, const char *merges_path, zp
  *     pre_tokenizer Metaspace (replacement "▁", prepend_scheme "first",
  *     "always" or "never", split).
  * added_tokens are all special tokens (so their text is only matched with
- * ZPP_BPE_SPECIAL); one marked "normalized" is zpp_bpe_token.special 2.
- * ZPP_ERR_UNSUPPORTED
- * naming the key for anything else: another model type, dropout or
- * subword affixes, byte_fallback in a byte-level file, another normalizer
- * (NFKC, say) or pre-tokenizer, added tokens that strip the text around
- * them. ZPP_ERR_IO, ZPP_ERR_FORMAT naming
- * the file and the entry. The post_processor's tokens (a leading
+ * ZPP_BPE_SPECIAL); one marked "normalized" is zpp_bpe_token.special 2,
+ * lstrip and rstrip are its strip. ZPP_ERR_UNSUPPORTED naming the key for
+ * anything else: another model type, dropout or subword affixes,
+ * byte_fallback in a byte-level file, another normalizer (NFKC, say) or
+ * pre-tokenizer, an added token with single_word, or with lstrip or rstrip
+ * and normalized. ZPP_ERR_IO, ZPP_ERR_FORMAT naming the file and the
+ * entry. The post_processor's tokens (a leading
  * <|begin_of_text|> or <s>) are not added, and the decoder is not read
  * (decoding is the one bpe.h describes for the kind). */
 zpp_status zpp_bpe_load_hf(const char *path, zpp_bpe **bpe_p);

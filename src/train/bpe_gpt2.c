@@ -164,7 +164,7 @@ static zpp_status read_vocab(const char *path, zpp_bpe_token **tokens_p, size_t 
             break;
         }
         tokens[i] = (zpp_bpe_token){arena + off, blen, (int32_t)v,
-                                    !strcmp(e->string, ZPP_BPE_GPT2_EOT)};
+                                    !strcmp(e->string, ZPP_BPE_GPT2_EOT), 0};
         off += blen;
     }
     cJSON_Delete(root);

@@ -311,7 +311,7 @@ static zpp_status read_model_vocab(const cJSON *vocab, const cJSON *added, const
             return zpp_error(ZPP_ERR_FORMAT,
                              "tokenizer '%s': model.vocab: an empty token has id %d", path,
                              (int)id);
-        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, 0};
+        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, 0, 0};
         v->arena_used += len;
     }
     return ZPP_OK;
@@ -334,18 +334,21 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_voc
                              "tokenizer '%s': added_tokens[%zu] has no id in [0, %d] or no "
                              "content",
                              path, k, ZPP_BPE_MAX_ID);
-        /* these would make the text around the token part of its match */
-        static const char *const strips[] = {"lstrip", "rstrip", "single_word"};
-        for (size_t s = 0; s < sizeof strips / sizeof *strips; s++)
-            if (is_set(e, strips[s]))
-                return zpp_error(ZPP_ERR_UNSUPPORTED,
-                                 "tokenizer '%s': added token \"%.40s\" has %s true; only false "
-                                 "is supported",
-                                 path, content->valuestring, strips[s]);
-        const char *text = content->valuestring;
-        const size_t len = strlen(text);
         /* matched after the raw ones, in the normalized text (bpe.h) */
         const int special = is_set(e, "normalized") ? 2 : 1;
+        /* the whitespace around it taken into its match (bpe.h): for the
+         * raw ones; single_word (a match only between words) not at all */
+        const int strip = (is_set(e, "lstrip") ? ZPP_BPE_LSTRIP : 0) |
+                          (is_set(e, "rstrip") ? ZPP_BPE_RSTRIP : 0);
+        if (is_set(e, "single_word") || (strip && special == 2))
+            return zpp_error(ZPP_ERR_UNSUPPORTED,
+                             "tokenizer '%s': added token \"%.40s\" has %s true; it is "
+                             "supported false%s",
+                             path, content->valuestring,
+                             is_set(e, "single_word") ? "single_word" : "normalized",
+                             is_set(e, "single_word") ? "" : " where lstrip or rstrip is true");
+        const char *text = content->valuestring;
+        const size_t len = strlen(text);
         size_t i = 0;
         while (i < n_model && v->tokens[i].id != id) i++;
         if (i < n_model) { /* in model.vocab too: the same token, now special */
@@ -355,12 +358,13 @@ static zpp_status read_added_tokens(const cJSON *added, const char *path, hf_voc
                                  "model.vocab gives to another token",
                                  path, text, (int)id);
             v->tokens[i].special = special;
+            v->tokens[i].strip = strip;
             continue;
         }
         uint8_t *at = v->arena + v->arena_used;
         memcpy(at, text, len);
         v->arena_used += len;
-        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, special};
+        v->tokens[v->n++] = (zpp_bpe_token){at, len, id, special, strip};
     }
     return ZPP_OK;
 }
