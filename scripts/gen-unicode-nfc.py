@@ -80,11 +80,14 @@ def main():
             w("    " + " ".join(rows[i:i + per_line]) + "\n")
         w("};\n\n")
 
-    table("static const struct { uint32_t first, last; uint8_t ccc; } nfc_ccc[%d]" % len(ranges),
+    w("typedef struct nfc_class { uint32_t first, last; uint8_t ccc; } nfc_class;\n")
+    w("typedef struct nfc_split { uint32_t cp, a, b; } nfc_split; /* b 0: one part */\n")
+    w("typedef struct nfc_join { uint32_t a, b, cp; } nfc_join;\n\n")
+    table("static const nfc_class nfc_ccc[%d]" % len(ranges),
           ["{0x%X, 0x%X, %d}," % tuple(r) for r in ranges], 3)
-    table("static const struct { uint32_t cp, a, b; } nfc_decomp[%d]" % len(decomp),
+    table("static const nfc_split nfc_decomp[%d]" % len(decomp),
           ["{0x%X, 0x%X, 0x%X}," % d for d in decomp], 3)
-    table("static const struct { uint32_t a, b, cp; } nfc_comp[%d]" % len(comp),
+    table("static const nfc_join nfc_comp[%d]" % len(comp),
           ["{0x%X, 0x%X, 0x%X}," % c for c in comp], 3)
     table("static const uint32_t nfc_seconds[%d]" % len(seconds),
           ["0x%X," % s for s in seconds], 8)

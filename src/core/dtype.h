@@ -33,49 +33,67 @@ static inline zpp_bf16 zpp_f32_to_bf16(float f) {
     return (zpp_bf16)(u >> 16);
 }
 
-/* fp16 <-> fp32 by integer arithmetic, for compilers without _Float16
- * (clang before 15 on x86, which scripts/fuzz.sh may use); test_core
- * checks them against _Float16 bit for bit. fp16: 1 sign, 5 exponent bits
- * (bias 15), 10 mantissa bits; exponent 0 holds the subnormals m * 2^-24. */
-static inline float zpp_fp16_to_f32_soft(zpp_fp16 h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 31u, m = h & 0x3ffu;
-    uint32_t u;
-    if (e == 31) { /* Inf, or NaN made quiet with its payload kept */
-        u = sign | 0x7f800000u | (m ? 0x400000u | m << 13 : 0);
-    } else if (e == 0) { /* zero or subnormal: exact in fp32 */
-        const float f = (float)m * 0x1p-24f;
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else {
-        u = sign | (e + 112) << 23 | m << 13; /* rebias 15 -> 127 */
-    }
+/* fp16 <-> fp32 by integer arithmetic, branch-free so that loops over them
+ * vectorize (quant/quant_kernels.h); the conversions below use them where
+ * the compiler has no _Float16 (clang before 15 on x86). test_quant checks
+ * them against _Float16 on every fp16 value and on random fp32 patterns. */
+static inline float zpp__f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-/* Round to nearest, ties to even: keep the bits above the cut, add one
- * when what is cut off is more than half a unit, or exactly half and the
- * kept value is odd. */
-static inline zpp_fp16 zpp_f32_to_fp16_soft(float f) {
+static inline uint32_t zpp__u32(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    const uint32_t sign = u >> 16 & 0x8000u;
-    u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return (zpp_fp16)(sign | 0x7e00u | (u >> 13 & 0x3ffu)); /* NaN */
-    if (u >= 0x477ff000u) return (zpp_fp16)(sign | 0x7c00u); /* >= 65520: Inf */
-    const uint32_t e = u >> 23;
-    uint32_t kept, cut, half;
-    if (e >= 113) { /* normal in fp16: drop 13 bits, rebias 127 -> 15 */
-        kept = (u >> 13) - (112u << 10), cut = u & 0x1fffu, half = 0x1000u;
-    } else if (e >= 102) { /* subnormal in fp16: the mantissa in units of 2^-24 */
-        const uint32_t m = (u & 0x7fffffu) | 0x800000u, shift = 126 - e;
-        kept = m >> shift, cut = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    } else { /* below 2^-25: rounds to zero */
-        return (zpp_fp16)sign;
-    }
-    if (cut > half || (cut == half && (kept & 1))) kept++; /* (a carry moves up a binade) */
-    return (zpp_fp16)(sign | kept);
+    return u;
+}
+
+/* c ? a : b on integers as a mask: the compiler if-converts this into
+ * pcmpgtd/pand/pandn/por where a chain of ternaries with floating-point
+ * operations behind them stays a branch (-ftrapping-math). */
+static inline uint32_t zpp__sel(int c, uint32_t a, uint32_t b) {
+    uint32_t m = 0u - (uint32_t)c;
+    return (a & m) | (b & ~m);
+}
+
+/* fp16 -> fp32 is exact. Normal numbers: move the 5-bit exponent and
+ * 10-bit mantissa up by 13 bits and rebias the exponent by 127 - 15 = 112.
+ * Inf/NaN (exponent 31): rebias to 255 and set the quiet bit of a NaN, as
+ * the hardware conversion does. Subnormals (exponent 0): the value is
+ * mantissa * 2^-24, computed exactly by an int -> float conversion. */
+static inline float zpp__ld_fp16(uint16_t h) {
+    uint32_t a = h & 0x7fffu;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t normal = (a << 13) + (112u << 23);
+    uint32_t special = ((a << 13) + (224u << 23)) | zpp__sel(a > 0x7c00u, 0x400000u, 0u);
+    uint32_t sub = zpp__u32((float)(int32_t)a * 0x1p-24f);
+    uint32_t r = zpp__sel(a < 0x400u, sub, zpp__sel(a >= 0x7c00u, special, normal));
+    return zpp__f32(r | sign);
+}
+
+/* fp32 -> fp16, round to nearest even, in four ranges of a = |f| bits:
+ *   a > Inf            NaN: quiet, top 10 mantissa bits kept
+ *   a >= 65536         Inf (also 65520 <= a < 65536 via the normal path,
+ *                      which rounds 65520 up into the Inf pattern)
+ *   a >= 2^-14         normal: rebias the exponent (-112), round the 13
+ *                      dropped bits half-even as in bf16, shift
+ *   a < 2^-14          subnormal or zero: adding 0.5 (whose ulp is 2^-24,
+ *                      the fp16 subnormal step) makes the FPU round to a
+ *                      multiple of 2^-24; that multiple is the low mantissa
+ *                      bits of the sum */
+static inline uint16_t zpp__st_fp16(float f) {
+    uint32_t u = zpp__u32(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t a = (int32_t)(u & 0x7fffffffu);
+    uint32_t nan = 0x7e00u | (((uint32_t)a >> 13) & 0x3ffu);
+    uint32_t normal =
+        ((uint32_t)a - (112u << 23) + 0xfffu + (((uint32_t)a >> 13) & 1u)) >> 13;
+    uint32_t sub = zpp__u32(zpp__f32((uint32_t)a) + 0.5f) - 0x3f000000u;
+    uint32_t r = zpp__sel(a > 0x7f800000, nan,
+                          zpp__sel(a >= 0x47800000, 0x7c00u,
+                                   zpp__sel(a >= 0x38800000, normal, sub)));
+    return (uint16_t)(r | sign);
 }
 
 #if defined(__FLT16_MAX__) /* the compiler has _Float16 (IEEE, nearest even) */
@@ -92,8 +110,8 @@ static inline zpp_fp16 zpp_f32_to_fp16(float f) {
     return h;
 }
 #else
-static inline float zpp_fp16_to_f32(zpp_fp16 h) { return zpp_fp16_to_f32_soft(h); }
-static inline zpp_fp16 zpp_f32_to_fp16(float f) { return zpp_f32_to_fp16_soft(f); }
+static inline float zpp_fp16_to_f32(zpp_fp16 h) { return zpp__ld_fp16(h); }
+static inline zpp_fp16 zpp_f32_to_fp16(float f) { return zpp__st_fp16(f); }
 #endif
 
 /* Element i of an array of `dtype` as fp32. */

@@ -48,10 +48,11 @@
  *     narrowing, 0.8 cycles/element; the NaN-aware variant adds a pcmpgtd
  *     select and runs only for NaN-scale blocks.
  *   - fp16 <-> fp32 are branch-free bit manipulations (zpp__ld_fp16 and
- *     friends; the compiler's _Float16 calls libgcc per element without
- *     F16C), if-converted into pcmpgtd/pand/pandn/por selects by zpp__sel;
- *     they equal core/dtype.h bit for bit (tested on every fp16 value and
- *     on random fp32 patterns) but cost 2-4x the bf16 paths.
+ *     zpp__st_fp16 in core/dtype.h, the _num variants here; the compiler's
+ *     _Float16 calls libgcc per element without F16C), if-converted into
+ *     pcmpgtd/pand/pandn/por selects by zpp__sel; they equal _Float16 bit
+ *     for bit (tested on every fp16 value and on random fp32 patterns) but
+ *     cost 2-4x the bf16 paths.
  *   AVX2 / AVX-512 (the same source under a target pragma): the same loops
  *     on 8 / 16 fp32 lanes, vpmaxsd for the fp32 absmax, narrowing by
  *     vpackssdw/vpackuswb + vpermq (AVX2) or vpermt2w + vpmovwb (AVX-512),
@@ -84,44 +85,11 @@
 /* ------------------------------------------------------------------------ */
 /* Branch-free conversions (vectorizable; equal to core/dtype.h bit for bit) */
 /* ------------------------------------------------------------------------ */
-
-static inline float zpp__f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint32_t zpp__u32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* c ? a : b on integers as a mask: the compiler if-converts this into
- * pcmpgtd/pand/pandn/por where a chain of ternaries with floating-point
- * operations behind them stays a branch (-ftrapping-math). */
-static inline uint32_t zpp__sel(int c, uint32_t a, uint32_t b) {
-    uint32_t m = 0u - (uint32_t)c;
-    return (a & m) | (b & ~m);
-}
+/* (zpp__f32, zpp__u32, zpp__sel, zpp__ld_fp16 and zpp__st_fp16 are in
+ * core/dtype.h, which also converts with them where there is no _Float16) */
 
 /* bf16 is the top half of an fp32. */
 static inline float zpp__ld_bf16(uint16_t h) { return zpp__f32((uint32_t)h << 16); }
-
-/* fp16 -> fp32 is exact. Normal numbers: move the 5-bit exponent and
- * 10-bit mantissa up by 13 bits and rebias the exponent by 127 - 15 = 112.
- * Inf/NaN (exponent 31): rebias to 255 and set the quiet bit of a NaN, as
- * the hardware conversion does. Subnormals (exponent 0): the value is
- * mantissa * 2^-24, computed exactly by an int -> float conversion. */
-static inline float zpp__ld_fp16(uint16_t h) {
-    uint32_t a = h & 0x7fffu;
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t normal = (a << 13) + (112u << 23);
-    uint32_t special = ((a << 13) + (224u << 23)) | zpp__sel(a > 0x7c00u, 0x400000u, 0u);
-    uint32_t sub = zpp__u32((float)(int32_t)a * 0x1p-24f);
-    uint32_t r = zpp__sel(a < 0x400u, sub, zpp__sel(a >= 0x7c00u, special, normal));
-    return zpp__f32(r | sign);
-}
 
 /* zpp__ld_fp16 for a finite h (pass 2 of quantize runs only on blocks
  * without NaN/Inf): subnormal or normal, one select. */
@@ -152,30 +120,6 @@ static inline uint16_t zpp__st_bf16_num(float f) {
     uint32_t u = zpp__u32(f);
     int32_t r = (int32_t)(u + 0x7fffu + ((u >> 16) & 1u));
     return (uint16_t)(r >> 16);
-}
-
-/* fp32 -> fp16, round to nearest even, in four ranges of a = |f| bits:
- *   a > Inf            NaN: quiet, top 10 mantissa bits kept
- *   a >= 65536         Inf (also 65520 <= a < 65536 via the normal path,
- *                      which rounds 65520 up into the Inf pattern)
- *   a >= 2^-14         normal: rebias the exponent (-112), round the 13
- *                      dropped bits half-even as in bf16, shift
- *   a < 2^-14          subnormal or zero: adding 0.5 (whose ulp is 2^-24,
- *                      the fp16 subnormal step) makes the FPU round to a
- *                      multiple of 2^-24; that multiple is the low mantissa
- *                      bits of the sum */
-static inline uint16_t zpp__st_fp16(float f) {
-    uint32_t u = zpp__u32(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    int32_t a = (int32_t)(u & 0x7fffffffu);
-    uint32_t nan = 0x7e00u | (((uint32_t)a >> 13) & 0x3ffu);
-    uint32_t normal =
-        ((uint32_t)a - (112u << 23) + 0xfffu + (((uint32_t)a >> 13) & 1u)) >> 13;
-    uint32_t sub = zpp__u32(zpp__f32((uint32_t)a) + 0.5f) - 0x3f000000u;
-    uint32_t r = zpp__sel(a > 0x7f800000, nan,
-                          zpp__sel(a >= 0x47800000, 0x7c00u,
-                                   zpp__sel(a >= 0x38800000, normal, sub)));
-    return (uint16_t)(r | sign);
 }
 
 /* zpp__st_fp16 for a non-NaN f (a dequantized value with a finite scale). */

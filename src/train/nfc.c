@@ -18,16 +18,31 @@ enum {
 /* An input byte that is not UTF-8: above every code point, class 0. */
 #define RAW_BYTE 0x110000u
 
+/* bsearch's comparisons: a code point (or a pair) against a table row. */
+static int vs_class(const void *key, const void *row) {
+    const uint32_t c = *(const uint32_t *)key;
+    const nfc_class *r = row;
+    return c < r->first ? -1 : c > r->last;
+}
+static int vs_split(const void *key, const void *row) {
+    const uint32_t c = *(const uint32_t *)key, cp = ((const nfc_split *)row)->cp;
+    return c < cp ? -1 : c > cp;
+}
+static int vs_join(const void *key, const void *row) {
+    const uint32_t *ab = key;
+    const nfc_join *r = row;
+    return ab[0] != r->a ? (ab[0] < r->a ? -1 : 1) : ab[1] < r->b ? -1 : ab[1] > r->b;
+}
+static int vs_u32(const void *key, const void *row) {
+    const uint32_t c = *(const uint32_t *)key, v = *(const uint32_t *)row;
+    return c < v ? -1 : c > v;
+}
+#define FIND(key, table, cmp) bsearch(key, table, sizeof table / sizeof *table, sizeof *table, cmp)
+
 static unsigned ccc(uint32_t c) {
     if (c < 0x300 || c >= RAW_BYTE) return 0;
-    size_t lo = 0, hi = sizeof nfc_ccc / sizeof *nfc_ccc;
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if (c < nfc_ccc[mid].first) hi = mid;
-        else if (c > nfc_ccc[mid].last) lo = mid + 1;
-        else return nfc_ccc[mid].ccc;
-    }
-    return 0;
+    const nfc_class *r = FIND(&c, nfc_ccc, vs_class);
+    return r ? r->ccc : 0;
 }
 
 /* One step of c's canonical decomposition into *a (and *b, 0 for none);
@@ -40,14 +55,9 @@ static int decompose1(uint32_t c, uint32_t *a, uint32_t *b) {
         return 1;
     }
     if (c < 0xC0 || c >= RAW_BYTE) return 0;
-    size_t lo = 0, hi = sizeof nfc_decomp / sizeof *nfc_decomp;
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if (c < nfc_decomp[mid].cp) hi = mid;
-        else if (c > nfc_decomp[mid].cp) lo = mid + 1;
-        else return *a = nfc_decomp[mid].a, *b = nfc_decomp[mid].b, 1;
-    }
-    return 0;
+    const nfc_split *r = FIND(&c, nfc_decomp, vs_split);
+    if (r) *a = r->a, *b = r->b;
+    return r != NULL;
 }
 
 /* The primary composite of (a, b), or 0. */
@@ -57,29 +67,16 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     if (a - S_BASE < S_COUNT && (a - S_BASE) % T_COUNT == 0 && b - T_BASE - 1 < T_COUNT - 1)
         return a + (b - T_BASE);
     if (b < 0x300 || b >= RAW_BYTE) return 0;
-    size_t lo = 0, hi = sizeof nfc_comp / sizeof *nfc_comp;
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        const uint32_t ma = nfc_comp[mid].a, mb = nfc_comp[mid].b;
-        if (a < ma || (a == ma && b < mb)) hi = mid;
-        else if (a > ma || b > mb) lo = mid + 1;
-        else return nfc_comp[mid].cp;
-    }
-    return 0;
+    const uint32_t ab[2] = {a, b};
+    const nfc_join *r = FIND(ab, nfc_comp, vs_join);
+    return r ? r->cp : 0;
 }
 
 /* 1 when some pair composes with c second (so c may join what precedes). */
 static int is_second(uint32_t c) {
     if (c - V_BASE < V_COUNT || c - T_BASE - 1 < T_COUNT - 1) return 1;
     if (c < 0x300 || c >= RAW_BYTE) return 0;
-    size_t lo = 0, hi = sizeof nfc_seconds / sizeof *nfc_seconds;
-    while (lo < hi) {
-        const size_t mid = (lo + hi) / 2;
-        if (c < nfc_seconds[mid]) hi = mid;
-        else if (c > nfc_seconds[mid]) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
+    return FIND(&c, nfc_seconds, vs_u32) != NULL;
 }
 
 /* The code point at p[0, n) (n >= 1) and its length in *len; a byte that
