@@ -18,25 +18,7 @@
 typedef uint16_t zpp_bf16;
 typedef uint16_t zpp_fp16;
 
-static inline float zpp_bf16_to_f32(zpp_bf16 h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline zpp_bf16 zpp_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (zpp_bf16)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (zpp_bf16)(u >> 16);
-}
-
-/* fp16 <-> fp32 by integer arithmetic, branch-free so that loops over them
- * vectorize (quant/quant_kernels.h); the conversions below use them where
- * the compiler has no _Float16 (clang before 15 on x86). test_quant checks
- * them against _Float16 on every fp16 value and on random fp32 patterns. */
+/* An fp32's bits and back. */
 static inline float zpp__f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
@@ -48,6 +30,20 @@ static inline uint32_t zpp__u32(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
+
+static inline float zpp_bf16_to_f32(zpp_bf16 h) { return zpp__f32((uint32_t)h << 16); }
+
+static inline zpp_bf16 zpp_f32_to_bf16(float f) {
+    uint32_t u = zpp__u32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (zpp_bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (zpp_bf16)(u >> 16);
+}
+
+/* fp16 <-> fp32 by integer arithmetic, branch-free so that loops over them
+ * vectorize (quant/quant_kernels.h); the conversions below use them where
+ * the compiler has no _Float16 (clang before 15 on x86). test_quant checks
+ * them against _Float16 on every fp16 value and on random fp32 patterns. */
 
 /* c ? a : b on integers as a mask: the compiler if-converts this into
  * pcmpgtd/pand/pandn/por where a chain of ternaries with floating-point
