@@ -1019,12 +1019,12 @@ typedef struct scan_ctx {
     void *ctx;
 } scan_ctx;
 
-/* The token of `set` whose form is at text[i, end) (the longest that
- * fits), or -1; forms compared byte for byte. */
+/* The index in `set` of the token whose form is at text[i, end) (the
+ * longest that fits), or -1; forms compared byte for byte. */
 static int32_t special_at(const special_set *set, const uint8_t *text, size_t i, size_t end) {
     for (size_t k = 0; k < set->n; k++) {
         const size_t n = set->form_len[k];
-        if (n <= end - i && !memcmp(text + i, set->forms + set->form_off[k], n)) return set->ids[k];
+        if (n <= end - i && !memcmp(text + i, set->forms + set->form_off[k], n)) return (int32_t)k;
     }
     return -1;
 }
@@ -1088,12 +1088,13 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
     size_t pos = a;
     while (pos < b) {
         size_t q = b;
-        int32_t id = -1;
+        int32_t k = -1; /* the token found at q: set->ids[k] */
         for (size_t i = pos; i < b; i++)
-            if (set->first[text[i]] && (id = special_at(set, text, i, b)) >= 0) {
+            if (set->first[text[i]] && (k = special_at(set, text, i, b)) >= 0) {
                 q = i;
                 break;
             }
+        const int32_t id = k >= 0 ? set->ids[k] : -1;
         /* Partial: text from `hold` on may turn into a token (or a longer
          * one than found at q) once more text arrives; whitespace at the
          * end, into what an lstrip token takes. */
@@ -1104,7 +1105,7 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
             for (size_t w; hold > pos && (w = white_before(text, pos, hold)) > 0;) hold -= w;
         }
         /* the token's span with the whitespace it takes (lstrip, rstrip) */
-        size_t from = q, to = id >= 0 ? q + bpe->tok_len[id] : b;
+        size_t from = q, to = k >= 0 ? q + set->form_len[k] : b;
         const unsigned strip = id >= 0 ? bpe->tok_strip[id] : 0;
         while ((strip & ZPP_BPE_LSTRIP) && from > pos && white_before(text, pos, from))
             from -= white_before(text, pos, from);
