@@ -1100,8 +1100,8 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
          * end, into what an lstrip token takes. */
         size_t hold = partial ? special_prefix_at(set, text, pos, b) : b;
         if (partial && bpe->any_lstrip) {
-            for (size_t k = 1; hold == b && k <= 2 && k <= b - pos; k++)
-                if (white_at(text + b - k, k) < 0) hold = b - k; /* a wide space cut off */
+            for (size_t cut = 1; hold == b && cut <= 2 && cut <= b - pos; cut++)
+                if (white_at(text + b - cut, cut) < 0) hold = b - cut; /* a wide space cut off */
             for (size_t w; hold > pos && (w = white_before(text, pos, hold)) > 0;) hold -= w;
         }
         /* the token's span with the whitespace it takes (lstrip, rstrip) */
@@ -1120,7 +1120,8 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
             pos = to;
             continue;
         }
-        const size_t end = id >= 0 && from < hold ? from : hold < q ? hold : q;
+        size_t end = hold < q ? hold : q; /* (q = b when none was found) */
+        if (id >= 0 && from < end) end = from; /* (what lstrip would take waits too) */
         size_t done = pos;
         ZPP_CHECK(between(s, pos, end, partial, &done));
         pos = done;
@@ -1212,7 +1213,7 @@ static zpp_status after_normalizer(const scan_ctx *s, size_t a, size_t b, int pa
     return cut_specials(s, &s->bpe->normalized, a, b, partial, plain_text, done_p);
 }
 
-/* Pieces of the normalized text, kept until nfc_stretch knows how many to
+/* Pieces of the normalized text, kept until nfc_text knows how many to
  * give on. */
 static zpp_status keep_piece(void *c, const uint8_t *bytes, size_t n, size_t start, size_t len,
                              int32_t special, int prefixed) {
