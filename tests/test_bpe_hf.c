@@ -186,7 +186,9 @@ static void ref_cut(const tvocab *v, const pcre2_code *re, const uint8_t *t, siz
         return;
     }
     /* with NFC, the normalizer's output is cut from the second pass, and
-     * the tokens of that pass match their content's NFC */
+     * the tokens of that pass match their content's NFC (the forms: static,
+     * as the second pass calls no second pass, and the first reads only
+     * what no second pass changes: its own tokens' content) */
     zpp_nfc_buf nb = {0}, form = {0};
     static uint8_t forms[MAX_TOK][3 * TOK_BYTES];
     static int form_len[MAX_TOK];
