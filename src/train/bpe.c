@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "train/nfc.h"
+#include "train/utf8.h"
 
 #define NO_RANK INT32_MAX
 /* Longer pieces are encoded every time: they are rare, and each would take
@@ -811,16 +812,9 @@ static zpp_status encode_piece(zpp_bpe *bpe, const uint8_t *p, size_t n, zpp_bpe
  * sequence (no overlong form, surrogate or code point past U+10FFFF), else
  * 1 (ASCII, or a byte that is not UTF-8, which counts as a character). */
 static size_t utf8_char_len(const uint8_t *p, size_t n) {
-    const uint8_t c = p[0];
-    const size_t need = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
-                      : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
-    if (need == 1 || need > n) return 1;
-    for (size_t i = 1; i < need; i++)
-        if ((p[i] & 0xC0) != 0x80) return 1;
-    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0) || (c == 0xF0 && p[1] < 0x90) ||
-        (c == 0xF4 && p[1] >= 0x90))
-        return 1;
-    return need;
+    uint32_t cp;
+    const size_t len = zpp_utf8_decode(p, n, &cp);
+    return len ? len : 1;
 }
 
 /* Appends the initial symbols of one character c[0, k) at sym[*m]: its
@@ -909,9 +903,7 @@ static size_t complete_utf8_end(const uint8_t *t, size_t n) {
     for (size_t k = 1; k <= 3 && k <= n; k++) {
         const uint8_t c = t[n - k];
         if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
-        const size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c < 0xF0 ? 3
-                          : c >= 0xC2 && c < 0xE0 ? 2 : 1;
-        return need > k ? n - k : n;
+        return zpp_utf8_need(c) > k ? n - k : n;
     }
     return n;
 }
@@ -1107,10 +1099,11 @@ static zpp_status cut_specials(const scan_ctx *s, const special_set *set, size_t
         /* the token's span with the whitespace it takes (lstrip, rstrip) */
         size_t from = q, to = k >= 0 ? q + set->form_len[k] : b;
         const unsigned strip = id >= 0 ? bpe->tok_strip[id] : 0;
-        while ((strip & ZPP_BPE_LSTRIP) && from > pos && white_before(text, pos, from))
-            from -= white_before(text, pos, from);
-        while ((strip & ZPP_BPE_RSTRIP) && to < b && white_at(text + to, b - to) > 0)
-            to += (size_t)white_at(text + to, b - to);
+        size_t w;
+        while ((strip & ZPP_BPE_LSTRIP) && from > pos && (w = white_before(text, pos, from)))
+            from -= w;
+        for (int ws; (strip & ZPP_BPE_RSTRIP) && to < b && (ws = white_at(text + to, b - to)) > 0;)
+            to += (size_t)ws;
         /* (partial: more whitespace may follow what rstrip took) */
         const int open = partial && (strip & ZPP_BPE_RSTRIP) && white_at(text + to, b - to) < 0;
         if (id >= 0 && q < hold && !open) {

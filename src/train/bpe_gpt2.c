@@ -11,6 +11,7 @@
 #include "core/file.h"
 #include "train/bpe.h"
 #include "train/bpe_files.h"
+#include "train/utf8.h"
 
 /* Tokenizer files are a few MB; anything past this is not one. */
 #define MAX_FILE_BYTES ((size_t)1 << 30)
@@ -51,39 +52,11 @@ zpp_status zpp_bpe_read_file(const char *path, const char *what, char **buf_p, s
     return ZPP_OK;
 }
 
-/* One UTF-8 character at s[0, n): its length (0 if the bytes are no valid
- * UTF-8: overlong, surrogate, past U+10FFFF, cut short). */
-static size_t utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
-    const uint8_t c = s[0];
-    size_t len;
-    uint32_t v, min;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        len = 2, v = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, v = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (len > n) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = v << 6 | (s[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return len;
-}
-
 int64_t zpp_bpe_gpt2_string_bytes(const char *s, size_t n, uint8_t *out, size_t *out_n) {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0;
-        const size_t k = utf8_decode((const uint8_t *)s + i, n - i, &cp);
+        const size_t k = zpp_utf8_decode((const uint8_t *)s + i, n - i, &cp);
         if (!k) return -1;
         const int b = zpp_bpe_gpt2_char_byte(cp);
         if (b < 0) return (int64_t)cp + 1;

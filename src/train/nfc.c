@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "train/nfc_data.h"
+#include "train/utf8.h"
 
 /* Hangul syllables (UAX #15, "Hangul"): S = SBase + (L * VCount + V) *
  * TCount + T, with L, V, T indexes of the leading consonant, vowel and
@@ -82,22 +83,11 @@ static int is_second(uint32_t c) {
 /* The code point at p[0, n) (n >= 1) and its length in *len; a byte that
  * does not start a well-formed sequence is RAW_BYTE + the byte, length 1. */
 static uint32_t utf8_next(const uint8_t *p, size_t n, size_t *len) {
-    const uint8_t c = p[0];
-    const size_t need = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
-                      : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    uint32_t cp;
+    *len = zpp_utf8_decode(p, n, &cp);
+    if (*len) return cp;
     *len = 1;
-    if (need == 1) return c;
-    if (need == 0 || need > n) return RAW_BYTE + c;
-    for (size_t i = 1; i < need; i++)
-        if ((p[i] & 0xC0) != 0x80) return RAW_BYTE + c;
-    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0) || (c == 0xF0 && p[1] < 0x90) ||
-        (c == 0xF4 && p[1] >= 0x90))
-        return RAW_BYTE + c;
-    *len = need;
-    if (need == 2) return (uint32_t)(c & 0x1F) << 6 | (p[1] & 0x3F);
-    if (need == 3) return (uint32_t)(c & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
-    return (uint32_t)(c & 0x07) << 18 | (uint32_t)(p[1] & 0x3F) << 12 |
-           (uint32_t)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+    return RAW_BYTE + p[0];
 }
 
 static size_t utf8_put(uint32_t c, uint8_t *o) {
@@ -120,9 +110,7 @@ static uint32_t first_of(uint32_t c) {
 
 /* 1 when in[0, n) ends inside the UTF-8 sequence that in[0] starts. */
 static int cut_off(const uint8_t *in, size_t n) {
-    const uint8_t c = in[0];
-    const size_t need = c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
-                      : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    const size_t need = zpp_utf8_need(in[0]);
     if (need <= n) return 0;
     for (size_t i = 1; i < n; i++)
         if ((in[i] & 0xC0) != 0x80) return 0;
