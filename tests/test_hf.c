@@ -36,6 +36,7 @@
 #include "train/hf_config.h"
 #include "train/hf_model.h"
 #include "train/safetensors.h"
+#include "train/tokfile.h"
 
 /* ---- Files and commands -------------------------------------------------------- */
 
@@ -1000,10 +1001,139 @@ static void test_eval_init_from(void) {
     llama_free(&m);
 }
 
+/* ---- What an export carries over besides the weights ---------------------------- */
+
+/* The files beside the weights that an export copies from the folder the
+ * model came from (tools/llmc.c's list, written here from transformers'
+ * file names). */
+static const char *const kCompanion[] = {"tokenizer.json",         "tokenizer_config.json",
+                                         "special_tokens_map.json", "tokenizer.model",
+                                         "generation_config.json",  "chat_template.jinja"};
+enum { N_COMPANION = 6 };
+
+/* `path` with fresh random bytes (0 to 3000 of them): an export copies the
+ * files, it never reads them. */
+static void write_random_file(zpp_rng *r, const char *path) {
+    const size_t n = (size_t)(zpp_rng_u64(r) % 3001);
+    unsigned char *b = zpp_test_malloc(n + 1);
+    for (size_t i = 0; i < n; i++) b[i] = (unsigned char)zpp_rng_u64(r);
+    zpp_test_write_file(path, b, n);
+    free(b);
+}
+
+/* An export of ckpt into back with `args`; then back holds exactly
+ * config.json, model.safetensors and the companions k with src[k] set,
+ * each the same bytes as src[k]; config.json is cfg_dir's, or (cfg_dir
+ * NULL) one written from the shape: no token ids, max_position_embeddings
+ * the run's T. */
+static void expect_export(const char *ckpt, const char *back, const char *args,
+                          const char *cfg_dir, const char *const src[N_COMPANION]) {
+    export_hf(ckpt, back, args);
+    char a[700], b[700];
+    int want = 2, got = 0;
+    for (int k = 0; k < N_COMPANION; k++) {
+        snprintf(b, sizeof b, "%s/%s", back, kCompanion[k]);
+        EXPECT(exists(b) == (src[k] != NULL), "%s %s", b,
+               src[k] ? "is missing" : "was copied, and should not be");
+        if (src[k]) expect_same_file(src[k], b), want++;
+    }
+    DIR *d = opendir(back);
+    for (struct dirent *e; d && (e = readdir(d));) got += e->d_name[0] != '.';
+    if (d) closedir(d);
+    EXPECT(got == want, "%s holds %d files, not the %d expected", back, got, want);
+    snprintf(b, sizeof b, "%s/config.json", back);
+    if (cfg_dir) {
+        snprintf(a, sizeof a, "%s/config.json", cfg_dir);
+        expect_same_file(a, b);
+    } else {
+        zpp_hf_config c;
+        EXPECT(zpp_hf_config_read(b, &c) == ZPP_OK, "%s", zpp_last_error());
+        EXPECT(c.bos_token_id == -1 && c.n_eos == 0 && c.max_position_embeddings == T,
+               "%s: bos %d, %d eos, max_position_embeddings %d (want none, none, %d)", b,
+               c.bos_token_id, c.n_eos, c.max_position_embeddings, T);
+    }
+}
+
+/* An export is the model's whole folder. A folder with token ids in its
+ * config.json, tokenizer.json and a random choice of the other companions
+ * (random bytes each) and a file that is none of them (README.md), imported
+ * on 2 ranks and saved at step 0: the export without --hf-config comes back
+ * byte for byte, companions too, README.md not. After a resume the
+ * checkpoint still knows the folder (its manifest's init_from): the same
+ * config.json and companions. --tokenizer none copies none, --tokenizer
+ * FILE that file as tokenizer.json, a folder without one is refused with
+ * nothing written. With the folder gone the export still succeeds: its
+ * config.json from the shape, no companions. A llama trained from scratch
+ * on data whose note names a tokenizer.json gets that one. */
+static void test_export_companions(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(14));
+    hf_llama m = llama_make(&r, 0);
+    char dir[512], tok[512], cfg[512], ckpt[512], ckpt2[512], back[512], path[700], out[512],
+        err[512];
+    char files[N_COMPANION][700];
+    const char *src[N_COMPANION] = {NULL}, *none[N_COMPANION] = {NULL};
+    llama_write(&m, 0, zpp_test_tmp_path("cmp_in", dir), 0, NULL);
+    /* tokenizer.json, and each other companion at random but at least one */
+    const int one = 1 + (int)(zpp_rng_u64(&r) % (N_COMPANION - 1));
+    for (int k = 0; k < N_COMPANION; k++) {
+        snprintf(files[k], sizeof files[k], "%s/%s", dir, kCompanion[k]);
+        if (k == 0 || k == one || zpp_rng_u64(&r) % 2)
+            write_random_file(&r, files[k]), src[k] = files[k];
+    }
+    snprintf(path, sizeof path, "%s/README.md", dir);
+    write_random_file(&r, path);
+    run_files(&r, "cmp", tok, cfg);
+    import_save(2, dir, tok, cfg, zpp_test_tmp_path("cmp_ckpt", ckpt), "");
+    expect_export(ckpt, zpp_test_tmp_path("cmp_back", back), "", dir, src);
+
+    zpp_test_tmp_path("cmp_ckpt2", ckpt2);
+    EXPECT(zpp_test_run_cli(1, zpp_test_tmp_path("cmp_out.txt", out),
+                            zpp_test_tmp_path("cmp_err.txt", err),
+                            "train --quiet --resume %s --steps 1 --save %s", ckpt, ckpt2) == 0,
+           "resume of %s failed; see %s", ckpt, err);
+    expect_export(ckpt2, zpp_test_tmp_path("cmp_back2", back), "", dir, src);
+    expect_export(ckpt2, zpp_test_tmp_path("cmp_none", back), "--tokenizer none", dir, none);
+    char other[512], args[600];
+    const char *just_file[N_COMPANION] = {zpp_test_tmp_path("cmp_other.json", other)};
+    write_random_file(&r, other);
+    snprintf(args, sizeof args, "--tokenizer %s", other);
+    expect_export(ckpt2, zpp_test_tmp_path("cmp_file", back), args, dir, just_file);
+    zpp_test_tmp_path("cmp_refused", back);
+    EXPECT(zpp_test_run_cli(0, out, err, "export --from %s --to %s --tokenizer %s", ckpt2, back,
+                            zpp_test_tmp_path("cmp_ckpt", path)) != 0 &&
+               zpp_test_count_lines(err, "holds no tokenizer.json") == 1 && !exists(back),
+           "export --tokenizer of a folder without tokenizer.json: see %s", err);
+
+    char gone[600];
+    snprintf(gone, sizeof gone, "%s.gone", dir);
+    EXPECT(rename(dir, gone) == 0, "cannot rename %s", dir);
+    expect_export(ckpt2, zpp_test_tmp_path("cmp_gone", back), "", NULL, none);
+    EXPECT(zpp_test_count_lines(zpp_test_tmp_path("export_out.txt", out), "is gone") == 1,
+           "the export does not say that the folder is gone; see %s", out);
+    EXPECT(rename(gone, dir) == 0, "cannot rename %s back", gone);
+
+    /* from scratch: the data's note names the tokenizer */
+    char *abs_other = realpath(other, NULL), scratch[512], text[512];
+    zpp_tokfile_note note = {NULL, NULL, V, 4000, abs_other};
+    EXPECT(zpp_tokfile_note_write(tok, &note) == ZPP_OK, "%s", zpp_last_error());
+    snprintf(text, sizeof text,
+             "{\"model\": {\"family\": \"llama\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
+             "\"vocab_size\": %d, \"seq_len\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n",
+             V, T);
+    zpp_test_write_file(zpp_test_tmp_path("cmp_scratch.json", cfg), text, strlen(text));
+    EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --config %s --data %s --steps 1 --save %s",
+                            cfg, tok, zpp_test_tmp_path("cmp_scratch", scratch)) == 0,
+           "training from scratch failed; see %s", err);
+    expect_export(scratch, zpp_test_tmp_path("cmp_scratch_back", back), "", NULL, just_file);
+    free(abs_other);
+    llama_free(&m);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
           ZPP_TEST(test_ranks_agree), ZPP_TEST(test_other_order), ZPP_TEST(test_unit_layout),
           ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals),
           ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
-          ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from))
+          ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from),
+          ZPP_TEST(test_export_companions))

@@ -763,7 +763,7 @@ static void test_sample_bpe(void) {
     EXPECT(rename(note, moved) == 0);
     char args[2048];
     snprintf(args, sizeof args, "%s --prompt hi", dir);
-    expect_refused(args, "pass --vocab vocab.json --merges merges.txt");
+    expect_refused(args, "(--tokenizer tokenizer.json, or --vocab vocab.json --merges merges.txt)");
     snprintf(args, sizeof args, "%s --prompt-ids 3,300", dir);
     expect_refused(args, "no tokenizer note");
     a = sample(dir, &na, "--prompt-ids 3,300 --ids --max-new-tokens 4");
@@ -982,7 +982,8 @@ static void test_sample_llama(void) {
  * vocabulary trains 2 steps on it, and `zeropp sample` prints text in that
  * tokenizer: through the note and with --tokenizer alike, exactly the
  * tokenizer's decoding of the ids it draws, its prompt the tokenizer's
- * encoding. */
+ * encoding; and through the export and back, through the tokenizer.json of
+ * the folder it was imported from. */
 static void test_sample_llama_tokenizer_json(void) {
     char vocab[512], merges[512], shakes[512], text[512], bin[512], tj[512], cfg[512], dir[512],
         out[512], err[512];
@@ -1027,8 +1028,26 @@ static void test_sample_llama_tokenizer_json(void) {
     EXPECT_OK(zpp_bpe_decode(hf, ids, (size_t)n, &want, &nw));
     EXPECT(na == nw + 1 && !memcmp(a, want, nw), "printed '%s', the tokenizer decodes '%s'", a,
            want);
-    free(want), free(pe.ids), free(a), free(b), free(c);
+    free(want), free(pe.ids), free(b), free(c);
     zpp_bpe_destroy(hf);
+
+    /* Exported as a Hugging Face folder (which takes the data's
+     * tokenizer.json along) and imported again to train on a copy of the
+     * data without its note: the sample is the same text, the tokenizer now
+     * found in the folder the model was imported from. */
+    char hfdir[512], plain[512], dir2[512], cmd[1600];
+    EXPECT(zpp_test_run_cli(0, out, err, "export --from %s --to %s", dir,
+                            zpp_test_tmp_path("llama-bpe-hf", hfdir)) == 0,
+           "export failed: %s", err);
+    snprintf(cmd, sizeof cmd, "cp %s %s", bin, zpp_test_tmp_path("shakes-plain.bin", plain));
+    EXPECT(system(cmd) == 0, "%s failed", cmd);
+    EXPECT(zpp_test_run_cli(0, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s",
+                            hfdir, plain, zpp_test_tmp_path("ckpt-llama-hf", dir2)) == 0,
+           "training from the export failed: %s", err);
+    size_t nd = 0;
+    char *d = sample(dir2, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+    EXPECT(nd == na && !memcmp(a, d, na), "imported from the export: '%s', before: '%s'", d, a);
+    free(a), free(d);
 }
 
 ZPP_TESTS(ZPP_TEST(test_greedy_is_argmax), ZPP_TEST(test_top_k_stays_in_top),

@@ -163,6 +163,7 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     st = zpp_comm_agree_world(st);
     if (st != ZPP_OK) {
         free(saved.data_path);
+        free(saved.init_from);
         return fail(stage, st);
     }
     /* The run scored eval_batches micro-batches a rank on its own ranks: as
@@ -172,7 +173,7 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     long long total = a.batches ? a.batches : (long long)cfg.eval_batches * saved.world_size;
     const int per_rank = (int)((total + world - 1) / world);
     zpp_trainer *t = NULL;
-    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0, NULL};
+    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0, NULL, NULL};
     int step = 0;
     float loss = 0.0f;
     ZPP_CHECK_GOTO(zpp_trainer_create(&cfg, &to, &t), st, out);
@@ -184,5 +185,6 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
 out:
     zpp_trainer_destroy(t);
     free(saved.data_path);
+    free(saved.init_from);
     return st == ZPP_OK ? 0 : fail("eval", st);
 }

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "core/error.h"
@@ -15,12 +17,13 @@
 #include "train/checkpoint.h"
 #include "train/hf_model.h"
 #include "train/llmc.h"
+#include "train/tokfile.h"
 
 static void export_usage(FILE *f) {
     fprintf(f,
             "usage: zeropp export --from DIR --to PATH [--format llmc|hf]\n"
             "                     [--dtype fp32|bf16|fp16] [--max-shard-size BYTES]\n"
-            "                     [--hf-config config.json]\n"
+            "                     [--hf-config config.json] [--tokenizer FILE|DIR|none]\n"
             "  Writes the fp32 master weights of the checkpoint in DIR (its published one, or\n"
             "  the step folder DIR).\n"
             "  --format llmc (the default for a GPT-2): an llm.c GPT-2 model file PATH,\n"
@@ -34,11 +37,21 @@ static void export_usage(FILE *f) {
             "  or shards of at most\n"
             "  --max-shard-size bytes (default 5G, as transformers; " ZPP_CLI_COUNT_HELP ")\n"
             "  named model-0000K-of-0000N.safetensors with model.safetensors.index.json;\n"
-            "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype. config.json's\n"
-            "  max_position_embeddings is the run's seq_len and it has no token ids, unless\n"
-            "  --hf-config names the config.json the model came from (its shape must be the\n"
-            "  checkpoint's): then those are its. Written into PATH.tmp.<pid>, renamed to\n"
-            "  PATH at the end: a failure leaves no PATH.\n");
+            "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype.\n"
+            "  config.json: the one of the folder the model was imported from (--init-from,\n"
+            "  which the checkpoint remembers through resumes), with its token ids,\n"
+            "  max_position_embeddings and rope_scaling; or the one --hf-config names (its\n"
+            "  shape must be the checkpoint's); else written from the checkpoint's shape,\n"
+            "  max_position_embeddings its seq_len and no token ids.\n"
+            "  The tokenizer, so that transformers' AutoTokenizer loads PATH: the\n"
+            "  tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+            "  tokenizer.model, generation_config.json and chat_template.jinja of that\n"
+            "  folder are copied (those it has); a model trained from scratch gets the\n"
+            "  tokenizer.json its data was made with (`zeropp tokenize --tokenizer`, the\n"
+            "  note beside the data). --tokenizer DIR copies those files of DIR, --tokenizer\n"
+            "  FILE copies FILE as tokenizer.json, --tokenizer none copies nothing.\n"
+            "  Written into PATH.tmp.<pid>, renamed to PATH at the end: a failure leaves no\n"
+            "  PATH.\n");
 }
 
 /* The checkpoint's GPT-2 as an llm.c file. */
@@ -141,32 +154,167 @@ static zpp_status export_hf_config(const zpp_llama_config *lc, zpp_hf_arch arch,
     return ZPP_OK;
 }
 
+/* ---- What a Hugging Face folder has beside the weights ------------------------- */
+
+/* The files a model's folder keeps for its tokenizer (transformers'
+ * AutoTokenizer reads them) and its generation defaults; an export carries
+ * over those the source folder has. */
+static const char *const kCompanions[] = {"tokenizer.json",         "tokenizer_config.json",
+                                          "special_tokens_map.json", "tokenizer.model",
+                                          "generation_config.json",  "chat_template.jinja"};
+enum { N_COMPANIONS = (int)(sizeof kCompanions / sizeof kCompanions[0]) };
+
+typedef struct export_files {
+    char src[N_COMPANIONS][4200];
+    zpp_hf_file f[N_COMPANIONS];
+    int n;
+    char from[4400]; /* where they came from, for the line that says so */
+} export_files;
+
+static int is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static void add_file(export_files *x, const char *src, const char *name) {
+    snprintf(x->src[x->n], sizeof x->src[x->n], "%s", src);
+    x->f[x->n] = (zpp_hf_file){x->src[x->n], name};
+    x->n++;
+}
+
+/* The companions in folder `dir`, if tokenizer.json is among them (else
+ * none: a folder without it is not a tokenizer's). */
+static int companions_of(const char *dir, export_files *x) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, R_OK) != 0) return 0;
+    for (int k = 0; k < N_COMPANIONS; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kCompanions[k]);
+        if (access(path, R_OK) == 0) add_file(x, path, kCompanions[k]);
+    }
+    return 1;
+}
+
+/* A tokenizer.json file, or a folder holding one, into x; 0 if neither. */
+static int tokenizer_at(const char *path, export_files *x) {
+    if (is_dir(path)) return companions_of(path, x);
+    if (access(path, R_OK) != 0) return 0;
+    add_file(x, path, "tokenizer.json");
+    return 1;
+}
+
+/* The tokenizer files an export copies (export_usage): --tokenizer `opt`;
+ * else the --init-from folder's; else the tokenizer.json noted beside the
+ * checkpoint's data. None found is no error: the line printed says so. */
+static zpp_status export_tokenizer(const zpp_ckpt_manifest *m, const char *opt,
+                                   export_files *x) {
+    x->n = 0;
+    x->from[0] = '\0';
+    if (opt && !strcmp(opt, "none")) return ZPP_OK;
+    if (opt) {
+        if (!tokenizer_at(opt, x))
+            return zpp_error(ZPP_ERR_IO, "--tokenizer %s: %s", opt,
+                             is_dir(opt) ? "the folder holds no tokenizer.json"
+                                         : "no such file (or it cannot be read)");
+        snprintf(x->from, sizeof x->from, "%s (--tokenizer)", opt);
+        return ZPP_OK;
+    }
+    if (m->init_from && is_dir(m->init_from) && companions_of(m->init_from, x)) {
+        snprintf(x->from, sizeof x->from, "%s (the folder the model was imported from)",
+                 m->init_from);
+        return ZPP_OK;
+    }
+    if (!m->data_path) return ZPP_OK;
+    zpp_tokfile_note note;
+    int found = 0;
+    if (zpp_tokfile_note_read(m->data_path, &note, &found) != ZPP_OK || !found) return ZPP_OK;
+    if (note.tokenizer_json && tokenizer_at(note.tokenizer_json, x))
+        snprintf(x->from, sizeof x->from, "%s (the tokenizer the data %s was made with)",
+                 note.tokenizer_json, m->data_path);
+    zpp_tokfile_note_free(&note);
+    return ZPP_OK;
+}
+
+/* config.json's source (export_usage): --hf-config, else the --init-from
+ * folder's while it still describes the checkpoint's model. */
+static zpp_status export_config(const zpp_ckpt_manifest *m, const zpp_llama_config *lc,
+                                const char *like, zpp_hf_config *hf, char *said, size_t cap) {
+    zpp_hf_arch arch;
+    int window;
+    ZPP_CHECK(manifest_arch(m, &arch, &window));
+    snprintf(said, cap, "written from the checkpoint's shape (no token ids; --hf-config names "
+                        "the config.json to take them from)");
+    if (like) {
+        ZPP_CHECK(export_hf_config(lc, arch, window, like, hf));
+        snprintf(said, cap, "%s's (--hf-config)", like);
+        return ZPP_OK;
+    }
+    char path[4200];
+    if (m->init_from && is_dir(m->init_from)) {
+        snprintf(path, sizeof path, "%s/config.json", m->init_from);
+        if (access(path, R_OK) == 0 && export_hf_config(lc, arch, window, path, hf) == ZPP_OK) {
+            snprintf(said, cap, "%s's, the folder the model was imported from", path);
+            return ZPP_OK;
+        }
+        snprintf(said, cap, "written from the checkpoint's shape: %s, the folder the model was "
+                            "imported from, no longer has a config.json of this model",
+                 m->init_from);
+    } else if (m->init_from && access(m->init_from, F_OK) != 0) {
+        snprintf(said, cap, "written from the checkpoint's shape: %s, the folder the model was "
+                            "imported from, is gone (--hf-config names the config.json to take "
+                            "its token ids from)",
+                 m->init_from);
+    }
+    return export_hf_config(lc, arch, window, NULL, hf);
+}
+
 /* The checkpoint's llama as a Hugging Face folder. */
 static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_manifest *m,
                             float **units, const char *dtype, size_t max_shard,
-                            const char *like) {
+                            const char *like, const char *tokenizer) {
     zpp_llama_config lc;
     zpp_hf_config hf;
-    zpp_hf_arch arch;
-    int window;
+    char said[4600];
     ZPP_CHECK(manifest_llama(from, m, &lc));
-    ZPP_CHECK(manifest_arch(m, &arch, &window));
-    ZPP_CHECK(export_hf_config(&lc, arch, window, like, &hf));
+    ZPP_CHECK(export_config(m, &lc, like, &hf, said, sizeof said));
+    export_files *x = malloc(sizeof *x);
+    if (!x) return zpp_error(ZPP_ERR_NOMEM, "export: out of memory");
+    zpp_status st = export_tokenizer(m, tokenizer, x);
+    if (st != ZPP_OK) {
+        free(x);
+        return st;
+    }
     const char *name = dtype ? dtype : m->dtype;
     zpp_dtype dt = ZPP_FP32;
     if (!strcmp(name, "bf16")) dt = ZPP_BF16;
     else if (!strcmp(name, "fp16")) dt = ZPP_FP16;
     int shards = 0;
-    ZPP_CHECK(zpp_hf_export(to, &lc, &hf, (const float *const *)units, dt, max_shard, &shards));
+    st = zpp_hf_export(to, &lc, &hf, (const float *const *)units, dt, max_shard, x->f, x->n,
+                       &shards);
+    if (st != ZPP_OK) {
+        free(x);
+        return st;
+    }
     printf("wrote %s: Hugging Face %s (%s, %d file%s%s), %d layers, %d heads "
            "(%d key/value), %d channels, vocabulary %d, from step %d of %s\n",
            to, hf.architecture, name, shards, shards == 1 ? "" : "s", shards == 1 ? "" : " and the index",
            lc.n_layer, lc.n_head, lc.n_kv_head, lc.n_embd, lc.real_vocab_size, m->step, from);
+    printf("  config.json: %s\n", said);
+    if (x->n) {
+        printf("  tokenizer: ");
+        for (int k = 0; k < x->n; k++) printf("%s%s", k ? ", " : "", x->f[k].name);
+        printf(" from %s\n", x->from);
+    } else {
+        printf("  tokenizer: none copied (%s; --tokenizer FILE|DIR names one)\n",
+               tokenizer ? "--tokenizer none" : "the checkpoint knows of no tokenizer.json");
+    }
+    free(x);
     return ZPP_OK;
 }
 
 int zpp_cli_export(int argc, char **argv) {
     const char *from = NULL, *to = NULL, *dtype = NULL, *format = NULL, *like = NULL;
+    const char *tokenizer = NULL;
     size_t max_shard = 5000000000u; /* transformers' "5GB" */
     const zpp_cli_opt opts[] = {
         {"--from", ZPP_CLI_STR, &from, 0, 0},
@@ -175,6 +323,7 @@ int zpp_cli_export(int argc, char **argv) {
         {"--format", ZPP_CLI_STR, &format, 0, 0},
         {"--max-shard-size", ZPP_CLI_SIZE, &max_shard, 1, (long long)1 << 50},
         {"--hf-config", ZPP_CLI_STR, &like, 0, 0},
+        {"--tokenizer", ZPP_CLI_STR, &tokenizer, 0, 0},
     };
     int pr = zpp_cli_parse_opts("export", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
     if (pr > 0) {
@@ -203,7 +352,11 @@ int zpp_cli_export(int argc, char **argv) {
     if (strcmp(format, llama ? "hf" : "llmc"))
         st = zpp_error(ZPP_ERR_CONFIG, "checkpoint %s holds a %s; --format %s writes %s only",
                        from, m.family, format, llama ? "GPT-2s" : "llamas");
-    else if (llama) st = export_hf(from, to, &m, units, dtype, max_shard, like);
+    else if (!llama && (like || tokenizer))
+        st = zpp_error(ZPP_ERR_CONFIG, "%s is for --format hf; an llm.c file has no config.json "
+                                       "or tokenizer",
+                       like ? "--hf-config" : "--tokenizer");
+    else if (llama) st = export_hf(from, to, &m, units, dtype, max_shard, like, tokenizer);
     else st = export_llmc(from, to, &m, units, dtype ? dtype : "fp32");
     for (int u = 0; u < m.n_units; u++) free(units[u]);
     free(units);

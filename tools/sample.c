@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "comm/comm.h"
@@ -350,7 +351,8 @@ static int parse_ids(const char *s, int32_t **ids_p, int *n_p) {
 
 /* The tokenizer for the model in `from` (real vocabulary V, `step` < 0 for an
  * llm.c model file): --tokenizer or --vocab/--merges, else for a checkpoint
- * the note beside its data file; *bpe_p NULL where there is neither.
+ * the note beside its data file, else the tokenizer.json of the folder it
+ * was imported from (--init-from); *bpe_p NULL where there is none.
  * *data_p (malloc'd, or NULL): the checkpoint's data file, for the message
  * that asks for one. */
 static zpp_status find_tokenizer(const char *from, int step, int V, const char *json,
@@ -362,7 +364,20 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
     zpp_trainer_saved_run saved;
     ZPP_CHECK(zpp_trainer_config_from_checkpoint(from, &cfg, &saved));
     *data_p = saved.data_path;
-    return saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
+    zpp_status st = saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
+    /* else the tokenizer.json of the Hugging Face folder it was imported from */
+    char path[4200], origin[4400];
+    if (st == ZPP_OK && !*bpe_p && saved.init_from &&
+        snprintf(path, sizeof path, "%s/tokenizer.json", saved.init_from) < (int)sizeof path &&
+        access(path, R_OK) == 0) {
+        snprintf(origin, sizeof origin,
+                 "(the tokenizer.json of %s, the folder the model was imported from; pass "
+                 "--tokenizer to name another)",
+                 saved.init_from);
+        st = load_tokenizer(path, NULL, NULL, V, from, origin, bpe_p);
+    }
+    free(saved.init_from);
+    return st;
 }
 
 /* What `zeropp sample` was asked, checked. */
@@ -478,8 +493,9 @@ static int load_text_form(const sample_args *sa, int V, int step, zpp_bpe **bpe_
                      *data_p, *data_p);
         fprintf(stderr,
                 "zeropp sample: %s has a vocabulary of %d tokens, not bytes, and no tokenizer is "
-                "known for it%s: pass --vocab vocab.json --merges merges.txt, the tokenizer its "
-                "data was made with, to %s, or --ids with --prompt-ids to work in token ids\n",
+                "known for it%s: pass the tokenizer its data was made with (--tokenizer "
+                "tokenizer.json, or --vocab vocab.json --merges merges.txt) to %s, or --ids "
+                "with --prompt-ids to work in token ids\n",
                 sa->from, V, where, sa->prompt || !sa->prompt_ids
                                         ? "encode the prompt and print text"
                                         : "print text");

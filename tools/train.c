@@ -21,6 +21,7 @@
 
 typedef struct train_args {
     const char *config, *data, *metrics, *save, *resume, *init_from;
+    const char *origin; /* --resume: the checkpoint's init_from, kept in its saves */
     long steps, eval_every, seed, save_every;
     long sample_every, sample_tokens; /* < 0: not given */
     int node_size;
@@ -688,8 +689,8 @@ static void print_setup(const zpp_trainer_info *in, const char *init_from) {
  * the stage that failed, for report. */
 static zpp_status run_open(train_run *tr, const char **ctx) {
     const train_args *a = tr->a;
-    zpp_trainer_opts to = {a->data,    a->node_size, a->gpu, a->emulate_nodes,
-                           a->profile, a->init_from};
+    zpp_trainer_opts to = {a->data,    a->node_size, a->gpu,   a->emulate_nodes,
+                           a->profile, a->init_from, a->origin};
     *ctx = "train";
     ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
     tr->in = zpp_trainer_info_get(tr->t);
@@ -1139,6 +1140,7 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     if (st == ZPP_OK && is_hf) st = zpp_hf_check_shape(&hf, cfg, a->init_from);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
+    if (st == ZPP_OK && a->resume) a->origin = saved->init_from;
     if (st == ZPP_OK && a->resume && !a->data && saved->data_path) {
         a->data = saved->data_path;
         if (access(a->data, R_OK) != 0)
@@ -1274,6 +1276,7 @@ int zpp_cli_train(int argc, char **argv) {
 out:
     if (metrics) fclose(metrics);
     free(saved.data_path);
+    free(saved.init_from);
     fflush(stdout);
     return rc;
 }

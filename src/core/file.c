@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -86,4 +87,37 @@ zpp_status zpp_write_text_atomic(const char *path, const char *text, const char 
         return zpp_error(ZPP_ERR_IO, "cannot write %s '%s': %s", what, path, strerror(e));
     }
     return ZPP_OK;
+}
+
+zpp_status zpp_copy_file(const char *src, const char *dst, const char *what) {
+    int in = -1;
+    struct stat sb;
+    ZPP_CHECK(zpp_open_regular(src, what, &in, &sb));
+    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (out < 0) {
+        const int e = errno;
+        close(in);
+        return zpp_error(ZPP_ERR_IO, "cannot create '%s' (a copy of %s '%s'): %s", dst, what,
+                         src, strerror(e));
+    }
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    zpp_status st = buf ? ZPP_OK : zpp_error(ZPP_ERR_NOMEM, "copying %s: out of memory", src);
+    for (size_t off = 0; st == ZPP_OK && off < (size_t)sb.st_size; off += CHUNK) {
+        const size_t n = (size_t)sb.st_size - off < CHUNK ? (size_t)sb.st_size - off : CHUNK;
+        st = zpp_pread_all(in, src, buf, n, off);
+        for (size_t done = 0; st == ZPP_OK && done < n;) {
+            const ssize_t k = write(out, buf + done, n - done);
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0)
+                st = zpp_error(ZPP_ERR_IO, "cannot write '%s': %s", dst, strerror(errno));
+            else done += (size_t)k;
+        }
+    }
+    free(buf);
+    close(in);
+    if (close(out) != 0 && st == ZPP_OK)
+        st = zpp_error(ZPP_ERR_IO, "cannot write '%s': %s", dst, strerror(errno));
+    if (st != ZPP_OK) remove(dst);
+    return st;
 }

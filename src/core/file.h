@@ -3,7 +3,7 @@
  * or a device is refused with one clear line instead of blocking forever in
  * open() (a FIFO with no writer) or being read as a file. And the two ways
  * every file format here reads and writes: whole byte ranges at an offset,
- * and small text files that appear whole or not at all. */
+ * and small text files that appear whole or not at all; and a plain copy. */
 #ifndef ZPP_CORE_FILE_H
 #define ZPP_CORE_FILE_H
 
@@ -31,5 +31,10 @@ zpp_status zpp_pread_all(int fd, const char *path, void *buf, size_t n, size_t o
  * over `path`. On failure the temporary file is removed and ZPP_ERR_IO
  * reads "cannot write <what> '<path>': <reason>". */
 zpp_status zpp_write_text_atomic(const char *path, const char *text, const char *what);
+
+/* Copies the regular file `src` (the `what` of messages) to `dst`, which
+ * must not exist (O_EXCL), in chunks of 1 MiB. On failure dst is removed
+ * and ZPP_ERR_IO names the file and the system's reason. */
+zpp_status zpp_copy_file(const char *src, const char *dst, const char *what);
 
 #endif

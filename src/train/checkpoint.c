@@ -458,6 +458,7 @@ static char *manifest_text(const zpp_ckpt_meta *m, const char *folder, const zpp
         cJSON_AddStringToObject(d, "kind", m->data_kind);
         cJSON_AddNumberToObject(d, "tokens", (double)m->data_tokens);
     }
+    if (m->init_from) cJSON_AddStringToObject(j, "init_from", m->init_from);
     hex64(hex, m->run_id);
     cJSON_AddStringToObject(j, "run_id", hex);
     cJSON *files = cJSON_AddArrayToObject(j, "files");

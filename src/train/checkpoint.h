@@ -133,6 +133,10 @@ typedef struct zpp_ckpt_meta {
      * corpus), kind name and size in tokens; data_kind NULL: not saved. */
     const char *data_path, *data_kind;
     size_t data_tokens;
+    /* --init-from's folder or file, absolute, kept by every resume of the
+     * lineage (an export finds the model's tokenizer and config.json
+     * there); NULL: the weights were drawn from the seed. */
+    const char *init_from;
     uint64_t run_id; /* the run (lineage): written into every file of a save */
 } zpp_ckpt_meta;
 

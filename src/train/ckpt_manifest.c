@@ -201,8 +201,8 @@ static int exact_numbers(cJSON *item) {
 }
 
 /* The optional members: "config" (an object, kept as text for
- * train/config.c to read) and "data" ({"path": string or null, "kind",
- * "tokens"}). Sets the message and returns ZPP_ERR_FORMAT when one is
+ * train/config.c to read), "data" ({"path": string or null, "kind",
+ * "tokens"}) and "init_from" (a string). Sets the message and returns ZPP_ERR_FORMAT when one is
  * there but malformed. */
 static zpp_status manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifest *m) {
     cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
@@ -224,6 +224,12 @@ static zpp_status manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifes
         if (cJSON_IsString(path) && !(m->data_path = strdup(path->valuestring)))
             return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     }
+    const cJSON *from = cJSON_GetObjectItemCaseSensitive(j, "init_from");
+    if (from && !cJSON_IsString(from))
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint manifest %s: init_from is not a string",
+                         name);
+    if (from && !(m->init_from = strdup(from->valuestring)))
+        return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     if (cfg && (!exact_numbers(cfg) || !(m->config = cJSON_PrintUnformatted(cfg))))
         return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     return ZPP_OK;
@@ -333,10 +339,11 @@ void zpp_ckpt_manifest_free(zpp_ckpt_manifest *m) {
     free(m->numel);
     cJSON_free(m->config);
     free(m->data_path);
+    free(m->init_from);
     free(m->rank_sums);
     free(m->loco_sums);
     m->rank_sums = m->loco_sums = NULL;
     m->numel = NULL;
     m->config = NULL;
-    m->data_path = NULL;
+    m->data_path = m->init_from = NULL;
 }

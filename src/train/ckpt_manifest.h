@@ -36,6 +36,9 @@ typedef struct zpp_ckpt_manifest {
     char *data_path;         /*   "path": the token file (absolute), NULL = synthetic */
     char data_kind[16];      /*   "kind": zpp_data_kind_name */
     double data_tokens;      /*   "tokens": its size in tokens */
+    char *init_from;         /* "init_from": the Hugging Face folder or llm.c file (absolute)
+                                the lineage's weights were first read from; NULL: drawn
+                                from the seed (or saved before the field) */
     /* Format 3 (2026-12-03, issue 29); 0 / NULL in format 2: */
     uint64_t run_id;         /* "run_id": the run (lineage) that saved it, 16 hex digits */
     uint64_t *rank_sums;     /* "sums": {"rank": [...]}: each rank file's checksum (its

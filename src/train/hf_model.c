@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "model/gpt2.h"
 
 #define HF_PATH 4096
@@ -495,7 +496,7 @@ static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
 
 zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
                          const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
-                         int *shards_p) {
+                         const zpp_hf_file *files, int n_files, int *shards_p) {
     if (!dir || !cfg || !hf || !units || strlen(dir) > HF_PATH - 64)
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: NULL argument or a path too long");
     if (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16)
@@ -529,6 +530,16 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (st == ZPP_OK) st = zpp_hf_config_write(path, &c);
     if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, max_shard_bytes, shards_p);
+    for (int k = 0; st == ZPP_OK && k < n_files; k++) {
+        if (strchr(files[k].name, '/') || !strncmp(files[k].name, "model", 5) ||
+            !strcmp(files[k].name, "config.json")) {
+            st = zpp_error(ZPP_ERR_INVALID, "export: cannot copy a file named %s in",
+                           files[k].name);
+            break;
+        }
+        snprintf(path, sizeof path, "%s/%s", tmp, files[k].name);
+        st = zpp_copy_file(files[k].src, path, "file");
+    }
     if (st == ZPP_OK && rename(tmp, dir) != 0)
         st = zpp_error(ZPP_ERR_IO, "export: cannot rename %s to %s: %s", tmp, dir,
                        strerror(errno));

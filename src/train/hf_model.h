@@ -126,10 +126,16 @@ zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, 
  * torch_dtype is set to dtype) and the safetensors (zpp_st_write_dir:
  * one file, or shards of at most max_shard_bytes and the index). The files
  * go into DIR.tmp.<pid>, renamed to DIR at the end: DIR must not exist, and
- * a failure leaves no DIR. *shards_p (may be NULL): files written. */
+ * a failure leaves no DIR. files[0..n_files) are copied in beside them
+ * (the model's tokenizer files; names other than those written, and without
+ * a '/'). *shards_p (may be NULL): safetensors files written. */
+typedef struct zpp_hf_file {
+    const char *src;  /* a file to copy into the folder */
+    const char *name; /* its name there: "tokenizer.json", ... */
+} zpp_hf_file;
 zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
                          const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
-                         int *shards_p);
+                         const zpp_hf_file *files, int n_files, int *shards_p);
 
 /* The HF config of a Llama `cfg` named as `arch`, with
  * max_position_embeddings given and no token ids (what a checkpoint does

@@ -22,6 +22,7 @@ struct zpp_trainer {
     zpp_train_config cfg;
     zpp_train_config cfg_given; /* before resolving: what a checkpoint keeps */
     char *data_path;            /* absolute (realpath), NULL: synthetic */
+    char *init_from;            /* the lineage's --init-from, absolute; NULL: none */
     zpp_topo *topo;
     zpp_topo_info topo_info;
     zpp_model *model;
@@ -337,6 +338,12 @@ static zpp_status build(zpp_trainer *t, const zpp_trainer_opts *o) {
         ZPP_CHECK(zpp_hf_is_model_dir(o->init_from) ? init_from_hf(t, o->init_from)
                                                     : init_from_llmc(t, o->init_from));
     double t4 = now_s();
+    /* where the weights came from, for a checkpoint: the export's config.json
+     * and tokenizer files are there */
+    const char *origin = o->init_from ? o->init_from : o->origin;
+    if (origin && !(t->init_from = o->init_from ? realpath(origin, NULL) : strdup(origin)))
+        return zpp_error(ZPP_ERR_IO, "cannot resolve the path of %s: %s", origin,
+                         strerror(errno));
 
     size_t bt = (size_t)c->train_micro_batch_size_per_gpu * (size_t)c->model.seq_len;
     t->tokens = malloc(bt * sizeof *t->tokens);
@@ -383,6 +390,7 @@ void zpp_trainer_destroy(zpp_trainer *t) {
     free(t->tokens);
     free(t->targets);
     free(t->data_path);
+    free(t->init_from);
     free(t);
     zpp_error_release();
 }
@@ -527,6 +535,7 @@ static zpp_ckpt_meta ckpt_meta(const zpp_trainer *t, int step) {
     m.data_path = t->data_path;
     m.data_kind = zpp_data_kind_name(t->info.data.kind);
     m.data_tokens = t->info.data.n_tokens;
+    m.init_from = t->init_from;
     m.run_id = t->run_id;
     return m;
 }
@@ -643,7 +652,10 @@ zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config 
         c.seed = m.seed;
         ZPP_CHECK_GOTO(zpp_train_config_validate(&c), st, out);
     }
-    if (m.data_path && !(run->data_path = strdup(m.data_path))) {
+    if ((m.data_path && !(run->data_path = strdup(m.data_path))) ||
+        (m.init_from && !(run->init_from = strdup(m.init_from)))) {
+        free(run->data_path);
+        run->data_path = NULL;
         st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
         goto out;
     }

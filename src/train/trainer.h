@@ -73,6 +73,9 @@ typedef struct zpp_trainer_opts {
      * moments start at zero. cfg must have the file's shape (ZPP_ERR_CONFIG
      * naming the key otherwise). NULL: the seeded init. */
     const char *init_from;
+    /* Without init_from: the --init-from of the run this one continues
+     * (zpp_trainer_saved_run.init_from), kept in its checkpoints; NULL: none. */
+    const char *origin;
 } zpp_trainer_opts;
 
 /* Builds everything over MPI_COMM_WORLD. `cfg` is copied and resolved for
@@ -156,6 +159,8 @@ typedef struct zpp_trainer_saved_run {
     int has_data;         /* 0: its data was not recorded (as has_config) */
     char *data_path;      /* its data file, absolute; NULL: the synthetic corpus (or
                              not recorded). free() it */
+    char *init_from;      /* the lineage's --init-from, absolute; NULL: none (or not
+                             recorded). free() it */
 } zpp_trainer_saved_run;
 
 /* The config to continue the checkpoint of DIR (its published one, or the
@@ -167,7 +172,7 @@ typedef struct zpp_trainer_saved_run {
  * the optimizer and the schedule among it, are the defaults). Reads files
  * only: not collective (every rank reads the same ones; agree on the
  * status). On error *cfg and *run are untouched but for run->data_path =
- * NULL. */
+ * run->init_from = NULL. */
 zpp_status zpp_trainer_config_from_checkpoint(const char *dir, zpp_train_config *cfg,
                                               zpp_trainer_saved_run *run);
 
