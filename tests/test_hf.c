@@ -1058,7 +1058,9 @@ static void expect_export(const char *ckpt, const char *back, const char *args,
  * config.json, tokenizer.json and a random choice of the other companions
  * (random bytes each) and a file that is none of them (README.md), imported
  * on 2 ranks and saved at step 0: the export without --hf-config comes back
- * byte for byte, companions too, README.md not. After a resume the
+ * byte for byte, companions too, README.md not; config.json keeps the keys
+ * zeropp ignores, and in another dtype only its torch_dtype changes. After
+ * a resume the
  * checkpoint still knows the folder (its manifest's init_from): the same
  * config.json and companions. --tokenizer none copies none, --tokenizer
  * FILE that file as tokenizer.json, a folder without one is refused with
@@ -1073,6 +1075,19 @@ static void test_export_companions(void) {
     char files[N_COMPANION][700];
     const char *src[N_COMPANION] = {NULL}, *none[N_COMPANION] = {NULL};
     llama_write(&m, 0, zpp_test_tmp_path("cmp_in", dir), 0, NULL);
+    /* config.json with keys zeropp reads and ignores, as transformers writes
+     * them: an export keeps them */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n = 0;
+    char *text = (char *)read_file(path, &n);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    EXPECT(j && cJSON_AddNumberToObject(j, "initializer_range", 0.02) &&
+           cJSON_AddStringToObject(j, "transformers_version", "4.44.0"));
+    free(text);
+    text = cJSON_Print(j);
+    zpp_test_write_file(path, text, strlen(text));
+    cJSON_free(text), cJSON_Delete(j);
     /* tokenizer.json, and each other companion at random but at least one */
     const int one = 1 + (int)(zpp_rng_u64(&r) % (N_COMPANION - 1));
     for (int k = 0; k < N_COMPANION; k++) {
@@ -1093,6 +1108,21 @@ static void test_export_companions(void) {
            "resume of %s failed; see %s", ckpt, err);
     expect_export(ckpt2, zpp_test_tmp_path("cmp_back2", back), "", dir, src);
     expect_export(ckpt2, zpp_test_tmp_path("cmp_none", back), "--tokenizer none", dir, none);
+    /* another dtype: the same config.json but for torch_dtype */
+    export_hf(ckpt2, zpp_test_tmp_path("cmp_bf16", back), "--dtype bf16");
+    {
+        char a[700], b[700];
+        size_t na = 0, nb = 0;
+        char *ta = read_config(dir, a, sizeof a, &na), *tb = read_config(back, b, sizeof b, &nb);
+        cJSON *ja = cJSON_Parse(ta), *jb = cJSON_Parse(tb);
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(jb, "torch_dtype");
+        EXPECT(ja && jb && cJSON_IsString(dt) && !strcmp(dt->valuestring, "bfloat16"),
+               "%s: torch_dtype is not \"bfloat16\"", b);
+        cJSON_DeleteItemFromObjectCaseSensitive(ja, "torch_dtype");
+        cJSON_DeleteItemFromObjectCaseSensitive(jb, "torch_dtype");
+        EXPECT(cJSON_Compare(ja, jb, 1), "%s is not %s but for torch_dtype", b, a);
+        cJSON_Delete(ja), cJSON_Delete(jb), free(ta), free(tb);
+    }
     char other[512], args[600];
     const char *just_file[N_COMPANION] = {zpp_test_tmp_path("cmp_other.json", other)};
     write_random_file(&r, other);
@@ -1113,14 +1143,14 @@ static void test_export_companions(void) {
     EXPECT(rename(gone, dir) == 0, "cannot rename %s back", gone);
 
     /* from scratch: the data's note names the tokenizer */
-    char *abs_other = realpath(other, NULL), scratch[512], text[512];
+    char *abs_other = realpath(other, NULL), scratch[512], scfg[512];
     zpp_tokfile_note note = {NULL, NULL, V, 4000, abs_other};
     EXPECT(zpp_tokfile_note_write(tok, &note) == ZPP_OK, "%s", zpp_last_error());
-    snprintf(text, sizeof text,
+    snprintf(scfg, sizeof scfg,
              "{\"model\": {\"family\": \"llama\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
              "\"vocab_size\": %d, \"seq_len\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n",
              V, T);
-    zpp_test_write_file(zpp_test_tmp_path("cmp_scratch.json", cfg), text, strlen(text));
+    zpp_test_write_file(zpp_test_tmp_path("cmp_scratch.json", cfg), scfg, strlen(scfg));
     EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --config %s --data %s --steps 1 --save %s",
                             cfg, tok, zpp_test_tmp_path("cmp_scratch", scratch)) == 0,
            "training from scratch failed; see %s", err);

@@ -26,3 +26,15 @@ if(ZPP_HAVE_CUDA)
   set_tests_properties(test_llama_torch_parity_gpu PROPERTIES LABELS "gpu;torch" TIMEOUT 600
                        PROCESSORS 2 ENVIRONMENT "${ZPP_TEST_ENV}")
 endif()
+
+# What `zeropp export --format hf` writes, loaded by Hugging Face transformers
+# itself: model and tokenizer, a plain Llama (fp32, one file) and one with Llama
+# 3's rope_scaling (bf16, sharded); transformers' loss on the export within 1e-5
+# of `zeropp eval --init-from` on it, its tokenizer's ids those of `zeropp
+# tokenize`. Labelled torch; skips (77) without transformers and PyTorch.
+add_test(NAME test_hf_transformers
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torch/hf_transformers.sh
+                 $<TARGET_FILE:zeropp_cli> $<TARGET_FILE:llama_hf_helper>
+                 ${CMAKE_CURRENT_SOURCE_DIR}/data/tinyshakespeare.txt)
+set_tests_properties(test_hf_transformers PROPERTIES LABELS torch TIMEOUT 600 PROCESSORS 2
+                     ENVIRONMENT "${ZPP_TEST_ENV}")

@@ -39,10 +39,11 @@ static void export_usage(FILE *f) {
             "  named model-0000K-of-0000N.safetensors with model.safetensors.index.json;\n"
             "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype.\n"
             "  config.json: the one of the folder the model was imported from (--init-from,\n"
-            "  which the checkpoint remembers through resumes), with its token ids,\n"
-            "  max_position_embeddings and rope_scaling; or the one --hf-config names (its\n"
-            "  shape must be the checkpoint's); else written from the checkpoint's shape,\n"
-            "  max_position_embeddings its seq_len and no token ids.\n"
+            "  which the checkpoint remembers through resumes), or the one --hf-config names\n"
+            "  (its shape must be the checkpoint's), kept whole (token ids,\n"
+            "  max_position_embeddings, rope_scaling, every other key) but for torch_dtype;\n"
+            "  else written from the checkpoint's shape, max_position_embeddings its seq_len\n"
+            "  and no token ids.\n"
             "  The tokenizer, so that transformers' AutoTokenizer loads PATH: the\n"
             "  tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
             "  tokenizer.model, generation_config.json and chat_template.jinja of that\n"
@@ -236,16 +237,20 @@ static zpp_status export_tokenizer(const zpp_ckpt_manifest *m, const char *opt,
 }
 
 /* config.json's source (export_usage): --hf-config, else the --init-from
- * folder's while it still describes the checkpoint's model. */
+ * folder's while it still describes the checkpoint's model; that file's
+ * path into taken[0..4200), or "" when written from the shape. */
 static zpp_status export_config(const zpp_ckpt_manifest *m, const zpp_llama_config *lc,
-                                const char *like, zpp_hf_config *hf, char *said, size_t cap) {
+                                const char *like, zpp_hf_config *hf, char *taken, char *said,
+                                size_t cap) {
     zpp_hf_arch arch;
     int window;
     ZPP_CHECK(manifest_arch(m, &arch, &window));
     snprintf(said, cap, "written from the checkpoint's shape (no token ids; --hf-config names "
                         "the config.json to take them from)");
+    taken[0] = '\0';
     if (like) {
         ZPP_CHECK(export_hf_config(lc, arch, window, like, hf));
+        snprintf(taken, 4200, "%s", like);
         snprintf(said, cap, "%s's (--hf-config)", like);
         return ZPP_OK;
     }
@@ -253,6 +258,7 @@ static zpp_status export_config(const zpp_ckpt_manifest *m, const zpp_llama_conf
     if (m->init_from && is_dir(m->init_from)) {
         snprintf(path, sizeof path, "%s/config.json", m->init_from);
         if (access(path, R_OK) == 0 && export_hf_config(lc, arch, window, path, hf) == ZPP_OK) {
+            snprintf(taken, 4200, "%s", path);
             snprintf(said, cap, "%s's, the folder the model was imported from", path);
             return ZPP_OK;
         }
@@ -274,9 +280,9 @@ static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_man
                             const char *like, const char *tokenizer) {
     zpp_llama_config lc;
     zpp_hf_config hf;
-    char said[4600];
+    char said[4600], taken[4200];
     ZPP_CHECK(manifest_llama(from, m, &lc));
-    ZPP_CHECK(export_config(m, &lc, like, &hf, said, sizeof said));
+    ZPP_CHECK(export_config(m, &lc, like, &hf, taken, said, sizeof said));
     export_files *x = malloc(sizeof *x);
     if (!x) return zpp_error(ZPP_ERR_NOMEM, "export: out of memory");
     zpp_status st = export_tokenizer(m, tokenizer, x);
@@ -289,8 +295,8 @@ static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_man
     if (!strcmp(name, "bf16")) dt = ZPP_BF16;
     else if (!strcmp(name, "fp16")) dt = ZPP_FP16;
     int shards = 0;
-    st = zpp_hf_export(to, &lc, &hf, (const float *const *)units, dt, max_shard, x->f, x->n,
-                       &shards);
+    const zpp_hf_export_opts eo = {dt, max_shard, taken[0] ? taken : NULL, x->f, x->n};
+    st = zpp_hf_export(to, &lc, &hf, (const float *const *)units, &eo, &shards);
     if (st != ZPP_OK) {
         free(x);
         return st;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "train/json_exact.h"
 
 uint64_t zpp_fnv1a(uint64_t h, const void *p, size_t n) {
     const unsigned char *c = p;
@@ -169,37 +170,6 @@ static zpp_status manifest_family(const cJSON *mo, const char *name, zpp_ckpt_ma
     return ZPP_OK;
 }
 
-/* Replaces every number under `item` by its exact text (a raw item):
- * cJSON would print 15 digits wherever they read back within an ulp, and a
- * resumed run must get the saved config's numbers bit for bit. */
-static int exact_numbers(cJSON *item) {
-    for (cJSON *c = item->child; c; c = c->next) {
-        if (cJSON_IsNumber(c)) {
-            char text[40];
-            for (int digits = 15; digits <= 17; digits++) {
-                snprintf(text, sizeof text, "%.*g", digits, c->valuedouble);
-                if (strtod(text, NULL) == c->valuedouble) break;
-            }
-            cJSON *raw = cJSON_CreateRaw(text);
-            if (!raw) return 0;
-            /* the raw item takes over the number's key (replacing by pointer
-             * does not carry it; replacing by name could hit a duplicate) */
-            raw->string = c->string;
-            raw->type |= c->type & cJSON_StringIsConst;
-            c->string = NULL;
-            c->type &= ~cJSON_StringIsConst;
-            if (!cJSON_ReplaceItemViaPointer(item, c, raw)) { /* cannot fail: c is a child */
-                cJSON_Delete(raw);
-                return 0;
-            }
-            c = raw;
-        } else if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && !exact_numbers(c)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* The optional members: "config" (an object, kept as text for
  * train/config.c to read), "data" ({"path": string or null, "kind",
  * "tokens"}) and "init_from" (a string). Sets the message and returns ZPP_ERR_FORMAT when one is
@@ -230,7 +200,7 @@ static zpp_status manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifes
                          name);
     if (from && !(m->init_from = strdup(from->valuestring)))
         return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
-    if (cfg && (!exact_numbers(cfg) || !(m->config = cJSON_PrintUnformatted(cfg))))
+    if (cfg && (!zpp_json_exact_numbers(cfg) || !(m->config = cJSON_PrintUnformatted(cfg))))
         return zpp_error(ZPP_ERR_NOMEM, "checkpoint: out of memory");
     return ZPP_OK;
 }

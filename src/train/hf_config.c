@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "train/json_exact.h"
 
 #define CONFIG_MAX_BYTES (1u << 20) /* a config.json is a few KB */
 
@@ -468,8 +469,9 @@ zpp_status zpp_hf_config_check(const zpp_hf_config *c, const char *what) {
     return ZPP_OK;
 }
 
-zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
-    if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
+/* The text of config file `path` (at most CONFIG_MAX_BYTES), NUL-ended,
+ * into *text_p (free() it). */
+static zpp_status read_text(const char *path, char **text_p) {
     FILE *f = NULL;
     ZPP_CHECK(zpp_fopen_regular(path, "config", &f));
     /* room for the one byte past the limit that tells a too-large file and
@@ -484,25 +486,33 @@ zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
     else if (n > CONFIG_MAX_BYTES)
         st = zpp_error(ZPP_ERR_FORMAT, "config '%s' is larger than 1 MiB: not a config.json",
                        path);
-    if (st == ZPP_OK) {
-        text[n] = 0;
-        st = zpp_hf_config_parse(text, path, cfg_p);
+    if (st != ZPP_OK) {
+        free(text);
+        return st;
     }
+    text[n] = 0;
+    *text_p = text;
+    return ZPP_OK;
+}
+
+zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
+    if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
+    char *text = NULL;
+    ZPP_CHECK(read_text(path, &text));
+    const zpp_status st = zpp_hf_config_parse(text, path, cfg_p);
     free(text);
     return st;
 }
 
 /* ---- Writing ------------------------------------------------------------------- */
 
-/* key: v, printed with the fewest significant digits (15, 16 or 17) that
- * read back as the same double: cJSON's own printing compares the reading
- * with a tolerance, and parse(write(x)) must be x bit for bit. */
+static const char *const dtype_names[] = {[ZPP_FP32] = "float32", [ZPP_BF16] = "bfloat16",
+                                          [ZPP_FP16] = "float16"};
+
+/* key: v, read back bit for bit (json_exact.h): parse(write(x)) must be x. */
 static int add_double(cJSON *o, const char *key, double v) {
-    char s[32];
-    for (int digits = 15; digits <= 17; digits++) {
-        snprintf(s, sizeof s, "%.*g", digits, v);
-        if (strtod(s, NULL) == v) break;
-    }
+    char s[40];
+    zpp_json_number_text(v, s, sizeof s);
     return cJSON_AddRawToObject(o, key, s) != NULL;
 }
 
@@ -540,8 +550,6 @@ static int add_sliding_window(cJSON *j, const zpp_hf_config *c, zpp_hf_arch a) {
 zpp_status zpp_hf_config_format(const zpp_hf_config *c, char **text_p) {
     if (!text_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_format: NULL argument");
     ZPP_CHECK(zpp_hf_config_check(c, "(to write)"));
-    static const char *const dtype_names[] = {[ZPP_FP32] = "float32", [ZPP_BF16] = "bfloat16",
-                                              [ZPP_FP16] = "float16"};
     cJSON *j = cJSON_CreateObject(), *arch = cJSON_CreateStringArray(
                                                  (const char *const[]){c->architecture}, 1);
     int ok = j && arch && cJSON_AddItemToObject(j, "architectures", arch);
@@ -583,5 +591,41 @@ zpp_status zpp_hf_config_write(const char *path, const zpp_hf_config *cfg) {
     ZPP_CHECK(zpp_hf_config_format(cfg, &text));
     const zpp_status st = zpp_write_text_atomic(path, text, "config");
     free(text);
+    return st;
+}
+
+zpp_status zpp_hf_config_write_like(const char *path, const char *like, zpp_dtype dtype) {
+    if (!path || !like || (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16))
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_write_like: NULL path or no dtype");
+    char *text = NULL;
+    ZPP_CHECK(read_text(like, &text));
+    zpp_hf_config check;
+    zpp_status st = zpp_hf_config_parse(text, like, &check);
+    cJSON *j = st == ZPP_OK ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (st != ZPP_OK) return st;
+    if (!j) return zpp_error(ZPP_ERR_NOMEM, "config: out of memory");
+    /* transformers wrote torch_dtype, and lately dtype; either, or both */
+    const char *name = dtype_names[dtype], *keys[2] = {"torch_dtype", "dtype"};
+    int found = 0, same = 1;
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[k]);
+        if (!v) continue;
+        found = 1;
+        same = same && cJSON_IsString(v) && !strcmp(v->valuestring, name);
+    }
+    if (found && same) { /* the file as it is, byte for byte */
+        cJSON_Delete(j);
+        return zpp_copy_file(like, path, "config");
+    }
+    int ok = found || cJSON_AddStringToObject(j, "torch_dtype", name) != NULL;
+    for (int k = 0; k < 2 && ok && found; k++)
+        if (cJSON_GetObjectItemCaseSensitive(j, keys[k]))
+            ok = cJSON_ReplaceItemInObjectCaseSensitive(j, keys[k], cJSON_CreateString(name));
+    char *out = ok && zpp_json_exact_numbers(j) ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    if (!out) return zpp_error(ZPP_ERR_NOMEM, "config: out of memory");
+    st = zpp_write_text_atomic(path, out, "config");
+    cJSON_free(out);
     return st;
 }

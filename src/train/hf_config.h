@@ -123,6 +123,12 @@ zpp_status zpp_hf_config_check(const zpp_hf_config *cfg, const char *what);
 zpp_status zpp_hf_config_format(const zpp_hf_config *cfg, char **text_p);
 /* Writes cfg to `path` (PATH.tmp.<pid>, synced, renamed over PATH). */
 zpp_status zpp_hf_config_write(const char *path, const zpp_hf_config *cfg);
+/* Writes the config.json `like` (one zpp_hf_config_read takes) to `path`
+ * with every key it has, its dtype `dtype`: byte for byte where its
+ * torch_dtype (and dtype, if it has that key) already names dtype; else
+ * with those set to it (torch_dtype added where it has neither), printed
+ * by cJSON with every number exact (json_exact.h). */
+zpp_status zpp_hf_config_write_like(const char *path, const char *like, zpp_dtype dtype);
 
 #ifdef __cplusplus
 }

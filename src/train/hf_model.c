@@ -495,10 +495,12 @@ static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
 }
 
 zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
-                         const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
-                         const zpp_hf_file *files, int n_files, int *shards_p) {
-    if (!dir || !cfg || !hf || !units || strlen(dir) > HF_PATH - 64)
+                         const float *const *units, const zpp_hf_export_opts *opts,
+                         int *shards_p) {
+    if (!dir || !cfg || !hf || !units || !opts || strlen(dir) > HF_PATH - 64)
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: NULL argument or a path too long");
+    const zpp_dtype dtype = opts->dtype;
+    const zpp_hf_file *files = opts->files;
     if (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16)
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: dtype %d is not fp32, bf16 or fp16",
                          (int)dtype);
@@ -528,9 +530,11 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
     zpp_status st = export_sources(cfg, zpp_hf_config_arch(hf) == ZPP_HF_LLAMA, units, dtype,
                                    &src, &ctx, &n);
     snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (st == ZPP_OK) st = zpp_hf_config_write(path, &c);
-    if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, max_shard_bytes, shards_p);
-    for (int k = 0; st == ZPP_OK && k < n_files; k++) {
+    if (st == ZPP_OK)
+        st = opts->config_from ? zpp_hf_config_write_like(path, opts->config_from, dtype)
+                               : zpp_hf_config_write(path, &c);
+    if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, opts->max_shard_bytes, shards_p);
+    for (int k = 0; st == ZPP_OK && k < opts->n_files; k++) {
         if (strchr(files[k].name, '/') || !strncmp(files[k].name, "model", 5) ||
             !strcmp(files[k].name, "config.json")) {
             st = zpp_error(ZPP_ERR_INVALID, "export: cannot copy a file named %s in",

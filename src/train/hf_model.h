@@ -120,22 +120,35 @@ const char *zpp_hf_model_dtype(const zpp_hf_model *m);
 zpp_status zpp_hf_model_read_unit(zpp_hf_model *m, const zpp_llama_config *cfg, int unit,
                                   size_t begin, size_t count, float *out);
 
-/* Writes a Llama of config `cfg` whose units are units[0..L] (fp32, whole)
- * into the folder `dir` as dtype (ZPP_FP32, ZPP_BF16 rounded to nearest
- * even, ZPP_FP16): config.json from `hf` (its shape fields must be cfg's;
- * torch_dtype is set to dtype) and the safetensors (zpp_st_write_dir:
- * one file, or shards of at most max_shard_bytes and the index). The files
- * go into DIR.tmp.<pid>, renamed to DIR at the end: DIR must not exist, and
- * a failure leaves no DIR. files[0..n_files) are copied in beside them
- * (the model's tokenizer files; names other than those written, and without
- * a '/'). *shards_p (may be NULL): safetensors files written. */
+/* What an export writes besides the tensors. */
 typedef struct zpp_hf_file {
     const char *src;  /* a file to copy into the folder */
     const char *name; /* its name there: "tokenizer.json", ... */
 } zpp_hf_file;
+typedef struct zpp_hf_export_opts {
+    zpp_dtype dtype;        /* ZPP_FP32, ZPP_BF16 (rounded to nearest even), ZPP_FP16 */
+    size_t max_shard_bytes; /* 0: one file */
+    /* config.json: NULL, written from `hf`; else this config.json (the one
+     * `hf` was read from: the model's own), kept whole with its dtype set
+     * (zpp_hf_config_write_like) */
+    const char *config_from;
+    /* copied in beside them (the model's tokenizer files); names other
+     * than those written, and without a '/' */
+    const zpp_hf_file *files;
+    int n_files;
+} zpp_hf_export_opts;
+
+/* Writes a Llama of config `cfg` whose units are units[0..L] (fp32, whole)
+ * into the folder `dir`: config.json (opts->config_from's, or from `hf`,
+ * whose shape fields must be cfg's; torch_dtype set to opts->dtype), the
+ * safetensors (zpp_st_write_dir: one file, or shards of at most
+ * opts->max_shard_bytes and the index) and opts->files. The files go into
+ * DIR.tmp.<pid>, renamed to DIR at the end: DIR must not exist, and a
+ * failure leaves no DIR. *shards_p (may be NULL): safetensors files
+ * written. */
 zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
-                         const float *const *units, zpp_dtype dtype, size_t max_shard_bytes,
-                         const zpp_hf_file *files, int n_files, int *shards_p);
+                         const float *const *units, const zpp_hf_export_opts *opts,
+                         int *shards_p);
 
 /* The HF config of a Llama `cfg` named as `arch`, with
  * max_position_embeddings given and no token ids (what a checkpoint does
