@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -595,11 +596,16 @@ static void test_cli_help_version(void) {
  * does: a random Llama (grouped-query, its own MLP width, untied head or
  * not) has the parameters of its Hugging Face tensors counted here, the
  * FLOPs 6 P + 12 L C T a token, its activations counted; a GPT-2 config
- * the --model count. */
+ * the --model count. `--init-from DIR` with the same shape in DIR's
+ * config.json (T from a --config) plans the same. */
 static void test_plan_config_family(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(31));
-    char path[512], cmd[2048];
+    char path[512], cmd[2048], dir[512], hf[600], tcfg[512];
     zpp_test_tmp_path("plan_llama.json", path);
+    zpp_test_tmp_path("plan_hf", dir);
+    EXPECT(mkdir(dir, 0777) == 0, "cannot make %s", dir);
+    snprintf(hf, sizeof hf, "%s/config.json", dir);
+    zpp_test_tmp_path("plan_t.json", tcfg);
     for (int it = 0; it < 4; it++) {
         const int kv = 1 + (int)(zpp_rng_u64(&r) % 4), H = kv * (1 + (int)(zpp_rng_u64(&r) % 4));
         const int hd = 2 * (1 + (int)(zpp_rng_u64(&r) % 32)), C = H * hd;
@@ -613,11 +619,28 @@ static void test_plan_config_family(void) {
                    "\"vocab_size\": %d, \"untied_head\": %s}}\n",
                 L, C, H, kv, F, T, V, untied ? "true" : "false");
         fclose(f);
+        f = fopen(hf, "w");
+        EXPECT(f != NULL, "cannot write %s", hf);
+        fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+                   "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+                   "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+                   "\"vocab_size\": %d, \"max_position_embeddings\": %d, "
+                   "\"tie_word_embeddings\": %s}\n",
+                C, F, L, H, kv, V, T, untied ? "false" : "true");
+        fclose(f);
+        f = fopen(tcfg, "w");
+        EXPECT(f != NULL, "cannot write %s", tcfg);
+        fprintf(f, "{\"model\": {\"seq_len\": %d}}\n", T);
+        fclose(f);
         snprintf(cmd, sizeof cmd, "%s plan --config %s --world 4 --micro-batch 2 --json",
                  getenv("ZPP_CLI"), path);
-        cJSON *o[MAX_LINES];
+        cJSON *o[MAX_LINES], *h[MAX_LINES];
         int n = run_json(cmd, o, MAX_LINES);
         EXPECT(n == 5, "%d modes", n);
+        snprintf(cmd, sizeof cmd,
+                 "%s plan --init-from %s --config %s --world 4 --micro-batch 2 --json",
+                 getenv("ZPP_CLI"), dir, tcfg);
+        EXPECT(run_json(cmd, h, MAX_LINES) == n, "--init-from: not %d modes", n);
         const double dC = C, dkv = (double)kv * hd;
         const double layer = 2 * dC + dC * dC + 2 * dkv * dC + dC * dC + 3 * dC * F;
         const double P = (double)V * C + dC + (untied ? (double)V * C : 0) + L * layer;
@@ -631,7 +654,9 @@ static void test_plan_config_family(void) {
             double step = num(o[m], "step_s");
             EXPECT(fabs(num(o[m], "tflops_per_gpu") * 1e12 * step - flops) <= 1e-9 * flops,
                    "it %d: TFLOP/s", it);
-            cJSON_Delete(o[m]);
+            EXPECT(cJSON_Compare(o[m], h[m], 1), "it %d: --init-from plans mode %d otherwise",
+                   it, m);
+            cJSON_Delete(o[m]), cJSON_Delete(h[m]);
         }
     }
     /* a shape the family refuses, named */

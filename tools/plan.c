@@ -20,11 +20,14 @@
 #include "model/llama.h"
 #include "plan/cost.h"
 #include "train/config.h"
+#include "train/hf_config.h"
+#include "train/hf_model.h"
 #include "zeropp.h"
 
 static void plan_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp plan (--params P | --model L,C,T,V | --config FILE) --world W\n"
+            "usage: zeropp plan (--params P | --model L,C,T,V | --config FILE | --init-from DIR)\n"
+            "                   --world W\n"
             "                   [--node-size S] [--units U] [--dtype bf16] [--json]\n"
             "                   [--tokens-per-gpu K | --micro-batch B] [--gpu v100|a100|h100|h200]\n"
             "                   [--tflops F] [--inter-gbps X] [--intra-gbps Y] [--link-eff E]\n"
@@ -58,7 +61,9 @@ static void plan_usage(FILE *f) {
             "(attention FLOPs and activation memory counted). --config FILE takes the shape\n"
             "from a training config's \"model\" section as `zeropp train` reads it,\n"
             "model.family included: a llama's grouped-query k and v, SwiGLU MLP, untied head\n"
-            "and q/k/v biases are counted, and its activations are the CUDA Llama's. --gpu picks the FLOP/s (datasheet\n"
+            "and q/k/v biases are counted, and its activations are the CUDA Llama's.\n"
+            "--init-from DIR takes the shape from a Hugging Face folder's config.json as\n"
+            "`zeropp train --init-from` does (with --config for seq_len and the rest). --gpu picks the FLOP/s (datasheet\n"
             "dense fp16/bf16 peak x 0.4) and the NVLink bandwidth (default h200); --tflops\n"
             "sets the achieved TFLOP/s per GPU. --inter-gbps: Gb/s of one node's cross-node\n"
             "links together (default 400); --intra-gbps: Gb/s one GPU moves inside its node,\n"
@@ -508,7 +513,7 @@ typedef struct plan_opts {
     zpp_dtype dtype;
     /* The options that take text (numbers, lists, names, paths), as given
      * (NULL: not given): a check or a clash names the flag the user wrote. */
-    const char *dtype_s, *model_s, *config_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
+    const char *dtype_s, *model_s, *config_s, *init_from_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
         *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s, *hbm_s, *hbm_eff_s,
         *modes_s, *mbs_s, *hpzs_s;
     /* Their values, defaults filled in. hbm < 0: the --gpu preset's. */
@@ -519,16 +524,32 @@ typedef struct plan_opts {
     int timed;               /* tokens given: step times predicted */
 } plan_opts;
 
-/* --config FILE: the "model" section of a training config, read as
- * `zeropp train` reads it (defaults, then the file, then its checks):
- * model.family and the shape, a Llama's knobs resolved by the family's own
- * rules (zpp_llama_config_of_shape: n_kv_head, n_ffn's default, ...), and
- * activation_checkpointing as --recompute. 0, or 1 after saying why. */
-static int plan_shape_from_config(const char *path, plan_opts *o, zpp_cost_in *ci) {
+/* --config FILE and --init-from DIR: the model as `zeropp train` reads it
+ * (defaults; a Hugging Face folder's config.json shape; the file's "model"
+ * section; their checks): model.family and the shape, a Llama's knobs
+ * resolved by the family's own rules (zpp_llama_config_of_shape:
+ * n_kv_head, n_ffn's default, ...), and activation_checkpointing as
+ * --recompute. Either may be NULL. 0, or 1 after saying why. */
+static int plan_shape_from_config(const char *path, const char *hf_dir, plan_opts *o,
+                                  zpp_cost_in *ci) {
     zpp_train_config cfg;
+    zpp_hf_config hf;
+    char json[4200];
+    const char *what = path ? "plan: --config" : "plan: --init-from";
     zpp_status st = zpp_train_config_defaults(&cfg);
-    if (st == ZPP_OK) st = zpp_train_config_load_file(path, &cfg);
-    if (st != ZPP_OK) return zpp_cli_fail("plan: --config", st);
+    if (st == ZPP_OK && hf_dir) {
+        snprintf(json, sizeof json, "%s/config.json", hf_dir);
+        st = zpp_hf_is_model_dir(hf_dir)
+                 ? zpp_hf_config_read(json, &hf)
+                 : zpp_error(ZPP_ERR_CONFIG, "--init-from %s is not a Hugging Face folder (no "
+                                             "config.json); for an llm.c file give --model "
+                                             "L,C,T,V",
+                             hf_dir);
+        if (st == ZPP_OK) st = zpp_hf_apply_shape(&hf, &cfg);
+    }
+    if (st == ZPP_OK && path) st = zpp_train_config_load_file(path, &cfg);
+    if (st == ZPP_OK && hf_dir) st = zpp_hf_check_shape(&hf, &cfg, hf_dir);
+    if (st != ZPP_OK) return zpp_cli_fail(what, st);
     const zpp_gpt2_config *m = &cfg.model;
     ci->n_layer = m->n_layer;
     ci->n_embd = m->n_embd;
@@ -540,7 +561,7 @@ static int plan_shape_from_config(const char *path, plan_opts *o, zpp_cost_in *c
     const zpp_decoder_shape shape = zpp_train_config_shape(&cfg);
     zpp_llama_config lc;
     st = zpp_llama_config_of_shape(&shape, &lc);
-    if (st != ZPP_OK) return zpp_cli_fail("plan: --config", st);
+    if (st != ZPP_OK) return zpp_cli_fail(what, st);
     ci->family = ZPP_COST_LLAMA;
     ci->n_kv_head = lc.n_kv_head;
     ci->n_ffn = lc.n_ffn;
@@ -568,6 +589,7 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
         {"--dtype", ZPP_CLI_STR, &o->dtype_s, 0, 0},
         {"--model", ZPP_CLI_STR, &o->model_s, 0, 0},
         {"--config", ZPP_CLI_STR, &o->config_s, 0, 0},
+        {"--init-from", ZPP_CLI_STR, &o->init_from_s, 0, 0},
         {"--tokens-per-gpu", ZPP_CLI_STR, &o->tok_s, 0, 0},
         {"--micro-batch", ZPP_CLI_INT, &o->micro_batch, 1, 1 << 24},
         {"--gpu", ZPP_CLI_STR, &o->gpu_s, 0, 0},
@@ -605,16 +627,16 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
     if (o->dtype_s && zpp_dtype_parse(o->dtype_s, &o->dtype) != ZPP_OK)
         return zpp_cli_fail("plan: --dtype", 1);
     *ci = zpp_cost_in_default();
-    if (o->model_s && o->config_s) {
-        fprintf(stderr, "zeropp plan: give --model or --config, not both\n");
+    if (o->model_s && (o->config_s || o->init_from_s)) {
+        fprintf(stderr, "zeropp plan: give --model or --config/--init-from, not both\n");
         return 2;
     }
-    if (o->config_s) {
+    if (o->config_s || o->init_from_s) {
         if (o->params) {
-            fprintf(stderr, "zeropp plan: give --params or --config, not both\n");
+            fprintf(stderr, "zeropp plan: give --params or --config/--init-from, not both\n");
             return 2;
         }
-        if (plan_shape_from_config(o->config_s, o, ci) != 0) return 1;
+        if (plan_shape_from_config(o->config_s, o->init_from_s, o, ci) != 0) return 1;
         o->params = (size_t)zpp_cost_shape_params(ci);
         if (!o->units) o->units = ci->n_layer + 1;
     }
@@ -634,7 +656,7 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
         o->params = (size_t)zpp_cost_gpt_params(ci->n_layer, ci->n_embd, ci->seq_len, ci->vocab);
         if (!o->units) o->units = ci->n_layer + 1;
     }
-    o->shaped = o->model_s || o->config_s;
+    o->shaped = o->model_s || o->config_s || o->init_from_s;
     if (!o->units) o->units = 8;
     if (!o->params || !o->world) {
         fprintf(stderr, "zeropp plan: --params (or --model) and --world are required\n\n");
