@@ -35,6 +35,7 @@
 #include "core/random.h"
 #include "device/device.h"
 #include "model/family.h"
+#include "model/llama.h"
 #include "train/bpe.h"
 #include "train/sample.h"
 #include "train/tokfile.h"
@@ -865,7 +866,7 @@ static void direct_logits(zpp_model *m, float *const *units, const int32_t *toke
 
 static void check_llama_draws(const run *r) {
     zpp_sample_weights w;
-    EXPECT_OK(zpp_sample_read_weights(r->dir, &w));
+    EXPECT_OK(zpp_sample_read_weights(r->dir, 0, &w));
     EXPECT(!strcmp(w.family, "llama") && w.shape.n_kv_head == 2 && w.shape.untied_head == 1 &&
                w.shape.n_ffn == 48 && w.shape.rope_theta == 500000 && w.dtype == ZPP_FP32 &&
                w.step == RUN_STEPS,
@@ -983,7 +984,7 @@ static void test_sample_llama(void) {
  * tokenizer: through the note and with --tokenizer alike, exactly the
  * tokenizer's decoding of the ids it draws, its prompt the tokenizer's
  * encoding; and through the export and back, through the tokenizer.json of
- * the folder it was imported from. */
+ * the folder it was imported from; and from the exported folder itself. */
 static void test_sample_llama_tokenizer_json(void) {
     char vocab[512], merges[512], shakes[512], text[512], bin[512], tj[512], cfg[512], dir[512],
         out[512], err[512];
@@ -1047,7 +1048,35 @@ static void test_sample_llama_tokenizer_json(void) {
     size_t nd = 0;
     char *d = sample(dir2, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
     EXPECT(nd == na && !memcmp(a, d, na), "imported from the export: '%s', before: '%s'", d, a);
+    free(d);
+    /* the exported folder itself: the checkpoint's weights bit for bit, at
+     * its T (the run's, as max_position_embeddings); with its tokenizer.json
+     * the same text again */
+    {
+        zpp_sample_weights wc, wh;
+        EXPECT_OK(zpp_sample_read_weights(dir, 0, &wc));
+        EXPECT_OK(zpp_sample_read_weights(hfdir, 0, &wh));
+        EXPECT(!strcmp(wh.family, "llama") && wh.shape.seq_len == 32 &&
+                   wh.n_units == wc.n_units && wh.step == -1 && wh.dtype == ZPP_FP32,
+               "%s read as %s, T %d, %d units", hfdir, wh.family, wh.shape.seq_len, wh.n_units);
+        zpp_llama_config lc;
+        EXPECT_OK(zpp_llama_config_of_shape(&wc.shape, &lc));
+        zpp_llama_layout lay;
+        zpp_llama_layout_make(&lc, &lay);
+        for (int u = 0; u < wc.n_units; u++) {
+            const size_t k = u == 0 ? lay.embed_numel : lay.block_numel;
+            EXPECT(!memcmp(wc.units[u], wh.units[u], k * sizeof(float)),
+                   "unit %d of %s is not the checkpoint's", u, hfdir);
+        }
+        zpp_sample_weights_free(&wc), zpp_sample_weights_free(&wh);
+    }
+    d = sample(hfdir, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);
+    EXPECT(nd == na && !memcmp(a, d, na), "from the Hugging Face folder: '%s', from the "
+           "checkpoint: '%s'", d, a);
     free(a), free(d);
+    char args[1200];
+    snprintf(args, sizeof args, "%s --seq-len 16 --prompt hi", dir);
+    expect_refused(args, "--seq-len is for a Hugging Face folder");
 }
 
 ZPP_TESTS(ZPP_TEST(test_greedy_is_argmax), ZPP_TEST(test_top_k_stays_in_top),

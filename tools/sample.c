@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "train/bpe.h"
+#include "train/hf_model.h"
 #include "train/sample.h"
 #include "train/tokfile.h"
 #include "train/trainer.h"
@@ -283,17 +284,19 @@ void zpp_cli_sample_print(FILE *f, int step, const zpp_cli_sample_result *s) {
 
 static void sample_usage(FILE *f) {
     fprintf(f,
-            "usage: zeropp sample DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
+            "usage: zeropp sample DIR|HF_DIR|MODEL.bin [--prompt TEXT | --prompt-ids 1,2,3]\n"
             "                     [--vocab vocab.json --merges merges.txt] [--ids]\n"
             "                     [--tokenizer tokenizer.json]\n"
             "                     [--max-new-tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-            "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16]\n"
+            "                     [--device cpu|gpu] [--dtype fp32|bf16|fp16] [--seq-len T]\n"
             "  Continues a prompt with a trained model (GPT-2 or Llama) and prints the prompt\n"
             "  and what follows, as text: bytes for a byte-level model (vocabulary 256), else\n"
             "  the BPE tokenizer its data was made with.\n"
             "  DIR, --from PATH    a checkpoint folder (`zeropp train --save DIR`: its published\n"
             "                      checkpoint, or a step folder), put together on this one rank\n"
-            "                      from every rank file that saved it; or an llm.c model file\n"
+            "                      from every rank file that saved it; a Hugging Face Llama,\n"
+            "                      Mistral or Qwen2 folder (config.json + safetensors, with\n"
+            "                      its tokenizer.json); or an llm.c model file\n"
             "  --vocab FILE        GPT-2's tokenizer files (vocab.json, merges.txt; both), for a\n"
             "  --merges FILE       model whose vocabulary is not bytes. Not needed for a\n"
             "                      checkpoint trained on a file `zeropp tokenize` made: the note\n"
@@ -314,9 +317,12 @@ static void sample_usage(FILE *f) {
             "                      and options give the same text\n"
             "  --device D          cpu (default) or gpu (GPU 0)\n"
             "  --dtype D           the weights' dtype in the model (default: the one they\n"
-            "                      trained in, the checkpoint's; fp32 or bf16 for llm.c files)\n"
+            "                      trained in, the checkpoint's; fp32 or bf16 for llm.c files;\n"
+            "                      fp32 for a Hugging Face folder)\n"
+            "  --seq-len T         a Hugging Face folder's window (default its\n"
+            "                      max_position_embeddings, at most %d)\n"
             "  Each new token is a forward over the last seq_len tokens (docs/sampling.md).\n",
-            SAMPLE_DEFAULT_TOKENS, SAMPLE_DEFAULT_SEED);
+            SAMPLE_DEFAULT_TOKENS, SAMPLE_DEFAULT_SEED, ZPP_SAMPLE_HF_SEQ_LEN);
 }
 
 /* "12,7,503" -> ids (malloc'd); -1 after printing what is wrong. */
@@ -359,6 +365,15 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
                                  const char *vocab, const char *merges, zpp_bpe **bpe_p,
                                  char **data_p) {
     if (json || vocab) return load_tokenizer(json, vocab, merges, V, from, NULL, bpe_p);
+    char path[4200], origin[4400];
+    if (zpp_hf_is_model_dir(from)) { /* a Hugging Face folder: its own tokenizer.json */
+        snprintf(path, sizeof path, "%s/tokenizer.json", from);
+        if (access(path, R_OK) != 0) return ZPP_OK;
+        snprintf(origin, sizeof origin, "(the tokenizer.json of the model's folder %s; pass "
+                                        "--tokenizer to name another)",
+                 from);
+        return load_tokenizer(path, NULL, NULL, V, from, origin, bpe_p);
+    }
     if (step < 0 || V == 256) return ZPP_OK;
     zpp_train_config cfg;
     zpp_trainer_saved_run saved;
@@ -366,7 +381,6 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
     *data_p = saved.data_path;
     zpp_status st = saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
     /* else the tokenizer.json of the Hugging Face folder it was imported from */
-    char path[4200], origin[4400];
     if (st == ZPP_OK && !*bpe_p && saved.init_from &&
         snprintf(path, sizeof path, "%s/tokenizer.json", saved.init_from) < (int)sizeof path &&
         access(path, R_OK) == 0) {
@@ -383,6 +397,7 @@ static zpp_status find_tokenizer(const char *from, int step, int V, const char *
 /* What `zeropp sample` was asked, checked. */
 typedef struct sample_args {
     const char *from; /* the model: DIR or --from */
+    int seq_len;      /* --seq-len, for a Hugging Face folder; 0: not given */
     const char *prompt, *prompt_ids, *device, *dtype_name, *vocab, *merges, *json;
     int max_new, top_k, print_ids; /* top_k -1: not given */
     unsigned long long seed;
@@ -414,6 +429,7 @@ static int parse_sample_args(int argc, char **argv, sample_args *sa) {
         {"--seed", ZPP_CLI_U64, &sa->seed, 0, 1ll << 53},
         {"--device", ZPP_CLI_STR, &sa->device, 0, 0},
         {"--dtype", ZPP_CLI_STR, &sa->dtype_name, 0, 0},
+        {"--seq-len", ZPP_CLI_INT, &sa->seq_len, 1, 1 << 24},
     };
     int pr = zpp_cli_parse_opts("sample", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), 1);
     if (pr > 0) {
@@ -428,8 +444,9 @@ static int parse_sample_args(int argc, char **argv, sample_args *sa) {
     }
     if (pos) sa->from = pos;
     if (!sa->from) {
-        fprintf(stderr, "zeropp sample: name the model: a checkpoint folder (zeropp sample DIR) "
-                        "or an llm.c model file (zeropp sample MODEL.bin)\n");
+        fprintf(stderr, "zeropp sample: name the model: a checkpoint folder (zeropp sample DIR), "
+                        "a Hugging Face model folder or an llm.c model file (zeropp sample "
+                        "MODEL.bin)\n");
         return -1;
     }
     if (sa->prompt && sa->prompt_ids) {
@@ -594,7 +611,7 @@ int zpp_cli_sample(int argc, char **argv) {
     int rc = 0;
     zpp_bpe *bpe = NULL;
     char *data = NULL;
-    zpp_status st = zpp_sample_read_weights(sa.from, &w);
+    zpp_status st = zpp_sample_read_weights(sa.from, sa.seq_len, &w);
     if (st != ZPP_OK) {
         rc = zpp_cli_fail("sample", st);
         goto out;

@@ -15,6 +15,7 @@
 #include "model/llama.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/hf_model.h"
 #include "train/llmc.h"
 
 /* ---- The draw ----------------------------------------------------------------- */
@@ -379,14 +380,65 @@ out:
     return st;
 }
 
-zpp_status zpp_sample_read_weights(const char *path, zpp_sample_weights *w_p) {
-    if (!path || !w_p) return zpp_error(ZPP_ERR_INVALID, "sample: NULL argument");
+/* A Hugging Face folder, read as `zeropp train --init-from` reads it: the
+ * shape from config.json (zpp_hf_apply_shape), T = seq_len, each unit
+ * whole in fp32 (zpp_hf_model_read_unit). */
+static zpp_status read_hf(const char *dir, int seq_len, zpp_sample_weights *w_p) {
+    zpp_hf_model *hm = NULL;
+    ZPP_CHECK(zpp_hf_model_open(dir, &hm));
+    const zpp_hf_config *hf = zpp_hf_model_config(hm);
+    zpp_sample_weights w;
+    memset(&w, 0, sizeof w);
+    zpp_train_config tc;
+    zpp_llama_config lc;
+    zpp_status st = zpp_train_config_defaults(&tc);
+    if (st == ZPP_OK) st = zpp_hf_apply_shape(hf, &tc);
+    if (st == ZPP_OK) {
+        const int max_t = hf->max_position_embeddings;
+        tc.model.seq_len = seq_len ? seq_len : max_t < ZPP_SAMPLE_HF_SEQ_LEN ? max_t
+                                                                         : ZPP_SAMPLE_HF_SEQ_LEN;
+        st = zpp_hf_check_shape(hf, &tc, dir);
+    }
+    if (st == ZPP_OK) {
+        w.shape = zpp_train_config_shape(&tc);
+        st = zpp_llama_config_of_shape(&w.shape, &lc);
+    }
+    snprintf(w.family, sizeof w.family, "llama");
+    w.n_units = lc.n_layer + 1;
+    if (st == ZPP_OK && !(w.units = calloc((size_t)w.n_units, sizeof *w.units)))
+        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+    for (int u = 0; st == ZPP_OK && u < w.n_units; u++) {
+        size_t k = 0;
+        st = family_unit_numel(&w, u, &k);
+        if (st == ZPP_OK && !(w.units[u] = malloc(k * sizeof(float))))
+            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
+        if (st == ZPP_OK) st = zpp_hf_model_read_unit(hm, &lc, u, 0, k, w.units[u]);
+    }
+    zpp_hf_model_close(hm);
+    if (st != ZPP_OK) {
+        zpp_sample_weights_free(&w);
+        return st;
+    }
+    w.dtype = ZPP_FP32; /* the stored values, widened exactly */
+    w.step = -1;
+    *w_p = w;
+    return ZPP_OK;
+}
+
+zpp_status zpp_sample_read_weights(const char *path, int seq_len, zpp_sample_weights *w_p) {
+    if (!path || !w_p || seq_len < 0)
+        return zpp_error(ZPP_ERR_INVALID, "sample: NULL argument or seq_len < 0");
     struct stat sb;
     if (stat(path, &sb) != 0)
         return zpp_error(ZPP_ERR_IO,
                          "cannot open '%s': no such file or folder; give a checkpoint folder "
-                         "(zeropp train --save DIR) or an llm.c model file",
+                         "(zeropp train --save DIR), a Hugging Face model folder or an llm.c "
+                         "model file",
                          path);
+    if (zpp_hf_is_model_dir(path)) return read_hf(path, seq_len, w_p);
+    if (seq_len)
+        return zpp_error(ZPP_ERR_CONFIG, "sample: --seq-len is for a Hugging Face folder; a "
+                                         "checkpoint's or an llm.c file's T is its own");
     if (S_ISDIR(sb.st_mode)) return read_checkpoint(path, w_p);
     return read_llmc(path, w_p);
 }

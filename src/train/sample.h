@@ -131,10 +131,17 @@ zpp_sample_source zpp_sample_model_source(zpp_sample_model *sm);
  * whatever the world that saved it (zpp_checkpoint_read_masters, as
  * `zeropp export` reads it), the family and shape from the config it keeps
  * (a manifest without one: a GPT-2 of the manifest's shape), each unit's
- * size checked against the family's layout; or an llm.c model file
- * (train/llmc.h: a GPT-2). Free with zpp_sample_weights_free. ZPP_ERR_IO
- * when path is neither; ZPP_ERR_FORMAT for sizes that disagree. */
-zpp_status zpp_sample_read_weights(const char *path, zpp_sample_weights *w_p);
+ * size checked against the family's layout; a Hugging Face Llama-family
+ * folder (hf_model.h, read as `zeropp train --init-from` reads it; dtype
+ * fp32, step -1), its T `seq_len`, or for 0 its max_position_embeddings up
+ * to ZPP_SAMPLE_HF_SEQ_LEN (the window each new token's forward reads: its
+ * activations grow with T, and Llama 3's 131072 positions would not fit a
+ * host's memory); or an llm.c model file (train/llmc.h: a
+ * GPT-2). seq_len must be 0 for the others (ZPP_ERR_CONFIG). Free with
+ * zpp_sample_weights_free. ZPP_ERR_IO when path is none of them;
+ * ZPP_ERR_FORMAT for sizes that disagree. */
+#define ZPP_SAMPLE_HF_SEQ_LEN 1024
+zpp_status zpp_sample_read_weights(const char *path, int seq_len, zpp_sample_weights *w_p);
 void zpp_sample_weights_free(zpp_sample_weights *w); /* its units; NULL is ignored */
 
 /* ---- From tokens to text -------------------------------------------------- */
