@@ -18,7 +18,9 @@
 # the same folder within 1e-5 relative (both fp32 from the same stored
 # values: the sums' order apart, the same arithmetic); the exported
 # config.json must be the imported one (torch_dtype apart: the export's),
-# and the tokenizer's ids on the text unchanged. Skips (77) where transformers or PyTorch is missing:
+# and the tokenizer's ids on the text unchanged; and `zeropp sample` of the
+# folder at temperature 0 must pick transformers' largest logit for each of
+# 24 new tokens (or one within 1e-4 of it: a near-tie). Skips (77) where transformers or PyTorch is missing:
 # they are not in CI (ctest -L torch runs it).
 #
 # Usage: hf_transformers.sh ZEROPP_CLI LLAMA_HF_HELPER TEXT
@@ -119,13 +121,16 @@ PY
     >"$work/$form.export.log"
   ours=$("$cli" eval --init-from "$work/$form.out" --data "$work/$form.bin" --batch-size $B \
     --batches $K --seq-len $T --json)
-  python3 - "$work" "$form" $B $T $K "$ours" <<'PY' || bad=1
+  greedy=$("$cli" sample "$work/$form.out" --prompt "ROMEO:" --max-new-tokens 24 \
+    --temperature 0 --ids)
+  python3 - "$work" "$form" $B $T $K "$ours" "$greedy" <<'PY' || bad=1
 import json, sys
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 work, form, B, T, K, ours = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
+greedy = [int(t) for t in sys.argv[7].strip().split(",")]
 out, src = f"{work}/{form}.out", f"{work}/{form}"
 raw = open(f"{work}/{form}.bin", "rb").read()
 head = np.frombuffer(raw[:1024], dtype=np.int32)
@@ -159,6 +164,25 @@ print(f"{form}: transformers' loss {theirs:.9g}, zeropp eval {mine:.9g}: {rel:.3
       f"(bound 1e-5); {len(tokens)} tokens equal")
 if not rel <= 1e-5:
     fails.append(f"the losses differ by {rel:.3g} relative")
+# `zeropp sample --temperature 0` on the folder: at each new token, the
+# largest of transformers' logits for the tokens before it, or within 1e-4
+# of it (a near-tie that the order of fp32 sums may break either way)
+prompt = AutoTokenizer.from_pretrained(out)("ROMEO:", add_special_tokens=False)[
+    "input_ids"]
+if greedy[: len(prompt)] != list(prompt) or len(greedy) != len(prompt) + 24:
+    fails.append(f"zeropp sample's ids {greedy} do not start with the prompt's {prompt}")
+else:
+    with torch.no_grad():
+        logits = model(torch.tensor([greedy])).logits[0]
+    for t in range(len(prompt), len(greedy)):
+        row, pick = logits[t - 1], greedy[t]
+        gap = (row.max() - row[pick]).item()
+        if gap > 1e-4 * max(1.0, row.abs().max().item()):
+            fails.append(f"new token {t - len(prompt)}: zeropp sample picked {pick}, "
+                         f"{gap:.3g} below transformers' largest logit ({row.argmax().item()})")
+            break
+    else:
+        print(f"{form}: zeropp sample's 24 greedy tokens are transformers' argmax")
 for f in fails:
     print(f"{form}: {f}")
 sys.exit(1 if fails else 0)
