@@ -28,11 +28,12 @@ if(ZPP_HAVE_CUDA)
 endif()
 
 # What `zeropp export --format hf` writes, loaded by Hugging Face transformers
-# itself: model and tokenizer, a plain Llama (fp32, one file) and one with Llama
-# 3's rope_scaling (bf16, sharded), a Qwen2 and a Mistral; transformers' loss on the export within 1e-5
-# of `zeropp eval --init-from` on it, its tokenizer's ids those of `zeropp
-# tokenize`, `zeropp sample --temperature 0` on it transformers' argmax.
-# Labelled torch; skips (77) without transformers and PyTorch.
+# itself: model and tokenizer, a plain Llama (fp32, one file), one with Llama
+# 3's rope_scaling (bf16, sharded), a Qwen2 and a Mistral; transformers' loss
+# on each export within 1e-5 of `zeropp eval --init-from` on it, its
+# tokenizer's ids those of `zeropp tokenize`, `zeropp sample --temperature 0`
+# on it transformers' argmax. Labelled torch; skips (77) without transformers
+# and PyTorch.
 add_test(NAME test_hf_transformers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torch/hf_transformers.sh
                  $<TARGET_FILE:zeropp_cli> $<TARGET_FILE:llama_hf_helper>
