@@ -1159,6 +1159,29 @@ static void test_export_companions(void) {
     llama_free(&m);
 }
 
+/* A folder that takes 4096 positions, trained without a seq_len: a note says
+ * that T is the default and how to set it; with one set, no note. */
+static void test_seq_len_note(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(15));
+    hf_llama m = llama_make(&r, 0);
+    m.cfg.max_position_embeddings = 4096;
+    char dir[512], tok[512], cfg[512], out[512], err[512], ck[512];
+    llama_write(&m, 0, zpp_test_tmp_path("note_in", dir), 0, NULL);
+    run_files(&r, "note", tok, cfg);
+    zpp_test_tmp_path("note_out.txt", out), zpp_test_tmp_path("note_err.txt", err);
+    EXPECT(zpp_test_run_cli(1, out, err, "train --init-from %s --data %s --steps 0 --save %s",
+                            dir, tok, zpp_test_tmp_path("note_ck", ck)) == 0,
+           "see %s", err);
+    EXPECT(zpp_test_count_lines(out, "model.seq_len's default; the model takes up to 4096") == 1,
+           "no note of the default seq_len in %s", out);
+    EXPECT(zpp_test_run_cli(1, out, err, "train --init-from %s --data %s --config %s --steps 0 "
+                            "--save %s", dir, tok, cfg, zpp_test_tmp_path("note_ck2", ck)) == 0,
+           "see %s", err);
+    EXPECT(zpp_test_count_lines(out, "model.seq_len's default") == 0,
+           "a note of the default seq_len with seq_len set, in %s", out);
+    llama_free(&m);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
@@ -1166,4 +1189,4 @@ ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_sin
           ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals),
           ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
           ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from),
-          ZPP_TEST(test_export_companions))
+          ZPP_TEST(test_export_companions), ZPP_TEST(test_seq_len_note))

@@ -685,6 +685,22 @@ static void print_setup(const zpp_trainer_info *in, const char *init_from) {
     printf("\n");
 }
 
+/* A Hugging Face model trained at model.seq_len's default (64) while it
+ * takes many more positions is most likely a forgotten key: say so. */
+static void print_seq_len_note(const char *init_from, int seq_len) {
+    zpp_train_config d;
+    zpp_hf_config hf;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", init_from);
+    if (!zpp_hf_is_model_dir(init_from) || zpp_train_config_defaults(&d) != ZPP_OK ||
+        seq_len != d.model.seq_len || zpp_hf_config_read(path, &hf) != ZPP_OK ||
+        hf.max_position_embeddings <= seq_len)
+        return;
+    printf("note: sequences of %d tokens, model.seq_len's default; the model takes up to %d "
+           "positions: set the length to train at (--set model.seq_len=2048, or in --config)\n",
+           seq_len, hf.max_position_embeddings);
+}
+
 /* Set up: the trainer, then the save folder, then the resume. *ctx names
  * the stage that failed, for report. */
 static zpp_status run_open(train_run *tr, const char **ctx) {
@@ -695,11 +711,13 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
     ZPP_CHECK(zpp_trainer_create(tr->cfg, &to, &tr->t));
     tr->in = zpp_trainer_info_get(tr->t);
     if (tr->rank == 0) print_setup(tr->in, a->init_from);
-    if (a->init_from && tr->rank == 0)
+    if (a->init_from && tr->rank == 0) {
         printf("starting from %s %s (vocabulary %d, padded to %d)\n",
                zpp_hf_is_model_dir(a->init_from) ? "Hugging Face Llama" : "llm.c model file",
                a->init_from,
                zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);
+        print_seq_len_note(a->init_from, tr->cfg->model.seq_len);
+    }
     if (a->save) { /* a folder that cannot take the checkpoint, or that another
                     * run holds, fails now: before the resume reads it */
         *ctx = "checkpoint";
