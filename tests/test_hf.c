@@ -32,7 +32,9 @@
 
 #include "core/dtype.h"
 #include "testlib.h"
+#include "model/gpt2.h"
 #include "model/llama.h"
+#include "train/checkpoint.h"
 #include "train/hf_config.h"
 #include "train/hf_model.h"
 #include "train/safetensors.h"
@@ -1182,6 +1184,167 @@ static void test_seq_len_note(void) {
     llama_free(&m);
 }
 
+/* ---- A GPT-2 as GPT2LMHeadModel ------------------------------------------------- */
+
+/* One HF GPT-2 tensor and where it is in the checkpoint's units (gpt2.h's
+ * layout, written out here from its field names): GPT-2's Conv1D keeps a
+ * layer's weight [in][out], the transpose of the unit's [out][in]. */
+typedef struct gpt2_place {
+    const char *name; /* after "transformer." and, in a block, "h.N." */
+    int block;        /* 0: unit 0; 1: every block */
+    size_t offset;
+    int64_t rows, cols; /* the HF shape; cols 0: a vector */
+    int transposed;
+} gpt2_place;
+
+/* Every tensor of the export of ckpt in `back` (one file) holds the
+ * checkpoint's masters at its place, rounded to `dtype`. */
+static void check_gpt2_values(const char *ckpt, const char *back, zpp_dtype dtype) {
+    zpp_ckpt_manifest man;
+    float **units = NULL;
+    EXPECT(zpp_checkpoint_read_masters(ckpt, &man, &units) == ZPP_OK, "%s", zpp_last_error());
+    const zpp_gpt2_config *g = &man.model;
+    zpp_gpt2_layout l;
+    zpp_gpt2_layout_make(g, &l);
+    const int64_t C = g->n_embd, V = zpp_gpt2_real_vocab(g);
+    const gpt2_place places[] = {
+        {"wte.weight", 0, l.wte, V, C, 0},         {"wpe.weight", 0, l.wpe, g->seq_len, C, 0},
+        {"ln_f.weight", 0, l.lnf_w, C, 0, 0},      {"ln_f.bias", 0, l.lnf_b, C, 0, 0},
+        {"ln_1.weight", 1, l.ln1_w, C, 0, 0},      {"ln_1.bias", 1, l.ln1_b, C, 0, 0},
+        {"attn.c_attn.weight", 1, l.qkv_w, C, 3 * C, 1},
+        {"attn.c_attn.bias", 1, l.qkv_b, 3 * C, 0, 0},
+        {"attn.c_proj.weight", 1, l.proj_w, C, C, 1},
+        {"attn.c_proj.bias", 1, l.proj_b, C, 0, 0}, {"ln_2.weight", 1, l.ln2_w, C, 0, 0},
+        {"ln_2.bias", 1, l.ln2_b, C, 0, 0},         {"mlp.c_fc.weight", 1, l.fc_w, C, 4 * C, 1},
+        {"mlp.c_fc.bias", 1, l.fc_b, 4 * C, 0, 0},  {"mlp.c_proj.weight", 1, l.fc2_w, 4 * C, C, 1},
+        {"mlp.c_proj.bias", 1, l.fc2_b, C, 0, 0}};
+    char path[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", back);
+    zpp_st_file *f = NULL;
+    EXPECT(zpp_st_open(path, &f) == ZPP_OK, "%s", zpp_last_error());
+    size_t found = 0;
+    for (size_t k = 0; k < sizeof places / sizeof *places; k++) {
+        const gpt2_place *p = &places[k];
+        for (int b = 0; b < (p->block ? g->n_layer : 1); b++) {
+            char name[96];
+            if (p->block) snprintf(name, sizeof name, "transformer.h.%d.%s", b, p->name);
+            else snprintf(name, sizeof name, "transformer.%s", p->name);
+            const zpp_st_tensor *t = zpp_st_find(f, name);
+            EXPECT(t != NULL, "%s holds no %s", path, name);
+            const int64_t cols = p->cols ? p->cols : 1;
+            EXPECT(t->ndim == (p->cols ? 2 : 1) && t->shape[0] == p->rows &&
+                       (!p->cols || t->shape[1] == p->cols),
+                   "%s: %s has another shape", path, name);
+            float *got = zpp_test_malloc((size_t)(p->rows * cols) * sizeof *got);
+            EXPECT(zpp_st_read_f32(f, t, 0, (size_t)(p->rows * cols), got) == ZPP_OK, "%s",
+                   zpp_last_error());
+            const float *x = units[p->block ? b + 1 : 0] + p->offset;
+            for (int64_t r = 0; r < p->rows; r++)
+                for (int64_t c = 0; c < cols; c++) {
+                    const float v = p->transposed ? x[c * p->rows + r] : x[r * cols + c];
+                    float want = v;
+                    if (dtype != ZPP_FP32) { /* the export's rounding, read back widened */
+                        uint16_t h[1];
+                        zpp_store_f32(h, dtype, 0, v);
+                        want = zpp_load_f32(h, dtype, 0);
+                    }
+                    EXPECT(got[r * cols + c] == want, "%s[%lld][%lld]: %g, the unit's %g", name,
+                           (long long)r, (long long)c, (double)got[r * cols + c], (double)want);
+                }
+            free(got);
+            found++;
+        }
+    }
+    EXPECT(zpp_st_count(f) == found, "%s holds %zu tensors, GPT2LMHeadModel's are %zu", path,
+           zpp_st_count(f), found);
+    zpp_st_close(f);
+    for (int u = 0; u < man.n_units; u++) free(units[u]);
+    free(units);
+    zpp_ckpt_manifest_free(&man);
+}
+
+/* A GPT-2 trained from scratch (2 ranks, a vocabulary padded past the
+ * data's) exports as GPT2LMHeadModel: each tensor the checkpoint's masters
+ * at their place (the Conv1D weights transposed), fp32 and bf16; shards that
+ * pass the format's rules; config.json as GPT2Config reads it; the data's
+ * GPT-2 tokenizer files copied. --hf-config is refused for a GPT-2. */
+static void test_gpt2_export(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(16));
+    char tok[512], cfg[512], ckpt[512], back[512], out[512], err[512], text[512], path[700];
+    run_files(&r, "g2", tok, cfg);
+    char vocab[512], merges[512];
+    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
+    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
+    char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
+    zpp_tokfile_note note = {av, am, 320, 4000, NULL};
+    EXPECT(zpp_tokfile_note_write(tok, &note) == ZPP_OK, "%s", zpp_last_error());
+    snprintf(text, sizeof text,
+             "{\"model\": {\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
+             "\"vocab_size\": 48, \"real_vocab_size\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n",
+             T, V);
+    zpp_test_write_file(zpp_test_tmp_path("g2_cfg.json", cfg), text, strlen(text));
+    zpp_test_tmp_path("g2_out.txt", out), zpp_test_tmp_path("g2_err.txt", err);
+    EXPECT(zpp_test_run_cli(2, out, err, "train --quiet --config %s --data %s --steps 2 --save %s",
+                            cfg, tok, zpp_test_tmp_path("g2_ckpt", ckpt)) == 0,
+           "training failed; see %s", err);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        export_hf(ckpt, zpp_test_tmp_path(bf16 ? "g2_b16" : "g2_f32", back),
+                  bf16 ? "--dtype bf16" : "--dtype fp32");
+        check_gpt2_values(ckpt, back, bf16 ? ZPP_BF16 : ZPP_FP32);
+        snprintf(path, sizeof path, "%s/model.safetensors", back);
+        validate_file(path);
+        snprintf(path, sizeof path, "%s/vocab.json", back);
+        expect_same_file(vocab, path);
+        snprintf(path, sizeof path, "%s/merges.txt", back);
+        expect_same_file(merges, path);
+        size_t n = 0;
+        char *c = read_config(back, path, sizeof path, &n);
+        cJSON *j = cJSON_Parse(c);
+        free(c);
+        const char *want_dtype = bf16 ? "bfloat16" : "float32";
+        const struct {
+            const char *key;
+            double v;
+        } nums[] = {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 16}, {"n_positions", T},
+                    {"vocab_size", V}, {"layer_norm_epsilon", 1e-5}};
+        for (size_t k = 0; k < sizeof nums / sizeof *nums; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, nums[k].key);
+            EXPECT(cJSON_IsNumber(v) && v->valuedouble == nums[k].v, "%s: %s", path, nums[k].key);
+        }
+        const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+        const char *strs[][2] = {{"model_type", "gpt2"}, {"activation_function", "gelu_new"},
+                                 {"torch_dtype", want_dtype}};
+        EXPECT(cJSON_IsString(arch) && !strcmp(arch->valuestring, "GPT2LMHeadModel"), "%s", path);
+        for (size_t k = 0; k < 3; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, strs[k][0]);
+            EXPECT(cJSON_IsString(v) && !strcmp(v->valuestring, strs[k][1]), "%s: %s", path,
+                   strs[k][0]);
+        }
+        EXPECT(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")) &&
+                   cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "bos_token_id")),
+               "%s: tie_word_embeddings, or a bos_token_id for a vocabulary not GPT-2's", path);
+        cJSON_Delete(j);
+    }
+    /* shards: each file and the index by the format's rules */
+    export_hf(ckpt, zpp_test_tmp_path("g2_shards", back), "--max-shard-size 3000");
+    int tensors = 0, files = 0;
+    DIR *d = opendir(back);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const size_t k = strlen(e->d_name);
+        if (k < 12 || strcmp(e->d_name + k - 12, ".safetensors")) continue;
+        snprintf(path, sizeof path, "%s/%s", back, e->d_name);
+        files++, tensors += validate_file(path);
+    }
+    if (d) closedir(d);
+    EXPECT(files > 2 && tensors == 4 + 12 * 2, "%d files, %d tensors", files, tensors);
+    validate_index(back, tensors);
+    EXPECT(zpp_test_run_cli(0, out, err, "export --from %s --to %s --format hf --hf-config %s",
+                            ckpt, zpp_test_tmp_path("g2_refused", back), cfg) != 0 &&
+               zpp_test_count_lines(err, "--hf-config is for a llama") == 1 && !exists(back),
+           "--hf-config with a GPT-2: see %s", err);
+    free(av), free(am);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
@@ -1189,4 +1352,5 @@ ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_sin
           ZPP_TEST(test_checkpoint_reshard_and_refusals), ZPP_TEST(test_refusals),
           ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
           ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from),
-          ZPP_TEST(test_export_companions), ZPP_TEST(test_seq_len_note))
+          ZPP_TEST(test_export_companions), ZPP_TEST(test_seq_len_note),
+          ZPP_TEST(test_gpt2_export))

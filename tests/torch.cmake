@@ -29,7 +29,8 @@ endif()
 
 # What `zeropp export --format hf` writes, loaded by Hugging Face transformers
 # itself: model and tokenizer, a plain Llama (fp32, one file), one with Llama
-# 3's rope_scaling (bf16, sharded), a Qwen2 and a Mistral; transformers' loss
+# 3's rope_scaling (bf16, sharded), a Qwen2, a Mistral, and a GPT-2 trained from
+# scratch (GPT2LMHeadModel, bf16 shards, its vocab.json and merges.txt); transformers' loss
 # on each export within 1e-5 of `zeropp eval --init-from` on it, its
 # tokenizer's ids those of `zeropp tokenize`, `zeropp sample --temperature 0`
 # on it transformers' argmax. Labelled torch; skips (77) without transformers

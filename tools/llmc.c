@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "model/gpt2.h"
 #include "train/checkpoint.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 #include "train/llmc.h"
 #include "train/tokfile.h"
@@ -33,8 +34,8 @@ static void export_usage(FILE *f) {
             "  written whole or not at all (through PATH.tmp and a rename).\n"
             "  --format hf (the default for a llama): a Hugging Face folder PATH (new), named\n"
             "  as the run's model.hf_architecture (LlamaForCausalLM, MistralForCausalLM or\n"
-            "  Qwen2ForCausalLM: what --init-from read): config.json and model.safetensors,\n"
-            "  or shards of at most\n"
+            "  Qwen2ForCausalLM: what --init-from read), a GPT-2 as GPT2LMHeadModel:\n"
+            "  config.json and model.safetensors, or shards of at most\n"
             "  --max-shard-size bytes (default 5G, as transformers; " ZPP_CLI_COUNT_HELP ")\n"
             "  named model-0000K-of-0000N.safetensors with model.safetensors.index.json;\n"
             "  --dtype fp32|bf16|fp16, default the checkpoint's working dtype.\n"
@@ -42,32 +43,39 @@ static void export_usage(FILE *f) {
             "  which the checkpoint remembers through resumes), or the one --hf-config names\n"
             "  (its shape must be the checkpoint's), kept whole (token ids,\n"
             "  max_position_embeddings, rope_scaling, every other key) but for torch_dtype;\n"
-            "  else written from the checkpoint's shape, max_position_embeddings its seq_len\n"
-            "  and no token ids.\n"
+            "  else (and for a GPT-2) written from the checkpoint's shape,\n"
+            "  max_position_embeddings (n_positions) its seq_len, and no token ids but\n"
+            "  GPT-2's own 50256 for its vocabulary of 50257.\n"
             "  The tokenizer, so that transformers' AutoTokenizer loads PATH: the\n"
             "  tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
             "  tokenizer.model, generation_config.json and chat_template.jinja of that\n"
             "  folder are copied (those it has); a model trained from scratch gets the\n"
-            "  tokenizer.json its data was made with (`zeropp tokenize --tokenizer`, the\n"
-            "  note beside the data). --tokenizer DIR copies those files of DIR, --tokenizer\n"
+            "  tokenizer its data was made with (`zeropp tokenize`'s note beside the data: a\n"
+            "  tokenizer.json, or GPT-2's vocab.json and merges.txt). --tokenizer DIR copies\n"
+            "  those files of DIR, --tokenizer\n"
             "  FILE copies FILE as tokenizer.json, --tokenizer none copies nothing.\n"
             "  Written into PATH.tmp.<pid>, renamed to PATH at the end: a failure leaves no\n"
             "  PATH.\n");
 }
 
+/* The manifest's GPT-2 shape must be the units it lists. */
+static zpp_status manifest_gpt2(const char *from, const zpp_ckpt_manifest *m) {
+    ZPP_CHECK(zpp_gpt2_config_check(&m->model));
+    if (m->n_units != m->model.n_layer + 1)
+        return zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers",
+                         from, m->n_units, m->model.n_layer);
+    for (int u = 0; u < m->n_units; u++)
+        if (m->numel[u] != zpp_gpt2_unit_numel(&m->model, u))
+            return zpp_error(ZPP_ERR_FORMAT,
+                             "checkpoint %s: unit %d has %zu parameters; its model's has %zu",
+                             from, u, m->numel[u], zpp_gpt2_unit_numel(&m->model, u));
+    return ZPP_OK;
+}
+
 /* The checkpoint's GPT-2 as an llm.c file. */
 static zpp_status export_llmc(const char *from, const char *to, const zpp_ckpt_manifest *m,
                               float **units, const char *dtype) {
-    /* the manifest's shape must be the units it lists */
-    zpp_status st = zpp_gpt2_config_check(&m->model);
-    if (st == ZPP_OK && m->n_units != m->model.n_layer + 1)
-        st = zpp_error(ZPP_ERR_FORMAT, "checkpoint %s has %d units; its model has %d layers",
-                       from, m->n_units, m->model.n_layer);
-    for (int u = 0; st == ZPP_OK && u < m->n_units; u++)
-        if (m->numel[u] != zpp_gpt2_unit_numel(&m->model, u))
-            st = zpp_error(ZPP_ERR_FORMAT,
-                           "checkpoint %s: unit %d has %zu parameters; its model's has %zu", from,
-                           u, m->numel[u], zpp_gpt2_unit_numel(&m->model, u));
+    zpp_status st = manifest_gpt2(from, m);
     const zpp_dtype dt = strcmp(dtype, "bf16") ? ZPP_FP32 : ZPP_BF16;
     if (st == ZPP_OK && !strcmp(dtype, "fp16"))
         st = zpp_error(ZPP_ERR_CONFIG, "--dtype fp16: llm.c files hold fp32 or bf16");
@@ -205,8 +213,9 @@ static int tokenizer_at(const char *path, export_files *x) {
 }
 
 /* The tokenizer files an export copies (export_usage): --tokenizer `opt`;
- * else the --init-from folder's; else the tokenizer.json noted beside the
- * checkpoint's data. None found is no error: the line printed says so. */
+ * else the --init-from folder's; else the tokenizer noted beside the
+ * checkpoint's data (a tokenizer.json, or GPT-2's vocab.json and
+ * merges.txt). None found is no error: the line printed says so. */
 static zpp_status export_tokenizer(const zpp_ckpt_manifest *m, const char *opt,
                                    export_files *x) {
     x->n = 0;
@@ -232,6 +241,14 @@ static zpp_status export_tokenizer(const zpp_ckpt_manifest *m, const char *opt,
     if (note.tokenizer_json && tokenizer_at(note.tokenizer_json, x))
         snprintf(x->from, sizeof x->from, "%s (the tokenizer the data %s was made with)",
                  note.tokenizer_json, m->data_path);
+    /* GPT-2's two files, which transformers' GPT2Tokenizer reads as they are */
+    if (note.vocab && note.merges && access(note.vocab, R_OK) == 0 &&
+        access(note.merges, R_OK) == 0) {
+        add_file(x, note.vocab, "vocab.json");
+        add_file(x, note.merges, "merges.txt");
+        snprintf(x->from, sizeof x->from, "%s and %s (the tokenizer the data %s was made with)",
+                 note.vocab, note.merges, m->data_path);
+    }
     zpp_tokfile_note_free(&note);
     return ZPP_OK;
 }
@@ -274,37 +291,48 @@ static zpp_status export_config(const zpp_ckpt_manifest *m, const zpp_llama_conf
     return export_hf_config(lc, arch, window, NULL, hf);
 }
 
-/* The checkpoint's llama as a Hugging Face folder. */
+/* The checkpoint as a Hugging Face folder: a llama as the architecture it
+ * was imported as, a GPT-2 as GPT2LMHeadModel (train/hf_gpt2.h). */
 static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_manifest *m,
                             float **units, const char *dtype, size_t max_shard,
                             const char *like, const char *tokenizer) {
+    const int llama = !strcmp(m->family, "llama");
     zpp_llama_config lc;
     zpp_hf_config hf;
-    char said[4600], taken[4200];
-    ZPP_CHECK(manifest_llama(from, m, &lc));
-    ZPP_CHECK(export_config(m, &lc, like, &hf, taken, said, sizeof said));
+    char said[4600], taken[4200] = "";
+    if (llama) {
+        ZPP_CHECK(manifest_llama(from, m, &lc));
+        ZPP_CHECK(export_config(m, &lc, like, &hf, taken, said, sizeof said));
+    } else {
+        if (like)
+            return zpp_error(ZPP_ERR_CONFIG, "--hf-config is for a llama; a GPT-2's config.json "
+                                             "is written from its shape");
+        ZPP_CHECK(manifest_gpt2(from, m));
+        snprintf(said, sizeof said, "written from the checkpoint's shape");
+    }
     export_files *x = malloc(sizeof *x);
     if (!x) return zpp_error(ZPP_ERR_NOMEM, "export: out of memory");
     zpp_status st = export_tokenizer(m, tokenizer, x);
-    if (st != ZPP_OK) {
-        free(x);
-        return st;
-    }
     const char *name = dtype ? dtype : m->dtype;
     zpp_dtype dt = ZPP_FP32;
     if (!strcmp(name, "bf16")) dt = ZPP_BF16;
     else if (!strcmp(name, "fp16")) dt = ZPP_FP16;
     int shards = 0;
     const zpp_hf_export_opts eo = {dt, max_shard, taken[0] ? taken : NULL, x->f, x->n};
-    st = zpp_hf_export(to, &lc, &hf, (const float *const *)units, &eo, &shards);
+    if (st == ZPP_OK)
+        st = llama ? zpp_hf_export(to, &lc, &hf, (const float *const *)units, &eo, &shards)
+                   : zpp_hf_gpt2_export(to, &m->model, (const float *const *)units, &eo, &shards);
     if (st != ZPP_OK) {
         free(x);
         return st;
     }
-    printf("wrote %s: Hugging Face %s (%s, %d file%s%s), %d layers, %d heads "
-           "(%d key/value), %d channels, vocabulary %d, from step %d of %s\n",
-           to, hf.architecture, name, shards, shards == 1 ? "" : "s", shards == 1 ? "" : " and the index",
-           lc.n_layer, lc.n_head, lc.n_kv_head, lc.n_embd, lc.real_vocab_size, m->step, from);
+    char heads[64] = "";
+    if (llama) snprintf(heads, sizeof heads, " (%d key/value)", lc.n_kv_head);
+    printf("wrote %s: Hugging Face %s (%s, %d file%s%s), %d layers, %d heads%s, %d channels, "
+           "vocabulary %d, from step %d of %s\n",
+           to, llama ? hf.architecture : "GPT2LMHeadModel", name, shards, shards == 1 ? "" : "s",
+           shards == 1 ? "" : " and the index", m->model.n_layer, m->model.n_head, heads,
+           m->model.n_embd, zpp_gpt2_real_vocab(&m->model), m->step, from);
     printf("  config.json: %s\n", said);
     if (x->n) {
         printf("  tokenizer: ");
@@ -312,7 +340,7 @@ static zpp_status export_hf(const char *from, const char *to, const zpp_ckpt_man
         printf(" from %s\n", x->from);
     } else {
         printf("  tokenizer: none copied (%s; --tokenizer FILE|DIR names one)\n",
-               tokenizer ? "--tokenizer none" : "the checkpoint knows of no tokenizer.json");
+               tokenizer ? "--tokenizer none" : "the checkpoint knows of no tokenizer");
     }
     free(x);
     return ZPP_OK;
@@ -355,14 +383,15 @@ int zpp_cli_export(int argc, char **argv) {
     if (st != ZPP_OK) return zpp_cli_fail("export", st);
     const int llama = !strcmp(m.family, "llama");
     if (!format) format = llama ? "hf" : "llmc";
-    if (strcmp(format, llama ? "hf" : "llmc"))
-        st = zpp_error(ZPP_ERR_CONFIG, "checkpoint %s holds a %s; --format %s writes %s only",
-                       from, m.family, format, llama ? "GPT-2s" : "llamas");
-    else if (!llama && (like || tokenizer))
+    if (llama && strcmp(format, "hf"))
+        st = zpp_error(ZPP_ERR_CONFIG, "checkpoint %s holds a llama; --format %s writes GPT-2s "
+                                       "only (--format hf writes a llama)",
+                       from, format);
+    else if (!strcmp(format, "llmc") && (like || tokenizer))
         st = zpp_error(ZPP_ERR_CONFIG, "%s is for --format hf; an llm.c file has no config.json "
                                        "or tokenizer",
                        like ? "--hf-config" : "--tokenizer");
-    else if (llama) st = export_hf(from, to, &m, units, dtype, max_shard, like, tokenizer);
+    else if (!strcmp(format, "hf")) st = export_hf(from, to, &m, units, dtype, max_shard, like, tokenizer);
     else st = export_llmc(from, to, &m, units, dtype ? dtype : "fp32");
     for (int u = 0; u < m.n_units; u++) free(units[u]);
     free(units);

@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "  zeropp eval --init-from MODEL.bin|HF_DIR --data TOKENS --batch-size B --batches K\n"
             "  zeropp export --from DIR --to MODEL.bin [--dtype fp32|bf16]   checkpoint -> "
             "llm.c\n"
-            "  zeropp export --from DIR --to HF_DIR --format hf   a Llama -> Hugging Face\n"
+            "  zeropp export --from DIR --to HF_DIR --format hf   checkpoint -> Hugging Face\n"
             "  zeropp sample DIR|HF_DIR [--prompt TEXT] [--max-new-tokens N]   text from a\n"
             "                                  checkpoint or a Hugging Face folder\n"
             "  zeropp tokenize --tokenizer tokenizer.json IN.txt OUT.bin   text -> a token\n"

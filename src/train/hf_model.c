@@ -494,13 +494,60 @@ static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
     return ZPP_OK;
 }
 
+zpp_status zpp_hf_write_folder(const char *dir, zpp_hf_config_writer write_config, void *arg,
+                               const zpp_st_source *src, size_t n,
+                               const zpp_hf_export_opts *opts, int *shards_p) {
+    if (!dir || !write_config || !src || !opts || strlen(dir) > HF_PATH - 64)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_write_folder: NULL argument or a path too "
+                                          "long");
+    for (int k = 0; k < opts->n_files; k++) {
+        const char *name = opts->files[k].name;
+        if (strchr(name, '/') || !strncmp(name, "model", 5) || !strcmp(name, "config.json"))
+            return zpp_error(ZPP_ERR_INVALID, "export: cannot copy a file named %s in", name);
+    }
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        return zpp_error(ZPP_ERR_IO, "export: %s exists; give a new folder (the export writes "
+                                     "it whole, or not at all)", dir);
+    char tmp[HF_PATH], path[HF_PATH + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    if (mkdir(tmp, 0777) != 0)
+        return zpp_error(ZPP_ERR_IO, "export: cannot create %s: %s", tmp, strerror(errno));
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    zpp_status st = write_config(path, arg);
+    if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, opts->max_shard_bytes, shards_p);
+    for (int k = 0; st == ZPP_OK && k < opts->n_files; k++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, opts->files[k].name);
+        st = zpp_copy_file(opts->files[k].src, path, "file");
+    }
+    if (st == ZPP_OK && rename(tmp, dir) != 0)
+        st = zpp_error(ZPP_ERR_IO, "export: cannot rename %s to %s: %s", tmp, dir,
+                       strerror(errno));
+    if (st != ZPP_OK) remove_dir(tmp);
+    return st;
+}
+
+/* config.json of a llama export: opts->config_from's, or written from hf. */
+typedef struct llama_config_out {
+    const zpp_hf_config *hf;
+    const zpp_hf_export_opts *opts;
+} llama_config_out;
+
+static zpp_status write_llama_config(const char *path, void *arg) {
+    const llama_config_out *o = arg;
+    if (o->opts->config_from)
+        return zpp_hf_config_write_like(path, o->opts->config_from, o->opts->dtype);
+    zpp_hf_config c = *o->hf;
+    c.torch_dtype = o->opts->dtype;
+    return zpp_hf_config_write(path, &c);
+}
+
 zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp_hf_config *hf,
                          const float *const *units, const zpp_hf_export_opts *opts,
                          int *shards_p) {
-    if (!dir || !cfg || !hf || !units || !opts || strlen(dir) > HF_PATH - 64)
-        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: NULL argument or a path too long");
+    if (!dir || !cfg || !hf || !units || !opts)
+        return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: NULL argument");
     const zpp_dtype dtype = opts->dtype;
-    const zpp_hf_file *files = opts->files;
     if (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16)
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_export: dtype %d is not fp32, bf16 or fp16",
                          (int)dtype);
@@ -514,41 +561,15 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
         return zpp_error(ZPP_ERR_CONFIG, "export: config.json's %s has other biases than the "
                                          "model's (qkv_bias %d, o_bias %d)",
                          hf->architecture, cfg->qkv_bias, cfg->o_bias);
-    struct stat sb;
-    if (stat(dir, &sb) == 0)
-        return zpp_error(ZPP_ERR_IO, "export: %s exists; give a new folder (the export writes "
-                                     "it whole, or not at all)", dir);
-    zpp_hf_config c = *hf;
-    c.torch_dtype = dtype;
-    char tmp[HF_PATH], path[HF_PATH + 16];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
-    if (mkdir(tmp, 0777) != 0)
-        return zpp_error(ZPP_ERR_IO, "export: cannot create %s: %s", tmp, strerror(errno));
     zpp_st_source *src = NULL;
     fill_ctx *ctx = NULL;
     size_t n = 0;
-    zpp_status st = export_sources(cfg, zpp_hf_config_arch(hf) == ZPP_HF_LLAMA, units, dtype,
-                                   &src, &ctx, &n);
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (st == ZPP_OK)
-        st = opts->config_from ? zpp_hf_config_write_like(path, opts->config_from, dtype)
-                               : zpp_hf_config_write(path, &c);
-    if (st == ZPP_OK) st = zpp_st_write_dir(tmp, src, n, opts->max_shard_bytes, shards_p);
-    for (int k = 0; st == ZPP_OK && k < opts->n_files; k++) {
-        if (strchr(files[k].name, '/') || !strncmp(files[k].name, "model", 5) ||
-            !strcmp(files[k].name, "config.json")) {
-            st = zpp_error(ZPP_ERR_INVALID, "export: cannot copy a file named %s in",
-                           files[k].name);
-            break;
-        }
-        snprintf(path, sizeof path, "%s/%s", tmp, files[k].name);
-        st = zpp_copy_file(files[k].src, path, "file");
-    }
-    if (st == ZPP_OK && rename(tmp, dir) != 0)
-        st = zpp_error(ZPP_ERR_IO, "export: cannot rename %s to %s: %s", tmp, dir,
-                       strerror(errno));
-    if (st != ZPP_OK) remove_dir(tmp);
-    if (src) free((char *)src[0].name);
+    ZPP_CHECK(export_sources(cfg, zpp_hf_config_arch(hf) == ZPP_HF_LLAMA, units, dtype, &src,
+                             &ctx, &n));
+    llama_config_out out = {hf, opts};
+    const zpp_status st =
+        zpp_hf_write_folder(dir, write_llama_config, &out, src, n, opts, shards_p);
+    free((char *)src[0].name);
     free(src);
     free(ctx);
     return st;

@@ -150,6 +150,17 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
                          const float *const *units, const zpp_hf_export_opts *opts,
                          int *shards_p);
 
+/* What every export writes (zpp_hf_export, train/hf_gpt2.h): the folder
+ * `dir`, which must not exist, whole or not at all: into DIR.tmp.<pid>
+ * config.json by write_config(path, arg), the tensors src[0, n) as
+ * zpp_st_write_dir writes them (opts->max_shard_bytes), opts->files
+ * copied in; then renamed to DIR. On failure the temporary folder is
+ * removed. */
+typedef zpp_status (*zpp_hf_config_writer)(const char *path, void *arg);
+zpp_status zpp_hf_write_folder(const char *dir, zpp_hf_config_writer write_config, void *arg,
+                               const zpp_st_source *src, size_t n,
+                               const zpp_hf_export_opts *opts, int *shards_p);
+
 /* The HF config of a Llama `cfg` named as `arch`, with
  * max_position_embeddings given and no token ids (what a checkpoint does
  * not keep). ZPP_ERR_CONFIG when arch cannot name it: a Mistral has no

@@ -9,7 +9,10 @@
 #   - one with Llama 3's rope_scaling (type llama3, factor 8, original
 #     context 8192: it rescales the low frequencies at any T), exported bf16
 #     in shards of at most 1 MB with the index;
-#   - a Qwen2ForCausalLM (q/k/v biases) and a MistralForCausalLM, fp32.
+#   - a Qwen2ForCausalLM (q/k/v biases) and a MistralForCausalLM, fp32;
+#   - a GPT-2 trained from scratch, exported as GPT2LMHeadModel (bf16
+#     shards, GPT-2's vocab.json and merges.txt), scored against the llm.c
+#     file of the same checkpoint.
 # For each: `zeropp tokenize --tokenizer` of 20 kB of the text must give
 # transformers' ids for it, token for token; the model is imported
 # (`train --init-from`), trained 3 steps and exported; transformers loads
@@ -53,14 +56,20 @@ t.train([sys.argv[1]], trainers.BpeTrainer(
 t.save(sys.argv[2])
 PY
 
-bad=0
-for form in llama llama3 qwen2 mistral; do
-  hf=$work/$form
+# GPT-2 (the fifth form): its own tokenizer files, trained from scratch
+gpt2_bpe=$(dirname "$text_all")/shakespeare-bpe
+gpt2_sets=(--set model.vocab_size=320 --set model.n_layer=2 --set model.n_embd=64
+  --set model.n_head=4 --set model.seq_len=$T --set optimizer.params.lr=0.01)
+
+# The llama forms, from the helper's Llama: $work/$form.out exported, the
+# losses of `zeropp eval` on it in $ours, `zeropp sample`'s greedy ids in $greedy.
+llama_form() {
+  local form=$1 hf=$work/$1
   mkdir -p "$hf"
   "$helper" make "$hf" "$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')"
   cp "$work/tokenizer.json" "$hf/"
   echo '{"tokenizer_class": "PreTrainedTokenizerFast"}' >"$hf/tokenizer_config.json"
-  # The form, from the helper's Llama:
+  # The form:
   #  - q and k 30 times its N(0, 0.02^2): attention sharp enough that the
   #    positions (rope, its scaling) move the loss by far more than 1e-5; at
   #    0.02 it is nearly uniform and a rope left out moves it by 1e-8;
@@ -116,13 +125,41 @@ PY
   "$cli" tokenize --tokenizer "$hf" "$work/text.txt" "$work/$form.bin" >/dev/null
   "$cli" train --quiet --init-from "$hf" --config "$hf/zeropp.json" --data "$work/$form.bin" \
     --steps 3 --save "$work/$form.ckpt" >"$work/$form.train.log" 2>&1 ||
-    { echo "$form: training failed:"; tail -5 "$work/$form.train.log"; bad=1; continue; }
+    { echo "$form: training failed:"; tail -5 "$work/$form.train.log"; return 1; }
   "$cli" export --from "$work/$form.ckpt" --to "$work/$form.out" "${export_args[@]}" \
     >"$work/$form.export.log"
   ours=$("$cli" eval --init-from "$work/$form.out" --data "$work/$form.bin" --batch-size $B \
     --batches $K --seq-len $T --json)
   greedy=$("$cli" sample "$work/$form.out" --prompt "ROMEO:" --max-new-tokens 24 \
     --temperature 0 --ids)
+}
+
+# GPT-2 the same way: $work/gpt2.out, $ours and $greedy.
+gpt2_form() {
+  # 30 steps from scratch on tokens of GPT-2's byte-level BPE (the 320-token
+  # tokenizer in tests/data); exported as GPT2LMHeadModel in bf16 shards
+  # (with vocab.json and merges.txt) and as an llm.c file in bf16, which
+  # `zeropp eval --init-from` scores: the same rounded values
+  "$cli" tokenize --vocab "$gpt2_bpe/vocab.json" --merges "$gpt2_bpe/merges.txt" \
+    "$work/text.txt" "$work/gpt2.bin" >/dev/null
+  "$cli" train --quiet "${gpt2_sets[@]}" --data "$work/gpt2.bin" --steps 30 \
+    --save "$work/gpt2.ckpt" >"$work/gpt2.train.log" 2>&1 ||
+    { echo "gpt2: training failed:"; tail -5 "$work/gpt2.train.log"; return 1; }
+  "$cli" export --from "$work/gpt2.ckpt" --to "$work/gpt2.out" --format hf --dtype bf16 \
+    --max-shard-size 100k >"$work/gpt2.export.log"
+  "$cli" export --from "$work/gpt2.ckpt" --to "$work/gpt2.llmc" --dtype bf16 >/dev/null
+  ours=$("$cli" eval --init-from "$work/gpt2.llmc" --data "$work/gpt2.bin" --batch-size $B \
+    --batches $K --json)
+  greedy=$("$cli" sample "$work/gpt2.llmc" --vocab "$gpt2_bpe/vocab.json" \
+    --merges "$gpt2_bpe/merges.txt" --prompt "ROMEO:" --max-new-tokens 24 --temperature 0 \
+    --ids --dtype fp32)
+}
+
+bad=0
+for form in llama llama3 qwen2 mistral gpt2; do
+  if [ $form = gpt2 ]; then gpt2_form || { bad=1; continue; }
+  else llama_form $form || { bad=1; continue; }
+  fi
   python3 - "$work" "$form" $B $T $K "$ours" "$greedy" <<'PY' || bad=1
 import json, sys
 import numpy as np
@@ -131,24 +168,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 work, form, B, T, K, ours = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
 greedy = [int(t) for t in sys.argv[7].strip().split(",")]
-out, src = f"{work}/{form}.out", f"{work}/{form}"
+out, src = f"{work}/{form}.out", None if form == "gpt2" else f"{work}/{form}"
 raw = open(f"{work}/{form}.bin", "rb").read()
 head = np.frombuffer(raw[:1024], dtype=np.int32)
 tokens = np.frombuffer(raw[1024:], dtype=np.uint16 if head[1] == 1 else np.uint32)[: head[2]]
 text = open(f"{work}/text.txt", encoding="utf-8").read()
 fails = []
 # the tokenizer, before and after the export: transformers' ids are ours
-for where in (src, out):
+for where in (src, out) if src else (out,):
     ids = AutoTokenizer.from_pretrained(where)(text, add_special_tokens=False)["input_ids"]
     if list(ids) != tokens.tolist():
         fails.append(f"{where}: transformers' tokenizer gives {len(ids)} ids, zeropp tokenize "
                      f"{len(tokens)}; first difference at "
                      f"{next((i for i, (a, b) in enumerate(zip(ids, tokens)) if a != b), '-')}")
 # config.json: the imported one's, but for the dtype the weights are stored in
-given, wrote = (json.load(open(f"{d}/config.json")) for d in (src, out))
-want_dtype = "bfloat16" if form == "llama3" else "float32"
-if wrote.pop("torch_dtype") != want_dtype or given.pop("torch_dtype") is None or given != wrote:
-    fails.append(f"the exported config.json is not the imported one with torch_dtype {want_dtype}")
+if src:
+    given, wrote = (json.load(open(f"{d}/config.json")) for d in (src, out))
+    want_dtype = "bfloat16" if form == "llama3" else "float32"
+    if wrote.pop("torch_dtype") != want_dtype or given.pop("torch_dtype") is None or given != wrote:
+        fails.append(f"the exported config.json is not the imported one, dtype {want_dtype}")
 model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
 x = torch.tensor(tokens.astype(np.int64))
 with torch.no_grad():
