@@ -143,6 +143,7 @@ gpt2_form() {
   "$cli" tokenize --vocab "$gpt2_bpe/vocab.json" --merges "$gpt2_bpe/merges.txt" \
     "$work/text.txt" "$work/gpt2.bin" >/dev/null
   "$cli" train --quiet "${gpt2_sets[@]}" --data "$work/gpt2.bin" --steps 30 \
+    --seed "$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')" \
     --save "$work/gpt2.ckpt" >"$work/gpt2.train.log" 2>&1 ||
     { echo "gpt2: training failed:"; tail -5 "$work/gpt2.train.log"; return 1; }
   "$cli" export --from "$work/gpt2.ckpt" --to "$work/gpt2.out" --format hf --dtype bf16 \
