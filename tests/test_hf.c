@@ -1005,6 +1005,26 @@ static void test_eval_init_from(void) {
 
 /* ---- What an export carries over besides the weights ---------------------------- */
 
+/* Notes `note` beside the token file tok (as `zeropp tokenize` would),
+ * then trains the model `model` (a config's "model" object) from scratch on
+ * np ranks for `steps` steps on it, saving into ckpt (a path under the
+ * test's folder, from tag). */
+static void train_from_scratch(const char *tag, const char *tok, const zpp_tokfile_note *note,
+                               const char *model, int np, int steps, char *ckpt) {
+    char cfg[512], out[512], err[512], name[64], text[700];
+    EXPECT(zpp_tokfile_note_write(tok, note) == ZPP_OK, "%s", zpp_last_error());
+    snprintf(text, sizeof text, "{\"model\": %s, \"train_micro_batch_size_per_gpu\": 2}\n",
+             model);
+    snprintf(name, sizeof name, "%s_scratch.json", tag);
+    zpp_test_write_file(zpp_test_tmp_path(name, cfg), text, strlen(text));
+    snprintf(name, sizeof name, "%s_scratch", tag);
+    zpp_test_tmp_path(name, ckpt);
+    zpp_test_tmp_path("scratch_out.txt", out), zpp_test_tmp_path("scratch_err.txt", err);
+    EXPECT(zpp_test_run_cli(np, out, err, "train --quiet --config %s --data %s --steps %d "
+                            "--save %s", cfg, tok, steps, ckpt) == 0,
+           "training from scratch failed; see %s", err);
+}
+
 /* The files beside the weights that an export copies from the folder the
  * model came from (tools/llmc.c's list, written here from transformers'
  * file names). */
@@ -1145,17 +1165,12 @@ static void test_export_companions(void) {
     EXPECT(rename(gone, dir) == 0, "cannot rename %s back", gone);
 
     /* from scratch: the data's note names the tokenizer */
-    char *abs_other = realpath(other, NULL), scratch[512], scfg[512];
-    zpp_tokfile_note note = {NULL, NULL, V, 4000, abs_other};
-    EXPECT(zpp_tokfile_note_write(tok, &note) == ZPP_OK, "%s", zpp_last_error());
-    snprintf(scfg, sizeof scfg,
-             "{\"model\": {\"family\": \"llama\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
-             "\"vocab_size\": %d, \"seq_len\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n",
-             V, T);
-    zpp_test_write_file(zpp_test_tmp_path("cmp_scratch.json", cfg), scfg, strlen(scfg));
-    EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --config %s --data %s --steps 1 --save %s",
-                            cfg, tok, zpp_test_tmp_path("cmp_scratch", scratch)) == 0,
-           "training from scratch failed; see %s", err);
+    char *abs_other = realpath(other, NULL), scratch[512], model[256];
+    const zpp_tokfile_note note = {NULL, NULL, V, 4000, abs_other};
+    snprintf(model, sizeof model,
+             "{\"family\": \"llama\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
+             "\"vocab_size\": %d, \"seq_len\": %d}", V, T);
+    train_from_scratch("cmp", tok, &note, model, 1, 1, scratch);
     expect_export(scratch, zpp_test_tmp_path("cmp_scratch_back", back), "", NULL, just_file);
     free(abs_other);
     llama_free(&m);
@@ -1270,23 +1285,18 @@ static void check_gpt2_values(const char *ckpt, const char *back, zpp_dtype dtyp
  * GPT-2 tokenizer files copied. --hf-config is refused for a GPT-2. */
 static void test_gpt2_export(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(16));
-    char tok[512], cfg[512], ckpt[512], back[512], out[512], err[512], text[512], path[700];
+    char tok[512], cfg[512], ckpt[512], back[512], out[512], err[512], model[256], path[700];
     run_files(&r, "g2", tok, cfg);
     char vocab[512], merges[512];
     zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
     zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
     char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
-    zpp_tokfile_note note = {av, am, 320, 4000, NULL};
-    EXPECT(zpp_tokfile_note_write(tok, &note) == ZPP_OK, "%s", zpp_last_error());
-    snprintf(text, sizeof text,
-             "{\"model\": {\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
-             "\"vocab_size\": 48, \"real_vocab_size\": %d}, \"train_micro_batch_size_per_gpu\": 2}\n",
-             T, V);
-    zpp_test_write_file(zpp_test_tmp_path("g2_cfg.json", cfg), text, strlen(text));
+    const zpp_tokfile_note note = {av, am, 320, 4000, NULL};
+    snprintf(model, sizeof model,
+             "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
+             "\"vocab_size\": 48, \"real_vocab_size\": %d}", T, V);
+    train_from_scratch("g2", tok, &note, model, 2, 2, ckpt);
     zpp_test_tmp_path("g2_out.txt", out), zpp_test_tmp_path("g2_err.txt", err);
-    EXPECT(zpp_test_run_cli(2, out, err, "train --quiet --config %s --data %s --steps 2 --save %s",
-                            cfg, tok, zpp_test_tmp_path("g2_ckpt", ckpt)) == 0,
-           "training failed; see %s", err);
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         export_hf(ckpt, zpp_test_tmp_path(bf16 ? "g2_b16" : "g2_f32", back),
                   bf16 ? "--dtype bf16" : "--dtype fp32");
@@ -1311,7 +1321,8 @@ static void test_gpt2_export(void) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, nums[k].key);
             EXPECT(cJSON_IsNumber(v) && v->valuedouble == nums[k].v, "%s: %s", path, nums[k].key);
         }
-        const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+        const cJSON *arch =
+            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
         const char *strs[][2] = {{"model_type", "gpt2"}, {"activation_function", "gelu_new"},
                                  {"torch_dtype", want_dtype}};
         EXPECT(cJSON_IsString(arch) && !strcmp(arch->valuestring, "GPT2LMHeadModel"), "%s", path);

@@ -1042,8 +1042,9 @@ static void test_sample_llama_tokenizer_json(void) {
            "export failed: %s", err);
     snprintf(cmd, sizeof cmd, "cp %s %s", bin, zpp_test_tmp_path("shakes-plain.bin", plain));
     EXPECT(system(cmd) == 0, "%s failed", cmd);
-    EXPECT(zpp_test_run_cli(0, out, err, "train --quiet --init-from %s --data %s --steps 0 --save %s",
-                            hfdir, plain, zpp_test_tmp_path("ckpt-llama-hf", dir2)) == 0,
+    EXPECT(zpp_test_run_cli(0, out, err,
+                            "train --quiet --init-from %s --data %s --steps 0 --save %s", hfdir,
+                            plain, zpp_test_tmp_path("ckpt-llama-hf", dir2)) == 0,
            "training from the export failed: %s", err);
     size_t nd = 0;
     char *d = sample(dir2, &nd, "--prompt '%s' --max-new-tokens %d --seed 5", BPE_PROMPT, BPE_NEW);

@@ -619,19 +619,16 @@ static void test_plan_config_family(void) {
                    "\"vocab_size\": %d, \"untied_head\": %s}}\n",
                 L, C, H, kv, F, T, V, untied ? "true" : "false");
         fclose(f);
-        f = fopen(hf, "w");
-        EXPECT(f != NULL, "cannot write %s", hf);
-        fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
-                   "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
-                   "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
-                   "\"vocab_size\": %d, \"max_position_embeddings\": %d, "
-                   "\"tie_word_embeddings\": %s}\n",
-                C, F, L, H, kv, V, T, untied ? "false" : "true");
-        fclose(f);
-        f = fopen(tcfg, "w");
-        EXPECT(f != NULL, "cannot write %s", tcfg);
-        fprintf(f, "{\"model\": {\"seq_len\": %d}}\n", T);
-        fclose(f);
+        char text[600];
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+                 "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+                 "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"vocab_size\": %d, "
+                 "\"max_position_embeddings\": %d, \"tie_word_embeddings\": %s}\n",
+                 C, F, L, H, kv, V, T, untied ? "false" : "true");
+        zpp_test_write_file(hf, text, strlen(text));
+        snprintf(text, sizeof text, "{\"model\": {\"seq_len\": %d}}\n", T);
+        zpp_test_write_file(tcfg, text, strlen(text));
         snprintf(cmd, sizeof cmd, "%s plan --config %s --world 4 --micro-batch 2 --json",
                  getenv("ZPP_CLI"), path);
         cJSON *o[MAX_LINES], *h[MAX_LINES];

@@ -173,7 +173,8 @@ int zpp_cli_eval_checkpoint(int argc, char **argv) {
     long long total = a.batches ? a.batches : (long long)cfg.eval_batches * saved.world_size;
     const int per_rank = (int)((total + world - 1) / world);
     zpp_trainer *t = NULL;
-    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0, NULL, NULL};
+    zpp_trainer_opts to = {data, a.node_size, !strcmp(a.device, "gpu"), a.emulate_nodes, 0,
+                           NULL, NULL};
     int step = 0;
     float loss = 0.0f;
     ZPP_CHECK_GOTO(zpp_trainer_create(&cfg, &to, &t), st, out);

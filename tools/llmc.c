@@ -52,8 +52,8 @@ static void export_usage(FILE *f) {
             "  folder are copied (those it has); a model trained from scratch gets the\n"
             "  tokenizer its data was made with (`zeropp tokenize`'s note beside the data: a\n"
             "  tokenizer.json, or GPT-2's vocab.json and merges.txt). --tokenizer DIR copies\n"
-            "  those files of DIR, --tokenizer\n"
-            "  FILE copies FILE as tokenizer.json, --tokenizer none copies nothing.\n"
+            "  those files of DIR, --tokenizer FILE copies FILE as tokenizer.json,\n"
+            "  --tokenizer none copies nothing.\n"
             "  Written into PATH.tmp.<pid>, renamed to PATH at the end: a failure leaves no\n"
             "  PATH.\n");
 }
@@ -391,7 +391,8 @@ int zpp_cli_export(int argc, char **argv) {
         st = zpp_error(ZPP_ERR_CONFIG, "%s is for --format hf; an llm.c file has no config.json "
                                        "or tokenizer",
                        like ? "--hf-config" : "--tokenizer");
-    else if (!strcmp(format, "hf")) st = export_hf(from, to, &m, units, dtype, max_shard, like, tokenizer);
+    else if (!strcmp(format, "hf"))
+        st = export_hf(from, to, &m, units, dtype, max_shard, like, tokenizer);
     else st = export_llmc(from, to, &m, units, dtype ? dtype : "fp32");
     for (int u = 0; u < m.n_units; u++) free(units[u]);
     free(units);

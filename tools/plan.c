@@ -63,7 +63,8 @@ static void plan_usage(FILE *f) {
             "model.family included: a llama's grouped-query k and v, SwiGLU MLP, untied head\n"
             "and q/k/v biases are counted, and its activations are the CUDA Llama's.\n"
             "--init-from DIR takes the shape from a Hugging Face folder's config.json as\n"
-            "`zeropp train --init-from` does (with --config for seq_len and the rest). --gpu picks the FLOP/s (datasheet\n"
+            "`zeropp train --init-from` does (with --config for seq_len and the rest).\n"
+            "--gpu picks the FLOP/s (datasheet\n"
             "dense fp16/bf16 peak x 0.4) and the NVLink bandwidth (default h200); --tflops\n"
             "sets the achieved TFLOP/s per GPU. --inter-gbps: Gb/s of one node's cross-node\n"
             "links together (default 400); --intra-gbps: Gb/s one GPU moves inside its node,\n"
@@ -509,13 +510,13 @@ typedef struct plan_opts {
     size_t params, reuse;
     int world, node_size, units, json, micro_batch, qgz_overlap, pick, serial, link_per_comm,
         recompute;
-    int shaped; /* a model shape is known: --model or --config */
+    int shaped; /* a model shape is known: --model, --config or --init-from */
     zpp_dtype dtype;
     /* The options that take text (numbers, lists, names, paths), as given
      * (NULL: not given): a check or a clash names the flag the user wrote. */
-    const char *dtype_s, *model_s, *config_s, *init_from_s, *gpu_s, *tok_s, *tf_s, *inter_s, *intra_s, *eff_s, *lat_s,
-        *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s, *hbm_s, *hbm_eff_s,
-        *modes_s, *mbs_s, *hpzs_s;
+    const char *dtype_s, *model_s, *config_s, *init_from_s, *gpu_s, *tok_s, *tf_s, *inter_s,
+        *intra_s, *eff_s, *lat_s, *mem_s, *cal_s, *rpd_s, *opt_s, *sweep_s, *chart_s, *expf_s,
+        *hbm_s, *hbm_eff_s, *modes_s, *mbs_s, *hpzs_s;
     /* Their values, defaults filled in. hbm < 0: the --gpu preset's. */
     double tokens, tflops, inter, intra, eff, lat, mem_gb, rpd, opt_ns, expf, hbm, hbm_eff;
     int mbs[PLAN_LIST_MAX], hpzs[PLAN_LIST_MAX], n_mbs, n_hpzs;

@@ -172,8 +172,8 @@ static zpp_status manifest_family(const cJSON *mo, const char *name, zpp_ckpt_ma
 
 /* The optional members: "config" (an object, kept as text for
  * train/config.c to read), "data" ({"path": string or null, "kind",
- * "tokens"}) and "init_from" (a string). Sets the message and returns ZPP_ERR_FORMAT when one is
- * there but malformed. */
+ * "tokens"}) and "init_from" (a string). Sets the message and returns
+ * ZPP_ERR_FORMAT when one is there but malformed. */
 static zpp_status manifest_optional(cJSON *j, const char *name, zpp_ckpt_manifest *m) {
     cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");

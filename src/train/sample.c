@@ -391,6 +391,7 @@ static zpp_status read_hf(const char *dir, int seq_len, zpp_sample_weights *w_p)
     memset(&w, 0, sizeof w);
     zpp_train_config tc;
     zpp_llama_config lc;
+    memset(&lc, 0, sizeof lc);
     zpp_status st = zpp_train_config_defaults(&tc);
     if (st == ZPP_OK) st = zpp_hf_apply_shape(hf, &tc);
     if (st == ZPP_OK) {
@@ -404,7 +405,7 @@ static zpp_status read_hf(const char *dir, int seq_len, zpp_sample_weights *w_p)
         st = zpp_llama_config_of_shape(&w.shape, &lc);
     }
     snprintf(w.family, sizeof w.family, "llama");
-    w.n_units = lc.n_layer + 1;
+    w.n_units = st == ZPP_OK ? lc.n_layer + 1 : 0;
     if (st == ZPP_OK && !(w.units = calloc((size_t)w.n_units, sizeof *w.units)))
         st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
     for (int u = 0; st == ZPP_OK && u < w.n_units; u++) {
