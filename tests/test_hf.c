@@ -1028,10 +1028,10 @@ static void train_from_scratch(const char *tag, const char *tok, const zpp_tokfi
 /* The files beside the weights that an export copies from the folder the
  * model came from (tools/llmc.c's list, written here from transformers'
  * file names). */
-static const char *const kCompanion[] = {"tokenizer.json",         "tokenizer_config.json",
-                                         "special_tokens_map.json", "tokenizer.model",
-                                         "generation_config.json",  "chat_template.jinja"};
-enum { N_COMPANION = 6 };
+static const char *const kCompanion[] = {
+    "tokenizer.json",  "tokenizer_config.json",  "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "chat_template.jinja", "vocab.json", "merges.txt"};
+enum { N_COMPANION = 8 };
 
 /* `path` with fresh random bytes (0 to 3000 of them): an export copies the
  * files, it never reads them. */
@@ -1259,7 +1259,7 @@ static void check_gpt2_values(const char *ckpt, const char *back, zpp_dtype dtyp
                     const float v = p->transposed ? x[c * p->rows + r] : x[r * cols + c];
                     float want = v;
                     if (dtype != ZPP_FP32) { /* the export's rounding, read back widened */
-                        uint16_t h[1];
+                        float h[1]; /* room for any dtype's element */
                         zpp_store_f32(h, dtype, 0, v);
                         want = zpp_load_f32(h, dtype, 0);
                     }
@@ -1356,6 +1356,127 @@ static void test_gpt2_export(void) {
     free(av), free(am);
 }
 
+/* A GPT-2 folder in: the export of test_gpt2_export's kind of checkpoint,
+ * sharded, imported on 3 ranks (--steps 0) exports back byte for byte,
+ * vocab.json and merges.txt with it (copied from the folder imported); a
+ * model.vocab_size padding the folder's rows is taken; GPT2Model's names
+ * (no "transformer.") with its causal-mask buffers import alike; and a
+ * config.json of another model, a missing tensor or another shape are
+ * refused naming what is wrong. */
+static void test_gpt2_import(void) {
+    zpp_rng r = zpp_rng_make(zpp_test_seed(17));
+    char tok[512], cfg[512], ckpt[512], src[512], ck2[512], back[512], out[512], err[512],
+        model[256], path[700], vocab[512], merges[512];
+    run_files(&r, "g2i", tok, cfg);
+    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
+    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
+    char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
+    const zpp_tokfile_note note = {av, am, 320, 4000, NULL};
+    snprintf(model, sizeof model,
+             "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
+             "\"vocab_size\": %d}", T, V);
+    train_from_scratch("g2i", tok, &note, model, 1, 2, ckpt);
+    export_hf(ckpt, zpp_test_tmp_path("g2i_src", src), "--max-shard-size 3000");
+    zpp_test_tmp_path("g2i_out.txt", out), zpp_test_tmp_path("g2i_err.txt", err);
+    EXPECT(zpp_test_run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 "
+                            "--save %s", src, tok, zpp_test_tmp_path("g2i_ck2", ck2)) == 0,
+           "import of %s failed; see %s", src, err);
+    export_hf(ck2, zpp_test_tmp_path("g2i_back", back), "--max-shard-size 3000");
+    expect_same_folder(src, back);
+    /* padded rows: the same export (they are no tensor) */
+    EXPECT(zpp_test_run_cli(2, out, err, "train --quiet --init-from %s --data %s --steps 0 "
+                            "--set model.vocab_size=64 --save %s",
+                            src, tok, zpp_test_tmp_path("g2i_pad", ck2)) == 0,
+           "import with a padded vocabulary failed; see %s", err);
+    export_hf(ck2, zpp_test_tmp_path("g2i_padback", back), "--max-shard-size 3000");
+    expect_same_folder(src, back);
+
+    /* GPT2Model's names and buffers: the one-file export renamed */
+    char one[512], bare[512];
+    export_hf(ckpt, zpp_test_tmp_path("g2i_one", one), "");
+    zpp_test_tmp_path("g2i_bare", bare);
+    EXPECT(mkdir(bare, 0777) == 0, "cannot make %s", bare);
+    snprintf(path, sizeof path, "%s/model.safetensors", one);
+    zpp_st_file *f = NULL;
+    EXPECT(zpp_st_open(path, &f) == ZPP_OK, "%s", zpp_last_error());
+    const size_t n = zpp_st_count(f);
+    zpp_st_source s[64];
+    char names[64][64];
+    float *data[64];
+    EXPECT(n + 2 <= 64, "%zu tensors", n);
+    for (size_t k = 0; k < n; k++) {
+        const zpp_st_tensor *t = zpp_st_tensor_at(f, k);
+        data[k] = zpp_test_malloc(t->numel * sizeof(float));
+        EXPECT(zpp_st_read_f32(f, t, 0, t->numel, data[k]) == ZPP_OK, "%s", zpp_last_error());
+        snprintf(names[k], sizeof names[k], "%s", t->name + strlen("transformer."));
+        s[k] = (zpp_st_source){.name = names[k], .dtype = ZPP_ST_F32, .ndim = t->ndim,
+                               .data = data[k]};
+        s[k].shape[0] = t->shape[0], s[k].shape[1] = t->shape[1];
+    }
+    float mask[T * T];
+    for (int i = 0; i < T * T; i++) mask[i] = (float)(i % T <= i / T);
+    for (int b = 0; b < 2; b++) { /* h.N.attn.bias: [1, 1, T, T] */
+        snprintf(names[n + b], sizeof names[n + b], "h.%d.attn.bias", b);
+        s[n + b] = (zpp_st_source){.name = names[n + b], .dtype = ZPP_ST_F32, .ndim = 4,
+                                   .data = mask};
+        s[n + b].shape[0] = 1, s[n + b].shape[1] = 1, s[n + b].shape[2] = T, s[n + b].shape[3] = T;
+    }
+    EXPECT(zpp_st_write_dir(bare, s, n + 2, 0, NULL) == ZPP_OK, "%s", zpp_last_error());
+    zpp_st_close(f);
+    char a[700], b2[700];
+    snprintf(a, sizeof a, "%s/config.json", one);
+    snprintf(b2, sizeof b2, "%s/config.json", bare);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp %s %s", a, b2);
+    EXPECT(system(cmd) == 0, "%s", cmd);
+    EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --init-from %s --data %s --steps 0 "
+                            "--save %s", bare, tok, zpp_test_tmp_path("g2i_bareck", ck2)) == 0,
+           "import of GPT2Model's names failed; see %s", err);
+    export_hf(ck2, zpp_test_tmp_path("g2i_bareback", back), "--tokenizer none");
+    snprintf(a, sizeof a, "%s/model.safetensors", one);
+    snprintf(b2, sizeof b2, "%s/model.safetensors", back);
+    expect_same_file(a, b2);
+
+    /* refusals, each naming what is wrong */
+    static const struct {
+        const char *key, *value, *says;
+    } bad[] = {{"activation_function", "\"relu\"", "activation_function relu"},
+               {"n_inner", "40", "n_inner 40"},
+               {"layer_norm_epsilon", "1e-6", "layer_norm_epsilon 1e-06"},
+               {"tie_word_embeddings", "false", "tie_word_embeddings must be true"}};
+    size_t nc = 0;
+    char *orig = read_config(bare, b2, sizeof b2, &nc); /* b2: its path */
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        cJSON *j = cJSON_Parse(orig);
+        EXPECT(j != NULL, "%s is not JSON", b2);
+        cJSON_DeleteItemFromObjectCaseSensitive(j, bad[k].key);
+        cJSON_AddRawToObject(j, bad[k].key, bad[k].value);
+        char *text = cJSON_Print(j);
+        zpp_test_write_file(b2, text, strlen(text));
+        cJSON_free(text), cJSON_Delete(j);
+        EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --init-from %s --data %s --steps 0",
+                                bare, tok) != 0 &&
+                   zpp_test_count_lines(err, bad[k].says) == 1,
+               "a config.json with %s %s was not refused naming it; see %s", bad[k].key,
+               bad[k].value, err);
+    }
+    zpp_test_write_file(b2, orig, nc);
+    free(orig);
+    snprintf(path, sizeof path, "%s/model.safetensors", bare);
+    EXPECT(unlink(path) == 0, "cannot remove %s", path);
+    size_t wpe = 0; /* wpe alone, a row short */
+    while (wpe < n && strcmp(names[wpe], "wpe.weight")) wpe++;
+    EXPECT(wpe < n, "no wpe.weight among the tensors");
+    s[wpe].shape[0] = T - 1;
+    EXPECT(zpp_st_write_dir(bare, s + wpe, 1, 0, NULL) == ZPP_OK, "%s", zpp_last_error());
+    EXPECT(zpp_test_run_cli(1, out, err, "train --quiet --init-from %s --data %s --steps 0",
+                            bare, tok) != 0 &&
+               zpp_test_count_lines(err, "wpe.weight") == 1,
+           "a folder with a short wpe and tensors missing was not refused; see %s", err);
+    for (size_t k = 0; k < n; k++) free(data[k]);
+    free(av), free(am);
+}
+
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),
           ZPP_TEST(test_roundtrip_fp32_sharded), ZPP_TEST(test_roundtrip_bf16_sharded),
           ZPP_TEST(test_roundtrip_fp16_sharded),
@@ -1364,4 +1485,4 @@ ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_sin
           ZPP_TEST(test_mistral_roundtrip), ZPP_TEST(test_qwen2_roundtrip),
           ZPP_TEST(test_arch_refusals), ZPP_TEST(test_eval_init_from),
           ZPP_TEST(test_export_companions), ZPP_TEST(test_seq_len_note),
-          ZPP_TEST(test_gpt2_export))
+          ZPP_TEST(test_gpt2_export), ZPP_TEST(test_gpt2_import))

@@ -48,8 +48,9 @@ static void export_usage(FILE *f) {
             "  GPT-2's own 50256 for its vocabulary of 50257.\n"
             "  The tokenizer, so that transformers' AutoTokenizer loads PATH: the\n"
             "  tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
-            "  tokenizer.model, generation_config.json and chat_template.jinja of that\n"
-            "  folder are copied (those it has); a model trained from scratch gets the\n"
+            "  tokenizer.model, generation_config.json, chat_template.jinja, vocab.json and\n"
+            "  merges.txt of that folder are copied (those it has); a model trained from\n"
+            "  scratch gets the\n"
             "  tokenizer its data was made with (`zeropp tokenize`'s note beside the data: a\n"
             "  tokenizer.json, or GPT-2's vocab.json and merges.txt). --tokenizer DIR copies\n"
             "  those files of DIR, --tokenizer FILE copies FILE as tokenizer.json,\n"
@@ -168,9 +169,9 @@ static zpp_status export_hf_config(const zpp_llama_config *lc, zpp_hf_arch arch,
 /* The files a model's folder keeps for its tokenizer (transformers'
  * AutoTokenizer reads them) and its generation defaults; an export carries
  * over those the source folder has. */
-static const char *const kCompanions[] = {"tokenizer.json",         "tokenizer_config.json",
-                                          "special_tokens_map.json", "tokenizer.model",
-                                          "generation_config.json",  "chat_template.jinja"};
+static const char *const kCompanions[] = {
+    "tokenizer.json",  "tokenizer_config.json",  "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "chat_template.jinja", "vocab.json", "merges.txt"};
 enum { N_COMPANIONS = (int)(sizeof kCompanions / sizeof kCompanions[0]) };
 
 typedef struct export_files {
@@ -191,12 +192,14 @@ static void add_file(export_files *x, const char *src, const char *name) {
     x->n++;
 }
 
-/* The companions in folder `dir`, if tokenizer.json is among them (else
- * none: a folder without it is not a tokenizer's). */
+/* The companions in folder `dir`, if tokenizer.json, or GPT-2's vocab.json
+ * and merges.txt, are among them (else none: the folder holds no
+ * tokenizer). */
 static int companions_of(const char *dir, export_files *x) {
-    char path[4200];
+    char path[4200], merges[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (access(path, R_OK) != 0) return 0;
+    snprintf(merges, sizeof merges, "%s/merges.txt", dir);
+    if (access(path, R_OK) != 0 && access(merges, R_OK) != 0) return 0;
     for (int k = 0; k < N_COMPANIONS; k++) {
         snprintf(path, sizeof path, "%s/%s", dir, kCompanions[k]);
         if (access(path, R_OK) == 0) add_file(x, path, kCompanions[k]);
@@ -224,7 +227,8 @@ static zpp_status export_tokenizer(const zpp_ckpt_manifest *m, const char *opt,
     if (opt) {
         if (!tokenizer_at(opt, x))
             return zpp_error(ZPP_ERR_IO, "--tokenizer %s: %s", opt,
-                             is_dir(opt) ? "the folder holds no tokenizer.json"
+                             is_dir(opt) ? "the folder holds no tokenizer.json (nor GPT-2's "
+                                           "merges.txt)"
                                          : "no such file (or it cannot be read)");
         snprintf(x->from, sizeof x->from, "%s (--tokenizer)", opt);
         return ZPP_OK;

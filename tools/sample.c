@@ -295,8 +295,8 @@ static void sample_usage(FILE *f) {
             "  DIR, --from PATH    a checkpoint folder (`zeropp train --save DIR`: its published\n"
             "                      checkpoint, or a step folder), put together on this one rank\n"
             "                      from every rank file that saved it; a Hugging Face Llama,\n"
-            "                      Mistral or Qwen2 folder (config.json + safetensors, with\n"
-            "                      its tokenizer.json); or an llm.c model file\n"
+            "                      Mistral, Qwen2 or GPT-2 folder (config.json + safetensors,\n"
+            "                      with its tokenizer); or an llm.c model file\n"
             "  --vocab FILE        GPT-2's tokenizer files (vocab.json, merges.txt; both), for a\n"
             "  --merges FILE       model whose vocabulary is not bytes. Not needed for a\n"
             "                      checkpoint trained on a file `zeropp tokenize` made: the note\n"
@@ -355,41 +355,46 @@ static int parse_ids(const char *s, int32_t **ids_p, int *n_p) {
     return 0;
 }
 
+/* The tokenizer of the Hugging Face folder `dir`: its tokenizer.json, else
+ * GPT-2's vocab.json and merges.txt; *bpe_p stays NULL where it has none.
+ * `whose` says what the folder is, for messages. */
+static zpp_status folder_tokenizer(const char *dir, int V, const char *model, const char *whose,
+                                   zpp_bpe **bpe_p) {
+    char json[4200], vocab[4200], merges[4200], origin[4600];
+    snprintf(json, sizeof json, "%s/tokenizer.json", dir);
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", dir);
+    snprintf(merges, sizeof merges, "%s/merges.txt", dir);
+    const int has_json = access(json, R_OK) == 0;
+    if (!has_json && (access(vocab, R_OK) != 0 || access(merges, R_OK) != 0)) return ZPP_OK;
+    snprintf(origin, sizeof origin, "(the tokenizer of %s, %s; pass --tokenizer to name another)",
+             dir, whose);
+    return has_json ? load_tokenizer(json, NULL, NULL, V, model, origin, bpe_p)
+                    : load_tokenizer(NULL, vocab, merges, V, model, origin, bpe_p);
+}
+
 /* The tokenizer for the model in `from` (real vocabulary V, `step` < 0 for an
- * llm.c model file): --tokenizer or --vocab/--merges, else for a checkpoint
- * the note beside its data file, else the tokenizer.json of the folder it
- * was imported from (--init-from); *bpe_p NULL where there is none.
+ * llm.c model file or a Hugging Face folder): --tokenizer or --vocab/--merges;
+ * a Hugging Face folder's own; else for a checkpoint the note beside its
+ * data file, else the tokenizer of the folder it was imported from
+ * (--init-from); *bpe_p NULL where there is none.
  * *data_p (malloc'd, or NULL): the checkpoint's data file, for the message
  * that asks for one. */
 static zpp_status find_tokenizer(const char *from, int step, int V, const char *json,
                                  const char *vocab, const char *merges, zpp_bpe **bpe_p,
                                  char **data_p) {
     if (json || vocab) return load_tokenizer(json, vocab, merges, V, from, NULL, bpe_p);
-    char path[4200], origin[4400];
-    if (zpp_hf_is_model_dir(from)) { /* a Hugging Face folder: its own tokenizer.json */
-        snprintf(path, sizeof path, "%s/tokenizer.json", from);
-        if (access(path, R_OK) != 0) return ZPP_OK;
-        snprintf(origin, sizeof origin, "(the tokenizer.json of the model's folder %s; pass "
-                                        "--tokenizer to name another)",
-                 from);
-        return load_tokenizer(path, NULL, NULL, V, from, origin, bpe_p);
-    }
+    if (zpp_hf_is_model_dir(from)) /* a Hugging Face folder: its own tokenizer */
+        return folder_tokenizer(from, V, from, "the model's folder", bpe_p);
     if (step < 0 || V == 256) return ZPP_OK;
     zpp_train_config cfg;
     zpp_trainer_saved_run saved;
     ZPP_CHECK(zpp_trainer_config_from_checkpoint(from, &cfg, &saved));
     *data_p = saved.data_path;
     zpp_status st = saved.data_path ? noted_tokenizer(saved.data_path, V, from, bpe_p) : ZPP_OK;
-    /* else the tokenizer.json of the Hugging Face folder it was imported from */
-    if (st == ZPP_OK && !*bpe_p && saved.init_from &&
-        snprintf(path, sizeof path, "%s/tokenizer.json", saved.init_from) < (int)sizeof path &&
-        access(path, R_OK) == 0) {
-        snprintf(origin, sizeof origin,
-                 "(the tokenizer.json of %s, the folder the model was imported from; pass "
-                 "--tokenizer to name another)",
-                 saved.init_from);
-        st = load_tokenizer(path, NULL, NULL, V, from, origin, bpe_p);
-    }
+    /* else the tokenizer of the Hugging Face folder it was imported from */
+    if (st == ZPP_OK && !*bpe_p && saved.init_from && zpp_hf_is_model_dir(saved.init_from))
+        st = folder_tokenizer(saved.init_from, V, from, "the folder the model was imported from",
+                              bpe_p);
     free(saved.init_from);
     return st;
 }

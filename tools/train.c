@@ -15,6 +15,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "plan/cost.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 #include "train/llmc.h"
 #include "train/trainer.h"
@@ -87,8 +88,9 @@ static void usage(FILE *f) {
             "  --init-from FILE  start from an llm.c GPT-2 model file (fp32 or bf16): the model's\n"
             "                    shape comes from it (a model section in --config must agree);\n"
             "                    its padded vocabulary rows stay outside the softmax; or a\n"
-            "                    Hugging Face Llama, Mistral or Qwen2 folder (config.json +\n"
-            "                    safetensors): its config.json sets the shape (docs/training.md)\n"
+            "                    Hugging Face Llama, Mistral, Qwen2 or GPT-2 folder (config.json\n"
+            "                    + safetensors): its config.json sets the shape\n"
+            "                    (docs/training.md, docs/llmc.md)\n"
             "  --resume DIR      continue from the newest checkpoint published in DIR (or from\n"
             "                    the step folder DIR), on any number of ranks; the same ranks\n"
             "                    continue bit for bit. Without --config the run takes the\n"
@@ -713,7 +715,9 @@ static zpp_status run_open(train_run *tr, const char **ctx) {
     if (tr->rank == 0) print_setup(tr->in, a->init_from);
     if (a->init_from && tr->rank == 0) {
         printf("starting from %s %s (vocabulary %d, padded to %d)\n",
-               zpp_hf_is_model_dir(a->init_from) ? "Hugging Face Llama" : "llm.c model file",
+               zpp_hf_gpt2_is_dir(a->init_from)    ? "Hugging Face GPT-2"
+               : zpp_hf_is_model_dir(a->init_from) ? "Hugging Face Llama"
+                                                   : "llm.c model file",
                a->init_from,
                zpp_gpt2_real_vocab(&tr->cfg->model), tr->cfg->model.vocab_size);
         print_seq_len_note(a->init_from, tr->cfg->model.seq_len);
@@ -1120,7 +1124,9 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     *stage = "config";
     zpp_llmc_file *llmc = NULL;
     zpp_hf_config hf;
-    const int is_hf = a->init_from && zpp_hf_is_model_dir(a->init_from);
+    zpp_gpt2_config hf_gpt2; /* a GPT-2 folder's shape (train/hf_gpt2.h) */
+    const int is_gpt2 = a->init_from && zpp_hf_gpt2_is_dir(a->init_from);
+    const int is_hf = a->init_from && zpp_hf_is_model_dir(a->init_from) && !is_gpt2;
     int hf_applied = 0; /* config.json's shape is in cfg: what fails next is the config's */
     if (st == ZPP_OK && a->init_from) {
         char path[4096];
@@ -1129,7 +1135,9 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
         if (is_hf) st = zpp_hf_config_read(path, &hf); /* config.json's shape */
         if (st == ZPP_OK && is_hf) st = zpp_hf_apply_shape(&hf, cfg);
         hf_applied = st == ZPP_OK && is_hf;
-        if (!is_hf) st = zpp_llmc_open(a->init_from, &llmc);
+        if (is_gpt2) st = zpp_hf_gpt2_read_config(a->init_from, &hf_gpt2);
+        if (st == ZPP_OK && is_gpt2) cfg->model = hf_gpt2;
+        if (!is_hf && !is_gpt2) st = zpp_llmc_open(a->init_from, &llmc);
         if (st == ZPP_OK && llmc) cfg->model = zpp_llmc_info_get(llmc)->model;
         if (st == ZPP_OK) *stage = "config";
     }
@@ -1156,6 +1164,11 @@ static zpp_status load_config(train_args *a, zpp_train_config *cfg, zpp_trainer_
     if (st == ZPP_OK && llmc) st = zpp_llmc_check_model(llmc, &cfg->model);
     if (st != ZPP_OK && hf_applied) st = hf_family_refusal(a, st);
     if (st == ZPP_OK && is_hf) st = zpp_hf_check_shape(&hf, cfg, a->init_from);
+    if (st == ZPP_OK && is_gpt2 && cfg->model_family != ZPP_FAMILY_GPT2)
+        st = zpp_error(ZPP_ERR_CONFIG, "--init-from %s is a Hugging Face GPT-2, but the config "
+                                       "sets 'model.family' to \"%s\"; drop the key",
+                       a->init_from, zpp_model_family_name(cfg->model_family));
+    if (st == ZPP_OK && is_gpt2) st = zpp_hf_gpt2_check_shape(&hf_gpt2, a->init_from, &cfg->model);
     zpp_llmc_close(llmc);
     /* the data the checkpoint trained on, unless --data names another */
     if (st == ZPP_OK && a->resume) a->origin = saved->init_from;

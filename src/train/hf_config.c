@@ -469,9 +469,7 @@ zpp_status zpp_hf_config_check(const zpp_hf_config *c, const char *what) {
     return ZPP_OK;
 }
 
-/* The text of config file `path` (at most CONFIG_MAX_BYTES), NUL-ended,
- * into *text_p (free() it). */
-static zpp_status read_text(const char *path, char **text_p) {
+zpp_status zpp_hf_config_text(const char *path, char **text_p) {
     FILE *f = NULL;
     ZPP_CHECK(zpp_fopen_regular(path, "config", &f));
     /* room for the one byte past the limit that tells a too-large file and
@@ -498,7 +496,7 @@ static zpp_status read_text(const char *path, char **text_p) {
 zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
     if (!path || !cfg_p) return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_read: NULL argument");
     char *text = NULL;
-    ZPP_CHECK(read_text(path, &text));
+    ZPP_CHECK(zpp_hf_config_text(path, &text));
     const zpp_status st = zpp_hf_config_parse(text, path, cfg_p);
     free(text);
     return st;
@@ -598,7 +596,7 @@ zpp_status zpp_hf_config_write_like(const char *path, const char *like, zpp_dtyp
     if (!path || !like || (dtype != ZPP_FP32 && dtype != ZPP_BF16 && dtype != ZPP_FP16))
         return zpp_error(ZPP_ERR_INVALID, "zpp_hf_config_write_like: NULL path or no dtype");
     char *text = NULL;
-    ZPP_CHECK(read_text(like, &text));
+    ZPP_CHECK(zpp_hf_config_text(like, &text));
     zpp_hf_config check;
     zpp_status st = zpp_hf_config_parse(text, like, &check);
     cJSON *j = st == ZPP_OK ? cJSON_Parse(text) : NULL;

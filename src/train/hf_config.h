@@ -117,6 +117,10 @@ zpp_status zpp_hf_check_seq_len(const zpp_hf_config *cfg, int seq_len, const cha
 zpp_status zpp_hf_config_parse(const char *text, const char *what, zpp_hf_config *cfg_p);
 /* Reads and parses the file `path`. */
 zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p);
+/* The text of the config file `path` (a regular file of at most 1 MiB,
+ * else ZPP_ERR_IO or ZPP_ERR_FORMAT), NUL-terminated, into *text_p: free()
+ * it. For families other than the Llama's (train/hf_gpt2.h). */
+zpp_status zpp_hf_config_text(const char *path, char **text_p);
 /* Checks the shape rules above (zpp_hf_config_parse calls it). */
 zpp_status zpp_hf_config_check(const zpp_hf_config *cfg, const char *what);
 /* The JSON text of cfg (malloc'd, free() it), checked first. */

@@ -174,8 +174,7 @@ struct zpp_hf_model {
     zpp_hf_config hf;
     zpp_llama_config cfg; /* of config.json alone: vocab_size = the file's rows */
     int all_four;         /* Llama's attention_bias naming (zpp_hf_slots) */
-    size_t n_files;
-    zpp_st_file **files;
+    zpp_hf_files fs;
     zpp_hf_slot *slots;
     size_t n_slots;
     zpp_st_file **slot_file; /* where each slot's tensor is */
@@ -190,8 +189,7 @@ const char *zpp_hf_model_dtype(const zpp_hf_model *m) {
 
 void zpp_hf_model_close(zpp_hf_model *m) {
     if (!m) return;
-    for (size_t i = 0; i < m->n_files; i++) zpp_st_close(m->files[i]);
-    free(m->files);
+    zpp_hf_files_close(&m->fs);
     free(m->slots);
     free(m->slot_file);
     free(m->slot_tensor);
@@ -199,41 +197,49 @@ void zpp_hf_model_close(zpp_hf_model *m) {
     free(m);
 }
 
-/* The safetensors files: model.safetensors, or those the index names. */
-static zpp_status open_files(zpp_hf_model *m) {
+void zpp_hf_files_close(zpp_hf_files *f) {
+    for (size_t i = 0; i < f->n; i++) zpp_st_close(f->files[i]);
+    free(f->files);
+    f->files = NULL, f->n = 0;
+}
+
+zpp_status zpp_hf_files_open(const char *dir, zpp_hf_files *f) {
+    memset(f, 0, sizeof *f);
     char path[HF_PATH];
-    snprintf(path, sizeof path, "%s/%s", m->dir, ZPP_ST_INDEX_NAME);
+    snprintf(path, sizeof path, "%s/%s", dir, ZPP_ST_INDEX_NAME);
     struct stat sb;
     if (stat(path, &sb) != 0) {
-        snprintf(path, sizeof path, "%s/%s", m->dir, ZPP_ST_SINGLE_NAME);
-        if (!(m->files = calloc(1, sizeof *m->files)))
+        snprintf(path, sizeof path, "%s/%s", dir, ZPP_ST_SINGLE_NAME);
+        if (!(f->files = calloc(1, sizeof *f->files)))
             return zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
-        ZPP_CHECK(zpp_st_open(path, &m->files[0]));
-        m->n_files = 1;
-        return ZPP_OK;
+        zpp_status st = zpp_st_open(path, &f->files[0]);
+        if (st == ZPP_OK) f->n = 1;
+        else zpp_hf_files_close(f);
+        return st;
     }
     zpp_st_index *x = NULL;
     ZPP_CHECK(zpp_st_index_open(path, &x));
     zpp_status st = ZPP_OK;
     const size_t nf = zpp_st_index_files(x);
-    if (!(m->files = calloc(nf + 1, sizeof *m->files)))
+    if (!(f->files = calloc(nf + 1, sizeof *f->files)))
         st = zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
     for (size_t i = 0; i < nf && st == ZPP_OK; i++) {
-        snprintf(path, sizeof path, "%s/%s", m->dir, zpp_st_index_file(x, i));
-        st = zpp_st_open(path, &m->files[i]);
-        if (st == ZPP_OK) m->n_files++;
+        snprintf(path, sizeof path, "%s/%s", dir, zpp_st_index_file(x, i));
+        st = zpp_st_open(path, &f->files[i]);
+        if (st == ZPP_OK) f->n++;
     }
     /* every tensor of a shard is in the index under that shard */
-    for (size_t i = 0; i < m->n_files && st == ZPP_OK; i++)
-        for (size_t k = 0; k < zpp_st_count(m->files[i]) && st == ZPP_OK; k++) {
-            const char *name = zpp_st_tensor_at(m->files[i], k)->name;
+    for (size_t i = 0; i < f->n && st == ZPP_OK; i++)
+        for (size_t k = 0; k < zpp_st_count(f->files[i]) && st == ZPP_OK; k++) {
+            const char *name = zpp_st_tensor_at(f->files[i], k)->name;
             const char *in = zpp_st_index_find(x, name);
             if (!in || strcmp(in, zpp_st_index_file(x, i)))
                 st = zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is in %s, but the index %s",
-                               m->dir, name, zpp_st_index_file(x, i),
+                               dir, name, zpp_st_index_file(x, i),
                                in ? "names another file" : "does not list it");
         }
     zpp_st_index_close(x);
+    if (st != ZPP_OK) zpp_hf_files_close(f);
     return st;
 }
 
@@ -277,21 +283,21 @@ static zpp_status check_tensor(const zpp_hf_slot *s, const zpp_st_file *f,
 
 /* Every tensor of every file is a slot (or ignored), every slot is found. */
 static zpp_status match_tensors(zpp_hf_model *m) {
-    for (size_t i = 0; i < m->n_files; i++)
-        for (size_t k = 0; k < zpp_st_count(m->files[i]); k++) {
-            const zpp_st_tensor *t = zpp_st_tensor_at(m->files[i], k);
+    for (size_t i = 0; i < m->fs.n; i++)
+        for (size_t k = 0; k < zpp_st_count(m->fs.files[i]); k++) {
+            const zpp_st_tensor *t = zpp_st_tensor_at(m->fs.files[i], k);
             const long j = find_slot(m, t->name);
             if (j < 0 && ignored_name(m, t->name)) continue;
             if (j < 0)
                 return zpp_error(ZPP_ERR_FORMAT,
                                  "%s: tensor '%s' is no part of a %s of this config.json "
                                  "(hf_model.h lists the names zeropp maps)",
-                                 zpp_st_path(m->files[i]), t->name, m->hf.architecture);
+                                 zpp_st_path(m->fs.files[i]), t->name, m->hf.architecture);
             if (m->slot_tensor[j])
                 return zpp_error(ZPP_ERR_FORMAT, "%s: tensor '%s' is in two files",
                                  m->dir, t->name);
-            ZPP_CHECK(check_tensor(&m->slots[j], m->files[i], t));
-            m->slot_file[j] = m->files[i], m->slot_tensor[j] = t;
+            ZPP_CHECK(check_tensor(&m->slots[j], m->fs.files[i], t));
+            m->slot_file[j] = m->fs.files[i], m->slot_tensor[j] = t;
         }
     for (size_t j = 0; j < m->n_slots; j++)
         if (!m->slot_tensor[j])
@@ -352,7 +358,7 @@ zpp_status zpp_hf_model_open(const char *dir, zpp_hf_model **model_p) {
         st = zpp_error(ZPP_ERR_NOMEM, "hf: out of memory");
         goto out;
     }
-    ZPP_CHECK_GOTO(open_files(m), st, out);
+    ZPP_CHECK_GOTO(zpp_hf_files_open(m->dir, &m->fs), st, out);
     ZPP_CHECK_GOTO(match_tensors(m), st, out);
     ZPP_CHECK_GOTO(check_zero_tensors(m), st, out);
     *model_p = m;

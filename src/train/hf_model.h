@@ -102,6 +102,16 @@ typedef struct zpp_hf_slot {
 zpp_status zpp_hf_slots(const zpp_llama_config *cfg, int all_four, zpp_hf_slot **slots_p,
                         size_t *n_p);
 
+/* The safetensors files of a Hugging Face folder: model.safetensors, or
+ * every shard model.safetensors.index.json names, each tensor in the shard
+ * the index says (ZPP_ERR_FORMAT otherwise). Close frees them. */
+typedef struct zpp_hf_files {
+    size_t n;
+    zpp_st_file **files;
+} zpp_hf_files;
+zpp_status zpp_hf_files_open(const char *dir, zpp_hf_files *f);
+void zpp_hf_files_close(zpp_hf_files *f);
+
 typedef struct zpp_hf_model zpp_hf_model;
 
 /* Opens folder `dir`: config.json, the index if any, every safetensors

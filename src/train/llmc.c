@@ -13,6 +13,7 @@
 #include "core/file.h"
 #include "model/gpt2.h"
 #include "train/data.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 
 #define LLMC_HEADER_BYTES (4 * ZPP_LLMC_HEADER_INTS)
@@ -418,6 +419,8 @@ static zpp_status tokens_read(const token_file *tf, size_t first, size_t n, int3
  * folder (a llama, imported as `train --init-from` does: hf_model.h). */
 typedef struct eval_src {
     zpp_llmc_file *llmc;
+    zpp_hf_gpt2 *hf_gpt2; /* a Hugging Face GPT-2 folder (train/hf_gpt2.h) */
+    zpp_gpt2_config gc;   /* its GPT-2 */
     zpp_hf_model *hf;
     zpp_llama_config lc; /* the folder's llama, at the run's seq_len */
     zpp_dtype dtype;     /* the model's parameters: fp32; bf16 for the CUDA llama */
@@ -443,6 +446,15 @@ static zpp_status hf_model_make(eval_src *s, const char *dir, int seq_len, int B
 static zpp_status src_open(eval_src *s, const char *path, const zpp_llmc_eval_opts *o,
                            zpp_device *dev, zpp_model **m) {
     memset(s, 0, sizeof *s);
+    if (zpp_hf_gpt2_is_dir(path)) {
+        if (o->seq_len)
+            return zpp_error(ZPP_ERR_CONFIG, "eval: --seq-len is for a Llama-family folder; a "
+                                             "GPT-2's T is its n_positions");
+        ZPP_CHECK(zpp_hf_gpt2_open(path, &s->hf_gpt2));
+        s->gc = *zpp_hf_gpt2_config(s->hf_gpt2);
+        s->dtype = ZPP_FP32;
+        return zpp_gpt2_create(&s->gc, ZPP_FP32, o->batch_size, dev, m);
+    }
     if (zpp_hf_is_model_dir(path)) return hf_model_make(s, path, o->seq_len, o->batch_size, dev, m);
     if (o->seq_len)
         return zpp_error(ZPP_ERR_CONFIG, "eval: --seq-len is for a Hugging Face folder; an llm.c "
@@ -454,12 +466,14 @@ static zpp_status src_open(eval_src *s, const char *path, const zpp_llmc_eval_op
 
 static void src_close(eval_src *s) {
     zpp_llmc_close(s->llmc);
+    zpp_hf_gpt2_close(s->hf_gpt2);
     zpp_hf_model_close(s->hf);
 }
 
 /* Unit u whole into host (fp32), then in the model's dtype in place. */
 static zpp_status src_read_unit(eval_src *s, int u, size_t n, float *host) {
     if (s->llmc) return zpp_llmc_read_unit(s->llmc, u, 0, n, host);
+    if (s->hf_gpt2) return zpp_hf_gpt2_read_unit(s->hf_gpt2, &s->gc, u, 0, n, host);
     ZPP_CHECK(zpp_hf_model_read_unit(s->hf, &s->lc, u, 0, n, host));
     for (size_t i = 0; s->dtype != ZPP_FP32 && i < n; i++) /* narrower: ahead of the read */
         zpp_store_f32(host, s->dtype, i, host[i]);

@@ -15,6 +15,7 @@
 #include "model/llama.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 #include "train/llmc.h"
 
@@ -380,10 +381,45 @@ out:
     return st;
 }
 
-/* A Hugging Face folder, read as `zeropp train --init-from` reads it: the
- * shape from config.json (zpp_hf_apply_shape), T = seq_len, each unit
- * whole in fp32 (zpp_hf_model_read_unit). */
+/* A Hugging Face GPT-2 folder (train/hf_gpt2.h): its own T (n_positions,
+ * the position table's rows), each unit whole in fp32. */
+static zpp_status read_hf_gpt2(const char *dir, int seq_len, zpp_sample_weights *w_p) {
+    if (seq_len)
+        return zpp_error(ZPP_ERR_CONFIG, "sample: --seq-len is for a Llama-family folder; a "
+                                         "GPT-2's T is its n_positions");
+    zpp_hf_gpt2 *hm = NULL;
+    ZPP_CHECK(zpp_hf_gpt2_open(dir, &hm));
+    const zpp_gpt2_config cfg = *zpp_hf_gpt2_config(hm);
+    zpp_sample_weights w;
+    memset(&w, 0, sizeof w);
+    snprintf(w.family, sizeof w.family, "gpt2");
+    w.shape = gpt2_shape(&cfg);
+    w.n_units = cfg.n_layer + 1;
+    zpp_status st = ZPP_OK;
+    if (!(w.units = calloc((size_t)w.n_units, sizeof *w.units)))
+        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+    for (int u = 0; st == ZPP_OK && u < w.n_units; u++) {
+        const size_t k = zpp_gpt2_unit_numel(&cfg, u);
+        if (!(w.units[u] = malloc(k * sizeof(float))))
+            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
+        if (st == ZPP_OK) st = zpp_hf_gpt2_read_unit(hm, &cfg, u, 0, k, w.units[u]);
+    }
+    zpp_hf_gpt2_close(hm);
+    if (st != ZPP_OK) {
+        zpp_sample_weights_free(&w);
+        return st;
+    }
+    w.dtype = ZPP_FP32; /* the stored values, widened exactly */
+    w.step = -1;
+    *w_p = w;
+    return ZPP_OK;
+}
+
+/* A Hugging Face Llama-family folder, read as `zeropp train --init-from`
+ * reads it: the shape from config.json (zpp_hf_apply_shape), T = seq_len,
+ * each unit whole in fp32 (zpp_hf_model_read_unit). */
 static zpp_status read_hf(const char *dir, int seq_len, zpp_sample_weights *w_p) {
+    if (zpp_hf_gpt2_is_dir(dir)) return read_hf_gpt2(dir, seq_len, w_p);
     zpp_hf_model *hm = NULL;
     ZPP_CHECK(zpp_hf_model_open(dir, &hm));
     const zpp_hf_config *hf = zpp_hf_model_config(hm);

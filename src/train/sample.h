@@ -131,9 +131,10 @@ zpp_sample_source zpp_sample_model_source(zpp_sample_model *sm);
  * whatever the world that saved it (zpp_checkpoint_read_masters, as
  * `zeropp export` reads it), the family and shape from the config it keeps
  * (a manifest without one: a GPT-2 of the manifest's shape), each unit's
- * size checked against the family's layout; a Hugging Face Llama-family
- * folder (hf_model.h, read as `zeropp train --init-from` reads it; dtype
- * fp32, step -1), its T `seq_len`, or for 0 its max_position_embeddings up
+ * size checked against the family's layout; a Hugging Face GPT-2 folder
+ * (hf_gpt2.h; T its n_positions, seq_len 0) or Llama-family folder
+ * (hf_model.h), read as `zeropp train --init-from` reads them (dtype fp32,
+ * step -1), a Llama's T `seq_len`, or for 0 its max_position_embeddings up
  * to ZPP_SAMPLE_HF_SEQ_LEN (the window each new token's forward reads: its
  * activations grow with T, and Llama 3's 131072 positions would not fit a
  * host's memory); or an llm.c model file (train/llmc.h: a

@@ -15,6 +15,7 @@
 #include "core/fault.h"
 #include "device/device.h"
 #include "train/checkpoint.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 #include "train/llmc.h"
 
@@ -97,56 +98,16 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     return buf;
 }
 
-/* --init-from: this rank's shard of every unit from an llm.c model file
- * (only its own bytes are read); the moments start at zero, as in a fresh
- * run. */
-static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
-    zpp_llmc_file *f = NULL;
-    float *x = NULL, *zero = NULL;
-    if (t->cfg.model_family != ZPP_FAMILY_GPT2)
-        return zpp_error(ZPP_ERR_CONFIG,
-                         "--init-from: an llm.c file holds a GPT-2, but 'model.family' is "
-                         "\"%s\"; drop --init-from or train a gpt2",
-                         zpp_model_family_name(t->cfg.model_family));
-    ZPP_CHECK(zpp_llmc_open(path, &f));
-    zpp_status st = ZPP_OK;
-    size_t most = 1; /* the largest shard: one buffer serves every unit */
-    ZPP_CHECK_GOTO(zpp_llmc_check_model(f, &t->cfg.model), st, out);
-    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
-        if (count > most) most = count;
-    }
-    if (!(x = malloc(most * sizeof *x)) || !(zero = calloc(most, sizeof *zero))) {
-        st = zpp_error(ZPP_ERR_NOMEM, "trainer: out of memory");
-        goto out;
-    }
-    for (int u = 0; u < zpp_engine_unit_count(t->engine); u++) {
-        size_t numel = 0, begin = 0, count = 0;
-        ZPP_CHECK_GOTO(zpp_engine_shard_range(t->engine, u, &numel, &begin, &count), st, out);
-        ZPP_CHECK_GOTO(zpp_llmc_read_unit(f, u, begin, count, x), st, out);
-        ZPP_CHECK_GOTO(zpp_engine_state_set(t->engine, u, x, zero, zero), st, out);
-    }
-out:
-    free(x);
-    free(zero);
-    zpp_llmc_close(f);
-    return st;
-}
+/* ---- --init-from: this rank's shard of every unit from a file ------------------- */
 
-/* --init-from DIR, a Hugging Face Llama (train/hf_model.h): this rank's
- * shard of every unit, each HF tensor that overlaps it read from its file
- * (those bytes only), widened to fp32; the moments start at zero. The
- * run's shape was set from config.json and checked (tools/train.c), so a
- * mismatch here is a caller's mistake, still refused. */
-static zpp_status init_from_hf(zpp_trainer *t, const char *dir) {
-    zpp_hf_model *m = NULL;
+/* Elements [begin, begin + count) of unit u from the file behind ctx. */
+typedef zpp_status (*unit_reader)(void *ctx, int u, size_t begin, size_t count, float *out);
+
+/* Every unit's shard of this rank read by `read` and set as the masters,
+ * the moments at zero, as in a fresh run. */
+static zpp_status load_shards(zpp_trainer *t, unit_reader read, void *ctx) {
     float *x = NULL, *zero = NULL;
-    zpp_llama_config lc;
-    const zpp_decoder_shape shape = zpp_train_config_shape(&t->cfg);
-    ZPP_CHECK(zpp_llama_config_of_shape(&shape, &lc));
-    ZPP_CHECK(zpp_hf_model_open(dir, &m));
-    zpp_status st = zpp_hf_check_shape(zpp_hf_model_config(m), &t->cfg, dir);
+    zpp_status st = ZPP_OK;
     size_t most = 1; /* the largest shard: one buffer serves every unit */
     for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
         size_t numel = 0, begin = 0, count = 0;
@@ -158,12 +119,80 @@ static zpp_status init_from_hf(zpp_trainer *t, const char *dir) {
     for (int u = 0; st == ZPP_OK && u < zpp_engine_unit_count(t->engine); u++) {
         size_t numel = 0, begin = 0, count = 0;
         st = zpp_engine_shard_range(t->engine, u, &numel, &begin, &count);
-        if (st == ZPP_OK) st = zpp_hf_model_read_unit(m, &lc, u, begin, count, x);
+        if (st == ZPP_OK) st = read(ctx, u, begin, count, x);
         if (st == ZPP_OK) st = zpp_engine_state_set(t->engine, u, x, zero, zero);
     }
     free(x);
     free(zero);
-    zpp_hf_model_close(m);
+    return st;
+}
+
+static zpp_status read_llmc_unit(void *f, int u, size_t begin, size_t count, float *out) {
+    return zpp_llmc_read_unit(f, u, begin, count, out);
+}
+
+/* An llm.c model file (only this rank's bytes are read). */
+static zpp_status init_from_llmc(zpp_trainer *t, const char *path) {
+    if (t->cfg.model_family != ZPP_FAMILY_GPT2)
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "--init-from: an llm.c file holds a GPT-2, but 'model.family' is "
+                         "\"%s\"; drop --init-from or train a gpt2",
+                         zpp_model_family_name(t->cfg.model_family));
+    zpp_llmc_file *f = NULL;
+    ZPP_CHECK(zpp_llmc_open(path, &f));
+    zpp_status st = zpp_llmc_check_model(f, &t->cfg.model);
+    if (st == ZPP_OK) st = load_shards(t, read_llmc_unit, f);
+    zpp_llmc_close(f);
+    return st;
+}
+
+typedef struct hf_llama_src {
+    zpp_hf_model *m;
+    zpp_llama_config lc; /* the run's */
+} hf_llama_src;
+
+static zpp_status read_hf_llama_unit(void *c, int u, size_t begin, size_t count, float *out) {
+    hf_llama_src *s = c;
+    return zpp_hf_model_read_unit(s->m, &s->lc, u, begin, count, out);
+}
+
+typedef struct hf_gpt2_src {
+    zpp_hf_gpt2 *m;
+    const zpp_gpt2_config *run;
+} hf_gpt2_src;
+
+static zpp_status read_hf_gpt2_unit(void *c, int u, size_t begin, size_t count, float *out) {
+    hf_gpt2_src *s = c;
+    return zpp_hf_gpt2_read_unit(s->m, s->run, u, begin, count, out);
+}
+
+/* A Hugging Face folder: a Llama (train/hf_model.h) or a GPT-2
+ * (train/hf_gpt2.h); each HF tensor that overlaps this rank's shards read
+ * from its file (those bytes only; a GPT-2's transposed weights whole),
+ * widened to fp32. The run's shape was set from config.json and checked
+ * (tools/train.c), so a mismatch here is a caller's mistake, still
+ * refused. */
+static zpp_status init_from_hf(zpp_trainer *t, const char *dir) {
+    if (zpp_hf_gpt2_is_dir(dir)) {
+        if (t->cfg.model_family != ZPP_FAMILY_GPT2)
+            return zpp_error(ZPP_ERR_CONFIG,
+                             "--init-from %s holds a GPT-2, but 'model.family' is \"%s\"; drop "
+                             "the key or set it to \"gpt2\"",
+                             dir, zpp_model_family_name(t->cfg.model_family));
+        hf_gpt2_src s = {NULL, &t->cfg.model};
+        ZPP_CHECK(zpp_hf_gpt2_open(dir, &s.m));
+        zpp_status st = zpp_hf_gpt2_check_model(s.m, &t->cfg.model);
+        if (st == ZPP_OK) st = load_shards(t, read_hf_gpt2_unit, &s);
+        zpp_hf_gpt2_close(s.m);
+        return st;
+    }
+    hf_llama_src s = {NULL, {0}};
+    const zpp_decoder_shape shape = zpp_train_config_shape(&t->cfg);
+    ZPP_CHECK(zpp_llama_config_of_shape(&shape, &s.lc));
+    ZPP_CHECK(zpp_hf_model_open(dir, &s.m));
+    zpp_status st = zpp_hf_check_shape(zpp_hf_model_config(s.m), &t->cfg, dir);
+    if (st == ZPP_OK) st = load_shards(t, read_hf_llama_unit, &s);
+    zpp_hf_model_close(s.m);
     return st;
 }
 

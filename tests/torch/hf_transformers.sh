@@ -12,7 +12,8 @@
 #   - a Qwen2ForCausalLM (q/k/v biases) and a MistralForCausalLM, fp32;
 #   - a GPT-2 trained from scratch, exported as GPT2LMHeadModel (bf16
 #     shards, GPT-2's vocab.json and merges.txt), scored against the llm.c
-#     file of the same checkpoint.
+#     file of the same checkpoint;
+#   - a GPT-2 the other way: written by transformers, read by zeropp.
 # For each: `zeropp tokenize --tokenizer` of 20 kB of the text must give
 # transformers' ids for it, token for token; the model is imported
 # (`train --init-from`), trained 3 steps and exported; transformers loads
@@ -156,9 +157,36 @@ gpt2_form() {
     --ids --dtype fp32)
 }
 
+# A GPT-2 the other way (the sixth form): transformers writes the folder
+# (GPT2LMHeadModel.save_pretrained, random weights, c_attn 30 times its
+# init so that attention is sharp), zeropp reads it: `zeropp eval
+# --init-from` and `zeropp sample` of the folder itself.
+gpt2in_form() {
+  local out=$work/gpt2in.out
+  python3 - "$out" $T <<'PY'
+import sys
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+out, T = sys.argv[1], int(sys.argv[2])
+m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=T,
+                               vocab_size=320, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0,
+                               bos_token_id=None, eos_token_id=None))
+with torch.no_grad():
+    for block in m.transformer.h:
+        block.attn.c_attn.weight.mul_(30)
+m.save_pretrained(out, safe_serialization=True)
+PY
+  cp "$gpt2_bpe/vocab.json" "$gpt2_bpe/merges.txt" "$out/"
+  cp "$work/gpt2.bin" "$work/gpt2in.bin"
+  ours=$("$cli" eval --init-from "$out" --data "$work/gpt2in.bin" --batch-size $B --batches $K \
+    --json)
+  greedy=$("$cli" sample "$out" --prompt "ROMEO:" --max-new-tokens 24 --temperature 0 --ids)
+}
+
 bad=0
-for form in llama llama3 qwen2 mistral gpt2; do
+for form in llama llama3 qwen2 mistral gpt2 gpt2in; do
   if [ $form = gpt2 ]; then gpt2_form || { bad=1; continue; }
+  elif [ $form = gpt2in ]; then gpt2in_form || { bad=1; continue; }
   else llama_form $form || { bad=1; continue; }
   fi
   python3 - "$work" "$form" $B $T $K "$ours" "$greedy" <<'PY' || bad=1
@@ -169,7 +197,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 work, form, B, T, K, ours = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
 greedy = [int(t) for t in sys.argv[7].strip().split(",")]
-out, src = f"{work}/{form}.out", None if form == "gpt2" else f"{work}/{form}"
+out, src = f"{work}/{form}.out", None if form.startswith("gpt2") else f"{work}/{form}"
 raw = open(f"{work}/{form}.bin", "rb").read()
 head = np.frombuffer(raw[:1024], dtype=np.int32)
 tokens = np.frombuffer(raw[1024:], dtype=np.uint16 if head[1] == 1 else np.uint32)[: head[2]]
