@@ -1278,6 +1278,26 @@ static void check_gpt2_values(const char *ckpt, const char *back, zpp_dtype dtyp
     zpp_ckpt_manifest_free(&man);
 }
 
+/* A GPT-2 (2 layers of 16, 2 heads, T, the model keys `vocab` besides)
+ * trained 2 steps from scratch on np ranks on run_files' tokens (tok),
+ * which are noted as made with the 320-token GPT-2 tokenizer in tests/data
+ * (its vocab.json and merges.txt into vocab, merges); the checkpoint in
+ * ckpt. */
+static void gpt2_from_scratch(zpp_rng *r, const char *tag, const char *vocab_keys, int np,
+                              char *tok, char *cfg, char *ckpt, char *vocab, char *merges) {
+    char model[256];
+    run_files(r, tag, tok, cfg);
+    zpp_test_data("shakespeare-bpe/vocab.json", vocab, 512);
+    zpp_test_data("shakespeare-bpe/merges.txt", merges, 512);
+    char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
+    const zpp_tokfile_note note = {av, am, 320, 4000, NULL};
+    snprintf(model, sizeof model,
+             "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, %s}", T,
+             vocab_keys);
+    train_from_scratch(tag, tok, &note, model, np, 2, ckpt);
+    free(av), free(am);
+}
+
 /* A GPT-2 trained from scratch (2 ranks, a vocabulary padded past the
  * data's) exports as GPT2LMHeadModel: each tensor the checkpoint's masters
  * at their place (the Conv1D weights transposed), fp32 and bf16; shards that
@@ -1285,17 +1305,10 @@ static void check_gpt2_values(const char *ckpt, const char *back, zpp_dtype dtyp
  * GPT-2 tokenizer files copied. --hf-config is refused for a GPT-2. */
 static void test_gpt2_export(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(16));
-    char tok[512], cfg[512], ckpt[512], back[512], out[512], err[512], model[256], path[700];
-    run_files(&r, "g2", tok, cfg);
-    char vocab[512], merges[512];
-    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
-    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
-    char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
-    const zpp_tokfile_note note = {av, am, 320, 4000, NULL};
-    snprintf(model, sizeof model,
-             "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
-             "\"vocab_size\": 48, \"real_vocab_size\": %d}", T, V);
-    train_from_scratch("g2", tok, &note, model, 2, 2, ckpt);
+    char tok[512], cfg[512], ckpt[512], back[512], out[512], err[512], path[700], vocab[512],
+        merges[512], keys[64];
+    snprintf(keys, sizeof keys, "\"vocab_size\": 48, \"real_vocab_size\": %d", V);
+    gpt2_from_scratch(&r, "g2", keys, 2, tok, cfg, ckpt, vocab, merges);
     zpp_test_tmp_path("g2_out.txt", out), zpp_test_tmp_path("g2_err.txt", err);
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         export_hf(ckpt, zpp_test_tmp_path(bf16 ? "g2_b16" : "g2_f32", back),
@@ -1353,7 +1366,6 @@ static void test_gpt2_export(void) {
                             ckpt, zpp_test_tmp_path("g2_refused", back), cfg) != 0 &&
                zpp_test_count_lines(err, "--hf-config is for a llama") == 1 && !exists(back),
            "--hf-config with a GPT-2: see %s", err);
-    free(av), free(am);
 }
 
 /* A GPT-2 folder in: the export of test_gpt2_export's kind of checkpoint,
@@ -1366,16 +1378,9 @@ static void test_gpt2_export(void) {
 static void test_gpt2_import(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(17));
     char tok[512], cfg[512], ckpt[512], src[512], ck2[512], back[512], out[512], err[512],
-        model[256], path[700], vocab[512], merges[512];
-    run_files(&r, "g2i", tok, cfg);
-    zpp_test_data("shakespeare-bpe/vocab.json", vocab, sizeof vocab);
-    zpp_test_data("shakespeare-bpe/merges.txt", merges, sizeof merges);
-    char *av = realpath(vocab, NULL), *am = realpath(merges, NULL);
-    const zpp_tokfile_note note = {av, am, 320, 4000, NULL};
-    snprintf(model, sizeof model,
-             "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 16, \"seq_len\": %d, "
-             "\"vocab_size\": %d}", T, V);
-    train_from_scratch("g2i", tok, &note, model, 1, 2, ckpt);
+        path[700], vocab[512], merges[512], keys[64];
+    snprintf(keys, sizeof keys, "\"vocab_size\": %d", V);
+    gpt2_from_scratch(&r, "g2i", keys, 1, tok, cfg, ckpt, vocab, merges);
     export_hf(ckpt, zpp_test_tmp_path("g2i_src", src), "--max-shard-size 3000");
     zpp_test_tmp_path("g2i_out.txt", out), zpp_test_tmp_path("g2i_err.txt", err);
     EXPECT(zpp_test_run_cli(3, out, err, "train --quiet --init-from %s --data %s --steps 0 "
@@ -1474,7 +1479,6 @@ static void test_gpt2_import(void) {
                zpp_test_count_lines(err, "wpe.weight") == 1,
            "a folder with a short wpe and tensors missing was not refused; see %s", err);
     for (size_t k = 0; k < n; k++) free(data[k]);
-    free(av), free(am);
 }
 
 ZPP_TESTS(ZPP_TEST(test_roundtrip_fp32_single), ZPP_TEST(test_roundtrip_bf16_single),

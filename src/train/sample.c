@@ -381,38 +381,67 @@ out:
     return st;
 }
 
+/* Unit u of a folder, whole (numel elements), fp32. */
+typedef zpp_status (*folder_unit_fn)(void *ctx, int u, size_t numel, float *out);
+
+/* Every unit of *w (its family, shape and n_units set) read by `read`;
+ * then w is a model file's: fp32 (the stored values, widened exactly),
+ * step -1. On failure w's units are freed. */
+static zpp_status read_folder_units(zpp_sample_weights *w, folder_unit_fn read, void *ctx) {
+    zpp_status st = ZPP_OK;
+    if (!(w->units = calloc((size_t)w->n_units, sizeof *w->units)))
+        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
+    for (int u = 0; st == ZPP_OK && u < w->n_units; u++) {
+        size_t k = 0;
+        st = family_unit_numel(w, u, &k);
+        if (st == ZPP_OK && !(w->units[u] = malloc(k * sizeof(float))))
+            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
+        if (st == ZPP_OK) st = read(ctx, u, k, w->units[u]);
+    }
+    if (st != ZPP_OK) zpp_sample_weights_free(w);
+    w->dtype = ZPP_FP32;
+    w->step = -1;
+    return st;
+}
+
+typedef struct gpt2_folder {
+    zpp_hf_gpt2 *m;
+    zpp_gpt2_config cfg;
+} gpt2_folder;
+
+static zpp_status gpt2_folder_unit(void *c, int u, size_t numel, float *out) {
+    gpt2_folder *g = c;
+    return zpp_hf_gpt2_read_unit(g->m, &g->cfg, u, 0, numel, out);
+}
+
+typedef struct llama_folder {
+    zpp_hf_model *m;
+    zpp_llama_config lc;
+} llama_folder;
+
+static zpp_status llama_folder_unit(void *c, int u, size_t numel, float *out) {
+    llama_folder *l = c;
+    return zpp_hf_model_read_unit(l->m, &l->lc, u, 0, numel, out);
+}
+
 /* A Hugging Face GPT-2 folder (train/hf_gpt2.h): its own T (n_positions,
  * the position table's rows), each unit whole in fp32. */
 static zpp_status read_hf_gpt2(const char *dir, int seq_len, zpp_sample_weights *w_p) {
     if (seq_len)
         return zpp_error(ZPP_ERR_CONFIG, "sample: --seq-len is for a Llama-family folder; a "
                                          "GPT-2's T is its n_positions");
-    zpp_hf_gpt2 *hm = NULL;
-    ZPP_CHECK(zpp_hf_gpt2_open(dir, &hm));
-    const zpp_gpt2_config cfg = *zpp_hf_gpt2_config(hm);
+    gpt2_folder g = {NULL, {0}};
+    ZPP_CHECK(zpp_hf_gpt2_open(dir, &g.m));
+    g.cfg = *zpp_hf_gpt2_config(g.m);
     zpp_sample_weights w;
     memset(&w, 0, sizeof w);
     snprintf(w.family, sizeof w.family, "gpt2");
-    w.shape = gpt2_shape(&cfg);
-    w.n_units = cfg.n_layer + 1;
-    zpp_status st = ZPP_OK;
-    if (!(w.units = calloc((size_t)w.n_units, sizeof *w.units)))
-        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
-    for (int u = 0; st == ZPP_OK && u < w.n_units; u++) {
-        const size_t k = zpp_gpt2_unit_numel(&cfg, u);
-        if (!(w.units[u] = malloc(k * sizeof(float))))
-            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
-        if (st == ZPP_OK) st = zpp_hf_gpt2_read_unit(hm, &cfg, u, 0, k, w.units[u]);
-    }
-    zpp_hf_gpt2_close(hm);
-    if (st != ZPP_OK) {
-        zpp_sample_weights_free(&w);
-        return st;
-    }
-    w.dtype = ZPP_FP32; /* the stored values, widened exactly */
-    w.step = -1;
-    *w_p = w;
-    return ZPP_OK;
+    w.shape = gpt2_shape(&g.cfg);
+    w.n_units = g.cfg.n_layer + 1;
+    const zpp_status st = read_folder_units(&w, gpt2_folder_unit, &g);
+    zpp_hf_gpt2_close(g.m);
+    if (st == ZPP_OK) *w_p = w;
+    return st;
 }
 
 /* A Hugging Face Llama-family folder, read as `zeropp train --init-from`
@@ -442,24 +471,11 @@ static zpp_status read_hf(const char *dir, int seq_len, zpp_sample_weights *w_p)
     }
     snprintf(w.family, sizeof w.family, "llama");
     w.n_units = st == ZPP_OK ? lc.n_layer + 1 : 0;
-    if (st == ZPP_OK && !(w.units = calloc((size_t)w.n_units, sizeof *w.units)))
-        st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory");
-    for (int u = 0; st == ZPP_OK && u < w.n_units; u++) {
-        size_t k = 0;
-        st = family_unit_numel(&w, u, &k);
-        if (st == ZPP_OK && !(w.units[u] = malloc(k * sizeof(float))))
-            st = zpp_error(ZPP_ERR_NOMEM, "sample: out of memory for unit %d", u);
-        if (st == ZPP_OK) st = zpp_hf_model_read_unit(hm, &lc, u, 0, k, w.units[u]);
-    }
+    llama_folder l = {hm, lc};
+    if (st == ZPP_OK) st = read_folder_units(&w, llama_folder_unit, &l);
     zpp_hf_model_close(hm);
-    if (st != ZPP_OK) {
-        zpp_sample_weights_free(&w);
-        return st;
-    }
-    w.dtype = ZPP_FP32; /* the stored values, widened exactly */
-    w.step = -1;
-    *w_p = w;
-    return ZPP_OK;
+    if (st == ZPP_OK) *w_p = w;
+    return st;
 }
 
 zpp_status zpp_sample_read_weights(const char *path, int seq_len, zpp_sample_weights *w_p) {
