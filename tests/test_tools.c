@@ -597,7 +597,8 @@ static void test_cli_help_version(void) {
  * not) has the parameters of its Hugging Face tensors counted here, the
  * FLOPs 6 P + 12 L C T a token, its activations counted; a GPT-2 config
  * the --model count. `--init-from DIR` with the same shape in DIR's
- * config.json (T from a --config) plans the same. */
+ * config.json (a Llama's T from a --config) plans the same, for a Llama
+ * and for a GPT-2. */
 static void test_plan_config_family(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(31));
     char path[512], cmd[2048], dir[512], hf[600], tcfg[512];
@@ -654,6 +655,36 @@ static void test_plan_config_family(void) {
             EXPECT(cJSON_Compare(o[m], h[m], 1), "it %d: --init-from plans mode %d otherwise",
                    it, m);
             cJSON_Delete(o[m]), cJSON_Delete(h[m]);
+        }
+    }
+    /* a GPT-2 folder plans as a --config of its shape (T its n_positions) */
+    {
+        char text[400], cmd2[2048];
+        const int L = 1 + (int)(zpp_rng_u64(&r) % 6), H = 1 + (int)(zpp_rng_u64(&r) % 4);
+        const int C = H * 8 * (1 + (int)(zpp_rng_u64(&r) % 16));
+        const int T = 8 + (int)(zpp_rng_u64(&r) % 500), V = 1 + (int)(zpp_rng_u64(&r) % 5000);
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\", "
+                 "\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"n_positions\": %d, "
+                 "\"vocab_size\": %d}\n",
+                 L, H, C, T, V);
+        zpp_test_write_file(hf, text, strlen(text));
+        snprintf(text, sizeof text,
+                 "{\"model\": {\"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+                 "\"seq_len\": %d, \"vocab_size\": %d}}\n",
+                 L, H, C, T, V);
+        zpp_test_write_file(path, text, strlen(text));
+        snprintf(cmd, sizeof cmd, "%s plan --init-from %s --world 4 --micro-batch 2 --json",
+                 getenv("ZPP_CLI"), dir);
+        snprintf(cmd2, sizeof cmd2, "%s plan --config %s --world 4 --micro-batch 2 --json",
+                 getenv("ZPP_CLI"), path);
+        cJSON *o[MAX_LINES], *g[MAX_LINES];
+        const int n = run_json(cmd, o, MAX_LINES);
+        EXPECT(n == 5 && run_json(cmd2, g, MAX_LINES) == n, "%d modes", n);
+        for (int m = 0; m < n; m++) {
+            EXPECT(!strcmp(str(o[m], "family"), "gpt2") && cJSON_Compare(o[m], g[m], 1),
+                   "a GPT-2 folder plans mode %d otherwise than its config's shape", m);
+            cJSON_Delete(o[m]), cJSON_Delete(g[m]);
         }
     }
     /* a shape the family refuses, named */

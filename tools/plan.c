@@ -21,6 +21,7 @@
 #include "plan/cost.h"
 #include "train/config.h"
 #include "train/hf_config.h"
+#include "train/hf_gpt2.h"
 #include "train/hf_model.h"
 #include "zeropp.h"
 
@@ -63,7 +64,8 @@ static void plan_usage(FILE *f) {
             "model.family included: a llama's grouped-query k and v, SwiGLU MLP, untied head\n"
             "and q/k/v biases are counted, and its activations are the CUDA Llama's.\n"
             "--init-from DIR takes the shape from a Hugging Face folder's config.json as\n"
-            "`zeropp train --init-from` does (with --config for seq_len and the rest).\n"
+            "`zeropp train --init-from` does (a Llama's seq_len and the rest from --config;\n"
+            "a GPT-2's T is its n_positions).\n"
             "--gpu picks the FLOP/s (datasheet\n"
             "dense fp16/bf16 peak x 0.4) and the NVLink bandwidth (default h200); --tflops\n"
             "sets the achieved TFLOP/s per GPU. --inter-gbps: Gb/s of one node's cross-node\n"
@@ -538,7 +540,11 @@ static int plan_shape_from_config(const char *path, const char *hf_dir, plan_opt
     char json[4200];
     const char *what = path ? "plan: --config" : "plan: --init-from";
     zpp_status st = zpp_train_config_defaults(&cfg);
-    if (st == ZPP_OK && hf_dir) {
+    const int gpt2 = hf_dir && zpp_hf_gpt2_is_dir(hf_dir);
+    zpp_gpt2_config g;
+    if (st == ZPP_OK && gpt2) st = zpp_hf_gpt2_read_config(hf_dir, &g);
+    if (st == ZPP_OK && gpt2) cfg.model = g;
+    if (st == ZPP_OK && hf_dir && !gpt2) {
         snprintf(json, sizeof json, "%s/config.json", hf_dir);
         st = zpp_hf_is_model_dir(hf_dir)
                  ? zpp_hf_config_read(json, &hf)
@@ -549,7 +555,8 @@ static int plan_shape_from_config(const char *path, const char *hf_dir, plan_opt
         if (st == ZPP_OK) st = zpp_hf_apply_shape(&hf, &cfg);
     }
     if (st == ZPP_OK && path) st = zpp_train_config_load_file(path, &cfg);
-    if (st == ZPP_OK && hf_dir) st = zpp_hf_check_shape(&hf, &cfg, hf_dir);
+    if (st == ZPP_OK && hf_dir && !gpt2) st = zpp_hf_check_shape(&hf, &cfg, hf_dir);
+    if (st == ZPP_OK && gpt2) st = zpp_hf_gpt2_check_shape(&g, hf_dir, &cfg.model);
     if (st != ZPP_OK) return zpp_cli_fail(what, st);
     const zpp_gpt2_config *m = &cfg.model;
     ci->n_layer = m->n_layer;

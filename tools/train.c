@@ -694,10 +694,11 @@ static void print_seq_len_note(const char *init_from, int seq_len) {
     zpp_hf_config hf;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", init_from);
-    if (!zpp_hf_is_model_dir(init_from) || zpp_train_config_defaults(&d) != ZPP_OK ||
-        seq_len != d.model.seq_len || zpp_hf_config_read(path, &hf) != ZPP_OK ||
-        hf.max_position_embeddings <= seq_len)
-        return;
+    zpp_error_hold(); /* a probe (a GPT-2's config.json is no Llama's): no message */
+    const int read = zpp_hf_is_model_dir(init_from) && zpp_train_config_defaults(&d) == ZPP_OK &&
+                     seq_len == d.model.seq_len && zpp_hf_config_read(path, &hf) == ZPP_OK;
+    zpp_error_release();
+    if (!read || hf.max_position_embeddings <= seq_len) return;
     printf("note: sequences of %d tokens, model.seq_len's default; the model takes up to %d "
            "positions: set the length to train at (--set model.seq_len=2048, or in --config)\n",
            seq_len, hf.max_position_embeddings);
