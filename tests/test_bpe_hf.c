@@ -424,7 +424,8 @@ static cJSON *tv_json(const tvocab *v, int pairs) {
         cJSON_AddTrueToObject(a, "special");
         cJSON_AddItemToArray(added, a);
     }
-    if (v->nfc) cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "normalizer"), "type", "NFC");
+    if (v->nfc)
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "normalizer"), "type", "NFC");
     else cJSON_AddNullToObject(root, "normalizer");
     cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
     cJSON_AddStringToObject(pt, "type", "Sequence");
@@ -474,6 +475,23 @@ static void write_json(const cJSON *j, const char *name, char *path) {
     char *text = cJSON_Print(j);
     zpp_test_write_file(path, text, strlen(text));
     cJSON_free(text);
+}
+
+/* For a test through the tool: j written as NAME.json (its path into tj)
+ * and deleted, the tokenizer loaded from it, and the paths of the tool's
+ * text and token file, NAME_in.txt and NAME_out.bin, into in and out. */
+static zpp_bpe *tool_files(cJSON *j, const char *name, char *tj, char *in, char *out) {
+    char file[64];
+    snprintf(file, sizeof file, "%s.json", name);
+    write_json(j, file, tj);
+    cJSON_Delete(j);
+    zpp_bpe *bpe = NULL;
+    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
+    snprintf(file, sizeof file, "%s_in.txt", name);
+    zpp_test_tmp_path(file, in);
+    snprintf(file, sizeof file, "%s_out.bin", name);
+    zpp_test_tmp_path(file, out);
+    return bpe;
 }
 
 static zpp_bpe *load_tv(const tvocab *v, int pairs, const char *name) {
@@ -853,13 +871,7 @@ static void test_tool_tokenizer_json(void) {
     for (int k = 0; k < v.n; k++) /* (streaming must hold what lstrip or rstrip may take) */
         if (v.t[k].special) v.t[k].strip = irand(&r, 0, 3);
     char tj[512], in[512], out[512], args[4096], msg[8192];
-    cJSON *j = tv_json(&v, 1);
-    write_json(j, "tool.json", tj);
-    cJSON_Delete(j);
-    zpp_bpe *bpe = NULL;
-    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
-    zpp_test_tmp_path("in.txt", in);
-    zpp_test_tmp_path("out.bin", out);
+    zpp_bpe *bpe = tool_files(tv_json(&v, 1), "tool", tj, in, out);
     for (int special = 0; special < 2; special++) {
         buf t = {0};
         puts_(&t, "<|begin_of_text|>");
@@ -910,12 +922,7 @@ static void test_tool_strip_streaming(void) {
         cJSON_GetObjectItem(cJSON_GetObjectItem(j, "pre_tokenizer"), "pretokenizers"), 0);
     cJSON_ReplaceItemInObject(cJSON_GetObjectItem(split, "pattern"), "Regex",
                               cJSON_CreateString("\\s|[^\\s]+"));
-    write_json(j, "strip.json", tj);
-    cJSON_Delete(j);
-    zpp_bpe *bpe = NULL;
-    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
-    zpp_test_tmp_path("strip_in.txt", in);
-    zpp_test_tmp_path("strip_out.bin", out);
+    zpp_bpe *bpe = tool_files(j, "strip", tj, in, out);
     static const char *const gaps[] = {" ", "   ", "\n", "\t \n", "\xC2\xA0", "\xE3\x80\x80 "};
     for (int trial = 0; trial < 8; trial++) {
         buf t = {0};
@@ -963,13 +970,7 @@ static void test_nfc_normalizer(void) {
     tok *cafe = &v.t[v.n++]; /* a normalized token whose content is not NFC */
     *cafe = (tok){.b = "cafe\xCC\x81", .len = 6, .id = 70200, .special = 2};
     char tj[512], in[512], out[512], args[4096], msg[8192];
-    cJSON *j = tv_json(&v, 1);
-    write_json(j, "nfc.json", tj);
-    cJSON_Delete(j);
-    zpp_bpe *bpe = NULL;
-    EXPECT_OK(zpp_bpe_load_hf(tj, &bpe));
-    zpp_test_tmp_path("nfc_in.txt", in);
-    zpp_test_tmp_path("nfc_out.bin", out);
+    zpp_bpe *bpe = tool_files(tv_json(&v, 1), "nfc", tj, in, out);
     for (int trial = 0; trial < 12; trial++) {
         buf t = {0};
         const size_t target =
@@ -1272,7 +1273,8 @@ static void random_sp_text(zpp_rng *r, buf *s, size_t target, int invalid) {
             uint8_t u[4];
             size_t n = 0;
             if (cp < 0x80) u[n++] = (uint8_t)cp;
-            else if (cp < 0x800) u[n++] = (uint8_t)(0xC0 | cp >> 6), u[n++] = (uint8_t)(0x80 | (cp & 63));
+            else if (cp < 0x800)
+                u[n++] = (uint8_t)(0xC0 | cp >> 6), u[n++] = (uint8_t)(0x80 | (cp & 63));
             else if (cp < 0x10000)
                 u[n++] = (uint8_t)(0xE0 | cp >> 12), u[n++] = (uint8_t)(0x80 | (cp >> 6 & 63)),
                 u[n++] = (uint8_t)(0x80 | (cp & 63));

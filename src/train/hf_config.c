@@ -507,6 +507,10 @@ zpp_status zpp_hf_config_read(const char *path, zpp_hf_config *cfg_p) {
 static const char *const dtype_names[] = {[ZPP_FP32] = "float32", [ZPP_BF16] = "bfloat16",
                                           [ZPP_FP16] = "float16"};
 
+const char *zpp_hf_torch_dtype_name(zpp_dtype dtype) {
+    return dtype == ZPP_FP32 || dtype == ZPP_BF16 || dtype == ZPP_FP16 ? dtype_names[dtype] : NULL;
+}
+
 /* key: v, read back bit for bit (json_exact.h): parse(write(x)) must be x. */
 static int add_double(cJSON *o, const char *key, double v) {
     char s[40];

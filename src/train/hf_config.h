@@ -133,6 +133,9 @@ zpp_status zpp_hf_config_write(const char *path, const zpp_hf_config *cfg);
  * with those set to it (torch_dtype added where it has neither), printed
  * by cJSON with every number exact (json_exact.h). */
 zpp_status zpp_hf_config_write_like(const char *path, const char *like, zpp_dtype dtype);
+/* torch_dtype's name of dtype ("float32", "bfloat16", "float16"); NULL for
+ * another dtype. */
+const char *zpp_hf_torch_dtype_name(zpp_dtype dtype);
 
 #ifdef __cplusplus
 }

@@ -6,31 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
 #include "core/error.h"
 #include "core/file.h"
-
-/* One tensor's elements from a unit: x[0, rows * cols) as held, or with
- * transposed set the [rows][cols] transpose of the [cols][rows] matrix x. */
-typedef struct gpt2_fill {
-    const float *x;
-    int64_t rows, cols;
-    int transposed;
-    zpp_dtype dtype;
-} gpt2_fill;
-
-/* Bytes [offset, offset + n) of a tensor in the export dtype: fp32 as
- * held, bf16 and fp16 rounded to nearest even (core/dtype.h). */
-static zpp_status fill_tensor(void *vctx, size_t offset, size_t n, void *out) {
-    const gpt2_fill *f = vctx;
-    const size_t es = zpp_dtype_size(f->dtype), first = offset / es, count = n / es;
-    for (size_t i = 0; i < count; i++) {
-        const size_t e = first + i, r = e / (size_t)f->cols, c = e % (size_t)f->cols;
-        const float v = f->transposed ? f->x[c * (size_t)f->rows + r] : f->x[e];
-        zpp_store_f32(out, f->dtype, i, v);
-    }
-    return ZPP_OK;
-}
 
 /* ---- The tensors and their places ------------------------------------------------ */
 
@@ -94,7 +71,7 @@ static void gpt2_slots(const zpp_gpt2_config *cfg, gpt2_slot *s) {
 /* The tensors' names, sources and fills. */
 typedef struct gpt2_tensors {
     zpp_st_source *src;
-    gpt2_fill *fill;
+    zpp_hf_fill_ctx *fill;
     char (*names)[64];
     size_t n;
     zpp_dtype dtype;
@@ -111,9 +88,9 @@ static void gpt2_sources(const zpp_gpt2_config *cfg, const float *const *units,
         const gpt2_slot *s = &slots[k];
         const float *x = units[s->unit] + s->offset;
         snprintf(t->names[k], sizeof t->names[k], "transformer.%s", s->name);
-        t->fill[k] = (gpt2_fill){x, s->rows, s->cols ? s->cols : 1, s->transposed, t->dtype};
+        t->fill[k] = (zpp_hf_fill_ctx){x, s->rows, s->cols, s->transposed, t->dtype};
         t->src[k] = (zpp_st_source){.name = t->names[k], .dtype = sd, .ndim = s->cols ? 2 : 1,
-                                    .fill = fill_tensor, .ctx = &t->fill[k]};
+                                    .fill = zpp_hf_fill, .ctx = &t->fill[k]};
         t->src[k].shape[0] = s->rows, t->src[k].shape[1] = s->cols;
         if (t->dtype == ZPP_FP32 && !s->transposed) t->src[k].data = x; /* as held */
     }
@@ -128,8 +105,6 @@ typedef struct gpt2_config_out {
 static zpp_status write_gpt2_config(const char *path, void *arg) {
     const gpt2_config_out *o = arg;
     const zpp_gpt2_config *c = o->cfg;
-    static const char *const dtype_names[] = {[ZPP_FP32] = "float32", [ZPP_BF16] = "bfloat16",
-                                              [ZPP_FP16] = "float16"};
     const int V = zpp_gpt2_real_vocab(c);
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateStringArray((const char *const[]){"GPT2LMHeadModel"}, 1);
@@ -157,7 +132,7 @@ static zpp_status write_gpt2_config(const char *path, void *arg) {
         ok = (V == 50257 ? cJSON_AddNumberToObject(j, key, 50256) : cJSON_AddNullToObject(j, key))
              != NULL;
     }
-    ok = ok && cJSON_AddStringToObject(j, "torch_dtype", dtype_names[o->dtype]);
+    ok = ok && cJSON_AddStringToObject(j, "torch_dtype", zpp_hf_torch_dtype_name(o->dtype));
     char *text = ok ? cJSON_Print(j) : NULL;
     cJSON_Delete(j);
     if (!text) return zpp_error(ZPP_ERR_NOMEM, "config: out of memory");

@@ -442,18 +442,15 @@ zpp_status zpp_hf_config_of_llama(const zpp_llama_config *c, zpp_hf_arch arch,
     return ZPP_OK;
 }
 
-typedef struct fill_ctx {
-    const float *x; /* the slot's elements; NULL: zeros */
-    zpp_dtype dtype;
-} fill_ctx;
-
-/* Bytes [offset, offset + n) of a slot in the export dtype: fp32 as held,
- * bf16 and fp16 rounded to nearest even (core/dtype.h). */
-static zpp_status fill_slot(void *vctx, size_t offset, size_t n, void *out) {
-    const fill_ctx *c = vctx;
+zpp_status zpp_hf_fill(void *vctx, size_t offset, size_t n, void *out) {
+    const zpp_hf_fill_ctx *c = vctx;
     const size_t es = zpp_dtype_size(c->dtype), first = offset / es, count = n / es;
-    for (size_t i = 0; i < count; i++)
-        zpp_store_f32(out, c->dtype, i, c->x ? c->x[first + i] : 0.0f);
+    const size_t rows = (size_t)c->rows, cols = (size_t)(c->cols ? c->cols : 1);
+    for (size_t i = 0; i < count; i++) {
+        const size_t e = first + i, r = e / cols, k = e % cols;
+        const float v = !c->x ? 0.0f : c->transposed ? c->x[k * rows + r] : c->x[e];
+        zpp_store_f32(out, c->dtype, i, v);
+    }
     return ZPP_OK;
 }
 
@@ -473,12 +470,12 @@ static void remove_dir(const char *dir) {
 /* The sources of every slot, their fills in ctx. */
 static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
                                  const float *const *units, zpp_dtype dtype,
-                                 zpp_st_source **src_p, fill_ctx **ctx_p, size_t *n_p) {
+                                 zpp_st_source **src_p, zpp_hf_fill_ctx **ctx_p, size_t *n_p) {
     zpp_hf_slot *s = NULL;
     size_t n = 0;
     ZPP_CHECK(zpp_hf_slots(cfg, all_four, &s, &n));
     zpp_st_source *src = calloc(n, sizeof *src);
-    fill_ctx *ctx = calloc(n, sizeof *ctx);
+    zpp_hf_fill_ctx *ctx = calloc(n, sizeof *ctx);
     char *names = malloc(n * sizeof s->name);
     if (!src || !ctx || !names) {
         free(s), free(src), free(ctx), free(names);
@@ -489,8 +486,9 @@ static zpp_status export_sources(const zpp_llama_config *cfg, int all_four,
     for (size_t j = 0; j < n; j++) {
         char *name = names + j * sizeof s->name; /* freed with src[0].name */
         memcpy(name, s[j].name, sizeof s->name);
-        ctx[j] = (fill_ctx){s[j].zero_tensor ? NULL : units[s[j].unit] + s[j].offset, dtype};
-        src[j] = (zpp_st_source){.name = name, .dtype = sd, .ndim = s[j].ndim, .fill = fill_slot,
+        ctx[j] = (zpp_hf_fill_ctx){s[j].zero_tensor ? NULL : units[s[j].unit] + s[j].offset,
+                                   s[j].shape[0], s[j].shape[1], 0, dtype};
+        src[j] = (zpp_st_source){.name = name, .dtype = sd, .ndim = s[j].ndim, .fill = zpp_hf_fill,
                                  .ctx = &ctx[j]};
         src[j].shape[0] = s[j].shape[0], src[j].shape[1] = s[j].shape[1];
         if (dtype == ZPP_FP32 && ctx[j].x) src[j].data = ctx[j].x; /* as held: no copy */
@@ -568,7 +566,7 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
                                          "model's (qkv_bias %d, o_bias %d)",
                          hf->architecture, cfg->qkv_bias, cfg->o_bias);
     zpp_st_source *src = NULL;
-    fill_ctx *ctx = NULL;
+    zpp_hf_fill_ctx *ctx = NULL;
     size_t n = 0;
     ZPP_CHECK(export_sources(cfg, zpp_hf_config_arch(hf) == ZPP_HF_LLAMA, units, dtype, &src,
                              &ctx, &n));

@@ -160,6 +160,19 @@ zpp_status zpp_hf_export(const char *dir, const zpp_llama_config *cfg, const zpp
                          const float *const *units, const zpp_hf_export_opts *opts,
                          int *shards_p);
 
+/* One tensor's bytes as an export writes them (a zpp_st_fill_fn over a
+ * zpp_hf_fill_ctx): elements of x[0, rows * cols) (cols 0: a vector; x
+ * NULL: zeros), or with transposed the [rows][cols] transpose of the
+ * [cols][rows] matrix x (GPT-2's Conv1D weights, train/hf_gpt2.h), in
+ * dtype: fp32 as held, bf16 and fp16 rounded to nearest even. */
+typedef struct zpp_hf_fill_ctx {
+    const float *x;
+    int64_t rows, cols;
+    int transposed;
+    zpp_dtype dtype;
+} zpp_hf_fill_ctx;
+zpp_status zpp_hf_fill(void *ctx, size_t offset, size_t n, void *out);
+
 /* What every export writes (zpp_hf_export, train/hf_gpt2.h): the folder
  * `dir`, which must not exist, whole or not at all: into DIR.tmp.<pid>
  * config.json by write_config(path, arg), the tensors src[0, n) as

@@ -4,7 +4,8 @@
 # transformers itself: a random Llama in Hugging Face's form
 # (tests/llama_hf_helper.c: GQA 4:1, head dim 64, untied head) beside a
 # byte-level BPE tokenizer.json trained here on Tiny Shakespeare by
-# Hugging Face tokenizers, in four forms, each with fresh random weights:
+# Hugging Face tokenizers, in four forms, and two GPT-2s, each with fresh
+# random weights:
 #   - a LlamaForCausalLM, rope_theta 500000, exported fp32 in one file;
 #   - one with Llama 3's rope_scaling (type llama3, factor 8, original
 #     context 8192: it rescales the low frequencies at any T), exported bf16
@@ -14,18 +15,19 @@
 #     shards, GPT-2's vocab.json and merges.txt), scored against the llm.c
 #     file of the same checkpoint;
 #   - a GPT-2 the other way: written by transformers, read by zeropp.
-# For each: `zeropp tokenize --tokenizer` of 20 kB of the text must give
-# transformers' ids for it, token for token; the model is imported
-# (`train --init-from`), trained 3 steps and exported; transformers loads
-# the export (AutoModelForCausalLM in fp32, AutoTokenizer) and its mean
-# loss over 3 batches of those tokens must be `zeropp eval --init-from` of
-# the same folder within 1e-5 relative (both fp32 from the same stored
-# values: the sums' order apart, the same arithmetic); the exported
-# config.json must be the imported one (torch_dtype apart: the export's),
-# and the tokenizer's ids on the text unchanged; and `zeropp sample` of the
-# folder at temperature 0 must pick transformers' largest logit for each of
-# 24 new tokens (or one within 1e-4 of it: a near-tie). Skips (77) where transformers or PyTorch is missing:
-# they are not in CI (ctest -L torch runs it).
+# For each Llama form: `zeropp tokenize --tokenizer` of 20 kB of the text
+# must give transformers' ids for it, token for token; the model is
+# imported (`train --init-from`), trained 3 steps and exported; the
+# exported config.json must be the imported one (torch_dtype apart: the
+# export's). For every form: transformers loads the folder
+# (AutoModelForCausalLM in fp32, AutoTokenizer); its tokenizer's ids on the
+# text are ours; its mean loss over 3 batches of those tokens must be
+# `zeropp eval --init-from`'s of the same values within 1e-5 relative (both
+# fp32: the sums' order apart, the same arithmetic); and `zeropp sample` at
+# temperature 0 must pick transformers' largest logit for each of
+# 24 new tokens (or one within 1e-4 of it: a near-tie). Skips (77) where
+# transformers or PyTorch is missing: they are not in CI (ctest -L torch
+# runs it).
 #
 # Usage: hf_transformers.sh ZEROPP_CLI LLAMA_HF_HELPER TEXT
 set -euo pipefail
