@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Where one training step goes, kernel by kernel, ours against llm.c at llm.c's two shapes
+# (GPT 1.31B mb 4, GPT-2 124M mb 8; T 1024, bf16), on one GPU:
+#   bash bench/gpu/step_profile.sh            profile and summarise (needs ncu, a GPU,
+#                                             build-gpu/zeropp and build-gpu/llmc:
+#                                             `bash bench/train/race.sh prep` builds both)
+#   bash bench/gpu/step_profile.sh sum CSV... summarise captures made before (ncu --csv,
+#                                             gzipped or not), no GPU needed
+# One step of each system runs under `ncu --metrics gpu__time_duration.sum` (each kernel's
+# own time: gaps between kernels are not counted). The step is ours from embed_forward to
+# the last AdamW launch, llm.c's between two encoder_forward launches. Kernels are summed
+# into the rows bench/RESULTS.md compares; "first step only" are the launches that only a
+# first step makes (ours: the resident bf16 copy made from the masters; llm.c: its masters
+# made from the parameters), which "steady" leaves out. Output in $OUT (default
+# ./profile-out): ncu_NAME.csv.gz and summary.txt.
+#   TIMEOUT=150 s each capture
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150}
+mkdir -p "$OUT"
+
+summarise() { # CSV... -> one table per capture
+  python3 - "$@" << 'PY'
+import csv, gzip, re, sys
+ROWS = [  # (row, test on the kernel's name); the first that matches takes the kernel
+    ("first step only", lambda k: "k_convert" in k or "copy_and_cast" in k),
+    ("attention (cuDNN or ours)", lambda k: "cudnn" in k or "attention" in k or "sdpa" in k),
+    ("AdamW", lambda k: "adamw" in k),
+    ("gradient norm", lambda k: "sumsq" in k or "norm_squared" in k or "global_sum" in k),
+    ("cross-entropy", lambda k: "cross_entropy" in k or "classifier" in k),
+    ("products (with their epilogues; llm.c: + its GELU)", lambda k: re.search(
+        r"nvjet|gemm|xmma|cutlass|gelu_forward_kernel2|gelu_backward_inplace", k) is not None),
+    ("LayerNorm backward, bias and weight sums", lambda k: re.search(
+        r"layernorm_backward|rowgroup_finish|colsum|widen_kernel|add_sums|matmul_backward_bias|reduce_add_sum", k)),
+    ("LayerNorm forward, recomputes, GELU recompute", lambda k: re.search(
+        r"layernorm_forward|layernorm_recompute|fused_residual|gelu_forward_kernel<", k)),
+    ("embeddings and the rest", lambda k: True),
+]
+def rows_of(path):
+    f = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    lines = [l for l in f if l.startswith('"')]
+    return [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")))
+            for r in csv.DictReader(lines) if r.get("Metric Name") == "gpu__time_duration.sum"]
+for path in sys.argv[1:]:
+    ks = rows_of(path)
+    names = [k for k, _ in ks]
+    start = "embed_forward" if any("embed_forward" in k for k in names) else "encoder_forward"
+    marks = [i for i, k in enumerate(names) if start in k]
+    if not marks:
+        print(f"{path}: no {start} launch captured ({len(ks)} kernels)"); continue
+    # the first window between two step starts that holds an AdamW launch (a
+    # training step, not an evaluation's forward); ours ends at its last AdamW
+    bounds, step = marks + [len(ks)], None
+    for a, b in zip(bounds, bounds[1:]):
+        ad = [i for i in range(a, b) if "adamw" in names[i]]
+        if ad:
+            step = ks[a:(ad[-1] + 1 if start == "embed_forward" else b)]
+            break
+    if step is None:
+        print(f"{path}: no AdamW launch after {start}"); continue
+    sums = {r: 0.0 for r, _ in ROWS}
+    for k, t in step:
+        sums[next(r for r, test in ROWS if test(k))] += t / 1e6
+    total = sum(sums.values())
+    print(f"{path}: {len(step)} launches, {total:.2f} ms of kernels a step, "
+          f"{total - sums['first step only']:.2f} ms steady")
+    for r, _ in ROWS:
+        print(f"  {sums[r]:8.2f} ms  {r}")
+PY
+}
+
+if [ "${1:-}" = sum ]; then shift; summarise "$@"; exit; fi
+
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+[ -x "$NCU" ] || { echo "ncu not found: put Nsight Compute's ncu on PATH"; exit 2; }
+[ -x build-gpu/zeropp ] && [ -x build-gpu/llmc/train_gpt2cu ] ||
+  { echo "build-gpu/zeropp or build-gpu/llmc missing: run bash bench/train/race.sh prep first"; exit 2; }
+cfg124=$OUT/gpt_124m.json # llm.c's d12: 12 x 768, 12 heads of 64, mb 8
+sed 's/"n_head": 16/"n_head": 12/; s/"n_layer": 24/"n_layer": 12/; s/"n_embd": 2048/"n_embd": 768/;
+     s/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 8/' \
+  bench/train/gpt_1p3b_zero3.json > "$cfg124"
+capture() { # NAME DIR CMD...
+  local name=$1 dir=$2; shift 2
+  (cd "$dir" && timeout "$TIMEOUT" "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+    --csv --print-units base "$@") > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.err" ||
+    echo "$name: ncu exited $? (see $OUT/ncu_$name.err)"
+  gzip -f "$OUT/ncu_$name.csv"
+}
+LM="-t 1024 -x 1 -v 100000 -s 0 -m 1 -i tokens.bin -j tokens.bin"
+capture ours_1p3b . build-gpu/zeropp train --device gpu --config bench/train/gpt_1p3b_zero3.json --steps 1 --quiet
+capture ours_124m . build-gpu/zeropp train --device gpu --config "$cfg124" --steps 1 --quiet
+# shellcheck disable=SC2086
+capture llmc_1p3b build-gpu/llmc ./train_gpt2cu -e gpt3:c2048 -b 4 -d 4096 $LM
+# shellcheck disable=SC2086
+capture llmc_124m build-gpu/llmc ./train_gpt2cu -e d12 -b 8 -d 8192 $LM
+summarise "$OUT"/ncu_ours_1p3b.csv.gz "$OUT"/ncu_llmc_1p3b.csv.gz "$OUT"/ncu_ours_124m.csv.gz \
+  "$OUT"/ncu_llmc_124m.csv.gz | tee "$OUT/summary.txt"
