@@ -16,7 +16,7 @@
 #   TIMEOUT=150 s each capture
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150}
+OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150}
 mkdir -p "$OUT"
 
 summarise() { # CSV... -> one table per capture
@@ -75,10 +75,9 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 [ -x "$NCU" ] || { echo "ncu not found: put Nsight Compute's ncu on PATH"; exit 2; }
 [ -x build-gpu/zeropp ] && [ -x build-gpu/llmc/train_gpt2cu ] ||
   { echo "build-gpu/zeropp or build-gpu/llmc missing: run bash bench/train/race.sh prep first"; exit 2; }
-cfg124=$OUT/gpt_124m.json # llm.c's d12: 12 x 768, 12 heads of 64, mb 8
-sed 's/"n_head": 16/"n_head": 12/; s/"n_layer": 24/"n_layer": 12/; s/"n_embd": 2048/"n_embd": 768/;
-     s/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 8/' \
-  bench/train/gpt_1p3b_zero3.json > "$cfg124"
+# llm.c's d12: the race's 124M config with heads of 64, as its h64 variant makes it
+cfg124=$OUT/gpt_124m_h64.json
+sed -E 's/("n_head": *)[0-9]+/\112/' bench/train/gpt_124m_zero3.json > "$cfg124"
 capture() { # NAME DIR CMD...
   local name=$1 dir=$2; shift 2
   (cd "$dir" && timeout "$TIMEOUT" "$NCU" --clock-control none --metrics gpu__time_duration.sum \
