@@ -22,6 +22,27 @@ static unsigned grid_for(size_t n, unsigned threads) {
     return blocks ? (unsigned)blocks : 1u;
 }
 
+/* grid_for, at most the blocks of `kernel` the GPU holds at once (every
+ * SM at the kernel's occupancy limit). A grid-stride loop over more blocks
+ * than that runs in waves, and its last wave, partly full, keeps too few
+ * loads in flight to hold the memory's bandwidth: AdamW (48 registers a
+ * thread, 5 CTAs of 256 an SM, 660 on 132 SMs) ran grid_for's 2,112 CTAs
+ * in three full waves and a fifth of one. grid_for's cap where the
+ * runtime cannot say. */
+static unsigned grid_resident(const void *kernel, size_t n, unsigned threads) {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, 0) !=
+            cudaSuccess ||
+        sms <= 0 || per_sm <= 0) {
+        (void)cudaGetLastError(); /* not sticky: the launch reports its own errors */
+        return grid_for(n, threads);
+    }
+    const size_t fill = (size_t)sms * (size_t)per_sm, want = (n + threads - 1) / threads;
+    return (unsigned)(want < fill ? (want ? want : 1) : fill);
+}
+
 __global__ void zpp_dcu_add_kernel(float *acc, const float *x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -107,14 +128,18 @@ __global__ void zpp_dcu_sumsq_kernel(const T *__restrict__ x, size_t n, double *
     if (threadIdx.x == 0) atomicAdd(out, part[0]);
 }
 
+template <typename T>
+static void sumsq_launch_as(cudaStream_t s, const T *x, size_t n, double *out) {
+    const size_t per = 16 / sizeof(T); /* the kernel's elements a thread an iteration */
+    const unsigned blocks =
+        grid_resident((const void *)zpp_dcu_sumsq_kernel<T>, (n + per - 1) / per, 256);
+    zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>(x, n, out);
+}
+
 static void sumsq_launch(cudaStream_t s, const void *x, size_t n, zpp_dtype dt, double *out) {
-    const unsigned blocks = grid_for(n, 256);
-    if (dt == ZPP_BF16)
-        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const __nv_bfloat16 *)x, n, out);
-    else if (dt == ZPP_FP16)
-        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const __half *)x, n, out);
-    else
-        zpp_dcu_sumsq_kernel<<<blocks, 256, 0, s>>>((const float *)x, n, out);
+    if (dt == ZPP_BF16) sumsq_launch_as(s, (const __nv_bfloat16 *)x, n, out);
+    else if (dt == ZPP_FP16) sumsq_launch_as(s, (const __half *)x, n, out);
+    else sumsq_launch_as(s, (const float *)x, n, out);
 }
 
 extern "C" zpp_status zpp_dcu_sumsq(void *stream, const void *const *x, const size_t *n, int k,
@@ -275,7 +300,9 @@ template <typename G>
 static void adamw_launch(cudaStream_t s, float *param, float *m, float *v, void *grad, size_t n,
                          const zpp_adamw_args *a, float c1, float c2, void *work,
                          zpp_dtype work_dtype, bool quads) {
-    zpp_dcu_adamw_kernel<G><<<grid_for(quads ? n / 4 : n, 256), 256, 0, s>>>(
+    const unsigned grid =
+        grid_resident((const void *)zpp_dcu_adamw_kernel<G>, quads ? n / 4 : n, 256);
+    zpp_dcu_adamw_kernel<G><<<grid, 256, 0, s>>>(
         param, m, v, (G *)grad, n, *a, c1, c2, work, (int)work_dtype, quads);
 }
 
