@@ -226,7 +226,8 @@ zpp_status zpp_cu_embed_forward(zpp_cu *cu, const zpp_cu_batch *b, float *out, c
                                 const void *wpe, size_t n, int T, int C);
 
 /* dwte[token] += dres[row] over the batch's rows, each token's rows in
- * ascending order (one CTA per distinct token: no atomics); dwte in G.
+ * ascending order (a warp per distinct token and 256 channels, or with
+ * C % 8 != 0 a CTA per token: no atomics); dwte in G.
  * Rows of tokens the batch lacks are not written: under grad_first (an
  * untied embedding's first write) they would keep stale values, so a model
  * clears grad_first here unless another write (a tied head) covered dwte. */
