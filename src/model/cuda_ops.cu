@@ -918,16 +918,10 @@ zpp_status zpp_cu_embed_backward(zpp_cu *cu, const zpp_cu_batch *b, void *dwte,
         const size_t warps = (size_t)b->n_seg * ((C + kSliceWidth - 1) / kSliceWidth);
         const unsigned grid = zpp_cu_grid_for(warps * 32);
         const bool first = cu->grad_first != 0;
-        if (cu->gdtype == ZPP_BF16)
-            embed_backward_wte8_kernel<<<grid, kThreads, 0, cu->stream>>>(
-                (__nv_bfloat16 *)dwte, first, dres, b->d_seg_tok, b->d_seg_start, b->d_pos,
-                b->n_seg, C);
-        else if (cu->gdtype == ZPP_FP16)
-            embed_backward_wte8_kernel<<<grid, kThreads, 0, cu->stream>>>(
-                (__half *)dwte, first, dres, b->d_seg_tok, b->d_seg_start, b->d_pos, b->n_seg, C);
-        else
-            embed_backward_wte8_kernel<<<grid, kThreads, 0, cu->stream>>>(
-                (float *)dwte, first, dres, b->d_seg_tok, b->d_seg_start, b->d_pos, b->n_seg, C);
+        /* E here is G, the gradients' dtype (fp32 or the working dtype) */
+        ZPP_WITH_E(cu->gdtype, embed_backward_wte8_kernel<<<grid, kThreads, 0, cu->stream>>>(
+                                   (E *)dwte, first, dres, b->d_seg_tok, b->d_seg_start,
+                                   b->d_pos, b->n_seg, C));
     } else {
         unsigned cy = (unsigned)((C + kThreads - 1) / kThreads);
         if (cy > 65535u) cy = 65535u;
