@@ -85,9 +85,7 @@ zpp_status zpp_engine_create_with_opts(zpp_topo *topo, zpp_model *model,
         if (u->first_stage < 0) u->first_stage = s;
     }
     ZPP_CHECK_GOTO(engine_grad_mode(e), st, fail);
-    for (int i = 0; i < model->n_units; i++)
-        ZPP_CHECK_GOTO(engine_unit_alloc(e, &e->units[i], i), st, fail);
-    ZPP_CHECK_GOTO(engine_resident_create(e), st, fail);
+    ZPP_CHECK_GOTO(engine_units_alloc(e), st, fail);
     ZPP_CHECK_GOTO(engine_vec_create(e), st, fail);
     *engine_p = e;
     return ZPP_OK;
@@ -104,9 +102,9 @@ void zpp_engine_destroy(zpp_engine *e) {
             unit_state *u = &e->units[i];
             if (u->gather_op) zpp_coll_finish(e->coll, u->gather_op);
             if (u->full != u->resident) zpp_device_scratch_put(e->dev, u->full);
-            engine_unit_free(e, u);
             zpp_device_scratch_put(e->dev, u->grad_full);
         }
+        engine_units_free(e);
     }
     for (int k = 0; k < e->n_reductions; k++) {
         zpp_coll_finish(e->coll, e->reductions[k].op);

@@ -76,6 +76,7 @@ struct zpp_engine {
     int grads_stale;
     zpp_coll *coll;
     unit_state *units;
+    void *unit_slab;   /* device: every unit's persistent buffers (units.c) */
     vec_state vec;
     int step;          /* optimizer steps taken, skipped ones included */
     int updates;       /* AdamW updates: the bias-correction step */
@@ -136,13 +137,14 @@ static inline size_t engine_work_bytes(const zpp_engine *e, const unit_state *u)
     return u->part.padded * zpp_dtype_size(e->opts.work_dtype);
 }
 
-/* units.c: allocates unit `index`'s shards on this rank and sets their
- * initial values (moments, accumulator and LoCo buffers zero); frees them. */
-zpp_status engine_unit_alloc(zpp_engine *e, unit_state *u, int index);
-void engine_unit_free(zpp_engine *e, unit_state *u);
-/* units.c: the resident copies (opts.resident_weights), when they apply;
- * unit ui's copy as its gathered unit, rounded from the master if stale. */
-zpp_status engine_resident_create(zpp_engine *e);
+/* units.c: every unit's shards on this rank, and the resident copies
+ * (opts.resident_weights) where they apply, in one allocation
+ * (unit_slab), with their initial values (moments, accumulators and LoCo
+ * buffers zero); frees it. */
+zpp_status engine_units_alloc(zpp_engine *e);
+void engine_units_free(zpp_engine *e);
+/* units.c: unit ui's resident copy as its gathered unit, rounded from the
+ * master if stale. */
 zpp_status engine_resident_use(zpp_engine *e, int ui);
 
 /* vectors.c (opts.quantize_vectors off): the packed vectors' buffers; the
