@@ -4,6 +4,7 @@
  * resident working-dtype copy of world 1 (engine_internal.h). */
 #include <stdlib.h>
 
+#include "core/arena.h"
 #include "core/error.h"
 #include "device/device.h"
 #include "engine/engine_internal.h"
@@ -53,9 +54,9 @@ zpp_status engine_grad_mode(zpp_engine *e) {
 
 /* ---- The persistent buffers: one allocation -------------------------------
  * Every unit's master, moments, accumulator, hpZ secondary shard, LoCo
- * buffers and resident copy are carved from one device allocation, each
- * on a 256-byte boundary (what the vector kernels and cuBLASLt like),
- * rather than allocated one by one. The CUDA driver hands out memory in
+ * buffers and resident copy are carved from one device allocation by an
+ * arena (core/arena.h), each on a 256-byte boundary (what the vector
+ * kernels and cuBLASLt like), rather than allocated one by one. The CUDA driver hands out memory in
  * 2 MiB pages, so a buffer of its own holds its last page whole: with
  * GPT 1.31B's 25 units of five buffers each, each about 2 MiB short of a
  * page boundary (a layer's 50,358,272 fp32 elements are 96.05 pages),
@@ -69,49 +70,43 @@ static int resident_wanted(const zpp_engine *e) {
     return o->resident_weights && engine_alone(e) && o->gather == ZPP_GATHER_BASELINE && !o->hpz;
 }
 
-/* Hands out `bytes` from the slab at *used (base NULL: counts only). */
-static void *slab_take(char *base, size_t *used, size_t bytes) {
-    void *p = base ? base + *used : NULL;
-    *used += (bytes + 255) / 256 * 256;
-    return p;
-}
-
-/* Points every unit's buffers into the slab at base (NULL: counts);
- * returns the bytes they take. */
-static size_t carve_units(zpp_engine *e, char *base) {
+/* Points every unit's buffers into the arena (core/arena.h: pass 1 with
+ * base NULL counts, pass 2 hands out). */
+static void carve_units(zpp_engine *e, zpp_arena *a) {
     const int resident = resident_wanted(e);
-    size_t used = 0;
+    const size_t ws = zpp_dtype_size(e->opts.work_dtype);
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         const zpp_partition *p = &u->part;
-        const size_t fbytes = p->shard_len * sizeof(float);
-        u->master = slab_take(base, &used, fbytes);
-        u->m = slab_take(base, &used, fbytes);
-        u->v = slab_take(base, &used, fbytes);
-        u->grad_acc = slab_take(base, &used, engine_grad_bytes(e, p->shard_len));
-        if (e->opts.hpz)
-            u->secondary = slab_take(base, &used, p->sec_len * zpp_dtype_size(e->opts.work_dtype));
+        u->master = zpp_arena_take(a, p->shard_len, 1);
+        u->m = zpp_arena_take(a, p->shard_len, 1);
+        u->v = zpp_arena_take(a, p->shard_len, 1);
+        u->grad_acc = zpp_arena_take_bytes(a, p->shard_len, 1, zpp_dtype_size(e->grad_dtype));
+        if (e->opts.hpz) u->secondary = zpp_arena_take_bytes(a, p->sec_len, 1, ws);
         if (e->opts.loco) {
             zpp_qgz_feedback_lens(p, e->topo->nodes, e->topo->node_size, &u->ef_intra_len,
                                   &u->ef_inter_len);
-            u->ef_intra = slab_take(base, &used, u->ef_intra_len * sizeof(float));
-            if (u->ef_inter_len)
-                u->ef_inter = slab_take(base, &used, u->ef_inter_len * sizeof(float));
+            u->ef_intra = zpp_arena_take(a, u->ef_intra_len, 1);
+            if (u->ef_inter_len) u->ef_inter = zpp_arena_take(a, u->ef_inter_len, 1);
         }
         if (resident) {
-            u->resident = slab_take(base, &used, engine_work_bytes(e, u));
+            u->resident = zpp_arena_take_bytes(a, u->part.padded, 1, ws);
             u->resident_valid = 0; /* rounded from the master at its first use */
         }
     }
-    return used;
 }
 
 zpp_status engine_units_alloc(zpp_engine *e) {
-    const size_t bytes = carve_units(e, NULL);
+    zpp_arena a = {NULL, 0, 64, 0}; /* 64 floats: 256-byte boundaries */
+    carve_units(e, &a);
+    if (a.overflow)
+        return zpp_error(ZPP_ERR_NOMEM, "engine: the units' buffers on this rank overflow "
+                         "size_t; use more ranks or a smaller model");
     void *slab = NULL;
-    ZPP_CHECK(zpp_device_alloc(e->dev, bytes ? bytes : 256, &slab));
+    ZPP_CHECK(zpp_device_alloc(e->dev, a.used ? a.used * sizeof(float) : 256, &slab));
     e->unit_slab = slab;
-    carve_units(e, slab);
+    a = (zpp_arena){slab, 0, 64, 0};
+    carve_units(e, &a);
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         const size_t fbytes = u->part.shard_len * sizeof(float);

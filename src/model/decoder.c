@@ -141,27 +141,6 @@ int zpp_decoder_kept_in(const zpp_decoder_calls *c, int seq_len, int r0, int row
 /* The activation arena                                                      */
 /* ------------------------------------------------------------------------ */
 
-float *zpp_arena_take(zpp_arena *a, size_t rows, size_t width) {
-    size_t n;
-    if (a->overflow || __builtin_mul_overflow(rows, width, &n) ||
-        n > SIZE_MAX / 8 - a->used) {
-        a->overflow = 1;
-        return NULL;
-    }
-    float *p = a->base ? a->base + a->used : NULL;
-    a->used += (n + a->align - 1) / a->align * a->align;
-    return p;
-}
-
-void *zpp_arena_take_bytes(zpp_arena *a, size_t rows, size_t width, size_t elem_bytes) {
-    size_t n;
-    if (__builtin_mul_overflow(rows, width, &n) || n > SIZE_MAX / 8) {
-        a->overflow = 1;
-        return NULL;
-    }
-    return zpp_arena_take(a, (n * elem_bytes + sizeof(float) - 1) / sizeof(float), 1);
-}
-
 zpp_status zpp_decoder_tables_make(int n_layer, const char *who, zpp_decoder_tables *t) {
     const size_t L = (size_t)n_layer;
     t->unit_numel = calloc(L + 1, sizeof *t->unit_numel);

@@ -1,7 +1,7 @@
 /* model/decoder.h — what every family's models share, whatever their
  * blocks compute (decoder.c): the order of calls model.h prescribes and the
  * checks of each call's arguments, with the same messages for every model
- * (`who` names it), the arena their activations are carved from, and the
+ * (`who` names it), the arena their activations are carved from (core/arena.h), and the
  * unit and stage tables they hand the engine. A
  * family's CPU and CUDA models hold a zpp_decoder_calls each and call these
  * first thing in their ops; the engine, the trainer and the tests then meet
@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/arena.h" /* the arena activations are carved from */
 #include "model/model.h"
 #include "zeropp.h"
 
@@ -73,23 +74,6 @@ zpp_status zpp_decoder_logits_host(const zpp_model *m, const zpp_decoder_calls *
 /* Whether the head of a forward of c->B sequences keeps a row of
  * [r0, r0 + rows): the row's offset in that range, or -1. */
 int zpp_decoder_kept_in(const zpp_decoder_calls *c, int seq_len, int r0, int rows);
-
-/* A bump allocator over one block of floats, run twice: with base NULL it
- * only counts (used), then over the block it hands out the same pointers.
- * Every buffer starts on a multiple of `align` floats. A size that
- * overflows sets `overflow` and returns NULL. */
-typedef struct zpp_arena {
-    float *base;
-    size_t used;  /* floats */
-    size_t align; /* floats, >= 1 */
-    int overflow;
-} zpp_arena;
-
-float *zpp_arena_take(zpp_arena *a, size_t rows, size_t width);
-
-/* rows x width elements of elem_bytes each (a working dtype's 2 or 4),
- * rounded up to whole floats: the arena's unit. */
-void *zpp_arena_take_bytes(zpp_arena *a, size_t rows, size_t width, size_t elem_bytes);
 
 /* The tables a decoder of L blocks hands the engine (model.h), the same for
  * every family: unit 0 the embedding (and the head), units 1..L the blocks;
