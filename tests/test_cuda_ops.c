@@ -1,7 +1,8 @@
 /* test_cuda_ops.c — the products with GPT-2's GELU in cuBLASLt's epilogue
  * (model/cuda_ops.h: zpp_cu_linear_gelu_forward, zpp_cu_linear_dgelu_backward,
- * zpp_cu_gemm with zpp_cu_act) against a double-precision reference on the
- * same rounded inputs.
+ * zpp_cu_gemm with zpp_cu_act), and the weight and bias gradients beside
+ * them (in fp32 or the working dtype, added or written first), against a
+ * double-precision reference on the same rounded inputs.
  *
  * Inputs are fresh each run (ZPP_TEST_SEED replays them): inp, W, bias and
  * dout ~ N(0, 1) rounded to the working dtype, W scaled by 2.5 / sqrt(IC)
@@ -143,28 +144,67 @@ static void forward_case(zpp_device *d, zpp_dtype dt, int n, int IC, int OC, int
     free(hx), free(hw), free(hb), free(x), free(w), free(b);
 }
 
+/* d W, d b (gdt: fp32 or the working dtype, one rounding of an fp32 sum
+ * over n terms: u |s| + (n + 2) w a) against the double sums of the
+ * products and, unless first, the values they were added to. Added into a
+ * 2-byte d W, cuBLASLt rounds the product P to that type first (cuda_ops.h,
+ * zpp_cu_set_grad_dtype): u |P| more. d b's column sums add in fp32. */
+static void check_param_grads(zpp_dtype gdt, int first, const void *hdw, const void *hdb,
+                              const double *go, const double *inp, const double *w0,
+                              const double *b0, int n, int IC, int OC) {
+    const double ug = gdt == ZPP_FP32 ? 0.0 : unit_roundoff(gdt);
+    for (int o = 0; o < OC; o++) {
+        double sb = first ? 0.0 : b0[o], ab = fabs(sb);
+        for (int i = 0; i < n; i++) {
+            sb += go[(size_t)i * OC + o];
+            ab += fabs(go[(size_t)i * OC + o]);
+        }
+        const double gb = zpp_load_f32(hdb, gdt, (size_t)o);
+        EXPECT(fabs(gb - sb) <= ug * fabs(sb) + (n + 2) * kW * ab,
+               "%s db[%d] = %.9g, expected %.9g (%s)", zpp_dtype_name(gdt), o, gb, sb,
+               first ? "first write" : "added");
+        for (int c = 0; c < IC; c++) {
+            double pw = 0.0, aw = first ? 0.0 : fabs(w0[(size_t)o * IC + c]);
+            for (int i = 0; i < n; i++) {
+                pw += go[(size_t)i * OC + o] * inp[(size_t)i * IC + c];
+                aw += fabs(go[(size_t)i * OC + o] * inp[(size_t)i * IC + c]);
+            }
+            const double sw = first ? pw : w0[(size_t)o * IC + c] + pw;
+            const double gw = zpp_load_f32(hdw, gdt, (size_t)o * IC + c);
+            const double twice = first ? 0.0 : ug * (1 + ug) * fabs(pw);
+            EXPECT(fabs(gw - sw) <= ug * fabs(sw) + twice + (n + 2) * kW * aw,
+                   "%s dW[%d,%d] = %.9g, expected %.9g (%s)", zpp_dtype_name(gdt), o, c, gw, sw,
+                   first ? "first write" : "added");
+        }
+    }
+}
+
 /* The backward of the layer after the GELU: dpre = (dout W) gelu'(pre),
- * dW += dout^T inp, db += column sums of dout. */
-static void backward_case(zpp_device *d, zpp_dtype dt, int n, int IC, int OC, uint64_t seed) {
+ * dW (+)= dout^T inp, db (+)= column sums of dout, the gradients in gdt
+ * (fp32 or dt), added to or, with first (grad_first), written over. */
+static void backward_case(zpp_device *d, zpp_dtype dt, zpp_dtype gdt, int first, int n, int IC,
+                          int OC, uint64_t seed) {
     zpp_rng r = zpp_rng_make(seed);
     double *go, *w, *pre, *inp, *w0, *b0;
     void *hgo = fill(&r, dt, (size_t)n * OC, 1.0, &go);
     void *hw = fill(&r, dt, (size_t)OC * IC, 1.0 / sqrt((double)OC), &w);
     void *hpre = fill(&r, dt, (size_t)n * IC, 3.0, &pre);
     void *hinp = fill(&r, dt, (size_t)n * IC, 1.0, &inp);
-    float *hdw = (float *)fill(&r, ZPP_FP32, (size_t)OC * IC, 1.0, &w0);
-    float *hdb = (float *)fill(&r, ZPP_FP32, (size_t)OC, 1.0, &b0);
-    const size_t es = zpp_dtype_size(dt);
+    void *hdw = fill(&r, gdt, (size_t)OC * IC, 1.0, &w0);
+    void *hdb = fill(&r, gdt, (size_t)OC, 1.0, &b0);
+    const size_t es = zpp_dtype_size(dt), gs = zpp_dtype_size(gdt);
     zpp_cu cu;
     EXPECT_OK(zpp_cu_init(&cu, d, dt, OC, "test_cuda_ops"));
+    EXPECT_OK(zpp_cu_set_grad_dtype(&cu, gdt));
+    cu.grad_first = first;
     zpp_test_dbuf dgo = upload(d, hgo, (size_t)n * OC * es), dw = upload(d, hw, (size_t)OC * IC * es);
     zpp_test_dbuf dpre = upload(d, hpre, (size_t)n * IC * es);
     zpp_test_dbuf dinp = upload(d, hinp, (size_t)n * IC * es);
-    zpp_test_dbuf ddw = upload(d, hdw, (size_t)OC * IC * sizeof(float));
-    zpp_test_dbuf ddb = upload(d, hdb, (size_t)OC * sizeof(float));
+    zpp_test_dbuf ddw = upload(d, hdw, (size_t)OC * IC * gs);
+    zpp_test_dbuf ddb = upload(d, hdb, (size_t)OC * gs);
     zpp_test_dbuf dres = zpp_test_dbuf_make(d, (size_t)n * IC * es);
-    EXPECT_OK(zpp_cu_linear_dgelu_backward(&cu, dres.p, (float *)ddw.p, (float *)ddb.p, dgo.p, NULL,
-                                           dinp.p, dw.p, dpre.p, n, IC, OC, "dgelu backward"));
+    EXPECT_OK(zpp_cu_linear_dgelu_backward(&cu, dres.p, ddw.p, ddb.p, dgo.p, NULL, dinp.p, dw.p,
+                                           dpre.p, n, IC, OC, "dgelu backward"));
     void *hres = zpp_test_malloc((size_t)n * IC * es);
     zpp_test_dbuf_get(&dres, hres, "dgelu backward: d pre");
     zpp_test_dbuf_get(&ddw, hdw, "dgelu backward: dW");
@@ -187,23 +227,11 @@ static void backward_case(zpp_device *d, zpp_dtype dt, int n, int IC, int OC, ui
                    zpp_dtype_name(dt), i, c, got, p, ref, bound);
             worst = fmax(worst, fabs(got - ref) / bound);
         }
-    for (int o = 0; o < OC; o++) {
-        double sb = b0[o], ab = fabs(b0[o]);
-        for (int i = 0; i < n; i++) sb += go[(size_t)i * OC + o], ab += fabs(go[(size_t)i * OC + o]);
-        EXPECT(fabs(hdb[o] - sb) <= (n + 2) * kW * ab, "db[%d] = %.9g, expected %.9g", o,
-               hdb[o], sb);
-        for (int c = 0; c < IC; c++) {
-            double s = w0[(size_t)o * IC + c], a = fabs(s);
-            for (int i = 0; i < n; i++) {
-                s += go[(size_t)i * OC + o] * inp[(size_t)i * IC + c];
-                a += fabs(go[(size_t)i * OC + o] * inp[(size_t)i * IC + c]);
-            }
-            EXPECT(fabs(hdw[(size_t)o * IC + c] - s) <= (n + 2) * kW * a,
-                   "dW[%d,%d] = %.9g, expected %.9g", o, c, hdw[(size_t)o * IC + c], s);
-        }
-    }
-    printf("  dgelu backward, %s, %d x %d x %d: worst d pre error %.2f of its bound\n",
-           zpp_dtype_name(dt), n, IC, OC, worst);
+    check_param_grads(gdt, first, hdw, hdb, go, inp, w0, b0, n, IC, OC);
+    printf("  dgelu backward, %s, gradients %s%s, %d x %d x %d: worst d pre error %.2f of its "
+           "bound\n",
+           zpp_dtype_name(dt), zpp_dtype_name(gdt), first ? " written" : " added", n, IC, OC,
+           worst);
     zpp_test_dbuf bufs[] = {dgo, dw, dpre, dinp, ddw, ddb, dres};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zpp_test_dbuf_free(&bufs[i]);
     zpp_cu_free(&cu);
@@ -223,8 +251,11 @@ static void test_gelu_epilogues(void) {
         if (dts[k] == ZPP_BF16 && major < 8) continue; /* no bf16 products below 8.0 */
         forward_case(d, dts[k], 200, 256, 1024, 0, zpp_test_seed(s++));
         forward_case(d, dts[k], 37, 64, 192, 0, zpp_test_seed(s++));
-        backward_case(d, dts[k], 200, 1024, 256, zpp_test_seed(s++));
-        backward_case(d, dts[k], 37, 192, 64, zpp_test_seed(s++));
+        backward_case(d, dts[k], ZPP_FP32, 0, 200, 1024, 256, zpp_test_seed(s++));
+        backward_case(d, dts[k], ZPP_FP32, 1, 37, 192, 64, zpp_test_seed(s++));
+        backward_case(d, dts[k], dts[k], 1, 200, 1024, 256, zpp_test_seed(s++));
+        backward_case(d, dts[k], dts[k], 0, 37, 192, 64, zpp_test_seed(s++));
+        backward_case(d, dts[k], dts[k], 1, 37, 192, 64, zpp_test_seed(s++));
     }
     zpp_device_destroy(d);
 }

@@ -66,9 +66,11 @@ zpp_status zpp_cu_init(zpp_cu *cu, zpp_device *dev, zpp_dtype dtype, int max_wid
 void zpp_cu_free(zpp_cu *cu);
 
 /* The dtype G every later call writes parameter gradients in: fp32 (the
- * default) or E. A 2-byte G halves the gradient's memory; each add into
- * it is done in fp32 and rounded once (the GEMMs' beta = 1 reads and
- * rounds as cuBLASLt does). ZPP_ERR_UNSUPPORTED for anything else. */
+ * default) or E. A 2-byte G halves the gradient's memory. A write into it
+ * is an fp32 sum rounded once; an add into it (beta = 1) rounds twice:
+ * cuBLASLt's sm90 products round to G before adding what G held (every
+ * algorithm it offered, measured on an H100: bench/RESULTS.md), our own
+ * kernels add in fp32. ZPP_ERR_UNSUPPORTED for anything else. */
 zpp_status zpp_cu_set_grad_dtype(zpp_cu *cu, zpp_dtype dt);
 
 /* GPT-2's GELU in a product's epilogue (zpp_cu_epilogue.act): cuBLASLt's
