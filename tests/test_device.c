@@ -791,8 +791,12 @@ static void test_profile_window(void) {
         EXPECT_OK(zpp_device_event_wait(d, s, ev));    /* another stream: not a stall */
         EXPECT_OK(zpp_device_profile_end(d, &p));
         EXPECT(p.stalls == 1, "%d waits timed, expected 1", p.stalls);
-        EXPECT(p.total_ms >= 19.0 && p.stalled_ms >= 0.0 && p.stalled_ms <= p.total_ms,
-               "window %g ms, stalled %g ms", p.total_ms, p.stalled_ms);
+        /* A GPU window runs from the event the GPU stamps when it reaches the
+         * begin, which other processes' work (ctest -j) can delay by a time
+         * slice: 18.5 ms of the 20 seen on an H100 under ctest -j4. */
+        const double least = host ? 19.0 : 10.0;
+        EXPECT(p.total_ms >= least && p.stalled_ms >= 0.0 && p.stalled_ms <= p.total_ms,
+               "window %g ms (at least %g), stalled %g ms", p.total_ms, least, p.stalled_ms);
         if (host)
             EXPECT(p.stalled_ms >= 19.0, "the host thread blocked 20 ms, timed %g ms",
                    p.stalled_ms);
