@@ -1,8 +1,8 @@
 /* model/decoder.h — what every family's models share, whatever their
  * blocks compute (decoder.c): the order of calls model.h prescribes and the
  * checks of each call's arguments, with the same messages for every model
- * (`who` names it), the arena their activations are carved from (core/arena.h), and the
- * unit and stage tables they hand the engine. A
+ * (`who` names it), the arena their activations are carved from
+ * (core/arena.h), and the unit and stage tables they hand the engine. A
  * family's CPU and CUDA models hold a zpp_decoder_calls each and call these
  * first thing in their ops; the engine, the trainer and the tests then meet
  * one behaviour on a misuse, whichever model they drive.
