@@ -491,15 +491,13 @@ static void test_padded_vocab_matches_cpu(void) {
     check_config((zpp_gpt2_config){1, 3, 48, 19, 112, 101, 0}, ZPP_BF16, 2, 101, 13, 0);
 }
 
-/* More rows than the classifier's chunk (kHeadRows = 1024 in
- * gpt2_cuda.cu, HEAD): the logits are formed a chunk at a time, and the
- * backward computes all but the last chunk again. Loss and gradients match
- * the CPU reference (which forms all logits at once) within the bounds of
- * the top, for 2 and 3 chunks with a partial last one (B*T = 1560, then
- * 520 or 1040 rows), in fp32 (the GEMM attention) and bf16 (the fused
- * one). A chunk whose logits were not computed again, or were offset by a
- * wrong row, moves its rows' d logits by O(1) of their size. */
-static void test_head_in_chunks_matches_cpu(void) {
+/* A batch of 1560 rows (B*T, 520 a sequence) through the classifier's one
+ * product and in-place softmax (gpt2_cuda.cu, HEAD): more rows than the
+ * softmax kernel's grid of other tests, and than the 1024-row chunks the
+ * logits once came in. Loss and gradients match the CPU reference within
+ * the bounds of the top, in fp32 (the GEMM attention) and bf16 (the fused
+ * one, logits in bf16). */
+static void test_head_many_rows_matches_cpu(void) {
     check_config((zpp_gpt2_config){1, 2, 32, 520, 64, 0, 0}, ZPP_FP32, 3, 64, 14, 1);
     check_config((zpp_gpt2_config){1, 2, 128, 520, 96, 0, 0}, ZPP_BF16, 3, 96, 15, 0);
 }
@@ -1076,7 +1074,7 @@ static void test_attention_gemm_matches_cpu(void) {
 }
 
 ZPP_TESTS(ZPP_TEST(test_matches_cpu_fp32), ZPP_TEST(test_matches_cpu_bf16_fp16),
-          ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_in_chunks_matches_cpu),
+          ZPP_TEST(test_padded_vocab_matches_cpu), ZPP_TEST(test_head_many_rows_matches_cpu),
           ZPP_TEST(test_accumulation_and_scale), ZPP_TEST(test_bf16_gradients),
           ZPP_TEST(test_determinism),
           ZPP_TEST(test_set_batch_copies), ZPP_TEST(test_rejects_bad_input),

@@ -240,9 +240,9 @@ static void test_memory(void) {
     /* fp32 master, m, v and gradient: no working-dtype copy (engine.c) */
     EXPECT(fabs(z3.mem_shard_state - 16 * P / W) <= 16.0 * in.units,
            "shard state %.0f vs 16 P / W %.0f", z3.mem_shard_state, 16 * P / W);
-    /* The CUDA model's logits alone: 4 V bytes per token (a token or two
-     * are too few for the logits to fit over the backward's scratch). */
-    EXPECT(zpp_cost_gpt_act_bytes(&in, 2) - zpp_cost_gpt_act_bytes(&in, 1) > 4.0 * in.vocab,
+    /* The CUDA model's logits alone: V e bytes per token (e = 2 or 4). */
+    EXPECT(zpp_cost_gpt_act_bytes(&in, 2) - zpp_cost_gpt_act_bytes(&in, 1) >
+               (double)zpp_dtype_size(in.dtype) * in.vocab,
            "activations per token below the logits");
     in.n_layer = 0; /* params only: no activation count, and it says so */
     EXPECT(!cost(&in, 0).mem_acts_known && cost(&in, 0).mem_acts == 0, "params only");
@@ -1656,9 +1656,9 @@ static void test_llama_counts(void) {
  * scores and d S in E, T values each per head), dlogits (E, V), the head's
  * lse and losses, the batch's five integers. The path is the model's
  * (attention_path.h): fused for bf16 with head dim 64 or 128 only; the
- * dtype is drawn from bf16, fp16 and fp32. Between two token counts past
- * the logits' 1024-row chunk and on 64-row boundaries (the RMSNorm
- * backward's partials: C floats a chunk) only the per-token part changes,
+ * dtype is drawn from bf16, fp16 and fp32. Between two token counts on
+ * 64-row boundaries (the RMSNorm backward's partials: C floats a chunk)
+ * only the per-token part changes,
  * so the difference pins it exactly. Recompute keeps one layer's slab. */
 static void test_llama_act_bytes(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(32));

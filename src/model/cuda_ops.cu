@@ -229,27 +229,30 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     m = mx;
 }
 
-/* gpt2_head_forward's softmax and cross-entropy, one CTA per row of a
- * chunk of fp32 logits:
+/* The classifier's softmax and cross-entropy (zpp_cu_head_forward), one CTA
+ * per row of logits in E, in place:
  *   lse = log sum_v exp(l_v),  loss = lse - l_target,
  * and, when dlog is given (a forward with targets, which a backward may
  * follow), the row's d logits up to the factor loss_scale / n that the
- * backward's products apply as their alpha:
+ * backward's products apply as their alpha, written over the logits:
  *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
- * The row is read twice: once for the online softmax statistics, once for
- * the probabilities (a CTA's row, 4V bytes, is still in L2); with vec
- * (V % 8 == 0, aligned rows) 8 columns at a time, so each thread has 16
- * bytes in flight per load instead of 4: the kernel is bound by how many
- * loads are in flight, not by arithmetic. Without
+ * Every sum and exponential is fp32. The row is read twice: once for the
+ * online softmax statistics, once for the probabilities (a CTA's row, V e
+ * bytes, is still in L2); with vec (V % 8 == 0, aligned rows) 8 columns at
+ * a time, so each thread has 16 bytes in flight per load (bf16: 8 columns;
+ * fp32: two loads): the kernel is bound by how many loads are in flight,
+ * not by arithmetic. Each thread reads an element before it writes its d
+ * logit, and no other thread touches it, so in place is safe. Without
  * targets the loss column holds lse - max (the CPU's value; the mean is
- * NaN). Rows are V wide; the softmax runs over the first Vr
- * (real_vocab_size, model.h), the rest are padding, whose d logits are 0. */
+ * NaN) and the logits stay. Rows are V wide; the softmax runs over the
+ * first Vr (real_vocab_size, model.h), the rest are padding, whose d
+ * logits are 0. */
 template <typename E>
-__global__ void cross_entropy_kernel(const float *logits, float *lse, float *losses,
-                                     const int32_t *targets, E *dlog, int V, int Vr, bool vec) {
+__global__ void cross_entropy_kernel(E *logits, float *lse, float *losses,
+                                     const int32_t *targets, bool dlog, int V, int Vr, bool vec) {
     __shared__ float sm[32], ss[32], z_row;
     size_t r = blockIdx.x;
-    const float *l = logits + r * V;
+    const E *l = logits + r * V;
     float m = -INFINITY, s = 0.0f;
     if (vec) {
         for (int v0 = 8 * threadIdx.x; v0 < Vr; v0 += 8 * blockDim.x) {
@@ -269,7 +272,7 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
         }
     } else {
         for (int v = threadIdx.x; v < Vr; v += blockDim.x) {
-            float x = l[v];
+            float x = ld(l, v);
             if (x > m) {
                 s = s * expf(m - x) + 1.0f;
                 m = x;
@@ -289,14 +292,14 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
         for (int w = 1; w < nw; w++) lse_merge(m, s, sm[w], ss[w]);
         float ls = logf(s);
         lse[r] = m + ls;
-        losses[r] = targets ? m + ls - l[targets[r]] : ls;
+        losses[r] = targets ? m + ls - ld(l, targets[r]) : ls;
         z_row = m + ls;
     }
     if (!dlog) return;
     __syncthreads();
     const float z = z_row;
     const int tg = targets[r];
-    E *d = dlog + r * V;
+    E *d = logits + r * V;
     if (vec) {
         for (int v0 = 8 * threadIdx.x; v0 < V; v0 += 8 * blockDim.x) {
             float f[8];
@@ -311,7 +314,7 @@ __global__ void cross_entropy_kernel(const float *logits, float *lse, float *los
         return;
     }
     for (int v = threadIdx.x; v < V; v += blockDim.x)
-        st(d, v, v < Vr ? expf(l[v] - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
+        st(d, v, v < Vr ? expf(ld(l, v) - z) - (v == tg ? 1.0f : 0.0f) : 0.0f);
 }
 
 /* x0[r] = wte[token[r]] (+ wpe[r mod T]: GPT-2's one add, as its CPU
@@ -799,12 +802,12 @@ zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, void *dW, void *
                            what);
 }
 
-zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, float *losses,
-                                const int32_t *targets, void *dlog, int rows, int V, int Vr) {
+zpp_status zpp_cu_cross_entropy(zpp_cu *cu, void *logits, float *lse, float *losses,
+                                const int32_t *targets, int dlog, int rows, int V, int Vr) {
     if (rows <= 0) return ZPP_OK;
-    const bool v = V % 8 == 0 && zpp_cu_vec8_ok(logits, dlog);
+    const bool v = V % 8 == 0 && zpp_cu_vec8_ok(logits, NULL);
     ZPP_WITH_E(cu->dtype, cross_entropy_kernel<E><<<(unsigned)rows, kThreads, 0, cu->stream>>>(
-                              logits, lse, losses, targets, (E *)dlog, V, Vr, v));
+                              (E *)logits, lse, losses, targets, dlog != 0, V, Vr, v));
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), "softmax cross-entropy");
     return ZPP_OK;
 }
@@ -955,20 +958,6 @@ zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, si
 /* ------------------------------------------------------------------------ */
 
 void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es) {
-    zpp_cu_head_take_over(h, a, nmax, V, es, NULL, 0);
-}
-
-void zpp_cu_head_take_over(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es,
-                           float *spare, size_t spare_floats) {
-    const size_t want = nmax < (size_t)kHeadRows ? nmax : (size_t)kHeadRows;
-    const size_t fit = V ? spare_floats / V : 0;
-    if (fit >= want / 4 && fit >= 1) { /* the spare holds a useful chunk */
-        h->chunk_rows = (int)(fit < want ? fit : want);
-        h->logits = spare;
-    } else {
-        h->chunk_rows = kHeadRows;
-        h->logits = zpp_arena_take(a, want, V);
-    }
     h->dlogits = zpp_arena_take_bytes(a, nmax, V, es);
     h->lse = zpp_arena_take(a, nmax, 1);
     h->losses = zpp_arena_take(a, nmax, 1);
@@ -979,23 +968,20 @@ zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const
                                const int32_t *targets, int n, int C, int V, int Vr,
                                zpp_decoder_calls *calls, int T) {
     h->dlogits_ready = 0;
-    for (int r0 = 0; r0 < n; r0 += h->chunk_rows) {
-        const int rows = n - r0 < h->chunk_rows ? n - r0 : h->chunk_rows;
-        ZPP_CHECK(zpp_cu_mm(cu, 0, 1, rows, V, C, 1.0f, (const char *)hf + (size_t)r0 * C * cu->es,
-                            C, Wh, C, 0.0f, h->logits, CUDA_R_32F, V, "logits"));
-        /* the row a sampler asked for, while its chunk is in the buffer */
-        const int k = zpp_decoder_kept_in(calls, T, r0, rows);
-        if (k >= 0) {
-            ZPP_CU_CHECK(cu->who, cudaMemcpyAsync(h->kept, h->logits + (size_t)k * V,
-                                                  (size_t)V * sizeof(float),
-                                                  cudaMemcpyDeviceToDevice, cu->stream),
-                         "keep a row of logits");
-            calls->kept = 1;
-        }
-        ZPP_CHECK(zpp_cu_cross_entropy(
-            cu, h->logits, h->lse + r0, h->losses + r0, targets ? targets + r0 : NULL,
-            targets ? (char *)h->dlogits + (size_t)r0 * V * cu->es : NULL, rows, V, Vr));
+    if (n <= 0) return ZPP_OK;
+    ZPP_CHECK(zpp_cu_mm(cu, 0, 1, n, V, C, 1.0f, hf, C, Wh, C, 0.0f, h->dlogits, cu->et, V,
+                        "logits"));
+    /* the row a sampler asked for, before the softmax writes over it */
+    const int k = zpp_decoder_kept_in(calls, T, 0, n);
+    if (k >= 0) {
+        ZPP_WITH_E(cu->dtype, widen_kernel<<<zpp_cu_grid_for((size_t)V), kThreads, 0,
+                                             cu->stream>>>(
+                                  h->kept, (const E *)h->dlogits + (size_t)k * V, V));
+        ZPP_CU_CHECK(cu->who, cudaGetLastError(), "keep a row of logits");
+        calls->kept = 1;
     }
+    ZPP_CHECK(zpp_cu_cross_entropy(cu, h->dlogits, h->lse, h->losses, targets, targets != NULL,
+                                   n, V, Vr));
     h->dlogits_ready = targets != NULL;
     return ZPP_OK;
 }

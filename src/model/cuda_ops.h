@@ -182,14 +182,14 @@ float *zpp_cu_rowgroup_part(zpp_cu *cu);
 zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, void *dw, void *db, void *ds, int ds_add, int G,
                                   int C, const char *what);
 
-/* The classifier's softmax cross-entropy over `rows` rows of fp32 logits
- * (rows x V, the first Vr columns real, the rest padding):
+/* The classifier's softmax cross-entropy over `rows` rows of logits in E
+ * (rows x V, the first Vr columns real, the rest padding), in fp32:
  * lse[r] = log sum exp, losses[r] = lse - logit of targets[r] (targets
- * NULL: lse - max, no target); with dlog (rows x V in E, needs targets):
- * dlog = softmax - onehot, the d logits up to the factor the backward's
- * products apply. */
-zpp_status zpp_cu_cross_entropy(zpp_cu *cu, const float *logits, float *lse, float *losses,
-                                const int32_t *targets, void *dlog, int rows, int V, int Vr);
+ * NULL: lse - max, no target); with dlog (needs targets) the logits are
+ * overwritten by softmax - onehot, the d logits up to the factor the
+ * backward's products apply. */
+zpp_status zpp_cu_cross_entropy(zpp_cu *cu, void *logits, float *lse, float *losses,
+                                const int32_t *targets, int dlog, int rows, int V, int Vr);
 
 /* dst (E) = src (fp32), n elements, rounded to nearest even (a copy when E
  * is fp32). */
@@ -244,32 +244,22 @@ zpp_status zpp_cu_mean_loss(zpp_cu *cu, zpp_cu_batch *b, const float *losses, si
 /* ---- the classifier of every decoder (gpt2_cuda.cu, HEAD) ---- */
 
 typedef struct zpp_cu_head {
-    float *logits;     /* chunk_rows x V fp32: one chunk of logits */
-    int chunk_rows;
     float *lse, *losses; /* nmax each */
-    void *dlogits;     /* E, nmax x V: softmax - onehot, for the backward */
-    float *kept;       /* V: the logits of the row a sampler asked for */
+    void *dlogits;     /* E, nmax x V: the logits, then softmax - onehot for the backward */
+    float *kept;       /* V: the logits of the row a sampler asked for, widened */
     int dlogits_ready; /* the last forward with targets wrote dlogits */
 } zpp_cu_head;
 
 /* Carves the head's buffers from the decoder's arena (decoder.h; pass 1
- * counts, pass 2 hands out): kHeadRows rows of fp32 logits at most (nmax
- * if fewer), d logits for nmax rows in E (es bytes an element), lse and
- * loss a row, one kept row of V. */
-enum { kHeadRows = 1024 }; /* rows of fp32 logits held at once (gpt2_cuda.cu, HEAD) */
+ * counts, pass 2 hands out): logits and d logits for nmax rows in E (es
+ * bytes an element, the same bytes), lse and loss a row, one kept row of V
+ * floats. */
 void zpp_cu_head_take(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es);
-/* The same, but the chunk of fp32 logits lies in `spare`, spare_floats
- * floats of the arena that the caller does not use while the head's
- * forward runs (its backward scratch), when at least a quarter of the
- * kHeadRows (or nmax) rows fit there: as many rows as fit, at most those.
- * Pass 1 gives the size with spare NULL, as the arena's own. */
-void zpp_cu_head_take_over(zpp_cu_head *h, zpp_arena *a, size_t nmax, size_t V, size_t es,
-                           float *spare, size_t spare_floats);
 
-/* logits = hf Wh^T chunk by chunk (hf E n x C, Wh E V x C), each chunk's
- * rows' lse and loss and, with targets (device, n), their d logits; the
- * row a sampler asked for (calls, sequences of T; decoder.h) is copied
- * into kept while its chunk is there. */
+/* logits = hf Wh^T (hf E n x C, Wh E V x C; one product, rounded once to
+ * E), each row's lse and loss and, with targets (device, n), their d
+ * logits over the logits; the row a sampler asked for (calls, sequences
+ * of T; decoder.h) is widened into kept first. */
 zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const void *Wh,
                                const int32_t *targets, int n, int C, int V, int Vr,
                                zpp_decoder_calls *calls, int T);

@@ -12,11 +12,12 @@
  *     (CUBLAS_COMPUTE_32F); with bf16 / fp16 that runs on tensor cores;
  *   - what only feeds matrix products is stored in E: the LayerNorm
  *     outputs, qkv, the attention probabilities and output, the MLP's
- *     hidden layer, and in the backward the gradients flowing into
- *     products (d logits, d hidden, d qkv, the attention's d scores);
+ *     hidden layer, the logits (HEAD), and in the backward the gradients
+ *     flowing into products (d logits, d hidden, d qkv, the attention's d
+ *     scores);
  *   - what carries the signal across layers or through a reduction stays
  *     fp32: the residual stream and its gradient, LayerNorm statistics,
- *     the attention scores before the softmax, the logits and the loss,
+ *     the attention scores before the softmax, the loss,
  *     and every parameter gradient (accumulated by the GEMMs, beta = 1,
  *     into the engine's fp32 unit; or, where the engine asks for it,
  *     set_grad_dtype, into a unit in E, each add done in fp32 and rounded
@@ -117,19 +118,18 @@
  * 8C e + 16 + (4H fused | H T e GEMM path) held without it (res, mid; qkv,
  * atty, fch; LayerNorm statistics; lse or P), plus one slab of the rest.
  *
- * HEAD. The classifier's fp32 logits (N x V: 0.8 GB for GPT 1.31B at
- * micro-batch 4, the largest activation) are never held whole. The
- * forward computes them kHeadRows rows at a time and reads each chunk
- * once for its rows' log-sum-exp and loss and, with targets, for their
- * d logits = softmax - onehot, stored in E for every row (half the bytes
- * of the fp32 logits with bf16): the backward's two products then run
- * over all N rows at once, with the factor loss_scale / n as their alpha,
- * and nothing is computed twice. (Scaling in the product rather than
- * before rounding keeps d logits in [-1, 1], inside fp16's range too.)
- * The chunk itself takes no memory of its own: it lies over a block's
- * LayerNorm and gelu scratch and the backward's scratch, none of which is
- * in use while the head's forward runs (plan; up to kHeadRows rows, as
- * many as fit there: 1,024 at GPT 1.31B, 875 at GPT-2 124M).
+ * HEAD. The classifier's logits (N x V) are one product over all N rows,
+ * written in E (rounded once, as llm.c does) into the buffer that then
+ * holds d logits: one kernel reads each row for its log-sum-exp and loss
+ * (fp32 arithmetic) and, with targets, writes d logits = softmax - onehot
+ * over it, so the backward's two products run over all N rows at once, with
+ * the factor loss_scale / n as their alpha, and nothing is computed twice.
+ * (Scaling in the product rather than before rounding keeps d logits in
+ * [-1, 1], inside fp16's range too.) With bf16 the product writes and the
+ * kernel reads half the bytes fp32 logits take (what that saves a step is
+ * in bench/RESULTS.md), and each logit is off by at most 2^-9 of itself,
+ * an error the mean loss averages over the rows and test_gpt2_cuda.c's
+ * bf16 bounds take in.
  *
  * OVERWRITE. After the engine's update the gradient buffers hold the
  * step's sums, which AdamW has read: rather than clear them (a pass over
@@ -156,7 +156,7 @@
  * so the caller may reuse its buffers at once; loss() synchronises the
  * stream (one small device-to-host copy per micro-batch), and so does
  * logits() (the V logits of the row keep_logits named, which the head
- * copied aside while that row's chunk was in the buffer). */
+ * copied aside before the softmax wrote over them). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -1071,11 +1071,6 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->lnf = take_e(g, a, N, C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    /* From ln to the end of dfc, nothing is in use while the head's
-     * forward runs (the last block is done with ln and fcg, and its
-     * backward makes fcg again first; the backward's scratch starts after
-     * the head's forward): its chunk of fp32 logits goes there (HEAD). */
-    const size_t spare_at = a->used;
     x->ln = take_e(g, a, N, C);
     x->fcg = take_e(g, a, N, 4 * C);
     x->dres = zpp_arena_take(a, N, C);
@@ -1084,8 +1079,7 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->dfc = take_e(g, a, N, 4 * C);
     x->dqkv = x->dfc;
     x->datty = x->dfc ? eat(g, x->dfc, N * 3 * C) : NULL; /* (pass 1 counts, base NULL) */
-    zpp_cu_head_take_over(&g->head, a, N, V, g->es, a->base ? a->base + spare_at : NULL,
-                          a->used - spare_at);
+    zpp_cu_head_take(&g->head, a, N, V, g->es);
     x->dres_sum = zpp_arena_take(a, 1, C);
 }
 

@@ -9,9 +9,10 @@
  * PRECISION as the CUDA GPT-2 (gpt2_cuda.cu): products read E operands and
  * accumulate in fp32; what only feeds products is stored in E (the
  * RMSNorm outputs, qkv, the attention output, [gate | up] and the SwiGLU
- * output, and in the backward the gradients flowing into products); the
- * residual stream and its gradient, norm statistics, the logits and every
- * parameter gradient are fp32. With E = fp32 the products are plain fp32
+ * output, the logits (cuda_ops.h, zpp_cu_head_forward), and in the backward
+ * the gradients flowing into products); the residual stream and its
+ * gradient, norm statistics, the loss and every parameter gradient are
+ * fp32. With E = fp32 the products are plain fp32
  * FMA (CUBLAS_COMPUTE_32F, no TF32): the CPU model's arithmetic up to the
  * order of summation.
  *

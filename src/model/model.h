@@ -56,7 +56,7 @@ typedef struct zpp_model_ops {
                            float loss_scale);
     void (*destroy)(zpp_model *m);
     /* Sampling: the logits of one row, without a second head.
-     * keep_logits(m, row) makes every later forward keep the fp32 logits of
+     * keep_logits(m, row) makes every later forward keep the logits of
      * row `row` of its batch (sequence row / seq_len, position row %
      * seq_len), -1 (the default) none; after a forward's last stage,
      * logits(m, out) copies them into host memory out[vocab_size] (the

@@ -264,14 +264,9 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     double once = 12 * C + 6 * C * e + 5 * C * e + 16 + 20 + 4 * H + V * e;
     if (e == 4) once -= C * e;
     once += cudnn_attn_ws(in, H);
-    /* The fp32 logits of at most 1024 rows at once (gpt2_cuda.cu, HEAD):
-     * over ln, fcg and the backward's scratch when a quarter of those rows
-     * fit there (cuda_ops.h, zpp_cu_head_take_over), else their own. */
-    const double want = fmin(tokens, 1024);
-    const double spare = tokens * (8 * C + 10 * C * e - (e == 4 ? C * e : 0));
-    const double logits = floor(spare / (4 * V)) >= fmax(1.0, floor(want / 4)) ? 0 : 4 * V * want;
-    return tokens * (L * per_layer + slab + once) + logits +
-           32.0 * 1024 * 1024; /* + cuBLASLt workspace */
+    /* (the logits lie in the d logits' bytes: gpt2_cuda.cu, HEAD) */
+    return tokens * (L * per_layer + slab + once) + 4 * V + /* the kept row */
+           32.0 * 1024 * 1024;                              /* + cuBLASLt workspace */
 }
 
 double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
@@ -310,9 +305,8 @@ double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
                         cudnn_attn_ws(in, H);
     /* Per chunk of rows and per shape: the RMSNorm backward's partial
      * column sums (C floats per 64 rows), the RoPE tables (T x hd/2 cos and
-     * sin, fp32), the fp32 logits of at most 1024 rows and the kept row. */
-    const double fixed = 4 * C * ceil(tokens / 64) + 4 * T * hd + 4 * V * fmin(tokens, 1024) +
-                         4 * V;
+     * sin, fp32) and the kept row (the logits lie in the d logits' bytes). */
+    const double fixed = 4 * C * ceil(tokens / 64) + 4 * T * hd + 4 * V;
     return tokens * (4 * C * (L + 1) + layers + once) + fixed +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
