@@ -17,8 +17,8 @@
  *     scores);
  *   - what carries the signal across layers or through a reduction stays
  *     fp32: the residual stream and its gradient, LayerNorm statistics,
- *     the attention scores before the softmax, the loss,
- *     and every parameter gradient (accumulated by the GEMMs, beta = 1,
+ *     the attention scores before the softmax, the loss, and every
+ *     parameter gradient (accumulated by the GEMMs, beta = 1,
  *     into the engine's fp32 unit; or, where the engine asks for it,
  *     set_grad_dtype, into a unit in E, each add done in fp32 and rounded
  *     once: the precision its wire has at world > 1).
@@ -127,7 +127,7 @@
  * (Scaling in the product rather than before rounding keeps d logits in
  * [-1, 1], inside fp16's range too.) With bf16 the product writes and the
  * kernel reads half the bytes fp32 logits take (what that saves a step is
- * in bench/RESULTS.md), and each logit is off by at most 2^-9 of itself,
+ * in bench/RESULTS.md), and each logit is off by at most 2^-8 of itself,
  * an error the mean loss averages over the rows and test_gpt2_cuda.c's
  * bf16 bounds take in.
  *

@@ -12,9 +12,8 @@
  * output, the logits (cuda_ops.h, zpp_cu_head_forward), and in the backward
  * the gradients flowing into products); the residual stream and its
  * gradient, norm statistics, the loss and every parameter gradient are
- * fp32. With E = fp32 the products are plain fp32
- * FMA (CUBLAS_COMPUTE_32F, no TF32): the CPU model's arithmetic up to the
- * order of summation.
+ * fp32. With E = fp32 the products are plain fp32 FMA (CUBLAS_COMPUTE_32F,
+ * no TF32): the CPU model's arithmetic up to the order of summation.
  *
  * WHICH ATTENTION. attention_path.h picks once, at create, from the dtype,
  * the head dim, the GPU and ZPP_ATTENTION, as for GPT-2: the fused kernel
