@@ -19,6 +19,13 @@
 #                    with the h64 variant)
 #     big            1 GPU, world 1: GPT 6.7B (32 x 4096, 32 heads of 128) mb1, ours
 #                    (ZeRO-3, with and without resident weights), FSDP2 and llm.c
+#     fit [lN..]     1 GPU, world 1: the largest GPT that fits, GPT w4096lN (width
+#                    4096, 32 heads of 128, N layers: 12 N 4096^2 + 50304 x 4096
+#                    parameters) mb1 at each depth given (default l36 l40 l44 l48),
+#                    ours (ZeRO-3 at its defaults) and FSDP2; the largest N a system
+#                    runs with status ok is its answer. llm.c's descriptors fix the
+#                    depth a width has (gpt3:c4096 is 32 layers, the next, c5120, a
+#                    13B), so its largest is `big`'s 6.7B
 #     llama          1 GPU, world 1: a Llama-3.2-1B shape (16 x 2048, 32 heads, 8 KV
 #                    heads, FF 8192, V 128256, T 2048) mb1, ours (ZeRO-3) and FSDP2
 #                    (fsdp_llama.py)
@@ -30,7 +37,8 @@
 #     RUN            one run by name, SETTING-MODEL-mbN-SYSTEM[+VARIANT...], e.g.
 #                    nodes2-1p3b-mb4-ds_zeropp+rbs1e7 (SYSTEM: ours_zero3
 #                    ours_zeropp fsdp2 ds_zero3 ds_zeropp llmc; MODEL: 1p3b 124m
-#                    6p7b llama1b; llmc at world1 only, DeepSpeed GPT only)
+#                    6p7b w4096lN llama1b; llmc at world1 only and not w4096lN,
+#                    DeepSpeed GPT only)
 #   VARIANTs, each a setting of the system's own (the race compares every
 #   system at the best variant it ran in the call; the report says which):
 #     ours:     keep       stage3_max_reuse_distance 1e12: every unit gathered in
@@ -134,6 +142,10 @@ while [ $# -gt 0 ]; do
                        world1-124m-mb8-llmc) ;;
     big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3
                 world1-6p7b-mb1-llmc) ;;
+    fit) ls=(); while [[ ${2:-} == l[0-9]* ]]; do ls+=("${2#l}"); shift; done
+         [ ${#ls[@]} -gt 0 ] || ls=(36 40 44 48)
+         for l in "${ls[@]}"; do for s in ours_zero3 fsdp2; do
+           RUNS+=("world1-w4096l$l-mb1-$s"); done; done ;;
     llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
     llamanodes) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 2)
@@ -145,7 +157,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ ${#RUNS[@]} -gt 0 ] || [ "$PREP" = 1 ] || [ "$LINKCHECK" = 1 ] ||
-  { echo "nothing to run: $0 prep|linkcheck|world1|world1llmc|big|llama|nodes2 [mbN]|llamanodes [mbN]|RUN..."; exit 2; }
+  { echo "nothing to run: $0 prep|linkcheck|world1|world1llmc|big|fit [lN]|llama|nodes2 [mbN]|llamanodes [mbN]|RUN..."; exit 2; }
 say() { echo "$*" | tee -a "$OUT/race.txt"; }
 left() { echo $(( BUDGET - SECONDS )); }
 say "$(date -u +%FT%TZ) race: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1) x$NG," \
@@ -288,6 +300,7 @@ run_one() {
   base=${sys%%+*}; local variant=${sys#"$base"}; variant=${variant#+}; local vs; IFS=+ read -ra vs <<< "$variant"
   local T=1024 cfg=gpt_$model
   case $model in 1p3b) D=2048 L=24 ;; 124m) D=768 L=12 ;; 6p7b) D=4096 L=32 ;;
+    w4096l[0-9]*) D=4096 L=${model#w4096l} cfg=gpt_6p7b ;;  # the 6.7B's config at depth L
     llama1b) D=2048 L=16 T=2048 cfg=llama_1b ;;
     *) say "$name: unknown model"; return ;; esac
   case $setting in world1) np=1 ;; nodes2) np=2 ;; *) say "$name: unknown setting"; return ;; esac
@@ -298,7 +311,8 @@ run_one() {
     ours_zero3|ours_zeropp)
       [ "$BUILD_OK" = 1 ] || status=build_failed
       # the configs are micro-batch 4 (1.31B) or 8 (124M): rewrite it for the others
-      local edits=(-e "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/")
+      local edits=(-e "s/(\"train_micro_batch_size_per_gpu\": *)[0-9]+/\1$mb/"
+                   -e "s/(\"n_layer\": *)[0-9]+/\1$L/")
       for v in "${vs[@]}"; do case $v in
         keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
         h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
