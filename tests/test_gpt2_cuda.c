@@ -493,8 +493,7 @@ static void test_padded_vocab_matches_cpu(void) {
 
 /* A batch of 1560 rows (B*T, 520 a sequence) through the classifier's one
  * product and in-place softmax (gpt2_cuda.cu, HEAD): more rows than the
- * softmax kernel's grid of other tests, and than the 1024-row chunks the
- * logits once came in. Loss and gradients match the CPU reference within
+ * other tests' batches. Loss and gradients match the CPU reference within
  * the bounds of the top, in fp32 (the GEMM attention) and bf16 (the fused
  * one, logits in bf16). */
 static void test_head_many_rows_matches_cpu(void) {
@@ -926,11 +925,10 @@ static void test_loss_at_init_and_speed(void) {
  * against a double forward and against its loss). The logits are the end
  * of the forward's chain, with the roundings of the forward half of the
  * gradients' (the top): within grad_tol(dtype) of the row's largest logit,
- * 8u for bf16. Rows in the first, a middle and the last chunk of the head
- * (kHeadRows = 1024: the CUDA model copies a row aside while its chunk is in
- * the buffer), with fewer sequences than max_batch, in fp32 and in bf16
- * (the fused attention); then bitwise the same on a second run, and the
- * protocol's refusals. */
+ * 8u for bf16. Rows at the start, around row 1024, at random and at the
+ * end (the CUDA model widens the row out of the head's buffer), with fewer
+ * sequences than max_batch, in fp32 and in bf16 (the fused attention);
+ * then bitwise the same on a second run, and the protocol's refusals. */
 static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int B,
                               uint64_t stream_id) {
     if (!dtype_here(dt, "check_logits_rows")) return;

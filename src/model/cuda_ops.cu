@@ -232,9 +232,9 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 /* The classifier's softmax and cross-entropy (zpp_cu_head_forward), one CTA
  * per row of logits in E, in place:
  *   lse = log sum_v exp(l_v),  loss = lse - l_target,
- * and, when dlog is given (a forward with targets, which a backward may
- * follow), the row's d logits up to the factor loss_scale / n that the
- * backward's products apply as their alpha, written over the logits:
+ * and, with targets (a forward a backward may follow), the row's d logits
+ * up to the factor loss_scale / n that the backward's products apply as
+ * their alpha, written over the logits:
  *   dlog_v = exp(l_v - lse) - [v == target]   (in E).
  * Every sum and exponential is fp32. The row is read twice: once for the
  * online softmax statistics, once for the probabilities (a CTA's row, V e
@@ -249,7 +249,7 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
  * logits are 0. */
 template <typename E>
 __global__ void cross_entropy_kernel(E *logits, float *lse, float *losses,
-                                     const int32_t *targets, bool dlog, int V, int Vr, bool vec) {
+                                     const int32_t *targets, int V, int Vr, bool vec) {
     __shared__ float sm[32], ss[32], z_row;
     size_t r = blockIdx.x;
     const E *l = logits + r * V;
@@ -295,7 +295,7 @@ __global__ void cross_entropy_kernel(E *logits, float *lse, float *losses,
         losses[r] = targets ? m + ls - ld(l, targets[r]) : ls;
         z_row = m + ls;
     }
-    if (!dlog) return;
+    if (!targets) return;
     __syncthreads();
     const float z = z_row;
     const int tg = targets[r];
@@ -803,11 +803,11 @@ zpp_status zpp_cu_linear_dgelu_backward(zpp_cu *cu, void *dpre, void *dW, void *
 }
 
 zpp_status zpp_cu_cross_entropy(zpp_cu *cu, void *logits, float *lse, float *losses,
-                                const int32_t *targets, int dlog, int rows, int V, int Vr) {
+                                const int32_t *targets, int rows, int V, int Vr) {
     if (rows <= 0) return ZPP_OK;
     const bool v = V % 8 == 0 && zpp_cu_vec8_ok(logits, NULL);
     ZPP_WITH_E(cu->dtype, cross_entropy_kernel<E><<<(unsigned)rows, kThreads, 0, cu->stream>>>(
-                              (E *)logits, lse, losses, targets, dlog != 0, V, Vr, v));
+                              (E *)logits, lse, losses, targets, V, Vr, v));
     ZPP_CU_CHECK(cu->who, cudaGetLastError(), "softmax cross-entropy");
     return ZPP_OK;
 }
@@ -980,8 +980,7 @@ zpp_status zpp_cu_head_forward(zpp_cu *cu, zpp_cu_head *h, const void *hf, const
         ZPP_CU_CHECK(cu->who, cudaGetLastError(), "keep a row of logits");
         calls->kept = 1;
     }
-    ZPP_CHECK(zpp_cu_cross_entropy(cu, h->dlogits, h->lse, h->losses, targets, targets != NULL,
-                                   n, V, Vr));
+    ZPP_CHECK(zpp_cu_cross_entropy(cu, h->dlogits, h->lse, h->losses, targets, n, V, Vr));
     h->dlogits_ready = targets != NULL;
     return ZPP_OK;
 }

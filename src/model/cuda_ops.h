@@ -184,12 +184,12 @@ zpp_status zpp_cu_rowgroup_finish(zpp_cu *cu, void *dw, void *db, void *ds, int 
 
 /* The classifier's softmax cross-entropy over `rows` rows of logits in E
  * (rows x V, the first Vr columns real, the rest padding), in fp32:
- * lse[r] = log sum exp, losses[r] = lse - logit of targets[r] (targets
- * NULL: lse - max, no target); with dlog (needs targets) the logits are
- * overwritten by softmax - onehot, the d logits up to the factor the
- * backward's products apply. */
+ * lse[r] = log sum exp, losses[r] = lse - logit of targets[r], and the
+ * logits are overwritten by softmax - onehot, the d logits up to the factor
+ * the backward's products apply; targets NULL: losses[r] = lse - max, no
+ * target, and the logits stay. */
 zpp_status zpp_cu_cross_entropy(zpp_cu *cu, void *logits, float *lse, float *losses,
-                                const int32_t *targets, int dlog, int rows, int V, int Vr);
+                                const int32_t *targets, int rows, int V, int Vr);
 
 /* dst (E) = src (fp32), n elements, rounded to nearest even (a copy when E
  * is fp32). */
