@@ -34,3 +34,10 @@ set_tests_properties(test_engine_api_only PROPERTIES LABELS tools TIMEOUT 60)
 add_test(NAME test_bench_scripts
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_scripts.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_bench_scripts PROPERTIES LABELS tools TIMEOUT 60)
+
+# bench/gpu/trace/timeline.c, which splits a traced step into busy time and
+# the gaps where the device waited for the host or for itself, gives the
+# totals a made-up trace was built with (tests/test_timeline.sh).
+add_test(NAME test_timeline
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_timeline.sh $<TARGET_FILE:zpp_timeline>)
+set_tests_properties(test_timeline PROPERTIES LABELS tools TIMEOUT 60)

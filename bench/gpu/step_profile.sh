@@ -6,6 +6,14 @@
 #                                             `bash bench/train/race.sh prep` builds both)
 #   bash bench/gpu/step_profile.sh sum CSV... summarise captures made before (ncu --csv,
 #                                             gzipped or not), no GPU needed
+#   bash bench/gpu/step_profile.sh timeline   the wall time between the kernels instead:
+#                                             each system runs STEPS (12) steps at full
+#                                             speed under a CUPTI trace
+#                                             (build-gpu/bench/libzpp_cupti_trace.so, built
+#                                             with the tree), and build-gpu/bench/zpp_timeline
+#                                             splits each steady step into busy time and the
+#                                             gaps where the GPU waited for the host or for
+#                                             itself (bench/gpu/trace/timeline.c says how)
 # One step of each system runs under `ncu --metrics gpu__time_duration.sum` (each kernel's
 # own time: gaps between kernels are not counted). The step is ours from embed_forward to
 # the last AdamW launch, llm.c's between two encoder_forward launches. Kernels are summed
@@ -16,7 +24,7 @@
 #   TIMEOUT=150 s each capture
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150}
+OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150} STEPS=${STEPS:-12}
 mkdir -p "$OUT"
 
 summarise() { # CSV... -> one table per capture
@@ -70,14 +78,44 @@ PY
 }
 
 if [ "${1:-}" = sum ]; then shift; summarise "$@"; exit; fi
+mode=${1:-ncu}
 
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-[ -x "$NCU" ] || { echo "ncu not found: put Nsight Compute's ncu on PATH"; exit 2; }
 [ -x build-gpu/zeropp ] && [ -x build-gpu/llmc/train_gpt2cu ] ||
   { echo "build-gpu/zeropp or build-gpu/llmc missing: run bash bench/train/race.sh prep first"; exit 2; }
 # llm.c's d12: the race's 124M config with heads of 64, as its h64 variant makes it
 cfg124=$OUT/gpt_124m_h64.json
 sed -E 's/("n_head": *)[0-9]+/\112/' bench/train/gpt_124m_zero3.json > "$cfg124"
+LM="-t 1024 -v 100000 -s 0 -m 1 -i tokens.bin -j tokens.bin"
+
+if [ "$mode" = timeline ]; then
+  lib=$PWD/build-gpu/bench/libzpp_cupti_trace.so tl=$PWD/build-gpu/bench/zpp_timeline
+  [ -f "$lib" ] && [ -x "$tl" ] ||
+    { echo "$lib or $tl missing: build-gpu was built without CUDA's CUPTI"; exit 2; }
+  trace() { # NAME DIR BEGIN_REGEX CMD...: the trace, gzipped, and timeline_NAME.txt
+    local name=$1 dir=$2 begin=$3; shift 3
+    (cd "$dir" && CUDA_INJECTION64_PATH=$lib ZPP_TRACE_OUT=$OUT/trace_$name.tsv \
+      timeout "$TIMEOUT" "$@") > "$OUT/trace_$name.log" 2>&1 ||
+      echo "$name: exited $? (see $OUT/trace_$name.log)"
+    # the first two steps warm up (llm.c's first window is its step-0 evaluation)
+    "$tl" "$OUT/trace_$name.tsv" "$begin" 2 5 20 | c++filt > "$OUT/timeline_$name.txt"
+    gzip -f "$OUT/trace_$name.tsv"
+  }
+  ours="build-gpu/zeropp train --device gpu --steps $STEPS --quiet --config"
+  # shellcheck disable=SC2086
+  {
+    trace ours_1p3b . embed_forward $ours bench/train/gpt_1p3b_zero3.json
+    trace ours_124m . embed_forward $ours "$cfg124"
+    trace llmc_1p3b build-gpu/llmc encoder_forward ./train_gpt2cu -e gpt3:c2048 -b 4 -d 4096 -x "$STEPS" $LM
+    trace llmc_124m build-gpu/llmc encoder_forward ./train_gpt2cu -e d12 -b 8 -d 8192 -x "$STEPS" $LM
+  }
+  for n in ours_1p3b llmc_1p3b ours_124m llmc_124m; do
+    sed -n '1,4p' "$OUT/timeline_$n.txt"
+  done | tee "$OUT/summary.txt"
+  exit
+fi
+
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+[ -x "$NCU" ] || { echo "ncu not found: put Nsight Compute's ncu on PATH"; exit 2; }
 capture() { # NAME DIR CMD...
   local name=$1 dir=$2; shift 2
   (cd "$dir" && timeout "$TIMEOUT" "$NCU" --clock-control none --metrics gpu__time_duration.sum \
@@ -85,7 +123,7 @@ capture() { # NAME DIR CMD...
     echo "$name: ncu exited $? (see $OUT/ncu_$name.err)"
   gzip -f "$OUT/ncu_$name.csv"
 }
-LM="-t 1024 -x 1 -v 100000 -s 0 -m 1 -i tokens.bin -j tokens.bin"
+LM="-x 1 $LM"
 capture ours_1p3b . build-gpu/zeropp train --device gpu --config bench/train/gpt_1p3b_zero3.json --steps 1 --quiet
 capture ours_124m . build-gpu/zeropp train --device gpu --config "$cfg124" --steps 1 --quiet
 # shellcheck disable=SC2086
