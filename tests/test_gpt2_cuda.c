@@ -928,7 +928,9 @@ static void test_loss_at_init_and_speed(void) {
  * 8u for bf16. Rows at the start, around row 1024, at random and at the
  * end (the CUDA model widens the row out of the head's buffer), with fewer
  * sequences than max_batch, in fp32 and in bf16 (the fused attention);
- * then bitwise the same on a second run, and the protocol's refusals. */
+ * then bitwise the same on a second run and on a training forward (with
+ * targets, whose softmax overwrites the logits with their gradient in
+ * place: the row must be copied out before), and the protocol's refusals. */
 static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int B,
                               uint64_t stream_id) {
     if (!dtype_here(dt, "check_logits_rows")) return;
@@ -937,10 +939,11 @@ static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, 
     twin_init(&t, zpp_rng_u64(&r));
     twin_perturb(&t, &r);
     const int T = cfg.seq_len, V = cfg.vocab_size, n = B * T;
-    int32_t *tok = xcalloc((size_t)n, sizeof(int32_t));
+    int32_t *tok = xcalloc((size_t)n, sizeof(int32_t)), *tgt = xcalloc((size_t)n, sizeof(int32_t));
     float *lc = xcalloc((size_t)V, sizeof(float)), *lg = xcalloc((size_t)V, sizeof(float)),
           *lg2 = xcalloc((size_t)V, sizeof(float));
     random_tokens(&r, tok, (size_t)n, zpp_gpt2_real_vocab(&cfg));
+    random_tokens(&r, tgt, (size_t)n, zpp_gpt2_real_vocab(&cfg));
     const int rows[] = {0, 1023 < n - 1 ? 1023 : n / 2, 1024 < n ? 1024 : n - 2,
                         (int)(zpp_rng_u64(&r) % (uint64_t)n), n - 1};
     for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
@@ -966,6 +969,11 @@ static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, 
         model_forward(t.gpu, t.dp, tok, NULL, B);
         EXPECT_OK(t.gpu->ops->logits(t.gpu, lg2));
         EXPECT(memcmp(lg, lg2, (size_t)V * sizeof(float)) == 0, "row %d: not deterministic", row);
+        memset(lg2, 0, (size_t)V * sizeof(float));
+        model_forward(t.gpu, t.dp, tok, tgt, B);
+        EXPECT_OK(t.gpu->ops->logits(t.gpu, lg2));
+        EXPECT(memcmp(lg, lg2, (size_t)V * sizeof(float)) == 0,
+               "row %d: a forward with targets kept other logits than one without", row);
     }
     zpp_model *g = t.gpu;
     EXPECT_STATUS(g->ops->keep_logits(g, max_batch * T), ZPP_ERR_INVALID);
@@ -975,7 +983,7 @@ static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, 
     EXPECT_OK(g->ops->keep_logits(g, -1));
     model_forward(g, t.dp, tok, NULL, 1);
     EXPECT_STATUS(g->ops->logits(g, lg), ZPP_ERR_STATE);
-    free(tok), free(lc), free(lg), free(lg2);
+    free(tok), free(tgt), free(lc), free(lg), free(lg2);
     twin_free(&t);
 }
 

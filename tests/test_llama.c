@@ -713,7 +713,9 @@ static void test_half_params_give_fp32_bits(void) {
 
 /* keep_logits / logits (model.h): the kept row's logits, all vocab_size
  * columns, are the reference's head output for that row (same bound as the
- * gradients: the logits are a product of the forward's every step). */
+ * gradients: the logits are a product of the forward's every step), and a
+ * training forward (with targets, whose softmax follows) keeps the same
+ * bits. */
 static void test_kept_logits_match_reference(void) {
     const ref_case *c = &kCases[2]; /* untied, padded vocabulary */
     const int n = c->B * c->s.T, V = c->s.V, C = c->s.C, row = n - 2;
@@ -739,6 +741,14 @@ static void test_kept_logits_match_reference(void) {
     EXPECT_OK(m->ops->logits(m, got));
     const double e = unit_error(got, want, (size_t)V);
     EXPECT(e <= 300 * 0x1.0p-24, "row %d's logits: error %.3g of the largest", row, e);
+    float *again = zpp_test_malloc((size_t)V * sizeof(float));
+    EXPECT_OK(m->ops->set_batch(m, d.tok, d.tgt, c->B));
+    for (int st = 0; st < m->n_stages; st++)
+        EXPECT_OK(m->ops->forward(m, st, d.pf[m->stage_unit[st]]));
+    EXPECT_OK(m->ops->logits(m, again));
+    EXPECT(!memcmp(got, again, (size_t)V * sizeof(float)),
+           "row %d: a forward with targets kept other logits than one without", row);
+    free(again);
     free(got);
     free(want);
     m->ops->destroy(m);
