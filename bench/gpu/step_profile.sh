@@ -10,7 +10,7 @@
 #                                             each system runs STEPS (12) steps at full
 #                                             speed under a CUPTI trace
 #                                             (build-gpu/bench/libzpp_cupti_trace.so, built
-#                                             with the tree), and build-gpu/bench/zpp_timeline
+#                                             here if missing), and build-gpu/bench/zpp_timeline
 #                                             splits each steady step into busy time and the
 #                                             gaps where the GPU waited for the host or for
 #                                             itself (bench/gpu/trace/timeline.c says how)
@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150} STEPS=${STEPS:-12}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) # absolute: the runs start in other folders
 
 summarise() { # CSV... -> one table per capture
   python3 - "$@" << 'PY'
@@ -90,7 +90,9 @@ LM="-t 1024 -v 100000 -s 0 -m 1 -i tokens.bin -j tokens.bin"
 if [ "$mode" = timeline ]; then
   lib=$PWD/build-gpu/bench/libzpp_cupti_trace.so tl=$PWD/build-gpu/bench/zpp_timeline
   [ -f "$lib" ] && [ -x "$tl" ] ||
-    { echo "$lib or $tl missing: build-gpu was built without CUDA's CUPTI"; exit 2; }
+    cmake --build build-gpu --target zpp_timeline zpp_cupti_trace > "$OUT/trace-build.log" 2>&1
+  [ -f "$lib" ] && [ -x "$tl" ] ||
+    { echo "$lib or $tl missing: no CUPTI in this CUDA toolkit? ($OUT/trace-build.log)"; exit 2; }
   trace() { # NAME DIR BEGIN_REGEX CMD...: the trace, gzipped, and timeline_NAME.txt
     local name=$1 dir=$2 begin=$3; shift 3
     (cd "$dir" && CUDA_INJECTION64_PATH=$lib ZPP_TRACE_OUT=$OUT/trace_$name.tsv \
