@@ -4,8 +4,9 @@
 #   bash bench/gpu/step_profile.sh            profile and summarise (needs ncu, a GPU,
 #                                             build-gpu/zeropp and build-gpu/llmc:
 #                                             `bash bench/train/race.sh prep` builds both)
-#   bash bench/gpu/step_profile.sh sum CSV... summarise captures made before (ncu --csv,
-#                                             gzipped or not), no GPU needed
+#   bash bench/gpu/step_profile.sh sum FILE...summarise captures made before (ncu --csv,
+#                                             or timeline's trace_*.tsv; gzipped or not),
+#                                             no GPU needed
 #   bash bench/gpu/step_profile.sh timeline   the wall time between the kernels instead:
 #                                             each system runs STEPS (12) steps at full
 #                                             speed under a CUPTI trace
@@ -27,9 +28,9 @@ cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/profile-out} TIMEOUT=${TIMEOUT:-150} STEPS=${STEPS:-12}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) # absolute: the runs start in other folders
 
-summarise() { # CSV... -> one table per capture
+summarise() { # CSV or TSV... -> one table per capture (ncu's CSV) or trace (timeline's TSV)
   python3 - "$@" << 'PY'
-import csv, gzip, re, sys
+import csv, gzip, re, subprocess, sys
 ROWS = [  # (row, test on the kernel's name); the first that matches takes the kernel
     ("first step only", lambda k: "k_convert" in k or "copy_and_cast" in k),
     ("attention (cuDNN or ours)", lambda k: "cudnn" in k or "attention" in k or "sdpa" in k),
@@ -49,29 +50,54 @@ def rows_of(path):
     lines = [l for l in f if l.startswith('"')]
     return [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")))
             for r in csv.DictReader(lines) if r.get("Metric Name") == "gpu__time_duration.sum"]
-for path in sys.argv[1:]:
+def ncu_step(path):
+    """One step of an ncu capture: its kernels (name, ns), or an error."""
     ks = rows_of(path)
     names = [k for k, _ in ks]
     start = "embed_forward" if any("embed_forward" in k for k in names) else "encoder_forward"
     marks = [i for i, k in enumerate(names) if start in k]
     if not marks:
-        print(f"{path}: no {start} launch captured ({len(ks)} kernels)"); continue
+        return None, f"no {start} launch captured ({len(ks)} kernels)"
     # the first window between two step starts that holds an AdamW launch (a
     # training step, not an evaluation's forward); ours ends at its last AdamW
-    bounds, step = marks + [len(ks)], None
+    bounds = marks + [len(ks)]
     for a, b in zip(bounds, bounds[1:]):
         ad = [i for i in range(a, b) if "adamw" in names[i]]
         if ad:
-            step = ks[a:(ad[-1] + 1 if start == "embed_forward" else b)]
-            break
+            return ks[a:(ad[-1] + 1 if start == "embed_forward" else b)], None
+    return None, f"no AdamW launch after {start}"
+def trace_step(path):
+    """The median steady step of a CUPTI trace (step_profile.sh timeline): from one
+    step start to the next, the first two left out; its kernels at full clocks."""
+    f = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    ks = sorted((int(p[1]), int(p[2]), p[5]) for p in (l.rstrip("\n").split("\t", 5) for l in f)
+                if p[0] == "K")
+    names = subprocess.run(["c++filt"], input="\n".join(k[2] for k in ks), text=True,
+                           capture_output=True).stdout.split("\n")
+    start = "embed_forward" if any("embed_forward" in k for k in names) else "encoder_forward"
+    marks = [ks[i][0] for i, k in enumerate(names[:len(ks)]) if start in k]
+    wins = sorted(zip(marks[2:], marks[3:]), key=lambda w: w[1] - w[0])
+    if not wins:
+        return None, f"fewer than 4 {start} launches ({len(ks)} kernels)"
+    a, b = wins[len(wins) // 2]
+    return [(n, e - s) for (s, e, _), n in zip(ks, names) if a <= s < b], (b - a) / 1e6
+for path in sys.argv[1:]:
+    wall = None
+    if ".tsv" in path:
+        step, wall = trace_step(path)
+    else:
+        step, err = ncu_step(path)
     if step is None:
-        print(f"{path}: no AdamW launch after {start}"); continue
+        print(f"{path}: {wall or err}"); continue
     sums = {r: 0.0 for r, _ in ROWS}
     for k, t in step:
         sums[next(r for r, test in ROWS if test(k))] += t / 1e6
     total = sum(sums.values())
-    print(f"{path}: {len(step)} launches, {total:.2f} ms of kernels a step, "
-          f"{total - sums['first step only']:.2f} ms steady")
+    head = f"{path}: {len(step)} launches, {total:.2f} ms of kernels a step"
+    if wall is not None:
+        print(f"{head} (the median steady step; its wall time {wall:.2f} ms)")
+    else:
+        print(f"{head}, {total - sums['first step only']:.2f} ms steady")
     for r, _ in ROWS:
         print(f"  {sums[r]:8.2f} ms  {r}")
 PY
@@ -113,6 +139,8 @@ if [ "$mode" = timeline ]; then
   for n in ours_1p3b llmc_1p3b ours_124m llmc_124m; do
     sed -n '1,4p' "$OUT/timeline_$n.txt"
   done | tee "$OUT/summary.txt"
+  summarise "$OUT"/trace_ours_1p3b.tsv.gz "$OUT"/trace_llmc_1p3b.tsv.gz \
+    "$OUT"/trace_ours_124m.tsv.gz "$OUT"/trace_llmc_124m.tsv.gz | tee -a "$OUT/summary.txt"
   exit
 fi
 
