@@ -488,6 +488,48 @@ static void test_reduce_qgz(void) {
     }
 }
 
+/* A rank's own contribution never crosses a wire, so qgZ adds it
+ * unquantized: when every rank's gradient is zero outside its own chunk,
+ * each rank's shard is its own chunk times 1/W, exactly (the other ranks'
+ * zero blocks dequantize to +0), at every node size, in fp32 and bf16 and
+ * with stochastic rounding. Quantizing the own chunk would miss by up to
+ * half an int4 step of its block. */
+static void test_qgz_own_exact(void) {
+    int W = world_size();
+    size_t sizes[16];
+    int ns = unit_sizes(W, sizes);
+    for (int S = 1; S <= W; S++) {
+        if (W % S) continue;
+        zpp_topo *t = topo_make(S);
+        for (int stoch = 0; stoch < 2; stoch++) {
+            zpp_coll_opts o = zpp_coll_opts_default();
+            o.grad_spec.stochastic = stoch;
+            zpp_coll *c;
+            EXPECT_OK(zpp_coll_create(t, &o, host_dev(), &c));
+            for (int si = 0; si < ns; si++)
+                for (int di = 0; di < 2; di++) {
+                    const zpp_dtype dt = di ? ZPP_BF16 : ZPP_FP32;
+                    grad_case g = grad_make(t, sizes[si], dt, 0x0e0 + (uint64_t)(si * 2 + di), 0);
+                    const size_t n = g.p.shard_len, own = (size_t)t->world_rank * n;
+                    for (size_t i = 0; i < g.p.padded; i++)
+                        if (i < own || i >= own + n) zpp_store_f32(g.full_grad, dt, i, 0.0f);
+                    reduce(c, &g, ZPP_REDUCE_QGZ);
+                    const float inv_w = 1.0f / (float)W;
+                    for (size_t j = 0; j < n; j++) {
+                        const float want = inv_w * zpp_load_f32(g.full_grad, dt, own + j);
+                        EXPECT(g.out[j] == want,
+                               "S=%d %s numel %zu stochastic %d: element %zu is %.9g, not its "
+                               "own %.9g",
+                               S, zpp_dtype_name(dt), sizes[si], stoch, j, g.out[j], want);
+                    }
+                    grad_free(&g);
+                }
+            zpp_coll_destroy(c);
+        }
+        zpp_topo_destroy(t);
+    }
+}
+
 /* The average is over the WORLD: if every rank contributes the same g, the
  * result is g (within the quantization bound), not g*S (summed over the
  * node but divided by the node count) nor g*N. At the block's largest
@@ -868,7 +910,9 @@ static void test_nonfinite_carried(void) {
         else EXPECT(!isnan(got) && fabs(got - u.ref[i]) <= fabs(u.ref[i]) * 0.01 + 0.04,
                     "element %zu harmed: %g vs %g", i, got, u.ref[i]);
     }
-    /* qgZ: a NaN in rank 0's gradient at element e reaches e's owner only. */
+    /* qgZ: an Inf in rank 0's gradient at element e reaches e's owner only:
+     * as NaN through a quantized block (its scale), as itself when the
+     * owner is rank 0 (its own contribution is added unquantized). */
     grad_case g = grad_make(t, numel, ZPP_BF16, 0x701, 0);
     size_t e = (size_t)(W - 1) * g.p.shard_len + 5;
     if (t->world_rank == 0) zpp_store_f32(g.full_grad, ZPP_BF16, e, INFINITY);
@@ -876,7 +920,8 @@ static void test_nonfinite_carried(void) {
     EXPECT_OK(zpp_coll_finish(c, op));
     EXPECT_OK(zpp_device_nonfinite_take(host_dev(), &raised));
     if (t->world_rank == 0) EXPECT(raised == 1, "rank 0: the flag was not raised");
-    if (t->world_rank == W - 1) EXPECT(isnan(g.out[5]), "owner got %g", g.out[5]);
+    if (t->world_rank == W - 1)
+        EXPECT(W == 1 ? g.out[5] == INFINITY : isnan(g.out[5]), "owner got %g", g.out[5]);
     else for (size_t j = 0; j < g.p.shard_len; j++) EXPECT(!isnan(g.out[j]), "failed");
     grad_free(&g);
     unit_free(&u);
@@ -891,6 +936,7 @@ ZPP_TESTS(
     ZPP_TEST(test_reduce_baseline),
     ZPP_TEST(test_reduce_qgz),
     ZPP_TEST(test_qgz_world_average),
+    ZPP_TEST(test_qgz_own_exact),
     ZPP_TEST(test_stochastic_small_blocks),
     ZPP_TEST(test_qgz_slab_sizes),
     ZPP_TEST(test_qgz_slabs_change_no_bit),

@@ -609,7 +609,7 @@ static void test_argument_checks(void) {
     EXPECT_INVALID(zpp_device_reorder_quantize(d, x, ZPP_FP32, 16, 8, 16, 1, 1, &sp, q), "slab");
     EXPECT_INVALID(zpp_device_dequant_sum_requant(d, q, 0, 1, 16, 0, 16, &sp, &sp, q), "k = 0");
     EXPECT_INVALID(zpp_device_dequant_sum_requant(d, q, 2, 1, 16, 0, 16, &sp, &bad, q), "block");
-    EXPECT_INVALID(zpp_device_dequant_reduce(d, q, SIZE_MAX, 2, &sp, 1.0f, f), "overflow");
+    EXPECT_INVALID(zpp_device_dequant_reduce(d, q, SIZE_MAX, 0, 2, &sp, NULL, 1.0f, f), "overflow");
     EXPECT_INVALID(zpp_device_convert(d, x, ZPP_FP32, x, ZPP_BF16, 16, 1.0f), "in-place");
     EXPECT_INVALID(zpp_device_add(d, NULL, f, 4), "accumulator");
     EXPECT_INVALID(zpp_device_sumsq(d, f, 4, NULL), "sum_p");

@@ -548,36 +548,57 @@ static void test_dequantize_accumulate(void) {
     }
 }
 
-/* qgZ's last step: out = scale * (sum over chunks of dequantize(chunk)), the
- * sum in fp32 in chunk order, one multiply at the end. */
+/* qgZ's sums: out = scale * (exact + sum over chunks of dequantize(chunk)),
+ * the sum in fp32 from exact (or 0) in chunk order, one multiply at the end;
+ * the chunks end to end or `stride` bytes apart with garbage between (which
+ * must not be read), exact apart from the output or the output itself. */
 static void test_dequant_reduce(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(8));
     zpp_device *host = host_device();
-    for (int iter = 0; iter < 8; iter++) {
+    for (int iter = 0; iter < 24; iter++) {
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 6, chunk_len = 1 + zpp_rng_u64(&rng) % 9000;
         zpp_quant_spec sp = spec_make(all_bits[iter % 2], 0, 0, 0);
         size_t n = n_chunks * chunk_len, qb = zpp_quant_bytes(chunk_len, &sp);
+        const size_t stride = iter % 3 == 0 ? 0 : qb + 16 * (zpp_rng_u64(&rng) % 4);
+        const int how = iter / 3 % 3; /* exact: 0 none, 1 its own buffer, 2 the output */
         float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *d = zpp_test_malloc(n * 4),
-              *want = zpp_test_malloc(chunk_len * 4), *got = zpp_test_malloc(chunk_len * 4);
+              *want = zpp_test_malloc(chunk_len * 4), *got = zpp_test_malloc(chunk_len * 4),
+              *exact = zpp_test_malloc(chunk_len * 4);
         fill(&rng, D_NORMAL, ZPP_FP32, n, sp.block, x, xf);
-        uint8_t *q = zpp_test_malloc(n_chunks * qb);
+        for (size_t i = 0; i < chunk_len; i++) exact[i] = (float)zpp_rng_normal(&rng);
+        uint8_t *q = zpp_test_malloc(n_chunks * qb), *spread = zpp_test_malloc(n_chunks * (qb + 48));
         EXPECT_OK(zpp_device_quantize_chunks(host, x, ZPP_FP32, n_chunks, chunk_len, &sp, q));
         EXPECT_OK(zpp_device_dequantize_chunks(host, q, n_chunks, chunk_len, &sp, ZPP_FP32, d));
+        for (size_t b = 0; b < n_chunks * (qb + 48); b++) spread[b] = (uint8_t)zpp_rng_u64(&rng);
+        for (size_t c = 0; c < n_chunks; c++)
+            memcpy(spread + c * (stride ? stride : qb), q + c * qb, qb);
         float scale = 1.0f / (float)(1 + iter);
         for (size_t i = 0; i < chunk_len; i++) {
-            float s = 0.0f;
+            float s = how ? exact[i] : 0.0f;
             for (size_t c = 0; c < n_chunks; c++) s = s + d[c * chunk_len + i];
             want[i] = scale * s;
         }
-        EXPECT_OK(zpp_device_dequant_reduce(host, q, n_chunks, chunk_len, &sp, scale, got));
-        EXPECT(memcmp(want, got, chunk_len * 4) == 0, "chunks %zu len %zu", n_chunks, chunk_len);
+        if (how == 2) memcpy(got, exact, chunk_len * 4);
+        EXPECT_OK(zpp_device_dequant_reduce(host, spread, n_chunks, stride, chunk_len, &sp,
+                                            how == 0 ? NULL : how == 1 ? exact : got, scale, got));
+        EXPECT(memcmp(want, got, chunk_len * 4) == 0, "chunks %zu len %zu stride %zu exact %d",
+               n_chunks, chunk_len, stride, how);
+        free(spread);
         free(q);
+        free(exact);
         free(got);
         free(want);
         free(d);
         free(xf);
         free(x);
     }
+    /* inputs that would overlap are refused */
+    zpp_quant_spec sp = spec_make(4, 0, 0, 0);
+    uint8_t q[4096];
+    float out[64];
+    EXPECT_STATUS(zpp_device_dequant_reduce(host, q, 2, zpp_quant_bytes(64, &sp) - 16, 64, &sp,
+                                            NULL, 1.0f, out),
+                  ZPP_ERR_INVALID);
 }
 
 /* ---- conversions (the branch-free fp16/bf16 code inside quant.c) ---- */
@@ -761,7 +782,7 @@ static void test_nonfinite(void) {
             EXPECT_OK(zpp_dequantize(o, n, &sp, ZPP_FP32, acc));
             for (size_t i = 0; i < n; i++)
                 EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "dsr %zu", i);
-            EXPECT_OK(zpp_device_dequant_reduce(host, q, 1, n, &sp, 0.5f, acc));
+            EXPECT_OK(zpp_device_dequant_reduce(host, q, 1, 0, n, &sp, NULL, 0.5f, acc));
             for (size_t i = 0; i < n; i++)
                 EXPECT(isnan(acc[i]) == (i / B == 1 || i / B == 3), "reduce %zu", i);
             /* chunked and reordered entry points report too; the device
@@ -1165,7 +1186,7 @@ static void isa_run(const isa_trial *t, isa_log *L) {
     /* the 4 random chunks as k = 2 inputs of 2 chunks each */
     st = zpp_quant_cpu_dequant_sum_requant(t->qr, 2, 2, cl, 0, cl, &t->sp, &t->sp2, q);
     log_op(L, "dequant-sum-requant", -1, st, q, 2 * zpp_quant_bytes(cl, &t->sp2));
-    st = zpp_quant_cpu_dequant_reduce(t->qr, 4, cl, &t->sp, 0.25f, y);
+    st = zpp_quant_cpu_dequant_reduce(t->qr, 4, 0, cl, &t->sp, NULL, 0.25f, y);
     log_op(L, "dequant-reduce", ZPP_FP32, st, y, cl * 4);
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {

@@ -602,6 +602,41 @@ static void test_dequant_sum_requant(void) {
     dev_close();
 }
 
+/* One dequant-reduce, CUDA against the CPU reference, bit for bit. form 0:
+ * the chunks end to end, the sum from 0; 1: chunks 32 bytes of garbage
+ * apart, the sum from an exact input of its own; 2: the same, the exact
+ * input being the output (qgZ's use). */
+static void check_dequant_reduce(size_t nc, size_t cl, const zpp_quant_spec *s, float scale,
+                                 int mis, int form, zpp_rng *r) {
+    const size_t qb = zpp_quant_bytes(cl, s), stride = form ? qb + 32 : 0;
+    unsigned char *q = make_qinputs(1, nc, cl, s, 0, r);
+    unsigned char *spread = zpp_test_malloc(nc * (qb + 32));
+    for (size_t b = 0; b < nc * (qb + 32); b++) spread[b] = (unsigned char)zpp_rng_u64(r);
+    for (size_t c = 0; c < nc; c++) memcpy(spread + c * (stride ? stride : qb), q + c * qb, qb);
+    float *cpu = zpp_test_malloc(cl * 4), *gpu = zpp_test_malloc(cl * 4),
+          *exact = zpp_test_malloc(cl * 4);
+    fill_values(exact, cl, s->block, ZPP_FP32, r);
+    memcpy(cpu, exact, cl * 4);
+    EXPECT_OK(zpp_quant_cpu_dequant_reduce(spread, nc, stride, cl, s, form ? cpu : NULL, scale,
+                                           cpu));
+    dbuf dq = dbuf_make(nc * (qb + 32), 0), dy = dbuf_make(cl * 4, mis ? 4 : 0),
+         dx = dbuf_make(cl * 4, 0);
+    dbuf_put(&dq, spread);
+    dbuf_put(&dx, exact);
+    if (form == 2) dbuf_put(&dy, exact);
+    else dbuf_poison(&dy);
+    const float *ex = form == 0 ? NULL : form == 1 ? (const float *)dx.p : (const float *)dy.p;
+    EXPECT_OK(zpp_cuda_dequant_reduce(dq.p, nc, stride, cl, s, ex, scale, (float *)dy.p,
+                                      dev->stream));
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "dequant-reduce %zu x %zu bits %d block %zu scale %a%s form %d",
+             nc, cl, s->bits, s->block, (double)scale, mis ? " misaligned" : "", form);
+    dbuf_get(&dy, gpu, ctx);
+    expect_same_values(gpu, cpu, cl, ZPP_FP32, ctx);
+    dbuf_free(&dq), dbuf_free(&dy), dbuf_free(&dx);
+    free(q), free(spread), free(cpu), free(gpu), free(exact);
+}
+
 static void test_dequant_reduce(void) {
     dev_open();
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
@@ -611,28 +646,13 @@ static void test_dequant_reduce(void) {
     for (size_t li = 0; li < 7; li++)
         for (size_t ci = 0; ci < 4; ci++)
             for (size_t ki = 0; ki < 2; ki++)
-                for (int mis = 0; mis < 2; mis++) {
-                    const size_t cl = lens[li], nc = nchunks[ci];
-                    zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci) % 5], 0, &r);
-                    const float scale = mis ? 1.0f : 1.0f / (float)(nc * 3);
-                    unsigned char *q = make_qinputs(1, nc, cl, &s, 0, &r);
-                    float *cpu = zpp_test_malloc(cl * 4), *gpu = zpp_test_malloc(cl * 4);
-                    EXPECT_OK(zpp_quant_cpu_dequant_reduce(q, nc, cl, &s, scale, cpu));
-                    dbuf dq = dbuf_make(zpp_quant_bytes(cl, &s) * nc, 0),
-                         dy = dbuf_make(cl * 4, mis ? 4 : 0);
-                    dbuf_put(&dq, q);
-                    dbuf_poison(&dy);
-                    EXPECT_OK(zpp_cuda_dequant_reduce(dq.p, nc, cl, &s, scale, dy.p, dev->stream));
-                    char ctx[160];
-                    snprintf(ctx, sizeof ctx,
-                             "dequant-reduce %zu x %zu bits %d block %zu scale %a%s", nc, cl,
-                             s.bits, s.block, (double)scale, mis ? " misaligned" : "");
-                    dbuf_get(&dy, gpu, ctx);
-                    expect_same_values(gpu, cpu, cl, ZPP_FP32, ctx);
-                    dbuf_free(&dq);
-                    dbuf_free(&dy);
-                    free(q), free(cpu), free(gpu);
-                }
+                for (int mis = 0; mis < 2; mis++)
+                    for (int form = 0; form < 3; form++) {
+                        const size_t cl = lens[li], nc = nchunks[ci];
+                        zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci) % 5], 0, &r);
+                        check_dequant_reduce(nc, cl, &s, mis ? 1.0f : 1.0f / (float)(nc * 3),
+                                             mis, form, &r);
+                    }
     dev_close();
 }
 

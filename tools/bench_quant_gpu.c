@@ -77,8 +77,8 @@ static zpp_status op_run(gbench *g, int op) {
         return zpp_device_dequant_sum_requant(g->dev, g->r, 2, ZPP_GB_RANKS / 2, g->cl, 0, g->cl,
                                               &g->spec4, &g->spec4, g->d);
     default:
-        return zpp_device_dequant_reduce(g->dev, g->d, ZPP_GB_RANKS / 2, g->cl, &g->spec4,
-                                         g->red_scale, g->red);
+        return zpp_device_dequant_reduce(g->dev, g->d, ZPP_GB_RANKS / 2, 0, g->cl, &g->spec4,
+                                         NULL, g->red_scale, g->red);
     }
 }
 
@@ -374,8 +374,8 @@ static int gbench_check_dsr(const gbench *g, ghost *h, row *w, l2acc *l) {
 static int gbench_check_reduce(const gbench *g, ghost *h, row *w, l2acc *l) {
     const zpp_bench_quant_args *a = g->a;
     GB_CHECK(zpp_device_copy(g->dev, h->red, g->red, g->cl * 4), "downloading");
-    zpp_status s = zpp_quant_cpu_dequant_reduce(h->d_cpu, ZPP_GB_RANKS / 2, g->cl, &g->spec4,
-                                                g->red_scale, h->red_cpu);
+    zpp_status s = zpp_quant_cpu_dequant_reduce(h->d_cpu, ZPP_GB_RANKS / 2, 0, g->cl,
+                                                &g->spec4, NULL, g->red_scale, h->red_cpu);
     w->correct =
         s == ZPP_OK && same_values(h->red, h->red_cpu, g->cl, ZPP_FP32, "dequant_reduce");
     /* every rank's chunk once: out = (1/16) * sum over all chunks */

@@ -87,6 +87,7 @@ struct zpp_coll_op {
     zpp_dtype dtype;
     void *full;
     void *secondary;
+    const void *full_grad; /* a reduction's input (qgZ adds the own chunk at finish) */
     float *shard_out;
     zpp_phase phase;
     zpp__group group;       /* communicator of the request in flight */
@@ -228,7 +229,9 @@ static zpp_status coll_copy(zpp_coll *c, void *dst, const void *src, size_t byte
  * must end with the blocks addressed to it: an all-to-all. Between two
  * members it is also an all-gather: each contributes the one block
  * addressed to the other, and slot m of the result is what member m sent;
- * own block copied in after. The bytes on the wire are the same. Done for
+ * the member's own slot then holds what it sent away, which the sum after
+ * clears anyway (its own input is added exact: sum_over_own). The bytes on
+ * the wire are the same. Done for
  * two nodes and not inside a node:
  *   - over a socket link NCCL's all-gather, on its ring path, keeps more
  *     connections busy than grouped send/recv, and is faster;
@@ -247,16 +250,6 @@ static zpp_status exchange_start(zpp_coll *c, zpp__group g, const void *send, vo
     const char *to_other = (const char *)send + (size_t)(1 - m->rank) * q;
     return group_call(c, g, ZPP_PHASE_GRAD_REDUCE, ZPP_CALL_ALLGATHER, to_other, recv, q, dtype,
                       req_p);
-}
-
-/* After the exchange has completed: between two members, this member's slot
- * holds what it sent away; put its own block there. */
-static zpp_status exchange_finish(zpp_coll *c, zpp__group g, const void *send, void *recv,
-                                  size_t q) {
-    const zpp_comm *m = group_comm(c, g, ZPP_PHASE_GRAD_REDUCE);
-    if (!as_allgather(c, g)) return ZPP_OK;
-    size_t me = (size_t)m->rank * q;
-    return coll_copy(c, (char *)recv + me, (const char *)send + me, q);
 }
 
 /* A spec for one quantizing call: with stochastic rounding, a fresh stream
@@ -441,6 +434,7 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
     op->reduce = mode;
     if (fb) op->fb_on = 1, op->fb = *fb;
     op->shard_out = shard_out;
+    op->full_grad = full_grad;
     c->seq++;
     zpp_status st = ZPP_OK;
     if (op->kind == ZPP__OP_EMPTY) goto done;
@@ -519,6 +513,33 @@ static zpp_status slab_wait(zpp_coll *c, zpp_coll_op *op, int k) {
     return st;
 }
 
+/* A rank's own contribution never crosses a wire, so qgZ need not
+ * quantize it: every sum this rank forms over inputs of which one is its
+ * own (the last step's over nodes, or over the node when there is one
+ * node or one rank a node; the hierarchical path's own-node partial sum)
+ * starts from the own input, exact, and skips that input's quantized copy,
+ * zeroed in place (zero bytes dequantize to +0). Of a sum of k inputs one
+ * then carries no quantization error: 1/k of the error's variance gone at
+ * no byte on the wire (docs/quantization.md, "qgZ reorder order"). */
+
+/* out = this rank's own chunk's slab, in fp32: the start of its sums. */
+static zpp_status own_slab(zpp_coll *c, const zpp_coll_op *op, const zpp__slab *s, float *out) {
+    const size_t ds = zpp_dtype_size(op->dtype);
+    const size_t at = (size_t)c->topo->world_rank * op->part.shard_len + s->first;
+    return zpp_device_convert(c->dev, (const char *)op->full_grad + at * ds, op->dtype, out,
+                              ZPP_FP32, s->len, 1.0f);
+}
+
+/* out = scale * (out + the k quantized inputs at q, `stride` bytes apart,
+ * but input `own`, which is cleared first: out holds it exactly). */
+static zpp_status sum_over_own(zpp_coll *c, char *q, size_t k, size_t stride, size_t own,
+                               const zpp__slab *s, const zpp_quant_spec *spec, float scale,
+                               float *out) {
+    const size_t qs = zpp_quant_bytes(s->len, spec);
+    ZPP_CHECK(zpp_device_set(c->dev, q + own * (stride ? stride : qs), 0, qs));
+    return zpp_device_dequant_reduce(c->dev, q, k, stride, s->len, spec, out, scale, out);
+}
+
 /* The rest of a qgZ reduction, slab by slab as each exchange arrives. */
 static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     const zpp_topo *t = c->topo;
@@ -529,25 +550,25 @@ static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     if (op->stage != ZPP__QGZ_INTRA || N == 1) {
         for (int k = 0; k < op->slabs; k++) {
             zpp__slab s = slab_get(op, k);
-            const char *q = (const char *)op->bp[0] + W * s.at; /* LOCAL: a world of one */
-            size_t inputs = 1;
+            float *out = op->shard_out + s.first;
+            ZPP_CHECK(own_slab(c, op, &s, out));
+            if (op->stage == ZPP__QGZ_LOCAL) continue; /* a world of one: its own gradient */
+            char *q;
+            size_t inputs, own;
             if (op->stage == ZPP__QGZ_INTER) {
                 /* Step 5: the N node partial sums (here each from one rank). */
                 ZPP_CHECK(slab_wait(c, op, k));
-                q = (const char *)op->bp[2] + N * s.at;
-                ZPP_CHECK(exchange_finish(c, ZPP__INTER, (const char *)op->bp[0] + W * s.at,
-                                          (char *)q, s.q));
-                inputs = N;
-            } else if (op->stage == ZPP__QGZ_INTRA) {
+                q = (char *)op->bp[2] + N * s.at;
+                inputs = N, own = (size_t)t->node;
+            } else {
                 /* One node: the node sum is the world sum; dequantize, sum in
                  * fp32 and average in one pass (no requantization). bp[1]
                  * holds S inputs, one per node peer. */
                 ZPP_CHECK(slab_wait(c, op, k));
-                q = (const char *)op->bp[1] + W * s.at;
-                inputs = S;
+                q = (char *)op->bp[1] + W * s.at;
+                inputs = S, own = (size_t)t->local_rank;
             }
-            ZPP_CHECK(zpp_device_dequant_reduce(c->dev, q, inputs, s.len, gs, inv_w,
-                                                op->shard_out + s.first));
+            ZPP_CHECK(sum_over_own(c, q, inputs, 0, own, &s, gs, inv_w, out));
         }
         return ZPP_OK;
     }
@@ -564,7 +585,7 @@ static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
         zpp__slab s = slab_get(op, k);
         ZPP_CHECK(slab_wait(c, op, k));
         char *sum = (char *)op->bp[2] + N * s.at;
-        const char *in = (const char *)op->bp[1] + W * s.at;
+        char *in = (char *)op->bp[1] + W * s.at;
         if (op->fb_on)
             ZPP_CHECK(zpp_device_ef_dequant_sum_requant(c->dev, in, (int)S, N, n, s.first, s.len,
                                                         gs, &rs, op->fb.inter, op->fb.beta,
@@ -575,17 +596,27 @@ static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
         /* Step 4: chunk m goes to the rank with my local index on node m. */
         ZPP_CHECK(exchange_start(c, ZPP__INTER, sum, (char *)op->bp[3] + N * s.at, s.q, op->dtype,
                                  &op->slab_req[k]));
+        /* This node's partial sum stays here: formed again in fp32 in the
+         * output while the others travel, from the own input exact (chunk
+         * `node` of each of the S inputs, N slabs apart), and never
+         * requantized. Its requantized copy (made with the rest, its error
+         * feedback updated as ever) comes back to this rank only and is
+         * cleared at step 5. */
+        float *out = op->shard_out + s.first;
+        ZPP_CHECK(own_slab(c, op, &s, out));
+        ZPP_CHECK(sum_over_own(c, in + (size_t)t->node * s.q, S, N * s.q, (size_t)t->local_rank,
+                               &s, gs, 1.0f, out));
     }
     for (int k = 0; k < op->slabs; k++) {
         zpp__slab s = slab_get(op, k);
         ZPP_CHECK(slab_wait(c, op, k));
         char *sums = (char *)op->bp[3] + N * s.at;
-        ZPP_CHECK(exchange_finish(c, ZPP__INTER, (const char *)op->bp[2] + N * s.at, sums, s.q));
         /* Step 5: sum the N node partial sums and average over the WORLD,
          * once: each element is the sum of W contributions, so 1/W (not 1/N,
-         * not 1/node_size) makes it the data-parallel mean. */
-        ZPP_CHECK(zpp_device_dequant_reduce(c->dev, sums, N, s.len, &rs, inv_w,
-                                            op->shard_out + s.first));
+         * not 1/node_size) makes it the data-parallel mean. This node's is
+         * the fp32 one already in the output. */
+        ZPP_CHECK(sum_over_own(c, sums, N, 0, (size_t)t->node, &s, &rs, inv_w,
+                               op->shard_out + s.first));
     }
     return ZPP_OK;
 }

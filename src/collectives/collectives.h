@@ -114,7 +114,9 @@ zpp_status zpp_coll_gather_secondary_start(zpp_coll *c, const zpp_partition *p,
                                            zpp_dtype dtype, const void *secondary,
                                            void *full, zpp_phase phase, zpp_coll_op **op_p);
 /* Starts reducing a full gradient (padded elements of dtype; the padding
- * must be zero) into this rank's fp32 shard, averaged over the world. */
+ * must be zero) into this rank's fp32 shard, averaged over the world. The
+ * gradient must stay as it is until zpp_coll_finish: qgZ reads this rank's
+ * own chunk again there, to add it to the sum unquantized. */
 zpp_status zpp_coll_reduce_start(zpp_coll *c, const zpp_partition *p, zpp_reduce_mode mode,
                                  zpp_dtype dtype, const void *full_grad, float *shard_out,
                                  zpp_coll_op **op_p);

@@ -21,7 +21,9 @@
  * happen, else 1 (that path dequantizes the first quantization directly).
  * fp32 sums and the 1/W product add O(W u) relative (u = 2^-24), covered by
  * a 1e-3 relative margin; rounding the result to the output dtype is the
- * caller's to add.
+ * caller's to add. The rank's own contribution is added unquantized
+ * (collectives.c), so its term of each sum above is in fact 0: the bound
+ * keeps it, for simplicity, and is that much looser.
  */
 double zpp_qgz_error_bound(double sum_absmax, int world, int node_size, int nodes,
                            int stochastic);

@@ -620,8 +620,8 @@ zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int 
 }
 
 zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
-                                     size_t chunk_len, const zpp_quant_spec *spec, float scale,
-                                     float *out) {
+                                     size_t stride, size_t chunk_len, const zpp_quant_spec *spec,
+                                     const float *exact, float scale, float *out) {
     const char *what = "dequant-reduce";
     size_t n = 0, bytes = 0;
     ZPP_CHECK(check_dev(d, what));
@@ -630,8 +630,14 @@ zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chun
     ZPP_CHECK(checked_mul(what, chunk_len, sizeof(float), &bytes));
     ZPP_CHECK(check_ptr(what, q, "the input", n));
     ZPP_CHECK(check_ptr(what, out, "the output", chunk_len));
+    const size_t qb = zpp_quant_bytes(chunk_len, spec);
+    if (stride == 0) stride = qb;
+    if (n_chunks > 1 && (stride < qb || stride % 16))
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: inputs %zu bytes apart: need a multiple of 16 of at least %zu, "
+                         "the bytes of one", what, stride, qb);
     if (chunk_len == 0) return ZPP_OK;
-    return d->ops->dequant_reduce(d, q, n_chunks, chunk_len, spec, scale, out);
+    return d->ops->dequant_reduce(d, q, n_chunks, stride, chunk_len, spec, exact, scale, out);
 }
 
 zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,

@@ -132,9 +132,9 @@ typedef struct zpp_device_ops {
                                          const zpp_quant_spec *in_spec,
                                          const zpp_quant_spec *out_spec, float *err,
                                          float beta, void *out);
-    zpp_status (*dequant_reduce)(zpp_device *d, const void *q, size_t n_chunks,
-                                 size_t chunk_len, const zpp_quant_spec *spec, float scale,
-                                 float *out);
+    zpp_status (*dequant_reduce)(zpp_device *d, const void *q, size_t n_chunks, size_t stride,
+                                 size_t chunk_len, const zpp_quant_spec *spec, const float *exact,
+                                 float scale, float *out);
     zpp_status (*convert)(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,
                           zpp_dtype out_dtype, size_t n, float scale);
     zpp_status (*add)(zpp_device *d, float *acc, const float *x, size_t n);
@@ -350,11 +350,15 @@ zpp_status zpp_device_ef_dequant_sum_requant(zpp_device *d, const void *in, int 
                                              size_t len, const zpp_quant_spec *in_spec,
                                              const zpp_quant_spec *out_spec, float *err,
                                              float beta, void *out);
-/* out[i] = scale * sum over c < n_chunks of dequantize(chunk c)[i], i < chunk_len,
- * summed in fp32 in chunk order: the last step of qgZ. */
+/* out[i] = scale * (exact[i] + sum over c < n_chunks of dequantize(chunk c)[i]),
+ * i < chunk_len, summed in fp32 from exact (0 when exact is NULL) through the
+ * chunks in order: qgZ's sums of quantized inputs, with the input that never
+ * crossed a wire added exactly. Chunk c is at q + c * stride bytes (stride 0:
+ * zpp_quant_bytes(chunk_len, spec), end to end; else a multiple of 16, at
+ * least that). exact is fp32 in this device's memory, and may be out. */
 zpp_status zpp_device_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
-                                     size_t chunk_len, const zpp_quant_spec *spec, float scale,
-                                     float *out);
+                                     size_t stride, size_t chunk_len, const zpp_quant_spec *spec,
+                                     const float *exact, float scale, float *out);
 /* out[i] = (out_dtype)(scale * in[i]). in and out may be the same buffer only
  * when the dtypes are equal. */
 zpp_status zpp_device_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,

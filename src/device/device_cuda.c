@@ -227,9 +227,10 @@ static zpp_status cu_dequant_sum_requant(zpp_device *d, const void *in, int k, s
 }
 
 static zpp_status cu_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
-                                    size_t chunk_len, const zpp_quant_spec *spec, float scale,
-                                    float *out) {
-    return zpp_cuda_dequant_reduce(q, n_chunks, chunk_len, spec, scale, out, d->stream);
+                                    size_t stride, size_t chunk_len, const zpp_quant_spec *spec,
+                                    const float *exact, float scale, float *out) {
+    return zpp_cuda_dequant_reduce(q, n_chunks, stride, chunk_len, spec, exact, scale, out,
+                                   d->stream);
 }
 
 static zpp_status cu_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,

@@ -191,10 +191,10 @@ static zpp_status host_dequant_sum_requant(zpp_device *d, const void *in, int k,
 }
 
 static zpp_status host_dequant_reduce(zpp_device *d, const void *q, size_t n_chunks,
-                                      size_t chunk_len, const zpp_quant_spec *spec, float scale,
-                                      float *out) {
+                                      size_t stride, size_t chunk_len, const zpp_quant_spec *spec,
+                                      const float *exact, float scale, float *out) {
     (void)d;
-    return zpp_quant_cpu_dequant_reduce(q, n_chunks, chunk_len, spec, scale, out);
+    return zpp_quant_cpu_dequant_reduce(q, n_chunks, stride, chunk_len, spec, exact, scale, out);
 }
 
 static zpp_status host_convert(zpp_device *d, const void *in, zpp_dtype in_dtype, void *out,

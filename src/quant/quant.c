@@ -295,13 +295,20 @@ zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chu
 /* qgZ's last step and dtype conversion                                      */
 /* ------------------------------------------------------------------------ */
 
-zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
-                                        const zpp_quant_spec *spec, float scale, float *out) {
+zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t stride,
+                                        size_t chunk_len, const zpp_quant_spec *spec,
+                                        const float *exact, float scale, float *out) {
     const char *what = "dequant-reduce";
     ZPP_CHECK(zpp_quant_spec_check(spec));
     ZPP_CHECK(check_ptr(what, out, "output", chunk_len));
     ZPP_CHECK(check_ptr(what, q, "input", n_chunks * chunk_len));
-    active_kernels()->dequant_reduce(q, n_chunks, chunk_len, spec, scale, out);
+    const size_t qb = zpp_quant_bytes(chunk_len, spec);
+    if (!stride) stride = qb;
+    if (n_chunks > 1 && stride < qb)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "%s: inputs %zu bytes apart overlap (each is %zu bytes)", what, stride,
+                         qb);
+    active_kernels()->dequant_reduce(q, n_chunks, stride, chunk_len, spec, exact, scale, out);
     return ZPP_OK;
 }
 

@@ -37,8 +37,9 @@ zpp_status zpp_quant_cpu_dequant_sum_requant(const void *in, int k, size_t n_chu
                                              size_t chunk_len, size_t first, size_t len,
                                              const zpp_quant_spec *in_spec,
                                              const zpp_quant_spec *out_spec, void *out);
-zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
-                                        const zpp_quant_spec *spec, float scale, float *out);
+zpp_status zpp_quant_cpu_dequant_reduce(const void *q, size_t n_chunks, size_t stride,
+                                        size_t chunk_len, const zpp_quant_spec *spec,
+                                        const float *exact, float scale, float *out);
 /* quant.c: one tensor of n elements, element 0 at stochastic index idx0. */
 zpp_status zpp_quant_cpu_quantize_at(const void *x, zpp_dtype dtype, size_t n,
                                      const zpp_quant_spec *spec, uint64_t idx0, void *out);

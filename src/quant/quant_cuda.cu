@@ -832,8 +832,9 @@ struct DqArgs {
     unsigned total;     /* tiles in all */
     int log2T;
     void *out;
-    bool vec;    /* out 16-byte aligned and each chunk's output too */
+    bool vec;    /* out 16-byte aligned and each chunk's output too (and exact) */
     float scale; /* DQ_REDUCE */
+    const float *exact; /* DQ_REDUCE: where the sum starts; NULL: at 0 */
 };
 
 template <int MODE>
@@ -952,6 +953,19 @@ __global__ void __launch_bounds__(kThreads,
         for (int n = 0; n < N; n++)
 #pragma unroll
             for (int i = 0; i < 8; i++) v[n][i] = 0.0f;
+        if (MODE == DQ_REDUCE && a.exact) {
+            /* the reduce's exact input first (the one chunk is chunk 0; the
+             * coherent path, since exact may be the output) */
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int s = 0; s < VPT; s++) {
+                    const unsigned e = vec_off(t, T, s);
+                    unpack8<F32>(fetch8<F32, false>(a.exact + cur[u].e0 + e, vec_cnt(cur[u], e),
+                                                    a.vec),
+                                 v[u * VPT + s]);
+                }
+        }
         dq_add<U, VPT, MODE>(a, st, v);
         if (MODE == DQ_REDUCE) {
             /* the other chunks, summed in order */
@@ -1256,6 +1270,7 @@ zpp_status make_dq(const void *q, size_t n_tile_chunks, size_t n_chunks, size_t 
     a.out = out;
     a.vec = vec;
     a.scale = scale;
+    a.exact = nullptr;
     *a_p = a;
     return ZPP_OK;
 }
@@ -1406,26 +1421,36 @@ extern "C" zpp_status zpp_cuda_dequantize_accumulate(const void *q, size_t n,
     return launch_dq<F32, DQ_ACC>(a, vpt, static_cast<cudaStream_t>(stream), what);
 }
 
-extern "C" zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
-                                              const zpp_quant_spec *spec, float scale,
-                                              float *out, void *stream) {
+extern "C" zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t stride,
+                                              size_t chunk_len, const zpp_quant_spec *spec,
+                                              const float *exact, float scale, float *out,
+                                              void *stream) {
     const char *what = "cuda dequant-reduce";
     ZPP_CHECK(zpp_quant_spec_check(spec));
     if (chunk_len == 0) return ZPP_OK;
     if (!out) return zpp_error(ZPP_ERR_INVALID, "%s: out is NULL", what);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    if (n_chunks == 0) { /* an empty sum */
+    if (n_chunks == 0 && !exact) { /* an empty sum */
         const cudaError_t e = cudaMemsetAsync(out, 0, chunk_len * sizeof(float), st);
         if (e != cudaSuccess)
             return zpp_error(ZPP_ERR_CUDA, "%s: clearing the output failed: %s", what,
                              cudaGetErrorString(e));
         return ZPP_OK;
     }
+    if (n_chunks == 0) return convert_from<F32>(exact, out, ZPP_FP32, chunk_len, scale,
+                                                aligned16(exact) && aligned16(out), st, what);
     ZPP_CHECK(check_qptr(q, what, "q"));
+    const unsigned long long qb = zpp_quant_bytes(chunk_len, spec);
+    if (stride == 0) stride = qb;
+    if (n_chunks > 1 && (stride < qb || stride % 16))
+        return zpp_error(ZPP_ERR_INVALID, "%s: inputs %zu bytes apart (each is %llu)", what,
+                         stride, qb);
     DqArgs a;
     int vpt;
-    ZPP_CHECK(make_dq(q, 1, n_chunks, chunk_len, spec, out, aligned16(out), scale, what, &a,
-                      &vpt));
+    ZPP_CHECK(make_dq(q, 1, n_chunks, chunk_len, spec, out,
+                      aligned16(out) && (!exact || aligned16(exact)), scale, what, &a, &vpt));
+    a.q.qbytes = stride;
+    a.exact = exact;
     return launch_dq<F32, DQ_REDUCE>(a, vpt, st, what);
 }
 

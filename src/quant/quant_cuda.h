@@ -34,9 +34,9 @@ zpp_status zpp_cuda_dequant_sum_requant(const void *in, int k, size_t n_chunks,
                                         const zpp_quant_spec *in_spec,
                                         const zpp_quant_spec *out_spec, void *out,
                                         int *nonfinite_dev, void *stream);
-zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t chunk_len,
-                                   const zpp_quant_spec *spec, float scale, float *out,
-                                   void *stream);
+zpp_status zpp_cuda_dequant_reduce(const void *q, size_t n_chunks, size_t stride,
+                                   size_t chunk_len, const zpp_quant_spec *spec,
+                                   const float *exact, float scale, float *out, void *stream);
 /* Error feedback (quant_cpu.h has the formula; bit-identical to
  * zpp_quant_cpu_ef_*): `err` in device memory, updated in place. */
 zpp_status zpp_cuda_ef_reorder_quantize(const void *in, zpp_dtype dtype, float *err, float beta,

@@ -37,8 +37,10 @@ typedef struct zpp_quant_kernels {
                             size_t n_chunks, size_t chunk_len, size_t idx_stride, size_t idx_first,
                             const zpp_quant_spec *in_spec, const zpp_quant_spec *out_spec,
                             float *sum, void *out);
-    void (*dequant_reduce)(const uint8_t *q, size_t n_chunks, size_t chunk_len,
-                           const zpp_quant_spec *spec, float scale, float *out);
+    /* Input c at q + c * stride; exact NULL or chunk_len floats (may be out). */
+    void (*dequant_reduce)(const uint8_t *q, size_t n_chunks, size_t stride, size_t chunk_len,
+                           const zpp_quant_spec *spec, const float *exact, float scale,
+                           float *out);
     void (*convert)(const void *in, zpp_dtype in_dtype, void *out, zpp_dtype out_dtype, size_t n,
                     float scale);
 } zpp_quant_kernels;

@@ -555,17 +555,19 @@ static void zpp__scale_f32(float *restrict y, size_t len, float scale) {
     for (size_t i = 0; i < len; i++) y[i] = scale * y[i];
 }
 
-static void zpp__dequant_reduce(const uint8_t *q, size_t n_chunks, size_t chunk_len,
-                                const zpp_quant_spec *spec, float scale, float *out) {
-    const size_t qb = zpp_ql_bytes(chunk_len, spec);
+/* out = scale * (exact + the chunks in order), exact = 0 when NULL. */
+static void zpp__dequant_reduce(const uint8_t *q, size_t n_chunks, size_t stride,
+                                size_t chunk_len, const zpp_quant_spec *spec, const float *exact,
+                                float scale, float *out) {
     /* Column tiles (multiples of 8, so tile starts are block-aligned) keep
      * the fp32 partial sums in cache while the chunks stream past. */
     const size_t tile = 4096;
     for (size_t e0 = 0; e0 < chunk_len; e0 += tile) {
         size_t e1 = chunk_len - e0 < tile ? chunk_len : e0 + tile;
-        memset(out + e0, 0, (e1 - e0) * sizeof *out);
+        if (!exact) memset(out + e0, 0, (e1 - e0) * sizeof *out);
+        else if (exact != out) memcpy(out + e0, exact + e0, (e1 - e0) * sizeof *out);
         for (size_t c = 0; c < n_chunks; c++)
-            zpp__acc_range(q + c * qb, chunk_len, spec, e0, e1, out + e0);
+            zpp__acc_range(q + c * stride, chunk_len, spec, e0, e1, out + e0);
         zpp__scale_f32(out + e0, e1 - e0, scale);
     }
 }
