@@ -231,8 +231,7 @@ static zpp_status coll_copy(zpp_coll *c, void *dst, const void *src, size_t byte
  * addressed to the other, and slot m of the result is what member m sent;
  * the member's own slot then holds what it sent away, which the sum after
  * clears anyway (its own input is added exact: sum_over_own). The bytes on
- * the wire are the same. Done for
- * two nodes and not inside a node:
+ * the wire are the same. Done for two nodes and not inside a node:
  *   - over a socket link NCCL's all-gather, on its ring path, keeps more
  *     connections busy than grouped send/recv, and is faster;
  *   - over NVLink it went the other way: the all-gather and copy made qgZ

@@ -321,7 +321,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     int n = (int)(n_begins - 1) - skip;
-    step *steps = calloc((size_t)n, sizeof *steps), total = {0};
+    step *steps = calloc((size_t)n, sizeof *steps);
+    step total = {0};
     if (!steps) die("out of memory%s", "");
     for (int s = 0; s < n; s++) {
         steps[s] = measure(begins[skip + s], begins[skip + s + 1], small);
