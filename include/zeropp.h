@@ -127,6 +127,21 @@ ZPP_API zpp_status zpp_dtype_parse(const char *name, zpp_dtype *dtype_p);
  * probability equal to the fractional part, so E[dequantized] = x.
  * An all-zero block has scale 0 and payload 0.
  *
+ * E2M1 (format ZPP_QUANT_E2M1, 4 bits only; qgZ's default): each element is
+ * the OCP microscaling FP4 number e in {0, 0.5, 1, 1.5, 2, 3, 4, 6} with a
+ * sign (1 sign, 2 exponent, 1 mantissa bit), and
+ *
+ *     scale_b = absmax_b / 6,   e = round(x / scale_b) on that grid
+ *
+ * to the nearest value, ties to the even mantissa (stochastic: up to the
+ * next value with probability equal to the fraction of the gap). It
+ * dequantizes to (2e) * (scale_b / 2), which is e * scale_b rounded once
+ * unless scale_b is subnormal. The grid is finer near 0 than int4's (a step
+ * of absmax / 12 below absmax / 3, against int4's absmax / 7 everywhere) and
+ * coarser near absmax: an element goes to 0 below absmax / 24 instead of
+ * absmax / 14, which is what AdamW, whose first steps follow the sign of
+ * each gradient element, needs from qgZ (docs/quantization.md).
+ *
  * WIRE LAYOUT (bytes that travel between machines; CPU and CUDA both follow
  * it, and it is repeated in DESIGN.md):
  *
@@ -135,6 +150,8 @@ ZPP_API zpp_status zpp_dtype_parse(const char *name, zpp_dtype *dtype_p);
  *        int4: ceil(n/2) bytes, element i in byte i/2, low nibble for even
  *              i, high nibble for odd i (two's complement nibble, -7..7);
  *              an odd n leaves the last high nibble 0
+ *        e2m1: as int4, each nibble sign-magnitude: bit 3 the sign, bits
+ *              0..2 the index of |e| in the grid above (0 encodes as 0000)
  *     payload zero-padded up to a multiple of 16 bytes
  *     offset zpp_quant_scales_offset()   scales
  *        ceil(n/block) little-endian IEEE fp32 values, block order
@@ -180,9 +197,14 @@ typedef struct zpp_quant_spec {
     size_t block;     /* elements per scale; multiple of 8 */
     int stochastic;   /* 0: round half to even; 1: stochastic rounding */
     uint64_t seed;    /* stochastic rounding stream; vary it per call */
+    int format;       /* zpp_quant_format; 0 (ZPP_QUANT_INT) when zeroed */
 } zpp_quant_spec;
 
-/* A spec with the default block for `bits`, round-to-nearest. */
+/* What a payload element is: an integer (int8 or int4) or, at 4 bits, an
+ * OCP FP4 E2M1 number (see above). */
+typedef enum zpp_quant_format { ZPP_QUANT_INT = 0, ZPP_QUANT_E2M1 = 1 } zpp_quant_format;
+
+/* A spec with the default block for `bits`, integers, round-to-nearest. */
 ZPP_API zpp_quant_spec zpp_quant_spec_default(int bits);
 /* Checks bits and block; ZPP_ERR_INVALID with a message otherwise. */
 ZPP_API zpp_status zpp_quant_spec_check(const zpp_quant_spec *spec);
@@ -463,7 +485,7 @@ typedef enum zpp_mode {
     ZPP_MODE_QWZ = 1,    /* forward gathers move int8 weights + scales */
     ZPP_MODE_HPZ = 2,    /* a secondary weight shard per node: backward
                             gathers stay inside the node */
-    ZPP_MODE_QGZ = 4,    /* gradients reduced by a two-hop int4 all-to-all */
+    ZPP_MODE_QGZ = 4,    /* gradients reduced by a two-hop 4-bit all-to-all */
     ZPP_MODE_ZEROPP = 7  /* all three */
 } zpp_mode;
 /* Parses "zero3", "zeropp", or a '+'-joined list of "qwz", "hpz", "qgz"
@@ -495,7 +517,7 @@ typedef struct zpp_engine_config {
      * Default 5. */
     int max_consecutive_skips;
     zpp_quant_spec weight_quant; /* qwZ: int8, default block */
-    zpp_quant_spec grad_quant;   /* qgZ: int4, default block */
+    zpp_quant_spec grad_quant;   /* qgZ: 4-bit E2M1, default block */
     /* A gathered unit stays for its next use (later in the pass, or, over
      * more than one rank, in the backward that follows the forward) when
      * that use comes within this many parameters of other units: DeepSpeed's

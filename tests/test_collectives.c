@@ -350,7 +350,8 @@ static void reduce(zpp_coll *c, grad_case *g, zpp_reduce_mode m) {
  * collectives/qgz_bound.h), A_r = max |g_r| over the element's block of
  * rank r's chunk. Returns the largest error / bound seen. */
 static double check_qgz(const zpp_topo *t, const grad_case *g, uint64_t tag, int same,
-                        size_t block, int stochastic, float *bound_out, const char *what) {
+                        const zpp_quant_spec *gs, float *bound_out, const char *what) {
+    size_t block = gs->block;
     int W = t->world_size, S = t->node_size, N = t->nodes;
     size_t n = g->p.shard_len, base = (size_t)t->world_rank * n;
     double worst = 0;
@@ -364,7 +365,7 @@ static double check_qgz(const zpp_topo *t, const grad_case *g, uint64_t tag, int
                                                     g->dt, same)));
             sumA += A;
         }
-        double bound = zpp_qgz_error_bound(sumA, W, S, N, stochastic) + 1e-30;
+        double bound = zpp_qgz_error_bound(sumA, W, S, N, gs) + 1e-30;
         for (size_t j = b0; j < b1; j++) {
             double err = fabs((double)g->out[j] - g->exact[j]);
             EXPECT(err <= bound,
@@ -450,6 +451,7 @@ static void test_reduce_qgz(void) {
         for (int di = 0; di < 2; di++) {
             zpp_dtype dt = di ? ZPP_FP32 : ZPP_BF16;
             uint64_t tag = zpp_hash64(0x9a2 ^ ((uint64_t)si << 4) ^ (uint64_t)di);
+            zpp_coll_opts dflt = zpp_coll_opts_default();
             float *first = NULL, *first_bound = NULL;
             int first_S = 0;
             for (int S = 1; S <= W; S++) {
@@ -461,7 +463,7 @@ static void test_reduce_qgz(void) {
                 zpp_coll_volume_reset(c);
                 reduce(c, &g, ZPP_REDUCE_QGZ);
                 float *bound = zpp_test_malloc(g.p.shard_len * sizeof(float));
-                check_qgz(t, &g, tag, 0, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, bound, "qgZ");
+                check_qgz(t, &g, tag, 0, &dflt.grad_spec, bound, "qgZ");
                 expect_phase(zpp_coll_volume(c), ZPP_PHASE_GRAD_REDUCE,
                              qgz_volume(g.p.shard_len, t->nodes, S, ZPP_QUANT_DEFAULT_BLOCK_INT4),
                              "qgZ");
@@ -545,7 +547,8 @@ static void test_qgz_world_average(void) {
         uint64_t tag = zpp_hash64(0xa7e ^ (uint64_t)S);
         grad_case g = grad_make(t, 512 * (size_t)W + 3, ZPP_BF16, tag, 1);
         reduce(c, &g, ZPP_REDUCE_QGZ);
-        check_qgz(t, &g, tag, 1, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, NULL, "qgZ same-gradient");
+        zpp_coll_opts dflt = zpp_coll_opts_default();
+        check_qgz(t, &g, tag, 1, &dflt.grad_spec, NULL, "qgZ same-gradient");
         double amax_out = 0, amax_in = 0;
         for (size_t j = 0; j < g.p.shard_len; j++) {
             amax_out = fmax(amax_out, fabs(g.out[j]));
@@ -583,7 +586,7 @@ static void test_stochastic_small_blocks(void) {
     grad_case g = grad_make(t, numel, ZPP_BF16, 0x58, 0);
     zpp_coll_volume_reset(c);
     reduce(c, &g, ZPP_REDUCE_QGZ);
-    check_qgz(t, &g, 0x58, 0, 32, 1, NULL, "qgZ stochastic");
+    check_qgz(t, &g, 0x58, 0, &o.grad_spec, NULL, "qgZ stochastic");
     expect_phase(zpp_coll_volume(c), ZPP_PHASE_GRAD_REDUCE,
                  qgz_volume(g.p.shard_len, t->nodes, S, 32), "qgZ block 32");
     grad_free(&g);
@@ -641,8 +644,8 @@ static void test_qgz_slab_sizes(void) {
 }
 
 /* Cutting qgZ into slabs changes no bit of the result, with round-to-nearest
- * and with stochastic rounding, for every node size; the wire bytes are the
- * same, in one call per slab and exchange. */
+ * and with stochastic rounding, in E2M1 and int4, for every node size; the
+ * wire bytes are the same, in one call per slab and exchange. */
 static void test_qgz_slabs_change_no_bit(void) {
     int W = world_size();
     static const size_t blocks[] = {32, 128};
@@ -652,6 +655,8 @@ static void test_qgz_slabs_change_no_bit(void) {
         for (int bi = 0; bi < 2; bi++)
             for (int stoch = 0; stoch < 2; stoch++) {
                 zpp_coll_opts whole = zpp_coll_opts_default();
+                /* both 4-bit formats: E2M1 (the default) with block 32 */
+                whole.grad_spec.format = bi ? ZPP_QUANT_INT : ZPP_QUANT_E2M1;
                 whole.grad_spec.block = blocks[bi];
                 whole.grad_spec.stochastic = stoch;
                 whole.grad_spec.seed = zpp_test_seed(40);
@@ -678,7 +683,7 @@ static void test_qgz_slabs_change_no_bit(void) {
                            "S=%d block %zu stochastic %d numel %zu: %zu slabs of %zu changed "
                            "the result",
                            S, blocks[bi], stoch, sizes[si], k, slab);
-                    check_qgz(t, &g2, tag, 0, blocks[bi], stoch, NULL, "qgZ in slabs");
+                    check_qgz(t, &g2, tag, 0, &whole.grad_spec, NULL, "qgZ in slabs");
                     expect_vol e = qgz_volume(n, t->nodes, S, blocks[bi]);
                     e.calls *= k;
                     expect_phase(zpp_coll_volume(c2), ZPP_PHASE_GRAD_REDUCE, e, "qgZ in slabs");
@@ -724,7 +729,8 @@ static void test_in_flight_and_pool(void) {
                           a.p.sec_len * a.ds) == 0, "failed");
             for (size_t i = 0; i < b.p.padded; i++)
                 EXPECT(zpp_load_f32(b.full, ZPP_BF16, i) == b.ref[i], "baseline in flight %zu", i);
-            check_qgz(t, &g, 0x300 + (uint64_t)round, 0, ZPP_QUANT_DEFAULT_BLOCK_INT4, 0, NULL,
+            zpp_coll_opts dflt = zpp_coll_opts_default();
+            check_qgz(t, &g, 0x300 + (uint64_t)round, 0, &dflt.grad_spec, NULL,
                       "qgZ in flight");
             size_t nb, bytes;
             zpp_device_scratch_stats(host_dev(), &nb, &bytes);

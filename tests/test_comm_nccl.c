@@ -1025,11 +1025,20 @@ static void check_hierarchical_matches_mpi(ctx *cx) {
             size_t first = len[k];
             for (size_t i = 0; i < len[k] && first == len[k]; i++)
                 if (got[at + i] != want[at + i]) first = i;
+            /* the element holding the first differing byte, as a number */
+            size_t es = k == 2 ? 4 : 2, el = first / es;
+            float gv = 0, wv = 0;
+            if (first < len[k]) {
+                gv = k == 2 ? ((const float *)(got + at))[el] : zpp_load_f32(got + at, ZPP_BF16, el);
+                wv = k == 2 ? ((const float *)(want + at))[el]
+                            : zpp_load_f32(want + at, ZPP_BF16, el);
+            }
             EXPECT(first == len[k],
                    "rank %d (node %d of %d), unit %d (%zu elements): %s differs from the MPI "
-                   "backend's at byte %zu of %zu (0x%02x, MPI 0x%02x)",
+                   "backend's at byte %zu of %zu (0x%02x, MPI 0x%02x): element %zu is %.9g, "
+                   "MPI %.9g",
                    t->world_rank, t->node, t->nodes, u, p.numel, part_name[k], first, len[k],
-                   got[at + first], want[at + first]);
+                   got[at + first], want[at + first], el, (double)gv, (double)wv);
             at += len[k];
         }
     }

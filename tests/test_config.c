@@ -156,6 +156,9 @@ static void test_every_key_parsed(void) {
                      ebeta, resetT);
         if (sr)
             strcat(loco_txt, ",\n      \"zeropp_grad_stochastic_rounding\": true");
+        /* E2M1 is the default: the key written only to turn it off */
+        int e2m1 = trial == 19 ? 0 : irand(&r, 0, 1);
+        if (!e2m1) strcat(loco_txt, ",\n      \"zeropp_grad_e2m1\": false");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1), ckpt = irand(&r, 0, 1);
         /* model.family: a llama takes its keys (their values are the
          * factory's to check) and samples nothing; a gpt2 takes them as 0 */
@@ -246,7 +249,7 @@ static void test_every_key_parsed(void) {
                cfg.zero.max_reuse_distance == reuse && cfg.zero.prefetch_depth == pdepth &&
                cfg.zero.reduce_depth == rdepth && cfg.zero.quantize_vectors == qvec && cfg.zero.resident_weights == resw &&
                cfg.zero.work_grads == wgr &&
-               cfg.zero.grad_stochastic == sr);
+               cfg.zero.grad_stochastic == sr && cfg.zero.grad_e2m1 == e2m1);
         EXPECT(cfg.zero.loco == loco && (!loco || (cfg.zero.loco_err_beta == ebeta &&
                                                    cfg.zero.loco_reset_T == resetT)));
         EXPECT(cfg.model.n_layer == n_layer && cfg.model.n_head == n_head &&
@@ -822,6 +825,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->zero.reduce_depth = irand(r, 1, 8);
     if (c->zero.quantized_gradients) {
         c->zero.grad_stochastic = irand(r, 0, 1);
+        c->zero.grad_e2m1 = irand(r, 0, 1);
         if ((c->zero.loco = irand(r, 0, 1))) {
             c->zero.loco_err_beta = zpp_rng_uniform(r);
             c->zero.loco_reset_T = irand(r, 1, 5000);

@@ -88,7 +88,7 @@ typedef struct world_ref {
 static void ref_init(world_ref *w, int W, int S, size_t n, float beta) {
     memset(w, 0, sizeof *w);
     w->W = W, w->S = S, w->N = W / S, w->n = n, w->padded = (size_t)W * n;
-    w->spec = zpp_quant_spec_default(4);
+    w->spec = zpp_coll_opts_default().grad_spec; /* what zpp_coll_create(NULL) uses */
     w->beta = beta;
     w->e1 = zpp_test_malloc((size_t)W * sizeof *w->e1);
     w->e2 = zpp_test_malloc((size_t)W * sizeof *w->e2);
@@ -314,7 +314,8 @@ static void test_qgz_ef_accumulated_error_bounded(void) {
                     sumA += A;
                     for (size_t j = b0; j < b1; j++) gmax[j] = fmax(gmax[j], A);
                 }
-                double bd = zpp_qgz_error_bound(sumA, W, S, N, 0);
+                zpp_coll_opts dflt = zpp_coll_opts_default();
+                double bd = zpp_qgz_error_bound(sumA, W, S, N, &dflt.grad_spec);
                 for (size_t j = b0; j < b1; j++) bound[j] = fmax(bound[j], bd);
             }
         }
@@ -443,10 +444,11 @@ static void test_ef_gpu_matches_cpu(void) {
     const size_t chunk = 1000, n = (size_t)nodes * local * chunk;
     const uint64_t seed = zpp_test_seed(0x10c3);
     const zpp_dtype dts[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
-    for (int bits = 4; bits <= 8; bits += 4)
+    for (int kind = 0; kind < 3; kind++) /* int8, int4, E2M1 */
         for (int stoch = 0; stoch < 2; stoch++)
             for (size_t di = 0; di < 3; di++) {
-                zpp_quant_spec spec = zpp_quant_spec_default(bits);
+                zpp_quant_spec spec = zpp_quant_spec_default(kind ? 4 : 8);
+                spec.format = kind == 2 ? ZPP_QUANT_E2M1 : ZPP_QUANT_INT;
                 spec.block = 64;
                 spec.stochastic = stoch;
                 spec.seed = seed;
@@ -479,10 +481,10 @@ static void test_ef_gpu_matches_cpu(void) {
                                                              dq));
                     EXPECT_OK(zpp_device_copy(g, qg, dq, qall));
                     EXPECT_OK(zpp_device_copy(g, eg, de, n * sizeof(float)));
-                    EXPECT(memcmp(qh, qg, qall) == 0, "bits %d stoch %d %s step %d: wire bytes",
-                           bits, stoch, zpp_dtype_name(dts[di]), step);
+                    EXPECT(memcmp(qh, qg, qall) == 0, "kind %d stoch %d %s step %d: wire bytes",
+                           kind, stoch, zpp_dtype_name(dts[di]), step);
                     EXPECT(memcmp(eh, eg, n * sizeof(float)) == 0,
-                           "bits %d stoch %d %s step %d: error buffers", bits, stoch,
+                           "kind %d stoch %d %s step %d: error buffers", kind, stoch,
                            zpp_dtype_name(dts[di]), step);
                     /* the requantization: the quantized slabs as `local` inputs
                      * of `nodes` chunks each */
@@ -493,10 +495,10 @@ static void test_ef_gpu_matches_cpu(void) {
                                                                 dout));
                     EXPECT_OK(zpp_device_copy(g, og, dout, nodes * qb));
                     EXPECT_OK(zpp_device_copy(g, sum_eg, dse, nodes * chunk * sizeof(float)));
-                    EXPECT(memcmp(oh, og, nodes * qb) == 0, "bits %d stoch %d step %d: sums",
-                           bits, stoch, step);
+                    EXPECT(memcmp(oh, og, nodes * qb) == 0, "kind %d stoch %d step %d: sums",
+                           kind, stoch, step);
                     EXPECT(memcmp(sum_eh, sum_eg, nodes * chunk * sizeof(float)) == 0,
-                           "bits %d stoch %d step %d: inter-node error buffers", bits, stoch,
+                           "kind %d stoch %d step %d: inter-node error buffers", kind, stoch,
                            step);
                     int rh = 0, rg = 0;
                     EXPECT_OK(zpp_device_nonfinite_take(h, &rh));

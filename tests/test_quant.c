@@ -46,10 +46,14 @@ static zpp_device *host_device(void) {
     if (!d) EXPECT_OK(zpp_device_create_host(&d));
     return d;
 }
-static const int all_bits[] = {8, 4};
+/* The payload kinds: int8, int4 and 4-bit E2M1 (KIND_E2M1 in all_bits). */
+#define KIND_E2M1 (-4)
+#define N_KINDS 3
+static const int all_bits[N_KINDS] = {8, 4, KIND_E2M1};
 
-static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, uint64_t seed) {
-    zpp_quant_spec s = zpp_quant_spec_default(bits);
+static zpp_quant_spec spec_make(int kind, size_t block, int stochastic, uint64_t seed) {
+    zpp_quant_spec s = zpp_quant_spec_default(kind == KIND_E2M1 ? 4 : kind);
+    if (kind == KIND_E2M1) s.format = ZPP_QUANT_E2M1;
     if (block) s.block = block;
     s.stochastic = stochastic;
     s.seed = seed;
@@ -57,6 +61,49 @@ static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, uint64_t
 }
 
 static float qmax_of(int bits) { return bits == 8 ? 127.0f : 7.0f; }
+
+static const char *kind_name(const zpp_quant_spec *sp) {
+    return sp->format == ZPP_QUANT_E2M1 ? "e2m1" : sp->bits == 8 ? "int8" : "int4";
+}
+
+/* E2M1 in half units: the grid of |q| (0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2);
+ * a magnitude's code is its index, bit 3 the sign. */
+static const int e2m1_grid[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+
+static int e2m1_index(int a) {
+    for (int c = 0; c < 8; c++)
+        if (e2m1_grid[c] == a) return c;
+    return -1;
+}
+
+/* The signed half-unit value of element i of a 4-bit payload. */
+static int e2m1_at(const uint8_t *q, size_t i) {
+    int nib = (q[i / 2] >> (i % 2 ? 4 : 0)) & 15;
+    return nib & 8 ? -e2m1_grid[nib & 7] : e2m1_grid[nib & 7];
+}
+
+/* The reference's E2M1 rounding of v = x * (12 / absmax), by search: the
+ * nearest grid point, ties to the even index (the even mantissa);
+ * stochastic: the gap [lo, hi) holding |v| is cut in steps k = hi - lo and
+ * |v| / k + u floored, as the header states it (the top: at most 12). */
+static int e2m1_ref_round(float v, int stochastic, float u) {
+    double a = fabs((double)v);
+    if (stochastic) {
+        int c = 0;
+        while (c < 7 && e2m1_grid[c + 1] <= a) c++;
+        float k = c < 7 ? (float)(e2m1_grid[c + 1] - e2m1_grid[c]) : 4.0f;
+        float w = fabsf(v) / k + u;
+        float m = floorf(w) * k;
+        int q = (int)(m < 12.0f ? m : 12.0f);
+        return v < 0 ? -q : q;
+    }
+    int best = 0;
+    for (int c = 1; c < 8; c++) {
+        double d = fabs(a - e2m1_grid[c]), db = fabs(a - e2m1_grid[best]);
+        if (d < db || (d == db && c % 2 == 0)) best = c;
+    }
+    return v < 0 ? -e2m1_grid[best] : e2m1_grid[best];
+}
 
 static uint32_t f2u(float f) {
     uint32_t u;
@@ -111,7 +158,8 @@ static void ref_quantize(const float *xf, size_t n, const zpp_quant_spec *sp, ui
                          uint8_t *out) {
     size_t bytes = zpp_quant_bytes(n, sp);
     memset(out, 0, bytes);
-    const float Q = qmax_of(sp->bits);
+    const int e2m1 = sp->format == ZPP_QUANT_E2M1;
+    const float Q = e2m1 ? 12.0f : qmax_of(sp->bits);
     size_t nb = (n + sp->block - 1) / sp->block;
     size_t soff = (sp->bits == 8 ? n : (n + 1) / 2);
     soff = (soff + 15) / 16 * 16;
@@ -130,13 +178,17 @@ static void ref_quantize(const float *xf, size_t n, const zpp_quant_spec *sp, ui
             memcpy(&scale, &nan, 4);
         } else if (a > 0.0f) {
             inv = Q / a; /* +Inf for a < Q / FLT_MAX: handled below */
-            scale = a / Q;
+            scale = e2m1 ? a / 6.0f : a / Q;
             zero = 0;
         }
         memcpy(out + soff + 4 * b, &scale, 4);
         for (size_t i = lo; i < hi; i++) {
             int q = 0;
-            if (!zero) {
+            if (!zero && e2m1 && isfinite(inv)) {
+                float v = xf[i] * inv;
+                q = e2m1_ref_round(v, sp->stochastic,
+                                   sp->stochastic ? zpp_quant_uniform(sp->seed, idx0 + i) : 0.0f);
+            } else if (!zero) {
                 float v = xf[i] * inv, t;
                 if (sp->stochastic) {
                     float u = zpp_quant_uniform(sp->seed, idx0 + i);
@@ -151,6 +203,8 @@ static void ref_quantize(const float *xf, size_t n, const zpp_quant_spec *sp, ui
                 q = (int)t;
             }
             if (sp->bits == 8) out[i] = (uint8_t)(int8_t)q;
+            else if (e2m1)
+                out[i / 2] |= (uint8_t)((e2m1_index(abs(q)) | (q < 0 ? 8 : 0)) << (i % 2 ? 4 : 0));
             else out[i / 2] |= (uint8_t)((q & 15) << (i % 2 ? 4 : 0));
         }
     }
@@ -167,9 +221,12 @@ static void block_absmax(const float *xf, size_t n, size_t block, float *amax) {
 }
 
 /* The bound of the header comment for one element; u_d, abs_d: dtype terms. */
-static double elem_bound(double a, int bits, int stochastic, zpp_dtype out) {
-    const double e = 0x1p-24, Q = qmax_of(bits);
-    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * a / Q + 2.0 * a * (2 * e + e * e) +
+static double elem_bound(double a, const zpp_quant_spec *sp, zpp_dtype out) {
+    const int stochastic = sp->stochastic;
+    const double e = 0x1p-24, Q = sp->format == ZPP_QUANT_E2M1 ? 12.0 : qmax_of(sp->bits);
+    /* the widest gap in units of absmax: 1 / Q, E2M1's 4 half units 4 / 12 */
+    const double gap = sp->format == ZPP_QUANT_E2M1 ? 4.0 / 12.0 : 1.0 / Q;
+    double b = (stochastic ? (1.0 + 0x1p-17) : 0.5) * a * gap + 2.0 * a * (2 * e + e * e) +
                (Q + 2) * 0x1p-149;
     /* qmax / absmax overflowed: q = sign(x) qmax, y = sign(x) * about a */
     if (!((float)Q / (float)a <= FLT_MAX)) b = a + (Q + 2) * 0x1p-149;
@@ -207,10 +264,19 @@ static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
     uint16_t *y16 = zpp_test_malloc(n * 2);
     EXPECT_OK(zpp_dequantize(q, n, sp, ZPP_FP32, y32));
     for (size_t i = 0; i < n; i++) {
-        double bound = elem_bound(amax[i / sp->block], sp->bits, sp->stochastic, ZPP_FP32);
+        double bound = elem_bound(amax[i / sp->block], sp, ZPP_FP32);
         double err = fabs((double)y32[i] - xf[i]);
         EXPECT(err <= bound, "%s: element %zu x=%a y=%a err %g > bound %g", what, i, xf[i],
                y32[i], err, bound);
+        /* E2M1 to nearest: half its local gap, max(absmax / 24, |x| / 5) (the
+         * gap [4, 6] half units has its midpoint 5 at error 1), finer than
+         * int4's absmax / 14 below absmax / 2.8 */
+        double a = amax[i / sp->block];
+        if (sp->format == ZPP_QUANT_E2M1 && !sp->stochastic && (float)12.0f / (float)a <= FLT_MAX) {
+            double rel = fmax(a / 24, fabs((double)xf[i]) / 5) * (1 + 0x1p-20) + 14 * 0x1p-149;
+            EXPECT(err <= rel, "%s: element %zu x=%a y=%a err %g > E2M1's %g", what, i, xf[i],
+                   y32[i], err, rel);
+        }
     }
     for (int k = 1; k < 3; k++) {
         zpp_dtype od = all_dtypes[k];
@@ -221,7 +287,7 @@ static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
                                    "%04x", what, zpp_dtype_name(od), i, y16[i], want);
             /* fp16 cannot hold values past 65504: bound only inputs it holds */
             if (od == ZPP_FP16 && amax[i / sp->block] > 65504.0f) continue;
-            double bound = elem_bound(amax[i / sp->block], sp->bits, sp->stochastic, od);
+            double bound = elem_bound(amax[i / sp->block], sp, od);
             double err = fabs((double)zpp_load_f32(y16, od, i) - xf[i]);
             EXPECT(err <= bound, "%s: %s element %zu x=%a err %g > bound %g", what,
                    zpp_dtype_name(od), i, xf[i], err, bound);
@@ -237,9 +303,9 @@ static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
 static void test_quantize_matches_reference(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(1));
     char what[160];
-    for (size_t bi = 0; bi < 2; bi++) {
+    for (size_t bi = 0; bi < N_KINDS; bi++) {
         int bits = all_bits[bi];
-        size_t B = zpp_quant_spec_default(bits).block;
+        size_t B = spec_make(bits, 0, 0, 0).block;
         const size_t sizes[] = {1, 7, B - 1, B, B + 1, 1005, ((size_t)1 << 20) + 3};
         for (size_t di = 0; di < 3; di++) {
             zpp_dtype dt = all_dtypes[di];
@@ -253,7 +319,7 @@ static void test_quantize_matches_reference(void) {
                         /* the stochastic sweep skips the big size except on N(0,1) */
                         if (sr && n > 100000 && dist != D_NORMAL) continue;
                         zpp_quant_spec sp = spec_make(bits, 0, sr, zpp_rng_u64(&rng));
-                        snprintf(what, sizeof what, "int%d %s %s n=%zu %s", bits,
+                        snprintf(what, sizeof what, "%s %s %s n=%zu %s", kind_name(&sp),
                                  zpp_dtype_name(dt), dist_name[dist], n, sr ? "SR" : "RNE");
                         check_case(x, xf, dt, n, &sp, what);
                     }
@@ -274,14 +340,15 @@ static void test_block_sizes(void) {
     for (size_t k = 0; k < sizeof blocks / sizeof blocks[0]; k++) {
         size_t B = blocks[k];
         size_t n = B < 4096 ? 3 * B + 5 : B + 13;
-        for (int bits = 4; bits <= 8; bits += 4) {
+        for (int ki = 0; ki < N_KINDS; ki++) {
+            int bits = all_bits[ki];
             zpp_dtype dt = all_dtypes[zpp_rng_u64(&rng) % 3];
             void *x = zpp_test_malloc(n * 4);
             float *xf = zpp_test_malloc(n * sizeof *xf);
             fill(&rng, D_NORMAL, dt, n, B, x, xf);
             for (int sr = 0; sr < 2; sr++) {
                 zpp_quant_spec sp = spec_make(bits, B, sr, zpp_rng_u64(&rng));
-                snprintf(what, sizeof what, "int%d block %zu %s n=%zu %s", bits, B,
+                snprintf(what, sizeof what, "%s block %zu %s n=%zu %s", kind_name(&sp), B,
                          zpp_dtype_name(dt), n, sr ? "SR" : "RNE");
                 check_case(x, xf, dt, n, &sp, what);
             }
@@ -297,9 +364,11 @@ static void test_block_sizes(void) {
 static void test_representable_roundtrip(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(3));
     for (size_t di = 0; di < 3; di++) {
-        for (size_t bi = 0; bi < 2; bi++) {
+        for (size_t bi = 0; bi < N_KINDS; bi++) {
             zpp_dtype dt = all_dtypes[di];
-            int bits = all_bits[bi], Q = (int)qmax_of(bits);
+            /* E2M1: q a grid point in half units, absmax 6 * 2^e, x = q 2^(e-1) */
+            const int e2m1 = all_bits[bi] == KIND_E2M1;
+            int bits = all_bits[bi], Q = e2m1 ? 12 : (int)qmax_of(bits);
             size_t block = (size_t)8 << (zpp_rng_u64(&rng) % 6);
             size_t n = 5 * block + 3 + (size_t)(zpp_rng_u64(&rng) % 2);
             size_t nb = zpp_quant_num_blocks(n, block);
@@ -309,30 +378,33 @@ static void test_representable_roundtrip(void) {
             for (size_t b = 0; b < nb; b++) {
                 ev[b] = (int)(zpp_rng_u64(&rng) % 23) - 14; /* 2^-14 .. 2^8: fp16-exact */
                 size_t lo = b * block, hi = lo + block < n ? lo + block : n;
-                for (size_t i = lo; i < hi; i++)
+                for (size_t i = lo; i < hi; i++) {
                     qv[i] = (int)(zpp_rng_u64(&rng) % (uint64_t)(2 * Q + 1)) - Q;
+                    if (e2m1) qv[i] = (qv[i] < 0 ? -1 : 1) * e2m1_grid[abs(qv[i]) % 8];
+                }
                 qv[lo + zpp_rng_u64(&rng) % (hi - lo)] = (zpp_rng_u64(&rng) & 1) ? Q : -Q;
                 for (size_t i = lo; i < hi; i++)
-                    zpp_store_f32(x, dt, i, ldexpf((float)qv[i], ev[b]));
+                    zpp_store_f32(x, dt, i, ldexpf((float)qv[i], ev[b] - e2m1));
             }
             zpp_quant_spec sp = spec_make(bits, block, 0, 0);
             uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
             EXPECT_OK(zpp_quantize(x, dt, n, &sp, q));
-            size_t so = zpp_quant_scales_offset(n, bits);
+            size_t so = zpp_quant_scales_offset(n, sp.bits);
             for (size_t b = 0; b < nb; b++) {
                 float s;
                 memcpy(&s, q + so + 4 * b, 4);
                 EXPECT(s == ldexpf(1.0f, ev[b]), "block %zu scale %a, want 2^%d", b, s, ev[b]);
             }
             for (size_t i = 0; i < n; i++) {
-                int got = bits == 8 ? (int)(int8_t)q[i]
-                                    : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
-                EXPECT(got == qv[i], "%s int%d element %zu: payload %d, want %d",
-                       zpp_dtype_name(dt), bits, i, got, qv[i]);
+                int got = e2m1        ? e2m1_at(q, i)
+                          : bits == 8 ? (int)(int8_t)q[i]
+                                      : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
+                EXPECT(got == qv[i], "%s %s element %zu: payload %d, want %d",
+                       zpp_dtype_name(dt), kind_name(&sp), i, got, qv[i]);
             }
             EXPECT_OK(zpp_dequantize(q, n, &sp, dt, y));
-            EXPECT(memcmp(x, y, n * zpp_dtype_size(dt)) == 0, "%s int%d: round trip not exact",
-                   zpp_dtype_name(dt), bits);
+            EXPECT(memcmp(x, y, n * zpp_dtype_size(dt)) == 0, "%s %s: round trip not exact",
+                   zpp_dtype_name(dt), kind_name(&sp));
             free(q);
             free(y);
             free(x);
@@ -353,10 +425,12 @@ static void test_stochastic_unbiased(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(4));
     const int M = 1000;
     const size_t n = 2000;
-    for (size_t bi = 0; bi < 2; bi++) {
+    for (size_t bi = 0; bi < N_KINDS; bi++) {
         int bits = all_bits[bi];
-        const double e = 0x1p-24, Q = qmax_of(bits);
-        zpp_dtype dt = bi ? ZPP_BF16 : ZPP_FP32;
+        /* E2M1: Q half units to absmax, gaps up to 4 of them (the step s) */
+        const double e = 0x1p-24, Q = bits == KIND_E2M1 ? 12.0 : qmax_of(bits);
+        const double gap = bits == KIND_E2M1 ? 4.0 : 1.0;
+        zpp_dtype dt = bi == 1 ? ZPP_BF16 : ZPP_FP32;
         void *x = zpp_test_malloc(n * 4);
         float *xf = zpp_test_malloc(n * sizeof *xf), *y = zpp_test_malloc(n * sizeof *y);
         double *mean = calloc(n, sizeof *mean);
@@ -374,18 +448,18 @@ static void test_stochastic_unbiased(void) {
         block_absmax(xf, n, sp.block, amax);
         double zsum = 0;
         for (size_t i = 0; i < n; i++) {
-            double a = amax[i / sp.block], s = a / Q;
+            double a = amax[i / sp.block], s = gap * a / Q;
             double sigma = s / (2.0 * sqrt((double)M));
             double bias = s * (Q * (2 * e + e * e) + 0x1p-17 + 0x1p-24) + a * (2 * e + e * e);
             double dev = mean[i] / M - xf[i];
-            EXPECT(fabs(dev) <= 6 * sigma + bias, "int%d element %zu: mean %.9g vs x %.9g (%.2f "
-                   "sigma)", bits, i, mean[i] / M, xf[i], dev / sigma);
+            EXPECT(fabs(dev) <= 6 * sigma + bias, "%s element %zu: mean %.9g vs x %.9g (%.2f "
+                   "sigma)", kind_name(&sp), i, mean[i] / M, xf[i], dev / sigma);
             zsum += dev / s;
         }
         /* and no systematic drift across all elements: sd <= 1/(2 sqrt(M n)) */
         double zsd = 1.0 / (2.0 * sqrt((double)M * (double)n));
-        EXPECT(fabs(zsum / n) <= 6 * zsd + Q * 4.1 * e + 0x1p-16, "int%d: mean deviation %g "
-               "steps", bits, zsum / n);
+        EXPECT(fabs(zsum / n) <= 6 * zsd + Q * 4.1 * e + 0x1p-16, "%s: mean deviation %g "
+               "steps", kind_name(&sp), zsum / n);
         free(amax);
         free(q);
         free(mean);
@@ -404,7 +478,7 @@ static void test_reorder_quantize_equals_unfused(void) {
         int nodes = 1 + (int)(zpp_rng_u64(&rng) % 3), local = 1 + (int)(zpp_rng_u64(&rng) % 4);
         size_t chunk_len = (size_t)(zpp_rng_u64(&rng) % 700) + (iter == 0 ? 0 : 1);
         zpp_dtype dt = all_dtypes[iter % 3];
-        int bits = all_bits[(iter / 3) % 2], sr = (iter / 6) % 2;
+        int bits = all_bits[(iter / 3) % N_KINDS], sr = (iter / 9) % 2;
         zpp_quant_spec sp = spec_make(bits, (size_t)8 << (zpp_rng_u64(&rng) % 6), sr,
                                       zpp_rng_u64(&rng));
         size_t R = (size_t)nodes * (size_t)local, n = R * chunk_len;
@@ -475,9 +549,9 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         int k = 1 + (int)(zpp_rng_u64(&rng) % 5);
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 3;
         size_t chunk_len = 1 + zpp_rng_u64(&rng) % (iter < 20 ? 900 : 5000);
-        zpp_quant_spec in_sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 7),
+        zpp_quant_spec in_sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 7),
                                          (int)(zpp_rng_u64(&rng) & 1), zpp_rng_u64(&rng));
-        zpp_quant_spec out_sp = spec_make(all_bits[(iter / 2) % 2],
+        zpp_quant_spec out_sp = spec_make(all_bits[(iter / 3) % N_KINDS],
                                           (size_t)8 << (zpp_rng_u64(&rng) % 10),
                                           (iter / 4) % 2, zpp_rng_u64(&rng));
         size_t n = n_chunks * chunk_len;
@@ -527,7 +601,7 @@ static void test_dequantize_accumulate(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(7));
     for (int iter = 0; iter < 12; iter++) {
         size_t n = 1 + zpp_rng_u64(&rng) % 3000;
-        zpp_quant_spec sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 8),
                                       0, 0);
         float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *acc = zpp_test_malloc(n * 4),
               *want = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
@@ -557,7 +631,7 @@ static void test_dequant_reduce(void) {
     zpp_device *host = host_device();
     for (int iter = 0; iter < 24; iter++) {
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 6, chunk_len = 1 + zpp_rng_u64(&rng) % 9000;
-        zpp_quant_spec sp = spec_make(all_bits[iter % 2], 0, 0, 0);
+        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS], 0, 0, 0);
         size_t n = n_chunks * chunk_len, qb = zpp_quant_bytes(chunk_len, &sp);
         const size_t stride = iter % 3 == 0 ? 0 : qb + 16 * (zpp_rng_u64(&rng) % 4);
         const int how = iter / 3 % 3; /* exact: 0 none, 1 its own buffer, 2 the output */
@@ -689,7 +763,7 @@ static void test_convert_bit_exact(void) {
  * rounded by core/dtype.h, bit for bit. Block b has absmax near 10^(b-10). */
 static void test_dequantize_dtype_ranges(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(14));
-    for (size_t bi = 0; bi < 2; bi++) {
+    for (size_t bi = 0; bi < N_KINDS; bi++) {
         zpp_quant_spec sp = spec_make(all_bits[bi], 64, 0, 0);
         const size_t nb = 17, n = nb * sp.block;
         float *x = zpp_test_malloc(n * 4), *y32 = zpp_test_malloc(n * 4);
@@ -725,7 +799,7 @@ static void test_nonfinite(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(10));
     zpp_device *host = host_device();
     for (size_t di = 0; di < 3; di++) {
-        for (size_t bi = 0; bi < 2; bi++) {
+        for (size_t bi = 0; bi < N_KINDS; bi++) {
             zpp_dtype dt = all_dtypes[di];
             zpp_quant_spec sp = spec_make(all_bits[bi], 64, (int)(bi ^ di) & 1, 7);
             size_t B = sp.block, n = 5 * B - 3; /* 5 blocks, the last one short */
@@ -814,10 +888,11 @@ static void test_nonfinite(void) {
  * and 0 * Inf = NaN becomes 0, the scale absmax / qmax is stored as usual.
  * Just above that limit the block is quantized normally. */
 static void test_tiny_absmax(void) {
-    for (size_t bi = 0; bi < 2; bi++) {
+    for (size_t bi = 0; bi < N_KINDS; bi++) {
         for (int sr = 0; sr < 2; sr++) {
             zpp_quant_spec sp = spec_make(all_bits[bi], 8, sr, 99);
-            float Q = qmax_of(sp.bits);
+            const int e2m1 = sp.format == ZPP_QUANT_E2M1;
+            float Q = e2m1 ? 12.0f : qmax_of(sp.bits), D = e2m1 ? 6.0f : Q; /* scale a / D */
             float limit = Q / FLT_MAX; /* qmax / absmax overflows below about this */
             float x[24], y[24];
             for (int i = 0; i < 8; i++) {
@@ -833,18 +908,19 @@ static void test_tiny_absmax(void) {
             float s[3];
             memcpy(s, q + zpp_quant_scales_offset(24, sp.bits), sizeof s);
             float a0 = fabsf(x[7]), a1 = fabsf(x[15]), a2 = fabsf(x[16]); /* block absmax */
-            EXPECT(s[0] == a0 / Q && s[1] == a1 / Q && s[2] == a2 / Q, "scales %a %a %a", s[0],
+            EXPECT(s[0] == a0 / D && s[1] == a1 / D && s[2] == a2 / D, "scales %a %a %a", s[0],
                    s[1], s[2]);
             for (int i = 0; i < 16; i++) {
-                int got = sp.bits == 8 ? (int8_t)q[i]
-                                       : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
+                int got = e2m1           ? e2m1_at(q, i)
+                          : sp.bits == 8 ? (int8_t)q[i]
+                                         : (int)(((q[i / 2] >> (i % 2 ? 4 : 0)) & 15) ^ 8) - 8;
                 int want = x[i] > 0 ? (int)Q : x[i] < 0 ? -(int)Q : 0;
                 EXPECT(got == want, "int%d element %d: q %d, want %d", sp.bits, i, got, want);
             }
             EXPECT_OK(zpp_dequantize(q, 24, &sp, ZPP_FP32, y));
             for (int i = 0; i < 24; i++) {
                 double a = i < 8 ? a0 : i < 16 ? a1 : a2;
-                EXPECT(fabs((double)y[i] - x[i]) <= elem_bound(a, sp.bits, sr, ZPP_FP32),
+                EXPECT(fabs((double)y[i] - x[i]) <= elem_bound(a, &sp, ZPP_FP32),
                        "element %d: %a vs %a", i, y[i], x[i]);
             }
         }
@@ -874,7 +950,7 @@ static void test_wire_layout(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(11));
     for (int iter = 0; iter < 200; iter++) {
         size_t n = zpp_rng_u64(&rng) % 5000;
-        zpp_quant_spec sp = spec_make(all_bits[iter % 2], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 8),
                                       0, 0);
         size_t pb = zpp_quant_payload_bytes(n, sp.bits);
         size_t so = zpp_quant_scales_offset(n, sp.bits);
@@ -955,7 +1031,7 @@ static void test_exec_host_equals_direct(void) {
     for (int iter = 0; iter < 12; iter++) {
         zpp_dtype dt = all_dtypes[iter % 3];
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 5, chunk_len = 1 + zpp_rng_u64(&rng) % 2000;
-        zpp_quant_spec sp = spec_make(all_bits[(iter / 3) % 2], 0, (iter / 6) % 2,
+        zpp_quant_spec sp = spec_make(all_bits[(iter / 3) % N_KINDS], 0, (iter / 9) % 2,
                                       zpp_rng_u64(&rng));
         size_t n = n_chunks * chunk_len, es = zpp_dtype_size(dt);
         size_t qb = zpp_quant_bytes(chunk_len, &sp);
@@ -994,8 +1070,8 @@ static void test_default_block_accuracy(void) {
     const size_t n = (size_t)1 << 20;
     float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
     fill(&rng, D_NORMAL, ZPP_FP32, n, 256, x, xf);
-    for (size_t bi = 0; bi < 2; bi++) {
-        zpp_quant_spec sp = zpp_quant_spec_default(all_bits[bi]);
+    for (size_t bi = 0; bi < N_KINDS; bi++) {
+        zpp_quant_spec sp = spec_make(all_bits[bi], 0, 0, 0);
         uint8_t *q = zpp_test_malloc(zpp_quant_bytes(n, &sp));
         EXPECT_OK(zpp_quantize(x, ZPP_FP32, n, &sp, q));
         EXPECT_OK(zpp_dequantize(q, n, &sp, ZPP_FP32, y));
@@ -1005,7 +1081,7 @@ static void test_default_block_accuracy(void) {
             den += (double)x[i] * x[i];
         }
         double rel = sqrt(num / den);
-        EXPECT(rel <= (sp.bits == 8 ? 0.01 : 0.15), "int%d block %zu: rel L2 %g", sp.bits,
+        EXPECT(rel <= (sp.bits == 8 ? 0.01 : 0.15), "%s block %zu: rel L2 %g", kind_name(&sp),
                sp.block, rel);
         free(q);
     }
@@ -1225,9 +1301,9 @@ static void test_isa_paths_identical(void) {
         size_t cl = iter < 48 ? lens[iter % 16] : 1 + zpp_rng_u64(&rng) % 1500;
         size_t n = 4 * cl;
         isa_trial t = {.dt = dt, .n = n};
-        t.sp = spec_make(all_bits[(iter / 3) % 2], blocks[zpp_rng_u64(&rng) % 8],
-                         (iter / 6) % 2, zpp_rng_u64(&rng));
-        t.sp2 = spec_make(all_bits[zpp_rng_u64(&rng) % 2], blocks[zpp_rng_u64(&rng) % 8],
+        t.sp = spec_make(all_bits[(iter / 3) % N_KINDS], blocks[zpp_rng_u64(&rng) % 8],
+                         (iter / 9) % 2, zpp_rng_u64(&rng));
+        t.sp2 = spec_make(all_bits[zpp_rng_u64(&rng) % N_KINDS], blocks[zpp_rng_u64(&rng) % 8],
                           (int)(zpp_rng_u64(&rng) % 2), zpp_rng_u64(&rng));
         void *x = zpp_test_malloc(n * 4);
         uint8_t *qr = zpp_test_malloc(4 * zpp_quant_bytes(cl, &t.sp));

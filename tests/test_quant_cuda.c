@@ -37,7 +37,17 @@
 #define POISON 0xAB
 
 static const zpp_dtype all_dtypes[] = {ZPP_FP32, ZPP_BF16, ZPP_FP16};
-static const int all_bits[] = {8, 4};
+/* The payload kinds: int8, int4 and 4-bit E2M1 (KIND_E2M1). */
+#define KIND_E2M1 (-4)
+#define N_KINDS 3
+static const int all_bits[N_KINDS] = {8, 4, KIND_E2M1};
+
+/* The default spec of a kind. */
+static zpp_quant_spec spec_of_kind(int kind) {
+    zpp_quant_spec s = zpp_quant_spec_default(kind == KIND_E2M1 ? 4 : kind);
+    if (kind == KIND_E2M1) s.format = ZPP_QUANT_E2M1;
+    return s;
+}
 
 /* ---- device plumbing ------------------------------------------------------
  * Memory, copies and synchronisation go through a GPU device (device.h),
@@ -180,8 +190,8 @@ static void *random_input(size_t n, size_t block, zpp_dtype dtype, zpp_rng *r) {
     return h;
 }
 
-static zpp_quant_spec spec_make(int bits, size_t block, int stochastic, zpp_rng *r) {
-    zpp_quant_spec s = zpp_quant_spec_default(bits);
+static zpp_quant_spec spec_make(int kind, size_t block, int stochastic, zpp_rng *r) {
+    zpp_quant_spec s = spec_of_kind(kind);
     s.block = block;
     s.stochastic = stochastic;
     s.seed = zpp_rng_u64(r);
@@ -226,9 +236,9 @@ static void expect_same_q(const unsigned char *gpu, const unsigned char *cpu, si
     }
     zpp_test_fail(__FILE__, __LINE__, NULL,
                   "%s: quantized bytes differ at offset %zu: chunk %zu, %s: gpu 0x%02x, cpu "
-                  "0x%02x (bits %d, block %zu, stochastic %d, chunk_len %zu, %zu chunks; 0xAB "
-                  "means the kernel never wrote it)",
-                  ctx, i, c, where, gpu[i], cpu[i], s->bits, s->block, s->stochastic,
+                  "0x%02x (bits %d format %d, block %zu, stochastic %d, chunk_len %zu, %zu "
+                  "chunks; 0xAB means the kernel never wrote it)",
+                  ctx, i, c, where, gpu[i], cpu[i], s->bits, s->format, s->block, s->stochastic,
                   chunk_len, n_chunks);
 }
 
@@ -302,7 +312,7 @@ static void test_quantize_single_tensor(void) {
     static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
         for (size_t di = 0; di < 3; di++)
-            for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ki = 0; ki < N_KINDS; ki++)
                 for (int st = 0; st < 2; st++) {
                     size_t sizes[8];
                     size_t ns = sizes_for(blocks[bi], sizes);
@@ -313,8 +323,8 @@ static void test_quantize_single_tensor(void) {
                 }
     /* the largest block allowed, and a misaligned input on every path */
     for (size_t di = 0; di < 3; di++)
-        for (size_t ki = 0; ki < 2; ki++) {
-            zpp_quant_spec s = spec_make(all_bits[ki], (size_t)1 << 20, (int)ki, &r);
+        for (size_t ki = 0; ki < N_KINDS; ki++) {
+            zpp_quant_spec s = spec_make(all_bits[ki], (size_t)1 << 20, (int)(ki & 1), &r);
             check_quantize(all_dtypes[di], 1, ((size_t)1 << 20) + 77, &s, 0, &r);
             for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
                 zpp_quant_spec t = spec_make(all_bits[ki], blocks[bi], (int)(bi & 1), &r);
@@ -329,9 +339,9 @@ static void test_quantize_large(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(2));
     const size_t n = ((size_t)1 << 22) + 5;
     for (size_t di = 0; di < 3; di++)
-        for (size_t ki = 0; ki < 2; ki++) {
+        for (size_t ki = 0; ki < N_KINDS; ki++) {
             zpp_quant_spec s = spec_make(all_bits[ki], 0, (int)(di == 1 && ki == 1), &r);
-            s.block = zpp_quant_spec_default(all_bits[ki]).block;
+            s.block = spec_of_kind(all_bits[ki]).block;
             check_quantize(all_dtypes[di], 1, n, &s, 0, &r);
         }
     dev_close();
@@ -347,7 +357,7 @@ static void test_quantize_chunks(void) {
     for (size_t li = 0; li < 6; li++)
         for (size_t ci = 0; ci < 3; ci++)
             for (size_t di = 0; di < 3; di++)
-                for (size_t ki = 0; ki < 2; ki++) {
+                for (size_t ki = 0; ki < N_KINDS; ki++) {
                     zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + ci + di) % 4],
                                                  (int)((li + ki) & 1), &r);
                     check_quantize(all_dtypes[di], nchunks[ci], lens[li], &s, 0, &r);
@@ -403,7 +413,7 @@ static void test_dequantize(void) {
     static const size_t blocks[] = {8, 24, 128, 256, 264, 1024, 2048, 2056, 8192};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
         for (size_t di = 0; di < 3; di++)
-            for (size_t ki = 0; ki < 2; ki++) {
+            for (size_t ki = 0; ki < N_KINDS; ki++) {
                 size_t sizes[8];
                 size_t ns = sizes_for(blocks[bi], sizes);
                 for (size_t si = 0; si < ns; si++) {
@@ -416,14 +426,14 @@ static void test_dequantize(void) {
     static const size_t lens[] = {1, 3, 77, 1001, 1024, 4099};
     for (size_t li = 0; li < 6; li++)
         for (size_t di = 0; di < 3; di++)
-            for (size_t ki = 0; ki < 2; ki++) {
+            for (size_t ki = 0; ki < N_KINDS; ki++) {
                 zpp_quant_spec s = spec_make(all_bits[ki], blocks[(li + di) % 9], 0, &r);
                 check_dequantize(all_dtypes[di], 1 + (li % 3) * 2, lens[li], &s, (int)(ki & 1),
                                  0, &r);
             }
     const size_t n = ((size_t)1 << 22) + 5;
-    for (size_t ki = 0; ki < 2; ki++) {
-        zpp_quant_spec s = zpp_quant_spec_default(all_bits[ki]);
+    for (size_t ki = 0; ki < N_KINDS; ki++) {
+        zpp_quant_spec s = spec_of_kind(all_bits[ki]);
         check_dequantize(ZPP_BF16, 1, n, &s, 0, 0, &r);
         check_dequantize(ZPP_FP32, 1, n, &s, 1, 0, &r);
     }
@@ -437,7 +447,7 @@ static void test_dequantize_accumulate(void) {
     static const size_t ns[] = {1, 7, 255, 256, 257, 4099, ((size_t)1 << 20) + 3};
     for (size_t bi = 0; bi < 5; bi++)
         for (size_t ni = 0; ni < 7; ni++)
-            for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ki = 0; ki < N_KINDS; ki++)
                 for (int mis = 0; mis < 2; mis++) {
                     const size_t n = ns[ni];
                     zpp_quant_spec s = spec_make(all_bits[ki], blocks[bi], 0, &r);
@@ -474,7 +484,7 @@ static void test_reorder_quantize(void) {
         for (size_t b = 0; b < 3; b++)
             for (size_t li = 0; li < 6; li++)
                 for (size_t di = 0; di < 3; di++)
-                    for (size_t ki = 0; ki < 2; ki++) {
+                    for (size_t ki = 0; ki < N_KINDS; ki++) {
                         const zpp_dtype d = all_dtypes[di];
                         const int nodes = nodes_l[a], local = local_l[b];
                         const size_t cl = lens[li], nc = (size_t)nodes * (size_t)local;
@@ -585,9 +595,11 @@ static void test_dequant_sum_requant(void) {
     for (int k = 1; k <= 3; k++)
         for (size_t li = 0; li < 6; li++)
             for (size_t ci = 0; ci < 3; ci++)
-                for (int variant = 0; variant < 4; variant++) {
-                    /* same spec; int8 in -> int4 out; different blocks; big out block */
-                    int ib = variant == 1 ? 8 : 4, ob = 4;
+                for (int variant = 0; variant < 6; variant++) {
+                    /* same spec; int8 in -> int4 out; different blocks; big out block;
+                     * E2M1 -> E2M1 (qgZ's default); E2M1 -> int4 */
+                    int ib = variant == 1 ? 8 : variant >= 4 ? KIND_E2M1 : 4;
+                    int ob = variant == 4 ? KIND_E2M1 : 4;
                     size_t iblk = 128, oblk = variant == 2 ? 256 : 128;
                     if (variant == 3) iblk = 64, oblk = 4096;
                     zpp_quant_spec is = spec_make(ib, iblk, 0, &r);
@@ -596,6 +608,8 @@ static void test_dequant_sum_requant(void) {
                 }
     /* a NaN in one input: flag set, its block NaN in the output */
     zpp_quant_spec is = spec_make(4, 128, 0, &r), os = spec_make(4, 128, 1, &r);
+    check_dsr(2, 4, 1001, &is, &os, 1, &r);
+    is = spec_make(KIND_E2M1, 128, 0, &r), os = spec_make(KIND_E2M1, 128, 1, &r);
     check_dsr(2, 4, 1001, &is, &os, 1, &r);
     zpp_quant_spec is8 = spec_make(8, 256, 0, &r), os8 = spec_make(8, 256, 0, &r);
     check_dsr(3, 2, ((size_t)1 << 20) + 9, &is8, &os8, 0, &r);
@@ -645,7 +659,7 @@ static void test_dequant_reduce(void) {
     static const size_t nchunks[] = {1, 2, 3, 8};
     for (size_t li = 0; li < 7; li++)
         for (size_t ci = 0; ci < 4; ci++)
-            for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ki = 0; ki < N_KINDS; ki++)
                 for (int mis = 0; mis < 2; mis++)
                     for (int form = 0; form < 3; form++) {
                         const size_t cl = lens[li], nc = nchunks[ci];
@@ -703,7 +717,7 @@ static void test_nonfinite(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(10));
     static const float bad[] = {NAN, INFINITY, -INFINITY};
     for (size_t di = 0; di < 3; di++)
-        for (size_t ki = 0; ki < 2; ki++)
+        for (size_t ki = 0; ki < N_KINDS; ki++)
             for (size_t bi = 0; bi < 3; bi++) {
                 const zpp_dtype d = all_dtypes[di];
                 zpp_quant_spec s = spec_make(all_bits[ki], bi == 2 ? 4096 : 256, (int)(bi & 1),

@@ -364,7 +364,6 @@ static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
     const bench_unit *u = &b->u[unit];
     const zpp_topo *t = b->topo;
     size_t gb = b->copts.grad_spec.block;
-    const int stoch = b->copts.grad_spec.stochastic;
     double rel = b->o.dtype == ZPP_BF16 ? 0x1p-8 : b->o.dtype == ZPP_FP16 ? 0x1p-11 : 0x1p-24;
     double worst = 0;
     ZPP_OMP(omp parallel for schedule(static) reduction(max : worst))
@@ -372,7 +371,8 @@ static double check_reduce(bench_ctx *b, int unit, zpp_reduce_mode mode) {
         double want = u->mean[k], got = b->host_out[k];
         double bound =
             mode == ZPP_REDUCE_QGZ
-                ? zpp_qgz_error_bound(u->sum_a[k / gb], b->W, t->node_size, t->nodes, stoch)
+                ? zpp_qgz_error_bound(u->sum_a[k / gb], b->W, t->node_size, t->nodes,
+                                      &b->copts.grad_spec)
                 : (b->W - 1) * rel * 1.01 * u->abssum[k] / b->W;
         bound += 3 * 0x1p-24 * fabs(want) + 1e-37;
         double err = fabs(got - want);

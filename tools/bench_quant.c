@@ -29,7 +29,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: zeropp bench quant [--dtype bf16|fp16|fp32] [--bits 8|4] [--block B]\n"
-            "                          [--n N] [--stochastic] [--json] [--device cpu|gpu]\n"
+            "                          [--n N] [--stochastic] [--e2m1] [--json]\n"
+            "                          [--device cpu|gpu]\n"
             "\n"
             "  --dtype D      element type of the data (default bf16)\n"
             "  --bits 8|4     int8 or int4 payload (default 8)\n"
@@ -37,6 +38,7 @@ static void usage(FILE *f) {
             "                 %d for int4)\n"
             "  --n N          number of elements (default 16Mi = 16777216)\n"
             "  --stochastic   stochastic rounding instead of round-half-to-even\n"
+            "  --e2m1         4-bit payloads (--bits 4, and qgZ's on the GPU) in E2M1, not int4\n"
             "  --json         one JSON object per line per operation\n"
             "  --device D     cpu (one thread, default) or gpu (CUDA builds)\n"
             "Counts take suffixes: " ZPP_CLI_COUNT_HELP ".\n",
@@ -75,6 +77,7 @@ static void print_rows(const zpp_bench_quant_args *a, const bench_row *rows, int
 
 static int bench_cpu(const zpp_bench_quant_args *a) {
     zpp_quant_spec spec = zpp_quant_spec_default(a->bits);
+    spec.format = a->e2m1 ? ZPP_QUANT_E2M1 : ZPP_QUANT_INT;
     spec.block = a->block;
     spec.stochastic = a->stochastic;
     spec.seed = 12345;
@@ -150,12 +153,13 @@ out:
 }
 
 int zpp_cli_bench_quant(int argc, char **argv) {
-    zpp_bench_quant_args a = {ZPP_BF16, 8, 0, (size_t)1 << 24, 0, 0};
+    zpp_bench_quant_args a = {ZPP_BF16, 8, 0, (size_t)1 << 24, 0, 0, 0};
     int gpu = 0;
     const char *dtype = NULL, *device = NULL;
     const zpp_cli_opt opts[] = {
         {"--json", ZPP_CLI_FLAG, &a.json, 0, 0},
         {"--stochastic", ZPP_CLI_FLAG, &a.stochastic, 0, 0},
+        {"--e2m1", ZPP_CLI_FLAG, &a.e2m1, 0, 0},
         {"--dtype", ZPP_CLI_STR, &dtype, 0, 0},
         {"--bits", ZPP_CLI_INT, &a.bits, 4, 8},
         {"--block", ZPP_CLI_SIZE, &a.block, 1, 1ll << 53},
@@ -186,7 +190,8 @@ int zpp_cli_bench_quant(int argc, char **argv) {
     }
     if (a.block == 0)
         a.block = a.bits == 4 ? ZPP_QUANT_DEFAULT_BLOCK_INT4 : ZPP_QUANT_DEFAULT_BLOCK_INT8;
-    zpp_quant_spec check = {a.bits, a.block, a.stochastic, 0};
+    zpp_quant_spec check = {a.bits, a.block, a.stochastic, 0,
+                            a.e2m1 ? ZPP_QUANT_E2M1 : ZPP_QUANT_INT};
     if (zpp_quant_spec_check(&check) != ZPP_OK) {
         fprintf(stderr, "zeropp bench quant: %s\n", zpp_last_error());
         return 2;

@@ -15,6 +15,7 @@ typedef struct zpp_bench_quant_args {
     size_t n;        /* --n elements, default 1 << 24 */
     int json;        /* --json: one JSON object per line per op */
     int stochastic;  /* --stochastic: stochastic rounding (default 0) */
+    int e2m1;        /* --e2m1: 4-bit E2M1, not int4 (the --bits 4 spec and qgZ's) */
 } zpp_bench_quant_args;
 
 /* Runs the bench on the GPU and prints like the CPU bench ("device":"gpu");

@@ -217,14 +217,16 @@ typedef struct ghost {
     } while (0)
 
 /* Setup: the two quantization specs (the --bits/--block one, and qgZ's
- * int4 one). */
+ * 4-bit one: int4, or E2M1 with --e2m1). */
 static void gbench_specs(gbench *g, const zpp_bench_quant_args *a) {
     g->a = a;
     g->spec = zpp_quant_spec_default(a->bits);
+    if (a->bits == 4 && a->e2m1) g->spec.format = ZPP_QUANT_E2M1;
     g->spec.block = a->block ? a->block : g->spec.block;
     g->spec.stochastic = a->stochastic;
     g->spec.seed = 12345;
     g->spec4 = zpp_quant_spec_default(4);
+    g->spec4.format = a->e2m1 ? ZPP_QUANT_E2M1 : ZPP_QUANT_INT;
     if (a->bits == 4) g->spec4.block = g->spec.block;
     g->spec4.stochastic = a->stochastic;
     g->spec4.seed = 67890;

@@ -486,6 +486,8 @@ static void mode_text(const zpp_trainer_info *in, const zpp_train_config *cfg, c
         k += (size_t)snprintf(buf + k, cap - k, " + error feedback");
     if (in->qgz && cfg->zero.grad_stochastic && k < cap)
         k += (size_t)snprintf(buf + k, cap - k, " + stochastic rounding");
+    if (in->qgz && !cfg->zero.grad_e2m1 && k < cap)
+        k += (size_t)snprintf(buf + k, cap - k, " + int4 gradients");
     if ((in->qwz || in->qgz) && cfg->zero.quantize_vectors && k < cap)
         snprintf(buf + k, cap - k, " + vectors quantized");
 }

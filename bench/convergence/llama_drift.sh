@@ -14,7 +14,8 @@
 # Environment: SEEDS ["$(seq 1 20)"], MODES ["zeropp qwz qgz zeropp_loco
 # zeropp_sr zeropp_sr_loco"] (zeropp = qwZ + qgZ; _loco with qgZ error
 # feedback, zeropp_loco_param at DeepSpeed's defaults; _sr qgZ's stochastic
-# rounding), BUILD [build], OUT [drift-out].
+# rounding; _int4 qgZ's gradients in int4 instead of E2M1, e.g. zeropp_int4,
+# qgz_int4), BUILD [build], OUT [drift-out].
 # Writes OUT/drift.tsv (seed mode worst-difference) and prints, per mode,
 # the median, the 90th percentile, the largest and how many folders passed
 # 1e-3.
@@ -34,15 +35,16 @@ mkdir -p "$out"
 
 # the --set arguments of a mode
 sets() {
-  local q=zero_optimization
-  case $1 in
+  local q=zero_optimization m=${1%_int4}
+  case $1 in *_int4) echo "--set $q.zeropp_grad_e2m1=false" ;; esac
+  case $m in
     zero3) ;;
     qwz) echo "--set $q.zero_quantized_weights=true" ;;
     qgz) echo "--set $q.zero_quantized_gradients=true" ;;
     zeropp*)
       echo "--set $q.zero_quantized_weights=true --set $q.zero_quantized_gradients=true"
-      case $1 in *_sr*) echo "--set $q.zeropp_grad_stochastic_rounding=true" ;; esac
-      case $1 in *_loco) echo "--set $q.zeropp_loco_param={}" ;; esac ;;
+      case $m in *_sr*) echo "--set $q.zeropp_grad_stochastic_rounding=true" ;; esac
+      case $m in *_loco) echo "--set $q.zeropp_loco_param={}" ;; esac ;;
     *) echo "llama_drift.sh: unknown mode $1" >&2; exit 2 ;;
   esac
 }

@@ -4,8 +4,10 @@
 #ifndef ZPP_COLLECTIVES_QGZ_BOUND_H
 #define ZPP_COLLECTIVES_QGZ_BOUND_H
 
+#include "zeropp.h"
+
 /*
- * The bound on |out - exact| for every element of one int4 block of a rank's
+ * The bound on |out - exact| for every element of one 4-bit block of a rank's
  * reduced shard (chunk d = this rank's part of every rank's gradient, block
  * b of the chunk), given sum_absmax = sum over the W ranks r of A_r, the
  * largest |g_r| over that block of rank r's chunk d:
@@ -24,8 +26,13 @@
  * caller's to add. The rank's own contribution is added unquantized
  * (collectives.c), so its term of each sum above is in fact 0: the bound
  * keeps it, for simplicity, and is that much looser.
+ *
+ * E2M1 (qgZ's default) in place of int4: its widest gap is between 4 and 6
+ * (absmax / 3 at scale absmax / 6), so half of it is absmax / 6 and the
+ * divisors 14 and 7 above become 6 and 3. That is the worst case at the top
+ * of a block; near 0 E2M1's gaps are absmax / 12, finer than int4's.
  */
 double zpp_qgz_error_bound(double sum_absmax, int world, int node_size, int nodes,
-                           int stochastic);
+                           const zpp_quant_spec *spec);
 
 #endif

@@ -104,6 +104,7 @@ zpp_coll_opts zpp_coll_opts_default(void) {
     zpp_coll_opts o;
     o.weight_spec = zpp_quant_spec_default(8);
     o.grad_spec = zpp_quant_spec_default(4);
+    o.grad_spec.format = ZPP_QUANT_E2M1; /* docs/quantization.md, "qgZ's 4-bit format" */
     o.grad_slab = 0;
     return o;
 }

@@ -11,6 +11,11 @@
  *                  u = zpp_quant_uniform(seed, element index)
  *     y      = (float)q * scale, then rounded to the output dtype
  *
+ * E2M1 (4 bits, zeropp.h) runs the same steps in half units: qmax = 12,
+ * the stored scale absmax / 6, q rounded to the grid {0, 1, 2, 3, 4, 6, 8,
+ * 12} instead of the integers (quant_kernels.h, zpp__e2m1_rne / _floor),
+ * y = (float)q * (scale / 2).
+ *
  * Every product and sum is its own statement and the build forbids
  * contracting a*b+c into an FMA (-ffp-contract=off, CMakeLists.txt; ISO C
  * mode implies it too), so each operation is one IEEE fp32 rounding, on
@@ -64,6 +69,7 @@ zpp_quant_spec zpp_quant_spec_default(int bits) {
     s.block = bits == 4 ? ZPP_QUANT_DEFAULT_BLOCK_INT4 : ZPP_QUANT_DEFAULT_BLOCK_INT8;
     s.stochastic = 0;
     s.seed = 0;
+    s.format = ZPP_QUANT_INT;
     return s;
 }
 
@@ -84,6 +90,15 @@ zpp_status zpp_quant_spec_check(const zpp_quant_spec *spec) {
                          "quantization spec: block size %zu exceeds the maximum %zu; use a smaller "
                          "block",
                          spec->block, ZPP__MAX_BLOCK);
+    if (spec->format != ZPP_QUANT_INT && spec->format != ZPP_QUANT_E2M1)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "quantization spec: format %d is unknown; use ZPP_QUANT_INT (0) or "
+                         "ZPP_QUANT_E2M1 (1)",
+                         spec->format);
+    if (spec->format == ZPP_QUANT_E2M1 && spec->bits != 4)
+        return zpp_error(ZPP_ERR_INVALID,
+                         "quantization spec: E2M1 elements are 4 bits, not %d; set bits to 4",
+                         spec->bits);
     if (spec->stochastic != 0 && spec->stochastic != 1)
         return zpp_error(ZPP_ERR_INVALID,
                          "quantization spec: stochastic is %d; use 0 (round half to even) or 1",

@@ -10,6 +10,10 @@
  *                                   clamped to [-qmax, qmax]
  *   y      = q * scale              one rounding, no FMA contraction
  *
+ * and for E2M1 (4 bits) the same in half units: qmax 12, the stored scale
+ * absmax / 6, q on the grid {0, 1, 2, 3, 4, 6, 8, 12} (e2m1_round), y = q *
+ * (scale / 2) (payload_unit).
+ *
  * Every product and sum that could be contracted into an FMA is written with
  * __fmul_rn / __fadd_rn, and the file must never be built with fast-math.
  * Stochastic rounding draws u = zpp_quant_uniform(seed, i) (quant_rng.h)
@@ -260,6 +264,7 @@ struct QLayout {
     unsigned long long scales;   /* offset of the scales in a chunk */
     unsigned block;              /* elements per scale */
     int bits;                    /* 8 or 4 */
+    bool e2m1;                   /* 4-bit E2M1 elements, not int4 */
 };
 
 /* Payload word of the 8-element vector starting at element e (a multiple of
@@ -285,11 +290,42 @@ __device__ __forceinline__ void store_payload(const QLayout &L, unsigned c,
         st_u32(p + e / 2, w.x);
 }
 
+/* E2M1 in half units (quant_kernels.h): the grid {0, 1, 2, 3, 4, 6, 8, 12}
+ * packed as nibbles, indexed by the magnitude code. */
+constexpr unsigned kE2M1Grid = 0xC8643210u;
+
+/* The signed half-unit value of an E2M1 nibble (code 8, -0, gives 0). */
+__device__ __forceinline__ int e2m1_value(unsigned nibble) {
+    const int a = (int)((kE2M1Grid >> (4u * (nibble & 7u))) & 0xfu);
+    return (nibble & 8u) ? -a : a;
+}
+
+/* The E2M1 nibble of a signed half-unit grid value. */
+__device__ __forceinline__ unsigned e2m1_code(int q) {
+    const int a = abs(q);
+    const int c = a <= 4 ? a : 5 + (a > 6) + (a > 8);
+    return (unsigned)c | (q < 0 ? 8u : 0u);
+}
+
+/* What multiplies a payload integer: the stored scale, or half of it for
+ * E2M1's half units (the CPU's zpp__unit, the same one rounding). */
+__device__ __forceinline__ float payload_unit(bool e2m1, float scale) {
+    return e2m1 ? __fmul_rn(0.5f, scale) : scale;
+}
+
 /* q_i * scale for the 8 elements of a payload word. int8: byte ^ 0x80 is
  * q + 128 in 0..255; placed under exponent byte 0x4B it reads as the float
  * 2^23 + q + 128 (exact), so one FADD gives q. int4 likewise with
- * nibble ^ 8 = q + 8. */
-__device__ __forceinline__ void dequant8(uint2 w, int bits, float scale, float (&d)[8]) {
+ * nibble ^ 8 = q + 8. E2M1: each nibble through the grid. */
+__device__ __forceinline__ void dequant8(uint2 w, int bits, bool e2m1, float scale,
+                                         float (&d)[8]) {
+    if (e2m1) {
+        const float unit = payload_unit(true, scale);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            d[i] = __fmul_rn((float)e2m1_value((w.x >> (4 * i)) & 0xfu), unit);
+        return;
+    }
     if (bits == 8) {
         const unsigned lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
 #pragma unroll
@@ -341,10 +377,51 @@ __device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
     }
 }
 
+/* E2M1 in half units, as quant_kernels.h's zpp__e2m1_rne / _floor: |v|
+ * over the grid's step k where it lies (1 below 4, 2 below 8, else 4),
+ * rounded to an integer (to nearest even, or floor(|v| / k + u)), times k;
+ * the sign kept. Every operation but v and the stochastic sum is exact. */
+template <bool STOCH>
+__device__ __forceinline__ int e2m1_round(float x, float inv, unsigned long long seed,
+                                          unsigned long long idx) {
+    const float v = __fmul_rn(x, inv);
+    const float a = fabsf(v);
+    const float k = a < 4.0f ? 1.0f : a < 8.0f ? 2.0f : 4.0f;
+    const float rk = a < 4.0f ? 1.0f : a < 8.0f ? 0.5f : 0.25f;
+    float m;
+    if constexpr (STOCH) {
+        const float w = __fadd_rn(__fmul_rn(a, rk), zpp_quant_uniform(seed, idx));
+        m = fminf(__fmul_rn(floorf(w), k), 12.0f);
+    } else {
+        m = __fmul_rn(rintf(__fmul_rn(a, rk)), k);
+    }
+    const int q = (int)m;
+    return v < 0.0f ? -q : q;
+}
+
+/* The signed integer of one element (half units for E2M1; TINY saturates
+ * to +-qmax, a grid point in every format). */
+template <bool STOCH, bool TINY>
+__device__ __forceinline__ int qround_int(float x, float inv, float qmax, bool e2m1,
+                                          unsigned long long seed, unsigned long long idx) {
+    if (!TINY && e2m1) return e2m1_round<STOCH>(x, inv, seed, idx);
+    const unsigned r = qround<STOCH, TINY>(x, inv, qmax, seed, idx);
+    return TINY ? (int)r : (int)(r - 0x4B400000u); /* magic sum's bits: 1.5 * 2^23 + q */
+}
+
 /* Quantizes and packs one vector; returns the payload word. */
 template <bool STOCH, bool TINY>
 __device__ __forceinline__ uint2 quant8(const float (&v)[8], float inv, float qmax, int bits,
-                                        unsigned long long seed, unsigned long long idx0) {
+                                        bool e2m1, unsigned long long seed,
+                                        unsigned long long idx0) {
+    if (e2m1) {
+        unsigned w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w |= e2m1_code(qround_int<STOCH, TINY>(v[i], inv, qmax, true, seed, idx0 + i))
+                 << (4 * i);
+        return make_uint2(w, 0u);
+    }
     unsigned q[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = qround<STOCH, TINY>(v[i], inv, qmax, seed, idx0 + i);
@@ -373,7 +450,8 @@ struct BlockScale {
     bool bad;  /* NaN or Inf in the block */
     bool tiny; /* inv == +Inf */
 };
-__device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax) {
+/* sdiv: what absmax is divided by for the stored scale (qmax; E2M1: 6). */
+__device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax, float sdiv) {
     BlockScale s;
     s.bad = amax_bits >= 0x7f800000u;
     s.tiny = false;
@@ -385,7 +463,7 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
         s.inv = 0.0f;
     } else {
         const float amax = __uint_as_float(amax_bits);
-        s.scale = __fdiv_rn(amax, qmax);
+        s.scale = __fdiv_rn(amax, sdiv);
         s.inv = __fdiv_rn(qmax, amax);
         s.tiny = __float_as_uint(s.inv) == 0x7f800000u;
     }
@@ -394,11 +472,11 @@ __device__ __forceinline__ BlockScale block_scale(unsigned amax_bits, float qmax
 
 template <bool STOCH>
 __device__ __forceinline__ uint2 quant8_block(const float (&v)[8], const BlockScale &s,
-                                              float qmax, int bits, unsigned long long seed,
-                                              unsigned long long idx0) {
+                                              float qmax, int bits, bool e2m1,
+                                              unsigned long long seed, unsigned long long idx0) {
     if (s.bad) return make_uint2(0u, 0u);
-    if (s.tiny) return quant8<STOCH, true>(v, s.inv, qmax, bits, seed, idx0);
-    return quant8<STOCH, false>(v, s.inv, qmax, bits, seed, idx0);
+    if (s.tiny) return quant8<STOCH, true>(v, s.inv, qmax, bits, e2m1, seed, idx0);
+    return quant8<STOCH, false>(v, s.inv, qmax, bits, e2m1, seed, idx0);
 }
 
 __device__ __forceinline__ unsigned absmax_bits8(const float (&v)[8], unsigned m) {
@@ -605,7 +683,7 @@ struct DeqSumSrc {
 #pragma unroll
         for (int n = 0; n < N; n++) {
             float d[8];
-            dequant8(w[n], in.bits, sc[n], d);
+            dequant8(w[n], in.bits, in.e2m1, sc[n], d);
             /* 0 + d == d exactly (d is never -0), so starting the sum at 0
              * matches a reference that starts from input 0. */
 #pragma unroll
@@ -656,6 +734,7 @@ struct QDst {
     unsigned total;             /* n_chunks * nb */
     int log2T;                  /* group size T = 1 << log2T */
     float qmax;
+    float sdiv;                 /* absmax / sdiv is the stored scale */
     unsigned long long seed;
     int *nonfinite;
 };
@@ -741,14 +820,14 @@ __global__ void __launch_bounds__(kThreads)
         for (int u = 0; u < U; u++) {
             const Tile &x = cur[u];
             if (x.len == 0) continue;
-            const BlockScale bs = block_scale(m[u], q.qmax);
+            const BlockScale bs = block_scale(m[u], q.qmax, q.sdiv);
             const unsigned long long idx = STOCH ? src.index(x.c) + x.e0 : 0ull;
 #pragma unroll
             for (int s = 0; s < VPT; s++) {
                 const unsigned e = vec_off(t, T, s);
                 if (e < x.len) {
                     const uint2 w = quant8_block<STOCH>(v[u * VPT + s], bs, q.qmax, q.out.bits,
-                                                        q.seed, idx + e);
+                                                        q.out.e2m1, q.seed, idx + e);
                     store_payload(q.out, x.c, x.e0 + e, w);
                 }
             }
@@ -786,7 +865,7 @@ __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const 
 #pragma unroll
                 for (unsigned off = 16; off > 0; off >>= 1)
                     m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-                bs = block_scale(m, q.qmax);
+                bs = block_scale(m, q.qmax, q.sdiv);
             }
             /* S consecutive 256-element pieces of the block as 1 x S tiles */
             for (unsigned e1 = 0; e1 < x.len; e1 += 32u * 8u * S) {
@@ -805,7 +884,7 @@ __global__ void __launch_bounds__(kThreads) k_quantize_big(const Src src, const 
                     } else if (e < pc[0].len) {
                         const unsigned long long idx = STOCH ? src.index(x.c) + pc[0].e0 : 0ull;
                         const uint2 w = quant8_block<STOCH>(v[s], bs, q.qmax, q.out.bits,
-                                                            q.seed, idx + e);
+                                                            q.out.e2m1, q.seed, idx + e);
                         store_payload(q.out, x.c, pc[0].e0 + e, w);
                     }
                 }
@@ -898,7 +977,7 @@ __device__ __forceinline__ void dq_add(const DqArgs &a, const DqStage<U, VPT, MO
         for (int s = 0; s < VPT; s++) {
             const int n = u * VPT + s;
             float d[8];
-            dequant8(st.w[n], a.q.bits, st.sc[u], d);
+            dequant8(st.w[n], a.q.bits, a.q.e2m1, st.sc[u], d);
             if (MODE == DQ_STORE) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) v[n][i] = d[i];
@@ -1118,6 +1197,12 @@ zpp_status check_qptr(const void *p, const char *what, const char *name) {
     return ZPP_OK;
 }
 
+/* The largest |payload integer|: int8 127, int4 7, E2M1 12 half units. */
+float spec_qmax(const zpp_quant_spec *spec) {
+    if (spec->format == ZPP_QUANT_E2M1) return 12.0f;
+    return spec->bits == 8 ? 127.0f : 7.0f;
+}
+
 /* Fills the quantized-side description of chunks of chunk_len elements. */
 QLayout make_layout(const void *base, size_t chunk_len, const zpp_quant_spec *spec) {
     QLayout L;
@@ -1126,6 +1211,7 @@ QLayout make_layout(const void *base, size_t chunk_len, const zpp_quant_spec *sp
     L.scales = zpp_quant_scales_offset(chunk_len, spec->bits);
     L.block = (unsigned)spec->block;
     L.bits = spec->bits;
+    L.e2m1 = spec->format == ZPP_QUANT_E2M1;
     return L;
 }
 
@@ -1147,7 +1233,8 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
     q.nb = (unsigned)nb;
     q.n_chunks = (unsigned)n_chunks;
     q.total = (unsigned)total;
-    q.qmax = spec->bits == 8 ? 127.0f : 7.0f;
+    q.qmax = spec_qmax(spec);
+    q.sdiv = spec->format == ZPP_QUANT_E2M1 ? 6.0f : q.qmax;
     q.seed = spec->stochastic ? spec->seed : 0;
     q.nonfinite = nonfinite;
     const unsigned long long tl = r8 < spec->block ? r8 : spec->block;
@@ -1500,6 +1587,7 @@ struct EfArgs {
     unsigned long long in_scales;
     unsigned in_block;
     int in_bits;
+    bool in_e2m1;
     unsigned long long n_tensors, chunk_len, first, len;
     int nodes, local;
     float *err;
@@ -1508,7 +1596,8 @@ struct EfArgs {
     unsigned long long qout, out_scales, pay_bytes, nb;
     unsigned block;
     int bits;
-    float qmax;
+    bool e2m1;
+    float qmax, sdiv;
     bool stoch;
     unsigned long long seed;
     int *nonfinite;
@@ -1541,23 +1630,23 @@ __device__ __forceinline__ float ef_value(const EfArgs &a, unsigned long long t,
         } else {
             const unsigned byte = q[e / 2];
             v = (int)((e & 1) ? (byte >> 4) : (byte & 0xfu));
-            v = v >= 8 ? v - 16 : v;
+            v = a.in_e2m1 ? e2m1_value((unsigned)v) : v >= 8 ? v - 16 : v;
         }
         const float s = *reinterpret_cast<const float *>(q + a.in_scales + 4ull * b);
-        sum = __fadd_rn(sum, __fmul_rn((float)v, s));
+        sum = __fadd_rn(sum, __fmul_rn((float)v, payload_unit(a.in_e2m1, s)));
     }
     return sum;
 }
 
-__device__ __forceinline__ int ef_round(float x, const BlockScale &s, float qmax, bool stoch,
-                                        unsigned long long seed, unsigned long long idx) {
+__device__ __forceinline__ int ef_round(float x, const BlockScale &s, float qmax, bool e2m1,
+                                        bool stoch, unsigned long long seed,
+                                        unsigned long long idx) {
     if (s.bad) return 0;
     if (s.tiny)
-        return (int)(stoch ? qround<true, true>(x, s.inv, qmax, seed, idx)
-                           : qround<false, true>(x, s.inv, qmax, seed, idx));
-    const unsigned r = stoch ? qround<true, false>(x, s.inv, qmax, seed, idx)
-                             : qround<false, false>(x, s.inv, qmax, seed, idx);
-    return (int)(r - 0x4B400000u); /* the magic sum's bits are 1.5 * 2^23 + q */
+        return stoch ? qround_int<true, true>(x, s.inv, qmax, e2m1, seed, idx)
+                     : qround_int<false, true>(x, s.inv, qmax, e2m1, seed, idx);
+    return stoch ? qround_int<true, false>(x, s.inv, qmax, e2m1, seed, idx)
+                 : qround_int<false, false>(x, s.inv, qmax, e2m1, seed, idx);
 }
 
 __device__ __forceinline__ void ef_store_err(const EfArgs &a, unsigned long long i, float x,
@@ -1585,7 +1674,8 @@ __global__ void __launch_bounds__(kEfThreads) k_ef_quantize(const EfArgs a) {
         __syncthreads();
         atomicMax(&smax, m);
         __syncthreads();
-        const BlockScale s = block_scale(smax, a.qmax);
+        const BlockScale s = block_scale(smax, a.qmax, a.sdiv);
+        const float unit = payload_unit(a.e2m1, s.scale);
         unsigned char *o = a.out + t * a.qout;
         /* pass 2: pairs of elements, one int4 byte (two int8 bytes) each */
         for (unsigned long long p = threadIdx.x; 2 * p < bl; p += blockDim.x) {
@@ -1593,16 +1683,18 @@ __global__ void __launch_bounds__(kEfThreads) k_ef_quantize(const EfArgs a) {
             const bool two = 2 * p + 1 < bl;
             const float x0 = __fadd_rn(ef_value(a, t, at, e), a.err[at + e]);
             const float x1 = two ? __fadd_rn(ef_value(a, t, at, e + 1), a.err[at + e + 1]) : 0.0f;
-            const int q0 = ef_round(x0, s, a.qmax, a.stoch, a.seed, at + e);
-            const int q1 = two ? ef_round(x1, s, a.qmax, a.stoch, a.seed, at + e + 1) : 0;
+            const int q0 = ef_round(x0, s, a.qmax, a.e2m1, a.stoch, a.seed, at + e);
+            const int q1 = two ? ef_round(x1, s, a.qmax, a.e2m1, a.stoch, a.seed, at + e + 1) : 0;
             if (a.bits == 8) {
                 o[e] = (unsigned char)(q0 & 0xff);
                 if (two) o[e + 1] = (unsigned char)(q1 & 0xff);
+            } else if (a.e2m1) {
+                o[e / 2] = (unsigned char)(e2m1_code(q0) | (e2m1_code(q1) << 4));
             } else {
                 o[e / 2] = (unsigned char)((q0 & 0xf) | ((q1 & 0xf) << 4));
             }
-            ef_store_err(a, at + e, x0, __fmul_rn((float)q0, s.scale));
-            if (two) ef_store_err(a, at + e + 1, x1, __fmul_rn((float)q1, s.scale));
+            ef_store_err(a, at + e, x0, __fmul_rn((float)q0, unit));
+            if (two) ef_store_err(a, at + e + 1, x1, __fmul_rn((float)q1, unit));
         }
         if (threadIdx.x == 0) {
             *reinterpret_cast<float *>(o + a.out_scales + 4ull * b) = s.scale;
@@ -1627,7 +1719,9 @@ zpp_status ef_launch(EfArgs &a, const zpp_quant_spec *spec, const char *what, vo
     a.nb = zpp_quant_num_blocks(a.len, spec->block);
     a.block = (unsigned)spec->block;
     a.bits = spec->bits;
-    a.qmax = spec->bits == 8 ? 127.0f : 7.0f;
+    a.e2m1 = spec->format == ZPP_QUANT_E2M1;
+    a.qmax = spec_qmax(spec);
+    a.sdiv = a.e2m1 ? 6.0f : a.qmax;
     a.stoch = spec->stochastic != 0;
     a.seed = spec->seed;
     a.omb = 1.0f - a.beta;
@@ -1688,6 +1782,7 @@ extern "C" zpp_status zpp_cuda_ef_dequant_sum_requant(const void *in, int k, siz
     a.in_scales = zpp_quant_scales_offset(len, in_spec->bits);
     a.in_block = (unsigned)in_spec->block;
     a.in_bits = in_spec->bits;
+    a.in_e2m1 = in_spec->format == ZPP_QUANT_E2M1;
     a.n_tensors = n_chunks;
     a.chunk_len = chunk_len;
     a.first = first;

@@ -165,6 +165,45 @@ static inline int8_t zpp__q_floor(float w, float qmax) {
     return (int8_t)r;
 }
 
+/* E2M1 in half units. x * (12 / absmax) puts the grid {0, 0.5, 1, 1.5, 2,
+ * 3, 4, 6} * scale at the integers {0, 1, 2, 3, 4, 6, 8, 12}: steps of 1
+ * below 4, of 2 below 8 and of 4 up to 12. Rounding to that grid is
+ * rounding |v| / k to an integer, times k, with k the step where |v| lies;
+ * rint's ties to even fall on the even mantissa (2.5 -> 2, 3.5 -> 4,
+ * 5 -> 4, 7 -> 8, 10 -> 8). The divisions by k are exact (powers of two),
+ * and so is every product below (small integers). */
+static inline float zpp__e2m1_step(float a) { return a < 4.0f ? 1.0f : a < 8.0f ? 2.0f : 4.0f; }
+static inline float zpp__e2m1_inv_step(float a) {
+    return a < 4.0f ? 1.0f : a < 8.0f ? 0.5f : 0.25f;
+}
+
+/* rint(v) as an fp32 for |v| < 2^22 (see zpp__rint_small). */
+static inline float zpp__rintf_small(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
+
+/* Nearest grid point of v = x * inv, |v| <= 12 (1 + 2^-24)^2: a signed
+ * half-unit integer. rint(a / 4) <= 3 at the top, so no clamp. */
+static inline int8_t zpp__e2m1_rne(float v) {
+    float a = fabsf(v);
+    float m = zpp__rintf_small(a * zpp__e2m1_inv_step(a)) * zpp__e2m1_step(a);
+    int8_t q = (int8_t)zpp__rint_small(m);
+    return v < 0.0f ? (int8_t)-q : q;
+}
+
+/* Stochastic: |v| goes up to the next grid point with probability equal to
+ * its fraction of the gap, floor(|v| / k + u) * k, so E[q] = v; the sign
+ * is kept (rounding the magnitude is unbiased on either side). w can round
+ * to 4 at the top step (|v| / 4 = 3, u near 1): the clamp keeps it at 12. */
+static inline int8_t zpp__e2m1_floor(float v, float u) {
+    float a = fabsf(v);
+    float w = a * zpp__e2m1_inv_step(a) + u;
+    float f = zpp__rintf_small(w);
+    f = f > w ? f - 1.0f : f;
+    float m = f * zpp__e2m1_step(a);
+    m = m < 12.0f ? m : 12.0f;
+    int8_t q = (int8_t)zpp__rint_small(m);
+    return v < 0.0f ? (int8_t)-q : q;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Kernels over one dtype (the switch on dtype is outside the loops)         */
 /* ------------------------------------------------------------------------ */
@@ -206,6 +245,20 @@ static inline float zpp__ld_f32(float f) { return f; }
             float v = LOAD(x[i]) * inv;                                       \
             float w = v + u[i];                                               \
             q[i] = zpp__q_floor(w, qmax);                                     \
+        }                                                                     \
+    }                                                                         \
+    static void zpp__q_e2m1_rne_##NAME(const T *restrict x, size_t len,       \
+                                       float inv, int8_t *restrict q) {       \
+        for (size_t i = 0; i < len; i++) {                                    \
+            float v = LOAD(x[i]) * inv;                                       \
+            q[i] = zpp__e2m1_rne(v);                                          \
+        }                                                                     \
+    }                                                                         \
+    static void zpp__q_e2m1_sr_##NAME(const T *restrict x, const float *restrict u, \
+                                      size_t len, float inv, int8_t *restrict q) { \
+        for (size_t i = 0; i < len; i++) {                                    \
+            float v = LOAD(x[i]) * inv;                                       \
+            q[i] = zpp__e2m1_floor(v, u[i]);                                  \
         }                                                                     \
     }
 
@@ -268,11 +321,59 @@ static void zpp__unpack4(const uint8_t *restrict p, size_t len, int8_t *restrict
     }
 }
 
+/* E2M1 nibbles <-> half units (the grid {0, 1, 2, 3, 4, 6, 8, 12}):
+ * magnitude code c = index in the grid, bit 3 the sign. Going down, the
+ * grid is max(c, 2c - 4) + 2 (c == 7); going up, c = a up to 4, then 5, 6,
+ * 7 for 6, 8, 12. Both are byte arithmetic and selects, which vectorize. */
+static inline uint8_t zpp__e2m1_code(int8_t q) {
+    int a = q < 0 ? -q : q;
+    int c = a <= 4 ? a : 5 + (a > 6) + (a > 8);
+    return (uint8_t)(c | (q < 0 ? 8 : 0));
+}
+
+static inline int8_t zpp__e2m1_value(uint32_t nibble) {
+    int c = (int)(nibble & 7u);
+    int a = (c > 2 * c - 4 ? c : 2 * c - 4) + (c == 7 ? 2 : 0);
+    return (int8_t)(nibble & 8u ? -a : a);
+}
+
+static void zpp__pack_e2m1(const int8_t *restrict q, size_t len, uint8_t *restrict p) {
+    size_t h = len / 2;
+    for (size_t j = 0; j < h; j++)
+        p[j] = (uint8_t)(zpp__e2m1_code(q[2 * j]) | (zpp__e2m1_code(q[2 * j + 1]) << 4));
+    if (len & 1) p[h] = zpp__e2m1_code(q[len - 1]);
+}
+
+static void zpp__unpack_e2m1(const uint8_t *restrict p, size_t len, int8_t *restrict q) {
+    size_t h = len / 2;
+    for (size_t j = 0; j < h; j++) {
+        q[2 * j] = zpp__e2m1_value(p[j]);
+        q[2 * j + 1] = zpp__e2m1_value((uint32_t)p[j] >> 4);
+    }
+    if (len & 1) q[len - 1] = zpp__e2m1_value(p[h]);
+}
+
 /* ------------------------------------------------------------------------ */
 /* One block                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static float zpp__qmax(int bits) { return bits == 8 ? 127.0f : 7.0f; }
+/* The largest |q|: int8 127, int4 7, E2M1 12 half units (6 * 2). */
+static float zpp__qmax(const zpp_quant_spec *spec) {
+    if (spec->format == ZPP_QUANT_E2M1) return 12.0f;
+    return spec->bits == 8 ? 127.0f : 7.0f;
+}
+
+/* What multiplies a payload integer: the stored scale, or half of it for
+ * E2M1's half units (exact unless the scale is subnormal). */
+static inline float zpp__unit(int format, float s) {
+    return format == ZPP_QUANT_E2M1 ? 0.5f * s : s;
+}
+
+/* payload bytes -> int8 values of len elements (int4 and E2M1). */
+static void zpp__unpack(int format, const uint8_t *p, size_t len, int8_t *q) {
+    if (format == ZPP_QUANT_E2M1) zpp__unpack_e2m1(p, len, q);
+    else zpp__unpack4(p, len, q);
+}
 
 static int zpp__bad_bits(zpp_dtype dtype, uint32_t abs_bits) {
     switch (dtype) {
@@ -304,6 +405,25 @@ static void zpp__q_sr_dt(zpp_dtype dtype, const void *x, const float *u, size_t 
     }
 }
 
+/* E2M1 (half units); stochastic when u is not NULL. */
+static void zpp__q_e2m1_dt(zpp_dtype dtype, const void *x, const float *u, size_t len,
+                           float inv, int8_t *q) {
+    switch (dtype) {
+    case ZPP_BF16:
+        if (u) zpp__q_e2m1_sr_bf16(x, u, len, inv, q);
+        else zpp__q_e2m1_rne_bf16(x, len, inv, q);
+        break;
+    case ZPP_FP16:
+        if (u) zpp__q_e2m1_sr_fp16(x, u, len, inv, q);
+        else zpp__q_e2m1_rne_fp16(x, len, inv, q);
+        break;
+    default:
+        if (u) zpp__q_e2m1_sr_f32(x, u, len, inv, q);
+        else zpp__q_e2m1_rne_f32(x, len, inv, q);
+        break;
+    }
+}
+
 /* A block whose absmax is so small (below qmax / FLT_MAX, about 3.7e-37
  * for int8) that inv = qmax / absmax overflows to +Inf. The formula is then
  * followed literally, as CUDA's __float2int_rn / _rd do it: x * inv is
@@ -328,7 +448,7 @@ static void zpp__q_tiny(zpp_dtype dtype, const void *x, const float *u, size_t l
 static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
                                const zpp_quant_spec *spec, uint64_t idx0, uint8_t *p,
                                float *scale_p) {
-    const float qmax = zpp__qmax(spec->bits);
+    const float qmax = zpp__qmax(spec);
     const size_t es = zpp_dtype_size(dtype);
     const size_t pbytes = zpp_ql_payload_bytes(len, spec->bits);
 
@@ -350,8 +470,9 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
         *scale_p = 0.0f;
         return len;
     }
+    const int e2m1 = spec->format == ZPP_QUANT_E2M1;
     float inv = qmax / amax;
-    *scale_p = amax / qmax;
+    *scale_p = e2m1 ? amax / 6.0f : amax / qmax; /* E2M1: the grid's 6 is absmax */
     const int tiny = !(inv <= FLT_MAX); /* see zpp__q_tiny */
 
     /* Pass 2: scale, round, store (the block is in L1 after pass 1). */
@@ -368,27 +489,31 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
         if (spec->stochastic)
             for (size_t i = 0; i < m; i++)
                 utile[i] = zpp_quant_uniform(spec->seed, idx0 + off + i);
-        if (tiny)
+        if (tiny) /* saturates to +-qmax or gives 0: grid points in every format */
             zpp__q_tiny(dtype, xs, spec->stochastic ? utile : NULL, m, inv, qmax, q);
+        else if (e2m1)
+            zpp__q_e2m1_dt(dtype, xs, spec->stochastic ? utile : NULL, m, inv, q);
         else if (spec->stochastic)
             zpp__q_sr_dt(dtype, xs, utile, m, inv, qmax, q);
         else
             zpp__q_rne_dt(dtype, xs, m, inv, q);
-        if (spec->bits == 4) zpp__pack4(q, m, p + off / 2); /* off is even */
+        if (e2m1) zpp__pack_e2m1(q, m, p + off / 2); /* off is even */
+        else if (spec->bits == 4) zpp__pack4(q, m, p + off / 2);
     }
     return len;
 }
 
-/* y (dtype) = dequantized payload p of len elements with scale s. */
-static void zpp__dequant_block(const uint8_t *p, int bits, size_t len, float s, zpp_dtype dtype,
-                               void *y) {
+/* y (dtype) = dequantized payload p of len elements with stored scale s. */
+static void zpp__dequant_block(const uint8_t *p, const zpp_quant_spec *spec, size_t len, float s,
+                               zpp_dtype dtype, void *y) {
     const size_t es = zpp_dtype_size(dtype);
     uint16_t qtile[ZPP__TILE / 2];
+    s = zpp__unit(spec->format, s);
     for (size_t off = 0; off < len; off += ZPP__TILE) {
         size_t m = len - off < ZPP__TILE ? len - off : ZPP__TILE;
         const int8_t *q = (const int8_t *)p + off;
-        if (bits == 4) {
-            zpp__unpack4(p + off / 2, m, (int8_t *)qtile);
+        if (spec->bits == 4) {
+            zpp__unpack(spec->format, p + off / 2, m, (int8_t *)qtile);
             q = (const int8_t *)qtile;
         }
         void *ys = (char *)y + off * es;
@@ -407,15 +532,17 @@ static void zpp__dequant_block(const uint8_t *p, int bits, size_t len, float s, 
     }
 }
 
-static void zpp__acc_block(const uint8_t *p, int bits, size_t len, float s, float *acc) {
-    if (bits == 8) {
+static void zpp__acc_block(const uint8_t *p, const zpp_quant_spec *spec, size_t len, float s,
+                           float *acc) {
+    if (spec->bits == 8) {
         zpp__dq_acc((const int8_t *)p, len, s, acc);
         return;
     }
     uint16_t qtile[ZPP__TILE / 2];
+    s = zpp__unit(spec->format, s);
     for (size_t off = 0; off < len; off += ZPP__TILE) {
         size_t m = len - off < ZPP__TILE ? len - off : ZPP__TILE;
-        zpp__unpack4(p + off / 2, m, (int8_t *)qtile);
+        zpp__unpack(spec->format, p + off / 2, m, (int8_t *)qtile);
         zpp__dq_acc((const int8_t *)qtile, m, s, acc + off);
     }
 }
@@ -436,7 +563,7 @@ static void zpp__acc_range(const uint8_t *q, size_t n, const zpp_quant_spec *spe
         size_t end = (b + 1) * spec->block;
         if (end > e1) end = e1;
         const uint8_t *p = q + (spec->bits == 8 ? e : e / 2);
-        zpp__acc_block(p, spec->bits, end - e, zpp__scale_at(q, n, spec->bits, b),
+        zpp__acc_block(p, spec, end - e, zpp__scale_at(q, n, spec->bits, b),
                        acc + (e - e0));
         e = end;
     }
@@ -508,7 +635,7 @@ static void zpp__dequant_tensor(const uint8_t *q, size_t n, const zpp_quant_spec
         ZPP__PREFETCH(q, zpp_ql_payload_bytes(n, spec->bits),
                       zpp_ql_payload_bytes(e, spec->bits) + ZPP__AHEAD,
                       zpp_ql_payload_bytes(len, spec->bits), 0);
-        zpp__dequant_block(q + (spec->bits == 8 ? e : e / 2), spec->bits, len,
+        zpp__dequant_block(q + (spec->bits == 8 ? e : e / 2), spec, len,
                            zpp__scale_at(q, n, spec->bits, b), dtype, (char *)y + e * es);
     }
 }

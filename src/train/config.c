@@ -763,12 +763,12 @@ static zpp_status validate_qgz(const zpp_train_config *cfg) {
     if (cfg->zero.loco && !cfg->zero.quantized_gradients)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zero_optimization.zeropp_loco_param' (error feedback) corrects qgZ's "
-                         "int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
+                         "4-bit gradients; set 'zero_optimization.zero_quantized_gradients' to "
                          "true or drop it");
     if (cfg->zero.grad_stochastic && !cfg->zero.quantized_gradients)
         return zpp_error(ZPP_ERR_CONFIG,
                          "'zero_optimization.zeropp_grad_stochastic_rounding' sets how qgZ rounds "
-                         "its int4 gradients; set 'zero_optimization.zero_quantized_gradients' to "
+                         "its 4-bit gradients; set 'zero_optimization.zero_quantized_gradients' to "
                          "true or drop it");
     return ZPP_OK;
 }

@@ -131,7 +131,8 @@ typedef struct zpp_train_config {
         int quantize_vectors;         /* zeropp_quantize_vectors (engine.h) */
         int resident_weights;         /* zeropp_resident_weights (zeropp.h) */
         int work_grads;               /* zeropp_work_grads (zeropp.h) */
-        int grad_stochastic;          /* zeropp_grad_stochastic_rounding: qgZ's int4 */
+        int grad_stochastic;          /* zeropp_grad_stochastic_rounding: qgZ's 4 bits */
+        int grad_e2m1;                /* zeropp_grad_e2m1: E2M1 (1) or int4 (0) */
     } zero;
 
     zpp_gpt2_config model; /* n_layer, n_head, n_embd, seq_len, vocab_size, real_vocab_size */

@@ -161,8 +161,12 @@
       ZPP_EOPT_LO(loco_reset_T), ZPP_EOPT_HI(loco_reset_T), (ZPP_EOPT_DEFAULT(loco_reset_T)), 0,  \
       "clear the error buffers after every reset_T optimizer steps")                               \
     X("zero_optimization.zeropp_grad_stochastic_rounding", BOOL, zero.grad_stochastic, 0, 0, (0),  \
-      0, "zeropp: qgZ rounds its int4 gradients stochastically (unbiased) instead of to the "     \
+      0, "zeropp: qgZ rounds its 4-bit gradients stochastically (unbiased) instead of to the "     \
       "nearest step (docs/quantization.md, Rounding); needs zero_quantized_gradients")             \
+    X("zero_optimization.zeropp_grad_e2m1", BOOL, zero.grad_e2m1, 0, 0, (1), 0,                   \
+      "zeropp: qgZ's 4-bit gradients are E2M1 (OCP FP4: finer than int4 near 0, where AdamW "      \
+      "needs the sign); false sends int4 as DeepSpeed does (docs/quantization.md, qgZ's 4-bit "     \
+      "format); used with zero_quantized_gradients")                                              \
     X("zero_optimization.zeropp_quantize_vectors", BOOL, zero.quantize_vectors, 0, 0,              \
       (ZPP_EOPT_DEFAULT(quantize_vectors)), 0,                                                    \
       "zeropp: qwZ and qgZ quantize biases and LayerNorm parameters too; by default they travel "  \

@@ -32,7 +32,7 @@ struct zpp_trainer {
     zpp_device *dev; /* the rank's compute backend: host, or its GPU */
     int32_t *tokens, *targets; /* one micro-batch, host */
     zpp_trainer_info info;
-    char mode[32];
+    char mode[48];
     /* batch callback state */
     int step;
     uint64_t val_index;
@@ -90,6 +90,7 @@ static const char *mode_name(const zpp_train_config *c, char *buf, size_t cap) {
     if (c->zero.quantized_gradients) strcat(buf, "qgz+");
     if (c->zero.loco) strcat(buf, "loco+");
     if (c->zero.grad_stochastic) strcat(buf, "sr+");
+    if (c->zero.quantized_gradients && !c->zero.grad_e2m1) strcat(buf, "int4+");
     if (c->zero.quantize_vectors && (c->zero.quantized_weights || c->zero.quantized_gradients))
         strcat(buf, "qvec+");
     size_t k = strlen(buf);
@@ -222,6 +223,7 @@ static zpp_engine_config engine_config(const zpp_train_config *c, int hpz, zpp_d
     /* several backwards a step would each round into a bf16 sum */
     ec.work_grads = c->zero.work_grads && c->gradient_accumulation_steps == 1;
     ec.grad_quant.stochastic = c->zero.grad_stochastic;
+    ec.grad_quant.format = c->zero.grad_e2m1 ? ZPP_QUANT_E2M1 : ZPP_QUANT_INT;
     ec.seed = c->seed;
     ec.max_consecutive_skips = c->max_consecutive_skips;
     ec.profile = profile;
