@@ -322,35 +322,45 @@ static void zpp__unpack4(const uint8_t *restrict p, size_t len, int8_t *restrict
 }
 
 /* E2M1 nibbles <-> half units (the grid {0, 1, 2, 3, 4, 6, 8, 12}):
- * magnitude code c = index in the grid, bit 3 the sign. Going down, the
- * grid is max(c, 2c - 4) + 2 (c == 7); going up, c = a up to 4, then 5, 6,
- * 7 for 6, 8, 12. Both are byte arithmetic and selects, which vectorize. */
+ * magnitude code c = index in the grid, bit 3 the sign. Going up, c = a up
+ * to 4, then 5, 6, 7 for 6, 8, 12; going down, the grid is c below 4, else
+ * 2c - 4, plus 2 at c = 7. Byte arithmetic and selects, one element per
+ * byte lane (the pairs are packed and spread as int4's nibbles are), so
+ * the loops vectorize. */
 static inline uint8_t zpp__e2m1_code(int8_t q) {
-    int a = q < 0 ? -q : q;
-    int c = a <= 4 ? a : 5 + (a > 6) + (a > 8);
+    uint8_t a = (uint8_t)(q < 0 ? -q : q);
+    uint8_t c = (uint8_t)(a <= 4 ? a : 5 + (a > 6) + (a > 8));
     return (uint8_t)(c | (q < 0 ? 8 : 0));
 }
 
-static inline int8_t zpp__e2m1_value(uint32_t nibble) {
-    int c = (int)(nibble & 7u);
-    int a = (c > 2 * c - 4 ? c : 2 * c - 4) + (c == 7 ? 2 : 0);
+static inline int8_t zpp__e2m1_value(uint8_t nibble) {
+    uint8_t c = nibble & 7u;
+    uint8_t a = (uint8_t)(c < 4 ? c : 2 * c - 4 + (c == 7 ? 2 : 0));
     return (int8_t)(nibble & 8u ? -a : a);
 }
 
 static void zpp__pack_e2m1(const int8_t *restrict q, size_t len, uint8_t *restrict p) {
+    uint8_t c[ZPP__TILE]; /* len <= ZPP__TILE */
+    for (size_t i = 0; i < len; i++) c[i] = zpp__e2m1_code(q[i]);
     size_t h = len / 2;
-    for (size_t j = 0; j < h; j++)
-        p[j] = (uint8_t)(zpp__e2m1_code(q[2 * j]) | (zpp__e2m1_code(q[2 * j + 1]) << 4));
-    if (len & 1) p[h] = zpp__e2m1_code(q[len - 1]);
+    for (size_t j = 0; j < h; j++) {
+        uint16_t w;
+        memcpy(&w, c + 2 * j, 2);
+        p[j] = (uint8_t)((w & 0x0fu) | ((w >> 4) & 0xf0u));
+    }
+    if (len & 1) p[h] = c[len - 1];
 }
 
 static void zpp__unpack_e2m1(const uint8_t *restrict p, size_t len, int8_t *restrict q) {
+    uint8_t n[ZPP__TILE]; /* len <= ZPP__TILE */
     size_t h = len / 2;
     for (size_t j = 0; j < h; j++) {
-        q[2 * j] = zpp__e2m1_value(p[j]);
-        q[2 * j + 1] = zpp__e2m1_value((uint32_t)p[j] >> 4);
+        uint32_t b = p[j];
+        uint16_t w = (uint16_t)((b & 0x0fu) | ((b & 0xf0u) << 4));
+        memcpy(n + 2 * j, &w, 2);
     }
-    if (len & 1) q[len - 1] = zpp__e2m1_value(p[h]);
+    if (len & 1) n[len - 1] = p[h] & 0x0fu;
+    for (size_t i = 0; i < len; i++) q[i] = zpp__e2m1_value(n[i]);
 }
 
 /* ------------------------------------------------------------------------ */
