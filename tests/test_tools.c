@@ -133,11 +133,13 @@ static void test_bench_comm_tight_bounds(void) {
  * default blocks on N(0,1) within the issue's bounds. */
 static void test_bench_quant_json(void) {
     const char *dtypes[] = {"bf16", "fp16", "fp32"};
+    static const char *const kinds[3] = {"int4", "e2m1", "int8"};
     for (int d = 0; d < 3; d++) {
-        for (int bits = 4; bits <= 8; bits += 4) {
+        for (int k = 0; k < 3; k++) {
+            const int bits = k == 2 ? 8 : 4;
             char cmd[1024];
-            snprintf(cmd, sizeof cmd, "%s bench quant --dtype %s --bits %d --n 100003 --json",
-                     getenv("ZPP_CLI"), dtypes[d], bits);
+            snprintf(cmd, sizeof cmd, "%s bench quant --dtype %s --bits %d%s --n 100003 --json",
+                     getenv("ZPP_CLI"), dtypes[d], bits, k == 1 ? " --e2m1" : "");
             cJSON *o[MAX_LINES];
             int n = run_json(cmd, o, MAX_LINES);
             EXPECT(n == 2, "%d lines", n);
@@ -147,6 +149,7 @@ static void test_bench_quant_json(void) {
                 EXPECT(!strcmp(op, "quantize") || !strcmp(op, "dequantize"), "op %s", op);
                 EXPECT(strcmp(str(o[i], "dtype"), dtypes[d]) == 0);
                 EXPECT(num(o[i], "bits") == bits && num(o[i], "n") == 100003);
+                EXPECT(strcmp(str(o[i], "kind"), kinds[k]) == 0, "kind %s", str(o[i], "kind"));
                 EXPECT(num(o[i], "block") == (bits == 8 ? ZPP_QUANT_DEFAULT_BLOCK_INT8
                                                         : ZPP_QUANT_DEFAULT_BLOCK_INT4));
                 EXPECT(num(o[i], "gbps") > 0 && num(o[i], "memcpy_gbps") > 0);

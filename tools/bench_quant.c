@@ -56,21 +56,23 @@ static void print_rows(const zpp_bench_quant_args *a, const bench_row *rows, int
     if (!a->json) {
         printf("CPU kernels: %s (chosen at run time; ZPP_CPU_ISA=generic|avx2|avx512 caps it)\n",
                isa);
-        printf("%-11s %-5s %4s %7s %11s %8s %8s %12s %6s %11s\n", "op", "dtype", "bits", "block",
+        printf("%-11s %-5s %4s %7s %11s %8s %8s %12s %6s %11s\n", "op", "dtype", "kind", "block",
                "n", "ms", "GB/s", "memcpy GB/s", "ratio", "rel_l2_err");
     }
+    const char *kind = a->bits == 8 ? "int8" : a->e2m1 ? "e2m1" : "int4";
     for (int r = 0; r < nrows; r++) {
         double gbps = rows[r].bytes / rows[r].seconds * 1e-9;
         if (a->json)
             printf("{\"bench\":\"quant\",\"op\":\"%s\",\"dtype\":\"%s\",\"bits\":%d,"
-                   "\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,\"gbps\":%.4f,"
+                   "\"kind\":\"%s\",\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,\"gbps\":%.4f,"
                    "\"memcpy_gbps\":%.4f,\"ratio\":%.4f,\"rel_l2_err\":%.6e,"
                    "\"device\":\"cpu\",\"cpu_isa\":\"%s\"}\n",
-                   rows[r].op, zpp_dtype_name(a->dtype), a->bits, a->block, a->n, a->stochastic,
+                   rows[r].op, zpp_dtype_name(a->dtype), a->bits, kind, a->block, a->n,
+                   a->stochastic,
                    rows[r].seconds * 1e3, gbps, memcpy_gbps, gbps / memcpy_gbps, rel_l2, isa);
         else
-            printf("%-11s %-5s %4d %7zu %11zu %8.3f %8.2f %12.2f %6.3f %11.3e\n", rows[r].op,
-                   zpp_dtype_name(a->dtype), a->bits, a->block, a->n, rows[r].seconds * 1e3, gbps,
+            printf("%-11s %-5s %4s %7zu %11zu %8.3f %8.2f %12.2f %6.3f %11.3e\n", rows[r].op,
+                   zpp_dtype_name(a->dtype), kind, a->block, a->n, rows[r].seconds * 1e3, gbps,
                    memcpy_gbps, gbps / memcpy_gbps, rel_l2);
     }
 }

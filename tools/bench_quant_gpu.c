@@ -186,16 +186,17 @@ static void print_row(const gbench *g, const row *w, double copy_gbps) {
     const double gbps = w->bytes / (w->ms * 1e-3) * 1e-9;
     const int stoch = w->bits == g->spec.bits && w->block == g->spec.block ? a->stochastic
                                                                            : g->spec4.stochastic;
+    const char *kind = w->bits == 8 ? "int8" : a->e2m1 ? "e2m1" : "int4";
     if (a->json)
         printf("{\"bench\":\"quant\",\"device\":\"gpu\",\"op\":\"%s\",\"dtype\":\"%s\","
-               "\"bits\":%d,\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,"
+               "\"bits\":%d,\"kind\":\"%s\",\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,"
                "\"gbps\":%.2f,\"copy_gbps\":%.2f,\"ratio\":%.4f,\"rel_l2_err\":%.6e,"
                "\"correct\":%s}\n",
-               op_names[w->op], zpp_dtype_name(a->dtype), w->bits, w->block, a->n, stoch, w->ms,
-               gbps, copy_gbps, gbps / copy_gbps, w->rel, w->correct ? "true" : "false");
+               op_names[w->op], zpp_dtype_name(a->dtype), w->bits, kind, w->block, a->n, stoch,
+               w->ms, gbps, copy_gbps, gbps / copy_gbps, w->rel, w->correct ? "true" : "false");
     else
-        printf("%-20s %-5s %4d %7zu %11zu %9.3f %9.1f %9.1f %6.3f %11.3e %s\n", op_names[w->op],
-               zpp_dtype_name(a->dtype), w->bits, w->block, a->n, w->ms, gbps, copy_gbps,
+        printf("%-20s %-5s %4s %7zu %11zu %9.3f %9.1f %9.1f %6.3f %11.3e %s\n", op_names[w->op],
+               zpp_dtype_name(a->dtype), kind, w->block, a->n, w->ms, gbps, copy_gbps,
                gbps / copy_gbps, w->rel, w->correct ? "yes" : "NO");
 }
 
@@ -423,7 +424,7 @@ static int gbench_print(const gbench *g, const row *rows, int nrows, double copy
             snprintf(name, sizeof name, "%s", g->dev->ops->name);
         printf("device: %s (GPU %d); copy: %.1f GB/s (read + write of %zu bytes)\n", name,
                g->dev->ordinal, copy_gbps, g->xbytes);
-        printf("%-20s %-5s %4s %7s %11s %9s %9s %9s %6s %11s %s\n", "op", "dtype", "bits",
+        printf("%-20s %-5s %4s %7s %11s %9s %9s %9s %6s %11s %s\n", "op", "dtype", "kind",
                "block", "n", "ms", "GB/s", "copy GB/s", "ratio", "rel_l2_err", "correct");
     }
     int rc = 0;
