@@ -454,7 +454,7 @@ zpp_status zpp_coll_reduce_start_ef(zpp_coll *c, const zpp_partition *p, zpp_red
         goto done;
     }
     /* qgZ step 1: the W chunks of shard_len (chunk r for global rank r),
-     * each quantized to int4 on its own, reordered so that local rank s
+     * each quantized to 4 bits on its own, reordered so that local rank s
      * receives, from each node peer, the chunks of all ranks with local
      * index s in node order (zpp_quant_reorder_quantize); slab by slab. */
     op->spec = seeded_spec(c, &c->opts.grad_spec, 2);
@@ -574,7 +574,7 @@ static zpp_status qgz_finish(zpp_coll *c, zpp_coll_op *op) {
     /* bp[1] holds node_size inputs, one per node peer, each N chunks: the
      * peer's quantized contribution to every rank with my local index.
      * Step 3: per destination node, the node's partial sum in fp32,
-     * requantized to int4 (a second rounding, bounded by half a step of the
+     * requantized to 4 bits (a second rounding, bounded by half a step of the
      * sum's block). */
     zpp_quant_spec rs = seeded_spec(c, &c->opts.grad_spec, 3);
     size_t qg = zpp_quant_bytes(n, gs);

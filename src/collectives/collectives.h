@@ -17,7 +17,7 @@
  *                                  inside the node only
  *   reduce   ZPP_REDUCE_BASELINE   reduce-scatter of the full gradient in its
  *                                  dtype over the world, then fp32 * 1/W
- *            ZPP_REDUCE_QGZ        hierarchical int4 all-to-all (see
+ *            ZPP_REDUCE_QGZ        hierarchical 4-bit all-to-all (see
  *                                  zpp_quant_reorder_quantize), fp32 sums in
  *                                  between, * 1/W once at the end
  * Results are averages over the world.
@@ -67,7 +67,7 @@ typedef enum zpp_reduce_mode { ZPP_REDUCE_BASELINE = 0, ZPP_REDUCE_QGZ = 1 } zpp
 
 typedef struct zpp_coll_opts {
     zpp_quant_spec weight_spec;   /* qwZ: int8, default block */
-    zpp_quant_spec grad_spec;     /* qgZ: int4, default block */
+    zpp_quant_spec grad_spec;     /* qgZ: 4-bit E2M1, default block */
     /* qgZ's pipeline: elements of each rank's chunk per step (a "slab",
      * device.h). 0: automatic (zpp_qgz_slabs); SIZE_MAX: one step. */
     size_t grad_slab;
@@ -292,7 +292,7 @@ zpp_status zpp_plan_step(size_t params, int units, int world, int node_size,
                          const zpp_coll_mode *mode, zpp_dtype dtype,
                          const zpp_coll_opts *opts, zpp_volume *v_p);
 
-/* Default options: int8 weights, int4 gradients, default blocks. */
+/* Default options: int8 weights, E2M1 gradients, default blocks. */
 zpp_coll_opts zpp_coll_opts_default(void);
 
 #endif

@@ -638,7 +638,7 @@ static void step_shards_sum(const step_ctx *s, step_shards *sh) {
  * reductions in flight a unit's gradient in E and its fp32 reduced shard (at
  * world 1 only the gathered units: the backward adds into the accumulator,
  * engine.c's alone()); the quantized wire buffers (qwZ: one quantized copy
- * per gather in flight, qgZ: two int4 copies of the unit) are added at their
+ * per gather in flight, qgZ: two 4-bit copies of the unit) are added at their
  * zpp_quant_bytes size.
  * Kept units (the reuse rule): at the forward->backward boundary, the first
  * backward stage's unit (K-1, the "current" above) and the other kept units

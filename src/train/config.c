@@ -755,7 +755,7 @@ static zpp_status validate_run_limits(const zpp_train_config *cfg) {
 }
 
 /* qgZ's options: error feedback (LoCo) and stochastic rounding both act on
- * the int4 gradients, so they need qgZ on. */
+ * the 4-bit gradients, so they need qgZ on. */
 static zpp_status validate_qgz(const zpp_train_config *cfg) {
     if (cfg->zero.loco)
         ZPP_CHECK(zpp_engine_opt_check(ZPP_EOPT_ID_loco_err_beta, cfg->zero.loco_err_beta,

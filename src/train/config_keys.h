@@ -136,7 +136,7 @@
          "0 = the node, whatever it is (--node-size, else the ranks the launcher put on one "      \
          "host; off where that is 1 rank); 1 = off")                                               \
     X("zero_optimization.zero_quantized_gradients", BOOL, zero.quantized_gradients, 0, 0, (0), 0,  \
-      "qgZ: int4 hierarchical gradient reduce-scatter")                                            \
+      "qgZ: 4-bit hierarchical gradient reduce-scatter")                                            \
     X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,              \
       ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(max_reuse_distance)), 0,                                     \
       "keep a gathered unit for its next use, in the same pass or (over more than one rank) in "   \
