@@ -1029,7 +1029,8 @@ static void check_hierarchical_matches_mpi(ctx *cx) {
             size_t es = k == 2 ? 4 : 2, el = first / es;
             float gv = 0, wv = 0;
             if (first < len[k]) {
-                gv = k == 2 ? ((const float *)(got + at))[el] : zpp_load_f32(got + at, ZPP_BF16, el);
+                gv = k == 2 ? ((const float *)(got + at))[el]
+                            : zpp_load_f32(got + at, ZPP_BF16, el);
                 wv = k == 2 ? ((const float *)(want + at))[el]
                             : zpp_load_f32(want + at, ZPP_BF16, el);
             }

@@ -272,7 +272,8 @@ static void check_case(const void *x, const float *xf, zpp_dtype dt, size_t n,
          * gap [4, 6] half units has its midpoint 5 at error 1), finer than
          * int4's absmax / 14 below absmax / 2.8 */
         double a = amax[i / sp->block];
-        if (sp->format == ZPP_QUANT_E2M1 && !sp->stochastic && (float)12.0f / (float)a <= FLT_MAX) {
+        if (sp->format == ZPP_QUANT_E2M1 && !sp->stochastic &&
+            12.0f / (float)a <= FLT_MAX) {
             double rel = fmax(a / 24, fabs((double)xf[i]) / 5) * (1 + 0x1p-20) + 14 * 0x1p-149;
             EXPECT(err <= rel, "%s: element %zu x=%a y=%a err %g > E2M1's %g", what, i, xf[i],
                    y32[i], err, rel);
@@ -549,7 +550,8 @@ static void test_dequant_sum_requant_equals_unfused(void) {
         int k = 1 + (int)(zpp_rng_u64(&rng) % 5);
         size_t n_chunks = 1 + zpp_rng_u64(&rng) % 3;
         size_t chunk_len = 1 + zpp_rng_u64(&rng) % (iter < 20 ? 900 : 5000);
-        zpp_quant_spec in_sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 7),
+        zpp_quant_spec in_sp = spec_make(all_bits[iter % N_KINDS],
+                                         (size_t)8 << (zpp_rng_u64(&rng) % 7),
                                          (int)(zpp_rng_u64(&rng) & 1), zpp_rng_u64(&rng));
         zpp_quant_spec out_sp = spec_make(all_bits[(iter / 3) % N_KINDS],
                                           (size_t)8 << (zpp_rng_u64(&rng) % 10),
@@ -601,7 +603,8 @@ static void test_dequantize_accumulate(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(7));
     for (int iter = 0; iter < 12; iter++) {
         size_t n = 1 + zpp_rng_u64(&rng) % 3000;
-        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS],
+                                      (size_t)8 << (zpp_rng_u64(&rng) % 8),
                                       0, 0);
         float *x = zpp_test_malloc(n * 4), *xf = zpp_test_malloc(n * 4), *acc = zpp_test_malloc(n * 4),
               *want = zpp_test_malloc(n * 4), *y = zpp_test_malloc(n * 4);
@@ -950,7 +953,8 @@ static void test_wire_layout(void) {
     zpp_rng rng = zpp_rng_make(zpp_test_seed(11));
     for (int iter = 0; iter < 200; iter++) {
         size_t n = zpp_rng_u64(&rng) % 5000;
-        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS], (size_t)8 << (zpp_rng_u64(&rng) % 8),
+        zpp_quant_spec sp = spec_make(all_bits[iter % N_KINDS],
+                                      (size_t)8 << (zpp_rng_u64(&rng) % 8),
                                       0, 0);
         size_t pb = zpp_quant_payload_bytes(n, sp.bits);
         size_t so = zpp_quant_scales_offset(n, sp.bits);

@@ -64,12 +64,12 @@ static void print_rows(const zpp_bench_quant_args *a, const bench_row *rows, int
         double gbps = rows[r].bytes / rows[r].seconds * 1e-9;
         if (a->json)
             printf("{\"bench\":\"quant\",\"op\":\"%s\",\"dtype\":\"%s\",\"bits\":%d,"
-                   "\"kind\":\"%s\",\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,\"gbps\":%.4f,"
-                   "\"memcpy_gbps\":%.4f,\"ratio\":%.4f,\"rel_l2_err\":%.6e,"
+                   "\"kind\":\"%s\",\"block\":%zu,\"n\":%zu,\"stochastic\":%d,\"ms\":%.4f,"
+                   "\"gbps\":%.4f,\"memcpy_gbps\":%.4f,\"ratio\":%.4f,\"rel_l2_err\":%.6e,"
                    "\"device\":\"cpu\",\"cpu_isa\":\"%s\"}\n",
                    rows[r].op, zpp_dtype_name(a->dtype), a->bits, kind, a->block, a->n,
-                   a->stochastic,
-                   rows[r].seconds * 1e3, gbps, memcpy_gbps, gbps / memcpy_gbps, rel_l2, isa);
+                   a->stochastic, rows[r].seconds * 1e3, gbps, memcpy_gbps, gbps / memcpy_gbps,
+                   rel_l2, isa);
         else
             printf("%-11s %-5s %4s %7zu %11zu %8.3f %8.2f %12.2f %6.3f %11.3e\n", rows[r].op,
                    zpp_dtype_name(a->dtype), kind, a->block, a->n, rows[r].seconds * 1e3, gbps,

@@ -136,7 +136,7 @@
          "0 = the node, whatever it is (--node-size, else the ranks the launcher put on one "      \
          "host; off where that is 1 rank); 1 = off")                                               \
     X("zero_optimization.zero_quantized_gradients", BOOL, zero.quantized_gradients, 0, 0, (0), 0,  \
-      "qgZ: 4-bit hierarchical gradient reduce-scatter")                                            \
+      "qgZ: 4-bit hierarchical gradient reduce-scatter")                                           \
     X("zero_optimization.stage3_max_reuse_distance", I64, zero.max_reuse_distance, 0,              \
       ZPP_CFG_I53, (ZPP_EOPT_DEFAULT(max_reuse_distance)), 0,                                     \
       "keep a gathered unit for its next use, in the same pass or (over more than one rank) in "   \
@@ -165,7 +165,7 @@
       "nearest step (docs/quantization.md, Rounding); needs zero_quantized_gradients")             \
     X("zero_optimization.zeropp_grad_e2m1", BOOL, zero.grad_e2m1, 0, 0, (1), 0,                   \
       "zeropp: qgZ's 4-bit gradients are E2M1 (OCP FP4: finer than int4 near 0, where AdamW "      \
-      "needs the sign); false sends int4 as DeepSpeed does (docs/quantization.md, qgZ's 4-bit "     \
+      "needs the sign); false sends int4 as DeepSpeed does (docs/quantization.md, qgZ's 4-bit "    \
       "format); used with zero_quantized_gradients")                                              \
     X("zero_optimization.zeropp_quantize_vectors", BOOL, zero.quantize_vectors, 0, 0,              \
       (ZPP_EOPT_DEFAULT(quantize_vectors)), 0,                                                    \
