@@ -195,9 +195,33 @@ static void test_same_seed_same_losses_bitwise(void) {
     }
 }
 
+/* zero_optimization.zeropp_grad_e2m1 reaches qgZ: the same ZeRO++ run with
+ * E2M1 gradients (the default) and with int4 takes the same first loss
+ * (no update yet) and then other ones (the rounding of every reduced
+ * gradient differs). */
+static void test_grad_format_key_reaches_qgz(void) {
+    double l[2][MAX_STEPS];
+    for (int run = 0; run < 2; run++) {
+        char cfg[512], met[512], err[512], json[2048], extra[512], args[2048];
+        snprintf(extra, sizeof extra,
+                 "\"train_micro_batch_size_per_gpu\": 2, \"zero_optimization\": {\"stage\": 3,"
+                 " \"zero_quantized_gradients\": true%s}",
+                 run ? ", \"zeropp_grad_e2m1\": false" : "");
+        model_json(json, sizeof json, 1, extra);
+        write_text(zpp_test_tmp_path("fmt.json", cfg), "%s", json);
+        snprintf(args, sizeof args, "--config %s --steps 4 --node-size 2 --metrics %s", cfg,
+                 zpp_test_tmp_path("fmt.jsonl", met));
+        EXPECT(run_train(4, args, zpp_test_tmp_path("err.txt", err)) == 0);
+        EXPECT(zpp_test_read_metric(met, "loss", l[run], MAX_STEPS) == 4);
+    }
+    EXPECT(l[0][0] == l[1][0], "step 1: E2M1 %.9g, int4 %.9g", l[0][0], l[1][0]);
+    EXPECT(l[0][3] != l[1][3], "step 4: E2M1 and int4 both %.9g: the key did not reach qgZ",
+           l[0][3]);
+}
+
 /* A run saved after 5 steps and resumed continues exactly as the run that
  * never stopped: steps 6..10 have the same losses, bit for bit (ZeRO++ with
- * every option, stochastic rounding of qgZ's int4 included: its streams
+ * every option, stochastic rounding of qgZ's 4 bits included: its streams
  * follow the step, 4 ranks as 2 nodes). Another world size resumes; a damaged
  * checkpoint and a directory that is none are refused with one line. */
 static void test_checkpoint_resume_bitwise(void) {
@@ -3022,7 +3046,8 @@ static void test_llama_family_trains(void) {
 ZPP_TESTS(ZPP_TEST(test_bad_inputs_fail_cleanly), ZPP_TEST(test_loco_reset_and_resume_bitwise),
           ZPP_TEST(test_zero3_matches_single_rank_fp32),
           ZPP_TEST(test_zero3_matches_single_rank_bf16),
-          ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_checkpoint_resume_bitwise),
+          ZPP_TEST(test_same_seed_same_losses_bitwise), ZPP_TEST(test_grad_format_key_reaches_qgz),
+          ZPP_TEST(test_checkpoint_resume_bitwise),
           ZPP_TEST(test_zeropp_options_match_zero3_validation_loss), ZPP_TEST(test_demo_summary),
           ZPP_TEST_GPU(test_gpu_matches_cpu), ZPP_TEST_GPU(test_gpu_llama_matches_cpu), ZPP_TEST_GPU(test_gpu_hpz_nodes_of_two_matches_cpu),
           ZPP_TEST_GPU(test_gpu_zeropp_matches_zero3_validation_loss),

@@ -101,6 +101,7 @@
 
 #include "core/error.h"
 #include "quant/quant_cuda.h"
+#include "quant/quant_layout.h"
 #include "quant/quant_rng.h"
 
 namespace {
@@ -1197,12 +1198,6 @@ zpp_status check_qptr(const void *p, const char *what, const char *name) {
     return ZPP_OK;
 }
 
-/* The largest |payload integer|: int8 127, int4 7, E2M1 12 half units. */
-float spec_qmax(const zpp_quant_spec *spec) {
-    if (spec->format == ZPP_QUANT_E2M1) return 12.0f;
-    return spec->bits == 8 ? 127.0f : 7.0f;
-}
-
 /* Fills the quantized-side description of chunks of chunk_len elements. */
 QLayout make_layout(const void *base, size_t chunk_len, const zpp_quant_spec *spec) {
     QLayout L;
@@ -1233,8 +1228,8 @@ zpp_status make_qdst(void *out, size_t n_chunks, size_t chunk_len, const zpp_qua
     q.nb = (unsigned)nb;
     q.n_chunks = (unsigned)n_chunks;
     q.total = (unsigned)total;
-    q.qmax = spec_qmax(spec);
-    q.sdiv = spec->format == ZPP_QUANT_E2M1 ? 6.0f : q.qmax;
+    q.qmax = zpp_ql_qmax(spec);
+    q.sdiv = zpp_ql_scale_div(spec);
     q.seed = spec->stochastic ? spec->seed : 0;
     q.nonfinite = nonfinite;
     const unsigned long long tl = r8 < spec->block ? r8 : spec->block;
@@ -1720,8 +1715,8 @@ zpp_status ef_launch(EfArgs &a, const zpp_quant_spec *spec, const char *what, vo
     a.block = (unsigned)spec->block;
     a.bits = spec->bits;
     a.e2m1 = spec->format == ZPP_QUANT_E2M1;
-    a.qmax = spec_qmax(spec);
-    a.sdiv = a.e2m1 ? 6.0f : a.qmax;
+    a.qmax = zpp_ql_qmax(spec);
+    a.sdiv = zpp_ql_scale_div(spec);
     a.stoch = spec->stochastic != 0;
     a.seed = spec->seed;
     a.omb = 1.0f - a.beta;

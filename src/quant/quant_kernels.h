@@ -367,12 +367,6 @@ static void zpp__unpack_e2m1(const uint8_t *restrict p, size_t len, int8_t *rest
 /* One block                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* The largest |q|: int8 127, int4 7, E2M1 12 half units (6 * 2). */
-static float zpp__qmax(const zpp_quant_spec *spec) {
-    if (spec->format == ZPP_QUANT_E2M1) return 12.0f;
-    return spec->bits == 8 ? 127.0f : 7.0f;
-}
-
 /* What multiplies a payload integer: the stored scale, or half of it for
  * E2M1's half units (exact unless the scale is subnormal). */
 static inline float zpp__unit(int format, float s) {
@@ -458,7 +452,7 @@ static void zpp__q_tiny(zpp_dtype dtype, const void *x, const float *u, size_t l
 static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
                                const zpp_quant_spec *spec, uint64_t idx0, uint8_t *p,
                                float *scale_p) {
-    const float qmax = zpp__qmax(spec);
+    const float qmax = zpp_ql_qmax(spec);
     const size_t es = zpp_dtype_size(dtype);
     const size_t pbytes = zpp_ql_payload_bytes(len, spec->bits);
 
@@ -482,7 +476,7 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
     }
     const int e2m1 = spec->format == ZPP_QUANT_E2M1;
     float inv = qmax / amax;
-    *scale_p = e2m1 ? amax / 6.0f : amax / qmax; /* E2M1: the grid's 6 is absmax */
+    *scale_p = amax / zpp_ql_scale_div(spec);
     const int tiny = !(inv <= FLT_MAX); /* see zpp__q_tiny */
 
     /* Pass 2: scale, round, store (the block is in L1 after pass 1). */
