@@ -13,7 +13,7 @@
  *
  * E2M1 (4 bits, zeropp.h) runs the same steps in half units: qmax = 12,
  * the stored scale absmax / 6, q rounded to the grid {0, 1, 2, 3, 4, 6, 8,
- * 12} instead of the integers (quant_kernels.h, zpp__e2m1_rne / _floor),
+ * 12} instead of the integers (quant_kernels.h, zpp__e2m1_rne_code / _floor),
  * y = (float)q * (scale / 2).
  *
  * Every product and sum is its own statement and the build forbids

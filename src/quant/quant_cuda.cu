@@ -378,10 +378,12 @@ __device__ __forceinline__ unsigned qround(float x, float inv, float qmax,
     }
 }
 
-/* E2M1 in half units, as quant_kernels.h's zpp__e2m1_rne / _floor: |v|
- * over the grid's step k where it lies (1 below 4, 2 below 8, else 4),
- * rounded to an integer (to nearest even, or floor(|v| / k + u)), times k;
- * the sign kept. Every operation but v and the stochastic sum is exact. */
+/* E2M1 in half units, the values of quant_kernels.h's zpp__e2m1_rne_code
+ * and _floor: |v| over the grid's step k where it lies (1 below 4, 2 below
+ * 8, else 4), rounded to an integer (to nearest even, or floor(|v| / k +
+ * u)), times k; the sign kept. Every operation but v and the stochastic sum
+ * is exact. (The CPU rounds to nearest on the bits instead, without
+ * branches; here the selects cost no branch.) */
 template <bool STOCH>
 __device__ __forceinline__ int e2m1_round(float x, float inv, unsigned long long seed,
                                           unsigned long long idx) {

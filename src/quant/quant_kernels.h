@@ -171,22 +171,40 @@ static inline int8_t zpp__q_floor(float w, float qmax) {
  * rounding |v| / k to an integer, times k, with k the step where |v| lies;
  * rint's ties to even fall on the even mantissa (2.5 -> 2, 3.5 -> 4,
  * 5 -> 4, 7 -> 8, 10 -> 8). The divisions by k are exact (powers of two),
- * and so is every product below (small integers). */
-static inline float zpp__e2m1_step(float a) { return a < 4.0f ? 1.0f : a < 8.0f ? 2.0f : 4.0f; }
+ * and so is every product below (small integers). k and 1/k are chosen on
+ * a's bits (a >= 0: 4.0 is 0x40800000, 8.0 0x41000000) by integer selects,
+ * which vectorize where float ternaries stay branches (zpp__sel). */
+static inline float zpp__e2m1_step(float a) {
+    uint32_t b = zpp__u32(a);
+    return zpp__f32(zpp__sel(b < 0x40800000u, 0x3f800000u,                 /* 1 */
+                             zpp__sel(b < 0x41000000u, 0x40000000u,         /* 2 */
+                                      0x40800000u)));                       /* 4 */
+}
 static inline float zpp__e2m1_inv_step(float a) {
-    return a < 4.0f ? 1.0f : a < 8.0f ? 0.5f : 0.25f;
+    uint32_t b = zpp__u32(a);
+    return zpp__f32(zpp__sel(b < 0x40800000u, 0x3f800000u,                 /* 1 */
+                             zpp__sel(b < 0x41000000u, 0x3f000000u,         /* 1/2 */
+                                      0x3e800000u)));                       /* 1/4 */
 }
 
-/* rint(v) as an fp32 for |v| < 2^22 (see zpp__rint_small). */
-static inline float zpp__rintf_small(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
-
-/* Nearest grid point of v = x * inv, |v| <= 12 (1 + 2^-24)^2: a signed
- * half-unit integer. rint(a / 4) <= 3 at the top, so no clamp. */
-static inline int8_t zpp__e2m1_rne(float v) {
-    float a = fabsf(v);
-    float m = zpp__rintf_small(a * zpp__e2m1_inv_step(a)) * zpp__e2m1_step(a);
-    int8_t q = (int8_t)zpp__rint_small(m);
-    return v < 0.0f ? (int8_t)-q : q;
+/* The E2M1 nibble (zpp__e2m1_code below) of the nearest grid point of
+ * v = x * inv, |v| <= 12 (1 + 2^-24)^2, found from v's bits. From 2 up the
+ * grid {2, 3, 4, 6, 8, 12} is the fp32 numbers with one mantissa bit, so
+ * rounding there is rounding the bit pattern to its top mantissa bit, ties
+ * to even: add 2^21 - 1 plus that bit (the bf16 store's trick, 22 bits
+ * instead of 16); 12 (1 + 2^-24)^2 is 12 in fp32, so nothing reaches 16.
+ * The magnitude code is then the exponent and that bit, 2e + m, which is
+ * (bits >> 22) - 254 for e = 1..3. Below 2 the step is 1 and the code is
+ * rint(|v|). These are the nibbles of rint(|v| / k) k with k the step (the
+ * stochastic path's form below), for every fp32 up to 12 (checked
+ * exhaustively when written; test_quant compares with a grid search), in
+ * integer operations and selects that vectorize on every ISA, and with no
+ * coding pass after. */
+static inline uint8_t zpp__e2m1_rne_code(float v) {
+    uint32_t u = zpp__u32(v), b = u & 0x7fffffffu; /* |v|'s bits: 2.0 is 0x40000000 */
+    uint32_t top = ((b + 0x1fffffu + ((b >> 22) & 1u)) >> 22) - 254u;
+    uint32_t c = zpp__sel(b < 0x40000000u, (uint32_t)zpp__rint_small(zpp__f32(b)), top);
+    return (uint8_t)(c | zpp__sel(c != 0, (u >> 28) & 8u, 0u)); /* no -0: code 0 */
 }
 
 /* Stochastic: |v| goes up to the next grid point with probability equal to
@@ -196,12 +214,12 @@ static inline int8_t zpp__e2m1_rne(float v) {
 static inline int8_t zpp__e2m1_floor(float v, float u) {
     float a = fabsf(v);
     float w = a * zpp__e2m1_inv_step(a) + u;
-    float f = zpp__rintf_small(w);
-    f = f > w ? f - 1.0f : f;
+    float f = (float)(int32_t)w; /* floor: w >= 0, and truncation vectorizes */
     float m = f * zpp__e2m1_step(a);
-    m = m < 12.0f ? m : 12.0f;
-    int8_t q = (int8_t)zpp__rint_small(m);
-    return v < 0.0f ? (int8_t)-q : q;
+    int32_t q = zpp__rint_small(m);
+    q = (int32_t)zpp__sel(q > 12, 12u, (uint32_t)q); /* the top step's 16 is 12 */
+    int32_t neg = -(int32_t)(zpp__u32(v) >> 31); /* all ones for v < 0 (and -0: q is 0) */
+    return (int8_t)((q ^ neg) - neg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -247,11 +265,11 @@ static inline float zpp__ld_f32(float f) { return f; }
             q[i] = zpp__q_floor(w, qmax);                                     \
         }                                                                     \
     }                                                                         \
-    static void zpp__q_e2m1_rne_##NAME(const T *restrict x, size_t len,       \
-                                       float inv, int8_t *restrict q) {       \
+    static void zpp__c_e2m1_rne_##NAME(const T *restrict x, size_t len,       \
+                                       float inv, uint8_t *restrict c) {      \
         for (size_t i = 0; i < len; i++) {                                    \
             float v = LOAD(x[i]) * inv;                                       \
-            q[i] = zpp__e2m1_rne(v);                                          \
+            c[i] = zpp__e2m1_rne_code(v);                                     \
         }                                                                     \
     }                                                                         \
     static void zpp__q_e2m1_sr_##NAME(const T *restrict x, const float *restrict u, \
@@ -409,22 +427,22 @@ static void zpp__q_sr_dt(zpp_dtype dtype, const void *x, const float *u, size_t 
     }
 }
 
-/* E2M1 (half units); stochastic when u is not NULL. */
-static void zpp__q_e2m1_dt(zpp_dtype dtype, const void *x, const float *u, size_t len,
-                           float inv, int8_t *q) {
+/* E2M1 rounded to nearest: the nibbles themselves. */
+static void zpp__c_e2m1_dt(zpp_dtype dtype, const void *x, size_t len, float inv, uint8_t *c) {
     switch (dtype) {
-    case ZPP_BF16:
-        if (u) zpp__q_e2m1_sr_bf16(x, u, len, inv, q);
-        else zpp__q_e2m1_rne_bf16(x, len, inv, q);
-        break;
-    case ZPP_FP16:
-        if (u) zpp__q_e2m1_sr_fp16(x, u, len, inv, q);
-        else zpp__q_e2m1_rne_fp16(x, len, inv, q);
-        break;
-    default:
-        if (u) zpp__q_e2m1_sr_f32(x, u, len, inv, q);
-        else zpp__q_e2m1_rne_f32(x, len, inv, q);
-        break;
+    case ZPP_BF16: zpp__c_e2m1_rne_bf16(x, len, inv, c); break;
+    case ZPP_FP16: zpp__c_e2m1_rne_fp16(x, len, inv, c); break;
+    default: zpp__c_e2m1_rne_f32(x, len, inv, c); break;
+    }
+}
+
+/* E2M1 rounded stochastically, in half units. */
+static void zpp__q_e2m1_sr_dt(zpp_dtype dtype, const void *x, const float *u, size_t len,
+                              float inv, int8_t *q) {
+    switch (dtype) {
+    case ZPP_BF16: zpp__q_e2m1_sr_bf16(x, u, len, inv, q); break;
+    case ZPP_FP16: zpp__q_e2m1_sr_fp16(x, u, len, inv, q); break;
+    default: zpp__q_e2m1_sr_f32(x, u, len, inv, q); break;
     }
 }
 
@@ -493,15 +511,20 @@ static size_t zpp__quant_block(const void *x, zpp_dtype dtype, size_t len,
         if (spec->stochastic)
             for (size_t i = 0; i < m; i++)
                 utile[i] = zpp_quant_uniform(spec->seed, idx0 + off + i);
+        /* E2M1 to nearest writes its nibbles, which pack as int4's do;
+         * the other E2M1 paths write half units, coded as they pack. */
+        const int nibbles = e2m1 && !tiny && !spec->stochastic;
         if (tiny) /* saturates to +-qmax or gives 0: grid points in every format */
             zpp__q_tiny(dtype, xs, spec->stochastic ? utile : NULL, m, inv, qmax, q);
+        else if (nibbles)
+            zpp__c_e2m1_dt(dtype, xs, m, inv, (uint8_t *)q);
         else if (e2m1)
-            zpp__q_e2m1_dt(dtype, xs, spec->stochastic ? utile : NULL, m, inv, q);
+            zpp__q_e2m1_sr_dt(dtype, xs, utile, m, inv, q);
         else if (spec->stochastic)
             zpp__q_sr_dt(dtype, xs, utile, m, inv, qmax, q);
         else
             zpp__q_rne_dt(dtype, xs, m, inv, q);
-        if (e2m1) zpp__pack_e2m1(q, m, p + off / 2); /* off is even */
+        if (e2m1 && !nibbles) zpp__pack_e2m1(q, m, p + off / 2); /* off is even */
         else if (spec->bits == 4) zpp__pack4(q, m, p + off / 2);
     }
     return len;
