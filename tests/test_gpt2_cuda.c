@@ -455,11 +455,15 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
  *      B = 5 > H (attention batched over sequences), tokens from 0..6 only
  *      (long runs of each token in the embedding scatter), own stream.
  *   C: C = 192, H = 6, hs = 32, T = 64, V = 512, B = 4: larger products
- *      (other cuBLASLt algorithms, split-K), own stream. */
+ *      (other cuBLASLt algorithms, split-K), own stream.
+ *   D: C = 320, H = 5, hs = 64: rows wider than a warp's 256 columns, so the
+ *      LayerNorm kernels that give a row to a CTA add over two warps, the
+ *      second one partly idle. */
 static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
     check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0, 0}, ZPP_FP32, 4, 512, 3, 1);
+    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0}, ZPP_FP32, 2, 96, 16, 0);
     /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time
      * path (8-wide accesses need rows of a multiple of 8) */
     check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0}, ZPP_FP32, 2, 50, 10, 1);
@@ -474,6 +478,7 @@ static void test_matches_cpu_bf16_fp16(void) {
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_BF16, 5, 7, 5, 0);
     check_config((zpp_gpt2_config){1, 3, 48, 19, 101, 0, 0}, ZPP_FP16, 2, 101, 6, 1);
     check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0}, ZPP_BF16, 2, 50, 11, 0);
+    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0}, ZPP_BF16, 2, 96, 17, 1);
     /* head sizes 64 and 128: the fused attention (attention_cuda.cu), with
      * T = 80 and 40 not multiples of its tiles */
     check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0}, ZPP_BF16, 3, 128, 8, 1);

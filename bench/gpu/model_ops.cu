@@ -6,7 +6,8 @@
  * library. Build against a CUDA build of the tree (build-gpu), then run with
  * the shape L C H B (T 1024, V 50304):
  *   nvcc -O3 -arch=sm_90 -std=c++17 -Iinclude -Isrc -o model_ops bench/gpu/model_ops.cu \
- *     build-gpu/libzeropp.a -lcublasLt -lnccl $(mpicc --showme:link) -lopenblas -lcjson -lgomp
+ *     build-gpu/libzeropp.a -lcublasLt -lcudnn -lnccl $(mpicc --showme:link) -lopenblas \
+ *     -lcjson -lpcre2-8 -lgomp
  *   ./model_ops 24 2048 16 4     # GPT 1.31B, micro-batch 4
  *   ./model_ops 12 768 6 8       # GPT-2 124M (6 heads of 128), micro-batch 8 */
 #include "model/gpt2_cuda.cu"
@@ -33,12 +34,6 @@ template <typename F> static void tm(const char *name, F f) {
     while (k < n_names && strcmp(names[k], name) != 0) k++;
     if (k == n_names) names[n_names++] = name, ms_sum[k] = 0;
     ms_sum[k] += ms; cudaEventDestroy(a); cudaEventDestroy(b);
-}
-static int l2_mb(void) {
-    int dev = 0, b = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&b, cudaDevAttrL2CacheSize, dev);
-    return b >> 20;
 }
 static double total_ms(int iters) {
     double t = 0; for (int k = 0; k < n_names; k++) t += ms_sum[k] / iters;
@@ -80,7 +75,7 @@ int main(int argc, char **argv) {
     // per-op of block 1
     clear_times();
     int n = B * T; const void *w = p[1]; const zpp_gpt2_layout *Ly = &g->lay; gpt2_acts *a = &g->act;
-    layer_acts y = layer_of(g, 1); cudaDataType_t et = g->et, f32 = CUDA_R_32F; float *grd = gr[1];
+    layer_acts y = layer_of(g, 1); cudaDataType_t et = g->et, f32 = CUDA_R_32F; float *grd = gr[1]; int summed;
     for (int it = 0; it < iters; it++) {
         tm("ln fwd", [&] { return layernorm_forward(g, a->ln, y.ln1m, y.ln1r, y.x, eat(g, w, Ly->ln1_w), eat(g, w, Ly->ln1_b), n, C); });
         tm("qkv fwd", [&] { return linear_forward(g, y.qkv, et, NULL, a->ln, eat(g, w, Ly->qkv_w), eat(g, w, Ly->qkv_b), n, C, 3 * C, "qkv"); });
@@ -100,7 +95,7 @@ int main(int argc, char **argv) {
             tm("fc2 bwd", [&] { return linear_backward(g, a->dfc, et, grd + Ly->fc2_w, grd + Ly->fc2_b, a->dres_e, a->dres, a->fcg, eat(g, w, Ly->fc2_w), n, 4 * C, C, "fc2b"); });
         tm("ln recompute", [&] { return layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, Ly->ln2_w), eat(g, w, Ly->ln2_b), n); });
         tm("fc bwd", [&] { return linear_backward(g, a->dc, f32, grd + Ly->fc_w, grd + Ly->fc_b, a->dfc, NULL, a->ln, eat(g, w, Ly->fc_w), n, C, 4 * C, "fcb"); });
-        tm("ln bwd", [&] { return layernorm_backward(g, a->dres, grd + Ly->ln2_w, grd + Ly->ln2_b, a->dc, y.mid, eat(g, w, Ly->ln2_w), y.ln2m, y.ln2r, n, C); });
+        tm("ln bwd", [&] { return layernorm_backward(g, a->dres, grd + Ly->ln2_w, grd + Ly->ln2_b, a->dc, y.mid, eat(g, w, Ly->ln2_w), y.ln2m, y.ln2r, n, C, NULL, 0, &summed); });
         tm("proj bwd", [&] { return linear_backward(g, a->datty, et, grd + Ly->proj_w, grd + Ly->proj_b, a->dres_e, a->dres, y.atty, eat(g, w, Ly->proj_w), n, C, C, "projb"); });
         tm("attn bwd", [&] { return attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty); });
         tm("qkv bwd", [&] { return linear_backward(g, a->dc, f32, grd + Ly->qkv_w, grd + Ly->qkv_b, a->dqkv, NULL, a->ln, eat(g, w, Ly->qkv_w), n, C, 3 * C, "qkvb"); });
@@ -109,27 +104,5 @@ int main(int argc, char **argv) {
     printf("block ops (sum %.3f ms per block):\n", tot);
     for (int k = 0; k < n_names; k++)
         printf("  %-12s %8.3f ms  %5.1f%%\n", names[k], ms_sum[k] / iters, 100 * ms_sum[k] / iters / tot);
-    /* The head's forward at other chunk sizes (rows of fp32 logits held at
-     * once, kHeadRows in the model, printed first). Smaller chunks that stay
-     * in L2 were slower (2026-12-04, bench/RESULTS.md): the product and the
-     * cross-entropy of a small chunk do not fill the GPU. */
-    const int model_rows = g->head.chunk_rows, sweep[] = {model_rows, 4096, 2048, 1024, 512, 256};
-    float *model_logits = g->head.logits, *big = NULL; /* room for the largest chunk */
-    if (cudaMalloc((void **)&big, (size_t)n * V * sizeof(float)) != cudaSuccess) return 1;
-    g->head.logits = big;
-    printf("head forward by chunk rows (the model's: %d; L2 %d MB):\n", model_rows, l2_mb());
-    for (int k = 0; k < (int)(sizeof sweep / sizeof *sweep); k++) {
-        if (sweep[k] > n || (k > 0 && sweep[k] == model_rows)) continue;
-        g->head.chunk_rows = sweep[k];
-        clear_times();
-        for (int it = 0; it < iters + 1; it++) {
-            if (it == 1) clear_times();
-            tm("head fwd", [&] { return head_forward(g, p[m->stage_unit[Sg - 1]]); });
-        }
-        printf("  %5d rows %8.3f ms\n", sweep[k], ms_sum[0] / iters);
-    }
-    g->head.chunk_rows = model_rows;
-    g->head.logits = model_logits;
-    cudaFree(big);
     return 0;
 }
