@@ -7,7 +7,9 @@
  *   - a step leases scratch for gathered units only: no full gradient, no
  *     reduction input or output;
  * and, with a model that can write them, bf16 accumulators (work_grads)
- * hold what fp32 ones holding the same rounded sums would. */
+ * hold what fp32 ones holding the same rounded sums would; a model too
+ * large for the rank's memory is refused with a message that says what to
+ * do. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -442,6 +444,46 @@ static void test_work_grads_only_bf16(void) {
     teardown(&f);
 }
 
+/* A model whose state cannot be allocated: one unit of the small GPT-2
+ * claims 2^44 parameters, at least 16 bytes each on the rank (master,
+ * moments, gradient) = 256 TiB, more than x86-64's 128 TiB of address
+ * space, so the engine's one allocation fails whatever the machine's
+ * overcommit policy (ASan returns NULL too: allocator_may_return_null in
+ * tests/CMakeLists.txt); it fails before any unit is initialised, so the
+ * model never sees the claim. Creation fails with ZPP_ERR_NOMEM, hands
+ * back no engine, and the message says what to do: more ranks, and at
+ * world 1 without the resident copy. */
+static void test_too_large_says_what_to_do(void) {
+    for (int resident = 0; resident <= 1; resident++) {
+        fixture f;
+        fixture_open(&f);
+        EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f.dev, &f.model));
+        const size_t *own = f.model->unit_numel;
+        size_t *claim = malloc((size_t)f.model->n_units * sizeof *claim);
+        memcpy(claim, own, (size_t)f.model->n_units * sizeof *claim);
+        claim[1] = (size_t)1 << 44;
+        f.model->unit_numel = claim;
+        f.eo = zpp_engine_opts_default();
+        f.eo.resident_weights = resident;
+        zpp_engine *e = NULL;
+        const zpp_status st = zpp_engine_create_with_opts(f.topo, f.model, &f.eo, f.dev, &e);
+        const char *msg = zpp_last_error();
+        EXPECT(st == ZPP_ERR_NOMEM && e == NULL, "status %d, engine %p: %s", (int)st, (void *)e,
+               msg);
+        EXPECT(strstr(msg, "more ranks") && strstr(msg, "zeropp plan --pick"),
+               "the message does not say what to do: %s", msg);
+        EXPECT(!strstr(msg, "zeropp_resident_weights") == !resident,
+               "resident weights %s, yet the message %s them: %s", resident ? "on" : "off",
+               resident ? "does not name" : "names", msg);
+        f.model->unit_numel = own;
+        free(claim);
+        f.model->ops->destroy(f.model);
+        zpp_topo_destroy(f.topo);
+        zpp_device_destroy(f.dev);
+    }
+}
+
 ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only),
           ZPP_TEST(test_resident_weights_same_bits), ZPP_TEST(test_work_grads_bf16_accumulators),
-          ZPP_TEST(test_work_grads_overwrite), ZPP_TEST(test_work_grads_only_bf16))
+          ZPP_TEST(test_work_grads_overwrite), ZPP_TEST(test_work_grads_only_bf16),
+          ZPP_TEST(test_too_large_says_what_to_do))

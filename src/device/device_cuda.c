@@ -35,8 +35,16 @@ static zpp_status cu_alloc(zpp_device *d, size_t bytes, void **p_p) {
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        const double gib = 1024.0 * 1024.0 * 1024.0;
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            (void)cudaGetLastError();
+            free_b = total_b = 0;
+        }
         return zpp_error(e == cudaErrorMemoryAllocation ? ZPP_ERR_NOMEM : ZPP_ERR_CUDA,
-                         "could not allocate %zu bytes of GPU memory: %s", bytes,
+                         "could not allocate %.2f GiB (%zu bytes) of GPU memory, with %.2f GiB "
+                         "free of %.2f: %s",
+                         (double)bytes / gib, bytes, (double)free_b / gib, (double)total_b / gib,
                          cudaGetErrorString(e));
     }
     *p_p = p;

@@ -97,6 +97,19 @@ static void carve_units(zpp_engine *e, zpp_arena *a) {
     }
 }
 
+/* What to do when the one allocation does not fit: it holds this rank's
+ * share of the master weights, moments and gradients (and at world 1 the
+ * resident copy), so more ranks shrink it, and so does dropping the copy. */
+static zpp_status units_nomem_hint(const zpp_engine *e, zpp_status st) {
+    return zpp_error_append(
+        st, "(the engine's one buffer: this rank's share of the parameters, gradients and "
+            "optimizer state). Spread the model over more ranks%s; `zeropp plan --pick "
+            "--mem-gb G` says what fits a GPU of G GB",
+        resident_wanted(e) ? ", or set zero_optimization.zeropp_resident_weights to false "
+                             "(2 bytes a parameter less)"
+                           : "");
+}
+
 zpp_status engine_units_alloc(zpp_engine *e) {
     zpp_arena a = {NULL, 0, 64, 0}; /* 64 floats: 256-byte boundaries */
     carve_units(e, &a);
@@ -104,7 +117,10 @@ zpp_status engine_units_alloc(zpp_engine *e) {
         return zpp_error(ZPP_ERR_NOMEM, "engine: the units' buffers on this rank overflow "
                          "size_t; use more ranks or a smaller model");
     void *slab = NULL;
-    ZPP_CHECK(zpp_device_alloc(e->dev, a.used ? a.used * sizeof(float) : 256, &slab));
+    zpp_status st = zpp_device_alloc(e->dev, a.used ? a.used * sizeof(float) : 256, &slab);
+    if (st == ZPP_ERR_NOMEM)
+        return units_nomem_hint(e, st);
+    ZPP_CHECK(st);
     e->unit_slab = slab;
     a = (zpp_arena){slab, 0, 64, 0};
     carve_units(e, &a);
