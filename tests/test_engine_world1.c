@@ -445,8 +445,8 @@ static void test_work_grads_only_bf16(void) {
 }
 
 /* A model whose state cannot be allocated: one unit of the small GPT-2
- * claims 2^44 parameters, at least 16 bytes each on the rank (master,
- * moments, gradient) = 256 TiB, more than x86-64's 128 TiB of address
+ * claims 2^44 parameters, at least 14 bytes each on the rank (master,
+ * moments, a bf16 gradient) = 224 TiB, more than x86-64's 128 TiB of address
  * space, so the engine's one allocation fails whatever the machine's
  * overcommit policy (ASan returns NULL too: allocator_may_return_null in
  * tests/CMakeLists.txt); it fails before any unit is initialised, so the
@@ -460,6 +460,7 @@ static void test_too_large_says_what_to_do(void) {
         EXPECT_OK(zpp_gpt2_create(&kModel, ZPP_BF16, kB, f.dev, &f.model));
         const size_t *own = f.model->unit_numel;
         size_t *claim = malloc((size_t)f.model->n_units * sizeof *claim);
+        EXPECT(claim != NULL, "out of host memory");
         memcpy(claim, own, (size_t)f.model->n_units * sizeof *claim);
         claim[1] = (size_t)1 << 44;
         f.model->unit_numel = claim;

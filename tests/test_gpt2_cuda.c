@@ -457,8 +457,9 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
  *   C: C = 192, H = 6, hs = 32, T = 64, V = 512, B = 4: larger products
  *      (other cuBLASLt algorithms, split-K), own stream.
  *   D: C = 320, H = 5, hs = 64: rows wider than a warp's 256 columns, so the
- *      LayerNorm kernels that give a row to a CTA add over two warps, the
- *      second one partly idle. */
+ *      LayerNorm backward's row groups (a row across a CTA's threads, 8
+ *      columns each) add the row's sums over two warps, the second partly
+ *      idle. */
 static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
