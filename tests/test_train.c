@@ -479,6 +479,25 @@ static void test_bad_inputs_fail_cleanly(void) {
     /* a node size that does not divide the world */
     expect_clean_failure(4, "--node-size 3 --steps 2", "node size 3");
 
+    /* activations that cannot be allocated: T = 2^22 keeps T^2 attention
+     * probabilities a head (2^44 x 4 bytes x 4 heads, 256 TiB, beyond
+     * x86-64's address space, so it fails whatever the overcommit policy);
+     * the one line says what the user can change. The data holds the two
+     * sequences of T + 1 tokens the trainer asks first. */
+    const int32_t n_big = (1 << 23) + 4;
+    unsigned char *big = zpp_test_malloc(sizeof header + (size_t)n_big * sizeof(uint16_t));
+    int32_t big_header[256] = {20240520, 1, n_big};
+    memcpy(big, big_header, sizeof big_header);
+    memset(big + sizeof big_header, 0, (size_t)n_big * sizeof(uint16_t)); /* token 0 */
+    zpp_test_write_file(zpp_test_tmp_path("long.bin", p), big,
+                        sizeof big_header + (size_t)n_big * sizeof(uint16_t));
+    free(big);
+    write_text(zpp_test_tmp_path("long.json", cfg),
+               "{\"train_micro_batch_size_per_gpu\": 1, \"model\": {\"n_layer\": 1, "
+               "\"n_head\": 4, \"n_embd\": 16, \"seq_len\": 4194304, \"vocab_size\": 64}}");
+    snprintf(args, sizeof args, "--config %s --data %s --steps 1", cfg, p);
+    expect_clean_failure(1, args, "train_micro_batch_size_per_gpu, 1, times model.seq_len");
+
     /* not bad input: a cosine schedule takes the run's length from --steps,
      * so a config whose train_steps (5) is shorter than the warm-up (10)
      * still runs 12 steps */

@@ -297,8 +297,18 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                          di.vocab - 1, zpp_gpt2_real_vocab(&c->model));
     /* Every family through its factory (family.h). */
     const zpp_decoder_shape shape = zpp_train_config_shape(c);
-    return zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
-                                   c->train_micro_batch_size_per_gpu, t->dev, &t->model);
+    zpp_status st = zpp_model_family_create(zpp_model_family_name(c->model_family), &shape, wd,
+                                            c->train_micro_batch_size_per_gpu, t->dev,
+                                            &t->model);
+    /* The model speaks of max_batch; the user set the micro-batch. */
+    if (st == ZPP_ERR_NOMEM)
+        return zpp_error_append(
+            st, "(the activations grow with train_micro_batch_size_per_gpu, %d, times "
+                "model.seq_len, %d: make either smaller%s)",
+            c->train_micro_batch_size_per_gpu, c->model.seq_len,
+            c->activation_checkpointing ? "" : ", or set zeropp.activation_checkpointing "
+                                               "true, --recompute: a block keeps only its input");
+    return st;
 }
 
 /* What the log's header shows (trainer.h). */
