@@ -485,8 +485,8 @@ static void test_bad_inputs_fail_cleanly(void) {
      * the one line says what the user can change. The data holds the two
      * sequences of T + 1 tokens the trainer asks first. */
     const int32_t n_big = (1 << 23) + 4;
-    unsigned char *big = zpp_test_malloc(sizeof header + (size_t)n_big * sizeof(uint16_t));
     int32_t big_header[256] = {20240520, 1, n_big};
+    unsigned char *big = zpp_test_malloc(sizeof big_header + (size_t)n_big * sizeof(uint16_t));
     memcpy(big, big_header, sizeof big_header);
     memset(big + sizeof big_header, 0, (size_t)n_big * sizeof(uint16_t)); /* token 0 */
     zpp_test_write_file(zpp_test_tmp_path("long.bin", p), big,
