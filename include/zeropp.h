@@ -560,11 +560,13 @@ typedef struct zpp_engine_config {
      * The same on every rank. Default 0. */
     int profile;
     /* 1 (default): in a world of one rank with the plain gather (no qwZ,
-     * no hpZ), the weights stay on the device in work_dtype between steps
-     * (2 bytes a parameter in bf16), written by AdamW as it updates the
-     * masters; forward and backward read them as they are, instead of
-     * rounding the fp32 masters twice a step. 0: no copy is kept (the
-     * memory for a model that only just fits). Same bits either way. */
+     * no hpZ), the weights stay on the device in work_dtype between steps,
+     * written by AdamW as it updates the masters; forward and backward read
+     * them as they are, instead of rounding the fp32 masters twice a step.
+     * In bf16 they cost no memory: the fp32 master is kept as that bf16
+     * copy and its low 16 bits. In fp16 and fp32 they cost 2 or 4 bytes a
+     * parameter; 0: no copy is kept (the memory for a model that only just
+     * fits). Same bits either way. */
     int resident_weights;
     /* 1 (default): in a world of one rank with work_dtype bf16, and a model
      * that can write them (the built-in CUDA models that say so), the

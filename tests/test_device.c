@@ -66,6 +66,54 @@ static void dev_get(zpp_device *d, void *h, const void *p, size_t bytes) {
 
 /* ---- AdamW ------------------------------------------------------------------ */
 
+/* The step of adamw_case with the master split (zpp_adamw_args.master_lo):
+ * the bf16 halves in, p1 = the fp32 master's step out, bit for bit (joined;
+ * the high halves are also the working copy), the moments as m1 and v1.
+ * Once from element 0, and once from element 1 (no 8-byte alignment: the
+ * one-element path). */
+static void adamw_split_case(zpp_device *d, size_t n, const zpp_adamw_args *a, const float *p,
+                             const float *m, const float *v, const float *g, const float *p1,
+                             const float *m1, const float *v1) {
+    uint16_t *hi = zpp_test_malloc(n * 2), *lo = zpp_test_malloc(n * 2);
+    float *m2 = zpp_test_malloc(n * 4), *v2 = zpp_test_malloc(n * 4);
+    for (int from = 0; from < 2; from++) {
+        const size_t k = n - (size_t)from;
+        for (size_t i = 0; i < k; i++) hi[i] = zpp_split_hi(p[from + i]), lo[i] = zpp_split_lo(p[from + i]);
+        uint16_t *dhi = dev_put(d, NULL, (k + 1) * 2), *dlo = dev_put(d, NULL, (k + 1) * 2);
+        EXPECT_OK(zpp_device_copy(d, dhi + from, hi, k * 2));
+        EXPECT_OK(zpp_device_copy(d, dlo + from, lo, k * 2));
+        float *dm = dev_put(d, m + from, k * 4), *dv = dev_put(d, v + from, k * 4);
+        float *dg = dev_put(d, g + from, k * 4);
+        zpp_adamw_args as = *a;
+        as.master_lo = dlo + from;
+        EXPECT_OK(zpp_device_adamw(d, NULL, dm, dv, dg, k, &as, dhi + from, ZPP_BF16));
+        dev_get(d, hi, dhi + from, k * 2);
+        dev_get(d, lo, dlo + from, k * 2);
+        dev_get(d, m2, dm, k * 4);
+        dev_get(d, v2, dv, k * 4);
+        size_t bad = 0;
+        for (size_t i = 0; i < k; i++) {
+            const float pj = zpp_split_join(hi[i], lo[i]);
+            if (memcmp(&pj, &p1[from + i], 4) || memcmp(&m2[i], &m1[from + i], 4) ||
+                memcmp(&v2[i], &v1[from + i], 4) || hi[i] != zpp_split_hi(p1[from + i])) {
+                if (bad++ < 3)
+                    zpp_test_fail(__FILE__, __LINE__, NULL,
+                                  "split master from %d, element %zu: %.9g (hi %04x lo %04x), "
+                                  "the fp32 step gives %.9g (t %d)",
+                                  from, i, (double)pj, hi[i], lo[i], (double)p1[from + i],
+                                  a->step);
+            }
+        }
+        EXPECT(bad == 0, "%zu of %zu split-master elements differ from the fp32 step", bad, k);
+        zpp_device_free(d, dhi);
+        zpp_device_free(d, dlo);
+        zpp_device_free(d, dm);
+        zpp_device_free(d, dv);
+        zpp_device_free(d, dg);
+    }
+    free(hi), free(lo), free(m2), free(v2);
+}
+
 /* One step of AdamW on n elements in double from the fp32 inputs, checked
  * against the device's fp32 result within the bound of the header. */
 static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_args *a,
@@ -123,7 +171,9 @@ static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_ar
                "eps %g, grad_scale %g)",
                i, (double)p1[i], pe, fabs(p1[i] - pe), bound, a->step, wd, eps, s);
         float wi = zpp_load_f32(w1, wdt, i), want = zpp_load_f32(&p1[i], ZPP_FP32, 0);
-        if (wdt != ZPP_FP32) {
+        if (wdt == ZPP_BF16) { /* the engine's rounding of masters (device.h) */
+            want = zpp_bf16_to_f32(zpp_split_hi(p1[i]));
+        } else if (wdt != ZPP_FP32) {
             char tmp[4];
             zpp_store_f32(tmp, wdt, 0, p1[i]);
             want = zpp_load_f32(tmp, wdt, 0);
@@ -195,6 +245,7 @@ static void adamw_case(zpp_device *d, zpp_rng *rng, size_t n, const zpp_adamw_ar
         EXPECT(!memcmp(&p2[i], &m2[i], 4),
                "AdamW with decay ranges: p[%zu] = %.9g, the pieces' call gives %.9g (t %d)", i,
                (double)p2[i], (double)m2[i], a->step);
+    if (wdt == ZPP_BF16) adamw_split_case(d, n, a, p, m, v, g, p1, m1, v1);
     free(w2), free(p2), free(m2), free(v2);
     zpp_device_free(d, dp);
     zpp_device_free(d, dm);
@@ -445,6 +496,79 @@ static void test_add_sumsq_convert(void) {
     zpp_device_free(d, dx);
     zpp_device_free(d, dy);
     free(hb), free(z), free(y), free(x);
+    zpp_device_destroy(d);
+}
+
+/* Masters in two halves (device.h, zpp_device_master_split / join): the
+ * device's halves are core/dtype.h's, the join restores every bit, and hi
+ * is the nearest bf16 (round to nearest even but at exact ties, which go
+ * away from zero). Random bit patterns of every finite class, and the
+ * edges: zeros of both signs, subnormals, ties, the binade boundaries
+ * where hi rounds up into the next binade, the largest finite values.
+ * From element 0 (two at a time) and from element 1 (one at a time). */
+static void test_master_split_join(void) {
+    zpp_device *d = dev_make();
+    zpp_rng rng = zpp_rng_make(zpp_test_seed(5));
+    const size_t n = 200001;
+    uint32_t *u = zpp_test_malloc(n * 4);
+    static const uint32_t edge[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x80008000u,
+                                    0x00008000u, 0x3f808000u, 0x3f818000u, 0xbf808000u,
+                                    0x3fffffffu, 0x3fff8000u, 0x3fff7fffu, 0xbfffffffu,
+                                    0x007fffffu, 0x00800000u, 0x7f7f7fffu, 0xff7f7fffu,
+                                    0x7f7f8000u, 0x7f7fffffu, 0x3f800000u, 0x4effffffu};
+    const size_t ne = sizeof edge / sizeof edge[0];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = (uint32_t)zpp_rng_u64(&rng);
+        if (i % 5 == 1) x = (x & 0xffff0000u) | 0x8000u; /* a tie */
+        if (((x >> 23) & 0xffu) == 0xffu) x &= 0xbfffffffu; /* finite */
+        u[i] = i < ne ? edge[i] : x;
+    }
+    float *x = (float *)u;
+    float *dx = dev_put(d, x, n * 4), *dy = dev_put(d, NULL, n * 4);
+    uint16_t *dhi = dev_put(d, NULL, n * 2), *dlo = dev_put(d, NULL, n * 2), *dh2 = dev_put(d, NULL, n * 2);
+    uint16_t *hi = zpp_test_malloc(n * 2), *lo = zpp_test_malloc(n * 2), *h2 = zpp_test_malloc(n * 2);
+    uint32_t *y = zpp_test_malloc(n * 4);
+    for (int from = 0; from < 2; from++) {
+        const size_t k = n - (size_t)from;
+        EXPECT_OK(zpp_device_set(d, dy, 0xff, n * 4));
+        EXPECT_OK(zpp_device_master_split(d, dx + from, dhi + from, dlo + from, k));
+        EXPECT_OK(zpp_device_master_split(d, dx + from, dh2 + from, NULL, k)); /* hi alone */
+        EXPECT_OK(zpp_device_master_join(d, dhi + from, dlo + from, dy + from, k));
+        dev_get(d, hi, dhi, n * 2);
+        dev_get(d, lo, dlo, n * 2);
+        dev_get(d, h2, dh2, n * 2);
+        dev_get(d, y, dy, n * 4);
+        size_t bad = 0, ties = 0;
+        for (size_t i = (size_t)from; i < n; i++) {
+            const int tie = (u[i] & 0xffffu) == 0x8000u;
+            const float back = zpp_bf16_to_f32(hi[i]);
+            /* nearest: within half a unit of the bf16 grid at x (the binade's
+             * unit below a power of two that x rounded up to is half of it) */
+            const double half = ldexp(1.0, ((int)((u[i] >> 23) & 0xffu) > 0 ?
+                                             (int)((u[i] >> 23) & 0xffu) : 1) - 127 - 8);
+            const int nearest = isinf(back) /* beyond bf16's largest, as RNE */ ||
+                                fabs((double)back - (double)x[i]) <= half;
+            const int rne = tie || hi[i] == zpp_f32_to_bf16(x[i]);
+            const int away = !tie || fabs((double)back) > fabs((double)x[i]);
+            if (hi[i] != zpp_split_hi(x[i]) || lo[i] != zpp_split_lo(x[i]) || h2[i] != hi[i] ||
+                y[i] != u[i] || !nearest || !rne || !away) {
+                if (bad++ < 3)
+                    zpp_test_fail(__FILE__, __LINE__, NULL,
+                                  "from %d, element %zu: %08x split to %04x %04x (hi alone "
+                                  "%04x), joined %08x; core/dtype.h: %04x %04x; nearest %d, "
+                                  "even but at ties %d, ties away %d",
+                                  from, i, u[i], hi[i], lo[i], h2[i], y[i], zpp_split_hi(x[i]),
+                                  zpp_split_lo(x[i]), nearest, rne, away);
+            }
+            ties += tie;
+        }
+        EXPECT(bad == 0, "%zu of %zu elements", bad, k);
+        EXPECT(ties > k / 8, "only %zu ties among %zu elements", ties, k);
+        EXPECT(y[0] == (from ? 0xffffffffu : u[0]), "the join wrote before its first element");
+    }
+    zpp_device_free(d, dx), zpp_device_free(d, dy), zpp_device_free(d, dhi);
+    zpp_device_free(d, dlo), zpp_device_free(d, dh2);
+    free(u), free(hi), free(lo), free(h2), free(y);
     zpp_device_destroy(d);
 }
 
@@ -824,6 +948,7 @@ static void test_profile_window(void) {
 
 ZPP_TESTS(ZPP_TEST(test_adamw_matches_reference), ZPP_TEST(test_adamw_grad_dtypes),
           ZPP_TEST(test_sumsq_dtypes), ZPP_TEST(test_add_sumsq_convert),
+          ZPP_TEST(test_master_split_join),
           ZPP_TEST(test_scratch_best_fit_and_reuse), ZPP_TEST(test_scratch_never_more_than_busy),
           ZPP_TEST(test_mem_stats), ZPP_TEST(test_argument_checks),
           ZPP_TEST(test_nonfinite_flag), ZPP_TEST(test_streams_and_events),

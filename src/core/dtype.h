@@ -40,6 +40,26 @@ static inline zpp_bf16 zpp_f32_to_bf16(float f) {
     return (zpp_bf16)(u >> 16);
 }
 
+/* A master weight split in two halves (the engine's masters at world 1 in
+ * bf16, engine_internal.h). hi is x rounded to bf16 to nearest with ties
+ * away from zero: x's bits plus half a bf16 unit (0x8000), truncated; the
+ * sign bit is untouched, so it acts on the magnitude. lo is x's low 16
+ * bits, unchanged, and x = bits(hi) << 16 plus lo read as a signed int16:
+ * where the low half was 0x8000 or more, the add carried one unit into
+ * hi, and lo read as signed is the low half minus 0x10000. That restores
+ * every fp32 bit for bit (zeros' signs, subnormals and values that round
+ * up to the next binade included), in 4 bytes where an fp32 master and
+ * its bf16 working copy take 6. The price is the tie rule: round to
+ * nearest even would need a 17th bit (a bf16 even value is the nearest one
+ * of 2^16 + 1 fp32 values). Ties are 1 in 2^16 of random low halves, and
+ * at a tie both neighbours are equally near. NaNs are restored by the
+ * join; hi alone may read as another NaN or an infinity. */
+static inline zpp_bf16 zpp_split_hi(float x) { return (zpp_bf16)((zpp__u32(x) + 0x8000u) >> 16); }
+static inline uint16_t zpp_split_lo(float x) { return (uint16_t)(zpp__u32(x) & 0xffffu); }
+static inline float zpp_split_join(zpp_bf16 hi, uint16_t lo) {
+    return zpp__f32(((uint32_t)hi << 16) + (uint32_t)(int32_t)(int16_t)lo);
+}
+
 /* fp16 <-> fp32 by integer arithmetic, branch-free so that loops over them
  * vectorize (quant/quant_kernels.h); the conversions below use them where
  * the compiler has no _Float16 (clang before 15 on x86). test_quant checks

@@ -708,7 +708,17 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, voi
                          "1 - beta^step)",
                          what, a->step);
     ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
-    ZPP_CHECK(check_ptr(what, param, "the parameters", n));
+    if (a->master_lo) {
+        /* the split master: work holds its bf16 halves, param nothing */
+        if (param || !work || work_dtype != ZPP_BF16)
+            return zpp_error(ZPP_ERR_INVALID,
+                             "%s: a split master (master_lo) lives in master_lo and a bf16 "
+                             "working copy, with no fp32 parameters; pass param NULL and work "
+                             "in bf16",
+                             what);
+    } else {
+        ZPP_CHECK(check_ptr(what, param, "the parameters", n));
+    }
     ZPP_CHECK(check_ptr(what, m, "the first moment", n));
     ZPP_CHECK(check_ptr(what, v, "the second moment", n));
     ZPP_CHECK(check_ptr(what, grad, "the gradient", n));
@@ -726,4 +736,29 @@ zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, voi
                              what, k, a->decay_lo[k], a->decay_hi[k], n);
     if (n == 0) return ZPP_OK;
     return d->ops->adamw(d, param, m, v, grad, n, a, work, work_dtype);
+}
+
+zpp_status zpp_device_master_split(zpp_device *d, const float *x, uint16_t *hi, uint16_t *lo,
+                                   size_t n) {
+    const char *what = "master split";
+    size_t bytes = 0;
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, x, "the masters", n));
+    ZPP_CHECK(check_ptr(what, hi, "the high halves", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->master_split(d, x, hi, lo, n);
+}
+
+zpp_status zpp_device_master_join(zpp_device *d, const uint16_t *hi, const uint16_t *lo,
+                                  float *x, size_t n) {
+    const char *what = "master join";
+    size_t bytes = 0;
+    ZPP_CHECK(check_dev(d, what));
+    ZPP_CHECK(checked_mul(what, n, sizeof(float), &bytes));
+    ZPP_CHECK(check_ptr(what, hi, "the high halves", n));
+    ZPP_CHECK(check_ptr(what, lo, "the low halves", n));
+    ZPP_CHECK(check_ptr(what, x, "the masters", n));
+    if (n == 0) return ZPP_OK;
+    return d->ops->master_join(d, hi, lo, x, n);
 }

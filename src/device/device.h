@@ -46,7 +46,14 @@ typedef struct zpp_device_prof zpp_device_prof; /* a profile window (device.c) *
  *   g = grad_scale * grad
  *   m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
  *   p = p - lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p )
- * then work[i] = (work_dtype) p[i], the next working copy of the shard. */
+ * then work[i] = (work_dtype) p[i], the next working copy of the shard: in
+ * bf16 rounded as zpp_split_hi (core/dtype.h: nearest, ties away from
+ * zero), the rounding the engine gives every master, in fp16 to nearest
+ * even.
+ * With master_lo set, the master is stored split (zpp_split_hi/lo): p is
+ * read from work (bf16) and master_lo, and both are written back; param is
+ * NULL. That moves 4 bytes of master an element each way instead of 4
+ * read and 6 written. */
 enum { ZPP_ADAMW_RANGES = 8 }; /* decay ranges one AdamW call takes */
 typedef struct zpp_adamw_args {
     float lr, beta1, beta2, eps, weight_decay;
@@ -70,6 +77,7 @@ typedef struct zpp_adamw_args {
      * norms do not, in one launch. */
     int n_decay;
     size_t decay_lo[ZPP_ADAMW_RANGES], decay_hi[ZPP_ADAMW_RANGES];
+    uint16_t *master_lo; /* the split master's low halves, or NULL (above) */
 } zpp_adamw_args;
 
 /* The weight decay of element i of a call (n_decay above). By value and
@@ -142,6 +150,10 @@ typedef struct zpp_device_ops {
                         zpp_dtype dt, double *sums);
     zpp_status (*adamw)(zpp_device *d, float *param, float *m, float *v, void *grad,
                         size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
+    zpp_status (*master_split)(zpp_device *d, const float *x, uint16_t *hi, uint16_t *lo,
+                               size_t n);
+    zpp_status (*master_join)(zpp_device *d, const uint16_t *hi, const uint16_t *lo, float *x,
+                              size_t n);
     void (*destroy)(zpp_device *d);
 } zpp_device_ops;
 
@@ -386,6 +398,15 @@ zpp_status zpp_device_sumsq_many(zpp_device *d, const void *const *x, const size
 zpp_status zpp_device_adamw(zpp_device *d, float *param, float *m, float *v, void *grad,
                             size_t n, const zpp_adamw_args *a, void *work,
                             zpp_dtype work_dtype);
+/* Masters in two halves (core/dtype.h, zpp_split_hi/lo/join), n
+ * elements: split writes hi[i] = zpp_split_hi(x[i]) (bf16) and, where lo is
+ * not NULL, lo[i] = zpp_split_lo(x[i]); hi alone is how the engine rounds
+ * an fp32 master to its bf16 working copy. join writes x[i] =
+ * zpp_split_join(hi[i], lo[i]), the fp32 value bit for bit. */
+zpp_status zpp_device_master_split(zpp_device *d, const float *x, uint16_t *hi, uint16_t *lo,
+                                   size_t n);
+zpp_status zpp_device_master_join(zpp_device *d, const uint16_t *hi, const uint16_t *lo,
+                                  float *x, size_t n);
 
 #ifdef __cplusplus
 }

@@ -272,6 +272,16 @@ static zpp_status cu_adamw(zpp_device *d, float *param, float *m, float *v, void
     return zpp_dcu_adamw(d->stream, param, m, v, grad, n, a, work, work_dtype);
 }
 
+static zpp_status cu_master_split(zpp_device *d, const float *x, uint16_t *hi, uint16_t *lo,
+                                  size_t n) {
+    return zpp_dcu_master_split(d->stream, x, hi, lo, n);
+}
+
+static zpp_status cu_master_join(zpp_device *d, const uint16_t *hi, const uint16_t *lo, float *x,
+                                 size_t n) {
+    return zpp_dcu_master_join(d->stream, hi, lo, x, n);
+}
+
 static void cu_destroy(zpp_device *d) {
     cuda_impl *im = d->impl;
     if (im) {
@@ -311,6 +321,8 @@ static const zpp_device_ops kCudaOps = {
     .add = cu_add,
     .sumsq = cu_sumsq,
     .adamw = cu_adamw,
+    .master_split = cu_master_split,
+    .master_join = cu_master_join,
     .destroy = cu_destroy,
 };
 

@@ -171,8 +171,18 @@ __device__ __forceinline__ void adamw_elem(const zpp_adamw_args &a, float c1, fl
     v = vi;
 }
 
+/* A master's halves (core/dtype.h, zpp_split_hi/lo/join): hi is x rounded
+ * to bf16 to nearest, ties away from zero; lo x's low 16 bits. */
+__device__ __forceinline__ unsigned split_hi(float x) { return (__float_as_uint(x) + 0x8000u) >> 16; }
+__device__ __forceinline__ unsigned split_lo(float x) { return __float_as_uint(x) & 0xffffu; }
+__device__ __forceinline__ float split_join(unsigned hi, unsigned lo) {
+    return __uint_as_float((hi << 16) + (unsigned)(int)(short)(unsigned short)lo);
+}
+/* Two 16-bit values in one word, the first in its low half (memory order). */
+__device__ __forceinline__ unsigned pack2(unsigned a, unsigned b) { return a | b << 16; }
+
 __device__ __forceinline__ void store_work(void *work, int dt, size_t i, float p) {
-    if (dt == ZPP_BF16) ((__nv_bfloat16 *)work)[i] = __float2bfloat16_rn(p);
+    if (dt == ZPP_BF16) ((uint16_t *)work)[i] = (uint16_t)split_hi(p);
     else if (dt == ZPP_FP16) ((__half *)work)[i] = __float2half_rn(p);
     else ((float *)work)[i] = p;
 }
@@ -229,10 +239,18 @@ template <typename G>
 __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__restrict__ m,
                                            float *__restrict__ v, G *__restrict__ grad,
                                            size_t i, const zpp_adamw_args &a, float c1, float c2,
-                                           void *__restrict__ work, int dt) {
+                                           void *__restrict__ work, int dt,
+                                           uint16_t *__restrict__ lo) {
     const float4 g4 = grad_load4(grad + i);
     float4 m4 = *(const float4 *)(m + i), v4 = *(const float4 *)(v + i);
-    float4 p4 = *(const float4 *)(param + i);
+    float4 p4;
+    if (lo) { /* the split master: its bf16 halves in work, the low ones in lo */
+        const uint2 h = *(const uint2 *)((const uint16_t *)work + i), l = *(const uint2 *)(lo + i);
+        p4 = make_float4(split_join(h.x & 0xffffu, l.x & 0xffffu), split_join(h.x >> 16, l.x >> 16),
+                         split_join(h.y & 0xffffu, l.y & 0xffffu), split_join(h.y >> 16, l.y >> 16));
+    } else {
+        p4 = *(const float4 *)(param + i);
+    }
     float wd[4];
     adamw_decay_quad(a, i, wd);
     adamw_elem(a, c1, c2, wd[0], g4.x, m4.x, v4.x, p4.x);
@@ -241,16 +259,16 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
     adamw_elem(a, c1, c2, wd[3], g4.w, m4.w, v4.w, p4.w);
     *(float4 *)(m + i) = m4;
     *(float4 *)(v + i) = v4;
-    *(float4 *)(param + i) = p4;
+    if (lo)
+        *(uint2 *)(lo + i) = make_uint2(pack2(split_lo(p4.x), split_lo(p4.y)),
+                                        pack2(split_lo(p4.z), split_lo(p4.w)));
+    else
+        *(float4 *)(param + i) = p4;
     if (a.clear_grad) grad_clear4(grad + i);
     if (!work) return;
     if (dt == ZPP_BF16) {
-        __nv_bfloat162 lo = __floats2bfloat162_rn(p4.x, p4.y);
-        __nv_bfloat162 hi = __floats2bfloat162_rn(p4.z, p4.w);
-        uint2 u;
-        u.x = *(const unsigned *)&lo;
-        u.y = *(const unsigned *)&hi;
-        *(uint2 *)((__nv_bfloat16 *)work + i) = u;
+        *(uint2 *)((uint16_t *)work + i) = make_uint2(pack2(split_hi(p4.x), split_hi(p4.y)),
+                                                      pack2(split_hi(p4.z), split_hi(p4.w)));
     } else if (dt == ZPP_FP16) {
         __half2 lo = __floats2half2_rn(p4.x, p4.y), hi = __floats2half2_rn(p4.z, p4.w);
         uint2 u;
@@ -274,21 +292,24 @@ template <typename G>
 __global__ void zpp_dcu_adamw_kernel(float *__restrict__ param, float *__restrict__ m,
                                      float *__restrict__ v, G *__restrict__ grad, size_t n,
                                      zpp_adamw_args a, float c1, float c2,
-                                     void *__restrict__ work, int dt, bool quads) {
+                                     void *__restrict__ work, int dt,
+                                     uint16_t *__restrict__ lo, bool quads) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t tail = 0;
     if (quads) {
         for (size_t q = t0; q < n / 4; q += stride)
-            adamw_quad(param, m, v, grad, 4 * q, a, c1, c2, work, dt);
+            adamw_quad(param, m, v, grad, 4 * q, a, c1, c2, work, dt, lo);
         tail = n / 4 * 4;
     }
+    uint16_t *const hi = (uint16_t *)work; /* with lo: the split master's bf16 halves */
     for (size_t i = tail + t0; i < n; i += stride) {
-        float mi = m[i], vi = v[i], p = param[i];
+        float mi = m[i], vi = v[i], p = lo ? split_join(hi[i], lo[i]) : param[i];
         adamw_elem(a, c1, c2, zpp_adamw_decay_at(a, i), to_f32(grad[i]), mi, vi, p);
         m[i] = mi;
         v[i] = vi;
-        param[i] = p;
+        if (lo) lo[i] = (uint16_t)split_lo(p);
+        else param[i] = p;
         if (a.clear_grad) grad_clear1(grad + i);
         if (work) store_work(work, dt, i, p);
     }
@@ -303,7 +324,7 @@ static void adamw_launch(cudaStream_t s, float *param, float *m, float *v, void 
     const unsigned grid =
         grid_resident((const void *)zpp_dcu_adamw_kernel<G>, quads ? n / 4 : n, 256);
     zpp_dcu_adamw_kernel<G><<<grid, 256, 0, s>>>(
-        param, m, v, (G *)grad, n, *a, c1, c2, work, (int)work_dtype, quads);
+        param, m, v, (G *)grad, n, *a, c1, c2, work, (int)work_dtype, a->master_lo, quads);
 }
 
 extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, void *grad,
@@ -314,7 +335,8 @@ extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float 
     float c2 = 1.0f - powf(a->beta2, (float)a->step);
     /* a quad's gradient is one 16-byte (fp32) or 8-byte (2-byte dtype) access */
     const size_t gsize = zpp_dtype_size(a->grad_dtype);
-    const bool quads = aligned(param, 16) && aligned(m, 16) && aligned(v, 16) &&
+    const bool quads = aligned(param, 16) && aligned(a->master_lo, 8) && aligned(m, 16) &&
+                       aligned(v, 16) &&
                        aligned(grad, 4 * gsize) &&
                        (!work || aligned(work, 4 * zpp_dtype_size(work_dtype)));
     cudaStream_t s = (cudaStream_t)stream;
@@ -325,4 +347,58 @@ extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float 
     else
         adamw_launch<float>(s, param, m, v, grad, n, a, c1, c2, work, work_dtype, quads);
     return launch_status("AdamW");
+}
+
+/* The split and the join of masters (zpp_device_master_split/join): two
+ * elements a thread, as 32-bit words, where every pointer allows it. */
+__global__ void master_split_kernel(const float *__restrict__ x, uint16_t *__restrict__ hi,
+                                    uint16_t *__restrict__ lo, size_t n, bool pairs) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t tail = 0;
+    if (pairs) {
+        for (size_t k = t0; k < n / 2; k += stride) {
+            const float2 v = ((const float2 *)x)[k];
+            ((unsigned *)hi)[k] = pack2(split_hi(v.x), split_hi(v.y));
+            if (lo) ((unsigned *)lo)[k] = pack2(split_lo(v.x), split_lo(v.y));
+        }
+        tail = n / 2 * 2;
+    }
+    for (size_t i = tail + t0; i < n; i += stride) {
+        hi[i] = (uint16_t)split_hi(x[i]);
+        if (lo) lo[i] = (uint16_t)split_lo(x[i]);
+    }
+}
+
+__global__ void master_join_kernel(const uint16_t *__restrict__ hi,
+                                   const uint16_t *__restrict__ lo, float *__restrict__ x,
+                                   size_t n, bool pairs) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t tail = 0;
+    if (pairs) {
+        for (size_t k = t0; k < n / 2; k += stride) {
+            const unsigned h = ((const unsigned *)hi)[k], l = ((const unsigned *)lo)[k];
+            ((float2 *)x)[k] = make_float2(split_join(h & 0xffffu, l & 0xffffu),
+                                           split_join(h >> 16, l >> 16));
+        }
+        tail = n / 2 * 2;
+    }
+    for (size_t i = tail + t0; i < n; i += stride) x[i] = split_join(hi[i], lo[i]);
+}
+
+extern "C" zpp_status zpp_dcu_master_split(void *stream, const float *x, uint16_t *hi,
+                                           uint16_t *lo, size_t n) {
+    const bool pairs = aligned(x, 8) && aligned(hi, 4) && aligned(lo, 4);
+    master_split_kernel<<<grid_for(pairs ? n / 2 : n, 256), 256, 0, (cudaStream_t)stream>>>(
+        x, hi, lo, n, pairs);
+    return launch_status("master split");
+}
+
+extern "C" zpp_status zpp_dcu_master_join(void *stream, const uint16_t *hi, const uint16_t *lo,
+                                          float *x, size_t n) {
+    const bool pairs = aligned(x, 8) && aligned(hi, 4) && aligned(lo, 4);
+    master_join_kernel<<<grid_for(pairs ? n / 2 : n, 256), 256, 0, (cudaStream_t)stream>>>(
+        hi, lo, x, n, pairs);
+    return launch_status("master join");
 }

@@ -26,6 +26,11 @@ zpp_status zpp_dcu_sumsq(void *stream, const void *const *x, const size_t *n, in
 /* grad holds a->grad_dtype elements. */
 zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float *v, void *grad,
                          size_t n, const zpp_adamw_args *a, void *work, zpp_dtype work_dtype);
+/* zpp_device_master_split / zpp_device_master_join (lo may be NULL in the split). */
+zpp_status zpp_dcu_master_split(void *stream, const float *x, uint16_t *hi, uint16_t *lo,
+                                size_t n);
+zpp_status zpp_dcu_master_join(void *stream, const uint16_t *hi, const uint16_t *lo, float *x,
+                               size_t n);
 
 #ifdef __cplusplus
 }

@@ -242,6 +242,7 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, vo
     const float c1 = 1.0f - powf(b1, (float)a->step);
     const float c2 = 1.0f - powf(b2, (float)a->step);
     const zpp_dtype gdt = a->grad_dtype;
+    uint16_t *lo = a->master_lo, *hi = work; /* hi: a bf16 working copy */
     for (size_t i = 0; i < n; i++) {
         const float wd = zpp_adamw_decay_at(*a, i);
         float g = a->grad_scale * zpp_load_f32(grad, gdt, i);
@@ -250,11 +251,33 @@ static zpp_status host_adamw(zpp_device *d, float *param, float *m, float *v, vo
         float vi = b2 * v[i] + (1.0f - b2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        float p = param[i];
+        float p = lo ? zpp_split_join(hi[i], lo[i]) : param[i];
         p -= a->lr * ((mi / c1) / (sqrtf(vi / c2) + a->eps) + wd * p);
+        if (lo) {
+            hi[i] = zpp_split_hi(p);
+            lo[i] = zpp_split_lo(p);
+            continue;
+        }
         param[i] = p;
-        if (work) zpp_store_f32(work, work_dtype, i, p);
+        if (work && work_dtype == ZPP_BF16) hi[i] = zpp_split_hi(p);
+        else if (work) zpp_store_f32(work, work_dtype, i, p);
     }
+    return ZPP_OK;
+}
+
+static zpp_status host_master_split(zpp_device *d, const float *x, uint16_t *hi, uint16_t *lo,
+                                    size_t n) {
+    (void)d;
+    for (size_t i = 0; i < n; i++) hi[i] = zpp_split_hi(x[i]);
+    if (lo)
+        for (size_t i = 0; i < n; i++) lo[i] = zpp_split_lo(x[i]);
+    return ZPP_OK;
+}
+
+static zpp_status host_master_join(zpp_device *d, const uint16_t *hi, const uint16_t *lo,
+                                   float *x, size_t n) {
+    (void)d;
+    for (size_t i = 0; i < n; i++) x[i] = zpp_split_join(hi[i], lo[i]);
     return ZPP_OK;
 }
 
@@ -303,6 +326,8 @@ static const zpp_device_ops kHostOps = {
     .add = host_add,
     .sumsq = host_sumsq,
     .adamw = host_adamw,
+    .master_split = host_master_split,
+    .master_join = host_master_join,
     .destroy = host_destroy,
 };
 

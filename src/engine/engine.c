@@ -156,8 +156,7 @@ static zpp_status gather_from_master(zpp_engine *e, int ui, zpp_phase phase) {
                                                                                  : NULL;
     const size_t own_offset = (size_t)e->topo->world_rank * u->part.shard_len;
     void *own = (char *)u->full + own_offset * zpp_dtype_size(e->opts.work_dtype);
-    ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, own, e->opts.work_dtype,
-                                 u->part.shard_len, 1.0f));
+    ZPP_CHECK(engine_round_masters(e, u->master, own, u->part.shard_len));
     if (u->gather_int8 && e->vec.weights) ZPP_CHECK(engine_vec_zero_own(e, ui, own));
     ZPP_CHECK(zpp_coll_gather_start(e->coll, &u->part, mode, e->opts.work_dtype, own, u->full, sec,
                                     phase, &u->gather_op));

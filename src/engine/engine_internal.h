@@ -23,7 +23,12 @@
 typedef struct unit_state {
     zpp_partition part;
     /* sharded, persistent */
-    float *master, *m, *v; /* fp32, shard_len */
+    float *master, *m, *v; /* fp32, shard_len (master NULL where split, below) */
+    /* The split master (units.c, engine_split): in bf16 the resident copy
+     * is the master's high half, rounded (core/dtype.h, zpp_split_hi), and
+     * this its low 16 bits, shard_len; together the fp32 value bit for
+     * bit. NULL where the master is an fp32 array. */
+    uint16_t *master_lo;
     void *grad_acc;        /* shard_len, in e->grad_dtype */
     void *secondary;                  /* hpZ: working dtype, sec_len */
     int secondary_valid;
@@ -146,6 +151,19 @@ void engine_units_free(zpp_engine *e);
 /* units.c: unit ui's resident copy as its gathered unit, rounded from the
  * master if stale. */
 zpp_status engine_resident_use(zpp_engine *e, int ui);
+/* units.c: n elements of unit ui's master shard from element `from`, as
+ * fp32, into `out` (host or device memory); set from `in`, or to +0; the
+ * resident copy follows (rounded again at its next use, or, split, it is
+ * the new high halves). */
+zpp_status engine_master_get(zpp_engine *e, int ui, size_t from, size_t n, float *out);
+zpp_status engine_master_set(zpp_engine *e, int ui, size_t from, size_t n, const float *in);
+zpp_status engine_master_zero(zpp_engine *e, int ui, size_t from, size_t n);
+/* units.c: the sum of squares of unit ui's master shard, in double, through
+ * a staging buffer (the optimizer step's ZPP_PARAM_SUMSQ stat). */
+zpp_status engine_master_sumsq(zpp_engine *e, int ui, double *sq_p);
+/* units.c: n fp32 masters rounded to the working dtype (bf16: zpp_split_hi,
+ * the rounding AdamW's working copy has). */
+zpp_status engine_round_masters(zpp_engine *e, const float *master, void *out, size_t n);
 
 /* vectors.c (opts.quantize_vectors off): the packed vectors' buffers; the
  * working-dtype copy refreshed from the masters after an update; zeros in

@@ -32,11 +32,10 @@ zpp_status zpp_engine_state_get(zpp_engine *e, int unit, float *master, float *m
     size_t numel = 0, begin = 0, count = 0;
     ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
     unit_state *u = &e->units[unit];
-    float *const src[3] = {u->master, u->m, u->v};
-    float *const dst[3] = {master, m, v};
-    for (int k = 0; k < 3 && count; k++)
-        ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
-    return ZPP_OK;
+    if (!count) return ZPP_OK;
+    ZPP_CHECK(engine_master_get(e, unit, 0, count, master)); /* fp32, or joined (units.c) */
+    ZPP_CHECK(zpp_device_copy(e->dev, m, u->m, count * sizeof(float)));
+    return zpp_device_copy(e->dev, v, u->v, count * sizeof(float));
 }
 
 zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, const float *m,
@@ -45,17 +44,18 @@ zpp_status zpp_engine_state_set(zpp_engine *e, int unit, const float *master, co
     ZPP_CHECK(zpp_engine_shard_range(e, unit, &numel, &begin, &count));
     unit_state *u = &e->units[unit];
     const size_t len = u->part.shard_len;
-    float *const dst[3] = {u->master, u->m, u->v};
-    const float *const src[3] = {master, m, v};
-    for (int k = 0; k < 3; k++) {
+    /* the padding stays zero, whatever the shards were before */
+    if (count) ZPP_CHECK(engine_master_set(e, unit, 0, count, master));
+    if (count < len) ZPP_CHECK(engine_master_zero(e, unit, count, len - count));
+    float *const dst[2] = {u->m, u->v};
+    const float *const src[2] = {m, v};
+    for (int k = 0; k < 2; k++) {
         if (count) ZPP_CHECK(zpp_device_copy(e->dev, dst[k], src[k], count * sizeof(float)));
-        /* the padding stays zero, whatever the shards were before */
         if (count < len)
             ZPP_CHECK(zpp_device_set(e->dev, dst[k] + count, 0, (len - count) * sizeof(float)));
     }
     ZPP_CHECK(zpp_device_set(e->dev, u->grad_acc, 0, engine_grad_bytes(e, len)));
     u->secondary_valid = 0;
-    u->resident_valid = 0;
     e->vec.weights_fresh = 0;
     e->forward_ready = 0;
     return ZPP_OK;

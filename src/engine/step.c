@@ -30,7 +30,9 @@ static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t 
     void *work = u->resident ? (char *)u->resident + from * zpp_dtype_size(e->opts.work_dtype)
                              : NULL;
     a.grad_dtype = e->grad_dtype;
-    return zpp_device_adamw(e->dev, u->master + from, u->m + from, u->v + from,
+    /* a split master (units.c): its high halves are the resident copy */
+    a.master_lo = u->master_lo ? u->master_lo + from : NULL;
+    return zpp_device_adamw(e->dev, u->master ? u->master + from : NULL, u->m + from, u->v + from,
                             (char *)u->grad_acc + engine_grad_bytes(e, from), to - from, &a, work,
                             e->opts.work_dtype);
 }
@@ -122,6 +124,13 @@ static zpp_status shards_sumsq(zpp_engine *e, int masters, double *sq_p) {
     zpp_status st = ZPP_OK;
     if (!x || !len || !s) {
         st = zpp_error(ZPP_ERR_NOMEM, "engine: out of host memory for a norm");
+        goto out;
+    }
+    if (masters && e->units[0].master_lo) { /* split masters, joined a piece at a time */
+        double sq = 0.0;
+        for (int i = 0; i < n && st == ZPP_OK; i++) st = engine_master_sumsq(e, i, &s[i]);
+        for (int i = 0; i < n; i++) sq += s[i];
+        *sq_p = sq;
         goto out;
     }
     for (int i = 0; i < n; i++) {

@@ -9,33 +9,158 @@
 #include "device/device.h"
 #include "engine/engine_internal.h"
 
+/* ---- Split masters ---------------------------------------------------------
+ * At world 1 in bf16 with the resident copy (resident_wanted), the fp32
+ * master is not an array of its own: the resident bf16 copy is its high
+ * half, rounded, and master_lo its low 16 bits (core/dtype.h, zpp_split_*).
+ * The value is the same bit for bit, and so is every step: AdamW joins the
+ * halves, updates in fp32 and splits the result (device.h, master_lo), and
+ * the working copy is the rounding it always was (zpp_split_hi, which every
+ * bf16 rounding of a master in the engine uses, engine_round_masters). A
+ * master and its working copy take 4 bytes an element instead of 6, and
+ * AdamW moves 26 bytes an element instead of 28. Reading or setting the
+ * masters (checkpoints, initial values) goes through a bounded fp32
+ * staging buffer, allocated for the call. */
+enum { kStageFloats = 1 << 22 }; /* 16 MiB */
+
+/* Whether the resident copies apply (world 1, plain gather, no hpZ:
+ * engine_resident_use). */
+static int resident_wanted(const zpp_engine *e) {
+    const zpp_engine_opts *o = &e->opts;
+    return o->resident_weights && engine_alone(e) && o->gather == ZPP_GATHER_BASELINE && !o->hpz;
+}
+
+static int split_wanted(const zpp_engine *e) {
+    return resident_wanted(e) && e->opts.work_dtype == ZPP_BF16;
+}
+
+zpp_status engine_round_masters(zpp_engine *e, const float *master, void *out, size_t n) {
+    if (e->opts.work_dtype == ZPP_BF16)
+        return zpp_device_master_split(e->dev, master, out, NULL, n);
+    return zpp_device_convert(e->dev, master, ZPP_FP32, out, e->opts.work_dtype, n, 1.0f);
+}
+
+/* A staging buffer of device memory for up to n fp32 values, at most
+ * kStageFloats: *cap_p elements. */
+static zpp_status stage_alloc(zpp_engine *e, size_t n, float **p_p, size_t *cap_p) {
+    *cap_p = n < kStageFloats ? n : kStageFloats;
+    return zpp_device_alloc(e->dev, (*cap_p ? *cap_p : 1) * sizeof(float), (void **)p_p);
+}
+
+/* The high halves of unit u's split master, as bf16 elements. */
+static uint16_t *split_hi_of(unit_state *u) { return (uint16_t *)u->resident; }
+
+zpp_status engine_master_get(zpp_engine *e, int ui, size_t from, size_t n, float *out) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) return zpp_device_copy(e->dev, out, u->master + from, n * sizeof(float));
+    float *stage = NULL;
+    size_t cap = 0;
+    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
+    zpp_status st = ZPP_OK;
+    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
+        const size_t c = n - off < cap ? n - off : cap;
+        st = zpp_device_master_join(e->dev, split_hi_of(u) + from + off,
+                                    u->master_lo + from + off, stage, c);
+        if (st == ZPP_OK) st = zpp_device_copy(e->dev, out + off, stage, c * sizeof(float));
+    }
+    zpp_device_free(e->dev, stage);
+    return st;
+}
+
+zpp_status engine_master_set(zpp_engine *e, int ui, size_t from, size_t n, const float *in) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) {
+        u->resident_valid = 0; /* rounded again at its next use */
+        return zpp_device_copy(e->dev, u->master + from, in, n * sizeof(float));
+    }
+    float *stage = NULL;
+    size_t cap = 0;
+    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
+    zpp_status st = ZPP_OK;
+    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
+        const size_t c = n - off < cap ? n - off : cap;
+        st = zpp_device_copy(e->dev, stage, in + off, c * sizeof(float));
+        if (st == ZPP_OK)
+            st = zpp_device_master_split(e->dev, stage, split_hi_of(u) + from + off,
+                                         u->master_lo + from + off, c);
+    }
+    zpp_device_free(e->dev, stage);
+    return st;
+}
+
+zpp_status engine_master_zero(zpp_engine *e, int ui, size_t from, size_t n) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) {
+        u->resident_valid = 0;
+        return zpp_device_set(e->dev, u->master + from, 0, n * sizeof(float));
+    }
+    /* bf16 +0 and low halves 0: the fp32 +0 */
+    ZPP_CHECK(zpp_device_set(e->dev, split_hi_of(u) + from, 0, n * sizeof(uint16_t)));
+    return zpp_device_set(e->dev, u->master_lo + from, 0, n * sizeof(uint16_t));
+}
+
+zpp_status engine_master_sumsq(zpp_engine *e, int ui, double *sq_p) {
+    unit_state *u = &e->units[ui];
+    const size_t n = u->part.shard_len;
+    if (!u->master_lo) return zpp_device_sumsq(e->dev, u->master, n, sq_p);
+    float *stage = NULL;
+    size_t cap = 0;
+    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
+    zpp_status st = ZPP_OK;
+    double sq = 0.0, part = 0.0;
+    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
+        const size_t c = n - off < cap ? n - off : cap;
+        st = zpp_device_master_join(e->dev, split_hi_of(u) + off, u->master_lo + off, stage, c);
+        if (st == ZPP_OK) st = zpp_device_sumsq(e->dev, stage, c, &part);
+        sq += part;
+    }
+    zpp_device_free(e->dev, stage);
+    *sq_p = sq;
+    return st;
+}
+
+/* n initial values of unit `index` from its element `begin` into device
+ * memory dst: drawn there by a model that draws on its device
+ * (init_params_device), else into host memory and copied. Either way each
+ * value is a pure function of (seed, unit, index): the same bits. */
+static zpp_status draw_init(zpp_engine *e, int index, size_t begin, size_t n, float *dst) {
+    const zpp_model_ops *ops = e->model->ops;
+    if (ops->init_params_device)
+        return ops->init_params_device(e->model, index, begin, n, dst, e->opts.seed);
+    float *host = malloc(n * sizeof(float));
+    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
+    zpp_status st = ops->init_params(e->model, index, begin, n, host, e->opts.seed);
+    /* The copy must land before `host` is freed: a copy from host memory
+     * has read its source when it returns. */
+    if (st == ZPP_OK) st = zpp_device_copy(e->dev, dst, host, n * sizeof(float));
+    free(host);
+    return st;
+}
+
 /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
- * clipped to the real elements, into its fp32 master shard; the padding
- * stays zero forever (its gradients are zero and AdamW maps 0 to 0). A
- * model that draws them on its device (init_params_device) writes them in
- * place; otherwise they are drawn into host memory and copied. Either way
- * each value is a pure function of (seed, unit, index): the same bits. */
+ * clipped to the real elements, into its master shard (fp32, or split
+ * through a staging buffer); the padding stays zero forever (its gradients
+ * are zero and AdamW maps 0 to 0). */
 static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
     const zpp_partition *p = &u->part;
-    size_t fbytes = p->shard_len * sizeof(float);
     size_t begin = (size_t)e->topo->world_rank * p->shard_len;
     size_t count = begin < p->numel ? p->numel - begin : 0;
     if (count > p->shard_len) count = p->shard_len;
-    const zpp_model_ops *ops = e->model->ops;
-    if (ops->init_params_device) {
-        if (count < p->shard_len)
-            ZPP_CHECK(zpp_device_set(e->dev, u->master + count, 0, fbytes - count * sizeof(float)));
-        if (!count) return ZPP_OK;
-        return ops->init_params_device(e->model, index, begin, count, u->master, e->opts.seed);
-    }
-    float *host = calloc(p->shard_len ? p->shard_len : 1, sizeof(float));
-    if (!host) return zpp_error(ZPP_ERR_NOMEM, "engine: no memory to initialise unit %d", index);
+    if (count < p->shard_len) ZPP_CHECK(engine_master_zero(e, index, count, p->shard_len - count));
+    if (!u->master_lo) return count ? draw_init(e, index, begin, count, u->master) : ZPP_OK;
+    u->resident_valid = 1;
+    float *stage = NULL;
+    size_t cap = 0;
+    ZPP_CHECK(stage_alloc(e, count, &stage, &cap));
     zpp_status st = ZPP_OK;
-    if (count) st = ops->init_params(e->model, index, begin, count, host, e->opts.seed);
-    /* The copy must land before `host` is freed: a copy from host memory
-     * has read its source when it returns. */
-    if (st == ZPP_OK) st = zpp_device_copy(e->dev, u->master, host, fbytes);
-    free(host);
+    for (size_t off = 0; off < count && st == ZPP_OK; off += cap) {
+        const size_t c = count - off < cap ? count - off : cap;
+        st = draw_init(e, index, begin + off, c, stage);
+        if (st == ZPP_OK)
+            st = zpp_device_master_split(e->dev, stage, split_hi_of(u) + off, u->master_lo + off,
+                                         c);
+    }
+    zpp_device_free(e->dev, stage);
     return st;
 }
 
@@ -64,22 +189,18 @@ zpp_status engine_grad_mode(zpp_engine *e) {
  * nothing used (245 MiB less with one allocation, measured: RESULTS). One
  * allocation wastes at most one page. */
 
-/* Whether the resident copies apply (world 1, plain gather, no hpZ:
- * engine_resident_use). */
-static int resident_wanted(const zpp_engine *e) {
-    const zpp_engine_opts *o = &e->opts;
-    return o->resident_weights && engine_alone(e) && o->gather == ZPP_GATHER_BASELINE && !o->hpz;
-}
-
 /* Points every unit's buffers into the arena (core/arena.h: pass 1 with
  * base NULL counts, pass 2 hands out). */
 static void carve_units(zpp_engine *e, zpp_arena *a) {
-    const int resident = resident_wanted(e);
+    const int resident = resident_wanted(e), split = split_wanted(e);
     const size_t ws = zpp_dtype_size(e->opts.work_dtype);
     for (int i = 0; i < e->model->n_units; i++) {
         unit_state *u = &e->units[i];
         const zpp_partition *p = &u->part;
-        u->master = zpp_arena_take(a, p->shard_len, 1);
+        if (split)
+            u->master_lo = zpp_arena_take_bytes(a, p->shard_len, 1, sizeof(uint16_t));
+        else
+            u->master = zpp_arena_take(a, p->shard_len, 1);
         u->m = zpp_arena_take(a, p->shard_len, 1);
         u->v = zpp_arena_take(a, p->shard_len, 1);
         u->grad_acc = zpp_arena_take_bytes(a, p->shard_len, 1, zpp_dtype_size(e->grad_dtype));
@@ -99,13 +220,14 @@ static void carve_units(zpp_engine *e, zpp_arena *a) {
 
 /* What to do when the one allocation does not fit: it holds this rank's
  * share of the master weights, moments and gradients (and at world 1 the
- * resident copy), so more ranks shrink it, and so does dropping the copy. */
+ * resident copy), so more ranks shrink it, and so does dropping a copy
+ * that is not the master's own high half. */
 static zpp_status units_nomem_hint(const zpp_engine *e, zpp_status st) {
     return zpp_error_append(
         st, "(the engine's one buffer: this rank's share of the parameters, gradients and "
             "optimizer state). Spread the model over more ranks%s; `zeropp plan --pick "
             "--mem-gb G` says what fits a GPU of G GB",
-        resident_wanted(e) ? ", or set zero_optimization.zeropp_resident_weights to false "
+        resident_wanted(e) && !split_wanted(e) ? ", or set zero_optimization.zeropp_resident_weights to false "
                              "(2 bytes a parameter less)"
                            : "");
 }
@@ -150,20 +272,20 @@ void engine_units_free(zpp_engine *e) {
  * dtype, done for the forward and again for the backward: 6 bytes an
  * element each time (4 read, 2 written), 12 a step, where AdamW could write
  * the rounded copy as it writes the master (2 bytes, in the pass it makes
- * anyway). Keeping that copy costs its 2 bytes an element of memory; the
- * weights the model reads are the same bits (the same rounding of the same
- * master). Only at world 1 with the plain gather: qwZ's int8 rendering and
- * hpZ's secondary shards are made at gather time from the master. The copy
- * is carved with the unit's other buffers (carve_units). */
+ * anyway). In bf16 that copy is the split master's high half (above) and
+ * costs no memory; in fp16 and fp32 it costs its 2 or 4 bytes an element.
+ * The weights the model reads are the same bits (the same rounding of the
+ * same master). Only at world 1 with the plain gather: qwZ's int8
+ * rendering and hpZ's secondary shards are made at gather time from the
+ * master. The copy is carved with the unit's other buffers (carve_units). */
 
 /* Makes the resident copy of unit ui the gathered unit, rounding the master
  * into it first when it is stale (after init or a checkpoint's masters). At
  * world 1 the shard is the whole padded unit, its padding zero. */
 zpp_status engine_resident_use(zpp_engine *e, int ui) {
     unit_state *u = &e->units[ui];
-    if (!u->resident_valid) {
-        ZPP_CHECK(zpp_device_convert(e->dev, u->master, ZPP_FP32, u->resident,
-                                     e->opts.work_dtype, u->part.shard_len, 1.0f));
+    if (!u->resident_valid) { /* never so for a split master: it is its high half */
+        ZPP_CHECK(engine_round_masters(e, u->master, u->resident, u->part.shard_len));
         u->resident_valid = 1;
     }
     u->full = u->resident;

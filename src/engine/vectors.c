@@ -89,9 +89,9 @@ zpp_status engine_vec_refresh(zpp_engine *e) {
             size_t lo, hi, base;
             vec_own(e, u, p, &lo, &hi, &base);
             if (hi > lo)
-                ZPP_CHECK(zpp_device_convert(e->dev, u->master + (lo - base), ZPP_FP32,
-                                             (char *)v->weights + (p->at + lo - p->begin) * ds,
-                                             dt, hi - lo, 1.0f));
+                ZPP_CHECK(engine_round_masters(e, u->master + (lo - base),
+                                               (char *)v->weights + (p->at + lo - p->begin) * ds,
+                                               hi - lo));
         }
     }
     zpp_device_host_wait_begin(e->dev);

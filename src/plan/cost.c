@@ -659,6 +659,9 @@ static void step_memory(const zpp_cost_in *in, const zpp_coll_mode *mode, const 
     if (in->resident_weights && W == 1 && mode->gather == ZPP_GATHER_BASELINE && !mode->hpz) {
         o->mem_kept = e * sh->shard; /* every unit, resident (engine.c) */
         o->mem_transient -= (1 + ahead) * e * U;
+        /* in bf16 the resident copy is the master's high half, its low
+         * half 2 bytes (the engine's split masters, units.c) */
+        if (in->dtype == ZPP_BF16) o->mem_shard_state -= 2 * sh->shard;
     }
     if (mode->gather == ZPP_GATHER_QWZ)
         o->mem_transient += 2 * W * (double)zpp_quant_bytes((size_t)su, &in->coll.weight_spec);

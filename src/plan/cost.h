@@ -114,7 +114,9 @@ typedef struct zpp_cost_in {
     /* 1: the engine's resident weights (zeropp.h, resident_weights; the
      * trainer's default): at world 1 with the plain gather and no hpZ the
      * whole model stays in the working dtype between steps (mem_kept) and
-     * no unit is gathered into scratch. 0: as without them. */
+     * no unit is gathered into scratch; in bf16 that copy is the master's
+     * high half, so mem_shard_state holds 2 bytes a parameter less. 0: as
+     * without them. */
     int resident_weights;
     /* 1: the engine's bf16 gradient accumulators (zeropp.h, work_grads;
      * the trainer's default with one micro-batch a step), where they

@@ -174,8 +174,9 @@
     X("zero_optimization.zeropp_resident_weights", BOOL, zero.resident_weights, 0, 0,              \
       (ZPP_EOPT_DEFAULT(resident_weights)), 0,                                                    \
       "zeropp: in a world of one rank (no qwZ or hpZ) keep the weights in the working dtype "      \
-      "between steps, written by AdamW, so no step rounds the fp32 masters again; 2 bytes a "      \
-      "parameter in bf16; false for a model that only just fits")                                  \
+      "between steps, written by AdamW, so no step rounds the fp32 masters again; in bf16 at "     \
+      "no memory (each master is kept as that copy and its low 16 bits), in fp16 and fp32 2 or "   \
+      "4 bytes a parameter; false for a model that only just fits")                                \
     X("zero_optimization.zeropp_work_grads", BOOL, zero.work_grads, 0, 0,                          \
       (ZPP_EOPT_DEFAULT(work_grads)), 0,                                                          \
       "zeropp: in a world of one rank with bf16 and one micro-batch a step, accumulate the "      \

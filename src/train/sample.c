@@ -171,14 +171,19 @@ struct zpp_sample_model {
     void **params; /* per unit, in the device's memory, in the model's dtype */
 };
 
-/* Unit u's values rounded to dtype, copied to a new device buffer. */
+/* Unit u's values rounded to dtype (bf16 as the engine rounds its masters,
+ * core/dtype.h zpp_split_hi: the weights training computed with), copied to
+ * a new device buffer. */
 static zpp_status upload_unit(zpp_device *dev, zpp_dtype dtype, const float *unit, size_t k,
                               void **dst_p) {
     const size_t es = zpp_dtype_size(dtype);
     void *host = dtype == ZPP_FP32 ? (void *)unit : malloc(k * es);
     if (!host) return zpp_error(ZPP_ERR_NOMEM, "sample model: out of memory");
     if (host != (const void *)unit)
-        for (size_t i = 0; i < k; i++) zpp_store_f32(host, dtype, i, unit[i]);
+        for (size_t i = 0; i < k; i++) {
+            if (dtype == ZPP_BF16) ((zpp_bf16 *)host)[i] = zpp_split_hi(unit[i]);
+            else zpp_store_f32(host, dtype, i, unit[i]);
+        }
     zpp_status st = zpp_device_alloc(dev, k * es, dst_p);
     if (st == ZPP_OK) st = zpp_device_copy(dev, *dst_p, host, k * es);
     if (host != (const void *)unit) free(host); /* copied or not */
