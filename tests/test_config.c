@@ -160,6 +160,7 @@ static void test_every_key_parsed(void) {
         int e2m1 = trial == 19 ? 0 : irand(&r, 0, 1);
         if (!e2m1) strcat(loco_txt, ",\n      \"zeropp_grad_e2m1\": false");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1), ckpt = irand(&r, 0, 1);
+        int keep_acts = irand(&r, 0, 1);
         /* model.family: a llama takes its keys (their values are the
          * factory's to check) and samples nothing; a gpt2 takes them as 0 */
         const int llama = irand(&r, 0, 1);
@@ -217,7 +218,8 @@ static void test_every_key_parsed(void) {
                  "      \"keep_checkpoints\": %d, \"collective_timeout_s\": %.17g,\n"
                  "      \"save_timeout_s\": %.17g, \"prune_newer\": %s,\n"
                  "      \"data_order\": \"%s\", \"weight_decay_all\": %s,\n"
-                 "      \"peak_tflops\": %.17g, \"activation_checkpointing\": %s}\n"
+                 "      \"peak_tflops\": %.17g, \"activation_checkpointing\": %s,\n"
+                 "      \"keep_activations\": %s}\n"
                  "}\n",
                  mb * gas * world, mb, gas, spp, clip, trial % 2 ? "AdamW" : "adamw", lr, b1,
                  b2, eps, wd, N, W, wmr, cmr, linear ? "linear" : "log",
@@ -229,7 +231,8 @@ static void test_every_key_parsed(void) {
                  ob ? "true" : "false", zpp_hf_arch_name((zpp_hf_arch)arch), win, rf,
                  rlo, rhi, rorig, steps, seed, ev, eb, se, stok, kc, cts, sts,
                  prune ? "true" : "false", sequential ? "sequential" : "shuffled",
-                 decay_all ? "true" : "false", peak, ckpt ? "true" : "false");
+                 decay_all ? "true" : "false", peak, ckpt ? "true" : "false",
+                 keep_acts ? "true" : "false");
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -270,7 +273,7 @@ static void test_every_key_parsed(void) {
         EXPECT(cfg.sample_every == se && cfg.sample_tokens == stok);
         EXPECT(cfg.data_order == (sequential ? ZPP_DATA_ORDER_SEQUENTIAL : ZPP_DATA_ORDER_SHUFFLED) &&
                cfg.weight_decay_all == decay_all && cfg.peak_tflops == peak &&
-               cfg.activation_checkpointing == ckpt);
+               cfg.activation_checkpointing == ckpt && cfg.keep_activations == keep_acts);
         EXPECT(strcmp(cfg.ignored, "wall_clock_breakdown, "
                                    "zero_optimization.overlap_comm, "
                                    "zero_optimization.reduce_bucket_size") == 0,
@@ -851,6 +854,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);
     c->activation_checkpointing = irand(r, 0, 1);
+    c->keep_activations = irand(r, 0, 1);
     EXPECT_OK(zpp_train_config_validate(c));
 }
 

@@ -14,7 +14,7 @@
 #include "testlib.h"
 
 /* GPT-2 with 2 layers, 2 heads, 16 wide, T = 16, vocabulary 64. */
-static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64, 0, 0};
+static const zpp_gpt2_config kModel = {2, 2, 16, 16, 64, 0, 0, 0};
 
 typedef struct fixture {
     zpp_device *dev;

@@ -256,7 +256,7 @@ static double ref_loss(const net *nt, double *const *u, const int32_t *tok, cons
 /* Units, stages and the layout: contiguous, non-overlapping, the documented
  * sizes (V*C + T*C + 2C and 12C^2 + 13C). */
 static void test_layout_and_stages(void) {
-    zpp_gpt2_config cfg = {3, 4, 24, 10, 50, 0, 0};
+    zpp_gpt2_config cfg = {3, 4, 24, 10, 50, 0, 0, 0};
     net n = net_make(cfg, ZPP_FP32, 2);
     zpp_model *m = n.m;
     size_t C = 24, V = 50, T = 10;
@@ -320,7 +320,7 @@ static int gc_close(double a, double n) {
 }
 
 static void test_gradient_check(void) {
-    zpp_gpt2_config cfg = {2, 2, 16, 8, 32, 0, 0};
+    zpp_gpt2_config cfg = {2, 2, 16, 8, 32, 0, 0, 0};
     int B = 2, T = cfg.seq_len, V = cfg.vocab_size;
     net n = net_make(cfg, ZPP_FP32, B);
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
@@ -402,7 +402,7 @@ static void test_gradient_check(void) {
  * a few u * sqrt(rows) ~ 1e-6; bound 1e-4 of the unit's max plus 1e-4 of
  * the element. */
 static void test_microbatch_accumulation(void) {
-    zpp_gpt2_config cfg = {2, 2, 16, 8, 32, 0, 0};
+    zpp_gpt2_config cfg = {2, 2, 16, 8, 32, 0, 0, 0};
     int B = 2, T = cfg.seq_len, V = cfg.vocab_size;
     net a = net_make(cfg, ZPP_FP32, B), b = net_make(cfg, ZPP_FP32, B);
     zpp_rng r = zpp_rng_make(zpp_test_seed(12));
@@ -474,7 +474,7 @@ static void check_normal(const float *x, size_t n, double sd, const char *what) 
 }
 
 static void test_init_params(void) {
-    zpp_gpt2_config cfg = {3, 4, 64, 32, 100, 0, 0};
+    zpp_gpt2_config cfg = {3, 4, 64, 32, 100, 0, 0, 0};
     net n = net_make(cfg, ZPP_FP32, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(13));
     uint64_t seed = zpp_rng_u64(&r);
@@ -545,7 +545,7 @@ static void test_init_params(void) {
  * 0.015); we accept -0.06 .. 0.12 (6 std). A wrong softmax, a missing
  * normalisation or a missing 1/N lands far outside. */
 static void test_loss_at_init_and_speed(void) {
-    zpp_gpt2_config cfg = {4, 4, 128, 64, 256, 0, 0};
+    zpp_gpt2_config cfg = {4, 4, 128, 64, 256, 0, 0, 0};
     int B = 4, T = cfg.seq_len, V = cfg.vocab_size;
     net n = net_make(cfg, ZPP_FP32, B);
     zpp_rng r = zpp_rng_make(zpp_test_seed(14));
@@ -576,7 +576,7 @@ static void test_loss_at_init_and_speed(void) {
  * bf16 model (widening to fp32 is exact, and the arithmetic is the same
  * fp32 code). */
 static void check_low_precision_matches_fp32(zpp_dtype dt, uint64_t stream) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0, 0};
     int B = 3, T = cfg.seq_len, V = cfg.vocab_size;
     net f = net_make(cfg, ZPP_FP32, B), h = net_make(cfg, dt, B);
     zpp_rng r = zpp_rng_make(zpp_test_seed(stream));
@@ -620,7 +620,7 @@ static void test_bf16_matches_fp32(void) {
  * its initial ln 64 = 4.16 (a 2-layer model memorises 64 random targets;
  * measured over 40 seeds: 0.21 .. 0.55). */
 static void test_sgd_reduces_loss(void) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0, 0};
     int B = 4, T = cfg.seq_len, V = cfg.vocab_size;
     net n = net_make(cfg, ZPP_FP32, B);
     zpp_rng r = zpp_rng_make(zpp_test_seed(16));
@@ -656,7 +656,7 @@ static void test_sgd_reduces_loss(void) {
 /* Same inputs, same bits: two models, and one model run twice (activations
  * left over from the first run must not leak into the second). */
 static void test_determinism(void) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0, 0};
     int B = 3, T = cfg.seq_len, V = cfg.vocab_size;
     net a = net_make(cfg, ZPP_FP32, 4), b = net_make(cfg, ZPP_FP32, 4);
     zpp_rng r = zpp_rng_make(zpp_test_seed(17));
@@ -686,7 +686,7 @@ static void test_determinism(void) {
 /* Invalid inputs are rejected with a message naming the culprit; calls out
  * of order are state errors. */
 static void test_rejects_bad_input(void) {
-    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0, 0};
+    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0, 0, 0};
     int B = 2, T = cfg.seq_len, V = cfg.vocab_size;
     net n = net_make(cfg, ZPP_FP32, B);
     zpp_model *m = n.m;
@@ -753,7 +753,7 @@ static void test_rejects_bad_input(void) {
  * And the calls' protocol: rows out of range, a batch shorter than the
  * row, a forward that has not reached the head, none asked for. */
 static void test_logits_row(void) {
-    zpp_gpt2_config cfg = {2, 2, 16, 8, 37, 29, 0}; /* 29 tokens padded to 37 rows */
+    zpp_gpt2_config cfg = {2, 2, 16, 8, 37, 29, 0, 0}; /* 29 tokens padded to 37 rows */
     const int B = 2, T = cfg.seq_len, V = cfg.vocab_size, Vr = cfg.real_vocab_size;
     net n = net_make(cfg, ZPP_FP32, B);
     zpp_model *m = n.m;

@@ -461,13 +461,14 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
  *      columns each) add the row's sums over two warps, the second partly
  *      idle. */
 static void test_matches_cpu_fp32(void) {
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
-    check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0, 0}, ZPP_FP32, 4, 512, 3, 1);
-    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0}, ZPP_FP32, 2, 96, 16, 0);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 1}, ZPP_FP32, 5, 7, 19, 1); /* keep_acts */
+    check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0, 0, 0}, ZPP_FP32, 4, 512, 3, 1);
+    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0, 0}, ZPP_FP32, 2, 96, 16, 0);
     /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time
      * path (8-wide accesses need rows of a multiple of 8) */
-    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0}, ZPP_FP32, 2, 50, 10, 1);
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0, 0}, ZPP_FP32, 2, 50, 10, 1);
 }
 
 /* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
@@ -475,15 +476,18 @@ static void test_matches_cpu_fp32(void) {
  * same widened parameters; the 16-bit bounds of the top apply. Head sizes
  * 16 take the GEMM attention, 64 and 128 (bf16) the fused one. */
 static void test_matches_cpu_bf16_fp16(void) {
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, ZPP_BF16, 3, 128, 4, 1);
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_BF16, 5, 7, 5, 0);
-    check_config((zpp_gpt2_config){1, 3, 48, 19, 101, 0, 0}, ZPP_FP16, 2, 101, 6, 1);
-    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0}, ZPP_BF16, 2, 50, 11, 0);
-    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0}, ZPP_BF16, 2, 96, 17, 1);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 0}, ZPP_BF16, 3, 128, 4, 1);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_BF16, 5, 7, 5, 0);
+    /* keeping the LayerNorm and GELU outputs (keep_acts: fc2's weight
+     * gradient reads the GELU epilogue's output, gpt2_cuda.cu RECOMPUTE) */
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 1}, ZPP_BF16, 3, 128, 18, 1);
+    check_config((zpp_gpt2_config){1, 3, 48, 19, 101, 0, 0, 0}, ZPP_FP16, 2, 101, 6, 1);
+    check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0, 0}, ZPP_BF16, 2, 50, 11, 0);
+    check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0, 0}, ZPP_BF16, 2, 96, 17, 1);
     /* head sizes 64 and 128: the fused attention (attention_cuda.cu), with
      * T = 80 and 40 not multiples of its tiles */
-    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0}, ZPP_BF16, 3, 128, 8, 1);
-    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0, 0}, ZPP_BF16, 2, 96, 9, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0, 0}, ZPP_BF16, 3, 128, 8, 1);
+    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0, 0, 0}, ZPP_BF16, 2, 96, 9, 0);
 }
 
 /* The padded vocabulary (model.h, real_vocab_size; llm.c's model files):
@@ -493,8 +497,8 @@ static void test_matches_cpu_bf16_fp16(void) {
  * bounds of the top, and the padded rows' gradients are exactly 0 on both.
  * Tokens and targets stay below real_vocab_size, as from llm.c's data. */
 static void test_padded_vocab_matches_cpu(void) {
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 101, 0}, ZPP_FP32, 3, 101, 12, 1);
-    check_config((zpp_gpt2_config){1, 3, 48, 19, 112, 101, 0}, ZPP_BF16, 2, 101, 13, 0);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 101, 0, 0}, ZPP_FP32, 3, 101, 12, 1);
+    check_config((zpp_gpt2_config){1, 3, 48, 19, 112, 101, 0, 0}, ZPP_BF16, 2, 101, 13, 0);
 }
 
 /* A batch of 1560 rows (B*T, 520 a sequence) through the classifier's one
@@ -503,8 +507,8 @@ static void test_padded_vocab_matches_cpu(void) {
  * the bounds of the top, in fp32 (the GEMM attention) and bf16 (the fused
  * one, logits in bf16). */
 static void test_head_many_rows_matches_cpu(void) {
-    check_config((zpp_gpt2_config){1, 2, 32, 520, 64, 0, 0}, ZPP_FP32, 3, 64, 14, 1);
-    check_config((zpp_gpt2_config){1, 2, 128, 520, 96, 0, 0}, ZPP_BF16, 3, 96, 15, 0);
+    check_config((zpp_gpt2_config){1, 2, 32, 520, 64, 0, 0, 0}, ZPP_FP32, 3, 64, 14, 1);
+    check_config((zpp_gpt2_config){1, 2, 128, 520, 96, 0, 0, 0}, ZPP_BF16, 3, 96, 15, 0);
 }
 
 /* Accumulation and loss_scale: with grads holding g1 (scale 1), a second
@@ -516,7 +520,7 @@ static void test_head_many_rows_matches_cpu(void) {
  * 2e-5 * max|5 g1|. Forgetting to accumulate (4 g1) or to scale (2 g1)
  * misses by >= 20% of max|g|. The two losses must be bit-identical. */
 static void test_accumulation_and_scale(void) {
-    zpp_gpt2_config cfg = {2, 3, 48, 19, 101, 0, 0};
+    zpp_gpt2_config cfg = {2, 3, 48, 19, 101, 0, 0, 0};
     int B = 3;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(7));
@@ -666,14 +670,14 @@ static void check_bf16_grads(zpp_gpt2_config cfg, int B, uint64_t seed_k) {
  * sums, and the warp-per-row one with column sums (C = 36). */
 static void test_bf16_gradients(void) {
     if (!dtype_here(ZPP_BF16, "bf16 gradients")) return;
-    check_bf16_grads((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0}, 3, 60);
-    check_bf16_grads((zpp_gpt2_config){2, 3, 36, 19, 101, 0, 0}, 2, 61);
+    check_bf16_grads((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 0}, 3, 60);
+    check_bf16_grads((zpp_gpt2_config){2, 3, 36, 19, 101, 0, 0, 0}, 2, 61);
 }
 
 /* Same inputs, same bits: no atomics, cached cuBLASLt algorithms. A
  * different, larger batch in between must not leak into the repeat. */
 static void test_determinism(void) {
-    zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0, 0};
+    zpp_gpt2_config cfg = {2, 4, 64, 32, 128, 0, 0, 0};
     int Bmax = 4, B = 3;
     twin t = twin_make(cfg, dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16, Bmax, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(8));
@@ -712,7 +716,7 @@ static void test_determinism(void) {
  * soon as it returns. Overwriting them before the forward (which runs
  * asynchronously) must not change the loss. */
 static void test_set_batch_copies(void) {
-    zpp_gpt2_config cfg = {1, 4, 64, 32, 128, 0, 0};
+    zpp_gpt2_config cfg = {1, 4, 64, 32, 128, 0, 0, 0};
     int B = 4;
     twin t = twin_make(cfg, ZPP_FP32, B, 1);
     zpp_rng r = zpp_rng_make(zpp_test_seed(9));
@@ -739,7 +743,7 @@ static void test_set_batch_copies(void) {
  * of order are state errors; host pointers are refused before any kernel
  * can fault on them. */
 static void test_rejects_bad_input(void) {
-    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0, 0};
+    zpp_gpt2_config cfg = {1, 2, 8, 8, 16, 0, 0, 0};
     int B = 2, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_model *m = t.gpu;
@@ -808,7 +812,7 @@ static void test_rejects_bad_input(void) {
  * its initial ln 64 (a 2-layer model memorising 64 random targets). The
  * CPU model runs the same steps alongside; its losses are printed. */
 static void test_sgd_reduces_loss(void) {
-    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0};
+    zpp_gpt2_config cfg = {2, 4, 32, 16, 64, 0, 0, 0};
     int B = 4, V = cfg.vocab_size;
     twin t = twin_make(cfg, ZPP_FP32, B, 0);
     zpp_rng r = zpp_rng_make(zpp_test_seed(11));
@@ -867,7 +871,7 @@ static void test_sgd_reduces_loss(void) {
  * 0.007. So loss - ln V ~ 0.05 +- 0.01 (the CPU model on this shape, 12
  * seeds: 0.036 .. 0.060); we accept -0.06 .. 0.12 as there. */
 static void test_loss_at_init_and_speed(void) {
-    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0, 0};
+    zpp_gpt2_config cfg = {4, 8, 256, 256, 4096, 0, 0, 0};
     int B = 8, T = cfg.seq_len, V = cfg.vocab_size, L = cfg.n_layer;
     const zpp_dtype dt = dtype_here(ZPP_BF16, "bf16") ? ZPP_BF16 : ZPP_FP16;
     zpp_device *dev = gpu_open();
@@ -994,9 +998,9 @@ static void check_logits_rows(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, 
 }
 
 static void test_logits_row_matches_cpu(void) {
-    check_logits_rows((zpp_gpt2_config){1, 2, 32, 520, 64, 0, 0}, ZPP_FP32, 3, 2, 24);
-    check_logits_rows((zpp_gpt2_config){1, 2, 128, 520, 96, 89, 0}, ZPP_BF16, 4, 3, 25);
-    check_logits_rows((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0}, ZPP_BF16, 2, 1, 26);
+    check_logits_rows((zpp_gpt2_config){1, 2, 32, 520, 64, 0, 0, 0}, ZPP_FP32, 3, 2, 24);
+    check_logits_rows((zpp_gpt2_config){1, 2, 128, 520, 96, 89, 0, 0}, ZPP_BF16, 4, 3, 25);
+    check_logits_rows((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_BF16, 2, 1, 26);
 }
 
 /* GPU memory a CUDA model of cfg takes (its arena and cuBLASLt workspace,
@@ -1028,12 +1032,12 @@ static void test_attention_gemm_matches_cpu(void) {
     if (had) snprintf(saved, sizeof saved, "%s", env);
     EXPECT(setenv("ZPP_ATTENTION", "gemm", 1) == 0, "setenv");
     /* the shapes of test_matches_cpu_bf16_fp16 that are fused there */
-    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0}, ZPP_BF16, 3, 128, 8, 1);
-    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0, 0}, ZPP_BF16, 2, 96, 9, 0);
-    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0}, ZPP_FP16, 3, 128, 14, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0, 0}, ZPP_BF16, 3, 128, 8, 1);
+    check_config((zpp_gpt2_config){1, 2, 256, 40, 96, 0, 0, 0}, ZPP_BF16, 2, 96, 9, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 80, 128, 0, 0, 0}, ZPP_FP16, 3, 128, 14, 0);
 
     zpp_device *d = gpu_open();
-    const zpp_gpt2_config cfg = {2, 2, 128, 80, 128, 0, 0};
+    const zpp_gpt2_config cfg = {2, 2, 128, 80, 128, 0, 0, 0};
     const int L = 2, Bm = 3, H = 2, T = 80;
     if (gpu_cc() >= ZPP_CC_BF16) {
         const size_t gemm = cuda_model_bytes(d, cfg, ZPP_BF16, Bm);

@@ -116,8 +116,8 @@ static void check_model(const zpp_gpt2_config *cfg, zpp_rng *r) {
 
 static void test_device_init_matches_host(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(1));
-    const zpp_gpt2_config odd = {3, 3, 21, 13, 37, 31, 0};
-    const zpp_gpt2_config wide = {2, 4, 256, 64, 50257, 0, 0};
+    const zpp_gpt2_config odd = {3, 3, 21, 13, 37, 31, 0, 0};
+    const zpp_gpt2_config wide = {2, 4, 256, 64, 50257, 0, 0, 0};
     check_model(&odd, &r);
     check_model(&wide, &r);
 }
@@ -176,7 +176,7 @@ static void test_normal_parts_match_host(void) {
 }
 
 static void test_device_init_refuses(void) {
-    const zpp_gpt2_config cfg = {2, 3, 21, 13, 37, 0, 0};
+    const zpp_gpt2_config cfg = {2, 3, 21, 13, 37, 0, 0, 0};
     init_fixture f;
     fixture_open(&f, &cfg);
     zpp_status (*dev_init)(zpp_model *, int, size_t, size_t, float *, uint64_t) =

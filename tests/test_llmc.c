@@ -476,7 +476,7 @@ static void test_eval_gpu_matches_reference(void) {
 static void test_padded_vocab_model(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(5));
     enum { V = 37, Vp = 48, B = 2, T = 10 };
-    zpp_gpt2_config cp = {2, 3, 24, T, Vp, V, 0}, cu = {2, 3, 24, T, V, 0, 0};
+    zpp_gpt2_config cp = {2, 3, 24, T, Vp, V, 0, 0}, cu = {2, 3, 24, T, V, 0, 0, 0};
     zpp_model *mp = NULL, *mu = NULL;
     EXPECT_OK(zpp_gpt2_cpu_create(&cp, ZPP_FP32, B, &mp));
     EXPECT_OK(zpp_gpt2_cpu_create(&cu, ZPP_FP32, B, &mu));

@@ -65,7 +65,7 @@ static float init_forward_loss(zpp_model *m, uint64_t seed, const int32_t *tok,
 static void test_gpt2_by_name(void) {
     zpp_device *dev;
     EXPECT_OK(zpp_device_create_host(&dev));
-    const zpp_gpt2_config cfg = {2, 4, 32, 8, 50, 40, 0};
+    const zpp_gpt2_config cfg = {2, 4, 32, 8, 50, 40, 0, 0};
     zpp_decoder_shape explicit_shape = kShape;
     explicit_shape.n_kv_head = 4;
     explicit_shape.n_ffn = 128;

@@ -939,7 +939,7 @@ static void test_adamw_first_step(void) {
     const double L = (float)(lr_opt * ratio), WD = (float)wd, B1 = (float)b1, B2 = (float)b2;
     const double c1 = 1.0 - B1, c2 = 1.0 - B2, E = (float)eps, u = 0x1p-24;
     /* the shape of model_json: which elements are matrices */
-    const zpp_gpt2_config shape = {2, 2, 32, 16, 256, 0, 0};
+    const zpp_gpt2_config shape = {2, 2, 32, 16, 256, 0, 0, 0};
     zpp_gpt2_layout lay;
     zpp_gpt2_layout_make(&shape, &lay);
     model_state s0, s1;

@@ -15,8 +15,8 @@
 #     world1         1 GPU, world 1 (compute alone): GPT 1.31B mb4 and GPT-2 124M
 #                    mb8, ours (ZeRO-3 config) and FSDP2 (DS1=1: DeepSpeed ZeRO-3 too)
 #     world1llmc     1 GPU, world 1: ours against llm.c on llm.c's shapes, GPT 1.31B
-#                    mb4 (16 heads of 128) and GPT-2 124M mb8 (12 heads of 64: ours
-#                    with the h64 variant)
+#                    mb4 (16 heads of 128; ours also with the acts variant) and
+#                    GPT-2 124M mb8 (12 heads of 64: ours with the h64 variant)
 #     big            1 GPU, world 1: GPT 6.7B (32 x 4096, 32 heads of 128) mb1, ours
 #                    (ZeRO-3, with and without resident weights), FSDP2 and llm.c
 #     fit [lN..]     1 GPU, world 1: the largest GPT that fits, GPT w4096lN (width
@@ -47,8 +47,10 @@
 #               h64        heads of 64 (n_head = D / 64), llm.c's GPT-2 shape; the
 #                          configs and fsdp_gpt.py use heads of 128
 #               noresident zeropp_resident_weights false: no bf16 copy of the
-#                          weights kept between steps at world 1 (2 bytes a
-#                          parameter less, for a model that only just fits)
+#                          weights kept between steps at world 1 (in bf16 it
+#                          costs no memory: the masters are split)
+#               acts       zeropp.keep_activations true: the LayerNorm and GELU
+#                          outputs kept for the backward, not recomputed
 #     fsdp2:    raf0|raf1  reshard_after_forward False|True (default True)
 #               compile    torch.compile each block (costs ~1 min of start-up)
 #     ds_*:     rbsX       reduce_bucket_size X (default 5e8; ZeRO++'s tutorial: 1e7)
@@ -139,7 +141,8 @@ while [ $# -gt 0 ]; do
     nodes2) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 4)
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
-    world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-124m-mb8-ours_zero3+h64
+    world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-1p3b-mb4-ours_zero3+acts
+                       world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
     big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3
                 world1-6p7b-mb1-llmc) ;;
@@ -318,6 +321,7 @@ run_one() {
         keep) edits+=(-e 's/("stage": *3)/\1, "stage3_max_reuse_distance": 1000000000000/') ;;
         h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
         noresident) edits+=(-e 's/("stage": *3)/\1, "zeropp_resident_weights": false/') ;;
+        acts) edits+=(-e 's/("zeropp": *\{)/\1"keep_activations": true, /') ;;
         *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
       sed -E "${edits[@]}" "bench/train/${cfg}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config

@@ -45,6 +45,10 @@ typedef struct zpp_decoder_shape {
      * (each block keeps its input and recomputes the rest in its backward;
      * gpt2.h, zpp_gpt2_config.recompute), 0 = off. */
     int recompute;
+    /* 1: keep what a block's backward would otherwise evaluate again from
+     * what it keeps (the CUDA GPT-2's LayerNorm and GELU outputs,
+     * zpp_gpt2_config.keep_acts): faster, more memory; 0 = recompute. */
+    int keep_acts;
     /* Llama's knobs (llama.h), 0 = the default; GPT-2 refuses any other
      * value, naming the field. */
     double rope_theta; /* the rotary base: 0 = 10000 (HF's default) */

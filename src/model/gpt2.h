@@ -86,6 +86,12 @@ typedef struct zpp_gpt2_config {
      * block but the last (whose activations are still there). Checkpoints
      * and llm.c files do not record it. */
     int recompute;
+    /* 1: the CUDA model keeps each block's two LayerNorm outputs and its
+     * GELU output for the backward instead of evaluating them again there
+     * (gpt2_cuda.cu, RECOMPUTE): 12 C bytes a token and layer more in bf16,
+     * three elementwise passes a layer fewer. Ignored with recompute and
+     * by the CPU model, which keeps them always. 0 (default): recomputed. */
+    int keep_acts;
 } zpp_gpt2_config;
 
 /* real_vocab_size with 0 read as vocab_size. */

@@ -99,7 +99,11 @@
  * same bits (gelu: within one rounding with the epilogue, GELU above),
  * into one layer's scratch. That saves 6C of the 2-byte values
  * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
- * elementwise passes.
+ * elementwise passes. With cfg.keep_acts (gpt2.h) they are kept per layer
+ * instead and the backward reads them: no recompute passes, for that
+ * memory. The LayerNorm outputs are the same bits either way; fc2's weight
+ * gradient then reads the forward's fcg, which with the GELU epilogue may
+ * differ from the recomputed one by one rounding (GELU above).
  *
  * CHECKPOINTING. With cfg.recompute (gpt2.h) a block keeps only its input,
  * the fp32 residual stream entering it (res, kept whole as without it):
@@ -501,7 +505,8 @@ struct gpt2_acts {
     void *lnf;                 /* E  N x C */
     float *lnfm, *lnfr;        /*    N */
     /* One layer's worth, written in the forward and rewritten in the
-     * backward from what is kept (RECOMPUTE in the header): */
+     * backward from what is kept (RECOMPUTE in the header); with
+     * cfg.keep_acts L of each (ln: two a layer, ln1's then ln2's), kept: */
     void *ln;                  /* E  N x C: a block's LayerNorm output */
     void *fcg;                 /* E  N x 4C: gelu of fch */
     /* backward scratch */
@@ -658,13 +663,13 @@ static zpp_status layernorm_recompute(gpt2_cuda *g, const float *inp, const floa
     return ZPP_OK;
 }
 
-/* act.fcg = gelu(fch) for n rows: in the forward, and again in the
- * backward for fc2's weight gradient. */
-static zpp_status gelu_forward(gpt2_cuda *g, const void *fch, int n) {
+/* fcg = gelu(fch) for n rows: in the forward, and again in the backward
+ * for fc2's weight gradient (unless kept, RECOMPUTE). */
+static zpp_status gelu_forward(gpt2_cuda *g, void *fcg, const void *fch, int n) {
     size_t n4 = (size_t)n * 4 * g->cfg.n_embd;
-    bool v = vec8_ok(g->act.fcg, fch);
+    bool v = vec8_ok(fcg, fch);
     WITH_E(g, gelu_forward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
-                  (E *)g->act.fcg, (const E *)fch, n4, v));
+                  (E *)fcg, (const E *)fch, n4, v));
     LAUNCH_CHECK("gelu");
     return ZPP_OK;
 }
@@ -702,7 +707,11 @@ struct layer_acts {
     float *mid, *ln1m, *ln1r, *ln2m, *ln2r;
     void *qkv, *atty, *fch; /* E */
     void *att; /* P in E (GEMM path), or the fused attention's fp32 lse */
+    void *ln1, *ln2, *fcg;  /* E: the layer's own with keep_acts, else the shared scratch */
 };
+
+/* Whether blocks keep their LayerNorm and GELU outputs (RECOMPUTE). */
+static bool keeps_acts(const gpt2_cuda *g) { return g->cfg.keep_acts && !g->cfg.recompute; }
 
 static layer_acts layer_of(const gpt2_cuda *g, int l) {
     const gpt2_acts *a = &g->act;
@@ -722,6 +731,10 @@ static layer_acts layer_of(const gpt2_cuda *g, int l) {
                           : eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
     y.atty = eat(g, a->atty, k * N * C);
     y.fch = eat(g, a->fch, k * N * 4 * C);
+    const bool keep = keeps_acts(g);
+    y.ln1 = keep ? eat(g, a->ln, 2 * r * N * C) : a->ln;
+    y.ln2 = keep ? eat(g, a->ln, (2 * r + 1) * N * C) : a->ln;
+    y.fcg = keep ? eat(g, a->fcg, r * N * 4 * C) : a->fcg;
     return y;
 }
 
@@ -736,22 +749,21 @@ static zpp_status embed_forward(gpt2_cuda *g, const void *w) {
  * output): by the forward, and again by the backward with checkpointing. */
 static zpp_status block_activations(gpt2_cuda *g, int l, const void *w) {
     const zpp_gpt2_layout *L = &g->lay;
-    gpt2_acts *a = &g->act;
     int T = g->cfg.seq_len, C = g->cfg.n_embd, n = g->calls.B * T;
     const layer_acts y = layer_of(g, l);
     const cudaDataType_t et = g->et, f32 = CUDA_R_32F;
 
-    ZPP_CHECK(layernorm_forward(g, a->ln, y.ln1m, y.ln1r, y.x, eat(g, w, L->ln1_w),
+    ZPP_CHECK(layernorm_forward(g, y.ln1, y.ln1m, y.ln1r, y.x, eat(g, w, L->ln1_w),
                                 eat(g, w, L->ln1_b), n, C));
-    ZPP_CHECK(linear_forward(g, y.qkv, et, NULL, a->ln, eat(g, w, L->qkv_w), eat(g, w, L->qkv_b),
+    ZPP_CHECK(linear_forward(g, y.qkv, et, NULL, y.ln1, eat(g, w, L->qkv_w), eat(g, w, L->qkv_b),
                              n, C, 3 * C, "qkv forward"));
     ZPP_CHECK(attention_forward(g, y.atty, y.att, y.qkv));
     ZPP_CHECK(linear_forward(g, y.mid, f32, y.x, y.atty, eat(g, w, L->proj_w),
                              eat(g, w, L->proj_b), n, C, C, "attention projection forward"));
-    ZPP_CHECK(layernorm_forward(g, a->ln, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
+    ZPP_CHECK(layernorm_forward(g, y.ln2, y.ln2m, y.ln2r, y.mid, eat(g, w, L->ln2_w),
                                 eat(g, w, L->ln2_b), n, C));
     if (g->gelu_epilogue) {
-        zpp_status st = zpp_cu_linear_gelu_forward(&g->cu, a->fcg, y.fch, a->ln,
+        zpp_status st = zpp_cu_linear_gelu_forward(&g->cu, y.fcg, y.fch, y.ln2,
                                                    eat(g, w, L->fc_w), eat(g, w, L->fc_b), n, C,
                                                    4 * C, "fc forward with gelu");
         if (st != ZPP_ERR_UNSUPPORTED) {
@@ -761,9 +773,9 @@ static zpp_status block_activations(gpt2_cuda *g, int l, const void *w) {
         }
         g->gelu_epilogue = 0; /* cuBLASLt has none: in steps from now on */
     }
-    ZPP_CHECK(linear_forward(g, y.fch, et, NULL, a->ln, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
+    ZPP_CHECK(linear_forward(g, y.fch, et, NULL, y.ln2, eat(g, w, L->fc_w), eat(g, w, L->fc_b), n,
                              C, 4 * C, "fc forward"));
-    ZPP_CHECK(gelu_forward(g, y.fch, n));
+    ZPP_CHECK(gelu_forward(g, y.fcg, y.fch, n));
     g->slab_block = l;
     return ZPP_OK;
 }
@@ -774,7 +786,7 @@ static zpp_status block_forward(gpt2_cuda *g, int l, const void *w) {
     int C = g->cfg.n_embd, n = g->calls.B * g->cfg.seq_len;
     const layer_acts y = layer_of(g, l);
     ZPP_CHECK(block_activations(g, l, w));
-    return linear_forward(g, y.out, CUDA_R_32F, y.mid, g->act.fcg, eat(g, w, L->fc2_w),
+    return linear_forward(g, y.out, CUDA_R_32F, y.mid, y.fcg, eat(g, w, L->fc2_w),
                           eat(g, w, L->fc2_b), n, 4 * C, C, "fc2 forward");
 }
 
@@ -828,7 +840,8 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     if (g->cfg.recompute && g->slab_block != l) ZPP_CHECK(block_activations(g, l, w));
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))); dres_e is dres in E,
      * written with it by the LayerNorm backward before (layernorm_backward) */
-    ZPP_CHECK(gelu_forward(g, y.fch, n));
+    const bool keep = keeps_acts(g);
+    if (!keep) ZPP_CHECK(gelu_forward(g, y.fcg, y.fch, n));
     /* fc2's bias gradient: the sums of d out the LayerNorm backward after
      * this block already made, or a column sum here */
     void *fc2_db = gat(g, gr, L->fc2_b);
@@ -842,12 +855,12 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     zpp_status st = ZPP_ERR_UNSUPPORTED;
     if (g->gelu_epilogue)
         st = zpp_cu_linear_dgelu_backward(&g->cu, a->dfc, gat(g, gr, L->fc2_w), fc2_db,
-                                          a->dres_e, a->dres, a->fcg, eat(g, w, L->fc2_w), y.fch,
+                                          a->dres_e, a->dres, y.fcg, eat(g, w, L->fc2_w), y.fch,
                                           n, 4 * C, C, "fc2 backward with gelu");
     if (st == ZPP_ERR_UNSUPPORTED) {
         g->gelu_epilogue = 0;
         ZPP_CHECK(linear_backward(g, a->dfc, et, gat(g, gr, L->fc2_w), fc2_db, a->dres_e, a->dres,
-                                  a->fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
+                                  y.fcg, eat(g, w, L->fc2_w), n, 4 * C, C, "fc2 backward"));
         size_t n4 = (size_t)n * 4 * C;
         bool v = vec8_ok(a->dfc, y.fch);
         WITH_E(g, gelu_backward_kernel<<<grid_for(v ? n4 / 8 : n4), kThreads, 0, g->stream>>>(
@@ -856,10 +869,11 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     } else {
         ZPP_CHECK(st);
     }
-    ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
-                                  eat(g, w, L->ln2_b), n));
+    if (!keep)
+        ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
+                                      eat(g, w, L->ln2_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->fc_w), gat(g, gr, L->fc_b), a->dfc,
-                              NULL, a->ln, eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
+                              NULL, y.ln2, eat(g, w, L->fc_w), n, C, 4 * C, "fc backward"));
     int summed = 0; /* the projection's bias gradient, d mid's column sums, with d mid */
     void *proj_db = gat(g, gr, L->proj_b);
     ZPP_CHECK(layernorm_backward(g, a->dres, gat(g, gr, L->ln2_w), gat(g, gr, L->ln2_b), a->dc,
@@ -870,10 +884,11 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
                               a->dres_e, a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty));
-    ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
-                                  eat(g, w, L->ln1_b), n));
+    if (!keep)
+        ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
+                                      eat(g, w, L->ln1_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->qkv_w), gat(g, gr, L->qkv_b), a->dqkv,
-                              NULL, a->ln, eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
+                              NULL, y.ln1, eat(g, w, L->qkv_w), n, C, 3 * C, "qkv backward"));
     /* d x is d out of block l - 1: its fc2 bias gradient (none below block 1) */
     return layernorm_backward(g, a->dres, gat(g, gr, L->ln1_w), gat(g, gr, L->ln1_b), a->dc,
                               y.x, eat(g, w, L->ln1_w), y.ln1m, y.ln1r, n, C,
@@ -1071,8 +1086,9 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->lnf = take_e(g, a, N, C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    x->ln = take_e(g, a, N, C);
-    x->fcg = take_e(g, a, N, 4 * C);
+    const bool keep = keeps_acts(g); /* every layer's, or one layer's scratch (RECOMPUTE) */
+    x->ln = take_e(g, a, (keep ? 2 * L : 1) * N, C);
+    x->fcg = take_e(g, a, (keep ? L : 1) * N, 4 * C);
     x->dres = zpp_arena_take(a, N, C);
     x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
     x->dc = zpp_arena_take(a, N, C);

@@ -58,7 +58,8 @@ static zpp_status config_of_shape(const zpp_decoder_shape *shape, zpp_gpt2_confi
                                .seq_len = shape->seq_len,
                                .vocab_size = shape->vocab_size,
                                .real_vocab_size = shape->real_vocab_size,
-                               .recompute = shape->recompute};
+                               .recompute = shape->recompute,
+                               .keep_acts = shape->keep_acts};
     return ZPP_OK;
 }
 
@@ -70,6 +71,7 @@ void zpp_gpt2_shape_set(const zpp_gpt2_config *cfg, zpp_decoder_shape *shape) {
     shape->vocab_size = cfg->vocab_size;
     shape->real_vocab_size = cfg->real_vocab_size;
     shape->recompute = cfg->recompute;
+    shape->keep_acts = cfg->keep_acts;
 }
 
 zpp_status zpp_gpt2_family_create(const zpp_decoder_shape *shape, zpp_dtype param_dtype,

@@ -1517,5 +1517,6 @@ zpp_decoder_shape zpp_train_config_shape(const zpp_train_config *c) {
     zpp_decoder_shape shape = c->model_ext;
     zpp_gpt2_shape_set(&c->model, &shape);
     shape.recompute = c->activation_checkpointing;
+    shape.keep_acts = c->keep_activations;
     return shape;
 }

@@ -303,7 +303,11 @@
     X("zeropp.activation_checkpointing", BOOL, activation_checkpointing, 0, 0, (0), 0,             \
       "true: each transformer block keeps only its input from the forward and recomputes the "     \
       "rest in the backward (one block's activations instead of n_layer, for a forward more); "    \
-      "the same losses and weights, bit for bit; --recompute")
+      "the same losses and weights, bit for bit; --recompute")                                     \
+    X("zeropp.keep_activations", BOOL, keep_activations, 0, 0, (0), 0,                             \
+      "true: the GPU GPT-2 keeps each block's LayerNorm and GELU outputs for the backward "        \
+      "instead of evaluating them again there (12 x n_embd bytes a token and layer more in "       \
+      "bf16, three passes over them a layer fewer); no effect with activation checkpointing")
 /* clang-format on */
 
 #endif

@@ -310,7 +310,7 @@ static zpp_status family_unit_numel(const zpp_sample_weights *w, int u, size_t *
     }
     const zpp_decoder_shape *sh = &w->shape;
     zpp_gpt2_config g = {sh->n_layer,    sh->n_head,          sh->n_embd, sh->seq_len,
-                         sh->vocab_size, sh->real_vocab_size, 0};
+                         sh->vocab_size, sh->real_vocab_size, 0, 0};
     ZPP_CHECK(zpp_gpt2_config_check(&g));
     *numel_p = u <= g.n_layer ? zpp_gpt2_unit_numel(&g, u) : 0;
     return ZPP_OK;
