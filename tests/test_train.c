@@ -497,6 +497,12 @@ static void test_bad_inputs_fail_cleanly(void) {
                "\"n_head\": 4, \"n_embd\": 16, \"seq_len\": 4194304, \"vocab_size\": 64}}");
     snprintf(args, sizeof args, "--config %s --data %s --steps 1", cfg, p);
     expect_clean_failure(1, args, "train_micro_batch_size_per_gpu, 1, times model.seq_len");
+    /* kept activations: the message also names them */
+    write_text(zpp_test_tmp_path("long.json", cfg),
+               "{\"train_micro_batch_size_per_gpu\": 1, \"model\": {\"n_layer\": 1, "
+               "\"n_head\": 4, \"n_embd\": 16, \"seq_len\": 4194304, \"vocab_size\": 64}, "
+               "\"zeropp\": {\"keep_activations\": true}}");
+    expect_clean_failure(1, args, "set zeropp.keep_activations false");
 
     /* not bad input: a cosine schedule takes the run's length from --steps,
      * so a config whose train_steps (5) is shorter than the warm-up (10)

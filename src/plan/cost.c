@@ -254,7 +254,8 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
     const double slab = in->recompute ? per_layer - 4 * C : 0;
     if (in->recompute) per_layer = 4 * C;
     /* keep_acts: the two LayerNorm outputs and the GELU output (6C in E)
-     * in every layer instead of the one layer's scratch counted below */
+     * in every layer instead of the one layer's scratch counted below (ln
+     * and fcg, 5C: the two LayerNorms shared one) */
     const int keep = in->keep_acts && !in->recompute;
     if (keep) per_layer += 6 * C * e;
     /* Per token once: the last residual (4C); final LayerNorm out, one
@@ -267,7 +268,7 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * (cudnn_attn_ws). */
     double once = 12 * C + 6 * C * e + 5 * C * e + 16 + 20 + 4 * H + V * e;
     if (e == 4) once -= C * e;
-    if (keep) once -= 6 * C * e;
+    if (keep) once -= 5 * C * e;
     once += cudnn_attn_ws(in, H);
     /* (the logits lie in the d logits' bytes: gpt2_cuda.cu, HEAD) */
     return tokens * (L * per_layer + slab + once) + 4 * V + /* the kept row */

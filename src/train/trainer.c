@@ -304,8 +304,12 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
     if (st == ZPP_ERR_NOMEM)
         return zpp_error_append(
             st, "(the activations grow with train_micro_batch_size_per_gpu, %d, times "
-                "model.seq_len, %d: make either smaller%s)",
+                "model.seq_len, %d: make either smaller%s%s)",
             c->train_micro_batch_size_per_gpu, c->model.seq_len,
+            c->keep_activations && !c->activation_checkpointing
+                ? ", set zeropp.keep_activations false (on a GPU it keeps 12 x n_embd bytes a "
+                  "token and layer more)"
+                : "",
             c->activation_checkpointing ? "" : ", or set zeropp.activation_checkpointing "
                                                "true, --recompute: a block keeps only its input");
     return st;
