@@ -271,6 +271,52 @@ static void test_resident_weights_same_bits(void) {
     teardown(&b);
 }
 
+/* Split masters through their staging buffer (units.c, 16 MiB of fp32 a
+ * piece): a unit of more than 2^22 elements (wte, 16400 x 256) is drawn,
+ * read and set in two pieces. Its initial masters equal an fp32-master
+ * engine's bit for bit; masters set from random bit patterns of every
+ * finite kind (subnormals, -0, ties) read back as set, the padding zero. */
+static void test_split_masters_in_pieces(void) {
+    const zpp_gpt2_config big = {1, 2, 256, 4, 16400, 0, 0, 0};
+    fixture f[2];
+    for (int k = 0; k < 2; k++) {
+        fixture_open(&f[k]);
+        EXPECT_OK(zpp_gpt2_create(&big, ZPP_BF16, 1, f[k].dev, &f[k].model));
+        EXPECT_OK(zpp_gpt2_create(&big, ZPP_BF16, 1, f[k].dev, &f[k].ref));
+        f[k].eo = zpp_engine_opts_default();
+        f[k].eo.seed = 77;
+        f[k].eo.resident_weights = k == 0; /* split, fp32 masters */
+        EXPECT_OK(zpp_engine_create_with_opts(f[k].topo, f[k].model, &f[k].eo, f[k].dev,
+                                              &f[k].engine));
+    }
+    EXPECT(f[0].model->unit_numel[0] > ((size_t)1 << 22), "unit 0 holds %zu elements",
+           f[0].model->unit_numel[0]);
+    expect_same_state(&f[0], &f[1], "at initialisation");
+    zpp_rng r = zpp_rng_make(zpp_test_seed(40));
+    for (int u = 0; u < f[0].model->n_units; u++) {
+        size_t numel = 0, begin = 0, count = 0;
+        EXPECT_OK(zpp_engine_shard_range(f[0].engine, u, &numel, &begin, &count));
+        uint32_t *w = calloc(3 * count, sizeof *w), *back = calloc(3 * count, sizeof *back);
+        for (size_t i = 0; i < count; i++) {
+            uint32_t x = (uint32_t)zpp_rng_u64(&r);
+            if (i % 3 == 1) x = (x & 0xffff0000u) | 0x8000u; /* a tie */
+            if (i % 7 == 2) x &= 0x807fffffu;                 /* subnormal or -0 */
+            if (((x >> 23) & 0xffu) == 0xffu) x &= 0xbfffffffu; /* finite */
+            w[i] = x;
+        }
+        EXPECT_OK(zpp_engine_state_set(f[0].engine, u, (float *)w, (float *)w + count,
+                                       (float *)w + 2 * count));
+        EXPECT_OK(zpp_engine_state_get(f[0].engine, u, (float *)back, (float *)back + count,
+                                       (float *)back + 2 * count));
+        size_t i = 0;
+        while (i < count && back[i] == w[i]) i++;
+        EXPECT(i == count, "unit %d: master %zu set to %08x, read back %08x", u, i,
+               i < count ? w[i] : 0u, i < count ? back[i] : 0u);
+        free(w), free(back);
+    }
+    for (int k = 0; k < 2; k++) teardown(&f[k]);
+}
+
 /* ---- bf16 gradient accumulators (opts.work_grads) ------------------------
  * The CPU GPT-2 writes fp32 gradients only, so a wrapper gives it
  * set_grad_dtype: its backward runs the real one into zeroed fp32 scratch
@@ -501,6 +547,7 @@ static void test_too_large_says_what_to_do(void) {
 }
 
 ZPP_TESTS(ZPP_TEST(test_gradient_is_the_models), ZPP_TEST(test_step_leases_gathers_only),
-          ZPP_TEST(test_resident_weights_same_bits), ZPP_TEST(test_work_grads_bf16_accumulators),
+          ZPP_TEST(test_resident_weights_same_bits), ZPP_TEST(test_split_masters_in_pieces),
+          ZPP_TEST(test_work_grads_bf16_accumulators),
           ZPP_TEST(test_work_grads_overwrite), ZPP_TEST(test_work_grads_only_bf16),
           ZPP_TEST(test_too_large_says_what_to_do))

@@ -40,84 +40,8 @@ zpp_status engine_round_masters(zpp_engine *e, const float *master, void *out, s
     return zpp_device_convert(e->dev, master, ZPP_FP32, out, e->opts.work_dtype, n, 1.0f);
 }
 
-/* A staging buffer of device memory for up to n fp32 values, at most
- * kStageFloats: *cap_p elements. */
-static zpp_status stage_alloc(zpp_engine *e, size_t n, float **p_p, size_t *cap_p) {
-    *cap_p = n < kStageFloats ? n : kStageFloats;
-    return zpp_device_alloc(e->dev, (*cap_p ? *cap_p : 1) * sizeof(float), (void **)p_p);
-}
-
 /* The high halves of unit u's split master, as bf16 elements. */
 static uint16_t *split_hi_of(unit_state *u) { return (uint16_t *)u->resident; }
-
-zpp_status engine_master_get(zpp_engine *e, int ui, size_t from, size_t n, float *out) {
-    unit_state *u = &e->units[ui];
-    if (!u->master_lo) return zpp_device_copy(e->dev, out, u->master + from, n * sizeof(float));
-    float *stage = NULL;
-    size_t cap = 0;
-    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
-    zpp_status st = ZPP_OK;
-    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
-        const size_t c = n - off < cap ? n - off : cap;
-        st = zpp_device_master_join(e->dev, split_hi_of(u) + from + off,
-                                    u->master_lo + from + off, stage, c);
-        if (st == ZPP_OK) st = zpp_device_copy(e->dev, out + off, stage, c * sizeof(float));
-    }
-    zpp_device_free(e->dev, stage);
-    return st;
-}
-
-zpp_status engine_master_set(zpp_engine *e, int ui, size_t from, size_t n, const float *in) {
-    unit_state *u = &e->units[ui];
-    if (!u->master_lo) {
-        u->resident_valid = 0; /* rounded again at its next use */
-        return zpp_device_copy(e->dev, u->master + from, in, n * sizeof(float));
-    }
-    float *stage = NULL;
-    size_t cap = 0;
-    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
-    zpp_status st = ZPP_OK;
-    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
-        const size_t c = n - off < cap ? n - off : cap;
-        st = zpp_device_copy(e->dev, stage, in + off, c * sizeof(float));
-        if (st == ZPP_OK)
-            st = zpp_device_master_split(e->dev, stage, split_hi_of(u) + from + off,
-                                         u->master_lo + from + off, c);
-    }
-    zpp_device_free(e->dev, stage);
-    return st;
-}
-
-zpp_status engine_master_zero(zpp_engine *e, int ui, size_t from, size_t n) {
-    unit_state *u = &e->units[ui];
-    if (!u->master_lo) {
-        u->resident_valid = 0;
-        return zpp_device_set(e->dev, u->master + from, 0, n * sizeof(float));
-    }
-    /* bf16 +0 and low halves 0: the fp32 +0 */
-    ZPP_CHECK(zpp_device_set(e->dev, split_hi_of(u) + from, 0, n * sizeof(uint16_t)));
-    return zpp_device_set(e->dev, u->master_lo + from, 0, n * sizeof(uint16_t));
-}
-
-zpp_status engine_master_sumsq(zpp_engine *e, int ui, double *sq_p) {
-    unit_state *u = &e->units[ui];
-    const size_t n = u->part.shard_len;
-    if (!u->master_lo) return zpp_device_sumsq(e->dev, u->master, n, sq_p);
-    float *stage = NULL;
-    size_t cap = 0;
-    ZPP_CHECK(stage_alloc(e, n, &stage, &cap));
-    zpp_status st = ZPP_OK;
-    double sq = 0.0, part = 0.0;
-    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
-        const size_t c = n - off < cap ? n - off : cap;
-        st = zpp_device_master_join(e->dev, split_hi_of(u) + off, u->master_lo + off, stage, c);
-        if (st == ZPP_OK) st = zpp_device_sumsq(e->dev, stage, c, &part);
-        sq += part;
-    }
-    zpp_device_free(e->dev, stage);
-    *sq_p = sq;
-    return st;
-}
 
 /* n initial values of unit `index` from its element `begin` into device
  * memory dst: drawn there by a model that draws on its device
@@ -137,6 +61,78 @@ static zpp_status draw_init(zpp_engine *e, int index, size_t begin, size_t n, fl
     return st;
 }
 
+/* What split_pass does with each piece of a split master. */
+typedef enum split_op {
+    SPLIT_GET,   /* joined into io (fp32, host or device memory) */
+    SPLIT_SET,   /* split from io */
+    SPLIT_INIT,  /* split from the initial values of elements `begin` on */
+    SPLIT_SUMSQ  /* joined, its squares summed into *sq_p */
+} split_op;
+
+/* Elements [from, from + n) of unit ui's split master, a piece at a time
+ * through an fp32 staging buffer of device memory (at most kStageFloats,
+ * allocated for the call): the masters' fp32 form exists only there. */
+static zpp_status split_pass(zpp_engine *e, int ui, split_op op, size_t from, size_t n,
+                             float *io, size_t begin, double *sq_p) {
+    unit_state *u = &e->units[ui];
+    const size_t cap = n < kStageFloats ? n : kStageFloats;
+    float *stage = NULL;
+    ZPP_CHECK(zpp_device_alloc(e->dev, (cap ? cap : 1) * sizeof(float), (void **)&stage));
+    zpp_status st = ZPP_OK;
+    double sq = 0.0, part = 0.0;
+    for (size_t off = 0; off < n && st == ZPP_OK; off += cap) {
+        const size_t c = n - off < cap ? n - off : cap;
+        uint16_t *hi = split_hi_of(u) + from + off, *lo = u->master_lo + from + off;
+        if (op == SPLIT_GET || op == SPLIT_SUMSQ) {
+            st = zpp_device_master_join(e->dev, hi, lo, stage, c);
+            if (st == ZPP_OK && op == SPLIT_GET)
+                st = zpp_device_copy(e->dev, io + off, stage, c * sizeof(float));
+            if (st == ZPP_OK && op == SPLIT_SUMSQ) st = zpp_device_sumsq(e->dev, stage, c, &part);
+            sq += part;
+            continue;
+        }
+        st = op == SPLIT_SET ? zpp_device_copy(e->dev, stage, io + off, c * sizeof(float))
+                             : draw_init(e, ui, begin + off, c, stage);
+        if (st == ZPP_OK) st = zpp_device_master_split(e->dev, stage, hi, lo, c);
+    }
+    zpp_device_free(e->dev, stage);
+    if (sq_p) *sq_p = sq;
+    return st;
+}
+
+zpp_status engine_master_get(zpp_engine *e, int ui, size_t from, size_t n, float *out) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) return zpp_device_copy(e->dev, out, u->master + from, n * sizeof(float));
+    return split_pass(e, ui, SPLIT_GET, from, n, out, 0, NULL);
+}
+
+zpp_status engine_master_set(zpp_engine *e, int ui, size_t from, size_t n, const float *in) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) {
+        u->resident_valid = 0; /* rounded again at its next use */
+        return zpp_device_copy(e->dev, u->master + from, in, n * sizeof(float));
+    }
+    return split_pass(e, ui, SPLIT_SET, from, n, (float *)in, 0, NULL); /* read only */
+}
+
+zpp_status engine_master_zero(zpp_engine *e, int ui, size_t from, size_t n) {
+    unit_state *u = &e->units[ui];
+    if (!u->master_lo) {
+        u->resident_valid = 0;
+        return zpp_device_set(e->dev, u->master + from, 0, n * sizeof(float));
+    }
+    /* bf16 +0 and low halves 0: the fp32 +0 */
+    ZPP_CHECK(zpp_device_set(e->dev, split_hi_of(u) + from, 0, n * sizeof(uint16_t)));
+    return zpp_device_set(e->dev, u->master_lo + from, 0, n * sizeof(uint16_t));
+}
+
+zpp_status engine_master_sumsq(zpp_engine *e, int ui, double *sq_p) {
+    unit_state *u = &e->units[ui];
+    const size_t n = u->part.shard_len;
+    if (!u->master_lo) return zpp_device_sumsq(e->dev, u->master, n, sq_p);
+    return split_pass(e, ui, SPLIT_SUMSQ, 0, n, NULL, 0, sq_p);
+}
+
 /* Initial values of this rank's slice [r * shard_len, ...) of the unit,
  * clipped to the real elements, into its master shard (fp32, or split
  * through a staging buffer); the padding stays zero forever (its gradients
@@ -147,21 +143,10 @@ static zpp_status init_master(zpp_engine *e, unit_state *u, int index) {
     size_t count = begin < p->numel ? p->numel - begin : 0;
     if (count > p->shard_len) count = p->shard_len;
     if (count < p->shard_len) ZPP_CHECK(engine_master_zero(e, index, count, p->shard_len - count));
-    if (!u->master_lo) return count ? draw_init(e, index, begin, count, u->master) : ZPP_OK;
-    u->resident_valid = 1;
-    float *stage = NULL;
-    size_t cap = 0;
-    ZPP_CHECK(stage_alloc(e, count, &stage, &cap));
-    zpp_status st = ZPP_OK;
-    for (size_t off = 0; off < count && st == ZPP_OK; off += cap) {
-        const size_t c = count - off < cap ? count - off : cap;
-        st = draw_init(e, index, begin + off, c, stage);
-        if (st == ZPP_OK)
-            st = zpp_device_master_split(e->dev, stage, split_hi_of(u) + off, u->master_lo + off,
-                                         c);
-    }
-    zpp_device_free(e->dev, stage);
-    return st;
+    if (!count) return ZPP_OK;
+    if (!u->master_lo) return draw_init(e, index, begin, count, u->master);
+    u->resident_valid = 1; /* the high halves are written with the low ones */
+    return split_pass(e, index, SPLIT_INIT, 0, count, NULL, begin, NULL);
 }
 
 zpp_status engine_grad_mode(zpp_engine *e) {
@@ -227,9 +212,10 @@ static zpp_status units_nomem_hint(const zpp_engine *e, zpp_status st) {
         st, "(the engine's one buffer: this rank's share of the parameters, gradients and "
             "optimizer state). Spread the model over more ranks%s; `zeropp plan --pick "
             "--mem-gb G` says what fits a GPU of G GB",
-        resident_wanted(e) && !split_wanted(e) ? ", or set zero_optimization.zeropp_resident_weights to false "
-                             "(2 bytes a parameter less)"
-                           : "");
+        resident_wanted(e) && !split_wanted(e)
+            ? ", or set zero_optimization.zeropp_resident_weights to false (2 or 4 bytes a "
+              "parameter less)"
+            : "");
 }
 
 zpp_status engine_units_alloc(zpp_engine *e) {
