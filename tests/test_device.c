@@ -505,7 +505,7 @@ static void test_add_sumsq_convert(void) {
  * away from zero). Random bit patterns of every finite class, and the
  * edges: zeros of both signs, subnormals, ties, the binade boundaries
  * where hi rounds up into the next binade, the largest finite values.
- * From element 0 (two at a time) and from element 1 (one at a time). */
+ * From element 0 (four at a time) and from element 1 (one at a time). */
 static void test_master_split_join(void) {
     zpp_device *d = dev_make();
     zpp_rng rng = zpp_rng_make(zpp_test_seed(5));

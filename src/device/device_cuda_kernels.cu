@@ -349,20 +349,25 @@ extern "C" zpp_status zpp_dcu_adamw(void *stream, float *param, float *m, float 
     return launch_status("AdamW");
 }
 
-/* The split and the join of masters (zpp_device_master_split/join): two
- * elements a thread, as 32-bit words, where every pointer allows it. */
+/* The split and the join of masters (zpp_device_master_split/join): four
+ * elements a thread where every pointer allows it (a 16-byte fp32 access,
+ * 8-byte halves, as AdamW's quads), else one; memory-bound, as the
+ * conversion they stand in for at a gather. */
 __global__ void master_split_kernel(const float *__restrict__ x, uint16_t *__restrict__ hi,
-                                    uint16_t *__restrict__ lo, size_t n, bool pairs) {
+                                    uint16_t *__restrict__ lo, size_t n, bool quads) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t tail = 0;
-    if (pairs) {
-        for (size_t k = t0; k < n / 2; k += stride) {
-            const float2 v = ((const float2 *)x)[k];
-            ((unsigned *)hi)[k] = pack2(split_hi(v.x), split_hi(v.y));
-            if (lo) ((unsigned *)lo)[k] = pack2(split_lo(v.x), split_lo(v.y));
+    if (quads) {
+        for (size_t k = t0; k < n / 4; k += stride) {
+            const float4 v = ((const float4 *)x)[k];
+            ((uint2 *)hi)[k] = make_uint2(pack2(split_hi(v.x), split_hi(v.y)),
+                                          pack2(split_hi(v.z), split_hi(v.w)));
+            if (lo)
+                ((uint2 *)lo)[k] = make_uint2(pack2(split_lo(v.x), split_lo(v.y)),
+                                              pack2(split_lo(v.z), split_lo(v.w)));
         }
-        tail = n / 2 * 2;
+        tail = n / 4 * 4;
     }
     for (size_t i = tail + t0; i < n; i += stride) {
         hi[i] = (uint16_t)split_hi(x[i]);
@@ -372,33 +377,34 @@ __global__ void master_split_kernel(const float *__restrict__ x, uint16_t *__res
 
 __global__ void master_join_kernel(const uint16_t *__restrict__ hi,
                                    const uint16_t *__restrict__ lo, float *__restrict__ x,
-                                   size_t n, bool pairs) {
+                                   size_t n, bool quads) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const size_t t0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t tail = 0;
-    if (pairs) {
-        for (size_t k = t0; k < n / 2; k += stride) {
-            const unsigned h = ((const unsigned *)hi)[k], l = ((const unsigned *)lo)[k];
-            ((float2 *)x)[k] = make_float2(split_join(h & 0xffffu, l & 0xffffu),
-                                           split_join(h >> 16, l >> 16));
+    if (quads) {
+        for (size_t k = t0; k < n / 4; k += stride) {
+            const uint2 h = ((const uint2 *)hi)[k], l = ((const uint2 *)lo)[k];
+            ((float4 *)x)[k] = make_float4(
+                split_join(h.x & 0xffffu, l.x & 0xffffu), split_join(h.x >> 16, l.x >> 16),
+                split_join(h.y & 0xffffu, l.y & 0xffffu), split_join(h.y >> 16, l.y >> 16));
         }
-        tail = n / 2 * 2;
+        tail = n / 4 * 4;
     }
     for (size_t i = tail + t0; i < n; i += stride) x[i] = split_join(hi[i], lo[i]);
 }
 
 extern "C" zpp_status zpp_dcu_master_split(void *stream, const float *x, uint16_t *hi,
                                            uint16_t *lo, size_t n) {
-    const bool pairs = aligned(x, 8) && aligned(hi, 4) && aligned(lo, 4);
-    master_split_kernel<<<grid_for(pairs ? n / 2 : n, 256), 256, 0, (cudaStream_t)stream>>>(
-        x, hi, lo, n, pairs);
+    const bool quads = aligned(x, 16) && aligned(hi, 8) && aligned(lo, 8);
+    master_split_kernel<<<grid_for(quads ? n / 4 : n, 256), 256, 0, (cudaStream_t)stream>>>(
+        x, hi, lo, n, quads);
     return launch_status("master split");
 }
 
 extern "C" zpp_status zpp_dcu_master_join(void *stream, const uint16_t *hi, const uint16_t *lo,
                                           float *x, size_t n) {
-    const bool pairs = aligned(x, 8) && aligned(hi, 4) && aligned(lo, 4);
-    master_join_kernel<<<grid_for(pairs ? n / 2 : n, 256), 256, 0, (cudaStream_t)stream>>>(
-        hi, lo, x, n, pairs);
+    const bool quads = aligned(x, 16) && aligned(hi, 8) && aligned(lo, 8);
+    master_join_kernel<<<grid_for(quads ? n / 4 : n, 256), 256, 0, (cudaStream_t)stream>>>(
+        hi, lo, x, n, quads);
     return launch_status("master join");
 }
