@@ -410,17 +410,24 @@ static size_t cuda_saved_bytes(const zpp_gpt2_config *c, int Bm, size_t e, int f
  * 256-byte alignment of the nine buffers of a slab. N C is a multiple of
  * 128, so slabs of the plain model start 256-byte aligned like the shared
  * one (gpt2_cuda.cu, CHECKPOINTING). */
-static void test_cuda_model_same_bits(void) {
-    const zpp_gpt2_config cfg = {3, 2, 128, 32, 160, 150, 0, 0};
-    zpp_device *dev = zpp_test_gpu_open("test_recompute checks the CUDA GPT-2");
+/* The CUDA tests' shape and dtypes: fp32, and bf16 where GPU 0 runs it. */
+static const zpp_gpt2_config kCudaCfg = {3, 2, 128, 32, 160, 150, 0, 0};
+static const zpp_dtype kCudaDtypes[2] = {ZPP_FP32, ZPP_BF16};
+
+static int cuda_dtype_runs(zpp_device *dev, zpp_dtype dt) {
     int major = 0, minor = 0;
     EXPECT_OK(zpp_device_compute_capability(dev, &major, &minor));
-    const zpp_dtype dts[2] = {ZPP_FP32, ZPP_BF16};
+    if (dt != ZPP_BF16 || 10 * major + minor >= ZPP_CC_BF16) return 1;
+    printf("  bf16 left out: GPU 0 is %d.%d, bf16 needs 8.0\n", major, minor);
+    return 0;
+}
+
+static void test_cuda_model_same_bits(void) {
+    const zpp_gpt2_config cfg = kCudaCfg;
+    zpp_device *dev = zpp_test_gpu_open("test_recompute checks the CUDA GPT-2");
+    const zpp_dtype *dts = kCudaDtypes;
     for (int d = 0; d < 2; d++) {
-        if (dts[d] == ZPP_BF16 && 10 * major + minor < ZPP_CC_BF16) {
-            printf("  bf16 left out: GPU 0 is %d.%d, bf16 needs 8.0\n", major, minor);
-            continue;
-        }
+        if (!cuda_dtype_runs(dev, dts[d])) continue;
         size_t bytes[2];
         pair t = pair_make(cfg, dts[d], dev, bytes);
         /* the "gpt2" family's factory passes the flag on: its model takes
@@ -469,13 +476,11 @@ static void test_cuda_model_same_bits(void) {
  * of 5 C (ln, which ln1 and ln2 shared, and fcg): (6 L - 5) N C values
  * more. */
 static void test_cuda_model_keeps_acts(void) {
-    const zpp_gpt2_config cfg = {3, 2, 128, 32, 160, 150, 0, 0};
+    const zpp_gpt2_config cfg = kCudaCfg;
     zpp_device *dev = zpp_test_gpu_open("test_recompute checks the CUDA GPT-2");
-    int major = 0, minor = 0;
-    EXPECT_OK(zpp_device_compute_capability(dev, &major, &minor));
-    const zpp_dtype dts[2] = {ZPP_FP32, ZPP_BF16};
+    const zpp_dtype *dts = kCudaDtypes;
     for (int d = 0; d < 2; d++) {
-        if (dts[d] == ZPP_BF16 && 10 * major + minor < ZPP_CC_BF16) continue;
+        if (!cuda_dtype_runs(dev, dts[d])) continue;
         size_t bytes[2];
         pair t = pair_make_of(cfg, 1, dts[d], dev, bytes);
         const size_t e = zpp_dtype_size(dts[d]), N = (size_t)kMaxBatch * cfg.seq_len;
