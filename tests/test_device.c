@@ -78,7 +78,10 @@ static void adamw_split_case(zpp_device *d, size_t n, const zpp_adamw_args *a, c
     float *m2 = zpp_test_malloc(n * 4), *v2 = zpp_test_malloc(n * 4);
     for (int from = 0; from < 2; from++) {
         const size_t k = n - (size_t)from;
-        for (size_t i = 0; i < k; i++) hi[i] = zpp_split_hi(p[from + i]), lo[i] = zpp_split_lo(p[from + i]);
+        for (size_t i = 0; i < k; i++) {
+            hi[i] = zpp_split_hi(p[from + i]);
+            lo[i] = zpp_split_lo(p[from + i]);
+        }
         uint16_t *dhi = dev_put(d, NULL, (k + 1) * 2), *dlo = dev_put(d, NULL, (k + 1) * 2);
         EXPECT_OK(zpp_device_copy(d, dhi + from, hi, k * 2));
         EXPECT_OK(zpp_device_copy(d, dlo + from, lo, k * 2));
@@ -525,8 +528,10 @@ static void test_master_split_join(void) {
     }
     float *x = (float *)u;
     float *dx = dev_put(d, x, n * 4), *dy = dev_put(d, NULL, n * 4);
-    uint16_t *dhi = dev_put(d, NULL, n * 2), *dlo = dev_put(d, NULL, n * 2), *dh2 = dev_put(d, NULL, n * 2);
-    uint16_t *hi = zpp_test_malloc(n * 2), *lo = zpp_test_malloc(n * 2), *h2 = zpp_test_malloc(n * 2);
+    uint16_t *dhi = dev_put(d, NULL, n * 2), *dlo = dev_put(d, NULL, n * 2);
+    uint16_t *dh2 = dev_put(d, NULL, n * 2);
+    uint16_t *hi = zpp_test_malloc(n * 2), *lo = zpp_test_malloc(n * 2);
+    uint16_t *h2 = zpp_test_malloc(n * 2);
     uint32_t *y = zpp_test_malloc(n * 4);
     for (int from = 0; from < 2; from++) {
         const size_t k = n - (size_t)from;

@@ -463,7 +463,8 @@ static void check_config(zpp_gpt2_config cfg, zpp_dtype dt, int max_batch, int t
 static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 1}, ZPP_FP32, 5, 7, 19, 1); /* keep_acts */
+    /* keeping the LayerNorm and GELU outputs (keep_acts) */
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 1}, ZPP_FP32, 5, 7, 19, 1);
     check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0, 0, 0}, ZPP_FP32, 4, 512, 3, 1);
     check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0, 0}, ZPP_FP32, 2, 96, 16, 0);
     /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time

@@ -173,7 +173,9 @@ __device__ __forceinline__ void adamw_elem(const zpp_adamw_args &a, float c1, fl
 
 /* A master's halves (core/dtype.h, zpp_split_hi/lo/join): hi is x rounded
  * to bf16 to nearest, ties away from zero; lo x's low 16 bits. */
-__device__ __forceinline__ unsigned split_hi(float x) { return (__float_as_uint(x) + 0x8000u) >> 16; }
+__device__ __forceinline__ unsigned split_hi(float x) {
+    return (__float_as_uint(x) + 0x8000u) >> 16;
+}
 __device__ __forceinline__ unsigned split_lo(float x) { return __float_as_uint(x) & 0xffffu; }
 __device__ __forceinline__ float split_join(unsigned hi, unsigned lo) {
     return __uint_as_float((hi << 16) + (unsigned)(int)(short)(unsigned short)lo);
@@ -245,9 +247,11 @@ __device__ __forceinline__ void adamw_quad(float *__restrict__ param, float *__r
     float4 m4 = *(const float4 *)(m + i), v4 = *(const float4 *)(v + i);
     float4 p4;
     if (lo) { /* the split master: its bf16 halves in work, the low ones in lo */
-        const uint2 h = *(const uint2 *)((const uint16_t *)work + i), l = *(const uint2 *)(lo + i);
+        const uint2 h = *(const uint2 *)((const uint16_t *)work + i);
+        const uint2 l = *(const uint2 *)(lo + i);
         p4 = make_float4(split_join(h.x & 0xffffu, l.x & 0xffffu), split_join(h.x >> 16, l.x >> 16),
-                         split_join(h.y & 0xffffu, l.y & 0xffffu), split_join(h.y >> 16, l.y >> 16));
+                         split_join(h.y & 0xffffu, l.y & 0xffffu),
+                         split_join(h.y >> 16, l.y >> 16));
     } else {
         p4 = *(const float4 *)(param + i);
     }

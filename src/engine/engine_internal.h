@@ -24,7 +24,7 @@ typedef struct unit_state {
     zpp_partition part;
     /* sharded, persistent */
     float *master, *m, *v; /* fp32, shard_len (master NULL where split, below) */
-    /* The split master (units.c, engine_split): in bf16 the resident copy
+    /* The split master (units.c, "Split masters"): in bf16 the resident copy
      * is the master's high half, rounded (core/dtype.h, zpp_split_hi), and
      * this its low 16 bits, shard_len; together the fp32 value bit for
      * bit. NULL where the master is an fp32 array. */

@@ -32,7 +32,8 @@ static zpp_status adamw_piece(zpp_engine *e, unit_state *u, size_t from, size_t 
     a.grad_dtype = e->grad_dtype;
     /* a split master (units.c): its high halves are the resident copy */
     a.master_lo = u->master_lo ? u->master_lo + from : NULL;
-    return zpp_device_adamw(e->dev, u->master ? u->master + from : NULL, u->m + from, u->v + from,
+    float *master = u->master ? u->master + from : NULL;
+    return zpp_device_adamw(e->dev, master, u->m + from, u->v + from,
                             (char *)u->grad_acc + engine_grad_bytes(e, from), to - from, &a, work,
                             e->opts.work_dtype);
 }
