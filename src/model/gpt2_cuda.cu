@@ -98,7 +98,7 @@
  * backward evaluates them again, with the same expressions and so the
  * same bits (gelu: within one rounding with the epilogue, GELU above),
  * into one layer's scratch. That saves 6C of the 2-byte values
- * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for two
+ * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for three
  * elementwise passes. With cfg.keep_acts (gpt2.h) they are kept per layer
  * instead and the backward reads them: no recompute passes, for that
  * memory. The LayerNorm outputs are the same bits either way; fc2's weight
