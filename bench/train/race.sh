@@ -18,12 +18,13 @@
 #                    mb4 (16 heads of 128; ours also with the acts variant) and
 #                    GPT-2 124M mb8 (12 heads of 64: ours with the h64 variant)
 #     big            1 GPU, world 1: GPT 6.7B (32 x 4096, 32 heads of 128) mb1, ours
-#                    (ZeRO-3, with and without resident weights), FSDP2 and llm.c
+#                    (ZeRO-3 at its defaults), FSDP2 and llm.c
 #     fit [lN..]     1 GPU, world 1: the largest GPT that fits, GPT w4096lN (width
 #                    4096, 32 heads of 128, N layers: 12 N 4096^2 + 50304 x 4096
 #                    parameters) mb1 at each depth given (default l36 l40 l44 l48),
-#                    ours (ZeRO-3 at its defaults, and without the resident copy,
-#                    2 bytes a parameter less) and FSDP2; the largest N a system
+#                    ours (ZeRO-3 at its defaults: in bf16 its resident copy is the
+#                    split masters' high half, so dropping it saves nothing) and
+#                    FSDP2; the largest N a system
 #                    runs with status ok is its answer. llm.c's descriptors fix the
 #                    depth a width has (gpt3:c4096 is 32 layers, the next, c5120, a
 #                    13B), so its largest is `big`'s 6.7B
@@ -144,11 +145,10 @@ while [ $# -gt 0 ]; do
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-1p3b-mb4-ours_zero3+acts
                        world1-124m-mb8-ours_zero3+h64
                        world1-124m-mb8-llmc) ;;
-    big) RUNS+=(world1-6p7b-mb1-ours_zero3+noresident world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-ours_zero3
-                world1-6p7b-mb1-llmc) ;;
+    big) RUNS+=(world1-6p7b-mb1-ours_zero3 world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-llmc) ;;
     fit) ls=(); while [[ ${2:-} == l[0-9]* ]]; do ls+=("${2#l}"); shift; done
          [ ${#ls[@]} -gt 0 ] || ls=(36 40 44 48)
-         for l in "${ls[@]}"; do for s in ours_zero3 ours_zero3+noresident fsdp2; do
+         for l in "${ls[@]}"; do for s in ours_zero3 fsdp2; do
            RUNS+=("world1-w4096l$l-mb1-$s"); done; done ;;
     llama) RUNS+=(world1-llama1b-mb1-ours_zero3 world1-llama1b-mb1-fsdp2) ;;
     llamanodes) mbs=(); while [[ ${2:-} == mb[0-9]* ]]; do mbs+=("${2#mb}"); shift; done
