@@ -47,6 +47,7 @@ static void expect_load_fails(const char *json, zpp_status want, const char *sub
 #define CMP_FAMILY CMP_FIELD
 #define CMP_HF_ARCH CMP_FIELD
 #define CMP_STAGE CMP_FIELD
+#define CMP_KEEP_ACTS CMP_FIELD
 #define CMP_IGNORED CMP_NONE
 #define CMP_KEY(path, kind, field, lo, hi, def, sched, doc) CMP_##kind(field)
 static int cfg_equal(const zpp_train_config *a, const zpp_train_config *b) {
@@ -160,7 +161,9 @@ static void test_every_key_parsed(void) {
         int e2m1 = trial == 19 ? 0 : irand(&r, 0, 1);
         if (!e2m1) strcat(loco_txt, ",\n      \"zeropp_grad_e2m1\": false");
         int sequential = irand(&r, 0, 1), decay_all = irand(&r, 0, 1), ckpt = irand(&r, 0, 1);
-        int keep_acts = irand(&r, 0, 1);
+        /* keep_activations: false, true or a word (family.h's bits) */
+        const int keep_acts = irand(&r, 0, 3);
+        const char *keep_txt[4] = {"false", "\"layernorm\"", "\"gelu\"", "true"};
         /* model.family: a llama takes its keys (their values are the
          * factory's to check) and samples nothing; a gpt2 takes them as 0 */
         const int llama = irand(&r, 0, 1);
@@ -232,7 +235,7 @@ static void test_every_key_parsed(void) {
                  rlo, rhi, rorig, steps, seed, ev, eb, se, stok, kc, cts, sts,
                  prune ? "true" : "false", sequential ? "sequential" : "shuffled",
                  decay_all ? "true" : "false", peak, ckpt ? "true" : "false",
-                 keep_acts ? "true" : "false");
+                 keep_txt[keep_acts]);
         zpp_train_config cfg, from_str;
         EXPECT_OK(zpp_train_config_defaults(&cfg));
         const char *path = write_temp(json);
@@ -529,6 +532,11 @@ static void test_validation_errors(void) {
     expect_load_fails("{\"zeropp\": {\"data_order\": \"random\"}}", ZPP_ERR_CONFIG,
                       "'zeropp.data_order' is 'random'; use \"shuffled\" or \"sequential\"");
     expect_load_fails("{\"zeropp\": {\"data_order\": 1}}", ZPP_ERR_CONFIG, "a string");
+    expect_load_fails("{\"zeropp\": {\"keep_activations\": \"all\"}}", ZPP_ERR_CONFIG,
+                      "'zeropp.keep_activations' is 'all'; use true (every output), false "
+                      "(none), \"layernorm\" or \"gelu\"");
+    expect_load_fails("{\"zeropp\": {\"keep_activations\": 1}}", ZPP_ERR_CONFIG,
+                      "true, false, \"layernorm\" or \"gelu\"");
     expect_load_fails("{\"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
                       "{\"warmup_num_steps\": 100, \"total_num_steps\": 100}}}",
                       ZPP_ERR_CONFIG, "'scheduler.params.total_num_steps' (100) must exceed");
@@ -854,7 +862,7 @@ static void random_config(zpp_rng *r, zpp_train_config *c) {
     c->data_order = (zpp_data_order)irand(r, 0, 1);
     c->weight_decay_all = irand(r, 0, 1);
     c->activation_checkpointing = irand(r, 0, 1);
-    c->keep_activations = irand(r, 0, 1);
+    c->keep_activations = irand(r, 0, ZPP_KEEP_ALL);
     EXPECT_OK(zpp_train_config_validate(c));
 }
 
@@ -920,11 +928,12 @@ static void test_config_set(void) {
     const char *ok[] = {"scheduler.type=WarmupCosineLR", "scheduler.params.cos_min_ratio=0.25",
                         "bf16.enabled=true", "fp16.enabled=true", "bf16.enabled=false",
                         "zeropp.data_order=sequential", "zero_optimization.zero_quantized_gradients=true",
-                        "zero_optimization.zeropp_loco_param={\"reset_T\": 7}"};
-    EXPECT_OK(zpp_train_config_set(&c, ok, 8));
+                        "zero_optimization.zeropp_loco_param={\"reset_T\": 7}",
+                        "zeropp.keep_activations=true", "zeropp.keep_activations=layernorm"};
+    EXPECT_OK(zpp_train_config_set(&c, ok, 10));
     EXPECT(c.scheduler.type == ZPP_SCHED_WARMUP_COSINE_LR && c.scheduler.cos_min_ratio == 0.25 &&
            c.fp16.enabled && !c.bf16 && c.data_order == ZPP_DATA_ORDER_SEQUENTIAL &&
-           c.zero.loco && c.zero.loco_reset_T == 7);
+           c.zero.loco && c.zero.loco_reset_T == 7 && c.keep_activations == ZPP_KEEP_LAYERNORM);
     before = c;
     const struct {
         const char *set, *needle;
@@ -939,6 +948,7 @@ static void test_config_set(void) {
         {"optimizer.params.lr=0", "must be > 0"},
         {"model.n_layer=1.5", "must be an integer"},
         {"scheduler.type=Cosine", "WarmupCosineLR"},
+        {"zeropp.keep_activations=both", "\"layernorm\" or \"gelu\""},
         {"bf16.enabled=true", "both true"},
         {"noequals", "KEY=VALUE"},
         {"=3", "KEY=VALUE"},

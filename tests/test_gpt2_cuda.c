@@ -464,12 +464,17 @@ static void test_matches_cpu_fp32(void) {
     check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 0}, ZPP_FP32, 3, 128, 1, 0);
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_FP32, 5, 7, 2, 1);
     /* keeping the LayerNorm and GELU outputs (keep_acts) */
-    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 1}, ZPP_FP32, 5, 7, 19, 1);
+    check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, ZPP_KEEP_ALL}, ZPP_FP32, 5, 7, 19, 1);
     check_config((zpp_gpt2_config){2, 6, 192, 64, 512, 0, 0, 0}, ZPP_FP32, 4, 512, 3, 1);
     check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0, 0}, ZPP_FP32, 2, 96, 16, 0);
     /* C = 36, not a multiple of 8: the elementwise kernels' one-at-a-time
      * path (8-wide accesses need rows of a multiple of 8) */
     check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0, 0}, ZPP_FP32, 2, 50, 10, 1);
+    /* V = 16 C: the backward's and the recompute's scratch in the d logits
+     * (gpt2_cuda.cu, SCRATCH IN THE LOGITS), recomputing and keeping */
+    check_config((zpp_gpt2_config){2, 2, 32, 16, 512, 0, 0, 0}, ZPP_FP32, 3, 512, 20, 1);
+    check_config((zpp_gpt2_config){2, 2, 32, 16, 512, 0, 0, ZPP_KEEP_LAYERNORM}, ZPP_FP32, 3,
+                 512, 21, 0);
 }
 
 /* bf16 and fp16 parameters: the CUDA model computes in the 16-bit dtype
@@ -481,7 +486,13 @@ static void test_matches_cpu_bf16_fp16(void) {
     check_config((zpp_gpt2_config){2, 3, 48, 19, 101, 0, 0, 0}, ZPP_BF16, 5, 7, 5, 0);
     /* keeping the LayerNorm and GELU outputs (keep_acts: fc2's weight
      * gradient reads the GELU epilogue's output, gpt2_cuda.cu RECOMPUTE) */
-    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, 1}, ZPP_BF16, 3, 128, 18, 1);
+    check_config((zpp_gpt2_config){2, 4, 64, 32, 128, 0, 0, ZPP_KEEP_ALL}, ZPP_BF16, 3, 128, 18,
+                 1);
+    /* V = 16 C: the scratch in the d logits, with the fused attention;
+     * keeping the LayerNorm outputs only */
+    check_config((zpp_gpt2_config){2, 2, 128, 32, 2048, 0, 0, 0}, ZPP_BF16, 3, 2048, 22, 0);
+    check_config((zpp_gpt2_config){2, 2, 128, 32, 2048, 0, 0, ZPP_KEEP_LAYERNORM}, ZPP_BF16, 3,
+                 2048, 23, 1);
     check_config((zpp_gpt2_config){1, 3, 48, 19, 101, 0, 0, 0}, ZPP_FP16, 2, 101, 6, 1);
     check_config((zpp_gpt2_config){1, 3, 36, 13, 50, 0, 0, 0}, ZPP_BF16, 2, 50, 11, 0);
     check_config((zpp_gpt2_config){1, 5, 320, 24, 96, 0, 0, 0}, ZPP_BF16, 2, 96, 17, 1);

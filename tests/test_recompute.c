@@ -14,7 +14,10 @@
  *     the size of a slab written out from the kernels' needs; the CUDA
  *     model's device allocation shrinks by (L-1) of its slabs, and the
  *     planner's activation count (zpp_cost_gpt_act_bytes) by as much, and
- *     the "gpt2" family's factory passes the flag on.
+ *     the "gpt2" family's factory passes the flag on;
+ *   - the CUDA model keeping its LayerNorm outputs, or those and its GELU
+ *     output (keep_acts), against recomputing them; and its scratch lying in
+ *     the d logits where they are large enough (SCRATCH IN THE LOGITS).
  *
  * Batches are fresh random tokens each run (zpp_test_seed). */
 #include <math.h>
@@ -70,9 +73,9 @@ static void *dalloc(zpp_device *d, size_t bytes) {
     return p;
 }
 
-/* Models of cfg with recompute 0 and 1 (or with keep_acts 0 and 1) on dev,
- * parameters from a fresh seed. bytes_p (may be NULL): the device memory
- * each model's create took. */
+/* Models of cfg with recompute 0 and 1 (or, keep not 0, with keep_acts 0
+ * and keep) on dev, parameters from a fresh seed. bytes_p (may be NULL):
+ * the device memory each model's create took. */
 static pair pair_make_of(zpp_gpt2_config cfg, int keep, zpp_dtype dtype, zpp_device *dev,
                          size_t bytes_p[2]) {
     pair t;
@@ -82,7 +85,7 @@ static pair pair_make_of(zpp_gpt2_config cfg, int keep, zpp_dtype dtype, zpp_dev
     t.dev = dev;
     for (int k = 0; k < 2; k++) {
         zpp_gpt2_config c = cfg;
-        if (keep) c.keep_acts = k;
+        if (keep) c.keep_acts = k ? keep : 0;
         else c.recompute = k;
         size_t before = 0, after = 0;
         zpp_device_mem_stats(dev, &before, NULL);
@@ -467,40 +470,97 @@ static void test_cuda_model_same_bits(void) {
     zpp_device_destroy(dev);
 }
 
-/* The CUDA model keeping its LayerNorm and GELU outputs (keep_acts)
- * against recomputing them: in fp32 the same bits; in bf16 the same losses
- * and the same gradients but fc2's weights', which read the forward's GELU
- * output (cuBLASLt's epilogue) instead of the kernel's recomputed one: one
+/* The CUDA model keeping its LayerNorm outputs, or those and its GELU
+ * output (keep_acts), against recomputing them: the same bits, but that in
+ * bf16 fc2's weight gradient reads the forward's GELU output (cuBLASLt's
+ * epilogue) instead of the kernel's recomputed one when it is kept: one
  * bf16 rounding of some inputs apart, so within 2^-6 of the unit's largest.
- * It holds 6 C values a token and layer and drops the one layer's scratch
- * of 5 C (ln, which ln1 and ln2 shared, and fcg): (6 L - 5) N C values
- * more. */
+ * The memory: ln1 and ln2 kept are 2 C values a token and layer in place of
+ * one layer's scratch of C, (2 L - 1) N C values more; the GELU output kept
+ * is 4 C in place of a scratch of 4 C, (4 L - 4) N C more. */
 static void test_cuda_model_keeps_acts(void) {
     const zpp_gpt2_config cfg = kCudaCfg;
     zpp_device *dev = zpp_test_gpu_open("test_recompute checks the CUDA GPT-2");
     const zpp_dtype *dts = kCudaDtypes;
+    const int keeps[2] = {ZPP_KEEP_LAYERNORM, ZPP_KEEP_ALL};
     for (int d = 0; d < 2; d++) {
         if (!cuda_dtype_runs(dev, dts[d])) continue;
-        size_t bytes[2];
-        pair t = pair_make_of(cfg, 1, dts[d], dev, bytes);
-        const size_t e = zpp_dtype_size(dts[d]), N = (size_t)kMaxBatch * cfg.seq_len;
-        const size_t C = (size_t)cfg.n_embd, L = (size_t)cfg.n_layer;
-        const size_t more = (6 * L - 5) * N * C * e;
-        EXPECT(bytes[1] - bytes[0] >= more && bytes[1] - bytes[0] <= more + 4 * 256,
-               "%s: keeping takes %zu device bytes more, want %zu", zpp_dtype_name(dts[d]),
-               bytes[1] - bytes[0], more);
-        if (dts[d] == ZPP_BF16) { /* the planner counts as much */
-            zpp_cost_in in = {0};
-            in.n_layer = cfg.n_layer, in.n_embd = cfg.n_embd, in.n_head = cfg.n_head;
-            in.vocab = cfg.vocab_size, in.dtype = ZPP_BF16;
-            const double plan0 = zpp_cost_gpt_act_bytes(&in, (double)N);
-            in.keep_acts = 1;
-            const double plan1 = zpp_cost_gpt_act_bytes(&in, (double)N);
-            EXPECT(fabs(plan1 - plan0 - (double)(bytes[1] - bytes[0])) <= 4 * 256.0,
-                   "the planner counts %.0f bytes more for keep_acts, the model takes %zu",
-                   plan1 - plan0, bytes[1] - bytes[0]);
+        for (int k = 0; k < 2; k++) {
+            size_t bytes[2];
+            pair t = pair_make_of(cfg, keeps[k], dts[d], dev, bytes);
+            const size_t e = zpp_dtype_size(dts[d]), N = (size_t)kMaxBatch * cfg.seq_len;
+            const size_t C = (size_t)cfg.n_embd, L = (size_t)cfg.n_layer;
+            const int gelu = keeps[k] & ZPP_KEEP_GELU;
+            const size_t more = ((2 * L - 1) + (gelu ? 4 * L - 4 : 0)) * N * C * e;
+            char what[64];
+            snprintf(what, sizeof what, "%s, keep_acts %d", zpp_dtype_name(dts[d]), keeps[k]);
+            EXPECT(bytes[1] - bytes[0] >= more && bytes[1] - bytes[0] <= more + 4 * 256,
+                   "%s: keeping takes %zu device bytes more, want %zu", what,
+                   bytes[1] - bytes[0], more);
+            if (dts[d] == ZPP_BF16) { /* the planner counts as much */
+                zpp_cost_in in = {0};
+                in.n_layer = cfg.n_layer, in.n_embd = cfg.n_embd, in.n_head = cfg.n_head;
+                in.vocab = cfg.vocab_size, in.dtype = ZPP_BF16;
+                const double plan0 = zpp_cost_gpt_act_bytes(&in, (double)N);
+                in.keep_acts = keeps[k];
+                const double plan1 = zpp_cost_gpt_act_bytes(&in, (double)N);
+                EXPECT(fabs(plan1 - plan0 - (double)(bytes[1] - bytes[0])) <= 4 * 256.0,
+                       "%s: the planner counts %.0f bytes more, the model takes %zu", what,
+                       plan1 - plan0, bytes[1] - bytes[0]);
+            }
+            pair_train_near(&t, what, gelu && dts[d] == ZPP_BF16 ? 1.0 / 64 : 0.0);
+            pair_free(&t);
         }
-        pair_train_near(&t, zpp_dtype_name(dts[d]), dts[d] == ZPP_BF16 ? 1.0 / 64 : 0.0);
+    }
+    zpp_device_destroy(dev);
+}
+
+/* bytes rounded up to the arena's 256. */
+static size_t arena_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* The scratch in the d logits (gpt2_cuda.cu, SCRATCH IN THE LOGITS): with a
+ * vocabulary of 24 C the d logits (N V values in E) hold the backward's
+ * scratch (dres fp32, dres_e and dfc in E) and one layer's LayerNorm and
+ * GELU outputs; with kCudaCfg's 160 they cannot. Against that model the
+ * larger one takes the larger d logits and kept row, less the scratch's
+ * buffers, byte for byte, and the planner counts as much. Trained with
+ * checkpointing (whose backward writes the scratch again in every block)
+ * and without, the same bits; test_gpt2_cuda checks such a model against
+ * the CPU. */
+static void test_cuda_scratch_in_logits(void) {
+    zpp_device *dev = zpp_test_gpu_open("test_recompute checks the CUDA GPT-2");
+    const zpp_dtype *dts = kCudaDtypes;
+    for (int d = 0; d < 2; d++) {
+        if (!cuda_dtype_runs(dev, dts[d])) continue;
+        zpp_gpt2_config small = kCudaCfg, big = kCudaCfg;
+        big.vocab_size = 24 * big.n_embd;
+        const size_t e = zpp_dtype_size(dts[d]), N = (size_t)kMaxBatch * small.seq_len;
+        const size_t C = (size_t)small.n_embd;
+        size_t bytes[2][2];
+        pair t = pair_make(big, dts[d], dev, bytes[1]);
+        pair_free(&t);
+        t = pair_make(small, dts[d], dev, bytes[0]);
+        pair_free(&t);
+        const size_t Vs = (size_t)small.vocab_size, Vb = (size_t)big.vocab_size;
+        const size_t scratch = arena_bytes(4 * N * C) + (e == 4 ? 0 : arena_bytes(N * C * e)) +
+                               2 * arena_bytes(4 * N * C * e) + arena_bytes(N * C * e);
+        const size_t want = arena_bytes(N * Vb * e) - arena_bytes(N * Vs * e) +
+                            arena_bytes(4 * Vb) - arena_bytes(4 * Vs) - scratch;
+        EXPECT(bytes[1][0] - bytes[0][0] == want,
+               "%s: V %zu takes %zu device bytes more than V %zu, want %zu (the scratch in "
+               "the d logits)",
+               zpp_dtype_name(dts[d]), Vb, bytes[1][0] - bytes[0][0], Vs, want);
+        zpp_cost_in in = {0};
+        in.n_layer = small.n_layer, in.n_embd = small.n_embd, in.n_head = small.n_head;
+        in.vocab = small.vocab_size, in.dtype = dts[d];
+        const double plan_small = zpp_cost_gpt_act_bytes(&in, (double)N);
+        in.vocab = big.vocab_size;
+        const double plan_big = zpp_cost_gpt_act_bytes(&in, (double)N);
+        EXPECT(fabs(plan_big - plan_small - (double)want) <= 8 * 256.0,
+               "%s: the planner counts %.0f bytes more for V %zu, the model %zu",
+               zpp_dtype_name(dts[d]), plan_big - plan_small, Vb, want);
+        t = pair_make(big, dts[d], dev, NULL);
+        pair_train_same_bits(&t, zpp_dtype_name(dts[d]));
         pair_free(&t);
     }
     zpp_device_destroy(dev);
@@ -508,4 +568,4 @@ static void test_cuda_model_keeps_acts(void) {
 
 ZPP_TESTS(ZPP_TEST(test_cpu_model_same_bits), ZPP_TEST(test_cpu_model_memory),
           ZPP_TEST(test_engine_same_bits), ZPP_TEST_GPU(test_cuda_model_same_bits),
-          ZPP_TEST_GPU(test_cuda_model_keeps_acts))
+          ZPP_TEST_GPU(test_cuda_model_keeps_acts), ZPP_TEST_GPU(test_cuda_scratch_in_logits))

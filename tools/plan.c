@@ -35,7 +35,8 @@ static void plan_usage(FILE *f) {
             "                   [--latency-us L] [--qgz-overlap] [--pick [--mem-gb G]]\n"
             "                   [--ranks-per-device R] [--serial] [--link-per-comm]\n"
             "                   [--opt-ns N] [--exposed-frac E] [--calibrate FILE]\n"
-            "                   [--reuse-distance N] [--recompute] [--keep-acts]\n"
+            "                   [--reuse-distance N] [--recompute]\n"
+            "                   [--keep-acts | --keep-layernorm]\n"
             "                   [--hbm-gbs B] [--hbm-eff E]\n"
             "                   [--modes M,M,...] [--micro-batches B,B,...] [--hpz-sizes H,H,...]\n"
             "                   [--sweep world=A..B | inter-gbps=A..B [--chart FILE.png]]\n"
@@ -95,7 +96,8 @@ static void plan_usage(FILE *f) {
             "shorter of a stage's compute and communication left exposed.\n"
             "--recompute: activation checkpointing (the backward recomputes the forward:\n"
             "4/3 of the compute; TFLOP/s stay the model's 6P count). --keep-acts: the\n"
-            "GPT-2 keeps its LayerNorm and GELU outputs (zeropp.keep_activations).\n"
+            "GPT-2 keeps its LayerNorm and GELU outputs (zeropp.keep_activations true);\n"
+            "--keep-layernorm: its LayerNorm outputs only (\"layernorm\").\n"
             "--hbm-gbs B: the device memory's GB/s (bytes; default the --gpu preset's\n"
             "datasheet: v100 900, a100 2039, h100 3350, h200 4800; 0: not priced) x\n"
             "--hbm-eff (default 0.78) prices the quantization kernels and hpZ's copy\n"
@@ -514,7 +516,7 @@ static int plan_sweep(const zpp_cost_in *base, const char *spec, const char *cha
 typedef struct plan_opts {
     size_t params, reuse;
     int world, node_size, units, json, micro_batch, qgz_overlap, pick, serial, link_per_comm,
-        recompute, keep_acts;
+        recompute, keep_acts, keep_all, keep_ln; /* keep_acts: ZPP_KEEP_* bits */
     int shaped; /* a model shape is known: --model, --config or --init-from */
     zpp_dtype dtype;
     /* The options that take text (numbers, lists, names, paths), as given
@@ -568,7 +570,7 @@ static int plan_shape_from_config(const char *path, const char *hf_dir, plan_opt
     ci->seq_len = m->seq_len;
     ci->vocab = m->vocab_size;
     if (cfg.activation_checkpointing) o->recompute = 1;
-    if (cfg.keep_activations) o->keep_acts = 1;
+    o->keep_acts |= cfg.keep_activations;
     if (cfg.model_family != ZPP_FAMILY_LLAMA) return 0;
     const zpp_decoder_shape shape = zpp_train_config_shape(&cfg);
     zpp_llama_config lc;
@@ -623,7 +625,8 @@ static int plan_parse(int argc, char **argv, plan_opts *o, zpp_cost_in *ci) {
         {"--chart", ZPP_CLI_STR, &o->chart_s, 0, 0},
         {"--reuse-distance", ZPP_CLI_SIZE, &o->reuse, 0, 1ll << 53},
         {"--recompute", ZPP_CLI_FLAG, &o->recompute, 0, 0},
-        {"--keep-acts", ZPP_CLI_FLAG, &o->keep_acts, 0, 0},
+        {"--keep-acts", ZPP_CLI_FLAG, &o->keep_all, 0, 0},
+        {"--keep-layernorm", ZPP_CLI_FLAG, &o->keep_ln, 0, 0},
         {"--hbm-gbs", ZPP_CLI_STR, &o->hbm_s, 0, 0},
         {"--hbm-eff", ZPP_CLI_STR, &o->hbm_eff_s, 0, 0},
         {"--modes", ZPP_CLI_STR, &o->modes_s, 0, 0},
@@ -863,7 +866,8 @@ static void plan_schedule(const plan_opts *o, zpp_cost_in *ci) {
     ci->opt_s_per_param = o->opt_ns * 1e-9;
     ci->hbm_bps = o->hbm * 1e9 * o->hbm_eff;
     ci->recompute = o->recompute;
-    ci->keep_acts = o->keep_acts;
+    ci->keep_acts = o->keep_acts | (o->keep_all ? ZPP_KEEP_ALL : 0) |
+                    (o->keep_ln ? ZPP_KEEP_LAYERNORM : 0);
     ci->resident_weights = zpp_engine_config_default().resident_weights;
     ci->work_grads = zpp_engine_config_default().work_grads; /* one micro-batch a step */
 }

@@ -52,6 +52,8 @@
 #                          costs no memory: the masters are split)
 #               acts       zeropp.keep_activations true: the LayerNorm and GELU
 #                          outputs kept for the backward, not recomputed
+#               lnacts     zeropp.keep_activations "layernorm": the LayerNorm
+#                          outputs only (what fits llm.c's memory at 124M mb 8)
 #     fsdp2:    raf0|raf1  reshard_after_forward False|True (default True)
 #               compile    torch.compile each block (costs ~1 min of start-up)
 #     ds_*:     rbsX       reduce_bucket_size X (default 5e8; ZeRO++'s tutorial: 1e7)
@@ -143,8 +145,8 @@ while [ $# -gt 0 ]; do
             [ ${#mbs[@]} -gt 0 ] || mbs=(1 4)
             for m in "${mbs[@]}"; do for s in $SYS2; do RUNS+=("nodes2-1p3b-mb$m-$s"); done; done ;;
     world1llmc) RUNS+=(world1-1p3b-mb4-ours_zero3 world1-1p3b-mb4-llmc world1-1p3b-mb4-ours_zero3+acts
-                       world1-124m-mb8-ours_zero3+h64
-                       world1-124m-mb8-llmc) ;;
+                       world1-124m-mb8-ours_zero3+h64 world1-124m-mb8-llmc
+                       world1-124m-mb8-ours_zero3+h64+lnacts) ;;
     big) RUNS+=(world1-6p7b-mb1-ours_zero3 world1-6p7b-mb1-fsdp2 world1-6p7b-mb1-llmc) ;;
     fit) ls=(); while [[ ${2:-} == l[0-9]* ]]; do ls+=("${2#l}"); shift; done
          [ ${#ls[@]} -gt 0 ] || ls=(36 40 44 48)
@@ -322,6 +324,7 @@ run_one() {
         h64) edits+=(-e "s/(\"n_head\": *)[0-9]+/\1$(( D / 64 ))/") ;;
         noresident) edits+=(-e 's/("stage": *3)/\1, "zeropp_resident_weights": false/') ;;
         acts) edits+=(-e 's/("zeropp": *\{)/\1"keep_activations": true, /') ;;
+        lnacts) edits+=(-e 's/("zeropp": *\{)/\1"keep_activations": "layernorm", /') ;;
         *) say "$name: unknown variant '$v' of ours"; return ;; esac; done
       sed -E "${edits[@]}" "bench/train/${cfg}_${base#ours_}.json" > "$OUT/$name.json" 2> /dev/null ||
         status=no_config

@@ -29,6 +29,15 @@
 extern "C" {
 #endif
 
+/* What a block may keep for its backward beyond what it must: outputs of
+ * elementwise functions of what it keeps, which the backward otherwise
+ * evaluates again (zpp_decoder_shape.keep_acts; gpt2_cuda.cu, RECOMPUTE). */
+enum {
+    ZPP_KEEP_LAYERNORM = 1, /* the two LayerNorm outputs: 4 C bytes a token in bf16 */
+    ZPP_KEEP_GELU = 2,      /* the GELU output: 8 C bytes a token in bf16 */
+    ZPP_KEEP_ALL = ZPP_KEEP_LAYERNORM | ZPP_KEEP_GELU
+};
+
 /* The shape of a decoder over tokens: n_layer blocks over a residual stream
  * n_embd wide, each attention (n_head query heads of n_embd / n_head
  * channels, sharing n_kv_head key/value heads) and an MLP n_ffn wide. */
@@ -45,9 +54,10 @@ typedef struct zpp_decoder_shape {
      * (each block keeps its input and recomputes the rest in its backward;
      * gpt2.h, zpp_gpt2_config.recompute), 0 = off. */
     int recompute;
-    /* 1: keep what a block's backward would otherwise evaluate again from
-     * what it keeps (the CUDA GPT-2's LayerNorm and GELU outputs,
-     * zpp_gpt2_config.keep_acts): faster, more memory; 0 = recompute. */
+    /* What a block keeps that its backward would otherwise evaluate again
+     * from what it must keep (the CUDA GPT-2's LayerNorm and GELU outputs,
+     * zpp_gpt2_config.keep_acts): ZPP_KEEP_* bits; faster, more memory;
+     * 0 = recompute them all. */
     int keep_acts;
     /* Llama's knobs (llama.h), 0 = the default; GPT-2 refuses any other
      * value, naming the field. */

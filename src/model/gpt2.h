@@ -86,11 +86,12 @@ typedef struct zpp_gpt2_config {
      * block but the last (whose activations are still there). Checkpoints
      * and llm.c files do not record it. */
     int recompute;
-    /* 1: the CUDA model keeps each block's two LayerNorm outputs and its
-     * GELU output for the backward instead of evaluating them again there
-     * (gpt2_cuda.cu, RECOMPUTE): 12 C bytes a token and layer more in bf16,
-     * three elementwise passes a layer fewer. Ignored with recompute and
-     * by the CPU model, which keeps them always. 0 (default): recomputed. */
+    /* ZPP_KEEP_* bits (family.h): the CUDA model keeps each block's two
+     * LayerNorm outputs (4 C bytes a token and layer more in bf16, two
+     * elementwise passes a layer fewer), its GELU output (8 C bytes, one
+     * pass), or both, for the backward instead of evaluating them again
+     * there (gpt2_cuda.cu, RECOMPUTE). Ignored with recompute and by the
+     * CPU model, which keeps them always. 0 (default): recomputed. */
     int keep_acts;
 } zpp_gpt2_config;
 

@@ -99,11 +99,23 @@
  * same bits (gelu: within one rounding with the epilogue, GELU above),
  * into one layer's scratch. That saves 6C of the 2-byte values
  * per token and layer (2.4 GB for GPT 1.31B at micro-batch 4) for three
- * elementwise passes. With cfg.keep_acts (gpt2.h) they are kept per layer
- * instead and the backward reads them: no recompute passes, for that
- * memory. The LayerNorm outputs are the same bits either way; fc2's weight
- * gradient then reads the forward's fcg, which with the GELU epilogue may
- * differ from the recomputed one by one rounding (GELU above).
+ * elementwise passes. cfg.keep_acts (gpt2.h) keeps the LayerNorm outputs,
+ * the gelu output or both per layer instead, and the backward reads them:
+ * no recompute pass for what is kept, for that memory. The LayerNorm
+ * outputs are the same bits either way; fc2's weight gradient reads the
+ * forward's fcg when it is kept, which with the GELU epilogue may differ
+ * from the recomputed one by one rounding (GELU above).
+ *
+ * SCRATCH IN THE LOGITS. The d logits (HEAD) are written by the head's
+ * forward and read last by its backward, before any block's backward runs;
+ * the backward's scratch (dres, dres_e, dfc) and the one layer's recompute
+ * scratch (ln, fcg: written and read within one block's forward, or its
+ * backward) are dead while the d logits are live. So when they fit in the
+ * d logits' bytes (a vocabulary of at least about 12 n_embd: GPT-2's are
+ * 16 to 65) they lie there: 24 C bytes a token less in bf16, 144 MiB at
+ * GPT-2 124M micro-batch 8. A block's forward after the head's spoils the
+ * d logits, but no backward can follow it before the head's forward runs
+ * again (op_forward: the head's alone lets the backward start).
  *
  * CHECKPOINTING. With cfg.recompute (gpt2.h) a block keeps only its input,
  * the fp32 residual stream entering it (res, kept whole as without it):
@@ -707,11 +719,13 @@ struct layer_acts {
     float *mid, *ln1m, *ln1r, *ln2m, *ln2r;
     void *qkv, *atty, *fch; /* E */
     void *att; /* P in E (GEMM path), or the fused attention's fp32 lse */
-    void *ln1, *ln2, *fcg;  /* E: the layer's own with keep_acts, else the shared scratch */
+    void *ln1, *ln2, *fcg;  /* E: the layer's own where kept, else the shared scratch */
 };
 
-/* Whether blocks keep their LayerNorm and GELU outputs (RECOMPUTE). */
-static bool keeps_acts(const gpt2_cuda *g) { return g->cfg.keep_acts && !g->cfg.recompute; }
+/* Whether blocks keep what bits (ZPP_KEEP_*) names (RECOMPUTE). */
+static bool keeps(const gpt2_cuda *g, int bits) {
+    return (g->cfg.keep_acts & bits) && !g->cfg.recompute;
+}
 
 static layer_acts layer_of(const gpt2_cuda *g, int l) {
     const gpt2_acts *a = &g->act;
@@ -731,10 +745,10 @@ static layer_acts layer_of(const gpt2_cuda *g, int l) {
                           : eat(g, a->att, k * (size_t)g->base.max_batch * H * T * T);
     y.atty = eat(g, a->atty, k * N * C);
     y.fch = eat(g, a->fch, k * N * 4 * C);
-    const bool keep = keeps_acts(g);
-    y.ln1 = keep ? eat(g, a->ln, 2 * r * N * C) : a->ln;
-    y.ln2 = keep ? eat(g, a->ln, (2 * r + 1) * N * C) : a->ln;
-    y.fcg = keep ? eat(g, a->fcg, r * N * 4 * C) : a->fcg;
+    const bool keep_ln = keeps(g, ZPP_KEEP_LAYERNORM);
+    y.ln1 = keep_ln ? eat(g, a->ln, 2 * r * N * C) : a->ln;
+    y.ln2 = keep_ln ? eat(g, a->ln, (2 * r + 1) * N * C) : a->ln;
+    y.fcg = keeps(g, ZPP_KEEP_GELU) ? eat(g, a->fcg, r * N * 4 * C) : a->fcg;
     return y;
 }
 
@@ -840,8 +854,8 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     if (g->cfg.recompute && g->slab_block != l) ZPP_CHECK(block_activations(g, l, w));
     /* MLP branch: out = mid + fc2(gelu(fc(ln2(mid)))); dres_e is dres in E,
      * written with it by the LayerNorm backward before (layernorm_backward) */
-    const bool keep = keeps_acts(g);
-    if (!keep) ZPP_CHECK(gelu_forward(g, y.fcg, y.fch, n));
+    const bool keep_ln = keeps(g, ZPP_KEEP_LAYERNORM);
+    if (!keeps(g, ZPP_KEEP_GELU)) ZPP_CHECK(gelu_forward(g, y.fcg, y.fch, n));
     /* fc2's bias gradient: the sums of d out the LayerNorm backward after
      * this block already made, or a column sum here */
     void *fc2_db = gat(g, gr, L->fc2_b);
@@ -869,7 +883,7 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
     } else {
         ZPP_CHECK(st);
     }
-    if (!keep)
+    if (!keep_ln)
         ZPP_CHECK(layernorm_recompute(g, y.mid, y.ln2m, y.ln2r, eat(g, w, L->ln2_w),
                                       eat(g, w, L->ln2_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->fc_w), gat(g, gr, L->fc_b), a->dfc,
@@ -884,7 +898,7 @@ static zpp_status block_backward(gpt2_cuda *g, int l, const void *w, void *gr) {
                               a->dres_e, a->dres, y.atty, eat(g, w, L->proj_w), n, C, C,
                               "attention projection backward"));
     ZPP_CHECK(attention_backward(g, a->dqkv, a->datty, y.att, y.qkv, y.atty));
-    if (!keep)
+    if (!keep_ln)
         ZPP_CHECK(layernorm_recompute(g, y.x, y.ln1m, y.ln1r, eat(g, w, L->ln1_w),
                                       eat(g, w, L->ln1_b), n));
     ZPP_CHECK(linear_backward(g, a->dc, f32, gat(g, gr, L->qkv_w), gat(g, gr, L->qkv_b), a->dqkv,
@@ -1054,6 +1068,20 @@ static void *take_e(const gpt2_cuda *g, zpp_arena *a, size_t rows, size_t width)
     return zpp_arena_take_bytes(a, rows, width, g->es);
 }
 
+/* The buffers whose values no block's forward or backward pass leaves for
+ * another (SCRATCH IN THE LOGITS), from s. */
+static void take_scratch(gpt2_cuda *g, zpp_arena *s) {
+    const size_t C = (size_t)g->cfg.n_embd, N = g->nmax;
+    gpt2_acts *x = &g->act;
+    if (!keeps(g, ZPP_KEEP_LAYERNORM)) x->ln = take_e(g, s, N, C);
+    if (!keeps(g, ZPP_KEEP_GELU)) x->fcg = take_e(g, s, N, 4 * C);
+    x->dres = zpp_arena_take(s, N, C);
+    x->dres_e = g->base.param_dtype == ZPP_FP32 ? x->dres : take_e(g, s, N, C);
+    x->dfc = take_e(g, s, N, 4 * C);
+    x->dqkv = x->dfc;
+    x->datty = x->dfc ? eat(g, x->dfc, N * 3 * C) : NULL; /* (a count's base is NULL) */
+}
+
 /* Carves the arena, each buffer on a 256-byte boundary (what cuBLASLt
  * likes best): the batch's ints, then gpt2_acts. Pass 1 (base NULL)
  * counts; pass 2 hands out pointers. */
@@ -1061,7 +1089,6 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     size_t C = (size_t)g->cfg.n_embd, T = (size_t)g->cfg.seq_len, H = (size_t)g->cfg.n_head;
     size_t L = (size_t)g->cfg.n_layer, V = (size_t)g->cfg.vocab_size;
     size_t N = g->nmax, Bm = (size_t)g->base.max_batch;
-    const int f32 = g->base.param_dtype == ZPP_FP32;
     /* Per-layer buffers: L slabs, or with checkpointing one shared slab
      * (CHECKPOINTING); res keeps every block's input either way. */
     const size_t S = g->cfg.recompute ? 1 : L;
@@ -1086,17 +1113,18 @@ static void plan(gpt2_cuda *g, zpp_arena *a) {
     x->lnf = take_e(g, a, N, C);
     x->lnfm = zpp_arena_take(a, N, 1);
     x->lnfr = zpp_arena_take(a, N, 1);
-    const bool keep = keeps_acts(g); /* every layer's, or one layer's scratch (RECOMPUTE) */
-    x->ln = take_e(g, a, (keep ? 2 * L : 1) * N, C);
-    x->fcg = take_e(g, a, (keep ? L : 1) * N, 4 * C);
-    x->dres = zpp_arena_take(a, N, C);
-    x->dres_e = f32 ? x->dres : take_e(g, a, N, C);
+    /* every layer's where kept, else one layer's scratch below (RECOMPUTE) */
+    if (keeps(g, ZPP_KEEP_LAYERNORM)) x->ln = take_e(g, a, 2 * L * N, C);
+    if (keeps(g, ZPP_KEEP_GELU)) x->fcg = take_e(g, a, L * N, 4 * C);
     x->dc = zpp_arena_take(a, N, C);
-    x->dfc = take_e(g, a, N, 4 * C);
-    x->dqkv = x->dfc;
-    x->datty = x->dfc ? eat(g, x->dfc, N * 3 * C) : NULL; /* (pass 1 counts, base NULL) */
     zpp_cu_head_take(&g->head, a, N, V, g->es);
     x->dres_sum = zpp_arena_take(a, 1, C);
+    /* the scratch in the d logits' bytes where it fits (SCRATCH IN THE LOGITS) */
+    zpp_arena count = {NULL, 0, a->align, 0};
+    take_scratch(g, &count);
+    const bool fits = !count.overflow && count.used * sizeof(float) <= N * V * g->es;
+    zpp_arena in_logits = {(float *)g->head.dlogits, 0, a->align, 0};
+    take_scratch(g, fits ? &in_logits : a);
 }
 
 /* Everything after the host bookkeeping: device memory, pinned staging,

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "model/attention_path.h"
+#include "model/family.h"
 #include "plan/cost.h"
 
 /* A collective's time split by link: the two byte terms and the latency. */
@@ -253,22 +254,25 @@ double zpp_cost_gpt_act_bytes(const zpp_cost_in *in, double tokens) {
      * refills (gpt2_cuda.cu, CHECKPOINTING). */
     const double slab = in->recompute ? per_layer - 4 * C : 0;
     if (in->recompute) per_layer = 4 * C;
-    /* keep_acts: the two LayerNorm outputs and the GELU output (6C in E)
-     * in every layer instead of the one layer's scratch counted below (ln
-     * and fcg, 5C: the two LayerNorms shared one) */
-    const int keep = in->keep_acts && !in->recompute;
-    if (keep) per_layer += 6 * C * e;
-    /* Per token once: the last residual (4C); final LayerNorm out, one
-     * layer's recompute scratch ln and fcg (C + C + 4C in E); lse, loss,
-     * LayerNorm stats (16); the backward's
-     * scratch: dres, dc fp32 (8C), dres_e and dfc in E (5C e; dres_e
-     * aliases dres when E is fp32; datty and dqkv lie in dfc); tokens and
-     * targets ints (20), the attention's dsum per head (4H); the d logits
-     * the forward leaves for the backward, in E (V e); cuDNN's workspace
-     * (cudnn_attn_ws). */
-    double once = 12 * C + 6 * C * e + 5 * C * e + 16 + 20 + 4 * H + V * e;
-    if (e == 4) once -= C * e;
-    if (keep) once -= 5 * C * e;
+    /* keep_acts: the two LayerNorm outputs (2C in E), the GELU output (4C
+     * in E) or both in every layer, instead of one layer's scratch below */
+    const int keep_ln = (in->keep_acts & ZPP_KEEP_LAYERNORM) && !in->recompute;
+    const int keep_gelu = (in->keep_acts & ZPP_KEEP_GELU) && !in->recompute;
+    per_layer += (keep_ln ? 2 * C * e : 0) + (keep_gelu ? 4 * C * e : 0);
+    /* Per token once: the last residual and the backward's dc, fp32 (8C);
+     * the final LayerNorm's output (C in E); lse, loss, LayerNorm stats
+     * (16); tokens and targets ints (20), the attention's dsum per head
+     * (4H); the d logits the forward leaves for the backward, in E (V e);
+     * cuDNN's workspace (cudnn_attn_ws). */
+    double once = 8 * C + C * e + 16 + 20 + 4 * H + V * e;
+    /* The scratch no block's pass leaves for another: the backward's dres,
+     * fp32 (4C), dres_e and dfc in E (5C e; dres_e aliases dres when E is
+     * fp32; datty and dqkv lie in dfc), and one layer's LayerNorm and GELU
+     * outputs where not kept (C e, 4C e). It lies in the d logits' bytes
+     * where it fits (gpt2_cuda.cu, SCRATCH IN THE LOGITS). */
+    const double scratch = 4 * C + 5 * C * e - (e == 4 ? C * e : 0) + (keep_ln ? 0 : C * e) +
+                           (keep_gelu ? 0 : 4 * C * e);
+    if (scratch > V * e) once += scratch;
     once += cudnn_attn_ws(in, H);
     /* (the logits lie in the d logits' bytes: gpt2_cuda.cu, HEAD) */
     return tokens * (L * per_layer + slab + once) + 4 * V + /* the kept row */

@@ -111,9 +111,10 @@ typedef struct zpp_cost_in {
      * step's 4/3). flops_per_gpu and tflops_per_gpu stay the model's 6 P
      * count (Megatron's "TFLOPs" count the recompute: 4/3 of ours). */
     int recompute;
-    /* 1: the model keeps its LayerNorm and GELU outputs (the CUDA GPT-2's
-     * keep_acts, zpp_decoder_shape): 6 C values in E a token and layer
-     * more, and no one-layer scratch for them; no effect with recompute. */
+    /* ZPP_KEEP_* bits (model/family.h): the model keeps its LayerNorm
+     * outputs (2 C values in E a token and layer), its GELU output (4 C)
+     * or both (the CUDA GPT-2's keep_acts, zpp_decoder_shape), and no
+     * one-layer scratch for them; no effect with recompute. */
     int keep_acts;
     /* 1: the engine's resident weights (zeropp.h, resident_weights; the
      * trainer's default): at world 1 with the plain gather and no hpZ the

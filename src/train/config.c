@@ -51,6 +51,7 @@ typedef enum zpp__kind {
     ZPP_CFG_FAMILY,
     ZPP_CFG_HF_ARCH,
     ZPP_CFG_STAGE,
+    ZPP_CFG_KEEP_ACTS,
     ZPP_CFG_IGNORED
 } zpp__kind;
 
@@ -81,6 +82,7 @@ typedef struct zpp__key {
 #define ZPP__OFF_FAMILY ZPP__FIELD
 #define ZPP__OFF_HF_ARCH ZPP__FIELD
 #define ZPP__OFF_STAGE ZPP__FIELD
+#define ZPP__OFF_KEEP_ACTS ZPP__FIELD
 #define ZPP__OFF_IGNORED ZPP__NOFIELD
 #define ZPP__DEF(...) {__VA_ARGS__}
 #define ZPP__KEY(path, kind, field, lo, hi, def, sched, doc)                   \
@@ -126,6 +128,7 @@ zpp_status zpp_train_config_defaults(zpp_train_config *cfg) {
         case ZPP_CFG_INT:
         case ZPP_CFG_BOOL:
         case ZPP_CFG_OBJECT_ON:
+        case ZPP_CFG_KEEP_ACTS:
         case ZPP_CFG_STAGE: *ZPP__AT(cfg, k, int) = (int)k->def[0]; break;
         case ZPP_CFG_I64: *ZPP__AT(cfg, k, long long) = (long long)k->def[0]; break;
         case ZPP_CFG_SEED: *ZPP__AT(cfg, k, uint64_t) = (uint64_t)k->def[0]; break;
@@ -226,6 +229,33 @@ static zpp_status get_str(const zpp__cfgctx *c, const cJSON *it, const char *pat
     if (!cJSON_IsString(it) || !it->valuestring) return type_error(c, path, "a string", it);
     *out = it->valuestring;
     return ZPP_OK;
+}
+
+/* true (ZPP_KEEP_ALL), false (0), "layernorm" or "gelu": family.h's bits. */
+static zpp_status get_keep_acts(const zpp__cfgctx *c, const cJSON *it, const char *path,
+                                int *out) {
+    if (cJSON_IsBool(it)) {
+        *out = cJSON_IsTrue(it) ? ZPP_KEEP_ALL : 0;
+        return ZPP_OK;
+    }
+    if (!cJSON_IsString(it) || !it->valuestring)
+        return type_error(c, path, "true, false, \"layernorm\" or \"gelu\"", it);
+    if (strcmp(it->valuestring, "layernorm") == 0) *out = ZPP_KEEP_LAYERNORM;
+    else if (strcmp(it->valuestring, "gelu") == 0) *out = ZPP_KEEP_GELU;
+    else
+        return zpp_error(ZPP_ERR_CONFIG,
+                         "%s: '%s' is '%s'; use true (every output), false (none), "
+                         "\"layernorm\" or \"gelu\"",
+                         c->src, path, it->valuestring);
+    return ZPP_OK;
+}
+
+/* A keep_acts value as JSON text. */
+static const char *keep_acts_text(int bits) {
+    return bits == ZPP_KEEP_ALL         ? "true"
+           : bits == ZPP_KEEP_LAYERNORM ? "\"layernorm\""
+           : bits == ZPP_KEEP_GELU      ? "\"gelu\""
+                                        : "false";
 }
 
 static zpp_status want_object(const zpp__cfgctx *c, const cJSON *it, const char *path) {
@@ -365,6 +395,7 @@ static zpp_status parse_key(const zpp__cfgctx *c, const zpp__key *k, const cJSON
     }
     case ZPP_CFG_NUM: return get_num(c, it, path, ZPP__AT(cfg, k, double));
     case ZPP_CFG_BOOL: return get_bool(c, it, path, ZPP__AT(cfg, k, int));
+    case ZPP_CFG_KEEP_ACTS: return get_keep_acts(c, it, path, ZPP__AT(cfg, k, int));
     case ZPP_CFG_BETAS: return parse_betas(c, it, path);
     case ZPP_CFG_OPT_TYPE: {
         const char *t = NULL;
@@ -488,6 +519,7 @@ static const char *kind_doc(zpp__kind kind) {
     case ZPP_CFG_STAGE: return "integer";
     case ZPP_CFG_NUM: return "number";
     case ZPP_CFG_BOOL: return "boolean";
+    case ZPP_CFG_KEEP_ACTS: return "boolean or string";
     case ZPP_CFG_BETAS: return "[number, number]";
     case ZPP_CFG_OPT_TYPE:
     case ZPP_CFG_SCHED_TYPE:
@@ -512,6 +544,7 @@ static void write_default(FILE *f, const zpp__key *k) {
         break;
     case ZPP_CFG_NUM: fprintf(f, "%g", k->def[0]); break;
     case ZPP_CFG_BOOL: fprintf(f, "%s", k->def[0] != 0 ? "true" : "false"); break;
+    case ZPP_CFG_KEEP_ACTS: fprintf(f, "%s", keep_acts_text((int)k->def[0])); break;
     case ZPP_CFG_BETAS: fprintf(f, "[%g, %g]", k->def[0], k->def[1]); break;
     case ZPP_CFG_OPT_TYPE: fprintf(f, "\"AdamW\""); break;
     case ZPP_CFG_SCHED_TYPE: fprintf(f, "(none)"); break;
@@ -1210,6 +1243,7 @@ static void value_text(const zpp__key *k, const zpp_train_config *cfg, char *buf
     case ZPP_CFG_OBJECT_ON:
         snprintf(buf, cap, "%s", *ZPP__AT(cfg, k, int) ? "true" : "false");
         break;
+    case ZPP_CFG_KEEP_ACTS: snprintf(buf, cap, "%s", keep_acts_text(*ZPP__AT(cfg, k, int))); break;
     case ZPP_CFG_BETAS:
         num_text(a, sizeof a, cfg->optimizer.beta1);
         num_text(b, sizeof b, cfg->optimizer.beta2);
@@ -1345,11 +1379,14 @@ static zpp_status set_one(cJSON *root, const char *assignment) {
     snprintf(path, sizeof path, "%.*s", (int)(eq - assignment), assignment);
     const char *value = eq + 1;
     const zpp__key *k = key_at(path);
-    /* A string key takes a bare word (--set scheduler.type=WarmupLR); any
-     * other value is JSON: a number, true/false, [a, b], {}. */
+    /* A string key takes a bare word (--set scheduler.type=WarmupLR), and
+     * so does keep_activations beside true and false; any other value is
+     * JSON: a number, true/false, [a, b], {}. */
     int word = k && (k->kind == ZPP_CFG_OPT_TYPE || k->kind == ZPP_CFG_SCHED_TYPE ||
                      k->kind == ZPP_CFG_WARMUP_TYPE || k->kind == ZPP_CFG_DATA_ORDER ||
-                     k->kind == ZPP_CFG_FAMILY || k->kind == ZPP_CFG_HF_ARCH) &&
+                     k->kind == ZPP_CFG_FAMILY || k->kind == ZPP_CFG_HF_ARCH ||
+                     (k->kind == ZPP_CFG_KEEP_ACTS && strcmp(value, "true") != 0 &&
+                      strcmp(value, "false") != 0)) &&
                value[0] != '"';
     cJSON *v = NULL;
     if (word) {

@@ -162,7 +162,7 @@ typedef struct zpp_train_config {
     /* 1: the model's activation checkpointing (zpp_gpt2_config.recompute);
      * not part of `model`, the shape a checkpoint or an llm.c file gives */
     int activation_checkpointing;
-    int keep_activations; /* zpp_decoder_shape.keep_acts */
+    int keep_activations; /* zpp_decoder_shape.keep_acts: ZPP_KEEP_* bits */
     double collective_timeout_s; /* deadline of every wait on a peer; 0 = forever */
     double save_timeout_s; /* deadline of a checkpoint's writes on every rank; 0 = forever */
     double peak_tflops; /* one rank's device peak for MFU; 0 = its preset, if known */

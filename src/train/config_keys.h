@@ -38,8 +38,9 @@
  * the other scheduler keys), WARMUP_TYPE (zpp_warmup_type), DATA_ORDER
  * (zpp_data_order: "shuffled" | "sequential"), FAMILY (zpp_model_family_id:
  * "gpt2" | "llama"), HF_ARCH (zpp_hf_arch: "LlamaForCausalLM" |
- * "MistralForCausalLM" | "Qwen2ForCausalLM"), STAGE (must be 3),
- * IGNORED (a DeepSpeed engine knob that does not
+ * "MistralForCausalLM" | "Qwen2ForCausalLM"), STAGE (must be 3), KEEP_ACTS
+ * (int field of ZPP_KEEP_* bits, model/family.h: true | false |
+ * "layernorm" | "gelu"), IGNORED (a DeepSpeed engine knob that does not
  * change the mathematics: accepted, noted in cfg->ignored).
  */
 #ifndef ZPP_TRAIN_CONFIG_KEYS_H
@@ -304,10 +305,12 @@
       "true: each transformer block keeps only its input from the forward and recomputes the "     \
       "rest in the backward (one block's activations instead of n_layer, for a forward more); "    \
       "the same losses and weights, bit for bit; --recompute")                                     \
-    X("zeropp.keep_activations", BOOL, keep_activations, 0, 0, (0), 0,                             \
+    X("zeropp.keep_activations", KEEP_ACTS, keep_activations, 0, 0, (0), 0,                        \
       "true: the GPU GPT-2 keeps each block's LayerNorm and GELU outputs for the backward "        \
       "instead of evaluating them again there (12 x n_embd bytes a token and layer more in "       \
-      "bf16, three passes over them a layer fewer); no effect with activation checkpointing")
+      "bf16, three passes over them a layer fewer); \"layernorm\": the two LayerNorm outputs "     \
+      "only (4 x n_embd bytes, two passes); \"gelu\": the GELU output only (8 x n_embd bytes, "    \
+      "one pass); no effect with activation checkpointing")
 /* clang-format on */
 
 #endif
