@@ -68,6 +68,7 @@
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/model.h"
+#include "plan/cost.h"
 #include "cuda_testlib.h"
 #include "testlib.h"
 
@@ -141,6 +142,13 @@ static zpp_decoder_shape shape_hd48(void) {
     return (zpp_decoder_shape){.n_layer = 2, .n_head = 4, .n_kv_head = 2, .n_embd = 192,
                                .n_ffn = 320, .seq_len = 40, .vocab_size = 256,
                                .rope_theta = 10000.0, .qkv_bias = 1};
+}
+
+/* Head dim 64, GQA 2:1, a vocabulary of 32 n_embd: the d logits hold the
+ * one-layer and backward scratch (llama_cuda.cu, SCRATCH IN THE LOGITS). */
+static zpp_decoder_shape shape_vocab(void) {
+    return (zpp_decoder_shape){.n_layer = 2, .n_head = 2, .n_kv_head = 1, .n_embd = 128,
+                               .n_ffn = 256, .seq_len = 32, .vocab_size = 4096};
 }
 
 typedef struct pair {
@@ -308,6 +316,8 @@ static void test_matches_cpu(void) {
     env_attention(NULL);
     check_shape(&a, ZPP_BF16, 3, 2, "GQA 4:1, hd 64, untied, biases, llama3");
     check_shape(&b, ZPP_BF16, 2, 2, "MHA, hd 128, tied, F 300");
+    const zpp_decoder_shape v = shape_vocab();
+    check_shape(&v, ZPP_BF16, 3, 3, "GQA 2:1, hd 64, V 32 C: the scratch in the d logits");
     env_restore();
 }
 
@@ -323,6 +333,8 @@ static void test_matches_cpu_fp32(void) {
     check_shape(&b, ZPP_FP32, 3, 2, "GQA 2:1, hd 48, biases");
     check_shape(&b, ZPP_FP32, 3, 3, "GQA 2:1, hd 48, biases");
     check_shape(&c, ZPP_FP32, 2, 2, "MHA, hd 128, tied, F 300");
+    const zpp_decoder_shape v = shape_vocab();
+    check_shape(&v, ZPP_FP32, 3, 2, "GQA 2:1, hd 64, V 32 C: the scratch in the d logits");
     env_restore();
 }
 
@@ -430,6 +442,52 @@ static size_t model_bytes(zpp_device *d, const zpp_decoder_shape *s, zpp_dtype d
     return after - before;
 }
 
+/* bytes rounded up to the arena's 256. */
+static size_t arena_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* The scratch in the d logits (llama_cuda.cu, SCRATCH IN THE LOGITS): with
+ * a vocabulary of 32 C the model takes the larger d logits and kept row
+ * less its scratch (h, act, dres_e, datty, dqkv, dgu, dact in E; dres and
+ * the RMSNorm backward's sums in fp32) against the same shape with V 256,
+ * whose d logits cannot hold it; the planner counts as much, to the
+ * arena's alignment. */
+static void test_scratch_in_logits(void) {
+    zpp_device *d = zpp_test_gpu_open("test_llama_cuda checks the CUDA Llama");
+    const zpp_dtype dts[2] = {ZPP_FP32, ZPP_BF16};
+    for (int k = 0; k < 2; k++) {
+        zpp_decoder_shape big = shape_vocab(), small = big;
+        small.vocab_size = 256;
+        const int Bm = 3;
+        const size_t nb = model_bytes(d, &big, dts[k], Bm);
+        const size_t ns = model_bytes(d, &small, dts[k], Bm);
+        const size_t e = zpp_dtype_size(dts[k]), N = (size_t)Bm * big.seq_len;
+        const size_t C = (size_t)big.n_embd, F = (size_t)big.n_ffn;
+        const size_t Wq = C + 2 * (size_t)big.n_kv_head * (C / (size_t)big.n_head);
+        const size_t Vb = (size_t)big.vocab_size, Vs = (size_t)small.vocab_size;
+        const size_t known = 3 * arena_bytes(N * C * e) + arena_bytes(4 * N * C) +
+                             2 * arena_bytes(N * F * e) + arena_bytes(2 * N * F * e) +
+                             arena_bytes(N * Wq * e);
+        const size_t grown = arena_bytes(N * Vb * e) - arena_bytes(N * Vs * e) +
+                             arena_bytes(4 * Vb) - arena_bytes(4 * Vs);
+        EXPECT(nb - ns < grown - known,
+               "%s: V %zu takes %zu bytes more than V %zu; with its scratch in the d logits "
+               "it should take under %zu",
+               zpp_dtype_name(dts[k]), Vb, nb - ns, Vs, grown - known);
+        zpp_cost_in in = zpp_cost_in_default();
+        in.family = ZPP_COST_LLAMA, in.dtype = dts[k];
+        in.n_layer = big.n_layer, in.n_embd = big.n_embd, in.n_head = big.n_head;
+        in.n_kv_head = big.n_kv_head, in.n_ffn = big.n_ffn, in.seq_len = big.seq_len;
+        in.vocab = big.vocab_size;
+        const double plan_big = zpp_cost_llama_act_bytes(&in, (double)N);
+        in.vocab = small.vocab_size;
+        const double plan_small = zpp_cost_llama_act_bytes(&in, (double)N);
+        EXPECT(fabs(plan_big - plan_small - ((double)nb - (double)ns)) <= 16 * 256.0,
+               "%s: the planner counts %.0f bytes more for V %zu, the model takes %zu",
+               zpp_dtype_name(dts[k]), plan_big - plan_small, Vb, nb - ns);
+    }
+    zpp_device_destroy(d);
+}
+
 /* ZPP_ATTENTION=gemm takes the GEMM path: the model keeps the
  * probabilities, L x max_batch x H x T x T values in bf16, where the fused
  * one keeps a log-sum-exp per row. ZPP_ATTENTION=fused where the fused
@@ -472,4 +530,4 @@ static void test_attention_paths(void) {
 ZPP_TESTS(ZPP_TEST_GPU(test_matches_cpu), ZPP_TEST_GPU(test_matches_cpu_fp32),
           ZPP_TEST_GPU(test_matches_cpu_fp16_hd48), ZPP_TEST_GPU(test_attention_gemm_matches_cpu),
           ZPP_TEST_GPU(test_same_bits), ZPP_TEST_GPU(test_init_device_matches_host),
-          ZPP_TEST_GPU(test_attention_paths))
+          ZPP_TEST_GPU(test_attention_paths), ZPP_TEST_GPU(test_scratch_in_logits))

@@ -1651,10 +1651,12 @@ static void test_llama_counts(void) {
  * here, per token (N = tokens): per layer r1, r2 (fp32), qkv (E, C + 2 Ck),
  * the attention's (fused: lse, fp32 per head; GEMM path: P, T values of E
  * per head), atty (E), mid (fp32), gu (E, 2F); the residual inputs (fp32,
- * L + 1); once hf, h, act, dres_e, datty, dqkv, dgu, dact (E), rf, dres, dc
- * (fp32), the attention's scratch (fused: dsum per head; GEMM: the fp32
- * scores and d S in E, T values each per head), dlogits (E, V), the head's
- * lse and losses, the batch's five integers. The path is the model's
+ * L + 1); once hf (E), rf, dc (fp32), the attention's scratch (fused:
+ * dsum per head; GEMM: the fp32 scores and d S in E, T values each per
+ * head), dlogits (E, V), the head's
+ * lse and losses, the batch's five integers; the scratch (h, act, dres_e,
+ * datty, dqkv, dgu, dact in E, dres fp32, the RMSNorm backward's sums)
+ * unless it fits in the d logits' bytes. The path is the model's
  * (attention_path.h): fused for bf16 with head dim 64 or 128 only; the
  * dtype is drawn from bf16, fp16 and fp32. Between two token counts on
  * 64-row boundaries (the RMSNorm backward's partials: C floats a chunk)
@@ -1663,6 +1665,7 @@ static void test_llama_counts(void) {
 static void test_llama_act_bytes(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(32));
     const zpp_dtype dts[3] = {ZPP_BF16, ZPP_FP16, ZPP_FP32};
+    int fits[2] = {0, 0}; /* shapes whose scratch did not and did fit the d logits */
     for (int it = 0; it < 200; it++) {
         zpp_llama_config lc;
         zpp_cost_in in = random_llama(&r, &lc);
@@ -1681,13 +1684,19 @@ static void test_llama_act_bytes(void) {
         /* with cuDNN's attention (the default on the fused path) its
          * workspace: d P in bf16 (2 H T) and D in fp32 (4 H) a token */
         const double cudnn = fused ? 2 * H * T + 4 * H : 0;
-        const double once = C * e + 4 + C * e + F * e + 4 * C + 4 * C + C * e + C * e + Wq * e +
-                            2 * F * e + F * e + scratch + V * e + 4 + 4 + 5 * 4 + cudnn;
+        const double once = C * e + 4 + 4 * C + scratch + V * e + 4 + 4 + 5 * 4 + cudnn;
+        /* h, act, dres, dres_e, datty, dqkv, dgu, dact and the RMSNorm sums:
+         * in the d logits where they fit (SCRATCH IN THE LOGITS) */
+        const double layer_scratch = C * e + F * e + 4 * C + C * e + C * e + Wq * e + 2 * F * e +
+                                     F * e + 4 * C / 64;
+        const int in_logits = layer_scratch <= V * e;
+        fits[in_logits]++;
         const double res = 4 * C * (L + 1);
         const double n1 = 1024 + 64 * (double)(zpp_rng_u64(&r) % 64), n2 = n1 + 64 * 7;
         for (int rc = 0; rc < 2; rc++) {
             in.recompute = rc;
-            const double per_token = res + once + (rc ? 1 : L) * layer + 4 * C / 64;
+            const double per_token =
+                res + once + (rc ? 1 : L) * layer + (in_logits ? 0 : layer_scratch);
             const double d = zpp_cost_llama_act_bytes(&in, n2) - zpp_cost_llama_act_bytes(&in, n1);
             EXPECT(fabs(d - per_token * (n2 - n1)) <= 1e-9 * d, "it %d rc %d: %.0f, plan() %.0f",
                    it, rc, d, per_token * (n2 - n1));
@@ -1702,6 +1711,8 @@ static void test_llama_act_bytes(void) {
                (L - 1) * layer * tokens);
         EXPECT(zpp_cost_act_bytes(&in, tokens) == ckpt);
     }
+    EXPECT(fits[0] > 0 && fits[1] > 0, "the scratch fit the d logits %d times, not %d",
+           fits[1], fits[0]);
 }
 
 ZPP_TESTS(ZPP_TEST(test_bytes_equal_volume), ZPP_TEST(test_monotone),

@@ -304,19 +304,23 @@ double zpp_cost_llama_act_bytes(const zpp_cost_in *in, double tokens) {
      * kept either way (4C (L + 1)). */
     const double slab = 8 + Wq * e + att_layer + C * e + 4 * C + 2 * F * e;
     const double layers = in->recompute ? slab : L * slab;
-    /* Once per token: the final norm's output and rstd (C e + 4), the
-     * MLP's normed input and SwiGLU output (C e + F e); the backward's
-     * scratch: dres and dc, fp32 (8C), dres_e and datty (2C e), dqkv (Wq
-     * e), dgu (2F e), dact (F e); the attention's scratch (att_once); the
-     * d logits the forward leaves for the backward (V e); the head's lse
-     * and losses (8); the batch's five integers (cuda_ops.cu, 20); cuDNN's
+    /* Once per token: the final norm's output and rstd (C e + 4); the
+     * head's d input, fp32 (4C); the attention's scratch (att_once); the d
+     * logits the forward leaves for the backward (V e); the head's lse and
+     * losses (8); the batch's five integers (cuda_ops.cu, 20); cuDNN's
      * workspace (cudnn_attn_ws). */
-    const double once = 4 * C * e + Wq * e + 4 * F * e + 8 * C + att_once + V * e + 4 + 8 + 20 +
-                        cudnn_attn_ws(in, H);
-    /* Per chunk of rows and per shape: the RMSNorm backward's partial
-     * column sums (C floats per 64 rows), the RoPE tables (T x hd/2 cos and
-     * sin, fp32) and the kept row (the logits lie in the d logits' bytes). */
-    const double fixed = 4 * C * ceil(tokens / 64) + 4 * T * hd + 4 * V;
+    const double once = C * e + 4 + 4 * C + att_once + V * e + 8 + 20 + cudnn_attn_ws(in, H);
+    /* The scratch no block's pass leaves for another: the MLP's normed
+     * input and SwiGLU output (C e + F e); the backward's dres, fp32 (4C),
+     * dres_e and datty (2C e), dqkv (Wq e), dgu (2F e), dact (F e); and per
+     * chunk the RMSNorm backward's partial column sums (C floats per 64
+     * rows). It lies in the d logits' bytes where it fits (llama_cuda.cu,
+     * SCRATCH IN THE LOGITS). */
+    const double scratch = tokens * (3 * C * e + Wq * e + 4 * F * e + 4 * C) +
+                           4 * C * ceil(tokens / 64);
+    /* Per shape: the RoPE tables (T x hd/2 cos and sin, fp32) and the kept
+     * row (the logits lie in the d logits' bytes). */
+    const double fixed = 4 * T * hd + 4 * V + (scratch > tokens * V * e ? scratch : 0);
     return tokens * (4 * C * (L + 1) + layers + once) + fixed +
            32.0 * 1024 * 1024; /* + cuBLASLt workspace */
 }
