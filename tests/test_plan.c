@@ -1653,15 +1653,14 @@ static void test_llama_counts(void) {
  * per head), atty (E), mid (fp32), gu (E, 2F); the residual inputs (fp32,
  * L + 1); once hf (E), rf, dc (fp32), the attention's scratch (fused:
  * dsum per head; GEMM: the fp32 scores and d S in E, T values each per
- * head), dlogits (E, V), the head's
- * lse and losses, the batch's five integers; the scratch (h, act, dres_e,
- * datty, dqkv, dgu, dact in E, dres fp32, the RMSNorm backward's sums)
- * unless it fits in the d logits' bytes. The path is the model's
- * (attention_path.h): fused for bf16 with head dim 64 or 128 only; the
- * dtype is drawn from bf16, fp16 and fp32. Between two token counts on
- * 64-row boundaries (the RMSNorm backward's partials: C floats a chunk)
- * only the per-token part changes,
- * so the difference pins it exactly. Recompute keeps one layer's slab. */
+ * head), dlogits (E, V), the head's lse and losses, the batch's five
+ * integers; the scratch (h, act, dres_e, datty, dqkv, dgu, dact in E, dres
+ * fp32, the RMSNorm backward's sums) unless it fits in the d logits' bytes.
+ * The path is the model's (attention_path.h): fused for bf16 with head dim
+ * 64 or 128 only; the dtype is drawn from bf16, fp16 and fp32. Between two
+ * token counts on 64-row boundaries (the RMSNorm backward's partials: C
+ * floats a chunk) only the per-token part changes, so the difference pins
+ * it exactly. Recompute keeps one layer's slab. */
 static void test_llama_act_bytes(void) {
     zpp_rng r = zpp_rng_make(zpp_test_seed(32));
     const zpp_dtype dts[3] = {ZPP_BF16, ZPP_FP16, ZPP_FP32};

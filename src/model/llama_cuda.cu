@@ -423,8 +423,6 @@ static void *take_e(const llama_cuda *g, zpp_arena *a, size_t rows, size_t width
     return zpp_arena_take_bytes(a, rows, width, g->es);
 }
 
-/* Carves the arena (each buffer on a 256-byte boundary): pass 1 (base
- * NULL) counts, pass 2 hands out pointers. */
 /* The buffers whose values no block's forward or backward pass leaves for
  * another (SCRATCH IN THE LOGITS), from s. */
 static void take_scratch(llama_cuda *g, zpp_arena *s) {
@@ -441,6 +439,8 @@ static void take_scratch(llama_cuda *g, zpp_arena *s) {
     a->rms_scratch = zpp_arena_take(s, zpp_llama_rmsnorm_backward_scratch((int)N, (int)C), 1);
 }
 
+/* Carves the arena (each buffer on a 256-byte boundary): pass 1 (base
+ * NULL) counts, pass 2 hands out pointers. */
 static void plan(llama_cuda *g, zpp_arena *ar) {
     const size_t N = g->nmax, L = (size_t)g->cfg.n_layer, C = (size_t)g->cfg.n_embd;
     const size_t F = (size_t)g->cfg.n_ffn, T = (size_t)g->cfg.seq_len, V = g->cfg.vocab_size;

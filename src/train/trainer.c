@@ -307,8 +307,8 @@ static zpp_status build_data_model(zpp_trainer *t, const zpp_trainer_opts *o, zp
                 "model.seq_len, %d: make either smaller%s%s)",
             c->train_micro_batch_size_per_gpu, c->model.seq_len,
             c->keep_activations && !c->activation_checkpointing
-                ? ", set zeropp.keep_activations false (on a GPU it keeps up to 12 x n_embd bytes a "
-                  "token and layer more)"
+                ? ", set zeropp.keep_activations false (on a GPU it keeps up to 12 x n_embd "
+                  "bytes a token and layer more)"
                 : "",
             c->activation_checkpointing ? "" : ", or set zeropp.activation_checkpointing "
                                                "true, --recompute: a block keeps only its input");
