@@ -87,8 +87,10 @@ static zpp_status split_pass(zpp_engine *e, int ui, split_op op, size_t from, si
             st = zpp_device_master_join(e->dev, hi, lo, stage, c);
             if (st == ZPP_OK && op == SPLIT_GET)
                 st = zpp_device_copy(e->dev, io + off, stage, c * sizeof(float));
-            if (st == ZPP_OK && op == SPLIT_SUMSQ) st = zpp_device_sumsq(e->dev, stage, c, &part);
-            sq += part;
+            if (st == ZPP_OK && op == SPLIT_SUMSQ) {
+                st = zpp_device_sumsq(e->dev, stage, c, &part);
+                sq += part;
+            }
             continue;
         }
         st = op == SPLIT_SET ? zpp_device_copy(e->dev, stage, io + off, c * sizeof(float))
